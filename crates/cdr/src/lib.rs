@@ -1,0 +1,25 @@
+//! The call-data-ticket pipeline: the telecom data-flow engine that the planner models and
+//! tunes.
+//!
+//! Binary accounting records (`ticket`: a fixed 64-byte layout with a CRC-32C) come from a
+//! seeded generator at a set rate (Poisson arrivals) or flat out. The Decoder parses and
+//! validates them; malformed tickets are counted and written with their reason code and bytes
+//! to a per-worker reject file, never dropped silently. The Converter (`convert`) turns a
+//! ticket into both output formats. The converter's output is copied to two nodes: the
+//! Serializer (`serialize`) appends CSV lines to one file per worker under an fsync policy,
+//! and the Feeder (`feed`) inserts rows in batched transactions into SQLite (default) or
+//! PostgreSQL (when a URL is given), one connection per worker.
+//!
+//! Every node is a stage of the `pipeline` crate's runtime (`run`), with the thread counts of
+//! a planner config file; rings are bounded, so overload pushes back instead of losing tickets.
+//! `measure` implements the planner's `Workload` (each node measured alone on this host), and
+//! `predict` compares a run with the planner's prediction for the same configuration.
+
+pub mod cli;
+pub mod convert;
+pub mod feed;
+pub mod measure;
+pub mod predict;
+pub mod run;
+pub mod serialize;
+pub mod ticket;

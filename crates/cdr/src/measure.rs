@@ -1,0 +1,289 @@
+//! `leantier plan measure cdr`: each node measured alone on this host with generated input.
+//!
+//! A node's real work runs flat out on one thread over a pre-generated batch of
+//! `MEASURE_BATCH_TICKETS` inputs (so the measurement excludes producing the input): the
+//! decoder decodes raw tickets, the converter converts decoded ones, the serializer appends
+//! lines with the run's fsync policy, the feeder inserts rows in batches into a scratch
+//! database. The generator is measured too: it shares the host's cores with the pipeline.
+//!
+//! Two corrections make the isolated measurements predict the running pipeline: the stage
+//! runtime's own CPU cost per hop (measured with a no-op source → sink run) is added to each
+//! node's CPU time, and on a shared host the time a thread waited for a core (measured with a
+//! busy probe thread) is removed from its wall time, so μ and the CPU share describe an
+//! uncontended core while `host.cores` holds the cores this process can actually get.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Duration;
+
+use lab::outcome::BadInput;
+
+use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+use planner::measure::{ServiceTime, Workload, detect_host, measure_node, process_cpu_time_ns};
+use planner::model::{BUFFER_SLOTS_DEFAULT, NetworkSpec, NodeSpec, RouteSpec};
+
+use crate::convert::{Converted, convert};
+use crate::feed::{DbTarget, Feeder};
+use crate::serialize::{FSYNC_EVERY_RECORDS_DEFAULT, Serializer};
+use crate::ticket::{MALFORMED_EVERY_DEFAULT, RawTicket, Ticket, TicketGenerator, decode};
+
+/// Inputs prepared per node and processed per measuring step.
+pub const MEASURE_BATCH_TICKETS: usize = 4096;
+
+/// Messages a calibration source emits per call.
+const HOP_PROBE_BURST: usize = 256;
+
+/// The share of a core one busy thread gets on this host now (1.0 on an idle host).
+fn core_fraction(duration: Duration) -> anyhow::Result<f64> {
+    let sample = measure_node(
+        duration,
+        &mut 0_u64,
+        |state| {
+            for i in 0..100_000_u64 {
+                *state = black_box(state.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i));
+            }
+            Ok(1)
+        },
+        |_| Ok(()),
+    )?;
+    Ok(sample.cpu_share())
+}
+
+/// CPU time the stage runtime spends per message and hop (send, ring, receive, metrics,
+/// wake-ups), from a flat-out source → sink run with no-op handlers. Each node receives one
+/// hop per ticket, so each pays this on top of its own work.
+fn hop_cpu_s(duration: Duration) -> anyhow::Result<f64> {
+    let mut builder = PipelineBuilder::new().pin_threads(false);
+    let deadline = std::time::Instant::now() + duration;
+    let source = builder.source("probe-source", StageSpec::ancillary(1), move |_| {
+        move |emitter: &mut Emitter<RawTicket>| {
+            if std::time::Instant::now() >= deadline {
+                return Flow::Stop;
+            }
+            (0..HOP_PROBE_BURST).for_each(|_| emitter.emit(RawTicket::default()));
+            Flow::Continue
+        }
+    });
+    let sink = builder.sink("probe-sink", StageSpec::ancillary(1), |_| {
+        |raw: &RawTicket| {
+            black_box(raw);
+        }
+    });
+    builder.connect(source, sink, Route::RoundRobin);
+    let cpu_start_ns = process_cpu_time_ns();
+    let report = builder.start()?.wait()?;
+    let cpu_s = (process_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
+    let messages =
+        report.stages.iter().find(|s| s.stage == "probe-sink").map_or(0, |s| s.messages_in);
+    anyhow::ensure!(messages > 0, "the hop probe moved no message");
+    Ok(cpu_s / messages as f64)
+}
+
+/// The cdr pipeline as a planner workload.
+pub struct CdrWorkload {
+    /// Serializer fsync policy to measure with (records per fdatasync; 0 = only at the end).
+    pub fsync_every_records: u64,
+    /// Every n-th ticket is malformed (0 = none): the decoder→converter route carries the rest.
+    pub malformed_every: u64,
+    /// PostgreSQL URL for the feeder; SQLite in the scratch folder when `None`.
+    pub database_url: Option<String>,
+}
+
+impl Default for CdrWorkload {
+    /// The defaults of `leantier cdr run`: SQLite, its fsync policy and malformed share.
+    fn default() -> Self {
+        Self {
+            fsync_every_records: FSYNC_EVERY_RECORDS_DEFAULT,
+            malformed_every: MALFORMED_EVERY_DEFAULT,
+            database_url: None,
+        }
+    }
+}
+
+fn node(name: &str, time: ServiceTime) -> NodeSpec {
+    NodeSpec {
+        name: name.into(),
+        service_rate_per_s: time.service_rate_per_s(),
+        cpu_share: time.cpu_share(),
+        buffer_slots: BUFFER_SLOTS_DEFAULT,
+        external_share: 0.0,
+        fixed_threads: None,
+        disk_bytes_per_job: 0.0,
+        network_bytes_per_job: 0.0,
+        memory_bytes_per_thread: 0,
+    }
+}
+
+fn route(from: &str, to: &str, jobs_per_job: f64) -> RouteSpec {
+    RouteSpec { from: from.into(), to: to.into(), jobs_per_job }
+}
+
+impl CdrWorkload {
+    fn inputs(&self) -> (Vec<RawTicket>, Vec<Ticket>, Vec<Converted>) {
+        let mut generator = TicketGenerator::new(1, 0);
+        let raw: Vec<RawTicket> =
+            (0..MEASURE_BATCH_TICKETS).map(|_| generator.next_ticket()).collect();
+        let decoded: Vec<Ticket> = raw.iter().filter_map(|raw| decode(raw).ok()).collect();
+        let converted = decoded.iter().map(convert).collect();
+        (raw, decoded, converted)
+    }
+
+    fn database(&self, scratch_dir: &Path) -> DbTarget {
+        match &self.database_url {
+            Some(url) => DbTarget::Postgres {
+                url: url.clone(),
+                table: format!("leantier_cdr_measure_{}", std::process::id()),
+            },
+            None => DbTarget::Sqlite(scratch_dir.join("cdr-measure.sqlite")),
+        }
+    }
+}
+
+impl Workload for CdrWorkload {
+    fn name(&self) -> &str {
+        "cdr"
+    }
+
+    fn measure(
+        &self,
+        duration: Duration,
+        scratch_dir: &Path,
+        settings: &[(String, String)],
+    ) -> anyhow::Result<NetworkSpec> {
+        let workload = self.with_settings(settings)?;
+        workload.measure_nodes(duration, scratch_dir)
+    }
+}
+
+impl CdrWorkload {
+    /// A copy with `KEY=VALUE` settings applied.
+    pub fn with_settings(&self, settings: &[(String, String)]) -> anyhow::Result<CdrWorkload> {
+        let mut workload = CdrWorkload { database_url: self.database_url.clone(), ..*self };
+        for (key, value) in settings {
+            let number = || {
+                value.parse::<u64>().map_err(|_| BadInput(format!("{key}: not a count: {value}")))
+            };
+            match key.as_str() {
+                "fsync_every_records" => workload.fsync_every_records = number()?,
+                "malformed_every" => workload.malformed_every = number()?,
+                "database_url" => workload.database_url = Some(value.clone()),
+                _ => {
+                    return Err(BadInput(format!(
+                        "unknown cdr setting {key} (known: fsync_every_records, \
+                         malformed_every, database_url)"
+                    ))
+                    .into());
+                }
+            }
+        }
+        Ok(workload)
+    }
+
+    fn measure_nodes(&self, duration: Duration, scratch_dir: &Path) -> anyhow::Result<NetworkSpec> {
+        let host = detect_host(scratch_dir, duration)?;
+        let core_fraction = core_fraction(duration)?;
+        let hop_cpu_s = hop_cpu_s(duration)?;
+        let (raw, decoded, converted) = self.inputs();
+        let batch = MEASURE_BATCH_TICKETS as u64;
+
+        let mut generator = TicketGenerator::new(2, self.malformed_every);
+        let generated = measure_node(
+            duration,
+            &mut generator,
+            |generator| {
+                (0..batch).for_each(|_| {
+                    black_box(generator.next_ticket());
+                });
+                Ok(batch)
+            },
+            |_| Ok(()),
+        )?;
+        let decoding = measure_node(
+            duration,
+            &mut (),
+            |_| {
+                raw.iter().for_each(|raw| {
+                    let _ = black_box(decode(raw));
+                });
+                Ok(batch)
+            },
+            |_| Ok(()),
+        )?;
+        let converting = measure_node(
+            duration,
+            &mut (),
+            |_| {
+                decoded.iter().for_each(|ticket| {
+                    black_box(convert(ticket));
+                });
+                Ok(decoded.len() as u64)
+            },
+            |_| Ok(()),
+        )?;
+        let mut serializer = Serializer::create(scratch_dir, 0, self.fsync_every_records)?;
+        let line_bytes =
+            converted.iter().map(|c| c.line().len()).sum::<usize>() as f64 / converted.len() as f64;
+        let serializing = measure_node(
+            duration,
+            &mut serializer,
+            |serializer| {
+                for record in &converted {
+                    serializer.write(record)?;
+                }
+                Ok(converted.len() as u64)
+            },
+            |serializer| Ok(serializer.sync()?),
+        )?;
+        let database = self.database(scratch_dir);
+        database.prepare()?;
+        let mut feeder = Feeder::new(database.connect()?);
+        let feeding = measure_node(
+            duration,
+            &mut feeder,
+            |feeder| {
+                for record in &converted {
+                    feeder.insert(&record.row)?;
+                }
+                Ok(converted.len() as u64)
+            },
+            |feeder| feeder.flush(),
+        );
+        database.drop_table()?;
+        let feeding = feeding?;
+
+        let timed = |sample: &planner::measure::NodeSample, hops: f64| {
+            sample.uncontended(core_fraction, hops * hop_cpu_s)
+        };
+        let mut generator_node = node("generator", timed(&generated, 0.0));
+        generator_node.external_share = 1.0;
+        generator_node.fixed_threads = Some(1);
+        let mut serializer_node = node("serializer", timed(&serializing, 1.0));
+        serializer_node.disk_bytes_per_job = line_bytes;
+        let mut feeder_node = node("feeder", timed(&feeding, 1.0));
+        if matches!(database, DbTarget::Sqlite(_)) {
+            // SQLite has one writer at a time: more feeder threads only queue on its lock.
+            feeder_node.fixed_threads = Some(1);
+        }
+        let valid_share = match self.malformed_every {
+            0 => 1.0,
+            every => 1.0 - 1.0 / every as f64,
+        };
+        Ok(NetworkSpec {
+            host,
+            node: vec![
+                generator_node,
+                node("decoder", timed(&decoding, 1.0)),
+                node("converter", timed(&converting, 1.0)),
+                serializer_node,
+                feeder_node,
+            ],
+            route: vec![
+                route("generator", "decoder", 1.0),
+                route("decoder", "converter", valid_share),
+                route("converter", "serializer", 1.0),
+                route("converter", "feeder", 1.0),
+            ],
+            ..NetworkSpec::default()
+        })
+    }
+}

@@ -1,0 +1,114 @@
+//! Measured versus predicted: what a run achieved per node against the planner's model of the
+//! same configuration.
+//!
+//! For a paced run the model is solved at the rate the generator achieved. For a flat-out run
+//! the predicted maximum throughput is the lower of two asymptotic bounds: the first node to
+//! saturate (min over nodes of c·μ/v) and the host's cores (cores / Σ v·cpu_share/μ, the CPU
+//! demand per ticket); every node's predicted load follows from its visit ratio.
+
+use planner::model::PipelineConfig;
+use planner::network::Network;
+use planner::node::NodeMetrics;
+use serde::Serialize;
+
+use crate::run::RunSummary;
+
+/// One node's comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeComparison {
+    pub name: String,
+    pub threads: u32,
+    pub measured_throughput_per_s: f64,
+    pub predicted_throughput_per_s: f64,
+    pub measured_utilization: f64,
+    pub predicted_utilization: f64,
+}
+
+impl NodeComparison {
+    /// measured / predicted throughput.
+    pub fn throughput_ratio(&self) -> f64 {
+        self.measured_throughput_per_s / self.predicted_throughput_per_s
+    }
+}
+
+/// The whole run's comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    /// Tickets per second stored in the database (the feeder's throughput), measured.
+    pub measured_throughput_per_s: f64,
+    /// The model's prediction of the same.
+    pub predicted_throughput_per_s: f64,
+    pub nodes: Vec<NodeComparison>,
+}
+
+/// The thread counts of `config` in model order, checking every node is configured.
+pub fn threads_in_model_order(
+    config: &PipelineConfig,
+    network: &Network,
+) -> anyhow::Result<Vec<u32>> {
+    network
+        .nodes()
+        .iter()
+        .map(|node| {
+            config.threads_of(&node.name).ok_or_else(|| {
+                lab::outcome::BadInput(format!("config has no [[node]] named {}", node.name)).into()
+            })
+        })
+        .collect()
+}
+
+/// Compares a run with the model in `config` (with the thread counts it ran with).
+pub fn compare(
+    config: &PipelineConfig,
+    summary: &RunSummary,
+    duration_s: f64,
+    flat_out: bool,
+) -> anyhow::Result<Comparison> {
+    let network = Network::new(config.model.clone())?;
+    let threads = threads_in_model_order(config, &network)?;
+    let visits = network.visit_ratios();
+    let mut predicted = vec![NodeMetrics::default(); threads.len()];
+    let generated_per_s = summary.generated as f64 / duration_s;
+    let source_rate_per_s = if flat_out {
+        let cpu_s_per_ticket: f64 = network
+            .nodes()
+            .iter()
+            .zip(&visits)
+            .map(|(node, visits)| visits * node.cpu_share / node.service_rate_per_s)
+            .sum();
+        let cpu_bound = network.spec().host.cores / cpu_s_per_ticket;
+        network.saturation_rate_per_s(&threads).min(cpu_bound)
+    } else {
+        generated_per_s
+    };
+    for (index, node) in network.nodes().iter().enumerate() {
+        let rate = source_rate_per_s * visits[index];
+        predicted[index].effective_rate_per_s = rate;
+        predicted[index].utilization = rate / (f64::from(threads[index]) * node.service_rate_per_s);
+    }
+    if !flat_out {
+        network.evaluate(source_rate_per_s, &threads, &mut predicted)?;
+    }
+    let mut nodes = Vec::new();
+    for ((node, &threads), predicted) in network.nodes().iter().zip(&threads).zip(&predicted) {
+        let stage = summary.stages.iter().find(|stage| stage.name == node.name);
+        let stage = stage.ok_or_else(|| anyhow::anyhow!("the run has no stage {}", node.name))?;
+        let measured_in =
+            if stage.name == "generator" { stage.messages_out } else { stage.messages_in };
+        nodes.push(NodeComparison {
+            name: node.name.clone(),
+            threads,
+            measured_throughput_per_s: measured_in as f64 / duration_s,
+            predicted_throughput_per_s: predicted.effective_rate_per_s,
+            measured_utilization: stage.utilization,
+            predicted_utilization: predicted.utilization,
+        });
+    }
+    let feeder = nodes.iter().find(|node| node.name == "feeder");
+    let feeder = feeder.ok_or_else(|| anyhow::anyhow!("the model has no feeder node"))?;
+    Ok(Comparison {
+        measured_throughput_per_s: feeder.measured_throughput_per_s,
+        predicted_throughput_per_s: feeder.predicted_throughput_per_s,
+        nodes,
+    })
+}

@@ -1,0 +1,609 @@
+//! `leantier demo` and `leantier exchange ...`: argument types and their logic (the binary
+//! only dispatches here).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lab::load::{StepPlan, StepReport, step_until};
+use lab::outcome::BadInput;
+use lab::report::{
+    BarChart, LinePlot, Markdown, ReportDir, Table, format_ns_as_us, latency_cdf_plot,
+    latency_table, progress_bar,
+};
+use lab::stats::{CumulativeBucket, LatencySummary, karp_flatt, speedup};
+use pipeline::metrics::StageMetrics;
+use serde::Serialize;
+
+use crate::msg::Reason;
+use crate::tier::{RunOptions, RunResult, STAGE_SPLITS, TierConfig, run as run_tier};
+
+/// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
+pub const DEMO_RATES_PER_S: [f64; 3] = [20_000.0, 40_000.0, 60_000.0];
+/// Width of the cumulative latency buckets.
+pub const BUCKET_WIDTH_NS: u64 = 10_000;
+/// Buckets shown before the "beyond" bucket.
+pub const BUCKETS_MAX: usize = 12;
+/// The max-rate search's default latency limit: p99 at or below this.
+pub const MAX_RATE_P99_LIMIT_US_DEFAULT: u64 = 100;
+/// The max-rate search stops after this many steps of the highest fixed rate.
+pub const MAX_RATE_STEPS_MAX: u32 = 16;
+
+/// Runs the exchange tier at 20K, 40K and 60K msg/s, then searches the highest rate whose p99
+/// stays within 100 µs, and writes a report folder.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// A shorter run (under 20 s) with less precise tails.
+    #[arg(long)]
+    pub quick: bool,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/demo")]
+    pub out: PathBuf,
+    /// Latency limit of the max-rate search: the highest rate whose p99 stays within it, µs.
+    #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
+    pub p99_limit_us: u64,
+}
+
+/// The reference exchange tier.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: ExchangeCommand,
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum ExchangeCommand {
+    /// Runs one configuration at the given rates (and optionally the max-rate search).
+    Run(RunArgs),
+    /// Placement + spinning vs no placement + parking, at 20K/40K/60K msg/s.
+    Placement(ExperimentArgs),
+    /// 1..6 R-Senders at one rate: latency, speedup vs 1 sender and the Karp–Flatt serial
+    /// fraction.
+    Senders(SendersArgs),
+}
+
+/// Flags of `exchange run`; each given flag overrides the config file.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// TOML tier configuration (see `TierConfig`; every field optional).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Arrival rates to run, msg/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
+    pub rates: Vec<f64>,
+    /// Seconds per rate.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Also search the highest rate whose p99 stays within `--p99-limit-us`.
+    #[arg(long)]
+    pub find_max: bool,
+    /// Latency limit of the max-rate search, µs.
+    #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
+    pub p99_limit_us: u64,
+    /// Pre-process workers.
+    #[arg(long)]
+    pub preprocess_workers: Option<usize>,
+    /// Core shards.
+    #[arg(long)]
+    pub core_shards: Option<usize>,
+    /// R-Senders.
+    #[arg(long)]
+    pub senders: Option<usize>,
+    /// Wait strategy of the critical stages: spin, spin-yield, park, adaptive.
+    #[arg(long)]
+    pub wait: Option<String>,
+    /// Pin workers per the placement plan.
+    #[arg(long)]
+    pub placement: Option<bool>,
+    /// Arrival process: constant, poisson, bursty.
+    #[arg(long)]
+    pub arrival: Option<String>,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/exchange-run")]
+    pub out: PathBuf,
+}
+
+/// Flags shared by the experiments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExperimentArgs {
+    /// Seconds per measured point.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/exchange-experiment")]
+    pub out: PathBuf,
+}
+
+/// Flags of the senders experiment.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SendersArgs {
+    #[command(flatten)]
+    pub common: ExperimentArgs,
+    /// Arrival rate, msg/s.
+    #[arg(long, default_value_t = 60_000.0)]
+    pub rate: f64,
+    /// Simulated publish cost per message in each sender, ns (in-process delivery alone
+    /// costs almost nothing, so without it more senders have nothing to parallelise).
+    #[arg(long, default_value_t = 2_000)]
+    pub publish_work_ns: u64,
+}
+
+/// Dispatches `leantier exchange ...`.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    match &args.command {
+        ExchangeCommand::Run(run_args) => run_configured(run_args),
+        ExchangeCommand::Placement(experiment) => placement_experiment(experiment),
+        ExchangeCommand::Senders(senders) => senders_experiment(senders),
+    }
+}
+
+/// `leantier demo`.
+pub fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
+    let (seconds, step_seconds) = if args.quick { (1.5, 0.5) } else { (8.0, 2.0) };
+    let search = MaxRateSearch { step_seconds, p99_limit_us: args.p99_limit_us };
+    let session = measure(&TierConfig::default(), &DEMO_RATES_PER_S, seconds, Some(search))?;
+    present(&session, &args.out, "leantier demo: the lean exchange tier")?;
+    println!("\nReport: {}/summary.md (JSON, CSV and SVG plots beside it)", args.out.display());
+    println!("Try next:");
+    println!("  leantier exchange placement     # pinning + spinning vs parking, side by side");
+    println!("  leantier exchange senders       # 1..6 R-Senders: speedup and Karp–Flatt");
+    println!("  leantier exchange run --config my.toml --rates 100000 --find-max");
+    Ok(())
+}
+
+fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
+    let mut config: TierConfig = lab::config::load_toml(args.config.as_deref())?;
+    lab::config::override_with(&mut config.preprocess_workers, &args.preprocess_workers);
+    lab::config::override_with(&mut config.core_shards, &args.core_shards);
+    lab::config::override_with(&mut config.senders, &args.senders);
+    lab::config::override_with(&mut config.wait, &args.wait);
+    lab::config::override_with(&mut config.placement, &args.placement);
+    lab::config::override_with(&mut config.arrival, &args.arrival);
+    if args.rates.iter().any(|r| r.is_nan() || *r <= 0.0)
+        || args.seconds.is_nan()
+        || args.seconds <= 0.0
+    {
+        return Err(BadInput("rates and seconds must be > 0".into()).into());
+    }
+    let search = args.find_max.then_some(MaxRateSearch {
+        step_seconds: (args.seconds / 2.0).max(0.3),
+        p99_limit_us: args.p99_limit_us,
+    });
+    let session = measure(&config, &args.rates, args.seconds, search)?;
+    present(&session, &args.out, "leantier exchange run")
+}
+
+/// How to search the maximum sustainable rate.
+#[derive(Clone, Copy, Debug)]
+struct MaxRateSearch {
+    step_seconds: f64,
+    p99_limit_us: u64,
+}
+
+/// Everything one demo/run measured.
+struct Session {
+    config: TierConfig,
+    runs: Vec<RunResult>,
+    max_rate: Option<StepReport>,
+}
+
+fn measure(
+    config: &TierConfig,
+    rates: &[f64],
+    seconds: f64,
+    search: Option<MaxRateSearch>,
+) -> anyhow::Result<Session> {
+    config.validate()?;
+    let expected: f64 = rates.iter().map(|r| r * seconds).sum();
+    let bar = progress_bar(expected as u64, "fixed rates");
+    let mut runs = Vec::new();
+    let mut done = 0u64;
+    for &rate_per_s in rates {
+        bar.set_message(format!("{} msg/s", rate_per_s as u64));
+        let options = RunOptions {
+            rate_per_s,
+            duration: Duration::from_secs_f64(seconds),
+            record_inputs: false,
+        };
+        let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
+        done += result.sent;
+        runs.push(result);
+    }
+    bar.finish_and_clear();
+    let max_rate = match search {
+        None => None,
+        Some(search) => Some(find_max_rate(config, rates, search)?),
+    };
+    Ok(Session { config: config.clone(), runs, max_rate })
+}
+
+/// Steps the rate up from the highest fixed rate until p99 passes the limit.
+fn find_max_rate(
+    config: &TierConfig,
+    rates: &[f64],
+    search: MaxRateSearch,
+) -> anyhow::Result<StepReport> {
+    let start = rates.iter().copied().fold(20_000.0, f64::max);
+    let plan = StepPlan {
+        start_rate_per_s: start,
+        step_rate_per_s: start,
+        max_rate_per_s: start * f64::from(MAX_RATE_STEPS_MAX),
+        percentile: 99.0,
+        limit_ns: search.p99_limit_us * 1_000,
+    };
+    let step_seconds = search.step_seconds;
+    let bar = progress_bar(u64::from(MAX_RATE_STEPS_MAX), "max-rate search");
+    let report = step_until(plan, |rate_per_s| {
+        bar.set_message(format!("{} msg/s", rate_per_s as u64));
+        bar.inc(1);
+        let options = RunOptions {
+            rate_per_s,
+            duration: Duration::from_secs_f64(step_seconds),
+            record_inputs: false,
+        };
+        Ok(run_tier(config, options, |_| {})?.end_to_end)
+    })?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
+#[derive(Serialize)]
+struct RunSummary {
+    rate_per_s: f64,
+    sent: u64,
+    achieved_rate_per_s: f64,
+    end_to_end: LatencySummary,
+    stages: BTreeMap<String, LatencySummary>,
+    cumulative_10us: Vec<CumulativeBucket>,
+    send_lag: LatencySummary,
+    pipeline: Vec<StageMetrics>,
+    rejects: BTreeMap<String, u64>,
+    output_hashes: Vec<String>,
+    placement_notes: Vec<String>,
+}
+
+fn summarize(run: &RunResult) -> RunSummary {
+    RunSummary {
+        rate_per_s: run.rate_per_s,
+        sent: run.sent,
+        achieved_rate_per_s: run.sent as f64 / run.elapsed_s.max(f64::MIN_POSITIVE),
+        end_to_end: run.end_to_end.summary(),
+        stages: STAGE_SPLITS
+            .iter()
+            .zip(&run.stage_latency)
+            .map(|(name, h)| (name.to_string(), h.summary()))
+            .collect(),
+        cumulative_10us: run.end_to_end.cumulative_buckets(BUCKET_WIDTH_NS, BUCKETS_MAX),
+        send_lag: run.send_lag.summary(),
+        pipeline: run.pipeline.clone(),
+        rejects: Reason::ALL
+            .iter()
+            .filter(|r| run.rejects[**r as usize] > 0)
+            .map(|r| (format!("{r:?}"), run.rejects[*r as usize]))
+            .collect(),
+        output_hashes: run.shards.iter().map(|s| s.output_hash.clone()).collect(),
+        placement_notes: run.placement_notes.clone(),
+    }
+}
+
+fn rate_label(rate_per_s: f64) -> String {
+    if rate_per_s >= 1_000.0 {
+        format!("{:.0}K/s", rate_per_s / 1_000.0)
+    } else {
+        format!("{rate_per_s:.0}/s")
+    }
+}
+
+fn latency_tables(runs: &[RunResult]) -> Table {
+    let labels: Vec<String> = runs
+        .iter()
+        .flat_map(|run| {
+            let rate = rate_label(run.rate_per_s);
+            std::iter::once(format!("end-to-end @{rate}"))
+                .chain(STAGE_SPLITS.iter().map(move |s| format!("  {s} @{rate}")))
+        })
+        .collect();
+    let summaries: Vec<LatencySummary> = runs
+        .iter()
+        .flat_map(|run| {
+            std::iter::once(run.end_to_end.summary())
+                .chain(run.stage_latency.iter().map(|h| h.summary()))
+        })
+        .collect();
+    let rows: Vec<(&str, &LatencySummary)> =
+        labels.iter().map(String::as_str).zip(&summaries).collect();
+    latency_table(&rows).with_title(
+        "Latency from the intended send time, µs (stages: requests that reached the core)",
+    )
+}
+
+fn buckets_table(runs: &[RunResult]) -> Table {
+    let headers = std::iter::once("latency".to_string())
+        .chain(runs.iter().map(|r| format!("cum % @{}", rate_label(r.rate_per_s))));
+    let mut table = Table::new(headers).with_title("Cumulative % of requests within 10 µs buckets");
+    let buckets: Vec<Vec<CumulativeBucket>> = runs
+        .iter()
+        .map(|r| r.end_to_end.cumulative_buckets(BUCKET_WIDTH_NS, BUCKETS_MAX))
+        .collect();
+    for index in 0..BUCKETS_MAX {
+        let upper_ns = (index as u64 + 1) * BUCKET_WIDTH_NS;
+        let cells = buckets.iter().map(|b| {
+            let percent = b
+                .iter()
+                .take_while(|x| x.upper_ns.is_some_and(|u| u <= upper_ns))
+                .last()
+                .map_or(0.0, |x| x.cumulative_percent);
+            let percent = if b.last().is_some_and(|x| x.upper_ns.is_some_and(|u| u <= upper_ns)) {
+                100.0
+            } else {
+                percent
+            };
+            format!("{percent:.2}%")
+        });
+        table.row(std::iter::once(format!("≤ {} µs", format_ns_as_us(upper_ns))).chain(cells));
+    }
+    let beyond = format!("> {} µs", format_ns_as_us(BUCKET_WIDTH_NS * BUCKETS_MAX as u64));
+    table.row(std::iter::once(beyond).chain(runs.iter().map(|_| "100.00%".to_string())));
+    table
+}
+
+fn stages_table(runs: &[RunResult]) -> Table {
+    let mut table = Table::new([
+        "rate",
+        "stage",
+        "workers",
+        "messages in",
+        "throughput msg/s",
+        "utilization %",
+    ])
+    .with_title("Throughput and utilization per stage");
+    for run in runs {
+        for stage in &run.pipeline {
+            table.row([
+                rate_label(run.rate_per_s),
+                stage.stage.clone(),
+                stage.workers.to_string(),
+                stage.messages_in.to_string(),
+                format!("{:.0}", stage.messages_in as f64 / run.elapsed_s.max(f64::MIN_POSITIVE)),
+                format!("{:.1}", stage.utilization * 100.0),
+            ]);
+        }
+    }
+    table
+}
+
+fn rejects_table(runs: &[RunResult]) -> Table {
+    let headers =
+        std::iter::once("reason".to_string()).chain(runs.iter().map(|r| rate_label(r.rate_per_s)));
+    let mut table = Table::new(headers).with_title("Rejects by reason");
+    for reason in Reason::ALL {
+        if runs.iter().all(|r| r.rejects[reason as usize] == 0) {
+            continue;
+        }
+        table.row(
+            std::iter::once(format!("{reason:?}"))
+                .chain(runs.iter().map(|r| r.rejects[reason as usize].to_string())),
+        );
+    }
+    table
+}
+
+fn max_rate_table(report: &StepReport) -> Table {
+    let mut table = Table::new(["rate msg/s", "p99 µs", "max µs", "within limit"]).with_title(
+        format!("Max-rate search (p99 ≤ {} µs)", format_ns_as_us(report.plan.limit_ns)),
+    );
+    for step in &report.steps {
+        table.row([
+            format!("{:.0}", step.rate_per_s),
+            format_ns_as_us(step.value_ns),
+            format_ns_as_us(step.summary.max_ns),
+            if step.passed { "yes" } else { "no" }.to_string(),
+        ]);
+    }
+    table
+}
+
+fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Result<()> {
+    let runs = &session.runs;
+    let mut tables =
+        vec![latency_tables(runs), buckets_table(runs), stages_table(runs), rejects_table(runs)];
+    if let Some(report) = &session.max_rate {
+        tables.push(max_rate_table(report));
+    }
+    for table in &tables {
+        println!("\n{table}");
+    }
+    let max_line = match &session.max_rate {
+        Some(report) => {
+            let limit = format_ns_as_us(report.plan.limit_ns);
+            match report.last_passing_rate_per_s {
+                Some(rate) => {
+                    format!("Maximum sustainable rate (p99 ≤ {limit} µs): {rate:.0} msg/s")
+                }
+                None => format!(
+                    "No searched rate (from {:.0} msg/s) kept p99 ≤ {limit} µs",
+                    report.plan.start_rate_per_s
+                ),
+            }
+        }
+        None => String::new(),
+    };
+    if !max_line.is_empty() {
+        println!("\n{max_line}");
+    }
+    for note in runs.first().map(|r| r.placement_notes.as_slice()).unwrap_or_default() {
+        println!("placement: {note}");
+    }
+
+    let dir = ReportDir::create(out)?;
+    #[derive(Serialize)]
+    struct ReportJson<'a> {
+        config: &'a TierConfig,
+        runs: Vec<RunSummary>,
+        max_rate: Option<&'a StepReport>,
+    }
+    let json = ReportJson {
+        config: &session.config,
+        runs: runs.iter().map(summarize).collect(),
+        max_rate: session.max_rate.as_ref(),
+    };
+    dir.write_json("report.json", &json)?;
+    for (index, table) in tables.iter().enumerate() {
+        dir.write_csv(&format!("table-{index}.csv"), table)?;
+    }
+    let cdf_series: Vec<(String, &lab::stats::LatencyHistogram)> =
+        runs.iter().map(|r| (rate_label(r.rate_per_s), &r.end_to_end)).collect();
+    let cdf_refs: Vec<(&str, &lab::stats::LatencyHistogram)> =
+        cdf_series.iter().map(|(l, h)| (l.as_str(), *h)).collect();
+    dir.write_svg(
+        "latency-cdf.svg",
+        &latency_cdf_plot("End-to-end latency CDF per rate", &cdf_refs).x_log().to_svg(),
+    )?;
+    let mut breakdown = BarChart::new("p99 latency per stage", "p99 (µs)", STAGE_SPLITS);
+    for run in runs {
+        let values = run
+            .stage_latency
+            .iter()
+            .map(|h| h.value_at_percentile_ns(99.0) as f64 / 1_000.0)
+            .collect();
+        breakdown = breakdown.group(&rate_label(run.rate_per_s), values);
+    }
+    dir.write_svg("stage-breakdown.svg", &breakdown.to_svg())?;
+    let mut markdown = Markdown::new();
+    markdown.heading(1, title);
+    markdown.paragraph(&format!(
+        "Open-loop load ({} arrivals), latency from each request's intended send time to its first response at the subscriber gateway. Configuration: {} pre-process workers, {} core shards, {} senders, wait `{}`, placement {}.",
+        session.config.arrival, session.config.preprocess_workers, session.config.core_shards, session.config.senders, session.config.wait, session.config.placement
+    ));
+    for table in &tables {
+        markdown.table(table);
+    }
+    if let Some(report) = &session.max_rate {
+        let points =
+            report.steps.iter().map(|s| (s.rate_per_s, s.value_ns as f64 / 1_000.0)).collect();
+        let plot = LinePlot::new("p99 latency vs arrival rate", "rate (msg/s)", "p99 (µs)")
+            .series("p99", points)
+            .y_log();
+        dir.write_svg("max-rate.svg", &plot.to_svg())?;
+        markdown.paragraph(&max_line).image("p99 vs rate", "max-rate.svg");
+    }
+    markdown.image("latency CDF", "latency-cdf.svg").image("per-stage p99", "stage-breakdown.svg");
+    dir.write_markdown("summary.md", markdown.as_str())?;
+    Ok(())
+}
+
+fn experiment_runs(
+    config: &TierConfig,
+    rate_per_s: f64,
+    seconds: f64,
+) -> anyhow::Result<RunResult> {
+    let options =
+        RunOptions { rate_per_s, duration: Duration::from_secs_f64(seconds), record_inputs: false };
+    run_tier(config, options, |_| {})
+}
+
+fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
+    let variants = [
+        (
+            "placement+spin",
+            TierConfig { placement: true, wait: "spin".into(), ..TierConfig::default() },
+        ),
+        (
+            "none+park",
+            TierConfig { placement: false, wait: "park".into(), ..TierConfig::default() },
+        ),
+    ];
+    let bar =
+        progress_bar((variants.len() * DEMO_RATES_PER_S.len()) as u64, "placement experiment");
+    let mut labels = Vec::new();
+    let mut summaries = Vec::new();
+    let mut notes = Vec::new();
+    for rate_per_s in DEMO_RATES_PER_S {
+        for (name, config) in &variants {
+            let result = experiment_runs(config, rate_per_s, args.seconds)?;
+            bar.inc(1);
+            labels.push(format!("{name} @{}", rate_label(rate_per_s)));
+            summaries.push(result.end_to_end.summary());
+            notes.extend(result.placement_notes.iter().map(|n| format!("{name}: {n}")));
+        }
+    }
+    bar.finish_and_clear();
+    let rows: Vec<(&str, &LatencySummary)> =
+        labels.iter().map(String::as_str).zip(&summaries).collect();
+    let table = latency_table(&rows)
+        .with_title("End-to-end latency, µs: placement + spinning vs none + parking");
+    println!("\n{table}");
+    notes.sort();
+    notes.dedup();
+    for note in &notes {
+        println!("{note}");
+    }
+    let dir = ReportDir::create(&args.out)?;
+    dir.write_csv("placement.csv", &table)?;
+    dir.write_json("placement.json", &labels.iter().zip(&summaries).collect::<Vec<_>>())?;
+    println!("\nReport: {}", dir.path().display());
+    Ok(())
+}
+
+fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
+    if args.rate.is_nan()
+        || args.rate <= 0.0
+        || args.common.seconds.is_nan()
+        || args.common.seconds <= 0.0
+    {
+        return Err(BadInput("rate and seconds must be > 0".into()).into());
+    }
+    let bar = progress_bar(6, "senders experiment");
+    let mut results = Vec::new();
+    for senders in 1..=6usize {
+        let config =
+            TierConfig { senders, publish_work_ns: args.publish_work_ns, ..TierConfig::default() };
+        results.push((
+            senders,
+            experiment_runs(&config, args.rate, args.common.seconds)?.end_to_end.summary(),
+        ));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let baseline_ns = results[0].1.mean_ns;
+    let mut table =
+        Table::new(["senders", "mean µs", "p90 µs", "p99 µs", "max µs", "speedup", "Karp–Flatt e"])
+            .with_title(format!(
+                "R-Senders at {} msg/s, {} ns publish work per message",
+                args.rate, args.publish_work_ns
+            ));
+    #[derive(Serialize)]
+    struct Point {
+        senders: usize,
+        latency: LatencySummary,
+        speedup: Option<f64>,
+        karp_flatt: Option<f64>,
+    }
+    let mut points = Vec::new();
+    for (senders, summary) in &results {
+        let gain = speedup(baseline_ns, summary.mean_ns).ok();
+        let serial = gain.and_then(|s| karp_flatt(s, *senders as f64).ok());
+        let number = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+        table.row([
+            senders.to_string(),
+            format!("{:.1}", summary.mean_ns / 1_000.0),
+            format_ns_as_us(summary.p90_ns),
+            format_ns_as_us(summary.p99_ns),
+            format_ns_as_us(summary.max_ns),
+            number(gain),
+            number(serial),
+        ]);
+        points.push(Point {
+            senders: *senders,
+            latency: *summary,
+            speedup: gain,
+            karp_flatt: serial,
+        });
+    }
+    println!("\n{table}");
+    let dir = ReportDir::create(&args.common.out)?;
+    dir.write_csv("senders.csv", &table)?;
+    dir.write_json("senders.json", &points)?;
+    println!("\nReport: {}", dir.path().display());
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! The reference lean business tier of an exchange: pre-process, matching core, master data,
+//! external events and response processing, each its own stage on the `pipeline` runtime,
+//! driven open-loop by a realistic order flow and measured from each request's intended send
+//! time.
+//!
+//! # The critical path
+//! [`msg`] defines fixed-size `Copy + Default` records for every hop, so rings pre-allocate
+//! their slots. The [`preprocess`] stage does hygiene validation, enrichment and business
+//! checks against an immutable, versioned [`master`] snapshot read without locks; a reject is
+//! answered from there with a [`msg::Reason`] and never reaches the core. Each [`core`] shard
+//! is the sequencer of its own fan-in: it numbers every input gap-free into a
+//! [`msg::SequencedInput`] (the record a journal appends, see [`tier`]) and hands it to its
+//! [`core::MatchingCore`]. The core is a pure function of its sequenced input: price-time
+//! priority books ([`book`]) over a pre-allocated [`store`] (an order-slot arena with
+//! intrusive FIFO lists and an open-addressing order index), with named capacity limits and
+//! no allocation per order; the same input always yields byte-identical output, whose blake3
+//! hash ([`msg::OutputHash`]) the replay test compares.
+//!
+//! # Off the critical path
+//! The master-data process is the single writer of the snapshot cell; the external events
+//! process turns halts, circuit breakers and band changes into control messages in the core's
+//! sequenced input (so replay reproduces them) and into master-data updates (so the
+//! pre-process sees them early). The R-Processor turns core output into per-client execution
+//! reports and per-topic market data and routes them by gateway to N R-Senders, each with its
+//! own ring, which deliver to [`tier::Subscriber`]s (in-process gateways here).
+//!
+//! # Measuring
+//! [`flow`] generates the order flow (moving mids, crossing share, immediate orders, cancels,
+//! replaces, and invalid requests each tagged with the reason it must get); [`tier::run`]
+//! drives it with `lab::load`'s open-loop schedule and reports end-to-end and per-stage
+//! latency histograms, the runtime's per-stage throughput and utilization, rejects by reason
+//! and each shard's output hash. [`cli`] holds `leantier demo` and `leantier exchange ...`.
+
+pub mod book;
+pub mod cli;
+pub mod core;
+pub mod flow;
+pub mod master;
+pub mod msg;
+pub mod preprocess;
+pub mod store;
+pub mod tier;

@@ -1,0 +1,399 @@
+//! Fixed-size message records: what flows through the tier's rings.
+//!
+//! Every record is `Copy + Default` so a ring can pre-allocate and initialise its slots up
+//! front and copy messages in and out without touching the heap. Records that arrive from
+//! outside ([`InboundOrder`]) keep their enums as raw `u8` codes: hygiene validation in the
+//! pre-process decodes them, so a malformed code is a reject with a reason, never a panic.
+//! Records past the pre-process ([`SequencedInput`], [`CoreOutput`], [`Response`]) carry typed
+//! enums because they can only hold valid values.
+
+/// Prices are integers in the instrument's price unit (for example 1/10 000 of a currency unit).
+pub type Price = i64;
+/// Quantities are integers in shares/contracts.
+pub type Qty = u32;
+/// An order id, unique per tier run (assigned by the connection tier).
+pub type OrderId = u64;
+/// An instrument id in the master data.
+pub type InstrumentId = u32;
+/// A client (trading member) id in the master data.
+pub type ClientId = u32;
+
+/// Order side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum Side {
+    #[default]
+    Buy = 0,
+    Sell = 1,
+}
+
+/// Order type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum OrderType {
+    #[default]
+    Limit = 0,
+    /// Matches at any price; never rests (its remainder is cancelled).
+    Market = 1,
+}
+
+/// Time in force.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum TimeInForce {
+    /// Rests on the book until cancelled.
+    #[default]
+    Day = 0,
+    /// Immediate or cancel: matches what it can, the remainder is cancelled.
+    Ioc = 1,
+    /// Fill or kill: fully filled at once, or cancelled without any fill.
+    Fok = 2,
+}
+
+impl Side {
+    /// Decodes a raw wire code.
+    pub fn from_code(code: u8) -> Option<Side> {
+        match code {
+            0 => Some(Side::Buy),
+            1 => Some(Side::Sell),
+            _ => None,
+        }
+    }
+}
+
+impl OrderType {
+    /// Decodes a raw wire code.
+    pub fn from_code(code: u8) -> Option<OrderType> {
+        match code {
+            0 => Some(OrderType::Limit),
+            1 => Some(OrderType::Market),
+            _ => None,
+        }
+    }
+}
+
+impl TimeInForce {
+    /// Decodes a raw wire code.
+    pub fn from_code(code: u8) -> Option<TimeInForce> {
+        match code {
+            0 => Some(TimeInForce::Day),
+            1 => Some(TimeInForce::Ioc),
+            2 => Some(TimeInForce::Fok),
+            _ => None,
+        }
+    }
+}
+
+/// Why a request was rejected (or an order cancelled by the engine). One code space for the
+/// pre-process and the core so reports and counters use one table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum Reason {
+    #[default]
+    None = 0,
+    // --- hygiene (pre-process) ---
+    /// The request kind code is unknown.
+    BadRequestKind,
+    /// Side, order type or time-in-force code is unknown.
+    BadEnum,
+    /// Quantity is zero.
+    ZeroQuantity,
+    /// A limit order has a price <= 0, or a market order carries a price.
+    BadPrice,
+    /// A market order with time in force Day (markets never rest).
+    MarketDay,
+    // --- enrichment (pre-process) ---
+    /// The instrument is not in the master data.
+    UnknownInstrument,
+    /// The client is not in the master data.
+    UnknownClient,
+    // --- business checks (pre-process) ---
+    /// The instrument is not active (not listed for trading).
+    InstrumentInactive,
+    /// The instrument is halted (halt or circuit breaker).
+    InstrumentHalted,
+    /// The price is not a multiple of the tick size.
+    PriceOffTick,
+    /// The price is outside the instrument's price band.
+    PriceOutsideBand,
+    /// The quantity is not a multiple of the lot size.
+    QuantityOffLot,
+    /// The quantity is above the instrument's maximum order quantity.
+    QuantityOverMax,
+    /// The client is disabled.
+    ClientDisabled,
+    /// The order's value is above the client's per-order value limit.
+    ClientLimitExceeded,
+    // --- core ---
+    /// Cancel/replace of an order that is not resting (unknown, filled or cancelled).
+    UnknownOrder,
+    /// A new order reuses the id of a resting order.
+    DuplicateOrderId,
+    /// The shard's order pool is full.
+    OrderPoolFull,
+    /// A replace or cancel from a client that does not own the order.
+    NotOrderOwner,
+    // --- engine cancels (not rejects) ---
+    /// Cancelled on the client's request.
+    CancelRequested,
+    /// The unfilled remainder of an IOC or market order.
+    ImmediateRemainder,
+    /// A fill-or-kill order that could not be filled in full.
+    FillOrKillUnfilled,
+}
+
+/// Number of [`Reason`] codes (for counter arrays).
+pub const REASON_COUNT: usize = Reason::FillOrKillUnfilled as usize + 1;
+
+impl Reason {
+    /// Every reason, in code order (index = code).
+    pub const ALL: [Reason; REASON_COUNT] = [
+        Reason::None,
+        Reason::BadRequestKind,
+        Reason::BadEnum,
+        Reason::ZeroQuantity,
+        Reason::BadPrice,
+        Reason::MarketDay,
+        Reason::UnknownInstrument,
+        Reason::UnknownClient,
+        Reason::InstrumentInactive,
+        Reason::InstrumentHalted,
+        Reason::PriceOffTick,
+        Reason::PriceOutsideBand,
+        Reason::QuantityOffLot,
+        Reason::QuantityOverMax,
+        Reason::ClientDisabled,
+        Reason::ClientLimitExceeded,
+        Reason::UnknownOrder,
+        Reason::DuplicateOrderId,
+        Reason::OrderPoolFull,
+        Reason::NotOrderOwner,
+        Reason::CancelRequested,
+        Reason::ImmediateRemainder,
+        Reason::FillOrKillUnfilled,
+    ];
+
+    /// True for the reasons of the pre-process's checks (hygiene, enrichment, business).
+    /// The core also answers halts and bands from its own sequenced state.
+    pub fn is_invalid_input(self) -> bool {
+        (self as u8) >= Reason::BadRequestKind as u8
+            && (self as u8) <= Reason::ClientLimitExceeded as u8
+    }
+}
+
+/// Raw request codes of [`InboundOrder::kind`].
+pub mod request_kind {
+    /// A new order.
+    pub const NEW: u8 = 1;
+    /// Cancel a resting order.
+    pub const CANCEL: u8 = 2;
+    /// Replace (price and/or quantity) a resting order.
+    pub const REPLACE: u8 = 3;
+}
+
+/// Nanosecond timestamps stamped as a message crosses the tier (a monotonic clock, see
+/// [`crate::clock`]). They ride along for latency measurement and are not part of the
+/// deterministic output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamps {
+    /// When the load generator intended to send the message (latency is measured from here).
+    pub intended_ns: u64,
+    /// When the pre-process took it off its ring.
+    pub preprocess_in_ns: u64,
+    /// When the core shard took it off its ring.
+    pub core_in_ns: u64,
+    /// When the R-Processor took the core's output off its ring.
+    pub rprocess_in_ns: u64,
+    /// When an R-Sender took the response off its ring.
+    pub sender_in_ns: u64,
+}
+
+/// A request as it arrives from the connection tier: raw codes, not yet validated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboundOrder {
+    /// One of [`request_kind`].
+    pub kind: u8,
+    /// Raw [`Side`] code.
+    pub side: u8,
+    /// Raw [`OrderType`] code.
+    pub order_type: u8,
+    /// Raw [`TimeInForce`] code.
+    pub time_in_force: u8,
+    pub instrument: InstrumentId,
+    pub client: ClientId,
+    /// The new order's id, or the id of the order to cancel/replace.
+    pub order_id: OrderId,
+    /// Limit price (new) or new price (replace); 0 for market orders and cancels.
+    pub price: Price,
+    /// Quantity (new) or new remaining quantity (replace); 0 for cancels.
+    pub qty: Qty,
+    pub stamps: Stamps,
+}
+
+/// An instruction to the matching core, enriched and valid (hygiene and business checks passed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Command {
+    /// Placeholder of pre-allocated ring slots; the core ignores it.
+    #[default]
+    Nop,
+    New {
+        order_id: OrderId,
+        client: ClientId,
+        side: Side,
+        order_type: OrderType,
+        time_in_force: TimeInForce,
+        price: Price,
+        qty: Qty,
+    },
+    Cancel {
+        order_id: OrderId,
+        client: ClientId,
+    },
+    /// Replace: a smaller quantity at the same price keeps time priority; any other change
+    /// loses it (the order is re-entered and may match).
+    Replace {
+        order_id: OrderId,
+        client: ClientId,
+        price: Price,
+        qty: Qty,
+    },
+    /// External event: stop matching the instrument (halt or circuit breaker).
+    Halt,
+    /// External event: resume matching.
+    Resume,
+    /// External event: a new price band (inclusive); resting orders outside stay.
+    SetBand {
+        low: Price,
+        high: Price,
+    },
+}
+
+/// One record of the core's sequenced input: the journaling boundary. The sequencer in front
+/// of each core shard assigns `seq`; replaying the same records into a fresh core reproduces
+/// byte-identical output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SequencedInput {
+    /// Position in the shard's input stream (1-based, gap-free).
+    pub seq: u64,
+    pub instrument: InstrumentId,
+    pub command: Command,
+    /// Latency stamps; not part of the deterministic input.
+    pub stamps: Stamps,
+}
+
+/// What an output record reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum OutputKind {
+    #[default]
+    Accepted = 0,
+    PartiallyFilled,
+    Filled,
+    /// `reason` says why (requested, IOC remainder, FOK unfilled).
+    Cancelled,
+    Replaced,
+    /// `reason` says why.
+    Rejected,
+    /// Market data: a trade (`order_id` = aggressor, `contra_order_id` = resting order).
+    Trade,
+    /// Market data: the best bid and offer changed.
+    TopOfBook,
+}
+
+/// One record of the core's output stream: an execution report or market data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreOutput {
+    /// The input record that produced it.
+    pub seq: u64,
+    pub kind: OutputKind,
+    pub reason: Reason,
+    pub side: Side,
+    pub instrument: InstrumentId,
+    pub client: ClientId,
+    pub order_id: OrderId,
+    /// Execution price (fills, trades), order price (accepted, replaced, cancelled), best bid
+    /// (top of book).
+    pub price: Price,
+    /// Executed quantity (fills, trades), best bid quantity (top of book).
+    pub qty: Qty,
+    /// Quantity still open on the order; best ask quantity (top of book).
+    pub leaves_qty: Qty,
+    /// Resting order of a trade; unused otherwise.
+    pub contra_order_id: OrderId,
+    /// Best ask (top of book); unused otherwise.
+    pub price2: Price,
+    pub stamps: Stamps,
+}
+
+/// Size of [`CoreOutput::canonical_bytes`].
+pub const CANONICAL_OUTPUT_BYTES: usize = 8 + 1 + 1 + 1 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8;
+
+impl CoreOutput {
+    /// The deterministic content (everything but the latency stamps), little-endian, in a
+    /// fixed layout: what the output hash covers.
+    pub fn canonical_bytes(&self) -> [u8; CANONICAL_OUTPUT_BYTES] {
+        let mut bytes = [0u8; CANONICAL_OUTPUT_BYTES];
+        let mut at = 0;
+        let mut put = |field: &[u8]| {
+            bytes[at..at + field.len()].copy_from_slice(field);
+            at += field.len();
+        };
+        put(&self.seq.to_le_bytes());
+        put(&[self.kind as u8, self.reason as u8, self.side as u8]);
+        put(&self.instrument.to_le_bytes());
+        put(&self.client.to_le_bytes());
+        put(&self.order_id.to_le_bytes());
+        put(&self.price.to_le_bytes());
+        put(&self.qty.to_le_bytes());
+        put(&self.leaves_qty.to_le_bytes());
+        put(&self.contra_order_id.to_le_bytes());
+        put(&self.price2.to_le_bytes());
+        bytes
+    }
+}
+
+/// A blake3 hash over the canonical bytes of an output stream, in order.
+#[derive(Default, Clone)]
+pub struct OutputHash {
+    hasher: blake3::Hasher,
+    records: u64,
+}
+
+impl OutputHash {
+    /// Adds one record.
+    pub fn update(&mut self, output: &CoreOutput) {
+        self.hasher.update(&output.canonical_bytes());
+        self.records += 1;
+    }
+
+    /// Records hashed so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// The hash so far, as hex.
+    pub fn hex(&self) -> String {
+        self.hasher.finalize().to_hex().to_string()
+    }
+}
+
+/// Who a response goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Audience {
+    /// An execution report for one client.
+    #[default]
+    Client,
+    /// Market data for everyone subscribed to the instrument's topic.
+    MarketData,
+}
+
+/// A response ready for delivery by an R-Sender to a subscriber gateway.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    pub audience: Audience,
+    /// The gateway (subscriber) it is routed to.
+    pub gateway: u32,
+    /// True for the first response to a request (the one whose latency is measured).
+    pub answers_request: bool,
+    pub output: CoreOutput,
+}

@@ -1,0 +1,776 @@
+//! The whole tier on the `pipeline` stage runtime, driven open-loop by the load generator.
+//!
+//! ```text
+//!  load (gateway input) --by instrument--> preprocess (k) --by instrument--> core (s shards)
+//!       |                                       | rejects (own input rings)        |
+//!  event feed --> events --by instrument--------+---------------------> core      v
+//!       |            \--------------------> masterdata <-- master feed    rprocess (1)
+//!                                                                     --by gateway--> senders (N)
+//!                                                                                     -> gateways
+//! ```
+//!
+//! * Pre-process workers are fed by instrument, so one instrument's flow keeps its order; a
+//!   reject goes straight to the R-Processor through the worker's own input ring, never to
+//!   the core.
+//! * The core stage routes by instrument as well (orders and control messages alike), so an
+//!   instrument's orders and its halts/bands meet in one shard, in one sequence. Each shard
+//!   worker is the sequencer of its fan-in: it stamps a gap-free `seq` on every input and
+//!   hands the resulting [`SequencedInput`] to its [`MatchingCore`]; that record is the
+//!   journaling boundary (a journal appends it before `process`), and replaying the recorded
+//!   records reproduces the shard's output hash.
+//! * The master-data process is the single writer of the [`SnapshotCell`]; the external events
+//!   process sends each event both to the core (as a control message) and to the master-data
+//!   process (so the pre-process sees halts and bands early).
+//! * Latency is measured from each request's intended send time to the delivery of its first
+//!   response at the subscriber gateway, with per-stage splits from stamps in the messages.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use lab::load::{ArrivalProcess, OpenLoopPlan, drive_sync};
+use lab::outcome::BadInput;
+use lab::stats::LatencyHistogram;
+use pipeline::metrics::{StageMetrics, now_ns};
+use pipeline::placement::Role;
+use pipeline::stage::{Emitter, Input, PipelineBuilder, Route, StageSpec};
+use pipeline::{ConnectorKind, WaitStrategy};
+
+use crate::core::{CoreCounters, CoreLimits, MatchingCore};
+use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
+use crate::master::{MasterData, MasterUpdate, SnapshotCell};
+use crate::msg::{
+    Audience, Command, CoreOutput, InboundOrder, InstrumentId, OutputHash, OutputKind, Price,
+    REASON_COUNT, Reason, Response, SequencedInput, Stamps,
+};
+use crate::preprocess::Preprocessor;
+
+/// Names of the per-stage latency splits, in path order.
+pub const STAGE_SPLITS: [&str; 5] = ["preprocess", "core", "rprocess", "sender", "delivery"];
+/// Most workers of any one stage (a sanity bound on configs).
+pub const STAGE_WORKERS_MAX: usize = 64;
+/// Most instruments of a run's universe: every core shard lists every instrument, and a
+/// reference ladder costs about 130 KiB per instrument per shard.
+pub const UNIVERSE_INSTRUMENTS_MAX: u32 = 1024;
+
+/// A configuration of the tier (TOML via `lab::config`; every field has a default).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierConfig {
+    /// Pre-process workers (k).
+    pub preprocess_workers: usize,
+    /// Core shards (instruments are spread over them by the pipeline's key route).
+    pub core_shards: usize,
+    /// R-Senders (N), each with its own ring from the R-Processor.
+    pub senders: usize,
+    /// In-process subscriber gateways (clients and market-data topics map onto them).
+    pub gateways: u32,
+    /// Slots of every inbound ring (a power of two).
+    pub ring_slots: usize,
+    /// Most messages per ring batch.
+    pub batch_slots: usize,
+    /// Wait strategy of the critical stages: spin, spin-yield, park, adaptive, or auto (spin
+    /// when every thread of the tier gets its own CPU, else park: on a shared, oversubscribed
+    /// host a spinning or yielding thread steals the CPU from the thread it waits for).
+    pub wait: String,
+    /// Pin workers to cores per the placement plan.
+    pub placement: bool,
+    /// Ring implementation: lock-free or blocking.
+    pub connector: String,
+    /// Arrival process: constant, poisson or bursty.
+    pub arrival: String,
+    /// Bursty arrivals: on and off periods, µs.
+    pub burst_on_us: u64,
+    pub burst_off_us: u64,
+    /// Resting orders per core shard.
+    pub order_pool_slots: u32,
+    /// Simulated per-message publish cost of an R-Sender (busy work, ns; 0 = in-process only).
+    pub publish_work_ns: u64,
+    /// An external event (halt/resume/band change, cycling) every this many requests; 0 = none.
+    pub events_every: u64,
+    /// A master-data update every this many requests; 0 = none.
+    pub master_updates_every: u64,
+    pub universe: UniverseConfig,
+    pub flow: FlowConfig,
+    /// Seed of the arrival schedule.
+    pub seed: u64,
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            preprocess_workers: 2,
+            core_shards: 1,
+            senders: 2,
+            gateways: 8,
+            ring_slots: 8192,
+            batch_slots: 64,
+            wait: "auto".into(),
+            placement: false,
+            connector: "lock-free".into(),
+            arrival: "poisson".into(),
+            burst_on_us: 1_000,
+            burst_off_us: 1_000,
+            order_pool_slots: crate::store::ORDER_POOL_SLOTS_DEFAULT,
+            publish_work_ns: 0,
+            events_every: 50_000,
+            master_updates_every: 100_000,
+            universe: UniverseConfig::default(),
+            flow: FlowConfig::default(),
+            seed: 7,
+        }
+    }
+}
+
+impl TierConfig {
+    /// Checks every field; errors are [`BadInput`] naming the field.
+    pub fn validate(&self) -> Result<(), BadInput> {
+        let workers_ok = |n: usize| (1..=STAGE_WORKERS_MAX).contains(&n);
+        if !workers_ok(self.preprocess_workers)
+            || !workers_ok(self.core_shards)
+            || !workers_ok(self.senders)
+        {
+            return Err(BadInput(format!(
+                "preprocess_workers, core_shards and senders must be in 1..={STAGE_WORKERS_MAX}"
+            )));
+        }
+        if self.gateways == 0 {
+            return Err(BadInput("gateways must be > 0".into()));
+        }
+        if !self.ring_slots.is_power_of_two()
+            || self.batch_slots == 0
+            || self.batch_slots > self.ring_slots
+        {
+            return Err(BadInput(
+                "ring_slots must be a power of two and batch_slots in 1..=ring_slots".into(),
+            ));
+        }
+        if self.order_pool_slots == 0 || self.order_pool_slots > crate::store::ORDER_POOL_SLOTS_MAX
+        {
+            return Err(BadInput("order_pool_slots out of range".into()));
+        }
+        if !(1..=UNIVERSE_INSTRUMENTS_MAX).contains(&self.universe.instruments)
+            || self.universe.clients == 0
+        {
+            return Err(BadInput(format!(
+                "universe needs instruments in 1..={UNIVERSE_INSTRUMENTS_MAX} and clients > 0"
+            )));
+        }
+        let flow = &self.flow;
+        let shares = [
+            flow.crossing_share,
+            flow.cancel_share,
+            flow.replace_share,
+            flow.immediate_share,
+            flow.invalid_share,
+        ];
+        if shares.iter().any(|share| !(0.0..=1.0).contains(share))
+            || flow.cancel_share + flow.replace_share + flow.invalid_share > 1.0
+        {
+            return Err(BadInput(
+                "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
+            ));
+        }
+        self.wait_strategy()?;
+        self.connector_kind()?;
+        self.arrival_process(1.0)?.validate()
+    }
+
+    pub fn wait_strategy(&self) -> Result<WaitStrategy, BadInput> {
+        if self.wait == "auto" {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            return Ok(if cpus > self.threads() {
+                WaitStrategy::BusySpin
+            } else {
+                WaitStrategy::Park
+            });
+        }
+        self.wait.parse().map_err(|e: String| BadInput(format!("wait: {e} (or auto)")))
+    }
+
+    /// Threads the tier runs: every stage worker plus the load generator.
+    pub fn threads(&self) -> usize {
+        const SINGLE_WORKER_STAGES: usize = 3; // events, masterdata, rprocess
+        const LOAD_THREADS: usize = 1;
+        self.preprocess_workers
+            + self.core_shards
+            + self.senders
+            + SINGLE_WORKER_STAGES
+            + LOAD_THREADS
+    }
+
+    pub fn connector_kind(&self) -> Result<ConnectorKind, BadInput> {
+        self.connector.parse().map_err(|e: String| BadInput(format!("connector: {e}")))
+    }
+
+    /// The arrival process at `rate_per_s`.
+    pub fn arrival_process(&self, rate_per_s: f64) -> Result<ArrivalProcess, BadInput> {
+        match self.arrival.as_str() {
+            "constant" => Ok(ArrivalProcess::Constant { rate_per_s }),
+            "poisson" => Ok(ArrivalProcess::Poisson { rate_per_s }),
+            "bursty" => Ok(ArrivalProcess::Bursty {
+                rate_per_s,
+                on_ns: self.burst_on_us * 1_000,
+                off_ns: self.burst_off_us * 1_000,
+            }),
+            other => {
+                Err(BadInput(format!("arrival `{other}`: expected constant, poisson or bursty")))
+            }
+        }
+    }
+
+    fn spec(&self, workers: usize, role: Role) -> Result<StageSpec, BadInput> {
+        let spec = StageSpec { workers, role, ..StageSpec::default() };
+        Ok(spec
+            .with_wait(if role == Role::Critical {
+                self.wait_strategy()?
+            } else {
+                WaitStrategy::default()
+            })
+            .with_ring(self.ring_slots, self.batch_slots)
+            .with_connector(self.connector_kind()?))
+    }
+}
+
+/// What the core stage consumes (from the pre-process and the events process) and what the
+/// master-data process consumes (from the events process and the master-data feed).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierInput {
+    pub instrument: InstrumentId,
+    /// For the core: an order command or a control message; `Nop` for pure master updates.
+    pub command: Command,
+    /// For the master-data process; `None` for orders.
+    pub master: MasterUpdate,
+    pub stamps: Stamps,
+}
+
+/// An external event as it arrives from outside (market operations, a surveillance feed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExternalEvent {
+    #[default]
+    None,
+    Halt(InstrumentId),
+    /// Halt caused by a price move (same effect as a halt; reported apart).
+    CircuitBreaker(InstrumentId),
+    Resume(InstrumentId),
+    Band {
+        instrument: InstrumentId,
+        low: Price,
+        high: Price,
+    },
+}
+
+/// A subscriber a sender delivers to (an in-process gateway here; network gateways later).
+pub trait Subscriber: Send {
+    fn deliver(&mut self, response: &Response);
+}
+
+/// The in-process gateway: counts what it receives per audience.
+#[derive(Debug, Default)]
+pub struct InProcessGateway {
+    pub client_reports: u64,
+    pub market_data: u64,
+}
+
+impl Subscriber for InProcessGateway {
+    fn deliver(&mut self, response: &Response) {
+        match response.audience {
+            Audience::Client => self.client_reports += 1,
+            Audience::MarketData => self.market_data += 1,
+        }
+    }
+}
+
+/// What one core shard reports after the run.
+#[derive(Clone, Debug, Default)]
+pub struct ShardResult {
+    pub shard: usize,
+    pub output_hash: String,
+    pub output_records: u64,
+    pub counters: CoreCounters,
+    /// The shard's sequenced input, when the run was asked to record it.
+    pub recorded: Vec<SequencedInput>,
+}
+
+/// What one run measured.
+pub struct RunResult {
+    pub rate_per_s: f64,
+    pub sent: u64,
+    pub elapsed_s: f64,
+    /// Intended send time -> first response delivered at the gateway, every request.
+    pub end_to_end: LatencyHistogram,
+    /// Per split of [`STAGE_SPLITS`] (requests that passed the pre-process).
+    pub stage_latency: Vec<LatencyHistogram>,
+    /// How late the generator issued requests.
+    pub send_lag: LatencyHistogram,
+    pub pipeline: Vec<StageMetrics>,
+    pub placement_notes: Vec<String>,
+    pub rejects: [u64; REASON_COUNT],
+    pub shards: Vec<ShardResult>,
+    pub delivered: u64,
+}
+
+/// Results handed back by workers when their handlers are dropped (at worker exit).
+#[derive(Default)]
+struct Collected {
+    shards: Vec<ShardResult>,
+    end_to_end: LatencyHistogram,
+    stage_latency: Vec<LatencyHistogram>,
+    rejects: [u64; REASON_COUNT],
+    delivered: u64,
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+fn lock<T>(shared: &Shared<T>) -> std::sync::MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct PreprocessWorker {
+    preprocess: Preprocessor,
+    worker: usize,
+    rejects: Option<Input<CoreOutput>>,
+    reject_inputs: Shared<Vec<Option<Input<CoreOutput>>>>,
+}
+
+impl PreprocessWorker {
+    fn handle(&mut self, request: &InboundOrder, out: &mut Emitter<TierInput>) {
+        let mut stamps = request.stamps;
+        stamps.preprocess_in_ns = now_ns();
+        match self.preprocess.check(request) {
+            Ok(routed) => out.emit(TierInput {
+                instrument: routed.instrument,
+                command: routed.command,
+                master: MasterUpdate::None,
+                stamps,
+            }),
+            Err(reason) => {
+                let reject = CoreOutput {
+                    kind: OutputKind::Rejected,
+                    reason,
+                    instrument: request.instrument,
+                    client: request.client,
+                    order_id: request.order_id,
+                    price: request.price,
+                    stamps,
+                    ..CoreOutput::default()
+                };
+                let (worker, inputs) = (self.worker, &self.reject_inputs);
+                let rejects = self.rejects.get_or_insert_with(|| {
+                    lock(inputs)[worker]
+                        .take()
+                        .expect("reject inputs are handed out before the load starts")
+                });
+                // Err only when the pipeline aborts; the run reports that failure itself.
+                let _ = rejects.send_with_ingress(reject, out.ingress_ns());
+                let _ = rejects.flush();
+            }
+        }
+    }
+}
+
+impl Drop for PreprocessWorker {
+    fn drop(&mut self) {
+        // A worker that never rejected still owns its reject ring: close it so the R-Processor
+        // can finish.
+        drop(lock(&self.reject_inputs)[self.worker].take());
+    }
+}
+
+struct CoreWorker {
+    shard: usize,
+    core: MatchingCore,
+    /// The sequencer of this shard's fan-in: last assigned sequence number.
+    last_seq: u64,
+    hash: OutputHash,
+    record: bool,
+    recorded: Vec<SequencedInput>,
+    collected: Shared<Collected>,
+}
+
+impl CoreWorker {
+    fn handle(&mut self, input: &TierInput, out: &mut Emitter<CoreOutput>) {
+        if input.command == Command::Nop {
+            return;
+        }
+        self.last_seq += 1;
+        let stamps = Stamps { core_in_ns: now_ns(), ..input.stamps };
+        let sequenced = SequencedInput {
+            seq: self.last_seq,
+            instrument: input.instrument,
+            command: input.command,
+            stamps,
+        };
+        // The journaling boundary: `sequenced` is the record a journal would append here.
+        if self.record {
+            self.recorded.push(sequenced);
+        }
+        let hash = &mut self.hash;
+        self.core.process(&sequenced, &mut |output| {
+            hash.update(output);
+            out.emit(*output);
+        });
+    }
+}
+
+impl Drop for CoreWorker {
+    fn drop(&mut self) {
+        let result = ShardResult {
+            shard: self.shard,
+            output_hash: self.hash.hex(),
+            output_records: self.hash.records(),
+            counters: self.core.counters(),
+            recorded: std::mem::take(&mut self.recorded),
+        };
+        lock(&self.collected).shards.push(result);
+    }
+}
+
+struct ResponseProcessor {
+    gateways: u32,
+    rejects: [u64; REASON_COUNT],
+    collected: Shared<Collected>,
+}
+
+impl ResponseProcessor {
+    fn handle(&mut self, output: &CoreOutput, out: &mut Emitter<Response>) {
+        let output =
+            CoreOutput { stamps: Stamps { rprocess_in_ns: now_ns(), ..output.stamps }, ..*output };
+        if output.kind == OutputKind::Rejected {
+            self.rejects[output.reason as usize] += 1;
+        }
+        let market_data = matches!(output.kind, OutputKind::Trade | OutputKind::TopOfBook);
+        let (audience, topic) = if market_data {
+            (Audience::MarketData, output.instrument)
+        } else {
+            (Audience::Client, output.client)
+        };
+        // The core answers a request first (accepted / replaced / cancelled / rejected);
+        // fills and engine cancels that follow are not answers.
+        let answers_request = match output.kind {
+            OutputKind::Accepted | OutputKind::Replaced | OutputKind::Rejected => true,
+            OutputKind::Cancelled => output.reason == Reason::CancelRequested,
+            _ => false,
+        };
+        out.emit(Response { audience, gateway: topic % self.gateways, answers_request, output });
+    }
+}
+
+impl Drop for ResponseProcessor {
+    fn drop(&mut self) {
+        let mut collected = lock(&self.collected);
+        for (total, count) in collected.rejects.iter_mut().zip(self.rejects) {
+            *total += count;
+        }
+    }
+}
+
+struct SenderWorker {
+    gateways: Vec<Box<dyn Subscriber>>,
+    publish_work_ns: u64,
+    end_to_end: LatencyHistogram,
+    stage_latency: Vec<LatencyHistogram>,
+    delivered: u64,
+    collected: Shared<Collected>,
+}
+
+impl SenderWorker {
+    fn handle(&mut self, response: &Response) {
+        let sender_in_ns = now_ns();
+        if self.publish_work_ns > 0 {
+            while now_ns() < sender_in_ns + self.publish_work_ns {
+                std::hint::spin_loop();
+            }
+        }
+        // The by-gateway route sends each gateway's responses to one sender, in order; each
+        // sender holds a subscriber slot for every gateway and uses those routed to it.
+        self.gateways[response.gateway as usize].deliver(response);
+        self.delivered += 1;
+        if !response.answers_request {
+            return;
+        }
+        let done_ns = now_ns();
+        let s = response.output.stamps;
+        self.end_to_end.record_ns(done_ns.saturating_sub(s.intended_ns));
+        if s.core_in_ns == 0 {
+            return; // a pre-process reject: it skipped the core
+        }
+        let splits = [
+            s.preprocess_in_ns.saturating_sub(s.intended_ns),
+            s.core_in_ns.saturating_sub(s.preprocess_in_ns),
+            s.rprocess_in_ns.saturating_sub(s.core_in_ns),
+            sender_in_ns.saturating_sub(s.rprocess_in_ns),
+            done_ns.saturating_sub(sender_in_ns),
+        ];
+        for (histogram, ns) in self.stage_latency.iter_mut().zip(splits) {
+            histogram.record_ns(ns);
+        }
+    }
+}
+
+impl Drop for SenderWorker {
+    fn drop(&mut self) {
+        let mut collected = lock(&self.collected);
+        collected.end_to_end.merge(&self.end_to_end);
+        for (total, part) in collected.stage_latency.iter_mut().zip(&self.stage_latency) {
+            total.merge(part);
+        }
+        collected.delivered += self.delivered;
+    }
+}
+
+fn external_event_effect(event: &ExternalEvent, master: &MasterData) -> TierInput {
+    let (instrument, command, update) = match *event {
+        ExternalEvent::None => return TierInput::default(),
+        ExternalEvent::Halt(instrument) | ExternalEvent::CircuitBreaker(instrument) => {
+            (instrument, Command::Halt, MasterUpdate::Halted { instrument, halted: true })
+        }
+        ExternalEvent::Resume(instrument) => {
+            (instrument, Command::Resume, MasterUpdate::Halted { instrument, halted: false })
+        }
+        ExternalEvent::Band { instrument, low, high } => (
+            instrument,
+            Command::SetBand { low, high },
+            MasterUpdate::Band { instrument, low, high },
+        ),
+    };
+    // An event for an unknown instrument has no effect on the core.
+    let command = if master.instrument(instrument).is_some() { command } else { Command::Nop };
+    TierInput { instrument, command, master: update, stamps: Stamps::default() }
+}
+
+/// The scripted external events and master-data updates injected during a run.
+struct Scenario {
+    events_every: u64,
+    master_every: u64,
+    instruments: u32,
+    step: u64,
+}
+
+impl Scenario {
+    fn event(&mut self, index: u64, master: &MasterData) -> Option<ExternalEvent> {
+        if self.events_every == 0 || index == 0 || !index.is_multiple_of(self.events_every) {
+            return None;
+        }
+        self.step += 1;
+        let instrument = (self.step / 3 % u64::from(self.instruments)) as InstrumentId;
+        let listing = master.instrument(instrument)?;
+        Some(match self.step % 3 {
+            0 => ExternalEvent::CircuitBreaker(instrument),
+            1 => ExternalEvent::Resume(instrument),
+            _ => ExternalEvent::Band { instrument, low: listing.band_low, high: listing.band_high },
+        })
+    }
+
+    fn master_update(&self, index: u64, master: &MasterData) -> Option<MasterUpdate> {
+        if self.master_every == 0 || index == 0 || !index.is_multiple_of(self.master_every) {
+            return None;
+        }
+        let client = (index / self.master_every % master.clients.len() as u64) as u32;
+        let limits = master.client(client)?;
+        Some(MasterUpdate::ClientLimit {
+            client,
+            enabled: limits.enabled,
+            order_value_max: limits.order_value_max,
+        })
+    }
+}
+
+/// Options of one run besides the configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    pub rate_per_s: f64,
+    pub duration: Duration,
+    /// Keep every shard's sequenced input (for replay).
+    pub record_inputs: bool,
+}
+
+/// Builds the tier, drives it open-loop at `options.rate_per_s`, drains it and reports.
+pub fn run(
+    config: &TierConfig,
+    options: RunOptions,
+    mut progress: impl FnMut(u64),
+) -> anyhow::Result<RunResult> {
+    config.validate()?;
+    let master = reference_master_data(&config.universe);
+    let cell = SnapshotCell::new(master.clone());
+    let collected: Shared<Collected> = Arc::new(Mutex::new(Collected {
+        stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
+        ..Collected::default()
+    }));
+    let reject_inputs: Shared<Vec<Option<Input<CoreOutput>>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut graph = PipelineBuilder::new().pin_threads(config.placement);
+    let by_instrument_order = || Route::by_key(|m: &InboundOrder| u64::from(m.instrument));
+    let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
+
+    let gateway = graph.input::<InboundOrder>("gateway", 1);
+    let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
+    let master_feed = graph.input::<TierInput>("master-feed", 1);
+    let rejects = graph.input::<CoreOutput>("rejects", config.preprocess_workers);
+
+    let preprocess = {
+        let (cell, reject_inputs) = (cell.clone(), reject_inputs.clone());
+        graph.stage(
+            "preprocess",
+            config.spec(config.preprocess_workers, Role::Critical)?,
+            move |worker| {
+                let reader = cell.reader().expect("preprocess workers <= SNAPSHOT_READERS_MAX");
+                let mut state = PreprocessWorker {
+                    preprocess: Preprocessor::new(reader),
+                    worker,
+                    rejects: None,
+                    reject_inputs: reject_inputs.clone(),
+                };
+                move |request: &InboundOrder, out: &mut Emitter<TierInput>| {
+                    state.handle(request, out)
+                }
+            },
+        )
+    };
+    let events = {
+        let cell = cell.clone();
+        graph.stage("events", config.spec(1, Role::Ancillary)?, move |_| {
+            let mut reader = cell.reader().expect("one events reader");
+            move |event: &ExternalEvent, out: &mut Emitter<TierInput>| {
+                let effect = external_event_effect(event, reader.current());
+                out.emit(effect);
+            }
+        })
+    };
+    let masterdata = {
+        let cell = cell.clone();
+        graph.sink("masterdata", config.spec(1, Role::Ancillary)?, move |_| {
+            let cell = cell.clone();
+            move |input: &TierInput| {
+                if input.master == MasterUpdate::None {
+                    return;
+                }
+                let mut next = cell.load_copy();
+                match next.apply(&input.master) {
+                    Ok(()) => {
+                        cell.publish(next);
+                    }
+                    Err(why) => {
+                        tracing::warn!("master-data update {:?} refused: {why}", input.master)
+                    }
+                }
+            }
+        })
+    };
+    let core = {
+        let (listings, collected) = (master.listings(), collected.clone());
+        let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
+        let record = options.record_inputs;
+        graph.stage("core", config.spec(config.core_shards, Role::Critical)?, move |shard| {
+            let mut state = CoreWorker {
+                shard,
+                core: MatchingCore::new(&listings, limits),
+                last_seq: 0,
+                hash: OutputHash::default(),
+                record,
+                recorded: Vec::new(),
+                collected: collected.clone(),
+            };
+            move |input: &TierInput, out: &mut Emitter<CoreOutput>| state.handle(input, out)
+        })
+    };
+    let rprocess = {
+        let (collected, gateways) = (collected.clone(), config.gateways);
+        graph.stage("rprocess", config.spec(1, Role::Critical)?, move |_| {
+            let mut state = ResponseProcessor {
+                gateways,
+                rejects: [0; REASON_COUNT],
+                collected: collected.clone(),
+            };
+            move |output: &CoreOutput, out: &mut Emitter<Response>| state.handle(output, out)
+        })
+    };
+    let senders = {
+        let (collected, gateways) = (collected.clone(), config.gateways);
+        let publish_work_ns = config.publish_work_ns;
+        graph.sink("sender", config.spec(config.senders, Role::Critical)?, move |_| {
+            let mut state = SenderWorker {
+                gateways: (0..gateways)
+                    .map(|_| Box::new(InProcessGateway::default()) as Box<dyn Subscriber>)
+                    .collect(),
+                publish_work_ns,
+                end_to_end: LatencyHistogram::new(),
+                stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
+                delivered: 0,
+                collected: collected.clone(),
+            };
+            move |response: &Response| state.handle(response)
+        })
+    };
+    graph.connect(gateway, preprocess, by_instrument_order());
+    graph.connect(preprocess, core, by_instrument());
+    graph.connect(event_feed, events, Route::RoundRobin);
+    graph.connect(events, core, by_instrument());
+    graph.connect(events, masterdata, Route::RoundRobin);
+    graph.connect(master_feed, masterdata, Route::RoundRobin);
+    graph.connect(core, rprocess, Route::RoundRobin);
+    graph.connect(rejects, rprocess, Route::RoundRobin);
+    graph.connect(rprocess, senders, Route::by_key(|r: &Response| u64::from(r.gateway)));
+
+    let mut running = graph.start()?;
+    let placement_notes = running.plan().notes.clone();
+    let taken = running.take_inputs(rejects).expect("rejects input");
+    *lock(&reject_inputs) = taken.into_iter().map(Some).collect();
+    let mut gateway_input = running.take_inputs(gateway).expect("gateway input").remove(0);
+    let mut event_input = running.take_inputs(event_feed).expect("event input").remove(0);
+    let mut master_input = running.take_inputs(master_feed).expect("master input").remove(0);
+
+    let mut generator = FlowGenerator::new(config.universe, config.flow);
+    let mut scenario = Scenario {
+        events_every: config.events_every,
+        master_every: config.master_updates_every,
+        instruments: config.universe.instruments,
+        step: 0,
+    };
+    let plan = OpenLoopPlan {
+        process: config.arrival_process(options.rate_per_s)?,
+        seed: config.seed,
+        duration: options.duration,
+    };
+    let mut disconnected = false;
+    let drive = drive_sync(&plan, |shot| {
+        if disconnected {
+            return;
+        }
+        let (mut request, _) = generator.next_request();
+        let intended_ns = now_ns().saturating_sub(shot.latency_ns());
+        request.stamps.intended_ns = intended_ns;
+        if let Some(event) = scenario.event(shot.index, &master) {
+            disconnected |= event_input.send(event).and_then(|()| event_input.flush()).is_err();
+        }
+        if let Some(update) = scenario.master_update(shot.index, &master) {
+            let input = TierInput { master: update, ..TierInput::default() };
+            disconnected |= master_input.send(input).and_then(|()| master_input.flush()).is_err();
+        }
+        disconnected |= gateway_input
+            .send_with_ingress(request, intended_ns)
+            .and_then(|()| gateway_input.flush())
+            .is_err();
+        if shot.index % 1024 == 0 {
+            progress(shot.index);
+        }
+    })?;
+    drop((gateway_input, event_input, master_input));
+    let report = running.wait()?;
+    anyhow::ensure!(!disconnected, "the pipeline stopped while the load was running");
+
+    let mut collected = std::mem::take(&mut *lock(&collected));
+    collected.shards.sort_by_key(|s| s.shard);
+    Ok(RunResult {
+        rate_per_s: options.rate_per_s,
+        sent: drive.sent,
+        elapsed_s: drive.elapsed.as_secs_f64(),
+        end_to_end: collected.end_to_end,
+        stage_latency: collected.stage_latency,
+        send_lag: drive.send_lag,
+        pipeline: report.stages,
+        placement_notes,
+        rejects: collected.rejects,
+        shards: collected.shards,
+        delivered: collected.delivered,
+    })
+}

@@ -1,0 +1,60 @@
+//! `leantier exchange run --config FILE` end to end: the config is read, flags override it,
+//! the report folder gets its JSON, Markdown and SVG files, and bad input is `BadInput`.
+
+use exchange::cli::{Args, ExchangeCommand, MAX_RATE_P99_LIMIT_US_DEFAULT, RunArgs, run};
+use lab::outcome::BadInput;
+
+fn run_args(config: std::path::PathBuf, out: std::path::PathBuf) -> RunArgs {
+    RunArgs {
+        config: Some(config),
+        rates: vec![5_000.0],
+        seconds: 0.3,
+        find_max: false,
+        p99_limit_us: MAX_RATE_P99_LIMIT_US_DEFAULT,
+        preprocess_workers: None,
+        core_shards: Some(2),
+        senders: None,
+        wait: None,
+        placement: None,
+        arrival: None,
+        out,
+    }
+}
+
+#[test]
+fn run_with_a_config_file_writes_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tier.toml");
+    std::fs::write(&config, "preprocess_workers = 1\nsenders = 3\narrival = \"bursty\"\n[universe]\ninstruments = 8\nclients = 16\n").unwrap();
+    let out = dir.path().join("report");
+    run(&Args { command: ExchangeCommand::Run(run_args(config, out.clone())) }).expect("run");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["config"]["senders"], 3, "from the file");
+    assert_eq!(report["config"]["core_shards"], 2, "from the flag");
+    let first = &report["runs"][0];
+    assert!(first["sent"].as_u64().unwrap() > 500);
+    assert_eq!(first["end_to_end"]["count"], first["sent"], "every request answered");
+    assert_eq!(first["output_hashes"].as_array().unwrap().len(), 2);
+    for file in ["summary.md", "latency-cdf.svg", "stage-breakdown.svg"] {
+        let text = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(!text.is_empty(), "{file}");
+    }
+}
+
+#[test]
+fn unknown_config_key_and_bad_values_are_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "shards = 2\n").unwrap();
+    let error = run(&Args {
+        command: ExchangeCommand::Run(run_args(config.clone(), dir.path().join("r"))),
+    })
+    .unwrap_err();
+    assert!(error.downcast_ref::<BadInput>().is_some(), "{error}");
+    std::fs::write(&config, "ring_slots = 1000\n").unwrap();
+    let error =
+        run(&Args { command: ExchangeCommand::Run(run_args(config, dir.path().join("r"))) })
+            .unwrap_err();
+    assert!(error.downcast_ref::<BadInput>().is_some(), "{error}");
+}

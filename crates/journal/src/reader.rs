@@ -1,0 +1,182 @@
+//! Reading a journal from a sequence number, validating every frame.
+//!
+//! Rules for the end of the data (the recovery module acts on them):
+//! - in any segment but the last, the data ends at a zero header or when no frame fits; a bad
+//!   frame there is corruption;
+//! - in the last segment, a bad frame (or a zero header) followed by no valid frame with a
+//!   higher sequence is a *torn tail*: the unfinished write of the batch being written when the
+//!   process died, never acknowledged. Non-zero bytes after it are reported so recovery can
+//!   zero them;
+//! - a bad frame followed by a valid one is *corruption*: truncating there would drop records
+//!   that were durable, and possibly acknowledged, so it is an error unless repair is asked for.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{JournalError, io_context};
+use crate::frame::{self, Decoded, FRAME_HEADER_BYTES};
+use crate::segment::{self, SEGMENT_HEADER_BYTES, SegmentInfo};
+
+/// Where a torn last record starts: everything from `offset` in `file` is not journal data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    pub file: PathBuf,
+    pub offset: u64,
+}
+
+/// The end of the valid data: the last segment and the offset where the next frame goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndPosition {
+    pub file: PathBuf,
+    pub offset: u64,
+}
+
+struct Loaded {
+    segment: SegmentInfo,
+    bytes: Vec<u8>,
+    offset: usize,
+    is_last: bool,
+}
+
+/// Iterates the records of a journal directory in sequence order (see the module docs).
+pub struct JournalReader {
+    segments: Vec<SegmentInfo>,
+    next_index: usize,
+    current: Option<Loaded>,
+    expected_seq: Option<u64>,
+    from_seq: u64,
+    torn_tail: Option<TornTail>,
+    torn_segment: Option<PathBuf>,
+    end: Option<EndPosition>,
+}
+
+impl JournalReader {
+    /// Opens `dir` to read records with sequence >= `from_seq`. Segments that end before
+    /// `from_seq` are not read at all (they may already be removed after a snapshot).
+    pub fn open(dir: &Path, from_seq: u64) -> Result<JournalReader, JournalError> {
+        let mut segments = segment::list_segments(dir)?;
+        let first_needed = segments.iter().rposition(|s| s.first_seq <= from_seq).unwrap_or(0);
+        segments.drain(..first_needed);
+        if let Some(first) = segments.first()
+            && first.first_seq > from_seq
+        {
+            return Err(JournalError::MissingSegment {
+                expected_seq: from_seq,
+                found_first_seq: first.first_seq,
+                file: first.path.clone(),
+            });
+        }
+        Ok(JournalReader {
+            segments,
+            next_index: 0,
+            current: None,
+            expected_seq: None,
+            from_seq,
+            torn_tail: None,
+            torn_segment: None,
+            end: None,
+        })
+    }
+
+    /// The next record at or after `from_seq`: `Ok(None)` at the end of the data.
+    pub fn next_record(&mut self) -> Result<Option<(u64, &[u8])>, JournalError> {
+        let (seq, start, len) = loop {
+            if self.current.is_none() && !self.load_next()? {
+                return Ok(None);
+            }
+            let loaded = self.current.as_mut().expect("loaded above");
+            let expected = self.expected_seq.expect("set when a segment is loaded");
+            match frame::decode(&loaded.bytes[loaded.offset..]) {
+                Decoded::Valid { seq, payload, frame_bytes } if seq == expected => {
+                    let start = loaded.offset + FRAME_HEADER_BYTES;
+                    let len = payload.len();
+                    loaded.offset += frame_bytes;
+                    self.expected_seq = Some(seq + 1);
+                    if seq >= self.from_seq {
+                        break (seq, start, len);
+                    }
+                }
+                Decoded::End => self.finish_segment(false)?,
+                Decoded::Valid { .. } | Decoded::Invalid => self.finish_segment(true)?,
+            }
+        };
+        let loaded = self.current.as_ref().expect("a record was just read from it");
+        Ok(Some((seq, &loaded.bytes[start..start + len])))
+    }
+
+    /// Set once the reader has reached the end, if the last segment ended in a torn record.
+    pub fn torn_tail(&self) -> Option<&TornTail> {
+        self.torn_tail.as_ref()
+    }
+
+    /// Set once the reader has reached the end, if the last segment's creation was cut short
+    /// (no header yet, so no data: [`segment::create`] syncs the header before any append).
+    pub fn torn_segment(&self) -> Option<&Path> {
+        self.torn_segment.as_deref()
+    }
+
+    /// Set once the reader has reached the end (`None` for a journal with no segments).
+    pub fn end_position(&self) -> Option<&EndPosition> {
+        self.end.as_ref()
+    }
+
+    /// The sequence number the next appended record must have (`None` before any segment).
+    pub fn next_seq(&self) -> Option<u64> {
+        self.expected_seq
+    }
+
+    fn load_next(&mut self) -> Result<bool, JournalError> {
+        let Some(segment) = self.segments.get(self.next_index).cloned() else {
+            return Ok(false);
+        };
+        let bytes = std::fs::read(&segment.path)
+            .map_err(io_context(format!("reading segment {}", segment.path.display())))?;
+        let is_last = self.next_index + 1 == self.segments.len();
+        if is_last && segment::is_unwritten_header(&bytes) {
+            self.torn_segment = Some(segment.path);
+            self.next_index = self.segments.len();
+            return Ok(false);
+        }
+        segment::check_header(&bytes, &segment)?;
+        if let Some(expected) = self.expected_seq
+            && segment.first_seq != expected
+        {
+            return Err(JournalError::MissingSegment {
+                expected_seq: expected,
+                found_first_seq: segment.first_seq,
+                file: segment.path,
+            });
+        }
+        self.expected_seq = Some(segment.first_seq);
+        self.next_index += 1;
+        self.current =
+            Some(Loaded { segment, bytes, offset: SEGMENT_HEADER_BYTES as usize, is_last });
+        Ok(true)
+    }
+
+    /// The data of the current segment ended at its offset, cleanly or at a bad frame.
+    fn finish_segment(&mut self, bad_frame: bool) -> Result<(), JournalError> {
+        let loaded = self.current.as_ref().expect("finishing a loaded segment");
+        let expected = self.expected_seq.expect("set when a segment is loaded");
+        let offset = loaded.offset as u64;
+        let corrupt =
+            || JournalError::Corrupt { file: loaded.segment.path.clone(), offset, seq: expected };
+        self.end = Some(EndPosition { file: loaded.segment.path.clone(), offset });
+        if !loaded.is_last {
+            if bad_frame {
+                return Err(corrupt());
+            }
+            self.current = None;
+            return Ok(());
+        }
+        let rest = &loaded.bytes[loaded.offset..];
+        if frame::find_valid_after(rest, expected.saturating_sub(1)).is_some() {
+            return Err(corrupt());
+        }
+        if rest.iter().any(|&b| b != 0) {
+            self.torn_tail = Some(TornTail { file: loaded.segment.path.clone(), offset });
+        }
+        self.next_index = self.segments.len();
+        self.current = None;
+        Ok(())
+    }
+}

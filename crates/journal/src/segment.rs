@@ -1,0 +1,181 @@
+//! Segment files: `{first_seq:020}.seg` in the journal directory.
+//!
+//! The zero-padded sequence number of a segment's first record is its name, so sorting names
+//! sorts segments, and a gap between one segment's last record and the next one's first is a
+//! missing segment. Each file starts with a [`SEGMENT_HEADER_BYTES`] header (magic + first
+//! sequence, which must match the name) and is pre-allocated to its full size when created,
+//! so appends do not grow the file; the unwritten rest reads as zeros, which ends the data.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::error::{JournalError, io_context};
+
+/// Default size of a segment file; a new segment is started when the next frame would not fit.
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Smallest segment accepted (tests use small segments to exercise rolling).
+pub const SEGMENT_BYTES_MIN: u64 = 4096;
+/// Bytes at the start of a segment before its first frame.
+pub const SEGMENT_HEADER_BYTES: u64 = 16;
+
+const SEGMENT_MAGIC: [u8; 8] = *b"LTJSEG01";
+const SEGMENT_EXTENSION: &str = "seg";
+
+/// One segment file found in a journal directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub first_seq: u64,
+    pub path: PathBuf,
+}
+
+pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+    dir.join(format!("{first_seq:020}.{SEGMENT_EXTENSION}"))
+}
+
+/// Parses `{digits}.{extension}`; other names are not ours and are ignored.
+pub(crate) fn seq_from_name(path: &Path, extension: &str) -> Option<u64> {
+    if path.extension()? != extension {
+        return None;
+    }
+    let stem = path.file_stem()?.to_str()?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+/// Files of `dir` named `{seq:020}.{extension}`, sorted by sequence.
+pub(crate) fn list_numbered(
+    dir: &Path,
+    extension: &str,
+) -> Result<Vec<(u64, PathBuf)>, JournalError> {
+    let entries =
+        std::fs::read_dir(dir).map_err(io_context(format!("listing {}", dir.display())))?;
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(io_context(format!("listing {}", dir.display())))?.path();
+        if let Some(seq) = seq_from_name(&path, extension) {
+            found.push((seq, path));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The segments of `dir`, in sequence order.
+pub fn list_segments(dir: &Path) -> Result<Vec<SegmentInfo>, JournalError> {
+    let found = list_numbered(dir, SEGMENT_EXTENSION)?;
+    Ok(found.into_iter().map(|(first_seq, path)| SegmentInfo { first_seq, path }).collect())
+}
+
+/// Checks a segment's header against the sequence its name promises.
+pub fn check_header(bytes: &[u8], segment: &SegmentInfo) -> Result<(), JournalError> {
+    let header_ok = bytes.len() >= SEGMENT_HEADER_BYTES as usize
+        && bytes[..8] == SEGMENT_MAGIC
+        && bytes[8..16] == segment.first_seq.to_le_bytes();
+    if header_ok {
+        Ok(())
+    } else {
+        Err(JournalError::BadSegmentHeader { file: segment.path.clone() })
+    }
+}
+
+/// A header of zeros or a file shorter than a header: a segment whose creation was cut short.
+pub fn is_unwritten_header(bytes: &[u8]) -> bool {
+    let header = &bytes[..bytes.len().min(SEGMENT_HEADER_BYTES as usize)];
+    header.len() < SEGMENT_HEADER_BYTES as usize || header.iter().all(|&b| b == 0)
+}
+
+/// Creates, pre-allocates and durably names a new segment; returns it open for writing.
+/// The directory is fsynced so the new name survives a crash before the first batch's sync.
+pub fn create(dir: &Path, first_seq: u64, segment_bytes: u64) -> Result<File, JournalError> {
+    assert!(segment_bytes >= SEGMENT_BYTES_MIN, "segment_bytes {segment_bytes} below minimum");
+    let path = segment_path(dir, first_seq);
+    let context = || format!("creating segment {}", path.display());
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(io_context(context()))?;
+    preallocate(&file, segment_bytes).map_err(io_context(context()))?;
+    let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
+    header[..8].copy_from_slice(&SEGMENT_MAGIC);
+    header[8..].copy_from_slice(&first_seq.to_le_bytes());
+    write_all_at(&file, &header, 0).map_err(io_context(context()))?;
+    file.sync_all().map_err(io_context(context()))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// Reserves the blocks of the whole file up front (`fallocate`), so a later append neither
+/// grows the file nor allocates blocks in the middle of a batch. Falls back to `set_len` (a
+/// sparse file: same zeros, allocation deferred) where the file system lacks `fallocate`.
+fn preallocate(file: &File, segment_bytes: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let length = libc::off_t::try_from(segment_bytes).map_err(io::Error::other)?;
+    // SAFETY: the descriptor is open for writing and owned by `file` for the whole call.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, length) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(segment_bytes),
+        errno => Err(io::Error::from_raw_os_error(errno)),
+    }
+}
+
+/// Makes `bytes[offset..]` of an existing segment zeros again (truncating a torn tail or a
+/// repaired corruption), keeping its size, and syncs it.
+pub fn zero_from(path: &Path, offset: u64) -> Result<(), JournalError> {
+    let context = || format!("truncating {} at offset {offset}", path.display());
+    let file = OpenOptions::new().write(true).open(path).map_err(io_context(context()))?;
+    let segment_bytes = file.metadata().map_err(io_context(context()))?.len();
+    file.set_len(offset).map_err(io_context(context()))?;
+    preallocate(&file, segment_bytes).map_err(io_context(context()))?;
+    file.sync_all().map_err(io_context(context()))
+}
+
+pub fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(bytes, offset)
+}
+
+/// fsyncs a directory, making the creation, rename or removal of its entries durable.
+pub fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    let context = || format!("syncing directory {}", dir.display());
+    File::open(dir).map_err(io_context(context()))?.sync_all().map_err(io_context(context()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sort_in_sequence_order_and_foreign_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        for seq in [1000, 1, 20] {
+            create(dir.path(), seq, SEGMENT_BYTES_MIN).unwrap();
+        }
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        std::fs::write(dir.path().join("12.seg"), "short name").unwrap();
+        let firsts: Vec<u64> =
+            list_segments(dir.path()).unwrap().iter().map(|s| s.first_seq).collect();
+        assert_eq!(firsts, [1, 20, 1000]);
+    }
+
+    #[test]
+    fn created_segment_is_preallocated_with_a_matching_header() {
+        let dir = tempfile::tempdir().unwrap();
+        create(dir.path(), 77, 8192).unwrap();
+        let segment = list_segments(dir.path()).unwrap().remove(0);
+        let bytes = std::fs::read(&segment.path).unwrap();
+        assert_eq!(bytes.len(), 8192);
+        check_header(&bytes, &segment).unwrap();
+        let renamed = SegmentInfo { first_seq: 78, path: segment.path.clone() };
+        assert!(matches!(
+            check_header(&bytes, &renamed),
+            Err(JournalError::BadSegmentHeader { .. })
+        ));
+        assert!(create(dir.path(), 77, 8192).is_err(), "a segment is never overwritten");
+    }
+}

@@ -1,0 +1,1001 @@
+//! Load driving: arrival processes, open-loop schedules and drivers, a closed-loop driver,
+//! and the step search for the maximum sustainable rate.
+//!
+//! **Open loop, latency from the intended time.** A load generator that waits for a slow
+//! response before sending the next request stops sending exactly when the system is slow,
+//! so the requests that would have suffered are never sent and the stall vanishes from the
+//! percentiles ("coordinated omission"). Here every request has an *intended* send time fixed
+//! in advance by a seeded [`Schedule`]; the drivers issue each request at that time or, when
+//! they fall behind, as soon as they can, and latency is always measured from the intended
+//! time. A stall therefore shows up in every request that was due during it. How late the
+//! driver itself was is recorded separately (`send_lag`) so a saturated generator is visible.
+//!
+//! * [`ArrivalProcess`]: constant, Poisson, bursty on/off and batch arrivals, each with the
+//!   same mean rate; [`Schedule`] turns one into intended offsets (deterministic per seed).
+//! * [`drive_sync`]: a thread calls a closure at each intended time (sleeping, then spinning
+//!   for the last [`SPIN_WINDOW_NS`]); the closure gets a [`Shot`] and records
+//!   [`Shot::latency_ns`] when its response arrives.
+//! * [`drive_async`]: tokio; spawns each request at its intended time with at most
+//!   `in_flight_max` outstanding (a request waiting for a slot is late, and that wait counts
+//!   in its latency), counts errors and timeouts.
+//! * [`drive_closed_loop`]: N users that each send, wait for the answer, think, repeat; only
+//!   requests started after warm-up and finished before cool-down count. Closed loop measures
+//!   throughput at a concurrency; use it for capacity, not for latency under a given rate.
+//! * [`StepSearch`] / [`step_until`]: raise the rate stepwise until a latency percentile
+//!   crosses a limit and report the last rate that passed.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lab::load::{drive_sync, ArrivalProcess, OpenLoopPlan};
+//! use lab::stats::LatencyHistogram;
+//!
+//! let plan = OpenLoopPlan {
+//!     process: ArrivalProcess::Poisson { rate_per_s: 20_000.0 },
+//!     seed: 7,
+//!     duration: Duration::from_millis(20),
+//! };
+//! let mut latency = LatencyHistogram::new();
+//! let report = drive_sync(&plan, |shot| {
+//!     // ... send the request and wait for its response, then:
+//!     latency.record_ns(shot.latency_ns());
+//! })
+//! .unwrap();
+//! assert_eq!(latency.count(), report.sent);
+//! ```
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+use crate::outcome::BadInput;
+use crate::stats::{LatencyHistogram, LatencySummary};
+
+/// The sync driver sleeps until this long before an intended time, then spins: OS sleeps
+/// overshoot by tens of microseconds, spinning does not.
+pub const SPIN_WINDOW_NS: u64 = 50_000;
+
+/// Highest rate a schedule accepts (one request per nanosecond).
+pub const RATE_PER_S_MAX: f64 = 1e9;
+
+const NS_PER_S: f64 = 1e9;
+
+// ---------------------------------------------------------------------------------------------
+// Arrival processes and schedules.
+
+/// How requests arrive. Every variant has the same long-run mean rate `rate_per_s`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ArrivalProcess {
+    /// Evenly spaced, exactly `rate_per_s`.
+    Constant { rate_per_s: f64 },
+    /// Exponential inter-arrival times (independent arrivals).
+    Poisson { rate_per_s: f64 },
+    /// On/off bursts: Poisson arrivals during `on_ns`, none during the following `off_ns`;
+    /// the on-rate is `rate_per_s · (on + off) / on` so the mean stays `rate_per_s`.
+    Bursty { rate_per_s: f64, on_ns: u64, off_ns: u64 },
+    /// Batches of `batch_size` simultaneous requests; batches arrive as a Poisson process at
+    /// `rate_per_s / batch_size`.
+    Batch { rate_per_s: f64, batch_size: u32 },
+}
+
+impl ArrivalProcess {
+    /// The long-run mean rate.
+    pub fn rate_per_s(&self) -> f64 {
+        match *self {
+            Self::Constant { rate_per_s }
+            | Self::Poisson { rate_per_s }
+            | Self::Bursty { rate_per_s, .. }
+            | Self::Batch { rate_per_s, .. } => rate_per_s,
+        }
+    }
+
+    /// The same process at another mean rate (for step searches).
+    pub fn with_rate(&self, rate_per_s: f64) -> Self {
+        let mut process = *self;
+        match &mut process {
+            Self::Constant { rate_per_s: r }
+            | Self::Poisson { rate_per_s: r }
+            | Self::Bursty { rate_per_s: r, .. }
+            | Self::Batch { rate_per_s: r, .. } => *r = rate_per_s,
+        }
+        process
+    }
+
+    /// Checks the parameters; the error says which one is wrong and why.
+    pub fn validate(&self) -> Result<(), BadInput> {
+        let rate = self.rate_per_s();
+        if !(rate > 0.0 && rate <= RATE_PER_S_MAX) {
+            return Err(BadInput(format!("rate_per_s {rate} is not in (0, {RATE_PER_S_MAX}]")));
+        }
+        match *self {
+            Self::Bursty { on_ns: 0, .. } => Err(BadInput("bursty on_ns must be > 0".into())),
+            Self::Batch { batch_size: 0, .. } => Err(BadInput("batch_size must be > 0".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Intended send offsets (ns since the start of the run), non-decreasing and endless;
+/// the same process and seed always give the same sequence.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    process: ArrivalProcess,
+    rng: StdRng,
+    index: u64,
+    /// Time on the process's own clock (on-time only for bursty), ns.
+    clock_ns: f64,
+    batch_left: u32,
+    batch_offset_ns: u64,
+}
+
+impl Schedule {
+    pub fn new(process: ArrivalProcess, seed: u64) -> Result<Self, BadInput> {
+        process.validate()?;
+        Ok(Self {
+            process,
+            rng: StdRng::seed_from_u64(seed),
+            index: 0,
+            clock_ns: 0.0,
+            batch_left: 0,
+            batch_offset_ns: 0,
+        })
+    }
+
+    /// An exponential gap with the given rate, in ns.
+    fn exponential_ns(&mut self, rate_per_s: f64) -> f64 {
+        // 1 − u is in (0, 1], so the logarithm is finite.
+        let u: f64 = self.rng.random();
+        -(1.0 - u).ln() * NS_PER_S / rate_per_s
+    }
+}
+
+impl Iterator for Schedule {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        let offset_ns = match self.process {
+            ArrivalProcess::Constant { rate_per_s } => {
+                // From the index, not by accumulation, so rounding never drifts.
+                (self.index as f64 * NS_PER_S / rate_per_s) as u64
+            }
+            ArrivalProcess::Poisson { rate_per_s } => {
+                let offset = self.clock_ns as u64;
+                self.clock_ns += self.exponential_ns(rate_per_s);
+                offset
+            }
+            ArrivalProcess::Bursty { rate_per_s, on_ns, off_ns } => {
+                // Arrivals on an "on-time only" clock, mapped onto real time by inserting an
+                // off period after every `on_ns` of on-time.
+                let period_ns = (on_ns + off_ns) as f64;
+                self.clock_ns += self.exponential_ns(rate_per_s * period_ns / on_ns as f64);
+                let periods = (self.clock_ns / on_ns as f64).floor();
+                (periods * period_ns + (self.clock_ns - periods * on_ns as f64)) as u64
+            }
+            ArrivalProcess::Batch { rate_per_s, batch_size } => {
+                if self.batch_left == 0 {
+                    self.batch_offset_ns = self.clock_ns as u64;
+                    self.clock_ns += self.exponential_ns(rate_per_s / f64::from(batch_size));
+                    self.batch_left = batch_size;
+                }
+                self.batch_left -= 1;
+                self.batch_offset_ns
+            }
+        };
+        self.index += 1;
+        Some(offset_ns)
+    }
+}
+
+/// An open-loop run: which arrivals, which seed, for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpenLoopPlan {
+    pub process: ArrivalProcess,
+    pub seed: u64,
+    pub duration: Duration,
+}
+
+impl OpenLoopPlan {
+    /// The intended offsets within the plan's duration.
+    pub fn schedule(&self) -> Result<impl Iterator<Item = u64> + use<>, BadInput> {
+        let duration_ns = u64::try_from(self.duration.as_nanos()).unwrap_or(u64::MAX);
+        Ok(Schedule::new(self.process, self.seed)?.take_while(move |&ns| ns < duration_ns))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sync open-loop driver.
+
+/// One request of an open-loop run, handed to the caller at (or after) its intended time.
+#[derive(Clone, Copy, Debug)]
+pub struct Shot {
+    /// Position in the schedule, from 0.
+    pub index: u64,
+    /// When the request was due: latency is measured from here.
+    pub intended: Instant,
+    /// When the driver actually handed it over.
+    pub issued: Instant,
+}
+
+impl Shot {
+    /// Latency from the intended time until now (call it when the response arrives).
+    pub fn latency_ns(&self) -> u64 {
+        self.latency_ns_at(Instant::now())
+    }
+
+    /// Latency from the intended time until `now`.
+    pub fn latency_ns_at(&self, now: Instant) -> u64 {
+        duration_ns(now.saturating_duration_since(self.intended))
+    }
+
+    /// How late the driver issued this request.
+    pub fn send_lag_ns(&self) -> u64 {
+        duration_ns(self.issued.saturating_duration_since(self.intended))
+    }
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What a sync open-loop run did.
+#[derive(Clone, Debug)]
+pub struct DriveReport {
+    pub sent: u64,
+    pub elapsed: Duration,
+    /// How late each request was issued; a high tail means the generator (or the closure
+    /// it calls) could not keep up and the latencies include that wait.
+    pub send_lag: LatencyHistogram,
+}
+
+impl DriveReport {
+    pub fn achieved_rate_per_s(&self) -> f64 {
+        self.sent as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Calls `send` once per intended time of `plan`, on this thread. When `send` takes longer
+/// than the gap to the next intended time, the next calls happen immediately, late, and
+/// their [`Shot::latency_ns`] includes the delay.
+pub fn drive_sync(
+    plan: &OpenLoopPlan,
+    mut send: impl FnMut(Shot),
+) -> Result<DriveReport, BadInput> {
+    let schedule = plan.schedule()?;
+    let start = Instant::now();
+    let mut send_lag = LatencyHistogram::new();
+    let mut sent = 0;
+    for (index, offset_ns) in (0..).zip(schedule) {
+        let intended = start + Duration::from_nanos(offset_ns);
+        wait_until(intended);
+        let shot = Shot { index, intended, issued: Instant::now() };
+        send_lag.record_ns(shot.send_lag_ns());
+        send(shot);
+        sent += 1;
+    }
+    Ok(DriveReport { sent, elapsed: start.elapsed(), send_lag })
+}
+
+/// Sleeps until [`SPIN_WINDOW_NS`] before `deadline`, then spins.
+fn wait_until(deadline: Instant) {
+    let spin_window = Duration::from_nanos(SPIN_WINDOW_NS);
+    let now = Instant::now();
+    if deadline > now + spin_window {
+        std::thread::sleep(deadline - now - spin_window);
+    }
+    while Instant::now() < deadline {
+        std::hint::spin_loop();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Async drivers: shared tally.
+
+/// Completions per fixed interval, for throughput-over-time plots.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThroughputSeries {
+    pub interval: Duration,
+    pub counts: Vec<u64>,
+}
+
+impl ThroughputSeries {
+    /// Each interval's count as a rate.
+    pub fn rates_per_s(&self) -> Vec<f64> {
+        let seconds = self.interval.as_secs_f64();
+        self.counts.iter().map(|&count| count as f64 / seconds).collect()
+    }
+}
+
+/// Results of an async run (open or closed loop).
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    /// Latency of successful requests; from the intended time in open loop, from the send in
+    /// closed loop (where the next send waits for the answer by design).
+    pub latency: LatencyHistogram,
+    /// Open loop: how late each request was started (waiting for an in-flight slot included).
+    /// Closed loop: empty.
+    pub send_lag: LatencyHistogram,
+    pub ok: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    /// The first error's message, to say what went wrong.
+    pub first_error: Option<String>,
+    /// Successful completions per interval over the measured window.
+    pub throughput: ThroughputSeries,
+    /// Length of the measured window.
+    pub measured: Duration,
+}
+
+impl LoadReport {
+    /// Successful requests per second over the measured window.
+    pub fn throughput_per_s(&self) -> f64 {
+        self.ok as f64 / self.measured.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+
+    /// The figures of this report in a serializable form (for the report folder's JSON).
+    pub fn summary(&self) -> LoadSummary {
+        LoadSummary {
+            ok: self.ok,
+            errors: self.errors,
+            timeouts: self.timeouts,
+            first_error: self.first_error.clone(),
+            measured_s: self.measured.as_secs_f64(),
+            throughput_per_s: self.throughput_per_s(),
+            throughput_series_per_s: self.throughput.rates_per_s(),
+            latency: self.latency.summary(),
+            send_lag: self.send_lag.summary(),
+        }
+    }
+
+    fn empty(interval: Duration) -> Self {
+        Self {
+            latency: LatencyHistogram::new(),
+            send_lag: LatencyHistogram::new(),
+            ok: 0,
+            errors: 0,
+            timeouts: 0,
+            first_error: None,
+            throughput: ThroughputSeries { interval, counts: Vec::new() },
+            measured: Duration::ZERO,
+        }
+    }
+
+    /// Counts one finished request that completed `done_ns` after the window's start.
+    fn record(&mut self, outcome: Outcome, latency_ns: u64, done_ns: u64) {
+        match outcome {
+            Outcome::Ok => {
+                self.ok += 1;
+                self.latency.record_ns(latency_ns);
+                let interval_ns = duration_ns(self.throughput.interval).max(1);
+                let slot = usize::try_from(done_ns / interval_ns).unwrap_or(usize::MAX);
+                if slot >= self.throughput.counts.len() {
+                    self.throughput.counts.resize(slot.saturating_add(1), 0);
+                }
+                self.throughput.counts[slot] += 1;
+            }
+            Outcome::Error(message) => {
+                self.errors += 1;
+                self.first_error.get_or_insert(message);
+            }
+            Outcome::Timeout => self.timeouts += 1,
+        }
+    }
+
+    fn merge(&mut self, other: LoadReport) {
+        self.latency.merge(&other.latency);
+        self.send_lag.merge(&other.send_lag);
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.timeouts += other.timeouts;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+        let counts = &mut self.throughput.counts;
+        counts.resize(counts.len().max(other.throughput.counts.len()), 0);
+        for (count, other) in counts.iter_mut().zip(other.throughput.counts) {
+            *count += other;
+        }
+    }
+}
+
+/// [`LoadReport`] without the histograms, for JSON.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadSummary {
+    pub ok: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    pub first_error: Option<String>,
+    pub measured_s: f64,
+    pub throughput_per_s: f64,
+    pub throughput_series_per_s: Vec<f64>,
+    pub latency: LatencySummary,
+    pub send_lag: LatencySummary,
+}
+
+enum Outcome {
+    Ok,
+    Error(String),
+    Timeout,
+}
+
+async fn run_with_timeout<T, E: Display>(
+    request: impl Future<Output = Result<T, E>>,
+    timeout: Duration,
+) -> Outcome {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(_)) => Outcome::Ok,
+        Ok(Err(error)) => Outcome::Error(error.to_string()),
+        Err(_) => Outcome::Timeout,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Async open-loop driver.
+
+/// Limits of [`drive_async`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AsyncOpenLoopOptions {
+    /// Most requests outstanding at once; a due request waits for a slot (and is late).
+    pub in_flight_max: usize,
+    /// A request not answered this long after it started counts as a timeout.
+    pub timeout: Duration,
+    /// Width of the throughput series' intervals.
+    pub interval: Duration,
+}
+
+impl Default for AsyncOpenLoopOptions {
+    fn default() -> Self {
+        Self {
+            in_flight_max: 1_024,
+            timeout: Duration::from_secs(5),
+            interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Issues `request(index)` at each intended time of `plan` as its own tokio task, at most
+/// `in_flight_max` at once, and waits for all of them. Latency is measured from the intended
+/// time. Tokio timers have millisecond resolution, so at high rates requests go out in
+/// small bursts up to 1 ms late; that lateness is in `send_lag` and in the latencies.
+pub async fn drive_async<F, Fut, T, E>(
+    plan: &OpenLoopPlan,
+    options: &AsyncOpenLoopOptions,
+    mut request: F,
+) -> Result<LoadReport, BadInput>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Display + Send + 'static,
+{
+    if options.in_flight_max == 0 || options.interval.is_zero() {
+        return Err(BadInput("in_flight_max and interval must be > 0".into()));
+    }
+    let schedule = plan.schedule()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(options.in_flight_max));
+    let mut report = LoadReport::empty(options.interval);
+    let mut tasks = JoinSet::new();
+    let start = tokio::time::Instant::now();
+    for (index, offset_ns) in (0..).zip(schedule) {
+        let intended = start + Duration::from_nanos(offset_ns);
+        tokio::time::sleep_until(intended).await;
+        let slot = Arc::clone(&slots).acquire_owned().await.expect("semaphore is never closed");
+        report.send_lag.record_ns(duration_ns(intended.elapsed()));
+        let future = request(index);
+        let timeout = options.timeout;
+        tasks.spawn(async move {
+            let outcome = run_with_timeout(future, timeout).await;
+            drop(slot);
+            (outcome, intended)
+        });
+        // Collect what has finished so the join set stays small on long runs.
+        while let Some(joined) = tasks.try_join_next() {
+            record_joined(&mut report, joined, start);
+        }
+    }
+    while let Some(joined) = tasks.join_next().await {
+        record_joined(&mut report, joined, start);
+    }
+    report.measured = start.elapsed();
+    Ok(report)
+}
+
+fn record_joined(
+    report: &mut LoadReport,
+    joined: Result<(Outcome, tokio::time::Instant), tokio::task::JoinError>,
+    start: tokio::time::Instant,
+) {
+    let now = tokio::time::Instant::now();
+    match joined {
+        Ok((outcome, intended)) => {
+            let latency_ns = duration_ns(now - intended);
+            report.record(outcome, latency_ns, duration_ns(now - start));
+        }
+        Err(error) => report.record(Outcome::Error(format!("request task failed: {error}")), 0, 0),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Closed-loop driver.
+
+/// Parameters of [`drive_closed_loop`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClosedLoopOptions {
+    /// Concurrent users, each with at most one request outstanding.
+    pub users: usize,
+    /// Pause between a response and the user's next request.
+    pub think_time: Duration,
+    /// Run before measuring (not counted).
+    pub warm_up: Duration,
+    /// The measured window.
+    pub measure: Duration,
+    /// Run after measuring (not counted), so the window ends under full load.
+    pub cool_down: Duration,
+    pub timeout: Duration,
+    /// Width of the throughput series' intervals.
+    pub interval: Duration,
+}
+
+impl Default for ClosedLoopOptions {
+    fn default() -> Self {
+        Self {
+            users: 10,
+            think_time: Duration::ZERO,
+            warm_up: Duration::from_secs(1),
+            measure: Duration::from_secs(10),
+            cool_down: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
+            interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Runs `options.users` users, each calling `request(user, sequence)`, waiting for the
+/// answer, thinking, and repeating until warm-up + measure + cool-down has passed. Only
+/// requests started after the warm-up and finished within the measured window count. Each
+/// user tallies into its own report; they are merged at the end (no shared state).
+pub async fn drive_closed_loop<F, Fut, T, E>(
+    options: &ClosedLoopOptions,
+    request: F,
+) -> Result<LoadReport, BadInput>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Display + Send + 'static,
+{
+    if options.users == 0 || options.measure.is_zero() || options.interval.is_zero() {
+        return Err(BadInput("users, measure and interval must be > 0".into()));
+    }
+    let request = Arc::new(request);
+    let window_start = tokio::time::Instant::now() + options.warm_up;
+    let window_end = window_start + options.measure;
+    let run_end = window_end + options.cool_down;
+    let options = *options;
+    let mut users = JoinSet::new();
+    for user in 0..options.users {
+        let request = Arc::clone(&request);
+        users.spawn(async move {
+            let mut tally = LoadReport::empty(options.interval);
+            for sequence in 0.. {
+                let started = tokio::time::Instant::now();
+                if started >= run_end {
+                    break;
+                }
+                let outcome = run_with_timeout(request(user, sequence), options.timeout).await;
+                let done = tokio::time::Instant::now();
+                if started >= window_start && done <= window_end {
+                    tally.record(
+                        outcome,
+                        duration_ns(done - started),
+                        duration_ns(done - window_start),
+                    );
+                }
+                if !options.think_time.is_zero() {
+                    tokio::time::sleep(options.think_time).await;
+                }
+            }
+            tally
+        });
+    }
+    let mut report = LoadReport::empty(options.interval);
+    while let Some(joined) = users.join_next().await {
+        match joined {
+            Ok(tally) => report.merge(tally),
+            Err(error) => report.record(Outcome::Error(format!("user task failed: {error}")), 0, 0),
+        }
+    }
+    let intervals = options.measure.as_nanos().div_ceil(options.interval.as_nanos());
+    report.throughput.counts.resize(usize::try_from(intervals).unwrap_or(usize::MAX), 0);
+    report.measured = options.measure;
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step mode.
+
+/// A stepwise rate search: rates `start, start + step, ...` up to `max`, until the latency
+/// at `percentile` exceeds `limit_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepPlan {
+    pub start_rate_per_s: f64,
+    pub step_rate_per_s: f64,
+    pub max_rate_per_s: f64,
+    /// e.g. 99.0 for p99.
+    pub percentile: f64,
+    pub limit_ns: u64,
+}
+
+/// One measured step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepResult {
+    pub rate_per_s: f64,
+    /// Latency at the plan's percentile.
+    pub value_ns: u64,
+    pub passed: bool,
+    pub summary: LatencySummary,
+}
+
+/// The outcome of a step search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepReport {
+    pub plan: StepPlan,
+    pub steps: Vec<StepResult>,
+    /// The highest rate that met the limit; `None` if even the first step failed.
+    pub last_passing_rate_per_s: Option<f64>,
+}
+
+/// Step search state for callers that run each step themselves (e.g. inside async code):
+/// `while let Some(rate) = search.next_rate() { ...measure...; search.record(rate, &h); }`.
+#[derive(Clone, Debug)]
+pub struct StepSearch {
+    plan: StepPlan,
+    steps: Vec<StepResult>,
+}
+
+impl StepSearch {
+    pub fn new(plan: StepPlan) -> Result<Self, BadInput> {
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        if !(positive(plan.start_rate_per_s) && positive(plan.step_rate_per_s))
+            || plan.max_rate_per_s < plan.start_rate_per_s
+        {
+            return Err(BadInput(
+                "step search needs start > 0, step > 0 and max >= start rates".into(),
+            ));
+        }
+        if !(0.0..=100.0).contains(&plan.percentile) {
+            return Err(BadInput(format!("percentile {} is not in 0..=100", plan.percentile)));
+        }
+        Ok(Self { plan, steps: Vec::new() })
+    }
+
+    /// The next rate to measure; `None` once a step failed or the maximum was measured.
+    pub fn next_rate(&self) -> Option<f64> {
+        match self.steps.last() {
+            None => Some(self.plan.start_rate_per_s),
+            Some(step) if !step.passed => None,
+            Some(_) => {
+                let rate = self.plan.start_rate_per_s
+                    + self.plan.step_rate_per_s * self.steps.len() as f64;
+                (rate <= self.plan.max_rate_per_s * (1.0 + 1e-12)).then_some(rate)
+            }
+        }
+    }
+
+    /// Records the latency measured at `rate_per_s`; returns whether the step passed.
+    pub fn record(&mut self, rate_per_s: f64, latency: &LatencyHistogram) -> bool {
+        let value_ns = latency.value_at_percentile_ns(self.plan.percentile);
+        let passed = !latency.is_empty() && value_ns <= self.plan.limit_ns;
+        self.steps.push(StepResult { rate_per_s, value_ns, passed, summary: latency.summary() });
+        passed
+    }
+
+    pub fn steps(&self) -> &[StepResult] {
+        &self.steps
+    }
+
+    pub fn into_report(self) -> StepReport {
+        let last_passing_rate_per_s =
+            self.steps.iter().rev().find(|s| s.passed).map(|s| s.rate_per_s);
+        StepReport { plan: self.plan, steps: self.steps, last_passing_rate_per_s }
+    }
+}
+
+/// Runs a whole step search: `run(rate)` measures one step and returns its latencies. An
+/// empty histogram (nothing completed) fails the step.
+pub fn step_until(
+    plan: StepPlan,
+    mut run: impl FnMut(f64) -> anyhow::Result<LatencyHistogram>,
+) -> anyhow::Result<StepReport> {
+    let mut search = StepSearch::new(plan)?;
+    while let Some(rate_per_s) = search.next_rate() {
+        let latency = run(rate_per_s)?;
+        search.record(rate_per_s, &latency);
+    }
+    Ok(search.into_report())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offsets(process: ArrivalProcess, seed: u64, count: usize) -> Vec<u64> {
+        Schedule::new(process, seed).unwrap().take(count).collect()
+    }
+
+    #[test]
+    fn constant_schedule_is_evenly_spaced() {
+        let got = offsets(ArrivalProcess::Constant { rate_per_s: 1_000.0 }, 0, 4);
+        assert_eq!(got, [0, 1_000_000, 2_000_000, 3_000_000]);
+        let plan = OpenLoopPlan {
+            process: ArrivalProcess::Constant { rate_per_s: 30_000.0 },
+            seed: 0,
+            duration: Duration::from_secs(1),
+        };
+        assert_eq!(plan.schedule().unwrap().count(), 30_000);
+    }
+
+    #[test]
+    fn poisson_schedule_has_the_mean_rate_and_is_deterministic() {
+        let process = ArrivalProcess::Poisson { rate_per_s: 50_000.0 };
+        let got = offsets(process, 42, 100_000);
+        // 100 000 arrivals at 50K/s take 2 s; the sum's relative sd is 1/√n = 0.3%.
+        let seconds = *got.last().unwrap() as f64 / 1e9;
+        assert!((seconds - 2.0).abs() < 0.04, "{seconds}");
+        // Exponential gaps: coefficient of variation 1.
+        let gaps: Vec<f64> = got.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!((sd / mean - 1.0).abs() < 0.03, "cv {}", sd / mean);
+        assert!(got.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(got, offsets(process, 42, 100_000));
+        assert_ne!(got, offsets(process, 43, 100_000));
+    }
+
+    #[test]
+    fn bursty_schedule_sends_only_when_on_and_keeps_the_mean_rate() {
+        let (on_ns, off_ns) = (1_000_000, 4_000_000);
+        let process = ArrivalProcess::Bursty { rate_per_s: 10_000.0, on_ns, off_ns };
+        let got: Vec<u64> =
+            Schedule::new(process, 1).unwrap().take_while(|&ns| ns < 2_000_000_000).collect();
+        assert!(got.iter().all(|ns| ns % (on_ns + off_ns) < on_ns));
+        // 20 000 expected in 2 s; sd √20000 ≈ 141.
+        assert!((got.len() as f64 - 20_000.0).abs() < 1_000.0, "{}", got.len());
+    }
+
+    #[test]
+    fn batch_schedule_sends_groups_with_the_mean_rate() {
+        let process = ArrivalProcess::Batch { rate_per_s: 80_000.0, batch_size: 8 };
+        let got = offsets(process, 3, 80_000);
+        for batch in got.chunks(8) {
+            assert!(batch.iter().all(|&ns| ns == batch[0]));
+        }
+        let distinct = got.chunks(8).map(|b| b[0]).collect::<Vec<_>>();
+        assert!(distinct.windows(2).all(|w| w[0] < w[1]));
+        let seconds = *got.last().unwrap() as f64 / 1e9;
+        assert!((seconds - 1.0).abs() < 0.05, "{seconds}");
+    }
+
+    #[test]
+    fn invalid_processes_are_bad_input() {
+        for process in [
+            ArrivalProcess::Constant { rate_per_s: 0.0 },
+            ArrivalProcess::Poisson { rate_per_s: f64::NAN },
+            ArrivalProcess::Bursty { rate_per_s: 10.0, on_ns: 0, off_ns: 1 },
+            ArrivalProcess::Batch { rate_per_s: 10.0, batch_size: 0 },
+        ] {
+            assert!(Schedule::new(process, 0).is_err(), "{process:?}");
+        }
+        let parsed: ArrivalProcess =
+            toml::from_str("kind = \"bursty\"\nrate_per_s = 5.0\non_ns = 10\noff_ns = 20\n")
+                .unwrap();
+        assert_eq!(
+            parsed.with_rate(7.0),
+            ArrivalProcess::Bursty { rate_per_s: 7.0, on_ns: 10, off_ns: 20 }
+        );
+    }
+
+    /// A stall in the system under test must show up in every request that was due during
+    /// it; measuring from the actual send (coordinated omission) shows only one slow call.
+    #[test]
+    fn sync_driver_measures_from_intended_time_through_a_stall() {
+        const STALL: Duration = Duration::from_millis(30);
+        let plan = OpenLoopPlan {
+            process: ArrivalProcess::Constant { rate_per_s: 2_000.0 },
+            seed: 0,
+            duration: Duration::from_millis(100),
+        };
+        let mut from_intended = LatencyHistogram::new();
+        let mut from_send = LatencyHistogram::new();
+        let report = drive_sync(&plan, |shot| {
+            if shot.index == 20 {
+                std::thread::sleep(STALL);
+            }
+            let now = Instant::now();
+            from_intended.record_ns(shot.latency_ns_at(now));
+            from_send.record_ns(duration_ns(now - shot.issued));
+        })
+        .unwrap();
+        assert_eq!(report.sent, 200);
+        // Requests 21.. were due at 10.5 ms, 11 ms, ... while the stall lasted until ≥ 40 ms:
+        // those due before 30 ms waited ≥ 10 ms (at least 39 of them).
+        let slow = |h: &LatencyHistogram| h.count() - count_below(h, 10_000_000);
+        assert!(slow(&from_intended) >= 39, "{}", slow(&from_intended));
+        assert!(from_intended.max_ns() >= 29_000_000);
+        // Only the stalled call itself is slow from the send (a few more if this loaded test
+        // machine preempts the thread for 10 ms).
+        assert!(slow(&from_send) <= 5, "{}", slow(&from_send));
+        assert!(report.send_lag.max_ns() >= 29_000_000);
+    }
+
+    fn count_below(histogram: &LatencyHistogram, limit_ns: u64) -> u64 {
+        histogram.as_hdr().count_between(0, limit_ns - 1)
+    }
+
+    /// A real TCP server on loopback that answers one byte per request and stalls once.
+    async fn stalling_echo_server(stall_at: u64, stall: Duration) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut byte = [0_u8; 1];
+            for served in 0.. {
+                if socket.read_exact(&mut byte).await.is_err() {
+                    return;
+                }
+                if served == stall_at {
+                    tokio::time::sleep(stall).await;
+                }
+                socket.write_all(&byte).await.unwrap();
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn async_driver_measures_queueing_behind_a_stalled_tcp_server() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = stalling_echo_server(20, Duration::from_millis(50)).await;
+        let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let connection = Arc::new(tokio::sync::Mutex::new(stream));
+        let plan = OpenLoopPlan {
+            process: ArrivalProcess::Constant { rate_per_s: 1_000.0 },
+            seed: 0,
+            duration: Duration::from_millis(200),
+        };
+        // One connection, one request in flight: like a client that must wait for answers.
+        let options = AsyncOpenLoopOptions { in_flight_max: 1, ..Default::default() };
+        let report = drive_async(&plan, &options, |index| {
+            let connection = Arc::clone(&connection);
+            async move {
+                let mut stream = connection.lock().await;
+                stream.write_all(&[index as u8]).await?;
+                let mut answer = [0_u8; 1];
+                stream.read_exact(&mut answer).await?;
+                anyhow::ensure!(answer[0] == index as u8, "wrong answer");
+                anyhow::Ok(())
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            (report.ok, report.errors, report.timeouts),
+            (200, 0, 0),
+            "{:?}",
+            report.first_error
+        );
+        // Requests due 20..50 ms were queued behind the 50 ms stall: ≥ 20 ms late each.
+        let slow = report.latency.count() - count_below(&report.latency, 20_000_000);
+        assert!(slow >= 25, "{slow} requests ≥ 20 ms");
+        assert!(report.latency.max_ns() >= 45_000_000);
+        assert!(report.send_lag.max_ns() >= 40_000_000, "the driver waited for the slot");
+        assert_eq!(report.throughput.counts.iter().sum::<u64>(), 200);
+        let summary = report.summary();
+        assert_eq!(summary.latency, report.latency.summary());
+        let json = serde_json::to_string(&summary).unwrap();
+        assert_eq!(serde_json::from_str::<LoadSummary>(&json).unwrap().ok, 200);
+    }
+
+    #[tokio::test]
+    async fn async_driver_counts_errors_and_timeouts() {
+        let plan = OpenLoopPlan {
+            process: ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+            seed: 9,
+            duration: Duration::from_millis(50),
+        };
+        let expected = plan.schedule().unwrap().count() as u64;
+        let options =
+            AsyncOpenLoopOptions { timeout: Duration::from_millis(20), ..Default::default() };
+        let report = drive_async(&plan, &options, |index| async move {
+            match index {
+                3 => tokio::time::sleep(Duration::from_millis(500)).await,
+                i if i % 2 == 1 => return Err(format!("odd request {i}")),
+                _ => {}
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let odd = expected / 2 - 1;
+        assert_eq!(report.timeouts, 1);
+        assert_eq!(report.errors, odd);
+        assert_eq!(report.ok, expected - odd - 1);
+        assert!(report.first_error.unwrap().starts_with("odd request"));
+    }
+
+    #[tokio::test]
+    async fn closed_loop_throughput_follows_users_service_and_think_time() {
+        // Service 4 ms; requests started during the first 50 ms take 45 ms instead and must
+        // be trimmed by the 100 ms warm-up.
+        let start = Instant::now();
+        let service = move |_user: usize, _sequence: u64| async move {
+            let slow = start.elapsed() < Duration::from_millis(50);
+            tokio::time::sleep(Duration::from_millis(if slow { 45 } else { 4 })).await;
+            Ok::<(), String>(())
+        };
+        let options = ClosedLoopOptions {
+            users: 4,
+            think_time: Duration::ZERO,
+            warm_up: Duration::from_millis(100),
+            measure: Duration::from_millis(500),
+            cool_down: Duration::from_millis(50),
+            timeout: Duration::from_secs(1),
+            interval: Duration::from_millis(100),
+        };
+        let busy = drive_closed_loop(&options, service).await.unwrap();
+        // At most 4 users / 4 ms = 1000/s; timers and a loaded machine make it lower.
+        assert!(
+            busy.throughput_per_s() <= 1_000.0 && busy.throughput_per_s() >= 300.0,
+            "{}",
+            busy.throughput_per_s()
+        );
+        assert!(busy.latency.max_ns() < 40_000_000, "warm-up requests were not trimmed");
+        assert!(busy.latency.min_ns() >= 4_000_000);
+        assert_eq!(busy.throughput.counts.len(), 5);
+        assert_eq!(busy.throughput.counts.iter().sum::<u64>(), busy.ok);
+
+        let thinking = ClosedLoopOptions { think_time: Duration::from_millis(16), ..options };
+        let slow = drive_closed_loop(&thinking, service).await.unwrap();
+        // At most 4 users / 20 ms = 200/s.
+        assert!(
+            slow.throughput_per_s() <= 200.0 && slow.throughput_per_s() >= 80.0,
+            "{}",
+            slow.throughput_per_s()
+        );
+    }
+
+    #[test]
+    fn step_search_reports_the_last_passing_rate() {
+        let plan = StepPlan {
+            start_rate_per_s: 10_000.0,
+            step_rate_per_s: 10_000.0,
+            max_rate_per_s: 100_000.0,
+            percentile: 99.0,
+            limit_ns: 550_000,
+        };
+        // Latency grows with the rate: 10 ns per msg/s, so 50K (500 µs) passes, 60K fails.
+        let synthetic = |rate: f64| -> anyhow::Result<LatencyHistogram> {
+            Ok(LatencyHistogram::from_samples_ns(&[(rate * 10.0) as u64; 100]))
+        };
+        let report = step_until(plan, synthetic).unwrap();
+        assert_eq!(report.steps.len(), 6);
+        assert!(!report.steps[5].passed);
+        assert_eq!(report.last_passing_rate_per_s, Some(50_000.0));
+
+        let generous = StepPlan { limit_ns: u64::MAX, ..plan };
+        let report = step_until(generous, synthetic).unwrap();
+        assert_eq!(report.steps.len(), 10);
+        assert_eq!(report.last_passing_rate_per_s, Some(100_000.0));
+
+        let empty = step_until(plan, |_| Ok(LatencyHistogram::new())).unwrap();
+        assert_eq!(empty.last_passing_rate_per_s, None);
+        assert!(StepSearch::new(StepPlan { step_rate_per_s: 0.0, ..plan }).is_err());
+    }
+}

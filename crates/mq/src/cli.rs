@@ -1,0 +1,485 @@
+//! `leantier mq ...`: serve a node, talk to one, load it, benchmark it.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use lab::config::{load_toml, override_with};
+use lab::outcome::{BadInput, TargetMissed};
+
+use crate::client::Client;
+use crate::protocol::{ReadMode, ReadTarget};
+use crate::{bench, experiment, load, server, store};
+
+/// Message-queuing middleware: nodes, clients, load generator, benchmarks.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a middleware node until interrupted.
+    Serve(ServeArgs),
+    /// Talk to a node: one operation from the command line, or a script (`--script FILE`, `-`
+    /// for stdin: one operation per line, as the subcommands below).
+    Client(ClientArgs),
+    /// Closed-loop load test against running nodes, with analysis and sanity checks.
+    Load(LoadArgs),
+    /// Same-run throughput of leantier mq vs plain one-row-per-transaction SQL.
+    Bench(BenchArgs),
+    /// A standard experiment (clients sweep, scale-up vs scale-out, message size, 2^2·r
+    /// factorial) with in-process nodes over one store.
+    Experiment(ExperimentArgs),
+}
+
+/// Node limits; each flag overrides the matching field of `--config`.
+#[derive(ClapArgs, Debug, Clone)]
+pub struct NodeFlags {
+    /// TOML file with NodeConfig fields (handler_slots, wait_queue_max, db_workers, batch_max, content_bytes_max, lease_ms_max).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Requests served concurrently (handler pool size).
+    #[arg(long)]
+    pub handler_slots: Option<usize>,
+    /// Requests that may wait for a handler slot before the node answers Busy.
+    #[arg(long)]
+    pub wait_queue_max: Option<usize>,
+    /// Database workers (= database connections in use at once).
+    #[arg(long)]
+    pub db_workers: Option<usize>,
+    /// Most requests committed per transaction; 1 turns group commit off.
+    #[arg(long)]
+    pub batch_max: Option<usize>,
+    /// Largest message content in bytes.
+    #[arg(long)]
+    pub content_bytes_max: Option<usize>,
+}
+
+impl NodeFlags {
+    fn resolve(&self) -> anyhow::Result<server::NodeConfig> {
+        let mut c: server::NodeConfig = load_toml(self.config.as_deref())?;
+        override_with(&mut c.handler_slots, &self.handler_slots);
+        override_with(&mut c.wait_queue_max, &self.wait_queue_max);
+        override_with(&mut c.db_workers, &self.db_workers);
+        override_with(&mut c.batch_max, &self.batch_max);
+        override_with(&mut c.content_bytes_max, &self.content_bytes_max);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7440")]
+    pub listen: String,
+    /// `sqlite:DIR` (embedded) or a `postgres://` URL.
+    #[arg(long, default_value = "sqlite:target/mq-data")]
+    pub store: String,
+    #[command(flatten)]
+    pub node: NodeFlags,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct ClientArgs {
+    /// Node address.
+    #[arg(long, default_value = "127.0.0.1:7440")]
+    pub node: String,
+    /// Client name to register as (the node gives it an id).
+    #[arg(long, default_value = "cli")]
+    pub name: String,
+    /// Run the operations in FILE (`-` = stdin), one per line; `#` starts a comment.
+    #[arg(long, conflicts_with = "op")]
+    pub script: Option<PathBuf>,
+    #[command(subcommand)]
+    pub op: Option<ClientOp>,
+}
+
+/// One client operation (also the syntax of a script line).
+#[derive(Subcommand, Debug, Clone)]
+pub enum ClientOp {
+    /// Create a queue.
+    CreateQueue { name: String },
+    /// Delete a queue (refused while it holds messages unless --purge).
+    DeleteQueue {
+        name: String,
+        /// Delete its messages too.
+        #[arg(long)]
+        purge: bool,
+    },
+    /// Send a message.
+    Send {
+        queue: String,
+        /// Receiver's client id (default: anyone).
+        #[arg(long)]
+        to: Option<u64>,
+        /// Content (joined with spaces).
+        #[arg(required = true)]
+        content: Vec<String>,
+    },
+    /// Remove and print the oldest message of a queue readable by me.
+    Pop { queue: String },
+    /// Print the oldest message of a queue readable by me.
+    Peek { queue: String },
+    /// Remove and print the oldest message addressed to me.
+    PopMine(MineFilter),
+    /// Print the oldest message addressed to me.
+    PeekMine(MineFilter),
+    /// Lease the oldest message of a queue (it reappears unless acked within the lease).
+    Lease {
+        queue: String,
+        /// Lease length in milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u32,
+    },
+    /// Acknowledge (delete) a leased message.
+    Ack { message_id: u64 },
+    /// List the queues holding messages for me.
+    List,
+}
+
+#[derive(ClapArgs, Debug, Clone)]
+pub struct MineFilter {
+    /// Only from this queue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Only from this sender id.
+    #[arg(long)]
+    pub from: Option<u64>,
+}
+
+/// A script line parsed by clap with the same syntax as the subcommands.
+#[derive(Parser, Debug)]
+#[command(no_binary_name = true)]
+struct ScriptLine {
+    #[command(subcommand)]
+    op: ClientOp,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct LoadArgs {
+    /// TOML file with LoadConfig fields; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Node address; repeat for several nodes.
+    #[arg(long = "node")]
+    pub nodes: Vec<String>,
+    /// Closed-loop clients.
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// TCP connections the clients share.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Percentage of sends (the rest pop the same queue).
+    #[arg(long)]
+    pub send_percent: Option<u32>,
+    /// Message content size in bytes.
+    #[arg(long)]
+    pub message_bytes: Option<usize>,
+    /// Think time between a reply and the next request, ms.
+    #[arg(long)]
+    pub think_ms: Option<u64>,
+    /// Total run time, seconds.
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Untimed start, seconds.
+    #[arg(long)]
+    pub warmup_s: Option<f64>,
+    /// Untimed end, seconds.
+    #[arg(long)]
+    pub cooldown_s: Option<f64>,
+    /// Write JSON, CSV, Markdown and an SVG latency CDF into this folder.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Exit with the target-missed code when the sanity checks fail.
+    #[arg(long)]
+    pub check: bool,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct BenchArgs {
+    /// `sqlite:DIR` or a `postgres://` URL (e.g. $LEANTIER_PG_URL).
+    #[arg(long)]
+    pub store: String,
+    /// Concurrent clients (and baseline connections).
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// Seconds per measured phase.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Message content size in bytes.
+    #[arg(long, default_value_t = 1000)]
+    pub content_bytes: usize,
+    /// Sends per transaction in the embedded SQLite measurement.
+    #[arg(long, default_value_t = 1024)]
+    pub embedded_batch: usize,
+    /// Exit with the target-missed code when embedded SQLite stays under 100K sends/s.
+    #[arg(long)]
+    pub check: bool,
+    /// pgmq's install SQL (src/install/embedded/sql/pgmq.sql of the crates.io `pgmq` crate) to
+    /// measure pgmq on the same database (PostgreSQL stores only).
+    #[arg(long)]
+    pub pgmq_sql: Option<PathBuf>,
+    #[command(flatten)]
+    pub node: NodeFlags,
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct ExperimentArgs {
+    /// Which experiment.
+    #[arg(value_enum)]
+    pub kind: experiment::Experiment,
+    /// `sqlite:DIR` or a `postgres://` URL (e.g. $LEANTIER_PG_URL).
+    #[arg(long)]
+    pub store: String,
+    /// Levels: client counts (clients), ×factors / node counts (scale), bytes (size).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub levels: Vec<usize>,
+    /// Replications per configuration (factorial).
+    #[arg(long, default_value_t = 3)]
+    pub replications: usize,
+    /// Clients (and connections) of each run, unless the experiment varies them.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Seconds per run (warm-up 1 s and cool-down 0.5 s included).
+    #[arg(long, default_value_t = 4.0)]
+    pub duration_s: f64,
+    /// Message size in bytes, unless the experiment varies it.
+    #[arg(long, default_value_t = 1000)]
+    pub message_bytes: usize,
+    /// Write tables (CSV, Markdown), the JSON results and the SVG plot into this folder.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    #[command(flatten)]
+    pub node: NodeFlags,
+}
+
+/// Runs the `mq` subcommand.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        match &args.command {
+            Command::Serve(a) => serve(a).await,
+            Command::Client(a) => client(a).await,
+            Command::Load(a) => load_cmd(a).await,
+            Command::Bench(a) => bench_cmd(a).await,
+            Command::Experiment(a) => experiment_cmd(a).await,
+        }
+    })
+}
+
+async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let config = args.node.resolve()?;
+    let store = store::AnyStore::open(&args.store, config.db_workers).await?;
+    let node = server::start(&args.listen, store, config).await?;
+    eprintln!("mq node listening on {} (store {})", node.addr, args.store);
+    tokio::signal::ctrl_c().await?;
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn client(args: &ClientArgs) -> anyhow::Result<()> {
+    let mut client = Client::connect(&args.node)
+        .await
+        .with_context(|| format!("connecting to {}", args.node))?;
+    let id = client.register(&args.name).await?;
+    eprintln!("registered {:?} as client {id}", args.name);
+    let ops = match (&args.script, &args.op) {
+        (Some(path), _) => read_script(path)?,
+        (None, Some(op)) => vec![op.clone()],
+        (None, None) => return Err(BadInput("give an operation or --script FILE".into()).into()),
+    };
+    let mut failures = 0;
+    for op in ops {
+        match run_op(&mut client, &op).await {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                failures += 1;
+                println!("error {e}");
+            }
+        }
+    }
+    client.disconnect().await?;
+    anyhow::ensure!(failures == 0, "{failures} operation(s) refused");
+    Ok(())
+}
+
+fn read_script(path: &std::path::Path) -> anyhow::Result<Vec<ClientOp>> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| BadInput(format!("cannot read script {}: {e}", path.display())))?
+    };
+    let mut ops = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let parsed = ScriptLine::try_parse_from(line.split_whitespace())
+            .map_err(|e| BadInput(format!("{}:{}: {}", path.display(), number + 1, e.render())))?;
+        ops.push(parsed.op);
+    }
+    Ok(ops)
+}
+
+async fn run_op(client: &mut Client, op: &ClientOp) -> Result<String, crate::client::ClientError> {
+    let show = |m: crate::protocol::Message| {
+        format!(
+            "message {} queue={} from={} to={} arrived_us={} deliveries={} content={}",
+            m.id,
+            m.queue,
+            m.sender,
+            m.receiver.map_or("anyone".into(), |r| r.to_string()),
+            m.arrived_us,
+            m.deliveries,
+            String::from_utf8_lossy(&m.content)
+        )
+    };
+    let mine = |f: &MineFilter| ReadTarget::ForMe { queue: f.queue.clone(), sender: f.from };
+    Ok(match op {
+        ClientOp::CreateQueue { name } => {
+            format!("queue {} created", client.create_queue(name).await?)
+        }
+        ClientOp::DeleteQueue { name, purge } => {
+            format!("queue deleted, {} messages purged", client.delete_queue(name, *purge).await?)
+        }
+        ClientOp::Send { queue, to, content } => {
+            format!("sent {}", client.send(queue, *to, content.join(" ").as_bytes()).await?)
+        }
+        ClientOp::Pop { queue } => {
+            show(client.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await?)
+        }
+        ClientOp::Peek { queue } => {
+            show(client.read(ReadTarget::Queue(queue.clone()), ReadMode::Peek).await?)
+        }
+        ClientOp::PopMine(f) => show(client.read(mine(f), ReadMode::Pop).await?),
+        ClientOp::PeekMine(f) => show(client.read(mine(f), ReadMode::Peek).await?),
+        ClientOp::Lease { queue, lease_ms } => show(
+            client
+                .read(ReadTarget::Queue(queue.clone()), ReadMode::Lease { lease_ms: *lease_ms })
+                .await?,
+        ),
+        ClientOp::Ack { message_id } => {
+            client.ack(*message_id).await?;
+            format!("acked {message_id}")
+        }
+        ClientOp::List => format!("queues: {}", client.list_queues().await?.join(" ")),
+    })
+}
+
+async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
+    let mut c: load::LoadConfig = load_toml(args.config.as_deref())?;
+    if !args.nodes.is_empty() {
+        c.nodes = args.nodes.clone();
+    }
+    override_with(&mut c.clients, &args.clients);
+    override_with(&mut c.connections, &args.connections);
+    override_with(&mut c.send_percent, &args.send_percent);
+    override_with(&mut c.message_bytes, &args.message_bytes);
+    override_with(&mut c.think_ms, &args.think_ms);
+    override_with(&mut c.duration_s, &args.duration_s);
+    override_with(&mut c.warmup_s, &args.warmup_s);
+    override_with(&mut c.cooldown_s, &args.cooldown_s);
+    let result = load::run(&c).await?;
+    let tables = load::tables(&result);
+    for t in &tables {
+        println!("{t}");
+    }
+    println!("{}", serde_json::to_string(&result)?);
+    if let Some(dir) = &args.report {
+        write_report(dir, &result, &tables)?;
+    }
+    if args.check && !result.sanity_ok {
+        return Err(TargetMissed(vec!["sanity checks (counts or reply ids) failed".into()]).into());
+    }
+    Ok(())
+}
+
+fn write_report(
+    dir: &std::path::Path,
+    result: &load::LoadResult,
+    tables: &[lab::report::Table],
+) -> anyhow::Result<()> {
+    let report = lab::report::ReportDir::create(dir)?;
+    report.write_json("result.json", result)?;
+    report.write_csv("summary.csv", &tables[0])?;
+    report.write_csv("latency.csv", &tables[1])?;
+    let mut md = lab::report::Markdown::new();
+    md.heading(1, "mq load");
+    for t in tables {
+        md.table(t);
+    }
+    report.write_markdown("report.md", md.as_str())?;
+    Ok(())
+}
+
+async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
+    let config = bench::BenchConfig {
+        store: args.store.clone(),
+        clients: args.clients,
+        seconds: args.seconds,
+        content_bytes: args.content_bytes,
+        embedded_batch: args.embedded_batch,
+        node: args.node.resolve()?,
+        pgmq_sql: args.pgmq_sql.clone(),
+    };
+    let (rows, embedded) = bench::run(&config).await?;
+    println!("{}", bench::table(&rows));
+    println!("{}", serde_json::to_string(&rows)?);
+    if let (true, Some(rate)) = (args.check, embedded)
+        && rate < bench::SQLITE_SENDS_PER_S_TARGET
+    {
+        let missed = format!("embedded SQLite {rate:.0} sends/s < 100000");
+        return Err(TargetMissed(vec![missed]).into());
+    }
+    Ok(())
+}
+
+async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
+    if args.levels.is_empty() || args.levels.contains(&0) || args.replications == 0 {
+        return Err(BadInput("levels must be ≥ 1 and replications ≥ 1".into()).into());
+    }
+    let load = load::LoadConfig {
+        clients: args.clients,
+        connections: args.clients,
+        message_bytes: args.message_bytes,
+        duration_s: args.duration_s,
+        warmup_s: 1.0,
+        cooldown_s: 0.5,
+        ..load::LoadConfig::default()
+    };
+    let config = experiment::ExperimentConfig {
+        store: args.store.clone(),
+        node: args.node.resolve()?,
+        load,
+        levels: args.levels.clone(),
+        replications: args.replications,
+    };
+    let (points, tables, plot) = experiment::run(args.kind, &config).await?;
+    for t in &tables {
+        println!("{t}");
+    }
+    if let Some(dir) = &args.report {
+        let report = lab::report::ReportDir::create(dir)?;
+        report.write_json("points.json", &points)?;
+        let mut md = lab::report::Markdown::new();
+        md.heading(1, &format!("mq experiment {:?}", args.kind));
+        for (i, t) in tables.iter().enumerate() {
+            report.write_csv(&format!("table{i}.csv"), t)?;
+            md.table(t);
+        }
+        if let Some(plot) = plot {
+            report.write_svg("plot.svg", &plot.to_svg())?;
+            md.image("plot", "plot.svg");
+        }
+        report.write_markdown("report.md", md.as_str())?;
+    }
+    if points.iter().any(|p| !p.result.sanity_ok) {
+        return Err(TargetMissed(vec!["a run failed its sanity checks".into()]).into());
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! The client library: one TCP connection, one request outstanding at a time, request ids
+//! increasing from 1. Every reply's id is checked against the request it answers.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::protocol::{
+    ErrorReply, LENGTH_PREFIX_BYTES, Message, NodeStats, ReadMode, ReadTarget, ReplyBody,
+    ReplyFrame, Request, RequestFrame, ServerTiming, check_frame_len, decode_reply, encode_request,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The node answered with a reason code.
+    #[error("refused: {0}")]
+    Refused(ErrorReply),
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The node's reply could not be decoded or did not match the request.
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The node's reason code, when the node refused the request.
+    pub fn reason(&self) -> Option<crate::protocol::Reason> {
+        match self {
+            ClientError::Refused(e) => Some(e.reason),
+            _ => None,
+        }
+    }
+}
+
+pub struct Client {
+    stream: TcpStream,
+    next_request_id: u64,
+    out: Vec<u8>,
+    payload: Vec<u8>,
+    client_id: Option<u64>,
+    /// Timing the node reported for the last reply.
+    pub last_timing: ServerTiming,
+}
+
+impl Client {
+    pub async fn connect(addr: &str) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            next_request_id: 1,
+            out: Vec::new(),
+            payload: Vec::new(),
+            client_id: None,
+            last_timing: ServerTiming::default(),
+        })
+    }
+
+    /// The id the node gave this connection's client, once registered.
+    pub fn client_id(&self) -> Option<u64> {
+        self.client_id
+    }
+
+    /// Sends one request and waits for its reply (success or refusal).
+    pub async fn call(&mut self, request: Request) -> Result<ReplyBody, ClientError> {
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        self.out.clear();
+        encode_request(&RequestFrame { request_id, request }, &mut self.out);
+        self.stream.write_all(&self.out).await?;
+        let reply = self.read_reply().await?;
+        if reply.request_id != request_id {
+            return Err(ClientError::Protocol(format!(
+                "reply id {} answers request {request_id}",
+                reply.request_id
+            )));
+        }
+        self.last_timing = reply.timing;
+        reply.result.map_err(ClientError::Refused)
+    }
+
+    async fn read_reply(&mut self) -> Result<ReplyFrame, ClientError> {
+        let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+        self.stream.read_exact(&mut prefix).await?;
+        let len = check_frame_len(prefix).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.payload.resize(len, 0);
+        self.stream.read_exact(&mut self.payload).await?;
+        decode_reply(&self.payload).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    pub async fn register(&mut self, name: &str) -> Result<u64, ClientError> {
+        match self.call(Request::Register { name: name.to_owned() }).await? {
+            ReplyBody::Registered { client_id } => {
+                self.client_id = Some(client_id);
+                Ok(client_id)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn create_queue(&mut self, name: &str) -> Result<u64, ClientError> {
+        match self.call(Request::CreateQueue { name: name.to_owned() }).await? {
+            ReplyBody::QueueCreated { queue_id } => Ok(queue_id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Deletes a queue; with `purge` its messages go too. Returns the number purged.
+    pub async fn delete_queue(&mut self, name: &str, purge: bool) -> Result<u64, ClientError> {
+        match self.call(Request::DeleteQueue { name: name.to_owned(), purge }).await? {
+            ReplyBody::QueueDeleted { purged_messages } => Ok(purged_messages),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sends a message; returns its id once it is committed.
+    pub async fn send(
+        &mut self,
+        queue: &str,
+        receiver: Option<u64>,
+        content: &[u8],
+    ) -> Result<u64, ClientError> {
+        let request =
+            Request::Send { queue: queue.to_owned(), receiver, content: content.to_vec() };
+        match self.call(request).await? {
+            ReplyBody::Sent { message_id, .. } => Ok(message_id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Pops, peeks or leases one message; `Refused(NoMessage)` when none matches.
+    pub async fn read(
+        &mut self,
+        target: ReadTarget,
+        mode: ReadMode,
+    ) -> Result<Message, ClientError> {
+        match self.call(Request::Read { target, mode }).await? {
+            ReplyBody::Message(m) => Ok(m),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn ack(&mut self, message_id: u64) -> Result<(), ClientError> {
+        match self.call(Request::Ack { message_id }).await? {
+            ReplyBody::Acked => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn list_queues(&mut self) -> Result<Vec<String>, ClientError> {
+        match self.call(Request::ListQueues).await? {
+            ReplyBody::Queues(names) => Ok(names),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn stats(&mut self, queue: &str) -> Result<NodeStats, ClientError> {
+        match self.call(Request::Stats { queue: queue.to_owned() }).await? {
+            ReplyBody::Stats(stats) => Ok(stats),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn disconnect(mut self) -> Result<(), ClientError> {
+        match self.call(Request::Disconnect).await? {
+            ReplyBody::Disconnected => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+fn unexpected(body: ReplyBody) -> ClientError {
+    ClientError::Protocol(format!("unexpected reply {body:?}"))
+}

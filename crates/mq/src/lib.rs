@@ -1,0 +1,35 @@
+//! Message-queuing middleware: clients talk a length-prefixed binary protocol over TCP to one or
+//! more middleware nodes, which keep messages in a database (embedded SQLite, or PostgreSQL
+//! shared by several nodes).
+//!
+//! - [`protocol`]: the versioned wire format (docs/MQ_PROTOCOL.md); every request and reply
+//!   carries a request id, every refusal a reason code. The decoder bounds-checks every field
+//!   and is property-tested against random bytes.
+//! - [`store`]: the [`store::Store`] trait (a batch of requests in one transaction) with SQLite
+//!   and PostgreSQL implementations. PostgreSQL runs the operations as SQL functions and takes
+//!   messages `FOR UPDATE SKIP LOCKED`, so several nodes never hand one message to two poppers.
+//! - [`server`]: a node. Bounded handler slots, a bounded wait queue answered with `Busy` past
+//!   its bound, database workers that group-commit whatever requests accumulated while they were
+//!   busy, replying only after the commit.
+//! - [`client`]: the client library.
+//! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting
+//!   response time into client, queue-wait, database and middleware parts from the timings every
+//!   reply carries, checking counts (clients = middleware = rows), the utilization law and the
+//!   response-time law, and naming the bottleneck.
+//! - [`bench`] and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
+//!   standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
+//! - [`cli`]: `leantier mq serve | client | load | bench | experiment`.
+//!
+//! Delivery: `pop` is at-most-once (the row is deleted in the committed transaction before the
+//! reply; a crash between commit and reply loses that message to the reader). `lease` + `ack` is
+//! at-least-once: a leased message becomes visible again when its lease expires unackowledged.
+
+pub mod bench;
+pub mod cli;
+pub mod client;
+pub mod experiment;
+pub mod load;
+pub mod protocol;
+pub mod server;
+pub mod store;
+mod util;

@@ -1,0 +1,423 @@
+//! The middleware node: a tokio listener, a bounded handler pool, a bounded wait queue in front
+//! of it, and database workers that commit requests in batches (group commit).
+//!
+//! Request path: a connection task reads one frame, decodes it, checks what needs no database
+//! (registration state, sizes), takes a handler slot (or waits for one, or answers `Busy` when
+//! [`NodeConfig::wait_queue_max`] requests already wait), and hands the request to the database
+//! workers through a channel. A worker takes everything waiting in the channel (up to
+//! [`NodeConfig::batch_max`]), runs it in ONE transaction, commits, and only then releases the
+//! replies. With `batch_max = 1` every request is its own transaction (batching off).
+//!
+//! Bounds: in-flight requests ≤ handler slots (each holds a slot until its reply is written), so
+//! the worker channel (capacity = handler slots) never blocks a handler; waiting requests ≤
+//! `wait_queue_max`; database connections ≤ `db_workers` (each worker uses one at a time).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::util::{elapsed_ns, now_us};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
+
+use crate::protocol::{
+    ErrorReply, LENGTH_PREFIX_BYTES, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request,
+    RequestFrame, ServerTiming, check_frame_len, decode_request, encode_reply,
+};
+use crate::store::{Batch, Store, StoreOp};
+
+/// A node's limits and switches; every field has a default and a `mq serve` flag.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Requests served concurrently (the handler pool).
+    pub handler_slots: usize,
+    /// Requests that may wait for a handler slot; past it the answer is `Busy`.
+    pub wait_queue_max: usize,
+    /// Database workers, each using one pooled connection at a time.
+    pub db_workers: usize,
+    /// Most requests committed in one transaction; 1 turns group commit off.
+    pub batch_max: usize,
+    /// Largest message content accepted.
+    pub content_bytes_max: usize,
+    /// Longest lease a client may ask for.
+    pub lease_ms_max: u32,
+}
+
+impl Default for NodeConfig {
+    fn default() -> NodeConfig {
+        NodeConfig {
+            handler_slots: 256,
+            wait_queue_max: 4096,
+            db_workers: 4,
+            batch_max: 256,
+            content_bytes_max: 4096,
+            lease_ms_max: 3_600_000,
+        }
+    }
+}
+
+impl NodeConfig {
+    pub fn validate(&self) -> Result<(), lab::outcome::BadInput> {
+        let positive = [
+            ("handler_slots", self.handler_slots),
+            ("db_workers", self.db_workers),
+            ("batch_max", self.batch_max),
+            ("content_bytes_max", self.content_bytes_max),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(lab::outcome::BadInput(format!("{name} must be > 0")));
+            }
+        }
+        if self.content_bytes_max > crate::protocol::FRAME_BYTES_MAX / 2 {
+            return Err(lab::outcome::BadInput(
+                "content_bytes_max must be ≤ half the frame limit".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters behind the `Stats` reply. Relaxed everywhere: they are statistics read after the
+/// fact, never used to order other memory.
+#[derive(Default)]
+struct Counters {
+    sends_committed: AtomicU64,
+    pops_committed: AtomicU64,
+    batches_committed: AtomicU64,
+    db_busy_ns: AtomicU64,
+    handler_busy_ns: AtomicU64,
+}
+
+/// Handed from a handler to a database worker.
+struct Pending {
+    op: StoreOp,
+    enqueued: Instant,
+    reply: oneshot::Sender<Committed>,
+}
+
+/// What a worker hands back: the result plus where the time went.
+struct Committed {
+    result: Result<ReplyBody, ErrorReply>,
+    worker_wait_ns: u64,
+    db_ns: u64,
+}
+
+struct Node<S> {
+    config: NodeConfig,
+    store: S,
+    handler_slots: Semaphore,
+    waiting: AtomicUsize,
+    to_workers: mpsc::Sender<Pending>,
+    counters: Counters,
+}
+
+/// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
+pub struct RunningNode {
+    pub addr: SocketAddr,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl RunningNode {
+    /// Stops accepting and aborts all connection and worker tasks.
+    pub async fn shutdown(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+/// Binds `listen` and serves until shut down.
+pub async fn start<S: Store + Clone>(
+    listen: &str,
+    store: S,
+    config: NodeConfig,
+) -> anyhow::Result<RunningNode> {
+    config.validate()?;
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+    let (to_workers, from_handlers) = mpsc::channel(config.handler_slots);
+    let node = Arc::new(Node {
+        handler_slots: Semaphore::new(config.handler_slots),
+        waiting: AtomicUsize::new(0),
+        to_workers,
+        counters: Counters::default(),
+        store,
+        config,
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    let from_handlers = Arc::new(Mutex::new(from_handlers));
+    for _ in 0..node.config.db_workers {
+        tasks.spawn(db_worker(Arc::clone(&node), Arc::clone(&from_handlers)));
+    }
+    tasks.spawn(accept_loop(listener, node));
+    tracing::info!(%addr, "mq node listening");
+    Ok(RunningNode { addr, tasks })
+}
+
+async fn accept_loop<S: Store>(listener: TcpListener, node: Arc<Node<S>>) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let node = Arc::clone(&node);
+                connections.spawn(async move {
+                    if let Err(error) = serve_connection(stream, &node).await {
+                        tracing::debug!(%peer, %error, "connection closed");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+/// Serves one connection's requests in order until it disconnects.
+async fn serve_connection<S: Store>(stream: TcpStream, node: &Node<S>) -> anyhow::Result<()> {
+    stream.set_nodelay(true)?;
+    let (read, write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let mut write = BufWriter::new(write);
+    let mut client_id: Option<u64> = None;
+    let mut payload = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+        match read.read_exact(&mut prefix).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let arrived = Instant::now();
+        let len = match check_frame_len(prefix) {
+            Ok(len) => len,
+            Err(e) => {
+                // The stream cannot be resynchronised without reading the oversized payload:
+                // answer and close.
+                let error = ErrorReply::new(e.reason, e.detail);
+                send_reply(&mut write, &mut out, 0, ServerTiming::default(), Err(error)).await?;
+                return Ok(());
+            }
+        };
+        payload.resize(len, 0);
+        read.read_exact(&mut payload).await?;
+        let (request_id, result, timing, disconnect) = match decode_request(&payload) {
+            Err(e) => (
+                e.request_id.unwrap_or(0),
+                Err(ErrorReply::new(e.reason, e.detail)),
+                ServerTiming::default(),
+                false,
+            ),
+            Ok(RequestFrame { request_id, request }) => {
+                let disconnect = matches!(request, Request::Disconnect);
+                let (result, mut timing) = handle(node, &mut client_id, request, arrived).await;
+                timing.middleware_ns = elapsed_ns(arrived);
+                (request_id, result, timing, disconnect)
+            }
+        };
+        send_reply(&mut write, &mut out, request_id, timing, result).await?;
+        if disconnect {
+            return Ok(());
+        }
+    }
+}
+
+async fn send_reply(
+    write: &mut BufWriter<tokio::net::tcp::OwnedWriteHalf>,
+    out: &mut Vec<u8>,
+    request_id: u64,
+    timing: ServerTiming,
+    result: Result<ReplyBody, ErrorReply>,
+) -> anyhow::Result<()> {
+    out.clear();
+    encode_reply(&ReplyFrame { request_id, timing, result }, out);
+    write.write_all(out).await?;
+    write.flush().await?;
+    Ok(())
+}
+
+/// Checks that need no database, then admission, then the database round.
+async fn handle<S: Store>(
+    node: &Node<S>,
+    client_id: &mut Option<u64>,
+    request: Request,
+    arrived: Instant,
+) -> (Result<ReplyBody, ErrorReply>, ServerTiming) {
+    let mut timing = ServerTiming::default();
+    if let Err(refusal) = precheck(&node.config, *client_id, &request) {
+        return (Err(refusal), timing);
+    }
+    if matches!(request, Request::Disconnect) {
+        return (Ok(ReplyBody::Disconnected), timing);
+    }
+    let Some(_slot) = admit(node).await else {
+        let busy = ErrorReply::new(Reason::Busy, "wait queue full; retry later");
+        return (Err(busy), timing);
+    };
+    let slot_taken = Instant::now();
+    let is_stats = matches!(request, Request::Stats { .. });
+    let op = StoreOp { client_id: *client_id, now_us: now_us(), request };
+    let committed = submit(node, op).await;
+    node.counters.handler_busy_ns.fetch_add(elapsed_ns(slot_taken), Ordering::Relaxed);
+    timing.queue_wait_ns = u64::try_from((slot_taken - arrived).as_nanos()).unwrap_or(u64::MAX)
+        + committed.worker_wait_ns;
+    timing.db_ns = committed.db_ns;
+    let mut result = committed.result;
+    if let Ok(ReplyBody::Registered { client_id: id }) = result {
+        *client_id = Some(id);
+    }
+    if let (true, Ok(ReplyBody::Stats(stats))) = (is_stats, &mut result) {
+        fill_stats(node, stats);
+    }
+    (result, timing)
+}
+
+fn precheck(
+    config: &NodeConfig,
+    client_id: Option<u64>,
+    request: &Request,
+) -> Result<(), ErrorReply> {
+    match (request, client_id) {
+        (Request::Register { .. }, Some(id)) => {
+            return Err(ErrorReply::new(
+                Reason::AlreadyRegistered,
+                format!("this connection is client {id}"),
+            ));
+        }
+        (Request::Register { .. } | Request::Disconnect, _) | (_, Some(_)) => {}
+        (_, None) => return Err(ErrorReply::new(Reason::NotRegistered, "register first")),
+    }
+    match request {
+        Request::Send { content, .. } if content.len() > config.content_bytes_max => {
+            Err(ErrorReply::new(
+                Reason::TooLarge,
+                format!("content of {} bytes exceeds {}", content.len(), config.content_bytes_max),
+            ))
+        }
+        Request::Read { mode: ReadMode::Lease { lease_ms }, .. }
+            if *lease_ms == 0 || *lease_ms > config.lease_ms_max =>
+        {
+            Err(ErrorReply::new(
+                Reason::InvalidLease,
+                format!("lease must be 1..={} ms", config.lease_ms_max),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Takes a handler slot, waiting if allowed; `None` means the wait queue is full.
+async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    if let Ok(slot) = node.handler_slots.try_acquire() {
+        return Some(slot);
+    }
+    // AcqRel on the counter is not needed for memory safety (the semaphore orders the slot);
+    // Relaxed suffices because the counter only bounds how many tasks wait.
+    if node.waiting.fetch_add(1, Ordering::Relaxed) >= node.config.wait_queue_max {
+        node.waiting.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    let slot = node.handler_slots.acquire().await.ok();
+    node.waiting.fetch_sub(1, Ordering::Relaxed);
+    slot
+}
+
+async fn submit<S>(node: &Node<S>, op: StoreOp) -> Committed {
+    let (reply, answer) = oneshot::channel();
+    let pending = Pending { op, enqueued: Instant::now(), reply };
+    let lost = || Committed {
+        result: Err(ErrorReply::new(Reason::Unavailable, "database worker stopped")),
+        worker_wait_ns: 0,
+        db_ns: 0,
+    };
+    if node.to_workers.send(pending).await.is_err() {
+        return lost();
+    }
+    answer.await.unwrap_or_else(|_| lost())
+}
+
+fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {
+    let c = &node.counters;
+    stats.sends_committed = c.sends_committed.load(Ordering::Relaxed);
+    stats.pops_committed = c.pops_committed.load(Ordering::Relaxed);
+    stats.batches_committed = c.batches_committed.load(Ordering::Relaxed);
+    stats.db_busy_ns = c.db_busy_ns.load(Ordering::Relaxed);
+    stats.handler_busy_ns = c.handler_busy_ns.load(Ordering::Relaxed);
+    stats.handler_slots = u32::try_from(node.config.handler_slots).unwrap_or(u32::MAX);
+    stats.db_workers = u32::try_from(node.config.db_workers).unwrap_or(u32::MAX);
+}
+
+/// Takes batches off the channel and commits them; see the module docs.
+async fn db_worker<S: Store>(
+    node: Arc<Node<S>>,
+    from_handlers: Arc<Mutex<mpsc::Receiver<Pending>>>,
+) {
+    let mut pending = Vec::with_capacity(node.config.batch_max);
+    let mut replies = Vec::with_capacity(node.config.batch_max);
+    let mut batch = Batch::default();
+    loop {
+        {
+            // One worker collects at a time; the others are committing meanwhile, which is
+            // exactly when requests accumulate into the next batch.
+            let mut from_handlers = from_handlers.lock().await;
+            if from_handlers.recv_many(&mut pending, node.config.batch_max).await == 0 {
+                return;
+            }
+        }
+        let started = Instant::now();
+        batch.ops.clear();
+        replies.clear();
+        for p in pending.drain(..) {
+            let waited = u64::try_from((started - p.enqueued).as_nanos()).unwrap_or(u64::MAX);
+            batch.ops.push(p.op);
+            replies.push((p.reply, waited));
+        }
+        let outcome = node.store.execute_batch(&mut batch).await;
+        let db_ns = elapsed_ns(started);
+        node.counters.db_busy_ns.fetch_add(db_ns, Ordering::Relaxed);
+        match outcome {
+            Ok(()) => {
+                count_committed(&node.counters, &batch);
+                for ((reply, worker_wait_ns), result) in
+                    replies.drain(..).zip(batch.results.drain(..))
+                {
+                    let _ = reply.send(Committed { result, worker_wait_ns, db_ns });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = format!("{error:#}"),
+                    ops = batch.ops.len(),
+                    "batch rolled back"
+                );
+                for (reply, worker_wait_ns) in replies.drain(..) {
+                    let result =
+                        Err(ErrorReply::new(Reason::Unavailable, format!("database: {error:#}")));
+                    let _ = reply.send(Committed { result, worker_wait_ns, db_ns });
+                }
+            }
+        }
+    }
+}
+
+fn count_committed(counters: &Counters, batch: &Batch) {
+    let (mut sends, mut pops) = (0, 0);
+    for (op, result) in batch.ops.iter().zip(&batch.results) {
+        match (&op.request, result) {
+            (Request::Send { .. }, Ok(_)) => sends += 1,
+            (Request::Read { mode: ReadMode::Pop, .. } | Request::Ack { .. }, Ok(_)) => pops += 1,
+            _ => {}
+        }
+    }
+    counters.sends_committed.fetch_add(sends, Ordering::Relaxed);
+    counters.pops_committed.fetch_add(pops, Ordering::Relaxed);
+    counters.batches_committed.fetch_add(1, Ordering::Relaxed);
+}

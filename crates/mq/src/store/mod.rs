@@ -1,0 +1,106 @@
+//! Where messages live. A [`Store`] executes a batch of requests in ONE transaction: either all
+//! of the batch's effects commit, or (on `Err`) none do. That single entry point is what makes
+//! group commit possible: the middleware collects requests from many connections and hands them
+//! over together, then releases the replies after the commit.
+//!
+//! Expected refusals (unknown queue, queue not empty, no message) are per-request results and do
+//! not abort the batch; the implementations check them before writing, so a refused request
+//! writes nothing. Any other failure (I/O, lost connection) aborts the whole batch.
+
+mod postgres;
+mod sqlite;
+
+use std::future::Future;
+
+pub use postgres::{PostgresConfig, PostgresStore};
+pub use sqlite::{DB_FILE_NAME as SQLITE_DB_FILE, SqliteStore};
+
+use crate::protocol::{ErrorReply, ReplyBody, Request};
+
+/// One request as the store sees it: who asks, when it arrived, what it asks.
+#[derive(Clone, Debug)]
+pub struct StoreOp {
+    /// The registered client of the connection; `None` only for `Register`.
+    pub client_id: Option<u64>,
+    /// Arrival time at the middleware, microseconds since the Unix epoch; also "now" for leases.
+    pub now_us: u64,
+    pub request: Request,
+}
+
+/// The result of one request of a batch.
+pub type OpResult = Result<ReplyBody, ErrorReply>;
+
+/// A batch and its results, reused from batch to batch so steady state allocates nothing for
+/// the batch itself.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub ops: Vec<StoreOp>,
+    /// Filled by [`Store::execute_batch`], one per op, in order.
+    pub results: Vec<OpResult>,
+}
+
+/// A message store; see the module docs for the transaction contract.
+pub trait Store: Send + Sync + 'static {
+    /// Executes `batch.ops` in one transaction and fills `batch.results`.
+    fn execute_batch(&self, batch: &mut Batch) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// How many batches can usefully run at once: more database workers than this only split
+    /// the requests into smaller batches that then wait for each other.
+    fn parallel_batches_max(&self) -> usize;
+}
+
+/// Which store a node uses: `sqlite:DIR` or a `postgres://` URL.
+#[derive(Clone)]
+pub enum AnyStore {
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+impl AnyStore {
+    /// Opens the store named by `spec` (`sqlite:DIR` or `postgres://...`), applying migrations.
+    pub async fn open(spec: &str, pool_connections: usize) -> anyhow::Result<AnyStore> {
+        if let Some(dir) = spec.strip_prefix("sqlite:") {
+            let store = SqliteStore::open(std::path::Path::new(dir))?;
+            return Ok(AnyStore::Sqlite(store));
+        }
+        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+            let config = PostgresConfig { url: spec.to_owned(), pool_connections };
+            return Ok(AnyStore::Postgres(PostgresStore::open(&config).await?));
+        }
+        Err(lab::outcome::BadInput(format!(
+            "store {spec:?} is neither sqlite:DIR nor a postgres:// URL"
+        ))
+        .into())
+    }
+}
+
+impl Store for AnyStore {
+    async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
+        match self {
+            AnyStore::Sqlite(s) => s.execute_batch(batch).await,
+            AnyStore::Postgres(s) => s.execute_batch(batch).await,
+        }
+    }
+
+    fn parallel_batches_max(&self) -> usize {
+        match self {
+            AnyStore::Sqlite(s) => s.parallel_batches_max(),
+            AnyStore::Postgres(s) => s.parallel_batches_max(),
+        }
+    }
+}
+
+/// Validates a client or queue name.
+pub(crate) fn check_name(name: &str) -> Result<(), ErrorReply> {
+    use crate::protocol::{NAME_BYTES_MAX, Reason};
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(ErrorReply::new(
+            Reason::InvalidName,
+            format!("names are 1..={NAME_BYTES_MAX} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod conformance;

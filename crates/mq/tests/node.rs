@@ -1,0 +1,353 @@
+//! A node over real TCP with real SQLite / PostgreSQL: bad input, several nodes on one
+//! database, and SIGKILL of a node process under load.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mq::client::{Client, ClientError};
+use mq::protocol::{FRAME_BYTES_MAX, ReadMode, ReadTarget, Reason, decode_reply};
+use mq::server::{self, NodeConfig};
+use mq::store::AnyStore;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn pg_url() -> Option<String> {
+    let url = std::env::var("LEANTIER_PG_URL").ok();
+    if url.is_none() {
+        println!("skipped: LEANTIER_PG_URL not set (eval \"$(scripts/pg-env)\")");
+    }
+    url
+}
+
+fn unique(tag: &str) -> String {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{tag}-{}-{nanos}", std::process::id())
+}
+
+async fn raw_call(stream: &mut tokio::net::TcpStream, payload: &[u8]) -> mq::protocol::ReplyFrame {
+    stream.write_all(&(payload.len() as u32).to_be_bytes()).await.unwrap();
+    stream.write_all(payload).await.unwrap();
+    let mut prefix = [0; 4];
+    stream.read_exact(&mut prefix).await.unwrap();
+    let mut reply = vec![0; u32::from_be_bytes(prefix) as usize];
+    stream.read_exact(&mut reply).await.unwrap();
+    decode_reply(&reply).unwrap()
+}
+
+#[tokio::test]
+async fn bad_input_gets_reason_codes_and_the_node_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&format!("sqlite:{}", dir.path().display()), 1).await.unwrap();
+    let config = NodeConfig { content_bytes_max: 100, ..NodeConfig::default() };
+    let node = server::start("127.0.0.1:0", store, config).await.unwrap();
+    let addr = node.addr.to_string();
+    let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // version 1, op 9 (ListQueues), request id 77, then a stray byte.
+    let mut frame = vec![1, 9];
+    frame.extend_from_slice(&77u64.to_be_bytes());
+    frame.push(0);
+    let reply = raw_call(&mut raw, &frame).await;
+    assert_eq!((reply.request_id, reply.result.unwrap_err().reason), (77, Reason::Malformed));
+    frame.pop();
+    let reply = raw_call(&mut raw, &frame).await;
+    assert_eq!(
+        reply.result.unwrap_err().reason,
+        Reason::NotRegistered,
+        "same connection still served"
+    );
+    frame[1] = 99;
+    assert_eq!(raw_call(&mut raw, &frame).await.result.unwrap_err().reason, Reason::UnknownOp);
+
+    let mut client = Client::connect(&addr).await.unwrap();
+    let me = client.register(&unique("c")).await.unwrap();
+    assert_eq!(
+        client.register("again").await.unwrap_err().reason(),
+        Some(Reason::AlreadyRegistered)
+    );
+    client.create_queue("q").await.unwrap();
+    let big = vec![b'x'; 101];
+    assert_eq!(client.send("q", None, &big).await.unwrap_err().reason(), Some(Reason::TooLarge));
+    assert_eq!(
+        client.send("nope", None, b"x").await.unwrap_err().reason(),
+        Some(Reason::UnknownQueue)
+    );
+    let lease0 = client.read(ReadTarget::Queue("q".into()), ReadMode::Lease { lease_ms: 0 }).await;
+    assert_eq!(lease0.unwrap_err().reason(), Some(Reason::InvalidLease));
+    let id = client.send("q", Some(me), b"hello").await.unwrap();
+    let m = client
+        .read(ReadTarget::ForMe { queue: None, sender: Some(me) }, ReadMode::Pop)
+        .await
+        .unwrap();
+    assert_eq!((m.id, m.content.as_slice()), (id, &b"hello"[..]));
+
+    // An oversized length prefix is answered, then the connection is closed.
+    raw.write_all(&((FRAME_BYTES_MAX + 1) as u32).to_be_bytes()).await.unwrap();
+    let mut prefix = [0; 4];
+    raw.read_exact(&mut prefix).await.unwrap();
+    let mut reply = vec![0; u32::from_be_bytes(prefix) as usize];
+    raw.read_exact(&mut reply).await.unwrap();
+    assert_eq!(decode_reply(&reply).unwrap().result.unwrap_err().reason, Reason::TooLarge);
+    assert_eq!(raw.read(&mut prefix).await.unwrap(), 0, "closed after an oversized frame");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_one_postgres_never_pop_a_message_twice() {
+    let Some(url) = pg_url() else { return };
+    let config = NodeConfig { db_workers: 2, batch_max: 16, ..NodeConfig::default() };
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let store = AnyStore::open(&url, config.db_workers).await.unwrap();
+        nodes.push(server::start("127.0.0.1:0", store, config.clone()).await.unwrap());
+    }
+    let queue = unique("shared");
+    let mut admin = Client::connect(&nodes[0].addr.to_string()).await.unwrap();
+    admin.register(&unique("admin")).await.unwrap();
+    admin.create_queue(&queue).await.unwrap();
+    const MESSAGES: usize = 300;
+    let mut sent = HashSet::new();
+    for i in 0..MESSAGES {
+        sent.insert(admin.send(&queue, None, format!("m{i}").as_bytes()).await.unwrap());
+    }
+    let popped = Arc::new(Mutex::new(Vec::new()));
+    let mut poppers = tokio::task::JoinSet::new();
+    for p in 0..8 {
+        let addr = nodes[p % 2].addr.to_string();
+        let (queue, popped) = (queue.clone(), Arc::clone(&popped));
+        poppers.spawn(async move {
+            let mut c = Client::connect(&addr).await.unwrap();
+            c.register(&unique("popper")).await.unwrap();
+            loop {
+                match c.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await {
+                    Ok(m) => popped.lock().unwrap().push(m.id),
+                    Err(e) if e.reason() == Some(Reason::NoMessage) => return,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+    }
+    while let Some(done) = poppers.join_next().await {
+        done.unwrap();
+    }
+    let popped = popped.lock().unwrap().clone();
+    let distinct: HashSet<u64> = popped.iter().copied().collect();
+    assert_eq!(distinct.len(), popped.len(), "a message was popped twice");
+    assert_eq!(distinct, sent, "every sent message popped exactly once");
+    admin.delete_queue(&queue, false).await.unwrap();
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// A node as a child process; its listening address is read from its stderr.
+fn spawn_node(store: &str) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mq-node"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", store, "--db-workers", "2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("node printed its address").unwrap();
+        if let Some(rest) = line.strip_prefix("mq node listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, addr)
+}
+
+#[derive(Default)]
+struct Seen {
+    acked_sends: HashSet<u64>,
+    popped: Vec<u64>,
+    leased: Vec<u64>,
+    /// Pops cut off by the crash: each may have committed without its reply arriving (pop is
+    /// at-most-once), so each may account for one acknowledged message nobody saw again.
+    pops_without_reply: usize,
+}
+
+async fn load_until_error(addr: String, queue: String, seen: Arc<Mutex<Seen>>, role: usize) {
+    let Ok(mut c) = Client::connect(&addr).await else { return };
+    if c.register(&unique("worker")).await.is_err() {
+        return;
+    }
+    loop {
+        let outcome: Result<(), ClientError> = match role {
+            0 | 1 => c.send(&queue, None, &[b'x'; 200]).await.map(|id| {
+                seen.lock().unwrap().acked_sends.insert(id);
+            }),
+            2 => c
+                .read(ReadTarget::Queue(queue.clone()), ReadMode::Pop)
+                .await
+                .map(|m| seen.lock().unwrap().popped.push(m.id)),
+            _ => c
+                .read(ReadTarget::Queue(queue.clone()), ReadMode::Lease { lease_ms: 300 })
+                .await
+                .map(|m| seen.lock().unwrap().leased.push(m.id)),
+        };
+        match outcome {
+            Ok(()) => {}
+            Err(e) if e.reason() == Some(Reason::NoMessage) => {
+                tokio::time::sleep(Duration::from_millis(1)).await
+            }
+            Err(_) => {
+                if role == 2 {
+                    seen.lock().unwrap().pops_without_reply += 1;
+                }
+                return;
+            }
+        }
+    }
+}
+
+async fn sigkill_scenario(store: &str) {
+    let (mut child, addr) = spawn_node(store);
+    let queue = unique("crash");
+    let mut admin = Client::connect(&addr).await.unwrap();
+    admin.register(&unique("admin")).await.unwrap();
+    admin.create_queue(&queue).await.unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut workers = tokio::task::JoinSet::new();
+    for role in 0..4 {
+        workers.spawn(load_until_error(addr.clone(), queue.clone(), Arc::clone(&seen), role));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    while workers.join_next().await.is_some() {}
+
+    let (mut child, addr) = spawn_node(store);
+    tokio::time::sleep(Duration::from_millis(400)).await; // every lease (300 ms) has expired
+    let mut drain = Client::connect(&addr).await.unwrap();
+    drain.register(&unique("drain")).await.unwrap();
+    let mut after = Vec::new();
+    loop {
+        match drain.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await {
+            Ok(m) => after.push(m.id),
+            Err(e) if e.reason() == Some(Reason::NoMessage) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    drain.delete_queue(&queue, false).await.unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.acked_sends.len() > 10 && !seen.popped.is_empty(),
+        "load ran: {} sends",
+        seen.acked_sends.len()
+    );
+    let mut delivered: HashSet<u64> = HashSet::new();
+    for id in seen.popped.iter().chain(&after) {
+        assert!(delivered.insert(*id), "message {id} popped twice");
+    }
+    let lost: Vec<_> = seen.acked_sends.iter().filter(|id| !delivered.contains(id)).collect();
+    assert!(
+        lost.len() <= seen.pops_without_reply,
+        "acknowledged messages {lost:?} lost ({} pops cut off; leased {:?}; popped {} before, {} after)",
+        seen.pops_without_reply,
+        seen.leased,
+        seen.popped.len(),
+        after.len()
+    );
+    for id in &seen.leased {
+        assert!(
+            after.contains(id) || seen.popped.contains(id),
+            "leased message {id} did not reappear"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_sqlite_node_loses_no_acknowledged_message() {
+    let dir = tempfile::tempdir().unwrap();
+    sigkill_scenario(&format!("sqlite:{}", dir.path().display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_postgres_node_loses_no_acknowledged_message() {
+    let Some(url) = pg_url() else { return };
+    sigkill_scenario(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_wait_queue_answers_busy_and_the_slot_holder_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = AnyStore::open(&format!("sqlite:{}", dir.path().display()), 1).await.unwrap();
+    let config =
+        NodeConfig { handler_slots: 1, wait_queue_max: 0, db_workers: 1, ..NodeConfig::default() };
+    let node = server::start("127.0.0.1:0", store, config).await.unwrap();
+    let addr = node.addr.to_string();
+    let mut a = Client::connect(&addr).await.unwrap();
+    a.register("a").await.unwrap();
+    a.create_queue("q").await.unwrap();
+    let mut b = Client::connect(&addr).await.unwrap();
+    b.register("b").await.unwrap();
+
+    // Another process-level writer holds the database, so a's send occupies the only slot.
+    let blocker = rusqlite::Connection::open(dir.path().join(mq::store::SQLITE_DB_FILE)).unwrap();
+    blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let holder = tokio::spawn(async move { a.send("q", None, b"first").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.send("q", None, b"second").await.unwrap_err().reason(), Some(Reason::Busy));
+    blocker.execute_batch("COMMIT").unwrap();
+    holder.await.unwrap().expect("the slot holder's send commits once the lock is released");
+    let m = b.read(ReadTarget::Queue("q".into()), ReadMode::Pop).await.unwrap();
+    assert_eq!(m.content, b"first");
+    assert_eq!(
+        b.read(ReadTarget::Queue("q".into()), ReadMode::Pop).await.unwrap_err().reason(),
+        Some(Reason::NoMessage)
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_postgres_connections_give_errors_not_hangs_then_the_node_resumes() {
+    let Some(url) = pg_url() else { return };
+    let app = unique("mq-outage").replace('-', "_");
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let node_url = format!("{url}{separator}application_name={app}");
+    let store = AnyStore::open(&node_url, 2).await.unwrap();
+    let config = NodeConfig { db_workers: 2, ..NodeConfig::default() };
+    let node = server::start("127.0.0.1:0", store, config).await.unwrap();
+    let mut c = Client::connect(&node.addr.to_string()).await.unwrap();
+    c.register(&unique("outage")).await.unwrap();
+    let queue = unique("outage-q");
+    c.create_queue(&queue).await.unwrap();
+    c.send(&queue, None, b"before").await.unwrap();
+
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let killed = admin
+        .query_one("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", &[&app])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert!(killed >= 1, "the node's connections were terminated");
+
+    let mut unavailable = 0;
+    let mut sent_after = None;
+    for _ in 0..10 {
+        let reply =
+            tokio::time::timeout(Duration::from_secs(10), c.send(&queue, None, b"after")).await;
+        match reply.expect("a reply, not a hang") {
+            Ok(id) => {
+                sent_after = Some(id);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.reason(), Some(Reason::Unavailable), "{e}");
+                unavailable += 1;
+            }
+        }
+    }
+    assert!(sent_after.is_some(), "the node reconnected ({unavailable} Unavailable replies first)");
+    assert_eq!(c.delete_queue(&queue, true).await.unwrap(), 2, "both committed sends are there");
+    node.shutdown().await;
+}

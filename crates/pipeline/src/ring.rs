@@ -1,0 +1,561 @@
+//! The lock-free single-producer single-consumer ring: the connector between stages.
+//!
+//! # Design
+//! - Capacity is a power of two; indices grow without bound and are masked into slots, so
+//!   "full" is `tail - head == capacity` and no slot is wasted.
+//! - Every slot is allocated and initialised once, at construction; a message is copied (or
+//!   built in place, [`Producer::try_write_batch`]) into a slot. Nothing allocates per message.
+//! - `head` (consumer's) and `tail` (producer's) sit on separate 128-byte lines. Each side keeps
+//!   a private cached copy of the other's index and re-reads the shared one only when the cache
+//!   says "full" (producer) or "empty" (consumer), so in steady state each side touches the
+//!   other's cache line once per batch, not once per message.
+//! - Batches: the producer fills n slots and publishes them with one Release store; the
+//!   consumer reads everything available up to a bound and releases it with one store.
+//!
+//! # Memory ordering
+//! - Producer: writes slots, then `tail.store(Release)`. Consumer: `tail.load(Acquire)`, then
+//!   reads slots. The Release/Acquire pair makes the slot writes visible before the consumer
+//!   reads them.
+//! - Consumer: reads slots, then `head.store(Release)`. Producer: `head.load(Acquire)`, then
+//!   overwrites slots. This pair makes the consumer's reads complete before a slot is reused.
+//! - Each index has exactly one writer, so plain loads of one's own index are Relaxed.
+//! - Disconnection: a side's final index store precedes its `*_alive.store(false, Release)`;
+//!   the peer's `Acquire` load of the flag therefore sees the final index.
+//! - Waking: after publishing, a side calls [`Parker::notify`] on its peer's parker when the
+//!   peer's strategy may park (`crate::wait` explains why that is a fence, not a syscall).
+
+use crate::sync::{Arc, AtomicBool, AtomicUsize, CachePadded, Ordering, UnsafeCell};
+use crate::wait::{Parker, WaitStrategy, Waiter};
+
+/// The largest ring we accept: 2^24 slots keeps a ring of 64-byte records at 1 GiB.
+pub const CAPACITY_SLOTS_MAX: usize = 1 << 24;
+
+/// Size and behaviour of one connector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Slots in the ring; a power of two in `1..=CAPACITY_SLOTS_MAX`.
+    pub capacity_slots: usize,
+    /// Most slots a single batch write or read may cover; `1..=capacity_slots`.
+    pub batch_slots_max: usize,
+    /// How both sides wait (consumer on empty, producer on full).
+    pub wait: WaitStrategy,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig { capacity_slots: 4096, batch_slots_max: 256, wait: WaitStrategy::default() }
+    }
+}
+
+/// Why a ring could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RingError {
+    #[error("ring capacity_slots must be at least 1, got 0")]
+    CapacityZero,
+    #[error(
+        "ring capacity_slots must be a power of two, got {got} (nearest: {} or {})",
+        got.next_power_of_two() / 2,
+        got.next_power_of_two()
+    )]
+    CapacityNotPowerOfTwo { got: usize },
+    #[error("ring capacity_slots {got} exceeds the maximum {CAPACITY_SLOTS_MAX}")]
+    CapacityTooLarge { got: usize },
+    #[error("batch_slots_max must be at least 1, got 0")]
+    BatchZero,
+    #[error("batch_slots_max {batch} exceeds capacity_slots {capacity}")]
+    BatchLargerThanCapacity { batch: usize, capacity: usize },
+}
+
+impl RingConfig {
+    /// Checks the bounds; every constructor calls this, so bad sizes fail at build time.
+    pub fn validate(&self) -> Result<(), RingError> {
+        let capacity = self.capacity_slots;
+        if capacity == 0 {
+            return Err(RingError::CapacityZero);
+        }
+        if capacity > CAPACITY_SLOTS_MAX {
+            return Err(RingError::CapacityTooLarge { got: capacity });
+        }
+        if !capacity.is_power_of_two() {
+            return Err(RingError::CapacityNotPowerOfTwo { got: capacity });
+        }
+        if self.batch_slots_max == 0 {
+            return Err(RingError::BatchZero);
+        }
+        if self.batch_slots_max > capacity {
+            return Err(RingError::BatchLargerThanCapacity {
+                batch: self.batch_slots_max,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A push that could not complete; the item is handed back, never dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TryPushError<T> {
+    #[error("ring is full")]
+    Full(T),
+    #[error("the consumer is gone")]
+    Disconnected(T),
+}
+
+impl<T> TryPushError<T> {
+    pub fn into_inner(self) -> T {
+        match self {
+            TryPushError::Full(item) | TryPushError::Disconnected(item) => item,
+        }
+    }
+}
+
+/// A batch write that could not complete; no slot was published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("ring has room for fewer than the requested slots")]
+    Full,
+    #[error("the consumer is gone")]
+    Disconnected,
+    #[error("batch of {requested} slots exceeds batch_slots_max {max}")]
+    TooLarge { requested: usize, max: usize },
+}
+
+/// The other side of the connector has been dropped (and, for a consumer, the ring is drained).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the other side of the ring is gone")]
+pub struct Disconnected;
+
+struct Shared<T> {
+    /// Next index the consumer reads. Written only by the consumer.
+    head: CachePadded<AtomicUsize>,
+    /// Next index the producer writes. Written only by the producer.
+    tail: CachePadded<AtomicUsize>,
+    slots: Box<[UnsafeCell<T>]>,
+    producer_alive: AtomicBool,
+    consumer_alive: AtomicBool,
+    /// The producer sleeps here when the ring is full.
+    producer_parker: Arc<Parker>,
+    /// The consumer sleeps here when the ring is empty.
+    consumer_parker: Arc<Parker>,
+}
+
+// SAFETY: slots are only accessed through the index protocol in the module docs: the producer
+// writes only slots in [tail, head + capacity), the consumer reads only slots in [head, tail),
+// and the Release/Acquire pairs on `head`/`tail` make those ranges disjoint in time. So sharing
+// `Shared` between the two threads is sound whenever `T` itself may move between threads.
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+/// The writing end of a lock-free ring. Exactly one exists per ring.
+pub struct Producer<T> {
+    shared: Arc<Shared<T>>,
+    mask: usize,
+    batch_slots_max: usize,
+    tail: usize,
+    cached_head: usize,
+    notify_consumer: bool,
+    waiter: Waiter,
+}
+
+/// The reading end of a lock-free ring. Exactly one exists per ring.
+pub struct Consumer<T> {
+    shared: Arc<Shared<T>>,
+    mask: usize,
+    batch_slots_max: usize,
+    head: usize,
+    cached_tail: usize,
+    notify_producer: bool,
+    waiter: Waiter,
+}
+
+/// Builds a lock-free SPSC ring with its own parkers.
+pub fn spsc<T: Copy + Default + Send>(
+    config: &RingConfig,
+) -> Result<(Producer<T>, Consumer<T>), RingError> {
+    spsc_with(config, Parker::new(), Parker::new())
+}
+
+/// Builds a lock-free SPSC ring whose sides sleep on the given parkers, so that one thread can
+/// wait on several rings (fan-in: all its rings share its consumer parker).
+pub fn spsc_with<T: Copy + Default + Send>(
+    config: &RingConfig,
+    producer_parker: Arc<Parker>,
+    consumer_parker: Arc<Parker>,
+) -> Result<(Producer<T>, Consumer<T>), RingError> {
+    config.validate()?;
+    let slots: Box<[UnsafeCell<T>]> =
+        (0..config.capacity_slots).map(|_| UnsafeCell::new(T::default())).collect();
+    let shared = Arc::new(Shared {
+        head: CachePadded(AtomicUsize::new(0)),
+        tail: CachePadded(AtomicUsize::new(0)),
+        slots,
+        producer_alive: AtomicBool::new(true),
+        consumer_alive: AtomicBool::new(true),
+        producer_parker: producer_parker.clone(),
+        consumer_parker: consumer_parker.clone(),
+    });
+    let mask = config.capacity_slots - 1;
+    let may_park = config.wait.may_park();
+    let producer = Producer {
+        shared: shared.clone(),
+        mask,
+        batch_slots_max: config.batch_slots_max,
+        tail: 0,
+        cached_head: 0,
+        notify_consumer: may_park,
+        waiter: Waiter::new(config.wait, producer_parker),
+    };
+    let consumer = Consumer {
+        shared,
+        mask,
+        batch_slots_max: config.batch_slots_max,
+        head: 0,
+        cached_tail: 0,
+        notify_producer: may_park,
+        waiter: Waiter::new(config.wait, consumer_parker),
+    };
+    Ok((producer, consumer))
+}
+
+impl<T: Copy> Producer<T> {
+    pub fn capacity_slots(&self) -> usize {
+        self.mask + 1
+    }
+
+    pub fn batch_slots_max(&self) -> usize {
+        self.batch_slots_max
+    }
+
+    /// Free slots, refreshing the cached consumer index only when the cache says fewer than
+    /// `wanted` are free.
+    #[inline]
+    fn free_slots(&mut self, wanted: usize) -> usize {
+        let capacity = self.mask + 1;
+        let free = capacity - self.tail.wrapping_sub(self.cached_head);
+        if free >= wanted {
+            return free;
+        }
+        // Acquire: the consumer's reads of the slots it released happen before we reuse them.
+        self.cached_head = self.shared.head.load(Ordering::Acquire);
+        capacity - self.tail.wrapping_sub(self.cached_head)
+    }
+
+    fn consumer_gone(&self) -> bool {
+        // Acquire: pairs with the consumer's Release on drop (nothing to read after it).
+        !self.shared.consumer_alive.load(Ordering::Acquire)
+    }
+
+    /// Publishes slots up to `self.tail` and wakes the consumer if it may be parked.
+    #[inline]
+    fn publish(&self) {
+        // Release: the slot writes above become visible before the new tail.
+        self.shared.tail.store(self.tail, Ordering::Release);
+        if self.notify_consumer {
+            self.shared.consumer_parker.notify();
+        }
+    }
+
+    /// Claims `n` slots, lets `fill(i, slot)` build each message in place, and publishes all
+    /// `n` at once. All or nothing: on error no slot is published.
+    #[inline]
+    pub fn try_write_batch(
+        &mut self,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut T),
+    ) -> Result<(), BatchError> {
+        if n > self.batch_slots_max {
+            return Err(BatchError::TooLarge { requested: n, max: self.batch_slots_max });
+        }
+        if self.consumer_gone() {
+            return Err(BatchError::Disconnected);
+        }
+        if self.free_slots(n) < n {
+            return Err(BatchError::Full);
+        }
+        for i in 0..n {
+            let slot = &self.shared.slots[self.tail.wrapping_add(i) & self.mask];
+            // SAFETY: index tail+i lies in [tail, head + capacity) (checked by free_slots), so
+            // the consumer does not access this slot until we publish it below.
+            slot.with_mut(|ptr| fill(i, unsafe { &mut *ptr }));
+        }
+        self.tail = self.tail.wrapping_add(n);
+        self.publish();
+        Ok(())
+    }
+
+    /// Pushes one message if there is room.
+    #[inline]
+    pub fn try_push(&mut self, item: T) -> Result<(), TryPushError<T>> {
+        match self.try_write_batch(1, |_, slot| *slot = item) {
+            Ok(()) => Ok(()),
+            Err(BatchError::Disconnected) => Err(TryPushError::Disconnected(item)),
+            Err(_) => Err(TryPushError::Full(item)),
+        }
+    }
+
+    /// Pushes one message, waiting with the ring's strategy while the ring is full.
+    pub fn push(&mut self, item: T) -> Result<(), Disconnected> {
+        loop {
+            match self.try_push(item) {
+                Ok(()) => return Ok(()),
+                Err(TryPushError::Disconnected(_)) => return Err(Disconnected),
+                Err(TryPushError::Full(_)) => self.wait_for_room(1),
+            }
+        }
+    }
+
+    /// Pushes all `items`, one publish per chunk of up to `batch_slots_max`, waiting for room.
+    pub fn push_batch(&mut self, items: &[T]) -> Result<(), Disconnected> {
+        let mut rest = items;
+        while !rest.is_empty() {
+            let wanted = rest.len().min(self.batch_slots_max);
+            let room = self.free_slots(wanted);
+            if room == 0 {
+                if self.consumer_gone() {
+                    return Err(Disconnected);
+                }
+                self.wait_for_room(1);
+                continue;
+            }
+            let chunk = wanted.min(room);
+            match self.try_write_batch(chunk, |i, slot| *slot = rest[i]) {
+                Ok(()) => rest = &rest[chunk..],
+                Err(BatchError::Disconnected) => return Err(Disconnected),
+                Err(error) => unreachable!("room for {chunk} slots was checked: {error}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn wait_for_room(&mut self, wanted: usize) {
+        let shared = &*self.shared;
+        let (tail, capacity) = (self.tail, self.mask + 1);
+        self.waiter.wait_until(|| {
+            // Acquire: as in `free_slots`.
+            let head = shared.head.load(Ordering::Acquire);
+            capacity - tail.wrapping_sub(head) >= wanted
+                || !shared.consumer_alive.load(Ordering::Acquire)
+        });
+    }
+}
+
+impl<T> Drop for Producer<T> {
+    fn drop(&mut self) {
+        // Release: our last tail store happens before the consumer sees us gone.
+        self.shared.producer_alive.store(false, Ordering::Release);
+        self.shared.consumer_parker.notify();
+    }
+}
+
+impl<T: Copy> Consumer<T> {
+    pub fn capacity_slots(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Messages available now, refreshing the cached producer index only when the cache shows
+    /// fewer than `wanted`.
+    #[inline]
+    fn available(&mut self, wanted: usize) -> usize {
+        let available = self.cached_tail.wrapping_sub(self.head);
+        if available >= wanted {
+            return available;
+        }
+        // Acquire: the producer's slot writes happen before we read them.
+        self.cached_tail = self.shared.tail.load(Ordering::Acquire);
+        self.cached_tail.wrapping_sub(self.head)
+    }
+
+    /// Approximate number of messages in the ring (a depth sample for metrics).
+    pub fn len(&self) -> usize {
+        // Relaxed: a statistic; it may be stale by the time it is read anyway.
+        self.shared.tail.load(Ordering::Relaxed).wrapping_sub(self.head)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True once the producer is gone and every message it published has been read.
+    pub fn is_disconnected(&mut self) -> bool {
+        // Acquire: pairs with the producer's Release on drop, so `available` sees its last tail.
+        !self.shared.producer_alive.load(Ordering::Acquire) && self.available(1) == 0
+    }
+
+    /// Calls `f` on up to `max` available messages (and at most `batch_slots_max`), then
+    /// releases them all with one store. Returns how many were read; never waits.
+    #[inline]
+    pub fn read_batch(&mut self, max: usize, mut f: impl FnMut(&T)) -> usize {
+        let wanted = max.min(self.batch_slots_max);
+        let n = self.available(wanted).min(wanted);
+        if n == 0 {
+            return 0;
+        }
+        for i in 0..n {
+            let slot = &self.shared.slots[self.head.wrapping_add(i) & self.mask];
+            // SAFETY: index head+i lies in [head, tail) (checked by `available`), published by
+            // the producer, which does not touch it again until we release it below.
+            slot.with(|ptr| f(unsafe { &*ptr }));
+        }
+        self.head = self.head.wrapping_add(n);
+        // Release: our slot reads complete before the producer may overwrite them.
+        self.shared.head.store(self.head, Ordering::Release);
+        if self.notify_producer {
+            self.shared.producer_parker.notify();
+        }
+        n
+    }
+
+    /// Pops one message if any is available.
+    #[inline]
+    pub fn try_pop(&mut self) -> Option<T> {
+        let mut item = None;
+        self.read_batch(1, |value| item = Some(*value));
+        item
+    }
+
+    /// Pops one message, waiting with the ring's strategy; `Err` once the producer is gone and
+    /// the ring is drained.
+    pub fn pop(&mut self) -> Result<T, Disconnected> {
+        let mut item = None;
+        self.wait_read_batch(1, |value| item = Some(*value))?;
+        Ok(item.expect("wait_read_batch reads at least one message on Ok"))
+    }
+
+    /// Like [`Consumer::read_batch`], but waits until at least one message is available.
+    pub fn wait_read_batch(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&T),
+    ) -> Result<usize, Disconnected> {
+        assert!(max > 0, "wait_read_batch needs max >= 1 to make progress");
+        loop {
+            let n = self.read_batch(max, &mut f);
+            if n > 0 {
+                return Ok(n);
+            }
+            if self.is_disconnected() {
+                return Err(Disconnected);
+            }
+            let shared = &*self.shared;
+            let head = self.head;
+            self.waiter.wait_until(|| {
+                // Acquire on both: as in `available` and `is_disconnected`.
+                shared.tail.load(Ordering::Acquire) != head
+                    || !shared.producer_alive.load(Ordering::Acquire)
+            });
+        }
+    }
+}
+
+impl<T> Drop for Consumer<T> {
+    fn drop(&mut self) {
+        // Release: the producer sees us gone and stops waiting for room.
+        self.shared.consumer_alive.store(false, Ordering::Release);
+        self.shared.producer_parker.notify();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn config(capacity_slots: usize, batch_slots_max: usize) -> RingConfig {
+        RingConfig { capacity_slots, batch_slots_max, wait: WaitStrategy::Park }
+    }
+
+    #[test]
+    fn bad_sizes_fail_at_construction_with_a_reason() {
+        let cases = [
+            (config(0, 1), RingError::CapacityZero),
+            (config(12, 4), RingError::CapacityNotPowerOfTwo { got: 12 }),
+            (config(8, 0), RingError::BatchZero),
+            (config(8, 16), RingError::BatchLargerThanCapacity { batch: 16, capacity: 8 }),
+            (config(1 << 25, 1), RingError::CapacityTooLarge { got: 1 << 25 }),
+        ];
+        for (config, expected) in cases {
+            assert_eq!(spsc::<u64>(&config).err(), Some(expected.clone()));
+        }
+        assert!(RingError::CapacityNotPowerOfTwo { got: 12 }.to_string().contains("8 or 16"));
+    }
+
+    #[test]
+    fn full_ring_hands_the_item_back() {
+        let (mut producer, mut consumer) = spsc::<u32>(&config(4, 4)).unwrap();
+        for i in 0..4 {
+            producer.try_push(i).unwrap();
+        }
+        assert_eq!(producer.try_push(9), Err(TryPushError::Full(9)));
+        assert_eq!(consumer.try_pop(), Some(0));
+        producer.try_push(9).unwrap();
+        let mut seen = Vec::new();
+        consumer.read_batch(usize::MAX, |v| seen.push(*v));
+        assert_eq!(seen, [1, 2, 3, 9]);
+    }
+
+    #[test]
+    fn batch_write_is_all_or_nothing() {
+        let (mut producer, mut consumer) = spsc::<u32>(&config(8, 8)).unwrap();
+        producer.try_write_batch(6, |i, slot| *slot = i as u32).unwrap();
+        assert_eq!(producer.try_write_batch(3, |_, slot| *slot = 99), Err(BatchError::Full));
+        assert_eq!(
+            producer.try_write_batch(9, |_, _| {}),
+            Err(BatchError::TooLarge { requested: 9, max: 8 })
+        );
+        assert_eq!(consumer.len(), 6);
+        assert_eq!(consumer.read_batch(4, |_| {}), 4);
+        producer.try_write_batch(3, |i, slot| *slot = 100 + i as u32).unwrap();
+        let mut seen = Vec::new();
+        while consumer.read_batch(2, |v| seen.push(*v)) > 0 {}
+        assert_eq!(seen, [4, 5, 100, 101, 102]);
+    }
+
+    #[test]
+    fn consumer_drains_then_sees_disconnect() {
+        let (mut producer, mut consumer) = spsc::<u32>(&config(8, 8)).unwrap();
+        producer.push_batch(&[1, 2, 3]).unwrap();
+        drop(producer);
+        assert!(!consumer.is_disconnected());
+        assert_eq!(consumer.pop(), Ok(1));
+        assert_eq!(consumer.wait_read_batch(8, |_| {}), Ok(2));
+        assert_eq!(consumer.pop(), Err(Disconnected));
+    }
+
+    #[test]
+    fn producer_learns_the_consumer_is_gone_instead_of_blocking() {
+        let (mut producer, consumer) = spsc::<u32>(&config(2, 2)).unwrap();
+        producer.push_batch(&[1, 2]).unwrap();
+        drop(consumer);
+        assert_eq!(producer.push(3), Err(Disconnected));
+        assert_eq!(producer.try_push(3), Err(TryPushError::Disconnected(3)));
+    }
+
+    #[test]
+    fn threads_transfer_a_million_in_order_with_every_strategy() {
+        let strategies = [
+            WaitStrategy::BusySpin,
+            WaitStrategy::SpinYield { spins: 64 },
+            WaitStrategy::Park,
+            WaitStrategy::default(),
+        ];
+        for wait in strategies {
+            let ring = RingConfig { capacity_slots: 64, batch_slots_max: 16, wait };
+            let (mut producer, mut consumer) = spsc::<u64>(&ring).unwrap();
+            const COUNT: u64 = 1_000_000;
+            let writer = std::thread::spawn(move || {
+                let mut next = 0;
+                while next < COUNT {
+                    let n = ((COUNT - next) as usize).min(7);
+                    let chunk: Vec<u64> = (next..next + n as u64).collect();
+                    producer.push_batch(&chunk).unwrap();
+                    next += n as u64;
+                }
+            });
+            let mut expected = 0;
+            while let Ok(_n) = consumer.wait_read_batch(16, |v| {
+                assert_eq!(*v, expected);
+                expected += 1;
+            }) {}
+            writer.join().unwrap();
+            assert_eq!(expected, COUNT, "{wait:?}");
+        }
+    }
+}

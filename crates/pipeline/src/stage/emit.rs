@@ -1,0 +1,213 @@
+//! What travels between stages: [`Envelope`]s chosen a ring by a [`Route`], buffered and
+//! published by an [`Emitter`] (inside a stage) or an [`Input`] (a thread outside the pipeline).
+
+use std::sync::Arc;
+
+use crate::connector::Sender;
+use crate::metrics::now_ns;
+use crate::ring::Disconnected;
+
+/// Most messages an emitter buffers per outbound ring before publishing them.
+pub const EMIT_BATCH_SLOTS_MAX: usize = 256;
+
+/// What may travel through a pipeline: fixed-size records copied into pre-allocated slots.
+pub trait Message: Copy + Default + Send + 'static {}
+impl<T: Copy + Default + Send + 'static> Message for T {}
+
+/// A message in a ring, with the stamps the runtime uses for latency metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Envelope<T> {
+    pub payload: T,
+    /// When the message (or the one it was derived from) entered the pipeline ([`now_ns`]).
+    pub ingress_ns: u64,
+    /// When the upstream worker published the ring batch holding it.
+    pub sent_ns: u64,
+}
+
+/// How an upstream worker chooses among the downstream stage's workers.
+pub enum Route<T> {
+    /// Each message to the next worker in turn.
+    RoundRobin,
+    /// By a key: equal keys go to the same worker (per-key order is kept).
+    ByKey(Arc<dyn Fn(&T) -> u64 + Send + Sync>),
+}
+
+impl<T> Route<T> {
+    pub fn by_key(key: impl Fn(&T) -> u64 + Send + Sync + 'static) -> Route<T> {
+        Route::ByKey(Arc::new(key))
+    }
+
+    /// The downstream worker for `message` out of `workers`.
+    #[inline]
+    fn pick(&self, message: &T, next: &mut usize, workers: usize) -> usize {
+        match self {
+            Route::RoundRobin => {
+                let worker = *next;
+                *next = if worker + 1 == workers { 0 } else { worker + 1 };
+                worker
+            }
+            Route::ByKey(key) => {
+                // Fibonacci hashing spreads consecutive keys; multiply-shift maps the 64-bit hash
+                // onto 0..workers without a division.
+                let hash = key(message).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                ((u128::from(hash) * workers as u128) >> 64) as usize
+            }
+        }
+    }
+}
+
+impl<T> Clone for Route<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Route::RoundRobin => Route::RoundRobin,
+            Route::ByKey(key) => Route::ByKey(key.clone()),
+        }
+    }
+}
+
+/// One outbound connection of a worker: a ring per downstream worker plus its pending buffer.
+pub(super) struct Outlet<T> {
+    route: Route<T>,
+    rings: Vec<Sender<Envelope<T>>>,
+    pending: Vec<Vec<Envelope<T>>>,
+    pending_slots_max: usize,
+    next: usize,
+}
+
+impl<T: Copy> Outlet<T> {
+    pub(super) fn new(
+        route: Route<T>,
+        rings: Vec<Sender<Envelope<T>>>,
+        pending_slots_max: usize,
+    ) -> Outlet<T> {
+        let pending = rings.iter().map(|_| Vec::with_capacity(pending_slots_max)).collect();
+        Outlet { route, rings, pending, pending_slots_max, next: 0 }
+    }
+
+    #[inline]
+    fn push(&mut self, envelope: Envelope<T>) -> Result<(), Disconnected> {
+        let ring = self.route.pick(&envelope.payload, &mut self.next, self.rings.len());
+        self.pending[ring].push(envelope);
+        if self.pending[ring].len() == self.pending_slots_max {
+            return self.flush_ring(ring, now_ns());
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn flush_ring(&mut self, ring: usize, sent_ns: u64) -> Result<(), Disconnected> {
+        let pending = &mut self.pending[ring];
+        if pending.is_empty() {
+            return Ok(());
+        }
+        for envelope in pending.iter_mut() {
+            envelope.sent_ns = sent_ns;
+        }
+        let result = self.rings[ring].push_batch(pending);
+        pending.clear();
+        result
+    }
+}
+
+/// Hands a handler's output to every downstream stage.
+pub struct Emitter<T> {
+    outlets: Vec<Outlet<T>>,
+    /// Stamped on emitted messages; the runtime sets it per handled message (or source call).
+    pub(super) ingress_ns: u64,
+    emitted: u64,
+    /// A downstream ring is gone (the pipeline is aborting): the worker stops after this batch.
+    pub(super) disconnected: bool,
+}
+
+impl<T: Copy> Emitter<T> {
+    pub(super) fn new(outlets: Vec<Outlet<T>>) -> Emitter<T> {
+        Emitter { outlets, ingress_ns: 0, emitted: 0, disconnected: false }
+    }
+
+    /// No downstream stage: the runtime records end-to-end latency for this worker.
+    pub(super) fn is_terminal(&self) -> bool {
+        self.outlets.is_empty()
+    }
+
+    /// Sends `message` downstream, carrying the ingress time of the message being handled.
+    #[inline]
+    pub fn emit(&mut self, message: T) {
+        self.emit_with_ingress(message, self.ingress_ns);
+    }
+
+    /// Sends `message` with an explicit ingress time ([`now_ns`] scale), e.g. a source that
+    /// knows when a request arrived from the network.
+    #[inline]
+    pub fn emit_with_ingress(&mut self, message: T, ingress_ns: u64) {
+        self.emitted += 1;
+        let envelope = Envelope { payload: message, ingress_ns, sent_ns: 0 };
+        for outlet in &mut self.outlets {
+            // A downstream ring disappears only when the pipeline aborts (its consumer exits
+            // early only on abort), so the message is moot; the worker stops after this batch.
+            if outlet.push(envelope).is_err() {
+                self.disconnected = true;
+            }
+        }
+    }
+
+    /// The ingress time of the message being handled (for a source: the start of this call).
+    pub fn ingress_ns(&self) -> u64 {
+        self.ingress_ns
+    }
+
+    /// Publishes every buffered message, one batch per ring.
+    pub(super) fn flush(&mut self) {
+        let sent_ns = now_ns();
+        for outlet in &mut self.outlets {
+            for ring in 0..outlet.rings.len() {
+                if outlet.flush_ring(ring, sent_ns).is_err() {
+                    self.disconnected = true;
+                }
+            }
+        }
+    }
+
+    pub(super) fn take_emitted(&mut self) -> u64 {
+        std::mem::take(&mut self.emitted)
+    }
+}
+
+/// A thread outside the pipeline feeding it (from [`super::PipelineBuilder::input`]). Messages are
+/// buffered per ring and published when a ring's buffer fills or on [`Input::flush`]: call it
+/// after each burst. Dropping the handle flushes and closes its rings; the pipeline finishes
+/// once every source has stopped and every input handle has been dropped.
+pub struct Input<T: Copy> {
+    pub(super) emitter: Emitter<T>,
+}
+
+impl<T: Copy> Input<T> {
+    /// Buffers `message` with ingress time now. `Err` once the pipeline has aborted.
+    #[inline]
+    pub fn send(&mut self, message: T) -> Result<(), Disconnected> {
+        self.send_with_ingress(message, now_ns())
+    }
+
+    /// Buffers `message` with the given ingress time ([`now_ns`] scale), e.g. when the request
+    /// arrived from the network.
+    #[inline]
+    pub fn send_with_ingress(&mut self, message: T, ingress_ns: u64) -> Result<(), Disconnected> {
+        self.emitter.emit_with_ingress(message, ingress_ns);
+        self.status()
+    }
+
+    /// Publishes everything buffered (waiting for room per the downstream's strategy).
+    pub fn flush(&mut self) -> Result<(), Disconnected> {
+        self.emitter.flush();
+        self.status()
+    }
+
+    fn status(&self) -> Result<(), Disconnected> {
+        if self.emitter.disconnected { Err(Disconnected) } else { Ok(()) }
+    }
+}
+
+impl<T: Copy> Drop for Input<T> {
+    fn drop(&mut self) {
+        self.emitter.flush();
+    }
+}

@@ -1,0 +1,212 @@
+//! `leantier web ...`: serve the matrix service, drive load at it, run the model matrix.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Subcommand};
+use lab::config::{load_toml, override_with};
+use lab::outcome::BadInput;
+use serde::Deserialize;
+
+use crate::api::{CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
+use crate::exec::{self, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
+use crate::loadlab;
+use crate::prefork::{self, ChildSpec, Prefork};
+use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServerConfig, serve_blocking};
+use crate::workload::Complexity;
+
+/// The REST matrix-multiplication service and its load lab.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model) until stopped.
+    Serve(ServeArgs),
+    /// Drive one load cell (closed-loop users or open-loop constant rate) at a server.
+    Load(loadlab::LoadArgs),
+    /// Run the full {model} × {users} × {complexity} matrix (and the Python baseline when
+    /// given) in one run; print a table, write a report folder with SVG plots.
+    Matrix(loadlab::MatrixArgs),
+    /// Print one request body of a complexity level (for curl, wrk or other tools).
+    Body(BodyArgs),
+}
+
+/// Server settings; every field can come from `--config FILE` (TOML) and be overridden by flags.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub model: String,
+    pub workers: usize,
+    pub queue_depth_max: usize,
+    pub body_bytes_max: usize,
+    pub dim_max: usize,
+    pub cells_max: usize,
+    pub io_threads: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let cpus = exec::allowed_cpus().map_or(1, |cpus| cpus.len());
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            model: "adaptive".into(),
+            workers: cpus,
+            queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
+            body_bytes_max: BODY_BYTES_MAX_DEFAULT,
+            dim_max: DIM_MAX_DEFAULT,
+            cells_max: CELLS_MAX_DEFAULT,
+            io_threads: cpus,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// The validated server configuration.
+    pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
+        let model = parse_model(&self.model)?;
+        let positive = [
+            ("workers", self.workers),
+            ("queue_depth_max", self.queue_depth_max),
+            ("body_bytes_max", self.body_bytes_max),
+            ("dim_max", self.dim_max),
+            ("cells_max", self.cells_max),
+            ("io_threads", self.io_threads),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(BadInput(format!("{name} must be > 0")).into());
+        }
+        Ok(ServerConfig {
+            default_model: model,
+            exec: ExecConfig {
+                limits: SizeLimits { dim_max: self.dim_max, cells_max: self.cells_max },
+                workers: self.workers,
+                queue_depth_max: self.queue_depth_max,
+            },
+            body_bytes_max: self.body_bytes_max,
+            io_threads: self.io_threads,
+        })
+    }
+
+    fn child_template(&self) -> ChildSpec {
+        ChildSpec {
+            cpu: 0,
+            addr: self.listen,
+            dim_max: self.dim_max,
+            cells_max: self.cells_max,
+            queue_depth_max: self.queue_depth_max,
+            body_bytes_max: self.body_bytes_max,
+        }
+    }
+}
+
+fn parse_model(name: &str) -> anyhow::Result<Model> {
+    <Model as clap::ValueEnum>::from_str(name, true).map_err(|_| {
+        BadInput(format!("unknown model {name:?}: use single, pool, pinned, prefork or adaptive"))
+            .into()
+    })
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct ServeArgs {
+    /// TOML file with any of the fields below (snake_case); flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Model behind `POST /matrix`: single, pool, pinned, prefork or adaptive [default: adaptive].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Worker threads (pool, pinned, adaptive) or processes (prefork) [default: allowed CPUs].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Requests admitted per model (waiting, plus running for pool/adaptive); 503 beyond.
+    #[arg(long)]
+    pub queue_depth_max: Option<usize>,
+    /// Largest request body in bytes; larger ones get code 007 (HTTP 413).
+    #[arg(long)]
+    pub body_bytes_max: Option<usize>,
+    /// Largest row or column count of any matrix; larger ones get code 006 (HTTP 422).
+    #[arg(long)]
+    pub dim_max: Option<usize>,
+    /// Largest cell count of any matrix; larger ones get code 006 (HTTP 422).
+    #[arg(long)]
+    pub cells_max: Option<usize>,
+    /// Tokio reactor threads [default: allowed CPUs].
+    #[arg(long)]
+    pub io_threads: Option<usize>,
+}
+
+impl ServeArgs {
+    fn resolve(&self) -> anyhow::Result<ServeConfig> {
+        let mut config: ServeConfig = load_toml(self.config.as_deref())?;
+        override_with(&mut config.listen, &self.listen);
+        override_with(&mut config.model, &self.model);
+        override_with(&mut config.workers, &self.workers);
+        override_with(&mut config.queue_depth_max, &self.queue_depth_max);
+        override_with(&mut config.body_bytes_max, &self.body_bytes_max);
+        override_with(&mut config.dim_max, &self.dim_max);
+        override_with(&mut config.cells_max, &self.cells_max);
+        override_with(&mut config.io_threads, &self.io_threads);
+        Ok(config)
+    }
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct BodyArgs {
+    /// Complexity level of the request.
+    #[arg(long, value_enum, default_value = "low")]
+    pub complexity: Complexity,
+}
+
+/// Runs a `leantier web` command. A process started as a prefork child (see
+/// [`prefork::CHILD_ENV`]) serves as that child whatever the command line says.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(spec) = prefork::child_spec_from_env()? {
+        return prefork::run_child(&spec);
+    }
+    match &args.command {
+        Command::Serve(serve) => run_serve(&serve.resolve()?),
+        Command::Load(load) => loadlab::run_load(load),
+        Command::Matrix(matrix) => loadlab::run_matrix(matrix),
+        Command::Body(body) => {
+            let body = body.complexity.shape().request_body(1, 1);
+            println!("{}", String::from_utf8_lossy(&body));
+            Ok(())
+        }
+    }
+}
+
+fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
+    let server_config = config.server_config()?;
+    if server_config.default_model == Model::Prefork {
+        let prefork = start_prefork(config)?;
+        println!("serving prefork ×{} on http://{}/matrix", config.workers, prefork.local_addr());
+        return prefork.wait_any();
+    }
+    let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
+    if let Some(calibration) = executors.calibration() {
+        tracing::info!(?calibration, "adaptive thresholds");
+    }
+    let router = executors.router(server_config.default_model, server_config.body_bytes_max);
+    let listener = std::net::TcpListener::bind(config.listen)?;
+    println!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
+    serve_blocking(listener, router, server_config.io_threads, async {
+        // Ctrl-C (or a failure to install the handler) ends the server gracefully.
+        let _ = tokio::signal::ctrl_c().await;
+    })?;
+    Ok(())
+}
+
+/// Starts the prefork children by re-executing this binary with this process's arguments.
+pub fn start_prefork(config: &ServeConfig) -> anyhow::Result<Prefork> {
+    let exe = std::env::current_exe()?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    Prefork::start(config.listen, config.workers, config.child_template(), exe, &args)
+}

@@ -1,0 +1,425 @@
+//! Execution models: where the CPU work of a request (parse, validate, multiply, render) runs.
+//!
+//! The async reactor only moves bytes. It hands each body to an [`Executor`] and awaits a
+//! one-shot reply; the executor admits at most `queue_depth_max` requests (waiting in the
+//! channel for `single`/`pinned`/`prefork`; waiting plus running for `pool`/`adaptive`) and answers
+//! code 009 (HTTP 503) past that, so overload is refused at once instead of queueing without
+//! bound.
+//!
+//! - `single`: one worker thread takes requests from a bounded MPMC channel, one at a time.
+//! - `pinned`: one worker per allowed CPU, each pinned, all taking whole requests from one bounded
+//!   channel (request parallelism; an idle worker takes the next request, so no worker idles
+//!   while another has a backlog).
+//! - `pool`: a fixed rayon pool; every request's output rows are split across the pool (data
+//!   parallelism), requests themselves also run side by side.
+//! - `adaptive`: small bodies are processed inline on the reactor thread (cheaper than any
+//!   hand-off; bounded by [`INLINE_BUDGET_NS`] of measured work); larger ones go to a pinned pool
+//!   where a request is split across cores only while cores are idle (fewer requests in flight
+//!   than workers) and only above the size where splitting measured faster. Both thresholds are
+//!   calibrated at start-up on this host by [`Calibration::measure`].
+//! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
+//!   `single`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use rayon::prelude::*;
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+
+use pipeline::placement::{self, CpuId};
+
+use crate::api::{self, Failure, SizeLimits};
+use crate::kernel::{self, Matrix, Overflow, Path};
+use crate::workload;
+
+/// Default admission bound per model: requests waiting or running. 60 users (the largest load
+/// of the study) fit with room to spare; beyond this a client gets 503 rather than a long queue.
+pub const QUEUE_DEPTH_MAX_DEFAULT: usize = 256;
+/// Work the adaptive model may do inline on a reactor thread: 50 µs delays the other
+/// connections of that thread less than one hand-off round trip under load does.
+pub const INLINE_BUDGET_NS: u64 = 50_000;
+/// Splitting a request across cores must be measured this much faster than serial (×1.2).
+const PARALLEL_GAIN_NUM: u64 = 6;
+const PARALLEL_GAIN_DEN: u64 = 5;
+/// Request sizes (rows of A in the study's shape) tried by the calibration.
+const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+/// Repetitions per calibration point; the minimum is kept (least disturbed by other load).
+const CALIBRATION_REPEATS: usize = 5;
+
+/// An execution model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Model {
+    /// One worker thread handles every request.
+    Single,
+    /// A fixed thread pool computes the rows of each request in parallel.
+    Pool,
+    /// One pinned worker per core, each request handled whole by one worker.
+    Pinned,
+    /// N processes sharing the port with SO_REUSEPORT, each pinned to one core.
+    Prefork,
+    /// Per request by size: inline, one core, or all idle cores (calibrated at start-up).
+    Adaptive,
+}
+
+impl Model {
+    /// The models one process serves side by side (prefork is a whole-process mode).
+    pub const IN_PROCESS: [Model; 4] = [Model::Single, Model::Pool, Model::Pinned, Model::Adaptive];
+
+    /// The lower-case name used in routes, flags and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::Single => "single",
+            Model::Pool => "pool",
+            Model::Pinned => "pinned",
+            Model::Prefork => "prefork",
+            Model::Adaptive => "adaptive",
+        }
+    }
+}
+
+/// An HTTP status and a JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// The failure body for `failure`, echoing the request id when one was read.
+    pub fn failure(id: Option<&RawValue>, failure: &Failure) -> Reply {
+        let mut body = Vec::new();
+        api::write_failure(id, failure, &mut body);
+        Reply { status: failure.code.http_status(), body }
+    }
+}
+
+/// How one request's multiplication runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    /// On the calling thread.
+    Serial,
+    /// Output rows split across the rayon pool the caller runs in.
+    DataParallel,
+}
+
+/// The whole CPU side of one request: parse, validate, multiply, render.
+pub fn process(body: &[u8], limits: &SizeLimits, compute: Compute) -> Reply {
+    let request = match api::parse_request(body, limits) {
+        Ok(request) => request,
+        Err((id, failure)) => return Reply::failure(id, &failure),
+    };
+    let product = match compute {
+        Compute::Serial => kernel::multiply(&request.a, &request.b),
+        Compute::DataParallel => multiply_parallel(&request.a, &request.b),
+    };
+    match product {
+        Ok(product) => {
+            let mut body = Vec::new();
+            api::write_success(request.id, &product, &mut body);
+            Reply { status: 200, body }
+        }
+        Err(overflow) => Reply::failure(Some(request.id), &overflow.into()),
+    }
+}
+
+/// [`process`] that turns a panic (a bug) into HTTP 500 so the worker keeps serving.
+fn process_guarded(body: &[u8], limits: &SizeLimits, compute: Compute) -> Reply {
+    catch_unwind(AssertUnwindSafe(|| process(body, limits, compute))).unwrap_or_else(|_| {
+        tracing::error!("request processing panicked; answered 500");
+        Reply { status: 500, body: br#"{"errorMessage":"internal error"}"#.to_vec() }
+    })
+}
+
+/// `a · b` with output rows split into one chunk per thread of the current rayon pool.
+fn multiply_parallel(a: &Matrix, b: &Matrix) -> Result<Matrix, Overflow> {
+    let path = Path::for_operands(a, b);
+    let rows_per_chunk = a.rows.div_ceil(rayon::current_num_threads()).max(1);
+    let mut cells = vec![0; a.rows * b.cols];
+    cells.par_chunks_mut(rows_per_chunk * b.cols).enumerate().try_for_each(|(chunk, out)| {
+        let first = chunk * rows_per_chunk;
+        kernel::multiply_rows(a, b, path, first..first + out.len() / b.cols, out)
+    })?;
+    Ok(Matrix::from_cells(a.rows, b.cols, cells))
+}
+
+/// Settings shared by every executor.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecConfig {
+    pub limits: SizeLimits,
+    /// Worker threads of the multi-worker models (default: the allowed CPUs).
+    pub workers: usize,
+    /// Admission bound: requests waiting or running per model.
+    pub queue_depth_max: usize,
+}
+
+struct Job {
+    body: Bytes,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// Counts requests admitted and not yet answered; refuses past the bound.
+struct Admission {
+    in_flight: AtomicUsize,
+    bound: usize,
+}
+
+impl Admission {
+    fn try_enter(&self) -> bool {
+        // Relaxed: the counter only bounds admission; the job itself is published to the worker
+        // by the pool's own synchronisation, not through this counter.
+        let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if before >= self.bound {
+            self.leave();
+            return false;
+        }
+        true
+    }
+
+    fn leave(&self) {
+        // Relaxed: see try_enter.
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn current(&self) -> usize {
+        // Relaxed: a heuristic reading (are cores idle?); a stale value only changes a choice.
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// The start-up measurements that set the adaptive model's thresholds.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Calibration {
+    /// Bodies up to this size are processed inline on the reactor thread.
+    pub inline_body_bytes_max: usize,
+    /// Bodies from this size are split across idle cores (`usize::MAX`: never).
+    pub parallel_body_bytes_min: usize,
+}
+
+impl Calibration {
+    /// Times serial and data-parallel processing of study-shaped requests on `pool`.
+    pub fn measure(pool: &rayon::ThreadPool, limits: &SizeLimits) -> Calibration {
+        let mut inline_body_bytes_max = 0;
+        let mut parallel_body_bytes_min = usize::MAX;
+        for rows in CALIBRATION_ROWS {
+            let body = workload::Shape::study(rows).request_body(1, rows as u64);
+            let serial_ns = fastest_ns(|| process(&body, limits, Compute::Serial));
+            let parallel_ns =
+                fastest_ns(|| pool.install(|| process(&body, limits, Compute::DataParallel)));
+            if serial_ns <= INLINE_BUDGET_NS {
+                inline_body_bytes_max = body.len();
+            }
+            let splitting_pays = parallel_ns * PARALLEL_GAIN_NUM < serial_ns * PARALLEL_GAIN_DEN;
+            if splitting_pays && parallel_body_bytes_min == usize::MAX {
+                parallel_body_bytes_min = body.len();
+            }
+            tracing::debug!(rows, serial_ns, parallel_ns, "adaptive calibration point");
+        }
+        Calibration { inline_body_bytes_max, parallel_body_bytes_min }
+    }
+}
+
+fn fastest_ns(mut run: impl FnMut() -> Reply) -> u64 {
+    (0..CALIBRATION_REPEATS)
+        .map(|_| {
+            let start = Instant::now();
+            let reply = run();
+            assert_eq!(reply.status, 200, "calibration requests are well-formed");
+            start.elapsed().as_nanos() as u64
+        })
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
+enum Inner {
+    /// `single` and `pinned`: workers taking whole requests from one bounded channel.
+    Queue { jobs: crossbeam::channel::Sender<Job> },
+    /// `pool`: every request split across the pool.
+    Pool { pool: rayon::ThreadPool, admission: Arc<Admission> },
+    /// `adaptive`: inline, serial or split, per request.
+    Adaptive { pool: rayon::ThreadPool, admission: Arc<Admission>, calibration: Calibration },
+}
+
+/// One model's workers and admission bound.
+pub struct Executor {
+    model: Model,
+    limits: SizeLimits,
+    inner: Inner,
+}
+
+impl Executor {
+    /// Starts the model's workers (and, for `adaptive`, calibrates).
+    pub fn start(model: Model, config: &ExecConfig) -> std::io::Result<Executor> {
+        assert!(config.workers >= 1 && config.queue_depth_max >= 1);
+        let admission =
+            || Arc::new(Admission { in_flight: AtomicUsize::new(0), bound: config.queue_depth_max });
+        let inner = match model {
+            Model::Single | Model::Prefork => Inner::Queue { jobs: spawn_queue_workers(model, 1, false, config)? },
+            Model::Pinned => Inner::Queue { jobs: spawn_queue_workers(model, config.workers, true, config)? },
+            Model::Pool => Inner::Pool { pool: rayon_pool(model, config.workers, false)?, admission: admission() },
+            Model::Adaptive => {
+                let pool = rayon_pool(model, config.workers, true)?;
+                let calibration = Calibration::measure(&pool, &config.limits);
+                tracing::info!(?calibration, "adaptive model calibrated");
+                Inner::Adaptive { pool, admission: admission(), calibration }
+            }
+        };
+        Ok(Executor { model, limits: config.limits, inner })
+    }
+
+    pub fn model(&self) -> Model {
+        self.model
+    }
+
+    /// The adaptive model's thresholds (`None` for the fixed models).
+    pub fn calibration(&self) -> Option<Calibration> {
+        match &self.inner {
+            Inner::Adaptive { calibration, .. } => Some(*calibration),
+            _ => None,
+        }
+    }
+
+    /// Runs one request under this model; never blocks the calling (reactor) thread beyond the
+    /// adaptive model's inline budget.
+    pub async fn execute(&self, body: Bytes) -> Reply {
+        let limits = self.limits;
+        let (reply, answer) = oneshot::channel();
+        let admitted = match &self.inner {
+            Inner::Queue { jobs } => jobs.try_send(Job { body, reply }).is_ok(),
+            Inner::Pool { pool, admission } => {
+                spawn_on_pool(pool, admission, Job { body, reply }, move |body, _| {
+                    process_guarded(body, &limits, Compute::DataParallel)
+                })
+            }
+            Inner::Adaptive { pool, admission, calibration } => {
+                if body.len() <= calibration.inline_body_bytes_max {
+                    return process_guarded(&body, &limits, Compute::Serial);
+                }
+                let calibration = *calibration;
+                let workers = pool.current_num_threads();
+                spawn_on_pool(pool, admission, Job { body, reply }, move |body, in_flight| {
+                    let cores_idle = in_flight < workers;
+                    let large = body.len() >= calibration.parallel_body_bytes_min;
+                    let compute = if cores_idle && large { Compute::DataParallel } else { Compute::Serial };
+                    process_guarded(body, &limits, compute)
+                })
+            }
+        };
+        if !admitted {
+            return Reply::failure(None, &Failure::busy());
+        }
+        // The workers always answer (panics are caught); a closed channel means shutdown.
+        answer.await.unwrap_or_else(|_| Reply::failure(None, &Failure::busy()))
+    }
+}
+
+/// Admits `job` and runs `work(body, requests in flight)` on `pool`; false when refused.
+fn spawn_on_pool(
+    pool: &rayon::ThreadPool,
+    admission: &Arc<Admission>,
+    job: Job,
+    work: impl FnOnce(&[u8], usize) -> Reply + Send + 'static,
+) -> bool {
+    if !admission.try_enter() {
+        return false;
+    }
+    let admission = Arc::clone(admission);
+    pool.spawn(move || {
+        let reply = work(&job.body, admission.current());
+        admission.leave();
+        // The client may have gone away; its answer is simply dropped.
+        let _ = job.reply.send(reply);
+    });
+    true
+}
+
+fn spawn_queue_workers(
+    model: Model,
+    count: usize,
+    pinned: bool,
+    config: &ExecConfig,
+) -> std::io::Result<crossbeam::channel::Sender<Job>> {
+    // The channel bounds waiting requests; the workers hold the running ones.
+    let (jobs, queue) = crossbeam::channel::bounded::<Job>(config.queue_depth_max);
+    let allowed = allowed_cpus()?;
+    for index in 0..count {
+        let queue = queue.clone();
+        let limits = config.limits;
+        let cpu = pinned.then(|| cpu_for_worker(&allowed, index));
+        std::thread::Builder::new().name(format!("web-{}-{index}", model.name())).spawn(move || {
+            if let Some(cpu) = cpu
+                && let Err(error) = placement::pin_current_thread(&[cpu])
+            {
+                tracing::warn!(cpu, %error, "could not pin worker; running unpinned");
+            }
+            // Ends when the executor (the only sender) is dropped.
+            while let Ok(job) = queue.recv() {
+                let reply = process_guarded(&job.body, &limits, Compute::Serial);
+                let _ = job.reply.send(reply);
+            }
+        })?;
+    }
+    Ok(jobs)
+}
+
+fn rayon_pool(model: Model, workers: usize, pinned: bool) -> std::io::Result<rayon::ThreadPool> {
+    let allowed = allowed_cpus()?;
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(workers)
+        .thread_name(move |index| format!("web-{}-{index}", model.name()))
+        .start_handler(move |index| {
+            let cpu = cpu_for_worker(&allowed, index);
+            if pinned && let Err(error) = placement::pin_current_thread(&[cpu]) {
+                tracing::warn!(%error, "could not pin pool worker; running unpinned");
+            }
+        })
+        .build()
+        .map_err(std::io::Error::other)
+}
+
+/// The CPUs this process may use (its affinity mask: taskset, cgroup cpuset).
+pub fn allowed_cpus() -> std::io::Result<Vec<CpuId>> {
+    placement::current_affinity().map_err(std::io::Error::other)
+}
+
+/// The CPU of worker `index`: workers take the allowed CPUs round-robin.
+pub fn cpu_for_worker(allowed: &[CpuId], index: usize) -> CpuId {
+    assert!(!allowed.is_empty(), "a process always has at least one allowed CPU");
+    allowed[index % allowed.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ExecConfig {
+        ExecConfig { limits: SizeLimits::default(), workers: 2, queue_depth_max: 4 }
+    }
+
+    #[test]
+    fn every_model_gives_the_same_answer() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let body = Bytes::from(workload::Shape::study(70).request_body(9, 3));
+        let expected = process(&body, &SizeLimits::default(), Compute::Serial);
+        assert_eq!(expected.status, 200);
+        for model in Model::IN_PROCESS {
+            let executor = Executor::start(model, &config()).unwrap();
+            let reply = runtime.block_on(executor.execute(body.clone()));
+            assert_eq!(reply, expected, "{model:?}");
+        }
+    }
+
+    #[test]
+    fn admission_refuses_past_the_bound() {
+        let admission = Admission { in_flight: AtomicUsize::new(0), bound: 2 };
+        assert!(admission.try_enter() && admission.try_enter());
+        assert!(!admission.try_enter());
+        admission.leave();
+        assert!(admission.try_enter());
+        assert_eq!(admission.current(), 2);
+    }
+}

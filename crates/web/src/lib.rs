@@ -1,0 +1,38 @@
+//! A REST service that multiplies integer matrices under selectable execution models, and the
+//! load lab that shows which model wins at which request size and load.
+//!
+//! **The service.** `POST /matrix` takes the published JSON (`requestId`, `matrixOne`,
+//! `matrixTwo`, each `{"columnCount": n, "rows": [{"value": "1,2,3"}, ...]}`) and answers
+//! `{"requestId": "<id>", "rows": [[...], ...]}` or `{"requestId": ..., "errorCode": "0NN",
+//! "errorMessage": ...}`. [`api`] parses and validates in an order that refuses every bad
+//! request before the work it would cause (size limits before any matrix-sized allocation); the
+//! codes and their HTTP statuses are listed there and in `docs/WEB_API.md`. [`kernel`]
+//! multiplies with exact integer arithmetic: a magnitude bound proves most requests cannot
+//! overflow and takes a vectorisable blocked i-k-j loop; the rest accumulate in `i128` and an
+//! overflowing result is refused with code 008, never wrapped.
+//!
+//! **Execution models.** The tokio reactor ([`server`]) only moves bytes; the CPU work of a
+//! request (parse, validate, multiply, render) runs where the model says ([`exec`]): one worker
+//! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
+//! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
+//! ([`prefork`]), or per request by size (`adaptive`: inline for tiny bodies, one core, or all
+//! idle cores, thresholds measured at start-up). Every model has a named admission bound and
+//! answers 503 with code 009 past it. All in-process models are served side by side on
+//! `/matrix/<model>` so one run compares them under identical conditions.
+//!
+//! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
+//! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and
+//! 2000 rows) using `lab::load` (closed-loop users; open loop with latency from the intended
+//! send time), `lab::stats` HDR histograms and `lab::report` tables, report folder and SVG plots.
+//! The Python baselines (`bench/web-python`) are started by `scripts/bench-web` and measured in
+//! the same run. [`cli`] holds the `leantier web` commands.
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod exec;
+pub mod kernel;
+pub mod loadlab;
+pub mod prefork;
+pub mod server;
+pub mod workload;

@@ -1,0 +1,55 @@
+//! The prefork model over real processes: this test binary re-executes itself as the children
+//! (the role comes from the environment, as for the `leantier` binary), so it has its own
+//! `main` (`harness = false`).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use web::client::JsonClient;
+use web::prefork::{ChildSpec, Prefork, child_spec_from_env, run_child};
+
+const EXAMPLE: &str = r#"{"requestId": 7, "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
+    "matrixTwo": {"columnCount": 1, "rows": [{"value": "3"}, {"value": "4"}]}}"#;
+
+fn main() {
+    if let Some(spec) = child_spec_from_env().expect("child spec") {
+        run_child(&spec).expect("prefork child");
+        return;
+    }
+    prefork_children_serve_and_die_with_the_parent();
+    println!("test prefork_children_serve_and_die_with_the_parent ... ok");
+    println!("1 passed, 0 failed");
+}
+
+fn prefork_children_serve_and_die_with_the_parent() {
+    let template = ChildSpec {
+        cpu: 0,
+        addr: "127.0.0.1:0".parse().unwrap(),
+        dim_max: 100,
+        cells_max: 10_000,
+        queue_depth_max: 16,
+        body_bytes_max: 1 << 16,
+    };
+    let exe = std::env::current_exe().unwrap();
+    let prefork = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
+    let url = format!("http://{}/matrix/prefork", prefork.local_addr());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        for _ in 0..20 {
+            // A fresh client per request: new connections, spread by the kernel over children.
+            let (status, body) = JsonClient::default().post(&url, Bytes::from(EXAMPLE)).await.unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(body, Bytes::from_static(br#"{"requestId":"7","rows":[[11]]}"#));
+        }
+    });
+    let children = prefork.child_ids();
+    assert_eq!(children.len(), 2);
+    assert!(children.iter().all(|&pid| process_exists(pid)), "children serve until stopped");
+    drop(prefork);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(children.iter().all(|&pid| !process_exists(pid)), "children stop with the parent");
+}
+
+fn process_exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
