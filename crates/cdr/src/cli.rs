@@ -229,3 +229,47 @@ pub fn comparison_table(comparison: &Comparison, flat_out: bool) -> Table {
     }
     table
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use planner::model::NodeConfig;
+
+    fn config() -> PipelineConfig {
+        let node = |name: &str| NodeConfig { name: name.into(), threads: 1, ..Default::default() };
+        PipelineConfig {
+            node: ["generator", "decoder", "converter", "serializer", "feeder"].map(node).to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn thread_overrides_apply_and_bad_ones_are_bad_input() {
+        let mut config = config();
+        apply_overrides(&mut config, &["converter=3".into()]).unwrap();
+        assert_eq!(node_threads(&config).unwrap().converter, 3);
+        for bad in ["converter", "converter=0", "converter=x", "convertor=2"] {
+            let error = apply_overrides(&mut config, &[bad.into()]).unwrap_err();
+            assert!(error.downcast_ref::<BadInput>().is_some(), "{bad}: {error}");
+        }
+        config.node.retain(|node| node.name != "feeder");
+        let error = node_threads(&config).unwrap_err();
+        assert!(error.to_string().contains("no [[node]] named feeder"), "{error}");
+    }
+
+    #[test]
+    fn lost_tickets_are_reported() {
+        let summary = RunSummary {
+            generated: 100,
+            rejected: 2,
+            serialized: 98,
+            inserted: 97,
+            wall_s: 1.0,
+            cpu_s: 0.5,
+            stages: Vec::new(),
+        };
+        let error = check_no_ticket_lost(&summary).unwrap_err();
+        assert!(error.to_string().contains("inserted 97"), "{error}");
+        check_no_ticket_lost(&RunSummary { inserted: 98, ..summary }).unwrap();
+    }
+}

@@ -20,7 +20,7 @@ use lab::outcome::BadInput;
 
 use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
 use planner::measure::{ServiceTime, Workload, detect_host, measure_node, process_cpu_time_ns};
-use planner::model::{BUFFER_SLOTS_DEFAULT, NetworkSpec, NodeSpec, RouteSpec};
+use planner::model::{NetworkSpec, NodeSpec, RouteSpec};
 
 use crate::convert::{Converted, convert};
 use crate::feed::{DbTarget, Feeder};
@@ -101,17 +101,7 @@ impl Default for CdrWorkload {
 }
 
 fn node(name: &str, time: ServiceTime) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        service_rate_per_s: time.service_rate_per_s(),
-        cpu_share: time.cpu_share(),
-        buffer_slots: BUFFER_SLOTS_DEFAULT,
-        external_share: 0.0,
-        fixed_threads: None,
-        disk_bytes_per_job: 0.0,
-        network_bytes_per_job: 0.0,
-        memory_bytes_per_thread: 0,
-    }
+    NodeSpec { cpu_share: time.cpu_share(), ..NodeSpec::new(name, time.service_rate_per_s()) }
 }
 
 fn route(from: &str, to: &str, jobs_per_job: f64) -> RouteSpec {

@@ -58,3 +58,30 @@ fn unknown_config_key_and_bad_values_are_bad_input() {
             .unwrap_err();
     assert!(error.downcast_ref::<BadInput>().is_some(), "{error}");
 }
+
+#[derive(clap::Parser)]
+enum Top {
+    Demo(exchange::cli::DemoArgs),
+    Exchange(Args),
+}
+
+#[test]
+fn command_line_definitions_are_consistent_and_parse() {
+    use clap::{CommandFactory, Parser};
+    Top::command().debug_assert();
+    let parsed = Top::try_parse_from([
+        "leantier",
+        "exchange",
+        "senders",
+        "--rate",
+        "1000",
+        "--seconds",
+        "0.5",
+    ])
+    .unwrap();
+    let Top::Exchange(Args { command: ExchangeCommand::Senders(senders) }) = parsed else {
+        panic!("senders")
+    };
+    assert_eq!((senders.rate, senders.common.seconds), (1_000.0, 0.5));
+    assert!(Top::try_parse_from(["leantier", "demo", "--quick", "--p99-limit-us", "x"]).is_err());
+}

@@ -15,6 +15,7 @@
 //! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown and
 //!   hand-written SVG plots (latency CDFs, bars, x-y lines), and progress bars that hide
 //!   themselves when stderr is not a terminal.
+//! * [`ringbench`]: `leantier bench ring`, the ring against its peers in the same run.
 //! * [`config`] and [`outcome`]: TOML configuration with flag overrides, and the mapping of
 //!   errors to exit codes (bad input 2, missed target 3).
 //!
@@ -25,4 +26,5 @@ pub mod config;
 pub mod load;
 pub mod outcome;
 pub mod report;
+pub mod ringbench;
 pub mod stats;

@@ -989,9 +989,36 @@ mod visual_tmp {
         use super::*;
         let mut a = LatencyHistogram::new();
         let mut b = LatencyHistogram::new();
-        for i in 0..10_000u64 { a.record_ns(5_000 + (i * i) % 40_000); b.record_ns(8_000 + (i * 7919) % 300_000); }
-        std::fs::write("/tmp/labsvg/cdf.svg", latency_cdf_plot("End-to-end latency", &[("20K msg/s", &a), ("60K msg/s", &b)]).x_log().to_svg()).unwrap();
-        std::fs::write("/tmp/labsvg/bar.svg", BarChart::new("Throughput per model", "throughput (req/s)", ["single", "pool", "prefork"]).group("10 users", vec![1000.0, 2500.0, 3000.0]).group("60 users", vec![1100.0, 4000.0, 5200.0]).to_svg()).unwrap();
-        std::fs::write("/tmp/labsvg/line.svg", LinePlot::new("p99 vs rate", "rate (msg/s)", "p99 (µs)").series("placed+spin", vec![(20000.0, 12.0), (40000.0, 15.0), (60000.0, 22.0)]).series("parking", vec![(20000.0, 40.0), (40000.0, 55.0), (60000.0, 90.0)]).to_svg()).unwrap();
+        for i in 0..10_000u64 {
+            a.record_ns(5_000 + (i * i) % 40_000);
+            b.record_ns(8_000 + (i * 7919) % 300_000);
+        }
+        std::fs::write(
+            "/tmp/labsvg/cdf.svg",
+            latency_cdf_plot("End-to-end latency", &[("20K msg/s", &a), ("60K msg/s", &b)])
+                .x_log()
+                .to_svg(),
+        )
+        .unwrap();
+        std::fs::write(
+            "/tmp/labsvg/bar.svg",
+            BarChart::new(
+                "Throughput per model",
+                "throughput (req/s)",
+                ["single", "pool", "prefork"],
+            )
+            .group("10 users", vec![1000.0, 2500.0, 3000.0])
+            .group("60 users", vec![1100.0, 4000.0, 5200.0])
+            .to_svg(),
+        )
+        .unwrap();
+        std::fs::write(
+            "/tmp/labsvg/line.svg",
+            LinePlot::new("p99 vs rate", "rate (msg/s)", "p99 (µs)")
+                .series("placed+spin", vec![(20000.0, 12.0), (40000.0, 15.0), (60000.0, 22.0)])
+                .series("parking", vec![(20000.0, 40.0), (40000.0, 55.0), (60000.0, 90.0)])
+                .to_svg(),
+        )
+        .unwrap();
     }
 }

@@ -1,15 +1,28 @@
 //! The pipeline runtime: stages on dedicated cores connected by bounded single-writer rings.
 //!
+//! Bottom-up:
 //! - [`ring`]: the lock-free SPSC ring (pre-allocated slots, batch publish, cached indices);
 //! - [`blocking`]: the lock-and-condvar baseline behind the same interface;
 //! - [`connector`]: [`Sender`]/[`Receiver`] over either kind, so experiments can swap them;
-//! - [`wait`]: wait strategies (spin, spin-yield, park, adaptive) and the wake-up protocol.
+//! - [`wait`]: wait strategies (spin, spin-yield, park, adaptive) and the wake-up protocol;
+//! - [`placement`]: CPU topology from /sys, pinning, and a plan that gives critical stages
+//!   dedicated cores of one socket (and downgrades spinning when oversubscribed);
+//! - [`metrics`]: per-worker recorders (counts, busy/idle time, HDR histograms of service,
+//!   per-hop and end-to-end latency, queue depth) merged off the hot path into snapshots;
+//! - [`stage`]: the builder and runtime: stages with k workers, 1→1 / fan-out (round-robin or
+//!   by key) / fan-in connections, clean drain-and-join shutdown, panics reported by stage.
+//!
+//! Under `--cfg loom` only the concurrency core (ring, blocking, connector, wait) is compiled,
+//! because that is what `tests/loom.rs` model-checks.
 
 pub mod blocking;
 pub mod connector;
+#[cfg(not(loom))]
 pub mod metrics;
+#[cfg(not(loom))]
 pub mod placement;
 pub mod ring;
+#[cfg(not(loom))]
 pub mod stage;
 mod sync;
 pub mod wait;

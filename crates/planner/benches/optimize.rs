@@ -7,17 +7,7 @@ use planner::network::Network;
 use planner::optimize::{Goal, optimize};
 
 fn node(name: &str, service_rate_per_s: f64, cpu_share: f64) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        service_rate_per_s,
-        cpu_share,
-        buffer_slots: 1024,
-        external_share: 0.0,
-        fixed_threads: None,
-        disk_bytes_per_job: 0.0,
-        network_bytes_per_job: 0.0,
-        memory_bytes_per_thread: 0,
-    }
+    NodeSpec { cpu_share, ..NodeSpec::new(name, service_rate_per_s) }
 }
 
 fn route(from: &str, to: &str) -> RouteSpec {

@@ -293,3 +293,43 @@ fn run_node(args: &NodeArgs) -> anyhow::Result<()> {
     print!("{table}");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(model: PathBuf, fixed: &[&str]) -> OptimizeArgs {
+        OptimizeArgs {
+            model,
+            goal: GoalArg::Throughput,
+            rate: None,
+            limit: None,
+            cores: Some(4.0),
+            fixed: fixed.iter().map(|f| f.to_string()).collect(),
+            out: PathBuf::from("unused.toml"),
+            report: None,
+        }
+    }
+
+    #[test]
+    fn model_file_flags_and_bad_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.toml");
+        std::fs::write(
+            &path,
+            "[host]\ncores = 1.0\n[[node]]\nname = \"a\"\nservice_rate_per_s = 10.0\n\
+             external_share = 1.0\n[[node]]\nname = \"b\"\nservice_rate_per_s = 5.0\n\
+             [[route]]\nfrom = \"a\"\nto = \"b\"\n",
+        )
+        .unwrap();
+        let network = load_network(&args(path.clone(), &["b=2"])).unwrap();
+        assert_eq!(network.spec().host.cores, 4.0, "--cores overrides the file");
+        assert_eq!(network.nodes()[1].fixed_threads, Some(2));
+        for fixed in ["b", "b=x", "c=1"] {
+            let error = load_network(&args(path.clone(), &[fixed])).unwrap_err();
+            assert!(error.downcast_ref::<BadInput>().is_some(), "{fixed}: {error}");
+        }
+        let missing = load_network(&args(dir.path().join("nope.toml"), &[])).unwrap_err();
+        assert!(missing.to_string().contains("does not exist"), "{missing}");
+    }
+}

@@ -44,6 +44,23 @@ pub struct NodeSpec {
     pub memory_bytes_per_thread: u64,
 }
 
+impl NodeSpec {
+    /// A CPU-bound node with the default buffer, no external arrivals and no limits.
+    pub fn new(name: &str, service_rate_per_s: f64) -> Self {
+        Self {
+            name: name.into(),
+            service_rate_per_s,
+            cpu_share: 1.0,
+            buffer_slots: BUFFER_SLOTS_DEFAULT,
+            external_share: 0.0,
+            fixed_threads: None,
+            disk_bytes_per_job: 0.0,
+            network_bytes_per_job: 0.0,
+            memory_bytes_per_thread: 0,
+        }
+    }
+}
+
 /// Jobs flow `from` → `to`; each job completed by `from` sends `jobs_per_job` jobs to `to`.
 /// Fan-out (a job copied to several successors) is one route per successor at 1.0; a split is
 /// several routes whose shares sum to 1.

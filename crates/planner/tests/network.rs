@@ -6,17 +6,7 @@ use planner::node::{MmcK, NodeMetrics};
 use planner::optimize::{Goal, Resource, StopReason, optimize};
 
 fn node(name: &str, service_rate_per_s: f64) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        service_rate_per_s,
-        cpu_share: 1.0,
-        buffer_slots: 64,
-        external_share: 0.0,
-        fixed_threads: None,
-        disk_bytes_per_job: 0.0,
-        network_bytes_per_job: 0.0,
-        memory_bytes_per_thread: 0,
-    }
+    NodeSpec { buffer_slots: 64, ..NodeSpec::new(name, service_rate_per_s) }
 }
 
 fn route(from: &str, to: &str) -> RouteSpec {

@@ -15,7 +15,8 @@ fn naive(a: &Matrix, b: &Matrix) -> Vec<i64> {
         for j in 0..b.cols {
             let mut sum = 0i64;
             for k in 0..a.cols {
-                sum = sum.wrapping_add(a.cells[i * a.cols + k].wrapping_mul(b.cells[k * b.cols + j]));
+                sum =
+                    sum.wrapping_add(a.cells[i * a.cols + k].wrapping_mul(b.cells[k * b.cols + j]));
             }
             out[i * b.cols + j] = sum;
         }
@@ -31,8 +32,12 @@ fn kernels(c: &mut Criterion) {
     let mut group = c.benchmark_group("kernel");
     for n in [64usize, 256] {
         let (a, b) = (square(n, 1), square(n, 7));
-        group.bench_function(format!("blocked/{n}x{n}"), |bench| bench.iter(|| multiply(black_box(&a), black_box(&b))));
-        group.bench_function(format!("naive/{n}x{n}"), |bench| bench.iter(|| naive(black_box(&a), black_box(&b))));
+        group.bench_function(format!("blocked/{n}x{n}"), |bench| {
+            bench.iter(|| multiply(black_box(&a), black_box(&b)))
+        });
+        group.bench_function(format!("naive/{n}x{n}"), |bench| {
+            bench.iter(|| naive(black_box(&a), black_box(&b)))
+        });
     }
     group.finish();
 }

@@ -115,7 +115,10 @@ impl Failure {
 
     /// The published message for code 001.
     pub fn shape_mismatch() -> Failure {
-        Failure::new(ErrorCode::ShapeMismatch, "Invalid number of columns and rows for multiplication")
+        Failure::new(
+            ErrorCode::ShapeMismatch,
+            "Invalid number of columns and rows for multiplication",
+        )
     }
 
     pub fn body_too_large(limit_bytes: usize) -> Failure {
@@ -171,8 +174,9 @@ pub type Parsed<'a> = Result<Request<'a>, (Option<&'a RawValue>, Failure)>;
 
 /// Parses and validates a request body.
 pub fn parse_request<'a>(body: &'a [u8], limits: &SizeLimits) -> Parsed<'a> {
-    let wire: RequestWire<'a> = serde_json::from_slice(body)
-        .map_err(|e| (None, Failure::new(ErrorCode::MalformedJson, format!("Malformed JSON: {e}"))))?;
+    let wire: RequestWire<'a> = serde_json::from_slice(body).map_err(|e| {
+        (None, Failure::new(ErrorCode::MalformedJson, format!("Malformed JSON: {e}")))
+    })?;
     let id = wire.request_id;
     validate(wire, limits).map_err(|failure| (id, failure))
 }
@@ -180,8 +184,14 @@ pub fn parse_request<'a>(body: &'a [u8], limits: &SizeLimits) -> Parsed<'a> {
 fn validate<'a>(wire: RequestWire<'a>, limits: &SizeLimits) -> Result<Request<'a>, Failure> {
     let id = wire.request_id.ok_or_else(|| missing("requestId"))?;
     let id_text = id.get();
-    if !(id_text.starts_with('"') || id_text.starts_with('-') || id_text.starts_with(|c: char| c.is_ascii_digit())) {
-        return Err(Failure::new(ErrorCode::MalformedJson, "Malformed JSON: requestId must be a number or a string"));
+    if !(id_text.starts_with('"')
+        || id_text.starts_with('-')
+        || id_text.starts_with(|c: char| c.is_ascii_digit()))
+    {
+        return Err(Failure::new(
+            ErrorCode::MalformedJson,
+            "Malformed JSON: requestId must be a number or a string",
+        ));
     }
     let one = wire.matrix_one.ok_or_else(|| missing("matrixOne"))?;
     let two = wire.matrix_two.ok_or_else(|| missing("matrixTwo"))?;
@@ -232,15 +242,20 @@ fn parse_cells(name: &str, rows: &[RowWire<'_>], cols: usize) -> Result<Matrix, 
     let mut cells = Vec::with_capacity(rows.len() * cols);
     let mut magnitude_max = 0u64;
     for (r, row) in rows.iter().enumerate() {
-        let text = row.value.as_deref().ok_or_else(|| missing(&format!("{name}.rows[{r}].value")))?;
+        let text =
+            row.value.as_deref().ok_or_else(|| missing(&format!("{name}.rows[{r}].value")))?;
         let mut count = 0usize;
         for cell in text.split(',') {
             count += 1;
             if count > cols {
                 break;
             }
-            let value = parse_cell(cell)
-                .ok_or_else(|| Failure::new(ErrorCode::NonNumericCell, format!("Non-numeric cell in {name} row {r}: {:?}", truncate(cell))))?;
+            let value = parse_cell(cell).ok_or_else(|| {
+                Failure::new(
+                    ErrorCode::NonNumericCell,
+                    format!("Non-numeric cell in {name} row {r}: {:?}", truncate(cell)),
+                )
+            })?;
             magnitude_max = magnitude_max.max(value.unsigned_abs());
             cells.push(value);
         }
@@ -248,7 +263,9 @@ fn parse_cells(name: &str, rows: &[RowWire<'_>], cols: usize) -> Result<Matrix, 
             let found = if count > cols { format!("more than {cols}") } else { count.to_string() };
             return Err(Failure::new(
                 ErrorCode::RowLength,
-                format!("Row length mismatch in {name} row {r}: {found} cells, columnCount is {cols}"),
+                format!(
+                    "Row length mismatch in {name} row {r}: {found} cells, columnCount is {cols}"
+                ),
             ));
         }
     }
@@ -363,7 +380,13 @@ mod tests {
     #[test]
     fn each_validation_code_is_reachable() {
         let cases = [
-            (EXAMPLE.replace("\"columnCount\": 3", "\"columnCount\": 2").replace("1,2,3", "1,2").replace("4,5,6", "4,5"), ErrorCode::ShapeMismatch),
+            (
+                EXAMPLE
+                    .replace("\"columnCount\": 3", "\"columnCount\": 2")
+                    .replace("1,2,3", "1,2")
+                    .replace("4,5,6", "4,5"),
+                ErrorCode::ShapeMismatch,
+            ),
             ("{\"requestId\": 1,".to_string(), ErrorCode::MalformedJson),
             (EXAMPLE.replace("\"requestId\": 2238,", ""), ErrorCode::MissingField),
             (EXAMPLE.replace("\"9,10\"", "\"9,x\""), ErrorCode::NonNumericCell),

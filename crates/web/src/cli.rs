@@ -210,3 +210,39 @@ pub fn start_prefork(config: &ServeConfig) -> anyhow::Result<Prefork> {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     Prefork::start(config.listen, config.workers, config.child_template(), exe, &args)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[test]
+    fn defaults_parse_and_cover_the_study() {
+        Cli::command().debug_assert();
+        let Command::Matrix(matrix) = Cli::try_parse_from(["web", "matrix"]).unwrap().command
+        else {
+            panic!("matrix parses as Matrix");
+        };
+        assert_eq!(matrix.complexity, Complexity::ALL.to_vec());
+        assert_eq!(matrix.users, vec![10, 30, 60]);
+        assert_eq!(matrix.models.len(), 5);
+        let Command::Load(load) = Cli::try_parse_from(["web", "load"]).unwrap().command else {
+            panic!("load parses as Load");
+        };
+        assert_eq!(load.complexity, Complexity::Medium600);
+    }
+
+    #[test]
+    fn invalid_settings_are_bad_input() {
+        let bogus = ServeConfig { model: "bogus".into(), ..ServeConfig::default() };
+        assert!(bogus.server_config().unwrap_err().downcast_ref::<BadInput>().is_some());
+        let zero = ServeConfig { workers: 0, ..ServeConfig::default() };
+        assert!(zero.server_config().unwrap_err().to_string().contains("workers"));
+    }
+}

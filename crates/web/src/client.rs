@@ -29,7 +29,8 @@ impl Default for JsonClient {
 impl JsonClient {
     /// POSTs `body` to `url`; returns the status and the whole response body.
     pub async fn post(&self, url: &str, body: Bytes) -> anyhow::Result<(u16, Bytes)> {
-        let request = Request::post(url).header(CONTENT_TYPE, "application/json").body(Full::new(body))?;
+        let request =
+            Request::post(url).header(CONTENT_TYPE, "application/json").body(Full::new(body))?;
         let response = self.client.request(request).await?;
         let status = response.status().as_u16();
         let body = response.into_body().collect().await?.to_bytes();
@@ -70,7 +71,10 @@ impl UserConnections {
             .body(Full::new(body))?;
         let response = sender.send_request(request).await?;
         let closes = response.version() < Version::HTTP_11
-            || response.headers().get(CONNECTION).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+            || response
+                .headers()
+                .get(CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         let status = response.status().as_u16();
         response.into_body().collect().await?;
         if closes {

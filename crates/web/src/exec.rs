@@ -255,12 +255,20 @@ impl Executor {
     /// Starts the model's workers (and, for `adaptive`, calibrates).
     pub fn start(model: Model, config: &ExecConfig) -> std::io::Result<Executor> {
         assert!(config.workers >= 1 && config.queue_depth_max >= 1);
-        let admission =
-            || Arc::new(Admission { in_flight: AtomicUsize::new(0), bound: config.queue_depth_max });
+        let admission = || {
+            Arc::new(Admission { in_flight: AtomicUsize::new(0), bound: config.queue_depth_max })
+        };
         let inner = match model {
-            Model::Single | Model::Prefork => Inner::Queue { jobs: spawn_queue_workers(model, 1, false, config)? },
-            Model::Pinned => Inner::Queue { jobs: spawn_queue_workers(model, config.workers, true, config)? },
-            Model::Pool => Inner::Pool { pool: rayon_pool(model, config.workers, false)?, admission: admission() },
+            Model::Single | Model::Prefork => {
+                Inner::Queue { jobs: spawn_queue_workers(model, 1, false, config)? }
+            }
+            Model::Pinned => {
+                Inner::Queue { jobs: spawn_queue_workers(model, config.workers, true, config)? }
+            }
+            Model::Pool => Inner::Pool {
+                pool: rayon_pool(model, config.workers, false)?,
+                admission: admission(),
+            },
             Model::Adaptive => {
                 let pool = rayon_pool(model, config.workers, true)?;
                 let calibration = Calibration::measure(&pool, &config.limits);
@@ -304,7 +312,8 @@ impl Executor {
                 spawn_on_pool(pool, admission, Job { body, reply }, move |body, in_flight| {
                     let cores_idle = in_flight < workers;
                     let large = body.len() >= calibration.parallel_body_bytes_min;
-                    let compute = if cores_idle && large { Compute::DataParallel } else { Compute::Serial };
+                    let compute =
+                        if cores_idle && large { Compute::DataParallel } else { Compute::Serial };
                     process_guarded(body, &limits, compute)
                 })
             }
@@ -350,18 +359,20 @@ fn spawn_queue_workers(
         let queue = queue.clone();
         let limits = config.limits;
         let cpu = pinned.then(|| cpu_for_worker(&allowed, index));
-        std::thread::Builder::new().name(format!("web-{}-{index}", model.name())).spawn(move || {
-            if let Some(cpu) = cpu
-                && let Err(error) = placement::pin_current_thread(&[cpu])
-            {
-                tracing::warn!(cpu, %error, "could not pin worker; running unpinned");
-            }
-            // Ends when the executor (the only sender) is dropped.
-            while let Ok(job) = queue.recv() {
-                let reply = process_guarded(&job.body, &limits, Compute::Serial);
-                let _ = job.reply.send(reply);
-            }
-        })?;
+        std::thread::Builder::new().name(format!("web-{}-{index}", model.name())).spawn(
+            move || {
+                if let Some(cpu) = cpu
+                    && let Err(error) = placement::pin_current_thread(&[cpu])
+                {
+                    tracing::warn!(cpu, %error, "could not pin worker; running unpinned");
+                }
+                // Ends when the executor (the only sender) is dropped.
+                while let Ok(job) = queue.recv() {
+                    let reply = process_guarded(&job.body, &limits, Compute::Serial);
+                    let _ = job.reply.send(reply);
+                }
+            },
+        )?;
     }
     Ok(jobs)
 }

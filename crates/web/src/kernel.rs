@@ -151,7 +151,9 @@ mod tests {
         for i in 0..a.rows {
             for j in 0..b.cols {
                 let sum: i128 = (0..a.cols)
-                    .map(|k| i128::from(a.cells[i * a.cols + k]) * i128::from(b.cells[k * b.cols + j]))
+                    .map(|k| {
+                        i128::from(a.cells[i * a.cols + k]) * i128::from(b.cells[k * b.cols + j])
+                    })
                     .sum();
                 cells.push(i64::try_from(sum).map_err(|_| Overflow)?);
             }
@@ -165,9 +167,8 @@ mod tests {
     }
 
     fn operands(magnitude: i64) -> impl Strategy<Value = (Matrix, Matrix)> {
-        (1usize..40, 1usize..80, 1usize..300).prop_flat_map(move |(m, k, n)| {
-            (matrix(m, k, magnitude), matrix(k, n, magnitude))
-        })
+        (1usize..40, 1usize..80, 1usize..300)
+            .prop_flat_map(move |(m, k, n)| (matrix(m, k, magnitude), matrix(k, n, magnitude)))
     }
 
     #[test]

@@ -21,8 +21,8 @@ use lab::report::{BarChart, Markdown, ReportDir, Table, format_ns_as_us, progres
 use lab::stats::LatencySummary;
 
 use lab::load::{
-    ArrivalProcess, AsyncOpenLoopOptions, ClosedLoopOptions, LoadReport, OpenLoopPlan,
-    drive_async, drive_closed_loop,
+    ArrivalProcess, AsyncOpenLoopOptions, ClosedLoopOptions, LoadReport, OpenLoopPlan, drive_async,
+    drive_closed_loop,
 };
 
 use crate::cli::ServeConfig;
@@ -58,7 +58,7 @@ pub struct LoadArgs {
     #[arg(long)]
     pub rate_per_s: Option<f64>,
     /// Complexity level of the requests.
-    #[arg(long, value_enum, default_value = "medium600")]
+    #[arg(long, value_enum, default_value = "medium-600")]
     pub complexity: Complexity,
     /// Measured seconds (after the warm-up).
     #[arg(long, default_value_t = 3.0)]
@@ -75,13 +75,23 @@ pub struct LoadArgs {
 #[derive(Debug, ClapArgs)]
 pub struct MatrixArgs {
     /// Models to compare.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "single,pool,pinned,prefork,adaptive")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "single,pool,pinned,prefork,adaptive"
+    )]
     pub models: Vec<Model>,
     /// Closed-loop user counts.
     #[arg(long, value_delimiter = ',', default_value = "10,30,60")]
     pub users: Vec<usize>,
     /// Complexity levels.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "low,medium600,medium1000,high")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "low,medium-600,medium-1000,high"
+    )]
     pub complexity: Vec<Complexity>,
     /// Measured seconds per cell.
     #[arg(long, default_value_t = 1.5)]
@@ -99,7 +109,7 @@ pub struct MatrixArgs {
     #[arg(long, default_value = "bench/web-python/app.py")]
     pub python_app: PathBuf,
     /// Complexity levels at which the Python baselines run (they are slow).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "low,medium600")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "low,medium-600")]
     pub python_complexity: Vec<Complexity>,
     /// Measured seconds per Python cell: a window much longer than the baseline's latency, or
     /// the closed loop's trimming (only requests started and finished inside it count) would
@@ -279,7 +289,15 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
 
 fn results_table(title: &str, results: &[CellResult]) -> Table {
     let mut table = Table::new([
-        "target", "complexity", "users", "req/s", "errors", "p50 us", "p99 us", "p99.9 us", "max us",
+        "target",
+        "complexity",
+        "users",
+        "req/s",
+        "errors",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
     ])
     .with_title(title);
     for r in results {
@@ -318,7 +336,11 @@ impl Drop for Baseline {
     }
 }
 
-fn start_python(python: &PathBuf, app: &PathBuf, mode: &str) -> anyhow::Result<(Baseline, SocketAddr)> {
+fn start_python(
+    python: &PathBuf,
+    app: &PathBuf,
+    mode: &str,
+) -> anyhow::Result<(Baseline, SocketAddr)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let child = Command::new(python)
@@ -332,7 +354,10 @@ fn start_python(python: &PathBuf, app: &PathBuf, mode: &str) -> anyhow::Result<(
         if let Some(status) = baseline.child.try_wait()? {
             anyhow::bail!("python baseline ({mode}) exited: {status}");
         }
-        anyhow::ensure!(std::time::Instant::now() < deadline, "python baseline ({mode}) did not start");
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "python baseline ({mode}) did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok((baseline, addr))
@@ -355,7 +380,8 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
         }
     }
     let prefork = if args.models.contains(&Model::Prefork) {
-        let mut config = ServeConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ServeConfig::default() };
+        let mut config =
+            ServeConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ServeConfig::default() };
         if let Some(workers) = args.workers {
             config.workers = workers;
         }
@@ -370,7 +396,11 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
     if let Some(python) = &args.python {
         for (label, mode) in [("python-single", "single"), ("python-mp", "multiprocessing")] {
             let (baseline, addr) = start_python(python, &args.python_app, mode)?;
-            targets.push(Target { label: label.into(), url: format!("http://{addr}/matrix"), python: true });
+            targets.push(Target {
+                label: label.into(),
+                url: format!("http://{addr}/matrix"),
+                python: true,
+            });
             baselines.push(baseline);
         }
     }
@@ -382,7 +412,9 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
         .iter()
         .flat_map(|&c| args.users.iter().map(move |&u| (c, u)))
         .flat_map(|(c, u)| targets.iter().map(move |t| (c, u, t)))
-        .filter(|(c, u, t)| !t.python || (args.python_complexity.contains(c) && args.python_users.contains(u)))
+        .filter(|(c, u, t)| {
+            !t.python || (args.python_complexity.contains(c) && args.python_users.contains(u))
+        })
         .collect();
     let progress = progress_bar(cells.len() as u64, "web matrix");
     let mut results = Vec::new();
@@ -414,7 +446,12 @@ struct Checks {
 
 const FIXED_MODELS: [&str; 4] = ["single", "pool", "pinned", "prefork"];
 
-fn throughput_of(results: &[CellResult], target: &str, complexity: Complexity, users: usize) -> Option<f64> {
+fn throughput_of(
+    results: &[CellResult],
+    target: &str,
+    complexity: Complexity,
+    users: usize,
+) -> Option<f64> {
     results
         .iter()
         .find(|r| r.target == target && r.complexity == complexity && r.users == users)
@@ -422,30 +459,58 @@ fn throughput_of(results: &[CellResult], target: &str, complexity: Complexity, u
 }
 
 fn check_targets(results: &[CellResult]) -> Checks {
-    let mut table = Table::new(["check", "complexity", "users", "ratio", "target", "met"]).with_title("targets");
+    let mut table = Table::new(["check", "complexity", "users", "ratio", "target", "met"])
+        .with_title("targets");
     let mut missed = Vec::new();
-    let mut cells: Vec<(Complexity, usize)> = results.iter().map(|r| (r.complexity, r.users)).collect();
+    let mut cells: Vec<(Complexity, usize)> =
+        results.iter().map(|r| (r.complexity, r.users)).collect();
     cells.dedup();
     for (complexity, users) in cells {
-        let Some(adaptive) = throughput_of(results, "adaptive", complexity, users) else { continue };
+        let Some(adaptive) = throughput_of(results, "adaptive", complexity, users) else {
+            continue;
+        };
         let best = FIXED_MODELS
             .iter()
             .filter_map(|m| throughput_of(results, m, complexity, users).map(|t| (t, *m)))
             .max_by(|a, b| a.0.total_cmp(&b.0));
         if let Some((best, name)) = best {
-            record(&mut table, &mut missed, &format!("adaptive / best fixed ({name})"), complexity, users, adaptive / best, ADAPTIVE_RATIO_MIN);
+            record(
+                &mut table,
+                &mut missed,
+                &format!("adaptive / best fixed ({name})"),
+                complexity,
+                users,
+                adaptive / best,
+                ADAPTIVE_RATIO_MIN,
+            );
         }
         if let Some(python) = throughput_of(results, "python-single", complexity, users)
             && complexity == Complexity::Medium600
             && users == 10
         {
-            record(&mut table, &mut missed, "adaptive / python-single", complexity, users, adaptive / python, PYTHON_SPEEDUP_MIN);
+            record(
+                &mut table,
+                &mut missed,
+                "adaptive / python-single",
+                complexity,
+                users,
+                adaptive / python,
+                PYTHON_SPEEDUP_MIN,
+            );
         }
     }
     Checks { table, missed }
 }
 
-fn record(table: &mut Table, missed: &mut Vec<String>, check: &str, complexity: Complexity, users: usize, ratio: f64, target: f64) {
+fn record(
+    table: &mut Table,
+    missed: &mut Vec<String>,
+    check: &str,
+    complexity: Complexity,
+    users: usize,
+    ratio: f64,
+    target: f64,
+) {
     let met = ratio >= target;
     table.row([
         check.to_string(),
@@ -456,11 +521,19 @@ fn record(table: &mut Table, missed: &mut Vec<String>, check: &str, complexity: 
         if met { "yes" } else { "NO" }.to_string(),
     ]);
     if !met {
-        missed.push(format!("{check} at {} x {users} users: {ratio:.3} < {target}", complexity.name()));
+        missed.push(format!(
+            "{check} at {} x {users} users: {ratio:.3} < {target}",
+            complexity.name()
+        ));
     }
 }
 
-fn write_report(args: &MatrixArgs, results: &[CellResult], table: &Table, checks: &Table) -> anyhow::Result<()> {
+fn write_report(
+    args: &MatrixArgs,
+    results: &[CellResult],
+    table: &Table,
+    checks: &Table,
+) -> anyhow::Result<()> {
     let report = ReportDir::create(&args.report_dir)?;
     report.write_json("results.json", results)?;
     report.write_csv("results.csv", table)?;
@@ -482,11 +555,22 @@ fn write_report(args: &MatrixArgs, results: &[CellResult], table: &Table, checks
     }
     for &complexity in &args.complexity {
         let users: Vec<String> = args.users.iter().map(|u| format!("{u} users")).collect();
-        let mut throughput = BarChart::new(&format!("Throughput, {}", complexity.name()), "requests/s", users.clone());
-        let mut p99 = BarChart::new(&format!("p99 latency, {}", complexity.name()), "p99 ms", users);
+        let mut throughput = BarChart::new(
+            &format!("Throughput, {}", complexity.name()),
+            "requests/s",
+            users.clone(),
+        );
+        let mut p99 =
+            BarChart::new(&format!("p99 latency, {}", complexity.name()), "p99 ms", users);
         for target in &targets {
-            let cell = |u: &usize| results.iter().find(|r| r.target == *target && r.complexity == complexity && r.users == *u);
-            let values = |f: &dyn Fn(&CellResult) -> f64| args.users.iter().map(|u| cell(u).map_or(f64::NAN, f)).collect();
+            let cell = |u: &usize| {
+                results
+                    .iter()
+                    .find(|r| r.target == *target && r.complexity == complexity && r.users == *u)
+            };
+            let values = |f: &dyn Fn(&CellResult) -> f64| {
+                args.users.iter().map(|u| cell(u).map_or(f64::NAN, f)).collect()
+            };
             throughput = throughput.group(target, values(&|r| r.throughput_per_s));
             p99 = p99.group(target, values(&|r| r.latency.p99_ns as f64 / 1e6));
         }

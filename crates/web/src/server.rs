@@ -158,7 +158,9 @@ impl Server {
             let _ = stop.send(());
         }
         match self.thread.take() {
-            Some(thread) => thread.join().map_err(|_| std::io::Error::other("server thread panicked"))?,
+            Some(thread) => {
+                thread.join().map_err(|_| std::io::Error::other("server thread panicked"))?
+            }
             None => Ok(()),
         }
     }

@@ -19,7 +19,11 @@ fn start(queue_depth_max: usize, workers: usize) -> Server {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let config = ServerConfig {
         default_model: Model::Pinned,
-        exec: ExecConfig { limits: SizeLimits { dim_max: 1000, cells_max: 100_000 }, workers, queue_depth_max },
+        exec: ExecConfig {
+            limits: SizeLimits { dim_max: 1000, cells_max: 100_000 },
+            workers,
+            queue_depth_max,
+        },
         body_bytes_max: BODY_BYTES_MAX,
         io_threads: 2,
     };
@@ -30,7 +34,12 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-async fn post(client: &JsonClient, server: &Server, path: &str, body: impl Into<Bytes>) -> (u16, Value) {
+async fn post(
+    client: &JsonClient,
+    server: &Server,
+    path: &str,
+    body: impl Into<Bytes>,
+) -> (u16, Value) {
     let url = format!("http://{}{path}", server.local_addr());
     let (status, body) = client.post(&url, body.into()).await.unwrap();
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
@@ -41,10 +50,16 @@ fn published_example_on_every_route() {
     let server = start(16, 2);
     let client = JsonClient::default();
     runtime().block_on(async {
-        for path in ["/matrix", "/matrix/single", "/matrix/pool", "/matrix/pinned", "/matrix/adaptive"] {
+        for path in
+            ["/matrix", "/matrix/single", "/matrix/pool", "/matrix/pinned", "/matrix/adaptive"]
+        {
             let (status, json) = post(&client, &server, path, EXAMPLE).await;
             assert_eq!(status, 200, "{path}");
-            assert_eq!(json, serde_json::json!({"requestId": "2238", "rows": [[58, 64], [139, 154]]}), "{path}");
+            assert_eq!(
+                json,
+                serde_json::json!({"requestId": "2238", "rows": [[58, 64], [139, 154]]}),
+                "{path}"
+            );
         }
     });
 }
@@ -55,12 +70,20 @@ fn every_error_code_over_http_then_still_serving() {
     let client = JsonClient::default();
     let huge_rows = "{\"value\":\"1\"},".repeat(1001);
     let cases: Vec<(String, ErrorCode)> = vec![
-        (EXAMPLE.replace("\"9,10\"}, {\"value\": \"11,12\"}", "\"9,10\"}"), ErrorCode::ShapeMismatch),
+        (
+            EXAMPLE.replace("\"9,10\"}, {\"value\": \"11,12\"}", "\"9,10\"}"),
+            ErrorCode::ShapeMismatch,
+        ),
         ("{\"requestId\": 5, \"matrixOne\": [".into(), ErrorCode::MalformedJson),
         (EXAMPLE.replace("\"matrixTwo\"", "\"matrixTwoo\""), ErrorCode::MissingField),
         (EXAMPLE.replace("\"7,8\"", "\"7,eight\""), ErrorCode::NonNumericCell),
         (EXAMPLE.replace("\"4,5,6\"", "\"4,5\""), ErrorCode::RowLength),
-        (format!("{{\"requestId\":1,\"matrixOne\":{{\"columnCount\":1,\"rows\":[{huge_rows}{{\"value\":\"1\"}}]}},\"matrixTwo\":{{\"columnCount\":1,\"rows\":[{{\"value\":\"1\"}}]}}}}"), ErrorCode::TooLarge),
+        (
+            format!(
+                "{{\"requestId\":1,\"matrixOne\":{{\"columnCount\":1,\"rows\":[{huge_rows}{{\"value\":\"1\"}}]}},\"matrixTwo\":{{\"columnCount\":1,\"rows\":[{{\"value\":\"1\"}}]}}}}"
+            ),
+            ErrorCode::TooLarge,
+        ),
         (" ".repeat(BODY_BYTES_MAX + 1), ErrorCode::BodyTooLarge),
         (EXAMPLE.replace("\"1,2,3\"", "\"9223372036854775807,2,3\""), ErrorCode::Overflow),
     ];
@@ -144,4 +167,32 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+#[test]
+fn load_lab_drives_closed_and_open_loops() {
+    use std::time::Duration;
+    use web::loadlab::{LoadMode, drive};
+    let server = start(64, 2);
+    let bodies = vec![Bytes::from(EXAMPLE)];
+    let url = format!("http://{}/matrix/pinned", server.local_addr());
+    let measure = Duration::from_millis(300);
+    let closed =
+        drive(&url, bodies.clone(), LoadMode::Closed { users: 3 }, Duration::ZERO, measure)
+            .unwrap();
+    assert!(
+        closed.ok > 0 && closed.errors == 0 && closed.timeouts == 0,
+        "{:?}",
+        closed.first_error
+    );
+    assert_eq!(closed.latency.count(), closed.ok);
+    let open =
+        drive(&url, bodies.clone(), LoadMode::Open { rate_per_s: 200.0 }, Duration::ZERO, measure)
+            .unwrap();
+    // 200/s for 0.3 s schedules 60 requests; all must be answered and none lost.
+    assert_eq!((open.ok, open.errors, open.timeouts), (60, 0, 0));
+    let missing = format!("http://{}/matrix/nonexistent", server.local_addr());
+    let failing =
+        drive(&missing, bodies, LoadMode::Closed { users: 1 }, Duration::ZERO, measure).unwrap();
+    assert!(failing.ok == 0 && failing.errors > 0, "a non-200 answer is an error");
 }

@@ -37,7 +37,8 @@ fn prefork_children_serve_and_die_with_the_parent() {
     runtime.block_on(async {
         for _ in 0..20 {
             // A fresh client per request: new connections, spread by the kernel over children.
-            let (status, body) = JsonClient::default().post(&url, Bytes::from(EXAMPLE)).await.unwrap();
+            let (status, body) =
+                JsonClient::default().post(&url, Bytes::from(EXAMPLE)).await.unwrap();
             assert_eq!(status, 200);
             assert_eq!(body, Bytes::from_static(br#"{"requestId":"7","rows":[[11]]}"#));
         }

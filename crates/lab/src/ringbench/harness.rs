@@ -1,0 +1,159 @@
+//! The two measurements, written once for every [`Peer`]: 1→1 throughput and pinned
+//! ping-pong latency.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use pipeline::placement::{CpuId, Topology, pin_current_thread};
+
+use super::peers::{Payload, Peer};
+use crate::stats::LatencyHistogram;
+
+/// Slots in every queue under test (all peers get the same bound).
+pub const CAPACITY_SLOTS: usize = 4096;
+/// Largest batch any side moves at once.
+pub const BATCH_SLOTS_MAX: usize = 256;
+/// Share of ping-pong round trips discarded as warm-up (caches, branch predictors, pages).
+const WARMUP_FRACTION: u64 = 10;
+
+/// The CPUs the two benchmark threads are pinned to, if pinning is possible.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct CpuPair {
+    pub producer: Option<CpuId>,
+    pub consumer: Option<CpuId>,
+}
+
+impl CpuPair {
+    /// Two CPUs on different physical cores, skipping the first core (left to the OS) when
+    /// there are at least three; unpinned when there are fewer than two cores or `pin` is off.
+    pub fn choose(pin: bool) -> CpuPair {
+        let unpinned = CpuPair { producer: None, consumer: None };
+        if !pin {
+            return unpinned;
+        }
+        let Ok(topology) = Topology::detect() else { return unpinned };
+        let cores = topology.usable_cores();
+        let first_cpu = |index: usize| cores.get(index).and_then(|core| core.cpus.first().copied());
+        match cores.len() {
+            0 | 1 => unpinned,
+            2 => CpuPair { producer: first_cpu(0), consumer: first_cpu(1) },
+            _ => CpuPair { producer: first_cpu(1), consumer: first_cpu(2) },
+        }
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.producer.is_some() && self.consumer.is_some()
+    }
+}
+
+fn pin(cpu: Option<CpuId>) {
+    if let Some(cpu) = cpu
+        && let Err(error) = pin_current_thread(&[cpu])
+    {
+        tracing::warn!(cpu, %error, "could not pin benchmark thread; continuing unpinned");
+    }
+}
+
+/// Moves `messages` from one thread to another in batches of `batch`; returns messages per
+/// second, timed on the consumer from the common start until the last message arrives.
+/// Fails if any message is lost, duplicated or reordered.
+pub fn throughput<P: Peer<M>, M: Payload>(
+    messages: u64,
+    batch: usize,
+    cpus: CpuPair,
+) -> anyhow::Result<f64> {
+    assert!((1..=BATCH_SLOTS_MAX).contains(&batch), "batch {batch} out of range");
+    let (mut tx, mut rx) = P::build(CAPACITY_SLOTS, BATCH_SLOTS_MAX);
+    let start = Arc::new(Barrier::new(2));
+    let producer_start = start.clone();
+    let producer = std::thread::spawn(move || {
+        pin(cpus.producer);
+        let mut buffer = vec![M::default(); batch];
+        producer_start.wait();
+        let mut next = 0u64;
+        while next < messages {
+            let n = (messages - next).min(batch as u64) as usize;
+            for (offset, slot) in buffer[..n].iter_mut().enumerate() {
+                *slot = M::with_seq(next + offset as u64);
+            }
+            P::send(&mut tx, &buffer[..n]);
+            next += n as u64;
+        }
+    });
+    let consumer = std::thread::spawn(move || {
+        pin(cpus.consumer);
+        start.wait();
+        let started = Instant::now();
+        let (mut received, mut in_order) = (0u64, true);
+        while received < messages {
+            let n = P::receive(&mut rx, BATCH_SLOTS_MAX, |message| {
+                in_order &= message.seq() == received;
+                received += 1;
+            });
+            if n == 0 {
+                std::hint::spin_loop();
+            }
+        }
+        (started.elapsed(), in_order)
+    });
+    producer.join().map_err(|_| anyhow::anyhow!("{} producer panicked", P::NAME))?;
+    let (elapsed, in_order) =
+        consumer.join().map_err(|_| anyhow::anyhow!("{} consumer panicked", P::NAME))?;
+    anyhow::ensure!(in_order, "{}: messages arrived out of order or duplicated", P::NAME);
+    Ok(messages as f64 / elapsed.as_secs_f64())
+}
+
+/// Bounces one message between two threads `round_trips` times over two queues and records
+/// half of each round trip (the one-way hop) in nanoseconds.
+pub fn ping_pong<P: Peer<M>, M: Payload>(
+    round_trips: u64,
+    cpus: CpuPair,
+) -> anyhow::Result<LatencyHistogram> {
+    let (mut ping_tx, mut ping_rx) = P::build(CAPACITY_SLOTS, BATCH_SLOTS_MAX);
+    let (mut pong_tx, mut pong_rx) = P::build(CAPACITY_SLOTS, BATCH_SLOTS_MAX);
+    let echo = std::thread::spawn(move || {
+        pin(cpus.consumer);
+        let mut echoed = 0;
+        while echoed < round_trips {
+            let mut message = M::default();
+            if P::receive(&mut ping_rx, 1, |m| message = *m) == 1 {
+                P::send(&mut pong_tx, std::slice::from_ref(&message));
+                echoed += 1;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    pin(cpus.producer);
+    let mut histogram = LatencyHistogram::new();
+    let warmup = round_trips / WARMUP_FRACTION;
+    for seq in 0..round_trips {
+        let sent = Instant::now();
+        P::send(&mut ping_tx, &[M::with_seq(seq)]);
+        let mut echoed_seq = None;
+        while P::receive(&mut pong_rx, 1, |m| echoed_seq = Some(m.seq())) == 0 {
+            std::hint::spin_loop();
+        }
+        let round_trip = sent.elapsed();
+        anyhow::ensure!(echoed_seq == Some(seq), "{}: echo out of order", P::NAME);
+        if seq >= warmup {
+            histogram.record_ns(duration_ns(round_trip) / 2);
+        }
+    }
+    echo.join().map_err(|_| anyhow::anyhow!("{} echo thread panicked", P::NAME))?;
+    unpin_current_thread();
+    Ok(histogram)
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Gives the calling thread back every usable CPU after a pinned measurement.
+fn unpin_current_thread() {
+    if let Ok(topology) = Topology::detect()
+        && let Err(error) = pin_current_thread(&topology.usable_cpus)
+    {
+        tracing::warn!(%error, "could not restore the benchmark thread's CPU affinity");
+    }
+}

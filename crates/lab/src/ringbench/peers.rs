@@ -1,0 +1,242 @@
+//! One adapter per queue under test, all behind [`Peer`], so the harness is written once.
+//!
+//! Each adapter uses its queue the way its documentation recommends for throughput: batch
+//! APIs where they exist (leantier, rtrb chunks, disruptor `batch_publish`/poller), one
+//! operation per message where they do not (crossbeam `ArrayQueue`, channels). Queues that
+//! are designed to block (channels, the blocking baseline) block in `receive`; the others are
+//! polled with a spin, as they would be on a dedicated core.
+
+use std::sync::Arc;
+
+use disruptor::{BusySpin, EventPoller, Polling, Producer as _, SingleConsumerBarrier};
+use disruptor::{SingleProducer, SingleProducerBarrier};
+use pipeline::{ConnectorKind, RingConfig, WaitStrategy};
+
+/// A fixed-size message that carries its sequence number in its first word.
+pub trait Payload: Copy + Default + Send + Sync + 'static {
+    const BYTES: usize;
+    fn with_seq(seq: u64) -> Self;
+    fn seq(&self) -> u64;
+}
+
+/// An 8-byte message.
+#[derive(Clone, Copy, Default)]
+pub struct Message8(u64);
+
+/// A 64-byte message (one cache line).
+#[derive(Clone, Copy, Default)]
+#[repr(align(64))]
+pub struct Message64([u64; 8]);
+
+impl Payload for Message8 {
+    const BYTES: usize = 8;
+    fn with_seq(seq: u64) -> Self {
+        Message8(seq)
+    }
+    fn seq(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Payload for Message64 {
+    const BYTES: usize = 64;
+    fn with_seq(seq: u64) -> Self {
+        Message64([seq; 8])
+    }
+    fn seq(&self) -> u64 {
+        self.0[0]
+    }
+}
+
+/// A queue under test: how to build it and how each side moves a batch.
+pub trait Peer<M: Payload> {
+    const NAME: &'static str;
+    type Tx: Send + 'static;
+    type Rx: Send + 'static;
+    fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx);
+    /// Sends every message of `batch`, waiting for room as the queue prescribes.
+    fn send(tx: &mut Self::Tx, batch: &[M]);
+    /// Receives up to `max` messages; may return 0 (then the harness spins and retries).
+    fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize;
+}
+
+/// leantier's lock-free ring, busy-spinning on both sides.
+pub struct Leantier;
+/// leantier's mutex + condvar baseline behind the same interface.
+pub struct Blocking;
+pub struct Rtrb;
+pub struct CrossbeamArrayQueue;
+pub struct CrossbeamChannel;
+pub struct StdSyncChannel;
+pub struct Disruptor;
+
+fn pipeline_connector<M: Payload>(
+    kind: ConnectorKind,
+    capacity_slots: usize,
+    batch_slots_max: usize,
+    wait: WaitStrategy,
+) -> (pipeline::Sender<M>, pipeline::Receiver<M>) {
+    let config = RingConfig { capacity_slots, batch_slots_max, wait };
+    pipeline::connector(kind, &config).expect("benchmark ring sizes are valid powers of two")
+}
+
+impl<M: Payload> Peer<M> for Leantier {
+    const NAME: &'static str = "leantier ring";
+    type Tx = pipeline::Sender<M>;
+    type Rx = pipeline::Receiver<M>;
+    fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        let wait = WaitStrategy::BusySpin;
+        pipeline_connector(ConnectorKind::LockFree, capacity_slots, batch_slots_max, wait)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        tx.push_batch(batch).expect("consumer outlives the producer");
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize {
+        rx.read_batch(max, f)
+    }
+}
+
+impl<M: Payload> Peer<M> for Blocking {
+    const NAME: &'static str = "blocking (mutex+condvar)";
+    type Tx = pipeline::Sender<M>;
+    type Rx = pipeline::Receiver<M>;
+    fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        let wait = WaitStrategy::Park;
+        pipeline_connector(ConnectorKind::Blocking, capacity_slots, batch_slots_max, wait)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        tx.push_batch(batch).expect("consumer outlives the producer");
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize {
+        rx.wait_read_batch(max, f).unwrap_or(0)
+    }
+}
+
+impl<M: Payload> Peer<M> for Rtrb {
+    const NAME: &'static str = "rtrb";
+    type Tx = rtrb::Producer<M>;
+    type Rx = rtrb::Consumer<M>;
+    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        rtrb::RingBuffer::new(capacity_slots)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        let mut rest = batch;
+        while !rest.is_empty() {
+            let n = rest.len().min(tx.slots());
+            if n == 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let chunk = tx.write_chunk_uninit(n).expect("n <= free slots");
+            chunk.fill_from_iter(rest[..n].iter().copied());
+            rest = &rest[n..];
+        }
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
+        let n = rx.slots().min(max);
+        if n == 0 {
+            return 0;
+        }
+        let chunk = rx.read_chunk(n).expect("n <= available slots");
+        let (first, second) = chunk.as_slices();
+        first.iter().chain(second).for_each(&mut f);
+        chunk.commit_all();
+        n
+    }
+}
+
+impl<M: Payload> Peer<M> for CrossbeamArrayQueue {
+    const NAME: &'static str = "crossbeam ArrayQueue";
+    type Tx = Arc<crossbeam::queue::ArrayQueue<M>>;
+    type Rx = Arc<crossbeam::queue::ArrayQueue<M>>;
+    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        let queue = Arc::new(crossbeam::queue::ArrayQueue::new(capacity_slots));
+        (queue.clone(), queue)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        for message in batch {
+            while tx.push(*message).is_err() {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(message) = rx.pop() else { break };
+            f(&message);
+            n += 1;
+        }
+        n
+    }
+}
+
+impl<M: Payload> Peer<M> for CrossbeamChannel {
+    const NAME: &'static str = "crossbeam bounded channel";
+    type Tx = crossbeam::channel::Sender<M>;
+    type Rx = crossbeam::channel::Receiver<M>;
+    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        crossbeam::channel::bounded(capacity_slots)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        for message in batch {
+            tx.send(*message).expect("consumer outlives the producer");
+        }
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
+        let Ok(first) = rx.recv() else { return 0 };
+        f(&first);
+        1 + rx.try_iter().take(max - 1).map(|message| f(&message)).count()
+    }
+}
+
+impl<M: Payload> Peer<M> for StdSyncChannel {
+    const NAME: &'static str = "std mpsc sync_channel";
+    type Tx = std::sync::mpsc::SyncSender<M>;
+    type Rx = std::sync::mpsc::Receiver<M>;
+    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        std::sync::mpsc::sync_channel(capacity_slots)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        for message in batch {
+            tx.send(*message).expect("consumer outlives the producer");
+        }
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
+        let Ok(first) = rx.recv() else { return 0 };
+        f(&first);
+        1 + rx.try_iter().take(max - 1).map(|message| f(&message)).count()
+    }
+}
+
+impl<M: Payload> Peer<M> for Disruptor {
+    const NAME: &'static str = "disruptor";
+    type Tx = SingleProducer<M, SingleConsumerBarrier>;
+    type Rx = EventPoller<M, SingleProducerBarrier>;
+    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        let builder = disruptor::build_single_producer(capacity_slots, M::default, BusySpin);
+        let (poller, builder) = builder.new_event_poller();
+        (builder.build(), poller)
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        for chunk in batch.chunks(tx_batch_limit()) {
+            tx.batch_publish(chunk.len(), |slots| {
+                for (slot, message) in slots.zip(chunk) {
+                    *slot = *message;
+                }
+            });
+        }
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
+        match rx.take(max as u64) {
+            Ok(mut events) => (&mut events).map(&mut f).count(),
+            Err(Polling::NoEvents | Polling::Shutdown) => 0,
+        }
+    }
+}
+
+/// disruptor's `batch_publish` must fit in the ring; the harness never asks for more than
+/// this, which is below every capacity it builds.
+fn tx_batch_limit() -> usize {
+    super::harness::BATCH_SLOTS_MAX
+}
