@@ -34,6 +34,7 @@
 pub mod book;
 pub mod cli;
 pub mod core;
+pub mod durability;
 pub mod flow;
 pub mod master;
 pub mod msg;

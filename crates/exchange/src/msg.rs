@@ -202,6 +202,9 @@ pub struct Stamps {
     pub preprocess_in_ns: u64,
     /// When the core shard took it off its ring.
     pub core_in_ns: u64,
+    /// When the response's content was final (the core emitted it, or the pre-process built
+    /// a reject): the end of the critical path, before any wait for the journal's fsync.
+    pub ready_ns: u64,
     /// When the R-Processor took the core's output off its ring.
     pub rprocess_in_ns: u64,
     /// When an R-Sender took the response off its ring.
@@ -303,8 +306,10 @@ pub enum OutputKind {
 /// One record of the core's output stream: an execution report or market data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CoreOutput {
-    /// The input record that produced it.
+    /// The input record that produced it (0: a pre-process reject, which no input caused).
     pub seq: u64,
+    /// The core shard whose sequence `seq` belongs to (routing only; not hashed).
+    pub shard: u32,
     pub kind: OutputKind,
     pub reason: Reason,
     pub side: Side,
@@ -369,6 +374,11 @@ impl OutputHash {
     /// Records hashed so far.
     pub fn records(&self) -> u64 {
         self.records
+    }
+
+    /// The hash so far.
+    pub fn digest(&self) -> [u8; 32] {
+        *self.hasher.finalize().as_bytes()
     }
 
     /// The hash so far, as hex.

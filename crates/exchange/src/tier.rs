@@ -35,7 +35,13 @@ use pipeline::placement::Role;
 use pipeline::stage::{Emitter, Input, PipelineBuilder, Route, StageSpec};
 use pipeline::{ConnectorKind, WaitStrategy};
 
-use crate::core::{CoreCounters, CoreLimits, MatchingCore};
+use journal::writer::WriterStats;
+use journal::{DurableSeq, JournalSender, JournalWriter};
+
+use crate::core::{CoreCounters, CoreLimits};
+use crate::durability::{
+    JournalMode, JournalOptions, ShardRecord, ShardRecovery, ShardState, open_shards,
+};
 use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
 use crate::master::{MasterData, MasterUpdate, SnapshotCell};
 use crate::msg::{
@@ -93,6 +99,8 @@ pub struct TierConfig {
     pub flow: FlowConfig,
     /// Seed of the arrival schedule.
     pub seed: u64,
+    /// Journaling of each core shard's sequenced input: group, sync, relaxed or off.
+    pub journal: JournalMode,
 }
 
 impl Default for TierConfig {
@@ -117,6 +125,7 @@ impl Default for TierConfig {
             universe: UniverseConfig::default(),
             flow: FlowConfig::default(),
             seed: 7,
+            journal: JournalMode::Group,
         }
     }
 }
@@ -191,11 +200,13 @@ impl TierConfig {
     pub fn threads(&self) -> usize {
         const SINGLE_WORKER_STAGES: usize = 3; // events, masterdata, rprocess
         const LOAD_THREADS: usize = 1;
+        let journal_writers = if self.journal.policy().is_some() { self.core_shards } else { 0 };
         self.preprocess_workers
             + self.core_shards
             + self.senders
             + SINGLE_WORKER_STAGES
             + LOAD_THREADS
+            + journal_writers
     }
 
     pub fn connector_kind(&self) -> Result<ConnectorKind, BadInput> {
@@ -298,6 +309,9 @@ pub struct RunResult {
     pub elapsed_s: f64,
     /// Intended send time -> first response delivered at the gateway, every request.
     pub end_to_end: LatencyHistogram,
+    /// Intended send time -> response content final (core output emitted, or pre-process
+    /// reject built), every request: the critical path, not waiting for any fsync.
+    pub critical_path: LatencyHistogram,
     /// Per split of [`STAGE_SPLITS`] (requests that passed the pre-process).
     pub stage_latency: Vec<LatencyHistogram>,
     /// How late the generator issued requests.
@@ -307,6 +321,17 @@ pub struct RunResult {
     pub rejects: [u64; REASON_COUNT],
     pub shards: Vec<ShardResult>,
     pub delivered: u64,
+    pub journal_mode: JournalMode,
+    /// Per shard: what recovery found and what the journal writer did.
+    pub journal: Vec<ShardJournalReport>,
+}
+
+/// One shard's journal over a run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ShardJournalReport {
+    pub recovery: ShardRecovery,
+    /// The writer's counters (`None` when journaling is off).
+    pub writer: Option<WriterStats>,
 }
 
 /// Results handed back by workers when their handlers are dropped (at worker exit).
@@ -314,9 +339,12 @@ pub struct RunResult {
 struct Collected {
     shards: Vec<ShardResult>,
     end_to_end: LatencyHistogram,
+    critical_path: LatencyHistogram,
     stage_latency: Vec<LatencyHistogram>,
     rejects: [u64; REASON_COUNT],
     delivered: u64,
+    /// Replies never released because a journal writer failed.
+    unreleased: u64,
 }
 
 type Shared<T> = Arc<Mutex<T>>;
@@ -336,6 +364,7 @@ impl PreprocessWorker {
     fn handle(&mut self, request: &InboundOrder, out: &mut Emitter<TierInput>) {
         let mut stamps = request.stamps;
         stamps.preprocess_in_ns = now_ns();
+        stamps.ready_ns = stamps.preprocess_in_ns;
         match self.preprocess.check(request) {
             Ok(routed) => out.emit(TierInput {
                 instrument: routed.instrument,
@@ -378,10 +407,13 @@ impl Drop for PreprocessWorker {
 
 struct CoreWorker {
     shard: usize,
-    core: MatchingCore,
+    state: ShardState,
     /// The sequencer of this shard's fan-in: last assigned sequence number.
     last_seq: u64,
-    hash: OutputHash,
+    /// The shard's journal (`None` when off).
+    journal: Option<JournalSender<ShardRecord>>,
+    /// The journal writer stopped: no later reply of this shard is released.
+    journal_failed: bool,
     record: bool,
     recorded: Vec<SequencedInput>,
     collected: Shared<Collected>,
@@ -400,14 +432,23 @@ impl CoreWorker {
             command: input.command,
             stamps,
         };
-        // The journaling boundary: `sequenced` is the record a journal would append here.
+        // The journaling boundary. `group`: a ring push (no syscall; a full ring waits, which
+        // is back-pressure); `sync`: also waits for the record's fsync.
+        if let Some(journal) = &mut self.journal
+            && !self.journal_failed
+            && journal.append(ShardRecord(sequenced)).is_err()
+        {
+            // The writer logged and returned its error; the durable sequence stops here,
+            // so the R-Processor releases no later reply of this shard.
+            self.journal_failed = true;
+        }
         if self.record {
             self.recorded.push(sequenced);
         }
-        let hash = &mut self.hash;
-        self.core.process(&sequenced, &mut |output| {
-            hash.update(output);
-            out.emit(*output);
+        let shard = self.shard as u32;
+        self.state.process(&sequenced, &mut |output| {
+            let stamps = Stamps { ready_ns: now_ns(), ..output.stamps };
+            out.emit(CoreOutput { shard, stamps, ..*output });
         });
     }
 }
@@ -416,9 +457,9 @@ impl Drop for CoreWorker {
     fn drop(&mut self) {
         let result = ShardResult {
             shard: self.shard,
-            output_hash: self.hash.hex(),
-            output_records: self.hash.records(),
-            counters: self.core.counters(),
+            output_hash: self.state.hash.hex(),
+            output_records: self.state.hash.records(),
+            counters: self.state.core.counters(),
             recorded: std::mem::take(&mut self.recorded),
         };
         lock(&self.collected).shards.push(result);
@@ -428,11 +469,32 @@ impl Drop for CoreWorker {
 struct ResponseProcessor {
     gateways: u32,
     rejects: [u64; REASON_COUNT],
+    /// Per shard, the journal's durable sequence when replies are held (`group`, `sync`).
+    durables: Vec<Option<Arc<DurableSeq>>>,
+    wait: WaitStrategy,
+    unreleased: u64,
     collected: Shared<Collected>,
 }
 
 impl ResponseProcessor {
+    /// The reply hold. A shard's outputs arrive in sequence order and its durable sequence
+    /// only grows, so waiting for the head output releases every reply in order with no
+    /// queue of its own (the inbound ring holds the rest); the core runs on meanwhile.
+    fn durable(&self, output: &CoreOutput) -> bool {
+        if output.seq == 0 {
+            return true; // a pre-process reject: no journaled input caused it
+        }
+        match self.durables.get(output.shard as usize) {
+            Some(Some(durable)) => durable.wait_for(output.seq, self.wait).is_ok(),
+            _ => true,
+        }
+    }
+
     fn handle(&mut self, output: &CoreOutput, out: &mut Emitter<Response>) {
+        if !self.durable(output) {
+            self.unreleased += 1;
+            return;
+        }
         let output =
             CoreOutput { stamps: Stamps { rprocess_in_ns: now_ns(), ..output.stamps }, ..*output };
         if output.kind == OutputKind::Rejected {
@@ -461,6 +523,7 @@ impl Drop for ResponseProcessor {
         for (total, count) in collected.rejects.iter_mut().zip(self.rejects) {
             *total += count;
         }
+        collected.unreleased += self.unreleased;
     }
 }
 
@@ -468,6 +531,7 @@ struct SenderWorker {
     gateways: Vec<Box<dyn Subscriber>>,
     publish_work_ns: u64,
     end_to_end: LatencyHistogram,
+    critical_path: LatencyHistogram,
     stage_latency: Vec<LatencyHistogram>,
     delivered: u64,
     collected: Shared<Collected>,
@@ -491,6 +555,7 @@ impl SenderWorker {
         let done_ns = now_ns();
         let s = response.output.stamps;
         self.end_to_end.record_ns(done_ns.saturating_sub(s.intended_ns));
+        self.critical_path.record_ns(s.ready_ns.saturating_sub(s.intended_ns));
         if s.core_in_ns == 0 {
             return; // a pre-process reject: it skipped the core
         }
@@ -511,6 +576,7 @@ impl Drop for SenderWorker {
     fn drop(&mut self) {
         let mut collected = lock(&self.collected);
         collected.end_to_end.merge(&self.end_to_end);
+        collected.critical_path.merge(&self.critical_path);
         for (total, part) in collected.stage_latency.iter_mut().zip(&self.stage_latency) {
             total.merge(part);
         }
@@ -576,12 +642,14 @@ impl Scenario {
 }
 
 /// Options of one run besides the configuration.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RunOptions {
     pub rate_per_s: f64,
     pub duration: Duration,
     /// Keep every shard's sequenced input (for replay).
     pub record_inputs: bool,
+    /// Where the shard journals live (a temporary directory by default) and how to recover.
+    pub journal: JournalOptions,
 }
 
 /// Builds the tier, drives it open-loop at `options.rate_per_s`, drains it and reports.
@@ -597,6 +665,21 @@ pub fn run(
         stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
         ..Collected::default()
     }));
+    let listings = master.listings();
+    let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
+    // Kept to the end of the run: it owns the temporary data directory, if any.
+    let mut journals =
+        open_shards(config.journal, &options.journal, config.core_shards, &listings, limits)?;
+    let durables = journals.durables.clone();
+    let mut writers = Vec::new();
+    let mut recoveries = Vec::new();
+    let mut shard_starts = Vec::new();
+    for shard in journals.shards.drain(..) {
+        writers.push(shard.writer);
+        recoveries.push(shard.recovery);
+        shard_starts.push(Some((shard.state, shard.last_seq, shard.sender)));
+    }
+    let shard_starts = Arc::new(Mutex::new(shard_starts));
     let reject_inputs: Shared<Vec<Option<Input<CoreOutput>>>> = Arc::new(Mutex::new(Vec::new()));
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
     let by_instrument_order = || Route::by_key(|m: &InboundOrder| u64::from(m.instrument));
@@ -657,15 +740,18 @@ pub fn run(
         })
     };
     let core = {
-        let (listings, collected) = (master.listings(), collected.clone());
-        let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
+        let collected = collected.clone();
         let record = options.record_inputs;
         graph.stage("core", config.spec(config.core_shards, Role::Critical)?, move |shard| {
+            let (state, last_seq, journal) = lock(&shard_starts)[shard]
+                .take()
+                .expect("one recovered state per core shard, taken once");
             let mut state = CoreWorker {
                 shard,
-                core: MatchingCore::new(&listings, limits),
-                last_seq: 0,
-                hash: OutputHash::default(),
+                state,
+                last_seq,
+                journal,
+                journal_failed: false,
                 record,
                 recorded: Vec::new(),
                 collected: collected.clone(),
@@ -675,10 +761,15 @@ pub fn run(
     };
     let rprocess = {
         let (collected, gateways) = (collected.clone(), config.gateways);
+        let durables = if config.journal.holds_replies() { durables } else { Vec::new() };
+        let wait = config.wait_strategy()?;
         graph.stage("rprocess", config.spec(1, Role::Critical)?, move |_| {
             let mut state = ResponseProcessor {
                 gateways,
                 rejects: [0; REASON_COUNT],
+                durables: durables.clone(),
+                wait,
+                unreleased: 0,
                 collected: collected.clone(),
             };
             move |output: &CoreOutput, out: &mut Emitter<Response>| state.handle(output, out)
@@ -694,6 +785,7 @@ pub fn run(
                     .collect(),
                 publish_work_ns,
                 end_to_end: LatencyHistogram::new(),
+                critical_path: LatencyHistogram::new(),
                 stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
                 delivered: 0,
                 collected: collected.clone(),
@@ -757,14 +849,28 @@ pub fn run(
     drop((gateway_input, event_input, master_input));
     let report = running.wait()?;
     anyhow::ensure!(!disconnected, "the pipeline stopped while the load was running");
+    // The core workers are gone, and with them the journal senders: each writer drains,
+    // syncs and stops.
+    let mut journal = Vec::with_capacity(writers.len());
+    for (writer, recovery) in writers.into_iter().zip(recoveries) {
+        let writer = writer.map(JournalWriter::join).transpose()?;
+        journal.push(ShardJournalReport { recovery, writer });
+    }
+    drop(journals);
 
     let mut collected = std::mem::take(&mut *lock(&collected));
     collected.shards.sort_by_key(|s| s.shard);
+    anyhow::ensure!(
+        collected.unreleased == 0,
+        "a journal writer failed: {} replies were held back for good (never released)",
+        collected.unreleased
+    );
     Ok(RunResult {
         rate_per_s: options.rate_per_s,
         sent: drive.sent,
         elapsed_s: drive.elapsed.as_secs_f64(),
         end_to_end: collected.end_to_end,
+        critical_path: collected.critical_path,
         stage_latency: collected.stage_latency,
         send_lag: drive.send_lag,
         pipeline: report.stages,
@@ -772,5 +878,7 @@ pub fn run(
         rejects: collected.rejects,
         shards: collected.shards,
         delivered: collected.delivered,
+        journal_mode: config.journal,
+        journal,
     })
 }

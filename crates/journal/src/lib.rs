@@ -87,6 +87,6 @@ pub use error::JournalError;
 pub use ledger::Ledger;
 pub use reader::JournalReader;
 pub use record::{FixedRecord, Record};
-pub use recovery::{RecoverOptions, Recovered, StateMachine, recover};
+pub use recovery::{RecoverOptions, Recovered, StateMachine, recover, recover_from};
 pub use snapshot::Snapshotter;
 pub use writer::{JournalConfig, JournalSender, JournalWriter, Policy, Tail};

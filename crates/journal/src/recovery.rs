@@ -19,7 +19,7 @@ use crate::snapshot;
 use crate::writer::Tail;
 
 /// The state the journal protects: a deterministic function of the input sequence.
-pub trait StateMachine: Default {
+pub trait StateMachine: Sized {
     /// Applies the record `seq` (payload as journaled). Must be deterministic: replaying the
     /// same records from the same state must give the same state.
     fn apply(&mut self, seq: u64, payload: &[u8]);
@@ -61,17 +61,28 @@ pub struct Recovered<S> {
     pub tail: Tail,
 }
 
-/// Recovers the state journaled in `dir` (created if missing).
-pub fn recover<S: StateMachine>(
+/// Recovers the state journaled in `dir` (created if missing), from `S::default()` when no
+/// snapshot exists.
+pub fn recover<S: StateMachine + Default>(
     dir: &Path,
     options: RecoverOptions,
+) -> Result<Recovered<S>, JournalError> {
+    recover_from(dir, options, S::default)
+}
+
+/// [`recover`] for a state whose empty value needs context (the exchange's core shard needs
+/// its instrument listings): `initial` builds it when no snapshot exists.
+pub fn recover_from<S: StateMachine>(
+    dir: &Path,
+    options: RecoverOptions,
+    initial: impl FnOnce() -> S,
 ) -> Result<Recovered<S>, JournalError> {
     std::fs::create_dir_all(dir).map_err(io_context(format!("creating {}", dir.display())))?;
     let snapshot = snapshot::load_latest::<S>(dir)?;
     let snapshot_seq = snapshot.as_ref().map(|(seq, _)| *seq);
     let (from_seq, mut state) = match snapshot {
         Some((seq, state)) => (seq + 1, state),
-        None => (1, S::default()),
+        None => (1, initial()),
     };
     let mut reader = JournalReader::open(dir, from_seq)?;
     let mut replayed_records = 0;

@@ -1,7 +1,13 @@
-//! The client library: one TCP connection, one request outstanding at a time, request ids
-//! increasing from 1. Every reply's id is checked against the request it answers.
+//! The client library: one TCP connection, request ids increasing from 1. Every reply's id is
+//! checked against the request it answers.
+//!
+//! [`Client::call`] and the typed helpers keep one request outstanding. For throughput a client
+//! may pipeline instead: [`Client::submit`] several requests (buffered, written together), then
+//! [`Client::receive`] their replies, which the node returns in request order. Each reply still
+//! comes only after its request's commit; pipelining only lets one connection contribute several
+//! requests to one group commit.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::protocol::{
@@ -32,8 +38,10 @@ impl ClientError {
 }
 
 pub struct Client {
-    stream: TcpStream,
+    stream: BufStream<TcpStream>,
     next_request_id: u64,
+    /// Requests submitted whose replies have not been received yet.
+    outstanding: u64,
     out: Vec<u8>,
     payload: Vec<u8>,
     client_id: Option<u64>,
@@ -46,8 +54,9 @@ impl Client {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         Ok(Client {
-            stream,
+            stream: BufStream::new(stream),
             next_request_id: 1,
+            outstanding: 0,
             out: Vec::new(),
             payload: Vec::new(),
             client_id: None,
@@ -62,20 +71,48 @@ impl Client {
 
     /// Sends one request and waits for its reply (success or refusal).
     pub async fn call(&mut self, request: Request) -> Result<ReplyBody, ClientError> {
+        if self.outstanding != 0 {
+            return Err(ClientError::Protocol(format!(
+                "{} pipelined replies not received yet",
+                self.outstanding
+            )));
+        }
+        self.submit(request).await?;
+        let (_, result) = self.receive().await?;
+        result.map_err(ClientError::Refused)
+    }
+
+    /// Queues one request without waiting for its reply; returns its request id. Requests are
+    /// written when the buffer fills or at the next [`Client::receive`].
+    pub async fn submit(&mut self, request: Request) -> Result<u64, ClientError> {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         self.out.clear();
         encode_request(&RequestFrame { request_id, request }, &mut self.out);
         self.stream.write_all(&self.out).await?;
+        self.outstanding += 1;
+        Ok(request_id)
+    }
+
+    /// Writes what is queued and waits for the oldest outstanding reply: (request id, result).
+    pub async fn receive(
+        &mut self,
+    ) -> Result<(u64, Result<ReplyBody, ErrorReply>), ClientError> {
+        if self.outstanding == 0 {
+            return Err(ClientError::Protocol("no request outstanding".into()));
+        }
+        self.stream.flush().await?;
+        let expected = self.next_request_id - self.outstanding;
         let reply = self.read_reply().await?;
-        if reply.request_id != request_id {
+        if reply.request_id != expected {
             return Err(ClientError::Protocol(format!(
-                "reply id {} answers request {request_id}",
+                "reply id {} answers request {expected}",
                 reply.request_id
             )));
         }
+        self.outstanding -= 1;
         self.last_timing = reply.timing;
-        reply.result.map_err(ClientError::Refused)
+        Ok((reply.request_id, reply.result))
     }
 
     async fn read_reply(&mut self) -> Result<ReplyFrame, ClientError> {

@@ -180,15 +180,58 @@ async fn accept_loop<S: Store>(listener: TcpListener, node: Arc<Node<S>>) {
     }
 }
 
-/// Serves one connection's requests in order until it disconnects.
+/// Requests one connection may have in flight (read, not yet answered). Past it the node stops
+/// reading that connection until the oldest reply is written, so a fast client is slowed down by
+/// TCP flow control instead of growing a queue.
+pub const PIPELINE_DEPTH_MAX: usize = 64;
+
+/// A reply ready to be written.
+struct Answer {
+    request_id: u64,
+    timing: ServerTiming,
+    result: Result<ReplyBody, ErrorReply>,
+    /// The connection closes after this reply (disconnect, unrecoverable framing error).
+    last: bool,
+}
+
+/// A request handed to the database workers; its reply waits for the batch's commit.
+struct Submitted<'a> {
+    request_id: u64,
+    arrived: Instant,
+    slot_taken: Instant,
+    is_stats: bool,
+    /// Held until the reply is computed: in-flight requests ≤ handler slots.
+    _slot: tokio::sync::SemaphorePermit<'a>,
+    answer: oneshot::Receiver<Committed>,
+}
+
+/// What the reading half hands the writing half, in request order.
+enum InFlight<'a> {
+    Answered(Answer),
+    Submitted(Submitted<'a>),
+}
+
+/// Serves one connection until it disconnects. Requests are pipelined: the reading half keeps
+/// reading and submitting (up to [`PIPELINE_DEPTH_MAX`] in flight), the writing half writes the
+/// replies in request order as their batches commit. Pipelining is what lets one connection
+/// contribute many requests to one group commit; a client with one request outstanding at a time
+/// sees the same behaviour as before.
 async fn serve_connection<S: Store>(stream: TcpStream, node: &Node<S>) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
     let (read, write) = stream.into_split();
+    let (in_flight, replies) = mpsc::channel(PIPELINE_DEPTH_MAX);
+    tokio::try_join!(read_requests(read, node, in_flight), write_replies(write, node, replies))?;
+    Ok(())
+}
+
+async fn read_requests<'a, S: Store>(
+    read: tokio::net::tcp::OwnedReadHalf,
+    node: &'a Node<S>,
+    in_flight: mpsc::Sender<InFlight<'a>>,
+) -> anyhow::Result<()> {
     let mut read = BufReader::new(read);
-    let mut write = BufWriter::new(write);
     let mut client_id: Option<u64> = None;
     let mut payload = Vec::new();
-    let mut out = Vec::new();
     loop {
         let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
         match read.read_exact(&mut prefix).await {
@@ -197,87 +240,147 @@ async fn serve_connection<S: Store>(stream: TcpStream, node: &Node<S>) -> anyhow
             Err(e) => return Err(e.into()),
         }
         let arrived = Instant::now();
-        let len = match check_frame_len(prefix) {
-            Ok(len) => len,
-            Err(e) => {
-                // The stream cannot be resynchronised without reading the oversized payload:
-                // answer and close.
-                let error = ErrorReply::new(e.reason, e.detail);
-                send_reply(&mut write, &mut out, 0, ServerTiming::default(), Err(error)).await?;
-                return Ok(());
+        let item = match check_frame_len(prefix) {
+            // The stream cannot be resynchronised without reading the oversized payload:
+            // answer and close.
+            Err(e) => answered(0, arrived, Err(ErrorReply::new(e.reason, e.detail)), true),
+            Ok(len) => {
+                payload.resize(len, 0);
+                read.read_exact(&mut payload).await?;
+                match decode_request(&payload) {
+                    Err(e) => answered(
+                        e.request_id.unwrap_or(0),
+                        arrived,
+                        Err(ErrorReply::new(e.reason, e.detail)),
+                        false,
+                    ),
+                    Ok(RequestFrame { request_id, request }) => {
+                        begin(node, &mut client_id, request_id, request, arrived).await
+                    }
+                }
             }
         };
-        payload.resize(len, 0);
-        read.read_exact(&mut payload).await?;
-        let (request_id, result, timing, disconnect) = match decode_request(&payload) {
-            Err(e) => (
-                e.request_id.unwrap_or(0),
-                Err(ErrorReply::new(e.reason, e.detail)),
-                ServerTiming::default(),
-                false,
-            ),
-            Ok(RequestFrame { request_id, request }) => {
-                let disconnect = matches!(request, Request::Disconnect);
-                let (result, mut timing) = handle(node, &mut client_id, request, arrived).await;
-                timing.middleware_ns = elapsed_ns(arrived);
-                (request_id, result, timing, disconnect)
-            }
-        };
-        send_reply(&mut write, &mut out, request_id, timing, result).await?;
-        if disconnect {
+        let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
+        if in_flight.send(item).await.is_err() || last {
             return Ok(());
         }
     }
 }
 
-async fn send_reply(
-    write: &mut BufWriter<tokio::net::tcp::OwnedWriteHalf>,
-    out: &mut Vec<u8>,
-    request_id: u64,
-    timing: ServerTiming,
-    result: Result<ReplyBody, ErrorReply>,
+async fn write_replies<S: Store>(
+    write: tokio::net::tcp::OwnedWriteHalf,
+    node: &Node<S>,
+    mut in_flight: mpsc::Receiver<InFlight<'_>>,
 ) -> anyhow::Result<()> {
-    out.clear();
-    encode_reply(&ReplyFrame { request_id, timing, result }, out);
-    write.write_all(out).await?;
+    let mut write = BufWriter::new(write);
+    let mut out = Vec::new();
+    while let Some(item) = in_flight.recv().await {
+        let answer = match item {
+            InFlight::Answered(answer) => answer,
+            InFlight::Submitted(mut submitted) => {
+                let committed = match submitted.answer.try_recv() {
+                    Ok(committed) => committed,
+                    Err(oneshot::error::TryRecvError::Closed) => worker_lost(),
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        // Replies already encoded must not wait for a later batch's commit.
+                        write.flush().await?;
+                        (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost())
+                    }
+                };
+                complete(node, submitted, committed)
+            }
+        };
+        out.clear();
+        let frame = ReplyFrame { request_id: answer.request_id, timing: answer.timing, result: answer.result };
+        encode_reply(&frame, &mut out);
+        write.write_all(&out).await?;
+        if answer.last {
+            break;
+        }
+        // Coalesce: one flush (one syscall) for all replies that are ready together.
+        if in_flight.is_empty() {
+            write.flush().await?;
+        }
+    }
     write.flush().await?;
     Ok(())
 }
 
-/// Checks that need no database, then admission, then the database round.
-async fn handle<S: Store>(
-    node: &Node<S>,
+fn answered(
+    request_id: u64,
+    arrived: Instant,
+    result: Result<ReplyBody, ErrorReply>,
+    last: bool,
+) -> InFlight<'static> {
+    let timing = ServerTiming { middleware_ns: elapsed_ns(arrived), ..ServerTiming::default() };
+    InFlight::Answered(Answer { request_id, timing, result, last })
+}
+
+/// Checks that need no database, then admission, then submission to the database workers.
+/// A registration is awaited here: the requests read after it are checked against its id.
+async fn begin<'a, S: Store>(
+    node: &'a Node<S>,
     client_id: &mut Option<u64>,
+    request_id: u64,
     request: Request,
     arrived: Instant,
-) -> (Result<ReplyBody, ErrorReply>, ServerTiming) {
-    let mut timing = ServerTiming::default();
+) -> InFlight<'a> {
     if let Err(refusal) = precheck(&node.config, *client_id, &request) {
-        return (Err(refusal), timing);
+        return answered(request_id, arrived, Err(refusal), false);
     }
     if matches!(request, Request::Disconnect) {
-        return (Ok(ReplyBody::Disconnected), timing);
+        return answered(request_id, arrived, Ok(ReplyBody::Disconnected), true);
     }
-    let Some(_slot) = admit(node).await else {
+    let Some(slot) = admit(node).await else {
         let busy = ErrorReply::new(Reason::Busy, "wait queue full; retry later");
-        return (Err(busy), timing);
+        return answered(request_id, arrived, Err(busy), false);
     };
     let slot_taken = Instant::now();
     let is_stats = matches!(request, Request::Stats { .. });
+    let is_register = matches!(request, Request::Register { .. });
+    let (reply, answer) = oneshot::channel();
     let op = StoreOp { client_id: *client_id, now_us: now_us(), request };
-    let committed = submit(node, op).await;
-    node.counters.handler_busy_ns.fetch_add(elapsed_ns(slot_taken), Ordering::Relaxed);
-    timing.queue_wait_ns = u64::try_from((slot_taken - arrived).as_nanos()).unwrap_or(u64::MAX)
-        + committed.worker_wait_ns;
-    timing.db_ns = committed.db_ns;
-    let mut result = committed.result;
-    if let Ok(ReplyBody::Registered { client_id: id }) = result {
+    let pending = Pending { op, enqueued: Instant::now(), reply };
+    if node.to_workers.send(pending).await.is_err() {
+        return answered(request_id, arrived, worker_lost().result, false);
+    }
+    let mut submitted =
+        Submitted { request_id, arrived, slot_taken, is_stats, _slot: slot, answer };
+    if !is_register {
+        return InFlight::Submitted(submitted);
+    }
+    let committed = (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost());
+    let answer = complete(node, submitted, committed);
+    if let Ok(ReplyBody::Registered { client_id: id }) = answer.result {
         *client_id = Some(id);
     }
-    if let (true, Ok(ReplyBody::Stats(stats))) = (is_stats, &mut result) {
+    InFlight::Answered(answer)
+}
+
+/// Turns a committed result into the reply, releasing the handler slot.
+fn complete<S>(node: &Node<S>, submitted: Submitted<'_>, committed: Committed) -> Answer {
+    node.counters.handler_busy_ns.fetch_add(elapsed_ns(submitted.slot_taken), Ordering::Relaxed);
+    let admission_ns =
+        u64::try_from((submitted.slot_taken - submitted.arrived).as_nanos()).unwrap_or(u64::MAX);
+    let timing = ServerTiming {
+        queue_wait_ns: admission_ns + committed.worker_wait_ns,
+        db_ns: committed.db_ns,
+        middleware_ns: elapsed_ns(submitted.arrived),
+        ..ServerTiming::default()
+    };
+    let mut result = committed.result;
+    if let (true, Ok(ReplyBody::Stats(stats))) = (submitted.is_stats, &mut result) {
         fill_stats(node, stats);
     }
-    (result, timing)
+    Answer { request_id: submitted.request_id, timing, result, last: false }
+}
+
+fn worker_lost() -> Committed {
+    Committed {
+        result: Err(ErrorReply::new(Reason::Unavailable, "database worker stopped")),
+        worker_wait_ns: 0,
+        db_ns: 0,
+    }
 }
 
 fn precheck(
@@ -328,20 +431,6 @@ async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::SemaphorePermit<'_>> {
     let slot = node.handler_slots.acquire().await.ok();
     node.waiting.fetch_sub(1, Ordering::Relaxed);
     slot
-}
-
-async fn submit<S>(node: &Node<S>, op: StoreOp) -> Committed {
-    let (reply, answer) = oneshot::channel();
-    let pending = Pending { op, enqueued: Instant::now(), reply };
-    let lost = || Committed {
-        result: Err(ErrorReply::new(Reason::Unavailable, "database worker stopped")),
-        worker_wait_ns: 0,
-        db_ns: 0,
-    };
-    if node.to_workers.send(pending).await.is_err() {
-        return lost();
-    }
-    answer.await.unwrap_or_else(|_| lost())
 }
 
 fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {

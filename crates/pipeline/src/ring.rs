@@ -543,6 +543,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "a million messages take hours under miri's interpreter")]
     fn threads_transfer_a_million_in_order_with_every_strategy() {
         let strategies = [
             WaitStrategy::BusySpin,

@@ -93,9 +93,13 @@ impl ServeConfig {
         })
     }
 
-    fn child_template(&self) -> ChildSpec {
+    fn child_template(&self, model: Model) -> ChildSpec {
         ChildSpec {
+            model,
             cpu: 0,
+            pool_threads: self.workers,
+            parallel_body_bytes_min: usize::MAX,
+            host_counter_fd: -1,
             addr: self.listen,
             dim_max: self.dim_max,
             cells_max: self.cells_max,
@@ -123,7 +127,7 @@ pub struct ServeArgs {
     /// Model behind `POST /matrix`: single, pool, pinned, prefork or adaptive [default: adaptive].
     #[arg(long)]
     pub model: Option<String>,
-    /// Worker threads (pool, pinned, adaptive) or processes (prefork) [default: allowed CPUs].
+    /// Worker threads (pool, pinned) or processes (prefork, adaptive) [default: allowed CPUs].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Requests admitted per model (waiting, plus running for pool/adaptive); 503 beyond.
@@ -185,10 +189,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
     let server_config = config.server_config()?;
-    if server_config.default_model == Model::Prefork {
-        let prefork = start_prefork(config)?;
-        println!("serving prefork ×{} on http://{}/matrix", config.workers, prefork.local_addr());
-        return prefork.wait_any();
+    let model = server_config.default_model;
+    if matches!(model, Model::Prefork | Model::Adaptive) {
+        let children = start_per_core(config, model)?;
+        println!(
+            "serving {} ×{} processes on http://{}/matrix",
+            model.name(),
+            config.workers,
+            children.local_addr()
+        );
+        return children.wait_any();
     }
     let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
     if let Some(calibration) = executors.calibration() {
@@ -204,11 +214,20 @@ fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the prefork children by re-executing this binary with this process's arguments.
-pub fn start_prefork(config: &ServeConfig) -> anyhow::Result<Prefork> {
+/// Starts one pinned process per worker (`prefork` or `adaptive`) by re-executing this binary
+/// with this process's arguments; for `adaptive`, calibrates the split size first, here, so the
+/// children do not disturb each other's measurements.
+pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Prefork> {
+    let mut template = config.child_template(model);
+    if model == Model::Adaptive {
+        let limits = SizeLimits { dim_max: config.dim_max, cells_max: config.cells_max };
+        let calibration = exec::calibrate(config.workers, &limits)?;
+        println!("adaptive calibration (split sizes for the per-core children): {calibration:?}");
+        template.parallel_body_bytes_min = calibration.parallel_body_bytes_min;
+    }
     let exe = std::env::current_exe()?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    Prefork::start(config.listen, config.workers, config.child_template(), exe, &args)
+    Prefork::start(config.listen, config.workers, template, exe, &args)
 }
 
 #[cfg(test)]

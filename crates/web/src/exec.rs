@@ -19,6 +19,12 @@
 //!   calibrated at start-up on this host by [`Calibration::measure`].
 //! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
 //!   `single`.
+//! - The adaptive *child* ([`Executor::start_child`]) is what `serve --model adaptive` runs:
+//!   one per core in the prefork layout. Its reactor thread owns its core, so serial work runs
+//!   inline there (a hand-off to another thread on the same core only adds two context
+//!   switches); a request at least as large as the calibrated split size is spread over a pool
+//!   spanning every core, but only while no other request computes anywhere on the host (a
+//!   counter shared by all children, [`crate::prefork::HostCounter`]).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -51,7 +57,9 @@ const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 const CALIBRATION_REPEATS: usize = 5;
 
 /// An execution model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Model {
     /// One worker thread handles every request.
@@ -62,7 +70,8 @@ pub enum Model {
     Pinned,
     /// N processes sharing the port with SO_REUSEPORT, each pinned to one core.
     Prefork,
-    /// Per request by size: inline, one core, or all idle cores (calibrated at start-up).
+    /// Per request by size: inline, or all cores when the host is idle (calibrated at start-up);
+    /// served as one pinned process per core like `prefork`.
     Adaptive,
 }
 
@@ -223,6 +232,12 @@ impl Calibration {
     }
 }
 
+/// Calibrates the adaptive thresholds on a pool of `workers` pinned threads, then drops it.
+pub fn calibrate(workers: usize, limits: &SizeLimits) -> std::io::Result<Calibration> {
+    let pool = rayon_pool(Model::Adaptive, workers, true)?;
+    Ok(Calibration::measure(&pool, limits))
+}
+
 fn fastest_ns(mut run: impl FnMut() -> Reply) -> u64 {
     (0..CALIBRATION_REPEATS)
         .map(|_| {
@@ -242,6 +257,13 @@ enum Inner {
     Pool { pool: rayon::ThreadPool, admission: Arc<Admission> },
     /// `adaptive`: inline, serial or split, per request.
     Adaptive { pool: rayon::ThreadPool, admission: Arc<Admission>, calibration: Calibration },
+    /// `adaptive` in one process of the per-core layout: inline, or split while the host idles.
+    Child {
+        pool: rayon::ThreadPool,
+        admission: Admission,
+        parallel_body_bytes_min: usize,
+        host_computing: &'static AtomicUsize,
+    },
 }
 
 /// One model's workers and admission bound.
@@ -279,6 +301,24 @@ impl Executor {
         Ok(Executor { model, limits: config.limits, inner })
     }
 
+    /// The adaptive model of one process of the per-core layout: a pool of `config.workers`
+    /// threads pinned round-robin over the allowed CPUs (call before pinning the process) for
+    /// splitting; `host_computing` counts requests computing in every process of the layout.
+    pub fn start_child(
+        config: &ExecConfig,
+        parallel_body_bytes_min: usize,
+        host_computing: &'static AtomicUsize,
+    ) -> std::io::Result<Executor> {
+        assert!(config.workers >= 1 && config.queue_depth_max >= 1);
+        let inner = Inner::Child {
+            pool: rayon_pool(Model::Adaptive, config.workers, true)?,
+            admission: Admission { in_flight: AtomicUsize::new(0), bound: config.queue_depth_max },
+            parallel_body_bytes_min,
+            host_computing,
+        };
+        Ok(Executor { model: Model::Adaptive, limits: config.limits, inner })
+    }
+
     pub fn model(&self) -> Model {
         self.model
     }
@@ -292,7 +332,7 @@ impl Executor {
     }
 
     /// Runs one request under this model; never blocks the calling (reactor) thread beyond the
-    /// adaptive model's inline budget.
+    /// adaptive model's inline budget, except in an adaptive child, whose reactor owns its core.
     pub async fn execute(&self, body: Bytes) -> Reply {
         let limits = self.limits;
         let (reply, answer) = oneshot::channel();
@@ -317,12 +357,46 @@ impl Executor {
                     process_guarded(body, &limits, compute)
                 })
             }
+            Inner::Child { pool, admission, parallel_body_bytes_min, host_computing } => {
+                let child = ChildChoice { pool, admission, host_computing };
+                return child.execute(*parallel_body_bytes_min, &body, &limits);
+            }
         };
         if !admitted {
             return Reply::failure(None, &Failure::busy());
         }
         // The workers always answer (panics are caught); a closed channel means shutdown.
         answer.await.unwrap_or_else(|_| Reply::failure(None, &Failure::busy()))
+    }
+}
+
+/// The adaptive child's state, borrowed for one request.
+struct ChildChoice<'a> {
+    pool: &'a rayon::ThreadPool,
+    admission: &'a Admission,
+    host_computing: &'a AtomicUsize,
+}
+
+impl ChildChoice<'_> {
+    /// Runs `body` on the reactor thread that owns this process's core: serially, or split over
+    /// every core when it is large enough and nothing else computes on the host.
+    fn execute(&self, parallel_body_bytes_min: usize, body: &[u8], limits: &SizeLimits) -> Reply {
+        if !self.admission.try_enter() {
+            return Reply::failure(None, &Failure::busy());
+        }
+        // Relaxed: the count is a heuristic shared with the other processes (is any core busy?);
+        // it publishes no data, and a stale reading only makes one request serial or split.
+        let computing_elsewhere = self.host_computing.fetch_add(1, Ordering::Relaxed);
+        let split = computing_elsewhere == 0 && body.len() >= parallel_body_bytes_min;
+        let reply = if split {
+            self.pool.install(|| process_guarded(body, limits, Compute::DataParallel))
+        } else {
+            process_guarded(body, limits, Compute::Serial)
+        };
+        // Relaxed: see the fetch_add above.
+        self.host_computing.fetch_sub(1, Ordering::Relaxed);
+        self.admission.leave();
+        reply
     }
 }
 

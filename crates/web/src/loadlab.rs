@@ -259,13 +259,18 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
         None if args.users == 0 => return Err(BadInput("--users must be > 0".into()).into()),
         None => LoadMode::Closed { users: args.users },
     };
-    if args.url.is_none() && args.model == Model::Prefork {
-        return Err(BadInput("--model prefork needs a running server: use --url".into()).into());
-    }
     // Kept alive until the cell is measured.
-    let mut server = None;
+    let (mut server, mut per_core) = (None, None);
     let url = match &args.url {
         Some(url) => url.clone(),
+        None if PER_CORE_MODELS.contains(&args.model) => {
+            let config = ServeConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                ..ServeConfig::default()
+            };
+            let started = per_core.insert(crate::cli::start_per_core(&config, args.model)?);
+            format!("http://{}/matrix/{}", started.local_addr(), args.model.name())
+        }
         None => {
             let started = server.insert(start_in_process(None)?);
             format!("http://{}/matrix/{}", started.local_addr(), args.model.name())
@@ -374,24 +379,23 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
     let server = start_in_process(args.workers)?;
     let mut targets = Vec::new();
     for &model in &args.models {
-        if model != Model::Prefork {
+        if !PER_CORE_MODELS.contains(&model) {
             let url = format!("http://{}/matrix/{}", server.local_addr(), model.name());
             targets.push(Target { label: model.name().into(), url, python: false });
         }
     }
-    let prefork = if args.models.contains(&Model::Prefork) {
+    let mut per_core = Vec::new();
+    for model in PER_CORE_MODELS.into_iter().filter(|model| args.models.contains(model)) {
         let mut config =
             ServeConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ServeConfig::default() };
         if let Some(workers) = args.workers {
             config.workers = workers;
         }
-        let prefork = crate::cli::start_prefork(&config)?;
-        let url = format!("http://{}/matrix/prefork", prefork.local_addr());
-        targets.push(Target { label: "prefork".into(), url, python: false });
-        Some(prefork)
-    } else {
-        None
-    };
+        let children = crate::cli::start_per_core(&config, model)?;
+        let url = format!("http://{}/matrix/{}", children.local_addr(), model.name());
+        targets.push(Target { label: model.name().into(), url, python: false });
+        per_core.push(children);
+    }
     let mut baselines = Vec::new();
     if let Some(python) = &args.python {
         for (label, mode) in [("python-single", "single"), ("python-mp", "multiprocessing")] {
@@ -403,9 +407,6 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
             });
             baselines.push(baseline);
         }
-    }
-    if let Some(calibration) = server.calibration() {
-        println!("adaptive calibration: {calibration:?}");
     }
     let cells: Vec<(Complexity, usize, &Target)> = args
         .complexity
@@ -427,7 +428,7 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    drop((prefork, baselines, server));
+    drop((per_core, baselines, server));
     let table = results_table("web matrix (closed loop)", &results);
     println!("{table}");
     let checks = check_targets(&results);
@@ -443,6 +444,9 @@ struct Checks {
     table: Table,
     missed: Vec<String>,
 }
+
+/// Models served as one pinned process per core (the others run side by side in one process).
+const PER_CORE_MODELS: [Model; 2] = [Model::Prefork, Model::Adaptive];
 
 const FIXED_MODELS: [&str; 4] = ["single", "pool", "pinned", "prefork"];
 

@@ -7,8 +7,18 @@
 //! to its CPU before it starts any thread, binds and listens on the shared port, prints
 //! [`READY_LINE`] on stdout, and serves with the `single` executor. The kernel spreads incoming
 //! connections over the listening children. Children die with the parent (`PR_SET_PDEATHSIG`).
+//!
+//! The `adaptive` model uses the same layout, so under load it is exactly as parallel as
+//! `prefork` (one process per core, no hand-off between cores), with two differences per child:
+//! serial work runs inline on the child's reactor thread (it owns the core), and a request at
+//! least as large as the split size calibrated by the parent is spread over a pool spanning every
+//! core when no other request computes on the host. "Computing on the host" is one
+//! [`HostCounter`]: an `AtomicUsize` in a memfd the parent creates and every child maps (the fd
+//! is inherited across exec, its number passed in the [`ChildSpec`]).
 
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicUsize;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,7 +28,7 @@ use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::api::SizeLimits;
-use crate::exec::{self, ExecConfig, Model};
+use crate::exec::{self, ExecConfig, Executor, Model};
 use crate::server::{Executors, serve_blocking};
 
 /// The environment variable that turns a re-executed process into a prefork child.
@@ -27,11 +37,21 @@ pub const CHILD_ENV: &str = "LEANTIER_WEB_PREFORK_CHILD";
 pub const READY_LINE: &str = "leantier-web-prefork-ready";
 /// Pending-connection backlog of each child's listening socket.
 const LISTEN_BACKLOG: i32 = 1024;
+/// Size of the shared counter's memfd: one page, so the mapping is page-aligned.
+const HOST_COUNTER_BYTES: usize = 4096;
 
 /// Everything a child needs, passed as JSON in [`CHILD_ENV`].
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct ChildSpec {
+    /// `prefork` (a `single` executor) or `adaptive` (inline or split, see the module docs).
+    pub model: Model,
     pub cpu: usize,
+    /// Threads of the adaptive child's splitting pool (one per process of the layout).
+    pub pool_threads: usize,
+    /// Adaptive bodies from this size are split while the host idles (`usize::MAX`: never).
+    pub parallel_body_bytes_min: usize,
+    /// The [`HostCounter`] memfd inherited from the parent (set by [`Prefork::start`]).
+    pub host_counter_fd: RawFd,
     pub addr: SocketAddr,
     pub dim_max: usize,
     pub cells_max: usize,
@@ -55,17 +75,31 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
     if rc != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "child will not die with its parent");
     }
-    // Before any other thread exists, so every thread of the process inherits the mask.
-    pipeline::placement::pin_current_thread(&[spec.cpu]).context("pinning the prefork child")?;
-    let socket = reuseport_socket(spec.addr)?;
-    socket.listen(LISTEN_BACKLOG)?;
     let exec = ExecConfig {
         limits: SizeLimits { dim_max: spec.dim_max, cells_max: spec.cells_max },
-        workers: 1,
+        workers: spec.pool_threads,
         queue_depth_max: spec.queue_depth_max,
     };
-    let executors = Executors::start(&[Model::Prefork], &exec)?;
-    let router = executors.router(Model::Prefork, spec.body_bytes_max);
+    let pin = || pipeline::placement::pin_current_thread(&[spec.cpu]).context("pinning the child");
+    let executors = match spec.model {
+        Model::Adaptive => {
+            let host_computing = HostCounter::map(spec.host_counter_fd)?;
+            // Before pinning: the splitting pool's threads pin themselves over all allowed CPUs.
+            let executor = Executor::start_child(&exec, spec.parallel_body_bytes_min, host_computing)?;
+            // The reactor threads, started later, inherit this thread's mask.
+            pin()?;
+            Executors::of(executor)
+        }
+        Model::Prefork => {
+            // Before any other thread exists, so every thread of the process inherits the mask.
+            pin()?;
+            Executors::start(&[Model::Prefork], &ExecConfig { workers: 1, ..exec })?
+        }
+        other => anyhow::bail!("{} is not a per-core process model", other.name()),
+    };
+    let socket = reuseport_socket(spec.addr)?;
+    socket.listen(LISTEN_BACKLOG)?;
+    let router = executors.router(spec.model, spec.body_bytes_max);
     println!("{READY_LINE}");
     serve_blocking(socket.into(), router, 1, std::future::pending())?;
     Ok(())
@@ -79,11 +113,63 @@ fn reuseport_socket(addr: SocketAddr) -> std::io::Result<Socket> {
     Ok(socket)
 }
 
+/// A counter in memory shared by the parent and its children: requests computing on the host.
+pub struct HostCounter {
+    memfd: OwnedFd,
+}
+
+impl HostCounter {
+    /// A zeroed counter in a new memfd, inherited by children (no close-on-exec).
+    pub fn create() -> std::io::Result<HostCounter> {
+        // SAFETY: memfd_create reads the NUL-terminated name and returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(c"leantier-web-host-counter".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on an fd we own; a new memfd reads as zeros up to the new length.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), HOST_COUNTER_BYTES as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(HostCounter { memfd })
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.memfd.as_raw_fd()
+    }
+
+    /// Maps the counter behind `fd` (a [`HostCounter`]'s memfd) for the rest of the process.
+    pub fn map(fd: RawFd) -> std::io::Result<&'static AtomicUsize> {
+        // SAFETY: asks for a new shared mapping; the kernel validates `fd` and the length and
+        // answers MAP_FAILED on error; no existing memory is touched.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                HOST_COUNTER_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the mapping is page-aligned (so aligned for AtomicUsize), at least one page
+        // long, zero-initialised or written only through atomics by the processes sharing it,
+        // and never unmapped (it lives as long as the process), so the reference is 'static.
+        Ok(unsafe { &*addr.cast::<AtomicUsize>() })
+    }
+}
+
 /// The parent of the prefork children; kills them when dropped.
 pub struct Prefork {
     addr: SocketAddr,
     /// Keeps the port reserved between children restarts; never listens.
     _reservation: Socket,
+    /// The children's shared counter (each child holds its own copy of the fd).
+    _host_counter: HostCounter,
     children: Vec<Child>,
 }
 
@@ -104,9 +190,18 @@ impl Prefork {
             .as_socket()
             .context("the reserved socket has an IP address")?;
         let allowed = exec::allowed_cpus()?;
-        let mut prefork = Prefork { addr, _reservation: reservation, children: Vec::new() };
+        let host_counter = HostCounter::create().context("creating the shared counter")?;
+        let host_counter_fd = host_counter.raw_fd();
+        let mut prefork = Prefork {
+            addr,
+            _reservation: reservation,
+            _host_counter: host_counter,
+            children: Vec::new(),
+        };
         for index in 0..workers {
-            let spec = ChildSpec { cpu: exec::cpu_for_worker(&allowed, index), addr, ..template };
+            let cpu = exec::cpu_for_worker(&allowed, index);
+            let spec =
+                ChildSpec { cpu, addr, pool_threads: workers, host_counter_fd, ..template };
             let child = Command::new(&exe)
                 .args(args)
                 .env(CHILD_ENV, serde_json::to_string(&spec)?)
@@ -153,5 +248,24 @@ impl Drop for Prefork {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn host_counter_mappings_share_one_value() {
+        let counter = HostCounter::create().unwrap();
+        // Two mappings of one memfd stand for two processes: distinct addresses, one value.
+        let (first, second) =
+            (HostCounter::map(counter.raw_fd()).unwrap(), HostCounter::map(counter.raw_fd()).unwrap());
+        assert!(!std::ptr::eq(first, second));
+        assert_eq!(first.fetch_add(3, Ordering::Relaxed), 0);
+        assert_eq!(second.fetch_sub(1, Ordering::Relaxed), 3);
+        assert_eq!(first.load(Ordering::Relaxed), 2);
+        assert!(HostCounter::map(-1).is_err(), "a bad fd is an error, not a crash");
     }
 }

@@ -51,6 +51,11 @@ impl Executors {
         Ok(Executors { by_model })
     }
 
+    /// One executor already started.
+    pub fn of(executor: Executor) -> Executors {
+        Executors { by_model: HashMap::from([(executor.model(), Arc::new(executor))]) }
+    }
+
     /// The adaptive model's thresholds, when it runs here.
     pub fn calibration(&self) -> Option<Calibration> {
         self.by_model.get(&Model::Adaptive).and_then(|executor| executor.calibration())
