@@ -15,8 +15,11 @@ use lab::stats::{CumulativeBucket, LatencySummary, karp_flatt, speedup};
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
+use crate::durability::{JournalMode, JournalOptions};
 use crate::msg::Reason;
-use crate::tier::{RunOptions, RunResult, STAGE_SPLITS, TierConfig, run as run_tier};
+use crate::tier::{
+    RunOptions, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, run as run_tier,
+};
 
 /// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
 pub const DEMO_RATES_PER_S: [f64; 3] = [20_000.0, 40_000.0, 60_000.0];
@@ -42,6 +45,11 @@ pub struct DemoArgs {
     /// Latency limit of the max-rate search: the highest rate whose p99 stays within it, µs.
     #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
     pub p99_limit_us: u64,
+    /// Journaling of the sequenced input (into a temporary directory): group holds each reply
+    /// until its input is on disk; sync puts the fsync on the critical path; relaxed does not
+    /// hold replies; off disables the journal.
+    #[arg(long, value_enum, default_value_t = JournalMode::Group)]
+    pub journal: JournalMode,
 }
 
 /// The reference exchange tier.
@@ -98,6 +106,18 @@ pub struct RunArgs {
     /// Arrival process: constant, poisson, bursty.
     #[arg(long)]
     pub arrival: Option<String>,
+    /// Journaling of the sequenced input: group (default: replies wait for their input's
+    /// fsync), sync (the core waits for it), relaxed (replies not held), off.
+    #[arg(long, value_enum)]
+    pub journal: Option<JournalMode>,
+    /// Data directory of the shard journals: the run recovers the state found there and
+    /// continues its sequence (default: a fresh temporary directory per rate).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Truncate a journal at a corrupt record instead of refusing to start (discards that
+    /// record and everything after it; logged loudly).
+    #[arg(long)]
+    pub repair: bool,
     /// Report folder.
     #[arg(long, default_value = "leantier-report/exchange-run")]
     pub out: PathBuf,
@@ -141,7 +161,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 pub fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
     let (seconds, step_seconds) = if args.quick { (1.5, 0.5) } else { (8.0, 2.0) };
     let search = MaxRateSearch { step_seconds, p99_limit_us: args.p99_limit_us };
-    let session = measure(&TierConfig::default(), &DEMO_RATES_PER_S, seconds, Some(search))?;
+    let config = TierConfig { journal: args.journal, ..TierConfig::default() };
+    let journal = JournalOptions::default();
+    let session = measure(&config, &DEMO_RATES_PER_S, seconds, Some(search), &journal)?;
     present(&session, &args.out, "leantier demo: the lean exchange tier")?;
     println!("\nReport: {}/summary.md (JSON, CSV and SVG plots beside it)", args.out.display());
     println!("Try next:");
@@ -159,6 +181,7 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     lab::config::override_with(&mut config.wait, &args.wait);
     lab::config::override_with(&mut config.placement, &args.placement);
     lab::config::override_with(&mut config.arrival, &args.arrival);
+    lab::config::override_with(&mut config.journal, &args.journal);
     if args.rates.iter().any(|r| r.is_nan() || *r <= 0.0)
         || args.seconds.is_nan()
         || args.seconds <= 0.0
@@ -169,7 +192,8 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
         step_seconds: (args.seconds / 2.0).max(0.3),
         p99_limit_us: args.p99_limit_us,
     });
-    let session = measure(&config, &args.rates, args.seconds, search)?;
+    let journal = JournalOptions { data_dir: args.data.clone(), repair: args.repair };
+    let session = measure(&config, &args.rates, args.seconds, search, &journal)?;
     present(&session, &args.out, "leantier exchange run")
 }
 
@@ -192,6 +216,7 @@ fn measure(
     rates: &[f64],
     seconds: f64,
     search: Option<MaxRateSearch>,
+    journal: &JournalOptions,
 ) -> anyhow::Result<Session> {
     config.validate()?;
     let expected: f64 = rates.iter().map(|r| r * seconds).sum();
@@ -204,6 +229,7 @@ fn measure(
             rate_per_s,
             duration: Duration::from_secs_f64(seconds),
             record_inputs: false,
+            journal: journal.clone(),
         };
         let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
         done += result.sent;
@@ -240,6 +266,7 @@ fn find_max_rate(
             rate_per_s,
             duration: Duration::from_secs_f64(step_seconds),
             record_inputs: false,
+            journal: JournalOptions::default(),
         };
         Ok(run_tier(config, options, |_| {})?.end_to_end)
     })?;
@@ -252,6 +279,10 @@ struct RunSummary {
     rate_per_s: f64,
     sent: u64,
     achieved_rate_per_s: f64,
+    journal_mode: JournalMode,
+    /// Intended send -> response ready (core done), not waiting for any fsync.
+    critical_path: LatencySummary,
+    /// Intended send -> reply delivered (after its input's fsync when replies are held).
     end_to_end: LatencySummary,
     stages: BTreeMap<String, LatencySummary>,
     cumulative_10us: Vec<CumulativeBucket>,
@@ -260,6 +291,7 @@ struct RunSummary {
     rejects: BTreeMap<String, u64>,
     output_hashes: Vec<String>,
     placement_notes: Vec<String>,
+    journal: Vec<ShardJournalReport>,
 }
 
 fn summarize(run: &RunResult) -> RunSummary {
@@ -267,6 +299,8 @@ fn summarize(run: &RunResult) -> RunSummary {
         rate_per_s: run.rate_per_s,
         sent: run.sent,
         achieved_rate_per_s: run.sent as f64 / run.elapsed_s.max(f64::MIN_POSITIVE),
+        journal_mode: run.journal_mode,
+        critical_path: run.critical_path.summary(),
         end_to_end: run.end_to_end.summary(),
         stages: STAGE_SPLITS
             .iter()
@@ -283,6 +317,7 @@ fn summarize(run: &RunResult) -> RunSummary {
             .collect(),
         output_hashes: run.shards.iter().map(|s| s.output_hash.clone()).collect(),
         placement_notes: run.placement_notes.clone(),
+        journal: run.journal.clone(),
     }
 }
 
@@ -294,27 +329,67 @@ fn rate_label(rate_per_s: f64) -> String {
     }
 }
 
+/// What the end-to-end row measures under `mode`.
+fn reply_label(mode: JournalMode) -> &'static str {
+    if mode.holds_replies() { "durable reply" } else { "reply (not held)" }
+}
+
 fn latency_tables(runs: &[RunResult]) -> Table {
     let labels: Vec<String> = runs
         .iter()
         .flat_map(|run| {
             let rate = rate_label(run.rate_per_s);
-            std::iter::once(format!("end-to-end @{rate}"))
+            let reply = reply_label(run.journal_mode);
+            [format!("critical path @{rate}"), format!("{reply} @{rate}")]
+                .into_iter()
                 .chain(STAGE_SPLITS.iter().map(move |s| format!("  {s} @{rate}")))
         })
         .collect();
     let summaries: Vec<LatencySummary> = runs
         .iter()
         .flat_map(|run| {
-            std::iter::once(run.end_to_end.summary())
+            [run.critical_path.summary(), run.end_to_end.summary()]
+                .into_iter()
                 .chain(run.stage_latency.iter().map(|h| h.summary()))
         })
         .collect();
     let rows: Vec<(&str, &LatencySummary)> =
         labels.iter().map(String::as_str).zip(&summaries).collect();
     latency_table(&rows).with_title(
-        "Latency from the intended send time, µs (stages: requests that reached the core)",
+        "Latency from the intended send time, µs. Critical path: until the response is ready \
+         (core done), no fsync wait. Durable reply: until delivered, after its input's fsync. \
+         Stages: requests that reached the core",
     )
+}
+
+fn journal_table(runs: &[RunResult]) -> Table {
+    let mut table = Table::new([
+        "rate",
+        "shard",
+        "journal",
+        "recovered seq",
+        "replayed",
+        "records written",
+        "fsyncs",
+        "records/fsync",
+    ])
+    .with_title("Journal per core shard (recovery at start, writer over the run)");
+    for run in runs {
+        for shard in &run.journal {
+            let writer = shard.writer.unwrap_or_default();
+            table.row([
+                rate_label(run.rate_per_s),
+                shard.recovery.shard.to_string(),
+                format!("{:?}", run.journal_mode).to_lowercase(),
+                shard.recovery.recovered_seq.to_string(),
+                shard.recovery.replayed_records.to_string(),
+                writer.records.to_string(),
+                writer.syncs.to_string(),
+                format!("{:.1}", writer.records as f64 / writer.syncs.max(1) as f64),
+            ]);
+        }
+    }
+    table
 }
 
 fn buckets_table(runs: &[RunResult]) -> Table {
@@ -405,8 +480,13 @@ fn max_rate_table(report: &StepReport) -> Table {
 
 fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Result<()> {
     let runs = &session.runs;
-    let mut tables =
-        vec![latency_tables(runs), buckets_table(runs), stages_table(runs), rejects_table(runs)];
+    let mut tables = vec![
+        latency_tables(runs),
+        buckets_table(runs),
+        stages_table(runs),
+        rejects_table(runs),
+        journal_table(runs),
+    ];
     if let Some(report) = &session.max_rate {
         tables.push(max_rate_table(report));
     }
@@ -472,8 +552,8 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     let mut markdown = Markdown::new();
     markdown.heading(1, title);
     markdown.paragraph(&format!(
-        "Open-loop load ({} arrivals), latency from each request's intended send time to its first response at the subscriber gateway. Configuration: {} pre-process workers, {} core shards, {} senders, wait `{}`, placement {}.",
-        session.config.arrival, session.config.preprocess_workers, session.config.core_shards, session.config.senders, session.config.wait, session.config.placement
+        "Open-loop load ({} arrivals), latency from each request's intended send time to its first response at the subscriber gateway. Configuration: {} pre-process workers, {} core shards, {} senders, wait `{}`, placement {}, journal `{:?}` (critical path: until the response is ready; durable reply: until delivered after its input's fsync).",
+        session.config.arrival, session.config.preprocess_workers, session.config.core_shards, session.config.senders, session.config.wait, session.config.placement, session.config.journal
     ));
     for table in &tables {
         markdown.table(table);
@@ -492,25 +572,36 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     Ok(())
 }
 
+/// The placement and senders experiments compare thread layouts; a held reply would add the
+/// disk's fsync time to every latency they compare, so they run without a journal.
+fn unjournaled() -> TierConfig {
+    TierConfig { journal: JournalMode::Off, ..TierConfig::default() }
+}
+
 fn experiment_runs(
     config: &TierConfig,
     rate_per_s: f64,
     seconds: f64,
 ) -> anyhow::Result<RunResult> {
-    let options =
-        RunOptions { rate_per_s, duration: Duration::from_secs_f64(seconds), record_inputs: false };
+    let options = RunOptions {
+        rate_per_s,
+        duration: Duration::from_secs_f64(seconds),
+        record_inputs: false,
+        journal: JournalOptions::default(),
+    };
     run_tier(config, options, |_| {})
 }
 
 fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
+    let unjournaled = unjournaled();
     let variants = [
         (
             "placement+spin",
-            TierConfig { placement: true, wait: "spin".into(), ..TierConfig::default() },
+            TierConfig { placement: true, wait: "spin".into(), ..unjournaled.clone() },
         ),
         (
             "none+park",
-            TierConfig { placement: false, wait: "park".into(), ..TierConfig::default() },
+            TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() },
         ),
     ];
     let bar =
@@ -553,11 +644,11 @@ fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
     {
         return Err(BadInput("rate and seconds must be > 0".into()).into());
     }
+    let unjournaled = unjournaled();
     let bar = progress_bar(6, "senders experiment");
     let mut results = Vec::new();
     for senders in 1..=6usize {
-        let config =
-            TierConfig { senders, publish_work_ns: args.publish_work_ns, ..TierConfig::default() };
+        let config = TierConfig { senders, publish_work_ns: args.publish_work_ns, ..unjournaled.clone() };
         results.push((
             senders,
             experiment_runs(&config, args.rate, args.common.seconds)?.end_to_end.summary(),

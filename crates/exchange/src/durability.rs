@@ -23,9 +23,9 @@ use journal::{
 use lab::outcome::BadInput;
 
 use crate::core::{CoreLimits, MatchingCore};
-use crate::master::Listing;
+use crate::book::Listing;
 use crate::msg::{
-    Command, InstrumentId, OrderType, OutputHash, SequencedInput, Side, Stamps, TimeInForce,
+    Command, CoreOutput, InstrumentId, OrderType, OutputHash, SequencedInput, Side, Stamps, TimeInForce,
 };
 
 /// How the tier journals its sequenced input (`--journal`).
@@ -214,7 +214,7 @@ impl ShardState {
 
     /// Processes one sequenced input, hashing each output before handing it to `emit`.
     #[inline]
-    pub fn process(&mut self, input: &SequencedInput, emit: &mut impl FnMut(&crate::msg::CoreOutput)) {
+    pub fn process(&mut self, input: &SequencedInput, emit: &mut impl FnMut(&CoreOutput)) {
         let hash = &mut self.hash;
         self.core.process(input, &mut |output| {
             hash.update(output);

@@ -17,6 +17,9 @@ fn run_args(config: std::path::PathBuf, out: std::path::PathBuf) -> RunArgs {
         wait: None,
         placement: None,
         arrival: None,
+        journal: None,
+        data: None,
+        repair: false,
         out,
     }
 }
@@ -35,6 +38,12 @@ fn run_with_a_config_file_writes_the_report() {
     let first = &report["runs"][0];
     assert!(first["sent"].as_u64().unwrap() > 500);
     assert_eq!(first["end_to_end"]["count"], first["sent"], "every request answered");
+    assert_eq!(first["critical_path"]["count"], first["sent"], "both latencies per request");
+    assert_eq!(first["journal_mode"], "group", "journaling is on by default");
+    for shard in first["journal"].as_array().unwrap() {
+        assert!(shard["writer"]["records"].as_u64().unwrap() > 0, "{shard}");
+        assert!(shard["writer"]["syncs"].as_u64().unwrap() > 0, "{shard}");
+    }
     assert_eq!(first["output_hashes"].as_array().unwrap().len(), 2);
     for file in ["summary.md", "latency-cdf.svg", "stage-breakdown.svg"] {
         let text = std::fs::read_to_string(out.join(file)).unwrap();

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use exchange::core::{CoreLimits, MatchingCore};
+use exchange::durability::JournalOptions;
 use exchange::flow::reference_master_data;
 use exchange::msg::{OutputHash, Reason};
 use exchange::tier::{RunOptions, TierConfig, run};
@@ -24,6 +25,7 @@ fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
         rate_per_s: 20_000.0,
         duration: Duration::from_millis(500),
         record_inputs: true,
+        journal: JournalOptions::default(),
     };
     let result = run(&config, options, |_| {}).expect("run");
     assert!(result.sent > 5_000, "sent {}", result.sent);

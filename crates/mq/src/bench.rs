@@ -3,7 +3,10 @@
 //!
 //! - PostgreSQL: baseline = N connections each committing `INSERT` (send) and
 //!   `DELETE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED)` (pop) one row per transaction;
-//!   leantier = an in-process node (group commit on) driven by N TCP clients.
+//!   leantier = an in-process node (group commit on) driven by N TCP clients, measured twice:
+//!   with one request in flight per client (closed loop, like the baselines), then with
+//!   `window` requests pipelined per client (how brokers are driven for throughput). Every
+//!   reply still waits for its batch's durable commit. The node's mean batch size is printed.
 //! - SQLite: baseline = one `INSERT` per transaction; leantier embedded = the store's batch call
 //!   with `batch` sends per transaction (the ≥ 100K durable sends/s target), plus the node over
 //!   TCP.
@@ -15,7 +18,7 @@ use lab::report::Table;
 use serde::Serialize;
 
 use crate::client::Client;
-use crate::protocol::{ReadMode, ReadTarget, Request};
+use crate::protocol::{NodeStats, ReadMode, ReadTarget, Request};
 use crate::server::{self, NodeConfig};
 use crate::store::{AnyStore, Batch, Store, StoreOp};
 
@@ -30,6 +33,8 @@ pub struct BenchConfig {
     pub content_bytes: usize,
     /// Sends per transaction in the embedded SQLite measurement.
     pub embedded_batch: usize,
+    /// Requests each client keeps in flight in the pipelined node measurement.
+    pub window: usize,
     pub node: NodeConfig,
     /// pgmq's install SQL (`pgmq.sql` from the crates.io `pgmq` crate); PostgreSQL only.
     pub pgmq_sql: Option<std::path::PathBuf>,
@@ -44,6 +49,8 @@ pub struct BenchRow {
     pub operation: String,
     pub ops: u64,
     pub per_s: f64,
+    /// Mean requests per committed transaction at the node (node rows only).
+    pub batch_mean: Option<f64>,
 }
 
 /// Runs the comparison; returns rows plus the embedded SQLite rate when measured.
@@ -79,9 +86,15 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<BenchRow>, Option<
             ));
         }
     }
-    let (sends, pops) = through_node(store, config, &content).await?;
-    rows.push(row("leantier node (TCP, group commit)", "send", sends, config.seconds));
-    rows.push(row("leantier node (TCP, group commit)", "pop", pops, config.seconds));
+    for window in [1, config.window.max(1)] {
+        let system = format!("leantier node ({} clients × {window} in flight)", config.clients);
+        let phases = through_node(store.clone(), config, window, &content).await?;
+        for (operation, phase) in [("send", phases.sends), ("pop", phases.pops)] {
+            let mut r = row(&system, operation, phase.ops, config.seconds);
+            r.batch_mean = Some(phase.batch_mean);
+            rows.push(r);
+        }
+    }
     Ok((rows, embedded))
 }
 
@@ -91,12 +104,13 @@ fn row(system: &str, operation: &str, ops: u64, seconds: f64) -> BenchRow {
         operation: operation.into(),
         ops,
         per_s: ops as f64 / seconds,
+        batch_mean: None,
     }
 }
 
 /// The comparison table with ratios against the baseline of the same operation.
 pub fn table(rows: &[BenchRow]) -> Table {
-    let mut t = Table::new(["system", "op", "ops", "ops/s", "× baseline"])
+    let mut t = Table::new(["system", "op", "ops", "ops/s", "× baseline", "mean batch"])
         .with_title("mq bench (same run)");
     for r in rows {
         let baseline =
@@ -107,6 +121,7 @@ pub fn table(rows: &[BenchRow]) -> Table {
             r.ops.to_string(),
             format!("{:.0}", r.per_s),
             format!("{:.2}", r.per_s / baseline),
+            r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
         ]);
     }
     t
@@ -249,28 +264,57 @@ async fn embedded_sends(
     Ok(sent)
 }
 
+/// One node measurement: ops done and the node's mean requests per transaction.
+struct NodePhase {
+    ops: u64,
+    batch_mean: f64,
+}
+
+struct NodePhases {
+    sends: NodePhase,
+    pops: NodePhase,
+}
+
 async fn through_node(
     store: AnyStore,
     config: &BenchConfig,
+    window: usize,
     content: &[u8],
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<NodePhases> {
     let node = server::start("127.0.0.1:0", store, config.node.clone()).await?;
     let addr = node.addr.to_string();
     let queue = format!("bench-node-{}", crate::util::now_us());
     let mut admin = Client::connect(&addr).await?;
     admin.register(&format!("{queue}-admin")).await?;
     admin.create_queue(&queue).await?;
-    let sends = node_phase(&addr, &queue, config, Some(content)).await?;
-    let pops = node_phase(&addr, &queue, config, None).await?;
+    let before = admin.stats(&queue).await?;
+    let sends = node_phase(&addr, &queue, config, window, Some(content)).await?;
+    let middle = admin.stats(&queue).await?;
+    let pops = node_phase(&addr, &queue, config, window, None).await?;
+    let after = admin.stats(&queue).await?;
     admin.delete_queue(&queue, true).await?;
     node.shutdown().await;
-    Ok((sends, pops))
+    // Each phase's committed operations over its transactions (the stats calls themselves
+    // are one-request transactions; they slightly lower the mean).
+    let batch_mean = |committed: u64, from: &NodeStats, to: &NodeStats| {
+        committed as f64 / (to.batches_committed - from.batches_committed).max(1) as f64
+    };
+    Ok(NodePhases {
+        sends: NodePhase {
+            ops: sends,
+            batch_mean: batch_mean(sends, &before, &middle),
+        },
+        pops: NodePhase { ops: pops, batch_mean: batch_mean(pops, &middle, &after) },
+    })
 }
 
+/// `config.clients` clients, each keeping `window` requests in flight until the phase ends
+/// (sends when `content` is given, else pops until the queue is empty). Returns the ops done.
 async fn node_phase(
     addr: &str,
     queue: &str,
     config: &BenchConfig,
+    window: usize,
     content: Option<&[u8]>,
 ) -> anyhow::Result<u64> {
     let end = Instant::now() + Duration::from_secs_f64(config.seconds);
@@ -280,25 +324,27 @@ async fn node_phase(
         client.register(&format!("{queue}-{i}")).await?;
         let (queue, content) = (queue.to_owned(), content.map(<[u8]>::to_vec));
         tasks.spawn(async move {
-            let mut done = 0u64;
-            while Instant::now() < end {
-                match &content {
-                    Some(c) => {
-                        client.send(&queue, None, c).await?;
-                        done += 1;
-                    }
-                    None => {
-                        match client.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await {
-                            Ok(_) => done += 1,
-                            Err(e) if e.reason() == Some(crate::protocol::Reason::NoMessage) => {
-                                break;
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
+            let request = || match &content {
+                Some(c) => Request::Send { queue: queue.clone(), receiver: None, content: c.clone() },
+                None => Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop },
+            };
+            let (mut done, mut in_flight, mut drained) = (0u64, 0usize, false);
+            loop {
+                while !drained && in_flight < window && Instant::now() < end {
+                    client.submit(request()).await?;
+                    in_flight += 1;
+                }
+                if in_flight == 0 {
+                    return anyhow::Ok(done);
+                }
+                let (_, result) = client.receive().await?;
+                in_flight -= 1;
+                match result {
+                    Ok(_) => done += 1,
+                    Err(e) if e.reason == crate::protocol::Reason::NoMessage => drained = true,
+                    Err(e) => return Err(crate::client::ClientError::Refused(e).into()),
                 }
             }
-            anyhow::Ok(done)
         });
     }
     let mut total = 0;

@@ -215,6 +215,11 @@ pub struct BenchArgs {
     /// Sends per transaction in the embedded SQLite measurement.
     #[arg(long, default_value_t = 1024)]
     pub embedded_batch: usize,
+    /// Requests each leantier client keeps in flight (pipelined on its connection) in the
+    /// second node measurement; the first one always runs with 1 (one request per round trip,
+    /// like the baselines' connections).
+    #[arg(long, default_value_t = 16)]
+    pub window: usize,
     /// Exit with the target-missed code when embedded SQLite stays under 100K sends/s.
     #[arg(long)]
     pub check: bool,
@@ -424,6 +429,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
         seconds: args.seconds,
         content_bytes: args.content_bytes,
         embedded_batch: args.embedded_batch,
+        window: args.window,
         node: args.node.resolve()?,
         pgmq_sql: args.pgmq_sql.clone(),
     };

@@ -173,18 +173,6 @@ impl<T: Copy> Consumer<T> {
         take_locked(&self.shared, state, &mut self.scratch, max.min(self.batch_slots_max), f)
     }
 
-    pub fn try_pop(&mut self) -> Option<T> {
-        let mut item = None;
-        self.read_batch(1, |value| item = Some(*value));
-        item
-    }
-
-    pub fn pop(&mut self) -> Result<T, Disconnected> {
-        let mut item = None;
-        self.wait_read_batch(1, |value| item = Some(*value))?;
-        Ok(item.expect("wait_read_batch reads at least one message on Ok"))
-    }
-
     /// Waits on the condition variable until a message arrives or the producer is gone.
     pub fn wait_read_batch(
         &mut self,

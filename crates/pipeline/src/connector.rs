@@ -110,15 +110,20 @@ impl<T: Copy> Sender<T> {
 }
 
 impl<T: Copy> Receiver<T> {
+    /// Pops one message if any is available.
     #[inline]
     pub fn try_pop(&mut self) -> Option<T> {
-        dispatch!(self, side => side.try_pop())
+        let mut item = None;
+        self.read_batch(1, |value| item = Some(*value));
+        item
     }
 
     /// Pops one message, waiting; `Err` once the sender is gone and the connector drained.
     #[inline]
     pub fn pop(&mut self) -> Result<T, Disconnected> {
-        dispatch!(self, side => side.pop())
+        let mut item = None;
+        self.wait_read_batch(1, |value| item = Some(*value))?;
+        Ok(item.expect("wait_read_batch reads at least one message on Ok"))
     }
 
     /// Reads up to `max` available messages with one release; never waits.

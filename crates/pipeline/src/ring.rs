@@ -408,22 +408,6 @@ impl<T: Copy> Consumer<T> {
         n
     }
 
-    /// Pops one message if any is available.
-    #[inline]
-    pub fn try_pop(&mut self) -> Option<T> {
-        let mut item = None;
-        self.read_batch(1, |value| item = Some(*value));
-        item
-    }
-
-    /// Pops one message, waiting with the ring's strategy; `Err` once the producer is gone and
-    /// the ring is drained.
-    pub fn pop(&mut self) -> Result<T, Disconnected> {
-        let mut item = None;
-        self.wait_read_batch(1, |value| item = Some(*value))?;
-        Ok(item.expect("wait_read_batch reads at least one message on Ok"))
-    }
-
     /// Like [`Consumer::read_batch`], but waits until at least one message is available.
     pub fn wait_read_batch(
         &mut self,
@@ -498,7 +482,7 @@ mod tests {
             producer.try_push(i).unwrap();
         }
         assert_eq!(producer.try_push(9), Err(TryPushError::Full(9)));
-        assert_eq!(consumer.try_pop(), Some(0));
+        assert_eq!(consumer.read_batch(1, |v| assert_eq!(*v, 0)), 1);
         producer.try_push(9).unwrap();
         let mut seen = Vec::new();
         consumer.read_batch(usize::MAX, |v| seen.push(*v));
@@ -528,9 +512,9 @@ mod tests {
         producer.push_batch(&[1, 2, 3]).unwrap();
         drop(producer);
         assert!(!consumer.is_disconnected());
-        assert_eq!(consumer.pop(), Ok(1));
+        assert_eq!(consumer.wait_read_batch(1, |v| assert_eq!(*v, 1)), Ok(1));
         assert_eq!(consumer.wait_read_batch(8, |_| {}), Ok(2));
-        assert_eq!(consumer.pop(), Err(Disconnected));
+        assert_eq!(consumer.wait_read_batch(8, |_| {}), Err(Disconnected));
     }
 
     #[test]

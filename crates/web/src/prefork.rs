@@ -17,12 +17,12 @@
 //! is inherited across exec, its number passed in the [`ChildSpec`]).
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::AtomicUsize;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicUsize;
 
 use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -85,7 +85,8 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         Model::Adaptive => {
             let host_computing = HostCounter::map(spec.host_counter_fd)?;
             // Before pinning: the splitting pool's threads pin themselves over all allowed CPUs.
-            let executor = Executor::start_child(&exec, spec.parallel_body_bytes_min, host_computing)?;
+            let executor =
+                Executor::start_child(&exec, spec.parallel_body_bytes_min, host_computing)?;
             // The reactor threads, started later, inherit this thread's mask.
             pin()?;
             Executors::of(executor)
@@ -200,8 +201,7 @@ impl Prefork {
         };
         for index in 0..workers {
             let cpu = exec::cpu_for_worker(&allowed, index);
-            let spec =
-                ChildSpec { cpu, addr, pool_threads: workers, host_counter_fd, ..template };
+            let spec = ChildSpec { cpu, addr, pool_threads: workers, host_counter_fd, ..template };
             let child = Command::new(&exe)
                 .args(args)
                 .env(CHILD_ENV, serde_json::to_string(&spec)?)
@@ -260,8 +260,10 @@ mod tests {
     fn host_counter_mappings_share_one_value() {
         let counter = HostCounter::create().unwrap();
         // Two mappings of one memfd stand for two processes: distinct addresses, one value.
-        let (first, second) =
-            (HostCounter::map(counter.raw_fd()).unwrap(), HostCounter::map(counter.raw_fd()).unwrap());
+        let (first, second) = (
+            HostCounter::map(counter.raw_fd()).unwrap(),
+            HostCounter::map(counter.raw_fd()).unwrap(),
+        );
         assert!(!std::ptr::eq(first, second));
         assert_eq!(first.fetch_add(3, Ordering::Relaxed), 0);
         assert_eq!(second.fetch_sub(1, Ordering::Relaxed), 3);

@@ -5,8 +5,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use web::api::SizeLimits;
 use web::client::JsonClient;
+use web::exec::{Compute, Model, process};
 use web::prefork::{ChildSpec, Prefork, child_spec_from_env, run_child};
+use web::workload::Shape;
 
 const EXAMPLE: &str = r#"{"requestId": 7, "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
     "matrixTwo": {"columnCount": 1, "rows": [{"value": "3"}, {"value": "4"}]}}"#;
@@ -18,18 +21,29 @@ fn main() {
     }
     prefork_children_serve_and_die_with_the_parent();
     println!("test prefork_children_serve_and_die_with_the_parent ... ok");
-    println!("1 passed, 0 failed");
+    adaptive_children_split_or_inline_with_the_serial_answer();
+    println!("test adaptive_children_split_or_inline_with_the_serial_answer ... ok");
+    println!("2 passed, 0 failed");
 }
 
-fn prefork_children_serve_and_die_with_the_parent() {
-    let template = ChildSpec {
+fn template(model: Model) -> ChildSpec {
+    ChildSpec {
+        model,
         cpu: 0,
+        pool_threads: 2,
+        // Every adaptive request is large enough to split when nothing else computes.
+        parallel_body_bytes_min: 0,
+        host_counter_fd: -1,
         addr: "127.0.0.1:0".parse().unwrap(),
         dim_max: 100,
         cells_max: 10_000,
         queue_depth_max: 16,
         body_bytes_max: 1 << 16,
-    };
+    }
+}
+
+fn prefork_children_serve_and_die_with_the_parent() {
+    let template = template(Model::Prefork);
     let exe = std::env::current_exe().unwrap();
     let prefork = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
     let url = format!("http://{}/matrix/prefork", prefork.local_addr());
@@ -53,4 +67,32 @@ fn prefork_children_serve_and_die_with_the_parent() {
 
 fn process_exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// One request at a time (the host idles: split over the pool), then 8 at once on separate
+/// connections (others compute: inline); every answer equals the serial one.
+fn adaptive_children_split_or_inline_with_the_serial_answer() {
+    let template = template(Model::Adaptive);
+    let exe = std::env::current_exe().unwrap();
+    let children = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
+    let url = format!("http://{}/matrix/adaptive", children.local_addr());
+    let body = Bytes::from(Shape::study(90).request_body(5, 11));
+    let limits = SizeLimits { dim_max: template.dim_max, cells_max: template.cells_max };
+    let expected = process(&body, &limits, Compute::Serial);
+    assert_eq!(expected.status, 200);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        for _ in 0..4 {
+            let (status, answer) = JsonClient::default().post(&url, body.clone()).await.unwrap();
+            assert_eq!((status, answer.to_vec()), (200, expected.body.clone()));
+        }
+        let concurrent = (0..8).map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            tokio::spawn(async move { JsonClient::default().post(&url, body).await.unwrap() })
+        });
+        for answer in concurrent.collect::<Vec<_>>() {
+            let (status, answer) = answer.await.unwrap();
+            assert_eq!((status, answer.to_vec()), (200, expected.body.clone()));
+        }
+    });
 }

@@ -88,9 +88,9 @@ fn contenders() -> Vec<Contender> {
         contender::<peers::Leantier>(),
         contender::<peers::Rtrb>(),
         contender::<peers::CrossbeamArrayQueue>(),
-        contender::<peers::CrossbeamChannel>(),
+        contender::<peers::ViaChannel<peers::CrossbeamChannel>>(),
         contender::<peers::Disruptor>(),
-        contender::<peers::StdSyncChannel>(),
+        contender::<peers::ViaChannel<peers::StdSyncChannel>>(),
         contender::<peers::Blocking>(),
     ]
 }

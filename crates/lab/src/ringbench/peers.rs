@@ -171,41 +171,79 @@ impl<M: Payload> Peer<M> for CrossbeamArrayQueue {
     }
 }
 
-impl<M: Payload> Peer<M> for CrossbeamChannel {
+/// The two bounded channels differ only in their constructors and types; both are used the
+/// way channel users batch: block for the first message, then drain what is already there.
+pub trait Channel<M> {
+    const NAME: &'static str;
+    type Tx: Send + 'static;
+    type Rx: Send + 'static;
+    fn bounded(capacity_slots: usize) -> (Self::Tx, Self::Rx);
+    fn send(tx: &Self::Tx, message: M) -> bool;
+    fn recv(rx: &Self::Rx) -> Option<M>;
+    fn try_recv(rx: &Self::Rx) -> Option<M>;
+}
+
+impl<M: Payload> Channel<M> for CrossbeamChannel {
     const NAME: &'static str = "crossbeam bounded channel";
     type Tx = crossbeam::channel::Sender<M>;
     type Rx = crossbeam::channel::Receiver<M>;
-    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+    fn bounded(capacity_slots: usize) -> (Self::Tx, Self::Rx) {
         crossbeam::channel::bounded(capacity_slots)
     }
-    fn send(tx: &mut Self::Tx, batch: &[M]) {
-        for message in batch {
-            tx.send(*message).expect("consumer outlives the producer");
-        }
+    fn send(tx: &Self::Tx, message: M) -> bool {
+        tx.send(message).is_ok()
     }
-    fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
-        let Ok(first) = rx.recv() else { return 0 };
-        f(&first);
-        1 + rx.try_iter().take(max - 1).map(|message| f(&message)).count()
+    fn recv(rx: &Self::Rx) -> Option<M> {
+        rx.recv().ok()
+    }
+    fn try_recv(rx: &Self::Rx) -> Option<M> {
+        rx.try_recv().ok()
     }
 }
 
-impl<M: Payload> Peer<M> for StdSyncChannel {
+impl<M: Payload> Channel<M> for StdSyncChannel {
     const NAME: &'static str = "std mpsc sync_channel";
     type Tx = std::sync::mpsc::SyncSender<M>;
     type Rx = std::sync::mpsc::Receiver<M>;
-    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+    fn bounded(capacity_slots: usize) -> (Self::Tx, Self::Rx) {
         std::sync::mpsc::sync_channel(capacity_slots)
+    }
+    fn send(tx: &Self::Tx, message: M) -> bool {
+        tx.send(message).is_ok()
+    }
+    fn recv(rx: &Self::Rx) -> Option<M> {
+        rx.recv().ok()
+    }
+    fn try_recv(rx: &Self::Rx) -> Option<M> {
+        rx.try_recv().ok()
+    }
+}
+
+/// Adapts any [`Channel`] to [`Peer`].
+pub struct ViaChannel<C>(std::marker::PhantomData<C>);
+
+impl<M: Payload, C: Channel<M>> Peer<M> for ViaChannel<C> {
+    const NAME: &'static str = C::NAME;
+    type Tx = C::Tx;
+    type Rx = C::Rx;
+    fn build(capacity_slots: usize, _batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        C::bounded(capacity_slots)
     }
     fn send(tx: &mut Self::Tx, batch: &[M]) {
         for message in batch {
-            tx.send(*message).expect("consumer outlives the producer");
+            assert!(C::send(tx, *message), "consumer outlives the producer");
         }
     }
     fn receive(rx: &mut Self::Rx, max: usize, mut f: impl FnMut(&M)) -> usize {
-        let Ok(first) = rx.recv() else { return 0 };
+        let Some(first) = C::recv(rx) else { return 0 };
         f(&first);
-        1 + rx.try_iter().take(max - 1).map(|message| f(&message)).count()
+        let mut n = 1;
+        while n < max {
+            let Some(message) = C::try_recv(rx) else { break };
+            f(&message);
+            n += 1;
+        }
+        n
     }
 }
 
