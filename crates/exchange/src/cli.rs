@@ -599,10 +599,7 @@ fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
             "placement+spin",
             TierConfig { placement: true, wait: "spin".into(), ..unjournaled.clone() },
         ),
-        (
-            "none+park",
-            TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() },
-        ),
+        ("none+park", TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() }),
     ];
     let bar =
         progress_bar((variants.len() * DEMO_RATES_PER_S.len()) as u64, "placement experiment");
@@ -648,7 +645,8 @@ fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
     let bar = progress_bar(6, "senders experiment");
     let mut results = Vec::new();
     for senders in 1..=6usize {
-        let config = TierConfig { senders, publish_work_ns: args.publish_work_ns, ..unjournaled.clone() };
+        let config =
+            TierConfig { senders, publish_work_ns: args.publish_work_ns, ..unjournaled.clone() };
         results.push((
             senders,
             experiment_runs(&config, args.rate, args.common.seconds)?.end_to_end.summary(),

@@ -17,15 +17,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use journal::{
-    DurableSeq, JournalConfig, JournalSender, JournalWriter, Policy, RecoverOptions, Record,
+    DurableSeq, JournalConfig, JournalSender, JournalWriter, Policy, Record, RecoverOptions,
     StateMachine, recover_from,
 };
 use lab::outcome::BadInput;
 
-use crate::core::{CoreLimits, MatchingCore};
 use crate::book::Listing;
+use crate::core::{CoreLimits, MatchingCore};
 use crate::msg::{
-    Command, CoreOutput, InstrumentId, OrderType, OutputHash, SequencedInput, Side, Stamps, TimeInForce,
+    Command, CoreOutput, InstrumentId, OrderType, OutputHash, SequencedInput, Side, Stamps,
+    TimeInForce,
 };
 
 /// How the tier journals its sequenced input (`--journal`).
@@ -347,7 +348,13 @@ fn open_shard(
     let fresh = || ShardState::new(listings, limits);
     let Some(policy) = mode.policy() else {
         let recovery = ShardRecovery { shard, dir, ..ShardRecovery::default() };
-        return Ok(OpenedShard { state: fresh(), last_seq: 0, sender: None, writer: None, recovery });
+        return Ok(OpenedShard {
+            state: fresh(),
+            last_seq: 0,
+            sender: None,
+            writer: None,
+            recovery,
+        });
     };
     let recovered = recover_from(&dir, RecoverOptions { repair }, fresh)?;
     if let Some(why) = &recovered.state.undecodable {

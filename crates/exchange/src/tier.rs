@@ -45,8 +45,8 @@ use crate::durability::{
 use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
 use crate::master::{MasterData, MasterUpdate, SnapshotCell};
 use crate::msg::{
-    Audience, Command, CoreOutput, InboundOrder, InstrumentId, OutputKind, Price,
-    REASON_COUNT, Reason, Response, SequencedInput, Stamps,
+    Audience, Command, CoreOutput, InboundOrder, InstrumentId, OutputKind, Price, REASON_COUNT,
+    Reason, Response, SequencedInput, Stamps,
 };
 use crate::preprocess::Preprocessor;
 

@@ -157,3 +157,33 @@ fn unpin_current_thread() {
         tracing::warn!(%error, "could not restore the benchmark thread's CPU affinity");
     }
 }
+
+/// How long an idle waiter is observed when measuring its CPU cost.
+pub const IDLE_OBSERVATION: Duration = Duration::from_millis(200);
+
+/// The share of one CPU that a consumer waiting with `strategy` burns while its ring stays
+/// empty for [`IDLE_OBSERVATION`]: thread CPU time over wall time, both read by the waiter.
+pub fn idle_cpu_fraction(strategy: pipeline::WaitStrategy) -> anyhow::Result<f64> {
+    let config = pipeline::RingConfig { capacity_slots: 64, batch_slots_max: 64, wait: strategy };
+    let (mut tx, mut rx) = pipeline::connector::<u64>(pipeline::ConnectorKind::LockFree, &config)?;
+    let waiter = std::thread::spawn(move || {
+        let (wall_start, cpu_start) = (Instant::now(), thread_cpu_time());
+        let received = rx.wait_read_batch(1, |_| {});
+        let (wall, cpu) = (wall_start.elapsed(), thread_cpu_time().saturating_sub(cpu_start));
+        received.map(|_| cpu.as_secs_f64() / wall.as_secs_f64())
+    });
+    std::thread::sleep(IDLE_OBSERVATION);
+    tx.push(1).map_err(|_| anyhow::anyhow!("idle waiter exited early"))?;
+    let fraction = waiter.join().map_err(|_| anyhow::anyhow!("idle waiter panicked"))??;
+    Ok(fraction)
+}
+
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID needs no other state.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}

@@ -95,6 +95,20 @@ fn contenders() -> Vec<Contender> {
     ]
 }
 
+/// The ring with its consumer waiting under each strategy, for the wait-strategy table.
+fn waiting_contenders() -> Vec<(pipeline::WaitStrategy, &'static str, PingPongFn)> {
+    fn entry<const S: u8>() -> (pipeline::WaitStrategy, &'static str, PingPongFn) {
+        let name = <peers::LeantierWaiting<S> as Peer<Message8>>::NAME;
+        (peers::strategy(S), name, harness::ping_pong::<peers::LeantierWaiting<S>, Message8>)
+    }
+    vec![
+        entry::<{ peers::WAIT_SPIN }>(),
+        entry::<{ peers::WAIT_SPIN_YIELD }>(),
+        entry::<{ peers::WAIT_ADAPTIVE }>(),
+        entry::<{ peers::WAIT_PARK }>(),
+    ]
+}
+
 const MESSAGE_BYTES: [usize; 2] = [Message8::BYTES, Message64::BYTES];
 
 #[derive(Debug, Serialize)]
@@ -123,6 +137,13 @@ struct HopLatency {
 }
 
 #[derive(Debug, Serialize)]
+struct WaitCost {
+    strategy: &'static str,
+    one_way_ns: LatencySummary,
+    idle_cpu_fraction: f64,
+}
+
+#[derive(Debug, Serialize)]
 struct Target {
     name: String,
     measured: String,
@@ -140,6 +161,7 @@ struct RingReport {
     throughput: Vec<ThroughputCell>,
     ratios: Vec<Ratio>,
     latency: Vec<HopLatency>,
+    wait_strategies: Vec<WaitCost>,
     targets: Vec<Target>,
 }
 
@@ -153,6 +175,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let contenders = contenders();
     let throughput = measure_throughput(&args, &contenders, cpus)?;
     let (latency, histograms) = measure_latency(&args, &contenders, cpus)?;
+    let wait_strategies = measure_wait_strategies(&args, cpus)?;
     let ratios = ratios(&throughput);
     let targets = targets(&ratios, &latency, cpus);
     let report = RingReport {
@@ -164,6 +187,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         throughput,
         ratios,
         latency,
+        wait_strategies,
         targets,
     };
     write_report(&args, &report, &histograms)?;
@@ -248,6 +272,22 @@ fn measure_latency(
     }
     bar.finish_and_clear();
     Ok((rows, histograms))
+}
+
+fn measure_wait_strategies(args: &Args, cpus: CpuPair) -> anyhow::Result<Vec<WaitCost>> {
+    let contenders = waiting_contenders();
+    let bar = progress_bar(contenders.len() as u64, "wait strategies");
+    let mut costs = Vec::new();
+    for (strategy, name, ping_pong) in contenders {
+        costs.push(WaitCost {
+            strategy: name,
+            one_way_ns: ping_pong(args.round_trips, cpus)?.summary(),
+            idle_cpu_fraction: harness::idle_cpu_fraction(strategy)?,
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(costs)
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -347,6 +387,23 @@ fn latency_table(report: &RingReport) -> Table {
     table
 }
 
+fn wait_table(report: &RingReport) -> Table {
+    let mut table =
+        Table::new(["consumer waits by", "hop p50 ns", "hop p99 ns", "hop max ns", "idle CPU %"])
+            .with_title("wait strategies: wake-up cost (ping-pong) and CPU burnt while idle");
+    for cost in &report.wait_strategies {
+        let s = &cost.one_way_ns;
+        table.row([
+            cost.strategy.to_string(),
+            s.p50_ns.to_string(),
+            s.p99_ns.to_string(),
+            s.max_ns.to_string(),
+            format!("{:.1}", cost.idle_cpu_fraction * 100.0),
+        ]);
+    }
+    table
+}
+
 fn targets_table(report: &RingReport) -> Table {
     let mut table = Table::new(["target", "measured", "required", "met"]).with_title("targets");
     for target in &report.targets {
@@ -366,7 +423,12 @@ fn write_report(
     report: &RingReport,
     histograms: &[LatencyHistogram],
 ) -> anyhow::Result<()> {
-    let tables = [throughput_table(report), latency_table(report), targets_table(report)];
+    let tables = [
+        throughput_table(report),
+        latency_table(report),
+        wait_table(report),
+        targets_table(report),
+    ];
     for table in &tables {
         println!("{table}");
     }
@@ -374,6 +436,7 @@ fn write_report(
     dir.write_json("ring.json", report)?;
     dir.write_csv("throughput.csv", &tables[0])?;
     dir.write_csv("latency.csv", &tables[1])?;
+    dir.write_csv("wait-strategies.csv", &tables[2])?;
     let labelled: Vec<(&str, &LatencyHistogram)> =
         report.latency.iter().map(|row| row.peer).zip(histograms).collect();
     dir.write_svg(
@@ -454,6 +517,18 @@ mod tests {
             }
             let histogram = (contender.ping_pong)(200, cpus).unwrap();
             assert_eq!(histogram.count(), 200 - 200 / 10, "{}", contender.name);
+        }
+    }
+
+    #[test]
+    fn a_parked_waiter_burns_far_less_cpu_than_a_spinning_one() {
+        let parked = harness::idle_cpu_fraction(pipeline::WaitStrategy::Park).unwrap();
+        let spinning = harness::idle_cpu_fraction(pipeline::WaitStrategy::BusySpin).unwrap();
+        assert!(parked < 0.05, "parked waiter used {parked:.3} of a CPU");
+        assert!(spinning > parked, "spinning {spinning:.3} vs parked {parked:.3}");
+        for (_, name, ping_pong) in waiting_contenders() {
+            let cpus = CpuPair { producer: None, consumer: None };
+            assert_eq!(ping_pong(100, cpus).unwrap().count(), 90, "{name}");
         }
     }
 

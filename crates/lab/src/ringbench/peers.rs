@@ -96,6 +96,47 @@ impl<M: Payload> Peer<M> for Leantier {
     }
 }
 
+/// leantier's lock-free ring whose consumer *waits* with strategy `S` (see [`strategy`])
+/// instead of being polled, so ping-pong measures each strategy's wake-up cost.
+pub struct LeantierWaiting<const S: u8>;
+
+pub const WAIT_SPIN: u8 = 0;
+pub const WAIT_SPIN_YIELD: u8 = 1;
+pub const WAIT_ADAPTIVE: u8 = 2;
+pub const WAIT_PARK: u8 = 3;
+
+/// The strategy behind each `LeantierWaiting` parameter.
+pub fn strategy(code: u8) -> WaitStrategy {
+    match code {
+        WAIT_SPIN => WaitStrategy::BusySpin,
+        WAIT_SPIN_YIELD => {
+            WaitStrategy::SpinYield { spins: pipeline::wait::ADAPTIVE_SPINS_DEFAULT }
+        }
+        WAIT_ADAPTIVE => WaitStrategy::default(),
+        _ => WaitStrategy::Park,
+    }
+}
+
+impl<M: Payload, const S: u8> Peer<M> for LeantierWaiting<S> {
+    const NAME: &'static str = match S {
+        WAIT_SPIN => "wait: busy-spin",
+        WAIT_SPIN_YIELD => "wait: spin-yield",
+        WAIT_ADAPTIVE => "wait: adaptive",
+        _ => "wait: park",
+    };
+    type Tx = pipeline::Sender<M>;
+    type Rx = pipeline::Receiver<M>;
+    fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
+        pipeline_connector(ConnectorKind::LockFree, capacity_slots, batch_slots_max, strategy(S))
+    }
+    fn send(tx: &mut Self::Tx, batch: &[M]) {
+        tx.push_batch(batch).expect("consumer outlives the producer");
+    }
+    fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize {
+        rx.wait_read_batch(max, f).unwrap_or(0)
+    }
+}
+
 impl<M: Payload> Peer<M> for Blocking {
     const NAME: &'static str = "blocking (mutex+condvar)";
     type Tx = pipeline::Sender<M>;
