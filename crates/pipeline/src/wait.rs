@@ -1,11 +1,15 @@
 //! Wait strategies: what a thread does while its ring is empty (consumer) or full (producer).
 //!
-//! | strategy     | latency to notice work | CPU while idle            | use when                         |
-//! |--------------|------------------------|---------------------------|----------------------------------|
-//! | `BusySpin`   | ~50-100 ns (one cache-line transfer) | 100% of a core | a core is dedicated to the stage |
-//! | `SpinYield`  | spin, then ~1 µs per `sched_yield`   | 100%, but yields to runnable threads | shared cores, low latency wanted |
-//! | `Park`       | a futex wake: ~5-50 µs               | ~0%            | ancillary stages, oversubscribed hosts |
-//! | `Adaptive`   | spin → yield → park                  | bounded by the spin/yield budget, then ~0% | the default |
+//! | strategy     | to notice new work                  | CPU while idle                 | use when                             |
+//! |--------------|-------------------------------------|--------------------------------|--------------------------------------|
+//! | `BusySpin`   | one cache-line transfer             | a whole core                   | a core is dedicated to the stage     |
+//! | `SpinYield`  | spin, then one `sched_yield` round  | a whole core, yielded to peers | shared cores, low latency wanted     |
+//! | `Park`       | a futex wake-up of a sleeping thread | next to nothing               | ancillary stages, oversubscribed hosts |
+//! | `Adaptive`   | spin → yield → park                  | the spin/yield budget, then ~0 | the default                          |
+//!
+//! `leantier bench ring` measures both columns on the host at hand (hop latency by ping-pong
+//! with the consumer waiting under each strategy, and the idle waiter's thread CPU time over
+//! wall time); docs/BENCHMARKS.md records the figures.
 //!
 //! # The wake-up protocol (why a running consumer costs the producer no syscall)
 //!
