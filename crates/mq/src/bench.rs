@@ -108,19 +108,26 @@ fn row(system: &str, operation: &str, ops: u64, seconds: f64) -> BenchRow {
     }
 }
 
-/// The comparison table with ratios against the baseline of the same operation.
+/// The comparison table with ratios against the baseline and (when measured) pgmq, for the
+/// same operation.
 pub fn table(rows: &[BenchRow]) -> Table {
-    let mut t = Table::new(["system", "op", "ops", "ops/s", "× baseline", "mean batch"])
+    let mut t = Table::new(["system", "op", "ops", "ops/s", "× baseline", "× pgmq", "mean batch"])
         .with_title("mq bench (same run)");
+    let rate_of = |operation: &str, system_prefix: &str| {
+        rows.iter()
+            .find(|b| b.operation == operation && b.system.starts_with(system_prefix))
+            .map(|b| b.per_s.max(1e-9))
+    };
     for r in rows {
-        let baseline =
-            rows.iter().find(|b| b.operation == r.operation).map_or(1.0, |b| b.per_s.max(1e-9));
+        let ratio =
+            |base: Option<f64>| base.map_or_else(|| "-".into(), |b| format!("{:.2}", r.per_s / b));
         t.row([
             r.system.clone(),
             r.operation.clone(),
             r.ops.to_string(),
             format!("{:.0}", r.per_s),
-            format!("{:.2}", r.per_s / baseline),
+            ratio(rate_of(&r.operation, "plain")),
+            ratio(rate_of(&r.operation, "pgmq")),
             r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
         ]);
     }
@@ -300,10 +307,7 @@ async fn through_node(
         committed as f64 / (to.batches_committed - from.batches_committed).max(1) as f64
     };
     Ok(NodePhases {
-        sends: NodePhase {
-            ops: sends,
-            batch_mean: batch_mean(sends, &before, &middle),
-        },
+        sends: NodePhase { ops: sends, batch_mean: batch_mean(sends, &before, &middle) },
         pops: NodePhase { ops: pops, batch_mean: batch_mean(pops, &middle, &after) },
     })
 }
@@ -325,8 +329,12 @@ async fn node_phase(
         let (queue, content) = (queue.to_owned(), content.map(<[u8]>::to_vec));
         tasks.spawn(async move {
             let request = || match &content {
-                Some(c) => Request::Send { queue: queue.clone(), receiver: None, content: c.clone() },
-                None => Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop },
+                Some(c) => {
+                    Request::Send { queue: queue.clone(), receiver: None, content: c.clone() }
+                }
+                None => {
+                    Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop }
+                }
             };
             let (mut done, mut in_flight, mut drained) = (0u64, 0usize, false);
             loop {

@@ -83,7 +83,9 @@ impl Client {
     }
 
     /// Queues one request without waiting for its reply; returns its request id. Requests are
-    /// written when the buffer fills or at the next [`Client::receive`].
+    /// written when the buffer fills or at the next [`Client::receive`]. Keep the number
+    /// outstanding near the node's `PIPELINE_DEPTH_MAX`: past it the node stops reading this
+    /// connection, and a client that only writes would wait on TCP flow control.
     pub async fn submit(&mut self, request: Request) -> Result<u64, ClientError> {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
@@ -95,9 +97,7 @@ impl Client {
     }
 
     /// Writes what is queued and waits for the oldest outstanding reply: (request id, result).
-    pub async fn receive(
-        &mut self,
-    ) -> Result<(u64, Result<ReplyBody, ErrorReply>), ClientError> {
+    pub async fn receive(&mut self) -> Result<(u64, Result<ReplyBody, ErrorReply>), ClientError> {
         if self.outstanding == 0 {
             return Err(ClientError::Protocol("no request outstanding".into()));
         }

@@ -10,8 +10,9 @@
 //!   messages `FOR UPDATE SKIP LOCKED`, so several nodes never hand one message to two poppers.
 //! - [`server`]: a node. Bounded handler slots, a bounded wait queue answered with `Busy` past
 //!   its bound, database workers that group-commit whatever requests accumulated while they were
-//!   busy, replying only after the commit.
-//! - [`client`]: the client library.
+//!   busy, replying only after the commit. Connections may pipeline requests (replies in
+//!   request order), which is what lets few connections fill large batches.
+//! - [`client`]: the client library (one call at a time, or pipelined `submit` / `receive`).
 //! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting
 //!   response time into client, queue-wait, database and middleware parts from the timings every
 //!   reply carries, checking counts (clients = middleware = rows), the utilization law and the

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mq::client::{Client, ClientError};
-use mq::protocol::{FRAME_BYTES_MAX, ReadMode, ReadTarget, Reason, decode_reply};
+use mq::protocol::{
+    FRAME_BYTES_MAX, ReadMode, ReadTarget, Reason, ReplyBody, Request, decode_reply,
+};
 use mq::server::{self, NodeConfig};
 use mq::store::AnyStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -350,4 +352,68 @@ async fn lost_postgres_connections_give_errors_not_hangs_then_the_node_resumes()
     assert!(sent_after.is_some(), "the node reconnected ({unavailable} Unavailable replies first)");
     assert_eq!(c.delete_queue(&queue, true).await.unwrap(), 2, "both committed sends are there");
     node.shutdown().await;
+}
+
+/// Requests pipelined on one connection (registration included) are answered in request order,
+/// refusals included, run in request order (a pop before a send finds nothing), every send
+/// commits, and sends of one connection share commits.
+async fn pipelined_scenario(store: &str) {
+    const SENDS: u64 = 200;
+    let store = AnyStore::open(store, 1).await.unwrap();
+    let config = NodeConfig { db_workers: 1, ..NodeConfig::default() };
+    let node = server::start("127.0.0.1:0", store, config).await.unwrap();
+    let mut client = Client::connect(&node.addr.to_string()).await.unwrap();
+    let queue = unique("pipe");
+    let pop = || Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop };
+    client.submit(Request::Register { name: unique("pipe") }).await.unwrap();
+    client.submit(Request::CreateQueue { name: queue.clone() }).await.unwrap();
+    client.submit(pop()).await.unwrap();
+    for i in 0..SENDS {
+        let to = if i == SENDS / 2 { "missing".to_owned() } else { queue.clone() };
+        let content = i.to_be_bytes().to_vec();
+        client.submit(Request::Send { queue: to, receiver: None, content }).await.unwrap();
+    }
+    let (_, registered) = client.receive().await.unwrap();
+    assert!(matches!(registered, Ok(ReplyBody::Registered { .. })), "{registered:?}");
+    let (_, created) = client.receive().await.unwrap();
+    assert!(matches!(created, Ok(ReplyBody::QueueCreated { .. })), "{created:?}");
+    let (_, early_pop) = client.receive().await.unwrap();
+    assert_eq!(early_pop.unwrap_err().reason, Reason::NoMessage, "pop ran before the sends");
+    let mut message_ids = Vec::new();
+    for i in 0..SENDS {
+        // `receive` itself fails if a reply answers another request than the oldest one.
+        let (_, sent) = client.receive().await.unwrap();
+        match sent {
+            Ok(ReplyBody::Sent { message_id, .. }) => message_ids.push(message_id),
+            Err(e) if i == SENDS / 2 => assert_eq!(e.reason, Reason::UnknownQueue),
+            other => panic!("send {i}: {other:?}"),
+        }
+    }
+    assert!(message_ids.windows(2).all(|w| w[0] < w[1]), "ids follow request order");
+    let stats = client.stats(&queue).await.unwrap();
+    assert_eq!(stats.queue_depth, SENDS - 1);
+    assert_eq!(stats.sends_committed, SENDS - 1);
+    assert!(
+        stats.batches_committed < SENDS,
+        "{} batches for {SENDS} pipelined sends: no commit was shared",
+        stats.batches_committed
+    );
+    for i in (0..SENDS).filter(|&i| i != SENDS / 2) {
+        let m = client.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await.unwrap();
+        assert_eq!(m.content, i.to_be_bytes(), "messages pop in send order");
+    }
+    client.delete_queue(&queue, false).await.unwrap();
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn pipelined_requests_on_sqlite_run_in_order_and_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    pipelined_scenario(&format!("sqlite:{}", dir.path().display())).await;
+}
+
+#[tokio::test]
+async fn pipelined_requests_on_postgres_run_in_order_and_share_commits() {
+    let Some(url) = pg_url() else { return };
+    pipelined_scenario(&url).await;
 }

@@ -25,7 +25,11 @@ const MIGRATION_LOCK_KEY: i64 = 0x6c65_616e_6d71;
 const CONNECT_TIMEOUT_S: u64 = 5;
 
 /// Numbered migrations; a database at version v has run `MIGRATIONS[..v]`.
-const MIGRATIONS: &[&str] = &[include_str!("postgres_v1.sql"), include_str!("postgres_v2.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("postgres_v1.sql"),
+    include_str!("postgres_v2.sql"),
+    include_str!("postgres_v3.sql"),
+];
 
 #[derive(Clone, Debug)]
 pub struct PostgresConfig {
@@ -92,24 +96,26 @@ impl Store for PostgresStore {
     async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
         let mut client = self.pool.get().await.context("connecting to PostgreSQL")?;
         let tx = client.transaction().await?;
-        // The batch's requests come from different connections (one outstanding request per
-        // connection), so any serial order is a valid one: all sends first, in one set-based
-        // call, then the other requests. Those are issued together so tokio-postgres pipelines
-        // them on the connection: one round trip for the batch, not one per request.
-        let mut results: Vec<Option<OpResult>> = send_all(&tx, &batch.ops).await?;
-        let others = batch
-            .ops
-            .iter()
-            .zip(results.iter())
-            .filter(|(_, r)| r.is_none())
-            .map(|(op, _)| execute(&tx, op));
-        let mut other_results = futures_join_all(others).await.into_iter();
-        for slot in results.iter_mut().filter(|r| r.is_none()) {
-            *slot = Some(other_results.next().expect("one result per non-send op")?);
+        // Requests run in batch order (a connection may pipeline, so a later request can
+        // depend on an earlier one). Each run of consecutive sends is ONE set-based call; each
+        // run of other requests is issued at once, so tokio-postgres pipelines it on the
+        // connection: one round trip per run, not one per request.
+        batch.results.clear();
+        let mut rest = batch.ops.as_slice();
+        while let Some(first) = rest.first() {
+            let sends_run = is_send(first);
+            let run_len = rest.iter().take_while(|op| is_send(op) == sends_run).count();
+            let (run, after) = rest.split_at(run_len);
+            if sends_run {
+                send_all(&tx, run, &mut batch.results).await?;
+            } else {
+                for result in futures_join_all(run.iter().map(|op| execute(&tx, op))).await {
+                    batch.results.push(result?);
+                }
+            }
+            rest = after;
         }
         tx.commit().await?;
-        batch.results.clear();
-        batch.results.extend(results.into_iter().map(|r| r.expect("every op has a result")));
         Ok(())
     }
 
@@ -119,50 +125,50 @@ impl Store for PostgresStore {
     }
 }
 
-/// Runs every send of `ops` in one `mq_send_batch` call; the returned vector has the send
-/// results at the sends' positions and `None` elsewhere.
+fn is_send(op: &StoreOp) -> bool {
+    matches!(op.request, Request::Send { .. })
+}
+
+/// Runs `sends` (all of them sends) in one `mq_send_batch` call; appends one result per send.
 async fn send_all(
     tx: &deadpool_postgres::Transaction<'_>,
-    ops: &[StoreOp],
-) -> anyhow::Result<Vec<Option<OpResult>>> {
-    let mut results: Vec<Option<OpResult>> = ops.iter().map(|_| None).collect();
-    let (mut senders, mut queues, mut receivers, mut contents, mut nows, mut positions) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (position, op) in ops.iter().enumerate() {
-        if let Request::Send { queue, receiver, content } = &op.request {
-            senders.push(op.client_id.unwrap_or(0) as i64);
-            queues.push(queue.as_str());
-            receivers.push(receiver.map(|r| r as i64));
-            contents.push(content.as_slice());
-            nows.push(op.now_us as i64);
-            positions.push(position);
-        }
-    }
-    if positions.is_empty() {
-        return Ok(results);
+    sends: &[StoreOp],
+    results: &mut Vec<OpResult>,
+) -> anyhow::Result<()> {
+    let n = sends.len();
+    let (mut senders, mut queues, mut receivers, mut contents, mut nows) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for op in sends {
+        let Request::Send { queue, receiver, content } = &op.request else {
+            anyhow::bail!("send_all given a non-send request");
+        };
+        senders.push(op.client_id.unwrap_or(0) as i64);
+        queues.push(queue.as_str());
+        receivers.push(receiver.map(|r| r as i64));
+        contents.push(content.as_slice());
+        nows.push(op.now_us as i64);
     }
     let statement =
         tx.prepare_cached("SELECT ord, code, id FROM mq_send_batch($1, $2, $3, $4, $5)").await?;
     let rows = tx.query(&statement, &[&senders, &queues, &receivers, &contents, &nows]).await?;
-    anyhow::ensure!(
-        rows.len() == positions.len(),
-        "mq_send_batch returned {} rows for {} sends",
-        rows.len(),
-        positions.len()
-    );
-    for (i, (row, &position)) in rows.iter().zip(&positions).enumerate() {
+    anyhow::ensure!(rows.len() == n, "mq_send_batch returned {} rows for {n} sends", rows.len());
+    for (i, (row, op)) in rows.iter().zip(sends).enumerate() {
         let code: i32 = row.get(1);
-        let result = match code {
+        results.push(match code {
             0 => Ok(ReplyBody::Sent {
                 message_id: row.get::<_, i64>(2) as u64,
-                arrived_us: ops[position].now_us,
+                arrived_us: op.now_us,
             }),
             6 => Err(refusal(code, format!("no queue {:?}", queues[i]))),
             _ => Err(refusal(code, format!("no client {:?}", receivers[i]))),
-        };
-        results[position] = Some(result);
+        });
     }
-    Ok(results)
+    Ok(())
 }
 
 /// Polls all futures concurrently, returning their outputs in order.
@@ -352,5 +358,22 @@ pub(crate) mod tests {
         super::super::conformance::scenario(&store).await;
         // A second node opening the same database finds the migrations applied.
         PostgresStore::open(&PostgresConfig { url, pool_connections: 1 }).await.unwrap();
+    }
+
+    /// Every migration applies to an empty database (the shared test database usually has
+    /// them applied already), and the store works on the result.
+    #[tokio::test]
+    async fn migrations_apply_to_a_fresh_database() {
+        let Some(url) = pg_url() else { return };
+        let (admin, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let name = format!("mq_fresh_{}_{}", std::process::id(), crate::util::now_us());
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        let (base, _) = url.rsplit_once('/').expect("URL has a database path");
+        let config = PostgresConfig { url: format!("{base}/{name}"), pool_connections: 2 };
+        let store = PostgresStore::open(&config).await.unwrap();
+        super::super::conformance::scenario(&store).await;
+        drop(store);
+        admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await.unwrap();
     }
 }
