@@ -68,7 +68,35 @@ pub enum ExchangeCommand {
     /// 1..6 R-Senders at one rate: latency, speedup vs 1 sender and the Karp–Flatt serial
     /// fraction.
     Senders(SendersArgs),
+    /// Journal `sync` vs `group` vs `off` at 20K/40K/60K msg/s: critical-path and durable
+    /// reply latency, the critical-path p99 ratio group/off and the durable p99 vs a raw 4 KiB
+    /// fdatasync measured in the same run on the same disk.
+    JournalExperiment(JournalExperimentArgs),
 }
+
+/// Flags of the journal experiment.
+#[derive(clap::Args, Debug, Clone)]
+pub struct JournalExperimentArgs {
+    #[command(flatten)]
+    pub common: ExperimentArgs,
+    /// Directory for the journals and the raw fdatasync baseline (its disk is the one
+    /// measured; default: the system temporary directory).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Samples of the raw 4 KiB append + fdatasync baseline.
+    #[arg(long, default_value_t = 300)]
+    pub fsync_samples: u64,
+    /// Exit with the "target missed" code when a ratio misses its target.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Under `sync` every input costs an fdatasync (milliseconds on a shared disk), so a run at
+/// 20K+ msg/s builds a backlog it drains at the disk's pace: sync runs stop after this many
+/// requests so they end in seconds.
+pub const SYNC_REQUESTS_MAX: f64 = 500.0;
+/// Target: with `group`, critical-path p99 ≤ this × the p99 with the journal off.
+pub const TARGET_CRITICAL_P99_GROUP_OVER_OFF: f64 = 1.2;
 
 /// Flags of `exchange run`; each given flag overrides the config file.
 #[derive(clap::Args, Debug, Clone)]
@@ -154,6 +182,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ExchangeCommand::Run(run_args) => run_configured(run_args),
         ExchangeCommand::Placement(experiment) => placement_experiment(experiment),
         ExchangeCommand::Senders(senders) => senders_experiment(senders),
+        ExchangeCommand::JournalExperiment(journal) => journal_experiment(journal),
     }
 }
 
@@ -192,7 +221,11 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
         step_seconds: (args.seconds / 2.0).max(0.3),
         p99_limit_us: args.p99_limit_us,
     });
-    let journal = JournalOptions { data_dir: args.data.clone(), repair: args.repair };
+    let journal = JournalOptions {
+        data_dir: args.data.clone(),
+        repair: args.repair,
+        ..JournalOptions::default()
+    };
     let session = measure(&config, &args.rates, args.seconds, search, &journal)?;
     present(&session, &args.out, "leantier exchange run")
 }
@@ -230,6 +263,7 @@ fn measure(
             duration: Duration::from_secs_f64(seconds),
             record_inputs: false,
             journal: journal.clone(),
+            released: None,
         };
         let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
         done += result.sent;
@@ -267,6 +301,7 @@ fn find_max_rate(
             duration: Duration::from_secs_f64(step_seconds),
             record_inputs: false,
             journal: JournalOptions::default(),
+            released: None,
         };
         Ok(run_tier(config, options, |_| {})?.end_to_end)
     })?;
@@ -588,6 +623,7 @@ fn experiment_runs(
         duration: Duration::from_secs_f64(seconds),
         record_inputs: false,
         journal: JournalOptions::default(),
+        released: None,
     };
     run_tier(config, options, |_| {})
 }
@@ -694,5 +730,165 @@ fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
     dir.write_csv("senders.csv", &table)?;
     dir.write_json("senders.json", &points)?;
     println!("\nReport: {}", dir.path().display());
+    Ok(())
+}
+
+/// One point of the journal experiment.
+#[derive(Serialize)]
+struct JournalPoint {
+    rate_per_s: f64,
+    journal: JournalMode,
+    sent: u64,
+    critical_path: LatencySummary,
+    reply: LatencySummary,
+    fsyncs: u64,
+}
+
+/// The experiment's ratios at one rate (`None` where a p99 was 0).
+#[derive(Serialize)]
+struct JournalRatios {
+    rate_per_s: f64,
+    critical_p99_group_over_off: Option<f64>,
+    durable_p99_group_over_raw_fsync: Option<f64>,
+}
+
+fn ratio(numerator_ns: u64, denominator_ns: u64) -> Option<f64> {
+    (denominator_ns > 0).then(|| numerator_ns as f64 / denominator_ns as f64)
+}
+
+fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
+    let seconds = args.common.seconds;
+    if seconds.is_nan() || seconds <= 0.0 || args.fsync_samples == 0 {
+        return Err(BadInput("seconds and fsync samples must be > 0".into()).into());
+    }
+    let root = match &args.data {
+        Some(dir) => tempfile::Builder::new().prefix("journal-experiment-").tempdir_in(dir)?,
+        None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
+    };
+    let raw_fsync = journal::bench::raw_fdatasync(root.path(), args.fsync_samples)?.summary();
+    let modes = [JournalMode::Sync, JournalMode::Group, JournalMode::Off];
+    let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
+    let mut points = Vec::new();
+    for rate_per_s in DEMO_RATES_PER_S {
+        for journal in modes {
+            let seconds = match journal {
+                JournalMode::Sync => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
+                _ => seconds,
+            };
+            let config = TierConfig { journal, ..TierConfig::default() };
+            let options = RunOptions {
+                rate_per_s,
+                duration: Duration::from_secs_f64(seconds),
+                record_inputs: false,
+                journal: JournalOptions {
+                    data_dir: Some(root.path().join(format!("{journal:?}-{rate_per_s}"))),
+                    ..JournalOptions::default()
+                },
+                released: None,
+            };
+            let run = run_tier(&config, options, |_| {})?;
+            bar.inc(1);
+            points.push(JournalPoint {
+                rate_per_s,
+                journal,
+                sent: run.sent,
+                critical_path: run.critical_path.summary(),
+                reply: run.end_to_end.summary(),
+                fsyncs: run.journal.iter().filter_map(|j| j.writer).map(|w| w.syncs).sum(),
+            });
+        }
+    }
+    bar.finish_and_clear();
+    let mut labels = vec!["raw 4 KiB append + fdatasync".to_string()];
+    let mut summaries = vec![raw_fsync];
+    for point in &points {
+        let mode = format!("{:?}", point.journal).to_lowercase();
+        let rate = rate_label(point.rate_per_s);
+        labels.push(format!("{mode} critical path @{rate} ({} req)", point.sent));
+        labels.push(format!("{mode} {} @{rate}", reply_label(point.journal)));
+        summaries.extend([point.critical_path, point.reply]);
+    }
+    let rows: Vec<(&str, &LatencySummary)> =
+        labels.iter().map(String::as_str).zip(&summaries).collect();
+    let latency = latency_table(&rows).with_title(
+        "Latency from the intended send time, µs: journal sync vs group vs off (same run)",
+    );
+    let p99 = |rate: f64, mode: JournalMode, reply: bool| {
+        points
+            .iter()
+            .find(|p| p.rate_per_s == rate && p.journal == mode)
+            .map_or(0, |p| if reply { p.reply.p99_ns } else { p.critical_path.p99_ns })
+    };
+    let ratios: Vec<JournalRatios> = DEMO_RATES_PER_S
+        .iter()
+        .map(|&rate| JournalRatios {
+            rate_per_s: rate,
+            critical_p99_group_over_off: ratio(
+                p99(rate, JournalMode::Group, false),
+                p99(rate, JournalMode::Off, false),
+            ),
+            durable_p99_group_over_raw_fsync: ratio(
+                p99(rate, JournalMode::Group, true),
+                raw_fsync.p99_ns,
+            ),
+        })
+        .collect();
+    let mut targets = Table::new([
+        "rate",
+        "critical p99 group/off",
+        &format!("target ≤ {TARGET_CRITICAL_P99_GROUP_OVER_OFF}"),
+        "durable p99 group / raw fsync p99",
+        &format!("target ≤ {}", journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
+    ])
+    .with_title("Targets (issue 4 §6), measured in this run");
+    let mut missed = Vec::new();
+    for r in &ratios {
+        let mut verdict = |value: Option<f64>, target: f64, what: &str| match value {
+            Some(v) if v <= target => "met".to_string(),
+            Some(v) => {
+                missed.push(format!("{what} at {}: {v:.2} > {target}", rate_label(r.rate_per_s)));
+                "missed".to_string()
+            }
+            None => "n/a".to_string(),
+        };
+        let number = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let critical = verdict(
+            r.critical_p99_group_over_off,
+            TARGET_CRITICAL_P99_GROUP_OVER_OFF,
+            "critical-path p99 group/off",
+        );
+        let durable = verdict(
+            r.durable_p99_group_over_raw_fsync,
+            journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
+            "durable p99 / raw fdatasync p99",
+        );
+        targets.row([
+            rate_label(r.rate_per_s),
+            number(r.critical_p99_group_over_off),
+            critical,
+            number(r.durable_p99_group_over_raw_fsync),
+            durable,
+        ]);
+    }
+    println!("\n{latency}\n\n{targets}");
+    println!(
+        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); data dir {}",
+        root.path().display()
+    );
+    let dir = ReportDir::create(&args.common.out)?;
+    dir.write_csv("latency.csv", &latency)?;
+    dir.write_csv("targets.csv", &targets)?;
+    #[derive(Serialize)]
+    struct Report<'a> {
+        raw_fdatasync_4k: LatencySummary,
+        points: &'a [JournalPoint],
+        ratios: &'a [JournalRatios],
+    }
+    let report = Report { raw_fdatasync_4k: raw_fsync, points: &points, ratios: &ratios };
+    dir.write_json("journal-experiment.json", &report)?;
+    println!("\nReport: {}", dir.path().display());
+    if args.check && !missed.is_empty() {
+        return Err(lab::outcome::TargetMissed(missed).into());
+    }
     Ok(())
 }

@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use journal::segment::SEGMENT_BYTES_DEFAULT;
 use journal::{
     DurableSeq, JournalConfig, JournalSender, JournalWriter, Policy, Record, RecoverOptions,
     StateMachine, recover_from,
@@ -250,12 +251,20 @@ impl StateMachine for ShardState {
 }
 
 /// Where the shard journals live and how to open them.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct JournalOptions {
     /// Data directory (one `shard-N` journal under it); `None`: a fresh temporary directory.
     pub data_dir: Option<PathBuf>,
     /// Truncate a journal at a corrupt record instead of refusing to start.
     pub repair: bool,
+    /// Size of each pre-allocated segment file (recovery reads the last one to its end).
+    pub segment_bytes: u64,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions { data_dir: None, repair: false, segment_bytes: SEGMENT_BYTES_DEFAULT }
+    }
 }
 
 /// What recovery found for one shard.
@@ -309,6 +318,26 @@ pub fn open_shards(
     listings: &[Listing],
     limits: CoreLimits,
 ) -> anyhow::Result<ShardJournals> {
+    let Some(policy) = mode.policy() else {
+        if let Some(dir) = &options.data_dir {
+            return Err(BadInput(format!(
+                "data directory {} given with the journal off: nothing would be recovered or \
+                 written (use --journal group, sync or relaxed)",
+                dir.display()
+            ))
+            .into());
+        }
+        let shards = (0..shard_count)
+            .map(|shard| OpenedShard {
+                state: ShardState::new(listings, limits),
+                last_seq: 0,
+                sender: None,
+                writer: None,
+                recovery: ShardRecovery { shard, ..ShardRecovery::default() },
+            })
+            .collect();
+        return Ok(ShardJournals { shards, durables: vec![None; shard_count], _temp_dir: None });
+    };
     let (data_dir, temp_dir) = match &options.data_dir {
         Some(dir) => (dir.clone(), None),
         None => {
@@ -329,7 +358,7 @@ pub fn open_shards(
     let mut shards = Vec::with_capacity(shard_count);
     let mut durables = Vec::with_capacity(shard_count);
     for shard in 0..shard_count {
-        let opened = open_shard(mode, options.repair, &data_dir, shard, listings, limits)?;
+        let opened = open_shard(policy, options, &data_dir, shard, listings, limits)?;
         durables.push(opened.writer.as_ref().map(JournalWriter::durable));
         shards.push(opened);
     }
@@ -337,8 +366,8 @@ pub fn open_shards(
 }
 
 fn open_shard(
-    mode: JournalMode,
-    repair: bool,
+    policy: Policy,
+    options: &JournalOptions,
     data_dir: &Path,
     shard: usize,
     listings: &[Listing],
@@ -346,17 +375,7 @@ fn open_shard(
 ) -> anyhow::Result<OpenedShard> {
     let dir = shard_dir(data_dir, shard);
     let fresh = || ShardState::new(listings, limits);
-    let Some(policy) = mode.policy() else {
-        let recovery = ShardRecovery { shard, dir, ..ShardRecovery::default() };
-        return Ok(OpenedShard {
-            state: fresh(),
-            last_seq: 0,
-            sender: None,
-            writer: None,
-            recovery,
-        });
-    };
-    let recovered = recover_from(&dir, RecoverOptions { repair }, fresh)?;
+    let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, fresh)?;
     if let Some(why) = &recovered.state.undecodable {
         anyhow::bail!("journal {} holds a record the exchange cannot decode: {why}", dir.display());
     }
@@ -369,7 +388,8 @@ fn open_shard(
         torn_tail_truncated: recovered.torn_tail.is_some(),
         repaired: recovered.repaired.is_some(),
     };
-    let config = JournalConfig { policy, ..JournalConfig::default() };
+    let config =
+        JournalConfig { policy, segment_bytes: options.segment_bytes, ..JournalConfig::default() };
     let (sender, writer) = JournalWriter::spawn::<ShardRecord>(recovered.tail, &config)?;
     Ok(OpenedShard {
         state: recovered.state,

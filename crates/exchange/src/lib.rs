@@ -16,6 +16,17 @@
 //! no allocation per order; the same input always yields byte-identical output, whose blake3
 //! hash ([`msg::OutputHash`]) the replay test compares.
 //!
+//! # Durability
+//! [`durability`] journals each shard's sequenced input with the `journal` crate, by default with
+//! group commit: the core hands the record to a ring and goes on; a writer thread per shard
+//! writes and fdatasyncs in batches and publishes a durable sequence; the R-Processor releases a
+//! reply only once that sequence covers the input that caused it (`sync`, `relaxed` and `off` are
+//! selectable). Runs report both the critical-path latency (until the response is ready, no
+//! fsync wait) and the durable reply latency. With a data directory, a run recovers every shard
+//! by replaying its journal (recovered output hash == the stopped run's) and continues its
+//! sequence; `tests/crash.rs` SIGKILLs a real tier process (`exchange-crash-child`) under load
+//! and checks no released reply is ever lost.
+//!
 //! # Off the critical path
 //! The master-data process is the single writer of the snapshot cell; the external events
 //! process turns halts, circuit breakers and band changes into control messages in the core's

@@ -15,15 +15,20 @@
 //! * The core stage routes by instrument as well (orders and control messages alike), so an
 //!   instrument's orders and its halts/bands meet in one shard, in one sequence. Each shard
 //!   worker is the sequencer of its fan-in: it stamps a gap-free `seq` on every input and
-//!   hands the resulting [`SequencedInput`] to its [`MatchingCore`]; that record is the
-//!   journaling boundary (a journal appends it before `process`), and replaying the recorded
-//!   records reproduces the shard's output hash.
+//!   hands the resulting [`SequencedInput`] to its [`crate::core::MatchingCore`]; that record
+//!   is the journaling boundary (the shard's journal appends it before `process`, see
+//!   [`crate::durability`]), and replaying the recorded records reproduces the shard's output
+//!   hash.
+//! * The R-Processor holds each reply until the shard journal's durable sequence covers its
+//!   input (`group`, `sync`); the critical-path latency ends when the core emits the output,
+//!   the durable reply latency when the sender delivers it.
 //! * The master-data process is the single writer of the [`SnapshotCell`]; the external events
 //!   process sends each event both to the core (as a control message) and to the master-data
 //!   process (so the pre-process sees halts and bands early).
 //! * Latency is measured from each request's intended send time to the delivery of its first
 //!   response at the subscriber gateway, with per-stage splits from stamps in the messages.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -534,6 +539,7 @@ struct SenderWorker {
     critical_path: LatencyHistogram,
     stage_latency: Vec<LatencyHistogram>,
     delivered: u64,
+    released: Option<Arc<ReleasedSeqs>>,
     collected: Shared<Collected>,
 }
 
@@ -549,6 +555,11 @@ impl SenderWorker {
         // sender holds a subscriber slot for every gateway and uses those routed to it.
         self.gateways[response.gateway as usize].deliver(response);
         self.delivered += 1;
+        if let Some(released) = &self.released
+            && response.output.seq > 0
+        {
+            released.record(response.output.shard, response.output.seq);
+        }
         if !response.answers_request {
             return;
         }
@@ -650,6 +661,40 @@ pub struct RunOptions {
     pub record_inputs: bool,
     /// Where the shard journals live (a temporary directory by default) and how to recover.
     pub journal: JournalOptions,
+    /// Publishes, per shard, the highest input sequence whose reply was delivered (the crash
+    /// test's child reports it to its client); `None` in measured runs.
+    pub released: Option<Arc<ReleasedSeqs>>,
+}
+
+/// Per core shard, the highest input sequence with a delivered reply.
+///
+/// Concurrency argument: R-Senders `fetch_max` into it, any thread reads it. Under `group`
+/// and `sync` a reply is delivered only after the R-Processor saw the journal's durable
+/// sequence cover its input, so a value read here is at most the durable sequence of that
+/// shard at some earlier moment.
+#[derive(Debug)]
+pub struct ReleasedSeqs {
+    shards: Vec<AtomicU64>,
+}
+
+impl ReleasedSeqs {
+    pub fn new(shards: usize) -> Arc<ReleasedSeqs> {
+        Arc::new(ReleasedSeqs { shards: (0..shards).map(|_| AtomicU64::new(0)).collect() })
+    }
+
+    /// The highest sequence of `shard` with a delivered reply.
+    pub fn get(&self, shard: usize) -> u64 {
+        // Relaxed: a monotonic watermark with no data published through it; the durability
+        // ordering was established by the R-Processor before the reply was delivered.
+        self.shards[shard].load(Ordering::Relaxed)
+    }
+
+    fn record(&self, shard: u32, seq: u64) {
+        if let Some(released) = self.shards.get(shard as usize) {
+            // Relaxed: see `get`.
+            released.fetch_max(seq, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Builds the tier, drives it open-loop at `options.rate_per_s`, drains it and reports.
@@ -778,6 +823,7 @@ pub fn run(
     let senders = {
         let (collected, gateways) = (collected.clone(), config.gateways);
         let publish_work_ns = config.publish_work_ns;
+        let released = options.released.clone();
         graph.sink("sender", config.spec(config.senders, Role::Critical)?, move |_| {
             let mut state = SenderWorker {
                 gateways: (0..gateways)
@@ -788,6 +834,7 @@ pub fn run(
                 critical_path: LatencyHistogram::new(),
                 stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
                 delivered: 0,
+                released: released.clone(),
                 collected: collected.clone(),
             };
             move |response: &Response| state.handle(response)

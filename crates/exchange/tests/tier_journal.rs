@@ -21,14 +21,22 @@ fn config(journal: JournalMode) -> TierConfig {
     }
 }
 
-fn run_once(config: &TierConfig, data_dir: &std::path::Path) -> RunResult {
-    let options = RunOptions {
+fn options(data_dir: &std::path::Path) -> RunOptions {
+    RunOptions {
         rate_per_s: 10_000.0,
         duration: Duration::from_millis(300),
         record_inputs: true,
-        journal: JournalOptions { data_dir: Some(data_dir.to_path_buf()), repair: false },
-    };
-    run(config, options, |_| {}).expect("run")
+        released: None,
+        journal: JournalOptions {
+            data_dir: Some(data_dir.to_path_buf()),
+            repair: false,
+            ..JournalOptions::default()
+        },
+    }
+}
+
+fn run_once(config: &TierConfig, data_dir: &std::path::Path) -> RunResult {
+    run(config, options(data_dir), |_| {}).expect("run")
 }
 
 /// The output hash of a fresh shard fed `inputs`.
@@ -87,7 +95,12 @@ fn a_different_shard_count_is_refused() {
         rate_per_s: 1_000.0,
         duration: Duration::from_millis(50),
         record_inputs: false,
-        journal: JournalOptions { data_dir: Some(dir.path().to_path_buf()), repair: false },
+        released: None,
+        journal: JournalOptions {
+            data_dir: Some(dir.path().to_path_buf()),
+            repair: false,
+            ..JournalOptions::default()
+        },
     };
     let error = run(&three, options, |_| {}).err().expect("refused");
     assert!(error.downcast_ref::<lab::outcome::BadInput>().is_some(), "{error:#}");
@@ -99,16 +112,48 @@ fn every_policy_answers_every_request_and_journals_per_its_policy() {
     for mode in [JournalMode::Sync, JournalMode::Relaxed, JournalMode::Off] {
         let dir = tempfile::tempdir().unwrap();
         let config = TierConfig { core_shards: 1, ..config(mode) };
+        if mode == JournalMode::Off {
+            let error = run(&config, options(dir.path()), |_| {}).err().expect("needs a journal");
+            assert!(error.downcast_ref::<lab::outcome::BadInput>().is_some(), "{error:#}");
+            let options = RunOptions { journal: JournalOptions::default(), ..options(dir.path()) };
+            let result = run(&config, options, |_| {}).expect("run");
+            assert_eq!(result.end_to_end.count(), result.sent);
+            assert!(result.journal[0].writer.is_none());
+            continue;
+        }
         let result = run_once(&config, dir.path());
         assert_eq!(result.end_to_end.count(), result.sent, "{mode:?}");
         let recorded = result.shards[0].recorded.len() as u64;
         let writer = result.journal[0].writer;
-        match mode {
-            JournalMode::Off => assert!(writer.is_none()),
-            _ => assert_eq!(writer.unwrap().records, recorded, "{mode:?}"),
-        }
+        assert_eq!(writer.unwrap().records, recorded, "{mode:?}");
         if mode == JournalMode::Sync {
             assert_eq!(writer.unwrap().syncs, recorded, "sync: one fsync per record");
         }
     }
+}
+
+#[test]
+fn a_corrupt_record_stops_start_up_unless_repair_truncates_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TierConfig { core_shards: 1, ..config(JournalMode::Group) };
+    run_once(&config, dir.path());
+    // Flip a payload byte of the first record: valid records follow, so this is corruption
+    // in the middle, not a torn tail.
+    let segment = dir.path().join("shard-0").join(format!("{:020}.seg", 1));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = journal::segment::SEGMENT_HEADER_BYTES as usize + journal::frame::FRAME_HEADER_BYTES;
+    bytes[at] ^= 0xFF;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let error = run(&config, options(dir.path()), |_| {}).err().expect("refuses to start");
+    let message = format!("{error:#}");
+    assert!(message.contains("00000000000000000001.seg"), "names the file: {message}");
+
+    let repair = JournalOptions { repair: true, ..options(dir.path()).journal };
+    let result = run(&config, RunOptions { journal: repair, ..options(dir.path()) }, |_| {})
+        .expect("repair truncates at the corrupt record and starts");
+    let recovery = &result.journal[0].recovery;
+    assert!(recovery.repaired);
+    assert_eq!(recovery.recovered_seq, 0, "the first record and everything after discarded");
+    assert_eq!(result.shards[0].recorded[0].seq, 1, "sequencing restarts after the repair");
 }

@@ -26,6 +26,7 @@ fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
         duration: Duration::from_millis(500),
         record_inputs: true,
         journal: JournalOptions::default(),
+        released: None,
     };
     let result = run(&config, options, |_| {}).expect("run");
     assert!(result.sent > 5_000, "sent {}", result.sent);

@@ -207,7 +207,7 @@ fn throughput_run<const N: usize>(
 }
 
 /// The baseline: append 4 KiB to a file and `fdatasync` it, `samples` times.
-fn raw_fdatasync(root: &Path, samples: u64) -> anyhow::Result<LatencyHistogram> {
+pub fn raw_fdatasync(root: &Path, samples: u64) -> anyhow::Result<LatencyHistogram> {
     let path = root.join("raw-fdatasync.bin");
     let file =
         std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;

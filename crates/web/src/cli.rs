@@ -124,7 +124,8 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Model behind `POST /matrix`: single, pool, pinned, prefork or adaptive [default: adaptive].
+    /// Model behind `POST /matrix`: single, pool, pinned, prefork or adaptive [default: adaptive];
+    /// prefork and adaptive run one pinned process per worker sharing the port.
     #[arg(long)]
     pub model: Option<String>,
     /// Worker threads (pool, pinned) or processes (prefork, adaptive) [default: allowed CPUs].
@@ -222,7 +223,11 @@ pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Pref
     if model == Model::Adaptive {
         let limits = SizeLimits { dim_max: config.dim_max, cells_max: config.cells_max };
         let calibration = exec::calibrate(config.workers, &limits)?;
-        println!("adaptive calibration (split sizes for the per-core children): {calibration:?}");
+        let split = match calibration.parallel_body_bytes_min {
+            usize::MAX => "never (splitting measured no faster)".to_string(),
+            bytes => format!("bodies from {bytes} bytes while the host idles"),
+        };
+        println!("adaptive calibration: split {split}");
         template.parallel_body_bytes_min = calibration.parallel_body_bytes_min;
     }
     let exe = std::env::current_exe()?;

@@ -12,11 +12,11 @@
 //!   while another has a backlog).
 //! - `pool`: a fixed rayon pool; every request's output rows are split across the pool (data
 //!   parallelism), requests themselves also run side by side.
-//! - `adaptive`: small bodies are processed inline on the reactor thread (cheaper than any
-//!   hand-off; bounded by [`INLINE_BUDGET_NS`] of measured work); larger ones go to a pinned pool
-//!   where a request is split across cores only while cores are idle (fewer requests in flight
-//!   than workers) and only above the size where splitting measured faster. Both thresholds are
-//!   calibrated at start-up on this host by [`Calibration::measure`].
+//! - in-process `adaptive`: small bodies are processed inline on the reactor thread (cheaper than
+//!   any hand-off; bounded by [`INLINE_BUDGET_NS`] of measured work); larger ones go to a pinned
+//!   pool where a request is split across cores only while cores are idle (fewer requests in
+//!   flight than workers) and only above the size where splitting measured faster. Both
+//!   thresholds are calibrated at start-up on this host by [`Calibration::measure`].
 //! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
 //!   `single`.
 //! - The adaptive *child* ([`Executor::start_child`]) is what `serve --model adaptive` runs:
@@ -359,7 +359,7 @@ impl Executor {
             }
             Inner::Child { pool, admission, parallel_body_bytes_min, host_computing } => {
                 let child = ChildChoice { pool, admission, host_computing };
-                return child.execute(*parallel_body_bytes_min, &body, &limits);
+                return child.execute(*parallel_body_bytes_min, &body, &limits).await;
             }
         };
         if !admitted {
@@ -380,10 +380,21 @@ struct ChildChoice<'a> {
 impl ChildChoice<'_> {
     /// Runs `body` on the reactor thread that owns this process's core: serially, or split over
     /// every core when it is large enough and nothing else computes on the host.
-    fn execute(&self, parallel_body_bytes_min: usize, body: &[u8], limits: &SizeLimits) -> Reply {
-        if !self.admission.try_enter() {
+    ///
+    /// Admission first, then one yield to the reactor before computing: the reactor reads (and
+    /// so admits or refuses) every request already waiting on its connections, so
+    /// `queue_depth_max` bounds the requests read and not yet answered, as the channel does for
+    /// `prefork`; without the yield the blocked reactor would leave them unread and never 503.
+    async fn execute(
+        &self,
+        parallel_body_bytes_min: usize,
+        body: &[u8],
+        limits: &SizeLimits,
+    ) -> Reply {
+        let Some(_admitted) = Admitted::enter(self.admission) else {
             return Reply::failure(None, &Failure::busy());
-        }
+        };
+        tokio::task::yield_now().await;
         // Relaxed: the count is a heuristic shared with the other processes (is any core busy?);
         // it publishes no data, and a stale reading only makes one request serial or split.
         let computing_elsewhere = self.host_computing.fetch_add(1, Ordering::Relaxed);
@@ -395,8 +406,25 @@ impl ChildChoice<'_> {
         };
         // Relaxed: see the fetch_add above.
         self.host_computing.fetch_sub(1, Ordering::Relaxed);
-        self.admission.leave();
         reply
+    }
+}
+
+/// An admitted request; leaves the admission count when dropped, also when the client goes away
+/// while the request waits for its turn (the future is dropped at the yield).
+struct Admitted<'a>(&'a Admission);
+
+impl<'a> Admitted<'a> {
+    fn enter(admission: &'a Admission) -> Option<Admitted<'a>> {
+        // Built only when admitted: one dropped on refusal would leave a second time (a
+        // refused `try_enter` has already left).
+        if admission.try_enter() { Some(Admitted(admission)) } else { None }
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
     }
 }
 
@@ -506,5 +534,15 @@ mod tests {
         admission.leave();
         assert!(admission.try_enter());
         assert_eq!(admission.current(), 2);
+    }
+
+    #[test]
+    fn admitted_guard_leaves_exactly_once() {
+        let admission = Admission { in_flight: AtomicUsize::new(0), bound: 1 };
+        let first = Admitted::enter(&admission).expect("room for one");
+        assert!(Admitted::enter(&admission).is_none());
+        assert_eq!(admission.current(), 1, "a refusal leaves the count as it was");
+        drop(first);
+        assert_eq!(admission.current(), 0);
     }
 }

@@ -15,10 +15,15 @@
 //! request (parse, validate, multiply, render) runs where the model says ([`exec`]): one worker
 //! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
 //! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
-//! ([`prefork`]), or per request by size (`adaptive`: inline for tiny bodies, one core, or all
-//! idle cores, thresholds measured at start-up). Every model has a named admission bound and
-//! answers 503 with code 009 past it. All in-process models are served side by side on
-//! `/matrix/<model>` so one run compares them under identical conditions.
+//! ([`prefork`]), or per request by size (`adaptive`). `adaptive` uses the prefork layout, because
+//! on the measured host one single-threaded process per core beat every in-process model: each
+//! process runs a request inline on its reactor thread, or splits it over all cores when it is
+//! at least the split size calibrated at start-up and no other request computes on the host (a
+//! counter in memory shared by the processes). Under load it therefore does what `prefork` does,
+//! minus prefork's hand-off between a reactor and a worker thread on the same core. Every model
+//! has a named admission bound and answers 503 with code 009 past it. All in-process models
+//! (including an in-process variant of `adaptive`) are served side by side on `/matrix/<model>`
+//! so one run compares them under identical conditions.
 //!
 //! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
 //! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and

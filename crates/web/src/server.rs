@@ -1,7 +1,8 @@
 //! The HTTP front: axum routes on a tokio runtime whose threads only move bytes.
 //!
 //! `POST /matrix` uses the configured model; `POST /matrix/{single,pool,pinned,adaptive}` use
-//! that model whatever the default, so models can be compared side by side in one process. The
+//! that model whatever the default, so models can be compared side by side in one process (the
+//! per-core models, `prefork` and the served `adaptive`, run in their own processes). The
 //! body is read up to `body_bytes_max` (a larger `Content-Length` is refused before reading) and
 //! handed to the model's [`Executor`].
 

@@ -23,7 +23,9 @@ fn main() {
     println!("test prefork_children_serve_and_die_with_the_parent ... ok");
     adaptive_children_split_or_inline_with_the_serial_answer();
     println!("test adaptive_children_split_or_inline_with_the_serial_answer ... ok");
-    println!("2 passed, 0 failed");
+    adaptive_children_answer_busy_past_the_bound();
+    println!("test adaptive_children_answer_busy_past_the_bound ... ok");
+    println!("3 passed, 0 failed");
 }
 
 fn template(model: Model) -> ChildSpec {
@@ -93,6 +95,47 @@ fn adaptive_children_split_or_inline_with_the_serial_answer() {
         for answer in concurrent.collect::<Vec<_>>() {
             let (status, answer) = answer.await.unwrap();
             assert_eq!((status, answer.to_vec()), (200, expected.body.clone()));
+        }
+    });
+}
+
+/// One admitted request per child: a burst of slow requests overflows the bound with code 009,
+/// and the children keep serving.
+fn adaptive_children_answer_busy_past_the_bound() {
+    let template = ChildSpec {
+        queue_depth_max: 1,
+        dim_max: 1000,
+        cells_max: 100_000,
+        body_bytes_max: 1 << 20,
+        ..template(Model::Adaptive)
+    };
+    let exe = std::env::current_exe().unwrap();
+    let children = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
+    let url = format!("http://{}/matrix/adaptive", children.local_addr());
+    let body = Bytes::from(Shape::study(1000).request_body(1, 1));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let burst: Vec<_> = (0..24)
+            .map(|_| {
+                let (url, body) = (url.clone(), body.clone());
+                tokio::spawn(async move { JsonClient::default().post(&url, body).await.unwrap() })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for task in burst {
+            let (status, answer) = task.await.unwrap();
+            if status == 503 {
+                let json: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+                assert_eq!(json["errorCode"], "009");
+            }
+            statuses.push(status);
+        }
+        assert!(statuses.contains(&503), "{statuses:?}");
+        assert!(statuses.iter().all(|&s| s == 200 || s == 503), "{statuses:?}");
+        // Fresh connections reach both children: neither may keep a stale count.
+        for _ in 0..6 {
+            let (status, _) = JsonClient::default().post(&url, Bytes::from(EXAMPLE)).await.unwrap();
+            assert_eq!(status, 200);
         }
     });
 }

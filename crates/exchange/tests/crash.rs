@@ -1,0 +1,112 @@
+//! Crash test with a real process and real files: `exchange-crash-child` runs the tier with
+//! `--data DIR` and the `group` journal under open-loop load and is SIGKILLed at random
+//! moments, then restarted on the same directory. After every kill: every reply the client
+//! saw (`ack SHARD SEQ`) is reflected in the recovered state of its shard, each input is
+//! applied exactly once, and the recovered state hash equals a replay of the journal from
+//! scratch. The next child must recover and run again (it is killed, never exits on error).
+//!
+//! `LEANTIER_CRASH_ITERATIONS` raises the iteration count.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use exchange::core::CoreLimits;
+use exchange::durability::{ShardState, decode};
+use exchange::flow::{UniverseConfig, reference_master_data};
+use journal::{JournalReader, RecoverOptions, StateMachine, recover_from};
+use rand::{Rng, SeedableRng};
+
+const SEED: u64 = 42;
+const ITERATIONS_DEFAULT: u32 = 20;
+const CORE_SHARDS: usize = 2;
+/// The child's order pool (kept in step with `exchange-crash-child`).
+const ORDER_POOL_SLOTS: u32 = 1 << 14;
+/// Each run lives this long (uniformly random) after its first ack before the SIGKILL.
+const RUN_MS: std::ops::Range<u64> = 20..200;
+
+fn fresh_state() -> ShardState {
+    let listings = reference_master_data(&UniverseConfig::default()).listings();
+    ShardState::new(&listings, CoreLimits { order_pool_slots: ORDER_POOL_SLOTS })
+}
+
+/// Reads every `ack SHARD SEQ` line the client received (those still in the pipe included).
+fn highest_acks(stdout: BufReader<std::process::ChildStdout>, acked: &mut [u64]) {
+    for line in stdout.lines().map_while(Result::ok) {
+        let mut words = line.split(' ');
+        assert_eq!(words.next(), Some("ack"), "unexpected child output {line:?}");
+        let shard: usize = words.next().unwrap().parse().unwrap();
+        let seq: u64 = words.next().unwrap().parse().unwrap();
+        acked[shard] = acked[shard].max(seq);
+    }
+}
+
+/// Recovers one shard as the tier does, and checks it against `acked` and a replay of the
+/// journal from scratch; returns the recovered sequence.
+fn check_shard(dir: &Path, acked: u64) -> u64 {
+    let recovered = recover_from(dir, RecoverOptions::default(), fresh_state).expect("recovers");
+    assert!(
+        recovered.last_seq >= acked,
+        "{}: a reply for sequence {acked} was released but only {} recovered",
+        dir.display(),
+        recovered.last_seq
+    );
+    assert_eq!(recovered.replayed_records, recovered.last_seq, "each input applied once");
+    assert!(recovered.state.undecodable.is_none());
+    let mut scratch = fresh_state();
+    let mut reader = JournalReader::open(dir, 1).expect("opens");
+    let mut expected_seq = 1;
+    while let Some((seq, payload)) = reader.next_record().expect("valid after recovery") {
+        assert_eq!(seq, expected_seq, "gap-free, no duplicate");
+        scratch.process(&decode(seq, payload).expect("decodes"), &mut |_| {});
+        expected_seq += 1;
+    }
+    assert_eq!(expected_seq - 1, recovered.last_seq);
+    assert_eq!(recovered.state.state_hash(), scratch.state_hash(), "recovered == replay");
+    recovered.last_seq
+}
+
+#[test]
+fn sigkill_under_load_never_loses_a_released_reply() {
+    let iterations = std::env::var("LEANTIER_CRASH_ITERATIONS")
+        .map_or(ITERATIONS_DEFAULT, |v| v.parse().unwrap());
+    let data = tempfile::tempdir().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(SEED);
+    let mut acked = [0u64; CORE_SHARDS];
+    let mut recovered = [0u64; CORE_SHARDS];
+    let mut kills_after_acks = 0;
+    for _ in 0..iterations {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exchange-crash-child"))
+            .arg("--data")
+            .arg(data.path())
+            .args(["--core-shards", &CORE_SHARDS.to_string(), "--rate", "3000"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the child starts");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        // Kill only once the tier is up (its first ack), at a random moment after that.
+        let mut first = String::new();
+        let read = stdout.read_line(&mut first).unwrap();
+        assert!(read > 0, "the child exited before its first reply: {:?}", child.wait());
+        std::thread::sleep(Duration::from_millis(rng.random_range(RUN_MS)));
+        child.kill().expect("SIGKILL"); // std sends SIGKILL on Unix
+        let status = child.wait().unwrap();
+        assert!(!status.success() && status.code().is_none(), "killed, not exited: {status}");
+        let before = acked;
+        highest_acks(BufReader::new(stdout.into_inner()), &mut acked);
+        let first_words: Vec<&str> = first.trim().split(' ').collect();
+        let shard: usize = first_words[1].parse().unwrap();
+        acked[shard] = acked[shard].max(first_words[2].parse().unwrap());
+        if acked != before {
+            kills_after_acks += 1;
+        }
+        for (shard, last) in recovered.iter_mut().enumerate() {
+            let now = check_shard(&data.path().join(format!("shard-{shard}")), acked[shard]);
+            assert!(now >= *last, "recovered sequence went back: {now} < {last}");
+            *last = now;
+        }
+    }
+    assert!(kills_after_acks * 2 >= iterations, "most runs released replies before the kill");
+    eprintln!("{iterations} kills; released up to {acked:?}; recovered {recovered:?}");
+}
