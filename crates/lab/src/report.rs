@@ -393,6 +393,8 @@ const MARGIN_RIGHT_PX: f64 = 190.0;
 const MARGIN_TOP_PX: f64 = 40.0;
 const MARGIN_BOTTOM_PX: f64 = 60.0;
 const TICKS_TARGET: usize = 6;
+/// Series with at most this many points are drawn with a marker at each point.
+const MARKERS_POINTS_MAX: usize = 40;
 /// Colour-blind-friendly palette (Okabe–Ito), cycled by series.
 const PALETTE: [&str; 8] =
     ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"];
@@ -475,12 +477,20 @@ impl LinePlot {
                 .iter()
                 .map(|&(x, y)| format!("{:.1},{:.1}", x_axis.to_px_x(x), y_axis.to_px_y(y)))
                 .collect();
+            let colour = PALETTE[index % PALETTE.len()];
             let _ = writeln!(
                 svg,
-                r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
-                PALETTE[index % PALETTE.len()],
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
                 coordinates.join(" ")
             );
+            // Sparse series (a few measured rates) get a dot per measurement, so a reader
+            // can tell measured points from the interpolating line.
+            if points.len() <= MARKERS_POINTS_MAX {
+                for point in &coordinates {
+                    let (x, y) = point.split_once(',').expect("formatted as x,y");
+                    let _ = writeln!(svg, r#"<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>"#);
+                }
+            }
         }
         legend(&mut svg, self.series.iter().map(|s| s.label.as_str()), "line");
         svg + "</svg>\n"
@@ -917,6 +927,8 @@ mod tests {
         let svg = plot.to_svg();
         let elements = assert_well_formed(&svg);
         assert_eq!(elements.iter().filter(|e| *e == "polyline").count(), 2);
+        // One marker per drawable point (the NaN point is left out).
+        assert_eq!(elements.iter().filter(|e| *e == "circle").count(), 5);
         for text in [
             "1 sender",
             "2 senders",
@@ -980,45 +992,5 @@ mod tests {
         assert_eq!(bar.is_hidden(), !std::io::stderr().is_terminal());
         bar.inc(3);
         assert_eq!(bar.position(), 3);
-    }
-}
-#[cfg(test)]
-mod visual_tmp {
-    #[test]
-    fn write_samples() {
-        use super::*;
-        let mut a = LatencyHistogram::new();
-        let mut b = LatencyHistogram::new();
-        for i in 0..10_000u64 {
-            a.record_ns(5_000 + (i * i) % 40_000);
-            b.record_ns(8_000 + (i * 7919) % 300_000);
-        }
-        std::fs::write(
-            "/tmp/labsvg/cdf.svg",
-            latency_cdf_plot("End-to-end latency", &[("20K msg/s", &a), ("60K msg/s", &b)])
-                .x_log()
-                .to_svg(),
-        )
-        .unwrap();
-        std::fs::write(
-            "/tmp/labsvg/bar.svg",
-            BarChart::new(
-                "Throughput per model",
-                "throughput (req/s)",
-                ["single", "pool", "prefork"],
-            )
-            .group("10 users", vec![1000.0, 2500.0, 3000.0])
-            .group("60 users", vec![1100.0, 4000.0, 5200.0])
-            .to_svg(),
-        )
-        .unwrap();
-        std::fs::write(
-            "/tmp/labsvg/line.svg",
-            LinePlot::new("p99 vs rate", "rate (msg/s)", "p99 (µs)")
-                .series("placed+spin", vec![(20000.0, 12.0), (40000.0, 15.0), (60000.0, 22.0)])
-                .series("parking", vec![(20000.0, 40.0), (40000.0, 55.0), (60000.0, 90.0)])
-                .to_svg(),
-        )
-        .unwrap();
     }
 }
