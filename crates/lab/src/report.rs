@@ -386,10 +386,11 @@ impl Markdown {
 // ---------------------------------------------------------------------------------------------
 // SVG plots.
 
-const PLOT_WIDTH_PX: f64 = 820.0;
+const PLOT_WIDTH_PX: f64 = 900.0;
 const PLOT_HEIGHT_PX: f64 = 480.0;
 const MARGIN_LEFT_PX: f64 = 80.0;
-const MARGIN_RIGHT_PX: f64 = 190.0;
+/// Room for legend labels of about 30 characters.
+const MARGIN_RIGHT_PX: f64 = 270.0;
 const MARGIN_TOP_PX: f64 = 40.0;
 const MARGIN_BOTTOM_PX: f64 = 60.0;
 const TICKS_TARGET: usize = 6;
