@@ -10,7 +10,7 @@
 //!
 //! [`WaitStrategy`]: crate::WaitStrategy
 
-use crate::ring::{BatchError, Disconnected, RingConfig, RingError, TryPushError};
+use crate::ring::{BatchError, Disconnected, RingConfig, RingError};
 use crate::sync::{Arc, Condvar, Mutex, MutexGuard, lock};
 use crate::wait::Parker;
 
@@ -103,18 +103,6 @@ impl<T: Copy> Producer<T> {
         self.shared.not_empty.notify_one();
         self.shared.consumer_parker.notify();
         Ok(())
-    }
-
-    pub fn try_push(&mut self, item: T) -> Result<(), TryPushError<T>> {
-        match self.try_write_batch(1, |_, slot| *slot = item) {
-            Ok(()) => Ok(()),
-            Err(BatchError::Disconnected) => Err(TryPushError::Disconnected(item)),
-            Err(_) => Err(TryPushError::Full(item)),
-        }
-    }
-
-    pub fn push(&mut self, item: T) -> Result<(), Disconnected> {
-        self.push_batch(std::slice::from_ref(&item))
     }
 
     /// Copies `items` in, waiting on the condition variable while the buffer is full.

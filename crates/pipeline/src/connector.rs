@@ -83,13 +83,17 @@ impl<T: Copy> Sender<T> {
     /// Pushes one message if there is room; hands it back otherwise.
     #[inline]
     pub fn try_push(&mut self, item: T) -> Result<(), TryPushError<T>> {
-        dispatch!(self, side => side.try_push(item))
+        match self.try_write_batch(1, |_, slot| *slot = item) {
+            Ok(()) => Ok(()),
+            Err(BatchError::Disconnected) => Err(TryPushError::Disconnected(item)),
+            Err(BatchError::Full | BatchError::TooLarge { .. }) => Err(TryPushError::Full(item)),
+        }
     }
 
     /// Pushes one message, waiting (per the wait strategy) while the connector is full.
     #[inline]
     pub fn push(&mut self, item: T) -> Result<(), Disconnected> {
-        dispatch!(self, side => side.push(item))
+        self.push_batch(std::slice::from_ref(&item))
     }
 
     /// Pushes all `items`, publishing once per chunk of up to `batch_slots_max`.

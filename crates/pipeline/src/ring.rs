@@ -285,27 +285,6 @@ impl<T: Copy> Producer<T> {
         Ok(())
     }
 
-    /// Pushes one message if there is room.
-    #[inline]
-    pub fn try_push(&mut self, item: T) -> Result<(), TryPushError<T>> {
-        match self.try_write_batch(1, |_, slot| *slot = item) {
-            Ok(()) => Ok(()),
-            Err(BatchError::Disconnected) => Err(TryPushError::Disconnected(item)),
-            Err(_) => Err(TryPushError::Full(item)),
-        }
-    }
-
-    /// Pushes one message, waiting with the ring's strategy while the ring is full.
-    pub fn push(&mut self, item: T) -> Result<(), Disconnected> {
-        loop {
-            match self.try_push(item) {
-                Ok(()) => return Ok(()),
-                Err(TryPushError::Disconnected(_)) => return Err(Disconnected),
-                Err(TryPushError::Full(_)) => self.wait_for_room(1),
-            }
-        }
-    }
-
     /// Pushes all `items`, one publish per chunk of up to `batch_slots_max`, waiting for room.
     pub fn push_batch(&mut self, items: &[T]) -> Result<(), Disconnected> {
         let mut rest = items;
@@ -477,7 +456,8 @@ mod tests {
 
     #[test]
     fn full_ring_hands_the_item_back() {
-        let (mut producer, mut consumer) = spsc::<u32>(&config(4, 4)).unwrap();
+        let kind = crate::ConnectorKind::LockFree;
+        let (mut producer, mut consumer) = crate::connector::<u32>(kind, &config(4, 4)).unwrap();
         for i in 0..4 {
             producer.try_push(i).unwrap();
         }
@@ -519,7 +499,8 @@ mod tests {
 
     #[test]
     fn producer_learns_the_consumer_is_gone_instead_of_blocking() {
-        let (mut producer, consumer) = spsc::<u32>(&config(2, 2)).unwrap();
+        let kind = crate::ConnectorKind::LockFree;
+        let (mut producer, consumer) = crate::connector::<u32>(kind, &config(2, 2)).unwrap();
         producer.push_batch(&[1, 2]).unwrap();
         drop(consumer);
         assert_eq!(producer.push(3), Err(Disconnected));
