@@ -44,7 +44,7 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Ring throughput (leantier vs rtrb, crossbeam, disruptor, std mpsc, blocking) and
-    /// pinned ping-pong latency.
+    /// pinned ping-pong latency, plus the wake-up and idle-CPU cost of each wait strategy.
     Ring(lab::ringbench::Args),
 }
 
