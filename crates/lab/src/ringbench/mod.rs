@@ -97,9 +97,9 @@ fn contenders() -> Vec<Contender> {
 
 /// The ring with its consumer waiting under each strategy, for the wait-strategy table.
 fn waiting_contenders() -> Vec<(pipeline::WaitStrategy, &'static str, PingPongFn)> {
-    fn entry<const S: u8>() -> (pipeline::WaitStrategy, &'static str, PingPongFn) {
-        let name = <peers::LeantierWaiting<S> as Peer<Message8>>::NAME;
-        (peers::strategy(S), name, harness::ping_pong::<peers::LeantierWaiting<S>, Message8>)
+    fn entry<const MODE: u8>() -> (pipeline::WaitStrategy, &'static str, PingPongFn) {
+        let name = <peers::Pipeline<MODE> as Peer<Message8>>::NAME;
+        (peers::wait_strategy(MODE), name, harness::ping_pong::<peers::Pipeline<MODE>, Message8>)
     }
     vec![
         entry::<{ peers::WAIT_SPIN }>(),

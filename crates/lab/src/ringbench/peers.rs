@@ -60,55 +60,33 @@ pub trait Peer<M: Payload> {
     fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize;
 }
 
-/// leantier's lock-free ring, busy-spinning on both sides.
-pub struct Leantier;
-/// leantier's mutex + condvar baseline behind the same interface.
-pub struct Blocking;
 pub struct Rtrb;
 pub struct CrossbeamArrayQueue;
 pub struct CrossbeamChannel;
 pub struct StdSyncChannel;
 pub struct Disruptor;
 
-fn pipeline_connector<M: Payload>(
-    kind: ConnectorKind,
-    capacity_slots: usize,
-    batch_slots_max: usize,
-    wait: WaitStrategy,
-) -> (pipeline::Sender<M>, pipeline::Receiver<M>) {
-    let config = RingConfig { capacity_slots, batch_slots_max, wait };
-    pipeline::connector(kind, &config).expect("benchmark ring sizes are valid powers of two")
-}
+/// A `pipeline` connector in one of the modes below: which implementation, how its sides
+/// wait, and whether the harness polls the consumer or lets it wait.
+pub struct Pipeline<const MODE: u8>;
 
-impl<M: Payload> Peer<M> for Leantier {
-    const NAME: &'static str = "leantier ring";
-    type Tx = pipeline::Sender<M>;
-    type Rx = pipeline::Receiver<M>;
-    fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
-        let wait = WaitStrategy::BusySpin;
-        pipeline_connector(ConnectorKind::LockFree, capacity_slots, batch_slots_max, wait)
-    }
-    fn send(tx: &mut Self::Tx, batch: &[M]) {
-        tx.push_batch(batch).expect("consumer outlives the producer");
-    }
-    fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize {
-        rx.read_batch(max, f)
-    }
-}
+/// leantier's lock-free ring, busy-spinning, consumer polled by the harness.
+pub const POLLED: u8 = 0;
+/// The mutex + condvar baseline behind the same interface; a blocked side sleeps.
+pub const BLOCKING: u8 = 1;
+/// The lock-free ring with its consumer *waiting* under each strategy (wake-up cost).
+pub const WAIT_SPIN: u8 = 2;
+pub const WAIT_SPIN_YIELD: u8 = 3;
+pub const WAIT_ADAPTIVE: u8 = 4;
+pub const WAIT_PARK: u8 = 5;
 
-/// leantier's lock-free ring whose consumer *waits* with strategy `S` (see [`strategy`])
-/// instead of being polled, so ping-pong measures each strategy's wake-up cost.
-pub struct LeantierWaiting<const S: u8>;
+pub type Leantier = Pipeline<POLLED>;
+pub type Blocking = Pipeline<BLOCKING>;
 
-pub const WAIT_SPIN: u8 = 0;
-pub const WAIT_SPIN_YIELD: u8 = 1;
-pub const WAIT_ADAPTIVE: u8 = 2;
-pub const WAIT_PARK: u8 = 3;
-
-/// The strategy behind each `LeantierWaiting` parameter.
-pub fn strategy(code: u8) -> WaitStrategy {
-    match code {
-        WAIT_SPIN => WaitStrategy::BusySpin,
+/// The wait strategy each mode configures.
+pub fn wait_strategy(mode: u8) -> WaitStrategy {
+    match mode {
+        POLLED | WAIT_SPIN => WaitStrategy::BusySpin,
         WAIT_SPIN_YIELD => {
             WaitStrategy::SpinYield { spins: pipeline::wait::ADAPTIVE_SPINS_DEFAULT }
         }
@@ -117,8 +95,10 @@ pub fn strategy(code: u8) -> WaitStrategy {
     }
 }
 
-impl<M: Payload, const S: u8> Peer<M> for LeantierWaiting<S> {
-    const NAME: &'static str = match S {
+impl<M: Payload, const MODE: u8> Peer<M> for Pipeline<MODE> {
+    const NAME: &'static str = match MODE {
+        POLLED => "leantier ring",
+        BLOCKING => "blocking (mutex+condvar)",
         WAIT_SPIN => "wait: busy-spin",
         WAIT_SPIN_YIELD => "wait: spin-yield",
         WAIT_ADAPTIVE => "wait: adaptive",
@@ -127,29 +107,15 @@ impl<M: Payload, const S: u8> Peer<M> for LeantierWaiting<S> {
     type Tx = pipeline::Sender<M>;
     type Rx = pipeline::Receiver<M>;
     fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
-        pipeline_connector(ConnectorKind::LockFree, capacity_slots, batch_slots_max, strategy(S))
+        let kind = if MODE == BLOCKING { ConnectorKind::Blocking } else { ConnectorKind::LockFree };
+        let config = RingConfig { capacity_slots, batch_slots_max, wait: wait_strategy(MODE) };
+        pipeline::connector(kind, &config).expect("benchmark ring sizes are valid powers of two")
     }
     fn send(tx: &mut Self::Tx, batch: &[M]) {
         tx.push_batch(batch).expect("consumer outlives the producer");
     }
     fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize {
-        rx.wait_read_batch(max, f).unwrap_or(0)
-    }
-}
-
-impl<M: Payload> Peer<M> for Blocking {
-    const NAME: &'static str = "blocking (mutex+condvar)";
-    type Tx = pipeline::Sender<M>;
-    type Rx = pipeline::Receiver<M>;
-    fn build(capacity_slots: usize, batch_slots_max: usize) -> (Self::Tx, Self::Rx) {
-        let wait = WaitStrategy::Park;
-        pipeline_connector(ConnectorKind::Blocking, capacity_slots, batch_slots_max, wait)
-    }
-    fn send(tx: &mut Self::Tx, batch: &[M]) {
-        tx.push_batch(batch).expect("consumer outlives the producer");
-    }
-    fn receive(rx: &mut Self::Rx, max: usize, f: impl FnMut(&M)) -> usize {
-        rx.wait_read_batch(max, f).unwrap_or(0)
+        if MODE == POLLED { rx.read_batch(max, f) } else { rx.wait_read_batch(max, f).unwrap_or(0) }
     }
 }
 
