@@ -8,10 +8,10 @@ use std::time::Duration;
 use lab::load::{StepPlan, StepReport, step_until};
 use lab::outcome::BadInput;
 use lab::report::{
-    BarChart, LinePlot, Markdown, ReportDir, Table, format_ns_as_us, latency_cdf_plot,
-    latency_table, progress_bar,
+    BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
+    format_ns_as_us, latency_cdf_plot, latency_table, progress_bar,
 };
-use lab::stats::{CumulativeBucket, LatencySummary, karp_flatt, speedup};
+use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
@@ -428,33 +428,12 @@ fn journal_table(runs: &[RunResult]) -> Table {
 }
 
 fn buckets_table(runs: &[RunResult]) -> Table {
-    let headers = std::iter::once("latency".to_string())
-        .chain(runs.iter().map(|r| format!("cum % @{}", rate_label(r.rate_per_s))));
-    let mut table = Table::new(headers).with_title("Cumulative % of requests within 10 µs buckets");
-    let buckets: Vec<Vec<CumulativeBucket>> = runs
-        .iter()
-        .map(|r| r.end_to_end.cumulative_buckets(BUCKET_WIDTH_NS, BUCKETS_MAX))
-        .collect();
-    for index in 0..BUCKETS_MAX {
-        let upper_ns = (index as u64 + 1) * BUCKET_WIDTH_NS;
-        let cells = buckets.iter().map(|b| {
-            let percent = b
-                .iter()
-                .take_while(|x| x.upper_ns.is_some_and(|u| u <= upper_ns))
-                .last()
-                .map_or(0.0, |x| x.cumulative_percent);
-            let percent = if b.last().is_some_and(|x| x.upper_ns.is_some_and(|u| u <= upper_ns)) {
-                100.0
-            } else {
-                percent
-            };
-            format!("{percent:.2}%")
-        });
-        table.row(std::iter::once(format!("≤ {} µs", format_ns_as_us(upper_ns))).chain(cells));
-    }
-    let beyond = format!("> {} µs", format_ns_as_us(BUCKET_WIDTH_NS * BUCKETS_MAX as u64));
-    table.row(std::iter::once(beyond).chain(runs.iter().map(|_| "100.00%".to_string())));
-    table
+    let labels: Vec<String> =
+        runs.iter().map(|r| format!("@{}", rate_label(r.rate_per_s))).collect();
+    let series: Vec<(&str, &LatencyHistogram)> =
+        labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
+    cumulative_buckets_comparison_table(&series, BUCKET_WIDTH_NS, BUCKETS_MAX)
+        .with_title("Cumulative % of requests within 10 µs buckets")
 }
 
 fn stages_table(runs: &[RunResult]) -> Table {

@@ -241,6 +241,39 @@ pub fn cumulative_buckets_table(buckets: &[CumulativeBucket]) -> Table {
     table
 }
 
+/// Cumulative % within `width_ns` buckets for several series side by side, one column per
+/// series (e.g. the same system at several arrival rates), `buckets_max` rows plus a final
+/// "beyond" row. A series whose buckets stopped early has reached 100%; an empty one shows 0%.
+pub fn cumulative_buckets_comparison_table(
+    series: &[(&str, &LatencyHistogram)],
+    width_ns: u64,
+    buckets_max: usize,
+) -> Table {
+    let columns: Vec<Vec<CumulativeBucket>> = series
+        .iter()
+        .map(|(_, histogram)| histogram.cumulative_buckets(width_ns, buckets_max))
+        .collect();
+    let headers = std::iter::once("latency".to_string())
+        .chain(series.iter().map(|(label, _)| format!("cum % {label}")));
+    let mut table = Table::new(headers);
+    for index in 0..buckets_max {
+        let upper_ns = (index as u64 + 1) * width_ns;
+        let cells = columns.iter().map(|buckets| {
+            let percent = match buckets.get(index) {
+                Some(bucket) if bucket.upper_ns.is_some() => bucket.cumulative_percent,
+                _ if buckets.is_empty() => 0.0,
+                _ => 100.0,
+            };
+            format!("{percent:.2}%")
+        });
+        table.row(std::iter::once(format!("≤ {} µs", format_ns_as_us(upper_ns))).chain(cells));
+    }
+    let beyond = format!("> {} µs", format_ns_as_us(width_ns * buckets_max as u64));
+    let totals = columns.iter().map(|b| if b.is_empty() { "0.00%" } else { "100.00%" });
+    table.row(std::iter::once(beyond).chain(totals.map(String::from)));
+    table
+}
+
 /// A table of a 2^k·r analysis: one row per effect (value, % of variation, confidence
 /// interval, whether it excludes zero), then the mean and the error's share.
 pub fn factorial_table(analysis: &FactorialAnalysis) -> Table {
@@ -792,6 +825,23 @@ pub fn progress_bar(length: u64, message: impl Into<Cow<'static, str>>) -> Progr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bucket_comparison_puts_series_side_by_side_and_fills_finished_ones() {
+        let fast = LatencyHistogram::from_samples_ns(&[5_000, 15_000]);
+        let slow = LatencyHistogram::from_samples_ns(&[5_000, 15_000, 25_000, 95_000]);
+        let table = cumulative_buckets_comparison_table(
+            &[("fast", &fast), ("slow", &slow), ("empty", &LatencyHistogram::new())],
+            10_000,
+            3,
+        );
+        assert_eq!(table.headers(), ["latency", "cum % fast", "cum % slow", "cum % empty"]);
+        let column = |c: usize| table.rows().iter().map(|r| r[c].as_str()).collect::<Vec<_>>();
+        assert_eq!(column(1), ["50.00%", "100.00%", "100.00%", "100.00%"]);
+        assert_eq!(column(2), ["25.00%", "50.00%", "75.00%", "100.00%"]);
+        assert_eq!(column(3), ["0.00%", "0.00%", "0.00%", "0.00%"]);
+        assert_eq!(table.rows()[3][0], "> 30.0 µs");
+    }
 
     /// Checks that every element is closed in order; returns the names of the opened elements.
     fn assert_well_formed(svg: &str) -> Vec<String> {
