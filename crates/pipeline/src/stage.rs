@@ -4,13 +4,14 @@
 //! # Graph
 //! [`PipelineBuilder`] declares sources ([`PipelineBuilder::source`]), inputs fed by threads
 //! outside the pipeline ([`PipelineBuilder::input`]), stages ([`PipelineBuilder::stage`]) and
-//! sinks ([`PipelineBuilder::sink`]), each with a
-//! [`StageSpec`] (workers, [`Role`], wait strategy, inbound ring size), and connects them with
+//! sinks ([`PipelineBuilder::sink`]), each with a [`StageSpec`] (workers, optional
+//! `max_workers`, [`Role`], wait strategy, inbound ring size), and connects them with
 //! [`PipelineBuilder::connect`]. A connection from stage A (u workers) to stage B (d workers)
 //! is a full mesh of u·d SPSC rings, so every ring keeps exactly one writer:
 //! - *fan-out* (1→N): an upstream worker picks the downstream worker per message by
 //!   [`Route::RoundRobin`] or [`Route::by_key`] (a key always lands on the same worker, so one
-//!   key's messages stay in order as long as they all come from one upstream worker);
+//!   key's messages stay in order as long as they all come from one upstream worker and the
+//!   stage is not resized meanwhile);
 //! - *fan-in* (N→1): a downstream worker polls its inbound rings in turn and sleeps on one
 //!   [`Parker`] that every one of those rings notifies;
 //! - a stage connected to several downstream stages sends each message to all of them.
@@ -64,6 +65,13 @@
 //! blocked on a full ring, and [`RunningPipeline::wait`] returns
 //! [`PipelineError::StagePanicked`]. A handler that blocks forever inside user code (not in a
 //! ring) cannot be interrupted; everything else stops without a hang.
+//!
+//! # Resizing
+//! A processing stage or sink declared with [`StageSpec::with_max_workers`] spawns that many
+//! workers and rings up front; [`RunningPipeline::resize`] changes how many of them upstream
+//! routing picks from (the active prefix), without stopping anything. Deactivated workers
+//! drain what they hold and then idle (parked, for a wait strategy that parks), so a resize
+//! never loses or duplicates a message; the argument is in [`crate::active`].
 
 mod emit;
 mod worker;
@@ -80,6 +88,7 @@ use emit::Outlet;
 pub use emit::{EMIT_BATCH_SLOTS_MAX, Emitter, Envelope, Input, Message, Route};
 use worker::{ConsumerLoop, LaunchContext, Shared, launch_workers, run_source};
 
+use crate::active::ActiveWorkers;
 use crate::connector::{ConnectorKind, Receiver, connector_with};
 use crate::metrics::{StageMetrics, StageMetricsHub, WorkerMetrics};
 use crate::placement::{PlacementPlan, Role, ThreadRequest, Topology};
@@ -89,8 +98,12 @@ use crate::wait::{Parker, WaitStrategy, Waiter};
 /// How a stage runs and how its inbound rings are built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageSpec {
-    /// Worker threads (k), at least 1.
+    /// Worker threads (k) receiving messages at start, at least 1.
     pub workers: usize,
+    /// Makes a processing stage or sink resizable: this many workers are spawned and
+    /// [`RunningPipeline::resize`] sets how many of them receive messages (`None`: `workers`,
+    /// not resizable). See [`crate::active`].
+    pub max_workers: Option<usize>,
     pub role: Role,
     /// The requested wait strategy (downgraded when the plan is oversubscribed).
     pub wait: WaitStrategy,
@@ -129,6 +142,16 @@ impl StageSpec {
     pub fn with_connector(self, connector: ConnectorKind) -> StageSpec {
         StageSpec { connector, ..self }
     }
+
+    /// Spawns `max_workers` workers, of which `workers` receive messages until resized.
+    pub fn with_max_workers(self, max_workers: usize) -> StageSpec {
+        StageSpec { max_workers: Some(max_workers), ..self }
+    }
+
+    /// Worker threads spawned (and rings built per upstream worker).
+    pub fn spawned_workers(&self) -> usize {
+        self.max_workers.unwrap_or(self.workers)
+    }
 }
 
 impl Default for StageSpec {
@@ -136,6 +159,7 @@ impl Default for StageSpec {
         let ring = RingConfig::default();
         StageSpec {
             workers: 1,
+            max_workers: None,
             role: Role::Ancillary,
             wait: WaitStrategy::default(),
             capacity_slots: ring.capacity_slots,
@@ -203,6 +227,8 @@ struct Slot {
     kind: SlotKind,
     consumer_parkers: Vec<Arc<Parker>>,
     producer_parkers: Vec<Arc<Parker>>,
+    /// How many workers upstream routing picks from (all of them unless resizable).
+    active: Arc<ActiveWorkers>,
     ports: Box<dyn Any + Send>,
     launcher: Launcher,
 }
@@ -359,7 +385,8 @@ impl PipelineBuilder {
         kind: SlotKind,
         launcher: Launcher,
     ) -> StageHandle<In, Out> {
-        let workers = spec.workers;
+        let workers = spec.spawned_workers();
+        let max = workers.max(1);
         let ports: StagePorts<In, Out> = StagePorts {
             inputs: (0..workers).map(|_| Vec::new()).collect(),
             outlets: (0..workers).map(|_| Vec::new()).collect(),
@@ -370,6 +397,8 @@ impl PipelineBuilder {
             kind,
             consumer_parkers: (0..workers).map(|_| Parker::new()).collect(),
             producer_parkers: (0..workers).map(|_| Parker::new()).collect(),
+            // Out-of-range counts are clamped here and refused by `validate` at start.
+            active: Arc::new(ActiveWorkers::new(spec.workers.clamp(1, max), max)),
             ports: Box::new(ports),
             launcher,
         });
@@ -398,11 +427,12 @@ impl PipelineBuilder {
                 wait,
             };
             let pending_slots_max = spec.batch_slots_max.min(EMIT_BATCH_SLOTS_MAX);
+            let downstream_workers = spec.spawned_workers();
             let mut receivers: Vec<Vec<Receiver<Envelope<T>>>> =
-                (0..spec.workers).map(|_| Vec::new()).collect();
-            let mut outlets = Vec::with_capacity(slots[upstream].spec.workers);
+                (0..downstream_workers).map(|_| Vec::new()).collect();
+            let mut outlets = Vec::with_capacity(slots[upstream].spec.spawned_workers());
             for producer_parker in &slots[upstream].producer_parkers {
-                let mut rings = Vec::with_capacity(spec.workers);
+                let mut rings = Vec::with_capacity(downstream_workers);
                 for (worker, consumer_parker) in
                     slots[downstream].consumer_parkers.iter().enumerate()
                 {
@@ -419,7 +449,8 @@ impl PipelineBuilder {
                     rings.push(sender);
                     receivers[worker].push(receiver);
                 }
-                outlets.push(Outlet::new(route.clone(), rings, pending_slots_max));
+                let active = slots[downstream].active.clone();
+                outlets.push(Outlet::new(route.clone(), rings, active, pending_slots_max));
             }
             for (worker, outlet) in outlets.into_iter().enumerate() {
                 ports_mut::<A, T>(&mut slots[upstream]).outlets[worker].push(outlet);
@@ -457,6 +488,7 @@ impl PipelineBuilder {
             threads: Vec::new(),
             hubs: Vec::new(),
             inputs: Vec::new(),
+            resizable: Vec::new(),
             shared,
             plan,
             joined: false,
@@ -464,7 +496,10 @@ impl PipelineBuilder {
         let mut placements = running.plan.threads.clone().into_iter();
         for (slot, wait) in slots.into_iter().zip(waits) {
             let threaded = slot.kind != SlotKind::Input;
-            let hub = StageMetricsHub::new(&slot.name, slot.spec.workers);
+            let spawned = slot.spec.spawned_workers();
+            let hub = StageMetricsHub::new(&slot.name, spawned);
+            let resizable = slot.spec.max_workers.is_some().then(|| slot.active.clone());
+            running.resizable.push((slot.name.clone(), resizable));
             if threaded {
                 running.hubs.push(hub.clone());
             }
@@ -472,10 +507,7 @@ impl PipelineBuilder {
                 stage: slot.name,
                 shared: running.shared.clone(),
                 hub,
-                placements: placements
-                    .by_ref()
-                    .take(if threaded { slot.spec.workers } else { 0 })
-                    .collect(),
+                placements: placements.by_ref().take(if threaded { spawned } else { 0 }).collect(),
                 wait,
                 consumer_parkers: slot.consumer_parkers,
                 read_batch_max: slot.spec.batch_slots_max,
@@ -501,7 +533,7 @@ impl PipelineBuilder {
             .iter()
             .filter(|slot| slot.kind != SlotKind::Input)
             .flat_map(|slot| {
-                (0..slot.spec.workers).map(|worker| ThreadRequest {
+                (0..slot.spec.spawned_workers()).map(|worker| ThreadRequest {
                     label: format!("{}/{worker}", slot.name),
                     role: slot.spec.role,
                 })
@@ -524,6 +556,14 @@ impl PipelineBuilder {
             };
             if slot.spec.workers == 0 {
                 return bad("needs at least one worker");
+            }
+            if let Some(max_workers) = slot.spec.max_workers {
+                if slot.kind != SlotKind::Stage {
+                    return bad("only a processing stage or sink can be resizable");
+                }
+                if max_workers < slot.spec.workers {
+                    return bad("max_workers is below the initial workers");
+                }
             }
             if self.slots[..index].iter().any(|other| other.name == slot.name) {
                 return bad("the name is used by another stage");
@@ -596,6 +636,8 @@ pub struct RunningPipeline {
     hubs: Vec<Arc<StageMetricsHub>>,
     /// Per slot: the not yet taken [`Input`] handles of an input slot.
     inputs: Vec<Option<Box<dyn Any + Send>>>,
+    /// Per slot: its name and, if it was declared with `max_workers`, its active count.
+    resizable: Vec<(Arc<str>, Option<Arc<ActiveWorkers>>)>,
     shared: Arc<Shared>,
     plan: PlacementPlan,
     joined: bool,
@@ -621,6 +663,41 @@ impl RunningPipeline {
     pub fn take_inputs<T: Message>(&mut self, input: StageHandle<(), T>) -> Option<Vec<Input<T>>> {
         let handles = self.inputs.get_mut(input.index)?.take()?;
         Some(*handles.downcast::<Vec<Input<T>>>().expect("a StageHandle<(), T> names Input<T>s"))
+    }
+
+    /// Routes new messages of `stage`'s upstream to its first `workers` workers only; the
+    /// others finish what they already received, then idle (see [`crate::active`] for why no
+    /// message is lost). The stage must have been declared with [`StageSpec::max_workers`].
+    pub fn resize<In, Out>(
+        &self,
+        stage: StageHandle<In, Out>,
+        workers: usize,
+    ) -> Result<(), PipelineError> {
+        let active = self.active_of(stage)?;
+        active.set(workers).map_err(|error| self.bad_stage(stage.index, error.to_string()))
+    }
+
+    /// Workers of `stage` currently receiving messages, and the most it can have.
+    pub fn active_workers<In, Out>(
+        &self,
+        stage: StageHandle<In, Out>,
+    ) -> Result<(usize, usize), PipelineError> {
+        let active = self.active_of(stage)?;
+        Ok((active.get(), active.max()))
+    }
+
+    fn active_of<In, Out>(
+        &self,
+        stage: StageHandle<In, Out>,
+    ) -> Result<&ActiveWorkers, PipelineError> {
+        let resizable = self.resizable[stage.index].1.as_deref();
+        resizable.ok_or_else(|| {
+            self.bad_stage(stage.index, "was not declared resizable (max_workers)".into())
+        })
+    }
+
+    fn bad_stage(&self, index: usize, reason: String) -> PipelineError {
+        PipelineError::BadStage { stage: self.resizable[index].0.to_string(), reason }
     }
 
     /// A live snapshot of every stage (lags by up to `metrics::PUBLISH_INTERVAL_NS`).

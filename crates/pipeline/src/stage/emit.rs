@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::active::ActiveWorkers;
 use crate::connector::Sender;
 use crate::metrics::now_ns;
 use crate::ring::Disconnected;
@@ -28,7 +29,7 @@ pub struct Envelope<T> {
 pub enum Route<T> {
     /// Each message to the next worker in turn.
     RoundRobin,
-    /// By a key: equal keys go to the same worker (per-key order is kept).
+    /// By a key: equal keys go to the same worker (per-key order is kept between resizes).
     ByKey(Arc<dyn Fn(&T) -> u64 + Send + Sync>),
 }
 
@@ -37,21 +38,12 @@ impl<T> Route<T> {
         Route::ByKey(Arc::new(key))
     }
 
-    /// The downstream worker for `message` out of `workers`.
+    /// The downstream worker for `message`, among the downstream stage's active workers.
     #[inline]
-    fn pick(&self, message: &T, next: &mut usize, workers: usize) -> usize {
+    fn pick(&self, message: &T, next: &mut usize, active: &ActiveWorkers) -> usize {
         match self {
-            Route::RoundRobin => {
-                let worker = *next;
-                *next = if worker + 1 == workers { 0 } else { worker + 1 };
-                worker
-            }
-            Route::ByKey(key) => {
-                // Fibonacci hashing spreads consecutive keys; multiply-shift maps the 64-bit hash
-                // onto 0..workers without a division.
-                let hash = key(message).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                ((u128::from(hash) * workers as u128) >> 64) as usize
-            }
+            Route::RoundRobin => active.next_round_robin(next),
+            Route::ByKey(key) => active.by_key(key(message)),
         }
     }
 }
@@ -68,7 +60,9 @@ impl<T> Clone for Route<T> {
 /// One outbound connection of a worker: a ring per downstream worker plus its pending buffer.
 pub(super) struct Outlet<T> {
     route: Route<T>,
+    /// One ring per spawned downstream worker; routing picks among the active prefix.
     rings: Vec<Sender<Envelope<T>>>,
+    active: Arc<ActiveWorkers>,
     pending: Vec<Vec<Envelope<T>>>,
     pending_slots_max: usize,
     next: usize,
@@ -78,15 +72,17 @@ impl<T: Copy> Outlet<T> {
     pub(super) fn new(
         route: Route<T>,
         rings: Vec<Sender<Envelope<T>>>,
+        active: Arc<ActiveWorkers>,
         pending_slots_max: usize,
     ) -> Outlet<T> {
+        assert_eq!(rings.len(), active.max(), "one ring per spawned downstream worker");
         let pending = rings.iter().map(|_| Vec::with_capacity(pending_slots_max)).collect();
-        Outlet { route, rings, pending, pending_slots_max, next: 0 }
+        Outlet { route, rings, active, pending, pending_slots_max, next: 0 }
     }
 
     #[inline]
     fn push(&mut self, envelope: Envelope<T>) -> Result<(), Disconnected> {
-        let ring = self.route.pick(&envelope.payload, &mut self.next, self.rings.len());
+        let ring = self.route.pick(&envelope.payload, &mut self.next, &self.active);
         self.pending[ring].push(envelope);
         if self.pending[ring].len() == self.pending_slots_max {
             return self.flush_ring(ring, now_ns());
