@@ -1,7 +1,9 @@
 //! The Feeder: batched inserts of converted tickets into a database.
 //!
 //! Each feeder worker owns one connection (the pool is one connection per worker, so a worker
-//! never waits for another's connection) and inserts `FEED_BATCH_ROWS` rows per transaction.
+//! never waits for another's connection) and inserts a batch of rows per transaction
+//! (`FEED_BATCH_ROWS_DEFAULT`; one row per transaction makes the feeder the bottleneck, which
+//! `cdr validate` uses to check the model where the feeder limits the pipeline).
 //! SQLite (embedded, the default) admits one writer at a time: extra feeder threads only queue
 //! on its write lock, which is why the planner's model fixes the SQLite feeder at one thread.
 //! PostgreSQL is used when a URL is given.
@@ -13,8 +15,10 @@ use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::convert::DbRow;
 
-/// Rows per insert transaction.
-pub const FEED_BATCH_ROWS: usize = 256;
+/// Rows per insert transaction by default.
+pub const FEED_BATCH_ROWS_DEFAULT: usize = 256;
+/// The largest batch a feeder accepts (its buffer is allocated up front).
+pub const FEED_BATCH_ROWS_MAX: usize = 65_536;
 /// How long a SQLite writer waits for the write lock before failing.
 const SQLITE_BUSY_TIMEOUT_MS: u64 = 30_000;
 
@@ -262,18 +266,22 @@ impl Database for PostgresConnection {
 pub struct Feeder {
     database: Box<dyn Database>,
     batch: Vec<DbRow>,
+    batch_rows: usize,
     rows_inserted: u64,
 }
 
 impl Feeder {
-    pub fn new(database: Box<dyn Database>) -> Self {
-        Self { database, batch: Vec::with_capacity(FEED_BATCH_ROWS), rows_inserted: 0 }
+    /// A feeder committing `batch_rows` rows per transaction (clamped to
+    /// `1..=FEED_BATCH_ROWS_MAX`; callers validate user input).
+    pub fn new(database: Box<dyn Database>, batch_rows: usize) -> Self {
+        let batch_rows = batch_rows.clamp(1, FEED_BATCH_ROWS_MAX);
+        Self { database, batch: Vec::with_capacity(batch_rows), batch_rows, rows_inserted: 0 }
     }
 
     /// Buffers a row; inserts the batch once it is full.
     pub fn insert(&mut self, row: &DbRow) -> anyhow::Result<()> {
         self.batch.push(*row);
-        if self.batch.len() == FEED_BATCH_ROWS {
+        if self.batch.len() >= self.batch_rows {
             self.flush()?;
         }
         Ok(())

@@ -14,12 +14,25 @@
 //! a planner config file; rings are bounded, so overload pushes back instead of losing tickets.
 //! `measure` implements the planner's `Workload` (each node measured alone on this host), and
 //! `predict` compares a run with the planner's prediction for the same configuration.
+//!
+//! Online mode (`online`, `cdr run --online`): every node but the generator is spawned with
+//! its maximum worker count; a controller on the caller's thread measures the offered arrival
+//! rate and per-node utilization every control interval, re-plans with the planner's
+//! consolidation when the rate moved past a hysteresis threshold, and resizes the stages
+//! through the runtime's active-worker counts, so no ticket is lost or duplicated. A rate
+//! profile (`run::Arrivals::Steps`) makes the rate change during a run.
+//!
+//! `validate` (`cdr validate`) checks the model against flat-out runs on a shared host: for
+//! each configuration it measures the nodes and runs the pipeline back to back, interleaved
+//! and repeated, and reports median measured / predicted ratios.
 
 pub mod cli;
 pub mod convert;
 pub mod feed;
 pub mod measure;
+pub mod online;
 pub mod predict;
 pub mod run;
 pub mod serialize;
 pub mod ticket;
+pub mod validate;

@@ -23,12 +23,18 @@ use planner::measure::{ServiceTime, Workload, detect_host, measure_node, process
 use planner::model::{NetworkSpec, NodeSpec, RouteSpec};
 
 use crate::convert::{Converted, convert};
-use crate::feed::{DbTarget, Feeder};
+use crate::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX, Feeder};
 use crate::serialize::{FSYNC_EVERY_RECORDS_DEFAULT, Serializer};
 use crate::ticket::{MALFORMED_EVERY_DEFAULT, RawTicket, Ticket, TicketGenerator, decode};
 
 /// Inputs prepared per node and processed per measuring step.
 pub const MEASURE_BATCH_TICKETS: usize = 4096;
+
+/// The least time the I/O nodes (serializer, feeder) are measured, whatever the requested
+/// duration: their cost has slow periodic parts (SQLite's WAL checkpoint every ~4 MB of WAL,
+/// about a second of one-row transactions; bursts of slow fsyncs on a shared disk) that a
+/// shorter measurement misses or over-weights.
+pub const IO_NODE_MEASURE_MIN: Duration = Duration::from_secs(1);
 
 /// Messages a calibration source emits per call.
 const HOP_PROBE_BURST: usize = 256;
@@ -50,9 +56,13 @@ fn core_fraction(duration: Duration) -> anyhow::Result<f64> {
 }
 
 /// CPU time the stage runtime spends per message and hop (send, ring, receive, metrics,
-/// wake-ups), from a flat-out source → sink run with no-op handlers. Each node receives one
-/// hop per ticket, so each pays this on top of its own work.
+/// wake-ups), from a flat-out run of the cdr graph's shape (source → stage → stage → two
+/// sinks, one worker each) with no-op handlers: the runtime's CPU time per ticket divided by
+/// the four hops a ticket makes. Each node receives one hop per ticket, so each pays this on
+/// top of its own work. The full shape matters: with more threads than cores, the wake-ups
+/// and context switches of five threads cost more per hop than a two-thread probe shows.
 fn hop_cpu_s(duration: Duration) -> anyhow::Result<f64> {
+    const HOPS_PER_TICKET: f64 = 4.0;
     let mut builder = PipelineBuilder::new().pin_threads(false);
     let deadline = std::time::Instant::now() + duration;
     let source = builder.source("probe-source", StageSpec::ancillary(1), move |_| {
@@ -64,19 +74,27 @@ fn hop_cpu_s(duration: Duration) -> anyhow::Result<f64> {
             Flow::Continue
         }
     });
-    let sink = builder.sink("probe-sink", StageSpec::ancillary(1), |_| {
+    let forward = |_| |raw: &RawTicket, emitter: &mut Emitter<RawTicket>| emitter.emit(*raw);
+    let first = builder.stage("probe-first", StageSpec::ancillary(1), forward);
+    let second = builder.stage("probe-second", StageSpec::ancillary(1), forward);
+    let sink = |_| {
         |raw: &RawTicket| {
             black_box(raw);
         }
-    });
-    builder.connect(source, sink, Route::RoundRobin);
+    };
+    let file_sink = builder.sink("probe-file", StageSpec::ancillary(1), sink);
+    let database_sink = builder.sink("probe-database", StageSpec::ancillary(1), sink);
+    builder.connect(source, first, Route::RoundRobin);
+    builder.connect(first, second, Route::RoundRobin);
+    builder.connect(second, file_sink, Route::RoundRobin);
+    builder.connect(second, database_sink, Route::RoundRobin);
     let cpu_start_ns = process_cpu_time_ns();
     let report = builder.start()?.wait()?;
     let cpu_s = (process_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
-    let messages =
-        report.stages.iter().find(|s| s.stage == "probe-sink").map_or(0, |s| s.messages_in);
-    anyhow::ensure!(messages > 0, "the hop probe moved no message");
-    Ok(cpu_s / messages as f64)
+    let tickets =
+        report.stages.iter().find(|s| s.stage == "probe-database").map_or(0, |s| s.messages_in);
+    anyhow::ensure!(tickets > 0, "the hop probe moved no message");
+    Ok(cpu_s / tickets as f64 / HOPS_PER_TICKET)
 }
 
 /// The cdr pipeline as a planner workload.
@@ -87,6 +105,8 @@ pub struct CdrWorkload {
     pub malformed_every: u64,
     /// PostgreSQL URL for the feeder; SQLite in the scratch folder when `None`.
     pub database_url: Option<String>,
+    /// Rows per feeder transaction.
+    pub feed_batch_rows: usize,
 }
 
 impl Default for CdrWorkload {
@@ -96,6 +116,7 @@ impl Default for CdrWorkload {
             fsync_every_records: FSYNC_EVERY_RECORDS_DEFAULT,
             malformed_every: MALFORMED_EVERY_DEFAULT,
             database_url: None,
+            feed_batch_rows: FEED_BATCH_ROWS_DEFAULT,
         }
     }
 }
@@ -156,11 +177,21 @@ impl CdrWorkload {
             match key.as_str() {
                 "fsync_every_records" => workload.fsync_every_records = number()?,
                 "malformed_every" => workload.malformed_every = number()?,
+                "feed_batch_rows" => {
+                    let rows = number()?;
+                    if !(1..=FEED_BATCH_ROWS_MAX as u64).contains(&rows) {
+                        return Err(BadInput(format!(
+                            "feed_batch_rows must be in 1..={FEED_BATCH_ROWS_MAX}, got {rows}"
+                        ))
+                        .into());
+                    }
+                    workload.feed_batch_rows = rows as usize;
+                }
                 "database_url" => workload.database_url = Some(value.clone()),
                 _ => {
                     return Err(BadInput(format!(
                         "unknown cdr setting {key} (known: fsync_every_records, \
-                         malformed_every, database_url)"
+                         malformed_every, feed_batch_rows, database_url)"
                     ))
                     .into());
                 }
@@ -214,7 +245,7 @@ impl CdrWorkload {
         let line_bytes =
             converted.iter().map(|c| c.line().len()).sum::<usize>() as f64 / converted.len() as f64;
         let serializing = measure_node(
-            duration,
+            duration.max(IO_NODE_MEASURE_MIN),
             &mut serializer,
             |serializer| {
                 for record in &converted {
@@ -226,9 +257,9 @@ impl CdrWorkload {
         )?;
         let database = self.database(scratch_dir);
         database.prepare()?;
-        let mut feeder = Feeder::new(database.connect()?);
+        let mut feeder = Feeder::new(database.connect()?, self.feed_batch_rows);
         let feeding = measure_node(
-            duration,
+            duration.max(IO_NODE_MEASURE_MIN),
             &mut feeder,
             |feeder| {
                 for record in &converted {

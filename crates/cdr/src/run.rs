@@ -7,6 +7,11 @@
 //! dropping tickets; at an unreachable rate the generator falls behind its schedule and the run
 //! reports the rate it achieved.
 //!
+//! Every node but the generator is spawned with its maximum worker count and can be resized
+//! while running (online mode, `crate::online`): the run loop measures the arrival rate and
+//! utilizations every control interval, asks the controller, and resizes; deactivated workers
+//! drain what they hold, so no ticket is lost or duplicated (`pipeline::active`).
+//!
 //! Workers keep their counts locally and publish them when they finish (no shared counter on
 //! the hot path). A worker finishes by flushing its file, batch or reject log; an I/O error on
 //! the hot path panics the worker, which the runtime turns into a failed run naming the stage.
@@ -19,10 +24,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lab::load::{ArrivalProcess, Schedule};
-use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+use pipeline::stage::{
+    Emitter, Flow, PipelineBuilder, Route, RunningPipeline, StageHandle, StageSpec,
+};
+use planner::model::NetworkSpec;
 
 use crate::convert::{Converted, convert};
 use crate::feed::{DbTarget, Feeder};
+use crate::online::{Controller, TimelinePoint};
 use crate::serialize::Serializer;
 use crate::ticket::{RawTicket, Ticket, TicketGenerator, decode, sequence_of};
 
@@ -35,7 +44,7 @@ const GENERATOR_SLEEP_ABOVE_NS: u64 = 200_000;
 pub const NODE_NAMES: [&str; 5] = ["generator", "decoder", "converter", "serializer", "feeder"];
 
 /// Worker threads per node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct NodeThreads {
     pub decoder: usize,
     pub converter: usize,
@@ -43,17 +52,125 @@ pub struct NodeThreads {
     pub feeder: usize,
 }
 
+impl NodeThreads {
+    /// The counts in [`NODE_NAMES`] order after the generator.
+    pub fn as_array(&self) -> [usize; 4] {
+        [self.decoder, self.converter, self.serializer, self.feeder]
+    }
+}
+
+/// One step of a rate profile: Poisson arrivals at `rate_per_s` for `duration`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RateStep {
+    pub rate_per_s: f64,
+    pub duration: Duration,
+}
+
+/// How the generator produces tickets.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arrivals {
+    /// Flat out for this long (maximum throughput).
+    FlatOut(Duration),
+    /// Poisson arrivals, one rate per step, steps back to back.
+    Steps(Vec<RateStep>),
+}
+
+impl Arrivals {
+    /// Poisson arrivals at one rate.
+    pub fn poisson(rate_per_s: f64, duration: Duration) -> Arrivals {
+        Arrivals::Steps(vec![RateStep { rate_per_s, duration }])
+    }
+
+    /// How long the generator runs.
+    pub fn duration(&self) -> Duration {
+        match self {
+            Arrivals::FlatOut(duration) => *duration,
+            Arrivals::Steps(steps) => steps.iter().map(|step| step.duration).sum(),
+        }
+    }
+
+    fn schedule(&self, seed: u64) -> anyhow::Result<Option<StepSchedule>> {
+        match self {
+            Arrivals::FlatOut(_) => Ok(None),
+            Arrivals::Steps(steps) => Ok(Some(StepSchedule::new(steps.clone(), seed)?)),
+        }
+    }
+}
+
+/// Intended arrival offsets (ns since the start) over the steps of a rate profile; each step
+/// is its own seeded Poisson schedule shifted to the step's start.
+struct StepSchedule {
+    steps: std::vec::IntoIter<RateStep>,
+    seed: u64,
+    current: Schedule,
+    start_ns: u64,
+    end_ns: u64,
+}
+
+impl StepSchedule {
+    fn new(steps: Vec<RateStep>, seed: u64) -> anyhow::Result<StepSchedule> {
+        for step in &steps {
+            ArrivalProcess::Poisson { rate_per_s: step.rate_per_s }.validate()?;
+        }
+        let mut steps = steps.into_iter();
+        let first = steps.next().ok_or_else(|| anyhow::anyhow!("a rate profile needs a step"))?;
+        let current =
+            Schedule::new(ArrivalProcess::Poisson { rate_per_s: first.rate_per_s }, seed)?;
+        Ok(StepSchedule { steps, seed, current, start_ns: 0, end_ns: duration_ns(first.duration) })
+    }
+}
+
+impl Iterator for StepSchedule {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        loop {
+            let offset_ns = self.start_ns + self.current.next()?;
+            if offset_ns < self.end_ns {
+                return Some(offset_ns);
+            }
+            let step = self.steps.next()?;
+            self.seed += 1;
+            let process = ArrivalProcess::Poisson { rate_per_s: step.rate_per_s };
+            self.current = Schedule::new(process, self.seed).ok()?;
+            self.start_ns = self.end_ns;
+            self.end_ns += duration_ns(step.duration);
+        }
+    }
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Online mode: re-plan and resize while running (see `crate::online`).
+#[derive(Clone, Debug)]
+pub struct OnlineSettings {
+    /// The planner model the controller re-plans with (from the config file).
+    pub model: NetworkSpec,
+    /// The rate the initial threads were planned for.
+    pub planned_rate_per_s: f64,
+    /// Workers spawned per node: the most the controller can activate.
+    pub max_threads: NodeThreads,
+    pub control_interval: Duration,
+    /// Re-plan when the arrival rate moved more than this fraction from the planned rate.
+    pub replan_rate_change_min: f64,
+}
+
 /// One run's settings.
 #[derive(Clone, Debug)]
 pub struct RunSettings {
+    /// Threads per node at the start (all of the run unless online).
     pub threads: NodeThreads,
-    /// Poisson arrivals at this rate; `None` runs the generator flat out (maximum throughput).
-    pub rate_per_s: Option<f64>,
-    pub duration: Duration,
+    pub arrivals: Arrivals,
+    /// `Some`: a controller re-plans and resizes the nodes during the run.
+    pub online: Option<OnlineSettings>,
     pub out_dir: PathBuf,
     pub database: DbTarget,
     /// Serializer fsync policy: one fdatasync per this many records (0 = only at the end).
     pub fsync_every_records: u64,
+    /// Rows per feeder transaction.
+    pub feed_batch_rows: usize,
     /// Every n-th generated ticket is malformed (0 = none).
     pub malformed_every: u64,
     pub seed: u64,
@@ -62,7 +179,11 @@ pub struct RunSettings {
 /// Counts published by workers as they finish, and cold-path errors.
 #[derive(Default)]
 struct Totals {
+    /// Tickets emitted by the generator.
     generated: AtomicU64,
+    /// Tickets whose arrival time has come (flat out: = generated); read live by the
+    /// online controller.
+    offered: AtomicU64,
     rejected: AtomicU64,
     serialized: AtomicU64,
     inserted: AtomicU64,
@@ -71,8 +192,9 @@ struct Totals {
 
 impl Totals {
     fn add(counter: &AtomicU64, count: u64) {
-        // Relaxed: totals are read only after every worker thread has been joined, and the
-        // join synchronizes with each worker's last write.
+        // Relaxed: final totals are read after every worker thread has been joined (the join
+        // synchronizes with each worker's last write); the online controller's live reads of
+        // `generated` need only some recent value of the count itself, no other data.
         counter.fetch_add(count, Ordering::Relaxed);
     }
 
@@ -93,6 +215,8 @@ pub struct RunSummary {
     pub cpu_s: f64,
     /// Per stage, in pipeline order: name, workers, messages in, busy fraction.
     pub stages: Vec<StageSummary>,
+    /// Online runs: one point per control interval (empty otherwise).
+    pub timeline: Vec<TimelinePoint>,
 }
 
 /// One stage's counts from the runtime's metrics.
@@ -178,84 +302,128 @@ fn generator_handler(
     totals: Arc<Totals>,
 ) -> anyhow::Result<impl FnMut(&mut Emitter<RawTicket>) -> Flow + Send + 'static> {
     let mut generator = TicketGenerator::new(settings.seed, settings.malformed_every);
-    let mut schedule = match settings.rate_per_s {
-        Some(rate_per_s) => {
-            Some(Schedule::new(ArrivalProcess::Poisson { rate_per_s }, settings.seed)?)
-        }
-        None => None,
-    };
+    let mut schedule = settings.arrivals.schedule(settings.seed)?;
     let mut next_due_ns = schedule.as_mut().and_then(Iterator::next);
-    let duration_ns = settings.duration.as_nanos() as u64;
+    let duration_ns = duration_ns(settings.arrivals.duration());
     let mut start: Option<Instant> = None;
-    let mut generated = 0_u64;
+    // Arrivals that are due but not yet emitted (the pipeline pushed back): they wait "at the
+    // door" and are emitted as soon as the rings have room.
+    let mut owed = 0_u64;
     Ok(move |emitter: &mut Emitter<RawTicket>| {
         let now_ns = start.get_or_insert_with(Instant::now).elapsed().as_nanos() as u64;
         if now_ns >= duration_ns {
-            Totals::add(&totals.generated, std::mem::take(&mut generated));
             return Flow::Stop;
         }
-        let mut burst = 0;
-        while burst < GENERATOR_BURST_TICKETS {
-            match (&mut schedule, next_due_ns) {
-                (None, _) => {}
-                (Some(schedule), Some(due_ns)) if due_ns <= now_ns => next_due_ns = schedule.next(),
-                (Some(_), due_ns) => {
-                    let wait_ns = due_ns.map_or(0, |due| due - now_ns);
-                    if burst == 0 && wait_ns > GENERATOR_SLEEP_ABOVE_NS {
-                        std::thread::sleep(Duration::from_nanos(wait_ns.min(duration_ns)));
-                    }
-                    break;
+        let burst = match &mut schedule {
+            None => GENERATOR_BURST_TICKETS,
+            Some(schedule) => {
+                let mut arrived = 0;
+                while next_due_ns.is_some_and(|due_ns| due_ns <= now_ns) {
+                    arrived += 1;
+                    next_due_ns = schedule.next();
                 }
+                // Offered load, published per call: the online controller plans for what
+                // arrives, not for what a pushed-back pipeline managed to take.
+                Totals::add(&totals.offered, arrived);
+                owed += arrived;
+                owed.min(GENERATOR_BURST_TICKETS)
             }
+        };
+        for _ in 0..burst {
             emitter.emit(generator.next_ticket());
-            generated += 1;
-            burst += 1;
+        }
+        Totals::add(&totals.generated, burst);
+        if schedule.is_none() {
+            Totals::add(&totals.offered, burst);
+        } else {
+            owed -= burst;
+            // Nothing owed: sleep until the next arrival (or the end) when it is far enough.
+            let next_ns = next_due_ns.unwrap_or(duration_ns).min(duration_ns);
+            if owed == 0 && next_ns.saturating_sub(now_ns) > GENERATOR_SLEEP_ABOVE_NS {
+                std::thread::sleep(Duration::from_nanos(next_ns - now_ns));
+            }
         }
         Flow::Continue
     })
 }
 
-fn stage_spec(workers: usize) -> StageSpec {
+fn stage_spec(workers: usize, max_workers: usize) -> StageSpec {
     // Ancillary with the adaptive wait: the host may have fewer cores than workers, so
-    // workers must park rather than spin.
-    StageSpec::ancillary(workers)
+    // workers must park rather than spin (inactive ones park for the whole time they idle).
+    StageSpec::ancillary(workers).with_max_workers(max_workers)
 }
 
-/// Runs the pipeline for `settings.duration` and drains it.
+/// Workers spawned per node: the online maximum, never below the starting count.
+fn spawned_threads(settings: &RunSettings) -> NodeThreads {
+    let start = settings.threads;
+    let Some(online) = &settings.online else { return start };
+    let max = online.max_threads;
+    NodeThreads {
+        decoder: max.decoder.max(start.decoder),
+        converter: max.converter.max(start.converter),
+        serializer: max.serializer.max(start.serializer),
+        feeder: max.feeder.max(start.feeder),
+    }
+}
+
+/// The stages the controller resizes, in model order after the generator.
+struct Resizable {
+    decoder: StageHandle<RawTicket, Ticket>,
+    converter: StageHandle<Ticket, Converted>,
+    serializer: StageHandle<Converted, ()>,
+    feeder: StageHandle<Converted, ()>,
+}
+
+impl Resizable {
+    fn resize(&self, running: &RunningPipeline, threads: [usize; 4]) -> anyhow::Result<()> {
+        let [decoder, converter, serializer, feeder] = threads;
+        running.resize(self.decoder, decoder)?;
+        running.resize(self.converter, converter)?;
+        running.resize(self.serializer, serializer)?;
+        running.resize(self.feeder, feeder)?;
+        Ok(())
+    }
+}
+
+/// Runs the pipeline for the arrivals' duration and drains it.
 pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
     std::fs::create_dir_all(&settings.out_dir)?;
     settings.database.prepare()?;
     let totals = Arc::new(Totals::default());
     let threads = settings.threads;
+    let max = spawned_threads(settings);
     let mut builder = PipelineBuilder::new().pin_threads(false);
 
     let generate = generator_handler(settings, totals.clone())?;
     let mut generate = Some(generate);
-    let generator = builder.source("generator", stage_spec(1), move |_| {
+    let generator = builder.source("generator", StageSpec::ancillary(1), move |_| {
         generate.take().expect("the generator has one worker")
     });
 
     let mut decoders = Vec::new();
-    for worker in 0..threads.decoder {
+    for worker in 0..max.decoder {
         let path = settings.out_dir.join(format!("rejects-{worker}.log"));
         let rejects = BufWriter::new(File::create(&path)?);
         decoders.push(Some(DecoderWorker { rejects, rejected: 0, totals: totals.clone() }));
     }
-    let decoder = builder.stage("decoder", stage_spec(threads.decoder), move |worker| {
-        let mut state = decoders[worker].take().expect("one handler per worker");
-        move |raw: &RawTicket, emitter: &mut Emitter<Ticket>| state.handle(raw, emitter)
-    });
-    let converter = builder.stage("converter", stage_spec(threads.converter), |_| {
+    let decoder =
+        builder.stage("decoder", stage_spec(threads.decoder, max.decoder), move |worker| {
+            let mut state = decoders[worker].take().expect("one handler per worker");
+            move |raw: &RawTicket, emitter: &mut Emitter<Ticket>| state.handle(raw, emitter)
+        });
+    let converter_spec = stage_spec(threads.converter, max.converter);
+    let converter = builder.stage("converter", converter_spec, |_| {
         |ticket: &Ticket, emitter: &mut Emitter<Converted>| emitter.emit(convert(ticket))
     });
 
+    let serializer_spec = stage_spec(threads.serializer, max.serializer);
     let mut serializers = Vec::new();
-    for worker in 0..threads.serializer {
+    for worker in 0..serializer_spec.spawned_workers() {
         let serializer =
             Serializer::create(&settings.out_dir, worker, settings.fsync_every_records)?;
         serializers.push(Some(SerializerWorker { serializer, totals: totals.clone() }));
     }
-    let serializer = builder.sink("serializer", stage_spec(threads.serializer), move |worker| {
+    let serializer = builder.sink("serializer", serializer_spec, move |worker| {
         let mut state = serializers[worker].take().expect("one handler per worker");
         move |converted: &Converted| {
             if let Err(error) = state.serializer.write(converted) {
@@ -264,12 +432,13 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
         }
     });
 
+    let feeder_spec = stage_spec(threads.feeder, max.feeder);
     let mut feeders = Vec::new();
-    for _ in 0..threads.feeder {
-        let feeder = Feeder::new(settings.database.connect()?);
+    for _ in 0..feeder_spec.spawned_workers() {
+        let feeder = Feeder::new(settings.database.connect()?, settings.feed_batch_rows);
         feeders.push(Some(FeederWorker { feeder, totals: totals.clone() }));
     }
-    let feeder = builder.sink("feeder", stage_spec(threads.feeder), move |worker| {
+    let feeder = builder.sink("feeder", feeder_spec, move |worker| {
         let mut state = feeders[worker].take().expect("one handler per worker");
         move |converted: &Converted| {
             if let Err(error) = state.feeder.insert(&converted.row) {
@@ -282,10 +451,20 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
     builder.connect(decoder, converter, Route::RoundRobin);
     builder.connect(converter, serializer, Route::RoundRobin);
     builder.connect(converter, feeder, Route::RoundRobin);
+    let resizable = Resizable { decoder, converter, serializer, feeder };
 
     let started = Instant::now();
     let cpu_start_ns = planner::measure::process_cpu_time_ns();
-    let report = builder.start()?.wait()?;
+    let running = builder.start()?;
+    let timeline = match &settings.online {
+        Some(online) => {
+            let arrivals = || totals.offered.load(Ordering::Relaxed);
+            control(&running, &resizable, settings, online, max, &arrivals, started)
+        }
+        None => Ok(Vec::new()),
+    };
+    let report = running.wait()?;
+    let timeline = timeline?;
     let cpu_s = (planner::measure::process_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
     let wall_s = started.elapsed().as_secs_f64();
     let errors = std::mem::take(&mut *totals.errors.lock().unwrap_or_else(PoisonError::into_inner));
@@ -309,5 +488,80 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
                 utilization: stage.utilization,
             })
             .collect(),
+        timeline,
     })
+}
+
+/// The online control loop (on the caller's thread until the generator's time is up): every
+/// interval, measure the arrival rate and utilizations, let the controller decide, resize.
+fn control(
+    running: &RunningPipeline,
+    resizable: &Resizable,
+    settings: &RunSettings,
+    online: &OnlineSettings,
+    max: NodeThreads,
+    arrivals_so_far: &dyn Fn() -> u64,
+    started: Instant,
+) -> anyhow::Result<Vec<TimelinePoint>> {
+    let to_u32 = |threads: NodeThreads| {
+        let [d, c, s, f] = threads.as_array().map(|n| n as u32);
+        vec![1, d, c, s, f]
+    };
+    let mut controller = Controller::new(
+        online.model.clone(),
+        to_u32(settings.threads),
+        to_u32(max),
+        online.planned_rate_per_s,
+        online.replan_rate_change_min,
+    )?;
+    anyhow::ensure!(
+        controller.node_names().eq(NODE_NAMES),
+        "online mode needs the model's nodes in the order {NODE_NAMES:?}"
+    );
+    let interval_s = online.control_interval.as_secs_f64();
+    let mut previous = running.metrics();
+    let mut previous_arrivals = arrivals_so_far();
+    let mut previous_at = Instant::now();
+    let mut timeline = Vec::new();
+    while started.elapsed() < settings.arrivals.duration() {
+        std::thread::sleep(online.control_interval);
+        let metrics = running.metrics();
+        let arrivals = arrivals_so_far();
+        let elapsed_s = previous_at.elapsed().as_secs_f64().max(interval_s * 1e-3);
+        previous_at = Instant::now();
+        let threads_in_force = controller.threads().to_vec();
+        let arrival_rate_per_s = (arrivals - previous_arrivals) as f64 / elapsed_s;
+        previous_arrivals = arrivals;
+        let utilization = metrics
+            .iter()
+            .zip(&previous)
+            .zip(&threads_in_force)
+            .map(|((now, before), &threads)| {
+                (now.busy_ns - before.busy_ns) as f64 * 1e-9 / (f64::from(threads) * elapsed_s)
+            })
+            .collect();
+        previous = metrics;
+        // The interval in which the generator stops is partial: nothing to plan for after it.
+        let generator_done = started.elapsed() >= settings.arrivals.duration();
+        let replan = if generator_done { None } else { controller.observe(arrival_rate_per_s)? };
+        if let Some(replan) = &replan {
+            tracing::info!(
+                rate_per_s = replan.rate_per_s,
+                threads = ?replan.threads,
+                feasible = replan.feasible,
+                bottleneck = %replan.bottleneck,
+                "online: re-planned"
+            );
+            let [_, d, c, s, f] = <[u32; 5]>::try_from(replan.threads.as_slice())?;
+            resizable.resize(running, [d, c, s, f].map(|n| n as usize))?;
+        }
+        timeline.push(TimelinePoint {
+            time_s: started.elapsed().as_secs_f64(),
+            arrival_rate_per_s,
+            replan_threads: replan.map(|replan| replan.threads),
+            threads: threads_in_force,
+            utilization,
+        });
+    }
+    Ok(timeline)
 }

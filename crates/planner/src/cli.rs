@@ -46,7 +46,7 @@ pub struct MeasureArgs {
     #[arg(long)]
     pub scratch_dir: Option<PathBuf>,
     /// A workload setting, `KEY=VALUE` (repeatable); for cdr: `fsync_every_records`,
-    /// `malformed_every`, `database_url`.
+    /// `malformed_every`, `feed_batch_rows`, `database_url`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub settings: Vec<String>,
 }
