@@ -83,6 +83,10 @@ pub struct JournalExperimentArgs {
     /// measured; default: the system temporary directory).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// TOML tier configuration shared by every mode and rate (its `journal` field is set per
+    /// mode), e.g. a lean one with fewer threads for a small host; default: the defaults.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Samples of the raw 4 KiB append + fdatasync baseline.
     #[arg(long, default_value_t = 300)]
     pub fsync_samples: u64,
@@ -138,6 +142,10 @@ pub struct RunArgs {
     /// fsync), sync (the core waits for it), relaxed (replies not held), off.
     #[arg(long, value_enum)]
     pub journal: Option<JournalMode>,
+    /// A snapshot of each core shard every this many of its journaled inputs (0 = none):
+    /// restart loads the newest valid one and replays only the journal after it.
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
     /// Data directory of the shard journals: the run recovers the state found there and
     /// continues its sequence (default: a fresh temporary directory per rate).
     #[arg(long)]
@@ -211,6 +219,7 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     lab::config::override_with(&mut config.placement, &args.placement);
     lab::config::override_with(&mut config.arrival, &args.arrival);
     lab::config::override_with(&mut config.journal, &args.journal);
+    lab::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
     if args.rates.iter().any(|r| r.is_nan() || *r <= 0.0)
         || args.seconds.is_nan()
         || args.seconds <= 0.0
@@ -407,8 +416,18 @@ fn journal_table(runs: &[RunResult]) -> Table {
         "records written",
         "fsyncs",
         "records/fsync",
+        "from snapshot",
+        "recovery ms",
+        "snapshots",
+        "resting orders",
+        "follow ns/record",
+        "snapshot write max ms",
     ])
-    .with_title("Journal per core shard (recovery at start, writer over the run)");
+    .with_title(
+        "Journal per core shard (recovery at start; writer and snapshot follower over the run: \
+         the follower replays durable records into a replica and writes its snapshots, the \
+         core never pauses for them)",
+    );
     for run in runs {
         for shard in &run.journal {
             let writer = shard.writer.unwrap_or_default();
@@ -421,6 +440,14 @@ fn journal_table(runs: &[RunResult]) -> Table {
                 writer.records.to_string(),
                 writer.syncs.to_string(),
                 format!("{:.1}", writer.records as f64 / writer.syncs.max(1) as f64),
+                shard.recovery.snapshot_seq.map_or("-".into(), |seq| seq.to_string()),
+                format!("{:.1}", shard.recovery.recovery_ns as f64 / 1e6),
+                shard.snapshots.map_or("off".into(), |s| s.taken.to_string()),
+                shard.snapshots.map_or("-".into(), |s| s.resting_orders_max.to_string()),
+                shard.snapshots.map_or("-".into(), |s| s.follow_ns_per_record.to_string()),
+                shard
+                    .snapshots
+                    .map_or("-".into(), |s| format!("{:.1}", s.write_ns_max as f64 / 1e6)),
             ]);
         }
     }
@@ -740,6 +767,8 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     if seconds.is_nan() || seconds <= 0.0 || args.fsync_samples == 0 {
         return Err(BadInput("seconds and fsync samples must be > 0".into()).into());
     }
+    let base: TierConfig = lab::config::load_toml(args.config.as_deref())?;
+    base.validate()?;
     let root = match &args.data {
         Some(dir) => tempfile::Builder::new().prefix("journal-experiment-").tempdir_in(dir)?,
         None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
@@ -754,13 +783,16 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
                 JournalMode::Sync => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
                 _ => seconds,
             };
-            let config = TierConfig { journal, ..TierConfig::default() };
+            let config = TierConfig { journal, ..base.clone() };
             let options = RunOptions {
                 rate_per_s,
                 duration: Duration::from_secs_f64(seconds),
                 record_inputs: false,
                 journal: JournalOptions {
-                    data_dir: Some(root.path().join(format!("{journal:?}-{rate_per_s}"))),
+                    // With the journal off there is nothing to write (a data dir is refused).
+                    data_dir: journal
+                        .policy()
+                        .map(|_| root.path().join(format!("{journal:?}-{rate_per_s}"))),
                     ..JournalOptions::default()
                 },
                 released: None,
@@ -859,11 +891,13 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     dir.write_csv("targets.csv", &targets)?;
     #[derive(Serialize)]
     struct Report<'a> {
+        config: &'a TierConfig,
         raw_fdatasync_4k: LatencySummary,
         points: &'a [JournalPoint],
         ratios: &'a [JournalRatios],
     }
-    let report = Report { raw_fdatasync_4k: raw_fsync, points: &points, ratios: &ratios };
+    let report =
+        Report { config: &base, raw_fdatasync_4k: raw_fsync, points: &points, ratios: &ratios };
     dir.write_json("journal-experiment.json", &report)?;
     println!("\nReport: {}", dir.path().display());
     if args.check && !missed.is_empty() {

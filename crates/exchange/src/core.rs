@@ -15,6 +15,9 @@ use crate::msg::{
 };
 use crate::store::{NONE, ORDER_POOL_SLOTS_DEFAULT, OrderIndex, OrderPool};
 
+mod snapshot;
+pub use snapshot::{BOOK_SNAPSHOT_BYTES, ORDER_SNAPSHOT_BYTES};
+
 /// Instrument ids a shard can address (the id -> book table is sized by it).
 pub const INSTRUMENT_IDS_MAX: u32 = 1 << 16;
 

@@ -8,13 +8,29 @@
 //! * Response side: outputs of one shard reach the R-Processor in sequence order and the
 //!   durable sequence only grows, so waiting on the head output is a FIFO hold that needs no
 //!   queue of its own: the R-Processor's inbound ring is the hold queue.
-//! * Restart: [`open_shards`] recovers each shard's [`ShardState`] (its matching core plus the
-//!   hash of every output it produced) from the journal and resumes sequencing after it.
-//!
-//! Snapshots of a shard's books are not written yet: recovery replays the whole journal.
+//! * Snapshots ([`ShardSnapshotter`]): a follower thread per shard applies the journal's
+//!   durable records to a replica of the shard's [`ShardState`] and, every
+//!   `snapshot_every_records` records (tier config), writes the replica's state (books with
+//!   every resting order in price-time priority, listings, halts and bands, counters, output
+//!   hash) atomically and removes the journal segments it covers. The core does no snapshot
+//!   work at all: its pause bound is zero (see `durability/follower.rs` for why not serialise
+//!   on the core or copy-on-write).
+//! * Master data ([`open_master`]): the master-data process journals every update it applies,
+//!   write-ahead, with snapshots of its own, so a restart recovers the master data too.
+//! * Restart: [`open_shards`] recovers each shard's [`ShardState`] from the newest valid
+//!   snapshot (a damaged one is skipped with a warning: the older one, or a full replay, is
+//!   used) plus the journal after it, and resumes sequencing after it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+mod follower;
+mod master;
+pub use follower::{FOLLOW_CHUNK_BYTES, FOLLOW_POLL, ShardSnapshotter, SnapshotReport};
+pub use master::{
+    MASTER_DIR, MasterJournal, MasterRecord, MasterRecovery, MasterState, decode_master,
+    open_master,
+};
 
 use journal::segment::SEGMENT_BYTES_DEFAULT;
 use journal::{
@@ -22,13 +38,15 @@ use journal::{
     StateMachine, recover_from,
 };
 use lab::outcome::BadInput;
+use pipeline::metrics::now_ns;
 
 use crate::book::Listing;
 use crate::core::{CoreLimits, MatchingCore};
 use crate::msg::{
-    Command, CoreOutput, InstrumentId, OrderType, OutputHash, SequencedInput, Side, Stamps,
-    TimeInForce,
+    Command, CoreOutput, InstrumentId, OUTPUT_HASH_STATE_BYTES_MAX, OrderType, OutputHash,
+    SequencedInput, Side, Stamps, TimeInForce,
 };
+use crate::wire::{Fields, Put};
 
 /// How the tier journals its sequenced input (`--journal`).
 #[derive(
@@ -96,12 +114,8 @@ impl Record for ShardRecord {
     }
 
     fn encode(&self, payload: &mut [u8]) {
-        payload.fill(0);
-        let mut at = 0;
-        let mut put = |field: &[u8]| {
-            payload[at..at + field.len()].copy_from_slice(field);
-            at += field.len();
-        };
+        let mut out = Put::new(payload);
+        let mut put = |field: &[u8]| out.put(field);
         put(&self.0.instrument.to_le_bytes());
         match self.0.command {
             Command::Nop => put(&[TAG_NOP]),
@@ -137,38 +151,9 @@ impl Record for ShardRecord {
     }
 }
 
-/// Reads little-endian fields in order from a payload of [`SHARD_RECORD_PAYLOAD_BYTES`].
-struct Fields<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Fields<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        let field = self
-            .bytes
-            .get(self.at..self.at + N)
-            .ok_or_else(|| format!("payload of {} bytes is too short", self.bytes.len()))?;
-        self.at += N;
-        Ok(field.try_into().expect("slice of N bytes"))
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take::<1>()?[0])
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take()?))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take()?))
-    }
-    fn i64(&mut self) -> Result<i64, String> {
-        Ok(i64::from_le_bytes(self.take()?))
-    }
-}
-
 /// Decodes a journaled payload back into the sequenced input `seq`; `Err` names why not.
 pub fn decode(seq: u64, payload: &[u8]) -> Result<SequencedInput, String> {
-    let mut fields = Fields { bytes: payload, at: 0 };
+    let mut fields = Fields::new(payload);
     let instrument: InstrumentId = fields.u32()?;
     let tag = fields.u8()?;
     let command = match tag {
@@ -214,6 +199,20 @@ impl ShardState {
         }
     }
 
+    /// The most bytes a snapshot of this shard takes (a full order pool).
+    pub fn snapshot_bytes_max(&self) -> usize {
+        self.core.snapshot_bytes_max() + OUTPUT_HASH_STATE_BYTES_MAX
+    }
+
+    /// A blake3 digest (hex) of the whole state as a snapshot encodes it: books and resting
+    /// orders in priority order, halts, bands, counters and output hash. Equal digests mean
+    /// equal states, whatever the order pool's slot layout.
+    pub fn state_digest(&self) -> String {
+        let mut bytes = Vec::with_capacity(self.snapshot_bytes_max());
+        self.write_snapshot(&mut bytes);
+        blake3::hash(&bytes).to_hex().to_string()
+    }
+
     /// Processes one sequenced input, hashing each output before handing it to `emit`.
     #[inline]
     pub fn process(&mut self, input: &SequencedInput, emit: &mut impl FnMut(&CoreOutput)) {
@@ -236,20 +235,31 @@ impl StateMachine for ShardState {
         }
     }
 
-    /// Shard snapshots are not implemented: nothing is written and the exchange never offers
-    /// one, so recovery always replays the journal from its first record.
-    fn write_snapshot(&self, _out: &mut Vec<u8>) {}
-
-    fn restore(_bytes: &[u8]) -> Result<Self, String> {
-        Err("the exchange writes no shard snapshots; recovery replays the journal".into())
+    /// The core's state, then the output hash's (so a restored shard continues the hash).
+    fn write_snapshot(&self, out: &mut Vec<u8>) {
+        self.core.write_snapshot(out);
+        self.hash.write_to(out);
     }
 
+    fn restore(bytes: &[u8]) -> Result<Self, String> {
+        let (core, rest) = MatchingCore::restore(bytes)?;
+        let (hash, rest) = OutputHash::read_from(rest)?;
+        if !rest.is_empty() {
+            return Err(format!("{} bytes after the shard state", rest.len()));
+        }
+        Ok(ShardState { core, hash, undecodable: None })
+    }
+
+    /// The output hash: it covers every output the shard ever produced, so two states with
+    /// the same hash went through the same history (snapshot files carry it as a check).
     fn state_hash(&self) -> u64 {
         let digest = self.hash.digest();
         u64::from_le_bytes(digest[..8].try_into().expect("a blake3 digest has 32 bytes"))
     }
 }
 
+/// Default snapshot interval: journaled inputs of a shard between two of its snapshots.
+pub const SNAPSHOT_EVERY_RECORDS_DEFAULT: u64 = 100_000;
 /// Where the shard journals live and how to open them.
 #[derive(Clone, Debug)]
 pub struct JournalOptions {
@@ -274,7 +284,11 @@ pub struct ShardRecovery {
     pub dir: PathBuf,
     /// Last recovered sequence (0: a fresh journal); sequencing resumes after it.
     pub recovered_seq: u64,
+    /// The snapshot recovery started from (`None`: a replay from the first record).
+    pub snapshot_seq: Option<u64>,
     pub replayed_records: u64,
+    /// Time to load the snapshot and replay the journal, ns.
+    pub recovery_ns: u64,
     /// The recovered output hash (hex) — equals the hash the live run had reached.
     pub recovered_hash: String,
     pub torn_tail_truncated: bool,
@@ -287,11 +301,15 @@ pub struct OpenedShard {
     pub last_seq: u64,
     pub sender: Option<JournalSender<ShardRecord>>,
     pub writer: Option<JournalWriter>,
+    /// The snapshot follower (`None` when journaling or snapshots are off).
+    pub snapshots: Option<ShardSnapshotter>,
     pub recovery: ShardRecovery,
 }
 
 /// The shard journals of one run; keeps a temporary data directory alive until dropped.
 pub struct ShardJournals {
+    /// Where the journals live (`None` when journaling is off).
+    pub data_dir: Option<PathBuf>,
     pub shards: Vec<OpenedShard>,
     pub durables: Vec<Option<Arc<DurableSeq>>>,
     _temp_dir: Option<tempfile::TempDir>,
@@ -310,10 +328,12 @@ fn existing_shards(data_dir: &Path) -> usize {
     shards
 }
 
-/// Recovers (or creates) the journal of each of `shard_count` shards and starts the writers.
+/// Recovers (or creates) the journal of each of `shard_count` shards and starts the writers
+/// (and the snapshot threads, when `snapshot_every_records` > 0).
 pub fn open_shards(
     mode: JournalMode,
     options: &JournalOptions,
+    snapshot_every_records: u64,
     shard_count: usize,
     listings: &[Listing],
     limits: CoreLimits,
@@ -333,10 +353,16 @@ pub fn open_shards(
                 last_seq: 0,
                 sender: None,
                 writer: None,
+                snapshots: None,
                 recovery: ShardRecovery { shard, ..ShardRecovery::default() },
             })
             .collect();
-        return Ok(ShardJournals { shards, durables: vec![None; shard_count], _temp_dir: None });
+        return Ok(ShardJournals {
+            data_dir: None,
+            shards,
+            durables: vec![None; shard_count],
+            _temp_dir: None,
+        });
     };
     let (data_dir, temp_dir) = match &options.data_dir {
         Some(dir) => (dir.clone(), None),
@@ -358,16 +384,25 @@ pub fn open_shards(
     let mut shards = Vec::with_capacity(shard_count);
     let mut durables = Vec::with_capacity(shard_count);
     for shard in 0..shard_count {
-        let opened = open_shard(policy, options, &data_dir, shard, listings, limits)?;
+        let opened = open_shard(
+            policy,
+            options,
+            snapshot_every_records,
+            &data_dir,
+            shard,
+            listings,
+            limits,
+        )?;
         durables.push(opened.writer.as_ref().map(JournalWriter::durable));
         shards.push(opened);
     }
-    Ok(ShardJournals { shards, durables, _temp_dir: temp_dir })
+    Ok(ShardJournals { data_dir: Some(data_dir), shards, durables, _temp_dir: temp_dir })
 }
 
 fn open_shard(
     policy: Policy,
     options: &JournalOptions,
+    snapshot_every_records: u64,
     data_dir: &Path,
     shard: usize,
     listings: &[Listing],
@@ -375,27 +410,63 @@ fn open_shard(
 ) -> anyhow::Result<OpenedShard> {
     let dir = shard_dir(data_dir, shard);
     let fresh = || ShardState::new(listings, limits);
+    let started_ns = now_ns();
     let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, fresh)?;
+    let recovery_ns = now_ns().saturating_sub(started_ns);
     if let Some(why) = &recovered.state.undecodable {
         anyhow::bail!("journal {} holds a record the exchange cannot decode: {why}", dir.display());
     }
+    let core = &recovered.state.core;
+    if core.listings() != listings || core.limits() != limits {
+        // A snapshot carries its listings and pool size: a different universe or pool would
+        // give the books another meaning than the journal's records had.
+        return Err(BadInput(format!(
+            "the snapshot in {} was taken with other listings or another order pool size than \
+             this run's configuration",
+            dir.display()
+        ))
+        .into());
+    }
     let recovery = ShardRecovery {
         shard,
-        dir,
+        dir: dir.clone(),
         recovered_seq: recovered.last_seq,
+        snapshot_seq: recovered.snapshot_seq,
         replayed_records: recovered.replayed_records,
+        recovery_ns,
         recovered_hash: recovered.state.hash.hex(),
         torn_tail_truncated: recovered.torn_tail.is_some(),
         repaired: recovered.repaired.is_some(),
     };
     let config =
         JournalConfig { policy, segment_bytes: options.segment_bytes, ..JournalConfig::default() };
+    let (next_seq, resume) = (recovered.tail.next_seq, recovered.tail.open_segment.clone());
     let (sender, writer) = JournalWriter::spawn::<ShardRecord>(recovered.tail, &config)?;
+    let snapshots = if snapshot_every_records == 0 {
+        None
+    } else {
+        // The follower's replica starts as a copy of the recovered state (start-up, not the
+        // critical path: one serialisation and restore).
+        let mut bytes = Vec::with_capacity(recovered.state.snapshot_bytes_max());
+        recovered.state.write_snapshot(&mut bytes);
+        let replica = ShardState::restore(&bytes).map_err(anyhow::Error::msg)?;
+        let durable = writer.durable();
+        let snapshotter = ShardSnapshotter::spawn(
+            dir,
+            durable,
+            replica,
+            next_seq,
+            resume,
+            snapshot_every_records,
+        );
+        Some(snapshotter.map_err(anyhow::Error::msg)?)
+    };
     Ok(OpenedShard {
         state: recovered.state,
         last_seq: recovered.last_seq,
         sender: Some(sender),
         writer: Some(writer),
+        snapshots,
         recovery,
     })
 }

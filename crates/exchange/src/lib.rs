@@ -22,10 +22,16 @@
 //! writes and fdatasyncs in batches and publishes a durable sequence; the R-Processor releases a
 //! reply only once that sequence covers the input that caused it (`sync`, `relaxed` and `off` are
 //! selectable). Runs report both the critical-path latency (until the response is ready, no
-//! fsync wait) and the durable reply latency. With a data directory, a run recovers every shard
-//! by replaying its journal (recovered output hash == the stopped run's) and continues its
-//! sequence; `tests/crash.rs` SIGKILLs a real tier process (`exchange-crash-child`) under load
-//! and checks no released reply is ever lost.
+//! fsync wait) and the durable reply latency. Snapshots cost the core nothing: a follower thread
+//! per shard applies the durable records to a replica of the shard state and every
+//! `snapshot_every_records` writes it (books in price-time priority, listings, halts and bands,
+//! counters, output hash; [`core`] encodes and restores it) and removes the journal segments it
+//! covers. The master-data process journals every update it applies, write-ahead, with
+//! snapshots of its own. With a data directory, a run recovers every shard from its newest
+//! valid snapshot plus the journal after it (recovered output hash == the stopped run's) and
+//! the master data likewise, and continues each sequence; `tests/crash.rs` SIGKILLs a real tier
+//! process (`exchange-crash-child`, snapshots on) under load and checks no released reply is
+//! ever lost.
 //!
 //! # Off the critical path
 //! The master-data process is the single writer of the snapshot cell; the external events
@@ -52,3 +58,4 @@ pub mod msg;
 pub mod preprocess;
 pub mod store;
 pub mod tier;
+mod wire;

@@ -357,18 +357,51 @@ impl CoreOutput {
     }
 }
 
-/// A blake3 hash over the canonical bytes of an output stream, in order.
-#[derive(Default, Clone)]
+/// Output records per block of the chained output hash.
+pub const OUTPUT_HASH_BLOCK_RECORDS: usize = 64;
+const OUTPUT_HASH_BLOCK_BYTES: usize = OUTPUT_HASH_BLOCK_RECORDS * CANONICAL_OUTPUT_BYTES;
+/// Bytes of [`OutputHash::write_to`] at most: records, chain value, pending length, a block.
+pub const OUTPUT_HASH_STATE_BYTES_MAX: usize = 8 + 32 + 4 + OUTPUT_HASH_BLOCK_BYTES;
+
+/// A blake3 hash over the canonical bytes of an output stream, in order, chained per block of
+/// [`OUTPUT_HASH_BLOCK_RECORDS`]: `chain = blake3(chain ‖ block)`, and the digest hashes the
+/// chain with the unfinished block.
+///
+/// Why chained and not one streaming hasher: a snapshot must carry the hash so a recovered
+/// shard continues it, and a hasher's internal state cannot be saved; a 32-byte chain value
+/// plus the bytes of the unfinished block can ([`OutputHash::write_to`]). Blocks are cut by
+/// record count, never by snapshot, so a run with snapshots hashes exactly like one without.
+#[derive(Clone)]
 pub struct OutputHash {
-    hasher: blake3::Hasher,
+    chain: [u8; 32],
+    block: [u8; OUTPUT_HASH_BLOCK_BYTES],
+    block_len: usize,
     records: u64,
+}
+
+impl Default for OutputHash {
+    fn default() -> Self {
+        OutputHash { chain: [0; 32], block: [0; OUTPUT_HASH_BLOCK_BYTES], block_len: 0, records: 0 }
+    }
 }
 
 impl OutputHash {
     /// Adds one record.
     pub fn update(&mut self, output: &CoreOutput) {
-        self.hasher.update(&output.canonical_bytes());
+        let end = self.block_len + CANONICAL_OUTPUT_BYTES;
+        self.block[self.block_len..end].copy_from_slice(&output.canonical_bytes());
+        self.block_len = end;
         self.records += 1;
+        if self.block_len == OUTPUT_HASH_BLOCK_BYTES {
+            self.chain = self.chained(&self.block);
+            self.block_len = 0;
+        }
+    }
+
+    fn chained(&self, block: &[u8]) -> [u8; 32] {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&self.chain).update(block);
+        *hasher.finalize().as_bytes()
     }
 
     /// Records hashed so far.
@@ -378,12 +411,41 @@ impl OutputHash {
 
     /// The hash so far.
     pub fn digest(&self) -> [u8; 32] {
-        *self.hasher.finalize().as_bytes()
+        self.chained(&self.block[..self.block_len])
     }
 
     /// The hash so far, as hex.
     pub fn hex(&self) -> String {
-        self.hasher.finalize().to_hex().to_string()
+        self.digest().iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// Appends the hash's state (records, chain value, unfinished block) to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.records.to_le_bytes());
+        out.extend_from_slice(&self.chain);
+        out.extend_from_slice(&(self.block_len as u32).to_le_bytes());
+        out.extend_from_slice(&self.block[..self.block_len]);
+    }
+
+    /// Reads a state written by [`OutputHash::write_to`] from the front of `bytes`; returns
+    /// it and the bytes after it.
+    pub fn read_from(bytes: &[u8]) -> Result<(OutputHash, &[u8]), String> {
+        const FIXED_BYTES: usize = 8 + 32 + 4;
+        let fixed = bytes.get(..FIXED_BYTES).ok_or("output hash state is truncated")?;
+        let records = u64::from_le_bytes(fixed[..8].try_into().expect("8 bytes"));
+        let block_len = u32::from_le_bytes(fixed[40..44].try_into().expect("4 bytes")) as usize;
+        let consistent = block_len < OUTPUT_HASH_BLOCK_BYTES
+            && block_len
+                == (records % OUTPUT_HASH_BLOCK_RECORDS as u64) as usize * CANONICAL_OUTPUT_BYTES;
+        if !consistent {
+            return Err(format!("output hash block of {block_len} bytes after {records} records"));
+        }
+        let rest = &bytes[FIXED_BYTES..];
+        let block_bytes = rest.get(..block_len).ok_or("output hash block is truncated")?;
+        let mut hash = OutputHash { records, block_len, ..OutputHash::default() };
+        hash.chain.copy_from_slice(&fixed[8..40]);
+        hash.block[..block_len].copy_from_slice(block_bytes);
+        Ok((hash, &rest[block_len..]))
     }
 }
 

@@ -90,6 +90,11 @@ impl OrderPool {
         self.free_head == NONE
     }
 
+    /// Slots the pool was sized with.
+    pub fn capacity_slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
     /// Slots in use (resting orders).
     pub fn used_slots(&self) -> u32 {
         self.used_slots

@@ -24,7 +24,10 @@
 //!   the durable reply latency when the sender delivers it.
 //! * The master-data process is the single writer of the [`SnapshotCell`]; the external events
 //!   process sends each event both to the core (as a control message) and to the master-data
-//!   process (so the pre-process sees halts and bands early).
+//!   process (so the pre-process sees halts and bands early). With a journal, the master-data
+//!   process journals each update write-ahead before publishing it (`MasterWorker`).
+//! * Each shard's snapshot follower (`durability::ShardSnapshotter`) runs beside the journal
+//!   writer, off the critical path; the run stops it after the writer, once it has caught up.
 //! * Latency is measured from each request's intended send time to the delivery of its first
 //!   response at the subscriber gateway, with per-stage splits from stamps in the messages.
 
@@ -41,11 +44,13 @@ use pipeline::stage::{Emitter, Input, PipelineBuilder, Route, StageSpec};
 use pipeline::{ConnectorKind, WaitStrategy};
 
 use journal::writer::WriterStats;
-use journal::{DurableSeq, JournalSender, JournalWriter};
+use journal::{DurableSeq, JournalSender, JournalWriter, Snapshotter};
 
 use crate::core::{CoreCounters, CoreLimits};
 use crate::durability::{
-    JournalMode, JournalOptions, ShardRecord, ShardRecovery, ShardState, open_shards,
+    JournalMode, JournalOptions, MasterJournal, MasterRecord, MasterRecovery, MasterState,
+    SNAPSHOT_EVERY_RECORDS_DEFAULT, ShardRecord, ShardRecovery, ShardState, SnapshotReport,
+    open_master, open_shards,
 };
 use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
 use crate::master::{MasterData, MasterUpdate, SnapshotCell};
@@ -106,6 +111,9 @@ pub struct TierConfig {
     pub seed: u64,
     /// Journaling of each core shard's sequenced input: group, sync, relaxed or off.
     pub journal: JournalMode,
+    /// A snapshot of each core shard every this many of its journaled inputs (0 = none; no
+    /// effect with the journal off). Recovery then replays only the journal after it.
+    pub snapshot_every_records: u64,
 }
 
 impl Default for TierConfig {
@@ -131,6 +139,7 @@ impl Default for TierConfig {
             flow: FlowConfig::default(),
             seed: 7,
             journal: JournalMode::Group,
+            snapshot_every_records: SNAPSHOT_EVERY_RECORDS_DEFAULT,
         }
     }
 }
@@ -329,6 +338,19 @@ pub struct RunResult {
     pub journal_mode: JournalMode,
     /// Per shard: what recovery found and what the journal writer did.
     pub journal: Vec<ShardJournalReport>,
+    /// The master data's journal (`None` when journaling is off).
+    pub master: Option<MasterReport>,
+}
+
+/// The master data's journal over a run.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct MasterReport {
+    pub recovery: MasterRecovery,
+    /// Updates applied, journaled and published in this run.
+    pub updates_journaled: u64,
+    pub snapshots_taken: u64,
+    /// Digest of the master data at the end of the run (a restart recovers exactly it).
+    pub final_digest: String,
 }
 
 /// One shard's journal over a run.
@@ -337,6 +359,8 @@ pub struct ShardJournalReport {
     pub recovery: ShardRecovery,
     /// The writer's counters (`None` when journaling is off).
     pub writer: Option<WriterStats>,
+    /// What the shard's snapshot follower did (`None` when snapshots are off).
+    pub snapshots: Option<SnapshotReport>,
 }
 
 /// Results handed back by workers when their handlers are dropped (at worker exit).
@@ -350,6 +374,9 @@ struct Collected {
     delivered: u64,
     /// Replies never released because a journal writer failed.
     unreleased: u64,
+    /// Snapshot threads or journals that stopped on an error.
+    durability_errors: Vec<String>,
+    master: Option<MasterReport>,
 }
 
 type Shared<T> = Arc<Mutex<T>>;
@@ -595,6 +622,113 @@ impl Drop for SenderWorker {
     }
 }
 
+/// The master-data process: the single writer of the [`SnapshotCell`]. With a journal, each
+/// update it applies is journaled write-ahead (the append returns after its fdatasync) and
+/// only then published, so the pre-process never acts on master data a crash could lose.
+struct MasterWorker {
+    cell: Arc<SnapshotCell>,
+    /// The writer's own copy of the current version (what it journals and snapshots).
+    state: MasterState,
+    journal: Option<JournalSender<MasterRecord>>,
+    last_seq: u64,
+    /// The snapshotter and its interval in journaled updates.
+    snapshots: Option<(Snapshotter, u64)>,
+    recovery: Option<MasterRecovery>,
+    journaled: u64,
+    collected: Shared<Collected>,
+}
+
+impl MasterWorker {
+    /// The worker over `cell` (which holds `reference`), started from the recovered master
+    /// data when journaling; also returns the journal's writer, for the run to join.
+    fn start(
+        journal: Option<MasterJournal>,
+        cell: Arc<SnapshotCell>,
+        reference: MasterData,
+        collected: Shared<Collected>,
+    ) -> (MasterWorker, Option<JournalWriter>) {
+        let mut worker = MasterWorker {
+            cell,
+            state: MasterState { data: reference, refused: None },
+            journal: None,
+            last_seq: 0,
+            snapshots: None,
+            recovery: None,
+            journaled: 0,
+            collected,
+        };
+        let Some(journal) = journal else {
+            return (worker, None);
+        };
+        worker.cell.publish(journal.state.data.clone());
+        worker.state = journal.state;
+        worker.journal = Some(journal.sender);
+        worker.last_seq = journal.last_seq;
+        worker.snapshots = journal.snapshots;
+        worker.recovery = Some(journal.recovery);
+        (worker, Some(journal.writer))
+    }
+
+    fn handle(&mut self, input: &TierInput) {
+        if input.master == MasterUpdate::None {
+            return;
+        }
+        let mut next = self.state.data.clone();
+        if let Err(why) = next.apply(&input.master) {
+            tracing::warn!("master-data update {:?} refused: {why}", input.master);
+            return;
+        }
+        if let Some(journal) = &mut self.journal {
+            let record = MasterRecord { seq: self.last_seq + 1, update: input.master };
+            if let Err(error) = journal.append(record) {
+                // Nothing is published after a failed journal write: the pre-process keeps
+                // the last durable version, and the run reports the failure.
+                let why = format!(
+                    "master journal stopped, update {:?} not applied: {error}",
+                    input.master
+                );
+                lock(&self.collected).durability_errors.push(why);
+                self.journal = None;
+                self.recovery = None;
+                return;
+            }
+            self.last_seq += 1;
+            self.journaled += 1;
+        }
+        self.state.data = next;
+        self.cell.publish(self.state.data.clone());
+        if let Some((snapshotter, every_records)) = &mut self.snapshots
+            && self.last_seq.is_multiple_of(*every_records)
+        {
+            snapshotter.offer(self.last_seq, &self.state);
+        }
+    }
+}
+
+impl Drop for MasterWorker {
+    fn drop(&mut self) {
+        drop(self.journal.take());
+        let taken = match self.snapshots.take().map(|(snapshotter, _)| snapshotter.finish()) {
+            Some(Ok(stats)) => stats.taken,
+            Some(Err(error)) => {
+                let why = format!("master snapshot thread stopped: {error}");
+                lock(&self.collected).durability_errors.push(why);
+                0
+            }
+            None => 0,
+        };
+        let Some(recovery) = self.recovery.take() else {
+            return;
+        };
+        lock(&self.collected).master = Some(MasterReport {
+            recovery,
+            updates_journaled: self.journaled,
+            snapshots_taken: taken,
+            final_digest: self.state.digest(),
+        });
+    }
+}
+
 fn external_event_effect(event: &ExternalEvent, master: &MasterData) -> TierInput {
     let (instrument, command, update) = match *event {
         ExternalEvent::None => return TierInput::default(),
@@ -642,12 +776,15 @@ impl Scenario {
         if self.master_every == 0 || index == 0 || !index.is_multiple_of(self.master_every) {
             return None;
         }
-        let client = (index / self.master_every % master.clients.len() as u64) as u32;
+        let update = index / self.master_every;
+        let client = (update % master.clients.len() as u64) as u32;
         let limits = master.client(client)?;
+        // Raises the limit by a few units per update: a visible change of the master data
+        // (recovery must reproduce it) that no order of the flow is near.
         Some(MasterUpdate::ClientLimit {
             client,
             enabled: limits.enabled,
-            order_value_max: limits.order_value_max,
+            order_value_max: limits.order_value_max + update,
         })
     }
 }
@@ -705,7 +842,6 @@ pub fn run(
 ) -> anyhow::Result<RunResult> {
     config.validate()?;
     let master = reference_master_data(&config.universe);
-    let cell = SnapshotCell::new(master.clone());
     let collected: Shared<Collected> = Arc::new(Mutex::new(Collected {
         stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
         ..Collected::default()
@@ -713,14 +849,35 @@ pub fn run(
     let listings = master.listings();
     let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
     // Kept to the end of the run: it owns the temporary data directory, if any.
-    let mut journals =
-        open_shards(config.journal, &options.journal, config.core_shards, &listings, limits)?;
+    let mut journals = open_shards(
+        config.journal,
+        &options.journal,
+        config.snapshot_every_records,
+        config.core_shards,
+        &listings,
+        limits,
+    )?;
+    let master_journal = match &journals.data_dir {
+        Some(dir) => {
+            Some(open_master(dir, &options.journal, config.snapshot_every_records, &master)?)
+        }
+        None => None,
+    };
+    let (master_worker, master_writer) = MasterWorker::start(
+        master_journal,
+        SnapshotCell::new(master.clone()),
+        master.clone(),
+        collected.clone(),
+    );
+    let cell = master_worker.cell.clone();
     let durables = journals.durables.clone();
     let mut writers = Vec::new();
+    let mut snapshotters = Vec::new();
     let mut recoveries = Vec::new();
     let mut shard_starts = Vec::new();
     for shard in journals.shards.drain(..) {
         writers.push(shard.writer);
+        snapshotters.push(shard.snapshots);
         recoveries.push(shard.recovery);
         shard_starts.push(Some((shard.state, shard.last_seq, shard.sender)));
     }
@@ -765,23 +922,11 @@ pub fn run(
         })
     };
     let masterdata = {
-        let cell = cell.clone();
+        let master_worker = Arc::new(Mutex::new(Some(master_worker)));
         graph.sink("masterdata", config.spec(1, Role::Ancillary)?, move |_| {
-            let cell = cell.clone();
-            move |input: &TierInput| {
-                if input.master == MasterUpdate::None {
-                    return;
-                }
-                let mut next = cell.load_copy();
-                match next.apply(&input.master) {
-                    Ok(()) => {
-                        cell.publish(next);
-                    }
-                    Err(why) => {
-                        tracing::warn!("master-data update {:?} refused: {why}", input.master)
-                    }
-                }
-            }
+            let mut worker =
+                lock(&master_worker).take().expect("one master-data worker, started once");
+            move |input: &TierInput| worker.handle(input)
         })
     };
     let core = {
@@ -899,14 +1044,23 @@ pub fn run(
     // The core workers are gone, and with them the journal senders: each writer drains,
     // syncs and stops.
     let mut journal = Vec::with_capacity(writers.len());
-    for (writer, recovery) in writers.into_iter().zip(recoveries) {
+    for ((writer, snapshotter), recovery) in writers.into_iter().zip(snapshotters).zip(recoveries) {
         let writer = writer.map(JournalWriter::join).transpose()?;
-        journal.push(ShardJournalReport { recovery, writer });
+        // The writer has published its last durable sequence: the follower catches up with
+        // it, takes the snapshots due and stops.
+        let snapshots = snapshotter.map(|s| s.finish()).transpose().map_err(anyhow::Error::msg)?;
+        journal.push(ShardJournalReport { recovery, writer, snapshots });
     }
+    master_writer.map(JournalWriter::join).transpose()?;
     drop(journals);
 
     let mut collected = std::mem::take(&mut *lock(&collected));
     collected.shards.sort_by_key(|s| s.shard);
+    anyhow::ensure!(
+        collected.durability_errors.is_empty(),
+        "{}",
+        collected.durability_errors.join("; ")
+    );
     anyhow::ensure!(
         collected.unreleased == 0,
         "a journal writer failed: {} replies were held back for good (never released)",
@@ -927,5 +1081,6 @@ pub fn run(
         delivered: collected.delivered,
         journal_mode: config.journal,
         journal,
+        master: collected.master,
     })
 }

@@ -18,6 +18,7 @@ fn run_args(config: std::path::PathBuf, out: std::path::PathBuf) -> RunArgs {
         placement: None,
         arrival: None,
         journal: None,
+        snapshot_every: Some(300),
         data: None,
         repair: false,
         out,
@@ -38,6 +39,8 @@ fn run_with_a_config_file_writes_the_report() {
     let first = &report["runs"][0];
     assert!(first["sent"].as_u64().unwrap() > 500);
     assert_eq!(first["end_to_end"]["count"], first["sent"], "every request answered");
+    let snapshots = &first["journal"][0]["snapshots"];
+    assert!(snapshots["taken"].as_u64().unwrap() >= 1, "--snapshot-every: {snapshots}");
     assert_eq!(first["critical_path"]["count"], first["sent"], "both latencies per request");
     assert_eq!(first["journal_mode"], "group", "journaling is on by default");
     for shard in first["journal"].as_array().unwrap() {

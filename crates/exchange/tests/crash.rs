@@ -1,9 +1,16 @@
 //! Crash test with a real process and real files: `exchange-crash-child` runs the tier with
-//! `--data DIR` and the `group` journal under open-loop load and is SIGKILLed at random
-//! moments, then restarted on the same directory. After every kill: every reply the client
-//! saw (`ack SHARD SEQ`) is reflected in the recovered state of its shard, each input is
-//! applied exactly once, and the recovered state hash equals a replay of the journal from
-//! scratch. The next child must recover and run again (it is killed, never exits on error).
+//! `--data DIR`, the `group` journal and a shard snapshot every [`SNAPSHOT_EVERY`] inputs
+//! under open-loop load and is SIGKILLed at random moments (mid-write of a journal batch or
+//! of a snapshot included), then restarted on the same directory. After every kill: every
+//! reply the client saw (`ack SHARD SEQ`) is reflected in the recovered state of its shard,
+//! each input is applied exactly once (the snapshot's inputs plus the replayed ones, no
+//! more), and the recovered state equals a replay of every input from scratch.
+//!
+//! Snapshots make the tier delete the journal segments they cover, so the test keeps its own
+//! hard link to every segment file it sees after a kill: the linked inode outlives the
+//! tier's deletion, and the replay from scratch reads those links. Segments are large enough
+//! that no segment is created and deleted within one run, and the replay's gap check would
+//! catch one that was.
 //!
 //! `LEANTIER_CRASH_ITERATIONS` raises the iteration count.
 
@@ -25,6 +32,10 @@ const CORE_SHARDS: usize = 2;
 const ORDER_POOL_SLOTS: u32 = 1 << 14;
 /// Each run lives this long (uniformly random) after its first ack before the SIGKILL.
 const RUN_MS: std::ops::Range<u64> = 20..200;
+/// Journaled inputs per shard between two snapshots.
+const SNAPSHOT_EVERY: u64 = 100;
+/// Segment size: about 1 300 records, several times what one run journals per shard.
+const SEGMENT_BYTES: u64 = 64 * 1024;
 
 fn fresh_state() -> ShardState {
     let listings = reference_master_data(&UniverseConfig::default()).listings();
@@ -42,9 +53,26 @@ fn highest_acks(stdout: BufReader<std::process::ChildStdout>, acked: &mut [u64])
     }
 }
 
-/// Recovers one shard as the tier does, and checks it against `acked` and a replay of the
-/// journal from scratch; returns the recovered sequence.
-fn check_shard(dir: &Path, acked: u64) -> u64 {
+/// Hard-links every segment file of `dir` not linked yet into `archive`.
+fn archive_segments(dir: &Path, archive: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let target = archive.join(path.file_name().unwrap());
+        if path.extension().is_some_and(|e| e == "seg") && !target.exists() {
+            std::fs::hard_link(&path, &target).unwrap();
+        }
+    }
+}
+
+/// What recovering one shard found.
+struct Checked {
+    last_seq: u64,
+    from_snapshot: bool,
+}
+
+/// Recovers one shard as the tier does, and checks it against `acked` and a replay from
+/// scratch of every input (read from the archived segments); returns what it found.
+fn check_shard(dir: &Path, archive: &Path, acked: u64) -> Checked {
     let recovered = recover_from(dir, RecoverOptions::default(), fresh_state).expect("recovers");
     assert!(
         recovered.last_seq >= acked,
@@ -52,10 +80,12 @@ fn check_shard(dir: &Path, acked: u64) -> u64 {
         dir.display(),
         recovered.last_seq
     );
-    assert_eq!(recovered.replayed_records, recovered.last_seq, "each input applied once");
+    let from_seq = recovered.snapshot_seq.unwrap_or(0);
+    assert_eq!(recovered.replayed_records, recovered.last_seq - from_seq, "each input once");
     assert!(recovered.state.undecodable.is_none());
+    archive_segments(dir, archive);
     let mut scratch = fresh_state();
-    let mut reader = JournalReader::open(dir, 1).expect("opens");
+    let mut reader = JournalReader::open(archive, 1).expect("opens");
     let mut expected_seq = 1;
     while let Some((seq, payload)) = reader.next_record().expect("valid after recovery") {
         assert_eq!(seq, expected_seq, "gap-free, no duplicate");
@@ -64,7 +94,8 @@ fn check_shard(dir: &Path, acked: u64) -> u64 {
     }
     assert_eq!(expected_seq - 1, recovered.last_seq);
     assert_eq!(recovered.state.state_hash(), scratch.state_hash(), "recovered == replay");
-    recovered.last_seq
+    assert_eq!(recovered.state.state_digest(), scratch.state_digest(), "books too");
+    Checked { last_seq: recovered.last_seq, from_snapshot: recovered.snapshot_seq.is_some() }
 }
 
 #[test]
@@ -72,15 +103,21 @@ fn sigkill_under_load_never_loses_a_released_reply() {
     let iterations = std::env::var("LEANTIER_CRASH_ITERATIONS")
         .map_or(ITERATIONS_DEFAULT, |v| v.parse().unwrap());
     let data = tempfile::tempdir().unwrap();
+    let archive = tempfile::tempdir().unwrap();
+    for shard in 0..CORE_SHARDS {
+        std::fs::create_dir(archive.path().join(format!("shard-{shard}"))).unwrap();
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(SEED);
     let mut acked = [0u64; CORE_SHARDS];
     let mut recovered = [0u64; CORE_SHARDS];
-    let mut kills_after_acks = 0;
+    let (mut kills_after_acks, mut snapshot_recoveries) = (0, 0);
     for _ in 0..iterations {
         let mut child = Command::new(env!("CARGO_BIN_EXE_exchange-crash-child"))
             .arg("--data")
             .arg(data.path())
             .args(["--core-shards", &CORE_SHARDS.to_string(), "--rate", "3000"])
+            .args(["--snapshot-every", &SNAPSHOT_EVERY.to_string()])
+            .args(["--segment-bytes", &SEGMENT_BYTES.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the child starts");
@@ -102,11 +139,22 @@ fn sigkill_under_load_never_loses_a_released_reply() {
             kills_after_acks += 1;
         }
         for (shard, last) in recovered.iter_mut().enumerate() {
-            let now = check_shard(&data.path().join(format!("shard-{shard}")), acked[shard]);
-            assert!(now >= *last, "recovered sequence went back: {now} < {last}");
-            *last = now;
+            let name = format!("shard-{shard}");
+            let checked =
+                check_shard(&data.path().join(&name), &archive.path().join(&name), acked[shard]);
+            assert!(checked.last_seq >= *last, "recovered sequence went back");
+            *last = checked.last_seq;
+            snapshot_recoveries += u32::from(checked.from_snapshot);
         }
     }
     assert!(kills_after_acks * 2 >= iterations, "most runs released replies before the kill");
-    eprintln!("{iterations} kills; released up to {acked:?}; recovered {recovered:?}");
+    assert!(snapshot_recoveries * 2 >= iterations, "most recoveries started from a snapshot");
+    let pruned = (0..CORE_SHARDS).any(|shard| {
+        !data.path().join(format!("shard-{shard}")).join(format!("{:020}.seg", 1)).exists()
+    });
+    assert!(pruned, "snapshots made the first segment obsolete and it was removed");
+    eprintln!(
+        "{iterations} kills; released up to {acked:?}; recovered {recovered:?}; \
+         {snapshot_recoveries} shard recoveries from a snapshot"
+    );
 }

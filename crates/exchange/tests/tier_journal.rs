@@ -157,3 +157,48 @@ fn a_corrupt_record_stops_start_up_unless_repair_truncates_there() {
     assert_eq!(recovery.recovered_seq, 0, "the first record and everything after discarded");
     assert_eq!(result.shards[0].recorded[0].seq, 1, "sequencing restarts after the repair");
 }
+
+#[test]
+fn master_data_changed_mid_run_is_journaled_and_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TierConfig {
+        core_shards: 1,
+        events_every: 150,
+        master_updates_every: 60,
+        snapshot_every_records: 40,
+        ..config(JournalMode::Group)
+    };
+    let reference = exchange::durability::MasterState {
+        data: reference_master_data(&config.universe),
+        refused: None,
+    };
+    let first = run_once(&config, dir.path());
+    let master = first.master.clone().expect("journaled with the shards");
+    assert_eq!(master.recovery.recovered_seq, 0, "a fresh directory");
+    assert!(master.updates_journaled >= 20, "client limits, halts and bands: {master:?}");
+    assert!(master.snapshots_taken >= 1, "{master:?}");
+    assert_ne!(master.final_digest, reference.digest(), "the master data changed mid-run");
+
+    let second = run_once(&config, dir.path());
+    let recovery = &second.master.as_ref().unwrap().recovery;
+    assert_eq!(recovery.recovered_seq, master.updates_journaled);
+    assert!(recovery.snapshot_seq.is_some(), "from a master snapshot");
+    assert_eq!(recovery.recovered_digest, master.final_digest, "== the stopped run's");
+
+    // Without its snapshots, a replay of the whole master journal gives the same data.
+    let final_digest = second.master.unwrap().final_digest;
+    let master_dir = dir.path().join(exchange::durability::MASTER_DIR);
+    for entry in std::fs::read_dir(&master_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "snap") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let options = JournalOptions { data_dir: Some(dir.path().to_path_buf()), ..Default::default() };
+    let replayed =
+        exchange::durability::open_master(dir.path(), &options, 0, &reference.data).unwrap();
+    assert_eq!(replayed.recovery.snapshot_seq, None);
+    assert_eq!(replayed.recovery.recovered_digest, final_digest);
+    drop(replayed.sender);
+    replayed.writer.join().unwrap();
+}

@@ -1,5 +1,6 @@
 //! The process `tests/crash.rs` kills: runs the exchange tier with `--data DIR` (recovering
-//! whatever the last run left there) under open-loop load with the `group` journal, and
+//! whatever the last run left there: newest snapshot, then the journal after it) under
+//! open-loop load with the `group` journal and, with `--snapshot-every`, shard snapshots, and
 //! prints `ack SHARD SEQ` whenever a reply for a higher input sequence of SHARD has been
 //! delivered to a gateway (a reply released to the client).
 
@@ -31,6 +32,9 @@ struct Args {
     /// Segment file size in bytes (small: recovery reads the last segment to its end).
     #[arg(long, default_value_t = 1 << 20)]
     segment_bytes: u64,
+    /// A snapshot of each shard every this many journaled inputs (0 = none).
+    #[arg(long, default_value_t = 0)]
+    snapshot_every: u64,
     /// Run length, seconds.
     #[arg(long, default_value_t = 60.0)]
     seconds: f64,
@@ -42,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         core_shards: args.core_shards,
         order_pool_slots: 1 << 14,
         journal: JournalMode::Group,
+        snapshot_every_records: args.snapshot_every,
         ..TierConfig::default()
     };
     let released = ReleasedSeqs::new(args.core_shards);
