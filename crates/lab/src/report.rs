@@ -32,11 +32,13 @@ use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::load::ThroughputSeries;
 use crate::stats::{CumulativeBucket, FactorialAnalysis, LatencyHistogram, LatencySummary};
 
 // ---------------------------------------------------------------------------------------------
@@ -617,6 +619,41 @@ pub fn latency_cdf_plot(title: &str, series: &[(&str, &LatencyHistogram)]) -> Li
     plot
 }
 
+/// Throughput over time, one line per run: x is seconds since the measured window opened (the
+/// end of each interval), y the completions of that interval per second.
+pub fn throughput_over_time_plot(title: &str, series: &[(&str, &ThroughputSeries)]) -> LinePlot {
+    let mut plot = LinePlot::new(title, "time in the measured window (s)", "completions per s");
+    for (label, run) in series {
+        let step_s = run.interval.as_secs_f64();
+        let points = (1..)
+            .zip(run.rates_per_s())
+            .map(|(index, rate)| (f64::from(index) * step_s, rate))
+            .collect();
+        plot = plot.series(label, points);
+    }
+    plot
+}
+
+/// Throughput over time as a table: one row per interval (its end, in seconds), one column of
+/// completions per second per run; a run with fewer intervals leaves its cells empty.
+pub fn throughput_over_time_table(series: &[(&str, &ThroughputSeries)]) -> Table {
+    let headers = std::iter::once("t (s)".to_string())
+        .chain(series.iter().map(|(label, _)| format!("{label} (per s)")));
+    let mut table = Table::new(headers);
+    let rates: Vec<Vec<f64>> = series.iter().map(|(_, run)| run.rates_per_s()).collect();
+    let longest = series
+        .iter()
+        .max_by_key(|(_, run)| run.counts.len())
+        .map_or((0, Duration::ZERO), |(_, run)| (run.counts.len(), run.interval));
+    for index in 0..longest.0 {
+        let end_s = (index + 1) as f64 * longest.1.as_secs_f64();
+        let cells =
+            rates.iter().map(|run| run.get(index).map_or(String::new(), |r| format!("{r:.1}")));
+        table.row(std::iter::once(format!("{end_s:.3}")).chain(cells));
+    }
+    table
+}
+
 /// One axis: the data range mapped onto pixels, with tick positions.
 struct Axis {
     scale: Scale,
@@ -825,6 +862,20 @@ pub fn progress_bar(length: u64, message: impl Into<Cow<'static, str>>) -> Progr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throughput_over_time_has_one_point_per_interval() {
+        let interval = Duration::from_millis(250);
+        let steady = ThroughputSeries { interval, counts: vec![10, 20, 30] };
+        let short = ThroughputSeries { interval, counts: vec![5] };
+        let table = throughput_over_time_table(&[("steady", &steady), ("short", &short)]);
+        assert_eq!(table.headers(), ["t (s)", "steady (per s)", "short (per s)"]);
+        assert_eq!(table.rows()[0], ["0.250", "40.0", "20.0"]);
+        assert_eq!(table.rows()[2], ["0.750", "120.0", ""]);
+        let plot = throughput_over_time_plot("t", &[("steady", &steady)]);
+        assert_eq!(plot.series[0].points, vec![(0.25, 40.0), (0.5, 80.0), (0.75, 120.0)]);
+        assert!(plot.to_svg().contains("steady"));
+    }
 
     #[test]
     fn bucket_comparison_puts_series_side_by_side_and_fills_finished_ones() {

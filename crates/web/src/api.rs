@@ -239,46 +239,147 @@ fn check_size(name: &str, rows: usize, cols: usize, limits: &SizeLimits) -> Resu
 }
 
 fn parse_cells(name: &str, rows: &[RowWire<'_>], cols: usize) -> Result<Matrix, Failure> {
+    // check_size bounded rows * cols, so this allocation is bounded too.
     let mut cells = Vec::with_capacity(rows.len() * cols);
     let mut magnitude_max = 0u64;
     for (r, row) in rows.iter().enumerate() {
         let text =
             row.value.as_deref().ok_or_else(|| missing(&format!("{name}.rows[{r}].value")))?;
-        let mut count = 0usize;
-        for cell in text.split(',') {
-            count += 1;
-            if count > cols {
-                break;
-            }
-            let value = parse_cell(cell).ok_or_else(|| {
-                Failure::new(
+        let before = cells.len();
+        match scan_row(text.as_bytes(), cols, &mut cells, &mut magnitude_max) {
+            RowScan::Complete => {}
+            RowScan::BadCell { at } => {
+                let cell = text[at..].split(',').next().unwrap_or_default();
+                return Err(Failure::new(
                     ErrorCode::NonNumericCell,
                     format!("Non-numeric cell in {name} row {r}: {:?}", truncate(cell)),
-                )
-            })?;
-            magnitude_max = magnitude_max.max(value.unsigned_abs());
-            cells.push(value);
-        }
-        if count != cols {
-            let found = if count > cols { format!("more than {cols}") } else { count.to_string() };
-            return Err(Failure::new(
-                ErrorCode::RowLength,
-                format!(
-                    "Row length mismatch in {name} row {r}: {found} cells, columnCount is {cols}"
-                ),
-            ));
+                ));
+            }
+            RowScan::WrongLength { more } => {
+                let found = if more {
+                    format!("more than {cols}")
+                } else {
+                    (cells.len() - before).to_string()
+                };
+                return Err(Failure::new(
+                    ErrorCode::RowLength,
+                    format!(
+                        "Row length mismatch in {name} row {r}: {found} cells, columnCount is {cols}"
+                    ),
+                ));
+            }
         }
     }
     Ok(Matrix { rows: rows.len(), cols, cells, magnitude_max })
 }
 
-fn parse_cell(cell: &str) -> Option<i64> {
-    let trimmed = cell.trim_matches(|c: char| c == ' ' || c == '\t');
-    // `str::parse` accepts a leading '+'; the API documents plain decimal integers only.
-    if trimmed.starts_with('+') {
+/// How scanning one row's `"v1,v2,..."` text ended.
+#[derive(Debug, PartialEq, Eq)]
+enum RowScan {
+    /// Exactly `cols` cells were appended.
+    Complete,
+    /// The cell starting at byte `at` is not a decimal `i64`.
+    BadCell { at: usize },
+    /// Fewer cells than `cols` (all appended), or `more` than `cols`.
+    WrongLength { more: bool },
+}
+
+/// Parses the comma-separated cells of one row straight from the bytes into `cells` in one pass
+/// (no split, no per-cell `str::parse`; that pair was the largest cost of a medium request).
+/// Like `str::split`, an empty text is one (empty, so bad) cell.
+fn scan_row(bytes: &[u8], cols: usize, cells: &mut Vec<i64>, magnitude_max: &mut u64) -> RowScan {
+    let mut at = 0usize;
+    let mut count = 0usize;
+    loop {
+        count += 1;
+        if count > cols {
+            return RowScan::WrongLength { more: true };
+        }
+        let Some((value, end)) = scan_cell(bytes, at) else {
+            return RowScan::BadCell { at };
+        };
+        *magnitude_max = (*magnitude_max).max(value.unsigned_abs());
+        cells.push(value);
+        match bytes.get(end) {
+            None if count == cols => return RowScan::Complete,
+            None => return RowScan::WrongLength { more: false },
+            Some(b',') => at = end + 1,
+            Some(_) => return RowScan::BadCell { at },
+        }
+    }
+}
+
+/// Any 19 decimal digits fit `u64` (10^19 - 1 < 2^64), so shorter cells need no overflow checks.
+const U64_SAFE_DIGITS: usize = 19;
+
+/// One cell from `bytes[at..]`: its value and the index just past it (a `,` or the end). A cell
+/// is optional blanks (space, tab), an optional `-`, decimal digits, optional blanks, and must fit
+/// `i64` (`-9223372036854775808` included); a `+` sign is refused, as documented.
+fn scan_cell(bytes: &[u8], mut at: usize) -> Option<(i64, usize)> {
+    let blank = |b: u8| b == b' ' || b == b'\t';
+    while bytes.get(at).copied().is_some_and(blank) {
+        at += 1;
+    }
+    let negative = bytes.get(at) == Some(&b'-');
+    at += usize::from(negative);
+    let word = bytes.get(at..at + 8).and_then(|chunk| chunk.first_chunk::<8>());
+    let (magnitude, digits) = match word.and_then(short_digits_swar) {
+        Some(short) => short,
+        None => digits_scalar(&bytes[at.min(bytes.len())..])?,
+    };
+    if digits == 0 {
         return None;
     }
-    trimmed.parse().ok()
+    at += digits;
+    while bytes.get(at).copied().is_some_and(blank) {
+        at += 1;
+    }
+    let value = if negative {
+        // i64::MIN's magnitude is one past i64::MAX.
+        0i64.checked_sub_unsigned(magnitude)?
+    } else {
+        i64::try_from(magnitude).ok()?
+    };
+    Some((value, at))
+}
+
+/// The leading decimal digits of `word` (first byte first) and their count, when fewer than 8:
+/// eight bytes are classified and converted at once (SWAR), which is the common case of a cell
+/// followed by more of its row. `None` when all 8 bytes are digits (the scalar path takes over).
+fn short_digits_swar(word: &[u8; 8]) -> Option<(u64, usize)> {
+    // Digits become 0..=9 per byte; anything else becomes 10..=255.
+    let values = u64::from_le_bytes(*word) ^ 0x3030_3030_3030_3030;
+    // A byte's top bit is set when its value is 10 or more (0x76 = 0x80 - 10), or already set.
+    // A carry out of a byte only comes from a flagged byte, so it cannot hide the first one.
+    let flagged = (values.wrapping_add(0x7676_7676_7676_7676) | values) & 0x8080_8080_8080_8080;
+    if flagged == 0 {
+        return None;
+    }
+    let count = (flagged.trailing_zeros() / 8) as usize;
+    if count == 0 {
+        return Some((0, 0));
+    }
+    // The digits moved to the top bytes; the bytes below read as leading zeros.
+    let mut digits = values << (8 * (8 - count));
+    digits = (digits & 0x0F0F_0F0F_0F0F_0F0F).wrapping_mul(10 << 8 | 1) >> 8;
+    digits = (digits & 0x00FF_00FF_00FF_00FF).wrapping_mul(100 << 16 | 1) >> 16;
+    digits = (digits & 0x0000_FFFF_0000_FFFF).wrapping_mul(10_000 << 32 | 1) >> 32;
+    Some((digits, count))
+}
+
+/// The leading decimal digits of `bytes` and their count, one byte at a time; `None` when they
+/// exceed `u64`.
+fn digits_scalar(bytes: &[u8]) -> Option<(u64, usize)> {
+    let count = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    let text = &bytes[..count];
+    let digit = |byte: &u8| u64::from(byte - b'0');
+    let magnitude = if count <= U64_SAFE_DIGITS {
+        text.iter().fold(0u64, |sum, byte| sum * 10 + digit(byte))
+    } else {
+        // Checked: a magnitude beyond u64 is refused here, never wrapped.
+        text.iter().try_fold(0u64, |sum, byte| sum.checked_mul(10)?.checked_add(digit(byte)))?
+    };
+    Some((magnitude, count))
 }
 
 /// Keeps error messages short whatever the client sent.
@@ -304,19 +405,30 @@ pub fn write_success(id: &RawValue, product: &Matrix, out: &mut Vec<u8>) {
         out.push(b'"');
     }
     out.extend_from_slice(b",\"rows\":[");
+    // The rows are written into a slice sized for the longest possible text and cut to length
+    // after: one resize instead of a capacity check (and a small copy) per byte or number.
+    let start = out.len();
+    let bound = product.cells.len() * (I64_TEXT_BYTES_MAX + 1) + product.rows * 3;
+    out.resize(start + bound, 0);
+    let mut at = start;
     for (r, row) in product.cells.chunks_exact(product.cols).enumerate() {
         if r > 0 {
-            out.push(b',');
+            out[at] = b',';
+            at += 1;
         }
-        out.push(b'[');
+        out[at] = b'[';
+        at += 1;
         for (c, &value) in row.iter().enumerate() {
             if c > 0 {
-                out.push(b',');
+                out[at] = b',';
+                at += 1;
             }
-            write_i64(value, out);
+            at = write_i64_at(value, out, at);
         }
-        out.push(b']');
+        out[at] = b']';
+        at += 1;
     }
+    out.truncate(at);
     out.extend_from_slice(b"]}");
 }
 
@@ -333,23 +445,44 @@ pub fn write_failure(id: Option<&RawValue>, failure: &Failure, out: &mut Vec<u8>
     out.push(b'}');
 }
 
-fn write_i64(value: i64, out: &mut Vec<u8>) {
-    // 20 digits hold u64::MAX; the sign is written separately.
-    let mut digits = [0u8; 20];
-    let mut magnitude = value.unsigned_abs();
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (magnitude % 10) as u8;
-        magnitude /= 10;
-        if magnitude == 0 {
-            break;
-        }
+/// The longest decimal `i64`: `-9223372036854775808`.
+const I64_TEXT_BYTES_MAX: usize = 20;
+
+/// "00" "01" ... "99": two digits per division instead of one.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut value = 0;
+    while value < 100 {
+        pairs[value * 2] = b'0' + (value / 10) as u8;
+        pairs[value * 2 + 1] = b'0' + (value % 10) as u8;
+        value += 1;
     }
+    pairs
+};
+
+/// Writes `value` in decimal at `out[at..]` (room for [`I64_TEXT_BYTES_MAX`] bytes) and returns
+/// the index just past it.
+fn write_i64_at(value: i64, out: &mut [u8], mut at: usize) -> usize {
     if value < 0 {
-        out.push(b'-');
+        out[at] = b'-';
+        at += 1;
     }
-    out.extend_from_slice(&digits[start..]);
+    let mut magnitude = value.unsigned_abs();
+    let end = at + magnitude.checked_ilog10().map_or(1, |log| log as usize + 1);
+    let mut cursor = end;
+    while magnitude >= 100 {
+        let pair = (magnitude % 100) as usize * 2;
+        magnitude /= 100;
+        cursor -= 2;
+        out[cursor..cursor + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if magnitude >= 10 {
+        let pair = magnitude as usize * 2;
+        out[cursor - 2..cursor].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
+        out[cursor - 1] = b'0' + magnitude as u8;
+    }
+    end
 }
 
 #[cfg(test)]
@@ -360,6 +493,15 @@ mod tests {
     const EXAMPLE: &str = r#"{"requestId": 2238, "matrixOne": {"columnCount": 3, "rows": [{"value": "1,2,3"},
         {"value": "4,5,6"}]}, "matrixTwo": {"columnCount": 2, "rows": [{"value": "7,8"},
         {"value": "9,10"}, {"value": "11,12"}]}}"#;
+
+    /// The standard library's reading of a cell: blanks trimmed, no `+`, `str::parse`.
+    fn reference_cell(cell: &str) -> Option<i64> {
+        let trimmed = cell.trim_matches(|c: char| c == ' ' || c == '\t');
+        if trimmed.starts_with('+') {
+            return None;
+        }
+        trimmed.parse().ok()
+    }
 
     fn failure_of(body: &str) -> Failure {
         parse_request(body.as_bytes(), &SizeLimits::default()).unwrap_err().1
@@ -411,10 +553,23 @@ mod tests {
 
     #[test]
     fn integers_render_like_the_standard_formatter() {
-        for value in [0, 7, -7, 10, 1234567890, i64::MIN, i64::MAX] {
-            let mut out = Vec::new();
-            write_i64(value, &mut out);
-            assert_eq!(String::from_utf8(out).unwrap(), value.to_string());
+        let render = |value: i64| {
+            let mut out = [0u8; I64_TEXT_BYTES_MAX];
+            let end = write_i64_at(value, &mut out, 0);
+            String::from_utf8(out[..end].to_vec()).unwrap()
+        };
+        let edges = [0, 7, -7, 9, 10, 99, 100, -100, 1234567890, i64::MIN, i64::MAX];
+        let powers = (0..19).flat_map(|e| [10i64.pow(e) - 1, 10i64.pow(e), -(10i64.pow(e))]);
+        for value in edges.into_iter().chain(powers) {
+            assert_eq!(render(value), value.to_string());
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..10_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let value = state as i64 >> (state % 64);
+            assert_eq!(render(value), value.to_string());
         }
     }
 
@@ -427,6 +582,31 @@ mod tests {
             if let Err((_, failure)) = parse_request(&body, &SizeLimits::default()) {
                 prop_assert!(failure.code.http_status() >= 400);
             }
+        }
+
+        /// The one-pass scanner reads a cell exactly as `str::parse` does (blanks, signs, digits,
+        /// the i64 bounds and beyond).
+        #[test]
+        fn cell_scan_matches_std_parse(
+            cell in prop_oneof![
+                "[ \t+0-9a,-]{0,24}",
+                "[0-9]{1,9}",
+                "[ \u{0}/:\u{80}-\u{ff}0-9]{1,9}",
+                any::<i64>().prop_map(|v| v.to_string()),
+                any::<i64>().prop_map(|v| format!(" {v}0\t")),
+            ],
+        ) {
+            let expected = reference_cell(&cell);
+            let scanned = scan_cell(cell.as_bytes(), 0)
+                .filter(|&(_, end)| end == cell.len())
+                .map(|(value, _)| value);
+            prop_assert_eq!(scanned, expected, "{:?}", cell);
+            // Followed by more of its row, a cell is read 8 bytes at a time: the same answer.
+            let in_row = format!("{cell},12345678");
+            let scanned = scan_cell(in_row.as_bytes(), 0)
+                .filter(|&(_, end)| end == cell.len())
+                .map(|(value, _)| value);
+            prop_assert_eq!(scanned, expected, "{:?}", in_row);
         }
 
         /// Random shapes and cell texts: a request is accepted exactly when it is well-formed.
@@ -446,7 +626,7 @@ mod tests {
                 rows(k2, n)
             );
             let result = parse_request(body.as_bytes(), &SizeLimits::default());
-            let bad_cell = junk.as_deref().is_some_and(|j| parse_cell(j).is_none());
+            let bad_cell = junk.as_deref().is_some_and(|j| reference_cell(j).is_none());
             match result {
                 Ok(request) => {
                     prop_assert!(declared == k && k == k2 && !bad_cell);

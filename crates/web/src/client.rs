@@ -56,8 +56,8 @@ impl UserConnections {
     }
 
     /// POSTs `body` on `user`'s connection (reconnecting when the server closed it); returns
-    /// the status after reading the whole response.
-    pub async fn post(&self, user: usize, body: Bytes) -> anyhow::Result<u16> {
+    /// the status and the whole response body.
+    pub async fn post(&self, user: usize, body: Bytes) -> anyhow::Result<(u16, Bytes)> {
         let authority = self.uri.authority().context("URL has a host")?.as_str();
         let mut slot = self.connections[user].lock().await;
         let sender = match slot.take() {
@@ -76,12 +76,12 @@ impl UserConnections {
                 .get(CONNECTION)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         let status = response.status().as_u16();
-        response.into_body().collect().await?;
+        let answer = response.into_body().collect().await?.to_bytes();
         if closes {
             // The server ends the connection after this answer (e.g. an HTTP/1.0 server).
             *slot = None;
         }
-        Ok(status)
+        Ok((status, answer))
     }
 }
 

@@ -8,22 +8,27 @@
 //! request before the work it would cause (size limits before any matrix-sized allocation); the
 //! codes and their HTTP statuses are listed there and in `docs/WEB_API.md`. [`kernel`]
 //! multiplies with exact integer arithmetic: a magnitude bound proves most requests cannot
-//! overflow and takes a vectorisable blocked i-k-j loop; the rest accumulate in `i128` and an
-//! overflowing result is refused with code 008, never wrapped.
+//! overflow and takes a vectorised blocked i-k-j loop (in `i32` lanes when the bound allows, as
+//! for the study's cells); the rest accumulate in `i128` and an overflowing result is refused
+//! with code 008, never wrapped. Cells are scanned from the body in one pass (8 bytes at a time
+//! for short numbers) and the answer is written with a two-digits-per-step formatter into one
+//! pre-sized buffer: parsing and rendering, not multiplying, dominate a request's CPU time.
 //!
 //! **Execution models.** The tokio reactor ([`server`]) only moves bytes; the CPU work of a
 //! request (parse, validate, multiply, render) runs where the model says ([`exec`]): one worker
 //! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
 //! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
 //! ([`prefork`]), or per request by size (`adaptive`). `adaptive` uses the prefork layout, because
-//! on the measured host one single-threaded process per core beat every in-process model: each
-//! process runs a request inline on its reactor thread, or splits it over all cores when it is
-//! at least the split size calibrated at start-up and no other request computes on the host (a
-//! counter in memory shared by the processes). Under load it therefore does what `prefork` does,
-//! minus prefork's hand-off between a reactor and a worker thread on the same core. Every model
-//! has a named admission bound and answers 503 with code 009 past it. All in-process models
-//! (including an in-process variant of `adaptive`) are served side by side on `/matrix/<model>`
-//! so one run compares them under identical conditions.
+//! on the measured host one single-threaded process per core beat every in-process model. In each
+//! process a request whose serial work measured cheaper than a hand-off runs inline on the
+//! reactor thread; any other goes, in arrival order, to a worker thread on the same core (so the
+//! reactor keeps reading while it computes), which splits it over all cores when it is at least
+//! the split size and no other request computes on the host (a counter in memory shared by the
+//! processes). The hand-off cost, the inline size and the split size are measured at start-up on
+//! the host (`exec::Calibration`); the decision per request is then a comparison of its body
+//! size with them. Every model has a named admission bound and answers 503 with code 009 past
+//! it. All in-process models (including an in-process variant of `adaptive`) are served side by
+//! side on `/matrix/<model>` so one run compares them under identical conditions.
 //!
 //! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
 //! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and

@@ -11,23 +11,29 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
 use clap::Args as ClapArgs;
 use lab::outcome::{BadInput, TargetMissed};
-use lab::report::{BarChart, Markdown, ReportDir, Table, format_ns_as_us, progress_bar};
+use lab::report::{
+    BarChart, Markdown, ReportDir, Table, format_ns_as_us, progress_bar, throughput_over_time_plot,
+    throughput_over_time_table,
+};
 use lab::stats::LatencySummary;
 
 use lab::load::{
-    ArrivalProcess, AsyncOpenLoopOptions, ClosedLoopOptions, LoadReport, OpenLoopPlan, drive_async,
-    drive_closed_loop,
+    ArrivalProcess, AsyncOpenLoopOptions, ClosedLoopOptions, LoadReport, OpenLoopPlan,
+    ThroughputSeries, drive_async, drive_closed_loop,
 };
 
+use crate::api::SizeLimits;
 use crate::cli::ServeConfig;
 use crate::client::{JsonClient, UserConnections};
-use crate::exec::Model;
+use crate::exec::{Compute, Model, process};
 use crate::server::Server;
 use crate::workload::Complexity;
 
@@ -37,6 +43,10 @@ const BODIES_PER_CELL: u64 = 8;
 const OPEN_LOOP_SEED: u64 = 1;
 /// How long a baseline server may take to start listening.
 const BASELINE_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Every this many responses of a user, the answer is parsed and compared with the expected
+/// product (the others are checked for status 200 and a non-empty body), so the generator's
+/// own CPU cost stays small while a wrong answer is still caught.
+const VALIDATE_EVERY: u64 = 32;
 /// The adaptive model must reach this fraction of the best fixed model in every cell.
 const ADAPTIVE_RATIO_MIN: f64 = 0.95;
 /// leantier must reach this multiple of the Python single process at medium-600 × 10 users.
@@ -66,9 +76,15 @@ pub struct LoadArgs {
     /// Warm-up seconds, not measured.
     #[arg(long, default_value_t = 0.5)]
     pub warmup_s: f64,
+    /// Width of the throughput-over-time intervals, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub interval_ms: u64,
     /// Print the result as JSON as well.
     #[arg(long)]
     pub json: bool,
+    /// Also write a report folder (JSON, throughput-over-time CSV and SVG, Markdown).
+    #[arg(long)]
+    pub report_dir: Option<PathBuf>,
 }
 
 /// Arguments of `web matrix`.
@@ -93,12 +109,21 @@ pub struct MatrixArgs {
         default_value = "low,medium-600,medium-1000,high"
     )]
     pub complexity: Vec<Complexity>,
-    /// Measured seconds per cell.
-    #[arg(long, default_value_t = 1.5)]
+    /// Measured seconds per cell and round.
+    #[arg(long, default_value_t = 1.0)]
     pub duration_s: f64,
-    /// Warm-up seconds per cell.
-    #[arg(long, default_value_t = 0.3)]
+    /// Warm-up seconds per cell and round.
+    #[arg(long, default_value_t = 0.25)]
     pub warmup_s: f64,
+    /// Rounds: in each round every model of a cell runs once, cells in turn, the models' order
+    /// rotated (and reversed every other time) from cell to cell and round to round, so a change
+    /// in background load lands on every model alike; each cell reports the median over the
+    /// rounds.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Width of the throughput-over-time intervals, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub interval_ms: u64,
     /// Worker threads / processes of the leantier models [default: allowed CPUs].
     #[arg(long)]
     pub workers: Option<usize>,
@@ -108,8 +133,9 @@ pub struct MatrixArgs {
     /// The baseline Flask app.
     #[arg(long, default_value = "bench/web-python/app.py")]
     pub python_app: PathBuf,
-    /// Complexity levels at which the Python baselines run (they are slow).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "low,medium-600")]
+    /// Complexity levels at which the Python baselines run (they are slow; they run in the
+    /// first round only).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "medium-600")]
     pub python_complexity: Vec<Complexity>,
     /// Measured seconds per Python cell: a window much longer than the baseline's latency, or
     /// the closed loop's trimming (only requests started and finished inside it count) would
@@ -127,22 +153,29 @@ pub struct MatrixArgs {
     pub check: bool,
 }
 
-/// One measured cell.
+/// One measured cell (one round of it in `web matrix`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CellResult {
     pub target: String,
     pub complexity: Complexity,
     pub users: usize,
+    /// The matrix round (0 for `web load`).
+    pub round: usize,
     pub throughput_per_s: f64,
     pub completed: u64,
     pub errors: u64,
     pub latency: LatencySummary,
-    /// Completions in each measured second (throughput over time).
-    pub completed_per_second: Vec<u64>,
+    /// Completions per interval over the measured window (throughput over time).
+    pub throughput_series: ThroughputSeries,
 }
 
 impl CellResult {
-    fn new(target: &str, complexity: Complexity, users: usize, report: &LoadReport) -> CellResult {
+    fn new(
+        target: &str,
+        (complexity, users, round): (Complexity, usize, usize),
+        measured: &Measured,
+    ) -> CellResult {
+        let report = &measured.report;
         if let Some(error) = &report.first_error {
             tracing::warn!(target, error, "requests failed");
         }
@@ -150,11 +183,12 @@ impl CellResult {
             target: target.into(),
             complexity,
             users,
-            throughput_per_s: report.throughput_per_s(),
-            completed: report.ok,
+            round,
+            throughput_per_s: measured.throughput_per_s,
+            completed: measured.completed,
             errors: report.errors + report.timeouts,
             latency: report.latency.summary(),
-            completed_per_second: report.throughput.counts.clone(),
+            throughput_series: report.throughput.clone(),
         }
     }
 }
@@ -168,68 +202,154 @@ pub enum LoadMode {
     Open { rate_per_s: f64 },
 }
 
-/// Drives one cell at `url` with `bodies` sent round-robin; a non-200 answer is an error.
+/// A request body and the `rows` its answer must carry.
+pub struct Exchange {
+    pub body: Bytes,
+    pub expected_rows: serde_json::Value,
+}
+
+/// The cell's time window and the width of its throughput-over-time intervals.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub warmup: Duration,
+    pub measure: Duration,
+    pub interval: Duration,
+}
+
+/// One driven cell: the driver's report and the throughput it is summarised by.
+#[derive(Debug)]
+pub struct Measured {
+    /// Latency, errors and throughput over time as `lab::load` tallies them: in closed loop only
+    /// requests both started and answered inside the measured window.
+    pub report: LoadReport,
+    /// Successful answers received inside the measured window, whenever sent. Counting only
+    /// requests also *started* inside it (the report's `ok`) would undercount by about
+    /// latency / window, 7% for a Python cell (0.6 s latency, 8 s window) but 0.5% for a
+    /// leantier one, which would flatter the ratio between them.
+    pub completed: u64,
+    pub throughput_per_s: f64,
+}
+
+/// Drives one cell at `url` with `exchanges` sent round-robin. A non-200 or empty answer is an
+/// error, and every [`VALIDATE_EVERY`]th answer of a user (open loop: of the run) must carry
+/// the expected product.
 pub fn drive(
     url: &str,
-    bodies: Vec<Bytes>,
+    exchanges: Arc<Vec<Exchange>>,
     mode: LoadMode,
-    warmup: Duration,
-    measure: Duration,
-) -> anyhow::Result<LoadReport> {
+    window: Window,
+) -> anyhow::Result<Measured> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let bodies = std::sync::Arc::new(bodies);
     runtime.block_on(async move {
         match mode {
             LoadMode::Closed { users } => {
-                let connections = std::sync::Arc::new(UserConnections::new(url, users)?);
+                let connections = Arc::new(UserConnections::new(url, users)?);
                 let options = ClosedLoopOptions {
                     users,
-                    warm_up: warmup,
-                    measure,
+                    warm_up: window.warmup,
+                    measure: window.measure,
                     cool_down: Duration::ZERO,
+                    interval: window.interval,
                     ..ClosedLoopOptions::default()
                 };
+                // The driver opens its window right after this (as it reads the clock itself),
+                // so both count the same interval to within microseconds.
+                let opens = tokio::time::Instant::now() + window.warmup;
+                let closes = opens + window.measure;
+                let in_window = Arc::new(AtomicU64::new(0));
+                let counter = Arc::clone(&in_window);
                 let report = drive_closed_loop(&options, move |user, sequence| {
-                    let connections = std::sync::Arc::clone(&connections);
-                    let body = bodies[(user + sequence as usize) % bodies.len()].clone();
+                    let connections = Arc::clone(&connections);
+                    let exchanges = Arc::clone(&exchanges);
+                    let counter = Arc::clone(&counter);
                     async move {
-                        let status = connections.post(user, body).await?;
-                        anyhow::ensure!(status == 200, "HTTP {status}");
+                        let exchange = &exchanges[(user + sequence as usize) % exchanges.len()];
+                        let (status, answer) =
+                            connections.post(user, exchange.body.clone()).await?;
+                        check_answer(status, &answer, exchange, sequence)?;
+                        let now = tokio::time::Instant::now();
+                        if now >= opens && now <= closes {
+                            // Relaxed: a plain count, read after every user task has joined.
+                            counter.fetch_add(1, Ordering::Relaxed);
+                        }
                         anyhow::Ok(())
                     }
                 })
                 .await?;
-                Ok(report)
+                // Relaxed: the users have joined (drive_closed_loop awaited them all).
+                let completed = in_window.load(Ordering::Relaxed);
+                let throughput_per_s = completed as f64 / window.measure.as_secs_f64();
+                Ok(Measured { report, completed, throughput_per_s })
             }
             LoadMode::Open { rate_per_s } => {
                 let client = JsonClient::default();
-                let url: std::sync::Arc<str> = url.into();
+                let url: Arc<str> = url.into();
                 let mut send = move |index: u64| {
-                    let (client, url) = (client.clone(), std::sync::Arc::clone(&url));
-                    let body = bodies[(index % bodies.len() as u64) as usize].clone();
+                    let (client, url) = (client.clone(), Arc::clone(&url));
+                    let exchanges = Arc::clone(&exchanges);
                     async move {
-                        let (status, _) = client.post(&url, body).await?;
-                        anyhow::ensure!(status == 200, "HTTP {status}");
-                        anyhow::Ok(())
+                        let exchange = &exchanges[(index % exchanges.len() as u64) as usize];
+                        let (status, answer) = client.post(&url, exchange.body.clone()).await?;
+                        check_answer(status, &answer, exchange, index)
                     }
                 };
                 let process = ArrivalProcess::Constant { rate_per_s };
-                let options = AsyncOpenLoopOptions::default();
-                if !warmup.is_zero() {
-                    let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: warmup };
+                let options = AsyncOpenLoopOptions {
+                    interval: window.interval,
+                    ..AsyncOpenLoopOptions::default()
+                };
+                if !window.warmup.is_zero() {
+                    let plan =
+                        OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.warmup };
                     drive_async(&plan, &options, &mut send).await?;
                 }
-                let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: measure };
-                Ok(drive_async(&plan, &options, &mut send).await?)
+                let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.measure };
+                // Open loop counts every scheduled request, latency from its intended time.
+                let report = drive_async(&plan, &options, &mut send).await?;
+                let (completed, throughput_per_s) = (report.ok, report.throughput_per_s());
+                Ok(Measured { report, completed, throughput_per_s })
             }
         }
     })
 }
 
-fn bodies(complexity: Complexity) -> Vec<Bytes> {
-    (0..BODIES_PER_CELL)
-        .map(|seed| Bytes::from(complexity.shape().request_body(seed + 1, seed)))
-        .collect()
+/// Status 200 and a body for every answer; the whole product for a sample of them.
+fn check_answer(
+    status: u16,
+    answer: &[u8],
+    exchange: &Exchange,
+    sequence: u64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(status == 200, "HTTP {status}");
+    anyhow::ensure!(!answer.is_empty(), "empty answer");
+    if sequence.is_multiple_of(VALIDATE_EVERY) {
+        let json: serde_json::Value =
+            serde_json::from_slice(answer).context("answer is not JSON")?;
+        anyhow::ensure!(json["rows"] == exchange.expected_rows, "wrong product in the answer");
+    }
+    Ok(())
+}
+
+/// The cell's distinct requests with their expected products (computed here, serially).
+pub fn exchanges(complexity: Complexity) -> Arc<Vec<Exchange>> {
+    let exchanges = (0..BODIES_PER_CELL)
+        .map(|seed| {
+            let body = complexity.shape().request_body(seed + 1, seed);
+            let reply = process(&body, &SizeLimits::default(), Compute::Serial);
+            assert_eq!(reply.status, 200, "the load lab's bodies are well-formed");
+            let answer: serde_json::Value =
+                serde_json::from_slice(&reply.body).expect("the service writes JSON");
+            Exchange { body: Bytes::from(body), expected_rows: answer["rows"].clone() }
+        })
+        .collect();
+    Arc::new(exchanges)
+}
+
+fn interval(millis: u64) -> anyhow::Result<Duration> {
+    if millis == 0 {
+        return Err(BadInput("--interval-ms must be > 0".into()).into());
+    }
+    Ok(Duration::from_millis(millis))
 }
 
 /// The duration given by a `--<flag>` in seconds; only a warm-up may be zero.
@@ -251,8 +371,11 @@ fn start_in_process(workers: Option<usize>) -> anyhow::Result<Server> {
 
 /// `web load`: one cell.
 pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
-    let duration = seconds(args.duration_s, "duration-s", false)?;
-    let warmup = seconds(args.warmup_s, "warmup-s", true)?;
+    let window = Window {
+        warmup: seconds(args.warmup_s, "warmup-s", true)?,
+        measure: seconds(args.duration_s, "duration-s", false)?,
+        interval: interval(args.interval_ms)?,
+    };
     let mode = match args.rate_per_s {
         Some(rate) if rate > 0.0 && rate.is_finite() => LoadMode::Open { rate_per_s: rate },
         Some(_) => return Err(BadInput("--rate-per-s must be > 0".into()).into()),
@@ -276,15 +399,37 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
             format!("http://{}/matrix/{}", started.local_addr(), args.model.name())
         }
     };
-    let observed = drive(&url, bodies(args.complexity), mode, warmup, duration)?;
+    let observed = drive(&url, exchanges(args.complexity), mode, window)?;
     let users = match mode {
         LoadMode::Closed { users } => users,
         LoadMode::Open { .. } => 0,
     };
-    let result = CellResult::new(&url, args.complexity, users, &observed);
-    println!("{}", results_table("web load", std::slice::from_ref(&result)));
+    let result = CellResult::new(&url, (args.complexity, users, 0), &observed);
+    let table = results_table("web load", std::slice::from_ref(&result));
+    println!("{table}");
+    let over_time = throughput_over_time_table(&[("throughput", &result.throughput_series)]);
+    println!("throughput over time: {}", one_line(&over_time));
     if let LoadMode::Open { rate_per_s } = mode {
         println!("open loop at {rate_per_s} req/s; latency from the intended send time");
+    }
+    if let Some(dir) = &args.report_dir {
+        let report = ReportDir::create(dir)?;
+        report.write_json("result.json", &result)?;
+        report.write_csv("result.csv", &table)?;
+        report.write_csv("throughput-over-time.csv", &over_time)?;
+        let plot = throughput_over_time_plot(
+            &format!("Throughput over time, {}", args.complexity.name()),
+            &[(&url, &result.throughput_series)],
+        );
+        report.write_svg("throughput-over-time.svg", &plot.to_svg())?;
+        let mut summary = Markdown::new();
+        summary
+            .heading(1, "web load")
+            .table(&table)
+            .table(&over_time)
+            .image("throughput over time", "throughput-over-time.svg");
+        report.write_markdown("README.md", summary.as_str())?;
+        println!("report: {}", report.path().display());
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -292,33 +437,34 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The per-interval rates of a one-run over-time table, on one line.
+fn one_line(over_time: &Table) -> String {
+    let rates: Vec<&str> = over_time.rows().iter().map(|row| row[1].as_str()).collect();
+    format!("[{}] req/s per interval", rates.join(", "))
+}
+
+/// One row per run: its round, cell, throughput, errors and latency percentiles.
 fn results_table(title: &str, results: &[CellResult]) -> Table {
-    let mut table = Table::new([
-        "target",
-        "complexity",
-        "users",
-        "req/s",
-        "errors",
-        "p50 us",
-        "p99 us",
-        "p99.9 us",
-        "max us",
-    ])
-    .with_title(title);
+    let headers = ["round", "target", "complexity", "users", "req/s", "errors"];
+    let mut table = Table::new(headers.into_iter().chain(LATENCY_HEADERS)).with_title(title);
     for r in results {
-        table.row([
+        let cells = [
+            r.round.to_string(),
             r.target.clone(),
             r.complexity.name().to_string(),
             r.users.to_string(),
             format!("{:.1}", r.throughput_per_s),
             r.errors.to_string(),
-            format_ns_as_us(r.latency.p50_ns),
-            format_ns_as_us(r.latency.p99_ns),
-            format_ns_as_us(r.latency.p99_9_ns),
-            format_ns_as_us(r.latency.max_ns),
-        ]);
+        ];
+        table.row(cells.into_iter().chain(latency_cells(&r.latency)));
     }
     table
+}
+
+const LATENCY_HEADERS: [&str; 4] = ["p50 us", "p99 us", "p99.9 us", "max us"];
+
+fn latency_cells(latency: &LatencySummary) -> [String; 4] {
+    [latency.p50_ns, latency.p99_ns, latency.p99_9_ns, latency.max_ns].map(format_ns_as_us)
 }
 
 /// A server under test: label and URL.
@@ -368,14 +514,73 @@ fn start_python(
     Ok((baseline, addr))
 }
 
-/// `web matrix`: every model × users × complexity, plus the Python baselines.
+/// `web matrix`: every model × users × complexity in interleaved rounds, plus the Python
+/// baselines (first round only).
 pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
-    let duration = seconds(args.duration_s, "duration-s", false)?;
-    let python_duration = seconds(args.python_duration_s, "python-duration-s", false)?;
-    let warmup = seconds(args.warmup_s, "warmup-s", true)?;
+    let window = Window {
+        warmup: seconds(args.warmup_s, "warmup-s", true)?,
+        measure: seconds(args.duration_s, "duration-s", false)?,
+        interval: interval(args.interval_ms)?,
+    };
+    let python_window =
+        Window { measure: seconds(args.python_duration_s, "python-duration-s", false)?, ..window };
     if args.users.contains(&0) {
         return Err(BadInput("--users must all be > 0".into()).into());
     }
+    if args.rounds == 0 {
+        return Err(BadInput("--rounds must be > 0".into()).into());
+    }
+    let servers = start_targets(args)?;
+    let targets = &servers.targets;
+    let cells: Vec<(Complexity, usize)> =
+        args.complexity.iter().flat_map(|&c| args.users.iter().map(move |&u| (c, u))).collect();
+    let runs = interleaved_runs(args, &cells, targets.len());
+    let progress = progress_bar(runs.len() as u64, "web matrix");
+    let mut samples = Vec::new();
+    let mut exchanges_by_complexity = std::collections::HashMap::new();
+    for Run { round, cell, target } in runs {
+        let (complexity, users) = cells[cell];
+        let target = &targets[target];
+        progress.set_message(format!(
+            "round {} {} {} {users}u",
+            round + 1,
+            target.label,
+            complexity.name()
+        ));
+        let exchanges =
+            exchanges_by_complexity.entry(complexity).or_insert_with(|| exchanges(complexity));
+        let window = if target.python { python_window } else { window };
+        let mode = LoadMode::Closed { users };
+        let observed = drive(&target.url, Arc::clone(exchanges), mode, window)?;
+        samples.push(CellResult::new(&target.label, (complexity, users, round), &observed));
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    let medians = median_cells(&samples, &cells, targets);
+    drop(servers);
+    let table = summary_table(&medians);
+    println!("{table}");
+    let checks = check_targets(&samples, &medians);
+    println!("{}", checks.table);
+    for line in &checks.headline {
+        println!("{line}");
+    }
+    write_report(args, &samples, &medians, &table, &checks)?;
+    if args.check && !checks.missed.is_empty() {
+        return Err(TargetMissed(checks.missed).into());
+    }
+    Ok(())
+}
+
+/// The servers under test, stopped when dropped.
+struct Servers {
+    targets: Vec<Target>,
+    _in_process: Server,
+    _per_core: Vec<crate::prefork::Prefork>,
+    _baselines: Vec<Baseline>,
+}
+
+fn start_targets(args: &MatrixArgs) -> anyhow::Result<Servers> {
     let server = start_in_process(args.workers)?;
     let mut targets = Vec::new();
     for &model in &args.models {
@@ -408,183 +613,453 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
             baselines.push(baseline);
         }
     }
-    let cells: Vec<(Complexity, usize, &Target)> = args
-        .complexity
-        .iter()
-        .flat_map(|&c| args.users.iter().map(move |&u| (c, u)))
-        .flat_map(|(c, u)| targets.iter().map(move |t| (c, u, t)))
-        .filter(|(c, u, t)| {
-            !t.python || (args.python_complexity.contains(c) && args.python_users.contains(u))
-        })
-        .collect();
-    let progress = progress_bar(cells.len() as u64, "web matrix");
-    let mut results = Vec::new();
-    for (complexity, users, target) in cells {
-        progress.set_message(format!("{} {} {users}u", target.label, complexity.name()));
-        let measure = if target.python { python_duration } else { duration };
-        let observed =
-            drive(&target.url, bodies(complexity), LoadMode::Closed { users }, warmup, measure)?;
-        results.push(CellResult::new(&target.label, complexity, users, &observed));
-        progress.inc(1);
+    Ok(Servers { targets, _in_process: server, _per_core: per_core, _baselines: baselines })
+}
+
+/// One measurement: round, index into the cells, index into the targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    round: usize,
+    cell: usize,
+    target: usize,
+}
+
+/// The order of the measurements: round by round, cell by cell; within a cell every leantier
+/// target once, starting at a different target in each cell and round (a rotation, reversed
+/// every other time), so no model is always measured first or last or after the same model;
+/// the Python targets (the last ones) in the first round only, in their cells.
+fn interleaved_runs(args: &MatrixArgs, cells: &[(Complexity, usize)], targets: usize) -> Vec<Run> {
+    let python_targets = if args.python.is_some() { 2 } else { 0 };
+    let models = targets - python_targets;
+    let mut runs = Vec::new();
+    for round in 0..args.rounds {
+        for (cell, &(complexity, users)) in cells.iter().enumerate() {
+            // Rotated, and reversed every other time, so each model also follows different
+            // models (a model measured right after another one inherits its leftovers).
+            let first = (round + cell) % models.max(1);
+            let order = (0..models).map(|i| (first + i) % models);
+            if (round + cell) % 2 == 0 {
+                runs.extend(order.map(|target| Run { round, cell, target }));
+            } else {
+                runs.extend(order.rev().map(|target| Run { round, cell, target }));
+            }
+            let python_cell =
+                args.python_complexity.contains(&complexity) && args.python_users.contains(&users);
+            if round == 0 && python_cell {
+                runs.extend((models..targets).map(|target| Run { round, cell, target }));
+            }
+        }
     }
-    progress.finish_and_clear();
-    drop((per_core, baselines, server));
-    let table = results_table("web matrix (closed loop)", &results);
-    println!("{table}");
-    let checks = check_targets(&results);
-    println!("{}", checks.table);
-    write_report(args, &results, &table, &checks.table)?;
-    if args.check && !checks.missed.is_empty() {
-        return Err(TargetMissed(checks.missed).into());
+    runs
+}
+
+/// A cell's figures over its rounds: the median throughput with the lowest and highest, and
+/// the round whose throughput is the median (its latency and series are reported).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MedianCell {
+    pub median: CellResult,
+    pub rounds: usize,
+    pub throughput_per_s_min: f64,
+    pub throughput_per_s_max: f64,
+    pub errors_all_rounds: u64,
+}
+
+/// One [`MedianCell`] per (target, complexity, users), in the order of `cells` and `targets`.
+fn median_cells(
+    samples: &[CellResult],
+    cells: &[(Complexity, usize)],
+    targets: &[Target],
+) -> Vec<MedianCell> {
+    let keys = cells.iter().flat_map(|&(complexity, users)| {
+        targets.iter().map(move |target| (target.label.as_str(), complexity, users))
+    });
+    keys.filter(|&(target, complexity, users)| {
+        samples.iter().any(|s| s.target == target && s.complexity == complexity && s.users == users)
+    })
+    .map(|(target, complexity, users)| {
+        let mut rounds: Vec<&CellResult> = samples
+            .iter()
+            .filter(|s| s.target == target && s.complexity == complexity && s.users == users)
+            .collect();
+        rounds.sort_by(|a, b| a.throughput_per_s.total_cmp(&b.throughput_per_s));
+        MedianCell {
+            median: rounds[(rounds.len() - 1) / 2].clone(),
+            rounds: rounds.len(),
+            throughput_per_s_min: rounds[0].throughput_per_s,
+            throughput_per_s_max: rounds[rounds.len() - 1].throughput_per_s,
+            errors_all_rounds: rounds.iter().map(|r| r.errors).sum(),
+        }
+    })
+    .collect()
+}
+
+fn summary_table(cells: &[MedianCell]) -> Table {
+    let headers = [
+        "target",
+        "complexity",
+        "users",
+        "rounds",
+        "median req/s",
+        "min req/s",
+        "max req/s",
+        "errors",
+    ];
+    let mut table = Table::new(headers.into_iter().chain(LATENCY_HEADERS))
+        .with_title("web matrix (closed loop; median over rounds, latency of the median round)");
+    for cell in cells {
+        let r = &cell.median;
+        let cells = [
+            r.target.clone(),
+            r.complexity.name().to_string(),
+            r.users.to_string(),
+            cell.rounds.to_string(),
+            format!("{:.1}", r.throughput_per_s),
+            format!("{:.1}", cell.throughput_per_s_min),
+            format!("{:.1}", cell.throughput_per_s_max),
+            cell.errors_all_rounds.to_string(),
+        ];
+        table.row(cells.into_iter().chain(latency_cells(&r.latency)));
     }
-    Ok(())
+    table
 }
 
 struct Checks {
     table: Table,
     missed: Vec<String>,
+    /// The target ratios in one line each, for scripts and the summary.
+    headline: Vec<String>,
 }
+
+/// Labels of the Python baselines start with this.
+const PYTHON_LABEL_PREFIX: &str = "python-";
 
 /// Models served as one pinned process per core (the others run side by side in one process).
 const PER_CORE_MODELS: [Model; 2] = [Model::Prefork, Model::Adaptive];
 
 const FIXED_MODELS: [&str; 4] = ["single", "pool", "pinned", "prefork"];
 
-fn throughput_of(
-    results: &[CellResult],
+fn median_of(
+    cells: &[MedianCell],
     target: &str,
     complexity: Complexity,
     users: usize,
 ) -> Option<f64> {
-    results
+    cells
         .iter()
+        .map(|c| &c.median)
         .find(|r| r.target == target && r.complexity == complexity && r.users == users)
         .map(|r| r.throughput_per_s)
 }
 
-fn check_targets(results: &[CellResult]) -> Checks {
-    let mut table = Table::new(["check", "complexity", "users", "ratio", "target", "met"])
-        .with_title("targets");
+/// Per round, adaptive over the best fixed model of that round (the runs of a round are
+/// interleaved, so each ratio pairs measurements taken under the same background load).
+fn paired_ratios(samples: &[CellResult], complexity: Complexity, users: usize) -> Vec<f64> {
+    let rounds = samples.iter().map(|s| s.round).max().map_or(0, |r| r + 1);
+    (0..rounds)
+        .filter_map(|round| {
+            let of = |target: &str| {
+                samples
+                    .iter()
+                    .find(|s| {
+                        s.round == round
+                            && s.target == target
+                            && s.complexity == complexity
+                            && s.users == users
+                    })
+                    .map(|s| s.throughput_per_s)
+            };
+            let best = FIXED_MODELS.iter().filter_map(|m| of(m)).max_by(f64::total_cmp)?;
+            Some(of("adaptive")? / best)
+        })
+        .collect()
+}
+
+fn check_targets(samples: &[CellResult], cells: &[MedianCell]) -> Checks {
+    let mut table =
+        Table::new(["check", "complexity", "users", "ratio", "per-round ratios", "target", "met"])
+            .with_title("targets (ratio of medians; per round: paired, interleaved runs)");
     let mut missed = Vec::new();
-    let mut cells: Vec<(Complexity, usize)> =
-        results.iter().map(|r| (r.complexity, r.users)).collect();
-    cells.dedup();
-    for (complexity, users) in cells {
-        let Some(adaptive) = throughput_of(results, "adaptive", complexity, users) else {
+    let mut headline = Vec::new();
+    let mut keys: Vec<(Complexity, usize)> =
+        cells.iter().map(|c| (c.median.complexity, c.median.users)).collect();
+    keys.dedup();
+    let (mut adaptive_met, mut adaptive_cells, mut adaptive_worst) = (0, 0, f64::INFINITY);
+    for (complexity, users) in keys {
+        let Some(adaptive) = median_of(cells, "adaptive", complexity, users) else {
             continue;
         };
         let best = FIXED_MODELS
             .iter()
-            .filter_map(|m| throughput_of(results, m, complexity, users).map(|t| (t, *m)))
+            .filter_map(|m| median_of(cells, m, complexity, users).map(|t| (t, *m)))
             .max_by(|a, b| a.0.total_cmp(&b.0));
         if let Some((best, name)) = best {
-            record(
-                &mut table,
-                &mut missed,
-                &format!("adaptive / best fixed ({name})"),
-                complexity,
-                users,
-                adaptive / best,
-                ADAPTIVE_RATIO_MIN,
-            );
+            let ratio = adaptive / best;
+            let paired = paired_ratios(samples, complexity, users);
+            let spread = match (
+                paired.iter().copied().min_by(f64::total_cmp),
+                paired.iter().copied().max_by(f64::total_cmp),
+            ) {
+                (Some(low), Some(high)) => format!("{low:.2}..{high:.2}"),
+                _ => String::new(),
+            };
+            let check =
+                Check { name: &format!("adaptive / best fixed ({name})"), complexity, users };
+            let met = record(&mut table, &mut missed, &check, (ratio, &spread), ADAPTIVE_RATIO_MIN);
+            adaptive_cells += 1;
+            adaptive_met += usize::from(met);
+            adaptive_worst = adaptive_worst.min(ratio);
         }
-        if let Some(python) = throughput_of(results, "python-single", complexity, users)
+        if let Some(python) = median_of(cells, "python-single", complexity, users)
             && complexity == Complexity::Medium600
             && users == 10
         {
-            record(
-                &mut table,
-                &mut missed,
-                "adaptive / python-single",
-                complexity,
-                users,
-                adaptive / python,
-                PYTHON_SPEEDUP_MIN,
-            );
+            let ratio = adaptive / python;
+            let check = Check { name: "adaptive / python-single", complexity, users };
+            record(&mut table, &mut missed, &check, (ratio, ""), PYTHON_SPEEDUP_MIN);
+            headline.push(format!(
+                "TARGET python: adaptive / python-single at medium-600 x 10 users = {ratio:.1}x (target >= {PYTHON_SPEEDUP_MIN}x)"
+            ));
         }
     }
-    Checks { table, missed }
+    if adaptive_cells > 0 {
+        headline.push(format!(
+            "TARGET adaptive: >= {ADAPTIVE_RATIO_MIN} x best fixed in {adaptive_met} of {adaptive_cells} cells; worst cell {adaptive_worst:.3}"
+        ));
+    }
+    Checks { table, missed, headline }
 }
 
+/// The name and cell of one check.
+struct Check<'a> {
+    name: &'a str,
+    complexity: Complexity,
+    users: usize,
+}
+
+/// Adds `check` with `(ratio, per-round spread)` to the table; returns whether it met `target`.
 fn record(
     table: &mut Table,
     missed: &mut Vec<String>,
-    check: &str,
-    complexity: Complexity,
-    users: usize,
-    ratio: f64,
+    check: &Check<'_>,
+    (ratio, spread): (f64, &str),
     target: f64,
-) {
+) -> bool {
     let met = ratio >= target;
     table.row([
-        check.to_string(),
-        complexity.name().to_string(),
-        users.to_string(),
+        check.name.to_string(),
+        check.complexity.name().to_string(),
+        check.users.to_string(),
         format!("{ratio:.3}"),
+        spread.to_string(),
         format!(">= {target}"),
         if met { "yes" } else { "NO" }.to_string(),
     ]);
     if !met {
         missed.push(format!(
-            "{check} at {} x {users} users: {ratio:.3} < {target}",
-            complexity.name()
+            "{} at {} x {} users: {ratio:.3} < {target}",
+            check.name,
+            check.complexity.name(),
+            check.users
         ));
     }
+    met
 }
 
 fn write_report(
     args: &MatrixArgs,
-    results: &[CellResult],
+    samples: &[CellResult],
+    cells: &[MedianCell],
     table: &Table,
-    checks: &Table,
+    checks: &Checks,
 ) -> anyhow::Result<()> {
     let report = ReportDir::create(&args.report_dir)?;
-    report.write_json("results.json", results)?;
+    report.write_json("results.json", cells)?;
+    report.write_json("samples.json", samples)?;
     report.write_csv("results.csv", table)?;
+    report.write_csv("samples.csv", &results_table("every run", samples))?;
+    report.write_csv("throughput-over-time.csv", &over_time_long_table(samples))?;
     let mut summary = Markdown::new();
     summary
         .heading(1, "web matrix")
         .paragraph(&format!(
-            "Closed loop, {} s measured ({} s for Python cells) after {} s warm-up per cell; \
-             shapes A rows×50 · B 50×20.",
-            args.duration_s, args.python_duration_s, args.warmup_s
+            "Closed loop, {} rounds; per round and cell {} s measured ({} s for Python cells, \
+             first round only) after {} s warm-up; models interleaved within each cell, their \
+             order rotated. Shapes A rows×50 · B 50×20. Throughput over time per cell: \
+             `throughput-over-time.csv` ({} ms intervals, every round).",
+            args.rounds, args.duration_s, args.python_duration_s, args.warmup_s, args.interval_ms
         ))
         .table(table)
-        .table(checks);
+        .table(&checks.table);
+    for line in &checks.headline {
+        summary.paragraph(line);
+    }
     let mut targets: Vec<&str> = Vec::new();
-    for r in results {
-        if !targets.contains(&r.target.as_str()) {
-            targets.push(&r.target);
+    for c in cells {
+        if !targets.contains(&c.median.target.as_str()) {
+            targets.push(&c.median.target);
         }
     }
     for &complexity in &args.complexity {
-        let users: Vec<String> = args.users.iter().map(|u| format!("{u} users")).collect();
-        let mut throughput = BarChart::new(
-            &format!("Throughput, {}", complexity.name()),
-            "requests/s",
-            users.clone(),
-        );
-        let mut p99 =
-            BarChart::new(&format!("p99 latency, {}", complexity.name()), "p99 ms", users);
-        for target in &targets {
-            let cell = |u: &usize| {
-                results
-                    .iter()
-                    .find(|r| r.target == *target && r.complexity == complexity && r.users == *u)
-            };
-            let values = |f: &dyn Fn(&CellResult) -> f64| {
-                args.users.iter().map(|u| cell(u).map_or(f64::NAN, f)).collect()
-            };
-            throughput = throughput.group(target, values(&|r| r.throughput_per_s));
-            p99 = p99.group(target, values(&|r| r.latency.p99_ns as f64 / 1e6));
-        }
-        for (kind, chart) in [("throughput", throughput), ("p99", p99)] {
-            let name = format!("{kind}-{}.svg", complexity.name());
-            report.write_svg(&name, &chart.to_svg())?;
-            summary.image(&format!("{kind} {}", complexity.name()), &name);
+        write_bar_charts(&report, &mut summary, args, cells, &targets, complexity)?;
+        for &users in &args.users {
+            let series: Vec<(&str, &ThroughputSeries)> = cells
+                .iter()
+                .map(|c| &c.median)
+                // The Python cells' 8 s windows at ~15 req/s would flatten the leantier lines;
+                // their series are in the CSV.
+                .filter(|r| r.complexity == complexity && r.users == users)
+                .filter(|r| !r.target.starts_with(PYTHON_LABEL_PREFIX))
+                .map(|r| (r.target.as_str(), &r.throughput_series))
+                .collect();
+            let title = format!(
+                "Throughput over time, {} x {users} users (median round)",
+                complexity.name()
+            );
+            let name = format!("throughput-over-time-{}-{users}u.svg", complexity.name());
+            report.write_svg(&name, &throughput_over_time_plot(&title, &series).to_svg())?;
+            summary.image(&title, &name);
         }
     }
     report.write_markdown("README.md", summary.as_str())?;
     println!("report: {}", report.path().display());
     Ok(())
+}
+
+/// Throughput and p99 bars per target for one complexity level (medians over the rounds).
+fn write_bar_charts(
+    report: &ReportDir,
+    summary: &mut Markdown,
+    args: &MatrixArgs,
+    cells: &[MedianCell],
+    targets: &[&str],
+    complexity: Complexity,
+) -> anyhow::Result<()> {
+    let users: Vec<String> = args.users.iter().map(|u| format!("{u} users")).collect();
+    let mut throughput =
+        BarChart::new(&format!("Throughput, {}", complexity.name()), "requests/s", users.clone());
+    let mut p99 = BarChart::new(&format!("p99 latency, {}", complexity.name()), "p99 ms", users);
+    for target in targets {
+        let cell = |u: &usize| {
+            cells
+                .iter()
+                .map(|c| &c.median)
+                .find(|r| r.target == *target && r.complexity == complexity && r.users == *u)
+        };
+        let values = |f: &dyn Fn(&CellResult) -> f64| {
+            args.users.iter().map(|u| cell(u).map_or(f64::NAN, f)).collect()
+        };
+        throughput = throughput.group(target, values(&|r| r.throughput_per_s));
+        p99 = p99.group(target, values(&|r| r.latency.p99_ns as f64 / 1e6));
+    }
+    for (kind, chart) in [("throughput", throughput), ("p99", p99)] {
+        let name = format!("{kind}-{}.svg", complexity.name());
+        report.write_svg(&name, &chart.to_svg())?;
+        summary.image(&format!("{kind} {}", complexity.name()), &name);
+    }
+    Ok(())
+}
+
+/// Throughput over time of every run, one row per interval (long format for spreadsheets).
+fn over_time_long_table(samples: &[CellResult]) -> Table {
+    let mut table = Table::new(["round", "target", "complexity", "users", "t (s)", "req/s"]);
+    for r in samples {
+        let step_s = r.throughput_series.interval.as_secs_f64();
+        for (index, rate) in r.throughput_series.rates_per_s().iter().enumerate() {
+            table.row([
+                r.round.to_string(),
+                r.target.clone(),
+                r.complexity.name().to_string(),
+                r.users.to_string(),
+                format!("{:.3}", (index + 1) as f64 * step_s),
+                format!("{rate:.1}"),
+            ]);
+        }
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        matrix: MatrixArgs,
+    }
+
+    fn sample(target: &str, round: usize, throughput_per_s: f64) -> CellResult {
+        CellResult {
+            target: target.into(),
+            complexity: Complexity::Low,
+            users: 10,
+            round,
+            throughput_per_s,
+            completed: 0,
+            errors: 0,
+            latency: lab::stats::LatencyHistogram::new().summary(),
+            throughput_series: ThroughputSeries {
+                interval: Duration::from_secs(1),
+                counts: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn rounds_interleave_every_model_in_rotating_order() {
+        let args =
+            Cli::try_parse_from(["m", "--rounds", "3", "--python", "python3"]).unwrap().matrix;
+        let cells: Vec<(Complexity, usize)> =
+            args.complexity.iter().flat_map(|&c| args.users.iter().map(move |&u| (c, u))).collect();
+        // 5 models and the two Python baselines (targets 5 and 6).
+        let runs = interleaved_runs(&args, &cells, 7);
+        let mut followers = std::collections::HashSet::new();
+        for round in 0..3 {
+            for (cell, &key) in cells.iter().enumerate() {
+                let order: Vec<usize> = runs
+                    .iter()
+                    .filter(|r| r.round == round && r.cell == cell)
+                    .map(|r| r.target)
+                    .collect();
+                let mut models: Vec<usize> = order.iter().copied().filter(|&t| t < 5).collect();
+                assert_eq!(order[..5], models[..], "models first, Python after them");
+                followers.extend(models.windows(2).map(|pair| (pair[0], pair[1])));
+                models.sort_unstable();
+                assert_eq!(models, [0, 1, 2, 3, 4], "each model once per round and cell");
+                let python = key == (Complexity::Medium600, 10) && round == 0;
+                assert_eq!(order.len(), if python { 7 } else { 5 }, "round {round} cell {cell}");
+            }
+        }
+        // Each model is measured after more than one other model.
+        for model in 0..5 {
+            let before: std::collections::HashSet<usize> =
+                followers.iter().filter(|(_, after)| *after == model).map(|(b, _)| *b).collect();
+            assert!(before.len() >= 2, "model {model} always follows {before:?}");
+        }
+    }
+
+    #[test]
+    fn cells_report_the_median_round_and_paired_ratios() {
+        let samples = vec![
+            sample("prefork", 0, 100.0),
+            sample("adaptive", 0, 90.0),
+            sample("prefork", 1, 300.0),
+            sample("adaptive", 1, 330.0),
+            sample("prefork", 2, 200.0),
+            sample("adaptive", 2, 200.0),
+        ];
+        let targets: Vec<Target> = ["prefork", "adaptive"]
+            .map(|label| Target { label: label.into(), url: String::new(), python: false })
+            .into();
+        let cells = median_cells(&samples, &[(Complexity::Low, 10)], &targets);
+        assert_eq!(cells.len(), 2);
+        assert_eq!(cells[0].median.target, "prefork");
+        assert_eq!((cells[0].median.throughput_per_s, cells[0].median.round), (200.0, 2));
+        assert_eq!((cells[0].throughput_per_s_min, cells[0].throughput_per_s_max), (100.0, 300.0));
+        assert_eq!(paired_ratios(&samples, Complexity::Low, 10), vec![0.9, 1.1, 1.0]);
+        let checks = check_targets(&samples, &cells);
+        assert!(checks.missed.is_empty(), "median 200 / 200 meets 0.95: {:?}", checks.missed);
+        assert!(checks.headline[0].contains("1 of 1 cells"), "{:?}", checks.headline);
+    }
 }

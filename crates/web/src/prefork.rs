@@ -10,9 +10,10 @@
 //!
 //! The `adaptive` model uses the same layout, so under load it is exactly as parallel as
 //! `prefork` (one process per core, no hand-off between cores), with two differences per child:
-//! serial work runs inline on the child's reactor thread (it owns the core), and a request at
-//! least as large as the split size calibrated by the parent is spread over a pool spanning every
-//! core when no other request computes on the host. "Computing on the host" is one
+//! a body up to the inline size calibrated by the parent runs inline on the child's reactor
+//! thread (no hand-off to the worker on the same core), and a body at least as large as the
+//! calibrated split size is spread over a pool spanning every core when no other request
+//! computes on the host. "Computing on the host" is one
 //! [`HostCounter`]: an `AtomicUsize` in a memfd the parent creates and every child maps (the fd
 //! is inherited across exec, its number passed in the [`ChildSpec`]).
 
@@ -28,7 +29,7 @@ use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::api::SizeLimits;
-use crate::exec::{self, ExecConfig, Executor, Model};
+use crate::exec::{self, Calibration, ExecConfig, Executor, Model};
 use crate::server::{Executors, serve_blocking};
 
 /// The environment variable that turns a re-executed process into a prefork child.
@@ -48,8 +49,8 @@ pub struct ChildSpec {
     pub cpu: usize,
     /// Threads of the adaptive child's splitting pool (one per process of the layout).
     pub pool_threads: usize,
-    /// Adaptive bodies from this size are split while the host idles (`usize::MAX`: never).
-    pub parallel_body_bytes_min: usize,
+    /// The adaptive thresholds measured by the parent: inline and split sizes.
+    pub calibration: Calibration,
     /// The [`HostCounter`] memfd inherited from the parent (set by [`Prefork::start`]).
     pub host_counter_fd: RawFd,
     pub addr: SocketAddr,
@@ -86,7 +87,7 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
             let host_computing = HostCounter::map(spec.host_counter_fd)?;
             // Before pinning: the splitting pool's threads pin themselves over all allowed CPUs.
             let executor =
-                Executor::start_child(&exec, spec.parallel_body_bytes_min, host_computing)?;
+                Executor::start_child(&exec, spec.calibration, spec.cpu, host_computing)?;
             // The reactor threads, started later, inherit this thread's mask.
             pin()?;
             Executors::of(executor)

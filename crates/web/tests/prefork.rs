@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use web::api::SizeLimits;
 use web::client::JsonClient;
-use web::exec::{Compute, Model, process};
+use web::exec::{Calibration, Compute, Model, process};
 use web::prefork::{ChildSpec, Prefork, child_spec_from_env, run_child};
 use web::workload::Shape;
 
@@ -33,8 +33,13 @@ fn template(model: Model) -> ChildSpec {
         model,
         cpu: 0,
         pool_threads: 2,
-        // Every adaptive request is large enough to split when nothing else computes.
-        parallel_body_bytes_min: 0,
+        // The published example runs inline; every larger adaptive request goes to the worker
+        // and is large enough to split when nothing else computes.
+        calibration: Calibration {
+            handoff_ns: 0,
+            inline_body_bytes_max: EXAMPLE.len(),
+            parallel_body_bytes_min: 0,
+        },
         host_counter_fd: -1,
         addr: "127.0.0.1:0".parse().unwrap(),
         dim_max: 100,
@@ -72,7 +77,8 @@ fn process_exists(pid: u32) -> bool {
 }
 
 /// One request at a time (the host idles: split over the pool), then 8 at once on separate
-/// connections (others compute: inline); every answer equals the serial one.
+/// connections (others compute: serial on each child's worker), then the small example (inline
+/// on the reactor); every answer equals the serial one.
 fn adaptive_children_split_or_inline_with_the_serial_answer() {
     let template = template(Model::Adaptive);
     let exe = std::env::current_exe().unwrap();
@@ -96,6 +102,12 @@ fn adaptive_children_split_or_inline_with_the_serial_answer() {
             let (status, answer) = answer.await.unwrap();
             assert_eq!((status, answer.to_vec()), (200, expected.body.clone()));
         }
+        let (status, answer) =
+            JsonClient::default().post(&url, Bytes::from(EXAMPLE)).await.unwrap();
+        assert_eq!(
+            (status, answer.to_vec()),
+            (200, br#"{"requestId":"7","rows":[[11]]}"#.to_vec())
+        );
     });
 }
 
