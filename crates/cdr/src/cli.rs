@@ -55,7 +55,8 @@ pub struct ValidateArgs {
     #[arg(long, default_value_t = 1.5)]
     pub run_s: f64,
     /// Only these configurations (repeatable): feeder-bound, cpu-bound,
-    /// cpu-bound-2-converters (the default three), fsync-bound-serializer.
+    /// cpu-bound-2-converters, feeder-bound-16-rows-2-decoders (the default four),
+    /// fsync-bound-serializer.
     #[arg(long = "only", value_name = "NAME")]
     pub only: Vec<String>,
     /// Folder for the runs' files (default: a fresh folder under the system temp dir).

@@ -44,22 +44,29 @@ fn configuration(name: &str, threads: [usize; 4], settings: &[(&str, &str)]) -> 
     }
 }
 
-/// Every known configuration: the feeder as the bottleneck (one row per SQLite transaction),
-/// two CPU-bound shapes, and an fsync-bound serializer. SQLite fixes the feeder at one thread
-/// in every one of them. The first [`DEFAULT_CONFIGURATIONS`] run by default; the
-/// fsync-bound one is opt-in because a shared virtual disk's fsync rate swings by 10× within
-/// seconds (docs/benchmarks/planner.md).
+/// Every known configuration: the feeder as the bottleneck well below the cores' bound (one
+/// and 16 rows per SQLite transaction, two thread layouts), two CPU-bound shapes (on a 2-core
+/// host the feeder's bound and the cores' bound are within a few percent of each other
+/// there), and an fsync-bound serializer. SQLite fixes the feeder at one thread in every one
+/// of them. The first [`DEFAULT_CONFIGURATIONS`] run by default; the fsync-bound one is
+/// opt-in because a shared virtual disk's fsync rate swings by 10× within seconds
+/// (docs/benchmarks/planner.md).
 pub fn all_configurations() -> Vec<Configuration> {
     vec![
         configuration("feeder-bound", [1, 1, 1, 1], &[("feed_batch_rows", "1")]),
         configuration("cpu-bound", [1, 1, 1, 1], &[]),
         configuration("cpu-bound-2-converters", [1, 2, 1, 1], &[]),
+        configuration(
+            "feeder-bound-16-rows-2-decoders",
+            [2, 1, 1, 1],
+            &[("feed_batch_rows", "16")],
+        ),
         configuration("fsync-bound-serializer", [1, 1, 1, 1], &[("fsync_every_records", "8")]),
     ]
 }
 
 /// How many of [`all_configurations`] run when none is named.
-pub const DEFAULT_CONFIGURATIONS: usize = 3;
+pub const DEFAULT_CONFIGURATIONS: usize = 4;
 
 /// One configuration's measurement and run, back to back.
 #[derive(Debug, Clone, PartialEq, Serialize)]
