@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lab::stats::median;
 use planner::measure::{Workload, available_cores};
 use planner::model::{NetworkSpec, NodeConfig, PipelineConfig};
 use planner::network::Network;
@@ -241,16 +242,6 @@ pub fn summarize(
             }
         })
         .collect()
-}
-
-/// The median (mean of the middle two for an even count); NaN for none.
-fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    if values.len() % 2 == 1 { values[middle] } else { (values[middle - 1] + values[middle]) / 2.0 }
 }
 
 fn most_common<'a>(names: impl Iterator<Item = &'a String>) -> String {

@@ -354,6 +354,16 @@ pub struct MeanCi {
     pub high: f64,
 }
 
+/// The median of `values` (the mean of the middle two for an even count); NaN for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 1 { values[middle] } else { (values[middle - 1] + values[middle]) / 2.0 }
+}
+
 /// Mean of `samples` with a two-sided confidence interval at `confidence` (e.g. 0.95), using
 /// the Student t distribution with n − 1 degrees of freedom. Needs at least 2 samples.
 pub fn mean_ci(samples: &[f64], confidence: f64) -> Result<MeanCi, StatsError> {
