@@ -364,6 +364,30 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     if values.len() % 2 == 1 { values[middle] } else { (values[middle - 1] + values[middle]) / 2.0 }
 }
 
+/// A distribution-free confidence interval for the median of `values`: the order statistics
+/// `x(k)` and `x(n+1-k)` with the largest `k` whose binomial tail P(Bin(n, ½) < k) stays within
+/// (1 − `confidence`) / 2 on each side. `None` when `values` are too few for that confidence
+/// (6 for 0.95) or `confidence` is not in (0, 1).
+pub fn median_ci(mut values: Vec<f64>, confidence: f64) -> Option<(f64, f64)> {
+    if !(confidence > 0.0 && confidence < 1.0) {
+        return None;
+    }
+    let n = values.len();
+    let tail_max = (1.0 - confidence) / 2.0;
+    // P(Bin(n, 1/2) <= j), accumulated term by term: C(n, j) / 2^n.
+    let (mut term, mut below_k, mut k) = (0.5f64.powi(n as i32), 0.0, 0);
+    while k < n / 2 && below_k + term <= tail_max {
+        below_k += term;
+        term = term * (n - k) as f64 / (k + 1) as f64;
+        k += 1;
+    }
+    if k == 0 {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    Some((values[k - 1], values[n - k]))
+}
+
 /// Mean of `samples` with a two-sided confidence interval at `confidence` (e.g. 0.95), using
 /// the Student t distribution with n − 1 degrees of freedom. Needs at least 2 samples.
 pub fn mean_ci(samples: &[f64], confidence: f64) -> Result<MeanCi, StatsError> {
@@ -785,6 +809,25 @@ pub fn factorial_2kr(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn median_ci_takes_the_binomial_order_statistics() {
+        // n = 9 at 95%: P(Bin(9, ½) <= 1) = 10/512 <= 0.025 < 46/512, so x(2)..x(8).
+        let values: Vec<f64> = [9.0, 1.0, 8.0, 2.0, 7.0, 3.0, 6.0, 4.0, 5.0].to_vec();
+        assert_eq!(median_ci(values, 0.95), Some((2.0, 8.0)));
+        // n = 6 is the fewest for 95% (1/64 per tail); 5 is too few (1/32 > 0.025).
+        let six: Vec<f64> = (1..=6).map(f64::from).collect();
+        assert_eq!(median_ci(six.clone(), 0.95), Some((1.0, 6.0)));
+        assert_eq!(median_ci(six[..5].to_vec(), 0.95), None);
+        // A lower confidence narrows the interval; a confidence outside (0, 1) is refused.
+        let many: Vec<f64> = (1..=100).map(f64::from).collect();
+        let (low_95, high_95) = median_ci(many.clone(), 0.95).unwrap();
+        let (low_50, high_50) = median_ci(many.clone(), 0.5).unwrap();
+        assert!(low_95 < low_50 && high_50 < high_95);
+        assert_eq!((low_95, high_95), (40.0, 61.0));
+        assert_eq!(median_ci(many, 1.0), None);
+    }
+
     use super::*;
 
     fn close(actual: f64, expected: f64, tolerance: f64) -> bool {

@@ -106,6 +106,7 @@ impl ServeConfig {
                 parallel_body_bytes_min: usize::MAX,
             },
             host_counter_fd: -1,
+            dealt_channel_fd: None,
             addr: self.listen,
             dim_max: self.dim_max,
             cells_max: self.cells_max,

@@ -55,6 +55,12 @@ const HANDOFF_SAMPLES: usize = 101;
 /// Splitting a request across cores must be measured this much faster than serial (×1.2).
 const PARALLEL_GAIN_NUM: u64 = 6;
 const PARALLEL_GAIN_DEN: u64 = 5;
+/// A body runs inline when its serial work measured at most this many hand-offs: a hand-off
+/// costing a tenth of the work or more is not worth paying for, since the worker it would reach
+/// shares the core anyway (per-core layout). At `low` (30 rows, ~50 µs of work against an 8-27
+/// µs hand-off on the 2-core host) inline measured 1.12× the hand-off's throughput (median of 14
+/// paired runs at 10 users); at medium-1000 × 30 users the hand-off measured 1.03× inline.
+const INLINE_WORK_PER_HANDOFF_MAX: u64 = 10;
 /// Request sizes (rows of A in the study's shape) tried by the calibration.
 const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// Repetitions per calibration point; the minimum is kept (least disturbed by other load).
@@ -179,16 +185,27 @@ struct Job {
 struct Admission {
     in_flight: AtomicUsize,
     bound: usize,
+    /// In an adaptive child: the same count over every process of the layout.
+    host_in_flight: Option<&'static AtomicUsize>,
 }
 
 impl Admission {
+    fn new(bound: usize, host_in_flight: Option<&'static AtomicUsize>) -> Admission {
+        Admission { in_flight: AtomicUsize::new(0), bound, host_in_flight }
+    }
+
     fn try_enter(&self) -> bool {
-        // Relaxed: the counter only bounds admission; the job itself is published to the worker
-        // by the pool's own synchronisation, not through this counter.
+        // Relaxed: the counters only bound admission and guide a choice (is the host idle?);
+        // the job itself is published to the worker by the channel's or pool's own
+        // synchronisation, not through them, and a stale reading only makes one request
+        // serial or split.
         let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
         if before >= self.bound {
-            self.leave();
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
             return false;
+        }
+        if let Some(host) = self.host_in_flight {
+            host.fetch_add(1, Ordering::Relaxed);
         }
         true
     }
@@ -196,6 +213,17 @@ impl Admission {
     fn leave(&self) {
         // Relaxed: see try_enter.
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(host) = self.host_in_flight {
+            host.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this is the only request admitted on the host (an adaptive child) or in this
+    /// executor: the caller's own request is counted.
+    fn alone(&self) -> bool {
+        // Relaxed: see try_enter.
+        let host = self.host_in_flight.unwrap_or(&self.in_flight);
+        host.load(Ordering::Relaxed) == 1
     }
 
     fn current(&self) -> usize {
@@ -211,7 +239,7 @@ pub struct Calibration {
     /// answer back (the reactor's wake-up included), beyond the work itself.
     pub handoff_ns: u64,
     /// Bodies up to this size are processed inline on the reactor thread: their serial work
-    /// measured no more than `handoff_ns` (0: none).
+    /// measured no more than [`INLINE_WORK_PER_HANDOFF_MAX`] hand-offs (0: none).
     pub inline_body_bytes_max: usize,
     /// Bodies from this size are split across idle cores (`usize::MAX`: never).
     pub parallel_body_bytes_min: usize,
@@ -232,7 +260,7 @@ impl Calibration {
             let serial_ns = fastest_ns(|| process(&body, limits, Compute::Serial));
             let parallel_ns =
                 fastest_ns(|| pool.install(|| process(&body, limits, Compute::DataParallel)));
-            if serial_ns <= handoff_ns {
+            if serial_ns <= handoff_ns.saturating_mul(INLINE_WORK_PER_HANDOFF_MAX) {
                 inline_body_bytes_max = body.len();
             }
             let splitting_pays = parallel_ns * PARALLEL_GAIN_NUM < serial_ns * PARALLEL_GAIN_DEN;
@@ -304,7 +332,6 @@ enum Inner {
     Child {
         admission: Arc<Admission>,
         inline_body_bytes_max: usize,
-        host_computing: &'static AtomicUsize,
         jobs: crossbeam::channel::Sender<Job>,
     },
 }
@@ -320,9 +347,7 @@ impl Executor {
     /// Starts the model's workers (and, for `adaptive`, calibrates).
     pub fn start(model: Model, config: &ExecConfig) -> std::io::Result<Executor> {
         assert!(config.workers >= 1 && config.queue_depth_max >= 1);
-        let admission = || {
-            Arc::new(Admission { in_flight: AtomicUsize::new(0), bound: config.queue_depth_max })
-        };
+        let admission = || Arc::new(Admission::new(config.queue_depth_max, None));
         let inner = match model {
             Model::Single | Model::Prefork => {
                 Inner::Queue { jobs: spawn_queue_workers(model, 1, false, config)? }
@@ -348,24 +373,24 @@ impl Executor {
     /// `thresholds.inline_body_bytes_max` run inline on the reactor; larger ones go to one worker
     /// thread pinned to `cpu`, which splits a body of at least
     /// `thresholds.parallel_body_bytes_min` over a pool of `config.workers` threads pinned
-    /// round-robin over the allowed CPUs (call before pinning the process) while
-    /// `host_computing`, the count of requests computing in every process of the layout, is 0.
+    /// round-robin over the allowed CPUs (call before pinning the process) when it is the only
+    /// request admitted on the host: `host_in_flight` counts them over every process of the
+    /// layout, queued ones included, so under load (any other request waiting or computing
+    /// anywhere) nothing splits.
     pub fn start_child(
         config: &ExecConfig,
         thresholds: Calibration,
         cpu: CpuId,
-        host_computing: &'static AtomicUsize,
+        host_in_flight: &'static AtomicUsize,
     ) -> std::io::Result<Executor> {
         assert!(config.workers >= 1 && config.queue_depth_max >= 1);
-        let admission =
-            Arc::new(Admission { in_flight: AtomicUsize::new(0), bound: config.queue_depth_max });
+        let admission = Arc::new(Admission::new(config.queue_depth_max, Some(host_in_flight)));
         // Admission bounds the requests in the channel plus the one computing, so the channel
         // never refuses a request admission let in.
         let (jobs, queue) = crossbeam::channel::bounded::<Job>(config.queue_depth_max);
         let worker = ChildWorker {
             pool: rayon_pool(Model::Adaptive, config.workers, true)?,
             admission: Arc::clone(&admission),
-            host_computing,
             parallel_body_bytes_min: thresholds.parallel_body_bytes_min,
             limits: config.limits,
         };
@@ -378,7 +403,6 @@ impl Executor {
         let inner = Inner::Child {
             admission,
             inline_body_bytes_max: thresholds.inline_body_bytes_max,
-            host_computing,
             jobs,
         };
         Ok(Executor { model: Model::Adaptive, limits: config.limits, inner })
@@ -422,15 +446,13 @@ impl Executor {
                     process_guarded(body, &limits, compute)
                 })
             }
-            Inner::Child { admission, inline_body_bytes_max, host_computing, jobs } => {
+            Inner::Child { admission, inline_body_bytes_max, jobs } => {
                 if !admission.try_enter() {
                     return Reply::failure(None, &Failure::busy());
                 }
                 if body.len() <= *inline_body_bytes_max {
                     // Inline: no await until answered, so the admission is left exactly once.
-                    let reply = computing(host_computing, || {
-                        process_guarded(&body, &limits, Compute::Serial)
-                    });
+                    let reply = process_guarded(&body, &limits, Compute::Serial);
                     admission.leave();
                     return reply;
                 }
@@ -450,24 +472,12 @@ impl Executor {
     }
 }
 
-/// Runs `work` counted in `host_computing`, the requests computing in any process of the layout.
-fn computing(host_computing: &AtomicUsize, work: impl FnOnce() -> Reply) -> Reply {
-    // Relaxed: the count is a heuristic shared with the other processes (is any core busy?);
-    // it publishes no data, and a stale reading only makes one request serial or split.
-    host_computing.fetch_add(1, Ordering::Relaxed);
-    let reply = work();
-    // Relaxed: see the fetch_add above.
-    host_computing.fetch_sub(1, Ordering::Relaxed);
-    reply
-}
-
 /// The adaptive child's worker: takes the bodies too large to run inline, in arrival order, on
 /// the child's core (as `prefork`'s worker does), so its reactor keeps reading connections while
 /// a request computes.
 struct ChildWorker {
     pool: rayon::ThreadPool,
     admission: Arc<Admission>,
-    host_computing: &'static AtomicUsize,
     parallel_body_bytes_min: usize,
     limits: SizeLimits,
 }
@@ -476,19 +486,17 @@ impl ChildWorker {
     /// Serves until the executor (the only sender) is dropped.
     fn serve(&self, queue: &crossbeam::channel::Receiver<Job>) {
         while let Ok(job) = queue.recv() {
-            let reply = computing(self.host_computing, || self.process(&job.body));
+            let reply = self.process(&job.body);
             self.admission.leave();
             // The client may have gone away; its answer is simply dropped.
             let _ = job.reply.send(reply);
         }
     }
 
-    /// Split over every core when this is the only request computing on the host (the counter
-    /// includes this request) and the body is at least the calibrated split size.
+    /// Split over every core when this is the only request admitted on the host and the body is
+    /// at least the calibrated split size.
     fn process(&self, body: &[u8]) -> Reply {
-        // Relaxed: see `computing`.
-        let host_idle = self.host_computing.load(Ordering::Relaxed) == 1;
-        if host_idle && body.len() >= self.parallel_body_bytes_min {
+        if body.len() >= self.parallel_body_bytes_min && self.admission.alone() {
             self.pool.install(|| process_guarded(body, &self.limits, Compute::DataParallel))
         } else {
             process_guarded(body, &self.limits, Compute::Serial)
@@ -614,7 +622,7 @@ mod tests {
 
     #[test]
     fn admission_refuses_past_the_bound() {
-        let admission = Admission { in_flight: AtomicUsize::new(0), bound: 2 };
+        let admission = Admission::new(2, None);
         assert!(admission.try_enter() && admission.try_enter());
         assert!(!admission.try_enter());
         admission.leave();

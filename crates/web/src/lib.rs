@@ -19,11 +19,12 @@
 //! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
 //! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
 //! ([`prefork`]), or per request by size (`adaptive`). `adaptive` uses the prefork layout, because
-//! on the measured host one single-threaded process per core beat every in-process model. In each
-//! process a request whose serial work measured cheaper than a hand-off runs inline on the
+//! on the measured host one single-threaded process per core beat every in-process model, but
+//! its parent accepts and deals the connections to the processes in turn ([`deal`]). In each
+//! process a request whose serial work measured at most ten hand-offs runs inline on the
 //! reactor thread; any other goes, in arrival order, to a worker thread on the same core (so the
 //! reactor keeps reading while it computes), which splits it over all cores when it is at least
-//! the split size and no other request computes on the host (a counter in memory shared by the
+//! the split size and no other request is admitted on the host (a counter in memory shared by the
 //! processes). The hand-off cost, the inline size and the split size are measured at start-up on
 //! the host (`exec::Calibration`); the decision per request is then a comparison of its body
 //! size with them. Every model has a named admission bound and answers 503 with code 009 past
@@ -40,6 +41,7 @@
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod deal;
 pub mod exec;
 pub mod kernel;
 pub mod loadlab;

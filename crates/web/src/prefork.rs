@@ -9,11 +9,13 @@
 //! connections over the listening children. Children die with the parent (`PR_SET_PDEATHSIG`).
 //!
 //! The `adaptive` model uses the same layout, so under load it is exactly as parallel as
-//! `prefork` (one process per core, no hand-off between cores), with two differences per child:
+//! `prefork` (one process per core, no hand-off between cores), with three differences:
+//! the parent itself listens and deals the connections to the children in turn ([`crate::deal`]:
+//! an even share for each, where SO_REUSEPORT's hash leaves a few connections unevenly spread);
 //! a body up to the inline size calibrated by the parent runs inline on the child's reactor
-//! thread (no hand-off to the worker on the same core), and a body at least as large as the
-//! calibrated split size is spread over a pool spanning every core when no other request
-//! computes on the host. "Computing on the host" is one
+//! thread (no hand-off to the worker on the same core); and a body at least as large as the
+//! calibrated split size is spread over a pool spanning every core when no other request is
+//! admitted (waiting or computing) anywhere on the host. "Admitted on the host" is one
 //! [`HostCounter`]: an `AtomicUsize` in a memfd the parent creates and every child maps (the fd
 //! is inherited across exec, its number passed in the [`ChildSpec`]).
 
@@ -21,6 +23,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicUsize;
@@ -29,8 +32,9 @@ use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::api::SizeLimits;
+use crate::deal::{self, Dealer, DealtListener};
 use crate::exec::{self, Calibration, ExecConfig, Executor, Model};
-use crate::server::{Executors, serve_blocking};
+use crate::server::{Executors, serve_blocking, serve_on};
 
 /// The environment variable that turns a re-executed process into a prefork child.
 pub const CHILD_ENV: &str = "LEANTIER_WEB_PREFORK_CHILD";
@@ -53,6 +57,9 @@ pub struct ChildSpec {
     pub calibration: Calibration,
     /// The [`HostCounter`] memfd inherited from the parent (set by [`Prefork::start`]).
     pub host_counter_fd: RawFd,
+    /// The child's end of its [`deal`] channel (set by [`Prefork::start`] for `adaptive`);
+    /// `None`: listen on the shared port with SO_REUSEPORT.
+    pub dealt_channel_fd: Option<RawFd>,
     pub addr: SocketAddr,
     pub dim_max: usize,
     pub cells_max: usize,
@@ -84,10 +91,10 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
     let pin = || pipeline::placement::pin_current_thread(&[spec.cpu]).context("pinning the child");
     let executors = match spec.model {
         Model::Adaptive => {
-            let host_computing = HostCounter::map(spec.host_counter_fd)?;
+            let host_in_flight = HostCounter::map(spec.host_counter_fd)?;
             // Before pinning: the splitting pool's threads pin themselves over all allowed CPUs.
             let executor =
-                Executor::start_child(&exec, spec.calibration, spec.cpu, host_computing)?;
+                Executor::start_child(&exec, spec.calibration, spec.cpu, host_in_flight)?;
             // The reactor threads, started later, inherit this thread's mask.
             pin()?;
             Executors::of(executor)
@@ -99,11 +106,22 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         }
         other => anyhow::bail!("{} is not a per-core process model", other.name()),
     };
-    let socket = reuseport_socket(spec.addr)?;
-    socket.listen(LISTEN_BACKLOG)?;
     let router = executors.router(spec.model, spec.body_bytes_max);
-    println!("{READY_LINE}");
-    serve_blocking(socket.into(), router, 1, std::future::pending())?;
+    match spec.dealt_channel_fd {
+        Some(fd) => {
+            // SAFETY: the parent made `fd` inheritable for this child only, and nothing else in
+            // this process owns it.
+            let channel = unsafe { OwnedFd::from_raw_fd(fd) };
+            println!("{READY_LINE}");
+            serve_on(move || DealtListener::new(channel), router, 1, std::future::pending())?;
+        }
+        None => {
+            let socket = reuseport_socket(spec.addr)?;
+            socket.listen(LISTEN_BACKLOG)?;
+            println!("{READY_LINE}");
+            serve_blocking(socket.into(), router, 1, std::future::pending())?;
+        }
+    }
     Ok(())
 }
 
@@ -115,7 +133,7 @@ fn reuseport_socket(addr: SocketAddr) -> std::io::Result<Socket> {
     Ok(socket)
 }
 
-/// A counter in memory shared by the parent and its children: requests computing on the host.
+/// A counter in memory shared by the parent and its children: requests admitted on the host.
 pub struct HostCounter {
     memfd: OwnedFd,
 }
@@ -165,19 +183,37 @@ impl HostCounter {
     }
 }
 
+/// How connections reach the children, seen from the parent.
+enum Intake {
+    /// Children listen with SO_REUSEPORT; this bound, never listening socket keeps the port.
+    ReusePort {
+        _reservation: Socket,
+    },
+    /// The parent listens and deals; the dealer starts once every child is ready. The child
+    /// ends stay open here until then, so each child can inherit its own.
+    Dealt {
+        listener: std::net::TcpListener,
+        parent_ends: Vec<OwnedFd>,
+        child_ends: Vec<OwnedFd>,
+    },
+    Dealing {
+        _dealer: Dealer,
+    },
+}
+
 /// The parent of the prefork children; kills them when dropped.
 pub struct Prefork {
     addr: SocketAddr,
-    /// Keeps the port reserved between children restarts; never listens.
-    _reservation: Socket,
+    intake: Option<Intake>,
     /// The children's shared counter (each child holds its own copy of the fd).
     _host_counter: HostCounter,
     children: Vec<Child>,
 }
 
 impl Prefork {
-    /// Reserves `addr` and starts `workers` children of `exe args...`, one per allowed CPU
-    /// (round-robin), returning once every child listens.
+    /// Binds `addr` and starts `workers` children of `exe args...`, one per allowed CPU
+    /// (round-robin), returning once every child serves. `adaptive` children are dealt their
+    /// connections by this process; `prefork` children listen with SO_REUSEPORT.
     pub fn start(
         addr: SocketAddr,
         workers: usize,
@@ -186,28 +222,35 @@ impl Prefork {
         args: &[OsString],
     ) -> anyhow::Result<Prefork> {
         assert!(workers >= 1);
-        let reservation = reuseport_socket(addr).with_context(|| format!("binding {addr}"))?;
-        let addr = reservation
-            .local_addr()?
-            .as_socket()
-            .context("the reserved socket has an IP address")?;
+        let (intake, addr) = Intake::bind(addr, workers, template.model)?;
         let allowed = exec::allowed_cpus()?;
         let host_counter = HostCounter::create().context("creating the shared counter")?;
         let host_counter_fd = host_counter.raw_fd();
-        let mut prefork = Prefork {
-            addr,
-            _reservation: reservation,
-            _host_counter: host_counter,
-            children: Vec::new(),
-        };
+        let mut prefork =
+            Prefork { addr, intake: None, _host_counter: host_counter, children: Vec::new() };
         for index in 0..workers {
             let cpu = exec::cpu_for_worker(&allowed, index);
-            let spec = ChildSpec { cpu, addr, pool_threads: workers, host_counter_fd, ..template };
-            let child = Command::new(&exe)
+            let dealt_channel_fd = intake.child_channel(index);
+            let spec = ChildSpec {
+                cpu,
+                addr,
+                pool_threads: workers,
+                host_counter_fd,
+                dealt_channel_fd,
+                ..template
+            };
+            let mut command = Command::new(&exe);
+            command
                 .args(args)
                 .env(CHILD_ENV, serde_json::to_string(&spec)?)
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped())
+                .stdout(Stdio::piped());
+            if let Some(fd) = dealt_channel_fd {
+                // SAFETY: the closure runs between fork and exec and only calls fcntl, which is
+                // async-signal-safe; it allocates nothing and takes no lock.
+                unsafe { command.pre_exec(move || deal::inherit_in_child(fd)) };
+            }
+            let child = command
                 .spawn()
                 .with_context(|| format!("starting prefork child {}", exe.display()))?;
             prefork.children.push(child);
@@ -215,6 +258,7 @@ impl Prefork {
         for child in &mut prefork.children {
             wait_ready(child)?;
         }
+        prefork.intake = Some(intake.start_dealing()?);
         Ok(prefork)
     }
 
@@ -231,6 +275,51 @@ impl Prefork {
     pub fn wait_any(mut self) -> anyhow::Result<()> {
         let status = self.children[0].wait()?;
         anyhow::bail!("prefork child exited: {status}")
+    }
+}
+
+impl Intake {
+    /// The intake for `workers` children of `model`, and the address it resolved to.
+    fn bind(
+        addr: SocketAddr,
+        workers: usize,
+        model: Model,
+    ) -> anyhow::Result<(Intake, SocketAddr)> {
+        if model != Model::Adaptive {
+            let reservation = reuseport_socket(addr).with_context(|| format!("binding {addr}"))?;
+            let addr = reservation.local_addr()?.as_socket().context("an IP address")?;
+            return Ok((Intake::ReusePort { _reservation: reservation }, addr));
+        }
+        let listener =
+            std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+        let addr = listener.local_addr()?;
+        let (parent_ends, child_ends) = (0..workers)
+            .map(|_| deal::channel())
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("creating the dealing channels")?
+            .into_iter()
+            .unzip();
+        Ok((Intake::Dealt { listener, parent_ends, child_ends }, addr))
+    }
+
+    /// The raw fd of child `index`'s channel end, for dealt intakes.
+    fn child_channel(&self, index: usize) -> Option<RawFd> {
+        match self {
+            Intake::Dealt { child_ends, .. } => Some(child_ends[index].as_raw_fd()),
+            Intake::ReusePort { .. } | Intake::Dealing { .. } => None,
+        }
+    }
+
+    /// Starts the dealer once the children inherited their ends (this process's copies of
+    /// those close here).
+    fn start_dealing(self) -> std::io::Result<Intake> {
+        match self {
+            Intake::Dealt { listener, parent_ends, child_ends } => {
+                drop(child_ends);
+                Ok(Intake::Dealing { _dealer: Dealer::start(listener, parent_ends)? })
+            }
+            other => Ok(other),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
+use axum::serve::Listener;
 use tokio::sync::oneshot;
 
 use crate::api::Failure;
@@ -101,7 +102,7 @@ fn into_response(reply: Reply) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], Body::from(reply.body)).into_response()
 }
 
-/// Serves `router` on `listener` with `config.io_threads` reactor threads until `shutdown`.
+/// Serves `router` on `listener` with `io_threads` reactor threads until `shutdown`.
 pub fn serve_blocking(
     listener: std::net::TcpListener,
     router: Router,
@@ -109,15 +110,30 @@ pub fn serve_blocking(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
+    serve_on(move || tokio::net::TcpListener::from_std(listener), router, io_threads, shutdown)
+}
+
+/// Serves `router` on the listener that `listener` makes inside the runtime (tokio listeners
+/// register with the runtime that is current when they are made).
+pub fn serve_on<L: Listener>(
+    listener: impl FnOnce() -> std::io::Result<L>,
+    router: Router,
+    io_threads: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L::Addr: std::fmt::Debug,
+{
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(io_threads.max(1))
         .thread_name("web-io")
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(listener, router).with_graceful_shutdown(shutdown).await
-    })
+    let _entered = runtime.enter();
+    let listener = listener()?;
+    runtime.block_on(
+        async move { axum::serve(listener, router).with_graceful_shutdown(shutdown).await },
+    )
 }
 
 /// A server running on its own threads; stops when dropped.

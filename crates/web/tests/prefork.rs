@@ -25,7 +25,9 @@ fn main() {
     println!("test adaptive_children_split_or_inline_with_the_serial_answer ... ok");
     adaptive_children_answer_busy_past_the_bound();
     println!("test adaptive_children_answer_busy_past_the_bound ... ok");
-    println!("3 passed, 0 failed");
+    adaptive_children_are_dealt_equal_shares_of_connections();
+    println!("test adaptive_children_are_dealt_equal_shares_of_connections ... ok");
+    println!("4 passed, 0 failed");
 }
 
 fn template(model: Model) -> ChildSpec {
@@ -41,6 +43,7 @@ fn template(model: Model) -> ChildSpec {
             parallel_body_bytes_min: 0,
         },
         host_counter_fd: -1,
+        dealt_channel_fd: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         dim_max: 100,
         cells_max: 10_000,
@@ -70,6 +73,35 @@ fn prefork_children_serve_and_die_with_the_parent() {
     drop(prefork);
     std::thread::sleep(Duration::from_millis(50));
     assert!(children.iter().all(|&pid| !process_exists(pid)), "children stop with the parent");
+}
+
+/// Ten connections opened at once reach the two children five each (SO_REUSEPORT's hash would
+/// split them unevenly most of the time), counted as socket descriptors in each child.
+fn adaptive_children_are_dealt_equal_shares_of_connections() {
+    let template = template(Model::Adaptive);
+    let exe = std::env::current_exe().unwrap();
+    let children = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
+    let pids = children.child_ids();
+    let before: Vec<usize> = pids.iter().map(|&pid| sockets_of(pid)).collect();
+    let connections: Vec<_> =
+        (0..10).map(|_| std::net::TcpStream::connect(children.local_addr()).unwrap()).collect();
+    let mut added = Vec::new();
+    for _ in 0..200 {
+        added = pids.iter().zip(&before).map(|(&pid, &was)| sockets_of(pid) - was).collect();
+        if added.iter().sum::<usize>() == connections.len() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(added, vec![5, 5], "sockets added per child");
+}
+
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 fn process_exists(pid: u32) -> bool {
