@@ -314,8 +314,8 @@ fn set_timer_slack(slack_ns: u64) {
 /// the generator and the server it loads share a host's cores, the kernel's fair share would
 /// otherwise give the generator as much of a contended core as a busy server thread there, and
 /// the generator's lag, not the server, would set the measured rate. On the 2-core development
-/// host, `web load` at medium-600 × 10 users measured 1670-2460 req/s at nice 0 against
-/// 2100-2830 req/s at nice -10 (docs/benchmarks/web.md).
+/// host, `web load` against prefork at medium-600 × 10 users measured 1673-2462 req/s at nice 0
+/// against 2252-2719 req/s at nice -10, 8 runs each (docs/benchmarks/web.md).
 pub const GENERATOR_NICE: i32 = -10;
 
 /// The calling thread at [`GENERATOR_NICE`] until dropped, then back at its previous priority.

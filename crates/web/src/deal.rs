@@ -2,12 +2,13 @@
 //!
 //! Why: SO_REUSEPORT picks a listener by a hash of each connection's addresses, so a few
 //! long-lived connections land unevenly. Ten keep-alive connections over two processes split
-//! 5/5 only a quarter of the time and 7/3 or worse a third of the time (binomial), and a
-//! closed-loop client then runs at the pace of the busier process: on the 2-core development
-//! host, `prefork` at medium-600 × 10 users measured 1860-1920 req/s with 7/3 and 8/2 splits
-//! against 2350-2660 with 6/4 and 5/5 (docs/benchmarks/web.md). The `adaptive` layout instead
-//! lets the parent accept and pass each connection to the next child in turn over a Unix
-//! socket (SCM_RIGHTS), so children hold equal shares to within one connection.
+//! 5/5 only a quarter of the time and 7/3 or worse a third of the time (binomial); thirty over
+//! sixteen processes leave a given process without any 14% of the time ((15/16)^30), and its
+//! core idles while others queue. The `adaptive` layout instead lets the parent accept and pass
+//! each connection to the next child in turn over a Unix socket (SCM_RIGHTS), so children hold
+//! equal shares to within one connection. (On the 2-core development host, with the load
+//! generator at raised priority, the split's effect on throughput stayed within the host's own
+//! noise: docs/benchmarks/web.md.)
 //!
 //! Costs: one accept, one sendmsg and one recvmsg per *connection*, none per request; the
 //! connection is then the child's alone, as with SO_REUSEPORT.
