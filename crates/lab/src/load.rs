@@ -414,6 +414,10 @@ pub struct LoadReport {
     /// Closed loop: empty.
     pub send_lag: LatencyHistogram,
     pub ok: u64,
+    /// Successful answers received inside the measured window, whenever sent. Closed loop:
+    /// `ok` plus the answers to requests sent before the window opened (counting only requests
+    /// started inside it undercounts by about latency / window). Open loop: `ok`.
+    pub answered_in_window: u64,
     pub errors: u64,
     pub timeouts: u64,
     /// The first error's message, to say what went wrong.
@@ -450,6 +454,7 @@ impl LoadReport {
             latency: LatencyHistogram::new(),
             send_lag: LatencyHistogram::new(),
             ok: 0,
+            answered_in_window: 0,
             errors: 0,
             timeouts: 0,
             first_error: None,
@@ -463,6 +468,7 @@ impl LoadReport {
         match outcome {
             Outcome::Ok => {
                 self.ok += 1;
+                self.answered_in_window += 1;
                 self.latency.record_ns(latency_ns);
                 let interval_ns = duration_ns(self.throughput.interval).max(1);
                 let slot = usize::try_from(done_ns / interval_ns).unwrap_or(usize::MAX);
@@ -483,6 +489,7 @@ impl LoadReport {
         self.latency.merge(&other.latency);
         self.send_lag.merge(&other.send_lag);
         self.ok += other.ok;
+        self.answered_in_window += other.answered_in_window;
         self.errors += other.errors;
         self.timeouts += other.timeouts;
         if self.first_error.is_none() {
@@ -650,8 +657,9 @@ impl Default for ClosedLoopOptions {
 
 /// Runs `options.users` users, each calling `request(user, sequence)`, waiting for the
 /// answer, thinking, and repeating until warm-up + measure + cool-down has passed. Only
-/// requests started after the warm-up and finished within the measured window count. Each
-/// user tallies into its own report; they are merged at the end (no shared state).
+/// requests started after the warm-up and finished within the measured window count, except
+/// in `answered_in_window`. Each user tallies into its own report; they are merged at the end
+/// (no shared state).
 pub async fn drive_closed_loop<F, Fut, T, E>(
     options: &ClosedLoopOptions,
     request: F,
@@ -688,6 +696,11 @@ where
                         duration_ns(done - started),
                         duration_ns(done - window_start),
                     );
+                } else if matches!(outcome, Outcome::Ok)
+                    && done >= window_start
+                    && done <= window_end
+                {
+                    tally.answered_in_window += 1;
                 }
                 if !options.think_time.is_zero() {
                     tokio::time::sleep(options.think_time).await;
@@ -815,6 +828,7 @@ pub fn step_until(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn generator_priority_is_raised_for_this_thread_and_restored() {
@@ -839,8 +853,6 @@ mod tests {
         drop(priority);
         assert_eq!(thread_nice(me).unwrap(), before);
     }
-
-    use super::*;
 
     fn offsets(process: ArrivalProcess, seed: u64, count: usize) -> Vec<u64> {
         Schedule::new(process, seed).unwrap().take(count).collect()
@@ -1078,6 +1090,9 @@ mod tests {
         assert!(busy.latency.min_ns() >= 4_000_000);
         assert_eq!(busy.throughput.counts.len(), 5);
         assert_eq!(busy.throughput.counts.iter().sum::<u64>(), busy.ok);
+        // Each user has one request in flight when the window opens; its answer lands inside.
+        assert!(busy.answered_in_window > busy.ok, "{} vs {}", busy.answered_in_window, busy.ok);
+        assert!(busy.answered_in_window <= busy.ok + 4, "at most one straddling answer per user");
 
         let thinking = ClosedLoopOptions { think_time: Duration::from_millis(16), ..options };
         let slow = drive_closed_loop(&thinking, service).await.unwrap();

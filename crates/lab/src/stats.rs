@@ -809,6 +809,7 @@ pub fn factorial_2kr(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn median_ci_takes_the_binomial_order_statistics() {
@@ -827,8 +828,6 @@ mod tests {
         assert_eq!((low_95, high_95), (40.0, 61.0));
         assert_eq!(median_ci(many, 1.0), None);
     }
-
-    use super::*;
 
     fn close(actual: f64, expected: f64, tolerance: f64) -> bool {
         (actual - expected).abs() <= tolerance

@@ -34,6 +34,9 @@ pub enum Command {
     Matrix(loadlab::MatrixArgs),
     /// Print one request body of a complexity level (for curl, wrk or other tools).
     Body(BodyArgs),
+    /// Print the median of paired throughput ratios (ours / peer, run by run) and its 95%
+    /// interval, for scripts that run a peer tool alternately with leantier.
+    Ratio(loadlab::RatioArgs),
 }
 
 /// Server settings; every field can come from `--config FILE` (TOML) and be overridden by flags.
@@ -188,6 +191,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Command::Serve(serve) => run_serve(&serve.resolve()?),
         Command::Load(load) => loadlab::run_load(load),
         Command::Matrix(matrix) => loadlab::run_matrix(matrix),
+        Command::Ratio(ratio) => loadlab::run_ratio(ratio),
         Command::Body(body) => {
             let body = body.complexity.shape().request_body(1, 1);
             println!("{}", String::from_utf8_lossy(&body));

@@ -21,7 +21,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -133,9 +133,9 @@ impl Drop for Dealer {
     fn drop(&mut self) {
         // Release: the dealer thread, woken by the shutdown below, must see the flag.
         self.stopping.store(true, Ordering::Release);
-        // SAFETY: shutdown on a descriptor the Arc keeps open; it wakes the blocked accept
-        // (Linux answers it with EINVAL) and touches no memory of ours.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        // Wakes the blocked accept (Linux answers it with EINVAL); a failure means the socket
+        // is already unusable, and the accept has returned or will.
+        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::Both);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

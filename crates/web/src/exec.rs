@@ -218,12 +218,10 @@ impl Admission {
         }
     }
 
-    /// Whether this is the only request admitted on the host (an adaptive child) or in this
-    /// executor: the caller's own request is counted.
-    fn alone(&self) -> bool {
+    /// Whether the caller's request is the only one admitted on the host (adaptive children).
+    fn alone_on_host(&self) -> bool {
         // Relaxed: see try_enter.
-        let host = self.host_in_flight.unwrap_or(&self.in_flight);
-        host.load(Ordering::Relaxed) == 1
+        self.host_in_flight.is_some_and(|host| host.load(Ordering::Relaxed) == 1)
     }
 
     fn current(&self) -> usize {
@@ -496,7 +494,7 @@ impl ChildWorker {
     /// Split over every core when this is the only request admitted on the host and the body is
     /// at least the calibrated split size.
     fn process(&self, body: &[u8]) -> Reply {
-        if body.len() >= self.parallel_body_bytes_min && self.admission.alone() {
+        if body.len() >= self.parallel_body_bytes_min && self.admission.alone_on_host() {
             self.pool.install(|| process_guarded(body, &self.limits, Compute::DataParallel))
         } else {
             process_guarded(body, &self.limits, Compute::Serial)

@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -186,7 +185,7 @@ impl CellResult {
             users,
             round,
             throughput_per_s: measured.throughput_per_s,
-            completed: measured.completed,
+            completed: measured.report.answered_in_window,
             errors: report.errors + report.timeouts,
             latency: report.latency.summary(),
             throughput_series: report.throughput.clone(),
@@ -223,11 +222,10 @@ pub struct Measured {
     /// Latency, errors and throughput over time as `lab::load` tallies them: in closed loop only
     /// requests both started and answered inside the measured window.
     pub report: LoadReport,
-    /// Successful answers received inside the measured window, whenever sent. Counting only
-    /// requests also *started* inside it (the report's `ok`) would undercount by about
-    /// latency / window, 7% for a Python cell (0.6 s latency, 8 s window) but 0.5% for a
-    /// leantier one, which would flatter the ratio between them.
-    pub completed: u64,
+    /// The report's `answered_in_window` over the window. Counting only requests also
+    /// *started* inside it (the report's `ok`) would undercount by about latency / window, 7%
+    /// for a Python cell (0.6 s latency, 8 s window) but 0.5% for a leantier one, which would
+    /// flatter the ratio between them.
     pub throughput_per_s: f64,
 }
 
@@ -254,34 +252,20 @@ pub fn drive(
                     interval: window.interval,
                     ..ClosedLoopOptions::default()
                 };
-                // The driver opens its window right after this (as it reads the clock itself),
-                // so both count the same interval to within microseconds.
-                let opens = tokio::time::Instant::now() + window.warmup;
-                let closes = opens + window.measure;
-                let in_window = Arc::new(AtomicU64::new(0));
-                let counter = Arc::clone(&in_window);
                 let report = drive_closed_loop(&options, move |user, sequence| {
                     let connections = Arc::clone(&connections);
                     let exchanges = Arc::clone(&exchanges);
-                    let counter = Arc::clone(&counter);
                     async move {
                         let exchange = &exchanges[(user + sequence as usize) % exchanges.len()];
                         let (status, answer) =
                             connections.post(user, exchange.body.clone()).await?;
-                        check_answer(status, &answer, exchange, sequence)?;
-                        let now = tokio::time::Instant::now();
-                        if now >= opens && now <= closes {
-                            // Relaxed: a plain count, read after every user task has joined.
-                            counter.fetch_add(1, Ordering::Relaxed);
-                        }
-                        anyhow::Ok(())
+                        check_answer(status, &answer, exchange, sequence)
                     }
                 })
                 .await?;
-                // Relaxed: the users have joined (drive_closed_loop awaited them all).
-                let completed = in_window.load(Ordering::Relaxed);
-                let throughput_per_s = completed as f64 / window.measure.as_secs_f64();
-                Ok(Measured { report, completed, throughput_per_s })
+                let throughput_per_s =
+                    report.answered_in_window as f64 / window.measure.as_secs_f64();
+                Ok(Measured { report, throughput_per_s })
             }
             LoadMode::Open { rate_per_s } => {
                 let client = JsonClient::default();
@@ -308,8 +292,8 @@ pub fn drive(
                 let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.measure };
                 // Open loop counts every scheduled request, latency from its intended time.
                 let report = drive_async(&plan, &options, &mut send).await?;
-                let (completed, throughput_per_s) = (report.ok, report.throughput_per_s());
-                Ok(Measured { report, completed, throughput_per_s })
+                let throughput_per_s = report.throughput_per_s();
+                Ok(Measured { report, throughput_per_s })
             }
         }
     })
@@ -783,6 +767,48 @@ fn paired_ratios(
 /// Confidence of the interval shown around each paired-ratio median.
 const RATIO_CONFIDENCE: f64 = 0.95;
 
+/// The median of paired `ratios` and its distribution-free interval at [`RATIO_CONFIDENCE`] as
+/// `low..high` (empty when the ratios are too few for one).
+pub fn median_with_interval(ratios: Vec<f64>) -> (f64, String) {
+    let interval = lab::stats::median_ci(ratios.clone(), RATIO_CONFIDENCE)
+        .map_or_else(String::new, |(low, high)| format!("{low:.3}..{high:.3}"));
+    (lab::stats::median(ratios), interval)
+}
+
+/// Arguments of `web ratio`.
+#[derive(Debug, ClapArgs)]
+pub struct RatioArgs {
+    /// Throughputs of the first tool's runs, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub ours: Vec<f64>,
+    /// Throughputs of the peer's runs, paired in order with --ours.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub peer: Vec<f64>,
+}
+
+/// `web ratio`: prints "<median of ours/peer per pair> <95% interval>" for scripts that run a
+/// peer tool alternately with leantier (scripts/bench-web's wrk cross-check).
+pub fn run_ratio(args: &RatioArgs) -> anyhow::Result<()> {
+    let (ratio, interval) = paired_ratio_of(&args.ours, &args.peer)?;
+    println!("{ratio:.3} {}", if interval.is_empty() { "n/a" } else { &interval });
+    Ok(())
+}
+
+fn paired_ratio_of(ours: &[f64], peer: &[f64]) -> Result<(f64, String), BadInput> {
+    if ours.len() != peer.len() || ours.is_empty() {
+        return Err(BadInput(format!(
+            "--ours and --peer need the same, non-zero number of runs (got {} and {})",
+            ours.len(),
+            peer.len()
+        )));
+    }
+    let positive = |x: &f64| x.is_finite() && *x > 0.0;
+    if !(ours.iter().all(positive) && peer.iter().all(positive)) {
+        return Err(BadInput("throughputs must be finite and > 0".into()));
+    }
+    Ok(median_with_interval(ours.iter().zip(peer).map(|(o, p)| o / p).collect()))
+}
+
 /// The targets. Adaptive's ratio in a cell is the median over rounds of its paired ratio to the
 /// best fixed model (the one with the highest median throughput there): pairing cancels the
 /// host's drift between rounds, which a ratio of two medians would keep.
@@ -807,10 +833,8 @@ fn check_targets(samples: &[CellResult], cells: &[MedianCell]) -> Checks {
             .filter_map(|m| median_of(cells, m, complexity, users).map(|t| (t, *m)))
             .max_by(|a, b| a.0.total_cmp(&b.0));
         if let Some((_, name)) = best {
-            let paired = paired_ratios(samples, complexity, users, name);
-            let ratio = lab::stats::median(paired.clone());
-            let interval = lab::stats::median_ci(paired, RATIO_CONFIDENCE)
-                .map_or_else(String::new, |(low, high)| format!("{low:.3}..{high:.3}"));
+            let (ratio, interval) =
+                median_with_interval(paired_ratios(samples, complexity, users, name));
             let check =
                 Check { name: &format!("adaptive / best fixed ({name})"), complexity, users };
             let met =
@@ -1047,6 +1071,20 @@ mod tests {
                 followers.iter().filter(|(_, after)| *after == model).map(|(b, _)| *b).collect();
             assert!(before.len() >= 2, "model {model} always follows {before:?}");
         }
+    }
+
+    #[test]
+    fn ratio_pairs_runs_in_order_and_refuses_bad_input() {
+        let ours = [100.0, 200.0, 300.0, 400.0, 500.0, 600.0];
+        let peer = [100.0, 100.0, 300.0, 800.0, 500.0, 300.0];
+        // Ratios 1, 2, 1, 0.5, 1, 2: median 1; six pairs give the widest 95% interval.
+        assert_eq!(paired_ratio_of(&ours, &peer).unwrap(), (1.0, "0.500..2.000".to_string()));
+        assert_eq!(paired_ratio_of(&ours[..3], &peer[..3]).unwrap(), (1.0, String::new()));
+        let uneven = paired_ratio_of(&ours, &peer[..5]).unwrap_err();
+        assert!(uneven.0.contains("same, non-zero number"), "{uneven}");
+        assert!(paired_ratio_of(&[], &[]).is_err());
+        assert!(paired_ratio_of(&[1.0], &[0.0]).unwrap_err().0.contains("> 0"));
+        assert!(paired_ratio_of(&[f64::NAN], &[1.0]).is_err());
     }
 
     #[test]

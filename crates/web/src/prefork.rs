@@ -183,28 +183,19 @@ impl HostCounter {
     }
 }
 
-/// How connections reach the children, seen from the parent.
+/// How connections reach the children, seen from the parent; held for as long as they serve.
 enum Intake {
     /// Children listen with SO_REUSEPORT; this bound, never listening socket keeps the port.
-    ReusePort {
-        _reservation: Socket,
-    },
-    /// The parent listens and deals; the dealer starts once every child is ready. The child
-    /// ends stay open here until then, so each child can inherit its own.
-    Dealt {
-        listener: std::net::TcpListener,
-        parent_ends: Vec<OwnedFd>,
-        child_ends: Vec<OwnedFd>,
-    },
-    Dealing {
-        _dealer: Dealer,
-    },
+    ReusePort { _reservation: Socket },
+    /// The parent listens and deals. Connections that arrive before a child serves wait in its
+    /// channel.
+    Dealt { _dealer: Dealer },
 }
 
 /// The parent of the prefork children; kills them when dropped.
 pub struct Prefork {
     addr: SocketAddr,
-    intake: Option<Intake>,
+    _intake: Intake,
     /// The children's shared counter (each child holds its own copy of the fd).
     _host_counter: HostCounter,
     children: Vec<Child>,
@@ -222,15 +213,17 @@ impl Prefork {
         args: &[OsString],
     ) -> anyhow::Result<Prefork> {
         assert!(workers >= 1);
-        let (intake, addr) = Intake::bind(addr, workers, template.model)?;
+        // For dealt intakes, the channels' child ends: open here until every child inherited
+        // its own.
+        let (intake, addr, child_ends) = Intake::bind(addr, workers, template.model)?;
         let allowed = exec::allowed_cpus()?;
         let host_counter = HostCounter::create().context("creating the shared counter")?;
         let host_counter_fd = host_counter.raw_fd();
         let mut prefork =
-            Prefork { addr, intake: None, _host_counter: host_counter, children: Vec::new() };
+            Prefork { addr, _intake: intake, _host_counter: host_counter, children: Vec::new() };
         for index in 0..workers {
             let cpu = exec::cpu_for_worker(&allowed, index);
-            let dealt_channel_fd = intake.child_channel(index);
+            let dealt_channel_fd = child_ends.get(index).map(AsRawFd::as_raw_fd);
             let spec = ChildSpec {
                 cpu,
                 addr,
@@ -255,10 +248,10 @@ impl Prefork {
                 .with_context(|| format!("starting prefork child {}", exe.display()))?;
             prefork.children.push(child);
         }
+        drop(child_ends);
         for child in &mut prefork.children {
             wait_ready(child)?;
         }
-        prefork.intake = Some(intake.start_dealing()?);
         Ok(prefork)
     }
 
@@ -279,47 +272,29 @@ impl Prefork {
 }
 
 impl Intake {
-    /// The intake for `workers` children of `model`, and the address it resolved to.
+    /// The intake for `workers` children of `model`, the address it resolved to, and (dealt
+    /// intakes) the child end of each child's channel.
     fn bind(
         addr: SocketAddr,
         workers: usize,
         model: Model,
-    ) -> anyhow::Result<(Intake, SocketAddr)> {
+    ) -> anyhow::Result<(Intake, SocketAddr, Vec<OwnedFd>)> {
         if model != Model::Adaptive {
             let reservation = reuseport_socket(addr).with_context(|| format!("binding {addr}"))?;
             let addr = reservation.local_addr()?.as_socket().context("an IP address")?;
-            return Ok((Intake::ReusePort { _reservation: reservation }, addr));
+            return Ok((Intake::ReusePort { _reservation: reservation }, addr, Vec::new()));
         }
         let listener =
             std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
         let addr = listener.local_addr()?;
-        let (parent_ends, child_ends) = (0..workers)
+        let (parent_ends, child_ends): (Vec<OwnedFd>, Vec<OwnedFd>) = (0..workers)
             .map(|_| deal::channel())
             .collect::<std::io::Result<Vec<_>>>()
             .context("creating the dealing channels")?
             .into_iter()
             .unzip();
-        Ok((Intake::Dealt { listener, parent_ends, child_ends }, addr))
-    }
-
-    /// The raw fd of child `index`'s channel end, for dealt intakes.
-    fn child_channel(&self, index: usize) -> Option<RawFd> {
-        match self {
-            Intake::Dealt { child_ends, .. } => Some(child_ends[index].as_raw_fd()),
-            Intake::ReusePort { .. } | Intake::Dealing { .. } => None,
-        }
-    }
-
-    /// Starts the dealer once the children inherited their ends (this process's copies of
-    /// those close here).
-    fn start_dealing(self) -> std::io::Result<Intake> {
-        match self {
-            Intake::Dealt { listener, parent_ends, child_ends } => {
-                drop(child_ends);
-                Ok(Intake::Dealing { _dealer: Dealer::start(listener, parent_ends)? })
-            }
-            other => Ok(other),
-        }
+        let dealer = Dealer::start(listener, parent_ends)?;
+        Ok((Intake::Dealt { _dealer: dealer }, addr, child_ends))
     }
 }
 
