@@ -249,21 +249,20 @@ async fn sigkill_scenario(store: &str) {
     for id in seen.popped.iter().chain(&after) {
         assert!(delivered.insert(*id), "message {id} popped twice");
     }
-    let lost: Vec<_> = seen.acked_sends.iter().filter(|id| !delivered.contains(id)).collect();
+    // A message that must come back: every acknowledged send, and every leased message (its
+    // lease expired while the node was down). Each pop cut off by the crash may have committed
+    // without its reply and so account for one of them nobody saw again, whichever it was: a
+    // lease that expired before the crash leaves its message to the next pop.
+    let owed: HashSet<u64> = seen.acked_sends.iter().chain(&seen.leased).copied().collect();
+    let lost: Vec<_> = owed.iter().filter(|id| !delivered.contains(id)).collect();
     assert!(
         lost.len() <= seen.pops_without_reply,
-        "acknowledged messages {lost:?} lost ({} pops cut off; leased {:?}; popped {} before, {} after)",
+        "acknowledged or leased messages {lost:?} lost ({} pops cut off; leased {:?}; popped {} before, {} after)",
         seen.pops_without_reply,
         seen.leased,
         seen.popped.len(),
         after.len()
     );
-    for id in &seen.leased {
-        assert!(
-            after.contains(id) || seen.popped.contains(id),
-            "leased message {id} did not reappear"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
