@@ -266,9 +266,9 @@ pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Pref
             bytes => format!("bodies from {bytes} bytes while the host idles"),
         };
         println!(
-            "adaptive calibration: hand-off {} us; inline bodies up to {} bytes; split {split}",
+            "adaptive calibration: hand-off {} us; children inline bodies up to {} bytes; split {split}",
             calibration.handoff_ns / 1000,
-            calibration.inline_body_bytes_max
+            calibration.per_core_inline_body_bytes_max()
         );
         template.calibration = calibration;
     }

@@ -20,16 +20,15 @@
 //! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
 //!   `single`.
 //! - The adaptive *child* ([`Executor::start_child`]) is what `serve --model adaptive` runs:
-//!   one per core in the prefork layout. A body up to the calibrated inline size (serial work
-//!   measured at start-up to cost less than a hand-off to a worker on the same core and back)
-//!   runs inline on the child's reactor thread: the hand-off would more than double its cost. A
-//!   larger
-//!   body goes, in arrival order, to one worker thread on the same core (prefork's structure), so
-//!   the reactor keeps reading and admitting while it computes; running those inline too made
-//!   waiting connections be served out of order and raised p99. The worker splits a request over
-//!   a pool spanning every core when it is at least the calibrated split size and no other
-//!   request computes anywhere on the host (a counter shared by all children,
-//!   [`crate::prefork::HostCounter`]).
+//!   one per core in the prefork layout. Its reactor thread owns the core, so a hand-off to a
+//!   worker there buys no parallelism: a body up to [`PER_CORE_INLINE_BODY_BYTES_MAX`] (256 KiB:
+//!   the study's low and medium requests) runs inline on the reactor. A larger body goes, in
+//!   arrival order, to one worker thread on the same core (prefork's structure), so the reactor
+//!   keeps reading the other connections' bodies while it computes; inline, such a body's sender
+//!   stalled on a full receive buffer and p99 rose. The worker splits a request over a pool
+//!   spanning every core when it is at least the calibrated split size and no other request is
+//!   admitted anywhere on the host (a counter shared by all children,
+//!   [`crate::prefork::HostCounter`]); a body that may split never runs inline.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -61,6 +60,14 @@ const PARALLEL_GAIN_DEN: u64 = 5;
 /// µs hand-off on the 2-core host) inline measured 1.12× the hand-off's throughput (median of 14
 /// paired runs at 10 users); at medium-1000 × 30 users the hand-off measured 1.03× inline.
 const INLINE_WORK_PER_HANDOFF_MAX: u64 = 10;
+/// An adaptive child of the per-core layout runs bodies up to this size inline on its reactor,
+/// whatever the hand-off costs: its reactor owns the core, so the hand-off saves no parallelism,
+/// only the two thread switches per request and the reactor's wake-ups while the worker
+/// computes. Paired runs on the 2-core host (20 rounds, inline against hand-off): +4.3% and
+/// +1.9% at medium-600 (129 KB bodies) × 10 and × 60 users, +3.6% at medium-1000 (211 KB) × 30,
+/// with p99 no worse; but -2.9% and a 24% higher p99 at high (418 KB) × 60, where a body
+/// larger than the socket's receive buffer stalls its sender while another request computes.
+pub const PER_CORE_INLINE_BODY_BYTES_MAX: usize = 256 << 10;
 /// Request sizes (rows of A in the study's shape) tried by the calibration.
 const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// Repetitions per calibration point; the minimum is kept (least disturbed by other load).
@@ -271,6 +278,16 @@ impl Calibration {
     }
 }
 
+impl Calibration {
+    /// The largest body an adaptive child of the per-core layout runs inline: up to
+    /// [`PER_CORE_INLINE_BODY_BYTES_MAX`] (or the hand-off rule's size, if larger), but never a
+    /// body large enough to split, which goes to the worker that decides.
+    pub fn per_core_inline_body_bytes_max(&self) -> usize {
+        let inline = self.inline_body_bytes_max.max(PER_CORE_INLINE_BODY_BYTES_MAX);
+        inline.min(self.parallel_body_bytes_min.saturating_sub(1))
+    }
+}
+
 /// The hand-off as served: a one-row request through a `single` executor whose worker shares
 /// one CPU with the calling thread, awaited on a tokio runtime, less the same request processed
 /// inline. Medians, so a burst of other load does not set the threshold.
@@ -368,8 +385,8 @@ impl Executor {
     }
 
     /// The adaptive model of one process of the per-core layout, on CPU `cpu`: bodies up to
-    /// `thresholds.inline_body_bytes_max` run inline on the reactor; larger ones go to one worker
-    /// thread pinned to `cpu`, which splits a body of at least
+    /// [`Calibration::per_core_inline_body_bytes_max`] run inline on the reactor; larger ones go
+    /// to one worker thread pinned to `cpu`, which splits a body of at least
     /// `thresholds.parallel_body_bytes_min` over a pool of `config.workers` threads pinned
     /// round-robin over the allowed CPUs (call before pinning the process) when it is the only
     /// request admitted on the host: `host_in_flight` counts them over every process of the
@@ -400,7 +417,7 @@ impl Executor {
         })?;
         let inner = Inner::Child {
             admission,
-            inline_body_bytes_max: thresholds.inline_body_bytes_max,
+            inline_body_bytes_max: thresholds.per_core_inline_body_bytes_max(),
             jobs,
         };
         Ok(Executor { model: Model::Adaptive, limits: config.limits, inner })
@@ -616,6 +633,19 @@ mod tests {
         assert!(inline < sizes[sizes.len() - 1], "{calibration:?}");
         let split = calibration.parallel_body_bytes_min;
         assert!(split == usize::MAX || sizes.contains(&split), "{calibration:?}");
+    }
+
+    #[test]
+    fn per_core_children_inline_up_to_the_bound_but_never_a_body_to_split() {
+        let measured =
+            Calibration { handoff_ns: 1, inline_body_bytes_max: 100, parallel_body_bytes_min: 0 };
+        let never_split = Calibration { parallel_body_bytes_min: usize::MAX, ..measured };
+        assert_eq!(never_split.per_core_inline_body_bytes_max(), PER_CORE_INLINE_BODY_BYTES_MAX);
+        let slow_handoff = Calibration { inline_body_bytes_max: 1 << 20, ..never_split };
+        assert_eq!(slow_handoff.per_core_inline_body_bytes_max(), 1 << 20);
+        let split_from_5000 = Calibration { parallel_body_bytes_min: 5000, ..measured };
+        assert_eq!(split_from_5000.per_core_inline_body_bytes_max(), 4999);
+        assert_eq!(measured.per_core_inline_body_bytes_max(), 0, "everything may split");
     }
 
     #[test]

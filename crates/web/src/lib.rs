@@ -21,13 +21,14 @@
 //! ([`prefork`]), or per request by size (`adaptive`). `adaptive` uses the prefork layout, because
 //! on the measured host one single-threaded process per core beat every in-process model, but
 //! its parent accepts and deals the connections to the processes in turn ([`deal`]). In each
-//! process a request whose serial work measured at most ten hand-offs runs inline on the
-//! reactor thread; any other goes, in arrival order, to a worker thread on the same core (so the
-//! reactor keeps reading while it computes), which splits it over all cores when it is at least
-//! the split size and no other request is admitted on the host (a counter in memory shared by the
-//! processes). The hand-off cost, the inline size and the split size are measured at start-up on
-//! the host (`exec::Calibration`); the decision per request is then a comparison of its body
-//! size with them. Every model has a named admission bound and answers 503 with code 009 past
+//! process a body up to 256 KiB runs inline on the reactor thread, which owns the core; a larger
+//! one goes, in arrival order, to a worker thread on the same core (so the reactor keeps reading
+//! while it computes), which splits it over all cores when it is at least the split size and no
+//! other request is admitted on the host (a counter in memory shared by the processes); a body
+//! that may split never runs inline. The split size is measured at start-up on the host
+//! (`exec::Calibration`, which also times a hand-off: the in-process `adaptive` executor inlines
+//! only bodies whose work measured at most ten hand-offs); the decision per request is then a
+//! comparison of its body size with them. Every model has a named admission bound and answers 503 with code 009 past
 //! it. All in-process models (including an in-process variant of `adaptive`) are served side by
 //! side on `/matrix/<model>` so one run compares them under identical conditions.
 //!

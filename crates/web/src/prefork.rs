@@ -12,8 +12,8 @@
 //! `prefork` (one process per core, no hand-off between cores), with three differences:
 //! the parent itself listens and deals the connections to the children in turn ([`crate::deal`]:
 //! an even share for each, where SO_REUSEPORT's hash leaves a few connections unevenly spread);
-//! a body up to the inline size calibrated by the parent runs inline on the child's reactor
-//! thread (no hand-off to the worker on the same core); and a body at least as large as the
+//! a body up to [`Calibration::per_core_inline_body_bytes_max`] runs inline on the child's
+//! reactor thread (no hand-off to the worker on the same core); and a body at least as large as the
 //! calibrated split size is spread over a pool spanning every core when no other request is
 //! admitted (waiting or computing) anywhere on the host. "Admitted on the host" is one
 //! [`HostCounter`]: an `AtomicUsize` in a memfd the parent creates and every child maps (the fd
@@ -53,7 +53,8 @@ pub struct ChildSpec {
     pub cpu: usize,
     /// Threads of the adaptive child's splitting pool (one per process of the layout).
     pub pool_threads: usize,
-    /// The adaptive thresholds measured by the parent: inline and split sizes.
+    /// The adaptive thresholds measured by the parent: the split size, and with it the inline
+    /// size ([`Calibration::per_core_inline_body_bytes_max`]).
     pub calibration: Calibration,
     /// The [`HostCounter`] memfd inherited from the parent (set by [`Prefork::start`]).
     pub host_counter_fd: RawFd,

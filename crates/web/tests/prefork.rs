@@ -35,12 +35,12 @@ fn template(model: Model) -> ChildSpec {
         model,
         cpu: 0,
         pool_threads: 2,
-        // The published example runs inline; every larger adaptive request goes to the worker
-        // and is large enough to split when nothing else computes.
+        // The published example runs inline; the study-shaped requests of these tests go to
+        // the worker and are large enough to split when nothing else computes.
         calibration: Calibration {
             handoff_ns: 0,
             inline_body_bytes_max: EXAMPLE.len(),
-            parallel_body_bytes_min: 0,
+            parallel_body_bytes_min: EXAMPLE.len() + 1,
         },
         host_counter_fd: -1,
         dealt_channel_fd: None,
