@@ -39,6 +39,19 @@ pub enum Command {
     Ratio(loadlab::RatioArgs),
 }
 
+/// Where the `adaptive` model runs when served alone (`serve --model adaptive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdaptiveLayout {
+    /// One process: a reactor thread per core, small and large bodies handed to a pinned pool
+    /// that spreads them over the cores, the others inline (the layout the benchmarks measure).
+    #[default]
+    Shared,
+    /// One pinned process per core, dealt connections in turn by the parent, each running its
+    /// bodies inline up to the bound and the larger ones on a worker on its core.
+    PerCore,
+}
+
 /// Server settings; every field can come from `--config FILE` (TOML) and be overridden by flags.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -51,6 +64,7 @@ pub struct ServeConfig {
     pub dim_max: usize,
     pub cells_max: usize,
     pub io_threads: usize,
+    pub adaptive_layout: AdaptiveLayout,
 }
 
 impl Default for ServeConfig {
@@ -65,6 +79,7 @@ impl Default for ServeConfig {
             dim_max: DIM_MAX_DEFAULT,
             cells_max: CELLS_MAX_DEFAULT,
             io_threads: cpus,
+            adaptive_layout: AdaptiveLayout::default(),
         }
     }
 }
@@ -101,13 +116,9 @@ impl ServeConfig {
             model,
             cpu: 0,
             pool_threads: self.workers,
-            // Nothing inline, nothing split: prefork children ignore it, adaptive ones get the
-            // parent's measurement (start_per_core).
-            calibration: Calibration {
-                handoff_ns: 0,
-                inline_body_bytes_max: 0,
-                parallel_body_bytes_min: usize::MAX,
-            },
+            // Nothing split: prefork children ignore it, adaptive ones get the parent's
+            // measurement (start_per_core).
+            calibration: Calibration { parallel_body_bytes_min: usize::MAX },
             host_counter_fd: -1,
             dealt_channel_fd: None,
             addr: self.listen,
@@ -135,7 +146,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Model behind `POST /matrix`: single, pool, pinned, prefork or adaptive [default: adaptive];
-    /// prefork and adaptive run one pinned process per worker sharing the port.
+    /// prefork (and adaptive with `--adaptive-layout per-core`) run one pinned process per
+    /// worker sharing the port.
     #[arg(long)]
     pub model: Option<String>,
     /// Worker threads (pool, pinned) or processes (prefork, adaptive) [default: allowed CPUs].
@@ -156,6 +168,10 @@ pub struct ServeArgs {
     /// Tokio reactor threads [default: allowed CPUs].
     #[arg(long)]
     pub io_threads: Option<usize>,
+    /// Layout of `--model adaptive`: one process (shared) or one process per core (per-core)
+    /// [default: shared].
+    #[arg(long, value_enum)]
+    pub adaptive_layout: Option<AdaptiveLayout>,
 }
 
 impl ServeArgs {
@@ -169,6 +185,7 @@ impl ServeArgs {
         override_with(&mut config.dim_max, &self.dim_max);
         override_with(&mut config.cells_max, &self.cells_max);
         override_with(&mut config.io_threads, &self.io_threads);
+        override_with(&mut config.adaptive_layout, &self.adaptive_layout);
         Ok(config)
     }
 }
@@ -229,7 +246,9 @@ fn keep_freed_request_memory() {
 fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
     let server_config = config.server_config()?;
     let model = server_config.default_model;
-    if matches!(model, Model::Prefork | Model::Adaptive) {
+    let per_core_adaptive =
+        model == Model::Adaptive && config.adaptive_layout == AdaptiveLayout::PerCore;
+    if model == Model::Prefork || per_core_adaptive {
         let children = start_per_core(config, model)?;
         println!(
             "serving {} ×{} processes on http://{}/matrix",
@@ -241,7 +260,7 @@ fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
     }
     let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
     if let Some(calibration) = executors.calibration() {
-        tracing::info!(?calibration, "adaptive thresholds");
+        println!("{calibration}");
     }
     let router = executors.router(server_config.default_model, server_config.body_bytes_max);
     let listener = std::net::TcpListener::bind(config.listen)?;
@@ -254,22 +273,14 @@ fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// Starts one pinned process per worker (`prefork` or `adaptive`) by re-executing this binary
-/// with this process's arguments; for `adaptive`, calibrates the inline and split sizes first,
+/// with this process's arguments; for `adaptive`, calibrates the split size first,
 /// here, so the children do not disturb each other's measurements.
 pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Prefork> {
     let mut template = config.child_template(model);
     if model == Model::Adaptive {
         let limits = SizeLimits { dim_max: config.dim_max, cells_max: config.cells_max };
         let calibration = exec::calibrate(config.workers, &limits)?;
-        let split = match calibration.parallel_body_bytes_min {
-            usize::MAX => "never (splitting measured no faster)".to_string(),
-            bytes => format!("bodies from {bytes} bytes while the host idles"),
-        };
-        println!(
-            "adaptive calibration: hand-off {} us; children inline bodies up to {} bytes; split {split}",
-            calibration.handoff_ns / 1000,
-            calibration.per_core_inline_body_bytes_max()
-        );
+        println!("{calibration}");
         template.calibration = calibration;
     }
     let exe = std::env::current_exe()?;

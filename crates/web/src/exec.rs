@@ -12,23 +12,26 @@
 //!   while another has a backlog).
 //! - `pool`: a fixed rayon pool; every request's output rows are split across the pool (data
 //!   parallelism), requests themselves also run side by side.
-//! - in-process `adaptive`: small bodies are processed inline on the reactor thread (those whose
-//!   work measured cheaper than a hand-off to a worker thread); larger ones go to a pinned
-//!   pool where a request is split across cores only while cores are idle (fewer requests in
-//!   flight than workers) and only above the size where splitting measured faster. Both
-//!   thresholds are calibrated at start-up on this host by [`Calibration::measure`].
+//! - `adaptive` (what `serve --model adaptive` runs, in one process with the other in-process
+//!   models): a body above [`SMALL_BODY_BYTES_MAX`] and up to [`INLINE_BODY_BYTES_MAX`] (the
+//!   study's medium requests) runs inline on the reactor thread that read it, where its bytes are
+//!   in cache; a small body goes to a pinned pool, which spreads the many small requests over
+//!   every core; so does a larger one, so the reactor keeps reading while it computes. The pool
+//!   splits a request across cores only while cores are idle (fewer requests in flight than
+//!   workers) and only from the size where splitting measured faster, calibrated at start-up
+//!   on this host by [`Calibration::measure`]; a body that may split never runs inline.
 //! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
 //!   `single`.
-//! - The adaptive *child* ([`Executor::start_child`]) is what `serve --model adaptive` runs:
-//!   one per core in the prefork layout. Its reactor thread owns the core, so a hand-off to a
-//!   worker there buys no parallelism: a body up to [`PER_CORE_INLINE_BODY_BYTES_MAX`] (256 KiB:
-//!   the study's low and medium requests) runs inline on the reactor. A larger body goes, in
-//!   arrival order, to one worker thread on the same core (prefork's structure), so the reactor
-//!   keeps reading the other connections' bodies while it computes; inline, such a body's sender
-//!   stalled on a full receive buffer and p99 rose. The worker splits a request over a pool
+//! - The adaptive *child* ([`Executor::start_child`]) is `adaptive` in the per-core layout
+//!   (`serve --adaptive-layout per-core`): one per core, the prefork layout. Its reactor thread
+//!   owns the core, so a hand-off to a worker there buys no parallelism: a body up to
+//!   [`INLINE_BODY_BYTES_MAX`] runs inline on the reactor. A larger body goes, in arrival order,
+//!   to one worker thread on the same core (prefork's structure), so the reactor keeps reading
+//!   the other connections' bodies while it computes. The worker splits a request over a pool
 //!   spanning every core when it is at least the calibrated split size and no other request is
 //!   admitted anywhere on the host (a counter shared by all children,
-//!   [`crate::prefork::HostCounter`]); a body that may split never runs inline.
+//!   [`crate::prefork::HostCounter`]). On the 2-core test host this layout matched `prefork` at
+//!   medium and high but lost 5-9% to `pinned` at low, where the shared layout does not.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -49,25 +52,23 @@ use crate::workload;
 /// Default admission bound per model: requests waiting or running. 60 users (the largest load
 /// of the study) fit with room to spare; beyond this a client gets 503 rather than a long queue.
 pub const QUEUE_DEPTH_MAX_DEFAULT: usize = 256;
-/// Hand-off round trips timed by the calibration; the median is kept.
-const HANDOFF_SAMPLES: usize = 101;
 /// Splitting a request across cores must be measured this much faster than serial (×1.2).
 const PARALLEL_GAIN_NUM: u64 = 6;
 const PARALLEL_GAIN_DEN: u64 = 5;
-/// A body runs inline when its serial work measured at most this many hand-offs: a hand-off
-/// costing a tenth of the work or more is not worth paying for, since the worker it would reach
-/// shares the core anyway (per-core layout). At `low` (30 rows, ~50 µs of work against an 8-27
-/// µs hand-off on the 2-core host) inline measured 1.12× the hand-off's throughput (median of 14
-/// paired runs at 10 users); at medium-1000 × 30 users the hand-off measured 1.03× inline.
-const INLINE_WORK_PER_HANDOFF_MAX: u64 = 10;
-/// An adaptive child of the per-core layout runs bodies up to this size inline on its reactor,
-/// whatever the hand-off costs: its reactor owns the core, so the hand-off saves no parallelism,
-/// only the two thread switches per request and the reactor's wake-ups while the worker
-/// computes. Paired runs on the 2-core host (20 rounds, inline against hand-off): +4.3% and
-/// +1.9% at medium-600 (129 KB bodies) × 10 and × 60 users, +3.6% at medium-1000 (211 KB) × 30,
-/// with p99 no worse; but -2.9% and a 24% higher p99 at high (418 KB) × 60, where a body
-/// larger than the socket's receive buffer stalls its sender while another request computes.
-pub const PER_CORE_INLINE_BODY_BYTES_MAX: usize = 256 << 10;
+/// The in-process adaptive executor hands bodies up to this size to its pool even though their
+/// work is short: small requests are many, and the pool spreads them over every core as they
+/// come, where inline they stay on the reactor thread that read them. Low (10.7 KB bodies) ×
+/// 30 and × 60 users, paired runs on the 2-core host (16 rounds): through the pool 1.09× inline.
+pub const SMALL_BODY_BYTES_MAX: usize = 32 << 10;
+/// Bodies above [`SMALL_BODY_BYTES_MAX`] and up to this size run inline on the reactor thread
+/// that read them (which blocks that thread for one such body's work, about 1 ms at 256 KiB on
+/// the test host): the body and its operands stay in that core's cache and no thread switch is
+/// paid. Larger bodies go to a worker, so the reactor keeps reading other connections while one
+/// computes; inline, such a body's sender stalled on a full receive buffer. Paired runs on the
+/// 2-core host, inline against a hand-off: per-core children +4.3% and +1.9% at medium-600 (129
+/// KB) × 10 and × 60 users, +3.6% at medium-1000 (211 KB) × 30 (20 rounds), but -2.9% with a 24%
+/// higher p99 at high (418 KB) × 60; in-process, inline 1.04-1.10× the pinned pool at medium.
+pub const INLINE_BODY_BYTES_MAX: usize = 256 << 10;
 /// Request sizes (rows of A in the study's shape) tried by the calibration.
 const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// Repetitions per calibration point; the minimum is kept (least disturbed by other load).
@@ -87,8 +88,8 @@ pub enum Model {
     Pinned,
     /// N processes sharing the port with SO_REUSEPORT, each pinned to one core.
     Prefork,
-    /// Per request by size: inline, or all cores when the host is idle (calibrated at start-up);
-    /// served as one pinned process per core like `prefork`.
+    /// Per request by size: inline on the reactor, a pinned pool, or all cores when they idle
+    /// (split size calibrated at start-up).
     Adaptive,
 }
 
@@ -237,91 +238,50 @@ impl Admission {
     }
 }
 
-/// The start-up measurements that set the adaptive model's thresholds.
+/// The start-up measurement that sets the adaptive model's split size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
-    /// Median cost of handing a request to a worker thread on the same core and getting the
-    /// answer back (the reactor's wake-up included), beyond the work itself.
-    pub handoff_ns: u64,
-    /// Bodies up to this size are processed inline on the reactor thread: their serial work
-    /// measured no more than [`INLINE_WORK_PER_HANDOFF_MAX`] hand-offs (0: none).
-    pub inline_body_bytes_max: usize,
     /// Bodies from this size are split across idle cores (`usize::MAX`: never).
     pub parallel_body_bytes_min: usize,
 }
 
 impl Calibration {
-    /// Times the hand-off, then serial and data-parallel processing of study-shaped requests on
-    /// `pool`.
+    /// Times serial and data-parallel processing of study-shaped requests on `pool`.
     pub fn measure(pool: &rayon::ThreadPool, limits: &SizeLimits) -> Calibration {
-        let handoff_ns = measure_handoff_ns(limits).unwrap_or_else(|error| {
-            tracing::warn!(%error, "could not time a hand-off; nothing will run inline");
-            0
-        });
-        let mut inline_body_bytes_max = 0;
         let mut parallel_body_bytes_min = usize::MAX;
         for rows in CALIBRATION_ROWS {
             let body = workload::Shape::study(rows).request_body(1, rows as u64);
             let serial_ns = fastest_ns(|| process(&body, limits, Compute::Serial));
             let parallel_ns =
                 fastest_ns(|| pool.install(|| process(&body, limits, Compute::DataParallel)));
-            if serial_ns <= handoff_ns.saturating_mul(INLINE_WORK_PER_HANDOFF_MAX) {
-                inline_body_bytes_max = body.len();
-            }
             let splitting_pays = parallel_ns * PARALLEL_GAIN_NUM < serial_ns * PARALLEL_GAIN_DEN;
             if splitting_pays && parallel_body_bytes_min == usize::MAX {
                 parallel_body_bytes_min = body.len();
             }
             tracing::debug!(rows, serial_ns, parallel_ns, "adaptive calibration point");
         }
-        Calibration { handoff_ns, inline_body_bytes_max, parallel_body_bytes_min }
+        Calibration { parallel_body_bytes_min }
+    }
+
+    /// The largest body run inline on a reactor thread: [`INLINE_BODY_BYTES_MAX`], but never a
+    /// body large enough to split, which goes to a worker that decides.
+    pub fn inline_body_bytes_max(&self) -> usize {
+        INLINE_BODY_BYTES_MAX.min(self.parallel_body_bytes_min.saturating_sub(1))
     }
 }
 
-impl Calibration {
-    /// The largest body an adaptive child of the per-core layout runs inline: up to
-    /// [`PER_CORE_INLINE_BODY_BYTES_MAX`] (or the hand-off rule's size, if larger), but never a
-    /// body large enough to split, which goes to the worker that decides.
-    pub fn per_core_inline_body_bytes_max(&self) -> usize {
-        let inline = self.inline_body_bytes_max.max(PER_CORE_INLINE_BODY_BYTES_MAX);
-        inline.min(self.parallel_body_bytes_min.saturating_sub(1))
-    }
-}
-
-/// The hand-off as served: a one-row request through a `single` executor whose worker shares
-/// one CPU with the calling thread, awaited on a tokio runtime, less the same request processed
-/// inline. Medians, so a burst of other load does not set the threshold.
-fn measure_handoff_ns(limits: &SizeLimits) -> std::io::Result<u64> {
-    let cpu = *allowed_cpus()?.first().expect("a process has an allowed CPU");
-    let body = Bytes::from(workload::Shape::study(1).request_body(1, 1));
-    let limits = *limits;
-    let timer = std::thread::Builder::new().name("web-calibrate".into());
-    let timing = timer.spawn(move || -> std::io::Result<u64> {
-        if let Err(error) = placement::pin_current_thread(&[cpu]) {
-            tracing::warn!(cpu, %error, "calibrating the hand-off unpinned");
+/// The start-up line that reports the adaptive thresholds.
+impl std::fmt::Display for Calibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "adaptive calibration: split ")?;
+        match self.parallel_body_bytes_min {
+            usize::MAX => write!(f, "never (splitting measured no faster)")?,
+            bytes => write!(f, "bodies from {bytes} bytes while cores idle")?,
         }
-        // Started after pinning: its worker inherits this thread's CPU.
-        let config = ExecConfig { limits, workers: 1, queue_depth_max: 1 };
-        let executor = Executor::start(Model::Single, &config)?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let handed_ns = median_ns(|| runtime.block_on(executor.execute(body.clone())));
-        let inline_ns = median_ns(|| process(&body, &limits, Compute::Serial));
-        Ok(handed_ns.saturating_sub(inline_ns))
-    })?;
-    timing.join().map_err(|_| std::io::Error::other("hand-off calibration panicked"))?
-}
-
-fn median_ns(mut run: impl FnMut() -> Reply) -> u64 {
-    let mut samples: Vec<u64> = (0..HANDOFF_SAMPLES).map(|_| timed_ns(&mut run)).collect();
-    samples.sort_unstable();
-    samples[samples.len() / 2]
-}
-
-fn timed_ns(run: &mut impl FnMut() -> Reply) -> u64 {
-    let start = Instant::now();
-    let reply = run();
-    assert_eq!(reply.status, 200, "calibration requests are well-formed");
-    start.elapsed().as_nanos() as u64
+        let inline_max = self.inline_body_bytes_max();
+        write!(f, "; inline on the reactor up to {inline_max} bytes")?;
+        write!(f, " (shared layout: from {} bytes)", SMALL_BODY_BYTES_MAX + 1)
+    }
 }
 
 /// Calibrates the adaptive thresholds on a pool of `workers` pinned threads, then drops it.
@@ -330,8 +290,15 @@ pub fn calibrate(workers: usize, limits: &SizeLimits) -> std::io::Result<Calibra
     Ok(Calibration::measure(&pool, limits))
 }
 
+/// The fastest of [`CALIBRATION_REPEATS`] runs (the least disturbed by other load).
 fn fastest_ns(mut run: impl FnMut() -> Reply) -> u64 {
-    (0..CALIBRATION_REPEATS).map(|_| timed_ns(&mut run)).min().unwrap_or(u64::MAX)
+    let mut timed_ns = || {
+        let start = Instant::now();
+        let reply = run();
+        assert_eq!(reply.status, 200, "calibration requests are well-formed");
+        start.elapsed().as_nanos() as u64
+    };
+    (0..CALIBRATION_REPEATS).map(|_| timed_ns()).min().unwrap_or(u64::MAX)
 }
 
 enum Inner {
@@ -385,7 +352,7 @@ impl Executor {
     }
 
     /// The adaptive model of one process of the per-core layout, on CPU `cpu`: bodies up to
-    /// [`Calibration::per_core_inline_body_bytes_max`] run inline on the reactor; larger ones go
+    /// [`Calibration::inline_body_bytes_max`] run inline on the reactor; larger ones go
     /// to one worker thread pinned to `cpu`, which splits a body of at least
     /// `thresholds.parallel_body_bytes_min` over a pool of `config.workers` threads pinned
     /// round-robin over the allowed CPUs (call before pinning the process) when it is the only
@@ -417,7 +384,7 @@ impl Executor {
         })?;
         let inner = Inner::Child {
             admission,
-            inline_body_bytes_max: thresholds.per_core_inline_body_bytes_max(),
+            inline_body_bytes_max: thresholds.inline_body_bytes_max(),
             jobs,
         };
         Ok(Executor { model: Model::Adaptive, limits: config.limits, inner })
@@ -448,7 +415,8 @@ impl Executor {
                 })
             }
             Inner::Adaptive { pool, admission, calibration } => {
-                if body.len() <= calibration.inline_body_bytes_max {
+                let small = body.len() <= SMALL_BODY_BYTES_MAX;
+                if !small && body.len() <= calibration.inline_body_bytes_max() {
                     return process_guarded(&body, &limits, Compute::Serial);
                 }
                 let calibration = *calibration;
@@ -618,34 +586,28 @@ mod tests {
     }
 
     #[test]
-    fn calibration_inlines_only_bodies_cheaper_than_a_handoff() {
+    fn calibration_finds_a_measured_split_size_or_never() {
         let pool = rayon_pool(Model::Adaptive, 2, false).unwrap();
         let calibration = Calibration::measure(&pool, &SizeLimits::default());
-        assert!(calibration.handoff_ns > 0, "{calibration:?}");
         let sizes: Vec<usize> = CALIBRATION_ROWS
             .iter()
             .map(|&rows| workload::Shape::study(rows).request_body(1, rows as u64).len())
             .collect();
-        // The threshold is 0 or one of the measured sizes, and the largest (512 rows, about a
-        // millisecond of work) always costs more than a hand-off.
-        let inline = calibration.inline_body_bytes_max;
-        assert!(inline == 0 || sizes.contains(&inline), "{calibration:?}");
-        assert!(inline < sizes[sizes.len() - 1], "{calibration:?}");
         let split = calibration.parallel_body_bytes_min;
         assert!(split == usize::MAX || sizes.contains(&split), "{calibration:?}");
     }
 
     #[test]
-    fn per_core_children_inline_up_to_the_bound_but_never_a_body_to_split() {
-        let measured =
-            Calibration { handoff_ns: 1, inline_body_bytes_max: 100, parallel_body_bytes_min: 0 };
-        let never_split = Calibration { parallel_body_bytes_min: usize::MAX, ..measured };
-        assert_eq!(never_split.per_core_inline_body_bytes_max(), PER_CORE_INLINE_BODY_BYTES_MAX);
-        let slow_handoff = Calibration { inline_body_bytes_max: 1 << 20, ..never_split };
-        assert_eq!(slow_handoff.per_core_inline_body_bytes_max(), 1 << 20);
-        let split_from_5000 = Calibration { parallel_body_bytes_min: 5000, ..measured };
-        assert_eq!(split_from_5000.per_core_inline_body_bytes_max(), 4999);
-        assert_eq!(measured.per_core_inline_body_bytes_max(), 0, "everything may split");
+    fn reactors_inline_up_to_the_bound_but_never_a_body_to_split() {
+        let never_split = Calibration { parallel_body_bytes_min: usize::MAX };
+        assert_eq!(never_split.inline_body_bytes_max(), INLINE_BODY_BYTES_MAX);
+        let split_from_5000 = Calibration { parallel_body_bytes_min: 5000 };
+        assert_eq!(split_from_5000.inline_body_bytes_max(), 4999);
+        let split_all = Calibration { parallel_body_bytes_min: 0 };
+        assert_eq!(split_all.inline_body_bytes_max(), 0, "everything may split");
+        let line = split_from_5000.to_string();
+        assert!(line.contains("from 5000 bytes") && line.contains("up to 4999 bytes"), "{line}");
+        assert!(never_split.to_string().contains("split never"));
     }
 
     #[test]

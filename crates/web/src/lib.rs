@@ -18,19 +18,18 @@
 //! request (parse, validate, multiply, render) runs where the model says ([`exec`]): one worker
 //! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
 //! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
-//! ([`prefork`]), or per request by size (`adaptive`). `adaptive` uses the prefork layout, because
-//! on the measured host one single-threaded process per core beat every in-process model, but
-//! its parent accepts and deals the connections to the processes in turn ([`deal`]). In each
-//! process a body up to 256 KiB runs inline on the reactor thread, which owns the core; a larger
-//! one goes, in arrival order, to a worker thread on the same core (so the reactor keeps reading
-//! while it computes), which splits it over all cores when it is at least the split size and no
-//! other request is admitted on the host (a counter in memory shared by the processes); a body
-//! that may split never runs inline. The split size is measured at start-up on the host
-//! (`exec::Calibration`, which also times a hand-off: the in-process `adaptive` executor inlines
-//! only bodies whose work measured at most ten hand-offs); the decision per request is then a
-//! comparison of its body size with them. Every model has a named admission bound and answers 503 with code 009 past
-//! it. All in-process models (including an in-process variant of `adaptive`) are served side by
-//! side on `/matrix/<model>` so one run compares them under identical conditions.
+//! ([`prefork`]), or per request by size (`adaptive`). `adaptive` runs a medium body (above 32
+//! KiB, up to 256 KiB) inline on the reactor thread that read it, where its bytes are in cache,
+//! and hands the others to a pinned pool: small requests are many, and the pool spreads them over
+//! the cores; a large one keeps the reactor free to read while it computes. The pool splits a
+//! request over all cores only while they idle and only from the split size measured at
+//! start-up on the host (`exec::Calibration`); the decision per request is a comparison of its
+//! body size with these sizes. That is the shared layout, one process; `--adaptive-layout
+//! per-core` runs one pinned process per core instead, its parent dealing the connections in
+//! turn ([`deal`]), each process running bodies up to 256 KiB inline on its reactor and larger
+//! ones on a worker on its core. Every model has a named admission bound and answers 503 with
+//! code 009 past it. All in-process models (`adaptive` included) are served side by side on
+//! `/matrix/<model>` so one run compares them under identical conditions.
 //!
 //! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
 //! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and

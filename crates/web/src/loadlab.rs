@@ -568,6 +568,9 @@ struct Servers {
 
 fn start_targets(args: &MatrixArgs) -> anyhow::Result<Servers> {
     let server = start_in_process(args.workers)?;
+    if let Some(calibration) = server.calibration() {
+        println!("{calibration}");
+    }
     let mut targets = Vec::new();
     for &model in &args.models {
         if !PER_CORE_MODELS.contains(&model) {
@@ -719,8 +722,9 @@ struct Checks {
 /// Labels of the Python baselines start with this.
 const PYTHON_LABEL_PREFIX: &str = "python-";
 
-/// Models served as one pinned process per core (the others run side by side in one process).
-const PER_CORE_MODELS: [Model; 2] = [Model::Prefork, Model::Adaptive];
+/// Models served as one pinned process per core (the others, `adaptive` in its default shared
+/// layout included, run side by side in one process).
+const PER_CORE_MODELS: [Model; 1] = [Model::Prefork];
 
 const FIXED_MODELS: [&str; 4] = ["single", "pool", "pinned", "prefork"];
 

@@ -8,11 +8,12 @@
 //! [`READY_LINE`] on stdout, and serves with the `single` executor. The kernel spreads incoming
 //! connections over the listening children. Children die with the parent (`PR_SET_PDEATHSIG`).
 //!
-//! The `adaptive` model uses the same layout, so under load it is exactly as parallel as
-//! `prefork` (one process per core, no hand-off between cores), with three differences:
+//! The `adaptive` model in its per-core layout (`--adaptive-layout per-core`) uses the same
+//! layout, so under load it is exactly as parallel as `prefork` (one process per core, no
+//! hand-off between cores), with three differences:
 //! the parent itself listens and deals the connections to the children in turn ([`crate::deal`]:
 //! an even share for each, where SO_REUSEPORT's hash leaves a few connections unevenly spread);
-//! a body up to [`Calibration::per_core_inline_body_bytes_max`] runs inline on the child's
+//! a body up to [`Calibration::inline_body_bytes_max`] runs inline on the child's
 //! reactor thread (no hand-off to the worker on the same core); and a body at least as large as the
 //! calibrated split size is spread over a pool spanning every core when no other request is
 //! admitted (waiting or computing) anywhere on the host. "Admitted on the host" is one
@@ -34,7 +35,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::api::SizeLimits;
 use crate::deal::{self, Dealer, DealtListener};
 use crate::exec::{self, Calibration, ExecConfig, Executor, Model};
-use crate::server::{Executors, serve_blocking, serve_on};
+use crate::server::{Executors, serve_on};
 
 /// The environment variable that turns a re-executed process into a prefork child.
 pub const CHILD_ENV: &str = "LEANTIER_WEB_PREFORK_CHILD";
@@ -54,7 +55,7 @@ pub struct ChildSpec {
     /// Threads of the adaptive child's splitting pool (one per process of the layout).
     pub pool_threads: usize,
     /// The adaptive thresholds measured by the parent: the split size, and with it the inline
-    /// size ([`Calibration::per_core_inline_body_bytes_max`]).
+    /// size ([`Calibration::inline_body_bytes_max`]).
     pub calibration: Calibration,
     /// The [`HostCounter`] memfd inherited from the parent (set by [`Prefork::start`]).
     pub host_counter_fd: RawFd,
@@ -108,19 +109,24 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         other => anyhow::bail!("{} is not a per-core process model", other.name()),
     };
     let router = executors.router(spec.model, spec.body_bytes_max);
+    // Ready is announced from inside the runtime, once its listener exists: the process then
+    // holds every descriptor it serves with (the runtime's own sockets included).
+    let ready = || println!("{READY_LINE}");
     match spec.dealt_channel_fd {
         Some(fd) => {
             // SAFETY: the parent made `fd` inheritable for this child only, and nothing else in
             // this process owns it.
             let channel = unsafe { OwnedFd::from_raw_fd(fd) };
-            println!("{READY_LINE}");
-            serve_on(move || DealtListener::new(channel), router, 1, std::future::pending())?;
+            let listener = move || DealtListener::new(channel).inspect(|_| ready());
+            serve_on(listener, router, 1, std::future::pending())?;
         }
         None => {
             let socket = reuseport_socket(spec.addr)?;
             socket.listen(LISTEN_BACKLOG)?;
-            println!("{READY_LINE}");
-            serve_blocking(socket.into(), router, 1, std::future::pending())?;
+            socket.set_nonblocking(true)?;
+            let listener =
+                move || tokio::net::TcpListener::from_std(socket.into()).inspect(|_| ready());
+            serve_on(listener, router, 1, std::future::pending())?;
         }
     }
     Ok(())

@@ -37,11 +37,7 @@ fn template(model: Model) -> ChildSpec {
         pool_threads: 2,
         // The published example runs inline; the study-shaped requests of these tests go to
         // the worker and are large enough to split when nothing else computes.
-        calibration: Calibration {
-            handoff_ns: 0,
-            inline_body_bytes_max: EXAMPLE.len(),
-            parallel_body_bytes_min: EXAMPLE.len() + 1,
-        },
+        calibration: Calibration { parallel_body_bytes_min: EXAMPLE.len() + 1 },
         host_counter_fd: -1,
         dealt_channel_fd: None,
         addr: "127.0.0.1:0".parse().unwrap(),
