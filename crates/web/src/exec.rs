@@ -14,8 +14,8 @@
 //!   parallelism), requests themselves also run side by side.
 //! - `adaptive` (what `serve --model adaptive` runs, in one process with the other in-process
 //!   models): a body above [`SMALL_BODY_BYTES_MAX`] and up to [`INLINE_BODY_BYTES_MAX`] (the
-//!   study's medium requests) runs inline on the reactor thread that read it, where its bytes are
-//!   in cache; a small body goes to a pinned pool, which spreads the many small requests over
+//!   study's medium requests) runs inline on the reactor thread that read it, on the core where
+//!   it was read; a small body goes to a pinned pool, which spreads the many small requests over
 //!   every core; so does a larger one, so the reactor keeps reading while it computes. The pool
 //!   splits a request across cores only while cores are idle (fewer requests in flight than
 //!   workers) and only from the size where splitting measured faster, calibrated at start-up
@@ -57,17 +57,20 @@ const PARALLEL_GAIN_NUM: u64 = 6;
 const PARALLEL_GAIN_DEN: u64 = 5;
 /// The in-process adaptive executor hands bodies up to this size to its pool even though their
 /// work is short: small requests are many, and the pool spreads them over every core as they
-/// come, where inline they stay on the reactor thread that read them. Low (10.7 KB bodies) ×
-/// 30 and × 60 users, paired runs on the 2-core host (16 rounds): through the pool 1.09× inline.
+/// come, where inline they stay on the reactor thread that read them. Paired runs on the 2-core
+/// host at low (10.7 KB bodies): through the pool 1.09× the per-core layout's inline processing
+/// at 30 and 60 users (16 rounds); inline in this process 0.935× prefork at 60 users (10
+/// rounds), where pinned matched prefork.
 pub const SMALL_BODY_BYTES_MAX: usize = 32 << 10;
 /// Bodies above [`SMALL_BODY_BYTES_MAX`] and up to this size run inline on the reactor thread
 /// that read them (which blocks that thread for one such body's work, about 1 ms at 256 KiB on
-/// the test host): the body and its operands stay in that core's cache and no thread switch is
-/// paid. Larger bodies go to a worker, so the reactor keeps reading other connections while one
+/// the test host): no thread switch is paid, and the body is used on the core where it was
+/// read. Larger bodies go to a worker, so the reactor keeps reading other connections while one
 /// computes; inline, such a body's sender stalled on a full receive buffer. Paired runs on the
 /// 2-core host, inline against a hand-off: per-core children +4.3% and +1.9% at medium-600 (129
 /// KB) × 10 and × 60 users, +3.6% at medium-1000 (211 KB) × 30 (20 rounds), but -2.9% with a 24%
-/// higher p99 at high (418 KB) × 60; in-process, inline 1.04-1.10× the pinned pool at medium.
+/// higher p99 at high (418 KB) × 60; in one process with medium bodies inline, 1.05-1.10×
+/// pinned at medium (16 rounds).
 pub const INLINE_BODY_BYTES_MAX: usize = 256 << 10;
 /// Request sizes (rows of A in the study's shape) tried by the calibration.
 const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];

@@ -19,7 +19,7 @@
 //! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
 //! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
 //! ([`prefork`]), or per request by size (`adaptive`). `adaptive` runs a medium body (above 32
-//! KiB, up to 256 KiB) inline on the reactor thread that read it, where its bytes are in cache,
+//! KiB, up to 256 KiB) inline on the reactor thread that read it (no thread switch, same core),
 //! and hands the others to a pinned pool: small requests are many, and the pool spreads them over
 //! the cores; a large one keeps the reactor free to read while it computes. The pool splits a
 //! request over all cores only while they idle and only from the split size measured at
