@@ -150,7 +150,8 @@ pub struct ServeArgs {
     /// worker sharing the port.
     #[arg(long)]
     pub model: Option<String>,
-    /// Worker threads (pool, pinned) or processes (prefork, adaptive) [default: allowed CPUs].
+    /// Worker threads (pool, pinned, adaptive) or processes (prefork, per-core adaptive)
+    /// [default: allowed CPUs].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Requests admitted per model (waiting, plus running for pool/adaptive); 503 beyond.
@@ -313,6 +314,18 @@ mod tests {
             panic!("load parses as Load");
         };
         assert_eq!(load.complexity, Complexity::Medium600);
+    }
+
+    #[test]
+    fn adaptive_layout_parses_and_refuses_unknown_names() {
+        let Command::Serve(serve) =
+            Cli::try_parse_from(["web", "serve", "--adaptive-layout", "per-core"]).unwrap().command
+        else {
+            panic!("serve parses as Serve");
+        };
+        assert_eq!(serve.resolve().unwrap().adaptive_layout, AdaptiveLayout::PerCore);
+        let unknown = Cli::try_parse_from(["web", "serve", "--adaptive-layout", "bogus"]);
+        assert!(unknown.is_err_and(|error| error.to_string().contains("bogus")));
     }
 
     #[test]
