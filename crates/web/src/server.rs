@@ -3,13 +3,14 @@
 //! `POST /matrix` uses the configured model; `POST /matrix/{single,pool,pinned,adaptive}` use
 //! that model whatever the default, so models can be compared side by side in one process (the
 //! per-core models, `prefork` and the served `adaptive`, run in their own processes). The
-//! body is read up to `body_bytes_max` (a larger `Content-Length` is refused before reading) and
-//! handed to the model's [`Executor`].
+//! body is read up to `body_bytes_max` and handed to the model's [`Executor`]; a larger body is
+//! refused with a 413 once the rest of it has been read (see `REFUSED_BODY_DRAIN_BYTES_MAX`).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -18,6 +19,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use axum::serve::Listener;
+use http_body_util::{BodyExt, Limited};
 use tokio::sync::oneshot;
 
 use crate::api::Failure;
@@ -87,14 +89,47 @@ async fn handle(executor: &Executor, request: Request, body_bytes_max: usize) ->
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     let too_large = Reply::failure(None, &Failure::body_too_large(body_bytes_max));
-    if declared_bytes.is_some_and(|bytes| bytes > body_bytes_max as u64) {
+    let mut body = request.into_body();
+    if let Some(bytes) = declared_bytes.filter(|&bytes| bytes > body_bytes_max as u64) {
+        if bytes <= REFUSED_BODY_DRAIN_BYTES_MAX as u64 {
+            drain_refused(body).await;
+        }
         return into_response(too_large);
     }
-    // Chunked bodies have no Content-Length: the read itself stops at the bound.
-    match axum::body::to_bytes(request.into_body(), body_bytes_max).await {
-        Ok(body) => into_response(executor.execute(body).await),
-        Err(_) => into_response(too_large),
+    // Chunked bodies have no Content-Length: the read itself stops at the bound. It borrows the
+    // body so that the rest of a refused one can still be drained.
+    match Limited::new(&mut body, body_bytes_max).collect().await {
+        Ok(collected) => into_response(executor.execute(collected.to_bytes()).await),
+        Err(_) => {
+            drain_refused(body).await;
+            into_response(too_large)
+        }
     }
+}
+
+/// The most of a refused body that is read (and dropped) before the 413 goes out.
+///
+/// A client sends its whole body before it reads the answer. Were the server to answer and close
+/// while body bytes still arrive, the kernel would reset the connection, and the client would
+/// see "broken pipe" or "connection reset" instead of the 413 and its reason code. Reading the
+/// rest first costs the refused bytes once; beyond this bound, or after
+/// [`REFUSED_BODY_DRAIN_TIMEOUT`], the server answers at once and the client may see the reset.
+const REFUSED_BODY_DRAIN_BYTES_MAX: usize = 64 << 20;
+
+/// The longest a refused body is read for (a slow sender must not hold the connection).
+const REFUSED_BODY_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn drain_refused(mut body: Body) {
+    let drain = async {
+        let mut drained_bytes = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            drained_bytes += frame.data_ref().map_or(0, |data| data.len());
+            if drained_bytes > REFUSED_BODY_DRAIN_BYTES_MAX {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
 }
 
 fn into_response(reply: Reply) -> Response {

@@ -214,3 +214,38 @@ fn load_lab_drives_closed_and_open_loops() {
     assert!(checked.errors >= 2, "{checked:?}");
     assert_eq!(checked.first_error.as_deref(), Some("wrong product in the answer"));
 }
+
+/// A client that sends all of a refused body before it reads reads the 413, not a reset: the
+/// server reads the rest of the body before it answers, whether the body declared its length
+/// (refused before reading; a pause between the head and the body gives a server that answered
+/// at once the time to close the connection) or came in chunks (refused once past the bound).
+#[test]
+fn refused_body_is_read_before_the_answer() {
+    use std::io::{Read, Write};
+    let server = start(16, 2);
+    let body_bytes = BODY_BYTES_MAX + 1;
+    let chunked_body = [format!("{body_bytes:x}\r\n").into_bytes(), vec![b' '; body_bytes]]
+        .concat()
+        .into_iter()
+        .chain(*b"\r\n0\r\n\r\n")
+        .collect::<Vec<u8>>();
+    let framings = [
+        (format!("content-length: {body_bytes}"), vec![b' '; body_bytes]),
+        ("transfer-encoding: chunked".to_string(), chunked_body),
+    ];
+    for (framing, body) in framings {
+        let mut stream = std::net::TcpStream::connect(server.local_addr()).unwrap();
+        let head = format!(
+            "POST /matrix HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
+             connection: close\r\n{framing}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        stream.write_all(&body).unwrap_or_else(|e| panic!("{framing}: body refused early: {e}"));
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap_or_else(|e| panic!("{framing}: {e}"));
+        assert!(answer.starts_with("HTTP/1.1 413"), "{framing}: {answer}");
+        let code = format!("\"errorCode\":\"{}\"", ErrorCode::BodyTooLarge.code());
+        assert!(answer.contains(&code), "{framing}: {answer}");
+    }
+}
