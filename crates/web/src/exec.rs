@@ -13,19 +13,21 @@
 //! - `pool`: a fixed rayon pool; every request's output rows are split across the pool (data
 //!   parallelism), requests themselves also run side by side.
 //! - `adaptive` (what `serve --model adaptive` runs, in one process with the other in-process
-//!   models): a body above [`SMALL_BODY_BYTES_MAX`] and up to [`INLINE_BODY_BYTES_MAX`] (the
-//!   study's medium requests) runs inline on the reactor thread that read it, on the core where
-//!   it was read; a small body goes to a pinned pool, which spreads the many small requests over
-//!   every core; so does a larger one, so the reactor keeps reading while it computes. The pool
-//!   splits a request across cores only while cores are idle (fewer requests in flight than
-//!   workers) and only from the size where splitting measured faster, calibrated at start-up
-//!   on this host by [`Calibration::measure`]; a body that may split never runs inline.
+//!   models) decides per request, when it is admitted ([`Calibration::placement`]). While cores
+//!   are idle (fewer requests in flight than workers), a body at least as large as the size
+//!   where splitting measured faster (calibrated at start-up on this host by
+//!   [`Calibration::measure`]) is split across a pinned pool. Otherwise a body above
+//!   [`SMALL_BODY_BYTES_MAX`] and up to [`INLINE_BODY_BYTES_MAX`] (the study's medium requests)
+//!   runs inline on the reactor thread that read it, on the core where it was read; a small body
+//!   goes to the pool, which spreads the many small requests over every core; so does a larger
+//!   one, so the reactor keeps reading while it computes.
 //! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
 //!   `single`.
 //! - The adaptive *child* ([`Executor::start_child`]) is `adaptive` in the per-core layout
 //!   (`serve --adaptive-layout per-core`): one per core, the prefork layout. Its reactor thread
 //!   owns the core, so a hand-off to a worker there buys no parallelism: a body up to
-//!   [`INLINE_BODY_BYTES_MAX`] runs inline on the reactor. A larger body goes, in arrival order,
+//!   [`INLINE_BODY_BYTES_MAX`] runs inline on the reactor unless it may split (below). A larger
+//!   body goes, in arrival order,
 //!   to one worker thread on the same core (prefork's structure), so the reactor keeps reading
 //!   the other connections' bodies while it computes. The worker splits a request over a pool
 //!   spanning every core when it is at least the calibrated split size and no other request is
@@ -266,11 +268,35 @@ impl Calibration {
         Calibration { parallel_body_bytes_min }
     }
 
-    /// The largest body run inline on a reactor thread: [`INLINE_BODY_BYTES_MAX`], but never a
-    /// body large enough to split, which goes to a worker that decides.
-    pub fn inline_body_bytes_max(&self) -> usize {
-        INLINE_BODY_BYTES_MAX.min(self.parallel_body_bytes_min.saturating_sub(1))
+    /// Whether a body of `body_bytes` is split across cores: only while `cores_idle`, and only
+    /// from the size where splitting measured faster.
+    pub fn splits(&self, body_bytes: usize, cores_idle: bool) -> bool {
+        cores_idle && body_bytes >= self.parallel_body_bytes_min
     }
+
+    /// Where the in-process adaptive model runs a body of `body_bytes`. The split is decided
+    /// first because the calibration measured it faster; a body that does not split runs inline
+    /// when it is medium-sized, since a hand-off measured slower there. Deciding the inline
+    /// case after the split (not by the split size alone) keeps medium bodies inline under load
+    /// whatever the calibration found: it found "never" on some starts and 57 KB on another.
+    pub fn placement(&self, body_bytes: usize, cores_idle: bool) -> Placement {
+        if self.splits(body_bytes, cores_idle) {
+            Placement::Pool(Compute::DataParallel)
+        } else if body_bytes > SMALL_BODY_BYTES_MAX && body_bytes <= INLINE_BODY_BYTES_MAX {
+            Placement::Inline
+        } else {
+            Placement::Pool(Compute::Serial)
+        }
+    }
+}
+
+/// Where the adaptive model runs one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On the reactor thread that read the body.
+    Inline,
+    /// On the pinned pool, serial or split.
+    Pool(Compute),
 }
 
 /// The start-up line that reports the adaptive thresholds.
@@ -281,8 +307,7 @@ impl std::fmt::Display for Calibration {
             usize::MAX => write!(f, "never (splitting measured no faster)")?,
             bytes => write!(f, "bodies from {bytes} bytes while cores idle")?,
         }
-        let inline_max = self.inline_body_bytes_max();
-        write!(f, "; inline on the reactor up to {inline_max} bytes")?;
+        write!(f, "; otherwise inline on the reactor up to {INLINE_BODY_BYTES_MAX} bytes")?;
         write!(f, " (shared layout: from {} bytes)", SMALL_BODY_BYTES_MAX + 1)
     }
 }
@@ -316,7 +341,7 @@ enum Inner {
     /// while the host idles.
     Child {
         admission: Arc<Admission>,
-        inline_body_bytes_max: usize,
+        calibration: Calibration,
         jobs: crossbeam::channel::Sender<Job>,
     },
 }
@@ -355,7 +380,7 @@ impl Executor {
     }
 
     /// The adaptive model of one process of the per-core layout, on CPU `cpu`: bodies up to
-    /// [`Calibration::inline_body_bytes_max`] run inline on the reactor; larger ones go
+    /// [`INLINE_BODY_BYTES_MAX`] run inline on the reactor unless they may split; the others go
     /// to one worker thread pinned to `cpu`, which splits a body of at least
     /// `thresholds.parallel_body_bytes_min` over a pool of `config.workers` threads pinned
     /// round-robin over the allowed CPUs (call before pinning the process) when it is the only
@@ -385,11 +410,7 @@ impl Executor {
             }
             worker.serve(&queue);
         })?;
-        let inner = Inner::Child {
-            admission,
-            inline_body_bytes_max: thresholds.inline_body_bytes_max(),
-            jobs,
-        };
+        let inner = Inner::Child { admission, calibration: thresholds, jobs };
         Ok(Executor { model: Model::Adaptive, limits: config.limits, inner })
     }
 
@@ -413,30 +434,43 @@ impl Executor {
         let admitted = match &self.inner {
             Inner::Queue { jobs } => jobs.try_send(Job { body, reply }).is_ok(),
             Inner::Pool { pool, admission } => {
-                spawn_on_pool(pool, admission, Job { body, reply }, move |body, _| {
-                    process_guarded(body, &limits, Compute::DataParallel)
-                })
+                let admitted = admission.try_enter();
+                if admitted {
+                    run_on_pool(
+                        pool,
+                        admission,
+                        Job { body, reply },
+                        Compute::DataParallel,
+                        limits,
+                    );
+                }
+                admitted
             }
             Inner::Adaptive { pool, admission, calibration } => {
-                let small = body.len() <= SMALL_BODY_BYTES_MAX;
-                if !small && body.len() <= calibration.inline_body_bytes_max() {
-                    return process_guarded(&body, &limits, Compute::Serial);
-                }
-                let calibration = *calibration;
-                let workers = pool.current_num_threads();
-                spawn_on_pool(pool, admission, Job { body, reply }, move |body, in_flight| {
-                    let cores_idle = in_flight < workers;
-                    let large = body.len() >= calibration.parallel_body_bytes_min;
-                    let compute =
-                        if cores_idle && large { Compute::DataParallel } else { Compute::Serial };
-                    process_guarded(body, &limits, compute)
-                })
-            }
-            Inner::Child { admission, inline_body_bytes_max, jobs } => {
                 if !admission.try_enter() {
                     return Reply::failure(None, &Failure::busy());
                 }
-                if body.len() <= *inline_body_bytes_max {
+                // The count includes this request and every one inline on a reactor.
+                let cores_idle = admission.current() < pool.current_num_threads();
+                match calibration.placement(body.len(), cores_idle) {
+                    Placement::Inline => {
+                        // No await until answered, so the admission is left exactly once.
+                        let reply = process_guarded(&body, &limits, Compute::Serial);
+                        admission.leave();
+                        return reply;
+                    }
+                    Placement::Pool(compute) => {
+                        run_on_pool(pool, admission, Job { body, reply }, compute, limits);
+                        true
+                    }
+                }
+            }
+            Inner::Child { admission, calibration, jobs } => {
+                if !admission.try_enter() {
+                    return Reply::failure(None, &Failure::busy());
+                }
+                let may_split = calibration.splits(body.len(), admission.alone_on_host());
+                if !may_split && body.len() <= INLINE_BODY_BYTES_MAX {
                     // Inline: no await until answered, so the admission is left exactly once.
                     let reply = process_guarded(&body, &limits, Compute::Serial);
                     admission.leave();
@@ -490,24 +524,21 @@ impl ChildWorker {
     }
 }
 
-/// Admits `job` and runs `work(body, requests in flight)` on `pool`; false when refused.
-fn spawn_on_pool(
+/// Runs an admitted `job` on `pool`, which leaves the admission when it has answered.
+fn run_on_pool(
     pool: &rayon::ThreadPool,
     admission: &Arc<Admission>,
     job: Job,
-    work: impl FnOnce(&[u8], usize) -> Reply + Send + 'static,
-) -> bool {
-    if !admission.try_enter() {
-        return false;
-    }
+    compute: Compute,
+    limits: SizeLimits,
+) {
     let admission = Arc::clone(admission);
     pool.spawn(move || {
-        let reply = work(&job.body, admission.current());
+        let reply = process_guarded(&job.body, &limits, compute);
         admission.leave();
         // The client may have gone away; its answer is simply dropped.
         let _ = job.reply.send(reply);
     });
-    true
 }
 
 fn spawn_queue_workers(
@@ -601,15 +632,23 @@ mod tests {
     }
 
     #[test]
-    fn reactors_inline_up_to_the_bound_but_never_a_body_to_split() {
-        let never_split = Calibration { parallel_body_bytes_min: usize::MAX };
-        assert_eq!(never_split.inline_body_bytes_max(), INLINE_BODY_BYTES_MAX);
+    fn bodies_split_while_cores_idle_and_medium_ones_run_inline_otherwise() {
+        use Placement::{Inline, Pool};
+        let medium_bytes = SMALL_BODY_BYTES_MAX + 1;
+        let large_bytes = INLINE_BODY_BYTES_MAX + 1;
         let split_from_5000 = Calibration { parallel_body_bytes_min: 5000 };
-        assert_eq!(split_from_5000.inline_body_bytes_max(), 4999);
-        let split_all = Calibration { parallel_body_bytes_min: 0 };
-        assert_eq!(split_all.inline_body_bytes_max(), 0, "everything may split");
+        assert_eq!(split_from_5000.placement(4999, true), Pool(Compute::Serial));
+        assert_eq!(split_from_5000.placement(medium_bytes, true), Pool(Compute::DataParallel));
+        assert_eq!(split_from_5000.placement(medium_bytes, false), Inline, "busy: inline");
+        assert_eq!(split_from_5000.placement(INLINE_BODY_BYTES_MAX, false), Inline);
+        assert_eq!(split_from_5000.placement(large_bytes, false), Pool(Compute::Serial));
+        assert_eq!(split_from_5000.placement(large_bytes, true), Pool(Compute::DataParallel));
+        let never_split = Calibration { parallel_body_bytes_min: usize::MAX };
+        assert_eq!(never_split.placement(medium_bytes, true), Inline);
+        assert_eq!(never_split.placement(large_bytes, true), Pool(Compute::Serial));
+        assert!(!never_split.splits(usize::MAX - 1, true));
         let line = split_from_5000.to_string();
-        assert!(line.contains("from 5000 bytes") && line.contains("up to 4999 bytes"), "{line}");
+        assert!(line.contains("from 5000 bytes") && line.contains("up to 262144 bytes"), "{line}");
         assert!(never_split.to_string().contains("split never"));
     }
 

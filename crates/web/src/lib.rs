@@ -14,22 +14,22 @@
 //! for short numbers) and the answer is written with a two-digits-per-step formatter into one
 //! pre-sized buffer: parsing and rendering, not multiplying, dominate a request's CPU time.
 //!
-//! **Execution models.** The tokio reactor ([`server`]) only moves bytes; the CPU work of a
-//! request (parse, validate, multiply, render) runs where the model says ([`exec`]): one worker
-//! (`single`), a rayon pool splitting each request's rows (`pool`), one pinned worker per core
-//! taking whole requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT
-//! ([`prefork`]), or per request by size (`adaptive`). `adaptive` runs a medium body (above 32
-//! KiB, up to 256 KiB) inline on the reactor thread that read it (no thread switch, same core),
-//! and hands the others to a pinned pool: small requests are many, and the pool spreads them over
-//! the cores; a large one keeps the reactor free to read while it computes. The pool splits a
-//! request over all cores only while they idle and only from the split size measured at
-//! start-up on the host (`exec::Calibration`); the decision per request is a comparison of its
-//! body size with these sizes. That is the shared layout, one process; `--adaptive-layout
-//! per-core` runs one pinned process per core instead, its parent dealing the connections in
-//! turn ([`deal`]), each process running bodies up to 256 KiB inline on its reactor and larger
-//! ones on a worker on its core. Every model has a named admission bound and answers 503 with
-//! code 009 past it. All in-process models (`adaptive` included) are served side by side on
-//! `/matrix/<model>` so one run compares them under identical conditions.
+//! **Execution models.** The tokio reactor ([`server`]) only moves bytes; the CPU work of a request
+//! (parse, validate, multiply, render) runs where the model says ([`exec`]): one worker (`single`),
+//! a rayon pool splitting each request's rows (`pool`), one pinned worker per core taking whole
+//! requests (`pinned`), N pinned processes sharing the port with SO_REUSEPORT ([`prefork`]), or per
+//! request by size (`adaptive`). `adaptive` splits a request over a pinned pool spanning all cores
+//! only while they idle and only from the split size measured at start-up on the host
+//! (`exec::Calibration`). Otherwise it runs a medium body (above 32 KiB, up to 256 KiB) inline on
+//! the reactor thread that read it (no thread switch, same core), and hands the others to the pool:
+//! small requests are many, and the pool spreads them over the cores; a large one keeps the reactor
+//! free to read while it computes. The decision per request compares its body size with these sizes
+//! and the requests in flight with the workers. That is the shared layout, one process;
+//! `--adaptive-layout per-core` runs one pinned process per core instead, its parent dealing the
+//! connections in turn ([`deal`]), each process running bodies up to 256 KiB that may not split
+//! inline on its reactor and the others on a worker on its core. Every model has a named admission
+//! bound and answers 503 with code 009 past it. All in-process models (`adaptive` included) are
+//! served side by side on `/matrix/<model>` so one run compares them under identical conditions.
 //!
 //! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
 //! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and

@@ -13,7 +13,7 @@
 //! hand-off between cores), with three differences:
 //! the parent itself listens and deals the connections to the children in turn ([`crate::deal`]:
 //! an even share for each, where SO_REUSEPORT's hash leaves a few connections unevenly spread);
-//! a body up to [`Calibration::inline_body_bytes_max`] runs inline on the child's
+//! a body up to [`exec::INLINE_BODY_BYTES_MAX`] that may not split runs inline on the child's
 //! reactor thread (no hand-off to the worker on the same core); and a body at least as large as the
 //! calibrated split size is spread over a pool spanning every core when no other request is
 //! admitted (waiting or computing) anywhere on the host. "Admitted on the host" is one
@@ -54,8 +54,7 @@ pub struct ChildSpec {
     pub cpu: usize,
     /// Threads of the adaptive child's splitting pool (one per process of the layout).
     pub pool_threads: usize,
-    /// The adaptive thresholds measured by the parent: the split size, and with it the inline
-    /// size ([`Calibration::inline_body_bytes_max`]).
+    /// The adaptive threshold measured by the parent: the split size.
     pub calibration: Calibration,
     /// The [`HostCounter`] memfd inherited from the parent (set by [`Prefork::start`]).
     pub host_counter_fd: RawFd,
