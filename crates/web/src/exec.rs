@@ -23,17 +23,17 @@
 //!   one, so the reactor keeps reading while it computes.
 //! - `prefork` is a process-level model, see [`crate::prefork`]; inside each process it runs
 //!   `single`.
-//! - The adaptive *child* ([`Executor::start_child`]) is `adaptive` in the per-core layout
-//!   (`serve --adaptive-layout per-core`): one per core, the prefork layout. Its reactor thread
-//!   owns the core, so a hand-off to a worker there buys no parallelism: a body up to
+//! - The adaptive *child* ([`Executor::start_child`]) is `adaptive` in the per-core layout (`serve
+//!   --adaptive-layout per-core`): one per core, the prefork layout. Its reactor thread owns the
+//!   core, so a hand-off to a worker there buys no parallelism: a body up to
 //!   [`INLINE_BODY_BYTES_MAX`] runs inline on the reactor unless it may split (below). A larger
-//!   body goes, in arrival order,
-//!   to one worker thread on the same core (prefork's structure), so the reactor keeps reading
-//!   the other connections' bodies while it computes. The worker splits a request over a pool
-//!   spanning every core when it is at least the calibrated split size and no other request is
-//!   admitted anywhere on the host (a counter shared by all children,
-//!   [`crate::prefork::HostCounter`]). On the 2-core test host this layout matched `prefork` at
-//!   medium and high but lost 5-9% to `pinned` at low, where the shared layout does not.
+//!   body, or one that may split, goes, in arrival order, to one worker thread on the same core
+//!   (prefork's structure), so the reactor keeps reading the other connections' bodies while it
+//!   computes. The worker splits a request over a pool spanning every core when it is at least the
+//!   calibrated split size and no other request is admitted anywhere on the host (a counter shared
+//!   by all children, [`crate::prefork::HostCounter`]). On the 2-core test host this layout matched
+//!   `prefork` at medium and high but lost 5-9% to `pinned` at low, where the shared layout does
+//!   not.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;

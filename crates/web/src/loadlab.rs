@@ -230,7 +230,7 @@ pub struct Measured {
 }
 
 /// Drives one cell at `url` with `exchanges` sent round-robin. A non-200 or empty answer is an
-/// error, and every [`VALIDATE_EVERY`]th answer of a user (open loop: of the run) must carry
+/// error, and every `VALIDATE_EVERY`th answer of a user (open loop: of the run) must carry
 /// the expected product.
 pub fn drive(
     url: &str,
@@ -771,7 +771,7 @@ fn paired_ratios(
 /// Confidence of the interval shown around each paired-ratio median.
 const RATIO_CONFIDENCE: f64 = 0.95;
 
-/// The median of paired `ratios` and its distribution-free interval at [`RATIO_CONFIDENCE`] as
+/// The median of paired `ratios` and its distribution-free interval at `RATIO_CONFIDENCE` as
 /// `low..high` (empty when the ratios are too few for one).
 pub fn median_with_interval(ratios: Vec<f64>) -> (f64, String) {
     let interval = lab::stats::median_ci(ratios.clone(), RATIO_CONFIDENCE)
