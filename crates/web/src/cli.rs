@@ -43,12 +43,13 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AdaptiveLayout {
-    /// One process: a reactor thread per core, small and large bodies handed to a pinned pool
-    /// that spreads them over the cores, the others inline (the layout the benchmarks measure).
+    /// One process: a reactor thread per core; a body from the calibrated split size is split
+    /// over the cores while they idle; otherwise medium bodies run inline, small and large ones on
+    /// a pinned pool that spreads them over the cores (the layout the benchmarks measure).
     #[default]
     Shared,
     /// One pinned process per core, dealt connections in turn by the parent, each running its
-    /// bodies inline up to the bound and the larger ones on a worker on its core.
+    /// bodies inline up to the bound (unless they split) and the others on a worker on its core.
     PerCore,
 }
 

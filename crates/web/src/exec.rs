@@ -336,9 +336,9 @@ enum Inner {
     Pool { pool: rayon::ThreadPool, admission: Arc<Admission> },
     /// `adaptive`: inline, serial or split, per request.
     Adaptive { pool: rayon::ThreadPool, admission: Arc<Admission>, calibration: Calibration },
-    /// `adaptive` in one process of the per-core layout: small bodies inline on the reactor,
-    /// the others handed (FIFO) to a worker on the same core, which splits them over every core
-    /// while the host idles.
+    /// `adaptive` in one process of the per-core layout: bodies up to [`INLINE_BODY_BYTES_MAX`]
+    /// that will not split inline on the reactor, the others handed (FIFO) to a worker on the
+    /// same core, which splits them over every core while the host idles.
     Child {
         admission: Arc<Admission>,
         calibration: Calibration,
@@ -434,15 +434,10 @@ impl Executor {
         let admitted = match &self.inner {
             Inner::Queue { jobs } => jobs.try_send(Job { body, reply }).is_ok(),
             Inner::Pool { pool, admission } => {
+                let job = Job { body, reply };
                 let admitted = admission.try_enter();
                 if admitted {
-                    run_on_pool(
-                        pool,
-                        admission,
-                        Job { body, reply },
-                        Compute::DataParallel,
-                        limits,
-                    );
+                    run_on_pool(pool, admission, job, Compute::DataParallel, limits);
                 }
                 admitted
             }
@@ -453,12 +448,7 @@ impl Executor {
                 // The count includes this request and every one inline on a reactor.
                 let cores_idle = admission.current() < pool.current_num_threads();
                 match calibration.placement(body.len(), cores_idle) {
-                    Placement::Inline => {
-                        // No await until answered, so the admission is left exactly once.
-                        let reply = process_guarded(&body, &limits, Compute::Serial);
-                        admission.leave();
-                        return reply;
-                    }
+                    Placement::Inline => return run_inline(admission, &body, &limits),
                     Placement::Pool(compute) => {
                         run_on_pool(pool, admission, Job { body, reply }, compute, limits);
                         true
@@ -471,10 +461,7 @@ impl Executor {
                 }
                 let may_split = calibration.splits(body.len(), admission.alone_on_host());
                 if !may_split && body.len() <= INLINE_BODY_BYTES_MAX {
-                    // Inline: no await until answered, so the admission is left exactly once.
-                    let reply = process_guarded(&body, &limits, Compute::Serial);
-                    admission.leave();
-                    return reply;
+                    return run_inline(admission, &body, &limits);
                 }
                 // The worker leaves the admission when it has answered.
                 let sent = jobs.try_send(Job { body, reply });
@@ -522,6 +509,14 @@ impl ChildWorker {
             process_guarded(body, &self.limits, Compute::Serial)
         }
     }
+}
+
+/// Runs an admitted request on the calling (reactor) thread, serially. There is no await until
+/// it is answered, so the admission is left exactly once, and panics are caught.
+fn run_inline(admission: &Admission, body: &[u8], limits: &SizeLimits) -> Reply {
+    let reply = process_guarded(body, limits, Compute::Serial);
+    admission.leave();
+    reply
 }
 
 /// Runs an admitted `job` on `pool`, which leaves the admission when it has answered.

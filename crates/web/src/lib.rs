@@ -26,7 +26,7 @@
 //! free to read while it computes. The decision per request compares its body size with these sizes
 //! and the requests in flight with the workers. That is the shared layout, one process;
 //! `--adaptive-layout per-core` runs one pinned process per core instead, its parent dealing the
-//! connections in turn ([`deal`]), each process running bodies up to 256 KiB that may not split
+//! connections in turn ([`deal`]), each process running bodies up to 256 KiB that will not split
 //! inline on its reactor and the others on a worker on its core. Every model has a named admission
 //! bound and answers 503 with code 009 past it. All in-process models (`adaptive` included) are
 //! served side by side on `/matrix/<model>` so one run compares them under identical conditions.

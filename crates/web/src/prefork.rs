@@ -13,9 +13,9 @@
 //! hand-off between cores), with three differences:
 //! the parent itself listens and deals the connections to the children in turn ([`crate::deal`]:
 //! an even share for each, where SO_REUSEPORT's hash leaves a few connections unevenly spread);
-//! a body up to [`exec::INLINE_BODY_BYTES_MAX`] that may not split runs inline on the child's
-//! reactor thread (no hand-off to the worker on the same core); and a body at least as large as the
-//! calibrated split size is spread over a pool spanning every core when no other request is
+//! a body up to [`exec::INLINE_BODY_BYTES_MAX`] that will not split runs inline on the child's
+//! reactor thread (no hand-off to the worker on the same core); and a body at least as large as
+//! the calibrated split size is spread over a pool spanning every core when no other request is
 //! admitted (waiting or computing) anywhere on the host. "Admitted on the host" is one
 //! [`HostCounter`]: an `AtomicUsize` in a memfd the parent creates and every child maps (the fd
 //! is inherited across exec, its number passed in the [`ChildSpec`]).

@@ -88,22 +88,15 @@ async fn handle(executor: &Executor, request: Request, body_bytes_max: usize) ->
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    let too_large = Reply::failure(None, &Failure::body_too_large(body_bytes_max));
     let mut body = request.into_body();
-    if let Some(bytes) = declared_bytes.filter(|&bytes| bytes > body_bytes_max as u64) {
-        if bytes <= REFUSED_BODY_DRAIN_BYTES_MAX as u64 {
-            drain_refused(body).await;
-        }
-        return into_response(too_large);
+    if declared_bytes.is_some_and(|bytes| bytes > body_bytes_max as u64) {
+        return refuse_too_large(body, declared_bytes, body_bytes_max).await;
     }
     // Chunked bodies have no Content-Length: the read itself stops at the bound. It borrows the
     // body so that the rest of a refused one can still be drained.
     match Limited::new(&mut body, body_bytes_max).collect().await {
         Ok(collected) => into_response(executor.execute(collected.to_bytes()).await),
-        Err(_) => {
-            drain_refused(body).await;
-            into_response(too_large)
-        }
+        Err(_) => refuse_too_large(body, None, body_bytes_max).await,
     }
 }
 
@@ -119,17 +112,26 @@ const REFUSED_BODY_DRAIN_BYTES_MAX: usize = 64 << 20;
 /// The longest a refused body is read for (a slow sender must not hold the connection).
 const REFUSED_BODY_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn drain_refused(mut body: Body) {
-    let drain = async {
-        let mut drained_bytes = 0;
-        while let Some(Ok(frame)) = body.frame().await {
-            drained_bytes += frame.data_ref().map_or(0, |data| data.len());
-            if drained_bytes > REFUSED_BODY_DRAIN_BYTES_MAX {
-                break;
+/// Reads and drops the rest of `body` (unless it declared more than the drain bound), then
+/// answers code 007.
+async fn refuse_too_large(
+    mut body: Body,
+    declared_bytes: Option<u64>,
+    body_bytes_max: usize,
+) -> Response {
+    if declared_bytes.is_none_or(|bytes| bytes <= REFUSED_BODY_DRAIN_BYTES_MAX as u64) {
+        let drain = async {
+            let mut drained_bytes = 0;
+            while let Some(Ok(frame)) = body.frame().await {
+                drained_bytes += frame.data_ref().map_or(0, |data| data.len());
+                if drained_bytes > REFUSED_BODY_DRAIN_BYTES_MAX {
+                    break;
+                }
             }
-        }
-    };
-    let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
+        };
+        let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
+    }
+    into_response(Reply::failure(None, &Failure::body_too_large(body_bytes_max)))
 }
 
 fn into_response(reply: Reply) -> Response {

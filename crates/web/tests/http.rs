@@ -224,11 +224,8 @@ fn refused_body_is_read_before_the_answer() {
     use std::io::{Read, Write};
     let server = start(16, 2);
     let body_bytes = BODY_BYTES_MAX + 1;
-    let chunked_body = [format!("{body_bytes:x}\r\n").into_bytes(), vec![b' '; body_bytes]]
-        .concat()
-        .into_iter()
-        .chain(*b"\r\n0\r\n\r\n")
-        .collect::<Vec<u8>>();
+    let chunk_head = format!("{body_bytes:x}\r\n").into_bytes();
+    let chunked_body = [chunk_head, vec![b' '; body_bytes], b"\r\n0\r\n\r\n".to_vec()].concat();
     let framings = [
         (format!("content-length: {body_bytes}"), vec![b' '; body_bytes]),
         ("transfer-encoding: chunked".to_string(), chunked_body),
