@@ -48,7 +48,7 @@ fn check_table_name(table: &str) -> anyhow::Result<()> {
         && table.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && !table.starts_with(|c: char| c.is_ascii_digit());
     if !valid {
-        return Err(lab::outcome::BadInput(format!(
+        return Err(crate::CdrError::BadInput(format!(
             "table name {table:?} must be 1..63 of [a-z0-9_], not starting with a digit"
         ))
         .into());

@@ -26,8 +26,8 @@
 //! each configuration it measures the nodes and runs the pipeline back to back, interleaved
 //! and repeated, and reports median measured / predicted ratios.
 
-pub mod cli;
 pub mod convert;
+mod error;
 pub mod feed;
 pub mod measure;
 pub mod online;
@@ -36,3 +36,5 @@ pub mod run;
 pub mod serialize;
 pub mod ticket;
 pub mod validate;
+
+pub use error::CdrError;

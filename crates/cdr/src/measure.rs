@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::Duration;
 
-use lab::outcome::BadInput;
+use crate::error::CdrError::BadInput;
 
 use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
 use planner::measure::{ServiceTime, Workload, detect_host, measure_node, process_cpu_time_ns};

@@ -65,7 +65,7 @@ impl Controller {
         );
         anyhow::ensure!(
             replan_rate_change_min.is_finite() && replan_rate_change_min >= 0.0,
-            lab::outcome::BadInput(format!(
+            crate::CdrError::BadInput(format!(
                 "the re-plan threshold must be a fraction >= 0, got {replan_rate_change_min}"
             ))
         );

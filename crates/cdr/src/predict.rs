@@ -57,7 +57,8 @@ pub fn threads_in_model_order(
         .iter()
         .map(|node| {
             config.threads_of(&node.name).ok_or_else(|| {
-                lab::outcome::BadInput(format!("config has no [[node]] named {}", node.name)).into()
+                crate::CdrError::BadInput(format!("config has no [[node]] named {}", node.name))
+                    .into()
             })
         })
         .collect()

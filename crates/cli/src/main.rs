@@ -1,6 +1,10 @@
-//! `leantier`: a thin binary. Every subcommand's arguments and logic live in a library crate;
-//! this file only parses, sets up logging, dispatches and maps errors to exit codes
-//! (see `lab::outcome`).
+//! `leantier`: the command line. This crate is the only one that knows about flags, terminals
+//! and exit codes: each module of [`commands`] parses one area's flags, calls the library
+//! crates (which return typed results) and prints them; [`outcome`] maps errors to exit codes.
+//! This file sets up logging and dispatches.
+
+mod commands;
+mod outcome;
 
 use std::process::ExitCode;
 
@@ -22,30 +26,30 @@ struct Cli {
 enum Command {
     /// The main demo: the lean exchange tier at 20K/40K/60K msg/s, then its maximum rate;
     /// prints latency per stage and writes a report folder.
-    Demo(exchange::cli::DemoArgs),
+    Demo(commands::exchange::DemoArgs),
     /// The reference exchange tier: run a configuration, or an experiment.
-    Exchange(exchange::cli::Args),
+    Exchange(commands::exchange::Args),
     /// Micro-benchmarks that run leantier and its peers in the same run and print the ratios.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Message-queuing middleware: serve a node, run a client, load-test, benchmark.
-    Mq(mq::cli::Args),
+    Mq(commands::mq::Args),
     /// REST matrix service under selectable execution models, and its load lab.
-    Web(web::cli::Args),
+    Web(commands::web::Args),
     /// Capacity planner: measure a pipeline, model it as a queueing network, optimize threads.
-    Plan(planner::cli::Args),
+    Plan(commands::planner::Args),
     /// The call-data-ticket pipeline: run a planner config, compare measured vs predicted.
-    Cdr(cdr::cli::Args),
+    Cdr(commands::cdr::Args),
     /// The safe store writer: journal benchmark (throughput, fdatasync baseline, durable-reply
     /// latency per policy) and a read-only journal checker.
-    Journal(journal::cli::Args),
+    Journal(commands::journal::Args),
 }
 
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Ring throughput (leantier vs rtrb, crossbeam, disruptor, std mpsc, blocking) and
     /// pinned ping-pong latency, plus the wake-up and idle-CPU cost of each wait strategy.
-    Ring(lab::ringbench::Args),
+    Ring(commands::bench_ring::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,14 +59,27 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Demo(args) => exchange::cli::run_demo(&args),
-        Command::Exchange(args) => exchange::cli::run(&args),
-        Command::Bench(BenchCommand::Ring(args)) => lab::ringbench::run(&args),
-        Command::Mq(args) => mq::cli::run(&args),
-        Command::Web(args) => web::cli::run(&args),
-        Command::Plan(args) => planner::cli::run(&args, &[&cdr::measure::CdrWorkload::default()]),
-        Command::Cdr(args) => cdr::cli::run(&args),
-        Command::Journal(args) => journal::cli::run(&args),
+        Command::Demo(args) => commands::exchange::run_demo(&args),
+        Command::Exchange(args) => commands::exchange::run(&args),
+        Command::Bench(BenchCommand::Ring(args)) => commands::bench_ring::run(&args),
+        Command::Mq(args) => commands::mq::run(&args),
+        Command::Web(args) => commands::web::run(&args),
+        Command::Plan(args) => {
+            commands::planner::run(&args, &[&cdr::measure::CdrWorkload::default()])
+        }
+        Command::Cdr(args) => commands::cdr::run(&args),
+        Command::Journal(args) => commands::journal::run(&args),
     };
-    lab::outcome::exit_code_for(result)
+    outcome::exit_code_for(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks over the whole command tree (conflicts, defaults, names).
+    #[test]
+    fn the_command_tree_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }

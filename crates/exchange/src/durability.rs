@@ -32,12 +32,12 @@ pub use master::{
     open_master,
 };
 
+use crate::error::ExchangeError::BadInput;
 use journal::segment::SEGMENT_BYTES_DEFAULT;
 use journal::{
     DurableSeq, JournalConfig, JournalSender, JournalWriter, Policy, Record, RecoverOptions,
     StateMachine, recover_from,
 };
-use lab::outcome::BadInput;
 use pipeline::metrics::now_ns;
 
 use crate::book::Listing;
@@ -49,17 +49,7 @@ use crate::msg::{
 use crate::wire::{Fields, Put};
 
 /// How the tier journals its sequenced input (`--journal`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JournalMode {
     /// Journal beside the core; replies wait until their input is on disk (group commit).
@@ -74,6 +64,20 @@ pub enum JournalMode {
 }
 
 impl JournalMode {
+    /// Every mode.
+    pub const ALL: [JournalMode; 4] =
+        [JournalMode::Group, JournalMode::Sync, JournalMode::Relaxed, JournalMode::Off];
+
+    /// The name used in flags and config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            JournalMode::Group => "group",
+            JournalMode::Sync => "sync",
+            JournalMode::Relaxed => "relaxed",
+            JournalMode::Off => "off",
+        }
+    }
+
     /// The journal policy, `None` when journaling is off.
     pub fn policy(self) -> Option<Policy> {
         match self {

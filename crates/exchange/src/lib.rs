@@ -46,12 +46,12 @@
 //! replaces, and invalid requests each tagged with the reason it must get); [`tier::run`]
 //! drives it with `lab::load`'s open-loop schedule and reports end-to-end and per-stage
 //! latency histograms, the runtime's per-stage throughput and utilization, rejects by reason
-//! and each shard's output hash. [`cli`] holds `leantier demo` and `leantier exchange ...`.
+//! and each shard's output hash.
 
 pub mod book;
-pub mod cli;
 pub mod core;
 pub mod durability;
+mod error;
 pub mod flow;
 pub mod master;
 pub mod msg;
@@ -59,3 +59,5 @@ pub mod preprocess;
 pub mod store;
 pub mod tier;
 mod wire;
+
+pub use error::ExchangeError;

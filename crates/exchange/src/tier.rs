@@ -35,8 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::error::ExchangeError;
+use crate::error::ExchangeError::BadInput;
 use lab::load::{ArrivalProcess, OpenLoopPlan, drive_sync};
-use lab::outcome::BadInput;
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, now_ns};
 use pipeline::placement::Role;
@@ -146,7 +147,7 @@ impl Default for TierConfig {
 
 impl TierConfig {
     /// Checks every field; errors are [`BadInput`] naming the field.
-    pub fn validate(&self) -> Result<(), BadInput> {
+    pub fn validate(&self) -> Result<(), ExchangeError> {
         let workers_ok = |n: usize| (1..=STAGE_WORKERS_MAX).contains(&n);
         if !workers_ok(self.preprocess_workers)
             || !workers_ok(self.core_shards)
@@ -195,10 +196,12 @@ impl TierConfig {
         }
         self.wait_strategy()?;
         self.connector_kind()?;
-        self.arrival_process(1.0)?.validate()
+        self.arrival_process(1.0)?
+            .validate()
+            .map_err(|lab::error::BadInput(reason)| BadInput(reason))
     }
 
-    pub fn wait_strategy(&self) -> Result<WaitStrategy, BadInput> {
+    pub fn wait_strategy(&self) -> Result<WaitStrategy, ExchangeError> {
         if self.wait == "auto" {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
             return Ok(if cpus > self.threads() {
@@ -223,12 +226,12 @@ impl TierConfig {
             + journal_writers
     }
 
-    pub fn connector_kind(&self) -> Result<ConnectorKind, BadInput> {
+    pub fn connector_kind(&self) -> Result<ConnectorKind, ExchangeError> {
         self.connector.parse().map_err(|e: String| BadInput(format!("connector: {e}")))
     }
 
     /// The arrival process at `rate_per_s`.
-    pub fn arrival_process(&self, rate_per_s: f64) -> Result<ArrivalProcess, BadInput> {
+    pub fn arrival_process(&self, rate_per_s: f64) -> Result<ArrivalProcess, ExchangeError> {
         match self.arrival.as_str() {
             "constant" => Ok(ArrivalProcess::Constant { rate_per_s }),
             "poisson" => Ok(ArrivalProcess::Poisson { rate_per_s }),
@@ -243,7 +246,7 @@ impl TierConfig {
         }
     }
 
-    fn spec(&self, workers: usize, role: Role) -> Result<StageSpec, BadInput> {
+    fn spec(&self, workers: usize, role: Role) -> Result<StageSpec, ExchangeError> {
         let spec = StageSpec { workers, role, ..StageSpec::default() };
         Ok(spec
             .with_wait(if role == Role::Critical {

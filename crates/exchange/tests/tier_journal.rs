@@ -103,7 +103,7 @@ fn a_different_shard_count_is_refused() {
         },
     };
     let error = run(&three, options, |_| {}).err().expect("refused");
-    assert!(error.downcast_ref::<lab::outcome::BadInput>().is_some(), "{error:#}");
+    assert!(error.downcast_ref::<exchange::ExchangeError>().is_some(), "{error:#}");
     assert!(format!("{error}").contains("holds 2 shard journals"), "{error}");
 }
 
@@ -114,7 +114,7 @@ fn every_policy_answers_every_request_and_journals_per_its_policy() {
         let config = TierConfig { core_shards: 1, ..config(mode) };
         if mode == JournalMode::Off {
             let error = run(&config, options(dir.path()), |_| {}).err().expect("needs a journal");
-            assert!(error.downcast_ref::<lab::outcome::BadInput>().is_some(), "{error:#}");
+            assert!(error.downcast_ref::<exchange::ExchangeError>().is_some(), "{error:#}");
             let options = RunOptions { journal: JournalOptions::default(), ..options(dir.path()) };
             let result = run(&config, options, |_| {}).expect("run");
             assert_eq!(result.end_to_end.count(), result.sent);

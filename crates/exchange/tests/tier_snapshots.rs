@@ -258,5 +258,5 @@ fn a_snapshot_from_another_configuration_is_refused() {
         journal: JournalOptions { data_dir: Some(dir.path().to_path_buf()), ..Default::default() },
     };
     let error = run(&other_pool, options, |_| {}).err().expect("refused");
-    assert!(error.downcast_ref::<lab::outcome::BadInput>().is_some(), "{error:#}");
+    assert!(error.downcast_ref::<exchange::ExchangeError>().is_some(), "{error:#}");
 }

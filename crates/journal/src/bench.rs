@@ -57,7 +57,7 @@ pub struct BenchConfig {
 
 impl BenchConfig {
     fn wait_strategy(&self) -> anyhow::Result<pipeline::WaitStrategy> {
-        self.wait.parse().map_err(|reason: String| lab::outcome::BadInput(reason).into())
+        self.wait.parse().map_err(|reason: String| crate::JournalError::BadConfig(reason).into())
     }
 
     fn journal_config(&self, policy: Policy) -> anyhow::Result<JournalConfig> {
@@ -137,7 +137,7 @@ pub fn run_all(config: &BenchConfig) -> anyhow::Result<BenchResults> {
             256 => throughput_run::<256>(config, duration)?,
             1024 => throughput_run::<1024>(config, duration)?,
             other => {
-                return Err(lab::outcome::BadInput(format!(
+                return Err(crate::JournalError::BadConfig(format!(
                     "record size {other} not benchmarked (64, 256 or 1024)"
                 ))
                 .into());

@@ -70,7 +70,6 @@
 
 pub mod audit;
 pub mod bench;
-pub mod cli;
 pub mod durable;
 pub mod error;
 pub mod frame;

@@ -39,17 +39,7 @@ pub const RELAXED_FLUSH_INTERVAL_US_DEFAULT: u64 = 10_000;
 const RELAXED_IDLE_SLEEP: Duration = Duration::from_micros(100);
 
 /// When a reply may be released relative to the fsync of its input.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// The core waits for the fsync of each record before going on: I/O on the critical path.
@@ -60,6 +50,20 @@ pub enum Policy {
     /// Replies are not held; the writer syncs every `relaxed_flush_interval_us`. A power loss
     /// (not a process crash: written data is in the page cache) loses up to that window.
     Relaxed,
+}
+
+impl Policy {
+    /// Every policy.
+    pub const ALL: [Policy; 3] = [Policy::Sync, Policy::Group, Policy::Relaxed];
+
+    /// The name used in flags and config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Sync => "sync",
+            Policy::Group => "group",
+            Policy::Relaxed => "relaxed",
+        }
+    }
 }
 
 /// How the journal writes.

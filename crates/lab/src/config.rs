@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::outcome::BadInput;
+use crate::error::BadInput;
 
 /// Reads a TOML config file; `None` gives the type's defaults. Errors name the file and the
 /// offending key, and are [`BadInput`] so the binary exits with the usage code.

@@ -15,16 +15,17 @@
 //! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown and
 //!   hand-written SVG plots (latency CDFs, bars, x-y lines), and progress bars that hide
 //!   themselves when stderr is not a terminal.
-//! * [`ringbench`]: `leantier bench ring`, the ring against its peers in the same run.
-//! * [`config`] and [`outcome`]: TOML configuration with flag overrides, and the mapping of
-//!   errors to exit codes (bad input 2, missed target 3).
+//! * [`config`]: TOML configuration with flag overrides; [`error::BadInput`] for invalid input.
+//!
+//! `lab` depends on no other leantier crate: every crate may use it, and it knows nothing of
+//! rings, tiers or command lines.
 //!
 //! Measurement code follows one rule: recording is cheap and thread-local (a histogram
 //! increment), and everything else (merging, percentiles, formatting) happens after the run.
 
+pub mod child_flags;
 pub mod config;
+pub mod error;
 pub mod load;
-pub mod outcome;
 pub mod report;
-pub mod ringbench;
 pub mod stats;

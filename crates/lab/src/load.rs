@@ -53,7 +53,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::outcome::BadInput;
+use crate::error::BadInput;
 use crate::stats::{LatencyHistogram, LatencySummary};
 
 /// The sync driver sleeps until this long before an intended time, then spins. Its thread's

@@ -167,7 +167,7 @@ async fn pgmq(
     let schema = "SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'";
     if setup.query_opt(schema, &[]).await?.is_none() {
         let sql = std::fs::read_to_string(sql_path).map_err(|e| {
-            lab::outcome::BadInput(format!("cannot read pgmq SQL {}: {e}", sql_path.display()))
+            crate::MqError::BadInput(format!("cannot read pgmq SQL {}: {e}", sql_path.display()))
         })?;
         setup.batch_execute(&sql).await.context("installing pgmq's SQL")?;
     }

@@ -17,12 +17,29 @@ use crate::load::{self, LoadConfig, LoadResult};
 use crate::server::{self, NodeConfig};
 use crate::store::AnyStore;
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum, Serialize)]
+/// The standard experiments.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub enum Experiment {
     Clients,
     Scale,
     Size,
     Factorial,
+}
+
+impl Experiment {
+    /// Every experiment.
+    pub const ALL: [Experiment; 4] =
+        [Experiment::Clients, Experiment::Scale, Experiment::Size, Experiment::Factorial];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Experiment::Clients => "clients",
+            Experiment::Scale => "scale",
+            Experiment::Size => "size",
+            Experiment::Factorial => "factorial",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

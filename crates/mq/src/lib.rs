@@ -19,18 +19,19 @@
 //!   response-time law, and naming the bottleneck.
 //! - [`bench`] and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
 //!   standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
-//! - [`cli`]: `leantier mq serve | client | load | bench | experiment`.
 //!
 //! Delivery: `pop` is at-most-once (the row is deleted in the committed transaction before the
 //! reply; a crash between commit and reply loses that message to the reader). `lease` + `ack` is
 //! at-least-once: a leased message becomes visible again when its lease expires unackowledged.
 
 pub mod bench;
-pub mod cli;
 pub mod client;
+mod error;
 pub mod experiment;
 pub mod load;
 pub mod protocol;
 pub mod server;
 pub mod store;
 mod util;
+
+pub use error::MqError;

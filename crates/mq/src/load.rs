@@ -59,8 +59,8 @@ impl Default for LoadConfig {
 }
 
 impl LoadConfig {
-    pub fn validate(&self) -> Result<(), lab::outcome::BadInput> {
-        let bad = |m: &str| Err(lab::outcome::BadInput(m.into()));
+    pub fn validate(&self) -> Result<(), crate::MqError> {
+        let bad = |m: &str| Err(crate::MqError::BadInput(m.into()));
         if self.nodes.is_empty() {
             return bad("at least one node is needed");
         }

@@ -70,7 +70,7 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
-    pub fn validate(&self) -> Result<(), lab::outcome::BadInput> {
+    pub fn validate(&self) -> Result<(), crate::MqError> {
         let positive = [
             ("handler_slots", self.handler_slots),
             ("db_workers", self.db_workers),
@@ -79,11 +79,11 @@ impl NodeConfig {
         ];
         for (name, value) in positive {
             if value == 0 {
-                return Err(lab::outcome::BadInput(format!("{name} must be > 0")));
+                return Err(crate::MqError::BadInput(format!("{name} must be > 0")));
             }
         }
         if self.content_bytes_max > crate::protocol::FRAME_BYTES_MAX / 2 {
-            return Err(lab::outcome::BadInput(
+            return Err(crate::MqError::BadInput(
                 "content_bytes_max must be ≤ half the frame limit".into(),
             ));
         }

@@ -147,7 +147,7 @@ async fn two_nodes_on_one_postgres_never_pop_a_message_twice() {
 /// A node as a child process; its listening address is read from its stderr.
 fn spawn_node(store: &str) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mq-node"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", store, "--db-workers", "2"])
+        .args(["--listen", "127.0.0.1:0", "--store", store, "--db-workers", "2"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -6,7 +6,8 @@
 //! to several successors) is a route per successor; the decomposition treats each node's input
 //! as Poisson, the standard approximation for such networks.
 
-use lab::outcome::BadInput;
+use crate::error::PlanError;
+use crate::error::PlanError::BadInput;
 
 use crate::model::{NetworkSpec, NodeSpec};
 use crate::node::{MmcK, NodeMetrics};
@@ -30,7 +31,7 @@ pub struct DeviceDemand {
     pub network_bytes_per_s: f64,
 }
 
-fn check_node(node: &NodeSpec) -> Result<(), BadInput> {
+fn check_node(node: &NodeSpec) -> Result<(), PlanError> {
     let name = &node.name;
     let positive = |value: f64| value.is_finite() && value > 0.0;
     let non_negative = |value: f64| value.is_finite() && value >= 0.0;
@@ -62,7 +63,7 @@ fn check_node(node: &NodeSpec) -> Result<(), BadInput> {
     Ok(())
 }
 
-fn check_host(spec: &NetworkSpec) -> Result<(), BadInput> {
+fn check_host(spec: &NetworkSpec) -> Result<(), PlanError> {
     let limit = spec.utilization_limit;
     if !(limit > 0.0 && limit < 1.0) {
         return Err(BadInput(format!("utilization_limit must be in (0, 1), got {limit}")));
@@ -87,7 +88,7 @@ fn check_host(spec: &NetworkSpec) -> Result<(), BadInput> {
 impl Network {
     /// Validates the model: μ > 0, shares and byte counts ≥ 0, unique node names, routes
     /// between known nodes, no cycle, at least one node with external arrivals.
-    pub fn new(spec: NetworkSpec) -> Result<Self, BadInput> {
+    pub fn new(spec: NetworkSpec) -> Result<Self, PlanError> {
         check_host(&spec)?;
         if spec.node.is_empty() {
             return Err(BadInput("the model has no [[node]]".into()));
@@ -119,7 +120,7 @@ impl Network {
     }
 
     /// Index of the node called `name`.
-    pub fn index_of(&self, name: &str) -> Result<usize, BadInput> {
+    pub fn index_of(&self, name: &str) -> Result<usize, PlanError> {
         self.spec
             .node
             .iter()
@@ -133,7 +134,7 @@ impl Network {
         source_rate_per_s: f64,
         threads: &[u32],
         metrics: &mut [NodeMetrics],
-    ) -> Result<(), BadInput> {
+    ) -> Result<(), PlanError> {
         assert_eq!(threads.len(), self.spec.node.len(), "one thread count per node");
         assert_eq!(metrics.len(), self.spec.node.len(), "one metrics slot per node");
         for &index in &self.order {
@@ -212,7 +213,7 @@ impl Network {
     }
 }
 
-fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, BadInput> {
+fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, PlanError> {
     let index_of = |name: &str| {
         spec.node
             .iter()
@@ -238,7 +239,7 @@ fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, BadInput
 fn topological_order(
     spec: &NetworkSpec,
     inbound: &[Vec<(usize, f64)>],
-) -> Result<Vec<usize>, BadInput> {
+) -> Result<Vec<usize>, PlanError> {
     let count = spec.node.len();
     let mut pending: Vec<usize> = inbound.iter().map(Vec::len).collect();
     let mut order: Vec<usize> = (0..count).filter(|&index| pending[index] == 0).collect();

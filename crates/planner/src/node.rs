@@ -11,7 +11,8 @@
 //! tail's mean uses the same closed form with a series expansion for `|m·ln ρ| < 0.05`. Solving is
 //! therefore O(c), independent of K, and never allocates.
 
-use lab::outcome::BadInput;
+use crate::error::PlanError;
+use crate::error::PlanError::BadInput;
 use serde::Serialize;
 
 /// Below this `|terms · ln ρ|` the tail mean uses its Taylor series: the closed form would
@@ -69,7 +70,7 @@ pub struct MmcKSolution {
     metrics: NodeMetrics,
 }
 
-fn check_rates(arrival_rate_per_s: f64, service_rate_per_s: f64) -> Result<(), BadInput> {
+fn check_rates(arrival_rate_per_s: f64, service_rate_per_s: f64) -> Result<(), PlanError> {
     if !(arrival_rate_per_s.is_finite() && arrival_rate_per_s >= 0.0) {
         return Err(BadInput(format!(
             "arrival rate must be finite and >= 0, got {arrival_rate_per_s}"
@@ -83,7 +84,7 @@ fn check_rates(arrival_rate_per_s: f64, service_rate_per_s: f64) -> Result<(), B
     Ok(())
 }
 
-fn check_servers(servers: u32) -> Result<(), BadInput> {
+fn check_servers(servers: u32) -> Result<(), PlanError> {
     if servers == 0 {
         return Err(BadInput("a node needs at least one server (thread)".into()));
     }
@@ -97,7 +98,7 @@ impl MmcK {
         service_rate_per_s: f64,
         servers: u32,
         capacity_jobs: u64,
-    ) -> Result<Self, BadInput> {
+    ) -> Result<Self, PlanError> {
         check_rates(arrival_rate_per_s, service_rate_per_s)?;
         check_servers(servers)?;
         if capacity_jobs < u64::from(servers) {
@@ -326,7 +327,7 @@ impl Mmc {
         arrival_rate_per_s: f64,
         service_rate_per_s: f64,
         servers: u32,
-    ) -> Result<Self, BadInput> {
+    ) -> Result<Self, PlanError> {
         check_rates(arrival_rate_per_s, service_rate_per_s)?;
         check_servers(servers)?;
         let rho = arrival_rate_per_s / (f64::from(servers) * service_rate_per_s);
@@ -394,7 +395,7 @@ pub fn mm1k_closed_form(
     arrival_rate_per_s: f64,
     service_rate_per_s: f64,
     capacity_jobs: u64,
-) -> Result<NodeMetrics, BadInput> {
+) -> Result<NodeMetrics, PlanError> {
     check_rates(arrival_rate_per_s, service_rate_per_s)?;
     if capacity_jobs == 0 {
         return Err(BadInput("M/M/1/K needs K >= 1".into()));

@@ -18,7 +18,8 @@
 //! stop cleanly, naming the reason, at the core budget, the memory limit, the disk or network
 //! bandwidth, or a fixed bottleneck node.
 
-use lab::outcome::BadInput;
+use crate::error::PlanError;
+use crate::error::PlanError::BadInput;
 use serde::Serialize;
 
 use crate::model::{NodeConfig, PipelineConfig};
@@ -118,7 +119,7 @@ pub struct Plan {
 }
 
 /// Runs the optimizer on a validated network.
-pub fn optimize(network: &Network, goal: Goal) -> Result<Plan, BadInput> {
+pub fn optimize(network: &Network, goal: Goal) -> Result<Plan, PlanError> {
     let mut search = Search::new(network)?;
     let (arrival_rate_per_s, bottleneck, stop) = match goal {
         Goal::Consolidation { arrival_rate_per_s } => {
@@ -169,7 +170,7 @@ struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    fn new(network: &'a Network) -> Result<Self, BadInput> {
+    fn new(network: &'a Network) -> Result<Self, PlanError> {
         let nodes = network.nodes();
         let threads: Vec<u32> = nodes.iter().map(|node| node.fixed_threads.unwrap_or(1)).collect();
         let memory_bytes = nodes
@@ -195,7 +196,7 @@ impl<'a> Search<'a> {
     }
 
     /// Solves the network at `rate` and returns its most loaded resource.
-    fn load_at(&mut self, rate_per_s: f64) -> Result<Load, BadInput> {
+    fn load_at(&mut self, rate_per_s: f64) -> Result<Load, PlanError> {
         self.network.evaluate(rate_per_s, &self.threads, &mut self.metrics)?;
         self.evaluations += 1;
         let mut load = Load { worst: Resource::Node(0), utilization: f64::NEG_INFINITY };
@@ -222,7 +223,7 @@ impl<'a> Search<'a> {
     }
 
     /// The most utilized non-fixed node over the limit, or why none can take a thread.
-    fn consolidate(&mut self, rate_per_s: f64) -> Result<(Resource, StopReason), BadInput> {
+    fn consolidate(&mut self, rate_per_s: f64) -> Result<(Resource, StopReason), PlanError> {
         let limit = self.network.spec().utilization_limit;
         loop {
             let load = self.load_at(rate_per_s)?;
@@ -254,7 +255,7 @@ impl<'a> Search<'a> {
         }
     }
 
-    fn maximize_throughput(&mut self) -> Result<(f64, Resource, StopReason), BadInput> {
+    fn maximize_throughput(&mut self) -> Result<(f64, Resource, StopReason), PlanError> {
         let mut hint_per_s = self.network.saturation_rate_per_s(&self.threads);
         loop {
             let (rate_per_s, bottleneck) = self.max_rate(hint_per_s)?;
@@ -272,7 +273,7 @@ impl<'a> Search<'a> {
 
     /// The highest rate with every resource under the limit, and the resource that binds
     /// just above it. `hint_per_s` is a guess (the previous answer) to bracket from.
-    fn max_rate(&mut self, hint_per_s: f64) -> Result<(f64, Resource), BadInput> {
+    fn max_rate(&mut self, hint_per_s: f64) -> Result<(f64, Resource), PlanError> {
         let limit = self.network.spec().utilization_limit;
         let mut low = 0.0;
         let mut high = hint_per_s.max(f64::MIN_POSITIVE);

@@ -98,12 +98,16 @@ fn bad_models_are_rejected_with_reasons() {
         let mut spec = cdr_spec(8.0);
         mutate(&mut spec);
         let error = Network::new(spec).unwrap_err();
-        assert!(error.0.contains(needle), "{:?} should mention {needle}", error.0);
+        assert!(
+            error.to_string().contains(needle),
+            "{:?} should mention {needle}",
+            error.to_string()
+        );
     }
     let network = Network::new(cdr_spec(8.0)).unwrap();
-    assert!(network.index_of("nope").unwrap_err().0.contains("unknown node name nope"));
+    assert!(network.index_of("nope").unwrap_err().to_string().contains("unknown node name nope"));
     let goal = Goal::Consolidation { arrival_rate_per_s: -1.0 };
-    assert!(optimize(&network, goal).unwrap_err().0.contains("arrival rate"));
+    assert!(optimize(&network, goal).unwrap_err().to_string().contains("arrival rate"));
 }
 
 #[test]
@@ -265,7 +269,7 @@ fn memory_limit_is_checked_from_the_start() {
         node.memory_bytes_per_thread = 1 << 30;
     }
     let error = optimize(&Network::new(spec.clone()).unwrap(), Goal::Throughput).unwrap_err();
-    assert!(error.0.contains("memory"), "{}", error.0);
+    assert!(error.to_string().contains("memory"), "{}", error.to_string());
     spec.host.memory_bytes = Some(5 << 30);
     let plan = optimize(&Network::new(spec).unwrap(), Goal::Throughput).unwrap();
     assert_eq!(plan.stop, StopReason::Memory);

@@ -80,9 +80,7 @@ const CALIBRATION_ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 const CALIBRATION_REPEATS: usize = 5;
 
 /// An execution model.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Model {
     /// One worker thread handles every request.
@@ -101,6 +99,9 @@ pub enum Model {
 impl Model {
     /// The models one process serves side by side (prefork is a whole-process mode).
     pub const IN_PROCESS: [Model; 4] = [Model::Single, Model::Pool, Model::Pinned, Model::Adaptive];
+    /// Every model, in the order reports list them.
+    pub const ALL: [Model; 5] =
+        [Model::Single, Model::Pool, Model::Pinned, Model::Prefork, Model::Adaptive];
 
     /// The lower-case name used in routes, flags and reports.
     pub fn name(self) -> &'static str {
@@ -111,6 +112,21 @@ impl Model {
             Model::Prefork => "prefork",
             Model::Adaptive => "adaptive",
         }
+    }
+}
+
+impl std::str::FromStr for Model {
+    type Err = crate::WebError;
+
+    /// A model by its [`Model::name`], ignoring case.
+    fn from_str(name: &str) -> Result<Model, crate::WebError> {
+        Model::ALL.into_iter().find(|model| model.name().eq_ignore_ascii_case(name)).ok_or_else(
+            || {
+                crate::WebError::BadInput(format!(
+                    "unknown model {name:?}: use single, pool, pinned, prefork or adaptive"
+                ))
+            },
+        )
     }
 }
 

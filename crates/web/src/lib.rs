@@ -36,15 +36,18 @@
 //! 2000 rows) using `lab::load` (closed-loop users; open loop with latency from the intended
 //! send time), `lab::stats` HDR histograms and `lab::report` tables, report folder and SVG plots.
 //! The Python baselines (`bench/web-python`) are started by `scripts/bench-web` and measured in
-//! the same run. [`cli`] holds the `leantier web` commands.
+//! the same run.
 
 pub mod api;
-pub mod cli;
 pub mod client;
 pub mod deal;
+mod error;
 pub mod exec;
 pub mod kernel;
 pub mod loadlab;
 pub mod prefork;
+pub mod serve;
 pub mod server;
 pub mod workload;
+
+pub use error::WebError;

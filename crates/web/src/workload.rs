@@ -75,16 +75,14 @@ impl Cells {
 }
 
 /// The study's complexity levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Complexity {
     /// 30 rows: A 30×50 · B 50×20.
     Low,
     /// 600 rows: A 600×50 · B 50×20.
-    #[value(name = "medium-600")]
     Medium600,
     /// 1000 rows: A 1000×50 · B 50×20.
-    #[value(name = "medium-1000")]
     Medium1000,
     /// 2000 rows: A 2000×50 · B 50×20.
     High,

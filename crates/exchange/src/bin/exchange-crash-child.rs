@@ -10,38 +10,46 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use clap::Parser;
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::tier::{ReleasedSeqs, RunOptions, TierConfig, run};
+use lab::child_flags::ChildFlags;
 
 /// How often the reporter looks at the released sequences.
 const ACK_POLL: Duration = Duration::from_micros(500);
 
 /// Crash-test child: run the tier on a data directory until killed (or `--seconds` pass).
-#[derive(Parser)]
 struct Args {
     /// Data directory of the shard journals.
-    #[arg(long)]
     data: PathBuf,
     /// Core shards.
-    #[arg(long, default_value_t = 2)]
     core_shards: usize,
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 5_000.0)]
     rate: f64,
     /// Segment file size in bytes (small: recovery reads the last segment to its end).
-    #[arg(long, default_value_t = 1 << 20)]
     segment_bytes: u64,
     /// A snapshot of each shard every this many journaled inputs (0 = none).
-    #[arg(long, default_value_t = 0)]
     snapshot_every: u64,
     /// Run length, seconds.
-    #[arg(long, default_value_t = 60.0)]
     seconds: f64,
 }
 
+impl Args {
+    fn from_env() -> anyhow::Result<Args> {
+        let known = ["data", "core-shards", "rate", "segment-bytes", "snapshot-every", "seconds"];
+        let flags = ChildFlags::from_env(&known)?;
+        Ok(Args {
+            data: flags.required("data")?,
+            core_shards: flags.get_or("core-shards", 2)?,
+            rate: flags.get_or("rate", 5_000.0)?,
+            segment_bytes: flags.get_or("segment-bytes", 1 << 20)?,
+            snapshot_every: flags.get_or("snapshot-every", 0)?,
+            seconds: flags.get_or("seconds", 60.0)?,
+        })
+    }
+}
+
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = Args::from_env()?;
     let config = TierConfig {
         core_shards: args.core_shards,
         order_pool_slots: 1 << 14,

@@ -13,11 +13,11 @@
 
 use std::path::Path;
 
+use crate::error::ExchangeError::BadInput;
 use journal::{
     JournalConfig, JournalSender, JournalWriter, Policy, Record, RecoverOptions, Snapshotter,
     StateMachine, recover_from,
 };
-use lab::outcome::BadInput;
 
 use crate::book::Listing;
 use crate::master::{Client, Instrument, MasterData, MasterUpdate, Status};

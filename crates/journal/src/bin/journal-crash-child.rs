@@ -9,37 +9,48 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use clap::Parser;
 use journal::ledger::{TransferRecord, transfer_for};
 use journal::{
     JournalConfig, JournalWriter, Ledger, RecoverOptions, Snapshotter, StateMachine, recover,
 };
+use lab::child_flags::ChildFlags;
+use lab::error::BadInput;
 
 /// How often the reply thread looks at the durable sequence.
 const ACK_POLL: Duration = Duration::from_micros(200);
 
 /// Crash-test child: recover, then journal a deterministic ledger workload until killed.
-#[derive(Parser)]
 struct Args {
     /// Journal directory.
-    #[arg(long)]
     dir: PathBuf,
     /// Seed of the deterministic input stream.
-    #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Offer a snapshot every this many records.
-    #[arg(long, default_value_t = 50_000)]
     snapshot_every: u64,
     /// Segment file size in bytes.
-    #[arg(long, default_value_t = journal::segment::SEGMENT_BYTES_DEFAULT)]
     segment_bytes: u64,
     /// Stop after this many new records (default: run until killed).
-    #[arg(long, default_value_t = u64::MAX)]
     records_max: u64,
 }
 
+impl Args {
+    fn from_env() -> Result<Args, BadInput> {
+        let known = ["dir", "seed", "snapshot-every", "segment-bytes", "records-max"];
+        let flags = ChildFlags::from_env(&known)?;
+        Ok(Args {
+            dir: flags.required("dir")?,
+            seed: flags.get_or("seed", 1)?,
+            snapshot_every: flags.get_or("snapshot-every", 50_000)?,
+            segment_bytes: flags
+                .get_or("segment-bytes", journal::segment::SEGMENT_BYTES_DEFAULT)?,
+            records_max: flags.get_or("records-max", u64::MAX)?,
+        })
+    }
+}
+
 fn main() -> Result<(), journal::JournalError> {
-    let args = Args::parse();
+    let args =
+        Args::from_env().map_err(|BadInput(reason)| journal::JournalError::BadConfig(reason))?;
     let recovered = recover::<Ledger>(&args.dir, RecoverOptions::default())?;
     let mut state = recovered.state;
     let mut out = std::io::stdout();

@@ -1,16 +1,31 @@
-//! Standalone `mq` command (same as `leantier mq`); the reliability tests run nodes with it as
-//! child processes so they can SIGKILL them.
+//! A standalone mq node: `leantier mq serve` without the rest of leantier. The reliability
+//! tests run nodes with it as child processes so they can SIGKILL them.
+//!
+//! Flags: `--listen ADDR` (default 127.0.0.1:7440), `--store sqlite:DIR|postgres://...`,
+//! `--config FILE` (NodeConfig fields, TOML), `--db-workers N` (overrides the file).
 
-use clap::Parser;
+use std::path::PathBuf;
 
-/// leantier message-queuing middleware.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(flatten)]
-    args: mq::cli::Args,
+use lab::child_flags::ChildFlags;
+use mq::{server, store};
+
+async fn serve(flags: &ChildFlags) -> anyhow::Result<()> {
+    let listen: String = flags.get_or("listen", "127.0.0.1:7440".to_string())?;
+    let store_url: String = flags.required("store")?;
+    let config_path: Option<PathBuf> = flags.optional("config")?;
+    let mut config: server::NodeConfig = lab::config::load_toml(config_path.as_deref())?;
+    lab::config::override_with(&mut config.db_workers, &flags.optional("db-workers")?);
+    config.validate()?;
+    let store = store::AnyStore::open(&store_url, config.db_workers).await?;
+    let node = server::start(&listen, store, config).await?;
+    eprintln!("mq node listening on {} (store {store_url})", node.addr);
+    tokio::signal::ctrl_c().await?;
+    node.shutdown().await;
+    Ok(())
 }
 
-fn main() -> std::process::ExitCode {
-    lab::outcome::exit_code_for(mq::cli::run(&Cli::parse().args))
+fn main() -> anyhow::Result<()> {
+    let flags = ChildFlags::from_env(&["listen", "store", "config", "db-workers"])?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve(&flags))
 }

@@ -67,7 +67,7 @@ impl AnyStore {
             let config = PostgresConfig { url: spec.to_owned(), pool_connections };
             return Ok(AnyStore::Postgres(PostgresStore::open(&config).await?));
         }
-        Err(lab::outcome::BadInput(format!(
+        Err(crate::MqError::BadInput(format!(
             "store {spec:?} is neither sqlite:DIR nor a postgres:// URL"
         ))
         .into())

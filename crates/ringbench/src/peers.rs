@@ -283,5 +283,5 @@ impl<M: Payload> Peer<M> for Disruptor {
 /// disruptor's `batch_publish` must fit in the ring; the harness never asks for more than
 /// this, which is below every capacity it builds.
 fn tx_batch_limit() -> usize {
-    super::harness::BATCH_SLOTS_MAX
+    crate::harness::BATCH_SLOTS_MAX
 }

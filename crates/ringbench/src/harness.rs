@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use pipeline::placement::{CpuId, Topology, pin_current_thread};
 
-use super::peers::{Payload, Peer};
-use crate::stats::LatencyHistogram;
+use crate::peers::{Payload, Peer};
+use lab::stats::LatencyHistogram;
 
 /// Slots in every queue under test (all peers get the same bound).
 pub const CAPACITY_SLOTS: usize = 4096;

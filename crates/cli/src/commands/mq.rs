@@ -2,14 +2,15 @@
 
 use std::path::PathBuf;
 
+use super::values::one_of;
+use crate::outcome::{BadInput, TargetMissed};
 use anyhow::Context;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use lab::config::{load_toml, override_with};
-use lab::outcome::{BadInput, TargetMissed};
 
-use crate::client::Client;
-use crate::protocol::{ReadMode, ReadTarget};
-use crate::{bench, experiment, load, server, store};
+use mq::client::Client;
+use mq::protocol::{ReadMode, ReadTarget};
+use mq::{bench, experiment, load, server, store};
 
 /// Message-queuing middleware: nodes, clients, load generator, benchmarks.
 #[derive(ClapArgs, Debug)]
@@ -91,7 +92,7 @@ pub struct ClientArgs {
     #[arg(long, default_value = "cli")]
     pub name: String,
     /// Run the operations in FILE (`-` = stdin), one per line; `#` starts a comment.
-    #[arg(long, conflicts_with = "op")]
+    #[arg(long)]
     pub script: Option<PathBuf>,
     #[command(subcommand)]
     pub op: Option<ClientOp>,
@@ -234,7 +235,7 @@ pub struct BenchArgs {
 #[derive(ClapArgs, Debug)]
 pub struct ExperimentArgs {
     /// Which experiment.
-    #[arg(value_enum)]
+    #[arg(value_parser = one_of(&experiment::Experiment::ALL, experiment::Experiment::name))]
     pub kind: experiment::Experiment,
     /// `sqlite:DIR` or a `postgres://` URL (e.g. $LEANTIER_PG_URL).
     #[arg(long)]
@@ -292,7 +293,10 @@ async fn client(args: &ClientArgs) -> anyhow::Result<()> {
     let id = client.register(&args.name).await?;
     eprintln!("registered {:?} as client {id}", args.name);
     let ops = match (&args.script, &args.op) {
-        (Some(path), _) => read_script(path)?,
+        (Some(_), Some(_)) => {
+            return Err(BadInput("give an operation or --script FILE, not both".into()).into());
+        }
+        (Some(path), None) => read_script(path)?,
         (None, Some(op)) => vec![op.clone()],
         (None, None) => return Err(BadInput("give an operation or --script FILE".into()).into()),
     };
@@ -331,8 +335,8 @@ fn read_script(path: &std::path::Path) -> anyhow::Result<Vec<ClientOp>> {
     Ok(ops)
 }
 
-async fn run_op(client: &mut Client, op: &ClientOp) -> Result<String, crate::client::ClientError> {
-    let show = |m: crate::protocol::Message| {
+async fn run_op(client: &mut Client, op: &ClientOp) -> Result<String, mq::client::ClientError> {
+    let show = |m: mq::protocol::Message| {
         format!(
             "message {} queue={} from={} to={} arrived_us={} deliveries={} content={}",
             m.id,

@@ -2,17 +2,18 @@
 
 use std::path::PathBuf;
 
+use super::values::one_of;
+use crate::outcome::TargetMissed;
 use anyhow::Context;
 use lab::config::{load_toml, override_with};
-use lab::outcome::TargetMissed;
 use lab::report::{ReportDir, Table, latency_table};
 
-use crate::bench::{
+use journal::bench::{
     self, BenchConfig, BenchResults, TARGET_DURABLE_P99_OVER_RAW_SYNC, TARGET_RECORDS_PER_S_AT_64B,
 };
-use crate::reader::JournalReader;
-use crate::segment;
-use crate::writer::Policy;
+use journal::reader::JournalReader;
+use journal::segment;
+use journal::writer::Policy;
 
 /// The safe store writer: benchmark it, or check a journal directory.
 #[derive(clap::Args, Debug)]
@@ -54,7 +55,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub latency_ms: Option<u64>,
     /// Policies of the latency runs, comma-separated (sync, group, relaxed).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = one_of(&Policy::ALL, Policy::name))]
     pub policies: Option<Vec<Policy>>,
     /// Seed of the arrival schedule.
     #[arg(long)]
@@ -99,7 +100,7 @@ fn bench_config(args: &BenchArgs) -> anyhow::Result<BenchConfig> {
     override_with(&mut config.wait, &args.wait);
     let valid = config.rate_per_s > 0.0 && config.fsync_samples > 0 && config.throughput_ms > 0;
     if !valid {
-        return Err(lab::outcome::BadInput(
+        return Err(crate::outcome::BadInput(
             "rate, fsync-samples and throughput-ms must be > 0".into(),
         )
         .into());
@@ -126,11 +127,8 @@ fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
             .table(&runs)
             .table(&verdicts);
         report.write_markdown("results.md", markdown.as_str())?;
-        let series: Vec<_> = results
-            .latency
-            .iter()
-            .map(|r| (policy_name(r.policy), &r.durable_reply_histogram))
-            .collect();
+        let series: Vec<_> =
+            results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
         let plot = lab::report::latency_cdf_plot("Durable-reply latency", &series);
         report.write_svg("durable-reply-cdf.svg", &plot.to_svg())?;
         println!("report written to {}", report.path().display());
@@ -140,14 +138,6 @@ fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
         return Err(TargetMissed(missed).into());
     }
     Ok(())
-}
-
-fn policy_name(policy: Policy) -> &'static str {
-    match policy {
-        Policy::Sync => "sync",
-        Policy::Group => "group",
-        Policy::Relaxed => "relaxed",
-    }
 }
 
 fn tables(results: &BenchResults) -> (Table, Table, Table) {
@@ -175,7 +165,7 @@ fn tables(results: &BenchResults) -> (Table, Table, Table) {
     let labels: Vec<(String, _)> =
         std::iter::once(("raw 4 KiB append+fdatasync".to_string(), &results.raw_fdatasync))
             .chain(results.latency.iter().flat_map(|r| {
-                let name = policy_name(r.policy);
+                let name = r.policy.name();
                 [
                     (format!("{name}: core done"), &r.core_done),
                     (format!("{name}: durable"), &r.durable_reply),
@@ -207,7 +197,7 @@ fn runs_table(results: &BenchResults) -> Table {
         .with_title("Latency runs (a saturated policy stops sending once 1 s behind schedule)");
     for r in &results.latency {
         runs.row([
-            policy_name(r.policy).to_string(),
+            r.policy.name().to_string(),
             format!("{:.0}", r.rate_per_s),
             r.sent.to_string(),
             r.not_sent_saturated.to_string(),
@@ -294,8 +284,8 @@ fn run_check(args: &CheckArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{TransferRecord, transfer_for};
-    use crate::writer::{JournalConfig, JournalWriter, Tail};
+    use journal::ledger::{TransferRecord, transfer_for};
+    use journal::writer::{JournalConfig, JournalWriter, Tail};
 
     #[test]
     fn check_passes_a_sound_journal_and_names_the_file_of_a_corrupt_one() {

@@ -3,21 +3,21 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand};
-use lab::outcome::{BadInput, TargetMissed};
 use lab::report::{BarChart, LinePlot, Markdown, ReportDir, Table};
 use planner::model::PipelineConfig;
 
-use crate::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX};
-use crate::online::{REPLAN_RATE_CHANGE_MIN_DEFAULT, TimelinePoint};
-use crate::predict::{Comparison, compare};
-use crate::run::{
+use cdr::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX};
+use cdr::online::{REPLAN_RATE_CHANGE_MIN_DEFAULT, TimelinePoint};
+use cdr::predict::{Comparison, compare};
+use cdr::run::{
     Arrivals, NODE_NAMES, NodeThreads, OnlineSettings, RateStep, RunSettings, RunSummary,
     run_pipeline,
 };
-use crate::serialize::FSYNC_EVERY_RECORDS_DEFAULT;
-use crate::ticket::MALFORMED_EVERY_DEFAULT;
-use crate::validate::{
+use cdr::serialize::FSYNC_EVERY_RECORDS_DEFAULT;
+use cdr::ticket::MALFORMED_EVERY_DEFAULT;
+use cdr::validate::{
     ConfigurationSummary, DEFAULT_CONFIGURATIONS, RoundResult, ValidateSettings,
     all_configurations, default_scratch_dir, remove_scratch_dir, summarize, validate,
 };

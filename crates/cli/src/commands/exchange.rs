@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::values::one_of;
+use crate::outcome::BadInput;
 use lab::load::{StepPlan, StepReport, step_until};
-use lab::outcome::BadInput;
 use lab::report::{
     BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
     format_ns_as_us, latency_cdf_plot, latency_table, progress_bar,
@@ -15,9 +16,9 @@ use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary, karp_flatt,
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
-use crate::durability::{JournalMode, JournalOptions};
-use crate::msg::Reason;
-use crate::tier::{
+use exchange::durability::{JournalMode, JournalOptions};
+use exchange::msg::Reason;
+use exchange::tier::{
     RunOptions, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, run as run_tier,
 };
 
@@ -48,7 +49,7 @@ pub struct DemoArgs {
     /// Journaling of the sequenced input (into a temporary directory): group holds each reply
     /// until its input is on disk; sync puts the fsync on the critical path; relaxed does not
     /// hold replies; off disables the journal.
-    #[arg(long, value_enum, default_value_t = JournalMode::Group)]
+    #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
     pub journal: JournalMode,
 }
 
@@ -140,7 +141,7 @@ pub struct RunArgs {
     pub arrival: Option<String>,
     /// Journaling of the sequenced input: group (default: replies wait for their input's
     /// fsync), sync (the core waits for it), relaxed (replies not held), off.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name))]
     pub journal: Option<JournalMode>,
     /// A snapshot of each core shard every this many of its journaled inputs (0 = none):
     /// restart loads the newest valid one and replays only the journal after it.
@@ -901,7 +902,7 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     dir.write_json("journal-experiment.json", &report)?;
     println!("\nReport: {}", dir.path().display());
     if args.check && !missed.is_empty() {
-        return Err(lab::outcome::TargetMissed(missed).into());
+        return Err(crate::outcome::TargetMissed(missed).into());
     }
     Ok(())
 }

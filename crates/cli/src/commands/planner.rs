@@ -3,15 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::outcome::BadInput;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
-use lab::outcome::BadInput;
 use lab::report::{Markdown, ReportDir, Table};
 
-use crate::measure::Workload;
-use crate::model::NetworkSpec;
-use crate::network::Network;
-use crate::node::MmcK;
-use crate::optimize::{Goal, Plan, optimize};
+use planner::measure::Workload;
+use planner::model::NetworkSpec;
+use planner::network::Network;
+use planner::node::MmcK;
+use planner::optimize::{Goal, Plan, optimize};
 
 /// Capacity planning: queueing models and the thread optimizer.
 #[derive(Debug, ClapArgs)]

@@ -1,0 +1,12 @@
+//! One module per command area. Each holds its flags (clap), turns them into the library's
+//! settings, calls the library, and prints or writes what comes back.
+
+pub mod bench_ring;
+pub mod cdr;
+pub mod exchange;
+pub mod journal;
+pub mod mq;
+pub mod planner;
+pub mod values;
+pub mod web;
+pub mod web_lab;

@@ -1,0 +1,167 @@
+//! `leantier web ...`: serve the matrix service, drive load at it, run the model matrix.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Subcommand};
+use lab::config::{load_toml, override_with};
+use web::prefork;
+use web::serve::{AdaptiveLayout, ServeConfig};
+use web::workload::Complexity;
+
+use super::values::one_of;
+use super::web_lab as loadlab;
+
+/// The REST matrix-multiplication service and its load lab.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model) until stopped.
+    Serve(ServeArgs),
+    /// Drive one load cell (closed-loop users or open-loop constant rate) at a server.
+    Load(loadlab::LoadArgs),
+    /// Run the full {model} × {users} × {complexity} matrix (and the Python baseline when
+    /// given) in one run; print a table, write a report folder with SVG plots.
+    Matrix(loadlab::MatrixArgs),
+    /// Print one request body of a complexity level (for curl, wrk or other tools).
+    Body(BodyArgs),
+    /// Print the median of paired throughput ratios (ours / peer, run by run) and its 95%
+    /// interval, for scripts that run a peer tool alternately with leantier.
+    Ratio(loadlab::RatioArgs),
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct ServeArgs {
+    /// TOML file with any of the fields below (snake_case); flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Model behind `POST /matrix`: single, pool, pinned, prefork or adaptive [default: adaptive];
+    /// prefork (and adaptive with `--adaptive-layout per-core`) run one pinned process per
+    /// worker sharing the port.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Worker threads (pool, pinned, adaptive) or processes (prefork, per-core adaptive)
+    /// [default: allowed CPUs].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Requests admitted per model (waiting, plus running for pool/adaptive); 503 beyond.
+    #[arg(long)]
+    pub queue_depth_max: Option<usize>,
+    /// Largest request body in bytes; larger ones get code 007 (HTTP 413).
+    #[arg(long)]
+    pub body_bytes_max: Option<usize>,
+    /// Largest row or column count of any matrix; larger ones get code 006 (HTTP 422).
+    #[arg(long)]
+    pub dim_max: Option<usize>,
+    /// Largest cell count of any matrix; larger ones get code 006 (HTTP 422).
+    #[arg(long)]
+    pub cells_max: Option<usize>,
+    /// Tokio reactor threads [default: allowed CPUs].
+    #[arg(long)]
+    pub io_threads: Option<usize>,
+    /// Layout of `--model adaptive`: one process (shared) or one process per core (per-core)
+    /// [default: shared].
+    #[arg(long, value_parser = one_of(&AdaptiveLayout::ALL, AdaptiveLayout::name))]
+    pub adaptive_layout: Option<AdaptiveLayout>,
+}
+
+impl ServeArgs {
+    fn resolve(&self) -> anyhow::Result<ServeConfig> {
+        let mut config: ServeConfig = load_toml(self.config.as_deref())?;
+        override_with(&mut config.listen, &self.listen);
+        override_with(&mut config.model, &self.model);
+        override_with(&mut config.workers, &self.workers);
+        override_with(&mut config.queue_depth_max, &self.queue_depth_max);
+        override_with(&mut config.body_bytes_max, &self.body_bytes_max);
+        override_with(&mut config.dim_max, &self.dim_max);
+        override_with(&mut config.cells_max, &self.cells_max);
+        override_with(&mut config.io_threads, &self.io_threads);
+        override_with(&mut config.adaptive_layout, &self.adaptive_layout);
+        Ok(config)
+    }
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct BodyArgs {
+    /// Complexity level of the request.
+    #[arg(long, value_parser = one_of(&Complexity::ALL, Complexity::name), default_value = "low")]
+    pub complexity: Complexity,
+}
+
+/// Runs a `leantier web` command. A process started as a prefork child (see
+/// [`prefork::CHILD_ENV`]) serves as that child whatever the command line says.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    // Process-wide, and first: every web command serves or drives matrix requests.
+    web::serve::keep_freed_request_memory();
+    if let Some(spec) = prefork::child_spec_from_env()? {
+        return prefork::run_child(&spec);
+    }
+    match &args.command {
+        Command::Serve(serve) => web::serve::serve(&serve.resolve()?),
+        Command::Load(load) => loadlab::run_load(load),
+        Command::Matrix(matrix) => loadlab::run_matrix(matrix),
+        Command::Ratio(ratio) => loadlab::run_ratio(ratio),
+        Command::Body(body) => {
+            let body = body.complexity.shape().request_body(1, 1);
+            println!("{}", String::from_utf8_lossy(&body));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[test]
+    fn defaults_parse_and_cover_the_study() {
+        Cli::command().debug_assert();
+        let Command::Matrix(matrix) = Cli::try_parse_from(["web", "matrix"]).unwrap().command
+        else {
+            panic!("matrix parses as Matrix");
+        };
+        assert_eq!(matrix.complexity, Complexity::ALL.to_vec());
+        assert_eq!(matrix.users, vec![10, 30, 60]);
+        assert_eq!(matrix.models.len(), 5);
+        let Command::Load(load) = Cli::try_parse_from(["web", "load"]).unwrap().command else {
+            panic!("load parses as Load");
+        };
+        assert_eq!(load.complexity, Complexity::Medium600);
+    }
+
+    #[test]
+    fn adaptive_layout_parses_and_refuses_unknown_names() {
+        let Command::Serve(serve) =
+            Cli::try_parse_from(["web", "serve", "--adaptive-layout", "per-core"]).unwrap().command
+        else {
+            panic!("serve parses as Serve");
+        };
+        assert_eq!(serve.resolve().unwrap().adaptive_layout, AdaptiveLayout::PerCore);
+        let unknown = Cli::try_parse_from(["web", "serve", "--adaptive-layout", "bogus"]);
+        assert!(unknown.is_err_and(|error| error.to_string().contains("bogus")));
+    }
+
+    #[test]
+    fn invalid_settings_are_bad_input() {
+        let bogus = ServeConfig { model: "bogus".into(), ..ServeConfig::default() };
+        let error = bogus.server_config().unwrap_err();
+        assert!(matches!(error.downcast_ref(), Some(web::WebError::BadInput(_))), "{error:#}");
+        let zero = ServeConfig { workers: 0, ..ServeConfig::default() };
+        assert!(zero.server_config().unwrap_err().to_string().contains("workers"));
+    }
+}

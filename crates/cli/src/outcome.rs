@@ -1,0 +1,97 @@
+//! How a command's result maps to the process exit code.
+//!
+//! The libraries return `anyhow::Result` carrying their own typed errors; this module is the
+//! one place that decides which of them mean "bad input" (exit 2). A run that completed but
+//! missed a target it was asked to `--check` returns [`TargetMissed`] (exit 3).
+
+use std::process::ExitCode;
+
+/// Exit code of a run that completed and met every checked target.
+pub const EXIT_OK: u8 = 0;
+/// Exit code of a run that failed at run time (I/O, a stage panic, a lost connection).
+pub const EXIT_RUNTIME_ERROR: u8 = 1;
+/// Exit code of bad usage: invalid flags, an unreadable or invalid config file (clap uses 2 too).
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code of a run that completed but missed a target it was asked to check (`--check`).
+pub const EXIT_TARGET_MISSED: u8 = 3;
+
+/// A flag or combination of flags is invalid (checks the command line makes itself).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// A run finished, but one or more targets it checked were missed.
+#[derive(Debug, thiserror::Error)]
+#[error("{} target(s) missed: {}", .0.len(), .0.join("; "))]
+pub struct TargetMissed(pub Vec<String>);
+
+/// Whether one error in a chain is the caller's fault, by the type each library reports it with.
+fn is_bad_input(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.is::<BadInput>()
+        || error.is::<lab::error::BadInput>()
+        || error.is::<ringbench::RingBenchError>()
+        || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))
+        || matches!(error.downcast_ref(), Some(cdr::CdrError::BadInput(_)))
+        || matches!(error.downcast_ref(), Some(exchange::ExchangeError::BadInput(_)))
+        || matches!(error.downcast_ref(), Some(mq::MqError::BadInput(_)))
+        || matches!(error.downcast_ref(), Some(web::WebError::BadInput(_)))
+        || matches!(error.downcast_ref(), Some(journal::JournalError::BadConfig(_)))
+}
+
+/// The exit code for a command's result.
+pub fn exit_code(result: &anyhow::Result<()>) -> u8 {
+    let Err(error) = result else {
+        return EXIT_OK;
+    };
+    if error.chain().any(|cause| cause.is::<TargetMissed>()) {
+        EXIT_TARGET_MISSED
+    } else if error.chain().any(is_bad_input) {
+        EXIT_BAD_INPUT
+    } else {
+        EXIT_RUNTIME_ERROR
+    }
+}
+
+/// Maps a command's result to the process exit code, printing the error chain to stderr.
+pub fn exit_code_for(result: anyhow::Result<()>) -> ExitCode {
+    if let Err(error) = &result {
+        eprintln!("error: {error:#}");
+    }
+    ExitCode::from(exit_code(&result))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn marker_errors_map_to_their_codes_even_with_context() {
+        let bad: anyhow::Result<()> = Err(BadInput("rate must be > 0".into())).context("loading");
+        assert_eq!(exit_code(&bad), EXIT_BAD_INPUT);
+        let missed: anyhow::Result<()> = Err(TargetMissed(vec!["p99".into()]).into());
+        assert_eq!(exit_code(&missed), EXIT_TARGET_MISSED);
+        let io: anyhow::Result<()> = Err(anyhow::anyhow!("disk full"));
+        assert_eq!(exit_code(&io), EXIT_RUNTIME_ERROR);
+        assert_eq!(exit_code(&Ok(())), EXIT_OK);
+    }
+
+    #[test]
+    fn every_library_bad_input_is_exit_2() {
+        let errors: Vec<anyhow::Error> = vec![
+            lab::error::BadInput("lab".into()).into(),
+            planner::PlanError::BadInput("planner".into()).into(),
+            cdr::CdrError::BadInput("cdr".into()).into(),
+            exchange::ExchangeError::BadInput("exchange".into()).into(),
+            mq::MqError::BadInput("mq".into()).into(),
+            web::WebError::BadInput("web".into()).into(),
+            journal::JournalError::BadConfig("journal".into()).into(),
+            ringbench::RingBenchError::BadInput("ring".into()).into(),
+        ];
+        for error in errors {
+            let shown = format!("{error:#}");
+            let wrapped: anyhow::Result<()> = Err(error.context("while running"));
+            assert_eq!(exit_code(&wrapped), EXIT_BAD_INPUT, "{shown}");
+        }
+    }
+}

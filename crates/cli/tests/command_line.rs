@@ -1,0 +1,142 @@
+//! The real `leantier` binary: its command tree, exit codes, and `exchange run --config FILE`
+//! end to end (the config is read, flags override it, the report folder gets its JSON,
+//! Markdown and SVG files, and bad input exits with code 2).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn leantier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_leantier")).args(args).output().expect("leantier runs")
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited, not killed")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every command and subcommand answers `--help` with exit code 0.
+#[test]
+fn every_command_has_help() {
+    let commands: &[&[&str]] = &[
+        &[],
+        &["demo"],
+        &["exchange"],
+        &["exchange", "run"],
+        &["exchange", "placement"],
+        &["exchange", "senders"],
+        &["exchange", "journal-experiment"],
+        &["bench", "ring"],
+        &["mq", "serve"],
+        &["mq", "client"],
+        &["mq", "load"],
+        &["mq", "bench"],
+        &["mq", "experiment"],
+        &["web", "serve"],
+        &["web", "load"],
+        &["web", "matrix"],
+        &["web", "body"],
+        &["web", "ratio"],
+        &["plan", "measure"],
+        &["plan", "optimize"],
+        &["plan", "node"],
+        &["cdr", "run"],
+        &["cdr", "validate"],
+        &["journal", "bench"],
+        &["journal", "check"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let output = leantier(&args);
+        assert_eq!(code(&output), 0, "{args:?}: {}", text(&output.stderr));
+        assert!(text(&output.stdout).contains("Usage: leantier"), "{args:?}");
+    }
+}
+
+#[test]
+fn bad_flags_exit_with_code_2() {
+    for args in [
+        &["demo", "--p99-limit-us", "x"][..],
+        &["exchange", "run", "--journal", "bogus"],
+        &["web", "serve", "--adaptive-layout", "bogus"],
+        &["bench", "ring", "--batches", "512", "--quick"],
+        &["no-such-command"],
+    ] {
+        let output = leantier(args);
+        assert_eq!(code(&output), 2, "{args:?}: {}", text(&output.stderr));
+    }
+}
+
+#[test]
+fn web_body_prints_a_request() {
+    let output = leantier(&["web", "body", "--complexity", "low"]);
+    assert_eq!(code(&output), 0);
+    let body: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rows = body["matrixOne"]["rows"].as_array().expect("matrixOne has rows");
+    assert_eq!(rows.len(), 30, "low is 30 rows");
+}
+
+fn exchange_run(config: &Path, out: &Path) -> Output {
+    let (config, out) = (config.to_str().unwrap(), out.to_str().unwrap());
+    leantier(&[
+        "exchange",
+        "run",
+        "--config",
+        config,
+        "--rates",
+        "5000",
+        "--seconds",
+        "0.3",
+        "--core-shards",
+        "2",
+        "--snapshot-every",
+        "300",
+        "--out",
+        out,
+    ])
+}
+
+#[test]
+fn exchange_run_with_a_config_file_writes_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tier.toml");
+    std::fs::write(&config, "preprocess_workers = 1\nsenders = 3\narrival = \"bursty\"\n[universe]\ninstruments = 8\nclients = 16\n").unwrap();
+    let out = dir.path().join("report");
+    let output = exchange_run(&config, &out);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["config"]["senders"], 3, "from the file");
+    assert_eq!(report["config"]["core_shards"], 2, "from the flag");
+    let first = &report["runs"][0];
+    assert!(first["sent"].as_u64().unwrap() > 500);
+    assert_eq!(first["end_to_end"]["count"], first["sent"], "every request answered");
+    let snapshots = &first["journal"][0]["snapshots"];
+    assert!(snapshots["taken"].as_u64().unwrap() >= 1, "--snapshot-every: {snapshots}");
+    assert_eq!(first["critical_path"]["count"], first["sent"], "both latencies per request");
+    assert_eq!(first["journal_mode"], "group", "journaling is on by default");
+    for shard in first["journal"].as_array().unwrap() {
+        assert!(shard["writer"]["records"].as_u64().unwrap() > 0, "{shard}");
+        assert!(shard["writer"]["syncs"].as_u64().unwrap() > 0, "{shard}");
+    }
+    assert_eq!(first["output_hashes"].as_array().unwrap().len(), 2);
+    for file in ["summary.md", "latency-cdf.svg", "stage-breakdown.svg"] {
+        let text = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(!text.is_empty(), "{file}");
+    }
+}
+
+#[test]
+fn exchange_run_refuses_unknown_config_keys_and_bad_values_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    for (contents, named) in [("shards = 2\n", "shards"), ("ring_slots = 1000\n", "ring_slots")] {
+        std::fs::write(&config, contents).unwrap();
+        let output = exchange_run(&config, &dir.path().join("r"));
+        assert_eq!(code(&output), 2, "{contents}: {}", text(&output.stderr));
+        assert!(text(&output.stderr).contains(named), "{}", text(&output.stderr));
+    }
+}

@@ -1,0 +1,196 @@
+//! `web serve` as a library: the server's settings (a TOML file's fields, overridable field by
+//! field), the process-wide allocator tuning a server process needs, and starting the server
+//! in one process or as one pinned process per core.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use crate::WebError;
+use crate::api::{CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
+use crate::exec::{self, Calibration, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
+use crate::prefork::{ChildSpec, Prefork};
+use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServerConfig, serve_blocking};
+
+/// Where the `adaptive` model runs when served alone (`serve --model adaptive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdaptiveLayout {
+    /// One process: a reactor thread per core; a body from the calibrated split size is split
+    /// over the cores while they idle; otherwise medium bodies run inline, small and large ones on
+    /// a pinned pool that spreads them over the cores (the layout the benchmarks measure).
+    #[default]
+    Shared,
+    /// One pinned process per core, dealt connections in turn by the parent, each running its
+    /// bodies inline up to the bound (unless they split) and the others on a worker on its core.
+    PerCore,
+}
+
+impl AdaptiveLayout {
+    /// Both layouts.
+    pub const ALL: [AdaptiveLayout; 2] = [AdaptiveLayout::Shared, AdaptiveLayout::PerCore];
+
+    /// The name used in flags and config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdaptiveLayout::Shared => "shared",
+            AdaptiveLayout::PerCore => "per-core",
+        }
+    }
+}
+
+/// Server settings; every field can come from a TOML file and be overridden by flags.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub model: String,
+    pub workers: usize,
+    pub queue_depth_max: usize,
+    pub body_bytes_max: usize,
+    pub dim_max: usize,
+    pub cells_max: usize,
+    pub io_threads: usize,
+    pub adaptive_layout: AdaptiveLayout,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let cpus = exec::allowed_cpus().map_or(1, |cpus| cpus.len());
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            model: "adaptive".into(),
+            workers: cpus,
+            queue_depth_max: QUEUE_DEPTH_MAX_DEFAULT,
+            body_bytes_max: BODY_BYTES_MAX_DEFAULT,
+            dim_max: DIM_MAX_DEFAULT,
+            cells_max: CELLS_MAX_DEFAULT,
+            io_threads: cpus,
+            adaptive_layout: AdaptiveLayout::default(),
+        }
+    }
+}
+
+impl ServeConfig {
+    /// The validated server configuration.
+    pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
+        let model: Model = self.model.parse()?;
+        let positive = [
+            ("workers", self.workers),
+            ("queue_depth_max", self.queue_depth_max),
+            ("body_bytes_max", self.body_bytes_max),
+            ("dim_max", self.dim_max),
+            ("cells_max", self.cells_max),
+            ("io_threads", self.io_threads),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(WebError::BadInput(format!("{name} must be > 0")).into());
+        }
+        Ok(ServerConfig {
+            default_model: model,
+            exec: ExecConfig {
+                limits: SizeLimits { dim_max: self.dim_max, cells_max: self.cells_max },
+                workers: self.workers,
+                queue_depth_max: self.queue_depth_max,
+            },
+            body_bytes_max: self.body_bytes_max,
+            io_threads: self.io_threads,
+        })
+    }
+
+    fn child_template(&self, model: Model) -> ChildSpec {
+        ChildSpec {
+            model,
+            cpu: 0,
+            pool_threads: self.workers,
+            // Nothing split: prefork children ignore it, adaptive ones get the parent's
+            // measurement (start_per_core).
+            calibration: Calibration { parallel_body_bytes_min: usize::MAX },
+            host_counter_fd: -1,
+            dealt_channel_fd: None,
+            addr: self.listen,
+            dim_max: self.dim_max,
+            cells_max: self.cells_max,
+            queue_depth_max: self.queue_depth_max,
+            body_bytes_max: self.body_bytes_max,
+        }
+    }
+}
+
+/// Largest allocation served from the heap rather than by its own `mmap` (glibc's maximum).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD_BYTES: libc::c_int = 32 << 20;
+/// Free memory at the top of a heap kept for reuse instead of returned to the kernel.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD_BYTES: libc::c_int = 128 << 20;
+
+/// Process-wide: tunes glibc's allocator to keep freed request memory for the next request.
+/// Call it once, first thing, in any process that serves or drives matrix requests (the
+/// command line does so for every `web` command, the per-core children included).
+///
+/// A medium request allocates a few hundred KiB (its body, the operands, the product, the
+/// answer) and frees it all when answered. With glibc's defaults those blocks were mapped and
+/// unmapped, or trimmed off the heap, on every request, and the page faults that refilled them
+/// took about 5% of a server core in the profile; these bounds keep the memory for the next
+/// request instead (a process keeps its peak working set).
+pub fn keep_freed_request_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    for (option, bytes) in [
+        (libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+    ] {
+        // SAFETY: mallopt only adjusts allocator parameters; it is called before this process
+        // serves or drives any request, and a refused value (return 0) leaves the default.
+        if unsafe { libc::mallopt(option, bytes) } == 0 {
+            tracing::warn!(option, bytes, "mallopt refused an allocator setting");
+        }
+    }
+}
+
+/// Serves until interrupted (Ctrl-C) or, per core, until a child exits.
+pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
+    let server_config = config.server_config()?;
+    let model = server_config.default_model;
+    let per_core_adaptive =
+        model == Model::Adaptive && config.adaptive_layout == AdaptiveLayout::PerCore;
+    if model == Model::Prefork || per_core_adaptive {
+        let children = start_per_core(config, model)?;
+        println!(
+            "serving {} ×{} processes on http://{}/matrix",
+            model.name(),
+            config.workers,
+            children.local_addr()
+        );
+        return children.wait_any();
+    }
+    let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
+    if let Some(calibration) = executors.calibration() {
+        println!("{calibration}");
+    }
+    let router = executors.router(server_config.default_model, server_config.body_bytes_max);
+    let listener = std::net::TcpListener::bind(config.listen)?;
+    println!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
+    serve_blocking(listener, router, server_config.io_threads, async {
+        // Ctrl-C (or a failure to install the handler) ends the server gracefully.
+        let _ = tokio::signal::ctrl_c().await;
+    })?;
+    Ok(())
+}
+
+/// Starts one pinned process per worker (`prefork` or `adaptive`) by re-executing this binary
+/// with this process's arguments (the child finds its role in [`crate::prefork::CHILD_ENV`]);
+/// for `adaptive`, calibrates the split size first, here, so the children do not disturb each
+/// other's measurements.
+pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Prefork> {
+    let mut template = config.child_template(model);
+    if model == Model::Adaptive {
+        let limits = SizeLimits { dim_max: config.dim_max, cells_max: config.cells_max };
+        let calibration = exec::calibrate(config.workers, &limits)?;
+        println!("{calibration}");
+        template.calibration = calibration;
+    }
+    let exe = std::env::current_exe()?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    Prefork::start(config.listen, config.workers, template, exe, &args)
+}
