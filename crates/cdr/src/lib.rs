@@ -26,7 +26,7 @@
 //! each configuration it measures the nodes and runs the pipeline back to back, interleaved
 //! and repeated, and reports median measured / predicted ratios.
 
-pub mod convert;
+pub(crate) mod convert;
 mod error;
 pub mod feed;
 pub mod measure;

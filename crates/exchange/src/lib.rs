@@ -56,7 +56,7 @@ pub mod flow;
 pub mod master;
 pub mod msg;
 pub mod preprocess;
-pub mod store;
+pub(crate) mod store;
 pub mod tier;
 mod wire;
 

@@ -70,13 +70,13 @@
 
 pub mod audit;
 pub mod bench;
-pub mod durable;
-pub mod error;
+mod durable;
+mod error;
 pub mod frame;
 pub mod ledger;
 pub mod reader;
-pub mod record;
-pub mod recovery;
+mod record;
+mod recovery;
 pub mod segment;
 pub mod snapshot;
 pub mod writer;

@@ -17,13 +17,13 @@
 //! compiled, because that is what `tests/loom.rs` model-checks.
 
 pub mod active;
-pub mod blocking;
+pub(crate) mod blocking;
 pub mod connector;
 #[cfg(not(loom))]
 pub mod metrics;
 #[cfg(not(loom))]
 pub mod placement;
-pub mod ring;
+mod ring;
 #[cfg(not(loom))]
 pub mod stage;
 mod sync;

@@ -167,8 +167,10 @@ pub struct Consumer<T> {
     waiter: Waiter,
 }
 
-/// Builds a lock-free SPSC ring with its own parkers.
-pub fn spsc<T: Copy + Default + Send>(
+/// Builds a lock-free SPSC ring with its own parkers (the unit tests' shorthand; the runtime
+/// always goes through `connector`).
+#[cfg(test)]
+fn spsc<T: Copy + Default + Send>(
     config: &RingConfig,
 ) -> Result<(Producer<T>, Consumer<T>), RingError> {
     spsc_with(config, Parker::new(), Parker::new())

@@ -40,7 +40,7 @@
 
 pub mod api;
 pub mod client;
-pub mod deal;
+pub(crate) mod deal;
 mod error;
 pub mod exec;
 pub mod kernel;

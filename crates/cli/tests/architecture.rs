@@ -1,0 +1,103 @@
+//! The layout's invariants (ARCHITECTURE.md, "Invariants"), checked from the manifests and the
+//! lock file so that they stay true:
+//! - `cli` (package `leantier`) is the only crate that knows about command-line flags: no
+//!   other crate depends on clap;
+//! - `pipeline` and `lab` depend on no other leantier crate;
+//! - leantier crates depend on each other only along the map's edges;
+//! - `planner` (queueing math) builds without an async runtime or the ring peers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The dependency edges between leantier crates that the map allows (normal dependencies;
+/// every crate may also use `lab` and `pipeline`, except those two themselves).
+const ALLOWED_EDGES: &[(&str, &str)] =
+    &[("cdr", "planner"), ("exchange", "journal"), ("exchange", "planner")];
+/// Crates nobody but the binary depends on with these (the base of the map).
+const BASE_CRATES: &[&str] = &["lab", "pipeline"];
+/// Crates `planner` must not pull in, directly or through another dependency.
+const PLANNER_FORBIDDEN: &[&str] = &["tokio", "disruptor", "rtrb", "crossbeam", "clap"];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn read_toml(path: &Path) -> toml::Table {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Package name → names of its normal (non-dev) dependencies, for every workspace member.
+fn members() -> BTreeMap<String, BTreeSet<String>> {
+    let mut members = BTreeMap::new();
+    for entry in std::fs::read_dir(workspace_root().join("crates")).unwrap() {
+        let manifest = entry.unwrap().path().join("Cargo.toml");
+        if !manifest.exists() {
+            continue;
+        }
+        let table = read_toml(&manifest);
+        let name = table["package"]["name"].as_str().unwrap().to_string();
+        let deps = table.get("dependencies").and_then(|d| d.as_table());
+        let names = deps.map(|d| d.keys().cloned().collect()).unwrap_or_default();
+        members.insert(name, names);
+    }
+    members
+}
+
+#[test]
+fn only_the_binary_knows_about_command_line_flags() {
+    for (name, deps) in members() {
+        if name != "leantier" {
+            assert!(!deps.contains("clap"), "{name} depends on clap: flags belong to crates/cli");
+        }
+    }
+}
+
+#[test]
+fn crates_depend_on_each_other_only_along_the_map() {
+    let members = members();
+    let ours: BTreeSet<&String> = members.keys().collect();
+    for (name, deps) in &members {
+        if name == "leantier" {
+            continue;
+        }
+        for dep in deps.iter().filter(|dep| ours.contains(dep)) {
+            let base = BASE_CRATES.contains(&dep.as_str()) && !BASE_CRATES.contains(&name.as_str());
+            let allowed = ALLOWED_EDGES.contains(&(name.as_str(), dep.as_str()));
+            assert!(base || allowed, "{name} → {dep} is not an edge of ARCHITECTURE.md's map");
+        }
+    }
+    for base in BASE_CRATES {
+        let leantier_deps: Vec<&String> =
+            members[*base].iter().filter(|dep| ours.contains(dep)).collect();
+        assert!(leantier_deps.is_empty(), "{base} must be a leaf: {leantier_deps:?}");
+    }
+}
+
+#[test]
+fn the_planner_builds_without_a_runtime_or_ring_peers() {
+    let lock = read_toml(&workspace_root().join("Cargo.lock"));
+    let mut graph: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for package in lock["package"].as_array().unwrap() {
+        let name = package["name"].as_str().unwrap().to_string();
+        let deps = package.get("dependencies").and_then(|d| d.as_array());
+        // A lock entry names a dependency as "name" or "name version".
+        let deps = deps.into_iter().flatten();
+        let deps = deps.map(|d| d.as_str().unwrap().split(' ').next().unwrap().to_string());
+        graph.entry(name).or_default().extend(deps);
+    }
+    // The lock file lists dev-dependencies too; the planner's own are criterion, proptest and
+    // tempfile, which are left out so that the closure is what a user's build compiles.
+    let dev_only: BTreeSet<&str> = ["criterion", "proptest", "tempfile"].into();
+    let mut seen = BTreeSet::new();
+    let mut stack: Vec<String> =
+        graph["planner"].iter().filter(|d| !dev_only.contains(d.as_str())).cloned().collect();
+    while let Some(name) = stack.pop() {
+        if seen.insert(name.clone()) {
+            stack.extend(graph.get(&name).into_iter().flatten().cloned());
+        }
+    }
+    for forbidden in PLANNER_FORBIDDEN {
+        assert!(!seen.contains(*forbidden), "planner pulls in {forbidden}: {seen:?}");
+    }
+}
