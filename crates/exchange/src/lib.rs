@@ -52,6 +52,7 @@ pub mod book;
 pub mod core;
 pub mod durability;
 mod error;
+pub mod experiments;
 pub mod flow;
 pub mod master;
 pub mod msg;

@@ -1,37 +1,33 @@
-//! `leantier demo` and `leantier exchange ...`: argument types and their logic (the binary
-//! only dispatches here).
+//! `leantier demo` and `leantier exchange ...`: the flags, and the tables, plots and report
+//! folders of the runs and experiments that `exchange::experiments` performs.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::values::one_of;
-use crate::outcome::BadInput;
-use lab::load::{StepPlan, StepReport, step_until};
+use lab::load::StepReport;
 use lab::report::{
     BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
-    format_ns_as_us, latency_cdf_plot, latency_table, progress_bar,
+    format_ns_as_us, latency_cdf_plot, latency_table,
 };
-use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary, karp_flatt, speedup};
+use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::msg::Reason;
-use exchange::tier::{
-    RunOptions, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, run as run_tier,
+use exchange::experiments::{
+    self, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, MaxRateSearch, SYNC_REQUESTS_MAX,
+    Session, TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
 };
+use exchange::msg::Reason;
+use exchange::tier::{RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig};
 
-/// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
-pub const DEMO_RATES_PER_S: [f64; 3] = [20_000.0, 40_000.0, 60_000.0];
 /// Width of the cumulative latency buckets.
 pub const BUCKET_WIDTH_NS: u64 = 10_000;
 /// Buckets shown before the "beyond" bucket.
 pub const BUCKETS_MAX: usize = 12;
 /// The max-rate search's default latency limit: p99 at or below this.
 pub const MAX_RATE_P99_LIMIT_US_DEFAULT: u64 = 100;
-/// The max-rate search stops after this many steps of the highest fixed rate.
-pub const MAX_RATE_STEPS_MAX: u32 = 16;
 
 /// Runs the exchange tier at 20K, 40K and 60K msg/s, then searches the highest rate whose p99
 /// stays within 100 µs, and writes a report folder.
@@ -95,13 +91,6 @@ pub struct JournalExperimentArgs {
     #[arg(long)]
     pub check: bool,
 }
-
-/// Under `sync` every input costs an fdatasync (milliseconds on a shared disk), so a run at
-/// 20K+ msg/s builds a backlog it drains at the disk's pace: sync runs stop after this many
-/// requests so they end in seconds.
-pub const SYNC_REQUESTS_MAX: f64 = 500.0;
-/// Target: with `group`, critical-path p99 ≤ this × the p99 with the journal off.
-pub const TARGET_CRITICAL_P99_GROUP_OVER_OFF: f64 = 1.2;
 
 /// Flags of `exchange run`; each given flag overrides the config file.
 #[derive(clap::Args, Debug, Clone)]
@@ -221,12 +210,6 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     lab::config::override_with(&mut config.arrival, &args.arrival);
     lab::config::override_with(&mut config.journal, &args.journal);
     lab::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
-    if args.rates.iter().any(|r| r.is_nan() || *r <= 0.0)
-        || args.seconds.is_nan()
-        || args.seconds <= 0.0
-    {
-        return Err(BadInput("rates and seconds must be > 0".into()).into());
-    }
     let search = args.find_max.then_some(MaxRateSearch {
         step_seconds: (args.seconds / 2.0).max(0.3),
         p99_limit_us: args.p99_limit_us,
@@ -238,85 +221,6 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     };
     let session = measure(&config, &args.rates, args.seconds, search, &journal)?;
     present(&session, &args.out, "leantier exchange run")
-}
-
-/// How to search the maximum sustainable rate.
-#[derive(Clone, Copy, Debug)]
-struct MaxRateSearch {
-    step_seconds: f64,
-    p99_limit_us: u64,
-}
-
-/// Everything one demo/run measured.
-struct Session {
-    config: TierConfig,
-    runs: Vec<RunResult>,
-    max_rate: Option<StepReport>,
-}
-
-fn measure(
-    config: &TierConfig,
-    rates: &[f64],
-    seconds: f64,
-    search: Option<MaxRateSearch>,
-    journal: &JournalOptions,
-) -> anyhow::Result<Session> {
-    config.validate()?;
-    let expected: f64 = rates.iter().map(|r| r * seconds).sum();
-    let bar = progress_bar(expected as u64, "fixed rates");
-    let mut runs = Vec::new();
-    let mut done = 0u64;
-    for &rate_per_s in rates {
-        bar.set_message(format!("{} msg/s", rate_per_s as u64));
-        let options = RunOptions {
-            rate_per_s,
-            duration: Duration::from_secs_f64(seconds),
-            record_inputs: false,
-            journal: journal.clone(),
-            released: None,
-        };
-        let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
-        done += result.sent;
-        runs.push(result);
-    }
-    bar.finish_and_clear();
-    let max_rate = match search {
-        None => None,
-        Some(search) => Some(find_max_rate(config, rates, search)?),
-    };
-    Ok(Session { config: config.clone(), runs, max_rate })
-}
-
-/// Steps the rate up from the highest fixed rate until p99 passes the limit.
-fn find_max_rate(
-    config: &TierConfig,
-    rates: &[f64],
-    search: MaxRateSearch,
-) -> anyhow::Result<StepReport> {
-    let start = rates.iter().copied().fold(20_000.0, f64::max);
-    let plan = StepPlan {
-        start_rate_per_s: start,
-        step_rate_per_s: start,
-        max_rate_per_s: start * f64::from(MAX_RATE_STEPS_MAX),
-        percentile: 99.0,
-        limit_ns: search.p99_limit_us * 1_000,
-    };
-    let step_seconds = search.step_seconds;
-    let bar = progress_bar(u64::from(MAX_RATE_STEPS_MAX), "max-rate search");
-    let report = step_until(plan, |rate_per_s| {
-        bar.set_message(format!("{} msg/s", rate_per_s as u64));
-        bar.inc(1);
-        let options = RunOptions {
-            rate_per_s,
-            duration: Duration::from_secs_f64(step_seconds),
-            record_inputs: false,
-            journal: JournalOptions::default(),
-            released: None,
-        };
-        Ok(run_tier(config, options, |_| {})?.end_to_end)
-    })?;
-    bar.finish_and_clear();
-    Ok(report)
 }
 
 #[derive(Serialize)]
@@ -614,56 +518,21 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     Ok(())
 }
 
-/// The placement and senders experiments compare thread layouts; a held reply would add the
-/// disk's fsync time to every latency they compare, so they run without a journal.
-fn unjournaled() -> TierConfig {
-    TierConfig { journal: JournalMode::Off, ..TierConfig::default() }
-}
-
-fn experiment_runs(
-    config: &TierConfig,
-    rate_per_s: f64,
-    seconds: f64,
-) -> anyhow::Result<RunResult> {
-    let options = RunOptions {
-        rate_per_s,
-        duration: Duration::from_secs_f64(seconds),
-        record_inputs: false,
-        journal: JournalOptions::default(),
-        released: None,
-    };
-    run_tier(config, options, |_| {})
-}
-
 fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
-    let unjournaled = unjournaled();
-    let variants = [
-        (
-            "placement+spin",
-            TierConfig { placement: true, wait: "spin".into(), ..unjournaled.clone() },
-        ),
-        ("none+park", TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() }),
-    ];
-    let bar =
-        progress_bar((variants.len() * DEMO_RATES_PER_S.len()) as u64, "placement experiment");
-    let mut labels = Vec::new();
-    let mut summaries = Vec::new();
-    let mut notes = Vec::new();
-    for rate_per_s in DEMO_RATES_PER_S {
-        for (name, config) in &variants {
-            let result = experiment_runs(config, rate_per_s, args.seconds)?;
-            bar.inc(1);
-            labels.push(format!("{name} @{}", rate_label(rate_per_s)));
-            summaries.push(result.end_to_end.summary());
-            notes.extend(result.placement_notes.iter().map(|n| format!("{name}: {n}")));
-        }
-    }
-    bar.finish_and_clear();
+    let points = experiments::placement(args.seconds)?;
+    let labels: Vec<String> = points
+        .iter()
+        .map(|point| format!("{} @{}", point.variant, rate_label(point.rate_per_s)))
+        .collect();
     let rows: Vec<(&str, &LatencySummary)> =
-        labels.iter().map(String::as_str).zip(&summaries).collect();
+        labels.iter().map(String::as_str).zip(points.iter().map(|p| &p.end_to_end)).collect();
     let table = latency_table(&rows)
         .with_title("End-to-end latency, µs: placement + spinning vs none + parking");
     println!("\n{table}");
+    let mut notes: Vec<String> = points
+        .iter()
+        .flat_map(|point| point.notes.iter().map(|note| format!("{}: {note}", point.variant)))
+        .collect();
     notes.sort();
     notes.dedup();
     for note in &notes {
@@ -671,66 +540,32 @@ fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
     }
     let dir = ReportDir::create(&args.out)?;
     dir.write_csv("placement.csv", &table)?;
-    dir.write_json("placement.json", &labels.iter().zip(&summaries).collect::<Vec<_>>())?;
+    let json: Vec<(&String, &LatencySummary)> =
+        labels.iter().zip(points.iter().map(|p| &p.end_to_end)).collect();
+    dir.write_json("placement.json", &json)?;
     println!("\nReport: {}", dir.path().display());
     Ok(())
 }
 
 fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
-    if args.rate.is_nan()
-        || args.rate <= 0.0
-        || args.common.seconds.is_nan()
-        || args.common.seconds <= 0.0
-    {
-        return Err(BadInput("rate and seconds must be > 0".into()).into());
-    }
-    let unjournaled = unjournaled();
-    let bar = progress_bar(6, "senders experiment");
-    let mut results = Vec::new();
-    for senders in 1..=6usize {
-        let config =
-            TierConfig { senders, publish_work_ns: args.publish_work_ns, ..unjournaled.clone() };
-        results.push((
-            senders,
-            experiment_runs(&config, args.rate, args.common.seconds)?.end_to_end.summary(),
-        ));
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let baseline_ns = results[0].1.mean_ns;
+    let points = experiments::senders(args.rate, args.common.seconds, args.publish_work_ns)?;
     let mut table =
         Table::new(["senders", "mean µs", "p90 µs", "p99 µs", "max µs", "speedup", "Karp–Flatt e"])
             .with_title(format!(
                 "R-Senders at {} msg/s, {} ns publish work per message",
                 args.rate, args.publish_work_ns
             ));
-    #[derive(Serialize)]
-    struct Point {
-        senders: usize,
-        latency: LatencySummary,
-        speedup: Option<f64>,
-        karp_flatt: Option<f64>,
-    }
-    let mut points = Vec::new();
-    for (senders, summary) in &results {
-        let gain = speedup(baseline_ns, summary.mean_ns).ok();
-        let serial = gain.and_then(|s| karp_flatt(s, *senders as f64).ok());
-        let number = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let number = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for point in &points {
         table.row([
-            senders.to_string(),
-            format!("{:.1}", summary.mean_ns / 1_000.0),
-            format_ns_as_us(summary.p90_ns),
-            format_ns_as_us(summary.p99_ns),
-            format_ns_as_us(summary.max_ns),
-            number(gain),
-            number(serial),
+            point.senders.to_string(),
+            format!("{:.1}", point.latency.mean_ns / 1_000.0),
+            format_ns_as_us(point.latency.p90_ns),
+            format_ns_as_us(point.latency.p99_ns),
+            format_ns_as_us(point.latency.max_ns),
+            number(point.speedup),
+            number(point.karp_flatt),
         ]);
-        points.push(Point {
-            senders: *senders,
-            latency: *summary,
-            speedup: gain,
-            karp_flatt: serial,
-        });
     }
     println!("\n{table}");
     let dir = ReportDir::create(&args.common.out)?;
@@ -740,80 +575,36 @@ fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One point of the journal experiment.
-#[derive(Serialize)]
-struct JournalPoint {
-    rate_per_s: f64,
-    journal: JournalMode,
-    sent: u64,
-    critical_path: LatencySummary,
-    reply: LatencySummary,
-    fsyncs: u64,
-}
-
-/// The experiment's ratios at one rate (`None` where a p99 was 0).
-#[derive(Serialize)]
-struct JournalRatios {
-    rate_per_s: f64,
-    critical_p99_group_over_off: Option<f64>,
-    durable_p99_group_over_raw_fsync: Option<f64>,
-}
-
-fn ratio(numerator_ns: u64, denominator_ns: u64) -> Option<f64> {
-    (denominator_ns > 0).then(|| numerator_ns as f64 / denominator_ns as f64)
-}
-
 fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
-    let seconds = args.common.seconds;
-    if seconds.is_nan() || seconds <= 0.0 || args.fsync_samples == 0 {
-        return Err(BadInput("seconds and fsync samples must be > 0".into()).into());
-    }
     let base: TierConfig = lab::config::load_toml(args.config.as_deref())?;
-    base.validate()?;
-    let root = match &args.data {
-        Some(dir) => tempfile::Builder::new().prefix("journal-experiment-").tempdir_in(dir)?,
-        None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
-    };
-    let raw_fsync = journal::bench::raw_fdatasync(root.path(), args.fsync_samples)?.summary();
-    let modes = [JournalMode::Sync, JournalMode::Group, JournalMode::Off];
-    let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
-    let mut points = Vec::new();
-    for rate_per_s in DEMO_RATES_PER_S {
-        for journal in modes {
-            let seconds = match journal {
-                JournalMode::Sync => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
-                _ => seconds,
-            };
-            let config = TierConfig { journal, ..base.clone() };
-            let options = RunOptions {
-                rate_per_s,
-                duration: Duration::from_secs_f64(seconds),
-                record_inputs: false,
-                journal: JournalOptions {
-                    // With the journal off there is nothing to write (a data dir is refused).
-                    data_dir: journal
-                        .policy()
-                        .map(|_| root.path().join(format!("{journal:?}-{rate_per_s}"))),
-                    ..JournalOptions::default()
-                },
-                released: None,
-            };
-            let run = run_tier(&config, options, |_| {})?;
-            bar.inc(1);
-            points.push(JournalPoint {
-                rate_per_s,
-                journal,
-                sent: run.sent,
-                critical_path: run.critical_path.summary(),
-                reply: run.end_to_end.summary(),
-                fsyncs: run.journal.iter().filter_map(|j| j.writer).map(|w| w.syncs).sum(),
-            });
-        }
+    let experiment = experiments::journal_modes(
+        &base,
+        args.common.seconds,
+        args.fsync_samples,
+        args.data.as_deref(),
+    )?;
+    let latency = journal_latency_table(&experiment);
+    let (targets, missed) = journal_targets_table(&experiment.ratios);
+    println!("\n{latency}\n\n{targets}");
+    println!(
+        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); data dir {}",
+        experiment.data_dir.display()
+    );
+    let dir = ReportDir::create(&args.common.out)?;
+    dir.write_csv("latency.csv", &latency)?;
+    dir.write_csv("targets.csv", &targets)?;
+    dir.write_json("journal-experiment.json", &experiment)?;
+    println!("\nReport: {}", dir.path().display());
+    if args.check && !missed.is_empty() {
+        return Err(crate::outcome::TargetMissed(missed).into());
     }
-    bar.finish_and_clear();
+    Ok(())
+}
+
+fn journal_latency_table(experiment: &JournalExperiment) -> Table {
     let mut labels = vec!["raw 4 KiB append + fdatasync".to_string()];
-    let mut summaries = vec![raw_fsync];
-    for point in &points {
+    let mut summaries = vec![experiment.raw_fdatasync_4k];
+    for point in &experiment.points {
         let mode = format!("{:?}", point.journal).to_lowercase();
         let rate = rate_label(point.rate_per_s);
         labels.push(format!("{mode} critical path @{rate} ({} req)", point.sent));
@@ -822,29 +613,13 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     }
     let rows: Vec<(&str, &LatencySummary)> =
         labels.iter().map(String::as_str).zip(&summaries).collect();
-    let latency = latency_table(&rows).with_title(
+    latency_table(&rows).with_title(
         "Latency from the intended send time, µs: journal sync vs group vs off (same run)",
-    );
-    let p99 = |rate: f64, mode: JournalMode, reply: bool| {
-        points
-            .iter()
-            .find(|p| p.rate_per_s == rate && p.journal == mode)
-            .map_or(0, |p| if reply { p.reply.p99_ns } else { p.critical_path.p99_ns })
-    };
-    let ratios: Vec<JournalRatios> = DEMO_RATES_PER_S
-        .iter()
-        .map(|&rate| JournalRatios {
-            rate_per_s: rate,
-            critical_p99_group_over_off: ratio(
-                p99(rate, JournalMode::Group, false),
-                p99(rate, JournalMode::Off, false),
-            ),
-            durable_p99_group_over_raw_fsync: ratio(
-                p99(rate, JournalMode::Group, true),
-                raw_fsync.p99_ns,
-            ),
-        })
-        .collect();
+    )
+}
+
+/// The targets table and the names of the targets missed.
+fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
     let mut targets = Table::new([
         "rate",
         "critical p99 group/off",
@@ -854,7 +629,7 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     ])
     .with_title("Targets (issue 4 §6), measured in this run");
     let mut missed = Vec::new();
-    for r in &ratios {
+    for r in ratios {
         let mut verdict = |value: Option<f64>, target: f64, what: &str| match value {
             Some(v) if v <= target => "met".to_string(),
             Some(v) => {
@@ -882,27 +657,5 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
             durable,
         ]);
     }
-    println!("\n{latency}\n\n{targets}");
-    println!(
-        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); data dir {}",
-        root.path().display()
-    );
-    let dir = ReportDir::create(&args.common.out)?;
-    dir.write_csv("latency.csv", &latency)?;
-    dir.write_csv("targets.csv", &targets)?;
-    #[derive(Serialize)]
-    struct Report<'a> {
-        config: &'a TierConfig,
-        raw_fdatasync_4k: LatencySummary,
-        points: &'a [JournalPoint],
-        ratios: &'a [JournalRatios],
-    }
-    let report =
-        Report { config: &base, raw_fdatasync_4k: raw_fsync, points: &points, ratios: &ratios };
-    dir.write_json("journal-experiment.json", &report)?;
-    println!("\nReport: {}", dir.path().display());
-    if args.check && !missed.is_empty() {
-        return Err(crate::outcome::TargetMissed(missed).into());
-    }
-    Ok(())
+    (targets, missed)
 }

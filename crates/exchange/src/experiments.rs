@@ -1,0 +1,328 @@
+//! The tier's experiments as library functions: the demo's fixed rates and maximum-rate
+//! search, the placement experiment (pinning + spinning vs none + parking), the R-Senders
+//! experiment (1..=6 senders: speedup and Karp–Flatt) and the journal experiment (`sync` vs
+//! `group` vs off against a raw fdatasync measured in the same run). Each returns typed
+//! results; `leantier` prints them and writes the report folders.
+
+use std::path::Path;
+use std::time::Duration;
+
+use lab::load::{StepPlan, StepReport, step_until};
+use lab::report::progress_bar;
+use lab::stats::{LatencySummary, karp_flatt, speedup};
+use serde::Serialize;
+
+use crate::durability::{JournalMode, JournalOptions};
+use crate::error::ExchangeError::BadInput;
+use crate::tier::{RunOptions, RunResult, TierConfig, run as run_tier};
+
+/// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
+pub const DEMO_RATES_PER_S: [f64; 3] = [20_000.0, 40_000.0, 60_000.0];
+/// The max-rate search stops after this many steps of the highest fixed rate.
+pub const MAX_RATE_STEPS_MAX: u32 = 16;
+/// Under `sync` every input costs an fdatasync (milliseconds on a shared disk), so a run at
+/// 20K+ msg/s builds a backlog it drains at the disk's pace: sync runs stop after this many
+/// requests so they end in seconds.
+pub const SYNC_REQUESTS_MAX: f64 = 500.0;
+/// Target: with `group`, critical-path p99 ≤ this × the p99 with the journal off.
+pub const TARGET_CRITICAL_P99_GROUP_OVER_OFF: f64 = 1.2;
+/// R-Senders tried by the senders experiment (1..=this).
+pub const SENDERS_MAX: usize = 6;
+
+/// How to search the maximum sustainable rate.
+#[derive(Clone, Copy, Debug)]
+pub struct MaxRateSearch {
+    pub step_seconds: f64,
+    pub p99_limit_us: u64,
+}
+
+/// Everything one demo/run measured.
+pub struct Session {
+    pub config: TierConfig,
+    pub runs: Vec<RunResult>,
+    pub max_rate: Option<StepReport>,
+}
+
+/// Runs the tier at each rate for `seconds`, then (with `search`) its maximum-rate search.
+pub fn measure(
+    config: &TierConfig,
+    rates: &[f64],
+    seconds: f64,
+    search: Option<MaxRateSearch>,
+    journal: &JournalOptions,
+) -> anyhow::Result<Session> {
+    config.validate()?;
+    if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
+        return Err(BadInput("rates and seconds must be > 0".into()).into());
+    }
+    let expected: f64 = rates.iter().map(|r| r * seconds).sum();
+    let bar = progress_bar(expected as u64, "fixed rates");
+    let mut runs = Vec::new();
+    let mut done = 0u64;
+    for &rate_per_s in rates {
+        bar.set_message(format!("{} msg/s", rate_per_s as u64));
+        let options = RunOptions {
+            rate_per_s,
+            duration: Duration::from_secs_f64(seconds),
+            record_inputs: false,
+            journal: journal.clone(),
+            released: None,
+        };
+        let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
+        done += result.sent;
+        runs.push(result);
+    }
+    bar.finish_and_clear();
+    let max_rate = match search {
+        None => None,
+        Some(search) => Some(find_max_rate(config, rates, search)?),
+    };
+    Ok(Session { config: config.clone(), runs, max_rate })
+}
+
+/// Steps the rate up from the highest fixed rate until p99 passes the limit.
+fn find_max_rate(
+    config: &TierConfig,
+    rates: &[f64],
+    search: MaxRateSearch,
+) -> anyhow::Result<StepReport> {
+    let start = rates.iter().copied().fold(20_000.0, f64::max);
+    let plan = StepPlan {
+        start_rate_per_s: start,
+        step_rate_per_s: start,
+        max_rate_per_s: start * f64::from(MAX_RATE_STEPS_MAX),
+        percentile: 99.0,
+        limit_ns: search.p99_limit_us * 1_000,
+    };
+    let step_seconds = search.step_seconds;
+    let bar = progress_bar(u64::from(MAX_RATE_STEPS_MAX), "max-rate search");
+    let report = step_until(plan, |rate_per_s| {
+        bar.set_message(format!("{} msg/s", rate_per_s as u64));
+        bar.inc(1);
+        Ok(run_at(config, rate_per_s, step_seconds, JournalOptions::default())?.end_to_end)
+    })?;
+    bar.finish_and_clear();
+    Ok(report)
+}
+
+/// One run of `config` at a rate.
+fn run_at(
+    config: &TierConfig,
+    rate_per_s: f64,
+    seconds: f64,
+    journal: JournalOptions,
+) -> anyhow::Result<RunResult> {
+    let options = RunOptions {
+        rate_per_s,
+        duration: Duration::from_secs_f64(seconds),
+        record_inputs: false,
+        journal,
+        released: None,
+    };
+    run_tier(config, options, |_| {})
+}
+
+/// The placement and senders experiments compare thread layouts; a held reply would add the
+/// disk's fsync time to every latency they compare, so they run without a journal.
+fn unjournaled() -> TierConfig {
+    TierConfig { journal: JournalMode::Off, ..TierConfig::default() }
+}
+
+/// One layout at one rate in the placement experiment.
+#[derive(Debug, Serialize)]
+pub struct PlacementPoint {
+    pub variant: &'static str,
+    pub rate_per_s: f64,
+    pub end_to_end: LatencySummary,
+    /// What placement reported (pinning refused, threads sharing a CPU, …).
+    pub notes: Vec<String>,
+}
+
+/// Pinning + spinning against no placement + parking at the demo's rates.
+pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
+    if seconds.is_nan() || seconds <= 0.0 {
+        return Err(BadInput("seconds must be > 0".into()).into());
+    }
+    let unjournaled = unjournaled();
+    let variants = [
+        (
+            "placement+spin",
+            TierConfig { placement: true, wait: "spin".into(), ..unjournaled.clone() },
+        ),
+        ("none+park", TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() }),
+    ];
+    let bar =
+        progress_bar((variants.len() * DEMO_RATES_PER_S.len()) as u64, "placement experiment");
+    let mut points = Vec::new();
+    for rate_per_s in DEMO_RATES_PER_S {
+        for (variant, config) in &variants {
+            let result = run_at(config, rate_per_s, seconds, JournalOptions::default())?;
+            bar.inc(1);
+            points.push(PlacementPoint {
+                variant,
+                rate_per_s,
+                end_to_end: result.end_to_end.summary(),
+                notes: result.placement_notes.clone(),
+            });
+        }
+    }
+    bar.finish_and_clear();
+    Ok(points)
+}
+
+/// One sender count in the senders experiment.
+#[derive(Debug, Serialize)]
+pub struct SendersPoint {
+    pub senders: usize,
+    pub latency: LatencySummary,
+    /// Mean latency with one sender over the mean with these.
+    pub speedup: Option<f64>,
+    /// The serial fraction the speedup implies.
+    pub karp_flatt: Option<f64>,
+}
+
+/// 1..=[`SENDERS_MAX`] R-Senders at one rate, each doing `publish_work_ns` of work per message.
+pub fn senders(
+    rate_per_s: f64,
+    seconds: f64,
+    publish_work_ns: u64,
+) -> anyhow::Result<Vec<SendersPoint>> {
+    if rate_per_s.is_nan() || rate_per_s <= 0.0 || seconds.is_nan() || seconds <= 0.0 {
+        return Err(BadInput("rate and seconds must be > 0".into()).into());
+    }
+    let unjournaled = unjournaled();
+    let bar = progress_bar(SENDERS_MAX as u64, "senders experiment");
+    let mut results = Vec::new();
+    for senders in 1..=SENDERS_MAX {
+        let config = TierConfig { senders, publish_work_ns, ..unjournaled.clone() };
+        let run = run_at(&config, rate_per_s, seconds, JournalOptions::default())?;
+        results.push((senders, run.end_to_end.summary()));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let baseline_ns = results[0].1.mean_ns;
+    let points = results
+        .into_iter()
+        .map(|(senders, latency)| {
+            let gain = speedup(baseline_ns, latency.mean_ns).ok();
+            let serial = gain.and_then(|s| karp_flatt(s, senders as f64).ok());
+            SendersPoint { senders, latency, speedup: gain, karp_flatt: serial }
+        })
+        .collect();
+    Ok(points)
+}
+
+/// One mode at one rate in the journal experiment.
+#[derive(Debug, Serialize)]
+pub struct JournalPoint {
+    pub rate_per_s: f64,
+    pub journal: JournalMode,
+    pub sent: u64,
+    pub critical_path: LatencySummary,
+    pub reply: LatencySummary,
+    pub fsyncs: u64,
+}
+
+/// The experiment's ratios at one rate (`None` where a p99 was 0).
+#[derive(Debug, Serialize)]
+pub struct JournalRatios {
+    pub rate_per_s: f64,
+    pub critical_p99_group_over_off: Option<f64>,
+    pub durable_p99_group_over_raw_fsync: Option<f64>,
+}
+
+/// The journal experiment's measurements.
+#[derive(Debug, Serialize)]
+pub struct JournalExperiment {
+    pub config: TierConfig,
+    pub raw_fdatasync_4k: LatencySummary,
+    pub points: Vec<JournalPoint>,
+    pub ratios: Vec<JournalRatios>,
+    /// Where the runs wrote (removed when the experiment ends).
+    #[serde(skip)]
+    pub data_dir: std::path::PathBuf,
+}
+
+fn ratio(numerator_ns: u64, denominator_ns: u64) -> Option<f64> {
+    (denominator_ns > 0).then(|| numerator_ns as f64 / denominator_ns as f64)
+}
+
+/// `sync` vs `group` vs off at the demo's rates, and a raw 4 KiB append + fdatasync measured
+/// in the same run, in a temporary directory under `data` (default: the system's).
+pub fn journal_modes(
+    base: &TierConfig,
+    seconds: f64,
+    fsync_samples: u64,
+    data: Option<&Path>,
+) -> anyhow::Result<JournalExperiment> {
+    if seconds.is_nan() || seconds <= 0.0 || fsync_samples == 0 {
+        return Err(BadInput("seconds and fsync samples must be > 0".into()).into());
+    }
+    base.validate()?;
+    let root = match data {
+        Some(dir) => tempfile::Builder::new().prefix("journal-experiment-").tempdir_in(dir)?,
+        None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
+    };
+    let raw_fsync = journal::bench::raw_fdatasync(root.path(), fsync_samples)?.summary();
+    let modes = [JournalMode::Sync, JournalMode::Group, JournalMode::Off];
+    let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
+    let mut points = Vec::new();
+    for rate_per_s in DEMO_RATES_PER_S {
+        for journal in modes {
+            let seconds = match journal {
+                JournalMode::Sync => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
+                _ => seconds,
+            };
+            let config = TierConfig { journal, ..base.clone() };
+            let options = JournalOptions {
+                // With the journal off there is nothing to write (a data dir is refused).
+                data_dir: journal
+                    .policy()
+                    .map(|_| root.path().join(format!("{journal:?}-{rate_per_s}"))),
+                ..JournalOptions::default()
+            };
+            let run = run_at(&config, rate_per_s, seconds, options)?;
+            bar.inc(1);
+            points.push(JournalPoint {
+                rate_per_s,
+                journal,
+                sent: run.sent,
+                critical_path: run.critical_path.summary(),
+                reply: run.end_to_end.summary(),
+                fsyncs: run.journal.iter().filter_map(|j| j.writer).map(|w| w.syncs).sum(),
+            });
+        }
+    }
+    bar.finish_and_clear();
+    let ratios = journal_ratios(&points, raw_fsync.p99_ns);
+    Ok(JournalExperiment {
+        config: base.clone(),
+        raw_fdatasync_4k: raw_fsync,
+        points,
+        ratios,
+        data_dir: root.path().to_path_buf(),
+    })
+}
+
+fn journal_ratios(points: &[JournalPoint], raw_fsync_p99_ns: u64) -> Vec<JournalRatios> {
+    let p99 = |rate: f64, mode: JournalMode, reply: bool| {
+        points
+            .iter()
+            .find(|p| p.rate_per_s == rate && p.journal == mode)
+            .map_or(0, |p| if reply { p.reply.p99_ns } else { p.critical_path.p99_ns })
+    };
+    DEMO_RATES_PER_S
+        .iter()
+        .map(|&rate| JournalRatios {
+            rate_per_s: rate,
+            critical_p99_group_over_off: ratio(
+                p99(rate, JournalMode::Group, false),
+                p99(rate, JournalMode::Off, false),
+            ),
+            durable_p99_group_over_raw_fsync: ratio(
+                p99(rate, JournalMode::Group, true),
+                raw_fsync_p99_ns,
+            ),
+        })
+        .collect()
+}
