@@ -6,7 +6,7 @@
 //! queueing centre and `R_i = S_i` at a delay centre; then `X = n / (Z + Σ V_i·R_i)` and
 //! `Q_i = X·V_i·R_i`. It is exact for product-form networks and costs O(N·M).
 
-use lab::outcome::BadInput;
+use crate::error::PlanError;
 use serde::Serialize;
 
 /// How a centre serves jobs.
@@ -70,17 +70,17 @@ pub struct ClosedBounds {
     pub knee_clients: f64,
 }
 
-fn check_closed(centres: &[Centre], think_time_s: f64) -> Result<(), BadInput> {
+fn check_closed(centres: &[Centre], think_time_s: f64) -> Result<(), PlanError> {
     if centres.is_empty() {
-        return Err(BadInput("a closed network needs at least one centre".into()));
+        return Err(PlanError::BadInput("a closed network needs at least one centre".into()));
     }
     if !(think_time_s.is_finite() && think_time_s >= 0.0) {
-        return Err(BadInput(format!("think time Z must be >= 0, got {think_time_s}")));
+        return Err(PlanError::BadInput(format!("think time Z must be >= 0, got {think_time_s}")));
     }
     for centre in centres {
         let valid = |value: f64| value.is_finite() && value >= 0.0;
         if !(valid(centre.service_time_s) && valid(centre.visits)) {
-            return Err(BadInput(format!(
+            return Err(PlanError::BadInput(format!(
                 "centre {}: service time and visits must be >= 0, got S = {}, V = {}",
                 centre.name, centre.service_time_s, centre.visits
             )));
@@ -90,7 +90,7 @@ fn check_closed(centres: &[Centre], think_time_s: f64) -> Result<(), BadInput> {
 }
 
 /// Exact MVA for `clients` clients with think time `think_time_s`.
-pub fn mva(centres: &[Centre], clients: u32, think_time_s: f64) -> Result<MvaResult, BadInput> {
+pub fn mva(centres: &[Centre], clients: u32, think_time_s: f64) -> Result<MvaResult, PlanError> {
     check_closed(centres, think_time_s)?;
     let count = centres.len();
     let mut queue_jobs = vec![0.0; count];
@@ -128,7 +128,7 @@ pub fn asymptotic_bounds(
     centres: &[Centre],
     clients: u32,
     think_time_s: f64,
-) -> Result<ClosedBounds, BadInput> {
+) -> Result<ClosedBounds, PlanError> {
     check_closed(centres, think_time_s)?;
     let demand_of =
         |kind| -> f64 { centres.iter().filter(|c| c.kind == kind).map(Centre::demand_s).sum() };

@@ -16,12 +16,17 @@
 //! exact MVA, asymptotic bounds, and the operational laws used to check measured data.
 //!
 //! Invalid input (μ ≤ 0, negative rates or shares, unknown node names, a cycle) is rejected
-//! with `lab::outcome::BadInput` and a message naming the node and field.
+//! with [`PlanError::BadInput`] and a message naming the node and field.
 
 pub mod cli;
 pub mod closed;
+pub mod compare;
+pub mod error;
 pub mod measure;
 pub mod model;
 pub mod network;
 pub mod node;
 pub mod optimize;
+pub mod options;
+
+pub use error::PlanError;

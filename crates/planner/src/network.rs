@@ -6,7 +6,7 @@
 //! to several successors) is a route per successor; the decomposition treats each node's input
 //! as Poisson, the standard approximation for such networks.
 
-use lab::outcome::BadInput;
+use crate::error::PlanError;
 
 use crate::model::{NetworkSpec, NodeSpec};
 use crate::node::{MmcK, NodeMetrics};
@@ -30,18 +30,18 @@ pub struct DeviceDemand {
     pub network_bytes_per_s: f64,
 }
 
-fn check_node(node: &NodeSpec) -> Result<(), BadInput> {
+fn check_node(node: &NodeSpec) -> Result<(), PlanError> {
     let name = &node.name;
     let positive = |value: f64| value.is_finite() && value > 0.0;
     let non_negative = |value: f64| value.is_finite() && value >= 0.0;
     if !positive(node.service_rate_per_s) {
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "node {name}: service_rate_per_s (μ) must be > 0, got {}",
             node.service_rate_per_s
         )));
     }
     if !(positive(node.cpu_share) && node.cpu_share <= 1.0) {
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "node {name}: cpu_share must be in (0, 1], got {}",
             node.cpu_share
         )));
@@ -53,23 +53,27 @@ fn check_node(node: &NodeSpec) -> Result<(), BadInput> {
     ];
     for (field, value) in rates {
         if !non_negative(value) {
-            return Err(BadInput(format!("node {name}: {field} must be >= 0, got {value}")));
+            return Err(PlanError::BadInput(format!(
+                "node {name}: {field} must be >= 0, got {value}"
+            )));
         }
     }
     if node.fixed_threads == Some(0) {
-        return Err(BadInput(format!("node {name}: fixed_threads must be >= 1")));
+        return Err(PlanError::BadInput(format!("node {name}: fixed_threads must be >= 1")));
     }
     Ok(())
 }
 
-fn check_host(spec: &NetworkSpec) -> Result<(), BadInput> {
+fn check_host(spec: &NetworkSpec) -> Result<(), PlanError> {
     let limit = spec.utilization_limit;
     if !(limit > 0.0 && limit < 1.0) {
-        return Err(BadInput(format!("utilization_limit must be in (0, 1), got {limit}")));
+        return Err(PlanError::BadInput(format!(
+            "utilization_limit must be in (0, 1), got {limit}"
+        )));
     }
     let host = &spec.host;
     if !(host.cores.is_finite() && host.cores > 0.0) {
-        return Err(BadInput(format!("host.cores must be > 0, got {}", host.cores)));
+        return Err(PlanError::BadInput(format!("host.cores must be > 0, got {}", host.cores)));
     }
     for (field, value) in [
         ("disk_bytes_per_s", host.disk_bytes_per_s),
@@ -78,7 +82,7 @@ fn check_host(spec: &NetworkSpec) -> Result<(), BadInput> {
         if let Some(value) = value
             && !(value.is_finite() && value > 0.0)
         {
-            return Err(BadInput(format!("host.{field} must be > 0, got {value}")));
+            return Err(PlanError::BadInput(format!("host.{field} must be > 0, got {value}")));
         }
     }
     Ok(())
@@ -87,19 +91,19 @@ fn check_host(spec: &NetworkSpec) -> Result<(), BadInput> {
 impl Network {
     /// Validates the model: μ > 0, shares and byte counts ≥ 0, unique node names, routes
     /// between known nodes, no cycle, at least one node with external arrivals.
-    pub fn new(spec: NetworkSpec) -> Result<Self, BadInput> {
+    pub fn new(spec: NetworkSpec) -> Result<Self, PlanError> {
         check_host(&spec)?;
         if spec.node.is_empty() {
-            return Err(BadInput("the model has no [[node]]".into()));
+            return Err(PlanError::BadInput("the model has no [[node]]".into()));
         }
         for (index, node) in spec.node.iter().enumerate() {
             check_node(node)?;
             if spec.node[..index].iter().any(|other| other.name == node.name) {
-                return Err(BadInput(format!("node name {} is used twice", node.name)));
+                return Err(PlanError::BadInput(format!("node name {} is used twice", node.name)));
             }
         }
         if spec.node.iter().all(|node| node.external_share == 0.0) {
-            return Err(BadInput(
+            return Err(PlanError::BadInput(
                 "no node has external_share > 0: nothing enters the network".into(),
             ));
         }
@@ -119,12 +123,12 @@ impl Network {
     }
 
     /// Index of the node called `name`.
-    pub fn index_of(&self, name: &str) -> Result<usize, BadInput> {
+    pub fn index_of(&self, name: &str) -> Result<usize, PlanError> {
         self.spec
             .node
             .iter()
             .position(|node| node.name == name)
-            .ok_or_else(|| BadInput(format!("unknown node name {name}")))
+            .ok_or_else(|| PlanError::BadInput(format!("unknown node name {name}")))
     }
 
     /// Solves every node at `source_rate_per_s` with `threads[i]` threads at node `i`.
@@ -133,7 +137,7 @@ impl Network {
         source_rate_per_s: f64,
         threads: &[u32],
         metrics: &mut [NodeMetrics],
-    ) -> Result<(), BadInput> {
+    ) -> Result<(), PlanError> {
         assert_eq!(threads.len(), self.spec.node.len(), "one thread count per node");
         assert_eq!(metrics.len(), self.spec.node.len(), "one metrics slot per node");
         for &index in &self.order {
@@ -150,7 +154,7 @@ impl Network {
                 threads[index],
                 capacity_jobs,
             )
-            .map_err(|BadInput(reason)| BadInput(format!("node {}: {reason}", node.name)))?;
+            .map_err(|error| PlanError::BadInput(format!("node {}: {error}", node.name)))?;
             metrics[index] = *model.solve().metrics();
         }
         Ok(())
@@ -212,19 +216,19 @@ impl Network {
     }
 }
 
-fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, BadInput> {
+fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, PlanError> {
     let index_of = |name: &str| {
         spec.node
             .iter()
             .position(|node| node.name == name)
-            .ok_or_else(|| BadInput(format!("route names unknown node {name}")))
+            .ok_or_else(|| PlanError::BadInput(format!("route names unknown node {name}")))
     };
     let mut inbound = vec![Vec::new(); spec.node.len()];
     for route in &spec.route {
         let from = index_of(&route.from)?;
         let to = index_of(&route.to)?;
         if !(route.jobs_per_job.is_finite() && route.jobs_per_job >= 0.0) {
-            return Err(BadInput(format!(
+            return Err(PlanError::BadInput(format!(
                 "route {} -> {}: jobs_per_job must be >= 0, got {}",
                 route.from, route.to, route.jobs_per_job
             )));
@@ -238,7 +242,7 @@ fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, BadInput
 fn topological_order(
     spec: &NetworkSpec,
     inbound: &[Vec<(usize, f64)>],
-) -> Result<Vec<usize>, BadInput> {
+) -> Result<Vec<usize>, PlanError> {
     let count = spec.node.len();
     let mut pending: Vec<usize> = inbound.iter().map(Vec::len).collect();
     let mut order: Vec<usize> = (0..count).filter(|&index| pending[index] == 0).collect();
@@ -260,7 +264,7 @@ fn topological_order(
             .filter(|index| pending[*index] > 0)
             .map(|index| spec.node[index].name.as_str())
             .collect();
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "the routes form a cycle (a feed-forward network has none) through: {}",
             on_cycle.join(", ")
         )));

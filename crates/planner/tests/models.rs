@@ -199,11 +199,11 @@ fn extreme_parameters_stay_finite_and_normalised() {
 #[test]
 fn bad_parameters_are_rejected_with_reasons() {
     let cases = [
-        (MmcK::new(1.0, 0.0, 1, 1).unwrap_err().0, "μ"),
-        (MmcK::new(-1.0, 1.0, 1, 1).unwrap_err().0, "arrival rate"),
-        (MmcK::new(1.0, 1.0, 0, 1).unwrap_err().0, "server"),
-        (MmcK::new(1.0, 1.0, 4, 3).unwrap_err().0, "capacity"),
-        (MmcK::new(f64::NAN, 1.0, 1, 1).unwrap_err().0, "arrival rate"),
+        (MmcK::new(1.0, 0.0, 1, 1).unwrap_err().to_string(), "μ"),
+        (MmcK::new(-1.0, 1.0, 1, 1).unwrap_err().to_string(), "arrival rate"),
+        (MmcK::new(1.0, 1.0, 0, 1).unwrap_err().to_string(), "server"),
+        (MmcK::new(1.0, 1.0, 4, 3).unwrap_err().to_string(), "capacity"),
+        (MmcK::new(f64::NAN, 1.0, 1, 1).unwrap_err().to_string(), "arrival rate"),
     ];
     for (message, needle) in cases {
         assert!(message.contains(needle), "{message:?} should mention {needle}");
