@@ -6,14 +6,16 @@
 //! the rate has moved more than `replan_rate_change_min` (relative) from the rate of the plan
 //! in force: this hysteresis keeps Poisson noise and the metrics' publishing lag from
 //! resizing the pipeline back and forth. A re-plan is the planner's consolidation at the
-//! measured rate (the fewest threads that keep every node under the utilization limit),
+//! measured rate (the fewest threads that keep every node under the utilization limit, with
+//! the planner's CPU-demand budget and fixed nodes bounding the rate: `Options::REFINED`),
 //! clamped per node to the workers spawned for it. The run loop applies it with
 //! `RunningPipeline::resize`, which moves no ticket: deactivated workers drain what they
 //! hold (see `pipeline::active`).
 
 use planner::model::NetworkSpec;
 use planner::network::Network;
-use planner::optimize::{Goal, optimize};
+use planner::optimize::{Goal, optimize_with};
+use planner::options::Options;
 use serde::Serialize;
 
 /// Default hysteresis: re-plan when the arrival rate moved more than this fraction from the
@@ -100,7 +102,12 @@ impl Controller {
         if !self.needs_replan(rate_per_s) {
             return Ok(None);
         }
-        let plan = optimize(&self.network, Goal::Consolidation { arrival_rate_per_s: rate_per_s })?;
+        // The refinement, explicitly (as before the published semantics became the default):
+        // an fsync-bound serializer needs threads by the CPU they use, not one core each (the
+        // stages alone already outnumber a 2-core host's cores), and a feeder fixed at one
+        // thread must bound the plan rather than let its queue grow unseen.
+        let goal = Goal::Consolidation { arrival_rate_per_s: rate_per_s };
+        let plan = optimize_with(&self.network, goal, Options::REFINED)?;
         let threads: Vec<u32> =
             plan.threads.iter().zip(&self.max_threads).map(|(&n, &max)| n.clamp(1, max)).collect();
         let clamped = threads != plan.threads;

@@ -26,7 +26,7 @@ pub struct BadInput(pub String);
 pub struct TargetMissed(pub Vec<String>);
 
 /// Whether one error in a chain is the caller's fault, by the type each library reports it with.
-fn is_bad_input(error: &(dyn std::error::Error + 'static)) -> bool {
+fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
     error.is::<BadInput>()
         || error.is::<lab::error::BadInput>()
         || error.is::<ringbench::RingBenchError>()
@@ -38,6 +38,11 @@ fn is_bad_input(error: &(dyn std::error::Error + 'static)) -> bool {
         || matches!(error.downcast_ref(), Some(journal::JournalError::BadConfig(_)))
 }
 
+/// Whether an error, or anything in its chain, is the caller's fault (exit code 2).
+pub fn is_bad_input(error: &anyhow::Error) -> bool {
+    error.chain().any(is_bad_input_cause)
+}
+
 /// The exit code for a command's result.
 pub fn exit_code(result: &anyhow::Result<()>) -> u8 {
     let Err(error) = result else {
@@ -45,7 +50,7 @@ pub fn exit_code(result: &anyhow::Result<()>) -> u8 {
     };
     if error.chain().any(|cause| cause.is::<TargetMissed>()) {
         EXIT_TARGET_MISSED
-    } else if error.chain().any(is_bad_input) {
+    } else if is_bad_input(error) {
         EXIT_BAD_INPUT
     } else {
         EXIT_RUNTIME_ERROR

@@ -7,7 +7,6 @@
 //! `Q_i = X·V_i·R_i`. It is exact for product-form networks and costs O(N·M).
 
 use crate::error::PlanError;
-use crate::error::PlanError::BadInput;
 use serde::Serialize;
 
 /// How a centre serves jobs.
@@ -73,15 +72,15 @@ pub struct ClosedBounds {
 
 fn check_closed(centres: &[Centre], think_time_s: f64) -> Result<(), PlanError> {
     if centres.is_empty() {
-        return Err(BadInput("a closed network needs at least one centre".into()));
+        return Err(PlanError::BadInput("a closed network needs at least one centre".into()));
     }
     if !(think_time_s.is_finite() && think_time_s >= 0.0) {
-        return Err(BadInput(format!("think time Z must be >= 0, got {think_time_s}")));
+        return Err(PlanError::BadInput(format!("think time Z must be >= 0, got {think_time_s}")));
     }
     for centre in centres {
         let valid = |value: f64| value.is_finite() && value >= 0.0;
         if !(valid(centre.service_time_s) && valid(centre.visits)) {
-            return Err(BadInput(format!(
+            return Err(PlanError::BadInput(format!(
                 "centre {}: service time and visits must be >= 0, got S = {}, V = {}",
                 centre.name, centre.service_time_s, centre.visits
             )));

@@ -7,7 +7,10 @@
 //! thread counts (`optimize`) for one of two goals: the fewest threads that carry a given rate
 //! under a utilization limit (consolidation), or the highest rate the host's cores can carry
 //! (throughput). The answer is a TOML pipeline config (`model::PipelineConfig`) that the
-//! pipeline reads, together with the predictions a run is compared against.
+//! pipeline reads, together with the predictions a run is compared against. By default the
+//! optimizer plans as published (Σ threads ≤ cores, fixed nodes left out of the utilization
+//! check); `options` selects leantier's refinement (a CPU-demand budget, fixed nodes bound the
+//! rate) and the published rate stepping, and `compare` puts both plans side by side.
 //!
 //! Models are closed-form or recurrence based and allocation-free per node solve: an M/M/c/K
 //! node costs O(c) regardless of K, computed in log space so `c = 256`, `K = 10^6` and `ρ ≥ 1`
@@ -19,11 +22,13 @@
 //! with [`PlanError::BadInput`] and a message naming the node and field.
 
 pub mod closed;
-mod error;
+pub mod compare;
+pub mod error;
 pub mod measure;
 pub mod model;
 pub mod network;
 pub mod node;
 pub mod optimize;
+pub mod options;
 
 pub use error::PlanError;

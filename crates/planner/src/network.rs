@@ -7,7 +7,6 @@
 //! as Poisson, the standard approximation for such networks.
 
 use crate::error::PlanError;
-use crate::error::PlanError::BadInput;
 
 use crate::model::{NetworkSpec, NodeSpec};
 use crate::node::{MmcK, NodeMetrics};
@@ -36,13 +35,13 @@ fn check_node(node: &NodeSpec) -> Result<(), PlanError> {
     let positive = |value: f64| value.is_finite() && value > 0.0;
     let non_negative = |value: f64| value.is_finite() && value >= 0.0;
     if !positive(node.service_rate_per_s) {
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "node {name}: service_rate_per_s (μ) must be > 0, got {}",
             node.service_rate_per_s
         )));
     }
     if !(positive(node.cpu_share) && node.cpu_share <= 1.0) {
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "node {name}: cpu_share must be in (0, 1], got {}",
             node.cpu_share
         )));
@@ -54,11 +53,13 @@ fn check_node(node: &NodeSpec) -> Result<(), PlanError> {
     ];
     for (field, value) in rates {
         if !non_negative(value) {
-            return Err(BadInput(format!("node {name}: {field} must be >= 0, got {value}")));
+            return Err(PlanError::BadInput(format!(
+                "node {name}: {field} must be >= 0, got {value}"
+            )));
         }
     }
     if node.fixed_threads == Some(0) {
-        return Err(BadInput(format!("node {name}: fixed_threads must be >= 1")));
+        return Err(PlanError::BadInput(format!("node {name}: fixed_threads must be >= 1")));
     }
     Ok(())
 }
@@ -66,11 +67,13 @@ fn check_node(node: &NodeSpec) -> Result<(), PlanError> {
 fn check_host(spec: &NetworkSpec) -> Result<(), PlanError> {
     let limit = spec.utilization_limit;
     if !(limit > 0.0 && limit < 1.0) {
-        return Err(BadInput(format!("utilization_limit must be in (0, 1), got {limit}")));
+        return Err(PlanError::BadInput(format!(
+            "utilization_limit must be in (0, 1), got {limit}"
+        )));
     }
     let host = &spec.host;
     if !(host.cores.is_finite() && host.cores > 0.0) {
-        return Err(BadInput(format!("host.cores must be > 0, got {}", host.cores)));
+        return Err(PlanError::BadInput(format!("host.cores must be > 0, got {}", host.cores)));
     }
     for (field, value) in [
         ("disk_bytes_per_s", host.disk_bytes_per_s),
@@ -79,7 +82,7 @@ fn check_host(spec: &NetworkSpec) -> Result<(), PlanError> {
         if let Some(value) = value
             && !(value.is_finite() && value > 0.0)
         {
-            return Err(BadInput(format!("host.{field} must be > 0, got {value}")));
+            return Err(PlanError::BadInput(format!("host.{field} must be > 0, got {value}")));
         }
     }
     Ok(())
@@ -91,16 +94,16 @@ impl Network {
     pub fn new(spec: NetworkSpec) -> Result<Self, PlanError> {
         check_host(&spec)?;
         if spec.node.is_empty() {
-            return Err(BadInput("the model has no [[node]]".into()));
+            return Err(PlanError::BadInput("the model has no [[node]]".into()));
         }
         for (index, node) in spec.node.iter().enumerate() {
             check_node(node)?;
             if spec.node[..index].iter().any(|other| other.name == node.name) {
-                return Err(BadInput(format!("node name {} is used twice", node.name)));
+                return Err(PlanError::BadInput(format!("node name {} is used twice", node.name)));
             }
         }
         if spec.node.iter().all(|node| node.external_share == 0.0) {
-            return Err(BadInput(
+            return Err(PlanError::BadInput(
                 "no node has external_share > 0: nothing enters the network".into(),
             ));
         }
@@ -125,7 +128,7 @@ impl Network {
             .node
             .iter()
             .position(|node| node.name == name)
-            .ok_or_else(|| BadInput(format!("unknown node name {name}")))
+            .ok_or_else(|| PlanError::BadInput(format!("unknown node name {name}")))
     }
 
     /// Solves every node at `source_rate_per_s` with `threads[i]` threads at node `i`.
@@ -151,7 +154,7 @@ impl Network {
                 threads[index],
                 capacity_jobs,
             )
-            .map_err(|BadInput(reason)| BadInput(format!("node {}: {reason}", node.name)))?;
+            .map_err(|error| PlanError::BadInput(format!("node {}: {error}", node.name)))?;
             metrics[index] = *model.solve().metrics();
         }
         Ok(())
@@ -218,14 +221,14 @@ fn inbound_routes(spec: &NetworkSpec) -> Result<Vec<Vec<(usize, f64)>>, PlanErro
         spec.node
             .iter()
             .position(|node| node.name == name)
-            .ok_or_else(|| BadInput(format!("route names unknown node {name}")))
+            .ok_or_else(|| PlanError::BadInput(format!("route names unknown node {name}")))
     };
     let mut inbound = vec![Vec::new(); spec.node.len()];
     for route in &spec.route {
         let from = index_of(&route.from)?;
         let to = index_of(&route.to)?;
         if !(route.jobs_per_job.is_finite() && route.jobs_per_job >= 0.0) {
-            return Err(BadInput(format!(
+            return Err(PlanError::BadInput(format!(
                 "route {} -> {}: jobs_per_job must be >= 0, got {}",
                 route.from, route.to, route.jobs_per_job
             )));
@@ -261,7 +264,7 @@ fn topological_order(
             .filter(|index| pending[*index] > 0)
             .map(|index| spec.node[index].name.as_str())
             .collect();
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "the routes form a cycle (a feed-forward network has none) through: {}",
             on_cycle.join(", ")
         )));

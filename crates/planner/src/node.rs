@@ -12,7 +12,6 @@
 //! therefore O(c), independent of K, and never allocates.
 
 use crate::error::PlanError;
-use crate::error::PlanError::BadInput;
 use serde::Serialize;
 
 /// Below this `|terms · ln ρ|` the tail mean uses its Taylor series: the closed form would
@@ -72,12 +71,12 @@ pub struct MmcKSolution {
 
 fn check_rates(arrival_rate_per_s: f64, service_rate_per_s: f64) -> Result<(), PlanError> {
     if !(arrival_rate_per_s.is_finite() && arrival_rate_per_s >= 0.0) {
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "arrival rate must be finite and >= 0, got {arrival_rate_per_s}"
         )));
     }
     if !(service_rate_per_s.is_finite() && service_rate_per_s > 0.0) {
-        return Err(BadInput(format!(
+        return Err(PlanError::BadInput(format!(
             "service rate μ must be finite and > 0, got {service_rate_per_s}"
         )));
     }
@@ -86,7 +85,7 @@ fn check_rates(arrival_rate_per_s: f64, service_rate_per_s: f64) -> Result<(), P
 
 fn check_servers(servers: u32) -> Result<(), PlanError> {
     if servers == 0 {
-        return Err(BadInput("a node needs at least one server (thread)".into()));
+        return Err(PlanError::BadInput("a node needs at least one server (thread)".into()));
     }
     Ok(())
 }
@@ -102,7 +101,7 @@ impl MmcK {
         check_rates(arrival_rate_per_s, service_rate_per_s)?;
         check_servers(servers)?;
         if capacity_jobs < u64::from(servers) {
-            return Err(BadInput(format!(
+            return Err(PlanError::BadInput(format!(
                 "capacity K = {capacity_jobs} is below the server count c = {servers}"
             )));
         }
@@ -332,7 +331,7 @@ impl Mmc {
         check_servers(servers)?;
         let rho = arrival_rate_per_s / (f64::from(servers) * service_rate_per_s);
         if rho >= 1.0 {
-            return Err(BadInput(format!(
+            return Err(PlanError::BadInput(format!(
                 "M/M/c is unstable: ρ = λ/(cμ) = {rho:.6} >= 1 (use M/M/c/K for a finite buffer)"
             )));
         }
@@ -398,13 +397,15 @@ pub fn mm1k_closed_form(
 ) -> Result<NodeMetrics, PlanError> {
     check_rates(arrival_rate_per_s, service_rate_per_s)?;
     if capacity_jobs == 0 {
-        return Err(BadInput("M/M/1/K needs K >= 1".into()));
+        return Err(PlanError::BadInput("M/M/1/K needs K >= 1".into()));
     }
     let rho = arrival_rate_per_s / service_rate_per_s;
     let k = capacity_jobs as f64;
     let rho_k1 = rho.powf(k + 1.0);
     if !rho_k1.is_finite() {
-        return Err(BadInput(format!("M/M/1/K closed form overflows: ρ^(K+1) for ρ = {rho}")));
+        return Err(PlanError::BadInput(format!(
+            "M/M/1/K closed form overflows: ρ^(K+1) for ρ = {rho}"
+        )));
     }
     let (idle_probability, blocking_probability, jobs_in_node) = if rho == 1.0 {
         (1.0 / (k + 1.0), 1.0 / (k + 1.0), k / 2.0)

@@ -3,7 +3,8 @@
 use planner::model::{HostSpec, NetworkSpec, NodeSpec, PipelineConfig, RouteSpec};
 use planner::network::Network;
 use planner::node::{MmcK, NodeMetrics};
-use planner::optimize::{Goal, Resource, StopReason, optimize};
+use planner::optimize::{Goal, Plan, Resource, StopReason, optimize, optimize_with};
+use planner::options::Options;
 
 fn node(name: &str, service_rate_per_s: f64) -> NodeSpec {
     NodeSpec { buffer_slots: 64, ..NodeSpec::new(name, service_rate_per_s) }
@@ -32,6 +33,12 @@ fn cdr_spec(cores: f64) -> NetworkSpec {
         ],
         ..NetworkSpec::default()
     }
+}
+
+/// leantier's refinement (CPU-demand budget, fixed nodes bound the rate), which the tests of
+/// the core budget and of fixed bottlenecks below are about.
+fn refined(network: &Network, goal: Goal) -> Plan {
+    optimize_with(network, goal, Options::REFINED).unwrap()
 }
 
 fn solve(network: &Network, rate: f64, threads: &[u32]) -> Vec<NodeMetrics> {
@@ -97,15 +104,12 @@ fn bad_models_are_rejected_with_reasons() {
     for (mutate, needle) in cases {
         let mut spec = cdr_spec(8.0);
         mutate(&mut spec);
-        let error = Network::new(spec).unwrap_err();
-        assert!(
-            error.to_string().contains(needle),
-            "{:?} should mention {needle}",
-            error.to_string()
-        );
+        let error = Network::new(spec).unwrap_err().to_string();
+        assert!(error.contains(needle), "{error:?} should mention {needle}");
     }
     let network = Network::new(cdr_spec(8.0)).unwrap();
-    assert!(network.index_of("nope").unwrap_err().to_string().contains("unknown node name nope"));
+    let unknown = network.index_of("nope").unwrap_err().to_string();
+    assert!(unknown.contains("unknown node name nope"), "{unknown}");
     let goal = Goal::Consolidation { arrival_rate_per_s: -1.0 };
     assert!(optimize(&network, goal).unwrap_err().to_string().contains("arrival rate"));
 }
@@ -188,7 +192,7 @@ fn throughput_matches_brute_force_within_core_budget() {
     let mut spec = cdr_spec(7.0);
     spec.node[2].cpu_share = 0.5; // an I/O-bound serializer uses half a core while busy
     let network = Network::new(spec).unwrap();
-    let plan = optimize(&network, Goal::Throughput).unwrap();
+    let plan = refined(&network, Goal::Throughput);
     assert_eq!(plan.stop, StopReason::CoreBudget);
     assert_eq!(plan.bottleneck, Resource::Cpu);
     assert!((plan.cpu_cores_demand - 0.8 * 7.0).abs() < 1e-6, "{}", plan.cpu_cores_demand);
@@ -218,7 +222,7 @@ fn io_bound_nodes_may_exceed_the_core_count() {
         node.cpu_share = 0.1;
     }
     let network = Network::new(spec).unwrap();
-    let plan = optimize(&network, Goal::Throughput).unwrap();
+    let plan = refined(&network, Goal::Throughput);
     assert!(plan.threads.iter().sum::<u32>() > 2, "{:?}", plan.threads);
     assert!(plan.cpu_cores_demand <= 0.8 * 2.0 + 1e-9);
     assert_eq!(plan.stop, StopReason::CoreBudget);
@@ -229,14 +233,14 @@ fn fixed_feeder_stops_throughput_and_consolidation_cleanly() {
     let mut spec = cdr_spec(16.0);
     spec.node[3].fixed_threads = Some(1);
     let network = Network::new(spec).unwrap();
-    let plan = optimize(&network, Goal::Throughput).unwrap();
+    let plan = refined(&network, Goal::Throughput);
     assert_eq!(plan.stop, StopReason::FixedNode);
     assert_eq!(plan.bottleneck, Resource::Node(3));
     assert_eq!(plan.threads[3], 1);
     assert!((plan.metrics[3].utilization - 0.8).abs() < 1e-6);
     // 240/s is what one feeder at μ = 300 carries at 80%.
     assert!((plan.arrival_rate_per_s - 240.0).abs() < 1.0, "{}", plan.arrival_rate_per_s);
-    let over = optimize(&network, Goal::Consolidation { arrival_rate_per_s: 400.0 }).unwrap();
+    let over = refined(&network, Goal::Consolidation { arrival_rate_per_s: 400.0 });
     assert!(!over.feasible);
     assert_eq!(over.stop, StopReason::FixedNode);
 }
@@ -245,7 +249,7 @@ fn fixed_feeder_stops_throughput_and_consolidation_cleanly() {
 fn core_budget_and_bandwidth_limits_stop_cleanly() {
     // 2000/s needs 2000 · (1/1000 + 1/600 + 1/800 + 1/300) = 14.5 busy cores; the host has 4.
     let network = Network::new(cdr_spec(4.0)).unwrap();
-    let plan = optimize(&network, Goal::Consolidation { arrival_rate_per_s: 2000.0 }).unwrap();
+    let plan = refined(&network, Goal::Consolidation { arrival_rate_per_s: 2000.0 });
     assert!(!plan.feasible);
     assert_eq!(plan.stop, StopReason::CoreBudget);
     assert_eq!(plan.bottleneck, Resource::Cpu);
@@ -254,7 +258,7 @@ fn core_budget_and_bandwidth_limits_stop_cleanly() {
     spec.node[2].disk_bytes_per_job = 1000.0;
     spec.host.disk_bytes_per_s = Some(500_000.0);
     let network = Network::new(spec).unwrap();
-    let plan = optimize(&network, Goal::Throughput).unwrap();
+    let plan = refined(&network, Goal::Throughput);
     assert_eq!(plan.stop, StopReason::Bandwidth);
     assert_eq!(plan.bottleneck, Resource::Disk);
     // 80% of 500 kB/s at 1000 B/job = 400 jobs/s.
@@ -269,7 +273,7 @@ fn memory_limit_is_checked_from_the_start() {
         node.memory_bytes_per_thread = 1 << 30;
     }
     let error = optimize(&Network::new(spec.clone()).unwrap(), Goal::Throughput).unwrap_err();
-    assert!(error.to_string().contains("memory"), "{}", error.to_string());
+    assert!(error.to_string().contains("memory"), "{error}");
     spec.host.memory_bytes = Some(5 << 30);
     let plan = optimize(&Network::new(spec).unwrap(), Goal::Throughput).unwrap();
     assert_eq!(plan.stop, StopReason::Memory);

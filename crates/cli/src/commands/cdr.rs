@@ -622,7 +622,7 @@ mod tests {
         assert_eq!(node_threads(&config).unwrap().converter, 3);
         for bad in ["converter", "converter=0", "converter=x", "convertor=2"] {
             let error = apply_overrides(&mut config, &[bad.into()]).unwrap_err();
-            assert!(error.downcast_ref::<BadInput>().is_some(), "{bad}: {error}");
+            assert!(crate::outcome::is_bad_input(&error), "{bad}: {error}");
         }
         config.node.retain(|node| node.name != "feeder");
         let error = node_threads(&config).unwrap_err();

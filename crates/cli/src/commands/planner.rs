@@ -7,11 +7,13 @@ use crate::outcome::BadInput;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use lab::report::{Markdown, ReportDir, Table};
 
+use planner::compare::{Comparison, compare};
 use planner::measure::Workload;
 use planner::model::NetworkSpec;
 use planner::network::Network;
 use planner::node::MmcK;
-use planner::optimize::{Goal, Plan, optimize};
+use planner::optimize::{Goal, Plan, optimize_with};
+use planner::options::{Budget, FixedNodes, Options, RateSearch};
 
 /// Capacity planning: queueing models and the thread optimizer.
 #[derive(Debug, ClapArgs)]
@@ -26,6 +28,24 @@ pub enum Command {
     /// Measure each node of a pipeline alone on this host and write a model file.
     Measure(MeasureArgs),
     /// Compute thread counts for a model file and write a pipeline config file.
+    ///
+    /// Budgets (`--budget`). `threads`, the default, is the published method's constraint:
+    /// Σ threads ≤ cores (rounded down), every thread counted as one core whatever its
+    /// utilization. `cpu` is leantier's refinement: the CPU demand Σ (λ_i/μ_i)·cpu_share_i stays
+    /// under the utilization limit times the cores, so I/O-bound threads may outnumber the cores.
+    ///
+    /// Fixed nodes (`--fix`, or `fixed_threads` in the model). By default, as published, a fixed
+    /// node is left out of the utilization check: its queue absorbs what it cannot serve and the
+    /// other nodes go on growing; the plan reports its offered utilization λ/(c·μ) (above 1 its
+    /// queue grows), its backlog growth per second, and a warning. `--fixed-bounds-rate` checks
+    /// it like any node, so the rate stops where it reaches the limit.
+    ///
+    /// Worked example, the paper's host "Goedel" (8 cores, limit 0.8, μ: decoder 30055,
+    /// converter 18672, serializer 6146, feeder 94 tickets/s; decoder → converter →
+    /// {serializer, feeder}): throughput plans 1-1-1-5 at 376/s with `threads`, 1-1-1-8 with
+    /// `cpu`. With `--fix feeder=1` it plans 1-2-4-1 at 19667/s (the feeder offered 209 times
+    /// what it serves: a warning), or, with `--fixed-bounds-rate`, 1-1-1-1 at 75/s.
+    /// `--compare` prints the published plan and the refinement side by side.
     Optimize(OptimizeArgs),
     /// Solve one M/M/c/K node and print its measures.
     Node(NodeArgs),
@@ -81,12 +101,55 @@ pub struct OptimizeArgs {
     /// Fix a node's thread count, `NAME=THREADS` (repeatable).
     #[arg(long = "fix", value_name = "NAME=THREADS")]
     pub fixed: Vec<String>,
+    /// What the cores bound: `threads` (published: Σ threads ≤ cores) or `cpu` (CPU demand
+    /// under the utilization limit).
+    #[arg(long, value_enum, default_value = "threads")]
+    pub budget: BudgetArg,
+    /// Let fixed nodes bound the rate like any node (by default, as published, they are left
+    /// out of the utilization check and their queue growth is reported).
+    #[arg(long)]
+    pub fixed_bounds_rate: bool,
+    /// Search the highest rate as published, raising it by the factor (1 + F) per step (e.g.
+    /// 0.001), instead of by bisection; the answers agree within one step.
+    #[arg(long, value_name = "F")]
+    pub rate_step: Option<f64>,
+    /// Print the published plan (threads budget, fixed nodes left out) and leantier's
+    /// refinement (cpu budget, fixed nodes bound the rate) side by side; writes no config.
+    #[arg(long, conflicts_with_all = ["budget", "fixed_bounds_rate"])]
+    pub compare: bool,
     /// Where to write the pipeline config file.
     #[arg(long, default_value = "cdr-config.toml")]
     pub out: PathBuf,
     /// Also write the plan as JSON and Markdown into this folder.
     #[arg(long)]
     pub report: Option<PathBuf>,
+}
+
+/// What the cores bound (`--budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BudgetArg {
+    /// Σ threads ≤ cores, every thread one core (published).
+    Threads,
+    /// CPU demand ≤ limit × cores (leantier's refinement).
+    Cpu,
+}
+
+impl OptimizeArgs {
+    /// The optimizer options the flags select.
+    pub fn options(&self) -> Options {
+        Options {
+            budget: match self.budget {
+                BudgetArg::Threads => Budget::Threads,
+                BudgetArg::Cpu => Budget::Cpu,
+            },
+            fixed_nodes: if self.fixed_bounds_rate {
+                FixedNodes::BoundsRate
+            } else {
+                FixedNodes::Published
+            },
+            rate_search: self.rate_step.map_or(RateSearch::Bisection, RateSearch::Step),
+        }
+    }
 }
 
 /// `plan node`.
@@ -206,22 +269,41 @@ fn run_optimize(args: &OptimizeArgs) -> anyhow::Result<()> {
             return Err(BadInput("--goal consolidation needs --rate".into()).into());
         }
     };
+    let options = args.options();
+    if args.compare {
+        let comparison = compare(&network, goal, options.rate_search)?;
+        let table = comparison_table(&network, &comparison);
+        print!("{table}");
+        for plan in [&comparison.published, &comparison.refined] {
+            let (label, binds) = (plan_label(plan), plan.bottleneck_name(&network));
+            println!(
+                "{label}: {binds} binds, {}; {}",
+                plan.stop.describe(),
+                budget_use(&network, plan)
+            );
+            print_warnings(plan);
+        }
+        if let Some(dir) = &args.report {
+            write_report(dir, &table, &comparison)?;
+        }
+        return Ok(());
+    }
     let started = std::time::Instant::now();
-    let plan = optimize(&network, goal)?;
+    let plan = optimize_with(&network, goal, options)?;
     let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
     let table = plan_table(&network, &plan);
     print!("{table}");
     println!(
-        "bottleneck: {} ({}); CPU demand {:.2} of {} cores; bounds: saturation {:.0}/s, \
-         min response {:.3} ms; {} network solves in {elapsed_ms:.1} ms",
+        "bottleneck: {} ({}); {}; bounds: saturation {:.0}/s, min response {:.3} ms; \
+         {} network solves in {elapsed_ms:.1} ms",
         plan.bottleneck_name(&network),
         plan.stop.describe(),
-        plan.cpu_cores_demand,
-        network.spec().host.cores,
+        budget_use(&network, &plan),
         plan.saturation_rate_per_s,
         plan.min_response_time_s * 1e3,
         plan.evaluations,
     );
+    print_warnings(&plan);
     if !plan.feasible {
         println!("warning: no configuration within the limits carries this rate");
     }
@@ -234,7 +316,78 @@ fn run_optimize(args: &OptimizeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_report(dir: &Path, table: &Table, plan: &Plan) -> anyhow::Result<()> {
+fn print_warnings(plan: &Plan) {
+    for warning in &plan.warnings {
+        println!("warning ({} plan): {warning}", plan_label(plan));
+    }
+}
+
+fn plan_label(plan: &Plan) -> &'static str {
+    match plan.options.budget {
+        Budget::Threads => "threads budget",
+        Budget::Cpu => "cpu budget",
+    }
+}
+
+/// How much of its budget a plan uses, in words.
+fn budget_use(network: &Network, plan: &Plan) -> String {
+    let cores = network.spec().host.cores;
+    let threads: u32 = plan.threads.iter().sum();
+    match plan.thread_budget {
+        Some(budget) => format!(
+            "{threads} threads of a budget of {budget} ({cores} cores); CPU demand {:.2}",
+            plan.cpu_cores_demand
+        ),
+        None => {
+            format!("CPU demand {:.2} of {cores} cores ({threads} threads)", plan.cpu_cores_demand)
+        }
+    }
+}
+
+/// The published plan and the refinement side by side, one row per node, then the rate and
+/// what binds.
+pub fn comparison_table(network: &Network, comparison: &Comparison) -> Table {
+    let (published, refined) = (&comparison.published, &comparison.refined);
+    let mut table = Table::new([
+        "node",
+        "fixed",
+        "published threads",
+        "published utilization",
+        "refined threads",
+        "refined utilization",
+    ])
+    .with_title(format!(
+        "{} plans: published (threads budget, fixed nodes left out) vs refined (cpu budget, \
+         fixed nodes bound the rate)",
+        published.goal
+    ));
+    for row in comparison.rows(network) {
+        table.row([
+            row.node,
+            if row.fixed { "yes" } else { "no" }.into(),
+            row.threads[0].to_string(),
+            format!("{:.3}", row.utilization[0]),
+            row.threads[1].to_string(),
+            format!("{:.3}", row.utilization[1]),
+        ]);
+    }
+    let summary = |plan: &Plan| {
+        [
+            plan.threads.iter().sum::<u32>().to_string(),
+            format!("{:.0}", plan.arrival_rate_per_s),
+            format!("{:.2}", plan.cpu_cores_demand),
+            plan.bottleneck_name(network).to_owned(),
+            format!("{:?}", plan.stop),
+        ]
+    };
+    let names = ["threads in all", "rate (tickets/s)", "CPU demand (cores)", "binds", "stop"];
+    for ((name, left), right) in names.into_iter().zip(summary(published)).zip(summary(refined)) {
+        table.row([name.into(), String::new(), left, String::new(), right, String::new()]);
+    }
+    table
+}
+
+fn write_report(dir: &Path, table: &Table, plan: &impl serde::Serialize) -> anyhow::Result<()> {
     let report = ReportDir::create(dir)?;
     report.write_json("plan.json", plan)?;
     report.write_csv("plan.csv", table)?;
@@ -306,9 +459,100 @@ mod tests {
             limit: None,
             cores: Some(4.0),
             fixed: fixed.iter().map(|f| f.to_string()).collect(),
+            budget: BudgetArg::Threads,
+            fixed_bounds_rate: false,
+            rate_step: None,
+            compare: false,
             out: PathBuf::from("unused.toml"),
             report: None,
         }
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    fn parse(flags: &[&str]) -> Result<OptimizeArgs, clap::Error> {
+        use clap::Parser;
+        let argv = ["plan", "optimize", "--model", "m.toml"].iter().chain(flags);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Optimize(args) => Ok(args),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn optimize_flags_select_the_options() {
+        assert_eq!(parse(&[]).unwrap().options(), Options::PUBLISHED);
+        let refined = parse(&["--budget", "cpu", "--fixed-bounds-rate"]).unwrap();
+        assert_eq!(refined.options(), Options::REFINED);
+        let stepped = parse(&["--rate-step", "0.001"]).unwrap().options();
+        assert_eq!(stepped, Options::PUBLISHED.with_rate_search(RateSearch::Step(0.001)));
+        assert!(parse(&["--compare"]).unwrap().compare);
+        for conflicting in
+            [&["--compare", "--budget", "cpu"][..], &["--compare", "--fixed-bounds-rate"]]
+        {
+            let error = parse(conflicting).unwrap_err();
+            assert_eq!(error.kind(), clap::error::ErrorKind::ArgumentConflict, "{conflicting:?}");
+        }
+        assert!(parse(&["--budget", "cores"]).is_err());
+    }
+
+    #[test]
+    fn optimize_help_explains_budgets_and_fixed_nodes() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let help = cli.find_subcommand_mut("optimize").unwrap().render_long_help().to_string();
+        for needle in [
+            "Σ threads ≤ cores",
+            "CPU demand",
+            "left out of the utilization check",
+            "--fixed-bounds-rate",
+            "Goedel",
+            "1-1-1-5",
+            "1-2-4-1",
+            "--rate-step <F>",
+            "--compare",
+        ] {
+            assert!(help.contains(needle), "help lacks {needle}:\n{help}");
+        }
+    }
+
+    /// The paper's Goedel host with the feeder fixed at one thread, as a model file.
+    const GOEDEL_MODEL: &str = "utilization_limit = 0.8\n[host]\ncores = 8.0\n\
+        [[node]]\nname = \"decoder\"\nservice_rate_per_s = 30055.0\nexternal_share = 1.0\n\
+        [[node]]\nname = \"converter\"\nservice_rate_per_s = 18672.0\n\
+        [[node]]\nname = \"serializer\"\nservice_rate_per_s = 6146.0\n\
+        [[node]]\nname = \"feeder\"\nservice_rate_per_s = 94.0\nfixed_threads = 1\n\
+        [[route]]\nfrom = \"decoder\"\nto = \"converter\"\n\
+        [[route]]\nfrom = \"converter\"\nto = \"serializer\"\n\
+        [[route]]\nfrom = \"converter\"\nto = \"feeder\"\n";
+
+    #[test]
+    fn compare_prints_both_plans_and_writes_no_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("goedel.toml");
+        std::fs::write(&model, GOEDEL_MODEL).unwrap();
+        let mut args = args(model, &[]);
+        args.cores = None;
+        args.compare = true;
+        args.out = dir.path().join("config.toml");
+        args.report = Some(dir.path().join("report"));
+        run_optimize(&args).unwrap();
+        assert!(!args.out.exists(), "--compare writes no config");
+        let network = load_network(&args).unwrap();
+        let comparison = compare(&network, Goal::Throughput, RateSearch::Bisection).unwrap();
+        let table = comparison_table(&network, &comparison);
+        let column = |index: usize| -> Vec<&str> {
+            table.rows().iter().take(4).map(|row| row[index].as_str()).collect()
+        };
+        assert_eq!((column(2), column(4)), (vec!["1", "2", "4", "1"], vec!["1", "1", "1", "1"]));
+        let rate = table.rows().iter().find(|row| row[0] == "rate (tickets/s)").unwrap();
+        assert_eq!((rate[2].as_str(), rate[4].as_str()), ("19667", "75"));
+        let json = std::fs::read_to_string(dir.path().join("report/plan.json")).unwrap();
+        assert!(json.contains("\"published\"") && json.contains("\"refined\""), "{json}");
     }
 
     #[test]
@@ -327,8 +571,13 @@ mod tests {
         assert_eq!(network.nodes()[1].fixed_threads, Some(2));
         for fixed in ["b", "b=x", "c=1"] {
             let error = load_network(&args(path.clone(), &[fixed])).unwrap_err();
-            assert!(error.downcast_ref::<BadInput>().is_some(), "{fixed}: {error}");
+            assert!(crate::outcome::is_bad_input(&error), "{fixed}: {error}");
         }
+        let mut cycle = std::fs::read_to_string(&path).unwrap();
+        cycle.push_str("[[route]]\nfrom = \"b\"\nto = \"a\"\n");
+        std::fs::write(&path, cycle).unwrap();
+        let error = load_network(&args(path.clone(), &[])).unwrap_err();
+        assert!(crate::outcome::is_bad_input(&error), "a bad model keeps exit code 2");
         let missing = load_network(&args(dir.path().join("nope.toml"), &[])).unwrap_err();
         assert!(missing.to_string().contains("does not exist"), "{missing}");
     }
