@@ -80,6 +80,8 @@ pub mod record;
 pub mod recovery;
 pub mod segment;
 pub mod snapshot;
+pub mod validate;
+pub mod watermark;
 pub mod writer;
 
 pub use durable::DurableSeq;
@@ -89,4 +91,5 @@ pub use reader::JournalReader;
 pub use record::{FixedRecord, Record};
 pub use recovery::{RecoverOptions, Recovered, StateMachine, recover, recover_from};
 pub use snapshot::Snapshotter;
+pub use validate::{Validation, validate};
 pub use writer::{JournalConfig, JournalSender, JournalWriter, Policy, Tail};
