@@ -355,10 +355,22 @@ mod tests {
         let mut bytes = std::fs::read(&victim).unwrap();
         bytes[SEGMENT_HEADER_BYTES as usize + 100] ^= 1;
         std::fs::write(&victim, bytes).unwrap();
-        let error = format!("{:#}", run_check(&args).unwrap_err());
+        let error = run_check(&args).unwrap_err();
+        let message = format!("{error:#}");
         assert!(
-            error.contains(&victim.display().to_string()) && error.contains("corrupt"),
-            "{error}"
+            message.contains(&victim.display().to_string()) && message.contains("reason: corrupt"),
+            "{message}"
         );
+        let exit = lab::outcome::exit_code_for(Err(error));
+        assert_eq!(exit, std::process::ExitCode::from(lab::outcome::EXIT_RUNTIME_ERROR));
+    }
+
+    #[test]
+    fn check_on_a_folder_with_no_journal_is_bad_input_not_ok() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = run_check(&CheckArgs { dir: dir.path().to_path_buf() }).unwrap_err();
+        assert!(format!("{error:#}").contains("reason: empty"), "{error:#}");
+        let exit = lab::outcome::exit_code_for(Err(error));
+        assert_eq!(exit, std::process::ExitCode::from(lab::outcome::EXIT_BAD_INPUT));
     }
 }
