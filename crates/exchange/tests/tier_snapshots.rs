@@ -260,3 +260,30 @@ fn a_snapshot_from_another_configuration_is_refused() {
     let error = run(&other_pool, options, |_| {}).err().expect("refused");
     assert!(error.downcast_ref::<exchange::ExchangeError>().is_some(), "{error:#}");
 }
+
+#[test]
+fn a_restart_refuses_a_deleted_newest_segment_instead_of_starting_from_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = snapshot_config(1);
+    let first = run_on(&config, dir.path(), 16 * 1024);
+    let shard_dir = dir.path().join("shard-0");
+    let newest = shard_dir.join(numbered(&shard_dir, "seg").pop().unwrap());
+    assert!(!numbered(&shard_dir, "snap").is_empty(), "a snapshot to start from exists");
+    assert!(!first.shards[0].recorded.is_empty());
+    std::fs::remove_file(&newest).unwrap();
+
+    let options = RunOptions {
+        rate_per_s: 1_000.0,
+        duration: Duration::from_millis(50),
+        record_inputs: false,
+        released: None,
+        journal: JournalOptions { data_dir: Some(dir.path().to_path_buf()), ..Default::default() },
+    };
+    let error = run(&config, options, |_| {}).err().expect("refused");
+    let refusal = error.chain().find_map(|e| e.downcast_ref::<journal::JournalError>());
+    let refusal = refusal.unwrap_or_else(|| panic!("a journal refusal: {error:#}"));
+    assert_eq!(refusal.reason(), "newest-segment-missing", "{error:#}");
+    assert!(format!("{error:#}").contains(&newest.display().to_string()), "names the file");
+    let checked = journal::validate::check(&shard_dir).expect_err("journal check agrees");
+    assert_eq!(checked.reason(), refusal.reason());
+}

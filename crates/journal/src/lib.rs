@@ -79,6 +79,8 @@ mod record;
 mod recovery;
 pub mod segment;
 pub mod snapshot;
+pub mod validate;
+pub mod watermark;
 pub mod writer;
 
 pub use durable::DurableSeq;
@@ -86,6 +88,7 @@ pub use error::JournalError;
 pub use ledger::Ledger;
 pub use reader::JournalReader;
 pub use record::{FixedRecord, Record};
-pub use recovery::{RecoverOptions, Recovered, StateMachine, recover, recover_from};
+pub use recovery::{RecoverOptions, Recovered, Repaired, StateMachine, recover, recover_from};
 pub use snapshot::Snapshotter;
+pub use validate::{Validation, validate};
 pub use writer::{JournalConfig, JournalSender, JournalWriter, Policy, Tail};

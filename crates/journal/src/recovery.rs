@@ -1,21 +1,27 @@
 //! Start-up: the latest valid snapshot, then the journal after it, then resume.
 //!
-//! - A torn last record is zeroed with a warning (it was never acknowledged: its batch's sync
-//!   had not returned).
-//! - A last segment with no header (its creation was cut short, so it holds no data) is
-//!   removed with a warning.
-//! - Corruption with valid records after it stops start-up with [`JournalError::Corrupt`]
-//!   (file, offset, sequence). With [`RecoverOptions::repair`], the journal is truncated there
-//!   after a loud warning: the record and everything after it are discarded (later segments
-//!   removed), and the state is what the records before it produce.
-//! - A missing segment is [`JournalError::MissingSegment`]; there is no repair for a gap.
+//! The verdict is [`crate::validate::validate`]'s, the same function `journal check` runs:
+//! see its module docs for every rule. Recovery then acts on it:
+//!
+//! - covered damage (records at or below the snapshot) is logged as a warning;
+//! - a torn last record (above the durable watermark: never acknowledged) is zeroed with a
+//!   warning;
+//! - a last segment with no header (its creation was cut short, so it holds no data) is
+//!   removed with a warning;
+//! - a refusal is returned as the error; with [`RecoverOptions::repair`], a repairable one is
+//!   carried out after a loud warning naming every discarded sequence: the journal is cut at
+//!   the damage (later segments removed), the durable watermark is lowered to what is kept,
+//!   and the state is what the records before the cut produce. A gap between segments is
+//!   never repaired.
 
 use std::path::Path;
 
 use crate::error::{JournalError, io_context};
-use crate::reader::{EndPosition, JournalReader, TornTail};
+use crate::reader::{EndPosition, TornTail};
 use crate::segment::{self, sync_dir};
 use crate::snapshot;
+use crate::validate::{RepairPlan, Validation, validate};
+use crate::watermark::{self, WatermarkFile};
 use crate::writer::Tail;
 
 /// The state the journal protects: a deterministic function of the input sequence.
@@ -37,13 +43,18 @@ pub struct RecoverOptions {
     pub repair: bool,
 }
 
-/// A corruption that `repair` truncated.
+/// What `repair` discarded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Repaired {
-    pub file: std::path::PathBuf,
-    pub offset: u64,
-    /// The first discarded sequence number.
-    pub seq: u64,
+    /// The refusal it got past ([`JournalError::reason`]).
+    pub reason: &'static str,
+    /// Where the journal was cut (`None`: the records were already gone).
+    pub truncated: Option<EndPosition>,
+    /// The first discarded sequence number: it and everything after it are gone.
+    pub first_discarded_seq: u64,
+    /// The durable watermark before the repair: `first_discarded_seq..=watermark` were
+    /// durable and may have been acknowledged.
+    pub watermark: u64,
     pub segments_removed: usize,
 }
 
@@ -80,78 +91,117 @@ pub fn recover_from<S: StateMachine>(
     std::fs::create_dir_all(dir).map_err(io_context(format!("creating {}", dir.display())))?;
     let snapshot = snapshot::load_latest::<S>(dir)?;
     let snapshot_seq = snapshot.as_ref().map(|(seq, _)| *seq);
-    let (from_seq, mut state) = match snapshot {
-        Some((seq, state)) => (seq + 1, state),
-        None => (1, initial()),
+    let mut state = match snapshot {
+        Some((_, state)) => state,
+        None => initial(),
     };
-    let mut reader = JournalReader::open(dir, from_seq)?;
-    let mut replayed_records = 0;
-    let mut repaired = None;
-    loop {
-        match reader.next_record() {
-            Ok(Some((seq, payload))) => {
-                state.apply(seq, payload);
-                replayed_records += 1;
-            }
-            Ok(None) => break,
-            Err(JournalError::Corrupt { file, offset, seq }) if options.repair => {
-                repaired = Some(repair(dir, file, offset, seq)?);
-                break;
-            }
-            Err(error) => return Err(error),
-        }
+    let validation =
+        validate(dir, snapshot_seq, options.repair, |seq, payload| state.apply(seq, payload))?;
+    for damage in &validation.covered {
+        tracing::warn!(
+            file = %damage.file.display(),
+            offset = damage.offset,
+            kind = ?damage.kind,
+            "damaged records {}..={} are covered by snapshot {}: starting from it (the fallback \
+             to an older snapshot is lost)",
+            damage.first_seq,
+            damage.last_seq,
+            snapshot_seq.unwrap_or(0)
+        );
     }
-    if let Some(path) = reader.torn_segment() {
+    if let Some(path) = &validation.torn_segment {
         tracing::warn!(file = %path.display(), "segment creation cut short (no header, no data): removing it");
         std::fs::remove_file(path).map_err(io_context(format!("removing {}", path.display())))?;
         sync_dir(dir)?;
     }
-    let torn_tail = reader.torn_tail().cloned();
-    if let Some(torn) = &torn_tail {
+    if let Some(torn) = &validation.torn_tail {
         tracing::warn!(
             file = %torn.file.display(),
             offset = torn.offset,
-            "torn last record (an unfinished, never acknowledged write): truncating it"
+            watermark = validation.watermark,
+            "torn last record above the durable watermark (an unfinished, never acknowledged \
+             write): truncating it"
         );
         segment::zero_from(&torn.file, torn.offset)?;
     }
-    // Where the journal's data ends, and the sequence its next record must carry.
-    let journal_end = match &repaired {
-        Some(r) => Some((r.seq, EndPosition { file: r.file.clone(), offset: r.offset })),
-        None => reader.next_seq().zip(reader.end_position().cloned()),
+    let repaired = match &validation.repair {
+        Some(plan) => Some(repair(dir, plan, &validation)?),
+        None => None,
     };
-    let last_seq = (from_seq - 1 + replayed_records).max(snapshot_seq.unwrap_or(0));
-    let open_segment = match journal_end {
-        // Append to the last segment only when it continues exactly where the state is; after
-        // a repair below the snapshot, a fresh segment starts after the snapshot instead.
-        Some((journal_next, end)) if journal_next == last_seq + 1 => Some(end),
-        _ => None,
-    };
-    let tail = Tail { dir: dir.to_path_buf(), next_seq: last_seq + 1, open_segment };
-    Ok(Recovered { state, last_seq, snapshot_seq, replayed_records, torn_tail, repaired, tail })
+    Ok(resume(dir, state, snapshot_seq, &validation, repaired))
 }
 
+/// Where the writer resumes after `validation` (and its repair).
+fn resume<S>(
+    dir: &Path,
+    state: S,
+    snapshot_seq: Option<u64>,
+    validation: &Validation,
+    repaired: Option<Repaired>,
+) -> Recovered<S> {
+    let journal_last = validation.last_seq;
+    let last_seq = journal_last.max(snapshot_seq.unwrap_or(0));
+    let end = match &repaired {
+        Some(Repaired { truncated: Some(cut), .. }) => Some(cut.clone()),
+        _ => validation.end.clone(),
+    };
+    // Append to the last segment only when it continues exactly where the state is; when the
+    // snapshot is ahead of the journal (covered damage), a fresh segment starts after it.
+    let open_segment = end.filter(|_| journal_last == last_seq);
+    let tail = Tail { dir: dir.to_path_buf(), next_seq: last_seq + 1, open_segment };
+    Recovered {
+        state,
+        last_seq,
+        snapshot_seq,
+        replayed_records: validation.records_after_snapshot,
+        torn_tail: validation.torn_tail.clone(),
+        repaired,
+        tail,
+    }
+}
+
+/// Carries out `plan`: cuts the journal, removes what follows, lowers the watermark.
 fn repair(
     dir: &Path,
-    file: std::path::PathBuf,
-    offset: u64,
-    seq: u64,
+    plan: &RepairPlan,
+    validation: &Validation,
 ) -> Result<Repaired, JournalError> {
-    let later: Vec<_> =
-        segment::list_segments(dir)?.into_iter().filter(|s| s.path > file).collect();
     tracing::warn!(
-        file = %file.display(),
-        offset,
-        first_discarded_seq = seq,
-        later_segments = later.len(),
-        "REPAIR: truncating the journal at a corrupt record; sequence {seq} and every record after \
-         it are DISCARDED"
+        reason = plan.cause.reason(),
+        cause = %plan.cause,
+        first_discarded_seq = plan.first_discarded_seq,
+        watermark = plan.watermark,
+        segments_removed = plan.remove.len(),
+        "REPAIR: sequence {} and every record after it are DISCARDED ({}..={} were durable and \
+         may have been acknowledged)",
+        plan.first_discarded_seq,
+        plan.first_discarded_seq,
+        plan.watermark.max(plan.first_discarded_seq)
     );
-    segment::zero_from(&file, offset)?;
-    for segment in &later {
-        std::fs::remove_file(&segment.path)
-            .map_err(io_context(format!("removing {}", segment.path.display())))?;
+    if let Some(cut) = &plan.truncate {
+        segment::zero_from(&cut.file, cut.offset)?;
+    }
+    for path in &plan.remove {
+        std::fs::remove_file(path).map_err(io_context(format!("removing {}", path.display())))?;
     }
     sync_dir(dir)?;
-    Ok(Repaired { file, offset, seq, segments_removed: later.len() })
+    let kept_last = plan.first_discarded_seq - 1;
+    let last_segment = segment::list_segments(dir)?.pop();
+    if let Some(last) = &last_segment {
+        watermark::reset_slots(
+            &last.path,
+            last.first_seq,
+            validation.last_seq.max(last.first_seq - 1),
+        )?;
+    }
+    let newest_segment = last_segment.map_or(0, |s| s.first_seq);
+    let durable_seq = kept_last.max(validation.snapshot_seq.unwrap_or(0));
+    watermark::write_file(dir, &WatermarkFile { newest_segment, durable_seq })?;
+    Ok(Repaired {
+        reason: plan.cause.reason(),
+        truncated: plan.truncate.clone(),
+        first_discarded_seq: plan.first_discarded_seq,
+        watermark: plan.watermark,
+        segments_removed: plan.remove.len(),
+    })
 }

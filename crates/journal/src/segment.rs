@@ -2,24 +2,31 @@
 //!
 //! The zero-padded sequence number of a segment's first record is its name, so sorting names
 //! sorts segments, and a gap between one segment's last record and the next one's first is a
-//! missing segment. Each file starts with a [`SEGMENT_HEADER_BYTES`] header (magic + first
-//! sequence, which must match the name) and is pre-allocated to its full size when created,
-//! so appends do not grow the file; the unwritten rest reads as zeros, which ends the data.
+//! missing segment. Each file starts with a [`SEGMENT_HEADER_BYTES`] header page (magic +
+//! first sequence, which must match the name, then the two durable-watermark slots of
+//! [`crate::watermark`]) and is pre-allocated to its full size when created, so appends do not
+//! grow the file; the unwritten rest reads as zeros, which ends the data. The header is a
+//! whole page so that rewriting a watermark slot never rewrites a page holding records.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::error::{JournalError, io_context};
+use crate::watermark;
 
 /// Default size of a segment file; a new segment is started when the next frame would not fit.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
-/// Smallest segment accepted (tests use small segments to exercise rolling).
-pub const SEGMENT_BYTES_MIN: u64 = 4096;
-/// Bytes at the start of a segment before its first frame.
-pub const SEGMENT_HEADER_BYTES: u64 = 16;
+/// Smallest segment accepted (tests use small segments to exercise rolling): the header page
+/// plus one page of records.
+pub const SEGMENT_BYTES_MIN: u64 = 2 * SEGMENT_HEADER_BYTES;
+/// Bytes at the start of a segment before its first frame: one page.
+pub const SEGMENT_HEADER_BYTES: u64 = 4096;
+/// Bytes of the header that name the segment (magic, first sequence).
+const SEGMENT_NAME_BYTES: usize = 16;
 
-const SEGMENT_MAGIC: [u8; 8] = *b"LTJSEG01";
+/// Version 2 added the watermark slots (a version 1 segment is refused as a bad header).
+const SEGMENT_MAGIC: [u8; 8] = *b"LTJSEG02";
 const SEGMENT_EXTENSION: &str = "seg";
 
 /// One segment file found in a journal directory.
@@ -63,6 +70,11 @@ pub(crate) fn list_numbered(
     Ok(found)
 }
 
+/// The first sequence a segment file's name promises (`None`: not a segment name).
+pub fn first_seq_of(path: &Path) -> Option<u64> {
+    seq_from_name(path, SEGMENT_EXTENSION)
+}
+
 /// The segments of `dir`, in sequence order.
 pub fn list_segments(dir: &Path) -> Result<Vec<SegmentInfo>, JournalError> {
     let found = list_numbered(dir, SEGMENT_EXTENSION)?;
@@ -71,7 +83,7 @@ pub fn list_segments(dir: &Path) -> Result<Vec<SegmentInfo>, JournalError> {
 
 /// Checks a segment's header against the sequence its name promises.
 pub fn check_header(bytes: &[u8], segment: &SegmentInfo) -> Result<(), JournalError> {
-    let header_ok = bytes.len() >= SEGMENT_HEADER_BYTES as usize
+    let header_ok = bytes.len() >= SEGMENT_NAME_BYTES
         && bytes[..8] == SEGMENT_MAGIC
         && bytes[8..16] == segment.first_seq.to_le_bytes();
     if header_ok {
@@ -83,12 +95,14 @@ pub fn check_header(bytes: &[u8], segment: &SegmentInfo) -> Result<(), JournalEr
 
 /// A header of zeros or a file shorter than a header: a segment whose creation was cut short.
 pub fn is_unwritten_header(bytes: &[u8]) -> bool {
-    let header = &bytes[..bytes.len().min(SEGMENT_HEADER_BYTES as usize)];
-    header.len() < SEGMENT_HEADER_BYTES as usize || header.iter().all(|&b| b == 0)
+    let header = &bytes[..bytes.len().min(SEGMENT_NAME_BYTES)];
+    header.len() < SEGMENT_NAME_BYTES || header.iter().all(|&b| b == 0)
 }
 
 /// Creates, pre-allocates and durably names a new segment; returns it open for writing.
 /// The directory is fsynced so the new name survives a crash before the first batch's sync.
+/// Its first watermark slot says `first_seq - 1`: a segment is created only once every record
+/// before it is durable.
 pub fn create(dir: &Path, first_seq: u64, segment_bytes: u64) -> Result<File, JournalError> {
     assert!(segment_bytes >= SEGMENT_BYTES_MIN, "segment_bytes {segment_bytes} below minimum");
     let path = segment_path(dir, first_seq);
@@ -102,7 +116,10 @@ pub fn create(dir: &Path, first_seq: u64, segment_bytes: u64) -> Result<File, Jo
     preallocate(&file, segment_bytes).map_err(io_context(context()))?;
     let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
     header[..8].copy_from_slice(&SEGMENT_MAGIC);
-    header[8..].copy_from_slice(&first_seq.to_le_bytes());
+    header[8..SEGMENT_NAME_BYTES].copy_from_slice(&first_seq.to_le_bytes());
+    let slot = watermark::SLOT_OFFSETS[0] as usize;
+    header[slot..slot + watermark::SLOT_BYTES]
+        .copy_from_slice(&watermark::encode_slot(first_seq, first_seq - 1));
     write_all_at(&file, &header, 0).map_err(io_context(context()))?;
     file.sync_all().map_err(io_context(context()))?;
     sync_dir(dir)?;
@@ -166,16 +183,17 @@ mod tests {
     #[test]
     fn created_segment_is_preallocated_with_a_matching_header() {
         let dir = tempfile::tempdir().unwrap();
-        create(dir.path(), 77, 8192).unwrap();
+        create(dir.path(), 77, 3 * SEGMENT_HEADER_BYTES).unwrap();
         let segment = list_segments(dir.path()).unwrap().remove(0);
         let bytes = std::fs::read(&segment.path).unwrap();
-        assert_eq!(bytes.len(), 8192);
+        assert_eq!(bytes.len() as u64, 3 * SEGMENT_HEADER_BYTES);
         check_header(&bytes, &segment).unwrap();
+        assert_eq!(watermark::read_slots(&bytes, 77), Some(76), "records before it are durable");
         let renamed = SegmentInfo { first_seq: 78, path: segment.path.clone() };
         assert!(matches!(
             check_header(&bytes, &renamed),
             Err(JournalError::BadSegmentHeader { .. })
         ));
-        assert!(create(dir.path(), 77, 8192).is_err(), "a segment is never overwritten");
+        assert!(create(dir.path(), 77, SEGMENT_BYTES_MIN).is_err(), "never overwritten");
     }
 }

@@ -89,6 +89,29 @@ fn validate(bytes: &[u8], named_seq: u64) -> Result<(u64, &[u8]), &'static str> 
     Ok((state_hash, payload))
 }
 
+/// The snapshot files of `dir`, oldest first (intact or not).
+pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, JournalError> {
+    list_numbered(dir, SNAPSHOT_EXTENSION)
+}
+
+/// The sequence of the newest snapshot whose file is intact (header and CRC). Recovery uses
+/// the newest one that also restores to its recorded state hash, which needs the state type:
+/// `journal check` has none, so it relies on this (the same file unless a snapshot passes
+/// its CRC but is rejected by the state, i.e. was written by a different state type).
+pub fn latest_intact_seq(dir: &Path) -> Result<Option<u64>, JournalError> {
+    for (seq, path) in list(dir)?.into_iter().rev() {
+        let bytes = std::fs::read(&path)
+            .map_err(io_context(format!("reading snapshot {}", path.display())))?;
+        match validate(&bytes, seq) {
+            Ok(_) => return Ok(Some(seq)),
+            Err(reason) => {
+                tracing::warn!(file = %path.display(), reason, "skipping damaged snapshot")
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// The newest snapshot that is intact and restores to its recorded hash; damaged ones are
 /// skipped with a warning (recovery then needs the journal from the older snapshot on).
 pub fn load_latest<S: StateMachine>(dir: &Path) -> Result<Option<(u64, S)>, JournalError> {

@@ -28,6 +28,7 @@ use crate::frame::{self, FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
 use crate::reader::EndPosition;
 use crate::record::Record;
 use crate::segment::{self, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
+use crate::watermark::{self, WatermarkFile};
 
 /// Default bound on records per write (and per sync).
 pub const BATCH_RECORDS_MAX_DEFAULT: usize = 8192;
@@ -136,11 +137,15 @@ pub struct Tail {
     pub open_segment: Option<EndPosition>,
 }
 
-/// The writer's two steady-state I/O calls, behind a trait so tests can inject the errors of
-/// a full disk or a failing device into a real writer over real files.
+/// The writer's steady-state I/O calls, behind a trait so tests can inject the errors of a
+/// full disk or a failing device into a real writer over real files.
 pub trait SegmentIo: Send + 'static {
     fn write_at(&mut self, file: &File, bytes: &[u8], offset: u64) -> io::Result<()>;
     fn sync_data(&mut self, file: &File) -> io::Result<()>;
+    /// Writes a durable-watermark slot ([`crate::watermark`]) after a successful sync.
+    fn write_slot(&mut self, file: &File, slot: &[u8], offset: u64) -> io::Result<()> {
+        segment::write_all_at(file, slot, offset)
+    }
 }
 
 /// The real thing: `pwrite` and `fdatasync`.
@@ -216,6 +221,11 @@ impl JournalWriter {
         assert!(tail.next_seq >= 1, "sequence numbers start at 1");
         let durable = DurableSeq::new(tail.next_seq - 1);
         let active = ActiveSegment::open(&tail, config.segment_bytes)?;
+        // Before any record: the file names the segment being appended to and everything the
+        // journal holds so far (recovery validated it), so deleting that segment is detected.
+        let watermark =
+            WatermarkFile { newest_segment: active.first_seq, durable_seq: tail.next_seq - 1 };
+        watermark::write_file(&tail.dir, &watermark)?;
         let (tx, rx) = pipeline::connector::<R>(config.connector, &config.ring)
             .map_err(|e| JournalError::BadConfig(e.to_string()))?;
         let frame_len = frame::frame_bytes(R::PAYLOAD_BYTES);
@@ -263,22 +273,69 @@ impl JournalWriter {
 /// The segment being appended to.
 struct ActiveSegment {
     file: Option<File>,
+    /// Its first sequence (0: none open).
+    first_seq: u64,
     offset: u64,
     capacity: u64,
+    /// The watermark slot the next sync writes (alternating).
+    next_slot: usize,
+    /// A slot was written after the segment's last sync.
+    slot_unsynced: bool,
 }
 
 impl ActiveSegment {
+    fn none(segment_bytes: u64) -> ActiveSegment {
+        ActiveSegment {
+            file: None,
+            first_seq: 0,
+            offset: 0,
+            capacity: segment_bytes,
+            next_slot: 0,
+            slot_unsynced: false,
+        }
+    }
+
+    /// A new segment, whose header holds slot 0 (see [`segment::create`]).
+    fn created(file: File, first_seq: u64, segment_bytes: u64) -> ActiveSegment {
+        ActiveSegment {
+            file: Some(file),
+            first_seq,
+            offset: SEGMENT_HEADER_BYTES,
+            capacity: segment_bytes,
+            next_slot: 1,
+            slot_unsynced: false,
+        }
+    }
+
     fn open(tail: &Tail, segment_bytes: u64) -> Result<ActiveSegment, JournalError> {
         let Some(end) = &tail.open_segment else {
-            return Ok(ActiveSegment { file: None, offset: 0, capacity: segment_bytes });
+            return Ok(ActiveSegment::none(segment_bytes));
         };
         let context = || format!("opening segment {} for append", end.file.display());
-        let file = OpenOptions::new().write(true).open(&end.file).map_err(io_context(context()))?;
+        let first_seq = segment::first_seq_of(&end.file).ok_or_else(|| {
+            JournalError::BadConfig(format!("{} is not a segment name", end.file.display()))
+        })?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&end.file)
+            .map_err(io_context(context()))?;
         let capacity = file.metadata().map_err(io_context(context()))?.len();
+        let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut header, 0)
+            .map_err(io_context(context()))?;
         // Recovery may have replayed records that reached only the page cache before a crash;
         // sync them before the durable sequence starts out claiming them.
         file.sync_data().map_err(io_context(context()))?;
-        Ok(ActiveSegment { file: Some(file), offset: end.offset, capacity })
+        let next_slot = watermark::next_slot(&header, first_seq);
+        Ok(ActiveSegment {
+            file: Some(file),
+            first_seq,
+            offset: end.offset,
+            capacity,
+            next_slot,
+            slot_unsynced: false,
+        })
     }
 
     fn room_records(&self, frame_len: usize) -> usize {
@@ -332,7 +389,22 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
                 self.sync()?;
             }
         }
-        self.sync()
+        self.sync()?;
+        self.shut_down()
+    }
+
+    /// A clean shutdown leaves an exact watermark: the last slot synced and the file updated.
+    fn shut_down(&mut self) -> Result<(), JournalError> {
+        if self.active.slot_unsynced {
+            let file = self.active.file.as_ref().expect("a slot was written to an open segment");
+            self.io
+                .sync_data(file)
+                .map_err(io_context("fdatasync of the watermark slot at shutdown".into()))?;
+            self.active.slot_unsynced = false;
+        }
+        let newest_segment = self.active.first_seq;
+        let watermark = WatermarkFile { newest_segment, durable_seq: self.synced_seq };
+        watermark::write_file(&self.dir, &watermark)
     }
 
     fn relaxed_flush_due(&self) -> bool {
@@ -399,14 +471,16 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
         Ok(room.min(self.config.batch_records_max))
     }
 
+    /// Starts the next segment. The watermark file names it before any record goes into it,
+    /// so its deletion is detected even though its own slots go with it (two fsyncs per
+    /// segment, not per batch).
     fn roll(&mut self) -> Result<(), JournalError> {
         self.sync()?;
-        let file = segment::create(&self.dir, self.next_seq, self.config.segment_bytes)?;
-        self.active = ActiveSegment {
-            file: Some(file),
-            offset: SEGMENT_HEADER_BYTES,
-            capacity: self.config.segment_bytes,
-        };
+        let first_seq = self.next_seq;
+        let file = segment::create(&self.dir, first_seq, self.config.segment_bytes)?;
+        self.active = ActiveSegment::created(file, first_seq, self.config.segment_bytes);
+        let watermark = WatermarkFile { newest_segment: first_seq, durable_seq: self.synced_seq };
+        watermark::write_file(&self.dir, &watermark)?;
         self.stats.segments_created += 1;
         Ok(())
     }
@@ -430,7 +504,10 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
         Ok(())
     }
 
-    /// fdatasync, then publish: from here on, replies up to `next_seq - 1` may be released.
+    /// fdatasync, record the durable watermark, then publish: from here on, replies up to
+    /// `next_seq - 1` may be released. The slot is written after the sync (so it never claims
+    /// data that is not durable) and before the publish (so every released reply is covered by
+    /// a slot that survives a process crash); it reaches the disk with the next sync.
     fn sync(&mut self) -> Result<(), JournalError> {
         let written_seq = self.next_seq - 1;
         if written_seq == self.synced_seq {
@@ -440,6 +517,13 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
         self.io
             .sync_data(file)
             .map_err(io_context(format!("fdatasync of records up to sequence {written_seq}")))?;
+        let slot = watermark::encode_slot(self.active.first_seq, written_seq);
+        let slot_offset = watermark::SLOT_OFFSETS[self.active.next_slot];
+        self.io
+            .write_slot(file, &slot, slot_offset)
+            .map_err(io_context(format!("writing the durable watermark {written_seq}")))?;
+        self.active.next_slot ^= 1;
+        self.active.slot_unsynced = true;
         self.synced_seq = written_seq;
         self.last_sync = Instant::now();
         self.stats.syncs += 1;

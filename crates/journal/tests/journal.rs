@@ -7,12 +7,12 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use journal::ledger::{TransferRecord, transfer_for};
-use journal::segment::{self, SEGMENT_HEADER_BYTES};
+use journal::segment::{self, SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
 use journal::snapshot::SnapshotStats;
 use journal::writer::{SegmentIo, WriterStats};
 use journal::{
     JournalConfig, JournalError, JournalReader, JournalWriter, Ledger, Policy, RecoverOptions,
-    Recovered, Snapshotter, StateMachine, recover,
+    Recovered, Snapshotter, StateMachine, Validation, recover,
 };
 
 const SEED: u64 = 0x5EED;
@@ -30,6 +30,23 @@ fn config(policy: Policy, segment_bytes: u64) -> JournalConfig {
 
 fn open(dir: &Path) -> Recovered<Ledger> {
     recover::<Ledger>(dir, RecoverOptions::default()).expect("recovery succeeds")
+}
+
+/// Recovery's and `journal check`'s verdicts on `dir`, which must agree: `Ok` (with the
+/// check's report) when recovery starts, else the reason code both give.
+fn verdict(dir: &Path) -> Result<Validation, &'static str> {
+    let checked = journal::validate::check(dir);
+    let recovered = recover::<Ledger>(dir, RecoverOptions::default());
+    match (checked, recovered) {
+        (Ok(validation), Ok(_)) => Ok(validation),
+        (Err(check), Err(recovery)) => {
+            assert_eq!(check.reason(), recovery.reason(), "check: {check}\nrecovery: {recovery}");
+            Err(recovery.reason())
+        }
+        (check, recovery) => {
+            panic!("check and recovery disagree: {check:?} vs {:?}", recovery.map(|r| r.last_seq))
+        }
+    }
 }
 
 fn scratch_hash(last_seq: u64) -> u64 {
@@ -91,11 +108,11 @@ fn flip_bit(path: &Path, offset: u64) {
 #[test]
 fn records_round_trip_across_segments_and_a_restart_resumes_the_sequence() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config(Policy::Group, 4096);
+    let config = config(Policy::Group, SEGMENT_BYTES_MIN);
     let (state, stats, _) = run_core(dir.path(), &config, 1..=1000, u64::MAX);
     assert_eq!(stats.records, 1000);
     assert!(stats.syncs <= stats.batches && stats.syncs >= 1);
-    assert!(segments(dir.path()).len() >= 10, "4 KiB segments hold ~100 records each");
+    assert!(segments(dir.path()).len() >= 10, "8 KiB segments hold ~100 records each");
     let records = read_all(dir.path(), 1);
     assert_eq!(records.len(), 1000);
     for (seq, payload) in &records {
@@ -136,7 +153,7 @@ fn the_blocking_connector_baseline_journals_the_same_records() {
     let dir = tempfile::tempdir().unwrap();
     let config = JournalConfig {
         connector: pipeline::ConnectorKind::Blocking,
-        ..config(Policy::Group, 4096)
+        ..config(Policy::Group, SEGMENT_BYTES_MIN)
     };
     run_core(dir.path(), &config, 1..=500, u64::MAX);
     let recovered = open(dir.path());
@@ -166,7 +183,8 @@ fn a_record_out_of_sequence_stops_the_writer_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let tail = open(dir.path()).tail;
     let (mut journal, writer) =
-        JournalWriter::spawn::<TransferRecord>(tail, &config(Policy::Sync, 4096)).unwrap();
+        JournalWriter::spawn::<TransferRecord>(tail, &config(Policy::Sync, SEGMENT_BYTES_MIN))
+            .unwrap();
     journal.append(transfer_for(SEED, 1)).unwrap();
     assert!(
         journal.append(transfer_for(SEED, 3)).is_err(),
@@ -178,25 +196,38 @@ fn a_record_out_of_sequence_stops_the_writer_with_an_error() {
     assert_eq!(open(dir.path()).last_seq, 1);
 }
 
+/// Writes the first `bytes` of record `seq`'s frame after the journal's last record, as a
+/// batch write cut short by a crash leaves it (never synced, so never acknowledged).
+fn write_torn_frame(segment: &Path, seq: u64, first_seq: u64, bytes: usize) {
+    let mut frame = vec![0u8; FRAME_BYTES as usize];
+    frame[journal::frame::FRAME_HEADER_BYTES..].copy_from_slice(&transfer_for(SEED, seq).payload);
+    journal::frame::seal(&mut frame, seq);
+    let file = File::options().write(true).open(segment).unwrap();
+    segment::write_all_at(&file, &frame[..bytes], offset_of(seq, first_seq)).unwrap();
+    file.sync_all().unwrap();
+}
+
 #[test]
-fn a_torn_last_record_is_truncated_and_writing_resumes() {
+fn a_torn_write_above_the_watermark_is_truncated_and_writing_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(Policy::Group, 1 << 20);
     run_core(dir.path(), &config, 1..=50, u64::MAX);
     let segment = segments(dir.path()).remove(0);
-    let torn_at = offset_of(50, 1);
-    // A write that stopped half-way through the last frame: its end never reached the disk.
-    File::options().write(true).open(&segment).unwrap().set_len(torn_at + 20).unwrap();
+    let torn_at = offset_of(51, 1);
+    write_torn_frame(&segment, 51, 1, 20);
 
+    let checked = journal::validate::check(dir.path()).expect("check passes it");
+    assert_eq!(checked.torn_tail.map(|t| t.offset), Some(torn_at), "check reports it too");
+    assert_eq!(checked.watermark, 50);
     let recovered = open(dir.path());
     let torn = recovered.torn_tail.clone().expect("the torn tail is reported");
     assert_eq!((torn.file.as_path(), torn.offset), (segment.as_path(), torn_at));
-    assert_eq!(recovered.last_seq, 49);
-    assert_eq!(recovered.state.state_hash(), scratch_hash(49));
+    assert_eq!(recovered.last_seq, 50);
+    assert_eq!(recovered.state.state_hash(), scratch_hash(50));
     let bytes = std::fs::read(&segment).unwrap();
     assert!(bytes[torn_at as usize..].iter().all(|&b| b == 0), "the torn bytes are gone");
 
-    run_core(dir.path(), &config, 50..=80, u64::MAX);
+    run_core(dir.path(), &config, 51..=80, u64::MAX);
     let recovered = open(dir.path());
     assert!(recovered.torn_tail.is_none());
     assert_eq!((recovered.last_seq, recovered.state.state_hash()), (80, scratch_hash(80)));
@@ -222,7 +253,7 @@ fn a_segment_whose_creation_was_cut_short_is_removed_and_writing_resumes() {
 #[test]
 fn a_bit_flip_mid_journal_stops_start_up_naming_file_offset_and_seq_and_repair_truncates() {
     let dir = tempfile::tempdir().unwrap();
-    run_core(dir.path(), &config(Policy::Group, 4096), 1..=500, u64::MAX);
+    run_core(dir.path(), &config(Policy::Group, SEGMENT_BYTES_MIN), 1..=500, u64::MAX);
     let all = segment::list_segments(dir.path()).unwrap();
     let victim = &all[1];
     let seq = victim.first_seq + 10;
@@ -245,7 +276,8 @@ fn a_bit_flip_mid_journal_stops_start_up_naming_file_offset_and_seq_and_repair_t
 
     let repaired = recover::<Ledger>(dir.path(), RecoverOptions { repair: true }).unwrap();
     let report = repaired.repaired.clone().expect("repair is reported");
-    assert_eq!((report.seq, report.segments_removed), (seq, all.len() - 2));
+    assert_eq!((report.first_discarded_seq, report.segments_removed), (seq, all.len() - 2));
+    assert_eq!(report.reason, "corrupt");
     assert_eq!(repaired.last_seq, seq - 1);
     assert_eq!(repaired.state.state_hash(), scratch_hash(seq - 1));
     let again = open(dir.path());
@@ -265,7 +297,7 @@ fn a_bit_flip_in_the_last_segment_with_records_after_it_is_corruption_not_a_torn
 #[test]
 fn a_missing_segment_is_an_error_naming_the_gap() {
     let dir = tempfile::tempdir().unwrap();
-    run_core(dir.path(), &config(Policy::Group, 4096), 1..=500, u64::MAX);
+    run_core(dir.path(), &config(Policy::Group, SEGMENT_BYTES_MIN), 1..=500, u64::MAX);
     let all = segment::list_segments(dir.path()).unwrap();
     std::fs::remove_file(&all[2].path).unwrap();
     let error = recover::<Ledger>(dir.path(), RecoverOptions { repair: true }).unwrap_err();
@@ -281,7 +313,7 @@ fn a_missing_segment_is_an_error_naming_the_gap() {
 fn snapshots_bound_the_replay_prune_old_segments_and_a_damaged_one_falls_back() {
     let dir = tempfile::tempdir().unwrap();
     let (state, _, snapshot_stats) =
-        run_core(dir.path(), &config(Policy::Group, 4096), 1..=2000, 500);
+        run_core(dir.path(), &config(Policy::Group, SEGMENT_BYTES_MIN), 1..=2000, 500);
     assert_eq!(snapshot_stats.taken, 4);
     assert!(snapshot_stats.pause_ns_max > 0);
     let snapshots: Vec<_> = std::fs::read_dir(dir.path())
@@ -374,4 +406,135 @@ fn a_failed_fdatasync_is_not_retried_and_not_acknowledged() {
     let (durable_seq, error) = run_until_failure(io);
     assert_eq!(durable_seq, 2);
     assert!(error.to_string().contains("fdatasync"), "{error}");
+}
+
+// The durable watermark (issue 17): no acknowledged record is discarded without a refusal,
+// and `journal check` reaches recovery's verdict in every case.
+
+/// Repairs `dir` and returns what was discarded.
+fn repair(dir: &Path) -> (Recovered<Ledger>, journal::Repaired) {
+    let recovered = recover::<Ledger>(dir, RecoverOptions { repair: true }).expect("repairs");
+    let repaired = recovered.repaired.clone().expect("the repair is reported");
+    (recovered, repaired)
+}
+
+#[test]
+fn a_deleted_newest_segment_is_refused_even_with_a_snapshot_past_the_journal_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(Policy::Group, SEGMENT_BYTES_MIN);
+    run_core(dir.path(), &config, 1..=1015, 490);
+    let newest = segment::list_segments(dir.path()).unwrap().pop().unwrap();
+    assert!(newest.first_seq <= 980, "the snapshot at 980 lies past the rest of the journal");
+    std::fs::remove_file(&newest.path).unwrap();
+
+    assert_eq!(verdict(dir.path()).unwrap_err(), "newest-segment-missing");
+    let error = recover::<Ledger>(dir.path(), RecoverOptions::default()).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains(&newest.path.display().to_string()), "names the file: {message}");
+    assert!(message.contains("at least 1015"), "names the watermark: {message}");
+
+    let (recovered, repaired) = repair(dir.path());
+    assert_eq!(repaired.reason, "newest-segment-missing");
+    assert_eq!((repaired.first_discarded_seq, repaired.watermark), (981, 1015));
+    assert_eq!((recovered.snapshot_seq, recovered.last_seq), (Some(980), 980));
+    let after = verdict(dir.path()).expect("starts after the repair");
+    let lost = &after.covered;
+    assert_eq!(
+        (lost.len(), lost[0].last_seq),
+        (1, 980),
+        "lost records under the snapshot: {lost:?}"
+    );
+    run_core(dir.path(), &config, 981..=1100, u64::MAX);
+    assert_eq!(open(dir.path()).state.state_hash(), scratch_hash(1100));
+}
+
+#[test]
+fn a_segment_truncated_on_a_record_boundary_is_refused_naming_the_missing_records() {
+    let dir = tempfile::tempdir().unwrap();
+    run_core(dir.path(), &config(Policy::Group, 1 << 20), 1..=300, u64::MAX);
+    let segment = segments(dir.path()).remove(0);
+    File::options().write(true).open(&segment).unwrap().set_len(offset_of(251, 1)).unwrap();
+
+    assert_eq!(verdict(dir.path()).unwrap_err(), "below-watermark");
+    let error = recover::<Ledger>(dir.path(), RecoverOptions::default()).unwrap_err();
+    assert!(error.to_string().contains("251..=300"), "{error}");
+
+    let (recovered, repaired) = repair(dir.path());
+    assert_eq!((repaired.reason, repaired.first_discarded_seq), ("below-watermark", 251));
+    assert_eq!(recovered.last_seq, 250);
+    assert_eq!(verdict(dir.path()).expect("starts after the repair").watermark, 250);
+}
+
+#[test]
+fn a_bit_flip_in_the_last_durable_record_is_corruption_not_a_torn_write() {
+    let dir = tempfile::tempdir().unwrap();
+    run_core(dir.path(), &config(Policy::Group, 1 << 20), 1..=100, u64::MAX);
+    let segment = segments(dir.path()).remove(0);
+    flip_bit(&segment, offset_of(100, 1) + 20);
+    let damaged = std::fs::read(&segment).unwrap();
+
+    assert_eq!(verdict(dir.path()).unwrap_err(), "corrupt-durable");
+    let error = recover::<Ledger>(dir.path(), RecoverOptions::default()).unwrap_err();
+    assert!(
+        matches!(error, JournalError::CorruptDurable { seq: 100, watermark: 100, .. }),
+        "{error}"
+    );
+    assert_eq!(std::fs::read(&segment).unwrap(), damaged, "nothing was truncated");
+
+    let (recovered, repaired) = repair(dir.path());
+    assert_eq!((repaired.reason, repaired.first_discarded_seq), ("corrupt-durable", 100));
+    assert_eq!(repaired.truncated.map(|cut| cut.offset), Some(offset_of(100, 1)));
+    assert_eq!((recovered.last_seq, recovered.state.state_hash()), (99, scratch_hash(99)));
+}
+
+#[test]
+fn damage_covered_by_the_snapshot_is_reported_by_both_and_damage_past_it_refused_by_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(Policy::Group, SEGMENT_BYTES_MIN);
+    run_core(dir.path(), &config, 1..=1050, 500);
+    let holding = |seq: u64| {
+        let all = segment::list_segments(dir.path()).unwrap();
+        all.into_iter().rfind(|s| s.first_seq <= seq).unwrap()
+    };
+    let covered = holding(700);
+    flip_bit(&covered.path, offset_of(700, covered.first_seq) + 20);
+
+    let checked = verdict(dir.path()).expect("covered damage does not stop start-up");
+    assert_eq!(checked.covered.len(), 1);
+    let damage = &checked.covered[0];
+    assert_eq!((damage.first_seq, damage.last_seq, &damage.file), (700, 700, &covered.path));
+    let recovered = open(dir.path());
+    assert_eq!((recovered.snapshot_seq, recovered.replayed_records), (Some(1000), 50));
+    assert_eq!(recovered.state.state_hash(), scratch_hash(1050));
+
+    let past = holding(1020);
+    flip_bit(&past.path, offset_of(1020, past.first_seq) + 20);
+    assert_eq!(verdict(dir.path()).unwrap_err(), "corrupt");
+}
+
+#[test]
+fn folders_without_segments_empty_new_or_emptied_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let checked = journal::validate::check(dir.path()).unwrap();
+    assert!(checked.empty, "no files at all: no journal here");
+    assert_eq!(open(dir.path()).last_seq, 0, "recovery starts a new journal there");
+
+    // A writer that started and stopped without a record: a journal, with a watermark of 0.
+    let (journal, writer) = JournalWriter::spawn::<TransferRecord>(
+        open(dir.path()).tail,
+        &config(Policy::Group, 1 << 20),
+    )
+    .unwrap();
+    drop(journal);
+    writer.join().unwrap();
+    let checked = verdict(dir.path()).expect("a new, empty journal starts");
+    assert!(!checked.empty && checked.watermark == 0 && checked.last_seq == 0, "{checked:?}");
+
+    run_core(dir.path(), &config(Policy::Group, SEGMENT_BYTES_MIN), 1..=400, 300);
+    for path in segments(dir.path()) {
+        std::fs::remove_file(path).unwrap();
+    }
+    assert_eq!(verdict(dir.path()).unwrap_err(), "newest-segment-missing");
+    std::fs::remove_file(dir.path().join(journal::watermark::WATERMARK_FILE)).unwrap();
+    assert_eq!(verdict(dir.path()).unwrap_err(), "watermark-missing", "a snapshot remains");
 }

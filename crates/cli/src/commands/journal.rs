@@ -3,16 +3,13 @@
 use std::path::PathBuf;
 
 use super::values::one_of;
-use crate::outcome::TargetMissed;
-use anyhow::Context;
+use crate::outcome::{BadInput, TargetMissed};
 use lab::config::{load_toml, override_with};
 use lab::report::{ReportDir, Table, latency_table};
 
 use journal::bench::{
     self, BenchConfig, BenchResults, TARGET_DURABLE_P99_OVER_RAW_SYNC, TARGET_RECORDS_PER_S_AT_64B,
 };
-use journal::reader::JournalReader;
-use journal::segment;
 use journal::writer::Policy;
 
 /// The safe store writer: benchmark it, or check a journal directory.
@@ -27,7 +24,10 @@ pub enum Command {
     /// Throughput at 64/256/1024-byte records (group commit), the raw 4 KiB append + fdatasync
     /// baseline, and durable-reply latency per policy under open-loop load, in one run.
     Bench(Box<BenchArgs>),
-    /// Validate a journal directory read-only: segments, CRCs, sequence continuity, torn tail.
+    /// Validate a journal directory read-only with recovery's own rules (durable watermark,
+    /// CRCs, sequence continuity, snapshot-covered damage, torn tail): exit 0 when recovery
+    /// would start, 1 when it would refuse (the reason code is printed), 2 for a folder with no
+    /// journal.
     Check(CheckArgs),
 }
 
@@ -100,10 +100,7 @@ fn bench_config(args: &BenchArgs) -> anyhow::Result<BenchConfig> {
     override_with(&mut config.wait, &args.wait);
     let valid = config.rate_per_s > 0.0 && config.fsync_samples > 0 && config.throughput_ms > 0;
     if !valid {
-        return Err(crate::outcome::BadInput(
-            "rate, fsync-samples and throughput-ms must be > 0".into(),
-        )
-        .into());
+        return Err(BadInput("rate, fsync-samples and throughput-ms must be > 0".into()).into());
     }
     Ok(config)
 }
@@ -250,48 +247,91 @@ fn missed_targets(results: &BenchResults) -> Vec<String> {
         .collect()
 }
 
+/// Runs recovery's own validation ([`journal::validate::check`]) and prints its verdict; a
+/// refusal is the error (with its reason code), an empty folder is bad input.
 fn run_check(args: &CheckArgs) -> anyhow::Result<()> {
-    let segments = segment::list_segments(&args.dir)?;
-    let Some(first) = segments.first() else {
-        println!("{}: no segments", args.dir.display());
-        return Ok(());
-    };
-    let mut reader = JournalReader::open(&args.dir, first.first_seq)?;
-    let mut records = 0u64;
-    let mut last_seq = None;
-    while let Some((seq, _)) =
-        reader.next_record().with_context(|| format!("checking {}", args.dir.display()))?
-    {
-        records += 1;
-        last_seq = Some(seq);
+    let dir = &args.dir;
+    if !dir.is_dir() {
+        return Err(BadInput(format!("{} is not a directory", dir.display())).into());
     }
-    let mut table =
-        Table::new(["segments", "first seq", "last seq", "records"]).with_title("Journal check");
-    let last = last_seq.map_or("-".to_string(), |s| s.to_string());
-    table.row([segments.len().to_string(), first.first_seq.to_string(), last, records.to_string()]);
-    println!("{table}");
-    match reader.torn_tail() {
+    let verdict = journal::validate::check(dir).map_err(|error| {
+        let reason = error.reason();
+        anyhow::Error::new(error).context(format!(
+            "{}: recovery would refuse to start (reason: {reason})",
+            dir.display()
+        ))
+    })?;
+    if verdict.empty {
+        return Err(BadInput(format!(
+            "{}: no journal here (reason: empty): no segment, no snapshot, no watermark file; \
+             recovery would start a new, empty journal",
+            dir.display()
+        ))
+        .into());
+    }
+    println!("{}", check_table(&verdict));
+    for damage in &verdict.covered {
+        println!(
+            "warning (covered): {:?} in {} at offset {}: records {}..={} are damaged but covered \
+             by snapshot {}; recovery starts from it",
+            damage.kind,
+            damage.file.display(),
+            damage.offset,
+            damage.first_seq,
+            damage.last_seq,
+            verdict.snapshot_seq.unwrap_or(0)
+        );
+    }
+    if let Some(path) = &verdict.torn_segment {
+        println!("segment {} has no header: start-up will remove it (no data)", path.display());
+    }
+    match &verdict.torn_tail {
         Some(torn) => println!(
-            "torn last record in {} at offset {}: start-up will truncate it (never acknowledged)",
+            "torn last record in {} at offset {} (above the durable watermark {}): start-up will \
+             truncate it (never acknowledged)",
             torn.file.display(),
-            torn.offset
+            torn.offset,
+            verdict.watermark
         ),
-        None => println!("ok: every record valid, sequence continuous"),
+        None => println!("ok: every durable record present and valid, sequence continuous"),
     }
     Ok(())
+}
+
+fn check_table(verdict: &journal::Validation) -> Table {
+    let mut table = Table::new([
+        "segments",
+        "first segment",
+        "last seq",
+        "durable watermark",
+        "snapshot",
+        "covered damage",
+    ])
+    .with_title("Journal check");
+    let or_dash = |seq: Option<u64>| seq.map_or("-".to_string(), |s| s.to_string());
+    table.row([
+        verdict.segments.to_string(),
+        or_dash(verdict.first_segment_seq),
+        verdict.last_seq.to_string(),
+        verdict.watermark.to_string(),
+        or_dash(verdict.snapshot_seq),
+        verdict.covered.len().to_string(),
+    ]);
+    table
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use journal::ledger::{TransferRecord, transfer_for};
+    use journal::segment::{self, SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
     use journal::writer::{JournalConfig, JournalWriter, Tail};
 
     #[test]
     fn check_passes_a_sound_journal_and_names_the_file_of_a_corrupt_one() {
         let dir = tempfile::tempdir().unwrap();
         let tail = Tail { dir: dir.path().to_path_buf(), next_seq: 1, open_segment: None };
-        let config = JournalConfig { segment_bytes: 4096, ..JournalConfig::default() };
+        let config = JournalConfig { segment_bytes: SEGMENT_BYTES_MIN, ..JournalConfig::default() };
         let (mut journal, writer) = JournalWriter::spawn::<TransferRecord>(tail, &config).unwrap();
         for seq in 1..=300 {
             journal.append(transfer_for(1, seq)).unwrap();
@@ -303,12 +343,24 @@ mod tests {
 
         let victim = segment::list_segments(dir.path()).unwrap().remove(0).path;
         let mut bytes = std::fs::read(&victim).unwrap();
-        bytes[100] ^= 1;
+        bytes[SEGMENT_HEADER_BYTES as usize + 100] ^= 1;
         std::fs::write(&victim, bytes).unwrap();
-        let error = format!("{:#}", run_check(&args).unwrap_err());
+        let error = run_check(&args).unwrap_err();
+        let message = format!("{error:#}");
         assert!(
-            error.contains(&victim.display().to_string()) && error.contains("corrupt"),
-            "{error}"
+            message.contains(&victim.display().to_string()) && message.contains("reason: corrupt"),
+            "{message}"
         );
+        let exit = crate::outcome::exit_code(&Err(error));
+        assert_eq!(exit, crate::outcome::EXIT_RUNTIME_ERROR);
+    }
+
+    #[test]
+    fn check_on_a_folder_with_no_journal_is_bad_input_not_ok() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = run_check(&CheckArgs { dir: dir.path().to_path_buf() }).unwrap_err();
+        assert!(format!("{error:#}").contains("reason: empty"), "{error:#}");
+        let exit = crate::outcome::exit_code(&Err(error));
+        assert_eq!(exit, crate::outcome::EXIT_BAD_INPUT);
     }
 }
