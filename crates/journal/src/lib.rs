@@ -39,7 +39,7 @@
 //! # Recovery
 //!
 //! [`recover`] loads the newest valid snapshot of a [`StateMachine`], then runs the one
-//! validation that `journal check` runs too ([`validate`]), applying the records after the
+//! validation that `journal check` runs too ([`validate()`]), applying the records after the
 //! snapshot as it reads them, and returns the state plus the [`Tail`] where a new writer
 //! resumes. With `W` the durable watermark and `S` the snapshot: damage confined to records at
 //! or below `S` is reported and start-up goes on (the snapshot holds them); a bad last record

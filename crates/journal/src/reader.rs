@@ -3,7 +3,7 @@
 //! This is the plain reader (tools, tests, archives). It does not judge the journal: it knows
 //! no durable watermark and no snapshot, and simply stops where the valid data of the last
 //! segment ends. Whether a journal may be started from, and what a damaged end means, is
-//! decided by [`crate::validate`], which recovery and `journal check` share. It does refuse
+//! decided by [`crate::validate()`], which recovery and `journal check` share. It does refuse
 //! what it cannot read past: a bad frame with a valid one after it
 //! ([`JournalError::Corrupt`]) and a gap between segments ([`JournalError::MissingSegment`]).
 
