@@ -13,7 +13,8 @@
 //!
 //! The order within a pair alternates.
 //!
-//! `cargo run --release -p journal --example watermark_cost -- [--dir DIR] [--samples N] [--rolls N]`
+//! `cargo run --release -p journal --example watermark_cost --
+//!     [--dir DIR] [--samples N] [--rolls N]`
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -32,9 +32,10 @@
 //! sequence is published (no extra sync: it rides on the next one), and the watermark file
 //! (two alternating checksummed slots, one write + `fdatasync` per update), updated when a
 //! writer starts, when a segment is created (before any record goes into it) and at a clean
-//! shutdown, so that deleting the newest segment, slots and all, is still detected. The watermark is exact after a process crash or a clean shutdown; after a
-//! power failure it may lag the acknowledged sequence by the last batch (whose slot write was
-//! waiting for the next sync). Measured cost: `docs/benchmarks/journal.md`.
+//! shutdown, so that deleting the newest segment, slots and all, is still detected. The
+//! watermark is exact after a process crash or a clean shutdown; after a power failure it may
+//! lag the acknowledged sequence by the last batch (whose slot write was waiting for the next
+//! sync). Measured cost: `docs/benchmarks/journal.md`.
 //!
 //! # Recovery
 //!

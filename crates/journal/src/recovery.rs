@@ -110,7 +110,10 @@ pub fn recover_from<S: StateMachine>(
         );
     }
     if let Some(path) = &validation.torn_segment {
-        tracing::warn!(file = %path.display(), "segment creation cut short (no header, no data): removing it");
+        tracing::warn!(
+            file = %path.display(),
+            "segment creation cut short (no header, no data): removing it"
+        );
         std::fs::remove_file(path).map_err(io_context(format!("removing {}", path.display())))?;
         sync_dir(dir)?;
     }
