@@ -17,16 +17,38 @@
 //! # On disk
 //!
 //! A journal directory holds segment files `{first_seq:020}.seg` (pre-allocated, rolled at
-//! [`JournalConfig::segment_bytes`]) of frames `[len][crc32c][seq][payload]` ([`frame`]), and
-//! snapshots `{seq:020}.snap` written atomically off the critical path ([`Snapshotter`]).
-//! Names make the order unambiguous and a gap detectable.
+//! [`JournalConfig::segment_bytes`]) of frames `[len][crc32c][seq][payload]` ([`frame`]) after
+//! a 4 KiB header page, snapshots `{seq:020}.snap` written atomically off the critical path
+//! ([`Snapshotter`]), and the watermark file `journal.watermark`. Names make the order
+//! unambiguous and a gap detectable. Format and rules in full: `docs/JOURNAL.md`.
+//!
+//! # The durable watermark
+//!
+//! Recovery must tell a torn write (never acknowledged: truncate it) from lost or damaged
+//! acknowledged data (refuse), and a journal that merely ends from one that was cut. So the
+//! journal records the highest sequence it ever made durable ([`watermark`]), checksummed, in
+//! two places: two alternating slots in the header page of the segment being written, updated
+//! by one 24-byte `pwrite` after each group commit's `fdatasync` and before the durable
+//! sequence is published (no extra sync: it rides on the next one), and the watermark file
+//! (two alternating checksummed slots, one write + `fdatasync` per update), updated when a
+//! writer starts, when a segment is created (before any record goes into it) and at a clean
+//! shutdown, so that deleting the newest segment, slots and all, is still detected. The
+//! watermark is exact after a process crash or a clean shutdown; after a power failure it may
+//! lag the acknowledged sequence by the last batch (whose slot write was waiting for the next
+//! sync). Measured cost: `docs/benchmarks/journal.md`.
 //!
 //! # Recovery
 //!
-//! [`recover`] loads the newest valid snapshot of a [`StateMachine`], replays the journal after
-//! it and returns the state plus the [`Tail`] where a new writer resumes. A torn last record is
-//! truncated with a warning; corruption followed by valid records, or a missing segment, stops
-//! start-up with an error naming file, offset and sequence (`repair` truncates at corruption).
+//! [`recover`] loads the newest valid snapshot of a [`StateMachine`], then runs the one
+//! validation that `journal check` runs too ([`validate()`]), applying the records after the
+//! snapshot as it reads them, and returns the state plus the [`Tail`] where a new writer
+//! resumes. With `W` the durable watermark and `S` the snapshot: damage confined to records at
+//! or below `S` is reported and start-up goes on (the snapshot holds them); a bad last record
+//! above `W` is a torn write and is truncated; a journal that ends below `W` (missing or
+//! truncated segment), a bad record at or below `W`, a bad record followed by valid ones, or a
+//! gap stop start-up with a [`JournalError`] whose [`JournalError::reason`] is a stable code
+//! and whose text names the file, offset and sequences. `repair` gets past every refusal but a
+//! gap, after a warning naming the first discarded sequence and the watermark.
 //! `src/bin/journal-crash-child.rs` and `tests/crash.rs` check all of this by SIGKILLing a
 //! real process.
 //!

@@ -1,14 +1,11 @@
-//! Reading a journal from a sequence number, validating every frame.
+//! Reading a journal's records in order from a sequence number, checking every frame's CRC.
 //!
-//! Rules for the end of the data (the recovery module acts on them):
-//! - in any segment but the last, the data ends at a zero header or when no frame fits; a bad
-//!   frame there is corruption;
-//! - in the last segment, a bad frame (or a zero header) followed by no valid frame with a
-//!   higher sequence is a *torn tail*: the unfinished write of the batch being written when the
-//!   process died, never acknowledged. Non-zero bytes after it are reported so recovery can
-//!   zero them;
-//! - a bad frame followed by a valid one is *corruption*: truncating there would drop records
-//!   that were durable, and possibly acknowledged, so it is an error unless repair is asked for.
+//! This is the plain reader (tools, tests, archives). It does not judge the journal: it knows
+//! no durable watermark and no snapshot, and simply stops where the valid data of the last
+//! segment ends. Whether a journal may be started from, and what a damaged end means, is
+//! decided by [`crate::validate()`], which recovery and `journal check` share. It does refuse
+//! what it cannot read past: a bad frame with a valid one after it
+//! ([`JournalError::Corrupt`]) and a gap between segments ([`JournalError::MissingSegment`]).
 
 use std::path::{Path, PathBuf};
 
@@ -44,9 +41,6 @@ pub struct JournalReader {
     current: Option<Loaded>,
     expected_seq: Option<u64>,
     from_seq: u64,
-    torn_tail: Option<TornTail>,
-    torn_segment: Option<PathBuf>,
-    end: Option<EndPosition>,
 }
 
 impl JournalReader {
@@ -65,16 +59,7 @@ impl JournalReader {
                 file: first.path.clone(),
             });
         }
-        Ok(JournalReader {
-            segments,
-            next_index: 0,
-            current: None,
-            expected_seq: None,
-            from_seq,
-            torn_tail: None,
-            torn_segment: None,
-            end: None,
-        })
+        Ok(JournalReader { segments, next_index: 0, current: None, expected_seq: None, from_seq })
     }
 
     /// The next record at or after `from_seq`: `Ok(None)` at the end of the data.
@@ -103,27 +88,6 @@ impl JournalReader {
         Ok(Some((seq, &loaded.bytes[start..start + len])))
     }
 
-    /// Set once the reader has reached the end, if the last segment ended in a torn record.
-    pub fn torn_tail(&self) -> Option<&TornTail> {
-        self.torn_tail.as_ref()
-    }
-
-    /// Set once the reader has reached the end, if the last segment's creation was cut short
-    /// (no header yet, so no data: [`segment::create`] syncs the header before any append).
-    pub fn torn_segment(&self) -> Option<&Path> {
-        self.torn_segment.as_deref()
-    }
-
-    /// Set once the reader has reached the end (`None` for a journal with no segments).
-    pub fn end_position(&self) -> Option<&EndPosition> {
-        self.end.as_ref()
-    }
-
-    /// The sequence number the next appended record must have (`None` before any segment).
-    pub fn next_seq(&self) -> Option<u64> {
-        self.expected_seq
-    }
-
     fn load_next(&mut self) -> Result<bool, JournalError> {
         let Some(segment) = self.segments.get(self.next_index).cloned() else {
             return Ok(false);
@@ -132,7 +96,7 @@ impl JournalReader {
             .map_err(io_context(format!("reading segment {}", segment.path.display())))?;
         let is_last = self.next_index + 1 == self.segments.len();
         if is_last && segment::is_unwritten_header(&bytes) {
-            self.torn_segment = Some(segment.path);
+            // A segment whose creation was cut short holds no data.
             self.next_index = self.segments.len();
             return Ok(false);
         }
@@ -157,25 +121,15 @@ impl JournalReader {
     fn finish_segment(&mut self, bad_frame: bool) -> Result<(), JournalError> {
         let loaded = self.current.as_ref().expect("finishing a loaded segment");
         let expected = self.expected_seq.expect("set when a segment is loaded");
-        let offset = loaded.offset as u64;
-        let corrupt =
-            || JournalError::Corrupt { file: loaded.segment.path.clone(), offset, seq: expected };
-        self.end = Some(EndPosition { file: loaded.segment.path.clone(), offset });
-        if !loaded.is_last {
-            if bad_frame {
-                return Err(corrupt());
-            }
-            self.current = None;
-            return Ok(());
-        }
         let rest = &loaded.bytes[loaded.offset..];
-        if frame::find_valid_after(rest, expected.saturating_sub(1)).is_some() {
-            return Err(corrupt());
+        let valid_after = loaded.is_last && frame::find_valid_after(rest, expected - 1).is_some();
+        if (bad_frame && !loaded.is_last) || valid_after {
+            let (file, offset) = (loaded.segment.path.clone(), loaded.offset as u64);
+            return Err(JournalError::Corrupt { file, offset, seq: expected });
         }
-        if rest.iter().any(|&b| b != 0) {
-            self.torn_tail = Some(TornTail { file: loaded.segment.path.clone(), offset });
+        if loaded.is_last {
+            self.next_index = self.segments.len();
         }
-        self.next_index = self.segments.len();
         self.current = None;
         Ok(())
     }

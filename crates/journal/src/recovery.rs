@@ -21,7 +21,7 @@ use crate::reader::{EndPosition, TornTail};
 use crate::segment::{self, sync_dir};
 use crate::snapshot;
 use crate::validate::{RepairPlan, Validation, validate};
-use crate::watermark::{self, WatermarkFile};
+use crate::watermark::{self, WatermarkFile, WatermarkStore};
 use crate::writer::Tail;
 
 /// The state the journal protects: a deterministic function of the input sequence.
@@ -110,7 +110,10 @@ pub fn recover_from<S: StateMachine>(
         );
     }
     if let Some(path) = &validation.torn_segment {
-        tracing::warn!(file = %path.display(), "segment creation cut short (no header, no data): removing it");
+        tracing::warn!(
+            file = %path.display(),
+            "segment creation cut short (no header, no data): removing it"
+        );
         std::fs::remove_file(path).map_err(io_context(format!("removing {}", path.display())))?;
         sync_dir(dir)?;
     }
@@ -196,7 +199,7 @@ fn repair(
     }
     let newest_segment = last_segment.map_or(0, |s| s.first_seq);
     let durable_seq = kept_last.max(validation.snapshot_seq.unwrap_or(0));
-    watermark::write_file(dir, &WatermarkFile { newest_segment, durable_seq })?;
+    WatermarkStore::open(dir)?.write(&WatermarkFile { newest_segment, durable_seq })?;
     Ok(Repaired {
         reason: plan.cause.reason(),
         truncated: plan.truncate.clone(),

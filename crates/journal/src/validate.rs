@@ -128,12 +128,17 @@ pub fn validate(
     if segments.is_empty() && watermark_file.is_none() && snapshot::list(dir)?.is_empty() {
         return Ok(Validation { empty: true, ..Validation::default() });
     }
-    let mut walk = Walk::new(&segments, watermark_file, snapshot_seq, on_record);
-    let walked = match watermark_file {
-        None if !repair => Err(JournalError::WatermarkMissing { dir: dir.to_path_buf() }),
-        _ => (0..segments.len()).try_for_each(|index| walk.segment(index)),
+    if watermark_file.is_none() {
+        let missing = JournalError::WatermarkMissing { dir: dir.to_path_buf() };
+        if !repair {
+            return Err(missing);
+        }
+        tracing::warn!(%missing, "REPAIR: validating with the segments' watermark slots only");
     }
-    .and_then(|()| walk.finish(dir));
+    let mut walk = Walk::new(&segments, watermark_file, snapshot_seq, on_record);
+    let walked = (0..segments.len())
+        .try_for_each(|index| walk.segment(index))
+        .and_then(|()| walk.finish(dir));
     let mut validation = walk.out;
     match walked {
         Ok(()) => Ok(validation),

@@ -28,7 +28,7 @@ use crate::frame::{self, FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
 use crate::reader::EndPosition;
 use crate::record::Record;
 use crate::segment::{self, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
-use crate::watermark::{self, WatermarkFile};
+use crate::watermark::{self, WatermarkFile, WatermarkStore};
 
 /// Default bound on records per write (and per sync).
 pub const BATCH_RECORDS_MAX_DEFAULT: usize = 8192;
@@ -223,9 +223,11 @@ impl JournalWriter {
         let active = ActiveSegment::open(&tail, config.segment_bytes)?;
         // Before any record: the file names the segment being appended to and everything the
         // journal holds so far (recovery validated it), so deleting that segment is detected.
-        let watermark =
-            WatermarkFile { newest_segment: active.first_seq, durable_seq: tail.next_seq - 1 };
-        watermark::write_file(&tail.dir, &watermark)?;
+        let mut watermarks = WatermarkStore::open(&tail.dir)?;
+        watermarks.write(&WatermarkFile {
+            newest_segment: active.first_seq,
+            durable_seq: tail.next_seq - 1,
+        })?;
         let (tx, rx) = pipeline::connector::<R>(config.connector, &config.ring)
             .map_err(|e| JournalError::BadConfig(e.to_string()))?;
         let frame_len = frame::frame_bytes(R::PAYLOAD_BYTES);
@@ -235,6 +237,7 @@ impl JournalWriter {
             dir: tail.dir,
             config: *config,
             active,
+            watermarks,
             next_seq: tail.next_seq,
             synced_seq: tail.next_seq - 1,
             last_sync: Instant::now(),
@@ -352,6 +355,7 @@ struct WriterLoop<R: Record, I: SegmentIo> {
     dir: PathBuf,
     config: JournalConfig,
     active: ActiveSegment,
+    watermarks: WatermarkStore,
     /// Sequence the next record must carry.
     next_seq: u64,
     /// Last sequence covered by a successful sync.
@@ -403,8 +407,7 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
             self.active.slot_unsynced = false;
         }
         let newest_segment = self.active.first_seq;
-        let watermark = WatermarkFile { newest_segment, durable_seq: self.synced_seq };
-        watermark::write_file(&self.dir, &watermark)
+        self.watermarks.write(&WatermarkFile { newest_segment, durable_seq: self.synced_seq })
     }
 
     fn relaxed_flush_due(&self) -> bool {
@@ -472,7 +475,7 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
     }
 
     /// Starts the next segment. The watermark file names it before any record goes into it,
-    /// so its deletion is detected even though its own slots go with it (two fsyncs per
+    /// so its deletion is detected even though its own slots go with it (one more fsync per
     /// segment, not per batch).
     fn roll(&mut self) -> Result<(), JournalError> {
         self.sync()?;
@@ -480,7 +483,7 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
         let file = segment::create(&self.dir, first_seq, self.config.segment_bytes)?;
         self.active = ActiveSegment::created(file, first_seq, self.config.segment_bytes);
         let watermark = WatermarkFile { newest_segment: first_seq, durable_seq: self.synced_seq };
-        watermark::write_file(&self.dir, &watermark)?;
+        self.watermarks.write(&watermark)?;
         self.stats.segments_created += 1;
         Ok(())
     }

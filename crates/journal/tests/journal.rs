@@ -537,4 +537,7 @@ fn folders_without_segments_empty_new_or_emptied_are_told_apart() {
     assert_eq!(verdict(dir.path()).unwrap_err(), "newest-segment-missing");
     std::fs::remove_file(dir.path().join(journal::watermark::WATERMARK_FILE)).unwrap();
     assert_eq!(verdict(dir.path()).unwrap_err(), "watermark-missing", "a snapshot remains");
+    // Repair can only rebuild from what is left: the snapshot (records after it are gone).
+    let repaired = recover::<Ledger>(dir.path(), RecoverOptions { repair: true }).unwrap();
+    assert_eq!((repaired.snapshot_seq, repaired.last_seq), (Some(300), 300));
 }
