@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lab::load::{StepPlan, StepReport, step_until};
+use lab::load::{RateSearchPlan, RateSearchReport, search_max_rate};
 use lab::report::progress_bar;
 use lab::stats::{LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
@@ -18,8 +18,23 @@ use crate::tier::{RunOptions, RunResult, TierConfig, run as run_tier};
 
 /// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
 pub const DEMO_RATES_PER_S: [f64; 3] = [20_000.0, 40_000.0, 60_000.0];
-/// The max-rate search stops after this many steps of the highest fixed rate.
-pub const MAX_RATE_STEPS_MAX: u32 = 16;
+/// The max-rate search never goes below this rate (a tier that fails it reports no rate).
+pub const MAX_RATE_SEARCH_MIN_PER_S: f64 = 1_000.0;
+/// The max-rate search never goes above this rate.
+pub const MAX_RATE_SEARCH_MAX_PER_S: f64 = 8_000_000.0;
+/// The max-rate search stops once the passing and failing rates are this close (relative).
+pub const MAX_RATE_SEARCH_PRECISION: f64 = 0.05;
+/// Steps the max-rate search may take at most (bracketing from 1K to 8M and bisecting to 5%
+/// takes at most 13 + 5), for the progress bar.
+const MAX_RATE_SEARCH_STEPS_MAX: u64 = 18;
+/// The published lean tier's figures (2014 hardware, with affinity): the percentiles of
+/// [`PUBLISHED_PERCENTILES`] in µs at each of the demo's rates, for the demo to show beside
+/// leantier's critical path.
+pub const PUBLISHED_LATENCY_US: [(f64, [u64; 3]); 3] =
+    [(20_000.0, [48, 49, 180]), (40_000.0, [63, 70, 314]), (60_000.0, [78, 90, 333])];
+/// The percentiles the published figures give.
+pub const PUBLISHED_PERCENTILES: [f64; 3] = [93.0, 95.0, 99.0];
+
 /// Under `sync` every input costs an fdatasync (milliseconds on a shared disk), so a run at
 /// 20K+ msg/s builds a backlog it drains at the disk's pace: sync runs stop after this many
 /// requests so they end in seconds.
@@ -40,7 +55,7 @@ pub struct MaxRateSearch {
 pub struct Session {
     pub config: TierConfig,
     pub runs: Vec<RunResult>,
-    pub max_rate: Option<StepReport>,
+    pub max_rate: Option<RateSearchReport>,
 }
 
 /// Runs the tier at each rate for `seconds`, then (with `search`) its maximum-rate search.
@@ -80,26 +95,28 @@ pub fn measure(
     Ok(Session { config: config.clone(), runs, max_rate })
 }
 
-/// Steps the rate up from the highest fixed rate until p99 passes the limit.
+/// The highest rate whose critical-path p99 stays within the limit: bracketed from the
+/// highest fixed rate (doubling while runs pass, halving while they fail), then bisected.
 fn find_max_rate(
     config: &TierConfig,
     rates: &[f64],
     search: MaxRateSearch,
-) -> anyhow::Result<StepReport> {
-    let start = rates.iter().copied().fold(20_000.0, f64::max);
-    let plan = StepPlan {
-        start_rate_per_s: start,
-        step_rate_per_s: start,
-        max_rate_per_s: start * f64::from(MAX_RATE_STEPS_MAX),
+) -> anyhow::Result<RateSearchReport> {
+    let start = rates.iter().copied().fold(MAX_RATE_SEARCH_MIN_PER_S, f64::max);
+    let plan = RateSearchPlan {
+        start_rate_per_s: start.min(MAX_RATE_SEARCH_MAX_PER_S),
+        min_rate_per_s: MAX_RATE_SEARCH_MIN_PER_S,
+        max_rate_per_s: MAX_RATE_SEARCH_MAX_PER_S,
         percentile: 99.0,
         limit_ns: search.p99_limit_us * 1_000,
+        precision: MAX_RATE_SEARCH_PRECISION,
     };
     let step_seconds = search.step_seconds;
-    let bar = progress_bar(u64::from(MAX_RATE_STEPS_MAX), "max-rate search");
-    let report = step_until(plan, |rate_per_s| {
+    let bar = progress_bar(MAX_RATE_SEARCH_STEPS_MAX, "max-rate search");
+    let report = search_max_rate(plan, |rate_per_s| {
         bar.set_message(format!("{} msg/s", rate_per_s as u64));
         bar.inc(1);
-        Ok(run_at(config, rate_per_s, step_seconds, JournalOptions::default())?.end_to_end)
+        Ok(run_at(config, rate_per_s, step_seconds, JournalOptions::default())?.critical_path)
     })?;
     bar.finish_and_clear();
     Ok(report)

@@ -21,8 +21,8 @@
 //! * [`drive_closed_loop`]: N users that each send, wait for the answer, think, repeat; only
 //!   requests started after warm-up and finished before cool-down count. Closed loop measures
 //!   throughput at a concurrency; use it for capacity, not for latency under a given rate.
-//! * [`StepSearch`] / [`step_until`]: raise the rate stepwise until a latency percentile
-//!   crosses a limit and report the last rate that passed.
+//! * [`RateSearch`] / [`search_max_rate`]: the highest rate whose latency percentile stays
+//!   within a limit, bracketed from both sides of a start rate and then bisected.
 //!
 //! ```
 //! use std::time::Duration;
@@ -723,18 +723,25 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
-// Step mode.
+// Maximum-rate search.
 
-/// A stepwise rate search: rates `start, start + step, ...` up to `max`, until the latency
-/// at `percentile` exceeds `limit_ns`.
+/// Each bracketing step multiplies (or divides) the rate by this factor.
+const BRACKET_GROWTH: f64 = 2.0;
+
+/// A search for the highest rate whose latency at `percentile` stays within `limit_ns`:
+/// bracket the limit from the start rate (double while a step passes, halve while it fails,
+/// within `min..=max`), then bisect between the highest passing and the lowest failing rate
+/// until they are within `precision` (relative) of each other.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepPlan {
+pub struct RateSearchPlan {
     pub start_rate_per_s: f64,
-    pub step_rate_per_s: f64,
+    pub min_rate_per_s: f64,
     pub max_rate_per_s: f64,
     /// e.g. 99.0 for p99.
     pub percentile: f64,
     pub limit_ns: u64,
+    /// Stop bisecting once (failing − passing) / passing is at most this (e.g. 0.05).
+    pub precision: f64,
 }
 
 /// One measured step.
@@ -747,57 +754,76 @@ pub struct StepResult {
     pub summary: LatencySummary,
 }
 
-/// The outcome of a step search.
+/// The outcome of a rate search.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepReport {
-    pub plan: StepPlan,
+pub struct RateSearchReport {
+    pub plan: RateSearchPlan,
+    /// Every measured step, in the order measured.
     pub steps: Vec<StepResult>,
-    /// The highest rate that met the limit; `None` if even the first step failed.
+    /// The highest rate that met the limit; `None` if even `min_rate_per_s` failed.
     pub last_passing_rate_per_s: Option<f64>,
+    /// The lowest rate that missed the limit; `None` if even `max_rate_per_s` passed.
+    pub first_failing_rate_per_s: Option<f64>,
 }
 
-/// Step search state for callers that run each step themselves (e.g. inside async code):
+/// Rate search state for callers that run each step themselves (e.g. inside async code):
 /// `while let Some(rate) = search.next_rate() { ...measure...; search.record(rate, &h); }`.
 #[derive(Clone, Debug)]
-pub struct StepSearch {
-    plan: StepPlan,
+pub struct RateSearch {
+    plan: RateSearchPlan,
     steps: Vec<StepResult>,
+    passing: Option<f64>,
+    failing: Option<f64>,
 }
 
-impl StepSearch {
-    pub fn new(plan: StepPlan) -> Result<Self, BadInput> {
+impl RateSearch {
+    pub fn new(plan: RateSearchPlan) -> Result<Self, BadInput> {
         let positive = |v: f64| v > 0.0 && v.is_finite();
-        if !(positive(plan.start_rate_per_s) && positive(plan.step_rate_per_s))
-            || plan.max_rate_per_s < plan.start_rate_per_s
-        {
-            return Err(BadInput(
-                "step search needs start > 0, step > 0 and max >= start rates".into(),
-            ));
+        let ordered = plan.min_rate_per_s <= plan.start_rate_per_s
+            && plan.start_rate_per_s <= plan.max_rate_per_s;
+        if !(positive(plan.min_rate_per_s) && positive(plan.max_rate_per_s) && ordered) {
+            return Err(BadInput("rate search needs 0 < min <= start <= max rates".into()));
+        }
+        if !(plan.precision > 0.0 && plan.precision < 1.0) {
+            return Err(BadInput(format!("precision {} is not in (0, 1)", plan.precision)));
         }
         if !(0.0..=100.0).contains(&plan.percentile) {
             return Err(BadInput(format!("percentile {} is not in 0..=100", plan.percentile)));
         }
-        Ok(Self { plan, steps: Vec::new() })
+        Ok(Self { plan, steps: Vec::new(), passing: None, failing: None })
     }
 
-    /// The next rate to measure; `None` once a step failed or the maximum was measured.
+    /// The next rate to measure; `None` once the limit is bracketed within the precision, or
+    /// the search ran into `min` (failing) or `max` (passing).
     pub fn next_rate(&self) -> Option<f64> {
-        match self.steps.last() {
-            None => Some(self.plan.start_rate_per_s),
-            Some(step) if !step.passed => None,
-            Some(_) => {
-                let rate = self.plan.start_rate_per_s
-                    + self.plan.step_rate_per_s * self.steps.len() as f64;
-                (rate <= self.plan.max_rate_per_s * (1.0 + 1e-12)).then_some(rate)
-            }
+        let plan = &self.plan;
+        match (self.passing, self.failing) {
+            (None, None) => Some(plan.start_rate_per_s),
+            (Some(pass), None) if pass >= plan.max_rate_per_s => None,
+            (Some(pass), None) => Some((pass * BRACKET_GROWTH).min(plan.max_rate_per_s)),
+            (None, Some(fail)) if fail <= plan.min_rate_per_s => None,
+            (None, Some(fail)) => Some((fail / BRACKET_GROWTH).max(plan.min_rate_per_s)),
+            (Some(pass), Some(fail)) if (fail - pass) / pass <= plan.precision => None,
+            (Some(pass), Some(fail)) => Some((pass + fail) / 2.0),
         }
     }
 
-    /// Records the latency measured at `rate_per_s`; returns whether the step passed.
+    /// Records the latency measured at `rate_per_s`; returns whether the step passed. An empty
+    /// histogram (nothing completed) fails the step.
     pub fn record(&mut self, rate_per_s: f64, latency: &LatencyHistogram) -> bool {
         let value_ns = latency.value_at_percentile_ns(self.plan.percentile);
         let passed = !latency.is_empty() && value_ns <= self.plan.limit_ns;
         self.steps.push(StepResult { rate_per_s, value_ns, passed, summary: latency.summary() });
+        // A noisy host may pass above a rate that failed (or fail below one that passed): the
+        // bracket keeps the highest pass below the lowest fail, so the search always ends.
+        if passed {
+            if self.failing.is_none_or(|fail| rate_per_s < fail) {
+                self.passing = Some(self.passing.map_or(rate_per_s, |pass| pass.max(rate_per_s)));
+            }
+        } else {
+            self.failing = Some(self.failing.map_or(rate_per_s, |fail| fail.min(rate_per_s)));
+            self.passing = self.passing.filter(|&pass| pass < rate_per_s);
+        }
         passed
     }
 
@@ -805,20 +831,22 @@ impl StepSearch {
         &self.steps
     }
 
-    pub fn into_report(self) -> StepReport {
-        let last_passing_rate_per_s =
-            self.steps.iter().rev().find(|s| s.passed).map(|s| s.rate_per_s);
-        StepReport { plan: self.plan, steps: self.steps, last_passing_rate_per_s }
+    pub fn into_report(self) -> RateSearchReport {
+        RateSearchReport {
+            plan: self.plan,
+            steps: self.steps,
+            last_passing_rate_per_s: self.passing,
+            first_failing_rate_per_s: self.failing,
+        }
     }
 }
 
-/// Runs a whole step search: `run(rate)` measures one step and returns its latencies. An
-/// empty histogram (nothing completed) fails the step.
-pub fn step_until(
-    plan: StepPlan,
+/// Runs a whole rate search: `run(rate)` measures one step and returns its latencies.
+pub fn search_max_rate(
+    plan: RateSearchPlan,
     mut run: impl FnMut(f64) -> anyhow::Result<LatencyHistogram>,
-) -> anyhow::Result<StepReport> {
-    let mut search = StepSearch::new(plan)?;
+) -> anyhow::Result<RateSearchReport> {
+    let mut search = RateSearch::new(plan)?;
     while let Some(rate_per_s) = search.next_rate() {
         let latency = run(rate_per_s)?;
         search.record(rate_per_s, &latency);
@@ -1104,31 +1132,65 @@ mod tests {
         );
     }
 
+    /// Latency grows with the rate: 10 ns per msg/s, so 55K msg/s is exactly the 550 µs limit.
+    fn synthetic(rate: f64) -> anyhow::Result<LatencyHistogram> {
+        Ok(LatencyHistogram::from_samples_ns(&[(rate * 10.0) as u64; 100]))
+    }
+
+    const SEARCH: RateSearchPlan = RateSearchPlan {
+        start_rate_per_s: 20_000.0,
+        min_rate_per_s: 1_000.0,
+        max_rate_per_s: 1_000_000.0,
+        percentile: 99.0,
+        limit_ns: 550_000,
+        precision: 0.01,
+    };
+
     #[test]
-    fn step_search_reports_the_last_passing_rate() {
-        let plan = StepPlan {
-            start_rate_per_s: 10_000.0,
-            step_rate_per_s: 10_000.0,
-            max_rate_per_s: 100_000.0,
-            percentile: 99.0,
-            limit_ns: 550_000,
-        };
-        // Latency grows with the rate: 10 ns per msg/s, so 50K (500 µs) passes, 60K fails.
-        let synthetic = |rate: f64| -> anyhow::Result<LatencyHistogram> {
-            Ok(LatencyHistogram::from_samples_ns(&[(rate * 10.0) as u64; 100]))
-        };
-        let report = step_until(plan, synthetic).unwrap();
-        assert_eq!(report.steps.len(), 6);
-        assert!(!report.steps[5].passed);
-        assert_eq!(report.last_passing_rate_per_s, Some(50_000.0));
+    fn rate_search_brackets_upwards_then_bisects_to_the_limit() {
+        let report = search_max_rate(SEARCH, synthetic).unwrap();
+        let rates: Vec<f64> = report.steps.iter().map(|s| s.rate_per_s).collect();
+        assert_eq!(rates[..3], [20_000.0, 40_000.0, 80_000.0], "doubles until a step fails");
+        let pass = report.last_passing_rate_per_s.unwrap();
+        let fail = report.first_failing_rate_per_s.unwrap();
+        // The limit sits at 55K msg/s (within the histogram's rounding).
+        assert!(pass < fail && pass <= 55_500.0 && fail >= 54_500.0, "{pass} .. {fail}");
+        assert!((fail - pass) / pass <= SEARCH.precision, "{pass} .. {fail}");
+        assert!(report.steps.len() <= 12, "{rates:?}");
+    }
 
-        let generous = StepPlan { limit_ns: u64::MAX, ..plan };
-        let report = step_until(generous, synthetic).unwrap();
-        assert_eq!(report.steps.len(), 10);
-        assert_eq!(report.last_passing_rate_per_s, Some(100_000.0));
+    #[test]
+    fn rate_search_brackets_downwards_when_the_start_fails() {
+        let high_start = RateSearchPlan { start_rate_per_s: 500_000.0, ..SEARCH };
+        let report = search_max_rate(high_start, synthetic).unwrap();
+        assert!(!report.steps[0].passed && !report.steps[1].passed);
+        assert_eq!(report.steps[1].rate_per_s, 250_000.0, "halves while steps fail");
+        let pass = report.last_passing_rate_per_s.unwrap();
+        assert!((55_000.0 * (1.0 - 2.0 * SEARCH.precision)..=55_500.0).contains(&pass), "{pass}");
+    }
 
-        let empty = step_until(plan, |_| Ok(LatencyHistogram::new())).unwrap();
+    #[test]
+    fn rate_search_stops_at_its_bounds_and_refuses_bad_plans() {
+        let generous = RateSearchPlan { limit_ns: u64::MAX, ..SEARCH };
+        let report = search_max_rate(generous, synthetic).unwrap();
+        assert_eq!(report.last_passing_rate_per_s, Some(SEARCH.max_rate_per_s));
+        assert_eq!(report.first_failing_rate_per_s, None);
+        let empty = search_max_rate(SEARCH, |_| Ok(LatencyHistogram::new())).unwrap();
         assert_eq!(empty.last_passing_rate_per_s, None);
-        assert!(StepSearch::new(StepPlan { step_rate_per_s: 0.0, ..plan }).is_err());
+        assert_eq!(empty.first_failing_rate_per_s, Some(SEARCH.min_rate_per_s));
+        assert!(RateSearch::new(RateSearchPlan { min_rate_per_s: 0.0, ..SEARCH }).is_err());
+        assert!(RateSearch::new(RateSearchPlan { precision: 0.0, ..SEARCH }).is_err());
+        assert!(RateSearch::new(RateSearchPlan { start_rate_per_s: 1e7, ..SEARCH }).is_err());
+    }
+
+    #[test]
+    fn a_noisy_pass_above_a_failure_does_not_widen_the_bracket() {
+        let mut search = RateSearch::new(SEARCH).unwrap();
+        let slow = LatencyHistogram::from_samples_ns(&[1_000_000; 10]);
+        let fast = LatencyHistogram::from_samples_ns(&[1_000; 10]);
+        assert!(!search.record(40_000.0, &slow));
+        assert!(search.record(60_000.0, &fast), "noise: a higher rate passes");
+        assert!(search.record(10_000.0, &fast));
+        assert_eq!(search.next_rate(), Some(25_000.0), "bisects 10K..40K, ignoring 60K");
     }
 }

@@ -23,6 +23,7 @@ pub mod connector;
 pub mod metrics;
 #[cfg(not(loom))]
 pub mod placement;
+pub mod quota;
 mod ring;
 #[cfg(not(loom))]
 pub mod stage;

@@ -63,7 +63,7 @@ pub struct NumaNode {
 }
 
 /// The machine as this process sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Topology {
     /// Online logical CPUs, ascending.
     pub online_cpus: Vec<CpuId>,
@@ -75,12 +75,32 @@ pub struct Topology {
     pub numa_nodes: Vec<NumaNode>,
     /// CPUs removed from the scheduler with `isolcpus=` (good homes for critical stages).
     pub isolated_cpus: Vec<CpuId>,
+    /// The cgroup's CPU quota in CPUs (`None`: no quota); see [`crate::quota`].
+    pub cpu_quota_cores: Option<f64>,
 }
 
 impl Topology {
-    /// Reads the running machine: `/sys` plus this process's affinity mask.
+    /// Reads the running machine: `/sys`, this process's affinity mask and its cgroup's CPU
+    /// quota.
     pub fn detect() -> Result<Topology, PlacementError> {
-        Topology::from_sysfs(Path::new("/sys"), &current_affinity()?)
+        let topology = Topology::from_sysfs(Path::new("/sys"), &current_affinity()?)?;
+        Ok(topology.with_cpu_quota(crate::quota::current_cpu_quota_cores()))
+    }
+
+    /// The same machine under a CPU quota (in CPUs; `None`: none).
+    pub fn with_cpu_quota(self, cpu_quota_cores: Option<f64>) -> Topology {
+        Topology { cpu_quota_cores, ..self }
+    }
+
+    /// How many threads can run at once without sharing a CPU or being throttled: the usable
+    /// CPUs, capped by the quota's whole CPUs (at least 1).
+    pub fn usable_cpu_count(&self) -> usize {
+        let cpus = self.usable_cpus.len();
+        match self.cpu_quota_cores {
+            // A quota of 1.5 CPUs cannot keep two spinning threads running: whole CPUs only.
+            Some(quota) => cpus.min((quota.floor() as usize).max(1)),
+            None => cpus,
+        }
     }
 
     /// Reads a sysfs tree rooted at `sys_root` (normally `/sys`); `allowed_cpus` is the affinity
@@ -103,6 +123,7 @@ impl Topology {
             online_cpus,
             usable_cpus,
             isolated_cpus,
+            cpu_quota_cores: None,
         })
     }
 
@@ -119,6 +140,7 @@ impl Topology {
             usable_cpus: all,
             numa_nodes: Vec::new(),
             isolated_cpus: Vec::new(),
+            cpu_quota_cores: None,
         }
     }
 
@@ -313,13 +335,16 @@ impl PlacementPlan {
     /// Plans `requests` onto the usable CPUs of `topology` (see the module docs for the policy).
     pub fn new(topology: &Topology, requests: &[ThreadRequest]) -> PlacementPlan {
         let mut cores = topology.usable_cores();
-        let usable_cpu_count = topology.usable_cpus.len();
+        let usable_cpu_count = topology.usable_cpu_count();
         let oversubscribed = requests.len() > usable_cpu_count;
         let mut notes = Vec::new();
         if oversubscribed {
+            let quota = topology
+                .cpu_quota_cores
+                .map_or(String::new(), |quota| format!(" (cgroup quota {quota:.2} CPUs)"));
             notes.push(format!(
-                "oversubscribed: {} threads on {usable_cpu_count} usable CPUs; threads share CPUs \
-                 and spinning waits are downgraded to adaptive",
+                "oversubscribed: {} threads on {usable_cpu_count} usable CPUs{quota}; threads \
+                 share CPUs and spinning waits are downgraded to adaptive",
                 requests.len()
             ));
         }

@@ -218,3 +218,19 @@ fn real_machine_topology_and_pinning() {
     .unwrap();
     assert_eq!(pinned.unwrap(), vec![cpu]);
 }
+
+#[test]
+fn a_cgroup_quota_below_the_visible_cpus_oversubscribes_the_plan() {
+    let four_cores: [FakeCore; 4] = [(0, 0, &[0]), (0, 1, &[1]), (0, 2, &[2]), (0, 3, &[3])];
+    let unlimited = topology(&four_cores, &[0, 1, 2, 3]);
+    assert_eq!(unlimited.usable_cpu_count(), 4);
+    assert!(!PlacementPlan::new(&unlimited, &requests(2, 1)).oversubscribed);
+    let quota = unlimited.with_cpu_quota(Some(2.5));
+    assert_eq!(quota.usable_cpu_count(), 2, "whole CPUs of the quota");
+    let plan = PlacementPlan::new(&quota, &requests(2, 1));
+    assert!(plan.oversubscribed, "3 threads under a 2.5-CPU quota");
+    assert!(plan.notes.iter().any(|n| n.contains("quota 2.50")), "{:?}", plan.notes);
+    assert!(plan.effective_wait(WaitStrategy::BusySpin).may_park());
+    let tiny = quota.with_cpu_quota(Some(0.5));
+    assert_eq!(tiny.usable_cpu_count(), 1, "never below one CPU");
+}

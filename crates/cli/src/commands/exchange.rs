@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::values::one_of;
-use lab::load::StepReport;
+use lab::load::RateSearchReport;
 use lab::report::{
     BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
     format_ns_as_us, latency_cdf_plot, latency_table,
@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::experiments::{
-    self, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, MaxRateSearch, SYNC_REQUESTS_MAX,
-    Session, TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
+    self, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, MaxRateSearch, PUBLISHED_LATENCY_US,
+    PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session, TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
 };
 use exchange::msg::Reason;
 use exchange::tier::{RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig};
@@ -140,8 +140,9 @@ pub struct RunArgs {
     /// continues its sequence (default: a fresh temporary directory per rate).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Truncate a journal at a corrupt record instead of refusing to start (discards that
-    /// record and everything after it; logged loudly).
+    /// Start despite a refusal that repair can get past (a corrupt record, a journal ending
+    /// below its durable watermark, a missing newest segment; see docs/JOURNAL.md): discards
+    /// the damaged records and everything after them, logged loudly.
     #[arg(long)]
     pub repair: bool,
     /// Report folder.
@@ -359,13 +360,45 @@ fn journal_table(runs: &[RunResult]) -> Table {
     table
 }
 
-fn buckets_table(runs: &[RunResult]) -> Table {
+/// The cumulative 10 µs buckets of one latency of every run.
+fn buckets_table(
+    runs: &[RunResult],
+    what: &str,
+    latency: fn(&RunResult) -> &LatencyHistogram,
+) -> Table {
     let labels: Vec<String> =
         runs.iter().map(|r| format!("@{}", rate_label(r.rate_per_s))).collect();
     let series: Vec<(&str, &LatencyHistogram)> =
-        labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
+        labels.iter().map(String::as_str).zip(runs.iter().map(latency)).collect();
     cumulative_buckets_comparison_table(&series, BUCKET_WIDTH_NS, BUCKETS_MAX)
-        .with_title("Cumulative % of requests within 10 µs buckets")
+        .with_title(format!("{what}: cumulative % of requests within 10 µs buckets"))
+}
+
+/// leantier's critical path beside the published lean tier at the published rates.
+fn published_table(runs: &[RunResult]) -> Option<Table> {
+    let headers = ["rate", "percentile", "leantier critical path µs", "published µs", "ratio"];
+    let mut table = Table::new(headers).with_title(
+        "Critical path vs the published lean tier (2014 hardware, affinity); ratio = leantier / \
+         published (≤ 1 is at or below the published figure)",
+    );
+    let mut rows = 0;
+    for (rate, published_us) in PUBLISHED_LATENCY_US {
+        let Some(run) = runs.iter().find(|run| run.rate_per_s == rate) else {
+            continue;
+        };
+        for (percentile, published_us) in PUBLISHED_PERCENTILES.iter().zip(published_us) {
+            let ours_ns = run.critical_path.value_at_percentile_ns(*percentile);
+            table.row([
+                rate_label(rate),
+                format!("p{percentile:.0}"),
+                format_ns_as_us(ours_ns),
+                published_us.to_string(),
+                format!("{:.2}", ours_ns as f64 / (published_us * 1_000) as f64),
+            ]);
+            rows += 1;
+        }
+    }
+    (rows > 0).then_some(table)
 }
 
 fn stages_table(runs: &[RunResult]) -> Table {
@@ -409,12 +442,17 @@ fn rejects_table(runs: &[RunResult]) -> Table {
     table
 }
 
-fn max_rate_table(report: &StepReport) -> Table {
-    let mut table = Table::new(["rate msg/s", "p99 µs", "max µs", "within limit"]).with_title(
-        format!("Max-rate search (p99 ≤ {} µs)", format_ns_as_us(report.plan.limit_ns)),
-    );
-    for step in &report.steps {
+fn max_rate_table(report: &RateSearchReport) -> Table {
+    let mut table = Table::new(["step", "rate msg/s", "p99 µs", "max µs", "within limit"])
+        .with_title(format!(
+            "Max-rate search (critical-path p99 ≤ {} µs): bracketed from the highest fixed rate, \
+             then bisected to {:.0}%",
+            format_ns_as_us(report.plan.limit_ns),
+            report.plan.precision * 100.0
+        ));
+    for (number, step) in report.steps.iter().enumerate() {
         table.row([
+            (number + 1).to_string(),
             format!("{:.0}", step.rate_per_s),
             format_ns_as_us(step.value_ns),
             format_ns_as_us(step.summary.max_ns),
@@ -426,13 +464,15 @@ fn max_rate_table(report: &StepReport) -> Table {
 
 fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Result<()> {
     let runs = &session.runs;
-    let mut tables = vec![
-        latency_tables(runs),
-        buckets_table(runs),
+    let mut tables = vec![latency_tables(runs)];
+    tables.extend(published_table(runs));
+    tables.extend([
+        buckets_table(runs, "Critical path", |run| &run.critical_path),
+        buckets_table(runs, "Durable reply", |run| &run.end_to_end),
         stages_table(runs),
         rejects_table(runs),
         journal_table(runs),
-    ];
+    ]);
     if let Some(report) = &session.max_rate {
         tables.push(max_rate_table(report));
     }
@@ -442,13 +482,17 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     let max_line = match &session.max_rate {
         Some(report) => {
             let limit = format_ns_as_us(report.plan.limit_ns);
+            let failing = report
+                .first_failing_rate_per_s
+                .map_or("none failed".to_string(), |rate| format!("{rate:.0} msg/s failed"));
             match report.last_passing_rate_per_s {
-                Some(rate) => {
-                    format!("Maximum sustainable rate (p99 ≤ {limit} µs): {rate:.0} msg/s")
-                }
+                Some(rate) => format!(
+                    "Maximum sustainable rate (critical-path p99 ≤ {limit} µs): {rate:.0} msg/s \
+                     ({failing})"
+                ),
                 None => format!(
-                    "No searched rate (from {:.0} msg/s) kept p99 ≤ {limit} µs",
-                    report.plan.start_rate_per_s
+                    "Even {:.0} msg/s missed critical-path p99 ≤ {limit} µs",
+                    report.plan.min_rate_per_s
                 ),
             }
         }
@@ -466,7 +510,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     struct ReportJson<'a> {
         config: &'a TierConfig,
         runs: Vec<RunSummary>,
-        max_rate: Option<&'a StepReport>,
+        max_rate: Option<&'a RateSearchReport>,
     }
     let json = ReportJson {
         config: &session.config,
@@ -505,8 +549,9 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         markdown.table(table);
     }
     if let Some(report) = &session.max_rate {
-        let points =
+        let mut points: Vec<(f64, f64)> =
             report.steps.iter().map(|s| (s.rate_per_s, s.value_ns as f64 / 1_000.0)).collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
         let plot = LinePlot::new("p99 latency vs arrival rate", "rate (msg/s)", "p99 (µs)")
             .series("p99", points)
             .y_log();
