@@ -237,7 +237,7 @@ impl Seen {
 
 async fn connect(addr: &str) -> Result<Client, ClientError> {
     let mut c = Client::connect(addr).await?;
-    c.register(&unique("restart")).await?;
+    c.register(&unique("restart"), b"secret").await?;
     Ok(c)
 }
 
