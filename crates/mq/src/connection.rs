@@ -15,7 +15,7 @@
 //!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -112,9 +112,12 @@ async fn serve_halves<S: Store>(
     node: &Node<S>,
 ) -> Result<(), Closed> {
     let (in_flight, replies) = mpsc::channel(PIPELINE_DEPTH_MAX);
+    // Requests read whose replies are not written yet. Relaxed: both halves run in this one
+    // task, so the count orders nothing; it only tells the reader whether the client waits.
+    let owed = AtomicUsize::new(0);
     tokio::try_join!(
-        read_requests(read, peer, node, in_flight),
-        write_replies(write, node, replies)
+        read_requests(read, peer, node, &owed, in_flight),
+        write_replies(write, node, &owed, replies)
     )?;
     Ok(())
 }
@@ -150,6 +153,7 @@ async fn read_requests<S: Store>(
     read: impl AsyncRead + Unpin,
     peer: SocketAddr,
     node: &Node<S>,
+    owed: &AtomicUsize,
     in_flight: mpsc::Sender<InFlight>,
 ) -> Result<(), Closed> {
     let mut read = BufReader::new(read);
@@ -163,7 +167,7 @@ async fn read_requests<S: Store>(
                 Ok(received) => received,
                 // Replies are still owed: the client is waiting for them, not idle. (The
                 // writing half's timeout covers a client that does not take them.)
-                Err(_) if in_flight.capacity() < in_flight.max_capacity() => continue,
+                Err(_) if owed.load(Ordering::Relaxed) > 0 => continue,
                 Err(_) => return Err(Closed::Idle),
             };
         let arrived = Instant::now();
@@ -171,7 +175,9 @@ async fn read_requests<S: Store>(
             Ok(()) => {
                 let item = match decode_request(frames.payload()) {
                     Err(e) => {
-                        let version = error_reply_version(frames.payload()[0]);
+                        // An empty payload has no version byte: answer in this version.
+                        let first = frames.payload().first().copied();
+                        let version = first.map_or(PROTOCOL_VERSION, error_reply_version);
                         let refusal = Err(ErrorReply::new(e.reason, e.detail));
                         let mut item = answered(e.request_id.unwrap_or(0), arrived, refusal, false);
                         if let InFlight::Answered(answer) = &mut item {
@@ -202,6 +208,7 @@ async fn read_requests<S: Store>(
             }
         };
         let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
+        owed.fetch_add(1, Ordering::Relaxed);
         if in_flight.send(item).await.is_err() || last {
             return Ok(());
         }
@@ -220,6 +227,7 @@ async fn bounded(
 async fn write_replies<S: Store>(
     write: impl AsyncWrite + Unpin,
     node: &Node<S>,
+    owed: &AtomicUsize,
     mut in_flight: mpsc::Receiver<InFlight>,
 ) -> Result<(), Closed> {
     let limit = node.config.write_timeout();
@@ -249,6 +257,7 @@ async fn write_replies<S: Store>(
         };
         encode_reply_as(&frame, answer.version, &mut out);
         bounded(limit, write.write_all(&out)).await?;
+        owed.fetch_sub(1, Ordering::Relaxed);
         if answer.last {
             break;
         }

