@@ -71,7 +71,7 @@ const PEEKS_PER_STUCK_CONNECTION: u64 = 2000;
 /// read: before the fix their unwritten replies held every handler slot and the node froze.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_stop_reading_hold_no_slot_and_are_cut_off() {
-    let write_timeout_ms = 6000;
+    let write_timeout_ms = 4000;
     let config = NodeConfig { handler_slots: 128, write_timeout_ms, ..NodeConfig::default() };
     let (node, addr, _dir) = sqlite_node(config).await;
     let queue = unique("peeked");
@@ -106,13 +106,19 @@ async fn clients_that_stop_reading_hold_no_slot_and_are_cut_off() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let prompt = tokio::time::timeout(Duration::from_secs(4), async {
+    let prompt = tokio::time::timeout(Duration::from_secs(3), async {
         let mut other = registered(&addr, &unique("other"), b"other secret").await;
         other.send(&queue, None, b"still served").await.unwrap();
         other
     })
     .await;
     let mut other = prompt.expect("a reading client is served while others stop reading");
+    let stats = other.stats(&queue).await.unwrap();
+    assert_eq!(
+        (stats.connections_cut_off, stats.connections_open),
+        (0, STUCK_CONNECTIONS as u64 + 2),
+        "served while the stuck connections were still open, not because they were cut off"
+    );
     let stats = wait_for_stats(&mut other, &queue, Duration::from_secs(15), |s| {
         s.connections_cut_off >= STUCK_CONNECTIONS as u64
     })
