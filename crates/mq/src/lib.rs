@@ -21,7 +21,7 @@
 //!   response time into client, queue-wait, database and middleware parts from the timings every
 //!   reply carries, checking counts (clients = middleware = rows), the utilization law and the
 //!   response-time law, and naming the bottleneck.
-//! - [`bench`] and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
+//! - [`bench`](mod@bench) and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
 //!   standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
 //! - [`cli`]: `leantier mq serve | client | load | bench | experiment`.
 //!

@@ -856,6 +856,27 @@ mod tests {
             prop_assert_eq!(decode_reply(payload(&out)).unwrap(), frame);
         }
 
+        /// Whatever decodes re-encodes to exactly its bytes: the decoder accepts nothing the
+        /// encoder would not produce (valid requests with random bytes overwritten).
+        #[test]
+        fn decoding_is_canonical(
+            request in request(),
+            damage in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        ) {
+            let mut out = Vec::new();
+            encode_request(&RequestFrame { request_id: 9, request }, &mut out);
+            let mut payload = out.split_off(LENGTH_PREFIX_BYTES);
+            for (at, byte) in damage {
+                let at = at.index(payload.len());
+                payload[at] = byte;
+            }
+            if let Ok(frame) = decode_request(&payload) {
+                let mut again = Vec::new();
+                encode_request(&frame, &mut again);
+                prop_assert_eq!(&again[LENGTH_PREFIX_BYTES..], payload.as_slice());
+            }
+        }
+
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode_request(&bytes);
