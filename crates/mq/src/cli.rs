@@ -122,7 +122,7 @@ pub struct ClientArgs {
     #[arg(long, requires = "tls_ca")]
     pub tls_server_name: Option<String>,
     /// Run the operations in FILE (`-` = stdin), one per line; `#` starts a comment.
-    #[arg(long, conflicts_with = "op")]
+    #[arg(long)]
     pub script: Option<PathBuf>,
     #[command(subcommand)]
     pub op: Option<ClientOp>,
@@ -321,14 +321,19 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn client(args: &ClientArgs) -> anyhow::Result<()> {
-    let mut client = connect(args).await.with_context(|| format!("connecting to {}", args.node))?;
-    let id = client.register(&args.name, args.secret.as_bytes()).await?;
-    eprintln!("registered {:?} as client {id}", args.name);
     let ops = match (&args.script, &args.op) {
-        (Some(path), _) => read_script(path)?,
+        // clap cannot declare an argument in conflict with a subcommand (its debug build
+        // rejects `conflicts_with = "op"`), so the conflict is checked here.
+        (Some(_), Some(_)) => {
+            return Err(BadInput("give an operation or --script FILE, not both".into()).into());
+        }
+        (Some(path), None) => read_script(path)?,
         (None, Some(op)) => vec![op.clone()],
         (None, None) => return Err(BadInput("give an operation or --script FILE".into()).into()),
     };
+    let mut client = connect(args).await.with_context(|| format!("connecting to {}", args.node))?;
+    let id = client.register(&args.name, args.secret.as_bytes()).await?;
+    eprintln!("registered {:?} as client {id}", args.name);
     let mut failures = 0;
     for op in ops {
         match run_op(&mut client, &op).await {
