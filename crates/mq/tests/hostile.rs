@@ -339,25 +339,32 @@ async fn only_the_owner_deletes_or_purges_a_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_limit_refuses_and_idle_connections_are_closed() {
-    let config = NodeConfig { connections_max: 2, idle_timeout_ms: 1500, ..NodeConfig::default() };
+    let config = NodeConfig { connections_max: 3, idle_timeout_ms: 1500, ..NodeConfig::default() };
     let (node, addr, _dir) = sqlite_node(config).await;
     let queue = unique("q");
     let mut a = registered(&addr, &unique("a"), b"a").await;
     a.create_queue(&queue).await.unwrap();
     let mut b = registered(&addr, &unique("b"), b"b").await;
+    // A slow-loris: half a length prefix, then nothing.
+    let mut trickler = TcpStream::connect(&addr).await.unwrap();
+    trickler.write_all(&[0, 0]).await.unwrap();
+    wait_for_stats(&mut b, &queue, Duration::from_secs(5), |s| s.connections_open == 3).await;
 
-    let mut third = TcpStream::connect(&addr).await.unwrap();
-    let (_, reply) = read_raw_reply(&mut third).await;
+    let mut fourth = TcpStream::connect(&addr).await.unwrap();
+    let (_, reply) = read_raw_reply(&mut fourth).await;
     assert_eq!(reply.result.unwrap_err().reason, Reason::ConnectionLimit);
-    assert_eq!(third.read(&mut [0; 1]).await.unwrap(), 0, "closed after the refusal");
+    assert_eq!(fourth.read(&mut [0; 1]).await.unwrap(), 0, "closed after the refusal");
     let stats = b.stats(&queue).await.unwrap();
-    assert_eq!((stats.connections_refused, stats.connections_open), (1, 2), "{stats:?}");
+    assert_eq!((stats.connections_refused, stats.connections_open), (1, 3), "{stats:?}");
 
     tokio::time::sleep(Duration::from_millis(3000)).await;
     assert!(a.stats(&queue).await.is_err(), "an idle connection was closed");
+    let mut rest = [0; 1];
+    let trickle_end = trickler.read(&mut rest).await;
+    assert!(matches!(trickle_end, Ok(0) | Err(_)), "a half-sent frame is closed: {trickle_end:?}");
     let mut c = registered(&addr, &unique("c"), b"c").await;
     let stats = c.stats(&queue).await.unwrap();
-    assert_eq!(stats.connections_idle_closed, 2, "{stats:?}");
+    assert_eq!(stats.connections_idle_closed, 3, "{stats:?}");
     assert_eq!(stats.connections_open, 1, "{stats:?}");
     node.shutdown().await;
 }
