@@ -18,6 +18,7 @@ use lab::report::Table;
 use serde::Serialize;
 
 use crate::client::Client;
+use crate::load::LOAD_SECRET;
 use crate::protocol::{NodeStats, ReadMode, ReadTarget, Request};
 use crate::server::{self, NodeConfig};
 use crate::store::{AnyStore, Batch, Store, StoreOp};
@@ -292,7 +293,7 @@ async fn through_node(
     let addr = node.addr.to_string();
     let queue = format!("bench-node-{}", crate::util::now_us());
     let mut admin = Client::connect(&addr).await?;
-    admin.register(&format!("{queue}-admin")).await?;
+    admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
     let before = admin.stats(&queue).await?;
     let sends = node_phase(&addr, &queue, config, window, Some(content)).await?;
@@ -325,7 +326,7 @@ async fn node_phase(
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..config.clients {
         let mut client = Client::connect(addr).await?;
-        client.register(&format!("{queue}-{i}")).await?;
+        client.register(&format!("{queue}-{i}"), LOAD_SECRET).await?;
         let (queue, content) = (queue.to_owned(), content.map(<[u8]>::to_vec));
         tasks.spawn(async move {
             let request = || match &content {

@@ -7,13 +7,20 @@
 //! comes only after its request's commit; pipelining only lets one connection contribute several
 //! requests to one group commit.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufStream};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::protocol::{
     ErrorReply, LENGTH_PREFIX_BYTES, Message, NodeStats, ReadMode, ReadTarget, ReplyBody,
-    ReplyFrame, Request, RequestFrame, ServerTiming, check_frame_len, decode_reply, encode_request,
+    ReplyFrame, Request, RequestFrame, Secret, ServerTiming, check_frame_len, decode_reply,
+    encode_request,
 };
+
+/// The byte stream under a client: plain TCP or TLS over it.
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -38,7 +45,7 @@ impl ClientError {
 }
 
 pub struct Client {
-    stream: BufStream<TcpStream>,
+    stream: BufStream<Box<dyn Transport>>,
     next_request_id: u64,
     /// Requests submitted whose replies have not been received yet.
     outstanding: u64,
@@ -50,10 +57,30 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects over plain TCP.
     pub async fn connect(addr: &str) -> Result<Client, ClientError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        Ok(Client {
+        Ok(Client::over(Box::new(stream)))
+    }
+
+    /// Connects over TLS, checking the node's certificate against `tls`'s roots for
+    /// `server_name` (a DNS name or an IP address in the certificate).
+    pub async fn connect_tls(
+        addr: &str,
+        server_name: &str,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<Client, ClientError> {
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .map_err(|e| ClientError::Protocol(format!("server name {server_name:?}: {e}")))?;
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let stream = tokio_rustls::TlsConnector::from(tls).connect(name, stream).await?;
+        Ok(Client::over(Box::new(stream)))
+    }
+
+    fn over(stream: Box<dyn Transport>) -> Client {
+        Client {
             stream: BufStream::new(stream),
             next_request_id: 1,
             outstanding: 0,
@@ -61,7 +88,7 @@ impl Client {
             payload: Vec::new(),
             client_id: None,
             last_timing: ServerTiming::default(),
-        })
+        }
     }
 
     /// The id the node gave this connection's client, once registered.
@@ -124,8 +151,11 @@ impl Client {
         decode_reply(&self.payload).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
-    pub async fn register(&mut self, name: &str) -> Result<u64, ClientError> {
-        match self.call(Request::Register { name: name.to_owned() }).await? {
+    /// Registers as `name`: the first registration of a name sets its secret, later ones must
+    /// present it (`Refused(BadCredentials)` otherwise).
+    pub async fn register(&mut self, name: &str, secret: &[u8]) -> Result<u64, ClientError> {
+        let request = Request::Register { name: name.to_owned(), secret: Secret(secret.to_vec()) };
+        match self.call(request).await? {
             ReplyBody::Registered { client_id } => {
                 self.client_id = Some(client_id);
                 Ok(client_id)

@@ -12,26 +12,34 @@
 //!   its bound, database workers that group-commit whatever requests accumulated while they were
 //!   busy, replying only after the commit. Connections may pipeline requests (replies in
 //!   request order), which is what lets few connections fill large batches.
+//! - `auth`: clients register a name with a secret, stored as a
+//!   salted Argon2id hash; queues have an owner, who alone may delete or purge them.
+//! - [`frame`] and the `connection` module: bounded frame buffers, write and idle timeouts, the
+//!   connection limit; [`tls`]: optional TLS on the listener and in the client.
 //! - [`client`]: the client library (one call at a time, or pipelined `submit` / `receive`).
 //! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting
 //!   response time into client, queue-wait, database and middleware parts from the timings every
 //!   reply carries, checking counts (clients = middleware = rows), the utilization law and the
 //!   response-time law, and naming the bottleneck.
-//! - [`bench`] and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
+//! - [`bench`](mod@bench) and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
 //!   standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
 //!
 //! Delivery: `pop` is at-most-once (the row is deleted in the committed transaction before the
 //! reply; a crash between commit and reply loses that message to the reader). `lease` + `ack` is
 //! at-least-once: a leased message becomes visible again when its lease expires unackowledged.
 
+mod auth;
 pub mod bench;
 pub mod client;
+mod connection;
 mod error;
 pub mod experiment;
+pub mod frame;
 pub mod load;
 pub mod protocol;
 pub mod server;
 pub mod store;
+pub mod tls;
 mod util;
 
 pub use error::MqError;

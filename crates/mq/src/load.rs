@@ -23,6 +23,10 @@ use tokio::sync::Mutex;
 use crate::client::{Client, ClientError};
 use crate::protocol::{NodeStats, ReadMode, ReadTarget, Reason};
 
+/// The secret load clients register with: every run registers fresh names (derived from its
+/// queue), so a fixed secret claims them and protects nothing that outlives the run.
+pub(crate) const LOAD_SECRET: &[u8] = b"leantier-load";
+
 /// Confidence level of every interval the analysis prints.
 pub const CONFIDENCE: f64 = 0.95;
 
@@ -155,7 +159,7 @@ pub async fn run(config: &LoadConfig) -> anyhow::Result<LoadResult> {
     let queue = Arc::new(format!("load-{}-{}", std::process::id(), crate::util::now_us()));
     let mut admin =
         Client::connect(&config.nodes[0]).await.context("connecting to the first node")?;
-    admin.register(&format!("{queue}-admin")).await?;
+    admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
     let before = node_stats(&config.nodes, &queue).await?;
 
@@ -166,7 +170,7 @@ pub async fn run(config: &LoadConfig) -> anyhow::Result<LoadResult> {
     let mut connections = Vec::with_capacity(config.connections);
     for j in 0..config.connections {
         let mut client = Client::connect(&config.nodes[j % config.nodes.len()]).await?;
-        client.register(&format!("{queue}-c{j}")).await?;
+        client.register(&format!("{queue}-c{j}"), LOAD_SECRET).await?;
         let parts = Parts {
             queue_wait: LatencyHistogram::new(),
             db: LatencyHistogram::new(),
@@ -286,7 +290,7 @@ async fn node_stats(nodes: &[String], queue: &str) -> anyhow::Result<Vec<NodeSta
     let mut all = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate() {
         let mut client = Client::connect(node).await?;
-        client.register(&format!("{queue}-stats{i}")).await?;
+        client.register(&format!("{queue}-stats{i}"), LOAD_SECRET).await?;
         all.push(client.stats(queue).await?);
     }
     Ok(all)

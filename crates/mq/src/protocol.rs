@@ -1,4 +1,4 @@
-//! The wire protocol (version 1): length-prefixed binary frames, a request id on every request
+//! The wire protocol (version 2): length-prefixed binary frames, a request id on every request
 //! and reply, a reason code on every reply. `docs/MQ_PROTOCOL.md` is the normative description;
 //! this module is its only implementation (client and middleware both use it).
 //!
@@ -9,13 +9,19 @@ use std::fmt;
 
 /// Protocol version carried in every frame; a node answers other versions with
 /// [`Reason::UnsupportedVersion`].
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
+/// Oldest version whose error reply has the layout of this one: a request of a version in
+/// `PROTOCOL_VERSION_ERROR_COMPATIBLE..PROTOCOL_VERSION` is refused with an error reply stamped
+/// with the request's own version, so an old client decodes it and shows the reason.
+pub const PROTOCOL_VERSION_ERROR_COMPATIBLE: u8 = 1;
 /// Largest frame payload (the bytes after the 4-byte length prefix) either side accepts.
 pub const FRAME_BYTES_MAX: usize = 1 << 20;
 /// Bytes of the length prefix.
 pub const LENGTH_PREFIX_BYTES: usize = 4;
 /// Largest name (client or queue) in bytes.
 pub const NAME_BYTES_MAX: usize = 128;
+/// Longest registration secret in bytes.
+pub const SECRET_BYTES_MAX: usize = 1024;
 /// Largest number of queue names in one `ListQueues` reply.
 pub const LIST_QUEUES_MAX: usize = 1024;
 
@@ -51,13 +57,21 @@ pub enum Reason {
     AlreadyRegistered = 15,
     /// A lease of zero or longer than the node allows.
     InvalidLease = 16,
+    /// Register under a name that is registered with another secret.
+    BadCredentials = 17,
+    /// Delete or purge of a queue owned by another client (or by no one).
+    NotOwner = 18,
+    /// The node holds its maximum number of connections; it closes this one.
+    ConnectionLimit = 19,
+    /// A secret is empty or longer than [`SECRET_BYTES_MAX`].
+    InvalidSecret = 20,
 }
 
 impl Reason {
     /// The reason for a wire value; `None` for values this version does not know.
     pub fn from_u16(value: u16) -> Option<Reason> {
         use Reason::*;
-        const ALL: [Reason; 17] = [
+        const ALL: [Reason; 21] = [
             Ok,
             Malformed,
             UnsupportedVersion,
@@ -75,6 +89,10 @@ impl Reason {
             InvalidName,
             AlreadyRegistered,
             InvalidLease,
+            BadCredentials,
+            NotOwner,
+            ConnectionLimit,
+            InvalidSecret,
         ];
         ALL.get(usize::from(value)).copied()
     }
@@ -106,11 +124,23 @@ pub enum ReadMode {
     Lease { lease_ms: u32 },
 }
 
+/// A registration secret. Its `Debug` never shows the bytes, so a logged request cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub Vec<u8>);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({} bytes)", self.0.len())
+    }
+}
+
 /// A client request. The request id travels beside it in [`RequestFrame`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
+    /// Claims `name` with `secret` (first registration) or proves it (later ones).
     Register {
         name: String,
+        secret: Secret,
     },
     CreateQueue {
         name: String,
@@ -167,6 +197,15 @@ pub struct NodeStats {
     pub db_workers: u32,
     /// Messages currently stored in the queue named in the request.
     pub queue_depth: u64,
+    /// Connections open now.
+    pub connections_open: u64,
+    /// Connections refused at the connection limit.
+    pub connections_refused: u64,
+    /// Connections closed by the node for not taking their replies in time or for a frame past
+    /// the node-wide frame memory bound.
+    pub connections_cut_off: u64,
+    /// Connections closed after the idle timeout.
+    pub connections_idle_closed: u64,
 }
 
 /// The successful result of a request.
@@ -332,7 +371,11 @@ pub fn encode_request(frame: &RequestFrame, out: &mut Vec<u8>) {
         w.u8(request_op(&frame.request));
         w.u64(frame.request_id);
         match &frame.request {
-            Request::Register { name } | Request::CreateQueue { name } => w.str(name),
+            Request::Register { name, secret } => {
+                w.str(name);
+                w.bytes(&secret.0);
+            }
+            Request::CreateQueue { name } => w.str(name),
             Request::DeleteQueue { name, purge } => {
                 w.str(name);
                 w.bool(*purge);
@@ -383,8 +426,29 @@ fn request_op(request: &Request) -> u8 {
 
 /// Appends the frame of `frame` to `out`.
 pub fn encode_reply(frame: &ReplyFrame, out: &mut Vec<u8>) {
+    encode_reply_as(frame, PROTOCOL_VERSION, out);
+}
+
+/// The version to stamp on the error reply to a request of `request_version`: the request's own
+/// when that version's error replies have this version's layout (so an old client can decode
+/// why it was refused), this version otherwise.
+pub fn error_reply_version(request_version: u8) -> u8 {
+    if (PROTOCOL_VERSION_ERROR_COMPATIBLE..PROTOCOL_VERSION).contains(&request_version) {
+        request_version
+    } else {
+        PROTOCOL_VERSION
+    }
+}
+
+/// Appends the frame of `frame` stamped with `version`; any version other than
+/// [`PROTOCOL_VERSION`] only for an error reply (see [`error_reply_version`]).
+pub fn encode_reply_as(frame: &ReplyFrame, version: u8, out: &mut Vec<u8>) {
+    assert!(
+        version == PROTOCOL_VERSION || frame.result.is_err(),
+        "only error replies are encoded for an older version"
+    );
     write_frame(out, |w| {
-        w.u8(PROTOCOL_VERSION);
+        w.u8(version);
         w.u64(frame.request_id);
         w.u64(frame.timing.queue_wait_ns);
         w.u64(frame.timing.db_ns);
@@ -448,7 +512,15 @@ fn encode_reply_body(body: &ReplyBody, w: &mut Writer<'_>) {
             }
             w.u32(s.handler_slots);
             w.u32(s.db_workers);
-            w.u64(s.queue_depth);
+            for v in [
+                s.queue_depth,
+                s.connections_open,
+                s.connections_refused,
+                s.connections_cut_off,
+                s.connections_idle_closed,
+            ] {
+                w.u64(v);
+            }
         }
         ReplyBody::Disconnected => w.u8(reply_kind::DISCONNECTED),
     }
@@ -527,7 +599,8 @@ pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, DecodeError> {
     let request_id = r.u64()?;
     r.request_id = Some(request_id);
     if version != PROTOCOL_VERSION {
-        let detail = "this node speaks protocol version 1";
+        let detail =
+            "this node speaks protocol version 2 (Register carries a secret): upgrade the client";
         return Err(DecodeError {
             reason: Reason::UnsupportedVersion,
             request_id: Some(request_id),
@@ -535,7 +608,7 @@ pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, DecodeError> {
         });
     }
     let request = match op {
-        op::REGISTER => Request::Register { name: r.str()? },
+        op::REGISTER => Request::Register { name: r.str()?, secret: Secret(r.bytes()?) },
         op::CREATE_QUEUE => Request::CreateQueue { name: r.str()? },
         op::DELETE_QUEUE => Request::DeleteQueue { name: r.str()?, purge: r.bool()? },
         op::SEND => Request::Send { queue: r.str()?, receiver: r.opt_u64()?, content: r.bytes()? },
@@ -629,6 +702,10 @@ fn decode_reply_body(kind: u8, r: &mut Reader<'_>) -> Result<ReplyBody, DecodeEr
             handler_slots: r.u32()?,
             db_workers: r.u32()?,
             queue_depth: r.u64()?,
+            connections_open: r.u64()?,
+            connections_refused: r.u64()?,
+            connections_cut_off: r.u64()?,
+            connections_idle_closed: r.u64()?,
         }),
         reply_kind::DISCONNECTED => ReplyBody::Disconnected,
         _ => return Err(r.fail("unknown reply kind")),
@@ -675,7 +752,8 @@ mod tests {
 
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
-            name().prop_map(|name| Request::Register { name }),
+            (name(), proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(|(name, secret)| Request::Register { name, secret: Secret(secret) }),
             name().prop_map(|name| Request::CreateQueue { name }),
             (name(), any::<bool>()).prop_map(|(name, purge)| Request::DeleteQueue { name, purge }),
             (
@@ -721,7 +799,7 @@ mod tests {
             message,
             Just(ReplyBody::Acked),
             proptest::collection::vec(name(), 0..10).prop_map(ReplyBody::Queues),
-            (any::<[u64; 6]>(), any::<u32>(), any::<u32>()).prop_map(
+            (any::<[u64; 10]>(), any::<u32>(), any::<u32>()).prop_map(
                 |(v, handler_slots, db_workers)| {
                     ReplyBody::Stats(NodeStats {
                         sends_committed: v[0],
@@ -732,6 +810,10 @@ mod tests {
                         handler_slots,
                         db_workers,
                         queue_depth: v[5],
+                        connections_open: v[6],
+                        connections_refused: v[7],
+                        connections_cut_off: v[8],
+                        connections_idle_closed: v[9],
                     })
                 }
             ),
@@ -740,7 +822,7 @@ mod tests {
     }
 
     fn reason() -> impl Strategy<Value = Reason> {
-        (1u16..=16).prop_map(|v| Reason::from_u16(v).expect("1..=16 are reasons"))
+        (1u16..=20).prop_map(|v| Reason::from_u16(v).expect("1..=20 are reasons"))
     }
 
     fn payload(frame: &[u8]) -> &[u8] {
@@ -772,6 +854,27 @@ mod tests {
             let mut out = Vec::new();
             encode_reply(&frame, &mut out);
             prop_assert_eq!(decode_reply(payload(&out)).unwrap(), frame);
+        }
+
+        /// Whatever decodes re-encodes to exactly its bytes: the decoder accepts nothing the
+        /// encoder would not produce (valid requests with random bytes overwritten).
+        #[test]
+        fn decoding_is_canonical(
+            request in request(),
+            damage in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        ) {
+            let mut out = Vec::new();
+            encode_request(&RequestFrame { request_id: 9, request }, &mut out);
+            let mut payload = out.split_off(LENGTH_PREFIX_BYTES);
+            for (at, byte) in damage {
+                let at = at.index(payload.len());
+                payload[at] = byte;
+            }
+            if let Ok(frame) = decode_request(&payload) {
+                let mut again = Vec::new();
+                encode_request(&frame, &mut again);
+                prop_assert_eq!(&again[LENGTH_PREFIX_BYTES..], payload.as_slice());
+            }
         }
 
         #[test]

@@ -15,28 +15,57 @@
 //! and 4 workers on PostgreSQL, the mean batch was 5.5 requests, too small to amortise the
 //! commit. With 16 requests in flight per client it was 44 (see docs/benchmarks/mq.md).
 //!
-//! Bounds: in-flight requests ≤ handler slots (each holds a slot until its reply is ready), so
-//! the worker channel (capacity = handler slots) never blocks a handler; waiting requests ≤
+//! Bounds: in-flight requests ≤ handler slots (each holds a slot until its batch commits, not
+//! until its reply is written: a client that stops reading holds no slot and no worker), so the
+//! worker channel (capacity = handler slots) never blocks a handler; waiting requests ≤
 //! `wait_queue_max`; database connections ≤ `db_workers` (each worker uses one at a time).
+//! Registrations (Argon2 hashing, then one store call) take neither: they have their own bounds
+//! (the `auth` module).
+//!
+//! No connection can hold the node (see the `connection` module): connections ≤
+//! [`NodeConfig::connections_max`] (more are answered `ConnectionLimit` and closed); a connection
+//! is closed when it completes no frame for [`NodeConfig::idle_timeout_ms`] with no reply owed,
+//! or when a reply is not taken within [`NodeConfig::write_timeout_ms`]; frame buffers grow with
+//! the bytes that arrive, within [`NodeConfig::frame_memory_bytes_max`] for the whole node. A
+//! failing `accept` is retried with a growing pause and logged at most once per
+//! [`LOG_INTERVAL`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::util::{elapsed_ns, now_us};
+use crate::util::elapsed_ns;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::auth::Registrar;
+use crate::frame::{FRAME_CHUNK_BYTES, MemoryBudget};
 use crate::protocol::{
-    ErrorReply, LENGTH_PREFIX_BYTES, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request,
-    RequestFrame, ServerTiming, check_frame_len, decode_request, encode_reply,
+    ErrorReply, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request, ServerTiming,
+    encode_reply,
 };
 use crate::store::{Batch, Store, StoreOp};
+
+pub use crate::connection::PIPELINE_DEPTH_MAX;
+
+/// Default of [`NodeConfig::connections_max`].
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Default of [`NodeConfig::idle_timeout_ms`].
+pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 60_000;
+/// Default of [`NodeConfig::write_timeout_ms`].
+pub const WRITE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default of [`NodeConfig::frame_memory_bytes_max`]: 64 frames of the largest size at once.
+pub const FRAME_MEMORY_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Shortest pause after a failed `accept` (out of descriptors, say); doubles per failure.
+pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest pause after a failed `accept`.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Failed accepts and refused connections are logged at most once per interval, with a count.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A node's limits and switches; every field has a default and a `mq serve` flag.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -54,6 +83,17 @@ pub struct NodeConfig {
     pub content_bytes_max: usize,
     /// Longest lease a client may ask for.
     pub lease_ms_max: u32,
+    /// Connections served at once; a connection past it is answered `ConnectionLimit` and
+    /// closed.
+    pub connections_max: usize,
+    /// A connection that completes no request frame for this long while no reply is owed to it
+    /// is closed (also bounds a TLS handshake).
+    pub idle_timeout_ms: u64,
+    /// A reply the peer does not take (TCP window closed) within this closes its connection.
+    pub write_timeout_ms: u64,
+    /// Bytes all connections' frame buffers may hold together; a frame that would pass it is
+    /// answered `Busy` and its connection closed.
+    pub frame_memory_bytes_max: usize,
 }
 
 impl Default for NodeConfig {
@@ -65,6 +105,10 @@ impl Default for NodeConfig {
             batch_max: 256,
             content_bytes_max: 4096,
             lease_ms_max: 3_600_000,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
+            write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
+            frame_memory_bytes_max: FRAME_MEMORY_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -76,6 +120,9 @@ impl NodeConfig {
             ("db_workers", self.db_workers),
             ("batch_max", self.batch_max),
             ("content_bytes_max", self.content_bytes_max),
+            ("connections_max", self.connections_max),
+            ("idle_timeout_ms", usize::try_from(self.idle_timeout_ms).unwrap_or(usize::MAX)),
+            ("write_timeout_ms", usize::try_from(self.write_timeout_ms).unwrap_or(usize::MAX)),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -87,42 +134,65 @@ impl NodeConfig {
                 "content_bytes_max must be ≤ half the frame limit".into(),
             ));
         }
+        if self.frame_memory_bytes_max < FRAME_CHUNK_BYTES {
+            return Err(crate::MqError::BadInput(format!(
+                "frame_memory_bytes_max must be ≥ {FRAME_CHUNK_BYTES} (one frame chunk)"
+            )));
+        }
         Ok(())
+    }
+
+    pub(crate) fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    pub(crate) fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
     }
 }
 
 /// Counters behind the `Stats` reply. Relaxed everywhere: they are statistics read after the
 /// fact, never used to order other memory.
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     sends_committed: AtomicU64,
     pops_committed: AtomicU64,
     batches_committed: AtomicU64,
     db_busy_ns: AtomicU64,
     handler_busy_ns: AtomicU64,
+    pub(crate) connections_open: AtomicU64,
+    pub(crate) connections_refused: AtomicU64,
+    pub(crate) connections_cut_off: AtomicU64,
+    pub(crate) connections_idle_closed: AtomicU64,
 }
 
 /// Handed from a handler to a database worker.
-struct Pending {
-    op: StoreOp,
-    enqueued: Instant,
-    reply: oneshot::Sender<Committed>,
+pub(crate) struct Pending {
+    pub(crate) op: StoreOp,
+    pub(crate) enqueued: Instant,
+    pub(crate) slot_taken: Instant,
+    /// The handler slot: released by the worker once the batch is committed, so a reply that
+    /// waits to be written holds no slot.
+    pub(crate) slot: OwnedSemaphorePermit,
+    pub(crate) reply: oneshot::Sender<Committed>,
 }
 
 /// What a worker hands back: the result plus where the time went.
-struct Committed {
-    result: Result<ReplyBody, ErrorReply>,
-    worker_wait_ns: u64,
-    db_ns: u64,
+pub(crate) struct Committed {
+    pub(crate) result: Result<ReplyBody, ErrorReply>,
+    pub(crate) worker_wait_ns: u64,
+    pub(crate) db_ns: u64,
 }
 
-struct Node<S> {
-    config: NodeConfig,
-    store: S,
-    handler_slots: Semaphore,
-    waiting: AtomicUsize,
-    to_workers: mpsc::Sender<Pending>,
-    counters: Counters,
+pub(crate) struct Node<S> {
+    pub(crate) config: NodeConfig,
+    pub(crate) store: S,
+    pub(crate) handler_slots: Arc<Semaphore>,
+    pub(crate) waiting: AtomicUsize,
+    pub(crate) to_workers: mpsc::Sender<Pending>,
+    pub(crate) counters: Counters,
+    pub(crate) registrar: Registrar,
+    pub(crate) frame_memory: MemoryBudget,
 }
 
 /// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
@@ -144,15 +214,27 @@ pub async fn start<S: Store + Clone>(
     store: S,
     config: NodeConfig,
 ) -> anyhow::Result<RunningNode> {
+    start_with_tls(listen, store, config, None).await
+}
+
+/// [`start`], with TLS on every connection when `tls` is given (see [`crate::tls`]).
+pub async fn start_with_tls<S: Store + Clone>(
+    listen: &str,
+    store: S,
+    config: NodeConfig,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<RunningNode> {
     config.validate()?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
     let (to_workers, from_handlers) = mpsc::channel(config.handler_slots);
     let node = Arc::new(Node {
-        handler_slots: Semaphore::new(config.handler_slots),
+        handler_slots: Arc::new(Semaphore::new(config.handler_slots)),
         waiting: AtomicUsize::new(0),
         to_workers,
         counters: Counters::default(),
+        registrar: Registrar::default(),
+        frame_memory: MemoryBudget::new(config.frame_memory_bytes_max),
         store,
         config,
     });
@@ -161,231 +243,108 @@ pub async fn start<S: Store + Clone>(
     for _ in 0..node.config.db_workers {
         tasks.spawn(db_worker(Arc::clone(&node), Arc::clone(&from_handlers)));
     }
-    tasks.spawn(accept_loop(listener, node));
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    tasks.spawn(accept_loop(listener, node, tls));
     tracing::info!(%addr, "mq node listening");
     Ok(RunningNode { addr, tasks })
 }
 
-async fn accept_loop<S: Store>(listener: TcpListener, node: Arc<Node<S>>) {
+/// Counts events and says when to log them: the first at once, then at most one line per
+/// interval carrying how many happened since the last line.
+struct RateLimitedLog {
+    interval: Duration,
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl RateLimitedLog {
+    fn new(interval: Duration) -> RateLimitedLog {
+        RateLimitedLog { interval, last_logged: None, unlogged: 0 }
+    }
+
+    /// Notes one event at `now`; `Some(count)` when a line is due.
+    fn note(&mut self, now: Instant) -> Option<u64> {
+        self.unlogged += 1;
+        if self.last_logged.is_some_and(|last| now.duration_since(last) < self.interval) {
+            return None;
+        }
+        self.last_logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
+/// The pause after a failed accept: doubling from ACCEPT_BACKOFF_MIN to ACCEPT_BACKOFF_MAX,
+/// back to the minimum after a success.
+struct AcceptBackoff {
+    pause: Duration,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self) -> Duration {
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(ACCEPT_BACKOFF_MAX);
+        pause
+    }
+
+    fn succeeded(&mut self) {
+        self.pause = ACCEPT_BACKOFF_MIN;
+    }
+}
+
+async fn accept_loop<S: Store>(
+    listener: TcpListener,
+    node: Arc<Node<S>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let mut connections = tokio::task::JoinSet::new();
+    let mut backoff = AcceptBackoff { pause: ACCEPT_BACKOFF_MIN };
+    let mut accept_errors = RateLimitedLog::new(LOG_INTERVAL);
+    let mut refusals = RateLimitedLog::new(LOG_INTERVAL);
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let node = Arc::clone(&node);
-                connections.spawn(async move {
-                    if let Err(error) = serve_connection(stream, &node).await {
-                        tracing::debug!(%peer, %error, "connection closed");
-                    }
-                });
-            }
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-        while connections.try_join_next().is_some() {}
-    }
-}
-
-/// Requests one connection may have in flight (read, not yet answered). Past it the node stops
-/// reading that connection until the oldest reply is written, so a fast client is slowed down by
-/// TCP flow control instead of growing a queue.
-pub const PIPELINE_DEPTH_MAX: usize = 64;
-
-/// A reply ready to be written.
-struct Answer {
-    request_id: u64,
-    timing: ServerTiming,
-    result: Result<ReplyBody, ErrorReply>,
-    /// The connection closes after this reply (disconnect, unrecoverable framing error).
-    last: bool,
-}
-
-/// A request handed to the database workers; its reply waits for the batch's commit.
-struct Submitted<'a> {
-    request_id: u64,
-    arrived: Instant,
-    slot_taken: Instant,
-    is_stats: bool,
-    /// Held until the reply is computed: in-flight requests ≤ handler slots.
-    _slot: tokio::sync::SemaphorePermit<'a>,
-    answer: oneshot::Receiver<Committed>,
-}
-
-/// What the reading half hands the writing half, in request order.
-enum InFlight<'a> {
-    Answered(Answer),
-    Submitted(Submitted<'a>),
-}
-
-/// Serves one connection until it disconnects. Requests are pipelined: the reading half keeps
-/// reading and submitting (up to [`PIPELINE_DEPTH_MAX`] in flight), the writing half writes the
-/// replies in request order as their batches commit. Pipelining is what lets one connection
-/// contribute many requests to one group commit; a client with one request outstanding at a time
-/// sees the same behaviour as before.
-async fn serve_connection<S: Store>(stream: TcpStream, node: &Node<S>) -> anyhow::Result<()> {
-    stream.set_nodelay(true)?;
-    let (read, write) = stream.into_split();
-    let (in_flight, replies) = mpsc::channel(PIPELINE_DEPTH_MAX);
-    tokio::try_join!(read_requests(read, node, in_flight), write_replies(write, node, replies))?;
-    Ok(())
-}
-
-async fn read_requests<'a, S: Store>(
-    read: tokio::net::tcp::OwnedReadHalf,
-    node: &'a Node<S>,
-    in_flight: mpsc::Sender<InFlight<'a>>,
-) -> anyhow::Result<()> {
-    let mut read = BufReader::new(read);
-    let mut client_id: Option<u64> = None;
-    let mut payload = Vec::new();
-    loop {
-        let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-        match read.read_exact(&mut prefix).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
-        }
-        let arrived = Instant::now();
-        let item = match check_frame_len(prefix) {
-            // The stream cannot be resynchronised without reading the oversized payload:
-            // answer and close.
-            Err(e) => answered(0, arrived, Err(ErrorReply::new(e.reason, e.detail)), true),
-            Ok(len) => {
-                payload.resize(len, 0);
-                read.read_exact(&mut payload).await?;
-                match decode_request(&payload) {
-                    Err(e) => answered(
-                        e.request_id.unwrap_or(0),
-                        arrived,
-                        Err(ErrorReply::new(e.reason, e.detail)),
-                        false,
-                    ),
-                    Ok(RequestFrame { request_id, request }) => {
-                        begin(node, &mut client_id, request_id, request, arrived).await
-                    }
+                let pause = backoff.failed();
+                if let Some(failures) = accept_errors.note(Instant::now()) {
+                    tracing::warn!(%error, failures, ?pause, "accept failing; backing off");
                 }
+                tokio::time::sleep(pause).await;
+                continue;
             }
         };
-        let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
-        if in_flight.send(item).await.is_err() || last {
-            return Ok(());
+        backoff.succeeded();
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= node.config.connections_max {
+            refuse(stream, tls.is_some(), &node.counters);
+            if let Some(refused) = refusals.note(Instant::now()) {
+                let limit = node.config.connections_max;
+                tracing::warn!(refused, limit, "connection limit reached; refusing connections");
+            }
+            continue;
         }
+        let (node, tls) = (Arc::clone(&node), tls.clone());
+        connections.spawn(async move {
+            crate::connection::serve(stream, peer, &node, tls).await;
+        });
     }
 }
 
-async fn write_replies<S: Store>(
-    write: tokio::net::tcp::OwnedWriteHalf,
-    node: &Node<S>,
-    mut in_flight: mpsc::Receiver<InFlight<'_>>,
-) -> anyhow::Result<()> {
-    let mut write = BufWriter::new(write);
+/// Answers a connection past the limit with `ConnectionLimit` (plain TCP only: a TLS client
+/// could not read it before the handshake) and closes it. The socket's send buffer is empty,
+/// so the one small write does not block; if it fails the peer still sees the close.
+fn refuse(stream: TcpStream, tls: bool, counters: &Counters) {
+    counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+    if tls {
+        return;
+    }
+    let refusal = ErrorReply::new(Reason::ConnectionLimit, "the node is at its connection limit");
+    let frame = ReplyFrame { request_id: 0, timing: ServerTiming::default(), result: Err(refusal) };
     let mut out = Vec::new();
-    while let Some(item) = in_flight.recv().await {
-        let answer = match item {
-            InFlight::Answered(answer) => answer,
-            InFlight::Submitted(mut submitted) => {
-                let committed = match submitted.answer.try_recv() {
-                    Ok(committed) => committed,
-                    Err(oneshot::error::TryRecvError::Closed) => worker_lost(),
-                    Err(oneshot::error::TryRecvError::Empty) => {
-                        // Replies already encoded must not wait for a later batch's commit.
-                        write.flush().await?;
-                        (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost())
-                    }
-                };
-                complete(node, submitted, committed)
-            }
-        };
-        out.clear();
-        let frame = ReplyFrame {
-            request_id: answer.request_id,
-            timing: answer.timing,
-            result: answer.result,
-        };
-        encode_reply(&frame, &mut out);
-        write.write_all(&out).await?;
-        if answer.last {
-            break;
-        }
-        // Coalesce: one flush (one syscall) for all replies that are ready together.
-        if in_flight.is_empty() {
-            write.flush().await?;
-        }
-    }
-    write.flush().await?;
-    Ok(())
+    encode_reply(&frame, &mut out);
+    let _ = stream.try_write(&out);
 }
 
-fn answered(
-    request_id: u64,
-    arrived: Instant,
-    result: Result<ReplyBody, ErrorReply>,
-    last: bool,
-) -> InFlight<'static> {
-    let timing = ServerTiming { middleware_ns: elapsed_ns(arrived), ..ServerTiming::default() };
-    InFlight::Answered(Answer { request_id, timing, result, last })
-}
-
-/// Checks that need no database, then admission, then submission to the database workers.
-/// A registration is awaited here: the requests read after it are checked against its id.
-async fn begin<'a, S: Store>(
-    node: &'a Node<S>,
-    client_id: &mut Option<u64>,
-    request_id: u64,
-    request: Request,
-    arrived: Instant,
-) -> InFlight<'a> {
-    if let Err(refusal) = precheck(&node.config, *client_id, &request) {
-        return answered(request_id, arrived, Err(refusal), false);
-    }
-    if matches!(request, Request::Disconnect) {
-        return answered(request_id, arrived, Ok(ReplyBody::Disconnected), true);
-    }
-    let Some(slot) = admit(node).await else {
-        let busy = ErrorReply::new(Reason::Busy, "wait queue full; retry later");
-        return answered(request_id, arrived, Err(busy), false);
-    };
-    let slot_taken = Instant::now();
-    let is_stats = matches!(request, Request::Stats { .. });
-    let is_register = matches!(request, Request::Register { .. });
-    let (reply, answer) = oneshot::channel();
-    let op = StoreOp { client_id: *client_id, now_us: now_us(), request };
-    let pending = Pending { op, enqueued: Instant::now(), reply };
-    if node.to_workers.send(pending).await.is_err() {
-        return answered(request_id, arrived, worker_lost().result, false);
-    }
-    let mut submitted =
-        Submitted { request_id, arrived, slot_taken, is_stats, _slot: slot, answer };
-    if !is_register {
-        return InFlight::Submitted(submitted);
-    }
-    let committed = (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost());
-    let answer = complete(node, submitted, committed);
-    if let Ok(ReplyBody::Registered { client_id: id }) = answer.result {
-        *client_id = Some(id);
-    }
-    InFlight::Answered(answer)
-}
-
-/// Turns a committed result into the reply, releasing the handler slot.
-fn complete<S>(node: &Node<S>, submitted: Submitted<'_>, committed: Committed) -> Answer {
-    node.counters.handler_busy_ns.fetch_add(elapsed_ns(submitted.slot_taken), Ordering::Relaxed);
-    let admission_ns =
-        u64::try_from((submitted.slot_taken - submitted.arrived).as_nanos()).unwrap_or(u64::MAX);
-    let timing = ServerTiming {
-        queue_wait_ns: admission_ns + committed.worker_wait_ns,
-        db_ns: committed.db_ns,
-        middleware_ns: elapsed_ns(submitted.arrived),
-    };
-    let mut result = committed.result;
-    if let (true, Ok(ReplyBody::Stats(stats))) = (submitted.is_stats, &mut result) {
-        fill_stats(node, stats);
-    }
-    Answer { request_id: submitted.request_id, timing, result, last: false }
-}
-
-fn worker_lost() -> Committed {
+pub(crate) fn worker_lost() -> Committed {
     Committed {
         result: Err(ErrorReply::new(Reason::Unavailable, "database worker stopped")),
         worker_wait_ns: 0,
@@ -393,57 +352,7 @@ fn worker_lost() -> Committed {
     }
 }
 
-fn precheck(
-    config: &NodeConfig,
-    client_id: Option<u64>,
-    request: &Request,
-) -> Result<(), ErrorReply> {
-    match (request, client_id) {
-        (Request::Register { .. }, Some(id)) => {
-            return Err(ErrorReply::new(
-                Reason::AlreadyRegistered,
-                format!("this connection is client {id}"),
-            ));
-        }
-        (Request::Register { .. } | Request::Disconnect, _) | (_, Some(_)) => {}
-        (_, None) => return Err(ErrorReply::new(Reason::NotRegistered, "register first")),
-    }
-    match request {
-        Request::Send { content, .. } if content.len() > config.content_bytes_max => {
-            Err(ErrorReply::new(
-                Reason::TooLarge,
-                format!("content of {} bytes exceeds {}", content.len(), config.content_bytes_max),
-            ))
-        }
-        Request::Read { mode: ReadMode::Lease { lease_ms }, .. }
-            if *lease_ms == 0 || *lease_ms > config.lease_ms_max =>
-        {
-            Err(ErrorReply::new(
-                Reason::InvalidLease,
-                format!("lease must be 1..={} ms", config.lease_ms_max),
-            ))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Takes a handler slot, waiting if allowed; `None` means the wait queue is full.
-async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::SemaphorePermit<'_>> {
-    if let Ok(slot) = node.handler_slots.try_acquire() {
-        return Some(slot);
-    }
-    // AcqRel on the counter is not needed for memory safety (the semaphore orders the slot);
-    // Relaxed suffices because the counter only bounds how many tasks wait.
-    if node.waiting.fetch_add(1, Ordering::Relaxed) >= node.config.wait_queue_max {
-        node.waiting.fetch_sub(1, Ordering::Relaxed);
-        return None;
-    }
-    let slot = node.handler_slots.acquire().await.ok();
-    node.waiting.fetch_sub(1, Ordering::Relaxed);
-    slot
-}
-
-fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {
+pub(crate) fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {
     let c = &node.counters;
     stats.sends_committed = c.sends_committed.load(Ordering::Relaxed);
     stats.pops_committed = c.pops_committed.load(Ordering::Relaxed);
@@ -452,6 +361,18 @@ fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {
     stats.handler_busy_ns = c.handler_busy_ns.load(Ordering::Relaxed);
     stats.handler_slots = u32::try_from(node.config.handler_slots).unwrap_or(u32::MAX);
     stats.db_workers = u32::try_from(node.config.db_workers).unwrap_or(u32::MAX);
+    stats.connections_open = c.connections_open.load(Ordering::Relaxed);
+    stats.connections_refused = c.connections_refused.load(Ordering::Relaxed);
+    stats.connections_cut_off = c.connections_cut_off.load(Ordering::Relaxed);
+    stats.connections_idle_closed = c.connections_idle_closed.load(Ordering::Relaxed);
+}
+
+/// A request's place in its batch: where its reply goes and the slot it releases.
+struct Waiter {
+    reply: oneshot::Sender<Committed>,
+    worker_wait_ns: u64,
+    slot_taken: Instant,
+    _slot: OwnedSemaphorePermit,
 }
 
 /// Takes batches off the channel and commits them; see the module docs.
@@ -460,7 +381,7 @@ async fn db_worker<S: Store>(
     from_handlers: Arc<Mutex<mpsc::Receiver<Pending>>>,
 ) {
     let mut pending = Vec::with_capacity(node.config.batch_max);
-    let mut replies = Vec::with_capacity(node.config.batch_max);
+    let mut waiters: Vec<Waiter> = Vec::with_capacity(node.config.batch_max);
     let mut batch = Batch::default();
     loop {
         {
@@ -473,38 +394,42 @@ async fn db_worker<S: Store>(
         }
         let started = Instant::now();
         batch.ops.clear();
-        replies.clear();
         for p in pending.drain(..) {
-            let waited = u64::try_from((started - p.enqueued).as_nanos()).unwrap_or(u64::MAX);
+            let worker_wait_ns =
+                u64::try_from((started - p.enqueued).as_nanos()).unwrap_or(u64::MAX);
             batch.ops.push(p.op);
-            replies.push((p.reply, waited));
+            let (reply, slot_taken, _slot) = (p.reply, p.slot_taken, p.slot);
+            waiters.push(Waiter { reply, worker_wait_ns, slot_taken, _slot });
         }
         let outcome = node.store.execute_batch(&mut batch).await;
         let db_ns = elapsed_ns(started);
         node.counters.db_busy_ns.fetch_add(db_ns, Ordering::Relaxed);
         match outcome {
-            Ok(()) => {
-                count_committed(&node.counters, &batch);
-                for ((reply, worker_wait_ns), result) in
-                    replies.drain(..).zip(batch.results.drain(..))
-                {
-                    let _ = reply.send(Committed { result, worker_wait_ns, db_ns });
-                }
-            }
+            Ok(()) => count_committed(&node.counters, &batch),
             Err(error) => {
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    ops = batch.ops.len(),
-                    "batch rolled back"
-                );
-                for (reply, worker_wait_ns) in replies.drain(..) {
-                    let result =
-                        Err(ErrorReply::new(Reason::Unavailable, format!("database: {error:#}")));
-                    let _ = reply.send(Committed { result, worker_wait_ns, db_ns });
-                }
+                let error = format!("{error:#}");
+                tracing::warn!(error, ops = batch.ops.len(), "batch rolled back");
+                batch.results.clear();
+                let refusal = ErrorReply::new(Reason::Unavailable, format!("database: {error}"));
+                batch.results.resize(batch.ops.len(), Err(refusal));
             }
         }
+        release(&node.counters, &mut waiters, &mut batch, db_ns);
     }
+}
+
+/// Hands each request of a finished batch its result and frees its handler slot.
+fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db_ns: u64) {
+    let done = Instant::now();
+    let mut handler_busy_ns = 0u64;
+    for (waiter, result) in waiters.drain(..).zip(batch.results.drain(..)) {
+        let held = done.saturating_duration_since(waiter.slot_taken).as_nanos();
+        handler_busy_ns = handler_busy_ns.saturating_add(u64::try_from(held).unwrap_or(u64::MAX));
+        let committed = Committed { result, worker_wait_ns: waiter.worker_wait_ns, db_ns };
+        // A connection that has gone away dropped its receiver; nothing waits for this reply.
+        let _ = waiter.reply.send(committed);
+    }
+    counters.handler_busy_ns.fetch_add(handler_busy_ns, Ordering::Relaxed);
 }
 
 fn count_committed(counters: &Counters, batch: &Batch) {
@@ -519,4 +444,46 @@ fn count_committed(counters: &Counters, batch: &Batch) {
     counters.sends_committed.fetch_add(sends, Ordering::Relaxed);
     counters.pops_committed.fetch_add(pops, Ordering::Relaxed);
     counters.batches_committed.fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_of_events_is_logged_once_per_interval_with_its_count() {
+        let mut log = RateLimitedLog::new(Duration::from_secs(5));
+        let t0 = Instant::now();
+        assert_eq!(log.note(t0), Some(1), "the first event is logged at once");
+        let burst: Vec<_> = (1..=1000).map(|ms| log.note(t0 + Duration::from_millis(ms))).collect();
+        assert!(burst.iter().all(Option::is_none), "no line within the interval");
+        assert_eq!(log.note(t0 + Duration::from_secs(5)), Some(1001), "one line, with the count");
+        assert_eq!(log.note(t0 + Duration::from_secs(6)), None);
+    }
+
+    #[test]
+    fn accept_backoff_doubles_to_its_cap_and_resets_on_success() {
+        let mut backoff = AcceptBackoff { pause: ACCEPT_BACKOFF_MIN };
+        let pauses: Vec<_> = (0..10).map(|_| backoff.failed()).collect();
+        assert_eq!(pauses[0], ACCEPT_BACKOFF_MIN);
+        assert_eq!(pauses[1], ACCEPT_BACKOFF_MIN * 2);
+        assert!(pauses.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*pauses.last().unwrap(), ACCEPT_BACKOFF_MAX);
+        backoff.succeeded();
+        assert_eq!(backoff.failed(), ACCEPT_BACKOFF_MIN);
+    }
+
+    #[test]
+    fn new_limits_are_validated() {
+        let bad = [
+            NodeConfig { connections_max: 0, ..NodeConfig::default() },
+            NodeConfig { idle_timeout_ms: 0, ..NodeConfig::default() },
+            NodeConfig { write_timeout_ms: 0, ..NodeConfig::default() },
+            NodeConfig { frame_memory_bytes_max: 100, ..NodeConfig::default() },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+        NodeConfig::default().validate().unwrap();
+    }
 }

@@ -47,8 +47,8 @@ async fn bad_input_gets_reason_codes_and_the_node_keeps_serving() {
     let node = server::start("127.0.0.1:0", store, config).await.unwrap();
     let addr = node.addr.to_string();
     let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    // version 1, op 9 (ListQueues), request id 77, then a stray byte.
-    let mut frame = vec![1, 9];
+    // version 2, op 9 (ListQueues), request id 77, then a stray byte.
+    let mut frame = vec![mq::protocol::PROTOCOL_VERSION, 9];
     frame.extend_from_slice(&77u64.to_be_bytes());
     frame.push(0);
     let reply = raw_call(&mut raw, &frame).await;
@@ -62,11 +62,13 @@ async fn bad_input_gets_reason_codes_and_the_node_keeps_serving() {
     );
     frame[1] = 99;
     assert_eq!(raw_call(&mut raw, &frame).await.result.unwrap_err().reason, Reason::UnknownOp);
+    let empty = raw_call(&mut raw, &[]).await;
+    assert_eq!((empty.request_id, empty.result.unwrap_err().reason), (0, Reason::Malformed));
 
     let mut client = Client::connect(&addr).await.unwrap();
-    let me = client.register(&unique("c")).await.unwrap();
+    let me = client.register(&unique("c"), b"secret").await.unwrap();
     assert_eq!(
-        client.register("again").await.unwrap_err().reason(),
+        client.register("again", b"secret").await.unwrap_err().reason(),
         Some(Reason::AlreadyRegistered)
     );
     client.create_queue("q").await.unwrap();
@@ -107,7 +109,7 @@ async fn two_nodes_on_one_postgres_never_pop_a_message_twice() {
     }
     let queue = unique("shared");
     let mut admin = Client::connect(&nodes[0].addr.to_string()).await.unwrap();
-    admin.register(&unique("admin")).await.unwrap();
+    admin.register(&unique("admin"), b"secret").await.unwrap();
     admin.create_queue(&queue).await.unwrap();
     const MESSAGES: usize = 300;
     let mut sent = HashSet::new();
@@ -121,7 +123,7 @@ async fn two_nodes_on_one_postgres_never_pop_a_message_twice() {
         let (queue, popped) = (queue.clone(), Arc::clone(&popped));
         poppers.spawn(async move {
             let mut c = Client::connect(&addr).await.unwrap();
-            c.register(&unique("popper")).await.unwrap();
+            c.register(&unique("popper"), b"secret").await.unwrap();
             loop {
                 match c.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await {
                     Ok(m) => popped.lock().unwrap().push(m.id),
@@ -173,11 +175,7 @@ struct Seen {
     pops_without_reply: usize,
 }
 
-async fn load_until_error(addr: String, queue: String, seen: Arc<Mutex<Seen>>, role: usize) {
-    let Ok(mut c) = Client::connect(&addr).await else { return };
-    if c.register(&unique("worker")).await.is_err() {
-        return;
-    }
+async fn load_until_error(mut c: Client, queue: String, seen: Arc<Mutex<Seen>>, role: usize) {
     loop {
         let outcome: Result<(), ClientError> = match role {
             0 | 1 => c.send(&queue, None, &[b'x'; 200]).await.map(|id| {
@@ -210,13 +208,18 @@ async fn load_until_error(addr: String, queue: String, seen: Arc<Mutex<Seen>>, r
 async fn sigkill_scenario(store: &str) {
     let (mut child, addr) = spawn_node(store);
     let queue = unique("crash");
+    let admin_name = unique("admin");
     let mut admin = Client::connect(&addr).await.unwrap();
-    admin.register(&unique("admin")).await.unwrap();
+    admin.register(&admin_name, b"secret").await.unwrap();
     admin.create_queue(&queue).await.unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let mut workers = tokio::task::JoinSet::new();
     for role in 0..4 {
-        workers.spawn(load_until_error(addr.clone(), queue.clone(), Arc::clone(&seen), role));
+        // Registered before the load starts: registration hashes the secret (Argon2, tens of
+        // ms each), which must not eat into the load before the kill.
+        let mut c = Client::connect(&addr).await.unwrap();
+        c.register(&unique("worker"), b"secret").await.unwrap();
+        workers.spawn(load_until_error(c, queue.clone(), Arc::clone(&seen), role));
     }
     tokio::time::sleep(Duration::from_millis(800)).await;
     child.kill().unwrap(); // SIGKILL
@@ -225,8 +228,9 @@ async fn sigkill_scenario(store: &str) {
 
     let (mut child, addr) = spawn_node(store);
     tokio::time::sleep(Duration::from_millis(400)).await; // every lease (300 ms) has expired
+    // The queue's owner drains it (registering again under its name), so it may delete it.
     let mut drain = Client::connect(&addr).await.unwrap();
-    drain.register(&unique("drain")).await.unwrap();
+    drain.register(&admin_name, b"secret").await.unwrap();
     let mut after = Vec::new();
     loop {
         match drain.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await {
@@ -286,10 +290,10 @@ async fn a_full_wait_queue_answers_busy_and_the_slot_holder_completes() {
     let node = server::start("127.0.0.1:0", store, config).await.unwrap();
     let addr = node.addr.to_string();
     let mut a = Client::connect(&addr).await.unwrap();
-    a.register("a").await.unwrap();
+    a.register("a", b"secret").await.unwrap();
     a.create_queue("q").await.unwrap();
     let mut b = Client::connect(&addr).await.unwrap();
-    b.register("b").await.unwrap();
+    b.register("b", b"secret").await.unwrap();
 
     // Another process-level writer holds the database, so a's send occupies the only slot.
     let blocker = rusqlite::Connection::open(dir.path().join(mq::store::SQLITE_DB_FILE)).unwrap();
@@ -318,7 +322,7 @@ async fn lost_postgres_connections_give_errors_not_hangs_then_the_node_resumes()
     let config = NodeConfig { db_workers: 2, ..NodeConfig::default() };
     let node = server::start("127.0.0.1:0", store, config).await.unwrap();
     let mut c = Client::connect(&node.addr.to_string()).await.unwrap();
-    c.register(&unique("outage")).await.unwrap();
+    c.register(&unique("outage"), b"secret").await.unwrap();
     let queue = unique("outage-q");
     c.create_queue(&queue).await.unwrap();
     c.send(&queue, None, b"before").await.unwrap();
@@ -364,7 +368,8 @@ async fn pipelined_scenario(store: &str) {
     let mut client = Client::connect(&node.addr.to_string()).await.unwrap();
     let queue = unique("pipe");
     let pop = || Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop };
-    client.submit(Request::Register { name: unique("pipe") }).await.unwrap();
+    let secret = mq::protocol::Secret(b"pipe secret".to_vec());
+    client.submit(Request::Register { name: unique("pipe"), secret }).await.unwrap();
     client.submit(Request::CreateQueue { name: queue.clone() }).await.unwrap();
     client.submit(pop()).await.unwrap();
     for i in 0..SENDS {

@@ -179,13 +179,13 @@ struct Seen {
 /// One client's closed loop until `stop`: sends or pops, reconnecting after a lost
 /// connection. Every request is bounded by `REPLY_TIMEOUT`; a timeout fails the test.
 async fn client_loop(
+    mut client: Option<Client>,
     addr: String,
     queue: String,
     seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
     sends: bool,
 ) {
-    let mut client: Option<Client> = None;
     // Relaxed: the flag only ends the loop; the data it guards is behind `seen`'s mutex.
     while !stop.load(Ordering::Relaxed) {
         let c = match client.as_mut() {
@@ -237,7 +237,7 @@ impl Seen {
 
 async fn connect(addr: &str) -> Result<Client, ClientError> {
     let mut c = Client::connect(addr).await?;
-    c.register(&unique("restart")).await?;
+    c.register(&unique("restart"), b"secret").await?;
     Ok(c)
 }
 
@@ -279,8 +279,11 @@ async fn postgres_restart_under_load_gives_errors_not_hangs_and_loses_nothing() 
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = tokio::task::JoinSet::new();
     for i in 0..SENDERS + POPPERS {
+        // Registered before the load starts: registration hashes the secret (Argon2, tens of
+        // ms each), which must not eat into the load before the stop.
+        let client = Some(connect(&addr).await.unwrap());
         let (addr, queue, seen) = (addr.clone(), queue.clone(), Arc::clone(&seen));
-        clients.spawn(client_loop(addr, queue, seen, Arc::clone(&stop), i < SENDERS));
+        clients.spawn(client_loop(client, addr, queue, seen, Arc::clone(&stop), i < SENDERS));
     }
     tokio::time::sleep(LOAD_BEFORE_STOP).await;
     let sends_before = seen.lock().unwrap().acked_sends.len();

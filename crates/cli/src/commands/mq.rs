@@ -38,7 +38,7 @@ pub enum Command {
 /// Node limits; each flag overrides the matching field of `--config`.
 #[derive(ClapArgs, Debug, Clone)]
 pub struct NodeFlags {
-    /// TOML file with NodeConfig fields (handler_slots, wait_queue_max, db_workers, batch_max, content_bytes_max, lease_ms_max).
+    /// TOML file with NodeConfig fields (handler_slots, wait_queue_max, db_workers, batch_max, content_bytes_max, lease_ms_max, connections_max, idle_timeout_ms, write_timeout_ms, frame_memory_bytes_max).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Requests served concurrently (handler pool size).
@@ -56,6 +56,18 @@ pub struct NodeFlags {
     /// Largest message content in bytes.
     #[arg(long)]
     pub content_bytes_max: Option<usize>,
+    /// Connections served at once; more are answered ConnectionLimit and closed (default 1024).
+    #[arg(long)]
+    pub connections_max: Option<usize>,
+    /// Close a connection that sends no complete request for this long while no reply is owed to it (default 60000).
+    #[arg(long)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Close a connection that does not take a reply for this long (default 10000).
+    #[arg(long)]
+    pub write_timeout_ms: Option<u64>,
+    /// Bytes all connections' partly received frames may hold together (default 64 MiB).
+    #[arg(long)]
+    pub frame_memory_bytes_max: Option<usize>,
 }
 
 impl NodeFlags {
@@ -66,6 +78,10 @@ impl NodeFlags {
         override_with(&mut c.db_workers, &self.db_workers);
         override_with(&mut c.batch_max, &self.batch_max);
         override_with(&mut c.content_bytes_max, &self.content_bytes_max);
+        override_with(&mut c.connections_max, &self.connections_max);
+        override_with(&mut c.idle_timeout_ms, &self.idle_timeout_ms);
+        override_with(&mut c.write_timeout_ms, &self.write_timeout_ms);
+        override_with(&mut c.frame_memory_bytes_max, &self.frame_memory_bytes_max);
         c.validate()?;
         Ok(c)
     }
@@ -79,6 +95,12 @@ pub struct ServeArgs {
     /// `sqlite:DIR` (embedded) or a `postgres://` URL.
     #[arg(long, default_value = "sqlite:target/mq-data")]
     pub store: String,
+    /// Serve TLS with this PEM certificate chain (leaf first); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     #[command(flatten)]
     pub node: NodeFlags,
 }
@@ -91,6 +113,15 @@ pub struct ClientArgs {
     /// Client name to register as (the node gives it an id).
     #[arg(long, default_value = "cli")]
     pub name: String,
+    /// The name's secret: the first registration of a name sets it, later ones must match.
+    #[arg(long, env = "LEANTIER_MQ_SECRET", hide_env_values = true)]
+    pub secret: String,
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Name to check the node's certificate against (default: the host part of --node).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
     /// Run the operations in FILE (`-` = stdin), one per line; `#` starts a comment.
     #[arg(long)]
     pub script: Option<PathBuf>,
@@ -279,7 +310,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = args.node.resolve()?;
     let store = store::AnyStore::open(&args.store, config.db_workers).await?;
-    let node = server::start(&args.listen, store, config).await?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
+        _ => None,
+    };
+    let node = server::start_with_tls(&args.listen, store, config, tls).await?;
     eprintln!("mq node listening on {} (store {})", node.addr, args.store);
     tokio::signal::ctrl_c().await?;
     node.shutdown().await;
@@ -287,12 +322,9 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn client(args: &ClientArgs) -> anyhow::Result<()> {
-    let mut client = Client::connect(&args.node)
-        .await
-        .with_context(|| format!("connecting to {}", args.node))?;
-    let id = client.register(&args.name).await?;
-    eprintln!("registered {:?} as client {id}", args.name);
     let ops = match (&args.script, &args.op) {
+        // clap cannot declare an argument in conflict with a subcommand (its debug build
+        // rejects `conflicts_with = "op"`), so the conflict is checked here.
         (Some(_), Some(_)) => {
             return Err(BadInput("give an operation or --script FILE, not both".into()).into());
         }
@@ -300,6 +332,9 @@ async fn client(args: &ClientArgs) -> anyhow::Result<()> {
         (None, Some(op)) => vec![op.clone()],
         (None, None) => return Err(BadInput("give an operation or --script FILE".into()).into()),
     };
+    let mut client = connect(args).await.with_context(|| format!("connecting to {}", args.node))?;
+    let id = client.register(&args.name, args.secret.as_bytes()).await?;
+    eprintln!("registered {:?} as client {id}", args.name);
     let mut failures = 0;
     for op in ops {
         match run_op(&mut client, &op).await {
@@ -313,6 +348,14 @@ async fn client(args: &ClientArgs) -> anyhow::Result<()> {
     client.disconnect().await?;
     anyhow::ensure!(failures == 0, "{failures} operation(s) refused");
     Ok(())
+}
+
+async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
+    let Some(ca) = &args.tls_ca else { return Ok(Client::connect(&args.node).await?) };
+    let ca = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+    let host = args.node.rsplit_once(':').map_or(args.node.as_str(), |(host, _)| host);
+    let name = args.tls_server_name.as_deref().unwrap_or(host.trim_matches(['[', ']']));
+    Ok(Client::connect_tls(&args.node, name, mq::tls::client_config(&ca)?).await?)
 }
 
 fn read_script(path: &std::path::Path) -> anyhow::Result<Vec<ClientOp>> {

@@ -2,7 +2,8 @@
 //! tests run nodes with it as child processes so they can SIGKILL them.
 //!
 //! Flags: `--listen ADDR` (default 127.0.0.1:7440), `--store sqlite:DIR|postgres://...`,
-//! `--config FILE` (NodeConfig fields, TOML), `--db-workers N` (overrides the file).
+//! `--config FILE` (NodeConfig fields, TOML), `--db-workers N` and `--frame-memory-bytes-max N`
+//! (override the file).
 
 use std::path::PathBuf;
 
@@ -15,6 +16,8 @@ async fn serve(flags: &ChildFlags) -> anyhow::Result<()> {
     let config_path: Option<PathBuf> = flags.optional("config")?;
     let mut config: server::NodeConfig = lab::config::load_toml(config_path.as_deref())?;
     lab::config::override_with(&mut config.db_workers, &flags.optional("db-workers")?);
+    let frame_memory = flags.optional("frame-memory-bytes-max")?;
+    lab::config::override_with(&mut config.frame_memory_bytes_max, &frame_memory);
     config.validate()?;
     let store = store::AnyStore::open(&store_url, config.db_workers).await?;
     let node = server::start(&listen, store, config).await?;
@@ -25,7 +28,13 @@ async fn serve(flags: &ChildFlags) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let flags = ChildFlags::from_env(&["listen", "store", "config", "db-workers"])?;
+    let flags = ChildFlags::from_env(&[
+        "listen",
+        "store",
+        "config",
+        "db-workers",
+        "frame-memory-bytes-max",
+    ])?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve(&flags))
 }

@@ -39,10 +39,30 @@ pub struct Batch {
     pub results: Vec<OpResult>,
 }
 
+/// A registered client as [`Store::claim_client`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientRecord {
+    pub id: u64,
+    /// The salted hash (PHC string) of the client's secret. Equal to the hash given to
+    /// `claim_client` exactly when that call created the client or gave a client registered
+    /// without a secret (before protocol 2) its first one.
+    pub secret_hash: String,
+}
+
 /// A message store; see the module docs for the transaction contract.
 pub trait Store: Send + Sync + 'static {
-    /// Executes `batch.ops` in one transaction and fills `batch.results`.
+    /// Executes `batch.ops` in one transaction and fills `batch.results`. `Register` is not a
+    /// batch operation (it is refused with `UnknownOp`): registration goes through
+    /// [`Store::claim_client`], because the secret's hash is checked outside any transaction.
     fn execute_batch(&self, batch: &mut Batch) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Registers `name` with `secret_hash` unless it is registered with a secret already, in
+    /// one transaction; returns the client as stored (see [`ClientRecord::secret_hash`]).
+    fn claim_client(
+        &self,
+        name: &str,
+        secret_hash: &str,
+    ) -> impl Future<Output = anyhow::Result<ClientRecord>> + Send;
 
     /// How many batches can usefully run at once: more database workers than this only split
     /// the requests into smaller batches that then wait for each other.
@@ -82,6 +102,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
+        match self {
+            AnyStore::Sqlite(s) => s.claim_client(name, secret_hash).await,
+            AnyStore::Postgres(s) => s.claim_client(name, secret_hash).await,
+        }
+    }
+
     fn parallel_batches_max(&self) -> usize {
         match self {
             AnyStore::Sqlite(s) => s.parallel_batches_max(),
@@ -100,6 +127,23 @@ pub(crate) fn check_name(name: &str) -> Result<(), ErrorReply> {
         ));
     }
     Ok(())
+}
+
+/// The refusal of a `Register` found in a batch (see [`Store::execute_batch`]).
+pub(crate) fn register_not_batched() -> ErrorReply {
+    ErrorReply::new(
+        crate::protocol::Reason::UnknownOp,
+        "Register is not a batch operation (Store::claim_client)",
+    )
+}
+
+/// The refusal of a delete or purge by a client that does not own the queue.
+pub(crate) fn not_owner(queue: &str, owner: Option<u64>) -> ErrorReply {
+    let detail = match owner {
+        Some(owner) => format!("queue {queue:?} is owned by client {owner}"),
+        None => format!("queue {queue:?} has no owner (created before protocol 2)"),
+    };
+    ErrorReply::new(crate::protocol::Reason::NotOwner, detail)
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use anyhow::Context;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{NoTls, Row};
 
-use super::{Batch, OpResult, Store, StoreOp, check_name};
+use super::{
+    Batch, ClientRecord, OpResult, Store, StoreOp, check_name, not_owner, register_not_batched,
+};
 use crate::protocol::{
     ErrorReply, LIST_QUEUES_MAX, Message, NodeStats, ReadMode, ReadTarget, Reason, ReplyBody,
     Request,
@@ -29,6 +31,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("postgres_v1.sql"),
     include_str!("postgres_v2.sql"),
     include_str!("postgres_v3.sql"),
+    include_str!("postgres_v4.sql"),
 ];
 
 #[derive(Clone, Debug)]
@@ -117,6 +120,14 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
+        let client = self.pool.get().await.context("connecting to PostgreSQL")?;
+        let statement =
+            client.prepare_cached("SELECT id, secret_hash FROM mq_claim_client($1, $2)").await?;
+        let row = client.query_one(&statement, &[&name, &secret_hash]).await?;
+        Ok(ClientRecord { id: row.get::<_, i64>(0) as u64, secret_hash: row.get(1) })
     }
 
     /// One batch per pooled connection.
@@ -214,18 +225,13 @@ async fn execute(
     let me = op.client_id.unwrap_or(0) as i64;
     let now = op.now_us as i64;
     Ok(match &op.request {
-        Request::Register { name } => {
-            if let Err(e) = check_name(name) {
-                return Ok(Err(e));
-            }
-            let row = call(tx, "SELECT mq_register($1)", &[name]).await?;
-            Ok(ReplyBody::Registered { client_id: row.get::<_, i64>(0) as u64 })
-        }
+        Request::Register { .. } => Err(register_not_batched()),
         Request::CreateQueue { name } => {
             if let Err(e) = check_name(name) {
                 return Ok(Err(e));
             }
-            let row = call(tx, "SELECT code, id FROM mq_create_queue($1)", &[name]).await?;
+            let row =
+                call(tx, "SELECT code, id FROM mq_create_queue($1, $2)", &[name, &me]).await?;
             coded(
                 &row,
                 || format!("queue {name:?} exists"),
@@ -233,8 +239,15 @@ async fn execute(
             )
         }
         Request::DeleteQueue { name, purge } => {
-            let row =
-                call(tx, "SELECT code, n FROM mq_delete_queue($1, $2)", &[name, purge]).await?;
+            let row = call(
+                tx,
+                "SELECT code, n, owner FROM mq_delete_queue($1, $2, $3)",
+                &[name, purge, &me],
+            )
+            .await?;
+            if row.get::<_, i32>(0) == 18 {
+                return Ok(Err(not_owner(name, row.get::<_, Option<i64>>(2).map(|o| o as u64))));
+            }
             coded(
                 &row,
                 || format!("queue {name:?}: not found, or holds messages (delete with purge)"),

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
-use super::{Batch, OpResult, Store, StoreOp, check_name};
+use super::{
+    Batch, ClientRecord, OpResult, Store, StoreOp, check_name, not_owner, register_not_batched,
+};
 use crate::protocol::{
     ErrorReply, LIST_QUEUES_MAX, Message, NodeStats, ReadMode, ReadTarget, Reason, ReplyBody,
     Request,
@@ -26,8 +28,8 @@ pub const DB_FILE_NAME: &str = "mq.sqlite3";
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS clients (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
-CREATE TABLE IF NOT EXISTS queues (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS clients (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, secret_hash TEXT);
+CREATE TABLE IF NOT EXISTS queues (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, owner_id INTEGER);
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     queue_id INTEGER NOT NULL REFERENCES queues(id),
@@ -68,6 +70,9 @@ impl SqliteStore {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.execute_batch(SCHEMA)?;
+        // Files made before protocol 2 lack these columns (NULL: no secret, no owner).
+        add_column_if_missing(&conn, "clients", "secret_hash", "TEXT")?;
+        add_column_if_missing(&conn, "queues", "owner_id", "INTEGER")?;
         Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -79,7 +84,50 @@ impl SqliteStore {
     }
 }
 
+fn add_column_if_missing(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+    kind: &str,
+) -> anyhow::Result<()> {
+    let present = conn
+        .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+        .exists([table, column])?;
+    if !present {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))?;
+    }
+    Ok(())
+}
+
+/// See [`Store::claim_client`]: a name without a secret (made before protocol 2) takes this one.
+fn claim_client(
+    conn: &Mutex<Connection>,
+    name: &str,
+    secret_hash: &str,
+) -> anyhow::Result<ClientRecord> {
+    let mut conn = conn.lock().map_err(|_| anyhow::anyhow!("sqlite mutex poisoned"))?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.prepare_cached(
+        "INSERT INTO clients(name, secret_hash) VALUES (?1, ?2) \
+         ON CONFLICT(name) DO UPDATE SET secret_hash = ?2 WHERE secret_hash IS NULL",
+    )?
+    .execute([name, secret_hash])?;
+    let (id, secret_hash): (i64, String) = tx
+        .prepare_cached("SELECT id, secret_hash FROM clients WHERE name = ?1")?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    tx.commit()?;
+    Ok(ClientRecord { id: id as u64, secret_hash })
+}
+
 impl Store for SqliteStore {
+    async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
+        let conn = Arc::clone(&self.conn);
+        let (name, secret_hash) = (name.to_owned(), secret_hash.to_owned());
+        tokio::task::spawn_blocking(move || claim_client(&conn, &name, &secret_hash))
+            .await
+            .context("sqlite registration task")?
+    }
+
     async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
         let conn = Arc::clone(&self.conn);
         let mut owned = std::mem::take(batch);
@@ -124,26 +172,14 @@ fn execute(
     let me = op.client_id.unwrap_or(0) as i64;
     let now = op.now_us as i64;
     match &op.request {
-        Request::Register { name } => {
-            if let Err(e) = check_name(name) {
-                return Ok(Err(e));
-            }
-            tx.prepare_cached(
-                "INSERT INTO clients(name) VALUES (?1) ON CONFLICT(name) DO NOTHING",
-            )?
-            .execute([name])?;
-            let id: i64 = tx
-                .prepare_cached("SELECT id FROM clients WHERE name = ?1")?
-                .query_row([name], |r| r.get(0))?;
-            Ok(Ok(ReplyBody::Registered { client_id: id as u64 }))
-        }
+        Request::Register { .. } => Ok(Err(register_not_batched())),
         Request::CreateQueue { name } => {
             if let Err(e) = check_name(name) {
                 return Ok(Err(e));
             }
             let id: Option<i64> = tx
-                .prepare_cached("INSERT INTO queues(name) VALUES (?1) ON CONFLICT(name) DO NOTHING RETURNING id")?
-                .query_row([name], |r| r.get(0))
+                .prepare_cached("INSERT INTO queues(name, owner_id) VALUES (?1, ?2) ON CONFLICT(name) DO NOTHING RETURNING id")?
+                .query_row(params![name, me], |r| r.get(0))
                 .optional()?;
             Ok(match id {
                 Some(id) => Ok(ReplyBody::QueueCreated { queue_id: id as u64 }),
@@ -152,7 +188,7 @@ fn execute(
         }
         Request::DeleteQueue { name, purge } => {
             *last_send_queue = None;
-            delete_queue(tx, name, *purge)
+            delete_queue(tx, me, name, *purge)
         }
         Request::Send { queue, receiver, content } => {
             let queue_id = match last_send_queue {
@@ -242,10 +278,22 @@ fn queue_id(tx: &Transaction<'_>, name: &str) -> rusqlite::Result<Option<i64>> {
         .optional()
 }
 
-fn delete_queue(tx: &Transaction<'_>, name: &str, purge: bool) -> rusqlite::Result<OpResult> {
-    let Some(id) = queue_id(tx, name)? else {
+fn delete_queue(
+    tx: &Transaction<'_>,
+    me: i64,
+    name: &str,
+    purge: bool,
+) -> rusqlite::Result<OpResult> {
+    let found: Option<(i64, Option<i64>)> = tx
+        .prepare_cached("SELECT id, owner_id FROM queues WHERE name = ?1")?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((id, owner)) = found else {
         return Ok(Err(unknown_queue(name)));
     };
+    if owner != Some(me) {
+        return Ok(Err(not_owner(name, owner.map(|o| o as u64))));
+    }
     let holding: i64 = tx
         .prepare_cached("SELECT count(*) FROM messages WHERE queue_id = ?1")?
         .query_row([id], |r| r.get(0))?;

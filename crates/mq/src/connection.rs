@@ -1,0 +1,390 @@
+//! One client connection: a reading half that reads frames, checks and admits requests and
+//! submits them to the database workers, and a writing half that writes the replies in request
+//! order as their batches commit.
+//!
+//! Why no connection can hold the node:
+//! - a request's handler slot is released when its batch commits (by the worker), not when its
+//!   reply is written, so a client that stops reading keeps no slot and no worker;
+//! - the replies owed to a connection form a bounded queue ([`PIPELINE_DEPTH_MAX`] entries):
+//!   when it is full the node stops reading the connection (TCP flow control slows the client);
+//!   a reply the client does not take within the write timeout closes the connection, counted
+//!   as cut off and logged with the reason;
+//! - the frame buffer grows with the bytes that arrive, within the node-wide budget
+//!   ([`crate::frame`]);
+//! - a connection that completes no frame within the idle timeout while no reply is owed to it
+//!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::frame::{FrameBuffer, FrameError};
+use crate::protocol::{
+    ErrorReply, PROTOCOL_VERSION, ReadMode, Reason, ReplyBody, ReplyFrame, Request, RequestFrame,
+    ServerTiming, decode_request, encode_reply_as, error_reply_version,
+};
+use crate::server::{Committed, Counters, Node, NodeConfig, Pending, fill_stats, worker_lost};
+use crate::store::{Store, StoreOp};
+use crate::util::{elapsed_ns, now_us};
+
+/// Requests one connection may have in flight (read, not yet answered). Past it the node stops
+/// reading that connection until the oldest reply is written, so a fast client is slowed down by
+/// TCP flow control instead of growing a queue.
+pub const PIPELINE_DEPTH_MAX: usize = 64;
+
+/// Counts a connection as open for as long as its task lives.
+pub(crate) struct OpenConnection<'a>(&'a AtomicU64);
+
+impl OpenConnection<'_> {
+    pub(crate) fn new(counters: &Counters) -> OpenConnection<'_> {
+        // Relaxed: a statistic (the limit is enforced by the accept loop's own count).
+        counters.connections_open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(&counters.connections_open)
+    }
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why the node ended a connection.
+#[derive(Debug, thiserror::Error)]
+enum Closed {
+    #[error("idle past the idle timeout")]
+    Idle,
+    #[error("a reply was not taken within the write timeout")]
+    WriteTimeout,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves one accepted connection until it ends, then counts and logs why it ended.
+pub(crate) async fn serve<S: Store>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    node: &Node<S>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    let _open = OpenConnection::new(&node.counters);
+    let outcome = match (stream.set_nodelay(true), tls) {
+        (Err(e), _) => Err(Closed::Io(e)),
+        (Ok(()), None) => {
+            let (read, write) = stream.into_split();
+            serve_halves(read, write, peer, node).await
+        }
+        (Ok(()), Some(acceptor)) => {
+            match tokio::time::timeout(node.config.idle_timeout(), acceptor.accept(stream)).await {
+                Err(_) => Err(Closed::Idle),
+                Ok(Err(e)) => Err(Closed::Io(e)),
+                Ok(Ok(stream)) => {
+                    let (read, write) = tokio::io::split(stream);
+                    serve_halves(read, write, peer, node).await
+                }
+            }
+        }
+    };
+    let counters = &node.counters;
+    match outcome {
+        Ok(()) => tracing::debug!(%peer, "connection closed"),
+        Err(Closed::Idle) => {
+            counters.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(%peer, timeout_ms = node.config.idle_timeout_ms, "closed an idle connection");
+        }
+        Err(Closed::WriteTimeout) => {
+            counters.connections_cut_off.fetch_add(1, Ordering::Relaxed);
+            let timeout_ms = node.config.write_timeout_ms;
+            tracing::warn!(%peer, timeout_ms, "cut off a connection that does not take its replies");
+        }
+        Err(Closed::Io(error)) => tracing::debug!(%peer, %error, "connection failed"),
+    }
+}
+
+async fn serve_halves<S: Store>(
+    read: impl AsyncRead + Unpin,
+    write: impl AsyncWrite + Unpin,
+    peer: SocketAddr,
+    node: &Node<S>,
+) -> Result<(), Closed> {
+    let (in_flight, replies) = mpsc::channel(PIPELINE_DEPTH_MAX);
+    // Requests read whose replies are not written yet. Relaxed: both halves run in this one
+    // task, so the count orders nothing; it only tells the reader whether the client waits.
+    let owed = AtomicUsize::new(0);
+    tokio::try_join!(
+        read_requests(read, peer, node, &owed, in_flight),
+        write_replies(write, node, &owed, replies)
+    )?;
+    Ok(())
+}
+
+/// A reply ready to be written.
+struct Answer {
+    request_id: u64,
+    timing: ServerTiming,
+    result: Result<ReplyBody, ErrorReply>,
+    /// The connection closes after this reply (disconnect, unrecoverable framing error).
+    last: bool,
+    /// The protocol version stamped on the reply (an older one only for error replies to old
+    /// clients; see `protocol::error_reply_version`).
+    version: u8,
+}
+
+/// A request handed to the database workers; its reply waits for the batch's commit.
+struct Submitted {
+    request_id: u64,
+    arrived: Instant,
+    slot_taken: Instant,
+    is_stats: bool,
+    answer: oneshot::Receiver<Committed>,
+}
+
+/// What the reading half hands the writing half, in request order.
+enum InFlight {
+    Answered(Answer),
+    Submitted(Submitted),
+}
+
+async fn read_requests<S: Store>(
+    read: impl AsyncRead + Unpin,
+    peer: SocketAddr,
+    node: &Node<S>,
+    owed: &AtomicUsize,
+    in_flight: mpsc::Sender<InFlight>,
+) -> Result<(), Closed> {
+    let mut read = BufReader::new(read);
+    let mut frames = FrameBuffer::new(&node.frame_memory);
+    let mut client_id: Option<u64> = None;
+    loop {
+        let received =
+            match tokio::time::timeout(node.config.idle_timeout(), frames.next_frame(&mut read))
+                .await
+            {
+                Ok(received) => received,
+                // Replies are still owed: the client is waiting for them, not idle. (The
+                // writing half's timeout covers a client that does not take them.)
+                Err(_) if owed.load(Ordering::Relaxed) > 0 => continue,
+                Err(_) => return Err(Closed::Idle),
+            };
+        let arrived = Instant::now();
+        let item = match received {
+            Ok(()) => {
+                let item = match decode_request(frames.payload()) {
+                    Err(e) => {
+                        // An empty payload has no version byte: answer in this version.
+                        let first = frames.payload().first().copied();
+                        let version = first.map_or(PROTOCOL_VERSION, error_reply_version);
+                        let refusal = Err(ErrorReply::new(e.reason, e.detail));
+                        let mut item = answered(e.request_id.unwrap_or(0), arrived, refusal, false);
+                        if let InFlight::Answered(answer) = &mut item {
+                            answer.version = version;
+                        }
+                        item
+                    }
+                    Ok(RequestFrame { request_id, request }) => {
+                        begin(node, &mut client_id, request_id, request, arrived).await
+                    }
+                };
+                frames.consume();
+                item
+            }
+            Err(FrameError::Closed | FrameError::ClosedInFrame { .. }) => return Ok(()),
+            Err(FrameError::Io(e)) => return Err(e.into()),
+            // The stream cannot be resynchronised without reading the oversized payload:
+            // answer and close.
+            Err(FrameError::TooLarge(e)) => {
+                answered(0, arrived, Err(ErrorReply::new(e.reason, e.detail)), true)
+            }
+            Err(FrameError::NodeMemory) => {
+                node.counters.connections_cut_off.fetch_add(1, Ordering::Relaxed);
+                let bytes_max = node.config.frame_memory_bytes_max;
+                tracing::warn!(%peer, bytes_max, "cut off a connection: node frame memory full");
+                let busy = ErrorReply::new(Reason::Busy, "node frame memory full; retry later");
+                answered(0, arrived, Err(busy), true)
+            }
+        };
+        let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
+        owed.fetch_add(1, Ordering::Relaxed);
+        if in_flight.send(item).await.is_err() || last {
+            return Ok(());
+        }
+    }
+}
+
+/// Runs `io` within the write timeout.
+async fn bounded(
+    limit: Duration,
+    io: impl std::future::Future<Output = std::io::Result<()>>,
+) -> Result<(), Closed> {
+    // `timeout` polls `io` first: a write that completes at once arms no timer.
+    tokio::time::timeout(limit, io).await.map_err(|_| Closed::WriteTimeout)?.map_err(Closed::Io)
+}
+
+async fn write_replies<S: Store>(
+    write: impl AsyncWrite + Unpin,
+    node: &Node<S>,
+    owed: &AtomicUsize,
+    mut in_flight: mpsc::Receiver<InFlight>,
+) -> Result<(), Closed> {
+    let limit = node.config.write_timeout();
+    let mut write = BufWriter::new(write);
+    let mut out = Vec::new();
+    while let Some(item) = in_flight.recv().await {
+        let answer = match item {
+            InFlight::Answered(answer) => answer,
+            InFlight::Submitted(mut submitted) => {
+                let committed = match submitted.answer.try_recv() {
+                    Ok(committed) => committed,
+                    Err(oneshot::error::TryRecvError::Closed) => worker_lost(),
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        // Replies already encoded must not wait for a later batch's commit.
+                        bounded(limit, write.flush()).await?;
+                        (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost())
+                    }
+                };
+                complete(node, submitted, committed)
+            }
+        };
+        out.clear();
+        let frame = ReplyFrame {
+            request_id: answer.request_id,
+            timing: answer.timing,
+            result: answer.result,
+        };
+        encode_reply_as(&frame, answer.version, &mut out);
+        bounded(limit, write.write_all(&out)).await?;
+        owed.fetch_sub(1, Ordering::Relaxed);
+        if answer.last {
+            break;
+        }
+        // Coalesce: one flush (one syscall) for all replies that are ready together.
+        if in_flight.is_empty() {
+            bounded(limit, write.flush()).await?;
+        }
+    }
+    bounded(limit, write.flush()).await
+}
+
+fn answered(
+    request_id: u64,
+    arrived: Instant,
+    result: Result<ReplyBody, ErrorReply>,
+    last: bool,
+) -> InFlight {
+    let timing = ServerTiming { middleware_ns: elapsed_ns(arrived), ..ServerTiming::default() };
+    InFlight::Answered(Answer { request_id, timing, result, last, version: PROTOCOL_VERSION })
+}
+
+/// Checks that need no database, then admission, then submission to the database workers.
+/// A registration is completed here: the requests read after it are checked against its id.
+async fn begin<S: Store>(
+    node: &Node<S>,
+    client_id: &mut Option<u64>,
+    request_id: u64,
+    request: Request,
+    arrived: Instant,
+) -> InFlight {
+    if let Err(refusal) = precheck(&node.config, *client_id, &request) {
+        return answered(request_id, arrived, Err(refusal), false);
+    }
+    let request = match request {
+        Request::Disconnect => {
+            return answered(request_id, arrived, Ok(ReplyBody::Disconnected), true);
+        }
+        Request::Register { name, secret } => {
+            let registered = node.registrar.register(&node.store, &name, secret).await;
+            *client_id = registered.as_ref().ok().copied().or(*client_id);
+            let result = registered.map(|client_id| ReplyBody::Registered { client_id });
+            return answered(request_id, arrived, result, false);
+        }
+        request => request,
+    };
+    let Some(slot) = admit(node).await else {
+        let busy = ErrorReply::new(Reason::Busy, "wait queue full; retry later");
+        return answered(request_id, arrived, Err(busy), false);
+    };
+    let slot_taken = Instant::now();
+    let is_stats = matches!(request, Request::Stats { .. });
+    let (reply, answer) = oneshot::channel();
+    let op = StoreOp { client_id: *client_id, now_us: now_us(), request };
+    let pending = Pending { op, enqueued: Instant::now(), slot_taken, slot, reply };
+    if node.to_workers.send(pending).await.is_err() {
+        return answered(request_id, arrived, worker_lost().result, false);
+    }
+    InFlight::Submitted(Submitted { request_id, arrived, slot_taken, is_stats, answer })
+}
+
+/// Turns a committed result into the reply.
+fn complete<S>(node: &Node<S>, submitted: Submitted, committed: Committed) -> Answer {
+    let admission_ns =
+        u64::try_from((submitted.slot_taken - submitted.arrived).as_nanos()).unwrap_or(u64::MAX);
+    let timing = ServerTiming {
+        queue_wait_ns: admission_ns + committed.worker_wait_ns,
+        db_ns: committed.db_ns,
+        middleware_ns: elapsed_ns(submitted.arrived),
+    };
+    let mut result = committed.result;
+    if let (true, Ok(ReplyBody::Stats(stats))) = (submitted.is_stats, &mut result) {
+        fill_stats(node, stats);
+    }
+    Answer {
+        request_id: submitted.request_id,
+        timing,
+        result,
+        last: false,
+        version: PROTOCOL_VERSION,
+    }
+}
+
+fn precheck(
+    config: &NodeConfig,
+    client_id: Option<u64>,
+    request: &Request,
+) -> Result<(), ErrorReply> {
+    match (request, client_id) {
+        (Request::Register { .. }, Some(id)) => {
+            return Err(ErrorReply::new(
+                Reason::AlreadyRegistered,
+                format!("this connection is client {id}"),
+            ));
+        }
+        (Request::Register { .. } | Request::Disconnect, _) | (_, Some(_)) => {}
+        (_, None) => return Err(ErrorReply::new(Reason::NotRegistered, "register first")),
+    }
+    match request {
+        Request::Send { content, .. } if content.len() > config.content_bytes_max => {
+            Err(ErrorReply::new(
+                Reason::TooLarge,
+                format!("content of {} bytes exceeds {}", content.len(), config.content_bytes_max),
+            ))
+        }
+        Request::Read { mode: ReadMode::Lease { lease_ms }, .. }
+            if *lease_ms == 0 || *lease_ms > config.lease_ms_max =>
+        {
+            Err(ErrorReply::new(
+                Reason::InvalidLease,
+                format!("lease must be 1..={} ms", config.lease_ms_max),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Takes a handler slot, waiting if allowed; `None` means the wait queue is full.
+async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Ok(slot) = node.handler_slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    // Relaxed suffices: the semaphore orders the slot; the counter only bounds how many wait.
+    if node.waiting.fetch_add(1, Ordering::Relaxed) >= node.config.wait_queue_max {
+        node.waiting.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    let slot = node.handler_slots.clone().acquire_owned().await.ok();
+    node.waiting.fetch_sub(1, Ordering::Relaxed);
+    slot
+}
