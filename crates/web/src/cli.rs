@@ -9,11 +9,13 @@ use lab::config::{load_toml, override_with};
 use lab::outcome::BadInput;
 use serde::Deserialize;
 
+use crate::admission::WorkBounds;
 use crate::api::{CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
+use crate::conn::ConnectionBounds;
 use crate::exec::{self, Calibration, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
 use crate::loadlab;
 use crate::prefork::{self, ChildSpec, Prefork};
-use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServerConfig, serve_blocking};
+use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServeBounds, ServerConfig, serve_blocking};
 use crate::workload::Complexity;
 
 /// The REST matrix-multiplication service and its load lab.
@@ -66,11 +68,19 @@ pub struct ServeConfig {
     pub cells_max: usize,
     pub io_threads: usize,
     pub adaptive_layout: AdaptiveLayout,
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub connections_max: usize,
+    pub work_bytes_max: usize,
+    pub large_work_bytes_max: usize,
+    pub admission_wait_ms: u64,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
         let cpus = exec::allowed_cpus().map_or(1, |cpus| cpus.len());
+        let (connection, work) = (ConnectionBounds::default(), WorkBounds::default());
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             model: "adaptive".into(),
@@ -81,8 +91,19 @@ impl Default for ServeConfig {
             cells_max: CELLS_MAX_DEFAULT,
             io_threads: cpus,
             adaptive_layout: AdaptiveLayout::default(),
+            header_timeout_ms: millis(connection.header_timeout),
+            body_timeout_ms: millis(connection.body_timeout),
+            idle_timeout_ms: millis(connection.idle_timeout),
+            connections_max: connection.connections_max,
+            work_bytes_max: work.work_bytes_max,
+            large_work_bytes_max: work.large_work_bytes_max,
+            admission_wait_ms: millis(work.wait_timeout),
         }
     }
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl ServeConfig {
@@ -100,6 +121,9 @@ impl ServeConfig {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(BadInput(format!("{name} must be > 0")).into());
         }
+        let bounds = self.bounds();
+        bounds.connection.check().map_err(BadInput)?;
+        bounds.work.check(self.body_bytes_max).map_err(BadInput)?;
         Ok(ServerConfig {
             default_model: model,
             exec: ExecConfig {
@@ -109,7 +133,25 @@ impl ServeConfig {
             },
             body_bytes_max: self.body_bytes_max,
             io_threads: self.io_threads,
+            bounds,
         })
+    }
+
+    fn bounds(&self) -> ServeBounds {
+        use std::time::Duration;
+        ServeBounds {
+            connection: ConnectionBounds {
+                header_timeout: Duration::from_millis(self.header_timeout_ms),
+                body_timeout: Duration::from_millis(self.body_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+                connections_max: self.connections_max,
+            },
+            work: WorkBounds {
+                work_bytes_max: self.work_bytes_max,
+                large_work_bytes_max: self.large_work_bytes_max,
+                wait_timeout: Duration::from_millis(self.admission_wait_ms),
+            },
+        }
     }
 
     fn child_template(&self, model: Model) -> ChildSpec {
@@ -127,6 +169,7 @@ impl ServeConfig {
             cells_max: self.cells_max,
             queue_depth_max: self.queue_depth_max,
             body_bytes_max: self.body_bytes_max,
+            bounds: self.bounds(),
         }
     }
 }
@@ -174,6 +217,33 @@ pub struct ServeArgs {
     /// [default: shared].
     #[arg(long, value_enum)]
     pub adaptive_layout: Option<AdaptiveLayout>,
+    /// Milliseconds from a request's first byte to the end of its header; the connection is
+    /// closed after that [default: 10000].
+    #[arg(long)]
+    pub header_timeout_ms: Option<u64>,
+    /// Milliseconds from the first read of a body to its end; 408 (code 013) after that
+    /// [default: 12000].
+    #[arg(long)]
+    pub body_timeout_ms: Option<u64>,
+    /// Milliseconds a connection may wait for a request (keep-alive) before it is closed
+    /// [default: 60000].
+    #[arg(long)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Connections served at once per process; one more gets 503 (code 010) [default: 512].
+    #[arg(long)]
+    pub connections_max: Option<usize>,
+    /// Body bytes in flight per process over bodies up to 1 MiB; beyond, requests wait, then
+    /// get 503 (code 009) [default: 64 MiB].
+    #[arg(long)]
+    pub work_bytes_max: Option<usize>,
+    /// Body bytes in flight per process over bodies above 1 MiB (at least --body-bytes-max)
+    /// [default: 16 MiB].
+    #[arg(long)]
+    pub large_work_bytes_max: Option<usize>,
+    /// Milliseconds a request waits for room within the work bounds before 503 (code 009)
+    /// [default: 5000].
+    #[arg(long)]
+    pub admission_wait_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -188,6 +258,13 @@ impl ServeArgs {
         override_with(&mut config.cells_max, &self.cells_max);
         override_with(&mut config.io_threads, &self.io_threads);
         override_with(&mut config.adaptive_layout, &self.adaptive_layout);
+        override_with(&mut config.header_timeout_ms, &self.header_timeout_ms);
+        override_with(&mut config.body_timeout_ms, &self.body_timeout_ms);
+        override_with(&mut config.idle_timeout_ms, &self.idle_timeout_ms);
+        override_with(&mut config.connections_max, &self.connections_max);
+        override_with(&mut config.work_bytes_max, &self.work_bytes_max);
+        override_with(&mut config.large_work_bytes_max, &self.large_work_bytes_max);
+        override_with(&mut config.admission_wait_ms, &self.admission_wait_ms);
         Ok(config)
     }
 }
@@ -264,10 +341,15 @@ fn run_serve(config: &ServeConfig) -> anyhow::Result<()> {
     if let Some(calibration) = executors.calibration() {
         println!("{calibration}");
     }
-    let router = executors.router(server_config.default_model, server_config.body_bytes_max);
+    let router = executors.router(
+        server_config.default_model,
+        server_config.body_bytes_max,
+        &server_config.bounds.work,
+    );
     let listener = std::net::TcpListener::bind(config.listen)?;
     println!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
-    serve_blocking(listener, router, server_config.io_threads, async {
+    let bounds = server_config.bounds.connection;
+    serve_blocking(listener, router, server_config.io_threads, bounds, async {
         // Ctrl-C (or a failure to install the handler) ends the server gracefully.
         let _ = tokio::signal::ctrl_c().await;
     })?;

@@ -38,9 +38,11 @@
 //! The Python baselines (`bench/web-python`) are started by `scripts/bench-web` and measured in
 //! the same run. [`cli`] holds the `leantier web` commands.
 
+pub mod admission;
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod conn;
 pub mod deal;
 pub mod exec;
 pub mod kernel;

@@ -9,6 +9,7 @@ use web::api::SizeLimits;
 use web::client::JsonClient;
 use web::exec::{Calibration, Compute, Model, process};
 use web::prefork::{ChildSpec, Prefork, child_spec_from_env, run_child};
+use web::server::ServeBounds;
 use web::workload::Shape;
 
 const EXAMPLE: &str = r#"{"requestId": 7, "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
@@ -45,6 +46,7 @@ fn template(model: Model) -> ChildSpec {
         cells_max: 10_000,
         queue_depth_max: 16,
         body_bytes_max: 1 << 16,
+        bounds: ServeBounds::default(),
     }
 }
 

@@ -1,0 +1,146 @@
+//! Admission by work under a load of large requests: the server (a child process of this test,
+//! so its memory is its own) reads at most its large lane's worth of large bodies at once, so its
+//! peak resident memory stays bounded, and small requests sent meanwhile are answered without
+//! waiting behind the large ones. Before admission by work, all the large bodies were read at
+//! once and the small requests queued behind them in the model's FIFO.
+//!
+//! `harness = false`: this binary re-executes itself as the server ([`SERVER_ENV`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use web::admission::WorkBounds;
+use web::api::SizeLimits;
+use web::client::JsonClient;
+use web::exec::{ExecConfig, Model};
+use web::server::{ServeBounds, Server, ServerConfig};
+use web::workload::Shape;
+
+const SERVER_ENV: &str = "LEANTIER_WEB_LARGE_LOAD_SERVER";
+const EXAMPLE: &str = r#"{"requestId": 7, "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
+    "matrixTwo": {"columnCount": 1, "rows": [{"value": "3"}, {"value": "4"}]}}"#;
+
+/// The large requests: 1500×200 · 200×200, about 1.3 MB of body each (above the 1 MiB that
+/// makes a body large).
+const LARGE: Shape = Shape { rows_a: 1500, inner: 200, cols_b: 200 };
+/// How many large requests are sent at once.
+const LARGE_COUNT: usize = 32;
+/// Body bound, and the large lane: one large body at a time.
+const BODY_BYTES_MAX: usize = 2 << 20;
+/// How long a large request may wait for the lane before 503 (keeps the test short).
+const ADMISSION_WAIT: Duration = Duration::from_secs(2);
+/// Small requests sent one after another while the large ones are in flight.
+const SMALL_COUNT: usize = 10;
+/// The slowest a small request may be under the load: generous for a loaded 2-core host; the
+/// large requests queued ahead of it took several seconds before.
+const SMALL_LATENCY_MAX: Duration = Duration::from_millis(1500);
+/// The server's peak resident memory above its idle size under the load (19 MiB measured with
+/// one large request admitted at a time). Before, all 32 bodies (42 MB) were held at once, with
+/// the operands of those computing: 78 MiB, and the first small request waited 40 s.
+const PEAK_GROWTH_BYTES_MAX: u64 = 48 << 20;
+
+fn main() {
+    if std::env::var_os(SERVER_ENV).is_some() {
+        serve_until_stdin_closes();
+        return;
+    }
+    large_requests_wait_in_their_lane_while_small_ones_are_answered();
+    println!("test large_requests_wait_in_their_lane_while_small_ones_are_answered ... ok");
+    println!("1 passed, 0 failed");
+}
+
+fn serve_until_stdin_closes() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let work = WorkBounds {
+        large_work_bytes_max: BODY_BYTES_MAX,
+        wait_timeout: ADMISSION_WAIT,
+        ..WorkBounds::default()
+    };
+    let config = ServerConfig {
+        default_model: Model::Pinned,
+        exec: ExecConfig { limits: SizeLimits::default(), workers: 2, queue_depth_max: 256 },
+        body_bytes_max: BODY_BYTES_MAX,
+        io_threads: 2,
+        bounds: ServeBounds { work, ..ServeBounds::default() },
+    };
+    let server = Server::start(listener, config).unwrap();
+    println!("{}", server.local_addr());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+/// `VmHWM` (peak resident set) of process `pid`, in bytes.
+fn peak_resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+fn large_requests_wait_in_their_lane_while_small_ones_are_answered() {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(SERVER_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut addr = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut addr).unwrap();
+    let addr: SocketAddr = addr.trim().parse().unwrap();
+    let url = format!("http://{addr}/matrix/pinned");
+    let large = Bytes::from(LARGE.request_body(1, 1));
+    assert!(large.len() > 1 << 20 && large.len() <= BODY_BYTES_MAX, "{}", large.len());
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (idle_peak, small_latencies, statuses) = runtime.block_on(async {
+        let client = JsonClient::default();
+        // Warm: the first answers allocate the server's steady buffers.
+        assert_eq!(client.post(&url, Bytes::from(EXAMPLE)).await.unwrap().0, 200);
+        let idle_peak = peak_resident_bytes(child.id());
+        let load: Vec<_> = (0..LARGE_COUNT)
+            .map(|_| {
+                let (url, body) = (url.clone(), large.clone());
+                // A client each: one connection per large request, all at once.
+                tokio::spawn(async move { JsonClient::default().post(&url, body).await.unwrap() })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut small_latencies = Vec::new();
+        for _ in 0..SMALL_COUNT {
+            let sent = Instant::now();
+            let (status, _) = client.post(&url, Bytes::from(EXAMPLE)).await.unwrap();
+            small_latencies.push(sent.elapsed());
+            assert_eq!(status, 200);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut statuses = Vec::new();
+        for task in load {
+            let (status, answer) = task.await.unwrap();
+            if status == 503 {
+                assert!(
+                    answer.starts_with(br#"{"requestId":null,"errorCode":"009""#),
+                    "{answer:?}"
+                );
+            }
+            statuses.push(status);
+        }
+        (idle_peak, small_latencies, statuses)
+    });
+    let peak_growth = peak_resident_bytes(child.id()).saturating_sub(idle_peak);
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    let slowest = small_latencies.iter().max().unwrap();
+    let served = statuses.iter().filter(|&&status| status == 200).count();
+    println!(
+        "large-load: {served} of {LARGE_COUNT} large served (others 503), slowest small {slowest:?}, server peak RSS growth {} MiB",
+        peak_growth >> 20
+    );
+    assert!(statuses.iter().all(|&status| status == 200 || status == 503), "{statuses:?}");
+    assert!(served >= 1, "the lane serves large requests: {statuses:?}");
+    assert!(*slowest < SMALL_LATENCY_MAX, "small requests waited: {small_latencies:?}");
+    assert!(peak_growth < PEAK_GROWTH_BYTES_MAX, "peak RSS grew {} MiB", peak_growth >> 20);
+    let _ = std::io::stdout().flush();
+}
