@@ -17,8 +17,9 @@
 //! A request that finds no room waits up to `wait_timeout` (its bytes stay in the kernel's socket
 //! buffers meanwhile, not in this process), then gets code 009 (HTTP 503).
 //!
-//! Costs: one uncontended compare-and-swap per request when its lane has room (the common case);
-//! a lock and a timer only when it must wait.
+//! Costs per request when its lane has room (the common case): a compare-and-swap to reserve,
+//! and an uncontended lock to release (tokio's fair semaphore hands released bytes to waiters
+//! under its lock); a timer only when it must wait.
 
 use std::time::Duration;
 

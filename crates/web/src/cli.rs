@@ -417,5 +417,10 @@ mod tests {
         assert!(bogus.server_config().unwrap_err().downcast_ref::<BadInput>().is_some());
         let zero = ServeConfig { workers: 0, ..ServeConfig::default() };
         assert!(zero.server_config().unwrap_err().to_string().contains("workers"));
+        let no_idle = ServeConfig { idle_timeout_ms: 0, ..ServeConfig::default() };
+        assert!(no_idle.server_config().unwrap_err().downcast_ref::<BadInput>().is_some());
+        let narrow_lane = ServeConfig { large_work_bytes_max: 1 << 20, ..ServeConfig::default() };
+        let error = narrow_lane.server_config().unwrap_err().to_string();
+        assert!(error.contains("large_work_bytes_max"), "{error}");
     }
 }

@@ -20,10 +20,11 @@
 //!
 //! How: the connection's socket is wrapped ([`TimedIo`]) so that a read or write that would
 //! block also polls the connection's current deadline, and the request service moves that
-//! deadline between phases ([`ConnState`]). Nothing is allocated or locked per request in the
-//! steady state: a deadline is an atomic store, and the one timer per connection is reset only
-//! when it fires (the deadline moved later meanwhile) or the deadline moves earlier while a read
-//! waits (a header arriving in pieces).
+//! deadline between phases ([`ConnState`]). Nothing is allocated or locked for it per request in
+//! the steady state: moving a deadline is two relaxed stores (and a clock read), the service
+//! wakes its own task once per answer (one more poll, no system call), and the one timer per
+//! connection is reset only when it fires (the deadline moved later meanwhile) or the deadline
+//! moves earlier while a read waits (a header arriving in pieces).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -93,8 +94,8 @@ impl ConnectionBounds {
         if let Some((name, _)) = timeouts.iter().find(|(_, timeout)| timeout.is_zero()) {
             return Err(format!("{name} must be > 0"));
         }
-        if self.connections_max == 0 {
-            return Err("connections_max must be > 0".into());
+        if self.connections_max == 0 || self.connections_max > Semaphore::MAX_PERMITS {
+            return Err(format!("connections_max must be 1..={}", Semaphore::MAX_PERMITS));
         }
         Ok(())
     }

@@ -128,12 +128,16 @@ async fn handle(executor: &Executor, intake: &Intake, request: Request) -> Respo
         let failure = Failure::work_bound_full(expected_bytes, intake.work.wait_timeout());
         return refuse(body, declared_bytes, failure).await;
     };
-    match read_body(&mut body, intake, &mut reservation, expected_bytes).await {
-        Ok(bytes) => into_response(executor.execute(bytes).await),
-        Err(BodyRefusal::AfterDrain(failure)) => refuse(body, None, failure).await,
-        Err(BodyRefusal::Closing(failure)) => {
-            closing(into_response(Reply::failure(None, &failure)))
-        }
+    let refusal = match read_body(&mut body, intake, &mut reservation, expected_bytes).await {
+        // The reservation is held until the answer is built.
+        Ok(bytes) => return into_response(executor.execute(bytes).await),
+        Err(refusal) => refusal,
+    };
+    // Nothing of the body is kept from here on.
+    drop(reservation);
+    match refusal {
+        BodyRefusal::AfterDrain(failure) => refuse(body, None, failure).await,
+        BodyRefusal::Closing(failure) => closing(into_response(Reply::failure(None, &failure))),
     }
 }
 
