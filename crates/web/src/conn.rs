@@ -18,9 +18,9 @@
 //!   The clock starts when the body is first read, not when the header arrived, so time spent
 //!   waiting for work admission ([`crate::admission`]) does not count against the client.
 //!
-//! How: the connection's socket is wrapped ([`TimedIo`]) so that a read or write that would
+//! How: the connection's socket is wrapped (`TimedIo`) so that a read or write that would
 //! block also polls the connection's current deadline, and the request service moves that
-//! deadline between phases ([`ConnState`]). Nothing is allocated or locked for it per request in
+//! deadline between phases (`ConnState`). Nothing is allocated or locked for it per request in
 //! the steady state: moving a deadline is two relaxed stores (and a clock read), the service
 //! wakes its own task once per answer (one more poll, no system call), and the one timer per
 //! connection is reset only when it fires (the deadline moved later meanwhile) or the deadline
