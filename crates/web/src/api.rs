@@ -15,7 +15,11 @@
 //! | 006  | 422  | A matrix is empty or beyond the configured size limit |
 //! | 007  | 413  | The request body is larger than the configured limit |
 //! | 008  | 422  | A result cell overflows a signed 64-bit integer |
-//! | 009  | 503  | The server is busy: the execution model's queue is full; retry later |
+//! | 009  | 503  | The server is busy: the execution model's queue or the work bound is full; retry later |
+//! | 010  | 503  | Too many connections: the connection was closed without reading a request |
+//! | 011  | 400  | Malformed request framing (e.g. a bad chunk size); the connection is closed |
+//! | 012  | 501  | A transfer coding other than `chunked` (e.g. `gzip, chunked`) |
+//! | 013  | 408  | The request body did not arrive within the body timeout; the connection is closed |
 
 use std::borrow::Cow;
 
@@ -56,11 +60,15 @@ pub enum ErrorCode {
     BodyTooLarge,
     Overflow,
     Busy,
+    TooManyConnections,
+    MalformedFraming,
+    UnsupportedCoding,
+    BodyTimeout,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::ShapeMismatch,
         ErrorCode::MalformedJson,
         ErrorCode::MissingField,
@@ -70,6 +78,10 @@ impl ErrorCode {
         ErrorCode::BodyTooLarge,
         ErrorCode::Overflow,
         ErrorCode::Busy,
+        ErrorCode::TooManyConnections,
+        ErrorCode::MalformedFraming,
+        ErrorCode::UnsupportedCoding,
+        ErrorCode::BodyTimeout,
     ];
 
     /// The three-digit code sent as `errorCode`.
@@ -84,6 +96,10 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => "007",
             ErrorCode::Overflow => "008",
             ErrorCode::Busy => "009",
+            ErrorCode::TooManyConnections => "010",
+            ErrorCode::MalformedFraming => "011",
+            ErrorCode::UnsupportedCoding => "012",
+            ErrorCode::BodyTimeout => "013",
         }
     }
 
@@ -93,10 +109,13 @@ impl ErrorCode {
             ErrorCode::MalformedJson
             | ErrorCode::MissingField
             | ErrorCode::NonNumericCell
-            | ErrorCode::RowLength => 400,
+            | ErrorCode::RowLength
+            | ErrorCode::MalformedFraming => 400,
+            ErrorCode::BodyTimeout => 408,
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::ShapeMismatch | ErrorCode::TooLarge | ErrorCode::Overflow => 422,
-            ErrorCode::Busy => 503,
+            ErrorCode::UnsupportedCoding => 501,
+            ErrorCode::Busy | ErrorCode::TooManyConnections => 503,
         }
     }
 }
@@ -127,6 +146,42 @@ impl Failure {
 
     pub fn busy() -> Failure {
         Failure::new(ErrorCode::Busy, "Server busy: the request queue is full, retry later")
+    }
+
+    /// Code 009 from the work bound: the bytes of request bodies in flight.
+    pub fn work_bound_full(body_bytes: usize, waited: std::time::Duration) -> Failure {
+        Failure::new(
+            ErrorCode::Busy,
+            format!(
+                "Server busy: no room for a {body_bytes}-byte body within the work bound after {} ms, retry later",
+                waited.as_millis()
+            ),
+        )
+    }
+
+    pub fn too_many_connections(connections_max: usize) -> Failure {
+        Failure::new(
+            ErrorCode::TooManyConnections,
+            format!("Too many connections: this server serves at most {connections_max} at once"),
+        )
+    }
+
+    pub fn malformed_framing(reason: impl std::fmt::Display) -> Failure {
+        Failure::new(ErrorCode::MalformedFraming, format!("Malformed request framing: {reason}"))
+    }
+
+    pub fn unsupported_coding(coding: &str) -> Failure {
+        Failure::new(
+            ErrorCode::UnsupportedCoding,
+            format!("Unsupported transfer coding {:?}: only chunked is accepted", truncate(coding)),
+        )
+    }
+
+    pub fn body_timeout(timeout: std::time::Duration) -> Failure {
+        Failure::new(
+            ErrorCode::BodyTimeout,
+            format!("The request body did not arrive within {} ms", timeout.as_millis()),
+        )
     }
 }
 

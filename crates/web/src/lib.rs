@@ -28,7 +28,10 @@
 //! `--adaptive-layout per-core` runs one pinned process per core instead, its parent dealing the
 //! connections in turn ([`deal`]), each process running bodies up to 256 KiB that will not split
 //! inline on its reactor and the others on a worker on its core. Every model has a named admission
-//! bound and answers 503 with code 009 past it. All in-process models (`adaptive` included) are
+//! bound and answers 503 with code 009 past it. Whatever the model, connections are served by one
+//! accept loop per process ([`conn`]: connection limit, idle, header and body timeouts) and
+//! request bodies are admitted by their bytes before they are read ([`admission`]), so large
+//! requests wait in their own lane while small ones are answered. All in-process models (`adaptive` included) are
 //! served side by side on `/matrix/<model>` so one run compares them under identical conditions.
 //!
 //! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
@@ -38,8 +41,10 @@
 //! The Python baselines (`bench/web-python`) are started by `scripts/bench-web` and measured in
 //! the same run.
 
+pub mod admission;
 pub mod api;
 pub mod client;
+pub mod conn;
 pub(crate) mod deal;
 mod error;
 pub mod exec;

@@ -35,7 +35,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::api::SizeLimits;
 use crate::deal::{self, Dealer, DealtListener};
 use crate::exec::{self, Calibration, ExecConfig, Executor, Model};
-use crate::server::{Executors, serve_on};
+use crate::server::{Executors, ServeBounds, serve_on};
 
 /// The environment variable that turns a re-executed process into a prefork child.
 pub const CHILD_ENV: &str = "LEANTIER_WEB_PREFORK_CHILD";
@@ -66,6 +66,8 @@ pub struct ChildSpec {
     pub cells_max: usize,
     pub queue_depth_max: usize,
     pub body_bytes_max: usize,
+    /// Connection and work bounds, per child process.
+    pub bounds: ServeBounds,
 }
 
 /// The child role of this process, if its parent set one.
@@ -107,7 +109,8 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         }
         other => anyhow::bail!("{} is not a per-core process model", other.name()),
     };
-    let router = executors.router(spec.model, spec.body_bytes_max);
+    let router = executors.router(spec.model, spec.body_bytes_max, &spec.bounds.work);
+    let bounds = spec.bounds.connection;
     // Ready is announced from inside the runtime, once its listener exists: the process then
     // holds every descriptor it serves with (the runtime's own sockets included).
     let ready = || println!("{READY_LINE}");
@@ -117,7 +120,7 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
             // this process owns it.
             let channel = unsafe { OwnedFd::from_raw_fd(fd) };
             let listener = move || DealtListener::new(channel).inspect(|_| ready());
-            serve_on(listener, router, 1, std::future::pending())?;
+            serve_on(listener, router, 1, bounds, std::future::pending())?;
         }
         None => {
             let socket = reuseport_socket(spec.addr)?;
@@ -125,7 +128,7 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
             socket.set_nonblocking(true)?;
             let listener =
                 move || tokio::net::TcpListener::from_std(socket.into()).inspect(|_| ready());
-            serve_on(listener, router, 1, std::future::pending())?;
+            serve_on(listener, router, 1, bounds, std::future::pending())?;
         }
     }
     Ok(())

@@ -8,10 +8,12 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use crate::WebError;
+use crate::admission::WorkBounds;
 use crate::api::{CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
+use crate::conn::ConnectionBounds;
 use crate::exec::{self, Calibration, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
 use crate::prefork::{ChildSpec, Prefork};
-use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServerConfig, serve_blocking};
+use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServeBounds, ServerConfig, serve_blocking};
 
 /// Where the `adaptive` model runs when served alone (`serve --model adaptive`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -53,11 +55,19 @@ pub struct ServeConfig {
     pub cells_max: usize,
     pub io_threads: usize,
     pub adaptive_layout: AdaptiveLayout,
+    pub header_timeout_ms: u64,
+    pub body_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub connections_max: usize,
+    pub work_bytes_max: usize,
+    pub large_work_bytes_max: usize,
+    pub admission_wait_ms: u64,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
         let cpus = exec::allowed_cpus().map_or(1, |cpus| cpus.len());
+        let (connection, work) = (ConnectionBounds::default(), WorkBounds::default());
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             model: "adaptive".into(),
@@ -68,8 +78,19 @@ impl Default for ServeConfig {
             cells_max: CELLS_MAX_DEFAULT,
             io_threads: cpus,
             adaptive_layout: AdaptiveLayout::default(),
+            header_timeout_ms: millis(connection.header_timeout),
+            body_timeout_ms: millis(connection.body_timeout),
+            idle_timeout_ms: millis(connection.idle_timeout),
+            connections_max: connection.connections_max,
+            work_bytes_max: work.work_bytes_max,
+            large_work_bytes_max: work.large_work_bytes_max,
+            admission_wait_ms: millis(work.wait_timeout),
         }
     }
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl ServeConfig {
@@ -87,6 +108,9 @@ impl ServeConfig {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(WebError::BadInput(format!("{name} must be > 0")).into());
         }
+        let bounds = self.bounds();
+        bounds.connection.check().map_err(WebError::BadInput)?;
+        bounds.work.check(self.body_bytes_max).map_err(WebError::BadInput)?;
         Ok(ServerConfig {
             default_model: model,
             exec: ExecConfig {
@@ -96,7 +120,25 @@ impl ServeConfig {
             },
             body_bytes_max: self.body_bytes_max,
             io_threads: self.io_threads,
+            bounds,
         })
+    }
+
+    fn bounds(&self) -> ServeBounds {
+        use std::time::Duration;
+        ServeBounds {
+            connection: ConnectionBounds {
+                header_timeout: Duration::from_millis(self.header_timeout_ms),
+                body_timeout: Duration::from_millis(self.body_timeout_ms),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+                connections_max: self.connections_max,
+            },
+            work: WorkBounds {
+                work_bytes_max: self.work_bytes_max,
+                large_work_bytes_max: self.large_work_bytes_max,
+                wait_timeout: Duration::from_millis(self.admission_wait_ms),
+            },
+        }
     }
 
     fn child_template(&self, model: Model) -> ChildSpec {
@@ -114,6 +156,7 @@ impl ServeConfig {
             cells_max: self.cells_max,
             queue_depth_max: self.queue_depth_max,
             body_bytes_max: self.body_bytes_max,
+            bounds: self.bounds(),
         }
     }
 }
@@ -168,10 +211,15 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
     if let Some(calibration) = executors.calibration() {
         println!("{calibration}");
     }
-    let router = executors.router(server_config.default_model, server_config.body_bytes_max);
+    let router = executors.router(
+        server_config.default_model,
+        server_config.body_bytes_max,
+        &server_config.bounds.work,
+    );
     let listener = std::net::TcpListener::bind(config.listen)?;
     println!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
-    serve_blocking(listener, router, server_config.io_threads, async {
+    let bounds = server_config.bounds.connection;
+    serve_blocking(listener, router, server_config.io_threads, bounds, async {
         // Ctrl-C (or a failure to install the handler) ends the server gracefully.
         let _ = tokio::signal::ctrl_c().await;
     })?;

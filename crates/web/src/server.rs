@@ -2,11 +2,17 @@
 //!
 //! `POST /matrix` uses the configured model; `POST /matrix/{single,pool,pinned,adaptive}` use
 //! that model whatever the default, so models can be compared side by side in one process (the
-//! per-core models, `prefork` and the served `adaptive`, run in their own processes). The
-//! body is read up to `body_bytes_max` and handed to the model's [`Executor`]; a larger body is
-//! refused with a 413 once the rest of it has been read (see `REFUSED_BODY_DRAIN_BYTES_MAX`).
+//! per-core models, `prefork` and the served `adaptive`, run in their own processes).
+//! Connections are accepted and timed by [`crate::conn`]. A request's body is admitted by
+//! [`crate::admission`] (its bytes reserved before they are read), read up to `body_bytes_max`
+//! and handed to the model's [`Executor`]. A larger body is refused with a 413 once the rest of
+//! it has been read (see `REFUSED_BODY_DRAIN_BYTES_MAX`); so are a body that finds no room within
+//! the work bound (503, code 009) and a transfer coding other than `chunked` (501, code 012). A
+//! body whose chunked framing is malformed is answered 400 (code 011), one that does not arrive
+//! within the body timeout 408 (code 013), and the connection is closed after either.
 
 use std::collections::HashMap;
+use std::error::Error;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,18 +21,28 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use axum::serve::Listener;
-use http_body_util::{BodyExt, Limited};
+use bytes::Bytes;
+use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
+use crate::admission::{Reservation, WorkBounds, WorkBudget};
 use crate::api::Failure;
+use crate::conn::{self, BodyTimeout, ConnectionBounds};
 use crate::exec::{Calibration, ExecConfig, Executor, Model, Reply};
 
 /// Default request-body bound: 16 MiB holds a 2000×2000 matrix of 3-digit cells.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 16 << 20;
+
+/// The bounds of one server process beyond its executors: connections and work admission.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ServeBounds {
+    pub connection: ConnectionBounds,
+    pub work: WorkBounds,
+}
 
 /// Everything a server process needs.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +54,7 @@ pub struct ServerConfig {
     pub body_bytes_max: usize,
     /// Tokio reactor threads.
     pub io_threads: usize,
+    pub bounds: ServeBounds,
 }
 
 /// The executors of one process, by model.
@@ -65,39 +82,143 @@ impl Executors {
         self.by_model.get(&Model::Adaptive).and_then(|executor| executor.calibration())
     }
 
-    /// `/matrix` to `default`, and `/matrix/<name>` to every started model.
-    pub fn router(&self, default: Model, body_bytes_max: usize) -> Router {
+    /// `/matrix` to `default`, and `/matrix/<name>` to every started model; all routes share
+    /// one work admission (`work`), so it bounds the whole process.
+    pub fn router(&self, default: Model, body_bytes_max: usize, work: &WorkBounds) -> Router {
+        let intake = Arc::new(Intake { body_bytes_max, work: WorkBudget::new(work) });
         let mut router = Router::new();
         if let Some(executor) = self.by_model.get(&default) {
-            router = router.route("/matrix", matrix_route(Arc::clone(executor), body_bytes_max));
+            router = router.route("/matrix", matrix_route(Arc::clone(executor), &intake));
         }
         for (model, executor) in &self.by_model {
             let path = format!("/matrix/{}", model.name());
-            router = router.route(&path, matrix_route(Arc::clone(executor), body_bytes_max));
+            router = router.route(&path, matrix_route(Arc::clone(executor), &intake));
         }
         router
     }
 }
 
-fn matrix_route(executor: Arc<Executor>, body_bytes_max: usize) -> MethodRouter {
-    post(move |request: Request| async move { handle(&executor, request, body_bytes_max).await })
+/// What every route of one process shares.
+struct Intake {
+    body_bytes_max: usize,
+    work: WorkBudget,
 }
 
-async fn handle(executor: &Executor, request: Request, body_bytes_max: usize) -> Response {
-    let declared_bytes = request
-        .headers()
+fn matrix_route(executor: Arc<Executor>, intake: &Arc<Intake>) -> MethodRouter {
+    let intake = Arc::clone(intake);
+    post(move |request: Request| async move { handle(&executor, &intake, request).await })
+}
+
+async fn handle(executor: &Executor, intake: &Intake, request: Request) -> Response {
+    let (parts, mut body) = request.into_parts();
+    if let Some(failure) = coding_failure(&parts.headers) {
+        return closing(refuse(body, None, failure).await);
+    }
+    let declared_bytes = parts
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    let mut body = request.into_body();
+    let body_bytes_max = intake.body_bytes_max;
     if declared_bytes.is_some_and(|bytes| bytes > body_bytes_max as u64) {
-        return refuse_too_large(body, declared_bytes, body_bytes_max).await;
+        return refuse(body, declared_bytes, Failure::body_too_large(body_bytes_max)).await;
     }
-    // Chunked bodies have no Content-Length: the read itself stops at the bound. It borrows the
-    // body so that the rest of a refused one can still be drained.
-    match Limited::new(&mut body, body_bytes_max).collect().await {
-        Ok(collected) => into_response(executor.execute(collected.to_bytes()).await),
-        Err(_) => refuse_too_large(body, None, body_bytes_max).await,
+    // Within body_bytes_max, so within usize.
+    let expected_bytes = declared_bytes.map_or(0, |bytes| bytes as usize);
+    let Some(mut reservation) = intake.work.reserve(expected_bytes).await else {
+        let failure = Failure::work_bound_full(expected_bytes, intake.work.wait_timeout());
+        return refuse(body, declared_bytes, failure).await;
+    };
+    let refusal = match read_body(&mut body, intake, &mut reservation, expected_bytes).await {
+        // The reservation is held until the answer is built.
+        Ok(bytes) => return into_response(executor.execute(bytes).await),
+        Err(refusal) => refusal,
+    };
+    // Nothing of the body is kept from here on.
+    drop(reservation);
+    match refusal {
+        BodyRefusal::AfterDrain(failure) => refuse(body, None, failure).await,
+        BodyRefusal::Closing(failure) => closing(into_response(Reply::failure(None, &failure))),
     }
+}
+
+/// Why a body was not read whole.
+enum BodyRefusal {
+    /// The body is well framed: read the rest, then answer.
+    AfterDrain(Failure),
+    /// The body cannot be read further: answer and close the connection.
+    Closing(Failure),
+}
+
+/// Reads the whole body, growing `reservation` as it grows past what was declared.
+async fn read_body<'a>(
+    body: &mut Body,
+    intake: &'a Intake,
+    reservation: &mut Reservation<'a>,
+    expected_bytes: usize,
+) -> Result<Bytes, BodyRefusal> {
+    // One frame (the common case) is kept as it came; more are joined into one buffer.
+    let mut first: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut received_bytes = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| BodyRefusal::Closing(failure_of_body_error(&error)))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // Trailers carry nothing the API reads.
+        };
+        received_bytes += data.len();
+        if received_bytes > intake.body_bytes_max {
+            return Err(BodyRefusal::AfterDrain(Failure::body_too_large(intake.body_bytes_max)));
+        }
+        let unreserved_bytes = received_bytes.saturating_sub(reservation.bytes());
+        if unreserved_bytes > 0 && !reservation.grow(&intake.work, unreserved_bytes).await {
+            let failure = Failure::work_bound_full(received_bytes, intake.work.wait_timeout());
+            return Err(BodyRefusal::AfterDrain(failure));
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            earlier => {
+                if let Some(earlier) = earlier {
+                    joined.reserve(expected_bytes.max(received_bytes));
+                    joined.extend_from_slice(&earlier);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
+}
+
+/// The answer to a body that failed to arrive: its timeout (408), or broken framing (400).
+fn failure_of_body_error(error: &axum::Error) -> Failure {
+    let mut cause: &(dyn Error + 'static) = error;
+    loop {
+        if let Some(timeout) = cause.downcast_ref::<BodyTimeout>() {
+            return Failure::body_timeout(timeout.0);
+        }
+        match cause.source() {
+            Some(source) => cause = source,
+            // hyper's innermost reason, e.g. "invalid chunk size line".
+            None => return Failure::malformed_framing(cause),
+        }
+    }
+}
+
+/// Code 012 for a transfer coding other than `chunked`, code 011 for `chunked` applied twice
+/// (hyper refuses, with a bare 400, a coding list that does not end in `chunked`).
+fn coding_failure(headers: &HeaderMap) -> Option<Failure> {
+    let mut chunked_count = 0;
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let Ok(text) = value.to_str() else {
+            return Some(Failure::unsupported_coding(&String::from_utf8_lossy(value.as_bytes())));
+        };
+        for coding in text.split(',').map(str::trim).filter(|coding| !coding.is_empty()) {
+            if !coding.eq_ignore_ascii_case("chunked") {
+                return Some(Failure::unsupported_coding(coding));
+            }
+            chunked_count += 1;
+        }
+    }
+    (chunked_count > 1).then(|| Failure::malformed_framing("chunked is applied more than once"))
 }
 
 /// The most of a refused body that is read (and dropped) before the 413 goes out.
@@ -113,12 +234,8 @@ const REFUSED_BODY_DRAIN_BYTES_MAX: usize = 64 << 20;
 const REFUSED_BODY_DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reads and drops the rest of `body` (unless it declared more than the drain bound), then
-/// answers code 007.
-async fn refuse_too_large(
-    mut body: Body,
-    declared_bytes: Option<u64>,
-    body_bytes_max: usize,
-) -> Response {
+/// answers `failure`. Nothing read is kept, so a refused body takes no memory.
+async fn refuse(mut body: Body, declared_bytes: Option<u64>, failure: Failure) -> Response {
     if declared_bytes.is_none_or(|bytes| bytes <= REFUSED_BODY_DRAIN_BYTES_MAX as u64) {
         let drain = async {
             let mut drained_bytes = 0;
@@ -131,7 +248,13 @@ async fn refuse_too_large(
         };
         let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
     }
-    into_response(Reply::failure(None, &Failure::body_too_large(body_bytes_max)))
+    into_response(Reply::failure(None, &failure))
+}
+
+/// `response` with `connection: close`, which hyper honours after writing it.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    response
 }
 
 fn into_response(reply: Reply) -> Response {
@@ -144,23 +267,24 @@ pub fn serve_blocking(
     listener: std::net::TcpListener,
     router: Router,
     io_threads: usize,
+    bounds: ConnectionBounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
-    serve_on(move || tokio::net::TcpListener::from_std(listener), router, io_threads, shutdown)
+    let listener = move || tokio::net::TcpListener::from_std(listener);
+    serve_on(listener, router, io_threads, bounds, shutdown)
 }
 
 /// Serves `router` on the listener that `listener` makes inside the runtime (tokio listeners
-/// register with the runtime that is current when they are made).
+/// register with the runtime that is current when they are made), within `bounds`: every
+/// execution model serves its connections here.
 pub fn serve_on<L: Listener>(
     listener: impl FnOnce() -> std::io::Result<L>,
     router: Router,
     io_threads: usize,
+    bounds: ConnectionBounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    L::Addr: std::fmt::Debug,
-{
+) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(io_threads.max(1))
         .thread_name("web-io")
@@ -168,9 +292,8 @@ where
         .build()?;
     let _entered = runtime.enter();
     let listener = listener()?;
-    runtime.block_on(
-        async move { axum::serve(listener, router).with_graceful_shutdown(shutdown).await },
-    )
+    runtime.block_on(conn::serve(listener, router, bounds, shutdown));
+    Ok(())
 }
 
 /// A server running on its own threads; stops when dropped.
@@ -187,11 +310,12 @@ impl Server {
         let local_addr = listener.local_addr()?;
         let executors = Executors::start(&Model::IN_PROCESS, &config.exec)?;
         let calibration = executors.calibration();
-        let router = executors.router(config.default_model, config.body_bytes_max);
+        let router =
+            executors.router(config.default_model, config.body_bytes_max, &config.bounds.work);
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("web-server".into()).spawn(move || {
             // The router holds the executors; when serving ends they drop and their workers stop.
-            serve_blocking(listener, router, config.io_threads, async move {
+            serve_blocking(listener, router, config.io_threads, config.bounds.connection, async {
                 let _ = stopped.await;
             })
         })?;

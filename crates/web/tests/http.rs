@@ -6,7 +6,7 @@ use serde_json::Value;
 use web::api::{ErrorCode, SizeLimits};
 use web::client::JsonClient;
 use web::exec::{ExecConfig, Model};
-use web::server::{Server, ServerConfig};
+use web::server::{ServeBounds, Server, ServerConfig};
 use web::workload::Shape;
 
 const EXAMPLE: &str = r#"{"requestId": 2238, "matrixOne": {"columnCount": 3, "rows": [{"value": "1,2,3"},
@@ -26,6 +26,7 @@ fn start(queue_depth_max: usize, workers: usize) -> Server {
         },
         body_bytes_max: BODY_BYTES_MAX,
         io_threads: 2,
+        bounds: ServeBounds::default(),
     };
     Server::start(listener, config).unwrap()
 }

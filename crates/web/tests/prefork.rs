@@ -9,6 +9,7 @@ use web::api::SizeLimits;
 use web::client::JsonClient;
 use web::exec::{Calibration, Compute, Model, process};
 use web::prefork::{ChildSpec, Prefork, child_spec_from_env, run_child};
+use web::server::ServeBounds;
 use web::workload::Shape;
 
 const EXAMPLE: &str = r#"{"requestId": 7, "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
@@ -27,7 +28,9 @@ fn main() {
     println!("test adaptive_children_answer_busy_past_the_bound ... ok");
     adaptive_children_are_dealt_equal_shares_of_connections();
     println!("test adaptive_children_are_dealt_equal_shares_of_connections ... ok");
-    println!("4 passed, 0 failed");
+    per_core_children_close_idle_connections_and_refuse_past_the_limit();
+    println!("test per_core_children_close_idle_connections_and_refuse_past_the_limit ... ok");
+    println!("5 passed, 0 failed");
 }
 
 fn template(model: Model) -> ChildSpec {
@@ -45,6 +48,7 @@ fn template(model: Model) -> ChildSpec {
         cells_max: 10_000,
         queue_depth_max: 16,
         body_bytes_max: 1 << 16,
+        bounds: ServeBounds::default(),
     }
 }
 
@@ -178,4 +182,36 @@ fn adaptive_children_answer_busy_past_the_bound() {
             assert_eq!(status, 200);
         }
     });
+}
+
+/// The connection bounds hold in the per-core processes too (they serve through the same accept
+/// loop): in both layouts, a connection past a child's limit gets 503 with code 010, and an idle
+/// connection is closed after the idle timeout.
+fn per_core_children_close_idle_connections_and_refuse_past_the_limit() {
+    use std::io::Read;
+    let idle_timeout = Duration::from_secs(1);
+    for model in [Model::Prefork, Model::Adaptive] {
+        let mut template = template(model);
+        template.bounds.connection.idle_timeout = idle_timeout;
+        template.bounds.connection.connections_max = 1;
+        let exe = std::env::current_exe().unwrap();
+        // One child: every connection reaches it, whatever the layout spreads them by.
+        let children = Prefork::start(template.addr, 1, template, exe, &[]).unwrap();
+        let connect = || {
+            let stream = std::net::TcpStream::connect(children.local_addr()).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+            stream
+        };
+        let mut held = connect();
+        // Accepted first, so the child holds it before the second arrives.
+        std::thread::sleep(Duration::from_millis(100));
+        let mut refused = String::new();
+        connect().read_to_string(&mut refused).unwrap();
+        assert!(refused.starts_with("HTTP/1.1 503"), "{model:?}: {refused}");
+        assert!(refused.contains(r#""errorCode":"010""#), "{model:?}: {refused}");
+        let opened = std::time::Instant::now();
+        let read = held.read(&mut [0u8; 16]);
+        assert!(matches!(read, Ok(0)), "{model:?}: the idle connection was not closed: {read:?}");
+        assert!(opened.elapsed() < Duration::from_secs(5), "{model:?}");
+    }
 }

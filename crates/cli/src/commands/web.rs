@@ -71,6 +71,33 @@ pub struct ServeArgs {
     /// [default: shared].
     #[arg(long, value_parser = one_of(&AdaptiveLayout::ALL, AdaptiveLayout::name))]
     pub adaptive_layout: Option<AdaptiveLayout>,
+    /// Milliseconds from a request's first byte to the end of its header; the connection is
+    /// closed after that [default: 10000].
+    #[arg(long)]
+    pub header_timeout_ms: Option<u64>,
+    /// Milliseconds from the first read of a body to its end; 408 (code 013) after that
+    /// [default: 12000].
+    #[arg(long)]
+    pub body_timeout_ms: Option<u64>,
+    /// Milliseconds a connection may wait for a request (keep-alive) before it is closed
+    /// [default: 60000].
+    #[arg(long)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Connections served at once per process; one more gets 503 (code 010) [default: 512].
+    #[arg(long)]
+    pub connections_max: Option<usize>,
+    /// Body bytes in flight per process over bodies up to 1 MiB; beyond, requests wait, then
+    /// get 503 (code 009) [default: 64 MiB].
+    #[arg(long)]
+    pub work_bytes_max: Option<usize>,
+    /// Body bytes in flight per process over bodies above 1 MiB (at least --body-bytes-max)
+    /// [default: 16 MiB].
+    #[arg(long)]
+    pub large_work_bytes_max: Option<usize>,
+    /// Milliseconds a request waits for room within the work bounds before 503 (code 009)
+    /// [default: 5000].
+    #[arg(long)]
+    pub admission_wait_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -85,6 +112,13 @@ impl ServeArgs {
         override_with(&mut config.cells_max, &self.cells_max);
         override_with(&mut config.io_threads, &self.io_threads);
         override_with(&mut config.adaptive_layout, &self.adaptive_layout);
+        override_with(&mut config.header_timeout_ms, &self.header_timeout_ms);
+        override_with(&mut config.body_timeout_ms, &self.body_timeout_ms);
+        override_with(&mut config.idle_timeout_ms, &self.idle_timeout_ms);
+        override_with(&mut config.connections_max, &self.connections_max);
+        override_with(&mut config.work_bytes_max, &self.work_bytes_max);
+        override_with(&mut config.large_work_bytes_max, &self.large_work_bytes_max);
+        override_with(&mut config.admission_wait_ms, &self.admission_wait_ms);
         Ok(config)
     }
 }
@@ -163,5 +197,10 @@ mod tests {
         assert!(matches!(error.downcast_ref(), Some(web::WebError::BadInput(_))), "{error:#}");
         let zero = ServeConfig { workers: 0, ..ServeConfig::default() };
         assert!(zero.server_config().unwrap_err().to_string().contains("workers"));
+        let no_idle = ServeConfig { idle_timeout_ms: 0, ..ServeConfig::default() };
+        assert!(crate::outcome::is_bad_input(&no_idle.server_config().unwrap_err()));
+        let narrow_lane = ServeConfig { large_work_bytes_max: 1 << 20, ..ServeConfig::default() };
+        let error = narrow_lane.server_config().unwrap_err().to_string();
+        assert!(error.contains("large_work_bytes_max"), "{error}");
     }
 }
