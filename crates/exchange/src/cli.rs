@@ -15,10 +15,13 @@ use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary, karp_flatt,
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
+use journal::Policy;
+
 use crate::durability::{JournalMode, JournalOptions};
 use crate::msg::Reason;
 use crate::tier::{
-    RunOptions, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, run as run_tier,
+    Arrival, RunOptions, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, WaitChoice,
+    run as run_tier,
 };
 
 /// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
@@ -48,7 +51,7 @@ pub struct DemoArgs {
     /// Journaling of the sequenced input (into a temporary directory): group holds each reply
     /// until its input is on disk; sync puts the fsync on the critical path; relaxed does not
     /// hold replies; off disables the journal.
-    #[arg(long, value_enum, default_value_t = JournalMode::Group)]
+    #[arg(long, default_value_t = JournalMode::default())]
     pub journal: JournalMode,
 }
 
@@ -131,16 +134,16 @@ pub struct RunArgs {
     pub senders: Option<usize>,
     /// Wait strategy of the critical stages: spin, spin-yield, park, adaptive.
     #[arg(long)]
-    pub wait: Option<String>,
+    pub wait: Option<WaitChoice>,
     /// Pin workers per the placement plan.
     #[arg(long)]
     pub placement: Option<bool>,
     /// Arrival process: constant, poisson, bursty.
     #[arg(long)]
-    pub arrival: Option<String>,
+    pub arrival: Option<Arrival>,
     /// Journaling of the sequenced input: group (default: replies wait for their input's
     /// fsync), sync (the core waits for it), relaxed (replies not held), off.
-    #[arg(long, value_enum)]
+    #[arg(long)]
     pub journal: Option<JournalMode>,
     /// A snapshot of each core shard every this many of its journaled inputs (0 = none):
     /// restart loads the newest valid one and replays only the journal after it.
@@ -616,7 +619,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
 /// The placement and senders experiments compare thread layouts; a held reply would add the
 /// disk's fsync time to every latency they compare, so they run without a journal.
 fn unjournaled() -> TierConfig {
-    TierConfig { journal: JournalMode::Off, ..TierConfig::default() }
+    TierConfig { journal: JournalMode::OFF, ..TierConfig::default() }
 }
 
 fn experiment_runs(
@@ -639,9 +642,12 @@ fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
     let variants = [
         (
             "placement+spin",
-            TierConfig { placement: true, wait: "spin".into(), ..unjournaled.clone() },
+            TierConfig { placement: true, wait: WaitChoice::Spin, ..unjournaled.clone() },
         ),
-        ("none+park", TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() }),
+        (
+            "none+park",
+            TierConfig { placement: false, wait: WaitChoice::Park, ..unjournaled.clone() },
+        ),
     ];
     let bar =
         progress_bar((variants.len() * DEMO_RATES_PER_S.len()) as u64, "placement experiment");
@@ -774,13 +780,13 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
         None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
     };
     let raw_fsync = journal::bench::raw_fdatasync(root.path(), args.fsync_samples)?.summary();
-    let modes = [JournalMode::Sync, JournalMode::Group, JournalMode::Off];
+    let modes = [Policy::Sync.into(), Policy::Group.into(), JournalMode::OFF];
     let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
     let mut points = Vec::new();
     for rate_per_s in DEMO_RATES_PER_S {
         for journal in modes {
             let seconds = match journal {
-                JournalMode::Sync => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
+                JournalMode(Some(Policy::Sync)) => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
                 _ => seconds,
             };
             let config = TierConfig { journal, ..base.clone() };
@@ -835,11 +841,11 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
         .map(|&rate| JournalRatios {
             rate_per_s: rate,
             critical_p99_group_over_off: ratio(
-                p99(rate, JournalMode::Group, false),
-                p99(rate, JournalMode::Off, false),
+                p99(rate, Policy::Group.into(), false),
+                p99(rate, JournalMode::OFF, false),
             ),
             durable_p99_group_over_raw_fsync: ratio(
-                p99(rate, JournalMode::Group, true),
+                p99(rate, Policy::Group.into(), true),
                 raw_fsync.p99_ns,
             ),
         })

@@ -48,14 +48,26 @@
 //! latency histograms, the runtime's per-stage throughput and utilization, rejects by reason
 //! and each shard's output hash. [`cli`] holds `leantier demo` and `leantier exchange ...`.
 
+//!
+//! Under `--cfg loom` only [`master`] and the modules it needs are built, with loom's atomics
+//! (see `sync`), because that is what `tests/loom.rs` model-checks.
+
 pub mod book;
+#[cfg(not(loom))]
 pub mod cli;
+#[cfg(not(loom))]
 pub mod core;
+#[cfg(not(loom))]
 pub mod durability;
+#[cfg(not(loom))]
 pub mod flow;
 pub mod master;
 pub mod msg;
+#[cfg(not(loom))]
 pub mod preprocess;
 pub mod store;
+mod sync;
+#[cfg(not(loom))]
 pub mod tier;
+#[cfg(not(loom))]
 mod wire;

@@ -74,6 +74,7 @@
 //! never loses or duplicates a message; the argument is in [`crate::active`].
 
 mod emit;
+mod results;
 mod worker;
 
 use std::any::Any;
@@ -86,6 +87,7 @@ use serde::Serialize;
 
 use emit::Outlet;
 pub use emit::{EMIT_BATCH_SLOTS_MAX, Emitter, Envelope, Input, Message, Route};
+pub use results::{StageResults, StageWorker};
 use worker::{ConsumerLoop, LaunchContext, Shared, launch_workers, run_source};
 
 use crate::active::ActiveWorkers;
