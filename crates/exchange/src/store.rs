@@ -37,6 +37,9 @@ pub struct OrderSlot {
     in_use: bool,
 }
 
+/// The double-free flag fits in the slot's padding: a slot stays 40 bytes.
+const _: () = assert!(std::mem::size_of::<OrderSlot>() == 40);
+
 impl OrderSlot {
     /// A new resting order, not yet linked into a level.
     pub fn resting(order_id: OrderId, client: ClientId, qty: Qty, book: u32, side: Side) -> Self {

@@ -30,6 +30,12 @@
 //!   writer, off the critical path; the run stops it after the writer, once it has caught up.
 //! * Latency is measured from each request's intended send time to the delivery of its first
 //!   response at the subscriber gateway, with per-stage splits from stamps in the messages.
+//!
+//! [`run`] reads as its steps: `recover` (the journals and master data, or a fresh start),
+//! `graph::start` (the stages above, wired and started), `drive_load` (the open-loop load),
+//! then the pipeline drains, `Durability::finish` stops the journal writers and snapshot
+//! followers, and `Totals::collect` combines what each stage's workers handed back when they
+//! finished ([`pipeline::stage::StageWorker::finish`], in `workers`).
 
 mod choices;
 mod graph;

@@ -96,4 +96,20 @@ fn command_line_definitions_are_consistent_and_parse() {
     };
     assert_eq!((senders.rate, senders.common.seconds), (1_000.0, 0.5));
     assert!(Top::try_parse_from(["leantier", "demo", "--quick", "--p99-limit-us", "x"]).is_err());
+    let run = ["leantier", "exchange", "run", "--wait", "spin-yield", "--arrival", "bursty"];
+    let parsed = Top::try_parse_from(run.into_iter().chain(["--journal", "off"])).unwrap();
+    let Top::Exchange(Args { command: ExchangeCommand::Run(flags) }) = parsed else {
+        panic!("run")
+    };
+    assert_eq!(flags.wait, Some(exchange::tier::WaitChoice::SpinYield));
+    assert_eq!(flags.arrival, Some(exchange::tier::Arrival::Bursty));
+    assert_eq!(flags.journal, Some(exchange::durability::JournalMode::OFF));
+    let Top::Demo(demo) = Top::try_parse_from(["leantier", "demo"]).unwrap() else {
+        panic!("demo")
+    };
+    assert_eq!(demo.journal, exchange::durability::JournalMode::default(), "group by default");
+    for bad in [["--wait", "sleepy"], ["--journal", "maybe"], ["--arrival", "never"]] {
+        let args = ["leantier", "exchange", "run"].into_iter().chain(bad);
+        assert!(Top::try_parse_from(args).is_err(), "{bad:?}");
+    }
 }

@@ -40,7 +40,7 @@ fn publish_all(cell: &SnapshotCell) {
         let update =
             MasterUpdate::ClientLimit { client: 0, enabled: true, order_value_max: version };
         next.apply(&update).expect("client 0 exists");
-        assert_eq!(cell.publish(next), version);
+        cell.publish(next);
     }
 }
 

@@ -149,6 +149,34 @@ mod tests {
     }
 
     #[test]
+    fn todays_config_spellings_still_parse_and_bad_ones_are_bad_input() {
+        use crate::durability::JournalMode;
+        use crate::tier::TierConfig;
+        let lean = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/lean-2core.toml");
+        let config: TierConfig = lab::config::load_toml(Some(lean.as_ref())).unwrap();
+        assert_eq!(config.wait, WaitChoice::Park);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tier.toml");
+        let text =
+            "wait = \"busy-spin\"\nconnector = \"ring\"\narrival = \"bursty\"\njournal = \"off\"\n";
+        std::fs::write(&file, text).unwrap();
+        let config: TierConfig = lab::config::load_toml(Some(&file)).unwrap();
+        assert_eq!(config.wait, WaitChoice::Spin);
+        assert_eq!(config.connector, pipeline::ConnectorKind::LockFree);
+        assert_eq!(config.arrival, Arrival::Bursty);
+        assert_eq!(config.journal, JournalMode::OFF);
+        let defaults = serde_json::to_value(TierConfig::default()).unwrap();
+        let spelled = |field: &str| defaults[field].as_str().unwrap().to_owned();
+        let names = ["auto", "lock-free", "poisson", "group"];
+        assert_eq!(["wait", "connector", "arrival", "journal"].map(spelled), names);
+        for bad in ["wait = \"sleepy\"", "connector = \"pigeon\"", "journal = \"maybe\""] {
+            std::fs::write(&file, bad).unwrap();
+            let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
+            assert!(error.downcast_ref::<lab::outcome::BadInput>().is_some(), "{error}");
+        }
+    }
+
+    #[test]
     fn fixed_choices_are_the_strategies_their_names_parse_to() {
         for wait in
             [WaitChoice::Spin, WaitChoice::SpinYield, WaitChoice::Park, WaitChoice::Adaptive]
