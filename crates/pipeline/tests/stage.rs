@@ -376,6 +376,9 @@ fn external_inputs_feed_the_graph_and_closing_them_finishes_it() {
     assert_eq!(report.stages.len(), 1, "inputs have no worker threads and no metrics");
 }
 
+/// One worker's (index, messages, sum of ids).
+type WorkerTotals = (usize, u64, u64);
+
 /// Counts and sums what one worker of a `stage_with_results` sink received.
 struct Totals {
     worker: usize,
@@ -385,7 +388,7 @@ struct Totals {
 }
 
 impl StageWorker<Tick, ()> for Totals {
-    type Finished = (usize, u64, u64);
+    type Finished = WorkerTotals;
 
     fn handle(&mut self, tick: &Tick, _: &mut Emitter<()>) {
         assert_ne!(self.panic_at, Some(tick.id), "bad tick {}", tick.id);
@@ -393,7 +396,7 @@ impl StageWorker<Tick, ()> for Totals {
         self.sum += tick.id;
     }
 
-    fn finish(self) -> (usize, u64, u64) {
+    fn finish(self) -> WorkerTotals {
         (self.worker, self.count, self.sum)
     }
 }
@@ -401,7 +404,7 @@ impl StageWorker<Tick, ()> for Totals {
 /// A source of ids 0..2000 round-robined to a three-worker sink that reports per-worker totals.
 fn run_totals(
     panic_at: Option<u64>,
-) -> (Result<PipelineReport, PipelineError>, StageResults<(usize, u64, u64)>) {
+) -> (Result<PipelineReport, PipelineError>, StageResults<WorkerTotals>) {
     let mut graph = PipelineBuilder::new().pin_threads(false);
     let source = graph.source("gen", StageSpec::ancillary(1), |_| counting_source(0, 2_000, 1));
     let (sink, results) =
