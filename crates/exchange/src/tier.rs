@@ -22,9 +22,10 @@
 //! * The R-Processor holds each reply until the shard journal's durable sequence covers its
 //!   input (`group`, `sync`); the critical-path latency ends when the core emits the output,
 //!   the durable reply latency when the sender delivers it.
-//! * The master-data process is the single writer of the [`SnapshotCell`](crate::master::SnapshotCell); the external events
-//!   process sends each event both to the core (as a control message) and to the master-data
-//!   process (so the pre-process sees halts and bands early). With a journal, the master-data
+//! * The master-data process is the single writer of the
+//!   [`SnapshotCell`](crate::master::SnapshotCell); the external events process sends each
+//!   event both to the core (as a control message) and to the master-data process (so the
+//!   pre-process sees halts and bands early). With a journal, the master-data
 //!   process journals each update write-ahead before publishing it (`MasterWorker`).
 //! * Each shard's snapshot follower (`durability::ShardSnapshotter`) runs beside the journal
 //!   writer, off the critical path; the run stops it after the writer, once it has caught up.
