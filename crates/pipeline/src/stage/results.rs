@@ -39,6 +39,22 @@ impl<R> StageResults<R> {
     }
 }
 
+/// A plain stage handler as a [`StageWorker`] that reports nothing ([`PipelineBuilder::stage`]).
+pub(super) struct HandlerWorker<H>(pub(super) H);
+
+impl<In, Out, H: FnMut(&In, &mut Emitter<Out>) + Send + 'static> StageWorker<In, Out>
+    for HandlerWorker<H>
+{
+    type Finished = ();
+
+    #[inline]
+    fn handle(&mut self, message: &In, out: &mut Emitter<Out>) {
+        (self.0)(message, out)
+    }
+
+    fn finish(self) {}
+}
+
 impl PipelineBuilder {
     /// A processing stage (or, with `Out = ()`, a sink) whose workers are [`StageWorker`]s:
     /// `make_worker(worker)` builds each one on the starting thread, and each one's
