@@ -37,9 +37,15 @@ fn members() -> BTreeMap<String, BTreeSet<String>> {
         }
         let table = read_toml(&manifest);
         let name = table["package"]["name"].as_str().unwrap().to_string();
-        let deps = table.get("dependencies").and_then(|d| d.as_table());
-        let names = deps.map(|d| d.keys().cloned().collect()).unwrap_or_default();
-        members.insert(name, names);
+        // Normal dependencies, unconditional or per target (`[target.'cfg(..)'.dependencies]`).
+        let targets = table.get("target").and_then(|t| t.as_table());
+        let per_target = targets.into_iter().flat_map(|t| t.values());
+        let tables = std::iter::once(&toml::Value::Table(table.clone()))
+            .chain(per_target)
+            .filter_map(|t| t.get("dependencies").and_then(|d| d.as_table()))
+            .flat_map(|d| d.keys().cloned())
+            .collect::<BTreeSet<String>>();
+        members.insert(name, tables);
     }
     members
 }

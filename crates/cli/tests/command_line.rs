@@ -61,6 +61,8 @@ fn bad_flags_exit_with_code_2() {
     for args in [
         &["demo", "--p99-limit-us", "x"][..],
         &["exchange", "run", "--journal", "bogus"],
+        &["exchange", "run", "--wait", "sleepy"],
+        &["exchange", "run", "--arrival", "never"],
         &["web", "serve", "--adaptive-layout", "bogus"],
         &["bench", "ring", "--batches", "512", "--quick"],
         &["no-such-command"],

@@ -45,11 +45,12 @@ impl Listing {
 
 /// A price level: the FIFO queue of resting orders at one price.
 #[derive(Clone, Copy, Debug)]
-pub struct Level {
-    pub head: u32,
-    pub tail: u32,
-    /// Total open quantity at this level.
-    pub qty: u64,
+struct Level {
+    head: u32,
+    tail: u32,
+    /// Total open quantity at this level: changed only by [`Ladder::push_back`],
+    /// [`Ladder::unlink`] and [`Ladder::reduce`], together with the orders' own quantities.
+    qty: u64,
 }
 
 impl Default for Level {
@@ -60,11 +61,11 @@ impl Default for Level {
 
 /// One side of a book.
 pub struct Ladder {
-    pub levels: Vec<Level>,
+    levels: Vec<Level>,
     /// Bit `i` set = level `i` holds orders.
     occupied: Vec<u64>,
     /// Best level (highest bid / lowest ask), or [`NONE`].
-    pub best: u32,
+    best: u32,
     side: Side,
 }
 
@@ -76,6 +77,16 @@ impl Ladder {
             best: NONE,
             side,
         }
+    }
+
+    /// Best level (highest bid / lowest ask), or [`NONE`] when the side is empty.
+    pub fn best(&self) -> u32 {
+        self.best
+    }
+
+    /// The oldest order slot at `level`, or [`NONE`].
+    pub fn head(&self, level: u32) -> u32 {
+        self.levels[level as usize].head
     }
 
     /// True if `level` is at least as good as `other` from this side's point of view.
@@ -174,12 +185,24 @@ impl Ladder {
         let entry = &mut self.levels[level as usize];
         entry.qty -= u64::from(order.qty);
         if entry.head == NONE {
-            debug_assert_eq!(entry.qty, 0);
+            // Release build: an empty level with a quantity left means the level totals and
+            // the orders disagree (every later top of book would be wrong). One branch per
+            // emptied level.
+            assert_eq!(entry.qty, 0, "level {level} emptied with quantity left");
             self.occupied[(level / 64) as usize] &= !(1 << (level % 64));
             if self.best == level {
                 self.best = self.next_worse(level);
             }
         }
+    }
+
+    /// Takes `by` off a resting order's quantity in place (it keeps its time priority), and
+    /// off its level's total; `by` is less than the order's quantity (a full fill unlinks).
+    pub fn reduce(&mut self, pool: &mut OrderPool, slot: u32, by: Qty) {
+        let order = pool.get_mut(slot);
+        debug_assert!(by < order.qty, "reducing order {} by its whole quantity", order.order_id);
+        order.qty -= by;
+        self.levels[order.level as usize].qty -= u64::from(by);
     }
 
     /// Best price and total quantity there, or `(0, 0)` when the side is empty.
@@ -191,6 +214,15 @@ impl Ladder {
     }
 }
 
+/// The best bid and offer of a book, with the total quantity at each (zeros for an empty side).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopOfBook {
+    pub bid: Price,
+    pub bid_qty: u64,
+    pub ask: Price,
+    pub ask_qty: u64,
+}
+
 /// The state the core keeps per instrument.
 pub struct Book {
     pub listing: Listing,
@@ -200,8 +232,8 @@ pub struct Book {
     /// Inclusive price band, as ladder levels.
     pub band_low: u32,
     pub band_high: u32,
-    /// Last published top of book: (bid, bid qty, ask, ask qty).
-    pub last_top: (Price, u64, Price, u64),
+    /// Last published top of book.
+    pub last_top: TopOfBook,
 }
 
 impl Book {
@@ -214,7 +246,7 @@ impl Book {
             halted: false,
             band_low: 0,
             band_high: listing.levels - 1,
-            last_top: (0, 0, 0, 0),
+            last_top: TopOfBook::default(),
         }
     }
 
@@ -233,10 +265,10 @@ impl Book {
     }
 
     /// Current top of book.
-    pub fn top(&self) -> (Price, u64, Price, u64) {
+    pub fn top(&self) -> TopOfBook {
         let (bid, bid_qty) = self.bids.top(&self.listing);
         let (ask, ask_qty) = self.asks.top(&self.listing);
-        (bid, bid_qty, ask, ask_qty)
+        TopOfBook { bid, bid_qty, ask, ask_qty }
     }
 
     /// True when the best bid is at or above the best ask.

@@ -8,12 +8,12 @@
 //! fill for the aggressor, a fill for the resting order and a trade, then an engine cancel of
 //! an immediate order's remainder, and last a top-of-book record if the top changed.
 
-use crate::book::{Book, LADDER_LEVELS_MAX, Listing, opposite, saturate_qty};
+use crate::book::{Book, LADDER_LEVELS_MAX, Listing, opposite};
 use crate::msg::{
     ClientId, Command, CoreOutput, InstrumentId, OrderId, OrderType, OutputKind, Price, Qty,
     Reason, SequencedInput, Side, TimeInForce,
 };
-use crate::store::{NONE, ORDER_POOL_SLOTS_DEFAULT, OrderIndex, OrderPool};
+use crate::store::{NONE, ORDER_POOL_SLOTS_DEFAULT, OrderIndex, OrderPool, OrderSlot};
 
 mod snapshot;
 pub use snapshot::{BOOK_SNAPSHOT_BYTES, ORDER_SNAPSHOT_BYTES};
@@ -246,15 +246,14 @@ impl MatchingCore {
 
     /// Puts the aggressor's remainder on the book in a fresh slot (the caller checked the pool).
     fn rest(&mut self, book_at: u32, aggressor: &Aggressor, level: u32) {
-        let slot = self.pool.alloc().expect("pool checked before matching");
-        *self.pool.get_mut(slot) = crate::store::OrderSlot {
-            order_id: aggressor.order_id,
-            client: aggressor.client,
-            qty: aggressor.qty,
-            book: book_at,
-            side: aggressor.side,
-            ..crate::store::OrderSlot::default()
-        };
+        let order = OrderSlot::resting(
+            aggressor.order_id,
+            aggressor.client,
+            aggressor.qty,
+            book_at,
+            aggressor.side,
+        );
+        let slot = self.pool.alloc(order).expect("pool checked before matching");
         self.index.insert(aggressor.order_id, slot);
         self.books[book_at as usize].ladder_mut(aggressor.side).push_back(
             &mut self.pool,
@@ -277,11 +276,11 @@ impl MatchingCore {
         let listing = book.listing;
         let contra = book.ladder_mut(opposite(aggressor.side));
         while aggressor.qty > 0
-            && contra.best != NONE
-            && contra.at_least_as_good(contra.best, limit)
+            && contra.best() != NONE
+            && contra.at_least_as_good(contra.best(), limit)
         {
-            let level = contra.best;
-            let slot = contra.levels[level as usize].head;
+            let level = contra.best();
+            let slot = contra.head(level);
             let resting = *self.pool.get(slot);
             let fill = aggressor.qty.min(resting.qty);
             let price = listing.price_of(level);
@@ -321,8 +320,7 @@ impl MatchingCore {
                 self.index.remove(resting.order_id);
                 self.pool.free(slot);
             } else {
-                self.pool.get_mut(slot).qty = resting_leaves;
-                contra.levels[level as usize].qty -= u64::from(fill);
+                contra.reduce(&mut self.pool, slot, fill);
             }
         }
     }
@@ -385,8 +383,7 @@ impl MatchingCore {
         let ladder = self.books[book_at as usize].ladder_mut(order.side);
         if level == order.level && qty <= order.qty {
             // Same price, smaller quantity: keeps its place in the queue.
-            ladder.levels[level as usize].qty -= u64::from(order.qty - qty);
-            self.pool.get_mut(slot).qty = qty;
+            ladder.reduce(&mut self.pool, slot, order.qty - qty);
             return emit(&CoreOutput { kind: OutputKind::Replaced, leaves_qty: qty, ..out });
         }
         // Any other change loses time priority: out of the queue, re-entered as an aggressor.
@@ -428,19 +425,16 @@ impl MatchingCore {
         emit: &mut impl FnMut(&CoreOutput),
     ) {
         let book = &mut self.books[book_at as usize];
+        // Release build, once per input: matching runs until the book no longer crosses, so a
+        // crossed book means corrupt ladders, and every later match would be wrong. Costs a
+        // compare of the two best levels, which `top` reads anyway.
+        assert!(!book.is_crossed(), "book of instrument {} crossed", book.listing.instrument);
         let top = book.top();
         if top == book.last_top {
             return;
         }
         book.last_top = top;
-        emit(&CoreOutput {
-            kind: OutputKind::TopOfBook,
-            price: top.0,
-            qty: saturate_qty(top.1),
-            price2: top.2,
-            leaves_qty: saturate_qty(top.3),
-            ..*template
-        });
+        emit(&CoreOutput::with_top_of_book(&top, template));
     }
 }
 

@@ -48,49 +48,91 @@ use crate::msg::{
 };
 use crate::wire::{Fields, Put};
 
-/// How the tier journals its sequenced input (`--journal`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JournalMode {
-    /// Journal beside the core; replies wait until their input is on disk (group commit).
-    #[default]
-    Group,
-    /// The core waits for each input's fsync: disk I/O on the critical path.
-    Sync,
-    /// Replies are not held; the journal syncs on a timer (a loss window on power failure).
-    Relaxed,
-    /// No journal.
-    Off,
-}
+/// How the tier journals its sequenced input (`--journal`, TOML `journal`): a journal
+/// [`Policy`], or `None` for no journal. Spelled `group` (the default), `sync`, `relaxed` (the
+/// policy's own serde names) or `off`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct JournalMode(pub Option<Policy>);
+
+/// The spelling of "no journal".
+const JOURNAL_OFF: &str = "off";
 
 impl JournalMode {
-    /// Every mode.
-    pub const ALL: [JournalMode; 4] =
-        [JournalMode::Group, JournalMode::Sync, JournalMode::Relaxed, JournalMode::Off];
+    /// No journal.
+    pub const OFF: JournalMode = JournalMode(None);
+    /// Every mode, the default first.
+    pub const ALL: [JournalMode; 4] = [
+        JournalMode(Some(Policy::Group)),
+        JournalMode(Some(Policy::Sync)),
+        JournalMode(Some(Policy::Relaxed)),
+        JournalMode::OFF,
+    ];
 
-    /// The name used in flags and config files.
+    /// The config and flag spelling: the policy's name, or `off`.
     pub fn name(self) -> &'static str {
-        match self {
-            JournalMode::Group => "group",
-            JournalMode::Sync => "sync",
-            JournalMode::Relaxed => "relaxed",
-            JournalMode::Off => "off",
-        }
+        self.0.map_or(JOURNAL_OFF, Policy::name)
     }
 
     /// The journal policy, `None` when journaling is off.
     pub fn policy(self) -> Option<Policy> {
-        match self {
-            JournalMode::Group => Some(Policy::Group),
-            JournalMode::Sync => Some(Policy::Sync),
-            JournalMode::Relaxed => Some(Policy::Relaxed),
-            JournalMode::Off => None,
-        }
+        self.0
     }
 
     /// Whether replies wait for the durable sequence.
     pub fn holds_replies(self) -> bool {
-        matches!(self, JournalMode::Group | JournalMode::Sync)
+        matches!(self.0, Some(Policy::Group | Policy::Sync))
+    }
+}
+
+impl Default for JournalMode {
+    fn default() -> Self {
+        JournalMode(Some(Policy::Group))
+    }
+}
+
+impl From<Policy> for JournalMode {
+    fn from(policy: Policy) -> Self {
+        JournalMode(Some(policy))
+    }
+}
+
+/// One word, as reports and data-directory names have always shown it: `Group`, `Off`.
+impl std::fmt::Debug for JournalMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(policy) => write!(f, "{policy:?}"),
+            None => f.write_str("Off"),
+        }
+    }
+}
+
+/// The config and flag spelling: `group`, `off`.
+impl std::fmt::Display for JournalMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for JournalMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        JournalMode::ALL.into_iter().find(|mode| mode.name() == text).ok_or_else(|| {
+            format!("journal `{text}`: expected group, sync, relaxed or {JOURNAL_OFF}")
+        })
+    }
+}
+
+impl serde::Serialize for JournalMode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JournalMode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::durability::{JournalMode, JournalOptions};
 use crate::error::ExchangeError::BadInput;
-use crate::tier::{RunOptions, RunResult, TierConfig, run as run_tier};
+use crate::tier::{RunOptions, RunResult, TierConfig, WaitChoice, run as run_tier};
+use journal::Policy;
 
 /// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
 pub const DEMO_RATES_PER_S: [f64; 3] = [20_000.0, 40_000.0, 60_000.0];
@@ -142,7 +143,7 @@ fn run_at(
 /// The placement and senders experiments compare thread layouts; a held reply would add the
 /// disk's fsync time to every latency they compare, so they run without a journal.
 fn unjournaled() -> TierConfig {
-    TierConfig { journal: JournalMode::Off, ..TierConfig::default() }
+    TierConfig { journal: JournalMode::OFF, ..TierConfig::default() }
 }
 
 /// One layout at one rate in the placement experiment.
@@ -164,9 +165,12 @@ pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
     let variants = [
         (
             "placement+spin",
-            TierConfig { placement: true, wait: "spin".into(), ..unjournaled.clone() },
+            TierConfig { placement: true, wait: WaitChoice::Spin, ..unjournaled.clone() },
         ),
-        ("none+park", TierConfig { placement: false, wait: "park".into(), ..unjournaled.clone() }),
+        (
+            "none+park",
+            TierConfig { placement: false, wait: WaitChoice::Park, ..unjournaled.clone() },
+        ),
     ];
     let bar =
         progress_bar((variants.len() * DEMO_RATES_PER_S.len()) as u64, "placement experiment");
@@ -281,13 +285,13 @@ pub fn journal_modes(
         None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
     };
     let raw_fsync = journal::bench::raw_fdatasync(root.path(), fsync_samples)?.summary();
-    let modes = [JournalMode::Sync, JournalMode::Group, JournalMode::Off];
+    let modes = [Policy::Sync.into(), Policy::Group.into(), JournalMode::OFF];
     let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
     let mut points = Vec::new();
     for rate_per_s in DEMO_RATES_PER_S {
         for journal in modes {
             let seconds = match journal {
-                JournalMode::Sync => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
+                JournalMode(Some(Policy::Sync)) => seconds.min(SYNC_REQUESTS_MAX / rate_per_s),
                 _ => seconds,
             };
             let config = TierConfig { journal, ..base.clone() };
@@ -333,11 +337,11 @@ fn journal_ratios(points: &[JournalPoint], raw_fsync_p99_ns: u64) -> Vec<Journal
         .map(|&rate| JournalRatios {
             rate_per_s: rate,
             critical_p99_group_over_off: ratio(
-                p99(rate, JournalMode::Group, false),
-                p99(rate, JournalMode::Off, false),
+                p99(rate, Policy::Group.into(), false),
+                p99(rate, JournalMode::OFF, false),
             ),
             durable_p99_group_over_raw_fsync: ratio(
-                p99(rate, JournalMode::Group, true),
+                p99(rate, Policy::Group.into(), true),
                 raw_fsync_p99_ns,
             ),
         })

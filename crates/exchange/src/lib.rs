@@ -47,18 +47,31 @@
 //! drives it with `lab::load`'s open-loop schedule and reports end-to-end and per-stage
 //! latency histograms, the runtime's per-stage throughput and utilization, rejects by reason
 //! and each shard's output hash.
+//!
+//! Under `--cfg loom` only [`master`] and the modules it needs are built, with loom's atomics
+//! (see `sync`), because that is what `tests/loom.rs` model-checks.
 
 pub mod book;
+#[cfg(not(loom))]
 pub mod core;
+#[cfg(not(loom))]
 pub mod durability;
+#[cfg(not(loom))]
 mod error;
+#[cfg(not(loom))]
 pub mod experiments;
+#[cfg(not(loom))]
 pub mod flow;
 pub mod master;
 pub mod msg;
+#[cfg(not(loom))]
 pub mod preprocess;
 pub(crate) mod store;
+mod sync;
+#[cfg(not(loom))]
 pub mod tier;
+#[cfg(not(loom))]
 mod wire;
 
+#[cfg(not(loom))]
 pub use error::ExchangeError;

@@ -6,25 +6,36 @@
 //! [`SnapshotReader`]: one atomic load per message in the common case (version unchanged), and
 //! on a new version an announce-then-load handshake, a one-slot hazard scheme:
 //!
-//! * reader: `announced.store(v, SeqCst)` then `current.load(SeqCst)`;
-//! * writer: `current.store(new, SeqCst)` then loads every `announced` (SeqCst) and frees the
-//!   retired snapshots older than the smallest announced version.
+//! * reader: `announced.store(v, Release)` then `current.load(Acquire)`;
+//! * writer: `current.store(new, Release)`, `version.store(new version, Release)`, then loads
+//!   every `announced` (Acquire) and frees the retired snapshots older than the smallest
+//!   announced version.
 //!
-//! In the single total order of SeqCst operations, either the writer's scan sees the reader's
-//! announcement (and keeps every version >= it), or the reader's load comes after the writer's
-//! store (and gets the newer snapshot, which is not freed). A reader keeps its announcement
-//! until its next refresh, so the snapshot it holds outlives its use. An idle reader pins the
-//! versions from its own onwards; updates are rare, so the retired list stays short.
+//! A reader announces the version v it loaded, and the snapshot it then loads is v or newer
+//! (`version` is stored after `current`), so a snapshot a reader holds is never older than its
+//! own announcement, and the writer frees only versions older than every announcement it
+//! sees. A reader always has an announcement in place (the one made at registration, under the
+//! writer lock, or at its last refresh) and announcements only grow, so a scan that reads a
+//! stale, older announcement frees less, never more: unlike hazard pointers or epochs, there is
+//! no moment in which a reader uses a snapshot it has not announced, so no SeqCst store-load
+//! handshake is needed. The Release store of a new announcement, read by the writer's Acquire
+//! scan, orders the reader's reads of its previous snapshot before that snapshot's free. An
+//! idle reader pins the versions from its own onwards; updates are rare, so the retired list
+//! stays short. `tests/loom.rs` model-checks the protocol.
 
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::book::Listing;
 use crate::msg::{ClientId, InstrumentId, Price, Qty};
+use crate::sync::{AtomicPtr, AtomicU64, Mutex, Ordering, Tracked, free};
 
 /// Pre-process workers (snapshot readers) one cell supports.
+#[cfg(not(loom))]
 pub const SNAPSHOT_READERS_MAX: usize = 64;
+/// Under loom: every reader slot is one more atomic load per publish for loom to interleave,
+/// and the models use at most two readers.
+#[cfg(loom)]
+pub const SNAPSHOT_READERS_MAX: usize = 2;
 /// Unused reader slot.
 const NOT_READING: u64 = u64::MAX;
 
@@ -164,15 +175,18 @@ pub enum MasterUpdate {
 
 /// Publishes [`MasterData`] versions to readers (see the module docs for the protocol).
 pub struct SnapshotCell {
-    current: AtomicPtr<MasterData>,
+    current: AtomicPtr<Snapshot>,
     /// Version of `current`; readers compare it with their cached version.
     version: AtomicU64,
     /// Per reader: the oldest version it may still be using, or [`NOT_READING`].
     announced: [AtomicU64; SNAPSHOT_READERS_MAX],
     /// Writer side only: every published snapshot not yet freed (current included). The lock
     /// is taken by the single writer and by reader registration, never on the read path.
-    retired: Mutex<Vec<*mut MasterData>>,
+    retired: Mutex<Vec<*mut Snapshot>>,
 }
+
+/// One published version, boxed; freed by hand (`crate::sync::free`).
+type Snapshot = Tracked<MasterData>;
 
 // SAFETY: the raw pointers in `retired` and `current` are owned boxes of `MasterData` (which is
 // Send + Sync); they are only freed by the writer under the protocol in the module docs.
@@ -184,7 +198,7 @@ impl SnapshotCell {
     pub fn new(mut initial: MasterData) -> Arc<SnapshotCell> {
         initial.version = initial.version.max(1);
         let version = initial.version;
-        let first = Box::into_raw(Box::new(initial));
+        let first = Box::into_raw(Box::new(Tracked::new(initial)));
         Arc::new(SnapshotCell {
             current: AtomicPtr::new(first),
             version: AtomicU64::new(version),
@@ -198,7 +212,7 @@ impl SnapshotCell {
         let retired = self.retired.lock().expect("snapshot writer lock");
         let current = self.current.load(Ordering::Acquire); // Acquire: see the snapshot's contents.
         // SAFETY: holding the writer lock, nothing frees `current` (only `publish` frees, under it).
-        let copy = unsafe { (*current).clone() };
+        let copy = unsafe { (*current).get().clone() };
         drop(retired);
         copy
     }
@@ -208,22 +222,24 @@ impl SnapshotCell {
         let mut retired = self.retired.lock().expect("snapshot writer lock");
         let version = self.version.load(Ordering::Relaxed) + 1; // Relaxed: only this writer stores it.
         next.version = version;
-        let fresh = Box::into_raw(Box::new(next));
-        // SeqCst: part of the announce/scan handshake with readers (module docs).
-        self.current.store(fresh, Ordering::SeqCst);
+        let fresh = Box::into_raw(Box::new(Tracked::new(next)));
+        // Release: a reader that loads the pointer sees the snapshot's contents.
+        self.current.store(fresh, Ordering::Release);
         // Release: a reader that sees the new version also sees the snapshot it names.
         self.version.store(version, Ordering::Release);
         retired.push(fresh);
-        // SeqCst: the scan half of the handshake.
+        // Acquire: pairs with each reader's Release announcement, so its reads of the versions
+        // it announced past happen before they are freed below.
         let oldest_in_use =
-            self.announced.iter().map(|a| a.load(Ordering::SeqCst)).min().unwrap_or(NOT_READING);
+            self.announced.iter().map(|a| a.load(Ordering::Acquire)).min().unwrap_or(NOT_READING);
         retired.retain(|&snapshot| {
             // SAFETY: every pointer in `retired` is a live box until freed right here.
-            let old = unsafe { (*snapshot).version } < oldest_in_use && snapshot != fresh;
+            let old = unsafe { (*snapshot).get().version } < oldest_in_use && snapshot != fresh;
             if old {
-                // SAFETY: no reader announced a version <= this one after our store of
-                // `current`, so none can hold it (module docs); it is freed exactly once.
-                drop(unsafe { Box::from_raw(snapshot) });
+                // SAFETY: every reader holds a snapshot no older than its announcement, and its
+                // announcement is no older than what this scan read (module docs), so none holds
+                // this one; it leaves `retired` here, so it is freed exactly once.
+                unsafe { free(snapshot) };
             }
             !old
         });
@@ -235,14 +251,15 @@ impl SnapshotCell {
         let _writer = self.retired.lock().expect("snapshot writer lock");
         let version = self.version.load(Ordering::Acquire); // Acquire: pairs with publish's Release.
         let slot = self.announced.iter().position(|a| {
-            // SeqCst: the announce half of the handshake; claims a free slot atomically.
-            a.compare_exchange(NOT_READING, version, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+            // AcqRel: claims a free slot atomically; holding the writer lock, no publish scans
+            // concurrently, so the announcement is in place before the next scan.
+            a.compare_exchange(NOT_READING, version, Ordering::AcqRel, Ordering::Relaxed).is_ok()
         })?;
         // Holding the writer lock, `current` cannot change or be freed; the announce above
         // protects it afterwards.
-        let current = self.current.load(Ordering::SeqCst);
+        let current = self.current.load(Ordering::Acquire);
         // SAFETY: `current` is live (see above).
-        let cached_version = unsafe { (*current).version };
+        let cached_version = unsafe { (*current).get().version };
         Some(SnapshotReader { cell: Arc::clone(self), slot, cached: current, cached_version })
     }
 
@@ -254,10 +271,10 @@ impl SnapshotCell {
 
 impl Drop for SnapshotCell {
     fn drop(&mut self) {
-        let retired = self.retired.get_mut().expect("snapshot writer lock");
+        let mut retired = self.retired.lock().expect("snapshot writer lock");
         for snapshot in retired.drain(..) {
             // SAFETY: no reader exists (each holds an Arc of the cell); each box freed once.
-            drop(unsafe { Box::from_raw(snapshot) });
+            unsafe { free(snapshot) };
         }
     }
 }
@@ -266,7 +283,7 @@ impl Drop for SnapshotCell {
 pub struct SnapshotReader {
     cell: Arc<SnapshotCell>,
     slot: usize,
-    cached: *const MasterData,
+    cached: *const Snapshot,
     cached_version: u64,
 }
 
@@ -280,22 +297,25 @@ impl SnapshotReader {
         // Acquire: pairs with publish's Release store of the version.
         let version = self.cell.version.load(Ordering::Acquire);
         if version != self.cached_version {
-            // SeqCst, both: the reader half of the handshake (module docs).
-            self.cell.announced[self.slot].store(version, Ordering::SeqCst);
-            let current = self.cell.current.load(Ordering::SeqCst);
+            // Release: our reads of the snapshot we announced before happen before its free
+            // (the writer's scan loads this with Acquire).
+            self.cell.announced[self.slot].store(version, Ordering::Release);
+            // Acquire: pairs with publish's Release store; we read the snapshot's contents.
+            let current = self.cell.current.load(Ordering::Acquire);
             self.cached = current;
             // SAFETY: announced <= current's version, so the writer keeps it.
-            self.cached_version = unsafe { (*current).version };
+            self.cached_version = unsafe { (*current).get().version };
         }
         // SAFETY: as above; the announcement stays until the next refresh, which takes &mut self.
-        unsafe { &*self.cached }
+        unsafe { (*self.cached).get() }
     }
 }
 
 impl Drop for SnapshotReader {
     fn drop(&mut self) {
-        // SeqCst: the writer's scan must stop counting this slot only after we stopped reading.
-        self.cell.announced[self.slot].store(NOT_READING, Ordering::SeqCst);
+        // Release: our reads of the snapshot happen before the writer's scan (Acquire) sees the
+        // slot free and frees it.
+        self.cell.announced[self.slot].store(NOT_READING, Ordering::Release);
     }
 }
 

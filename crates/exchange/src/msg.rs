@@ -7,6 +7,8 @@
 //! Records past the pre-process ([`SequencedInput`], [`CoreOutput`], [`Response`]) carry typed
 //! enums because they can only hold valid values.
 
+use crate::book::{TopOfBook, saturate_qty};
+
 /// Prices are integers in the instrument's price unit (for example 1/10 000 of a currency unit).
 pub type Price = i64;
 /// Quantities are integers in shares/contracts.
@@ -317,7 +319,8 @@ pub struct CoreOutput {
     pub client: ClientId,
     pub order_id: OrderId,
     /// Execution price (fills, trades), order price (accepted, replaced, cancelled), best bid
-    /// (top of book).
+    /// (top of book: build and read those with [`CoreOutput::with_top_of_book`] and
+    /// [`CoreOutput::top_of_book`]).
     pub price: Price,
     /// Executed quantity (fills, trades), best bid quantity (top of book).
     pub qty: Qty,
@@ -326,7 +329,7 @@ pub struct CoreOutput {
     /// Resting order of a trade; unused otherwise.
     pub contra_order_id: OrderId,
     /// Best ask (top of book); unused otherwise.
-    pub price2: Price,
+    pub best_ask: Price,
     pub stamps: Stamps,
 }
 
@@ -352,8 +355,33 @@ impl CoreOutput {
         put(&self.qty.to_le_bytes());
         put(&self.leaves_qty.to_le_bytes());
         put(&self.contra_order_id.to_le_bytes());
-        put(&self.price2.to_le_bytes());
+        put(&self.best_ask.to_le_bytes());
         bytes
+    }
+
+    /// `template` as a top-of-book record of `top`. A record is one flat layout whose canonical
+    /// bytes every output hash covers, so the ask quantity travels in `leaves_qty`; this and
+    /// [`CoreOutput::top_of_book`] are the only code that knows where each side goes.
+    /// Quantities saturate at `Qty::MAX` (a level's total may exceed one order's).
+    pub fn with_top_of_book(top: &TopOfBook, template: &CoreOutput) -> CoreOutput {
+        CoreOutput {
+            kind: OutputKind::TopOfBook,
+            price: top.bid,
+            qty: saturate_qty(top.bid_qty),
+            best_ask: top.ask,
+            leaves_qty: saturate_qty(top.ask_qty),
+            ..*template
+        }
+    }
+
+    /// The top of book a [`OutputKind::TopOfBook`] record carries (`None` for other kinds).
+    pub fn top_of_book(&self) -> Option<TopOfBook> {
+        (self.kind == OutputKind::TopOfBook).then_some(TopOfBook {
+            bid: self.price,
+            bid_qty: u64::from(self.qty),
+            ask: self.best_ask,
+            ask_qty: u64::from(self.leaves_qty),
+        })
     }
 }
 

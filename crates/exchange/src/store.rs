@@ -14,6 +14,9 @@ pub const NONE: u32 = u32::MAX;
 pub const ORDER_POOL_SLOTS_DEFAULT: u32 = 1 << 18;
 /// Largest pool a shard may ask for (slot indexes are `u32`, [`NONE`] is reserved).
 pub const ORDER_POOL_SLOTS_MAX: u32 = 1 << 28;
+/// Order-index entries per order it can hold: the table is at most half full, so every probe
+/// sequence ends at an empty entry within a few steps.
+pub const INDEX_ENTRIES_PER_ORDER: usize = 2;
 
 /// One resting order. `next`/`prev` link it into its price level's FIFO queue; while the slot
 /// is free, `next` links the free list.
@@ -30,6 +33,18 @@ pub struct OrderSlot {
     pub next: u32,
     pub prev: u32,
     pub side: Side,
+    /// Set by [`OrderPool::alloc`], cleared by [`OrderPool::free`]: what catches a double free.
+    in_use: bool,
+}
+
+/// The double-free flag fits in the slot's padding: a slot stays 40 bytes.
+const _: () = assert!(std::mem::size_of::<OrderSlot>() == 40);
+
+impl OrderSlot {
+    /// A new resting order, not yet linked into a level.
+    pub fn resting(order_id: OrderId, client: ClientId, qty: Qty, book: u32, side: Side) -> Self {
+        OrderSlot { order_id, client, qty, book, side, ..OrderSlot::default() }
+    }
 }
 
 impl Default for OrderSlot {
@@ -43,6 +58,7 @@ impl Default for OrderSlot {
             next: NONE,
             prev: NONE,
             side: Side::Buy,
+            in_use: false,
         }
     }
 }
@@ -66,21 +82,29 @@ impl OrderPool {
         OrderPool { slots, free_head: 0, used_slots: 0 }
     }
 
-    /// Takes a free slot, or `None` when the pool is full.
-    pub fn alloc(&mut self) -> Option<u32> {
+    /// Takes a free slot and stores `order` in it, or `None` when the pool is full.
+    pub fn alloc(&mut self, order: OrderSlot) -> Option<u32> {
         let slot = self.free_head;
         if slot == NONE {
             return None;
         }
-        self.free_head = self.slots[slot as usize].next;
+        let entry = &mut self.slots[slot as usize];
+        assert!(!entry.in_use, "order pool slot {slot} on the free list while in use");
+        self.free_head = entry.next;
+        *entry = OrderSlot { in_use: true, ..order };
         self.used_slots += 1;
         Some(slot)
     }
 
     /// Returns a slot to the free list.
+    ///
+    /// A release-build assertion: freeing a slot twice would put it on the free list twice,
+    /// so two later orders would share it, silently corrupting both books. The slot is written
+    /// right below anyway, so the check costs one predictable branch per free.
     pub fn free(&mut self, slot: u32) {
-        debug_assert!(self.used_slots > 0);
-        self.slots[slot as usize] = OrderSlot { next: self.free_head, ..OrderSlot::default() };
+        let entry = &mut self.slots[slot as usize];
+        assert!(entry.in_use, "order pool slot {slot} freed twice");
+        *entry = OrderSlot { next: self.free_head, ..OrderSlot::default() };
         self.free_head = slot;
         self.used_slots -= 1;
     }
@@ -117,18 +141,33 @@ struct IndexEntry {
 
 const EMPTY_ENTRY: IndexEntry = IndexEntry { order_id: 0, slot: NONE };
 
-/// Order id -> pool slot. Capacity is twice the pool (rounded to a power of two), so the load
-/// factor stays at or below 50% and probe sequences stay short.
+/// Order id -> pool slot. Capacity is [`INDEX_ENTRIES_PER_ORDER`] times the pool (rounded to
+/// a power of two), so the load factor stays at or below 50% and probe sequences stay short.
+///
+/// The probe loops end at an empty entry; one always exists because the index never holds
+/// more than `orders_max` ids, which `insert` asserts in release builds (a full table would make
+/// every lookup of an absent id loop forever). The core never gets there: it rejects an order
+/// with [`crate::msg::Reason::OrderPoolFull`] before it needs a pool slot, and the pool has
+/// `orders_max` slots.
 pub struct OrderIndex {
     entries: Vec<IndexEntry>,
     mask: usize,
+    /// Ids held now.
+    orders: u32,
+    /// Most ids the index may hold (the pool's slots).
+    orders_max: u32,
 }
 
 impl OrderIndex {
     /// Sizes the table for `pool_slots` live entries.
     pub fn new(pool_slots: u32) -> OrderIndex {
-        let capacity = (pool_slots as usize * 2).next_power_of_two();
-        OrderIndex { entries: vec![EMPTY_ENTRY; capacity], mask: capacity - 1 }
+        let capacity = (pool_slots as usize * INDEX_ENTRIES_PER_ORDER).next_power_of_two();
+        OrderIndex {
+            entries: vec![EMPTY_ENTRY; capacity],
+            mask: capacity - 1,
+            orders: 0,
+            orders_max: pool_slots,
+        }
     }
 
     fn home(&self, order_id: OrderId) -> usize {
@@ -155,10 +194,18 @@ impl OrderIndex {
         self.position(order_id).map(|at| self.entries[at].slot)
     }
 
-    /// Inserts a new id (the caller checked it is absent; the pool bound keeps the table at
-    /// most half full, so a free entry always exists).
+    /// Inserts a new id (the caller checked it is absent and that the pool had a slot for it).
     pub fn insert(&mut self, order_id: OrderId, slot: u32) {
         debug_assert!(self.get(order_id).is_none());
+        // Release-build backstop of the fill bound (see the type's docs): one compare per
+        // resting order.
+        assert!(
+            self.orders < self.orders_max,
+            "order index full: {} ids, sized for {}",
+            self.orders,
+            self.orders_max
+        );
+        self.orders += 1;
         let mut at = self.home(order_id);
         while self.entries[at].slot != NONE {
             at = (at + 1) & self.mask;
@@ -172,6 +219,7 @@ impl OrderIndex {
         let Some(mut hole) = self.position(order_id) else {
             return;
         };
+        self.orders -= 1;
         let mut probe = hole;
         loop {
             probe = (probe + 1) & self.mask;
@@ -216,16 +264,42 @@ mod tests {
         }
     }
 
+    fn order(order_id: OrderId) -> OrderSlot {
+        OrderSlot::resting(order_id, 1, 10, 0, Side::Buy)
+    }
+
     #[test]
     fn pool_reports_full_and_reuses_freed_slots() {
         let mut pool = OrderPool::new(2);
-        let a = pool.alloc().unwrap();
-        let b = pool.alloc().unwrap();
+        let a = pool.alloc(order(1)).unwrap();
+        let b = pool.alloc(order(2)).unwrap();
         assert_ne!(a, b);
-        assert!(pool.alloc().is_none());
+        assert_eq!(pool.get(b).order_id, 2);
+        assert!(pool.alloc(order(3)).is_none());
         assert!(pool.is_full());
         pool.free(a);
-        assert_eq!(pool.alloc(), Some(a));
+        assert_eq!(pool.alloc(order(4)), Some(a));
         assert_eq!(pool.used_slots(), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "order pool slot 0 freed twice")]
+    fn a_double_free_is_caught() {
+        let mut pool = OrderPool::new(2);
+        let slot = pool.alloc(order(1)).unwrap();
+        pool.free(slot);
+        pool.free(slot);
+    }
+
+    #[test]
+    #[should_panic(expected = "order index full: 2 ids, sized for 2")]
+    fn an_index_over_its_bound_panics_with_a_named_message_instead_of_looping() {
+        let mut index = OrderIndex::new(2);
+        index.insert(1, 0);
+        index.insert(2, 1);
+        index.remove(2);
+        index.insert(3, 1);
+        assert_eq!((index.get(1), index.get(2), index.get(3)), (Some(0), None, Some(1)));
+        index.insert(4, 2);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use exchange::book::Listing;
+use exchange::book::{Listing, TopOfBook};
 use exchange::core::{CoreLimits, MatchingCore};
 use exchange::msg::{
     Command, CoreOutput, OrderType, OutputKind, Price, Qty, Reason, SequencedInput, Side,
@@ -92,7 +92,7 @@ impl Model {
             .sum()
     }
 
-    fn top(&self) -> (Price, u64, Price, u64) {
+    fn top(&self) -> TopOfBook {
         let best = |side: Side| {
             let prices = self.orders.iter().filter(|o| o.side == side).map(|o| o.price);
             let price = if side == Side::Buy { prices.max() } else { prices.min() };
@@ -109,7 +109,7 @@ impl Model {
         };
         let (bid, bid_qty) = best(Side::Buy);
         let (ask, ask_qty) = best(Side::Sell);
-        (bid, bid_qty, ask, ask_qty)
+        TopOfBook { bid, bid_qty, ask, ask_qty }
     }
 
     /// The expected (kind, reason, order id, qty, leaves) answer and the expected fills.
@@ -326,6 +326,10 @@ proptest! {
             let book = core.book(INSTRUMENT).unwrap();
             prop_assert!(!book.is_crossed(), "crossed after {:?}", op);
             prop_assert_eq!(book.top(), model.top());
+            // A top-of-book record reports the top it changed to (quantities here fit a Qty).
+            if let Some(record) = outputs.iter().rev().find_map(CoreOutput::top_of_book) {
+                prop_assert_eq!(record, model.top());
+            }
             prop_assert_eq!(core.counters().invalid_inputs, 0);
         }
         for (id, open) in leaves {

@@ -9,6 +9,7 @@ use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardState};
 use exchange::flow::reference_master_data;
 use exchange::tier::{RunOptions, RunResult, TierConfig, run};
+use journal::Policy;
 
 fn config(journal: JournalMode) -> TierConfig {
     TierConfig {
@@ -53,7 +54,7 @@ fn replay_hash(config: &TierConfig, inputs: &[exchange::msg::SequencedInput]) ->
 #[test]
 fn restart_from_data_dir_recovers_every_shard_and_continues_its_sequence() {
     let dir = tempfile::tempdir().unwrap();
-    let config = config(JournalMode::Group);
+    let config = config(JournalMode::from(Policy::Group));
     let first = run_once(&config, dir.path());
     assert_eq!(first.end_to_end.count(), first.sent, "every request answered");
     assert_eq!(first.critical_path.count(), first.sent);
@@ -89,8 +90,8 @@ fn restart_from_data_dir_recovers_every_shard_and_continues_its_sequence() {
 #[test]
 fn a_different_shard_count_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    run_once(&config(JournalMode::Group), dir.path());
-    let three = TierConfig { core_shards: 3, ..config(JournalMode::Group) };
+    run_once(&config(JournalMode::from(Policy::Group)), dir.path());
+    let three = TierConfig { core_shards: 3, ..config(JournalMode::from(Policy::Group)) };
     let options = RunOptions {
         rate_per_s: 1_000.0,
         duration: Duration::from_millis(50),
@@ -109,10 +110,12 @@ fn a_different_shard_count_is_refused() {
 
 #[test]
 fn every_policy_answers_every_request_and_journals_per_its_policy() {
-    for mode in [JournalMode::Sync, JournalMode::Relaxed, JournalMode::Off] {
+    for mode in
+        [JournalMode::from(Policy::Sync), JournalMode::from(Policy::Relaxed), JournalMode::OFF]
+    {
         let dir = tempfile::tempdir().unwrap();
         let config = TierConfig { core_shards: 1, ..config(mode) };
-        if mode == JournalMode::Off {
+        if mode == JournalMode::OFF {
             let error = run(&config, options(dir.path()), |_| {}).err().expect("needs a journal");
             assert!(error.downcast_ref::<exchange::ExchangeError>().is_some(), "{error:#}");
             let options = RunOptions { journal: JournalOptions::default(), ..options(dir.path()) };
@@ -126,7 +129,7 @@ fn every_policy_answers_every_request_and_journals_per_its_policy() {
         let recorded = result.shards[0].recorded.len() as u64;
         let writer = result.journal[0].writer;
         assert_eq!(writer.unwrap().records, recorded, "{mode:?}");
-        if mode == JournalMode::Sync {
+        if mode == JournalMode::from(Policy::Sync) {
             assert_eq!(writer.unwrap().syncs, recorded, "sync: one fsync per record");
         }
     }
@@ -135,7 +138,7 @@ fn every_policy_answers_every_request_and_journals_per_its_policy() {
 #[test]
 fn a_corrupt_record_stops_start_up_unless_repair_truncates_there() {
     let dir = tempfile::tempdir().unwrap();
-    let config = TierConfig { core_shards: 1, ..config(JournalMode::Group) };
+    let config = TierConfig { core_shards: 1, ..config(JournalMode::from(Policy::Group)) };
     run_once(&config, dir.path());
     // Flip a payload byte of the first record: valid records follow, so this is corruption
     // in the middle, not a torn tail.
@@ -166,7 +169,7 @@ fn master_data_changed_mid_run_is_journaled_and_recovered() {
         events_every: 150,
         master_updates_every: 60,
         snapshot_every_records: 40,
-        ..config(JournalMode::Group)
+        ..config(JournalMode::from(Policy::Group))
     };
     let reference = exchange::durability::MasterState {
         data: reference_master_data(&config.universe),

@@ -12,6 +12,7 @@ use exchange::durability::{JournalMode, JournalOptions, ShardState};
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{Command, OrderType, SequencedInput, Side, TimeInForce};
 use exchange::tier::{RunOptions, RunResult, TierConfig, run};
+use journal::Policy;
 use journal::{RecoverOptions, StateMachine, recover_from};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -129,7 +130,7 @@ fn snapshot_config(shards: usize) -> TierConfig {
         events_every: 300,
         master_updates_every: 700,
         order_pool_slots: ORDER_POOL_SLOTS,
-        journal: JournalMode::Group,
+        journal: JournalMode::from(Policy::Group),
         snapshot_every_records: 250,
         ..TierConfig::default()
     }

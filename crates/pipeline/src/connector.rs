@@ -7,13 +7,17 @@ use crate::ring::{self, BatchError, Disconnected, RingConfig, RingError, TryPush
 use crate::sync::Arc;
 use crate::wait::Parker;
 
-/// Which implementation backs a connector.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which implementation backs a connector; in configuration files `lock-free` (alias `ring`)
+/// or `blocking` (alias `locked`), as [`std::str::FromStr`] spells them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum ConnectorKind {
     /// The lock-free SPSC ring ([`crate::ring`]).
     #[default]
+    #[serde(alias = "ring")]
     LockFree,
     /// The mutex + condition-variable baseline ([`crate::blocking`]).
+    #[serde(alias = "locked")]
     Blocking,
 }
 

@@ -167,6 +167,21 @@ pub struct Consumer<T> {
     waiter: Waiter,
 }
 
+/// Slots between `head` and `tail`, checked against `capacity` in release builds: more would
+/// mean a corrupt index, and the producer would overwrite unread slots (or the consumer read
+/// unwritten ones) without any other sign. Called only where a side re-reads its peer's index
+/// (at most once per batch, on a cache miss of the cached index), so the check costs a
+/// subtraction and a predictable branch per refresh, nothing per message.
+#[inline]
+fn occupied_slots(tail: usize, head: usize, capacity: usize) -> usize {
+    let occupied = tail.wrapping_sub(head);
+    assert!(
+        occupied <= capacity,
+        "ring occupancy {occupied} over capacity {capacity}: corrupt index"
+    );
+    occupied
+}
+
 /// Builds a lock-free SPSC ring with its own parkers (the unit tests' shorthand; the runtime
 /// always goes through `connector`).
 #[cfg(test)]
@@ -238,7 +253,7 @@ impl<T: Copy> Producer<T> {
         }
         // Acquire: the consumer's reads of the slots it released happen before we reuse them.
         self.cached_head = self.shared.head.load(Ordering::Acquire);
-        capacity - self.tail.wrapping_sub(self.cached_head)
+        capacity - occupied_slots(self.tail, self.cached_head, capacity)
     }
 
     fn consumer_gone(&self) -> bool {
@@ -316,7 +331,7 @@ impl<T: Copy> Producer<T> {
         self.waiter.wait_until(|| {
             // Acquire: as in `free_slots`.
             let head = shared.head.load(Ordering::Acquire);
-            capacity - tail.wrapping_sub(head) >= wanted
+            capacity - occupied_slots(tail, head, capacity) >= wanted
                 || !shared.consumer_alive.load(Ordering::Acquire)
         });
     }
@@ -345,7 +360,7 @@ impl<T: Copy> Consumer<T> {
         }
         // Acquire: the producer's slot writes happen before we read them.
         self.cached_tail = self.shared.tail.load(Ordering::Acquire);
-        self.cached_tail.wrapping_sub(self.head)
+        occupied_slots(self.cached_tail, self.head, self.mask + 1)
     }
 
     /// Approximate number of messages in the ring (a depth sample for metrics).

@@ -74,6 +74,7 @@
 //! never loses or duplicates a message; the argument is in [`crate::active`].
 
 mod emit;
+mod results;
 mod worker;
 
 use std::any::Any;
@@ -86,14 +87,15 @@ use serde::Serialize;
 
 use emit::Outlet;
 pub use emit::{EMIT_BATCH_SLOTS_MAX, Emitter, Envelope, Input, Message, Route};
-use worker::{ConsumerLoop, LaunchContext, Shared, launch_workers, run_source};
+pub use results::{StageResults, StageWorker};
+use worker::{LaunchContext, Shared, launch_workers, run_source};
 
 use crate::active::ActiveWorkers;
 use crate::connector::{ConnectorKind, Receiver, connector_with};
 use crate::metrics::{StageMetrics, StageMetricsHub, WorkerMetrics};
 use crate::placement::{PlacementPlan, Role, ThreadRequest, Topology};
 use crate::ring::{RingConfig, RingError};
-use crate::wait::{Parker, WaitStrategy, Waiter};
+use crate::wait::{Parker, WaitStrategy};
 
 /// How a stage runs and how its inbound rings are built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -324,25 +326,9 @@ impl PipelineBuilder {
     where
         H: FnMut(&In, &mut Emitter<Out>) + Send + 'static,
     {
-        let launcher: Launcher = Box::new(move |ports, context| {
-            let ports = *ports.downcast::<StagePorts<In, Out>>().expect("stage ports");
-            let workers = ports.inputs.into_iter().zip(ports.outlets).enumerate().map(
-                |(worker, (inputs, outlets))| {
-                    let worker_loop = ConsumerLoop::new(
-                        inputs,
-                        Emitter::new(outlets),
-                        make_handler(worker),
-                        context.read_batch_max,
-                        Waiter::new(context.wait, context.consumer_parkers[worker].clone()),
-                    );
-                    (worker, move |shared: &Shared, metrics: &mut WorkerMetrics| {
-                        worker_loop.run(shared, metrics)
-                    })
-                },
-            );
-            launch_workers(&context, workers).map(Launched::Threads)
-        });
-        self.declare::<In, Out>(name, spec, SlotKind::Stage, launcher)
+        // A plain handler is a worker with nothing to report.
+        let stage = move |worker| results::HandlerWorker(make_handler(worker));
+        self.stage_with_results(name, spec, stage).0
     }
 
     /// An input: `handles` [`Input`]s through which threads outside the pipeline (a network

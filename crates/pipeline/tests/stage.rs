@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use pipeline::placement::Topology;
 use pipeline::stage::{
-    Emitter, Flow, PipelineBuilder, PipelineError, PipelineReport, Route, StageSpec,
+    Emitter, Flow, PipelineBuilder, PipelineError, PipelineReport, Route, StageResults, StageSpec,
+    StageWorker,
 };
 use pipeline::{ConnectorKind, WaitStrategy};
 
@@ -373,4 +374,65 @@ fn external_inputs_feed_the_graph_and_closing_them_finishes_it() {
     assert!(seen.lock().unwrap().iter().all(|&times| times == 1));
     assert_eq!(stage(&report, "sink").messages_in, 2 * PER_INPUT);
     assert_eq!(report.stages.len(), 1, "inputs have no worker threads and no metrics");
+}
+
+/// One worker's (index, messages, sum of ids).
+type WorkerTotals = (usize, u64, u64);
+
+/// Counts and sums what one worker of a `stage_with_results` sink received.
+struct Totals {
+    worker: usize,
+    count: u64,
+    sum: u64,
+    panic_at: Option<u64>,
+}
+
+impl StageWorker<Tick, ()> for Totals {
+    type Finished = WorkerTotals;
+
+    fn handle(&mut self, tick: &Tick, _: &mut Emitter<()>) {
+        assert_ne!(self.panic_at, Some(tick.id), "bad tick {}", tick.id);
+        self.count += 1;
+        self.sum += tick.id;
+    }
+
+    fn finish(self) -> WorkerTotals {
+        (self.worker, self.count, self.sum)
+    }
+}
+
+/// A source of ids 0..2000 round-robined to a three-worker sink that reports per-worker totals.
+fn run_totals(
+    panic_at: Option<u64>,
+) -> (Result<PipelineReport, PipelineError>, StageResults<WorkerTotals>) {
+    let mut graph = PipelineBuilder::new().pin_threads(false);
+    let source = graph.source("gen", StageSpec::ancillary(1), |_| counting_source(0, 2_000, 1));
+    let (sink, results) =
+        graph.stage_with_results("totals", StageSpec::ancillary(3), move |worker| Totals {
+            worker,
+            count: 0,
+            sum: 0,
+            panic_at,
+        });
+    graph.connect(source, sink, Route::RoundRobin);
+    let running = graph.start().unwrap();
+    (wait_bounded(move || running.wait()), results)
+}
+
+#[test]
+fn finished_workers_hand_back_their_results_in_worker_order() {
+    let (report, results) = run_totals(None);
+    report.unwrap();
+    let totals = results.take().expect("every worker finished");
+    assert_eq!(totals.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(totals.iter().map(|t| t.1).sum::<u64>(), 2_000, "every message counted once");
+    assert_eq!(totals.iter().map(|t| t.2).sum::<u64>(), (0..2_000).sum::<u64>());
+    assert!(totals.iter().all(|t| t.1 > 0), "round robin reached every worker: {totals:?}");
+}
+
+#[test]
+fn a_panicked_worker_reports_no_results() {
+    let (report, results) = run_totals(Some(700));
+    assert!(matches!(report, Err(PipelineError::StagePanicked { .. })), "{report:?}");
+    assert!(results.take().is_none(), "a worker whose handler panicked never finished");
 }

@@ -219,7 +219,8 @@ async fn run_one(router: axum::Router, raw: Vec<u8>) -> Result<Vec<u16>, String>
 #[test]
 #[ignore = "soak: run by hand or by scripts/soak-decoders"]
 fn soak_web_request_decoder() {
-    let inputs: u64 = std::env::var("LEANTIER_SOAK_INPUTS").map_or(1_000_000, |v| v.parse().unwrap());
+    let inputs: u64 =
+        std::env::var("LEANTIER_SOAK_INPUTS").map_or(1_000_000, |v| v.parse().unwrap());
     let seed: u64 = std::env::var("LEANTIER_SOAK_SEED").map_or(1, |v| v.parse().unwrap());
     // Reproduces a reported failure: its input index.
     let first: u64 = std::env::var("LEANTIER_SOAK_FIRST").map_or(0, |v| v.parse().unwrap());

@@ -20,7 +20,9 @@ use exchange::experiments::{
     PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session, TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
 };
 use exchange::msg::Reason;
-use exchange::tier::{RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig};
+use exchange::tier::{
+    Arrival, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, WaitChoice,
+};
 
 /// Width of the cumulative latency buckets.
 pub const BUCKET_WIDTH_NS: u64 = 10_000;
@@ -121,13 +123,13 @@ pub struct RunArgs {
     pub senders: Option<usize>,
     /// Wait strategy of the critical stages: spin, spin-yield, park, adaptive.
     #[arg(long)]
-    pub wait: Option<String>,
+    pub wait: Option<WaitChoice>,
     /// Pin workers per the placement plan.
     #[arg(long)]
     pub placement: Option<bool>,
     /// Arrival process: constant, poisson, bursty.
     #[arg(long)]
-    pub arrival: Option<String>,
+    pub arrival: Option<Arrival>,
     /// Journaling of the sequenced input: group (default: replies wait for their input's
     /// fsync), sync (the core waits for it), relaxed (replies not held), off.
     #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name))]

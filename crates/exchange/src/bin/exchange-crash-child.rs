@@ -4,94 +4,108 @@
 //! prints `ack SHARD SEQ` whenever a reply for a higher input sequence of SHARD has been
 //! delivered to a gateway (a reply released to the client).
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-
-use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{ReleasedSeqs, RunOptions, TierConfig, run};
-use lab::child_flags::ChildFlags;
-
-/// How often the reporter looks at the released sequences.
-const ACK_POLL: Duration = Duration::from_micros(500);
-
-/// Crash-test child: run the tier on a data directory until killed (or `--seconds` pass).
-struct Args {
-    /// Data directory of the shard journals.
-    data: PathBuf,
-    /// Core shards.
-    core_shards: usize,
-    /// Arrival rate, msg/s.
-    rate: f64,
-    /// Segment file size in bytes (small: recovery reads the last segment to its end).
-    segment_bytes: u64,
-    /// A snapshot of each shard every this many journaled inputs (0 = none).
-    snapshot_every: u64,
-    /// Run length, seconds.
-    seconds: f64,
-}
-
-impl Args {
-    fn from_env() -> anyhow::Result<Args> {
-        let known = ["data", "core-shards", "rate", "segment-bytes", "snapshot-every", "seconds"];
-        let flags = ChildFlags::from_env(&known)?;
-        Ok(Args {
-            data: flags.required("data")?,
-            core_shards: flags.get_or("core-shards", 2)?,
-            rate: flags.get_or("rate", 5_000.0)?,
-            segment_bytes: flags.get_or("segment-bytes", 1 << 20)?,
-            snapshot_every: flags.get_or("snapshot-every", 0)?,
-            seconds: flags.get_or("seconds", 60.0)?,
-        })
-    }
-}
-
+#[cfg(not(loom))]
 fn main() -> anyhow::Result<()> {
-    let args = Args::from_env()?;
-    let config = TierConfig {
-        core_shards: args.core_shards,
-        order_pool_slots: 1 << 14,
-        journal: JournalMode::Group,
-        snapshot_every_records: args.snapshot_every,
-        ..TierConfig::default()
-    };
-    let released = ReleasedSeqs::new(args.core_shards);
-    let stop = Arc::new(AtomicBool::new(false));
-    let reporter = {
-        let (released, stop) = (Arc::clone(&released), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let mut out = std::io::stdout();
-            let mut acked = vec![0u64; args.core_shards];
-            // Relaxed: a shutdown flag, nothing is published through it.
-            while !stop.load(Ordering::Relaxed) {
-                for (shard, last) in acked.iter_mut().enumerate() {
-                    let now = released.get(shard);
-                    if now > *last {
-                        *last = now;
-                        writeln!(out, "ack {shard} {now}").expect("stdout is open");
+    child::main()
+}
+
+/// Under `--cfg loom` only the snapshot cell is built (`tests/loom.rs`), not the tier; cargo
+/// still builds the crate's binaries for an integration test.
+#[cfg(loom)]
+fn main() {}
+
+#[cfg(not(loom))]
+mod child {
+    use std::io::Write;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use exchange::durability::{JournalMode, JournalOptions};
+    use exchange::tier::{ReleasedSeqs, RunOptions, TierConfig, run};
+    use lab::child_flags::ChildFlags;
+
+    /// How often the reporter looks at the released sequences.
+    const ACK_POLL: Duration = Duration::from_micros(500);
+
+    /// Crash-test child: run the tier on a data directory until killed (or `--seconds` pass).
+    struct Args {
+        /// Data directory of the shard journals.
+        data: PathBuf,
+        /// Core shards.
+        core_shards: usize,
+        /// Arrival rate, msg/s.
+        rate: f64,
+        /// Segment file size in bytes (small: recovery reads the last segment to its end).
+        segment_bytes: u64,
+        /// A snapshot of each shard every this many journaled inputs (0 = none).
+        snapshot_every: u64,
+        /// Run length, seconds.
+        seconds: f64,
+    }
+
+    impl Args {
+        fn from_env() -> anyhow::Result<Args> {
+            let known =
+                ["data", "core-shards", "rate", "segment-bytes", "snapshot-every", "seconds"];
+            let flags = ChildFlags::from_env(&known)?;
+            Ok(Args {
+                data: flags.required("data")?,
+                core_shards: flags.get_or("core-shards", 2)?,
+                rate: flags.get_or("rate", 5_000.0)?,
+                segment_bytes: flags.get_or("segment-bytes", 1 << 20)?,
+                snapshot_every: flags.get_or("snapshot-every", 0)?,
+                seconds: flags.get_or("seconds", 60.0)?,
+            })
+        }
+    }
+
+    pub fn main() -> anyhow::Result<()> {
+        let args = Args::from_env()?;
+        let config = TierConfig {
+            core_shards: args.core_shards,
+            order_pool_slots: 1 << 14,
+            journal: JournalMode::default(),
+            snapshot_every_records: args.snapshot_every,
+            ..TierConfig::default()
+        };
+        let released = ReleasedSeqs::new(args.core_shards);
+        let stop = Arc::new(AtomicBool::new(false));
+        let reporter = {
+            let (released, stop) = (Arc::clone(&released), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut out = std::io::stdout();
+                let mut acked = vec![0u64; args.core_shards];
+                // Relaxed: a shutdown flag, nothing is published through it.
+                while !stop.load(Ordering::Relaxed) {
+                    for (shard, last) in acked.iter_mut().enumerate() {
+                        let now = released.get(shard);
+                        if now > *last {
+                            *last = now;
+                            writeln!(out, "ack {shard} {now}").expect("stdout is open");
+                        }
                     }
+                    out.flush().expect("stdout is open");
+                    std::thread::sleep(ACK_POLL);
                 }
-                out.flush().expect("stdout is open");
-                std::thread::sleep(ACK_POLL);
-            }
-        })
-    };
-    let options = RunOptions {
-        rate_per_s: args.rate,
-        duration: Duration::from_secs_f64(args.seconds),
-        record_inputs: false,
-        journal: JournalOptions {
-            data_dir: Some(args.data),
-            repair: false,
-            segment_bytes: args.segment_bytes,
-        },
-        released: Some(released),
-    };
-    let result = run(&config, options, |_| {});
-    // Relaxed: see the reporter.
-    stop.store(true, Ordering::Relaxed);
-    reporter.join().expect("the reporter does not panic");
-    result.map(|_| ())
+            })
+        };
+        let options = RunOptions {
+            rate_per_s: args.rate,
+            duration: Duration::from_secs_f64(args.seconds),
+            record_inputs: false,
+            journal: JournalOptions {
+                data_dir: Some(args.data),
+                repair: false,
+                segment_bytes: args.segment_bytes,
+            },
+            released: Some(released),
+        };
+        let result = run(&config, options, |_| {});
+        // Relaxed: see the reporter.
+        stop.store(true, Ordering::Relaxed);
+        reporter.join().expect("the reporter does not panic");
+        result.map(|_| ())
+    }
 }

@@ -12,7 +12,7 @@
 //! ladder size.
 
 use super::{CoreCounters, CoreLimits, MatchingCore};
-use crate::book::{LADDER_LEVELS_MAX, Listing};
+use crate::book::{LADDER_LEVELS_MAX, Listing, TopOfBook};
 use crate::msg::Side;
 use crate::store::{NONE, ORDER_POOL_SLOTS_MAX, OrderSlot};
 use crate::wire::Fields;
@@ -57,11 +57,11 @@ impl MatchingCore {
             out.push(u8::from(book.halted));
             out.extend_from_slice(&book.band_low.to_le_bytes());
             out.extend_from_slice(&book.band_high.to_le_bytes());
-            let (bid, bid_qty, ask, ask_qty) = book.last_top;
-            out.extend_from_slice(&bid.to_le_bytes());
-            out.extend_from_slice(&bid_qty.to_le_bytes());
-            out.extend_from_slice(&ask.to_le_bytes());
-            out.extend_from_slice(&ask_qty.to_le_bytes());
+            let top = book.last_top;
+            out.extend_from_slice(&top.bid.to_le_bytes());
+            out.extend_from_slice(&top.bid_qty.to_le_bytes());
+            out.extend_from_slice(&top.ask.to_le_bytes());
+            out.extend_from_slice(&top.ask_qty.to_le_bytes());
         }
         let counters = self.counters;
         for counter in [counters.inputs, counters.trades, counters.invalid_inputs] {
@@ -72,9 +72,9 @@ impl MatchingCore {
         for (book_at, book) in self.books.iter().enumerate() {
             for side in [Side::Buy, Side::Sell] {
                 let ladder = book.ladder(side);
-                let mut level = ladder.best;
+                let mut level = ladder.best();
                 while level != NONE {
-                    let mut slot = ladder.levels[level as usize].head;
+                    let mut slot = ladder.head(level);
                     while slot != NONE {
                         let order = self.pool.get(slot);
                         out.extend_from_slice(&encode_order(book_at as u32, level, order));
@@ -128,7 +128,12 @@ impl MatchingCore {
             if band_low > band_high || band_high >= listing.levels {
                 return Err(format!("band {band_low}..={band_high} off the ladder"));
             }
-            let last_top = (fields.i64()?, fields.u64()?, fields.i64()?, fields.u64()?);
+            let last_top = TopOfBook {
+                bid: fields.i64()?,
+                bid_qty: fields.u64()?,
+                ask: fields.i64()?,
+                ask_qty: fields.u64()?,
+            };
             listings.push(listing);
             book_states.push((halted, band_low, band_high, last_top));
         }
@@ -151,6 +156,10 @@ impl MatchingCore {
         for _ in 0..resting {
             core.rest_restored(&mut fields)?;
         }
+        // The core asserts after every input that no book is crossed; refuse such a state here.
+        if let Some(book) = core.books.iter().find(|book| book.is_crossed()) {
+            return Err(format!("book of instrument {} is crossed", book.listing.instrument));
+        }
         Ok((core, fields.rest()))
     }
 
@@ -164,9 +173,8 @@ impl MatchingCore {
         if level >= book.listing.levels || qty == 0 || self.index.get(order_id).is_some() {
             return Err(format!("resting order {order_id}: bad level, zero quantity or duplicate"));
         }
-        let slot = self.pool.alloc().ok_or("more resting orders than pool slots")?;
-        *self.pool.get_mut(slot) =
-            OrderSlot { order_id, client, qty, book: book_at, side, ..OrderSlot::default() };
+        let order = OrderSlot::resting(order_id, client, qty, book_at, side);
+        let slot = self.pool.alloc(order).ok_or("more resting orders than pool slots")?;
         self.index.insert(order_id, slot);
         self.books[book_at as usize].ladder_mut(side).push_back(&mut self.pool, level, slot);
         Ok(())

@@ -1,0 +1,189 @@
+//! The tier configuration's named choices: typed, spelled in TOML and on the command line as
+//! their serde names, and checked when the configuration is read, not when it is used.
+
+use lab::load::ArrivalProcess;
+use pipeline::WaitStrategy;
+use pipeline::wait::ADAPTIVE_SPINS_DEFAULT;
+use serde::de::IntoDeserializer;
+
+/// Wait strategy of the critical stages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WaitChoice {
+    /// Spin when every thread of the tier gets its own CPU, else park: on a shared,
+    /// oversubscribed host a spinning or yielding thread steals the CPU from the thread it
+    /// waits for.
+    #[default]
+    Auto,
+    /// [`WaitStrategy::BusySpin`].
+    #[serde(alias = "busy-spin")]
+    Spin,
+    /// [`WaitStrategy::SpinYield`] with the default spin budget.
+    SpinYield,
+    /// [`WaitStrategy::Park`].
+    Park,
+    /// [`WaitStrategy::Adaptive`] with the default budgets.
+    Adaptive,
+}
+
+impl WaitChoice {
+    /// The strategy for a tier of `threads` threads on a host with `cpus` CPUs.
+    pub fn strategy(self, threads: usize, cpus: usize) -> WaitStrategy {
+        match self {
+            WaitChoice::Auto if cpus > threads => WaitStrategy::BusySpin,
+            WaitChoice::Auto => WaitStrategy::Park,
+            WaitChoice::Spin => WaitStrategy::BusySpin,
+            WaitChoice::SpinYield => WaitStrategy::SpinYield { spins: ADAPTIVE_SPINS_DEFAULT },
+            WaitChoice::Park => WaitStrategy::Park,
+            WaitChoice::Adaptive => WaitStrategy::default(),
+        }
+    }
+
+    /// The serde name.
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitChoice::Auto => "auto",
+            WaitChoice::Spin => "spin",
+            WaitChoice::SpinYield => "spin-yield",
+            WaitChoice::Park => "park",
+            WaitChoice::Adaptive => "adaptive",
+        }
+    }
+}
+
+/// Arrival process of the load generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrival {
+    /// Evenly spaced.
+    Constant,
+    /// Exponential inter-arrival times.
+    #[default]
+    Poisson,
+    /// Poisson during `burst_on_us`, silent during `burst_off_us`, same mean rate.
+    Bursty,
+}
+
+impl Arrival {
+    /// The process at `rate_per_s`, with the bursty on/off periods in µs.
+    pub fn process(self, rate_per_s: f64, burst_on_us: u64, burst_off_us: u64) -> ArrivalProcess {
+        match self {
+            Arrival::Constant => ArrivalProcess::Constant { rate_per_s },
+            Arrival::Poisson => ArrivalProcess::Poisson { rate_per_s },
+            Arrival::Bursty => ArrivalProcess::Bursty {
+                rate_per_s,
+                on_ns: burst_on_us * 1_000,
+                off_ns: burst_off_us * 1_000,
+            },
+        }
+    }
+
+    /// The serde name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arrival::Constant => "constant",
+            Arrival::Poisson => "poisson",
+            Arrival::Bursty => "bursty",
+        }
+    }
+}
+
+/// Parses `text` as the config file would (the serde names and aliases).
+fn parse_choice<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
+    let parsed: Result<T, serde::de::value::Error> = T::deserialize(text.into_deserializer());
+    parsed.map_err(|e| format!("{what}: {e}"))
+}
+
+impl std::str::FromStr for WaitChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_choice("wait", text)
+    }
+}
+
+impl std::str::FromStr for Arrival {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_choice("arrival", text)
+    }
+}
+
+impl std::fmt::Display for WaitChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Arrival {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_serde_and_from_str() {
+        let waits = [
+            WaitChoice::Auto,
+            WaitChoice::Spin,
+            WaitChoice::SpinYield,
+            WaitChoice::Park,
+            WaitChoice::Adaptive,
+        ];
+        for wait in waits {
+            assert_eq!(serde_json::to_value(wait).unwrap(), wait.name());
+            assert_eq!(wait.name().parse::<WaitChoice>(), Ok(wait));
+        }
+        for arrival in [Arrival::Constant, Arrival::Poisson, Arrival::Bursty] {
+            assert_eq!(serde_json::to_value(arrival).unwrap(), arrival.name());
+            assert_eq!(arrival.name().parse::<Arrival>(), Ok(arrival));
+        }
+        assert_eq!("busy-spin".parse::<WaitChoice>(), Ok(WaitChoice::Spin), "today's alias");
+        let error = "sleepy".parse::<WaitChoice>().unwrap_err();
+        assert!(error.starts_with("wait: unknown variant `sleepy`"), "{error}");
+    }
+
+    #[test]
+    fn todays_config_spellings_still_parse_and_bad_ones_are_bad_input() {
+        use crate::durability::JournalMode;
+        use crate::tier::TierConfig;
+        let lean = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/lean-2core.toml");
+        let config: TierConfig = lab::config::load_toml(Some(lean.as_ref())).unwrap();
+        assert_eq!(config.wait, WaitChoice::Park);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tier.toml");
+        let text =
+            "wait = \"busy-spin\"\nconnector = \"ring\"\narrival = \"bursty\"\njournal = \"off\"\n";
+        std::fs::write(&file, text).unwrap();
+        let config: TierConfig = lab::config::load_toml(Some(&file)).unwrap();
+        assert_eq!(config.wait, WaitChoice::Spin);
+        assert_eq!(config.connector, pipeline::ConnectorKind::LockFree);
+        assert_eq!(config.arrival, Arrival::Bursty);
+        assert_eq!(config.journal, JournalMode::OFF);
+        let defaults = serde_json::to_value(TierConfig::default()).unwrap();
+        let spelled = |field: &str| defaults[field].as_str().unwrap().to_owned();
+        let names = ["auto", "lock-free", "poisson", "group"];
+        assert_eq!(["wait", "connector", "arrival", "journal"].map(spelled), names);
+        for bad in ["wait = \"sleepy\"", "connector = \"pigeon\"", "journal = \"maybe\""] {
+            std::fs::write(&file, bad).unwrap();
+            let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
+            assert!(error.downcast_ref::<lab::error::BadInput>().is_some(), "{error}");
+        }
+    }
+
+    #[test]
+    fn fixed_choices_are_the_strategies_their_names_parse_to() {
+        for wait in
+            [WaitChoice::Spin, WaitChoice::SpinYield, WaitChoice::Park, WaitChoice::Adaptive]
+        {
+            assert_eq!(Ok(wait.strategy(1, 1)), wait.name().parse::<WaitStrategy>());
+        }
+        assert_eq!(WaitChoice::Auto.strategy(4, 8), WaitStrategy::BusySpin);
+        assert_eq!(WaitChoice::Auto.strategy(8, 8), WaitStrategy::Park);
+    }
+}
