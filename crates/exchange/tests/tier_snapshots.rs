@@ -251,13 +251,7 @@ fn a_snapshot_from_another_configuration_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     run_on(&snapshot_config(1), dir.path(), journal::segment::SEGMENT_BYTES_DEFAULT);
     let other_pool = TierConfig { order_pool_slots: ORDER_POOL_SLOTS * 2, ..snapshot_config(1) };
-    let options = RunOptions {
-        rate_per_s: 1_000.0,
-        duration: Duration::from_millis(50),
-        record_inputs: false,
-        released: None,
-        journal: JournalOptions { data_dir: Some(dir.path().to_path_buf()), ..Default::default() },
-    };
+    let options = short_restart(dir.path());
     let error = run(&other_pool, options, |_| {}).err().expect("refused");
     assert!(error.downcast_ref::<exchange::ExchangeError>().is_some(), "{error:#}");
 }
@@ -273,13 +267,7 @@ fn a_restart_refuses_a_deleted_newest_segment_instead_of_starting_from_the_snaps
     assert!(!first.shards[0].recorded.is_empty());
     std::fs::remove_file(&newest).unwrap();
 
-    let options = RunOptions {
-        rate_per_s: 1_000.0,
-        duration: Duration::from_millis(50),
-        record_inputs: false,
-        released: None,
-        journal: JournalOptions { data_dir: Some(dir.path().to_path_buf()), ..Default::default() },
-    };
+    let options = short_restart(dir.path());
     let error = run(&config, options, |_| {}).err().expect("refused");
     let refusal = error.chain().find_map(|e| e.downcast_ref::<journal::JournalError>());
     let refusal = refusal.unwrap_or_else(|| panic!("a journal refusal: {error:#}"));
@@ -287,4 +275,15 @@ fn a_restart_refuses_a_deleted_newest_segment_instead_of_starting_from_the_snaps
     assert!(format!("{error:#}").contains(&newest.display().to_string()), "names the file");
     let checked = journal::validate::check(&shard_dir).expect_err("journal check agrees");
     assert_eq!(checked.reason(), refusal.reason());
+}
+
+/// A 50 ms run at 1K msg/s on the data directory `dir` (a restart of what ran there).
+fn short_restart(dir: &std::path::Path) -> RunOptions {
+    RunOptions {
+        rate_per_s: 1_000.0,
+        duration: Duration::from_millis(50),
+        record_inputs: false,
+        released: None,
+        journal: JournalOptions { data_dir: Some(dir.to_path_buf()), ..Default::default() },
+    }
 }

@@ -1,8 +1,9 @@
 //! Hostile clients (issue 17): none can freeze the node, exhaust its memory or descriptors, act
 //! as another client or delete another client's queue; TLS works end to end.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use mq::client::Client;
@@ -157,20 +158,7 @@ impl Drop for NodeProcess {
 }
 
 fn spawn_node(store: &str, extra: &[&str]) -> (NodeProcess, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mq-node"))
-        .args(["--listen", "127.0.0.1:0", "--store", store, "--db-workers", "1"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("node printed its address").unwrap();
-        if let Some(rest) = line.strip_prefix("mq node listening on ") {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
+    let (child, addr) = common::spawn_node(store, 1, extra);
     (NodeProcess(child), addr)
 }
 

@@ -1,9 +1,10 @@
 //! A node over real TCP with real SQLite / PostgreSQL: bad input, several nodes on one
 //! database, and SIGKILL of a node process under load.
 
+mod common;
+
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -148,21 +149,7 @@ async fn two_nodes_on_one_postgres_never_pop_a_message_twice() {
 
 /// A node as a child process; its listening address is read from its stderr.
 fn spawn_node(store: &str) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mq-node"))
-        .args(["--listen", "127.0.0.1:0", "--store", store, "--db-workers", "2"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("node printed its address").unwrap();
-        if let Some(rest) = line.strip_prefix("mq node listening on ") {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, addr)
+    common::spawn_node(store, 2, &[])
 }
 
 #[derive(Default)]
