@@ -10,5 +10,14 @@
 //! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
 //! each malformed input gets the protocol's prescribed answer.
 
+pub mod client;
+pub mod credentials;
+pub mod engine;
 pub mod fix;
+mod fix_server;
+pub mod fix_session;
+pub mod hub;
 pub mod native;
+mod native_server;
+pub mod server;
+mod session;
