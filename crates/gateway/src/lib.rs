@@ -17,6 +17,7 @@ pub mod fix;
 mod fix_server;
 pub mod fix_session;
 pub mod hub;
+pub mod load;
 pub mod native;
 mod native_server;
 pub mod server;

@@ -52,8 +52,6 @@ pub mod gateway_reason {
     pub const BUSY: u8 = 101;
     /// The order names a client id other than the session's.
     pub const WRONG_CLIENT: u8 = 102;
-    /// Cancelled because the session disconnected and did not return within the grace window.
-    pub const CANCEL_ON_DISCONNECT: u8 = 103;
 }
 
 /// Why a login was refused ([`ServerMsg::LoginRejected`]).

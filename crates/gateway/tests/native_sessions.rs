@@ -285,3 +285,24 @@ fn http_get(addr: SocketAddr) -> String {
     stream.read_to_string(&mut text).unwrap();
     text
 }
+
+#[test]
+fn the_load_generator_measures_every_order_it_sends() {
+    let (server, _dir) = start(Settings::default());
+    let options = gateway::load::LoadOptions {
+        connect: server.listen,
+        sessions: vec![(1, SECRET.into()), (2, SECRET.into())],
+        plan: lab::load::OpenLoopPlan {
+            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+            seed: 1,
+            duration: Duration::from_millis(200),
+        },
+        instrument: 1,
+        price: PRICE,
+    };
+    let result = gateway::load::run(&options).unwrap();
+    assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);
+    assert_eq!(result.answered, result.sent, "every order got its first report");
+    assert_eq!(result.latency.count(), result.sent);
+    assert_eq!(result.rejected, 0);
+}
