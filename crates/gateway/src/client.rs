@@ -115,6 +115,9 @@ impl NativeClient {
 pub fn parse_script_line(line: &str, client: u32) -> Result<Option<ClientMsg>, String> {
     let words: Vec<&str> = line.split('#').next().unwrap_or("").split_whitespace().collect();
     let Some((&verb, args)) = words.split_first() else { return Ok(None) };
+    if !matches!(verb, "buy" | "sell" | "cancel" | "replace") {
+        return Err(format!("unknown command {verb:?} (buy, sell, cancel, replace)"));
+    }
     let number = |at: usize, what: &str| -> Result<i64, String> {
         let word = args.get(at).ok_or_else(|| format!("{verb}: {what} missing"))?;
         word.parse().map_err(|_| format!("{verb}: {what} {word:?} is not a number"))
@@ -160,7 +163,7 @@ pub fn parse_script_line(line: &str, client: u32) -> Result<Option<ClientMsg>, S
             order.price = number(3, "PRICE")?;
             Ok(Some(ClientMsg::Replace(order)))
         }
-        other => Err(format!("unknown command {other:?} (buy, sell, cancel, replace)")),
+        _ => unreachable!("the verb was checked above"),
     }
 }
 

@@ -12,7 +12,7 @@ use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 
 /// Clients one credentials file may list.
-pub const CLIENTS_MAX: usize = 4096;
+pub const CLIENTS_MAX: usize = 1024;
 /// Longest comp id (FIX SenderCompID) accepted.
 pub const COMP_ID_BYTES_MAX: usize = 32;
 

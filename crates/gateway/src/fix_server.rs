@@ -129,8 +129,10 @@ fn drain(
                 start += len;
             }
             Err(error) => {
-                // Garbled: FIX says ignore it (no sequence number consumed) and go on.
-                tracing::warn!(%error, "FIX: garbled message ignored");
+                // Garbled: FIX says ignore it (no sequence number consumed) and go on. Counted,
+                // not logged at warn: a flood of garbage must not become a flood of logs.
+                tracing::debug!(%error, "FIX: garbled message ignored");
+                hub.clients[at].counters.garbled += 1;
                 start += fix::resync(&buffer[start..]);
             }
         }

@@ -32,10 +32,11 @@ pub struct Settings {
     pub cancel_on_disconnect: Option<Duration>,
     /// Bytes queued for one connection; a session that falls further behind is cut off.
     pub outbox_bytes_max: usize,
-    /// Sequenced native messages kept per client for replay.
+    /// Sequenced native messages kept per client for replay (32 bytes each, allocated at
+    /// start for every client in the credentials file).
     pub replay_events_max: usize,
-    /// Open orders tracked per client (for cancel-on-disconnect); beyond, new orders are
-    /// refused as busy.
+    /// Open orders tracked per client (for cancel-on-disconnect; FIX clients also map their
+    /// ClOrdIDs, about 200 bytes per order); beyond, new orders are refused as busy.
     pub open_orders_max: usize,
     /// Heartbeat interval of native sessions; a link silent for [`DEAD_LINK_INTERVALS`] of them
     /// is dead.
@@ -57,8 +58,8 @@ impl Default for Settings {
             throttle_msgs_per_s: 100_000,
             cancel_on_disconnect: Some(Duration::from_secs(5)),
             outbox_bytes_max: 1 << 20,
-            replay_events_max: 1 << 16,
-            open_orders_max: 1 << 16,
+            replay_events_max: 1 << 14,
+            open_orders_max: 1 << 12,
             heartbeat: Duration::from_secs(1),
             logon_timeout: Duration::from_secs(5),
             fix_store_dir: PathBuf::from("fix-store"),
@@ -100,6 +101,8 @@ pub struct Counters {
     pub busy: u64,
     pub cut_off: u64,
     pub logons: u64,
+    /// FIX messages ignored as garbled (bad BodyLength, CheckSum or BeginString).
+    pub garbled: u64,
 }
 
 impl Default for Counters {
@@ -112,6 +115,7 @@ impl Default for Counters {
             busy: 0,
             cut_off: 0,
             logons: 0,
+            garbled: 0,
         }
     }
 }

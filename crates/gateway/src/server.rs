@@ -23,6 +23,8 @@ use crate::{engine, fix_server, native_server};
 const ROUTE_BATCH_MAX: usize = 256;
 /// Connections open at once; further ones are closed at accept.
 pub const CONNECTIONS_MAX: usize = 1024;
+/// Wait after a failed accept.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 /// Bytes of a metrics request read before answering.
 const METRICS_REQUEST_BYTES_MAX: usize = 4096;
 
@@ -191,7 +193,15 @@ async fn route(
 async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
     let open = Rc::new(std::cell::Cell::new(0usize));
     loop {
-        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors, say: back off instead of spinning on the error.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
         if open.get() >= CONNECTIONS_MAX {
             tracing::warn!(%peer, "connection refused: {CONNECTIONS_MAX} open");
             continue;
@@ -211,7 +221,10 @@ async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
 
 async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(ACCEPT_RETRY).await;
+            continue;
+        };
         let hub = hub.clone();
         tokio::task::spawn_local(async move {
             let mut request = [0u8; METRICS_REQUEST_BYTES_MAX];
@@ -235,13 +248,14 @@ type CounterOf = fn(&crate::hub::Counters) -> u64;
 /// The counters in the Prometheus text format.
 pub fn prometheus_text(hub: &Hub) -> String {
     let mut text = String::new();
-    let metrics: [(&str, &str, CounterOf); 6] = [
+    let metrics: [(&str, &str, CounterOf); 7] = [
         ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
         ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
         ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
         ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
         ("gateway_cut_off_total", "sessions cut off as slow consumers", |c| c.cut_off),
         ("gateway_logons_total", "successful logons", |c| c.logons),
+        ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
     ];
     for (name, help, value) in metrics {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");

@@ -90,8 +90,14 @@ fn fix_value() -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(0x21u8..0x7f, 1..24)
 }
 
+/// Cases per property: 2 000 in the test suite; `scripts/soak-codecs` sets
+/// `LEANTIER_CODEC_CASES` to a million or more.
+fn cases() -> u32 {
+    std::env::var("LEANTIER_CODEC_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn native_decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
