@@ -347,3 +347,21 @@ fn resend_requests_are_answered_and_sequence_numbers_survive_a_restart() {
         .expect("a reset Logon is accepted once the old session is gone");
     assert_eq!((logon.get(tag::MSG_SEQ_NUM), logon.get(tag::RESET_SEQ_NUM_FLAG)), ("1", "Y"));
 }
+
+#[test]
+fn a_silent_peer_gets_heartbeats_then_a_test_request_then_is_disconnected() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    client.send(
+        "A",
+        &[(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "1"), (tag::PASSWORD, SECRET)],
+    );
+    assert_eq!(client.recv().msg_type(), "A");
+    let mut types = Vec::new();
+    while let Some(message) = client.try_recv() {
+        types.push(message.msg_type().to_string());
+    }
+    assert!(types.contains(&"0".to_string()), "a Heartbeat when idle: {types:?}");
+    assert!(types.contains(&"1".to_string()), "a TestRequest when the peer is silent: {types:?}");
+}

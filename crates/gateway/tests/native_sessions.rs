@@ -306,3 +306,34 @@ fn the_load_generator_measures_every_order_it_sends() {
     assert_eq!(result.latency.count(), result.sent);
     assert_eq!(result.rejected, 0);
 }
+
+#[test]
+fn the_server_heartbeats_and_ends_a_silent_session_as_a_dead_link() {
+    use std::io::{Read, Write};
+    let (server, _dir) =
+        start(Settings { heartbeat: Duration::from_millis(100), ..Settings::default() });
+    let mut stream = std::net::TcpStream::connect(server.listen).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut frame = Vec::new();
+    let secret = gateway::native::secret_field(SECRET).unwrap();
+    gateway::native::encode_client(
+        &ClientMsg::Login { client: 1, secret, next_seq: 0 },
+        &mut frame,
+    );
+    stream.write_all(&frame).unwrap();
+    // Read everything until the server closes; this client never heartbeats.
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).unwrap();
+    let mut received = Vec::new();
+    let mut rest = &bytes[..];
+    while let Some((version, kind, payload, len)) = gateway::native::split_frame(rest).unwrap() {
+        received.push(gateway::native::decode_server(version, kind, payload).unwrap());
+        rest = &rest[len..];
+    }
+    assert!(matches!(received[0], ServerMsg::LoginAccepted { .. }), "{received:?}");
+    assert!(
+        received.contains(&ServerMsg::Heartbeat),
+        "the server heartbeats an idle link: {received:?}"
+    );
+    assert_eq!(received.last(), Some(&ServerMsg::Error { code: error_code::DEAD_LINK }));
+}
