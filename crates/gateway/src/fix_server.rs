@@ -489,7 +489,9 @@ fn application(hub: &mut Hub, at: usize, link: &Link, message: &Message, seq: u6
         hub.submit(at, inbound).err().map(|r| r.reason())
     };
     if let Some(reason) = refused {
-        let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+        let client = &mut hub.clients[at];
+        client.counters.rejects[usize::from(reason)] += 1;
+        let fix = client.fix.as_mut().expect("FIX client");
         fix.report(&rejected(token, reason), Some(link), limit);
     }
 }
