@@ -28,6 +28,10 @@ fn every_command_has_help() {
         &["exchange", "placement"],
         &["exchange", "senders"],
         &["exchange", "journal-experiment"],
+        &["exchange", "serve"],
+        &["exchange", "client"],
+        &["exchange", "load"],
+        &["exchange", "hash-secret"],
         &["bench", "ring"],
         &["mq", "serve"],
         &["mq", "client"],
@@ -141,4 +145,63 @@ fn exchange_run_refuses_unknown_config_keys_and_bad_values_with_code_2() {
         assert_eq!(code(&output), 2, "{contents}: {}", text(&output.stderr));
         assert!(text(&output.stderr).contains(named), "{}", text(&output.stderr));
     }
+}
+
+/// `exchange hash-secret`, `exchange serve --config` and `exchange client` end to end: a
+/// scripted buy and sell cross, and a bad script line exits with code 2.
+#[test]
+fn exchange_serve_trades_with_a_scripted_client() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let mut hasher = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args(["exchange", "hash-secret"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    hasher.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    let hash = text(&hasher.wait_with_output().unwrap().stdout);
+    std::fs::write(dir.path().join("clients.txt"), format!("1 native alice {}", hash.trim()))
+        .unwrap();
+    std::fs::write(dir.path().join("serve.toml"), "credentials = \"clients.txt\"\n").unwrap();
+    let config = dir.path().join("serve.toml");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args([
+            "exchange",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    BufReader::new(server.stdout.take().unwrap()).read_line(&mut first_line).unwrap();
+    let addr = first_line
+        .trim()
+        .strip_prefix("native listening on ")
+        .expect("the listen line")
+        .to_string();
+    let client = |script: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(["exchange", "client", "--connect", &addr, "--client", "1", "--secret", "pw"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let traded = client("buy 1 1 10 101000\nsell 2 1 4 101000\n");
+    let bad = client("hold 1 1\n");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(code(&traded), 0, "{}", text(&traded.stderr));
+    let out = text(&traded.stdout);
+    assert!(out.contains("filled token=2") && out.contains("partially-filled token=1"), "{out}");
+    assert_eq!(code(&bad), 2, "a bad script line is bad input: {}", text(&bad.stderr));
 }

@@ -24,7 +24,7 @@ pub mod metrics;
 #[cfg(not(loom))]
 pub mod placement;
 pub mod quota;
-mod ring;
+pub mod ring;
 #[cfg(not(loom))]
 pub mod stage;
 mod sync;

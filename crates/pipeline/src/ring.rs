@@ -182,10 +182,8 @@ fn occupied_slots(tail: usize, head: usize, capacity: usize) -> usize {
     occupied
 }
 
-/// Builds a lock-free SPSC ring with its own parkers (the unit tests' shorthand; the runtime
-/// always goes through `connector`).
-#[cfg(test)]
-fn spsc<T: Copy + Default + Send>(
+/// Builds a lock-free SPSC ring with its own parkers.
+pub fn spsc<T: Copy + Default + Send>(
     config: &RingConfig,
 ) -> Result<(Producer<T>, Consumer<T>), RingError> {
     spsc_with(config, Parker::new(), Parker::new())

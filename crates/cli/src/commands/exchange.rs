@@ -71,6 +71,15 @@ pub enum ExchangeCommand {
     /// reply latency, the critical-path p99 ratio group/off and the durable p99 vs a raw 4 KiB
     /// fdatasync measured in the same run on the same disk.
     JournalExperiment(JournalExperimentArgs),
+    /// Runs the tier as a network server: the native protocol and a FIX 4.4 acceptor.
+    Serve(super::exchange_serve::ServeArgs),
+    /// Sends a script of orders over the native protocol and prints the reports.
+    Client(super::exchange_serve::ClientArgs),
+    /// Prints the argon2 hash of a secret read from stdin, for the credentials file.
+    HashSecret(super::exchange_serve::HashSecretArgs),
+    /// Drives `exchange serve` open loop over the network and reports order → first report
+    /// latency from each order's intended send time.
+    Load(super::exchange_serve::LoadArgs),
 }
 
 /// Flags of the journal experiment.
@@ -184,6 +193,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ExchangeCommand::Placement(experiment) => placement_experiment(experiment),
         ExchangeCommand::Senders(senders) => senders_experiment(senders),
         ExchangeCommand::JournalExperiment(journal) => journal_experiment(journal),
+        ExchangeCommand::Serve(serve) => super::exchange_serve::serve(serve),
+        ExchangeCommand::Client(client) => super::exchange_serve::client(client),
+        ExchangeCommand::HashSecret(hash) => super::exchange_serve::hash_secret(hash),
+        ExchangeCommand::Load(load) => super::exchange_serve::load(load),
     }
 }
 

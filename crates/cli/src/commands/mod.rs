@@ -4,6 +4,7 @@
 pub mod bench_ring;
 pub mod cdr;
 pub mod exchange;
+pub mod exchange_serve;
 pub mod journal;
 pub mod mq;
 pub mod planner;

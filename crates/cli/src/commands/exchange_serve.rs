@@ -1,0 +1,289 @@
+//! `leantier exchange serve`, `exchange client` and `exchange hash-secret`: the tier as a
+//! network server (native protocol and FIX 4.4), a scripted native client, and the tool that
+//! hashes secrets for the credentials file.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use exchange::flow::{UniverseConfig, reference_master_data};
+use gateway::client::{NativeClient, describe, parse_script_line};
+use gateway::hub::Settings;
+use gateway::native::{ClientMsg, ServerMsg};
+use gateway::server::{ServeOptions, start};
+
+use crate::outcome::BadInput;
+
+/// Runs the tier as a server: orders over the native protocol and FIX 4.4.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address of the native protocol listener (docs/PROTOCOL.md).
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub listen: SocketAddr,
+    /// Address of the FIX 4.4 acceptor; none when absent.
+    #[arg(long)]
+    pub fix_listen: Option<SocketAddr>,
+    /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
+    /// relative to this file), `fix_store_dir`, `fix_comp_id`, `throttle_msgs_per_s`,
+    /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
+    /// `clients`.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Address of a Prometheus text-format metrics listener (per-session counters).
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// Sends scripted orders over the native protocol and prints every report.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Address of `exchange serve --listen`.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub connect: SocketAddr,
+    /// The client id to log in as.
+    #[arg(long)]
+    pub client: u32,
+    /// The client's secret.
+    #[arg(long, env = "LEANTIER_SECRET")]
+    pub secret: String,
+    /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`,
+    /// `cancel TOKEN INSTRUMENT`, `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin.
+    #[arg(long, default_value = "-")]
+    pub script: PathBuf,
+    /// First sequenced message to replay at login (1: all; 0: only new ones).
+    #[arg(long, default_value_t = 0)]
+    pub next_seq: u64,
+    /// How long to keep printing reports after the script's last line, ms.
+    #[arg(long, default_value_t = 500)]
+    pub linger_ms: u64,
+}
+
+/// Prints the argon2 hash of a secret read from stdin (for the credentials file).
+#[derive(clap::Args, Debug, Clone)]
+pub struct HashSecretArgs {}
+
+/// The TOML file of `exchange serve --config`.
+#[derive(serde::Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct ServeConfig {
+    credentials: PathBuf,
+    fix_store_dir: Option<PathBuf>,
+    fix_comp_id: Option<String>,
+    throttle_msgs_per_s: Option<u32>,
+    cancel_on_disconnect_ms: Option<u64>,
+    outbox_bytes_max: Option<usize>,
+    heartbeat_ms: Option<u64>,
+    instruments: Option<u32>,
+    clients: Option<u32>,
+}
+
+fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
+    let defaults = Settings::default();
+    Settings {
+        throttle_msgs_per_s: config.throttle_msgs_per_s.unwrap_or(defaults.throttle_msgs_per_s),
+        cancel_on_disconnect: match config.cancel_on_disconnect_ms {
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => defaults.cancel_on_disconnect,
+        },
+        outbox_bytes_max: config.outbox_bytes_max.unwrap_or(defaults.outbox_bytes_max),
+        heartbeat: config.heartbeat_ms.map_or(defaults.heartbeat, Duration::from_millis),
+        fix_store_dir: base
+            .join(config.fix_store_dir.clone().unwrap_or(defaults.fix_store_dir.clone())),
+        fix_comp_id: config.fix_comp_id.clone().unwrap_or(defaults.fix_comp_id.clone()),
+        ..defaults
+    }
+}
+
+/// `leantier exchange serve`.
+pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|e| BadInput(format!("{}: {e}", path.display())))
+    };
+    let config: ServeConfig = toml::from_str(&read(&args.config)?)
+        .map_err(|e| BadInput(format!("{}: {e}", args.config.display())))?;
+    let base = args.config.parent().unwrap_or(Path::new("."));
+    let credentials = gateway::credentials::parse(&read(&base.join(&config.credentials))?)
+        .map_err(|e| BadInput(e.to_string()))?;
+    let settings = settings_from(&config, base);
+    if settings.throttle_msgs_per_s == 0
+        || settings.heartbeat.is_zero()
+        || settings.outbox_bytes_max == 0
+    {
+        return Err(BadInput(
+            "throttle_msgs_per_s, heartbeat_ms and outbox_bytes_max must be > 0".into(),
+        )
+        .into());
+    }
+    let universe = UniverseConfig {
+        instruments: config.instruments.unwrap_or(UniverseConfig::default().instruments).max(1),
+        clients: config.clients.unwrap_or(UniverseConfig::default().clients).max(1),
+    };
+    let running = start(ServeOptions {
+        listen: args.listen,
+        fix_listen: args.fix_listen,
+        metrics_listen: args.metrics_listen,
+        settings,
+        credentials,
+        master: reference_master_data(&universe),
+        core_limits: Default::default(),
+        ring: Default::default(),
+    })?;
+    println!("native listening on {}", running.listen);
+    if let Some(fix) = running.fix_listen {
+        println!("FIX 4.4 listening on {fix}");
+    }
+    if let Some(metrics) = running.metrics_listen {
+        println!("metrics on http://{metrics}/metrics");
+    }
+    running.wait();
+    Ok(())
+}
+
+/// `leantier exchange client`.
+pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
+    let script: Box<dyn BufRead> = if args.script == Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(&args.script)
+            .map_err(|e| BadInput(format!("{}: {e}", args.script.display())))?;
+        Box::new(std::io::BufReader::new(file))
+    };
+    let mut session = NativeClient::connect(args.connect)?;
+    let login = session.login(args.client, &args.secret, args.next_seq, Duration::from_secs(10))?;
+    println!("{}", describe(&login));
+    if !matches!(login, ServerMsg::LoginAccepted { .. }) {
+        anyhow::bail!("login refused");
+    }
+    for (at, line) in script.lines().enumerate() {
+        let line = line?;
+        let msg = parse_script_line(&line, args.client)
+            .map_err(|e| BadInput(format!("script line {}: {e}", at + 1)))?;
+        if let Some(msg) = msg {
+            session.send(&msg)?;
+        }
+        print_available(&mut session, Duration::ZERO)?;
+    }
+    print_available(&mut session, Duration::from_millis(args.linger_ms))?;
+    session.send(&ClientMsg::Logout)?;
+    Ok(())
+}
+
+fn print_available(session: &mut NativeClient, linger: Duration) -> anyhow::Result<()> {
+    let wait = linger.max(Duration::from_millis(1));
+    while let Some(msg) = session.recv(wait)? {
+        println!("{}", describe(&msg));
+    }
+    Ok(())
+}
+
+/// `leantier exchange hash-secret`.
+pub fn hash_secret(_args: &HashSecretArgs) -> anyhow::Result<()> {
+    let mut secret = String::new();
+    std::io::stdin().read_line(&mut secret)?;
+    let secret = secret.trim_end_matches(['\r', '\n']);
+    if secret.is_empty() {
+        return Err(
+            BadInput("hash-secret reads the secret from stdin; got an empty line".into()).into()
+        );
+    }
+    println!("{}", gateway::credentials::hash_secret(secret.as_bytes())?);
+    Ok(())
+}
+
+/// Drives `exchange serve` open loop over the native protocol and reports the latency from
+/// each order's intended send time to its first report.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Address of `exchange serve --listen`.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub connect: SocketAddr,
+    /// Protocol to drive; only `native` is implemented so far.
+    #[arg(long, default_value = "native")]
+    pub protocol: String,
+    /// Arrival rates (Poisson), orders/s; one run each.
+    #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
+    pub rate: Vec<f64>,
+    /// Seconds per rate.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Sessions; session i logs in as client `first_client + i`.
+    #[arg(long, default_value_t = 1)]
+    pub sessions: u32,
+    /// Client id of the first session.
+    #[arg(long, default_value_t = 1)]
+    pub first_client: u32,
+    /// The sessions' secret (all alike).
+    #[arg(long, env = "LEANTIER_SECRET")]
+    pub secret: String,
+    /// Instrument to trade (orders alternate buy and sell at its reference price).
+    #[arg(long, default_value_t = 1)]
+    pub instrument: u32,
+    /// Report folder (a Markdown table and CSV).
+    #[arg(long, default_value = "leantier-report/exchange-load")]
+    pub out: PathBuf,
+}
+
+/// `leantier exchange load`.
+pub fn load(args: &LoadArgs) -> anyhow::Result<()> {
+    use lab::load::{ArrivalProcess, OpenLoopPlan};
+    use lab::report::{Markdown, ReportDir, latency_table};
+    if args.protocol != "native" {
+        return Err(
+            BadInput(format!("--protocol {}: only native is implemented", args.protocol)).into()
+        );
+    }
+    let positive = |value: f64| value.is_finite() && value > 0.0;
+    if args.sessions == 0 || !args.rate.iter().all(|&r| positive(r)) || !positive(args.seconds) {
+        return Err(BadInput("--sessions, --rate and --seconds must be > 0".into()).into());
+    }
+    let sessions: Vec<(u32, String)> =
+        (0..args.sessions).map(|i| (args.first_client + i, args.secret.clone())).collect();
+    let price =
+        reference_master_data(&UniverseConfig { instruments: args.instrument + 1, clients: 1 })
+            .instrument(args.instrument)
+            .map(|i| (i.band_low + i.band_high) / 2)
+            .ok_or_else(|| BadInput(format!("no instrument {}", args.instrument)))?;
+    let mut labels = Vec::new();
+    let mut summaries = Vec::new();
+    for &rate in &args.rate {
+        let plan = OpenLoopPlan {
+            process: ArrivalProcess::Poisson { rate_per_s: rate },
+            seed: 1,
+            duration: Duration::from_secs_f64(args.seconds),
+        };
+        let options = gateway::load::LoadOptions {
+            connect: args.connect,
+            sessions: sessions.clone(),
+            plan,
+            instrument: args.instrument,
+            price,
+        };
+        let result = gateway::load::run(&options)?;
+        println!(
+            "{rate:.0}/s: sent {} answered {} rejected {} achieved {:.0}/s, send lag p99 {} µs",
+            result.sent,
+            result.answered,
+            result.rejected,
+            result.sent as f64 / result.elapsed.as_secs_f64(),
+            lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
+        );
+        labels.push(format!("{rate:.0}/s"));
+        summaries.push(result.latency.summary());
+    }
+    let rows: Vec<(&str, &lab::stats::LatencySummary)> =
+        labels.iter().map(String::as_str).zip(&summaries).collect();
+    let table = latency_table(&rows).with_title(format!(
+        "Native protocol over TCP, {} session(s): intended send time → first report, µs",
+        args.sessions
+    ));
+    println!("\n{table}");
+    let report = ReportDir::create(&args.out)?;
+    report.write_csv("latency.csv", &table)?;
+    let mut markdown = Markdown::new();
+    markdown.heading(1, "exchange load").table(&table);
+    let path = report.write_markdown("report.md", markdown.as_str())?;
+    println!("report: {}", path.display());
+    Ok(())
+}

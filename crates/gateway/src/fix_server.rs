@@ -1,0 +1,668 @@
+//! The FIX 4.4 acceptor's connections: logon, the session layer (sequence numbers, heartbeats,
+//! test requests, resends with gap fill, rejects, logout) and the order messages D, F and G.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use exchange::msg::{InboundOrder, request_kind};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::engine::order_id;
+use crate::fix::{self, Message, tag};
+use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
+use crate::hub::{Hub, Link};
+use crate::native::{Event, event_kind, gateway_reason};
+use crate::session::{Conn, Flow, detach, write_out};
+
+/// Bytes buffered from one FIX connection: two of the largest messages.
+const READ_BUFFER_BYTES: usize = 2 * (fix::BODY_BYTES_MAX + 64);
+/// Largest HeartBtInt accepted, in seconds.
+const HEART_BT_INT_MAX_S: u64 = 300;
+
+/// SessionRejectReason codes (FIX 4.4 tag 373).
+mod session_reject {
+    pub const INVALID_TAG: i64 = 0;
+    pub const REQUIRED_TAG_MISSING: i64 = 1;
+    pub const VALUE_INCORRECT: i64 = 5;
+    pub const COMP_ID_PROBLEM: i64 = 9;
+}
+
+/// One FIX connection, from accept to close.
+pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
+    let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
+    let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
+    let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");
+    let mut conn = Conn::new(heartbeat);
+    let mut resend_requested = false;
+    let reason = 'session: loop {
+        if write_out(&mut stream, &link, &mut conn).await.is_err() {
+            break "write failed";
+        }
+        if let Some(reason) = link.cut.get() {
+            break reason;
+        }
+        tokio::select! {
+            read = stream.read_buf(&mut buffer) => match read {
+                Ok(0) | Err(_) => break "peer closed",
+                Ok(_) => {
+                    conn.last_read = Instant::now();
+                    let flow = read_batch(&mut hub.borrow_mut(), at, &link, &mut buffer, &mut resend_requested);
+                    if let Flow::Close(reason) = flow {
+                        let _ = write_out(&mut stream, &link, &mut conn).await;
+                        break 'session reason;
+                    }
+                }
+            },
+            _ = link.wake.notified() => {}
+            _ = tokio::time::sleep(conn.tick()) => {
+                let flow = on_timer(&mut hub.borrow_mut(), at, &link, &mut conn);
+                if let Flow::Close(reason) = flow {
+                    let _ = write_out(&mut stream, &link, &mut conn).await;
+                    break reason;
+                }
+            }
+        }
+    };
+    tracing::info!(
+        client = hub.borrow().clients[at].credential.client,
+        reason,
+        "FIX session ended"
+    );
+    detach(&hub, at);
+}
+
+/// Handles what one read brought, then persists the inbound sequence number once.
+fn read_batch(
+    hub: &mut Hub,
+    at: usize,
+    link: &Link,
+    buffer: &mut Vec<u8>,
+    resend_requested: &mut bool,
+) -> Flow {
+    let flow = drain(hub, at, link, buffer, resend_requested);
+    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    if let Err(error) = fix.store.save_next_in() {
+        tracing::error!(%error, "FIX store: saving the inbound sequence failed");
+    }
+    flow
+}
+
+/// Heartbeats out when idle; a TestRequest when the peer is quiet; dead after two intervals.
+fn on_timer(hub: &mut Hub, at: usize, link: &Link, conn: &mut Conn) -> Flow {
+    let limit = hub.settings.outbox_bytes_max;
+    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let now = Instant::now();
+    if now.duration_since(conn.last_read) >= conn.heartbeat * 2 + conn.heartbeat / 5 {
+        return Flow::Close("dead link: no answer to TestRequest");
+    }
+    if now.duration_since(conn.last_read) >= conn.heartbeat + conn.heartbeat / 5
+        && !conn.test_pending
+    {
+        conn.test_pending = true;
+        let id = fix::utc_timestamp(unix_ns());
+        fix.send(b"1", Some(link), limit, |b| {
+            b.field(tag::TEST_REQ_ID, &id);
+        });
+    } else if now.duration_since(conn.last_write) >= conn.heartbeat {
+        fix.send(b"0", Some(link), limit, |_| {});
+    }
+    Flow::Continue
+}
+
+/// Processes every complete message in `buffer`.
+fn drain(
+    hub: &mut Hub,
+    at: usize,
+    link: &Link,
+    buffer: &mut Vec<u8>,
+    resend_requested: &mut bool,
+) -> Flow {
+    let mut start = 0;
+    let mut flow = Flow::Continue;
+    while start < buffer.len() && matches!(flow, Flow::Continue) {
+        match fix::split_frame(&buffer[start..]) {
+            Ok(None) => break,
+            Ok(Some(len)) => {
+                flow = on_message(hub, at, link, &buffer[start..start + len], resend_requested);
+                start += len;
+            }
+            Err(error) => {
+                // Garbled: FIX says ignore it (no sequence number consumed) and go on. Counted,
+                // not logged at warn: a flood of garbage must not become a flood of logs.
+                tracing::debug!(%error, "FIX: garbled message ignored");
+                hub.clients[at].counters.garbled += 1;
+                start += fix::resync(&buffer[start..]);
+            }
+        }
+    }
+    buffer.drain(..start);
+    if buffer.len() == buffer.capacity() {
+        return Flow::Close("read buffer full without a complete message");
+    }
+    flow
+}
+
+/// The session layer for one framed message of a logged-on session.
+fn on_message(
+    hub: &mut Hub,
+    at: usize,
+    link: &Link,
+    bytes: &[u8],
+    resend_requested: &mut bool,
+) -> Flow {
+    let limit = hub.settings.outbox_bytes_max;
+    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let message = match Message::parse(bytes) {
+        Ok(message) => message,
+        Err(error) => {
+            let ref_seq = fix.store.next_in as i64;
+            fix.store.next_in += 1;
+            reject(fix, link, limit, ref_seq, session_reject::INVALID_TAG, 0, &error.to_string());
+            return Flow::Continue;
+        }
+    };
+    let Some(seq) = message.get(tag::MSG_SEQ_NUM).and_then(fix::parse_u64) else {
+        return logout(fix, link, limit, "MsgSeqNum (34) missing or not a number");
+    };
+    let comp_ok = message.get(tag::SENDER_COMP_ID) == Some(fix.comp_id.as_bytes())
+        && message.get(tag::TARGET_COMP_ID) == Some(fix.our_comp_id.as_bytes());
+    if !comp_ok {
+        reject(fix, link, limit, seq as i64, session_reject::COMP_ID_PROBLEM, 49, "CompID problem");
+        return logout(fix, link, limit, "CompID problem");
+    }
+    let msg_type = message.msg_type();
+    let gap_fill = message.get(tag::GAP_FILL_FLAG) == Some(b"Y");
+    if msg_type == b"4" && !gap_fill {
+        return sequence_reset(fix, link, limit, &message, seq);
+    }
+    if msg_type == b"2" {
+        resend(fix, link, limit, &message);
+    }
+    if seq < fix.store.next_in {
+        if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
+            return Flow::Continue;
+        }
+        let text = format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store.next_in);
+        return logout(fix, link, limit, &text);
+    }
+    if seq > fix.store.next_in {
+        if !*resend_requested {
+            *resend_requested = true;
+            let from = fix.store.next_in as i64;
+            fix.send(b"2", Some(link), limit, |b| {
+                b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
+            });
+        }
+        return Flow::Continue;
+    }
+    *resend_requested = false;
+    fix.store.next_in += 1;
+    if message.get(tag::SENDING_TIME).is_none() {
+        reject(
+            fix,
+            link,
+            limit,
+            seq as i64,
+            session_reject::REQUIRED_TAG_MISSING,
+            52,
+            "SendingTime missing",
+        );
+        return Flow::Continue;
+    }
+    dispatch(hub, at, link, &message, seq)
+}
+
+fn dispatch(hub: &mut Hub, at: usize, link: &Link, message: &Message, seq: u64) -> Flow {
+    let limit = hub.settings.outbox_bytes_max;
+    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    match message.msg_type() {
+        b"0" | b"2" | b"3" => Flow::Continue,
+        b"1" => {
+            let id = message.get(tag::TEST_REQ_ID).unwrap_or(b"");
+            fix.send(b"0", Some(link), limit, |b| {
+                b.field(tag::TEST_REQ_ID, id);
+            });
+            Flow::Continue
+        }
+        b"4" => sequence_reset(fix, link, limit, message, seq),
+        b"5" => {
+            fix.send(b"5", Some(link), limit, |_| {});
+            Flow::Close("logout")
+        }
+        b"A" => logout(fix, link, limit, "Logon received on a logged-on session"),
+        b"D" | b"F" | b"G" => {
+            application(hub, at, link, message, seq);
+            Flow::Continue
+        }
+        other => {
+            fix.send(b"j", Some(link), limit, |b| {
+                b.int(tag::REF_SEQ_NUM, seq as i64)
+                    .field(tag::REF_MSG_TYPE, other)
+                    .int(tag::BUSINESS_REJECT_REASON, 3)
+                    .field(tag::TEXT, b"Unsupported Message Type");
+            });
+            Flow::Continue
+        }
+    }
+}
+
+fn reject(
+    fix: &mut FixState,
+    link: &Link,
+    limit: usize,
+    ref_seq: i64,
+    reason: i64,
+    ref_tag: u32,
+    text: &str,
+) {
+    fix.send(b"3", Some(link), limit, |b| {
+        b.int(tag::REF_SEQ_NUM, ref_seq);
+        if ref_tag != 0 {
+            b.int(tag::REF_TAG_ID, i64::from(ref_tag));
+        }
+        b.int(tag::SESSION_REJECT_REASON, reason).field(tag::TEXT, text.as_bytes());
+    });
+}
+
+fn logout(fix: &mut FixState, link: &Link, limit: usize, text: &str) -> Flow {
+    fix.send(b"5", Some(link), limit, |b| {
+        b.field(tag::TEXT, text.as_bytes());
+    });
+    Flow::Close("logout sent")
+}
+
+fn sequence_reset(
+    fix: &mut FixState,
+    link: &Link,
+    limit: usize,
+    message: &Message,
+    seq: u64,
+) -> Flow {
+    match message.get(tag::NEW_SEQ_NO).and_then(fix::parse_u64) {
+        Some(new_seq) if new_seq >= fix.store.next_in => fix.store.next_in = new_seq,
+        _ => reject(
+            fix,
+            link,
+            limit,
+            seq as i64,
+            session_reject::VALUE_INCORRECT,
+            36,
+            "NewSeqNo must not decrease",
+        ),
+    }
+    Flow::Continue
+}
+
+/// Answers a ResendRequest: application messages again with PossDupFlag, session messages (and
+/// anything no longer stored) as SequenceReset-GapFill.
+fn resend(fix: &mut FixState, link: &Link, limit: usize, message: &Message) {
+    let begin = message.get(tag::BEGIN_SEQ_NO).and_then(fix::parse_u64).unwrap_or(1).max(1);
+    let last = fix.store.next_out - 1;
+    let end = match message.get(tag::END_SEQ_NO).and_then(fix::parse_u64) {
+        Some(end) if end != 0 && end < last => end,
+        _ => last,
+    };
+    let stored = match fix.store.range(begin, end) {
+        Ok(stored) => stored,
+        Err(error) => {
+            tracing::error!(%error, "FIX store: reading for a resend failed");
+            Vec::new()
+        }
+    };
+    tracing::info!(comp_id = %fix.comp_id, begin, end, "FIX resend");
+    let mut gap_from: Option<u64> = None;
+    let mut expected = begin;
+    for (seq, bytes) in &stored {
+        let Ok(old) = Message::parse(bytes) else { continue };
+        if *seq > expected || is_session_type(old.msg_type()) {
+            gap_from.get_or_insert(expected);
+        }
+        expected = seq + 1;
+        if is_session_type(old.msg_type()) {
+            continue;
+        }
+        if let Some(from) = gap_from.take() {
+            gap_fill(fix, link, limit, from, *seq);
+        }
+        resend_one(fix, link, limit, *seq, &old);
+    }
+    if expected <= end {
+        gap_from.get_or_insert(expected);
+    }
+    if let Some(from) = gap_from {
+        gap_fill(fix, link, limit, from, end + 1);
+    }
+}
+
+fn is_session_type(msg_type: &[u8]) -> bool {
+    matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
+}
+
+fn gap_fill(fix: &mut FixState, link: &Link, limit: usize, from: u64, to: u64) {
+    let now = fix::utc_timestamp(unix_ns());
+    let builder = &mut fix.builder;
+    builder
+        .begin(b"4", fix.our_comp_id.as_bytes(), fix.comp_id.as_bytes(), from)
+        .field(tag::SENDING_TIME, &now)
+        .field(tag::POSS_DUP_FLAG, b"Y")
+        .field(tag::GAP_FILL_FLAG, b"Y")
+        .int(tag::NEW_SEQ_NO, to as i64);
+    link.send(builder.finish(), limit);
+}
+
+fn resend_one(fix: &mut FixState, link: &Link, limit: usize, seq: u64, old: &Message) {
+    const HEADER: [u32; 9] = [8, 9, 35, 49, 56, 34, 52, 43, 122];
+    let now = fix::utc_timestamp(unix_ns());
+    let builder = &mut fix.builder;
+    builder
+        .begin(old.msg_type(), fix.our_comp_id.as_bytes(), fix.comp_id.as_bytes(), seq)
+        .field(tag::SENDING_TIME, &now)
+        .field(tag::POSS_DUP_FLAG, b"Y")
+        .field(tag::ORIG_SENDING_TIME, old.get(tag::SENDING_TIME).unwrap_or(&now));
+    for (field, value) in old.fields().filter(|(t, _)| !HEADER.contains(t) && *t != tag::CHECKSUM) {
+        builder.field(field, value);
+    }
+    link.send(builder.finish(), limit);
+}
+
+/// Reads the Logon, checks it, verifies the password off the I/O thread, attaches the session.
+async fn logon(
+    hub: &Rc<RefCell<Hub>>,
+    stream: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+) -> Option<(usize, Duration)> {
+    let timeout = hub.borrow().settings.logon_timeout;
+    let len = tokio::time::timeout(timeout, read_frame(stream, buffer)).await.ok()??;
+    let message = Message::parse(&buffer[..len]).ok()?;
+    let field = |t| message.get(t);
+    if message.msg_type() != b"A" {
+        tracing::warn!("FIX: first message is not a Logon; disconnecting");
+        return None;
+    }
+    let at = hub.borrow().fix_client_index(field(tag::SENDER_COMP_ID)?)?;
+    let hash = hub.borrow().clients[at].credential.hash.clone();
+    let password = field(tag::PASSWORD).unwrap_or(b"").to_vec();
+    let verified =
+        tokio::task::spawn_blocking(move || crate::credentials::verify(&hash, &password));
+    let verified = verified.await.unwrap_or(false);
+    let seq = field(tag::MSG_SEQ_NUM).and_then(fix::parse_u64)?;
+    let heartbeat = field(tag::HEART_BT_INT)
+        .and_then(fix::parse_u64)
+        .filter(|s| (1..=HEART_BT_INT_MAX_S).contains(s));
+    let reset = field(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y");
+    let to_us = field(tag::TARGET_COMP_ID).map(|t| t.to_vec());
+    buffer.drain(..len);
+    let mut hub_ref = hub.borrow_mut();
+    let limit = hub_ref.settings.outbox_bytes_max;
+    let ours = hub_ref.settings.fix_comp_id.clone();
+    let client = &mut hub_ref.clients[at];
+    let refusal = match () {
+        _ if !verified => Some("bad password"),
+        _ if client.link.is_some() => Some("session already logged on"),
+        _ if to_us.as_deref() != Some(ours.as_bytes()) => Some("TargetCompID is not this acceptor"),
+        _ if heartbeat.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),
+        _ => None,
+    };
+    let fix = client.fix.as_mut().expect("FIX client");
+    if let Some(text) = refusal {
+        tracing::warn!(comp_id = %fix.comp_id, text, "FIX logon refused");
+        return None;
+    }
+    if reset && fix.store.reset().is_err() {
+        return None;
+    }
+    if seq < fix.store.next_in {
+        tracing::warn!(comp_id = %fix.comp_id, seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
+        return None;
+    }
+    let link = Rc::new(Link::default());
+    let heartbeat_s = heartbeat.expect("checked above");
+    fix.send(b"A", Some(&link), limit, |b| {
+        b.int(tag::ENCRYPT_METHOD, 0).int(tag::HEART_BT_INT, heartbeat_s as i64);
+        if reset {
+            b.field(tag::RESET_SEQ_NUM_FLAG, b"Y");
+        }
+    });
+    if seq > fix.store.next_in {
+        let from = fix.store.next_in as i64;
+        fix.send(b"2", Some(&link), limit, |b| {
+            b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
+        });
+    } else {
+        fix.store.next_in += 1;
+    }
+    client.link = Some(link);
+    client.generation += 1;
+    client.counters.logons += 1;
+    tracing::info!(comp_id = %client.credential.comp_id, "FIX logon");
+    Some((at, Duration::from_secs(heartbeat_s)))
+}
+
+/// Reads until one valid frame is at the front of `buffer`; `None` on garbage or close.
+async fn read_frame(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<usize> {
+    loop {
+        match fix::split_frame(buffer) {
+            Ok(Some(len)) => return Some(len),
+            Ok(None) if buffer.len() < buffer.capacity() => {}
+            _ => {
+                tracing::warn!("FIX: garbage before logon; disconnecting");
+                return None;
+            }
+        }
+        if stream.read_buf(buffer).await.ok()? == 0 {
+            return None;
+        }
+    }
+}
+
+/// NewOrderSingle, OrderCancelRequest, OrderCancelReplaceRequest.
+fn application(hub: &mut Hub, at: usize, link: &Link, message: &Message, seq: u64) {
+    let limit = hub.settings.outbox_bytes_max;
+    let client_id = hub.clients[at].credential.client;
+    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let request = match order_fields(message) {
+        Ok(request) => request,
+        Err((ref_tag, reason, text)) => {
+            return reject(fix, link, limit, seq as i64, reason, ref_tag, text);
+        }
+    };
+    let wrong_client =
+        message.get(tag::ACCOUNT).is_some_and(|a| fix::parse_u64(a) != Some(u64::from(client_id)));
+    let prepared = match message.msg_type() {
+        b"D" => new_order(fix, &request, client_id),
+        _ => amend(fix, &request, client_id, message.msg_type() == b"G"),
+    };
+    let (token, inbound) = match prepared {
+        Ok(prepared) => prepared,
+        Err(Refusal::Report(token, reason)) => {
+            return fix.report(&rejected(token, reason), Some(link), limit);
+        }
+        Err(Refusal::CancelReject(order, reason)) => {
+            return fix.cancel_reject(0, &order, reason, Some(link), limit);
+        }
+    };
+    let refused = if wrong_client {
+        Some(gateway_reason::WRONG_CLIENT)
+    } else {
+        hub.submit(at, inbound).err().map(|r| r.reason())
+    };
+    if let Some(reason) = refused {
+        let client = &mut hub.clients[at];
+        client.counters.rejects[usize::from(reason)] += 1;
+        let fix = client.fix.as_mut().expect("FIX client");
+        fix.report(&rejected(token, reason), Some(link), limit);
+    }
+}
+
+fn rejected(token: u32, reason: u8) -> Event {
+    Event { kind: event_kind::REJECTED, reason, token, ..Event::default() }
+}
+
+/// The fields of D, F and G, parsed.
+struct OrderFields<'a> {
+    cl_ord_id: ClOrdId,
+    orig_cl_ord_id: Option<&'a [u8]>,
+    instrument: u32,
+    side: u8,
+    order_type: u8,
+    time_in_force: u8,
+    price: i64,
+    qty: u32,
+}
+
+type FieldError = (u32, i64, &'static str);
+
+fn order_fields<'a>(message: &Message<'a>) -> Result<OrderFields<'a>, FieldError> {
+    let required = |t: u32| {
+        message.get(t).ok_or((t, session_reject::REQUIRED_TAG_MISSING, "required tag missing"))
+    };
+    let bad = |t: u32| (t, session_reject::VALUE_INCORRECT, "value is incorrect for this tag");
+    let is_new_or_replace = message.msg_type() != b"F";
+    let cl_ord_id = ClOrdId::new(required(tag::CL_ORD_ID)?).ok_or(bad(tag::CL_ORD_ID))?;
+    let orig_cl_ord_id = if is_new_or_replace && message.msg_type() == b"D" {
+        None
+    } else {
+        Some(required(tag::ORIG_CL_ORD_ID)?)
+    };
+    let instrument = fix::parse_u64(required(tag::SYMBOL)?)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or(bad(tag::SYMBOL))?;
+    let side = match required(tag::SIDE)? {
+        b"1" => 0,
+        b"2" => 1,
+        _ => return Err(bad(tag::SIDE)),
+    };
+    required(tag::TRANSACT_TIME)?;
+    if !is_new_or_replace {
+        return Ok(OrderFields {
+            cl_ord_id,
+            orig_cl_ord_id,
+            instrument,
+            side,
+            order_type: 0,
+            time_in_force: 0,
+            price: 0,
+            qty: 0,
+        });
+    }
+    let qty = fix::parse_whole(required(tag::ORDER_QTY)?)
+        .and_then(|q| u32::try_from(q).ok())
+        .ok_or(bad(tag::ORDER_QTY))?;
+    let (order_type, price) = match required(tag::ORD_TYPE)? {
+        b"1" => (1, 0),
+        b"2" => (0, fix::parse_whole(required(tag::PRICE)?).ok_or(bad(tag::PRICE))?),
+        _ => return Err(bad(tag::ORD_TYPE)),
+    };
+    let time_in_force = match message.get(tag::TIME_IN_FORCE) {
+        None | Some(b"0") => 0,
+        Some(b"3") => 1,
+        Some(b"4") => 2,
+        Some(_) => return Err(bad(tag::TIME_IN_FORCE)),
+    };
+    Ok(OrderFields {
+        cl_ord_id,
+        orig_cl_ord_id,
+        instrument,
+        side,
+        order_type,
+        time_in_force,
+        price,
+        qty,
+    })
+}
+
+enum Refusal {
+    /// An ExecutionReport with ExecType Rejected for this token.
+    Report(u32, u8),
+    /// An OrderCancelReject (the order is not known).
+    CancelReject(Box<Order>, u32),
+}
+
+fn new_order(
+    fix: &mut FixState,
+    request: &OrderFields,
+    client: u32,
+) -> Result<(u32, InboundOrder), Refusal> {
+    let token = fix.next_token;
+    fix.next_token = fix.next_token.wrapping_add(1).max(1);
+    let order = Order {
+        cl_ord_id: request.cl_ord_id,
+        side: b'1' + request.side,
+        order_qty: request.qty,
+        price: request.price,
+        instrument: request.instrument,
+        ..Order::default()
+    };
+    fix.orders.insert(token, order);
+    if fix.tokens.contains_key(&request.cl_ord_id) {
+        return Err(Refusal::Report(token, exchange::msg::Reason::DuplicateOrderId as u8));
+    }
+    fix.tokens.insert(request.cl_ord_id, token);
+    Ok((token, inbound(request_kind::NEW, request, client, token)))
+}
+
+fn amend(
+    fix: &mut FixState,
+    request: &OrderFields,
+    client: u32,
+    replace: bool,
+) -> Result<(u32, InboundOrder), Refusal> {
+    const UNKNOWN_ORDER: u32 = exchange::msg::Reason::UnknownOrder as u32;
+    let orig = request.orig_cl_ord_id.and_then(ClOrdId::new).unwrap_or_default();
+    let pending = if replace {
+        Pending::Replace {
+            cl_ord_id: request.cl_ord_id,
+            order_qty: request.qty,
+            price: request.price,
+        }
+    } else {
+        Pending::Cancel(request.cl_ord_id)
+    };
+    let stub = Order { cl_ord_id: orig, pending, ..Order::default() };
+    let Some(&token) = fix.tokens.get(&orig) else {
+        return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
+    };
+    let order = fix.orders.get_mut(&token).expect("every mapped ClOrdID has an order");
+    if !matches!(order.pending, Pending::None) {
+        return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
+    }
+    order.pending = pending;
+    let mut inbound = inbound(
+        if replace { request_kind::REPLACE } else { request_kind::CANCEL },
+        request,
+        client,
+        token,
+    );
+    inbound.instrument = order.instrument;
+    if replace {
+        match request.qty.checked_sub(order.cum_qty).filter(|&q| q > 0) {
+            Some(remaining) => inbound.qty = remaining,
+            None => {
+                order.pending = Pending::None;
+                let order = *order;
+                return Err(Refusal::CancelReject(
+                    Box::new(Order { pending, ..order }),
+                    UNKNOWN_ORDER,
+                ));
+            }
+        }
+    }
+    Ok((token, inbound))
+}
+
+fn inbound(kind: u8, request: &OrderFields, client: u32, token: u32) -> InboundOrder {
+    InboundOrder {
+        kind,
+        side: request.side,
+        order_type: request.order_type,
+        time_in_force: request.time_in_force,
+        instrument: request.instrument,
+        client,
+        order_id: order_id(client, token),
+        price: request.price,
+        qty: request.qty,
+        ..InboundOrder::default()
+    }
+}

@@ -1,0 +1,378 @@
+//! A FIX client's persistent session state: sequence numbers and every message sent, in an
+//! append-only file per session so a restarted server resends what a client missed; and the
+//! client's orders (ClOrdID ↔ tier order), from which execution reports get their FIX fields.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::fix::{self, Builder, Message, tag};
+use crate::hub::{Link, Settings};
+use crate::native::{Event, event_kind};
+
+/// Longest ClOrdID accepted (FIX leaves it open; real ones are short).
+pub const CL_ORD_ID_BYTES_MAX: usize = 32;
+
+/// Why a session store cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("FIX store {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+/// Sent messages and sequence numbers of one FIX session, on disk.
+pub struct Store {
+    messages: File,
+    sequences: File,
+    /// (MsgSeqNum, offset, length) of every stored message, in order.
+    index: Vec<(u64, u64, u32)>,
+    end: u64,
+    pub next_out: u64,
+    pub next_in: u64,
+}
+
+impl Store {
+    /// Opens (or creates) `dir/<comp_id>.messages` and `dir/<comp_id>.seqnums`.
+    pub fn open(dir: &Path, comp_id: &str) -> Result<Store, StoreError> {
+        let io = |source, path: &Path| StoreError::Io { path: path.display().to_string(), source };
+        std::fs::create_dir_all(dir).map_err(|e| io(e, dir))?;
+        let messages_path = dir.join(format!("{comp_id}.messages"));
+        let sequences_path = dir.join(format!("{comp_id}.seqnums"));
+        let open = |path: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(path)
+                .map_err(|e| io(e, path))
+        };
+        let mut messages = open(&messages_path)?;
+        let mut sequences = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&sequences_path)
+            .map_err(|e| io(e, &sequences_path))?;
+        let mut bytes = Vec::new();
+        messages.read_to_end(&mut bytes).map_err(|e| io(e, &messages_path))?;
+        let (index, end) = index_messages(&bytes);
+        let mut next_in = [0u8; 8];
+        let next_in = match sequences.read_exact(&mut next_in) {
+            Ok(()) => u64::from_le_bytes(next_in).max(1),
+            Err(_) => 1,
+        };
+        let next_out = index.last().map_or(1, |&(seq, _, _)| seq + 1);
+        // A torn last message (crash mid-append) is cut off; the index ends before it.
+        messages.set_len(end).map_err(|e| io(e, &messages_path))?;
+        messages.seek(SeekFrom::End(0)).map_err(|e| io(e, &messages_path))?;
+        Ok(Store { messages, sequences, index, end, next_out, next_in })
+    }
+
+    /// Appends a sent message. Written before the bytes reach the socket, so a restart never
+    /// forgets a sequence number a client has seen (the page cache survives a process crash;
+    /// a machine crash may lose the tail, which the client then sees as a resend gap).
+    pub fn append(&mut self, seq: u64, bytes: &[u8]) -> std::io::Result<()> {
+        self.messages.write_all(bytes)?;
+        self.index.push((seq, self.end, bytes.len() as u32));
+        self.end += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Persists the next expected inbound sequence number.
+    pub fn save_next_in(&mut self) -> std::io::Result<()> {
+        self.sequences.write_all_at(&self.next_in.to_le_bytes(), 0)
+    }
+
+    /// Forgets everything (ResetSeqNumFlag): both sequence numbers back to 1.
+    pub fn reset(&mut self) -> std::io::Result<()> {
+        self.messages.set_len(0)?;
+        self.index.clear();
+        self.end = 0;
+        self.next_out = 1;
+        self.next_in = 1;
+        self.save_next_in()
+    }
+
+    /// The stored messages with MsgSeqNum in `begin..=end`.
+    pub fn range(&self, begin: u64, end: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
+        let mut found = Vec::new();
+        for &(seq, offset, len) in self.index.iter().filter(|m| m.0 >= begin && m.0 <= end) {
+            let mut bytes = vec![0u8; len as usize];
+            self.messages.read_exact_at(&mut bytes, offset)?;
+            found.push((seq, bytes));
+        }
+        Ok(found)
+    }
+}
+
+fn index_messages(bytes: &[u8]) -> (Vec<(u64, u64, u32)>, u64) {
+    let mut index = Vec::new();
+    let mut at = 0usize;
+    while let Ok(Some(len)) = fix::split_frame(&bytes[at..]) {
+        let seq = Message::parse(&bytes[at..at + len])
+            .ok()
+            .and_then(|m| m.get(tag::MSG_SEQ_NUM).and_then(fix::parse_u64));
+        let Some(seq) = seq else { break };
+        index.push((seq, at as u64, len as u32));
+        at += len;
+    }
+    (index, at as u64)
+}
+
+/// A ClOrdID, inline.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ClOrdId {
+    bytes: [u8; CL_ORD_ID_BYTES_MAX],
+    len: u8,
+}
+
+impl ClOrdId {
+    pub fn new(value: &[u8]) -> Option<ClOrdId> {
+        let mut id = ClOrdId::default();
+        id.bytes.get_mut(..value.len())?.copy_from_slice(value);
+        id.len = value.len() as u8;
+        Some(id)
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+/// A pending cancel or replace of an order.
+#[derive(Clone, Copy, Default)]
+pub enum Pending {
+    #[default]
+    None,
+    Cancel(ClOrdId),
+    Replace {
+        cl_ord_id: ClOrdId,
+        order_qty: u32,
+        price: i64,
+    },
+}
+
+/// What a FIX execution report needs that the tier does not carry.
+#[derive(Clone, Copy, Default)]
+pub struct Order {
+    pub cl_ord_id: ClOrdId,
+    pub orig_cl_ord_id: Option<ClOrdId>,
+    pub pending: Pending,
+    /// FIX Side ('1' buy, '2' sell).
+    pub side: u8,
+    pub order_qty: u32,
+    pub price: i64,
+    pub instrument: u32,
+    pub cum_qty: u32,
+    /// Σ price × qty of the fills, for AvgPx.
+    pub notional: i128,
+}
+
+/// One FIX client's state.
+pub struct FixState {
+    pub store: Store,
+    pub comp_id: String,
+    pub our_comp_id: String,
+    /// ClOrdID → token of every order of this server run.
+    pub tokens: HashMap<ClOrdId, u32>,
+    pub orders: HashMap<u32, Order>,
+    pub next_token: u32,
+    pub builder: Builder,
+}
+
+impl FixState {
+    pub fn open(settings: &Settings, comp_id: &str) -> Result<FixState, StoreError> {
+        Ok(FixState {
+            store: Store::open(&settings.fix_store_dir, comp_id)?,
+            comp_id: comp_id.to_string(),
+            our_comp_id: settings.fix_comp_id.clone(),
+            tokens: HashMap::with_capacity(settings.open_orders_max),
+            orders: HashMap::with_capacity(settings.open_orders_max),
+            next_token: 1,
+            builder: Builder::default(),
+        })
+    }
+
+    /// Sends an application or session message: numbers it, stores it, queues it on the live
+    /// link if any. `body` adds the fields after the standard header.
+    pub fn send(
+        &mut self,
+        msg_type: &[u8],
+        link: Option<&Link>,
+        limit: usize,
+        body: impl FnOnce(&mut Builder),
+    ) {
+        let seq = self.store.next_out;
+        self.store.next_out += 1;
+        let now = fix::utc_timestamp(unix_ns());
+        let builder = &mut self.builder;
+        builder
+            .begin(msg_type, self.our_comp_id.as_bytes(), self.comp_id.as_bytes(), seq)
+            .field(tag::SENDING_TIME, &now);
+        body(builder);
+        let bytes = builder.finish();
+        if let Err(error) = self.store.append(seq, bytes) {
+            tracing::error!(comp_id = %self.comp_id, %error, "FIX store append failed");
+        }
+        if let Some(link) = link {
+            link.send(bytes, limit);
+        }
+    }
+
+    /// Turns an engine event into an ExecutionReport (or an OrderCancelReject) and sends it.
+    pub fn report(&mut self, event: &Event, link: Option<&Link>, limit: usize) {
+        let Some(mut order) = self.orders.get(&event.token).copied() else { return };
+        if event.kind == event_kind::REJECTED && !matches!(order.pending, Pending::None) {
+            order.pending = Pending::None;
+            self.orders.insert(event.token, order);
+            let reason = u32::from(event.reason);
+            return self.cancel_reject(event.token, &order, reason, link, limit);
+        }
+        let exec_type = apply(&mut order, event);
+        self.orders.insert(event.token, order);
+        let seq_as_exec_id = self.store.next_out as i64;
+        self.send(b"8", link, limit, |b| {
+            execution_report(b, event, &order, exec_type, seq_as_exec_id)
+        });
+        if exec_type == b'5' {
+            self.forget(order.orig_cl_ord_id, event.token);
+            self.tokens.insert(order.cl_ord_id, event.token);
+        }
+        let done = exec_type == b'F' && order.cum_qty == order.order_qty;
+        if matches!(exec_type, b'4' | b'8') || done {
+            self.forget(Some(order.cl_ord_id), event.token);
+            self.forget(order.orig_cl_ord_id, event.token);
+            self.orders.remove(&event.token);
+        }
+    }
+
+    /// Drops a ClOrdID's mapping if it still names `token` (a refused duplicate ClOrdID must
+    /// not unmap the live order that owns it).
+    fn forget(&mut self, cl_ord_id: Option<ClOrdId>, token: u32) {
+        if let Some(cl_ord_id) = cl_ord_id
+            && self.tokens.get(&cl_ord_id) == Some(&token)
+        {
+            self.tokens.remove(&cl_ord_id);
+        }
+    }
+
+    /// OrderCancelReject (9) for a pending cancel or replace.
+    pub fn cancel_reject(
+        &mut self,
+        token: u32,
+        order: &Order,
+        reason: u32,
+        link: Option<&Link>,
+        limit: usize,
+    ) {
+        let (cl_ord_id, response_to) = match order.pending {
+            Pending::Replace { cl_ord_id, .. } => (cl_ord_id, b"2"),
+            Pending::Cancel(cl_ord_id) => (cl_ord_id, b"1"),
+            Pending::None => (order.cl_ord_id, b"1"),
+        };
+        let status = if order.cum_qty > 0 { b"1" } else { b"0" };
+        self.send(b"9", link, limit, |b| {
+            b.int(tag::ORDER_ID, i64::from(token))
+                .field(tag::CL_ORD_ID, cl_ord_id.as_bytes())
+                .field(tag::ORIG_CL_ORD_ID, order.cl_ord_id.as_bytes())
+                .field(tag::ORD_STATUS, status)
+                .field(tag::CXL_REJ_RESPONSE_TO, response_to)
+                .int(tag::CXL_REJ_REASON, if reason == 16 { 1 } else { 99 })
+                .int(tag::TEXT, i64::from(reason));
+        });
+    }
+}
+
+/// Applies an event to the order; returns the ExecType.
+fn apply(order: &mut Order, event: &Event) -> u8 {
+    match event.kind {
+        event_kind::ACCEPTED => b'0',
+        event_kind::PARTIALLY_FILLED | event_kind::FILLED => {
+            order.cum_qty += event.qty;
+            order.notional += i128::from(event.price) * i128::from(event.qty);
+            b'F'
+        }
+        event_kind::CANCELLED => {
+            if let Pending::Cancel(cl_ord_id) = order.pending {
+                order.orig_cl_ord_id = Some(order.cl_ord_id);
+                order.cl_ord_id = cl_ord_id;
+            }
+            order.pending = Pending::None;
+            b'4'
+        }
+        event_kind::REPLACED => {
+            if let Pending::Replace { cl_ord_id, order_qty, price } = order.pending {
+                order.orig_cl_ord_id = Some(order.cl_ord_id);
+                order.cl_ord_id = cl_ord_id;
+                order.order_qty = order_qty;
+                order.price = price;
+            }
+            order.pending = Pending::None;
+            b'5'
+        }
+        _ => b'8',
+    }
+}
+
+fn execution_report(b: &mut Builder, event: &Event, order: &Order, exec_type: u8, exec_id: i64) {
+    let leaves = if matches!(exec_type, b'4' | b'8') { 0 } else { event.leaves_qty };
+    let status: &[u8] = match exec_type {
+        b'8' => b"8",
+        b'4' => b"4",
+        _ if order.cum_qty == order.order_qty && order.cum_qty > 0 => b"2",
+        _ if order.cum_qty > 0 => b"1",
+        _ => b"0",
+    };
+    b.int(tag::ORDER_ID, i64::from(event.token)).field(tag::CL_ORD_ID, order.cl_ord_id.as_bytes());
+    if let Some(orig) = order.orig_cl_ord_id.filter(|_| matches!(exec_type, b'4' | b'5')) {
+        b.field(tag::ORIG_CL_ORD_ID, orig.as_bytes());
+    }
+    b.int(tag::EXEC_ID, exec_id)
+        .field(tag::EXEC_TYPE, &[exec_type])
+        .field(tag::ORD_STATUS, status)
+        .int(tag::SYMBOL, i64::from(order.instrument))
+        .field(tag::SIDE, &[order.side])
+        .int(tag::ORDER_QTY, i64::from(order.order_qty))
+        .int(tag::PRICE, order.price)
+        .int(tag::LEAVES_QTY, i64::from(leaves))
+        .int(tag::CUM_QTY, i64::from(order.cum_qty));
+    put_avg_px(b, order);
+    if exec_type == b'F' {
+        b.int(tag::LAST_QTY, i64::from(event.qty)).int(tag::LAST_PX, event.price);
+    }
+    if exec_type == b'8' {
+        let ord_rej_reason = match event.reason {
+            6 => 1,  // unknown symbol
+            9 => 2,  // exchange closed (halted)
+            17 => 6, // duplicate order
+            _ => 99,
+        };
+        b.int(tag::ORD_REJ_REASON, ord_rej_reason).int(tag::TEXT, i64::from(event.reason));
+    }
+}
+
+/// AvgPx with four decimals (prices are integers in the instrument's unit).
+fn put_avg_px(b: &mut Builder, order: &Order) {
+    let mut text = [0u8; 48];
+    let len = if order.cum_qty == 0 {
+        text[0] = b'0';
+        1
+    } else {
+        let scaled = order.notional * 10_000 / i128::from(order.cum_qty);
+        let mut cursor = &mut text[..];
+        let sign = if scaled < 0 { "-" } else { "" };
+        let scaled = scaled.abs();
+        let _ = write!(cursor, "{sign}{}.{:04}", scaled / 10_000, scaled % 10_000);
+        48 - cursor.len()
+    };
+    b.field(tag::AVG_PX, &text[..len]);
+}
+
+/// Wall-clock nanoseconds since the Unix epoch (FIX timestamps are UTC wall time).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -1,0 +1,412 @@
+//! The gateway's shared state on its I/O thread: every client's session state, the ingress
+//! ring's producer, and the router that turns the engine's reports into each client's
+//! protocol and hands them to its connection's bounded outbox.
+//!
+//! Everything here lives on one thread (a tokio current-thread runtime with a `LocalSet`), so
+//! sessions share it through `Rc<RefCell<_>>` without locks.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use exchange::msg::{CoreOutput, InboundOrder, OutputKind, REASON_COUNT};
+use pipeline::ring::{BatchError, Producer};
+use tokio::sync::Notify;
+
+use crate::credentials::{Credential, Protocol};
+use crate::engine::{order_id, token_of};
+use crate::fix_session::FixState;
+use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
+
+/// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).
+pub const REASON_CODES: usize = 256;
+
+/// Session limits (`exchange serve --config`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Order messages per second a session may send; beyond, each is rejected as throttled.
+    pub throttle_msgs_per_s: u32,
+    /// Cancel a client's open orders when its session has been gone this long; `None`: never.
+    pub cancel_on_disconnect: Option<Duration>,
+    /// Bytes queued for one connection; a session that falls further behind is cut off.
+    pub outbox_bytes_max: usize,
+    /// Sequenced native messages kept per client for replay (32 bytes each, allocated at
+    /// start for every client in the credentials file).
+    pub replay_events_max: usize,
+    /// Open orders tracked per client (for cancel-on-disconnect; FIX clients also map their
+    /// ClOrdIDs, about 200 bytes per order); beyond, new orders are refused as busy.
+    pub open_orders_max: usize,
+    /// Heartbeat interval of native sessions; a link silent for [`DEAD_LINK_INTERVALS`] of them
+    /// is dead.
+    pub heartbeat: Duration,
+    /// Time a connection has to log on.
+    pub logon_timeout: Duration,
+    /// Where FIX sessions persist their sequence numbers and sent messages.
+    pub fix_store_dir: PathBuf,
+    /// The acceptor's SenderCompID.
+    pub fix_comp_id: String,
+}
+
+/// Missed heartbeat intervals after which a link is declared dead.
+pub const DEAD_LINK_INTERVALS: u32 = 3;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            throttle_msgs_per_s: 100_000,
+            cancel_on_disconnect: Some(Duration::from_secs(5)),
+            outbox_bytes_max: 1 << 20,
+            replay_events_max: 1 << 14,
+            open_orders_max: 1 << 12,
+            heartbeat: Duration::from_secs(1),
+            logon_timeout: Duration::from_secs(5),
+            fix_store_dir: PathBuf::from("fix-store"),
+            fix_comp_id: "LEANTIER".into(),
+        }
+    }
+}
+
+/// A live connection's outbound side: bytes waiting for its writer, bounded.
+#[derive(Default)]
+pub struct Link {
+    pub out: RefCell<Vec<u8>>,
+    pub wake: Notify,
+    /// Set once when the session must end; the connection logs it and closes.
+    pub cut: Cell<Option<&'static str>>,
+}
+
+impl Link {
+    /// Queues bytes; past `limit` queued bytes the session is cut off as a slow consumer.
+    pub fn send(&self, bytes: &[u8], limit: usize) -> bool {
+        let mut out = self.out.borrow_mut();
+        if out.len() + bytes.len() > limit {
+            self.cut.set(Some("slow consumer: outbound buffer full"));
+            self.wake.notify_one();
+            return false;
+        }
+        out.extend_from_slice(bytes);
+        self.wake.notify_one();
+        true
+    }
+}
+
+/// Per-client counters (the metrics listener prints them).
+pub struct Counters {
+    pub orders_in: u64,
+    pub reports_out: u64,
+    pub rejects: [u64; REASON_CODES],
+    pub throttled: u64,
+    pub busy: u64,
+    pub cut_off: u64,
+    pub logons: u64,
+    /// FIX messages ignored as garbled (bad BodyLength, CheckSum or BeginString).
+    pub garbled: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            orders_in: 0,
+            reports_out: 0,
+            rejects: [0; REASON_CODES],
+            throttled: 0,
+            busy: 0,
+            cut_off: 0,
+            logons: 0,
+            garbled: 0,
+        }
+    }
+}
+
+/// Token bucket over one second.
+struct Throttle {
+    capacity: f64,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Throttle {
+    fn new(per_s: u32) -> Throttle {
+        let capacity = f64::from(per_s);
+        Throttle { capacity, tokens: capacity, refilled: Instant::now() }
+    }
+
+    fn admit(&mut self, now: Instant) -> bool {
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.capacity).min(self.capacity);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// One client's state; it outlives its connections.
+pub struct Client {
+    pub credential: Credential,
+    pub counters: Counters,
+    /// The live connection, if any.
+    pub link: Option<Rc<Link>>,
+    /// Bumped on every connect and disconnect (cancel-on-disconnect checks it).
+    pub generation: u64,
+    /// Native: sequenced events kept for replay, the oldest first.
+    pub journal: VecDeque<Event>,
+    /// Native: the sequence number of the next event.
+    pub next_seq: u64,
+    /// Open orders (token → instrument), for cancel-on-disconnect.
+    pub open: HashMap<u32, u32>,
+    throttle: Throttle,
+    pub fix: Option<FixState>,
+}
+
+impl Client {
+    /// Sequence number of the oldest event still kept.
+    pub fn first_kept_seq(&self) -> u64 {
+        self.next_seq - self.journal.len() as u64
+    }
+}
+
+/// Why a request did not reach the tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    Throttled,
+    Busy,
+}
+
+impl Refused {
+    pub fn reason(self) -> u8 {
+        match self {
+            Refused::Throttled => gateway_reason::THROTTLED,
+            Refused::Busy => gateway_reason::BUSY,
+        }
+    }
+}
+
+/// The shared state.
+pub struct Hub {
+    pub settings: Settings,
+    pub clients: Vec<Client>,
+    by_id: HashMap<u32, usize>,
+    ingress: Producer<InboundOrder>,
+    /// Reports for a client id not in the credentials (cannot happen unless the engine is
+    /// fed from elsewhere); counted, never panics.
+    pub unroutable: u64,
+    /// Reused encoding buffer (no allocation on the routing path).
+    scratch: Vec<u8>,
+}
+
+impl Hub {
+    pub fn new(
+        settings: Settings,
+        credentials: Vec<Credential>,
+        ingress: Producer<InboundOrder>,
+    ) -> Result<Hub, crate::fix_session::StoreError> {
+        let mut clients = Vec::with_capacity(credentials.len());
+        let mut by_id = HashMap::with_capacity(credentials.len());
+        for credential in credentials {
+            by_id.insert(credential.client, clients.len());
+            let fix = match credential.protocol {
+                Protocol::Fix => Some(FixState::open(&settings, &credential.comp_id)?),
+                Protocol::Native => None,
+            };
+            clients.push(Client {
+                counters: Counters::default(),
+                link: None,
+                generation: 0,
+                journal: VecDeque::with_capacity(settings.replay_events_max),
+                next_seq: 1,
+                open: HashMap::with_capacity(settings.open_orders_max),
+                throttle: Throttle::new(settings.throttle_msgs_per_s),
+                fix,
+                credential,
+            });
+        }
+        let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
+        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch })
+    }
+
+    pub fn client_index(&self, client: u32) -> Option<usize> {
+        self.by_id.get(&client).copied()
+    }
+
+    pub fn fix_client_index(&self, comp_id: &[u8]) -> Option<usize> {
+        self.clients.iter().position(|c| {
+            c.credential.protocol == Protocol::Fix && c.credential.comp_id.as_bytes() == comp_id
+        })
+    }
+
+    /// Throttles, then pushes a request into the tier's ingress ring without waiting.
+    pub fn submit(&mut self, at: usize, request: InboundOrder) -> Result<(), Refused> {
+        let client = &mut self.clients[at];
+        client.counters.orders_in += 1;
+        if !client.throttle.admit(Instant::now()) {
+            client.counters.throttled += 1;
+            return Err(Refused::Throttled);
+        }
+        let opens = request.kind == exchange::msg::request_kind::NEW;
+        if opens && client.open.len() >= self.settings.open_orders_max {
+            client.counters.busy += 1;
+            return Err(Refused::Busy);
+        }
+        match self.ingress.try_write_batch(1, |_, slot| *slot = request) {
+            Ok(()) => Ok(()),
+            Err(BatchError::Full | BatchError::Disconnected | BatchError::TooLarge { .. }) => {
+                client.counters.busy += 1;
+                Err(Refused::Busy)
+            }
+        }
+    }
+
+    /// Routes one engine report to its client, in its protocol.
+    pub fn route(&mut self, output: &CoreOutput) {
+        let Some(at) = self.client_index(output.client) else {
+            self.unroutable += 1;
+            return;
+        };
+        let event = event_of(output);
+        let limit = self.settings.outbox_bytes_max;
+        let client = &mut self.clients[at];
+        client.counters.reports_out += 1;
+        if event.kind == event_kind::REJECTED {
+            client.counters.rejects[usize::from(event.reason)] += 1;
+        }
+        track_open(&mut client.open, &event);
+        match client.fix.as_mut() {
+            Some(fix) => fix.report(&event, client.link.as_deref(), limit),
+            None => publish_native(client, event, &self.settings, &mut self.scratch),
+        }
+    }
+
+    /// Answers a refused request locally, as the tier would have (a rejected event).
+    pub fn refuse_native(&mut self, at: usize, order: &native::OrderRequest, reason: u8) {
+        let client = &mut self.clients[at];
+        client.counters.rejects[usize::from(reason)] += 1;
+        let event = Event {
+            kind: event_kind::REJECTED,
+            reason,
+            side: order.side,
+            instrument: order.instrument,
+            token: order.token,
+            price: order.price,
+            ..Event::default()
+        };
+        publish_native(client, event, &self.settings, &mut self.scratch);
+    }
+
+    /// The requests that cancel every open order of a client (cancel-on-disconnect).
+    pub fn cancels_for(&self, at: usize) -> Vec<InboundOrder> {
+        let client = &self.clients[at];
+        let id = client.credential.client;
+        client
+            .open
+            .iter()
+            .map(|(&token, &instrument)| InboundOrder {
+                kind: exchange::msg::request_kind::CANCEL,
+                instrument,
+                client: id,
+                order_id: order_id(id, token),
+                ..InboundOrder::default()
+            })
+            .collect()
+    }
+
+    /// Pushes a request without throttling (cancel-on-disconnect).
+    pub fn push_unthrottled(&mut self, request: InboundOrder) -> Result<(), BatchError> {
+        self.ingress.try_write_batch(1, |_, slot| *slot = request)
+    }
+}
+
+fn event_of(output: &CoreOutput) -> Event {
+    let kind = match output.kind {
+        OutputKind::Accepted => event_kind::ACCEPTED,
+        OutputKind::PartiallyFilled => event_kind::PARTIALLY_FILLED,
+        OutputKind::Filled => event_kind::FILLED,
+        OutputKind::Cancelled => event_kind::CANCELLED,
+        OutputKind::Replaced => event_kind::REPLACED,
+        OutputKind::Rejected | OutputKind::Trade | OutputKind::TopOfBook => event_kind::REJECTED,
+    };
+    const _: () = assert!(REASON_COUNT < gateway_reason::THROTTLED as usize);
+    Event {
+        kind,
+        reason: output.reason as u8,
+        side: output.side as u8,
+        instrument: output.instrument,
+        token: token_of(output.order_id),
+        price: output.price,
+        qty: output.qty,
+        leaves_qty: output.leaves_qty,
+    }
+}
+
+fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
+    match event.kind {
+        event_kind::ACCEPTED if event.leaves_qty > 0 => {
+            open.insert(event.token, event.instrument);
+        }
+        event_kind::FILLED | event_kind::CANCELLED => {
+            open.remove(&event.token);
+        }
+        _ => {}
+    }
+}
+
+/// Sequences a native event, keeps it for replay and sends it to the live connection.
+fn publish_native(client: &mut Client, event: Event, settings: &Settings, scratch: &mut Vec<u8>) {
+    let seq = client.next_seq;
+    client.next_seq += 1;
+    if client.journal.len() == settings.replay_events_max {
+        client.journal.pop_front();
+    }
+    client.journal.push_back(event);
+    if let Some(link) = &client.link {
+        scratch.clear();
+        native::encode_server(&ServerMsg::Sequenced { seq, event }, scratch);
+        // A full outbox cuts the session off (counted when it detaches); routing goes on.
+        link.send(scratch, settings.outbox_bytes_max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credentials::{Credential, Protocol};
+    use pipeline::ring::{self, RingConfig};
+
+    #[test]
+    fn a_full_ingress_ring_answers_busy_and_never_grows() {
+        let config = RingConfig { capacity_slots: 2, batch_slots_max: 2, ..RingConfig::default() };
+        let (ingress, mut engine_side) = ring::spsc::<InboundOrder>(&config).unwrap();
+        let credential = Credential {
+            client: 1,
+            protocol: Protocol::Native,
+            comp_id: "N1".into(),
+            hash: String::new(),
+        };
+        let mut hub = Hub::new(Settings::default(), vec![credential], ingress).unwrap();
+        let request = InboundOrder {
+            kind: exchange::msg::request_kind::NEW,
+            client: 1,
+            ..InboundOrder::default()
+        };
+        assert_eq!(hub.submit(0, request), Ok(()));
+        assert_eq!(hub.submit(0, request), Ok(()));
+        assert_eq!(hub.submit(0, request), Err(Refused::Busy));
+        assert_eq!(hub.clients[0].counters.busy, 1);
+        assert_eq!(engine_side.read_batch(8, |_| {}), 2, "exactly the two admitted requests");
+        assert_eq!(hub.submit(0, request), Ok(()), "room again once the engine has read");
+    }
+
+    #[test]
+    fn the_throttle_admits_its_rate_and_refills() {
+        let mut throttle = Throttle::new(3);
+        let start = Instant::now();
+        assert!((0..3).all(|_| throttle.admit(start)));
+        assert!(!throttle.admit(start));
+        assert!(throttle.admit(start + Duration::from_millis(400)), "one token back after 1/3 s");
+    }
+}

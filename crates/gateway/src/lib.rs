@@ -1,0 +1,24 @@
+//! Order entry over the network: the gateway in front of the exchange tier.
+//!
+//! Two protocols reach the same tier. [`native`] is a compact binary protocol (fixed-size
+//! frames, SoupBinTCP-style sessions with sequenced, replayable server messages; see
+//! docs/PROTOCOL.md). [`fix`] and [`fix_session`] are a FIX 4.4 acceptor: a tag=value codec that
+//! validates BodyLength and CheckSum and indexes fields without allocating, and the session layer
+//! (logon, heartbeats, test requests, resend with gap fill, sequence numbers and sent messages
+//! persisted per session).
+//!
+//! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
+//! each malformed input gets the protocol's prescribed answer.
+
+pub mod client;
+pub mod credentials;
+pub mod engine;
+pub mod fix;
+mod fix_server;
+pub mod fix_session;
+pub mod hub;
+pub mod load;
+pub mod native;
+mod native_server;
+pub mod server;
+mod session;

@@ -1,0 +1,244 @@
+//! Native protocol connections: login with replay, heartbeats both ways with a dead-link
+//! timeout, and orders into the tier.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Instant;
+
+use exchange::msg::{InboundOrder, request_kind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::engine::order_id;
+use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
+use crate::native::{
+    self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,
+};
+use crate::session::{Conn, Flow, detach, write_out};
+
+/// Bytes buffered from one connection (many frames per read).
+const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;
+
+/// One native connection, from accept to close.
+pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
+    let Some(at) = login(&hub, &mut stream, &mut buffer).await else { return };
+    let link = hub.borrow().clients[at].link.clone().expect("login attached a link");
+    let mut conn = Conn::new(hub.borrow().settings.heartbeat);
+    let reason = loop {
+        if write_out(&mut stream, &link, &mut conn).await.is_err() {
+            break "write failed";
+        }
+        if let Some(reason) = link.cut.get() {
+            send_error(&mut stream, error_code::SLOW_CONSUMER).await;
+            break reason;
+        }
+        tokio::select! {
+            read = stream.read_buf(&mut buffer) => match read {
+                Ok(0) | Err(_) => break "peer closed",
+                Ok(_) => {
+                    conn.last_read = Instant::now();
+                    let flow = drain(&mut hub.borrow_mut(), at, &link, &mut buffer);
+                    if let Flow::Close(reason) = flow {
+                        let _ = write_out(&mut stream, &link, &mut conn).await;
+                        break reason;
+                    }
+                }
+            },
+            _ = link.wake.notified() => {}
+            _ = tokio::time::sleep(conn.tick()) => {
+                let now = Instant::now();
+                if now.duration_since(conn.last_read) >= conn.heartbeat * DEAD_LINK_INTERVALS {
+                    send_error(&mut stream, error_code::DEAD_LINK).await;
+                    break "dead link";
+                }
+                if now.duration_since(conn.last_write) >= conn.heartbeat {
+                    queue(&link, &ServerMsg::Heartbeat, &hub.borrow());
+                }
+            }
+        }
+    };
+    tracing::info!(
+        client = hub.borrow().clients[at].credential.client,
+        reason,
+        "native session ended"
+    );
+    detach(&hub, at);
+}
+
+fn queue(link: &Link, msg: &ServerMsg, hub: &Hub) {
+    let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
+    native::encode_server(msg, &mut frame);
+    link.send(&frame, hub.settings.outbox_bytes_max);
+}
+
+async fn send_error(stream: &mut TcpStream, code: u8) {
+    let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
+    native::encode_server(&ServerMsg::Error { code }, &mut frame);
+    let _ = stream.write_all(&frame).await;
+}
+
+/// Decodes and handles every complete frame in `buffer`.
+fn drain(hub: &mut Hub, at: usize, link: &Link, buffer: &mut Vec<u8>) -> Flow {
+    let mut start = 0;
+    let mut flow = Flow::Continue;
+    while matches!(flow, Flow::Continue) {
+        let decoded = match native::split_frame(&buffer[start..]) {
+            Ok(None) => break,
+            Ok(Some((version, kind, payload, len))) => {
+                start += len;
+                native::decode_client(version, kind, payload)
+            }
+            Err(error) => Err(error),
+        };
+        flow = match decoded {
+            Ok(msg) => on_message(hub, at, msg),
+            Err(error) => refuse(hub, link, error),
+        };
+    }
+    buffer.drain(..start);
+    flow
+}
+
+fn refuse(hub: &Hub, link: &Link, error: DecodeError) -> Flow {
+    tracing::warn!(%error, "native: bad frame; ending the session");
+    queue(link, &ServerMsg::Error { code: error.code() }, hub);
+    Flow::Close("bad frame")
+}
+
+fn on_message(hub: &mut Hub, at: usize, msg: ClientMsg) -> Flow {
+    let (kind, order) = match msg {
+        ClientMsg::Heartbeat => return Flow::Continue,
+        ClientMsg::Logout => return Flow::Close("logout"),
+        ClientMsg::Login { .. } => {
+            let link = hub.clients[at].link.clone().expect("logged on");
+            queue(&link, &ServerMsg::Error { code: error_code::MALFORMED }, hub);
+            return Flow::Close("second login");
+        }
+        ClientMsg::NewOrder(order) => (request_kind::NEW, order),
+        ClientMsg::Cancel(order) => (request_kind::CANCEL, order),
+        ClientMsg::Replace(order) => (request_kind::REPLACE, order),
+    };
+    let client = hub.clients[at].credential.client;
+    if order.client != client {
+        hub.refuse_native(at, &order, gateway_reason::WRONG_CLIENT);
+        return Flow::Continue;
+    }
+    if let Err(refused) = hub.submit(at, inbound(kind, &order)) {
+        hub.refuse_native(at, &order, refused.reason());
+    }
+    Flow::Continue
+}
+
+fn inbound(kind: u8, order: &OrderRequest) -> InboundOrder {
+    InboundOrder {
+        kind,
+        side: order.side,
+        order_type: order.order_type,
+        time_in_force: order.time_in_force,
+        instrument: order.instrument,
+        client: order.client,
+        order_id: order_id(order.client, order.token),
+        price: order.price,
+        qty: order.qty,
+        ..InboundOrder::default()
+    }
+}
+
+/// Reads the Login, verifies the secret off the I/O thread, replays, attaches the session.
+async fn login(
+    hub: &Rc<RefCell<Hub>>,
+    stream: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+) -> Option<usize> {
+    let timeout = hub.borrow().settings.logon_timeout;
+    let msg = tokio::time::timeout(timeout, read_login(stream, buffer)).await.ok()?;
+    let (client, secret, next_seq) = match msg {
+        Ok(ClientMsg::Login { client, secret, next_seq }) => (client, secret, next_seq),
+        Ok(_) => return answer(stream, ServerMsg::Error { code: error_code::NOT_LOGGED_IN }).await,
+        Err(Some(error)) => return answer(stream, ServerMsg::Error { code: error.code() }).await,
+        Err(None) => return None,
+    };
+    let at = hub.borrow().client_index(client);
+    let verified = match at {
+        Some(at)
+            if hub.borrow().clients[at].credential.protocol
+                == crate::credentials::Protocol::Native =>
+        {
+            let hash = hub.borrow().clients[at].credential.hash.clone();
+            let secret = native::secret_text(&secret).to_vec();
+            tokio::task::spawn_blocking(move || crate::credentials::verify(&hash, &secret))
+                .await
+                .unwrap_or(false)
+        }
+        _ => false,
+    };
+    let reject = |reason| ServerMsg::LoginRejected { reason };
+    let Some(at) = at.filter(|_| verified) else {
+        return answer(stream, reject(login_reject::BAD_CREDENTIALS)).await;
+    };
+    let attached = attach(&mut hub.borrow_mut(), at, next_seq);
+    match attached {
+        Ok(()) => Some(at),
+        Err(reason) => answer(stream, reject(reason)).await,
+    }
+}
+
+/// Attaches a new link to a verified client and queues the login answer and the replay.
+fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
+    let client = &mut hub.clients[at];
+    if client.link.is_some() {
+        return Err(login_reject::ALREADY_LOGGED_IN);
+    }
+    let from = if next_seq == 0 { client.next_seq } else { next_seq.min(client.next_seq) };
+    let first = client.first_kept_seq();
+    if from < first {
+        return Err(login_reject::SEQUENCE_UNAVAILABLE);
+    }
+    let accepted = ServerMsg::LoginAccepted { client: client.credential.client, next_seq: from };
+    let mut frames = Vec::with_capacity(native::FRAME_BYTES_MAX);
+    native::encode_server(&accepted, &mut frames);
+    for (offset, event) in client.journal.iter().enumerate().skip((from - first) as usize) {
+        let seq = first + offset as u64;
+        native::encode_server(&ServerMsg::Sequenced { seq, event: *event }, &mut frames);
+    }
+    // The replay bypasses the outbox bound: it is bounded by `replay_events_max` frames and
+    // is written before the session takes new reports.
+    let link = Rc::new(Link::default());
+    link.out.borrow_mut().extend_from_slice(&frames);
+    client.link = Some(link);
+    client.generation += 1;
+    client.counters.logons += 1;
+    tracing::info!(client = client.credential.client, replay_from = from, "native login");
+    Ok(())
+}
+
+async fn answer(stream: &mut TcpStream, msg: ServerMsg) -> Option<usize> {
+    let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
+    native::encode_server(&msg, &mut frame);
+    let _ = stream.write_all(&frame).await;
+    None
+}
+
+/// Reads the first frame: `Err(None)` if the peer closed, `Err(Some(_))` if it is malformed.
+async fn read_login(
+    stream: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+) -> Result<ClientMsg, Option<DecodeError>> {
+    loop {
+        match native::split_frame(buffer) {
+            Ok(Some((version, kind, payload, len))) => {
+                let msg = native::decode_client(version, kind, payload);
+                buffer.drain(..len);
+                return msg.map_err(Some);
+            }
+            Ok(None) => {}
+            Err(error) => return Err(Some(error)),
+        }
+        match stream.read_buf(buffer).await {
+            Ok(0) | Err(_) => return Err(None),
+            Ok(_) => {}
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! `exchange serve`: the engine thread, and one I/O thread (a tokio current-thread runtime)
+//! with the native and FIX listeners, the router and the metrics listener.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::thread::JoinHandle;
+
+use exchange::core::CoreLimits;
+use exchange::master::MasterData;
+use exchange::msg::CoreOutput;
+use pipeline::ring::{Consumer, RingConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, oneshot};
+
+use crate::credentials::Credential;
+use crate::hub::{Hub, Settings};
+use crate::{engine, fix_server, native_server};
+
+/// Reports the router moves per batch before it yields to the connections.
+const ROUTE_BATCH_MAX: usize = 256;
+/// Connections open at once; further ones are closed at accept.
+pub const CONNECTIONS_MAX: usize = 1024;
+/// Wait after a failed accept.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+/// Bytes of a metrics request read before answering.
+const METRICS_REQUEST_BYTES_MAX: usize = 4096;
+
+/// What `serve` runs.
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub fix_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub settings: Settings,
+    pub credentials: Vec<Credential>,
+    pub master: MasterData,
+    pub core_limits: CoreLimits,
+    pub ring: RingConfig,
+}
+
+/// A running server.
+pub struct Running {
+    pub listen: SocketAddr,
+    pub fix_listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+    io: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, closes every session and joins the threads.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    /// Waits until the server stops (it runs until stopped or killed).
+    pub fn wait(mut self) {
+        if let Some(io) = self.io.take() {
+            let _ = io.join();
+        }
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(io) = self.io.take() {
+            let _ = io.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Why the server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] crate::fix_session::StoreError),
+    #[error("ring: {0}")]
+    Ring(#[from] pipeline::ring::RingError),
+}
+
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    listener.set_nonblocking(true).map_err(|source| ServeError::Bind { addr, source })?;
+    Ok(listener)
+}
+
+/// Binds the listeners, starts the engine and the I/O thread, and returns.
+pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
+    let native = bind(options.listen)?;
+    let fix = options.fix_listen.map(bind).transpose()?;
+    let metrics = options.metrics_listen.map(bind).transpose()?;
+    let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
+    let (listen, fix_listen, metrics_listen) =
+        (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
+    let link = engine::start(options.master, options.core_limits, &options.ring)?;
+    let (settings, credentials, ingress) = (options.settings, options.credentials, link.ingress);
+    let (egress, ready, engine_thread) = (link.egress, link.reports_ready, link.thread);
+    let (stop, stopped) = oneshot::channel();
+    // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
+    let (built, hub_result) = std::sync::mpsc::sync_channel(1);
+    let io = std::thread::Builder::new()
+        .name("gateway-io".into())
+        .spawn(move || {
+            let hub = match Hub::new(settings, credentials, ingress) {
+                Ok(hub) => {
+                    let _ = built.send(Ok(()));
+                    hub
+                }
+                Err(error) => {
+                    let _ = built.send(Err(error));
+                    return;
+                }
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            let hub = Rc::new(RefCell::new(hub));
+            let local = tokio::task::LocalSet::new();
+            local
+                .block_on(&runtime, run(hub.clone(), native, fix, metrics, egress, ready, stopped));
+            // Dropping the hub drops the ingress producer: the engine sees the ring closed.
+            drop(local);
+            drop(hub);
+            let _ = engine_thread.join();
+        })
+        .expect("spawning the gateway I/O thread");
+    hub_result.recv().expect("the I/O thread reports the hub")?;
+    Ok(Running { listen, fix_listen, metrics_listen, stop: Some(stop), io: Some(io) })
+}
+
+async fn run(
+    hub: Rc<RefCell<Hub>>,
+    native: std::net::TcpListener,
+    fix: Option<std::net::TcpListener>,
+    metrics: Option<std::net::TcpListener>,
+    egress: Consumer<CoreOutput>,
+    ready: std::sync::Arc<Notify>,
+    stopped: oneshot::Receiver<()>,
+) {
+    let native = TcpListener::from_std(native).expect("tokio listener");
+    tokio::task::spawn_local(accept_loop(hub.clone(), native, false));
+    if let Some(fix) = fix {
+        let fix = TcpListener::from_std(fix).expect("tokio listener");
+        tokio::task::spawn_local(accept_loop(hub.clone(), fix, true));
+    }
+    if let Some(metrics) = metrics {
+        let metrics = TcpListener::from_std(metrics).expect("tokio listener");
+        tokio::task::spawn_local(metrics_loop(hub.clone(), metrics));
+    }
+    tokio::select! {
+        _ = route(hub, egress, ready) => {}
+        _ = stopped => {}
+    }
+}
+
+/// Moves the engine's reports to their sessions.
+async fn route(
+    hub: Rc<RefCell<Hub>>,
+    mut egress: Consumer<CoreOutput>,
+    ready: std::sync::Arc<Notify>,
+) {
+    loop {
+        ready.notified().await;
+        loop {
+            let moved = {
+                let mut hub = hub.borrow_mut();
+                egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output))
+            };
+            if moved == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        if egress.is_disconnected() {
+            return;
+        }
+    }
+}
+
+async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
+    let open = Rc::new(std::cell::Cell::new(0usize));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors, say: back off instead of spinning on the error.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        if open.get() >= CONNECTIONS_MAX {
+            tracing::warn!(%peer, "connection refused: {CONNECTIONS_MAX} open");
+            continue;
+        }
+        open.set(open.get() + 1);
+        let (hub, open) = (hub.clone(), open.clone());
+        tokio::task::spawn_local(async move {
+            if fix {
+                fix_server::serve(hub, stream).await;
+            } else {
+                native_server::serve(hub, stream).await;
+            }
+            open.set(open.get() - 1);
+        });
+    }
+}
+
+async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(ACCEPT_RETRY).await;
+            continue;
+        };
+        let hub = hub.clone();
+        tokio::task::spawn_local(async move {
+            let mut request = [0u8; METRICS_REQUEST_BYTES_MAX];
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_secs(1), stream.read(&mut request))
+                    .await;
+            let body = prometheus_text(&hub.borrow());
+            let head = format!(
+                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+        });
+    }
+}
+
+/// Reads one counter of a client.
+type CounterOf = fn(&crate::hub::Counters) -> u64;
+
+/// The counters in the Prometheus text format.
+pub fn prometheus_text(hub: &Hub) -> String {
+    let mut text = String::new();
+    let metrics: [(&str, &str, CounterOf); 7] = [
+        ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
+        ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
+        ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
+        ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
+        ("gateway_cut_off_total", "sessions cut off as slow consumers", |c| c.cut_off),
+        ("gateway_logons_total", "successful logons", |c| c.logons),
+        ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
+    ];
+    for (name, help, value) in metrics {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
+        for client in &hub.clients {
+            let _ = writeln!(
+                text,
+                "{name}{{client=\"{}\"}} {}",
+                client.credential.client,
+                value(&client.counters)
+            );
+        }
+    }
+    let _ = writeln!(
+        text,
+        "# HELP gateway_rejects_total rejects by reason code\n# TYPE gateway_rejects_total counter"
+    );
+    for client in &hub.clients {
+        for (reason, &count) in client.counters.rejects.iter().enumerate().filter(|(_, c)| **c > 0)
+        {
+            let _ = writeln!(
+                text,
+                "gateway_rejects_total{{client=\"{}\",reason=\"{reason}\"}} {count}",
+                client.credential.client
+            );
+        }
+    }
+    let _ = writeln!(
+        text,
+        "# TYPE gateway_unroutable_total counter\ngateway_unroutable_total {}",
+        hub.unroutable
+    );
+    text
+}

@@ -1,0 +1,111 @@
+//! What both protocols' connections share: liveness timers, writing the outbox, and detaching
+//! from the client state (with cancel-on-disconnect after the grace window).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::hub::{Hub, Link};
+
+/// How often a connection checks its timers, at most.
+const TIMER_TICK_MAX: Duration = Duration::from_millis(250);
+/// Wait before retrying cancel-on-disconnect requests the full ingress ring refused.
+const CANCEL_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether a connection goes on.
+pub enum Flow {
+    Continue,
+    Close(&'static str),
+}
+
+/// A connection's timers and its writer's buffer.
+pub struct Conn {
+    pub heartbeat: Duration,
+    pub last_read: Instant,
+    pub last_write: Instant,
+    pub test_pending: bool,
+    /// The outbox is swapped into here and written, so routing never waits on the socket.
+    writing: Vec<u8>,
+}
+
+impl Conn {
+    pub fn new(heartbeat: Duration) -> Conn {
+        let now = Instant::now();
+        Conn {
+            heartbeat,
+            last_read: now,
+            last_write: now,
+            test_pending: false,
+            writing: Vec::new(),
+        }
+    }
+
+    /// Time until the next timer check.
+    pub fn tick(&self) -> Duration {
+        (self.heartbeat / 4).min(TIMER_TICK_MAX)
+    }
+}
+
+/// Writes whatever the link has queued.
+pub async fn write_out(
+    stream: &mut TcpStream,
+    link: &Link,
+    conn: &mut Conn,
+) -> std::io::Result<()> {
+    {
+        let mut out = link.out.borrow_mut();
+        if out.is_empty() {
+            return Ok(());
+        }
+        std::mem::swap(&mut *out, &mut conn.writing);
+    }
+    let result = stream.write_all(&conn.writing).await;
+    conn.writing.clear();
+    conn.last_write = Instant::now();
+    result
+}
+
+/// Detaches the connection from its client; after the grace window, if the client has not
+/// come back, cancels its open orders.
+pub fn detach(hub: &Rc<RefCell<Hub>>, at: usize) {
+    let (generation, grace) = {
+        let mut hub = hub.borrow_mut();
+        let grace = hub.settings.cancel_on_disconnect;
+        let client = &mut hub.clients[at];
+        if client.link.as_ref().is_some_and(|link| link.cut.get().is_some()) {
+            client.counters.cut_off += 1;
+            tracing::warn!(client = client.credential.client, "session cut off: slow consumer");
+        }
+        client.link = None;
+        client.generation += 1;
+        (client.generation, grace)
+    };
+    let Some(grace) = grace else { return };
+    let hub = hub.clone();
+    tokio::task::spawn_local(async move {
+        tokio::time::sleep(grace).await;
+        if hub.borrow().clients[at].generation != generation {
+            return; // reconnected (or reconnected and left again: that detach decides)
+        }
+        let cancels = hub.borrow().cancels_for(at);
+        if !cancels.is_empty() {
+            tracing::info!(
+                client = hub.borrow().clients[at].credential.client,
+                orders = cancels.len(),
+                "cancel on disconnect"
+            );
+        }
+        for cancel in cancels {
+            loop {
+                match hub.borrow_mut().push_unthrottled(cancel) {
+                    Err(pipeline::ring::BatchError::Full) => {}
+                    _ => break, // pushed, or the engine is gone (shutdown)
+                }
+                tokio::time::sleep(CANCEL_RETRY).await;
+            }
+        }
+    });
+}

@@ -1,0 +1,367 @@
+//! The FIX 4.4 acceptor against a raw tag=value client on loopback: trading (D, F, G), the
+//! session layer (resend with gap fill, sequence checks, persistence across a restart) and each
+//! bad-input case, with another session still served.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use exchange::flow::{UniverseConfig, reference_master_data};
+use gateway::credentials::{self, Credential, Protocol};
+use gateway::fix::{self, Builder, Message, tag};
+use gateway::hub::Settings;
+use gateway::server::{self, Running, ServeOptions};
+
+const WAIT: Duration = Duration::from_secs(10);
+const SECRET: &str = "fixpass";
+
+fn start(store: &Path) -> Running {
+    let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
+    let credentials = [(11, "F11"), (12, "F12")]
+        .into_iter()
+        .map(|(client, comp)| Credential {
+            client,
+            protocol: Protocol::Fix,
+            comp_id: comp.into(),
+            hash: hash.clone(),
+        })
+        .collect();
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        fix_listen: Some("127.0.0.1:0".parse().unwrap()),
+        metrics_listen: None,
+        settings: Settings { fix_store_dir: store.to_path_buf(), ..Settings::default() },
+        credentials,
+        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 16 }),
+        core_limits: Default::default(),
+        ring: Default::default(),
+    };
+    server::start(options).unwrap()
+}
+
+/// A received message's fields.
+#[derive(Debug)]
+struct Received(Vec<(u32, String)>);
+
+impl Received {
+    fn get(&self, tag: u32) -> &str {
+        self.0.iter().find(|f| f.0 == tag).map_or("", |f| f.1.as_str())
+    }
+    fn msg_type(&self) -> &str {
+        self.get(tag::MSG_TYPE)
+    }
+}
+
+struct FixClient {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    comp: &'static str,
+    next_seq: u64,
+}
+
+impl FixClient {
+    fn connect(addr: SocketAddr, comp: &'static str, next_seq: u64) -> FixClient {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        FixClient { stream, buffer: Vec::new(), comp, next_seq }
+    }
+
+    fn encode(&self, msg_type: &str, seq: u64, fields: &[(u32, &str)]) -> Vec<u8> {
+        let mut builder = Builder::default();
+        builder.begin(msg_type.as_bytes(), self.comp.as_bytes(), b"LEANTIER", seq);
+        builder.field(tag::SENDING_TIME, &fix::utc_timestamp(1_700_000_000_000_000_000));
+        for (t, v) in fields {
+            builder.field(*t, v.as_bytes());
+        }
+        builder.finish().to_vec()
+    }
+
+    fn send(&mut self, msg_type: &str, fields: &[(u32, &str)]) {
+        let bytes = self.encode(msg_type, self.next_seq, fields);
+        self.next_seq += 1;
+        self.stream.write_all(&bytes).unwrap();
+    }
+
+    fn logon(&mut self, extra: &[(u32, &str)]) -> Received {
+        let mut fields =
+            vec![(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "30"), (tag::PASSWORD, SECRET)];
+        fields.extend_from_slice(extra);
+        self.send("A", &fields);
+        self.recv()
+    }
+
+    /// The next message, or panics; `None` if the server closed the connection.
+    fn try_recv(&mut self) -> Option<Received> {
+        loop {
+            if let Some(len) = fix::split_frame(&self.buffer).expect("the server frames correctly")
+            {
+                let message = Message::parse(&self.buffer[..len]).unwrap();
+                let fields = message
+                    .fields()
+                    .map(|(t, v)| (t, String::from_utf8_lossy(v).into_owned()))
+                    .collect();
+                self.buffer.drain(..len);
+                return Some(Received(fields));
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("no message within {WAIT:?}: {e}"),
+            }
+        }
+    }
+
+    fn recv(&mut self) -> Received {
+        self.try_recv().expect("a message, not a closed connection")
+    }
+}
+
+fn new_order<'a>(
+    cl_ord_id: &'a str,
+    side: &'a str,
+    qty: &'a str,
+    price: &'a str,
+) -> Vec<(u32, &'a str)> {
+    vec![
+        (tag::CL_ORD_ID, cl_ord_id),
+        (tag::SYMBOL, "1"),
+        (tag::SIDE, side),
+        (tag::TRANSACT_TIME, "20240101-00:00:00.000"),
+        (tag::ORDER_QTY, qty),
+        (tag::ORD_TYPE, "2"),
+        (tag::PRICE, price),
+    ]
+}
+
+#[test]
+fn a_fix_client_trades_replaces_and_cancels() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let addr = server.fix_listen.unwrap();
+    let mut buyer = FixClient::connect(addr, "F11", 1);
+    let logon = buyer.logon(&[]);
+    assert_eq!((logon.msg_type(), logon.get(tag::HEART_BT_INT)), ("A", "30"));
+    buyer.send("D", &new_order("a1", "1", "10", "101000"));
+    let report = buyer.recv();
+    assert_eq!(
+        (report.msg_type(), report.get(tag::EXEC_TYPE), report.get(tag::ORD_STATUS)),
+        ("8", "0", "0")
+    );
+    assert_eq!(
+        (report.get(tag::CL_ORD_ID), report.get(tag::LEAVES_QTY), report.get(tag::CUM_QTY)),
+        ("a1", "10", "0")
+    );
+    for required in [tag::ORDER_ID, tag::EXEC_ID, tag::SIDE, tag::SYMBOL, tag::AVG_PX] {
+        assert!(!report.get(required).is_empty(), "tag {required} in {report:?}");
+    }
+    let mut replace = new_order("a2", "1", "8", "100995");
+    replace.push((tag::ORIG_CL_ORD_ID, "a1"));
+    buyer.send("G", &replace);
+    let replaced = buyer.recv();
+    assert_eq!(
+        (
+            replaced.get(tag::EXEC_TYPE),
+            replaced.get(tag::CL_ORD_ID),
+            replaced.get(tag::ORIG_CL_ORD_ID)
+        ),
+        ("5", "a2", "a1")
+    );
+    assert_eq!((replaced.get(tag::ORDER_QTY), replaced.get(tag::LEAVES_QTY)), ("8", "8"));
+
+    let mut seller = FixClient::connect(addr, "F12", 1);
+    assert_eq!(seller.logon(&[]).msg_type(), "A");
+    seller.send("D", &new_order("s1", "2", "3", "100995"));
+    assert_eq!(seller.recv().get(tag::EXEC_TYPE), "0");
+    let sold = seller.recv();
+    assert_eq!(
+        (sold.get(tag::EXEC_TYPE), sold.get(tag::ORD_STATUS), sold.get(tag::LAST_QTY)),
+        ("F", "2", "3")
+    );
+    let bought = buyer.recv();
+    assert_eq!((bought.get(tag::EXEC_TYPE), bought.get(tag::ORD_STATUS)), ("F", "1"));
+    assert_eq!(
+        (bought.get(tag::CUM_QTY), bought.get(tag::LEAVES_QTY), bought.get(tag::AVG_PX)),
+        ("3", "5", "100995.0000")
+    );
+
+    let cancel = [
+        (tag::ORIG_CL_ORD_ID, "a2"),
+        (tag::CL_ORD_ID, "a3"),
+        (tag::SYMBOL, "1"),
+        (tag::SIDE, "1"),
+        (tag::TRANSACT_TIME, "20240101-00:00:00.000"),
+    ];
+    buyer.send("F", &cancel);
+    let cancelled = buyer.recv();
+    assert_eq!((cancelled.get(tag::EXEC_TYPE), cancelled.get(tag::ORD_STATUS)), ("4", "4"));
+    assert_eq!(
+        (
+            cancelled.get(tag::CL_ORD_ID),
+            cancelled.get(tag::ORIG_CL_ORD_ID),
+            cancelled.get(tag::CUM_QTY)
+        ),
+        ("a3", "a2", "3")
+    );
+    buyer.send("F", &cancel);
+    let refused = buyer.recv();
+    assert_eq!((refused.msg_type(), refused.get(tag::CXL_REJ_RESPONSE_TO)), ("9", "1"));
+    buyer.send("B", &[(tag::TEXT, "news")]);
+    let unsupported = buyer.recv();
+    assert_eq!(
+        (
+            unsupported.msg_type(),
+            unsupported.get(tag::REF_MSG_TYPE),
+            unsupported.get(tag::BUSINESS_REJECT_REASON)
+        ),
+        ("j", "B", "3")
+    );
+}
+
+#[test]
+fn each_bad_input_gets_the_prescribed_answer_and_others_are_served() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let addr = server.fix_listen.unwrap();
+    // Garbage before logon: disconnect.
+    let mut garbage = FixClient::connect(addr, "F11", 1);
+    garbage.stream.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert!(garbage.try_recv().is_none(), "garbage before logon closes the connection");
+    // A wrong password: no session.
+    let mut intruder = FixClient::connect(addr, "F11", 1);
+    intruder.send(
+        "A",
+        &[(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "30"), (tag::PASSWORD, "guess")],
+    );
+    assert!(intruder.try_recv().is_none(), "a bad password closes the connection");
+
+    let mut client = FixClient::connect(addr, "F11", 1);
+    assert_eq!(client.logon(&[]).msg_type(), "A");
+    // A bad CheckSum: garbled, ignored without consuming a sequence number...
+    let mut corrupt = client.encode("1", client.next_seq, &[(tag::TEST_REQ_ID, "lost")]);
+    let at = corrupt.len() - 2;
+    corrupt[at] = if corrupt[at] == b'0' { b'1' } else { b'0' };
+    client.stream.write_all(&corrupt).unwrap();
+    // ...and a bad BodyLength likewise.
+    let mut long = client.encode("1", client.next_seq, &[(tag::TEST_REQ_ID, "lost")]);
+    long[12] = b'9';
+    client.stream.write_all(&long).unwrap();
+    // So this TestRequest with the same sequence number is the one answered.
+    client.send("1", &[(tag::TEST_REQ_ID, "ping")]);
+    let heartbeat = client.recv();
+    assert_eq!((heartbeat.msg_type(), heartbeat.get(tag::TEST_REQ_ID)), ("0", "ping"));
+    // A required tag missing: session Reject naming it.
+    let mut no_symbol = new_order("b1", "1", "1", "101000");
+    no_symbol.retain(|f| f.0 != tag::SYMBOL);
+    client.send("D", &no_symbol);
+    let reject = client.recv();
+    assert_eq!(
+        (reject.msg_type(), reject.get(tag::REF_TAG_ID), reject.get(tag::SESSION_REJECT_REASON)),
+        ("3", "55", "1")
+    );
+    // An order for another client id (Account): rejected execution report.
+    let mut other_account = new_order("b2", "1", "1", "101000");
+    other_account.push((tag::ACCOUNT, "12"));
+    client.send("D", &other_account);
+    let rejected = client.recv();
+    assert_eq!(
+        (rejected.get(tag::EXEC_TYPE), rejected.get(tag::ORD_STATUS), rejected.get(tag::TEXT)),
+        ("8", "8", "102")
+    );
+    // A MsgSeqNum lower than expected without PossDupFlag: Logout and disconnect.
+    client.next_seq -= 3;
+    client.send("0", &[]);
+    let logout = client.recv();
+    assert_eq!(logout.msg_type(), "5");
+    assert!(logout.get(tag::TEXT).contains("too low"), "{logout:?}");
+    assert!(client.try_recv().is_none());
+
+    let mut other = FixClient::connect(addr, "F12", 1);
+    assert_eq!(other.logon(&[]).msg_type(), "A", "the server still serves other sessions");
+}
+
+#[test]
+fn resend_requests_are_answered_and_sequence_numbers_survive_a_restart() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    assert_eq!(client.logon(&[]).get(tag::MSG_SEQ_NUM), "1");
+    client.send("D", &new_order("r1", "1", "2", "101000"));
+    let report = client.recv();
+    assert_eq!(report.get(tag::MSG_SEQ_NUM), "2");
+    client.send("2", &[(tag::BEGIN_SEQ_NO, "1"), (tag::END_SEQ_NO, "0")]);
+    let gap_fill = client.recv();
+    assert_eq!(
+        (gap_fill.msg_type(), gap_fill.get(tag::MSG_SEQ_NUM), gap_fill.get(tag::GAP_FILL_FLAG)),
+        ("4", "1", "Y")
+    );
+    assert_eq!(gap_fill.get(tag::NEW_SEQ_NO), "2", "the Logon is gap-filled, not resent");
+    let again = client.recv();
+    assert_eq!(
+        (again.msg_type(), again.get(tag::MSG_SEQ_NUM), again.get(tag::POSS_DUP_FLAG)),
+        ("8", "2", "Y")
+    );
+    assert_eq!(
+        (again.get(tag::CL_ORD_ID), again.get(tag::EXEC_ID)),
+        ("r1", report.get(tag::EXEC_ID))
+    );
+    assert!(!again.get(tag::ORIG_SENDING_TIME).is_empty());
+    drop(client);
+    drop(server);
+
+    // A new server process over the same store: sequence numbers go on.
+    let server = start(store.path());
+    let addr = server.fix_listen.unwrap();
+    let mut stale = FixClient::connect(addr, "F11", 1);
+    stale.send(
+        "A",
+        &[(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "30"), (tag::PASSWORD, SECRET)],
+    );
+    assert!(stale.try_recv().is_none(), "a Logon with MsgSeqNum 1 is too low after the restart");
+    // The client skipped two numbers: the server logs it on and asks for them.
+    let mut client = FixClient::connect(addr, "F11", 6);
+    let logon = client.logon(&[]);
+    assert_eq!((logon.msg_type(), logon.get(tag::MSG_SEQ_NUM)), ("A", "3"));
+    let resend = client.recv();
+    assert_eq!((resend.msg_type(), resend.get(tag::BEGIN_SEQ_NO)), ("2", "4"));
+    // ResetSeqNumFlag starts both sides at 1 again (retried while the server still holds
+    // the dropped connection's session).
+    drop(client);
+    let logon = (0..100)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            let mut reset = FixClient::connect(addr, "F11", 1);
+            reset.send(
+                "A",
+                &[
+                    (tag::ENCRYPT_METHOD, "0"),
+                    (tag::HEART_BT_INT, "30"),
+                    (tag::PASSWORD, SECRET),
+                    (tag::RESET_SEQ_NUM_FLAG, "Y"),
+                ],
+            );
+            reset.try_recv()
+        })
+        .expect("a reset Logon is accepted once the old session is gone");
+    assert_eq!((logon.get(tag::MSG_SEQ_NUM), logon.get(tag::RESET_SEQ_NUM_FLAG)), ("1", "Y"));
+}
+
+#[test]
+fn a_silent_peer_gets_heartbeats_then_a_test_request_then_is_disconnected() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    client.send(
+        "A",
+        &[(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "1"), (tag::PASSWORD, SECRET)],
+    );
+    assert_eq!(client.recv().msg_type(), "A");
+    let mut types = Vec::new();
+    while let Some(message) = client.try_recv() {
+        types.push(message.msg_type().to_string());
+    }
+    assert!(types.contains(&"0".to_string()), "a Heartbeat when idle: {types:?}");
+    assert!(types.contains(&"1".to_string()), "a TestRequest when the peer is silent: {types:?}");
+}

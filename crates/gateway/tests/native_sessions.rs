@@ -1,0 +1,339 @@
+//! The native protocol against a real `serve` on loopback: trading, replay on re-login, the
+//! session protections, and each bad-input case (with another session still served).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use exchange::flow::{UniverseConfig, reference_master_data};
+use gateway::client::{ClientError, NativeClient};
+use gateway::credentials::{self, Credential, Protocol};
+use gateway::hub::Settings;
+use gateway::native::{
+    ClientMsg, Event, OrderRequest, ServerMsg, error_code, event_kind, gateway_reason, login_reject,
+};
+use gateway::server::{self, Running, ServeOptions};
+
+/// Generous on a loaded 2-core machine; a passing run never waits this long.
+const WAIT: Duration = Duration::from_secs(10);
+const SECRET: &str = "s3cret";
+/// Instrument 1's reference price (on tick, inside the band).
+const PRICE: i64 = 101_000;
+
+fn start(settings: Settings) -> (Running, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
+    let credentials = (1..=3)
+        .map(|client| Credential {
+            client,
+            protocol: Protocol::Native,
+            comp_id: format!("N{client}"),
+            hash: hash.clone(),
+        })
+        .collect();
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        fix_listen: None,
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        settings: Settings { fix_store_dir: dir.path().to_path_buf(), ..settings },
+        credentials,
+        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
+        core_limits: Default::default(),
+        ring: Default::default(),
+    };
+    (server::start(options).unwrap(), dir)
+}
+
+fn logged_in(addr: SocketAddr, client: u32, next_seq: u64) -> NativeClient {
+    let mut session = NativeClient::connect(addr).unwrap();
+    let answer = session.login(client, SECRET, next_seq, WAIT).unwrap();
+    assert!(
+        matches!(answer, ServerMsg::LoginAccepted { client: c, .. } if c == client),
+        "{answer:?}"
+    );
+    session
+}
+
+fn order(client: u32, token: u32, side: u8, qty: u32) -> OrderRequest {
+    OrderRequest {
+        client,
+        token,
+        instrument: 1,
+        side,
+        order_type: 0,
+        time_in_force: 0,
+        price: PRICE,
+        qty,
+    }
+}
+
+fn next_event(session: &mut NativeClient) -> (u64, Event) {
+    match session.recv(WAIT).unwrap() {
+        Some(ServerMsg::Sequenced { seq, event }) => (seq, event),
+        other => panic!("expected a sequenced event, got {other:?}"),
+    }
+}
+
+/// A session that still trades: proves the server kept serving after a bad one.
+fn still_serving(addr: SocketAddr, client: u32, token: u32) {
+    let mut session = logged_in(addr, client, 0);
+    session.send(&ClientMsg::NewOrder(order(client, token, 0, 1))).unwrap();
+    let (_, event) = next_event(&mut session);
+    assert_eq!((event.kind, event.token), (event_kind::ACCEPTED, token));
+    session.send(&ClientMsg::Logout).unwrap();
+}
+
+#[test]
+fn orders_match_and_each_side_gets_its_reports() {
+    let (server, _dir) = start(Settings::default());
+    let mut buyer = logged_in(server.listen, 1, 0);
+    let mut seller = logged_in(server.listen, 2, 0);
+    buyer.send(&ClientMsg::NewOrder(order(1, 7, 0, 10))).unwrap();
+    let (seq, accepted) = next_event(&mut buyer);
+    assert_eq!(
+        (seq, accepted.kind, accepted.token, accepted.leaves_qty),
+        (1, event_kind::ACCEPTED, 7, 10)
+    );
+    seller.send(&ClientMsg::NewOrder(order(2, 9, 1, 4))).unwrap();
+    let (_, seller_accepted) = next_event(&mut seller);
+    assert_eq!(seller_accepted.kind, event_kind::ACCEPTED);
+    let (_, seller_fill) = next_event(&mut seller);
+    assert_eq!(
+        (seller_fill.kind, seller_fill.qty, seller_fill.price),
+        (event_kind::FILLED, 4, PRICE)
+    );
+    let (seq, buyer_fill) = next_event(&mut buyer);
+    assert_eq!((seq, buyer_fill.kind, buyer_fill.token), (2, event_kind::PARTIALLY_FILLED, 7));
+    assert_eq!((buyer_fill.qty, buyer_fill.leaves_qty), (4, 6));
+    buyer
+        .send(&ClientMsg::Replace(OrderRequest { price: PRICE - 5, qty: 3, ..order(1, 7, 0, 0) }))
+        .unwrap();
+    let (_, replaced) = next_event(&mut buyer);
+    assert_eq!((replaced.kind, replaced.price), (event_kind::REPLACED, PRICE - 5));
+    buyer.send(&ClientMsg::Cancel(order(1, 7, 0, 0))).unwrap();
+    let (_, cancelled) = next_event(&mut buyer);
+    assert_eq!(cancelled.kind, event_kind::CANCELLED);
+    buyer.send(&ClientMsg::Cancel(order(1, 7, 0, 0))).unwrap();
+    let (_, unknown) = next_event(&mut buyer);
+    assert_eq!(
+        (unknown.kind, unknown.reason),
+        (event_kind::REJECTED, exchange::msg::Reason::UnknownOrder as u8)
+    );
+}
+
+#[test]
+fn a_client_that_logs_in_again_gets_every_message_replayed() {
+    let (server, _dir) = start(Settings::default());
+    let mut first = logged_in(server.listen, 1, 0);
+    for token in 1..=3 {
+        first.send(&ClientMsg::NewOrder(order(1, token, 0, 1))).unwrap();
+    }
+    let seen: Vec<(u64, Event)> = (0..3).map(|_| next_event(&mut first)).collect();
+    drop(first);
+    // The server notices the close asynchronously; retry while it still holds the session.
+    let mut again = None;
+    for _ in 0..100 {
+        let mut session = NativeClient::connect(server.listen).unwrap();
+        match session.login(1, SECRET, 2, WAIT).unwrap() {
+            ServerMsg::LoginAccepted { next_seq, .. } => {
+                assert_eq!(next_seq, 2);
+                again = Some(session);
+                break;
+            }
+            ServerMsg::LoginRejected { reason } => {
+                assert_eq!(reason, login_reject::ALREADY_LOGGED_IN)
+            }
+            other => panic!("{other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut again = again.expect("re-login accepted once the first session is gone");
+    assert_eq!(next_event(&mut again), seen[1]);
+    assert_eq!(next_event(&mut again), seen[2]);
+    again.send(&ClientMsg::NewOrder(order(1, 4, 0, 1))).unwrap();
+    assert_eq!(next_event(&mut again).0, 4, "new messages continue the sequence");
+}
+
+#[test]
+fn bad_credentials_are_rejected() {
+    let (server, _dir) = start(Settings::default());
+    let mut session = NativeClient::connect(server.listen).unwrap();
+    let answer = session.login(1, "wrong", 0, WAIT).unwrap();
+    assert_eq!(answer, ServerMsg::LoginRejected { reason: login_reject::BAD_CREDENTIALS });
+    let mut unknown = NativeClient::connect(server.listen).unwrap();
+    let answer = unknown.login(99, SECRET, 0, WAIT).unwrap();
+    assert_eq!(answer, ServerMsg::LoginRejected { reason: login_reject::BAD_CREDENTIALS });
+    still_serving(server.listen, 2, 1);
+}
+
+/// Sends `bytes` on a fresh connection (logged in first when `login`) and expects the server to
+/// answer `code` and close.
+fn expect_error_and_close(addr: SocketAddr, login: bool, bytes: &[u8], code: u8) {
+    let mut session =
+        if login { logged_in(addr, 1, 0) } else { NativeClient::connect(addr).unwrap() };
+    session.send_raw(bytes).unwrap();
+    assert_eq!(session.recv(WAIT).unwrap(), Some(ServerMsg::Error { code }), "for {bytes:?}");
+    assert!(matches!(session.recv(WAIT), Err(ClientError::Closed)), "closed after {bytes:?}");
+}
+
+#[test]
+fn each_bad_frame_gets_its_error_and_the_server_serves_others() {
+    let (server, _dir) = start(Settings::default());
+    let addr = server.listen;
+    let mut order_frame = Vec::new();
+    gateway::native::encode_client(&ClientMsg::NewOrder(order(1, 1, 0, 1)), &mut order_frame);
+    // Garbage (an order) before login.
+    expect_error_and_close(addr, false, &order_frame, error_code::NOT_LOGGED_IN);
+    // Wrong version.
+    let mut wrong_version = order_frame.clone();
+    wrong_version[2] = 9;
+    expect_error_and_close(addr, true, &wrong_version, error_code::BAD_VERSION);
+    // Unknown message type.
+    expect_error_and_close(addr, true, &[0, 2, 1, b'?'], error_code::UNKNOWN_TYPE);
+    // A frame whose length does not fit its type, and a length over the maximum.
+    expect_error_and_close(addr, true, &[0, 3, 1, b'H', 0], error_code::MALFORMED);
+    expect_error_and_close(addr, true, &[0xff, 0xff, 1, b'O'], error_code::MALFORMED);
+    still_serving(addr, 2, 1);
+}
+
+#[test]
+fn an_order_for_another_client_is_rejected() {
+    let (server, _dir) = start(Settings::default());
+    let mut session = logged_in(server.listen, 1, 0);
+    session.send(&ClientMsg::NewOrder(order(2, 5, 0, 1))).unwrap();
+    let (_, event) = next_event(&mut session);
+    assert_eq!(
+        (event.kind, event.reason, event.token),
+        (event_kind::REJECTED, gateway_reason::WRONG_CLIENT, 5)
+    );
+    still_serving(server.listen, 2, 1);
+}
+
+#[test]
+fn a_session_over_its_rate_is_throttled() {
+    let (server, _dir) = start(Settings { throttle_msgs_per_s: 5, ..Settings::default() });
+    let mut session = logged_in(server.listen, 1, 0);
+    for token in 1..=20 {
+        session.send(&ClientMsg::NewOrder(order(1, token, 0, 1))).unwrap();
+    }
+    let events: Vec<Event> = (0..20).map(|_| next_event(&mut session).1).collect();
+    let throttled = events.iter().filter(|e| e.reason == gateway_reason::THROTTLED).count();
+    let accepted = events.iter().filter(|e| e.kind == event_kind::ACCEPTED).count();
+    assert!(throttled >= 10, "{throttled} throttled of 20 at 5/s");
+    assert!(accepted >= 5, "the burst allowance of 5 is admitted, got {accepted}");
+    let metrics = http_get(server.metrics_listen.unwrap());
+    assert!(
+        metrics.contains(&format!("gateway_throttled_total{{client=\"1\"}} {throttled}")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn open_orders_are_cancelled_after_the_grace_window() {
+    let settings =
+        Settings { cancel_on_disconnect: Some(Duration::from_millis(50)), ..Settings::default() };
+    let (server, _dir) = start(settings);
+    let mut session = logged_in(server.listen, 1, 0);
+    session.send(&ClientMsg::NewOrder(order(1, 1, 0, 5))).unwrap();
+    assert_eq!(next_event(&mut session).1.kind, event_kind::ACCEPTED);
+    session.send(&ClientMsg::Logout).unwrap();
+    drop(session);
+    // The cancel is sequenced into the client's stream while it is away: replay shows it.
+    let mut cancelled = None;
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_millis(20));
+        let mut again = NativeClient::connect(server.listen).unwrap();
+        if !matches!(again.login(1, SECRET, 2, WAIT).unwrap(), ServerMsg::LoginAccepted { .. }) {
+            continue;
+        }
+        match again.recv(Duration::from_millis(200)).unwrap() {
+            Some(ServerMsg::Sequenced { event, .. }) => {
+                cancelled = Some(event);
+                break;
+            }
+            _ => continue,
+        }
+    }
+    let event = cancelled.expect("the open order was cancelled");
+    assert_eq!((event.kind, event.token), (event_kind::CANCELLED, 1));
+    assert_eq!(event.reason, exchange::msg::Reason::CancelRequested as u8);
+}
+
+#[test]
+fn a_slow_consumer_is_cut_off_and_others_are_served() {
+    // An outbox smaller than one sequenced frame: the first report overflows it.
+    let (server, _dir) = start(Settings { outbox_bytes_max: 16, ..Settings::default() });
+    let mut session = logged_in(server.listen, 1, 0);
+    session.send(&ClientMsg::NewOrder(order(1, 1, 0, 1))).unwrap();
+    assert_eq!(
+        session.recv(WAIT).unwrap(),
+        Some(ServerMsg::Error { code: error_code::SLOW_CONSUMER })
+    );
+    let metrics = (0..100)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            http_get(server.metrics_listen.unwrap())
+        })
+        .find(|m| m.contains("gateway_cut_off_total{client=\"1\"} 1"));
+    assert!(metrics.is_some(), "cut-off counted");
+}
+
+fn http_get(addr: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn the_load_generator_measures_every_order_it_sends() {
+    let (server, _dir) = start(Settings::default());
+    let options = gateway::load::LoadOptions {
+        connect: server.listen,
+        sessions: vec![(1, SECRET.into()), (2, SECRET.into())],
+        plan: lab::load::OpenLoopPlan {
+            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+            seed: 1,
+            duration: Duration::from_millis(200),
+        },
+        instrument: 1,
+        price: PRICE,
+    };
+    let result = gateway::load::run(&options).unwrap();
+    assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);
+    assert_eq!(result.answered, result.sent, "every order got its first report");
+    assert_eq!(result.latency.count(), result.sent);
+    assert_eq!(result.rejected, 0);
+}
+
+#[test]
+fn the_server_heartbeats_and_ends_a_silent_session_as_a_dead_link() {
+    use std::io::{Read, Write};
+    let (server, _dir) =
+        start(Settings { heartbeat: Duration::from_millis(100), ..Settings::default() });
+    let mut stream = std::net::TcpStream::connect(server.listen).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut frame = Vec::new();
+    let secret = gateway::native::secret_field(SECRET).unwrap();
+    gateway::native::encode_client(
+        &ClientMsg::Login { client: 1, secret, next_seq: 0 },
+        &mut frame,
+    );
+    stream.write_all(&frame).unwrap();
+    // Read everything until the server closes; this client never heartbeats.
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).unwrap();
+    let mut received = Vec::new();
+    let mut rest = &bytes[..];
+    while let Some((version, kind, payload, len)) = gateway::native::split_frame(rest).unwrap() {
+        received.push(gateway::native::decode_server(version, kind, payload).unwrap());
+        rest = &rest[len..];
+    }
+    assert!(matches!(received[0], ServerMsg::LoginAccepted { .. }), "{received:?}");
+    assert!(
+        received.contains(&ServerMsg::Heartbeat),
+        "the server heartbeats an idle link: {received:?}"
+    );
+    assert_eq!(received.last(), Some(&ServerMsg::Error { code: error_code::DEAD_LINK }));
+}

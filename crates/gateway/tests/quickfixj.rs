@@ -1,0 +1,93 @@
+//! Conformance with a FIX engine nobody here wrote: QuickFIX/J 2.3.2 (bench/fix-quickfixj)
+//! logs on, trades (new, replace, crossing orders, cancel), drops the connection mid-stream and
+//! reconnects, then the server is stopped and started again over the same store and a second
+//! QuickFIX/J session trades on with the persisted sequence numbers. QuickFIX/J validates every
+//! message it receives against its FIX 4.4 dictionary.
+//!
+//! Needs Java 17 and the Maven build of bench/fix-quickfixj: `scripts/fix-conformance` installs
+//! and builds them, then runs this test with `--ignored`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use exchange::flow::{UniverseConfig, reference_master_data};
+use gateway::credentials::{self, Credential, Protocol};
+use gateway::hub::Settings;
+use gateway::server::{self, Running, ServeOptions};
+
+const PASSWORD: &str = "qfj-conformance";
+/// A QuickFIX/J phase ends well within this on a loaded 2-core machine.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn start(store: &Path, hash: &str) -> Running {
+    let credentials = vec![Credential {
+        client: 21,
+        protocol: Protocol::Fix,
+        comp_id: "QFJ".into(),
+        hash: hash.into(),
+    }];
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        fix_listen: Some("127.0.0.1:0".parse().unwrap()),
+        metrics_listen: None,
+        settings: Settings { fix_store_dir: store.to_path_buf(), ..Settings::default() },
+        credentials,
+        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 32 }),
+        core_limits: Default::default(),
+        ring: Default::default(),
+    };
+    server::start(options).unwrap()
+}
+
+fn quickfixj_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/fix-quickfixj")
+}
+
+fn run_phase(server: &Running, qfj_store: &Path, phase: &str) {
+    let dir = quickfixj_dir();
+    let classpath =
+        format!("{}:{}/*", dir.join("target/classes").display(), dir.join("target/lib").display());
+    let port = server.fix_listen.unwrap().port().to_string();
+    let mut child = Command::new("java")
+        .args(["-cp", &classpath, "leantier.Conformance", "127.0.0.1", &port])
+        .arg(qfj_store)
+        .args([PASSWORD, phase])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("java runs (scripts/fix-conformance installs it)");
+    let deadline = std::time::Instant::now() + PHASE_TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains(&format!("CONFORMANCE PHASE {phase} OK")),
+        "QuickFIX/J phase {phase} failed ({:?}):\n{stdout}\n{stderr}",
+        output.status
+    );
+}
+
+#[test]
+#[ignore = "needs Java 17 and bench/fix-quickfixj built: run by scripts/fix-conformance"]
+fn quickfixj_trades_reconnects_and_resumes_after_a_restart() {
+    assert!(
+        quickfixj_dir().join("target/classes/leantier/Conformance.class").exists(),
+        "build bench/fix-quickfixj first (mvn package)"
+    );
+    let hash = credentials::hash_secret(PASSWORD.as_bytes()).unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (store.path().join("leantier"), store.path().join("quickfixj"));
+    let server = start(&ours, &hash);
+    run_phase(&server, &theirs, "1");
+    server.stop();
+    let server = start(&ours, &hash);
+    run_phase(&server, &theirs, "2");
+}
