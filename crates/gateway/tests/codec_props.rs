@@ -90,7 +90,7 @@ fn fix_value() -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(0x21u8..0x7f, 1..24)
 }
 
-/// Cases per property: 2 000 in the test suite; `scripts/soak-codecs` sets
+/// Cases per property: 2 000 in the test suite; `scripts/soak-decoders` sets
 /// `LEANTIER_CODEC_CASES` to a million or more.
 fn cases() -> u32 {
     std::env::var("LEANTIER_CODEC_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)

@@ -2,15 +2,16 @@
 //! limit) and the framing refusals (malformed chunks, unsupported transfer codings), with short
 //! bounds configured for the test and generous margins for a loaded host.
 
+mod common;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use web::admission::WorkBounds;
 use web::api::SizeLimits;
-use web::conn::{self, ConnectionBounds};
+use web::conn::ConnectionBounds;
 use web::exec::{ExecConfig, Model};
 use web::server::{Executors, ServeBounds, Server, ServerConfig};
 
@@ -239,24 +240,10 @@ fn bad_chunked_framing_is_400_and_unknown_codings_are_501() {
     assert_eq!(read_response(&mut stream), (200, EXAMPLE_ANSWER.to_string()));
 }
 
-/// Sends `raw` on an in-memory connection served by [`conn::serve_io`] and returns everything
-/// the server wrote before it closed.
+/// Sends `raw` on an in-memory connection and returns everything the server wrote.
 async fn exchange_in_memory(router: axum::Router, raw: Vec<u8>) -> Vec<u8> {
-    let (client, server) = tokio::io::duplex(1 << 16);
     let bounds = bounds(SHORT, SHORT, SHORT, 1).connection;
-    let serving = tokio::spawn(conn::serve_io(server, router, bounds, None));
-    let (mut reader, mut writer) = tokio::io::split(client);
-    // The server may answer (and close) before it read everything: the write may fail.
-    let writing = tokio::spawn(async move {
-        let _ = writer.write_all(&raw).await;
-        writer
-    });
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(PATIENCE, reader.read_to_end(&mut answer)).await;
-    assert!(read.is_ok(), "no close within {PATIENCE:?}");
-    serving.await.unwrap();
-    drop(writing.await);
-    answer
+    common::exchange_in_memory(router, bounds, raw, PATIENCE).await.unwrap()
 }
 
 static ROUTER: std::sync::LazyLock<axum::Router> = std::sync::LazyLock::new(|| {

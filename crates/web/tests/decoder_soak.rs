@@ -10,15 +10,16 @@
 //! decoder_soak -- --ignored --nocapture` (defaults: 1,000,000 inputs, seed 1; a failure names
 //! its input index, which `LEANTIER_SOAK_FIRST=<index> LEANTIER_SOAK_INPUTS=<index + 1>` replays alone).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use web::admission::WorkBounds;
 use web::api::{ErrorCode, SizeLimits};
-use web::conn::{self, ConnectionBounds};
+use web::conn::ConnectionBounds;
 use web::exec::{ExecConfig, Model};
 use web::server::Executors;
 
@@ -198,21 +199,7 @@ async fn run_one(router: axum::Router, raw: Vec<u8>) -> Result<Vec<u16>, String>
         idle_timeout: TIMEOUT,
         connections_max: 1,
     };
-    let (client, server) = tokio::io::duplex(1 << 16);
-    let serving = tokio::spawn(conn::serve_io(server, router, bounds, None));
-    let (mut reader, mut writer) = tokio::io::split(client);
-    let writing = tokio::spawn(async move {
-        // The server may close first; then the rest of the input is simply not read.
-        let _ = writer.write_all(&raw).await;
-        writer
-    });
-    let mut answer = Vec::new();
-    tokio::time::timeout(INPUT_TIMEOUT, reader.read_to_end(&mut answer))
-        .await
-        .map_err(|_| "no close within the input timeout (a hang)")?
-        .map_err(|error| format!("reading the answer: {error}"))?;
-    serving.await.map_err(|error| format!("the connection task failed: {error}"))?;
-    drop(writing.await);
+    let answer = common::exchange_in_memory(router, bounds, raw, INPUT_TIMEOUT).await?;
     check(&answer)
 }
 
