@@ -34,6 +34,7 @@ pub mod online;
 pub mod predict;
 pub mod run;
 pub mod serialize;
+pub mod sharing;
 pub mod ticket;
 pub mod validate;
 
