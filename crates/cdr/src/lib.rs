@@ -24,7 +24,10 @@
 //!
 //! `validate` (`cdr validate`) checks the model against flat-out runs on a shared host: for
 //! each configuration it measures the nodes and runs the pipeline back to back, interleaved
-//! and repeated, and reports median measured / predicted ratios.
+//! and repeated, and reports median measured / predicted ratios. `sharing` is what the
+//! isolated measurements leave out when the threads share the cores: a probe with the
+//! configuration's own thread counts, right before each run, measures a usable core share and
+//! the runtime's CPU per hop, and the model carries both.
 
 pub(crate) mod convert;
 mod error;
@@ -34,6 +37,7 @@ pub mod online;
 pub mod predict;
 pub mod run;
 pub mod serialize;
+pub mod sharing;
 pub mod ticket;
 pub mod validate;
 

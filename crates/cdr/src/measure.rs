@@ -62,39 +62,110 @@ fn core_fraction(duration: Duration) -> anyhow::Result<f64> {
 /// top of its own work. The full shape matters: with more threads than cores, the wake-ups
 /// and context switches of five threads cost more per hop than a two-thread probe shows.
 fn hop_cpu_s(duration: Duration) -> anyhow::Result<f64> {
-    const HOPS_PER_TICKET: f64 = 4.0;
+    let run = run_probe_graph(duration, [1; 4], &ProbeWork::default())?;
+    Ok(run.cpu_s / run.tickets as f64 / PROBE_HOPS_PER_TICKET)
+}
+
+/// Hops a ticket makes in the probe graph: one into each of decoder, converter and the two
+/// sinks.
+pub(crate) const PROBE_HOPS_PER_TICKET: f64 = 4.0;
+
+/// CPU work each probe node burns per job, as spin-loop iterations (see [`spin`]), in graph
+/// order: source (per ticket emitted), first stage, second stage, file sink, database sink.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct ProbeWork {
+    pub spins_per_job: [u64; 5],
+}
+
+/// What a probe graph run did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ProbeRun {
+    /// Tickets that reached the database sink (every ticket reaches both sinks).
+    pub tickets: u64,
+    /// Process CPU time over the run, all threads.
+    pub cpu_s: f64,
+    /// Wall time, start to drained.
+    pub wall_s: f64,
+}
+
+/// Burns `iterations` of a dependent multiply-add chain: CPU work that the optimizer cannot
+/// remove and that touches no memory, so its cost per iteration is stable across threads.
+pub(crate) fn spin(iterations: u64) {
+    let mut state = 1_u64;
+    for i in 0..iterations {
+        state = black_box(state.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i));
+    }
+    black_box(state);
+}
+
+/// Runs the cdr graph's shape (source → stage → stage → two sinks, `workers` per stage after
+/// the source, the stage runtime's settings of `cdr run`) flat out for `duration`, every node
+/// burning `work` per job instead of its real work.
+pub(crate) fn run_probe_graph(
+    duration: Duration,
+    workers: [usize; 4],
+    work: &ProbeWork,
+) -> anyhow::Result<ProbeRun> {
+    let [source_spins, first_spins, second_spins, file_spins, database_spins] = work.spins_per_job;
+    let spec = |workers: usize| StageSpec::ancillary(workers).with_max_workers(workers);
     let mut builder = PipelineBuilder::new().pin_threads(false);
-    let deadline = std::time::Instant::now() + duration;
     let source = builder.source("probe-source", StageSpec::ancillary(1), move |_| {
+        // The clock starts at the source's first call, not when the graph is built: starting
+        // six threads on a loaded host can take longer than a short probe.
+        let mut deadline = None;
         move |emitter: &mut Emitter<RawTicket>| {
-            if std::time::Instant::now() >= deadline {
+            let now = std::time::Instant::now();
+            if now >= *deadline.get_or_insert(now + duration) {
                 return Flow::Stop;
             }
-            (0..HOP_PROBE_BURST).for_each(|_| emitter.emit(RawTicket::default()));
+            for _ in 0..HOP_PROBE_BURST {
+                spin(source_spins);
+                emitter.emit(RawTicket::default());
+            }
             Flow::Continue
         }
     });
-    let forward = |_| |raw: &RawTicket, emitter: &mut Emitter<RawTicket>| emitter.emit(*raw);
-    let first = builder.stage("probe-first", StageSpec::ancillary(1), forward);
-    let second = builder.stage("probe-second", StageSpec::ancillary(1), forward);
-    let sink = |_| {
-        |raw: &RawTicket| {
-            black_box(raw);
+    let forward = |spins: u64| {
+        move |_| {
+            move |raw: &RawTicket, emitter: &mut Emitter<RawTicket>| {
+                spin(spins);
+                emitter.emit(*raw)
+            }
         }
     };
-    let file_sink = builder.sink("probe-file", StageSpec::ancillary(1), sink);
-    let database_sink = builder.sink("probe-database", StageSpec::ancillary(1), sink);
+    let first = builder.stage("probe-first", spec(workers[0]), forward(first_spins));
+    let second = builder.stage("probe-second", spec(workers[1]), forward(second_spins));
+    let sink = |spins: u64| {
+        move |_| {
+            move |raw: &RawTicket| {
+                spin(spins);
+                black_box(raw);
+            }
+        }
+    };
+    let file_sink = builder.sink("probe-file", spec(workers[2]), sink(file_spins));
+    let database_sink = builder.sink("probe-database", spec(workers[3]), sink(database_spins));
     builder.connect(source, first, Route::RoundRobin);
     builder.connect(first, second, Route::RoundRobin);
     builder.connect(second, file_sink, Route::RoundRobin);
     builder.connect(second, database_sink, Route::RoundRobin);
+    let started = std::time::Instant::now();
     let cpu_start_ns = process_cpu_time_ns();
     let report = builder.start()?.wait()?;
     let cpu_s = (process_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
+    let wall_s = started.elapsed().as_secs_f64();
     let tickets =
         report.stages.iter().find(|s| s.stage == "probe-database").map_or(0, |s| s.messages_in);
-    anyhow::ensure!(tickets > 0, "the hop probe moved no message");
-    Ok(cpu_s / tickets as f64 / HOPS_PER_TICKET)
+    anyhow::ensure!(tickets > 0, "the probe graph moved no message");
+    Ok(ProbeRun { tickets, cpu_s, wall_s })
+}
+
+/// A measured model and the runtime CPU per hop included in each node's CPU time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredModel {
+    pub model: NetworkSpec,
+    /// Calibrated with one worker per stage ([`hop_cpu_s`]); the generator pays none.
+    pub hop_cpu_s: f64,
 }
 
 /// The cdr pipeline as a planner workload.
@@ -201,6 +272,17 @@ impl CdrWorkload {
     }
 
     fn measure_nodes(&self, duration: Duration, scratch_dir: &Path) -> anyhow::Result<NetworkSpec> {
+        Ok(self.measure_with_hop(duration, scratch_dir)?.model)
+    }
+
+    /// Measures every node alone (as [`Workload::measure`]) and also returns the calibrated
+    /// runtime CPU per hop that each node's CPU time includes, so a caller can replace it with
+    /// a hop cost measured under other thread counts (`crate::sharing`).
+    pub fn measure_with_hop(
+        &self,
+        duration: Duration,
+        scratch_dir: &Path,
+    ) -> anyhow::Result<MeasuredModel> {
         let host = detect_host(scratch_dir, duration)?;
         let core_fraction = core_fraction(duration)?;
         let hop_cpu_s = hop_cpu_s(duration)?;
@@ -289,7 +371,7 @@ impl CdrWorkload {
             0 => 1.0,
             every => 1.0 - 1.0 / every as f64,
         };
-        Ok(NetworkSpec {
+        let model = NetworkSpec {
             host,
             node: vec![
                 generator_node,
@@ -305,6 +387,7 @@ impl CdrWorkload {
                 route("converter", "feeder", 1.0),
             ],
             ..NetworkSpec::default()
-        })
+        };
+        Ok(MeasuredModel { model, hop_cpu_s })
     }
 }

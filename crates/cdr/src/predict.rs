@@ -15,6 +15,7 @@
 use planner::model::PipelineConfig;
 use planner::network::Network;
 use planner::node::NodeMetrics;
+use planner::options::Budget;
 use serde::Serialize;
 
 use crate::run::RunSummary;
@@ -64,12 +65,38 @@ pub fn threads_in_model_order(
         .collect()
 }
 
-/// Compares a run with the model in `config` (with the thread counts it ran with).
+/// Compares a run with the model in `config` (with the thread counts it ran with), the
+/// cores bounding a flat-out run by CPU demand ([`Budget::Cpu`]).
 pub fn compare(
     config: &PipelineConfig,
     summary: &RunSummary,
     duration_s: f64,
     flat_out: bool,
+) -> anyhow::Result<Comparison> {
+    compare_with_budget(config, summary, duration_s, flat_out, Budget::Cpu)
+}
+
+/// CPU time per ticket the model charges (Σ visits · cpu_share / μ over every node, the
+/// generator included): c_model of the cores' bound, cores / c_model.
+pub fn cpu_s_per_ticket(network: &Network) -> f64 {
+    network
+        .nodes()
+        .iter()
+        .zip(&network.visit_ratios())
+        .map(|(node, visits)| visits * node.cpu_share / node.service_rate_per_s)
+        .sum()
+}
+
+/// As [`compare`], with the budget a flat-out prediction uses: [`Budget::Cpu`] takes the lower
+/// of the first node to saturate and the cores' bound; [`Budget::Threads`] reads the model as
+/// published, every thread on a core of its own, so only the first node to saturate bounds
+/// the rate.
+pub fn compare_with_budget(
+    config: &PipelineConfig,
+    summary: &RunSummary,
+    duration_s: f64,
+    flat_out: bool,
+    budget: Budget,
 ) -> anyhow::Result<Comparison> {
     let network = Network::new(config.model.clone())?;
     let threads = threads_in_model_order(config, &network)?;
@@ -77,13 +104,10 @@ pub fn compare(
     let mut predicted = vec![NodeMetrics::default(); threads.len()];
     let generated_per_s = summary.generated as f64 / duration_s;
     let source_rate_per_s = if flat_out {
-        let cpu_s_per_ticket: f64 = network
-            .nodes()
-            .iter()
-            .zip(&visits)
-            .map(|(node, visits)| visits * node.cpu_share / node.service_rate_per_s)
-            .sum();
-        let cpu_bound = network.spec().host.cores / cpu_s_per_ticket;
+        let cpu_bound = match budget {
+            Budget::Cpu => network.spec().host.cores / cpu_s_per_ticket(&network),
+            Budget::Threads => f64::INFINITY,
+        };
         network.saturation_rate_per_s(&threads).min(cpu_bound)
     } else {
         generated_per_s
@@ -171,5 +195,17 @@ mod tests {
         assert_eq!(flat_out.measured_throughput_per_s, 100.0);
         let paced = compare(&config, &summary(1.25, 50), 1.0, false).unwrap();
         assert_eq!(paced.measured_throughput_per_s, 50.0);
+    }
+
+    #[test]
+    fn the_threads_budget_drops_the_cores_bound() {
+        let mut config: PipelineConfig = toml::from_str(MODEL).unwrap();
+        // 0.1 core: the cores bind at 0.1 / (1/1000 + 1/100) ≈ 9.1 tickets/s, below the feeder.
+        config.model.host.cores = 0.1;
+        let run = summary(1.0, 9);
+        let cpu = compare_with_budget(&config, &run, 1.0, true, Budget::Cpu).unwrap();
+        assert!((cpu.predicted_throughput_per_s - 0.1 / 0.011).abs() < 1e-9, "{cpu:?}");
+        let threads = compare_with_budget(&config, &run, 1.0, true, Budget::Threads).unwrap();
+        assert_eq!(threads.predicted_throughput_per_s, 100.0, "the feeder alone bounds it");
     }
 }

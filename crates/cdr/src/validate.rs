@@ -11,21 +11,30 @@
 //! the probes before and after it, so a drift during the run is split rather than ignored.
 //!
 //! The predicted maximum is the same as `cdr run --max` (`crate::predict`): the lower of the
-//! first node to saturate (c·μ/v) and the host's cores over the CPU time per ticket.
+//! first node to saturate (c·μ/v) and the host's cores over the CPU time per ticket, with
+//! what the threads' sharing of the cores costs measured right before each run
+//! (`crate::sharing`: a usable core share and the CPU per hop under the configuration's own
+//! thread counts). Each round also reports the split of its ratio, measured / predicted =
+//! (cores used / usable cores) × (c_model / c_run), exact when the cores' bound is the
+//! prediction, so a user sees whether idle cores or dearer tickets moved it. `Budget::Threads`
+//! predicts as published instead: every thread on a core of its own, the first node to
+//! saturate alone, no sharing probe.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lab::stats::median;
-use planner::measure::{Workload, available_cores};
+use planner::measure::available_cores;
 use planner::model::{NetworkSpec, NodeConfig, PipelineConfig};
 use planner::network::Network;
+use planner::options::Budget;
 use serde::Serialize;
 
 use crate::feed::DbTarget;
 use crate::measure::CdrWorkload;
-use crate::predict::{compare, threads_in_model_order};
-use crate::run::{Arrivals, NodeThreads, RunSettings, run_pipeline};
+use crate::predict::{compare_with_budget, cpu_s_per_ticket, threads_in_model_order};
+use crate::run::{Arrivals, NodeThreads, RunSettings, RunSummary, run_pipeline};
+use crate::sharing::Sharing;
 
 /// One configuration to validate: thread counts and workload settings (`KEY=VALUE`, as for
 /// `plan measure cdr --set`).
@@ -84,6 +93,17 @@ pub struct RoundResult {
     pub cores_after: f64,
     /// Cores the run used (process CPU time / wall time).
     pub cores_used: f64,
+    /// The sharing probe's usable core share (1 with the threads budget: no probe).
+    pub usable_core_share: f64,
+    /// The runtime's CPU per hop the prediction charged (the sharing probe's, or the
+    /// one-worker calibration's with the threads budget).
+    pub hop_cpu_s: f64,
+    /// Cores used over the usable cores the prediction assumed (mean probed cores × usable
+    /// share): the first factor of the ratio's split.
+    pub cores_used_share: f64,
+    /// The model's CPU per generated ticket over the run's (process CPU / tickets generated):
+    /// the second factor.
+    pub cpu_model_over_run: f64,
 }
 
 impl RoundResult {
@@ -102,6 +122,8 @@ pub struct ValidateSettings {
     pub run_duration: Duration,
     pub scratch_dir: PathBuf,
     pub seed: u64,
+    /// What bounds a flat-out prediction (`crate::predict::compare_with_budget`).
+    pub budget: Budget,
 }
 
 /// Runs every configuration `rounds` times, interleaved; `on_round` sees each result.
@@ -130,9 +152,18 @@ fn measure_then_run(
     let dir = settings.scratch_dir.join(format!("{}-{round}", configuration.name));
     let (measure_dir, run_dir) = (dir.join("measure"), dir.join("run"));
     std::fs::create_dir_all(&measure_dir)?;
-    let model = workload.measure(settings.measure_duration, &measure_dir, &[])?;
-    let mut config = pipeline_config(model, configuration.threads)?;
-    let cores_before = config.model.host.cores;
+    let measured = workload.measure_with_hop(settings.measure_duration, &measure_dir)?;
+    let cores_before = measured.model.host.cores;
+    let sharing = match settings.budget {
+        Budget::Cpu => Sharing::probe(
+            &measured.model,
+            measured.hop_cpu_s,
+            configuration.threads,
+            settings.measure_duration,
+            cores_before,
+        )?,
+        Budget::Threads => Sharing { usable_core_share: 1.0, hop_cpu_s: measured.hop_cpu_s },
+    };
     let run = RunSettings {
         threads: configuration.threads,
         arrivals: Arrivals::FlatOut(settings.run_duration),
@@ -148,19 +179,36 @@ fn measure_then_run(
     let cores_after = available_cores(settings.measure_duration);
     std::fs::remove_dir_all(&dir)?;
     let summary = summary?;
-    config.model.host.cores = (cores_before + cores_after) / 2.0;
+    let mut model = measured.model;
+    model.host.cores = (cores_before + cores_after) / 2.0;
+    sharing.apply(&mut model, measured.hop_cpu_s);
+    let config = pipeline_config(model, configuration.threads)?;
     let duration_s = settings.run_duration.as_secs_f64();
-    let comparison = compare(&config, &summary, duration_s, true)?;
+    let comparison = compare_with_budget(&config, &summary, duration_s, true, settings.budget)?;
+    let (cores_used_share, cpu_model_over_run) = ratio_split(&config, &summary)?;
     Ok(RoundResult {
         configuration: configuration.name.clone(),
         round,
-        predicted_bottleneck: predicted_bottleneck(&config)?,
+        predicted_bottleneck: predicted_bottleneck(&config, settings.budget)?,
         predicted_per_s: comparison.predicted_throughput_per_s,
         measured_per_s: comparison.measured_throughput_per_s,
         cores_before,
         cores_after,
         cores_used: summary.cpu_s / summary.wall_s,
+        usable_core_share: sharing.usable_core_share,
+        hop_cpu_s: sharing.hop_cpu_s,
+        cores_used_share,
+        cpu_model_over_run,
     })
+}
+
+/// The two factors of measured / predicted when the cores' bound is the prediction: cores
+/// used / the model's cores, and the model's CPU per generated ticket / the run's.
+fn ratio_split(config: &PipelineConfig, summary: &RunSummary) -> anyhow::Result<(f64, f64)> {
+    let network = Network::new(config.model.clone())?;
+    let cores_used = summary.cpu_s / summary.wall_s;
+    let cpu_run_s_per_ticket = summary.cpu_s / summary.generated.max(1) as f64;
+    Ok((cores_used / network.spec().host.cores, cpu_s_per_ticket(&network) / cpu_run_s_per_ticket))
 }
 
 /// A config file's content for `model` run with `threads` (the generator runs one thread).
@@ -185,21 +233,23 @@ fn pipeline_config(model: NetworkSpec, threads: NodeThreads) -> anyhow::Result<P
     Ok(PipelineConfig { model, node, ..PipelineConfig::default() })
 }
 
-/// Which bound `crate::predict` takes for a flat-out run: the first node to saturate, or `cpu`.
-fn predicted_bottleneck(config: &PipelineConfig) -> anyhow::Result<String> {
+/// Which bound `crate::predict` takes for a flat-out run: the first node to saturate, or `cpu`
+/// (never with the threads budget).
+fn predicted_bottleneck(config: &PipelineConfig, budget: Budget) -> anyhow::Result<String> {
     let network = Network::new(config.model.clone())?;
     let threads = threads_in_model_order(config, &network)?;
     let visits = network.visit_ratios();
-    let mut cpu_s_per_ticket = 0.0;
     let mut slowest = (f64::INFINITY, "");
     for ((node, &threads), &visits) in network.nodes().iter().zip(&threads).zip(&visits) {
-        cpu_s_per_ticket += visits * node.cpu_share / node.service_rate_per_s;
         let saturation_per_s = f64::from(threads) * node.service_rate_per_s / visits;
         if node.external_share == 0.0 && saturation_per_s < slowest.0 {
             slowest = (saturation_per_s, &node.name);
         }
     }
-    let cpu_bound_per_s = network.spec().host.cores / cpu_s_per_ticket;
+    let cpu_bound_per_s = match budget {
+        Budget::Cpu => network.spec().host.cores / cpu_s_per_ticket(&network),
+        Budget::Threads => f64::INFINITY,
+    };
     Ok(if cpu_bound_per_s < slowest.0 { "cpu".into() } else { slowest.1.into() })
 }
 
@@ -214,6 +264,10 @@ pub struct ConfigurationSummary {
     pub ratio_median: f64,
     pub ratio_min: f64,
     pub ratio_max: f64,
+    /// Medians of the split's factors and of the probe's usable core share.
+    pub cores_used_share_median: f64,
+    pub cpu_model_over_run_median: f64,
+    pub usable_core_share_median: f64,
 }
 
 /// Medians per configuration, in the order given.
@@ -239,6 +293,9 @@ pub fn summarize(
                 ratio_median: median(ratios.clone()),
                 ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
                 ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                cores_used_share_median: median_of(&|r| r.cores_used_share),
+                cpu_model_over_run_median: median_of(&|r| r.cpu_model_over_run),
+                usable_core_share_median: median_of(&|r| r.usable_core_share),
             }
         })
         .collect()
@@ -282,6 +339,10 @@ mod tests {
             cores_before: 1.0,
             cores_after: 1.0,
             cores_used: 1.0,
+            usable_core_share: 1.0,
+            hop_cpu_s: 1e-7,
+            cores_used_share: measured_per_s / 100.0,
+            cpu_model_over_run: 1.0,
         };
         let results = [
             result("feeder-bound", 0, 90.0),
@@ -294,6 +355,7 @@ mod tests {
         assert_eq!((summary[0].ratio_min, summary[0].ratio_max), (0.9, 1.2));
         assert_eq!(summary[1].measured_per_s_median, 50.0);
         assert_eq!(summary[0].predicted_bottleneck, "feeder");
+        assert_eq!(summary[0].cores_used_share_median, 1.0);
     }
 
     #[test]
@@ -305,6 +367,7 @@ mod tests {
             run_duration: Duration::from_millis(150),
             scratch_dir: dir.path().to_path_buf(),
             seed: 1,
+            budget: Budget::Cpu,
         };
         let configurations = &all_configurations()[..1];
         let mut seen = 0;
@@ -317,5 +380,56 @@ mod tests {
         let bottleneck = result.predicted_bottleneck.as_str();
         assert!(["feeder", "cpu"].contains(&bottleneck), "{result:?}");
         assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "run folders removed");
+        assert!(result.usable_core_share > 0.0 && result.usable_core_share <= 1.0, "{result:?}");
+        assert!(result.cores_used_share > 0.0 && result.cpu_model_over_run > 0.0, "{result:?}");
+    }
+
+    #[test]
+    fn the_split_multiplies_to_the_ratio_when_the_cores_bind() {
+        let config: PipelineConfig = toml::from_str(
+            r#"
+            [model]
+            host = { cores = 0.1 }
+            node = [
+                { name = "generator", service_rate_per_s = 1000.0, external_share = 1.0 },
+                { name = "feeder", service_rate_per_s = 100.0 },
+            ]
+            route = [{ from = "generator", to = "feeder" }]
+            [[node]]
+            name = "generator"
+            threads = 1
+            [[node]]
+            name = "feeder"
+            threads = 1
+            "#,
+        )
+        .unwrap();
+        let stage = |name: &str, messages_in, messages_out| crate::run::StageSummary {
+            name: name.into(),
+            workers: 1,
+            messages_in,
+            messages_out,
+            utilization: 1.0,
+        };
+        // 5 tickets in 1 s on 0.05 cores: 10 ms of CPU per ticket against the model's 11 ms,
+        // half the 0.1 cores the model has.
+        let summary = RunSummary {
+            generated: 5,
+            rejected: 0,
+            serialized: 5,
+            inserted: 5,
+            wall_s: 1.0,
+            cpu_s: 0.05,
+            stages: vec![stage("generator", 0, 5), stage("feeder", 5, 0)],
+            timeline: Vec::new(),
+        };
+        assert_eq!(predicted_bottleneck(&config, Budget::Cpu).unwrap(), "cpu");
+        assert_eq!(predicted_bottleneck(&config, Budget::Threads).unwrap(), "feeder");
+        let comparison = compare_with_budget(&config, &summary, 1.0, true, Budget::Cpu).unwrap();
+        let ratio = comparison.measured_throughput_per_s / comparison.predicted_throughput_per_s;
+        let (cores_used_share, cpu_model_over_run) = ratio_split(&config, &summary).unwrap();
+        assert!((cores_used_share - 0.5).abs() < 1e-9, "{cores_used_share}");
+        assert!((cpu_model_over_run - 1.1).abs() < 1e-9, "{cpu_model_over_run}");
+        assert!((cores_used_share * cpu_model_over_run - ratio).abs() < 1e-9, "{ratio}");
     }
 }

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::planner::BudgetArg;
 use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand};
 use lab::report::{BarChart, LinePlot, Markdown, ReportDir, Table};
@@ -37,7 +38,8 @@ pub enum Command {
     Run(RunArgs),
     /// Validate the model: for each configuration, measure the nodes and run the pipeline flat
     /// out back to back, interleaved and repeated; print predicted vs measured maximum
-    /// throughput and the median ratio per configuration.
+    /// throughput, the median ratio per configuration and its split into cores used / usable
+    /// cores and the model's / the run's CPU per ticket.
     Validate(ValidateArgs),
 }
 
@@ -68,6 +70,13 @@ pub struct ValidateArgs {
     /// Fail (exit 3) if a configuration's median ratio is outside 1 ± this fraction.
     #[arg(long)]
     pub check: Option<f64>,
+    /// What bounds the prediction. `cpu` (the default): the lower of the first node to
+    /// saturate and the cores' bound, the cores scaled by a usable share and each hop charged
+    /// the CPU that a short probe with the configuration's thread counts measures right before
+    /// each run. `threads`: as published, every thread on a core of its own, so the first node
+    /// to saturate alone (no probe).
+    #[arg(long, value_enum, default_value_t = BudgetArg::Cpu)]
+    pub budget: BudgetArg,
     /// Also write the results (every round and the medians) as JSON, CSV and Markdown with an
     /// SVG bar chart into this folder.
     #[arg(long)]
@@ -442,6 +451,7 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
         run_duration: seconds("run-s", args.run_s)?,
         scratch_dir: args.scratch_dir.clone().unwrap_or_else(default_scratch_dir),
         seed: args.seed,
+        budget: args.budget.into(),
     };
     let progress =
         lab::report::progress_bar((args.rounds * configurations.len()) as u64, "measure + run");
@@ -513,11 +523,15 @@ pub fn validation_rounds_table(results: &[RoundResult]) -> Table {
         "cores before",
         "cores after",
         "cores used",
+        "usable share (probe)",
+        "hop ns",
         "predicted/s",
         "measured/s",
         "ratio",
+        "= cores used/usable",
+        "× c_model/c_run",
     ])
-    .with_title("validation rounds (measurement, then run, back to back)");
+    .with_title("validation rounds (measurement, probe, then run, back to back)");
     for result in results {
         table.row([
             result.configuration.clone(),
@@ -526,9 +540,13 @@ pub fn validation_rounds_table(results: &[RoundResult]) -> Table {
             format!("{:.2}", result.cores_before),
             format!("{:.2}", result.cores_after),
             format!("{:.2}", result.cores_used),
+            format!("{:.3}", result.usable_core_share),
+            format!("{:.0}", result.hop_cpu_s * 1e9),
             format!("{:.0}", result.predicted_per_s),
             format!("{:.0}", result.measured_per_s),
             format!("{:.3}", result.ratio()),
+            format!("{:.3}", result.cores_used_share),
+            format!("{:.3}", result.cpu_model_over_run),
         ]);
     }
     table
@@ -544,6 +562,9 @@ pub fn validation_table(summaries: &[ConfigurationSummary]) -> Table {
         "measured/s (median)",
         "ratio (median)",
         "ratio range",
+        "usable share (probe)",
+        "cores used/usable",
+        "c_model/c_run",
     ])
     .with_title("measured vs predicted maximum throughput");
     for summary in summaries {
@@ -556,6 +577,9 @@ pub fn validation_table(summaries: &[ConfigurationSummary]) -> Table {
             format!("{:.0}", summary.measured_per_s_median),
             format!("{:.3}", summary.ratio_median),
             format!("{:.3}–{:.3}", summary.ratio_min, summary.ratio_max),
+            format!("{:.3}", summary.usable_core_share_median),
+            format!("{:.3}", summary.cores_used_share_median),
+            format!("{:.3}", summary.cpu_model_over_run_median),
         ]);
     }
     table

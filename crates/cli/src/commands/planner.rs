@@ -134,14 +134,20 @@ pub enum BudgetArg {
     Cpu,
 }
 
+impl From<BudgetArg> for Budget {
+    fn from(budget: BudgetArg) -> Budget {
+        match budget {
+            BudgetArg::Threads => Budget::Threads,
+            BudgetArg::Cpu => Budget::Cpu,
+        }
+    }
+}
+
 impl OptimizeArgs {
     /// The optimizer options the flags select.
     pub fn options(&self) -> Options {
         Options {
-            budget: match self.budget {
-                BudgetArg::Threads => Budget::Threads,
-                BudgetArg::Cpu => Budget::Cpu,
-            },
+            budget: self.budget.into(),
             fixed_nodes: if self.fixed_bounds_rate {
                 FixedNodes::BoundsRate
             } else {
