@@ -23,8 +23,11 @@ use crate::fix::{self, Builder, Message, tag};
 use crate::fix_session::unix_ns;
 use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
 
-/// How long the readers wait for the last reports after the schedule ends.
+/// How long a reader waits without a report before it gives up on the missing ones.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a waiting reader checks whether every sent order was answered (it then ends
+/// without waiting out DRAIN_TIMEOUT).
+const READ_POLL: Duration = Duration::from_millis(20);
 /// How long a logon (or a FIX logout) may take.
 const LOGON_TIMEOUT: Duration = Duration::from_secs(10);
 /// Orders one run may send (tokens are u32 and intended times are kept per order).
@@ -38,12 +41,9 @@ const FIX_HEART_BT_INT_S: i64 = 30;
 /// Bytes read per `read` call of a FIX session.
 const FIX_READ_CHUNK_BYTES: usize = 64 * 1024;
 
-/// Read errors that end a read quietly: the read timeout passed, or the peer went away.
-const QUIET_OR_GONE: [std::io::ErrorKind; 3] = [
-    std::io::ErrorKind::WouldBlock,
-    std::io::ErrorKind::TimedOut,
-    std::io::ErrorKind::ConnectionReset,
-];
+/// Read errors that mean the read timeout passed.
+const QUIET: [std::io::ErrorKind; 2] =
+    [std::io::ErrorKind::WouldBlock, std::io::ErrorKind::TimedOut];
 
 /// Which protocol the sessions speak.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,12 +123,34 @@ struct Clock {
     /// ns after `start`; ANSWERED once counted.
     intended: Vec<AtomicU64>,
     start: Instant,
+    /// Orders sent, once the schedule has ended (u64::MAX before).
+    sent: AtomicU64,
+    /// Orders whose first report was counted.
+    answered: AtomicU64,
 }
 
 impl Clock {
     fn new(orders: u64) -> Clock {
         let intended = (0..=orders).map(|_| AtomicU64::new(ANSWERED)).collect();
-        Clock { intended, start: Instant::now() }
+        Clock {
+            intended,
+            start: Instant::now(),
+            sent: AtomicU64::new(u64::MAX),
+            answered: AtomicU64::new(0),
+        }
+    }
+
+    fn sending_done(&self, sent: u64) {
+        // Relaxed: only tells the readers when to stop waiting; a late view costs one poll.
+        self.sent.store(sent, Ordering::Relaxed);
+    }
+
+    /// Whether a reader quiet since `last_report` should stop: the schedule has ended and
+    /// every order sent was answered, or it waited DRAIN_TIMEOUT in vain.
+    fn drained(&self, last_report: Instant) -> bool {
+        // Relaxed: as in `sending_done`.
+        let all = self.answered.load(Ordering::Relaxed) >= self.sent.load(Ordering::Relaxed);
+        all || last_report.elapsed() >= DRAIN_TIMEOUT
     }
 
     fn stamp(&self, token: u32, intended: Instant) {
@@ -145,7 +167,12 @@ impl Clock {
         // Relaxed: as in `stamp`; the swap itself makes each token count once.
         let sent_ns = slot.swap(ANSWERED, Ordering::Relaxed);
         let now_ns = self.start.elapsed().as_nanos() as u64;
-        (sent_ns != ANSWERED).then(|| now_ns.saturating_sub(sent_ns))
+        if sent_ns == ANSWERED {
+            return None;
+        }
+        // Relaxed: a count read only by `drained`.
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        Some(now_ns.saturating_sub(sent_ns))
     }
 }
 
@@ -170,8 +197,8 @@ impl Tally {
 /// A logged-on session as the driver sees it; its reader thread runs beside it.
 trait OrderSender {
     fn send(&mut self, order: &OrderRequest) -> std::io::Result<()>;
-    /// Waits for the reader (it ends after DRAIN_TIMEOUT without a report) and ends the
-    /// session the protocol's way.
+    /// Waits for the reader (it ends once every order sent is answered, or after DRAIN_TIMEOUT
+    /// without a report) and ends the session the protocol's way.
     fn finish(self) -> Result<Tally, ClientError>;
 }
 
@@ -199,6 +226,7 @@ fn drive<S: OrderSender>(
         }
     })
     .map_err(|e| failure(e.to_string()))?;
+    clock.sending_done(report.sent);
     if let Some(error) = write_error {
         return Err(error.into());
     }
@@ -286,7 +314,14 @@ impl OrderSender for NativeSender {
 
 fn native_reports(mut session: NativeClient, clock: &Clock) -> Tally {
     let mut tally = Tally::default();
-    while let Ok(Some(msg)) = session.recv(DRAIN_TIMEOUT) {
+    let mut last_report = Instant::now();
+    loop {
+        let msg = match session.recv(READ_POLL) {
+            Ok(Some(msg)) => msg,
+            Ok(None) if !clock.drained(last_report) => continue,
+            Ok(None) | Err(_) => break,
+        };
+        last_report = Instant::now();
         let ServerMsg::Sequenced { event, .. } = msg else { continue };
         if matches!(event.kind, event_kind::ACCEPTED | event_kind::REJECTED) {
             tally.report(clock, u64::from(event.token), event.kind == event_kind::REJECTED);
@@ -389,6 +424,8 @@ struct FixReader {
     /// Where the unread messages in `buffer` begin.
     start: usize,
     chunk: Box<[u8]>,
+    /// The peer closed the connection.
+    closed: bool,
 }
 
 impl FixReader {
@@ -398,6 +435,7 @@ impl FixReader {
             buffer: Vec::with_capacity(FIX_READ_CHUNK_BYTES * 2),
             start: 0,
             chunk: vec![0; FIX_READ_CHUNK_BYTES].into_boxed_slice(),
+            closed: false,
         }
     }
 
@@ -427,14 +465,15 @@ impl FixReader {
             self.buffer.drain(..self.start);
             self.start = 0;
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || self.closed {
                 return Ok(false);
             }
             self.stream.set_read_timeout(Some(left))?;
             match self.stream.read(&mut self.chunk) {
-                Ok(0) => return Ok(false),
+                Ok(0) => self.closed = true,
                 Ok(n) => self.buffer.extend_from_slice(&self.chunk[..n]),
-                Err(e) if QUIET_OR_GONE.contains(&e.kind()) => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => self.closed = true,
+                Err(e) if QUIET.contains(&e.kind()) => return Ok(false),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -447,23 +486,26 @@ impl FixReader {
         Ok(msg_type)
     }
 
-    /// Counts ExecutionReports until DRAIN_TIMEOUT passes without a message, or a Logout.
+    /// Counts ExecutionReports until every order sent is answered, DRAIN_TIMEOUT passes
+    /// without a message, or a Logout.
     fn reports(mut self, clock: &Clock) -> Tally {
         let mut tally = Tally::default();
         let mut logged_out = false;
+        let mut last_report = Instant::now();
         while !logged_out {
-            let more =
-                self.next(Instant::now() + DRAIN_TIMEOUT, |message| match message.msg_type() {
-                    b"8" => {
-                        let token = message.get(tag::CL_ORD_ID).and_then(fix::parse_u64);
-                        let rejected = message.get(tag::EXEC_TYPE) == Some(b"8");
-                        tally.report(clock, token.unwrap_or(u64::MAX), rejected);
-                    }
-                    b"5" => logged_out = true,
-                    _ => {}
-                });
-            if !matches!(more, Ok(true)) {
-                break;
+            let more = self.next(Instant::now() + READ_POLL, |message| match message.msg_type() {
+                b"8" => {
+                    let token = message.get(tag::CL_ORD_ID).and_then(fix::parse_u64);
+                    let rejected = message.get(tag::EXEC_TYPE) == Some(b"8");
+                    tally.report(clock, token.unwrap_or(u64::MAX), rejected);
+                }
+                b"5" => logged_out = true,
+                _ => {}
+            });
+            match more {
+                Ok(true) => last_report = Instant::now(),
+                Ok(false) if !self.closed && !clock.drained(last_report) => {}
+                Ok(false) | Err(_) => break,
             }
         }
         tally
