@@ -214,7 +214,8 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
     /// Search each server's highest rate whose p99 stays within `--p99-limit-us` with every
-    /// order accepted (bracketing from the first `--rate`, then bisecting).
+    /// order accepted: brackets from the first `--rate` (doubling up to `--max-rate`, halving
+    /// down to a sixteenth of it), then bisects to within 10 %.
     #[arg(long)]
     pub find_max: bool,
     /// The search's latency limit on p99, µs.
