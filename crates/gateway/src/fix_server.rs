@@ -31,6 +31,9 @@ mod session_reject {
 
 /// One FIX connection, from accept to close.
 pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
+    // Without it, Nagle holds each small ExecutionReport until the previous one is
+    // acknowledged: tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
+    let _ = stream.set_nodelay(true);
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
     let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");

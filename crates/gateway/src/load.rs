@@ -1,36 +1,76 @@
-//! `exchange load`: drives `exchange serve` over the native protocol, open loop, and measures
-//! each order's latency from its intended send time to its first report (accepted or
-//! rejected), as the client sees it.
+//! `exchange load`: drives `exchange serve` (or any FIX 4.4 acceptor) open loop, over the native
+//! protocol or FIX 4.4, and measures each order's latency from its intended send time to its
+//! first report (accepted, rejected, or for FIX any ExecutionReport), as the client sees it.
 //!
-//! One sender thread follows `lab::load`'s schedule and writes each order to the session whose
-//! turn it is; one reader thread per session matches reports to intended times by token.
-//! Orders alternate buy and sell at one price, so they match and the book stays small.
+//! The schedule, the intended-time table and the histograms are shared; only the session part
+//! (log on, encode an order, decode reports, log out) differs by protocol. One sender thread
+//! follows `lab::load`'s schedule and writes each order to the session whose turn it is; one
+//! reader thread per session matches reports to intended times by token (FIX: the ClOrdID is
+//! the token in decimal). Orders alternate buy and sell at one price, so they match and the book
+//! stays small.
 
-use std::io::Write;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lab::load::{OpenLoopPlan, drive_sync};
+use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, drive_sync};
 use lab::stats::LatencyHistogram;
 
 use crate::client::{ClientError, NativeClient};
+use crate::fix::{self, Builder, Message, tag};
+use crate::fix_session::unix_ns;
 use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
 
-/// How long the readers wait for the last reports after the schedule ends.
+/// How long a reader waits without a report before it gives up on the missing ones.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a waiting reader checks whether every sent order was answered (it then ends
+/// without waiting out DRAIN_TIMEOUT).
+const READ_POLL: Duration = Duration::from_millis(20);
+/// How long a logon (or a FIX logout) may take.
+const LOGON_TIMEOUT: Duration = Duration::from_secs(10);
 /// Orders one run may send (tokens are u32 and intended times are kept per order).
 pub const ORDERS_MAX: u64 = 50_000_000;
 /// Marks an order whose first report was counted (or that was never sent).
 const ANSWERED: u64 = u64::MAX;
+/// HeartBtInt the FIX sessions ask for: longer than a run's quiet drain, so neither side
+/// heartbeats or test-requests mid-run (the reader thread never has to write, and the sender
+/// owns the outbound sequence numbers alone).
+const FIX_HEART_BT_INT_S: i64 = 30;
+/// Bytes read per `read` call of a FIX session.
+const FIX_READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Read errors that mean the read timeout passed.
+const QUIET: [std::io::ErrorKind; 2] =
+    [std::io::ErrorKind::WouldBlock, std::io::ErrorKind::TimedOut];
+
+/// Which protocol the sessions speak.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoadProtocol {
+    Native,
+    /// FIX 4.4: each session logs on as its `comp_id` to `target_comp_id`, with
+    /// ResetSeqNumFlag=Y and its secret as Password (554).
+    Fix {
+        target_comp_id: String,
+    },
+}
+
+/// One session's credentials.
+#[derive(Clone, Debug)]
+pub struct LoadSession {
+    pub client: u32,
+    /// SenderCompID (FIX only).
+    pub comp_id: String,
+    pub secret: String,
+}
 
 /// What to drive.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub connect: SocketAddr,
-    /// (client id, secret) of each session.
-    pub sessions: Vec<(u32, String)>,
+    pub protocol: LoadProtocol,
+    pub sessions: Vec<LoadSession>,
     pub plan: OpenLoopPlan,
     pub instrument: u32,
     pub price: i64,
@@ -51,43 +91,127 @@ pub struct LoadResult {
 
 /// Runs one open-loop load.
 pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
-    let orders = options
-        .plan
-        .schedule()
-        .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?
-        .count() as u64;
+    let orders = options.plan.schedule().map_err(|e| failure(e.to_string()))?.count() as u64;
     if orders > ORDERS_MAX || options.sessions.is_empty() {
-        return Err(ClientError::Io(std::io::Error::other(format!(
-            "1..={ORDERS_MAX} orders and at least one session"
-        ))));
+        return Err(failure(format!("1..={ORDERS_MAX} orders and at least one session")));
     }
-    // Intended send time per token (ns after `start`); ANSWERED once counted.
-    let intended: Arc<Vec<AtomicU64>> =
-        Arc::new((0..=orders).map(|_| AtomicU64::new(ANSWERED)).collect());
-    let start = Instant::now();
-    let mut writers = Vec::new();
-    let mut readers = Vec::new();
-    for (client, secret) in &options.sessions {
-        let mut session = NativeClient::connect(options.connect)?;
-        match session.login(*client, secret, 0, Duration::from_secs(10))? {
-            ServerMsg::LoginAccepted { .. } => {}
-            other => {
-                return Err(ClientError::Io(std::io::Error::other(format!(
-                    "login of {client}: {other:?}"
-                ))));
+    let clock = Arc::new(Clock::new(orders));
+    match &options.protocol {
+        LoadProtocol::Native => {
+            let mut sessions = Vec::new();
+            for session in &options.sessions {
+                sessions.push(NativeSender::log_on(options.connect, session, &clock)?);
             }
+            drive(options, &clock, sessions)
         }
-        writers.push((*client, session.writer()?));
-        let intended = intended.clone();
-        readers.push(std::thread::spawn(move || read_reports(session, &intended, start)));
+        LoadProtocol::Fix { target_comp_id } => {
+            let mut sessions = Vec::new();
+            for session in &options.sessions {
+                sessions.push(FixSender::log_on(options.connect, session, target_comp_id, &clock)?);
+            }
+            drive(options, &clock, sessions)
+        }
     }
-    let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
+}
+
+fn failure(text: String) -> ClientError {
+    ClientError::Io(std::io::Error::other(text))
+}
+
+/// The intended send time of each token, and when the run began.
+struct Clock {
+    /// ns after `start`; ANSWERED once counted.
+    intended: Vec<AtomicU64>,
+    start: Instant,
+    /// Orders sent, once the schedule has ended (u64::MAX before).
+    sent: AtomicU64,
+    /// Orders whose first report was counted.
+    answered: AtomicU64,
+}
+
+impl Clock {
+    fn new(orders: u64) -> Clock {
+        let intended = (0..=orders).map(|_| AtomicU64::new(ANSWERED)).collect();
+        Clock {
+            intended,
+            start: Instant::now(),
+            sent: AtomicU64::new(u64::MAX),
+            answered: AtomicU64::new(0),
+        }
+    }
+
+    fn sending_done(&self, sent: u64) {
+        // Relaxed: only tells the readers when to stop waiting; a late view costs one poll.
+        self.sent.store(sent, Ordering::Relaxed);
+    }
+
+    /// Whether a reader quiet since `last_report` should stop: the schedule has ended and
+    /// every order sent was answered, or it waited DRAIN_TIMEOUT in vain.
+    fn drained(&self, last_report: Instant) -> bool {
+        // Relaxed: as in `sending_done`.
+        let all = self.answered.load(Ordering::Relaxed) >= self.sent.load(Ordering::Relaxed);
+        all || last_report.elapsed() >= DRAIN_TIMEOUT
+    }
+
+    fn stamp(&self, token: u32, intended: Instant) {
+        let intended_ns = intended.saturating_duration_since(self.start).as_nanos() as u64;
+        // Relaxed: the reader reads it after the server's answer, which follows the write of
+        // the order; the socket round trip orders them in practice, and a stale read only
+        // mis-attributes one sample (never a crash).
+        self.intended[token as usize].store(intended_ns, Ordering::Relaxed);
+    }
+
+    /// The latency of `token`'s first report; `None` for later reports and unknown tokens.
+    fn answer(&self, token: u64) -> Option<u64> {
+        let slot = self.intended.get(usize::try_from(token).ok()?)?;
+        // Relaxed: as in `stamp`; the swap itself makes each token count once.
+        let sent_ns = slot.swap(ANSWERED, Ordering::Relaxed);
+        let now_ns = self.start.elapsed().as_nanos() as u64;
+        if sent_ns == ANSWERED {
+            return None;
+        }
+        // Relaxed: a count read only by `drained`.
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        Some(now_ns.saturating_sub(sent_ns))
+    }
+}
+
+/// One reader's counts.
+#[derive(Default)]
+struct Tally {
+    latency: LatencyHistogram,
+    answered: u64,
+    rejected: u64,
+}
+
+impl Tally {
+    fn report(&mut self, clock: &Clock, token: u64, rejected: bool) {
+        if let Some(latency_ns) = clock.answer(token) {
+            self.latency.record_ns(latency_ns);
+            self.answered += 1;
+            self.rejected += u64::from(rejected);
+        }
+    }
+}
+
+/// A logged-on session as the driver sees it; its reader thread runs beside it.
+trait OrderSender {
+    fn send(&mut self, order: &OrderRequest) -> std::io::Result<()>;
+    /// Waits for the reader (it ends once every order sent is answered, or after DRAIN_TIMEOUT
+    /// without a report) and ends the session the protocol's way.
+    fn finish(self) -> Result<Tally, ClientError>;
+}
+
+fn drive<S: OrderSender>(
+    options: &LoadOptions,
+    clock: &Clock,
+    mut sessions: Vec<S>,
+) -> Result<LoadResult, ClientError> {
     let mut write_error = None;
     let report = drive_sync(&options.plan, |shot| {
         let token = shot.index as u32 + 1;
-        let (client, writer) = &mut writers[shot.index as usize % options.sessions.len()];
         let order = OrderRequest {
-            client: *client,
+            client: options.sessions[shot.index as usize % sessions.len()].client,
             token,
             instrument: options.instrument,
             side: (shot.index % 2) as u8,
@@ -95,23 +219,17 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
             qty: 1,
             ..OrderRequest::default()
         };
-        let intended_ns = shot.intended.saturating_duration_since(start).as_nanos() as u64;
-        // Relaxed: the reader reads it after the server's answer, which follows the write
-        // below; the socket round trip orders them in practice, and a stale read only
-        // mis-attributes one sample (never a crash).
-        intended[token as usize].store(intended_ns, Ordering::Relaxed);
-        frame.clear();
-        native::encode_client(&ClientMsg::NewOrder(order), &mut frame);
-        if let Err(error) = writer.write_all(&frame) {
+        clock.stamp(token, shot.intended);
+        let session = shot.index as usize % sessions.len();
+        if let Err(error) = sessions[session].send(&order) {
             write_error.get_or_insert(error);
         }
     })
-    .map_err(|e| ClientError::Io(std::io::Error::other(e.to_string())))?;
+    .map_err(|e| failure(e.to_string()))?;
+    clock.sending_done(report.sent);
     if let Some(error) = write_error {
         return Err(error.into());
     }
-    // The sessions stay open (a closed session would stop its reports); each reader ends
-    // after DRAIN_TIMEOUT without a report.
     let mut result = LoadResult {
         sent: report.sent,
         answered: 0,
@@ -120,34 +238,276 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
         latency: LatencyHistogram::new(),
         send_lag: report.send_lag,
     };
-    for reader in readers {
-        let (latency, answered, rejected) = reader.join().expect("reader thread");
-        result.latency.merge(&latency);
-        result.answered += answered;
-        result.rejected += rejected;
+    for session in sessions {
+        let tally = session.finish()?;
+        result.latency.merge(&tally.latency);
+        result.answered += tally.answered;
+        result.rejected += tally.rejected;
     }
     Ok(result)
 }
 
-fn read_reports(
-    mut session: NativeClient,
-    intended: &[AtomicU64],
-    start: Instant,
-) -> (LatencyHistogram, u64, u64) {
-    let mut latency = LatencyHistogram::new();
-    let (mut answered, mut rejected) = (0, 0);
-    while let Ok(Some(msg)) = session.recv(DRAIN_TIMEOUT) {
-        let ServerMsg::Sequenced { event, .. } = msg else { continue };
-        let first = matches!(event.kind, event_kind::ACCEPTED | event_kind::REJECTED);
-        let Some(slot) = intended.get(event.token as usize).filter(|_| first) else { continue };
-        let sent_ns = slot.swap(ANSWERED, Ordering::Relaxed);
-        if sent_ns == ANSWERED {
-            continue;
+/// Searches the highest rate meeting `plan` on several targets side by side: one step per
+/// target in turn (so the targets share the host's conditions), the same rates while their
+/// searches agree. `measure(target, rate)` runs one step.
+pub fn search_side_by_side(
+    plan: RateSearchPlan,
+    targets: usize,
+    mut measure: impl FnMut(usize, f64) -> Result<LatencyHistogram, ClientError>,
+) -> Result<Vec<RateSearchReport>, ClientError> {
+    let search = RateSearch::new(plan).map_err(|e| failure(e.to_string()))?;
+    let mut searches = vec![search; targets];
+    loop {
+        let mut measured = false;
+        for (target, search) in searches.iter_mut().enumerate() {
+            if let Some(rate) = search.next_rate() {
+                let latency = measure(target, rate)?;
+                search.record(rate, &latency);
+                measured = true;
+            }
         }
-        let now_ns = start.elapsed().as_nanos() as u64;
-        latency.record_ns(now_ns.saturating_sub(sent_ns));
-        answered += 1;
-        rejected += u64::from(event.kind == event_kind::REJECTED);
+        if !measured {
+            return Ok(searches.into_iter().map(RateSearch::into_report).collect());
+        }
     }
-    (latency, answered, rejected)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Native protocol.
+
+struct NativeSender {
+    writer: TcpStream,
+    frame: Vec<u8>,
+    reader: std::thread::JoinHandle<Tally>,
+}
+
+impl NativeSender {
+    fn log_on(
+        connect: SocketAddr,
+        credentials: &LoadSession,
+        clock: &Arc<Clock>,
+    ) -> Result<NativeSender, ClientError> {
+        let mut session = NativeClient::connect(connect)?;
+        match session.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
+            ServerMsg::LoginAccepted { .. } => {}
+            other => return Err(failure(format!("login of {}: {other:?}", credentials.client))),
+        }
+        let writer = session.writer()?;
+        let clock = clock.clone();
+        let reader = std::thread::spawn(move || native_reports(session, &clock));
+        Ok(NativeSender { writer, frame: Vec::with_capacity(native::FRAME_BYTES_MAX), reader })
+    }
+}
+
+impl OrderSender for NativeSender {
+    fn send(&mut self, order: &OrderRequest) -> std::io::Result<()> {
+        self.frame.clear();
+        native::encode_client(&ClientMsg::NewOrder(*order), &mut self.frame);
+        self.writer.write_all(&self.frame)
+    }
+
+    /// The session stays open until dropped (a native session has no logout).
+    fn finish(self) -> Result<Tally, ClientError> {
+        self.reader.join().map_err(|_| failure("native reader thread panicked".into()))
+    }
+}
+
+fn native_reports(mut session: NativeClient, clock: &Clock) -> Tally {
+    let mut tally = Tally::default();
+    let mut last_report = Instant::now();
+    loop {
+        let msg = match session.recv(READ_POLL) {
+            Ok(Some(msg)) => msg,
+            Ok(None) if !clock.drained(last_report) => continue,
+            Ok(None) | Err(_) => break,
+        };
+        last_report = Instant::now();
+        let ServerMsg::Sequenced { event, .. } = msg else { continue };
+        if matches!(event.kind, event_kind::ACCEPTED | event_kind::REJECTED) {
+            tally.report(clock, u64::from(event.token), event.kind == event_kind::REJECTED);
+        }
+    }
+    tally
+}
+
+// ---------------------------------------------------------------------------------------------
+// FIX 4.4.
+
+struct FixSender {
+    stream: TcpStream,
+    builder: Builder,
+    comp_id: String,
+    target_comp_id: String,
+    next_seq: u64,
+    reader: std::thread::JoinHandle<Tally>,
+}
+
+impl FixSender {
+    fn log_on(
+        connect: SocketAddr,
+        credentials: &LoadSession,
+        target_comp_id: &str,
+        clock: &Arc<Clock>,
+    ) -> Result<FixSender, ClientError> {
+        let stream = TcpStream::connect(connect)?;
+        stream.set_nodelay(true)?;
+        let mut builder = Builder::default();
+        builder
+            .begin(b"A", credentials.comp_id.as_bytes(), target_comp_id.as_bytes(), 1)
+            .field(tag::SENDING_TIME, &fix::utc_timestamp(unix_ns()))
+            .int(tag::ENCRYPT_METHOD, 0)
+            .int(tag::HEART_BT_INT, FIX_HEART_BT_INT_S)
+            .field(tag::RESET_SEQ_NUM_FLAG, b"Y")
+            .field(tag::PASSWORD, credentials.secret.as_bytes());
+        (&stream).write_all(builder.finish())?;
+        let mut reader = FixReader::new(stream.try_clone()?);
+        let deadline = Instant::now() + LOGON_TIMEOUT;
+        let answer = reader.next_type(deadline)?;
+        if answer.as_deref() != Some(b"A") {
+            return Err(failure(format!(
+                "FIX logon of {} to {target_comp_id} refused (answer: {:?})",
+                credentials.comp_id,
+                answer.map(|t| String::from_utf8_lossy(&t).into_owned())
+            )));
+        }
+        let clock = clock.clone();
+        let reader = std::thread::spawn(move || reader.reports(&clock));
+        Ok(FixSender {
+            stream,
+            builder,
+            comp_id: credentials.comp_id.clone(),
+            target_comp_id: target_comp_id.into(),
+            next_seq: 2,
+            reader,
+        })
+    }
+}
+
+impl OrderSender for FixSender {
+    fn send(&mut self, order: &OrderRequest) -> std::io::Result<()> {
+        let now = fix::utc_timestamp(unix_ns());
+        let side: &[u8] = if order.side == 0 { b"1" } else { b"2" };
+        self.builder
+            .begin(b"D", self.comp_id.as_bytes(), self.target_comp_id.as_bytes(), self.next_seq)
+            .field(tag::SENDING_TIME, &now)
+            .int(tag::CL_ORD_ID, i64::from(order.token))
+            .int(tag::SYMBOL, i64::from(order.instrument))
+            .field(tag::SIDE, side)
+            .field(tag::TRANSACT_TIME, &now)
+            .int(tag::ORDER_QTY, i64::from(order.qty))
+            .field(tag::ORD_TYPE, b"2")
+            .int(tag::PRICE, order.price)
+            .field(tag::TIME_IN_FORCE, b"0");
+        self.next_seq += 1;
+        (&self.stream).write_all(self.builder.finish())
+    }
+
+    /// Logs out and waits for the acceptor to close the connection, so the next run's logon
+    /// with the same CompIDs finds the session free.
+    fn finish(mut self) -> Result<Tally, ClientError> {
+        let tally = self.reader.join().map_err(|_| failure("FIX reader thread panicked".into()))?;
+        self.builder
+            .begin(b"5", self.comp_id.as_bytes(), self.target_comp_id.as_bytes(), self.next_seq)
+            .field(tag::SENDING_TIME, &fix::utc_timestamp(unix_ns()));
+        (&self.stream).write_all(self.builder.finish())?;
+        let mut closing = FixReader::new(self.stream);
+        let deadline = Instant::now() + LOGON_TIMEOUT;
+        while closing.next_type(deadline)?.is_some() {}
+        Ok(tally)
+    }
+}
+
+/// The receiving half of a FIX session.
+struct FixReader {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    /// Where the unread messages in `buffer` begin.
+    start: usize,
+    chunk: Box<[u8]>,
+    /// The peer closed the connection.
+    closed: bool,
+}
+
+impl FixReader {
+    fn new(stream: TcpStream) -> FixReader {
+        FixReader {
+            stream,
+            buffer: Vec::with_capacity(FIX_READ_CHUNK_BYTES * 2),
+            start: 0,
+            chunk: vec![0; FIX_READ_CHUNK_BYTES].into_boxed_slice(),
+            closed: false,
+        }
+    }
+
+    /// Calls `on_message` with the next valid message; `Ok(false)` on close or at `deadline`.
+    fn next(
+        &mut self,
+        deadline: Instant,
+        mut on_message: impl FnMut(&Message),
+    ) -> Result<bool, ClientError> {
+        loop {
+            match fix::split_frame(&self.buffer[self.start..]) {
+                Ok(Some(len)) => {
+                    let bytes = &self.buffer[self.start..self.start + len];
+                    self.start += len;
+                    if let Ok(message) = Message::parse(bytes) {
+                        on_message(&message);
+                        return Ok(true);
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    self.start += fix::resync(&self.buffer[self.start..]);
+                    continue;
+                }
+            }
+            self.buffer.drain(..self.start);
+            self.start = 0;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.closed {
+                return Ok(false);
+            }
+            self.stream.set_read_timeout(Some(left))?;
+            match self.stream.read(&mut self.chunk) {
+                Ok(0) => self.closed = true,
+                Ok(n) => self.buffer.extend_from_slice(&self.chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => self.closed = true,
+                Err(e) if QUIET.contains(&e.kind()) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The MsgType of the next message; `None` on close or at `deadline`.
+    fn next_type(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, ClientError> {
+        let mut msg_type = None;
+        self.next(deadline, |message| msg_type = Some(message.msg_type().to_vec()))?;
+        Ok(msg_type)
+    }
+
+    /// Counts ExecutionReports until every order sent is answered, DRAIN_TIMEOUT passes
+    /// without a message, or a Logout.
+    fn reports(mut self, clock: &Clock) -> Tally {
+        let mut tally = Tally::default();
+        let mut logged_out = false;
+        let mut last_report = Instant::now();
+        while !logged_out {
+            let more = self.next(Instant::now() + READ_POLL, |message| match message.msg_type() {
+                b"8" => {
+                    let token = message.get(tag::CL_ORD_ID).and_then(fix::parse_u64);
+                    let rejected = message.get(tag::EXEC_TYPE) == Some(b"8");
+                    tally.report(clock, token.unwrap_or(u64::MAX), rejected);
+                }
+                b"5" => logged_out = true,
+                _ => {}
+            });
+            match more {
+                Ok(true) => last_report = Instant::now(),
+                Ok(false) if !self.closed && !clock.drained(last_report) => {}
+                Ok(false) | Err(_) => break,
+            }
+        }
+        tally
+    }
 }

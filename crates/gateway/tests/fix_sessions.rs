@@ -365,3 +365,42 @@ fn a_silent_peer_gets_heartbeats_then_a_test_request_then_is_disconnected() {
     assert!(types.contains(&"0".to_string()), "a Heartbeat when idle: {types:?}");
     assert!(types.contains(&"1".to_string()), "a TestRequest when the peer is silent: {types:?}");
 }
+
+#[test]
+fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let master = reference_master_data(&UniverseConfig { instruments: 4, clients: 16 });
+    let band = master.instrument(1).unwrap();
+    let options = gateway::load::LoadOptions {
+        connect: server.fix_listen.unwrap(),
+        protocol: gateway::load::LoadProtocol::Fix { target_comp_id: "LEANTIER".into() },
+        sessions: [(11, "F11"), (12, "F12")]
+            .map(|(client, comp)| gateway::load::LoadSession {
+                client,
+                comp_id: comp.into(),
+                secret: SECRET.into(),
+            })
+            .to_vec(),
+        plan: lab::load::OpenLoopPlan {
+            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+            seed: 1,
+            duration: Duration::from_millis(200),
+        },
+        instrument: 1,
+        price: (band.band_low + band.band_high) / 2,
+    };
+    // Twice: the first run's Logout frees the sessions, so the second logs on again (with
+    // ResetSeqNumFlag) and is answered too.
+    for run in 0..2 {
+        let result = gateway::load::run(&options).unwrap();
+        assert!(
+            result.sent > 100,
+            "run {run}: about 400 orders in 200 ms at 2K/s, sent {}",
+            result.sent
+        );
+        assert_eq!(result.answered, result.sent, "run {run}: every order got an ExecutionReport");
+        assert_eq!(result.latency.count(), result.sent);
+        assert_eq!(result.rejected, 0, "run {run}: every order was accepted");
+    }
+}

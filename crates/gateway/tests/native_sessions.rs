@@ -291,7 +291,14 @@ fn the_load_generator_measures_every_order_it_sends() {
     let (server, _dir) = start(Settings::default());
     let options = gateway::load::LoadOptions {
         connect: server.listen,
-        sessions: vec![(1, SECRET.into()), (2, SECRET.into())],
+        protocol: gateway::load::LoadProtocol::Native,
+        sessions: [1, 2]
+            .map(|client| gateway::load::LoadSession {
+                client,
+                comp_id: String::new(),
+                secret: SECRET.into(),
+            })
+            .to_vec(),
         plan: lab::load::OpenLoopPlan {
             process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
             seed: 1,

@@ -196,27 +196,49 @@ pub fn hash_secret(_args: &HashSecretArgs) -> anyhow::Result<()> {
 /// each order's intended send time to its first report.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
-    /// Address of `exchange serve --listen`.
+    /// Address of `exchange serve --listen` (native) or `--fix-listen` (fix); repeat it to
+    /// drive several servers in turn (with `--find-max`: one step each, alternating).
     #[arg(long, default_value = "127.0.0.1:9400")]
-    pub connect: SocketAddr,
-    /// Protocol to drive; only `native` is implemented so far.
+    pub connect: Vec<SocketAddr>,
+    /// A name per `--connect`, for the tables (default: the address).
+    #[arg(long)]
+    pub name: Vec<String>,
+    /// Protocol to drive: native or fix (FIX 4.4).
     #[arg(long, default_value = "native")]
     pub protocol: String,
-    /// Arrival rates (Poisson), orders/s; one run each.
+    /// Arrival rates (Poisson), orders/s; one run each. With `--find-max`, the first is where
+    /// the search starts.
     #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
     pub rate: Vec<f64>,
-    /// Seconds per rate.
+    /// Seconds per rate (per search step).
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
+    /// Search each server's highest rate whose p99 stays within `--p99-limit-us` with every
+    /// order accepted: brackets from the first `--rate` (doubling up to `--max-rate`, halving
+    /// down to a sixteenth of it), then bisects to within 10 %.
+    #[arg(long)]
+    pub find_max: bool,
+    /// The search's latency limit on p99, µs.
+    #[arg(long, default_value_t = 1000)]
+    pub p99_limit_us: u64,
+    /// The search's highest rate, orders/s.
+    #[arg(long, default_value_t = 1_000_000.0)]
+    pub max_rate: f64,
     /// Sessions; session i logs in as client `first_client + i`.
     #[arg(long, default_value_t = 1)]
     pub sessions: u32,
     /// Client id of the first session.
     #[arg(long, default_value_t = 1)]
     pub first_client: u32,
-    /// The sessions' secret (all alike).
+    /// The sessions' secret (all alike; FIX: the Logon's Password).
     #[arg(long, env = "LEANTIER_SECRET")]
     pub secret: String,
+    /// FIX: a session's SenderCompID is this prefix followed by its client id.
+    #[arg(long, default_value = "CLIENT")]
+    pub fix_comp_id_prefix: String,
+    /// FIX: the acceptor's CompID (TargetCompID).
+    #[arg(long, default_value = "LEANTIER")]
+    pub fix_target_comp_id: String,
     /// Instrument to trade (orders alternate buy and sell at its reference price).
     #[arg(long, default_value_t = 1)]
     pub instrument: u32,
@@ -227,63 +249,169 @@ pub struct LoadArgs {
 
 /// `leantier exchange load`.
 pub fn load(args: &LoadArgs) -> anyhow::Result<()> {
-    use lab::load::{ArrivalProcess, OpenLoopPlan};
     use lab::report::{Markdown, ReportDir, latency_table};
-    if args.protocol != "native" {
-        return Err(
-            BadInput(format!("--protocol {}: only native is implemented", args.protocol)).into()
-        );
+    let base = load_options(args)?;
+    let names: Vec<String> = (0..args.connect.len())
+        .map(|i| args.name.get(i).cloned().unwrap_or_else(|| args.connect[i].to_string()))
+        .collect();
+    let (rows, notes) = if args.find_max {
+        find_max(args, &base, &names)?
+    } else {
+        fixed_rates(args, &base, &names)?
+    };
+    let rows: Vec<(&str, &lab::stats::LatencySummary)> =
+        rows.iter().map(|(label, summary)| (label.as_str(), summary)).collect();
+    let table = latency_table(&rows).with_title(format!(
+        "{} over TCP, {} session(s): intended send time → first report, µs",
+        args.protocol, args.sessions
+    ));
+    println!("\n{table}");
+    for note in &notes {
+        println!("{note}");
     }
+    let report = ReportDir::create(&args.out)?;
+    report.write_csv("latency.csv", &table)?;
+    let mut markdown = Markdown::new();
+    markdown.heading(1, "exchange load").table(&table);
+    for note in &notes {
+        markdown.paragraph(note);
+    }
+    let path = report.write_markdown("report.md", markdown.as_str())?;
+    println!("report: {}", path.display());
+    Ok(())
+}
+
+/// The options every run shares (the target and the plan are set per run).
+fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
+    use gateway::load::{LoadProtocol, LoadSession};
+    let protocol = match args.protocol.as_str() {
+        "native" => LoadProtocol::Native,
+        "fix" => LoadProtocol::Fix { target_comp_id: args.fix_target_comp_id.clone() },
+        other => return Err(BadInput(format!("--protocol {other}: native or fix")).into()),
+    };
     let positive = |value: f64| value.is_finite() && value > 0.0;
     if args.sessions == 0 || !args.rate.iter().all(|&r| positive(r)) || !positive(args.seconds) {
         return Err(BadInput("--sessions, --rate and --seconds must be > 0".into()).into());
     }
-    let sessions: Vec<(u32, String)> =
-        (0..args.sessions).map(|i| (args.first_client + i, args.secret.clone())).collect();
+    if args.connect.is_empty() || args.rate.is_empty() || args.name.len() > args.connect.len() {
+        return Err(
+            BadInput("at least one --connect and --rate; at most one --name each".into()).into()
+        );
+    }
+    let sessions = (0..args.sessions)
+        .map(|i| LoadSession {
+            client: args.first_client + i,
+            comp_id: format!("{}{}", args.fix_comp_id_prefix, args.first_client + i),
+            secret: args.secret.clone(),
+        })
+        .collect();
     let price =
         reference_master_data(&UniverseConfig { instruments: args.instrument + 1, clients: 1 })
             .instrument(args.instrument)
             .map(|i| (i.band_low + i.band_high) / 2)
             .ok_or_else(|| BadInput(format!("no instrument {}", args.instrument)))?;
-    let mut labels = Vec::new();
-    let mut summaries = Vec::new();
-    for &rate in &args.rate {
-        let plan = OpenLoopPlan {
-            process: ArrivalProcess::Poisson { rate_per_s: rate },
-            seed: 1,
-            duration: Duration::from_secs_f64(args.seconds),
-        };
-        let options = gateway::load::LoadOptions {
-            connect: args.connect,
-            sessions: sessions.clone(),
-            plan,
-            instrument: args.instrument,
-            price,
-        };
-        let result = gateway::load::run(&options)?;
-        println!(
-            "{rate:.0}/s: sent {} answered {} rejected {} achieved {:.0}/s, send lag p99 {} µs",
-            result.sent,
-            result.answered,
-            result.rejected,
-            result.sent as f64 / result.elapsed.as_secs_f64(),
-            lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
-        );
-        labels.push(format!("{rate:.0}/s"));
-        summaries.push(result.latency.summary());
+    Ok(gateway::load::LoadOptions {
+        connect: args.connect[0],
+        protocol,
+        sessions,
+        plan: load_plan(args.rate[0], args.seconds),
+        instrument: args.instrument,
+        price,
+    })
+}
+
+fn load_plan(rate_per_s: f64, seconds: f64) -> lab::load::OpenLoopPlan {
+    lab::load::OpenLoopPlan {
+        process: lab::load::ArrivalProcess::Poisson { rate_per_s },
+        seed: 1,
+        duration: Duration::from_secs_f64(seconds),
     }
-    let rows: Vec<(&str, &lab::stats::LatencySummary)> =
-        labels.iter().map(String::as_str).zip(&summaries).collect();
-    let table = latency_table(&rows).with_title(format!(
-        "Native protocol over TCP, {} session(s): intended send time → first report, µs",
-        args.sessions
-    ));
-    println!("\n{table}");
-    let report = ReportDir::create(&args.out)?;
-    report.write_csv("latency.csv", &table)?;
-    let mut markdown = Markdown::new();
-    markdown.heading(1, "exchange load").table(&table);
-    let path = report.write_markdown("report.md", markdown.as_str())?;
-    println!("report: {}", path.display());
-    Ok(())
+}
+
+/// One run against one target, with a line on what happened.
+fn load_step(
+    base: &gateway::load::LoadOptions,
+    connect: SocketAddr,
+    name: &str,
+    rate: f64,
+    seconds: f64,
+) -> Result<gateway::load::LoadResult, gateway::client::ClientError> {
+    let options =
+        gateway::load::LoadOptions { connect, plan: load_plan(rate, seconds), ..base.clone() };
+    let result = gateway::load::run(&options)?;
+    println!(
+        "{name} {rate:.0}/s: sent {} answered {} rejected {} achieved {:.0}/s, p50 {} p99 {} µs, send lag p99 {} µs",
+        result.sent,
+        result.answered,
+        result.rejected,
+        result.sent as f64 / result.elapsed.as_secs_f64(),
+        lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(50.0)),
+        lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(99.0)),
+        lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
+    );
+    Ok(result)
+}
+
+type Rows = Vec<(String, lab::stats::LatencySummary)>;
+
+fn fixed_rates(
+    args: &LoadArgs,
+    base: &gateway::load::LoadOptions,
+    names: &[String],
+) -> anyhow::Result<(Rows, Vec<String>)> {
+    let mut rows = Vec::new();
+    for &rate in &args.rate {
+        for (connect, name) in args.connect.iter().zip(names) {
+            let result = load_step(base, *connect, name, rate, args.seconds)?;
+            rows.push((format!("{name} {rate:.0}/s"), result.latency.summary()));
+        }
+    }
+    Ok((rows, Vec::new()))
+}
+
+/// Each target's highest rate with p99 within the limit and every order accepted, searched
+/// side by side; with two targets, the ratio of the first's rate to the second's.
+fn find_max(
+    args: &LoadArgs,
+    base: &gateway::load::LoadOptions,
+    names: &[String],
+) -> anyhow::Result<(Rows, Vec<String>)> {
+    let plan = lab::load::RateSearchPlan {
+        start_rate_per_s: args.rate[0],
+        min_rate_per_s: args.rate[0].min(args.max_rate) / 16.0,
+        max_rate_per_s: args.max_rate,
+        percentile: 99.0,
+        limit_ns: args.p99_limit_us * 1000,
+        precision: 0.1,
+    };
+    let reports = gateway::load::search_side_by_side(plan, args.connect.len(), |target, rate| {
+        let result = load_step(base, args.connect[target], &names[target], rate, args.seconds)?;
+        if result.answered < result.sent || result.rejected > 0 {
+            println!("  (fails: every order must be accepted)");
+            return Ok(lab::stats::LatencyHistogram::new());
+        }
+        Ok(result.latency)
+    })?;
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for (report, name) in reports.iter().zip(names) {
+        let best = report.last_passing_rate_per_s;
+        let step = report.steps.iter().rev().find(|s| s.passed && Some(s.rate_per_s) == best);
+        match step {
+            Some(step) => rows.push((format!("{name} {:.0}/s", step.rate_per_s), step.summary)),
+            None => notes.push(format!("{name}: no rate met p99 ≤ {} µs", args.p99_limit_us)),
+        }
+        notes.push(format!(
+            "{name}: highest rate with p99 ≤ {} µs {}, lowest failing {}",
+            args.p99_limit_us,
+            best.map_or("none".into(), |r| format!("{r:.0}/s")),
+            report
+                .first_failing_rate_per_s
+                .map_or("none (max reached)".into(), |r| format!("{r:.0}/s"))
+        ));
+    }
+    if let [Some(first), Some(second)] = [0, 1].map(|i| reports.get(i)?.last_passing_rate_per_s) {
+        notes.push(format!("ratio {} / {}: {:.1}×", names[0], names[1], first / second));
+    }
+    Ok((rows, notes))
 }

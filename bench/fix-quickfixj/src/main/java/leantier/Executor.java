@@ -10,16 +10,32 @@ import quickfix.fix44.NewOrderSingle;
 /**
  * The equivalent of QuickFIX/J's "Executor" example (not published as a jar): a FIX 4.4
  * acceptor that acknowledges every NewOrderSingle and fills it in full at its price. The peer
- * of leantier's acceptor in the FIX benchmark. Usage: Executor PORT SENDER_COMP_ID TARGET_COMP_ID
+ * of leantier's acceptor in the FIX benchmark (scripts/bench-fix). Like leantier's acceptor, it
+ * refuses a Logon whose Password (554) is not the configured one (compared in plain text: once
+ * per logon, outside what the benchmark measures).
+ * Usage: Executor PORT SENDER_COMP_ID TARGET_COMP_ID PASSWORD STORE_DIR
  */
 public final class Executor extends MessageCracker implements Application {
     private final AtomicLong ids = new AtomicLong();
+    private final String password;
+
+    private Executor(String password) {
+        this.password = password;
+    }
 
     @Override public void onCreate(SessionID id) {}
     @Override public void onLogon(SessionID id) {}
     @Override public void onLogout(SessionID id) {}
     @Override public void toAdmin(Message message, SessionID id) {}
-    @Override public void fromAdmin(Message message, SessionID id) {}
+
+    @Override
+    public void fromAdmin(Message message, SessionID id) throws FieldNotFound, RejectLogon {
+        boolean logon = MsgType.LOGON.equals(message.getHeader().getString(MsgType.FIELD));
+        if (logon && !(message.isSetField(Password.FIELD) && password.equals(message.getString(Password.FIELD)))) {
+            throw new RejectLogon("bad password");
+        }
+    }
+
     @Override public void toApp(Message message, SessionID id) {}
 
     @Override
@@ -67,8 +83,11 @@ public final class Executor extends MessageCracker implements Application {
         settings.setString(id, "NonStopSession", "Y");
         settings.setString(id, "UseDataDictionary", "Y");
         settings.setString(id, "DataDictionary", "FIX44.xml");
-        settings.setString(id, "PersistMessages", "N");
-        Acceptor acceptor = new SocketAcceptor(new Executor(), new MemoryStoreFactory(), settings,
+        // Like leantier's acceptor: sent messages and sequence numbers go to files (written, not
+        // synced), so a restart can resend.
+        settings.setString(id, "FileStorePath", args[4]);
+        settings.setString(id, "FileStoreSync", "N");
+        Acceptor acceptor = new SocketAcceptor(new Executor(args[3]), new FileStoreFactory(settings), settings,
             new ScreenLogFactory(false, false, false), new DefaultMessageFactory());
         acceptor.start();
         System.out.println("Executor listening on " + args[0]);
