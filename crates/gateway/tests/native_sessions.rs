@@ -229,8 +229,8 @@ fn a_session_over_its_rate_is_throttled() {
 
 #[test]
 fn open_orders_are_cancelled_after_the_grace_window() {
-    let settings =
-        Settings { cancel_on_disconnect: Some(Duration::from_millis(50)), ..Settings::default() };
+    let grace = Duration::from_millis(50);
+    let settings = Settings { cancel_on_disconnect: Some(grace), ..Settings::default() };
     let (server, _dir) = start(settings);
     let mut session = logged_in(server.listen, 1, 0);
     session.send(&ClientMsg::NewOrder(order(1, 1, 0, 5))).unwrap();
@@ -238,9 +238,11 @@ fn open_orders_are_cancelled_after_the_grace_window() {
     session.send(&ClientMsg::Logout).unwrap();
     drop(session);
     // The cancel is sequenced into the client's stream while it is away: replay shows it.
+    // Each look logs on again, which ends the absence, so it comes well after a whole grace
+    // window (a look within it would keep the order alive, and so would every later one).
     let mut cancelled = None;
-    for _ in 0..200 {
-        std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..100 {
+        std::thread::sleep(grace * 4);
         let mut again = NativeClient::connect(server.listen).unwrap();
         if !matches!(again.login(1, SECRET, 2, WAIT).unwrap(), ServerMsg::LoginAccepted { .. }) {
             continue;
