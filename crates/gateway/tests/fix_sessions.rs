@@ -2,6 +2,8 @@
 //! session layer (resend with gap fill, sequence checks, persistence across a restart) and each
 //! bad-input case, with another session still served.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -10,8 +12,7 @@ use std::time::Duration;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::credentials::{self, Credential, Protocol};
 use gateway::fix::{self, Builder, Message, tag};
-use gateway::hub::Settings;
-use gateway::server::{self, Running, ServeOptions};
+use gateway::server::Running;
 
 const WAIT: Duration = Duration::from_secs(10);
 const SECRET: &str = "fixpass";
@@ -27,17 +28,7 @@ fn start(store: &Path) -> Running {
             hash: hash.clone(),
         })
         .collect();
-    let options = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        fix_listen: Some("127.0.0.1:0".parse().unwrap()),
-        metrics_listen: None,
-        settings: Settings { fix_store_dir: store.to_path_buf(), ..Settings::default() },
-        credentials,
-        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 16 }),
-        core_limits: Default::default(),
-        ring: Default::default(),
-    };
-    server::start(options).unwrap()
+    common::start_fix_server(store, credentials, 16)
 }
 
 /// A received message's fields.

@@ -7,14 +7,14 @@
 //! Needs Java 17 and the Maven build of bench/fix-quickfixj: `scripts/fix-conformance` installs
 //! and builds them, then runs this test with `--ignored`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::credentials::{self, Credential, Protocol};
-use gateway::hub::Settings;
-use gateway::server::{self, Running, ServeOptions};
+use gateway::server::Running;
 
 const PASSWORD: &str = "qfj-conformance";
 /// A QuickFIX/J phase ends well within this on a loaded 2-core machine.
@@ -27,17 +27,7 @@ fn start(store: &Path, hash: &str) -> Running {
         comp_id: "QFJ".into(),
         hash: hash.into(),
     }];
-    let options = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        fix_listen: Some("127.0.0.1:0".parse().unwrap()),
-        metrics_listen: None,
-        settings: Settings { fix_store_dir: store.to_path_buf(), ..Settings::default() },
-        credentials,
-        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 32 }),
-        core_limits: Default::default(),
-        ring: Default::default(),
-    };
-    server::start(options).unwrap()
+    common::start_fix_server(store, credentials, 32)
 }
 
 fn quickfixj_dir() -> PathBuf {

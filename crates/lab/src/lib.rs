@@ -11,7 +11,8 @@
 //!   time, so a stall in the system under test is charged to every request that was due
 //!   during it (no coordinated omission); constant, Poisson, bursty and batch arrivals from a
 //!   seeded schedule; sync and tokio drivers; a closed-loop driver for capacity at a given
-//!   concurrency; and a step search for the highest rate that meets a latency limit.
+//!   concurrency; and a search for the highest rate that meets a latency limit (bracketed
+//!   from both sides of a start rate, then bisected).
 //! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown and
 //!   hand-written SVG plots (latency CDFs, bars, x-y lines), and progress bars that hide
 //!   themselves when stderr is not a terminal.

@@ -1,5 +1,5 @@
 //! Load driving: arrival processes, open-loop schedules and drivers, a closed-loop driver,
-//! and the step search for the maximum sustainable rate.
+//! and the search for the maximum sustainable rate.
 //!
 //! **Open loop, latency from the intended time.** A load generator that waits for a slow
 //! response before sending the next request stops sending exactly when the system is slow,
@@ -99,7 +99,7 @@ impl ArrivalProcess {
         }
     }
 
-    /// The same process at another mean rate (for step searches).
+    /// The same process at another mean rate (for rate searches).
     pub fn with_rate(&self, rate_per_s: f64) -> Self {
         let mut process = *self;
         match &mut process {
@@ -825,10 +825,6 @@ impl RateSearch {
             self.passing = self.passing.filter(|&pass| pass < rate_per_s);
         }
         passed
-    }
-
-    pub fn steps(&self) -> &[StepResult] {
-        &self.steps
     }
 
     pub fn into_report(self) -> RateSearchReport {

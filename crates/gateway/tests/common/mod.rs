@@ -1,0 +1,24 @@
+//! Helpers shared by the integration tests that run the gateway's FIX acceptor.
+
+use std::path::Path;
+
+use exchange::flow::{UniverseConfig, reference_master_data};
+use gateway::credentials::Credential;
+use gateway::hub::Settings;
+use gateway::server::{self, Running, ServeOptions};
+
+/// Starts the gateway with a FIX listener (and a native one) on free loopback ports, its FIX
+/// store in `store`, these credentials, and the reference universe of `clients` clients.
+pub fn start_fix_server(store: &Path, credentials: Vec<Credential>, clients: u32) -> Running {
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        fix_listen: Some("127.0.0.1:0".parse().unwrap()),
+        metrics_listen: None,
+        settings: Settings { fix_store_dir: store.to_path_buf(), ..Settings::default() },
+        credentials,
+        master: reference_master_data(&UniverseConfig { instruments: 4, clients }),
+        core_limits: Default::default(),
+        ring: Default::default(),
+    };
+    server::start(options).unwrap()
+}
