@@ -232,20 +232,23 @@ pub fn parse_request<'a>(body: &'a [u8], limits: &SizeLimits) -> Parsed<'a> {
     let wire: RequestWire<'a> = serde_json::from_slice(body).map_err(|e| {
         (None, Failure::new(ErrorCode::MalformedJson, format!("Malformed JSON: {e}")))
     })?;
-    let id = wire.request_id;
+    // An id that is not a JSON number or string a client can read back (e.g. `1e9997`, out
+    // of range for a double) is not echoed: the answer carries `null` instead.
+    let id = wire.request_id.filter(|id| id_is_echoable(id.get()));
     validate(wire, limits).map_err(|failure| (id, failure))
+}
+
+/// A string, or a number that parses as a finite double (what JSON readers accept).
+fn id_is_echoable(id_text: &str) -> bool {
+    id_text.starts_with('"') || id_text.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
 fn validate<'a>(wire: RequestWire<'a>, limits: &SizeLimits) -> Result<Request<'a>, Failure> {
     let id = wire.request_id.ok_or_else(|| missing("requestId"))?;
-    let id_text = id.get();
-    if !(id_text.starts_with('"')
-        || id_text.starts_with('-')
-        || id_text.starts_with(|c: char| c.is_ascii_digit()))
-    {
+    if !id_is_echoable(id.get()) {
         return Err(Failure::new(
             ErrorCode::MalformedJson,
-            "Malformed JSON: requestId must be a number or a string",
+            "Malformed JSON: requestId must be a string or a number within a double's range",
         ));
     }
     let one = wire.matrix_one.ok_or_else(|| missing("matrixOne"))?;
@@ -604,6 +607,25 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(json["requestId"], "q\"1");
         assert_eq!(json["errorCode"], "004");
+    }
+
+    #[test]
+    fn an_id_out_of_a_doubles_range_is_rejected_and_not_echoed() {
+        for id in ["1e9997", "-1e400", "true", "[1]"] {
+            let body = EXAMPLE.replace("2238", id);
+            let (echoed, failure) =
+                parse_request(body.as_bytes(), &SizeLimits::default()).unwrap_err();
+            assert_eq!(failure.code, ErrorCode::MalformedJson, "{id}");
+            assert!(echoed.is_none(), "{id} was echoed");
+            let mut out = Vec::new();
+            write_failure(echoed, &failure, &mut out);
+            let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert!(json["requestId"].is_null(), "{id}: {json}");
+        }
+        // A large but finite number is still an id, echoed as sent.
+        let body = EXAMPLE.replace("2238", "1e300").replace("\"9,10\"", "\"9,x\"");
+        let (echoed, _) = parse_request(body.as_bytes(), &SizeLimits::default()).unwrap_err();
+        assert_eq!(echoed.map(RawValue::get), Some("1e300"));
     }
 
     #[test]
