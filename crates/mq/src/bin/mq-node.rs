@@ -3,7 +3,7 @@
 //!
 //! Flags: `--listen ADDR` (default 127.0.0.1:7440), `--store sqlite:DIR|postgres://...`,
 //! `--config FILE` (NodeConfig fields, TOML), `--db-workers N` and `--frame-memory-bytes-max N`
-//! (override the file).
+//! (override the file). Logs go to stderr via `tracing`, filtered by `RUST_LOG` (default info).
 
 use std::path::PathBuf;
 
@@ -35,6 +35,15 @@ fn main() -> anyhow::Result<()> {
         "db-workers",
         "frame-memory-bytes-max",
     ])?;
+    // The node's connection, batch and store events; `RUST_LOG` filters them (default info),
+    // plain text when stderr is not a terminal (the tests read it through a pipe).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve(&flags))
 }
