@@ -22,3 +22,4 @@ pub mod native;
 mod native_server;
 pub mod server;
 mod session;
+pub mod store;

@@ -84,7 +84,7 @@ pub enum ServeError {
     #[error("binding {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
-    Store(#[from] crate::fix_session::StoreError),
+    Store(#[from] crate::store::StoreError),
     #[error("ring: {0}")]
     Ring(#[from] pipeline::ring::RingError),
 }
@@ -156,6 +156,10 @@ async fn run(
         let fix = TcpListener::from_std(fix).expect("tokio listener");
         tokio::task::spawn_local(accept_loop(hub.clone(), fix, true));
     }
+    let synced = hub.borrow().log.borrow().synced_notify();
+    if let Some(synced) = synced {
+        tokio::task::spawn_local(release_loop(hub.clone(), synced));
+    }
     if let Some(metrics) = metrics {
         let metrics = TcpListener::from_std(metrics).expect("tokio listener");
         tokio::task::spawn_local(metrics_loop(hub.clone(), metrics));
@@ -177,7 +181,9 @@ async fn route(
         loop {
             let moved = {
                 let mut hub = hub.borrow_mut();
-                egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output))
+                let moved = egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output));
+                hub.commit();
+                moved
             };
             if moved == 0 {
                 break;
@@ -187,6 +193,14 @@ async fn route(
         if egress.is_disconnected() {
             return;
         }
+    }
+}
+
+/// Sends what the store's syncer has just made durable.
+async fn release_loop(hub: Rc<RefCell<Hub>>, synced: std::sync::Arc<Notify>) {
+    loop {
+        synced.notified().await;
+        hub.borrow().log.borrow_mut().release();
     }
 }
 

@@ -34,7 +34,7 @@ fn start(settings: Settings) -> (Running, tempfile::TempDir) {
         listen: "127.0.0.1:0".parse().unwrap(),
         fix_listen: None,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        settings: Settings { fix_store_dir: dir.path().to_path_buf(), ..settings },
+        settings: Settings { store_dir: dir.path().to_path_buf(), ..settings },
         credentials,
         master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
         core_limits: Default::default(),

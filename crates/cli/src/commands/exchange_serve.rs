@@ -25,7 +25,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub fix_listen: Option<SocketAddr>,
     /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
-    /// relative to this file), `fix_store_dir`, `fix_comp_id`, `throttle_msgs_per_s`,
+    /// relative to this file), `store_dir` (the durable store of FIX and native sessions;
+    /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
+    /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
     /// `clients`.
     #[arg(long)]
@@ -68,7 +70,9 @@ pub struct HashSecretArgs {}
 #[serde(deny_unknown_fields)]
 struct ServeConfig {
     credentials: PathBuf,
-    fix_store_dir: Option<PathBuf>,
+    #[serde(alias = "fix_store_dir")]
+    store_dir: Option<PathBuf>,
+    store_sync: Option<bool>,
     fix_comp_id: Option<String>,
     throttle_msgs_per_s: Option<u32>,
     cancel_on_disconnect_ms: Option<u64>,
@@ -89,8 +93,8 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
         },
         outbox_bytes_max: config.outbox_bytes_max.unwrap_or(defaults.outbox_bytes_max),
         heartbeat: config.heartbeat_ms.map_or(defaults.heartbeat, Duration::from_millis),
-        fix_store_dir: base
-            .join(config.fix_store_dir.clone().unwrap_or(defaults.fix_store_dir.clone())),
+        store_dir: base.join(config.store_dir.clone().unwrap_or(defaults.store_dir.clone())),
+        store_sync: config.store_sync.unwrap_or(defaults.store_sync),
         fix_comp_id: config.fix_comp_id.clone().unwrap_or(defaults.fix_comp_id.clone()),
         ..defaults
     }
