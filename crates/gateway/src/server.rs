@@ -38,6 +38,8 @@ pub struct ServeOptions {
     pub master: MasterData,
     pub core_limits: CoreLimits,
     pub ring: RingConfig,
+    /// The engine's input journal.
+    pub journal: engine::EngineJournal,
 }
 
 /// A running server.
@@ -87,6 +89,8 @@ pub enum ServeError {
     Store(#[from] crate::store::StoreError),
     #[error("ring: {0}")]
     Ring(#[from] pipeline::ring::RingError),
+    #[error("engine journal: {0:#}")]
+    Journal(#[from] anyhow::Error),
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
@@ -104,7 +108,15 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
     let (listen, fix_listen, metrics_listen) =
         (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
-    let link = engine::start(options.master, options.core_limits, &options.ring)?;
+    let link = engine::start(options.master, options.core_limits, &options.ring, &options.journal)?;
+    if let Some(recovery) = &link.recovery {
+        tracing::info!(
+            recovered_seq = recovery.recovered_seq,
+            replayed = recovery.replayed_records,
+            snapshot = ?recovery.snapshot_seq,
+            "engine journal recovered"
+        );
+    }
     let (settings, credentials, ingress) = (options.settings, options.credentials, link.ingress);
     let (egress, ready, engine_thread) = (link.egress, link.reports_ready, link.thread);
     let (stop, stopped) = oneshot::channel();
@@ -134,7 +146,11 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
             // Dropping the hub drops the ingress producer: the engine sees the ring closed.
             drop(local);
             drop(hub);
-            let _ = engine_thread.join();
+            match engine_thread.join() {
+                Ok(Err(error)) => tracing::error!(%error, "engine journal at shutdown"),
+                Err(_) => tracing::error!("the engine thread panicked"),
+                Ok(Ok(())) => {}
+            }
         })
         .expect("spawning the gateway I/O thread");
     hub_result.recv().expect("the I/O thread reports the hub")?;

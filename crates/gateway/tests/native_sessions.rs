@@ -39,6 +39,7 @@ fn start(settings: Settings) -> (Running, tempfile::TempDir) {
         master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
         core_limits: Default::default(),
         ring: Default::default(),
+        journal: Default::default(),
     };
     (server::start(options).unwrap(), dir)
 }

@@ -15,7 +15,7 @@ use fix_client::{FixClient, Received, SECRET, WAIT, new_order};
 use gateway::client::NativeClient;
 use gateway::credentials;
 use gateway::fix::tag;
-use gateway::native::{OrderRequest, ServerMsg, event_kind};
+use gateway::native::{ClientMsg, OrderRequest, ServerMsg, event_kind};
 
 /// Instrument 1's reference price (on tick, inside the band).
 const PRICE: i64 = 101_000;
@@ -28,12 +28,14 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path) -> Server {
+    /// Starts a server over `dir` with the engine journal `journal` (`off`, `group`).
+    fn start(dir: &Path, journal: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gateway-serve-child"))
             .arg("--store")
             .arg(dir.join("store"))
             .arg("--credentials")
             .arg(dir.join("credentials"))
+            .args(["--journal", journal])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the server child starts");
@@ -60,10 +62,11 @@ impl Drop for Server {
     }
 }
 
-/// A FIX client (F11, client id 11) and a native one (client id 1), both with `SECRET`.
+/// A FIX client (F11, client id 11) and two native ones (client ids 1 and 2), all with
+/// `SECRET`.
 fn credentials_in(dir: &Path) {
     let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
-    let text = format!("11 fix F11 {hash}\n1 native N1 {hash}\n");
+    let text = format!("11 fix F11 {hash}\n1 native N1 {hash}\n2 native N2 {hash}\n");
     std::fs::write(dir.join("credentials"), text).unwrap();
 }
 
@@ -76,7 +79,7 @@ fn report_of(message: &Received) -> (&str, &str, &str, &str) {
 fn a_fix_session_resumes_with_its_sequence_numbers_and_resends_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     credentials_in(dir.path());
-    let server = Server::start(dir.path());
+    let server = Server::start(dir.path(), "off");
     let mut client = FixClient::connect(server.fix, "F11", 1);
     assert_eq!(client.logon(&[]).get(tag::MSG_SEQ_NUM), "1");
     client.send("D", &new_order("k1", "1", "2", "101000"));
@@ -86,7 +89,7 @@ fn a_fix_session_resumes_with_its_sequence_numbers_and_resends_after_a_kill() {
     assert_eq!(report_of(&first[1]), ("8", "3", "k2", ""));
     server.kill();
 
-    let server = Server::start(dir.path());
+    let server = Server::start(dir.path(), "off");
     // The client goes on from 4 (Logon 1, two orders): accepted without a resend request, so
     // the server kept the inbound number; its Logon is 4, so it kept the outbound one.
     let mut client = FixClient::connect(server.fix, "F11", client.next_seq);
@@ -109,16 +112,11 @@ fn a_fix_session_resumes_with_its_sequence_numbers_and_resends_after_a_kill() {
 }
 
 fn order(token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
-    OrderRequest {
-        client: 1,
-        token,
-        instrument: 1,
-        side,
-        order_type: 0,
-        time_in_force: 0,
-        price,
-        qty,
-    }
+    order_of(1, token, side, qty, price)
+}
+
+fn order_of(client: u32, token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
+    OrderRequest { client, token, instrument: 1, side, order_type: 0, time_in_force: 0, price, qty }
 }
 
 fn sequenced(session: &mut NativeClient) -> (u64, gateway::native::Event) {
@@ -132,24 +130,56 @@ fn sequenced(session: &mut NativeClient) -> (u64, gateway::native::Event) {
 fn a_native_client_gets_its_replay_under_the_same_numbers_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     credentials_in(dir.path());
-    let server = Server::start(dir.path());
+    let server = Server::start(dir.path(), "off");
     let mut session = NativeClient::connect(server.native).unwrap();
     let login = session.login(1, SECRET, 1, WAIT).unwrap();
     assert_eq!(login, ServerMsg::LoginAccepted { client: 1, next_seq: 1 });
-    session.send(&gateway::native::ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
-    session.send(&gateway::native::ClientMsg::NewOrder(order(8, 1, 4, PRICE + 2_000))).unwrap();
+    session.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
+    session.send(&ClientMsg::NewOrder(order(8, 1, 4, PRICE + 2_000))).unwrap();
     let before = [sequenced(&mut session), sequenced(&mut session)];
     assert_eq!((before[0].0, before[0].1.token, before[0].1.kind), (1, 7, event_kind::ACCEPTED));
     assert_eq!((before[1].0, before[1].1.token, before[1].1.kind), (2, 8, event_kind::ACCEPTED));
     server.kill();
 
-    let server = Server::start(dir.path());
+    let server = Server::start(dir.path(), "off");
     let mut session = NativeClient::connect(server.native).unwrap();
     let login = session.login(1, SECRET, 1, WAIT).unwrap();
     assert_eq!(login, ServerMsg::LoginAccepted { client: 1, next_seq: 1 });
     let replayed = [sequenced(&mut session), sequenced(&mut session)];
     assert_eq!(replayed, before, "the replay is what the killed server sent, same numbers");
-    session.send(&gateway::native::ClientMsg::NewOrder(order(9, 0, 1, PRICE))).unwrap();
+    session.send(&ClientMsg::NewOrder(order(9, 0, 1, PRICE))).unwrap();
     let (seq, event) = sequenced(&mut session);
     assert_eq!((seq, event.token), (3, 9), "numbering goes on after the replay");
+}
+
+#[test]
+fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    credentials_in(dir.path());
+    let server = Server::start(dir.path(), "group");
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 0, WAIT).unwrap();
+    buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
+    let (_, accepted) = sequenced(&mut buyer);
+    // Sent only once the journal had the order: the kill cannot lose it.
+    assert_eq!((accepted.kind, accepted.leaves_qty), (event_kind::ACCEPTED, 5));
+    server.kill();
+
+    let server = Server::start(dir.path(), "group");
+    let mut seller = NativeClient::connect(server.native).unwrap();
+    seller.login(2, SECRET, 0, WAIT).unwrap();
+    seller.send(&ClientMsg::NewOrder(order_of(2, 1, 1, 5, PRICE))).unwrap();
+    let (_, sell_accepted) = sequenced(&mut seller);
+    assert_eq!(sell_accepted.kind, event_kind::ACCEPTED);
+    let (_, fill) = sequenced(&mut seller);
+    assert_eq!(
+        (fill.kind, fill.qty, fill.price, fill.leaves_qty),
+        (event_kind::FILLED, 5, PRICE, 0),
+        "the sell met the buy the killed server had accepted"
+    );
+    // The buyer logs on again and gets its side of the trade (event 2: 1 was the accept).
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 2, WAIT).unwrap();
+    let (seq, filled) = sequenced(&mut buyer);
+    assert_eq!((seq, filled.kind, filled.token, filled.qty), (2, event_kind::FILLED, 7, 5));
 }

@@ -7,12 +7,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::client::{NativeClient, describe, parse_script_line};
+use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
+use crate::commands::values::one_of;
 use crate::outcome::BadInput;
 
 /// Runs the tier as a server: orders over the native protocol and FIX 4.4.
@@ -35,6 +38,12 @@ pub struct ServeArgs {
     /// Address of a Prometheus text-format metrics listener (per-session counters).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// The engine's input journal, in `<store_dir>/engine`: `group` journals every sequenced
+    /// input with group commit off the engine thread and sends each execution report only once
+    /// its input is on disk; a restart rebuilds the books from it. `sync` and `relaxed` are the
+    /// journal's other policies (see `exchange run`); `off`: books are lost on restart.
+    #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
+    pub journal: JournalMode,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -111,6 +120,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let credentials = gateway::credentials::parse(&read(&base.join(&config.credentials))?)
         .map_err(|e| BadInput(e.to_string()))?;
     let settings = settings_from(&config, base);
+    let store_dir = settings.store_dir.clone();
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
         || settings.outbox_bytes_max == 0
@@ -133,6 +143,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         master: reference_master_data(&universe),
         core_limits: Default::default(),
         ring: Default::default(),
+        journal: EngineJournal { mode: args.journal, dir: store_dir.join("engine") },
     })?;
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {

@@ -19,6 +19,7 @@ pub fn start_fix_server(store: &Path, credentials: Vec<Credential>, clients: u32
         master: reference_master_data(&UniverseConfig { instruments: 4, clients }),
         core_limits: Default::default(),
         ring: Default::default(),
+        journal: Default::default(),
     };
     server::start(options).unwrap()
 }
