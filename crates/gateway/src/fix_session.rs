@@ -147,13 +147,14 @@ impl FixState {
         log: Rc<RefCell<Log>>,
         past: FixRecovered,
     ) -> FixState {
+        let next_token = past.order_id_max + 1;
         FixState {
             store: Store::open(log, credential.client, past),
             comp_id: credential.comp_id.clone(),
             our_comp_id: settings.fix_comp_id.clone(),
             tokens: HashMap::with_capacity(settings.open_orders_max),
             orders: HashMap::with_capacity(settings.open_orders_max),
-            next_token: 1,
+            next_token,
             builder: Builder::default(),
         }
     }

@@ -87,6 +87,9 @@ pub struct FixRecovered {
     /// (MsgSeqNum, payload offset of the message in the file, length) of every message sent.
     pub index: Vec<(u64, u64, u32)>,
     pub next_in: u64,
+    /// The highest OrderID (37) sent: the session's order numbers go on above it, so an
+    /// order of a restarted server never takes the id of one resting in a recovered book.
+    pub order_id_max: u32,
 }
 
 /// A native session's recovered state.
@@ -377,13 +380,22 @@ fn apply(
             let Some(seq) = u64_at(0) else { return false };
             let fix = recovered.fix.entry(client).or_default();
             fix.index.push((seq, at + 8, (payload.len() - 8) as u32));
+            let order_id = fix::Message::parse(&payload[8..])
+                .ok()
+                .and_then(|m| m.get(fix::tag::ORDER_ID).and_then(fix::parse_u64));
+            if let Some(order_id) = order_id.and_then(|id| u32::try_from(id).ok()) {
+                fix.order_id_max = fix.order_id_max.max(order_id);
+            }
         }
         kind::FIX_NEXT_IN => {
             let Some(next_in) = u64_at(0) else { return false };
             recovered.fix.entry(client).or_default().next_in = next_in;
         }
         kind::FIX_RESET => {
-            recovered.fix.insert(client, FixRecovered { index: Vec::new(), next_in: 1 });
+            // Order numbers are not reset: the books may still hold the session's orders.
+            let fix = recovered.fix.entry(client).or_default();
+            fix.index.clear();
+            fix.next_in = 1;
         }
         kind::NATIVE_EVENT => {
             let decoded =
@@ -432,12 +444,19 @@ mod tests {
         log.append(kind::NATIVE_EVENT, client, &[&frame]);
     }
 
+    /// An ExecutionReport with OrderID `order_id`.
+    fn report(order_id: i64) -> Vec<u8> {
+        let mut builder = fix::Builder::default();
+        builder.begin(b"8", b"LEANTIER", b"F2", 5).int(fix::tag::ORDER_ID, order_id);
+        builder.finish().to_vec()
+    }
+
     /// A store with two native events of client 1 and FIX state of client 2, committed.
     fn filled(dir: &Path) {
         let (mut log, _) = Log::open(dir, false, 16).unwrap();
         append_event(&mut log, 1, 1, 70);
         append_event(&mut log, 1, 2, 71);
-        log.append(kind::FIX_SENT, 2, &[&5u64.to_le_bytes(), b"8=FIX.4.4\x01"]);
+        log.append(kind::FIX_SENT, 2, &[&5u64.to_le_bytes(), &report(41)]);
         log.append(kind::FIX_NEXT_IN, 2, &[&9u64.to_le_bytes()]);
         log.commit();
     }
@@ -458,8 +477,9 @@ mod tests {
         assert_eq!(native.events, [event(70), event(71)]);
         let fix = &recovered.fix[&2];
         assert_eq!((fix.next_in, fix.index.len(), fix.index[0].0), (9, 1, 5));
+        assert_eq!(fix.order_id_max, 41);
         let (_, offset, len) = fix.index[0];
-        assert_eq!(log.read_at(offset, len as usize).unwrap(), b"8=FIX.4.4\x01");
+        assert_eq!(log.read_at(offset, len as usize).unwrap(), report(41));
     }
 
     #[test]
@@ -474,7 +494,7 @@ mod tests {
         assert_eq!(recovered.native[&1].events, [event(71)]);
         assert_eq!(recovered.native[&1].next_seq, 3);
         let fix = &recovered.fix[&2];
-        assert_eq!((fix.next_in, fix.index.len()), (1, 0));
+        assert_eq!((fix.next_in, fix.index.len(), fix.order_id_max), (1, 0, 41));
     }
 
     #[test]

@@ -76,10 +76,10 @@ fn report_of(message: &Received) -> (&str, &str, &str, &str) {
 }
 
 #[test]
-fn a_fix_session_resumes_with_its_sequence_numbers_and_resends_after_a_kill() {
+fn a_fix_session_resumes_with_its_sequence_numbers_resends_and_order_ids_after_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     credentials_in(dir.path());
-    let server = Server::start(dir.path(), "off");
+    let server = Server::start(dir.path(), "group");
     let mut client = FixClient::connect(server.fix, "F11", 1);
     assert_eq!(client.logon(&[]).get(tag::MSG_SEQ_NUM), "1");
     client.send("D", &new_order("k1", "1", "2", "101000"));
@@ -89,7 +89,7 @@ fn a_fix_session_resumes_with_its_sequence_numbers_and_resends_after_a_kill() {
     assert_eq!(report_of(&first[1]), ("8", "3", "k2", ""));
     server.kill();
 
-    let server = Server::start(dir.path(), "off");
+    let server = Server::start(dir.path(), "group");
     // The client goes on from 4 (Logon 1, two orders): accepted without a resend request, so
     // the server kept the inbound number; its Logon is 4, so it kept the outbound one.
     let mut client = FixClient::connect(server.fix, "F11", client.next_seq);
@@ -109,6 +109,11 @@ fn a_fix_session_resumes_with_its_sequence_numbers_and_resends_after_a_kill() {
             assert_eq!(old.get(field), new.get(field), "tag {field}");
         }
     }
+    // A new order gets a new OrderID: the recovered book still holds k1 and k2 under 1 and 2.
+    client.send("D", &new_order("k3", "1", "1", "101000"));
+    let accepted = client.recv();
+    assert_eq!(report_of(&accepted), ("8", "6", "k3", ""), "after Logon 4, Heartbeat 5");
+    assert_eq!((accepted.get(tag::EXEC_TYPE), accepted.get(tag::ORDER_ID)), ("0", "3"));
 }
 
 fn order(token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
