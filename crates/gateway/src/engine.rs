@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use exchange::core::CoreLimits;
@@ -20,6 +21,7 @@ use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, Seq
 use exchange::preprocess::check_against;
 use journal::{DurableSeq, JournalSender};
 use pipeline::WaitStrategy;
+use pipeline::metrics::now_ns;
 use pipeline::ring::{self, Consumer, Producer, RingConfig};
 use tokio::sync::Notify;
 
@@ -49,6 +51,8 @@ pub struct EngineLink {
     pub thread: JoinHandle<Result<(), String>>,
     /// What the journal recovered (`None` with the journal off).
     pub recovery: Option<ShardRecovery>,
+    /// Requests the engine has taken off the ingress ring (added after each batch).
+    pub taken: Arc<AtomicU64>,
 }
 
 /// The engine's input journal (`exchange serve --journal`).
@@ -90,6 +94,8 @@ pub fn start(
     let (mut reports, egress) = ring::spsc::<CoreOutput>(ring_config)?;
     let reports_ready = Arc::new(Notify::new());
     let wake = reports_ready.clone();
+    let taken = Arc::new(AtomicU64::new(0));
+    let counted = taken.clone();
     let release = match durable {
         Some(durable) => {
             let (held, to_release) = ring::spsc::<CoreOutput>(ring_config)?;
@@ -108,7 +114,9 @@ pub fn start(
                 let mut step = Step { master: &master, seq: &mut seq, journal: sender.as_mut() };
                 step.process(&mut state, request, &mut reports);
             };
-            while requests.wait_read_batch(ENGINE_BATCH_MAX, &mut handle).is_ok() {
+            while let Ok(batch) = requests.wait_read_batch(ENGINE_BATCH_MAX, &mut handle) {
+                // Relaxed: a statistic for the metrics; nothing is published through it.
+                counted.fetch_add(batch as u64, Ordering::Relaxed);
                 if release.is_none() {
                     wake.notify_one();
                 }
@@ -124,7 +132,7 @@ pub fn start(
             written.unwrap_or(Ok(())).and(snapped.unwrap_or(Ok(())))
         })
         .expect("spawning the engine thread");
-    Ok(EngineLink { ingress, egress, reports_ready, thread, recovery })
+    Ok(EngineLink { ingress, egress, reports_ready, thread, recovery, taken })
 }
 
 /// Passes reports on once the journal covers their input (in order: a report waits for the
@@ -177,9 +185,14 @@ impl Step<'_> {
             if matches!(output.kind, OutputKind::Trade | OutputKind::TopOfBook) {
                 return; // market data: no subscriber in `serve`
             }
+            let mut output = *output;
+            output.stamps.ready_ns = now_ns();
             // Err only when the router is gone (shutdown); nothing is left to answer.
-            let _ = reports.push_batch(std::slice::from_ref(output));
+            let _ = reports.push_batch(std::slice::from_ref(&output));
         };
+        let mut request = *request;
+        request.stamps.core_in_ns = now_ns();
+        let request = &request;
         match check_against(self.master, request) {
             Ok(routed) => {
                 *self.seq += 1;

@@ -12,12 +12,14 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use exchange::msg::{CoreOutput, InboundOrder, OutputKind, REASON_COUNT};
+use pipeline::metrics::now_ns;
 use pipeline::ring::{BatchError, Producer};
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol};
 use crate::engine::{order_id, token_of};
 use crate::fix_session::FixState;
+use crate::metrics::StageMetrics;
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
 use crate::store::{self, Log, StoreError};
 
@@ -267,6 +269,8 @@ pub struct Hub {
     scratch: Vec<u8>,
     /// The durable store every session's sequenced output goes through.
     pub log: Rc<RefCell<Log>>,
+    /// Per-stage counters and latencies (the metrics listener prints them).
+    pub stage: StageMetrics,
 }
 
 impl Hub {
@@ -305,7 +309,8 @@ impl Hub {
             });
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
-        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log })
+        let stage = StageMetrics::default();
+        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage })
     }
 
     /// Ends a unit of work: writes the store's batch and releases what is durable.
@@ -324,7 +329,9 @@ impl Hub {
     }
 
     /// Throttles, then pushes a request into the tier's ingress ring without waiting.
-    pub fn submit(&mut self, at: usize, request: InboundOrder) -> Result<(), Refused> {
+    pub fn submit(&mut self, at: usize, mut request: InboundOrder) -> Result<(), Refused> {
+        // The arrival time: the server-side order→report latency is measured from here.
+        request.stamps.intended_ns = now_ns();
         let client = &mut self.clients[at];
         client.counters.orders_in += 1;
         if !client.throttle.admit(Instant::now()) {
@@ -337,7 +344,10 @@ impl Hub {
             return Err(Refused::Busy);
         }
         match self.ingress.try_write_batch(1, |_, slot| *slot = request) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.stage.engine_in += 1;
+                Ok(())
+            }
             Err(BatchError::Full | BatchError::Disconnected | BatchError::TooLarge { .. }) => {
                 client.counters.busy += 1;
                 Err(Refused::Busy)
@@ -347,6 +357,7 @@ impl Hub {
 
     /// Routes one engine report to its client, in its protocol.
     pub fn route(&mut self, output: &CoreOutput) {
+        self.stage.on_report(output, now_ns());
         let Some(at) = self.client_index(output.client) else {
             self.unroutable += 1;
             return;
@@ -404,7 +415,9 @@ impl Hub {
 
     /// Pushes a request without throttling (cancel-on-disconnect).
     pub fn push_unthrottled(&mut self, request: InboundOrder) -> Result<(), BatchError> {
-        self.ingress.try_write_batch(1, |_, slot| *slot = request)
+        self.ingress.try_write_batch(1, |_, slot| *slot = request)?;
+        self.stage.engine_in += 1;
+        Ok(())
     }
 }
 

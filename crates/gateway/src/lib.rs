@@ -18,6 +18,7 @@ mod fix_server;
 pub mod fix_session;
 pub mod hub;
 pub mod load;
+pub mod metrics;
 pub mod native;
 mod native_server;
 pub mod server;

@@ -2,7 +2,6 @@
 //! with the native and FIX listeners, the router and the metrics listener.
 
 use std::cell::RefCell;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::thread::JoinHandle;
@@ -119,6 +118,7 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     }
     let (settings, credentials, ingress) = (options.settings, options.credentials, link.ingress);
     let (egress, ready, engine_thread) = (link.egress, link.reports_ready, link.thread);
+    let engine_taken = link.taken;
     let (stop, stopped) = oneshot::channel();
     // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
     let (built, hub_result) = std::sync::mpsc::sync_channel(1);
@@ -126,7 +126,8 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
         .name("gateway-io".into())
         .spawn(move || {
             let hub = match Hub::new(settings, credentials, ingress) {
-                Ok(hub) => {
+                Ok(mut hub) => {
+                    hub.stage.engine_taken = engine_taken;
                     let _ = built.send(Ok(()));
                     hub
                 }
@@ -198,6 +199,7 @@ async fn route(
             let moved = {
                 let mut hub = hub.borrow_mut();
                 let moved = egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output));
+                hub.stage.egress_depth = egress.len();
                 hub.commit();
                 moved
             };
@@ -261,7 +263,7 @@ async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
             let _ =
                 tokio::time::timeout(std::time::Duration::from_secs(1), stream.read(&mut request))
                     .await;
-            let body = prometheus_text(&hub.borrow());
+            let body = crate::metrics::prometheus_text(&hub.borrow());
             let head = format!(
                 "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
                 body.len()
@@ -270,52 +272,4 @@ async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
             let _ = stream.write_all(body.as_bytes()).await;
         });
     }
-}
-
-/// Reads one counter of a client.
-type CounterOf = fn(&crate::hub::Counters) -> u64;
-
-/// The counters in the Prometheus text format.
-pub fn prometheus_text(hub: &Hub) -> String {
-    let mut text = String::new();
-    let metrics: [(&str, &str, CounterOf); 7] = [
-        ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
-        ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
-        ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
-        ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
-        ("gateway_cut_off_total", "sessions cut off as slow consumers", |c| c.cut_off),
-        ("gateway_logons_total", "successful logons", |c| c.logons),
-        ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
-    ];
-    for (name, help, value) in metrics {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
-        for client in &hub.clients {
-            let _ = writeln!(
-                text,
-                "{name}{{client=\"{}\"}} {}",
-                client.credential.client,
-                value(&client.counters)
-            );
-        }
-    }
-    let _ = writeln!(
-        text,
-        "# HELP gateway_rejects_total rejects by reason code\n# TYPE gateway_rejects_total counter"
-    );
-    for client in &hub.clients {
-        for (reason, &count) in client.counters.rejects.iter().enumerate().filter(|(_, c)| **c > 0)
-        {
-            let _ = writeln!(
-                text,
-                "gateway_rejects_total{{client=\"{}\",reason=\"{reason}\"}} {count}",
-                client.credential.client
-            );
-        }
-    }
-    let _ = writeln!(
-        text,
-        "# TYPE gateway_unroutable_total counter\ngateway_unroutable_total {}",
-        hub.unroutable
-    );
-    text
 }

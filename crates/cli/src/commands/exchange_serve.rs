@@ -35,7 +35,9 @@ pub struct ServeArgs {
     /// `clients`.
     #[arg(long)]
     pub config: PathBuf,
-    /// Address of a Prometheus text-format metrics listener (per-session counters).
+    /// Address of a Prometheus text-format metrics listener: per-session counters (orders in,
+    /// rejects by reason, throttled, cut off), per-stage counters and ring depths, and latency
+    /// summaries (engine service time, order→report inside the server).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
     /// The engine's input journal, in `<store_dir>/engine`: `group` journals every sequenced
