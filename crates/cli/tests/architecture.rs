@@ -16,6 +16,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("exchange", "journal"),
     ("exchange", "planner"),
     ("gateway", "exchange"),
+    ("gateway", "journal"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).
 const BASE_CRATES: &[&str] = &["lab", "pipeline"];

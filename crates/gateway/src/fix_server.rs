@@ -14,7 +14,7 @@ use crate::fix::{self, Message, tag};
 use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
 use crate::hub::{Hub, Link};
 use crate::native::{Event, event_kind, gateway_reason};
-use crate::session::{Conn, Flow, detach, write_out};
+use crate::session::{Conn, Flow, detach, write_final, write_out};
 
 /// Bytes buffered from one FIX connection: two of the largest messages.
 const READ_BUFFER_BYTES: usize = 2 * (fix::BODY_BYTES_MAX + 64);
@@ -36,6 +36,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
+    commit(&mut hub.borrow_mut(), at);
     let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");
     let mut conn = Conn::new(heartbeat);
     let mut resend_requested = false;
@@ -53,7 +54,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
                     conn.last_read = Instant::now();
                     let flow = read_batch(&mut hub.borrow_mut(), at, &link, &mut buffer, &mut resend_requested);
                     if let Flow::Close(reason) = flow {
-                        let _ = write_out(&mut stream, &link, &mut conn).await;
+                        write_final(&mut stream, &link, &mut conn).await;
                         break 'session reason;
                     }
                 }
@@ -61,8 +62,9 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
             _ = link.wake.notified() => {}
             _ = tokio::time::sleep(conn.tick()) => {
                 let flow = on_timer(&mut hub.borrow_mut(), at, &link, &mut conn);
+                commit(&mut hub.borrow_mut(), at);
                 if let Flow::Close(reason) = flow {
-                    let _ = write_out(&mut stream, &link, &mut conn).await;
+                    write_final(&mut stream, &link, &mut conn).await;
                     break reason;
                 }
             }
@@ -80,20 +82,24 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
 fn read_batch(
     hub: &mut Hub,
     at: usize,
-    link: &Link,
+    link: &Rc<Link>,
     buffer: &mut Vec<u8>,
     resend_requested: &mut bool,
 ) -> Flow {
     let flow = drain(hub, at, link, buffer, resend_requested);
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
-    if let Err(error) = fix.store.save_next_in() {
-        tracing::error!(%error, "FIX store: saving the inbound sequence failed");
-    }
+    commit(hub, at);
     flow
 }
 
+/// Ends a unit of work of a session: its inbound sequence number and everything it sent go to
+/// the store in one batch, and its output is released once that batch is durable.
+fn commit(hub: &mut Hub, at: usize) {
+    hub.clients[at].fix.as_mut().expect("FIX client").store.save_next_in();
+    hub.commit();
+}
+
 /// Heartbeats out when idle; a TestRequest when the peer is quiet; dead after two intervals.
-fn on_timer(hub: &mut Hub, at: usize, link: &Link, conn: &mut Conn) -> Flow {
+fn on_timer(hub: &mut Hub, at: usize, link: &Rc<Link>, conn: &mut Conn) -> Flow {
     let limit = hub.settings.outbox_bytes_max;
     let fix = hub.clients[at].fix.as_mut().expect("FIX client");
     let now = Instant::now();
@@ -118,7 +124,7 @@ fn on_timer(hub: &mut Hub, at: usize, link: &Link, conn: &mut Conn) -> Flow {
 fn drain(
     hub: &mut Hub,
     at: usize,
-    link: &Link,
+    link: &Rc<Link>,
     buffer: &mut Vec<u8>,
     resend_requested: &mut bool,
 ) -> Flow {
@@ -151,7 +157,7 @@ fn drain(
 fn on_message(
     hub: &mut Hub,
     at: usize,
-    link: &Link,
+    link: &Rc<Link>,
     bytes: &[u8],
     resend_requested: &mut bool,
 ) -> Flow {
@@ -217,7 +223,7 @@ fn on_message(
     dispatch(hub, at, link, &message, seq)
 }
 
-fn dispatch(hub: &mut Hub, at: usize, link: &Link, message: &Message, seq: u64) -> Flow {
+fn dispatch(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) -> Flow {
     let limit = hub.settings.outbox_bytes_max;
     let fix = hub.clients[at].fix.as_mut().expect("FIX client");
     match message.msg_type() {
@@ -253,7 +259,7 @@ fn dispatch(hub: &mut Hub, at: usize, link: &Link, message: &Message, seq: u64) 
 
 fn reject(
     fix: &mut FixState,
-    link: &Link,
+    link: &Rc<Link>,
     limit: usize,
     ref_seq: i64,
     reason: i64,
@@ -269,7 +275,7 @@ fn reject(
     });
 }
 
-fn logout(fix: &mut FixState, link: &Link, limit: usize, text: &str) -> Flow {
+fn logout(fix: &mut FixState, link: &Rc<Link>, limit: usize, text: &str) -> Flow {
     fix.send(b"5", Some(link), limit, |b| {
         b.field(tag::TEXT, text.as_bytes());
     });
@@ -278,7 +284,7 @@ fn logout(fix: &mut FixState, link: &Link, limit: usize, text: &str) -> Flow {
 
 fn sequence_reset(
     fix: &mut FixState,
-    link: &Link,
+    link: &Rc<Link>,
     limit: usize,
     message: &Message,
     seq: u64,
@@ -300,7 +306,7 @@ fn sequence_reset(
 
 /// Answers a ResendRequest: application messages again with PossDupFlag, session messages (and
 /// anything no longer stored) as SequenceReset-GapFill.
-fn resend(fix: &mut FixState, link: &Link, limit: usize, message: &Message) {
+fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) {
     let begin = message.get(tag::BEGIN_SEQ_NO).and_then(fix::parse_u64).unwrap_or(1).max(1);
     let last = fix.store.next_out - 1;
     let end = match message.get(tag::END_SEQ_NO).and_then(fix::parse_u64) {
@@ -343,7 +349,7 @@ fn is_session_type(msg_type: &[u8]) -> bool {
     matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
 }
 
-fn gap_fill(fix: &mut FixState, link: &Link, limit: usize, from: u64, to: u64) {
+fn gap_fill(fix: &mut FixState, link: &Rc<Link>, limit: usize, from: u64, to: u64) {
     let now = fix::utc_timestamp(unix_ns());
     let builder = &mut fix.builder;
     builder
@@ -352,10 +358,10 @@ fn gap_fill(fix: &mut FixState, link: &Link, limit: usize, from: u64, to: u64) {
         .field(tag::POSS_DUP_FLAG, b"Y")
         .field(tag::GAP_FILL_FLAG, b"Y")
         .int(tag::NEW_SEQ_NO, to as i64);
-    link.send(builder.finish(), limit);
+    fix.store.hold(link, builder.finish(), limit);
 }
 
-fn resend_one(fix: &mut FixState, link: &Link, limit: usize, seq: u64, old: &Message) {
+fn resend_one(fix: &mut FixState, link: &Rc<Link>, limit: usize, seq: u64, old: &Message) {
     const HEADER: [u32; 9] = [8, 9, 35, 49, 56, 34, 52, 43, 122];
     let now = fix::utc_timestamp(unix_ns());
     let builder = &mut fix.builder;
@@ -367,7 +373,7 @@ fn resend_one(fix: &mut FixState, link: &Link, limit: usize, seq: u64, old: &Mes
     for (field, value) in old.fields().filter(|(t, _)| !HEADER.contains(t) && *t != tag::CHECKSUM) {
         builder.field(field, value);
     }
-    link.send(builder.finish(), limit);
+    fix.store.hold(link, builder.finish(), limit);
 }
 
 /// Reads the Logon, checks it, verifies the password off the I/O thread, attaches the session.
@@ -413,8 +419,8 @@ async fn logon(
         tracing::warn!(comp_id = %fix.comp_id, text, "FIX logon refused");
         return None;
     }
-    if reset && fix.store.reset().is_err() {
-        return None;
+    if reset {
+        fix.store.reset();
     }
     if seq < fix.store.next_in {
         tracing::warn!(comp_id = %fix.comp_id, seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
@@ -461,7 +467,7 @@ async fn read_frame(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<usiz
 }
 
 /// NewOrderSingle, OrderCancelRequest, OrderCancelReplaceRequest.
-fn application(hub: &mut Hub, at: usize, link: &Link, message: &Message, seq: u64) {
+fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) {
     let limit = hub.settings.outbox_bytes_max;
     let client_id = hub.clients[at].credential.client;
     let fix = hub.clients[at].fix.as_mut().expect("FIX client");

@@ -2,124 +2,82 @@
 //! append-only file per session so a restarted server resends what a client missed; and the
 //! client's orders (ClOrdID ↔ tier order), from which execution reports get their FIX fields.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::io::Write;
+use std::rc::Rc;
 
-use crate::fix::{self, Builder, Message, tag};
+use crate::credentials::Credential;
+use crate::fix::{self, Builder, tag};
 use crate::hub::{Link, Settings};
 use crate::native::{Event, event_kind};
+use crate::store::{FixRecovered, Log, kind};
 
 /// Longest ClOrdID accepted (FIX leaves it open; real ones are short).
 pub const CL_ORD_ID_BYTES_MAX: usize = 32;
 
-/// Why a session store cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("FIX store {path}: {source}")]
-    Io { path: String, source: std::io::Error },
-}
-
-/// Sent messages and sequence numbers of one FIX session, on disk.
+/// One FIX session's part of the gateway store ([`crate::store`]): its sequence numbers and
+/// where each message it sent is, for resends.
 pub struct Store {
-    messages: File,
-    sequences: File,
-    /// (MsgSeqNum, offset, length) of every stored message, in order.
+    log: Rc<RefCell<Log>>,
+    client: u32,
+    /// (MsgSeqNum, payload offset, length) of every stored message, in order.
     index: Vec<(u64, u64, u32)>,
-    end: u64,
     pub next_out: u64,
     pub next_in: u64,
+    /// The `next_in` last put in the store.
+    saved_next_in: u64,
 }
 
 impl Store {
-    /// Opens (or creates) `dir/<comp_id>.messages` and `dir/<comp_id>.seqnums`.
-    pub fn open(dir: &Path, comp_id: &str) -> Result<Store, StoreError> {
-        let io = |source, path: &Path| StoreError::Io { path: path.display().to_string(), source };
-        std::fs::create_dir_all(dir).map_err(|e| io(e, dir))?;
-        let messages_path = dir.join(format!("{comp_id}.messages"));
-        let sequences_path = dir.join(format!("{comp_id}.seqnums"));
-        let open = |path: &Path| {
-            OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .open(path)
-                .map_err(|e| io(e, path))
-        };
-        let mut messages = open(&messages_path)?;
-        let mut sequences = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&sequences_path)
-            .map_err(|e| io(e, &sequences_path))?;
-        let mut bytes = Vec::new();
-        messages.read_to_end(&mut bytes).map_err(|e| io(e, &messages_path))?;
-        let (index, end) = index_messages(&bytes);
-        let mut next_in = [0u8; 8];
-        let next_in = match sequences.read_exact(&mut next_in) {
-            Ok(()) => u64::from_le_bytes(next_in).max(1),
-            Err(_) => 1,
-        };
-        let next_out = index.last().map_or(1, |&(seq, _, _)| seq + 1);
-        // A torn last message (crash mid-append) is cut off; the index ends before it.
-        messages.set_len(end).map_err(|e| io(e, &messages_path))?;
-        messages.seek(SeekFrom::End(0)).map_err(|e| io(e, &messages_path))?;
-        Ok(Store { messages, sequences, index, end, next_out, next_in })
+    /// The session's view of `log`, resuming where `past` (what the store held) left off.
+    pub fn open(log: Rc<RefCell<Log>>, client: u32, past: FixRecovered) -> Store {
+        let next_out = past.index.last().map_or(1, |&(seq, _, _)| seq + 1);
+        let next_in = past.next_in.max(1);
+        Store { log, client, index: past.index, next_out, next_in, saved_next_in: next_in }
     }
 
-    /// Appends a sent message. Written before the bytes reach the socket, so a restart never
-    /// forgets a sequence number a client has seen (the page cache survives a process crash;
-    /// a machine crash may lose the tail, which the client then sees as a resend gap).
-    pub fn append(&mut self, seq: u64, bytes: &[u8]) -> std::io::Result<()> {
-        self.messages.write_all(bytes)?;
-        self.index.push((seq, self.end, bytes.len() as u32));
-        self.end += bytes.len() as u64;
-        Ok(())
+    /// Appends a sent message to the store's batch (on disk at the next commit, before the
+    /// message reaches the socket).
+    pub fn append(&mut self, seq: u64, bytes: &[u8]) {
+        let parts: [&[u8]; 2] = [&seq.to_le_bytes(), bytes];
+        let offset = self.log.borrow_mut().append(kind::FIX_SENT, self.client, &parts);
+        self.index.push((seq, offset + 8, bytes.len() as u32));
     }
 
-    /// Persists the next expected inbound sequence number.
-    pub fn save_next_in(&mut self) -> std::io::Result<()> {
-        self.sequences.write_all_at(&self.next_in.to_le_bytes(), 0)
+    /// Holds bytes for the session's link until the store's next commit is durable.
+    pub fn hold(&self, link: &Rc<Link>, bytes: &[u8], limit: usize) {
+        self.log.borrow_mut().hold(link, bytes, limit);
+    }
+
+    /// Puts the next expected inbound sequence number in the store's batch, if it changed.
+    pub fn save_next_in(&mut self) {
+        if self.next_in != self.saved_next_in {
+            let bytes = self.next_in.to_le_bytes();
+            self.log.borrow_mut().append(kind::FIX_NEXT_IN, self.client, &[&bytes]);
+            self.saved_next_in = self.next_in;
+        }
     }
 
     /// Forgets everything (ResetSeqNumFlag): both sequence numbers back to 1.
-    pub fn reset(&mut self) -> std::io::Result<()> {
-        self.messages.set_len(0)?;
+    pub fn reset(&mut self) {
+        self.log.borrow_mut().append(kind::FIX_RESET, self.client, &[]);
         self.index.clear();
-        self.end = 0;
         self.next_out = 1;
         self.next_in = 1;
-        self.save_next_in()
+        self.saved_next_in = 1;
     }
 
     /// The stored messages with MsgSeqNum in `begin..=end`.
     pub fn range(&self, begin: u64, end: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
-        let mut found = Vec::new();
-        for &(seq, offset, len) in self.index.iter().filter(|m| m.0 >= begin && m.0 <= end) {
-            let mut bytes = vec![0u8; len as usize];
-            self.messages.read_exact_at(&mut bytes, offset)?;
-            found.push((seq, bytes));
-        }
-        Ok(found)
+        let log = self.log.borrow();
+        let first = self.index.partition_point(|m| m.0 < begin);
+        self.index[first..]
+            .iter()
+            .take_while(|m| m.0 <= end)
+            .map(|&(seq, offset, len)| Ok((seq, log.read_at(offset, len as usize)?)))
+            .collect()
     }
-}
-
-fn index_messages(bytes: &[u8]) -> (Vec<(u64, u64, u32)>, u64) {
-    let mut index = Vec::new();
-    let mut at = 0usize;
-    while let Ok(Some(len)) = fix::split_frame(&bytes[at..]) {
-        let seq = Message::parse(&bytes[at..at + len])
-            .ok()
-            .and_then(|m| m.get(tag::MSG_SEQ_NUM).and_then(fix::parse_u64));
-        let Some(seq) = seq else { break };
-        index.push((seq, at as u64, len as u32));
-        at += len;
-    }
-    (index, at as u64)
 }
 
 /// A ClOrdID, inline.
@@ -183,24 +141,30 @@ pub struct FixState {
 }
 
 impl FixState {
-    pub fn open(settings: &Settings, comp_id: &str) -> Result<FixState, StoreError> {
-        Ok(FixState {
-            store: Store::open(&settings.fix_store_dir, comp_id)?,
-            comp_id: comp_id.to_string(),
+    pub fn open(
+        settings: &Settings,
+        credential: &Credential,
+        log: Rc<RefCell<Log>>,
+        past: FixRecovered,
+    ) -> FixState {
+        let next_token = past.order_id_max + 1;
+        FixState {
+            store: Store::open(log, credential.client, past),
+            comp_id: credential.comp_id.clone(),
             our_comp_id: settings.fix_comp_id.clone(),
             tokens: HashMap::with_capacity(settings.open_orders_max),
             orders: HashMap::with_capacity(settings.open_orders_max),
-            next_token: 1,
+            next_token,
             builder: Builder::default(),
-        })
+        }
     }
 
-    /// Sends an application or session message: numbers it, stores it, queues it on the live
-    /// link if any. `body` adds the fields after the standard header.
+    /// Sends an application or session message: numbers it, stores it, holds it on the live
+    /// link if any (sent once stored). `body` adds the fields after the standard header.
     pub fn send(
         &mut self,
         msg_type: &[u8],
-        link: Option<&Link>,
+        link: Option<&Rc<Link>>,
         limit: usize,
         body: impl FnOnce(&mut Builder),
     ) {
@@ -213,16 +177,14 @@ impl FixState {
             .field(tag::SENDING_TIME, &now);
         body(builder);
         let bytes = builder.finish();
-        if let Err(error) = self.store.append(seq, bytes) {
-            tracing::error!(comp_id = %self.comp_id, %error, "FIX store append failed");
-        }
+        self.store.append(seq, bytes);
         if let Some(link) = link {
-            link.send(bytes, limit);
+            self.store.hold(link, bytes, limit);
         }
     }
 
     /// Turns an engine event into an ExecutionReport (or an OrderCancelReject) and sends it.
-    pub fn report(&mut self, event: &Event, link: Option<&Link>, limit: usize) {
+    pub fn report(&mut self, event: &Event, link: Option<&Rc<Link>>, limit: usize) {
         let Some(mut order) = self.orders.get(&event.token).copied() else { return };
         if event.kind == event_kind::REJECTED && !matches!(order.pending, Pending::None) {
             order.pending = Pending::None;
@@ -264,7 +226,7 @@ impl FixState {
         token: u32,
         order: &Order,
         reason: u32,
-        link: Option<&Link>,
+        link: Option<&Rc<Link>>,
         limit: usize,
     ) {
         let (cl_ord_id, response_to) = match order.pending {

@@ -12,13 +12,16 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use exchange::msg::{CoreOutput, InboundOrder, OutputKind, REASON_COUNT};
+use pipeline::metrics::now_ns;
 use pipeline::ring::{BatchError, Producer};
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol};
 use crate::engine::{order_id, token_of};
 use crate::fix_session::FixState;
+use crate::metrics::StageMetrics;
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
+use crate::store::{self, Log, StoreError};
 
 /// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).
 pub const REASON_CODES: usize = 256;
@@ -43,8 +46,12 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// Time a connection has to log on.
     pub logon_timeout: Duration,
-    /// Where FIX sessions persist their sequence numbers and sent messages.
-    pub fix_store_dir: PathBuf,
+    /// Where the store ([`crate::store`]) keeps FIX sessions' sequence numbers and sent
+    /// messages and native sessions' sequenced events.
+    pub store_dir: PathBuf,
+    /// `fdatasync` each store batch before its messages are sent (group commit); off, a batch
+    /// is written (it survives a killed process, not a power failure) and sent at once.
+    pub store_sync: bool,
     /// The acceptor's SenderCompID.
     pub fix_comp_id: String,
 }
@@ -62,33 +69,95 @@ impl Default for Settings {
             open_orders_max: 1 << 12,
             heartbeat: Duration::from_secs(1),
             logon_timeout: Duration::from_secs(5),
-            fix_store_dir: PathBuf::from("fix-store"),
+            store_dir: PathBuf::from("gateway-store"),
+            store_sync: true,
             fix_comp_id: "LEANTIER".into(),
         }
     }
 }
 
-/// A live connection's outbound side: bytes waiting for its writer, bounded.
+/// A live connection's outbound side: bytes waiting for its writer, and bytes held until the
+/// store has made their records durable ([`crate::store`]); both bounded together.
 #[derive(Default)]
 pub struct Link {
     pub out: RefCell<Vec<u8>>,
     pub wake: Notify,
     /// Set once when the session must end; the connection logs it and closes.
     pub cut: Cell<Option<&'static str>>,
+    held: RefCell<Vec<u8>>,
+    /// (store write epoch, end of the held bytes that wait for it), oldest first.
+    marks: RefCell<VecDeque<(u64, usize)>>,
+    /// Whether the store's list of links with held bytes has this one.
+    pub waiting: Cell<bool>,
 }
 
 impl Link {
     /// Queues bytes; past `limit` queued bytes the session is cut off as a slow consumer.
     pub fn send(&self, bytes: &[u8], limit: usize) -> bool {
-        let mut out = self.out.borrow_mut();
-        if out.len() + bytes.len() > limit {
+        if !self.admit(bytes.len(), limit) {
+            return false;
+        }
+        self.out.borrow_mut().extend_from_slice(bytes);
+        self.wake.notify_one();
+        true
+    }
+
+    /// Holds bytes until the store's next commit is durable (see [`crate::store::Log::hold`]).
+    pub fn hold(&self, bytes: &[u8], limit: usize) -> bool {
+        if !self.admit(bytes.len(), limit) {
+            return false;
+        }
+        self.held.borrow_mut().extend_from_slice(bytes);
+        true
+    }
+
+    fn admit(&self, bytes: usize, limit: usize) -> bool {
+        let queued = self.out.borrow().len() + self.held.borrow().len();
+        if queued + bytes > limit {
             self.cut.set(Some("slow consumer: outbound buffer full"));
             self.wake.notify_one();
             return false;
         }
-        out.extend_from_slice(bytes);
-        self.wake.notify_one();
         true
+    }
+
+    /// Whether bytes wait for the store.
+    pub fn is_holding(&self) -> bool {
+        !self.held.borrow().is_empty()
+    }
+
+    /// The bytes held so far wait for write epoch `epoch`.
+    pub fn mark(&self, epoch: u64) {
+        let end = self.held.borrow().len();
+        let mut marks = self.marks.borrow_mut();
+        if end == marks.back().map_or(0, |mark| mark.1) {
+            return; // nothing held since the last mark
+        }
+        match marks.back_mut() {
+            Some(last) if last.0 == epoch => last.1 = end,
+            _ => marks.push_back((epoch, end)),
+        }
+    }
+
+    /// Moves the held bytes whose epoch is durable to the outbox; whether any stay held.
+    pub fn release(&self, durable: u64) -> bool {
+        let mut marks = self.marks.borrow_mut();
+        let mut upto = 0;
+        while let Some(&(epoch, end)) = marks.front() {
+            if epoch > durable {
+                break;
+            }
+            upto = end;
+            marks.pop_front();
+        }
+        let mut held = self.held.borrow_mut();
+        if upto > 0 {
+            self.out.borrow_mut().extend_from_slice(&held[..upto]);
+            held.drain(..upto);
+            marks.iter_mut().for_each(|mark| mark.1 -= upto);
+            self.wake.notify_one();
+        }
+        !held.is_empty()
     }
 }
 
@@ -198,6 +267,10 @@ pub struct Hub {
     pub unroutable: u64,
     /// Reused encoding buffer (no allocation on the routing path).
     scratch: Vec<u8>,
+    /// The durable store every session's sequenced output goes through.
+    pub log: Rc<RefCell<Log>>,
+    /// Per-stage counters and latencies (the metrics listener prints them).
+    pub stage: StageMetrics,
 }
 
 impl Hub {
@@ -205,21 +278,30 @@ impl Hub {
         settings: Settings,
         credentials: Vec<Credential>,
         ingress: Producer<InboundOrder>,
-    ) -> Result<Hub, crate::fix_session::StoreError> {
+    ) -> Result<Hub, StoreError> {
+        let (log, mut recovered) =
+            Log::open(&settings.store_dir, settings.store_sync, settings.replay_events_max)?;
+        let log = Rc::new(RefCell::new(log));
         let mut clients = Vec::with_capacity(credentials.len());
         let mut by_id = HashMap::with_capacity(credentials.len());
         for credential in credentials {
             by_id.insert(credential.client, clients.len());
             let fix = match credential.protocol {
-                Protocol::Fix => Some(FixState::open(&settings, &credential.comp_id)?),
+                Protocol::Fix => {
+                    let past = recovered.fix.remove(&credential.client).unwrap_or_default();
+                    Some(FixState::open(&settings, &credential, log.clone(), past))
+                }
                 Protocol::Native => None,
             };
+            let past = recovered.native.remove(&credential.client).unwrap_or_default();
+            let mut journal = VecDeque::with_capacity(settings.replay_events_max);
+            journal.extend(past.events);
             clients.push(Client {
                 counters: Counters::default(),
                 link: None,
                 generation: 0,
-                journal: VecDeque::with_capacity(settings.replay_events_max),
-                next_seq: 1,
+                journal,
+                next_seq: past.next_seq.max(1),
                 open: HashMap::with_capacity(settings.open_orders_max),
                 throttle: Throttle::new(settings.throttle_msgs_per_s),
                 fix,
@@ -227,7 +309,13 @@ impl Hub {
             });
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
-        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch })
+        let stage = StageMetrics::default();
+        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage })
+    }
+
+    /// Ends a unit of work: writes the store's batch and releases what is durable.
+    pub fn commit(&mut self) {
+        self.log.borrow_mut().commit();
     }
 
     pub fn client_index(&self, client: u32) -> Option<usize> {
@@ -241,7 +329,9 @@ impl Hub {
     }
 
     /// Throttles, then pushes a request into the tier's ingress ring without waiting.
-    pub fn submit(&mut self, at: usize, request: InboundOrder) -> Result<(), Refused> {
+    pub fn submit(&mut self, at: usize, mut request: InboundOrder) -> Result<(), Refused> {
+        // The arrival time: the server-side order→report latency is measured from here.
+        request.stamps.intended_ns = now_ns();
         let client = &mut self.clients[at];
         client.counters.orders_in += 1;
         if !client.throttle.admit(Instant::now()) {
@@ -254,7 +344,10 @@ impl Hub {
             return Err(Refused::Busy);
         }
         match self.ingress.try_write_batch(1, |_, slot| *slot = request) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.stage.engine_in += 1;
+                Ok(())
+            }
             Err(BatchError::Full | BatchError::Disconnected | BatchError::TooLarge { .. }) => {
                 client.counters.busy += 1;
                 Err(Refused::Busy)
@@ -264,6 +357,7 @@ impl Hub {
 
     /// Routes one engine report to its client, in its protocol.
     pub fn route(&mut self, output: &CoreOutput) {
+        self.stage.on_report(output, now_ns());
         let Some(at) = self.client_index(output.client) else {
             self.unroutable += 1;
             return;
@@ -277,8 +371,11 @@ impl Hub {
         }
         track_open(&mut client.open, &event);
         match client.fix.as_mut() {
-            Some(fix) => fix.report(&event, client.link.as_deref(), limit),
-            None => publish_native(client, event, &self.settings, &mut self.scratch),
+            Some(fix) => fix.report(&event, client.link.as_ref(), limit),
+            None => {
+                let log = &mut self.log.borrow_mut();
+                publish_native(client, event, &self.settings, &mut self.scratch, log);
+            }
         }
     }
 
@@ -295,7 +392,8 @@ impl Hub {
             price: order.price,
             ..Event::default()
         };
-        publish_native(client, event, &self.settings, &mut self.scratch);
+        let log = &mut self.log.borrow_mut();
+        publish_native(client, event, &self.settings, &mut self.scratch, log);
     }
 
     /// The requests that cancel every open order of a client (cancel-on-disconnect).
@@ -317,7 +415,9 @@ impl Hub {
 
     /// Pushes a request without throttling (cancel-on-disconnect).
     pub fn push_unthrottled(&mut self, request: InboundOrder) -> Result<(), BatchError> {
-        self.ingress.try_write_batch(1, |_, slot| *slot = request)
+        self.ingress.try_write_batch(1, |_, slot| *slot = request)?;
+        self.stage.engine_in += 1;
+        Ok(())
     }
 }
 
@@ -355,19 +455,27 @@ fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
     }
 }
 
-/// Sequences a native event, keeps it for replay and sends it to the live connection.
-fn publish_native(client: &mut Client, event: Event, settings: &Settings, scratch: &mut Vec<u8>) {
+/// Sequences a native event, stores it, keeps it for replay and holds it for the live
+/// connection until the store has it on disk.
+fn publish_native(
+    client: &mut Client,
+    event: Event,
+    settings: &Settings,
+    scratch: &mut Vec<u8>,
+    log: &mut Log,
+) {
     let seq = client.next_seq;
     client.next_seq += 1;
     if client.journal.len() == settings.replay_events_max {
         client.journal.pop_front();
     }
     client.journal.push_back(event);
+    scratch.clear();
+    native::encode_server(&ServerMsg::Sequenced { seq, event }, scratch);
+    log.append(store::kind::NATIVE_EVENT, client.credential.client, &[scratch]);
     if let Some(link) = &client.link {
-        scratch.clear();
-        native::encode_server(&ServerMsg::Sequenced { seq, event }, scratch);
         // A full outbox cuts the session off (counted when it detaches); routing goes on.
-        link.send(scratch, settings.outbox_bytes_max);
+        log.hold(link, scratch, settings.outbox_bytes_max);
     }
 }
 
@@ -387,7 +495,9 @@ mod tests {
             comp_id: "N1".into(),
             hash: String::new(),
         };
-        let mut hub = Hub::new(Settings::default(), vec![credential], ingress).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings { store_dir: dir.path().to_path_buf(), ..Settings::default() };
+        let mut hub = Hub::new(settings, vec![credential], ingress).unwrap();
         let request = InboundOrder {
             kind: exchange::msg::request_kind::NEW,
             client: 1,

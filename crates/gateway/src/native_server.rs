@@ -14,7 +14,7 @@ use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
 use crate::native::{
     self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,
 };
-use crate::session::{Conn, Flow, detach, write_out};
+use crate::session::{Conn, Flow, detach, write_final, write_out};
 
 /// Bytes buffered from one connection (many frames per read).
 const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;
@@ -40,8 +40,9 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
                 Ok(_) => {
                     conn.last_read = Instant::now();
                     let flow = drain(&mut hub.borrow_mut(), at, &link, &mut buffer);
+                    hub.borrow_mut().commit();
                     if let Flow::Close(reason) = flow {
-                        let _ = write_out(&mut stream, &link, &mut conn).await;
+                        write_final(&mut stream, &link, &mut conn).await;
                         break reason;
                     }
                 }
@@ -180,7 +181,10 @@ async fn login(
     };
     let attached = attach(&mut hub.borrow_mut(), at, next_seq);
     match attached {
-        Ok(()) => Some(at),
+        Ok(()) => {
+            hub.borrow_mut().commit();
+            Some(at)
+        }
         Err(reason) => answer(stream, reject(reason)).await,
     }
 }
@@ -204,9 +208,10 @@ fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
         native::encode_server(&ServerMsg::Sequenced { seq, event: *event }, &mut frames);
     }
     // The replay bypasses the outbox bound: it is bounded by `replay_events_max` frames and
-    // is written before the session takes new reports.
+    // is written before the session takes new reports. It is held like them: the newest
+    // events it replays may still wait for their sync.
     let link = Rc::new(Link::default());
-    link.out.borrow_mut().extend_from_slice(&frames);
+    hub.log.borrow_mut().hold(&link, &frames, usize::MAX);
     client.link = Some(link);
     client.generation += 1;
     client.counters.logons += 1;

@@ -2,7 +2,6 @@
 //! with the native and FIX listeners, the router and the metrics listener.
 
 use std::cell::RefCell;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::thread::JoinHandle;
@@ -38,6 +37,8 @@ pub struct ServeOptions {
     pub master: MasterData,
     pub core_limits: CoreLimits,
     pub ring: RingConfig,
+    /// The engine's input journal.
+    pub journal: engine::EngineJournal,
 }
 
 /// A running server.
@@ -84,9 +85,11 @@ pub enum ServeError {
     #[error("binding {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
-    Store(#[from] crate::fix_session::StoreError),
+    Store(#[from] crate::store::StoreError),
     #[error("ring: {0}")]
     Ring(#[from] pipeline::ring::RingError),
+    #[error("engine journal: {0:#}")]
+    Journal(#[from] anyhow::Error),
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
@@ -104,9 +107,18 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
     let (listen, fix_listen, metrics_listen) =
         (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
-    let link = engine::start(options.master, options.core_limits, &options.ring)?;
+    let link = engine::start(options.master, options.core_limits, &options.ring, &options.journal)?;
+    if let Some(recovery) = &link.recovery {
+        tracing::info!(
+            recovered_seq = recovery.recovered_seq,
+            replayed = recovery.replayed_records,
+            snapshot = ?recovery.snapshot_seq,
+            "engine journal recovered"
+        );
+    }
     let (settings, credentials, ingress) = (options.settings, options.credentials, link.ingress);
     let (egress, ready, engine_thread) = (link.egress, link.reports_ready, link.thread);
+    let engine_taken = link.taken;
     let (stop, stopped) = oneshot::channel();
     // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
     let (built, hub_result) = std::sync::mpsc::sync_channel(1);
@@ -114,7 +126,8 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
         .name("gateway-io".into())
         .spawn(move || {
             let hub = match Hub::new(settings, credentials, ingress) {
-                Ok(hub) => {
+                Ok(mut hub) => {
+                    hub.stage.engine_taken = engine_taken;
                     let _ = built.send(Ok(()));
                     hub
                 }
@@ -134,7 +147,11 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
             // Dropping the hub drops the ingress producer: the engine sees the ring closed.
             drop(local);
             drop(hub);
-            let _ = engine_thread.join();
+            match engine_thread.join() {
+                Ok(Err(error)) => tracing::error!(%error, "engine journal at shutdown"),
+                Err(_) => tracing::error!("the engine thread panicked"),
+                Ok(Ok(())) => {}
+            }
         })
         .expect("spawning the gateway I/O thread");
     hub_result.recv().expect("the I/O thread reports the hub")?;
@@ -155,6 +172,10 @@ async fn run(
     if let Some(fix) = fix {
         let fix = TcpListener::from_std(fix).expect("tokio listener");
         tokio::task::spawn_local(accept_loop(hub.clone(), fix, true));
+    }
+    let synced = hub.borrow().log.borrow().synced_notify();
+    if let Some(synced) = synced {
+        tokio::task::spawn_local(release_loop(hub.clone(), synced));
     }
     if let Some(metrics) = metrics {
         let metrics = TcpListener::from_std(metrics).expect("tokio listener");
@@ -177,7 +198,10 @@ async fn route(
         loop {
             let moved = {
                 let mut hub = hub.borrow_mut();
-                egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output))
+                let moved = egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output));
+                hub.stage.egress_depth = egress.len();
+                hub.commit();
+                moved
             };
             if moved == 0 {
                 break;
@@ -187,6 +211,14 @@ async fn route(
         if egress.is_disconnected() {
             return;
         }
+    }
+}
+
+/// Sends what the store's syncer has just made durable.
+async fn release_loop(hub: Rc<RefCell<Hub>>, synced: std::sync::Arc<Notify>) {
+    loop {
+        synced.notified().await;
+        hub.borrow().log.borrow_mut().release();
     }
 }
 
@@ -231,7 +263,7 @@ async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
             let _ =
                 tokio::time::timeout(std::time::Duration::from_secs(1), stream.read(&mut request))
                     .await;
-            let body = prometheus_text(&hub.borrow());
+            let body = crate::metrics::prometheus_text(&hub.borrow());
             let head = format!(
                 "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
                 body.len()
@@ -240,52 +272,4 @@ async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
             let _ = stream.write_all(body.as_bytes()).await;
         });
     }
-}
-
-/// Reads one counter of a client.
-type CounterOf = fn(&crate::hub::Counters) -> u64;
-
-/// The counters in the Prometheus text format.
-pub fn prometheus_text(hub: &Hub) -> String {
-    let mut text = String::new();
-    let metrics: [(&str, &str, CounterOf); 7] = [
-        ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
-        ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
-        ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
-        ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
-        ("gateway_cut_off_total", "sessions cut off as slow consumers", |c| c.cut_off),
-        ("gateway_logons_total", "successful logons", |c| c.logons),
-        ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
-    ];
-    for (name, help, value) in metrics {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
-        for client in &hub.clients {
-            let _ = writeln!(
-                text,
-                "{name}{{client=\"{}\"}} {}",
-                client.credential.client,
-                value(&client.counters)
-            );
-        }
-    }
-    let _ = writeln!(
-        text,
-        "# HELP gateway_rejects_total rejects by reason code\n# TYPE gateway_rejects_total counter"
-    );
-    for client in &hub.clients {
-        for (reason, &count) in client.counters.rejects.iter().enumerate().filter(|(_, c)| **c > 0)
-        {
-            let _ = writeln!(
-                text,
-                "gateway_rejects_total{{client=\"{}\",reason=\"{reason}\"}} {count}",
-                client.credential.client
-            );
-        }
-    }
-    let _ = writeln!(
-        text,
-        "# TYPE gateway_unroutable_total counter\ngateway_unroutable_total {}",
-        hub.unroutable
-    );
-    text
 }

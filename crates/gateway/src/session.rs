@@ -15,6 +15,9 @@ const TIMER_TICK_MAX: Duration = Duration::from_millis(250);
 /// Wait before retrying cancel-on-disconnect requests the full ingress ring refused.
 const CANCEL_RETRY: Duration = Duration::from_millis(10);
 
+/// How long a closing session waits for the store to release its last messages.
+const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Whether a connection goes on.
 pub enum Flow {
     Continue,
@@ -66,6 +69,18 @@ pub async fn write_out(
     conn.writing.clear();
     conn.last_write = Instant::now();
     result
+}
+
+/// Writes what the session queued before it closes, first waiting (boundedly) for the store
+/// to release what it holds: a closing answer such as a Logout is held like any other message.
+pub async fn write_final(stream: &mut TcpStream, link: &Link, conn: &mut Conn) {
+    let deadline = tokio::time::Instant::now() + CLOSE_FLUSH_TIMEOUT;
+    while link.is_holding() {
+        if tokio::time::timeout_at(deadline, link.wake.notified()).await.is_err() {
+            break;
+        }
+    }
+    let _ = write_out(stream, link, conn).await;
 }
 
 /// Detaches the connection from its client; after the grace window, if the client has not

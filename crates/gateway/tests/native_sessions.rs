@@ -34,11 +34,12 @@ fn start(settings: Settings) -> (Running, tempfile::TempDir) {
         listen: "127.0.0.1:0".parse().unwrap(),
         fix_listen: None,
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        settings: Settings { fix_store_dir: dir.path().to_path_buf(), ..settings },
+        settings: Settings { store_dir: dir.path().to_path_buf(), ..settings },
         credentials,
         master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
         core_limits: Default::default(),
         ring: Default::default(),
+        journal: Default::default(),
     };
     (server::start(options).unwrap(), dir)
 }
@@ -277,6 +278,51 @@ fn a_slow_consumer_is_cut_off_and_others_are_served() {
         })
         .find(|m| m.contains("gateway_cut_off_total{client=\"1\"} 1"));
     assert!(metrics.is_some(), "cut-off counted");
+}
+
+/// The value of the sample named exactly `series` (name and labels) in a scrape.
+fn sample(metrics: &str, series: &str) -> f64 {
+    let line = metrics
+        .lines()
+        .find(|line| line.strip_prefix(series).is_some_and(|rest| rest.starts_with(' ')))
+        .unwrap_or_else(|| panic!("no {series} in\n{metrics}"));
+    line[series.len()..].trim().parse().unwrap()
+}
+
+#[test]
+fn the_metrics_listener_serves_sessions_stages_and_latencies() {
+    let (server, _dir) = start(Settings::default());
+    let mut session = logged_in(server.listen, 1, 0);
+    for token in 1..=3 {
+        session.send(&ClientMsg::NewOrder(order(1, token, 0, 1))).unwrap();
+        assert_eq!(next_event(&mut session).1.kind, event_kind::ACCEPTED);
+    }
+    // Another client's id in the order: rejected by the gateway, counted by reason.
+    session.send(&ClientMsg::NewOrder(order(2, 4, 0, 1))).unwrap();
+    assert_eq!(next_event(&mut session).1.reason, gateway_reason::WRONG_CLIENT);
+    let metrics = http_get(server.metrics_listen.unwrap());
+    assert!(metrics.starts_with("HTTP/1.0 200 OK"), "{metrics}");
+    assert_eq!(sample(&metrics, "gateway_orders_in_total{client=\"1\"}"), 3.0);
+    let wrong_client = format!(
+        "gateway_rejects_total{{client=\"1\",reason=\"{}\"}}",
+        gateway_reason::WRONG_CLIENT
+    );
+    assert_eq!(sample(&metrics, &wrong_client), 1.0);
+    assert_eq!(sample(&metrics, "gateway_engine_in_total"), 3.0);
+    assert_eq!(sample(&metrics, "gateway_engine_out_total"), 3.0);
+    assert_eq!(sample(&metrics, "gateway_ring_depth{ring=\"ingress\"}"), 0.0);
+    assert_eq!(sample(&metrics, "gateway_order_to_report_seconds_count"), 3.0);
+    assert_eq!(sample(&metrics, "gateway_engine_service_seconds_count"), 3.0);
+    let p50 = sample(&metrics, "gateway_order_to_report_seconds{quantile=\"0.5\"}");
+    let max = sample(&metrics, "gateway_order_to_report_seconds{quantile=\"1\"}");
+    let service = sample(&metrics, "gateway_engine_service_seconds{quantile=\"1\"}");
+    assert!(p50 > 0.0 && p50 <= max && max < WAIT.as_secs_f64(), "{p50} {max}");
+    assert!(
+        service > 0.0 && service <= max,
+        "the engine's time is part of the whole: {service} {max}"
+    );
+    assert!(sample(&metrics, "gateway_store_commits_total") >= 1.0);
+    assert_eq!(sample(&metrics, "gateway_store_failed"), 0.0);
 }
 
 fn http_get(addr: SocketAddr) -> String {

@@ -7,12 +7,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::client::{NativeClient, describe, parse_script_line};
+use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
+use crate::commands::values::one_of;
 use crate::outcome::BadInput;
 
 /// Runs the tier as a server: orders over the native protocol and FIX 4.4.
@@ -25,14 +28,24 @@ pub struct ServeArgs {
     #[arg(long)]
     pub fix_listen: Option<SocketAddr>,
     /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
-    /// relative to this file), `fix_store_dir`, `fix_comp_id`, `throttle_msgs_per_s`,
+    /// relative to this file), `store_dir` (the durable store of FIX and native sessions;
+    /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
+    /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
     /// `clients`.
     #[arg(long)]
     pub config: PathBuf,
-    /// Address of a Prometheus text-format metrics listener (per-session counters).
+    /// Address of a Prometheus text-format metrics listener: per-session counters (orders in,
+    /// rejects by reason, throttled, cut off), per-stage counters and ring depths, and latency
+    /// summaries (engine service time, order→report inside the server).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// The engine's input journal, in `<store_dir>/engine`: `group` journals every sequenced
+    /// input with group commit off the engine thread and sends each execution report only once
+    /// its input is on disk; a restart rebuilds the books from it. `sync` and `relaxed` are the
+    /// journal's other policies (see `exchange run`); `off`: books are lost on restart.
+    #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
+    pub journal: JournalMode,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -68,7 +81,9 @@ pub struct HashSecretArgs {}
 #[serde(deny_unknown_fields)]
 struct ServeConfig {
     credentials: PathBuf,
-    fix_store_dir: Option<PathBuf>,
+    #[serde(alias = "fix_store_dir")]
+    store_dir: Option<PathBuf>,
+    store_sync: Option<bool>,
     fix_comp_id: Option<String>,
     throttle_msgs_per_s: Option<u32>,
     cancel_on_disconnect_ms: Option<u64>,
@@ -89,8 +104,8 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
         },
         outbox_bytes_max: config.outbox_bytes_max.unwrap_or(defaults.outbox_bytes_max),
         heartbeat: config.heartbeat_ms.map_or(defaults.heartbeat, Duration::from_millis),
-        fix_store_dir: base
-            .join(config.fix_store_dir.clone().unwrap_or(defaults.fix_store_dir.clone())),
+        store_dir: base.join(config.store_dir.clone().unwrap_or(defaults.store_dir.clone())),
+        store_sync: config.store_sync.unwrap_or(defaults.store_sync),
         fix_comp_id: config.fix_comp_id.clone().unwrap_or(defaults.fix_comp_id.clone()),
         ..defaults
     }
@@ -107,6 +122,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let credentials = gateway::credentials::parse(&read(&base.join(&config.credentials))?)
         .map_err(|e| BadInput(e.to_string()))?;
     let settings = settings_from(&config, base);
+    let store_dir = settings.store_dir.clone();
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
         || settings.outbox_bytes_max == 0
@@ -129,6 +145,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         master: reference_master_data(&universe),
         core_limits: Default::default(),
         ring: Default::default(),
+        journal: EngineJournal { mode: args.journal, dir: store_dir.join("engine") },
     })?;
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {

@@ -14,11 +14,12 @@ pub fn start_fix_server(store: &Path, credentials: Vec<Credential>, clients: u32
         listen: "127.0.0.1:0".parse().unwrap(),
         fix_listen: Some("127.0.0.1:0".parse().unwrap()),
         metrics_listen: None,
-        settings: Settings { fix_store_dir: store.to_path_buf(), ..Settings::default() },
+        settings: Settings { store_dir: store.to_path_buf(), ..Settings::default() },
         credentials,
         master: reference_master_data(&UniverseConfig { instruments: 4, clients }),
         core_limits: Default::default(),
         ring: Default::default(),
+        journal: Default::default(),
     };
     server::start(options).unwrap()
 }

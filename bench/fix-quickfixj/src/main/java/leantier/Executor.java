@@ -83,10 +83,11 @@ public final class Executor extends MessageCracker implements Application {
         settings.setString(id, "NonStopSession", "Y");
         settings.setString(id, "UseDataDictionary", "Y");
         settings.setString(id, "DataDictionary", "FIX44.xml");
-        // Like leantier's acceptor: sent messages and sequence numbers go to files (written, not
-        // synced), so a restart can resend.
+        // Like leantier's acceptor: sent messages and sequence numbers go to files, so a restart
+        // can resend; synced before sending when the sixth argument is Y (leantier's
+        // store_sync), written only otherwise (the default).
         settings.setString(id, "FileStorePath", args[4]);
-        settings.setString(id, "FileStoreSync", "N");
+        settings.setString(id, "FileStoreSync", args.length > 5 ? args[5] : "N");
         Acceptor acceptor = new SocketAcceptor(new Executor(args[3]), new FileStoreFactory(settings), settings,
             new ScreenLogFactory(false, false, false), new DefaultMessageFactory());
         acceptor.start();

@@ -1,0 +1,189 @@
+//! What `exchange serve --metrics-listen` serves, in the Prometheus text format: per session
+//! (orders in, reports out, rejects by reason, throttled, busy, cut off, logons, garbled), per
+//! stage (requests into the engine and reports out of it, ring depths, the store's commits),
+//! and latency summaries measured inside the server: the engine's service time per request
+//! and the time from a request's arrival to its report being queued for the client's socket
+//! (pre-process checks, ingress ring, engine, journal release, store sync included).
+//!
+//! Everything is recorded on the thread that owns it (counters and histograms live in the
+//! hub, on the I/O thread; the engine only stamps times into the messages it already
+//! carries), so a scrape takes no lock and the hot path pays a clock read and a histogram
+//! increment per message.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use exchange::msg::CoreOutput;
+use lab::stats::LatencyHistogram;
+
+use crate::hub::{Counters, Hub};
+
+/// Quantiles each latency summary reports (1.0: the maximum).
+const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
+
+/// The stages' counters and the latency histograms.
+#[derive(Default)]
+pub struct StageMetrics {
+    /// Requests pushed into the engine's ingress ring.
+    pub engine_in: u64,
+    /// Reports taken off the engine's egress ring.
+    pub engine_out: u64,
+    /// Requests the engine has taken off its ingress ring (the engine adds each batch).
+    pub engine_taken: Arc<AtomicU64>,
+    /// Reports waiting on the egress ring at the last routing batch.
+    pub egress_depth: usize,
+    /// Arrival of a request at the gateway → its report queued for the client.
+    pub order_to_report: Summary,
+    /// The engine's service time: request taken off the ring → report ready.
+    pub engine_service: Summary,
+}
+
+impl StageMetrics {
+    /// Records a report's latencies from the stamps it carries.
+    pub fn on_report(&mut self, output: &CoreOutput, now_ns: u64) {
+        self.engine_out += 1;
+        let stamps = &output.stamps;
+        if stamps.intended_ns != 0 {
+            self.order_to_report.record(now_ns.saturating_sub(stamps.intended_ns));
+        }
+        if stamps.core_in_ns != 0 && stamps.ready_ns >= stamps.core_in_ns {
+            self.engine_service.record(stamps.ready_ns - stamps.core_in_ns);
+        }
+    }
+}
+
+/// A latency histogram with the sum a Prometheus summary carries.
+#[derive(Default)]
+pub struct Summary {
+    histogram: LatencyHistogram,
+    sum_ns: u64,
+}
+
+impl Summary {
+    pub fn record(&mut self, ns: u64) {
+        self.histogram.record_ns(ns);
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.histogram.count()
+    }
+
+    fn write(&self, text: &mut String, name: &str, help: &str) {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} summary");
+        if self.count() > 0 {
+            for quantile in QUANTILES {
+                let ns = self.histogram.value_at_percentile_ns(quantile * 100.0);
+                let _ = writeln!(text, "{name}{{quantile=\"{quantile}\"}} {}", seconds(ns));
+            }
+        }
+        let _ =
+            writeln!(text, "{name}_sum {}\n{name}_count {}", seconds(self.sum_ns), self.count());
+    }
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Reads one counter of a client.
+type CounterOf = fn(&Counters) -> u64;
+
+/// The metrics in the Prometheus text format.
+pub fn prometheus_text(hub: &Hub) -> String {
+    let mut text = String::new();
+    per_session(&mut text, hub);
+    per_stage(&mut text, hub);
+    text
+}
+
+fn per_session(text: &mut String, hub: &Hub) {
+    let metrics: [(&str, &str, CounterOf); 7] = [
+        ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
+        ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
+        ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
+        ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
+        ("gateway_cut_off_total", "sessions cut off as slow consumers", |c| c.cut_off),
+        ("gateway_logons_total", "successful logons", |c| c.logons),
+        ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
+    ];
+    for (name, help, value) in metrics {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
+        for client in &hub.clients {
+            let (id, count) = (client.credential.client, value(&client.counters));
+            let _ = writeln!(text, "{name}{{client=\"{id}\"}} {count}");
+        }
+    }
+    let _ = writeln!(
+        text,
+        "# HELP gateway_rejects_total rejects by reason code\n# TYPE gateway_rejects_total counter"
+    );
+    for client in &hub.clients {
+        let id = client.credential.client;
+        for (reason, &count) in client.counters.rejects.iter().enumerate().filter(|(_, c)| **c > 0)
+        {
+            let _ = writeln!(
+                text,
+                "gateway_rejects_total{{client=\"{id}\",reason=\"{reason}\"}} {count}"
+            );
+        }
+    }
+}
+
+fn per_stage(text: &mut String, hub: &Hub) {
+    let stage = &hub.stage;
+    // Relaxed: a statistic; the engine adds to it after each batch, nothing is published by it.
+    let taken = stage.engine_taken.load(Ordering::Relaxed);
+    let ingress_depth = stage.engine_in.saturating_sub(taken);
+    let log = hub.log.borrow();
+    let counters: [(&str, &str, u64); 5] = [
+        (
+            "gateway_engine_in_total",
+            "requests pushed into the engine's ingress ring",
+            stage.engine_in,
+        ),
+        (
+            "gateway_engine_out_total",
+            "reports taken off the engine's egress ring",
+            stage.engine_out,
+        ),
+        (
+            "gateway_unroutable_total",
+            "reports for a client id not in the credentials",
+            hub.unroutable,
+        ),
+        (
+            "gateway_store_commits_total",
+            "store batches written (one write, one fdatasync each)",
+            log.commits,
+        ),
+        ("gateway_store_bytes_total", "bytes written to the store", log.bytes_written),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
+    let _ = writeln!(
+        text,
+        "# HELP gateway_ring_depth messages waiting on a ring\n# TYPE gateway_ring_depth gauge\n\
+         gateway_ring_depth{{ring=\"ingress\"}} {ingress_depth}\n\
+         gateway_ring_depth{{ring=\"egress\"}} {}",
+        stage.egress_depth
+    );
+    let _ = writeln!(
+        text,
+        "# HELP gateway_store_failed 1 once a store write or sync failed (output is held)\n\
+         # TYPE gateway_store_failed gauge\ngateway_store_failed {}",
+        u8::from(log.has_failed())
+    );
+    stage.order_to_report.write(
+        text,
+        "gateway_order_to_report_seconds",
+        "request arrival at the gateway to its report queued for the client",
+    );
+    stage.engine_service.write(
+        text,
+        "gateway_engine_service_seconds",
+        "engine service time per request (checks, journal hand-off, matching)",
+    );
+}

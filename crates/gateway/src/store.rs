@@ -1,0 +1,540 @@
+//! The gateway's durable store: one append-only file (`gateway.store` in the store directory)
+//! with every session's sequenced output — FIX messages sent and inbound sequence numbers, the
+//! native protocol's sequenced events — so that a restarted server resends (FIX) or replays
+//! (native) what a client missed, under the sequence numbers the client already saw.
+//!
+//! # Group commit, and the order of disk and socket
+//!
+//! Sessions append records to an in-memory batch ([`Log::append`]) and queue the bytes for
+//! the client as *held* on its link ([`Log::hold`]). At the end of each unit of work on the I/O
+//! thread (a batch of engine reports routed, one read from a connection, a timer)
+//! [`Log::commit`] writes the whole batch with one `write` and asks the syncer thread for one
+//! `fdatasync`; the held bytes are released to the connections only when that sync is done
+//! ([`Log::release`]). So a client never sees a sequence number the store could forget, and a
+//! restart never reuses one: the FIX session resumes without a sequence-number lock-out and
+//! the native session replays exactly what it sent. The sync runs on its own thread, so the I/O
+//! thread goes on reading and routing while the disk works, and every record that arrives during
+//! one sync rides on the next (the batch grows with the load and the sync cost is shared).
+//! With `store_sync` off the batch is written (it survives a killed process, not a power
+//! failure) and released at once.
+//!
+//! The journal crate does not fit here: it stores fixed-size records with consecutive
+//! sequence numbers of one stream, while this store interleaves variable-size FIX messages and
+//! native events of many sessions, each numbered by its own session.
+//!
+//! # On disk
+//!
+//! Records `[payload_bytes: u32][crc32c: u32][kind: u8][client: u32][payload]`, little-endian;
+//! the checksum covers kind, client and payload. Recovery reads them in order; a record that is
+//! cut short or fails its checksum ends the store: the tail from it on is a write torn by a
+//! crash (never released to any client, since release waits for the sync) and is truncated, as
+//! long as it is no longer than [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store
+//! refuses to open ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+use tokio::sync::Notify;
+
+use crate::fix;
+use crate::hub::Link;
+use crate::native::{self, Event, ServerMsg};
+
+/// Bytes of a record's header.
+const HEADER_BYTES: usize = 13;
+/// Largest payload: a FIX message (header and trailer included) and its sequence number.
+pub const PAYLOAD_BYTES_MAX: usize = fix::BODY_BYTES_MAX + 256;
+/// Longest tail recovery cuts off as a torn write. A batch is bounded by what one unit of work
+/// produces (a route batch of 256 reports, one read buffer of requests): far below this.
+pub const TORN_TAIL_BYTES_MAX: u64 = 8 << 20;
+/// The store's file name inside the store directory.
+pub const FILE_NAME: &str = "gateway.store";
+
+/// Record kinds.
+pub mod kind {
+    /// A FIX message sent: `[MsgSeqNum: u64][the message]`.
+    pub const FIX_SENT: u8 = b'M';
+    /// The next expected inbound FIX MsgSeqNum: `[u64]`.
+    pub const FIX_NEXT_IN: u8 = b'I';
+    /// ResetSeqNumFlag: the session starts again at 1 both ways (empty payload).
+    pub const FIX_RESET: u8 = b'R';
+    /// A native sequenced event: its wire frame (`ServerMsg::Sequenced`).
+    pub const NATIVE_EVENT: u8 = b'S';
+}
+
+/// Why the store cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("gateway store {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error(
+        "gateway store {path}: bad record at byte {offset} with {tail_bytes} bytes after it \
+         (a torn write is at most {TORN_TAIL_BYTES_MAX}); refusing to drop them"
+    )]
+    Corrupt { path: String, offset: u64, tail_bytes: u64 },
+}
+
+/// A FIX session's recovered state.
+#[derive(Debug, Default)]
+pub struct FixRecovered {
+    /// (MsgSeqNum, payload offset of the message in the file, length) of every message sent.
+    pub index: Vec<(u64, u64, u32)>,
+    pub next_in: u64,
+    /// The highest OrderID (37) sent: the session's order numbers go on above it, so an
+    /// order of a restarted server never takes the id of one resting in a recovered book.
+    pub order_id_max: u32,
+}
+
+/// A native session's recovered state.
+#[derive(Debug, Default)]
+pub struct NativeRecovered {
+    /// The newest events (at most the replay window), the oldest first.
+    pub events: VecDeque<Event>,
+    /// The sequence number of the next event.
+    pub next_seq: u64,
+}
+
+/// What the store held at start, by client id.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub fix: HashMap<u32, FixRecovered>,
+    pub native: HashMap<u32, NativeRecovered>,
+}
+
+/// The fdatasync thread's shared state.
+struct SyncShared {
+    /// Highest write epoch the I/O thread has asked to be made durable.
+    requested: AtomicU64,
+    /// Highest write epoch made durable.
+    synced: AtomicU64,
+    failed: AtomicBool,
+    stop: AtomicBool,
+    /// Notified after each sync (the I/O thread then releases held bytes).
+    done: Arc<Notify>,
+}
+
+/// The durable store.
+pub struct Log {
+    file: File,
+    path: PathBuf,
+    /// Bytes in the file.
+    end: u64,
+    /// Records appended since the last commit.
+    pending: Vec<u8>,
+    /// Commits that wrote something (the write epoch of the newest data in the file).
+    written_epoch: u64,
+    /// `None`: `store_sync` off.
+    sync: Option<(Arc<SyncShared>, JoinHandle<()>)>,
+    /// Links with held bytes, each once.
+    waiting: Vec<Rc<Link>>,
+    write_failed: bool,
+    /// Commits that wrote, and the bytes they wrote (metrics).
+    pub commits: u64,
+    pub bytes_written: u64,
+}
+
+impl Log {
+    /// Opens (or creates) the store in `dir`, recovers what it holds (keeping at most
+    /// `replay_events_max` events per native client) and, with `sync`, starts the syncer.
+    pub fn open(
+        dir: &Path,
+        sync: bool,
+        replay_events_max: usize,
+    ) -> Result<(Log, Recovered), StoreError> {
+        let path = dir.join(FILE_NAME);
+        let io = |source| StoreError::Io { path: path.display().to_string(), source };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let file =
+            OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
+        let (recovered, end) = recover(&file, replay_events_max).map_err(io)?;
+        if end < size {
+            let tail_bytes = size - end;
+            if tail_bytes > TORN_TAIL_BYTES_MAX {
+                let path = path.display().to_string();
+                return Err(StoreError::Corrupt { path, offset: end, tail_bytes });
+            }
+            tracing::warn!(path = %path.display(), offset = end, tail_bytes, "gateway store: torn tail cut off");
+            file.set_len(end).map_err(io)?;
+            file.sync_data().map_err(io)?;
+        }
+        let sync = if sync { Some(spawn_syncer(file.try_clone().map_err(io)?)) } else { None };
+        let log = Log {
+            file,
+            path,
+            end,
+            pending: Vec::with_capacity(1 << 16),
+            written_epoch: 0,
+            sync,
+            waiting: Vec::new(),
+            write_failed: false,
+            commits: 0,
+            bytes_written: 0,
+        };
+        Ok((log, recovered))
+    }
+
+    /// Appends a record to the batch; returns the file offset its payload will have.
+    pub fn append(&mut self, kind: u8, client: u32, parts: &[&[u8]]) -> u64 {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        // Release-build check: a longer record would be written but refused by recovery.
+        assert!(len <= PAYLOAD_BYTES_MAX, "store record of {len} bytes");
+        let mut crc = crc32c::crc32c(&[kind]);
+        crc = crc32c::crc32c_append(crc, &client.to_le_bytes());
+        for part in parts {
+            crc = crc32c::crc32c_append(crc, part);
+        }
+        self.pending.extend_from_slice(&(len as u32).to_le_bytes());
+        self.pending.extend_from_slice(&crc.to_le_bytes());
+        self.pending.push(kind);
+        self.pending.extend_from_slice(&client.to_le_bytes());
+        let offset = self.end + self.pending.len() as u64;
+        for part in parts {
+            self.pending.extend_from_slice(part);
+        }
+        offset
+    }
+
+    /// Queues bytes for `link` that may reach the client only once the records appended so
+    /// far are durable; past `limit` bytes queued the session is cut off as a slow consumer.
+    pub fn hold(&mut self, link: &Rc<Link>, bytes: &[u8], limit: usize) {
+        if link.hold(bytes, limit) && !link.waiting.replace(true) {
+            self.waiting.push(link.clone());
+        }
+    }
+
+    /// Reads `len` bytes at `offset` (written or still in the batch).
+    pub fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut bytes = vec![0u8; len];
+        if offset >= self.end {
+            let at = (offset - self.end) as usize;
+            bytes.copy_from_slice(&self.pending[at..at + len]);
+        } else {
+            self.file.read_exact_at(&mut bytes, offset)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Writes the batch (one `write`), asks for its sync, marks what the links hold as
+    /// waiting for it, and releases whatever is durable already.
+    pub fn commit(&mut self) {
+        if !self.pending.is_empty() && !self.write_failed {
+            if let Err(error) = (&self.file).write_all(&self.pending) {
+                // Nothing held is released from now on: sessions stall and are cut off.
+                tracing::error!(path = %self.path.display(), %error, "gateway store: write failed; holding all output");
+                self.write_failed = true;
+                return;
+            }
+            self.end += self.pending.len() as u64;
+            self.bytes_written += self.pending.len() as u64;
+            self.pending.clear();
+            self.written_epoch += 1;
+            self.commits += 1;
+            if let Some((shared, thread)) = &self.sync {
+                // Release: the syncer that reads this epoch starts its fdatasync after the
+                // write above returned, so the sync covers it.
+                shared.requested.store(self.written_epoch, Ordering::Release);
+                thread.thread().unpark();
+            }
+        }
+        for link in &self.waiting {
+            link.mark(self.written_epoch);
+        }
+        self.release();
+    }
+
+    /// Moves held bytes whose records are durable to their links' outboxes.
+    pub fn release(&mut self) {
+        if self.write_failed {
+            return;
+        }
+        let durable = match &self.sync {
+            // Acquire: pairs with the syncer's Release store after its fdatasync returned.
+            Some((shared, _)) => shared.synced.load(Ordering::Acquire),
+            None => self.written_epoch,
+        };
+        self.waiting.retain(|link| {
+            let still = link.release(durable);
+            link.waiting.set(still);
+            still
+        });
+    }
+
+    /// Notified after each sync; `None` with `store_sync` off.
+    pub fn synced_notify(&self) -> Option<Arc<Notify>> {
+        self.sync.as_ref().map(|(shared, _)| shared.done.clone())
+    }
+
+    /// Whether a write or sync failed (output is held from then on).
+    pub fn has_failed(&self) -> bool {
+        // Relaxed: a status flag read for metrics; no data is published through it.
+        self.write_failed
+            || self.sync.as_ref().is_some_and(|(shared, _)| shared.failed.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        if let Some((shared, thread)) = self.sync.take() {
+            // Relaxed: the unpark/join below synchronise; the flag only ends the loop.
+            shared.stop.store(true, Ordering::Relaxed);
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
+    let shared = Arc::new(SyncShared {
+        requested: AtomicU64::new(0),
+        synced: AtomicU64::new(0),
+        failed: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        done: Arc::new(Notify::new()),
+    });
+    let state = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("gateway-store-sync".into())
+        .spawn(move || sync_loop(&file, &state))
+        .expect("spawning the store's sync thread");
+    (shared, thread)
+}
+
+/// One `fdatasync` for everything written since the last one, then publish and notify.
+fn sync_loop(file: &File, shared: &SyncShared) {
+    let mut synced = 0;
+    loop {
+        // Acquire: pairs with the Release in `commit`; the write precedes the sync below.
+        let target = shared.requested.load(Ordering::Acquire);
+        if target > synced {
+            if let Err(error) = file.sync_data() {
+                // Never retried (a failed fdatasync may have dropped the dirty pages).
+                tracing::error!(%error, "gateway store: fdatasync failed; holding all output");
+                // Relaxed: read only for metrics.
+                shared.failed.store(true, Ordering::Relaxed);
+                return;
+            }
+            synced = target;
+            // Release: the I/O thread that sees this epoch may send what it covers.
+            shared.synced.store(target, Ordering::Release);
+            shared.done.notify_one();
+        } else if shared.stop.load(Ordering::Relaxed) {
+            return;
+        } else {
+            std::thread::park();
+        }
+    }
+}
+
+/// Reads every valid record; returns what they hold and where the valid records end.
+fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, u64)> {
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut recovered = Recovered::default();
+    let mut end = 0u64;
+    let mut payload = vec![0u8; PAYLOAD_BYTES_MAX];
+    loop {
+        let mut header = [0u8; HEADER_BYTES];
+        if read_full(&mut reader, &mut header)? < HEADER_BYTES {
+            break;
+        }
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let client = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes"));
+        if len > PAYLOAD_BYTES_MAX || read_full(&mut reader, &mut payload[..len])? < len {
+            break;
+        }
+        let payload = &payload[..len];
+        if crc32c::crc32c_append(crc32c::crc32c(&header[8..13]), payload) != crc {
+            break;
+        }
+        let at = end + HEADER_BYTES as u64;
+        if !apply(&mut recovered, header[8], client, payload, at, replay_events_max) {
+            break;
+        }
+        end = at + len as u64;
+    }
+    Ok((recovered, end))
+}
+
+/// Applies one record; `false` if it does not decode.
+fn apply(
+    recovered: &mut Recovered,
+    kind: u8,
+    client: u32,
+    payload: &[u8],
+    at: u64,
+    replay_events_max: usize,
+) -> bool {
+    let u64_at = |from: usize| {
+        payload.get(from..from + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    match kind {
+        kind::FIX_SENT => {
+            let Some(seq) = u64_at(0) else { return false };
+            let fix = recovered.fix.entry(client).or_default();
+            fix.index.push((seq, at + 8, (payload.len() - 8) as u32));
+            let order_id = fix::Message::parse(&payload[8..])
+                .ok()
+                .and_then(|m| m.get(fix::tag::ORDER_ID).and_then(fix::parse_u64));
+            if let Some(order_id) = order_id.and_then(|id| u32::try_from(id).ok()) {
+                fix.order_id_max = fix.order_id_max.max(order_id);
+            }
+        }
+        kind::FIX_NEXT_IN => {
+            let Some(next_in) = u64_at(0) else { return false };
+            recovered.fix.entry(client).or_default().next_in = next_in;
+        }
+        kind::FIX_RESET => {
+            // Order numbers are not reset: the books may still hold the session's orders.
+            let fix = recovered.fix.entry(client).or_default();
+            fix.index.clear();
+            fix.next_in = 1;
+        }
+        kind::NATIVE_EVENT => {
+            let decoded =
+                native::split_frame(payload).ok().flatten().and_then(|(version, kind, body, _)| {
+                    native::decode_server(version, kind, body).ok()
+                });
+            let Some(ServerMsg::Sequenced { seq, event }) = decoded else { return false };
+            let native = recovered.native.entry(client).or_default();
+            if native.next_seq != 0 && seq != native.next_seq {
+                return false; // a gap: the store is not what this server wrote
+            }
+            if native.events.len() == replay_events_max {
+                native.events.pop_front();
+            }
+            native.events.push_back(event);
+            native.next_seq = seq + 1;
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// Reads until `buffer` is full or the file ends; returns the bytes read.
+fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(token: u32) -> Event {
+        Event { kind: crate::native::event_kind::ACCEPTED, token, qty: 3, ..Event::default() }
+    }
+
+    fn append_event(log: &mut Log, client: u32, seq: u64, token: u32) {
+        let mut frame = Vec::new();
+        native::encode_server(&ServerMsg::Sequenced { seq, event: event(token) }, &mut frame);
+        log.append(kind::NATIVE_EVENT, client, &[&frame]);
+    }
+
+    /// An ExecutionReport with OrderID `order_id`.
+    fn report(order_id: i64) -> Vec<u8> {
+        let mut builder = fix::Builder::default();
+        builder.begin(b"8", b"LEANTIER", b"F2", 5).int(fix::tag::ORDER_ID, order_id);
+        builder.finish().to_vec()
+    }
+
+    /// A store with two native events of client 1 and FIX state of client 2, committed.
+    fn filled(dir: &Path) {
+        let (mut log, _) = Log::open(dir, false, 16).unwrap();
+        append_event(&mut log, 1, 1, 70);
+        append_event(&mut log, 1, 2, 71);
+        log.append(kind::FIX_SENT, 2, &[&5u64.to_le_bytes(), &report(41)]);
+        log.append(kind::FIX_NEXT_IN, 2, &[&9u64.to_le_bytes()]);
+        log.commit();
+    }
+
+    #[test]
+    fn recovery_returns_what_was_committed_and_cuts_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        // A crash mid-write: half a record's header at the end.
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(&[40, 0, 0, 0, 1, 2]).unwrap();
+        let (log, recovered) = Log::open(dir.path(), false, 16).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "the torn tail is cut");
+        let native = &recovered.native[&1];
+        assert_eq!(native.next_seq, 3);
+        assert_eq!(native.events, [event(70), event(71)]);
+        let fix = &recovered.fix[&2];
+        assert_eq!((fix.next_in, fix.index.len(), fix.index[0].0), (9, 1, 5));
+        assert_eq!(fix.order_id_max, 41);
+        let (_, offset, len) = fix.index[0];
+        assert_eq!(log.read_at(offset, len as usize).unwrap(), report(41));
+    }
+
+    #[test]
+    fn a_replay_window_keeps_the_newest_events_and_a_reset_forgets_a_fix_session() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let (mut log, _) = Log::open(dir.path(), false, 16).unwrap();
+        log.append(kind::FIX_RESET, 2, &[]);
+        log.commit();
+        drop(log);
+        let (_, recovered) = Log::open(dir.path(), false, 1).unwrap();
+        assert_eq!(recovered.native[&1].events, [event(71)]);
+        assert_eq!(recovered.native[&1].next_seq, 3);
+        let fix = &recovered.fix[&2];
+        assert_eq!((fix.next_in, fix.index.len(), fix.order_id_max), (1, 0, 41));
+    }
+
+    #[test]
+    fn damage_longer_than_a_torn_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let path = dir.path().join(FILE_NAME);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[5] ^= 0xff; // the first record's checksum
+        bytes.resize(bytes.len() + TORN_TAIL_BYTES_MAX as usize, 0);
+        std::fs::write(&path, &bytes).unwrap();
+        let error = Log::open(dir.path(), false, 16).err().expect("refused");
+        assert!(matches!(error, StoreError::Corrupt { offset: 0, .. }), "{error}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes.len() as u64, "nothing cut");
+    }
+
+    #[test]
+    fn held_bytes_reach_the_outbox_only_after_the_sync_of_their_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), true, 16).unwrap();
+        let synced = log.synced_notify().expect("sync on");
+        let link = Rc::new(Link::default());
+        append_event(&mut log, 1, 1, 70);
+        log.hold(&link, b"first", 1 << 10);
+        log.commit();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        while link.is_holding() {
+            runtime.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
+                    .await
+                    .expect("the syncer reports");
+            });
+            log.release();
+        }
+        assert_eq!(link.out.borrow().as_slice(), b"first");
+        // Held after the commit: waits for the next one, whatever the syncer does meanwhile.
+        log.hold(&link, b"second", 1 << 10);
+        log.release();
+        assert_eq!(link.out.borrow().as_slice(), b"first");
+        assert!(link.is_holding());
+        assert_eq!((log.commits, log.has_failed()), (1, false));
+    }
+}

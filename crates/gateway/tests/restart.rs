@@ -1,0 +1,190 @@
+//! The durable store across a killed server: a real server process (`gateway-serve-child`) is
+//! SIGKILLed between two sessions, a new one starts over the same store directory, and the
+//! FIX client resumes with the right sequence numbers and gets its resends, the native client
+//! gets its replay under the same sequence numbers.
+
+#[path = "common/fix_client.rs"]
+mod fix_client;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use fix_client::{FixClient, Received, SECRET, WAIT, new_order};
+use gateway::client::NativeClient;
+use gateway::credentials;
+use gateway::fix::tag;
+use gateway::native::{ClientMsg, OrderRequest, ServerMsg, event_kind};
+
+/// Instrument 1's reference price (on tick, inside the band).
+const PRICE: i64 = 101_000;
+
+/// A server child; killed with SIGKILL when dropped.
+struct Server {
+    child: Child,
+    native: SocketAddr,
+    fix: SocketAddr,
+}
+
+impl Server {
+    /// Starts a server over `dir` with the engine journal `journal` (`off`, `group`).
+    fn start(dir: &Path, journal: &str) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gateway-serve-child"))
+            .arg("--store")
+            .arg(dir.join("store"))
+            .arg("--credentials")
+            .arg(dir.join("credentials"))
+            .args(["--journal", journal])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the server child starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut addr = |name: &str| {
+            let line = lines.next().expect("the child prints its addresses").unwrap();
+            let addr = line.strip_prefix(name).expect("`native ADDR` then `fix ADDR`");
+            addr.trim().parse().unwrap()
+        };
+        let (native, fix) = (addr("native"), addr("fix"));
+        Server { child, native, fix }
+    }
+
+    fn kill(mut self) {
+        self.child.kill().expect("SIGKILL"); // std sends SIGKILL on Unix
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A FIX client (F11, client id 11) and two native ones (client ids 1 and 2), all with
+/// `SECRET`.
+fn credentials_in(dir: &Path) {
+    let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
+    let text = format!("11 fix F11 {hash}\n1 native N1 {hash}\n2 native N2 {hash}\n");
+    std::fs::write(dir.join("credentials"), text).unwrap();
+}
+
+fn report_of(message: &Received) -> (&str, &str, &str, &str) {
+    let get = |t| message.get(t);
+    (get(tag::MSG_TYPE), get(tag::MSG_SEQ_NUM), get(tag::CL_ORD_ID), get(tag::POSS_DUP_FLAG))
+}
+
+#[test]
+fn a_fix_session_resumes_with_its_sequence_numbers_resends_and_order_ids_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    credentials_in(dir.path());
+    let server = Server::start(dir.path(), "group");
+    let mut client = FixClient::connect(server.fix, "F11", 1);
+    assert_eq!(client.logon(&[]).get(tag::MSG_SEQ_NUM), "1");
+    client.send("D", &new_order("k1", "1", "2", "101000"));
+    client.send("D", &new_order("k2", "2", "3", "103000"));
+    let first = [client.recv(), client.recv()];
+    assert_eq!(report_of(&first[0]), ("8", "2", "k1", ""));
+    assert_eq!(report_of(&first[1]), ("8", "3", "k2", ""));
+    server.kill();
+
+    let server = Server::start(dir.path(), "group");
+    // The client goes on from 4 (Logon 1, two orders): accepted without a resend request, so
+    // the server kept the inbound number; its Logon is 4, so it kept the outbound one.
+    let mut client = FixClient::connect(server.fix, "F11", client.next_seq);
+    let logon = client.logon(&[]);
+    assert_eq!((logon.msg_type(), logon.get(tag::MSG_SEQ_NUM)), ("A", "4"));
+    client.send("1", &[(tag::TEST_REQ_ID, "after-kill")]);
+    let heartbeat = client.recv();
+    assert_eq!((heartbeat.msg_type(), heartbeat.get(tag::TEST_REQ_ID)), ("0", "after-kill"));
+    // What the client saw before the kill comes back as possible duplicates, byte for byte
+    // the same reports.
+    client.send("2", &[(tag::BEGIN_SEQ_NO, "2"), (tag::END_SEQ_NO, "3")]);
+    let resent = [client.recv(), client.recv()];
+    assert_eq!(report_of(&resent[0]), ("8", "2", "k1", "Y"));
+    assert_eq!(report_of(&resent[1]), ("8", "3", "k2", "Y"));
+    for (old, new) in first.iter().zip(&resent) {
+        for field in [tag::EXEC_ID, tag::EXEC_TYPE, tag::ORD_STATUS, tag::LEAVES_QTY] {
+            assert_eq!(old.get(field), new.get(field), "tag {field}");
+        }
+    }
+    // A new order gets a new OrderID: the recovered book still holds k1 and k2 under 1 and 2.
+    client.send("D", &new_order("k3", "1", "1", "101000"));
+    let accepted = client.recv();
+    assert_eq!(report_of(&accepted), ("8", "6", "k3", ""), "after Logon 4, Heartbeat 5");
+    assert_eq!((accepted.get(tag::EXEC_TYPE), accepted.get(tag::ORDER_ID)), ("0", "3"));
+}
+
+fn order(token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
+    order_of(1, token, side, qty, price)
+}
+
+fn order_of(client: u32, token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
+    OrderRequest { client, token, instrument: 1, side, order_type: 0, time_in_force: 0, price, qty }
+}
+
+fn sequenced(session: &mut NativeClient) -> (u64, gateway::native::Event) {
+    match session.recv(WAIT).unwrap() {
+        Some(ServerMsg::Sequenced { seq, event }) => (seq, event),
+        other => panic!("expected a sequenced event, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_native_client_gets_its_replay_under_the_same_numbers_after_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    credentials_in(dir.path());
+    let server = Server::start(dir.path(), "off");
+    let mut session = NativeClient::connect(server.native).unwrap();
+    let login = session.login(1, SECRET, 1, WAIT).unwrap();
+    assert_eq!(login, ServerMsg::LoginAccepted { client: 1, next_seq: 1 });
+    session.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
+    session.send(&ClientMsg::NewOrder(order(8, 1, 4, PRICE + 2_000))).unwrap();
+    let before = [sequenced(&mut session), sequenced(&mut session)];
+    assert_eq!((before[0].0, before[0].1.token, before[0].1.kind), (1, 7, event_kind::ACCEPTED));
+    assert_eq!((before[1].0, before[1].1.token, before[1].1.kind), (2, 8, event_kind::ACCEPTED));
+    server.kill();
+
+    let server = Server::start(dir.path(), "off");
+    let mut session = NativeClient::connect(server.native).unwrap();
+    let login = session.login(1, SECRET, 1, WAIT).unwrap();
+    assert_eq!(login, ServerMsg::LoginAccepted { client: 1, next_seq: 1 });
+    let replayed = [sequenced(&mut session), sequenced(&mut session)];
+    assert_eq!(replayed, before, "the replay is what the killed server sent, same numbers");
+    session.send(&ClientMsg::NewOrder(order(9, 0, 1, PRICE))).unwrap();
+    let (seq, event) = sequenced(&mut session);
+    assert_eq!((seq, event.token), (3, 9), "numbering goes on after the replay");
+}
+
+#[test]
+fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    credentials_in(dir.path());
+    let server = Server::start(dir.path(), "group");
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 0, WAIT).unwrap();
+    buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
+    let (_, accepted) = sequenced(&mut buyer);
+    // Sent only once the journal had the order: the kill cannot lose it.
+    assert_eq!((accepted.kind, accepted.leaves_qty), (event_kind::ACCEPTED, 5));
+    server.kill();
+
+    let server = Server::start(dir.path(), "group");
+    let mut seller = NativeClient::connect(server.native).unwrap();
+    seller.login(2, SECRET, 0, WAIT).unwrap();
+    seller.send(&ClientMsg::NewOrder(order_of(2, 1, 1, 5, PRICE))).unwrap();
+    let (_, sell_accepted) = sequenced(&mut seller);
+    assert_eq!(sell_accepted.kind, event_kind::ACCEPTED);
+    let (_, fill) = sequenced(&mut seller);
+    assert_eq!(
+        (fill.kind, fill.qty, fill.price, fill.leaves_qty),
+        (event_kind::FILLED, 5, PRICE, 0),
+        "the sell met the buy the killed server had accepted"
+    );
+    // The buyer logs on again and gets its side of the trade (event 2: 1 was the accept).
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 2, WAIT).unwrap();
+    let (seq, filled) = sequenced(&mut buyer);
+    assert_eq!((seq, filled.kind, filled.token, filled.qty), (2, event_kind::FILLED, 7, 5));
+}
