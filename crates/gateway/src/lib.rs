@@ -7,6 +7,13 @@
 //! (logon, heartbeats, test requests, resend with gap fill, sequence numbers and sent messages
 //! persisted per session).
 //!
+//! Every session's sequenced output goes through [`store`], one append-only file with group
+//! commit: a message reaches its socket only once it is on disk, so a restarted server resends
+//! (FIX) and replays (native) under the numbers clients saw. [`engine`] runs the matching core
+//! on its own thread, its input optionally journaled (`exchange::durability`) with reports
+//! released once durable. [`metrics`] serves per-session and per-stage counters and latency
+//! summaries in the Prometheus text format.
+//!
 //! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
 //! each malformed input gets the protocol's prescribed answer.
 

@@ -250,6 +250,13 @@ impl Log {
         self.release();
     }
 
+    /// [`Log::commit`] if some link holds bytes; otherwise the batch waits for the next one.
+    pub fn commit_if_holding(&mut self) {
+        if !self.waiting.is_empty() {
+            self.commit();
+        }
+    }
+
     /// Moves held bytes whose records are durable to their links' outboxes.
     pub fn release(&mut self) {
         if self.write_failed {
@@ -282,6 +289,7 @@ impl Log {
 
 impl Drop for Log {
     fn drop(&mut self) {
+        self.commit(); // what waited for a later write (inbound sequence numbers)
         if let Some((shared, thread)) = self.sync.take() {
             // Relaxed: the unpark/join below synchronise; the flag only ends the loop.
             shared.stop.store(true, Ordering::Relaxed);
