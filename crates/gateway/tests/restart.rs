@@ -30,12 +30,18 @@ struct Server {
 impl Server {
     /// Starts a server over `dir` with the engine journal `journal` (`off`, `group`).
     fn start(dir: &Path, journal: &str) -> Server {
+        Server::start_with(dir, journal, 0)
+    }
+
+    /// Likewise, with cancel-on-disconnect after `cancel_ms` (0: off).
+    fn start_with(dir: &Path, journal: &str, cancel_ms: u64) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gateway-serve-child"))
             .arg("--store")
             .arg(dir.join("store"))
             .arg("--credentials")
             .arg(dir.join("credentials"))
             .args(["--journal", journal])
+            .args(["--cancel-on-disconnect-ms", &cancel_ms.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the server child starts");
@@ -187,4 +193,25 @@ fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal()
     buyer.login(1, SECRET, 2, WAIT).unwrap();
     let (seq, filled) = sequenced(&mut buyer);
     assert_eq!((seq, filled.kind, filled.token, filled.qty), (2, event_kind::FILLED, 7, 5));
+}
+
+#[test]
+fn orders_of_a_session_the_kill_ended_are_cancelled_after_the_grace_window() {
+    const GRACE_MS: u64 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    credentials_in(dir.path());
+    let server = Server::start_with(dir.path(), "group", GRACE_MS);
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 0, WAIT).unwrap();
+    buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
+    assert_eq!(sequenced(&mut buyer).1.kind, event_kind::ACCEPTED);
+    server.kill();
+
+    // The buyer stays away past the grace window (ten times over: a loaded host's timers).
+    let server = Server::start_with(dir.path(), "group", GRACE_MS);
+    std::thread::sleep(std::time::Duration::from_millis(10 * GRACE_MS));
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 2, WAIT).unwrap();
+    let (seq, cancelled) = sequenced(&mut buyer);
+    assert_eq!((seq, cancelled.kind, cancelled.token), (2, event_kind::CANCELLED, 7));
 }
