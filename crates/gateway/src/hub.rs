@@ -318,7 +318,13 @@ impl Hub {
     /// Forgets the open orders the store's reports listed (the engine's books were not
     /// recovered: those orders no longer exist).
     pub fn forget_open_orders(&mut self) {
-        self.clients.iter_mut().for_each(|client| client.open.clear());
+        for client in &mut self.clients {
+            client.open.clear();
+            if let Some(fix) = client.fix.as_mut() {
+                fix.tokens.clear();
+                fix.orders.clear();
+            }
+        }
     }
 
     /// Ends a unit of work: writes the store's batch and releases what is durable.

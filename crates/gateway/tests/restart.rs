@@ -120,6 +120,28 @@ fn a_fix_session_resumes_with_its_sequence_numbers_resends_and_order_ids_after_a
     let accepted = client.recv();
     assert_eq!(report_of(&accepted), ("8", "6", "k3", ""), "after Logon 4, Heartbeat 5");
     assert_eq!((accepted.get(tag::EXEC_TYPE), accepted.get(tag::ORDER_ID)), ("0", "3"));
+    // An order from before the kill can be cancelled by its ClOrdID: the session's orders
+    // were rebuilt from the store's reports, and the book from the journal.
+    client.send(
+        "F",
+        &[
+            (tag::ORIG_CL_ORD_ID, "k1"),
+            (tag::CL_ORD_ID, "c1"),
+            (tag::SYMBOL, "1"),
+            (tag::SIDE, "1"),
+            (tag::TRANSACT_TIME, "20240101-00:00:00.000"),
+        ],
+    );
+    let cancelled = client.recv();
+    assert_eq!(
+        (
+            cancelled.get(tag::EXEC_TYPE),
+            cancelled.get(tag::ORIG_CL_ORD_ID),
+            cancelled.get(tag::ORDER_ID)
+        ),
+        ("4", "k1", "1")
+    );
+    assert_eq!((cancelled.get(tag::ORDER_QTY), cancelled.get(tag::LEAVES_QTY)), ("2", "0"));
 }
 
 fn order(token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
