@@ -8,7 +8,7 @@ use std::io::Write;
 use std::rc::Rc;
 
 use crate::credentials::Credential;
-use crate::fix::{self, Builder, tag};
+use crate::fix::{self, Builder, Message, tag};
 use crate::hub::{Link, Settings};
 use crate::native::{Event, event_kind};
 use crate::store::{FixRecovered, Log, kind};
@@ -148,7 +148,7 @@ impl FixState {
         past: FixRecovered,
     ) -> FixState {
         let next_token = past.order_id_max + 1;
-        FixState {
+        let mut state = FixState {
             store: Store::open(log, credential.client, past),
             comp_id: credential.comp_id.clone(),
             our_comp_id: settings.fix_comp_id.clone(),
@@ -156,6 +156,76 @@ impl FixState {
             orders: HashMap::with_capacity(settings.open_orders_max),
             next_token,
             builder: Builder::default(),
+        };
+        state.rebuild_orders();
+        state
+    }
+
+    /// Rebuilds the session's open orders (ClOrdID ↔ order, quantities, fills) from the
+    /// ExecutionReports in the store, so a client can cancel or replace after a restart an
+    /// order the recovered books still hold.
+    fn rebuild_orders(&mut self) {
+        for at in 0..self.store.index.len() {
+            let (_, offset, len) = self.store.index[at];
+            let bytes = match self.store.log.borrow().read_at(offset, len as usize) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    tracing::error!(comp_id = %self.comp_id, %error, "FIX store: reading a report to rebuild orders failed");
+                    return;
+                }
+            };
+            if let Ok(message) = Message::parse(&bytes)
+                && message.msg_type() == b"8"
+            {
+                self.rebuild_one(&message);
+            }
+        }
+    }
+
+    fn rebuild_one(&mut self, report: &Message) {
+        let number = |t| report.get(t).and_then(fix::parse_whole);
+        let small = |t| number(t).and_then(|n| u32::try_from(n).ok());
+        let Some(token) = small(tag::ORDER_ID) else { return };
+        let cl_ord_id = report.get(tag::CL_ORD_ID).and_then(ClOrdId::new);
+        match (report.get(tag::EXEC_TYPE), cl_ord_id) {
+            (Some(b"0"), Some(cl_ord_id)) => {
+                let order = Order {
+                    cl_ord_id,
+                    side: report.get(tag::SIDE).and_then(|s| s.first().copied()).unwrap_or(b'1'),
+                    order_qty: small(tag::ORDER_QTY).unwrap_or(0),
+                    price: number(tag::PRICE).unwrap_or(0),
+                    instrument: small(tag::SYMBOL).unwrap_or(0),
+                    ..Order::default()
+                };
+                self.orders.insert(token, order);
+                self.tokens.insert(cl_ord_id, token);
+            }
+            (Some(b"F"), _) => {
+                if let Some(order) = self.orders.get_mut(&token) {
+                    order.cum_qty = small(tag::CUM_QTY).unwrap_or(order.cum_qty);
+                    let fill =
+                        number(tag::LAST_PX).unwrap_or(0) * number(tag::LAST_QTY).unwrap_or(0);
+                    order.notional += i128::from(fill);
+                }
+            }
+            (Some(b"5"), Some(cl_ord_id)) => {
+                if let Some(order) = self.orders.get_mut(&token) {
+                    let old = std::mem::replace(&mut order.cl_ord_id, cl_ord_id);
+                    order.orig_cl_ord_id = Some(old);
+                    order.order_qty = small(tag::ORDER_QTY).unwrap_or(order.order_qty);
+                    order.price = number(tag::PRICE).unwrap_or(order.price);
+                    self.forget(Some(old), token);
+                    self.tokens.insert(cl_ord_id, token);
+                }
+            }
+            _ => {}
+        }
+        let closed = matches!(report.get(tag::EXEC_TYPE), Some(b"4" | b"8"));
+        if (closed || small(tag::LEAVES_QTY) == Some(0))
+            && let Some(order) = self.orders.remove(&token)
+        {
+            self.forget(Some(order.cl_ord_id), token);
+            self.forget(order.orig_cl_ord_id, token);
         }
     }
 

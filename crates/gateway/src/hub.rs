@@ -296,13 +296,15 @@ impl Hub {
             let past = recovered.native.remove(&credential.client).unwrap_or_default();
             let mut journal = VecDeque::with_capacity(settings.replay_events_max);
             journal.extend(past.events);
+            let mut open = HashMap::with_capacity(settings.open_orders_max);
+            open.extend(recovered.open.remove(&credential.client).unwrap_or_default());
             clients.push(Client {
                 counters: Counters::default(),
                 link: None,
                 generation: 0,
                 journal,
                 next_seq: past.next_seq.max(1),
-                open: HashMap::with_capacity(settings.open_orders_max),
+                open,
                 throttle: Throttle::new(settings.throttle_msgs_per_s),
                 fix,
                 credential,
@@ -311,6 +313,18 @@ impl Hub {
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
         let stage = StageMetrics::default();
         Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage })
+    }
+
+    /// Forgets the open orders the store's reports listed (the engine's books were not
+    /// recovered: those orders no longer exist).
+    pub fn forget_open_orders(&mut self) {
+        for client in &mut self.clients {
+            client.open.clear();
+            if let Some(fix) = client.fix.as_mut() {
+                fix.tokens.clear();
+                fix.orders.clear();
+            }
+        }
     }
 
     /// Ends a unit of work: writes the store's batch and releases what is durable.
@@ -443,7 +457,8 @@ fn event_of(output: &CoreOutput) -> Event {
     }
 }
 
-fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
+/// Keeps a client's open orders (token → instrument) up to date with one of its events.
+pub(crate) fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
     match event.kind {
         event_kind::ACCEPTED if event.leaves_qty > 0 => {
             open.insert(event.token, event.instrument);

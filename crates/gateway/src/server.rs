@@ -119,6 +119,7 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let (settings, credentials, ingress) = (options.settings, options.credentials, link.ingress);
     let (egress, ready, engine_thread) = (link.egress, link.reports_ready, link.thread);
     let engine_taken = link.taken;
+    let books_recovered = link.recovery.is_some();
     let (stop, stopped) = oneshot::channel();
     // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
     let (built, hub_result) = std::sync::mpsc::sync_channel(1);
@@ -128,6 +129,9 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
             let hub = match Hub::new(settings, credentials, ingress) {
                 Ok(mut hub) => {
                     hub.stage.engine_taken = engine_taken;
+                    if !books_recovered {
+                        hub.forget_open_orders();
+                    }
                     let _ = built.send(Ok(()));
                     hub
                 }
@@ -173,6 +177,7 @@ async fn run(
         let fix = TcpListener::from_std(fix).expect("tokio listener");
         tokio::task::spawn_local(accept_loop(hub.clone(), fix, true));
     }
+    cancel_recovered_orders(&hub);
     let synced = hub.borrow().log.borrow().synced_notify();
     if let Some(synced) = synced {
         tokio::task::spawn_local(release_loop(hub.clone(), synced));
@@ -211,6 +216,23 @@ async fn route(
         if egress.is_disconnected() {
             return;
         }
+    }
+}
+
+/// Orders in the recovered books belong to sessions the restart ended: cancel-on-disconnect
+/// applies to them as to any dropped session, from the start.
+fn cancel_recovered_orders(hub: &Rc<RefCell<Hub>>) {
+    let Some(grace) = hub.borrow().settings.cancel_on_disconnect else { return };
+    let waiting: Vec<(usize, u64)> = hub
+        .borrow()
+        .clients
+        .iter()
+        .enumerate()
+        .filter(|(_, client)| !client.open.is_empty())
+        .map(|(at, client)| (at, client.generation))
+        .collect();
+    for (at, generation) in waiting {
+        crate::session::cancel_after_grace(hub, at, generation, grace);
     }
 }
 

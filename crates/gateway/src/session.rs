@@ -98,7 +98,14 @@ pub fn detach(hub: &Rc<RefCell<Hub>>, at: usize) {
         client.generation += 1;
         (client.generation, grace)
     };
-    let Some(grace) = grace else { return };
+    if let Some(grace) = grace {
+        cancel_after_grace(hub, at, generation, grace);
+    }
+}
+
+/// After `grace`, unless the client connected since (its generation moved on), cancels its
+/// open orders. Also run at start for clients with orders in the recovered books.
+pub fn cancel_after_grace(hub: &Rc<RefCell<Hub>>, at: usize, generation: u64, grace: Duration) {
     let hub = hub.clone();
     tokio::task::spawn_local(async move {
         tokio::time::sleep(grace).await;

@@ -44,8 +44,8 @@ use std::thread::JoinHandle;
 use tokio::sync::Notify;
 
 use crate::fix;
-use crate::hub::Link;
-use crate::native::{self, Event, ServerMsg};
+use crate::hub::{Link, track_open};
+use crate::native::{self, Event, ServerMsg, event_kind};
 
 /// Bytes of a record's header.
 const HEADER_BYTES: usize = 13;
@@ -106,6 +106,9 @@ pub struct NativeRecovered {
 pub struct Recovered {
     pub fix: HashMap<u32, FixRecovered>,
     pub native: HashMap<u32, NativeRecovered>,
+    /// Orders still open by the reports sent (token → instrument), either protocol: what
+    /// cancel-on-disconnect cancels when the engine's books were recovered too.
+    pub open: HashMap<u32, HashMap<u32, u32>>,
 }
 
 /// The fdatasync thread's shared state.
@@ -388,11 +391,9 @@ fn apply(
             let Some(seq) = u64_at(0) else { return false };
             let fix = recovered.fix.entry(client).or_default();
             fix.index.push((seq, at + 8, (payload.len() - 8) as u32));
-            let order_id = fix::Message::parse(&payload[8..])
-                .ok()
-                .and_then(|m| m.get(fix::tag::ORDER_ID).and_then(fix::parse_u64));
-            if let Some(order_id) = order_id.and_then(|id| u32::try_from(id).ok()) {
-                fix.order_id_max = fix.order_id_max.max(order_id);
+            if let Ok(message) = fix::Message::parse(&payload[8..]) {
+                let open = recovered.open.entry(client).or_default();
+                fix_order_state(&message, &mut fix.order_id_max, open);
             }
         }
         kind::FIX_NEXT_IN => {
@@ -420,10 +421,31 @@ fn apply(
             }
             native.events.push_back(event);
             native.next_seq = seq + 1;
+            track_open(recovered.open.entry(client).or_default(), &event);
         }
         _ => return false,
     }
     true
+}
+
+/// What a sent FIX message says about the session's orders: the highest OrderID, and, for an
+/// ExecutionReport, whether its order is still open (as [`track_open`] reads native events).
+fn fix_order_state(message: &fix::Message, order_id_max: &mut u32, open: &mut HashMap<u32, u32>) {
+    let number = |t| message.get(t).and_then(fix::parse_u64).and_then(|n| u32::try_from(n).ok());
+    let Some(token) = number(fix::tag::ORDER_ID) else { return };
+    *order_id_max = (*order_id_max).max(token);
+    if message.msg_type() != b"8" {
+        return;
+    }
+    let leaves_qty = number(fix::tag::LEAVES_QTY).unwrap_or(0);
+    let kind = match message.get(fix::tag::EXEC_TYPE) {
+        Some(b"0") => event_kind::ACCEPTED,
+        Some(b"F") if leaves_qty == 0 => event_kind::FILLED,
+        Some(b"4") => event_kind::CANCELLED,
+        _ => return,
+    };
+    let instrument = number(fix::tag::SYMBOL).unwrap_or(0);
+    track_open(open, &Event { kind, token, instrument, leaves_qty, ..Event::default() });
 }
 
 /// Reads until `buffer` is full or the file ends; returns the bytes read.
@@ -443,7 +465,7 @@ mod tests {
     use super::*;
 
     fn event(token: u32) -> Event {
-        Event { kind: crate::native::event_kind::ACCEPTED, token, qty: 3, ..Event::default() }
+        Event { kind: event_kind::ACCEPTED, token, qty: 3, leaves_qty: 3, ..Event::default() }
     }
 
     fn append_event(log: &mut Log, client: u32, seq: u64, token: u32) {
@@ -503,6 +525,34 @@ mod tests {
         assert_eq!(recovered.native[&1].next_seq, 3);
         let fix = &recovered.fix[&2];
         assert_eq!((fix.next_in, fix.index.len(), fix.order_id_max), (1, 0, 41));
+    }
+
+    #[test]
+    fn open_orders_are_rebuilt_from_both_protocols_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), false, 16).unwrap();
+        append_event(&mut log, 1, 1, 70); // native: accepted, 3 left
+        let report = |seq: u64, exec_type: &[u8], order_id: i64, leaves: i64| {
+            let mut builder = fix::Builder::default();
+            builder
+                .begin(b"8", b"LEANTIER", b"F2", seq)
+                .int(fix::tag::ORDER_ID, order_id)
+                .field(fix::tag::EXEC_TYPE, exec_type)
+                .int(fix::tag::SYMBOL, 3)
+                .int(fix::tag::LEAVES_QTY, leaves);
+            builder.finish().to_vec()
+        };
+        for (seq, bytes) in
+            [(1, report(1, b"0", 5, 10)), (2, report(2, b"0", 6, 10)), (3, report(3, b"4", 6, 0))]
+        {
+            log.append(kind::FIX_SENT, 2, &[&(seq as u64).to_le_bytes(), &bytes]);
+        }
+        log.commit();
+        drop(log);
+        let (_, recovered) = Log::open(dir.path(), false, 16).unwrap();
+        assert_eq!(recovered.open[&1], HashMap::from([(70, 0)]));
+        assert_eq!(recovered.open[&2], HashMap::from([(5, 3)]), "6 was cancelled");
+        assert_eq!(recovered.fix[&2].order_id_max, 6);
     }
 
     #[test]

@@ -30,12 +30,18 @@ struct Server {
 impl Server {
     /// Starts a server over `dir` with the engine journal `journal` (`off`, `group`).
     fn start(dir: &Path, journal: &str) -> Server {
+        Server::start_with(dir, journal, 0)
+    }
+
+    /// Likewise, with cancel-on-disconnect after `cancel_ms` (0: off).
+    fn start_with(dir: &Path, journal: &str, cancel_ms: u64) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gateway-serve-child"))
             .arg("--store")
             .arg(dir.join("store"))
             .arg("--credentials")
             .arg(dir.join("credentials"))
             .args(["--journal", journal])
+            .args(["--cancel-on-disconnect-ms", &cancel_ms.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the server child starts");
@@ -114,6 +120,28 @@ fn a_fix_session_resumes_with_its_sequence_numbers_resends_and_order_ids_after_a
     let accepted = client.recv();
     assert_eq!(report_of(&accepted), ("8", "6", "k3", ""), "after Logon 4, Heartbeat 5");
     assert_eq!((accepted.get(tag::EXEC_TYPE), accepted.get(tag::ORDER_ID)), ("0", "3"));
+    // An order from before the kill can be cancelled by its ClOrdID: the session's orders
+    // were rebuilt from the store's reports, and the book from the journal.
+    client.send(
+        "F",
+        &[
+            (tag::ORIG_CL_ORD_ID, "k1"),
+            (tag::CL_ORD_ID, "c1"),
+            (tag::SYMBOL, "1"),
+            (tag::SIDE, "1"),
+            (tag::TRANSACT_TIME, "20240101-00:00:00.000"),
+        ],
+    );
+    let cancelled = client.recv();
+    assert_eq!(
+        (
+            cancelled.get(tag::EXEC_TYPE),
+            cancelled.get(tag::ORIG_CL_ORD_ID),
+            cancelled.get(tag::ORDER_ID)
+        ),
+        ("4", "k1", "1")
+    );
+    assert_eq!((cancelled.get(tag::ORDER_QTY), cancelled.get(tag::LEAVES_QTY)), ("2", "0"));
 }
 
 fn order(token: u32, side: u8, qty: u32, price: i64) -> OrderRequest {
@@ -187,4 +215,25 @@ fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal()
     buyer.login(1, SECRET, 2, WAIT).unwrap();
     let (seq, filled) = sequenced(&mut buyer);
     assert_eq!((seq, filled.kind, filled.token, filled.qty), (2, event_kind::FILLED, 7, 5));
+}
+
+#[test]
+fn orders_of_a_session_the_kill_ended_are_cancelled_after_the_grace_window() {
+    const GRACE_MS: u64 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    credentials_in(dir.path());
+    let server = Server::start_with(dir.path(), "group", GRACE_MS);
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 0, WAIT).unwrap();
+    buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
+    assert_eq!(sequenced(&mut buyer).1.kind, event_kind::ACCEPTED);
+    server.kill();
+
+    // The buyer stays away past the grace window (ten times over: a loaded host's timers).
+    let server = Server::start_with(dir.path(), "group", GRACE_MS);
+    std::thread::sleep(std::time::Duration::from_millis(10 * GRACE_MS));
+    let mut buyer = NativeClient::connect(server.native).unwrap();
+    buyer.login(1, SECRET, 2, WAIT).unwrap();
+    let (seq, cancelled) = sequenced(&mut buyer);
+    assert_eq!((seq, cancelled.kind, cancelled.token), (2, event_kind::CANCELLED, 7));
 }

@@ -1,10 +1,12 @@
 //! The server process `tests/restart.rs` kills with SIGKILL: the gateway with a native and a
 //! FIX listener on free loopback ports over a store directory, the reference universe and a
-//! credentials file, with `--journal group` the engine's input journal in `STORE/engine`. Prints `native ADDR` and `fix ADDR`, then serves until killed.
+//! credentials file, with `--journal group` the engine's input journal in `STORE/engine`, and
+//! cancel-on-disconnect only with `--cancel-on-disconnect-ms` (default off). Prints `native ADDR` and `fix ADDR`, then serves until killed.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
@@ -14,7 +16,9 @@ use gateway::server::{ServeOptions, start};
 use lab::child_flags::ChildFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let flags = ChildFlags::from_env(&["store", "credentials", "store-sync", "journal"])?;
+    let known = ["store", "credentials", "store-sync", "journal", "cancel-on-disconnect-ms"];
+    let flags = ChildFlags::from_env(&known)?;
+    let cancel_ms: u64 = flags.get_or("cancel-on-disconnect-ms", 0)?;
     let store: PathBuf = flags.required("store")?;
     let credentials: PathBuf = flags.required("credentials")?;
     let credentials = gateway::credentials::parse(&std::fs::read_to_string(credentials)?)?;
@@ -31,6 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         settings: Settings {
             store_dir: store.clone(),
             store_sync: flags.get_or("store-sync", true)?,
+            cancel_on_disconnect: (cancel_ms > 0).then(|| Duration::from_millis(cancel_ms)),
             ..Settings::default()
         },
         credentials,
