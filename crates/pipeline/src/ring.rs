@@ -10,7 +10,12 @@
 //!   says "full" (producer) or "empty" (consumer), so in steady state each side touches the
 //!   other's cache line once per batch, not once per message.
 //! - Batches: the producer fills n slots and publishes them with one Release store; the
-//!   consumer reads everything available up to a bound and releases it with one store.
+//!   consumer reads everything available up to a bound and releases it with one store. A
+//!   batch that does not fit waits until it fits whole.
+//! - False sharing: the slots start on a 128-byte boundary with padding after the last, so a
+//!   batch of small messages fills whole lines; [`Producer`] and [`Consumer`] are 128-byte
+//!   aligned, so their per-batch index writes share no line with their neighbours. An idle
+//!   consumer's poll is one load and no store (docs/benchmarks/ring.md has the figures).
 //!
 //! # Memory ordering
 //! - Producer: writes slots, then `tail.store(Release)`. Consumer: `tail.load(Acquire)`, then
