@@ -50,6 +50,9 @@ enum BenchCommand {
     /// Ring throughput (leantier vs rtrb, crossbeam, disruptor, std mpsc, blocking) and
     /// pinned ping-pong latency, plus the wake-up and idle-CPU cost of each wait strategy.
     Ring(commands::bench_ring::Args),
+    /// The open-loop load generator alone: the highest rate it keeps up with on one thread,
+    /// its schedule lag and its CPU use, into a null sink and into a drained ring.
+    LoadGen(commands::bench_load_gen::Args),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::exchange::run_demo(&args),
         Command::Exchange(args) => commands::exchange::run(&args),
         Command::Bench(BenchCommand::Ring(args)) => commands::bench_ring::run(&args),
+        Command::Bench(BenchCommand::LoadGen(args)) => commands::bench_load_gen::run(&args),
         Command::Mq(args) => commands::mq::run(&args),
         Command::Web(args) => commands::web::run(&args),
         Command::Plan(args) => {

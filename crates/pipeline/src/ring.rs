@@ -10,7 +10,12 @@
 //!   says "full" (producer) or "empty" (consumer), so in steady state each side touches the
 //!   other's cache line once per batch, not once per message.
 //! - Batches: the producer fills n slots and publishes them with one Release store; the
-//!   consumer reads everything available up to a bound and releases it with one store.
+//!   consumer reads everything available up to a bound and releases it with one store. A
+//!   batch that does not fit waits until it fits whole.
+//! - False sharing: the slots start on a 128-byte boundary with padding after the last, so a
+//!   batch of small messages fills whole lines; [`Producer`] and [`Consumer`] are 128-byte
+//!   aligned, so their per-batch index writes share no line with their neighbours. An idle
+//!   consumer's poll is one load and no store (docs/benchmarks/ring.md has the figures).
 //!
 //! # Memory ordering
 //! - Producer: writes slots, then `tail.store(Release)`. Consumer: `tail.load(Acquire)`, then
@@ -130,7 +135,9 @@ struct Shared<T> {
     head: CachePadded<AtomicUsize>,
     /// Next index the producer writes. Written only by the producer.
     tail: CachePadded<AtomicUsize>,
-    slots: Box<[UnsafeCell<T>]>,
+    /// The ring's slots are `storage[first_slot..first_slot + capacity]` (see [`slot_storage`]).
+    storage: Box<[UnsafeCell<T>]>,
+    first_slot: usize,
     producer_alive: AtomicBool,
     consumer_alive: AtomicBool,
     /// The producer sleeps here when the ring is full.
@@ -145,7 +152,21 @@ struct Shared<T> {
 // `Shared` between the two threads is sound whenever `T` itself may move between threads.
 unsafe impl<T: Send> Sync for Shared<T> {}
 
+impl<T> Shared<T> {
+    /// The ring's slots (capacity many), without the alignment padding around them.
+    #[inline(always)]
+    fn slots(&self, capacity: usize) -> &[UnsafeCell<T>] {
+        &self.storage[self.first_slot..self.first_slot + capacity]
+    }
+}
+
 /// The writing end of a lock-free ring. Exactly one exists per ring.
+///
+/// Aligned like [`CachePadded`]: `tail` and `cached_head` are written on every batch, and a
+/// neighbour in whatever holds the producer (a heap-allocated closure, a `Vec` of outlets)
+/// written by another thread would otherwise share their cache line and cost a transfer per
+/// batch.
+#[repr(align(128))]
 pub struct Producer<T> {
     shared: Arc<Shared<T>>,
     mask: usize,
@@ -156,7 +177,9 @@ pub struct Producer<T> {
     waiter: Waiter,
 }
 
-/// The reading end of a lock-free ring. Exactly one exists per ring.
+/// The reading end of a lock-free ring. Exactly one exists per ring. Aligned like
+/// [`Producer`], for the same reason (`head` and `cached_tail` are written on every batch).
+#[repr(align(128))]
 pub struct Consumer<T> {
     shared: Arc<Shared<T>>,
     mask: usize,
@@ -182,6 +205,28 @@ fn occupied_slots(tail: usize, head: usize, capacity: usize) -> usize {
     occupied
 }
 
+/// Bytes that must separate the ring's slots from unrelated data, and the alignment of its
+/// first slot: a pair of 64-byte lines, as for [`CachePadded`].
+const SLOT_ALIGN_BYTES: usize = 128;
+
+/// Allocates `capacity` default slots starting on a [`SLOT_ALIGN_BYTES`] boundary, with at
+/// least that many bytes of padding after the last one; returns the storage and the index of
+/// its first ring slot. Aligned slots let a batch of small messages fill whole cache lines,
+/// so the producer writing the next batch does not share a line with the consumer reading
+/// this one; the padding keeps other allocations off the ring's first and last lines.
+fn slot_storage<T: Default>(capacity: usize) -> (Box<[UnsafeCell<T>]>, usize) {
+    let slot_bytes = std::mem::size_of::<UnsafeCell<T>>();
+    let pad_slots = if slot_bytes == 0 { 0 } else { 2 * SLOT_ALIGN_BYTES.div_ceil(slot_bytes) };
+    let storage: Box<[UnsafeCell<T>]> =
+        (0..capacity + pad_slots).map(|_| UnsafeCell::new(T::default())).collect();
+    // `align_offset` may answer "impossible" (usize::MAX) for odd slot sizes: start at 0 then.
+    let first_slot = match storage.as_ptr().align_offset(SLOT_ALIGN_BYTES) {
+        offset if offset <= pad_slots / 2 => offset,
+        _ => 0,
+    };
+    (storage, first_slot)
+}
+
 /// Builds a lock-free SPSC ring with its own parkers.
 pub fn spsc<T: Copy + Default + Send>(
     config: &RingConfig,
@@ -197,12 +242,12 @@ pub fn spsc_with<T: Copy + Default + Send>(
     consumer_parker: Arc<Parker>,
 ) -> Result<(Producer<T>, Consumer<T>), RingError> {
     config.validate()?;
-    let slots: Box<[UnsafeCell<T>]> =
-        (0..config.capacity_slots).map(|_| UnsafeCell::new(T::default())).collect();
+    let (storage, first_slot) = slot_storage(config.capacity_slots);
     let shared = Arc::new(Shared {
         head: CachePadded(AtomicUsize::new(0)),
         tail: CachePadded(AtomicUsize::new(0)),
-        slots,
+        storage,
+        first_slot,
         producer_alive: AtomicBool::new(true),
         consumer_alive: AtomicBool::new(true),
         producer_parker: producer_parker.clone(),
@@ -269,14 +314,9 @@ impl<T: Copy> Producer<T> {
         }
     }
 
-    /// Claims `n` slots, lets `fill(i, slot)` build each message in place, and publishes all
-    /// `n` at once. All or nothing: on error no slot is published.
-    #[inline]
-    pub fn try_write_batch(
-        &mut self,
-        n: usize,
-        mut fill: impl FnMut(usize, &mut T),
-    ) -> Result<(), BatchError> {
+    /// Checks that `n` slots may be written now. All or nothing: nothing is claimed on error.
+    #[inline(always)]
+    fn claim(&mut self, n: usize) -> Result<(), BatchError> {
         if n > self.batch_slots_max {
             return Err(BatchError::TooLarge { requested: n, max: self.batch_slots_max });
         }
@@ -286,39 +326,63 @@ impl<T: Copy> Producer<T> {
         if self.free_slots(n) < n {
             return Err(BatchError::Full);
         }
-        let mut i = 0;
-        for run in contiguous_runs(&self.shared.slots, self.tail & self.mask, n) {
-            for slot in run {
-                // SAFETY: the slot's index lies in [tail, head + capacity) (checked by
-                // free_slots), so the consumer does not access it until we publish below.
-                slot.with_mut(|ptr| fill(i, unsafe { &mut *ptr }));
-                i += 1;
-            }
-        }
+        Ok(())
+    }
+
+    /// Lets `fill` write the `n` slots that [`Producer::claim`] checked, handed over as at
+    /// most two runs (before and after the wrap), then publishes them with one store.
+    #[inline(always)]
+    fn write_claimed(&mut self, n: usize, fill: impl FnOnce([&[UnsafeCell<T>]; 2])) {
+        fill(contiguous_runs(self.shared.slots(self.mask + 1), self.tail & self.mask, n));
         self.tail = self.tail.wrapping_add(n);
         self.publish();
+    }
+
+    /// Claims `n` slots, lets `fill(i, slot)` build each message in place, and publishes all
+    /// `n` at once. All or nothing: on error no slot is published.
+    #[inline]
+    pub fn try_write_batch(
+        &mut self,
+        n: usize,
+        mut fill: impl FnMut(usize, &mut T),
+    ) -> Result<(), BatchError> {
+        self.claim(n)?;
+        self.write_claimed(n, |runs| {
+            for (i, slot) in runs.into_iter().flatten().enumerate() {
+                // SAFETY: `claim` checked the slot's index lies in [tail, head + capacity),
+                // so the consumer does not access it until `write_claimed` publishes it.
+                slot.with_mut(|ptr| fill(i, unsafe { &mut *ptr }));
+            }
+        });
         Ok(())
     }
 
     /// Pushes all `items`, one publish per chunk of up to `batch_slots_max`, waiting for room.
+    /// A chunk waits until it fits whole: trickling single slots into a full ring would write
+    /// the very cache lines the consumer is reading and slow both sides down.
+    #[inline]
     pub fn push_batch(&mut self, items: &[T]) -> Result<(), Disconnected> {
         let mut rest = items;
         while !rest.is_empty() {
-            let wanted = rest.len().min(self.batch_slots_max);
-            let room = self.free_slots(wanted);
-            if room == 0 {
-                if self.consumer_gone() {
-                    return Err(Disconnected);
+            let chunk = rest.len().min(self.batch_slots_max);
+            match self.claim(chunk) {
+                Ok(()) => {}
+                Err(BatchError::Full) => {
+                    self.wait_for_room(chunk);
+                    continue;
                 }
-                self.wait_for_room(1);
-                continue;
-            }
-            let chunk = wanted.min(room);
-            match self.try_write_batch(chunk, |i, slot| *slot = rest[i]) {
-                Ok(()) => rest = &rest[chunk..],
                 Err(BatchError::Disconnected) => return Err(Disconnected),
-                Err(error) => unreachable!("room for {chunk} slots was checked: {error}"),
+                Err(error @ BatchError::TooLarge { .. }) => {
+                    unreachable!("chunks never exceed batch_slots_max: {error}")
+                }
             }
+            let (items, after) = rest.split_at(chunk);
+            self.write_claimed(chunk, |[first, second]| {
+                let (before_wrap, after_wrap) = items.split_at(first.len());
+                copy_into(first, before_wrap);
+                copy_into(second, after_wrap);
+            });
+            rest = after;
         }
         Ok(())
     }
@@ -357,8 +421,15 @@ impl<T: Copy> Consumer<T> {
             return available;
         }
         // Acquire: the producer's slot writes happen before we read them.
-        self.cached_tail = self.shared.tail.load(Ordering::Acquire);
-        occupied_slots(self.cached_tail, self.head, self.mask + 1)
+        let tail = self.shared.tail.load(Ordering::Acquire);
+        // Nothing new: return without a store. This is the polling path of an idle consumer,
+        // and storing `cached_tail` there on every poll cost ~50 ns per hop in ping-pong
+        // (docs/benchmarks/ring.md).
+        if tail == self.cached_tail {
+            return available;
+        }
+        self.cached_tail = tail;
+        occupied_slots(tail, self.head, self.mask + 1)
     }
 
     /// Approximate number of messages in the ring (a depth sample for metrics).
@@ -386,7 +457,7 @@ impl<T: Copy> Consumer<T> {
         if n == 0 {
             return 0;
         }
-        for run in contiguous_runs(&self.shared.slots, self.head & self.mask, n) {
+        for run in contiguous_runs(self.shared.slots(self.mask + 1), self.head & self.mask, n) {
             for slot in run {
                 // SAFETY: the slot's index lies in [head, tail) (checked by `available`),
                 // published by the producer, which does not touch it until we release it below.
@@ -433,6 +504,18 @@ impl<T> Drop for Consumer<T> {
         // Release: the producer sees us gone and stops waiting for room.
         self.shared.consumer_alive.store(false, Ordering::Release);
         self.shared.producer_parker.notify();
+    }
+}
+
+/// Copies `items` into the claimed slots `run` (same length), as a plain slice-to-slice copy
+/// that the compiler vectorises: no per-message bounds check or index arithmetic.
+#[inline(always)]
+fn copy_into<T: Copy>(run: &[UnsafeCell<T>], items: &[T]) {
+    debug_assert_eq!(run.len(), items.len());
+    for (slot, item) in run.iter().zip(items) {
+        // SAFETY: `run` holds slots claimed by `Producer::claim` and not yet published, so
+        // the consumer does not access them until `write_claimed` publishes them.
+        slot.with_mut(|ptr| unsafe { *ptr = *item });
     }
 }
 
