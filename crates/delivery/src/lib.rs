@@ -23,8 +23,10 @@
 //!
 //! Latency across processes uses absolute `CLOCK_MONOTONIC` time ([`clock`]).
 
+pub mod bench;
 pub mod clock;
 pub mod consumer;
+pub mod experiment;
 pub mod gateway;
 pub mod publish;
 pub mod server;
