@@ -466,8 +466,10 @@ async fn write_chunks(
                 return;
             }
             Err(_) => {
-                add(&state.counters.cut_off, 1);
-                tracing::warn!("gateway {gateway}: consumer {peer} cut off: write stalled");
+                if !is_cut() {
+                    add(&state.counters.cut_off, 1);
+                    tracing::warn!("gateway {gateway}: consumer {peer} cut off: write stalled");
+                }
                 return goodbye(&mut stream, GOODBYE_SLOW).await;
             }
         }

@@ -1,7 +1,7 @@
 //! A `nats-server` child process for tests, experiments and benchmarks: started on a free
 //! loopback port, restartable on the same port (to test reconnection), killed when dropped.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,23 +15,29 @@ pub const SERVER_BINARY: &str = "nats-server";
 /// A running `nats-server` child.
 pub struct NatsServer {
     child: Option<Child>,
+    host: IpAddr,
     port: u16,
 }
 
 impl NatsServer {
     /// Starts a server on a free loopback port.
     pub fn start() -> anyhow::Result<NatsServer> {
+        NatsServer::start_on(Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// Starts a server on a free port of `host` (an address of this host).
+    pub fn start_on(host: IpAddr) -> anyhow::Result<NatsServer> {
         // Bind port 0 to learn a free port; the race with another process taking it before
         // the server binds is reported by `wait_ready` as a start failure.
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut server = NatsServer { child: None, port };
+        let port = TcpListener::bind((host, 0))?.local_addr()?.port();
+        let mut server = NatsServer { child: None, host, port };
         server.spawn()?;
         Ok(server)
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
         let child = Command::new(SERVER_BINARY)
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-a", &self.host.to_string(), "-p", &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -46,7 +52,7 @@ impl NatsServer {
     }
 
     fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let address = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let address = SocketAddr::from((self.host, self.port));
         let deadline = Instant::now() + SERVER_START_TIMEOUT;
         while Instant::now() < deadline {
             if TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok() {
@@ -64,7 +70,7 @@ impl NatsServer {
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://{}", SocketAddr::from((self.host, self.port)))
     }
 
     /// Kills the server (SIGKILL: in-flight messages are lost, as in a crash).

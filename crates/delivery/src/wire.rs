@@ -340,22 +340,29 @@ impl Frame {
 }
 
 /// Splits a byte stream into frames: feed it what the socket gave, take whole frames out.
-/// Holds at most one partial frame (`FRAME_PREFIX_BYTES + FRAME_BYTES_MAX` bytes).
+/// Holds at most one partial frame (`FRAME_PREFIX_BYTES + FRAME_BYTES_MAX` bytes) beyond the
+/// last read.
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
     buffer: Vec<u8>,
+    /// Where the next frame starts in `buffer` (consumed bytes are dropped on `extend`, once
+    /// per read rather than once per frame).
+    start: usize,
 }
 
 impl FrameDecoder {
     /// Appends bytes read from the stream.
     pub fn extend(&mut self, bytes: &[u8]) {
+        self.buffer.drain(..self.start);
+        self.start = 0;
         self.buffer.extend_from_slice(bytes);
     }
 
     /// The next whole frame, `Ok(None)` when more bytes are needed, or the reason the stream
     /// is broken (the caller closes it: after a bad length nothing later can be framed).
     pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
-        let Some(prefix) = self.buffer.get(..FRAME_PREFIX_BYTES) else {
+        let pending = &self.buffer[self.start..];
+        let Some(prefix) = pending.get(..FRAME_PREFIX_BYTES) else {
             return Ok(None);
         };
         let length = u32::from_le_bytes(prefix.try_into().expect("4 bytes")) as usize;
@@ -363,11 +370,11 @@ impl FrameDecoder {
             return Err(WireError::FrameLength(length));
         }
         let end = FRAME_PREFIX_BYTES + length;
-        if self.buffer.len() < end {
+        if pending.len() < end {
             return Ok(None);
         }
-        let frame = Frame::decode(&self.buffer[FRAME_PREFIX_BYTES..end]);
-        self.buffer.drain(..end);
+        let frame = Frame::decode(&pending[FRAME_PREFIX_BYTES..end]);
+        self.start += end;
         frame.map(Some)
     }
 }

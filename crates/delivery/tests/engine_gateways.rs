@@ -50,8 +50,19 @@ fn run_engine(
     mid_run: impl FnOnce(&mut NatsServer) + Send,
 ) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
     let url = server.url();
-    let gateways: Vec<_> =
-        (0..GATEWAYS).map(|g| GatewayChild::start(&[], &url, g, "127.0.0.1:0")).collect();
+    let start = |g| GatewayChild::start(&[], &url, g, "127.0.0.1:0");
+    run_engine_with(server, retain_records, mid_run, start)
+}
+
+/// [`run_engine`] with the gateway children started by `start_gateway(gateway)`.
+fn run_engine_with(
+    server: &mut NatsServer,
+    retain_records: usize,
+    mid_run: impl FnOnce(&mut NatsServer) + Send,
+    start_gateway: impl Fn(u32) -> GatewayChild,
+) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
+    let url = server.url();
+    let gateways: Vec<_> = (0..GATEWAYS).map(start_gateway).collect();
     let io =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let mut tallies = Vec::new();
@@ -151,4 +162,77 @@ fn records_beyond_the_window_are_declared_by_resync() {
     let resynced = check_exactly_once(&report, &tallies);
     assert!(resynced > 0, "an outage longer than the window must be reported as a resync");
     assert!(gateways.iter().any(|g| g.resyncs > 0));
+}
+
+/// A network namespace joined to this one by a veth pair, removed when dropped.
+struct Namespace {
+    name: String,
+    host_ip: std::net::Ipv4Addr,
+    inner_ip: std::net::Ipv4Addr,
+}
+
+impl Namespace {
+    /// `None` (with the reason) where namespaces cannot be made here.
+    fn create() -> Result<Namespace, String> {
+        let id = std::process::id() % 200 + 20;
+        let name = format!("ltd-{}", std::process::id());
+        let (host_ip, inner_ip) = ([10, 231, id as u8, 1].into(), [10, 231, id as u8, 2].into());
+        let (host_if, inner_if) = (format!("ltd{id}h"), format!("ltd{id}n"));
+        let namespace = Namespace { name: name.clone(), host_ip, inner_ip };
+        let steps: [&[&str]; 7] = [
+            &["netns", "add", &name],
+            &["link", "add", &host_if, "type", "veth", "peer", "name", &inner_if],
+            &["link", "set", &inner_if, "netns", &name],
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
+            &["link", "set", &host_if, "up"],
+            &["-n", &name, "addr", "add", &format!("{inner_ip}/30"), "dev", &inner_if],
+            &["-n", &name, "link", "set", &inner_if, "up"],
+        ];
+        for step in steps {
+            let output = std::process::Command::new("ip").args(step).output();
+            match output {
+                Ok(output) if output.status.success() => {}
+                Ok(output) => {
+                    return Err(format!(
+                        "ip {step:?}: {}",
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    ));
+                }
+                Err(error) => return Err(format!("cannot run ip: {error}")),
+            }
+        }
+        Ok(namespace)
+    }
+}
+
+impl Drop for Namespace {
+    /// Deleting the namespace deletes its veth end, and with it the pair.
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+#[test]
+fn a_gateway_in_another_network_namespace_receives_everything() {
+    let namespace = match Namespace::create() {
+        Ok(namespace) => namespace,
+        Err(reason) => {
+            eprintln!("SKIPPED: no network namespace here ({reason})");
+            return;
+        }
+    };
+    let mut server = NatsServer::start_on(namespace.host_ip.into()).unwrap();
+    let url = server.url();
+    let listen = format!("{}:0", namespace.inner_ip);
+    let exec = ["ip", "netns", "exec", namespace.name.as_str()];
+    // Gateway 0 runs in the namespace (its own stack, reached over the veth pair as another
+    // host would be); gateway 1 on this host.
+    let start = |gateway| match gateway {
+        0 => GatewayChild::start(&exec, &url, gateway, &listen),
+        _ => GatewayChild::start(&[], &url, gateway, &format!("{}:0", namespace.host_ip)),
+    };
+    let (report, tallies, gateways) =
+        run_engine_with(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {}, start);
+    assert_eq!(check_exactly_once(&report, &tallies), 0);
+    assert!(gateways[0].received > 0, "the namespaced gateway received nothing");
 }
