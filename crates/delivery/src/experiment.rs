@@ -271,3 +271,23 @@ fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> anyho
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_buckets_are_cumulative_at_30_to_120_us() {
+        // 25 µs, 35 µs, 95 µs and 500 µs: a quarter each.
+        let histogram = LatencyHistogram::from_samples_ns(&[25_000, 35_000, 95_000, 500_000]);
+        let (cumulative, beyond) = published_buckets(&histogram);
+        assert_eq!(cumulative[0], 25.0); // ≤ 30 µs
+        assert_eq!(cumulative[1], 50.0); // ≤ 40 µs
+        assert_eq!(cumulative[6], 50.0); // ≤ 90 µs
+        assert_eq!(cumulative[7], 75.0); // ≤ 100 µs
+        assert_eq!(cumulative[9], 75.0); // ≤ 120 µs
+        assert_eq!(beyond, 25.0);
+        let (empty, beyond) = published_buckets(&LatencyHistogram::new());
+        assert_eq!((empty, beyond), ([0.0; 10], 0.0));
+    }
+}

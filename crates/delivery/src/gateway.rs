@@ -251,14 +251,11 @@ impl Sequencer {
         if header.first_seq > expected {
             self.recover(stream, expected, header.first_seq - 1).await;
         }
-        let mut in_order = Vec::with_capacity(header.count);
-        for (seq, record) in batch_records(&header, records) {
-            if seq < self.next_seq(stream) {
-                add(&self.state.counters.duplicates, 1);
-                continue;
-            }
-            in_order.push((seq, record));
-        }
+        // A recovery may have delivered the front of this batch already.
+        let next = self.next_seq(stream);
+        let in_order: Vec<_> =
+            batch_records(&header, records).filter(|(seq, _)| *seq >= next).collect();
+        add(&self.state.counters.duplicates, (header.count - in_order.len()) as u64);
         self.deliver(stream, &in_order);
     }
 

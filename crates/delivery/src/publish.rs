@@ -458,3 +458,33 @@ async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(tag: u64) -> Record {
+        Record::encode(&Response::default(), tag, tag)
+    }
+
+    #[test]
+    fn the_window_keeps_the_last_capacity_records_by_sequence() {
+        let mut window = Window::new(4);
+        assert_eq!((window.oldest(), window.next_seq), (1, 1));
+        for tag in 1..=6 {
+            window.retain(record(tag));
+        }
+        assert_eq!((window.oldest(), window.next_seq), (3, 7));
+        for seq in 3..=6 {
+            assert_eq!(window.get(seq).intended_abs_ns(), seq, "seq {seq}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "two R-Senders publish one subject")]
+    fn a_second_sender_on_a_subject_is_refused() {
+        let mut window = Window::new(1);
+        window.claim(0);
+        window.claim(1);
+    }
+}

@@ -1,4 +1,4 @@
-//! The R-Gateway's consumer side on a real `nats-server`: a consumer that stops reading is cut
+//! The R-Gateway's consumer side on a real `nats-server` ($LEANTIER_NATS_URL, else a child): a consumer that stops reading is cut
 //! off at the named queue bound without holding back the others, and a bad hello is refused
 //! with a reason code.
 
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use delivery::consumer;
 use delivery::gateway::{GOODBYE_SLOW, GatewayOptions, RunningGateway, start};
-use delivery::server::NatsServer;
+use delivery::server::server_or_env;
 use delivery::subjects::data_subject;
 use delivery::wire::{BATCH_RECORDS_MAX, BatchHeader, Frame, FrameDecoder, Record, Stream};
 use exchange::msg::Response;
@@ -48,9 +48,12 @@ async fn wait_live(tally: &consumer::SharedTally, gateway: &RunningGateway, last
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_consumer_is_cut_off_and_the_others_keep_up() {
-    let server = NatsServer::start().unwrap();
-    let mut options = GatewayOptions::new(&server.url(), 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    let (url, _server) = server_or_env().unwrap();
+    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.consumer_queue_chunks = QUEUE_CHUNKS;
+    // Its own subjects: the server may be shared ($LEANTIER_NATS_URL).
+    options.prefix = format!("cutoff{}", std::process::id());
+    let prefix = options.prefix.clone();
     let gateway = start(options).await.unwrap();
     // The stalled consumer says hello and never reads.
     let mut stalled = TcpStream::connect(gateway.local_addr()).await.unwrap();
@@ -62,8 +65,8 @@ async fn a_stalled_consumer_is_cut_off_and_the_others_keep_up() {
     while gateway.report().consumers_connected < 2 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let subject = data_subject(delivery::subjects::PREFIX_DEFAULT, 0, Stream::Reports);
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
     for index in 0..BATCHES {
         let first_seq = 1 + index * BATCH_RECORDS_MAX as u64;
         client.publish(subject.clone(), batch(first_seq).into()).await.unwrap();
@@ -107,8 +110,9 @@ async fn a_stalled_consumer_is_cut_off_and_the_others_keep_up() {
 
 #[tokio::test]
 async fn a_bad_hello_is_refused_with_a_reason() {
-    let server = NatsServer::start().unwrap();
-    let options = GatewayOptions::new(&server.url(), 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    let (url, _server) = server_or_env().unwrap();
+    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.prefix = format!("hello{}", std::process::id());
     let gateway = start(options).await.unwrap();
     let mut stream = TcpStream::connect(gateway.local_addr()).await.unwrap();
     // A plausible length, then a body that is not a hello.
