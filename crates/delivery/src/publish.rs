@@ -339,6 +339,29 @@ impl Drop for NatsPublisher {
     }
 }
 
+/// Runs the tier with its R-Senders publishing over NATS (the engine process), then keeps the
+/// retained windows and heartbeats up for `linger` so gateways recover what they missed.
+pub fn run_tier(
+    config: &exchange::tier::TierConfig,
+    run: exchange::tier::RunOptions,
+    publish: PublishOptions,
+    linger: Duration,
+    progress: impl FnMut(u64),
+) -> anyhow::Result<(exchange::tier::RunResult, PublishReport)> {
+    anyhow::ensure!(
+        publish.gateways == config.gateways,
+        "publisher gateways {} != tier gateways {}",
+        publish.gateways,
+        config.gateways
+    );
+    let publisher = NatsPublisher::connect(publish)?;
+    let result =
+        exchange::tier::run_with_subscribers(config, run, publisher.subscribers(), progress)?;
+    publisher.drain()?;
+    std::thread::sleep(linger);
+    Ok((result, publisher.report()))
+}
+
 /// The sender's side: a ring push per response.
 struct RingSubscriber {
     ring: Sender<Response>,
