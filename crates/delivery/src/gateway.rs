@@ -248,6 +248,15 @@ impl Sequencer {
         };
         let stream = header.stream;
         let expected = self.next_seq(stream);
+        if header.count == 0 && header.first_seq < expected {
+            // A heartbeat never goes back: the engine restarted with fresh sequences, which
+            // this gateway cannot tell from duplicates. It serves one engine run.
+            return self.bad(&format!(
+                "{} sequence went back to {} (expected {expected}): restart this gateway with the engine",
+                stream.name(),
+                header.first_seq
+            ));
+        }
         if header.first_seq > expected {
             self.recover(stream, expected, header.first_seq - 1).await;
         }
