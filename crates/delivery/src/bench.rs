@@ -13,9 +13,9 @@
 use std::time::{Duration, Instant};
 
 use exchange::msg::{Audience, CoreOutput, Response};
+use exchange::tier::WaitChoice;
 use futures_util::StreamExt;
 use lab::stats::{LatencyHistogram, LatencySummary, median};
-use pipeline::WaitStrategy;
 use pipeline::metrics::now_ns;
 
 use crate::clock::monotonic_ns;
@@ -25,6 +25,11 @@ use crate::wire::{BATCH_HEADER_BYTES, RECORD_BYTES, Record};
 
 /// The target: leantier's throughput at least this fraction of the plain batched pair's.
 pub const TARGET_THROUGHPUT_RATIO: f64 = 0.8;
+/// Threads of leantier's path: the sender, its publisher, two publisher-runtime threads, two
+/// gateway-runtime threads.
+const BENCH_THREADS: usize = 6;
+/// Messages of room beyond the record count in the plain subscriber's queue.
+const SUBSCRIPTION_SLACK_MESSAGES: usize = 1024;
 /// How long one repeat may take before it fails.
 pub const REPEAT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -92,6 +97,10 @@ pub fn run(url: &str, records: u64, repeats: usize) -> anyhow::Result<BenchRepor
     })
 }
 
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn contender(name: &'static str, samples: Vec<Sample>) -> Contender {
     let mut latency = LatencyHistogram::new();
     for sample in &samples {
@@ -121,7 +130,10 @@ fn leantier_once(
         prefix: prefix.to_string(),
         gateways: 1,
         retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
-        wait: WaitStrategy::default(),
+        // As the tier's `auto`: spin only when the sender, the publisher and the client's
+        // and gateway's threads each have a CPU; on a smaller host a spinner steals the CPU
+        // its peer needs.
+        wait: WaitChoice::Auto.strategy(BENCH_THREADS, cpus()),
         heartbeat: crate::publish::HEARTBEAT_INTERVAL_DEFAULT,
     })?;
     let mut subscribers = (publisher.subscribers())(0);
@@ -149,7 +161,10 @@ fn leantier_once(
 /// One round of a bare publisher and subscriber, `batch` records per message.
 async fn plain_once(url: &str, prefix: &str, records: u64, batch: u64) -> anyhow::Result<Sample> {
     let subject = format!("{prefix}.plain.{batch}");
-    let subscriber_client = async_nats::connect(url).await?;
+    // Room for every record client-side: the peer must not lose messages to its own queue.
+    let capacity = records as usize + SUBSCRIPTION_SLACK_MESSAGES;
+    let subscriber_client =
+        async_nats::ConnectOptions::new().subscription_capacity(capacity).connect(url).await?;
     let mut subscription = subscriber_client.subscribe(subject.clone()).await?;
     subscriber_client.flush().await?;
     let publisher = async_nats::connect(url).await?;
@@ -182,7 +197,9 @@ async fn plain_once(url: &str, prefix: &str, records: u64, batch: u64) -> anyhow
         sent += count;
     }
     publisher.flush().await?;
-    let (received, latency) = tokio::time::timeout(REPEAT_TIMEOUT, receiving).await??;
+    let (received, latency) = tokio::time::timeout(REPEAT_TIMEOUT, receiving)
+        .await
+        .map_err(|_| anyhow::anyhow!("the plain subscriber ({batch} per message) stalled"))??;
     anyhow::ensure!(received == records, "the plain subscriber got {received} of {records}");
     let elapsed = started.elapsed().as_secs_f64();
     Ok(Sample { throughput_per_s: records as f64 / elapsed, latency })

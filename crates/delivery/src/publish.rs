@@ -7,9 +7,10 @@
 //! sequence, every `heartbeat`) lets a gateway see a lost tail; gateways recover gaps from the
 //! retained window over request/reply.
 //!
-//! Publishing never waits for the broker: when the client's queue is full (the server is down
-//! and the client reconnecting) the batch stays only in the retained window, is counted as
-//! unsent, and the gateways recover it from the window once the connection is back.
+//! Publishing never waits for an unreachable broker: while the client is reconnecting a batch
+//! stays only in the retained window, is counted as unsent, and the gateways recover it from
+//! the window once the connection is back. While connected, a full client queue is
+//! back-pressure (bounded by `PUBLISH_WAIT_MAX`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -40,6 +41,9 @@ pub const RETAIN_RECORDS_MAX: usize = 1 << 20;
 pub const PUBLISHER_RING_SLOTS: usize = 512;
 /// How often every subject announces its next sequence, by default.
 pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
+/// Longest a publisher thread waits for room in a connected client's queue before the batch is
+/// left to the window (the gateways then recover it).
+pub const PUBLISH_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Most gateways a publisher serves (subjects are allocated up front).
 pub const GATEWAYS_MAX: u32 = 1024;
 
@@ -128,6 +132,8 @@ struct Counters {
 /// Shared by the publisher threads, the heartbeat and the retain service.
 struct Shared {
     client: async_nats::Client,
+    /// The publisher's runtime, for a publisher thread to wait on a full client queue.
+    runtime: tokio::runtime::Handle,
     subjects: Vec<SubjectState>,
     counters: Counters,
 }
@@ -143,21 +149,26 @@ impl Shared {
         &self.subjects[gateway as usize * Stream::ALL.len() + stream as usize]
     }
 
-    /// Hands `payload` to the client's queue without waiting: `false` when the queue is full
-    /// (the server is unreachable) or the client is closed.
-    fn try_publish(&self, subject: &async_nats::Subject, payload: Bytes) -> bool {
+    /// Hands `payload` to the client's queue: `false` when it could not (kept in the window
+    /// only). While connected, a full queue is back-pressure and the publisher waits up to
+    /// [`PUBLISH_WAIT_MAX`] (`wait`); while the server is unreachable it never waits, so the
+    /// tier is not stalled by the broker. Heartbeats (on the runtime) never wait.
+    fn publish(&self, subject: &async_nats::Subject, payload: Bytes, wait: bool) -> bool {
         let publish = self.client.publish(subject.clone(), payload);
         let mut publish = std::pin::pin!(publish);
-        let sent = matches!(
-            publish.as_mut().poll(&mut Context::from_waker(Waker::noop())),
-            Poll::Ready(Ok(()))
-        );
+        let mut sent = match publish.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => result.is_ok(),
+            Poll::Pending => false,
+        };
+        let connected = self.client.connection_state() == async_nats::connection::State::Connected;
+        if !sent && wait && connected {
+            let waited = async { tokio::time::timeout(PUBLISH_WAIT_MAX, publish).await };
+            sent = matches!(self.runtime.block_on(waited), Ok(Ok(())));
+        }
         // Relaxed: a log-once flag, no data rides on it.
         let was_refusing = self.counters.refusing.swap(!sent, Ordering::Relaxed);
         if !sent && !was_refusing {
-            tracing::warn!(
-                "NATS client queue full or closed: batches are kept in the windows only"
-            );
+            tracing::warn!("NATS client cannot take batches: they are kept in the windows only");
         } else if sent && was_refusing {
             tracing::info!("NATS client takes batches again");
         }
@@ -176,7 +187,7 @@ impl Shared {
             };
             let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES);
             header.write(&mut payload);
-            if self.try_publish(&subject.name, payload.into()) {
+            if self.publish(&subject.name, payload.into(), false) {
                 add(&self.counters.heartbeats, 1);
             }
         }
@@ -242,7 +253,9 @@ impl NatsPublisher {
                 window: Mutex::new(Window::new(options.retain_records)),
             })
             .collect();
-        let shared = Arc::new(Shared { client, subjects, counters: Counters::default() });
+        let handle = runtime.handle().clone();
+        let shared =
+            Arc::new(Shared { client, runtime: handle, subjects, counters: Counters::default() });
         let retain =
             runtime.block_on(shared.client.subscribe(format!("{}.retain.>", options.prefix)))?;
         let services = vec![
@@ -443,7 +456,7 @@ impl PublisherThread {
             window.retain(record);
         }
         let counters = &self.shared.counters;
-        if self.shared.try_publish(&subject.name, payload.into()) {
+        if self.shared.publish(&subject.name, payload.into(), true) {
             add(&counters.published, count as u64);
             add(&counters.batches, 1);
         } else {
