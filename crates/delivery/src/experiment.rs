@@ -146,8 +146,10 @@ fn run_options(settings: &Settings) -> RunOptions {
 /// Runs every layout in-process and (with a NATS URL) over NATS; `progress` is told each
 /// finished measurement.
 pub fn run(settings: &Settings, mut progress: impl FnMut(&Point)) -> anyhow::Result<Experiment> {
-    if !(settings.rate_per_s > 0.0 && settings.seconds > 0.0) {
-        return Err(crate::DeliveryError::BadInput("rate and seconds must be > 0".into()).into());
+    let positive = |value: f64| value.is_finite() && value > 0.0;
+    if !positive(settings.rate_per_s) || !positive(settings.seconds) {
+        let reason = "rate and seconds must be finite and > 0".to_string();
+        return Err(crate::DeliveryError::BadInput(reason).into());
     }
     let mut points = Vec::new();
     for layout in LAYOUTS {
