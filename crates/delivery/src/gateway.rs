@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::clock::monotonic_ns;
-use crate::subjects::{connect, gateway_wildcard, retain_subject};
+use crate::subjects::{CONNECT_TIMEOUT, connect, gateway_wildcard, retain_subject};
 use crate::wire::{
     FRAME_BYTES_MAX, FRAME_PREFIX_BYTES, Frame, FrameDecoder, Record, RetainRequest, Stream,
     WIRE_VERSION, batch_records, decode_batch,
@@ -153,8 +153,16 @@ pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
         return Err(crate::DeliveryError::BadInput(reason).into());
     }
     let client = connect(&options.nats_url, "gateway").await?;
-    let subscription = client.subscribe(gateway_wildcard(&options.prefix, options.gateway)).await?;
-    client.flush().await?;
+    let subscribing = async {
+        let subject = gateway_wildcard(&options.prefix, options.gateway);
+        let subscription = client.subscribe(subject).await?;
+        client.flush().await?;
+        anyhow::Ok(subscription)
+    };
+    let subscription =
+        tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await.map_err(|_| {
+            anyhow::anyhow!("NATS did not confirm the subscription in {CONNECT_TIMEOUT:?}")
+        })??;
     let listener = TcpListener::bind(options.listen).await?;
     let local_addr = listener.local_addr()?;
     tracing::info!("gateway {} listening on {local_addr}", options.gateway);

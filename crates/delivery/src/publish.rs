@@ -28,7 +28,7 @@ use pipeline::ring::RingConfig;
 use pipeline::wait::{Parker, WaitStrategy, Waiter};
 
 use crate::clock::{EpochOffset, monotonic_ns};
-use crate::subjects::{connect, data_subject, parse_retain_subject};
+use crate::subjects::{CONNECT_TIMEOUT, connect, data_subject, parse_retain_subject};
 use crate::wire::{
     BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BatchHeader, RECORD_BYTES, Record, RetainRequest, Stream,
 };
@@ -256,8 +256,14 @@ impl NatsPublisher {
         let handle = runtime.handle().clone();
         let shared =
             Arc::new(Shared { client, runtime: handle, subjects, counters: Counters::default() });
-        let retain =
-            runtime.block_on(shared.client.subscribe(format!("{}.retain.>", options.prefix)))?;
+        let retain_subjects = format!("{}.retain.>", options.prefix);
+        let subscribing = async {
+            let subscribing = shared.client.subscribe(retain_subjects);
+            tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await
+        };
+        let retain = runtime.block_on(subscribing).map_err(|_| {
+            anyhow::anyhow!("NATS did not take the retain subscription in {CONNECT_TIMEOUT:?}")
+        })??;
         let services = vec![
             runtime.spawn(serve_retained(shared.clone(), options.prefix.clone(), retain)),
             runtime.spawn(heartbeats(shared.clone(), options.heartbeat)),
@@ -314,8 +320,7 @@ impl NatsPublisher {
         }
         self.shared.heartbeat();
         let client = &self.shared.client;
-        let flush =
-            async { tokio::time::timeout(crate::subjects::CONNECT_TIMEOUT, client.flush()).await };
+        let flush = async { tokio::time::timeout(CONNECT_TIMEOUT, client.flush()).await };
         if !matches!(self.runtime.block_on(flush), Ok(Ok(()))) {
             tracing::warn!("NATS flush did not complete; gateways recover from the windows");
         }
