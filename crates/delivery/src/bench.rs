@@ -49,6 +49,7 @@ pub struct Contender {
 pub struct BenchReport {
     pub records: u64,
     pub repeats: usize,
+    pub wait: WaitChoice,
     pub leantier: Contender,
     pub plain_batched: Contender,
     pub plain_per_record: Contender,
@@ -64,8 +65,14 @@ struct Sample {
     latency: LatencyHistogram,
 }
 
-/// Runs `repeats` rounds of `records` records each on the server at `url`.
-pub fn run(url: &str, records: u64, repeats: usize) -> anyhow::Result<BenchReport> {
+/// Runs `repeats` rounds of `records` records each on the server at `url`; `wait` is how the
+/// sender and its publisher thread wait on their ring (`auto`: the tier's rule).
+pub fn run(
+    url: &str,
+    records: u64,
+    repeats: usize,
+    wait: WaitChoice,
+) -> anyhow::Result<BenchReport> {
     if records == 0 || repeats == 0 {
         return Err(crate::DeliveryError::BadInput("records and repeats must be > 0".into()).into());
     }
@@ -74,7 +81,7 @@ pub fn run(url: &str, records: u64, repeats: usize) -> anyhow::Result<BenchRepor
     let mut per_message = Vec::new();
     for repeat in 0..repeats {
         let prefix = format!("bench{repeat}");
-        let (sample, batch) = leantier_once(&io, url, &prefix, records)?;
+        let (sample, batch) = leantier_once(&io, url, &prefix, records, wait)?;
         samples[0].push(sample);
         per_message.push(batch);
         let batch_records = batch.round().max(1.0) as u64;
@@ -88,6 +95,7 @@ pub fn run(url: &str, records: u64, repeats: usize) -> anyhow::Result<BenchRepor
     Ok(BenchReport {
         records,
         repeats,
+        wait,
         ratio_batched: leantier.throughput_per_s / plain_batched.throughput_per_s,
         ratio_per_record: leantier.throughput_per_s / plain_per_record.throughput_per_s,
         records_per_message: per_message.iter().sum::<f64>() / per_message.len() as f64,
@@ -121,6 +129,7 @@ fn leantier_once(
     url: &str,
     prefix: &str,
     records: u64,
+    wait: WaitChoice,
 ) -> anyhow::Result<(Sample, f64)> {
     let mut options = GatewayOptions::new(url, 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     options.prefix = prefix.to_string();
@@ -130,10 +139,10 @@ fn leantier_once(
         prefix: prefix.to_string(),
         gateways: 1,
         retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
-        // As the tier's `auto`: spin only when the sender, the publisher and the client's
+        // `auto` as in the tier: spin only when the sender, the publisher and the client's
         // and gateway's threads each have a CPU; on a smaller host a spinner steals the CPU
         // its peer needs.
-        wait: WaitChoice::Auto.strategy(BENCH_THREADS, cpus()),
+        wait: wait.strategy(BENCH_THREADS, cpus()),
         heartbeat: crate::publish::HEARTBEAT_INTERVAL_DEFAULT,
     })?;
     let mut subscribers = (publisher.subscribers())(0);

@@ -365,6 +365,10 @@ pub struct DeliveryBenchArgs {
     /// Repeats (medians are reported).
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    /// How the sender and its publisher thread wait on their ring: auto (the tier's rule:
+    /// spin with a CPU per thread, else park), spin, spin-yield, park, adaptive.
+    #[arg(long, default_value = "auto")]
+    pub wait: exchange::tier::WaitChoice,
     /// Exit with the "target missed" code when the ratio is below the target.
     #[arg(long)]
     pub check: bool,
@@ -376,11 +380,14 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
         Some(url) => (url.clone(), None),
         None => server_or_env()?,
     };
-    let report = delivery::bench::run(&url, args.records, args.repeats)?;
+    let report = delivery::bench::run(&url, args.records, args.repeats, args.wait)?;
     let mut table = Table::new(["contender", "records/s (median)", "p50 µs", "p99 µs", "max µs"])
         .with_title(format!(
-            "{} records x {} repeats; leantier sent {:.1} records per NATS message",
-            report.records, report.repeats, report.records_per_message
+            "{} records x {} repeats, wait {}; leantier sent {:.1} records per NATS message",
+            report.records,
+            report.repeats,
+            report.wait.name(),
+            report.records_per_message
         ));
     for contender in [&report.leantier, &report.plain_batched, &report.plain_per_record] {
         table.row([
