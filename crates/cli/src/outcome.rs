@@ -32,6 +32,7 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
         || error.is::<ringbench::RingBenchError>()
         || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(cdr::CdrError::BadInput(_)))
+        || matches!(error.downcast_ref(), Some(delivery::DeliveryError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(exchange::ExchangeError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(mq::MqError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(web::WebError::BadInput(_)))

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 /// every crate may also use `lab` and `pipeline`, except those two themselves).
 const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("cdr", "planner"),
+    ("delivery", "exchange"),
     ("exchange", "journal"),
     ("exchange", "planner"),
     ("gateway", "exchange"),

@@ -278,6 +278,19 @@ pub trait Subscriber: Send {
     fn deliver(&mut self, response: &Response);
 }
 
+/// Builds one R-Sender's subscribers, indexed by gateway (the argument is the sender's index).
+/// [`run`] uses [`in_process_subscribers`]; the `delivery` crate plugs in NATS publishers.
+pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
+
+/// One [`InProcessGateway`] per gateway for every sender.
+pub fn in_process_subscribers(gateways: u32) -> SubscriberFactory {
+    Arc::new(move |_| {
+        (0..gateways)
+            .map(|_| Box::new(InProcessGateway::default()) as Box<dyn Subscriber>)
+            .collect()
+    })
+}
+
 /// The in-process gateway: counts what it receives per audience.
 #[derive(Debug, Default)]
 pub struct InProcessGateway {
@@ -463,10 +476,21 @@ pub fn run(
     options: RunOptions,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
+    run_with_subscribers(config, options, in_process_subscribers(config.gateways), progress)
+}
+
+/// [`run`] with the R-Senders delivering to `subscribers` (`config.gateways` per sender).
+pub fn run_with_subscribers(
+    config: &TierConfig,
+    options: RunOptions,
+    subscribers: SubscriberFactory,
+    progress: impl FnMut(u64),
+) -> anyhow::Result<RunResult> {
     config.validate()?;
     let master = reference_master_data(&config.universe);
     let (starts, durability) = recover(config, &options, &master)?;
-    let RunningTier { pipeline, feeds, reports } = graph::start(config, &options, starts)?;
+    let RunningTier { pipeline, feeds, reports } =
+        graph::start(config, &options, starts, subscribers)?;
     let placement_notes = pipeline.plan().notes.clone();
     let (drive, disconnected) = drive_load(config, &options, &master, feeds, progress)?;
     // The feeds are gone: every stage drains and stops, and each worker reports.

@@ -12,7 +12,7 @@ use super::workers::{
     ResponseTotals, SenderLatency, SenderWorker,
 };
 use super::{
-    ExternalEvent, InProcessGateway, RunOptions, ShardResult, Subscriber, TierConfig, TierInput,
+    ExternalEvent, RunOptions, ShardResult, SubscriberFactory, TierConfig, TierInput,
     external_event_effect,
 };
 use crate::durability::{ShardRecord, ShardState};
@@ -63,6 +63,7 @@ pub(super) fn start(
     config: &TierConfig,
     options: &RunOptions,
     starts: StageStarts,
+    subscribers: SubscriberFactory,
 ) -> anyhow::Result<RunningTier> {
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
     let gateway = graph.input::<InboundOrder>("gateway", 1);
@@ -80,7 +81,7 @@ pub(super) fn start(
         });
     let (core, shards) = core_stage(&mut graph, config, options, starts.shards);
     let (rprocess, responses) = rprocess_stage(&mut graph, config, starts.durables);
-    let (senders, sender_results) = sender_stage(&mut graph, config, options);
+    let (senders, sender_results) = sender_stage(&mut graph, config, options, subscribers);
     let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
     graph.connect(gateway, preprocess, Route::by_key(|m: &InboundOrder| u64::from(m.instrument)));
     graph.connect(preprocess, core, by_instrument());
@@ -185,14 +186,13 @@ fn sender_stage(
     graph: &mut PipelineBuilder,
     config: &TierConfig,
     options: &RunOptions,
+    subscribers: SubscriberFactory,
 ) -> (StageHandle<Response, ()>, StageResults<SenderLatency>) {
-    let (gateways, publish_work_ns) = (config.gateways, config.publish_work_ns);
+    let publish_work_ns = config.publish_work_ns;
     let released = options.released.clone();
-    graph.stage_with_results("sender", config.spec(config.senders, Role::Critical), move |_| {
+    graph.stage_with_results("sender", config.spec(config.senders, Role::Critical), move |sender| {
         SenderWorker {
-            gateways: (0..gateways)
-                .map(|_| Box::new(InProcessGateway::default()) as Box<dyn Subscriber>)
-                .collect(),
+            gateways: subscribers(sender),
             publish_work_ns,
             latency: SenderLatency::new(),
             released: released.clone(),

@@ -1,0 +1,415 @@
+//! `leantier exchange gateway`, `exchange delivery-experiment` and `exchange delivery-bench`:
+//! response delivery over NATS (the `delivery` crate).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use delivery::experiment::{
+    self, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS, PUBLISHED_P90_P99_US, Point,
+    Settings,
+};
+use delivery::gateway::{
+    CONSUMER_QUEUE_CHUNKS_DEFAULT, CONSUMERS_MAX_DEFAULT, GatewayOptions, GatewayReport,
+};
+use delivery::server::{NATS_URL_ENV, server_or_env};
+use exchange::tier::Arrival;
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_cdf_plot};
+
+/// Runs one R-Gateway: subscribes to its gateway's NATS subjects, serves end consumers over
+/// TCP (docs/DELIVERY.md), recovers gaps from the R-Senders' retained windows and sends a
+/// resync frame beyond them; prints its counters when stopped (Ctrl-C, SIGTERM, --seconds).
+#[derive(clap::Args, Debug, Clone)]
+pub struct GatewayArgs {
+    /// NATS server URL.
+    #[arg(long, env = NATS_URL_ENV)]
+    pub nats: String,
+    /// The gateway's id (the tier routes client c and instrument i to gateway c or i modulo
+    /// its gateway count).
+    #[arg(long)]
+    pub gateway: u32,
+    /// Address the end consumers connect to.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+    /// First token of every subject (must match the publishing tier's).
+    #[arg(long, default_value = delivery::subjects::PREFIX_DEFAULT)]
+    pub prefix: String,
+    /// Most end consumers at once; more are refused with a goodbye frame.
+    #[arg(long, default_value_t = CONSUMERS_MAX_DEFAULT)]
+    pub consumers_max: usize,
+    /// Chunks (one NATS batch each) queued per consumer; a consumer that falls this far
+    /// behind is cut off.
+    #[arg(long, default_value_t = CONSUMER_QUEUE_CHUNKS_DEFAULT)]
+    pub consumer_queue_chunks: usize,
+    /// Stop after this many seconds (default: run until Ctrl-C or SIGTERM).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+}
+
+/// `leantier exchange gateway`.
+pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
+    let options = GatewayOptions {
+        nats_url: args.nats.clone(),
+        prefix: args.prefix.clone(),
+        gateway: args.gateway,
+        listen: args.listen,
+        consumers_max: args.consumers_max,
+        consumer_queue_chunks: args.consumer_queue_chunks,
+    };
+    let seconds = args.seconds.map(Duration::try_from_secs_f64).transpose().map_err(|_| {
+        delivery::DeliveryError::BadInput("--seconds must be a finite number >= 0".into())
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(async {
+        let gateway = delivery::gateway::start(options).await?;
+        println!("gateway {} listening on {}", args.gateway, gateway.local_addr());
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let timer = async {
+            match seconds {
+                Some(duration) => tokio::time::sleep(duration).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+            _ = timer => {}
+        }
+        gateway.shutdown().await
+    })?;
+    let (report, latency) = report;
+    println!("\n{}", gateway_table(&report));
+    if !latency.is_empty() {
+        let summary = latency.summary();
+        println!(
+            "intended send -> received here (same host clock): p50 {} µs, p99 {} µs, {} requests",
+            format_ns_as_us(summary.p50_ns),
+            format_ns_as_us(summary.p99_ns),
+            summary.count
+        );
+    }
+    Ok(())
+}
+
+fn gateway_table(report: &GatewayReport) -> Table {
+    let mut table =
+        Table::new(["counter", "value"]).with_title(format!("gateway {}", report.gateway));
+    let rows = [
+        ("records received (in order)", report.received),
+        ("records delivered to consumers", report.delivered),
+        ("gaps detected", report.gaps),
+        ("records recovered from the window", report.recovered),
+        ("resyncs sent", report.resyncs),
+        ("records lost (resync)", report.resync_records),
+        ("duplicates dropped", report.duplicates),
+        ("consumers connected", report.consumers_connected),
+        ("consumers cut off", report.consumers_cut_off),
+        ("consumers refused", report.consumers_refused),
+        ("malformed batches", report.bad_messages),
+    ];
+    for (name, value) in rows {
+        table.row([name.to_string(), value.to_string()]);
+    }
+    table
+}
+
+/// Runs the tier (the engine) with its R-Senders publishing over NATS, for gateways started
+/// with `exchange gateway`; prints the tier's latency and the publishers' counters.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PublishArgs {
+    /// NATS server URL.
+    #[arg(long, env = NATS_URL_ENV)]
+    pub nats: String,
+    /// TOML tier configuration (see `TierConfig`; every field optional).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Arrival rate, msg/s.
+    #[arg(long, default_value_t = 20_000.0)]
+    pub rate: f64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// First token of every subject (the gateways must use the same).
+    #[arg(long, default_value = delivery::subjects::PREFIX_DEFAULT)]
+    pub prefix: String,
+    /// Records kept per subject for gap recovery.
+    #[arg(long, default_value_t = delivery::publish::RETAIN_RECORDS_DEFAULT)]
+    pub retain_records: usize,
+    /// Seconds the retained windows stay up after the load, for gateways to recover.
+    #[arg(long, default_value_t = 2.0)]
+    pub linger_seconds: f64,
+}
+
+/// `leantier exchange publish`.
+pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
+    let config: exchange::tier::TierConfig = lab::config::load_toml(args.config.as_deref())?;
+    let seconds = |value: f64, flag: &str| {
+        Duration::try_from_secs_f64(value).map_err(|_| {
+            delivery::DeliveryError::BadInput(format!("--{flag} must be a finite number >= 0"))
+        })
+    };
+    let run = exchange::tier::RunOptions {
+        rate_per_s: args.rate,
+        duration: seconds(args.seconds, "seconds")?,
+        record_inputs: false,
+        journal: exchange::durability::JournalOptions::default(),
+        released: None,
+    };
+    let options = delivery::publish::PublishOptions {
+        nats_url: args.nats.clone(),
+        prefix: args.prefix.clone(),
+        gateways: config.gateways,
+        retain_records: args.retain_records,
+        wait: config.wait_strategy(),
+        heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
+    };
+    let linger = seconds(args.linger_seconds, "linger-seconds")?;
+    let (result, report) = delivery::publish::run_tier(&config, run, options, linger, |_| {})?;
+    let mut table = Table::new(["counter", "value"]).with_title(format!(
+        "tier over NATS: {} requests at {} msg/s, {} gateways",
+        result.sent, args.rate, config.gateways
+    ));
+    let rows = [
+        ("responses delivered to the publishers", result.delivered),
+        ("records published (handed to NATS)", report.published),
+        ("NATS messages (batches)", report.batches),
+        ("records unsent (window only)", report.unsent),
+        ("heartbeats", report.heartbeats),
+        ("retain requests", report.retain_requests),
+        ("records served from windows", report.retained_served),
+    ];
+    for (name, value) in rows {
+        table.row([name.to_string(), value.to_string()]);
+    }
+    let summary = result.end_to_end.summary();
+    println!(
+        "
+{table}"
+    );
+    println!(
+        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (gateways measure the rest)",
+        format_ns_as_us(summary.p50_ns),
+        format_ns_as_us(summary.p99_ns)
+    );
+    Ok(())
+}
+
+/// The published response-delivery experiment: runs 1–7 (blocking buffer + 20 senders;
+/// lock-free + 20 senders; lock-free + placement with 6, 4, 3, 2, 1 senders), cumulative % per
+/// 10 µs bucket, p90, p99 and throughput measured at the gateway, in-process and over NATS,
+/// beside the published table.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeliveryExperimentArgs {
+    /// Arrival rate, msg/s.
+    #[arg(long, default_value_t = 20_000.0)]
+    pub rate: f64,
+    /// Seconds per run and transport.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Arrival process: poisson or bursty (constant is allowed but not the experiment's).
+    #[arg(long, default_value = "poisson")]
+    pub arrival: Arrival,
+    /// NATS server URL (default: $LEANTIER_NATS_URL, else a nats-server child on a free port).
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// Measure in-process only.
+    #[arg(long)]
+    pub no_nats: bool,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/delivery")]
+    pub out: PathBuf,
+}
+
+/// `leantier exchange delivery-experiment`.
+pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> {
+    let (url, _server) = match (&args.nats, args.no_nats) {
+        (_, true) => (None, None),
+        (Some(url), false) => (Some(url.clone()), None),
+        (None, false) => {
+            let (url, server) = server_or_env()?;
+            (Some(url), server)
+        }
+    };
+    let settings = Settings {
+        rate_per_s: args.rate,
+        seconds: args.seconds,
+        arrival: args.arrival,
+        nats_url: url,
+    };
+    let bar = lab::report::progress_bar(
+        (LAYOUTS.len() * if settings.nats_url.is_some() { 2 } else { 1 }) as u64,
+        "delivery experiment",
+    );
+    let result = experiment::run(&settings, |point| {
+        bar.set_message(format!("run {} {}", point.layout.run, point.transport.name()));
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    let (measured, published) = (measured_table(&result), published_table());
+    println!("\n{measured}\n\n{published}");
+    let dir = ReportDir::create(&args.out)?;
+    let series: Vec<(String, &lab::stats::LatencyHistogram)> =
+        result.points.iter().map(|p| (label(p), &p.histogram)).collect();
+    let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
+        series.iter().map(|(l, h)| (l.as_str(), *h)).collect();
+    let plot = latency_cdf_plot("Delivery latency at the gateway (CDF)", &series).x_log();
+    dir.write_svg("cdf.svg", &plot.to_svg())?;
+    dir.write_csv("measured.csv", &measured)?;
+    dir.write_json("experiment.json", &result)?;
+    let mut markdown = Markdown::new();
+    markdown
+        .heading(1, "Delivery experiment")
+        .table(&measured)
+        .table(&published)
+        .image("CDF", "cdf.svg");
+    dir.write_markdown("README.md", markdown.as_str())?;
+    println!("\nReport: {}", dir.path().display());
+    Ok(())
+}
+
+fn label(point: &Point) -> String {
+    format!("run {} {}", point.layout.run, point.transport.name())
+}
+
+fn bucket_headers() -> impl Iterator<Item = String> {
+    BUCKET_UPPERS_US
+        .iter()
+        .map(|upper| format!("{}–{}", upper - 9, upper))
+        .chain(std::iter::once(format!("> {}", BUCKET_UPPERS_US[BUCKET_UPPERS_US.len() - 1])))
+}
+
+fn measured_table(result: &Experiment) -> Table {
+    let headers = ["run", "connector", "senders", "placement", "transport"]
+        .map(String::from)
+        .into_iter()
+        .chain(bucket_headers())
+        .chain(["p90 µs", "p99 µs", "resp/s", "gaps", "resyncs"].map(String::from));
+    let mut table = Table::new(headers).with_title(format!(
+        "Measured at the gateway: cumulative % within each bucket (µs), {} cores, {} msg/s {:?}",
+        result.cores, result.settings.rate_per_s, result.settings.arrival
+    ));
+    for point in &result.points {
+        let totals = point.gateway_totals.clone().unwrap_or_default();
+        let nats = point.gateway_totals.is_some();
+        let optional = |value: u64| if nats { value.to_string() } else { "-".into() };
+        let layout = point.layout;
+        let cells = [
+            layout.run.to_string(),
+            connector_name(layout.connector).to_string(),
+            layout.senders.to_string(),
+            layout.placement.to_string(),
+            point.transport.name().to_string(),
+        ]
+        .into_iter()
+        .chain(point.cumulative_percent.iter().map(|p| format!("{p:.3}")))
+        .chain(std::iter::once(format!("{:.3}", point.beyond_percent)))
+        .chain([
+            format_ns_as_us(point.latency.p90_ns),
+            format_ns_as_us(point.latency.p99_ns),
+            format!("{:.0}", point.throughput_per_s),
+            optional(totals.gaps),
+            optional(totals.resyncs),
+        ]);
+        table.row(cells);
+    }
+    table
+}
+
+fn connector_name(kind: pipeline::ConnectorKind) -> &'static str {
+    match kind {
+        pipeline::ConnectorKind::LockFree => "lock-free",
+        pipeline::ConnectorKind::Blocking => "blocking",
+    }
+}
+
+fn published_table() -> Table {
+    let headers = ["run"]
+        .map(String::from)
+        .into_iter()
+        .chain(bucket_headers())
+        .chain(["p90 µs", "p99 µs"].map(String::from));
+    let mut table =
+        Table::new(headers).with_title("Published (2014 hardware, % of packets within)");
+    for layout in LAYOUTS {
+        let buckets = PUBLISHED_BUCKETS.iter().find(|(run, _)| *run == layout.run);
+        let tails = PUBLISHED_P90_P99_US.iter().find(|(run, _, _)| *run == layout.run);
+        if buckets.is_none() && tails.is_none() {
+            continue;
+        }
+        let bucket_cells: Vec<String> = match buckets {
+            Some((_, percents)) => {
+                let beyond = 100.0 - percents[percents.len() - 1];
+                percents.iter().chain(std::iter::once(&beyond)).map(|p| format!("{p:.3}")).collect()
+            }
+            None => vec!["-".to_string(); BUCKET_UPPERS_US.len() + 1],
+        };
+        let (p90, p99) = tails
+            .map_or(("-".into(), "-".into()), |(_, p90, p99)| (p90.to_string(), p99.to_string()));
+        table.row(std::iter::once(layout.run.to_string()).chain(bucket_cells).chain([p90, p99]));
+    }
+    table
+}
+
+/// R-Sender → NATS → gateway throughput and latency against a plain async-nats publisher and
+/// subscriber moving the same records on the same server in the same run (target: ≥ 0.8× the
+/// plain batched pair's throughput).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeliveryBenchArgs {
+    /// NATS server URL (default: $LEANTIER_NATS_URL, else a nats-server child on a free port).
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// Records per repeat and contender.
+    #[arg(long, default_value_t = 200_000)]
+    pub records: u64,
+    /// Repeats (medians are reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// How the sender and its publisher thread wait on their ring: auto (the tier's rule:
+    /// spin with a CPU per thread, else park), spin, spin-yield, park, adaptive.
+    #[arg(long, default_value = "auto")]
+    pub wait: exchange::tier::WaitChoice,
+    /// Exit with the "target missed" code when the ratio is below the target.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// `leantier exchange delivery-bench`.
+pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
+    let (url, _server) = match &args.nats {
+        Some(url) => (url.clone(), None),
+        None => server_or_env()?,
+    };
+    let report = delivery::bench::run(&url, args.records, args.repeats, args.wait)?;
+    let mut table = Table::new(["contender", "records/s (median)", "p50 µs", "p99 µs", "max µs"])
+        .with_title(format!(
+            "{} records x {} repeats, wait {}; leantier sent {:.1} records per NATS message",
+            report.records,
+            report.repeats,
+            report.wait.name(),
+            report.records_per_message
+        ));
+    for contender in [&report.leantier, &report.plain_batched, &report.plain_per_record] {
+        table.row([
+            contender.name.to_string(),
+            format!("{:.0}", contender.throughput_per_s),
+            format_ns_as_us(contender.latency.p50_ns),
+            format_ns_as_us(contender.latency.p99_ns),
+            format_ns_as_us(contender.latency.max_ns),
+        ]);
+    }
+    println!("\n{table}");
+    let target = delivery::bench::TARGET_THROUGHPUT_RATIO;
+    println!(
+        "leantier / plain-batched: {:.2}x (target >= {target}x); leantier / plain-per-record: {:.2}x",
+        report.ratio_batched, report.ratio_per_record
+    );
+    if args.check && report.ratio_batched < target {
+        return Err(crate::outcome::TargetMissed(vec![format!(
+            "leantier / plain-batched throughput {:.2}x < {target}x",
+            report.ratio_batched
+        )])
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! R-Sender → NATS → R-Gateway against plain `async-nats` on the same server in the same run.
+//!
+//! leantier's path: one R-Sender's subscriber (ring push) → its publisher thread (sequence,
+//! retained window, one NATS message per drained batch) → `nats-server` → an R-Gateway (gap
+//! check, fan-out). The peers move the same records with a bare client and a bare
+//! subscription and no sequencing or recovery: `plain-batched` packs them into messages of the
+//! size leantier's publisher produced in that repeat (same messages, same bytes), and
+//! `plain-per-record` sends one message per record (the common way to use NATS). Throughput is
+//! records over the time from the first send to the last receipt; latency from each record's
+//! send to its receipt (absolute monotonic time). Repeats alternate the three, and medians
+//! are reported.
+
+use std::time::{Duration, Instant};
+
+use exchange::msg::{Audience, CoreOutput, Response};
+use exchange::tier::WaitChoice;
+use futures_util::StreamExt;
+use lab::stats::{LatencyHistogram, LatencySummary, median};
+use pipeline::metrics::now_ns;
+
+use crate::clock::monotonic_ns;
+use crate::gateway::{GatewayOptions, start as start_gateway};
+use crate::publish::{NatsPublisher, PublishOptions};
+use crate::wire::{BATCH_HEADER_BYTES, RECORD_BYTES, Record};
+
+/// The target: leantier's throughput at least this fraction of the plain batched pair's.
+pub const TARGET_THROUGHPUT_RATIO: f64 = 0.8;
+/// Threads of leantier's path: the sender, its publisher, two publisher-runtime threads, two
+/// gateway-runtime threads.
+const BENCH_THREADS: usize = 6;
+/// Messages of room beyond the record count in the plain subscriber's queue.
+const SUBSCRIPTION_SLACK_MESSAGES: usize = 1024;
+/// How long one repeat may take before it fails.
+pub const REPEAT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One contender's medians.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Contender {
+    pub name: &'static str,
+    /// Median over repeats of records per second.
+    pub throughput_per_s: f64,
+    pub throughputs_per_s: Vec<f64>,
+    /// Send -> receipt, all repeats merged.
+    pub latency: LatencySummary,
+}
+
+/// The benchmark's result.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BenchReport {
+    pub records: u64,
+    pub repeats: usize,
+    pub wait: WaitChoice,
+    pub leantier: Contender,
+    pub plain_batched: Contender,
+    pub plain_per_record: Contender,
+    /// Records per NATS message leantier's publisher produced (mean over repeats).
+    pub records_per_message: f64,
+    /// leantier throughput / plain batched throughput (medians).
+    pub ratio_batched: f64,
+    pub ratio_per_record: f64,
+}
+
+struct Sample {
+    throughput_per_s: f64,
+    latency: LatencyHistogram,
+}
+
+/// Runs `repeats` rounds of `records` records each on the server at `url`; `wait` is how the
+/// sender and its publisher thread wait on their ring (`auto`: the tier's rule).
+pub fn run(
+    url: &str,
+    records: u64,
+    repeats: usize,
+    wait: WaitChoice,
+) -> anyhow::Result<BenchReport> {
+    if records == 0 || repeats == 0 {
+        return Err(crate::DeliveryError::BadInput("records and repeats must be > 0".into()).into());
+    }
+    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut samples: [Vec<Sample>; 3] = Default::default();
+    let mut per_message = Vec::new();
+    for repeat in 0..repeats {
+        let prefix = format!("bench{repeat}");
+        let (sample, batch) = leantier_once(&io, url, &prefix, records, wait)?;
+        samples[0].push(sample);
+        per_message.push(batch);
+        let batch_records = batch.round().max(1.0) as u64;
+        samples[1].push(io.block_on(plain_once(url, &prefix, records, batch_records))?);
+        samples[2].push(io.block_on(plain_once(url, &prefix, records, 1))?);
+    }
+    let [ours, batched, single] = samples;
+    let leantier = contender("leantier", ours);
+    let plain_batched = contender("plain-batched", batched);
+    let plain_per_record = contender("plain-per-record", single);
+    Ok(BenchReport {
+        records,
+        repeats,
+        wait,
+        ratio_batched: leantier.throughput_per_s / plain_batched.throughput_per_s,
+        ratio_per_record: leantier.throughput_per_s / plain_per_record.throughput_per_s,
+        records_per_message: per_message.iter().sum::<f64>() / per_message.len() as f64,
+        leantier,
+        plain_batched,
+        plain_per_record,
+    })
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn contender(name: &'static str, samples: Vec<Sample>) -> Contender {
+    let mut latency = LatencyHistogram::new();
+    for sample in &samples {
+        latency.merge(&sample.latency);
+    }
+    let throughputs_per_s: Vec<f64> = samples.iter().map(|s| s.throughput_per_s).collect();
+    Contender {
+        name,
+        throughput_per_s: median(throughputs_per_s.clone()),
+        throughputs_per_s,
+        latency: latency.summary(),
+    }
+}
+
+/// One round through leantier's publisher and gateway; also returns records per message.
+fn leantier_once(
+    io: &tokio::runtime::Runtime,
+    url: &str,
+    prefix: &str,
+    records: u64,
+    wait: WaitChoice,
+) -> anyhow::Result<(Sample, f64)> {
+    let mut options = GatewayOptions::new(url, 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.prefix = prefix.to_string();
+    let gateway = io.block_on(start_gateway(options))?;
+    let publisher = NatsPublisher::connect(PublishOptions {
+        nats_url: url.to_string(),
+        prefix: prefix.to_string(),
+        gateways: 1,
+        retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
+        // `auto` as in the tier: spin only when the sender, the publisher and the client's
+        // and gateway's threads each have a CPU; on a smaller host a spinner steals the CPU
+        // its peer needs.
+        wait: wait.strategy(BENCH_THREADS, cpus()),
+        heartbeat: crate::publish::HEARTBEAT_INTERVAL_DEFAULT,
+    })?;
+    let mut subscribers = (publisher.subscribers())(0);
+    let started = Instant::now();
+    for order_id in 0..records {
+        let output = CoreOutput { order_id, ..CoreOutput::default() };
+        let mut response =
+            Response { audience: Audience::Client, gateway: 0, answers_request: true, output };
+        response.output.stamps.intended_ns = now_ns();
+        subscribers[0].deliver(&response);
+    }
+    drop(subscribers);
+    let report = publisher.drain()?;
+    let deadline = started + REPEAT_TIMEOUT;
+    while gateway.report().next_seqs[0] <= records {
+        anyhow::ensure!(Instant::now() < deadline, "the gateway did not receive every record");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (_, latency) = io.block_on(gateway.shutdown())?;
+    let per_message = report.published as f64 / report.batches.max(1) as f64;
+    Ok((Sample { throughput_per_s: records as f64 / elapsed, latency }, per_message))
+}
+
+/// One round of a bare publisher and subscriber, `batch` records per message.
+async fn plain_once(url: &str, prefix: &str, records: u64, batch: u64) -> anyhow::Result<Sample> {
+    let subject = format!("{prefix}.plain.{batch}");
+    // Room for every record client-side: the peer must not lose messages to its own queue.
+    let capacity = records as usize + SUBSCRIPTION_SLACK_MESSAGES;
+    let subscriber_client =
+        async_nats::ConnectOptions::new().subscription_capacity(capacity).connect(url).await?;
+    let mut subscription = subscriber_client.subscribe(subject.clone()).await?;
+    subscriber_client.flush().await?;
+    let publisher = async_nats::connect(url).await?;
+    let receiving = tokio::spawn(async move {
+        let mut latency = LatencyHistogram::new();
+        let mut received = 0u64;
+        while received < records {
+            let Some(message) = subscription.next().await else { break };
+            let now = monotonic_ns();
+            for chunk in message.payload[BATCH_HEADER_BYTES..].chunks_exact(RECORD_BYTES) {
+                let record = Record(chunk.try_into().expect("whole records"));
+                latency.record_ns(now.saturating_sub(record.intended_abs_ns()));
+                received += 1;
+            }
+        }
+        (received, latency)
+    });
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent < records {
+        let count = batch.min(records - sent);
+        let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count as usize * RECORD_BYTES);
+        payload.resize(BATCH_HEADER_BYTES, 0);
+        for _ in 0..count {
+            let now = monotonic_ns();
+            let response = Response::default();
+            payload.extend_from_slice(&Record::encode(&response, now, now).0);
+        }
+        publisher.publish(subject.clone(), payload.into()).await?;
+        sent += count;
+    }
+    publisher.flush().await?;
+    let (received, latency) = tokio::time::timeout(REPEAT_TIMEOUT, receiving)
+        .await
+        .map_err(|_| anyhow::anyhow!("the plain subscriber ({batch} per message) stalled"))??;
+    anyhow::ensure!(received == records, "the plain subscriber got {received} of {records}");
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(Sample { throughput_per_s: records as f64 / elapsed, latency })
+}

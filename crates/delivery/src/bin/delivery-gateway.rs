@@ -1,0 +1,35 @@
+//! Test child: one R-Gateway process (`leantier exchange gateway` runs the same library code).
+//! Flags: `--nats URL --gateway ID --listen ADDR [--prefix P] [--queue-chunks N]`. Prints
+//! `listening ADDR` once it serves, and `report JSON` after SIGTERM, then exits.
+
+use delivery::gateway::{GatewayOptions, start};
+use lab::child_flags::ChildFlags;
+
+fn main() -> anyhow::Result<()> {
+    let flags = ChildFlags::from_env(&["nats", "gateway", "listen", "prefix", "queue-chunks"])?;
+    let mut options = GatewayOptions::new(
+        &flags.required::<String>("nats")?,
+        flags.required("gateway")?,
+        flags.required("listen")?,
+    );
+    if let Some(prefix) = flags.optional::<String>("prefix")? {
+        options.prefix = prefix;
+    }
+    if let Some(chunks) = flags.optional("queue-chunks")? {
+        options.consumer_queue_chunks = chunks;
+    }
+    // Events go to stderr, where a failing test shows them.
+    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    runtime.block_on(async {
+        let gateway = start(options).await?;
+        println!("listening {}", gateway.local_addr());
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        terminate.recv().await;
+        let (report, _) = gateway.shutdown().await?;
+        println!("report {}", serde_json::to_string(&report)?);
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,500 @@
+//! The R-Gateway: one process per gateway. It subscribes to its gateway's data subjects,
+//! checks every record's sequence, recovers a gap from the sender's retained window over
+//! request/reply, and beyond the window (or when recovery times out) tells its consumers
+//! with an explicit resync frame, never with silence. End consumers connect over TCP, say
+//! hello within [`HELLO_TIMEOUT`] and then receive every record of both streams in sequence
+//! order (docs/DELIVERY.md).
+//!
+//! Bounds: at most `consumers_max` consumers; each has a queue of at most
+//! `consumer_queue_chunks` chunks (a chunk is one NATS batch's frames, at most
+//! `BATCH_RECORDS_MAX` frames), so memory is bounded per consumer and in total. A consumer
+//! whose queue is full is cut off (it is slower than the stream); a write that stalls for
+//! [`WRITE_TIMEOUT`] cuts it off too. Each event (consumer connected, gap, resync, cut off)
+//! is logged once, when it happens.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use lab::stats::LatencyHistogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::monotonic_ns;
+use crate::subjects::{CONNECT_TIMEOUT, connect, gateway_wildcard, retain_subject};
+use crate::wire::{
+    FRAME_BYTES_MAX, FRAME_PREFIX_BYTES, Frame, FrameDecoder, Record, RetainRequest, Stream,
+    WIRE_VERSION, batch_records, decode_batch,
+};
+
+/// A consumer must send its hello within this time.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// A write to a consumer that takes longer cuts the consumer off.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// One retain request may take this long before the range is reported as a resync.
+pub const RECOVER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default bound of queued chunks per consumer.
+pub const CONSUMER_QUEUE_CHUNKS_DEFAULT: usize = 1024;
+/// Default most consumers at once.
+pub const CONSUMERS_MAX_DEFAULT: usize = 64;
+/// Goodbye reasons (beyond the `WireError` codes 1..=7 of a refused hello).
+pub const GOODBYE_SHUTDOWN: u8 = 100;
+pub const GOODBYE_SLOW: u8 = 101;
+pub const GOODBYE_FULL: u8 = 102;
+/// How long a goodbye frame may take before the connection is just closed.
+const GOODBYE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// How to run one gateway.
+#[derive(Clone, Debug)]
+pub struct GatewayOptions {
+    pub nats_url: String,
+    pub prefix: String,
+    pub gateway: u32,
+    pub listen: SocketAddr,
+    pub consumers_max: usize,
+    pub consumer_queue_chunks: usize,
+}
+
+impl GatewayOptions {
+    pub fn new(nats_url: &str, gateway: u32, listen: SocketAddr) -> GatewayOptions {
+        GatewayOptions {
+            nats_url: nats_url.to_string(),
+            prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
+            gateway,
+            listen,
+            consumers_max: CONSUMERS_MAX_DEFAULT,
+            consumer_queue_chunks: CONSUMER_QUEUE_CHUNKS_DEFAULT,
+        }
+    }
+}
+
+/// The gateway's counters.
+#[derive(Debug, Default)]
+struct Counters {
+    received: AtomicU64,
+    delivered: AtomicU64,
+    duplicates: AtomicU64,
+    gaps: AtomicU64,
+    recovered: AtomicU64,
+    resyncs: AtomicU64,
+    resync_records: AtomicU64,
+    consumers: AtomicU64,
+    cut_off: AtomicU64,
+    refused: AtomicU64,
+    bad_messages: AtomicU64,
+}
+
+/// Adds to a statistics counter. Relaxed: counters publish no other data.
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// What a gateway reports (at the end, or as a snapshot while it runs).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct GatewayReport {
+    pub gateway: u32,
+    /// Records taken in order from NATS or recovered.
+    pub received: u64,
+    /// Records written to consumers (summed over consumers).
+    pub delivered: u64,
+    /// Records seen twice (a recovery overlapping a late batch) and dropped.
+    pub duplicates: u64,
+    pub gaps: u64,
+    /// Records recovered from the retained window.
+    pub recovered: u64,
+    /// Resync frames sent (ranges lost for good).
+    pub resyncs: u64,
+    pub resync_records: u64,
+    pub consumers_connected: u64,
+    pub consumers_cut_off: u64,
+    pub consumers_refused: u64,
+    pub bad_messages: u64,
+    /// Per stream, the next sequence expected.
+    pub next_seqs: Vec<u64>,
+}
+
+/// Intended send time -> received at the gateway, for records answering a request.
+pub type GatewayLatency = LatencyHistogram;
+
+/// A consumer's queue, as the sequencer sees it.
+struct ConsumerSlot {
+    queue: mpsc::Sender<(Bytes, u64)>,
+    peer: SocketAddr,
+    /// Set when the sequencer cut the consumer off: its writer stops at once.
+    cut: Arc<AtomicBool>,
+}
+
+struct State {
+    options: GatewayOptions,
+    client: async_nats::Client,
+    counters: Counters,
+    consumers: Mutex<Vec<ConsumerSlot>>,
+    next_seqs: Mutex<[u64; 2]>,
+}
+
+/// A started gateway.
+pub struct RunningGateway {
+    state: Arc<State>,
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    sequencer: tokio::task::JoinHandle<GatewayLatency>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+/// Connects, subscribes and listens; runs on the caller's tokio runtime.
+pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
+    crate::subjects::validate_prefix(&options.prefix).map_err(crate::DeliveryError::BadInput)?;
+    if options.consumers_max == 0 || options.consumer_queue_chunks == 0 {
+        let reason = "consumers max and consumer queue chunks must be > 0".to_string();
+        return Err(crate::DeliveryError::BadInput(reason).into());
+    }
+    let client = connect(&options.nats_url, "gateway").await?;
+    let subscribing = async {
+        let subject = gateway_wildcard(&options.prefix, options.gateway);
+        let subscription = client.subscribe(subject).await?;
+        client.flush().await?;
+        anyhow::Ok(subscription)
+    };
+    let subscription =
+        tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await.map_err(|_| {
+            anyhow::anyhow!("NATS did not confirm the subscription in {CONNECT_TIMEOUT:?}")
+        })??;
+    let listener = TcpListener::bind(options.listen).await?;
+    let local_addr = listener.local_addr()?;
+    tracing::info!("gateway {} listening on {local_addr}", options.gateway);
+    let state = Arc::new(State {
+        options,
+        client,
+        counters: Counters::default(),
+        consumers: Mutex::new(Vec::new()),
+        next_seqs: Mutex::new([1; 2]),
+    });
+    let (stop, stopped) = watch::channel(false);
+    let sequencer = tokio::spawn(sequence(state.clone(), subscription, stopped.clone()));
+    let acceptor = tokio::spawn(accept(state.clone(), listener, stopped));
+    Ok(RunningGateway { state, local_addr, stop, sequencer, acceptor })
+}
+
+impl RunningGateway {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The counters so far.
+    pub fn report(&self) -> GatewayReport {
+        report(&self.state)
+    }
+
+    /// Stops taking records and consumers, says goodbye to every consumer, and reports.
+    pub async fn shutdown(self) -> anyhow::Result<(GatewayReport, GatewayLatency)> {
+        let _ = self.stop.send(true);
+        let latency = self.sequencer.await?;
+        self.acceptor.await?;
+        // Dropping the queues ends each writer after what is queued, with a goodbye.
+        self.state.consumers.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        Ok((report(&self.state), latency))
+    }
+}
+
+fn report(state: &State) -> GatewayReport {
+    let c = &state.counters;
+    // Relaxed: see `add`.
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    GatewayReport {
+        gateway: state.options.gateway,
+        received: load(&c.received),
+        delivered: load(&c.delivered),
+        duplicates: load(&c.duplicates),
+        gaps: load(&c.gaps),
+        recovered: load(&c.recovered),
+        resyncs: load(&c.resyncs),
+        resync_records: load(&c.resync_records),
+        consumers_connected: load(&c.consumers),
+        consumers_cut_off: load(&c.cut_off),
+        consumers_refused: load(&c.refused),
+        bad_messages: load(&c.bad_messages),
+        next_seqs: state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner).to_vec(),
+    }
+}
+
+/// The sequencer: one task, so records leave in sequence order per stream.
+async fn sequence(
+    state: Arc<State>,
+    mut subscription: async_nats::Subscriber,
+    mut stopped: watch::Receiver<bool>,
+) -> GatewayLatency {
+    let mut sequencer = Sequencer { state, latency: LatencyHistogram::new(), chunk: Vec::new() };
+    loop {
+        tokio::select! {
+            message = subscription.next() => match message {
+                Some(message) => sequencer.on_batch(&message.payload).await,
+                None => break,
+            },
+            _ = stopped.changed() => break,
+        }
+    }
+    sequencer.latency
+}
+
+struct Sequencer {
+    state: Arc<State>,
+    latency: GatewayLatency,
+    /// Frames of the batch being fanned out (reused).
+    chunk: Vec<u8>,
+}
+
+impl Sequencer {
+    async fn on_batch(&mut self, payload: &[u8]) {
+        let (header, records) = match decode_batch(payload) {
+            Ok(decoded) if decoded.0.gateway == self.state.options.gateway => decoded,
+            Ok((header, _)) => return self.bad(&format!("batch for gateway {}", header.gateway)),
+            Err(error) => return self.bad(&error.to_string()),
+        };
+        let stream = header.stream;
+        let expected = self.next_seq(stream);
+        if header.count == 0 && header.first_seq < expected {
+            // A heartbeat never goes back: the engine restarted with fresh sequences, which
+            // this gateway cannot tell from duplicates. It serves one engine run.
+            return self.bad(&format!(
+                "{} sequence went back to {} (expected {expected}): restart this gateway with the engine",
+                stream.name(),
+                header.first_seq
+            ));
+        }
+        if header.first_seq > expected {
+            self.recover(stream, expected, header.first_seq - 1).await;
+        }
+        // A recovery may have delivered the front of this batch already.
+        let next = self.next_seq(stream);
+        let in_order: Vec<_> =
+            batch_records(&header, records).filter(|(seq, _)| *seq >= next).collect();
+        add(&self.state.counters.duplicates, (header.count - in_order.len()) as u64);
+        self.deliver(stream, &in_order);
+    }
+
+    fn bad(&self, why: &str) {
+        // Relaxed: see `add`; the first bad message is logged, later ones only counted.
+        if self.state.counters.bad_messages.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "gateway {}: malformed batch dropped: {why}",
+                self.state.options.gateway
+            );
+        }
+    }
+
+    fn next_seq(&self, stream: Stream) -> u64 {
+        self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize]
+    }
+
+    /// Recovers `first..=last` of `stream` from the retained window, reporting what is lost.
+    async fn recover(&mut self, stream: Stream, first: u64, last: u64) {
+        let gateway = self.state.options.gateway;
+        add(&self.state.counters.gaps, 1);
+        tracing::warn!("gateway {gateway}: gap in {} {first}..={last}, recovering", stream.name());
+        let subject = retain_subject(&self.state.options.prefix, gateway, stream);
+        let mut from = first;
+        while from <= last {
+            let request = RetainRequest { from_seq: from, to_seq: last }.encode();
+            let asked = self.state.client.request(subject.clone(), request.into());
+            let reply = match tokio::time::timeout(RECOVER_TIMEOUT, asked).await {
+                Ok(Ok(reply)) => reply,
+                _ => break,
+            };
+            let Ok((header, records)) = decode_batch(&reply.payload) else { break };
+            if header.first_seq > from {
+                self.resync(stream, from, (header.first_seq - 1).min(last));
+            }
+            if header.count == 0 {
+                from = header.first_seq.max(from).max(last + 1);
+                break;
+            }
+            let recovered: Vec<_> =
+                batch_records(&header, records).filter(|(seq, _)| *seq <= last).collect();
+            add(&self.state.counters.recovered, recovered.len() as u64);
+            from = header.first_seq + header.count as u64;
+            self.deliver(stream, &recovered);
+        }
+        if from <= last {
+            self.resync(stream, from, last);
+        }
+    }
+
+    /// Tells every consumer that `first..=last` of `stream` is lost, and moves past it.
+    fn resync(&mut self, stream: Stream, first: u64, last: u64) {
+        let gateway = self.state.options.gateway;
+        tracing::warn!("gateway {gateway}: {} {first}..={last} lost: resync sent", stream.name());
+        add(&self.state.counters.resyncs, 1);
+        add(&self.state.counters.resync_records, last - first + 1);
+        self.chunk.clear();
+        Frame::Resync { stream, first_seq: first, last_seq: last }.write(&mut self.chunk);
+        self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize] =
+            last + 1;
+        self.fan_out(0);
+    }
+
+    /// Hands records (in sequence, starting at the next expected) to every consumer.
+    fn deliver(&mut self, stream: Stream, records: &[(u64, Record)]) {
+        if records.is_empty() {
+            return;
+        }
+        let received_abs_ns = monotonic_ns();
+        self.chunk.clear();
+        for (seq, record) in records {
+            Frame::Data { stream, seq: *seq, received_abs_ns, record: *record }
+                .write(&mut self.chunk);
+            if record.answers_request() {
+                self.latency.record_ns(received_abs_ns.saturating_sub(record.intended_abs_ns()));
+            }
+        }
+        let (first, last) = (records[0].0, records[records.len() - 1].0);
+        {
+            let mut next = self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner);
+            // The sequencer is the only writer: a record out of order here is a bug that
+            // would silently reorder every consumer's stream.
+            assert_eq!(first, next[stream as usize], "records handed out of sequence");
+            assert_eq!(last - first + 1, records.len() as u64, "records with a hole");
+            next[stream as usize] = last + 1;
+        }
+        add(&self.state.counters.received, records.len() as u64);
+        self.fan_out(records.len() as u64);
+    }
+
+    /// Queues the chunk for every consumer; a consumer whose queue is full is cut off.
+    fn fan_out(&mut self, records: u64) {
+        let chunk = Bytes::copy_from_slice(&self.chunk);
+        let mut consumers = self.state.consumers.lock().unwrap_or_else(PoisonError::into_inner);
+        consumers.retain(|consumer| match consumer.queue.try_send((chunk.clone(), records)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // Release: pairs with the writer's Acquire load; no data rides on it beyond
+                // the flag itself, but the writer must not miss it once the queue closes.
+                consumer.cut.store(true, Ordering::Release);
+                add(&self.state.counters.cut_off, 1);
+                tracing::warn!(
+                    "gateway {}: consumer {} cut off: {} chunks queued (consumer_queue_chunks)",
+                    self.state.options.gateway,
+                    consumer.peer,
+                    self.state.options.consumer_queue_chunks
+                );
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+    }
+}
+
+/// Accepts consumers until stopped.
+async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tokio::spawn(admit(state.clone(), stream, peer));
+                }
+                Err(error) => tracing::warn!("gateway accept failed: {error}"),
+            },
+            _ = stopped.changed() => break,
+        }
+    }
+}
+
+/// Reads the hello (within [`HELLO_TIMEOUT`]), registers the consumer and writes to it.
+async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
+    let gateway = state.options.gateway;
+    let _ = stream.set_nodelay(true);
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(code)) => Err(code),
+        Err(_) => Err(crate::wire::WireError::Truncated("hello timeout").code()),
+    };
+    if let Err(reason) = hello {
+        add(&state.counters.refused, 1);
+        tracing::warn!("gateway {gateway}: consumer {peer} refused (reason {reason})");
+        return goodbye(&mut stream, reason).await;
+    }
+    let (queue, chunks) = mpsc::channel(state.options.consumer_queue_chunks);
+    let cut = Arc::new(AtomicBool::new(false));
+    let admitted = {
+        let mut consumers = state.consumers.lock().unwrap_or_else(PoisonError::into_inner);
+        let room = consumers.len() < state.options.consumers_max;
+        if room {
+            consumers.push(ConsumerSlot { queue, peer, cut: cut.clone() });
+        }
+        room
+    };
+    if !admitted {
+        add(&state.counters.refused, 1);
+        tracing::warn!("gateway {gateway}: consumer {peer} refused: consumers_max reached");
+        return goodbye(&mut stream, GOODBYE_FULL).await;
+    }
+    add(&state.counters.consumers, 1);
+    tracing::info!("gateway {gateway}: consumer {peer} connected");
+    write_chunks(&state, stream, peer, chunks, &cut).await;
+}
+
+async fn read_hello(stream: &mut TcpStream) -> Result<(), u8> {
+    let mut decoder = FrameDecoder::default();
+    let mut buffer = [0u8; FRAME_PREFIX_BYTES + FRAME_BYTES_MAX];
+    loop {
+        match decoder.next_frame() {
+            Ok(Some(Frame::Hello { version: WIRE_VERSION })) => return Ok(()),
+            Ok(Some(Frame::Hello { version })) => {
+                return Err(crate::wire::WireError::Version(version).code());
+            }
+            Ok(Some(_)) => return Err(crate::wire::WireError::FrameType(0).code()),
+            Ok(None) => {}
+            Err(error) => return Err(error.code()),
+        }
+        let n = stream.read(&mut buffer).await.map_err(|_| 1u8)?;
+        if n == 0 {
+            return Err(crate::wire::WireError::Truncated("hello").code());
+        }
+        decoder.extend(&buffer[..n]);
+    }
+}
+
+/// Writes queued chunks until the queue closes (shutdown or cut off) or a write fails or
+/// stalls past [`WRITE_TIMEOUT`].
+async fn write_chunks(
+    state: &State,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    mut chunks: mpsc::Receiver<(Bytes, u64)>,
+    cut: &AtomicBool,
+) {
+    let gateway = state.options.gateway;
+    // Acquire: pairs with the sequencer's Release store of the flag.
+    let is_cut = || cut.load(Ordering::Acquire);
+    while let Some((chunk, records)) = chunks.recv().await {
+        if is_cut() {
+            break;
+        }
+        match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&chunk)).await {
+            Ok(Ok(())) => add(&state.counters.delivered, records),
+            Ok(Err(error)) => {
+                tracing::info!("gateway {gateway}: consumer {peer} left ({error})");
+                return;
+            }
+            Err(_) => {
+                if !is_cut() {
+                    add(&state.counters.cut_off, 1);
+                    tracing::warn!("gateway {gateway}: consumer {peer} cut off: write stalled");
+                }
+                return goodbye(&mut stream, GOODBYE_SLOW).await;
+            }
+        }
+    }
+    // The queue was closed or abandoned: a shutdown, or a cut-off by the sequencer.
+    goodbye(&mut stream, if is_cut() { GOODBYE_SLOW } else { GOODBYE_SHUTDOWN }).await;
+}
+
+async fn goodbye(stream: &mut TcpStream, reason: u8) {
+    let mut frame = Vec::new();
+    Frame::Goodbye { reason }.write(&mut frame);
+    let _ = tokio::time::timeout(GOODBYE_TIMEOUT, stream.write_all(&frame)).await;
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,41 @@
+//! Response delivery across machines: the R-Senders publish on NATS subjects, and R-Gateway
+//! processes serve end consumers over TCP, gap-free per subject.
+//!
+//! ```text
+//!  tier R-Sender --ring--> publisher thread --NATS {prefix}.data.{gw}.{stream}--> R-Gateway gw
+//!                          (seq per subject,      batch per subject per drain)    (gap check)
+//!                           retained window) <--NATS {prefix}.retain.{gw}.{stream}--+  |
+//!                                                 request/reply on a gap              v TCP
+//!                                                                               end consumers
+//! ```
+//!
+//! * [`publish`]: the R-Senders' NATS side, plugged into the tier with
+//!   `exchange::tier::run_with_subscribers`. Core NATS delivers at most once, so every record
+//!   carries its subject's sequence and each subject keeps a bounded retained window
+//!   ([`publish::RETAIN_RECORDS_DEFAULT`]); heartbeats announce each subject's next sequence.
+//! * [`gateway`]: the R-Gateway: subscribes to its gateway's subjects, detects gaps, recovers
+//!   them from the window, and beyond it sends an explicit resync frame; consumers get the
+//!   framing of [`wire`] (docs/DELIVERY.md); a slow consumer is cut off at a named bound.
+//! * [`experiment`]: the published delivery experiment (runs 1–7), in-process and over NATS,
+//!   measured at the gateway; [`bench`]: R-Sender → NATS → gateway against a plain
+//!   `async-nats` publisher and subscriber on the same server in the same run.
+//! * [`server`]: a `nats-server` child for tests and experiments when none is given.
+//!
+//! Latency across processes uses absolute `CLOCK_MONOTONIC` time ([`clock`]).
+
+pub mod bench;
+pub mod clock;
+pub mod consumer;
+pub mod experiment;
+pub mod gateway;
+pub mod publish;
+pub mod server;
+pub mod subjects;
+pub mod wire;
+
+/// The crate's bad-input error (mapped to exit code 2 by the command line).
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("{0}")]
+    BadInput(String),
+}

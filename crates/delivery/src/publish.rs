@@ -1,0 +1,531 @@
+//! The NATS half of the R-Senders: each sender hands its responses to a publisher thread
+//! through one ring per gateway (a ring push: no allocation, lock or system call); the
+//! publisher drains what is there, assigns each record the next sequence of its subject,
+//! keeps it in the subject's retained window and publishes the drained batch as ONE NATS
+//! message per subject. The client's connection task writes every queued publish with one
+//! vectored write, so nothing is flushed per message. A heartbeat per subject (its next
+//! sequence, every `heartbeat`) lets a gateway see a lost tail; gateways recover gaps from the
+//! retained window over request/reply.
+//!
+//! Publishing never waits for an unreachable broker: while the client is reconnecting a batch
+//! stays only in the retained window, is counted as unsent, and the gateways recover it from
+//! the window once the connection is back. While connected, a full client queue is
+//! back-pressure (bounded by `PUBLISH_WAIT_MAX`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use exchange::msg::Response;
+use exchange::tier::{Subscriber, SubscriberFactory};
+use futures_util::StreamExt;
+use pipeline::ConnectorKind;
+use pipeline::connector::{Receiver, Sender, connector_with};
+use pipeline::ring::RingConfig;
+use pipeline::wait::{Parker, WaitStrategy, Waiter};
+
+use crate::clock::{EpochOffset, monotonic_ns};
+use crate::subjects::{CONNECT_TIMEOUT, connect, data_subject, parse_retain_subject};
+use crate::wire::{
+    BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BatchHeader, RECORD_BYTES, Record, RetainRequest, Stream,
+};
+
+/// Records kept per subject for gap recovery, by default.
+pub const RETAIN_RECORDS_DEFAULT: usize = 8192;
+/// Most records a subject's window may keep (85 MiB of records per subject).
+pub const RETAIN_RECORDS_MAX: usize = 1 << 20;
+/// Slots of each sender -> publisher ring (one per sender and gateway).
+pub const PUBLISHER_RING_SLOTS: usize = 512;
+/// How often every subject announces its next sequence, by default.
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
+/// Longest a publisher thread waits for room in a connected client's queue before the batch is
+/// left to the window (the gateways then recover it).
+pub const PUBLISH_WAIT_MAX: Duration = Duration::from_millis(100);
+/// Most gateways a publisher serves (subjects are allocated up front).
+pub const GATEWAYS_MAX: u32 = 1024;
+
+/// How the R-Senders publish.
+#[derive(Clone, Debug)]
+pub struct PublishOptions {
+    pub nats_url: String,
+    /// First token of every subject (see [`crate::subjects`]).
+    pub prefix: String,
+    /// Gateways of the tier (`TierConfig::gateways`).
+    pub gateways: u32,
+    /// Records kept per subject for recovery (1..=[`RETAIN_RECORDS_MAX`]).
+    pub retain_records: usize,
+    /// How a publisher thread waits for its rings (and a sender on a full ring).
+    pub wait: WaitStrategy,
+    pub heartbeat: Duration,
+}
+
+/// What the publishers did (all counters since `connect`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PublishReport {
+    /// Records handed to the NATS client (in batches).
+    pub published: u64,
+    pub batches: u64,
+    /// Records whose batch the client could not take (kept in the window only).
+    pub unsent: u64,
+    pub heartbeats: u64,
+    pub retain_requests: u64,
+    /// Records served from the retained windows.
+    pub retained_served: u64,
+    /// Per subject, the next sequence it will assign (gateway-major, then stream).
+    pub next_seqs: Vec<u64>,
+}
+
+/// One subject's retained window: the last `capacity` records by sequence, pre-allocated.
+struct Window {
+    next_seq: u64,
+    records: Box<[Record]>,
+    /// The sender that publishes this subject; one writer per subject keeps the sequence
+    /// gap-free, so a second one is a routing bug.
+    owner: Option<usize>,
+}
+
+impl Window {
+    fn new(capacity: usize) -> Window {
+        Window { next_seq: 1, records: vec![Record::default(); capacity].into(), owner: None }
+    }
+
+    fn claim(&mut self, sender: usize) {
+        let owner = *self.owner.get_or_insert(sender);
+        assert_eq!(owner, sender, "two R-Senders publish one subject: its sequence would fork");
+    }
+
+    fn retain(&mut self, record: Record) {
+        let slot = (self.next_seq % self.records.len() as u64) as usize;
+        self.records[slot] = record;
+        self.next_seq += 1;
+    }
+
+    fn oldest(&self) -> u64 {
+        self.next_seq.saturating_sub(self.records.len() as u64).max(1)
+    }
+
+    fn get(&self, seq: u64) -> &Record {
+        &self.records[(seq % self.records.len() as u64) as usize]
+    }
+}
+
+struct SubjectState {
+    name: async_nats::Subject,
+    window: Mutex<Window>,
+}
+
+#[derive(Default)]
+struct Counters {
+    published: AtomicU64,
+    batches: AtomicU64,
+    unsent: AtomicU64,
+    heartbeats: AtomicU64,
+    retain_requests: AtomicU64,
+    retained_served: AtomicU64,
+    /// Whether the last publish was refused (so the outage is logged once, not per batch).
+    refusing: AtomicBool,
+}
+
+/// Shared by the publisher threads, the heartbeat and the retain service.
+struct Shared {
+    client: async_nats::Client,
+    /// The publisher's runtime, for a publisher thread to wait on a full client queue.
+    runtime: tokio::runtime::Handle,
+    subjects: Vec<SubjectState>,
+    counters: Counters,
+}
+
+/// Adds one to a statistics counter. Relaxed: the counters publish no other data and are read
+/// after the threads that write them are joined (or as a monotonic progress figure).
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Shared {
+    fn subject(&self, gateway: u32, stream: Stream) -> &SubjectState {
+        &self.subjects[gateway as usize * Stream::ALL.len() + stream as usize]
+    }
+
+    /// Hands `payload` to the client's queue: `false` when it could not (kept in the window
+    /// only). While connected, a full queue is back-pressure and the publisher waits up to
+    /// [`PUBLISH_WAIT_MAX`] (`wait`); while the server is unreachable it never waits, so the
+    /// tier is not stalled by the broker. Heartbeats (on the runtime) never wait.
+    fn publish(&self, subject: &async_nats::Subject, payload: Bytes, wait: bool) -> bool {
+        let publish = self.client.publish(subject.clone(), payload);
+        let mut publish = std::pin::pin!(publish);
+        let mut sent = match publish.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => result.is_ok(),
+            Poll::Pending => false,
+        };
+        let connected = self.client.connection_state() == async_nats::connection::State::Connected;
+        if !sent && wait && connected {
+            let waited = async { tokio::time::timeout(PUBLISH_WAIT_MAX, publish).await };
+            sent = matches!(self.runtime.block_on(waited), Ok(Ok(())));
+        }
+        // Relaxed: a log-once flag, no data rides on it.
+        let was_refusing = self.counters.refusing.swap(!sent, Ordering::Relaxed);
+        if !sent && !was_refusing {
+            tracing::warn!("NATS client cannot take batches: they are kept in the windows only");
+        } else if sent && was_refusing {
+            tracing::info!("NATS client takes batches again");
+        }
+        sent
+    }
+
+    /// Sends every subject's next sequence (a batch of zero records).
+    fn heartbeat(&self) {
+        for (index, subject) in self.subjects.iter().enumerate() {
+            let window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
+            let header = BatchHeader {
+                stream: Stream::ALL[index % Stream::ALL.len()],
+                gateway: (index / Stream::ALL.len()) as u32,
+                first_seq: window.next_seq,
+                count: 0,
+            };
+            let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES);
+            header.write(&mut payload);
+            if self.publish(&subject.name, payload.into(), false) {
+                add(&self.counters.heartbeats, 1);
+            }
+        }
+    }
+
+    /// The reply to a retain request: the available records of the range (at most a batch),
+    /// starting at the first one still retained; zero records when none is.
+    fn retained(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
+        let window = self.subject(gateway, stream).window.lock();
+        let window = window.unwrap_or_else(PoisonError::into_inner);
+        let first = request.from_seq.max(window.oldest());
+        let last = request.to_seq.min(window.next_seq.saturating_sub(1));
+        let count = if first > last { 0 } else { (last - first + 1).min(BATCH_RECORDS_MAX as u64) };
+        let first_seq = if count == 0 { window.next_seq.max(first) } else { first };
+        let header = BatchHeader { stream, gateway, first_seq, count: count as usize };
+        let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count as usize * RECORD_BYTES);
+        header.write(&mut payload);
+        for seq in first..first + count {
+            payload.extend_from_slice(&window.get(seq).0);
+        }
+        add(&self.counters.retained_served, count);
+        payload
+    }
+}
+
+/// The R-Senders' NATS side: connects, serves the retained windows and the heartbeats, and
+/// builds each sender's subscribers ([`NatsPublisher::subscribers`]).
+pub struct NatsPublisher {
+    runtime: tokio::runtime::Runtime,
+    shared: Arc<Shared>,
+    options: PublishOptions,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    services: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl NatsPublisher {
+    /// Connects to `options.nats_url` and starts the retain service and the heartbeat.
+    pub fn connect(options: PublishOptions) -> anyhow::Result<NatsPublisher> {
+        crate::subjects::validate_prefix(&options.prefix)
+            .map_err(crate::DeliveryError::BadInput)?;
+        if !(1..=RETAIN_RECORDS_MAX).contains(&options.retain_records)
+            || !(1..=GATEWAYS_MAX).contains(&options.gateways)
+            || options.heartbeat.is_zero()
+        {
+            return Err(crate::DeliveryError::BadInput(format!(
+                "retain records must be in 1..={RETAIN_RECORDS_MAX}, gateways in \
+                 1..={GATEWAYS_MAX}, heartbeat > 0"
+            ))
+            .into());
+        }
+        // Two runtime threads: the client's connection task and the services; the publishing
+        // itself runs on the publisher threads.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("nats-publisher-io")
+            .enable_all()
+            .build()?;
+        let client = runtime.block_on(connect(&options.nats_url, "publisher"))?;
+        let subjects = (0..options.gateways)
+            .flat_map(|gateway| Stream::ALL.map(|stream| (gateway, stream)))
+            .map(|(gateway, stream)| SubjectState {
+                name: data_subject(&options.prefix, gateway, stream).into(),
+                window: Mutex::new(Window::new(options.retain_records)),
+            })
+            .collect();
+        let handle = runtime.handle().clone();
+        let shared =
+            Arc::new(Shared { client, runtime: handle, subjects, counters: Counters::default() });
+        let retain_subjects = format!("{}.retain.>", options.prefix);
+        let subscribing = async {
+            let subscribing = shared.client.subscribe(retain_subjects);
+            tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await
+        };
+        let retain = runtime.block_on(subscribing).map_err(|_| {
+            anyhow::anyhow!("NATS did not take the retain subscription in {CONNECT_TIMEOUT:?}")
+        })??;
+        let services = vec![
+            runtime.spawn(serve_retained(shared.clone(), options.prefix.clone(), retain)),
+            runtime.spawn(heartbeats(shared.clone(), options.heartbeat)),
+        ];
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        Ok(NatsPublisher { runtime, shared, options, threads, services })
+    }
+
+    /// The factory the tier calls once per R-Sender: one ring per gateway into a new
+    /// publisher thread of that sender.
+    pub fn subscribers(&self) -> SubscriberFactory {
+        let (shared, options, threads) =
+            (self.shared.clone(), self.options.clone(), self.threads.clone());
+        Arc::new(move |sender| {
+            let config = RingConfig {
+                capacity_slots: PUBLISHER_RING_SLOTS,
+                batch_slots_max: BATCH_RECORDS_MAX.min(PUBLISHER_RING_SLOTS),
+                wait: options.wait,
+            };
+            let parker = Parker::new();
+            let (mut subscribers, mut rings) = (Vec::new(), Vec::new());
+            for _ in 0..options.gateways {
+                let (tx, rx) =
+                    connector_with(ConnectorKind::LockFree, &config, Parker::new(), parker.clone())
+                        .expect("PUBLISHER_RING_SLOTS is a valid ring size");
+                subscribers.push(Box::new(RingSubscriber { ring: tx }) as Box<dyn Subscriber>);
+                rings.push(rx);
+            }
+            let publisher = PublisherThread {
+                sender,
+                rings,
+                waiter: Waiter::new(options.wait, parker),
+                shared: shared.clone(),
+                offset: EpochOffset::measure(),
+                staging: Vec::with_capacity(BATCH_RECORDS_MAX),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("nats-pub-{sender}"))
+                .spawn(move || publisher.run())
+                .expect("spawning a publisher thread");
+            threads.lock().unwrap_or_else(PoisonError::into_inner).push(thread);
+            subscribers
+        })
+    }
+
+    /// Waits for every publisher thread (they end once the tier's senders finished), sends a
+    /// last heartbeat, flushes the client and reports. The retain service keeps answering
+    /// until the publisher is dropped, so gateways can still recover.
+    pub fn drain(&self) -> anyhow::Result<PublishReport> {
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        for thread in threads {
+            thread.join().map_err(|_| anyhow::anyhow!("a NATS publisher thread panicked"))?;
+        }
+        self.shared.heartbeat();
+        let client = &self.shared.client;
+        let flush = async { tokio::time::timeout(CONNECT_TIMEOUT, client.flush()).await };
+        if !matches!(self.runtime.block_on(flush), Ok(Ok(()))) {
+            tracing::warn!("NATS flush did not complete; gateways recover from the windows");
+        }
+        Ok(self.report())
+    }
+
+    /// The counters so far.
+    pub fn report(&self) -> PublishReport {
+        let c = &self.shared.counters;
+        // Relaxed: see `add`.
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        PublishReport {
+            published: load(&c.published),
+            batches: load(&c.batches),
+            unsent: load(&c.unsent),
+            heartbeats: load(&c.heartbeats),
+            retain_requests: load(&c.retain_requests),
+            retained_served: load(&c.retained_served),
+            next_seqs: self
+                .shared
+                .subjects
+                .iter()
+                .map(|s| s.window.lock().unwrap_or_else(PoisonError::into_inner).next_seq)
+                .collect(),
+        }
+    }
+}
+
+impl Drop for NatsPublisher {
+    fn drop(&mut self) {
+        for service in &self.services {
+            service.abort();
+        }
+    }
+}
+
+/// Runs the tier with its R-Senders publishing over NATS (the engine process), then keeps the
+/// retained windows and heartbeats up for `linger` so gateways recover what they missed.
+pub fn run_tier(
+    config: &exchange::tier::TierConfig,
+    run: exchange::tier::RunOptions,
+    publish: PublishOptions,
+    linger: Duration,
+    progress: impl FnMut(u64),
+) -> anyhow::Result<(exchange::tier::RunResult, PublishReport)> {
+    anyhow::ensure!(
+        publish.gateways == config.gateways,
+        "publisher gateways {} != tier gateways {}",
+        publish.gateways,
+        config.gateways
+    );
+    let publisher = NatsPublisher::connect(publish)?;
+    let result =
+        exchange::tier::run_with_subscribers(config, run, publisher.subscribers(), progress)?;
+    publisher.drain()?;
+    std::thread::sleep(linger);
+    Ok((result, publisher.report()))
+}
+
+/// The sender's side: a ring push per response.
+struct RingSubscriber {
+    ring: Sender<Response>,
+}
+
+impl Subscriber for RingSubscriber {
+    fn deliver(&mut self, response: &Response) {
+        // The publisher thread ends only after every ring of its sender disconnected, so a
+        // disconnected ring here means it panicked: fail the run, never drop silently.
+        self.ring.push(*response).expect("the NATS publisher thread of this sender stopped");
+    }
+}
+
+/// One sender's publisher: drains its rings, sequences, retains and publishes.
+struct PublisherThread {
+    sender: usize,
+    /// Indexed by gateway.
+    rings: Vec<Receiver<Response>>,
+    waiter: Waiter,
+    shared: Arc<Shared>,
+    offset: EpochOffset,
+    /// One drained ring batch (capacity `BATCH_RECORDS_MAX`, reused).
+    staging: Vec<Response>,
+}
+
+impl PublisherThread {
+    fn run(mut self) {
+        loop {
+            let mut handled = 0;
+            for gateway in 0..self.rings.len() {
+                handled += self.drain(gateway);
+            }
+            if handled > 0 {
+                continue;
+            }
+            if self.rings.iter_mut().all(|ring| ring.is_disconnected()) {
+                break;
+            }
+            let rings = &mut self.rings;
+            self.waiter.wait_until(|| {
+                rings.iter().any(|ring| !ring.is_empty())
+                    || rings.iter_mut().all(|ring| ring.is_disconnected())
+            });
+        }
+    }
+
+    fn drain(&mut self, gateway: usize) -> usize {
+        let staging = &mut self.staging;
+        let drained = self.rings[gateway].read_batch(BATCH_RECORDS_MAX, |r| staging.push(*r));
+        if drained == 0 {
+            return 0;
+        }
+        let published_abs_ns = monotonic_ns();
+        for stream in Stream::ALL {
+            self.publish(gateway as u32, stream, published_abs_ns);
+        }
+        self.staging.clear();
+        drained
+    }
+
+    /// Publishes the staged responses of `stream` as one batch (none: nothing to send).
+    fn publish(&self, gateway: u32, stream: Stream, published_abs_ns: u64) {
+        let count = self.staging.iter().filter(|r| Stream::of(r) == stream).count();
+        if count == 0 {
+            return;
+        }
+        let subject = self.shared.subject(gateway, stream);
+        // Locked per batch (not per message), against the heartbeat and the retain service;
+        // held across the hand-off to the client so a heartbeat never overtakes this batch.
+        let mut window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
+        window.claim(self.sender);
+        let header = BatchHeader { stream, gateway, first_seq: window.next_seq, count };
+        let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
+        header.write(&mut payload);
+        for response in self.staging.iter().filter(|r| Stream::of(r) == stream) {
+            let intended_abs_ns = self.offset.absolute(response.output.stamps.intended_ns);
+            let record = Record::encode(response, intended_abs_ns, published_abs_ns);
+            payload.extend_from_slice(&record.0);
+            window.retain(record);
+        }
+        let counters = &self.shared.counters;
+        if self.shared.publish(&subject.name, payload.into(), true) {
+            add(&counters.published, count as u64);
+            add(&counters.batches, 1);
+        } else {
+            add(&counters.unsent, count as u64);
+        }
+    }
+}
+
+async fn heartbeats(shared: Arc<Shared>, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        shared.heartbeat();
+    }
+}
+
+/// Answers retain requests (`{prefix}.retain.{gateway}.{stream}`); a malformed request gets
+/// no answer (the gateway's request times out and it reports a resync) and is logged.
+async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async_nats::Subscriber) {
+    while let Some(message) = requests.next().await {
+        let Some(reply) = message.reply else { continue };
+        let parsed = parse_retain_subject(&prefix, &message.subject)
+            .filter(|(gateway, _)| (*gateway as usize) < shared.subjects.len() / Stream::ALL.len());
+        let (Some((gateway, stream)), Ok(request)) =
+            (parsed, RetainRequest::decode(&message.payload))
+        else {
+            tracing::warn!("malformed retain request on {}", message.subject);
+            continue;
+        };
+        add(&shared.counters.retain_requests, 1);
+        let payload = shared.retained(gateway, stream, request);
+        if let Err(error) = shared.client.publish(reply, payload.into()).await {
+            tracing::warn!("retain reply to gateway {gateway} failed: {error}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(tag: u64) -> Record {
+        Record::encode(&Response::default(), tag, tag)
+    }
+
+    #[test]
+    fn the_window_keeps_the_last_capacity_records_by_sequence() {
+        let mut window = Window::new(4);
+        assert_eq!((window.oldest(), window.next_seq), (1, 1));
+        for tag in 1..=6 {
+            window.retain(record(tag));
+        }
+        assert_eq!((window.oldest(), window.next_seq), (3, 7));
+        for seq in 3..=6 {
+            assert_eq!(window.get(seq).intended_abs_ns(), seq, "seq {seq}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "two R-Senders publish one subject")]
+    fn a_second_sender_on_a_subject_is_refused() {
+        let mut window = Window::new(1);
+        window.claim(0);
+        window.claim(1);
+    }
+}

@@ -1,0 +1,106 @@
+//! A `nats-server` child process for tests, experiments and benchmarks: started on a free
+//! loopback port, restartable on the same port (to test reconnection), killed when dropped.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The environment variable naming a NATS server to use (set by `scripts/nats-env`).
+pub const NATS_URL_ENV: &str = "LEANTIER_NATS_URL";
+/// How long a started server may take to accept connections.
+pub const SERVER_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server binary (the Debian package `nats-server`).
+pub const SERVER_BINARY: &str = "nats-server";
+
+/// A running `nats-server` child.
+pub struct NatsServer {
+    child: Option<Child>,
+    host: IpAddr,
+    port: u16,
+}
+
+impl NatsServer {
+    /// Starts a server on a free loopback port.
+    pub fn start() -> anyhow::Result<NatsServer> {
+        NatsServer::start_on(Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// Starts a server on a free port of `host` (an address of this host).
+    pub fn start_on(host: IpAddr) -> anyhow::Result<NatsServer> {
+        // Bind port 0 to learn a free port; the race with another process taking it before
+        // the server binds is reported by `wait_ready` as a start failure.
+        let port = TcpListener::bind((host, 0))?.local_addr()?.port();
+        let mut server = NatsServer { child: None, host, port };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let child = Command::new(SERVER_BINARY)
+            .args(["-a", &self.host.to_string(), "-p", &self.port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|error| {
+                anyhow::anyhow!(
+                    "cannot run {SERVER_BINARY} ({error}): install the Debian package \
+                     nats-server, or set {NATS_URL_ENV} (eval \"$(scripts/nats-env)\")"
+                )
+            })?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let address = SocketAddr::from((self.host, self.port));
+        let deadline = Instant::now() + SERVER_START_TIMEOUT;
+        while Instant::now() < deadline {
+            if TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                anyhow::bail!("{SERVER_BINARY} on port {} exited: {status}", self.port);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        anyhow::bail!(
+            "{SERVER_BINARY} did not accept on port {} in {SERVER_START_TIMEOUT:?}",
+            self.port
+        )
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://{}", SocketAddr::from((self.host, self.port)))
+    }
+
+    /// Kills the server (SIGKILL: in-flight messages are lost, as in a crash).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The NATS server to use: `LEANTIER_NATS_URL` when set (no child), else a child server.
+pub fn server_or_env() -> anyhow::Result<(String, Option<NatsServer>)> {
+    match std::env::var(NATS_URL_ENV) {
+        Ok(url) if !url.is_empty() => Ok((url, None)),
+        _ => {
+            let server = NatsServer::start()?;
+            Ok((server.url(), Some(server)))
+        }
+    }
+}

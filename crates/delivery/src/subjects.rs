@@ -1,0 +1,70 @@
+//! NATS subject names and the connection settings both sides share.
+
+use std::time::Duration;
+
+use crate::wire::Stream;
+
+/// Default first token of every subject.
+pub const PREFIX_DEFAULT: &str = "leantier";
+/// Most bytes of a subject prefix (NATS subjects are short tokens).
+pub const PREFIX_BYTES_MAX: usize = 64;
+/// How long a connection attempt may take before it fails.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The data subject of one gateway's stream: `{prefix}.data.{gateway}.{stream}`.
+pub fn data_subject(prefix: &str, gateway: u32, stream: Stream) -> String {
+    format!("{prefix}.data.{gateway}.{}", stream.name())
+}
+
+/// What a gateway subscribes to: every stream of its data subjects.
+pub fn gateway_wildcard(prefix: &str, gateway: u32) -> String {
+    format!("{prefix}.data.{gateway}.*")
+}
+
+/// Where a gateway asks for retained records of a stream: `{prefix}.retain.{gateway}.{stream}`.
+pub fn retain_subject(prefix: &str, gateway: u32, stream: Stream) -> String {
+    format!("{prefix}.retain.{gateway}.{}", stream.name())
+}
+
+/// Parses the gateway and stream out of a retain subject (`None`: not one of ours).
+pub fn parse_retain_subject(prefix: &str, subject: &str) -> Option<(u32, Stream)> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix(".retain.")?;
+    let (gateway, stream) = rest.split_once('.')?;
+    let stream = Stream::ALL.into_iter().find(|s| s.name() == stream)?;
+    Some((gateway.parse().ok()?, stream))
+}
+
+/// Checks a prefix: 1..=PREFIX_BYTES_MAX bytes of `[A-Za-z0-9_-]` (one token, no wildcards).
+pub fn validate_prefix(prefix: &str) -> Result<(), String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if prefix.is_empty() || prefix.len() > PREFIX_BYTES_MAX || !prefix.chars().all(token) {
+        return Err(format!(
+            "subject prefix {prefix:?} must be 1..={PREFIX_BYTES_MAX} characters of A-Z a-z 0-9 _ -"
+        ));
+    }
+    Ok(())
+}
+
+/// Connects to `url`, logging each connection event once as it happens (`who` names the side).
+pub async fn connect(url: &str, who: &'static str) -> anyhow::Result<async_nats::Client> {
+    let options = async_nats::ConnectOptions::new()
+        .connection_timeout(CONNECT_TIMEOUT)
+        .max_reconnects(None)
+        .event_callback(move |event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("{who}: NATS connected"),
+                async_nats::Event::Disconnected => tracing::warn!("{who}: NATS disconnected"),
+                async_nats::Event::Closed => tracing::info!("{who}: NATS connection closed"),
+                // Every failed reconnect attempt reports one; the disconnect was logged.
+                async_nats::Event::ClientError(error) => tracing::debug!("{who}: NATS {error}"),
+                other => tracing::warn!("{who}: NATS event: {other}"),
+            }
+        });
+    let client = tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("no NATS server answered at {url} within {CONNECT_TIMEOUT:?}")
+        })?
+        .map_err(|error| anyhow::anyhow!("cannot connect to NATS at {url}: {error}"))?;
+    Ok(client)
+}

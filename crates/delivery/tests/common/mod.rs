@@ -1,0 +1,85 @@
+//! Shared by the delivery tests: gateway child processes and waiting for consumers.
+
+#![allow(dead_code)] // each test file uses a part
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use delivery::consumer::{SharedTally, next_seqs};
+use delivery::gateway::GatewayReport;
+
+/// Generous: the host is a loaded 2-core machine.
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A `delivery-gateway` child process.
+pub struct GatewayChild {
+    pub child: Child,
+    stdout: BufReader<ChildStdout>,
+    pub address: SocketAddr,
+}
+
+impl GatewayChild {
+    /// Starts the gateway (optionally under `prefix_cmd`, e.g. `ip netns exec NS`).
+    pub fn start(prefix_cmd: &[&str], nats_url: &str, gateway: u32, listen: &str) -> GatewayChild {
+        let binary = env!("CARGO_BIN_EXE_delivery-gateway");
+        let mut command = match prefix_cmd.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
+            .args(["--nats", nats_url, "--gateway", &gateway.to_string(), "--listen", listen])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning the gateway child");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("reading the gateway's first line");
+        let address = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("gateway said {line:?}, not `listening ADDR`"))
+            .parse()
+            .expect("a socket address");
+        GatewayChild { child, stdout, address }
+    }
+
+    /// SIGTERM, then the report it prints.
+    pub fn stop(mut self) -> GatewayReport {
+        // SAFETY: kill(2) on our own child's pid with SIGTERM; no memory is involved.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0, "signalling the gateway child");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("reading the gateway's report");
+        let status = self.child.wait().expect("waiting for the gateway child");
+        assert!(status.success(), "gateway exited with {status}");
+        let json = line.trim().strip_prefix("report ").expect("a `report JSON` line");
+        serde_json::from_str(json).expect("a gateway report")
+    }
+}
+
+impl Drop for GatewayChild {
+    /// A failed test must not leave gateway processes behind (after `stop` this is a no-op).
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `tally` reached `target` next sequences (both streams).
+pub fn wait_for(tally: &SharedTally, target: [u64; 2]) {
+    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+    while next_seqs(tally) != target {
+        assert!(
+            Instant::now() < deadline,
+            "consumer stuck at {:?}, publisher at {target:?}",
+            next_seqs(tally)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

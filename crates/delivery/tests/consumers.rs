@@ -1,0 +1,128 @@
+//! The R-Gateway's consumer side on a real `nats-server` ($LEANTIER_NATS_URL, else a child): a consumer that stops reading is cut
+//! off at the named queue bound without holding back the others, and a bad hello is refused
+//! with a reason code.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use delivery::consumer;
+use delivery::gateway::{GOODBYE_SLOW, GatewayOptions, RunningGateway, start};
+use delivery::server::server_or_env;
+use delivery::subjects::data_subject;
+use delivery::wire::{BATCH_RECORDS_MAX, BatchHeader, Frame, FrameDecoder, Record, Stream};
+use exchange::msg::Response;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const QUEUE_CHUNKS: usize = 64;
+/// Enough batches to fill a stalled consumer's socket buffers and then its queue.
+const BATCHES: u64 = 2_000;
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Batches published between waits for the live consumer (well under `QUEUE_CHUNKS`).
+const PACE_BATCHES: u64 = 8;
+
+fn batch(first_seq: u64) -> Vec<u8> {
+    let header =
+        BatchHeader { stream: Stream::Reports, gateway: 0, first_seq, count: BATCH_RECORDS_MAX };
+    let mut payload = Vec::new();
+    header.write(&mut payload);
+    for _ in 0..BATCH_RECORDS_MAX {
+        payload.extend_from_slice(&Record::encode(&Response::default(), 0, 0).0);
+    }
+    payload
+}
+
+/// Waits until the live consumer has every record up to `last`.
+async fn wait_live(tally: &consumer::SharedTally, gateway: &RunningGateway, last: u64) {
+    let deadline = Instant::now() + DEADLINE;
+    while consumer::next_seqs(tally)[0] <= last {
+        assert!(
+            Instant::now() < deadline,
+            "live consumer stuck at {:?}: {:?}",
+            consumer::next_seqs(tally),
+            gateway.report()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_consumer_is_cut_off_and_the_others_keep_up() {
+    let (url, _server) = server_or_env().unwrap();
+    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.consumer_queue_chunks = QUEUE_CHUNKS;
+    // Its own subjects: the server may be shared ($LEANTIER_NATS_URL).
+    options.prefix = format!("cutoff{}", std::process::id());
+    let prefix = options.prefix.clone();
+    let gateway = start(options).await.unwrap();
+    // The stalled consumer says hello and never reads.
+    let mut stalled = TcpStream::connect(gateway.local_addr()).await.unwrap();
+    let mut hello = Vec::new();
+    Frame::Hello { version: delivery::wire::WIRE_VERSION }.write(&mut hello);
+    stalled.write_all(&hello).await.unwrap();
+    let (tally, reading) = consumer::connect(gateway.local_addr(), 0).await.unwrap();
+    let reader = tokio::spawn(reading);
+    while gateway.report().consumers_connected < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
+    for index in 0..BATCHES {
+        let first_seq = 1 + index * BATCH_RECORDS_MAX as u64;
+        client.publish(subject.clone(), batch(first_seq).into()).await.unwrap();
+        if index % PACE_BATCHES == PACE_BATCHES - 1 {
+            // Wait for the live consumer, so only the stalled one falls behind (a loaded
+            // 2-core host must not decide who is slow).
+            client.flush().await.unwrap();
+            wait_live(&tally, &gateway, first_seq + BATCH_RECORDS_MAX as u64 - 1).await;
+        }
+    }
+    client.flush().await.unwrap();
+    let records = BATCHES * BATCH_RECORDS_MAX as u64;
+    wait_live(&tally, &gateway, records).await;
+    let report = gateway.report();
+    assert_eq!(report.consumers_cut_off, 1, "exactly the stalled consumer is cut off");
+    assert_eq!(report.gaps, 0);
+    let tally = tally.lock().unwrap().clone();
+    assert_eq!(tally.data[0], records, "the live consumer got every record");
+    assert_eq!(tally.out_of_order, 0);
+    // Draining the stalled consumer's socket shows the stream ends (with the slow goodbye
+    // when it still fits) rather than going on silently.
+    let (gateway_report, _) = gateway.shutdown().await.unwrap();
+    assert_eq!(gateway_report.consumers_cut_off, 1);
+    let mut decoder = FrameDecoder::default();
+    let mut buffer = vec![0u8; 1 << 16];
+    let mut goodbye = None;
+    while let Ok(Ok(n)) = tokio::time::timeout(DEADLINE, stalled.read(&mut buffer)).await {
+        if n == 0 {
+            break;
+        }
+        decoder.extend(&buffer[..n]);
+        while let Some(frame) = decoder.next_frame().unwrap() {
+            if let Frame::Goodbye { reason } = frame {
+                goodbye = Some(reason);
+            }
+        }
+    }
+    assert!(goodbye.is_none_or(|reason| reason == GOODBYE_SLOW), "goodbye {goodbye:?}");
+    reader.abort();
+}
+
+#[tokio::test]
+async fn a_bad_hello_is_refused_with_a_reason() {
+    let (url, _server) = server_or_env().unwrap();
+    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.prefix = format!("hello{}", std::process::id());
+    let gateway = start(options).await.unwrap();
+    let mut stream = TcpStream::connect(gateway.local_addr()).await.unwrap();
+    // A plausible length, then a body that is not a hello.
+    stream.write_all(&[6, 0, 0, 0, 0x10, b'N', b'O', b'P', b'E', 1]).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut reply)).await.unwrap().unwrap();
+    let mut decoder = FrameDecoder::default();
+    decoder.extend(&reply);
+    let frame = decoder.next_frame().unwrap();
+    assert_eq!(frame, Some(Frame::Goodbye { reason: delivery::wire::WireError::Magic.code() }));
+    assert_eq!(gateway.report().consumers_refused, 1);
+    gateway.shutdown().await.unwrap();
+}

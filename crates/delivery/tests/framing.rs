@@ -1,0 +1,98 @@
+//! The consumer framing decoder: any sequence of frames, cut into any chunks, decodes back to
+//! the same frames; arbitrary bytes give frames or a reason, never a panic or a frame larger
+//! than the bound; and the NATS batch decoder refuses what does not add up.
+
+use delivery::wire::{
+    BATCH_HEADER_BYTES, BatchHeader, FRAME_BYTES_MAX, Frame, FrameDecoder, RECORD_BYTES, Record,
+    Stream, WIRE_VERSION, decode_batch,
+};
+use proptest::prelude::*;
+
+fn stream() -> impl Strategy<Value = Stream> {
+    prop_oneof![Just(Stream::Reports), Just(Stream::MarketData)]
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        any::<u8>().prop_map(|version| Frame::Hello { version }),
+        (stream(), any::<u64>(), any::<u64>(), prop::collection::vec(any::<u8>(), RECORD_BYTES))
+            .prop_map(|(stream, seq, received_abs_ns, bytes)| Frame::Data {
+                stream,
+                seq,
+                received_abs_ns,
+                record: Record(bytes.try_into().unwrap()),
+            }),
+        (stream(), any::<u64>(), any::<u64>()).prop_map(|(stream, first_seq, last_seq)| {
+            Frame::Resync { stream, first_seq, last_seq }
+        }),
+        any::<u8>().prop_map(|reason| Frame::Goodbye { reason }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn frames_survive_any_chunking(
+        frames in prop::collection::vec(frame(), 0..20),
+        cuts in prop::collection::vec(1usize..64, 1..50),
+    ) {
+        let mut bytes = Vec::new();
+        for frame in &frames {
+            frame.write(&mut bytes);
+        }
+        let mut decoder = FrameDecoder::default();
+        let mut decoded = Vec::new();
+        let (mut at, mut cut) = (0, 0);
+        while at < bytes.len() {
+            let end = (at + cuts[cut % cuts.len()]).min(bytes.len());
+            decoder.extend(&bytes[at..end]);
+            while let Some(frame) = decoder.next_frame().unwrap() {
+                decoded.push(frame);
+            }
+            at = end;
+            cut += 1;
+        }
+        prop_assert_eq!(decoded, frames);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let mut decoder = FrameDecoder::default();
+        decoder.extend(&bytes);
+        let mut frames = 0;
+        // Each frame consumes at least a prefix and a type byte, so this ends.
+        while let Ok(Some(_)) = decoder.next_frame() {
+            frames += 1;
+        }
+        prop_assert!(frames <= bytes.len() / 5);
+        let _ = decode_batch(&bytes);
+    }
+
+    #[test]
+    fn batches_round_trip(count in 0usize..8, first_seq in 1u64..1 << 40, gateway in any::<u32>()) {
+        let header = BatchHeader { stream: Stream::MarketData, gateway, first_seq, count };
+        let mut bytes = Vec::new();
+        header.write(&mut bytes);
+        bytes.extend(std::iter::repeat_n(7u8, count * RECORD_BYTES));
+        let (decoded, records) = decode_batch(&bytes).unwrap();
+        prop_assert_eq!(decoded, header);
+        prop_assert_eq!(records.len(), count * RECORD_BYTES);
+        // One byte more or less no longer adds up.
+        bytes.push(0);
+        prop_assert!(decode_batch(&bytes).is_err());
+        prop_assert!(decode_batch(&bytes[..BATCH_HEADER_BYTES - 1]).is_err());
+    }
+}
+
+#[test]
+fn oversized_and_empty_lengths_are_refused() {
+    for length in [0u32, FRAME_BYTES_MAX as u32 + 1, u32::MAX] {
+        let mut decoder = FrameDecoder::default();
+        decoder.extend(&length.to_le_bytes());
+        assert!(decoder.next_frame().is_err(), "length {length} accepted");
+    }
+    let mut bad_version = Vec::new();
+    BatchHeader { stream: Stream::Reports, gateway: 0, first_seq: 1, count: 0 }
+        .write(&mut bad_version);
+    bad_version[0] = WIRE_VERSION + 1;
+    assert!(decode_batch(&bad_version).is_err());
+}
