@@ -37,6 +37,7 @@ pub mod experiment;
 pub mod frame;
 pub mod load;
 pub mod protocol;
+mod reply_memory;
 pub mod server;
 pub mod store;
 pub mod tls;
