@@ -52,16 +52,24 @@ impl MemoryBudget {
             used.checked_add(bytes).filter(|&after| after <= self.max)
         });
         if let Ok(before) = charged {
-            self.peak.fetch_max(before + bytes, Ordering::Relaxed);
+            self.note_peak(before + bytes);
         }
         charged.is_ok()
+    }
+
+    fn note_peak(&self, used: usize) {
+        // A plain load first: the peak rarely moves, and a read keeps its cache line shared
+        // between the cores charging the budget.
+        if used > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(used, Ordering::Relaxed);
+        }
     }
 
     /// Charges bytes that already exist and must be kept, even past the budget (see
     /// `connection::ReplyCharge::settle`).
     pub(crate) fn charge_over(&self, bytes: usize) {
         let before = self.used.fetch_add(bytes, Ordering::Relaxed);
-        self.peak.fetch_max(before + bytes, Ordering::Relaxed);
+        self.note_peak(before + bytes);
     }
 
     pub(crate) fn release(&self, bytes: usize) {
