@@ -271,7 +271,9 @@ async fn write_replies<'a, S: Store>(
         bounded(limit, write.write_all(&out)).await?;
         drop(charge);
         if out.capacity() > FRAME_BUFFER_KEEP_BYTES {
-            // A large reply's buffer is given back: an idle connection holds no reply memory.
+            // A large reply's buffer is given back, so an idle connection keeps at most
+            // FRAME_BUFFER_KEEP_BYTES of it (uncharged); the price, an allocation per reply
+            // over that size, is small beside copying the reply.
             out = Vec::new();
         }
         owed.fetch_sub(1, Ordering::Relaxed);
