@@ -11,6 +11,10 @@
 //!   as cut off and logged with the reason;
 //! - the frame buffer grows with the bytes that arrive, within the node-wide budget
 //!   ([`crate::frame`]);
+//! - the replies owed (committed, not yet written) hold node memory within a node-wide budget
+//!   too: a request is admitted only once its largest possible reply is reserved, and is
+//!   otherwise answered `Busy` before anything is dequeued (the `reply_memory` module); the
+//!   reservation shrinks to the encoded reply and is released once the reply is written;
 //! - a connection that completes no frame within the idle timeout while no reply is owed to it
 //!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake).
 
@@ -22,11 +26,12 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::frame::{FrameBuffer, FrameError};
+use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
 use crate::protocol::{
     ErrorReply, PROTOCOL_VERSION, ReadMode, Reason, ReplyBody, ReplyFrame, Request, RequestFrame,
     ServerTiming, decode_request, encode_reply_as, error_reply_version,
 };
+use crate::reply_memory::{self, ReplyCharge};
 use crate::server::{Committed, Counters, Node, NodeConfig, Pending, fill_stats, worker_lost};
 use crate::store::{Store, StoreOp};
 use crate::util::{elapsed_ns, now_us};
@@ -135,26 +140,28 @@ struct Answer {
 }
 
 /// A request handed to the database workers; its reply waits for the batch's commit.
-struct Submitted {
+struct Submitted<'a> {
     request_id: u64,
     arrived: Instant,
     slot_taken: Instant,
     is_stats: bool,
     answer: oneshot::Receiver<Committed>,
+    /// The node's reply memory held for the reply until it is written.
+    charge: ReplyCharge<'a>,
 }
 
 /// What the reading half hands the writing half, in request order.
-enum InFlight {
+enum InFlight<'a> {
     Answered(Answer),
-    Submitted(Submitted),
+    Submitted(Submitted<'a>),
 }
 
-async fn read_requests<S: Store>(
+async fn read_requests<'a, S: Store>(
     read: impl AsyncRead + Unpin,
     peer: SocketAddr,
-    node: &Node<S>,
+    node: &'a Node<S>,
     owed: &AtomicUsize,
-    in_flight: mpsc::Sender<InFlight>,
+    in_flight: mpsc::Sender<InFlight<'a>>,
 ) -> Result<(), Closed> {
     let mut read = BufReader::new(read);
     let mut frames = FrameBuffer::new(&node.frame_memory);
@@ -224,18 +231,18 @@ async fn bounded(
     tokio::time::timeout(limit, io).await.map_err(|_| Closed::WriteTimeout)?.map_err(Closed::Io)
 }
 
-async fn write_replies<S: Store>(
+async fn write_replies<'a, S: Store>(
     write: impl AsyncWrite + Unpin,
-    node: &Node<S>,
+    node: &'a Node<S>,
     owed: &AtomicUsize,
-    mut in_flight: mpsc::Receiver<InFlight>,
+    mut in_flight: mpsc::Receiver<InFlight<'a>>,
 ) -> Result<(), Closed> {
     let limit = node.config.write_timeout();
     let mut write = BufWriter::new(write);
     let mut out = Vec::new();
     while let Some(item) = in_flight.recv().await {
-        let answer = match item {
-            InFlight::Answered(answer) => answer,
+        let (answer, mut charge) = match item {
+            InFlight::Answered(answer) => (answer, None),
             InFlight::Submitted(mut submitted) => {
                 let committed = match submitted.answer.try_recv() {
                     Ok(committed) => committed,
@@ -246,7 +253,7 @@ async fn write_replies<S: Store>(
                         (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost())
                     }
                 };
-                complete(node, submitted, committed)
+                (complete(node, &submitted, committed), Some(submitted.charge))
             }
         };
         out.clear();
@@ -256,7 +263,19 @@ async fn write_replies<S: Store>(
             result: answer.result,
         };
         encode_reply_as(&frame, answer.version, &mut out);
+        // From here the reply exists only as its encoding, which is what stays charged.
+        drop(frame);
+        if let Some(charge) = &mut charge {
+            charge.settle(out.len());
+        }
         bounded(limit, write.write_all(&out)).await?;
+        drop(charge);
+        if out.capacity() > FRAME_BUFFER_KEEP_BYTES {
+            // A large reply's buffer is given back, so an idle connection keeps at most
+            // FRAME_BUFFER_KEEP_BYTES of it (uncharged); the price, an allocation per reply
+            // over that size, is small beside copying the reply.
+            out = Vec::new();
+        }
         owed.fetch_sub(1, Ordering::Relaxed);
         if answer.last {
             break;
@@ -269,25 +288,26 @@ async fn write_replies<S: Store>(
     bounded(limit, write.flush()).await
 }
 
-fn answered(
+fn answered<'a>(
     request_id: u64,
     arrived: Instant,
     result: Result<ReplyBody, ErrorReply>,
     last: bool,
-) -> InFlight {
+) -> InFlight<'a> {
     let timing = ServerTiming { middleware_ns: elapsed_ns(arrived), ..ServerTiming::default() };
     InFlight::Answered(Answer { request_id, timing, result, last, version: PROTOCOL_VERSION })
 }
 
-/// Checks that need no database, then admission, then submission to the database workers.
-/// A registration is completed here: the requests read after it are checked against its id.
-async fn begin<S: Store>(
-    node: &Node<S>,
+/// Checks that need no database, then the reply's memory, then admission, then submission to
+/// the database workers. A registration is completed here: the requests read after it are
+/// checked against its id.
+async fn begin<'a, S: Store>(
+    node: &'a Node<S>,
     client_id: &mut Option<u64>,
     request_id: u64,
     request: Request,
     arrived: Instant,
-) -> InFlight {
+) -> InFlight<'a> {
     if let Err(refusal) = precheck(&node.config, *client_id, &request) {
         return answered(request_id, arrived, Err(refusal), false);
     }
@@ -303,6 +323,11 @@ async fn begin<S: Store>(
         }
         request => request,
     };
+    // Before the database sees the request, so a dequeued message always has room for its reply.
+    let charge = match reply_memory::reserve(node, &request) {
+        Ok(charge) => charge,
+        Err(busy) => return answered(request_id, arrived, Err(busy), false),
+    };
     let Some(slot) = admit(node).await else {
         let busy = ErrorReply::new(Reason::Busy, "wait queue full; retry later");
         return answered(request_id, arrived, Err(busy), false);
@@ -315,11 +340,11 @@ async fn begin<S: Store>(
     if node.to_workers.send(pending).await.is_err() {
         return answered(request_id, arrived, worker_lost().result, false);
     }
-    InFlight::Submitted(Submitted { request_id, arrived, slot_taken, is_stats, answer })
+    InFlight::Submitted(Submitted { request_id, arrived, slot_taken, is_stats, answer, charge })
 }
 
 /// Turns a committed result into the reply.
-fn complete<S>(node: &Node<S>, submitted: Submitted, committed: Committed) -> Answer {
+fn complete<S>(node: &Node<S>, submitted: &Submitted<'_>, committed: Committed) -> Answer {
     let admission_ns =
         u64::try_from((submitted.slot_taken - submitted.arrived).as_nanos()).unwrap_or(u64::MAX);
     let timing = ServerTiming {

@@ -19,16 +19,25 @@ pub const FRAME_CHUNK_BYTES: usize = 4 * 1024;
 /// an idle connection holds at most this much.
 pub const FRAME_BUFFER_KEEP_BYTES: usize = 64 * 1024;
 
-/// Bytes that all connections' frame buffers may hold together.
+/// Bytes that all connections together may hold for one purpose: frame buffers, or replies
+/// owed but not yet written (see the `connection` module).
 #[derive(Debug)]
 pub struct MemoryBudget {
     used: AtomicUsize,
+    /// Most bytes ever charged at once.
+    peak: AtomicUsize,
     max: usize,
 }
 
 impl MemoryBudget {
     pub fn new(max: usize) -> MemoryBudget {
-        MemoryBudget { used: AtomicUsize::new(0), max }
+        MemoryBudget { used: AtomicUsize::new(0), peak: AtomicUsize::new(0), max }
+    }
+
+    /// Most bytes charged at once since the budget was made.
+    pub fn peak(&self) -> usize {
+        // Relaxed: a statistic.
+        self.peak.load(Ordering::Relaxed)
     }
 
     /// Bytes charged now.
@@ -37,16 +46,33 @@ impl MemoryBudget {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn try_charge(&self, bytes: usize) -> bool {
+    pub(crate) fn try_charge(&self, bytes: usize) -> bool {
         // Relaxed: the counter is its own only datum; fetch_update makes check-and-add atomic.
-        self.used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|&after| after <= self.max)
-            })
-            .is_ok()
+        let charged = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            used.checked_add(bytes).filter(|&after| after <= self.max)
+        });
+        if let Ok(before) = charged {
+            self.note_peak(before + bytes);
+        }
+        charged.is_ok()
     }
 
-    fn release(&self, bytes: usize) {
+    fn note_peak(&self, used: usize) {
+        // A plain load first: the peak rarely moves, and a read keeps its cache line shared
+        // between the cores charging the budget.
+        if used > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(used, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges bytes that already exist and must be kept, even past the budget (see
+    /// `connection::ReplyCharge::settle`).
+    pub(crate) fn charge_over(&self, bytes: usize) {
+        let before = self.used.fetch_add(bytes, Ordering::Relaxed);
+        self.note_peak(before + bytes);
+    }
+
+    pub(crate) fn release(&self, bytes: usize) {
         let before = self.used.fetch_sub(bytes, Ordering::Relaxed);
         assert!(before >= bytes, "memory budget released more than was charged");
     }

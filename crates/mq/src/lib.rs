@@ -15,7 +15,9 @@
 //! - `auth`: clients register a name with a secret, stored as a
 //!   salted Argon2id hash; queues have an owner, who alone may delete or purge them.
 //! - [`frame`] and the `connection` module: bounded frame buffers, write and idle timeouts, the
-//!   connection limit; [`tls`]: optional TLS on the listener and in the client.
+//!   connection limit; the `reply_memory` module: the node-wide bound on replies owed but not
+//!   yet written (reserved before the database sees a request, so a pop is never committed and
+//!   then dropped); [`tls`]: optional TLS on the listener and in the client.
 //! - [`client`]: the client library (one call at a time, or pipelined `submit` / `receive`).
 //! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting
 //!   response time into client, queue-wait, database and middleware parts from the timings every
@@ -37,6 +39,7 @@ pub mod experiment;
 pub mod frame;
 pub mod load;
 pub mod protocol;
+mod reply_memory;
 pub mod server;
 pub mod store;
 pub mod tls;

@@ -206,6 +206,13 @@ pub struct NodeStats {
     pub connections_cut_off: u64,
     /// Connections closed after the idle timeout.
     pub connections_idle_closed: u64,
+    /// Bytes of replies owed to clients (committed or being encoded, not yet written) now.
+    pub reply_memory_bytes: u64,
+    /// Most such bytes at once since the node started.
+    pub reply_memory_bytes_peak: u64,
+    /// Requests answered `Busy` because their largest possible reply did not fit the node's
+    /// reply memory bound.
+    pub reply_memory_refused: u64,
 }
 
 /// The successful result of a request.
@@ -518,6 +525,9 @@ fn encode_reply_body(body: &ReplyBody, w: &mut Writer<'_>) {
                 s.connections_refused,
                 s.connections_cut_off,
                 s.connections_idle_closed,
+                s.reply_memory_bytes,
+                s.reply_memory_bytes_peak,
+                s.reply_memory_refused,
             ] {
                 w.u64(v);
             }
@@ -706,6 +716,9 @@ fn decode_reply_body(kind: u8, r: &mut Reader<'_>) -> Result<ReplyBody, DecodeEr
             connections_refused: r.u64()?,
             connections_cut_off: r.u64()?,
             connections_idle_closed: r.u64()?,
+            reply_memory_bytes: r.u64()?,
+            reply_memory_bytes_peak: r.u64()?,
+            reply_memory_refused: r.u64()?,
         }),
         reply_kind::DISCONNECTED => ReplyBody::Disconnected,
         _ => return Err(r.fail("unknown reply kind")),
@@ -799,7 +812,7 @@ mod tests {
             message,
             Just(ReplyBody::Acked),
             proptest::collection::vec(name(), 0..10).prop_map(ReplyBody::Queues),
-            (any::<[u64; 10]>(), any::<u32>(), any::<u32>()).prop_map(
+            (any::<[u64; 13]>(), any::<u32>(), any::<u32>()).prop_map(
                 |(v, handler_slots, db_workers)| {
                     ReplyBody::Stats(NodeStats {
                         sends_committed: v[0],
@@ -814,6 +827,9 @@ mod tests {
                         connections_refused: v[7],
                         connections_cut_off: v[8],
                         connections_idle_closed: v[9],
+                        reply_memory_bytes: v[10],
+                        reply_memory_bytes_peak: v[11],
+                        reply_memory_refused: v[12],
                     })
                 }
             ),

@@ -26,9 +26,11 @@
 //! [`NodeConfig::connections_max`] (more are answered `ConnectionLimit` and closed); a connection
 //! is closed when it completes no frame for [`NodeConfig::idle_timeout_ms`] with no reply owed,
 //! or when a reply is not taken within [`NodeConfig::write_timeout_ms`]; frame buffers grow with
-//! the bytes that arrive, within [`NodeConfig::frame_memory_bytes_max`] for the whole node. A
-//! failing `accept` is retried with a growing pause and logged at most once per
-//! [`LOG_INTERVAL`].
+//! the bytes that arrive, within [`NodeConfig::frame_memory_bytes_max`] for the whole node; the
+//! replies owed to all connections hold at most [`NodeConfig::reply_memory_bytes_max`] (a
+//! request whose largest possible reply does not fit is answered `Busy` before the database
+//! sees it: see the `reply_memory` module). A failing `accept` is retried with a growing pause
+//! and logged at most once per [`LOG_INTERVAL`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,6 +50,7 @@ use crate::protocol::{
     ErrorReply, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request, ServerTiming,
     encode_reply,
 };
+use crate::reply_memory::ReplyBounds;
 use crate::store::{Batch, Store, StoreOp};
 
 pub use crate::connection::PIPELINE_DEPTH_MAX;
@@ -60,6 +63,9 @@ pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 pub const WRITE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Default of [`NodeConfig::frame_memory_bytes_max`]: 64 frames of the largest size at once.
 pub const FRAME_MEMORY_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Default of [`NodeConfig::reply_memory_bytes_max`]: with the default content limit, about
+/// 15,000 owed message replies, or 240 connections' full pipelines.
+pub const REPLY_MEMORY_BYTES_MAX_DEFAULT: usize = 64 << 20;
 /// Shortest pause after a failed `accept` (out of descriptors, say); doubles per failure.
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest pause after a failed `accept`.
@@ -94,6 +100,10 @@ pub struct NodeConfig {
     /// Bytes all connections' frame buffers may hold together; a frame that would pass it is
     /// answered `Busy` and its connection closed.
     pub frame_memory_bytes_max: usize,
+    /// Bytes all replies owed to clients (committed, not yet written) may hold together. A
+    /// request whose largest possible reply does not fit is answered `Busy` before it reaches
+    /// the database, so no message is dequeued whose reply could not be held.
+    pub reply_memory_bytes_max: usize,
 }
 
 impl Default for NodeConfig {
@@ -109,6 +119,7 @@ impl Default for NodeConfig {
             idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
             frame_memory_bytes_max: FRAME_MEMORY_BYTES_MAX_DEFAULT,
+            reply_memory_bytes_max: REPLY_MEMORY_BYTES_MAX_DEFAULT,
         }
     }
 }
@@ -139,6 +150,13 @@ impl NodeConfig {
                 "frame_memory_bytes_max must be ≥ {FRAME_CHUNK_BYTES} (one frame chunk)"
             )));
         }
+        let largest_reply = ReplyBounds::new(self.content_bytes_max).largest();
+        if self.reply_memory_bytes_max < largest_reply {
+            return Err(crate::MqError::BadInput(format!(
+                "reply_memory_bytes_max must be ≥ {largest_reply} (the largest reply under \
+                 content_bytes_max)"
+            )));
+        }
         Ok(())
     }
 
@@ -164,6 +182,7 @@ pub(crate) struct Counters {
     pub(crate) connections_refused: AtomicU64,
     pub(crate) connections_cut_off: AtomicU64,
     pub(crate) connections_idle_closed: AtomicU64,
+    pub(crate) reply_memory_refused: AtomicU64,
 }
 
 /// Handed from a handler to a database worker.
@@ -193,6 +212,12 @@ pub(crate) struct Node<S> {
     pub(crate) counters: Counters,
     pub(crate) registrar: Registrar,
     pub(crate) frame_memory: MemoryBudget,
+    /// Replies owed to clients; see the `reply_memory` module.
+    pub(crate) reply_memory: MemoryBudget,
+    pub(crate) reply_bounds: ReplyBounds,
+    /// Refusals for reply memory, logged once per [`LOG_INTERVAL`]. A lock, but taken only on
+    /// the refusal path.
+    pub(crate) reply_refusal_log: std::sync::Mutex<RateLimitedLog>,
 }
 
 /// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
@@ -235,6 +260,9 @@ pub async fn start_with_tls<S: Store + Clone>(
         counters: Counters::default(),
         registrar: Registrar::default(),
         frame_memory: MemoryBudget::new(config.frame_memory_bytes_max),
+        reply_memory: MemoryBudget::new(config.reply_memory_bytes_max),
+        reply_bounds: ReplyBounds::new(config.content_bytes_max),
+        reply_refusal_log: std::sync::Mutex::new(RateLimitedLog::new(LOG_INTERVAL)),
         store,
         config,
     });
@@ -251,7 +279,7 @@ pub async fn start_with_tls<S: Store + Clone>(
 
 /// Counts events and says when to log them: the first at once, then at most one line per
 /// interval carrying how many happened since the last line.
-struct RateLimitedLog {
+pub(crate) struct RateLimitedLog {
     interval: Duration,
     last_logged: Option<Instant>,
     unlogged: u64,
@@ -263,7 +291,7 @@ impl RateLimitedLog {
     }
 
     /// Notes one event at `now`; `Some(count)` when a line is due.
-    fn note(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn note(&mut self, now: Instant) -> Option<u64> {
         self.unlogged += 1;
         if self.last_logged.is_some_and(|last| now.duration_since(last) < self.interval) {
             return None;
@@ -365,6 +393,9 @@ pub(crate) fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {
     stats.connections_refused = c.connections_refused.load(Ordering::Relaxed);
     stats.connections_cut_off = c.connections_cut_off.load(Ordering::Relaxed);
     stats.connections_idle_closed = c.connections_idle_closed.load(Ordering::Relaxed);
+    stats.reply_memory_bytes = node.reply_memory.used() as u64;
+    stats.reply_memory_bytes_peak = node.reply_memory.peak() as u64;
+    stats.reply_memory_refused = c.reply_memory_refused.load(Ordering::Relaxed);
 }
 
 /// A request's place in its batch: where its reply goes and the slot it releases.
@@ -480,6 +511,7 @@ mod tests {
             NodeConfig { idle_timeout_ms: 0, ..NodeConfig::default() },
             NodeConfig { write_timeout_ms: 0, ..NodeConfig::default() },
             NodeConfig { frame_memory_bytes_max: 100, ..NodeConfig::default() },
+            NodeConfig { reply_memory_bytes_max: 4096, ..NodeConfig::default() },
         ];
         for config in bad {
             assert!(config.validate().is_err(), "{config:?}");

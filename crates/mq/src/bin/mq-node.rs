@@ -2,8 +2,8 @@
 //! tests run nodes with it as child processes so they can SIGKILL them.
 //!
 //! Flags: `--listen ADDR` (default 127.0.0.1:7440), `--store sqlite:DIR|postgres://...`,
-//! `--config FILE` (NodeConfig fields, TOML), `--db-workers N` and `--frame-memory-bytes-max N`
-//! (override the file). Logs go to stderr via `tracing`, filtered by `RUST_LOG` (default info).
+//! `--config FILE` (NodeConfig fields, TOML), `--db-workers N`, `--frame-memory-bytes-max N` and
+//! `--reply-memory-bytes-max N` (override the file). Logs go to stderr via `tracing`, filtered by `RUST_LOG` (default info).
 
 use std::path::PathBuf;
 
@@ -18,6 +18,8 @@ async fn serve(flags: &ChildFlags) -> anyhow::Result<()> {
     lab::config::override_with(&mut config.db_workers, &flags.optional("db-workers")?);
     let frame_memory = flags.optional("frame-memory-bytes-max")?;
     lab::config::override_with(&mut config.frame_memory_bytes_max, &frame_memory);
+    let reply_memory = flags.optional("reply-memory-bytes-max")?;
+    lab::config::override_with(&mut config.reply_memory_bytes_max, &reply_memory);
     config.validate()?;
     let store = store::AnyStore::open(&store_url, config.db_workers).await?;
     let node = server::start(&listen, store, config).await?;
@@ -34,6 +36,7 @@ fn main() -> anyhow::Result<()> {
         "config",
         "db-workers",
         "frame-memory-bytes-max",
+        "reply-memory-bytes-max",
     ])?;
     // The node's connection, batch and store events; `RUST_LOG` filters them (default info),
     // plain text when stderr is not a terminal (the tests read it through a pipe).

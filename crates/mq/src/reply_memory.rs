@@ -1,0 +1,189 @@
+//! The node-wide bound on the memory of replies owed to clients (committed or being encoded,
+//! not yet written to the socket), [`crate::server::NodeConfig::reply_memory_bytes_max`].
+//!
+//! Each connection owes at most `PIPELINE_DEPTH_MAX` replies, but a message reply can be as
+//! large as the content limit allows, so without a node-wide bound the owed bytes would only be
+//! bounded by `connections_max × PIPELINE_DEPTH_MAX × reply size`.
+//!
+//! Why the charge is taken before the database sees the request: a `pop` deletes its message
+//! in the committed transaction, so a reply that found no memory after the commit could only be
+//! dropped, losing the message. Instead the reading half reserves the LARGEST reply the request
+//! can get ([`ReplyBounds`]) when it admits the request, and answers `Busy` (nothing executed,
+//! nothing dequeued) when the budget cannot cover it. Once the reply is encoded the charge is
+//! settled to its actual size, and it is released when the reply is written (or when the
+//! connection ends).
+//!
+//! What is not charged: the replies the reading half makes itself (refusals, registrations,
+//! disconnects), which are small and never carry a message, and the connection's write buffer.
+//! A reply larger than its reservation (a message stored under a larger content limit, by
+//! another node sharing the database or an earlier configuration, or an unusually long error
+//! detail) is charged in full even past the bound: its bytes exist already and dropping them
+//! would lose a dequeued message. With one content limit for every node and ordinary error
+//! details the bound is never passed.
+
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::frame::MemoryBudget;
+use crate::protocol::{
+    ErrorReply, LIST_QUEUES_MAX, Message, NAME_BYTES_MAX, Reason, ReplyBody, ReplyFrame, Request,
+    ServerTiming, encode_reply,
+};
+use crate::server::Node;
+
+/// Reserved for a request whose reply has a fixed size (every reply but a message or a queue
+/// list) or is an error with an ordinary detail; the largest fixed-size reply (`Stats`) takes
+/// under half of it.
+pub(crate) const REPLY_SMALL_BYTES_MAX: usize = 512;
+
+/// The largest encoded reply (length prefix included) each kind of request can get.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReplyBounds {
+    message: usize,
+    queues: usize,
+}
+
+impl ReplyBounds {
+    /// Measured by encoding the worst case once, so the bound follows the wire format.
+    pub(crate) fn new(content_bytes_max: usize) -> ReplyBounds {
+        let message = Message {
+            id: u64::MAX,
+            queue: "q".repeat(NAME_BYTES_MAX),
+            sender: u64::MAX,
+            receiver: Some(u64::MAX),
+            arrived_us: u64::MAX,
+            deliveries: u32::MAX,
+            content: vec![0; content_bytes_max],
+        };
+        let queues = vec!["q".repeat(NAME_BYTES_MAX); LIST_QUEUES_MAX];
+        ReplyBounds {
+            message: encoded_len(ReplyBody::Message(message)),
+            queues: encoded_len(ReplyBody::Queues(queues)),
+        }
+    }
+
+    pub(crate) fn largest(&self) -> usize {
+        self.message.max(self.queues).max(REPLY_SMALL_BYTES_MAX)
+    }
+
+    pub(crate) fn for_request(&self, request: &Request) -> usize {
+        match request {
+            Request::Read { .. } => self.message,
+            Request::ListQueues => self.queues,
+            _ => REPLY_SMALL_BYTES_MAX,
+        }
+    }
+}
+
+fn encoded_len(body: ReplyBody) -> usize {
+    let frame =
+        ReplyFrame { request_id: u64::MAX, timing: ServerTiming::default(), result: Ok(body) };
+    let mut out = Vec::new();
+    encode_reply(&frame, &mut out);
+    out.len()
+}
+
+/// Bytes of the node's reply budget held for one owed reply; released on drop.
+pub(crate) struct ReplyCharge<'a> {
+    budget: &'a MemoryBudget,
+    bytes: usize,
+}
+
+impl ReplyCharge<'_> {
+    /// Brings the charge to the size of the encoded reply: the excess of the reservation is
+    /// given back; a deficit is charged even past the budget (see the module docs).
+    pub(crate) fn settle(&mut self, encoded_bytes: usize) {
+        if encoded_bytes <= self.bytes {
+            self.budget.release(self.bytes - encoded_bytes);
+        } else {
+            self.budget.charge_over(encoded_bytes - self.bytes);
+        }
+        self.bytes = encoded_bytes;
+    }
+}
+
+impl Drop for ReplyCharge<'_> {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+/// Reserves the largest reply `request` can get, or refuses it with `Busy` (counted, and logged
+/// at most once per `LOG_INTERVAL`).
+pub(crate) fn reserve<'a, S>(
+    node: &'a Node<S>,
+    request: &Request,
+) -> Result<ReplyCharge<'a>, ErrorReply> {
+    let bytes = node.reply_bounds.for_request(request);
+    if node.reply_memory.try_charge(bytes) {
+        return Ok(ReplyCharge { budget: &node.reply_memory, bytes });
+    }
+    // Relaxed: a statistic.
+    node.counters.reply_memory_refused.fetch_add(1, Ordering::Relaxed);
+    let due =
+        node.reply_refusal_log.lock().unwrap_or_else(PoisonError::into_inner).note(Instant::now());
+    if let Some(refused) = due {
+        let bytes_max = node.config.reply_memory_bytes_max;
+        tracing::warn!(refused, bytes_max, "node reply memory full; answering requests Busy");
+    }
+    Err(ErrorReply::new(Reason::Busy, "node reply memory full; retry later"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::NodeStats;
+
+    #[test]
+    fn every_fixed_size_reply_fits_the_small_reservation() {
+        let stats = NodeStats { handler_slots: u32::MAX, ..NodeStats::default() };
+        let error =
+            ErrorReply::new(Reason::UnknownQueue, format!("no queue {:?}", "q".repeat(128)));
+        let bodies = [ReplyBody::Stats(stats), ReplyBody::Sent { message_id: 1, arrived_us: 2 }];
+        for body in bodies {
+            assert!(encoded_len(body) <= REPLY_SMALL_BYTES_MAX / 2);
+        }
+        let frame =
+            ReplyFrame { request_id: 1, timing: ServerTiming::default(), result: Err(error) };
+        let mut out = Vec::new();
+        encode_reply(&frame, &mut out);
+        assert!(out.len() <= REPLY_SMALL_BYTES_MAX);
+    }
+
+    #[test]
+    fn a_message_reply_never_exceeds_its_bound() {
+        let bounds = ReplyBounds::new(1000);
+        let message = Message {
+            id: 1,
+            queue: "q".repeat(NAME_BYTES_MAX),
+            sender: 2,
+            receiver: None,
+            arrived_us: 3,
+            deliveries: 0,
+            content: vec![7; 1000],
+        };
+        let read = Request::Read {
+            target: crate::protocol::ReadTarget::Queue("q".into()),
+            mode: crate::protocol::ReadMode::Pop,
+        };
+        let bound = bounds.for_request(&read);
+        assert!(encoded_len(ReplyBody::Message(message)) <= bound);
+        assert!(bound < 1000 + REPLY_SMALL_BYTES_MAX, "the bound is not padded: {bound}");
+    }
+
+    #[test]
+    fn a_charge_settles_to_the_encoded_size_and_is_released_on_drop() {
+        let budget = MemoryBudget::new(1000);
+        assert!(budget.try_charge(800));
+        let mut charge = ReplyCharge { budget: &budget, bytes: 800 };
+        assert!(!budget.try_charge(300), "the reservation holds the budget");
+        charge.settle(100);
+        assert_eq!(budget.used(), 100);
+        assert!(budget.try_charge(300));
+        charge.settle(1000);
+        assert_eq!((budget.used(), budget.peak()), (1300, 1300), "a deficit is charged in full");
+        drop(charge);
+        assert_eq!(budget.used(), 300);
+    }
+}
