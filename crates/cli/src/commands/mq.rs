@@ -38,7 +38,7 @@ pub enum Command {
 /// Node limits; each flag overrides the matching field of `--config`.
 #[derive(ClapArgs, Debug, Clone)]
 pub struct NodeFlags {
-    /// TOML file with NodeConfig fields (handler_slots, wait_queue_max, db_workers, batch_max, content_bytes_max, lease_ms_max, connections_max, idle_timeout_ms, write_timeout_ms, frame_memory_bytes_max).
+    /// TOML file with NodeConfig fields (handler_slots, wait_queue_max, db_workers, batch_max, content_bytes_max, lease_ms_max, connections_max, idle_timeout_ms, write_timeout_ms, frame_memory_bytes_max, reply_memory_bytes_max).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Requests served concurrently (handler pool size).
@@ -68,6 +68,11 @@ pub struct NodeFlags {
     /// Bytes all connections' partly received frames may hold together (default 64 MiB).
     #[arg(long)]
     pub frame_memory_bytes_max: Option<usize>,
+    /// Bytes all replies owed to clients (committed, not yet written) may hold together; a
+    /// request whose largest possible reply does not fit is answered Busy before the database
+    /// sees it, so nothing dequeued is dropped (default 64 MiB).
+    #[arg(long)]
+    pub reply_memory_bytes_max: Option<usize>,
 }
 
 impl NodeFlags {
@@ -82,6 +87,7 @@ impl NodeFlags {
         override_with(&mut c.idle_timeout_ms, &self.idle_timeout_ms);
         override_with(&mut c.write_timeout_ms, &self.write_timeout_ms);
         override_with(&mut c.frame_memory_bytes_max, &self.frame_memory_bytes_max);
+        override_with(&mut c.reply_memory_bytes_max, &self.reply_memory_bytes_max);
         c.validate()?;
         Ok(c)
     }
