@@ -46,7 +46,7 @@
 //! [`PipelineBuilder::fuse`] runs a stage on the threads of the stage before it, run to
 //! completion over each batch, with no ring (and no thread wake-up) between them; rings remain
 //! only where threads meet. Fused stages keep their other inbound rings (fan-in), outbound
-//! rings (fan-out) and their own metrics (measured per batch; see [`fused`]). Where cores are
+//! rings (fan-out) and their own metrics (measured per batch; see `stage/fused.rs`). Where cores are
 //! scarce a layout fuses consecutive stages; where they are plenty it spreads them out.
 //! A stage declared [`StageSpec::floating`] takes no CPU of its own in the placement plan (for
 //! mostly idle stages that park), so it does not make a small host count as oversubscribed.
@@ -485,7 +485,7 @@ impl PipelineBuilder {
 
     /// Runs `to` on the threads of `from` with no ring between them: worker i of `to` runs
     /// on worker i of `from`, over what `from` emitted from each batch, to completion (see
-    /// [`fused`]). Every message `from` emits reaches `to`'s worker on the same thread, so the
+    /// `stage/fused.rs`). Every message `from` emits reaches `to`'s worker on the same thread, so the
     /// order of each key is kept. Both must be processing stages with the same worker count,
     /// neither resizable, with `to` declared after `from`, fused after no other stage, and
     /// `from` fused into no other stage; `to` may have other inbound and outbound connections
