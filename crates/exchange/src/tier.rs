@@ -40,6 +40,7 @@
 
 mod choices;
 mod graph;
+pub mod layout;
 mod workers;
 
 use std::sync::Arc;
