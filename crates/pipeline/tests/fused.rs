@@ -336,3 +336,53 @@ fn floating_stages_take_no_cpu_in_the_plan() {
     assert!(!plan.oversubscribed, "3 threads, 2 CPUs, but only one needs a CPU of its own");
     assert_eq!(report.stages.iter().find(|s| s.stage == "idle").unwrap().messages_in, 1_000);
 }
+
+/// A head stage whose worker feeds a fused stage through an input handle (as the tier's
+/// pre-process feeds its rejects to the R-Processor) and closes it when it finishes.
+struct Feeder {
+    side: Arc<std::sync::Mutex<Option<pipeline::stage::Input<Tick>>>>,
+    input: Option<pipeline::stage::Input<Tick>>,
+}
+
+impl StageWorker<Tick, Tick> for Feeder {
+    type Finished = ();
+
+    fn handle(&mut self, tick: &Tick, out: &mut Emitter<Tick>) {
+        let side = &self.side;
+        let input = self.input.get_or_insert_with(|| side.lock().unwrap().take().unwrap());
+        input.send(*tick).unwrap();
+        input.flush().unwrap();
+        out.emit(*tick);
+    }
+
+    fn finish(self) {}
+}
+
+#[test]
+fn a_head_that_feeds_its_fused_stage_through_a_ring_finishes_first_and_the_chain_drains() {
+    const COUNT: u64 = 3_000;
+    let mut graph = PipelineBuilder::new().pin_threads(false).topology(Topology::uniform(16));
+    let feed = graph.input::<Tick>("feed", 1);
+    let side = graph.input::<Tick>("side", 1);
+    let slot = Arc::new(std::sync::Mutex::new(None));
+    let slot_in_head = slot.clone();
+    let (head, _) = graph.stage_with_results("head", StageSpec::ancillary(1), move |_| Feeder {
+        side: slot_in_head.clone(),
+        input: None,
+    });
+    let (tail, seen) =
+        graph.stage_with_results("tail", StageSpec::ancillary(1), |_| OrderCheck::new(0, false));
+    graph.connect(feed, head, Route::RoundRobin);
+    graph.fuse(head, tail);
+    graph.connect(side, tail, Route::RoundRobin);
+    let mut running = graph.start().unwrap();
+    // The head's handle exists before the first message does.
+    *slot.lock().unwrap() = running.take_inputs(side).unwrap().pop();
+    let mut feed = running.take_inputs(feed).unwrap().pop().unwrap();
+    for id in 0..COUNT {
+        feed.send(Tick { id, ..Tick::default() }).unwrap();
+    }
+    drop(feed);
+    wait_bounded(move || running.wait()).unwrap();
+    assert_eq!(seen.take().unwrap(), vec![2 * COUNT], "the fused and the ring copy of each");
+}

@@ -127,6 +127,9 @@ pub struct LayoutRequest {
     pub holds_replies: bool,
     /// Busy threads outside the tier that need a CPU (the load generator).
     pub outside_threads: usize,
+    /// Core shards: fixed by the configuration, not planned (the shard journals and the
+    /// instrument-to-shard mapping persist across restarts).
+    pub core_shards: usize,
 }
 
 /// How a thread group waits for work.
@@ -224,7 +227,9 @@ pub fn plan(request: &LayoutRequest) -> TierLayout {
         if request.holds_replies && cuts & 0b010 == 0 {
             continue; // the R-Processor's durability wait must not stall the core's thread
         }
-        let candidate = Candidate::evaluate(request, cuts, dedicated);
+        let Some(candidate) = Candidate::evaluate(request, cuts, dedicated) else {
+            continue;
+        };
         if best.as_ref().is_none_or(|incumbent| candidate.better_than(incumbent)) {
             best = Some(candidate);
         }
@@ -244,7 +249,9 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn evaluate(request: &LayoutRequest, cuts: u32, dedicated: usize) -> Candidate {
+    /// `None` when the cut cannot run: fused stages share their workers, so the one-worker
+    /// R-Processor cannot share a thread with more than one core shard.
+    fn evaluate(request: &LayoutRequest, cuts: u32, dedicated: usize) -> Option<Candidate> {
         let mut groups: Vec<ThreadGroup> = Vec::new();
         for (index, &stage) in CHAIN.iter().enumerate() {
             let starts_group = index == 0 || cuts & (1 << (index - 1)) != 0;
@@ -262,11 +269,18 @@ impl Candidate {
         let (mut latency_ns, mut peak_utilization) = (0.0, 0.0f64);
         for group in &mut groups {
             let service_ns: f64 = group.stages.iter().map(|&s| request.service.of(s)).sum();
-            // The R-Processor is one worker (it orders every shard's replies); a group with
-            // it has one worker, others the fewest that keep under the target.
-            let single = group.stages.contains(&TierStage::Rprocess);
-            group.workers =
-                if single { 1 } else { workers_for(request.rate_per_s, service_ns.max(1.0)) };
+            // The R-Processor is one worker (it orders every shard's replies) and the core has
+            // its configured shards; other groups get the fewest workers under the target.
+            let (single, core) = (
+                group.stages.contains(&TierStage::Rprocess),
+                group.stages.contains(&TierStage::Core),
+            );
+            group.workers = match (single, core) {
+                (true, true) if request.core_shards != 1 => return None,
+                (true, _) => 1,
+                (false, true) => request.core_shards.max(1),
+                (false, false) => workers_for(request.rate_per_s, service_ns.max(1.0)),
+            };
             group.predicted_utilization =
                 request.rate_per_s * service_ns * 1e-9 / group.workers as f64;
             peak_utilization = peak_utilization.max(group.predicted_utilization);
@@ -279,7 +293,7 @@ impl Candidate {
             let hop_ns = if group.spins() { HOP_SPINNING_NS } else { HOP_WAKE_UP_NS };
             latency_ns += hop_ns + sojourn_ns(request.rate_per_s, service_ns, group.workers);
         }
-        Candidate { groups, dedicated_left, peak_utilization, latency_ns }
+        Some(Candidate { groups, dedicated_left, peak_utilization, latency_ns })
     }
 
     /// Stable candidates by latency, then fewer threads; saturated ones by headroom.
@@ -368,6 +382,7 @@ mod tests {
             rate_per_s,
             holds_replies: holds,
             outside_threads: 1,
+            core_shards: 1,
         }
     }
 
@@ -390,10 +405,12 @@ mod tests {
             assert!(!layout.fused_after_previous(TierStage::Rprocess), "{layout:?}");
         }
         assert_eq!(layout.workers_of(TierStage::Rprocess), 1);
+        assert_eq!(layout.workers_of(TierStage::Core), request.core_shards);
         if !layout.saturated {
             for group in &layout.groups {
-                // Only the single-worker R-Processor's group may run past the target.
-                let single = group.stages.contains(&TierStage::Rprocess);
+                // Only the groups whose workers are fixed may run past the target.
+                let single = group.stages.contains(&TierStage::Rprocess)
+                    || group.stages.contains(&TierStage::Core);
                 assert!(group.predicted_utilization <= UTILIZATION_TARGET + 1e-9 || single);
                 assert!(group.predicted_utilization < 1.0, "{layout:?}");
             }
@@ -441,12 +458,15 @@ mod tests {
 
     #[test]
     fn sixteen_cores_at_a_high_rate_spread_the_chain_over_spinning_workers() {
-        let request = request(16, None, 1_000_000.0, false);
+        let request = LayoutRequest { core_shards: 4, ..request(16, None, 1_000_000.0, false) };
         let layout = plan(&request);
         check_invariants(&layout, &request);
         assert!(!layout.saturated, "{layout:?}");
-        // 1.9 µs per message at 1M msg/s cannot run on one thread: the core side gets workers.
-        assert!(layout.workers_of(TierStage::Core) >= 2, "{layout:?}");
+        // 1.9 µs per message at 1M msg/s cannot run on one thread: the chain is cut, the
+        // R-Processor apart from the four shards.
+        assert!(!layout.fused_after_previous(TierStage::Rprocess), "{layout:?}");
+        let preprocess = layout.group_of(TierStage::Preprocess);
+        assert!(preprocess.predicted_utilization <= UTILIZATION_TARGET, "{layout:?}");
         let chain_groups = || layout.groups.iter().filter(|g| CHAIN.contains(&g.stages[0]));
         assert!(chain_groups().all(ThreadGroup::spins), "{layout:?}");
         assert_eq!(layout.group_of(TierStage::Masterdata).stages, [TierStage::Masterdata]);
@@ -481,12 +501,11 @@ mod tests {
         check_invariants(&layout, &request);
         assert_eq!(layout.usable_cpus, 4);
         assert!(layout.spinning_threads() <= 3);
-        // A rate no cut can carry (the single R-Processor alone is past 100%) is reported
-        // saturated, with the most headroom: the R-Processor on its own thread.
+        // A rate no cut can carry (one core shard alone is at 1 200%) is reported saturated.
         let overload = LayoutRequest { rate_per_s: 10_000_000.0, ..request };
         let layout = plan(&overload);
         assert!(layout.saturated);
-        assert_eq!(layout.group_of(TierStage::Rprocess).stages, [TierStage::Rprocess]);
+        assert!(layout.group_of(TierStage::Core).predicted_utilization >= 1.0, "{layout:?}");
     }
 
     #[test]

@@ -18,9 +18,9 @@
 //! whose handler panicked, not the thread's first stage.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use super::worker::{Inbound, panic_message};
+use super::worker::{Inbound, ResultSlots, finish_into, panic_message};
 use super::{Emitter, Envelope, StageWorker};
 use crate::metrics::{WorkerMetrics, now_ns};
 
@@ -70,7 +70,7 @@ pub(super) struct Member<In, Out, W: StageWorker<In, Out>> {
     pub(super) emitter: Emitter<Out>,
     pub(super) worker: W,
     pub(super) metrics: WorkerMetrics,
-    pub(super) results: Arc<Mutex<Vec<Option<W::Finished>>>>,
+    pub(super) results: ResultSlots<W::Finished>,
 }
 
 impl<In, Out, W> FusedStage<In> for Member<In, Out, W>
@@ -133,8 +133,7 @@ where
     fn finish(self: Box<Self>) {
         let Member { stage, worker_index, mut emitter, worker, metrics, results, .. } = *self;
         in_stage(&stage, worker_index, || emitter.finish_fused());
-        let finished = in_stage(&stage, worker_index, || worker.finish());
+        in_stage(&stage, worker_index, || finish_into(worker, &results, worker_index));
         metrics.finish();
-        results.lock().unwrap_or_else(PoisonError::into_inner)[worker_index] = Some(finished);
     }
 }

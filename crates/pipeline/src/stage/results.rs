@@ -96,14 +96,12 @@ impl PipelineBuilder {
                     .collect();
                 return Ok(Launched::Fused(Box::new(members)));
             }
-            let threads = workers.map(|(worker, inbound, emitter, mut state)| {
+            let threads = workers.map(|(worker, inbound, emitter, state)| {
                 let waiter = Waiter::new(context.wait, context.consumer_parkers[worker].clone());
                 let slots = slots.clone();
                 (worker, move |shared: &Shared, metrics: &mut WorkerMetrics| {
-                    let handler = |message: &In, out: &mut Emitter<Out>| state.handle(message, out);
-                    ConsumerLoop::new(inbound, emitter, handler, waiter).run(shared, metrics);
-                    let finished = state.finish();
-                    slots.lock().unwrap_or_else(PoisonError::into_inner)[worker] = Some(finished);
+                    ConsumerLoop::new(inbound, emitter, (state, slots, worker), waiter)
+                        .run(shared, metrics);
                 })
             });
             launch_workers(&context, threads).map(Launched::Threads)

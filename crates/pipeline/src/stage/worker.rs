@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use super::fused::StagePanic;
-use super::{Emitter, Envelope, Flow, PipelineError};
+use super::{Emitter, Envelope, Flow, PipelineError, StageWorker};
 use crate::connector::Receiver;
 use crate::metrics::{Recorder, StageMetricsHub, WorkerMetrics, now_ns};
 use crate::placement::{ThreadPlacement, pin_current_thread};
@@ -228,32 +228,55 @@ impl<In: Copy> Inbound<In> {
     }
 }
 
+/// Per worker of a stage: its [`StageWorker::finish`] result, once it finished.
+pub(super) type ResultSlots<R> = Arc<Mutex<Vec<Option<R>>>>;
+
+/// Finishes `worker` (after its last message) and keeps its result in `slots[index]`.
+pub(super) fn finish_into<In, Out, W: StageWorker<In, Out>>(
+    worker: W,
+    slots: &ResultSlots<W::Finished>,
+    index: usize,
+) {
+    let finished = worker.finish();
+    slots.lock().unwrap_or_else(PoisonError::into_inner)[index] = Some(finished);
+}
+
 /// A consuming worker's thread: its inbound rings and those of the stages fused after it,
-/// handler, emitter, and the wait when there is nothing to do.
-pub(super) struct ConsumerLoop<In, Out, H> {
+/// its [`StageWorker`], emitter, and the wait when there is nothing to do.
+pub(super) struct ConsumerLoop<In, Out, W: StageWorker<In, Out>> {
     inbound: Inbound<In>,
     emitter: Emitter<Out>,
-    handler: H,
+    /// `None` once finished: its own rings are done while fused stages may still have input.
+    worker: Option<W>,
+    results: ResultSlots<W::Finished>,
+    index: usize,
     waiter: Waiter,
 }
 
-impl<In: Copy, Out: Copy, H: FnMut(&In, &mut Emitter<Out>)> ConsumerLoop<In, Out, H> {
+impl<In: Copy, Out: Copy, W: StageWorker<In, Out>> ConsumerLoop<In, Out, W> {
     pub(super) fn new(
         inbound: Inbound<In>,
         emitter: Emitter<Out>,
-        handler: H,
+        worker: (W, ResultSlots<W::Finished>, usize),
         waiter: Waiter,
     ) -> Self {
-        ConsumerLoop { inbound, emitter, handler, waiter }
+        let (worker, results, index) = worker;
+        ConsumerLoop { inbound, emitter, worker: Some(worker), results, index, waiter }
     }
 
     /// Runs until every inbound ring (its own and the fused stages') is disconnected and
-    /// drained, or the pipeline aborts; then ends the fused stages.
+    /// drained, or the pipeline aborts. The worker finishes as soon as its own rings are done,
+    /// before the fused stages: what it closes when it finishes (a handle feeding a fused
+    /// stage's ring, say) may be what those stages wait for.
     pub(super) fn run(mut self, shared: &Shared, metrics: &mut WorkerMetrics) {
         while !shared.aborted() {
-            let recorder = metrics.recorder();
-            let mut handled =
-                self.inbound.handle_available(recorder, &mut self.emitter, &mut self.handler);
+            let mut handled = 0;
+            if let Some(worker) = &mut self.worker {
+                let mut handler =
+                    |message: &In, out: &mut Emitter<Out>| worker.handle(message, out);
+                let recorder = metrics.recorder();
+                handled += self.inbound.handle_available(recorder, &mut self.emitter, &mut handler);
+            }
             handled += self.emitter.poll_fused();
             if handled > 0 {
                 let now = now_ns();
@@ -265,16 +288,27 @@ impl<In: Copy, Out: Copy, H: FnMut(&In, &mut Emitter<Out>)> ConsumerLoop<In, Out
                 }
                 continue;
             }
-            if self.inbound.done() && self.emitter.fused_inputs_done() {
-                break;
+            if self.inbound.done() {
+                if let Some(worker) = self.worker.take() {
+                    finish_into(worker, &self.results, self.index);
+                    continue;
+                }
+                if self.emitter.fused_inputs_done() {
+                    break;
+                }
             }
+            // An unfinished worker wakes once its own rings are done, to finish first.
+            let unfinished = self.worker.is_some();
             let (inbound, emitter) = (&mut self.inbound, &mut self.emitter);
             self.waiter.wait_until(|| {
                 shared.aborted()
                     || inbound.has_input()
                     || emitter.fused_have_input()
-                    || (inbound.done() && emitter.fused_inputs_done())
+                    || (inbound.done() && (unfinished || emitter.fused_inputs_done()))
             });
+        }
+        if let Some(worker) = self.worker.take() {
+            finish_into(worker, &self.results, self.index);
         }
         self.emitter.finish_fused();
     }

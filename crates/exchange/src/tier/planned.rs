@@ -1,0 +1,145 @@
+//! The `auto` layout at start-up: the host's usable CPUs, the stages' service times from a
+//! short calibration run, the plan ([`super::layout::plan`]), and afterwards each thread
+//! group's measured utilization beside the prediction.
+
+use std::time::Duration;
+
+use pipeline::metrics::StageMetrics;
+
+use super::layout::{
+    CHAIN, GroupWait, LayoutChoice, LayoutRequest, ServiceTimes, ThreadGroup, TierLayout,
+    TierStage, plan,
+};
+use super::{RunOptions, TierConfig, WaitChoice, run};
+use crate::durability::{JournalMode, JournalOptions};
+
+/// Arrival rate of the calibration run: low enough for any host to carry with one thread
+/// per stage, high enough for thousands of samples per stage.
+pub const CALIBRATION_RATE_PER_S: f64 = 20_000.0;
+/// Length of the calibration run.
+pub const CALIBRATION_DURATION: Duration = Duration::from_millis(300);
+/// Threads outside the tier that need a CPU while it runs: the load generator.
+const OUTSIDE_THREADS: usize = 1;
+
+/// Measures each critical stage's service time: the tier runs thread-per-stage, one worker
+/// each, parking, journal off, for [`CALIBRATION_DURATION`] at [`CALIBRATION_RATE_PER_S`];
+/// each stage's median handler time per message is its service time (the median, not the
+/// mean: on a shared host a preempted handler adds milliseconds to a few samples).
+pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
+    let probe = TierConfig {
+        layout: LayoutChoice::ThreadPerStage,
+        journal: JournalMode::OFF,
+        preprocess_workers: 1,
+        core_shards: 1,
+        senders: 1,
+        wait: WaitChoice::Park,
+        placement: false,
+        ..config.clone()
+    };
+    let options = RunOptions {
+        rate_per_s: CALIBRATION_RATE_PER_S,
+        duration: CALIBRATION_DURATION,
+        record_inputs: false,
+        journal: JournalOptions::default(),
+        released: None,
+    };
+    let result = run(&probe, options, |_| {})?;
+    let median = |stage: TierStage| -> anyhow::Result<f64> {
+        let metrics = result.pipeline.iter().find(|m| m.stage == stage.name());
+        let metrics = metrics.ok_or_else(|| anyhow::anyhow!("no metrics of `{}`", stage.name()))?;
+        anyhow::ensure!(metrics.messages_in > 0, "calibration: `{}` saw no message", stage.name());
+        Ok(metrics.service_ns.p50.max(1) as f64)
+    };
+    Ok(ServiceTimes {
+        preprocess_ns: median(TierStage::Preprocess)?,
+        core_ns: median(TierStage::Core)?,
+        rprocess_ns: median(TierStage::Rprocess)?,
+        sender_ns: median(TierStage::Sender)?,
+    })
+}
+
+/// The layout a run at `rate_per_s` uses, and the configuration with its worker counts:
+/// `config` as it is for thread-per-stage; for `auto`, the plan for this host from
+/// `config.service_ns` (calibrated now when not given).
+pub fn plan_layout(
+    config: &TierConfig,
+    rate_per_s: f64,
+) -> anyhow::Result<(TierConfig, TierLayout)> {
+    if config.layout == LayoutChoice::ThreadPerStage {
+        return Ok((config.clone(), thread_per_stage(config)));
+    }
+    let service = match config.service_ns {
+        Some(service) => service,
+        None => calibrate(config)?,
+    };
+    let request = LayoutRequest {
+        cpus: host_cpus(),
+        cpu_quota_cores: pipeline::quota::current_cpu_quota_cores(),
+        service,
+        rate_per_s,
+        holds_replies: config.journal.holds_replies(),
+        outside_threads: OUTSIDE_THREADS,
+        core_shards: config.core_shards,
+    };
+    let layout = plan(&request);
+    let planned = TierConfig {
+        preprocess_workers: layout.workers_of(TierStage::Preprocess),
+        senders: layout.workers_of(TierStage::Sender),
+        // The layout pins what spins on a dedicated CPU; nothing else is placed.
+        placement: layout.spinning_threads() > 0,
+        service_ns: Some(service),
+        ..config.clone()
+    };
+    Ok((planned, layout))
+}
+
+/// CPUs in this process's affinity mask (all online CPUs if it cannot be read).
+fn host_cpus() -> usize {
+    match pipeline::placement::current_affinity() {
+        Ok(cpus) if !cpus.is_empty() => cpus.len(),
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+/// One group per stage with the configured workers (not modeled: no predictions).
+fn thread_per_stage(config: &TierConfig) -> TierLayout {
+    let spins = config.wait_strategy() == pipeline::WaitStrategy::BusySpin;
+    let critical_wait = if spins { GroupWait::Spin } else { GroupWait::ParkDedicated };
+    let workers = |stage: TierStage| match stage {
+        TierStage::Preprocess => config.preprocess_workers,
+        TierStage::Core => config.core_shards,
+        TierStage::Sender => config.senders,
+        TierStage::Rprocess | TierStage::Events | TierStage::Masterdata => 1,
+    };
+    let ancillary = [TierStage::Events, TierStage::Masterdata];
+    let groups = CHAIN
+        .iter()
+        .map(|&stage| (stage, critical_wait))
+        .chain(ancillary.map(|stage| (stage, GroupWait::ParkDedicated)))
+        .map(|(stage, wait)| ThreadGroup {
+            stages: vec![stage],
+            workers: workers(stage),
+            wait,
+            predicted_utilization: 0.0,
+        })
+        .collect();
+    let usable_cpus =
+        super::layout::usable_cpus(host_cpus(), pipeline::quota::current_cpu_quota_cores());
+    TierLayout { groups, usable_cpus, predicted_latency_ns: 0.0, saturated: false }
+}
+
+/// Per group: its threads' measured mean utilization, the busy time of every stage it runs
+/// over the wall time of its first stage's workers.
+pub fn measured_utilization(layout: &TierLayout, stages: &[StageMetrics]) -> Vec<f64> {
+    let of = |stage: TierStage| stages.iter().find(|m| m.stage == stage.name());
+    layout
+        .groups
+        .iter()
+        .map(|group| {
+            let busy_ns: u64 = group.stages.iter().filter_map(|&s| of(s)).map(|m| m.busy_ns).sum();
+            let head = group.stages.first().and_then(|&s| of(s));
+            let elapsed_ns = head.map_or(0, |m| m.busy_ns + m.idle_ns);
+            if elapsed_ns == 0 { 0.0 } else { busy_ns as f64 / elapsed_ns as f64 }
+        })
+        .collect()
+}
