@@ -485,7 +485,16 @@ pub fn run(
 ) -> anyhow::Result<RunResult> {
     config.validate()?;
     let (planned, layout) = plan_layout(config, options.rate_per_s)?;
-    let config = &planned;
+    run_with_layout(&planned, &layout, options, progress)
+}
+
+/// [`run`] with the layout already chosen (and `config` carrying its worker counts).
+fn run_with_layout(
+    config: &TierConfig,
+    layout: &TierLayout,
+    options: RunOptions,
+    progress: impl FnMut(u64),
+) -> anyhow::Result<RunResult> {
     let master = reference_master_data(&config.universe);
     let (starts, durability) = recover(config, &options, &master)?;
     let RunningTier { pipeline, feeds, reports } = graph::start(config, &layout, &options, starts)?;
@@ -512,8 +521,8 @@ pub fn run(
         journal_mode: config.journal,
         journal,
         master: totals.master,
-        layout_utilization: measured_utilization(&layout, &report.stages),
-        layout,
+        layout_utilization: measured_utilization(layout, &report.stages),
+        layout: layout.clone(),
     })
 }
 

@@ -10,7 +10,7 @@ use super::layout::{
     CHAIN, GroupWait, LayoutChoice, LayoutRequest, ServiceTimes, ThreadGroup, TierLayout,
     TierStage, plan,
 };
-use super::{RunOptions, TierConfig, WaitChoice, run};
+use super::{RunOptions, TierConfig, run_with_layout};
 use crate::durability::{JournalMode, JournalOptions};
 
 /// Arrival rate of the calibration run: low enough for any host to carry with one thread
@@ -21,20 +21,33 @@ pub const CALIBRATION_DURATION: Duration = Duration::from_millis(300);
 /// Threads outside the tier that need a CPU while it runs: the load generator.
 const OUTSIDE_THREADS: usize = 1;
 
-/// Measures each critical stage's service time: the tier runs thread-per-stage, one worker
-/// each, parking, journal off, for [`CALIBRATION_DURATION`] at [`CALIBRATION_RATE_PER_S`];
-/// each stage's median handler time per message is its service time (the median, not the
-/// mean: on a shared host a preempted handler adds milliseconds to a few samples).
+/// Measures each critical stage's service time: the tier runs one thread per stage, one
+/// worker each, parked and unplaced (so a small host is not reported oversubscribed), journal
+/// off, for [`CALIBRATION_DURATION`] at [`CALIBRATION_RATE_PER_S`]; each stage's median
+/// handler time per message is its service time (the median, not the mean: on a shared host
+/// a preempted handler adds milliseconds to a few samples).
 pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
     let probe = TierConfig {
-        layout: LayoutChoice::ThreadPerStage,
+        layout: LayoutChoice::Auto,
         journal: JournalMode::OFF,
         preprocess_workers: 1,
         core_shards: 1,
         senders: 1,
-        wait: WaitChoice::Park,
         placement: false,
         ..config.clone()
+    };
+    let alone = |stage: TierStage| ThreadGroup {
+        stages: vec![stage],
+        workers: 1,
+        wait: GroupWait::ParkFloating,
+        predicted_utilization: 0.0,
+    };
+    let ancillary = [TierStage::Events, TierStage::Masterdata];
+    let layout = TierLayout {
+        groups: CHAIN.iter().chain(&ancillary).map(|&stage| alone(stage)).collect(),
+        usable_cpus: super::layout::usable_cpus(host_cpus(), None),
+        predicted_latency_ns: 0.0,
+        saturated: false,
     };
     let options = RunOptions {
         rate_per_s: CALIBRATION_RATE_PER_S,
@@ -43,7 +56,7 @@ pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
         journal: JournalOptions::default(),
         released: None,
     };
-    let result = run(&probe, options, |_| {})?;
+    let result = run_with_layout(&probe, &layout, options, |_| {})?;
     let median = |stage: TierStage| -> anyhow::Result<f64> {
         let metrics = result.pipeline.iter().find(|m| m.stage == stage.name());
         let metrics = metrics.ok_or_else(|| anyhow::anyhow!("no metrics of `{}`", stage.name()))?;
