@@ -497,7 +497,7 @@ fn run_with_layout(
 ) -> anyhow::Result<RunResult> {
     let master = reference_master_data(&config.universe);
     let (starts, durability) = recover(config, &options, &master)?;
-    let RunningTier { pipeline, feeds, reports } = graph::start(config, &layout, &options, starts)?;
+    let RunningTier { pipeline, feeds, reports } = graph::start(config, layout, &options, starts)?;
     let placement_notes = pipeline.plan().notes.clone();
     let (drive, disconnected) = drive_load(config, &options, &master, feeds, progress)?;
     // The feeds are gone: every stage drains and stops, and each worker reports.
