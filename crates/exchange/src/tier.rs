@@ -222,6 +222,13 @@ impl TierConfig {
                 "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
             ));
         }
+        if let Some(service) = self.service_ns {
+            let times =
+                [service.preprocess_ns, service.core_ns, service.rprocess_ns, service.sender_ns];
+            if times.iter().any(|ns| !ns.is_finite() || *ns <= 0.0) {
+                return Err(BadInput("service_ns: every stage's time must be > 0 ns".into()));
+            }
+        }
         self.arrival_process(1.0)
             .validate()
             .map_err(|lab::error::BadInput(reason)| BadInput(reason))

@@ -102,3 +102,11 @@ fn thread_per_stage_stays_available() {
     assert!(result.layout.groups.iter().all(|g| g.stages.len() == 1), "{:?}", result.layout);
     assert_eq!(result.layout.workers_of(TierStage::Preprocess), config.preprocess_workers);
 }
+
+#[test]
+fn bad_service_times_are_bad_input() {
+    let service = ServiceTimes { core_ns: f64::NAN, ..SERVICE };
+    let config = TierConfig { service_ns: Some(service), ..TierConfig::default() };
+    let error = config.validate().unwrap_err();
+    assert!(error.to_string().contains("service_ns"), "{error}");
+}
