@@ -782,6 +782,7 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
                     "-".into()
                 },
                 format!("{:.1}", measured * 100.0),
+                format!("{} / {:.1}", run.layout.usable_cpus, run.layout.busy_elsewhere_cpus),
             ]);
         }
     }

@@ -127,6 +127,9 @@ pub struct LayoutRequest {
     pub holds_replies: bool,
     /// Busy threads outside the tier that need a CPU (the load generator).
     pub outside_threads: usize,
+    /// CPUs other processes kept busy, measured just before the run (a shared host's CPUs
+    /// are not dedicated: a thread spinning on one is preempted for whole time slices).
+    pub busy_elsewhere_cpus: f64,
     /// Core shards: fixed by the configuration, not planned (the shard journals and the
     /// instrument-to-shard mapping persist across restarts).
     pub core_shards: usize,
@@ -172,6 +175,8 @@ pub struct TierLayout {
     pub groups: Vec<ThreadGroup>,
     /// CPUs the plan had: the affinity mask capped by the quota's whole CPUs.
     pub usable_cpus: usize,
+    /// CPUs other processes kept busy when it was planned (not dedicated to the tier).
+    pub busy_elsewhere_cpus: f64,
     /// Model prediction of the mean latency through the chain (no durability wait), ns.
     pub predicted_latency_ns: f64,
     /// Every cut saturates some group at this rate: the layout with the most headroom.
@@ -220,7 +225,10 @@ pub fn usable_cpus(cpus: usize, cpu_quota_cores: Option<f64>) -> usize {
 /// Plans the layout (see the module docs).
 pub fn plan(request: &LayoutRequest) -> TierLayout {
     let usable = usable_cpus(request.cpus, request.cpu_quota_cores);
-    let dedicated = usable.saturating_sub(request.outside_threads);
+    let busy = request.busy_elsewhere_cpus;
+    let free =
+        if busy.is_finite() && busy > 0.0 { (usable as f64 - busy).floor() } else { usable as f64 };
+    let dedicated = (free.max(0.0) as usize).saturating_sub(request.outside_threads);
     let mut best: Option<Candidate> = None;
     for cuts in 0..1u32 << (CHAIN.len() - 1) {
         // Bit b set: a ring (a thread boundary) between CHAIN[b] and CHAIN[b + 1].
@@ -235,7 +243,7 @@ pub fn plan(request: &LayoutRequest) -> TierLayout {
         }
     }
     let chosen = best.expect("at least the fully cut chain is a candidate");
-    chosen.into_layout(usable)
+    chosen.into_layout(usable, busy)
 }
 
 /// One way of cutting the chain, evaluated.
@@ -315,7 +323,7 @@ impl Candidate {
 
     /// Parked chain groups get the dedicated CPUs left, then the ancillary stages do: their
     /// own threads with two CPUs left, fused on one otherwise (floating without one).
-    fn into_layout(mut self, usable_cpus: usize) -> TierLayout {
+    fn into_layout(mut self, usable_cpus: usize, busy_elsewhere_cpus: f64) -> TierLayout {
         for group in self.groups.iter_mut().filter(|g| !g.spins()) {
             if group.workers <= self.dedicated_left {
                 self.dedicated_left -= group.workers;
@@ -340,6 +348,7 @@ impl Candidate {
         TierLayout {
             groups: self.groups,
             usable_cpus,
+            busy_elsewhere_cpus,
             predicted_latency_ns: self.latency_ns,
             saturated: self.peak_utilization >= 1.0,
         }
@@ -383,6 +392,7 @@ mod tests {
             holds_replies: holds,
             outside_threads: 1,
             core_shards: 1,
+            busy_elsewhere_cpus: 0.0,
         }
     }
 
@@ -506,6 +516,25 @@ mod tests {
         let layout = plan(&overload);
         assert!(layout.saturated);
         assert!(layout.group_of(TierStage::Core).predicted_utilization >= 1.0, "{layout:?}");
+    }
+
+    #[test]
+    fn cpus_busy_elsewhere_are_not_dedicated() {
+        // A 2-core host whose other processes keep 1.5 CPUs busy: nothing may spin, and the
+        // chain still runs fused (every ring would cost a wake-up).
+        let loaded =
+            LayoutRequest { busy_elsewhere_cpus: 1.5, ..request(2, None, 60_000.0, false) };
+        let layout = plan(&loaded);
+        check_invariants(&layout, &loaded);
+        assert_eq!(layout.spinning_threads(), 0, "{layout:?}");
+        assert_eq!(layout.groups[0].stages, CHAIN);
+        // On 16 CPUs with 4 busy elsewhere the chain still gets a spinning thread.
+        let shared =
+            LayoutRequest { busy_elsewhere_cpus: 4.0, ..request(16, None, 60_000.0, true) };
+        let layout = plan(&shared);
+        check_invariants(&layout, &shared);
+        assert!(layout.groups[0].spins());
+        assert!(layout.placed_threads() <= 16 - 4);
     }
 
     #[test]

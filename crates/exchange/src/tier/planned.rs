@@ -46,6 +46,7 @@ pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
     let layout = TierLayout {
         groups: CHAIN.iter().chain(&ancillary).map(|&stage| alone(stage)).collect(),
         usable_cpus: super::layout::usable_cpus(host_cpus(), None),
+        busy_elsewhere_cpus: 0.0,
         predicted_latency_ns: 0.0,
         saturated: false,
     };
@@ -93,6 +94,7 @@ pub fn plan_layout(
         holds_replies: config.journal.holds_replies(),
         outside_threads: OUTSIDE_THREADS,
         core_shards: config.core_shards,
+        busy_elsewhere_cpus: busy_elsewhere_cpus(),
     };
     let layout = plan(&request);
     let planned = TierConfig {
@@ -104,6 +106,51 @@ pub fn plan_layout(
         ..config.clone()
     };
     Ok((planned, layout))
+}
+
+/// Clock ticks per second of /proc's CPU times (`USER_HZ`: 100 in Linux's user ABI).
+const USER_HZ: f64 = 100.0;
+/// How long [`busy_elsewhere_cpus`] watches the host before a run.
+pub const HOST_LOAD_WINDOW: Duration = Duration::from_millis(100);
+
+/// CPUs that other processes kept busy over [`HOST_LOAD_WINDOW`]: the busy time of all CPUs
+/// (`/proc/stat`) less this process's own (`/proc/self/stat`), per unit of wall time. 0 when
+/// either cannot be read (then every usable CPU counts as free).
+fn busy_elsewhere_cpus() -> f64 {
+    let sample = || Some((host_busy_ticks()?, own_busy_ticks()?));
+    let Some((host_before, own_before)) = sample() else { return 0.0 };
+    let started = std::time::Instant::now();
+    std::thread::sleep(HOST_LOAD_WINDOW);
+    let Some((host_after, own_after)) = sample() else { return 0.0 };
+    let others =
+        host_after.saturating_sub(host_before) as f64 - own_after.saturating_sub(own_before) as f64;
+    (others / USER_HZ / started.elapsed().as_secs_f64()).max(0.0)
+}
+
+/// Busy clock ticks of all CPUs: the `cpu` line of /proc/stat less idle and iowait.
+fn host_busy_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let (idle, iowait) = (*fields.get(3)?, *fields.get(4)?);
+    Some(fields.iter().sum::<u64>() - idle - iowait)
+}
+
+/// This process's user + system clock ticks (fields 14 and 15 of /proc/self/stat).
+fn own_busy_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces; the fields after it start past the last ')'.
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state), so field n is at index n - 3.
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    Some(user + system)
 }
 
 /// CPUs in this process's affinity mask (all online CPUs if it cannot be read).
@@ -138,7 +185,13 @@ fn thread_per_stage(config: &TierConfig) -> TierLayout {
         .collect();
     let usable_cpus =
         super::layout::usable_cpus(host_cpus(), pipeline::quota::current_cpu_quota_cores());
-    TierLayout { groups, usable_cpus, predicted_latency_ns: 0.0, saturated: false }
+    TierLayout {
+        groups,
+        usable_cpus,
+        busy_elsewhere_cpus: 0.0,
+        predicted_latency_ns: 0.0,
+        saturated: false,
+    }
 }
 
 /// Per group: its threads' measured mean utilization, the busy time of every stage it runs
