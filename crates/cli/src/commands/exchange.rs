@@ -762,8 +762,15 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
 
 /// Each run's thread groups: stages, workers, wait, predicted and measured utilization.
 fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
-    let headers =
-        ["rate", "thread group", "workers", "wait", "predicted util %", "measured util %"];
+    let headers = [
+        "rate",
+        "thread group",
+        "workers",
+        "wait",
+        "predicted util %",
+        "measured util %",
+        "CPUs usable / busy elsewhere",
+    ];
     let mut table = Table::new(headers).with_title(
         "Thread layout per run (auto: planned from the usable CPUs and calibrated service times; \
          stages joined by + share a thread)",
