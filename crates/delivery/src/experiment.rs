@@ -13,7 +13,9 @@
 use std::time::{Duration, Instant};
 
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{Arrival, RunOptions, TierConfig, run as run_tier, run_with_subscribers};
+use exchange::tier::{
+    Arrival, LayoutChoice, RunOptions, TierConfig, run as run_tier, run_with_subscribers,
+};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 
@@ -122,6 +124,8 @@ pub struct Experiment {
 
 fn tier(layout: &Layout, settings: &Settings) -> TierConfig {
     TierConfig {
+        // The experiment compares these thread layouts: the planner must not choose its own.
+        layout: LayoutChoice::ThreadPerStage,
         connector: layout.connector,
         senders: layout.senders,
         placement: layout.placement,

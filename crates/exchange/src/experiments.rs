@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use crate::durability::{JournalMode, JournalOptions};
 use crate::error::ExchangeError::BadInput;
-use crate::tier::{RunOptions, RunResult, TierConfig, WaitChoice, run as run_tier};
+use crate::tier::{
+    LayoutChoice, RunOptions, RunResult, TierConfig, WaitChoice, calibrate, run as run_tier,
+};
 use journal::Policy;
 
 /// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).
@@ -71,6 +73,7 @@ pub fn measure(
     if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
         return Err(BadInput("rates and seconds must be > 0".into()).into());
     }
+    let config = &calibrated(config)?;
     let expected: f64 = rates.iter().map(|r| r * seconds).sum();
     let bar = progress_bar(expected as u64, "fixed rates");
     let mut runs = Vec::new();
@@ -94,6 +97,15 @@ pub fn measure(
         Some(search) => Some(find_max_rate(config, rates, search)?),
     };
     Ok(Session { config: config.clone(), runs, max_rate })
+}
+
+/// `config` with its `auto` layout's service times measured once (every run of a session
+/// then plans from the same calibration instead of calibrating again).
+pub fn calibrated(config: &TierConfig) -> anyhow::Result<TierConfig> {
+    if config.layout != LayoutChoice::Auto || config.service_ns.is_some() {
+        return Ok(config.clone());
+    }
+    Ok(TierConfig { service_ns: Some(calibrate(config)?), ..config.clone() })
 }
 
 /// The highest rate whose critical-path p99 stays within the limit: bracketed from the
@@ -142,8 +154,13 @@ fn run_at(
 
 /// The placement and senders experiments compare thread layouts; a held reply would add the
 /// disk's fsync time to every latency they compare, so they run without a journal.
+/// The experiments that compare thread counts, waits or pinning force one thread per stage.
 fn unjournaled() -> TierConfig {
-    TierConfig { journal: JournalMode::OFF, ..TierConfig::default() }
+    TierConfig {
+        journal: JournalMode::OFF,
+        layout: LayoutChoice::ThreadPerStage,
+        ..TierConfig::default()
+    }
 }
 
 /// One layout at one rate in the placement experiment.
@@ -346,4 +363,59 @@ fn journal_ratios(points: &[JournalPoint], raw_fsync_p99_ns: u64) -> Vec<Journal
             ),
         })
         .collect()
+}
+
+/// One point of the layout benchmark: both layouts at one rate and journal mode, same run.
+pub struct LayoutPoint {
+    pub journal: JournalMode,
+    pub rate_per_s: f64,
+    pub auto: RunResult,
+    pub thread_per_stage: RunResult,
+}
+
+/// The highest rate each layout sustains within the p99 limit, per journal mode.
+pub struct LayoutMaxRates {
+    pub journal: JournalMode,
+    pub auto: RateSearchReport,
+    pub thread_per_stage: RateSearchReport,
+}
+
+/// `auto` against thread-per-stage (today's defaults otherwise), interleaved rate by rate.
+pub struct LayoutBench {
+    pub points: Vec<LayoutPoint>,
+    pub max_rates: Vec<LayoutMaxRates>,
+}
+
+/// Runs the tier with the `auto` layout and with thread-per-stage at each rate, for each
+/// journal mode, alternating the two per rate so both see the same host; then (with
+/// `search`) each one's maximum-rate search.
+pub fn layout_bench(
+    rates: &[f64],
+    seconds: f64,
+    journals: &[JournalMode],
+    search: Option<MaxRateSearch>,
+) -> anyhow::Result<LayoutBench> {
+    if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
+        return Err(BadInput("rates and seconds must be > 0".into()).into());
+    }
+    let mut bench = LayoutBench { points: Vec::new(), max_rates: Vec::new() };
+    for &journal in journals {
+        let auto = calibrated(&TierConfig { journal, ..TierConfig::default() })?;
+        let spread =
+            TierConfig { journal, layout: LayoutChoice::ThreadPerStage, ..TierConfig::default() };
+        for &rate_per_s in rates {
+            let auto_run = run_at(&auto, rate_per_s, seconds, JournalOptions::default())?;
+            let spread_run = run_at(&spread, rate_per_s, seconds, JournalOptions::default())?;
+            let point =
+                LayoutPoint { journal, rate_per_s, auto: auto_run, thread_per_stage: spread_run };
+            bench.points.push(point);
+        }
+        if let Some(search) = search {
+            let auto_max = find_max_rate(&auto, rates, search)?;
+            let spread_max = find_max_rate(&spread, rates, search)?;
+            let max = LayoutMaxRates { journal, auto: auto_max, thread_per_stage: spread_max };
+            bench.max_rates.push(max);
+        }
+    }
+    Ok(bench)
 }

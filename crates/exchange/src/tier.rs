@@ -40,6 +40,8 @@
 
 mod choices;
 mod graph;
+pub mod layout;
+mod planned;
 mod workers;
 
 use std::sync::Arc;
@@ -60,6 +62,10 @@ use journal::writer::WriterStats;
 
 pub use choices::{Arrival, WaitChoice};
 use graph::{Feeds, RunningTier, ShardStart, StageStarts};
+pub use layout::{LayoutChoice, ServiceTimes, TierLayout};
+pub use planned::{
+    CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, calibrate, measured_utilization, plan_layout,
+};
 use workers::{MasterWorker, SenderLatency};
 
 use crate::core::{CoreCounters, CoreLimits};
@@ -127,6 +133,14 @@ pub struct TierConfig {
     /// A snapshot of each core shard every this many of its journaled inputs (0 = none; no
     /// effect with the journal off). Recovery then replays only the journal after it.
     pub snapshot_every_records: u64,
+    /// Thread layout: `auto` plans which stages share a thread, their workers, which threads
+    /// spin and which park, and pinning, from the usable CPUs and the stages' service times
+    /// (`preprocess_workers`, `core_shards`, `senders`, `wait` and `placement` are then the
+    /// planner's); `thread-per-stage` runs one thread per configured stage worker.
+    pub layout: LayoutChoice,
+    /// Per-stage service times the `auto` layout plans with, ns (default: measured by a short
+    /// calibration run at start-up, see [`calibrate`]).
+    pub service_ns: Option<ServiceTimes>,
 }
 
 impl Default for TierConfig {
@@ -153,6 +167,8 @@ impl Default for TierConfig {
             seed: 7,
             journal: JournalMode::default(),
             snapshot_every_records: SNAPSHOT_EVERY_RECORDS_DEFAULT,
+            layout: LayoutChoice::Auto,
+            service_ns: None,
         }
     }
 }
@@ -205,6 +221,13 @@ impl TierConfig {
             return Err(BadInput(
                 "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
             ));
+        }
+        if let Some(service) = self.service_ns {
+            let times =
+                [service.preprocess_ns, service.core_ns, service.rprocess_ns, service.sender_ns];
+            if times.iter().any(|ns| !ns.is_finite() || *ns <= 0.0) {
+                return Err(BadInput("service_ns: every stage's time must be > 0 ns".into()));
+            }
         }
         self.arrival_process(1.0)
             .validate()
@@ -342,6 +365,10 @@ pub struct RunResult {
     pub journal: Vec<ShardJournalReport>,
     /// The master data's journal (`None` when journaling is off).
     pub master: Option<MasterReport>,
+    /// The thread layout the run used.
+    pub layout: TierLayout,
+    /// Per group of `layout`: the measured mean utilization of its threads (busy / elapsed).
+    pub layout_utilization: Vec<f64>,
 }
 
 /// The master data's journal over a run.
@@ -487,10 +514,23 @@ pub fn run_with_subscribers(
     progress: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
     config.validate()?;
+    let (planned, layout) = plan_layout(config, options.rate_per_s)?;
+    run_with_layout(&planned, &layout, options, subscribers, progress)
+}
+
+/// [`run_with_subscribers`] with the layout already chosen (and `config` carrying its worker
+/// counts).
+fn run_with_layout(
+    config: &TierConfig,
+    layout: &TierLayout,
+    options: RunOptions,
+    subscribers: SubscriberFactory,
+    progress: impl FnMut(u64),
+) -> anyhow::Result<RunResult> {
     let master = reference_master_data(&config.universe);
     let (starts, durability) = recover(config, &options, &master)?;
     let RunningTier { pipeline, feeds, reports } =
-        graph::start(config, &options, starts, subscribers)?;
+        graph::start(config, layout, &options, starts, subscribers)?;
     let placement_notes = pipeline.plan().notes.clone();
     let (drive, disconnected) = drive_load(config, &options, &master, feeds, progress)?;
     // The feeds are gone: every stage drains and stops, and each worker reports.
@@ -506,7 +546,7 @@ pub fn run_with_subscribers(
         critical_path: totals.latency.critical_path,
         stage_latency: totals.latency.stage_latency,
         send_lag: drive.send_lag,
-        pipeline: report.stages,
+        pipeline: report.stages.clone(),
         placement_notes,
         rejects: totals.rejects,
         shards: totals.shards,
@@ -514,6 +554,8 @@ pub fn run_with_subscribers(
         journal_mode: config.journal,
         journal,
         master: totals.master,
+        layout_utilization: measured_utilization(layout, &report.stages),
+        layout: layout.clone(),
     })
 }
 

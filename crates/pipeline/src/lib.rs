@@ -10,7 +10,8 @@
 //! - [`metrics`]: per-worker recorders (counts, busy/idle time, HDR histograms of service,
 //!   per-hop and end-to-end latency, queue depth) merged off the hot path into snapshots;
 //! - [`stage`]: the builder and runtime: stages with k workers, 1→1 / fan-out (round-robin or
-//!   by key) / fan-in connections, clean drain-and-join shutdown, panics reported by stage;
+//!   by key) / fan-in connections, fused stages (several on one thread, run to completion per
+//!   batch, no ring between them), clean drain-and-join shutdown, panics reported by stage;
 //! - [`active`]: the active-worker count that makes a stage resizable while it runs.
 //!
 //! Under `--cfg loom` only the concurrency core (ring, blocking, connector, wait, active) is

@@ -42,6 +42,15 @@
 //! # Ok::<(), pipeline::stage::PipelineError>(())
 //! ```
 //!
+//! # Fusion
+//! [`PipelineBuilder::fuse`] runs a stage on the threads of the stage before it, run to
+//! completion over each batch, with no ring (and no thread wake-up) between them; rings remain
+//! only where threads meet. Fused stages keep their other inbound rings (fan-in), outbound
+//! rings (fan-out) and their own metrics (measured per batch; see `stage/fused.rs`). Where cores are
+//! scarce a layout fuses consecutive stages; where they are plenty it spreads them out.
+//! A stage declared [`StageSpec::floating`] takes no CPU of its own in the placement plan (for
+//! mostly idle stages that park), so it does not make a small host count as oversubscribed.
+//!
 //! # Hot path
 //! A worker reads a batch from each inbound ring (one release per batch), calls the handler per
 //! message, and collects emitted messages in pre-allocated per-ring buffers that are published
@@ -74,6 +83,7 @@
 //! never loses or duplicates a message; the argument is in [`crate::active`].
 
 mod emit;
+mod fused;
 mod results;
 mod worker;
 
@@ -86,7 +96,10 @@ use std::thread::JoinHandle;
 use serde::Serialize;
 
 use emit::Outlet;
-pub use emit::{EMIT_BATCH_SLOTS_MAX, Emitter, Envelope, Input, Message, Route};
+pub use emit::{
+    EMIT_BATCH_SLOTS_MAX, Emitter, Envelope, FUSED_BATCH_SLOTS_MAX, Input, Message, Route,
+};
+use fused::FusedStage;
 pub use results::{StageResults, StageWorker};
 use worker::{LaunchContext, Shared, launch_workers, run_source};
 
@@ -115,6 +128,9 @@ pub struct StageSpec {
     pub batch_slots_max: usize,
     /// The inbound rings' implementation (lock-free or the blocking baseline).
     pub connector: ConnectorKind,
+    /// The workers need no CPU of their own: they are neither placed nor pinned nor counted
+    /// when the plan checks for oversubscription (for mostly idle stages that park).
+    pub floating: bool,
 }
 
 impl StageSpec {
@@ -145,6 +161,11 @@ impl StageSpec {
         StageSpec { connector, ..self }
     }
 
+    /// Runs the workers on no CPU of their own (see [`StageSpec::floating`]).
+    pub fn floating(self) -> StageSpec {
+        StageSpec { floating: true, ..self }
+    }
+
     /// Spawns `max_workers` workers, of which `workers` receive messages until resized.
     pub fn with_max_workers(self, max_workers: usize) -> StageSpec {
         StageSpec { max_workers: Some(max_workers), ..self }
@@ -167,6 +188,7 @@ impl Default for StageSpec {
             capacity_slots: ring.capacity_slots,
             batch_slots_max: ring.batch_slots_max,
             connector: ConnectorKind::LockFree,
+            floating: false,
         }
     }
 }
@@ -210,17 +232,23 @@ impl<In, Out> Copy for StageHandle<In, Out> {}
 struct StagePorts<In, Out> {
     inputs: Vec<Vec<Receiver<Envelope<In>>>>,
     outlets: Vec<Vec<Outlet<Out>>>,
+    /// Per worker: the worker of the stage fused after this one, set just before launch.
+    next: Vec<Option<Box<dyn FusedStage<Out>>>>,
 }
 
-/// What launching a slot produced: worker threads, or the [`Input`] handles of an input slot.
+/// What launching a slot produced: worker threads, the [`Input`] handles of an input slot, or
+/// the workers of a fused stage (a `Vec<Box<dyn FusedStage<In>>>`) for its upstream's threads.
 enum Launched {
     Threads(Vec<JoinHandle<()>>),
     Inputs(Box<dyn Any + Send>),
+    Fused(Box<dyn Any + Send>),
 }
 
 type Launcher =
     Box<dyn FnOnce(Box<dyn Any + Send>, LaunchContext) -> Result<Launched, PipelineError> + Send>;
 type Edge = Box<dyn FnOnce(&mut [Slot], &[WaitStrategy]) -> Result<(), PipelineError> + Send>;
+/// Hands a fused stage's launched workers to its upstream slot's ports.
+type Attach = Box<dyn FnOnce(&mut Slot, Box<dyn Any + Send>) + Send>;
 
 /// A declared stage, type-erased so stages of different message types share one list.
 struct Slot {
@@ -233,6 +261,8 @@ struct Slot {
     active: Arc<ActiveWorkers>,
     ports: Box<dyn Any + Send>,
     launcher: Launcher,
+    /// Fused after another stage: the upstream slot's index and how to hand it the workers.
+    fused_into: Option<(usize, Attach)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -253,8 +283,10 @@ fn ports_mut<In: 'static, Out: 'static>(slot: &mut Slot) -> &mut StagePorts<In, 
 pub struct PipelineBuilder {
     slots: Vec<Slot>,
     edges: Vec<Edge>,
-    /// (upstream, downstream) slot indices of every connection.
+    /// (upstream, downstream) slot indices of every connection, fusions included.
     links: Vec<(usize, usize)>,
+    /// (upstream, downstream) slot indices of every fusion.
+    fusions: Vec<(usize, usize)>,
     topology: Option<Topology>,
     pin_threads: bool,
 }
@@ -272,6 +304,7 @@ impl PipelineBuilder {
             slots: Vec::new(),
             edges: Vec::new(),
             links: Vec::new(),
+            fusions: Vec::new(),
             topology: None,
             pin_threads: true,
         }
@@ -376,6 +409,7 @@ impl PipelineBuilder {
         let ports: StagePorts<In, Out> = StagePorts {
             inputs: (0..workers).map(|_| Vec::new()).collect(),
             outlets: (0..workers).map(|_| Vec::new()).collect(),
+            next: (0..workers).map(|_| None).collect(),
         };
         self.slots.push(Slot {
             name: name.into(),
@@ -387,6 +421,7 @@ impl PipelineBuilder {
             active: Arc::new(ActiveWorkers::new(spec.workers.clamp(1, max), max)),
             ports: Box::new(ports),
             launcher,
+            fused_into: None,
         });
         StageHandle { index: self.slots.len() - 1, types: PhantomData }
     }
@@ -448,13 +483,63 @@ impl PipelineBuilder {
         }));
     }
 
+    /// Runs `to` on the threads of `from` with no ring between them: worker i of `to` runs
+    /// on worker i of `from`, over what `from` emitted from each batch, to completion (see
+    /// `stage/fused.rs`). Every message `from` emits reaches `to`'s worker on the same thread, so the
+    /// order of each key is kept. Both must be processing stages with the same worker count,
+    /// neither resizable, with `to` declared after `from`, fused after no other stage, and
+    /// `from` fused into no other stage; `to` may have other inbound and outbound connections
+    /// and a stage fused after it. `to`'s wait strategy, role and placement are `from`'s.
+    pub fn fuse<A: 'static, T: Message, B: 'static>(
+        &mut self,
+        from: StageHandle<A, T>,
+        to: StageHandle<T, B>,
+    ) {
+        let (upstream, downstream) = (from.index, to.index);
+        self.links.push((upstream, downstream));
+        self.fusions.push((upstream, downstream));
+        let attach: Attach = Box::new(|slot, members| {
+            let members = *members
+                .downcast::<Vec<Box<dyn FusedStage<T>>>>()
+                .expect("a fused StageHandle<T, B> launches FusedStage<T> workers");
+            let ports = ports_mut::<A, T>(slot);
+            for (next, member) in ports.next.iter_mut().zip(members) {
+                *next = Some(member);
+            }
+        });
+        self.slots[downstream].fused_into = Some((upstream, attach));
+    }
+
+    /// Per slot, the slot whose threads run it: itself, or the head of its fused chain.
+    fn thread_heads(&self) -> Vec<usize> {
+        let mut heads: Vec<usize> = (0..self.slots.len()).collect();
+        // Validated: a fused stage comes after its upstream, so one pass in order resolves
+        // chains.
+        for index in 0..self.slots.len() {
+            if let Some((upstream, _)) = &self.slots[index].fused_into {
+                heads[index] = heads[*upstream];
+            }
+        }
+        heads
+    }
+
     /// Checks the graph, plans placement, builds every ring and starts every worker.
     pub fn start(mut self) -> Result<RunningPipeline, PipelineError> {
         self.validate()?;
         let topology = self.topology.take().unwrap_or_else(detect_topology);
-        let plan = self.plan_placement(&topology);
-        let waits: Vec<WaitStrategy> =
-            self.slots.iter().map(|slot| effective_wait(&plan, slot)).collect();
+        let heads = self.thread_heads();
+        // A fused stage's rings wake the thread that runs it: its head's.
+        for (index, &head) in heads.iter().enumerate() {
+            if head != index {
+                self.slots[index].consumer_parkers = self.slots[head].consumer_parkers.clone();
+            }
+        }
+        let plan = self.plan_placement(&topology, &heads);
+        let mut waits: Vec<WaitStrategy> = Vec::with_capacity(self.slots.len());
+        for (index, &head) in heads.iter().enumerate() {
+            let own = head == index;
+            waits.push(if own { effective_wait(&plan, &self.slots[index]) } else { waits[head] });
+        }
         let mut slots = self.slots;
         for edge in self.edges {
             edge(&mut slots, &waits)?;
@@ -473,55 +558,74 @@ impl PipelineBuilder {
         let mut running = RunningPipeline {
             threads: Vec::new(),
             hubs: Vec::new(),
-            inputs: Vec::new(),
+            inputs: slots.iter().map(|_| None).collect(),
             resizable: Vec::new(),
             shared,
             plan,
             joined: false,
         };
         let mut placements = running.plan.threads.clone().into_iter();
-        for (slot, wait) in slots.into_iter().zip(waits) {
-            let threaded = slot.kind != SlotKind::Input;
+        let mut starts = Vec::with_capacity(slots.len());
+        for (index, slot) in slots.iter().enumerate() {
             let spawned = slot.spec.spawned_workers();
+            let placed = if places_threads(slot, heads[index] == index) { spawned } else { 0 };
             let hub = StageMetricsHub::new(&slot.name, spawned);
             let resizable = slot.spec.max_workers.is_some().then(|| slot.active.clone());
             running.resizable.push((slot.name.clone(), resizable));
-            if threaded {
+            if slot.kind != SlotKind::Input {
                 running.hubs.push(hub.clone());
             }
+            starts.push((hub, placements.by_ref().take(placed).collect::<Vec<_>>()));
+        }
+        // Launched last to first, so each fused stage's workers exist when the stage it is
+        // fused after (declared before it) builds its emitters.
+        let pin_threads = self.pin_threads;
+        while let (Some(mut slot), Some((hub, placements))) = (slots.pop(), starts.pop()) {
+            let index = slots.len();
+            let fused_into = slot.fused_into.take();
             let context = LaunchContext {
                 stage: slot.name,
                 shared: running.shared.clone(),
                 hub,
-                placements: placements.by_ref().take(if threaded { spawned } else { 0 }).collect(),
-                wait,
+                placements,
+                wait: waits[index],
                 consumer_parkers: slot.consumer_parkers,
                 read_batch_max: slot.spec.batch_slots_max,
-                pin_threads: self.pin_threads,
+                pin_threads,
+                fused: fused_into.is_some(),
             };
             // On error `running` is dropped, which aborts and joins what already started.
-            let inputs = match (slot.launcher)(slot.ports, context)? {
-                Launched::Threads(threads) => {
-                    running.threads.extend(threads);
-                    None
+            match (slot.launcher)(slot.ports, context)? {
+                Launched::Threads(threads) => running.threads.extend(threads),
+                Launched::Inputs(inputs) => running.inputs[index] = Some(inputs),
+                Launched::Fused(members) => {
+                    let (upstream, attach) = fused_into.expect("only fused stages launch so");
+                    attach(&mut slots[upstream], members);
                 }
-                Launched::Inputs(inputs) => Some(inputs),
-            };
-            running.inputs.push(inputs);
+            }
         }
         Ok(running)
     }
 
-    /// One thread request per worker (inputs run on the caller's threads, so none for them).
-    fn plan_placement(&self, topology: &Topology) -> PlacementPlan {
+    /// One thread request per worker of each slot that places threads ([`places_threads`]);
+    /// a thread running a fused chain is critical if any stage of the chain is.
+    fn plan_placement(&self, topology: &Topology, heads: &[usize]) -> PlacementPlan {
+        let mut roles: Vec<Role> = self.slots.iter().map(|slot| slot.spec.role).collect();
+        for (index, &head) in heads.iter().enumerate() {
+            if roles[index] == Role::Critical {
+                roles[head] = Role::Critical;
+            }
+        }
         let requests: Vec<ThreadRequest> = self
             .slots
             .iter()
-            .filter(|slot| slot.kind != SlotKind::Input)
-            .flat_map(|slot| {
-                (0..slot.spec.spawned_workers()).map(|worker| ThreadRequest {
+            .enumerate()
+            .filter(|&(index, slot)| places_threads(slot, heads[index] == index))
+            .flat_map(|(index, slot)| {
+                let role = roles[index];
+                (0..slot.spec.spawned_workers()).map(move |worker| ThreadRequest {
                     label: format!("{}/{worker}", slot.name),
-                    role: slot.spec.role,
+                    role,
                 })
             })
             .collect();
@@ -562,6 +666,14 @@ impl PipelineBuilder {
                 return bad("has no inbound connection, so it would never receive a message");
             }
         }
+        for (position, &(upstream, downstream)) in self.fusions.iter().enumerate() {
+            let (from, to) = (&self.slots[upstream], &self.slots[downstream]);
+            let reason = self.fusion_problem(position, upstream, downstream);
+            if let Some(reason) = reason {
+                let stage = format!("{} (fused after `{}`)", to.name, from.name);
+                return Err(PipelineError::BadStage { stage, reason: reason.to_owned() });
+            }
+        }
         match self.first_stage_on_a_cycle() {
             Some(index) => Err(PipelineError::BadStage {
                 stage: self.slots[index].name.to_string(),
@@ -570,6 +682,32 @@ impl PipelineBuilder {
                     .to_owned(),
             }),
             None => Ok(()),
+        }
+    }
+
+    /// Why the fusion at `position` (`upstream` → `downstream`) cannot run, if it cannot.
+    fn fusion_problem(
+        &self,
+        position: usize,
+        upstream: usize,
+        downstream: usize,
+    ) -> Option<&'static str> {
+        let (from, to) = (&self.slots[upstream], &self.slots[downstream]);
+        let earlier = &self.fusions[..position];
+        if from.kind != SlotKind::Stage || to.kind != SlotKind::Stage {
+            Some("only processing stages (not sources or inputs) can be fused")
+        } else if downstream <= upstream {
+            Some("a stage can only be fused after one declared before it")
+        } else if from.spec.spawned_workers() != to.spec.spawned_workers() {
+            Some("fused stages need the same number of workers")
+        } else if from.spec.max_workers.is_some() || to.spec.max_workers.is_some() {
+            Some("fused stages cannot be resizable")
+        } else if earlier.iter().any(|&(_, d)| d == downstream) {
+            Some("a stage can be fused after only one stage")
+        } else if earlier.iter().any(|&(u, _)| u == upstream) {
+            Some("only one stage can be fused after a stage")
+        } else {
+            None
         }
     }
 
@@ -593,6 +731,12 @@ impl PipelineBuilder {
         }
         peeled.iter().position(|&done| !done)
     }
+}
+
+/// Whether the plan places (and may pin) threads for `slot`: not for inputs (they run on the
+/// caller's threads), fused stages (they run on their head's) or floating stages.
+fn places_threads(slot: &Slot, runs_own_threads: bool) -> bool {
+    slot.kind != SlotKind::Input && runs_own_threads && !slot.spec.floating
 }
 
 fn detect_topology() -> Topology {

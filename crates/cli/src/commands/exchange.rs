@@ -16,12 +16,13 @@ use serde::Serialize;
 
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::experiments::{
-    self, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, MaxRateSearch, PUBLISHED_LATENCY_US,
-    PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session, TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
+    self, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, LayoutBench, MaxRateSearch,
+    PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
+    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
 };
 use exchange::msg::Reason;
 use exchange::tier::{
-    Arrival, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, WaitChoice,
+    Arrival, LayoutChoice, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, WaitChoice,
 };
 
 /// Width of the cumulative latency buckets.
@@ -51,6 +52,10 @@ pub struct DemoArgs {
     /// hold replies; off disables the journal.
     #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
     pub journal: JournalMode,
+    /// Thread layout: auto plans fused stage groups, workers, spinning and pinning from the
+    /// usable CPUs and a calibration run; thread-per-stage runs one thread per stage worker.
+    #[arg(long, value_parser = one_of(&LayoutChoice::ALL, LayoutChoice::name), default_value = "auto")]
+    pub layout: LayoutChoice,
 }
 
 /// The reference exchange tier.
@@ -90,6 +95,32 @@ pub enum ExchangeCommand {
     DeliveryExperiment(super::delivery::DeliveryExperimentArgs),
     /// R-Sender → NATS → gateway against a plain async-nats pair on the same server.
     DeliveryBench(super::delivery::DeliveryBenchArgs),
+    /// The `auto` layout against thread-per-stage at each rate and at each one's maximum
+    /// sustainable rate, interleaved in one run, with the ratio of each percentile.
+    LayoutBench(LayoutBenchArgs),
+}
+
+/// Flags of the layout benchmark.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LayoutBenchArgs {
+    /// Arrival rates, msg/s, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
+    pub rates: Vec<f64>,
+    /// Seconds per rate and layout.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Journal modes to run, comma-separated (each runs every rate and search).
+    #[arg(long, value_delimiter = ',', value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "off,group")]
+    pub journal: Vec<JournalMode>,
+    /// Seconds per step of the maximum-rate searches (0: no search).
+    #[arg(long, default_value_t = 1.0)]
+    pub step_seconds: f64,
+    /// Latency limit of the maximum-rate searches: critical-path p99, µs.
+    #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
+    pub p99_limit_us: u64,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/layout-bench")]
+    pub out: PathBuf,
 }
 
 /// Flags of the journal experiment.
@@ -147,6 +178,10 @@ pub struct RunArgs {
     /// Pin workers per the placement plan.
     #[arg(long)]
     pub placement: Option<bool>,
+    /// Thread layout: auto (the default: planned from the usable CPUs and a calibration run;
+    /// it chooses pre-process workers, senders, waits and pinning) or thread-per-stage.
+    #[arg(long, value_parser = one_of(&LayoutChoice::ALL, LayoutChoice::name))]
+    pub layout: Option<LayoutChoice>,
     /// Arrival process: constant, poisson, bursty.
     #[arg(long)]
     pub arrival: Option<Arrival>,
@@ -212,6 +247,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ExchangeCommand::Publish(publish) => super::delivery::publish(publish),
         ExchangeCommand::DeliveryExperiment(run) => super::delivery::delivery_experiment(run),
         ExchangeCommand::DeliveryBench(bench) => super::delivery::delivery_bench(bench),
+        ExchangeCommand::LayoutBench(bench) => layout_bench(bench),
     }
 }
 
@@ -219,7 +255,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 pub fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
     let (seconds, step_seconds) = if args.quick { (1.5, 0.5) } else { (8.0, 2.0) };
     let search = MaxRateSearch { step_seconds, p99_limit_us: args.p99_limit_us };
-    let config = TierConfig { journal: args.journal, ..TierConfig::default() };
+    let config = TierConfig { journal: args.journal, layout: args.layout, ..TierConfig::default() };
     let journal = JournalOptions::default();
     let session = measure(&config, &DEMO_RATES_PER_S, seconds, Some(search), &journal)?;
     present(&session, &args.out, "leantier demo: the lean exchange tier")?;
@@ -238,6 +274,7 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     lab::config::override_with(&mut config.senders, &args.senders);
     lab::config::override_with(&mut config.wait, &args.wait);
     lab::config::override_with(&mut config.placement, &args.placement);
+    lab::config::override_with(&mut config.layout, &args.layout);
     lab::config::override_with(&mut config.arrival, &args.arrival);
     lab::config::override_with(&mut config.journal, &args.journal);
     lab::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
@@ -494,7 +531,7 @@ fn max_rate_table(report: &RateSearchReport) -> Table {
 
 fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Result<()> {
     let runs = &session.runs;
-    let mut tables = vec![latency_tables(runs)];
+    let mut tables = vec![layout_table(runs.iter()), latency_tables(runs)];
     tables.extend(published_table(runs));
     tables.extend([
         buckets_table(runs, "Critical path", |run| &run.critical_path),
@@ -733,4 +770,114 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         ]);
     }
     (targets, missed)
+}
+
+/// Each run's thread groups: stages, workers, wait, predicted and measured utilization.
+fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
+    let headers = [
+        "rate",
+        "thread group",
+        "workers",
+        "wait",
+        "predicted util %",
+        "measured util %",
+        "CPUs usable / busy elsewhere",
+    ];
+    let mut table = Table::new(headers).with_title(
+        "Thread layout per run (auto: planned from the usable CPUs and calibrated service times; \
+         stages joined by + share a thread)",
+    );
+    for run in runs {
+        for (group, measured) in run.layout.groups.iter().zip(&run.layout_utilization) {
+            let modeled = group.predicted_utilization > 0.0;
+            table.row([
+                rate_label(run.rate_per_s),
+                group.label(),
+                group.workers.to_string(),
+                format!("{:?}", group.wait),
+                if modeled {
+                    format!("{:.1}", group.predicted_utilization * 100.0)
+                } else {
+                    "-".into()
+                },
+                format!("{:.1}", measured * 100.0),
+                format!("{} / {:.1}", run.layout.usable_cpus, run.layout.busy_elsewhere_cpus),
+            ]);
+        }
+    }
+    table
+}
+
+fn layout_bench(args: &LayoutBenchArgs) -> anyhow::Result<()> {
+    let search = (args.step_seconds > 0.0).then_some(MaxRateSearch {
+        step_seconds: args.step_seconds,
+        p99_limit_us: args.p99_limit_us,
+    });
+    let bench = experiments::layout_bench(&args.rates, args.seconds, &args.journal, search)?;
+    let mut tables = vec![layout_ratio_table(&bench)];
+    if !bench.max_rates.is_empty() {
+        tables.push(layout_max_rate_table(&bench));
+    }
+    tables.push(layout_table(bench.points.iter().map(|point| &point.auto)));
+    let dir = ReportDir::create(&args.out)?;
+    let mut markdown = Markdown::new();
+    markdown.heading(1, "leantier exchange layout-bench: auto vs thread-per-stage");
+    for (index, table) in tables.iter().enumerate() {
+        println!("\n{table}");
+        dir.write_csv(&format!("table-{index}.csv"), table)?;
+        markdown.table(table);
+    }
+    dir.write_markdown("summary.md", markdown.as_str())?;
+    println!("\nReport: {}/summary.md", args.out.display());
+    Ok(())
+}
+
+/// The percentiles the layout benchmark compares.
+const LAYOUT_PERCENTILES: [f64; 4] = [50.0, 93.0, 95.0, 99.0];
+
+fn layout_ratio_table(bench: &LayoutBench) -> Table {
+    let headers = [
+        "journal",
+        "rate",
+        "percentile",
+        "auto µs",
+        "thread-per-stage µs",
+        "ratio auto / thread-per-stage",
+    ];
+    let mut table = Table::new(headers).with_title(
+        "Critical-path latency: auto vs thread-per-stage, same run (ratio < 1: auto faster)",
+    );
+    for point in &bench.points {
+        for percentile in LAYOUT_PERCENTILES {
+            let auto_ns = point.auto.critical_path.value_at_percentile_ns(percentile);
+            let spread_ns = point.thread_per_stage.critical_path.value_at_percentile_ns(percentile);
+            table.row([
+                point.journal.name().to_string(),
+                rate_label(point.rate_per_s),
+                format!("p{percentile:.0}"),
+                format_ns_as_us(auto_ns),
+                format_ns_as_us(spread_ns),
+                format!("{:.2}", auto_ns as f64 / spread_ns.max(1) as f64),
+            ]);
+        }
+    }
+    table
+}
+
+fn layout_max_rate_table(bench: &LayoutBench) -> Table {
+    let headers =
+        ["journal", "auto msg/s", "thread-per-stage msg/s", "ratio auto / thread-per-stage"];
+    let mut table = Table::new(headers)
+        .with_title("Highest rate with critical-path p99 within the limit (bracketed, bisected)");
+    let rate = |report: &RateSearchReport| report.last_passing_rate_per_s;
+    let shown = |rate: Option<f64>| rate.map_or("none".to_string(), |r| format!("{r:.0}"));
+    for max in &bench.max_rates {
+        let (auto, spread) = (rate(&max.auto), rate(&max.thread_per_stage));
+        let ratio = match (auto, spread) {
+            (Some(auto), Some(spread)) => format!("{:.2}", auto / spread),
+            _ => "-".to_string(),
+        };
+        table.row([max.journal.name().to_string(), shown(auto), shown(spread), ratio]);
+    }
+    table
 }

@@ -4,9 +4,13 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use journal::{DurableSeq, JournalSender};
+use pipeline::WaitStrategy;
 use pipeline::placement::Role;
-use pipeline::stage::{Input, PipelineBuilder, Route, RunningPipeline, StageHandle, StageResults};
+use pipeline::stage::{
+    Input, Message, PipelineBuilder, Route, RunningPipeline, StageHandle, StageResults, StageSpec,
+};
 
+use super::layout::{GroupWait, LayoutChoice, TierLayout, TierStage};
 use super::workers::{
     CoreWorker, MasterOutcome, MasterWorker, PreprocessWorker, RejectInputs, ResponseProcessor,
     ResponseTotals, SenderLatency, SenderWorker,
@@ -57,14 +61,72 @@ pub(super) struct RunningTier {
     pub(super) reports: StageReports,
 }
 
-/// Declares every stage and connection of the tier (see the module docs of [`super`]), starts
-/// the pipeline and hands the pre-process workers their reject rings.
+/// How each stage runs: its spec under the layout, and whether it is fused after the stage
+/// before it.
+#[derive(Clone, Copy)]
+struct Specs<'a> {
+    config: &'a TierConfig,
+    layout: &'a TierLayout,
+}
+
+impl Specs<'_> {
+    /// Thread-per-stage: the configured spec. Auto: the group's workers and wait; spinning
+    /// groups are critical (a dedicated core), parked ones ancillary, floating when the plan
+    /// gave them no CPU.
+    fn of(self, stage: TierStage) -> StageSpec {
+        let critical = !matches!(stage, TierStage::Events | TierStage::Masterdata);
+        let workers = self.layout.workers_of(stage);
+        if self.config.layout == LayoutChoice::ThreadPerStage {
+            return self
+                .config
+                .spec(workers, if critical { Role::Critical } else { Role::Ancillary });
+        }
+        let (role, wait) = match self.layout.group_of(stage).wait {
+            GroupWait::Spin => (Role::Critical, WaitStrategy::BusySpin),
+            GroupWait::ParkDedicated | GroupWait::ParkFloating => {
+                (Role::Ancillary, WaitStrategy::Park)
+            }
+        };
+        let spec = self.config.spec(workers, role).with_wait(wait);
+        if self.layout.group_of(stage).wait == GroupWait::ParkFloating {
+            spec.floating()
+        } else {
+            spec
+        }
+    }
+
+    /// The wait strategy of `stage`'s threads (the R-Processor's durability wait uses it).
+    fn wait_of(self, stage: TierStage) -> WaitStrategy {
+        self.of(stage).wait
+    }
+
+    fn fused(self, stage: TierStage) -> bool {
+        self.layout.fused_after_previous(stage)
+    }
+}
+
+/// Fuses `to` after `from` (same threads, no ring) or connects them with a ring and `route`.
+fn link<A: 'static, T: Message, B: 'static>(
+    graph: &mut PipelineBuilder,
+    fused: bool,
+    from: StageHandle<A, T>,
+    to: StageHandle<T, B>,
+    route: Route<T>,
+) {
+    if fused { graph.fuse(from, to) } else { graph.connect(from, to, route) }
+}
+
+/// Declares every stage and connection of the tier (see the module docs of [`super`]) as
+/// `layout` groups them, starts the pipeline and hands the pre-process workers their reject
+/// rings.
 pub(super) fn start(
     config: &TierConfig,
+    layout: &TierLayout,
     options: &RunOptions,
     starts: StageStarts,
     subscribers: SubscriberFactory,
 ) -> anyhow::Result<RunningTier> {
+    let specs = Specs { config, layout };
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
     let gateway = graph.input::<InboundOrder>("gateway", 1);
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
@@ -72,26 +134,28 @@ pub(super) fn start(
     let rejects = graph.input::<CoreOutput>("rejects", config.preprocess_workers);
     let cell = starts.master.cell.clone();
     let reject_inputs: RejectInputs = Arc::new(Mutex::new(Vec::new()));
-    let preprocess = preprocess_stage(&mut graph, config, &cell, &reject_inputs);
-    let events = events_stage(&mut graph, config, &cell);
+    let preprocess = preprocess_stage(&mut graph, specs, &cell, &reject_inputs);
+    let events = events_stage(&mut graph, specs, &cell);
     let mut master_worker = Some(starts.master);
     let (masterdata, master) =
-        graph.stage_with_results("masterdata", config.spec(1, Role::Ancillary), move |_| {
+        graph.stage_with_results("masterdata", specs.of(TierStage::Masterdata), move |_| {
             master_worker.take().expect("one master-data worker, started once")
         });
-    let (core, shards) = core_stage(&mut graph, config, options, starts.shards);
-    let (rprocess, responses) = rprocess_stage(&mut graph, config, starts.durables);
-    let (senders, sender_results) = sender_stage(&mut graph, config, options, subscribers);
+    let (core, shards) = core_stage(&mut graph, specs, options, starts.shards);
+    let (rprocess, responses) = rprocess_stage(&mut graph, specs, starts.durables);
+    let (senders, sender_results) = sender_stage(&mut graph, specs, options, subscribers);
     let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
     graph.connect(gateway, preprocess, Route::by_key(|m: &InboundOrder| u64::from(m.instrument)));
-    graph.connect(preprocess, core, by_instrument());
+    link(&mut graph, specs.fused(TierStage::Core), preprocess, core, by_instrument());
     graph.connect(event_feed, events, Route::RoundRobin);
     graph.connect(events, core, by_instrument());
-    graph.connect(events, masterdata, Route::RoundRobin);
+    let master_fused = specs.fused(TierStage::Masterdata);
+    link(&mut graph, master_fused, events, masterdata, Route::RoundRobin);
     graph.connect(master_feed, masterdata, Route::RoundRobin);
-    graph.connect(core, rprocess, Route::RoundRobin);
+    link(&mut graph, specs.fused(TierStage::Rprocess), core, rprocess, Route::RoundRobin);
     graph.connect(rejects, rprocess, Route::RoundRobin);
-    graph.connect(rprocess, senders, Route::by_key(|r: &Response| u64::from(r.gateway)));
+    let by_gateway = Route::by_key(|r: &Response| u64::from(r.gateway));
+    link(&mut graph, specs.fused(TierStage::Sender), rprocess, senders, by_gateway);
 
     let mut pipeline = graph.start()?;
     let taken = pipeline.take_inputs(rejects).expect("rejects input");
@@ -108,12 +172,12 @@ pub(super) fn start(
 
 fn preprocess_stage(
     graph: &mut PipelineBuilder,
-    config: &TierConfig,
+    specs: Specs,
     cell: &Arc<SnapshotCell>,
     reject_inputs: &RejectInputs,
 ) -> StageHandle<InboundOrder, TierInput> {
     let (cell, reject_inputs) = (cell.clone(), reject_inputs.clone());
-    let spec = config.spec(config.preprocess_workers, Role::Critical);
+    let spec = specs.of(TierStage::Preprocess);
     // The stage's result is `()`: finishing only closes each worker's reject ring.
     let (stage, _) = graph.stage_with_results("preprocess", spec, move |worker| {
         let reader = cell.reader().expect("preprocess workers <= SNAPSHOT_READERS_MAX");
@@ -129,11 +193,11 @@ fn preprocess_stage(
 
 fn events_stage(
     graph: &mut PipelineBuilder,
-    config: &TierConfig,
+    specs: Specs,
     cell: &Arc<SnapshotCell>,
 ) -> StageHandle<ExternalEvent, TierInput> {
     let cell = cell.clone();
-    graph.stage("events", config.spec(1, Role::Ancillary), move |_| {
+    graph.stage("events", specs.of(TierStage::Events), move |_| {
         let mut reader = cell.reader().expect("one events reader");
         move |event: &ExternalEvent, out: &mut pipeline::stage::Emitter<TierInput>| {
             out.emit(external_event_effect(event, reader.current()));
@@ -143,13 +207,13 @@ fn events_stage(
 
 fn core_stage(
     graph: &mut PipelineBuilder,
-    config: &TierConfig,
+    specs: Specs,
     options: &RunOptions,
     shards: Vec<ShardStart>,
 ) -> (StageHandle<TierInput, CoreOutput>, StageResults<ShardResult>) {
     let mut starts: Vec<Option<ShardStart>> = shards.into_iter().map(Some).collect();
     let record = options.record_inputs;
-    let spec = config.spec(config.core_shards, Role::Critical);
+    let spec = specs.of(TierStage::Core);
     graph.stage_with_results("core", spec, move |shard| {
         let start = starts[shard].take().expect("one recovered state per core shard, taken once");
         CoreWorker {
@@ -166,12 +230,13 @@ fn core_stage(
 
 fn rprocess_stage(
     graph: &mut PipelineBuilder,
-    config: &TierConfig,
+    specs: Specs,
     durables: Vec<Option<Arc<DurableSeq>>>,
 ) -> (StageHandle<CoreOutput, Response>, StageResults<ResponseTotals>) {
+    let config = specs.config;
     let durables = if config.journal.holds_replies() { durables } else { Vec::new() };
-    let (gateways, wait) = (config.gateways, config.wait_strategy());
-    graph.stage_with_results("rprocess", config.spec(1, Role::Critical), move |_| {
+    let (gateways, wait) = (config.gateways, specs.wait_of(TierStage::Rprocess));
+    graph.stage_with_results("rprocess", specs.of(TierStage::Rprocess), move |_| {
         ResponseProcessor {
             gateways,
             rejects: [0; REASON_COUNT],
@@ -184,18 +249,16 @@ fn rprocess_stage(
 
 fn sender_stage(
     graph: &mut PipelineBuilder,
-    config: &TierConfig,
+    specs: Specs,
     options: &RunOptions,
     subscribers: SubscriberFactory,
 ) -> (StageHandle<Response, ()>, StageResults<SenderLatency>) {
-    let publish_work_ns = config.publish_work_ns;
+    let publish_work_ns = specs.config.publish_work_ns;
     let released = options.released.clone();
-    graph.stage_with_results("sender", config.spec(config.senders, Role::Critical), move |sender| {
-        SenderWorker {
-            gateways: subscribers(sender),
-            publish_work_ns,
-            latency: SenderLatency::new(),
-            released: released.clone(),
-        }
+    graph.stage_with_results("sender", specs.of(TierStage::Sender), move |sender| SenderWorker {
+        gateways: subscribers(sender),
+        publish_work_ns,
+        latency: SenderLatency::new(),
+        released: released.clone(),
     })
 }

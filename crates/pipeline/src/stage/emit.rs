@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::fused::FusedStage;
 use crate::active::ActiveWorkers;
 use crate::connector::Sender;
 use crate::metrics::now_ns;
@@ -105,24 +106,50 @@ impl<T: Copy> Outlet<T> {
     }
 }
 
+/// Most messages handed to a fused downstream stage at once: when a handler emits more while
+/// handling one batch, the fused stage runs over these first (bounded memory, order kept).
+pub const FUSED_BATCH_SLOTS_MAX: usize = 256;
+
 /// Hands a handler's output to every downstream stage.
 pub struct Emitter<T> {
     outlets: Vec<Outlet<T>>,
     /// Stamped on emitted messages; the runtime sets it per handled message (or source call).
     pub(super) ingress_ns: u64,
+    /// When handling of the current message started: the hand-off stamp of a fused hop.
+    pub(super) handling_ns: u64,
     emitted: u64,
     /// A downstream ring is gone (the pipeline is aborting): the worker stops after this batch.
     pub(super) disconnected: bool,
+    /// The stage fused after this one (run on this thread, no ring), with its pending input.
+    next: Option<Box<dyn FusedStage<T>>>,
+    local: Vec<Envelope<T>>,
 }
 
 impl<T: Copy> Emitter<T> {
     pub(super) fn new(outlets: Vec<Outlet<T>>) -> Emitter<T> {
-        Emitter { outlets, ingress_ns: 0, emitted: 0, disconnected: false }
+        Emitter {
+            outlets,
+            ingress_ns: 0,
+            handling_ns: 0,
+            emitted: 0,
+            disconnected: false,
+            next: None,
+            local: Vec::new(),
+        }
+    }
+
+    /// Also hands every message to `next`, a stage fused onto this thread.
+    pub(super) fn with_next(mut self, next: Option<Box<dyn FusedStage<T>>>) -> Emitter<T> {
+        if next.is_some() {
+            self.local = Vec::with_capacity(FUSED_BATCH_SLOTS_MAX);
+        }
+        self.next = next;
+        self
     }
 
     /// No downstream stage: the runtime records end-to-end latency for this worker.
     pub(super) fn is_terminal(&self) -> bool {
-        self.outlets.is_empty()
+        self.outlets.is_empty() && self.next.is_none()
     }
 
     /// Sends `message` downstream, carrying the ingress time of the message being handled.
@@ -136,7 +163,13 @@ impl<T: Copy> Emitter<T> {
     #[inline]
     pub fn emit_with_ingress(&mut self, message: T, ingress_ns: u64) {
         self.emitted += 1;
-        let envelope = Envelope { payload: message, ingress_ns, sent_ns: 0 };
+        let envelope = Envelope { payload: message, ingress_ns, sent_ns: self.handling_ns };
+        if self.next.is_some() {
+            self.local.push(envelope);
+            if self.local.len() == FUSED_BATCH_SLOTS_MAX {
+                self.pass_local();
+            }
+        }
         for outlet in &mut self.outlets {
             // A downstream ring disappears only when the pipeline aborts (its consumer exits
             // early only on abort), so the message is moot; the worker stops after this batch.
@@ -151,15 +184,62 @@ impl<T: Copy> Emitter<T> {
         self.ingress_ns
     }
 
-    /// Publishes every buffered message, one batch per ring.
+    /// Publishes every buffered message, one batch per ring, and runs the fused stages over
+    /// what they were handed (publishing their output too).
     pub(super) fn flush(&mut self) {
-        let sent_ns = now_ns();
+        self.flush_at(now_ns());
+    }
+
+    /// [`Emitter::flush`] with a stamp the caller already read.
+    pub(super) fn flush_at(&mut self, sent_ns: u64) {
         for outlet in &mut self.outlets {
             for ring in 0..outlet.rings.len() {
                 if outlet.flush_ring(ring, sent_ns).is_err() {
                     self.disconnected = true;
                 }
             }
+        }
+        self.pass_local();
+        if let Some(next) = &mut self.next
+            && next.flush(sent_ns)
+        {
+            self.disconnected = true;
+        }
+    }
+
+    /// Runs the fused stage over the messages handed to it so far.
+    #[inline]
+    fn pass_local(&mut self) {
+        if let Some(next) = &mut self.next
+            && !self.local.is_empty()
+        {
+            next.handle_local(&self.local);
+            self.local.clear();
+        }
+    }
+
+    /// The fused stages read a batch from each of their own inbound rings (after running over
+    /// what this stage handed them); returns how many messages they took from rings.
+    pub(super) fn poll_fused(&mut self) -> usize {
+        self.pass_local();
+        self.next.as_mut().map_or(0, |next| next.poll())
+    }
+
+    /// Whether a fused stage has a message waiting in one of its inbound rings.
+    pub(super) fn fused_have_input(&self) -> bool {
+        self.next.as_ref().is_some_and(|next| next.has_input())
+    }
+
+    /// Whether every fused stage's inbound rings are disconnected and drained.
+    pub(super) fn fused_inputs_done(&mut self) -> bool {
+        self.next.as_mut().is_none_or(|next| next.inputs_done())
+    }
+
+    /// Ends the fused stages (their results, metrics; dropping their outbound rings).
+    pub(super) fn finish_fused(&mut self) {
+        self.pass_local();
+        if let Some(next) = self.next.take() {
+            next.finish();
         }
     }
 

@@ -4,7 +4,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::worker::{ConsumerLoop, Shared, launch_workers};
+use super::fused::{FusedStage, Member};
+use super::worker::{ConsumerLoop, Inbound, Shared, launch_workers};
 use super::{Emitter, Launched, Launcher, Message, PipelineBuilder, SlotKind, StageHandle};
 use super::{StagePorts, StageSpec};
 use crate::metrics::WorkerMetrics;
@@ -71,25 +72,39 @@ impl PipelineBuilder {
         let results = StageResults { slots: slots.clone() };
         let launcher: Launcher = Box::new(move |ports, context| {
             let ports = *ports.downcast::<StagePorts<In, Out>>().expect("stage ports");
-            let workers = ports.inputs.into_iter().zip(ports.outlets).enumerate().map(
-                |(worker, (inputs, outlets))| {
-                    let mut state = make_worker(worker);
-                    let waiter =
-                        Waiter::new(context.wait, context.consumer_parkers[worker].clone());
-                    let (read_batch_max, slots) = (context.read_batch_max, slots.clone());
-                    (worker, move |shared: &Shared, metrics: &mut WorkerMetrics| {
-                        let handler =
-                            |message: &In, out: &mut Emitter<Out>| state.handle(message, out);
-                        let emitter = Emitter::new(outlets);
-                        ConsumerLoop::new(inputs, emitter, handler, read_batch_max, waiter)
-                            .run(shared, metrics);
-                        let finished = state.finish();
-                        slots.lock().unwrap_or_else(PoisonError::into_inner)[worker] =
-                            Some(finished);
-                    })
+            let StagePorts { inputs, outlets, next } = ports;
+            let read_batch_max = context.read_batch_max;
+            let workers = inputs.into_iter().zip(outlets).zip(next).enumerate().map(
+                |(worker, ((inputs, outlets), next))| {
+                    let emitter = Emitter::new(outlets).with_next(next);
+                    (worker, Inbound::new(inputs, read_batch_max), emitter, make_worker(worker))
                 },
             );
-            launch_workers(&context, workers).map(Launched::Threads)
+            if context.fused {
+                let members: Vec<Box<dyn FusedStage<In>>> = workers
+                    .map(|(worker_index, inbound, emitter, worker)| {
+                        Box::new(Member {
+                            stage: context.stage.clone(),
+                            worker_index,
+                            inbound,
+                            emitter,
+                            worker,
+                            metrics: context.hub.worker(worker_index),
+                            results: slots.clone(),
+                        }) as Box<dyn FusedStage<In>>
+                    })
+                    .collect();
+                return Ok(Launched::Fused(Box::new(members)));
+            }
+            let threads = workers.map(|(worker, inbound, emitter, state)| {
+                let waiter = Waiter::new(context.wait, context.consumer_parkers[worker].clone());
+                let slots = slots.clone();
+                (worker, move |shared: &Shared, metrics: &mut WorkerMetrics| {
+                    ConsumerLoop::new(inbound, emitter, (state, slots, worker), waiter)
+                        .run(shared, metrics);
+                })
+            });
+            launch_workers(&context, threads).map(Launched::Threads)
         });
         (self.declare::<In, Out>(name, spec, SlotKind::Stage, launcher), results)
     }

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use super::{Emitter, Envelope, Flow, PipelineError};
+use super::fused::StagePanic;
+use super::{Emitter, Envelope, Flow, PipelineError, StageWorker};
 use crate::connector::Receiver;
-use crate::metrics::{StageMetricsHub, WorkerMetrics, now_ns};
+use crate::metrics::{Recorder, StageMetricsHub, WorkerMetrics, now_ns};
 use crate::placement::{ThreadPlacement, pin_current_thread};
 use crate::wait::{Parker, WaitStrategy, Waiter};
 
@@ -22,6 +23,8 @@ pub(super) struct LaunchContext {
     pub(super) consumer_parkers: Vec<Arc<Parker>>,
     pub(super) read_batch_max: usize,
     pub(super) pin_threads: bool,
+    /// The stage is fused after another: launching builds workers for that stage's threads.
+    pub(super) fused: bool,
 }
 
 /// State shared by all workers of one running pipeline.
@@ -73,7 +76,8 @@ where
         let stage = context.stage.clone();
         let shared = context.shared.clone();
         let mut metrics = context.hub.worker(worker);
-        let placement = context.pin_threads.then(|| context.placements[worker].clone());
+        // Floating stages have no placement: they run wherever the OS puts them.
+        let placement = context.placements.get(worker).filter(|_| context.pin_threads).cloned();
         let thread =
             std::thread::Builder::new().name(format!("{stage}/{worker}")).spawn(move || {
                 if let Some(placement) = placement {
@@ -82,12 +86,20 @@ where
                 let outcome = catch_unwind(AssertUnwindSafe(|| body(&shared, &mut metrics)));
                 metrics.finish();
                 if let Err(panic) = outcome {
-                    let message = panic_message(panic.as_ref());
-                    shared.fail(PipelineError::StagePanicked {
-                        stage: stage.to_string(),
-                        worker,
-                        message,
-                    });
+                    // A fused stage's panic names that stage (see `fused::in_stage`).
+                    let error = match panic.downcast::<StagePanic>() {
+                        Ok(named) => PipelineError::StagePanicked {
+                            stage: named.stage.to_string(),
+                            worker: named.worker,
+                            message: named.message,
+                        },
+                        Err(panic) => PipelineError::StagePanicked {
+                            stage: stage.to_string(),
+                            worker,
+                            message: panic_message(panic.as_ref()),
+                        },
+                    };
+                    shared.fail(error);
                 }
             });
         match thread {
@@ -111,7 +123,7 @@ fn pin(shared: &Shared, placement: &ThreadPlacement) {
     }
 }
 
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(text) = panic.downcast_ref::<&str>() {
         (*text).to_owned()
     } else if let Some(text) = panic.downcast_ref::<String>() {
@@ -150,60 +162,41 @@ pub(super) fn run_source<Out: Copy, H>(
     }
 }
 
-/// A consuming worker: fan-in over its inbound rings, handler, emitter.
-pub(super) struct ConsumerLoop<In, Out, H> {
+/// A consuming stage's inbound side: fan-in over its rings, one batch from each per round.
+pub(super) struct Inbound<In> {
     inputs: Vec<Receiver<Envelope<In>>>,
-    emitter: Emitter<Out>,
-    handler: H,
     /// Inbound ring polled first next time, so no ring is always served last.
     next_input: usize,
     read_batch_max: usize,
-    waiter: Waiter,
-    /// No downstream: record end-to-end latency here.
-    terminal: bool,
 }
 
-impl<In: Copy, Out: Copy, H: FnMut(&In, &mut Emitter<Out>)> ConsumerLoop<In, Out, H> {
-    pub(super) fn new(
-        inputs: Vec<Receiver<Envelope<In>>>,
-        emitter: Emitter<Out>,
-        handler: H,
-        read_batch_max: usize,
-        waiter: Waiter,
-    ) -> Self {
-        let terminal = emitter.is_terminal();
-        ConsumerLoop { inputs, emitter, handler, next_input: 0, read_batch_max, waiter, terminal }
+impl<In: Copy> Inbound<In> {
+    pub(super) fn new(inputs: Vec<Receiver<Envelope<In>>>, read_batch_max: usize) -> Self {
+        Inbound { inputs, next_input: 0, read_batch_max }
     }
 
-    pub(super) fn run(mut self, shared: &Shared, metrics: &mut WorkerMetrics) {
-        while !shared.aborted() {
-            let handled = self.handle_available(metrics);
-            if handled > 0 {
-                self.emitter.flush();
-                let recorder = metrics.recorder();
-                recorder.add_messages_out(self.emitter.take_emitted());
-                metrics.maybe_publish(now_ns());
-                if self.emitter.disconnected {
-                    break;
-                }
-                continue;
-            }
-            if self.inputs.iter_mut().all(|input| input.is_disconnected()) {
-                break;
-            }
-            let inputs = &mut self.inputs;
-            self.waiter.wait_until(|| {
-                shared.aborted()
-                    || inputs.iter().any(|input| !input.is_empty())
-                    || inputs.iter_mut().all(|input| input.is_disconnected())
-            });
-        }
+    pub(super) fn has_input(&self) -> bool {
+        self.inputs.iter().any(|input| !input.is_empty())
     }
 
-    /// One batch from each inbound ring; returns how many messages were handled.
+    /// True once every inbound ring is disconnected and drained.
+    pub(super) fn done(&mut self) -> bool {
+        self.inputs.iter_mut().all(|input| input.is_disconnected())
+    }
+
+    /// One batch from each inbound ring through `handler`; returns how many were handled.
+    /// Records per message service time and per-hop latency (one clock read per message).
     #[inline]
-    fn handle_available(&mut self, metrics: &mut WorkerMetrics) -> usize {
-        let recorder = metrics.recorder();
+    pub(super) fn handle_available<Out: Copy>(
+        &mut self,
+        recorder: &mut Recorder,
+        emitter: &mut Emitter<Out>,
+        handler: &mut impl FnMut(&In, &mut Emitter<Out>),
+    ) -> usize {
+        if self.inputs.is_empty() {
+            return 0;
+        }
+        let terminal = emitter.is_terminal();
         let depth_slots: usize = self.inputs.iter().map(Receiver::len).sum();
         let batch_start_ns = now_ns();
         let mut message_start_ns = batch_start_ns;
@@ -213,10 +206,9 @@ impl<In: Copy, Out: Copy, H: FnMut(&In, &mut Emitter<Out>)> ConsumerLoop<In, Out
             let index = self.next_input + offset;
             let input =
                 &mut self.inputs[if index >= ring_count { index - ring_count } else { index }];
-            let (handler, emitter, terminal) =
-                (&mut self.handler, &mut self.emitter, self.terminal);
             handled += input.read_batch(self.read_batch_max, |envelope| {
                 emitter.ingress_ns = envelope.ingress_ns;
+                emitter.handling_ns = message_start_ns;
                 handler(&envelope.payload, emitter);
                 let end_ns = now_ns();
                 let hop_latency_ns = message_start_ns.saturating_sub(envelope.sent_ns);
@@ -233,5 +225,91 @@ impl<In: Copy, Out: Copy, H: FnMut(&In, &mut Emitter<Out>)> ConsumerLoop<In, Out
             recorder.add_busy_ns(message_start_ns - batch_start_ns);
         }
         handled
+    }
+}
+
+/// Per worker of a stage: its [`StageWorker::finish`] result, once it finished.
+pub(super) type ResultSlots<R> = Arc<Mutex<Vec<Option<R>>>>;
+
+/// Finishes `worker` (after its last message) and keeps its result in `slots[index]`.
+pub(super) fn finish_into<In, Out, W: StageWorker<In, Out>>(
+    worker: W,
+    slots: &ResultSlots<W::Finished>,
+    index: usize,
+) {
+    let finished = worker.finish();
+    slots.lock().unwrap_or_else(PoisonError::into_inner)[index] = Some(finished);
+}
+
+/// A consuming worker's thread: its inbound rings and those of the stages fused after it,
+/// its [`StageWorker`], emitter, and the wait when there is nothing to do.
+pub(super) struct ConsumerLoop<In, Out, W: StageWorker<In, Out>> {
+    inbound: Inbound<In>,
+    emitter: Emitter<Out>,
+    /// `None` once finished: its own rings are done while fused stages may still have input.
+    worker: Option<W>,
+    results: ResultSlots<W::Finished>,
+    index: usize,
+    waiter: Waiter,
+}
+
+impl<In: Copy, Out: Copy, W: StageWorker<In, Out>> ConsumerLoop<In, Out, W> {
+    pub(super) fn new(
+        inbound: Inbound<In>,
+        emitter: Emitter<Out>,
+        worker: (W, ResultSlots<W::Finished>, usize),
+        waiter: Waiter,
+    ) -> Self {
+        let (worker, results, index) = worker;
+        ConsumerLoop { inbound, emitter, worker: Some(worker), results, index, waiter }
+    }
+
+    /// Runs until every inbound ring (its own and the fused stages') is disconnected and
+    /// drained, or the pipeline aborts. The worker finishes as soon as its own rings are done,
+    /// before the fused stages: what it closes when it finishes (a handle feeding a fused
+    /// stage's ring, say) may be what those stages wait for.
+    pub(super) fn run(mut self, shared: &Shared, metrics: &mut WorkerMetrics) {
+        while !shared.aborted() {
+            let mut handled = 0;
+            if let Some(worker) = &mut self.worker {
+                let mut handler =
+                    |message: &In, out: &mut Emitter<Out>| worker.handle(message, out);
+                let recorder = metrics.recorder();
+                handled += self.inbound.handle_available(recorder, &mut self.emitter, &mut handler);
+            }
+            handled += self.emitter.poll_fused();
+            if handled > 0 {
+                let now = now_ns();
+                self.emitter.flush_at(now);
+                metrics.recorder().add_messages_out(self.emitter.take_emitted());
+                metrics.maybe_publish(now);
+                if self.emitter.disconnected {
+                    break;
+                }
+                continue;
+            }
+            if self.inbound.done() {
+                if let Some(worker) = self.worker.take() {
+                    finish_into(worker, &self.results, self.index);
+                    continue;
+                }
+                if self.emitter.fused_inputs_done() {
+                    break;
+                }
+            }
+            // An unfinished worker wakes once its own rings are done, to finish first.
+            let unfinished = self.worker.is_some();
+            let (inbound, emitter) = (&mut self.inbound, &mut self.emitter);
+            self.waiter.wait_until(|| {
+                shared.aborted()
+                    || inbound.has_input()
+                    || emitter.fused_have_input()
+                    || (inbound.done() && (unfinished || emitter.fused_inputs_done()))
+            });
+        }
+        if let Some(worker) = self.worker.take() {
+            finish_into(worker, &self.results, self.index);
+        }
+        self.emitter.finish_fused();
     }
 }
