@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 pub const NATS_URL_ENV: &str = "LEANTIER_NATS_URL";
 /// How long a started server may take to accept connections.
 pub const SERVER_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a server that answered must stay up to count as the one that bound its port.
+const BIND_RACE_GRACE: Duration = Duration::from_millis(100);
+/// Fresh ports tried before [`NatsServer::start_on`] gives up.
+const START_ATTEMPTS_MAX: u32 = 5;
 /// The server binary (the Debian package `nats-server`).
 pub const SERVER_BINARY: &str = "nats-server";
 
@@ -27,12 +31,29 @@ impl NatsServer {
 
     /// Starts a server on a free port of `host` (an address of this host).
     pub fn start_on(host: IpAddr) -> anyhow::Result<NatsServer> {
-        // Bind port 0 to learn a free port; the race with another process taking it before
-        // the server binds is reported by `wait_ready` as a start failure.
-        let port = TcpListener::bind((host, 0))?.local_addr()?.port();
-        let mut server = NatsServer { child: None, host, port };
-        server.spawn()?;
-        Ok(server)
+        let mut attempt = 1;
+        loop {
+            // Bind port 0 to learn a free port. Another process (a parallel test's server)
+            // may take it before this server binds: then the loser exits at once while
+            // `wait_ready` reaches the winner, so a server that is gone after the grace period
+            // lost that race and is started again on a new port.
+            let port = TcpListener::bind((host, 0))?.local_addr()?.port();
+            let mut server = NatsServer { child: None, host, port };
+            server.spawn()?;
+            std::thread::sleep(BIND_RACE_GRACE);
+            if server.running() {
+                return Ok(server);
+            }
+            anyhow::ensure!(
+                attempt < START_ATTEMPTS_MAX,
+                "{SERVER_BINARY} exited right after starting, {attempt} times (ports taken?)"
+            );
+            attempt += 1;
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {

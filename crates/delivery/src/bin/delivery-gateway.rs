@@ -19,7 +19,10 @@ fn main() -> anyhow::Result<()> {
         options.consumer_queue_chunks = chunks;
     }
     // Events go to stderr, where a failing test shows them.
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     runtime.block_on(async {
