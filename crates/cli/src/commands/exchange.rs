@@ -785,7 +785,8 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
     ];
     let mut table = Table::new(headers).with_title(
         "Thread layout per run (auto: planned from the usable CPUs and calibrated service times; \
-         stages joined by + share a thread)",
+         stages joined by + share a thread; measured util is time inside the handlers, so a \
+         group holding replies for the journal counts its wait for the fsync, parked or not)",
     );
     for run in runs {
         for (group, measured) in run.layout.groups.iter().zip(&run.layout_utilization) {
