@@ -4,7 +4,8 @@
 //!   other crate depends on clap;
 //! - `pipeline` and `lab` depend on no other leantier crate;
 //! - leantier crates depend on each other only along the map's edges;
-//! - `planner` (queueing math) builds without an async runtime or the ring peers.
+//! - `planner` (queueing math) builds without an async runtime or the ring peers;
+//! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -83,6 +84,23 @@ fn crates_depend_on_each_other_only_along_the_map() {
         let leantier_deps: Vec<&String> =
             members[*base].iter().filter(|dep| ours.contains(dep)).collect();
         assert!(leantier_deps.is_empty(), "{base} must be a leaf: {leantier_deps:?}");
+    }
+}
+
+/// Third-party crates that carry one capability, and the one leantier crate that may use each:
+/// the messaging system behind `delivery`, the ring peers behind `ringbench`.
+const SOLE_OWNERS: &[(&str, &str)] =
+    &[("async-nats", "delivery"), ("rtrb", "ringbench"), ("disruptor", "ringbench")];
+
+#[test]
+fn only_one_crate_knows_about_nats_and_the_ring_peers() {
+    for (name, deps) in members() {
+        for (dependency, owner) in SOLE_OWNERS {
+            assert!(
+                name == *owner || !deps.contains(*dependency),
+                "{name} depends on {dependency}: only {owner} may (ARCHITECTURE.md, Invariants)"
+            );
+        }
     }
 }
 
