@@ -52,7 +52,7 @@ use crate::error::ExchangeError;
 use crate::error::ExchangeError::BadInput;
 use lab::load::{DriveReport, OpenLoopPlan, drive_sync};
 use lab::stats::LatencyHistogram;
-use pipeline::metrics::{StageMetrics, now_ns};
+use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::Role;
 use pipeline::stage::StageSpec;
 use pipeline::{ConnectorKind, WaitStrategy};
@@ -645,12 +645,15 @@ fn drive_load(
         duration: options.duration,
     };
     let mut disconnected = false;
+    // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
+    let _ = now_ns();
     let drive = drive_sync(&plan, |shot| {
         if disconnected {
             return;
         }
         let (mut request, _) = generator.next_request();
-        let intended_ns = now_ns().saturating_sub(shot.latency_ns());
+        // The schedule's own instant, on the stages' clock: no clock read per request.
+        let intended_ns = instant_ns(shot.intended);
         request.stamps.intended_ns = intended_ns;
         if let Some(event) = scenario.event(shot.index, master) {
             let events = &mut feeds.events;

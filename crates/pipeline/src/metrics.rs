@@ -44,6 +44,14 @@ pub fn now_ns() -> u64 {
     epoch().elapsed().as_nanos() as u64
 }
 
+/// `at` on the clock of [`now_ns`], without reading the clock: stamps a time already known, such
+/// as an open-loop schedule's intended send time. An instant before the epoch (the first
+/// `now_ns` or `instant_ns` call of the process) maps to 0.
+#[inline]
+pub fn instant_ns(at: Instant) -> u64 {
+    at.saturating_duration_since(epoch()).as_nanos() as u64
+}
+
 fn histogram(high: u64) -> Histogram<u64> {
     Histogram::new_with_bounds(1, high, SIGNIFICANT_DIGITS)
         .expect("constant bounds 1..high with 3 significant digits are valid")
@@ -346,6 +354,18 @@ impl StageMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instant_maps_onto_the_same_clock_as_now() {
+        let before_ns = now_ns();
+        let at = Instant::now();
+        let after_ns = now_ns();
+        let at_ns = instant_ns(at);
+        assert!(before_ns <= at_ns && at_ns <= after_ns, "{before_ns} <= {at_ns} <= {after_ns}");
+        // An instant 1 ms from now is 1 ms further on the same clock.
+        let later_ns = instant_ns(at + std::time::Duration::from_millis(1));
+        assert_eq!(later_ns - at_ns, 1_000_000);
+    }
 
     #[test]
     fn clock_is_monotonic_and_advances() {
