@@ -178,7 +178,8 @@ pub fn idle_cpu_fraction(strategy: pipeline::WaitStrategy) -> anyhow::Result<f64
     Ok(fraction)
 }
 
-fn thread_cpu_time() -> Duration {
+/// CPU time of the calling thread (zero if the clock cannot be read).
+pub(crate) fn thread_cpu_time() -> Duration {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `now` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID needs no other state.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };

@@ -8,7 +8,7 @@
 //! For each rate it reports whether the generator kept up (the run ended within
 //! [`KEPT_UP_SLACK`] of its planned duration, so its backlog never grew beyond that), its
 //! schedule lag percentiles (issue time − intended time), and the CPU its thread used
-//! (`getrusage(RUSAGE_THREAD)`) over wall time: the cost of waiting at low rates.
+//! (`CLOCK_THREAD_CPUTIME_ID`, the harness's clock) over wall time: the cost of waiting at low rates.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use lab::stats::LatencySummary;
 use serde::Serialize;
 
 use crate::RingBenchError;
+use crate::harness::thread_cpu_time;
 
 /// A run kept up when it ended at most this fraction of its duration late.
 pub const KEPT_UP_SLACK: f64 = 0.01;
@@ -188,17 +189,6 @@ fn drive_into_ring(plan: &OpenLoopPlan) -> anyhow::Result<lab::load::DriveReport
         report.sent
     );
     Ok(report)
-}
-
-fn thread_cpu_time() -> Duration {
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is valid and writable; RUSAGE_THREAD reads the calling thread's counters.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
-        return Duration::ZERO;
-    }
-    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 #[cfg(test)]
