@@ -95,13 +95,19 @@ impl Recorder {
         }
     }
 
-    /// One handled message: its service time and how long it waited since the upstream
-    /// published it. Values out of range are clamped, never rejected.
+    /// A batch of `count` messages handled in `busy_ns`: each is recorded with the batch's
+    /// mean service time and the hop latency of its oldest message (an upper bound for the
+    /// rest), so a batch costs two histogram updates, not two per message. Values out of
+    /// range are clamped, never rejected.
     #[inline]
-    pub fn record_message(&mut self, service_ns: u64, hop_latency_ns: u64) {
-        self.messages_in += 1;
-        self.service_ns.saturating_record(service_ns);
-        self.hop_latency_ns.saturating_record(hop_latency_ns);
+    pub fn record_batch(&mut self, count: u64, busy_ns: u64, oldest_hop_latency_ns: u64) {
+        if count == 0 {
+            return;
+        }
+        self.messages_in += count;
+        self.busy_ns += busy_ns;
+        self.service_ns.saturating_record_n(busy_ns / count, count);
+        self.hop_latency_ns.saturating_record_n(oldest_hop_latency_ns, count);
     }
 
     /// Ingress-to-done latency of a message leaving the pipeline.

@@ -41,7 +41,8 @@ impl StageWorker<InboundOrder, TierInput> for PreprocessWorker {
 
     fn handle(&mut self, request: &InboundOrder, out: &mut Emitter<TierInput>) {
         let mut stamps = request.stamps;
-        stamps.preprocess_in_ns = now_ns();
+        // Arrival stamps are the runtime's batch start: no clock read per message.
+        stamps.preprocess_in_ns = out.handling_ns();
         stamps.ready_ns = stamps.preprocess_in_ns;
         match self.preprocess.check(request) {
             Ok(routed) => out.emit(TierInput {
@@ -103,7 +104,7 @@ impl StageWorker<TierInput, CoreOutput> for CoreWorker {
             return;
         }
         self.last_seq += 1;
-        let stamps = Stamps { core_in_ns: now_ns(), ..input.stamps };
+        let stamps = Stamps { core_in_ns: out.handling_ns(), ..input.stamps };
         let sequenced = SequencedInput {
             seq: self.last_seq,
             instrument: input.instrument,
@@ -124,8 +125,11 @@ impl StageWorker<TierInput, CoreOutput> for CoreWorker {
             self.recorded.push(sequenced);
         }
         let shard = self.shard as u32;
+        // The critical path ends when the core emits the request's first output (its answer):
+        // one clock read per request, shared by the fills that follow it.
+        let mut ready_ns = None;
         self.state.process(&sequenced, &mut |output| {
-            let stamps = Stamps { ready_ns: now_ns(), ..output.stamps };
+            let stamps = Stamps { ready_ns: *ready_ns.get_or_insert_with(now_ns), ..output.stamps };
             out.emit(CoreOutput { shard, stamps, ..*output });
         });
     }
@@ -180,8 +184,8 @@ impl StageWorker<CoreOutput, Response> for ResponseProcessor {
             self.unreleased += 1;
             return;
         }
-        let output =
-            CoreOutput { stamps: Stamps { rprocess_in_ns: now_ns(), ..output.stamps }, ..*output };
+        let rprocess_in_ns = out.handling_ns();
+        let output = CoreOutput { stamps: Stamps { rprocess_in_ns, ..output.stamps }, ..*output };
         if output.kind == OutputKind::Rejected {
             self.rejects[output.reason as usize] += 1;
         }
@@ -245,10 +249,12 @@ impl SenderLatency {
 impl StageWorker<Response, ()> for SenderWorker {
     type Finished = SenderLatency;
 
-    fn handle(&mut self, response: &Response, _: &mut Emitter<()>) {
-        let sender_in_ns = now_ns();
+    fn handle(&mut self, response: &Response, out: &mut Emitter<()>) {
+        let sender_in_ns = out.handling_ns();
         if self.publish_work_ns > 0 {
-            while now_ns() < sender_in_ns + self.publish_work_ns {
+            // Simulated work per message, so timed from this message's own start.
+            let work_start_ns = now_ns();
+            while now_ns() < work_start_ns + self.publish_work_ns {
                 std::hint::spin_loop();
             }
         }

@@ -115,7 +115,7 @@ pub struct Emitter<T> {
     outlets: Vec<Outlet<T>>,
     /// Stamped on emitted messages; the runtime sets it per handled message (or source call).
     pub(super) ingress_ns: u64,
-    /// When handling of the current message started: the hand-off stamp of a fused hop.
+    /// When the runtime started handling the current batch: the hand-off stamp of a fused hop.
     pub(super) handling_ns: u64,
     emitted: u64,
     /// A downstream ring is gone (the pipeline is aborting): the worker stops after this batch.
@@ -182,6 +182,13 @@ impl<T: Copy> Emitter<T> {
     /// The ingress time of the message being handled (for a source: the start of this call).
     pub fn ingress_ns(&self) -> u64 {
         self.ingress_ns
+    }
+
+    /// When the runtime started handling the batch this message belongs to ([`now_ns`]
+    /// scale): a stage's arrival stamp without a clock read of its own. The runtime reads the
+    /// clock once per batch, not per message, so every message of a batch shares it.
+    pub fn handling_ns(&self) -> u64 {
+        self.handling_ns
     }
 
     /// Publishes every buffered message, one batch per ring, and runs the fused stages over

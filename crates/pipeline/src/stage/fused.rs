@@ -94,10 +94,7 @@ where
         let terminal = emitter.is_terminal();
         let count = batch.len() as u64;
         let recorder = self.metrics.recorder();
-        recorder.messages_in += count;
-        recorder.add_busy_ns(end_ns - start_ns);
-        recorder.service_ns.saturating_record_n((end_ns - start_ns) / count, count);
-        recorder.hop_latency_ns.saturating_record_n(start_ns.saturating_sub(first.sent_ns), count);
+        recorder.record_batch(count, end_ns - start_ns, start_ns.saturating_sub(first.sent_ns));
         if terminal {
             for envelope in batch {
                 recorder.record_end_to_end(end_ns.saturating_sub(envelope.ingress_ns));
