@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use crate::error::ExchangeError;
 use crate::error::ExchangeError::BadInput;
-use lab::load::{DriveReport, OpenLoopPlan, drive_sync};
+use lab::load::{DriveReport, OpenLoopPlan, Pacer, drive_sync_with};
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::Role;
@@ -532,7 +532,8 @@ fn run_with_layout(
     let RunningTier { pipeline, feeds, reports } =
         graph::start(config, layout, &options, starts, subscribers)?;
     let placement_notes = pipeline.plan().notes.clone();
-    let (drive, disconnected) = drive_load(config, &options, &master, feeds, progress)?;
+    let pacer = if layout.outside_threads_spin { Pacer::spinning() } else { Pacer::default() };
+    let (drive, disconnected) = drive_load(config, &options, &master, (feeds, pacer), progress)?;
     // The feeds are gone: every stage drains and stops, and each worker reports.
     let report = pipeline.wait()?;
     anyhow::ensure!(!disconnected, "the pipeline stopped while the load was running");
@@ -624,12 +625,13 @@ impl Durability {
 }
 
 /// Drives the open-loop load into the feeds, with the scenario's events and master-data
-/// updates; returns the generator's report and whether the pipeline stopped taking input.
+/// updates, paced by `pacer`; returns the generator's report and whether the pipeline
+/// stopped taking input.
 fn drive_load(
     config: &TierConfig,
     options: &RunOptions,
     master: &MasterData,
-    mut feeds: Feeds,
+    (mut feeds, pacer): (Feeds, Pacer),
     mut progress: impl FnMut(u64),
 ) -> anyhow::Result<(DriveReport, bool)> {
     let mut generator = FlowGenerator::new(config.universe, config.flow);
@@ -647,7 +649,7 @@ fn drive_load(
     let mut disconnected = false;
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
-    let drive = drive_sync(&plan, |shot| {
+    let drive = drive_sync_with(&plan, pacer, |shot| {
         if disconnected {
             return;
         }

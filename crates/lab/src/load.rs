@@ -277,13 +277,19 @@ impl DriveReport {
 /// Per request the driver reads the clock once when it is at or behind its schedule (the
 /// read that ends the wait is the issue time) and records the send lag; it sustains several
 /// million requests per second on one core (`leantier bench load-gen` measures it).
-pub fn drive_sync(
+pub fn drive_sync(plan: &OpenLoopPlan, send: impl FnMut(Shot)) -> Result<DriveReport, BadInput> {
+    drive_sync_with(plan, Pacer::default(), send)
+}
+
+/// [`drive_sync`] with a pacer of the caller's choice, e.g. [`Pacer::spinning`] for a
+/// generator that has a CPU of its own.
+pub fn drive_sync_with(
     plan: &OpenLoopPlan,
+    mut pacer: Pacer,
     mut send: impl FnMut(Shot),
 ) -> Result<DriveReport, BadInput> {
     let schedule = plan.schedule()?;
     set_timer_slack(TIMER_SLACK_NS);
-    let mut pacer = Pacer::default();
     let start = Instant::now();
     let mut send_lag = LatencyHistogram::new();
     let mut sent = 0;

@@ -181,6 +181,10 @@ pub struct TierLayout {
     pub predicted_latency_ns: f64,
     /// Every cut saturates some group at this rate: the layout with the most headroom.
     pub saturated: bool,
+    /// The threads outside the tier (the load generator) have a free CPU of their own in this
+    /// plan, so the generator spins through its gaps instead of sleeping: a sleep would save
+    /// nothing the tier needs, and its late wake-ups would count in every latency.
+    pub outside_threads_spin: bool,
 }
 
 impl TierLayout {
@@ -243,7 +247,18 @@ pub fn plan(request: &LayoutRequest) -> TierLayout {
         }
     }
     let chosen = best.expect("at least the fully cut chain is a candidate");
-    chosen.into_layout(usable, busy)
+    let layout = chosen.into_layout(usable, busy);
+    // The generator spins only beside a chain that has CPUs of its own: a floating chain
+    // thread would have to share the generator's CPU with its spinning.
+    let chain_placed = layout
+        .groups
+        .iter()
+        .filter(|g| g.stages.iter().any(|s| CHAIN.contains(s)))
+        .all(|g| g.wait != GroupWait::ParkFloating);
+    let left = (free.max(0.0) as usize).saturating_sub(layout.placed_threads());
+    let outside_threads_spin =
+        request.outside_threads > 0 && chain_placed && left >= request.outside_threads;
+    TierLayout { outside_threads_spin, ..layout }
 }
 
 /// One way of cutting the chain, evaluated.
@@ -351,6 +366,7 @@ impl Candidate {
             busy_elsewhere_cpus,
             predicted_latency_ns: self.latency_ns,
             saturated: self.peak_utilization >= 1.0,
+            outside_threads_spin: false,
         }
     }
 }
@@ -410,6 +426,11 @@ mod tests {
         }
         let usable = usable_cpus(request.cpus, request.cpu_quota_cores);
         assert!(layout.spinning_threads() + request.outside_threads.min(usable) <= usable.max(1));
+        if layout.outside_threads_spin {
+            let free = (usable as f64 - request.busy_elsewhere_cpus).floor() as usize;
+            let spinning = layout.placed_threads() + request.outside_threads;
+            assert!(spinning <= free, "generator spins on a CPU of its own: {layout:?}");
+        }
         assert!(layout.placed_threads() <= usable, "no oversubscription: {layout:?}");
         if request.holds_replies {
             assert!(!layout.fused_after_previous(TierStage::Rprocess), "{layout:?}");
@@ -440,7 +461,14 @@ mod tests {
             assert_eq!(ancillary.stages, [TierStage::Events, TierStage::Masterdata]);
             assert_eq!(ancillary.wait, GroupWait::ParkFloating);
             assert_eq!(layout.placed_threads(), 1);
+            assert!(layout.outside_threads_spin, "the second CPU is the generator's");
         }
+        // One CPU: nothing spins, the generator included.
+        let single = request(1, None, 20_000.0, false);
+        let layout = plan(&single);
+        check_invariants(&layout, &single);
+        assert_eq!(layout.spinning_threads(), 0);
+        assert!(!layout.outside_threads_spin, "{layout:?}");
     }
 
     #[test]
@@ -527,6 +555,7 @@ mod tests {
         let layout = plan(&loaded);
         check_invariants(&layout, &loaded);
         assert_eq!(layout.spinning_threads(), 0, "{layout:?}");
+        assert!(!layout.outside_threads_spin, "{layout:?}");
         assert_eq!(layout.groups[0].stages, CHAIN);
         // On 16 CPUs with 4 busy elsewhere the chain still gets a spinning thread.
         let shared =

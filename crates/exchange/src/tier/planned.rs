@@ -60,6 +60,7 @@ pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
         busy_elsewhere_cpus: 0.0,
         predicted_latency_ns: 0.0,
         saturated: false,
+        outside_threads_spin: false,
     };
     let options = RunOptions {
         rate_per_s: CALIBRATION_RATE_PER_S,
@@ -203,6 +204,7 @@ fn thread_per_stage(config: &TierConfig) -> TierLayout {
         busy_elsewhere_cpus: 0.0,
         predicted_latency_ns: 0.0,
         saturated: false,
+        outside_threads_spin: false,
     }
 }
 
