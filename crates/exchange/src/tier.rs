@@ -667,8 +667,12 @@ fn drive_load(
             disconnected |= updates.send(input).and_then(|()| updates.flush()).is_err();
         }
         let gateway = &mut feeds.gateway;
-        disconnected |=
-            gateway.send_with_ingress(request, intended_ns).and_then(|()| gateway.flush()).is_err();
+        // Sent when issued: the pacer's last clock read, so publishing reads no clock.
+        let issued_ns = instant_ns(shot.issued);
+        disconnected |= gateway
+            .send_with_ingress(request, intended_ns)
+            .and_then(|()| gateway.flush_at(issued_ns))
+            .is_err();
         if shot.index % 1024 == 0 {
             progress(shot.index);
         }

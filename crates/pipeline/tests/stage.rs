@@ -376,6 +376,28 @@ fn external_inputs_feed_the_graph_and_closing_them_finishes_it() {
     assert_eq!(report.stages.len(), 1, "inputs have no worker threads and no metrics");
 }
 
+#[test]
+fn an_input_flushed_at_a_given_time_is_timed_from_it() {
+    const COUNT: u64 = 100;
+    const SENT_AGO_NS: u64 = 5_000_000;
+    let mut graph = PipelineBuilder::new().pin_threads(false);
+    let input = graph.input::<Tick>("gateway", 1);
+    let seen = id_counter(COUNT);
+    let sink = graph.sink("sink", StageSpec::ancillary(1).with_ring(64, 16), counting_sink(&seen));
+    graph.connect(input, sink, Route::by_key(|tick: &Tick| tick.key));
+    let mut running = graph.start().unwrap();
+    let mut input = running.take_inputs(input).expect("input handles").pop().unwrap();
+    for id in 0..COUNT {
+        input.send(Tick { id, ..Tick::default() }).unwrap();
+        input.flush_at(pipeline::metrics::now_ns().saturating_sub(SENT_AGO_NS)).unwrap();
+    }
+    drop(input);
+    let report = wait_bounded(move || running.wait()).unwrap();
+    let hop = &stage(&report, "sink").hop_latency_ns;
+    assert_eq!(hop.count, COUNT);
+    assert!(hop.min >= SENT_AGO_NS, "the hop counts from the given send time: {hop:?}");
+}
+
 /// One worker's (index, messages, sum of ids).
 type WorkerTotals = (usize, u64, u64);
 

@@ -284,6 +284,13 @@ impl<T: Copy> Input<T> {
         self.status()
     }
 
+    /// [`Input::flush`] stamped as sent at `sent_ns` ([`now_ns`] scale), a time the caller
+    /// already has (e.g. a load generator's issue time): no clock read of its own.
+    pub fn flush_at(&mut self, sent_ns: u64) -> Result<(), Disconnected> {
+        self.emitter.flush_at(sent_ns);
+        self.status()
+    }
+
     fn status(&self) -> Result<(), Disconnected> {
         if self.emitter.disconnected { Err(Disconnected) } else { Ok(()) }
     }
