@@ -7,11 +7,12 @@
 //! (fan-in from other stages), which the group's thread polls after A's; it keeps its outbound
 //! rings and may itself have a stage fused after it (a chain A → B → C on one thread).
 //!
-//! Metrics per fused stage come from two clock reads per local batch, not per message: the
+//! Metrics per fused stage come from one clock read per local batch, not per message: its run
+//! starts at the upstream's closing clock read (taken just before) and ends at its own. The
 //! batch's handling time is its busy time and is recorded as each message's service time (the
 //! batch mean, `record_n`), and the hand-off latency is the time from the start of the
-//! upstream's handling of the batch's first message to the start of B's run over the batch.
-//! Messages B reads from its own rings are measured per message, as in any stage.
+//! upstream's handling of the batch to the start of B's run over it. Messages B reads from its
+//! own rings are timed per ring batch, as in any stage.
 //!
 //! A panic inside a fused stage unwinds through its upstream's handler; [`in_stage`] wraps
 //! it in a [`StagePanic`] naming the fused stage on the way, so the error names the stage
@@ -26,8 +27,9 @@ use crate::metrics::{WorkerMetrics, now_ns};
 
 /// A stage fused after another: driven by the upstream stage's thread through its emitter.
 pub(super) trait FusedStage<In>: Send {
-    /// Runs the handler over messages handed over by the upstream stage.
-    fn handle_local(&mut self, batch: &[Envelope<In>]);
+    /// Runs the handler over messages handed over by the upstream stage, starting at
+    /// `start_ns` (the upstream's closing clock read).
+    fn handle_local(&mut self, batch: &[Envelope<In>], start_ns: u64);
     /// Reads a batch from each of its own inbound rings (and those of stages fused after it);
     /// returns how many messages it took.
     fn poll(&mut self) -> usize;
@@ -79,10 +81,9 @@ where
     Out: Copy + Send + 'static,
     W: StageWorker<In, Out>,
 {
-    fn handle_local(&mut self, batch: &[Envelope<In>]) {
+    fn handle_local(&mut self, batch: &[Envelope<In>], start_ns: u64) {
         let Some(first) = batch.first() else { return };
         let (worker, emitter) = (&mut self.worker, &mut self.emitter);
-        let start_ns = now_ns();
         in_stage(&self.stage, self.worker_index, || {
             for envelope in batch {
                 emitter.ingress_ns = envelope.ingress_ns;
@@ -91,6 +92,7 @@ where
             }
         });
         let end_ns = now_ns();
+        emitter.handled_until_ns = end_ns;
         let terminal = emitter.is_terminal();
         let count = batch.len() as u64;
         let recorder = self.metrics.recorder();

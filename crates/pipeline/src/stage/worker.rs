@@ -240,8 +240,10 @@ fn handle_batch<In: Copy, Out: Copy>(
         }
     });
     let Some(oldest_sent_ns) = oldest_sent_ns else { return 0 };
+    let end_ns = now_ns();
+    emitter.handled_until_ns = end_ns;
     let hop_latency_ns = start_ns.saturating_sub(oldest_sent_ns);
-    recorder.record_batch(count as u64, now_ns() - start_ns, hop_latency_ns);
+    recorder.record_batch(count as u64, end_ns - start_ns, hop_latency_ns);
     count
 }
 
