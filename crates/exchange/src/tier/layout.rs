@@ -14,7 +14,8 @@
 //! So spinning threads never outnumber the CPUs, and on a 2-core host the tier asks the
 //! placement plan for at most one CPU. With replies held for the journal (`group`, `sync`)
 //! the R-Processor waits for fsyncs, so the chain is always cut after the core: the wait
-//! stays off the critical path.
+//! stays off the critical path. The load generator, outside the tier, spins through its gaps
+//! when a free CPU is left for it (see [`TierLayout::outside_threads_spin`]), else it sleeps.
 
 use planner::node::Mmc;
 use serde::{Deserialize, Serialize};
@@ -248,17 +249,27 @@ pub fn plan(request: &LayoutRequest) -> TierLayout {
     }
     let chosen = best.expect("at least the fully cut chain is a candidate");
     let layout = chosen.into_layout(usable, busy);
-    // The generator spins only beside a chain that has CPUs of its own: a floating chain
-    // thread would have to share the generator's CPU with its spinning.
+    let outside_threads_spin = outside_threads_spin(&layout, request, free.max(0.0) as usize);
+    TierLayout { outside_threads_spin, ..layout }
+}
+
+/// Whether the load generator spins: on a free CPU that no placed tier thread takes, and
+/// either beside a chain placed whole or with at least two free CPUs. Floating tier threads
+/// (a chain group parked for the journal, the ancillary stages) may share that CPU: woken,
+/// they preempt the spinning generator at once, which delays it by their short bursts only,
+/// whereas a sleeping generator lets the vCPU idle and pays its wake-up (hundreds of µs late
+/// now and then on a VM). On a single free CPU a floating chain would have to share it with
+/// the spinning, so the generator sleeps.
+fn outside_threads_spin(layout: &TierLayout, request: &LayoutRequest, free_cpus: usize) -> bool {
     let chain_placed = layout
         .groups
         .iter()
         .filter(|g| g.stages.iter().any(|s| CHAIN.contains(s)))
         .all(|g| g.wait != GroupWait::ParkFloating);
-    let left = (free.max(0.0) as usize).saturating_sub(layout.placed_threads());
-    let outside_threads_spin =
-        request.outside_threads > 0 && chain_placed && left >= request.outside_threads;
-    TierLayout { outside_threads_spin, ..layout }
+    let left = free_cpus.saturating_sub(layout.placed_threads());
+    request.outside_threads > 0
+        && left >= request.outside_threads
+        && (chain_placed || free_cpus >= 2)
 }
 
 /// One way of cutting the chain, evaluated.
@@ -480,6 +491,7 @@ mod tests {
         assert!(layout.groups[0].spins());
         assert_eq!(layout.group_of(TierStage::Rprocess).wait, GroupWait::ParkFloating);
         assert_eq!(layout.spinning_threads(), 1);
+        assert!(layout.outside_threads_spin, "the second CPU is the generator's: {layout:?}");
     }
 
     #[test]
