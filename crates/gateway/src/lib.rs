@@ -24,6 +24,7 @@ pub mod fix;
 mod fix_server;
 pub mod fix_session;
 pub mod hub;
+pub mod layout;
 pub mod load;
 pub mod metrics;
 pub mod native;
