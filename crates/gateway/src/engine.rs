@@ -8,6 +8,7 @@
 //! only) out. Order ids are `client << 32 | token`, so a report names its owner and the
 //! client's own order number without any lookup.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +26,7 @@ use journal::{DurableSeq, JournalSender, JournalWriter};
 use pipeline::WaitStrategy;
 use pipeline::metrics::now_ns;
 use pipeline::placement::CpuId;
-use pipeline::ring::{self, Consumer, Producer, RingConfig};
+use pipeline::ring::{self, BatchError, Consumer, Producer, RingConfig};
 use tokio::sync::Notify;
 
 /// Requests the engine reads per batch before it wakes the router (engine thread) or routes
@@ -91,11 +92,17 @@ impl Default for EngineJournal {
 
 /// Where the engine's reports go.
 enum Sink {
-    /// A ring to the router or to the release thread.
+    /// A ring to another thread (the router or the release thread); a push waits while it is
+    /// full, which only the engine thread may do: that other thread drains it meanwhile.
     Ring(Producer<CoreOutput>),
     /// Kept for the caller of [`Engine::step`] (inline, journal off). Its capacity stays
     /// from one step to the next, so steady state allocates nothing.
     Local(Vec<CoreOutput>),
+    /// Inline with the journal: the ring to the release thread, never waited on. The I/O
+    /// thread must not block there: the release thread may itself be waiting for the router,
+    /// which is the I/O thread. What does not fit waits in `backlog` (one step's reports at
+    /// most: the engine takes no request while it holds any), retried at the next step.
+    Held { ring: Producer<CoreOutput>, backlog: VecDeque<CoreOutput> },
 }
 
 impl Sink {
@@ -104,7 +111,23 @@ impl Sink {
             // Err only when the router is gone (shutdown); nothing is left to answer.
             Sink::Ring(ring) => drop(ring.push_batch(std::slice::from_ref(output))),
             Sink::Local(reports) => reports.push(*output),
+            Sink::Held { backlog, .. } => backlog.push_back(*output),
         }
+    }
+
+    /// Moves what the backlog holds into the release thread's ring, as far as it has room;
+    /// whether the backlog is empty now.
+    fn flush(&mut self) -> bool {
+        let Sink::Held { ring, backlog } = self else { return true };
+        while let Some(output) = backlog.front() {
+            match ring.try_write_batch(1, |_, slot| *slot = *output) {
+                Ok(()) => drop(backlog.pop_front()),
+                Err(BatchError::Full) => return false,
+                // The release thread is gone (shutdown): nothing is left to answer.
+                Err(BatchError::Disconnected | BatchError::TooLarge { .. }) => backlog.clear(),
+            }
+        }
+        true
     }
 }
 
@@ -129,11 +152,15 @@ impl Engine {
     /// then hands `route` the reports kept locally (inline, journal off; with a ring sink the
     /// reports are on their way already). Never waits; returns how many requests it took.
     pub fn step(&mut self, mut route: impl FnMut(&CoreOutput)) -> usize {
+        if !self.reports.flush() {
+            return 0; // the release thread's ring is full: requests wait on the ingress ring
+        }
         let taken = self.read(false).unwrap_or(0);
         if let Sink::Local(reports) = &mut self.reports {
             reports.iter().for_each(&mut route);
             reports.clear();
         }
+        self.reports.flush();
         taken
     }
 
@@ -220,7 +247,11 @@ pub fn start(
             let (held, to_release) = ring::spsc::<CoreOutput>(ring_config)?;
             let (reports, egress) = ring::spsc::<CoreOutput>(ring_config)?;
             let release = spawn_release(to_release, reports, durable, reports_ready.clone());
-            (Sink::Ring(held), Some(egress), Some(release))
+            let sink = match placement {
+                Placement::Inline => Sink::Held { ring: held, backlog: VecDeque::new() },
+                Placement::SpinOn(_) | Placement::Parked => Sink::Ring(held),
+            };
+            (sink, Some(egress), Some(release))
         }
         (None, Placement::Inline) => {
             (Sink::Local(Vec::with_capacity(ENGINE_BATCH_MAX)), None, None)

@@ -13,9 +13,10 @@ use gateway::credentials::{self, Credential, Protocol};
 use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
 use gateway::layout::Layout;
-use gateway::native::{ClientMsg, Event, OrderRequest, ServerMsg, event_kind};
+use gateway::native::{ClientMsg, Event, OrderRequest, ServerMsg, event_kind, gateway_reason};
 use gateway::server::{self, Running, ServeOptions};
 use pipeline::placement::Topology;
+use pipeline::ring::RingConfig;
 
 /// Generous on a loaded 2-core machine; a passing run never waits this long.
 const WAIT: Duration = Duration::from_secs(10);
@@ -29,6 +30,15 @@ const GROUP: JournalMode = JournalMode::ALL[0];
 const ORDERS: u32 = 300;
 
 fn start(layout: Layout, cpus: usize, journal: JournalMode) -> (Running, tempfile::TempDir) {
+    start_with_rings(layout, cpus, journal, RingConfig::default())
+}
+
+fn start_with_rings(
+    layout: Layout,
+    cpus: usize,
+    journal: JournalMode,
+    ring: RingConfig,
+) -> (Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
     let credentials = (1..=3)
@@ -47,7 +57,7 @@ fn start(layout: Layout, cpus: usize, journal: JournalMode) -> (Running, tempfil
         credentials,
         master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
         core_limits: Default::default(),
-        ring: Default::default(),
+        ring,
         journal: EngineJournal { mode: journal, dir: dir.path().join("engine") },
         layout,
         topology: Topology::uniform(cpus),
@@ -170,4 +180,29 @@ fn inline_with_the_journal_releases_reports_once_durable_in_order() {
 fn a_parked_engine_thread_with_the_journal_trades_in_order() {
     let (server, _dir) = start(Layout::EngineThread, 2, GROUP);
     assert_layout(&trade_across_sessions(&server), "engine-thread-park", 2);
+}
+
+#[test]
+fn inline_with_the_journal_answers_every_order_when_its_rings_are_full() {
+    // Rings far smaller than a burst: the release thread's ring and the egress ring fill
+    // while the journal syncs. Inline, the I/O thread must not wait on the first (the release
+    // thread may be waiting on the second, which only the I/O thread drains).
+    let ring = RingConfig { capacity_slots: 64, batch_slots_max: 64, ..RingConfig::default() };
+    let (server, _dir) = start_with_rings(Layout::Inline, 2, GROUP, ring);
+    let mut session = logged_in(server.listen, 1);
+    for token in 1..=ORDERS {
+        session.send(&ClientMsg::NewOrder(order(1, token, 0, PRICE))).unwrap();
+    }
+    let mut answered = events(&mut session, 1, ORDERS);
+    for event in &answered {
+        let busy = (event_kind::REJECTED, gateway_reason::BUSY);
+        assert!(
+            event.kind == event_kind::ACCEPTED || (event.kind, event.reason) == busy,
+            "accepted, or refused as busy: {event:?}"
+        );
+    }
+    answered.sort_by_key(|event| event.token);
+    let tokens: Vec<u32> = answered.iter().map(|event| event.token).collect();
+    assert_eq!(tokens, (1..=ORDERS).collect::<Vec<_>>(), "every order answered once");
+    assert!(answered.iter().any(|event| event.kind == event_kind::ACCEPTED));
 }
