@@ -148,7 +148,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Processes the requests waiting on the ingress ring (at most [`ENGINE_BATCH_MAX`]),
+    /// Processes the requests waiting on the ingress ring (at most one batch, 256),
     /// then hands `route` the reports kept locally (inline, journal off; with a ring sink the
     /// reports are on their way already). Never waits; returns how many requests it took.
     pub fn step(&mut self, mut route: impl FnMut(&CoreOutput)) -> usize {
