@@ -73,6 +73,10 @@ pub struct LayoutPlan {
     /// CPUs the process may use: the affinity mask capped by the cgroup quota.
     pub usable_cpus: usize,
     pub reason: String,
+    /// Where the I/O thread may run: every usable CPU but a spinning engine's (`None`: no
+    /// restriction), so the kernel never puts it, or the threads it starts, on the CPU the
+    /// engine spins on.
+    pub io_cpus: Option<Vec<CpuId>>,
 }
 
 /// Plans `requested` on `topology`.
@@ -107,7 +111,13 @@ pub fn plan(requested: Layout, topology: &Topology) -> LayoutPlan {
             ),
         ),
     };
-    LayoutPlan { requested, chosen, usable_cpus, reason }
+    let io_cpus = match chosen {
+        Chosen::EngineThread { spin_cpu: Some(cpu) } => {
+            Some(topology.usable_cpus.iter().copied().filter(|&c| c != cpu).collect())
+        }
+        Chosen::Inline | Chosen::EngineThread { spin_cpu: None } => None,
+    };
+    LayoutPlan { requested, chosen, usable_cpus, reason, io_cpus }
 }
 
 /// The CPU a spinning engine thread gets: planned as critical beside the I/O thread, only
@@ -149,6 +159,8 @@ mod tests {
             panic!("expected a spinning engine: {plan:?}");
         };
         assert_ne!(cpu, 0, "CPU 0's core is left to the OS");
+        let io_cpus = plan.io_cpus.expect("the I/O thread kept off the engine's CPU");
+        assert!(!io_cpus.contains(&cpu) && io_cpus.len() == ENGINE_SPIN_CPUS_MIN - 1);
     }
 
     #[test]

@@ -172,6 +172,11 @@ fn io_thread(
     built: std::sync::mpsc::SyncSender<Result<(), crate::store::StoreError>>,
     stopped: oneshot::Receiver<()>,
 ) {
+    if let Some(cpus) = &layout.io_cpus
+        && let Err(error) = pipeline::placement::pin_current_thread(cpus)
+    {
+        tracing::warn!(%error, "the I/O thread is not kept off the engine's CPU");
+    }
     let books_recovered = link.recovery.is_some();
     let mut hub = match Hub::new(settings, credentials, link.ingress) {
         Ok(hub) => hub,
