@@ -74,6 +74,7 @@ fn bad_flags_exit_with_code_2() {
         &["exchange", "run", "--wait", "sleepy"],
         &["exchange", "run", "--arrival", "never"],
         &["exchange", "run", "--layout", "sideways"],
+        &["exchange", "serve", "--config", "x.toml", "--layout", "sideways"],
         &["web", "serve", "--adaptive-layout", "bogus"],
         &["bench", "ring", "--batches", "512", "--quick"],
         &["no-such-command"],

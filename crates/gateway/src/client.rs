@@ -61,6 +61,11 @@ impl NativeClient {
         Ok(self.stream.try_clone()?)
     }
 
+    /// The connection and the bytes read but not yet decoded (for a reader of its own).
+    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+        (self.stream, self.buffer)
+    }
+
     /// Sends raw bytes (tests of hostile input).
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
         Ok(self.stream.write_all(bytes)?)

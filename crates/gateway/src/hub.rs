@@ -17,7 +17,7 @@ use pipeline::ring::{BatchError, Producer};
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol};
-use crate::engine::{order_id, token_of};
+use crate::engine::{Engine, order_id, token_of};
 use crate::fix_session::FixState;
 use crate::metrics::StageMetrics;
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
@@ -271,6 +271,8 @@ pub struct Hub {
     pub log: Rc<RefCell<Log>>,
     /// Per-stage counters and latencies (the metrics listener prints them).
     pub stage: StageMetrics,
+    /// The engine, when the layout runs its step here on the I/O thread.
+    pub engine: Option<Box<Engine>>,
 }
 
 impl Hub {
@@ -312,7 +314,8 @@ impl Hub {
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
         let stage = StageMetrics::default();
-        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage })
+        let engine = None;
+        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage, engine })
     }
 
     /// Forgets the open orders the store's reports listed (the engine's books were not
@@ -327,9 +330,20 @@ impl Hub {
         }
     }
 
-    /// Ends a unit of work: writes the store's batch and releases what is durable.
+    /// Ends a unit of work: runs the inline engine over what it queued, writes the store's
+    /// batch and releases what is durable.
     pub fn commit(&mut self) {
+        self.run_engine();
         self.log.borrow_mut().commit();
+    }
+
+    /// Inline layout: the engine step over every request waiting on the ingress ring, each
+    /// report routed as soon as its batch is through (run to completion on this thread: no
+    /// wake-up, no other thread). Nothing without an inline engine.
+    pub fn run_engine(&mut self) {
+        let Some(mut engine) = self.engine.take() else { return };
+        while engine.step(|output| self.route(output)) > 0 {}
+        self.engine = Some(engine);
     }
 
     pub fn client_index(&self, client: u32) -> Option<usize> {

@@ -9,9 +9,9 @@
 //!
 //! Every session's sequenced output goes through [`store`], one append-only file with group
 //! commit: a message reaches its socket only once it is on disk, so a restarted server resends
-//! (FIX) and replays (native) under the numbers clients saw. [`engine`] runs the matching core
-//! on its own thread, its input optionally journaled (`exchange::durability`) with reports
-//! released once durable. [`metrics`] serves per-session and per-stage counters and latency
+//! (FIX) and replays (native) under the numbers clients saw. [`engine`] is the matching core's
+//! step, run where [`layout`] puts it (inline on the I/O thread, or on a thread of its own),
+//! its input optionally journaled (`exchange::durability`) with reports released once durable. [`metrics`] serves per-session and per-stage counters and latency
 //! summaries in the Prometheus text format.
 //!
 //! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
@@ -24,6 +24,7 @@ pub mod fix;
 mod fix_server;
 pub mod fix_session;
 pub mod hub;
+pub mod layout;
 pub mod load;
 pub mod metrics;
 pub mod native;

@@ -4,13 +4,14 @@
 //!
 //! The schedule, the intended-time table and the histograms are shared; only the session part
 //! (log on, encode an order, decode reports, log out) differs by protocol. One sender thread
-//! follows `lab::load`'s schedule and writes each order to the session whose turn it is; one
-//! reader thread per session matches reports to intended times by token (FIX: the ClOrdID is
-//! the token in decimal). Orders alternate buy and sell at one price, so they match and the book
+//! follows `lab::load`'s schedule and writes each order to the session whose turn it is; reader
+//! threads match reports to intended times by token (native: one thread polls every session;
+//! FIX: one thread per session, the ClOrdID is the token in decimal). Orders alternate buy and sell at one price, so they match and the book
 //! stays small.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -38,6 +39,8 @@ const ANSWERED: u64 = u64::MAX;
 /// heartbeats or test-requests mid-run (the reader thread never has to write, and the sender
 /// owns the outbound sequence numbers alone).
 const FIX_HEART_BT_INT_S: i64 = 30;
+/// Bytes a native reader reads at once (about a thousand reports).
+const NATIVE_READ_BYTES: usize = 1024 * native::FRAME_BYTES_MAX;
 /// Bytes read per `read` call of a FIX session.
 const FIX_READ_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -96,13 +99,24 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
         return Err(failure(format!("1..={ORDERS_MAX} orders and at least one session")));
     }
     let clock = Arc::new(Clock::new(orders));
+    // The sender and the reader threads (started below, they inherit it) outrank other work
+    // on a shared host, as `web load`'s generator does (lab::load::GENERATOR_NICE).
+    let _priority = lab::load::GeneratorPriority::raise();
     match &options.protocol {
         LoadProtocol::Native => {
             let mut sessions = Vec::new();
+            let mut readers = Vec::new();
             for session in &options.sessions {
-                sessions.push(NativeSender::log_on(options.connect, session, &clock)?);
+                let (sender, reader) = NativeSender::log_on(options.connect, session)?;
+                sessions.push(sender);
+                readers.push(reader);
             }
-            drive(options, &clock, sessions)
+            let clock_of_reader = clock.clone();
+            let reader = std::thread::spawn(move || native_reports(readers, &clock_of_reader));
+            let mut result = drive(options, &clock, sessions)?;
+            let tally = reader.join().map_err(|_| failure("native reader panicked".into()))?;
+            result.add(&tally);
+            Ok(result)
         }
         LoadProtocol::Fix { target_comp_id } => {
             let mut sessions = Vec::new();
@@ -239,12 +253,17 @@ fn drive<S: OrderSender>(
         send_lag: report.send_lag,
     };
     for session in sessions {
-        let tally = session.finish()?;
-        result.latency.merge(&tally.latency);
-        result.answered += tally.answered;
-        result.rejected += tally.rejected;
+        result.add(&session.finish()?);
     }
     Ok(result)
+}
+
+impl LoadResult {
+    fn add(&mut self, tally: &Tally) {
+        self.latency.merge(&tally.latency);
+        self.answered += tally.answered;
+        self.rejected += tally.rejected;
+    }
 }
 
 /// Searches the highest rate meeting `plan` on several targets side by side: one step per
@@ -275,27 +294,25 @@ pub fn search_side_by_side(
 // ---------------------------------------------------------------------------------------------
 // Native protocol.
 
+/// A native session's sending half; [`native_reports`] reads every session on one thread.
 struct NativeSender {
     writer: TcpStream,
     frame: Vec<u8>,
-    reader: std::thread::JoinHandle<Tally>,
 }
 
 impl NativeSender {
+    /// Logs on; returns the sending half and the session for the shared reader.
     fn log_on(
         connect: SocketAddr,
         credentials: &LoadSession,
-        clock: &Arc<Clock>,
-    ) -> Result<NativeSender, ClientError> {
+    ) -> Result<(NativeSender, NativeClient), ClientError> {
         let mut session = NativeClient::connect(connect)?;
         match session.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
             ServerMsg::LoginAccepted { .. } => {}
             other => return Err(failure(format!("login of {}: {other:?}", credentials.client))),
         }
         let writer = session.writer()?;
-        let clock = clock.clone();
-        let reader = std::thread::spawn(move || native_reports(session, &clock));
-        Ok(NativeSender { writer, frame: Vec::with_capacity(native::FRAME_BYTES_MAX), reader })
+        Ok((NativeSender { writer, frame: Vec::with_capacity(native::FRAME_BYTES_MAX) }, session))
     }
 }
 
@@ -306,25 +323,104 @@ impl OrderSender for NativeSender {
         self.writer.write_all(&self.frame)
     }
 
-    /// The session stays open until dropped (a native session has no logout).
+    /// Nothing to wait for: the shared reader counts the reports. The session stays open
+    /// until dropped (a native session has no logout).
     fn finish(self) -> Result<Tally, ClientError> {
-        self.reader.join().map_err(|_| failure("native reader thread panicked".into()))
+        Ok(Tally::default())
     }
 }
 
-fn native_reports(mut session: NativeClient, clock: &Clock) -> Tally {
+/// One native connection as the shared reader sees it.
+struct NativeInbox {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    filled: usize,
+    open: bool,
+}
+
+impl NativeInbox {
+    fn new(session: NativeClient) -> NativeInbox {
+        // Blocking (the flag would be the writer's too: it shares the file description), but
+        // read only after `poll` says bytes or the close are there, so a read never waits.
+        let (stream, pending) = session.into_parts();
+        let mut buffer = vec![0u8; NATIVE_READ_BYTES.max(pending.len())];
+        buffer[..pending.len()].copy_from_slice(&pending);
+        NativeInbox { stream, buffer, filled: pending.len(), open: true }
+    }
+
+    /// Counts the reports in the bytes read so far (whole frames), keeping a partial one.
+    fn count(&mut self, tally: &mut Tally, clock: &Clock) {
+        let mut start = 0;
+        while let Ok(Some((version, kind, payload, len))) =
+            native::split_frame(&self.buffer[start..self.filled])
+        {
+            start += len;
+            if let Ok(ServerMsg::Sequenced { event, .. }) =
+                native::decode_server(version, kind, payload)
+                && matches!(event.kind, event_kind::ACCEPTED | event_kind::REJECTED)
+            {
+                tally.report(clock, u64::from(event.token), event.kind == event_kind::REJECTED);
+            }
+        }
+        self.buffer.copy_within(start..self.filled, 0);
+        self.filled -= start;
+    }
+
+    /// Reads what has arrived (one `read`); whether it brought anything.
+    fn read(&mut self) -> bool {
+        match self.stream.read(&mut self.buffer[self.filled..]) {
+            Ok(0) => self.open = false,
+            Ok(n) => {
+                self.filled += n;
+                return true;
+            }
+            Err(e) if QUIET.contains(&e.kind()) => {}
+            Err(_) => self.open = false,
+        }
+        false
+    }
+}
+
+/// Counts every native session's reports on one thread, woken by `poll` when any has bytes,
+/// until every order sent is answered or DRAIN_TIMEOUT passes without a report. One thread
+/// rather than one per session: on a host the server shares, each extra reader is another
+/// thread to wake per report (a fill reaches two sessions at once). Heartbeats are not
+/// answered: the sender's orders keep the links alive while the run lasts.
+fn native_reports(sessions: Vec<NativeClient>, clock: &Clock) -> Tally {
     let mut tally = Tally::default();
+    let mut inboxes: Vec<NativeInbox> = sessions.into_iter().map(NativeInbox::new).collect();
+    let mut fds: Vec<libc::pollfd> = inboxes
+        .iter()
+        .map(|inbox| libc::pollfd {
+            fd: inbox.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    inboxes.iter_mut().for_each(|inbox| inbox.count(&mut tally, clock));
     let mut last_report = Instant::now();
-    loop {
-        let msg = match session.recv(READ_POLL) {
-            Ok(Some(msg)) => msg,
-            Ok(None) if !clock.drained(last_report) => continue,
-            Ok(None) | Err(_) => break,
+    while inboxes.iter().any(|inbox| inbox.open) {
+        // SAFETY: `fds` is a valid, writable array of `fds.len()` pollfd structs that outlives
+        // the call; poll only writes their `revents`.
+        let ready = unsafe {
+            libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, READ_POLL.as_millis() as i32)
         };
-        last_report = Instant::now();
-        let ServerMsg::Sequenced { event, .. } = msg else { continue };
-        if matches!(event.kind, event_kind::ACCEPTED | event_kind::REJECTED) {
-            tally.report(clock, u64::from(event.token), event.kind == event_kind::REJECTED);
+        let mut read = false;
+        if ready > 0 {
+            for (inbox, fd) in inboxes.iter_mut().zip(&mut fds) {
+                if fd.revents != 0 && inbox.read() {
+                    inbox.count(&mut tally, clock);
+                    read = true;
+                }
+                if !inbox.open {
+                    fd.fd = -1; // poll skips it from now on
+                }
+            }
+        }
+        if read {
+            last_report = Instant::now();
+        } else if clock.drained(last_report) {
+            break;
         }
     }
     tally

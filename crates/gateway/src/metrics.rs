@@ -37,6 +37,8 @@ pub struct StageMetrics {
     pub order_to_report: Summary,
     /// The engine's service time: request taken off the ring → report ready.
     pub engine_service: Summary,
+    /// The serve layout (set once at start).
+    pub layout: Option<crate::layout::LayoutPlan>,
 }
 
 impl StageMetrics {
@@ -95,7 +97,27 @@ pub fn prometheus_text(hub: &Hub) -> String {
     let mut text = String::new();
     per_session(&mut text, hub);
     per_stage(&mut text, hub);
+    if let Some(layout) = &hub.stage.layout {
+        layout_info(&mut text, layout);
+    }
     text
+}
+
+/// The serve layout as an info metric (value 1, the decision in the labels) and the usable
+/// CPUs it was decided from.
+fn layout_info(text: &mut String, layout: &crate::layout::LayoutPlan) {
+    let reason = layout.reason.replace('\\', "\\\\").replace('"', "\\\"");
+    let _ = writeln!(
+        text,
+        "# HELP gateway_layout_info the serve layout (labels: requested, chosen, why)\n\
+         # TYPE gateway_layout_info gauge\n\
+         gateway_layout_info{{requested=\"{}\",layout=\"{}\",reason=\"{reason}\"}} 1\n\
+         # HELP gateway_usable_cpus CPUs the layout was planned on (affinity, capped by quota)\n\
+         # TYPE gateway_usable_cpus gauge\ngateway_usable_cpus {}",
+        layout.requested.name(),
+        layout.chosen.name(),
+        layout.usable_cpus
+    );
 }
 
 fn per_session(text: &mut String, hub: &Hub) {

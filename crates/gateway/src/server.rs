@@ -1,5 +1,6 @@
-//! `exchange serve`: the engine thread, and one I/O thread (a tokio current-thread runtime)
-//! with the native and FIX listeners, the router and the metrics listener.
+//! `exchange serve`: one I/O thread (a tokio current-thread runtime) with the native and FIX
+//! listeners, the router and the metrics listener, and the engine step where the layout puts
+//! it ([`crate::layout`]): inline on the I/O thread, or on an engine thread of its own.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;
 use crate::hub::{Hub, Settings};
+use crate::layout::{Chosen, Layout, LayoutPlan};
 use crate::{engine, fix_server, native_server};
 
 /// Reports the router moves per batch before it yields to the connections.
@@ -39,6 +41,10 @@ pub struct ServeOptions {
     pub ring: RingConfig,
     /// The engine's input journal.
     pub journal: engine::EngineJournal,
+    /// The layout asked for.
+    pub layout: Layout,
+    /// The CPUs the layout is planned on (normally [`crate::layout::detect_topology`]).
+    pub topology: pipeline::placement::Topology,
 }
 
 /// A running server.
@@ -46,6 +52,8 @@ pub struct Running {
     pub listen: SocketAddr,
     pub fix_listen: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
+    /// The layout the server runs, and why.
+    pub layout: LayoutPlan,
     stop: Option<oneshot::Sender<()>>,
     io: Option<JoinHandle<()>>,
 }
@@ -107,7 +115,26 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
     let (listen, fix_listen, metrics_listen) =
         (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
-    let link = engine::start(options.master, options.core_limits, &options.ring, &options.journal)?;
+    let layout = crate::layout::plan(options.layout, &options.topology);
+    tracing::info!(
+        layout = layout.chosen.name(),
+        requested = layout.requested.name(),
+        usable_cpus = layout.usable_cpus,
+        reason = %layout.reason,
+        "serve layout"
+    );
+    let placement = match layout.chosen {
+        Chosen::Inline => engine::Placement::Inline,
+        Chosen::EngineThread { spin_cpu: Some(cpu) } => engine::Placement::SpinOn(cpu),
+        Chosen::EngineThread { spin_cpu: None } => engine::Placement::Parked,
+    };
+    let link = engine::start(
+        options.master,
+        options.core_limits,
+        &options.ring,
+        &options.journal,
+        placement,
+    )?;
     if let Some(recovery) = &link.recovery {
         tracing::info!(
             recovered_seq = recovery.recovered_seq,
@@ -116,50 +143,75 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
             "engine journal recovered"
         );
     }
-    let (settings, credentials, ingress) = (options.settings, options.credentials, link.ingress);
-    let (egress, ready, engine_thread) = (link.egress, link.reports_ready, link.thread);
-    let engine_taken = link.taken;
-    let books_recovered = link.recovery.is_some();
+    let (settings, credentials) = (options.settings, options.credentials);
+    let plan = layout.clone();
     let (stop, stopped) = oneshot::channel();
     // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
     let (built, hub_result) = std::sync::mpsc::sync_channel(1);
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
         .spawn(move || {
-            let hub = match Hub::new(settings, credentials, ingress) {
-                Ok(mut hub) => {
-                    hub.stage.engine_taken = engine_taken;
-                    if !books_recovered {
-                        hub.forget_open_orders();
-                    }
-                    let _ = built.send(Ok(()));
-                    hub
-                }
-                Err(error) => {
-                    let _ = built.send(Err(error));
-                    return;
-                }
-            };
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            let hub = Rc::new(RefCell::new(hub));
-            let local = tokio::task::LocalSet::new();
-            local
-                .block_on(&runtime, run(hub.clone(), native, fix, metrics, egress, ready, stopped));
-            // Dropping the hub drops the ingress producer: the engine sees the ring closed.
-            drop(local);
-            drop(hub);
-            match engine_thread.join() {
-                Ok(Err(error)) => tracing::error!(%error, "engine journal at shutdown"),
-                Err(_) => tracing::error!("the engine thread panicked"),
-                Ok(Ok(())) => {}
-            }
+            io_thread(settings, credentials, link, plan, (native, fix, metrics), built, stopped)
         })
         .expect("spawning the gateway I/O thread");
     hub_result.recv().expect("the I/O thread reports the hub")?;
-    Ok(Running { listen, fix_listen, metrics_listen, stop: Some(stop), io: Some(io) })
+    Ok(Running { listen, fix_listen, metrics_listen, layout, stop: Some(stop), io: Some(io) })
+}
+
+type Listeners =
+    (std::net::TcpListener, Option<std::net::TcpListener>, Option<std::net::TcpListener>);
+
+/// The I/O thread: builds the hub, runs the listeners and the router until stopped, then
+/// stops the engine (its thread, or inline its journal) after the last session is gone.
+fn io_thread(
+    settings: Settings,
+    credentials: Vec<Credential>,
+    link: engine::EngineLink,
+    layout: LayoutPlan,
+    (native, fix, metrics): Listeners,
+    built: std::sync::mpsc::SyncSender<Result<(), crate::store::StoreError>>,
+    stopped: oneshot::Receiver<()>,
+) {
+    if let Some(cpus) = &layout.io_cpus
+        && let Err(error) = pipeline::placement::pin_current_thread(cpus)
+    {
+        tracing::warn!(%error, "the I/O thread is not kept off the engine's CPU");
+    }
+    let books_recovered = link.recovery.is_some();
+    let mut hub = match Hub::new(settings, credentials, link.ingress) {
+        Ok(hub) => hub,
+        Err(error) => {
+            let _ = built.send(Err(error));
+            return;
+        }
+    };
+    hub.stage.engine_taken = link.taken;
+    hub.stage.layout = Some(layout);
+    hub.engine = link.inline;
+    if !books_recovered {
+        hub.forget_open_orders();
+    }
+    let _ = built.send(Ok(()));
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let hub = Rc::new(RefCell::new(hub));
+    let local = tokio::task::LocalSet::new();
+    let router = link.egress.map(|egress| (egress, link.reports_ready));
+    local.block_on(&runtime, run(hub.clone(), native, fix, metrics, router, stopped));
+    drop(local);
+    let inline = hub.borrow_mut().engine.take();
+    // Dropping the hub drops the ingress producer: an engine thread sees the ring closed.
+    drop(hub);
+    let stopped = match (link.thread, inline) {
+        (Some(thread), _) => {
+            thread.join().unwrap_or_else(|_| Err("the engine thread panicked".into()))
+        }
+        (None, Some(engine)) => engine.finish(),
+        (None, None) => Ok(()),
+    };
+    if let Err(error) = stopped {
+        tracing::error!(%error, "engine at shutdown");
+    }
 }
 
 async fn run(
@@ -167,8 +219,7 @@ async fn run(
     native: std::net::TcpListener,
     fix: Option<std::net::TcpListener>,
     metrics: Option<std::net::TcpListener>,
-    egress: Consumer<CoreOutput>,
-    ready: std::sync::Arc<Notify>,
+    router: Option<(Consumer<CoreOutput>, std::sync::Arc<Notify>)>,
     stopped: oneshot::Receiver<()>,
 ) {
     let native = TcpListener::from_std(native).expect("tokio listener");
@@ -186,13 +237,20 @@ async fn run(
         let metrics = TcpListener::from_std(metrics).expect("tokio listener");
         tokio::task::spawn_local(metrics_loop(hub.clone(), metrics));
     }
-    tokio::select! {
-        _ = route(hub, egress, ready) => {}
-        _ = stopped => {}
+    match router {
+        Some((egress, ready)) => {
+            tokio::select! {
+                _ = route(hub, egress, ready) => {}
+                _ = stopped => {}
+            }
+        }
+        // Inline without the journal: sessions route their reports themselves.
+        None => drop(stopped.await),
     }
 }
 
-/// Moves the engine's reports to their sessions.
+/// Moves the reports another thread (the engine's or the release thread) published to their
+/// sessions.
 async fn route(
     hub: Rc<RefCell<Hub>>,
     mut egress: Consumer<CoreOutput>,

@@ -122,12 +122,15 @@ pub fn cancel_after_grace(hub: &Rc<RefCell<Hub>>, at: usize, generation: u64, gr
         }
         for cancel in cancels {
             loop {
-                match hub.borrow_mut().push_unthrottled(cancel) {
+                let pushed = hub.borrow_mut().push_unthrottled(cancel);
+                match pushed {
                     Err(pipeline::ring::BatchError::Full) => {}
                     _ => break, // pushed, or the engine is gone (shutdown)
                 }
+                hub.borrow_mut().commit(); // the inline engine makes room
                 tokio::time::sleep(CANCEL_RETRY).await;
             }
         }
+        hub.borrow_mut().commit();
     });
 }

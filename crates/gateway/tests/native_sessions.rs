@@ -40,6 +40,9 @@ fn start(settings: Settings) -> (Running, tempfile::TempDir) {
         core_limits: Default::default(),
         ring: Default::default(),
         journal: Default::default(),
+        // What `auto` picks on a 2-CPU host (inline); tests/layouts.rs runs the others.
+        layout: gateway::layout::Layout::Auto,
+        topology: pipeline::placement::Topology::uniform(2),
     };
     (server::start(options).unwrap(), dir)
 }

@@ -30,11 +30,11 @@ struct Server {
 impl Server {
     /// Starts a server over `dir` with the engine journal `journal` (`off`, `group`).
     fn start(dir: &Path, journal: &str) -> Server {
-        Server::start_with(dir, journal, 0)
+        Server::start_with(dir, journal, 0, "auto")
     }
 
-    /// Likewise, with cancel-on-disconnect after `cancel_ms` (0: off).
-    fn start_with(dir: &Path, journal: &str, cancel_ms: u64) -> Server {
+    /// Likewise, with cancel-on-disconnect after `cancel_ms` (0: off), in `layout`.
+    fn start_with(dir: &Path, journal: &str, cancel_ms: u64, layout: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gateway-serve-child"))
             .arg("--store")
             .arg(dir.join("store"))
@@ -42,6 +42,7 @@ impl Server {
             .arg(dir.join("credentials"))
             .args(["--journal", journal])
             .args(["--cancel-on-disconnect-ms", &cancel_ms.to_string()])
+            .args(["--layout", layout])
             .stdout(Stdio::piped())
             .spawn()
             .expect("the server child starts");
@@ -189,7 +190,8 @@ fn a_native_client_gets_its_replay_under_the_same_numbers_after_a_kill() {
 fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal() {
     let dir = tempfile::tempdir().unwrap();
     credentials_in(dir.path());
-    let server = Server::start(dir.path(), "group");
+    // One layout before the kill, the other after: both journal and recover alike.
+    let server = Server::start_with(dir.path(), "group", 0, "inline");
     let mut buyer = NativeClient::connect(server.native).unwrap();
     buyer.login(1, SECRET, 0, WAIT).unwrap();
     buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
@@ -198,7 +200,7 @@ fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal()
     assert_eq!((accepted.kind, accepted.leaves_qty), (event_kind::ACCEPTED, 5));
     server.kill();
 
-    let server = Server::start(dir.path(), "group");
+    let server = Server::start_with(dir.path(), "group", 0, "engine-thread");
     let mut seller = NativeClient::connect(server.native).unwrap();
     seller.login(2, SECRET, 0, WAIT).unwrap();
     seller.send(&ClientMsg::NewOrder(order_of(2, 1, 1, 5, PRICE))).unwrap();
@@ -222,7 +224,7 @@ fn orders_of_a_session_the_kill_ended_are_cancelled_after_the_grace_window() {
     const GRACE_MS: u64 = 200;
     let dir = tempfile::tempdir().unwrap();
     credentials_in(dir.path());
-    let server = Server::start_with(dir.path(), "group", GRACE_MS);
+    let server = Server::start_with(dir.path(), "group", GRACE_MS, "auto");
     let mut buyer = NativeClient::connect(server.native).unwrap();
     buyer.login(1, SECRET, 0, WAIT).unwrap();
     buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
@@ -230,7 +232,7 @@ fn orders_of_a_session_the_kill_ended_are_cancelled_after_the_grace_window() {
     server.kill();
 
     // The buyer stays away past the grace window (ten times over: a loaded host's timers).
-    let server = Server::start_with(dir.path(), "group", GRACE_MS);
+    let server = Server::start_with(dir.path(), "group", GRACE_MS, "auto");
     std::thread::sleep(std::time::Duration::from_millis(10 * GRACE_MS));
     let mut buyer = NativeClient::connect(server.native).unwrap();
     buyer.login(1, SECRET, 2, WAIT).unwrap();

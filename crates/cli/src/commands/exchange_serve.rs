@@ -2,7 +2,7 @@
 //! network server (native protocol and FIX 4.4), a scripted native client, and the tool that
 //! hashes secrets for the credentials file.
 
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +12,7 @@ use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::client::{NativeClient, describe, parse_script_line};
 use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
+use gateway::layout::Layout;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
@@ -32,7 +33,7 @@ pub struct ServeArgs {
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
     /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
-    /// `clients`.
+    /// `clients`, `layout` (auto, inline or engine-thread; see `--layout`).
     #[arg(long)]
     pub config: PathBuf,
     /// Address of a Prometheus text-format metrics listener: per-session counters (orders in,
@@ -46,6 +47,15 @@ pub struct ServeArgs {
     /// journal's other policies (see `exchange run`); `off`: books are lost on restart.
     #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
     pub journal: JournalMode,
+    /// Where the engine step runs (overrides `layout` in the config; default auto): `inline`
+    /// on the I/O thread right after a session decodes its orders (run to completion, no
+    /// wake-ups); `engine-thread` on a thread of its own, pinned and spinning on a CPU of its
+    /// own when one is free (3+ usable CPUs), parking otherwise; `auto` takes the spinning
+    /// engine thread when a CPU is free for it, inline otherwise. The choice, the usable CPUs
+    /// (affinity mask, capped by the cgroup quota) and why are logged at start-up and served
+    /// as `gateway_layout_info` on the metrics listener.
+    #[arg(long, value_parser = one_of(&Layout::ALL, Layout::name))]
+    pub layout: Option<Layout>,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -91,6 +101,23 @@ struct ServeConfig {
     heartbeat_ms: Option<u64>,
     instruments: Option<u32>,
     clients: Option<u32>,
+    layout: Option<String>,
+}
+
+/// The layout: `--layout`, else the config's `layout`, else auto.
+fn layout_from(args: &ServeArgs, config: &ServeConfig) -> Result<Layout, BadInput> {
+    if let Some(layout) = args.layout {
+        return Ok(layout);
+    }
+    let Some(name) = &config.layout else { return Ok(Layout::Auto) };
+    Layout::ALL.into_iter().find(|layout| layout.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();
+        BadInput(format!(
+            "{}: layout = {name:?}: one of {}",
+            args.config.display(),
+            names.join(", ")
+        ))
+    })
 }
 
 fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
@@ -122,6 +149,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let credentials = gateway::credentials::parse(&read(&base.join(&config.credentials))?)
         .map_err(|e| BadInput(e.to_string()))?;
     let settings = settings_from(&config, base);
+    let layout = layout_from(args, &config)?;
     let store_dir = settings.store_dir.clone();
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
@@ -146,6 +174,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         core_limits: Default::default(),
         ring: Default::default(),
         journal: EngineJournal { mode: args.journal, dir: store_dir.join("engine") },
+        layout,
+        topology: gateway::layout::detect_topology(),
     })?;
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {
@@ -154,6 +184,16 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(metrics) = running.metrics_listen {
         println!("metrics on http://{metrics}/metrics");
     }
+    let plan = &running.layout;
+    // Not `println!`: a supervisor that read only the listen line may have closed the pipe,
+    // and the server must go on serving.
+    let _ = writeln!(
+        std::io::stdout(),
+        "layout {} ({} usable CPUs): {}",
+        plan.chosen.name(),
+        plan.usable_cpus,
+        plan.reason
+    );
     running.wait();
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The server process `tests/restart.rs` kills with SIGKILL: the gateway with a native and a
 //! FIX listener on free loopback ports over a store directory, the reference universe and a
 //! credentials file, with `--journal group` the engine's input journal in `STORE/engine`, and
-//! cancel-on-disconnect only with `--cancel-on-disconnect-ms` (default off). Prints `native ADDR` and `fix ADDR`, then serves until killed.
+//! cancel-on-disconnect only with `--cancel-on-disconnect-ms` (default off), and the serve
+//! layout of `--layout` (default auto). Prints `native ADDR` and `fix ADDR`, then serves until killed.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -12,11 +13,13 @@ use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
+use gateway::layout::Layout;
 use gateway::server::{ServeOptions, start};
 use lab::child_flags::ChildFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let known = ["store", "credentials", "store-sync", "journal", "cancel-on-disconnect-ms"];
+    let known =
+        ["store", "credentials", "store-sync", "journal", "cancel-on-disconnect-ms", "layout"];
     let flags = ChildFlags::from_env(&known)?;
     let cancel_ms: u64 = flags.get_or("cancel-on-disconnect-ms", 0)?;
     let store: PathBuf = flags.required("store")?;
@@ -27,6 +30,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_iter()
         .find(|mode| mode.name() == journal)
         .ok_or_else(|| format!("--journal {journal:?}: one of group, sync, relaxed, off"))?;
+    let layout: String = flags.get_or("layout", "auto".to_string())?;
+    let layout = Layout::ALL
+        .into_iter()
+        .find(|l| l.name() == layout)
+        .ok_or_else(|| format!("--layout {layout:?}: one of auto, inline, engine-thread"))?;
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let running = start(ServeOptions {
         listen: any,
@@ -43,6 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         core_limits: Default::default(),
         ring: Default::default(),
         journal: EngineJournal { mode: journal, dir: store.join("engine") },
+        layout,
+        topology: gateway::layout::detect_topology(),
     })?;
     let mut out = std::io::stdout();
     writeln!(out, "native {}", running.listen)?;

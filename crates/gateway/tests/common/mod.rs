@@ -20,6 +20,9 @@ pub fn start_fix_server(store: &Path, credentials: Vec<Credential>, clients: u32
         core_limits: Default::default(),
         ring: Default::default(),
         journal: Default::default(),
+        // What `auto` picks on a 2-CPU host (inline); tests/layouts.rs runs the others.
+        layout: gateway::layout::Layout::Auto,
+        topology: pipeline::placement::Topology::uniform(2),
     };
     server::start(options).unwrap()
 }
