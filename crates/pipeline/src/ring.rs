@@ -15,7 +15,12 @@
 //! - False sharing: the slots start on a 128-byte boundary with padding after the last, so a
 //!   batch of small messages fills whole lines; [`Producer`] and [`Consumer`] are 128-byte
 //!   aligned, so their per-batch index writes share no line with their neighbours. An idle
-//!   consumer's poll is one load and no store (docs/benchmarks/ring.md has the figures).
+//!   consumer's poll is one load and, past its first two, no store (docs/benchmarks/ring.md
+//!   has the figures).
+//! - Prefetch hints (x86-64): after each publish the producer asks for the next batch's slot
+//!   lines in the exclusive state, so that it outruns a consumer that keeps up and the ring
+//!   moves data in large consumer reads; a consumer idle for a few polls asks for the slot
+//!   the next message will land in. Hints only: they change no memory and no ordering.
 //!
 //! # Memory ordering
 //! - Producer: writes slots, then `tail.store(Release)`. Consumer: `tail.load(Acquire)`, then
@@ -434,10 +439,11 @@ impl<T: Copy> Consumer<T> {
         }
         // Acquire: the producer's slot writes happen before we read them.
         let tail = self.shared.tail.load(Ordering::Acquire);
-        // Nothing new: return without a store. This is the polling path of an idle consumer,
-        // and storing `cached_tail` there on every poll cost ~50 ns per hop in ping-pong
-        // (docs/benchmarks/ring.md). It asks for the line the next message will be written to,
-        // so that when `tail` moves the slot's transfer has already started ([`prefetch_for_read`]).
+        // Nothing new: return without storing `cached_tail`. This is the polling path of an idle
+        // consumer, and that store on every poll cost ~50 ns per hop in ping-pong
+        // (docs/benchmarks/ring.md). The only store is the count of the first idle polls; after
+        // them each poll asks for the line the next message will be written to, so that when
+        // `tail` moves the slot's transfer has already started ([`prefetch_for_read`]).
         if tail == self.cached_tail {
             if self.idle_polls >= IDLE_POLLS_BEFORE_PREFETCH {
                 prefetch_for_read(&self.shared.slots(self.mask + 1)[tail & self.mask]);
@@ -535,14 +541,15 @@ const CACHE_LINE_BYTES: usize = 64;
 /// Asks for the cache lines of `slots` in the exclusive state (x86 `PREFETCHW`), ahead of the
 /// producer's next write to them.
 ///
-/// Why: the consumer read these lines a lap ago and may still hold them shared. Without the
-/// hint, the next batch's stores wait in the store buffer for that ownership transfer, which
-/// made the producer the slow side whenever the consumer kept up: the consumer then polled
-/// `tail` after every batch, stealing its line back each time, and both sides settled into
-/// moving one batch per round trip of two cache lines. With the lines already owned the
-/// producer runs ahead, the consumer reads large batches, and `tail` moves once per consumer
-/// read instead of once per producer batch (docs/benchmarks/ring.md has the read-size
-/// histograms). A hint only: no memory is read or written. Called only where
+/// Why (measured): without it, a consumer that kept up read one producer batch per call, the
+/// producer was the slow side, and the 8 B batch-16 cell ran at 0.5× disruptor, whose slower
+/// consumer lets its ring run full and reads 256 per call. With it, leantier's ring runs full
+/// too and the consumer reads 256 per call (docs/benchmarks/ring.md has the read-size
+/// histograms and ratios). Our reading of the mechanism (this VM exposes no cache counters to
+/// confirm it): the consumer read these lines a lap ago and may still hold them shared, so
+/// the next batch's stores waited for the ownership transfer; with the lines already owned the
+/// producer outruns the consumer, and the `tail` line crosses once per consumer read instead
+/// of once per producer batch. A hint only: no memory is read or written. Called only where
 /// [`cpu_has_prefetchw`] says the CPU implements the instruction.
 #[inline(always)]
 fn prefetch_for_write<T>(slots: &[UnsafeCell<T>]) {
@@ -599,8 +606,8 @@ fn prefetch_for_read<T>(slot: &UnsafeCell<T>) {
     let _ = slot;
 }
 
-/// Whether the CPU implements `PREFETCHW` (CPUID leaf 8000_0001h, ECX bit 8, "PRFCHW"; Intel
-/// since Broadwell, AMD since K8). Always false under loom and miri, which cannot run it, and
+/// Whether the CPU implements `PREFETCHW` (CPUID leaf 8000_0001h, ECX bit 8, "PRFCHW", which
+/// Linux lists as `3dnowprefetch`). Always false under loom and miri, which cannot run it, and
 /// off x86-64. Read once per ring, at construction.
 fn cpu_has_prefetchw() -> bool {
     #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
