@@ -359,7 +359,9 @@ fn latency_tables(runs: &[RunResult]) -> Table {
             let reply = reply_label(run.journal_mode);
             [format!("critical path @{rate}"), format!("{reply} @{rate}")]
                 .into_iter()
-                .chain(STAGE_SPLITS.iter().map(move |s| format!("  {s} @{rate}")))
+                .chain(STAGE_SPLITS.iter().map(|s| format!("  {s} @{rate}")))
+                .chain([format!("  generator late @{rate}")])
+                .collect::<Vec<_>>()
         })
         .collect();
     let summaries: Vec<LatencySummary> = runs
@@ -368,6 +370,7 @@ fn latency_tables(runs: &[RunResult]) -> Table {
             [run.critical_path.summary(), run.end_to_end.summary()]
                 .into_iter()
                 .chain(run.stage_latency.iter().map(|h| h.summary()))
+                .chain([run.send_lag.summary()])
         })
         .collect();
     let rows: Vec<(&str, &LatencySummary)> =
@@ -375,7 +378,9 @@ fn latency_tables(runs: &[RunResult]) -> Table {
     latency_table(&rows).with_title(
         "Latency from the intended send time, µs. Critical path: until the response is ready \
          (core done), no fsync wait. Durable reply: until delivered, after its input's fsync. \
-         Stages: requests that reached the core",
+         Stages: requests that reached the core. Generator late: how far behind its schedule \
+         the load generator sent (already inside every latency above; its tail is time the \
+         generator's thread did not run, e.g. a VM's vCPU stopped by its host)",
     )
 }
 
