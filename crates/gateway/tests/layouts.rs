@@ -2,6 +2,8 @@
 //! spinning; journal off and on): orders in over several sessions at once, every report out to
 //! the session that owns it, in sequence and in the book's price-time order.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,7 +11,6 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::client::NativeClient;
-use gateway::credentials::{self, Credential, Protocol};
 use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
 use gateway::layout::Layout;
@@ -40,15 +41,7 @@ fn start_with_rings(
     ring: RingConfig,
 ) -> (Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
-    let credentials = (1..=3)
-        .map(|client| Credential {
-            client,
-            protocol: Protocol::Native,
-            comp_id: format!("N{client}"),
-            hash: hash.clone(),
-        })
-        .collect();
+    let credentials = common::native_credentials(SECRET);
     let options = ServeOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         fix_listen: None,

@@ -1,12 +1,13 @@
 //! The native protocol against a real `serve` on loopback: trading, replay on re-login, the
 //! session protections, and each bad-input case (with another session still served).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::client::{ClientError, NativeClient};
-use gateway::credentials::{self, Credential, Protocol};
 use gateway::hub::Settings;
 use gateway::native::{
     ClientMsg, Event, OrderRequest, ServerMsg, error_code, event_kind, gateway_reason, login_reject,
@@ -21,15 +22,7 @@ const PRICE: i64 = 101_000;
 
 fn start(settings: Settings) -> (Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
-    let credentials = (1..=3)
-        .map(|client| Credential {
-            client,
-            protocol: Protocol::Native,
-            comp_id: format!("N{client}"),
-            hash: hash.clone(),
-        })
-        .collect();
+    let credentials = common::native_credentials(SECRET);
     let options = ServeOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         fix_listen: None,

@@ -1,9 +1,10 @@
-//! Helpers shared by the integration tests that run the gateway's FIX acceptor.
+//! Helpers shared by the gateway's integration tests. Each test binary uses part of them.
+#![allow(dead_code)]
 
 use std::path::Path;
 
 use exchange::flow::{UniverseConfig, reference_master_data};
-use gateway::credentials::Credential;
+use gateway::credentials::{self, Credential, Protocol};
 use gateway::hub::Settings;
 use gateway::server::{self, Running, ServeOptions};
 
@@ -25,4 +26,17 @@ pub fn start_fix_server(store: &Path, credentials: Vec<Credential>, clients: u32
         topology: pipeline::placement::Topology::uniform(2),
     };
     server::start(options).unwrap()
+}
+
+/// Native-protocol credentials of clients 1..=3 (comp ids N1..N3), all with `secret`.
+pub fn native_credentials(secret: &str) -> Vec<Credential> {
+    let hash = credentials::hash_secret(secret.as_bytes()).unwrap();
+    (1..=3)
+        .map(|client| Credential {
+            client,
+            protocol: Protocol::Native,
+            comp_id: format!("N{client}"),
+            hash: hash.clone(),
+        })
+        .collect()
 }
