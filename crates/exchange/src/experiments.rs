@@ -54,11 +54,27 @@ pub struct MaxRateSearch {
     pub p99_limit_us: u64,
 }
 
+/// When no rate meets the search's limit, it runs again at this many times the limit, so the
+/// user still learns what the tier sustains (on a VM whose host stops busy vCPUs for
+/// milliseconds, say, where no rate keeps a 100 µs p99).
+pub const LOOSER_LIMIT_FACTOR: u64 = 10;
+
+/// The search to run again when `report` found no rate within its limit: the same search at
+/// [`LOOSER_LIMIT_FACTOR`] times the limit. `None` when some rate passed.
+pub fn looser_search(report: &RateSearchReport, search: MaxRateSearch) -> Option<MaxRateSearch> {
+    report.last_passing_rate_per_s.is_none().then_some(MaxRateSearch {
+        p99_limit_us: search.p99_limit_us.saturating_mul(LOOSER_LIMIT_FACTOR),
+        ..search
+    })
+}
+
 /// Everything one demo/run measured.
 pub struct Session {
     pub config: TierConfig,
     pub runs: Vec<RunResult>,
     pub max_rate: Option<RateSearchReport>,
+    /// The search again at [`LOOSER_LIMIT_FACTOR`] × the limit, when no rate met the limit.
+    pub max_rate_looser: Option<RateSearchReport>,
 }
 
 /// Runs the tier at each rate for `seconds`, then (with `search`) its maximum-rate search.
@@ -92,11 +108,11 @@ pub fn measure(
         runs.push(result);
     }
     bar.finish_and_clear();
-    let max_rate = match search {
-        None => None,
-        Some(search) => Some(find_max_rate(config, rates, search)?),
-    };
-    Ok(Session { config: config.clone(), runs, max_rate })
+    let max_rate = search.map(|search| find_max_rate(config, rates, search)).transpose()?;
+    let looser =
+        search.zip(max_rate.as_ref()).and_then(|(search, report)| looser_search(report, search));
+    let max_rate_looser = looser.map(|search| find_max_rate(config, rates, search)).transpose()?;
+    Ok(Session { config: config.clone(), runs, max_rate, max_rate_looser })
 }
 
 /// `config` with its `auto` layout's service times measured once (every run of a session
@@ -418,4 +434,36 @@ pub fn layout_bench(
         }
     }
     Ok(bench)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lab::load::RateSearchPlan;
+
+    fn report(last_passing_rate_per_s: Option<f64>) -> RateSearchReport {
+        let plan = RateSearchPlan {
+            start_rate_per_s: 60_000.0,
+            min_rate_per_s: MAX_RATE_SEARCH_MIN_PER_S,
+            max_rate_per_s: MAX_RATE_SEARCH_MAX_PER_S,
+            percentile: 99.0,
+            limit_ns: 100_000,
+            precision: MAX_RATE_SEARCH_PRECISION,
+        };
+        RateSearchReport {
+            plan,
+            steps: Vec::new(),
+            last_passing_rate_per_s,
+            first_failing_rate_per_s: Some(1_000.0),
+        }
+    }
+
+    #[test]
+    fn a_search_that_found_no_rate_runs_again_at_a_looser_limit_only() {
+        let search = MaxRateSearch { step_seconds: 0.5, p99_limit_us: 100 };
+        let looser = looser_search(&report(None), search).expect("no rate passed");
+        assert_eq!(looser.p99_limit_us, 100 * LOOSER_LIMIT_FACTOR);
+        assert_eq!(looser.step_seconds, search.step_seconds);
+        assert!(looser_search(&report(Some(26_250.0)), search).is_none());
+    }
 }
