@@ -74,7 +74,7 @@ pub struct Recorder {
     pub hop_latency_ns: Histogram<u64>,
     /// Time from ingress to the end of handling, recorded by stages with no downstream.
     pub end_to_end_ns: Histogram<u64>,
-    /// Input queue depth, sampled once per batch read.
+    /// Input queue depth, sampled every [`crate::stage::DEPTH_SAMPLE_EVERY_ROUNDS`]th read round.
     pub queue_depth: Histogram<u64>,
     span_start_ns: u64,
 }

@@ -5,13 +5,25 @@
 //!   "full" is `tail - head == capacity` and no slot is wasted.
 //! - Every slot is allocated and initialised once, at construction; a message is copied (or
 //!   built in place, [`Producer::try_write_batch`]) into a slot. Nothing allocates per message.
-//! - `head` (consumer's) and `tail` (producer's) sit on separate 128-byte lines. Each side keeps
-//!   a private cached copy of the other's index and re-reads the shared one only when the cache
-//!   says "full" (producer) or "empty" (consumer), so in steady state each side touches the
-//!   other's cache line once per batch, not once per message.
-//! - Batches: the producer fills n slots and publishes them with one Release store; the
-//!   consumer reads everything available up to a bound and releases it with one store. A
-//!   batch that does not fit waits until it fits whole.
+//! - The consumer releases slots through `head`, which the producer re-reads only when its
+//!   cached copy says "full".
+//! - The producer publishes each batch by a *batch header*: after writing the batch's slots it
+//!   stores the batch's end index in `batch_ends[start]`, the entry beside the batch's first
+//!   slot. The consumer follows the chain of headers (each batch's end is the next batch's
+//!   start) and never reads an index the producer writes on every batch. So the producer's
+//!   publish is a store to a line the consumer reads only once it has caught up with that
+//!   very batch: a producer running ahead of its consumer pays no cache-line transfer per
+//!   batch, and the consumer reads whole lines of headers and slots. (With a shared `tail`
+//!   the consumer re-read `tail` on every call and the producer's next store had to take the
+//!   line back: two transfers per single-message batch; docs/benchmarks/ring.md has the
+//!   figures.) A header is valid when `end - start` lies in `1..=capacity`: an entry left
+//!   from an earlier lap holds an end at or before `start`, which wraps to 0 or more than the
+//!   capacity.
+//! - Batches: the producer fills n slots and publishes them with one header; the consumer
+//!   reads everything available up to a bound and releases it with one store. A batch that
+//!   does not fit waits until it fits whole.
+//! - `tail`, the producer's index, is still stored once per batch (Relaxed) for depth samples
+//!   ([`Consumer::len`]): the producer's line, read only by those samples.
 //! - False sharing: the slots start on a 128-byte boundary with padding after the last, so a
 //!   batch of small messages fills whole lines; [`Producer`] and [`Consumer`] are 128-byte
 //!   aligned, so their per-batch index writes share no line with their neighbours. An idle
@@ -23,14 +35,15 @@
 //!   the next message will land in. Hints only: they change no memory and no ordering.
 //!
 //! # Memory ordering
-//! - Producer: writes slots, then `tail.store(Release)`. Consumer: `tail.load(Acquire)`, then
-//!   reads slots. The Release/Acquire pair makes the slot writes visible before the consumer
-//!   reads them.
+//! - Producer: writes slots, then `batch_ends[start].store(end, Release)`. Consumer:
+//!   `batch_ends[start].load(Acquire)`, then reads slots. The Release/Acquire pair makes the
+//!   slot writes visible before the consumer reads them (weakening either side to Relaxed
+//!   fails `tests/loom.rs`).
 //! - Consumer: reads slots, then `head.store(Release)`. Producer: `head.load(Acquire)`, then
 //!   overwrites slots. This pair makes the consumer's reads complete before a slot is reused.
 //! - Each index has exactly one writer, so plain loads of one's own index are Relaxed.
-//! - Disconnection: a side's final index store precedes its `*_alive.store(false, Release)`;
-//!   the peer's `Acquire` load of the flag therefore sees the final index.
+//! - Disconnection: a side's final header or index store precedes its
+//!   `*_alive.store(false, Release)`; the peer's `Acquire` load of the flag therefore sees it.
 //! - Waking: after publishing, a side calls [`Parker::notify`] on its peer's parker when the
 //!   peer's strategy may park (`crate::wait` explains why that is a fence, not a syscall).
 
@@ -138,8 +151,12 @@ pub struct Disconnected;
 struct Shared<T> {
     /// Next index the consumer reads. Written only by the consumer.
     head: CachePadded<AtomicUsize>,
-    /// Next index the producer writes. Written only by the producer.
+    /// Next index the producer writes. Written only by the producer, read only for depth
+    /// samples ([`Consumer::len`]); publication goes through `batch_ends`.
     tail: CachePadded<AtomicUsize>,
+    /// `batch_ends[i]`: the end index of the batch the producer last published starting at
+    /// a slot `i` (see the module docs for why a stale entry is never taken for a new one).
+    batch_ends: Box<[AtomicUsize]>,
     /// The ring's slots are `storage[first_slot..first_slot + capacity]` (see [`slot_storage`]).
     storage: Box<[UnsafeCell<T>]>,
     first_slot: usize,
@@ -152,9 +169,10 @@ struct Shared<T> {
 }
 
 // SAFETY: slots are only accessed through the index protocol in the module docs: the producer
-// writes only slots in [tail, head + capacity), the consumer reads only slots in [head, tail),
-// and the Release/Acquire pairs on `head`/`tail` make those ranges disjoint in time. So sharing
-// `Shared` between the two threads is sound whenever `T` itself may move between threads.
+// writes only slots in [tail, head + capacity), the consumer reads only slots in
+// [head, end of the last header it followed), and the Release/Acquire pairs on `head` and the
+// batch headers make those ranges disjoint in time. So sharing `Shared` between the two
+// threads is sound whenever `T` itself may move between threads.
 unsafe impl<T: Send> Sync for Shared<T> {}
 
 impl<T> Shared<T> {
@@ -162,6 +180,17 @@ impl<T> Shared<T> {
     #[inline(always)]
     fn slots(&self, capacity: usize) -> &[UnsafeCell<T>] {
         &self.storage[self.first_slot..self.first_slot + capacity]
+    }
+
+    /// The end of the batch published starting at index `start`, if the producer has
+    /// published it; `None` while the header beside `start`'s slot is one from an earlier lap
+    /// (or the initial 0), whose end lies at or before `start`.
+    #[inline(always)]
+    fn published_batch_end(&self, start: usize, mask: usize) -> Option<usize> {
+        // Acquire: the producer's writes of the batch's slots happen before we read them.
+        let end = self.batch_ends[start & mask].load(Ordering::Acquire);
+        let length = end.wrapping_sub(start);
+        (1..=mask + 1).contains(&length).then_some(end)
     }
 }
 
@@ -185,14 +214,15 @@ pub struct Producer<T> {
 }
 
 /// The reading end of a lock-free ring. Exactly one exists per ring. Aligned like
-/// [`Producer`], for the same reason (`head` and `cached_tail` are written on every batch).
+/// [`Producer`], for the same reason (`head` and `known_end` are written on every batch).
 #[repr(align(128))]
 pub struct Consumer<T> {
     shared: Arc<Shared<T>>,
     mask: usize,
     batch_slots_max: usize,
     head: usize,
-    cached_tail: usize,
+    /// The end of the last batch header followed: messages in [head, known_end) are readable.
+    known_end: usize,
     /// Polls in a row that found nothing new (saturating), for [`IDLE_POLLS_BEFORE_PREFETCH`].
     idle_polls: u32,
     notify_producer: bool,
@@ -200,10 +230,9 @@ pub struct Consumer<T> {
 }
 
 /// Slots between `head` and `tail`, checked against `capacity` in release builds: more would
-/// mean a corrupt index, and the producer would overwrite unread slots (or the consumer read
-/// unwritten ones) without any other sign. Called only where a side re-reads its peer's index
-/// (at most once per batch, on a cache miss of the cached index), so the check costs a
-/// subtraction and a predictable branch per refresh, nothing per message.
+/// mean a corrupt index or batch header, and the producer would overwrite unread slots (or the
+/// consumer read unwritten ones) without any other sign. The check costs a subtraction and a
+/// predictable branch per refresh, nothing per message.
 #[inline]
 fn occupied_slots(tail: usize, head: usize, capacity: usize) -> usize {
     let occupied = tail.wrapping_sub(head);
@@ -255,6 +284,7 @@ pub fn spsc_with<T: Copy + Default + Send>(
     let shared = Arc::new(Shared {
         head: CachePadded(AtomicUsize::new(0)),
         tail: CachePadded(AtomicUsize::new(0)),
+        batch_ends: (0..config.capacity_slots).map(|_| AtomicUsize::new(0)).collect(),
         storage,
         first_slot,
         producer_alive: AtomicBool::new(true),
@@ -279,7 +309,7 @@ pub fn spsc_with<T: Copy + Default + Send>(
         mask,
         batch_slots_max: config.batch_slots_max,
         head: 0,
-        cached_tail: 0,
+        known_end: 0,
         idle_polls: 0,
         notify_producer: may_park,
         waiter: Waiter::new(config.wait, consumer_parker),
@@ -315,11 +345,14 @@ impl<T: Copy> Producer<T> {
         !self.shared.consumer_alive.load(Ordering::Acquire)
     }
 
-    /// Publishes slots up to `self.tail` and wakes the consumer if it may be parked.
+    /// Publishes the batch of slots from `start` up to `self.tail` by its header and wakes the
+    /// consumer if it may be parked.
     #[inline]
-    fn publish(&self) {
-        // Release: the slot writes above become visible before the new tail.
-        self.shared.tail.store(self.tail, Ordering::Release);
+    fn publish(&self, start: usize) {
+        // Release: the slot writes above become visible before the header that covers them.
+        self.shared.batch_ends[start & self.mask].store(self.tail, Ordering::Release);
+        // Relaxed: read only for depth samples, which order nothing.
+        self.shared.tail.store(self.tail, Ordering::Relaxed);
         if self.notify_consumer {
             self.shared.consumer_parker.notify();
         }
@@ -341,15 +374,21 @@ impl<T: Copy> Producer<T> {
     }
 
     /// Lets `fill` write the `n` slots that [`Producer::claim`] checked, handed over as at
-    /// most two runs (before and after the wrap), publishes them with one store, then asks
-    /// for the lines of the next `n` slots in the exclusive state ([`prefetch_for_write`]).
+    /// most two runs (before and after the wrap), publishes them with one header, then asks
+    /// for the lines of the next `n` slots in the exclusive state ([`prefetch_for_write`])
+    /// when `n > 1`.
     #[inline(always)]
     fn write_claimed(&mut self, n: usize, fill: impl FnOnce([&[UnsafeCell<T>]; 2])) {
         let slots = self.shared.slots(self.mask + 1);
-        fill(contiguous_runs(slots, self.tail & self.mask, n));
-        self.tail = self.tail.wrapping_add(n);
-        self.publish();
-        if self.prefetch {
+        let start = self.tail;
+        fill(contiguous_runs(slots, start & self.mask, n));
+        self.tail = start.wrapping_add(n);
+        self.publish(start);
+        // Not after a single-message batch: a consumer keeping up with single messages polls
+        // the next slot's line itself (its idle prefetch asks for it), so asking for it in
+        // the exclusive state only bounced that line between the two cores (64 B batch 1:
+        // 19–21 against 28–34 Mmsg/s without, docs/benchmarks/ring.md).
+        if self.prefetch && n > 1 {
             let next = &slots[self.tail & self.mask..];
             prefetch_for_write(&next[..n.min(next.len())]);
         }
@@ -429,42 +468,46 @@ impl<T: Copy> Consumer<T> {
         self.mask + 1
     }
 
-    /// Messages available now, refreshing the cached producer index only when the cache shows
-    /// fewer than `wanted`.
+    /// Messages available now, following published batch headers only while the ones already
+    /// followed cover fewer than `wanted`.
     #[inline]
     fn available(&mut self, wanted: usize) -> usize {
-        let available = self.cached_tail.wrapping_sub(self.head);
-        if available >= wanted {
-            return available;
+        let capacity = self.mask + 1;
+        let before = self.known_end;
+        while self.known_end.wrapping_sub(self.head) < wanted {
+            match self.shared.published_batch_end(self.known_end, self.mask) {
+                Some(end) => self.known_end = end,
+                None => break,
+            }
         }
-        // Acquire: the producer's slot writes happen before we read them.
-        let tail = self.shared.tail.load(Ordering::Acquire);
-        // Nothing new: return without storing `cached_tail`. This is the polling path of an idle
-        // consumer, and that store on every poll cost ~50 ns per hop in ping-pong
-        // (docs/benchmarks/ring.md). The only store is the count of the first idle polls; after
-        // them each poll asks for the line the next message will be written to, so that when
-        // `tail` moves the slot's transfer has already started ([`prefetch_for_read`]).
-        if tail == self.cached_tail {
+        // Nothing new: return without a store. This is the polling path of an idle consumer,
+        // and a store on every poll cost ~50 ns per hop in ping-pong (docs/benchmarks/ring.md).
+        // The only store is the count of the first idle polls; after them each poll asks for
+        // the line the next message will be written to, so that when its header appears the
+        // slot's transfer has already started ([`prefetch_for_read`]).
+        if self.known_end != before {
+            self.idle_polls = 0;
+        } else if self.known_end == self.head {
             if self.idle_polls >= IDLE_POLLS_BEFORE_PREFETCH {
-                prefetch_for_read(&self.shared.slots(self.mask + 1)[tail & self.mask]);
+                prefetch_for_read(&self.shared.slots(capacity)[before & self.mask]);
             } else {
                 self.idle_polls += 1;
             }
-            return available;
         }
-        self.idle_polls = 0;
-        self.cached_tail = tail;
-        occupied_slots(tail, self.head, self.mask + 1)
+        occupied_slots(self.known_end, self.head, capacity)
     }
 
-    /// Approximate number of messages in the ring (a depth sample for metrics).
+    /// Approximate number of messages in the ring, a depth sample for metrics. It reads the
+    /// producer's `tail` line, so sample it now and then, not on every poll.
     pub fn len(&self) -> usize {
         // Relaxed: a statistic; it may be stale by the time it is read anyway.
         self.shared.tail.load(Ordering::Relaxed).wrapping_sub(self.head)
     }
 
+    /// Whether no message is readable now (the check a waiting consumer polls).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.known_end == self.head
+            && self.shared.published_batch_end(self.known_end, self.mask).is_none()
     }
 
     /// True once the producer is gone and every message it published has been read.
@@ -513,11 +556,12 @@ impl<T: Copy> Consumer<T> {
             if self.is_disconnected() {
                 return Err(Disconnected);
             }
-            let shared = &*self.shared;
-            let head = self.head;
+            let (shared, mask) = (&*self.shared, self.mask);
+            // Nothing was readable, so `known_end == head`: the next batch starts there.
+            let next_start = self.known_end;
             self.waiter.wait_until(|| {
-                // Acquire on both: as in `available` and `is_disconnected`.
-                shared.tail.load(Ordering::Acquire) != head
+                // Acquire on both: as in `published_batch_end` and `is_disconnected`.
+                shared.published_batch_end(next_start, mask).is_some()
                     || !shared.producer_alive.load(Ordering::Acquire)
             });
         }
@@ -702,6 +746,29 @@ mod tests {
         let mut seen = Vec::new();
         while consumer.read_batch(2, |v| seen.push(*v)) > 0 {}
         assert_eq!(seen, [4, 5, 100, 101, 102]);
+    }
+
+    /// Headers left from earlier laps never read as new batches: after each lap the ring
+    /// reads empty, and a batch read in parts stays readable until its last message.
+    #[test]
+    fn stale_batch_headers_are_never_taken_for_new_ones() {
+        let (mut producer, mut consumer) = spsc::<u32>(&config(4, 4)).unwrap();
+        let mut next = 0;
+        for lap in 0..6u32 {
+            assert!(consumer.is_empty(), "lap {lap}");
+            assert_eq!(consumer.read_batch(4, |_| {}), 0, "lap {lap}");
+            let batch: Vec<u32> = (next..next + 1 + lap % 3).collect();
+            producer.push_batch(&batch).unwrap();
+            producer.push_batch(&[next + 100]).unwrap();
+            let mut seen = Vec::new();
+            while !consumer.is_empty() {
+                consumer.read_batch(1, |v| seen.push(*v));
+            }
+            let mut expected = batch.clone();
+            expected.push(next + 100);
+            assert_eq!(seen, expected, "lap {lap}");
+            next += 1000;
+        }
     }
 
     #[test]

@@ -101,6 +101,7 @@ pub use emit::{
 };
 use fused::FusedStage;
 pub use results::{StageResults, StageWorker};
+pub use worker::DEPTH_SAMPLE_EVERY_ROUNDS;
 use worker::{LaunchContext, Shared, launch_workers, run_source};
 
 use crate::active::ActiveWorkers;
