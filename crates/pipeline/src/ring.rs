@@ -196,7 +196,7 @@ impl<T> Shared<T> {
 
 /// The writing end of a lock-free ring. Exactly one exists per ring.
 ///
-/// Aligned like [`CachePadded`]: `tail` and `cached_head` are written on every batch, and a
+/// Aligned like [`CachePadded`]: `tail` and `cached_head` are written per batch, and a
 /// neighbour in whatever holds the producer (a heap-allocated closure, a `Vec` of outlets)
 /// written by another thread would otherwise share their cache line and cost a transfer per
 /// batch.
@@ -592,8 +592,9 @@ const CACHE_LINE_BYTES: usize = 64;
 /// histograms and ratios). Our reading of the mechanism (this VM exposes no cache counters to
 /// confirm it): the consumer read these lines a lap ago and may still hold them shared, so
 /// the next batch's stores waited for the ownership transfer; with the lines already owned the
-/// producer outruns the consumer, and the `tail` line crosses once per consumer read instead
-/// of once per producer batch. A hint only: no memory is read or written. Called only where
+/// producer outruns the consumer, and the publishing line crossed once per consumer read
+/// instead of once per producer batch (measured when batches were published through `tail`;
+/// batch headers keep the effect). A hint only: no memory is read or written. Called only where
 /// [`cpu_has_prefetchw`] says the CPU implements the instruction.
 #[inline(always)]
 fn prefetch_for_write<T>(slots: &[UnsafeCell<T>]) {
@@ -630,7 +631,7 @@ const IDLE_POLLS_BEFORE_PREFETCH: u32 = 2;
 /// Asks for the cache line holding `slot` (x86 `PREFETCHT0`, part of SSE, so every x86-64
 /// CPU has it). An idle consumer calls it on its polls that find nothing new (after the first
 /// [`IDLE_POLLS_BEFORE_PREFETCH`]), for the slot the next message will be written to: the
-/// slot's line transfer can then overlap the one of `tail` instead of following it. Measured
+/// slot's line transfer can then overlap the one of the batch header instead of following it. Measured
 /// effect: hop p50 1.02× disruptor's instead of 1.085× (docs/benchmarks/ring.md). A hint
 /// only: no memory is read or written, so it races with nothing the producer does; loom and
 /// miri skip it.
