@@ -501,7 +501,14 @@ impl<T: Copy> Consumer<T> {
     /// producer's `tail` line, so sample it now and then, not on every poll.
     pub fn len(&self) -> usize {
         // Relaxed: a statistic; it may be stale by the time it is read anyway.
-        self.shared.tail.load(Ordering::Relaxed).wrapping_sub(self.head)
+        let tail = self.shared.tail.load(Ordering::Relaxed);
+        // `tail` is stored after the batch header, Relaxed, so this sample may see it behind
+        // what the headers already told us: then we know more than it does.
+        let known = self.known_end.wrapping_sub(self.head);
+        match tail.wrapping_sub(self.head) {
+            behind_head if behind_head > self.mask + 1 => known,
+            sampled => sampled.max(known),
+        }
     }
 
     /// Whether no message is readable now (the check a waiting consumer polls).
