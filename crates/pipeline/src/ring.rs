@@ -457,7 +457,7 @@ impl<T: Copy> Producer<T> {
 
 impl<T> Drop for Producer<T> {
     fn drop(&mut self) {
-        // Release: our last tail store happens before the consumer sees us gone.
+        // Release: our last batch header happens before the consumer sees us gone.
         self.shared.producer_alive.store(false, Ordering::Release);
         self.shared.consumer_parker.notify();
     }
@@ -519,7 +519,8 @@ impl<T: Copy> Consumer<T> {
 
     /// True once the producer is gone and every message it published has been read.
     pub fn is_disconnected(&mut self) -> bool {
-        // Acquire: pairs with the producer's Release on drop, so `available` sees its last tail.
+        // Acquire: pairs with the producer's Release on drop, so `available` sees its last
+        // batch header.
         !self.shared.producer_alive.load(Ordering::Acquire) && self.available(1) == 0
     }
 
