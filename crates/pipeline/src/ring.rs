@@ -22,8 +22,9 @@
 //! - Batches: the producer fills n slots and publishes them with one header; the consumer
 //!   reads everything available up to a bound and releases it with one store. A batch that
 //!   does not fit waits until it fits whole.
-//! - `tail`, the producer's index, is still stored once per batch (Relaxed) for depth samples
-//!   ([`Consumer::len`]): the producer's line, read only by those samples.
+//! - `tail`, the producer's index, is still stored once per batch (Relaxed, before the
+//!   header) for depth samples ([`Consumer::len`]): the producer's line, read only by those
+//!   samples.
 //! - False sharing: the slots start on a 128-byte boundary with padding after the last, so a
 //!   batch of small messages fills whole lines; [`Producer`] and [`Consumer`] are 128-byte
 //!   aligned, so their per-batch index writes share no line with their neighbours. An idle
@@ -229,10 +230,11 @@ pub struct Consumer<T> {
     waiter: Waiter,
 }
 
-/// Slots between `head` and `tail`, checked against `capacity` in release builds: more would
-/// mean a corrupt index or batch header, and the producer would overwrite unread slots (or the
-/// consumer read unwritten ones) without any other sign. The check costs a subtraction and a
-/// predictable branch per refresh, nothing per message.
+/// Slots between `head` and `tail` (or the end of the batches followed), checked against
+/// `capacity` in release builds: more would mean a corrupt index or batch header, and the
+/// producer would overwrite unread slots (or the consumer read unwritten ones) without any
+/// other sign. The check costs a subtraction and a predictable branch per refresh, nothing
+/// per message.
 #[inline]
 fn occupied_slots(tail: usize, head: usize, capacity: usize) -> usize {
     let occupied = tail.wrapping_sub(head);
@@ -349,10 +351,11 @@ impl<T: Copy> Producer<T> {
     /// consumer if it may be parked.
     #[inline]
     fn publish(&self, start: usize) {
-        // Release: the slot writes above become visible before the header that covers them.
-        self.shared.batch_ends[start & self.mask].store(self.tail, Ordering::Release);
-        // Relaxed: read only for depth samples, which order nothing.
+        // Relaxed: read only for depth samples. Stored before the header, so a consumer that
+        // has followed the header never samples a `tail` behind it.
         self.shared.tail.store(self.tail, Ordering::Relaxed);
+        // Release: the slot writes and `tail` above become visible before the header.
+        self.shared.batch_ends[start & self.mask].store(self.tail, Ordering::Release);
         if self.notify_consumer {
             self.shared.consumer_parker.notify();
         }
@@ -500,15 +503,9 @@ impl<T: Copy> Consumer<T> {
     /// Approximate number of messages in the ring, a depth sample for metrics. It reads the
     /// producer's `tail` line, so sample it now and then, not on every poll.
     pub fn len(&self) -> usize {
-        // Relaxed: a statistic; it may be stale by the time it is read anyway.
-        let tail = self.shared.tail.load(Ordering::Relaxed);
-        // `tail` is stored after the batch header, Relaxed, so this sample may see it behind
-        // what the headers already told us: then we know more than it does.
-        let known = self.known_end.wrapping_sub(self.head);
-        match tail.wrapping_sub(self.head) {
-            behind_head if behind_head > self.mask + 1 => known,
-            sampled => sampled.max(known),
-        }
+        // Relaxed: a statistic; it may be stale by the time it is read anyway, but never
+        // behind `head`: the producer stores `tail` before each header we followed.
+        self.shared.tail.load(Ordering::Relaxed).wrapping_sub(self.head)
     }
 
     /// Whether no message is readable now (the check a waiting consumer polls).
@@ -639,10 +636,10 @@ const IDLE_POLLS_BEFORE_PREFETCH: u32 = 2;
 /// Asks for the cache line holding `slot` (x86 `PREFETCHT0`, part of SSE, so every x86-64
 /// CPU has it). An idle consumer calls it on its polls that find nothing new (after the first
 /// [`IDLE_POLLS_BEFORE_PREFETCH`]), for the slot the next message will be written to: the
-/// slot's line transfer can then overlap the one of the batch header instead of following it. Measured
-/// effect: hop p50 1.02× disruptor's instead of 1.085× (docs/benchmarks/ring.md). A hint
-/// only: no memory is read or written, so it races with nothing the producer does; loom and
-/// miri skip it.
+/// slot's line transfer can then overlap the one of the batch header instead of following
+/// it. Measured effect (with `tail` in the header's place): hop p50 1.02× disruptor's instead
+/// of 1.085× (docs/benchmarks/ring.md). A hint only: no memory is read or written, so it races
+/// with nothing the producer does; loom and miri skip it.
 #[inline(always)]
 fn prefetch_for_read<T>(slot: &UnsafeCell<T>) {
     #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]

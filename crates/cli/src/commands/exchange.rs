@@ -569,8 +569,8 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     for table in &tables {
         println!("\n{table}");
     }
-    let max_line = searches.iter().map(|report| max_rate_line(report)).collect::<Vec<_>>();
-    let max_line = max_line.join("; ");
+    let max_line =
+        searches.iter().map(|report| max_rate_line(report)).collect::<Vec<_>>().join("; ");
     if !max_line.is_empty() {
         println!("\n{max_line}");
     }
