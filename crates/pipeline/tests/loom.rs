@@ -79,6 +79,26 @@ fn batches_are_published_whole_and_full_producer_is_woken() {
     });
 }
 
+/// A consumer that finds two or more headers ready jumps to the producer's catch-up index
+/// (every 2 slots under loom) and reads the slots below it, which only that index's
+/// Release/Acquire pair orders after their writes (weakening either side to Relaxed fails
+/// here as a causality violation).
+#[test]
+fn a_consumer_catching_up_reads_only_written_slots() {
+    model(|| {
+        let (mut tx, mut rx) = connector::<u64>(ConnectorKind::LockFree, &config(4, 4)).unwrap();
+        let producer = thread::spawn(move || {
+            for value in 1..=4 {
+                tx.push(value).unwrap();
+            }
+        });
+        let mut seen = Vec::new();
+        while rx.wait_read_batch(4, |value| seen.push(*value)).is_ok() {}
+        producer.join().unwrap();
+        assert_eq!(seen, [1, 2, 3, 4]);
+    });
+}
+
 /// A producer blocked on a full ring learns that the consumer is gone instead of hanging.
 #[test]
 fn dropped_consumer_releases_a_blocked_producer() {
