@@ -27,9 +27,8 @@
 //! - Batches: the producer fills n slots and publishes them with one header; the consumer
 //!   reads everything available up to a bound and releases it with one store. A batch that
 //!   does not fit waits until it fits whole.
-//! - `tail`, the producer's index, is still stored once per batch (Relaxed, before the
-//!   header) for depth samples ([`Consumer::len`]): the producer's line, read only by those
-//!   samples.
+//! - Depth samples ([`Consumer::len`]) follow the headers from the catch-up index (or the
+//!   consumer's own position, whichever is later): at most one stride and a batch of them.
 //! - False sharing: the slots start on a 128-byte boundary with padding after the last, so a
 //!   batch of small messages fills whole lines; [`Producer`] and [`Consumer`] are 128-byte
 //!   aligned, so their per-batch index writes share no line with their neighbours. An idle
@@ -160,13 +159,11 @@ pub struct Disconnected;
 struct Shared<T> {
     /// Next index the consumer reads. Written only by the consumer.
     head: CachePadded<AtomicUsize>,
-    /// Next index the producer writes. Written only by the producer, read only for depth
-    /// samples ([`Consumer::len`]); publication goes through `batch_ends`.
-    tail: CachePadded<AtomicUsize>,
     /// The end of the latest batch that crossed a multiple of [`CATCH_UP_STRIDE_SLOTS`]: a
-    /// consumer that has fallen behind jumps there instead of following every header.
-    /// Written only by the producer, on its own line so that reading it costs the producer
-    /// at most one transfer per stride.
+    /// consumer that has fallen behind jumps there instead of following every header, and a
+    /// depth sample starts there. Written only by the producer, once per stride, so reading
+    /// it costs the producer at most one line transfer per stride. (There is no shared
+    /// `tail`: publication goes through `batch_ends`.)
     catch_up_end: CachePadded<AtomicUsize>,
     /// `batch_ends[i]`: the end index of the batch the producer last published starting at
     /// a slot `i` (see the module docs for why a stale entry is never taken for a new one).
@@ -276,11 +273,18 @@ const CATCH_UP_STRIDE_SLOTS: usize = 64;
 /// 0.6× to about 1.4× disruptor, the other cells unchanged (docs/benchmarks/ring.md).
 #[cfg(not(loom))]
 const CATCH_UP_AFTER_SLOTS: usize = 128;
+/// The mean batch (in slots) at which the headers followed lie one to a cache line. Below
+/// it, following headers reads one line per several batches and a jump gains nothing:
+/// measured, jumping at batch 1 cost 10–20% in the batch-1 cells (docs/benchmarks/ring.md).
+#[cfg(not(loom))]
+const CATCH_UP_MEAN_BATCH_SLOTS: usize = CACHE_LINE_BYTES / std::mem::size_of::<usize>();
 /// Under loom the rings hold a few slots: small enough that the models take the jump.
 #[cfg(loom)]
 const CATCH_UP_STRIDE_SLOTS: usize = 2;
 #[cfg(loom)]
 const CATCH_UP_AFTER_SLOTS: usize = 2;
+#[cfg(loom)]
+const CATCH_UP_MEAN_BATCH_SLOTS: usize = 1;
 
 /// Bytes that must separate the ring's slots from unrelated data, and the alignment of its
 /// first slot: a pair of 64-byte lines, as for [`CachePadded`].
@@ -322,7 +326,6 @@ pub fn spsc_with<T: Copy + Default + Send>(
     let (storage, first_slot) = slot_storage(config.capacity_slots);
     let shared = Arc::new(Shared {
         head: CachePadded(AtomicUsize::new(0)),
-        tail: CachePadded(AtomicUsize::new(0)),
         catch_up_end: CachePadded(AtomicUsize::new(0)),
         batch_ends: (0..config.capacity_slots).map(|_| AtomicUsize::new(0)).collect(),
         storage,
@@ -389,10 +392,7 @@ impl<T: Copy> Producer<T> {
     /// consumer if it may be parked.
     #[inline]
     fn publish(&self, start: usize) {
-        // Relaxed: read only for depth samples. Stored before the header, so a consumer that
-        // has followed the header never samples a `tail` behind it.
-        self.shared.tail.store(self.tail, Ordering::Relaxed);
-        // Release: the slot writes and `tail` above become visible before the header.
+        // Release: the slot writes become visible before the header.
         self.shared.batch_ends[start & self.mask].store(self.tail, Ordering::Release);
         if (start ^ self.tail) >= CATCH_UP_STRIDE_SLOTS {
             // Release: the slot writes become visible before a consumer jumps past them.
@@ -528,9 +528,11 @@ impl<T: Copy> Consumer<T> {
                 None => break,
             }
             headers_followed += 1;
+            let followed_slots = self.known_end.wrapping_sub(before);
             if !caught_up
                 && headers_followed >= 2
-                && self.known_end.wrapping_sub(before) >= CATCH_UP_AFTER_SLOTS
+                && followed_slots >= CATCH_UP_AFTER_SLOTS
+                && followed_slots >= headers_followed * CATCH_UP_MEAN_BATCH_SLOTS
             {
                 // Acquire: pairs with the producer's Release, so the slots below are written.
                 let catch_up_end = self.shared.catch_up_end.load(Ordering::Acquire);
@@ -555,12 +557,18 @@ impl<T: Copy> Consumer<T> {
         occupied_slots(self.known_end, self.head, capacity)
     }
 
-    /// Approximate number of messages in the ring, a depth sample for metrics. It reads the
-    /// producer's `tail` line, so sample it now and then, not on every poll.
+    /// Messages in the ring now, a depth sample for metrics: it follows the headers published
+    /// past the catch-up index (at most one stride and a batch of them, or the ring's
+    /// capacity while the producer keeps publishing), so sample it now and then, not on every
+    /// poll.
     pub fn len(&self) -> usize {
-        // Relaxed: a statistic; it may be stale by the time it is read anyway, but never
-        // behind `head`: the producer stores `tail` before each header we followed.
-        self.shared.tail.load(Ordering::Relaxed).wrapping_sub(self.head)
+        // Relaxed: only counted, no slot is read below it.
+        let catch_up_end = self.shared.catch_up_end.load(Ordering::Relaxed);
+        let mut end = later_index(catch_up_end, self.known_end, self.mask + 1);
+        while let Some(next) = self.shared.published_batch_end(end, self.mask) {
+            end = next;
+        }
+        occupied_slots(end, self.head, self.mask + 1)
     }
 
     /// Whether no message is readable now (the check a waiting consumer polls).
@@ -850,6 +858,25 @@ mod tests {
         producer.push_batch(&[7; 16]).unwrap();
         assert_eq!(consumer.read_batch(256, |_| {}), 16);
         assert_eq!(consumer.known_end, 656);
+    }
+
+    #[test]
+    fn depth_samples_count_every_published_message_between_catch_up_strides() {
+        let (mut producer, mut consumer) = spsc::<u32>(&config(1024, 256)).unwrap();
+        for value in 0..3 {
+            producer.push_batch(&[value]).unwrap();
+        }
+        assert_eq!(consumer.len(), 3, "before the first stride");
+        assert_eq!(consumer.read_batch(1, |_| {}), 1);
+        assert_eq!(consumer.len(), 2);
+        for value in 0..70 {
+            producer.push_batch(&[value]).unwrap();
+        }
+        assert_eq!(consumer.len(), 72, "past a stride: counted from the catch-up index");
+        assert_eq!(consumer.read_batch(10, |_| {}), 10);
+        assert_eq!(consumer.len(), 62);
+        while consumer.read_batch(256, |_| {}) > 0 {}
+        assert_eq!(consumer.len(), 0);
     }
 
     #[test]

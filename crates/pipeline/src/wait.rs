@@ -15,7 +15,7 @@
 //!
 //! A [`Parker`] has a sleeper count, a mutex and a condition variable. A waiter that decides to
 //! sleep takes the mutex, increments `sleepers`, issues a SeqCst fence and re-checks its
-//! condition before `Condvar::wait`. A notifier first publishes its state (e.g. the ring's tail
+//! condition before `Condvar::wait`. A notifier first publishes its state (e.g. a batch header
 //! with Release), issues a SeqCst fence and loads `sleepers`; only if it is non-zero does it
 //! take the mutex and signal. The two SeqCst fences order "publish; fence; load sleepers"
 //! against "sleepers += 1; fence; re-check": at least one side sees the other's store, so either
