@@ -1,6 +1,7 @@
 //! leantier's ring against rtrb and disruptor, cell by cell, interleaved within each round so
 //! that the host's state (which vCPUs share a core) is the same for all three: the quick A/B
-//! companion of `leantier bench ring` when trying a change to the ring.
+//! companion of `leantier bench ring` when trying a change to the ring (median of 5 trials
+//! per cell, as the bench reports).
 //!
 //! `cargo run --release -p ringbench --example cells -- [messages] [rounds] [batches] [round_trips]`
 //! (batches comma separated, e.g. `1,16`; round_trips 0 skips the hop).
@@ -8,9 +9,16 @@
 use ringbench::harness::{CpuPair, ping_pong, throughput};
 use ringbench::peers::{Disruptor, Leantier, Message8, Message64, Payload, Peer, Rtrb};
 
+/// Median of [`TRIALS`] trials, in millions of messages per second.
 fn mmsg<P: Peer<M>, M: Payload>(messages: u64, batch: usize, cpus: CpuPair) -> f64 {
-    throughput::<P, M>(messages, batch, cpus).expect("throughput trial") / 1e6
+    let mut trials: Vec<f64> = (0..TRIALS)
+        .map(|_| throughput::<P, M>(messages, batch, cpus).expect("throughput trial") / 1e6)
+        .collect();
+    trials.sort_by(f64::total_cmp);
+    trials[TRIALS / 2]
 }
+
+const TRIALS: usize = 5;
 
 fn cell<M: Payload>(label: &str, messages: u64, batch: usize, cpus: CpuPair) {
     let ours = mmsg::<Leantier, M>(messages, batch, cpus);
