@@ -21,9 +21,10 @@
 //!   capacity.
 //! - Catching up: a consumer that has fallen behind would read one header line per batch
 //!   (at batch 16 the headers lie one to a line). Once one call has followed two or more
-//!   headers over `CATCH_UP_AFTER_SLOTS`, it reads `catch_up_end` instead, an index the
-//!   producer stores (on its own line) only when a batch crosses a multiple of
-//!   `CATCH_UP_STRIDE_SLOTS`, and jumps there. A consumer that keeps up never reads it.
+//!   headers over `CATCH_UP_AFTER_SLOTS`, one to a line on average, it reads `catch_up_end`
+//!   instead, an index the producer stores (on its own line) only when a batch crosses a
+//!   multiple of `CATCH_UP_STRIDE_SLOTS`, and jumps there. A consumer that keeps up never
+//!   reads it.
 //! - Batches: the producer fills n slots and publishes them with one header; the consumer
 //!   reads everything available up to a bound and releases it with one store. A batch that
 //!   does not fit waits until it fits whole.
@@ -255,7 +256,9 @@ fn occupied_slots(tail: usize, head: usize, capacity: usize) -> usize {
     occupied
 }
 
-/// The later of two indices that lie no more than `capacity` apart.
+/// `a` if it lies ahead of `b` by at most `capacity`, else `b`: the later of the two when `a`
+/// may lag `b` by any amount but never leads it by more than `capacity` (the catch-up index
+/// against the end of the headers followed).
 #[inline]
 fn later_index(a: usize, b: usize, capacity: usize) -> usize {
     if a.wrapping_sub(b) <= capacity { a } else { b }
@@ -270,12 +273,13 @@ const CATCH_UP_STRIDE_SLOTS: usize = 64;
 /// jumps to `catch_up_end`. A consumer that keeps up finds one header and then none and never
 /// reads that line; at batch 16, where each header lies on its own line, one that is 128
 /// slots behind reads one line instead of up to eight more headers. Measured: 8 B × 16 from
-/// 0.6× to about 1.4× disruptor, the other cells unchanged (docs/benchmarks/ring.md).
+/// 0.63× to 1.46× the best peer (docs/benchmarks/ring.md, which also has what the batch-1
+/// cells did).
 #[cfg(not(loom))]
 const CATCH_UP_AFTER_SLOTS: usize = 128;
 /// The mean batch (in slots) at which the headers followed lie one to a cache line. Below
 /// it, following headers reads one line per several batches and a jump gains nothing:
-/// measured, jumping at batch 1 cost 10–20% in the batch-1 cells (docs/benchmarks/ring.md).
+/// measured, jumping after two headers whatever their spacing cost 8 B × 1 about a third.
 #[cfg(not(loom))]
 const CATCH_UP_MEAN_BATCH_SLOTS: usize = CACHE_LINE_BYTES / std::mem::size_of::<usize>();
 /// Under loom the rings hold a few slots: small enough that the models take the jump.
