@@ -289,6 +289,8 @@ const CATCH_UP_STRIDE_SLOTS: usize = 2;
 const CATCH_UP_AFTER_SLOTS: usize = 2;
 #[cfg(loom)]
 const CATCH_UP_MEAN_BATCH_SLOTS: usize = 1;
+// `publish` finds a crossed multiple by the bits `start ^ end` shares with the stride.
+const _: () = assert!(CATCH_UP_STRIDE_SLOTS.is_power_of_two());
 
 /// Bytes that must separate the ring's slots from unrelated data, and the alignment of its
 /// first slot: a pair of 64-byte lines, as for [`CachePadded`].

@@ -6,16 +6,17 @@
 //! `cargo run --release -p ringbench --example cells -- [messages] [rounds] [batches] [round_trips]`
 //! (batches comma separated, e.g. `1,16`; round_trips 0 skips the hop).
 
+use lab::stats::median;
 use ringbench::harness::{CpuPair, ping_pong, throughput};
 use ringbench::peers::{Disruptor, Leantier, Message8, Message64, Payload, Peer, Rtrb};
 
 /// Median of [`TRIALS`] trials, in millions of messages per second.
 fn mmsg<P: Peer<M>, M: Payload>(messages: u64, batch: usize, cpus: CpuPair) -> f64 {
-    let mut trials: Vec<f64> = (0..TRIALS)
-        .map(|_| throughput::<P, M>(messages, batch, cpus).expect("throughput trial") / 1e6)
-        .collect();
-    trials.sort_by(f64::total_cmp);
-    trials[TRIALS / 2]
+    median(
+        (0..TRIALS)
+            .map(|_| throughput::<P, M>(messages, batch, cpus).expect("throughput trial") / 1e6)
+            .collect(),
+    )
 }
 
 const TRIALS: usize = 5;
