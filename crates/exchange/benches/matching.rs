@@ -1,12 +1,13 @@
 //! Matching core alone, single thread: orders per second over the reference flow (new limit
 //! orders around a moving mid with 20% crossing, 5% immediate, 25% cancels, 10% replaces),
 //! pre-validated so only the core is timed. Target: >= 5M orders/s (exchange-core, a Java
-//! engine, reports about 5M operations/s per order book).
+//! engine, reports about 5M operations/s per order book). Also the output hash alone (what
+//! a shard adds to every output it produces), per output.
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use exchange::core::{CoreLimits, MatchingCore};
 use exchange::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
-use exchange::msg::SequencedInput;
+use exchange::msg::{CoreOutput, OutputHash, SequencedInput};
 use exchange::preprocess::check_against;
 
 /// Inputs per measured iteration.
@@ -65,5 +66,34 @@ fn matching(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matching);
+/// Outputs hashed per pass, few enough to stay in cache as a shard's latest output does.
+const HASHED_OUTPUTS_PER_PASS: usize = 4096;
+const HASH_PASSES_PER_ITERATION: usize = 64;
+
+fn output_hash(c: &mut Criterion) {
+    let (inputs, listings) = sequenced_flow(64);
+    let mut core = MatchingCore::new(&listings, CoreLimits::default());
+    let mut outputs: Vec<CoreOutput> = Vec::new();
+    for input in &inputs {
+        core.process(input, &mut |output| outputs.push(*output));
+    }
+    outputs.truncate(HASHED_OUTPUTS_PER_PASS);
+    let mut group = c.benchmark_group("output_hash");
+    group.throughput(Throughput::Elements((outputs.len() * HASH_PASSES_PER_ITERATION) as u64));
+    group.sample_size(10);
+    group.bench_function("reference_flow_outputs", |b| {
+        b.iter(|| {
+            let mut hash = OutputHash::default();
+            for _ in 0..HASH_PASSES_PER_ITERATION {
+                for output in &outputs {
+                    hash.update(output);
+                }
+            }
+            hash.digest()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, matching, output_hash);
 criterion_main!(benches);

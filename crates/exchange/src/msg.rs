@@ -333,6 +333,20 @@ pub struct CoreOutput {
     pub stamps: Stamps,
 }
 
+/// Fields laid one after another into a fixed-size array.
+struct FixedWriter<'a, const N: usize> {
+    bytes: &'a mut [u8; N],
+    at: usize,
+}
+
+impl<const N: usize> FixedWriter<'_, N> {
+    #[inline(always)]
+    fn put<const L: usize>(&mut self, field: [u8; L]) {
+        self.bytes[self.at..self.at + L].copy_from_slice(&field);
+        self.at += L;
+    }
+}
+
 /// Size of [`CoreOutput::canonical_bytes`].
 pub const CANONICAL_OUTPUT_BYTES: usize = 8 + 1 + 1 + 1 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8;
 
@@ -341,22 +355,27 @@ impl CoreOutput {
     /// fixed layout: what the output hash covers.
     pub fn canonical_bytes(&self) -> [u8; CANONICAL_OUTPUT_BYTES] {
         let mut bytes = [0u8; CANONICAL_OUTPUT_BYTES];
-        let mut at = 0;
-        let mut put = |field: &[u8]| {
-            bytes[at..at + field.len()].copy_from_slice(field);
-            at += field.len();
-        };
-        put(&self.seq.to_le_bytes());
-        put(&[self.kind as u8, self.reason as u8, self.side as u8]);
-        put(&self.instrument.to_le_bytes());
-        put(&self.client.to_le_bytes());
-        put(&self.order_id.to_le_bytes());
-        put(&self.price.to_le_bytes());
-        put(&self.qty.to_le_bytes());
-        put(&self.leaves_qty.to_le_bytes());
-        put(&self.contra_order_id.to_le_bytes());
-        put(&self.best_ask.to_le_bytes());
+        self.write_canonical(&mut bytes);
         bytes
+    }
+
+    /// Writes [`CoreOutput::canonical_bytes`] into `bytes` in place. Every offset is a
+    /// constant once inlined, so this is a few stores (it runs for every output the core
+    /// produces, for the output hash).
+    #[inline]
+    pub fn write_canonical(&self, bytes: &mut [u8; CANONICAL_OUTPUT_BYTES]) {
+        let mut writer = FixedWriter { bytes, at: 0 };
+        writer.put(self.seq.to_le_bytes());
+        writer.put([self.kind as u8, self.reason as u8, self.side as u8]);
+        writer.put(self.instrument.to_le_bytes());
+        writer.put(self.client.to_le_bytes());
+        writer.put(self.order_id.to_le_bytes());
+        writer.put(self.price.to_le_bytes());
+        writer.put(self.qty.to_le_bytes());
+        writer.put(self.leaves_qty.to_le_bytes());
+        writer.put(self.contra_order_id.to_le_bytes());
+        writer.put(self.best_ask.to_le_bytes());
+        debug_assert_eq!(writer.at, CANONICAL_OUTPUT_BYTES);
     }
 
     /// `template` as a top-of-book record of `top`. A record is one flat layout whose canonical
@@ -386,14 +405,22 @@ impl CoreOutput {
 }
 
 /// Output records per block of the chained output hash.
-pub const OUTPUT_HASH_BLOCK_RECORDS: usize = 64;
-const OUTPUT_HASH_BLOCK_BYTES: usize = OUTPUT_HASH_BLOCK_RECORDS * CANONICAL_OUTPUT_BYTES;
+pub const OUTPUT_HASH_BLOCK_RECORDS: usize = 256;
+/// Bytes a record takes in a block: its canonical bytes, zero-padded to a power of two so a
+/// block is whole blake3 chunks (1 KiB).
+const OUTPUT_HASH_RECORD_STRIDE_BYTES: usize = CANONICAL_OUTPUT_BYTES.next_power_of_two();
+const OUTPUT_HASH_BLOCK_BYTES: usize = OUTPUT_HASH_BLOCK_RECORDS * OUTPUT_HASH_RECORD_STRIDE_BYTES;
+/// Whole chunks, 16 of them: blake3 hashes the chunks of one call side by side (16 lanes
+/// with AVX-512), where a block of a few partial chunks went one 64-byte compression at a
+/// time — a fifth of the fused tier thread's time (docs/benchmarks/tier-layout.md).
+const _: () = assert!(OUTPUT_HASH_BLOCK_BYTES == 16 * 1024);
 /// Bytes of [`OutputHash::write_to`] at most: records, chain value, pending length, a block.
 pub const OUTPUT_HASH_STATE_BYTES_MAX: usize = 8 + 32 + 4 + OUTPUT_HASH_BLOCK_BYTES;
 
 /// A blake3 hash over the canonical bytes of an output stream, in order, chained per block of
-/// [`OUTPUT_HASH_BLOCK_RECORDS`]: `chain = blake3(chain ‖ block)`, and the digest hashes the
-/// chain with the unfinished block.
+/// [`OUTPUT_HASH_BLOCK_RECORDS`]: `chain = blake3_keyed(chain, block)` (the chain value is the
+/// key, so the block alone is hashed, in whole chunks), and the digest hashes the unfinished
+/// block the same way.
 ///
 /// Why chained and not one streaming hasher: a snapshot must carry the hash so a recovered
 /// shard continues it, and a hasher's internal state cannot be saved; a 32-byte chain value
@@ -416,9 +443,12 @@ impl Default for OutputHash {
 impl OutputHash {
     /// Adds one record.
     pub fn update(&mut self, output: &CoreOutput) {
-        let end = self.block_len + CANONICAL_OUTPUT_BYTES;
-        self.block[self.block_len..end].copy_from_slice(&output.canonical_bytes());
-        self.block_len = end;
+        let start = self.block_len;
+        let record = &mut self.block[start..start + CANONICAL_OUTPUT_BYTES];
+        output.write_canonical(record.try_into().expect("a record's span"));
+        // The padding after each record is never written, so it stays zero (a restored
+        // state brings back the zeros it saved).
+        self.block_len = start + OUTPUT_HASH_RECORD_STRIDE_BYTES;
         self.records += 1;
         if self.block_len == OUTPUT_HASH_BLOCK_BYTES {
             self.chain = self.chained(&self.block);
@@ -427,9 +457,7 @@ impl OutputHash {
     }
 
     fn chained(&self, block: &[u8]) -> [u8; 32] {
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(&self.chain).update(block);
-        *hasher.finalize().as_bytes()
+        *blake3::keyed_hash(&self.chain, block).as_bytes()
     }
 
     /// Records hashed so far.
@@ -464,7 +492,8 @@ impl OutputHash {
         let block_len = u32::from_le_bytes(fixed[40..44].try_into().expect("4 bytes")) as usize;
         let consistent = block_len < OUTPUT_HASH_BLOCK_BYTES
             && block_len
-                == (records % OUTPUT_HASH_BLOCK_RECORDS as u64) as usize * CANONICAL_OUTPUT_BYTES;
+                == (records % OUTPUT_HASH_BLOCK_RECORDS as u64) as usize
+                    * OUTPUT_HASH_RECORD_STRIDE_BYTES;
         if !consistent {
             return Err(format!("output hash block of {block_len} bytes after {records} records"));
         }
