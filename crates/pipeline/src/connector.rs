@@ -155,8 +155,12 @@ impl<T: Copy> Receiver<T> {
         dispatch!(self, side => side.len())
     }
 
+    /// Whether no message is readable now: the check a waiting stage polls, so it is the
+    /// side's own cheap test (one load when idle), not a depth count (which reads lines the
+    /// producer writes and follows headers).
+    #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        dispatch!(self, side => side.is_empty())
     }
 
     /// True once the sender is gone and every message has been read.
