@@ -81,6 +81,11 @@ use crate::msg::{
 
 /// Names of the per-stage latency splits, in path order.
 pub const STAGE_SPLITS: [&str; 5] = ["preprocess", "core", "rprocess", "sender", "delivery"];
+/// The per-stage splits are recorded for one in this many requests that reach the core (a
+/// fixed stride, so no request's latency decides whether it is sampled): five histogram
+/// records on every request were a twentieth of the critical thread's time. The critical path
+/// and the end-to-end latency are recorded for every request.
+pub const STAGE_SPLIT_SAMPLE_EVERY: u64 = 8;
 /// Most workers of any one stage (a sanity bound on configs).
 pub const STAGE_WORKERS_MAX: usize = 64;
 /// Most instruments of a run's universe: every core shard lists every instrument, and a
@@ -351,7 +356,8 @@ pub struct RunResult {
     /// Intended send time -> response content final (core output emitted, or pre-process
     /// reject built), every request: the critical path, not waiting for any fsync.
     pub critical_path: LatencyHistogram,
-    /// Per split of [`STAGE_SPLITS`] (requests that passed the pre-process).
+    /// Per split of [`STAGE_SPLITS`]: one in [`STAGE_SPLIT_SAMPLE_EVERY`] of the requests that
+    /// passed the pre-process.
     pub stage_latency: Vec<LatencyHistogram>,
     /// How late the generator issued requests.
     pub send_lag: LatencyHistogram,

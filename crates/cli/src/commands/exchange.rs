@@ -22,7 +22,8 @@ use exchange::experiments::{
 };
 use exchange::msg::Reason;
 use exchange::tier::{
-    Arrival, LayoutChoice, RunResult, STAGE_SPLITS, ShardJournalReport, TierConfig, WaitChoice,
+    Arrival, LayoutChoice, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport,
+    TierConfig, WaitChoice,
 };
 
 /// Width of the cumulative latency buckets.
@@ -376,13 +377,14 @@ fn latency_tables(runs: &[RunResult]) -> Table {
         .collect();
     let rows: Vec<(&str, &LatencySummary)> =
         labels.iter().map(String::as_str).zip(&summaries).collect();
-    latency_table(&rows).with_title(
+    latency_table(&rows).with_title(format!(
         "Latency from the intended send time, µs. Critical path: until the response is ready \
          (core done), no fsync wait. Durable reply: until delivered, after its input's fsync. \
-         Stages: requests that reached the core. Generator late: how far behind its schedule \
-         the load generator sent (already inside every latency above; its tail is time the \
-         generator's thread did not run, e.g. a VM's vCPU stopped by its host)",
-    )
+         Stages: one in {STAGE_SPLIT_SAMPLE_EVERY} of the requests that reached the core. \
+         Generator late: how far behind its schedule the load generator sent (already inside \
+         every latency above; its tail is time the generator's thread did not run, e.g. a \
+         VM's vCPU stopped by its host)",
+    ))
 }
 
 fn journal_table(runs: &[RunResult]) -> Table {

@@ -10,7 +10,10 @@ use pipeline::WaitStrategy;
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Input, StageWorker};
 
-use super::{MasterReport, ReleasedSeqs, STAGE_SPLITS, ShardResult, Subscriber, TierInput};
+use super::{
+    MasterReport, ReleasedSeqs, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardResult, Subscriber,
+    TierInput,
+};
 use crate::durability::{
     MasterJournal, MasterRecord, MasterRecovery, MasterState, ShardRecord, ShardState,
 };
@@ -221,9 +224,11 @@ pub(super) struct SenderWorker {
 pub(super) struct SenderLatency {
     pub(super) end_to_end: LatencyHistogram,
     pub(super) critical_path: LatencyHistogram,
-    /// Per split of [`STAGE_SPLITS`].
+    /// Per split of [`STAGE_SPLITS`], sampled (see [`STAGE_SPLIT_SAMPLE_EVERY`]).
     pub(super) stage_latency: Vec<LatencyHistogram>,
     pub(super) delivered: u64,
+    /// Answered requests that reached the core: the sampling stride's counter.
+    pub(super) reached_core: u64,
 }
 
 impl SenderLatency {
@@ -233,6 +238,7 @@ impl SenderLatency {
             critical_path: LatencyHistogram::new(),
             stage_latency: STAGE_SPLITS.iter().map(|_| LatencyHistogram::new()).collect(),
             delivered: 0,
+            reached_core: 0,
         }
     }
 
@@ -243,6 +249,7 @@ impl SenderLatency {
             total.merge(part);
         }
         self.delivered += other.delivered;
+        self.reached_core += other.reached_core;
     }
 }
 
@@ -276,6 +283,10 @@ impl StageWorker<Response, ()> for SenderWorker {
         self.latency.critical_path.record_ns(s.ready_ns.saturating_sub(s.intended_ns));
         if s.core_in_ns == 0 {
             return; // a pre-process reject: it skipped the core
+        }
+        self.latency.reached_core += 1;
+        if !self.latency.reached_core.is_multiple_of(STAGE_SPLIT_SAMPLE_EVERY) {
+            return;
         }
         let splits = [
             s.preprocess_in_ns.saturating_sub(s.intended_ns),
