@@ -14,7 +14,9 @@
 //! - the replies owed (committed, not yet written) hold node memory within a node-wide budget
 //!   too: a request is admitted only once its largest possible reply is reserved, and is
 //!   otherwise answered `Busy` before anything is dequeued (the `reply_memory` module); the
-//!   reservation shrinks to the encoded reply and is released once the reply is written;
+//!   reservation shrinks to the encoded reply and is released once the reply is written; one
+//!   connection may hold only a share of that budget, so a client that stops reading its
+//!   large replies leaves the rest to the others;
 //! - a connection that completes no frame within the idle timeout while no reply is owed to it
 //!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake).
 
@@ -26,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
+use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError, MemoryBudget};
 use crate::protocol::{
     ErrorReply, PROTOCOL_VERSION, ReadMode, Reason, ReplyBody, ReplyFrame, Request, RequestFrame,
     ServerTiming, decode_request, encode_reply_as, error_reply_version,
@@ -116,12 +118,14 @@ async fn serve_halves<S: Store>(
     peer: SocketAddr,
     node: &Node<S>,
 ) -> Result<(), Closed> {
+    // Declared before the channel, whose queued replies hold charges against it.
+    let reply_memory_held = reply_memory::connection_budget(node);
     let (in_flight, replies) = mpsc::channel(PIPELINE_DEPTH_MAX);
     // Requests read whose replies are not written yet. Relaxed: both halves run in this one
     // task, so the count orders nothing; it only tells the reader whether the client waits.
     let owed = AtomicUsize::new(0);
     tokio::try_join!(
-        read_requests(read, peer, node, &owed, in_flight),
+        read_requests(read, peer, (node, &reply_memory_held), &owed, in_flight),
         write_replies(write, node, &owed, replies)
     )?;
     Ok(())
@@ -159,7 +163,7 @@ enum InFlight<'a> {
 async fn read_requests<'a, S: Store>(
     read: impl AsyncRead + Unpin,
     peer: SocketAddr,
-    node: &'a Node<S>,
+    (node, reply_memory_held): (&'a Node<S>, &'a MemoryBudget),
     owed: &AtomicUsize,
     in_flight: mpsc::Sender<InFlight<'a>>,
 ) -> Result<(), Closed> {
@@ -193,7 +197,8 @@ async fn read_requests<'a, S: Store>(
                         item
                     }
                     Ok(RequestFrame { request_id, request }) => {
-                        begin(node, &mut client_id, request_id, request, arrived).await
+                        let context = (node, reply_memory_held);
+                        begin(context, &mut client_id, request_id, request, arrived).await
                     }
                 };
                 frames.consume();
@@ -302,7 +307,7 @@ fn answered<'a>(
 /// the database workers. A registration is completed here: the requests read after it are
 /// checked against its id.
 async fn begin<'a, S: Store>(
-    node: &'a Node<S>,
+    (node, reply_memory_held): (&'a Node<S>, &'a MemoryBudget),
     client_id: &mut Option<u64>,
     request_id: u64,
     request: Request,
@@ -324,7 +329,7 @@ async fn begin<'a, S: Store>(
         request => request,
     };
     // Before the database sees the request, so a dequeued message always has room for its reply.
-    let charge = match reply_memory::reserve(node, &request) {
+    let charge = match reply_memory::reserve(node, reply_memory_held, &request) {
         Ok(charge) => charge,
         Err(busy) => return answered(request_id, arrived, Err(busy), false),
     };

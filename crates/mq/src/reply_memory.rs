@@ -13,6 +13,12 @@
 //! settled to its actual size, and it is released when the reply is written (or when the
 //! connection ends).
 //!
+//! One connection may hold at most a share of the bound ([`connection_budget`]: a quarter of
+//! it, and never less than one largest reply): a client that pipelines large reads and stops
+//! reading is refused once its own share is held, so the rest stays for the other clients
+//! (before the share, one such client could take the whole bound and every other client's
+//! large read was answered `Busy` until the write timeout cut it off).
+//!
 //! What is not charged: the replies the reading half makes itself (refusals, registrations,
 //! disconnects), which are small and never carry a message, and the connection's write buffer.
 //! A reply larger than its reservation (a message stored under a larger content limit, by
@@ -36,6 +42,8 @@ use crate::server::Node;
 /// list) or is an error with an ordinary detail; the largest fixed-size reply (`Stats`) takes
 /// under half of it.
 pub(crate) const REPLY_SMALL_BYTES_MAX: usize = 512;
+/// One connection may hold at most 1/`CONNECTION_SHARE_DIVISOR` of the node's reply memory.
+pub(crate) const CONNECTION_SHARE_DIVISOR: usize = 4;
 
 /// The largest encoded reply (length prefix included) each kind of request can get.
 #[derive(Clone, Copy, Debug)]
@@ -84,9 +92,18 @@ fn encoded_len(body: ReplyBody) -> usize {
     out.len()
 }
 
-/// Bytes of the node's reply budget held for one owed reply; released on drop.
+/// The reply memory one connection may hold: its share of the node's bound, and at least one
+/// largest reply, so every request can still be served one at a time.
+pub(crate) fn connection_budget<S>(node: &Node<S>) -> MemoryBudget {
+    let share = node.config.reply_memory_bytes_max / CONNECTION_SHARE_DIVISOR;
+    MemoryBudget::new(share.max(node.reply_bounds.largest()))
+}
+
+/// Bytes held for one owed reply, both in the node's budget and in its connection's; released
+/// from both on drop.
 pub(crate) struct ReplyCharge<'a> {
     budget: &'a MemoryBudget,
+    connection: &'a MemoryBudget,
     bytes: usize,
 }
 
@@ -94,10 +111,12 @@ impl ReplyCharge<'_> {
     /// Brings the charge to the size of the encoded reply: the excess of the reservation is
     /// given back; a deficit is charged even past the budget (see the module docs).
     pub(crate) fn settle(&mut self, encoded_bytes: usize) {
-        if encoded_bytes <= self.bytes {
-            self.budget.release(self.bytes - encoded_bytes);
-        } else {
-            self.budget.charge_over(encoded_bytes - self.bytes);
+        for budget in [self.budget, self.connection] {
+            if encoded_bytes <= self.bytes {
+                budget.release(self.bytes - encoded_bytes);
+            } else {
+                budget.charge_over(encoded_bytes - self.bytes);
+            }
         }
         self.bytes = encoded_bytes;
     }
@@ -106,19 +125,28 @@ impl ReplyCharge<'_> {
 impl Drop for ReplyCharge<'_> {
     fn drop(&mut self) {
         self.budget.release(self.bytes);
+        self.connection.release(self.bytes);
     }
 }
 
-/// Reserves the largest reply `request` can get, or refuses it with `Busy` (counted, and logged
-/// at most once per `LOG_INTERVAL`).
+/// Reserves the largest reply `request` can get in the connection's share and in the node's
+/// budget, or refuses it with `Busy` (counted, and logged at most once per `LOG_INTERVAL`).
 pub(crate) fn reserve<'a, S>(
     node: &'a Node<S>,
+    connection: &'a MemoryBudget,
     request: &Request,
 ) -> Result<ReplyCharge<'a>, ErrorReply> {
     let bytes = node.reply_bounds.for_request(request);
-    if node.reply_memory.try_charge(bytes) {
-        return Ok(ReplyCharge { budget: &node.reply_memory, bytes });
+    if !connection.try_charge(bytes) {
+        // Relaxed: a statistic.
+        node.counters.reply_memory_refused.fetch_add(1, Ordering::Relaxed);
+        let detail = "this connection's share of reply memory is full; read the replies owed";
+        return Err(ErrorReply::new(Reason::Busy, detail));
     }
+    if node.reply_memory.try_charge(bytes) {
+        return Ok(ReplyCharge { budget: &node.reply_memory, connection, bytes });
+    }
+    connection.release(bytes);
     // Relaxed: a statistic.
     node.counters.reply_memory_refused.fetch_add(1, Ordering::Relaxed);
     let due =
@@ -175,15 +203,17 @@ mod tests {
     #[test]
     fn a_charge_settles_to_the_encoded_size_and_is_released_on_drop() {
         let budget = MemoryBudget::new(1000);
-        assert!(budget.try_charge(800));
-        let mut charge = ReplyCharge { budget: &budget, bytes: 800 };
+        let connection = MemoryBudget::new(1000);
+        assert!(budget.try_charge(800) && connection.try_charge(800));
+        let mut charge = ReplyCharge { budget: &budget, connection: &connection, bytes: 800 };
         assert!(!budget.try_charge(300), "the reservation holds the budget");
         charge.settle(100);
         assert_eq!(budget.used(), 100);
         assert!(budget.try_charge(300));
         charge.settle(1000);
         assert_eq!((budget.used(), budget.peak()), (1300, 1300), "a deficit is charged in full");
+        assert_eq!(connection.used(), 1000, "the connection's share settles alike");
         drop(charge);
-        assert_eq!(budget.used(), 300);
+        assert_eq!((budget.used(), connection.used()), (300, 0));
     }
 }

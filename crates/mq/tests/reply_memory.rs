@@ -1,6 +1,7 @@
 //! The node-wide bound on owed reply memory (`NodeConfig::reply_memory_bytes_max`): a client
-//! that pipelines pops of large messages and stops reading cannot push the node past it, other
-//! clients are still served, and every pop refused for memory leaves its message in the queue.
+//! that pipelines pops of large messages and stops reading holds no more than its connection's
+//! share of it (a quarter), other clients are still served — large reads included — and every
+//! pop refused for memory leaves its message in the queue.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -17,6 +18,10 @@ use tokio::net::tcp::OwnedReadHalf;
 
 const CONTENT_BYTES: usize = 256 << 10;
 const REPLY_MEMORY_BYTES_MAX: usize = 2 << 20;
+/// What one connection may hold: a quarter of the bound (`reply_memory::CONNECTION_SHARE_DIVISOR`).
+const CONNECTION_SHARE_BYTES: usize = REPLY_MEMORY_BYTES_MAX / 4;
+/// Small reservations (512 B each) the other client's requests may hold at the same time.
+const SMALL_REPLIES_BYTES: usize = 4 * 512;
 /// Messages in the queue, all popped by the stalled client in one pipeline: 10 MiB of replies,
 /// more than the node's socket send buffer can take (Linux caps it at `tcp_wmem`'s maximum,
 /// 4 MiB by default) plus the bound, so some pops must be refused however fast the node
@@ -117,23 +122,27 @@ async fn a_stalled_reader_of_large_messages_stays_within_the_bound_and_loses_not
     let stats = other.stats(&queue).await.unwrap();
     let popped = stats.pops_committed;
     assert_eq!(popped + stats.reply_memory_refused, MESSAGES, "{stats:?}");
-    assert!(stats.reply_memory_refused > 0, "the bound refused some pops: {stats:?}");
-    assert!(stats.reply_memory_bytes_peak <= REPLY_MEMORY_BYTES_MAX as u64, "{stats:?}");
-    // A pop is refused only when the reservations held leave no room for one more reply.
-    let full = (REPLY_MEMORY_BYTES_MAX - CONTENT_BYTES) as u64;
-    assert!(stats.reply_memory_bytes_peak > full, "refused only when full: {stats:?}");
+    assert!(stats.reply_memory_refused > 0, "the share refused some pops: {stats:?}");
+    let held_max = (CONNECTION_SHARE_BYTES + SMALL_REPLIES_BYTES) as u64;
+    assert!(stats.reply_memory_bytes_peak <= held_max, "one connection's share: {stats:?}");
     assert_eq!(stats.queue_depth, MESSAGES - popped, "a refused pop dequeues nothing");
 
-    // Another client is served meanwhile (small replies fit beside the stalled ones).
+    // Another client is served meanwhile, a large read included: the stalled connection holds
+    // only its share of the node's reply memory.
     let served = tokio::time::timeout(Duration::from_secs(5), async {
+        let pop = Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop };
+        let large = other.call(pop).await;
         other.send(&queue, None, b"small").await.unwrap();
-        other.stats(&queue).await.unwrap()
+        (large, other.stats(&queue).await.unwrap())
     });
-    let stats = served.await.expect("another client is served while one stalls");
+    let (large, stats) = served.await.expect("another client is served while one stalls");
+    let Ok(ReplyBody::Message(large)) = large else {
+        panic!("a large read by another client is served, not refused: {large:?}")
+    };
     assert_eq!((stats.connections_open, stats.connections_cut_off), (2, 0), "{stats:?}");
 
     // The stalled client now reads: every committed pop's message reaches it, in order.
-    let mut seen = BTreeSet::new();
+    let mut seen = BTreeSet::from([index_of(&large.content)]);
     let mut busy = 0;
     for request_id in 1..=MESSAGES {
         let reply = tokio::time::timeout(Duration::from_secs(20), read_reply(&mut stalled))
@@ -146,7 +155,7 @@ async fn a_stalled_reader_of_large_messages_stays_within_the_bound_and_loses_not
             other => panic!("unexpected reply {other:?}"),
         }
     }
-    assert_eq!((seen.len() as u64, busy), (popped, MESSAGES - popped));
+    assert_eq!((seen.len() as u64, busy), (popped + 1, MESSAGES - popped));
 
     // Every message refused is still in the queue: together they are all messages, once each.
     while let Ok(ReplyBody::Message(message)) = other
