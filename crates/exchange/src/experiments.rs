@@ -121,7 +121,12 @@ pub fn calibrated(config: &TierConfig) -> anyhow::Result<TierConfig> {
     if config.layout != LayoutChoice::Auto || config.service_ns.is_some() {
         return Ok(config.clone());
     }
-    Ok(TierConfig { service_ns: Some(calibrate(config)?), ..config.clone() })
+    let calibration = calibrate(config)?;
+    Ok(TierConfig {
+        service_ns: Some(calibration.service),
+        fused_service_ns: Some(calibration.fused_service),
+        ..config.clone()
+    })
 }
 
 /// The highest rate whose critical-path p99 stays within the limit: bracketed from the

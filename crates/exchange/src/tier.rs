@@ -64,7 +64,8 @@ pub use choices::{Arrival, WaitChoice};
 use graph::{Feeds, RunningTier, ShardStart, StageStarts};
 pub use layout::{LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
-    CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, calibrate, measured_utilization, plan_layout,
+    CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
+    plan_layout,
 };
 use workers::{MasterWorker, SenderLatency};
 
@@ -143,9 +144,12 @@ pub struct TierConfig {
     /// (`preprocess_workers`, `core_shards`, `senders`, `wait` and `placement` are then the
     /// planner's); `thread-per-stage` runs one thread per configured stage worker.
     pub layout: LayoutChoice,
-    /// Per-stage service times the `auto` layout plans with, ns (default: measured by a short
-    /// calibration run at start-up, see [`calibrate`]).
+    /// Per-stage service times the `auto` layout plans with, ns, as stages fed by a ring
+    /// (default: measured by a short calibration run at start-up, see [`calibrate`]).
     pub service_ns: Option<ServiceTimes>,
+    /// The same as stages fused after another on its thread (default: measured by a second
+    /// calibration run with the chain fused; `service_ns` when only that is given).
+    pub fused_service_ns: Option<ServiceTimes>,
 }
 
 impl Default for TierConfig {
@@ -174,6 +178,7 @@ impl Default for TierConfig {
             snapshot_every_records: SNAPSHOT_EVERY_RECORDS_DEFAULT,
             layout: LayoutChoice::Auto,
             service_ns: None,
+            fused_service_ns: None,
         }
     }
 }
@@ -227,11 +232,14 @@ impl TierConfig {
                 "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
             ));
         }
-        if let Some(service) = self.service_ns {
+        for (name, service) in
+            [("service_ns", self.service_ns), ("fused_service_ns", self.fused_service_ns)]
+        {
+            let Some(service) = service else { continue };
             let times =
                 [service.preprocess_ns, service.core_ns, service.rprocess_ns, service.sender_ns];
             if times.iter().any(|ns| !ns.is_finite() || *ns <= 0.0) {
-                return Err(BadInput("service_ns: every stage's time must be > 0 ns".into()));
+                return Err(BadInput(format!("{name}: every stage's time must be > 0 ns")));
             }
         }
         self.arrival_process(1.0)

@@ -123,7 +123,13 @@ pub struct LayoutRequest {
     pub cpus: usize,
     /// The cgroup's `cpu.max` quota in CPUs (`None`: no quota).
     pub cpu_quota_cores: Option<f64>,
+    /// Service times of stages fed by a ring (a group's first stage): their input crosses
+    /// from another core, and a parked thread's first message after a wake-up is cold.
     pub service: ServiceTimes,
+    /// Service times of stages fused after another on its thread (no ring before them):
+    /// their input is still in the thread's cache, so they cost less (the core: 0.56 against
+    /// 1.0 µs at 200K msg/s on the 2-vCPU VM, docs/benchmarks/tier-layout.md).
+    pub fused_service: ServiceTimes,
     pub rate_per_s: f64,
     /// Replies are held until their input is durable (the R-Processor waits for fsyncs).
     pub holds_replies: bool,
@@ -267,6 +273,14 @@ fn outside_threads_spin(layout: &TierLayout, request: &LayoutRequest, free_cpus:
     request.outside_threads > 0 && left > request.outside_threads
 }
 
+/// A group's service time per message: its first stage's time as a ring-fed stage, the
+/// others' as fused stages.
+fn group_service_ns(request: &LayoutRequest, stages: &[TierStage]) -> f64 {
+    let fed_by_a_ring = stages.first().map_or(0.0, |&first| request.service.of(first));
+    let fused: f64 = stages.iter().skip(1).map(|&stage| request.fused_service.of(stage)).sum();
+    fed_by_a_ring + fused
+}
+
 /// One way of cutting the chain, evaluated.
 struct Candidate {
     groups: Vec<ThreadGroup>,
@@ -297,7 +311,7 @@ impl Candidate {
         let mut dedicated_left = dedicated;
         let (mut latency_ns, mut peak_utilization) = (0.0, 0.0f64);
         for group in &mut groups {
-            let service_ns: f64 = group.stages.iter().map(|&s| request.service.of(s)).sum();
+            let service_ns = group_service_ns(request, &group.stages);
             // The R-Processor is one worker (it orders every shard's replies) and the core has
             // its configured shards; other groups get the fewest workers under the target.
             let (single, core) = (
@@ -410,6 +424,7 @@ mod tests {
             cpus,
             cpu_quota_cores: quota,
             service: SERVICE,
+            fused_service: SERVICE,
             rate_per_s,
             holds_replies: holds,
             outside_threads: 1,
@@ -499,6 +514,29 @@ mod tests {
         let ancillary = layout.group_of(TierStage::Events);
         assert_eq!(ancillary.wait, GroupWait::ParkDedicated);
         assert_eq!(ancillary.stages.len(), 2);
+    }
+
+    #[test]
+    fn fused_stages_are_planned_at_their_fused_service_times() {
+        // 8 CPUs, 400K msg/s: the chain at its ring-fed times (1.9 µs per message) would be
+        // 76% of one thread, whose queueing delay then outweighs the hops of a cut chain; at
+        // the times its stages take when fused after the pre-process (a third of them, as the
+        // core on the development VM), one thread is 33% busy and the fused chain is fastest.
+        let ring_fed = request(8, None, 400_000.0, false);
+        assert!(plan(&ring_fed).groups.iter().filter(|g| CHAIN.contains(&g.stages[0])).count() > 1);
+        let fused_service = ServiceTimes {
+            core_ns: SERVICE.core_ns / 3.0,
+            rprocess_ns: SERVICE.rprocess_ns / 3.0,
+            sender_ns: SERVICE.sender_ns / 3.0,
+            ..SERVICE
+        };
+        let fused = LayoutRequest { fused_service, ..ring_fed };
+        let layout = plan(&fused);
+        check_invariants(&layout, &fused);
+        let chain = layout.group_of(TierStage::Preprocess);
+        assert_eq!(chain.stages, CHAIN, "{layout:?}");
+        let expected = 400_000.0 * (300.0 + (1_200.0 + 150.0 + 250.0) / 3.0) * 1e-9;
+        assert!((chain.predicted_utilization - expected).abs() < 1e-9, "{layout:?}");
     }
 
     #[test]

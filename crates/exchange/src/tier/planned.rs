@@ -29,12 +29,35 @@ pub const CALIBRATION_DURATION: Duration = Duration::from_millis(300);
 /// Threads outside the tier that need a CPU while it runs: the load generator.
 const OUTSIDE_THREADS: usize = 1;
 
-/// Measures each critical stage's service time: the tier runs one thread per stage, one
-/// worker each, parked and unplaced (so a small host is not reported oversubscribed), journal
-/// off, for [`CALIBRATION_DURATION`] at [`CALIBRATION_RATE_PER_S`] in bursts; each stage's median
-/// handler time per message is its service time (the median, not the mean: on a shared host
-/// a preempted handler adds milliseconds to a few samples).
-pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
+/// The critical stages' service times, as ring-fed stages and as fused ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    /// Each stage on a thread of its own, fed by a ring.
+    pub service: ServiceTimes,
+    /// The chain on one thread: the pre-process ring-fed, the others fused after it.
+    pub fused_service: ServiceTimes,
+}
+
+/// Measures each critical stage's service time twice: with one thread per stage, and with the
+/// chain fused on one thread (a fused stage's input is still in its thread's cache, so it
+/// costs less than the same stage behind a ring, whose input crosses cores). Each run: one
+/// worker per stage, parked and unplaced (so a small host is not reported oversubscribed),
+/// journal off, for [`CALIBRATION_DURATION`] at [`CALIBRATION_RATE_PER_S`] in bursts; each
+/// stage's median handler time per message is its service time (the median, not the mean: on
+/// a shared host a preempted handler adds milliseconds to a few samples).
+pub fn calibrate(config: &TierConfig) -> anyhow::Result<Calibration> {
+    let apart = CHAIN.iter().map(|&stage| vec![stage]).collect();
+    Ok(Calibration {
+        service: calibrate_groups(config, apart)?,
+        fused_service: calibrate_groups(config, vec![CHAIN.to_vec()])?,
+    })
+}
+
+/// One calibration run with the chain's stages grouped onto threads as `chain_groups` says.
+fn calibrate_groups(
+    config: &TierConfig,
+    chain_groups: Vec<Vec<TierStage>>,
+) -> anyhow::Result<ServiceTimes> {
     let probe = TierConfig {
         layout: LayoutChoice::Auto,
         journal: JournalMode::OFF,
@@ -47,15 +70,15 @@ pub fn calibrate(config: &TierConfig) -> anyhow::Result<ServiceTimes> {
         burst_off_us: CALIBRATION_BURST_OFF_US,
         ..config.clone()
     };
-    let alone = |stage: TierStage| ThreadGroup {
-        stages: vec![stage],
+    let parked = |stages: Vec<TierStage>| ThreadGroup {
+        stages,
         workers: 1,
         wait: GroupWait::ParkFloating,
         predicted_utilization: 0.0,
     };
-    let ancillary = [TierStage::Events, TierStage::Masterdata];
+    let ancillary = [TierStage::Events, TierStage::Masterdata].map(|stage| vec![stage]);
     let layout = TierLayout {
-        groups: CHAIN.iter().chain(&ancillary).map(|&stage| alone(stage)).collect(),
+        groups: chain_groups.into_iter().chain(ancillary).map(parked).collect(),
         usable_cpus: super::layout::usable_cpus(host_cpus(), None),
         busy_elsewhere_cpus: 0.0,
         predicted_latency_ns: 0.0,
@@ -95,14 +118,17 @@ pub fn plan_layout(
     if config.layout == LayoutChoice::ThreadPerStage {
         return Ok((config.clone(), thread_per_stage(config)));
     }
-    let service = match config.service_ns {
-        Some(service) => service,
+    let Calibration { service, fused_service } = match config.service_ns {
+        Some(service) => {
+            Calibration { service, fused_service: config.fused_service_ns.unwrap_or(service) }
+        }
         None => calibrate(config)?,
     };
     let request = LayoutRequest {
         cpus: host_cpus(),
         cpu_quota_cores: pipeline::quota::current_cpu_quota_cores(),
         service,
+        fused_service,
         rate_per_s,
         holds_replies: config.journal.holds_replies(),
         outside_threads: OUTSIDE_THREADS,
@@ -116,6 +142,7 @@ pub fn plan_layout(
         // The layout pins what spins on a dedicated CPU; nothing else is placed.
         placement: layout.spinning_threads() > 0,
         service_ns: Some(service),
+        fused_service_ns: Some(fused_service),
         ..config.clone()
     };
     Ok((planned, layout))
