@@ -303,7 +303,10 @@ struct RunSummary {
     critical_path: LatencySummary,
     /// Intended send -> reply delivered (after its input's fsync when replies are held).
     end_to_end: LatencySummary,
+    /// Per stage split, over one in `stage_split_sample_every` of the requests that reached
+    /// the core.
     stages: BTreeMap<String, LatencySummary>,
+    stage_split_sample_every: u64,
     cumulative_10us: Vec<CumulativeBucket>,
     send_lag: LatencySummary,
     pipeline: Vec<StageMetrics>,
@@ -326,6 +329,7 @@ fn summarize(run: &RunResult) -> RunSummary {
             .zip(&run.stage_latency)
             .map(|(name, h)| (name.to_string(), h.summary()))
             .collect(),
+        stage_split_sample_every: STAGE_SPLIT_SAMPLE_EVERY,
         cumulative_10us: run.end_to_end.cumulative_buckets(BUCKET_WIDTH_NS, BUCKETS_MAX),
         send_lag: run.send_lag.summary(),
         pipeline: run.pipeline.clone(),
