@@ -326,7 +326,9 @@ impl PipelineBuilder {
     /// A source: each worker calls its handler in a loop until it returns [`Flow::Stop`] or
     /// the pipeline shuts down. `make_handler(worker)` builds each worker's handler. A handler
     /// with nothing to emit should wait inside the call (it owns its thread) rather than return
-    /// at once, or the loop spins; [`RunningPipeline::stop`] is seen between calls.
+    /// at once, or the loop spins; [`RunningPipeline::stop`] is seen between calls. A stage
+    /// fused after a source ([`PipelineBuilder::fuse`]) runs on the source's threads over what
+    /// each call emitted, run to completion, before the next call.
     pub fn source<Out: Message, H>(
         &mut self,
         name: &str,
@@ -338,9 +340,10 @@ impl PipelineBuilder {
     {
         let launcher: Launcher = Box::new(move |ports, context| {
             let ports = *ports.downcast::<StagePorts<(), Out>>().expect("source ports");
-            let workers = ports.outlets.into_iter().enumerate().map(|(worker, outlets)| {
+            let fused_next = ports.outlets.into_iter().zip(ports.next);
+            let workers = fused_next.enumerate().map(|(worker, (outlets, next))| {
                 let handler = make_handler(worker);
-                let emitter = Emitter::new(outlets);
+                let emitter = Emitter::new(outlets).with_next(next);
                 (worker, move |shared: &Shared, metrics: &mut WorkerMetrics| {
                     run_source(shared, metrics, emitter, handler)
                 })
@@ -695,8 +698,8 @@ impl PipelineBuilder {
     ) -> Option<&'static str> {
         let (from, to) = (&self.slots[upstream], &self.slots[downstream]);
         let earlier = &self.fusions[..position];
-        if from.kind != SlotKind::Stage || to.kind != SlotKind::Stage {
-            Some("only processing stages (not sources or inputs) can be fused")
+        if !matches!(from.kind, SlotKind::Stage | SlotKind::Source) || to.kind != SlotKind::Stage {
+            Some("only processing stages can be fused, after a processing stage or a source")
         } else if downstream <= upstream {
             Some("a stage can only be fused after one declared before it")
         } else if from.spec.spawned_workers() != to.spec.spawned_workers() {

@@ -386,3 +386,34 @@ fn a_head_that_feeds_its_fused_stage_through_a_ring_finishes_first_and_the_chain
     wait_bounded(move || running.wait()).unwrap();
     assert_eq!(seen.take().unwrap(), vec![2 * COUNT], "the fused and the ring copy of each");
 }
+
+#[test]
+fn a_stage_fused_after_a_source_runs_on_its_thread_in_order_and_drains_its_fan_in() {
+    const COUNT: u64 = 20_000;
+    const SIDE_COUNT: u64 = 3_000;
+    const KEYS: u64 = 4;
+    let mut graph = PipelineBuilder::new().pin_threads(false).topology(Topology::uniform(16));
+    let feed = graph.source("gen", StageSpec::ancillary(1), |_| {
+        let mut next = 0;
+        move |out: &mut Emitter<Tick>| {
+            if next == COUNT {
+                return Flow::Stop;
+            }
+            let (id, thread) = (next, thread_id());
+            out.emit(Tick { id, key: id % KEYS, seq: id / KEYS, thread });
+            next += 1;
+            Flow::Continue
+        }
+    });
+    let side = graph.source("side", StageSpec::ancillary(1), |_| source(COUNT, SIDE_COUNT, KEYS));
+    let (checked, results) = graph
+        .stage_with_results("check", StageSpec::ancillary(1), |_| OrderCheck::new(COUNT, true));
+    graph.fuse(feed, checked);
+    graph.connect(side, checked, Route::RoundRobin);
+    let running = graph.start().unwrap();
+    let report = wait_bounded(move || running.wait()).unwrap();
+    let seen = results.take().expect("the fused stage finished");
+    assert_eq!(seen, [COUNT + SIDE_COUNT], "the source's ticks and the fan-in ring's, drained");
+    let checked = report.stages.iter().find(|s| s.stage == "check").unwrap();
+    assert_eq!(checked.messages_in, COUNT + SIDE_COUNT);
+}

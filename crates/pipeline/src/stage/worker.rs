@@ -149,15 +149,39 @@ pub(super) fn run_source<Out: Copy, H>(
         }
         let start_ns = now_ns();
         emitter.ingress_ns = start_ns;
+        emitter.handling_ns = start_ns;
         let flow = handler(&mut emitter);
         let end_ns = now_ns();
-        emitter.flush();
+        emitter.handled_until_ns = end_ns;
+        emitter.flush_at(end_ns);
+        // Stages fused after the source also read their own inbound rings between calls.
+        emitter.poll_fused();
         let recorder = metrics.recorder();
         recorder.add_busy_ns(end_ns - start_ns);
         recorder.add_messages_out(emitter.take_emitted());
         metrics.maybe_publish(end_ns);
         if flow == Flow::Stop || emitter.disconnected {
             break;
+        }
+    }
+    // What the handler owns (handles feeding the fused stages' other rings) closes now, so
+    // those rings drain and disconnect.
+    drop(handler);
+    drain_fused(shared, &mut emitter);
+    emitter.finish_fused();
+}
+
+/// Runs the stages fused after a finished source until each of their inbound rings is
+/// disconnected and drained (or the pipeline aborts).
+fn drain_fused<Out: Copy>(shared: &Shared, emitter: &mut Emitter<Out>) {
+    while !shared.aborted() {
+        let handled = emitter.poll_fused();
+        emitter.flush();
+        if handled == 0 && emitter.fused_inputs_done() {
+            return;
+        }
+        if handled == 0 {
+            std::hint::spin_loop();
         }
     }
 }
