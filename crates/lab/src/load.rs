@@ -310,6 +310,64 @@ pub fn drive_sync_with(
     })
 }
 
+/// An open-loop schedule stepped without waiting, for a driver whose thread has other work
+/// (a load generator run inline on a tier's critical thread): between its other work it
+/// calls [`OpenLoopSteps::due`] and issues every shot whose intended time has come. The
+/// clock starts at the first call, as [`drive_sync`]'s does when it starts.
+pub struct OpenLoopSteps {
+    schedule: Box<dyn Iterator<Item = u64> + Send>,
+    start: Option<Instant>,
+    /// The next shot's index and offset from the start, ns (`None`: the schedule is done).
+    next: Option<(u64, u64)>,
+    send_lag: LatencyHistogram,
+    sent: u64,
+}
+
+impl OpenLoopSteps {
+    pub fn new(plan: &OpenLoopPlan) -> Result<OpenLoopSteps, BadInput> {
+        let mut schedule: Box<dyn Iterator<Item = u64> + Send> = Box::new(plan.schedule()?);
+        let next = schedule.next().map(|offset_ns| (0, offset_ns));
+        Ok(OpenLoopSteps {
+            schedule,
+            start: None,
+            next,
+            send_lag: LatencyHistogram::new(),
+            sent: 0,
+        })
+    }
+
+    /// The next shot, issued at `now`, if its intended time is at or before `now`.
+    pub fn due(&mut self, now: Instant) -> Option<Shot> {
+        let start = *self.start.get_or_insert(now);
+        let (index, offset_ns) = self.next?;
+        let intended = start + Duration::from_nanos(offset_ns);
+        if intended > now {
+            return None;
+        }
+        self.next = self.schedule.next().map(|offset_ns| (index + 1, offset_ns));
+        let shot = Shot { index, intended, issued: now };
+        self.send_lag.record_ns(shot.send_lag_ns());
+        self.sent += 1;
+        Some(shot)
+    }
+
+    /// Every shot of the schedule was issued.
+    pub fn finished(&self) -> bool {
+        self.next.is_none()
+    }
+
+    /// What was issued, as [`drive_sync`] reports it (no sleeps: the caller never waits).
+    pub fn report(&self) -> DriveReport {
+        DriveReport {
+            sent: self.sent,
+            elapsed: self.start.map_or(Duration::ZERO, |start| start.elapsed()),
+            send_lag: self.send_lag.clone(),
+            sleeps: 0,
+            spin_window: Duration::ZERO,
+        }
+    }
+}
+
 /// Sets the calling thread's timer slack (how late the kernel may fire its sleeps' timers);
 /// a failure only costs precision, so it is logged and ignored.
 fn set_timer_slack(slack_ns: u64) {
@@ -863,6 +921,30 @@ pub fn search_max_rate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_issue_each_shot_once_its_intended_time_has_come() {
+        let plan = OpenLoopPlan {
+            process: ArrivalProcess::Constant { rate_per_s: 1_000.0 },
+            seed: 1,
+            duration: Duration::from_millis(10),
+        };
+        let mut steps = OpenLoopSteps::new(&plan).unwrap();
+        let start = Instant::now();
+        let first = steps.due(start).expect("the first shot is due at the start");
+        assert_eq!((first.index, first.intended, first.issued), (0, start, start));
+        assert!(steps.due(start).is_none(), "the next one is 1 ms later");
+        let late = start + Duration::from_millis(4);
+        let indexes: Vec<u64> = std::iter::from_fn(|| steps.due(late)).map(|s| s.index).collect();
+        assert_eq!(indexes, [1, 2, 3, 4], "every shot due by then, in order, issued late");
+        assert!(!steps.finished());
+        let end = start + Duration::from_secs(1);
+        assert_eq!(std::iter::from_fn(|| steps.due(end)).count(), 5);
+        assert!(steps.finished());
+        let report = steps.report();
+        assert_eq!((report.sent, report.send_lag.count()), (10, 10));
+        assert!(report.send_lag.max_ns() >= 990_000_000, "the last was issued ~990 ms late");
+    }
 
     #[test]
     fn generator_priority_is_raised_for_this_thread_and_restored() {
