@@ -50,18 +50,19 @@ use std::time::Duration;
 
 use crate::error::ExchangeError;
 use crate::error::ExchangeError::BadInput;
-use lab::load::{DriveReport, OpenLoopPlan, Pacer, drive_sync_with};
+use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_sync_with};
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::Role;
-use pipeline::stage::StageSpec;
+use pipeline::stage::{Input, StageSpec};
 use pipeline::{ConnectorKind, WaitStrategy};
+use std::sync::mpsc::RecvTimeoutError;
 
 use journal::JournalWriter;
 use journal::writer::WriterStats;
 
 pub use choices::{Arrival, WaitChoice};
-use graph::{Feeds, RunningTier, ShardStart, StageStarts};
+use graph::{Feeds, InlineGenerator, RunningTier, ShardStart, StageStarts};
 pub use layout::{LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
@@ -77,7 +78,8 @@ use crate::durability::{
 use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
 use crate::master::{MasterData, MasterUpdate};
 use crate::msg::{
-    Audience, Command, InstrumentId, Price, REASON_COUNT, Response, SequencedInput, Stamps,
+    Audience, Command, InboundOrder, InstrumentId, Price, REASON_COUNT, Response, SequencedInput,
+    Stamps,
 };
 
 /// Names of the per-stage latency splits, in path order.
@@ -150,6 +152,10 @@ pub struct TierConfig {
     /// The same as stages fused after another on its thread (default: measured by a second
     /// calibration run with the chain fused; `service_ns` when only that is given).
     pub fused_service_ns: Option<ServiceTimes>,
+    /// Run the load generator inline on the pre-process thread, before it (run to completion,
+    /// no ring), or on a thread of its own; `None`: the layout decides
+    /// ([`TierLayout::generator_inline`]). Inline needs one pre-process worker.
+    pub generator_inline: Option<bool>,
 }
 
 impl Default for TierConfig {
@@ -179,6 +185,7 @@ impl Default for TierConfig {
             layout: LayoutChoice::Auto,
             service_ns: None,
             fused_service_ns: None,
+            generator_inline: None,
         }
     }
 }
@@ -543,13 +550,38 @@ fn run_with_layout(
 ) -> anyhow::Result<RunResult> {
     let master = reference_master_data(&config.universe);
     let (starts, durability) = recover(config, &options, &master)?;
+    // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
+    let _ = now_ns();
+    let (inline, inline_run) = if layout.generator_inline {
+        let (report, reported) = std::sync::mpsc::channel();
+        let run = InlineRun { feeds: Arc::default(), issued: Arc::default(), reported };
+        let inline = InlineGenerator {
+            load: Load::new(config, &master),
+            steps: OpenLoopSteps::new(&open_loop_plan(config, &options))?,
+            feeds: run.feeds.clone(),
+            issued: run.issued.clone(),
+            report,
+        };
+        (Some(inline), Some(run))
+    } else {
+        (None, None)
+    };
     let RunningTier { pipeline, feeds, reports } =
-        graph::start(config, layout, &options, starts, subscribers)?;
+        graph::start(config, layout, &options, starts, (subscribers, inline))?;
     let placement_notes = pipeline.plan().notes.clone();
-    let pacer = if layout.outside_threads_spin { Pacer::spinning() } else { Pacer::default() };
-    let (drive, disconnected) = drive_load(config, &options, &master, (feeds, pacer), progress)?;
-    // The feeds are gone: every stage drains and stops, and each worker reports.
+    let driven = match inline_run {
+        Some(run) => run.wait(feeds, progress),
+        None => {
+            let spins = layout.outside_threads_spin;
+            let pacer = if spins { Pacer::spinning() } else { Pacer::default() };
+            Some(drive_load(config, &options, &master, (feeds, pacer), progress)?)
+        }
+    };
+    // The feeds are gone: every stage drains and stops, and each worker reports (or the
+    // error that stopped the pipeline comes out here, before a missing report would).
     let report = pipeline.wait()?;
+    let (drive, disconnected) = driven
+        .ok_or_else(|| anyhow::anyhow!("the inline load generator ended without a report"))?;
     anyhow::ensure!(!disconnected, "the pipeline stopped while the load was running");
     let journal = durability.finish()?;
     let totals = Totals::collect(reports)?;
@@ -638,6 +670,81 @@ impl Durability {
     }
 }
 
+/// The main thread's side of a generator run inline on the chain's first thread.
+struct InlineRun {
+    feeds: Arc<std::sync::Mutex<Option<(Input<ExternalEvent>, Input<TierInput>)>>>,
+    issued: Arc<AtomicU64>,
+    reported: std::sync::mpsc::Receiver<(DriveReport, bool)>,
+}
+
+/// How often the main thread reports an inline generator's progress while it runs.
+const INLINE_PROGRESS_INTERVAL: Duration = Duration::from_millis(50);
+
+impl InlineRun {
+    /// Hands the generator its event and master-data feeds, then reports its progress until
+    /// it is done: `(report, whether a feed was gone)`, or `None` when the generator ended
+    /// without one (the pipeline aborted; its `wait` says why).
+    fn wait(self, feeds: Feeds, mut progress: impl FnMut(u64)) -> Option<(DriveReport, bool)> {
+        let handed = (feeds.events, feeds.master);
+        *self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handed);
+        loop {
+            match self.reported.recv_timeout(INLINE_PROGRESS_INTERVAL) {
+                Ok(report) => return Some(report),
+                // Relaxed: a progress count.
+                Err(RecvTimeoutError::Timeout) => progress(self.issued.load(Ordering::Relaxed)),
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+}
+
+/// What a run's load generator issues: the order flow and the scenario's events and
+/// master-data updates, wherever the generator runs (its own thread, or inline on the chain's
+/// first thread).
+pub(super) struct Load {
+    generator: FlowGenerator,
+    scenario: Scenario,
+    master: MasterData,
+}
+
+impl Load {
+    fn new(config: &TierConfig, master: &MasterData) -> Load {
+        Load {
+            generator: FlowGenerator::new(config.universe, config.flow),
+            scenario: Scenario {
+                events_every: config.events_every,
+                master_every: config.master_updates_every,
+                instruments: config.universe.instruments,
+                step: 0,
+            },
+            master: master.clone(),
+        }
+    }
+
+    /// Issues `shot`: its event and master-data update, if due, on their feeds, then its
+    /// request through `send(request, intended_ns)`. Returns whether a feed was gone.
+    pub(super) fn issue(
+        &mut self,
+        shot: &Shot,
+        (events, updates): (&mut Input<ExternalEvent>, &mut Input<TierInput>),
+        send: impl FnOnce(InboundOrder, u64) -> bool,
+    ) -> bool {
+        let mut disconnected = false;
+        let (mut request, _) = self.generator.next_request();
+        // The schedule's own instant, on the stages' clock: no clock read per request.
+        let intended_ns = instant_ns(shot.intended);
+        request.stamps.intended_ns = intended_ns;
+        if let Some(event) = self.scenario.event(shot.index, &self.master) {
+            disconnected |= events.send(event).and_then(|()| events.flush()).is_err();
+        }
+        if let Some(update) = self.scenario.master_update(shot.index, &self.master) {
+            let input = TierInput { master: update, ..TierInput::default() };
+            disconnected |= updates.send(input).and_then(|()| updates.flush()).is_err();
+        }
+        disconnected | send(request, intended_ns)
+    }
+}
+
 /// Drives the open-loop load into the feeds, with the scenario's events and master-data
 /// updates, paced by `pacer`; returns the generator's report and whether the pipeline
 /// stopped taking input.
@@ -645,21 +752,13 @@ fn drive_load(
     config: &TierConfig,
     options: &RunOptions,
     master: &MasterData,
-    (mut feeds, pacer): (Feeds, Pacer),
+    (feeds, pacer): (Feeds, Pacer),
     mut progress: impl FnMut(u64),
 ) -> anyhow::Result<(DriveReport, bool)> {
-    let mut generator = FlowGenerator::new(config.universe, config.flow);
-    let mut scenario = Scenario {
-        events_every: config.events_every,
-        master_every: config.master_updates_every,
-        instruments: config.universe.instruments,
-        step: 0,
-    };
-    let plan = OpenLoopPlan {
-        process: config.arrival_process(options.rate_per_s),
-        seed: config.seed,
-        duration: options.duration,
-    };
+    let Feeds { gateway, mut events, master: mut updates } = feeds;
+    let mut gateway = gateway.expect("a generator outside the tier writes the gateway input");
+    let mut load = Load::new(config, master);
+    let plan = open_loop_plan(config, options);
     let mut disconnected = false;
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
@@ -667,31 +766,28 @@ fn drive_load(
         if disconnected {
             return;
         }
-        let (mut request, _) = generator.next_request();
-        // The schedule's own instant, on the stages' clock: no clock read per request.
-        let intended_ns = instant_ns(shot.intended);
-        request.stamps.intended_ns = intended_ns;
-        if let Some(event) = scenario.event(shot.index, master) {
-            let events = &mut feeds.events;
-            disconnected |= events.send(event).and_then(|()| events.flush()).is_err();
-        }
-        if let Some(update) = scenario.master_update(shot.index, master) {
-            let input = TierInput { master: update, ..TierInput::default() };
-            let updates = &mut feeds.master;
-            disconnected |= updates.send(input).and_then(|()| updates.flush()).is_err();
-        }
-        let gateway = &mut feeds.gateway;
         // Sent when issued: the pacer's last clock read, so publishing reads no clock.
         let issued_ns = instant_ns(shot.issued);
-        disconnected |= gateway
-            .send_with_ingress(request, intended_ns)
-            .and_then(|()| gateway.flush_at(issued_ns))
-            .is_err();
+        let send = |request, intended_ns| {
+            gateway
+                .send_with_ingress(request, intended_ns)
+                .and_then(|()| gateway.flush_at(issued_ns))
+                .is_err()
+        };
+        disconnected |= load.issue(&shot, (&mut events, &mut updates), send);
         if shot.index % 1024 == 0 {
             progress(shot.index);
         }
     })?;
     Ok((drive, disconnected))
+}
+
+fn open_loop_plan(config: &TierConfig, options: &RunOptions) -> OpenLoopPlan {
+    OpenLoopPlan {
+        process: config.arrival_process(options.rate_per_s),
+        seed: config.seed,
+        duration: options.duration,
+    }
 }
 
 /// The stages' reports, combined.

@@ -17,9 +17,15 @@ const SERVICE: ServiceTimes =
     ServiceTimes { preprocess_ns: 400.0, core_ns: 1_500.0, rprocess_ns: 200.0, sender_ns: 300.0 };
 
 fn run_auto(journal: JournalMode) -> RunResult {
+    run_auto_with(journal, None)
+}
+
+/// `auto` with the generator where `generator_inline` says (`None`: where the plan puts it).
+fn run_auto_with(journal: JournalMode, generator_inline: Option<bool>) -> RunResult {
     let config = TierConfig {
         layout: LayoutChoice::Auto,
         service_ns: Some(SERVICE),
+        generator_inline,
         journal,
         order_pool_slots: 1 << 14,
         events_every: 400,
@@ -80,6 +86,43 @@ fn auto_with_held_replies_cuts_after_the_core_and_still_answers_everything() {
         let writer = shard.writer.as_ref().expect("journaling");
         assert!(writer.records > 0, "{writer:?}");
     }
+}
+
+#[test]
+fn a_generator_inline_before_the_preprocess_feeds_every_request_through_the_chain() {
+    for journal in [JournalMode::OFF, JournalMode::default()] {
+        let result = run_auto_with(journal, Some(true));
+        assert!(result.layout.generator_inline, "{:?}", result.layout);
+        check_answers_and_replay(&result);
+        let generator = result.pipeline.iter().find(|m| m.stage == "generator").unwrap();
+        assert_eq!(generator.messages_out, result.sent, "{generator:?}");
+        let preprocess = result.pipeline.iter().find(|m| m.stage == "preprocess").unwrap();
+        assert_eq!(preprocess.messages_in, result.sent, "fused after the generator: {journal:?}");
+        assert!(result.send_lag.count() == result.sent, "the inline generator's lag is reported");
+    }
+    // Outside the tier, as before, when the configuration says so.
+    let outside = run_auto_with(JournalMode::OFF, Some(false));
+    assert!(!outside.layout.generator_inline);
+    check_answers_and_replay(&outside);
+}
+
+#[test]
+fn an_inline_generator_needs_a_single_preprocess_worker() {
+    let config = TierConfig {
+        layout: LayoutChoice::ThreadPerStage,
+        preprocess_workers: 2,
+        generator_inline: Some(true),
+        ..TierConfig::default()
+    };
+    let options = RunOptions {
+        rate_per_s: 1_000.0,
+        duration: Duration::from_millis(50),
+        record_inputs: false,
+        journal: JournalOptions::default(),
+        released: None,
+    };
+    let Err(error) = run(&config, options, |_| {}) else { panic!("the run should be refused") };
+    assert!(error.to_string().contains("generator_inline"), "{error}");
 }
 
 #[test]

@@ -819,10 +819,16 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
                 format!("{} / {:.1}", run.layout.usable_cpus, run.layout.busy_elsewhere_cpus),
             ]);
         }
-        let generator_wait = if run.layout.outside_threads_spin { "Spin" } else { "SleepAdaptive" };
+        let (generator, generator_wait) = if run.layout.generator_inline {
+            ("(load generator, inline before preprocess)", "Spin")
+        } else if run.layout.outside_threads_spin {
+            ("(load generator, outside the tier)", "Spin")
+        } else {
+            ("(load generator, outside the tier)", "SleepAdaptive")
+        };
         table.row([
             rate_label(run.rate_per_s),
-            "(load generator, outside the tier)".into(),
+            generator.into(),
             "1".into(),
             generator_wait.into(),
             "-".into(),

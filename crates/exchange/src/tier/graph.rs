@@ -1,13 +1,18 @@
 //! Wiring: the tier's stages on the pipeline runtime, started, with the feeds the load
 //! generator writes and the handles through which each stage's workers report.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::time::Instant;
+
+use lab::load::{DriveReport, OpenLoopSteps};
 
 use journal::{DurableSeq, JournalSender};
 use pipeline::WaitStrategy;
 use pipeline::placement::Role;
 use pipeline::stage::{
-    Input, Message, PipelineBuilder, Route, RunningPipeline, StageHandle, StageResults, StageSpec,
+    Emitter, Flow, Input, Message, PipelineBuilder, Route, RunningPipeline, StageHandle,
+    StageResults, StageSpec,
 };
 
 use super::layout::{GroupWait, LayoutChoice, TierLayout, TierStage};
@@ -16,7 +21,7 @@ use super::workers::{
     ResponseTotals, SenderLatency, SenderWorker,
 };
 use super::{
-    ExternalEvent, RunOptions, ShardResult, SubscriberFactory, TierConfig, TierInput,
+    ExternalEvent, Load, RunOptions, ShardResult, SubscriberFactory, TierConfig, TierInput,
     external_event_effect,
 };
 use crate::durability::{ShardRecord, ShardState};
@@ -39,9 +44,9 @@ pub(super) struct StageStarts {
     pub(super) master: MasterWorker,
 }
 
-/// The inputs the load generator writes.
+/// The inputs the load generator writes (the gateway's only when it runs outside the tier).
 pub(super) struct Feeds {
-    pub(super) gateway: Input<InboundOrder>,
+    pub(super) gateway: Option<Input<InboundOrder>>,
     pub(super) events: Input<ExternalEvent>,
     pub(super) master: Input<TierInput>,
 }
@@ -124,11 +129,14 @@ pub(super) fn start(
     layout: &TierLayout,
     options: &RunOptions,
     starts: StageStarts,
-    subscribers: SubscriberFactory,
+    (subscribers, inline): (SubscriberFactory, Option<InlineGenerator>),
 ) -> anyhow::Result<RunningTier> {
     let specs = Specs { config, layout };
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
-    let gateway = graph.input::<InboundOrder>("gateway", 1);
+    let gateway = match inline {
+        Some(inline) => Err(inline_generator(&mut graph, specs, inline)),
+        None => Ok(graph.input::<InboundOrder>("gateway", 1)),
+    };
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
     let master_feed = graph.input::<TierInput>("master-feed", 1);
     let rejects = graph.input::<CoreOutput>("rejects", config.preprocess_workers);
@@ -145,7 +153,11 @@ pub(super) fn start(
     let (rprocess, responses) = rprocess_stage(&mut graph, specs, starts.durables);
     let (senders, sender_results) = sender_stage(&mut graph, specs, options, subscribers);
     let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
-    graph.connect(gateway, preprocess, Route::by_key(|m: &InboundOrder| u64::from(m.instrument)));
+    let by_order_instrument = Route::by_key(|m: &InboundOrder| u64::from(m.instrument));
+    match gateway {
+        Ok(input) => graph.connect(input, preprocess, by_order_instrument),
+        Err(generator) => graph.fuse(generator, preprocess),
+    }
     link(&mut graph, specs.fused(TierStage::Core), preprocess, core, by_instrument());
     graph.connect(event_feed, events, Route::RoundRobin);
     graph.connect(events, core, by_instrument());
@@ -162,12 +174,70 @@ pub(super) fn start(
     *reject_inputs.lock().unwrap_or_else(PoisonError::into_inner) =
         taken.into_iter().map(Some).collect();
     let feeds = Feeds {
-        gateway: pipeline.take_inputs(gateway).expect("gateway input").remove(0),
+        gateway: gateway
+            .ok()
+            .map(|input| pipeline.take_inputs(input).expect("gateway input").remove(0)),
         events: pipeline.take_inputs(event_feed).expect("event input").remove(0),
         master: pipeline.take_inputs(master_feed).expect("master input").remove(0),
     };
     let reports = StageReports { shards, responses, senders: sender_results, master };
     Ok(RunningTier { pipeline, feeds, reports })
+}
+
+/// The load generator run inline on the chain's first thread ([`TierLayout::generator_inline`]):
+/// what it issues, its schedule, the event and master-data feeds (handed over once the
+/// pipeline started: they are its inputs), how far it got, and where it reports when done.
+pub(super) struct InlineGenerator {
+    pub(super) load: Load,
+    pub(super) steps: OpenLoopSteps,
+    pub(super) feeds: Arc<Mutex<Option<(Input<ExternalEvent>, Input<TierInput>)>>>,
+    pub(super) issued: Arc<AtomicU64>,
+    pub(super) report: mpsc::Sender<(DriveReport, bool)>,
+}
+
+/// Shots issued per call of the inline generator at most, so that a generator behind its
+/// schedule hands the chain bounded batches.
+const INLINE_SHOTS_PER_CALL_MAX: usize = 64;
+
+/// Declares the generator as a source on the pre-process group's spec (the pre-process is
+/// fused after it, so both run on that thread): each call issues every shot now due, which
+/// the fused chain then handles to completion; it stops after the last shot.
+fn inline_generator(
+    graph: &mut PipelineBuilder,
+    specs: Specs,
+    inline: InlineGenerator,
+) -> StageHandle<(), InboundOrder> {
+    let mut inline = Some(inline);
+    graph.source("generator", specs.of(TierStage::Preprocess), move |_| {
+        let InlineGenerator { mut load, mut steps, feeds, issued, report } =
+            inline.take().expect("one inline generator worker");
+        let mut taken = None;
+        move |out: &mut Emitter<InboundOrder>| {
+            if taken.is_none() {
+                taken = feeds.lock().unwrap_or_else(PoisonError::into_inner).take();
+            }
+            let Some((events, updates)) = &mut taken else {
+                return Flow::Continue; // the pipeline is still starting
+            };
+            let now = Instant::now();
+            let mut disconnected = false;
+            for _ in 0..INLINE_SHOTS_PER_CALL_MAX {
+                let Some(shot) = steps.due(now) else { break };
+                let send = |request, intended_ns| {
+                    out.emit_with_ingress(request, intended_ns);
+                    false
+                };
+                disconnected |= load.issue(&shot, (events, updates), send);
+                // Relaxed: a progress count.
+                issued.store(shot.index + 1, Ordering::Relaxed);
+            }
+            if steps.finished() || disconnected {
+                let _ = report.send((steps.report(), disconnected));
+                return Flow::Stop;
+            }
+            Flow::Continue
+        }
+    })
 }
 
 fn preprocess_stage(

@@ -194,6 +194,11 @@ pub struct TierLayout {
     /// sleeping: a sleep would save nothing the tier needs, and its late wake-ups would count
     /// in every latency.
     pub outside_threads_spin: bool,
+    /// The load generator runs on the chain's first thread, before the pre-process, run to
+    /// completion (`pipeline`'s stage fused after a source): chosen when that thread spins
+    /// alone (one worker) and the generator would otherwise have no CPU of its own to spare,
+    /// so it takes none; the CPU the plan kept for it is left to the journal and the OS.
+    pub generator_inline: bool,
 }
 
 impl TierLayout {
@@ -268,7 +273,10 @@ pub fn plan(request: &LayoutRequest) -> TierLayout {
     let chosen = best.expect("at least the fully cut chain is a candidate");
     let layout = chosen.into_layout(usable, busy);
     let outside_threads_spin = outside_threads_spin(&layout, request, free);
-    TierLayout { outside_threads_spin, ..layout }
+    let first = &layout.groups[0];
+    let generator_inline =
+        request.outside_threads > 0 && !outside_threads_spin && first.spins() && first.workers == 1;
+    TierLayout { outside_threads_spin, generator_inline, ..layout }
 }
 
 /// Whether the load generator spins: only while a free CPU is still left over once it and
@@ -397,6 +405,7 @@ impl Candidate {
             predicted_latency_ns: self.latency_ns,
             saturated: self.peak_utilization >= 1.0,
             outside_threads_spin: false,
+            generator_inline: false,
         }
     }
 }

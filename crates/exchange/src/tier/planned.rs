@@ -12,6 +12,7 @@ use super::layout::{
 };
 use super::{Arrival, RunOptions, TierConfig, in_process_subscribers, run_with_layout};
 use crate::durability::{JournalMode, JournalOptions};
+use crate::error::ExchangeError::BadInput;
 
 /// Mean arrival rate of the calibration run: low enough for any host to carry with one
 /// thread per stage, high enough for thousands of samples per stage.
@@ -84,6 +85,7 @@ fn calibrate_groups(
         predicted_latency_ns: 0.0,
         saturated: false,
         outside_threads_spin: false,
+        generator_inline: false,
     };
     let options = RunOptions {
         rate_per_s: CALIBRATION_RATE_PER_S,
@@ -115,6 +117,19 @@ pub fn plan_layout(
     config: &TierConfig,
     rate_per_s: f64,
 ) -> anyhow::Result<(TierConfig, TierLayout)> {
+    let (planned, mut layout) = plan_threads(config, rate_per_s)?;
+    if let Some(inline) = config.generator_inline {
+        if inline && layout.groups[0].workers != 1 {
+            let reason = "generator_inline needs the pre-process on one thread (one worker)";
+            return Err(BadInput(reason.into()).into());
+        }
+        layout.generator_inline = inline;
+    }
+    Ok((planned, layout))
+}
+
+/// [`plan_layout`] before the configuration's say on where the generator runs.
+fn plan_threads(config: &TierConfig, rate_per_s: f64) -> anyhow::Result<(TierConfig, TierLayout)> {
     if config.layout == LayoutChoice::ThreadPerStage {
         return Ok((config.clone(), thread_per_stage(config)));
     }
@@ -232,6 +247,7 @@ fn thread_per_stage(config: &TierConfig) -> TierLayout {
         predicted_latency_ns: 0.0,
         saturated: false,
         outside_threads_spin: false,
+        generator_inline: false,
     }
 }
 

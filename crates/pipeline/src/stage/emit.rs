@@ -247,6 +247,14 @@ impl<T: Copy> Emitter<T> {
         self.next.as_mut().is_none_or(|next| next.inputs_done())
     }
 
+    /// Finishes the workers of the fused stages whose rings are done, in chain order
+    /// ([`FusedStage::finish_done_workers`]); for a chain whose head has finished.
+    pub(super) fn finish_done_fused(&mut self) {
+        if let Some(next) = &mut self.next {
+            next.finish_done_workers();
+        }
+    }
+
     /// Ends the fused stages (their results, metrics; dropping their outbound rings).
     pub(super) fn finish_fused(&mut self) {
         self.pass_local(now_ns());

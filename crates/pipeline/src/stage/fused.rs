@@ -39,6 +39,11 @@ pub(super) trait FusedStage<In>: Send {
     fn has_input(&self) -> bool;
     /// Every inbound ring of it (and of its fused stages) is disconnected and drained.
     fn inputs_done(&mut self) -> bool;
+    /// Called once the stage it is fused after has finished (a source that stopped): finishes
+    /// its worker as soon as its own rings are done, before the stages fused after it, since
+    /// what the worker closes when it finishes (a handle feeding one of their rings) may be
+    /// what they wait for; then asks the stage fused after it the same.
+    fn finish_done_workers(&mut self);
     /// Hands back its worker's result and metrics and drops its outbound rings.
     fn finish(self: Box<Self>);
 }
@@ -70,7 +75,8 @@ pub(super) struct Member<In, Out, W: StageWorker<In, Out>> {
     pub(super) worker_index: usize,
     pub(super) inbound: Inbound<In>,
     pub(super) emitter: Emitter<Out>,
-    pub(super) worker: W,
+    /// `None` once finished ([`FusedStage::finish_done_workers`]).
+    pub(super) worker: Option<W>,
     pub(super) metrics: WorkerMetrics,
     pub(super) results: ResultSlots<W::Finished>,
 }
@@ -83,7 +89,8 @@ where
 {
     fn handle_local(&mut self, batch: &[Envelope<In>], start_ns: u64) {
         let Some(first) = batch.first() else { return };
-        let (worker, emitter) = (&mut self.worker, &mut self.emitter);
+        let worker = self.worker.as_mut().expect("a finished fused stage is handed no more input");
+        let emitter = &mut self.emitter;
         in_stage(&self.stage, self.worker_index, || {
             for envelope in batch {
                 emitter.ingress_ns = envelope.ingress_ns;
@@ -108,8 +115,14 @@ where
         let (worker, emitter) = (&mut self.worker, &mut self.emitter);
         let recorder = self.metrics.recorder();
         in_stage(&self.stage, self.worker_index, || {
-            let mut handler = |message: &In, out: &mut Emitter<Out>| worker.handle(message, out);
-            let handled = self.inbound.handle_available(recorder, emitter, &mut handler);
+            let handled = match worker {
+                Some(worker) => {
+                    let mut handler =
+                        |message: &In, out: &mut Emitter<Out>| worker.handle(message, out);
+                    self.inbound.handle_available(recorder, emitter, &mut handler)
+                }
+                None => 0, // finished: its rings are done
+            };
             handled + emitter.poll_fused()
         })
     }
@@ -129,10 +142,23 @@ where
         self.inbound.done() && self.emitter.fused_inputs_done()
     }
 
+    fn finish_done_workers(&mut self) {
+        if self.worker.is_some() && self.inbound.done() {
+            let worker = self.worker.take().expect("checked above");
+            let (results, index) = (&self.results, self.worker_index);
+            in_stage(&self.stage, index, || finish_into(worker, results, index));
+        }
+        if self.worker.is_none() {
+            self.emitter.finish_done_fused();
+        }
+    }
+
     fn finish(self: Box<Self>) {
         let Member { stage, worker_index, mut emitter, worker, metrics, results, .. } = *self;
         in_stage(&stage, worker_index, || emitter.finish_fused());
-        in_stage(&stage, worker_index, || finish_into(worker, &results, worker_index));
+        if let Some(worker) = worker {
+            in_stage(&stage, worker_index, || finish_into(worker, &results, worker_index));
+        }
         metrics.finish();
     }
 }

@@ -88,7 +88,7 @@ impl PipelineBuilder {
                             worker_index,
                             inbound,
                             emitter,
-                            worker,
+                            worker: Some(worker),
                             metrics: context.hub.worker(worker_index),
                             results: slots.clone(),
                         }) as Box<dyn FusedStage<In>>

@@ -177,6 +177,7 @@ fn drain_fused<Out: Copy>(shared: &Shared, emitter: &mut Emitter<Out>) {
     while !shared.aborted() {
         let handled = emitter.poll_fused();
         emitter.flush();
+        emitter.finish_done_fused();
         if handled == 0 && emitter.fused_inputs_done() {
             return;
         }
