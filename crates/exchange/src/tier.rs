@@ -672,7 +672,7 @@ impl Durability {
 
 /// The main thread's side of a generator run inline on the chain's first thread.
 struct InlineRun {
-    feeds: Arc<std::sync::Mutex<Option<(Input<ExternalEvent>, Input<TierInput>)>>>,
+    feeds: graph::SideFeeds,
     issued: Arc<AtomicU64>,
     reported: std::sync::mpsc::Receiver<(DriveReport, bool)>,
 }

@@ -184,13 +184,17 @@ pub(super) fn start(
     Ok(RunningTier { pipeline, feeds, reports })
 }
 
+/// The event and master-data feeds, handed from the thread that started the pipeline to the
+/// inline generator once they exist.
+pub(super) type SideFeeds = Arc<Mutex<Option<(Input<ExternalEvent>, Input<TierInput>)>>>;
+
 /// The load generator run inline on the chain's first thread ([`TierLayout::generator_inline`]):
 /// what it issues, its schedule, the event and master-data feeds (handed over once the
 /// pipeline started: they are its inputs), how far it got, and where it reports when done.
 pub(super) struct InlineGenerator {
     pub(super) load: Load,
     pub(super) steps: OpenLoopSteps,
-    pub(super) feeds: Arc<Mutex<Option<(Input<ExternalEvent>, Input<TierInput>)>>>,
+    pub(super) feeds: SideFeeds,
     pub(super) issued: Arc<AtomicU64>,
     pub(super) report: mpsc::Sender<(DriveReport, bool)>,
 }
