@@ -133,9 +133,11 @@ pub(super) fn start(
 ) -> anyhow::Result<RunningTier> {
     let specs = Specs { config, layout };
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
-    let gateway = match inline {
-        Some(inline) => Err(inline_generator(&mut graph, specs, inline)),
-        None => Ok(graph.input::<InboundOrder>("gateway", 1)),
+    // Where orders enter: the generator inline before the pre-process, or a gateway input
+    // that the generator's own thread writes.
+    let (entry, generator_inline) = match inline {
+        Some(inline) => (inline_generator(&mut graph, specs, inline), true),
+        None => (graph.input::<InboundOrder>("gateway", 1), false),
     };
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
     let master_feed = graph.input::<TierInput>("master-feed", 1);
@@ -153,10 +155,10 @@ pub(super) fn start(
     let (rprocess, responses) = rprocess_stage(&mut graph, specs, starts.durables);
     let (senders, sender_results) = sender_stage(&mut graph, specs, options, subscribers);
     let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
-    let by_order_instrument = Route::by_key(|m: &InboundOrder| u64::from(m.instrument));
-    match gateway {
-        Ok(input) => graph.connect(input, preprocess, by_order_instrument),
-        Err(generator) => graph.fuse(generator, preprocess),
+    if generator_inline {
+        graph.fuse(entry, preprocess);
+    } else {
+        graph.connect(entry, preprocess, Route::by_key(|m: &InboundOrder| u64::from(m.instrument)));
     }
     link(&mut graph, specs.fused(TierStage::Core), preprocess, core, by_instrument());
     graph.connect(event_feed, events, Route::RoundRobin);
@@ -174,9 +176,8 @@ pub(super) fn start(
     *reject_inputs.lock().unwrap_or_else(PoisonError::into_inner) =
         taken.into_iter().map(Some).collect();
     let feeds = Feeds {
-        gateway: gateway
-            .ok()
-            .map(|input| pipeline.take_inputs(input).expect("gateway input").remove(0)),
+        gateway: (!generator_inline)
+            .then(|| pipeline.take_inputs(entry).expect("gateway input").remove(0)),
         events: pipeline.take_inputs(event_feed).expect("event input").remove(0),
         master: pipeline.take_inputs(master_feed).expect("master input").remove(0),
     };
