@@ -16,6 +16,17 @@ use exchange::tier::{LayoutChoice, RunOptions, RunResult, ServiceTimes, TierConf
 const SERVICE: ServiceTimes =
     ServiceTimes { preprocess_ns: 400.0, core_ns: 1_500.0, rprocess_ns: 200.0, sender_ns: 300.0 };
 
+/// A run at `rate_per_s` for `millis` ms with the default journal options.
+fn options(rate_per_s: f64, millis: u64, record_inputs: bool) -> RunOptions {
+    RunOptions {
+        rate_per_s,
+        duration: Duration::from_millis(millis),
+        record_inputs,
+        journal: JournalOptions::default(),
+        released: None,
+    }
+}
+
 fn run_auto(journal: JournalMode) -> RunResult {
     run_auto_with(journal, None)
 }
@@ -32,13 +43,7 @@ fn run_auto_with(journal: JournalMode, generator_inline: Option<bool>) -> RunRes
         master_updates_every: 900,
         ..TierConfig::default()
     };
-    let options = RunOptions {
-        rate_per_s: 10_000.0,
-        duration: Duration::from_millis(400),
-        record_inputs: true,
-        journal: JournalOptions::default(),
-        released: None,
-    };
+    let options = options(10_000.0, 400, true);
     run(&config, options, |_| {}).expect("run")
 }
 
@@ -114,13 +119,7 @@ fn an_inline_generator_needs_a_single_preprocess_worker() {
         generator_inline: Some(true),
         ..TierConfig::default()
     };
-    let options = RunOptions {
-        rate_per_s: 1_000.0,
-        duration: Duration::from_millis(50),
-        record_inputs: false,
-        journal: JournalOptions::default(),
-        released: None,
-    };
+    let options = options(1_000.0, 50, false);
     let Err(error) = run(&config, options, |_| {}) else { panic!("the run should be refused") };
     assert!(error.to_string().contains("generator_inline"), "{error}");
 }
@@ -133,13 +132,7 @@ fn thread_per_stage_stays_available() {
         order_pool_slots: 1 << 14,
         ..TierConfig::default()
     };
-    let options = RunOptions {
-        rate_per_s: 10_000.0,
-        duration: Duration::from_millis(300),
-        record_inputs: false,
-        journal: JournalOptions::default(),
-        released: None,
-    };
+    let options = options(10_000.0, 300, false);
     let result = run(&config, options, |_| {}).expect("run");
     assert_eq!(result.end_to_end.count(), result.sent);
     assert!(result.layout.groups.iter().all(|g| g.stages.len() == 1), "{:?}", result.layout);

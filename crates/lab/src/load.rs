@@ -288,32 +288,20 @@ pub fn drive_sync_with(
     mut pacer: Pacer,
     mut send: impl FnMut(Shot),
 ) -> Result<DriveReport, BadInput> {
-    let schedule = plan.schedule()?;
+    let mut steps = OpenLoopSteps::new(plan)?;
     set_timer_slack(TIMER_SLACK_NS);
-    let start = Instant::now();
-    let mut send_lag = LatencyHistogram::new();
-    let mut sent = 0;
-    for (index, offset_ns) in (0..).zip(schedule) {
-        let intended = start + Duration::from_nanos(offset_ns);
+    while let Some(intended) = steps.next_intended() {
         let issued = pacer.wait_until(intended);
-        let shot = Shot { index, intended, issued };
-        send_lag.record_ns(shot.send_lag_ns());
-        send(shot);
-        sent += 1;
+        send(steps.issue(issued));
     }
-    Ok(DriveReport {
-        sent,
-        elapsed: start.elapsed(),
-        send_lag,
-        sleeps: pacer.sleeps(),
-        spin_window: pacer.spin_window(),
-    })
+    Ok(DriveReport { sleeps: pacer.sleeps(), spin_window: pacer.spin_window(), ..steps.report() })
 }
 
 /// An open-loop schedule stepped without waiting, for a driver whose thread has other work
 /// (a load generator run inline on a tier's critical thread): between its other work it
 /// calls [`OpenLoopSteps::due`] and issues every shot whose intended time has come. The
-/// clock starts at the first call, as [`drive_sync`]'s does when it starts.
+/// clock starts at the first call. [`drive_sync_with`] steps the same schedule, waiting on
+/// its pacer for each shot.
 pub struct OpenLoopSteps {
     schedule: Box<dyn Iterator<Item = u64> + Send>,
     start: Option<Instant>,
@@ -338,17 +326,26 @@ impl OpenLoopSteps {
 
     /// The next shot, issued at `now`, if its intended time is at or before `now`.
     pub fn due(&mut self, now: Instant) -> Option<Shot> {
-        let start = *self.start.get_or_insert(now);
-        let (index, offset_ns) = self.next?;
-        let intended = start + Duration::from_nanos(offset_ns);
-        if intended > now {
-            return None;
-        }
+        self.start.get_or_insert(now);
+        (self.next_intended()? <= now).then(|| self.issue(now))
+    }
+
+    /// When the next shot is due (the clock starts at the first call); `None` when done.
+    fn next_intended(&mut self) -> Option<Instant> {
+        let start = *self.start.get_or_insert_with(Instant::now);
+        self.next.map(|(_, offset_ns)| start + Duration::from_nanos(offset_ns))
+    }
+
+    /// Issues the next shot at `issued` and records its lag; call after `next_intended`
+    /// returned `Some`.
+    fn issue(&mut self, issued: Instant) -> Shot {
+        let intended = self.next_intended().expect("a shot is pending");
+        let (index, _) = self.next.expect("a shot is pending");
         self.next = self.schedule.next().map(|offset_ns| (index + 1, offset_ns));
-        let shot = Shot { index, intended, issued: now };
+        let shot = Shot { index, intended, issued };
         self.send_lag.record_ns(shot.send_lag_ns());
         self.sent += 1;
-        Some(shot)
+        shot
     }
 
     /// Every shot of the schedule was issued.
@@ -356,7 +353,7 @@ impl OpenLoopSteps {
         self.next.is_none()
     }
 
-    /// What was issued, as [`drive_sync`] reports it (no sleeps: the caller never waits).
+    /// What was issued, as [`drive_sync`] reports it (no sleeps: this stepper never waits).
     pub fn report(&self) -> DriveReport {
         DriveReport {
             sent: self.sent,
