@@ -145,4 +145,8 @@ fn bad_service_times_are_bad_input() {
     let config = TierConfig { service_ns: Some(service), ..TierConfig::default() };
     let error = config.validate().unwrap_err();
     assert!(error.to_string().contains("service_ns"), "{error}");
+    let fused = ServiceTimes { sender_ns: -1.0, ..SERVICE };
+    let config = TierConfig { fused_service_ns: Some(fused), ..TierConfig::default() };
+    let error = config.validate().unwrap_err();
+    assert!(error.to_string().contains("fused_service_ns"), "{error}");
 }
