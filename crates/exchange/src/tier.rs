@@ -53,7 +53,7 @@ use crate::error::ExchangeError::BadInput;
 use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_sync_with};
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
-use pipeline::placement::Role;
+use pipeline::placement::{CpuId, Role};
 use pipeline::stage::{Input, StageSpec};
 use pipeline::{ConnectorKind, WaitStrategy};
 use std::sync::mpsc::RecvTimeoutError;
@@ -568,6 +568,7 @@ fn run_with_layout(
     };
     let RunningTier { pipeline, feeds, reports } =
         graph::start(config, layout, &options, starts, (subscribers, inline))?;
+    durability.keep_to(&pipeline.plan().floating_cpus);
     let placement_notes = pipeline.plan().notes.clone();
     let driven = match inline_run {
         Some(run) => run.wait(feeds, progress),
@@ -653,6 +654,24 @@ fn recover(
 }
 
 impl Durability {
+    /// Restricts the journal writers and snapshot followers to `cpus` (the plan's floating
+    /// CPUs): spawned before the plan existed, they would otherwise wake up on a spinning
+    /// critical thread's CPU and preempt it (docs/benchmarks/tier-layout.md has what that
+    /// cost the critical path). A thread that cannot be pinned runs as it is.
+    fn keep_to(&self, cpus: &[CpuId]) {
+        let writers = self.shards.iter().filter_map(|(writer, ..)| writer.as_ref());
+        for writer in writers.chain(self.master_writer.as_ref()) {
+            if let Err(error) = writer.pin_to(cpus) {
+                tracing::warn!("placement: journal writer not pinned to CPUs {cpus:?}: {error}");
+            }
+        }
+        for follower in self.shards.iter().filter_map(|(_, follower, _)| follower.as_ref()) {
+            if let Err(error) = follower.pin_to(cpus) {
+                tracing::warn!("placement: snapshot follower not pinned to CPUs {cpus:?}: {error}");
+            }
+        }
+    }
+
     /// Once the pipeline finished (the core workers and the master-data worker are gone, and
     /// with them the journal senders): each writer drains, syncs and stops, then its snapshot
     /// follower catches up with the last durable sequence, takes the snapshots due and stops.

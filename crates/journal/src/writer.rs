@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pipeline::placement::{CpuId, PlacementError, pin_thread};
 use pipeline::{ConnectorKind, Receiver, RingConfig, Sender};
 
 use crate::durable::DurableSeq;
@@ -261,6 +262,12 @@ impl JournalWriter {
 
     pub fn durable(&self) -> Arc<DurableSeq> {
         Arc::clone(&self.durable)
+    }
+
+    /// Restricts the writer thread to `cpus` (a tier keeps it off its spinning threads' CPUs:
+    /// every group commit wakes it).
+    pub fn pin_to(&self, cpus: &[CpuId]) -> Result<(), PlacementError> {
+        pin_thread(&self.thread, cpus)
     }
 
     /// Waits for the writer to drain and sync everything (drop the sender first) and returns

@@ -7,6 +7,7 @@
 //! - [`wait`]: wait strategies (spin, spin-yield, park, adaptive) and the wake-up protocol;
 //! - [`placement`]: CPU topology from /sys, pinning, and a plan that gives critical stages
 //!   dedicated cores of one socket (and downgrades spinning when oversubscribed);
+//! - [`interrupts`]: which CPUs service device interrupts, so critical threads avoid them;
 //! - [`metrics`]: per-worker recorders (counts, busy/idle time, HDR histograms of service,
 //!   per-hop and end-to-end latency, queue depth) merged off the hot path into snapshots;
 //! - [`stage`]: the builder and runtime: stages with k workers, 1→1 / fan-out (round-robin or
@@ -20,6 +21,8 @@
 pub mod active;
 pub(crate) mod blocking;
 pub mod connector;
+#[cfg(not(loom))]
+pub mod interrupts;
 #[cfg(not(loom))]
 pub mod metrics;
 #[cfg(not(loom))]

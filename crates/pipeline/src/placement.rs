@@ -10,7 +10,9 @@
 //! 2. [`PlacementPlan::new`] assigns each requested thread a set of CPUs. Critical threads take
 //!    whole physical cores on the socket with the most usable cores, while enough CPUs remain for
 //!    the others; the remaining threads take one CPU each, ancillary ones preferring the other
-//!    sockets. One core is left to the OS when the machine has more cores than threads.
+//!    sockets. One core is left to the OS when the machine has more cores than threads: the
+//!    one servicing most device interrupts (`/proc/interrupts`), and critical threads take the
+//!    least interrupted cores first.
 //! 3. When threads outnumber usable CPUs the plan says so ([`PlacementPlan::oversubscribed`]):
 //!    critical threads still get cores of their own while one core remains for the rest, the
 //!    rest share that remainder, and every spinning wait strategy must be downgraded, because a
@@ -20,7 +22,9 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
 use serde::Serialize;
 
@@ -77,14 +81,20 @@ pub struct Topology {
     pub isolated_cpus: Vec<CpuId>,
     /// The cgroup's CPU quota in CPUs (`None`: no quota); see [`crate::quota`].
     pub cpu_quota_cores: Option<f64>,
+    /// Device interrupts each CPU has handled since boot (empty: unknown); see
+    /// [`crate::interrupts`].
+    pub device_interrupts: BTreeMap<CpuId, u64>,
 }
 
 impl Topology {
-    /// Reads the running machine: `/sys`, this process's affinity mask and its cgroup's CPU
-    /// quota.
+    /// Reads the running machine: `/sys`, this process's affinity mask, its cgroup's CPU
+    /// quota and where the device interrupts go.
     pub fn detect() -> Result<Topology, PlacementError> {
         let topology = Topology::from_sysfs(Path::new("/sys"), &current_affinity()?)?;
-        Ok(topology.with_cpu_quota(crate::quota::current_cpu_quota_cores()))
+        Ok(Topology {
+            device_interrupts: crate::interrupts::current_device_interrupts_per_cpu(),
+            ..topology.with_cpu_quota(crate::quota::current_cpu_quota_cores())
+        })
     }
 
     /// The same machine under a CPU quota (in CPUs; `None`: none).
@@ -124,6 +134,7 @@ impl Topology {
             usable_cpus,
             isolated_cpus,
             cpu_quota_cores: None,
+            device_interrupts: BTreeMap::new(),
         })
     }
 
@@ -141,6 +152,7 @@ impl Topology {
             numa_nodes: Vec::new(),
             isolated_cpus: Vec::new(),
             cpu_quota_cores: None,
+            device_interrupts: BTreeMap::new(),
         }
     }
 
@@ -162,6 +174,11 @@ impl Topology {
             })
             .filter(|core| !core.cpus.is_empty())
             .collect()
+    }
+
+    /// Device interrupts the CPUs of `core` have handled (0 when unknown).
+    pub fn core_device_interrupts(&self, core: &PhysicalCore) -> u64 {
+        core.cpus.iter().filter_map(|cpu| self.device_interrupts.get(cpu)).sum()
     }
 }
 
@@ -265,6 +282,35 @@ pub fn current_affinity() -> Result<Vec<CpuId>, PlacementError> {
 
 /// Restricts the calling thread to `cpus` (`sched_setaffinity` on thread id 0 = this thread).
 pub fn pin_current_thread(cpus: &[CpuId]) -> Result<(), PlacementError> {
+    let set = cpu_set(cpus)?;
+    // SAFETY: pid 0 names the calling thread; `set` is a valid cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        let source = std::io::Error::last_os_error();
+        return Err(PlacementError::Affinity { call: "sched_setaffinity", source });
+    }
+    Ok(())
+}
+
+/// Restricts another thread of this process, running or not yet started, to `cpus`: for
+/// helper threads spawned before the plan existed (journal writers), which
+/// [`PlacementPlan::floating_cpus`] keeps off the critical threads' CPUs.
+pub fn pin_thread<T>(thread: &JoinHandle<T>, cpus: &[CpuId]) -> Result<(), PlacementError> {
+    let set = cpu_set(cpus)?;
+    // SAFETY: the JoinHandle is borrowed, so the thread has been neither joined nor detached
+    // and its pthread_t names a live thread object; `set` is a valid cpu_set_t of that size.
+    let rc = unsafe {
+        libc::pthread_setaffinity_np(thread.as_pthread_t(), size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        let source = std::io::Error::from_raw_os_error(rc);
+        return Err(PlacementError::Affinity { call: "pthread_setaffinity_np", source });
+    }
+    Ok(())
+}
+
+/// `cpus` as the kernel's CPU set.
+fn cpu_set(cpus: &[CpuId]) -> Result<libc::cpu_set_t, PlacementError> {
     if cpus.is_empty() {
         return Err(PlacementError::EmptyCpuSet);
     }
@@ -278,13 +324,7 @@ pub fn pin_current_thread(cpus: &[CpuId]) -> Result<(), PlacementError> {
         // SAFETY: `cpu` < CPU_SETSIZE was checked above, so the bit is inside `set`.
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
-    // SAFETY: pid 0 names the calling thread; `set` is a valid cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        let source = std::io::Error::last_os_error();
-        return Err(PlacementError::Affinity { call: "sched_setaffinity", source });
-    }
-    Ok(())
+    Ok(set)
 }
 
 /// Whether a thread is on the critical path of a transaction.
@@ -327,6 +367,11 @@ pub struct PlacementPlan {
     pub critical_socket: Option<usize>,
     /// More threads than usable CPUs: some threads share CPUs and must not spin.
     pub oversubscribed: bool,
+    /// Where threads the plan does not place run (floating stages, a process's helper
+    /// threads such as journal writers): the usable CPUs no exclusive placement holds, so that
+    /// waking up they do not preempt a spinning critical thread; all usable CPUs when the
+    /// exclusive placements hold every one.
+    pub floating_cpus: Vec<CpuId>,
     /// Human-readable remarks (what was compromised and why), also logged by the runtime.
     pub notes: Vec<String>,
 }
@@ -348,10 +393,18 @@ impl PlacementPlan {
                 requests.len()
             ));
         }
-        // Cores are ordered by lowest CPU; CPU 0's core takes most interrupts, so it is the one
-        // handed to the OS.
-        let os_reserved_cpus =
-            if cores.len() > requests.len() { cores.remove(0).cpus } else { Vec::new() };
+        // The core that services most device interrupts is handed to the OS and the others
+        // are taken least interrupted first (crate::interrupts says why); with equal or
+        // unknown counts, in CPU order, so CPU 0's core goes to the OS.
+        cores.sort_by_key(|core| topology.core_device_interrupts(core));
+        let os_reserved_cpus = if cores.len() > requests.len() {
+            let most = cores.last().map_or(0, |core| topology.core_device_interrupts(core));
+            let first_of_most =
+                cores.iter().position(|core| topology.core_device_interrupts(core) == most);
+            cores.remove(first_of_most.expect("a core has the largest count")).cpus
+        } else {
+            Vec::new()
+        };
         if os_reserved_cpus.is_empty() && !requests.is_empty() {
             notes.push(format!(
                 "no core left to the OS: {} threads on {} usable cores",
@@ -363,7 +416,15 @@ impl PlacementPlan {
         let critical_socket = has_critical.then(|| busiest_socket(&cores)).flatten();
         let mut allocator = Allocator { cores, critical_socket, oversubscribed };
         let threads = allocator.place(requests, &mut notes);
-        PlacementPlan { threads, os_reserved_cpus, critical_socket, oversubscribed, notes }
+        let floating_cpus = floating_cpus(&topology.usable_cpus, &threads);
+        PlacementPlan {
+            threads,
+            os_reserved_cpus,
+            critical_socket,
+            oversubscribed,
+            floating_cpus,
+            notes,
+        }
     }
 
     /// The wait strategy a thread may actually use: spinning is downgraded to
@@ -372,6 +433,13 @@ impl PlacementPlan {
     pub fn effective_wait(&self, requested: WaitStrategy) -> WaitStrategy {
         if self.oversubscribed { requested.for_oversubscribed() } else { requested }
     }
+}
+
+/// The usable CPUs no exclusive placement holds; all of them when none is left.
+fn floating_cpus(usable_cpus: &[CpuId], threads: &[ThreadPlacement]) -> Vec<CpuId> {
+    let held = |cpu: &CpuId| threads.iter().any(|t| t.exclusive && t.cpus.contains(cpu));
+    let free: Vec<CpuId> = usable_cpus.iter().copied().filter(|cpu| !held(cpu)).collect();
+    if free.is_empty() { usable_cpus.to_vec() } else { free }
 }
 
 /// The socket with the most usable cores (ties: the lowest socket number).

@@ -49,7 +49,8 @@
 //! rings (fan-out) and their own metrics (measured per batch; see `stage/fused.rs`). Where cores are
 //! scarce a layout fuses consecutive stages; where they are plenty it spreads them out.
 //! A stage declared [`StageSpec::floating`] takes no CPU of its own in the placement plan (for
-//! mostly idle stages that park), so it does not make a small host count as oversubscribed.
+//! mostly idle stages that park), so it does not make a small host count as oversubscribed; it
+//! runs on the CPUs no exclusive placement holds ([`PlacementPlan::floating_cpus`]).
 //!
 //! # Hot path
 //! A worker reads a batch from each inbound ring (one release per batch), calls the handler per
@@ -107,7 +108,7 @@ use worker::{LaunchContext, Shared, launch_workers, run_source};
 use crate::active::ActiveWorkers;
 use crate::connector::{ConnectorKind, Receiver, connector_with};
 use crate::metrics::{StageMetrics, StageMetricsHub, WorkerMetrics};
-use crate::placement::{PlacementPlan, Role, ThreadRequest, Topology};
+use crate::placement::{CpuId, PlacementPlan, Role, ThreadPlacement, ThreadRequest, Topology};
 use crate::ring::{RingConfig, RingError};
 use crate::wait::{Parker, WaitStrategy};
 
@@ -579,7 +580,12 @@ impl PipelineBuilder {
             if slot.kind != SlotKind::Input {
                 running.hubs.push(hub.clone());
             }
-            starts.push((hub, placements.by_ref().take(placed).collect::<Vec<_>>()));
+            let placed = placements.by_ref().take(placed).collect::<Vec<_>>();
+            let floats =
+                slot.kind != SlotKind::Input && heads[index] == index && slot.spec.floating;
+            let floating = (0..if floats { spawned } else { 0 })
+                .map(|worker| floating_placement(&slot.name, worker, &running.plan.floating_cpus));
+            starts.push((hub, placed.into_iter().chain(floating).collect::<Vec<_>>()));
         }
         // Launched last to first, so each fused stage's workers exist when the stage it is
         // fused after (declared before it) builds its emitters.
@@ -741,6 +747,19 @@ impl PipelineBuilder {
 /// caller's threads), fused stages (they run on their head's) or floating stages.
 fn places_threads(slot: &Slot, runs_own_threads: bool) -> bool {
     slot.kind != SlotKind::Input && runs_own_threads && !slot.spec.floating
+}
+
+/// Where a floating stage's worker runs: wherever the OS puts it among the CPUs no exclusive
+/// placement holds ([`PlacementPlan::floating_cpus`]), so that it never preempts a spinning
+/// critical thread when it wakes up.
+fn floating_placement(stage: &str, worker: usize, cpus: &[CpuId]) -> ThreadPlacement {
+    ThreadPlacement {
+        label: format!("{stage}/{worker}"),
+        role: Role::Ancillary,
+        cpus: cpus.to_vec(),
+        exclusive: false,
+        whole_core: false,
+    }
 }
 
 fn detect_topology() -> Topology {

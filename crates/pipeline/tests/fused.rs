@@ -8,7 +8,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use pipeline::WaitStrategy;
-use pipeline::placement::Topology;
+use pipeline::placement::{Topology, current_affinity};
 use pipeline::stage::{
     Emitter, Flow, PipelineBuilder, PipelineError, PipelineReport, Route, StageSpec, StageWorker,
 };
@@ -335,6 +335,32 @@ fn floating_stages_take_no_cpu_in_the_plan() {
     assert_eq!(plan.threads.len(), 1, "{:?}", plan.threads);
     assert!(!plan.oversubscribed, "3 threads, 2 CPUs, but only one needs a CPU of its own");
     assert_eq!(report.stages.iter().find(|s| s.stage == "idle").unwrap().messages_in, 1_000);
+}
+
+#[test]
+fn a_floating_stage_runs_on_the_cpus_no_exclusive_thread_holds() {
+    let mut graph = PipelineBuilder::new();
+    let feed = graph.source("gen", StageSpec::critical(1), |_| source(0, 100, 2));
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let record = seen.clone();
+    let idle = graph.sink("idle", StageSpec::ancillary(1).floating(), move |_| {
+        let record = record.clone();
+        move |_: &Tick| {
+            record.lock().unwrap().get_or_insert_with(|| current_affinity().unwrap());
+        }
+    });
+    graph.connect(feed, idle, Route::RoundRobin);
+    let running = graph.start().unwrap();
+    let plan = running.plan().clone();
+    let report = wait_bounded(move || running.wait()).unwrap();
+    assert!(report.pin_failures.is_empty(), "{:?}", report.pin_failures);
+    let critical = &plan.threads[0];
+    let floating = seen.lock().unwrap().clone().expect("the sink handled a message");
+    assert_eq!(floating, plan.floating_cpus, "{plan:?}");
+    let usable = Topology::detect().unwrap().usable_cpus;
+    if critical.exclusive && usable.len() > 1 {
+        assert!(!floating.iter().any(|cpu| critical.cpus.contains(cpu)), "{plan:?}");
+    }
 }
 
 /// A head stage whose worker feeds a fused stage through an input handle (as the tier's

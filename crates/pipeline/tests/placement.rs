@@ -1,6 +1,7 @@
 //! Placement: topology parsing from synthetic /sys trees, the placement policy, and a smoke
 //! test on the real machine.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
@@ -149,6 +150,61 @@ fn critical_threads_get_whole_cores_on_one_socket_and_the_os_keeps_a_core() {
     cpus.sort_unstable();
     cpus.dedup();
     assert_eq!(cpus.len(), 5, "every thread has its own CPU: {plan:?}");
+}
+
+#[test]
+fn the_most_interrupted_core_goes_to_the_os_and_critical_threads_avoid_interrupts() {
+    // The development VM: the disk's queue interrupts CPU 1, so CPU 0 is the quiet one.
+    let two_cores: [FakeCore; 2] = [(0, 0, &[0]), (0, 1, &[1])];
+    let vm = Topology {
+        device_interrupts: BTreeMap::from([(0, 18_431), (1, 16_462_655)]),
+        ..topology(&two_cores, &[0, 1])
+    };
+    let plan = PlacementPlan::new(&vm, &requests(1, 0));
+    assert_eq!(plan.os_reserved_cpus, vec![1], "{plan:?}");
+    assert_eq!(plan.threads[0].cpus, vec![0], "{plan:?}");
+
+    // Eight cores, the network card's queues on CPUs 2 and 3 (and a little on 5): the OS gets
+    // CPU 2's core, and critical threads take the uninterrupted cores before CPUs 3 and 5.
+    let eight_cores: [FakeCore; 8] = [
+        (0, 0, &[0]),
+        (0, 1, &[1]),
+        (0, 2, &[2]),
+        (0, 3, &[3]),
+        (0, 4, &[4]),
+        (0, 5, &[5]),
+        (0, 6, &[6]),
+        (0, 7, &[7]),
+    ];
+    let eight = Topology {
+        device_interrupts: BTreeMap::from([(2, 900_000), (3, 400_000), (5, 1_000)]),
+        ..topology(&eight_cores, &(0..8).collect::<Vec<_>>())
+    };
+    let plan = PlacementPlan::new(&eight, &requests(5, 0));
+    assert_eq!(plan.os_reserved_cpus, vec![2], "{plan:?}");
+    let critical: Vec<usize> = plan.threads.iter().map(|t| t.cpus[0]).collect();
+    assert_eq!(critical, vec![0, 1, 4, 6, 7], "{plan:?}");
+
+    // Equal counts change nothing: CPU 0's core is the OS's, as without counts.
+    let even = Topology {
+        device_interrupts: BTreeMap::from([(0, 5), (1, 5)]),
+        ..topology(&two_cores, &[0, 1])
+    };
+    assert_eq!(PlacementPlan::new(&even, &requests(1, 0)).os_reserved_cpus, vec![0]);
+}
+
+#[test]
+fn threads_the_plan_does_not_place_float_on_the_cpus_no_exclusive_thread_holds() {
+    let two_cores: [FakeCore; 2] = [(0, 0, &[0]), (0, 1, &[1])];
+    let plan = PlacementPlan::new(&topology(&two_cores, &[0, 1]), &requests(1, 0));
+    assert_eq!(plan.threads[0].cpus, vec![1], "CPU 0's core is the OS's: {plan:?}");
+    assert_eq!(plan.floating_cpus, vec![0], "not the critical thread's CPU: {plan:?}");
+
+    let plan = PlacementPlan::new(&topology(&two_cores, &[0, 1]), &requests(1, 1));
+    assert_eq!(plan.floating_cpus, vec![0, 1], "every CPU is held: float anywhere");
+
+    let plan = PlacementPlan::new(&topology(&TWO_SOCKETS_SMT, &[5]), &requests(2, 1));
+    assert_eq!(plan.floating_cpus, vec![5], "one shared CPU");
 }
 
 #[test]

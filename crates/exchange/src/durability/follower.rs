@@ -36,6 +36,7 @@ use journal::reader::EndPosition;
 use journal::segment::{SEGMENT_HEADER_BYTES, segment_path};
 use journal::{DurableSeq, Record, StateMachine, snapshot};
 use pipeline::metrics::now_ns;
+use pipeline::placement::{CpuId, PlacementError, pin_thread};
 
 use super::{ShardRecord, ShardState};
 
@@ -196,6 +197,12 @@ impl ShardSnapshotter {
             .spawn(move || task.run())
             .map_err(|e| format!("spawning the snapshot follower: {e}"))?;
         Ok(ShardSnapshotter { stop, thread })
+    }
+
+    /// Restricts the follower thread to `cpus` (off a tier's spinning threads' CPUs: it
+    /// replays every durable record).
+    pub fn pin_to(&self, cpus: &[CpuId]) -> Result<(), PlacementError> {
+        pin_thread(&self.thread, cpus)
     }
 
     /// Catches up with the final durable sequence (call after the journal writer stopped),

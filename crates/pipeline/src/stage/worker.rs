@@ -76,7 +76,7 @@ where
         let stage = context.stage.clone();
         let shared = context.shared.clone();
         let mut metrics = context.hub.worker(worker);
-        // Floating stages have no placement: they run wherever the OS puts them.
+        // A floating stage's placement is the CPUs no exclusive placement holds.
         let placement = context.placements.get(worker).filter(|_| context.pin_threads).cloned();
         let thread =
             std::thread::Builder::new().name(format!("{stage}/{worker}")).spawn(move || {
