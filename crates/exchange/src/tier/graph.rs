@@ -66,6 +66,15 @@ pub(super) struct RunningTier {
     pub(super) reports: StageReports,
 }
 
+/// Slots of the R-Processor's inbound rings when it holds replies for the journal (`group`,
+/// `sync`). Those rings are the hold: replies wait there, in order, until their input is on
+/// disk, so while an fsync lasts they fill at the core's output rate. They cover an fsync as
+/// long as the journal's own ring does (16,384 inputs) at up to 4 outputs per input (the
+/// reference flow makes 2.3). With the default 8,192 slots they covered 7 ms at 500K
+/// requests/s, and a slower fsync stalled the core on a full ring: the critical path then
+/// carried the fsync (docs/benchmarks/tier-layout.md).
+const HELD_REPLIES_RING_SLOTS: usize = 65_536;
+
 /// How each stage runs: its spec under the layout, and whether it is fused after the stage
 /// before it.
 #[derive(Clone, Copy)]
@@ -79,6 +88,17 @@ impl Specs<'_> {
     /// groups are critical (a dedicated core), parked ones ancillary, floating when the plan
     /// gave them no CPU.
     fn of(self, stage: TierStage) -> StageSpec {
+        let spec = self.placed(stage);
+        if stage == TierStage::Rprocess && self.config.journal.holds_replies() {
+            let slots = spec.capacity_slots.max(HELD_REPLIES_RING_SLOTS);
+            spec.with_ring(slots, spec.batch_slots_max)
+        } else {
+            spec
+        }
+    }
+
+    /// [`Specs::of`] before the reply hold's ring size.
+    fn placed(self, stage: TierStage) -> StageSpec {
         let critical = !matches!(stage, TierStage::Events | TierStage::Masterdata);
         let workers = self.layout.workers_of(stage);
         if self.config.layout == LayoutChoice::ThreadPerStage {
@@ -336,4 +356,29 @@ fn sender_stage(
         latency: SenderLatency::new(),
         released: released.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durability::JournalMode;
+
+    #[test]
+    fn the_reply_hold_rings_cover_an_fsync_when_replies_are_held() {
+        let layout_of = |config: &TierConfig| super::super::planned::plan_layout(config, 1.0);
+        let held = TierConfig {
+            journal: JournalMode::ALL[0],
+            layout: LayoutChoice::ThreadPerStage,
+            ..TierConfig::default()
+        };
+        let (_, layout) = layout_of(&held).unwrap();
+        let specs = Specs { config: &held, layout: &layout };
+        assert_eq!(specs.of(TierStage::Rprocess).capacity_slots, HELD_REPLIES_RING_SLOTS);
+        assert_eq!(specs.of(TierStage::Core).capacity_slots, held.ring_slots);
+
+        assert!(held.journal.holds_replies(), "the default mode, group, holds replies");
+        let off = TierConfig { journal: JournalMode::OFF, ..held.clone() };
+        let specs = Specs { config: &off, layout: &layout };
+        assert_eq!(specs.of(TierStage::Rprocess).capacity_slots, off.ring_slots);
+    }
 }
