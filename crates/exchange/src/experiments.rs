@@ -221,7 +221,7 @@ pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
                 variant,
                 rate_per_s,
                 end_to_end: result.end_to_end.summary(),
-                notes: result.placement_notes.clone(),
+                notes: result.placement.notes.clone(),
             });
         }
     }

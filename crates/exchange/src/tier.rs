@@ -53,7 +53,7 @@ use crate::error::ExchangeError::BadInput;
 use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_sync_with};
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
-use pipeline::placement::{CpuId, Role};
+use pipeline::placement::{CpuId, PlacementPlan, Role};
 use pipeline::stage::{Input, StageSpec};
 use pipeline::{ConnectorKind, WaitStrategy};
 use std::sync::mpsc::RecvTimeoutError;
@@ -63,7 +63,7 @@ use journal::writer::WriterStats;
 
 pub use choices::{Arrival, WaitChoice};
 use graph::{Feeds, InlineGenerator, RunningTier, ShardStart, StageStarts};
-pub use layout::{LayoutChoice, ServiceTimes, TierLayout};
+pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
     plan_layout,
@@ -377,7 +377,10 @@ pub struct RunResult {
     /// How late the generator issued requests.
     pub send_lag: LatencyHistogram,
     pub pipeline: Vec<StageMetrics>,
-    pub placement_notes: Vec<String>,
+    /// Where the tier's threads were planned: each placed thread's CPUs, the floating CPUs,
+    /// the OS's core, and what was compromised (`notes`); pinned only when `pinned`.
+    pub placement: PlacementPlan,
+    pub pinned: bool,
     pub rejects: [u64; REASON_COUNT],
     pub shards: Vec<ShardResult>,
     pub delivered: u64,
@@ -569,7 +572,7 @@ fn run_with_layout(
     let RunningTier { pipeline, feeds, reports } =
         graph::start(config, layout, &options, starts, (subscribers, inline))?;
     durability.keep_to(&pipeline.plan().floating_cpus);
-    let placement_notes = pipeline.plan().notes.clone();
+    let placement = pipeline.plan().clone();
     let driven = match inline_run {
         Some(run) => run.wait(feeds, progress),
         None => {
@@ -595,7 +598,8 @@ fn run_with_layout(
         stage_latency: totals.latency.stage_latency,
         send_lag: drive.send_lag,
         pipeline: report.stages.clone(),
-        placement_notes,
+        placement,
+        pinned: config.placement,
         rejects: totals.rejects,
         shards: totals.shards,
         delivered: totals.latency.delivered,

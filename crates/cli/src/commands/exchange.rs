@@ -22,8 +22,8 @@ use exchange::experiments::{
 };
 use exchange::msg::Reason;
 use exchange::tier::{
-    Arrival, LayoutChoice, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport,
-    TierConfig, WaitChoice,
+    Arrival, GroupWait, LayoutChoice, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS,
+    ShardJournalReport, TierConfig, WaitChoice,
 };
 
 /// Width of the cumulative latency buckets.
@@ -54,7 +54,9 @@ pub struct DemoArgs {
     #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
     pub journal: JournalMode,
     /// Thread layout: auto plans fused stage groups, workers, spinning and pinning from the
-    /// usable CPUs and a calibration run; thread-per-stage runs one thread per stage worker.
+    /// usable CPUs and a calibration run (spinning threads on the CPUs with the fewest device
+    /// interrupts; the load generator inline on the first thread when no CPU is spare);
+    /// thread-per-stage runs one thread per stage worker.
     #[arg(long, value_parser = one_of(&LayoutChoice::ALL, LayoutChoice::name), default_value = "auto")]
     pub layout: LayoutChoice,
 }
@@ -181,7 +183,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub placement: Option<bool>,
     /// Thread layout: auto (the default: planned from the usable CPUs and a calibration run;
-    /// it chooses pre-process workers, senders, waits and pinning) or thread-per-stage.
+    /// it chooses pre-process workers, senders, waits, pinning away from device interrupts,
+    /// and whether the load generator runs inline on the first thread) or thread-per-stage.
     #[arg(long, value_parser = one_of(&LayoutChoice::ALL, LayoutChoice::name))]
     pub layout: Option<LayoutChoice>,
     /// Arrival process: constant, poisson, bursty.
@@ -339,7 +342,7 @@ fn summarize(run: &RunResult) -> RunSummary {
             .map(|r| (format!("{r:?}"), run.rejects[*r as usize]))
             .collect(),
         output_hashes: run.shards.iter().map(|s| s.output_hash.clone()).collect(),
-        placement_notes: run.placement_notes.clone(),
+        placement_notes: run.placement.notes.clone(),
         journal: run.journal.clone(),
     }
 }
@@ -580,7 +583,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     if !max_line.is_empty() {
         println!("\n{max_line}");
     }
-    for note in runs.first().map(|r| r.placement_notes.as_slice()).unwrap_or_default() {
+    for note in runs.first().map(|r| r.placement.notes.as_slice()).unwrap_or_default() {
         println!("placement: {note}");
     }
 
@@ -796,14 +799,19 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
         "predicted util %",
         "measured util %",
         "CPUs usable / busy elsewhere",
+        "pinned to CPUs",
     ];
     let mut table = Table::new(headers).with_title(
         "Thread layout per run (auto: planned from the usable CPUs and calibrated service times; \
          stages joined by + share a thread; measured util is time inside the handlers, so a \
-         group holding replies for the journal counts its wait for the fsync, parked or not)",
+         group holding replies for the journal counts its wait for the fsync, parked or not; \
+         spinning threads get the CPUs that take the fewest device interrupts, parked ones \
+         float on the rest)",
     );
     for run in runs {
-        for (group, measured) in run.layout.groups.iter().zip(&run.layout_utilization) {
+        for (index, (group, measured)) in
+            run.layout.groups.iter().zip(&run.layout_utilization).enumerate()
+        {
             let modeled = group.predicted_utilization > 0.0;
             table.row([
                 rate_label(run.rate_per_s),
@@ -817,6 +825,7 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
                 },
                 format!("{:.1}", measured * 100.0),
                 format!("{} / {:.1}", run.layout.usable_cpus, run.layout.busy_elsewhere_cpus),
+                group_cpus(run, index),
             ]);
         }
         let (generator, generator_wait) = if run.layout.generator_inline {
@@ -834,9 +843,44 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
             "-".into(),
             "-".into(),
             format!("{} / {:.1}", run.layout.usable_cpus, run.layout.busy_elsewhere_cpus),
+            if run.layout.generator_inline { group_cpus(run, 0) } else { "-".into() },
         ]);
     }
     table
+}
+
+/// The CPUs the threads of `run`'s group `index` were pinned to ("-": not pinned). A group's
+/// threads are named after the stage they start with, or after the load generator when it
+/// runs inline before the first group; parked groups without a CPU of their own float.
+fn group_cpus(run: &RunResult, index: usize) -> String {
+    let group = &run.layout.groups[index];
+    if !run.pinned {
+        return "-".into();
+    }
+    let cpus: Vec<usize> = if group.wait == GroupWait::ParkFloating {
+        run.placement.floating_cpus.clone()
+    } else {
+        let head = if index == 0 && run.layout.generator_inline {
+            "generator"
+        } else {
+            group.stages[0].name()
+        };
+        let prefix = format!("{head}/");
+        let mut cpus: Vec<usize> = run
+            .placement
+            .threads
+            .iter()
+            .filter(|thread| thread.label.starts_with(&prefix))
+            .flat_map(|thread| thread.cpus.iter().copied())
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        cpus
+    };
+    if cpus.is_empty() {
+        return "-".into();
+    }
+    cpus.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 fn layout_bench(args: &LayoutBenchArgs) -> anyhow::Result<()> {
