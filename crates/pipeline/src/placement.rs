@@ -393,15 +393,9 @@ impl PlacementPlan {
                 requests.len()
             ));
         }
-        // The core that services most device interrupts is handed to the OS and the others
-        // are taken least interrupted first (crate::interrupts says why); with equal or
-        // unknown counts, in CPU order, so CPU 0's core goes to the OS.
         cores.sort_by_key(|core| topology.core_device_interrupts(core));
         let os_reserved_cpus = if cores.len() > requests.len() {
-            let most = cores.last().map_or(0, |core| topology.core_device_interrupts(core));
-            let first_of_most =
-                cores.iter().position(|core| topology.core_device_interrupts(core) == most);
-            cores.remove(first_of_most.expect("a core has the largest count")).cpus
+            take_most_interrupted(topology, &mut cores).cpus
         } else {
             Vec::new()
         };
@@ -433,6 +427,16 @@ impl PlacementPlan {
     pub fn effective_wait(&self, requested: WaitStrategy) -> WaitStrategy {
         if self.oversubscribed { requested.for_oversubscribed() } else { requested }
     }
+}
+
+/// Removes the core that services most device interrupts from `cores` (sorted least
+/// interrupted first, so the rest are handed out in that order) and returns it: the core left
+/// to the OS ([`crate::interrupts`] says why). With equal or unknown counts it is the first in
+/// CPU order, CPU 0's.
+fn take_most_interrupted(topology: &Topology, cores: &mut Vec<PhysicalCore>) -> PhysicalCore {
+    let most = cores.last().map_or(0, |core| topology.core_device_interrupts(core));
+    let first_of_most = cores.iter().position(|core| topology.core_device_interrupts(core) == most);
+    cores.remove(first_of_most.expect("the caller checked there are cores"))
 }
 
 /// The usable CPUs no exclusive placement holds; all of them when none is left.
