@@ -380,6 +380,7 @@ pub struct RunResult {
     /// Where the tier's threads were planned: each placed thread's CPUs, the floating CPUs,
     /// the OS's core, and what was compromised (`notes`); pinned only when `pinned`.
     pub placement: PlacementPlan,
+    /// Whether the run pinned its threads to the plan's CPUs (`TierConfig::placement`).
     pub pinned: bool,
     pub rejects: [u64; REASON_COUNT],
     pub shards: Vec<ShardResult>,
@@ -571,7 +572,9 @@ fn run_with_layout(
     };
     let RunningTier { pipeline, feeds, reports } =
         graph::start(config, layout, &options, starts, (subscribers, inline))?;
-    durability.keep_to(&pipeline.plan().floating_cpus);
+    if config.placement {
+        durability.pin_helpers_to(&pipeline.plan().floating_cpus);
+    }
     let placement = pipeline.plan().clone();
     let driven = match inline_run {
         Some(run) => run.wait(feeds, progress),
@@ -662,7 +665,7 @@ impl Durability {
     /// CPUs): spawned before the plan existed, they would otherwise wake up on a spinning
     /// critical thread's CPU and preempt it (docs/benchmarks/tier-layout.md has what that
     /// cost the critical path). A thread that cannot be pinned runs as it is.
-    fn keep_to(&self, cpus: &[CpuId]) {
+    fn pin_helpers_to(&self, cpus: &[CpuId]) {
         let writers = self.shards.iter().filter_map(|(writer, ..)| writer.as_ref());
         for writer in writers.chain(self.master_writer.as_ref()) {
             if let Err(error) = writer.pin_to(cpus) {

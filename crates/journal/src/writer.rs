@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pipeline::placement::{CpuId, PlacementError, pin_thread};
+use pipeline::placement::{CpuId, PinnableThread, PlacementError, pin_thread};
 use pipeline::{ConnectorKind, Receiver, RingConfig, Sender};
 
 use crate::durable::DurableSeq;
@@ -201,6 +201,7 @@ impl<R: Record> JournalSender<R> {
 pub struct JournalWriter {
     durable: Arc<DurableSeq>,
     thread: JoinHandle<Result<WriterStats, JournalError>>,
+    pinnable: PinnableThread,
 }
 
 impl JournalWriter {
@@ -247,9 +248,14 @@ impl JournalWriter {
             durable: Arc::clone(&durable),
             stats: WriterStats::default(),
         };
+        let pinnable = PinnableThread::default();
+        let recorder = pinnable.clone();
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || state.run())
+            .spawn(move || {
+                recorder.record_current();
+                state.run()
+            })
             .map_err(io_context("spawning the journal writer thread".into()))?;
         let sender = JournalSender {
             tx,
@@ -257,7 +263,7 @@ impl JournalWriter {
             durable: Arc::clone(&durable),
             wait: config.ring.wait,
         };
-        Ok((sender, JournalWriter { durable, thread }))
+        Ok((sender, JournalWriter { durable, thread, pinnable }))
     }
 
     pub fn durable(&self) -> Arc<DurableSeq> {
@@ -267,7 +273,7 @@ impl JournalWriter {
     /// Restricts the writer thread to `cpus` (a tier keeps it off its spinning threads' CPUs:
     /// every group commit wakes it).
     pub fn pin_to(&self, cpus: &[CpuId]) -> Result<(), PlacementError> {
-        pin_thread(&self.thread, cpus)
+        pin_thread(&self.pinnable, cpus)
     }
 
     /// Waits for the writer to drain and sync everything (drop the sender first) and returns

@@ -17,14 +17,15 @@
 //!    critical threads still get cores of their own while one core remains for the rest, the
 //!    rest share that remainder, and every spinning wait strategy must be downgraded, because a
 //!    spinning thread that shares its CPU burns the time slice its peer needs to make progress.
-//! 4. [`pin_current_thread`] applies one thread's CPU set with `sched_setaffinity`. Pinning can
+//! 4. [`pin_current_thread`] applies one thread's CPU set with `sched_setaffinity`
+//!    ([`pin_thread`] another's, for helper threads spawned before the plan). Pinning can
 //!    fail (a cpuset changed underneath us, a sandbox forbids it); that is reported, never fatal.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use serde::Serialize;
 
@@ -44,6 +45,8 @@ pub enum PlacementError {
     NoUsableCpus,
     #[error("cannot pin to an empty CPU set")]
     EmptyCpuSet,
+    #[error("the thread to pin has not recorded its id yet")]
+    ThreadNotStarted,
     #[error("CPU {cpu} is beyond the {limit} CPUs an affinity mask can name")]
     CpuOutOfRange { cpu: CpuId, limit: usize },
     #[error("{call} failed: {source}")]
@@ -91,8 +94,11 @@ impl Topology {
     /// quota and where the device interrupts go.
     pub fn detect() -> Result<Topology, PlacementError> {
         let topology = Topology::from_sysfs(Path::new("/sys"), &current_affinity()?)?;
+        let interrupts = crate::interrupts::current_device_interrupts_per_cpu();
+        // Counts that leave out a usable CPU would make it look the quietest: use none then.
+        let complete = topology.usable_cpus.iter().all(|cpu| interrupts.contains_key(cpu));
         Ok(Topology {
-            device_interrupts: crate::interrupts::current_device_interrupts_per_cpu(),
+            device_interrupts: if complete { interrupts } else { BTreeMap::new() },
             ..topology.with_cpu_quota(crate::quota::current_cpu_quota_cores())
         })
     }
@@ -292,19 +298,43 @@ pub fn pin_current_thread(cpus: &[CpuId]) -> Result<(), PlacementError> {
     Ok(())
 }
 
-/// Restricts another thread of this process, running or not yet started, to `cpus`: for
-/// helper threads spawned before the plan existed (journal writers), which
-/// [`PlacementPlan::floating_cpus`] keeps off the critical threads' CPUs.
-pub fn pin_thread<T>(thread: &JoinHandle<T>, cpus: &[CpuId]) -> Result<(), PlacementError> {
+/// A helper thread's kernel thread id, which the thread records itself when it starts, so
+/// that another thread can pin it later ([`pin_thread`]): helper threads spawned before the
+/// placement plan existed (journal writers, snapshot followers) are moved onto
+/// [`PlacementPlan::floating_cpus`] once it does.
+///
+/// Why not `pthread_setaffinity_np` on the `JoinHandle`: glibc passes the thread's kernel id,
+/// which the kernel clears to 0 when the thread exits, and 0 names the *calling* thread; a
+/// helper that had stopped early would have moved the caller instead. A recorded id of an
+/// exited thread just fails (`ESRCH`).
+#[derive(Clone, Debug, Default)]
+pub struct PinnableThread(Arc<AtomicI32>);
+
+impl PinnableThread {
+    /// Records the calling thread as the one to pin; call it first thing in the thread.
+    pub fn record_current(&self) {
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        // Release: pairs with `pin_thread`'s Acquire (nothing else is published with it).
+        self.0.store(tid, Ordering::Release);
+    }
+}
+
+/// Restricts the thread recorded in `thread` to `cpus`; an error if it has not recorded
+/// itself yet or has exited.
+pub fn pin_thread(thread: &PinnableThread, cpus: &[CpuId]) -> Result<(), PlacementError> {
     let set = cpu_set(cpus)?;
-    // SAFETY: the JoinHandle is borrowed, so the thread has been neither joined nor detached
-    // and its pthread_t names a live thread object; `set` is a valid cpu_set_t of that size.
-    let rc = unsafe {
-        libc::pthread_setaffinity_np(thread.as_pthread_t(), size_of::<libc::cpu_set_t>(), &set)
-    };
+    // Acquire: pairs with `record_current`'s Release.
+    let tid = thread.0.load(Ordering::Acquire);
+    if tid == 0 {
+        return Err(PlacementError::ThreadNotStarted);
+    }
+    // SAFETY: `tid` is a recorded, non-zero thread id (never 0, which would name the caller);
+    // `set` is a valid cpu_set_t of the size passed. An exited thread makes the call fail.
+    let rc = unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) };
     if rc != 0 {
-        let source = std::io::Error::from_raw_os_error(rc);
-        return Err(PlacementError::Affinity { call: "pthread_setaffinity_np", source });
+        let source = std::io::Error::last_os_error();
+        return Err(PlacementError::Affinity { call: "sched_setaffinity", source });
     }
     Ok(())
 }
@@ -393,7 +423,12 @@ impl PlacementPlan {
                 requests.len()
             ));
         }
-        cores.sort_by_key(|core| topology.core_device_interrupts(core));
+        for core in &mut cores {
+            // A thread given one CPU of a core gets its quietest sibling (stable: CPU order
+            // on ties).
+            core.cpus.sort_by_key(|cpu| topology.device_interrupts.get(cpu).copied().unwrap_or(0));
+        }
+        cores.sort_by_cached_key(|core| topology.core_device_interrupts(core));
         let os_reserved_cpus = if cores.len() > requests.len() {
             take_most_interrupted(topology, &mut cores).cpus
         } else {
@@ -410,7 +445,7 @@ impl PlacementPlan {
         let critical_socket = has_critical.then(|| busiest_socket(&cores)).flatten();
         let mut allocator = Allocator { cores, critical_socket, oversubscribed };
         let threads = allocator.place(requests, &mut notes);
-        let floating_cpus = floating_cpus(&topology.usable_cpus, &threads);
+        let floating_cpus = floating_cpus(topology, &threads);
         PlacementPlan {
             threads,
             os_reserved_cpus,
@@ -429,21 +464,32 @@ impl PlacementPlan {
     }
 }
 
-/// Removes the core that services most device interrupts from `cores` (sorted least
-/// interrupted first, so the rest are handed out in that order) and returns it: the core left
-/// to the OS ([`crate::interrupts`] says why). With equal or unknown counts it is the first in
-/// CPU order, CPU 0's.
+/// Removes the core that services most device interrupts from `cores` and returns it: the
+/// core left to the OS ([`crate::interrupts`] says why). `cores` is sorted least interrupted
+/// first (stable, so in CPU order among equals), which puts the most interrupted at the end;
+/// of several with that count the lowest in CPU order is taken, so that with equal or unknown
+/// counts CPU 0's core goes to the OS, as it always did.
 fn take_most_interrupted(topology: &Topology, cores: &mut Vec<PhysicalCore>) -> PhysicalCore {
     let most = cores.last().map_or(0, |core| topology.core_device_interrupts(core));
     let first_of_most = cores.iter().position(|core| topology.core_device_interrupts(core) == most);
     cores.remove(first_of_most.expect("the caller checked there are cores"))
 }
 
-/// The usable CPUs no exclusive placement holds; all of them when none is left.
-fn floating_cpus(usable_cpus: &[CpuId], threads: &[ThreadPlacement]) -> Vec<CpuId> {
-    let held = |cpu: &CpuId| threads.iter().any(|t| t.exclusive && t.cpus.contains(cpu));
-    let free: Vec<CpuId> = usable_cpus.iter().copied().filter(|cpu| !held(cpu)).collect();
-    if free.is_empty() { usable_cpus.to_vec() } else { free }
+/// The usable CPUs no exclusive placement holds (with the SMT siblings of a thread that owns
+/// its whole core); all of them when none is left.
+fn floating_cpus(topology: &Topology, threads: &[ThreadPlacement]) -> Vec<CpuId> {
+    let core_of = |cpu: CpuId| topology.cores.iter().find(|core| core.cpus.contains(&cpu));
+    let held = |cpu: &CpuId| {
+        threads.iter().filter(|t| t.exclusive).any(|t| {
+            t.cpus.contains(cpu)
+                || (t.whole_core
+                    && t.cpus
+                        .iter()
+                        .any(|&c| core_of(c).is_some_and(|core| core.cpus.contains(cpu))))
+        })
+    };
+    let free: Vec<CpuId> = topology.usable_cpus.iter().copied().filter(|cpu| !held(cpu)).collect();
+    if free.is_empty() { topology.usable_cpus.clone() } else { free }
 }
 
 /// The socket with the most usable cores (ties: the lowest socket number).
@@ -515,7 +561,8 @@ impl Allocator {
     }
 
     /// The core a thread of `role` should get next: critical threads prefer the critical
-    /// socket, ancillary threads the others; lowest CPU first within a preference.
+    /// socket, ancillary threads the others; least interrupted first within a preference
+    /// (the order `PlacementPlan::new` sorted the cores in).
     fn next_core_index(&self, role: Role) -> Option<usize> {
         let on_critical = |core: &PhysicalCore| Some(core.socket) == self.critical_socket;
         let preferred = |core: &PhysicalCore| on_critical(core) == (role == Role::Critical);

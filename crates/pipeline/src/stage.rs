@@ -108,7 +108,7 @@ use worker::{LaunchContext, Shared, launch_workers, run_source};
 use crate::active::ActiveWorkers;
 use crate::connector::{ConnectorKind, Receiver, connector_with};
 use crate::metrics::{StageMetrics, StageMetricsHub, WorkerMetrics};
-use crate::placement::{CpuId, PlacementPlan, Role, ThreadPlacement, ThreadRequest, Topology};
+use crate::placement::{PlacementPlan, Role, ThreadPlacement, ThreadRequest, Topology};
 use crate::ring::{RingConfig, RingError};
 use crate::wait::{Parker, WaitStrategy};
 
@@ -569,23 +569,16 @@ impl PipelineBuilder {
             plan,
             joined: false,
         };
-        let mut placements = running.plan.threads.clone().into_iter();
+        let mut placements = slot_placements(&slots, &heads, &running.plan).into_iter();
         let mut starts = Vec::with_capacity(slots.len());
-        for (index, slot) in slots.iter().enumerate() {
-            let spawned = slot.spec.spawned_workers();
-            let placed = if places_threads(slot, heads[index] == index) { spawned } else { 0 };
-            let hub = StageMetricsHub::new(&slot.name, spawned);
+        for slot in &slots {
+            let hub = StageMetricsHub::new(&slot.name, slot.spec.spawned_workers());
             let resizable = slot.spec.max_workers.is_some().then(|| slot.active.clone());
             running.resizable.push((slot.name.clone(), resizable));
             if slot.kind != SlotKind::Input {
                 running.hubs.push(hub.clone());
             }
-            let placed = placements.by_ref().take(placed).collect::<Vec<_>>();
-            let floats =
-                slot.kind != SlotKind::Input && heads[index] == index && slot.spec.floating;
-            let floating = (0..if floats { spawned } else { 0 })
-                .map(|worker| floating_placement(&slot.name, worker, &running.plan.floating_cpus));
-            starts.push((hub, placed.into_iter().chain(floating).collect::<Vec<_>>()));
+            starts.push((hub, placements.next().expect("one placement list per slot")));
         }
         // Launched last to first, so each fused stage's workers exist when the stage it is
         // fused after (declared before it) builds its emitters.
@@ -749,17 +742,36 @@ fn places_threads(slot: &Slot, runs_own_threads: bool) -> bool {
     slot.kind != SlotKind::Input && runs_own_threads && !slot.spec.floating
 }
 
-/// Where a floating stage's worker runs: wherever the OS puts it among the CPUs no exclusive
-/// placement holds ([`PlacementPlan::floating_cpus`]), so that it never preempts a spinning
-/// critical thread when it wakes up.
-fn floating_placement(stage: &str, worker: usize, cpus: &[CpuId]) -> ThreadPlacement {
-    ThreadPlacement {
+/// Per slot, where each worker thread it spawns runs: the plan's placements, in slot order,
+/// for slots that place threads; for a floating stage, wherever the OS puts it among the CPUs
+/// no exclusive placement holds ([`PlacementPlan::floating_cpus`]), so that it never preempts
+/// a spinning critical thread when it wakes up; none for inputs and fused stages.
+fn slot_placements(
+    slots: &[Slot],
+    heads: &[usize],
+    plan: &PlacementPlan,
+) -> Vec<Vec<ThreadPlacement>> {
+    let mut planned = plan.threads.iter().cloned();
+    let floating = |stage: &str, worker: usize| ThreadPlacement {
         label: format!("{stage}/{worker}"),
         role: Role::Ancillary,
-        cpus: cpus.to_vec(),
+        cpus: plan.floating_cpus.clone(),
         exclusive: false,
         whole_core: false,
+    };
+    let mut per_slot = Vec::with_capacity(slots.len());
+    for (index, slot) in slots.iter().enumerate() {
+        let workers = slot.spec.spawned_workers();
+        let own_threads = slot.kind != SlotKind::Input && heads[index] == index;
+        per_slot.push(if places_threads(slot, heads[index] == index) {
+            planned.by_ref().take(workers).collect()
+        } else if own_threads && slot.spec.floating {
+            (0..workers).map(|worker| floating(&slot.name, worker)).collect()
+        } else {
+            Vec::new()
+        });
     }
+    per_slot
 }
 
 fn detect_topology() -> Topology {

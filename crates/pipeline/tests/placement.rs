@@ -7,8 +7,8 @@ use std::path::Path;
 
 use pipeline::WaitStrategy;
 use pipeline::placement::{
-    PlacementError, PlacementPlan, Role, ThreadRequest, Topology, current_affinity,
-    pin_current_thread,
+    PinnableThread, PlacementError, PlacementPlan, Role, ThreadRequest, Topology, current_affinity,
+    pin_current_thread, pin_thread,
 };
 
 /// A core of a synthetic machine: (socket, core_id, SMT sibling CPUs).
@@ -208,6 +208,24 @@ fn threads_the_plan_does_not_place_float_on_the_cpus_no_exclusive_thread_holds()
 }
 
 #[test]
+fn smt_siblings_of_a_whole_core_do_not_float_and_the_quietest_sibling_is_taken() {
+    let smt_pairs: [FakeCore; 3] = [(0, 0, &[0, 3]), (0, 1, &[1, 4]), (0, 2, &[2, 5])];
+    let quiet_sibling = Topology {
+        // Core {0,3} takes most interrupts (the OS's); in core {1,4} CPU 1 takes some, CPU 4 none.
+        device_interrupts: BTreeMap::from([(0, 9_000), (3, 9_000), (1, 500), (4, 0)]),
+        ..topology(&smt_pairs, &[0, 1, 2, 3, 4, 5])
+    };
+    let plan = PlacementPlan::new(&quiet_sibling, &requests(1, 0));
+    assert_eq!(plan.os_reserved_cpus, vec![0, 3], "{plan:?}");
+    assert!(plan.threads[0].whole_core, "{plan:?}");
+    assert_eq!(plan.threads[0].cpus, vec![2], "core {{2,5}} has no interrupts: {plan:?}");
+    assert_eq!(plan.floating_cpus, vec![0, 1, 3, 4], "not CPU 2 nor its sibling 5: {plan:?}");
+
+    let two = PlacementPlan::new(&quiet_sibling, &requests(2, 0));
+    assert_eq!(two.threads[1].cpus, vec![4], "the quieter sibling of core {{1,4}}: {two:?}");
+}
+
+#[test]
 fn critical_threads_give_up_smt_siblings_when_the_others_need_them() {
     let smt_pair: [FakeCore; 2] = [(0, 0, &[0, 2]), (0, 1, &[1, 3])];
     let topology = topology(&smt_pair, &[0, 1, 2, 3]);
@@ -289,4 +307,33 @@ fn a_cgroup_quota_below_the_visible_cpus_oversubscribes_the_plan() {
     assert!(plan.effective_wait(WaitStrategy::BusySpin).may_park());
     let tiny = quota.with_cpu_quota(Some(0.5));
     assert_eq!(tiny.usable_cpu_count(), 1, "never below one CPU");
+}
+
+#[test]
+fn another_thread_is_pinned_by_its_recorded_id_and_an_exited_one_is_an_error() {
+    let usable = Topology::detect().expect("this machine's /sys is readable").usable_cpus;
+    let target = *usable.last().expect("a usable CPU");
+    let pinnable = PinnableThread::default();
+    assert!(matches!(pin_thread(&pinnable, &[target]), Err(PlacementError::ThreadNotStarted)));
+
+    let (recorder, pinned) = (pinnable.clone(), std::sync::Arc::new(std::sync::Barrier::new(2)));
+    let (recorded, checked) = (std::sync::Arc::new(std::sync::Barrier::new(2)), pinned.clone());
+    let recorded_in_thread = recorded.clone();
+    let thread = std::thread::spawn(move || {
+        recorder.record_current();
+        recorded_in_thread.wait();
+        checked.wait();
+        current_affinity().unwrap()
+    });
+    recorded.wait();
+    let caller_before = current_affinity().unwrap();
+    pin_thread(&pinnable, &[target]).expect("a running thread can be pinned");
+    pinned.wait();
+    assert_eq!(thread.join().unwrap(), vec![target], "the thread runs where it was pinned");
+    assert_eq!(current_affinity().unwrap(), caller_before, "the caller is left as it was");
+
+    // The thread has exited: pinning it fails, and never falls back on the caller.
+    let error = pin_thread(&pinnable, &[target]).unwrap_err();
+    assert!(matches!(error, PlacementError::Affinity { .. }), "{error}");
+    assert_eq!(current_affinity().unwrap(), caller_before);
 }

@@ -36,7 +36,7 @@ use journal::reader::EndPosition;
 use journal::segment::{SEGMENT_HEADER_BYTES, segment_path};
 use journal::{DurableSeq, Record, StateMachine, snapshot};
 use pipeline::metrics::now_ns;
-use pipeline::placement::{CpuId, PlacementError, pin_thread};
+use pipeline::placement::{CpuId, PinnableThread, PlacementError, pin_thread};
 
 use super::{ShardRecord, ShardState};
 
@@ -167,6 +167,7 @@ pub struct SnapshotReport {
 pub struct ShardSnapshotter {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Result<SnapshotReport, String>>,
+    pinnable: PinnableThread,
 }
 
 impl ShardSnapshotter {
@@ -192,17 +193,22 @@ impl ShardSnapshotter {
             stop: stop.clone(),
             report: SnapshotReport { every_records, ..SnapshotReport::default() },
         };
+        let pinnable = PinnableThread::default();
+        let recorder = pinnable.clone();
         let thread = std::thread::Builder::new()
             .name("shard-snapshots".into())
-            .spawn(move || task.run())
+            .spawn(move || {
+                recorder.record_current();
+                task.run()
+            })
             .map_err(|e| format!("spawning the snapshot follower: {e}"))?;
-        Ok(ShardSnapshotter { stop, thread })
+        Ok(ShardSnapshotter { stop, thread, pinnable })
     }
 
     /// Restricts the follower thread to `cpus` (off a tier's spinning threads' CPUs: it
     /// replays every durable record).
     pub fn pin_to(&self, cpus: &[CpuId]) -> Result<(), PlacementError> {
-        pin_thread(&self.thread, cpus)
+        pin_thread(&self.pinnable, cpus)
     }
 
     /// Catches up with the final durable sequence (call after the journal writer stopped),

@@ -362,12 +362,13 @@ fn sender_stage(
 mod tests {
     use super::*;
     use crate::durability::JournalMode;
+    use journal::Policy;
 
     #[test]
     fn the_reply_hold_rings_cover_an_fsync_when_replies_are_held() {
         let layout_of = |config: &TierConfig| super::super::planned::plan_layout(config, 1.0);
         let held = TierConfig {
-            journal: JournalMode::ALL[0],
+            journal: JournalMode(Some(Policy::Group)),
             layout: LayoutChoice::ThreadPerStage,
             ..TierConfig::default()
         };
@@ -376,7 +377,6 @@ mod tests {
         assert_eq!(specs.of(TierStage::Rprocess).capacity_slots, HELD_REPLIES_RING_SLOTS);
         assert_eq!(specs.of(TierStage::Core).capacity_slots, held.ring_slots);
 
-        assert!(held.journal.holds_replies(), "the default mode, group, holds replies");
         let off = TierConfig { journal: JournalMode::OFF, ..held.clone() };
         let specs = Specs { config: &off, layout: &layout };
         assert_eq!(specs.of(TierStage::Rprocess).capacity_slots, off.ring_slots);

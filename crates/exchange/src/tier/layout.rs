@@ -151,7 +151,8 @@ pub enum GroupWait {
     Spin,
     /// Parks on a CPU of its own, pinned.
     ParkDedicated,
-    /// Parks on whichever CPU the OS gives it (not placed, not pinned).
+    /// Parks without a CPU of its own: on whichever of the plan's floating CPUs (those no
+    /// exclusive thread holds) the OS gives it.
     ParkFloating,
 }
 
