@@ -696,6 +696,33 @@ impl Durability {
     }
 }
 
+impl RunResult {
+    /// The CPUs the threads of layout group `index` were pinned to (empty: not pinned). A
+    /// group's threads are named after the stage they start with, or after the load generator
+    /// when it runs inline before the first group; parked groups without a CPU of their own
+    /// float on the plan's floating CPUs.
+    pub fn group_cpus(&self, index: usize) -> Vec<CpuId> {
+        let group = &self.layout.groups[index];
+        if !self.pinned {
+            return Vec::new();
+        }
+        if group.wait == GroupWait::ParkFloating {
+            return self.placement.floating_cpus.clone();
+        }
+        let head = if index == 0 && self.layout.generator_inline {
+            graph::INLINE_GENERATOR_STAGE
+        } else {
+            group.stages[0].name()
+        };
+        let prefix = format!("{head}/");
+        let threads = self.placement.threads.iter().filter(|t| t.label.starts_with(&prefix));
+        let mut cpus: Vec<CpuId> = threads.flat_map(|t| t.cpus.iter().copied()).collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        cpus
+    }
+}
+
 /// The main thread's side of a generator run inline on the chain's first thread.
 struct InlineRun {
     feeds: graph::SideFeeds,
@@ -786,8 +813,6 @@ fn drive_load(
     let mut load = Load::new(config, master);
     let plan = open_loop_plan(config, options);
     let mut disconnected = false;
-    // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
-    let _ = now_ns();
     let drive = drive_sync_with(&plan, pacer, |shot| {
         if disconnected {
             return;

@@ -348,6 +348,11 @@ impl OpenLoopSteps {
         shot
     }
 
+    /// Shots issued so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
     /// Every shot of the schedule was issued.
     pub fn finished(&self) -> bool {
         self.next.is_none()

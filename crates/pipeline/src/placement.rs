@@ -182,9 +182,14 @@ impl Topology {
             .collect()
     }
 
+    /// Device interrupts `cpu` has handled (0 when unknown).
+    pub fn cpu_device_interrupts(&self, cpu: CpuId) -> u64 {
+        self.device_interrupts.get(&cpu).copied().unwrap_or(0)
+    }
+
     /// Device interrupts the CPUs of `core` have handled (0 when unknown).
     pub fn core_device_interrupts(&self, core: &PhysicalCore) -> u64 {
-        core.cpus.iter().filter_map(|cpu| self.device_interrupts.get(cpu)).sum()
+        core.cpus.iter().map(|&cpu| self.cpu_device_interrupts(cpu)).sum()
     }
 }
 
@@ -426,7 +431,7 @@ impl PlacementPlan {
         for core in &mut cores {
             // A thread given one CPU of a core gets its quietest sibling (stable: CPU order
             // on ties).
-            core.cpus.sort_by_key(|cpu| topology.device_interrupts.get(cpu).copied().unwrap_or(0));
+            core.cpus.sort_by_key(|&cpu| topology.cpu_device_interrupts(cpu));
         }
         cores.sort_by_cached_key(|core| topology.core_device_interrupts(core));
         let os_reserved_cpus = if cores.len() > requests.len() {
@@ -478,17 +483,17 @@ fn take_most_interrupted(topology: &Topology, cores: &mut Vec<PhysicalCore>) -> 
 /// The usable CPUs no exclusive placement holds (with the SMT siblings of a thread that owns
 /// its whole core); all of them when none is left.
 fn floating_cpus(topology: &Topology, threads: &[ThreadPlacement]) -> Vec<CpuId> {
-    let core_of = |cpu: CpuId| topology.cores.iter().find(|core| core.cpus.contains(&cpu));
-    let held = |cpu: &CpuId| {
-        threads.iter().filter(|t| t.exclusive).any(|t| {
-            t.cpus.contains(cpu)
-                || (t.whole_core
-                    && t.cpus
-                        .iter()
-                        .any(|&c| core_of(c).is_some_and(|core| core.cpus.contains(cpu))))
-        })
-    };
-    let free: Vec<CpuId> = topology.usable_cpus.iter().copied().filter(|cpu| !held(cpu)).collect();
+    let mut held: Vec<CpuId> = Vec::new();
+    for thread in threads.iter().filter(|thread| thread.exclusive) {
+        held.extend(&thread.cpus);
+        if thread.whole_core {
+            let cores = topology.cores.iter();
+            let own = cores.filter(|core| thread.cpus.iter().any(|cpu| core.cpus.contains(cpu)));
+            held.extend(own.flat_map(|core| core.cpus.iter().copied()));
+        }
+    }
+    let free: Vec<CpuId> =
+        topology.usable_cpus.iter().copied().filter(|cpu| !held.contains(cpu)).collect();
     if free.is_empty() { topology.usable_cpus.clone() } else { free }
 }
 

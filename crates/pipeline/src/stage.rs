@@ -762,10 +762,10 @@ fn slot_placements(
     let mut per_slot = Vec::with_capacity(slots.len());
     for (index, slot) in slots.iter().enumerate() {
         let workers = slot.spec.spawned_workers();
-        let own_threads = slot.kind != SlotKind::Input && heads[index] == index;
-        per_slot.push(if places_threads(slot, heads[index] == index) {
+        let head = heads[index] == index;
+        per_slot.push(if places_threads(slot, head) {
             planned.by_ref().take(workers).collect()
-        } else if own_threads && slot.spec.floating {
+        } else if slot.kind != SlotKind::Input && head && slot.spec.floating {
             (0..workers).map(|worker| floating(&slot.name, worker)).collect()
         } else {
             Vec::new()

@@ -22,8 +22,8 @@ use exchange::experiments::{
 };
 use exchange::msg::Reason;
 use exchange::tier::{
-    Arrival, GroupWait, LayoutChoice, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS,
-    ShardJournalReport, TierConfig, WaitChoice,
+    Arrival, LayoutChoice, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport,
+    TierConfig, WaitChoice,
 };
 
 /// Width of the cumulative latency buckets.
@@ -849,34 +849,9 @@ fn layout_table<'a>(runs: impl IntoIterator<Item = &'a RunResult>) -> Table {
     table
 }
 
-/// The CPUs the threads of `run`'s group `index` were pinned to ("-": not pinned). A group's
-/// threads are named after the stage they start with, or after the load generator when it
-/// runs inline before the first group; parked groups without a CPU of their own float.
+/// `run`'s group `index` pinned CPUs as a list ("-": not pinned).
 fn group_cpus(run: &RunResult, index: usize) -> String {
-    let group = &run.layout.groups[index];
-    if !run.pinned {
-        return "-".into();
-    }
-    let cpus: Vec<usize> = if group.wait == GroupWait::ParkFloating {
-        run.placement.floating_cpus.clone()
-    } else {
-        let head = if index == 0 && run.layout.generator_inline {
-            "generator"
-        } else {
-            group.stages[0].name()
-        };
-        let prefix = format!("{head}/");
-        let mut cpus: Vec<usize> = run
-            .placement
-            .threads
-            .iter()
-            .filter(|thread| thread.label.starts_with(&prefix))
-            .flat_map(|thread| thread.cpus.iter().copied())
-            .collect();
-        cpus.sort_unstable();
-        cpus.dedup();
-        cpus
-    };
+    let cpus = run.group_cpus(index);
     if cpus.is_empty() {
         return "-".into();
     }

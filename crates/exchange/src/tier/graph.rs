@@ -220,6 +220,9 @@ pub(super) struct InlineGenerator {
     pub(super) report: mpsc::Sender<(DriveReport, bool)>,
 }
 
+/// The pipeline stage (and thread name) of the load generator run inline.
+pub(super) const INLINE_GENERATOR_STAGE: &str = "generator";
+
 /// Shots issued per call of the inline generator at most, so that a generator behind its
 /// schedule hands the chain bounded batches.
 const INLINE_SHOTS_PER_CALL_MAX: usize = 64;
@@ -233,7 +236,7 @@ fn inline_generator(
     inline: InlineGenerator,
 ) -> StageHandle<(), InboundOrder> {
     let mut inline = Some(inline);
-    graph.source("generator", specs.of(TierStage::Preprocess), move |_| {
+    graph.source(INLINE_GENERATOR_STAGE, specs.of(TierStage::Preprocess), move |_| {
         let InlineGenerator { mut load, mut steps, feeds, issued, report } =
             inline.take().expect("one inline generator worker");
         let mut taken = None;
@@ -253,9 +256,9 @@ fn inline_generator(
                     false
                 };
                 disconnected |= load.issue(&shot, (events, updates), send);
-                // Relaxed: a progress count.
-                issued.store(shot.index + 1, Ordering::Relaxed);
             }
+            // Relaxed: a progress count, stored once per call.
+            issued.store(steps.sent(), Ordering::Relaxed);
             if steps.finished() || disconnected {
                 let _ = report.send((steps.report(), disconnected));
                 return Flow::Stop;
@@ -366,13 +369,12 @@ mod tests {
 
     #[test]
     fn the_reply_hold_rings_cover_an_fsync_when_replies_are_held() {
-        let layout_of = |config: &TierConfig| super::super::planned::plan_layout(config, 1.0);
         let held = TierConfig {
             journal: JournalMode(Some(Policy::Group)),
             layout: LayoutChoice::ThreadPerStage,
             ..TierConfig::default()
         };
-        let (_, layout) = layout_of(&held).unwrap();
+        let (_, layout) = super::super::planned::plan_layout(&held, 1.0).unwrap();
         let specs = Specs { config: &held, layout: &layout };
         assert_eq!(specs.of(TierStage::Rprocess).capacity_slots, HELD_REPLIES_RING_SLOTS);
         assert_eq!(specs.of(TierStage::Core).capacity_slots, held.ring_slots);
