@@ -387,9 +387,14 @@ fn an_input_flushed_at_a_given_time_is_timed_from_it() {
     graph.connect(input, sink, Route::by_key(|tick: &Tick| tick.key));
     let mut running = graph.start().unwrap();
     let mut input = running.take_inputs(input).expect("input handles").pop().unwrap();
+    // `now_ns` counts from the process's first call: until SENT_AGO_NS have passed, the send
+    // time below would saturate at 0 and the hop would be shorter than SENT_AGO_NS.
+    while pipeline::metrics::now_ns() < SENT_AGO_NS {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     for id in 0..COUNT {
         input.send(Tick { id, ..Tick::default() }).unwrap();
-        input.flush_at(pipeline::metrics::now_ns().saturating_sub(SENT_AGO_NS)).unwrap();
+        input.flush_at(pipeline::metrics::now_ns() - SENT_AGO_NS).unwrap();
     }
     drop(input);
     let report = wait_bounded(move || running.wait()).unwrap();
