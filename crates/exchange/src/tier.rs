@@ -42,6 +42,8 @@ mod choices;
 mod graph;
 pub mod layout;
 mod planned;
+mod replies;
+mod service;
 mod workers;
 
 use std::sync::Arc;
@@ -62,12 +64,14 @@ use journal::JournalWriter;
 use journal::writer::WriterStats;
 
 pub use choices::{Arrival, WaitChoice};
-use graph::{Feeds, InlineGenerator, RunningTier, ShardStart, StageStarts};
+use graph::{Feeds, InlineGenerator, ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
     plan_layout,
 };
+pub use replies::{ReplyReceiver, reply_subscribers};
+pub use service::{Tier, TierControl, TierInputs, TierStopped};
 use workers::{MasterWorker, SenderLatency};
 
 use crate::core::{CoreCounters, CoreLimits};
@@ -156,6 +160,11 @@ pub struct TierConfig {
     /// no ring), or on a thread of its own; `None`: the layout decides
     /// ([`TierLayout::generator_inline`]). Inline needs one pre-process worker.
     pub generator_inline: Option<bool>,
+    /// With a journal that syncs (`group`, `sync`): the R-Processor holds each reply until
+    /// its input is durable (default). `false` hands replies on at once, for a caller that
+    /// waits for [`Tier::durables`] itself (`exchange serve` overlaps that wait with its
+    /// session store's fdatasync instead of running the two in series).
+    pub hold_replies: bool,
 }
 
 impl Default for TierConfig {
@@ -186,11 +195,32 @@ impl Default for TierConfig {
             service_ns: None,
             fused_service_ns: None,
             generator_inline: None,
+            hold_replies: true,
         }
     }
 }
 
 impl TierConfig {
+    /// One thread per stage with one worker each, every thread parking when idle and nothing
+    /// pinned: a tier that costs no CPU while it waits (tests, a host shared with other work).
+    ///
+    /// ```
+    /// use exchange::tier::{LayoutChoice, TierConfig, WaitChoice};
+    /// let parked = TierConfig::parked();
+    /// assert_eq!((parked.layout, parked.wait), (LayoutChoice::ThreadPerStage, WaitChoice::Park));
+    /// assert!(parked.validate().is_ok());
+    /// ```
+    pub fn parked() -> TierConfig {
+        TierConfig {
+            preprocess_workers: 1,
+            core_shards: 1,
+            senders: 1,
+            wait: WaitChoice::Park,
+            layout: LayoutChoice::ThreadPerStage,
+            ..TierConfig::default()
+        }
+    }
+
     /// Checks every field; errors are [`BadInput`] naming the field.
     pub fn validate(&self) -> Result<(), ExchangeError> {
         let workers_ok = |n: usize| (1..=STAGE_WORKERS_MAX).contains(&n);
@@ -252,6 +282,11 @@ impl TierConfig {
         self.arrival_process(1.0)
             .validate()
             .map_err(|lab::error::BadInput(reason)| BadInput(reason))
+    }
+
+    /// Whether the R-Processor holds replies until their input is durable.
+    pub fn holds_replies(&self) -> bool {
+        self.hold_replies && self.journal.holds_replies()
     }
 
     /// The wait strategy of the critical stages on this host.
@@ -553,7 +588,6 @@ fn run_with_layout(
     progress: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
     let master = reference_master_data(&config.universe);
-    let (starts, durability) = recover(config, &options, &master)?;
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
     let (inline, inline_run) = if layout.generator_inline {
@@ -570,12 +604,8 @@ fn run_with_layout(
     } else {
         (None, None)
     };
-    let RunningTier { pipeline, feeds, reports } =
-        graph::start(config, layout, &options, starts, (subscribers, inline))?;
-    if config.placement {
-        durability.pin_helpers_to(&pipeline.plan().floating_cpus);
-    }
-    let placement = pipeline.plan().clone();
+    let (tier, feeds) = Tier::start_planned(config, layout, &options, subscribers, inline)?;
+    let placement = tier.placement().clone();
     let driven = match inline_run {
         Some(run) => run.wait(feeds, progress),
         None => {
@@ -586,12 +616,11 @@ fn run_with_layout(
     };
     // The feeds are gone: every stage drains and stops, and each worker reports (or the
     // error that stopped the pipeline comes out here, before a missing report would).
-    let report = pipeline.wait()?;
+    let stopped = tier.stop()?;
     let (drive, disconnected) = driven
         .ok_or_else(|| anyhow::anyhow!("the inline load generator ended without a report"))?;
     anyhow::ensure!(!disconnected, "the pipeline stopped while the load was running");
-    let journal = durability.finish()?;
-    let totals = Totals::collect(reports)?;
+    let TierStopped { journal, totals, report, .. } = stopped;
     Ok(RunResult {
         rate_per_s: options.rate_per_s,
         sent: drive.sent,

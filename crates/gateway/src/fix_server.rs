@@ -9,9 +9,9 @@ use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::engine::order_id;
 use crate::fix::{self, Message, tag};
 use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
+use crate::hub::order_id;
 use crate::hub::{Hub, Link};
 use crate::native::{Event, event_kind, gateway_reason};
 use crate::session::{Conn, Flow, detach, write_final, write_out};
@@ -91,14 +91,12 @@ fn read_batch(
     flow
 }
 
-/// Ends a unit of work of a session: the inline engine (if any) takes the orders just read
-/// and its reports are routed; the session's inbound sequence number goes into the store's batch,
+/// Ends a unit of work of a session: the session's inbound sequence number goes into the store's batch,
 /// which is written now if the session sent something (released once durable); otherwise it
 /// rides on the next write — the one carrying the execution reports of the orders just read —
 /// so a read costs no store syscall of its own. A crash before that write loses only inbound
 /// numbers whose messages nobody has acknowledged: the restarted server asks for them again.
 fn commit(hub: &mut Hub, at: usize) {
-    hub.run_engine();
     hub.clients[at].fix.as_mut().expect("FIX client").store.save_next_in();
     hub.log.borrow_mut().commit_if_holding();
 }

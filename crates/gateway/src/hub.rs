@@ -1,5 +1,5 @@
-//! The gateway's shared state on its I/O thread: every client's session state, the ingress
-//! ring's producer, and the router that turns the engine's reports into each client's
+//! The gateway's shared state on its I/O thread: every client's session state, the tier's
+//! order input, and the router that turns the tier's execution reports into each client's
 //! protocol and hands them to its connection's bounded outbox.
 //!
 //! Everything here lives on one thread (a tokio current-thread runtime with a `LocalSet`), so
@@ -11,17 +11,41 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use exchange::msg::{CoreOutput, InboundOrder, OutputKind, REASON_COUNT};
+use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, REASON_COUNT};
 use pipeline::metrics::now_ns;
-use pipeline::ring::{BatchError, Producer};
+use pipeline::stage::{Input, TrySendError};
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol};
-use crate::engine::{Engine, order_id, token_of};
 use crate::fix_session::FixState;
 use crate::metrics::StageMetrics;
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
 use crate::store::{self, Log, StoreError};
+
+/// The tier order id of a client's order number: `client << 32 | token`, so a report names
+/// its owner and the client's own order number without any lookup.
+pub fn order_id(client: ClientId, token: u32) -> OrderId {
+    (u64::from(client) << 32) | u64::from(token)
+}
+
+/// The client order number inside a tier order id.
+pub fn token_of(order_id: OrderId) -> u32 {
+    order_id as u32
+}
+
+/// Where admitted requests go: the tier's order input, taken without waiting (a full input
+/// answers "busy"; the I/O thread never blocks on the tier, which may be waiting for it to
+/// read replies).
+pub trait OrderEntry {
+    /// Hands `request` to the tier now, or says it has no room (or is gone).
+    fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError>;
+}
+
+impl OrderEntry for Input<InboundOrder> {
+    fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError> {
+        self.try_send(request, request.stamps.intended_ns)
+    }
+}
 
 /// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).
 pub const REASON_CODES: usize = 256;
@@ -261,8 +285,8 @@ pub struct Hub {
     pub settings: Settings,
     pub clients: Vec<Client>,
     by_id: HashMap<u32, usize>,
-    ingress: Producer<InboundOrder>,
-    /// Reports for a client id not in the credentials (cannot happen unless the engine is
+    ingress: Box<dyn OrderEntry>,
+    /// Reports for a client id not in the credentials (cannot happen unless the tier is
     /// fed from elsewhere); counted, never panics.
     pub unroutable: u64,
     /// Reused encoding buffer (no allocation on the routing path).
@@ -271,15 +295,13 @@ pub struct Hub {
     pub log: Rc<RefCell<Log>>,
     /// Per-stage counters and latencies (the metrics listener prints them).
     pub stage: StageMetrics,
-    /// The engine, when the layout runs its step here on the I/O thread.
-    pub engine: Option<Box<Engine>>,
 }
 
 impl Hub {
     pub fn new(
         settings: Settings,
         credentials: Vec<Credential>,
-        ingress: Producer<InboundOrder>,
+        ingress: Box<dyn OrderEntry>,
     ) -> Result<Hub, StoreError> {
         let (log, mut recovered) =
             Log::open(&settings.store_dir, settings.store_sync, settings.replay_events_max)?;
@@ -314,11 +336,10 @@ impl Hub {
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
         let stage = StageMetrics::default();
-        let engine = None;
-        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage, engine })
+        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage })
     }
 
-    /// Forgets the open orders the store's reports listed (the engine's books were not
+    /// Forgets the open orders the store's reports listed (the tier's books were not
     /// recovered: those orders no longer exist).
     pub fn forget_open_orders(&mut self) {
         for client in &mut self.clients {
@@ -330,20 +351,9 @@ impl Hub {
         }
     }
 
-    /// Ends a unit of work: runs the inline engine over what it queued, writes the store's
-    /// batch and releases what is durable.
+    /// Ends a unit of work: writes the store's batch and releases what is durable.
     pub fn commit(&mut self) {
-        self.run_engine();
         self.log.borrow_mut().commit();
-    }
-
-    /// Inline layout: the engine step over every request waiting on the ingress ring, each
-    /// report routed as soon as its batch is through (run to completion on this thread: no
-    /// wake-up, no other thread). Nothing without an inline engine.
-    pub fn run_engine(&mut self) {
-        let Some(mut engine) = self.engine.take() else { return };
-        while engine.step(|output| self.route(output)) > 0 {}
-        self.engine = Some(engine);
     }
 
     pub fn client_index(&self, client: u32) -> Option<usize> {
@@ -356,7 +366,7 @@ impl Hub {
         })
     }
 
-    /// Throttles, then pushes a request into the tier's ingress ring without waiting.
+    /// Throttles, then hands a request to the tier without waiting.
     pub fn submit(&mut self, at: usize, mut request: InboundOrder) -> Result<(), Refused> {
         // The arrival time: the server-side order→report latency is measured from here.
         request.stamps.intended_ns = now_ns();
@@ -371,21 +381,24 @@ impl Hub {
             client.counters.busy += 1;
             return Err(Refused::Busy);
         }
-        match self.ingress.try_write_batch(1, |_, slot| *slot = request) {
+        match self.ingress.try_submit(request) {
             Ok(()) => {
                 self.stage.engine_in += 1;
                 Ok(())
             }
-            Err(BatchError::Full | BatchError::Disconnected | BatchError::TooLarge { .. }) => {
+            Err(TrySendError::Full | TrySendError::Disconnected) => {
                 client.counters.busy += 1;
                 Err(Refused::Busy)
             }
         }
     }
 
-    /// Routes one engine report to its client, in its protocol.
+    /// Routes one of the tier's reports to its client, in its protocol. Its store record
+    /// waits for the tier's journal to cover the input that caused it (where the store's
+    /// syncer took over the reply hold, see [`crate::store::Log::wait_for_journals`]).
     pub fn route(&mut self, output: &CoreOutput) {
         self.stage.on_report(output, now_ns());
+        self.log.borrow_mut().require(output.shard, output.seq);
         let Some(at) = self.client_index(output.client) else {
             self.unroutable += 1;
             return;
@@ -441,9 +454,10 @@ impl Hub {
             .collect()
     }
 
-    /// Pushes a request without throttling (cancel-on-disconnect).
-    pub fn push_unthrottled(&mut self, request: InboundOrder) -> Result<(), BatchError> {
-        self.ingress.try_write_batch(1, |_, slot| *slot = request)?;
+    /// Hands a request to the tier without throttling (cancel-on-disconnect).
+    pub fn push_unthrottled(&mut self, mut request: InboundOrder) -> Result<(), TrySendError> {
+        request.stamps.intended_ns = now_ns();
+        self.ingress.try_submit(request)?;
         self.stage.engine_in += 1;
         Ok(())
     }
@@ -512,12 +526,28 @@ fn publish_native(
 mod tests {
     use super::*;
     use crate::credentials::{Credential, Protocol};
-    use pipeline::ring::{self, RingConfig};
+
+    /// An order input with room for `room` requests until the tier "reads" them.
+    struct Bounded {
+        taken: Rc<RefCell<Vec<InboundOrder>>>,
+        room: usize,
+    }
+
+    impl OrderEntry for Bounded {
+        fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError> {
+            let mut taken = self.taken.borrow_mut();
+            if taken.len() == self.room {
+                return Err(TrySendError::Full);
+            }
+            taken.push(request);
+            Ok(())
+        }
+    }
 
     #[test]
     fn a_full_ingress_ring_answers_busy_and_never_grows() {
-        let config = RingConfig { capacity_slots: 2, batch_slots_max: 2, ..RingConfig::default() };
-        let (ingress, mut engine_side) = ring::spsc::<InboundOrder>(&config).unwrap();
+        let engine_side = Rc::new(RefCell::new(Vec::new()));
+        let ingress = Box::new(Bounded { taken: engine_side.clone(), room: 2 });
         let credential = Credential {
             client: 1,
             protocol: Protocol::Native,
@@ -536,7 +566,7 @@ mod tests {
         assert_eq!(hub.submit(0, request), Ok(()));
         assert_eq!(hub.submit(0, request), Err(Refused::Busy));
         assert_eq!(hub.clients[0].counters.busy, 1);
-        assert_eq!(engine_side.read_batch(8, |_| {}), 2, "exactly the two admitted requests");
+        assert_eq!(engine_side.borrow_mut().drain(..).count(), 2, "exactly the two admitted");
         assert_eq!(hub.submit(0, request), Ok(()), "room again once the engine has read");
     }
 

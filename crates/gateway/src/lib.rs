@@ -9,22 +9,21 @@
 //!
 //! Every session's sequenced output goes through [`store`], one append-only file with group
 //! commit: a message reaches its socket only once it is on disk, so a restarted server resends
-//! (FIX) and replays (native) under the numbers clients saw. [`engine`] is the matching core's
-//! step, run where [`layout`] puts it (inline on the I/O thread, or on a thread of its own),
-//! its input optionally journaled (`exchange::durability`) with reports released once durable. [`metrics`] serves per-session and per-stage counters and latency
-//! summaries in the Prometheus text format.
+//! (FIX) and replays (native) under the numbers clients saw. [`server`] runs the sessions on the
+//! exchange tier (`exchange::tier::Tier`): sessions hand orders to the tier's input, its
+//! R-Senders hand reports back, and the gateway wires no stages of its own; with the tier's
+//! journal, the store's syncer waits for it so that both fsyncs overlap. [`metrics`] serves
+//! per-session and per-stage counters and latency summaries in the Prometheus text format.
 //!
 //! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
 //! each malformed input gets the protocol's prescribed answer.
 
 pub mod client;
 pub mod credentials;
-pub mod engine;
 pub mod fix;
 mod fix_server;
 pub mod fix_session;
 pub mod hub;
-pub mod layout;
 pub mod load;
 pub mod metrics;
 pub mod native;

@@ -1,18 +1,16 @@
 //! What `exchange serve --metrics-listen` serves, in the Prometheus text format: per session
 //! (orders in, reports out, rejects by reason, throttled, busy, cut off, logons, garbled), per
-//! stage (requests into the engine and reports out of it, ring depths, the store's commits),
-//! and latency summaries measured inside the server: the engine's service time per request
-//! and the time from a request's arrival to its report being queued for the client's socket
-//! (pre-process checks, ingress ring, engine, journal release, store sync included).
+//! stage (requests into the tier and reports out of it, the reply rings' depth, the store's
+//! commits), and latency summaries measured inside the server: the matching core's service
+//! time per request and the time from a request's arrival to its report being queued for the
+//! client's socket (the whole tier, journal and store sync included).
 //!
 //! Everything is recorded on the thread that owns it (counters and histograms live in the
-//! hub, on the I/O thread; the engine only stamps times into the messages it already
+//! hub, on the I/O thread; the tier only stamps times into the messages it already
 //! carries), so a scrape takes no lock and the hot path pays a clock read and a histogram
 //! increment per message.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use exchange::msg::CoreOutput;
 use lab::stats::LatencyHistogram;
@@ -25,20 +23,27 @@ const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
 /// The stages' counters and the latency histograms.
 #[derive(Default)]
 pub struct StageMetrics {
-    /// Requests pushed into the engine's ingress ring.
+    /// Requests handed to the tier.
     pub engine_in: u64,
-    /// Reports taken off the engine's egress ring.
+    /// Reports taken off the tier's reply rings.
     pub engine_out: u64,
-    /// Requests the engine has taken off its ingress ring (the engine adds each batch).
-    pub engine_taken: Arc<AtomicU64>,
-    /// Reports waiting on the egress ring at the last routing batch.
+    /// Reports waiting on the reply rings at the last routing batch.
     pub egress_depth: usize,
     /// Arrival of a request at the gateway → its report queued for the client.
     pub order_to_report: Summary,
-    /// The engine's service time: request taken off the ring → report ready.
+    /// The matching core's service time: request taken off its ring → report ready.
     pub engine_service: Summary,
-    /// The serve layout (set once at start).
-    pub layout: Option<crate::layout::LayoutPlan>,
+    /// The tier's thread layout (set once at start).
+    pub layout: Option<LayoutInfo>,
+}
+
+/// The tier's thread layout as the metrics show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutInfo {
+    /// The thread groups, e.g. `preprocess+core+rprocess+sender:spin events+masterdata:park`.
+    pub groups: String,
+    /// CPUs the layout was planned on (affinity mask, capped by the cgroup quota).
+    pub usable_cpus: usize,
 }
 
 impl StageMetrics {
@@ -103,20 +108,17 @@ pub fn prometheus_text(hub: &Hub) -> String {
     text
 }
 
-/// The serve layout as an info metric (value 1, the decision in the labels) and the usable
-/// CPUs it was decided from.
-fn layout_info(text: &mut String, layout: &crate::layout::LayoutPlan) {
-    let reason = layout.reason.replace('\\', "\\\\").replace('"', "\\\"");
+/// The tier's layout as an info metric (value 1, the thread groups in a label) and the
+/// usable CPUs it was planned on.
+fn layout_info(text: &mut String, layout: &LayoutInfo) {
     let _ = writeln!(
         text,
-        "# HELP gateway_layout_info the serve layout (labels: requested, chosen, why)\n\
+        "# HELP gateway_layout_info the tier's thread groups (stages:wait)\n\
          # TYPE gateway_layout_info gauge\n\
-         gateway_layout_info{{requested=\"{}\",layout=\"{}\",reason=\"{reason}\"}} 1\n\
+         gateway_layout_info{{groups=\"{}\"}} 1\n\
          # HELP gateway_usable_cpus CPUs the layout was planned on (affinity, capped by quota)\n\
          # TYPE gateway_usable_cpus gauge\ngateway_usable_cpus {}",
-        layout.requested.name(),
-        layout.chosen.name(),
-        layout.usable_cpus
+        layout.groups, layout.usable_cpus
     );
 }
 
@@ -155,21 +157,10 @@ fn per_session(text: &mut String, hub: &Hub) {
 
 fn per_stage(text: &mut String, hub: &Hub) {
     let stage = &hub.stage;
-    // Relaxed: a statistic; the engine adds to it after each batch, nothing is published by it.
-    let taken = stage.engine_taken.load(Ordering::Relaxed);
-    let ingress_depth = stage.engine_in.saturating_sub(taken);
     let log = hub.log.borrow();
     let counters: [(&str, &str, u64); 5] = [
-        (
-            "gateway_engine_in_total",
-            "requests pushed into the engine's ingress ring",
-            stage.engine_in,
-        ),
-        (
-            "gateway_engine_out_total",
-            "reports taken off the engine's egress ring",
-            stage.engine_out,
-        ),
+        ("gateway_engine_in_total", "requests handed to the tier", stage.engine_in),
+        ("gateway_engine_out_total", "reports taken off the tier's reply rings", stage.engine_out),
         (
             "gateway_unroutable_total",
             "reports for a client id not in the credentials",
@@ -188,8 +179,7 @@ fn per_stage(text: &mut String, hub: &Hub) {
     let _ = writeln!(
         text,
         "# HELP gateway_ring_depth messages waiting on a ring\n# TYPE gateway_ring_depth gauge\n\
-         gateway_ring_depth{{ring=\"ingress\"}} {ingress_depth}\n\
-         gateway_ring_depth{{ring=\"egress\"}} {}",
+         gateway_ring_depth{{ring=\"replies\"}} {}",
         stage.egress_depth
     );
     let _ = writeln!(
@@ -206,6 +196,6 @@ fn per_stage(text: &mut String, hub: &Hub) {
     stage.engine_service.write(
         text,
         "gateway_engine_service_seconds",
-        "engine service time per request (checks, journal hand-off, matching)",
+        "matching core service time per request (journal hand-off, matching)",
     );
 }

@@ -9,7 +9,7 @@ use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::engine::order_id;
+use crate::hub::order_id;
 use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
 use crate::native::{
     self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,

@@ -1,26 +1,33 @@
-//! `exchange serve`: one I/O thread (a tokio current-thread runtime) with the native and FIX
-//! listeners, the router and the metrics listener, and the engine step where the layout puts
-//! it ([`crate::layout`]): inline on the I/O thread, or on an engine thread of its own.
+//! `exchange serve`: gateway sessions on the exchange tier. One I/O thread (a tokio
+//! current-thread runtime) runs the native and FIX listeners, the sessions, the router and the
+//! metrics listener; the tier ([`exchange::tier::Tier`]) runs its stages on the threads its
+//! layout plans. Sessions hand admitted orders to the tier's order input without waiting
+//! (a full input answers "busy"); the tier's R-Senders hand each client's reports back through
+//! reply rings ([`exchange::tier::reply_subscribers`]), and the router passes them to the
+//! owning session. The gateway wires no stages of its own.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use exchange::core::CoreLimits;
-use exchange::master::MasterData;
-use exchange::msg::CoreOutput;
-use pipeline::ring::{Consumer, RingConfig};
+use exchange::durability::JournalOptions;
+use exchange::tier::{
+    GroupWait, ReplyReceiver, RunOptions, SubscriberFactory, Tier, TierConfig, TierInputs,
+    TierLayout, reply_subscribers,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;
 use crate::hub::{Hub, Settings};
-use crate::layout::{Chosen, Layout, LayoutPlan};
-use crate::{engine, fix_server, native_server};
+use crate::metrics::LayoutInfo;
+use crate::{fix_server, native_server};
 
-/// Reports the router moves per batch before it yields to the connections.
+/// Reports the router moves per ring and batch before it yields to the connections.
 const ROUTE_BATCH_MAX: usize = 256;
 /// Connections open at once; further ones are closed at accept.
 pub const CONNECTIONS_MAX: usize = 1024;
@@ -36,15 +43,16 @@ pub struct ServeOptions {
     pub metrics_listen: Option<SocketAddr>,
     pub settings: Settings,
     pub credentials: Vec<Credential>,
-    pub master: MasterData,
-    pub core_limits: CoreLimits,
-    pub ring: RingConfig,
-    /// The engine's input journal.
-    pub journal: engine::EngineJournal,
-    /// The layout asked for.
-    pub layout: Layout,
-    /// The CPUs the layout is planned on (normally [`crate::layout::detect_topology`]).
-    pub topology: pipeline::placement::Topology,
+    /// The tier behind the sessions: its universe is the master data the pre-process checks
+    /// orders against; its journal makes the books survive a restart.
+    pub tier: TierConfig,
+    /// The order rate the tier's layout is planned for, orders/s.
+    pub planned_rate_per_s: f64,
+    /// Where the tier's journals and master data live (used with a journal).
+    pub journal_dir: PathBuf,
+    /// Also hands every response, market data included, to these (the NATS publishers of
+    /// `--nats`); `tier.gateways` subscribers per R-Sender.
+    pub also: Option<SubscriberFactory>,
 }
 
 /// A running server.
@@ -52,14 +60,14 @@ pub struct Running {
     pub listen: SocketAddr,
     pub fix_listen: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
-    /// The layout the server runs, and why.
-    pub layout: LayoutPlan,
+    /// The tier's thread layout.
+    pub layout: TierLayout,
     stop: Option<oneshot::Sender<()>>,
     io: Option<JoinHandle<()>>,
 }
 
 impl Running {
-    /// Stops accepting, closes every session and joins the threads.
+    /// Stops accepting, closes every session, drains and stops the tier, joins the threads.
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -94,10 +102,8 @@ pub enum ServeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-    #[error("ring: {0}")]
-    Ring(#[from] pipeline::ring::RingError),
-    #[error("engine journal: {0:#}")]
-    Journal(#[from] anyhow::Error),
+    #[error("tier: {0:#}")]
+    Tier(#[from] anyhow::Error),
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
@@ -107,7 +113,57 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
     Ok(listener)
 }
 
-/// Binds the listeners, starts the engine and the I/O thread, and returns.
+/// "preprocess+core:spin events+masterdata:park".
+fn describe(layout: &TierLayout) -> String {
+    let wait = |wait: GroupWait| match wait {
+        GroupWait::Spin => "spin",
+        GroupWait::ParkDedicated | GroupWait::ParkFloating => "park",
+    };
+    let groups = layout.groups.iter().map(|g| format!("{}:{}", g.label(), wait(g.wait)));
+    groups.collect::<Vec<_>>().join(" ")
+}
+
+/// The tier's side of a running server, handed to the I/O thread.
+struct TierLink {
+    tier: Tier,
+    inputs: TierInputs,
+    replies: ReplyReceiver,
+    reports_ready: Arc<Notify>,
+    /// The store's syncer waits for these journals instead of the tier holding replies.
+    journals: Option<Vec<Arc<journal::DurableSeq>>>,
+}
+
+/// Starts the tier: recovers its journals (with one), plans its layout and starts its stages,
+/// its R-Senders handing client reports to the router. With a journal and a syncing store, the
+/// store's syncer takes over the reply hold (docs/JOURNAL.md, "Durable replies in exchange
+/// serve"); with an unsynced store the tier holds replies until its journal has their input.
+fn start_tier(options: &ServeOptions) -> Result<TierLink, ServeError> {
+    let journaled = options.tier.journal.holds_replies();
+    let store_waits = journaled && options.settings.store_sync;
+    let config = TierConfig { hold_replies: !store_waits, ..options.tier.clone() };
+    let reports_ready = Arc::new(Notify::new());
+    let wake = reports_ready.clone();
+    let (subscribers, replies) = reply_subscribers(
+        config.gateways,
+        options.also.clone(),
+        Arc::new(move || wake.notify_one()),
+    );
+    let run = RunOptions {
+        rate_per_s: options.planned_rate_per_s,
+        duration: std::time::Duration::ZERO,
+        record_inputs: false,
+        journal: JournalOptions {
+            data_dir: options.tier.journal.policy().map(|_| options.journal_dir.clone()),
+            ..JournalOptions::default()
+        },
+        released: None,
+    };
+    let (tier, inputs) = Tier::start(&config, &run, subscribers)?;
+    let journals = store_waits.then(|| tier.durables().into_iter().flatten().collect());
+    Ok(TierLink { tier, inputs, replies, reports_ready, journals })
+}
+
+/// Binds the listeners, starts the tier and the I/O thread, and returns.
 pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let native = bind(options.listen)?;
     let fix = options.fix_listen.map(bind).transpose()?;
@@ -115,43 +171,24 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
     let (listen, fix_listen, metrics_listen) =
         (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
-    let layout = crate::layout::plan(options.layout, &options.topology);
+    let link = start_tier(&options)?;
+    let layout = link.tier.layout().clone();
     tracing::info!(
-        layout = layout.chosen.name(),
-        requested = layout.requested.name(),
+        groups = %describe(&layout),
         usable_cpus = layout.usable_cpus,
-        reason = %layout.reason,
-        "serve layout"
+        journal = options.tier.journal.name(),
+        "tier started"
     );
-    let placement = match layout.chosen {
-        Chosen::Inline => engine::Placement::Inline,
-        Chosen::EngineThread { spin_cpu: Some(cpu) } => engine::Placement::SpinOn(cpu),
-        Chosen::EngineThread { spin_cpu: None } => engine::Placement::Parked,
-    };
-    let link = engine::start(
-        options.master,
-        options.core_limits,
-        &options.ring,
-        &options.journal,
-        placement,
-    )?;
-    if let Some(recovery) = &link.recovery {
-        tracing::info!(
-            recovered_seq = recovery.recovered_seq,
-            replayed = recovery.replayed_records,
-            snapshot = ?recovery.snapshot_seq,
-            "engine journal recovered"
-        );
-    }
+    let journaled = options.tier.journal.policy().is_some();
     let (settings, credentials) = (options.settings, options.credentials);
-    let plan = layout.clone();
     let (stop, stopped) = oneshot::channel();
     // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
     let (built, hub_result) = std::sync::mpsc::sync_channel(1);
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
         .spawn(move || {
-            io_thread(settings, credentials, link, plan, (native, fix, metrics), built, stopped)
+            let io = IoThread { settings, credentials, journaled, link };
+            io.run((native, fix, metrics), built, stopped)
         })
         .expect("spawning the gateway I/O thread");
     hub_result.recv().expect("the I/O thread reports the hub")?;
@@ -161,65 +198,72 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
 type Listeners =
     (std::net::TcpListener, Option<std::net::TcpListener>, Option<std::net::TcpListener>);
 
-/// The I/O thread: builds the hub, runs the listeners and the router until stopped, then
-/// stops the engine (its thread, or inline its journal) after the last session is gone.
-fn io_thread(
+/// What the I/O thread starts from.
+struct IoThread {
     settings: Settings,
     credentials: Vec<Credential>,
-    link: engine::EngineLink,
-    layout: LayoutPlan,
-    (native, fix, metrics): Listeners,
-    built: std::sync::mpsc::SyncSender<Result<(), crate::store::StoreError>>,
-    stopped: oneshot::Receiver<()>,
-) {
-    if let Some(cpus) = &layout.io_cpus
-        && let Err(error) = pipeline::placement::pin_current_thread(cpus)
-    {
-        tracing::warn!(%error, "the I/O thread is not kept off the engine's CPU");
-    }
-    let books_recovered = link.recovery.is_some();
-    let mut hub = match Hub::new(settings, credentials, link.ingress) {
-        Ok(hub) => hub,
-        Err(error) => {
-            let _ = built.send(Err(error));
-            return;
+    /// Whether the tier's books were recovered from its journal (else restored open orders
+    /// are forgotten).
+    journaled: bool,
+    link: TierLink,
+}
+
+impl IoThread {
+    /// Builds the hub, runs the listeners and the router until stopped, then drops the
+    /// tier's inputs (the tier drains) and stops the tier.
+    fn run(
+        self,
+        (native, fix, metrics): Listeners,
+        built: std::sync::mpsc::SyncSender<Result<(), ServeError>>,
+        stopped: oneshot::Receiver<()>,
+    ) {
+        let IoThread { settings, credentials, journaled, link } = self;
+        let TierLink { tier, inputs, replies, reports_ready, journals } = link;
+        let TierInputs { orders, control } = inputs;
+        let mut hub = match Hub::new(settings, credentials, Box::new(orders)) {
+            Ok(hub) => hub,
+            Err(error) => {
+                let _ = built.send(Err(error.into()));
+                drop(control);
+                let _ = tier.stop();
+                return;
+            }
+        };
+        if let Some(journals) = journals {
+            let waits = hub.log.borrow_mut().wait_for_journals(journals);
+            debug_assert!(waits, "a syncing store waits for the journals before its first commit");
         }
-    };
-    hub.stage.engine_taken = link.taken;
-    hub.stage.layout = Some(layout);
-    hub.engine = link.inline;
-    if !books_recovered {
-        hub.forget_open_orders();
-    }
-    let _ = built.send(Ok(()));
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
-    let hub = Rc::new(RefCell::new(hub));
-    let local = tokio::task::LocalSet::new();
-    let router = link.egress.map(|egress| (egress, link.reports_ready));
-    local.block_on(&runtime, run(hub.clone(), native, fix, metrics, router, stopped));
-    drop(local);
-    let inline = hub.borrow_mut().engine.take();
-    // Dropping the hub drops the ingress producer: an engine thread sees the ring closed.
-    drop(hub);
-    let stopped = match (link.thread, inline) {
-        (Some(thread), _) => {
-            thread.join().unwrap_or_else(|_| Err("the engine thread panicked".into()))
+        let layout = tier.layout();
+        let groups = describe(layout);
+        hub.stage.layout = Some(LayoutInfo { groups, usable_cpus: layout.usable_cpus });
+        if !journaled {
+            hub.forget_open_orders();
         }
-        (None, Some(engine)) => engine.finish(),
-        (None, None) => Ok(()),
-    };
-    if let Err(error) = stopped {
-        tracing::error!(%error, "engine at shutdown");
+        let _ = built.send(Ok(()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let hub = Rc::new(RefCell::new(hub));
+        let local = tokio::task::LocalSet::new();
+        let router = (replies, reports_ready);
+        local.block_on(&runtime, serve(hub.clone(), (native, fix, metrics), router, stopped));
+        drop(local);
+        // Dropping the hub drops the order input: with the control input gone too, the tier
+        // drains and stops.
+        drop(hub);
+        drop(control);
+        match tier.stop() {
+            Ok(stopped) => tracing::info!(delivered = stopped.delivered, "tier stopped"),
+            Err(error) => tracing::error!(error = %format!("{error:#}"), "tier at shutdown"),
+        }
     }
 }
 
-async fn run(
+async fn serve(
     hub: Rc<RefCell<Hub>>,
-    native: std::net::TcpListener,
-    fix: Option<std::net::TcpListener>,
-    metrics: Option<std::net::TcpListener>,
-    router: Option<(Consumer<CoreOutput>, std::sync::Arc<Notify>)>,
+    (native, fix, metrics): Listeners,
+    (replies, ready): (ReplyReceiver, Arc<Notify>),
     stopped: oneshot::Receiver<()>,
 ) {
     let native = TcpListener::from_std(native).expect("tokio listener");
@@ -237,32 +281,21 @@ async fn run(
         let metrics = TcpListener::from_std(metrics).expect("tokio listener");
         tokio::task::spawn_local(metrics_loop(hub.clone(), metrics));
     }
-    match router {
-        Some((egress, ready)) => {
-            tokio::select! {
-                _ = route(hub, egress, ready) => {}
-                _ = stopped => {}
-            }
-        }
-        // Inline without the journal: sessions route their reports themselves.
-        None => drop(stopped.await),
+    tokio::select! {
+        _ = route(hub, replies, ready) => {}
+        _ = stopped => {}
     }
 }
 
-/// Moves the reports another thread (the engine's or the release thread) published to their
-/// sessions.
-async fn route(
-    hub: Rc<RefCell<Hub>>,
-    mut egress: Consumer<CoreOutput>,
-    ready: std::sync::Arc<Notify>,
-) {
+/// Moves the reports the tier's R-Senders published to their sessions.
+async fn route(hub: Rc<RefCell<Hub>>, mut replies: ReplyReceiver, ready: Arc<Notify>) {
     loop {
         ready.notified().await;
         loop {
             let moved = {
                 let mut hub = hub.borrow_mut();
-                let moved = egress.read_batch(ROUTE_BATCH_MAX, |output| hub.route(output));
-                hub.stage.egress_depth = egress.len();
+                let moved = replies.read(ROUTE_BATCH_MAX, |output| hub.route(output));
+                hub.stage.egress_depth = replies.pending();
                 hub.commit();
                 moved
             };
@@ -270,9 +303,6 @@ async fn route(
                 break;
             }
             tokio::task::yield_now().await;
-        }
-        if egress.is_disconnected() {
-            return;
         }
     }
 }

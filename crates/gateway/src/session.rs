@@ -124,10 +124,9 @@ pub fn cancel_after_grace(hub: &Rc<RefCell<Hub>>, at: usize, generation: u64, gr
             loop {
                 let pushed = hub.borrow_mut().push_unthrottled(cancel);
                 match pushed {
-                    Err(pipeline::ring::BatchError::Full) => {}
-                    _ => break, // pushed, or the engine is gone (shutdown)
+                    Err(pipeline::stage::TrySendError::Full) => {}
+                    _ => break, // pushed, or the tier is gone (shutdown)
                 }
-                hub.borrow_mut().commit(); // the inline engine makes room
                 tokio::time::sleep(CANCEL_RETRY).await;
             }
         }

@@ -18,6 +18,16 @@
 //! With `store_sync` off the batch is written (it survives a killed process, not a power
 //! failure) and released at once.
 //!
+//! # One wait for two disks
+//!
+//! An execution report is sent only once both its store record and the tier's journal record
+//! of the order that caused it are on disk. Rather than the tier holding the report until its
+//! journal fsync and the store then running its own (two fsyncs in series), the syncer takes
+//! over the tier's reply hold ([`Log::wait_for_journals`]): each batch carries, per journal
+//! shard, the highest input sequence its reports answer ([`Log::require`]), and the syncer
+//! publishes the batch as durable only once its own `fdatasync` returned *and* each shard's
+//! durable sequence covers that need. The two fsyncs overlap; a report waits for the slower.
+//!
 //! The journal crate does not fit here: it stores fixed-size records with consecutive
 //! sequence numbers of one stream, while this store interleaves variable-size FIX messages and
 //! native events of many sessions, each numbered by its own session.
@@ -37,10 +47,12 @@ use std::io::{BufReader, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
+use journal::DurableSeq;
+use pipeline::WaitStrategy;
 use tokio::sync::Notify;
 
 use crate::fix;
@@ -121,6 +133,9 @@ struct SyncShared {
     stop: AtomicBool,
     /// Notified after each sync (the I/O thread then releases held bytes).
     done: Arc<Notify>,
+    /// Per tier journal shard: its durable sequence and the highest input sequence the
+    /// requested batches answer (set once, before the first commit).
+    journals: OnceLock<Vec<(Arc<DurableSeq>, AtomicU64)>>,
 }
 
 /// The durable store.
@@ -137,6 +152,9 @@ pub struct Log {
     sync: Option<(Arc<SyncShared>, JoinHandle<()>)>,
     /// Links with held bytes, each once.
     waiting: Vec<Rc<Link>>,
+    /// Per tier journal shard, the highest input sequence answered by a record appended so
+    /// far (empty unless [`Log::wait_for_journals`]).
+    journal_needs: Vec<u64>,
     write_failed: bool,
     /// Commits that wrote, and the bytes they wrote (metrics).
     pub commits: u64,
@@ -177,6 +195,7 @@ impl Log {
             written_epoch: 0,
             sync,
             waiting: Vec::new(),
+            journal_needs: Vec::new(),
             write_failed: false,
             commits: 0,
             bytes_written: 0,
@@ -203,6 +222,27 @@ impl Log {
             self.pending.extend_from_slice(part);
         }
         offset
+    }
+
+    /// Makes the syncer wait, after each `fdatasync`, until every tier journal shard's durable
+    /// sequence covers the inputs the batch's reports answer (see the module docs). Needs the
+    /// syncer (`store_sync`) and must come before the first commit; `false` otherwise.
+    pub fn wait_for_journals(&mut self, durables: Vec<Arc<DurableSeq>>) -> bool {
+        let Some((shared, _)) = &self.sync else { return false };
+        if self.written_epoch > 0 {
+            return false;
+        }
+        self.journal_needs = vec![0; durables.len()];
+        let journals = durables.into_iter().map(|d| (d, AtomicU64::new(0))).collect();
+        shared.journals.set(journals).is_ok()
+    }
+
+    /// Records that what is appended next answers input `seq` of journal shard `shard` (0: a
+    /// reject no journaled input caused). Nothing unless [`Log::wait_for_journals`].
+    pub fn require(&mut self, shard: u32, seq: u64) {
+        if let Some(need) = self.journal_needs.get_mut(shard as usize) {
+            *need = (*need).max(seq);
+        }
     }
 
     /// Queues bytes for `link` that may reach the client only once the records appended so
@@ -241,8 +281,14 @@ impl Log {
             self.written_epoch += 1;
             self.commits += 1;
             if let Some((shared, thread)) = &self.sync {
+                if let Some(journals) = shared.journals.get() {
+                    for ((_, published), need) in journals.iter().zip(&self.journal_needs) {
+                        // Relaxed: published by the Release store of `requested` below.
+                        published.store(*need, Ordering::Relaxed);
+                    }
+                }
                 // Release: the syncer that reads this epoch starts its fdatasync after the
-                // write above returned, so the sync covers it.
+                // write above returned, so the sync covers it (and it sees the needs above).
                 shared.requested.store(self.written_epoch, Ordering::Release);
                 thread.thread().unpark();
             }
@@ -309,6 +355,7 @@ fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
         failed: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         done: Arc::new(Notify::new()),
+        journals: OnceLock::new(),
     });
     let state = shared.clone();
     let thread = std::thread::Builder::new()
@@ -332,6 +379,12 @@ fn sync_loop(file: &File, shared: &SyncShared) {
                 shared.failed.store(true, Ordering::Relaxed);
                 return;
             }
+            if !journals_cover(shared) {
+                tracing::error!("gateway store: the tier's journal failed; holding all output");
+                // Relaxed: read only for metrics.
+                shared.failed.store(true, Ordering::Relaxed);
+                return;
+            }
             synced = target;
             // Release: the I/O thread that sees this epoch may send what it covers.
             shared.synced.store(target, Ordering::Release);
@@ -345,6 +398,17 @@ fn sync_loop(file: &File, shared: &SyncShared) {
 }
 
 /// Reads every valid record; returns what they hold and where the valid records end.
+/// Waits until each tier journal shard's durable sequence covers what the requested batches
+/// answer; `false` if a journal failed first (it will never cover them).
+fn journals_cover(shared: &SyncShared) -> bool {
+    let Some(journals) = shared.journals.get() else { return true };
+    journals.iter().all(|(durable, need)| {
+        // Relaxed: ordered by the Acquire load of `requested` (see `Log::commit`).
+        let need = need.load(Ordering::Relaxed);
+        durable.wait_for(need, WaitStrategy::default()).is_ok()
+    })
+}
+
 fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, u64)> {
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut recovered = Recovered::default();

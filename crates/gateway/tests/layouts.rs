@@ -1,6 +1,7 @@
-//! The gateway end to end in each serve layout (inline, engine thread parked, engine thread
-//! spinning; journal off and on): orders in over several sessions at once, every report out to
-//! the session that owns it, in sequence and in the book's price-time order.
+//! The gateway end to end on the tier in its layouts (parked thread per stage, the planned
+//! `auto` layout; journal off and on, the store's syncer waiting for the journal or the tier
+//! holding replies): orders in over several sessions at once, every report out to the session
+//! that owns it, in sequence and in the book's price-time order.
 
 mod common;
 
@@ -9,15 +10,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use exchange::durability::JournalMode;
-use exchange::flow::{UniverseConfig, reference_master_data};
+use exchange::tier::{LayoutChoice, TierConfig, WaitChoice};
 use gateway::client::NativeClient;
-use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
-use gateway::layout::Layout;
 use gateway::native::{ClientMsg, Event, OrderRequest, ServerMsg, event_kind, gateway_reason};
 use gateway::server::{self, Running, ServeOptions};
-use pipeline::placement::Topology;
-use pipeline::ring::RingConfig;
 
 /// Generous on a loaded 2-core machine; a passing run never waits this long.
 const WAIT: Duration = Duration::from_secs(10);
@@ -26,36 +23,24 @@ const SECRET: &str = "s3cret";
 const PRICE: i64 = 101_000;
 /// The journal's group-commit policy (its default).
 const GROUP: JournalMode = JournalMode::ALL[0];
-/// Orders per session: more than one engine batch (256), sent back to back so that one read
+/// Orders per session: more than one ring batch (256), sent back to back so that one read
 /// of the server carries many.
 const ORDERS: u32 = 300;
 
-fn start(layout: Layout, cpus: usize, journal: JournalMode) -> (Running, tempfile::TempDir) {
-    start_with_rings(layout, cpus, journal, RingConfig::default())
-}
-
-fn start_with_rings(
-    layout: Layout,
-    cpus: usize,
-    journal: JournalMode,
-    ring: RingConfig,
+/// A server on the tier `tier` makes of the test's universe, with the store syncing or not.
+fn start(
+    tier: impl FnOnce(TierConfig) -> TierConfig,
+    store_sync: bool,
 ) -> (Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let credentials = common::native_credentials(SECRET);
-    let options = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        fix_listen: None,
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        settings: Settings { store_dir: dir.path().to_path_buf(), ..Settings::default() },
-        credentials,
-        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
-        core_limits: Default::default(),
-        ring,
-        journal: EngineJournal { mode: journal, dir: dir.path().join("engine") },
-        layout,
-        topology: Topology::uniform(cpus),
-    };
+    let options = common::serve_options(dir.path(), common::native_credentials(SECRET), 8);
+    let settings = Settings { store_sync, ..options.settings.clone() };
+    let options = ServeOptions { tier: tier(options.tier.clone()), settings, ..options };
     (server::start(options).unwrap(), dir)
+}
+
+fn journaled(tier: TierConfig) -> TierConfig {
+    TierConfig { journal: GROUP, ..tier }
 }
 
 fn logged_in(addr: SocketAddr, client: u32) -> NativeClient {
@@ -128,60 +113,52 @@ fn metrics(addr: SocketAddr) -> String {
     text
 }
 
-fn assert_layout(text: &str, layout: &str, usable_cpus: usize) {
-    assert!(text.contains(&format!("layout=\"{layout}\"")), "layout {layout} in:\n{text}");
-    assert!(text.contains(&format!("gateway_usable_cpus {usable_cpus}\n")), "{text}");
+fn assert_layout(text: &str, groups: &str) {
+    assert!(text.contains(&format!("groups=\"{groups}\"")), "layout {groups} in:\n{text}");
+    assert!(text.contains("gateway_usable_cpus "), "{text}");
     let reports = 2 * ORDERS + 2 * ORDERS + ORDERS + ORDERS; // accepts and fills, other's two
     assert!(text.contains(&format!("gateway_engine_out_total {reports}\n")), "{text}");
 }
 
+/// The parked tier's groups: one thread per stage.
+const PARKED: &str =
+    "preprocess:park core:park rprocess:park sender:park events:park masterdata:park";
+
 #[test]
-fn inline_trades_across_sessions_in_order() {
-    let (server, _dir) = start(Layout::Inline, 16, JournalMode::OFF);
-    assert_layout(&trade_across_sessions(&server), "inline", 16);
+fn a_parked_tier_trades_across_sessions_in_order() {
+    let (server, _dir) = start(|tier| tier, true);
+    assert_layout(&trade_across_sessions(&server), PARKED);
 }
 
 #[test]
-fn auto_runs_inline_on_two_cpus_and_says_why() {
-    let (server, _dir) = start(Layout::Auto, 2, JournalMode::OFF);
-    assert!(server.layout.reason.contains("2 usable CPUs"), "{:?}", server.layout);
+fn the_planned_layout_trades_across_sessions_in_order() {
+    let auto = |tier| TierConfig { layout: LayoutChoice::Auto, wait: WaitChoice::Auto, ..tier };
+    let (server, _dir) = start(auto, true);
+    let groups = server.layout.groups.iter().map(|g| g.label()).collect::<Vec<_>>();
+    assert!(groups.iter().any(|g| g.contains("core")), "{groups:?}");
     let text = trade_across_sessions(&server);
-    assert_layout(&text, "inline", 2);
-    assert!(text.contains("requested=\"auto\""), "{text}");
+    assert!(text.contains("gateway_layout_info{groups=\""), "{text}");
 }
 
 #[test]
-fn a_parked_engine_thread_trades_across_sessions_in_order() {
-    let (server, _dir) = start(Layout::EngineThread, 2, JournalMode::OFF);
-    assert_layout(&trade_across_sessions(&server), "engine-thread-park", 2);
+fn with_the_journal_the_store_waits_for_it_and_reports_stay_in_order() {
+    let (server, _dir) = start(journaled, true);
+    assert_layout(&trade_across_sessions(&server), PARKED);
 }
 
 #[test]
-fn a_spinning_engine_thread_trades_across_sessions_in_order() {
-    // Planned on 3 CPUs: the engine spins on CPU 2 (pinned where the host has it).
-    let (server, _dir) = start(Layout::Auto, 3, JournalMode::OFF);
-    assert_layout(&trade_across_sessions(&server), "engine-thread-spin", 3);
+fn with_the_journal_and_an_unsynced_store_the_tier_holds_replies_in_order() {
+    let (server, _dir) = start(journaled, false);
+    assert_layout(&trade_across_sessions(&server), PARKED);
 }
 
 #[test]
-fn inline_with_the_journal_releases_reports_once_durable_in_order() {
-    let (server, _dir) = start(Layout::Inline, 2, GROUP);
-    assert_layout(&trade_across_sessions(&server), "inline", 2);
-}
-
-#[test]
-fn a_parked_engine_thread_with_the_journal_trades_in_order() {
-    let (server, _dir) = start(Layout::EngineThread, 2, GROUP);
-    assert_layout(&trade_across_sessions(&server), "engine-thread-park", 2);
-}
-
-#[test]
-fn inline_with_the_journal_answers_every_order_when_its_rings_are_full() {
-    // Rings far smaller than a burst: the release thread's ring and the egress ring fill
-    // while the journal syncs. Inline, the I/O thread must not wait on the first (the release
-    // thread may be waiting on the second, which only the I/O thread drains).
-    let ring = RingConfig { capacity_slots: 64, batch_slots_max: 64, ..RingConfig::default() };
-    let (server, _dir) = start_with_rings(Layout::Inline, 2, GROUP, ring);
+fn with_the_journal_every_order_is_answered_when_the_rings_are_full() {
+    // Rings far smaller than a burst: the pre-process input fills (orders answered busy) while
+    // the reply rings and the journal's fill behind it. The I/O thread must never wait on the
+    // tier, which may be waiting for it to read replies.
+    let small = |tier| TierConfig { ring_slots: 64, batch_slots: 64, ..journaled(tier) };
+    let (server, _dir) = start(small, true);
     let mut session = logged_in(server.listen, 1);
     for token in 1..=ORDERS {
         session.send(&ClientMsg::NewOrder(order(1, token, 0, PRICE))).unwrap();

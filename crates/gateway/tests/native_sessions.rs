@@ -6,7 +6,6 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use exchange::flow::{UniverseConfig, reference_master_data};
 use gateway::client::{ClientError, NativeClient};
 use gateway::hub::Settings;
 use gateway::native::{
@@ -23,19 +22,10 @@ const PRICE: i64 = 101_000;
 fn start(settings: Settings) -> (Running, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let credentials = common::native_credentials(SECRET);
+    let options = common::serve_options(dir.path(), credentials, 8);
     let options = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        fix_listen: None,
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         settings: Settings { store_dir: dir.path().to_path_buf(), ..settings },
-        credentials,
-        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 8 }),
-        core_limits: Default::default(),
-        ring: Default::default(),
-        journal: Default::default(),
-        // What `auto` picks on a 2-CPU host (inline); tests/layouts.rs runs the others.
-        layout: gateway::layout::Layout::Auto,
-        topology: pipeline::placement::Topology::uniform(2),
+        ..options
     };
     (server::start(options).unwrap(), dir)
 }
@@ -306,7 +296,7 @@ fn the_metrics_listener_serves_sessions_stages_and_latencies() {
     assert_eq!(sample(&metrics, &wrong_client), 1.0);
     assert_eq!(sample(&metrics, "gateway_engine_in_total"), 3.0);
     assert_eq!(sample(&metrics, "gateway_engine_out_total"), 3.0);
-    assert_eq!(sample(&metrics, "gateway_ring_depth{ring=\"ingress\"}"), 0.0);
+    assert_eq!(sample(&metrics, "gateway_ring_depth{ring=\"replies\"}"), 0.0);
     assert_eq!(sample(&metrics, "gateway_order_to_report_seconds_count"), 3.0);
     assert_eq!(sample(&metrics, "gateway_engine_service_seconds_count"), 3.0);
     let p50 = sample(&metrics, "gateway_order_to_report_seconds{quantile=\"0.5\"}");

@@ -28,12 +28,12 @@ struct Server {
 }
 
 impl Server {
-    /// Starts a server over `dir` with the engine journal `journal` (`off`, `group`).
+    /// Starts a server over `dir` (the tier parked) with the tier's journal `journal` (`off`, `group`).
     fn start(dir: &Path, journal: &str) -> Server {
-        Server::start_with(dir, journal, 0, "auto")
+        Server::start_with(dir, journal, 0, "parked")
     }
 
-    /// Likewise, with cancel-on-disconnect after `cancel_ms` (0: off), in `layout`.
+    /// Likewise, with cancel-on-disconnect after `cancel_ms` (0: off), with the tier `layout` (`parked` or `auto`).
     fn start_with(dir: &Path, journal: &str, cancel_ms: u64, layout: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_gateway-serve-child"))
             .arg("--store")
@@ -191,7 +191,7 @@ fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal()
     let dir = tempfile::tempdir().unwrap();
     credentials_in(dir.path());
     // One layout before the kill, the other after: both journal and recover alike.
-    let server = Server::start_with(dir.path(), "group", 0, "inline");
+    let server = Server::start_with(dir.path(), "group", 0, "parked");
     let mut buyer = NativeClient::connect(server.native).unwrap();
     buyer.login(1, SECRET, 0, WAIT).unwrap();
     buyer.send(&ClientMsg::NewOrder(order(7, 0, 5, PRICE))).unwrap();
@@ -200,7 +200,7 @@ fn orders_on_the_book_before_a_kill_are_there_after_it_with_the_engine_journal()
     assert_eq!((accepted.kind, accepted.leaves_qty), (event_kind::ACCEPTED, 5));
     server.kill();
 
-    let server = Server::start_with(dir.path(), "group", 0, "engine-thread");
+    let server = Server::start_with(dir.path(), "group", 0, "auto");
     let mut seller = NativeClient::connect(server.native).unwrap();
     seller.login(2, SECRET, 0, WAIT).unwrap();
     seller.send(&ClientMsg::NewOrder(order_of(2, 1, 1, 5, PRICE))).unwrap();

@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
+use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::client::{NativeClient, describe, parse_script_line};
-use gateway::engine::EngineJournal;
 use gateway::hub::Settings;
-use gateway::layout::Layout;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
@@ -33,7 +32,9 @@ pub struct ServeArgs {
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
     /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
-    /// `clients`, `layout` (auto, inline or engine-thread; see `--layout`).
+    /// `clients`, `layout` (see `--layout`), and a `[tier]` table with any setting of the
+    /// tier (`exchange run --config`: workers, shards, senders, rings, wait, placement,
+    /// snapshots).
     #[arg(long)]
     pub config: PathBuf,
     /// Address of a Prometheus text-format metrics listener: per-session counters (orders in,
@@ -41,21 +42,28 @@ pub struct ServeArgs {
     /// summaries (engine service time, order→report inside the server).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
-    /// The engine's input journal, in `<store_dir>/engine`: `group` journals every sequenced
-    /// input with group commit off the engine thread and sends each execution report only once
-    /// its input is on disk; a restart rebuilds the books from it. `sync` and `relaxed` are the
-    /// journal's other policies (see `exchange run`); `off`: books are lost on restart.
+    /// The tier's journal, in `<store_dir>/tier` (one per core shard, and the master data's):
+    /// `group` journals every sequenced input with group commit off the critical path, and
+    /// each execution report is sent only once its input and its store record are on disk
+    /// (the two fsyncs overlap); a restart rebuilds the books from it. `sync` and `relaxed`
+    /// are the journal's other policies (see `exchange run`); `off`: books are lost on restart.
     #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
     pub journal: JournalMode,
-    /// Where the engine step runs (overrides `layout` in the config; default auto): `inline`
-    /// on the I/O thread right after a session decodes its orders (run to completion, no
-    /// wake-ups); `engine-thread` on a thread of its own, pinned and spinning on a CPU of its
-    /// own when one is free (3+ usable CPUs), parking otherwise; `auto` takes the spinning
-    /// engine thread when a CPU is free for it, inline otherwise. The choice, the usable CPUs
-    /// (affinity mask, capped by the cgroup quota) and why are logged at start-up and served
-    /// as `gateway_layout_info` on the metrics listener.
-    #[arg(long, value_parser = one_of(&Layout::ALL, Layout::name))]
-    pub layout: Option<Layout>,
+    /// The tier's thread layout (overrides `layout` in the config; default auto): `auto`
+    /// plans which stages share a thread, which spin and which park, from the usable CPUs and
+    /// service times calibrated at start-up (`exchange run`'s planner); `thread-per-stage`
+    /// runs one thread per stage worker. The thread groups and usable CPUs are printed at
+    /// start-up and served as `gateway_layout_info` on the metrics listener.
+    #[arg(long, value_parser = one_of(&LayoutChoice::ALL, LayoutChoice::name))]
+    pub layout: Option<LayoutChoice>,
+    /// The order rate the `auto` layout is planned for, orders/s.
+    #[arg(long, default_value_t = 60_000.0)]
+    pub planned_rate: f64,
+    /// Also publish every response (execution reports, trades, top of book) over NATS to
+    /// R-Gateways (`exchange gateway --nats URL`): per-gateway subjects with sequence numbers
+    /// and retained windows for gap recovery (docs/DELIVERY.md).
+    #[arg(long)]
+    pub nats: Option<String>,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -102,22 +110,48 @@ struct ServeConfig {
     instruments: Option<u32>,
     clients: Option<u32>,
     layout: Option<String>,
+    #[serde(default)]
+    tier: Option<toml::Table>,
 }
 
-/// The layout: `--layout`, else the config's `layout`, else auto.
-fn layout_from(args: &ServeArgs, config: &ServeConfig) -> Result<Layout, BadInput> {
+/// The layout: `--layout`, else the config's `layout`, else auto. The layouts of the engine
+/// the gateway had before it ran on the tier are named as such.
+fn layout_from(args: &ServeArgs, config: &ServeConfig) -> Result<LayoutChoice, BadInput> {
     if let Some(layout) = args.layout {
         return Ok(layout);
     }
-    let Some(name) = &config.layout else { return Ok(Layout::Auto) };
-    Layout::ALL.into_iter().find(|layout| layout.name() == name).ok_or_else(|| {
-        let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();
+    let Some(name) = &config.layout else { return Ok(LayoutChoice::Auto) };
+    LayoutChoice::ALL.into_iter().find(|layout| layout.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = LayoutChoice::ALL.iter().map(|l| l.name()).collect();
+        let old = matches!(name.as_str(), "inline" | "engine-thread");
+        let hint =
+            if old { " (the gateway now runs the tier; its layouts are the tier's)" } else { "" };
         BadInput(format!(
-            "{}: layout = {name:?}: one of {}",
+            "{}: layout = {name:?}: one of {}{hint}",
             args.config.display(),
             names.join(", ")
         ))
     })
+}
+
+/// The tier behind the server: the config's `[tier]` table over the tier's defaults, then the
+/// universe, journal and layout the serve settings name.
+fn tier_from(
+    args: &ServeArgs,
+    config: &ServeConfig,
+    layout: LayoutChoice,
+) -> Result<TierConfig, BadInput> {
+    let table = config.tier.clone().unwrap_or_default();
+    let tier: TierConfig = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e| BadInput(format!("{}: [tier]: {e}", args.config.display())))?;
+    let universe = UniverseConfig {
+        instruments: config.instruments.unwrap_or(tier.universe.instruments).max(1),
+        clients: config.clients.unwrap_or(tier.universe.clients).max(1),
+    };
+    let tier = TierConfig { universe, journal: args.journal, layout, ..tier };
+    tier.validate().map_err(|e| BadInput(format!("{}: [tier]: {e}", args.config.display())))?;
+    Ok(tier)
 }
 
 fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
@@ -160,9 +194,22 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let universe = UniverseConfig {
-        instruments: config.instruments.unwrap_or(UniverseConfig::default().instruments).max(1),
-        clients: config.clients.unwrap_or(UniverseConfig::default().clients).max(1),
+    let tier = tier_from(args, &config, layout)?;
+    if !(args.planned_rate.is_finite() && args.planned_rate > 0.0) {
+        return Err(BadInput("--planned-rate must be a number > 0".into()).into());
+    }
+    let publisher = match &args.nats {
+        Some(url) => {
+            Some(delivery::publish::NatsPublisher::connect(delivery::publish::PublishOptions {
+                nats_url: url.clone(),
+                prefix: delivery::subjects::PREFIX_DEFAULT.into(),
+                gateways: tier.gateways,
+                retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
+                wait: pipeline::WaitStrategy::Park,
+                heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
+            })?)
+        }
+        None => None,
     };
     let running = start(ServeOptions {
         listen: args.listen,
@@ -170,12 +217,10 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         metrics_listen: args.metrics_listen,
         settings,
         credentials,
-        master: reference_master_data(&universe),
-        core_limits: Default::default(),
-        ring: Default::default(),
-        journal: EngineJournal { mode: args.journal, dir: store_dir.join("engine") },
-        layout,
-        topology: gateway::layout::detect_topology(),
+        tier,
+        planned_rate_per_s: args.planned_rate,
+        journal_dir: store_dir.join("tier"),
+        also: publisher.as_ref().map(|p| p.subscribers()),
     })?;
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {
@@ -184,17 +229,21 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(metrics) = running.metrics_listen {
         println!("metrics on http://{metrics}/metrics");
     }
-    let plan = &running.layout;
+    let layout = &running.layout;
+    let groups: Vec<String> = layout.groups.iter().map(|g| g.label()).collect();
     // Not `println!`: a supervisor that read only the listen line may have closed the pipe,
     // and the server must go on serving.
     let _ = writeln!(
         std::io::stdout(),
-        "layout {} ({} usable CPUs): {}",
-        plan.chosen.name(),
-        plan.usable_cpus,
-        plan.reason
+        "tier layout ({} usable CPUs): {}",
+        layout.usable_cpus,
+        groups.join(" | ")
     );
     running.wait();
+    if let Some(publisher) = publisher {
+        let report = publisher.drain()?;
+        tracing::info!(published = report.published, "NATS publisher drained");
+    }
     Ok(())
 }
 

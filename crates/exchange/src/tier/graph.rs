@@ -89,7 +89,7 @@ impl Specs<'_> {
     /// gave them no CPU.
     fn of(self, stage: TierStage) -> StageSpec {
         let spec = self.placed(stage);
-        if stage == TierStage::Rprocess && self.config.journal.holds_replies() {
+        if stage == TierStage::Rprocess && self.config.holds_replies() {
             let slots = spec.capacity_slots.max(HELD_REPLIES_RING_SLOTS);
             spec.with_ring(slots, spec.batch_slots_max)
         } else {
@@ -332,7 +332,7 @@ fn rprocess_stage(
     durables: Vec<Option<Arc<DurableSeq>>>,
 ) -> (StageHandle<CoreOutput, Response>, StageResults<ResponseTotals>) {
     let config = specs.config;
-    let durables = if config.journal.holds_replies() { durables } else { Vec::new() };
+    let durables = if config.holds_replies() { durables } else { Vec::new() };
     let (gateways, wait) = (config.gateways, specs.wait_of(TierStage::Rprocess));
     graph.stage_with_results("rprocess", specs.of(TierStage::Rprocess), move |_| {
         ResponseProcessor {

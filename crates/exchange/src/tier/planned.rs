@@ -145,7 +145,7 @@ fn plan_threads(config: &TierConfig, rate_per_s: f64) -> anyhow::Result<(TierCon
         service,
         fused_service,
         rate_per_s,
-        holds_replies: config.journal.holds_replies(),
+        holds_replies: config.holds_replies(),
         outside_threads: OUTSIDE_THREADS,
         core_shards: config.core_shards,
         busy_elsewhere_cpus: busy_elsewhere_cpus(),

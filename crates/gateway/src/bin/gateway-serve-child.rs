@@ -1,8 +1,9 @@
 //! The server process `tests/restart.rs` kills with SIGKILL: the gateway with a native and a
 //! FIX listener on free loopback ports over a store directory, the reference universe and a
-//! credentials file, with `--journal group` the engine's input journal in `STORE/engine`, and
-//! cancel-on-disconnect only with `--cancel-on-disconnect-ms` (default off), and the serve
-//! layout of `--layout` (default auto). Prints `native ADDR` and `fix ADDR`, then serves until killed.
+//! credentials file, with `--journal group` the tier's journal in `STORE/tier`, and
+//! cancel-on-disconnect only with `--cancel-on-disconnect-ms` (default off), and the tier
+//! `--layout parked` (one parked thread per stage, the default) or `auto` (planned). Prints
+//! `native ADDR` and `fix ADDR`, then serves until killed.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -10,10 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use exchange::durability::JournalMode;
-use exchange::flow::{UniverseConfig, reference_master_data};
-use gateway::engine::EngineJournal;
+use exchange::flow::UniverseConfig;
+use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::hub::Settings;
-use gateway::layout::Layout;
 use gateway::server::{ServeOptions, start};
 use lab::child_flags::ChildFlags;
 
@@ -30,11 +30,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_iter()
         .find(|mode| mode.name() == journal)
         .ok_or_else(|| format!("--journal {journal:?}: one of group, sync, relaxed, off"))?;
-    let layout: String = flags.get_or("layout", "auto".to_string())?;
-    let layout = Layout::ALL
-        .into_iter()
-        .find(|l| l.name() == layout)
-        .ok_or_else(|| format!("--layout {layout:?}: one of auto, inline, engine-thread"))?;
+    let layout: String = flags.get_or("layout", "parked".to_string())?;
+    let tier = match layout.as_str() {
+        "parked" => TierConfig::parked(),
+        "auto" => TierConfig { layout: LayoutChoice::Auto, ..TierConfig::default() },
+        other => return Err(format!("--layout {other:?}: one of parked, auto").into()),
+    };
+    let universe = UniverseConfig { instruments: 4, clients: 16 };
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let running = start(ServeOptions {
         listen: any,
@@ -47,12 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Settings::default()
         },
         credentials,
-        master: reference_master_data(&UniverseConfig { instruments: 4, clients: 16 }),
-        core_limits: Default::default(),
-        ring: Default::default(),
-        journal: EngineJournal { mode: journal, dir: store.join("engine") },
-        layout,
-        topology: gateway::layout::detect_topology(),
+        tier: TierConfig { universe, journal, ..tier },
+        planned_rate_per_s: 20_000.0,
+        journal_dir: store.join("tier"),
+        also: None,
     })?;
     let mut out = std::io::stdout();
     writeln!(out, "native {}", running.listen)?;
