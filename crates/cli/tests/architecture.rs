@@ -5,7 +5,9 @@
 //! - `pipeline` and `lab` depend on no other leantier crate;
 //! - leantier crates depend on each other only along the map's edges;
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
-//! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor.
+//! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
+//! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
+//!   stage graph or layout chooser of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -130,4 +132,59 @@ fn the_planner_builds_without_a_runtime_or_ring_peers() {
     for forbidden in PLANNER_FORBIDDEN {
         assert!(!seen.contains(*forbidden), "planner pulls in {forbidden}: {seen:?}");
     }
+}
+
+/// What wiring stages looks like in code: the ring, the connector, the stage graph, the
+/// placement planner, and a module of layout choices. The gateway feeds the tier; the tier
+/// (`exchange::tier`) is the one place that wires stages (ARCHITECTURE.md, Invariants).
+const STAGE_WIRING: &[&str] = &[
+    "pipeline::ring",
+    "pipeline::connector",
+    "PipelineBuilder",
+    "pipeline::placement",
+    "spsc(",
+    "mod layout",
+];
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The places in `dir`'s sources that use one of `patterns`, as `file:line: pattern`.
+fn uses_of(dir: &Path, patterns: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in rust_files(dir) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (at, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for pattern in patterns.iter().filter(|p| code.contains(*p)) {
+                found.push(format!("{}:{}: {pattern}", file.display(), at + 1));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_tier_is_the_only_place_that_wires_stages() {
+    let gateway = workspace_root().join("crates/gateway/src");
+    let wiring = uses_of(&gateway, STAGE_WIRING);
+    assert!(
+        wiring.is_empty(),
+        "the gateway wires stages; it must feed the tier:\n{}",
+        wiring.join("\n")
+    );
+    // The check itself finds what it looks for.
+    let tier = workspace_root().join("crates/exchange/src/tier");
+    assert!(!uses_of(&tier, &["PipelineBuilder"]).is_empty(), "the tier wires its stages");
 }

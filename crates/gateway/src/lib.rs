@@ -18,6 +18,7 @@
 //! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
 //! each malformed input gets the protocol's prescribed answer.
 
+pub mod admin;
 pub mod client;
 pub mod credentials;
 pub mod fix;

@@ -15,13 +15,14 @@ use std::thread::JoinHandle;
 
 use exchange::durability::JournalOptions;
 use exchange::tier::{
-    GroupWait, ReplyReceiver, RunOptions, SubscriberFactory, Tier, TierConfig, TierInputs,
-    TierLayout, reply_subscribers,
+    GroupWait, ReplyReceiver, RunOptions, SubscriberFactory, Tier, TierConfig, TierControl,
+    TierInputs, TierLayout, reply_subscribers,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
+use crate::admin::{AdminError, AdminRequest};
 use crate::credentials::Credential;
 use crate::hub::{Hub, Settings};
 use crate::metrics::LayoutInfo;
@@ -33,8 +34,10 @@ const ROUTE_BATCH_MAX: usize = 256;
 pub const CONNECTIONS_MAX: usize = 1024;
 /// Wait after a failed accept.
 const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
-/// Bytes of a metrics request read before answering.
+/// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
 const METRICS_REQUEST_BYTES_MAX: usize = 4096;
+/// Time an HTTP client has to send its request line.
+const HTTP_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What `serve` runs.
 pub struct ServeOptions {
@@ -247,7 +250,9 @@ impl IoThread {
         let hub = Rc::new(RefCell::new(hub));
         let local = tokio::task::LocalSet::new();
         let router = (replies, reports_ready);
-        local.block_on(&runtime, serve(hub.clone(), (native, fix, metrics), router, stopped));
+        let control = Rc::new(RefCell::new(control));
+        let listeners = (native, fix, metrics);
+        local.block_on(&runtime, serve(hub.clone(), control.clone(), listeners, router, stopped));
         drop(local);
         // Dropping the hub drops the order input: with the control input gone too, the tier
         // drains and stops.
@@ -262,6 +267,7 @@ impl IoThread {
 
 async fn serve(
     hub: Rc<RefCell<Hub>>,
+    control: Rc<RefCell<TierControl>>,
     (native, fix, metrics): Listeners,
     (replies, ready): (ReplyReceiver, Arc<Notify>),
     stopped: oneshot::Receiver<()>,
@@ -279,7 +285,7 @@ async fn serve(
     }
     if let Some(metrics) = metrics {
         let metrics = TcpListener::from_std(metrics).expect("tokio listener");
-        tokio::task::spawn_local(metrics_loop(hub.clone(), metrics));
+        tokio::task::spawn_local(http_loop(hub.clone(), control, metrics));
     }
     tokio::select! {
         _ = route(hub, replies, ready) => {}
@@ -361,25 +367,59 @@ async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
     }
 }
 
-async fn metrics_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener) {
+/// The metrics listener's HTTP endpoints ([`crate::admin`]): one request per connection.
+async fn http_loop(
+    hub: Rc<RefCell<Hub>>,
+    control: Rc<RefCell<TierControl>>,
+    listener: TcpListener,
+) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(ACCEPT_RETRY).await;
             continue;
         };
-        let hub = hub.clone();
+        let (hub, control) = (hub.clone(), control.clone());
         tokio::task::spawn_local(async move {
             let mut request = [0u8; METRICS_REQUEST_BYTES_MAX];
-            let _ =
-                tokio::time::timeout(std::time::Duration::from_secs(1), stream.read(&mut request))
-                    .await;
-            let body = crate::metrics::prometheus_text(&hub.borrow());
+            let read = stream.read(&mut request);
+            let read = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, read).await;
+            let read = read.ok().and_then(Result::ok).unwrap_or(0);
+            let text = String::from_utf8_lossy(&request[..read]);
+            let line = text.lines().next().unwrap_or("");
+            let (status, content_type, body) = match crate::admin::parse(line) {
+                Ok(AdminRequest::Metrics) => {
+                    let body = crate::metrics::prometheus_text(&hub.borrow());
+                    (200, "text/plain; version=0.0.4", body)
+                }
+                Ok(AdminRequest::Health | AdminRequest::Ready) => {
+                    (200, "text/plain", "ok\n".into())
+                }
+                Ok(AdminRequest::Event(event)) => match control.borrow_mut().event(event) {
+                    Ok(()) => {
+                        tracing::info!(?event, "admin: external event sent to the tier");
+                        (200, "text/plain", format!("sent {event:?}\n"))
+                    }
+                    Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
+                },
+                Err(AdminError { status, reason }) => (status, "text/plain", format!("{reason}\n")),
+            };
             let head = format!(
-                "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
+                "HTTP/1.0 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+                status_text(status),
                 body.len()
             );
             let _ = stream.write_all(head.as_bytes()).await;
             let _ = stream.write_all(body.as_bytes()).await;
         });
+    }
+}
+
+fn status_text(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
     }
 }

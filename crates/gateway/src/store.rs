@@ -634,6 +634,42 @@ mod tests {
     }
 
     #[test]
+    fn held_bytes_wait_for_the_tier_journal_as_well_as_the_store() {
+        use journal::{FixedRecord, JournalConfig, JournalWriter, Tail};
+        let dir = tempfile::tempdir().unwrap();
+        let journal_dir = dir.path().join("journal");
+        std::fs::create_dir_all(&journal_dir).unwrap();
+        let tail = Tail { dir: journal_dir, next_seq: 1, open_segment: None };
+        let config = JournalConfig::default();
+        let (mut sender, writer) = JournalWriter::spawn::<FixedRecord<8>>(tail, &config).unwrap();
+        let (mut log, _) = Log::open(&dir.path().join("store"), true, 16).unwrap();
+        assert!(log.wait_for_journals(vec![writer.durable()]));
+        let synced = log.synced_notify().expect("sync on");
+        let link = Rc::new(Link::default());
+        log.require(0, 1); // the report answers journal input 1, not appended yet
+        append_event(&mut log, 1, 1, 70);
+        log.hold(&link, b"report", 1 << 10);
+        log.commit();
+        // The store's own fdatasync is done in milliseconds; its batch must still wait.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        log.release();
+        assert!(link.is_holding(), "released before the journal had the report's input");
+        sender.append(FixedRecord { seq: 1, payload: [0; 8] }).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        while link.is_holding() {
+            runtime.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
+                    .await
+                    .expect("the syncer reports once the journal covers the batch");
+            });
+            log.release();
+        }
+        assert_eq!(link.out.borrow().as_slice(), b"report");
+        drop(sender);
+        writer.join().unwrap();
+    }
+
+    #[test]
     fn held_bytes_reach_the_outbox_only_after_the_sync_of_their_batch() {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = Log::open(dir.path(), true, 16).unwrap();

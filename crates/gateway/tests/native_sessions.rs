@@ -378,3 +378,57 @@ fn the_server_heartbeats_and_ends_a_silent_session_as_a_dead_link() {
     );
     assert_eq!(received.last(), Some(&ServerMsg::Error { code: error_code::DEAD_LINK }));
 }
+
+/// An HTTP request to the metrics listener: its whole response.
+fn http(addr: SocketAddr, request_line: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(format!("{request_line}\r\n\r\n").as_bytes()).unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// Sends orders (tokens from `*token` on) until one gets `kind` with `reason`; the event that
+/// causes it travels the tier's events stage while orders go through the pre-process.
+fn until_answered(session: &mut NativeClient, token: &mut u32, kind: u8, reason: u8) {
+    for _ in 0..200 {
+        *token += 1;
+        session.send(&ClientMsg::NewOrder(order(1, *token, 0, 1))).unwrap();
+        let (_, event) = next_event(session);
+        if (event.kind, event.reason) == (kind, reason) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no order answered {kind}/{reason} within 200 tries");
+}
+
+#[test]
+fn an_admin_halt_reaches_the_running_tier_and_a_resume_lifts_it() {
+    let (server, _dir) = start(Settings::default());
+    let admin = server.metrics_listen.unwrap();
+    let mut session = logged_in(server.listen, 1, 0);
+    let mut token = 0;
+    until_answered(&mut session, &mut token, event_kind::ACCEPTED, 0);
+
+    let halted = http(admin, "POST /admin/halt?instrument=1 HTTP/1.1");
+    assert!(halted.starts_with("HTTP/1.0 200"), "{halted}");
+    let halted_reason = exchange::msg::Reason::InstrumentHalted as u8;
+    until_answered(&mut session, &mut token, event_kind::REJECTED, halted_reason);
+
+    let resumed = http(admin, "POST /admin/resume?instrument=1 HTTP/1.1");
+    assert!(resumed.starts_with("HTTP/1.0 200"), "{resumed}");
+    until_answered(&mut session, &mut token, event_kind::ACCEPTED, 0);
+
+    for (line, status) in [
+        ("GET /admin/halt?instrument=1 HTTP/1.1", "405"),
+        ("POST /admin/band?instrument=1&low=5 HTTP/1.1", "400"),
+        ("GET /nowhere HTTP/1.1", "404"),
+        ("GET /health HTTP/1.1", "200"),
+        ("GET /ready HTTP/1.1", "200"),
+    ] {
+        let answer = http(admin, line);
+        assert!(answer.starts_with(&format!("HTTP/1.0 {status}")), "{line}: {answer}");
+    }
+}
