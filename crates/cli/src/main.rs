@@ -24,8 +24,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The main demo: the lean exchange tier at 20K/40K/60K msg/s, then its maximum rate;
-    /// prints latency per stage and writes a report folder.
+    /// The main demo: `exchange serve` in-process on loopback driven by open-loop native
+    /// sessions at 20K/40K/60K orders/s: in-tier response (beside the published lean tier),
+    /// order → ack and durable reply at the client, then the highest rate per view; writes a
+    /// report folder. `--in-process`: the tier's own critical path without a network.
     Demo(commands::exchange::DemoArgs),
     /// The reference exchange tier: run a configuration, or an experiment.
     Exchange(commands::exchange::Args),
@@ -64,7 +66,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
-        Command::Demo(args) => commands::exchange::run_demo(&args),
+        Command::Demo(args) => commands::demo::run(&args),
         Command::Exchange(args) => commands::exchange::run(&args),
         Command::Bench(BenchCommand::Ring(args)) => commands::bench_ring::run(&args),
         Command::Bench(BenchCommand::LoadGen(args)) => commands::bench_load_gen::run(&args),

@@ -351,6 +351,17 @@ impl<const N: usize> FixedWriter<'_, N> {
 pub const CANONICAL_OUTPUT_BYTES: usize = 8 + 1 + 1 + 1 + 4 + 4 + 8 + 8 + 4 + 4 + 8 + 8;
 
 impl CoreOutput {
+    /// Whether this is the core's answer to a request (accepted, replaced, rejected, or
+    /// cancelled on request), the first response a client gets for it; fills and engine
+    /// cancels that follow are not answers.
+    pub fn answers_request(&self) -> bool {
+        match self.kind {
+            OutputKind::Accepted | OutputKind::Replaced | OutputKind::Rejected => true,
+            OutputKind::Cancelled => self.reason == Reason::CancelRequested,
+            _ => false,
+        }
+    }
+
     /// The deterministic content (everything but the latency stamps), little-endian, in a
     /// fixed layout: what the output hash covers.
     pub fn canonical_bytes(&self) -> [u8; CANONICAL_OUTPUT_BYTES] {

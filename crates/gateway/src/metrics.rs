@@ -35,6 +35,11 @@ pub struct StageMetrics {
     pub engine_service: Summary,
     /// The tier's thread layout (set once at start).
     pub layout: Option<LayoutInfo>,
+    /// Arrival of a request at the gateway → the tier's answer to it (accepted, rejected,
+    /// replaced, cancelled) reaching the router that hands it to the session: the in-tier
+    /// response, the published lean tier's scope (no store or journal fsync in it). Taken
+    /// by the demo ([`crate::server::Running::take_in_tier_latency`]).
+    pub in_tier: LatencyHistogram,
 }
 
 /// The tier's thread layout as the metrics show it.
@@ -52,7 +57,11 @@ impl StageMetrics {
         self.engine_out += 1;
         let stamps = &output.stamps;
         if stamps.intended_ns != 0 {
-            self.order_to_report.record(now_ns.saturating_sub(stamps.intended_ns));
+            let in_tier_ns = now_ns.saturating_sub(stamps.intended_ns);
+            self.order_to_report.record(in_tier_ns);
+            if output.answers_request() {
+                self.in_tier.record_ns(in_tier_ns);
+            }
         }
         if stamps.core_in_ns != 0 && stamps.ready_ns >= stamps.core_in_ns {
             self.engine_service.record(stamps.ready_ns - stamps.core_in_ns);

@@ -18,6 +18,7 @@ use exchange::tier::{
     GroupWait, ReplyReceiver, RunOptions, SubscriberFactory, Tier, TierConfig, TierControl,
     TierInputs, TierLayout, reply_subscribers,
 };
+use lab::stats::LatencyHistogram;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
@@ -67,9 +68,23 @@ pub struct Running {
     pub layout: TierLayout,
     stop: Option<oneshot::Sender<()>>,
     io: Option<JoinHandle<()>>,
+    in_tier: InTierRequests,
 }
 
+/// Requests for the in-tier latency histogram, answered on the I/O thread.
+type InTierRequests = tokio::sync::mpsc::UnboundedSender<oneshot::Sender<LatencyHistogram>>;
+
 impl Running {
+    /// The in-tier response times since the last call (arrival at the gateway → the tier's
+    /// answer at the router, see [`crate::metrics::StageMetrics::in_tier`]), and a fresh
+    /// histogram from now on; `None` once the server stopped. Call it from outside the
+    /// server's runtime (it waits for the I/O thread's answer).
+    pub fn take_in_tier_latency(&self) -> Option<LatencyHistogram> {
+        let (reply, answer) = oneshot::channel();
+        self.in_tier.send(reply).ok()?;
+        answer.blocking_recv().ok()
+    }
+
     /// Stops accepting, closes every session, drains and stops the tier, joins the threads.
     pub fn stop(mut self) {
         self.shutdown();
@@ -185,17 +200,19 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let journaled = options.tier.journal.policy().is_some();
     let (settings, credentials) = (options.settings, options.credentials);
     let (stop, stopped) = oneshot::channel();
+    let (in_tier, in_tier_requests) = tokio::sync::mpsc::unbounded_channel();
     // The hub holds `Rc`s, so it is built on the I/O thread; its result comes back here.
     let (built, hub_result) = std::sync::mpsc::sync_channel(1);
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
         .spawn(move || {
-            let io = IoThread { settings, credentials, journaled, link };
+            let io = IoThread { settings, credentials, journaled, link, in_tier_requests };
             io.run((native, fix, metrics), built, stopped)
         })
         .expect("spawning the gateway I/O thread");
     hub_result.recv().expect("the I/O thread reports the hub")?;
-    Ok(Running { listen, fix_listen, metrics_listen, layout, stop: Some(stop), io: Some(io) })
+    let stop = Some(stop);
+    Ok(Running { listen, fix_listen, metrics_listen, layout, stop, io: Some(io), in_tier })
 }
 
 type Listeners =
@@ -209,6 +226,7 @@ struct IoThread {
     /// are forgotten).
     journaled: bool,
     link: TierLink,
+    in_tier_requests: tokio::sync::mpsc::UnboundedReceiver<oneshot::Sender<LatencyHistogram>>,
 }
 
 impl IoThread {
@@ -220,7 +238,7 @@ impl IoThread {
         built: std::sync::mpsc::SyncSender<Result<(), ServeError>>,
         stopped: oneshot::Receiver<()>,
     ) {
-        let IoThread { settings, credentials, journaled, link } = self;
+        let IoThread { settings, credentials, journaled, link, in_tier_requests } = self;
         let TierLink { tier, inputs, replies, reports_ready, journals } = link;
         let TierInputs { orders, control } = inputs;
         let mut hub = match Hub::new(settings, credentials, Box::new(orders)) {
@@ -252,6 +270,7 @@ impl IoThread {
         let router = (replies, reports_ready);
         let control = Rc::new(RefCell::new(control));
         let listeners = (native, fix, metrics);
+        local.spawn_local(answer_in_tier(hub.clone(), in_tier_requests));
         local.block_on(&runtime, serve(hub.clone(), control.clone(), listeners, router, stopped));
         drop(local);
         // Dropping the hub drops the order input: with the control input gone too, the tier
@@ -290,6 +309,17 @@ async fn serve(
     tokio::select! {
         _ = route(hub, replies, ready) => {}
         _ = stopped => {}
+    }
+}
+
+/// Hands the in-tier histogram to whoever asks, starting a fresh one.
+async fn answer_in_tier(
+    hub: Rc<RefCell<Hub>>,
+    mut requests: tokio::sync::mpsc::UnboundedReceiver<oneshot::Sender<LatencyHistogram>>,
+) {
+    while let Some(reply) = requests.recv().await {
+        let taken = std::mem::take(&mut hub.borrow_mut().stage.in_tier);
+        let _ = reply.send(taken);
     }
 }
 

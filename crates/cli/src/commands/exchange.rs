@@ -38,14 +38,20 @@ pub const MAX_RATE_P99_LIMIT_US_DEFAULT: u64 = 100;
 /// both sides, then bisected to 5%), and writes a report folder.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// A shorter run (under 20 s) with less precise tails.
+    /// A shorter run with less precise tails.
     #[arg(long)]
     pub quick: bool,
+    /// The tier's own critical path in-process, driven by its load generator, without a
+    /// network (intended send time → core done, and → reply delivered).
+    #[arg(long)]
+    pub in_process: bool,
     /// Report folder.
     #[arg(long, default_value = "leantier-report/demo")]
     pub out: PathBuf,
-    /// Latency limit of the max-rate search: the highest rate whose critical-path p99 stays
-    /// within it, µs. When no rate does, the search runs again at 10× the limit.
+    /// Latency limit of the max-rate searches, µs: the highest rate whose p99 stays within it
+    /// (order → ack and in-tier response; the durable reply's limit is 2× a raw fdatasync p99
+    /// measured in the same run). `--in-process`: the critical path's, and when no rate meets
+    /// it the search runs again at 10× the limit.
     #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
     pub p99_limit_us: u64,
     /// Journaling of the sequenced input (into a temporary directory): group holds each reply
@@ -257,7 +263,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// `leantier demo`.
-pub fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
+pub fn run_in_process_demo(args: &DemoArgs) -> anyhow::Result<()> {
     let (seconds, step_seconds) = if args.quick { (1.5, 0.5) } else { (8.0, 2.0) };
     let search = MaxRateSearch { step_seconds, p99_limit_us: args.p99_limit_us };
     let config = TierConfig { journal: args.journal, layout: args.layout, ..TierConfig::default() };
@@ -266,6 +272,7 @@ pub fn run_demo(args: &DemoArgs) -> anyhow::Result<()> {
     present(&session, &args.out, "leantier demo: the lean exchange tier")?;
     println!("\nReport: {}/summary.md (JSON, CSV and SVG plots beside it)", args.out.display());
     println!("Try next:");
+    println!("  leantier demo                   # the same tier behind exchange serve, over TCP");
     println!("  leantier exchange placement     # pinning + spinning vs parking, side by side");
     println!("  leantier exchange senders       # 1..6 R-Senders: speedup and Karp–Flatt");
     println!("  leantier exchange run --config my.toml --rates 100000 --find-max");

@@ -5,6 +5,7 @@ pub mod bench_load_gen;
 pub mod bench_ring;
 pub mod cdr;
 pub mod delivery;
+pub mod demo;
 pub mod exchange;
 pub mod exchange_serve;
 pub mod journal;

@@ -19,7 +19,7 @@ use crate::durability::{
 };
 use crate::master::{MasterData, MasterUpdate, SnapshotCell};
 use crate::msg::{
-    Audience, Command, CoreOutput, InboundOrder, OutputKind, REASON_COUNT, Reason, Response,
+    Audience, Command, CoreOutput, InboundOrder, OutputKind, REASON_COUNT, Response,
     SequencedInput, Stamps,
 };
 use crate::preprocess::Preprocessor;
@@ -198,13 +198,7 @@ impl StageWorker<CoreOutput, Response> for ResponseProcessor {
         } else {
             (Audience::Client, output.client)
         };
-        // The core answers a request first (accepted / replaced / cancelled / rejected);
-        // fills and engine cancels that follow are not answers.
-        let answers_request = match output.kind {
-            OutputKind::Accepted | OutputKind::Replaced | OutputKind::Rejected => true,
-            OutputKind::Cancelled => output.reason == Reason::CancelRequested,
-            _ => false,
-        };
+        let answers_request = output.answers_request();
         out.emit(Response { audience, gateway: topic % self.gateways, answers_request, output });
     }
 
