@@ -64,7 +64,7 @@ use journal::JournalWriter;
 use journal::writer::WriterStats;
 
 pub use choices::{Arrival, WaitChoice};
-use graph::{Feeds, InlineGenerator, ShardStart, StageStarts};
+use graph::{Entry, Feeds, InlineGenerator, ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
@@ -356,6 +356,13 @@ pub trait Subscriber: Send {
     fn deliver(&mut self, response: &Response);
 }
 
+/// A source of orders the tier runs ([`Tier::start_with_source`]): called in a loop, it emits
+/// the orders it has and waits inside the call when it has none (it owns its thread: the
+/// chain's first one when the layout runs the entry inline, else one of its own); it ends the
+/// tier's input by returning [`Flow::Stop`].
+pub type OrderSource =
+    Box<dyn FnMut(&mut pipeline::stage::Emitter<InboundOrder>) -> pipeline::stage::Flow + Send>;
+
 /// Builds one R-Sender's subscribers, indexed by gateway (the argument is the sender's index).
 /// [`run`] uses [`in_process_subscribers`]; the `delivery` crate plugs in NATS publishers.
 pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
@@ -590,7 +597,7 @@ fn run_with_layout(
     let master = reference_master_data(&config.universe);
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
-    let (inline, inline_run) = if layout.generator_inline {
+    let (entry, inline_run) = if layout.generator_inline {
         let (report, reported) = std::sync::mpsc::channel();
         let run = InlineRun { feeds: Arc::default(), issued: Arc::default(), reported };
         let inline = InlineGenerator {
@@ -600,11 +607,11 @@ fn run_with_layout(
             issued: run.issued.clone(),
             report,
         };
-        (Some(inline), Some(run))
+        (Entry::Generator(Box::new(inline)), Some(run))
     } else {
-        (None, None)
+        (Entry::Input, None)
     };
-    let (tier, feeds) = Tier::start_planned(config, layout, &options, subscribers, inline)?;
+    let (tier, feeds) = Tier::start_planned(config, layout, &options, subscribers, entry)?;
     let placement = tier.placement().clone();
     let driven = match inline_run {
         Some(run) => run.wait(feeds, progress),

@@ -25,6 +25,7 @@ pub mod fix;
 mod fix_server;
 pub mod fix_session;
 pub mod hub;
+mod io;
 pub mod load;
 pub mod metrics;
 pub mod native;

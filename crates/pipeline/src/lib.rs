@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod placement;
 pub mod quota;
 pub mod ring;
+pub mod spill;
 #[cfg(not(loom))]
 pub mod stage;
 mod sync;

@@ -21,8 +21,8 @@ use super::workers::{
     ResponseTotals, SenderLatency, SenderWorker,
 };
 use super::{
-    ExternalEvent, Load, RunOptions, ShardResult, SubscriberFactory, TierConfig, TierInput,
-    external_event_effect,
+    ExternalEvent, Load, OrderSource, RunOptions, ShardResult, SubscriberFactory, TierConfig,
+    TierInput, external_event_effect,
 };
 use crate::durability::{ShardRecord, ShardState};
 use crate::master::SnapshotCell;
@@ -149,15 +149,15 @@ pub(super) fn start(
     layout: &TierLayout,
     options: &RunOptions,
     starts: StageStarts,
-    (subscribers, inline): (SubscriberFactory, Option<InlineGenerator>),
+    (subscribers, entry): (SubscriberFactory, Entry),
 ) -> anyhow::Result<RunningTier> {
     let specs = Specs { config, layout };
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
-    // Where orders enter: the generator inline before the pre-process, or a gateway input
-    // that the generator's own thread writes.
-    let (entry, generator_inline) = match inline {
-        Some(inline) => (inline_generator(&mut graph, specs, inline), true),
-        None => (graph.input::<InboundOrder>("gateway", 1), false),
+    let fed_by_input = matches!(entry, Entry::Input);
+    let (entry, entry_fused) = match entry {
+        Entry::Input => (graph.input::<InboundOrder>("gateway", 1), false),
+        Entry::Generator(inline) => (inline_generator(&mut graph, specs, *inline), true),
+        Entry::Source(source) => order_source(&mut graph, specs, source),
     };
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
     let master_feed = graph.input::<TierInput>("master-feed", 1);
@@ -175,7 +175,7 @@ pub(super) fn start(
     let (rprocess, responses) = rprocess_stage(&mut graph, specs, starts.durables);
     let (senders, sender_results) = sender_stage(&mut graph, specs, options, subscribers);
     let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
-    if generator_inline {
+    if entry_fused {
         graph.fuse(entry, preprocess);
     } else {
         graph.connect(entry, preprocess, Route::by_key(|m: &InboundOrder| u64::from(m.instrument)));
@@ -196,13 +196,47 @@ pub(super) fn start(
     *reject_inputs.lock().unwrap_or_else(PoisonError::into_inner) =
         taken.into_iter().map(Some).collect();
     let feeds = Feeds {
-        gateway: (!generator_inline)
+        gateway: fed_by_input
             .then(|| pipeline.take_inputs(entry).expect("gateway input").remove(0)),
         events: pipeline.take_inputs(event_feed).expect("event input").remove(0),
         master: pipeline.take_inputs(master_feed).expect("master input").remove(0),
     };
     let reports = StageReports { shards, responses, senders: sender_results, master };
     Ok(RunningTier { pipeline, feeds, reports })
+}
+
+/// Where the tier's orders enter.
+pub(super) enum Entry {
+    /// A gateway input that a thread outside the tier writes ([`Feeds::gateway`]).
+    Input,
+    /// The load generator, inline on the chain's first thread.
+    Generator(Box<InlineGenerator>),
+    /// The tier user's source: inline before the pre-process when the layout runs the entry
+    /// inline ([`TierLayout::generator_inline`]), else on a thread of its own ahead of a ring.
+    Source(OrderSource),
+}
+
+/// The pipeline stage (and thread name) of a user's order source.
+pub(super) const ORDER_SOURCE_STAGE: &str = "orders";
+
+/// Declares the user's order source: on the pre-process group's spec with the pre-process
+/// fused after it (inline), or parked on a thread of its own. Returns whether it is inline.
+fn order_source(
+    graph: &mut PipelineBuilder,
+    specs: Specs,
+    source: OrderSource,
+) -> (StageHandle<(), InboundOrder>, bool) {
+    let inline = specs.layout.generator_inline;
+    let spec = if inline {
+        specs.of(TierStage::Preprocess)
+    } else {
+        StageSpec::ancillary(1).with_wait(WaitStrategy::Park)
+    };
+    let mut source = Some(source);
+    let handle = graph.source(ORDER_SOURCE_STAGE, spec, move |_| {
+        source.take().expect("one order source worker, started once")
+    });
+    (handle, inline)
 }
 
 /// The event and master-data feeds, handed from the thread that started the pipeline to the

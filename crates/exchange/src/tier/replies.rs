@@ -1,12 +1,12 @@
 //! Client responses handed from the R-Senders to one thread outside the tier (the network
 //! gateway's I/O thread), which routes each to the session that owns it.
 //!
-//! Each R-Sender's subscriber slot writes into a ring of its own (single writer, single reader:
-//! `pipeline::ring`), created on the slot's first client response, so only slots that carry
-//! replies cost memory. A full ring makes its R-Sender wait (back-pressure through the tier,
-//! as between any two stages); the reader must therefore never wait for the tier while it
-//! holds unread replies: the gateway feeds orders with [`pipeline::stage::Input::try_send`],
-//! which answers "busy" instead of waiting.
+//! Each R-Sender's subscriber slot writes into a queue of its own (`pipeline::spill`: a
+//! single-writer ring, and an overflow when it is full), created on the slot's first client
+//! response, so only slots that carry replies cost memory. An R-Sender never waits for the
+//! reader: on a host with few CPUs the reader (the gateway's I/O thread) runs the R-Senders
+//! itself, fused after its own order source, and elsewhere it may be waiting to hand the tier
+//! more orders. What the overflow can hold is bounded by the orders the reader admitted.
 //!
 //! Wake-up: after each response the subscriber calls the receiver's `wake` (for the gateway a
 //! `tokio::sync::Notify`, which costs an atomic when the reader is already awake).
@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pipeline::ring::{self, Consumer, Producer, RingConfig};
+use pipeline::spill::{self, SpillReceiver, SpillSender};
 
 use super::{Subscriber, SubscriberFactory};
 use crate::msg::{Audience, CoreOutput, Response};
@@ -29,7 +29,7 @@ pub type Wake = Arc<dyn Fn() + Send + Sync>;
 /// Rings created by subscribers and not yet taken by the receiver.
 #[derive(Default)]
 struct Registry {
-    new: Mutex<Vec<Consumer<CoreOutput>>>,
+    new: Mutex<Vec<SpillReceiver<CoreOutput>>>,
     /// Rings ever registered.
     created: AtomicUsize,
 }
@@ -37,7 +37,7 @@ struct Registry {
 /// The reading side: every subscriber slot's ring, read in turn.
 pub struct ReplyReceiver {
     registry: Arc<Registry>,
-    rings: Vec<Consumer<CoreOutput>>,
+    rings: Vec<SpillReceiver<CoreOutput>>,
 }
 
 impl ReplyReceiver {
@@ -50,27 +50,26 @@ impl ReplyReceiver {
             let mut new = self.registry.new.lock().unwrap_or_else(PoisonError::into_inner);
             self.rings.append(&mut new);
         }
-        self.rings.iter_mut().map(|ring| ring.read_batch(max, &mut f)).sum()
+        self.rings.iter_mut().map(|ring| ring.read(max, &mut f)).sum()
     }
 
     /// Replies published and not yet read.
     pub fn pending(&self) -> usize {
-        self.rings.iter().map(Consumer::len).sum()
+        self.rings.iter().map(SpillReceiver::ring_len).sum()
     }
 }
 
 /// One R-Sender's subscriber slot: client responses to its ring, every response to `also`.
 struct ReplySubscriber {
-    ring: Option<Producer<CoreOutput>>,
+    ring: Option<SpillSender<CoreOutput>>,
     registry: Arc<Registry>,
     wake: Wake,
     also: Option<Box<dyn Subscriber>>,
 }
 
 impl ReplySubscriber {
-    fn register(registry: &Registry) -> Producer<CoreOutput> {
-        let config = RingConfig { capacity_slots: REPLY_RING_SLOTS, ..RingConfig::default() };
-        let (producer, consumer) = ring::spsc(&config).expect("a valid reply ring");
+    fn register(registry: &Registry) -> SpillSender<CoreOutput> {
+        let (producer, consumer) = spill::queue(REPLY_RING_SLOTS).expect("a valid reply ring");
         registry.new.lock().unwrap_or_else(PoisonError::into_inner).push(consumer);
         // Release: see `ReplyReceiver::read`.
         registry.created.fetch_add(1, Ordering::Release);
@@ -88,8 +87,7 @@ impl Subscriber for ReplySubscriber {
         }
         let registry = &self.registry;
         let ring = self.ring.get_or_insert_with(|| ReplySubscriber::register(registry));
-        // Err only once the receiver is gone (shutdown): nobody is left to answer.
-        let _ = ring.push_batch(std::slice::from_ref(&response.output));
+        ring.send(response.output);
         (self.wake)();
     }
 }

@@ -10,10 +10,10 @@ use pipeline::placement::PlacementPlan;
 use pipeline::ring::Disconnected;
 use pipeline::stage::{Input, PipelineReport, RunningPipeline};
 
-use super::graph::{self, Feeds, InlineGenerator, RunningTier};
+use super::graph::{self, Entry, Feeds, RunningTier};
 use super::{
-    Durability, ExternalEvent, RunOptions, ShardJournalReport, SubscriberFactory, TierConfig,
-    TierInput, TierLayout, Totals, plan_layout, recover,
+    Durability, ExternalEvent, OrderSource, RunOptions, ShardJournalReport, SubscriberFactory,
+    TierConfig, TierInput, TierLayout, Totals, plan_layout, recover,
 };
 use crate::flow::reference_master_data;
 use crate::master::MasterUpdate;
@@ -84,10 +84,28 @@ impl Tier {
         config.validate()?;
         let fed_from_outside = TierConfig { generator_inline: Some(false), ..config.clone() };
         let (planned, layout) = plan_layout(&fed_from_outside, options.rate_per_s)?;
-        let (tier, feeds) = Tier::start_planned(&planned, &layout, options, subscribers, None)?;
+        let entry = Entry::Input;
+        let (tier, feeds) = Tier::start_planned(&planned, &layout, options, subscribers, entry)?;
         let Feeds { gateway, events, master } = feeds;
         let orders = gateway.expect("orders are fed from outside when no generator is inline");
         Ok((tier, TierInputs { orders, control: TierControl { events, master } }))
+    }
+
+    /// [`Tier::start`] with the orders coming from `source`, which the tier runs: inline on
+    /// the chain's first thread, before the pre-process, when the layout plans the entry
+    /// inline (few CPUs: no wake-up between the source and the chain), else on a thread of
+    /// its own. The tier's input ends when the source returns `Flow::Stop`.
+    pub fn start_with_source(
+        config: &TierConfig,
+        options: &RunOptions,
+        subscribers: SubscriberFactory,
+        source: OrderSource,
+    ) -> anyhow::Result<(Tier, TierControl)> {
+        config.validate()?;
+        let (planned, layout) = plan_layout(config, options.rate_per_s)?;
+        let entry = Entry::Source(source);
+        let (tier, feeds) = Tier::start_planned(&planned, &layout, options, subscribers, entry)?;
+        Ok((tier, TierControl { events: feeds.events, master: feeds.master }))
     }
 
     /// Starts the tier with `layout` already planned (and `config` carrying its worker
@@ -97,12 +115,12 @@ impl Tier {
         layout: &TierLayout,
         options: &RunOptions,
         subscribers: SubscriberFactory,
-        inline: Option<InlineGenerator>,
+        entry: Entry,
     ) -> anyhow::Result<(Tier, Feeds)> {
         let master = reference_master_data(&config.universe);
         let (starts, durability) = recover(config, options, &master)?;
         let RunningTier { pipeline, feeds, reports } =
-            graph::start(config, layout, options, starts, (subscribers, inline))?;
+            graph::start(config, layout, options, starts, (subscribers, entry))?;
         if config.placement {
             durability.pin_helpers_to(&pipeline.plan().floating_cpus);
         }

@@ -1,0 +1,383 @@
+//! The gateway's I/O loop as the tier's order source ([`exchange::tier::OrderSource`]): a
+//! tokio current-thread runtime with the native and FIX listeners, the sessions, the metrics
+//! and admin listener, run a turn at a time by the tier on the thread its layout gives the
+//! entry. On few CPUs that is the chain's first thread: decode → checks → matching → R-Sender →
+//! reply queue → route → encode → store → socket runs to completion on one thread, with no
+//! wake-up between the gateway and the tier; elsewhere the loop has a thread of its own ahead
+//! of the pre-process ring.
+//!
+//! Each turn ([`IoLoop::turn`]) routes the replies the R-Senders queued (never waiting for
+//! them: `exchange::tier::reply_subscribers`), runs the sessions' ready work (or, with
+//! nothing to do, waits in the runtime's `epoll_wait` until a socket, a timer, a reply or a
+//! stop request wakes it), then emits the orders the sessions admitted meanwhile.
+//!
+//! The loop's state holds `Rc`s (one thread, no locks), so it is built on the tier's thread at
+//! the first turn and kept in a thread-local ([`IO_LOOP`]); the source itself only carries
+//! what is `Send`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use exchange::msg::InboundOrder;
+use exchange::tier::{OrderSource, ReplyReceiver, TierControl};
+use lab::stats::LatencyHistogram;
+use pipeline::stage::{Emitter, Flow, TrySendError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, oneshot};
+
+use crate::admin::{AdminError, AdminRequest};
+use crate::credentials::Credential;
+use crate::hub::{Hub, OrderEntry, Settings};
+use crate::metrics::LayoutInfo;
+use crate::server::ServeError;
+use crate::{fix_server, native_server};
+
+/// Replies routed per reply queue and read before the store's batch is committed.
+const ROUTE_BATCH_MAX: usize = 256;
+/// Orders the sessions may admit between two turns; beyond, they are refused as busy.
+pub const STAGED_ORDERS_MAX: usize = 4096;
+/// Longest wait of an idle turn: the tier's stages that share the loop's thread also read
+/// their other inputs (external events into the core) between turns.
+const IDLE_WAIT_MAX: Duration = Duration::from_millis(10);
+/// How long a turn waits for the tier's start-up hand-off before it returns.
+const HANDOFF_POLL: Duration = Duration::from_millis(1);
+/// Connections open at once; further ones are closed at accept.
+pub const CONNECTIONS_MAX: usize = 1024;
+/// Wait after a failed accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
+const HTTP_REQUEST_BYTES_MAX: usize = 4096;
+/// Time an HTTP client has to send its request line.
+const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The listeners: native, FIX, metrics and admin.
+pub(crate) type Listeners =
+    (std::net::TcpListener, Option<std::net::TcpListener>, Option<std::net::TcpListener>);
+
+/// Requests for the in-tier latency histogram, answered on the loop's thread.
+pub(crate) type InTierRequest = oneshot::Sender<LatencyHistogram>;
+
+/// What the tier hands the loop once it has started (its control input, the journals the
+/// store's syncer waits for, its layout).
+pub(crate) struct TierHandoff {
+    pub(crate) control: TierControl,
+    pub(crate) journals: Option<Vec<Arc<journal::DurableSeq>>>,
+    pub(crate) layout: LayoutInfo,
+}
+
+/// Where the server's starter leaves the [`TierHandoff`] for the loop's first turn.
+pub(crate) type HandoffSlot = Arc<Mutex<Option<TierHandoff>>>;
+
+/// What the loop is built from: everything that crosses onto the tier's thread.
+pub(crate) struct IoSetup {
+    pub(crate) settings: Settings,
+    pub(crate) credentials: Vec<Credential>,
+    /// Whether the tier's books were recovered from its journal (else the open orders the
+    /// store restored are forgotten).
+    pub(crate) journaled: bool,
+    pub(crate) listeners: Listeners,
+    pub(crate) replies: ReplyReceiver,
+    /// Notified when replies are queued, orders staged, or a stop is requested.
+    pub(crate) work: Arc<Notify>,
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) handoff: HandoffSlot,
+    pub(crate) built: std::sync::mpsc::SyncSender<Result<(), ServeError>>,
+    pub(crate) in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
+}
+
+thread_local! {
+    /// The loop of the server whose source runs on this thread (one per thread: the tier
+    /// runs one source per server, on a thread of its own or on the chain's first).
+    static IO_LOOP: RefCell<Option<IoLoop>> = const { RefCell::new(None) };
+}
+
+/// The order source the tier runs: builds the loop at the first turn (once the tier's
+/// hand-off is there), turns it, and tears it down when it stops.
+pub(crate) fn order_source(setup: IoSetup) -> OrderSource {
+    let mut setup = Some(setup);
+    Box::new(move |out: &mut Emitter<InboundOrder>| {
+        IO_LOOP.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            if slot.is_none() {
+                let Some(ready) = setup.take() else { return Flow::Stop };
+                match IoLoop::build(ready) {
+                    Built::Running(io) => *slot = Some(io),
+                    Built::Waiting(waiting) => {
+                        setup = Some(waiting);
+                        std::thread::sleep(HANDOFF_POLL);
+                        return Flow::Continue;
+                    }
+                    Built::Failed => return Flow::Stop,
+                }
+            }
+            let io = slot.as_mut().expect("built above");
+            let flow = io.turn(out);
+            if matches!(flow, Flow::Stop) {
+                slot.take(); // sessions, store and control input go now, on this thread
+            }
+            flow
+        })
+    })
+}
+
+/// Orders admitted by the sessions, waiting for the turn's end to enter the tier.
+struct Staged {
+    orders: RefCell<Vec<InboundOrder>>,
+    work: Arc<Notify>,
+}
+
+/// The hub's order entry: the staging buffer (a full one answers busy).
+struct StagedEntry(Rc<Staged>);
+
+impl OrderEntry for StagedEntry {
+    fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError> {
+        let mut orders = self.0.orders.borrow_mut();
+        if orders.len() == STAGED_ORDERS_MAX {
+            return Err(TrySendError::Full);
+        }
+        orders.push(request);
+        self.0.work.notify_one();
+        Ok(())
+    }
+}
+
+enum Built {
+    Running(IoLoop),
+    /// The tier has not handed its control input over yet.
+    Waiting(IoSetup),
+    Failed,
+}
+
+/// The loop's state on its thread.
+pub(crate) struct IoLoop {
+    /// Declared first so that the sessions' tasks go before the hub and the runtime.
+    local: tokio::task::LocalSet,
+    runtime: tokio::runtime::Runtime,
+    hub: Rc<RefCell<Hub>>,
+    staged: Rc<Staged>,
+    replies: ReplyReceiver,
+    work: Arc<Notify>,
+    stop: Arc<AtomicBool>,
+}
+
+impl IoLoop {
+    fn build(setup: IoSetup) -> Built {
+        let handoff = setup.handoff.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let Some(TierHandoff { control, journals, layout }) = handoff else {
+            return Built::Waiting(setup);
+        };
+        let IoSetup { settings, credentials, journaled, listeners, replies, work, stop, .. } =
+            setup;
+        let staged = Rc::new(Staged { orders: RefCell::new(Vec::new()), work: work.clone() });
+        let entry = Box::new(StagedEntry(staged.clone()));
+        let mut hub = match Hub::new(settings, credentials, entry) {
+            Ok(hub) => hub,
+            Err(error) => {
+                let _ = setup.built.send(Err(error.into()));
+                return Built::Failed;
+            }
+        };
+        if let Some(journals) = journals {
+            let waits = hub.log.borrow_mut().wait_for_journals(journals);
+            debug_assert!(waits, "a syncing store waits for the journals before its first commit");
+        }
+        hub.stage.layout = Some(layout);
+        if !journaled {
+            hub.forget_open_orders();
+        }
+        staged.orders.borrow_mut().reserve_exact(STAGED_ORDERS_MAX);
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        let hub = Rc::new(RefCell::new(hub));
+        let control = Rc::new(RefCell::new(control));
+        local.spawn_local(start_tasks(hub.clone(), control, listeners, setup.in_tier));
+        let _ = setup.built.send(Ok(()));
+        Built::Running(IoLoop { local, runtime, hub, staged, replies, work, stop })
+    }
+
+    /// One turn: route the queued replies, run the sessions' ready work (waiting for some
+    /// when there is none), emit the orders admitted meanwhile.
+    fn turn(&mut self, out: &mut Emitter<InboundOrder>) -> Flow {
+        let routed = self.route_replies();
+        // Acquire: pairs with the Release in `Running::shutdown`.
+        if self.stop.load(Ordering::Acquire) {
+            return Flow::Stop;
+        }
+        let idle = routed == 0 && self.staged.orders.borrow().is_empty();
+        let work = self.work.clone();
+        if idle {
+            self.local.block_on(&self.runtime, async move {
+                let _ = tokio::time::timeout(IDLE_WAIT_MAX, work.notified()).await;
+            });
+        } else {
+            self.local.block_on(&self.runtime, tokio::task::yield_now());
+        }
+        for order in self.staged.orders.borrow_mut().drain(..) {
+            out.emit_with_ingress(order, order.stamps.intended_ns);
+        }
+        Flow::Continue
+    }
+
+    /// Routes what the R-Senders queued to the sessions and commits the store's batch.
+    fn route_replies(&mut self) -> usize {
+        let mut hub = self.hub.borrow_mut();
+        let routed = self.replies.read(ROUTE_BATCH_MAX, |output| hub.route(output));
+        hub.stage.egress_depth = self.replies.pending();
+        if routed > 0 {
+            hub.commit();
+        }
+        routed
+    }
+}
+
+/// Starts the listeners' tasks, the store's release task and the in-tier histogram's.
+async fn start_tasks(
+    hub: Rc<RefCell<Hub>>,
+    control: Rc<RefCell<TierControl>>,
+    (native, fix, metrics): Listeners,
+    in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
+) {
+    let native = TcpListener::from_std(native).expect("tokio listener");
+    tokio::task::spawn_local(accept_loop(hub.clone(), native, false));
+    if let Some(fix) = fix {
+        let fix = TcpListener::from_std(fix).expect("tokio listener");
+        tokio::task::spawn_local(accept_loop(hub.clone(), fix, true));
+    }
+    cancel_recovered_orders(&hub);
+    let synced = hub.borrow().log.borrow().synced_notify();
+    if let Some(synced) = synced {
+        tokio::task::spawn_local(release_loop(hub.clone(), synced));
+    }
+    if let Some(metrics) = metrics {
+        let metrics = TcpListener::from_std(metrics).expect("tokio listener");
+        tokio::task::spawn_local(http_loop(hub.clone(), control, metrics));
+    }
+    tokio::task::spawn_local(answer_in_tier(hub, in_tier));
+}
+
+/// Hands the in-tier histogram to whoever asks, starting a fresh one.
+async fn answer_in_tier(
+    hub: Rc<RefCell<Hub>>,
+    mut requests: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
+) {
+    while let Some(reply) = requests.recv().await {
+        let taken = std::mem::take(&mut hub.borrow_mut().stage.in_tier);
+        let _ = reply.send(taken);
+    }
+}
+
+/// Orders in the recovered books belong to sessions the restart ended: cancel-on-disconnect
+/// applies to them as to any dropped session, from the start.
+fn cancel_recovered_orders(hub: &Rc<RefCell<Hub>>) {
+    let Some(grace) = hub.borrow().settings.cancel_on_disconnect else { return };
+    let waiting: Vec<(usize, u64)> = hub
+        .borrow()
+        .clients
+        .iter()
+        .enumerate()
+        .filter(|(_, client)| !client.open.is_empty())
+        .map(|(at, client)| (at, client.generation))
+        .collect();
+    for (at, generation) in waiting {
+        crate::session::cancel_after_grace(hub, at, generation, grace);
+    }
+}
+
+/// Sends what the store's syncer has just made durable.
+async fn release_loop(hub: Rc<RefCell<Hub>>, synced: std::sync::Arc<Notify>) {
+    loop {
+        synced.notified().await;
+        hub.borrow().log.borrow_mut().release();
+    }
+}
+
+async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
+    let open = Rc::new(std::cell::Cell::new(0usize));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors, say: back off instead of spinning on the error.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        if open.get() >= CONNECTIONS_MAX {
+            tracing::warn!(%peer, "connection refused: {CONNECTIONS_MAX} open");
+            continue;
+        }
+        open.set(open.get() + 1);
+        let (hub, open) = (hub.clone(), open.clone());
+        tokio::task::spawn_local(async move {
+            if fix {
+                fix_server::serve(hub, stream).await;
+            } else {
+                native_server::serve(hub, stream).await;
+            }
+            open.set(open.get() - 1);
+        });
+    }
+}
+
+/// The metrics listener's HTTP endpoints ([`crate::admin`]): one request per connection.
+async fn http_loop(
+    hub: Rc<RefCell<Hub>>,
+    control: Rc<RefCell<TierControl>>,
+    listener: TcpListener,
+) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(ACCEPT_RETRY).await;
+            continue;
+        };
+        let (hub, control) = (hub.clone(), control.clone());
+        tokio::task::spawn_local(async move {
+            let mut request = [0u8; HTTP_REQUEST_BYTES_MAX];
+            let read = stream.read(&mut request);
+            let read = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, read).await;
+            let read = read.ok().and_then(Result::ok).unwrap_or(0);
+            let text = String::from_utf8_lossy(&request[..read]);
+            let line = text.lines().next().unwrap_or("");
+            let (status, content_type, body) = match crate::admin::parse(line) {
+                Ok(AdminRequest::Metrics) => {
+                    let body = crate::metrics::prometheus_text(&hub.borrow());
+                    (200, "text/plain; version=0.0.4", body)
+                }
+                Ok(AdminRequest::Health | AdminRequest::Ready) => {
+                    (200, "text/plain", "ok\n".into())
+                }
+                Ok(AdminRequest::Event(event)) => match control.borrow_mut().event(event) {
+                    Ok(()) => {
+                        tracing::info!(?event, "admin: external event sent to the tier");
+                        (200, "text/plain", format!("sent {event:?}\n"))
+                    }
+                    Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
+                },
+                Err(AdminError { status, reason }) => (status, "text/plain", format!("{reason}\n")),
+            };
+            let head = format!(
+                "HTTP/1.0 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+                status_text(status),
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+        });
+    }
+}
+
+fn status_text(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    }
+}
