@@ -117,7 +117,9 @@ fn exchange_run(config: &Path, out: &Path) -> Output {
 fn exchange_run_with_a_config_file_writes_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tier.toml");
-    std::fs::write(&config, "preprocess_workers = 1\nsenders = 3\narrival = \"bursty\"\n[universe]\ninstruments = 8\nclients = 16\n").unwrap();
+    let file = "preprocess_workers = 1\nsenders = 3\n[universe]\ninstruments = 8\nclients = 16\n\
+                [load]\narrival = \"bursty\"\n";
+    std::fs::write(&config, file).unwrap();
     let out = dir.path().join("report");
     let output = exchange_run(&config, &out);
     assert_eq!(code(&output), 0, "{}", text(&output.stderr));
@@ -125,6 +127,7 @@ fn exchange_run_with_a_config_file_writes_the_report() {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["config"]["senders"], 3, "from the file");
     assert_eq!(report["config"]["core_shards"], 2, "from the flag");
+    assert_eq!(report["load"]["arrival"], "bursty", "the generator's settings under [load]");
     let first = &report["runs"][0];
     assert!(first["sent"].as_u64().unwrap() > 500);
     assert_eq!(first["end_to_end"]["count"], first["sent"], "every request answered");
@@ -147,7 +150,12 @@ fn exchange_run_with_a_config_file_writes_the_report() {
 fn exchange_run_refuses_unknown_config_keys_and_bad_values_with_code_2() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");
-    for (contents, named) in [("shards = 2\n", "shards"), ("ring_slots = 1000\n", "ring_slots")] {
+    for (contents, named) in [
+        ("shards = 2\n", "shards"),
+        ("ring_slots = 1000\n", "ring_slots"),
+        ("seed = 3\n", "`seed` is a load generator setting: put it under [load]"),
+        ("[load]\nrate = 3\n", "rate"),
+    ] {
         std::fs::write(&config, contents).unwrap();
         let output = exchange_run(&config, &dir.path().join("r"));
         assert_eq!(code(&output), 2, "{contents}: {}", text(&output.stderr));

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::tier::{
-    Arrival, LayoutChoice, RunOptions, TierConfig, run as run_tier, run_with_subscribers,
+    Arrival, LayoutChoice, LoadConfig, RunOptions, TierConfig, run as run_tier,
+    run_with_subscribers,
 };
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
@@ -122,14 +123,13 @@ pub struct Experiment {
     pub points: Vec<Point>,
 }
 
-fn tier(layout: &Layout, settings: &Settings) -> TierConfig {
+fn tier(layout: &Layout) -> TierConfig {
     TierConfig {
         // The experiment compares these thread layouts: the planner must not choose its own.
         layout: LayoutChoice::ThreadPerStage,
         connector: layout.connector,
         senders: layout.senders,
         placement: layout.placement,
-        arrival: settings.arrival,
         gateways: EXPERIMENT_GATEWAYS,
         // Replies are not held for an fsync: the experiment compares delivery layouts.
         journal: JournalMode::OFF,
@@ -144,6 +144,7 @@ fn run_options(settings: &Settings) -> RunOptions {
         record_inputs: false,
         journal: JournalOptions::default(),
         released: None,
+        load: LoadConfig { arrival: settings.arrival, ..LoadConfig::default() },
     }
 }
 
@@ -157,7 +158,7 @@ pub fn run(settings: &Settings, mut progress: impl FnMut(&Point)) -> anyhow::Res
     }
     let mut points = Vec::new();
     for layout in LAYOUTS {
-        let config = tier(&layout, settings);
+        let config = tier(&layout);
         let result = run_tier(&config, run_options(settings), |_| {})?;
         let throughput = result.end_to_end.count() as f64 / result.elapsed_s;
         let point = point(layout, Transport::InProcess, result.end_to_end, throughput, result.sent);

@@ -15,7 +15,8 @@ use serde::Serialize;
 use crate::durability::{JournalMode, JournalOptions};
 use crate::error::ExchangeError::BadInput;
 use crate::tier::{
-    LayoutChoice, RunOptions, RunResult, TierConfig, WaitChoice, calibrate, run as run_tier,
+    LayoutChoice, LoadConfig, RunOptions, RunResult, TierConfig, WaitChoice, calibrate,
+    run as run_tier,
 };
 use journal::Policy;
 
@@ -71,21 +72,26 @@ pub fn looser_search(report: &RateSearchReport, search: MaxRateSearch) -> Option
 /// Everything one demo/run measured.
 pub struct Session {
     pub config: TierConfig,
+    /// The load generator's settings the runs used.
+    pub load: LoadConfig,
     pub runs: Vec<RunResult>,
     pub max_rate: Option<RateSearchReport>,
     /// The search again at [`LOOSER_LIMIT_FACTOR`] × the limit, when no rate met the limit.
     pub max_rate_looser: Option<RateSearchReport>,
 }
 
-/// Runs the tier at each rate for `seconds`, then (with `search`) its maximum-rate search.
+/// Runs the tier at each rate for `seconds`, driven by the generator `load` describes, then
+/// (with `search`) its maximum-rate search.
 pub fn measure(
     config: &TierConfig,
+    load: &LoadConfig,
     rates: &[f64],
     seconds: f64,
     search: Option<MaxRateSearch>,
     journal: &JournalOptions,
 ) -> anyhow::Result<Session> {
     config.validate()?;
+    load.validate()?;
     if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
         return Err(BadInput("rates and seconds must be > 0".into()).into());
     }
@@ -102,17 +108,19 @@ pub fn measure(
             record_inputs: false,
             journal: journal.clone(),
             released: None,
+            load: load.clone(),
         };
         let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
         done += result.sent;
         runs.push(result);
     }
     bar.finish_and_clear();
-    let max_rate = search.map(|search| find_max_rate(config, rates, search)).transpose()?;
+    let max_rate = search.map(|search| find_max_rate(config, load, rates, search)).transpose()?;
     let looser =
         search.zip(max_rate.as_ref()).and_then(|(search, report)| looser_search(report, search));
-    let max_rate_looser = looser.map(|search| find_max_rate(config, rates, search)).transpose()?;
-    Ok(Session { config: config.clone(), runs, max_rate, max_rate_looser })
+    let max_rate_looser =
+        looser.map(|search| find_max_rate(config, load, rates, search)).transpose()?;
+    Ok(Session { config: config.clone(), load: load.clone(), runs, max_rate, max_rate_looser })
 }
 
 /// `config` with its `auto` layout's service times measured once (every run of a session
@@ -133,6 +141,7 @@ pub fn calibrated(config: &TierConfig) -> anyhow::Result<TierConfig> {
 /// highest fixed rate (doubling while runs pass, halving while they fail), then bisected.
 fn find_max_rate(
     config: &TierConfig,
+    load: &LoadConfig,
     rates: &[f64],
     search: MaxRateSearch,
 ) -> anyhow::Result<RateSearchReport> {
@@ -150,7 +159,7 @@ fn find_max_rate(
     let report = search_max_rate(plan, |rate_per_s| {
         bar.set_message(format!("{} msg/s", rate_per_s as u64));
         bar.inc(1);
-        Ok(run_at(config, rate_per_s, step_seconds, JournalOptions::default())?.critical_path)
+        Ok(run_at(config, load, rate_per_s, step_seconds, JournalOptions::default())?.critical_path)
     })?;
     bar.finish_and_clear();
     Ok(report)
@@ -159,6 +168,7 @@ fn find_max_rate(
 /// One run of `config` at a rate.
 fn run_at(
     config: &TierConfig,
+    load: &LoadConfig,
     rate_per_s: f64,
     seconds: f64,
     journal: JournalOptions,
@@ -169,6 +179,7 @@ fn run_at(
         record_inputs: false,
         journal,
         released: None,
+        load: load.clone(),
     };
     run_tier(config, options, |_| {})
 }
@@ -215,7 +226,13 @@ pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
     let mut points = Vec::new();
     for rate_per_s in DEMO_RATES_PER_S {
         for (variant, config) in &variants {
-            let result = run_at(config, rate_per_s, seconds, JournalOptions::default())?;
+            let result = run_at(
+                config,
+                &LoadConfig::default(),
+                rate_per_s,
+                seconds,
+                JournalOptions::default(),
+            )?;
             bar.inc(1);
             points.push(PlacementPoint {
                 variant,
@@ -253,8 +270,9 @@ pub fn senders(
     let bar = progress_bar(SENDERS_MAX as u64, "senders experiment");
     let mut results = Vec::new();
     for senders in 1..=SENDERS_MAX {
-        let config = TierConfig { senders, publish_work_ns, ..unjournaled.clone() };
-        let run = run_at(&config, rate_per_s, seconds, JournalOptions::default())?;
+        let config = TierConfig { senders, ..unjournaled.clone() };
+        let load = LoadConfig { publish_work_ns, ..LoadConfig::default() };
+        let run = run_at(&config, &load, rate_per_s, seconds, JournalOptions::default())?;
         results.push((senders, run.end_to_end.summary()));
         bar.inc(1);
     }
@@ -340,7 +358,7 @@ pub fn journal_modes(
                     .map(|_| root.path().join(format!("{journal:?}-{rate_per_s}"))),
                 ..JournalOptions::default()
             };
-            let run = run_at(&config, rate_per_s, seconds, options)?;
+            let run = run_at(&config, &LoadConfig::default(), rate_per_s, seconds, options)?;
             bar.inc(1);
             points.push(JournalPoint {
                 rate_per_s,
@@ -425,15 +443,27 @@ pub fn layout_bench(
         let spread =
             TierConfig { journal, layout: LayoutChoice::ThreadPerStage, ..TierConfig::default() };
         for &rate_per_s in rates {
-            let auto_run = run_at(&auto, rate_per_s, seconds, JournalOptions::default())?;
-            let spread_run = run_at(&spread, rate_per_s, seconds, JournalOptions::default())?;
+            let auto_run = run_at(
+                &auto,
+                &LoadConfig::default(),
+                rate_per_s,
+                seconds,
+                JournalOptions::default(),
+            )?;
+            let spread_run = run_at(
+                &spread,
+                &LoadConfig::default(),
+                rate_per_s,
+                seconds,
+                JournalOptions::default(),
+            )?;
             let point =
                 LayoutPoint { journal, rate_per_s, auto: auto_run, thread_per_stage: spread_run };
             bench.points.push(point);
         }
         if let Some(search) = search {
-            let auto_max = find_max_rate(&auto, rates, search)?;
-            let spread_max = find_max_rate(&spread, rates, search)?;
+            let auto_max = find_max_rate(&auto, &LoadConfig::default(), rates, search)?;
+            let spread_max = find_max_rate(&spread, &LoadConfig::default(), rates, search)?;
             let max = LayoutMaxRates { journal, auto: auto_max, thread_per_stage: spread_max };
             bench.max_rates.push(max);
         }

@@ -123,23 +123,10 @@ pub struct TierConfig {
     pub placement: bool,
     /// Ring implementation: lock-free or blocking.
     pub connector: ConnectorKind,
-    /// Arrival process: constant, poisson or bursty.
-    pub arrival: Arrival,
-    /// Bursty arrivals: on and off periods, µs.
-    pub burst_on_us: u64,
-    pub burst_off_us: u64,
     /// Resting orders per core shard.
     pub order_pool_slots: u32,
-    /// Simulated per-message publish cost of an R-Sender (busy work, ns; 0 = in-process only).
-    pub publish_work_ns: u64,
-    /// An external event (halt/resume/band change, cycling) every this many requests; 0 = none.
-    pub events_every: u64,
-    /// A master-data update every this many requests; 0 = none.
-    pub master_updates_every: u64,
+    /// The instruments and clients of the reference master data the tier starts from.
     pub universe: UniverseConfig,
-    pub flow: FlowConfig,
-    /// Seed of the arrival schedule.
-    pub seed: u64,
     /// Journaling of each core shard's sequenced input: group, sync, relaxed or off.
     pub journal: JournalMode,
     /// A snapshot of each core shard every this many of its journaled inputs (0 = none; no
@@ -179,16 +166,8 @@ impl Default for TierConfig {
             wait: WaitChoice::Auto,
             placement: false,
             connector: ConnectorKind::LockFree,
-            arrival: Arrival::Poisson,
-            burst_on_us: 1_000,
-            burst_off_us: 1_000,
             order_pool_slots: crate::store::ORDER_POOL_SLOTS_DEFAULT,
-            publish_work_ns: 0,
-            events_every: 50_000,
-            master_updates_every: 100_000,
             universe: UniverseConfig::default(),
-            flow: FlowConfig::default(),
-            seed: 7,
             journal: JournalMode::default(),
             snapshot_every_records: SNAPSHOT_EVERY_RECORDS_DEFAULT,
             layout: LayoutChoice::Auto,
@@ -254,21 +233,6 @@ impl TierConfig {
                 "universe needs instruments in 1..={UNIVERSE_INSTRUMENTS_MAX} and clients > 0"
             )));
         }
-        let flow = &self.flow;
-        let shares = [
-            flow.crossing_share,
-            flow.cancel_share,
-            flow.replace_share,
-            flow.immediate_share,
-            flow.invalid_share,
-        ];
-        if shares.iter().any(|share| !(0.0..=1.0).contains(share))
-            || flow.cancel_share + flow.replace_share + flow.invalid_share > 1.0
-        {
-            return Err(BadInput(
-                "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
-            ));
-        }
         for (name, service) in
             [("service_ns", self.service_ns), ("fused_service_ns", self.fused_service_ns)]
         {
@@ -279,9 +243,7 @@ impl TierConfig {
                 return Err(BadInput(format!("{name}: every stage's time must be > 0 ns")));
             }
         }
-        self.arrival_process(1.0)
-            .validate()
-            .map_err(|lab::error::BadInput(reason)| BadInput(reason))
+        Ok(())
     }
 
     /// Whether the R-Processor holds replies until their input is durable.
@@ -308,11 +270,6 @@ impl TierConfig {
             + journal_writers
     }
 
-    /// The arrival process at `rate_per_s`.
-    pub fn arrival_process(&self, rate_per_s: f64) -> lab::load::ArrivalProcess {
-        self.arrival.process(rate_per_s, self.burst_on_us, self.burst_off_us)
-    }
-
     fn spec(&self, workers: usize, role: Role) -> StageSpec {
         let wait =
             if role == Role::Critical { self.wait_strategy() } else { WaitStrategy::default() };
@@ -320,6 +277,94 @@ impl TierConfig {
             .with_wait(wait)
             .with_ring(self.ring_slots, self.batch_slots)
             .with_connector(self.connector)
+    }
+}
+
+/// What an experiment composes with the tier, none of it the tier's own: the open-loop load
+/// generator's settings (arrivals, order flow, the scenario's external events and master-data
+/// updates) and the in-process subscribers' simulated work. [`run`] drives the tier with it;
+/// `exchange serve` has no generator (its sessions are the tier's source).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadConfig {
+    /// Arrival process: constant, poisson or bursty.
+    pub arrival: Arrival,
+    /// Bursty arrivals: on and off periods, µs.
+    pub burst_on_us: u64,
+    pub burst_off_us: u64,
+    /// Seed of the arrival schedule (the order flow has its own, `flow.seed`).
+    pub seed: u64,
+    pub flow: FlowConfig,
+    /// An external event (halt/resume/band change, cycling) every this many requests; 0 = none.
+    pub events_every: u64,
+    /// A master-data update every this many requests; 0 = none.
+    pub master_updates_every: u64,
+    /// Simulated per-message publish cost of the in-process subscribers (busy work on the
+    /// R-Sender's thread, ns; 0 = none).
+    pub publish_work_ns: u64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            arrival: Arrival::Poisson,
+            burst_on_us: 1_000,
+            burst_off_us: 1_000,
+            seed: 7,
+            flow: FlowConfig::default(),
+            events_every: 50_000,
+            master_updates_every: 100_000,
+            publish_work_ns: 0,
+        }
+    }
+}
+
+impl LoadConfig {
+    /// The settings' names, for telling a tier file's misplaced load settings apart.
+    pub const FIELDS: [&str; 8] = [
+        "arrival",
+        "burst_on_us",
+        "burst_off_us",
+        "seed",
+        "flow",
+        "events_every",
+        "master_updates_every",
+        "publish_work_ns",
+    ];
+
+    /// Checks every field; errors are [`BadInput`] naming the field.
+    ///
+    /// ```
+    /// use exchange::flow::FlowConfig;
+    /// use exchange::tier::LoadConfig;
+    /// assert!(LoadConfig::default().validate().is_ok());
+    /// let flow = FlowConfig { cancel_share: 0.8, replace_share: 0.5, ..FlowConfig::default() };
+    /// assert!(LoadConfig { flow, ..LoadConfig::default() }.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), ExchangeError> {
+        let flow = &self.flow;
+        let shares = [
+            flow.crossing_share,
+            flow.cancel_share,
+            flow.replace_share,
+            flow.immediate_share,
+            flow.invalid_share,
+        ];
+        if shares.iter().any(|share| !(0.0..=1.0).contains(share))
+            || flow.cancel_share + flow.replace_share + flow.invalid_share > 1.0
+        {
+            return Err(BadInput(
+                "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
+            ));
+        }
+        self.arrival_process(1.0)
+            .validate()
+            .map_err(|lab::error::BadInput(reason)| BadInput(reason))
+    }
+
+    /// The arrival process at `rate_per_s`.
+    pub fn arrival_process(&self, rate_per_s: f64) -> lab::load::ArrivalProcess {
+        self.arrival.process(rate_per_s, self.burst_on_us, self.burst_off_us)
     }
 }
 
@@ -367,11 +412,15 @@ pub type OrderSource =
 /// [`run`] uses [`in_process_subscribers`]; the `delivery` crate plugs in NATS publishers.
 pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
 
-/// One [`InProcessGateway`] per gateway for every sender.
-pub fn in_process_subscribers(gateways: u32) -> SubscriberFactory {
+/// One [`InProcessGateway`] per gateway for every sender, each spending `publish_work_ns` of
+/// busy work per response (a simulated publish cost; 0 = none).
+pub fn in_process_subscribers(gateways: u32, publish_work_ns: u64) -> SubscriberFactory {
     Arc::new(move |_| {
         (0..gateways)
-            .map(|_| Box::new(InProcessGateway::default()) as Box<dyn Subscriber>)
+            .map(|_| {
+                let gateway = InProcessGateway { publish_work_ns, ..InProcessGateway::default() };
+                Box::new(gateway) as Box<dyn Subscriber>
+            })
             .collect()
     })
 }
@@ -381,10 +430,19 @@ pub fn in_process_subscribers(gateways: u32) -> SubscriberFactory {
 pub struct InProcessGateway {
     pub client_reports: u64,
     pub market_data: u64,
+    /// Busy work per response, ns.
+    pub publish_work_ns: u64,
 }
 
 impl Subscriber for InProcessGateway {
     fn deliver(&mut self, response: &Response) {
+        if self.publish_work_ns > 0 {
+            // Simulated work per message, so timed from this message's own start.
+            let work_start_ns = now_ns();
+            while now_ns() < work_start_ns + self.publish_work_ns {
+                std::hint::spin_loop();
+            }
+        }
         match response.audience {
             Audience::Client => self.client_reports += 1,
             Audience::MarketData => self.market_data += 1,
@@ -531,6 +589,8 @@ pub struct RunOptions {
     /// Publishes, per shard, the highest input sequence whose reply was delivered (the crash
     /// test's child reports it to its client); `None` in measured runs.
     pub released: Option<Arc<ReleasedSeqs>>,
+    /// The load generator's settings ([`run`]; unused by a tier fed by a source of its own).
+    pub load: LoadConfig,
 }
 
 /// Per core shard, the highest input sequence with a delivered reply.
@@ -570,7 +630,8 @@ pub fn run(
     options: RunOptions,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
-    run_with_subscribers(config, options, in_process_subscribers(config.gateways), progress)
+    let subscribers = in_process_subscribers(config.gateways, options.load.publish_work_ns);
+    run_with_subscribers(config, options, subscribers, progress)
 }
 
 /// [`run`] with the R-Senders delivering to `subscribers` (`config.gateways` per sender).
@@ -581,6 +642,7 @@ pub fn run_with_subscribers(
     progress: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
     config.validate()?;
+    options.load.validate()?;
     let (planned, layout) = plan_layout(config, options.rate_per_s)?;
     run_with_layout(&planned, &layout, options, subscribers, progress)
 }
@@ -601,8 +663,8 @@ fn run_with_layout(
         let (report, reported) = std::sync::mpsc::channel();
         let run = InlineRun { feeds: Arc::default(), issued: Arc::default(), reported };
         let inline = InlineGenerator {
-            load: Load::new(config, &master),
-            steps: OpenLoopSteps::new(&open_loop_plan(config, &options))?,
+            load: Load::new(config.universe, &options.load, &master),
+            steps: OpenLoopSteps::new(&open_loop_plan(&options))?,
             feeds: run.feeds.clone(),
             issued: run.issued.clone(),
             report,
@@ -797,13 +859,13 @@ pub(super) struct Load {
 }
 
 impl Load {
-    fn new(config: &TierConfig, master: &MasterData) -> Load {
+    fn new(universe: UniverseConfig, load: &LoadConfig, master: &MasterData) -> Load {
         Load {
-            generator: FlowGenerator::new(config.universe, config.flow),
+            generator: FlowGenerator::new(universe, load.flow),
             scenario: Scenario {
-                events_every: config.events_every,
-                master_every: config.master_updates_every,
-                instruments: config.universe.instruments,
+                events_every: load.events_every,
+                master_every: load.master_updates_every,
+                instruments: universe.instruments,
                 step: 0,
             },
             master: master.clone(),
@@ -846,8 +908,8 @@ fn drive_load(
 ) -> anyhow::Result<(DriveReport, bool)> {
     let Feeds { gateway, mut events, master: mut updates } = feeds;
     let mut gateway = gateway.expect("a generator outside the tier writes the gateway input");
-    let mut load = Load::new(config, master);
-    let plan = open_loop_plan(config, options);
+    let mut load = Load::new(config.universe, &options.load, master);
+    let plan = open_loop_plan(options);
     let mut disconnected = false;
     let drive = drive_sync_with(&plan, pacer, |shot| {
         if disconnected {
@@ -869,10 +931,10 @@ fn drive_load(
     Ok((drive, disconnected))
 }
 
-fn open_loop_plan(config: &TierConfig, options: &RunOptions) -> OpenLoopPlan {
+fn open_loop_plan(options: &RunOptions) -> OpenLoopPlan {
     OpenLoopPlan {
-        process: config.arrival_process(options.rate_per_s),
-        seed: config.seed,
+        process: options.load.arrival_process(options.rate_per_s),
+        seed: options.load.seed,
         duration: options.duration,
     }
 }

@@ -8,22 +8,21 @@ use std::time::Duration;
 use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardState};
 use exchange::flow::reference_master_data;
-use exchange::tier::{RunOptions, RunResult, TierConfig, run};
+use exchange::tier::{LoadConfig, RunOptions, RunResult, TierConfig, run};
 use journal::Policy;
 
 fn config(journal: JournalMode) -> TierConfig {
-    TierConfig {
-        core_shards: 2,
-        events_every: 400,
-        master_updates_every: 900,
-        order_pool_slots: 1 << 14,
-        journal,
-        ..TierConfig::default()
-    }
+    TierConfig { core_shards: 2, order_pool_slots: 1 << 14, journal, ..TierConfig::default() }
+}
+
+/// The scenario's events and master-data updates, often enough to matter in a short run.
+fn load() -> LoadConfig {
+    LoadConfig { events_every: 400, master_updates_every: 900, ..LoadConfig::default() }
 }
 
 fn options(data_dir: &std::path::Path) -> RunOptions {
     RunOptions {
+        load: load(),
         rate_per_s: 10_000.0,
         duration: Duration::from_millis(300),
         record_inputs: true,
@@ -37,7 +36,11 @@ fn options(data_dir: &std::path::Path) -> RunOptions {
 }
 
 fn run_once(config: &TierConfig, data_dir: &std::path::Path) -> RunResult {
-    run(config, options(data_dir), |_| {}).expect("run")
+    run_with_load(config, data_dir, load())
+}
+
+fn run_with_load(config: &TierConfig, data_dir: &std::path::Path, load: LoadConfig) -> RunResult {
+    run(config, RunOptions { load, ..options(data_dir) }, |_| {}).expect("run")
 }
 
 /// The output hash of a fresh shard fed `inputs`.
@@ -97,6 +100,7 @@ fn a_different_shard_count_is_refused() {
         duration: Duration::from_millis(50),
         record_inputs: false,
         released: None,
+        load: load(),
         journal: JournalOptions {
             data_dir: Some(dir.path().to_path_buf()),
             repair: false,
@@ -166,23 +170,22 @@ fn master_data_changed_mid_run_is_journaled_and_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let config = TierConfig {
         core_shards: 1,
-        events_every: 150,
-        master_updates_every: 60,
         snapshot_every_records: 40,
         ..config(JournalMode::from(Policy::Group))
     };
+    let busy = LoadConfig { events_every: 150, master_updates_every: 60, ..load() };
     let reference = exchange::durability::MasterState {
         data: reference_master_data(&config.universe),
         refused: None,
     };
-    let first = run_once(&config, dir.path());
+    let first = run_with_load(&config, dir.path(), busy.clone());
     let master = first.master.clone().expect("journaled with the shards");
     assert_eq!(master.recovery.recovered_seq, 0, "a fresh directory");
     assert!(master.updates_journaled >= 20, "client limits, halts and bands: {master:?}");
     assert!(master.snapshots_taken >= 1, "{master:?}");
     assert_ne!(master.final_digest, reference.digest(), "the master data changed mid-run");
 
-    let second = run_once(&config, dir.path());
+    let second = run_with_load(&config, dir.path(), busy.clone());
     let recovery = &second.master.as_ref().unwrap().recovery;
     assert_eq!(recovery.recovered_seq, master.updates_journaled);
     assert!(recovery.snapshot_seq.is_some(), "from a master snapshot");

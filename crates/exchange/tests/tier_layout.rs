@@ -11,7 +11,9 @@ use exchange::durability::{JournalMode, JournalOptions};
 use exchange::flow::reference_master_data;
 use exchange::msg::OutputHash;
 use exchange::tier::layout::{CHAIN, TierStage};
-use exchange::tier::{LayoutChoice, RunOptions, RunResult, ServiceTimes, TierConfig, run};
+use exchange::tier::{
+    LayoutChoice, LoadConfig, RunOptions, RunResult, ServiceTimes, TierConfig, run,
+};
 
 const SERVICE: ServiceTimes =
     ServiceTimes { preprocess_ns: 400.0, core_ns: 1_500.0, rprocess_ns: 200.0, sender_ns: 300.0 };
@@ -24,6 +26,7 @@ fn options(rate_per_s: f64, millis: u64, record_inputs: bool) -> RunOptions {
         record_inputs,
         journal: JournalOptions::default(),
         released: None,
+        load: LoadConfig::default(),
     }
 }
 
@@ -39,11 +42,10 @@ fn run_auto_with(journal: JournalMode, generator_inline: Option<bool>) -> RunRes
         generator_inline,
         journal,
         order_pool_slots: 1 << 14,
-        events_every: 400,
-        master_updates_every: 900,
         ..TierConfig::default()
     };
-    let options = options(10_000.0, 400, true);
+    let load = LoadConfig { events_every: 400, master_updates_every: 900, ..LoadConfig::default() };
+    let options = RunOptions { load, ..options(10_000.0, 400, true) };
     run(&config, options, |_| {}).expect("run")
 }
 

@@ -8,7 +8,7 @@ use exchange::core::{CoreLimits, MatchingCore};
 use exchange::durability::JournalOptions;
 use exchange::flow::reference_master_data;
 use exchange::msg::{OutputHash, Reason};
-use exchange::tier::{RunOptions, TierConfig, run};
+use exchange::tier::{LoadConfig, RunOptions, TierConfig, run};
 
 #[test]
 fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
@@ -16,8 +16,6 @@ fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
         preprocess_workers: 2,
         core_shards: 2,
         senders: 2,
-        events_every: 500,
-        master_updates_every: 700,
         order_pool_slots: 1 << 14,
         ..TierConfig::default()
     };
@@ -27,6 +25,7 @@ fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
         record_inputs: true,
         journal: JournalOptions::default(),
         released: None,
+        load: LoadConfig { events_every: 500, master_updates_every: 700, ..LoadConfig::default() },
     };
     let result = run(&config, options, |_| {}).expect("run");
     assert!(result.sent > 5_000, "sent {}", result.sent);

@@ -11,7 +11,7 @@ use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardState};
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{Command, OrderType, SequencedInput, Side, TimeInForce};
-use exchange::tier::{RunOptions, RunResult, TierConfig, run};
+use exchange::tier::{LoadConfig, RunOptions, RunResult, TierConfig, run};
 use journal::Policy;
 use journal::{RecoverOptions, StateMachine, recover_from};
 use rand::rngs::StdRng;
@@ -127,8 +127,6 @@ fn a_damaged_snapshot_payload_is_an_error_not_a_panic() {
 fn snapshot_config(shards: usize) -> TierConfig {
     TierConfig {
         core_shards: shards,
-        events_every: 300,
-        master_updates_every: 700,
         order_pool_slots: ORDER_POOL_SLOTS,
         journal: JournalMode::from(Policy::Group),
         snapshot_every_records: 250,
@@ -143,6 +141,7 @@ fn run_on(config: &TierConfig, dir: &Path, segment_bytes: u64) -> RunResult {
         record_inputs: true,
         released: None,
         journal: JournalOptions { data_dir: Some(dir.to_path_buf()), repair: false, segment_bytes },
+        load: LoadConfig { events_every: 300, master_updates_every: 700, ..LoadConfig::default() },
     };
     run(config, options, |_| {}).expect("run")
 }
@@ -285,5 +284,6 @@ fn short_restart(dir: &std::path::Path) -> RunOptions {
         record_inputs: false,
         released: None,
         journal: JournalOptions { data_dir: Some(dir.to_path_buf()), ..Default::default() },
+        load: LoadConfig::default(),
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, REASON_COUNT};
 use pipeline::metrics::now_ns;
-use pipeline::stage::{Input, TrySendError};
+use pipeline::stage::TrySendError;
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol};
@@ -33,18 +33,11 @@ pub fn token_of(order_id: OrderId) -> u32 {
     order_id as u32
 }
 
-/// Where admitted requests go: the tier's order input, taken without waiting (a full input
-/// answers "busy"; the I/O thread never blocks on the tier, which may be waiting for it to
-/// read replies).
+/// Where admitted requests go without waiting: the I/O loop's staging buffer, which the tier
+/// takes at the end of each turn (a full one answers "busy").
 pub trait OrderEntry {
     /// Hands `request` to the tier now, or says it has no room (or is gone).
     fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError>;
-}
-
-impl OrderEntry for Input<InboundOrder> {
-    fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError> {
-        self.try_send(request, request.stamps.intended_ns)
-    }
 }
 
 /// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use exchange::durability::JournalOptions;
 use exchange::tier::{
-    GroupWait, RunOptions, SubscriberFactory, Tier, TierConfig, TierLayout, reply_subscribers,
+    GroupWait, LoadConfig, RunOptions, SubscriberFactory, Tier, TierConfig, TierLayout,
+    reply_subscribers,
 };
 use lab::stats::LatencyHistogram;
 use tokio::sync::{Notify, oneshot};
@@ -174,6 +175,7 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
             ..JournalOptions::default()
         },
         released: None,
+        load: LoadConfig::default(), // no generator: the sessions are the tier's source
     };
     let source = crate::io::order_source(setup);
     let (tier, control) = Tier::start_with_source(&config, &run, subscribers, source)?;

@@ -143,7 +143,7 @@ pub struct PublishArgs {
 
 /// `leantier exchange publish`.
 pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
-    let config: exchange::tier::TierConfig = lab::config::load_toml(args.config.as_deref())?;
+    let (config, load) = super::exchange::load_run_config(args.config.as_deref())?;
     let seconds = |value: f64, flag: &str| {
         Duration::try_from_secs_f64(value).map_err(|_| {
             delivery::DeliveryError::BadInput(format!("--{flag} must be a finite number >= 0"))
@@ -155,6 +155,7 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         record_inputs: false,
         journal: exchange::durability::JournalOptions::default(),
         released: None,
+        load,
     };
     let options = delivery::publish::PublishOptions {
         nats_url: args.nats.clone(),

@@ -2,9 +2,10 @@
 //! folders of the runs and experiments that `exchange::experiments` performs.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::values::one_of;
+use crate::outcome::BadInput;
 use lab::load::RateSearchReport;
 use lab::report::{
     BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
@@ -22,8 +23,8 @@ use exchange::experiments::{
 };
 use exchange::msg::Reason;
 use exchange::tier::{
-    Arrival, LayoutChoice, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport,
-    TierConfig, WaitChoice,
+    Arrival, LayoutChoice, LoadConfig, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS,
+    ShardJournalReport, TierConfig, WaitChoice,
 };
 
 /// Width of the cumulative latency buckets.
@@ -268,7 +269,8 @@ pub fn run_in_process_demo(args: &DemoArgs) -> anyhow::Result<()> {
     let search = MaxRateSearch { step_seconds, p99_limit_us: args.p99_limit_us };
     let config = TierConfig { journal: args.journal, layout: args.layout, ..TierConfig::default() };
     let journal = JournalOptions::default();
-    let session = measure(&config, &DEMO_RATES_PER_S, seconds, Some(search), &journal)?;
+    let load = LoadConfig::default();
+    let session = measure(&config, &load, &DEMO_RATES_PER_S, seconds, Some(search), &journal)?;
     present(&session, &args.out, "leantier demo: the lean exchange tier")?;
     println!("\nReport: {}/summary.md (JSON, CSV and SVG plots beside it)", args.out.display());
     println!("Try next:");
@@ -279,15 +281,36 @@ pub fn run_in_process_demo(args: &DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A run's configuration file: the tier's settings at the top level, the load generator's
+/// under `[load]` (a load setting at the top level is named as misplaced).
+pub fn load_run_config(path: Option<&Path>) -> anyhow::Result<(TierConfig, LoadConfig)> {
+    let Some(path) = path else { return Ok(Default::default()) };
+    let bad =
+        |e: &dyn std::fmt::Display| BadInput(format!("invalid config {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| BadInput(format!("cannot read config {}: {e}", path.display())))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(&e))?;
+    if let Some(key) = LoadConfig::FIELDS.iter().find(|key| table.contains_key(**key)) {
+        let moved = format!("`{key}` is a load generator setting: put it under [load]");
+        return Err(bad(&moved).into());
+    }
+    let load = match table.remove("load") {
+        Some(load) => load.try_into().map_err(|e| bad(&format!("[load]: {e}")))?,
+        None => LoadConfig::default(),
+    };
+    let tier = toml::Value::Table(table).try_into().map_err(|e| bad(&e))?;
+    Ok((tier, load))
+}
+
 fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
-    let mut config: TierConfig = lab::config::load_toml(args.config.as_deref())?;
+    let (mut config, mut load) = load_run_config(args.config.as_deref())?;
     lab::config::override_with(&mut config.preprocess_workers, &args.preprocess_workers);
     lab::config::override_with(&mut config.core_shards, &args.core_shards);
     lab::config::override_with(&mut config.senders, &args.senders);
     lab::config::override_with(&mut config.wait, &args.wait);
     lab::config::override_with(&mut config.placement, &args.placement);
     lab::config::override_with(&mut config.layout, &args.layout);
-    lab::config::override_with(&mut config.arrival, &args.arrival);
+    lab::config::override_with(&mut load.arrival, &args.arrival);
     lab::config::override_with(&mut config.journal, &args.journal);
     lab::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
     let search = args.find_max.then_some(MaxRateSearch {
@@ -299,7 +322,7 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
         repair: args.repair,
         ..JournalOptions::default()
     };
-    let session = measure(&config, &args.rates, args.seconds, search, &journal)?;
+    let session = measure(&config, &load, &args.rates, args.seconds, search, &journal)?;
     present(&session, &args.out, "leantier exchange run")
 }
 
@@ -598,12 +621,14 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     #[derive(Serialize)]
     struct ReportJson<'a> {
         config: &'a TierConfig,
+        load: &'a LoadConfig,
         runs: Vec<RunSummary>,
         max_rate: Option<&'a RateSearchReport>,
         max_rate_looser: Option<&'a RateSearchReport>,
     }
     let json = ReportJson {
         config: &session.config,
+        load: &session.load,
         runs: runs.iter().map(summarize).collect(),
         max_rate: session.max_rate.as_ref(),
         max_rate_looser: session.max_rate_looser.as_ref(),
@@ -634,7 +659,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     markdown.heading(1, title);
     markdown.paragraph(&format!(
         "Open-loop load ({} arrivals), latency from each request's intended send time to its first response at the subscriber gateway. Configuration: {} pre-process workers, {} core shards, {} senders, wait `{}`, placement {}, journal `{:?}` (critical path: until the response is ready; durable reply: until delivered after its input's fsync).",
-        session.config.arrival, session.config.preprocess_workers, session.config.core_shards, session.config.senders, session.config.wait, session.config.placement, session.config.journal
+        session.load.arrival, session.config.preprocess_workers, session.config.core_shards, session.config.senders, session.config.wait, session.config.placement, session.config.journal
     ));
     for table in &tables {
         markdown.table(table);

@@ -101,6 +101,7 @@ mod child {
                 segment_bytes: args.segment_bytes,
             },
             released: Some(released),
+            load: exchange::tier::LoadConfig::default(),
         };
         let result = run(&config, options, |_| {});
         // Relaxed: see the reporter.

@@ -385,11 +385,9 @@ fn sender_stage(
     options: &RunOptions,
     subscribers: SubscriberFactory,
 ) -> (StageHandle<Response, ()>, StageResults<SenderLatency>) {
-    let publish_work_ns = specs.config.publish_work_ns;
     let released = options.released.clone();
     graph.stage_with_results("sender", specs.of(TierStage::Sender), move |sender| SenderWorker {
         gateways: subscribers(sender),
-        publish_work_ns,
         latency: SenderLatency::new(),
         released: released.clone(),
     })

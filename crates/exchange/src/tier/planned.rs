@@ -10,7 +10,7 @@ use super::layout::{
     CHAIN, GroupWait, LayoutChoice, LayoutRequest, ServiceTimes, ThreadGroup, TierLayout,
     TierStage, plan,
 };
-use super::{Arrival, RunOptions, TierConfig, in_process_subscribers, run_with_layout};
+use super::{Arrival, LoadConfig, RunOptions, TierConfig, in_process_subscribers, run_with_layout};
 use crate::durability::{JournalMode, JournalOptions};
 use crate::error::ExchangeError::BadInput;
 
@@ -66,10 +66,13 @@ fn calibrate_groups(
         core_shards: 1,
         senders: 1,
         placement: false,
+        ..config.clone()
+    };
+    let load = LoadConfig {
         arrival: Arrival::Bursty,
         burst_on_us: CALIBRATION_BURST_ON_US,
         burst_off_us: CALIBRATION_BURST_OFF_US,
-        ..config.clone()
+        ..LoadConfig::default()
     };
     let parked = |stages: Vec<TierStage>| ThreadGroup {
         stages,
@@ -93,8 +96,9 @@ fn calibrate_groups(
         record_inputs: false,
         journal: JournalOptions::default(),
         released: None,
+        load,
     };
-    let subscribers = in_process_subscribers(probe.gateways);
+    let subscribers = in_process_subscribers(probe.gateways, 0);
     let result = run_with_layout(&probe, &layout, options, subscribers, |_| {})?;
     let median = |stage: TierStage| -> anyhow::Result<f64> {
         let metrics = result.pipeline.iter().find(|m| m.stage == stage.name());

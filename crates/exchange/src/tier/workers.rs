@@ -209,7 +209,6 @@ impl StageWorker<CoreOutput, Response> for ResponseProcessor {
 
 pub(super) struct SenderWorker {
     pub(super) gateways: Vec<Box<dyn Subscriber>>,
-    pub(super) publish_work_ns: u64,
     pub(super) latency: SenderLatency,
     pub(super) released: Option<Arc<ReleasedSeqs>>,
 }
@@ -252,13 +251,6 @@ impl StageWorker<Response, ()> for SenderWorker {
 
     fn handle(&mut self, response: &Response, out: &mut Emitter<()>) {
         let sender_in_ns = out.handling_ns();
-        if self.publish_work_ns > 0 {
-            // Simulated work per message, so timed from this message's own start.
-            let work_start_ns = now_ns();
-            while now_ns() < work_start_ns + self.publish_work_ns {
-                std::hint::spin_loop();
-            }
-        }
         // The by-gateway route sends each gateway's responses to one sender, in order; each
         // sender holds a subscriber slot for every gateway and uses those routed to it.
         self.gateways[response.gateway as usize].deliver(response);
