@@ -135,7 +135,8 @@ fn describe(layout: &TierLayout) -> String {
 /// Binds the listeners, starts the tier with the gateway's I/O loop as its order source, and
 /// returns once the loop has opened the store. With a journal and a syncing store, the store's
 /// syncer takes over the reply hold (docs/JOURNAL.md, "Durable replies in exchange serve");
-/// with an unsynced store the tier holds replies until its journal has their input.
+/// with an unsynced store, or with NATS subscribers (`also`), the tier holds replies until
+/// its journal has their input.
 pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let native = bind(options.listen)?;
     let fix = options.fix_listen.map(bind).transpose()?;
@@ -144,7 +145,10 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
     let (listen, fix_listen, metrics_listen) =
         (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
     let journaled = options.tier.journal.holds_replies();
-    let store_waits = journaled && options.settings.store_sync;
+    // The store's syncer can take over the reply hold only for what goes through the store:
+    // with NATS subscribers beside the sessions, the tier holds every reply itself, so that
+    // nothing is published before its input is on disk.
+    let store_waits = journaled && options.settings.store_sync && options.also.is_none();
     let config = TierConfig { hold_replies: !store_waits, ..options.tier.clone() };
     let work = Arc::new(Notify::new());
     let wake = work.clone();

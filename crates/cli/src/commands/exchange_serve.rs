@@ -47,9 +47,11 @@ pub struct ServeArgs {
     /// each execution report is sent only once its input and its store record are on disk
     /// (the two fsyncs overlap); a restart rebuilds the books from it. `sync` and `relaxed`
     /// are the journal's other policies (see `exchange run`); `off`: books are lost on restart.
-    #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "group")]
-    pub journal: JournalMode,
-    /// The tier's thread layout (overrides `layout` in the config; default auto): `auto`
+    /// Default: the `[tier]` table's `journal`, else `group`.
+    #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name))]
+    pub journal: Option<JournalMode>,
+    /// The tier's thread layout (overrides `layout` in the config, which overrides the
+    /// `[tier]` table's; default auto): `auto`
     /// plans which stages share a thread, which spin and which park, from the usable CPUs and
     /// service times calibrated at start-up (`exchange run`'s planner); `thread-per-stage`
     /// runs one thread per stage worker. The thread groups and usable CPUs are printed at
@@ -114,14 +116,16 @@ struct ServeConfig {
     tier: Option<toml::Table>,
 }
 
-/// The layout: `--layout`, else the config's `layout`, else auto. The layouts of the engine
-/// the gateway had before it ran on the tier are named as such.
-fn layout_from(args: &ServeArgs, config: &ServeConfig) -> Result<LayoutChoice, BadInput> {
+/// The layout: `--layout`, else the config's `layout`, else `None` (the `[tier]` table's, or
+/// auto). The layouts of the engine the gateway had before it ran on the tier are named as
+/// such.
+fn layout_from(args: &ServeArgs, config: &ServeConfig) -> Result<Option<LayoutChoice>, BadInput> {
     if let Some(layout) = args.layout {
-        return Ok(layout);
+        return Ok(Some(layout));
     }
-    let Some(name) = &config.layout else { return Ok(LayoutChoice::Auto) };
-    LayoutChoice::ALL.into_iter().find(|layout| layout.name() == name).ok_or_else(|| {
+    let Some(name) = &config.layout else { return Ok(None) };
+    let found = LayoutChoice::ALL.into_iter().find(|layout| layout.name() == name);
+    found.map(Some).ok_or_else(|| {
         let names: Vec<&str> = LayoutChoice::ALL.iter().map(|l| l.name()).collect();
         let old = matches!(name.as_str(), "inline" | "engine-thread");
         let hint =
@@ -135,11 +139,11 @@ fn layout_from(args: &ServeArgs, config: &ServeConfig) -> Result<LayoutChoice, B
 }
 
 /// The tier behind the server: the config's `[tier]` table over the tier's defaults, then the
-/// universe, journal and layout the serve settings name.
+/// universe, journal and layout the serve settings and flags name.
 fn tier_from(
     args: &ServeArgs,
     config: &ServeConfig,
-    layout: LayoutChoice,
+    layout: Option<LayoutChoice>,
 ) -> Result<TierConfig, BadInput> {
     let table = config.tier.clone().unwrap_or_default();
     let tier: TierConfig = toml::Value::Table(table)
@@ -149,7 +153,9 @@ fn tier_from(
         instruments: config.instruments.unwrap_or(tier.universe.instruments).max(1),
         clients: config.clients.unwrap_or(tier.universe.clients).max(1),
     };
-    let tier = TierConfig { universe, journal: args.journal, layout, ..tier };
+    let journal = args.journal.unwrap_or(tier.journal);
+    let layout = layout.unwrap_or(tier.layout);
+    let tier = TierConfig { universe, journal, layout, ..tier };
     tier.validate().map_err(|e| BadInput(format!("{}: [tier]: {e}", args.config.display())))?;
     Ok(tier)
 }
@@ -520,4 +526,60 @@ fn find_max(
         notes.push(format!("ratio {} / {}: {:.1}×", names[0], names[1], first / second));
     }
     Ok((rows, notes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(layout: Option<LayoutChoice>, journal: Option<JournalMode>) -> ServeArgs {
+        ServeArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            fix_listen: None,
+            config: PathBuf::from("serve.toml"),
+            metrics_listen: None,
+            journal,
+            layout,
+            planned_rate: 60_000.0,
+            nats: None,
+        }
+    }
+
+    fn tier(args: &ServeArgs, text: &str) -> Result<TierConfig, BadInput> {
+        let config: ServeConfig = toml::from_str(text).unwrap();
+        tier_from(args, &config, layout_from(args, &config)?)
+    }
+
+    #[test]
+    fn the_tier_table_then_the_serve_key_then_the_flag_decide_layout_and_journal() {
+        let file =
+            "credentials = \"c\"\n[tier]\nlayout = \"thread-per-stage\"\njournal = \"off\"\n";
+        let from_table = tier(&args(None, None), file).unwrap();
+        assert_eq!(from_table.layout, LayoutChoice::ThreadPerStage, "the [tier] table's");
+        assert_eq!(from_table.journal, JournalMode::OFF, "the [tier] table's");
+        let keyed = format!("layout = \"auto\"\n{file}");
+        assert_eq!(tier(&args(None, None), &keyed).unwrap().layout, LayoutChoice::Auto);
+        let flagged = args(Some(LayoutChoice::Auto), Some(JournalMode::default()));
+        let from_flags = tier(&flagged, file).unwrap();
+        assert_eq!(
+            (from_flags.layout, from_flags.journal),
+            (LayoutChoice::Auto, JournalMode::default())
+        );
+        let defaults = tier(&args(None, None), "credentials = \"c\"\n").unwrap();
+        assert_eq!(
+            (defaults.layout, defaults.journal),
+            (LayoutChoice::Auto, JournalMode::default())
+        );
+    }
+
+    #[test]
+    fn old_layout_names_and_bad_tier_settings_are_named() {
+        let old =
+            tier(&args(None, None), "credentials = \"c\"\nlayout = \"inline\"\n").unwrap_err();
+        assert!(old.0.contains("the gateway now runs the tier"), "{}", old.0);
+        let bad = tier(&args(None, None), "credentials = \"c\"\n[tier]\nring_slots = 1000\n");
+        assert!(bad.unwrap_err().0.contains("ring_slots"));
+        let unknown = tier(&args(None, None), "credentials = \"c\"\n[tier]\nshards = 2\n");
+        assert!(unknown.unwrap_err().0.contains("shards"));
+    }
 }
