@@ -26,7 +26,9 @@
 //! over the tier's reply hold ([`Log::wait_for_journals`]): each batch carries, per journal
 //! shard, the highest input sequence its reports answer ([`Log::require`]), and the syncer
 //! publishes the batch as durable only once its own `fdatasync` returned *and* each shard's
-//! durable sequence covers that need. The two fsyncs overlap; a report waits for the slower.
+//! durable sequence covers that need (a second thread waits for the journals, so the syncer's
+//! next `fdatasync` never waits for them). The two fsyncs overlap; a report waits for the
+//! slower.
 //!
 //! The journal crate does not fit here: it stores fixed-size records with consecutive
 //! sequence numbers of one stream, while this store interleaves variable-size FIX messages and
@@ -136,6 +138,9 @@ struct SyncShared {
     /// Per tier journal shard: its durable sequence and the highest input sequence the
     /// requested batches answer (set once, before the first commit).
     journals: OnceLock<Vec<(Arc<DurableSeq>, AtomicU64)>>,
+    /// Highest write epoch whose reports' inputs the tier's journals have on disk (published
+    /// by the journal waiter; unused without journals).
+    journal_covered: AtomicU64,
 }
 
 /// The durable store.
@@ -150,6 +155,8 @@ pub struct Log {
     written_epoch: u64,
     /// `None`: `store_sync` off.
     sync: Option<(Arc<SyncShared>, JoinHandle<()>)>,
+    /// The thread that waits for the tier's journals (with [`Log::wait_for_journals`]).
+    journal_waiter: Option<JoinHandle<()>>,
     /// Links with held bytes, each once.
     waiting: Vec<Rc<Link>>,
     /// Per tier journal shard, the highest input sequence answered by a record appended so
@@ -195,6 +202,7 @@ impl Log {
             written_epoch: 0,
             sync,
             waiting: Vec::new(),
+            journal_waiter: None,
             journal_needs: Vec::new(),
             write_failed: false,
             commits: 0,
@@ -224,17 +232,27 @@ impl Log {
         offset
     }
 
-    /// Makes the syncer wait, after each `fdatasync`, until every tier journal shard's durable
-    /// sequence covers the inputs the batch's reports answer (see the module docs). Needs the
-    /// syncer (`store_sync`) and must come before the first commit; `false` otherwise.
+    /// Holds each batch until, besides its own `fdatasync`, every tier journal shard's durable
+    /// sequence covers the inputs the batch's reports answer (see the module docs): a second
+    /// thread waits for the journals while the syncer goes on syncing. Needs the syncer
+    /// (`store_sync`) and must come before the first commit; `false` otherwise.
     pub fn wait_for_journals(&mut self, durables: Vec<Arc<DurableSeq>>) -> bool {
         let Some((shared, _)) = &self.sync else { return false };
-        if self.written_epoch > 0 {
+        if self.written_epoch > 0 || self.journal_waiter.is_some() {
             return false;
         }
         self.journal_needs = vec![0; durables.len()];
         let journals = durables.into_iter().map(|d| (d, AtomicU64::new(0))).collect();
-        shared.journals.set(journals).is_ok()
+        if shared.journals.set(journals).is_err() {
+            return false;
+        }
+        let state = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("gateway-journal-wait".into())
+            .spawn(move || journal_wait_loop(&state))
+            .expect("spawning the store's journal waiter");
+        self.journal_waiter = Some(thread);
+        true
     }
 
     /// Records that what is appended next answers input `seq` of journal shard `shard` (0: a
@@ -291,6 +309,9 @@ impl Log {
                 // write above returned, so the sync covers it (and it sees the needs above).
                 shared.requested.store(self.written_epoch, Ordering::Release);
                 thread.thread().unpark();
+                if let Some(waiter) = &self.journal_waiter {
+                    waiter.thread().unpark();
+                }
             }
         }
         for link in &self.waiting {
@@ -312,7 +333,12 @@ impl Log {
             return;
         }
         let durable = match &self.sync {
-            // Acquire: pairs with the syncer's Release store after its fdatasync returned.
+            // Acquire: pairs with the syncer's Release store after its fdatasync returned
+            // (and the journal waiter's after the journals covered the batch).
+            Some((shared, _)) if self.journal_waiter.is_some() => shared
+                .synced
+                .load(Ordering::Acquire)
+                .min(shared.journal_covered.load(Ordering::Acquire)),
             Some((shared, _)) => shared.synced.load(Ordering::Acquire),
             None => self.written_epoch,
         };
@@ -340,10 +366,12 @@ impl Drop for Log {
     fn drop(&mut self) {
         self.commit(); // what waited for a later write (inbound sequence numbers)
         if let Some((shared, thread)) = self.sync.take() {
-            // Relaxed: the unpark/join below synchronise; the flag only ends the loop.
+            // Relaxed: the unpark/join below synchronise; the flag only ends the loops.
             shared.stop.store(true, Ordering::Relaxed);
-            thread.thread().unpark();
-            let _ = thread.join();
+            for thread in std::iter::once(thread).chain(self.journal_waiter.take()) {
+                thread.thread().unpark();
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -356,6 +384,7 @@ fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
         stop: AtomicBool::new(false),
         done: Arc::new(Notify::new()),
         journals: OnceLock::new(),
+        journal_covered: AtomicU64::new(0),
     });
     let state = shared.clone();
     let thread = std::thread::Builder::new()
@@ -379,12 +408,6 @@ fn sync_loop(file: &File, shared: &SyncShared) {
                 shared.failed.store(true, Ordering::Relaxed);
                 return;
             }
-            if !journals_cover(shared) {
-                tracing::error!("gateway store: the tier's journal failed; holding all output");
-                // Relaxed: read only for metrics.
-                shared.failed.store(true, Ordering::Relaxed);
-                return;
-            }
             synced = target;
             // Release: the I/O thread that sees this epoch may send what it covers.
             shared.synced.store(target, Ordering::Release);
@@ -397,7 +420,33 @@ fn sync_loop(file: &File, shared: &SyncShared) {
     }
 }
 
-/// Reads every valid record; returns what they hold and where the valid records end.
+/// The journal waiter: for each requested epoch, waits until the tier's journals cover what
+/// its batch answers, then publishes the epoch and notifies. Beside the syncer, so that the
+/// store's next `fdatasync` never waits for the journal's.
+fn journal_wait_loop(shared: &SyncShared) {
+    let mut covered = 0;
+    loop {
+        // Acquire: pairs with the Release in `commit`, after which the batch's needs are set.
+        let target = shared.requested.load(Ordering::Acquire);
+        if target > covered {
+            if !journals_cover(shared) {
+                tracing::error!("gateway store: the tier's journal failed; holding all output");
+                // Relaxed: read only for metrics.
+                shared.failed.store(true, Ordering::Relaxed);
+                return;
+            }
+            covered = target;
+            // Release: the I/O thread that sees this epoch may send what it covers.
+            shared.journal_covered.store(target, Ordering::Release);
+            shared.done.notify_one();
+        } else if shared.stop.load(Ordering::Relaxed) {
+            return;
+        } else {
+            std::thread::park();
+        }
+    }
+}
+
 /// Waits until each tier journal shard's durable sequence covers what the requested batches
 /// answer; `false` if a journal failed first (it will never cover them).
 fn journals_cover(shared: &SyncShared) -> bool {
@@ -409,6 +458,7 @@ fn journals_cover(shared: &SyncShared) -> bool {
     })
 }
 
+/// Reads every valid record; returns what they hold and where the valid records end.
 fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, u64)> {
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut recovered = Recovered::default();
