@@ -102,6 +102,9 @@ impl Server {
             cancel_on_disconnect: None,
             ..Settings::default()
         };
+        // The server's threads inherit the load generator's priority (as scripts/
+        // bench-order-entry runs its servers), so neither side preempts the other on wake-up.
+        let same_priority = lab::load::GeneratorPriority::raise();
         let running = gateway::server::start(ServeOptions {
             listen: any,
             fix_listen: None,
@@ -113,6 +116,7 @@ impl Server {
             journal_dir: dir.join("tier"),
             also: None,
         })?;
+        drop(same_priority);
         let band = reference_master_data(&UNIVERSE);
         let listing = band.instrument(INSTRUMENT).expect("the universe lists the instrument");
         let load = LoadOptions {
