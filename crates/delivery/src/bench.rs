@@ -163,6 +163,7 @@ fn leantier_once(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let (_, latency) = io.block_on(gateway.shutdown())?;
+    let latency = latency.answers;
     let per_message = report.published as f64 / report.batches.max(1) as f64;
     Ok((Sample { throughput_per_s: records as f64 / elapsed, latency }, per_message))
 }

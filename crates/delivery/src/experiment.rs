@@ -249,7 +249,7 @@ fn over_nats(
     let mut totals = GatewayTotals::default();
     for gateway in gateways {
         let (report, latency) = io.block_on(gateway.shutdown())?;
-        histogram.merge(&latency);
+        histogram.merge(&latency.answers);
         totals.received += report.received;
         totals.gaps += report.gaps;
         totals.recovered += report.recovered;

@@ -117,8 +117,15 @@ pub struct GatewayReport {
     pub next_seqs: Vec<u64>,
 }
 
-/// Intended send time -> received at the gateway, for records answering a request.
-pub type GatewayLatency = LatencyHistogram;
+/// What the gateway measured, from each record's intended time (its request's arrival at the
+/// tier, on the host's monotonic clock) to the record's arrival here.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayLatency {
+    /// Records answering a request (the first report of each).
+    pub answers: LatencyHistogram,
+    /// Market data (trades and top of book, stamped with the order that caused them).
+    pub market_data: LatencyHistogram,
+}
 
 /// A consumer's queue, as the sequencer sees it.
 struct ConsumerSlot {
@@ -227,7 +234,7 @@ async fn sequence(
     mut subscription: async_nats::Subscriber,
     mut stopped: watch::Receiver<bool>,
 ) -> GatewayLatency {
-    let mut sequencer = Sequencer { state, latency: LatencyHistogram::new(), chunk: Vec::new() };
+    let mut sequencer = Sequencer { state, latency: GatewayLatency::default(), chunk: Vec::new() };
     loop {
         tokio::select! {
             message = subscription.next() => match message {
@@ -346,8 +353,11 @@ impl Sequencer {
         for (seq, record) in records {
             Frame::Data { stream, seq: *seq, received_abs_ns, record: *record }
                 .write(&mut self.chunk);
-            if record.answers_request() {
-                self.latency.record_ns(received_abs_ns.saturating_sub(record.intended_abs_ns()));
+            let latency_ns = received_abs_ns.saturating_sub(record.intended_abs_ns());
+            if stream == Stream::MarketData {
+                self.latency.market_data.record_ns(latency_ns);
+            } else if record.answers_request() {
+                self.latency.answers.record_ns(latency_ns);
             }
         }
         let (first, last) = (records[0].0, records[records.len() - 1].0);

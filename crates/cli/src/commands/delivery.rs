@@ -80,12 +80,18 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     })?;
     let (report, latency) = report;
     println!("\n{}", gateway_table(&report));
-    if !latency.is_empty() {
-        let summary = latency.summary();
+    for (what, histogram) in [("answers", &latency.answers), ("market data", &latency.market_data)]
+    {
+        if histogram.is_empty() {
+            continue;
+        }
+        let summary = histogram.summary();
         println!(
-            "intended send -> received here (same host clock): p50 {} µs, p99 {} µs, {} requests",
+            "{what}: intended send -> received here (same host clock): p50 {} µs, p99 {} µs, \
+             max {} µs, {} records",
             format_ns_as_us(summary.p50_ns),
             format_ns_as_us(summary.p99_ns),
+            format_ns_as_us(summary.max_ns),
             summary.count
         );
     }
