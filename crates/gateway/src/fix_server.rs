@@ -40,7 +40,18 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
     let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");
     let mut conn = Conn::new(heartbeat);
     let mut resend_requested = false;
-    let reason = 'session: loop {
+    // Messages sent in the same write as the Logon are in the buffer already: handled before
+    // the first wait for more bytes, as every read's are.
+    let mut unread = !buffer.is_empty();
+    let reason = loop {
+        if std::mem::take(&mut unread) {
+            let flow =
+                read_batch(&mut hub.borrow_mut(), at, &link, &mut buffer, &mut resend_requested);
+            if let Flow::Close(reason) = flow {
+                write_final(&mut stream, &link, &mut conn).await;
+                break reason;
+            }
+        }
         if write_out(&mut stream, &link, &mut conn).await.is_err() {
             break "write failed";
         }
@@ -52,11 +63,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
                 Ok(0) | Err(_) => break "peer closed",
                 Ok(_) => {
                     conn.last_read = Instant::now();
-                    let flow = read_batch(&mut hub.borrow_mut(), at, &link, &mut buffer, &mut resend_requested);
-                    if let Flow::Close(reason) = flow {
-                        write_final(&mut stream, &link, &mut conn).await;
-                        break 'session reason;
-                    }
+                    unread = true;
                 }
             },
             _ = link.wake.notified() => {}

@@ -26,7 +26,18 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
     let Some(at) = login(&hub, &mut stream, &mut buffer).await else { return };
     let link = hub.borrow().clients[at].link.clone().expect("login attached a link");
     let mut conn = Conn::new(hub.borrow().settings.heartbeat);
+    // Frames sent in the same write as the login are in the buffer already: handled before
+    // the first wait for more bytes, as every read's are.
+    let mut unread = !buffer.is_empty();
     let reason = loop {
+        if std::mem::take(&mut unread) {
+            let flow = drain(&mut hub.borrow_mut(), at, &link, &mut buffer);
+            hub.borrow_mut().commit();
+            if let Flow::Close(reason) = flow {
+                write_final(&mut stream, &link, &mut conn).await;
+                break reason;
+            }
+        }
         if write_out(&mut stream, &link, &mut conn).await.is_err() {
             break "write failed";
         }
@@ -39,12 +50,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
                 Ok(0) | Err(_) => break "peer closed",
                 Ok(_) => {
                     conn.last_read = Instant::now();
-                    let flow = drain(&mut hub.borrow_mut(), at, &link, &mut buffer);
-                    hub.borrow_mut().commit();
-                    if let Flow::Close(reason) = flow {
-                        write_final(&mut stream, &link, &mut conn).await;
-                        break reason;
-                    }
+                    unread = true;
                 }
             },
             _ = link.wake.notified() => {}

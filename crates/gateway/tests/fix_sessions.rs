@@ -298,3 +298,19 @@ fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
         assert_eq!(result.rejected, 0, "run {run}: every order was accepted");
     }
 }
+
+#[test]
+fn an_order_in_the_same_write_as_the_logon_is_answered_without_more_bytes() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    let logon_fields =
+        [(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "30"), (tag::PASSWORD, SECRET)];
+    let mut bytes = client.encode("A", 1, &logon_fields);
+    bytes.extend(client.encode("D", 2, &new_order("p1", "1", "10", "101000")));
+    client.stream.write_all(&bytes).unwrap();
+    assert_eq!(client.recv().msg_type(), "A");
+    // Nothing more is sent: the order must be answered from what the logon's read brought.
+    let report = client.recv();
+    assert_eq!((report.msg_type(), report.get(tag::CL_ORD_ID)), ("8", "p1"));
+}

@@ -432,3 +432,22 @@ fn an_admin_halt_reaches_the_running_tier_and_a_resume_lifts_it() {
         assert!(answer.starts_with(&format!("HTTP/1.0 {status}")), "{line}: {answer}");
     }
 }
+
+#[test]
+fn an_order_in_the_same_write_as_the_login_is_answered_without_more_bytes() {
+    let (server, _dir) = start(Settings::default());
+    let mut session = NativeClient::connect(server.listen).unwrap();
+    let mut secret = [0u8; 32];
+    secret[..SECRET.len()].copy_from_slice(SECRET.as_bytes());
+    let mut bytes = Vec::new();
+    gateway::native::encode_client(
+        &ClientMsg::Login { client: 1, secret, next_seq: 0 },
+        &mut bytes,
+    );
+    gateway::native::encode_client(&ClientMsg::NewOrder(order(1, 7, 0, 1)), &mut bytes);
+    session.send_raw(&bytes).unwrap();
+    assert!(matches!(session.recv(WAIT).unwrap(), Some(ServerMsg::LoginAccepted { .. })));
+    // Nothing more is sent: the order must be answered from what the login's read brought.
+    let (_, event) = next_event(&mut session);
+    assert_eq!((event.kind, event.token), (event_kind::ACCEPTED, 7));
+}
