@@ -8,8 +8,11 @@
 //! A FIX client logs on with SenderCompID = `comp_id` and Password (554) = its secret; a native
 //! client with its client id and secret.
 
-use argon2::Argon2;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use argon2::password_hash::{Output, PasswordHash, PasswordHasher, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 
 /// Clients one credentials file may list.
 pub const CLIENTS_MAX: usize = 1024;
@@ -90,15 +93,142 @@ pub fn hash_secret(secret: &[u8]) -> Result<String, CredentialsError> {
         .map_err(|e| CredentialsError::Hash(e.to_string()))
 }
 
-/// Whether `secret` matches a stored hash. Slow by design (argon2): call off the I/O thread.
-pub fn verify(hash: &str, secret: &[u8]) -> bool {
-    PasswordHash::new(hash)
-        .is_ok_and(|parsed| Argon2::default().verify_password(secret, &parsed).is_ok())
+/// Threads that verify secrets: each holds its argon2 working memory (19 MiB with the default
+/// parameters) for the server's life, so logins cost no allocation and memory stays bounded
+/// however many arrive.
+pub const VERIFY_THREADS: usize = 2;
+/// Logins waiting for a verifying thread; past it a login is refused as busy at once.
+pub const VERIFY_QUEUE_MAX: usize = 64;
+
+/// The outcome of [`Verifier::verify`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Match,
+    /// A wrong secret, or an unknown client (verified against a stand-in hash, so that both
+    /// take the same time).
+    NoMatch,
+    /// [`VERIFY_QUEUE_MAX`] logins are already waiting.
+    Busy,
+}
+
+/// One secret to check, and where its verdict goes.
+struct Job {
+    hash: Option<String>,
+    secret: Vec<u8>,
+    verdict: tokio::sync::oneshot::Sender<bool>,
+}
+
+/// A fixed pool of verifying threads behind a bounded queue, shared by every session: login
+/// floods cost at most [`VERIFY_THREADS`] CPUs and their memory, never more threads or
+/// memory, and unknown client ids take as long as known ones.
+pub struct Verifier {
+    jobs: SyncSender<Job>,
+}
+
+impl Verifier {
+    /// Starts the verifying threads (each first hashes a random secret of its own: the
+    /// stand-in that unknown clients are checked against).
+    pub fn start() -> Result<Verifier, CredentialsError> {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(VERIFY_QUEUE_MAX);
+        let queue = Arc::new(Mutex::new(queue));
+        for worker in 0..VERIFY_THREADS {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("gateway-verify-{worker}"))
+                .spawn(move || verify_loop(&queue))
+                .map_err(|e| CredentialsError::Hash(e.to_string()))?;
+        }
+        Ok(Verifier { jobs })
+    }
+
+    /// Checks `secret` against `hash` (`None`: an unknown client, checked against a stand-in
+    /// so that it takes as long) on a verifying thread; [`Verdict::Busy`] at once when the
+    /// queue is full.
+    pub fn verify(
+        &self,
+        hash: Option<String>,
+        secret: &[u8],
+    ) -> impl std::future::Future<Output = Verdict> + 'static {
+        let known = hash.is_some();
+        let (verdict, answer) = tokio::sync::oneshot::channel();
+        let job = Job { hash, secret: secret.to_vec(), verdict };
+        let queued = match self.jobs.try_send(job) {
+            Ok(()) => Some(answer),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => None,
+        };
+        async move {
+            let Some(answer) = queued else { return Verdict::Busy };
+            match answer.await {
+                Ok(true) if known => Verdict::Match,
+                _ => Verdict::NoMatch,
+            }
+        }
+    }
+}
+
+/// A verifying thread: takes jobs until the [`Verifier`] is dropped, reusing its memory.
+fn verify_loop(queue: &Mutex<Receiver<Job>>) {
+    let Ok(stand_in) = hash_secret(&rand::random::<[u8; 16]>()) else {
+        tracing::error!("gateway: no stand-in hash; this verifying thread stops");
+        return;
+    };
+    let mut memory: Vec<Block> = Vec::new();
+    loop {
+        let job = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(Job { hash, secret, verdict }) = job else { return };
+        let hash = hash.as_deref().unwrap_or(&stand_in);
+        let _ = verdict.send(verify_with(hash, &secret, &mut memory));
+    }
+}
+
+/// Whether `secret` matches the stored `hash`, computed in the caller's working memory
+/// (grown once to the hash's parameters). Slow by design (argon2): a verifying thread's work.
+fn verify_with(hash: &str, secret: &[u8], memory: &mut Vec<Block>) -> bool {
+    let Ok(parsed) = PasswordHash::new(hash) else { return false };
+    let (Some(salt), Some(expected)) = (parsed.salt, parsed.hash) else { return false };
+    let Ok(params) = Params::try_from(&parsed) else { return false };
+    let Ok(algorithm) = Algorithm::try_from(parsed.algorithm) else { return false };
+    let version = parsed.version.and_then(|v| Version::try_from(v).ok()).unwrap_or_default();
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else { return false };
+    if memory.len() < params.block_count() {
+        memory.resize(params.block_count(), Block::default());
+    }
+    let mut out = [0u8; Output::MAX_LENGTH];
+    let out = &mut out[..expected.len()];
+    let argon2 = Argon2::new(algorithm, version, params);
+    let blocks = &mut memory[..argon2.params().block_count()];
+    if argon2.hash_password_into_with_memory(secret, salt, out, blocks).is_err() {
+        return false;
+    }
+    // Constant-time comparison (`Output`'s equality).
+    Output::new(out).is_ok_and(|computed| computed == expected)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_verifier_matches_what_verify_matches_and_refuses_past_its_queue() {
+        let hash = hash_secret(b"s3cret").unwrap();
+        let verifier = Verifier::start().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let check = |hash: Option<&str>, secret: &[u8]| {
+            runtime.block_on(verifier.verify(hash.map(str::to_string), secret))
+        };
+        assert_eq!(check(Some(&hash), b"s3cret"), Verdict::Match);
+        assert_eq!(check(Some(&hash), b"s3cre7"), Verdict::NoMatch);
+        assert_eq!(check(None, b"s3cret"), Verdict::NoMatch, "an unknown client");
+        assert_eq!(check(Some("not a hash"), b"s3cret"), Verdict::NoMatch);
+        // Queue far more than fits at once: the rest are refused as busy, never queued.
+        let pending: Vec<_> =
+            (0..VERIFY_QUEUE_MAX * 2).map(|_| verifier.verify(Some(hash.clone()), b"x")).collect();
+        let verdicts: Vec<Verdict> = pending.into_iter().map(|v| runtime.block_on(v)).collect();
+        let busy = verdicts.iter().filter(|v| **v == Verdict::Busy).count();
+        assert!(busy >= VERIFY_QUEUE_MAX - VERIFY_THREADS, "{busy} refused of {}", verdicts.len());
+        assert!(verdicts.iter().all(|v| *v != Verdict::Match));
+    }
 
     #[test]
     fn hashed_secrets_verify_and_wrong_ones_do_not() {
@@ -107,8 +237,12 @@ mod tests {
         let credentials = parse(&text).unwrap();
         assert_eq!(credentials.len(), 2);
         assert_eq!(credentials[1].protocol, Protocol::Fix);
-        assert!(verify(&credentials[0].hash, b"s3cret"));
-        assert!(!verify(&credentials[0].hash, b"s3cre7"));
+        let mut memory = Vec::new();
+        assert!(verify_with(&credentials[0].hash, b"s3cret", &mut memory));
+        assert!(!verify_with(&credentials[0].hash, b"s3cre7", &mut memory));
+        let parsed = PasswordHash::new(&credentials[0].hash).unwrap();
+        use argon2::password_hash::PasswordVerifier;
+        assert!(Argon2::default().verify_password(b"s3cret", &parsed).is_ok(), "argon2 agrees");
     }
 
     #[test]

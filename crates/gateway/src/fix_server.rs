@@ -9,6 +9,7 @@ use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use crate::credentials::Verdict;
 use crate::fix::{self, Message, tag};
 use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
 use crate::hub::order_id;
@@ -400,12 +401,13 @@ async fn logon(
         tracing::warn!("FIX: first message is not a Logon; disconnecting");
         return None;
     }
-    let at = hub.borrow().fix_client_index(field(tag::SENDER_COMP_ID)?)?;
-    let hash = hub.borrow().clients[at].credential.hash.clone();
-    let password = field(tag::PASSWORD).unwrap_or(b"").to_vec();
-    let verified =
-        tokio::task::spawn_blocking(move || crate::credentials::verify(&hash, &password));
-    let verified = verified.await.unwrap_or(false);
+    let at = hub.borrow().fix_client_index(field(tag::SENDER_COMP_ID).unwrap_or(b""));
+    // An unknown SenderCompID is checked against a stand-in hash: it takes as long as a known.
+    let hash = at.map(|at| hub.borrow().clients[at].credential.hash.clone());
+    let password = field(tag::PASSWORD).unwrap_or(b"");
+    let pending = hub.borrow().verifier.verify(hash, password);
+    let verdict = pending.await;
+    let at = at?;
     let seq = field(tag::MSG_SEQ_NUM).and_then(fix::parse_u64)?;
     let heartbeat = field(tag::HEART_BT_INT)
         .and_then(fix::parse_u64)
@@ -418,7 +420,8 @@ async fn logon(
     let ours = hub_ref.settings.fix_comp_id.clone();
     let client = &mut hub_ref.clients[at];
     let refusal = match () {
-        _ if !verified => Some("bad password"),
+        _ if verdict == Verdict::Busy => Some("too many logons being verified: try again"),
+        _ if verdict != Verdict::Match => Some("bad password"),
         _ if client.link.is_some() => Some("session already logged on"),
         _ if to_us.as_deref() != Some(ours.as_bytes()) => Some("TargetCompID is not this acceptor"),
         _ if heartbeat.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),

@@ -16,7 +16,7 @@ use pipeline::metrics::now_ns;
 use pipeline::stage::TrySendError;
 use tokio::sync::Notify;
 
-use crate::credentials::{Credential, Protocol};
+use crate::credentials::{Credential, Protocol, Verifier};
 use crate::fix_session::FixState;
 use crate::metrics::StageMetrics;
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
@@ -288,6 +288,8 @@ pub struct Hub {
     pub log: Rc<RefCell<Log>>,
     /// Per-stage counters and latencies (the metrics listener prints them).
     pub stage: StageMetrics,
+    /// Checks login secrets on a fixed pool of threads (shared by every session).
+    pub verifier: Verifier,
 }
 
 impl Hub {
@@ -295,6 +297,7 @@ impl Hub {
         settings: Settings,
         credentials: Vec<Credential>,
         ingress: Box<dyn OrderEntry>,
+        verifier: Verifier,
     ) -> Result<Hub, StoreError> {
         let (log, mut recovered) =
             Log::open(&settings.store_dir, settings.store_sync, settings.replay_events_max)?;
@@ -329,7 +332,8 @@ impl Hub {
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
         let stage = StageMetrics::default();
-        Ok(Hub { settings, clients, by_id, ingress, unroutable: 0, scratch, log, stage })
+        let unroutable = 0;
+        Ok(Hub { settings, clients, by_id, ingress, unroutable, scratch, log, stage, verifier })
     }
 
     /// Forgets the open orders the store's reports listed (the tier's books were not
@@ -549,7 +553,8 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let settings = Settings { store_dir: dir.path().to_path_buf(), ..Settings::default() };
-        let mut hub = Hub::new(settings, vec![credential], ingress).unwrap();
+        let verifier = Verifier::start().unwrap();
+        let mut hub = Hub::new(settings, vec![credential], ingress, verifier).unwrap();
         let request = InboundOrder {
             kind: exchange::msg::request_kind::NEW,
             client: 1,

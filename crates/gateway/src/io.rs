@@ -174,7 +174,14 @@ impl IoLoop {
             setup;
         let staged = Rc::new(Staged { orders: RefCell::new(Vec::new()), work: work.clone() });
         let entry = Box::new(StagedEntry(staged.clone()));
-        let mut hub = match Hub::new(settings, credentials, entry) {
+        let verifier = match crate::credentials::Verifier::start() {
+            Ok(verifier) => verifier,
+            Err(error) => {
+                let _ = setup.built.send(Err(ServeError::Tier(error.into())));
+                return Built::Failed;
+            }
+        };
+        let mut hub = match Hub::new(settings, credentials, entry, verifier) {
             Ok(hub) => hub,
             Err(error) => {
                 let _ = setup.built.send(Err(error.into()));

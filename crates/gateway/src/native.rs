@@ -61,6 +61,8 @@ pub mod login_reject {
     pub const SEQUENCE_UNAVAILABLE: u8 = 2;
     /// The client id already has a live session.
     pub const ALREADY_LOGGED_IN: u8 = 3;
+    /// Too many logins are being verified; try again later.
+    pub const BUSY: u8 = 4;
 }
 
 /// Why the server ends a session ([`ServerMsg::Error`], then it closes the connection).

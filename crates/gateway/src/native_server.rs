@@ -9,6 +9,7 @@ use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::credentials::Verdict;
 use crate::hub::order_id;
 use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
 use crate::native::{
@@ -167,24 +168,20 @@ async fn login(
         Err(Some(error)) => return answer(stream, ServerMsg::Error { code: error.code() }).await,
         Err(None) => return None,
     };
-    let at = hub.borrow().client_index(client);
-    let verified = match at {
-        Some(at)
-            if hub.borrow().clients[at].credential.protocol
-                == crate::credentials::Protocol::Native =>
-        {
-            let hash = hub.borrow().clients[at].credential.hash.clone();
-            let secret = native::secret_text(&secret).to_vec();
-            tokio::task::spawn_blocking(move || crate::credentials::verify(&hash, &secret))
-                .await
-                .unwrap_or(false)
-        }
-        _ => false,
+    let native = |at: &usize| {
+        hub.borrow().clients[*at].credential.protocol == crate::credentials::Protocol::Native
     };
+    let at = hub.borrow().client_index(client).filter(native);
+    // An unknown client is checked against a stand-in hash: it takes as long as a known one.
+    let hash = at.map(|at| hub.borrow().clients[at].credential.hash.clone());
+    let verdict = hub.borrow().verifier.verify(hash, native::secret_text(&secret));
     let reject = |reason| ServerMsg::LoginRejected { reason };
-    let Some(at) = at.filter(|_| verified) else {
-        return answer(stream, reject(login_reject::BAD_CREDENTIALS)).await;
-    };
+    match verdict.await {
+        Verdict::Match => {}
+        Verdict::NoMatch => return answer(stream, reject(login_reject::BAD_CREDENTIALS)).await,
+        Verdict::Busy => return answer(stream, reject(login_reject::BUSY)).await,
+    }
+    let at = at.expect("a match is a known client's");
     let attached = attach(&mut hub.borrow_mut(), at, next_seq);
     match attached {
         Ok(()) => {
