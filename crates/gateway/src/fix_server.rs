@@ -53,8 +53,12 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
                 break reason;
             }
         }
-        if write_out(&mut stream, &link, &mut conn).await.is_err() {
-            break "write failed";
+        match write_out(&mut stream, &link, &mut conn).await {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {
+                break "write timed out: the peer stopped reading";
+            }
+            Err(_) => break "write failed",
         }
         if let Some(reason) = link.cut.get() {
             break reason;

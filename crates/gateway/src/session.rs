@@ -46,13 +46,21 @@ impl Conn {
         }
     }
 
+    /// The longest a write may wait for the peer to read: as long as a silent peer is
+    /// given ([`crate::hub::DEAD_LINK_INTERVALS`] heartbeats).
+    pub fn write_timeout(&self) -> Duration {
+        self.heartbeat * crate::hub::DEAD_LINK_INTERVALS
+    }
+
     /// Time until the next timer check.
     pub fn tick(&self) -> Duration {
         (self.heartbeat / 4).min(TIMER_TICK_MAX)
     }
 }
 
-/// Writes whatever the link has queued.
+/// Writes whatever the link has queued, within [`Conn::write_timeout`]: a peer that stops
+/// reading ends its session like a silent one (its timers, dead-link detection and
+/// cancel-on-disconnect included), instead of holding the connection's task in a write.
 pub async fn write_out(
     stream: &mut TcpStream,
     link: &Link,
@@ -65,10 +73,12 @@ pub async fn write_out(
         }
         std::mem::swap(&mut *out, &mut conn.writing);
     }
-    let result = stream.write_all(&conn.writing).await;
+    let written = tokio::time::timeout(conn.write_timeout(), stream.write_all(&conn.writing)).await;
     conn.writing.clear();
     conn.last_write = Instant::now();
-    result
+    written.unwrap_or_else(|_| {
+        Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer stopped reading"))
+    })
 }
 
 /// Writes what the session queued before it closes, first waiting (boundedly) for the store

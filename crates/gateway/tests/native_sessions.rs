@@ -451,3 +451,47 @@ fn an_order_in_the_same_write_as_the_login_is_answered_without_more_bytes() {
     let (_, event) = next_event(&mut session);
     assert_eq!((event.kind, event.token), (event_kind::ACCEPTED, 7));
 }
+
+#[test]
+fn a_client_that_stops_reading_is_dropped_and_may_log_in_again() {
+    let settings = Settings {
+        heartbeat: Duration::from_millis(50),
+        outbox_bytes_max: 64 << 20,
+        throttle_msgs_per_s: 10_000_000,
+        ..Settings::default()
+    };
+    let (server, _dir) = start(settings);
+    let session = logged_in(server.listen, 1, 0);
+    // Orders that each get a report, far more than the socket buffers hold, from a thread of
+    // their own; the session itself never reads a byte.
+    let mut writer = session.writer().unwrap();
+    std::thread::spawn(move || {
+        let mut frames = Vec::new();
+        for token in 1..=200_000 {
+            gateway::native::encode_client(
+                &ClientMsg::NewOrder(order(1, token, 0, 1)),
+                &mut frames,
+            );
+        }
+        for chunk in frames.chunks(64 * 1024) {
+            if std::io::Write::write_all(&mut writer, chunk).is_err() {
+                return; // the server closed the connection
+            }
+        }
+    });
+    // The stalled session ends (its writes time out), so the client can log in again.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut again = NativeClient::connect(server.listen).unwrap();
+        match again.login(1, SECRET, 0, WAIT).unwrap() {
+            ServerMsg::LoginAccepted { .. } => break,
+            ServerMsg::LoginRejected { reason } => {
+                assert_eq!(reason, login_reject::ALREADY_LOGGED_IN);
+                assert!(std::time::Instant::now() < deadline, "the stalled session never ended");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(session);
+}
