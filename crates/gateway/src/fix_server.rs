@@ -9,6 +9,7 @@ use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use crate::admission::Ticket;
 use crate::credentials::Verdict;
 use crate::fix::{self, Message, tag};
 use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
@@ -31,12 +32,13 @@ mod session_reject {
 }
 
 /// One FIX connection, from accept to close.
-pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
+pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Ticket) {
     // Without it, Nagle holds each small ExecutionReport until the previous one is
     // acknowledged: tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
     let _ = stream.set_nodelay(true);
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
+    ticket.logged_in();
     commit(&mut hub.borrow_mut(), at);
     let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");
     let mut conn = Conn::new(heartbeat);

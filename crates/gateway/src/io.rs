@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
 use crate::admin::{AdminError, AdminRequest};
+use crate::admission::Admission;
 use crate::credentials::Credential;
 use crate::hub::{Hub, OrderEntry, Settings};
 use crate::metrics::LayoutInfo;
@@ -45,8 +46,6 @@ pub const STAGED_ORDERS_MAX: usize = 4096;
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(10);
 /// How long a turn waits for the tier's start-up hand-off before it returns.
 const HANDOFF_POLL: Duration = Duration::from_millis(1);
-/// Connections open at once; further ones are closed at accept.
-pub const CONNECTIONS_MAX: usize = 1024;
 /// Wait after a failed accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
@@ -249,11 +248,13 @@ async fn start_tasks(
     (native, fix, metrics): Listeners,
     in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
 ) {
+    // One admission for both listeners: the bounds count every connection of the server.
+    let admission = Rc::new(RefCell::new(Admission::default()));
     let native = TcpListener::from_std(native).expect("tokio listener");
-    tokio::task::spawn_local(accept_loop(hub.clone(), native, false));
+    tokio::task::spawn_local(accept_loop(hub.clone(), admission.clone(), native, false));
     if let Some(fix) = fix {
         let fix = TcpListener::from_std(fix).expect("tokio listener");
-        tokio::task::spawn_local(accept_loop(hub.clone(), fix, true));
+        tokio::task::spawn_local(accept_loop(hub.clone(), admission, fix, true));
     }
     cancel_recovered_orders(&hub);
     let synced = hub.borrow().log.borrow().synced_notify();
@@ -303,8 +304,12 @@ async fn release_loop(hub: Rc<RefCell<Hub>>, synced: std::sync::Arc<Notify>) {
     }
 }
 
-async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
-    let open = Rc::new(std::cell::Cell::new(0usize));
+async fn accept_loop(
+    hub: Rc<RefCell<Hub>>,
+    admission: Rc<RefCell<Admission>>,
+    listener: TcpListener,
+    fix: bool,
+) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -315,19 +320,14 @@ async fn accept_loop(hub: Rc<RefCell<Hub>>, listener: TcpListener, fix: bool) {
                 continue;
             }
         };
-        if open.get() >= CONNECTIONS_MAX {
-            tracing::warn!(%peer, "connection refused: {CONNECTIONS_MAX} open");
-            continue;
-        }
-        open.set(open.get() + 1);
-        let (hub, open) = (hub.clone(), open.clone());
+        let Ok(ticket) = Admission::admit(&admission, peer.ip()) else { continue };
+        let hub = hub.clone();
         tokio::task::spawn_local(async move {
             if fix {
-                fix_server::serve(hub, stream).await;
+                fix_server::serve(hub, stream, ticket).await;
             } else {
-                native_server::serve(hub, stream).await;
+                native_server::serve(hub, stream, ticket).await;
             }
-            open.set(open.get() - 1);
         });
     }
 }

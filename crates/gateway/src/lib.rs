@@ -19,6 +19,7 @@
 //! each malformed input gets the protocol's prescribed answer.
 
 pub mod admin;
+pub mod admission;
 pub mod client;
 pub mod credentials;
 pub mod fix;

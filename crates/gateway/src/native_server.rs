@@ -9,6 +9,7 @@ use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::admission::Ticket;
 use crate::credentials::Verdict;
 use crate::hub::order_id;
 use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
@@ -21,10 +22,11 @@ use crate::session::{Conn, Flow, detach, write_final, write_out};
 const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;
 
 /// One native connection, from accept to close.
-pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream) {
+pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Ticket) {
     let _ = stream.set_nodelay(true);
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some(at) = login(&hub, &mut stream, &mut buffer).await else { return };
+    ticket.logged_in();
     let link = hub.borrow().clients[at].link.clone().expect("login attached a link");
     let mut conn = Conn::new(hub.borrow().settings.heartbeat);
     // Frames sent in the same write as the login are in the buffer already: handled before

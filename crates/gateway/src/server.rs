@@ -24,7 +24,7 @@ use crate::hub::Settings;
 use crate::io::{HandoffSlot, InTierRequest, IoSetup, TierHandoff};
 use crate::metrics::LayoutInfo;
 
-pub use crate::io::CONNECTIONS_MAX;
+pub use crate::admission::CONNECTIONS_MAX;
 
 /// What `serve` runs.
 pub struct ServeOptions {

@@ -495,3 +495,40 @@ fn a_client_that_stops_reading_is_dropped_and_may_log_in_again() {
     }
     drop(session);
 }
+
+#[test]
+fn connections_that_never_log_in_from_one_address_lock_nobody_out() {
+    use gateway::admission::PREAUTH_PER_ADDRESS_MAX;
+    let (server, _dir) = start(Settings::default());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // From another loopback address: many idle connections, none logging in.
+    let idle: Vec<tokio::net::TcpStream> = runtime.block_on(async {
+        let mut idle = Vec::new();
+        for _ in 0..100 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            idle.push(socket.connect(server.listen).await.unwrap());
+        }
+        idle
+    });
+    // The server keeps PREAUTH_PER_ADDRESS_MAX of them and closes the rest at once.
+    let kept = runtime.block_on(async {
+        let mut kept = Vec::new();
+        for mut stream in idle {
+            let mut byte = [0u8; 1];
+            let read = tokio::io::AsyncReadExt::read(&mut stream, &mut byte);
+            let closed = matches!(
+                tokio::time::timeout(Duration::from_millis(100), read).await,
+                Ok(Ok(0) | Err(_))
+            );
+            if !closed {
+                kept.push(stream);
+            }
+        }
+        kept
+    });
+    assert_eq!(kept.len(), PREAUTH_PER_ADDRESS_MAX, "idle connections kept from one address");
+    // While those are held, a client logs in and trades.
+    still_serving(server.listen, 1, 9);
+    drop(kept);
+}
