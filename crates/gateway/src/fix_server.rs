@@ -16,7 +16,7 @@ use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
 use crate::hub::order_id;
 use crate::hub::{Hub, Link};
 use crate::native::{Event, event_kind, gateway_reason};
-use crate::session::{Conn, Flow, detach, write_final, write_out};
+use crate::session::{Conn, Flow, detach, write_final, write_or_end};
 
 /// Bytes buffered from one FIX connection: two of the largest messages.
 const READ_BUFFER_BYTES: usize = 2 * (fix::BODY_BYTES_MAX + 64);
@@ -55,12 +55,8 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Tic
                 break reason;
             }
         }
-        match write_out(&mut stream, &link, &mut conn).await {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {
-                break "write timed out: the peer stopped reading";
-            }
-            Err(_) => break "write failed",
+        if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
+            break reason;
         }
         if let Some(reason) = link.cut.get() {
             break reason;

@@ -16,7 +16,7 @@ use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
 use crate::native::{
     self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,
 };
-use crate::session::{Conn, Flow, detach, write_final, write_out};
+use crate::session::{Conn, Flow, detach, write_final, write_or_end};
 
 /// Bytes buffered from one connection (many frames per read).
 const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;
@@ -41,12 +41,8 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Tic
                 break reason;
             }
         }
-        match write_out(&mut stream, &link, &mut conn).await {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {
-                break "write timed out: the peer stopped reading";
-            }
-            Err(_) => break "write failed",
+        if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
+            break reason;
         }
         if let Some(reason) = link.cut.get() {
             send_error(&mut stream, error_code::SLOW_CONSUMER).await;

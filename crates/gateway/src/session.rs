@@ -81,6 +81,21 @@ pub async fn write_out(
     })
 }
 
+/// [`write_out`], or why the session ends.
+pub async fn write_or_end(
+    stream: &mut TcpStream,
+    link: &Link,
+    conn: &mut Conn,
+) -> Result<(), &'static str> {
+    match write_out(stream, link, conn).await {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {
+            Err("write timed out: the peer stopped reading")
+        }
+        Err(_) => Err("write failed"),
+    }
+}
+
 /// Writes what the session queued before it closes, first waiting (boundedly) for the store
 /// to release what it holds: a closing answer such as a Logout is held like any other message.
 pub async fn write_final(stream: &mut TcpStream, link: &Link, conn: &mut Conn) {

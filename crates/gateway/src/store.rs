@@ -396,48 +396,44 @@ fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
 
 /// One `fdatasync` for everything written since the last one, then publish and notify.
 fn sync_loop(file: &File, shared: &SyncShared) {
-    let mut synced = 0;
-    loop {
-        // Acquire: pairs with the Release in `commit`; the write precedes the sync below.
-        let target = shared.requested.load(Ordering::Acquire);
-        if target > synced {
-            if let Err(error) = file.sync_data() {
-                // Never retried (a failed fdatasync may have dropped the dirty pages).
-                tracing::error!(%error, "gateway store: fdatasync failed; holding all output");
-                // Relaxed: read only for metrics.
-                shared.failed.store(true, Ordering::Relaxed);
-                return;
-            }
-            synced = target;
-            // Release: the I/O thread that sees this epoch may send what it covers.
-            shared.synced.store(target, Ordering::Release);
-            shared.done.notify_one();
-        } else if shared.stop.load(Ordering::Relaxed) {
-            return;
-        } else {
-            std::thread::park();
-        }
-    }
+    follow_requests(shared, &shared.synced, || {
+        // Never retried (a failed fdatasync may have dropped the dirty pages).
+        file.sync_data().map_err(|error| format!("fdatasync failed: {error}"))
+    });
 }
 
 /// The journal waiter: for each requested epoch, waits until the tier's journals cover what
 /// its batch answers, then publishes the epoch and notifies. Beside the syncer, so that the
 /// store's next `fdatasync` never waits for the journal's.
 fn journal_wait_loop(shared: &SyncShared) {
-    let mut covered = 0;
+    follow_requests(shared, &shared.journal_covered, || {
+        if journals_cover(shared) { Ok(()) } else { Err("the tier's journal failed".into()) }
+    });
+}
+
+/// Runs `make_durable` for the newest requested write epoch whenever one is pending, then
+/// publishes that epoch in `published` and notifies the I/O thread; parks in between and
+/// ends on a stop request, or on the first failure (output is held from then on).
+fn follow_requests(
+    shared: &SyncShared,
+    published: &AtomicU64,
+    mut make_durable: impl FnMut() -> Result<(), String>,
+) {
+    let mut done = 0;
     loop {
-        // Acquire: pairs with the Release in `commit`, after which the batch's needs are set.
+        // Acquire: pairs with the Release in `commit`; the write (and the batch's journal
+        // needs) precede the work below.
         let target = shared.requested.load(Ordering::Acquire);
-        if target > covered {
-            if !journals_cover(shared) {
-                tracing::error!("gateway store: the tier's journal failed; holding all output");
+        if target > done {
+            if let Err(error) = make_durable() {
+                tracing::error!(%error, "gateway store: holding all output");
                 // Relaxed: read only for metrics.
                 shared.failed.store(true, Ordering::Relaxed);
                 return;
             }
-            covered = target;
+            done = target;
             // Release: the I/O thread that sees this epoch may send what it covers.
-            shared.journal_covered.store(target, Ordering::Release);
+            published.store(target, Ordering::Release);
             shared.done.notify_one();
         } else if shared.stop.load(Ordering::Relaxed) {
             return;

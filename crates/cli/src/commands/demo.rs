@@ -18,7 +18,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use exchange::durability::JournalMode;
-use exchange::experiments::{PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES};
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::tier::TierConfig;
 use gateway::hub::Settings;
@@ -292,27 +291,14 @@ fn views_table(rows: &[ViewRow]) -> Table {
 }
 
 fn published_table(rows: &[ViewRow]) -> Table {
-    let mut table = Table::new(["rate", "percentile", "leantier in-tier µs", "published µs", "ratio"])
-        .with_title("In-tier response vs the published lean tier (same scope: critical-path processes and the R-Service, no fsync; ratio ≤ 1 is at or below it)");
-    for (rate, published_us) in PUBLISHED_LATENCY_US {
-        let Some(row) = rows.iter().find(|r| r.view == "in-tier response" && r.rate_per_s == rate)
-        else {
-            continue;
-        };
-        let l = &row.latency;
-        for ((percentile, ours_ns), published_us) in
-            PUBLISHED_PERCENTILES.iter().zip([l.p93_ns, l.p95_ns, l.p99_ns]).zip(published_us)
-        {
-            table.row([
-                format!("{rate:.0}"),
-                format!("p{percentile:.0}"),
-                format_ns_as_us(ours_ns),
-                published_us.to_string(),
-                format!("{:.2}", ours_ns as f64 / (published_us * 1_000) as f64),
-            ]);
-        }
-    }
-    table
+    let title = "In-tier response vs the published lean tier (same scope: critical-path \
+                 processes and the R-Service, no fsync; ratio ≤ 1 is at or below it)";
+    let ours = |rate: f64| {
+        let row = rows.iter().find(|r| r.view == "in-tier response" && r.rate_per_s == rate)?;
+        Some([row.latency.p93_ns, row.latency.p95_ns, row.latency.p99_ns])
+    };
+    let empty = || Table::new(["rate"]).with_title(title);
+    super::exchange::published_comparison(title, "leantier in-tier µs", ours).unwrap_or_else(empty)
 }
 
 fn searches_table(searches: &[ViewSearch]) -> Table {

@@ -488,18 +488,31 @@ fn buckets_table(
 
 /// leantier's critical path beside the published lean tier at the published rates.
 fn published_table(runs: &[RunResult]) -> Option<Table> {
-    let headers = ["rate", "percentile", "leantier critical path µs", "published µs", "ratio"];
-    let mut table = Table::new(headers).with_title(
-        "Critical path vs the published lean tier (2014 hardware, affinity); ratio = leantier / \
-         published (≤ 1 is at or below the published figure)",
-    );
+    let title = "Critical path vs the published lean tier (2014 hardware, affinity); ratio = \
+                 leantier / published (≤ 1 is at or below the published figure)";
+    let ours = |rate: f64| {
+        let run = runs.iter().find(|run| run.rate_per_s == rate)?;
+        Some(PUBLISHED_PERCENTILES.map(|p| run.critical_path.value_at_percentile_ns(p)))
+    };
+    published_comparison(title, "leantier critical path µs", ours)
+}
+
+/// A leantier figure beside the published lean tier's at each published rate and percentile
+/// (`ours(rate)`: ns at [`PUBLISHED_PERCENTILES`], `None` where the rate was not run), with
+/// the ratio; `None` when no published rate was run.
+pub(super) fn published_comparison(
+    title: &str,
+    column: &str,
+    ours: impl Fn(f64) -> Option<[u64; 3]>,
+) -> Option<Table> {
+    let mut table =
+        Table::new(["rate", "percentile", column, "published µs", "ratio"]).with_title(title);
     let mut rows = 0;
     for (rate, published_us) in PUBLISHED_LATENCY_US {
-        let Some(run) = runs.iter().find(|run| run.rate_per_s == rate) else {
-            continue;
-        };
-        for (percentile, published_us) in PUBLISHED_PERCENTILES.iter().zip(published_us) {
-            let ours_ns = run.critical_path.value_at_percentile_ns(*percentile);
+        let Some(ours_ns) = ours(rate) else { continue };
+        for ((percentile, ours_ns), published_us) in
+            PUBLISHED_PERCENTILES.iter().zip(ours_ns).zip(published_us)
+        {
             table.row([
                 rate_label(rate),
                 format!("p{percentile:.0}"),
