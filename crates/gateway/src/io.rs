@@ -215,11 +215,9 @@ impl IoLoop {
             return Flow::Stop;
         }
         let idle = routed == 0 && self.staged.orders.borrow().is_empty();
-        let work = self.work.clone();
         if idle {
-            self.local.block_on(&self.runtime, async move {
-                let _ = tokio::time::timeout(IDLE_WAIT_MAX, work.notified()).await;
-            });
+            let work = tokio::time::timeout(IDLE_WAIT_MAX, self.work.notified());
+            let _ = self.local.block_on(&self.runtime, work);
         } else {
             self.local.block_on(&self.runtime, tokio::task::yield_now());
         }

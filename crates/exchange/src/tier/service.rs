@@ -76,6 +76,38 @@ impl Tier {
     /// outside (never a generator inline), recovers the journals and master data from
     /// `options.journal` (or starts fresh) and starts every stage, the R-Senders delivering
     /// to `subscribers`.
+    ///
+    /// ```
+    /// use exchange::durability::JournalMode;
+    /// use exchange::flow::reference_master_data;
+    /// use exchange::msg::{InboundOrder, request_kind};
+    /// use exchange::tier::{RunOptions, Tier, TierConfig, in_process_subscribers};
+    /// let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
+    /// let options = RunOptions {
+    ///     rate_per_s: 1_000.0,
+    ///     duration: std::time::Duration::ZERO,
+    ///     record_inputs: false,
+    ///     journal: Default::default(),
+    ///     released: None,
+    ///     load: Default::default(),
+    /// };
+    /// let (tier, mut inputs) = Tier::start(&config, &options, in_process_subscribers(8, 0))?;
+    /// let master = reference_master_data(&config.universe);
+    /// let band = master.instrument(1).unwrap();
+    /// let order = InboundOrder {
+    ///     kind: request_kind::NEW, instrument: 1, client: 1, order_id: 1,
+    ///     price: (band.band_low + band.band_high) / 2, qty: 1, ..InboundOrder::default()
+    /// };
+    /// inputs.orders.send(order)?;
+    /// drop(inputs); // the tier drains and its stages end
+    /// let stopped = tier.stop()?;
+    /// assert_eq!(stopped.delivered, 2, "its accept, and the top of book it changed");
+    /// assert_eq!(stopped.rejects.iter().sum::<u64>(), 0);
+    ///
+    /// let bad = TierConfig { ring_slots: 1000, ..config };
+    /// assert!(Tier::start(&bad, &options, in_process_subscribers(8, 0)).is_err());
+    /// # Ok::<(), anyhow::Error>(())
+    /// ```
     pub fn start(
         config: &TierConfig,
         options: &RunOptions,
