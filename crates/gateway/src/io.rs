@@ -216,8 +216,11 @@ impl IoLoop {
         }
         let idle = routed == 0 && self.staged.orders.borrow().is_empty();
         if idle {
-            let work = tokio::time::timeout(IDLE_WAIT_MAX, self.work.notified());
-            let _ = self.local.block_on(&self.runtime, work);
+            let work = &self.work;
+            // The timer is made inside the runtime (it needs its clock).
+            self.local.block_on(&self.runtime, async {
+                let _ = tokio::time::timeout(IDLE_WAIT_MAX, work.notified()).await;
+            });
         } else {
             self.local.block_on(&self.runtime, tokio::task::yield_now());
         }
