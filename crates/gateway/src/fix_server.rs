@@ -175,8 +175,14 @@ fn on_message(
     resend_requested: &mut bool,
 ) -> Flow {
     let limit = hub.settings.outbox_bytes_max;
+    let parsed = Message::parse(bytes);
+    let costly = parsed.as_ref().is_ok_and(|m| matches!(m.msg_type(), b"1" | b"2"));
+    if costly && !hub.admit_session_message(at) {
+        let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+        return logout(fix, link, limit, "TestRequests or ResendRequests over the throttle");
+    }
     let fix = hub.clients[at].fix.as_mut().expect("FIX client");
-    let message = match Message::parse(bytes) {
+    let message = match parsed {
         Ok(message) => message,
         Err(error) => {
             let ref_seq = fix.store.next_in as i64;

@@ -363,6 +363,18 @@ impl Hub {
         })
     }
 
+    /// Whether a session-level request that makes the server work (a FIX TestRequest or
+    /// ResendRequest) is within the client's throttle: such requests draw on the same
+    /// budget as orders, so a session cannot make the server write without bound.
+    pub fn admit_session_message(&mut self, at: usize) -> bool {
+        let client = &mut self.clients[at];
+        let admitted = client.throttle.admit(Instant::now());
+        if !admitted {
+            client.counters.throttled += 1;
+        }
+        admitted
+    }
+
     /// Throttles, then hands a request to the tier without waiting.
     pub fn submit(&mut self, at: usize, mut request: InboundOrder) -> Result<(), Refused> {
         // The arrival time: the server-side order→report latency is measured from here.

@@ -314,3 +314,36 @@ fn an_order_in_the_same_write_as_the_logon_is_answered_without_more_bytes() {
     let report = client.recv();
     assert_eq!((report.msg_type(), report.get(tag::CL_ORD_ID)), ("8", "p1"));
 }
+
+#[test]
+fn test_requests_over_the_throttle_end_the_session() {
+    let store = tempfile::tempdir().unwrap();
+    let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
+    let credential =
+        Credential { client: 11, protocol: Protocol::Fix, comp_id: "F11".into(), hash };
+    let options = common::serve_options(store.path(), vec![credential], 16);
+    let settings = gateway::hub::Settings { throttle_msgs_per_s: 20, ..options.settings.clone() };
+    let options = gateway::server::ServeOptions {
+        fix_listen: Some("127.0.0.1:0".parse().unwrap()),
+        settings,
+        ..options
+    };
+    let server = gateway::server::start(options).unwrap();
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    assert_eq!(client.logon(&[]).msg_type(), "A");
+    for at in 0..100 {
+        client.send("1", &[(tag::TEST_REQ_ID, &at.to_string())]);
+    }
+    // About 20 Heartbeats answer the first TestRequests; then a Logout says why.
+    let mut heartbeats = 0;
+    let logout = loop {
+        let message = client.recv();
+        match message.msg_type() {
+            "0" => heartbeats += 1,
+            "5" => break message,
+            other => panic!("unexpected {other}: {message:?}"),
+        }
+    };
+    assert!(logout.get(tag::TEXT).contains("over the throttle"), "{logout:?}");
+    assert!((1..=25).contains(&heartbeats), "{heartbeats} answered before the throttle");
+}
