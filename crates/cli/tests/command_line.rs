@@ -221,3 +221,70 @@ fn exchange_serve_trades_with_a_scripted_client() {
     assert!(out.contains("filled token=2") && out.contains("partially-filled token=1"), "{out}");
     assert_eq!(code(&bad), 2, "a bad script line is bad input: {}", text(&bad.stderr));
 }
+
+/// `exchange serve` stops on SIGTERM: it drains, exits 0, and a restart over the same store
+/// and journal still has the order it acknowledged before the stop.
+#[test]
+fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let mut hasher = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args(["exchange", "hash-secret"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    hasher.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+    let hash = text(&hasher.wait_with_output().unwrap().stdout);
+    std::fs::write(dir.path().join("clients.txt"), format!("1 native alice {}", hash.trim()))
+        .unwrap();
+    let config = dir.path().join("serve.toml");
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\n";
+    std::fs::write(&config, format!("credentials = \"clients.txt\"\n{tier}")).unwrap();
+    let serve = || {
+        let mut server = Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(["exchange", "serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let addr = first.strip_prefix("native listening on ").expect("the listen line").to_string();
+        (server, addr, lines)
+    };
+    let client = |addr: &str, script: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(["exchange", "client", "--connect", addr, "--client", "1", "--secret", "pw"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        text(&child.wait_with_output().unwrap().stdout)
+    };
+    let (mut server, addr, mut lines) = serve();
+    let rested = client(&addr, "buy 1 1 10 101000\n");
+    assert!(rested.contains("accepted token=1"), "{rested}");
+    let killed = Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "no exit within 15 s of SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "a drained stop exits 0");
+    let printed: Vec<String> = lines.by_ref().map_while(Result::ok).collect();
+    assert!(printed.iter().any(|line| line == "stopped on SIGTERM"), "{printed:?}");
+
+    let (mut server, addr, _) = serve();
+    let traded = client(&addr, "sell 2 1 4 101000\n");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(traded.contains("filled token=2"), "the acknowledged buy survived the stop: {traded}");
+}

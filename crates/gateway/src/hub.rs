@@ -262,6 +262,8 @@ impl Client {
 pub enum Refused {
     Throttled,
     Busy,
+    /// The server is stopping (draining what it took).
+    ShuttingDown,
 }
 
 impl Refused {
@@ -269,6 +271,7 @@ impl Refused {
         match self {
             Refused::Throttled => gateway_reason::THROTTLED,
             Refused::Busy => gateway_reason::BUSY,
+            Refused::ShuttingDown => gateway_reason::SHUTTING_DOWN,
         }
     }
 }
@@ -290,6 +293,10 @@ pub struct Hub {
     pub stage: StageMetrics,
     /// Checks login secrets on a fixed pool of threads (shared by every session).
     pub verifier: Verifier,
+    /// Set when the server stops: new requests are refused, those taken are answered.
+    pub draining: bool,
+    /// The tier's answers routed (one per request handed to it).
+    pub answered: u64,
 }
 
 impl Hub {
@@ -333,7 +340,20 @@ impl Hub {
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
         let stage = StageMetrics::default();
         let unroutable = 0;
-        Ok(Hub { settings, clients, by_id, ingress, unroutable, scratch, log, stage, verifier })
+        let (draining, answered) = (false, 0);
+        Ok(Hub {
+            settings,
+            clients,
+            by_id,
+            ingress,
+            unroutable,
+            scratch,
+            log,
+            stage,
+            verifier,
+            draining,
+            answered,
+        })
     }
 
     /// Forgets the open orders the store's reports listed (the tier's books were not
@@ -385,6 +405,9 @@ impl Hub {
             client.counters.throttled += 1;
             return Err(Refused::Throttled);
         }
+        if self.draining {
+            return Err(Refused::ShuttingDown);
+        }
         let opens = request.kind == exchange::msg::request_kind::NEW;
         if opens && client.open.len() >= self.settings.open_orders_max {
             client.counters.busy += 1;
@@ -407,6 +430,9 @@ impl Hub {
     /// syncer took over the reply hold, see [`crate::store::Log::wait_for_journals`]).
     pub fn route(&mut self, output: &CoreOutput) {
         self.stage.on_report(output, now_ns());
+        if output.answers_request() {
+            self.answered += 1;
+        }
         self.log.borrow_mut().require(output.shard, output.seq);
         let Some(at) = self.client_index(output.client) else {
             self.unroutable += 1;
@@ -461,6 +487,18 @@ impl Hub {
                 ..InboundOrder::default()
             })
             .collect()
+    }
+
+    /// Whether everything handed to the tier is answered, nothing waits in the store, and
+    /// every live session's outbox is written: what a stopping server waits for.
+    pub fn drained(&self) -> bool {
+        self.answered >= self.stage.engine_in
+            && !self.log.borrow().is_holding()
+            && self
+                .clients
+                .iter()
+                .filter_map(|c| c.link.as_ref())
+                .all(|l| l.out.borrow().is_empty())
     }
 
     /// Hands a request to the tier without throttling (cancel-on-disconnect).

@@ -44,6 +44,9 @@ pub const STAGED_ORDERS_MAX: usize = 4096;
 /// Longest wait of an idle turn: the tier's stages that share the loop's thread also read
 /// their other inputs (external events into the core) between turns.
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(10);
+/// The longest a stopping server waits for the tier to answer what it took, the store to
+/// sync it and the sessions to write it.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a turn waits for the tier's start-up hand-off before it returns.
 const HANDOFF_POLL: Duration = Duration::from_millis(1);
 /// Wait after a failed accept.
@@ -161,6 +164,8 @@ pub(crate) struct IoLoop {
     replies: ReplyReceiver,
     work: Arc<Notify>,
     stop: Arc<AtomicBool>,
+    /// When the stop request was seen (the drain's start).
+    draining_since: Option<std::time::Instant>,
 }
 
 impl IoLoop {
@@ -203,7 +208,8 @@ impl IoLoop {
         let control = Rc::new(RefCell::new(control));
         local.spawn_local(start_tasks(hub.clone(), control, listeners, setup.in_tier));
         let _ = setup.built.send(Ok(()));
-        Built::Running(IoLoop { local, runtime, hub, staged, replies, work, stop })
+        let draining_since = None;
+        Built::Running(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since })
     }
 
     /// One turn: route the queued replies, run the sessions' ready work (waiting for some
@@ -211,7 +217,7 @@ impl IoLoop {
     fn turn(&mut self, out: &mut Emitter<InboundOrder>) -> Flow {
         let routed = self.route_replies();
         // Acquire: pairs with the Release in `Running::shutdown`.
-        if self.stop.load(Ordering::Acquire) {
+        if self.stop.load(Ordering::Acquire) && self.drained() {
             return Flow::Stop;
         }
         let idle = routed == 0 && self.staged.orders.borrow().is_empty();
@@ -228,6 +234,28 @@ impl IoLoop {
             out.emit_with_ingress(order, order.stamps.intended_ns);
         }
         Flow::Continue
+    }
+
+    /// A stopping server: refuses new requests (from the first call on), and says whether
+    /// every request taken is answered, synced and written, or [`DRAIN_TIMEOUT`] passed.
+    fn drained(&mut self) -> bool {
+        let hub = &self.hub;
+        let since = *self.draining_since.get_or_insert_with(|| {
+            hub.borrow_mut().draining = true;
+            tracing::info!("stopping: new orders are refused, those taken are answered");
+            std::time::Instant::now()
+        });
+        let hub = self.hub.borrow();
+        hub.log.borrow_mut().commit_if_holding();
+        let drained = hub.drained() && self.staged.orders.borrow().is_empty();
+        let waited = since.elapsed();
+        if !drained && waited < DRAIN_TIMEOUT {
+            return false;
+        }
+        let (answered, taken) = (hub.answered, hub.stage.engine_in);
+        let waited_ms = waited.as_millis() as u64;
+        tracing::info!(drained, answered, taken, waited_ms, "stopped serving");
+        true
     }
 
     /// Routes what the R-Senders queued to the sessions and commits the store's batch.

@@ -52,6 +52,8 @@ pub mod gateway_reason {
     pub const BUSY: u8 = 101;
     /// The order names a client id other than the session's.
     pub const WRONG_CLIENT: u8 = 102;
+    /// The server is stopping: it answers what it took and takes no more.
+    pub const SHUTTING_DOWN: u8 = 103;
 }
 
 /// Why a login was refused ([`ServerMsg::LoginRejected`]).

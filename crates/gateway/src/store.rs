@@ -349,6 +349,11 @@ impl Log {
         });
     }
 
+    /// Whether some link holds bytes that wait for a sync.
+    pub fn is_holding(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// Notified after each sync; `None` with `store_sync` off.
     pub fn synced_notify(&self) -> Option<Arc<Notify>> {
         self.sync.as_ref().map(|(shared, _)| shared.done.clone())

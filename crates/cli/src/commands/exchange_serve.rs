@@ -18,7 +18,9 @@ use gateway::server::{ServeOptions, start};
 use crate::commands::values::one_of;
 use crate::outcome::BadInput;
 
-/// Runs the tier as a server: orders over the native protocol and FIX 4.4.
+/// Runs the tier as a server: orders over the native protocol and FIX 4.4. Serves until
+/// SIGTERM or SIGINT, then refuses new orders (reason 103, shutting down), answers those it
+/// took, syncs its store and journals, and exits 0.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Address of the native protocol listener (docs/PROTOCOL.md).
@@ -178,7 +180,7 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
     }
 }
 
-/// `leantier exchange serve`.
+/// `leantier exchange serve`: serves until SIGTERM or SIGINT, then drains and exits 0.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let read = |path: &Path| {
         std::fs::read_to_string(path).map_err(|e| BadInput(format!("{}: {e}", path.display())))
@@ -217,6 +219,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
+    // it as soon as it has read the listen line.
+    let signals = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut terminate = signals.block_on(async {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    })?;
     let running = start(ServeOptions {
         listen: args.listen,
         fix_listen: args.fix_listen,
@@ -245,7 +253,18 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         layout.usable_cpus,
         groups.join(" | ")
     );
-    running.wait();
+    let signal = signals.block_on(async {
+        tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        }
+    });
+    tracing::info!(signal, "stop requested: draining");
+    // Refuses new orders, answers those taken, syncs the store, stops the tier (its journals
+    // sync and stop), within gateway's DRAIN_TIMEOUT.
+    running.stop();
+    // Not `println!`: the supervisor may have closed the pipe.
+    let _ = writeln!(std::io::stdout(), "stopped on {signal}");
     if let Some(publisher) = publisher {
         let report = publisher.drain()?;
         tracing::info!(published = report.published, "NATS publisher drained");
