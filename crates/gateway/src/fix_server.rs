@@ -654,6 +654,12 @@ fn amend(
     let Some(&token) = fix.tokens.get(&orig) else {
         return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
     };
+    if replace && fix.tokens.contains_key(&request.cl_ord_id) {
+        // The new ClOrdID names a live order (or this one): taking it would leave that
+        // order impossible to cancel by its ClOrdID.
+        const DUPLICATE: u32 = exchange::msg::Reason::DuplicateOrderId as u32;
+        return Err(Refusal::CancelReject(Box::new(stub), DUPLICATE));
+    }
     let order = fix.orders.get_mut(&token).expect("every mapped ClOrdID has an order");
     if !matches!(order.pending, Pending::None) {
         return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));

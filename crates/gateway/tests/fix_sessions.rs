@@ -347,3 +347,26 @@ fn test_requests_over_the_throttle_end_the_session() {
     assert!(logout.get(tag::TEXT).contains("over the throttle"), "{logout:?}");
     assert!((1..=25).contains(&heartbeats), "{heartbeats} answered before the throttle");
 }
+
+#[test]
+fn a_replace_may_not_take_a_live_orders_cl_ord_id() {
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    assert_eq!(client.logon(&[]).msg_type(), "A");
+    for id in ["a1", "b1"] {
+        client.send("D", &new_order(id, "1", "10", "101000"));
+        assert_eq!(client.recv().get(tag::EXEC_TYPE), "0", "{id} accepted");
+    }
+    let mut replace = new_order("b1", "1", "8", "101000");
+    replace.push((tag::ORIG_CL_ORD_ID, "a1"));
+    client.send("G", &replace);
+    let refused = client.recv();
+    assert_eq!((refused.msg_type(), refused.get(tag::CL_ORD_ID)), ("9", "b1"), "{refused:?}");
+    // b1 still belongs to its own order: cancelling it by its ClOrdID works.
+    let mut cancel = new_order("c1", "1", "10", "101000");
+    cancel.push((tag::ORIG_CL_ORD_ID, "b1"));
+    client.send("F", &cancel);
+    let cancelled = client.recv();
+    assert_eq!((cancelled.get(tag::EXEC_TYPE), cancelled.get(tag::CL_ORD_ID)), ("4", "c1"));
+}
