@@ -312,6 +312,12 @@ impl Sequencer {
                 _ => break,
             };
             let Ok((header, records)) = decode_batch(&reply.payload) else { break };
+            if header.gateway != gateway || header.stream != stream {
+                // Not an answer to this request (a stray or forged reply): what is asked for
+                // is declared lost rather than taken from it.
+                self.bad("retain reply for another subject");
+                break;
+            }
             if header.first_seq > from {
                 self.resync(stream, from, (header.first_seq - 1).min(last));
             }
@@ -319,10 +325,18 @@ impl Sequencer {
                 from = header.first_seq.max(from).max(last + 1);
                 break;
             }
+            // Only what was asked for, from the next expected on (a reply starting earlier is
+            // not trusted to replace what was delivered).
+            let asked = from..=last;
             let recovered: Vec<_> =
-                batch_records(&header, records).filter(|(seq, _)| *seq <= last).collect();
+                batch_records(&header, records).filter(|(seq, _)| asked.contains(seq)).collect();
+            let next_from = header.first_seq + header.count as u64;
+            if next_from <= from {
+                self.bad("retain reply older than asked");
+                break;
+            }
             add(&self.state.counters.recovered, recovered.len() as u64);
-            from = header.first_seq + header.count as u64;
+            from = next_from;
             self.deliver(stream, &recovered);
         }
         if from <= last {
@@ -397,6 +411,9 @@ impl Sequencer {
     }
 }
 
+/// Wait after a failed accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
 /// Accepts consumers until stopped.
 async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Receiver<bool>) {
     loop {
@@ -405,7 +422,12 @@ async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Re
                 Ok((stream, peer)) => {
                     tokio::spawn(admit(state.clone(), stream, peer));
                 }
-                Err(error) => tracing::warn!("gateway accept failed: {error}"),
+                Err(error) => {
+                    // Out of descriptors, say: back off instead of spinning (and logging) on
+                    // the error.
+                    tracing::warn!("gateway accept failed: {error}; retrying in {ACCEPT_RETRY:?}");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                }
             },
             _ = stopped.changed() => break,
         }
