@@ -20,6 +20,8 @@ use crate::session::{Conn, Flow, detach, write_final, write_or_end};
 
 /// Bytes buffered from one FIX connection: two of the largest messages.
 const READ_BUFFER_BYTES: usize = 2 * (fix::BODY_BYTES_MAX + 64);
+/// Messages one ResendRequest is answered with at most; the peer asks again for the rest.
+const RESEND_MESSAGES_MAX: u64 = 1000;
 /// Largest HeartBtInt accepted, in seconds.
 const HEART_BT_INT_MAX_S: u64 = 300;
 
@@ -328,10 +330,14 @@ fn sequence_reset(
 fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) {
     let begin = message.get(tag::BEGIN_SEQ_NO).and_then(fix::parse_u64).unwrap_or(1).max(1);
     let last = fix.store.next_out - 1;
-    let end = match message.get(tag::END_SEQ_NO).and_then(fix::parse_u64) {
+    let asked_end = match message.get(tag::END_SEQ_NO).and_then(fix::parse_u64) {
         Some(end) if end != 0 && end < last => end,
         _ => last,
     };
+    // At most RESEND_MESSAGES_MAX per request: the work (store reads on the I/O thread) and
+    // the outbox it fills stay bounded however long the history. A Heartbeat with the next
+    // sequence number then shows the peer the rest is still missing, and it asks again.
+    let end = asked_end.min(begin.saturating_add(RESEND_MESSAGES_MAX - 1));
     let stored = match fix.store.range(begin, end) {
         Ok(stored) => stored,
         Err(error) => {
@@ -361,6 +367,9 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
     }
     if let Some(from) = gap_from {
         gap_fill(fix, link, limit, from, end + 1);
+    }
+    if end < asked_end {
+        fix.send(b"0", Some(link), limit, |_| {});
     }
 }
 

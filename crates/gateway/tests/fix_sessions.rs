@@ -370,3 +370,39 @@ fn a_replace_may_not_take_a_live_orders_cl_ord_id() {
     let cancelled = client.recv();
     assert_eq!((cancelled.get(tag::EXEC_TYPE), cancelled.get(tag::CL_ORD_ID)), ("4", "c1"));
 }
+
+#[test]
+fn a_long_resend_is_answered_in_bounded_parts_the_peer_asks_for_in_turn() {
+    const ORDERS: usize = 1_100;
+    let store = tempfile::tempdir().unwrap();
+    let server = start(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    assert_eq!(client.logon(&[]).msg_type(), "A");
+    for at in 0..ORDERS {
+        client.send("D", &new_order(&format!("o{at}"), "1", "1", "101000"));
+    }
+    for _ in 0..ORDERS {
+        assert_eq!(client.recv().msg_type(), "8");
+    }
+    // Stored: the Logon (1) and the reports (2..=1101). Everything is asked for at once.
+    client.send("2", &[(tag::BEGIN_SEQ_NO, "1"), (tag::END_SEQ_NO, "0")]);
+    let mut resent = 0;
+    let next = loop {
+        let message = client.recv();
+        match message.msg_type() {
+            "8" => resent += 1,
+            "4" => {}
+            "0" => break message.get(tag::MSG_SEQ_NUM).parse::<u64>().unwrap(),
+            other => panic!("unexpected {other}: {message:?}"),
+        }
+    };
+    assert_eq!(resent, 999, "the first 1000 numbers: a gap fill for the Logon, 999 reports");
+    assert!(next > 1101, "the Heartbeat after the part shows the rest is missing: {next}");
+    client.send("2", &[(tag::BEGIN_SEQ_NO, "1001"), (tag::END_SEQ_NO, "0")]);
+    let mut rest = 0;
+    while rest < ORDERS - 999 {
+        let message = client.recv();
+        assert_eq!(message.msg_type(), "8", "{message:?}");
+        rest += 1;
+    }
+}
