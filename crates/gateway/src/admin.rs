@@ -7,6 +7,8 @@
 //! * `POST /admin/resume?instrument=N`
 //! * `POST /admin/band?instrument=N&low=L&high=H` (prices in ticks, `low <= high`)
 //!
+//! The admin endpoints need `Authorization: Bearer TOKEN` with the serve config's
+//! `admin_token`; without one configured they are off (403), a missing or wrong token is 401.
 //! Anything else gets a status with a reason in the body: 404 (unknown path), 405 (wrong
 //! method), 400 (a missing or malformed parameter).
 
@@ -64,6 +66,35 @@ pub fn parse(request_line: &str) -> Result<AdminRequest, AdminError> {
         }
         _ => Err(refuse(404, format!("no endpoint {path}"))),
     }
+}
+
+/// Whether an admin request (its whole head, `request`) carries the configured token.
+///
+/// ```
+/// use gateway::admin::authorize;
+/// let head = "POST /admin/halt?instrument=1 HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n";
+/// assert!(authorize(head, Some("s3cret")).is_ok());
+/// assert_eq!(authorize(head, Some("other")).unwrap_err().status, 401);
+/// assert_eq!(authorize(head, None).unwrap_err().status, 403);
+/// ```
+pub fn authorize(request: &str, token: Option<&str>) -> Result<(), AdminError> {
+    let Some(token) = token else {
+        return Err(refuse(403, "admin endpoints are off: set admin_token in the serve config"));
+    };
+    let presented = request.lines().skip(1).find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        let value = value.trim();
+        name.trim().eq_ignore_ascii_case("authorization").then(|| value.strip_prefix("Bearer "))?
+    });
+    match presented {
+        Some(presented) if same_secret(presented.as_bytes(), token.as_bytes()) => Ok(()),
+        _ => Err(refuse(401, "missing or wrong bearer token")),
+    }
+}
+
+/// Compares in time that depends on the lengths only, not on where the bytes differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 fn event(path: &str, query: &str) -> Result<ExternalEvent, AdminError> {

@@ -71,6 +71,8 @@ pub struct Settings {
     pub store_sync: bool,
     /// The acceptor's SenderCompID.
     pub fix_comp_id: String,
+    /// The bearer token the metrics listener's admin endpoints require; `None`: they are off.
+    pub admin_token: Option<String>,
 }
 
 /// Missed heartbeat intervals after which a link is declared dead.
@@ -89,6 +91,7 @@ impl Default for Settings {
             store_dir: PathBuf::from("gateway-store"),
             store_sync: true,
             fix_comp_id: "LEANTIER".into(),
+            admin_token: None,
         }
     }
 }

@@ -388,13 +388,22 @@ async fn http_loop(
                 Ok(AdminRequest::Health | AdminRequest::Ready) => {
                     (200, "text/plain", "ok\n".into())
                 }
-                Ok(AdminRequest::Event(event)) => match control.borrow_mut().event(event) {
-                    Ok(()) => {
-                        tracing::info!(?event, "admin: external event sent to the tier");
-                        (200, "text/plain", format!("sent {event:?}\n"))
+                Ok(AdminRequest::Event(event)) => {
+                    let token = hub.borrow().settings.admin_token.clone();
+                    match crate::admin::authorize(&text, token.as_deref()) {
+                        Err(AdminError { status, reason }) => {
+                            tracing::warn!(status, reason, "admin request refused");
+                            (status, "text/plain", format!("{reason}\n"))
+                        }
+                        Ok(()) => match control.borrow_mut().event(event) {
+                            Ok(()) => {
+                                tracing::info!(?event, "admin: external event sent to the tier");
+                                (200, "text/plain", format!("sent {event:?}\n"))
+                            }
+                            Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
+                        },
                     }
-                    Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
-                },
+                }
                 Err(AdminError { status, reason }) => (status, "text/plain", format!("{reason}\n")),
             };
             let head = format!(
@@ -412,6 +421,8 @@ fn status_text(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         _ => "Service Unavailable",

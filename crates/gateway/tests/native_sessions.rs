@@ -406,24 +406,31 @@ fn until_answered(session: &mut NativeClient, token: &mut u32, kind: u8, reason:
 
 #[test]
 fn an_admin_halt_reaches_the_running_tier_and_a_resume_lifts_it() {
-    let (server, _dir) = start(Settings::default());
+    let settings = Settings { admin_token: Some("t0ken".into()), ..Settings::default() };
+    let (server, _dir) = start(settings);
     let admin = server.metrics_listen.unwrap();
+    let unauthorized = http(admin, "POST /admin/halt?instrument=1 HTTP/1.1");
+    assert!(unauthorized.starts_with("HTTP/1.0 401"), "{unauthorized}");
+    let wrong = http(admin, "POST /admin/halt?instrument=1 HTTP/1.1\r\nAuthorization: Bearer x");
+    assert!(wrong.starts_with("HTTP/1.0 401"), "{wrong}");
     let mut session = logged_in(server.listen, 1, 0);
     let mut token = 0;
     until_answered(&mut session, &mut token, event_kind::ACCEPTED, 0);
 
-    let halted = http(admin, "POST /admin/halt?instrument=1 HTTP/1.1");
+    let halted =
+        http(admin, "POST /admin/halt?instrument=1 HTTP/1.1\r\nAuthorization: Bearer t0ken");
     assert!(halted.starts_with("HTTP/1.0 200"), "{halted}");
     let halted_reason = exchange::msg::Reason::InstrumentHalted as u8;
     until_answered(&mut session, &mut token, event_kind::REJECTED, halted_reason);
 
-    let resumed = http(admin, "POST /admin/resume?instrument=1 HTTP/1.1");
+    let resumed =
+        http(admin, "POST /admin/resume?instrument=1 HTTP/1.1\r\nAuthorization: Bearer t0ken");
     assert!(resumed.starts_with("HTTP/1.0 200"), "{resumed}");
     until_answered(&mut session, &mut token, event_kind::ACCEPTED, 0);
 
     for (line, status) in [
         ("GET /admin/halt?instrument=1 HTTP/1.1", "405"),
-        ("POST /admin/band?instrument=1&low=5 HTTP/1.1", "400"),
+        ("POST /admin/band?instrument=1&low=5 HTTP/1.1\r\nAuthorization: Bearer t0ken", "400"),
         ("GET /nowhere HTTP/1.1", "404"),
         ("GET /health HTTP/1.1", "200"),
         ("GET /ready HTTP/1.1", "200"),
@@ -531,4 +538,12 @@ fn connections_that_never_log_in_from_one_address_lock_nobody_out() {
     // While those are held, a client logs in and trades.
     still_serving(server.listen, 1, 9);
     drop(kept);
+}
+
+#[test]
+fn admin_endpoints_are_off_without_a_token() {
+    let (server, _dir) = start(Settings::default());
+    let line = "POST /admin/halt?instrument=1 HTTP/1.1\r\nAuthorization: Bearer anything";
+    let answer = http(server.metrics_listen.unwrap(), line);
+    assert!(answer.starts_with("HTTP/1.0 403") && answer.contains("admin_token"), "{answer}");
 }

@@ -34,7 +34,8 @@ pub struct ServeArgs {
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
     /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
-    /// `clients`, `layout` (see `--layout`), and a `[tier]` table with any setting of the
+    /// `clients`, `layout` (see `--layout`), `admin_token` (the bearer token the metrics
+    /// listener's admin endpoints require; without it they are off), and a `[tier]` table with any setting of the
     /// tier (`exchange run --config`: workers, shards, senders, rings, wait, placement,
     /// snapshots).
     #[arg(long)]
@@ -114,6 +115,7 @@ struct ServeConfig {
     instruments: Option<u32>,
     clients: Option<u32>,
     layout: Option<String>,
+    admin_token: Option<String>,
     #[serde(default)]
     tier: Option<toml::Table>,
 }
@@ -176,6 +178,7 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
         store_dir: base.join(config.store_dir.clone().unwrap_or(defaults.store_dir.clone())),
         store_sync: config.store_sync.unwrap_or(defaults.store_sync),
         fix_comp_id: config.fix_comp_id.clone().unwrap_or(defaults.fix_comp_id.clone()),
+        admin_token: config.admin_token.clone(),
         ..defaults
     }
 }
