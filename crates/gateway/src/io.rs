@@ -53,6 +53,8 @@ const HANDOFF_POLL: Duration = Duration::from_millis(1);
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
 const HTTP_REQUEST_BYTES_MAX: usize = 4096;
+/// How old a served metrics page may be (scrapes in between get the same page).
+const METRICS_PAGE_MAX_AGE: Duration = Duration::from_secs(1);
 /// Time an HTTP client has to send its request line.
 const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -367,12 +369,13 @@ async fn http_loop(
     control: Rc<RefCell<TierControl>>,
     listener: TcpListener,
 ) {
+    let page = Rc::new(RenderedPage::default());
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(ACCEPT_RETRY).await;
             continue;
         };
-        let (hub, control) = (hub.clone(), control.clone());
+        let (hub, control, page) = (hub.clone(), control.clone(), page.clone());
         tokio::task::spawn_local(async move {
             let mut request = [0u8; HTTP_REQUEST_BYTES_MAX];
             let read = stream.read(&mut request);
@@ -382,8 +385,8 @@ async fn http_loop(
             let line = text.lines().next().unwrap_or("");
             let (status, content_type, body) = match crate::admin::parse(line) {
                 Ok(AdminRequest::Metrics) => {
-                    let body = crate::metrics::prometheus_text(&hub.borrow());
-                    (200, "text/plain; version=0.0.4", body)
+                    let body = page.get(|| crate::metrics::prometheus_text(&hub.borrow()));
+                    (200, "text/plain; version=0.0.4", body.as_ref().clone())
                 }
                 Ok(AdminRequest::Health | AdminRequest::Ready) => {
                     (200, "text/plain", "ok\n".into())
@@ -414,6 +417,27 @@ async fn http_loop(
             let _ = stream.write_all(head.as_bytes()).await;
             let _ = stream.write_all(body.as_bytes()).await;
         });
+    }
+}
+
+/// The metrics page, rendered at most once per [`METRICS_PAGE_MAX_AGE`] however often it is
+/// scraped: rendering walks every client on the I/O thread, which also runs the orders.
+#[derive(Default)]
+struct RenderedPage {
+    page: RefCell<Option<(std::time::Instant, Rc<String>)>>,
+}
+
+impl RenderedPage {
+    fn get(&self, render: impl FnOnce() -> String) -> Rc<String> {
+        let mut page = self.page.borrow_mut();
+        match &*page {
+            Some((at, text)) if at.elapsed() < METRICS_PAGE_MAX_AGE => text.clone(),
+            _ => {
+                let text = Rc::new(render());
+                *page = Some((std::time::Instant::now(), text.clone()));
+                text
+            }
+        }
     }
 }
 
