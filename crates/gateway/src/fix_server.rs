@@ -60,8 +60,8 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Tic
         if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
             break reason;
         }
-        if let Some(reason) = link.cut.get() {
-            break reason;
+        if let Some(cut) = link.cut.get() {
+            break cut.reason();
         }
         tokio::select! {
             read = stream.read_buf(&mut buffer) => match read {

@@ -96,14 +96,42 @@ impl Default for Settings {
     }
 }
 
+/// Why the server ends a session on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// It fell [`Settings::outbox_bytes_max`] behind.
+    SlowConsumer,
+    /// Its refusals within a second passed its throttle's rate and
+    /// [`THROTTLE_BREACH_REFUSALS_MIN`]: every refusal is a stored reply, so a flood would
+    /// grow the store without bound.
+    ThrottleBreach,
+}
+
+impl Cut {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Cut::SlowConsumer => "slow consumer: outbound buffer full",
+            Cut::ThrottleBreach => "over twice its throttle's rate for a second",
+        }
+    }
+
+    /// The native protocol's [`native::error_code`].
+    pub fn error_code(self) -> u8 {
+        match self {
+            Cut::SlowConsumer => native::error_code::SLOW_CONSUMER,
+            Cut::ThrottleBreach => native::error_code::THROTTLE_BREACH,
+        }
+    }
+}
+
 /// A live connection's outbound side: bytes waiting for its writer, and bytes held until the
 /// store has made their records durable ([`crate::store`]); both bounded together.
 #[derive(Default)]
 pub struct Link {
     pub out: RefCell<Vec<u8>>,
     pub wake: Notify,
-    /// Set once when the session must end; the connection logs it and closes.
-    pub cut: Cell<Option<&'static str>>,
+    /// Set once when the session must end; the connection says why and closes.
+    pub cut: Cell<Option<Cut>>,
     held: RefCell<Vec<u8>>,
     /// (store write epoch, end of the held bytes that wait for it), oldest first.
     marks: RefCell<VecDeque<(u64, usize)>>,
@@ -134,7 +162,7 @@ impl Link {
     fn admit(&self, bytes: usize, limit: usize) -> bool {
         let queued = self.out.borrow().len() + self.held.borrow().len();
         if queued + bytes > limit {
-            self.cut.set(Some("slow consumer: outbound buffer full"));
+            self.cut.set(Some(Cut::SlowConsumer));
             self.wake.notify_one();
             return false;
         }
@@ -209,17 +237,25 @@ impl Default for Counters {
     }
 }
 
-/// Token bucket over one second.
+/// Refusals within a second below which a session is never cut for its rate (a burst over a
+/// low throttle is answered, not punished).
+pub const THROTTLE_BREACH_REFUSALS_MIN: f64 = 1_000.0;
+
+/// Token bucket over one second, counting what it refuses per second.
 struct Throttle {
     capacity: f64,
     tokens: f64,
     refilled: Instant,
+    /// Refusals since `window`, which restarts every second.
+    refused: f64,
+    window: Instant,
 }
 
 impl Throttle {
     fn new(per_s: u32) -> Throttle {
         let capacity = f64::from(per_s);
-        Throttle { capacity, tokens: capacity, refilled: Instant::now() }
+        let now = Instant::now();
+        Throttle { capacity, tokens: capacity, refilled: now, refused: 0.0, window: now }
     }
 
     fn admit(&mut self, now: Instant) -> bool {
@@ -228,10 +264,20 @@ impl Throttle {
         self.refilled = now;
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
-            true
-        } else {
-            false
+            return true;
         }
+        if now.duration_since(self.window) >= Duration::from_secs(1) {
+            (self.refused, self.window) = (0.0, now);
+        }
+        self.refused += 1.0;
+        false
+    }
+
+    /// Whether more than the rate itself (and at least [`THROTTLE_BREACH_REFUSALS_MIN`]) was
+    /// refused within the current second: the sender goes over twice its rate, well past a
+    /// burst.
+    fn breached(&self) -> bool {
+        self.refused > self.capacity.max(THROTTLE_BREACH_REFUSALS_MIN)
     }
 }
 
@@ -406,6 +452,13 @@ impl Hub {
         client.counters.orders_in += 1;
         if !client.throttle.admit(Instant::now()) {
             client.counters.throttled += 1;
+            if client.throttle.breached()
+                && let Some(link) = &client.link
+                && link.cut.get().is_none()
+            {
+                link.cut.set(Some(Cut::ThrottleBreach));
+                link.wake.notify_one();
+            }
             return Err(Refused::Throttled);
         }
         if self.draining {
@@ -628,5 +681,11 @@ mod tests {
         assert!((0..3).all(|_| throttle.admit(start)));
         assert!(!throttle.admit(start));
         assert!(throttle.admit(start + Duration::from_millis(400)), "one token back after 1/3 s");
+        assert!(!throttle.breached(), "one refusal of a rate of 3");
+        let later = start + Duration::from_millis(450);
+        assert!((0..998).all(|_| !throttle.admit(later)));
+        assert!(!throttle.breached(), "999 refusals: within the burst allowance");
+        assert!(!throttle.admit(later) && !throttle.admit(later));
+        assert!(throttle.breached(), "1,001 refusals within a second");
     }
 }

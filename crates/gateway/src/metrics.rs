@@ -137,7 +137,9 @@ fn per_session(text: &mut String, hub: &Hub) {
         ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
         ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
         ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
-        ("gateway_cut_off_total", "sessions cut off as slow consumers", |c| c.cut_off),
+        ("gateway_cut_off_total", "sessions cut off (slow consumer, throttle breach)", |c| {
+            c.cut_off
+        }),
         ("gateway_logons_total", "successful logons", |c| c.logons),
         ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
     ];

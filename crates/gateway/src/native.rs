@@ -75,6 +75,8 @@ pub mod error_code {
     pub const NOT_LOGGED_IN: u8 = 4;
     pub const DEAD_LINK: u8 = 5;
     pub const SLOW_CONSUMER: u8 = 6;
+    /// Over twice its throttle's rate for a second.
+    pub const THROTTLE_BREACH: u8 = 7;
 }
 
 /// An order request. `client` must be the session's own client id; `token` is the client's

@@ -44,9 +44,9 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Tic
         if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
             break reason;
         }
-        if let Some(reason) = link.cut.get() {
-            send_error(&mut stream, error_code::SLOW_CONSUMER).await;
-            break reason;
+        if let Some(cut) = link.cut.get() {
+            send_error(&mut stream, cut.error_code()).await;
+            break cut.reason();
         }
         tokio::select! {
             read = stream.read_buf(&mut buffer) => match read {

@@ -115,9 +115,10 @@ pub fn detach(hub: &Rc<RefCell<Hub>>, at: usize) {
         let mut hub = hub.borrow_mut();
         let grace = hub.settings.cancel_on_disconnect;
         let client = &mut hub.clients[at];
-        if client.link.as_ref().is_some_and(|link| link.cut.get().is_some()) {
+        if let Some(cut) = client.link.as_ref().and_then(|link| link.cut.get()) {
             client.counters.cut_off += 1;
-            tracing::warn!(client = client.credential.client, "session cut off: slow consumer");
+            let reason = cut.reason();
+            tracing::warn!(client = client.credential.client, reason, "session cut off");
         }
         client.link = None;
         client.generation += 1;

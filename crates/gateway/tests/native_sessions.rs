@@ -547,3 +547,38 @@ fn admin_endpoints_are_off_without_a_token() {
     let answer = http(server.metrics_listen.unwrap(), line);
     assert!(answer.starts_with("HTTP/1.0 403") && answer.contains("admin_token"), "{answer}");
 }
+
+#[test]
+fn a_session_far_over_its_throttle_is_cut_off() {
+    let settings = Settings { throttle_msgs_per_s: 100, ..Settings::default() };
+    let (server, _dir) = start(settings);
+    let mut session = logged_in(server.listen, 1, 0);
+    let mut frames = Vec::new();
+    for token in 1..=3_000 {
+        gateway::native::encode_client(&ClientMsg::NewOrder(order(1, token, 0, 1)), &mut frames);
+    }
+    let _ = session.send_raw(&frames); // the server may close while the flood is in flight
+    let code = loop {
+        match session.recv(WAIT).unwrap() {
+            Some(ServerMsg::Error { code }) => break code,
+            Some(ServerMsg::Sequenced { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(code, error_code::THROTTLE_BREACH);
+    // What the store kept: a replay from the first event on shows where the flood was cut.
+    let mut again = logged_in(server.listen, 1, 1);
+    let (mut accepted, mut throttled) = (0, 0);
+    while let Some(ServerMsg::Sequenced { event, .. }) =
+        again.recv(Duration::from_millis(500)).unwrap()
+    {
+        if event.kind == event_kind::ACCEPTED {
+            accepted += 1;
+        } else {
+            assert_eq!(event.reason, gateway_reason::THROTTLED, "{event:?}");
+            throttled += 1;
+        }
+    }
+    assert!(accepted <= 100, "the throttle's burst at most: {accepted}");
+    assert!((1_000..2_900).contains(&throttled), "cut soon after 1,000 refusals: {throttled}");
+}
