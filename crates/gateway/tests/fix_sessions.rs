@@ -331,9 +331,14 @@ fn test_requests_over_the_throttle_end_the_session() {
     let server = gateway::server::start(options).unwrap();
     let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
     assert_eq!(client.logon(&[]).msg_type(), "A");
+    // One write, so the server takes them within microseconds whatever the host's load
+    // (a throttle refills 20 tokens a second).
+    let mut burst = Vec::new();
     for at in 0..100 {
-        client.send("1", &[(tag::TEST_REQ_ID, &at.to_string())]);
+        burst.extend(client.encode("1", client.next_seq, &[(tag::TEST_REQ_ID, &at.to_string())]));
+        client.next_seq += 1;
     }
+    client.stream.write_all(&burst).unwrap();
     // About 20 Heartbeats answer the first TestRequests; then a Logout says why.
     let mut heartbeats = 0;
     let logout = loop {
@@ -345,7 +350,7 @@ fn test_requests_over_the_throttle_end_the_session() {
         }
     };
     assert!(logout.get(tag::TEXT).contains("over the throttle"), "{logout:?}");
-    assert!((1..=25).contains(&heartbeats), "{heartbeats} answered before the throttle");
+    assert!((1..=40).contains(&heartbeats), "{heartbeats} answered before the throttle");
 }
 
 #[test]
