@@ -162,6 +162,21 @@ impl WatermarkStore {
 
     /// Overwrites the older slot with `watermark` and syncs it.
     pub fn write(&mut self, watermark: &WatermarkFile) -> Result<(), JournalError> {
+        self.write_slot(watermark)?;
+        let context = || format!("syncing {}", self.path.display());
+        self.file.sync_data().map_err(io_context(context()))
+    }
+
+    /// [`WatermarkStore::write`] without the `fdatasync`: the slot survives a killed process
+    /// (the page cache has it) and reaches the disk with the file's next sync. What the
+    /// writer notes once a second, so that after a `kill -9` the file trails what was durable
+    /// by at most that second even where the segment's own slots are damaged.
+    pub fn note(&mut self, watermark: &WatermarkFile) -> Result<(), JournalError> {
+        self.write_slot(watermark)
+    }
+
+    /// Writes the next slot (alternating, generation-numbered, checksummed).
+    fn write_slot(&mut self, watermark: &WatermarkFile) -> Result<(), JournalError> {
         let generation = self.generation + 1;
         let mut slot = [0u8; FILE_SLOT_BYTES];
         slot[..8].copy_from_slice(&WATERMARK_MAGIC);
@@ -173,7 +188,6 @@ impl WatermarkStore {
         let offset = FILE_SLOT_OFFSETS[(generation % 2) as usize];
         let context = || format!("writing {}", self.path.display());
         segment::write_all_at(&self.file, &slot, offset).map_err(io_context(context()))?;
-        self.file.sync_data().map_err(io_context(context()))?;
         self.generation = generation;
         Ok(())
     }

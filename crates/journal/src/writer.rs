@@ -68,6 +68,10 @@ impl Policy {
     }
 }
 
+/// How often the writer notes the durable sequence in the watermark file (an unsynced slot
+/// write, off the sync path's critical order: after the publish).
+pub const WATERMARK_NOTE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How the journal writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JournalConfig {
@@ -243,6 +247,7 @@ impl JournalWriter {
             next_seq: tail.next_seq,
             synced_seq: tail.next_seq - 1,
             last_sync: Instant::now(),
+            watermark_noted: Instant::now(),
             batch: vec![0u8; config.batch_records_max * frame_len],
             frame_len,
             durable: Arc::clone(&durable),
@@ -374,6 +379,8 @@ struct WriterLoop<R: Record, I: SegmentIo> {
     /// Last sequence covered by a successful sync.
     synced_seq: u64,
     last_sync: Instant,
+    /// When the watermark file last got the durable sequence.
+    watermark_noted: Instant,
     batch: Vec<u8>,
     frame_len: usize,
     durable: Arc<DurableSeq>,
@@ -544,6 +551,21 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
         self.last_sync = Instant::now();
         self.stats.syncs += 1;
         self.durable.publish(written_seq);
+        self.note_watermark(written_seq);
         Ok(())
+    }
+
+    /// Once per [`WATERMARK_NOTE_INTERVAL`], the durable sequence into the watermark file
+    /// (no sync of its own: see [`WatermarkStore::note`]). A failure is logged, not fatal: the
+    /// records are durable and the segment's slots say so.
+    fn note_watermark(&mut self, durable_seq: u64) {
+        if self.watermark_noted.elapsed() < WATERMARK_NOTE_INTERVAL {
+            return;
+        }
+        self.watermark_noted = Instant::now();
+        let watermark = WatermarkFile { newest_segment: self.active.first_seq, durable_seq };
+        if let Err(error) = self.watermarks.note(&watermark) {
+            tracing::warn!(%error, "journal: noting the durable watermark in its file");
+        }
     }
 }

@@ -541,3 +541,33 @@ fn folders_without_segments_empty_new_or_emptied_are_told_apart() {
     let repaired = recover::<Ledger>(dir.path(), RecoverOptions { repair: true }).unwrap();
     assert_eq!((repaired.snapshot_seq, repaired.last_seq), (Some(300), 300));
 }
+
+/// While the writer runs (no clean shutdown yet, as after `kill -9`), the watermark file
+/// trails the durable sequence by at most WATERMARK_NOTE_INTERVAL, not since the writer's
+/// start: where a segment's own slots are damaged, it still names what was durable.
+#[test]
+fn the_watermark_file_follows_the_durable_sequence_while_the_writer_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let Recovered { tail, .. } = open(dir.path());
+    let config = config(Policy::Group, SEGMENT_BYTES_MIN);
+    let (mut journal, writer) = JournalWriter::spawn::<TransferRecord>(tail, &config).unwrap();
+    let durable = writer.durable();
+    let mut append_until_durable = |seqs: RangeInclusive<u64>| {
+        let last = *seqs.end();
+        for seq in seqs {
+            journal.append(transfer_for(SEED, seq)).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !durable.covers(last) {
+            assert!(std::time::Instant::now() < deadline, "records not durable");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    append_until_durable(1..=10);
+    std::thread::sleep(journal::writer::WATERMARK_NOTE_INTERVAL);
+    append_until_durable(11..=20);
+    let noted = journal::watermark::read_file(dir.path()).unwrap().expect("a watermark file");
+    assert_eq!(noted.durable_seq, 20, "noted after the sync once the interval passed");
+    drop(journal);
+    writer.join().unwrap();
+}
