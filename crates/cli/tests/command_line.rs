@@ -163,13 +163,11 @@ fn exchange_run_refuses_unknown_config_keys_and_bad_values_with_code_2() {
     }
 }
 
-/// `exchange hash-secret`, `exchange serve --config` and `exchange client` end to end: a
-/// scripted buy and sell cross, and a bad script line exits with code 2.
-#[test]
-fn exchange_serve_trades_with_a_scripted_client() {
-    use std::io::{BufRead, BufReader, Write};
+/// Writes `clients.txt` in `dir`: native client 1 (alice) with secret `pw`, hashed by
+/// `exchange hash-secret`.
+fn write_credentials(dir: &std::path::Path) {
+    use std::io::Write;
     use std::process::Stdio;
-    let dir = tempfile::tempdir().unwrap();
     let mut hasher = Command::new(env!("CARGO_BIN_EXE_leantier"))
         .args(["exchange", "hash-secret"])
         .stdin(Stdio::piped())
@@ -178,8 +176,17 @@ fn exchange_serve_trades_with_a_scripted_client() {
         .unwrap();
     hasher.stdin.take().unwrap().write_all(b"pw\n").unwrap();
     let hash = text(&hasher.wait_with_output().unwrap().stdout);
-    std::fs::write(dir.path().join("clients.txt"), format!("1 native alice {}", hash.trim()))
-        .unwrap();
+    std::fs::write(dir.join("clients.txt"), format!("1 native alice {}", hash.trim())).unwrap();
+}
+
+/// `exchange hash-secret`, `exchange serve --config` and `exchange client` end to end: a
+/// scripted buy and sell cross, and a bad script line exits with code 2.
+#[test]
+fn exchange_serve_trades_with_a_scripted_client() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    write_credentials(dir.path());
     std::fs::write(dir.path().join("serve.toml"), "credentials = \"clients.txt\"\n").unwrap();
     let config = dir.path().join("serve.toml");
     let mut server = Command::new(env!("CARGO_BIN_EXE_leantier"))
@@ -229,16 +236,7 @@ fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
     use std::io::{BufRead, BufReader, Write};
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
-    let mut hasher = Command::new(env!("CARGO_BIN_EXE_leantier"))
-        .args(["exchange", "hash-secret"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    hasher.stdin.take().unwrap().write_all(b"pw\n").unwrap();
-    let hash = text(&hasher.wait_with_output().unwrap().stdout);
-    std::fs::write(dir.path().join("clients.txt"), format!("1 native alice {}", hash.trim()))
-        .unwrap();
+    write_credentials(dir.path());
     let config = dir.path().join("serve.toml");
     let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\n";
     std::fs::write(&config, format!("credentials = \"clients.txt\"\n{tier}")).unwrap();

@@ -2,15 +2,17 @@
 //! off at the named queue bound without holding back the others, and a bad hello is refused
 //! with a reason code.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::batch;
 use delivery::consumer;
 use delivery::gateway::{GOODBYE_SLOW, GatewayOptions, RunningGateway, start};
 use delivery::server::server_or_env;
 use delivery::subjects::data_subject;
-use delivery::wire::{BATCH_RECORDS_MAX, BatchHeader, Frame, FrameDecoder, Record, Stream};
-use exchange::msg::Response;
+use delivery::wire::{BATCH_RECORDS_MAX, Frame, FrameDecoder, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -20,17 +22,6 @@ const BATCHES: u64 = 2_000;
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Batches published between waits for the live consumer (well under `QUEUE_CHUNKS`).
 const PACE_BATCHES: u64 = 8;
-
-fn batch(first_seq: u64) -> Vec<u8> {
-    let header =
-        BatchHeader { stream: Stream::Reports, gateway: 0, first_seq, count: BATCH_RECORDS_MAX };
-    let mut payload = Vec::new();
-    header.write(&mut payload);
-    for _ in 0..BATCH_RECORDS_MAX {
-        payload.extend_from_slice(&Record::encode(&Response::default(), 0, 0).0);
-    }
-    payload
-}
 
 /// Waits until the live consumer has every record up to `last`.
 async fn wait_live(tally: &consumer::SharedTally, gateway: &RunningGateway, last: u64) {

@@ -3,30 +3,21 @@
 //! resync) and the gateway goes on delivering, instead of its sequencer dying on an assertion
 //! while the process keeps accepting consumers.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::batch;
 use delivery::consumer;
 use delivery::gateway::{GatewayOptions, start};
 use delivery::server::server_or_env;
 use delivery::subjects::{data_subject, retain_subject};
-use delivery::wire::{BATCH_RECORDS_MAX, BatchHeader, Record, Stream};
-use exchange::msg::Response;
+use delivery::wire::{BATCH_RECORDS_MAX, Stream};
 use futures_util::StreamExt;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const BATCH: u64 = BATCH_RECORDS_MAX as u64;
-
-fn batch(first_seq: u64) -> Vec<u8> {
-    let header =
-        BatchHeader { stream: Stream::Reports, gateway: 0, first_seq, count: BATCH_RECORDS_MAX };
-    let mut payload = Vec::new();
-    header.write(&mut payload);
-    for _ in 0..BATCH_RECORDS_MAX {
-        payload.extend_from_slice(&Record::encode(&Response::default(), 0, 0).0);
-    }
-    payload
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retain_reply_older_than_asked_is_refused_and_delivery_goes_on() {

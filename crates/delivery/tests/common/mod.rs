@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use delivery::consumer::{SharedTally, next_seqs};
 use delivery::gateway::GatewayReport;
+use delivery::wire::{BATCH_RECORDS_MAX, BatchHeader, Record, Stream};
+use exchange::msg::Response;
 
 /// Generous: the host is a loaded 2-core machine.
 pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,4 +84,16 @@ pub fn wait_for(tally: &SharedTally, target: [u64; 2]) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A full batch of gateway 0's report stream, records `first_seq..` (empty responses).
+pub fn batch(first_seq: u64) -> Vec<u8> {
+    let header =
+        BatchHeader { stream: Stream::Reports, gateway: 0, first_seq, count: BATCH_RECORDS_MAX };
+    let mut payload = Vec::new();
+    header.write(&mut payload);
+    for _ in 0..BATCH_RECORDS_MAX {
+        payload.extend_from_slice(&Record::encode(&Response::default(), 0, 0).0);
+    }
+    payload
 }
