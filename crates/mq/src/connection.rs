@@ -18,7 +18,9 @@
 //!   connection may hold only a share of that budget, so a client that stops reading its
 //!   large replies leaves the rest to the others;
 //! - a connection that completes no frame within the idle timeout while no reply is owed to it
-//!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake).
+//!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake);
+//! - a connection that has not registered within the idle timeout of its first byte is closed
+//!   however often it sends: an unregistered stranger holds a connection slot no longer.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -65,6 +67,8 @@ impl Drop for OpenConnection<'_> {
 enum Closed {
     #[error("idle past the idle timeout")]
     Idle,
+    #[error("not registered within the idle timeout")]
+    NotRegistered,
     #[error("a reply was not taken within the write timeout")]
     WriteTimeout,
     #[error(transparent)]
@@ -102,6 +106,11 @@ pub(crate) async fn serve<S: Store>(
         Err(Closed::Idle) => {
             counters.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(%peer, timeout_ms = node.config.idle_timeout_ms, "closed an idle connection");
+        }
+        Err(Closed::NotRegistered) => {
+            counters.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
+            let timeout_ms = node.config.idle_timeout_ms;
+            tracing::info!(%peer, timeout_ms, "closed a connection that did not register in time");
         }
         Err(Closed::WriteTimeout) => {
             counters.connections_cut_off.fetch_add(1, Ordering::Relaxed);
@@ -170,17 +179,23 @@ async fn read_requests<'a, S: Store>(
     let mut read = BufReader::new(read);
     let mut frames = FrameBuffer::new(&node.frame_memory);
     let mut client_id: Option<u64> = None;
+    let register_by = Instant::now() + node.config.idle_timeout();
     loop {
-        let received =
-            match tokio::time::timeout(node.config.idle_timeout(), frames.next_frame(&mut read))
-                .await
-            {
-                Ok(received) => received,
-                // Replies are still owed: the client is waiting for them, not idle. (The
-                // writing half's timeout covers a client that does not take them.)
-                Err(_) if owed.load(Ordering::Relaxed) > 0 => continue,
-                Err(_) => return Err(Closed::Idle),
-            };
+        let wait = match client_id {
+            None => register_by.saturating_duration_since(Instant::now()),
+            Some(_) => node.config.idle_timeout(),
+        };
+        if wait.is_zero() {
+            return Err(Closed::NotRegistered);
+        }
+        let received = match tokio::time::timeout(wait, frames.next_frame(&mut read)).await {
+            Ok(received) => received,
+            Err(_) if client_id.is_none() => return Err(Closed::NotRegistered),
+            // Replies are still owed: the client is waiting for them, not idle. (The
+            // writing half's timeout covers a client that does not take them.)
+            Err(_) if owed.load(Ordering::Relaxed) > 0 => continue,
+            Err(_) => return Err(Closed::Idle),
+        };
         let arrived = Instant::now();
         let item = match received {
             Ok(()) => {

@@ -392,3 +392,39 @@ async fn tls_round_trip_with_a_generated_certificate() {
     assert!(plain.is_err(), "plain TCP to a TLS listener fails");
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_registers_is_closed_however_often_it_sends() {
+    let config = NodeConfig { idle_timeout_ms: 1_000, ..NodeConfig::default() };
+    let (node, addr, _dir) = sqlite_node(config).await;
+    let mut stranger = TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    // A frame every 200 ms (inside the idle timeout), never a Register: each is refused.
+    let closed_after = loop {
+        let mut frame = Vec::new();
+        let request = Request::Read { target: ReadTarget::Queue("q".into()), mode: ReadMode::Peek };
+        encode_request(&RequestFrame { request_id: 1, request }, &mut frame);
+        if stranger.write_all(&frame).await.is_err() {
+            break started.elapsed();
+        }
+        let mut prefix = [0; 4];
+        match tokio::time::timeout(Duration::from_millis(200), stranger.read(&mut prefix)).await {
+            Ok(Ok(0) | Err(_)) => break started.elapsed(),
+            Ok(Ok(_)) => {
+                let mut rest = vec![0; 4096];
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(50), stranger.read(&mut rest)).await;
+            }
+            Err(_) => {}
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the stranger is never closed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(closed_after >= Duration::from_millis(900), "closed too early: {closed_after:?}");
+    let mut c = registered(&addr, &unique("c"), b"c").await;
+    let queue = unique("q");
+    c.create_queue(&queue).await.unwrap();
+    let stats = c.stats(&queue).await.unwrap();
+    assert_eq!(stats.connections_idle_closed, 1, "counted with the idle closes: {stats:?}");
+    node.shutdown().await;
+}
