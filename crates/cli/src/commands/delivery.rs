@@ -127,7 +127,10 @@ pub struct PublishArgs {
     /// NATS server URL.
     #[arg(long, env = NATS_URL_ENV)]
     pub nats: String,
-    /// TOML tier configuration (see `TierConfig`; every field optional).
+    /// TOML configuration: the tier's settings at the top level (`TierConfig`: workers,
+    /// shards, senders, rings, wait, placement, journal, layout, universe...) and the load
+    /// generator's under `[load]` (`LoadConfig`: arrival, burst_on_us, burst_off_us, seed,
+    /// flow, events_every, master_updates_every, publish_work_ns); every field optional.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rate, msg/s.

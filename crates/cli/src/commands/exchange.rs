@@ -157,7 +157,10 @@ pub struct JournalExperimentArgs {
 /// Flags of `exchange run`; each given flag overrides the config file.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// TOML tier configuration (see `TierConfig`; every field optional).
+    /// TOML configuration: the tier's settings at the top level (`TierConfig`: workers,
+    /// shards, senders, rings, wait, placement, journal, layout, universe...) and the load
+    /// generator's under `[load]` (`LoadConfig`: arrival, burst_on_us, burst_off_us, seed,
+    /// flow, events_every, master_updates_every, publish_work_ns); every field optional.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rates to run, msg/s, comma-separated.
