@@ -179,11 +179,26 @@ fn write_credentials(dir: &std::path::Path) {
     std::fs::write(dir.join("clients.txt"), format!("1 native alice {}", hash.trim())).unwrap();
 }
 
+/// Runs `exchange client` as client 1 (secret `pw`) against `addr` with `script` on stdin.
+fn run_client(addr: &str, script: &str) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args(["exchange", "client", "--connect", addr, "--client", "1", "--secret", "pw"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// `exchange hash-secret`, `exchange serve --config` and `exchange client` end to end: a
 /// scripted buy and sell cross, and a bad script line exits with code 2.
 #[test]
 fn exchange_serve_trades_with_a_scripted_client() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     write_credentials(dir.path());
@@ -208,17 +223,7 @@ fn exchange_serve_trades_with_a_scripted_client() {
         .strip_prefix("native listening on ")
         .expect("the listen line")
         .to_string();
-    let client = |script: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
-            .args(["exchange", "client", "--connect", &addr, "--client", "1", "--secret", "pw"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    };
+    let client = |script: &str| run_client(&addr, script);
     let traded = client("buy 1 1 10 101000\nsell 2 1 4 101000\n");
     let bad = client("hold 1 1\n");
     let _ = server.kill();
@@ -233,7 +238,7 @@ fn exchange_serve_trades_with_a_scripted_client() {
 /// and journal still has the order it acknowledged before the stop.
 #[test]
 fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     write_credentials(dir.path());
@@ -252,17 +257,7 @@ fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
         let addr = first.strip_prefix("native listening on ").expect("the listen line").to_string();
         (server, addr, lines)
     };
-    let client = |addr: &str, script: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
-            .args(["exchange", "client", "--connect", addr, "--client", "1", "--secret", "pw"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-        text(&child.wait_with_output().unwrap().stdout)
-    };
+    let client = |addr: &str, script: &str| text(&run_client(addr, script).stdout);
     let (mut server, addr, mut lines) = serve();
     let rested = client(&addr, "buy 1 1 10 101000\n");
     assert!(rested.contains("accepted token=1"), "{rested}");

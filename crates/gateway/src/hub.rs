@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, REASON_COUNT};
 use pipeline::metrics::now_ns;
-use pipeline::stage::TrySendError;
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol, Verifier};
@@ -36,8 +35,8 @@ pub fn token_of(order_id: OrderId) -> u32 {
 /// Where admitted requests go without waiting: the I/O loop's staging buffer, which the tier
 /// takes at the end of each turn (a full one answers "busy").
 pub trait OrderEntry {
-    /// Hands `request` to the tier now, or says it has no room (or is gone).
-    fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError>;
+    /// Hands `request` to the tier now, or refuses it as [`Refused::Busy`] (no room).
+    fn try_submit(&mut self, request: InboundOrder) -> Result<(), Refused>;
 }
 
 /// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).
@@ -474,9 +473,9 @@ impl Hub {
                 self.stage.engine_in += 1;
                 Ok(())
             }
-            Err(TrySendError::Full | TrySendError::Disconnected) => {
+            Err(refused) => {
                 client.counters.busy += 1;
-                Err(Refused::Busy)
+                Err(refused)
             }
         }
     }
@@ -558,7 +557,7 @@ impl Hub {
     }
 
     /// Hands a request to the tier without throttling (cancel-on-disconnect).
-    pub fn push_unthrottled(&mut self, mut request: InboundOrder) -> Result<(), TrySendError> {
+    pub fn push_unthrottled(&mut self, mut request: InboundOrder) -> Result<(), Refused> {
         request.stamps.intended_ns = now_ns();
         self.ingress.try_submit(request)?;
         self.stage.engine_in += 1;
@@ -637,10 +636,10 @@ mod tests {
     }
 
     impl OrderEntry for Bounded {
-        fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError> {
+        fn try_submit(&mut self, request: InboundOrder) -> Result<(), Refused> {
             let mut taken = self.taken.borrow_mut();
             if taken.len() == self.room {
-                return Err(TrySendError::Full);
+                return Err(Refused::Busy);
             }
             taken.push(request);
             Ok(())

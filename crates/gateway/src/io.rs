@@ -24,7 +24,7 @@ use std::time::Duration;
 use exchange::msg::InboundOrder;
 use exchange::tier::{OrderSource, ReplyReceiver, TierControl};
 use lab::stats::LatencyHistogram;
-use pipeline::stage::{Emitter, Flow, TrySendError};
+use pipeline::stage::{Emitter, Flow};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
@@ -32,7 +32,7 @@ use tokio::sync::{Notify, oneshot};
 use crate::admin::{AdminError, AdminRequest};
 use crate::admission::Admission;
 use crate::credentials::Credential;
-use crate::hub::{Hub, OrderEntry, Settings};
+use crate::hub::{Hub, OrderEntry, Refused, Settings};
 use crate::metrics::LayoutInfo;
 use crate::server::ServeError;
 use crate::{fix_server, native_server};
@@ -138,13 +138,16 @@ struct Staged {
 struct StagedEntry(Rc<Staged>);
 
 impl OrderEntry for StagedEntry {
-    fn try_submit(&mut self, request: InboundOrder) -> Result<(), TrySendError> {
+    fn try_submit(&mut self, request: InboundOrder) -> Result<(), Refused> {
         let mut orders = self.0.orders.borrow_mut();
         if orders.len() == STAGED_ORDERS_MAX {
-            return Err(TrySendError::Full);
+            return Err(Refused::Busy);
+        }
+        // The first staged order ends an idle wait; the rest ride on the same turn.
+        if orders.is_empty() {
+            self.0.work.notify_one();
         }
         orders.push(request);
-        self.0.work.notify_one();
         Ok(())
     }
 }

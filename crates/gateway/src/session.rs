@@ -150,7 +150,7 @@ pub fn cancel_after_grace(hub: &Rc<RefCell<Hub>>, at: usize, generation: u64, gr
             loop {
                 let pushed = hub.borrow_mut().push_unthrottled(cancel);
                 match pushed {
-                    Err(pipeline::stage::TrySendError::Full) => {}
+                    Err(crate::hub::Refused::Busy) => {}
                     _ => break, // pushed, or the tier is gone (shutdown)
                 }
                 tokio::time::sleep(CANCEL_RETRY).await;

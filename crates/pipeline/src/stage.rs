@@ -99,7 +99,6 @@ use serde::Serialize;
 use emit::Outlet;
 pub use emit::{
     EMIT_BATCH_SLOTS_MAX, Emitter, Envelope, FUSED_BATCH_SLOTS_MAX, Input, Message, Route,
-    TrySendError,
 };
 use fused::FusedStage;
 pub use results::{StageResults, StageWorker};

@@ -91,24 +91,6 @@ impl<T: Copy> Outlet<T> {
         Ok(())
     }
 
-    /// Publishes `envelope` on its ring at once if that ring has room and nothing is pending
-    /// for it (so order is kept); never waits.
-    #[inline]
-    fn try_publish(&mut self, mut envelope: Envelope<T>) -> Result<(), TrySendError> {
-        let ring = self.route.pick(&envelope.payload, &mut self.next, &self.active);
-        if !self.pending[ring].is_empty() {
-            return Err(TrySendError::Full);
-        }
-        envelope.sent_ns = envelope.ingress_ns;
-        match self.rings[ring].try_write_batch(1, |_, slot| *slot = envelope) {
-            Ok(()) => Ok(()),
-            Err(crate::ring::BatchError::Disconnected) => Err(TrySendError::Disconnected),
-            Err(crate::ring::BatchError::Full | crate::ring::BatchError::TooLarge { .. }) => {
-                Err(TrySendError::Full)
-            }
-        }
-    }
-
     #[inline]
     fn flush_ring(&mut self, ring: usize, sent_ns: u64) -> Result<(), Disconnected> {
         let pending = &mut self.pending[ring];
@@ -286,17 +268,6 @@ impl<T: Copy> Emitter<T> {
     }
 }
 
-/// Why [`Input::try_send`] did not publish a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TrySendError {
-    /// The ring it routes to has no room now (or still holds earlier buffered messages).
-    #[error("the stage's ring is full")]
-    Full,
-    /// The pipeline has aborted.
-    #[error("the pipeline is gone")]
-    Disconnected,
-}
-
 /// A thread outside the pipeline feeding it (from [`super::PipelineBuilder::input`]). Messages are
 /// buffered per ring and published when a ring's buffer fills or on [`Input::flush`]: call it
 /// after each burst. Dropping the handle flushes and closes its rings; the pipeline finishes
@@ -331,42 +302,6 @@ impl<T: Copy> Input<T> {
     pub fn flush_at(&mut self, sent_ns: u64) -> Result<(), Disconnected> {
         self.emitter.flush_at(sent_ns);
         self.status()
-    }
-
-    /// Publishes `message` (ingress and sent time `ingress_ns`) at once when its ring has room,
-    /// never waiting: for a thread that must not block, such as a network I/O thread that
-    /// answers "busy" instead. An input connected to several stages may have published the
-    /// message to the stages before the one that was full; use it on single-stage inputs.
-    ///
-    /// ```
-    /// use pipeline::stage::{PipelineBuilder, Route, StageSpec, TrySendError};
-    /// let mut graph = PipelineBuilder::new();
-    /// let input = graph.input::<u64>("in", 1);
-    /// let slow = |_: &u64| std::thread::sleep(std::time::Duration::from_millis(20));
-    /// let sink = graph.sink("sink", StageSpec::ancillary(1).with_ring(2, 1), move |_| slow);
-    /// graph.connect(input, sink, Route::RoundRobin);
-    /// let mut pipeline = graph.start().unwrap();
-    /// let mut input = pipeline.take_inputs(input).unwrap().remove(0);
-    /// let sent = (0..8).filter(|&n| input.try_send(n, 0).is_ok()).count();
-    /// assert!(sent < 8, "a ring of 2 slots with a slow consumer fills");
-    /// assert_eq!(input.try_send(9, 0), Err(TrySendError::Full));
-    /// drop(input);
-    /// pipeline.wait().unwrap();
-    /// ```
-    pub fn try_send(&mut self, message: T, ingress_ns: u64) -> Result<(), TrySendError> {
-        if self.emitter.disconnected {
-            return Err(TrySendError::Disconnected);
-        }
-        let envelope = Envelope { payload: message, ingress_ns, sent_ns: 0 };
-        for outlet in &mut self.emitter.outlets {
-            if let Err(error) = outlet.try_publish(envelope) {
-                if error == TrySendError::Disconnected {
-                    self.emitter.disconnected = true;
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
     }
 
     fn status(&self) -> Result<(), Disconnected> {
