@@ -217,3 +217,171 @@ pub(crate) async fn scenario<S: Store>(store: &S) {
         Reason::UnknownQueue
     );
 }
+
+/// A batch mixing every operation kind answers each request as running its requests one at a
+/// time, in batch order, does (on PostgreSQL the batch runs as set-based steps: see the `plan`
+/// module). Within the batch one client pops, peeks and pops the same queue while others read
+/// other queues, so grouping a client's reads must keep its own order.
+pub(crate) async fn mixed_batch<S: Store>(store: &S) {
+    let batched = mixed_run(store, true).await;
+    let one_at_a_time = mixed_run(store, false).await;
+    assert_eq!(batched.len(), 25);
+    for (i, (b, o)) in batched.iter().zip(&one_at_a_time).enumerate() {
+        assert_eq!(b, o, "request {i}: batched vs one at a time");
+    }
+    let refusals = batched.iter().filter(|r| r.starts_with("refused")).count();
+    assert_eq!(refusals, 10, "{batched:#?}");
+    let answer = |i: usize| batched[i].rsplit(": ").next().unwrap_or_default();
+    let read = [answer(4), answer(6), answer(8), answer(9), answer(10), answer(16), answer(24)];
+    assert_eq!(read, ["q0", "q1", "q2", "q2", "q-for-bob", "q3", "q4"], "{batched:#?}");
+}
+
+/// Fresh clients and queues, a few stored messages and a lease, then the mixed requests; the
+/// answers in a form that does not depend on ids or names (see [`Normalizer`]).
+async fn mixed_run<S: Store>(store: &S, batched: bool) -> Vec<String> {
+    let t = 1_000_000;
+    let [alice, bob, carol] = [
+        register(store, &unique("alice")).await,
+        register(store, &unique("bob")).await,
+        register(store, &unique("carol")).await,
+    ];
+    let (q, r) = (unique("q"), unique("r"));
+    let mut setup = Vec::new();
+    for name in [&q, &r] {
+        exec(store, Some(alice), t, Request::CreateQueue { name: name.clone() }).await.unwrap();
+    }
+    for (queue, receiver, content) in
+        [(&q, None, "q0"), (&q, None, "q1"), (&q, None, "q2"), (&q, None, "q3")].into_iter().chain(
+            [(&q, Some(bob), "q-for-bob"), (&r, Some(carol), "r-for-carol"), (&r, None, "r0")],
+        )
+    {
+        setup.push(exec(store, Some(alice), t, send(queue, receiver, content)).await);
+    }
+    let lease = ReadMode::Lease { lease_ms: 1000 };
+    let leased =
+        message(exec(store, Some(carol), t, read(ReadTarget::Queue(r.clone()), lease)).await);
+    let ops = mixed_requests([alice, bob, carol], &q, &r, leased.id);
+    let mut results = Vec::new();
+    if batched {
+        let mut batch = Batch {
+            ops: ops
+                .into_iter()
+                .map(|(c, request)| StoreOp { client_id: Some(c), now_us: t, request })
+                .collect(),
+            results: Vec::new(),
+        };
+        store.execute_batch(&mut batch).await.expect("batch commits");
+        results = batch.results;
+    } else {
+        for (client, request) in ops {
+            results.push(exec(store, Some(client), t, request).await);
+        }
+    }
+    for name in [&q, &r] {
+        exec(store, Some(alice), t, Request::DeleteQueue { name: name.clone(), purge: true })
+            .await
+            .unwrap();
+    }
+    let normalizer = Normalizer::new([alice, bob, carol], [&q, &r], setup.iter().chain(&results));
+    results.iter().map(|result| normalizer.show(result)).collect()
+}
+
+/// Every kind of request, by three clients; comments give the one-at-a-time answer.
+fn mixed_requests(clients: [u64; 3], q: &str, r: &str, leased: u64) -> Vec<(u64, Request)> {
+    let [alice, bob, carol] = clients;
+    let queue = |name: &str| ReadTarget::Queue(name.to_owned());
+    vec![
+        (alice, send(q, None, "q4")),
+        (alice, send(q, Some(bob), "q-for-bob-2")),
+        (alice, send("no-such-queue", None, "x")), // UnknownQueue
+        (alice, send(q, Some(u64::MAX >> 1), "x")), // UnknownReceiver
+        (bob, read(queue(q), ReadMode::Pop)),      // q0
+        (carol, read(queue(r), ReadMode::Peek)),   // r0 (r-for-carol is leased)
+        (bob, read(queue(q), ReadMode::Pop)),      // q1
+        (carol, read(queue(r), ReadMode::Peek)),   // r0 again
+        (bob, read(queue(q), ReadMode::Peek)),     // q2
+        (bob, read(queue(q), ReadMode::Pop)),      // q2
+        (bob, read(ReadTarget::ForMe { queue: None, sender: Some(alice) }, ReadMode::Pop)), // q-for-bob
+        (
+            bob,
+            read(ReadTarget::ForMe { queue: Some(q.into()), sender: Some(carol) }, ReadMode::Peek),
+        ), // NoMessage
+        (alice, read(queue("no-such-queue"), ReadMode::Pop)), // UnknownQueue
+        (carol, Request::Ack { message_id: leased }),         // Acked
+        (bob, Request::Ack { message_id: leased }),           // NotLeaseHolder
+        (carol, Request::Ack { message_id: u64::MAX >> 1 }),  // NotLeaseHolder
+        (alice, read(queue(q), ReadMode::Lease { lease_ms: 1000 })), // q3, 1 delivery
+        (alice, Request::ListQueues),                         // q and r
+        (alice, Request::Stats { queue: q.into() }),          // 3: q3 (leased), q4, q-for-bob-2
+        (alice, Request::CreateQueue { name: q.into() }),     // QueueExists
+        (alice, Request::CreateQueue { name: String::new() }), // InvalidName
+        (bob, Request::DeleteQueue { name: q.into(), purge: false }), // NotOwner
+        (alice, Request::DeleteQueue { name: r.into(), purge: false }), // QueueNotEmpty
+        (alice, send(q, None, "q5")),
+        (bob, read(queue(q), ReadMode::Pop)), // q4
+    ]
+}
+
+/// Shows a result without what differs between two runs: message ids become their rank among
+/// the run's ids, client ids and the run's queue names become names.
+struct Normalizer {
+    clients: [u64; 3],
+    queues: [String; 2],
+    message_ids: Vec<u64>,
+}
+
+impl Normalizer {
+    fn new<'a>(
+        clients: [u64; 3],
+        queues: [&String; 2],
+        results: impl Iterator<Item = &'a OpResult>,
+    ) -> Normalizer {
+        let mut message_ids: Vec<u64> = results
+            .filter_map(|result| match result {
+                Ok(ReplyBody::Sent { message_id, .. }) => Some(*message_id),
+                Ok(ReplyBody::Message(m)) => Some(m.id),
+                _ => None,
+            })
+            .collect();
+        message_ids.sort_unstable();
+        message_ids.dedup();
+        Normalizer { clients, queues: [queues[0].clone(), queues[1].clone()], message_ids }
+    }
+
+    fn message(&self, id: u64) -> usize {
+        self.message_ids.binary_search(&id).expect("every id was collected")
+    }
+
+    fn client(&self, id: Option<u64>) -> &'static str {
+        let names = ["alice", "bob", "carol"];
+        id.and_then(|id| self.clients.iter().position(|c| *c == id)).map_or("anyone", |i| names[i])
+    }
+
+    fn queue(&self, name: &str) -> Option<&'static str> {
+        self.queues.iter().position(|q| q == name).map(|i| ["Q", "R"][i])
+    }
+
+    fn show(&self, result: &OpResult) -> String {
+        match result {
+            Err(e) => format!("refused {:?}", e.reason),
+            Ok(ReplyBody::Sent { message_id, .. }) => {
+                format!("sent #{}", self.message(*message_id))
+            }
+            Ok(ReplyBody::Message(m)) => format!(
+                "#{} in {:?} from {} to {}, {} deliveries: {}",
+                self.message(m.id),
+                self.queue(&m.queue),
+                self.client(Some(m.sender)),
+                self.client(m.receiver),
+                m.deliveries,
+                String::from_utf8_lossy(&m.content)
+            ),
+            Ok(ReplyBody::QueueCreated { .. }) => "created".into(),
+            Ok(ReplyBody::Queues(names)) => {
+                format!("{:?}", names.iter().filter_map(|n| self.queue(n)).collect::<Vec<_>>())
+            }
+            Ok(ReplyBody::Stats(s)) => format!("depth {}", s.queue_depth),
+            Ok(other) => format!("{other:?}"),
+        }
+    }
+}

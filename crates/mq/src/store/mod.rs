@@ -7,6 +7,7 @@
 //! not abort the batch; the implementations check them before writing, so a refused request
 //! writes nothing. Any other failure (I/O, lost connection) aborts the whole batch.
 
+mod plan;
 mod postgres;
 mod sqlite;
 

@@ -1,6 +1,11 @@
-//! The shared store: PostgreSQL, reached through a bounded `deadpool-postgres` pool. Every
-//! operation is one call of a PL/pgSQL function (prepared once per connection), so a request is
-//! one round trip, and a batch's calls are pipelined on one connection inside one transaction.
+//! The shared store: PostgreSQL, reached through a bounded `deadpool-postgres` pool.
+//!
+//! A batch costs ONE round trip and a handful of statements, however many requests it holds:
+//! the `plan` module cuts it into steps (a run of sends, a run of reads grouped by client and
+//! target, a run of acks, each other request), each step is one call of a set-based SQL
+//! function over arrays (`mq_send_batch`, `mq_read_batch`, `mq_ack_batch`), and BEGIN, the
+//! steps and COMMIT are pipelined on one connection (see [`pipelined`]). Statements are
+//! prepared once per connection.
 //!
 //! Several middleware nodes may share the database: reads that remove or lease a message select
 //! it `FOR UPDATE SKIP LOCKED`, so two concurrent poppers never get the same row (the loser skips
@@ -10,9 +15,14 @@
 //! together apply each migration exactly once.
 
 use anyhow::Context;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::{NoTls, Row};
+use std::future::Future;
+use std::pin::Pin;
 
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row, Statement};
+
+use super::plan::{ReadGroup, Step, plan};
 use super::{
     Batch, ClientRecord, OpResult, Store, StoreOp, check_name, not_owner, register_not_batched,
 };
@@ -32,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("postgres_v2.sql"),
     include_str!("postgres_v3.sql"),
     include_str!("postgres_v4.sql"),
+    include_str!("postgres_v5.sql"),
 ];
 
 #[derive(Clone, Debug)]
@@ -97,28 +108,24 @@ impl PostgresStore {
 
 impl Store for PostgresStore {
     async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
-        let mut client = self.pool.get().await.context("connecting to PostgreSQL")?;
-        let tx = client.transaction().await?;
-        // Requests run in batch order (a connection may pipeline, so a later request can
-        // depend on an earlier one). Each run of consecutive sends is ONE set-based call; each
-        // run of other requests is issued at once, so tokio-postgres pipelines it on the
-        // connection: one round trip per run, not one per request.
-        batch.results.clear();
-        let mut rest = batch.ops.as_slice();
-        while let Some(first) = rest.first() {
-            let sends_run = is_send(first);
-            let run_len = rest.iter().take_while(|op| is_send(op) == sends_run).count();
-            let (run, after) = rest.split_at(run_len);
-            if sends_run {
-                send_all(&tx, run, &mut batch.results).await?;
-            } else {
-                for result in futures_join_all(run.iter().map(|op| execute(&tx, op))).await {
-                    batch.results.push(result?);
-                }
-            }
-            rest = after;
+        let steps = plan(&batch.ops);
+        let planned: Vec<Planned<'_>> =
+            steps.iter().map(|step| planned(&batch.ops, step)).collect();
+        let client = self.pool.get().await.context("connecting to PostgreSQL")?;
+        let mut statements = Vec::with_capacity(planned.len());
+        for step in &planned {
+            statements.push(match step {
+                Planned::Query(query) => Some(client.prepare_cached(query.sql).await?),
+                Planned::Answered(_) => None,
+            });
         }
-        tx.commit().await?;
+        let answers = pipelined(&client, &planned, &statements).await?;
+        let mut results =
+            vec![Err(ErrorReply::new(Reason::Unavailable, "unanswered")); batch.ops.len()];
+        for ((step, planned), rows) in steps.iter().zip(planned).zip(answers) {
+            answer(&batch.ops, step, planned, &rows, &mut results)?;
+        }
+        batch.results = results;
         Ok(())
     }
 
@@ -136,61 +143,204 @@ impl Store for PostgresStore {
     }
 }
 
-fn is_send(op: &StoreOp) -> bool {
-    matches!(op.request, Request::Send { .. })
+/// A parameter of a step's statement, borrowed from the batch's requests.
+type Param<'a> = Box<dyn ToSql + Sync + Send + 'a>;
+
+/// A step's statement with its parameters.
+struct Query<'a> {
+    sql: &'static str,
+    params: Vec<Param<'a>>,
 }
 
-/// Runs `sends` (all of them sends) in one `mq_send_batch` call; appends one result per send.
-async fn send_all(
-    tx: &deadpool_postgres::Transaction<'_>,
-    sends: &[StoreOp],
-    results: &mut Vec<OpResult>,
-) -> anyhow::Result<()> {
-    let n = sends.len();
-    let (mut senders, mut queues, mut receivers, mut contents, mut nows) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for op in sends {
-        let Request::Send { queue, receiver, content } = &op.request else {
-            anyhow::bail!("send_all given a non-send request");
-        };
-        senders.push(op.client_id.unwrap_or(0) as i64);
-        queues.push(queue.as_str());
-        receivers.push(receiver.map(|r| r as i64));
-        contents.push(content.as_slice());
-        nows.push(op.now_us as i64);
+/// What a step needs from the database: a statement, or nothing (answered without it).
+enum Planned<'a> {
+    Query(Query<'a>),
+    Answered(OpResult),
+}
+
+const SEND_SQL: &str = "SELECT ord, code, id FROM mq_send_batch($1, $2, $3, $4, $5)";
+const READ_SQL: &str = "SELECT grp, code, id, queue, sender_id, receiver_id, arrived_us, \
+                        deliveries, content FROM mq_read_batch($1, $2, $3, $4, $5, $6, $7, $8)";
+const ACK_SQL: &str = "SELECT ord FROM mq_ack_batch($1, $2, $3)";
+
+fn query<'a>(sql: &'static str, params: Vec<Param<'a>>) -> Planned<'a> {
+    Planned::Query(Query { sql, params })
+}
+
+/// The statement of one step (see the `plan` module).
+fn planned<'a>(ops: &'a [StoreOp], step: &Step) -> Planned<'a> {
+    let me = |op: &StoreOp| op.client_id.unwrap_or(0) as i64;
+    match step {
+        Step::Sends(range) => {
+            let sends = &ops[range.clone()];
+            let (mut senders, mut queues, mut receivers, mut contents, mut nows) =
+                (vec![], vec![], vec![], vec![], vec![]);
+            for op in sends {
+                if let Request::Send { queue, receiver, content } = &op.request {
+                    senders.push(me(op));
+                    queues.push(queue.as_str());
+                    receivers.push(receiver.map(|r| r as i64));
+                    contents.push(content.as_slice());
+                    nows.push(op.now_us as i64);
+                }
+            }
+            query(
+                SEND_SQL,
+                vec![
+                    Box::new(senders),
+                    Box::new(queues),
+                    Box::new(receivers),
+                    Box::new(contents),
+                    Box::new(nows),
+                ],
+            )
+        }
+        Step::Reads(groups) => read_query(ops, groups),
+        Step::Acks(range) => {
+            let acks = &ops[range.clone()];
+            let ids: Vec<i64> = acks
+                .iter()
+                .map(|op| match op.request {
+                    Request::Ack { message_id } => message_id as i64,
+                    _ => 0,
+                })
+                .collect();
+            let mes: Vec<i64> = acks.iter().map(me).collect();
+            let nows: Vec<i64> = acks.iter().map(|op| op.now_us as i64).collect();
+            query(ACK_SQL, vec![Box::new(ids), Box::new(mes), Box::new(nows)])
+        }
+        Step::One(index) => one_query(&ops[*index]),
     }
-    let statement =
-        tx.prepare_cached("SELECT ord, code, id FROM mq_send_batch($1, $2, $3, $4, $5)").await?;
-    let rows = tx.query(&statement, &[&senders, &queues, &receivers, &contents, &nows]).await?;
-    anyhow::ensure!(rows.len() == n, "mq_send_batch returned {} rows for {n} sends", rows.len());
-    for (i, (row, op)) in rows.iter().zip(sends).enumerate() {
-        let code: i32 = row.get(1);
-        results.push(match code {
-            0 => Ok(ReplyBody::Sent {
-                message_id: row.get::<_, i64>(2) as u64,
-                arrived_us: op.now_us,
-            }),
-            6 => Err(refusal(code, format!("no queue {:?}", queues[i]))),
-            _ => Err(refusal(code, format!("no client {:?}", receivers[i]))),
+}
+
+/// The arguments of one read group (one element of each of `mq_read_batch`'s arrays).
+struct ReadArgs<'a> {
+    me: i64,
+    to_me: bool,
+    queue: Option<&'a str>,
+    sender: Option<i64>,
+    mode: i32,
+    lease_us: i64,
+    now_us: i64,
+    count: i32,
+}
+
+fn read_args<'a>(ops: &'a [StoreOp], group: &ReadGroup) -> ReadArgs<'a> {
+    let first = &ops[group.members[0]];
+    let Request::Read { target, mode } = &first.request else {
+        unreachable!("the plan groups only reads")
+    };
+    let (to_me, queue, sender) = match target {
+        ReadTarget::Queue(q) => (false, Some(q.as_str()), None),
+        ReadTarget::ForMe { queue, sender } => (true, queue.as_deref(), sender.map(|s| s as i64)),
+    };
+    let (mode, lease_us): (i32, i64) = match mode {
+        ReadMode::Pop => (0, 0),
+        ReadMode::Peek => (1, 0),
+        ReadMode::Lease { lease_ms } => (2, i64::from(*lease_ms) * 1000),
+    };
+    ReadArgs {
+        me: first.client_id.unwrap_or(0) as i64,
+        to_me,
+        queue,
+        sender,
+        mode,
+        lease_us,
+        now_us: group.now_us(ops) as i64,
+        count: i32::try_from(group.members.len()).unwrap_or(i32::MAX),
+    }
+}
+
+/// One array element per read group (see `mq_read_batch` in postgres_v5.sql).
+fn read_query<'a>(ops: &'a [StoreOp], groups: &[ReadGroup]) -> Planned<'a> {
+    let args: Vec<ReadArgs<'a>> = groups.iter().map(|g| read_args(ops, g)).collect();
+    let params: Vec<Param<'a>> = vec![
+        Box::new(args.iter().map(|a| a.me).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.to_me).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.queue).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.sender).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.mode).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.lease_us).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.now_us).collect::<Vec<_>>()),
+        Box::new(args.iter().map(|a| a.count).collect::<Vec<_>>()),
+    ];
+    query(READ_SQL, params)
+}
+
+/// A request that is a step of its own: one call of its SQL function, or no call.
+fn one_query(op: &StoreOp) -> Planned<'_> {
+    let me = op.client_id.unwrap_or(0) as i64;
+    match &op.request {
+        Request::CreateQueue { name } => match check_name(name) {
+            Err(e) => Planned::Answered(Err(e)),
+            Ok(()) => query(
+                "SELECT code, id FROM mq_create_queue($1, $2)",
+                vec![Box::new(name.as_str()), Box::new(me)],
+            ),
+        },
+        Request::DeleteQueue { name, purge } => query(
+            "SELECT code, n, owner FROM mq_delete_queue($1, $2, $3)",
+            vec![Box::new(name.as_str()), Box::new(*purge), Box::new(me)],
+        ),
+        Request::ListQueues => query(
+            "SELECT name FROM mq_list_queues($1, $2)",
+            vec![Box::new(me), Box::new(LIST_QUEUES_MAX as i64)],
+        ),
+        Request::Stats { queue } => {
+            query("SELECT code, n FROM mq_queue_depth($1)", vec![Box::new(queue.as_str())])
+        }
+        Request::Register { .. } => Planned::Answered(Err(register_not_batched())),
+        Request::Disconnect => Planned::Answered(Ok(ReplyBody::Disconnected)),
+        Request::Send { .. } | Request::Read { .. } | Request::Ack { .. } => {
+            unreachable!("the plan puts sends, reads and acks in their own steps")
+        }
+    }
+}
+
+/// A statement's answer while it is outstanding.
+type Pending<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>>;
+
+/// BEGIN, every step's statement and COMMIT issued together: ONE round trip for the whole
+/// batch, however many steps it has. tokio-postgres sends a request when its future is first
+/// polled and [`join_in_order`] first-polls in order, so the server runs them in this order. A
+/// failing statement aborts the transaction: the statements after it fail too and the COMMIT
+/// rolls back, so a batch commits all of its effects or none. Returns one row set per step.
+async fn pipelined(
+    client: &tokio_postgres::Client,
+    planned: &[Planned<'_>],
+    statements: &[Option<Statement>],
+) -> Result<Vec<Vec<Row>>, tokio_postgres::Error> {
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = planned
+        .iter()
+        .map(|step| match step {
+            Planned::Query(query) => query.params.iter().map(|p| p.as_ref() as _).collect(),
+            Planned::Answered(_) => Vec::new(),
+        })
+        .collect();
+    let mut pending: Vec<Pending<'_>> = Vec::with_capacity(planned.len() + 2);
+    pending.push(Box::pin(async { client.batch_execute("BEGIN").await.map(|()| Vec::new()) }));
+    for (statement, params) in statements.iter().zip(&params) {
+        pending.push(match statement {
+            Some(statement) => Box::pin(client.query(statement, params)),
+            None => Box::pin(std::future::ready(Ok(Vec::new()))),
         });
     }
-    Ok(())
+    pending.push(Box::pin(async { client.batch_execute("COMMIT").await.map(|()| Vec::new()) }));
+    let mut answers = join_in_order(pending).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    answers.pop();
+    answers.remove(0);
+    Ok(answers)
 }
 
-/// Polls all futures concurrently, returning their outputs in order.
-async fn futures_join_all<F: std::future::Future>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
+/// Polls all futures until each completes, first-polling them in order; outputs in order.
+async fn join_in_order<T>(
+    mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>,
+) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
-        for (future, output) in set.iter_mut().zip(outputs.iter_mut()) {
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
             if output.is_none() {
                 match future.as_mut().poll(cx) {
                     std::task::Poll::Ready(v) => *output = Some(v),
@@ -202,6 +352,140 @@ async fn futures_join_all<F: std::future::Future>(
     })
     .await;
     outputs.into_iter().map(|o| o.expect("every future completed")).collect()
+}
+
+/// Fills the results of one step's requests from its rows.
+fn answer(
+    ops: &[StoreOp],
+    step: &Step,
+    planned: Planned<'_>,
+    rows: &[Row],
+    results: &mut [OpResult],
+) -> anyhow::Result<()> {
+    match step {
+        Step::Sends(range) => answer_sends(&ops[range.clone()], rows, &mut results[range.clone()]),
+        Step::Reads(groups) => answer_reads(ops, groups, rows, results),
+        Step::Acks(range) => {
+            answer_acks(&ops[range.clone()], rows, &mut results[range.clone()]);
+            Ok(())
+        }
+        Step::One(index) => {
+            results[*index] = match planned {
+                Planned::Answered(result) => result,
+                Planned::Query(_) => answer_one(&ops[*index], rows)?,
+            };
+            Ok(())
+        }
+    }
+}
+
+fn answer_sends(sends: &[StoreOp], rows: &[Row], results: &mut [OpResult]) -> anyhow::Result<()> {
+    let n = sends.len();
+    anyhow::ensure!(rows.len() == n, "mq_send_batch returned {} rows for {n} sends", rows.len());
+    for ((row, op), result) in rows.iter().zip(sends).zip(results) {
+        let Request::Send { queue, receiver, .. } = &op.request else { continue };
+        let code: i32 = row.get(1);
+        *result = match code {
+            0 => Ok(ReplyBody::Sent {
+                message_id: row.get::<_, i64>(2) as u64,
+                arrived_us: op.now_us,
+            }),
+            6 => Err(refusal(code, format!("no queue {queue:?}"))),
+            _ => Err(refusal(code, format!("no client {receiver:?}"))),
+        };
+    }
+    Ok(())
+}
+
+/// Hands each group's messages to its reads in order: the n oldest to n pops or leases, the
+/// oldest to every peek; a read left without one gets `NoMessage`.
+fn answer_reads(
+    ops: &[StoreOp],
+    groups: &[ReadGroup],
+    rows: &[Row],
+    results: &mut [OpResult],
+) -> anyhow::Result<()> {
+    let mut found: Vec<Vec<&Row>> = groups.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let group = usize::try_from(row.get::<_, i32>(0) - 1).ok().and_then(|g| found.get_mut(g));
+        let Some(group) = group else { anyhow::bail!("mq_read_batch answered an unknown group") };
+        group.push(row);
+    }
+    for (group, mut rows) in groups.iter().zip(found) {
+        rows.sort_by_key(|row| row.get::<_, Option<i64>>(2));
+        let peek =
+            matches!(ops[group.members[0]].request, Request::Read { mode: ReadMode::Peek, .. });
+        let unknown_queue = rows.iter().any(|row| row.get::<_, i32>(1) == 6);
+        for (k, &member) in group.members.iter().enumerate() {
+            let row = if peek { rows.first() } else { rows.get(k) };
+            results[member] = match row {
+                _ if unknown_queue => Err(refusal(6, "unknown queue".to_owned())),
+                Some(row) => Ok(ReplyBody::Message(message_of(row))),
+                None => Err(refusal(10, "no message matches".to_owned())),
+            };
+        }
+    }
+    Ok(())
+}
+
+fn message_of(r: &Row) -> Message {
+    Message {
+        id: r.get::<_, i64>(2) as u64,
+        queue: r.get(3),
+        sender: r.get::<_, i64>(4) as u64,
+        receiver: r.get::<_, Option<i64>>(5).map(|v| v as u64),
+        arrived_us: r.get::<_, i64>(6) as u64,
+        deliveries: r.get::<_, i32>(7) as u32,
+        content: r.get(8),
+    }
+}
+
+fn answer_acks(acks: &[StoreOp], rows: &[Row], results: &mut [OpResult]) {
+    for (ord, (op, result)) in acks.iter().zip(results).enumerate() {
+        let deleted = rows.iter().any(|row| row.get::<_, i64>(0) == ord as i64 + 1);
+        let Request::Ack { message_id } = op.request else { continue };
+        *result = if deleted {
+            Ok(ReplyBody::Acked)
+        } else {
+            Err(refusal(11, format!("message {message_id} is not leased to you")))
+        };
+    }
+}
+
+/// The answer of a request that was a step of its own.
+fn answer_one(op: &StoreOp, rows: &[Row]) -> anyhow::Result<OpResult> {
+    if let Request::ListQueues = op.request {
+        return Ok(Ok(ReplyBody::Queues(rows.iter().map(|r| r.get(0)).collect())));
+    }
+    let [row] = rows else { anyhow::bail!("{} rows for {:?}", rows.len(), op.request) };
+    Ok(match &op.request {
+        Request::CreateQueue { name } => coded(
+            row,
+            || format!("queue {name:?} exists"),
+            |r| ReplyBody::QueueCreated { queue_id: r.get::<_, i64>(1) as u64 },
+        ),
+        Request::DeleteQueue { name, .. } => {
+            if row.get::<_, i32>(0) == 18 {
+                return Ok(Err(not_owner(name, row.get::<_, Option<i64>>(2).map(|o| o as u64))));
+            }
+            coded(
+                row,
+                || format!("queue {name:?}: not found, or holds messages (delete with purge)"),
+                |r| ReplyBody::QueueDeleted { purged_messages: r.get::<_, i64>(1) as u64 },
+            )
+        }
+        Request::Stats { queue } => coded(
+            row,
+            || format!("no queue {queue:?}"),
+            |r| {
+                ReplyBody::Stats(NodeStats {
+                    queue_depth: r.get::<_, i64>(1) as u64,
+                    ..NodeStats::default()
+                })
+            },
+        ),
+        other => anyhow::bail!("{other:?} has no statement of its own"),
+    })
 }
 
 /// Result codes of the SQL functions (see postgres_v1.sql); 0 is success.
@@ -216,118 +500,6 @@ fn refusal(code: i32, detail: String) -> ErrorReply {
         _ => Reason::Unavailable,
     };
     ErrorReply::new(reason, detail)
-}
-
-async fn execute(
-    tx: &deadpool_postgres::Transaction<'_>,
-    op: &StoreOp,
-) -> anyhow::Result<OpResult> {
-    let me = op.client_id.unwrap_or(0) as i64;
-    let now = op.now_us as i64;
-    Ok(match &op.request {
-        Request::Register { .. } => Err(register_not_batched()),
-        Request::CreateQueue { name } => {
-            if let Err(e) = check_name(name) {
-                return Ok(Err(e));
-            }
-            let row =
-                call(tx, "SELECT code, id FROM mq_create_queue($1, $2)", &[name, &me]).await?;
-            coded(
-                &row,
-                || format!("queue {name:?} exists"),
-                |r| ReplyBody::QueueCreated { queue_id: r.get::<_, i64>(1) as u64 },
-            )
-        }
-        Request::DeleteQueue { name, purge } => {
-            let row = call(
-                tx,
-                "SELECT code, n, owner FROM mq_delete_queue($1, $2, $3)",
-                &[name, purge, &me],
-            )
-            .await?;
-            if row.get::<_, i32>(0) == 18 {
-                return Ok(Err(not_owner(name, row.get::<_, Option<i64>>(2).map(|o| o as u64))));
-            }
-            coded(
-                &row,
-                || format!("queue {name:?}: not found, or holds messages (delete with purge)"),
-                |r| ReplyBody::QueueDeleted { purged_messages: r.get::<_, i64>(1) as u64 },
-            )
-        }
-        Request::Send { .. } => unreachable!("sends are executed together by send_all"),
-        Request::Read { target, mode } => {
-            let (to_me, queue, sender) = match target {
-                ReadTarget::Queue(q) => (false, Some(q.as_str()), None),
-                ReadTarget::ForMe { queue, sender } => {
-                    (true, queue.as_deref(), sender.map(|s| s as i64))
-                }
-            };
-            let (mode_code, lease_us): (i32, i64) = match mode {
-                ReadMode::Pop => (0, 0),
-                ReadMode::Peek => (1, 0),
-                ReadMode::Lease { lease_ms } => (2, i64::from(*lease_ms) * 1000),
-            };
-            let row = call(
-                tx,
-                "SELECT code, id, queue, sender_id, receiver_id, arrived_us, deliveries, content \
-                 FROM mq_read($1, $2, $3, $4, $5, $6, $7)",
-                &[&me, &to_me, &queue, &sender, &mode_code, &lease_us, &now],
-            )
-            .await?;
-            coded(
-                &row,
-                || "no message matches (or unknown queue)".to_owned(),
-                |r| {
-                    ReplyBody::Message(Message {
-                        id: r.get::<_, i64>(1) as u64,
-                        queue: r.get(2),
-                        sender: r.get::<_, i64>(3) as u64,
-                        receiver: r.get::<_, Option<i64>>(4).map(|v| v as u64),
-                        arrived_us: r.get::<_, i64>(5) as u64,
-                        deliveries: r.get::<_, i32>(6) as u32,
-                        content: r.get(7),
-                    })
-                },
-            )
-        }
-        Request::Ack { message_id } => {
-            let row =
-                call(tx, "SELECT mq_ack($1, $2, $3)", &[&(*message_id as i64), &me, &now]).await?;
-            coded(
-                &row,
-                || format!("message {message_id} is not leased to you"),
-                |_| ReplyBody::Acked,
-            )
-        }
-        Request::ListQueues => {
-            let limit = LIST_QUEUES_MAX as i64;
-            let rows = tx.query("SELECT name FROM mq_list_queues($1, $2)", &[&me, &limit]).await?;
-            Ok(ReplyBody::Queues(rows.iter().map(|r| r.get(0)).collect()))
-        }
-        Request::Stats { queue } => {
-            let row = call(tx, "SELECT code, n FROM mq_queue_depth($1)", &[queue]).await?;
-            coded(
-                &row,
-                || format!("no queue {queue:?}"),
-                |r| {
-                    ReplyBody::Stats(NodeStats {
-                        queue_depth: r.get::<_, i64>(1) as u64,
-                        ..NodeStats::default()
-                    })
-                },
-            )
-        }
-        Request::Disconnect => Ok(ReplyBody::Disconnected),
-    })
-}
-
-async fn call(
-    tx: &deadpool_postgres::Transaction<'_>,
-    sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> anyhow::Result<Row> {
-    let statement = tx.prepare_cached(sql).await?;
-    Ok(tx.query_one(&statement, params).await?)
 }
 
 /// Maps a `(code, ...)` row: code 0 → `ok(row)`, otherwise the refusal the code names; the
@@ -369,6 +541,7 @@ pub(crate) mod tests {
             .await
             .unwrap();
         super::super::conformance::scenario(&store).await;
+        super::super::conformance::mixed_batch(&store).await;
         // A second node opening the same database finds the migrations applied.
         PostgresStore::open(&PostgresConfig { url, pool_connections: 1 }).await.unwrap();
     }

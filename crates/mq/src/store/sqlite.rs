@@ -386,6 +386,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path()).unwrap();
         super::super::conformance::scenario(&store).await;
+        super::super::conformance::mixed_batch(&store).await;
         // Reopening finds the committed state (the schema is idempotent, data persisted).
         drop(store);
         let reopened = SqliteStore::open(dir.path()).unwrap();

@@ -1,0 +1,70 @@
+-- Migration 5: set-based reads and acks (see store/plan.rs for how a batch is cut into groups).
+
+-- Answers read groups: group g is p_count[g] reads of one client with one target and mode.
+-- Pops and leases take the group's p_count[g] oldest readable messages in ONE selection
+-- (FOR UPDATE SKIP LOCKED: concurrent nodes never get the same row); peeks see the oldest one.
+-- Rows: (grp, 0, message...) per message taken, in no particular order (the caller orders by
+-- id), or one (grp, 6) row for an unknown queue. A group that finds nothing returns no rows.
+-- Modes: 0 pop, 1 peek, 2 lease.
+CREATE FUNCTION mq_read_batch(p_me bigint[], p_to_me boolean[], p_queue text[], p_sender bigint[],
+                              p_mode integer[], p_lease_us bigint[], p_now bigint[],
+                              p_count integer[])
+RETURNS TABLE(grp integer, code integer, id bigint, queue text, sender_id bigint,
+              receiver_id bigint, arrived_us bigint, deliveries integer, content bytea)
+LANGUAGE plpgsql AS $$
+DECLARE g integer; v_queue bigint; v_limit integer; v_ids bigint[];
+BEGIN
+    FOR g IN 1 .. coalesce(array_length(p_me, 1), 0) LOOP
+        v_queue := NULL;
+        IF p_queue[g] IS NOT NULL THEN
+            SELECT q.id INTO v_queue FROM mq_queues q WHERE q.name = p_queue[g];
+            IF v_queue IS NULL THEN
+                RETURN QUERY SELECT g, 6, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint,
+                                    NULL::bigint, NULL::integer, NULL::bytea;
+                CONTINUE;
+            END IF;
+        END IF;
+        v_limit := CASE WHEN p_mode[g] = 1 THEN 1 ELSE p_count[g] END;
+        IF p_to_me[g] THEN
+            SELECT array_agg(s.id) INTO v_ids FROM (
+                SELECT x.id FROM mq_messages x
+                WHERE x.receiver_id = p_me[g] AND (v_queue IS NULL OR x.queue_id = v_queue)
+                  AND (p_sender[g] IS NULL OR x.sender_id = p_sender[g])
+                  AND x.visible_us <= p_now[g]
+                ORDER BY x.id LIMIT v_limit FOR UPDATE SKIP LOCKED) s;
+        ELSE
+            SELECT array_agg(s.id) INTO v_ids FROM (
+                SELECT x.id FROM mq_messages x
+                WHERE x.queue_id = v_queue AND (x.receiver_id IS NULL OR x.receiver_id = p_me[g])
+                  AND x.visible_us <= p_now[g]
+                ORDER BY x.id LIMIT v_limit FOR UPDATE SKIP LOCKED) s;
+        END IF;
+        CONTINUE WHEN v_ids IS NULL;
+        IF p_mode[g] = 0 THEN
+            RETURN QUERY DELETE FROM mq_messages x WHERE x.id = ANY(v_ids)
+                RETURNING g, 0, x.id, (SELECT q.name FROM mq_queues q WHERE q.id = x.queue_id),
+                          x.sender_id, x.receiver_id, x.arrived_us, x.deliveries, x.content;
+        ELSIF p_mode[g] = 2 THEN
+            RETURN QUERY UPDATE mq_messages x
+                SET visible_us = p_now[g] + p_lease_us[g], leased_by = p_me[g],
+                    deliveries = x.deliveries + 1
+                WHERE x.id = ANY(v_ids)
+                RETURNING g, 0, x.id, (SELECT q.name FROM mq_queues q WHERE q.id = x.queue_id),
+                          x.sender_id, x.receiver_id, x.arrived_us, x.deliveries, x.content;
+        ELSE
+            RETURN QUERY SELECT g, 0, x.id, q.name, x.sender_id, x.receiver_id, x.arrived_us,
+                                x.deliveries, x.content
+                FROM mq_messages x JOIN mq_queues q ON q.id = x.queue_id WHERE x.id = ANY(v_ids);
+        END IF;
+    END LOOP;
+END $$;
+
+-- Acks in one statement: returns the ordinals of the acks that deleted their message (held by
+-- the acker, lease not expired). The caller never passes one message id twice.
+CREATE FUNCTION mq_ack_batch(p_id bigint[], p_me bigint[], p_now bigint[])
+RETURNS TABLE(ord bigint) LANGUAGE sql AS $$
+    DELETE FROM mq_messages x
+    USING unnest(p_id, p_me, p_now) WITH ORDINALITY AS a(id, me, now, ord)
+    WHERE x.id = a.id AND x.leased_by = a.me AND x.visible_us > a.now
+    RETURNING a.ord
+$$;
