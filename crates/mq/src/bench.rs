@@ -1,19 +1,31 @@
-//! `mq bench`: send and pop throughput of leantier mq against a plain one-row-per-transaction
-//! baseline on the SAME database in the SAME run, with durable commits on both sides.
+//! `mq bench`: send and pop throughput and per-request latency of leantier mq against its peers
+//! on the SAME database in the SAME run, with durable commits everywhere.
 //!
-//! - PostgreSQL: baseline = N connections each committing `INSERT` (send) and
-//!   `DELETE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED)` (pop) one row per transaction;
-//!   leantier = an in-process node (group commit on) driven by N TCP clients, measured twice:
-//!   with one request in flight per client (closed loop, like the baselines), then with
-//!   `window` requests pipelined per client (how brokers are driven for throughput). Every
-//!   reply still waits for its batch's durable commit. The node's mean batch size is printed.
-//! - SQLite: baseline = one `INSERT` per transaction; leantier embedded = the store's batch call
-//!   with `batch` sends per transaction (the ≥ 100K durable sends/s target), plus the node over
-//!   TCP.
+//! PostgreSQL, each peer at one call per message and at its best (`window` messages per call):
+//! - plain SQL: N connections committing `INSERT` / `DELETE … WHERE id = (SELECT … FOR UPDATE
+//!   SKIP LOCKED)` one row per transaction, then multi-row statements (`INSERT … SELECT
+//!   unnest($1)`, `DELETE … WHERE id IN (SELECT … LIMIT window …)`);
+//! - pgmq (when its SQL is given): `pgmq.send` / `pgmq.pop`, then `pgmq.send_batch` /
+//!   `pgmq.pop(queue, window)`;
+//! - leantier: an in-process node (group commit on) driven by N TCP clients with one request in
+//!   flight each (closed loop, like the peers' connections), then `window` pipelined. Every
+//!   reply waits for its batch's durable commit; the node's mean batch is printed.
+//! - one client alone: plain SQL's single-row insert beside the node with one request in flight,
+//!   so the difference of their medians is what the node adds to one request.
+//!
+//! Latency is per request, from the call (or the submit) to its answer; a batch call's latency
+//! counts once per call. Clients register before a phase's clock starts. Pop phases stop at an
+//! empty queue, so a peer's pops are capped by what its send phase left.
+//!
+//! SQLite: baseline = one `INSERT` per transaction; leantier embedded = the store's batch call
+//! with `batch` sends per transaction (the ≥ 100K durable sends/s target), plus the node over
+//! TCP.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use hdrhistogram::Histogram;
 use lab::report::Table;
 use serde::Serialize;
 
@@ -25,6 +37,8 @@ use crate::store::{AnyStore, Batch, Store, StoreOp};
 
 /// Embedded SQLite target of the issue.
 pub const SQLITE_SENDS_PER_S_TARGET: f64 = 100_000.0;
+/// Highest latency the histograms hold: 60 s, in microseconds.
+const LATENCY_US_MAX: u64 = 60_000_000;
 
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
@@ -34,11 +48,37 @@ pub struct BenchConfig {
     pub content_bytes: usize,
     /// Sends per transaction in the embedded SQLite measurement.
     pub embedded_batch: usize,
-    /// Requests each client keeps in flight in the pipelined node measurement.
+    /// Requests each leantier client keeps in flight in the pipelined node measurement, and
+    /// messages per call of the peers' batch statements.
     pub window: usize,
     pub node: NodeConfig,
     /// pgmq's install SQL (`pgmq.sql` from the crates.io `pgmq` crate); PostgreSQL only.
     pub pgmq_sql: Option<std::path::PathBuf>,
+    /// Which parts run (all by default).
+    pub parts: Vec<BenchPart>,
+}
+
+/// The parts of a bench run, each measured in the same run as the others asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchPart {
+    /// Plain SQL and pgmq (PostgreSQL), the plain insert and the embedded store (SQLite).
+    Peers,
+    /// The node with N clients, one request in flight each, then `window`.
+    Node,
+    /// One client alone: plain SQL beside the node (PostgreSQL).
+    OneClient,
+}
+
+impl BenchPart {
+    pub const ALL: [BenchPart; 3] = [BenchPart::Peers, BenchPart::Node, BenchPart::OneClient];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchPart::Peers => "peers",
+            BenchPart::Node => "node",
+            BenchPart::OneClient => "one-client",
+        }
+    }
 }
 
 /// Queue name the pgmq measurement creates and drops.
@@ -48,10 +88,65 @@ const PGMQ_QUEUE: &str = "leantier_bench";
 pub struct BenchRow {
     pub system: String,
     pub operation: String,
+    pub clients: usize,
+    /// Messages per call (peers) or requests in flight per client (leantier).
+    pub per_call_or_in_flight: usize,
     pub ops: u64,
     pub per_s: f64,
+    pub latency_us_p50: u64,
+    pub latency_us_p99: u64,
+    pub latency_us_max: u64,
     /// Mean requests per committed transaction at the node (node rows only).
     pub batch_mean: Option<f64>,
+}
+
+/// What one measured phase did: operations and each call's latency.
+struct Phase {
+    ops: u64,
+    latency_us: Histogram<u64>,
+}
+
+impl Phase {
+    fn new() -> Phase {
+        Phase { ops: 0, latency_us: latency_histogram() }
+    }
+
+    fn add(&mut self, other: Phase) -> anyhow::Result<()> {
+        self.ops += other.ops;
+        self.latency_us.add(&other.latency_us).context("merging latency histograms")
+    }
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("static histogram bounds")
+}
+
+fn record_since(histogram: &mut Histogram<u64>, start: Instant) {
+    let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+    histogram.saturating_record(us.clamp(1, LATENCY_US_MAX));
+}
+
+/// Who ran a phase, for its row.
+struct Shape<'a> {
+    system: &'a str,
+    clients: usize,
+    per_call_or_in_flight: usize,
+}
+
+fn row(shape: &Shape<'_>, operation: &str, phase: &Phase, seconds: f64) -> BenchRow {
+    let h = &phase.latency_us;
+    BenchRow {
+        system: shape.system.into(),
+        operation: operation.into(),
+        clients: shape.clients,
+        per_call_or_in_flight: shape.per_call_or_in_flight,
+        ops: phase.ops,
+        per_s: phase.ops as f64 / seconds,
+        latency_us_p50: h.value_at_quantile(0.5),
+        latency_us_p99: h.value_at_quantile(0.99),
+        latency_us_max: h.max(),
+        batch_mean: None,
+    }
 }
 
 /// Runs the comparison; returns rows plus the embedded SQLite rate when measured.
@@ -60,111 +155,104 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<BenchRow>, Option<
     let mut rows = Vec::new();
     let content = vec![b'x'; config.content_bytes];
     let mut embedded = None;
+    let runs = |part| config.parts.contains(&part);
     match &store {
+        _ if !runs(BenchPart::Peers) => {}
         AnyStore::Postgres(_) => {
-            let (sends, pops) =
-                postgres_baseline(&config.store, config.clients, config.seconds, &content).await?;
-            rows.push(row("plain SQL (1 row/txn)", "send", sends, config.seconds));
-            rows.push(row("plain SQL (1 row/txn)", "pop", pops, config.seconds));
-            if let Some(sql) = &config.pgmq_sql {
-                let (sends, pops) =
-                    pgmq(&config.store, sql, config.clients, config.seconds, &content).await?;
-                rows.push(row("pgmq (send / pop)", "send", sends, config.seconds));
-                rows.push(row("pgmq (send / pop)", "pop", pops, config.seconds));
-            }
+            rows.extend(postgres_peers(config, &content).await?);
         }
         AnyStore::Sqlite(_) => {
             let dir = config.store.trim_start_matches("sqlite:");
             let sends = sqlite_baseline(std::path::Path::new(dir), config.seconds, &content)?;
-            rows.push(row("plain SQL (1 row/txn)", "send", sends, config.seconds));
+            let shape = Shape { system: "plain SQL", clients: 1, per_call_or_in_flight: 1 };
+            rows.push(row(&shape, "send", &sends, config.seconds));
             let n = embedded_sends(&store, config.embedded_batch, config.seconds, &content).await?;
-            embedded = Some(n as f64 / config.seconds);
-            rows.push(row(
-                &format!("leantier embedded ({} /txn)", config.embedded_batch),
-                "send",
-                n,
-                config.seconds,
-            ));
+            embedded = Some(n.ops as f64 / config.seconds);
+            let shape = Shape {
+                system: "leantier embedded",
+                clients: 1,
+                per_call_or_in_flight: config.embedded_batch,
+            };
+            rows.push(row(&shape, "send", &n, config.seconds));
         }
     }
-    for window in [1, config.window.max(1)] {
-        let system = format!("leantier node ({} clients × {window} in flight)", config.clients);
-        let phases = through_node(store.clone(), config, window, &content).await?;
-        for (operation, phase) in [("send", phases.sends), ("pop", phases.pops)] {
-            let mut r = row(&system, operation, phase.ops, config.seconds);
-            r.batch_mean = Some(phase.batch_mean);
+    let windows = if runs(BenchPart::Node) { vec![1, config.window.max(1)] } else { vec![] };
+    for window in windows {
+        let phases = through_node(store.clone(), config, config.clients, window, &content).await?;
+        let shape = Shape {
+            system: "leantier node",
+            clients: config.clients,
+            per_call_or_in_flight: window,
+        };
+        for (operation, (phase, batch_mean)) in [("send", phases.sends), ("pop", phases.pops)] {
+            let mut r = row(&shape, operation, &phase, config.seconds);
+            r.batch_mean = Some(batch_mean);
             rows.push(r);
         }
+    }
+    if let (AnyStore::Postgres(_), true) = (&store, runs(BenchPart::OneClient)) {
+        rows.extend(one_client(config, store.clone(), &content).await?);
     }
     Ok((rows, embedded))
 }
 
-fn row(system: &str, operation: &str, ops: u64, seconds: f64) -> BenchRow {
-    BenchRow {
-        system: system.into(),
-        operation: operation.into(),
-        ops,
-        per_s: ops as f64 / seconds,
-        batch_mean: None,
-    }
-}
-
-/// The comparison table with ratios against the baseline and (when measured) pgmq, for the
-/// same operation.
-pub fn table(rows: &[BenchRow]) -> Table {
-    let mut t = Table::new(["system", "op", "ops", "ops/s", "× baseline", "× pgmq", "mean batch"])
-        .with_title("mq bench (same run)");
-    let rate_of = |operation: &str, system_prefix: &str| {
-        rows.iter()
-            .find(|b| b.operation == operation && b.system.starts_with(system_prefix))
-            .map(|b| b.per_s.max(1e-9))
-    };
-    for r in rows {
-        let ratio =
-            |base: Option<f64>| base.map_or_else(|| "-".into(), |b| format!("{:.2}", r.per_s / b));
-        t.row([
-            r.system.clone(),
-            r.operation.clone(),
-            r.ops.to_string(),
-            format!("{:.0}", r.per_s),
-            ratio(rate_of(&r.operation, "plain")),
-            ratio(rate_of(&r.operation, "pgmq")),
-            r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
-        ]);
-    }
-    t
-}
-
-async fn postgres_baseline(
-    url: &str,
-    clients: usize,
-    seconds: f64,
-    content: &[u8],
-) -> anyhow::Result<(u64, u64)> {
+/// Plain SQL and pgmq at one message per call and at `window` per call.
+async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> anyhow::Result<Vec<BenchRow>> {
+    let (url, clients, seconds, window) =
+        (&config.store, config.clients, config.seconds, config.window.max(1));
+    let mut rows = Vec::new();
     let (setup, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
-    setup
-        .batch_execute("DROP TABLE IF EXISTS mq_bench_plain; CREATE TABLE mq_bench_plain (id bigserial PRIMARY KEY, content bytea NOT NULL)")
-        .await?;
-    let insert = "INSERT INTO mq_bench_plain(content) VALUES ($1)";
-    let delete = "DELETE FROM mq_bench_plain WHERE id = (SELECT id FROM mq_bench_plain ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING content";
-    let sends = pg_phase(url, clients, seconds, insert, Param::Bytes(content.to_vec())).await?;
-    let pops = pg_phase(url, clients, seconds, delete, Param::None).await?;
-    setup.batch_execute("DROP TABLE mq_bench_plain").await?;
-    Ok((sends, pops))
+    if let Some(sql) = &config.pgmq_sql {
+        install_pgmq(&setup, sql).await?;
+    }
+    for per_call in [1, window] {
+        setup
+            .batch_execute("DROP TABLE IF EXISTS mq_bench_plain; CREATE TABLE mq_bench_plain (id bigserial PRIMARY KEY, content bytea NOT NULL)")
+            .await?;
+        let (send, pop) = plain_statements(per_call);
+        let param = if per_call == 1 {
+            Param::Bytes(content.to_vec())
+        } else {
+            Param::BytesArray(vec![content.to_vec(); per_call])
+        };
+        let shape = Shape { system: "plain SQL", clients, per_call_or_in_flight: per_call };
+        let sends = pg_phase(url, clients, seconds, &send, param).await?;
+        rows.push(row(&shape, "send", &sends, seconds));
+        let pops = pg_phase(url, clients, seconds, &pop, Param::None).await?;
+        rows.push(row(&shape, "pop", &pops, seconds));
+        setup.batch_execute("DROP TABLE mq_bench_plain").await?;
+        if config.pgmq_sql.is_some() {
+            rows.extend(pgmq(&setup, config, per_call, content).await?);
+        }
+    }
+    Ok(rows)
 }
 
-/// Installs pgmq's SQL (unless its schema exists) and measures `pgmq.send` / `pgmq.pop`, one
-/// message per autocommit call, like the plain baseline.
-async fn pgmq(
-    url: &str,
+/// Plain SQL's send and pop, one row or `per_call` rows per statement.
+fn plain_statements(per_call: usize) -> (String, String) {
+    if per_call == 1 {
+        return (
+            "INSERT INTO mq_bench_plain(content) VALUES ($1)".into(),
+            "DELETE FROM mq_bench_plain WHERE id = (SELECT id FROM mq_bench_plain ORDER BY id \
+             LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING content"
+                .into(),
+        );
+    }
+    (
+        "INSERT INTO mq_bench_plain(content) SELECT unnest($1::bytea[])".into(),
+        format!(
+            "DELETE FROM mq_bench_plain WHERE id IN (SELECT id FROM mq_bench_plain ORDER BY id \
+             LIMIT {per_call} FOR UPDATE SKIP LOCKED) RETURNING content"
+        ),
+    )
+}
+
+/// Installs pgmq's SQL unless its schema exists.
+async fn install_pgmq(
+    setup: &tokio_postgres::Client,
     sql_path: &std::path::Path,
-    clients: usize,
-    seconds: f64,
-    content: &[u8],
-) -> anyhow::Result<(u64, u64)> {
-    let (setup, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+) -> anyhow::Result<()> {
     let schema = "SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'";
     if setup.query_opt(schema, &[]).await?.is_none() {
         let sql = std::fs::read_to_string(sql_path).map_err(|e| {
@@ -172,14 +260,34 @@ async fn pgmq(
         })?;
         setup.batch_execute(&sql).await.context("installing pgmq's SQL")?;
     }
+    Ok(())
+}
+
+/// pgmq's `send` / `pop` (one message per autocommit call), or with `per_call` > 1 its batch
+/// API: `send_batch` and `pop(queue, per_call)`.
+async fn pgmq(
+    setup: &tokio_postgres::Client,
+    config: &BenchConfig,
+    per_call: usize,
+    content: &[u8],
+) -> anyhow::Result<Vec<BenchRow>> {
+    let (url, clients, seconds) = (&config.store, config.clients, config.seconds);
     setup.execute("SELECT pgmq.create($1)", &[&PGMQ_QUEUE]).await?;
     let message = format!("{{\"c\": \"{}\"}}", String::from_utf8_lossy(content));
-    let send = "SELECT pgmq.send('leantier_bench', $1::text::jsonb)";
-    let pop = "SELECT msg_id FROM pgmq.pop('leantier_bench')";
-    let sends = pg_phase(url, clients, seconds, send, Param::Text(message)).await?;
-    let pops = pg_phase(url, clients, seconds, pop, Param::None).await?;
+    let (send, param) = if per_call == 1 {
+        ("SELECT pgmq.send('leantier_bench', $1::text::jsonb)".to_owned(), Param::Text(message))
+    } else {
+        (
+            "SELECT pgmq.send_batch('leantier_bench', $1::text[]::jsonb[])".to_owned(),
+            Param::TextArray(vec![message; per_call]),
+        )
+    };
+    let pop = format!("SELECT msg_id FROM pgmq.pop('leantier_bench', {per_call})");
+    let shape = Shape { system: "pgmq", clients, per_call_or_in_flight: per_call };
+    let sends = pg_phase(url, clients, seconds, &send, param).await?;
+    let pops = pg_phase(url, clients, seconds, &pop, Param::None).await?;
     setup.execute("SELECT pgmq.drop_queue($1)", &[&PGMQ_QUEUE]).await?;
-    Ok((sends, pops))
+    Ok(vec![row(&shape, "send", &sends, seconds), row(&shape, "pop", &pops, seconds)])
 }
 
 /// The one parameter of a measured statement.
@@ -187,58 +295,156 @@ async fn pgmq(
 enum Param {
     None,
     Bytes(Vec<u8>),
+    BytesArray(Vec<Vec<u8>>),
     Text(String),
+    TextArray(Vec<String>),
+}
+
+impl Param {
+    fn values(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        match self {
+            Param::None => vec![],
+            Param::Bytes(b) => vec![b],
+            Param::BytesArray(b) => vec![b],
+            Param::Text(t) => vec![t],
+            Param::TextArray(t) => vec![t],
+        }
+    }
 }
 
 /// N connections running `sql` in autocommit for `seconds`; counts rows touched or returned.
+/// A connection stops early when a call touches nothing (a pop phase emptied the queue).
 async fn pg_phase(
     url: &str,
     clients: usize,
     seconds: f64,
-    sql: &'static str,
+    sql: &str,
     param: Param,
-) -> anyhow::Result<u64> {
-    let end = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut tasks = tokio::task::JoinSet::new();
+) -> anyhow::Result<Phase> {
+    let mut connections = Vec::with_capacity(clients);
     for _ in 0..clients {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
         tokio::spawn(connection);
+        let statement = client.prepare(sql).await?;
+        connections.push((client, statement));
+    }
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (client, statement) in connections {
         let param = param.clone();
         tasks.spawn(async move {
-            let statement = client.prepare(sql).await?;
-            let mut done = 0u64;
+            let mut phase = Phase::new();
+            let values = param.values();
             while Instant::now() < end {
-                let touched = match &param {
-                    Param::None => client.execute(&statement, &[]).await?,
-                    Param::Bytes(b) => client.execute(&statement, &[b]).await?,
-                    Param::Text(t) => client.execute(&statement, &[t]).await?,
-                };
-                done += touched;
+                let start = Instant::now();
+                let touched = client.execute(&statement, &values).await?;
+                record_since(&mut phase.latency_us, start);
+                phase.ops += touched;
+                if touched == 0 {
+                    break;
+                }
             }
-            anyhow::Ok(done)
+            anyhow::Ok(phase)
         });
     }
-    let mut total = 0;
-    while let Some(n) = tasks.join_next().await {
-        total += n??;
+    let mut total = Phase::new();
+    while let Some(phase) = tasks.join_next().await {
+        total.add(phase??)?;
     }
     Ok(total)
 }
 
-fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> anyhow::Result<u64> {
+/// One client alone: plain SQL's single-row insert, then the node with one request in flight.
+async fn one_client(
+    config: &BenchConfig,
+    store: AnyStore,
+    content: &[u8],
+) -> anyhow::Result<Vec<BenchRow>> {
+    let (url, seconds) = (&config.store, config.seconds);
+    let (setup, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    setup
+        .batch_execute("DROP TABLE IF EXISTS mq_bench_plain; CREATE TABLE mq_bench_plain (id bigserial PRIMARY KEY, content bytea NOT NULL)")
+        .await?;
+    let (send, _) = plain_statements(1);
+    let plain = pg_phase(url, 1, seconds, &send, Param::Bytes(content.to_vec())).await?;
+    setup.batch_execute("DROP TABLE mq_bench_plain").await?;
+    let node = through_node(store, config, 1, 1, content).await?;
+    let plain_shape = Shape { system: "plain SQL", clients: 1, per_call_or_in_flight: 1 };
+    let node_shape = Shape { system: "leantier node", clients: 1, per_call_or_in_flight: 1 };
+    let mut node_row = row(&node_shape, "send", &node.sends.0, seconds);
+    node_row.batch_mean = Some(node.sends.1);
+    Ok(vec![row(&plain_shape, "send", &plain, seconds), node_row])
+}
+
+/// The comparison table: rates, latencies and ratios against each peer's best rate (the
+/// higher of its one-per-call and batch rows) for the same operation.
+pub fn table(rows: &[BenchRow]) -> Table {
+    let mut t = Table::new([
+        "system",
+        "op",
+        "clients",
+        "per call / in flight",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "× plain best",
+        "× pgmq 1/call",
+        "× pgmq best",
+        "mean batch",
+    ])
+    .with_title("mq bench (same run, same database)");
+    let best = |operation: &str, system: &str, clients: usize, one_per_call: bool| {
+        rows.iter()
+            .filter(|b| b.operation == operation && b.system == system && b.clients == clients)
+            .filter(|b| !one_per_call || b.per_call_or_in_flight == 1)
+            .map(|b| b.per_s.max(1e-9))
+            .reduce(f64::max)
+    };
+    for r in rows {
+        let ratio =
+            |base: Option<f64>| base.map_or_else(|| "-".into(), |b| format!("{:.2}", r.per_s / b));
+        t.row([
+            r.system.clone(),
+            r.operation.clone(),
+            r.clients.to_string(),
+            r.per_call_or_in_flight.to_string(),
+            format!("{:.0}", r.per_s),
+            r.latency_us_p50.to_string(),
+            r.latency_us_p99.to_string(),
+            r.latency_us_max.to_string(),
+            ratio(best(&r.operation, "plain SQL", r.clients, false)),
+            ratio(best(&r.operation, "pgmq", r.clients, true)),
+            ratio(best(&r.operation, "pgmq", r.clients, false)),
+            r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
+        ]);
+    }
+    t
+}
+
+/// The host's load averages (1, 5, 15 minutes), for the report; `None` off Linux.
+pub fn load_average() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> anyhow::Result<Phase> {
     let conn = rusqlite::Connection::open(dir.join(crate::store::SQLITE_DB_FILE))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch("DROP TABLE IF EXISTS bench_plain; CREATE TABLE bench_plain (id INTEGER PRIMARY KEY, content BLOB NOT NULL)")?;
     let end = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut done = 0;
+    let mut phase = Phase::new();
     let mut insert = conn.prepare("INSERT INTO bench_plain(content) VALUES (?1)")?;
     while Instant::now() < end {
-        done += insert.execute([content])? as u64;
+        let start = Instant::now();
+        phase.ops += insert.execute([content])? as u64;
+        record_since(&mut phase.latency_us, start);
     }
     drop(insert);
     conn.execute_batch("DROP TABLE bench_plain")?;
-    Ok(done)
+    Ok(phase)
 }
 
 async fn embedded_sends(
@@ -246,15 +452,16 @@ async fn embedded_sends(
     batch_size: usize,
     seconds: f64,
     content: &[u8],
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Phase> {
     let queue = format!("bench-embedded-{}", crate::util::now_us());
     let mut batch = Batch::default();
     let op = |request| StoreOp { client_id: Some(1), now_us: crate::util::now_us(), request };
     batch.ops.push(op(Request::CreateQueue { name: queue.clone() }));
     store.execute_batch(&mut batch).await?;
     let end = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut sent = 0;
+    let mut phase = Phase::new();
     while Instant::now() < end {
+        let start = Instant::now();
         batch.ops.clear();
         for _ in 0..batch_size {
             batch.ops.push(op(Request::Send {
@@ -264,28 +471,25 @@ async fn embedded_sends(
             }));
         }
         store.execute_batch(&mut batch).await?;
-        sent += batch.results.iter().filter(|r| r.is_ok()).count() as u64;
+        record_since(&mut phase.latency_us, start);
+        phase.ops += batch.results.iter().filter(|r| r.is_ok()).count() as u64;
     }
     batch.ops.clear();
     batch.ops.push(op(Request::DeleteQueue { name: queue, purge: true }));
     store.execute_batch(&mut batch).await?;
-    Ok(sent)
+    Ok(phase)
 }
 
-/// One node measurement: ops done and the node's mean requests per transaction.
-struct NodePhase {
-    ops: u64,
-    batch_mean: f64,
-}
-
+/// One node measurement per operation: the phase and the node's mean requests per transaction.
 struct NodePhases {
-    sends: NodePhase,
-    pops: NodePhase,
+    sends: (Phase, f64),
+    pops: (Phase, f64),
 }
 
 async fn through_node(
     store: AnyStore,
     config: &BenchConfig,
+    clients: usize,
     window: usize,
     content: &[u8],
 ) -> anyhow::Result<NodePhases> {
@@ -295,10 +499,16 @@ async fn through_node(
     let mut admin = Client::connect(&addr).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
+    let mut users = Vec::with_capacity(clients);
+    for i in 0..clients {
+        let mut client = Client::connect(&addr).await?;
+        client.register(&format!("{queue}-{i}"), LOAD_SECRET).await?;
+        users.push(client);
+    }
     let before = admin.stats(&queue).await?;
-    let sends = node_phase(&addr, &queue, config, window, Some(content)).await?;
+    let (sends, users) = node_phase(users, &queue, config.seconds, window, Some(content)).await?;
     let middle = admin.stats(&queue).await?;
-    let pops = node_phase(&addr, &queue, config, window, None).await?;
+    let (pops, _) = node_phase(users, &queue, config.seconds, window, None).await?;
     let after = admin.stats(&queue).await?;
     admin.delete_queue(&queue, true).await?;
     node.shutdown().await;
@@ -307,58 +517,65 @@ async fn through_node(
     let batch_mean = |committed: u64, from: &NodeStats, to: &NodeStats| {
         committed as f64 / (to.batches_committed - from.batches_committed).max(1) as f64
     };
+    let (sent, popped) = (sends.ops, pops.ops);
     Ok(NodePhases {
-        sends: NodePhase { ops: sends, batch_mean: batch_mean(sends, &before, &middle) },
-        pops: NodePhase { ops: pops, batch_mean: batch_mean(pops, &middle, &after) },
+        sends: (sends, batch_mean(sent, &before, &middle)),
+        pops: (pops, batch_mean(popped, &middle, &after)),
     })
 }
 
-/// `config.clients` clients, each keeping `window` requests in flight until the phase ends
-/// (sends when `content` is given, else pops until the queue is empty). Returns the ops done.
+/// Each registered client keeps `window` requests in flight until the phase ends (sends when
+/// `content` is given, else pops until the queue is empty). Returns the phase and the clients.
 async fn node_phase(
-    addr: &str,
+    users: Vec<Client>,
     queue: &str,
-    config: &BenchConfig,
+    seconds: f64,
     window: usize,
     content: Option<&[u8]>,
-) -> anyhow::Result<u64> {
-    let end = Instant::now() + Duration::from_secs_f64(config.seconds);
+) -> anyhow::Result<(Phase, Vec<Client>)> {
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..config.clients {
-        let mut client = Client::connect(addr).await?;
-        client.register(&format!("{queue}-{i}"), LOAD_SECRET).await?;
+    for client in users {
         let (queue, content) = (queue.to_owned(), content.map(<[u8]>::to_vec));
-        tasks.spawn(async move {
-            let request = || match &content {
-                Some(c) => {
-                    Request::Send { queue: queue.clone(), receiver: None, content: c.clone() }
-                }
-                None => {
-                    Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop }
-                }
-            };
-            let (mut done, mut in_flight, mut drained) = (0u64, 0usize, false);
-            loop {
-                while !drained && in_flight < window && Instant::now() < end {
-                    client.submit(request()).await?;
-                    in_flight += 1;
-                }
-                if in_flight == 0 {
-                    return anyhow::Ok(done);
-                }
-                let (_, result) = client.receive().await?;
-                in_flight -= 1;
-                match result {
-                    Ok(_) => done += 1,
-                    Err(e) if e.reason == crate::protocol::Reason::NoMessage => drained = true,
-                    Err(e) => return Err(crate::client::ClientError::Refused(e).into()),
-                }
-            }
-        });
+        tasks.spawn(client_phase(client, queue, content, window, end));
     }
-    let mut total = 0;
-    while let Some(n) = tasks.join_next().await {
-        total += n.context("bench client")??;
+    let (mut total, mut users) = (Phase::new(), Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        let (phase, client) = done.context("bench client")??;
+        total.add(phase)?;
+        users.push(client);
     }
-    Ok(total)
+    Ok((total, users))
+}
+
+/// One client's part of a node phase; replies come in request order, so each request's
+/// latency runs from its submit time at the front of `submitted`.
+async fn client_phase(
+    mut client: Client,
+    queue: String,
+    content: Option<Vec<u8>>,
+    window: usize,
+    end: Instant,
+) -> anyhow::Result<(Phase, Client)> {
+    let request = || match &content {
+        Some(c) => Request::Send { queue: queue.clone(), receiver: None, content: c.clone() },
+        None => Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop },
+    };
+    let mut phase = Phase::new();
+    let mut submitted = VecDeque::with_capacity(window);
+    let mut drained = false;
+    loop {
+        while !drained && submitted.len() < window && Instant::now() < end {
+            submitted.push_back(Instant::now());
+            client.submit(request()).await?;
+        }
+        let Some(start) = submitted.pop_front() else { return Ok((phase, client)) };
+        let (_, result) = client.receive().await?;
+        record_since(&mut phase.latency_us, start);
+        match result {
+            Ok(_) => phase.ops += 1,
+            Err(e) if e.reason == crate::protocol::Reason::NoMessage => drained = true,
+            Err(e) => return Err(crate::client::ClientError::Refused(e).into()),
+        }
+    }
 }

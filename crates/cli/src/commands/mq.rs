@@ -254,9 +254,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1024)]
     pub embedded_batch: usize,
     /// Requests each leantier client keeps in flight (pipelined on its connection) in the
-    /// second node measurement; the first one always runs with 1 (one request per round trip,
-    /// like the baselines' connections).
-    #[arg(long, default_value_t = 16)]
+    /// second node measurement, and messages per call of the peers' batch statements; the
+    /// first measurements always run with 1 (one request per round trip).
+    #[arg(long, default_value_t = 64)]
     pub window: usize,
     /// Exit with the target-missed code when embedded SQLite stays under 100K sends/s.
     #[arg(long)]
@@ -265,6 +265,11 @@ pub struct BenchArgs {
     /// measure pgmq on the same database (PostgreSQL stores only).
     #[arg(long)]
     pub pgmq_sql: Option<PathBuf>,
+    /// Which parts to run, in the same run: peers (plain SQL, pgmq), node (N clients),
+    /// one-client (plain SQL beside the node, one request at a time).
+    #[arg(long, value_delimiter = ',', default_value = "peers,node,one-client",
+          value_parser = one_of(&bench::BenchPart::ALL, bench::BenchPart::name))]
+    pub only: Vec<bench::BenchPart>,
     #[command(flatten)]
     pub node: NodeFlags,
 }
@@ -485,9 +490,14 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
         window: args.window,
         node: args.node.resolve()?,
         pgmq_sql: args.pgmq_sql.clone(),
+        parts: args.only.clone(),
     };
+    let load_before = bench::load_average();
     let (rows, embedded) = bench::run(&config).await?;
     println!("{}", bench::table(&rows));
+    if let (Some(before), Some(after)) = (load_before, bench::load_average()) {
+        println!("host load average (1/5/15 min): {before} before, {after} after");
+    }
     println!("{}", serde_json::to_string(&rows)?);
     if let (true, Some(rate)) = (args.check, embedded)
         && rate < bench::SQLITE_SENDS_PER_S_TARGET

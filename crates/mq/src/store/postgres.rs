@@ -3,7 +3,7 @@
 //! A batch costs ONE round trip and a handful of statements, however many requests it holds:
 //! the `plan` module cuts it into steps (a run of sends, a run of reads grouped by client and
 //! target, a run of acks, each other request), each step is one call of a set-based SQL
-//! function over arrays (`mq_send_batch`, `mq_read_batch`, `mq_ack_batch`), and BEGIN, the
+//! statement over arrays (a multi-row insert, `mq_read_batch`, a `DELETE … USING unnest`), and BEGIN, the
 //! steps and COMMIT are pipelined on one connection (see [`pipelined`]). Statements are
 //! prepared once per connection.
 //!
@@ -63,6 +63,7 @@ impl PostgresStore {
         let mut pg: tokio_postgres::Config =
             config.url.parse().context("parsing the PostgreSQL URL")?;
         pg.connect_timeout(std::time::Duration::from_secs(CONNECT_TIMEOUT_S));
+        pg.options("-c plan_cache_mode=force_generic_plan");
         let manager = Manager::from_config(
             pg,
             NoTls,
@@ -158,10 +159,39 @@ enum Planned<'a> {
     Answered(OpResult),
 }
 
-const SEND_SQL: &str = "SELECT ord, code, id FROM mq_send_batch($1, $2, $3, $4, $5)";
+/// All sends of a step in one statement (migration 3's `mq_send_batch`, as a statement: a SQL
+/// function is parsed and planned again at every call, which was a fifth of the database's
+/// time; a prepared statement keeps its plan). Ids are drawn in input order, so one client's
+/// messages keep their order. One row per input, in input order.
+const SEND_SQL: &str = "
+    WITH input AS (
+        SELECT i.ord, i.sender, i.receiver, i.content, i.now, q.id AS queue_id,
+               (i.receiver IS NULL
+                OR EXISTS (SELECT 1 FROM mq_clients c WHERE c.id = i.receiver)) AS receiver_ok
+        FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[])
+             WITH ORDINALITY AS i(sender, queue, receiver, content, now, ord)
+        LEFT JOIN mq_queues q ON q.name = i.queue
+    ), numbered AS (
+        SELECT input.*, CASE WHEN queue_id IS NOT NULL AND receiver_ok
+                             THEN nextval('mq_messages_id_seq'::regclass) END AS new_id
+        FROM input ORDER BY ord
+    ), inserted AS (
+        INSERT INTO mq_messages(id, queue_id, sender_id, receiver_id, arrived_us, content)
+        SELECT new_id, queue_id, sender, receiver, now, content FROM numbered
+        WHERE new_id IS NOT NULL
+    )
+    SELECT ord, CASE WHEN queue_id IS NULL THEN 6 WHEN NOT receiver_ok THEN 9 ELSE 0 END,
+           coalesce(new_id, 0)
+    FROM numbered ORDER BY ord";
 const READ_SQL: &str = "SELECT grp, code, id, queue, sender_id, receiver_id, arrived_us, \
                         deliveries, content FROM mq_read_batch($1, $2, $3, $4, $5, $6, $7, $8)";
-const ACK_SQL: &str = "SELECT ord FROM mq_ack_batch($1, $2, $3)";
+/// The acks of a step that deleted their message (held by the acker, lease not expired), by
+/// ordinal. The plan never puts one message id twice in a step.
+const ACK_SQL: &str = "
+    DELETE FROM mq_messages x
+    USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS a(id, me, now, ord)
+    WHERE x.id = a.id AND x.leased_by = a.me AND x.visible_us > a.now
+    RETURNING a.ord";
 
 fn query<'a>(sql: &'static str, params: Vec<Param<'a>>) -> Planned<'a> {
     Planned::Query(Query { sql, params })
@@ -302,7 +332,7 @@ type Pending<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>>;
 
 /// BEGIN, every step's statement and COMMIT issued together: ONE round trip for the whole
-/// batch, however many steps it has. tokio-postgres sends a request when its future is first
+/// batch, however many steps it has (a batch of one statement needs no BEGIN and COMMIT). tokio-postgres sends a request when its future is first
 /// polled and [`join_in_order`] first-polls in order, so the server runs them in this order. A
 /// failing statement aborts the transaction: the statements after it fail too and the COMMIT
 /// rolls back, so a batch commits all of its effects or none. Returns one row set per step.
@@ -318,18 +348,27 @@ async fn pipelined(
             Planned::Answered(_) => Vec::new(),
         })
         .collect();
+    // One statement is a transaction by itself (autocommit): the common batch at low load
+    // (a run of sends, or of reads) then costs one message each way, like a plain INSERT.
+    let explicit = statements.iter().flatten().count() > 1;
     let mut pending: Vec<Pending<'_>> = Vec::with_capacity(planned.len() + 2);
-    pending.push(Box::pin(async { client.batch_execute("BEGIN").await.map(|()| Vec::new()) }));
+    if explicit {
+        pending.push(Box::pin(async { client.batch_execute("BEGIN").await.map(|()| Vec::new()) }));
+    }
     for (statement, params) in statements.iter().zip(&params) {
         pending.push(match statement {
             Some(statement) => Box::pin(client.query(statement, params)),
             None => Box::pin(std::future::ready(Ok(Vec::new()))),
         });
     }
-    pending.push(Box::pin(async { client.batch_execute("COMMIT").await.map(|()| Vec::new()) }));
+    if explicit {
+        pending.push(Box::pin(async { client.batch_execute("COMMIT").await.map(|()| Vec::new()) }));
+    }
     let mut answers = join_in_order(pending).await.into_iter().collect::<Result<Vec<_>, _>>()?;
-    answers.pop();
-    answers.remove(0);
+    if explicit {
+        answers.pop();
+        answers.remove(0);
+    }
     Ok(answers)
 }
 
@@ -381,7 +420,11 @@ fn answer(
 
 fn answer_sends(sends: &[StoreOp], rows: &[Row], results: &mut [OpResult]) -> anyhow::Result<()> {
     let n = sends.len();
-    anyhow::ensure!(rows.len() == n, "mq_send_batch returned {} rows for {n} sends", rows.len());
+    anyhow::ensure!(
+        rows.len() == n,
+        "the send statement returned {} rows for {n} sends",
+        rows.len()
+    );
     for ((row, op), result) in rows.iter().zip(sends).zip(results) {
         let Request::Send { queue, receiver, .. } = &op.request else { continue };
         let code: i32 = row.get(1);

@@ -1,8 +1,12 @@
--- Migration 5: set-based reads and acks (see store/plan.rs for how a batch is cut into groups).
+-- Migration 5: set-based reads (see store/plan.rs for how a batch is cut into groups). PL/pgSQL,
+-- not SQL: a PL/pgSQL function keeps its statements' plans for the session.
 
 -- Answers read groups: group g is p_count[g] reads of one client with one target and mode.
 -- Pops and leases take the group's p_count[g] oldest readable messages in ONE selection
 -- (FOR UPDATE SKIP LOCKED: concurrent nodes never get the same row); peeks see the oldest one.
+-- The ORDER BY names the index's columns (the first one is fixed by the WHERE), so the planner
+-- walks the queue's or receiver's index instead of the primary key, whose head may hold every
+-- other queue's messages.
 -- Rows: (grp, 0, message...) per message taken, in no particular order (the caller orders by
 -- id), or one (grp, 6) row for an unknown queue. A group that finds nothing returns no rows.
 -- Modes: 0 pop, 1 peek, 2 lease.
@@ -31,13 +35,13 @@ BEGIN
                 WHERE x.receiver_id = p_me[g] AND (v_queue IS NULL OR x.queue_id = v_queue)
                   AND (p_sender[g] IS NULL OR x.sender_id = p_sender[g])
                   AND x.visible_us <= p_now[g]
-                ORDER BY x.id LIMIT v_limit FOR UPDATE SKIP LOCKED) s;
+                ORDER BY x.receiver_id, x.id LIMIT v_limit FOR UPDATE SKIP LOCKED) s;
         ELSE
             SELECT array_agg(s.id) INTO v_ids FROM (
                 SELECT x.id FROM mq_messages x
                 WHERE x.queue_id = v_queue AND (x.receiver_id IS NULL OR x.receiver_id = p_me[g])
                   AND x.visible_us <= p_now[g]
-                ORDER BY x.id LIMIT v_limit FOR UPDATE SKIP LOCKED) s;
+                ORDER BY x.queue_id, x.id LIMIT v_limit FOR UPDATE SKIP LOCKED) s;
         END IF;
         CONTINUE WHEN v_ids IS NULL;
         IF p_mode[g] = 0 THEN
@@ -58,13 +62,3 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
-
--- Acks in one statement: returns the ordinals of the acks that deleted their message (held by
--- the acker, lease not expired). The caller never passes one message id twice.
-CREATE FUNCTION mq_ack_batch(p_id bigint[], p_me bigint[], p_now bigint[])
-RETURNS TABLE(ord bigint) LANGUAGE sql AS $$
-    DELETE FROM mq_messages x
-    USING unnest(p_id, p_me, p_now) WITH ORDINALITY AS a(id, me, now, ord)
-    WHERE x.id = a.id AND x.leased_by = a.me AND x.visible_us > a.now
-    RETURNING a.ord
-$$;
