@@ -2,8 +2,9 @@
 //!
 //! Validation runs in a fixed order so that every refusal happens before the work it protects:
 //! JSON syntax and types (002) → required fields (003) → size limits (006, before any buffer
-//! proportional to the matrix is allocated) → shapes (001) → cells (005, 004) → multiplication
-//! (008). The body-size limit (007) is enforced by the server before this module sees a byte.
+//! proportional to the matrix is allocated) → shapes (001) → answer size (014, predicted from the
+//! shapes, before any cell is read) → cells (005, 004) → multiplication (008). The body-size
+//! limit (007) is enforced by the server before this module sees a byte.
 //!
 //! | code | HTTP | meaning |
 //! |------|------|---------|
@@ -20,6 +21,7 @@
 //! | 011  | 400  | Malformed request framing (e.g. a bad chunk size); the connection is closed |
 //! | 012  | 501  | A transfer coding other than `chunked` (e.g. `gzip, chunked`) |
 //! | 013  | 408  | The request body did not arrive within the body timeout; the connection is closed |
+//! | 014  | 422  | The answer would be larger than the configured limit (predicted from the shapes) |
 
 use std::borrow::Cow;
 
@@ -35,16 +37,37 @@ pub struct SizeLimits {
     pub dim_max: usize,
     /// Most cells of any one matrix (operands and result).
     pub cells_max: usize,
+    /// Most bytes of an answer, as [`answer_bytes_max`] predicts them from the shapes.
+    pub answer_bytes_max: usize,
 }
 
 /// Default largest dimension: twice the study's "high" complexity (2000 rows).
 pub const DIM_MAX_DEFAULT: usize = 4096;
 /// Default cell bound: 2^22 cells = 32 MiB of `i64` per matrix.
 pub const CELLS_MAX_DEFAULT: usize = 1 << 22;
+/// Default answer bound, in bytes of the answer's worst-case text: 8 MiB holds about 400,000
+/// cells (632×632; the study's largest answer, 2000×20, is at most 846 KB), and with its product
+/// (8 bytes a cell) takes 11 MiB, within one large lane. The cell bound alone let a 106 KB body
+/// (4096×1 · 1×1024) ask for an 88 MB answer.
+pub const ANSWER_BYTES_MAX_DEFAULT: usize = 8 << 20;
 
 impl Default for SizeLimits {
     fn default() -> Self {
-        SizeLimits { dim_max: DIM_MAX_DEFAULT, cells_max: CELLS_MAX_DEFAULT }
+        SizeLimits {
+            dim_max: DIM_MAX_DEFAULT,
+            cells_max: CELLS_MAX_DEFAULT,
+            answer_bytes_max: ANSWER_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+impl SizeLimits {
+    /// The most work bytes (answer plus product, as [`Request::work_bytes`] counts them) of an
+    /// answer within `answer_bytes_max`: each cell takes at most 8 bytes of product for every
+    /// [`CELL_TEXT_BYTES_MAX`] bytes of answer.
+    pub fn answer_work_bytes_max(&self) -> usize {
+        let cells_max = self.answer_bytes_max / CELL_TEXT_BYTES_MAX;
+        self.answer_bytes_max.saturating_add(cells_max.saturating_mul(size_of::<i64>()))
     }
 }
 
@@ -64,11 +87,12 @@ pub enum ErrorCode {
     MalformedFraming,
     UnsupportedCoding,
     BodyTimeout,
+    AnswerTooLarge,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::ShapeMismatch,
         ErrorCode::MalformedJson,
         ErrorCode::MissingField,
@@ -82,6 +106,7 @@ impl ErrorCode {
         ErrorCode::MalformedFraming,
         ErrorCode::UnsupportedCoding,
         ErrorCode::BodyTimeout,
+        ErrorCode::AnswerTooLarge,
     ];
 
     /// The three-digit code sent as `errorCode`.
@@ -100,6 +125,7 @@ impl ErrorCode {
             ErrorCode::MalformedFraming => "011",
             ErrorCode::UnsupportedCoding => "012",
             ErrorCode::BodyTimeout => "013",
+            ErrorCode::AnswerTooLarge => "014",
         }
     }
 
@@ -113,7 +139,10 @@ impl ErrorCode {
             | ErrorCode::MalformedFraming => 400,
             ErrorCode::BodyTimeout => 408,
             ErrorCode::BodyTooLarge => 413,
-            ErrorCode::ShapeMismatch | ErrorCode::TooLarge | ErrorCode::Overflow => 422,
+            ErrorCode::ShapeMismatch
+            | ErrorCode::TooLarge
+            | ErrorCode::Overflow
+            | ErrorCode::AnswerTooLarge => 422,
             ErrorCode::UnsupportedCoding => 501,
             ErrorCode::Busy | ErrorCode::TooManyConnections => 503,
         }
@@ -159,10 +188,58 @@ impl Failure {
         )
     }
 
+    /// Code 009 from the work bound, for a request whose product and answer need more room than
+    /// its body held.
+    pub fn answer_room_full(work_bytes: usize, waited: std::time::Duration) -> Failure {
+        Failure::new(
+            ErrorCode::Busy,
+            format!(
+                "Server busy: no room for the {work_bytes} bytes of this request's product and answer within the work bound after {} ms, retry later",
+                waited.as_millis()
+            ),
+        )
+    }
+
+    /// Code 009 from the connection's share of the work bound: its own answers, not yet read.
+    pub fn connection_share_full(held_bytes: usize, share_bytes: usize) -> Failure {
+        Failure::new(
+            ErrorCode::Busy,
+            format!(
+                "Server busy: this connection already holds {held_bytes} bytes of work (requests and answers not yet read) of its {share_bytes}-byte share; read the answers, then retry"
+            ),
+        )
+    }
+
+    /// Code 014: the answer, predicted from the shapes, is beyond `answer_bytes_max`.
+    pub fn answer_too_large(
+        rows: usize,
+        cols: usize,
+        answer_bytes: usize,
+        limit: usize,
+    ) -> Failure {
+        Failure::new(
+            ErrorCode::AnswerTooLarge,
+            format!(
+                "Answer too large: a {rows}x{cols} result takes up to {answer_bytes} bytes; the limit is {limit}"
+            ),
+        )
+    }
+
     pub fn too_many_connections(connections_max: usize) -> Failure {
         Failure::new(
             ErrorCode::TooManyConnections,
             format!("Too many connections: this server serves at most {connections_max} at once"),
+        )
+    }
+
+    /// Code 010 from the per-address bound: this client's address holds its share of the
+    /// connections, none of them idle.
+    pub fn too_many_connections_from_address(per_address_max: usize) -> Failure {
+        Failure::new(
+            ErrorCode::TooManyConnections,
+            format!(
+                "Too many connections from this address: this server serves at most {per_address_max} from one address at once"
+            ),
         )
     }
 
@@ -224,6 +301,27 @@ pub struct Request<'a> {
     pub b: Matrix,
 }
 
+impl Request<'_> {
+    /// The bytes this request holds at most until its answer is written: the larger of its
+    /// body (`body_bytes`, which its operands are parsed from) and its product (8 bytes a
+    /// cell) plus its answer, which [`write_success`] sizes before rendering for its cells'
+    /// longest text. Known before multiplying: no product cell exceeds `max|a| · max|b| · k`
+    /// (the kernel's own bound), so the answer takes at most that magnitude's text a cell, and
+    /// never more than [`answer_bytes_max`] (the study's cells, below 1000, take 10 bytes).
+    pub fn work_bytes(&self, body_bytes: usize) -> usize {
+        let magnitude_bound = u128::from(self.a.magnitude_max)
+            .saturating_mul(u128::from(self.b.magnitude_max))
+            .saturating_mul(self.a.cols as u128);
+        // A larger bound is refused (008) or fits i64 anyway: the text is at most i64's.
+        let magnitude = u64::try_from(magnitude_bound).unwrap_or(u64::MAX).min(1 << 63);
+        let (rows, cols) = (self.a.rows, self.b.cols);
+        let product_bytes = rows.saturating_mul(cols).saturating_mul(size_of::<i64>());
+        let answer_bytes =
+            answer_bytes(rows, cols, self.id.get().len(), cell_text_bytes(magnitude));
+        body_bytes.max(product_bytes.saturating_add(answer_bytes))
+    }
+}
+
 /// The result of parsing: the request, or a failure with whatever id could be read.
 pub type Parsed<'a> = Result<Request<'a>, (Option<&'a RawValue>, Failure)>;
 
@@ -260,6 +358,11 @@ fn validate<'a>(wire: RequestWire<'a>, limits: &SizeLimits) -> Result<Request<'a
     check_size("result", one_rows.len(), two_cols, limits)?;
     if one_cols != two_rows.len() {
         return Err(Failure::shape_mismatch());
+    }
+    let answer_bytes = answer_bytes_max(one_rows.len(), two_cols, id.get().len());
+    if answer_bytes > limits.answer_bytes_max {
+        let (rows, limit) = (one_rows.len(), limits.answer_bytes_max);
+        return Err(Failure::answer_too_large(rows, two_cols, answer_bytes, limit));
     }
     let a = parse_cells("matrixOne", &one_rows, one_cols)?;
     let b = parse_cells("matrixTwo", &two_rows, two_cols)?;
@@ -449,10 +552,44 @@ fn truncate(cell: &str) -> &str {
     }
 }
 
+/// The most bytes of a cell in an answer: the longest `i64` and its comma.
+const CELL_TEXT_BYTES_MAX: usize = I64_TEXT_BYTES_MAX + 1;
+
+/// The most bytes of a cell whose magnitude is at most `magnitude`: its digits, a sign and
+/// a comma (at most [`CELL_TEXT_BYTES_MAX`]).
+fn cell_text_bytes(magnitude: u64) -> usize {
+    magnitude.checked_ilog10().map_or(1, |log| log as usize + 1) + 2
+}
+/// An answer's bytes around its rows and id: `{"requestId":"` `","rows":[` `]}`, rounded up.
+const ANSWER_FRAME_BYTES: usize = 32;
+
+/// The most bytes of the rows of a `rows`×`cols` answer whose cells take at most `cell_bytes`
+/// each (with their comma), with `[`, `]` and `,` around each row.
+fn rows_text_bytes(rows: usize, cols: usize, cell_bytes: usize) -> usize {
+    let cells = rows.saturating_mul(cols);
+    cells.saturating_mul(cell_bytes).saturating_add(rows.saturating_mul(3))
+}
+
+/// The most bytes of the answer to a `rows`×`cols` product whose cells take at most
+/// `cell_bytes` each, for an id whose JSON text is `id_bytes` long. [`write_success`] reserves
+/// exactly this (with the product's largest cell) before rendering: it is also the memory the
+/// answer takes.
+fn answer_bytes(rows: usize, cols: usize, id_bytes: usize, cell_bytes: usize) -> usize {
+    let frame_bytes = ANSWER_FRAME_BYTES.saturating_add(id_bytes);
+    rows_text_bytes(rows, cols, cell_bytes).saturating_add(frame_bytes)
+}
+
+/// The most bytes of the answer to a `rows`×`cols` product, whatever its cells, for an id whose
+/// JSON text is `id_bytes` long: known from the shapes alone, before any cell is read.
+pub fn answer_bytes_max(rows: usize, cols: usize, id_bytes: usize) -> usize {
+    answer_bytes(rows, cols, id_bytes, CELL_TEXT_BYTES_MAX)
+}
+
 /// Writes `{"requestId":"<id>","rows":[[..],..]}`; a numeric id is quoted, as published.
 pub fn write_success(id: &RawValue, product: &Matrix, out: &mut Vec<u8>) {
     out.clear();
-    out.reserve(32 + product.cells.len() * 8);
+    let cell_bytes = cell_text_bytes(product.magnitude_max);
+    out.reserve(answer_bytes(product.rows, product.cols, id.get().len(), cell_bytes));
     out.extend_from_slice(b"{\"requestId\":");
     let id_text = id.get().as_bytes();
     if id_text.first() == Some(&b'"') {
@@ -466,8 +603,7 @@ pub fn write_success(id: &RawValue, product: &Matrix, out: &mut Vec<u8>) {
     // The rows are written into a slice sized for the longest possible text and cut to length
     // after: one resize instead of a capacity check (and a small copy) per byte or number.
     let start = out.len();
-    let bound = product.cells.len() * (I64_TEXT_BYTES_MAX + 1) + product.rows * 3;
-    out.resize(start + bound, 0);
+    out.resize(start + rows_text_bytes(product.rows, product.cols, cell_bytes), 0);
     let mut at = start;
     for (r, row) in product.cells.chunks_exact(product.cols).enumerate() {
         if r > 0 {
@@ -596,6 +732,52 @@ mod tests {
         for (body, code) in cases {
             assert_eq!(failure_of(&body).code, code, "{body}");
         }
+    }
+
+    /// The answer bound refuses from the shapes alone (a bad cell is never reached) and the
+    /// prediction covers what rendering allocates, for the longest cells too.
+    #[test]
+    fn an_answer_past_its_bound_is_refused_before_its_cells_are_read() {
+        let predicted = answer_bytes_max(2, 2, "2238".len());
+        let tight = SizeLimits { answer_bytes_max: predicted - 1, ..SizeLimits::default() };
+        let bad_cell = EXAMPLE.replace("\"9,10\"", "\"9,x\"");
+        let (id, failure) = parse_request(bad_cell.as_bytes(), &tight).unwrap_err();
+        assert_eq!(
+            (id.map(RawValue::get), failure.code),
+            (Some("2238"), ErrorCode::AnswerTooLarge)
+        );
+        assert!(failure.message.contains(&predicted.to_string()), "{}", failure.message);
+        let exact = SizeLimits { answer_bytes_max: predicted, ..tight };
+        assert!(parse_request(EXAMPLE.as_bytes(), &exact).is_ok());
+        let id = RawValue::from_string("\"q\"".into()).unwrap();
+        let widest = Matrix::from_cells(3, 2, vec![i64::MIN; 6]);
+        let mut out = Vec::new();
+        write_success(&id, &widest, &mut out);
+        assert!(out.capacity() <= answer_bytes_max(3, 2, 3), "{} bytes", out.capacity());
+        assert!(out.len() <= answer_bytes_max(3, 2, 3));
+    }
+
+    /// Before multiplying, a request's work covers what its product and rendered answer take,
+    /// from the operands' magnitudes: short cells reserve short text, and the bound holds at
+    /// every magnitude up to i64's.
+    #[test]
+    fn the_work_of_a_request_covers_its_product_and_answer() {
+        for cell in ["0", "7", "-99", "3037000499", "-3037000499", "9223372036854775807"] {
+            let body = EXAMPLE.replace("\"9,10\"", &format!("\"9,{cell}\""));
+            let request = parse_request(body.as_bytes(), &SizeLimits::default()).unwrap();
+            let work = request.work_bytes(0);
+            let Ok(product) = crate::kernel::multiply(&request.a, &request.b) else {
+                continue; // 008: nothing is rendered
+            };
+            let mut out = Vec::new();
+            write_success(request.id, &product, &mut out);
+            let product_bytes = product.cells.capacity() * size_of::<i64>();
+            assert!(out.capacity() + product_bytes <= work, "{cell}: {} > {work}", out.capacity());
+            assert!(work <= answer_bytes_max(2, 2, 4) + product_bytes, "{cell}");
+        }
+        let study = crate::workload::Shape::study(2000).request_body(1, 1);
+        let request = parse_request(&study, &SizeLimits::default()).unwrap();
+        assert!(request.work_bytes(study.len()) < 1 << 20, "the study's largest stays small");
     }
 
     #[test]

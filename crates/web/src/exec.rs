@@ -47,6 +47,7 @@ use tokio::sync::oneshot;
 
 use pipeline::placement::{self, CpuId};
 
+use crate::admission::{Reservation, Shortfall};
 use crate::api::{self, Failure, SizeLimits};
 use crate::kernel::{self, Matrix, Overflow, Path};
 use crate::workload;
@@ -155,32 +156,92 @@ pub enum Compute {
     DataParallel,
 }
 
+/// What running one request under a model gave.
+pub struct Done {
+    /// The reply, or `Err(work_bytes)`: the request needs that much held before it is
+    /// multiplied (its product and answer), and its lane had no room at once; the caller waits
+    /// for the room (a worker must not) and runs it again.
+    pub reply: Result<Reply, usize>,
+    /// The request's reservation, to hold until its reply is written; `None` when it ran
+    /// without one, or was refused before it ran.
+    pub room: Option<Reservation>,
+}
+
+impl Done {
+    fn refused(failure: &Failure) -> Done {
+        Done { reply: Ok(Reply::failure(None, failure)), room: None }
+    }
+}
+
 /// The whole CPU side of one request: parse, validate, multiply, render.
 pub fn process(body: &[u8], limits: &SizeLimits, compute: Compute) -> Reply {
+    // Without a reservation nothing is waited for, so the error cannot occur.
+    process_within(body, limits, compute, None).unwrap_or_else(|work_bytes| {
+        Reply::failure(None, &Failure::answer_room_full(work_bytes, std::time::Duration::ZERO))
+    })
+}
+
+/// [`process`] within `room`: once the request is parsed, and before it is multiplied, `room`
+/// must hold the request's [`work_bytes`](api::Request::work_bytes); `Err` with them when its
+/// lane has no room at once.
+fn process_within(
+    body: &[u8],
+    limits: &SizeLimits,
+    compute: Compute,
+    room: Option<&mut Reservation>,
+) -> Result<Reply, usize> {
     let request = match api::parse_request(body, limits) {
         Ok(request) => request,
-        Err((id, failure)) => return Reply::failure(id, &failure),
+        Err((id, failure)) => return Ok(Reply::failure(id, &failure)),
     };
+    if let Some(room) = room {
+        let work_bytes = request.work_bytes(body.len());
+        match room.try_hold(work_bytes) {
+            Ok(()) => {}
+            Err(Shortfall::Lane) => return Err(work_bytes),
+            Err(Shortfall::Connection { held_bytes, share_bytes }) => {
+                let failure = Failure::connection_share_full(held_bytes, share_bytes);
+                return Ok(Reply::failure(Some(request.id), &failure));
+            }
+        }
+    }
     let product = match compute {
         Compute::Serial => kernel::multiply(&request.a, &request.b),
         Compute::DataParallel => multiply_parallel(&request.a, &request.b),
     };
-    match product {
+    Ok(match product {
         Ok(product) => {
             let mut body = Vec::new();
             api::write_success(request.id, &product, &mut body);
             Reply { status: 200, body }
         }
         Err(overflow) => Reply::failure(Some(request.id), &overflow.into()),
-    }
+    })
 }
 
-/// [`process`] that turns a panic (a bug) into HTTP 500 so the worker keeps serving.
-fn process_guarded(body: &[u8], limits: &SizeLimits, compute: Compute) -> Reply {
-    catch_unwind(AssertUnwindSafe(|| process(body, limits, compute))).unwrap_or_else(|_| {
-        tracing::error!("request processing panicked; answered 500");
-        Reply { status: 500, body: br#"{"errorMessage":"internal error"}"#.to_vec() }
-    })
+/// [`process_within`] that turns a panic (a bug) into HTTP 500 so the worker keeps serving.
+fn process_guarded(
+    body: &[u8],
+    limits: &SizeLimits,
+    compute: Compute,
+    room: Option<&mut Reservation>,
+) -> Result<Reply, usize> {
+    catch_unwind(AssertUnwindSafe(|| process_within(body, limits, compute, room))).unwrap_or_else(
+        |_| {
+            tracing::error!("request processing panicked; answered 500");
+            Ok(Reply { status: 500, body: br#"{"errorMessage":"internal error"}"#.to_vec() })
+        },
+    )
+}
+
+/// Runs `job` on the calling thread, calls `leave` (the job's admission, left before the
+/// answer goes so the next request finds its room), and sends the answer with its reservation.
+fn answer_job(job: Job, limits: &SizeLimits, compute: Compute, leave: impl FnOnce()) {
+    let Job { body, mut room, reply } = job;
+    let done = Done { reply: process_guarded(&body, limits, compute, room.as_mut()), room };
+    leave();
+    // The client may have gone away; its answer (and its reservation) simply drop.
+    let _ = reply.send(done);
 }
 
 /// `a · b` with output rows split into one chunk per thread of the current rayon pool.
@@ -207,7 +268,8 @@ pub struct ExecConfig {
 
 struct Job {
     body: Bytes,
-    reply: oneshot::Sender<Reply>,
+    room: Option<Reservation>,
+    reply: oneshot::Sender<Done>,
 }
 
 /// Counts requests admitted and not yet answered; refuses past the bound.
@@ -442,15 +504,16 @@ impl Executor {
         }
     }
 
-    /// Runs one request under this model; never blocks the calling (reactor) thread beyond the
-    /// adaptive model's inline budget, except in an adaptive child, whose reactor owns its core.
-    pub async fn execute(&self, body: Bytes) -> Reply {
+    /// Runs one request under this model within `room` (see [`Done`]); never blocks the
+    /// calling (reactor) thread beyond the adaptive model's inline budget, except in an adaptive
+    /// child, whose reactor owns its core.
+    pub async fn execute(&self, body: Bytes, room: Option<Reservation>) -> Done {
         let limits = self.limits;
         let (reply, answer) = oneshot::channel();
         let admitted = match &self.inner {
-            Inner::Queue { jobs } => jobs.try_send(Job { body, reply }).is_ok(),
+            Inner::Queue { jobs } => jobs.try_send(Job { body, room, reply }).is_ok(),
             Inner::Pool { pool, admission } => {
-                let job = Job { body, reply };
+                let job = Job { body, room, reply };
                 let admitted = admission.try_enter();
                 if admitted {
                     run_on_pool(pool, admission, job, Compute::DataParallel, limits);
@@ -459,28 +522,28 @@ impl Executor {
             }
             Inner::Adaptive { pool, admission, calibration } => {
                 if !admission.try_enter() {
-                    return Reply::failure(None, &Failure::busy());
+                    return Done::refused(&Failure::busy());
                 }
                 // The count includes this request and every one inline on a reactor.
                 let cores_idle = admission.current() < pool.current_num_threads();
                 match calibration.placement(body.len(), cores_idle) {
-                    Placement::Inline => return run_inline(admission, &body, &limits),
+                    Placement::Inline => return run_inline(admission, &body, &limits, room),
                     Placement::Pool(compute) => {
-                        run_on_pool(pool, admission, Job { body, reply }, compute, limits);
+                        run_on_pool(pool, admission, Job { body, room, reply }, compute, limits);
                         true
                     }
                 }
             }
             Inner::Child { admission, calibration, jobs } => {
                 if !admission.try_enter() {
-                    return Reply::failure(None, &Failure::busy());
+                    return Done::refused(&Failure::busy());
                 }
                 let may_split = calibration.splits(body.len(), admission.alone_on_host());
                 if !may_split && body.len() <= INLINE_BODY_BYTES_MAX {
-                    return run_inline(admission, &body, &limits);
+                    return run_inline(admission, &body, &limits, room);
                 }
                 // The worker leaves the admission when it has answered.
-                let sent = jobs.try_send(Job { body, reply });
+                let sent = jobs.try_send(Job { body, room, reply });
                 if sent.is_err() {
                     admission.leave();
                 }
@@ -488,10 +551,10 @@ impl Executor {
             }
         };
         if !admitted {
-            return Reply::failure(None, &Failure::busy());
+            return Done::refused(&Failure::busy());
         }
         // The workers always answer (panics are caught); a closed channel means shutdown.
-        answer.await.unwrap_or_else(|_| Reply::failure(None, &Failure::busy()))
+        answer.await.unwrap_or_else(|_| Done::refused(&Failure::busy()))
     }
 }
 
@@ -509,30 +572,33 @@ impl ChildWorker {
     /// Serves until the executor (the only sender) is dropped.
     fn serve(&self, queue: &crossbeam::channel::Receiver<Job>) {
         while let Ok(job) = queue.recv() {
-            let reply = self.process(&job.body);
-            self.admission.leave();
-            // The client may have gone away; its answer is simply dropped.
-            let _ = job.reply.send(reply);
+            self.process(job);
         }
     }
 
     /// Split over every core when this is the only request admitted on the host and the body is
     /// at least the calibrated split size.
-    fn process(&self, body: &[u8]) -> Reply {
-        if body.len() >= self.parallel_body_bytes_min && self.admission.alone_on_host() {
-            self.pool.install(|| process_guarded(body, &self.limits, Compute::DataParallel))
+    fn process(&self, job: Job) {
+        let leave = || self.admission.leave();
+        if job.body.len() >= self.parallel_body_bytes_min && self.admission.alone_on_host() {
+            self.pool.install(|| answer_job(job, &self.limits, Compute::DataParallel, leave));
         } else {
-            process_guarded(body, &self.limits, Compute::Serial)
+            answer_job(job, &self.limits, Compute::Serial, leave);
         }
     }
 }
 
 /// Runs an admitted request on the calling (reactor) thread, serially. There is no await until
 /// it is answered, so the admission is left exactly once, and panics are caught.
-fn run_inline(admission: &Admission, body: &[u8], limits: &SizeLimits) -> Reply {
-    let reply = process_guarded(body, limits, Compute::Serial);
+fn run_inline(
+    admission: &Admission,
+    body: &[u8],
+    limits: &SizeLimits,
+    mut room: Option<Reservation>,
+) -> Done {
+    let reply = process_guarded(body, limits, Compute::Serial, room.as_mut());
     admission.leave();
-    reply
+    Done { reply, room }
 }
 
 /// Runs an admitted `job` on `pool`, which leaves the admission when it has answered.
@@ -545,10 +611,7 @@ fn run_on_pool(
 ) {
     let admission = Arc::clone(admission);
     pool.spawn(move || {
-        let reply = process_guarded(&job.body, &limits, compute);
-        admission.leave();
-        // The client may have gone away; its answer is simply dropped.
-        let _ = job.reply.send(reply);
+        answer_job(job, &limits, compute, || admission.leave());
     });
 }
 
@@ -574,8 +637,8 @@ fn spawn_queue_workers(
                 }
                 // Ends when the executor (the only sender) is dropped.
                 while let Ok(job) = queue.recv() {
-                    let reply = process_guarded(&job.body, &limits, Compute::Serial);
-                    let _ = job.reply.send(reply);
+                    // The channel's bound is the admission: nothing to leave.
+                    answer_job(job, &limits, Compute::Serial, || {});
                 }
             },
         )?;
@@ -625,8 +688,8 @@ mod tests {
         assert_eq!(expected.status, 200);
         for model in Model::IN_PROCESS {
             let executor = Executor::start(model, &config()).unwrap();
-            let reply = runtime.block_on(executor.execute(body.clone()));
-            assert_eq!(reply, expected, "{model:?}");
+            let done = runtime.block_on(executor.execute(body.clone(), None));
+            assert_eq!(done.reply, Ok(expected.clone()), "{model:?}");
         }
     }
 

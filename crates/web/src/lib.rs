@@ -29,9 +29,12 @@
 //! connections in turn ([`deal`]), each process running bodies up to 256 KiB that will not split
 //! inline on its reactor and the others on a worker on its core. Every model has a named admission
 //! bound and answers 503 with code 009 past it. Whatever the model, connections are served by one
-//! accept loop per process ([`conn`]: connection limit, idle, header and body timeouts) and
-//! request bodies are admitted by their bytes before they are read ([`admission`]), so large
-//! requests wait in their own lane while small ones are answered. All in-process models (`adaptive` included) are
+//! accept loop per process ([`conn`]: connection limits in all and per address, the longest-idle
+//! connection closed to admit a new one, idle, write progress, header and body timeouts) and
+//! requests are admitted by their work ([`admission`]): their body's bytes before they are read,
+//! then their product and answer before they are multiplied, held until the answer is written,
+//! so large requests wait in their own lane while small ones are answered, and answers that are
+//! never read stay within the bound. All in-process models (`adaptive` included) are
 //! served side by side on `/matrix/<model>` so one run compares them under identical conditions.
 //!
 //! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}

@@ -64,6 +64,7 @@ pub struct ChildSpec {
     pub addr: SocketAddr,
     pub dim_max: usize,
     pub cells_max: usize,
+    pub answer_bytes_max: usize,
     pub queue_depth_max: usize,
     pub body_bytes_max: usize,
     /// Connection and work bounds, per child process.
@@ -87,7 +88,11 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         tracing::warn!(error = %std::io::Error::last_os_error(), "child will not die with its parent");
     }
     let exec = ExecConfig {
-        limits: SizeLimits { dim_max: spec.dim_max, cells_max: spec.cells_max },
+        limits: SizeLimits {
+            dim_max: spec.dim_max,
+            cells_max: spec.cells_max,
+            answer_bytes_max: spec.answer_bytes_max,
+        },
         workers: spec.pool_threads,
         queue_depth_max: spec.queue_depth_max,
     };

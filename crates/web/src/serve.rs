@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::WebError;
 use crate::admission::WorkBounds;
-use crate::api::{CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
+use crate::api::{ANSWER_BYTES_MAX_DEFAULT, CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
 use crate::conn::ConnectionBounds;
 use crate::exec::{self, Calibration, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
 use crate::prefork::{ChildSpec, Prefork};
@@ -53,14 +53,17 @@ pub struct ServeConfig {
     pub body_bytes_max: usize,
     pub dim_max: usize,
     pub cells_max: usize,
+    pub answer_bytes_max: usize,
     pub io_threads: usize,
     pub adaptive_layout: AdaptiveLayout,
     pub header_timeout_ms: u64,
     pub body_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub connections_max: usize,
+    pub connections_per_address_max: usize,
     pub work_bytes_max: usize,
     pub large_work_bytes_max: usize,
+    pub connection_work_bytes_max: usize,
     pub admission_wait_ms: u64,
 }
 
@@ -76,14 +79,17 @@ impl Default for ServeConfig {
             body_bytes_max: BODY_BYTES_MAX_DEFAULT,
             dim_max: DIM_MAX_DEFAULT,
             cells_max: CELLS_MAX_DEFAULT,
+            answer_bytes_max: ANSWER_BYTES_MAX_DEFAULT,
             io_threads: cpus,
             adaptive_layout: AdaptiveLayout::default(),
             header_timeout_ms: millis(connection.header_timeout),
             body_timeout_ms: millis(connection.body_timeout),
             idle_timeout_ms: millis(connection.idle_timeout),
             connections_max: connection.connections_max,
+            connections_per_address_max: connection.connections_per_address_max,
             work_bytes_max: work.work_bytes_max,
             large_work_bytes_max: work.large_work_bytes_max,
+            connection_work_bytes_max: work.connection_work_bytes_max,
             admission_wait_ms: millis(work.wait_timeout),
         }
     }
@@ -103,6 +109,7 @@ impl ServeConfig {
             ("body_bytes_max", self.body_bytes_max),
             ("dim_max", self.dim_max),
             ("cells_max", self.cells_max),
+            ("answer_bytes_max", self.answer_bytes_max),
             ("io_threads", self.io_threads),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
@@ -110,11 +117,12 @@ impl ServeConfig {
         }
         let bounds = self.bounds();
         bounds.connection.check().map_err(WebError::BadInput)?;
-        bounds.work.check(self.body_bytes_max).map_err(WebError::BadInput)?;
+        let request_work_max = self.body_bytes_max.max(self.limits().answer_work_bytes_max());
+        bounds.work.check(request_work_max).map_err(WebError::BadInput)?;
         Ok(ServerConfig {
             default_model: model,
             exec: ExecConfig {
-                limits: SizeLimits { dim_max: self.dim_max, cells_max: self.cells_max },
+                limits: self.limits(),
                 workers: self.workers,
                 queue_depth_max: self.queue_depth_max,
             },
@@ -122,6 +130,14 @@ impl ServeConfig {
             io_threads: self.io_threads,
             bounds,
         })
+    }
+
+    fn limits(&self) -> SizeLimits {
+        SizeLimits {
+            dim_max: self.dim_max,
+            cells_max: self.cells_max,
+            answer_bytes_max: self.answer_bytes_max,
+        }
     }
 
     fn bounds(&self) -> ServeBounds {
@@ -132,10 +148,12 @@ impl ServeConfig {
                 body_timeout: Duration::from_millis(self.body_timeout_ms),
                 idle_timeout: Duration::from_millis(self.idle_timeout_ms),
                 connections_max: self.connections_max,
+                connections_per_address_max: self.connections_per_address_max,
             },
             work: WorkBounds {
                 work_bytes_max: self.work_bytes_max,
                 large_work_bytes_max: self.large_work_bytes_max,
+                connection_work_bytes_max: self.connection_work_bytes_max,
                 wait_timeout: Duration::from_millis(self.admission_wait_ms),
             },
         }
@@ -154,6 +172,7 @@ impl ServeConfig {
             addr: self.listen,
             dim_max: self.dim_max,
             cells_max: self.cells_max,
+            answer_bytes_max: self.answer_bytes_max,
             queue_depth_max: self.queue_depth_max,
             body_bytes_max: self.body_bytes_max,
             bounds: self.bounds(),
@@ -233,8 +252,7 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
 pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Prefork> {
     let mut template = config.child_template(model);
     if model == Model::Adaptive {
-        let limits = SizeLimits { dim_max: config.dim_max, cells_max: config.cells_max };
-        let calibration = exec::calibrate(config.workers, &limits)?;
+        let calibration = exec::calibrate(config.workers, &config.limits())?;
         println!("{calibration}");
         template.calibration = calibration;
     }

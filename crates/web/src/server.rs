@@ -5,7 +5,10 @@
 //! per-core models, `prefork` and the served `adaptive`, run in their own processes).
 //! Connections are accepted and timed by [`crate::conn`]. A request's body is admitted by
 //! [`crate::admission`] (its bytes reserved before they are read), read up to `body_bytes_max`
-//! and handed to the model's [`Executor`]. A larger body is refused with a 413 once the rest of
+//! and handed to the model's [`Executor`] with its reservation, which grows to the request's
+//! product and answer before it is multiplied (waiting here, on the reactor, when its lane has
+//! no room at once) and is then owned by the answer's bytes: released when hyper has written
+//! the last of them to the socket, or the connection closes. A larger body is refused with a 413 once the rest of
 //! it has been read (see `REFUSED_BODY_DRAIN_BYTES_MAX`); so are a body that finds no room within
 //! the work bound (503, code 009) and a transfer coding other than `chunked` (501, code 012). A
 //! body whose chunked framing is malformed is answered 400 (code 011), one that does not arrive
@@ -29,7 +32,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
-use crate::admission::{Reservation, WorkBounds, WorkBudget};
+use crate::admission::{ConnectionWork, Reservation, Shortfall, WorkBounds, WorkBudget};
 use crate::api::Failure;
 use crate::conn::{self, BodyTimeout, ConnectionBounds};
 use crate::exec::{Calibration, ExecConfig, Executor, Model, Reply};
@@ -110,6 +113,8 @@ fn matrix_route(executor: Arc<Executor>, intake: &Arc<Intake>) -> MethodRouter {
 }
 
 async fn handle(executor: &Executor, intake: &Intake, request: Request) -> Response {
+    // Set by crate::conn for every request; a router served some other way shares nothing.
+    let connection = request.extensions().get::<Arc<ConnectionWork>>().cloned().unwrap_or_default();
     let (parts, mut body) = request.into_parts();
     if let Some(failure) = coding_failure(&parts.headers) {
         return closing(refuse(body, None, failure).await);
@@ -124,20 +129,56 @@ async fn handle(executor: &Executor, intake: &Intake, request: Request) -> Respo
     }
     // Within body_bytes_max, so within usize.
     let expected_bytes = declared_bytes.map_or(0, |bytes| bytes as usize);
-    let Some(mut reservation) = intake.work.reserve(expected_bytes).await else {
-        let failure = Failure::work_bound_full(expected_bytes, intake.work.wait_timeout());
-        return refuse(body, declared_bytes, failure).await;
+    let mut reservation = match intake.work.reserve(expected_bytes, &connection).await {
+        Ok(reservation) => reservation,
+        Err(shortfall) => {
+            let lane_full = Failure::work_bound_full(expected_bytes, intake.work.wait_timeout());
+            let failure = refusal_of(shortfall, lane_full);
+            return refuse(body, declared_bytes, failure).await;
+        }
     };
     let refusal = match read_body(&mut body, intake, &mut reservation, expected_bytes).await {
-        // The reservation is held until the answer is built.
-        Ok(bytes) => return into_response(executor.execute(bytes).await),
+        Ok(bytes) => return answer(executor, intake, bytes, reservation).await,
         Err(refusal) => refusal,
     };
     // Nothing of the body is kept from here on.
     drop(reservation);
     match refusal {
         BodyRefusal::AfterDrain(failure) => refuse(body, None, failure).await,
-        BodyRefusal::Closing(failure) => closing(into_response(Reply::failure(None, &failure))),
+        BodyRefusal::Closing(failure) => {
+            closing(into_response(Reply::failure(None, &failure), None))
+        }
+    }
+}
+
+/// Runs a read request within `room`. When its lane had no room at once for the request's
+/// product and answer, waits for it here (a worker must not wait) and runs it again with the
+/// room held; parsing twice is the cost of that rare case only.
+async fn answer(executor: &Executor, intake: &Intake, body: Bytes, room: Reservation) -> Response {
+    let mut done = executor.execute(body.clone(), Some(room)).await;
+    if let Err(work_bytes) = done.reply
+        && let Some(mut room) = done.room.take()
+    {
+        if let Err(shortfall) = room.hold(work_bytes).await {
+            let lane_full = Failure::answer_room_full(work_bytes, intake.work.wait_timeout());
+            return into_response(Reply::failure(None, &refusal_of(shortfall, lane_full)), None);
+        }
+        done = executor.execute(body, Some(room)).await;
+    }
+    let reply = done.reply.unwrap_or_else(|work_bytes| {
+        Reply::failure(None, &Failure::answer_room_full(work_bytes, intake.work.wait_timeout()))
+    });
+    into_response(reply, done.room)
+}
+
+/// The refusal of a reservation that was not granted: `lane_full` when its lane had no room,
+/// or the connection's share.
+fn refusal_of(shortfall: Shortfall, lane_full: Failure) -> Failure {
+    match shortfall {
+        Shortfall::Lane => lane_full,
+        Shortfall::Connection { held_bytes, share_bytes } => {
+            Failure::connection_share_full(held_bytes, share_bytes)
+        }
     }
 }
 
@@ -150,10 +191,10 @@ enum BodyRefusal {
 }
 
 /// Reads the whole body, growing `reservation` as it grows past what was declared.
-async fn read_body<'a>(
+async fn read_body(
     body: &mut Body,
-    intake: &'a Intake,
-    reservation: &mut Reservation<'a>,
+    intake: &Intake,
+    reservation: &mut Reservation,
     expected_bytes: usize,
 ) -> Result<Bytes, BodyRefusal> {
     // One frame (the common case) is kept as it came; more are joined into one buffer.
@@ -169,9 +210,9 @@ async fn read_body<'a>(
         if received_bytes > intake.body_bytes_max {
             return Err(BodyRefusal::AfterDrain(Failure::body_too_large(intake.body_bytes_max)));
         }
-        let unreserved_bytes = received_bytes.saturating_sub(reservation.bytes());
-        if unreserved_bytes > 0 && !reservation.grow(&intake.work, unreserved_bytes).await {
-            let failure = Failure::work_bound_full(received_bytes, intake.work.wait_timeout());
+        if let Err(shortfall) = reservation.hold(received_bytes).await {
+            let lane_full = Failure::work_bound_full(received_bytes, intake.work.wait_timeout());
+            let failure = refusal_of(shortfall, lane_full);
             return Err(BodyRefusal::AfterDrain(failure));
         }
         match first.take() {
@@ -248,7 +289,7 @@ async fn refuse(mut body: Body, declared_bytes: Option<u64>, failure: Failure) -
         };
         let _ = tokio::time::timeout(REFUSED_BODY_DRAIN_TIMEOUT, drain).await;
     }
-    into_response(Reply::failure(None, &failure))
+    into_response(Reply::failure(None, &failure), None)
 }
 
 /// `response` with `connection: close`, which hyper honours after writing it.
@@ -257,9 +298,28 @@ fn closing(mut response: Response) -> Response {
     response
 }
 
-fn into_response(reply: Reply) -> Response {
+/// An answer's bytes and the reservation that holds their room. hyper keeps the bytes (it
+/// queues them for the socket without copying) until their last byte is written, or the
+/// connection closes, and only then drops them: that is when the room is given back.
+struct Answer {
+    bytes: Vec<u8>,
+    _room: Reservation,
+}
+
+impl AsRef<[u8]> for Answer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// `reply` as a response whose bytes hold `room` until they are written.
+fn into_response(reply: Reply, room: Option<Reservation>) -> Response {
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], Body::from(reply.body)).into_response()
+    let bytes = match room {
+        Some(room) => Bytes::from_owner(Answer { bytes: reply.body, _room: room }),
+        None => Bytes::from(reply.body),
+    };
+    (status, [(header::CONTENT_TYPE, "application/json")], Body::from(bytes)).into_response()
 }
 
 /// Serves `router` on `listener` with `io_threads` reactor threads until `shutdown`.
@@ -278,7 +338,7 @@ pub fn serve_blocking(
 /// Serves `router` on the listener that `listener` makes inside the runtime (tokio listeners
 /// register with the runtime that is current when they are made), within `bounds`: every
 /// execution model serves its connections here.
-pub fn serve_on<L: Listener>(
+pub fn serve_on<L: Listener<Addr = SocketAddr>>(
     listener: impl FnOnce() -> std::io::Result<L>,
     router: Router,
     io_threads: usize,

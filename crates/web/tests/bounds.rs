@@ -1,6 +1,8 @@
 //! The connection bounds over real sockets (idle, header and body timeouts, the connection
-//! limit) and the framing refusals (malformed chunks, unsupported transfer codings), with short
-//! bounds configured for the test and generous margins for a loaded host.
+//! limits and the eviction of idle connections), the work held by answers that their clients
+//! do not read, the answer bound, and the framing refusals (malformed chunks, unsupported
+//! transfer codings), with short bounds configured for the test and generous margins for a
+//! loaded host.
 
 mod common;
 
@@ -25,6 +27,8 @@ const LONG: Duration = Duration::from_secs(30);
 const SHORT: Duration = Duration::from_millis(400);
 /// The most a test waits for the server to act on a bound (the host may be loaded).
 const PATIENCE: Duration = Duration::from_secs(6);
+/// Long enough for the server to have read what a test just sent (the host may be loaded).
+const SETTLE: Duration = Duration::from_millis(300);
 
 fn bounds(header: Duration, body: Duration, idle: Duration, connections_max: usize) -> ServeBounds {
     let connection = ConnectionBounds {
@@ -32,23 +36,28 @@ fn bounds(header: Duration, body: Duration, idle: Duration, connections_max: usi
         body_timeout: body,
         idle_timeout: idle,
         connections_max,
+        connections_per_address_max: connections_max,
     };
     ServeBounds { connection, work: WorkBounds::default() }
 }
 
 fn exec_config() -> ExecConfig {
     ExecConfig {
-        limits: SizeLimits { dim_max: 1000, cells_max: 100_000 },
+        limits: SizeLimits { dim_max: 1000, cells_max: 100_000, ..SizeLimits::default() },
         workers: 2,
         queue_depth_max: 16,
     }
 }
 
 fn start(bounds: ServeBounds) -> Server {
+    start_with(bounds, exec_config())
+}
+
+fn start_with(bounds: ServeBounds, exec: ExecConfig) -> Server {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let config = ServerConfig {
         default_model: Model::Pinned,
-        exec: exec_config(),
+        exec,
         body_bytes_max: 1 << 16,
         io_threads: 2,
         bounds,
@@ -177,22 +186,27 @@ fn a_trickled_body_gets_408_after_the_body_timeout() {
     trickle.join().unwrap();
 }
 
-/// With a limit of two, a third connection gets 503 with code 010 and is closed while the two
-/// are served; once one of them closes, a new connection is served.
+/// With a limit of two connections, both in a request (a header begun, so neither is idle), a
+/// third gets 503 with code 010 and is closed while the two are served; once one of them
+/// closes, a new connection is served.
 #[test]
-fn connections_past_the_limit_are_refused_while_others_are_served() {
+fn connections_past_the_limit_are_refused_while_none_is_idle() {
     let server = start(bounds(LONG, LONG, LONG, 2));
+    let whole = request(EXAMPLE);
+    let (begun, rest) = whole.split_at(20);
     let mut held: Vec<TcpStream> = (0..2).map(|_| connect(&server)).collect();
     for stream in &mut held {
-        stream.write_all(request(EXAMPLE).as_bytes()).unwrap();
-        assert_eq!(read_response(stream).0, 200);
+        stream.write_all(begun.as_bytes()).unwrap();
     }
+    std::thread::sleep(SETTLE);
     let mut extra = connect(&server);
     let (status, body) = read_response(&mut extra);
     assert_eq!((status, error_code(&body).as_str()), (503, "010"), "{body}");
     time_until_closed(&mut extra, Instant::now());
-    held[0].write_all(request(EXAMPLE).as_bytes()).unwrap();
-    assert_eq!(read_response(&mut held[0]), (200, EXAMPLE_ANSWER.to_string()));
+    for stream in &mut held {
+        stream.write_all(rest.as_bytes()).unwrap();
+        assert_eq!(read_response(stream), (200, EXAMPLE_ANSWER.to_string()));
+    }
     drop(held.pop());
     let start = Instant::now();
     loop {
@@ -296,4 +310,158 @@ proptest! {
             prop_assert!(answer.ends_with(EXAMPLE_ANSWER), "{answer}");
         }
     }
+}
+
+/// `dim`×1 · 1×`dim` with 10-digit cells: a body of about 36 KB for `dim` 1000 whose product
+/// cells have 19 digits, so its answer is 20 MB of text that no socket buffer absorbs.
+fn outer_product_request(dim: usize) -> String {
+    const CELL: &str = "3037000499"; // its square is just below i64::MAX
+    let column = vec![format!("{{\"value\":\"{CELL}\"}}"); dim].join(",");
+    let row = vec![CELL; dim].join(",");
+    request(&format!(
+        "{{\"requestId\":1,\"matrixOne\":{{\"columnCount\":1,\"rows\":[{column}]}},\
+         \"matrixTwo\":{{\"columnCount\":{dim},\"rows\":[{{\"value\":\"{row}\"}}]}}}}"
+    ))
+}
+
+/// Resident memory of this process (the server runs in it), in bytes.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// How many connections send an outer-product request and never read its answer.
+const NON_READERS: usize = 12;
+/// A non-reader's receive buffer: fixed and small, as a client that reads nothing gets, so
+/// that the kernel cannot absorb the answers (an unset buffer grew to take one 20 MB answer
+/// whole on the test host, and the test measured one more answer than it meant to).
+const NON_READER_RECEIVE_BYTES: usize = 64 << 10;
+
+/// Connections that send a 36 KB body with a 20 MB answer and never read it: the server holds
+/// the work of one such answer at a time (its reservation lasts until the answer is written),
+/// the others get 009 after the admission wait, so its resident memory grows by about one
+/// answer (21 MiB measured), not twelve (256 MiB measured before the answer was counted, and
+/// 48 MiB when the reservation was let go before the answer was written); a small request is
+/// answered meanwhile; and once the write progress timeout cuts the stalled connection off, its
+/// room comes back and a client that reads gets the same large answer.
+#[test]
+fn answers_that_are_never_read_hold_bounded_memory() {
+    let limits = SizeLimits { dim_max: 1000, cells_max: 1 << 20, answer_bytes_max: 24 << 20 };
+    let work = WorkBounds {
+        large_work_bytes_max: 32 << 20,
+        connection_work_bytes_max: 32 << 20,
+        wait_timeout: Duration::from_secs(1),
+        ..WorkBounds::default()
+    };
+    let idle = Duration::from_secs(3);
+    let bounds = ServeBounds { work, ..bounds(LONG, LONG, idle, 64) };
+    let server = start_with(bounds, ExecConfig { limits, queue_depth_max: 256, ..exec_config() });
+    let mut warm = connect(&server);
+    warm.write_all(request(EXAMPLE).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut warm).0, 200);
+    let before = resident_bytes();
+    let hostile = outer_product_request(1000);
+    let attacked = Instant::now();
+    let non_readers: Vec<TcpStream> = (0..NON_READERS)
+        .map(|_| {
+            let mut stream = connect_from(&server, [127, 0, 0, 1], NON_READER_RECEIVE_BYTES);
+            stream.write_all(hostile.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(SETTLE);
+    let sent = Instant::now();
+    warm.write_all(request(EXAMPLE).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut warm), (200, EXAMPLE_ANSWER.to_string()));
+    let waited = sent.elapsed();
+    assert!(waited < Duration::from_secs(3), "a small request waited {waited:?}");
+    // Past the admission wait, before the write progress timeout.
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(attacked.elapsed()));
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(grown < 40 << 20, "resident memory grew {} MiB", grown >> 20);
+    std::thread::sleep(idle + SETTLE);
+    let mut reader = connect(&server);
+    reader.write_all(hostile.as_bytes()).unwrap();
+    let (status, answer) = read_response(&mut reader);
+    assert_eq!(status, 200, "the cut-off connection's room came back: {}", &answer[..120]);
+    drop(non_readers);
+}
+
+/// An answer predicted beyond the bound is refused with code 014 (HTTP 422) without computing,
+/// and the same connection is served on.
+#[test]
+fn an_answer_past_the_bound_is_refused_with_014() {
+    let limits = SizeLimits { dim_max: 1000, cells_max: 1 << 20, answer_bytes_max: 1 << 20 };
+    let exec = ExecConfig { limits, ..exec_config() };
+    let server = start_with(bounds(LONG, LONG, LONG, 16), exec);
+    let mut stream = connect(&server);
+    stream.write_all(outer_product_request(1000).as_bytes()).unwrap();
+    let (status, body) = read_response(&mut stream);
+    assert_eq!((status, error_code(&body).as_str()), (422, "014"), "{body}");
+    assert!(body.contains("1000x1000") && body.contains("1048576"), "{body}");
+    stream.write_all(request(EXAMPLE).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut stream), (200, EXAMPLE_ANSWER.to_string()));
+}
+
+/// Every slot held by a connection that never sent a byte: a new client is still answered,
+/// the longest-idle connection having been closed for it, and the others kept.
+#[test]
+fn idle_connections_make_room_for_a_new_client() {
+    let server = start(bounds(LONG, LONG, LONG, 4));
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for _ in 0..4 {
+        idle.push(connect(&server));
+        // Each is idle since it was accepted: distinct times make the oldest well defined.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(SETTLE);
+    let mut client = connect(&server);
+    client.write_all(request(EXAMPLE).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut client), (200, EXAMPLE_ANSWER.to_string()));
+    time_until_closed(&mut idle[0], Instant::now());
+    let newest = &mut idle[3];
+    newest.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let kept = newest.read(&mut [0u8; 16]).map_err(|error| error.kind());
+    assert!(matches!(kept, Err(ErrorKind::WouldBlock | ErrorKind::TimedOut)), "{kept:?}");
+}
+
+/// A connection to `server` from `address` (of the loopback network) with a receive buffer of
+/// `receive_bytes` (the system's choice when 0).
+fn connect_from(server: &Server, address: [u8; 4], receive_bytes: usize) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    if receive_bytes > 0 {
+        socket.set_recv_buffer_size(receive_bytes).unwrap();
+    }
+    socket.bind(&std::net::SocketAddr::from((address, 0)).into()).unwrap();
+    socket.connect(&server.local_addr().into()).unwrap();
+    let stream = TcpStream::from(socket);
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    stream
+}
+
+/// One address holding its share of the slots with connections that are never idle (each in a
+/// trickled header) gets 503 with code 010 for one more, while another address is served.
+#[test]
+fn one_address_cannot_take_every_slot() {
+    let connection = ConnectionBounds {
+        connections_per_address_max: 2,
+        ..bounds(LONG, LONG, LONG, 8).connection
+    };
+    let server = start(ServeBounds { connection, work: WorkBounds::default() });
+    let hog = [127, 0, 0, 1];
+    let mut held: Vec<TcpStream> = (0..2).map(|_| connect_from(&server, hog, 0)).collect();
+    for stream in &mut held {
+        stream.write_all(b"POST /matrix HTTP/1.1\r\n").unwrap();
+    }
+    std::thread::sleep(SETTLE);
+    let mut more = connect_from(&server, hog, 0);
+    let (status, body) = read_response(&mut more);
+    assert_eq!((status, error_code(&body).as_str()), (503, "010"), "{body}");
+    assert!(body.contains("from this address"), "{body}");
+    let mut other = connect_from(&server, [127, 0, 0, 2], 0);
+    other.write_all(request(EXAMPLE).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut other), (200, EXAMPLE_ANSWER.to_string()));
 }

@@ -191,6 +191,7 @@ async fn run_one(router: axum::Router, raw: Vec<u8>) -> Result<Vec<u16>, String>
         body_timeout: TIMEOUT,
         idle_timeout: TIMEOUT,
         connections_max: 1,
+        connections_per_address_max: 1,
     };
     let answer = common::exchange_in_memory(router, bounds, raw, INPUT_TIMEOUT).await?;
     check(&answer)
@@ -205,7 +206,7 @@ fn soak_web_request_decoder() {
     // Reproduces a reported failure: its input index.
     let first: u64 = std::env::var("LEANTIER_SOAK_FIRST").map_or(0, |v| v.parse().unwrap());
     let config = ExecConfig {
-        limits: SizeLimits { dim_max: 64, cells_max: 4096 },
+        limits: SizeLimits { dim_max: 64, cells_max: 4096, ..SizeLimits::default() },
         workers: 2,
         queue_depth_max: 4 * CONCURRENCY,
     };

@@ -20,7 +20,7 @@ fn start(queue_depth_max: usize, workers: usize) -> Server {
     let config = ServerConfig {
         default_model: Model::Pinned,
         exec: ExecConfig {
-            limits: SizeLimits { dim_max: 1000, cells_max: 100_000 },
+            limits: SizeLimits { dim_max: 1000, cells_max: 100_000, ..SizeLimits::default() },
             workers,
             queue_depth_max,
         },

@@ -46,6 +46,7 @@ fn template(model: Model) -> ChildSpec {
         addr: "127.0.0.1:0".parse().unwrap(),
         dim_max: 100,
         cells_max: 10_000,
+        answer_bytes_max: web::api::ANSWER_BYTES_MAX_DEFAULT,
         queue_depth_max: 16,
         body_bytes_max: 1 << 16,
         bounds: ServeBounds::default(),
@@ -117,7 +118,11 @@ fn adaptive_children_split_or_inline_with_the_serial_answer() {
     let children = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
     let url = format!("http://{}/matrix/adaptive", children.local_addr());
     let body = Bytes::from(Shape::study(90).request_body(5, 11));
-    let limits = SizeLimits { dim_max: template.dim_max, cells_max: template.cells_max };
+    let limits = SizeLimits {
+        dim_max: template.dim_max,
+        cells_max: template.cells_max,
+        answer_bytes_max: template.answer_bytes_max,
+    };
     let expected = process(&body, &limits, Compute::Serial);
     assert_eq!(expected.status, 200);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -185,10 +190,10 @@ fn adaptive_children_answer_busy_past_the_bound() {
 }
 
 /// The connection bounds hold in the per-core processes too (they serve through the same accept
-/// loop): in both layouts, a connection past a child's limit gets 503 with code 010, and an idle
-/// connection is closed after the idle timeout.
+/// loop): in both layouts, a connection past a child's limit gets 503 with code 010 while the
+/// one it holds is in a request, and an idle connection is closed after the idle timeout.
 fn per_core_children_close_idle_connections_and_refuse_past_the_limit() {
-    use std::io::Read;
+    use std::io::{Read, Write};
     let idle_timeout = Duration::from_secs(1);
     for model in [Model::Prefork, Model::Adaptive] {
         let mut template = template(model);
@@ -203,14 +208,19 @@ fn per_core_children_close_idle_connections_and_refuse_past_the_limit() {
             stream
         };
         let mut held = connect();
-        // Accepted first, so the child holds it before the second arrives.
+        // A header begun: the connection is not idle, so it is not evicted for the next one.
+        held.write_all(b"POST /matrix HTTP/1.1\r\n").unwrap();
+        // Accepted and read first, so the child holds it before the second arrives.
         std::thread::sleep(Duration::from_millis(100));
         let mut refused = String::new();
         connect().read_to_string(&mut refused).unwrap();
         assert!(refused.starts_with("HTTP/1.1 503"), "{model:?}: {refused}");
         assert!(refused.contains(r#""errorCode":"010""#), "{model:?}: {refused}");
+        drop(held);
+        std::thread::sleep(Duration::from_millis(200));
+        let mut idle = connect();
         let opened = std::time::Instant::now();
-        let read = held.read(&mut [0u8; 16]);
+        let read = idle.read(&mut [0u8; 16]);
         assert!(matches!(read, Ok(0)), "{model:?}: the idle connection was not closed: {read:?}");
         assert!(opened.elapsed() < Duration::from_secs(5), "{model:?}");
     }
