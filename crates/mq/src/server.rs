@@ -109,10 +109,13 @@ pub struct NodeConfig {
 impl Default for NodeConfig {
     fn default() -> NodeConfig {
         NodeConfig {
-            handler_slots: 256,
+            // 32 connections' full pipelines ([`PIPELINE_DEPTH_MAX`] each): with 256, 32
+            // pipelining clients were held to 256 requests in flight and 55–79K sends/s; with
+            // 2048, 100–107K (docs/benchmarks/mq.md).
+            handler_slots: 2048,
             wait_queue_max: 4096,
             db_workers: 4,
-            batch_max: 256,
+            batch_max: 1024,
             content_bytes_max: 4096,
             lease_ms_max: 3_600_000,
             connections_max: CONNECTIONS_MAX_DEFAULT,

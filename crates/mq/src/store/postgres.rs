@@ -36,6 +36,16 @@ const MIGRATION_LOCK_KEY: i64 = 0x6c65_616e_6d71;
 /// Seconds a new database connection may take before the attempt counts as failed.
 const CONNECT_TIMEOUT_S: u64 = 5;
 
+/// Settings of the node's own sessions. Plans are generic: made once per statement and
+/// connection, not at every call (the send statement's planning cost more than running it:
+/// 400 → 270 µs per one-request batch, measured). Every statement the node sends takes a few
+/// rows by key, so the right plan is always an index scan; a message table is a queue whose
+/// statistics swing between empty and large, and a generic plan made while it looked empty
+/// could be a sequential scan kept for the life of the connection, so sequential and bitmap
+/// scans are priced out.
+const SESSION_OPTIONS: &str =
+    "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c enable_bitmapscan=off";
+
 /// Numbered migrations; a database at version v has run `MIGRATIONS[..v]`.
 const MIGRATIONS: &[&str] = &[
     include_str!("postgres_v1.sql"),
@@ -63,7 +73,7 @@ impl PostgresStore {
         let mut pg: tokio_postgres::Config =
             config.url.parse().context("parsing the PostgreSQL URL")?;
         pg.connect_timeout(std::time::Duration::from_secs(CONNECT_TIMEOUT_S));
-        pg.options("-c plan_cache_mode=force_generic_plan");
+        pg.options(SESSION_OPTIONS);
         let manager = Manager::from_config(
             pg,
             NoTls,
