@@ -629,6 +629,16 @@ mod tests {
             NodeConfig { write_timeout_ms: 0, ..NodeConfig::default() },
             NodeConfig { frame_memory_bytes_max: 100, ..NodeConfig::default() },
             NodeConfig { reply_memory_bytes_max: 4096, ..NodeConfig::default() },
+            NodeConfig { connections_per_address_max: 0, ..NodeConfig::default() },
+            NodeConfig { hashing_threads: 0, ..NodeConfig::default() },
+            NodeConfig { hashing_queue_max: 0, ..NodeConfig::default() },
+            NodeConfig { registration_window_ms: 0, ..NodeConfig::default() },
+            NodeConfig { registration_attempts_per_address_max: 0, ..NodeConfig::default() },
+            NodeConfig { frame_memory_reserved_bytes: 100, ..NodeConfig::default() },
+            NodeConfig { reply_memory_reserved_bytes: 100, ..NodeConfig::default() },
+            // Every connection's reserved part must fit, with room beyond it.
+            NodeConfig { frame_memory_bytes_max: 8 << 20, ..NodeConfig::default() },
+            NodeConfig { reply_memory_reserved_bytes: 64 << 10, ..NodeConfig::default() },
         ];
         for config in bad {
             assert!(config.validate().is_err(), "{config:?}");

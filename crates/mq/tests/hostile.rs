@@ -205,9 +205,12 @@ async fn prefix_flood(addr: &str, pid: u32, watcher: &mut Client, queue: &str) -
 async fn floods_of_declared_and_partial_frames_keep_node_memory_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let frame_memory = NODE_FRAME_MEMORY_BYTES.to_string();
+    // 512 connections' reserved parts (8 KiB each) take half of the small frame budget.
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, "connections_max = 512\n").unwrap();
     let (node, addr) = spawn_node(
         &format!("sqlite:{}", dir.path().display()),
-        &["--frame-memory-bytes-max", &frame_memory],
+        &["--frame-memory-bytes-max", &frame_memory, "--config", config.to_str().unwrap()],
     );
     let pid = node.0.id();
     let queue = unique("flood");
