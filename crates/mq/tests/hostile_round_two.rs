@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mq::protocol::{
-    ErrorReply, FRAME_BYTES_MAX, Reason, ReplyBody, ReplyFrame, Request, RequestFrame, Secret,
-    decode_reply, encode_request,
+    ErrorReply, FRAME_BYTES_MAX, ReadMode, ReadTarget, Reason, ReplyBody, ReplyFrame, Request,
+    RequestFrame, Secret, decode_reply, encode_request,
 };
 use mq::server::{self, NodeConfig, RunningNode};
 use mq::store::AnyStore;
@@ -108,42 +108,54 @@ async fn attacker(node: SocketAddr, recv_buffer: Option<u32>) -> TcpStream {
     stream
 }
 
-/// Creates `queue` (and `extra` more with long names) through a client of its own.
-async fn setup(node: SocketAddr, queue: &str, extra: usize) {
+/// Creates `queue` through a client of its own, which it returns.
+async fn setup(node: SocketAddr, queue: &str) -> TcpStream {
     let mut stream = connect_from("127.0.0.9", node, None).await;
     call(&mut stream, register(&unique("setup"), b"s")).await.unwrap();
     call(&mut stream, Request::CreateQueue { name: queue.to_owned() }).await.unwrap();
-    let long = "q".repeat(100);
-    for index in 0..extra {
-        let name = format!("{long}-{index:04}-{}", unique("x"));
-        call(&mut stream, Request::CreateQueue { name: name[..120].to_owned() }).await.unwrap();
-    }
+    stream
 }
 
-/// Several connections pipeline ListQueues (each reply tens of KiB, reserved at the largest
-/// possible size) and never read. Before the fix four of them held the whole reply memory (a
-/// quarter each) and every request of every client, sends included, was answered `Busy` until
-/// the write timeout; now each connection's reserved part keeps its small replies admitted.
+/// Several connections pipeline Peeks of a large message (as the probe's ListQueues of long
+/// names: replies reserved at their largest possible size) and never read. Before the fix four
+/// of them held the whole reply memory (a quarter each) and every request of every client,
+/// sends included, was answered `Busy` until the write timeout; now each connection's reserved
+/// part keeps its small replies admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_pipeline_large_replies_without_reading_starve_no_one() {
+    let content_bytes_max = 128 << 10;
     let config = NodeConfig {
+        content_bytes_max,
         connections_max: 32,
         reply_memory_reserved_bytes: 16 << 10,
-        // The reserved parts (512 KiB) and as much again, shared.
-        reply_memory_bytes_max: 1 << 20,
+        // The reserved parts (512 KiB) and 1.5 MiB shared.
+        reply_memory_bytes_max: 2 << 20,
         write_timeout_ms: 60_000,
         ..NodeConfig::default()
     };
     let (node, _dir) = sqlite_node(config).await;
     let queue = unique("inbox");
-    setup(node.addr, &queue, 250).await;
-    let mut held = Vec::new();
+    let mut owner = setup(node.addr, &queue).await;
+    let large =
+        Request::Send { queue: queue.clone(), receiver: None, content: vec![7; content_bytes_max] };
+    call(&mut owner, large).await.unwrap();
+    let mut attackers = Vec::new();
     for _ in 0..12 {
-        let stream = attacker(node.addr, Some(4096)).await;
+        attackers.push(attacker(node.addr, Some(4096)).await);
+    }
+    let peek = Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Peek };
+    let stats = Request::Stats { queue: queue.clone() };
+    // Small requests between the large ones fill what the large reservations leave. Most are
+    // refused (small replies), so many are sent to keep the pipelines full.
+    let peeks: Vec<u8> = (0..4000)
+        .flat_map(|id| frame(id, if id % 4 == 0 { peek.clone() } else { stats.clone() }))
+        .collect();
+    let mut held = Vec::new();
+    for stream in attackers {
         let (read, mut write) = stream.into_split();
-        let lists: Vec<u8> = (0..400).flat_map(|id| frame(id, Request::ListQueues)).collect();
+        let peeks = peeks.clone();
         let writer = tokio::spawn(async move {
-            let _ = write.write_all(&lists).await;
+            let _ = write.write_all(&peeks).await;
             std::future::pending::<()>().await;
         });
         held.push((read, writer));
@@ -155,8 +167,8 @@ async fn connections_that_pipeline_large_replies_without_reading_starve_no_one()
         panic!("stats")
     };
     println!("{stats:?}");
-    assert!(stats.reply_memory_refused > 0, "the attack filled what it could: {stats:?}");
-    assert!(stats.reply_memory_bytes_peak <= 1 << 20, "within the bound: {stats:?}");
+    assert!(stats.reply_memory_bytes > 1 << 20, "the attackers hold reply memory: {stats:?}");
+    assert!(stats.reply_memory_bytes_peak <= 2 << 20, "within the bound: {stats:?}");
     for (_, writer) in held {
         writer.abort();
     }
@@ -180,7 +192,7 @@ async fn a_registration_flood_from_one_address_delays_no_one_else() {
     };
     let (node, _dir) = sqlite_node(config).await;
     let queue = unique("inbox");
-    setup(node.addr, &queue, 0).await;
+    let _setup = setup(node.addr, &queue).await;
     let victim = unique("victim");
     call(&mut connect_from("127.0.0.8", node.addr, None).await, register(&victim, b"right"))
         .await
@@ -216,30 +228,36 @@ async fn a_registration_flood_from_one_address_delays_no_one_else() {
     node.shutdown().await;
 }
 
-/// Registered connections each hold most of a 1 MiB frame; unregistered ones declare 1 MiB
-/// frames. Before the fix they filled the node's frame memory: a new client's Register frame
-/// was refused and an existing client was cut off when it sent 4 KiB. Now each connection's
-/// reserved part holds its small frames, and a stranger may declare no frame longer than a
-/// Register (answered TooLarge and closed at once).
+/// Registered connections hold partial 1 MiB frames, large ones first, then smaller ones to
+/// fill what is left; unregistered ones declare 1 MiB frames. Before the fix they filled the
+/// node's frame memory: a new client's Register frame was refused and an existing client was
+/// cut off when it sent 4 KiB. Now each connection's reserved part holds its small frames, and a
+/// stranger may declare no frame longer than a Register (answered TooLarge and closed at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_holding_partial_frames_starve_no_one() {
     let config = NodeConfig {
-        connections_max: 64,
+        connections_max: 96,
         frame_memory_reserved_bytes: 8 << 10,
-        // The reserved parts (512 KiB) and 1 MiB shared.
-        frame_memory_bytes_max: (512 << 10) + (1 << 20),
+        // The reserved parts (768 KiB) and 1 MiB shared.
+        frame_memory_bytes_max: (768 << 10) + (1 << 20),
         ..NodeConfig::default()
     };
     let (node, _dir) = sqlite_node(config).await;
     let queue = unique("inbox");
-    setup(node.addr, &queue, 0).await;
+    let _setup = setup(node.addr, &queue).await;
     let mut existing = well_behaved("127.0.0.3", node.addr, &queue, 1, b"before").await;
 
     let mut held = Vec::new();
-    for _ in 0..40 {
-        let mut stream = attacker(node.addr, None).await;
+    // Buffers double from 4 KiB (kept from the Register frame): 200 KiB of a frame takes
+    // 256 KiB, 20 KiB takes 32 KiB, 5 KiB 8 KiB (filling what the larger ones leave).
+    let sizes = [[200 << 10; 4].as_slice(), &[20 << 10; 8], &[5 << 10; 70]].concat();
+    let mut attackers = Vec::new();
+    for _ in &sizes {
+        attackers.push(attacker(node.addr, None).await);
+    }
+    for (size, mut stream) in sizes.into_iter().zip(attackers) {
         let mut partial = (FRAME_BYTES_MAX as u32).to_be_bytes().to_vec();
-        partial.resize(4 + (200 << 10), 7);
+        partial.resize(4 + size, 7);
         // A refused connection is closed while it writes: errors are expected.
         let _ = stream.write_all(&partial).await;
         held.push(stream);
@@ -269,7 +287,7 @@ async fn one_address_cannot_take_every_connection_slot() {
         NodeConfig { connections_max: 16, connections_per_address_max: 4, ..NodeConfig::default() };
     let (node, _dir) = sqlite_node(config).await;
     let queue = unique("inbox");
-    setup(node.addr, &queue, 0).await;
+    let _setup = setup(node.addr, &queue).await;
     let (mut held, mut refused) = (Vec::new(), 0);
     for _ in 0..20 {
         let mut stream = connect_from(ATTACKER, node.addr, None).await;
