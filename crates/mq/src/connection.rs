@@ -10,13 +10,19 @@
 //!   a reply the client does not take within the write timeout closes the connection, counted
 //!   as cut off and logged with the reason;
 //! - the frame buffer grows with the bytes that arrive, within the node-wide budget
-//!   ([`crate::frame`]);
+//!   ([`crate::frame`]), of which each connection has a reserved part and may hold at most a
+//!   share of the rest ([`crate::share`]); before it registers, a connection may send no frame
+//!   longer than the largest Register ([`PRE_REGISTRATION_FRAME_BYTES_MAX`]), so an
+//!   unauthenticated stranger never holds more than its reserved part;
 //! - the replies owed (committed, not yet written) hold node memory within a node-wide budget
 //!   too: a request is admitted only once its largest possible reply is reserved, and is
 //!   otherwise answered `Busy` before anything is dequeued (the `reply_memory` module); the
-//!   reservation shrinks to the encoded reply and is released once the reply is written; one
-//!   connection may hold only a share of that budget, so a client that stops reading its
-//!   large replies leaves the rest to the others;
+//!   reservation shrinks to the encoded reply and is released once the reply is written; each
+//!   connection has a reserved part of that budget and may hold at most a share of the rest,
+//!   so clients that stop reading their large replies leave every other client its small
+//!   requests and a share of the large ones;
+//! - a connection registers at most once at a time: the next frame is read only once the
+//!   registration is answered (the `auth` module bounds registrations per address and node);
 //! - a connection that completes no frame within the idle timeout while no reply is owed to it
 //!   is closed (this also ends a frame trickled in too slowly, and a stalled TLS handshake);
 //! - a connection that has not registered within the idle timeout of its first byte is closed
@@ -30,13 +36,15 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError, MemoryBudget};
+use crate::address::source_of;
+use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
 use crate::protocol::{
-    ErrorReply, PROTOCOL_VERSION, ReadMode, Reason, ReplyBody, ReplyFrame, Request, RequestFrame,
-    ServerTiming, decode_request, encode_reply_as, error_reply_version,
+    ErrorReply, FRAME_BYTES_MAX, PROTOCOL_VERSION, ReadMode, Reason, ReplyBody, ReplyFrame,
+    Request, RequestFrame, ServerTiming, decode_request, encode_reply_as, error_reply_version,
 };
 use crate::reply_memory::{self, ReplyCharge};
 use crate::server::{Committed, Counters, Node, NodeConfig, Pending, fill_stats, worker_lost};
+use crate::share::ConnectionShare;
 use crate::store::{Store, StoreOp};
 use crate::util::{elapsed_ns, now_us};
 
@@ -44,6 +52,11 @@ use crate::util::{elapsed_ns, now_us};
 /// reading that connection until the oldest reply is written, so a fast client is slowed down by
 /// TCP flow control instead of growing a queue.
 pub const PIPELINE_DEPTH_MAX: usize = 64;
+/// Longest frame payload a connection may send before it has registered, in bytes: room for the
+/// largest Register (a 128-byte name and a 1,024-byte secret). Not configurable: it follows from
+/// the protocol's limits. A longer length prefix is answered `TooLarge` and the connection
+/// closed, so a stranger's frame buffer never grows past its reserved part of frame memory.
+pub const PRE_REGISTRATION_FRAME_BYTES_MAX: usize = 2048;
 
 /// Counts a connection as open for as long as its task lives.
 pub(crate) struct OpenConnection<'a>(&'a AtomicU64);
@@ -128,13 +141,14 @@ async fn serve_halves<S: Store>(
     node: &Node<S>,
 ) -> Result<(), Closed> {
     // Declared before the channel, whose queued replies hold charges against it.
-    let reply_memory_held = reply_memory::connection_budget(node);
+    let open = &node.counters.connections_open;
+    let shares = (node.frame_memory.connection(open), node.reply_memory.connection(open));
     let (in_flight, replies) = mpsc::channel(PIPELINE_DEPTH_MAX);
     // Requests read whose replies are not written yet. Relaxed: both halves run in this one
     // task, so the count orders nothing; it only tells the reader whether the client waits.
     let owed = AtomicUsize::new(0);
     tokio::try_join!(
-        read_requests(read, peer, (node, &reply_memory_held), &owed, in_flight),
+        read_requests(read, peer, (node, &shares.0, &shares.1), &owed, in_flight),
         write_replies(write, node, &owed, replies)
     )?;
     Ok(())
@@ -172,15 +186,19 @@ enum InFlight<'a> {
 async fn read_requests<'a, S: Store>(
     read: impl AsyncRead + Unpin,
     peer: SocketAddr,
-    (node, reply_memory_held): (&'a Node<S>, &'a MemoryBudget),
+    (node, frame_share, reply_share): (&'a Node<S>, &ConnectionShare<'_>, &'a ConnectionShare<'a>),
     owed: &AtomicUsize,
     in_flight: mpsc::Sender<InFlight<'a>>,
 ) -> Result<(), Closed> {
     let mut read = BufReader::new(read);
-    let mut frames = FrameBuffer::new(&node.frame_memory);
+    let mut frames = FrameBuffer::new(frame_share);
     let mut client_id: Option<u64> = None;
     let register_by = Instant::now() + node.config.idle_timeout();
     loop {
+        frames.set_len_max(match client_id {
+            None => PRE_REGISTRATION_FRAME_BYTES_MAX,
+            Some(_) => FRAME_BYTES_MAX,
+        });
         let wait = match client_id {
             None => register_by.saturating_duration_since(Instant::now()),
             Some(_) => node.config.idle_timeout(),
@@ -212,7 +230,7 @@ async fn read_requests<'a, S: Store>(
                         item
                     }
                     Ok(RequestFrame { request_id, request }) => {
-                        let context = (node, reply_memory_held);
+                        let context = (node, reply_share, peer);
                         begin(context, &mut client_id, request_id, request, arrived).await
                     }
                 };
@@ -229,8 +247,9 @@ async fn read_requests<'a, S: Store>(
             Err(FrameError::NodeMemory) => {
                 node.counters.connections_cut_off.fetch_add(1, Ordering::Relaxed);
                 let bytes_max = node.config.frame_memory_bytes_max;
-                tracing::warn!(%peer, bytes_max, "cut off a connection: node frame memory full");
-                let busy = ErrorReply::new(Reason::Busy, "node frame memory full; retry later");
+                tracing::warn!(%peer, bytes_max, "cut off a connection: frame memory share full");
+                let detail = "frame memory: this connection's share or the node's is full";
+                let busy = ErrorReply::new(Reason::Busy, detail);
                 answered(0, arrived, Err(busy), true)
             }
         };
@@ -322,7 +341,7 @@ fn answered<'a>(
 /// the database workers. A registration is completed here: the requests read after it are
 /// checked against its id.
 async fn begin<'a, S: Store>(
-    (node, reply_memory_held): (&'a Node<S>, &'a MemoryBudget),
+    (node, reply_share, peer): (&'a Node<S>, &'a ConnectionShare<'a>, SocketAddr),
     client_id: &mut Option<u64>,
     request_id: u64,
     request: Request,
@@ -336,7 +355,8 @@ async fn begin<'a, S: Store>(
             return answered(request_id, arrived, Ok(ReplyBody::Disconnected), true);
         }
         Request::Register { name, secret } => {
-            let registered = node.registrar.register(&node.store, &name, secret).await;
+            let source = source_of(peer.ip());
+            let registered = node.registrar.register(&node.store, source, &name, secret).await;
             *client_id = registered.as_ref().ok().copied().or(*client_id);
             let result = registered.map(|client_id| ReplyBody::Registered { client_id });
             return answered(request_id, arrived, result, false);
@@ -344,7 +364,7 @@ async fn begin<'a, S: Store>(
         request => request,
     };
     // Before the database sees the request, so a dequeued message always has room for its reply.
-    let charge = match reply_memory::reserve(node, reply_memory_held, &request) {
+    let charge = match reply_memory::reserve(node, reply_share, &request) {
         Ok(charge) => charge,
         Err(busy) => return answered(request_id, arrived, Err(busy), false),
     };
@@ -432,4 +452,23 @@ async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let slot = node.handler_slots.clone().acquire_owned().await.ok();
     node.waiting.fetch_sub(1, Ordering::Relaxed);
     slot
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{LENGTH_PREFIX_BYTES, NAME_BYTES_MAX, SECRET_BYTES_MAX, Secret};
+
+    #[test]
+    fn the_largest_register_fits_the_pre_registration_frame_bound() {
+        let name = "n".repeat(NAME_BYTES_MAX);
+        let request = Request::Register { name, secret: Secret(vec![7; SECRET_BYTES_MAX]) };
+        let mut out = Vec::new();
+        crate::protocol::encode_request(&RequestFrame { request_id: u64::MAX, request }, &mut out);
+        assert!(
+            out.len() - LENGTH_PREFIX_BYTES <= PRE_REGISTRATION_FRAME_BYTES_MAX,
+            "{}",
+            out.len()
+        );
+    }
 }

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::protocol::{DecodeError, LENGTH_PREFIX_BYTES, check_frame_len};
+use crate::protocol::{DecodeError, FRAME_BYTES_MAX, LENGTH_PREFIX_BYTES, Reason, check_frame_len};
+use crate::share::Charge;
 
 /// First allocation of a frame buffer; it doubles from here up to the frame's length.
 pub const FRAME_CHUNK_BYTES: usize = 4 * 1024;
@@ -38,6 +39,11 @@ impl MemoryBudget {
     pub fn peak(&self) -> usize {
         // Relaxed: a statistic.
         self.peak.load(Ordering::Relaxed)
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
     }
 
     /// Bytes charged now.
@@ -78,6 +84,17 @@ impl MemoryBudget {
     }
 }
 
+/// The node's frame memory: the bound, each connection's reserved part, and a floor of one
+/// largest frame for a connection's share of the rest (see the `share` module).
+pub(crate) fn node_budget(config: &crate::server::NodeConfig) -> crate::share::SharedBudget {
+    crate::share::SharedBudget::new(
+        config.frame_memory_bytes_max,
+        config.connections_max,
+        config.frame_memory_reserved_bytes,
+        LENGTH_PREFIX_BYTES + FRAME_BYTES_MAX,
+    )
+}
+
 /// Why no frame came.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -102,12 +119,20 @@ pub struct FrameBuffer<'a> {
     buf: Vec<u8>,
     /// Capacity charged to `budget`, released on drop.
     charged: usize,
-    budget: &'a MemoryBudget,
+    budget: &'a dyn Charge,
+    /// Longest payload accepted now (the protocol's limit unless lowered).
+    len_max: usize,
 }
 
 impl<'a> FrameBuffer<'a> {
-    pub fn new(budget: &'a MemoryBudget) -> FrameBuffer<'a> {
-        FrameBuffer { buf: Vec::new(), charged: 0, budget }
+    pub fn new(budget: &'a dyn Charge) -> FrameBuffer<'a> {
+        FrameBuffer { buf: Vec::new(), charged: 0, budget, len_max: FRAME_BYTES_MAX }
+    }
+
+    /// Lowers (or restores) the longest payload accepted from the next length prefix on; a
+    /// longer one is [`FrameError::TooLarge`] before any of it is buffered.
+    pub fn set_len_max(&mut self, len_max: usize) {
+        self.len_max = len_max.min(FRAME_BYTES_MAX);
     }
 
     /// Reads until a whole frame is buffered; its payload is then [`FrameBuffer::payload`]
@@ -139,7 +164,16 @@ impl<'a> FrameBuffer<'a> {
         let Some(prefix) = self.buf.first_chunk::<LENGTH_PREFIX_BYTES>() else {
             return Ok((LENGTH_PREFIX_BYTES, false));
         };
-        let total = LENGTH_PREFIX_BYTES + check_frame_len(*prefix).map_err(FrameError::TooLarge)?;
+        let len = check_frame_len(*prefix).map_err(FrameError::TooLarge)?;
+        if len > self.len_max {
+            return Err(FrameError::TooLarge(DecodeError {
+                reason: Reason::TooLarge,
+                request_id: None,
+                detail: "frame longer than this connection may send now (before registering, \
+                         only Register and Disconnect are accepted)",
+            }));
+        }
+        let total = LENGTH_PREFIX_BYTES + len;
         Ok((total, self.buf.len() == total))
     }
 
@@ -203,7 +237,6 @@ impl Drop for FrameBuffer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::FRAME_BYTES_MAX;
     use proptest::prelude::*;
     use std::pin::Pin;
     use std::task::{Context, Poll};

@@ -30,6 +30,7 @@
 //! reply; a crash between commit and reply loses that message to the reader). `lease` + `ack` is
 //! at-least-once: a leased message becomes visible again when its lease expires unackowledged.
 
+mod address;
 mod auth;
 pub mod bench;
 pub mod client;
@@ -41,6 +42,7 @@ pub mod load;
 pub mod protocol;
 mod reply_memory;
 pub mod server;
+pub mod share;
 pub mod store;
 pub mod tls;
 mod util;

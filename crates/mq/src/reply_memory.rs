@@ -13,11 +13,14 @@
 //! settled to its actual size, and it is released when the reply is written (or when the
 //! connection ends).
 //!
-//! One connection may hold at most a share of the bound ([`connection_budget`]: a quarter of
-//! it, and never less than one largest reply): a client that pipelines large reads and stops
-//! reading is refused once its own share is held, so the rest stays for the other clients
-//! (before the share, one such client could take the whole bound and every other client's
-//! large read was answered `Busy` until the write timeout cut it off).
+//! The bound is shared fairly ([`crate::share`]): each connection has
+//! [`crate::server::NodeConfig::reply_memory_reserved_bytes`] of it set aside, which no other
+//! connection can take, so its small requests (a send's reply) are always admitted however many
+//! connections pipeline large replies without reading them; of the shared rest one connection
+//! may hold at most `max(largest reply, shared rest / open connections)`. (Before, one
+//! connection could hold a quarter of the bound, so four such clients refused everyone's
+//! requests, sends included, until the write timeout cut them off, and again when they came
+//! back.)
 //!
 //! What is not charged: the replies the reading half makes itself (refusals, registrations,
 //! disconnects), which are small and never carry a message, and the connection's write buffer.
@@ -31,19 +34,17 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::frame::MemoryBudget;
 use crate::protocol::{
     ErrorReply, LIST_QUEUES_MAX, Message, NAME_BYTES_MAX, Reason, ReplyBody, ReplyFrame, Request,
     ServerTiming, encode_reply,
 };
 use crate::server::Node;
+use crate::share::{Charge, ConnectionShare, SharedBudget};
 
 /// Reserved for a request whose reply has a fixed size (every reply but a message or a queue
 /// list) or is an error with an ordinary detail; the largest fixed-size reply (`Stats`) takes
 /// under half of it.
 pub(crate) const REPLY_SMALL_BYTES_MAX: usize = 512;
-/// One connection may hold at most 1/`CONNECTION_SHARE_DIVISOR` of the node's reply memory.
-pub(crate) const CONNECTION_SHARE_DIVISOR: usize = 4;
 
 /// The largest encoded reply (length prefix included) each kind of request can get.
 #[derive(Clone, Copy, Debug)]
@@ -92,18 +93,20 @@ fn encoded_len(body: ReplyBody) -> usize {
     out.len()
 }
 
-/// The reply memory one connection may hold: its share of the node's bound, and at least one
-/// largest reply, so every request can still be served one at a time.
-pub(crate) fn connection_budget<S>(node: &Node<S>) -> MemoryBudget {
-    let share = node.config.reply_memory_bytes_max / CONNECTION_SHARE_DIVISOR;
-    MemoryBudget::new(share.max(node.reply_bounds.largest()))
+/// The node's reply memory: the bound, its reserved parts and the share floor (module docs).
+pub(crate) fn node_budget(config: &crate::server::NodeConfig) -> SharedBudget {
+    SharedBudget::new(
+        config.reply_memory_bytes_max,
+        config.connections_max,
+        config.reply_memory_reserved_bytes,
+        ReplyBounds::new(config.content_bytes_max).largest(),
+    )
 }
 
-/// Bytes held for one owed reply, both in the node's budget and in its connection's; released
-/// from both on drop.
+/// Bytes held for one owed reply in its connection's account of the node budget; released on
+/// drop.
 pub(crate) struct ReplyCharge<'a> {
-    budget: &'a MemoryBudget,
-    connection: &'a MemoryBudget,
+    connection: &'a ConnectionShare<'a>,
     bytes: usize,
 }
 
@@ -111,12 +114,10 @@ impl ReplyCharge<'_> {
     /// Brings the charge to the size of the encoded reply: the excess of the reservation is
     /// given back; a deficit is charged even past the budget (see the module docs).
     pub(crate) fn settle(&mut self, encoded_bytes: usize) {
-        for budget in [self.budget, self.connection] {
-            if encoded_bytes <= self.bytes {
-                budget.release(self.bytes - encoded_bytes);
-            } else {
-                budget.charge_over(encoded_bytes - self.bytes);
-            }
+        if encoded_bytes <= self.bytes {
+            self.connection.release(self.bytes - encoded_bytes);
+        } else {
+            self.connection.charge_over(encoded_bytes - self.bytes);
         }
         self.bytes = encoded_bytes;
     }
@@ -124,38 +125,34 @@ impl ReplyCharge<'_> {
 
 impl Drop for ReplyCharge<'_> {
     fn drop(&mut self) {
-        self.budget.release(self.bytes);
         self.connection.release(self.bytes);
     }
 }
 
-/// Reserves the largest reply `request` can get in the connection's share and in the node's
+/// Reserves the largest reply `request` can get in the connection's account of the node's
 /// budget, or refuses it with `Busy` (counted, and logged at most once per `LOG_INTERVAL`).
 pub(crate) fn reserve<'a, S>(
-    node: &'a Node<S>,
-    connection: &'a MemoryBudget,
+    node: &Node<S>,
+    connection: &'a ConnectionShare<'a>,
     request: &Request,
 ) -> Result<ReplyCharge<'a>, ErrorReply> {
     let bytes = node.reply_bounds.for_request(request);
-    if !connection.try_charge(bytes) {
-        // Relaxed: a statistic.
-        node.counters.reply_memory_refused.fetch_add(1, Ordering::Relaxed);
-        let detail = "this connection's share of reply memory is full; read the replies owed";
-        return Err(ErrorReply::new(Reason::Busy, detail));
+    if connection.try_charge(bytes) {
+        return Ok(ReplyCharge { connection, bytes });
     }
-    if node.reply_memory.try_charge(bytes) {
-        return Ok(ReplyCharge { budget: &node.reply_memory, connection, bytes });
-    }
-    connection.release(bytes);
     // Relaxed: a statistic.
     node.counters.reply_memory_refused.fetch_add(1, Ordering::Relaxed);
     let due =
         node.reply_refusal_log.lock().unwrap_or_else(PoisonError::into_inner).note(Instant::now());
     if let Some(refused) = due {
         let bytes_max = node.config.reply_memory_bytes_max;
-        tracing::warn!(refused, bytes_max, "node reply memory full; answering requests Busy");
+        tracing::warn!(refused, bytes_max, "reply memory share full; answering requests Busy");
     }
-    Err(ErrorReply::new(Reason::Busy, "node reply memory full; retry later"))
+    Err(ErrorReply::new(
+        Reason::Busy,
+        "reply memory: this connection's share is full (read the replies owed) or the node's is; \
+         retry later",
+    ))
 }
 
 #[cfg(test)]
@@ -202,18 +199,18 @@ mod tests {
 
     #[test]
     fn a_charge_settles_to_the_encoded_size_and_is_released_on_drop() {
-        let budget = MemoryBudget::new(1000);
-        let connection = MemoryBudget::new(1000);
-        assert!(budget.try_charge(800) && connection.try_charge(800));
-        let mut charge = ReplyCharge { budget: &budget, connection: &connection, bytes: 800 };
-        assert!(!budget.try_charge(300), "the reservation holds the budget");
+        let budget = SharedBudget::new(1000, 1, 0, 1000);
+        let open = std::sync::atomic::AtomicU64::new(1);
+        let connection = budget.connection(&open);
+        assert!(connection.try_charge(800));
+        let mut charge = ReplyCharge { connection: &connection, bytes: 800 };
+        assert!(!connection.try_charge(300), "the reservation holds the budget");
         charge.settle(100);
         assert_eq!(budget.used(), 100);
-        assert!(budget.try_charge(300));
+        assert!(connection.try_charge(300));
         charge.settle(1000);
         assert_eq!((budget.used(), budget.peak()), (1300, 1300), "a deficit is charged in full");
-        assert_eq!(connection.used(), 1000, "the connection's share settles alike");
         drop(charge);
-        assert_eq!((budget.used(), connection.used()), (300, 0));
+        assert_eq!(budget.used(), 300);
     }
 }

@@ -23,14 +23,18 @@
 //! (the `auth` module).
 //!
 //! No connection can hold the node (see the `connection` module): connections ≤
-//! [`NodeConfig::connections_max`] (more are answered `ConnectionLimit` and closed); a connection
+//! [`NodeConfig::connections_max`], and ≤ [`NodeConfig::connections_per_address_max`] from one
+//! source address (more are answered `ConnectionLimit` and closed); a connection
 //! is closed when it completes no frame for [`NodeConfig::idle_timeout_ms`] with no reply owed,
 //! or when a reply is not taken within [`NodeConfig::write_timeout_ms`]; frame buffers grow with
 //! the bytes that arrive, within [`NodeConfig::frame_memory_bytes_max`] for the whole node; the
 //! replies owed to all connections hold at most [`NodeConfig::reply_memory_bytes_max`] (a
 //! request whose largest possible reply does not fit is answered `Busy` before the database
-//! sees it: see the `reply_memory` module). A failing `accept` is retried with a growing pause
-//! and logged at most once per [`LOG_INTERVAL`].
+//! sees it: see the `reply_memory` module). Both memory bounds are shared fairly: part of each
+//! is reserved for every connection, and one connection holds at most its share of the rest
+//! (the `share` module). Registration (Argon2 hashing) has its own bounds, per node and per
+//! source address (the `auth` and `address` modules). A failing `accept` is retried with a
+//! growing pause and logged at most once per [`LOG_INTERVAL`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,13 +48,15 @@ use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::address::{ConnectionsPerSource, RegistrationLimits, source_of};
 use crate::auth::Registrar;
-use crate::frame::{FRAME_CHUNK_BYTES, MemoryBudget};
+use crate::frame::FRAME_CHUNK_BYTES;
 use crate::protocol::{
     ErrorReply, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request, ServerTiming,
     encode_reply,
 };
-use crate::reply_memory::ReplyBounds;
+use crate::reply_memory::{REPLY_SMALL_BYTES_MAX, ReplyBounds};
+use crate::share::SharedBudget;
 use crate::store::{Batch, Store, StoreOp};
 
 pub use crate::connection::PIPELINE_DEPTH_MAX;
@@ -66,6 +72,33 @@ pub const FRAME_MEMORY_BYTES_MAX_DEFAULT: usize = 64 << 20;
 /// Default of [`NodeConfig::reply_memory_bytes_max`]: with the default content limit, about
 /// 15,000 owed message replies, or 240 connections' full pipelines.
 pub const REPLY_MEMORY_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Default of [`NodeConfig::connections_per_address_max`]: half of the default connection
+/// limit, so at least two addresses are needed to fill the node, while the load generator can
+/// still open 512 connections from one host.
+pub const CONNECTIONS_PER_ADDRESS_MAX_DEFAULT: usize = 512;
+/// Default of [`NodeConfig::frame_memory_reserved_bytes`]: two frame chunks, room for a frame
+/// of the default largest content (4 KiB) plus its fields; 8 MiB of the default 64 MiB budget
+/// at 1,024 connections.
+pub const FRAME_MEMORY_RESERVED_BYTES_DEFAULT: usize = 2 * FRAME_CHUNK_BYTES;
+/// Default of [`NodeConfig::reply_memory_reserved_bytes`]: 32 small replies, or three message
+/// replies of the default largest content; 16 MiB of the default 64 MiB budget at 1,024
+/// connections.
+pub const REPLY_MEMORY_RESERVED_BYTES_DEFAULT: usize = 16 << 10;
+/// Default of [`NodeConfig::hashing_threads`]: each holds 19 MiB of Argon2 memory once used and
+/// one core while hashing (tens of milliseconds per registration).
+pub const HASHING_THREADS_DEFAULT: usize = 2;
+/// Default of [`NodeConfig::hashing_queue_max`]: about a second of hashing work for two
+/// threads.
+pub const HASHING_QUEUE_MAX_DEFAULT: usize = 64;
+/// Default of [`NodeConfig::registration_window_ms`].
+pub const REGISTRATION_WINDOW_MS_DEFAULT: u64 = 60_000;
+/// Default of [`NodeConfig::registration_attempts_per_address_max`]: about 34 per second over
+/// the window, below the two default hashing threads' rate, and room for the load generator,
+/// which registers every connection it opens.
+pub const REGISTRATION_ATTEMPTS_PER_ADDRESS_MAX_DEFAULT: usize = 2048;
+/// Default of [`NodeConfig::accounts_per_address_max`]: the load generator creates one account
+/// per connection and run, so a sweep up to 512 connections from one host fits in a window.
+pub const ACCOUNTS_PER_ADDRESS_MAX_DEFAULT: usize = 1024;
 /// Shortest pause after a failed `accept` (out of descriptors, say); doubles per failure.
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest pause after a failed `accept`.
@@ -104,6 +137,26 @@ pub struct NodeConfig {
     /// request whose largest possible reply does not fit is answered `Busy` before it reaches
     /// the database, so no message is dequeued whose reply could not be held.
     pub reply_memory_bytes_max: usize,
+    /// Connections one source address (an IPv4 address, an IPv6 /64) may hold at once; past it
+    /// `ConnectionLimit` and closed.
+    pub connections_per_address_max: usize,
+    /// Bytes of `frame_memory_bytes_max` set aside for each of `connections_max` connections,
+    /// which other connections cannot take (see the `share` module).
+    pub frame_memory_reserved_bytes: usize,
+    /// Bytes of `reply_memory_bytes_max` set aside for each of `connections_max` connections,
+    /// which other connections cannot take (see the `share` module).
+    pub reply_memory_reserved_bytes: usize,
+    /// Threads hashing registration secrets (Argon2id, 19 MiB each once used).
+    pub hashing_threads: usize,
+    /// Registrations that may wait for a hashing thread; past it `Busy`.
+    pub hashing_queue_max: usize,
+    /// The window of the per-address registration bounds, in milliseconds.
+    pub registration_window_ms: u64,
+    /// Registrations one source address may attempt per window; past it `Busy`, unhashed.
+    pub registration_attempts_per_address_max: usize,
+    /// Accounts (new names) one source address may create per window; past it a registration
+    /// under a new name is `Busy` (known names still authenticate).
+    pub accounts_per_address_max: usize,
 }
 
 impl Default for NodeConfig {
@@ -123,6 +176,14 @@ impl Default for NodeConfig {
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
             frame_memory_bytes_max: FRAME_MEMORY_BYTES_MAX_DEFAULT,
             reply_memory_bytes_max: REPLY_MEMORY_BYTES_MAX_DEFAULT,
+            connections_per_address_max: CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+            frame_memory_reserved_bytes: FRAME_MEMORY_RESERVED_BYTES_DEFAULT,
+            reply_memory_reserved_bytes: REPLY_MEMORY_RESERVED_BYTES_DEFAULT,
+            hashing_threads: HASHING_THREADS_DEFAULT,
+            hashing_queue_max: HASHING_QUEUE_MAX_DEFAULT,
+            registration_window_ms: REGISTRATION_WINDOW_MS_DEFAULT,
+            registration_attempts_per_address_max: REGISTRATION_ATTEMPTS_PER_ADDRESS_MAX_DEFAULT,
+            accounts_per_address_max: ACCOUNTS_PER_ADDRESS_MAX_DEFAULT,
         }
     }
 }
@@ -137,6 +198,11 @@ impl NodeConfig {
             ("connections_max", self.connections_max),
             ("idle_timeout_ms", usize::try_from(self.idle_timeout_ms).unwrap_or(usize::MAX)),
             ("write_timeout_ms", usize::try_from(self.write_timeout_ms).unwrap_or(usize::MAX)),
+            ("connections_per_address_max", self.connections_per_address_max),
+            ("hashing_threads", self.hashing_threads),
+            ("hashing_queue_max", self.hashing_queue_max),
+            ("registration_window_ms", usize::try_from(self.registration_window_ms).unwrap_or(1)),
+            ("registration_attempts_per_address_max", self.registration_attempts_per_address_max),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -148,17 +214,37 @@ impl NodeConfig {
                 "content_bytes_max must be ≤ half the frame limit".into(),
             ));
         }
-        if self.frame_memory_bytes_max < FRAME_CHUNK_BYTES {
-            return Err(crate::MqError::BadInput(format!(
-                "frame_memory_bytes_max must be ≥ {FRAME_CHUNK_BYTES} (one frame chunk)"
-            )));
-        }
+        self.validate_memory()
+    }
+
+    /// Each memory budget holds every connection's reserved part plus one smallest charge
+    /// beyond it, and a reserved part holds a small frame or reply.
+    fn validate_memory(&self) -> Result<(), crate::MqError> {
+        let bad = |detail: String| Err(crate::MqError::BadInput(detail));
         let largest_reply = ReplyBounds::new(self.content_bytes_max).largest();
-        if self.reply_memory_bytes_max < largest_reply {
-            return Err(crate::MqError::BadInput(format!(
-                "reply_memory_bytes_max must be ≥ {largest_reply} (the largest reply under \
-                 content_bytes_max)"
-            )));
+        let budgets = [
+            (
+                "frame",
+                self.frame_memory_bytes_max,
+                self.frame_memory_reserved_bytes,
+                FRAME_CHUNK_BYTES,
+            ),
+            ("reply", self.reply_memory_bytes_max, self.reply_memory_reserved_bytes, largest_reply),
+        ];
+        for (what, max, reserved, beyond) in budgets {
+            let least = self.connections_max.saturating_mul(reserved).saturating_add(beyond);
+            if max < least {
+                return bad(format!(
+                    "{what}_memory_bytes_max must be ≥ {least} (connections_max × \
+                     {what}_memory_reserved_bytes + {beyond})"
+                ));
+            }
+        }
+        if self.frame_memory_reserved_bytes < FRAME_CHUNK_BYTES {
+            return bad(format!("frame_memory_reserved_bytes must be ≥ {FRAME_CHUNK_BYTES}"));
+        }
+        if self.reply_memory_reserved_bytes < REPLY_SMALL_BYTES_MAX {
+            return bad(format!("reply_memory_reserved_bytes must be ≥ {REPLY_SMALL_BYTES_MAX}"));
         }
         Ok(())
     }
@@ -169,6 +255,14 @@ impl NodeConfig {
 
     pub(crate) fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.write_timeout_ms)
+    }
+
+    pub(crate) fn registration_limits(&self) -> RegistrationLimits {
+        RegistrationLimits {
+            window: Duration::from_millis(self.registration_window_ms),
+            attempts_max: self.registration_attempts_per_address_max,
+            accounts_max: self.accounts_per_address_max,
+        }
     }
 }
 
@@ -214,9 +308,12 @@ pub(crate) struct Node<S> {
     pub(crate) to_workers: mpsc::Sender<Pending>,
     pub(crate) counters: Counters,
     pub(crate) registrar: Registrar,
-    pub(crate) frame_memory: MemoryBudget,
-    /// Replies owed to clients; see the `reply_memory` module.
-    pub(crate) reply_memory: MemoryBudget,
+    /// Frame buffers; see the `frame` and `share` modules.
+    pub(crate) frame_memory: SharedBudget,
+    /// Replies owed to clients; see the `reply_memory` and `share` modules.
+    pub(crate) reply_memory: SharedBudget,
+    /// Open connections per source address (taken by the accept loop).
+    pub(crate) sources: Arc<ConnectionsPerSource>,
     pub(crate) reply_bounds: ReplyBounds,
     /// Refusals for reply memory, logged once per [`LOG_INTERVAL`]. A lock, but taken only on
     /// the refusal path.
@@ -261,9 +358,15 @@ pub async fn start_with_tls<S: Store + Clone>(
         waiting: AtomicUsize::new(0),
         to_workers,
         counters: Counters::default(),
-        registrar: Registrar::default(),
-        frame_memory: MemoryBudget::new(config.frame_memory_bytes_max),
-        reply_memory: MemoryBudget::new(config.reply_memory_bytes_max),
+        registrar: Registrar::new(
+            config.hashing_threads,
+            config.hashing_queue_max,
+            config.registration_limits(),
+        )
+        .context("starting the hashing threads")?,
+        frame_memory: crate::frame::node_budget(&config),
+        reply_memory: crate::reply_memory::node_budget(&config),
+        sources: Arc::default(),
         reply_bounds: ReplyBounds::new(config.content_bytes_max),
         reply_refusal_log: std::sync::Mutex::new(RateLimitedLog::new(LOG_INTERVAL)),
         store,
@@ -289,7 +392,7 @@ pub(crate) struct RateLimitedLog {
 }
 
 impl RateLimitedLog {
-    fn new(interval: Duration) -> RateLimitedLog {
+    pub(crate) fn new(interval: Duration) -> RateLimitedLog {
         RateLimitedLog { interval, last_logged: None, unlogged: 0 }
     }
 
@@ -331,6 +434,7 @@ async fn accept_loop<S: Store>(
     let mut backoff = AcceptBackoff { pause: ACCEPT_BACKOFF_MIN };
     let mut accept_errors = RateLimitedLog::new(LOG_INTERVAL);
     let mut refusals = RateLimitedLog::new(LOG_INTERVAL);
+    let mut source_refusals = RateLimitedLog::new(LOG_INTERVAL);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -346,15 +450,25 @@ async fn accept_loop<S: Store>(
         backoff.succeeded();
         while connections.try_join_next().is_some() {}
         if connections.len() >= node.config.connections_max {
-            refuse(stream, tls.is_some(), &node.counters);
+            refuse(stream, tls.is_some(), &node.counters, "the node is at its connection limit");
             if let Some(refused) = refusals.note(Instant::now()) {
                 let limit = node.config.connections_max;
                 tracing::warn!(refused, limit, "connection limit reached; refusing connections");
             }
             continue;
         }
+        let limit = node.config.connections_per_address_max;
+        let Some(counted) = node.sources.open(source_of(peer.ip()), limit) else {
+            let detail = "this address is at its connection limit";
+            refuse(stream, tls.is_some(), &node.counters, detail);
+            if let Some(refused) = source_refusals.note(Instant::now()) {
+                tracing::warn!(refused, limit, %peer, "an address's connection limit reached");
+            }
+            continue;
+        };
         let (node, tls) = (Arc::clone(&node), tls.clone());
         connections.spawn(async move {
+            let _counted = counted;
             crate::connection::serve(stream, peer, &node, tls).await;
         });
     }
@@ -363,12 +477,12 @@ async fn accept_loop<S: Store>(
 /// Answers a connection past the limit with `ConnectionLimit` (plain TCP only: a TLS client
 /// could not read it before the handshake) and closes it. The socket's send buffer is empty,
 /// so the one small write does not block; if it fails the peer still sees the close.
-fn refuse(stream: TcpStream, tls: bool, counters: &Counters) {
+fn refuse(stream: TcpStream, tls: bool, counters: &Counters, detail: &str) {
     counters.connections_refused.fetch_add(1, Ordering::Relaxed);
     if tls {
         return;
     }
-    let refusal = ErrorReply::new(Reason::ConnectionLimit, "the node is at its connection limit");
+    let refusal = ErrorReply::new(Reason::ConnectionLimit, detail);
     let frame = ReplyFrame { request_id: 0, timing: ServerTiming::default(), result: Err(refusal) };
     let mut out = Vec::new();
     encode_reply(&frame, &mut out);
@@ -515,6 +629,16 @@ mod tests {
             NodeConfig { write_timeout_ms: 0, ..NodeConfig::default() },
             NodeConfig { frame_memory_bytes_max: 100, ..NodeConfig::default() },
             NodeConfig { reply_memory_bytes_max: 4096, ..NodeConfig::default() },
+            NodeConfig { connections_per_address_max: 0, ..NodeConfig::default() },
+            NodeConfig { hashing_threads: 0, ..NodeConfig::default() },
+            NodeConfig { hashing_queue_max: 0, ..NodeConfig::default() },
+            NodeConfig { registration_window_ms: 0, ..NodeConfig::default() },
+            NodeConfig { registration_attempts_per_address_max: 0, ..NodeConfig::default() },
+            NodeConfig { frame_memory_reserved_bytes: 100, ..NodeConfig::default() },
+            NodeConfig { reply_memory_reserved_bytes: 100, ..NodeConfig::default() },
+            // Every connection's reserved part must fit, with room beyond it.
+            NodeConfig { frame_memory_bytes_max: 8 << 20, ..NodeConfig::default() },
+            NodeConfig { reply_memory_reserved_bytes: 64 << 10, ..NodeConfig::default() },
         ];
         for config in bad {
             assert!(config.validate().is_err(), "{config:?}");

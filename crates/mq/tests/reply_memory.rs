@@ -1,7 +1,7 @@
 //! The node-wide bound on owed reply memory (`NodeConfig::reply_memory_bytes_max`): a client
 //! that pipelines pops of large messages and stops reading holds no more than its connection's
-//! share of it (a quarter), other clients are still served — large reads included — and every
-//! pop refused for memory leaves its message in the queue.
+//! reserved part plus its share of the rest, other clients are still served — large reads
+//! included — and every pop refused for memory leaves its message in the queue.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -18,8 +18,12 @@ use tokio::net::tcp::OwnedReadHalf;
 
 const CONTENT_BYTES: usize = 256 << 10;
 const REPLY_MEMORY_BYTES_MAX: usize = 2 << 20;
-/// What one connection may hold: a quarter of the bound (`reply_memory::CONNECTION_SHARE_DIVISOR`).
-const CONNECTION_SHARE_BYTES: usize = REPLY_MEMORY_BYTES_MAX / 4;
+const CONNECTIONS_MAX: usize = 16;
+const RESERVED_BYTES: usize = 16 << 10;
+/// What one connection may hold while two are open: its reserved part and half of the shared
+/// rest (the `share` module).
+const CONNECTION_SHARE_BYTES: usize =
+    RESERVED_BYTES + (REPLY_MEMORY_BYTES_MAX - CONNECTIONS_MAX * RESERVED_BYTES) / 2;
 /// Small reservations (512 B each) the other client's requests may hold at the same time.
 const SMALL_REPLIES_BYTES: usize = 4 * 512;
 /// Messages in the queue, all popped by the stalled client in one pipeline: 10 MiB of replies,
@@ -102,6 +106,8 @@ async fn a_stalled_reader_of_large_messages_stays_within_the_bound_and_loses_not
     let config = NodeConfig {
         content_bytes_max: CONTENT_BYTES,
         reply_memory_bytes_max: REPLY_MEMORY_BYTES_MAX,
+        connections_max: CONNECTIONS_MAX,
+        reply_memory_reserved_bytes: RESERVED_BYTES,
         write_timeout_ms: 60_000,
         ..NodeConfig::default()
     };

@@ -56,6 +56,9 @@ pub(crate) async fn scenario<S: Store>(store: &S) {
     let alice = register(store, &unique("alice")).await;
     let bob_name = unique("bob");
     let bob = register(store, &bob_name).await;
+    let found = store.find_client(&bob_name).await.unwrap();
+    assert_eq!(found.map(|r| r.id), Some(bob), "a registered name is found");
+    assert_eq!(store.find_client(&unique("nobody")).await.unwrap(), None);
     let again = store.claim_client(&bob_name, "another hash").await.unwrap();
     assert_eq!(
         (again.id, again.secret_hash.as_str()),

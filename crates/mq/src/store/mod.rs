@@ -65,6 +65,13 @@ pub trait Store: Send + Sync + 'static {
         secret_hash: &str,
     ) -> impl Future<Output = anyhow::Result<ClientRecord>> + Send;
 
+    /// The client registered under `name` with a secret, if any: registration looks the stored
+    /// hash up first so a known name costs one verification and an unknown one one hash.
+    fn find_client(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = anyhow::Result<Option<ClientRecord>>> + Send;
+
     /// How many batches can usefully run at once: more database workers than this only split
     /// the requests into smaller batches that then wait for each other.
     fn parallel_batches_max(&self) -> usize;
@@ -107,6 +114,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Sqlite(s) => s.claim_client(name, secret_hash).await,
             AnyStore::Postgres(s) => s.claim_client(name, secret_hash).await,
+        }
+    }
+
+    async fn find_client(&self, name: &str) -> anyhow::Result<Option<ClientRecord>> {
+        match self {
+            AnyStore::Sqlite(s) => s.find_client(name).await,
+            AnyStore::Postgres(s) => s.find_client(name).await,
         }
     }
 

@@ -148,6 +148,18 @@ impl Store for PostgresStore {
         Ok(ClientRecord { id: row.get::<_, i64>(0) as u64, secret_hash: row.get(1) })
     }
 
+    async fn find_client(&self, name: &str) -> anyhow::Result<Option<ClientRecord>> {
+        let client = self.pool.get().await.context("connecting to PostgreSQL")?;
+        let statement = client
+            .prepare_cached(
+                "SELECT id, secret_hash FROM mq_clients \
+                 WHERE name = $1 AND secret_hash IS NOT NULL",
+            )
+            .await?;
+        let row = client.query_opt(&statement, &[&name]).await?;
+        Ok(row.map(|row| ClientRecord { id: row.get::<_, i64>(0) as u64, secret_hash: row.get(1) }))
+    }
+
     /// One batch per pooled connection.
     fn parallel_batches_max(&self) -> usize {
         self.pool.status().max_size

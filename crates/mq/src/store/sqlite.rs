@@ -119,7 +119,27 @@ fn claim_client(
     Ok(ClientRecord { id: id as u64, secret_hash })
 }
 
+/// See [`Store::find_client`].
+fn find_client(conn: &Mutex<Connection>, name: &str) -> anyhow::Result<Option<ClientRecord>> {
+    let conn = conn.lock().map_err(|_| anyhow::anyhow!("sqlite mutex poisoned"))?;
+    let mut statement = conn.prepare_cached(
+        "SELECT id, secret_hash FROM clients WHERE name = ?1 AND secret_hash IS NOT NULL",
+    )?;
+    let record = statement
+        .query_row([name], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .optional()?;
+    Ok(record.map(|(id, secret_hash)| ClientRecord { id: id as u64, secret_hash }))
+}
+
 impl Store for SqliteStore {
+    async fn find_client(&self, name: &str) -> anyhow::Result<Option<ClientRecord>> {
+        let conn = Arc::clone(&self.conn);
+        let name = name.to_owned();
+        tokio::task::spawn_blocking(move || find_client(&conn, &name))
+            .await
+            .context("sqlite lookup task")?
+    }
+
     async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
         let conn = Arc::clone(&self.conn);
         let (name, secret_hash) = (name.to_owned(), secret_hash.to_owned());
