@@ -72,6 +72,12 @@ pub struct Settings {
     pub fix_comp_id: String,
     /// The bearer token the metrics listener's admin endpoints require; `None`: they are off.
     pub admin_token: Option<String>,
+    /// The bearer token `/metrics` requires; `None`: open, and then the listener may only
+    /// bind a loopback address ([`crate::server::start`]).
+    pub metrics_token: Option<String>,
+    /// Series per client id on `/metrics` (`client="N"` labels); off, only their sums: the
+    /// page then neither lists who trades nor grows with the credentials file.
+    pub metrics_per_client: bool,
 }
 
 /// Missed heartbeat intervals after which a link is declared dead.
@@ -91,6 +97,8 @@ impl Default for Settings {
             store_sync: true,
             fix_comp_id: "LEANTIER".into(),
             admin_token: None,
+            metrics_token: None,
+            metrics_per_client: false,
         }
     }
 }
