@@ -271,6 +271,7 @@ impl IoLoop {
         if routed > 0 {
             hub.commit();
         }
+        hub.compact_store_if_due();
         routed
     }
 }

@@ -656,3 +656,61 @@ fn idle_connections_beyond_the_bound_are_closed_and_the_listener_recovers() {
         .find(|answer| answer.starts_with("HTTP/1.0 200"));
     assert!(health.is_some(), "served again once the idle connections went");
 }
+
+// The store's bound (issue 29): compaction keeps what recovery needs.
+
+#[test]
+fn a_store_past_its_bound_shrinks_and_a_restart_keeps_numbering_and_the_replay_window() {
+    const ORDERS: u64 = 600;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        store_dir: dir.path().to_path_buf(),
+        store_bytes_max: 8 << 10,
+        replay_events_max: 8,
+        ..Settings::default()
+    };
+    let serve = || {
+        let options = common::serve_options(dir.path(), common::native_credentials(SECRET), 8);
+        server::start(ServeOptions { settings: settings.clone(), ..options }).unwrap()
+    };
+    let store = dir.path().join(gateway::store::FILE_NAME);
+    let server = serve();
+    let mut session = logged_in(server.listen, 1, 0);
+    let mut largest = 0;
+    // Each order placed and cancelled (open orders are kept by compaction): events 2t-1, 2t.
+    for token in 1..=ORDERS as u32 {
+        session.send(&ClientMsg::NewOrder(order(1, token, 0, 1))).unwrap();
+        let (seq, event) = next_event(&mut session);
+        assert_eq!(
+            (seq, event.kind, event.token),
+            (2 * u64::from(token) - 1, event_kind::ACCEPTED, token)
+        );
+        session.send(&ClientMsg::Cancel(order(1, token, 0, 0))).unwrap();
+        let (seq, event) = next_event(&mut session);
+        assert_eq!(
+            (seq, event.kind, event.token),
+            (2 * u64::from(token), event_kind::CANCELLED, token)
+        );
+        largest = largest.max(std::fs::metadata(&store).unwrap().len());
+    }
+    let written = sample(&http_get(server.metrics_listen.unwrap()), "gateway_store_bytes_total");
+    assert!(written > 2.0 * settings.store_bytes_max as f64, "{written} bytes written");
+    // Compaction runs between units of work: one batch may pass the bound before it.
+    assert!(largest < settings.store_bytes_max + 4096, "the file reached {largest} bytes");
+    drop(session);
+    server.stop();
+
+    let server = serve();
+    let mut again = NativeClient::connect(server.listen).unwrap();
+    let refused = again.login(1, SECRET, 1, WAIT).unwrap();
+    let unavailable = login_reject::SEQUENCE_UNAVAILABLE;
+    assert_eq!(refused, ServerMsg::LoginRejected { reason: unavailable }, "older than kept");
+    let last = 2 * ORDERS;
+    let mut replay = logged_in(server.listen, 1, last - 7);
+    for seq in last - 7..=last {
+        let (replayed, event) = next_event(&mut replay);
+        assert_eq!((replayed, u64::from(event.token)), (seq, seq.div_ceil(2)), "the window");
+    }
+    replay.send(&ClientMsg::NewOrder(order(1, 1000, 0, 1))).unwrap();
+    assert_eq!(next_event(&mut replay).0, last + 1, "numbering goes on");
+}

@@ -32,7 +32,9 @@ pub struct ServeArgs {
     /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
     /// relative to this file), `store_dir` (the durable store of FIX and native sessions;
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
-    /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
+    /// default true), `store_bytes_max` (compact the store past this; default 256 MiB),
+    /// `fix_resend_window` (sent messages per FIX session kept by compaction; default 16384),
+    /// `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
     /// `clients`, `layout` (see `--layout`), `admin_token` (the bearer token the metrics
     /// listener's admin endpoints require; without it they are off), `metrics_token` (the
@@ -120,6 +122,8 @@ struct ServeConfig {
     #[serde(alias = "fix_store_dir")]
     store_dir: Option<PathBuf>,
     store_sync: Option<bool>,
+    store_bytes_max: Option<u64>,
+    fix_resend_window: Option<usize>,
     fix_comp_id: Option<String>,
     throttle_msgs_per_s: Option<u32>,
     cancel_on_disconnect_ms: Option<u64>,
@@ -192,6 +196,8 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
         heartbeat: config.heartbeat_ms.map_or(defaults.heartbeat, Duration::from_millis),
         store_dir: base.join(config.store_dir.clone().unwrap_or(defaults.store_dir.clone())),
         store_sync: config.store_sync.unwrap_or(defaults.store_sync),
+        store_bytes_max: config.store_bytes_max.unwrap_or(defaults.store_bytes_max),
+        fix_resend_window: config.fix_resend_window.unwrap_or(defaults.fix_resend_window),
         fix_comp_id: config.fix_comp_id.clone().unwrap_or(defaults.fix_comp_id.clone()),
         admin_token: config.admin_token.clone(),
         metrics_token: config.metrics_token.clone(),
@@ -216,9 +222,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
         || settings.outbox_bytes_max == 0
+        || settings.store_bytes_max == 0
     {
         return Err(BadInput(
-            "throttle_msgs_per_s, heartbeat_ms and outbox_bytes_max must be > 0".into(),
+            "throttle_msgs_per_s, heartbeat_ms, outbox_bytes_max and store_bytes_max must be > 0"
+                .into(),
         )
         .into());
     }
@@ -623,16 +631,18 @@ mod tests {
     }
 
     #[test]
-    fn the_metrics_listener_defaults_to_loopback_and_its_keys_reach_the_settings() {
+    fn the_metrics_listener_defaults_to_loopback_and_the_new_keys_reach_the_settings() {
         assert_eq!(metrics_address("9401"), Ok("127.0.0.1:9401".parse().unwrap()));
         assert_eq!(metrics_address("0.0.0.0:9401"), Ok("0.0.0.0:9401".parse().unwrap()));
         assert!(metrics_address("somewhere").unwrap_err().contains("HOST:PORT"));
-        let keyed = "credentials = \"c\"\nmetrics_token = \"m\"\nmetrics_per_client = true\n";
+        let keyed = "credentials = \"c\"\nmetrics_token = \"m\"\nmetrics_per_client = true\n\
+                     store_bytes_max = 4096\nfix_resend_window = 10\n";
         let settings = settings_from(&toml::from_str(keyed).unwrap(), Path::new("."));
         assert_eq!(
             (settings.metrics_token.as_deref(), settings.metrics_per_client),
             (Some("m"), true)
         );
+        assert_eq!((settings.store_bytes_max, settings.fix_resend_window), (4096, 10));
         let plain =
             settings_from(&toml::from_str("credentials = \"c\"\n").unwrap(), Path::new("."));
         assert_eq!((plain.metrics_token, plain.metrics_per_client), (None, false));
