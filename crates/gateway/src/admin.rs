@@ -9,11 +9,20 @@
 //!
 //! The admin endpoints need `Authorization: Bearer TOKEN` with the serve config's
 //! `admin_token`; without one configured they are off (403), a missing or wrong token is 401.
+//! `/metrics` needs `Authorization: Bearer TOKEN` with `metrics_token` when one is configured
+//! (401 otherwise) and is open without one, which [`crate::server::start`] allows only on a
+//! loopback address; `/health` and `/ready` are always open (they say nothing but "ok").
 //! Anything else gets a status with a reason in the body: 404 (unknown path), 405 (wrong
 //! method), 400 (a missing or malformed parameter).
 
 use exchange::msg::{InstrumentId, Price};
 use exchange::tier::ExternalEvent;
+
+/// Connections the metrics listener serves at once; beyond, new ones are closed unanswered.
+/// Each holds a 4 KiB request buffer and a task on the I/O thread, which also runs the
+/// orders, for up to 1 s to send its request and 1 s to take its answer: a flood of idle
+/// connections must not grow either without bound. A scraper and an operator need a handful.
+pub const HTTP_CONNECTIONS_MAX: usize = 16;
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +90,25 @@ pub fn authorize(request: &str, token: Option<&str>) -> Result<(), AdminError> {
     let Some(token) = token else {
         return Err(refuse(403, "admin endpoints are off: set admin_token in the serve config"));
     };
+    bearer(request, token)
+}
+
+/// Whether a scrape of `/metrics` (its whole head, `request`) may read the page: open without
+/// a configured `metrics_token`, else only with that bearer token.
+///
+/// ```
+/// use gateway::admin::authorize_scrape;
+/// let head = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n";
+/// assert!(authorize_scrape(head, Some("s3cret")).is_ok());
+/// assert_eq!(authorize_scrape("GET /metrics HTTP/1.1", Some("s3cret")).unwrap_err().status, 401);
+/// assert!(authorize_scrape("GET /metrics HTTP/1.1", None).is_ok());
+/// ```
+pub fn authorize_scrape(request: &str, token: Option<&str>) -> Result<(), AdminError> {
+    token.map_or(Ok(()), |token| bearer(request, token))
+}
+
+/// Whether `request` carries `Authorization: Bearer token`.
+fn bearer(request: &str, token: &str) -> Result<(), AdminError> {
     let presented = request.lines().skip(1).find_map(|line| {
         let (name, value) = line.split_once(':')?;
         let value = value.trim();

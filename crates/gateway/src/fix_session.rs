@@ -68,6 +68,12 @@ impl Store {
         self.saved_next_in = 1;
     }
 
+    /// Where the session's kept messages are after the store was compacted (older ones are
+    /// gone: a resend gap-fills them).
+    pub fn replace_index(&mut self, index: crate::store::FixIndex) {
+        self.index = index;
+    }
+
     /// The stored messages with MsgSeqNum in `begin..=end`.
     pub fn range(&self, begin: u64, end: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
         let log = self.log.borrow();

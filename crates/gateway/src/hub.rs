@@ -68,10 +68,22 @@ pub struct Settings {
     /// `fdatasync` each store batch before its messages are sent (group commit); off, a batch
     /// is written (it survives a killed process, not a power failure) and sent at once.
     pub store_sync: bool,
+    /// Bytes past which the store is compacted to what recovery needs
+    /// ([`store::StoreOptions::bytes_max`]).
+    pub store_bytes_max: u64,
+    /// Sent messages per FIX session that compaction keeps for resends
+    /// ([`store::StoreOptions::fix_resend_window`]).
+    pub fix_resend_window: usize,
     /// The acceptor's SenderCompID.
     pub fix_comp_id: String,
     /// The bearer token the metrics listener's admin endpoints require; `None`: they are off.
     pub admin_token: Option<String>,
+    /// The bearer token `/metrics` requires; `None`: open, and then the listener may only
+    /// bind a loopback address ([`crate::server::start`]).
+    pub metrics_token: Option<String>,
+    /// Series per client id on `/metrics` (`client="N"` labels); off, only their sums: the
+    /// page then neither lists who trades nor grows with the credentials file.
+    pub metrics_per_client: bool,
 }
 
 /// Missed heartbeat intervals after which a link is declared dead.
@@ -89,8 +101,12 @@ impl Default for Settings {
             logon_timeout: Duration::from_secs(5),
             store_dir: PathBuf::from("gateway-store"),
             store_sync: true,
+            store_bytes_max: store::STORE_BYTES_MAX_DEFAULT,
+            fix_resend_window: store::FIX_RESEND_WINDOW_DEFAULT,
             fix_comp_id: "LEANTIER".into(),
             admin_token: None,
+            metrics_token: None,
+            metrics_per_client: false,
         }
     }
 }
@@ -354,8 +370,13 @@ impl Hub {
         ingress: Box<dyn OrderEntry>,
         verifier: Verifier,
     ) -> Result<Hub, StoreError> {
-        let (log, mut recovered) =
-            Log::open(&settings.store_dir, settings.store_sync, settings.replay_events_max)?;
+        let options = store::StoreOptions {
+            sync: settings.store_sync,
+            replay_events_max: settings.replay_events_max,
+            bytes_max: settings.store_bytes_max,
+            fix_resend_window: settings.fix_resend_window,
+        };
+        let (log, mut recovered) = Log::open(&settings.store_dir, options)?;
         let log = Rc::new(RefCell::new(log));
         let mut clients = Vec::with_capacity(credentials.len());
         let mut by_id = HashMap::with_capacity(credentials.len());
@@ -419,6 +440,32 @@ impl Hub {
     /// Ends a unit of work: writes the store's batch and releases what is durable.
     pub fn commit(&mut self) {
         self.log.borrow_mut().commit();
+    }
+
+    /// Compacts the store once it has passed its bound ([`store::Log::compact`]) and points
+    /// each FIX session at where its kept messages now are. A failure is logged and the old
+    /// file kept: the store is then only larger than its bound.
+    pub fn compact_store_if_due(&mut self) {
+        let compacted = {
+            let mut log = self.log.borrow_mut();
+            if !log.compaction_due() {
+                return;
+            }
+            log.compact()
+        };
+        let mut indices = match compacted {
+            Ok(indices) => indices,
+            Err(error) => {
+                tracing::error!(%error, "gateway store: compaction failed");
+                return;
+            }
+        };
+        for client in &mut self.clients {
+            if let Some(fix) = client.fix.as_mut() {
+                let index = indices.remove(&client.credential.client).unwrap_or_default();
+                fix.store.replace_index(index);
+            }
+        }
     }
 
     pub fn client_index(&self, client: u32) -> Option<usize> {

@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
-use crate::admin::{AdminError, AdminRequest};
+use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
 use crate::admission::Admission;
 use crate::credentials::Credential;
 use crate::hub::{Hub, OrderEntry, Refused, Settings};
@@ -55,7 +55,7 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 const HTTP_REQUEST_BYTES_MAX: usize = 4096;
 /// How old a served metrics page may be (scrapes in between get the same page).
 const METRICS_PAGE_MAX_AGE: Duration = Duration::from_secs(1);
-/// Time an HTTP client has to send its request line.
+/// Time an HTTP client has to send its request, and then to take its answer.
 const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The listeners: native, FIX, metrics and admin.
@@ -271,6 +271,7 @@ impl IoLoop {
         if routed > 0 {
             hub.commit();
         }
+        hub.compact_store_if_due();
         routed
     }
 }
@@ -366,60 +367,86 @@ async fn accept_loop(
     }
 }
 
-/// The metrics listener's HTTP endpoints ([`crate::admin`]): one request per connection.
+/// The metrics listener's HTTP endpoints ([`crate::admin`]): one request per connection, at
+/// most [`HTTP_CONNECTIONS_MAX`] at a time (beyond, a connection is closed unanswered).
 async fn http_loop(
     hub: Rc<RefCell<Hub>>,
     control: Rc<RefCell<TierControl>>,
     listener: TcpListener,
 ) {
     let page = Rc::new(RenderedPage::default());
+    let open = Rc::new(std::cell::Cell::new(0usize));
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(ACCEPT_RETRY).await;
             continue;
         };
-        let (hub, control, page) = (hub.clone(), control.clone(), page.clone());
+        if open.get() >= HTTP_CONNECTIONS_MAX {
+            continue;
+        }
+        open.set(open.get() + 1);
+        let (hub, control, page, open) = (hub.clone(), control.clone(), page.clone(), open.clone());
         tokio::task::spawn_local(async move {
             let mut request = [0u8; HTTP_REQUEST_BYTES_MAX];
             let read = stream.read(&mut request);
             let read = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, read).await;
             let read = read.ok().and_then(Result::ok).unwrap_or(0);
             let text = String::from_utf8_lossy(&request[..read]);
-            let line = text.lines().next().unwrap_or("");
-            let (status, content_type, body) = match crate::admin::parse(line) {
-                Ok(AdminRequest::Metrics) => {
-                    let body = page.get(|| crate::metrics::prometheus_text(&hub.borrow()));
-                    (200, "text/plain; version=0.0.4", body.as_ref().clone())
-                }
-                Ok(AdminRequest::Health | AdminRequest::Ready) => {
-                    (200, "text/plain", "ok\n".into())
-                }
-                Ok(AdminRequest::Event(event)) => {
-                    let token = hub.borrow().settings.admin_token.clone();
-                    match crate::admin::authorize(&text, token.as_deref()) {
-                        Err(AdminError { status, reason }) => {
-                            tracing::warn!(status, reason, "admin request refused");
-                            (status, "text/plain", format!("{reason}\n"))
-                        }
-                        Ok(()) => match control.borrow_mut().event(event) {
-                            Ok(()) => {
-                                tracing::info!(?event, "admin: external event sent to the tier");
-                                (200, "text/plain", format!("sent {event:?}\n"))
-                            }
-                            Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
-                        },
-                    }
-                }
-                Err(AdminError { status, reason }) => (status, "text/plain", format!("{reason}\n")),
-            };
+            let (status, content_type, body) = http_answer(&hub, &control, &page, &text);
             let head = format!(
                 "HTTP/1.0 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
                 status_text(status),
                 body.len()
             );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
+            let write = async {
+                stream.write_all(head.as_bytes()).await?;
+                stream.write_all(body.as_bytes()).await
+            };
+            // A client that does not read its answer holds a connection no longer than this.
+            let _ = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, write).await;
+            open.set(open.get() - 1);
         });
+    }
+}
+
+/// The answer to one HTTP request (its whole head, `text`): status, content type, body.
+fn http_answer(
+    hub: &RefCell<Hub>,
+    control: &RefCell<TierControl>,
+    page: &RenderedPage,
+    text: &str,
+) -> (u16, &'static str, String) {
+    let line = text.lines().next().unwrap_or("");
+    let refused = |AdminError { status, reason }| (status, "text/plain", format!("{reason}\n"));
+    match crate::admin::parse(line) {
+        Ok(AdminRequest::Metrics) => {
+            let token = hub.borrow().settings.metrics_token.clone();
+            if let Err(error) = crate::admin::authorize_scrape(text, token.as_deref()) {
+                return refused(error);
+            }
+            let body = page.get(|| crate::metrics::prometheus_text(&hub.borrow()));
+            (200, "text/plain; version=0.0.4", body.as_ref().clone())
+        }
+        Ok(AdminRequest::Health | AdminRequest::Ready) => (200, "text/plain", "ok\n".into()),
+        Ok(AdminRequest::Event(event)) => {
+            let token = hub.borrow().settings.admin_token.clone();
+            if let Err(error) = crate::admin::authorize(text, token.as_deref()) {
+                tracing::warn!(
+                    status = error.status,
+                    reason = error.reason,
+                    "admin request refused"
+                );
+                return refused(error);
+            }
+            match control.borrow_mut().event(event) {
+                Ok(()) => {
+                    tracing::info!(?event, "admin: external event sent to the tier");
+                    (200, "text/plain", format!("sent {event:?}\n"))
+                }
+                Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
+            }
+        }
+        Err(error) => refused(error),
     }
 }
 

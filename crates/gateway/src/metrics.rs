@@ -1,5 +1,7 @@
-//! What `exchange serve --metrics-listen` serves, in the Prometheus text format: per session
-//! (orders in, reports out, rejects by reason, throttled, busy, cut off, logons, garbled), per
+//! What `exchange serve --metrics-listen` serves, in the Prometheus text format: the sessions'
+//! counters (orders in, reports out, rejects by reason, throttled, busy, cut off, logons,
+//! garbled), summed over all clients unless `metrics_per_client` asks for a series per client
+//! id (the page then names every client and grows with the credentials file), per
 //! stage (requests into the tier and reports out of it, the reply rings' depth, the store's
 //! commits), and latency summaries measured inside the server: the matching core's service
 //! time per request and the time from a request's arrival to its report being queued for the
@@ -15,7 +17,7 @@ use std::fmt::Write as _;
 use exchange::msg::CoreOutput;
 use lab::stats::LatencyHistogram;
 
-use crate::hub::{Counters, Hub};
+use crate::hub::{Counters, Hub, REASON_CODES};
 
 /// Quantiles each latency summary reports (1.0: the maximum).
 const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
@@ -131,6 +133,8 @@ fn layout_info(text: &mut String, layout: &LayoutInfo) {
     );
 }
 
+/// The session counters: summed over every client, or per client id with
+/// [`crate::hub::Settings::metrics_per_client`].
 fn per_session(text: &mut String, hub: &Hub) {
     let metrics: [(&str, &str, CounterOf); 7] = [
         ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
@@ -143,17 +147,39 @@ fn per_session(text: &mut String, hub: &Hub) {
         ("gateway_logons_total", "successful logons", |c| c.logons),
         ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
     ];
+    let per_client = hub.settings.metrics_per_client;
     for (name, help, value) in metrics {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
-        for client in &hub.clients {
-            let (id, count) = (client.credential.client, value(&client.counters));
-            let _ = writeln!(text, "{name}{{client=\"{id}\"}} {count}");
+        if per_client {
+            for client in &hub.clients {
+                let (id, count) = (client.credential.client, value(&client.counters));
+                let _ = writeln!(text, "{name}{{client=\"{id}\"}} {count}");
+            }
+        } else {
+            let total: u64 = hub.clients.iter().map(|client| value(&client.counters)).sum();
+            let _ = writeln!(text, "{name} {total}");
         }
     }
     let _ = writeln!(
         text,
         "# HELP gateway_rejects_total rejects by reason code\n# TYPE gateway_rejects_total counter"
     );
+    if per_client {
+        rejects_per_client(text, hub);
+    } else {
+        let mut totals = [0u64; REASON_CODES];
+        for client in &hub.clients {
+            for (total, count) in totals.iter_mut().zip(&client.counters.rejects) {
+                *total += count;
+            }
+        }
+        for (reason, count) in totals.iter().enumerate().filter(|(_, c)| **c > 0) {
+            let _ = writeln!(text, "gateway_rejects_total{{reason=\"{reason}\"}} {count}");
+        }
+    }
+}
+
+fn rejects_per_client(text: &mut String, hub: &Hub) {
     for client in &hub.clients {
         let id = client.credential.client;
         for (reason, &count) in client.counters.rejects.iter().enumerate().filter(|(_, c)| **c > 0)

@@ -109,6 +109,12 @@ impl Drop for Running {
 pub enum ServeError {
     #[error("binding {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(
+        "metrics listener on {addr}: not a loopback address and no metrics_token set; /metrics \
+         would show the server's counters to anyone who can reach it (set metrics_token in the \
+         serve config, or listen on 127.0.0.1 or ::1)"
+    )]
+    MetricsExposed { addr: SocketAddr },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error("tier: {0:#}")]
@@ -120,6 +126,16 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
         std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
     listener.set_nonblocking(true).map_err(|source| ServeError::Bind { addr, source })?;
     Ok(listener)
+}
+
+/// Refuses an open `/metrics` on an address other hosts can reach: the page shows the
+/// server's activity (and, with `metrics_per_client`, every client id). With a
+/// `metrics_token` any address is allowed; loopback needs none.
+fn check_metrics_exposure(addr: SocketAddr, settings: &Settings) -> Result<(), ServeError> {
+    if addr.ip().is_loopback() || settings.metrics_token.is_some() {
+        return Ok(());
+    }
+    Err(ServeError::MetricsExposed { addr })
 }
 
 /// "preprocess+core:spin events+masterdata:park".
@@ -138,6 +154,9 @@ fn describe(layout: &TierLayout) -> String {
 /// with an unsynced store, or with NATS subscribers (`also`), the tier holds replies until
 /// its journal has their input.
 pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
+    if let Some(addr) = options.metrics_listen {
+        check_metrics_exposure(addr, &options.settings)?;
+    }
     let native = bind(options.listen)?;
     let fix = options.fix_listen.map(bind).transpose()?;
     let metrics = options.metrics_listen.map(bind).transpose()?;

@@ -50,7 +50,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 
 use journal::DurableSeq;
@@ -59,7 +59,11 @@ use tokio::sync::Notify;
 
 use crate::fix;
 use crate::hub::{Link, track_open};
+
+#[path = "store_compact.rs"]
+mod compact;
 use crate::native::{self, Event, ServerMsg, event_kind};
+pub use compact::FixIndex;
 
 /// Bytes of a record's header.
 const HEADER_BYTES: usize = 13;
@@ -70,6 +74,31 @@ pub const PAYLOAD_BYTES_MAX: usize = fix::BODY_BYTES_MAX + 256;
 pub const TORN_TAIL_BYTES_MAX: u64 = 8 << 20;
 /// The store's file name inside the store directory.
 pub const FILE_NAME: &str = "gateway.store";
+/// Default of [`StoreOptions::bytes_max`] (config `store_bytes_max`): 256 MiB. Past it the
+/// store is compacted to what recovery needs. Large enough that compaction (a read of the
+/// whole file and a write of what it keeps, on the I/O thread) is rare: at 1 KiB per order
+/// and report pair, once per ~250 000 orders.
+pub const STORE_BYTES_MAX_DEFAULT: u64 = 256 << 20;
+/// Default of [`StoreOptions::fix_resend_window`] (config `fix_resend_window`): the newest
+/// messages sent per FIX session that compaction keeps for resends, as many as the native
+/// replay window keeps events. Older ones are answered with a SequenceReset-GapFill.
+pub const FIX_RESEND_WINDOW_DEFAULT: usize = 1 << 14;
+
+/// What the store keeps and how large it may grow.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreOptions {
+    /// `fdatasync` each batch before its held bytes are released.
+    pub sync: bool,
+    /// Native events kept per client for replay (recovery keeps as many).
+    pub replay_events_max: usize,
+    /// Bytes past which the file is compacted ([`Log::compact`]): it then grows again to
+    /// at most this, or twice what compaction kept if that is more (no compaction storm
+    /// when the retained windows alone fill the bound).
+    pub bytes_max: u64,
+    /// Sent messages kept per FIX session for resends when compacting (besides the
+    /// ExecutionReports of orders still open, which rebuild the ClOrdID map at start).
+    pub fix_resend_window: usize,
+}
 
 /// Record kinds.
 pub mod kind {
@@ -81,6 +110,15 @@ pub mod kind {
     pub const FIX_RESET: u8 = b'R';
     /// A native sequenced event: its wire frame (`ServerMsg::Sequenced`).
     pub const NATIVE_EVENT: u8 = b'S';
+    /// Compaction: the highest OrderID a FIX session ever sent, `[u32]` (its reports may be
+    /// gone).
+    pub const FIX_ORDER_ID_MAX: u8 = b'X';
+    /// Compaction: a native client's stream goes on at this sequence number, `[u64]` (the
+    /// events before it are gone).
+    pub const NATIVE_NEXT: u8 = b'N';
+    /// Compaction: an order still open, `[token: u32][instrument: u32]` (its reports may be
+    /// gone); written after every other record of the compacted file.
+    pub const OPEN_ORDER: u8 = b'O';
 }
 
 /// Why the store cannot be used.
@@ -93,13 +131,21 @@ pub enum StoreError {
          (a torn write is at most {TORN_TAIL_BYTES_MAX}); refusing to drop them"
     )]
     Corrupt { path: String, offset: u64, tail_bytes: u64 },
+    #[error(
+        "gateway store {path}: compaction kept the old file: the compacted one would recover \
+         differently ({why})"
+    )]
+    CompactionMismatch { path: String, why: String },
 }
 
 /// A FIX session's recovered state.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct FixRecovered {
     /// (MsgSeqNum, payload offset of the message in the file, length) of every message sent.
     pub index: Vec<(u64, u64, u32)>,
+    /// Per entry of `index`, the OrderID of an ExecutionReport (0: another message), so
+    /// that compaction keeps the reports of open orders without reading them again.
+    pub order_ids: Vec<u32>,
     pub next_in: u64,
     /// The highest OrderID (37) sent: the session's order numbers go on above it, so an
     /// order of a restarted server never takes the id of one resting in a recovered book.
@@ -107,7 +153,7 @@ pub struct FixRecovered {
 }
 
 /// A native session's recovered state.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct NativeRecovered {
     /// The newest events (at most the replay window), the oldest first.
     pub events: VecDeque<Event>,
@@ -135,6 +181,8 @@ struct SyncShared {
     stop: AtomicBool,
     /// Notified after each sync (the I/O thread then releases held bytes).
     done: Arc<Notify>,
+    /// The file the syncer syncs: replaced when compaction replaces the store's file.
+    file: std::sync::Mutex<Arc<File>>,
     /// Per tier journal shard: its durable sequence and the highest input sequence the
     /// requested batches answer (set once, before the first commit).
     journals: OnceLock<Vec<(Arc<DurableSeq>, AtomicU64)>>,
@@ -147,6 +195,9 @@ struct SyncShared {
 pub struct Log {
     file: File,
     path: PathBuf,
+    options: StoreOptions,
+    /// Bytes at which the next compaction is due.
+    compact_at: u64,
     /// Bytes in the file.
     end: u64,
     /// Records appended since the last commit.
@@ -171,18 +222,14 @@ pub struct Log {
 impl Log {
     /// Opens (or creates) the store in `dir`, recovers what it holds (keeping at most
     /// `replay_events_max` events per native client) and, with `sync`, starts the syncer.
-    pub fn open(
-        dir: &Path,
-        sync: bool,
-        replay_events_max: usize,
-    ) -> Result<(Log, Recovered), StoreError> {
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<(Log, Recovered), StoreError> {
         let path = dir.join(FILE_NAME);
         let io = |source| StoreError::Io { path: path.display().to_string(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
         let file =
             OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
-        let (recovered, end) = recover(&file, replay_events_max).map_err(io)?;
+        let (recovered, end) = recover(&file, options.replay_events_max).map_err(io)?;
         if end < size {
             let tail_bytes = size - end;
             if tail_bytes > TORN_TAIL_BYTES_MAX {
@@ -193,10 +240,15 @@ impl Log {
             file.set_len(end).map_err(io)?;
             file.sync_data().map_err(io)?;
         }
-        let sync = if sync { Some(spawn_syncer(file.try_clone().map_err(io)?)) } else { None };
+        let sync = match options.sync {
+            true => Some(spawn_syncer(file.try_clone().map_err(io)?)),
+            false => None,
+        };
         let log = Log {
             file,
             path,
+            options,
+            compact_at: options.bytes_max,
             end,
             pending: Vec::with_capacity(1 << 16),
             written_epoch: 0,
@@ -213,23 +265,7 @@ impl Log {
 
     /// Appends a record to the batch; returns the file offset its payload will have.
     pub fn append(&mut self, kind: u8, client: u32, parts: &[&[u8]]) -> u64 {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        // Release-build check: a longer record would be written but refused by recovery.
-        assert!(len <= PAYLOAD_BYTES_MAX, "store record of {len} bytes");
-        let mut crc = crc32c::crc32c(&[kind]);
-        crc = crc32c::crc32c_append(crc, &client.to_le_bytes());
-        for part in parts {
-            crc = crc32c::crc32c_append(crc, part);
-        }
-        self.pending.extend_from_slice(&(len as u32).to_le_bytes());
-        self.pending.extend_from_slice(&crc.to_le_bytes());
-        self.pending.push(kind);
-        self.pending.extend_from_slice(&client.to_le_bytes());
-        let offset = self.end + self.pending.len() as u64;
-        for part in parts {
-            self.pending.extend_from_slice(part);
-        }
-        offset
+        self.end + encode_record(&mut self.pending, kind, client, parts) as u64
     }
 
     /// Holds each batch until, besides its own `fdatasync`, every tier journal shard's durable
@@ -381,6 +417,27 @@ impl Drop for Log {
     }
 }
 
+/// Appends a record to `out`; returns the offset its payload has in `out`.
+fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&[u8]]) -> usize {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    // Release-build check: a longer record would be written but refused by recovery.
+    assert!(len <= PAYLOAD_BYTES_MAX, "store record of {len} bytes");
+    let mut crc = crc32c::crc32c(&[kind]);
+    crc = crc32c::crc32c_append(crc, &client.to_le_bytes());
+    for part in parts {
+        crc = crc32c::crc32c_append(crc, part);
+    }
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(&client.to_le_bytes());
+    let offset = out.len();
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+    offset
+}
+
 fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
     let shared = Arc::new(SyncShared {
         requested: AtomicU64::new(0),
@@ -390,18 +447,22 @@ fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
         done: Arc::new(Notify::new()),
         journals: OnceLock::new(),
         journal_covered: AtomicU64::new(0),
+        file: std::sync::Mutex::new(Arc::new(file)),
     });
     let state = shared.clone();
     let thread = std::thread::Builder::new()
         .name("gateway-store-sync".into())
-        .spawn(move || sync_loop(&file, &state))
+        .spawn(move || sync_loop(&state))
         .expect("spawning the store's sync thread");
     (shared, thread)
 }
 
 /// One `fdatasync` for everything written since the last one, then publish and notify.
-fn sync_loop(file: &File, shared: &SyncShared) {
+fn sync_loop(shared: &SyncShared) {
     follow_requests(shared, &shared.synced, || {
+        // The lock only picks the current file; the sync runs without it. A sync of a file
+        // that compaction has just replaced is still right: the new file was synced whole.
+        let file = shared.file.lock().unwrap_or_else(PoisonError::into_inner).clone();
         // Never retried (a failed fdatasync may have dropped the dirty pages).
         file.sync_data().map_err(|error| format!("fdatasync failed: {error}"))
     });
@@ -506,10 +567,14 @@ fn apply(
             let Some(seq) = u64_at(0) else { return false };
             let fix = recovered.fix.entry(client).or_default();
             fix.index.push((seq, at + 8, (payload.len() - 8) as u32));
-            if let Ok(message) = fix::Message::parse(&payload[8..]) {
-                let open = recovered.open.entry(client).or_default();
-                fix_order_state(&message, &mut fix.order_id_max, open);
-            }
+            let order_id = match fix::Message::parse(&payload[8..]) {
+                Ok(message) => {
+                    let open = recovered.open.entry(client).or_default();
+                    fix_order_state(&message, &mut fix.order_id_max, open)
+                }
+                Err(_) => 0,
+            };
+            fix.order_ids.push(order_id);
         }
         kind::FIX_NEXT_IN => {
             let Some(next_in) = u64_at(0) else { return false };
@@ -519,7 +584,26 @@ fn apply(
             // Order numbers are not reset: the books may still hold the session's orders.
             let fix = recovered.fix.entry(client).or_default();
             fix.index.clear();
+            fix.order_ids.clear();
             fix.next_in = 1;
+        }
+        kind::FIX_ORDER_ID_MAX => {
+            let Some(max) = payload.try_into().ok().map(u32::from_le_bytes) else { return false };
+            let fix = recovered.fix.entry(client).or_default();
+            fix.order_id_max = fix.order_id_max.max(max);
+        }
+        kind::NATIVE_NEXT => {
+            let Some(next_seq) = u64_at(0) else { return false };
+            let native = recovered.native.entry(client).or_default();
+            native.events.clear();
+            native.next_seq = next_seq;
+        }
+        kind::OPEN_ORDER => {
+            let field = |at: usize| {
+                payload.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            };
+            let (Some(token), Some(instrument)) = (field(0), field(4)) else { return false };
+            recovered.open.entry(client).or_default().insert(token, instrument);
         }
         kind::NATIVE_EVENT => {
             let decoded =
@@ -545,22 +629,28 @@ fn apply(
 
 /// What a sent FIX message says about the session's orders: the highest OrderID, and, for an
 /// ExecutionReport, whether its order is still open (as [`track_open`] reads native events).
-fn fix_order_state(message: &fix::Message, order_id_max: &mut u32, open: &mut HashMap<u32, u32>) {
+/// Returns the OrderID of an ExecutionReport (0: another message).
+fn fix_order_state(
+    message: &fix::Message,
+    order_id_max: &mut u32,
+    open: &mut HashMap<u32, u32>,
+) -> u32 {
     let number = |t| message.get(t).and_then(fix::parse_u64).and_then(|n| u32::try_from(n).ok());
-    let Some(token) = number(fix::tag::ORDER_ID) else { return };
+    let Some(token) = number(fix::tag::ORDER_ID) else { return 0 };
     *order_id_max = (*order_id_max).max(token);
     if message.msg_type() != b"8" {
-        return;
+        return 0;
     }
     let leaves_qty = number(fix::tag::LEAVES_QTY).unwrap_or(0);
     let kind = match message.get(fix::tag::EXEC_TYPE) {
         Some(b"0") => event_kind::ACCEPTED,
         Some(b"F") if leaves_qty == 0 => event_kind::FILLED,
         Some(b"4") => event_kind::CANCELLED,
-        _ => return,
+        _ => return token,
     };
     let instrument = number(fix::tag::SYMBOL).unwrap_or(0);
     track_open(open, &Event { kind, token, instrument, leaves_qty, ..Event::default() });
+    token
 }
 
 /// Reads until `buffer` is full or the file ends; returns the bytes read.
@@ -578,6 +668,16 @@ fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options of a store that is never compacted.
+    fn options(sync: bool, replay_events_max: usize) -> StoreOptions {
+        StoreOptions {
+            sync,
+            replay_events_max,
+            bytes_max: u64::MAX,
+            fix_resend_window: FIX_RESEND_WINDOW_DEFAULT,
+        }
+    }
 
     fn event(token: u32) -> Event {
         Event { kind: event_kind::ACCEPTED, token, qty: 3, leaves_qty: 3, ..Event::default() }
@@ -598,7 +698,7 @@ mod tests {
 
     /// A store with two native events of client 1 and FIX state of client 2, committed.
     fn filled(dir: &Path) {
-        let (mut log, _) = Log::open(dir, false, 16).unwrap();
+        let (mut log, _) = Log::open(dir, options(false, 16)).unwrap();
         append_event(&mut log, 1, 1, 70);
         append_event(&mut log, 1, 2, 71);
         log.append(kind::FIX_SENT, 2, &[&5u64.to_le_bytes(), &report(41)]);
@@ -615,7 +715,7 @@ mod tests {
         // A crash mid-write: half a record's header at the end.
         let mut file = OpenOptions::new().append(true).open(&path).unwrap();
         file.write_all(&[40, 0, 0, 0, 1, 2]).unwrap();
-        let (log, recovered) = Log::open(dir.path(), false, 16).unwrap();
+        let (log, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "the torn tail is cut");
         let native = &recovered.native[&1];
         assert_eq!(native.next_seq, 3);
@@ -631,11 +731,11 @@ mod tests {
     fn a_replay_window_keeps_the_newest_events_and_a_reset_forgets_a_fix_session() {
         let dir = tempfile::tempdir().unwrap();
         filled(dir.path());
-        let (mut log, _) = Log::open(dir.path(), false, 16).unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(false, 16)).unwrap();
         log.append(kind::FIX_RESET, 2, &[]);
         log.commit();
         drop(log);
-        let (_, recovered) = Log::open(dir.path(), false, 1).unwrap();
+        let (_, recovered) = Log::open(dir.path(), options(false, 1)).unwrap();
         assert_eq!(recovered.native[&1].events, [event(71)]);
         assert_eq!(recovered.native[&1].next_seq, 3);
         let fix = &recovered.fix[&2];
@@ -645,7 +745,7 @@ mod tests {
     #[test]
     fn open_orders_are_rebuilt_from_both_protocols_reports() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut log, _) = Log::open(dir.path(), false, 16).unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(false, 16)).unwrap();
         append_event(&mut log, 1, 1, 70); // native: accepted, 3 left
         let report = |seq: u64, exec_type: &[u8], order_id: i64, leaves: i64| {
             let mut builder = fix::Builder::default();
@@ -664,7 +764,7 @@ mod tests {
         }
         log.commit();
         drop(log);
-        let (_, recovered) = Log::open(dir.path(), false, 16).unwrap();
+        let (_, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
         assert_eq!(recovered.open[&1], HashMap::from([(70, 0)]));
         assert_eq!(recovered.open[&2], HashMap::from([(5, 3)]), "6 was cancelled");
         assert_eq!(recovered.fix[&2].order_id_max, 6);
@@ -679,7 +779,7 @@ mod tests {
         bytes[5] ^= 0xff; // the first record's checksum
         bytes.resize(bytes.len() + TORN_TAIL_BYTES_MAX as usize, 0);
         std::fs::write(&path, &bytes).unwrap();
-        let error = Log::open(dir.path(), false, 16).err().expect("refused");
+        let error = Log::open(dir.path(), options(false, 16)).err().expect("refused");
         assert!(matches!(error, StoreError::Corrupt { offset: 0, .. }), "{error}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes.len() as u64, "nothing cut");
     }
@@ -693,7 +793,7 @@ mod tests {
         let tail = Tail { dir: journal_dir, next_seq: 1, open_segment: None };
         let config = JournalConfig::default();
         let (mut sender, writer) = JournalWriter::spawn::<FixedRecord<8>>(tail, &config).unwrap();
-        let (mut log, _) = Log::open(&dir.path().join("store"), true, 16).unwrap();
+        let (mut log, _) = Log::open(&dir.path().join("store"), options(true, 16)).unwrap();
         assert!(log.wait_for_journals(vec![writer.durable()]));
         let synced = log.synced_notify().expect("sync on");
         let link = Rc::new(Link::default());
@@ -723,7 +823,7 @@ mod tests {
     #[test]
     fn held_bytes_reach_the_outbox_only_after_the_sync_of_their_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut log, _) = Log::open(dir.path(), true, 16).unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(true, 16)).unwrap();
         let synced = log.synced_notify().expect("sync on");
         let link = Rc::new(Link::default());
         append_event(&mut log, 1, 1, 70);
@@ -745,5 +845,95 @@ mod tests {
         assert_eq!(link.out.borrow().as_slice(), b"first");
         assert!(link.is_holding());
         assert_eq!((log.commits, log.has_failed()), (1, false));
+    }
+
+    /// A FIX ExecutionReport: MsgSeqNum `seq`, OrderID `order_id`, ExecType `exec_type`.
+    fn execution_report(seq: u64, exec_type: &[u8], order_id: i64, leaves: i64) -> Vec<u8> {
+        let mut builder = fix::Builder::default();
+        builder
+            .begin(b"8", b"LEANTIER", b"F2", seq)
+            .int(fix::tag::ORDER_ID, order_id)
+            .field(fix::tag::EXEC_TYPE, exec_type)
+            .int(fix::tag::SYMBOL, 3)
+            .int(fix::tag::LEAVES_QTY, leaves);
+        builder.finish().to_vec()
+    }
+
+    /// Client 1 (native): token 1 accepted and open, then 199 events of closed orders.
+    /// Client 2 (FIX): order 5 accepted and open at MsgSeqNum 1, then 99 reports of orders
+    /// 6.. filled at once; next inbound 77.
+    fn traffic(log: &mut Log) -> u64 {
+        append_event(log, 1, 1, 1);
+        for seq in 2..=200 {
+            let filled = Event { kind: event_kind::FILLED, token: seq as u32, ..Event::default() };
+            let mut frame = Vec::new();
+            native::encode_server(&ServerMsg::Sequenced { seq, event: filled }, &mut frame);
+            log.append(kind::NATIVE_EVENT, 1, &[&frame]);
+        }
+        log.append(kind::FIX_SENT, 2, &[&1u64.to_le_bytes(), &execution_report(1, b"0", 5, 10)]);
+        for seq in 2..=100u64 {
+            let report = execution_report(seq, b"F", 4 + seq as i64, 0);
+            log.append(kind::FIX_SENT, 2, &[&seq.to_le_bytes(), &report]);
+        }
+        log.append(kind::FIX_NEXT_IN, 2, &[&77u64.to_le_bytes()]);
+        log.commit();
+        log.end
+    }
+
+    #[test]
+    fn past_its_bound_the_store_is_compacted_to_what_recovery_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = StoreOptions {
+            sync: true,
+            replay_events_max: 4,
+            bytes_max: 8 << 10,
+            fix_resend_window: 3,
+        };
+        let (mut log, _) = Log::open(dir.path(), options).unwrap();
+        let before = traffic(&mut log);
+        assert!(before > options.bytes_max && log.compaction_due(), "{before} bytes");
+        let indices = log.compact().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let after = std::fs::metadata(&path).unwrap().len();
+        assert!(after < options.bytes_max / 2, "{before} bytes compacted to {after}");
+        assert!(!log.compaction_due());
+        let seqs: Vec<u64> = indices[&2].iter().map(|m| m.0).collect();
+        assert_eq!(seqs, [1, 98, 99, 100], "the open order's report and the resend window");
+        let (_, offset, len) = indices[&2][1];
+        assert_eq!(log.read_at(offset, len as usize).unwrap(), execution_report(98, b"F", 102, 0));
+
+        // Written after the compaction, into the new file; then a restart.
+        append_event(&mut log, 1, 201, 300);
+        log.commit();
+        drop(log);
+        let (_, recovered) = Log::open(dir.path(), options).unwrap();
+        let native = &recovered.native[&1];
+        assert_eq!(native.next_seq, 202, "numbering goes on");
+        assert_eq!(native.events.len(), 4);
+        assert_eq!(native.events.back(), Some(&event(300)));
+        assert_eq!(recovered.open[&1], HashMap::from([(1, 0), (300, 0)]), "open before and after");
+        let fix = &recovered.fix[&2];
+        assert_eq!((fix.next_in, fix.order_id_max), (77, 104));
+        assert_eq!(fix.index.iter().map(|m| m.0).collect::<Vec<_>>(), [1, 98, 99, 100]);
+        assert_eq!(recovered.open[&2], HashMap::from([(5, 3)]));
+    }
+
+    #[test]
+    fn a_store_under_its_bound_or_whose_kept_state_fills_it_is_not_compacted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let roomy = StoreOptions { bytes_max: 1 << 20, ..options(false, 1 << 10) };
+        let (mut log, _) = Log::open(dir.path(), roomy).unwrap();
+        traffic(&mut log);
+        assert!(!log.compaction_due(), "under its bound");
+        drop(log);
+        // Everything is kept (windows larger than the traffic): no smaller file is possible,
+        // so the next compaction waits until the file has doubled.
+        let tight = StoreOptions { bytes_max: 1 << 10, ..roomy };
+        let (mut log, _) = Log::open(dir.path(), tight).unwrap();
+        assert!(log.compaction_due());
+        log.compact().unwrap();
+        let kept = log.end;
+        assert!(kept > tight.bytes_max && !log.compaction_due(), "{kept}");
+        assert_eq!(log.compact_at, 2 * kept);
     }
 }

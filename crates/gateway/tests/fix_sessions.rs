@@ -411,3 +411,74 @@ fn a_long_resend_is_answered_in_bounded_parts_the_peer_asks_for_in_turn() {
         rest += 1;
     }
 }
+
+/// A FIX server over `store` whose store is compacted past 8 KiB, keeping 4 sent messages
+/// per session for resends.
+fn start_compacting(store: &Path) -> Running {
+    let credentials = vec![Credential {
+        client: 11,
+        protocol: Protocol::Fix,
+        comp_id: "F11".into(),
+        hash: credentials::hash_secret(SECRET.as_bytes()).unwrap(),
+    }];
+    let options = common::serve_options(store, credentials, 16);
+    let settings = gateway::hub::Settings {
+        store_bytes_max: 8 << 10,
+        fix_resend_window: 4,
+        ..options.settings.clone()
+    };
+    let fix_listen = Some("127.0.0.1:0".parse().unwrap());
+    gateway::server::start(gateway::server::ServeOptions { settings, fix_listen, ..options })
+        .unwrap()
+}
+
+#[test]
+fn a_compacted_store_resends_its_window_and_the_open_orders_report_and_gap_fills_the_rest() {
+    const CANCELLED: u64 = 60;
+    let store = tempfile::tempdir().unwrap();
+    let server = start_compacting(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
+    assert_eq!(client.logon(&[]).get(tag::MSG_SEQ_NUM), "1");
+    client.send("D", &new_order("keep", "1", "2", "101000"));
+    assert_eq!(client.recv().get(tag::MSG_SEQ_NUM), "2", "an order left open");
+    for n in 0..CANCELLED {
+        let (id, cancel_id) = (format!("o{n}"), format!("c{n}"));
+        client.send("D", &new_order(&id, "1", "1", "101000"));
+        assert_eq!(client.recv().get(tag::EXEC_TYPE), "0");
+        let cancel = [
+            (tag::ORIG_CL_ORD_ID, id.as_str()),
+            (tag::CL_ORD_ID, cancel_id.as_str()),
+            (tag::SYMBOL, "1"),
+            (tag::SIDE, "1"),
+            (tag::TRANSACT_TIME, "20240101-00:00:00.000"),
+        ];
+        client.send("F", &cancel);
+        assert_eq!(client.recv().get(tag::EXEC_TYPE), "4");
+    }
+    let last = 2 + 2 * CANCELLED;
+    let size = std::fs::metadata(store.path().join(gateway::store::FILE_NAME)).unwrap().len();
+    assert!(size < 8 << 10, "the store was compacted: {size} bytes");
+
+    // Kept: the open order's report, the newest 4 at the last compaction and all since.
+    client.send("2", &[(tag::BEGIN_SEQ_NO, "1"), (tag::END_SEQ_NO, "0")]);
+    let mut answer = |wanted: &str| {
+        let message = client.recv();
+        assert_eq!(message.msg_type(), wanted);
+        let seq: u64 = message.get(tag::MSG_SEQ_NUM).parse().unwrap();
+        (seq, message.get(tag::NEW_SEQ_NO).parse::<u64>().ok())
+    };
+    assert_eq!(answer("4"), (1, Some(2)), "the Logon gap-filled");
+    assert_eq!(answer("8"), (2, None), "the open order's report, older than the window");
+    let (gap_at, Some(kept_from)) = answer("4") else { panic!("a gap fill") };
+    assert!(gap_at == 3 && kept_from > 3 && kept_from <= last - 3, "gap 3..{kept_from}");
+    for seq in kept_from..=last {
+        assert_eq!(answer("8"), (seq, None), "resent from the window on");
+    }
+    drop(client);
+    drop(server);
+
+    let server = start_compacting(store.path());
+    let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 2 + 2 * CANCELLED + 2);
+    let logon = client.logon(&[]);
+    assert_eq!(logon.get(tag::MSG_SEQ_NUM), (last + 1).to_string(), "numbering goes on");
+}

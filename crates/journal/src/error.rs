@@ -62,6 +62,15 @@ pub enum JournalError {
         file.display()
     )]
     WatermarkDamaged { file: PathBuf, why: String },
+    #[error(
+        "segment {} holds records {first_seq}..={last_seq} but neither of its two watermark \
+         slots is valid (both blank or damaged): they are the only record of how far this, the \
+         newest, segment was durable, so a tail cut on a record boundary cannot be told from a \
+         clean end (the rest of the journal proves only {watermark}); refusing to start \
+         (--repair accepts the journal as it ends, at {last_seq})",
+        file.display()
+    )]
+    WatermarkSlotsBlank { file: PathBuf, first_seq: u64, last_seq: u64, watermark: u64 },
     #[error("segment {} has a bad header (wrong magic or first sequence)", file.display())]
     BadSegmentHeader { file: PathBuf },
     #[error("record out of sequence: expected {expected}, got {got}")]
@@ -84,6 +93,7 @@ impl JournalError {
             JournalError::NewestSegmentMissing { .. } => "newest-segment-missing",
             JournalError::WatermarkMissing { .. } => "watermark-missing",
             JournalError::WatermarkDamaged { .. } => "watermark-damaged",
+            JournalError::WatermarkSlotsBlank { .. } => "watermark-slots-blank",
             JournalError::BadSegmentHeader { .. } => "bad-segment-header",
             JournalError::OutOfSequence { .. } => "out-of-sequence",
             JournalError::BadConfig(_) => "bad-config",
@@ -101,6 +111,7 @@ impl JournalError {
                 | JournalError::NewestSegmentMissing { .. }
                 | JournalError::WatermarkMissing { .. }
                 | JournalError::WatermarkDamaged { .. }
+                | JournalError::WatermarkSlotsBlank { .. }
         )
     }
 }

@@ -22,7 +22,13 @@
 //!    - the journal ending below `W` (a segment truncated on a record boundary or emptied):
 //!      `below-watermark` (refuse);
 //!    - the newest segment the watermark file names is gone: `newest-segment-missing`.
-//! 5. `repair` turns a repairable refusal ([`JournalError::is_repairable`]) into a
+//! 5. The newest segment holds records but neither of its watermark slots is valid:
+//!    `watermark-slots-blank` (refuse, whatever `S`). No crash leaves that (a segment is
+//!    created with a valid slot and syncs overwrite one slot at a time), and without the slots
+//!    a tail cut on a record boundary looks like a clean end when the watermark file still
+//!    holds an old value. A newest segment with a header but no record and no slot is a
+//!    creation cut short, not flagged.
+//! 6. `repair` turns a repairable refusal ([`JournalError::is_repairable`]) into a
 //!    [`RepairPlan`] naming what it discards; a gap is never repairable.
 //!
 //! Why a bad record followed by valid ones is corruption even above `W`: after a power
@@ -182,6 +188,8 @@ struct Walk<'a, F> {
     /// The sequence the next frame must carry (`None`: no segment read yet).
     expected: Option<u64>,
     on_record: F,
+    /// The newest segment has a valid header but no valid watermark slot (rule 4).
+    newest_slots_blank: bool,
     out: Validation,
 }
 
@@ -201,7 +209,7 @@ impl<'a, F: FnMut(u64, &[u8])> Walk<'a, F> {
             first_segment_seq: segments.first().map(|s| s.first_seq),
             ..Validation::default()
         };
-        Walk { segments, covered_upto, expected: None, on_record, out }
+        Walk { segments, covered_upto, expected: None, on_record, newest_slots_blank: false, out }
     }
 
     fn cover(&mut self, kind: DamageKind, file: &Path, offset: u64, first_seq: u64, last_seq: u64) {
@@ -240,8 +248,9 @@ impl<'a, F: FnMut(u64, &[u8])> Walk<'a, F> {
                 _ => Err(error),
             };
         }
-        let slots = watermark::read_slots(&bytes, segment.first_seq).unwrap_or(0);
-        self.out.watermark = self.out.watermark.max(slots);
+        let slots = watermark::read_slots(&bytes, segment.first_seq);
+        self.out.watermark = self.out.watermark.max(slots.unwrap_or(0));
+        self.newest_slots_blank = next_first.is_none() && slots.is_none();
         self.continuity(segment)?;
         self.frames(segment, &bytes, next_first)
     }
@@ -386,6 +395,30 @@ impl<'a, F: FnMut(u64, &[u8])> Walk<'a, F> {
             let last_seq = last_seq.max(self.covered_upto);
             return Err(JournalError::BelowWatermark { last_seq, watermark, file: last_file });
         }
-        Ok(())
+        self.blank_slots()
+    }
+
+    /// The newest segment holds records but neither watermark slot is valid. A segment is
+    /// created with slot 0 valid (`first_seq - 1`, synced before any record goes in) and each
+    /// sync overwrites one slot at a time, so no crash leaves both invalid: something blanked
+    /// them, and with them the only proof of how far this segment was durable (the watermark
+    /// file may hold its value from the writer's start). Older segments are not checked: the
+    /// next segment exists only once each of their records was durable, and continuity proves
+    /// they end where it starts.
+    fn blank_slots(&self) -> Result<(), JournalError> {
+        let Some(newest) = self.segments.last().filter(|_| self.newest_slots_blank) else {
+            return Ok(());
+        };
+        let last_seq = self.out.last_seq;
+        if last_seq < newest.first_seq {
+            // No record: a creation cut between the header's first sector and its slot's.
+            return Ok(());
+        }
+        Err(JournalError::WatermarkSlotsBlank {
+            file: newest.path.clone(),
+            first_seq: newest.first_seq,
+            last_seq,
+            watermark: self.out.watermark,
+        })
     }
 }

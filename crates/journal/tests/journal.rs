@@ -571,3 +571,64 @@ fn the_watermark_file_follows_the_durable_sequence_while_the_writer_runs() {
     drop(journal);
     writer.join().unwrap();
 }
+
+// Blank watermark slots (issue 29): the newest segment's slots are the only proof of how far
+// it was durable once the watermark file holds an old value.
+
+/// Writes `slots` (raw bytes, zeros: blank) into the two watermark slots of `path`.
+fn write_slots(path: &Path, slots: [[u8; journal::watermark::SLOT_BYTES]; 2]) {
+    let file = File::options().write(true).open(path).unwrap();
+    for (slot, offset) in slots.iter().zip(journal::watermark::SLOT_OFFSETS) {
+        segment::write_all_at(&file, slot, offset).unwrap();
+    }
+    file.sync_all().unwrap();
+}
+
+#[test]
+fn a_newest_segment_with_blank_watermark_slots_is_refused_and_repair_accepts_its_end() {
+    use journal::watermark::{WatermarkFile, WatermarkStore};
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(Policy::Group, 1 << 20);
+    run_core(dir.path(), &config, 1..=300, u64::MAX);
+    let segment = segments(dir.path()).remove(0);
+    // After a kill -9 the watermark file may still hold its value from the writer's start;
+    // then both slots blanked and the tail cut on a record boundary.
+    let start = WatermarkFile { newest_segment: 1, durable_seq: 0 };
+    WatermarkStore::open(dir.path()).unwrap().write(&start).unwrap();
+    write_slots(&segment, [[0; journal::watermark::SLOT_BYTES]; 2]);
+    File::options().write(true).open(&segment).unwrap().set_len(offset_of(251, 1)).unwrap();
+
+    assert_eq!(verdict(dir.path()).unwrap_err(), "watermark-slots-blank");
+    let error = recover::<Ledger>(dir.path(), RecoverOptions::default()).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("1..=250"), "names the records: {message}");
+    assert!(message.contains(&segment.display().to_string()), "names the file: {message}");
+
+    let (recovered, repaired) = repair(dir.path());
+    assert_eq!((repaired.reason, repaired.first_discarded_seq), ("watermark-slots-blank", 251));
+    assert_eq!((recovered.last_seq, recovered.state.state_hash()), (250, scratch_hash(250)));
+    assert_eq!(verdict(dir.path()).expect("starts after the repair").watermark, 250);
+    run_core(dir.path(), &config, 251..=260, u64::MAX);
+    assert_eq!(open(dir.path()).state.state_hash(), scratch_hash(260));
+}
+
+#[test]
+fn fresh_segments_are_not_taken_for_blank_watermark_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(Policy::Group, 1 << 20);
+    run_core(dir.path(), &config, 1..=50, u64::MAX);
+    let first = segments(dir.path()).remove(0);
+    // Killed between the first sync and its slot write: only the creation slot is valid.
+    let creation_slot = journal::watermark::encode_slot(1, 0);
+    write_slots(&first, [creation_slot, [0; journal::watermark::SLOT_BYTES]]);
+    assert_eq!(verdict(dir.path()).expect("the creation slot is valid").last_seq, 50);
+
+    // A new segment whose header page was cut between its first sector and its slot's: no
+    // record went into it, nothing is lost.
+    segment::create(dir.path(), 51, 1 << 20).unwrap();
+    let newest = segment::segment_path(dir.path(), 51);
+    write_slots(&newest, [[0; journal::watermark::SLOT_BYTES]; 2]);
+    assert_eq!(verdict(dir.path()).expect("a segment without records").last_seq, 50);
+    run_core(dir.path(), &config, 51..=60, u64::MAX);
+    assert_eq!(open(dir.path()).state.state_hash(), scratch_hash(60));
+}

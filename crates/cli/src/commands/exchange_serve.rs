@@ -32,18 +32,24 @@ pub struct ServeArgs {
     /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
     /// relative to this file), `store_dir` (the durable store of FIX and native sessions;
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
-    /// default true), `fix_comp_id`, `throttle_msgs_per_s`,
+    /// default true), `store_bytes_max` (compact the store past this; default 256 MiB),
+    /// `fix_resend_window` (sent messages per FIX session kept by compaction; default 16384),
+    /// `fix_comp_id`, `throttle_msgs_per_s`,
     /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
     /// `clients`, `layout` (see `--layout`), `admin_token` (the bearer token the metrics
-    /// listener's admin endpoints require; without it they are off), and a `[tier]` table with any setting of the
-    /// tier (`exchange run --config`: workers, shards, senders, rings, wait, placement,
-    /// snapshots).
+    /// listener's admin endpoints require; without it they are off), `metrics_token` (the
+    /// bearer token `/metrics` requires; without it the page is open and the listener must be
+    /// on loopback), `metrics_per_client` (a series per client id; default false: sums only),
+    /// and a `[tier]` table with any setting of the tier (`exchange run --config`: workers,
+    /// shards, senders, rings, wait, placement, snapshots).
     #[arg(long)]
     pub config: PathBuf,
-    /// Address of a Prometheus text-format metrics listener: per-session counters (orders in,
-    /// rejects by reason, throttled, cut off), per-stage counters and ring depths, and latency
-    /// summaries (engine service time, order→report inside the server).
-    #[arg(long)]
+    /// Address of a Prometheus text-format metrics listener (a bare port: 127.0.0.1:PORT):
+    /// session counters summed over clients (per client with `metrics_per_client`), per-stage
+    /// counters and ring depths, and latency summaries (engine service time, order→report
+    /// inside the server); also /health, /ready and the admin endpoints. An address other
+    /// than loopback is refused unless the config sets `metrics_token` (docs/SECURITY.md).
+    #[arg(long, value_parser = metrics_address)]
     pub metrics_listen: Option<SocketAddr>,
     /// The tier's journal, in `<store_dir>/tier` (one per core shard, and the master data's):
     /// `group` journals every sequenced input with group commit off the critical path, and
@@ -69,6 +75,15 @@ pub struct ServeArgs {
     /// and retained windows for gap recovery (docs/DELIVERY.md).
     #[arg(long)]
     pub nats: Option<String>,
+}
+
+/// `--metrics-listen`: an address, or a bare port on loopback (the default place for an
+/// endpoint that shows the server's activity).
+fn metrics_address(value: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = value.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    value.parse().map_err(|e| format!("{e}: give HOST:PORT or a port (on 127.0.0.1)"))
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -107,6 +122,8 @@ struct ServeConfig {
     #[serde(alias = "fix_store_dir")]
     store_dir: Option<PathBuf>,
     store_sync: Option<bool>,
+    store_bytes_max: Option<u64>,
+    fix_resend_window: Option<usize>,
     fix_comp_id: Option<String>,
     throttle_msgs_per_s: Option<u32>,
     cancel_on_disconnect_ms: Option<u64>,
@@ -116,6 +133,8 @@ struct ServeConfig {
     clients: Option<u32>,
     layout: Option<String>,
     admin_token: Option<String>,
+    metrics_token: Option<String>,
+    metrics_per_client: Option<bool>,
     #[serde(default)]
     tier: Option<toml::Table>,
 }
@@ -177,8 +196,12 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
         heartbeat: config.heartbeat_ms.map_or(defaults.heartbeat, Duration::from_millis),
         store_dir: base.join(config.store_dir.clone().unwrap_or(defaults.store_dir.clone())),
         store_sync: config.store_sync.unwrap_or(defaults.store_sync),
+        store_bytes_max: config.store_bytes_max.unwrap_or(defaults.store_bytes_max),
+        fix_resend_window: config.fix_resend_window.unwrap_or(defaults.fix_resend_window),
         fix_comp_id: config.fix_comp_id.clone().unwrap_or(defaults.fix_comp_id.clone()),
         admin_token: config.admin_token.clone(),
+        metrics_token: config.metrics_token.clone(),
+        metrics_per_client: config.metrics_per_client.unwrap_or(defaults.metrics_per_client),
         ..defaults
     }
 }
@@ -199,9 +222,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
         || settings.outbox_bytes_max == 0
+        || settings.store_bytes_max == 0
     {
         return Err(BadInput(
-            "throttle_msgs_per_s, heartbeat_ms and outbox_bytes_max must be > 0".into(),
+            "throttle_msgs_per_s, heartbeat_ms, outbox_bytes_max and store_bytes_max must be > 0"
+                .into(),
         )
         .into());
     }
@@ -603,5 +628,23 @@ mod tests {
         assert!(bad.unwrap_err().0.contains("ring_slots"));
         let unknown = tier(&args(None, None), "credentials = \"c\"\n[tier]\nshards = 2\n");
         assert!(unknown.unwrap_err().0.contains("shards"));
+    }
+
+    #[test]
+    fn the_metrics_listener_defaults_to_loopback_and_the_new_keys_reach_the_settings() {
+        assert_eq!(metrics_address("9401"), Ok("127.0.0.1:9401".parse().unwrap()));
+        assert_eq!(metrics_address("0.0.0.0:9401"), Ok("0.0.0.0:9401".parse().unwrap()));
+        assert!(metrics_address("somewhere").unwrap_err().contains("HOST:PORT"));
+        let keyed = "credentials = \"c\"\nmetrics_token = \"m\"\nmetrics_per_client = true\n\
+                     store_bytes_max = 4096\nfix_resend_window = 10\n";
+        let settings = settings_from(&toml::from_str(keyed).unwrap(), Path::new("."));
+        assert_eq!(
+            (settings.metrics_token.as_deref(), settings.metrics_per_client),
+            (Some("m"), true)
+        );
+        assert_eq!((settings.store_bytes_max, settings.fix_resend_window), (4096, 10));
+        let plain =
+            settings_from(&toml::from_str("credentials = \"c\"\n").unwrap(), Path::new("."));
+        assert_eq!((plain.metrics_token, plain.metrics_per_client), (None, false));
     }
 }
