@@ -69,6 +69,9 @@ pub struct ServeArgs {
     /// and retained windows for gap recovery (docs/DELIVERY.md).
     #[arg(long)]
     pub nats: Option<String>,
+    /// Login and TLS for --nats.
+    #[command(flatten)]
+    pub nats_auth: super::delivery::NatsAuthArgs,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -212,7 +215,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let publisher = match &args.nats {
         Some(url) => {
             Some(delivery::publish::NatsPublisher::connect(delivery::publish::PublishOptions {
-                nats_url: url.clone(),
+                nats: args.nats_auth.connect(url)?,
                 prefix: delivery::subjects::PREFIX_DEFAULT.into(),
                 gateways: tier.gateways,
                 retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
@@ -564,6 +567,7 @@ mod tests {
             layout,
             planned_rate: 60_000.0,
             nats: None,
+            nats_auth: Default::default(),
         }
     }
 
