@@ -11,6 +11,11 @@
 //! whose queue is full is cut off (it is slower than the stream); a write that stalls for
 //! [`WRITE_TIMEOUT`] cuts it off too. Each event (consumer connected, gap, resync, cut off)
 //! is logged once, when it happens.
+//!
+//! Anyone allowed on the NATS subjects can send the gateway anything, so every message passes
+//! the trust rule of docs/DELIVERY.md (one publisher instance, claims within
+//! `seq_ahead_max`, gaps the publisher's window confirms) and no input reaches an assertion;
+//! malformed and untrusted messages are counted and their warnings rate-limited.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
