@@ -20,6 +20,7 @@ use pipeline::metrics::now_ns;
 
 use crate::clock::monotonic_ns;
 use crate::gateway::{GatewayOptions, start as start_gateway};
+use crate::nats::{NatsConnect, client_options};
 use crate::publish::{NatsPublisher, PublishOptions};
 use crate::wire::{BATCH_HEADER_BYTES, RECORD_BYTES, Record};
 
@@ -65,10 +66,10 @@ struct Sample {
     latency: LatencyHistogram,
 }
 
-/// Runs `repeats` rounds of `records` records each on the server at `url`; `wait` is how the
+/// Runs `repeats` rounds of `records` records each on the server `nats`; `wait` is how the
 /// sender and its publisher thread wait on their ring (`auto`: the tier's rule).
 pub fn run(
-    url: &str,
+    nats: &NatsConnect,
     records: u64,
     repeats: usize,
     wait: WaitChoice,
@@ -81,12 +82,12 @@ pub fn run(
     let mut per_message = Vec::new();
     for repeat in 0..repeats {
         let prefix = format!("bench{repeat}");
-        let (sample, batch) = leantier_once(&io, url, &prefix, records, wait)?;
+        let (sample, batch) = leantier_once(&io, nats, &prefix, records, wait)?;
         samples[0].push(sample);
         per_message.push(batch);
         let batch_records = batch.round().max(1.0) as u64;
-        samples[1].push(io.block_on(plain_once(url, &prefix, records, batch_records))?);
-        samples[2].push(io.block_on(plain_once(url, &prefix, records, 1))?);
+        samples[1].push(io.block_on(plain_once(nats, &prefix, records, batch_records))?);
+        samples[2].push(io.block_on(plain_once(nats, &prefix, records, 1))?);
     }
     let [ours, batched, single] = samples;
     let leantier = contender("leantier", ours);
@@ -126,16 +127,17 @@ fn contender(name: &'static str, samples: Vec<Sample>) -> Contender {
 /// One round through leantier's publisher and gateway; also returns records per message.
 fn leantier_once(
     io: &tokio::runtime::Runtime,
-    url: &str,
+    nats: &NatsConnect,
     prefix: &str,
     records: u64,
     wait: WaitChoice,
 ) -> anyhow::Result<(Sample, f64)> {
-    let mut options = GatewayOptions::new(url, 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut options = GatewayOptions::new("", 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.nats = nats.clone();
     options.prefix = prefix.to_string();
     let gateway = io.block_on(start_gateway(options))?;
     let publisher = NatsPublisher::connect(PublishOptions {
-        nats_url: url.to_string(),
+        nats: nats.clone(),
         prefix: prefix.to_string(),
         gateways: 1,
         retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
@@ -169,15 +171,21 @@ fn leantier_once(
 }
 
 /// One round of a bare publisher and subscriber, `batch` records per message.
-async fn plain_once(url: &str, prefix: &str, records: u64, batch: u64) -> anyhow::Result<Sample> {
+async fn plain_once(
+    nats: &NatsConnect,
+    prefix: &str,
+    records: u64,
+    batch: u64,
+) -> anyhow::Result<Sample> {
+    let url = nats.url.as_str();
     let subject = format!("{prefix}.plain.{batch}");
     // Room for every record client-side: the peer must not lose messages to its own queue.
     let capacity = records as usize + SUBSCRIPTION_SLACK_MESSAGES;
     let subscriber_client =
-        async_nats::ConnectOptions::new().subscription_capacity(capacity).connect(url).await?;
+        client_options(nats).await?.subscription_capacity(capacity).connect(url).await?;
     let mut subscription = subscriber_client.subscribe(subject.clone()).await?;
     subscriber_client.flush().await?;
-    let publisher = async_nats::connect(url).await?;
+    let publisher = client_options(nats).await?.connect(url).await?;
     let receiving = tokio::spawn(async move {
         let mut latency = LatencyHistogram::new();
         let mut received = 0u64;

@@ -50,7 +50,8 @@ impl ConsumerTally {
                 if seq != *next {
                     self.out_of_order += 1;
                 }
-                *next = seq + 1;
+                // Saturating: a hostile gateway's sequence must not overflow the tally.
+                *next = seq.saturating_add(1);
                 self.data[stream as usize] += 1;
                 if record.gateway() != gateway || record.stream_code() != stream as u8 {
                     self.wrong_gateway += 1;
@@ -64,8 +65,10 @@ impl ConsumerTally {
                 if first_seq != *next || last_seq < first_seq {
                     self.out_of_order += 1;
                 }
-                *next = last_seq + 1;
-                self.resynced[stream as usize] += last_seq.saturating_sub(first_seq) + 1;
+                *next = last_seq.saturating_add(1);
+                let records = last_seq.saturating_sub(first_seq).saturating_add(1);
+                self.resynced[stream as usize] =
+                    self.resynced[stream as usize].saturating_add(records);
             }
             Frame::Goodbye { reason } => self.goodbye = Some(reason),
             Frame::Hello { .. } => self.out_of_order += 1,

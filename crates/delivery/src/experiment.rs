@@ -21,6 +21,7 @@ use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 
 use crate::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
+use crate::nats::NatsConnect;
 use crate::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport};
 
 /// One layout of the experiment.
@@ -67,7 +68,7 @@ pub struct Settings {
     pub seconds: f64,
     pub arrival: Arrival,
     /// NATS server for the second measurement of every run; `None`: in-process only.
-    pub nats_url: Option<String>,
+    pub nats: Option<NatsConnect>,
 }
 
 /// How a run's responses reached the gateway.
@@ -164,8 +165,8 @@ pub fn run(settings: &Settings, mut progress: impl FnMut(&Point)) -> anyhow::Res
         let point = point(layout, Transport::InProcess, result.end_to_end, throughput, result.sent);
         progress(&point);
         points.push(point);
-        if let Some(url) = &settings.nats_url {
-            let point = over_nats(layout, &config, settings, url)?;
+        if let Some(nats) = &settings.nats {
+            let point = over_nats(layout, &config, settings, nats)?;
             progress(&point);
             points.push(point);
         }
@@ -222,19 +223,21 @@ fn over_nats(
     layout: Layout,
     config: &TierConfig,
     settings: &Settings,
-    url: &str,
+    nats: &NatsConnect,
 ) -> anyhow::Result<Point> {
     let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let gateways: Vec<RunningGateway> = io.block_on(async {
         let mut gateways = Vec::new();
         for gateway in 0..config.gateways {
-            gateways.push(start_gateway(GatewayOptions::new(url, gateway, listen)).await?);
+            let options =
+                GatewayOptions { nats: nats.clone(), ..GatewayOptions::new("", gateway, listen) };
+            gateways.push(start_gateway(options).await?);
         }
         anyhow::Ok(gateways)
     })?;
     let publisher = NatsPublisher::connect(PublishOptions {
-        nats_url: url.to_string(),
+        nats: nats.clone(),
         prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
         gateways: config.gateways,
         retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,

@@ -11,12 +11,18 @@
 //! whose queue is full is cut off (it is slower than the stream); a write that stalls for
 //! [`WRITE_TIMEOUT`] cuts it off too. Each event (consumer connected, gap, resync, cut off)
 //! is logged once, when it happens.
+//!
+//! Anyone allowed on the NATS subjects can send the gateway anything, so every message passes
+//! the trust rule of docs/DELIVERY.md (one publisher instance, claims within
+//! `seq_ahead_max`, gaps the publisher's window confirms) and no input reaches an assertion;
+//! malformed and untrusted messages are counted and their warnings rate-limited.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use async_nats::StatusCode;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use lab::stats::LatencyHistogram;
@@ -25,10 +31,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::clock::monotonic_ns;
-use crate::subjects::{CONNECT_TIMEOUT, connect, gateway_wildcard, retain_subject};
+use crate::nats::{NatsConnect, connect};
+use crate::subjects::{CONNECT_TIMEOUT, gateway_wildcard, retain_subject};
 use crate::wire::{
-    FRAME_BYTES_MAX, FRAME_PREFIX_BYTES, Frame, FrameDecoder, Record, RetainRequest, Stream,
-    WIRE_VERSION, batch_records, decode_batch,
+    BATCH_HEADER_BYTES, BatchHeader, FRAME_BYTES_MAX, FRAME_PREFIX_BYTES, Frame, FrameDecoder,
+    Record, RetainRequest, Stream, WIRE_VERSION, batch_records, decode_batch,
 };
 
 /// A consumer must send its hello within this time.
@@ -45,29 +52,42 @@ pub const CONSUMERS_MAX_DEFAULT: usize = 64;
 pub const GOODBYE_SHUTDOWN: u8 = 100;
 pub const GOODBYE_SLOW: u8 = 101;
 pub const GOODBYE_FULL: u8 = 102;
+/// Default most a NATS message may claim beyond the next expected sequence and still be
+/// applied at once: the publisher's default retained window, the most a gap can be recovered.
+pub const SEQ_AHEAD_MAX_DEFAULT: u64 = crate::publish::RETAIN_RECORDS_DEFAULT as u64;
+/// How long claims beyond `seq_ahead_max` must keep coming, with nothing within it in between,
+/// before they are applied (20 of the publisher's default heartbeats).
+pub const AHEAD_CONFIRM: Duration = Duration::from_secs(1);
+/// Malformed and untrusted messages are logged at most once per this interval each, with
+/// their count since the last warning (and always counted in the report).
+pub const WARNING_EVERY: Duration = Duration::from_secs(10);
 /// How long a goodbye frame may take before the connection is just closed.
 const GOODBYE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// How to run one gateway.
 #[derive(Clone, Debug)]
 pub struct GatewayOptions {
-    pub nats_url: String,
+    pub nats: NatsConnect,
     pub prefix: String,
     pub gateway: u32,
     pub listen: SocketAddr,
     pub consumers_max: usize,
     pub consumer_queue_chunks: usize,
+    /// Most a NATS message may claim beyond the next expected sequence and be applied at once
+    /// (see the trust rule in docs/DELIVERY.md).
+    pub seq_ahead_max: u64,
 }
 
 impl GatewayOptions {
     pub fn new(nats_url: &str, gateway: u32, listen: SocketAddr) -> GatewayOptions {
         GatewayOptions {
-            nats_url: nats_url.to_string(),
+            nats: NatsConnect::new(nats_url),
             prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
             gateway,
             listen,
             consumers_max: CONSUMERS_MAX_DEFAULT,
             consumer_queue_chunks: CONSUMER_QUEUE_CHUNKS_DEFAULT,
+            seq_ahead_max: SEQ_AHEAD_MAX_DEFAULT,
         }
     }
 }
@@ -86,6 +106,7 @@ struct Counters {
     cut_off: AtomicU64,
     refused: AtomicU64,
     bad_messages: AtomicU64,
+    untrusted: AtomicU64,
 }
 
 /// Adds to a statistics counter. Relaxed: counters publish no other data.
@@ -113,6 +134,10 @@ pub struct GatewayReport {
     pub consumers_cut_off: u64,
     pub consumers_refused: u64,
     pub bad_messages: u64,
+    /// Well-formed messages ignored by the trust rule: another publisher instance, a claim too
+    /// far ahead, a gap the publisher's window denies, a retain reply from a stranger.
+    #[serde(default)]
+    pub untrusted: u64,
     /// Per stream, the next sequence expected.
     pub next_seqs: Vec<u64>,
 }
@@ -155,20 +180,25 @@ pub struct RunningGateway {
 /// Connects, subscribes and listens; runs on the caller's tokio runtime.
 pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
     crate::subjects::validate_prefix(&options.prefix).map_err(crate::DeliveryError::BadInput)?;
-    if options.consumers_max == 0 || options.consumer_queue_chunks == 0 {
-        let reason = "consumers max and consumer queue chunks must be > 0".to_string();
+    if options.consumers_max == 0
+        || options.consumer_queue_chunks == 0
+        || options.seq_ahead_max == 0
+    {
+        let reason = "consumers max, consumer queue chunks and seq ahead max must be > 0".into();
         return Err(crate::DeliveryError::BadInput(reason).into());
     }
-    let client = connect(&options.nats_url, "gateway").await?;
+    let client = connect(&options.nats, "gateway").await?;
     let subscribing = async {
         let subject = gateway_wildcard(&options.prefix, options.gateway);
         let subscription = client.subscribe(subject).await?;
+        let inbox = client.new_inbox();
+        let replies = client.subscribe(format!("{inbox}.*")).await?;
         client.flush().await?;
-        anyhow::Ok(subscription)
+        anyhow::Ok((subscription, Replies { subscription: replies, inbox, sent: 0 }))
     };
-    let subscription =
+    let (subscription, replies) =
         tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await.map_err(|_| {
-            anyhow::anyhow!("NATS did not confirm the subscription in {CONNECT_TIMEOUT:?}")
+            anyhow::anyhow!("NATS did not confirm the subscriptions in {CONNECT_TIMEOUT:?}")
         })??;
     let listener = TcpListener::bind(options.listen).await?;
     let local_addr = listener.local_addr()?;
@@ -181,7 +211,7 @@ pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
         next_seqs: Mutex::new([1; 2]),
     });
     let (stop, stopped) = watch::channel(false);
-    let sequencer = tokio::spawn(sequence(state.clone(), subscription, stopped.clone()));
+    let sequencer = tokio::spawn(sequence(state.clone(), subscription, replies, stopped.clone()));
     let acceptor = tokio::spawn(accept(state.clone(), listener, stopped));
     Ok(RunningGateway { state, local_addr, stop, sequencer, acceptor })
 }
@@ -224,6 +254,7 @@ fn report(state: &State) -> GatewayReport {
         consumers_cut_off: load(&c.cut_off),
         consumers_refused: load(&c.refused),
         bad_messages: load(&c.bad_messages),
+        untrusted: load(&c.untrusted),
         next_seqs: state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner).to_vec(),
     }
 }
@@ -232,9 +263,19 @@ fn report(state: &State) -> GatewayReport {
 async fn sequence(
     state: Arc<State>,
     mut subscription: async_nats::Subscriber,
+    replies: Replies,
     mut stopped: watch::Receiver<bool>,
 ) -> GatewayLatency {
-    let mut sequencer = Sequencer { state, latency: GatewayLatency::default(), chunk: Vec::new() };
+    let mut sequencer = Sequencer {
+        state,
+        latency: GatewayLatency::default(),
+        chunk: Vec::new(),
+        publisher: None,
+        far_since: [None; 2],
+        replies,
+        malformed_warning: RateLimitedWarning::default(),
+        untrusted_warning: RateLimitedWarning::default(),
+    };
     loop {
         tokio::select! {
             message = subscription.next() => match message {
@@ -247,11 +288,48 @@ async fn sequence(
     sequencer.latency
 }
 
+/// Where retain replies arrive: `{inbox}.{request}`. Anyone may answer a request, so the
+/// gateway reads every reply until a valid one comes, rather than taking the first.
+struct Replies {
+    subscription: async_nats::Subscriber,
+    inbox: String,
+    /// Requests sent so far (the last token of each reply subject).
+    sent: u64,
+}
+
+/// Logs one class of event at most once per [`WARNING_EVERY`], with how many happened since,
+/// so a flood of hostile messages is counted but does not flood the log.
+#[derive(Default)]
+struct RateLimitedWarning {
+    last: Option<Instant>,
+    since_last: u64,
+}
+
+impl RateLimitedWarning {
+    fn warn(&mut self, gateway: u32, what: &str, why: &str) {
+        self.since_last += 1;
+        if self.last.is_some_and(|last| last.elapsed() < WARNING_EVERY) {
+            return;
+        }
+        let count = std::mem::take(&mut self.since_last);
+        tracing::warn!("gateway {gateway}: {what} ({count} since the last warning): {why}");
+        self.last = Some(Instant::now());
+    }
+}
+
 struct Sequencer {
     state: Arc<State>,
     latency: GatewayLatency,
     /// Frames of the batch being fanned out (reused).
     chunk: Vec<u8>,
+    /// The publisher instance served: the first whose message was applied.
+    publisher: Option<u64>,
+    /// Per stream, since when every message has claimed more than `seq_ahead_max` beyond the
+    /// next expected sequence (`None`: the last one did not).
+    far_since: [Option<Instant>; 2],
+    replies: Replies,
+    malformed_warning: RateLimitedWarning,
+    untrusted_warning: RateLimitedWarning,
 }
 
 impl Sequencer {
@@ -261,75 +339,114 @@ impl Sequencer {
             Ok((header, _)) => return self.bad(&format!("batch for gateway {}", header.gateway)),
             Err(error) => return self.bad(&error.to_string()),
         };
+        if !self.believe(&header) {
+            return;
+        }
         let stream = header.stream;
         let expected = self.next_seq(stream);
         if header.count == 0 && header.first_seq < expected {
-            // A heartbeat never goes back: the engine restarted with fresh sequences, which
-            // this gateway cannot tell from duplicates. It serves one engine run.
-            return self.bad(&format!(
-                "{} sequence went back to {} (expected {expected}): restart this gateway with the engine",
-                stream.name(),
-                header.first_seq
-            ));
+            // The served publisher's heartbeats never go back (it sends them under the lock
+            // its batches take): this one is not its own.
+            let why = format!("{} heartbeat at {} < {expected}", stream.name(), header.first_seq);
+            return self.untrusted(&why);
         }
         if header.first_seq > expected {
-            self.recover(stream, expected, header.first_seq - 1).await;
+            self.recover(stream, expected, header.first_seq - 1, header.instance).await;
+        }
+        let next = self.next_seq(stream);
+        if header.first_seq > next {
+            // The publisher's own window denied the gap (it never assigned those sequences):
+            // the claim is not the publisher's, and applying it would drop genuine records.
+            let why =
+                format!("{} batch at {} beyond the window's end", stream.name(), header.first_seq);
+            return self.untrusted(&why);
         }
         // A recovery may have delivered the front of this batch already.
-        let next = self.next_seq(stream);
         let in_order: Vec<_> =
             batch_records(&header, records).filter(|(seq, _)| *seq >= next).collect();
         add(&self.state.counters.duplicates, (header.count - in_order.len()) as u64);
         self.deliver(stream, &in_order);
     }
 
-    fn bad(&self, why: &str) {
-        // Relaxed: see `add`; the first bad message is logged, later ones only counted.
-        if self.state.counters.bad_messages.fetch_add(1, Ordering::Relaxed) == 0 {
-            tracing::warn!(
-                "gateway {}: malformed batch dropped: {why}",
-                self.state.options.gateway
+    /// The trust rule (docs/DELIVERY.md): a message is applied only if it comes from the
+    /// publisher instance this gateway serves (the first one applied) and claims at most
+    /// `seq_ahead_max` beyond the next expected sequence, or keeps claiming beyond it for
+    /// [`AHEAD_CONFIRM`] with nothing within it in between (a publisher back from a long
+    /// outage sends nothing else; a stranger's claim is interrupted by the publisher's own
+    /// heartbeats). Anything else is ignored and counted.
+    fn believe(&mut self, header: &BatchHeader) -> bool {
+        let served = self.publisher.unwrap_or(header.instance);
+        if served != header.instance {
+            let why = format!(
+                "publisher instance {:016x}, this gateway serves {served:016x} (a restarted \
+                 engine needs its gateways restarted)",
+                header.instance
             );
+            self.untrusted(&why);
+            return false;
         }
+        let stream = header.stream as usize;
+        let bound = self.next_seq(header.stream).saturating_add(self.state.options.seq_ahead_max);
+        if header.first_seq > bound {
+            let since = *self.far_since[stream].get_or_insert_with(Instant::now);
+            if since.elapsed() < AHEAD_CONFIRM {
+                let name = header.stream.name();
+                self.untrusted(&format!(
+                    "{name} at {} beyond {bound} (seq_ahead_max)",
+                    header.first_seq
+                ));
+                return false;
+            }
+        }
+        self.far_since[stream] = None;
+        if self.publisher.is_none() {
+            let gateway = self.state.options.gateway;
+            tracing::info!("gateway {gateway}: serving publisher instance {served:016x}");
+            self.publisher = Some(served);
+        }
+        true
+    }
+
+    fn bad(&mut self, why: &str) {
+        add(&self.state.counters.bad_messages, 1);
+        self.malformed_warning.warn(self.state.options.gateway, "malformed message dropped", why);
+    }
+
+    fn untrusted(&mut self, why: &str) {
+        add(&self.state.counters.untrusted, 1);
+        self.untrusted_warning.warn(self.state.options.gateway, "untrusted message ignored", why);
     }
 
     fn next_seq(&self, stream: Stream) -> u64 {
         self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize]
     }
 
-    /// Recovers `first..=last` of `stream` from the retained window, reporting what is lost.
-    async fn recover(&mut self, stream: Stream, first: u64, last: u64) {
+    /// Recovers `first..=last` of `stream` from the retained window of publisher `instance`,
+    /// reporting what is lost. A window that ends before `first` denies the gap: nothing is
+    /// resynced and the next expected sequence stays.
+    async fn recover(&mut self, stream: Stream, first: u64, last: u64, instance: u64) {
         let gateway = self.state.options.gateway;
         add(&self.state.counters.gaps, 1);
         tracing::warn!("gateway {gateway}: gap in {} {first}..={last}, recovering", stream.name());
-        let subject = retain_subject(&self.state.options.prefix, gateway, stream);
         let mut from = first;
         while from <= last {
-            let request = RetainRequest { from_seq: from, to_seq: last }.encode();
-            let asked = self.state.client.request(subject.clone(), request.into());
-            let reply = match tokio::time::timeout(RECOVER_TIMEOUT, asked).await {
-                Ok(Ok(reply)) => reply,
-                _ => break,
-            };
-            let Ok((header, records)) = decode_batch(&reply.payload) else { break };
-            if header.gateway != gateway || header.stream != stream {
-                // Not an answer to this request (a stray or forged reply): what is asked for
-                // is declared lost rather than taken from it.
-                self.bad("retain reply for another subject");
+            let Some((header, payload)) = self.ask_window(stream, from, last, instance).await
+            else {
                 break;
-            }
+            };
             if header.first_seq > from {
                 self.resync(stream, from, (header.first_seq - 1).min(last));
             }
             if header.count == 0 {
-                from = header.first_seq.max(from).max(last + 1);
-                break;
+                return;
             }
             // Only what was asked for, from the next expected on (a reply starting earlier is
             // not trusted to replace what was delivered).
             let asked = from..=last;
-            let recovered: Vec<_> =
-                batch_records(&header, records).filter(|(seq, _)| asked.contains(seq)).collect();
+            let recovered: Vec<_> = batch_records(&header, &payload[BATCH_HEADER_BYTES..])
+                .filter(|(seq, _)| asked.contains(seq))
+                .collect();
+            // No overflow: `decode_batch` checked that the sequences fit.
             let next_from = header.first_seq + header.count as u64;
             if next_from <= from {
                 self.bad("retain reply older than asked");
@@ -341,6 +458,47 @@ impl Sequencer {
         }
         if from <= last {
             self.resync(stream, from, last);
+        }
+    }
+
+    /// Asks the retained window for `from..=last` and waits up to [`RECOVER_TIMEOUT`] for a
+    /// reply from publisher `instance` for this subject; other replies (a stranger answering
+    /// too) are ignored and counted while the wait goes on. `None`: no valid reply in time,
+    /// or nobody serves the window.
+    async fn ask_window(
+        &mut self,
+        stream: Stream,
+        from: u64,
+        last: u64,
+        instance: u64,
+    ) -> Option<(BatchHeader, Bytes)> {
+        let gateway = self.state.options.gateway;
+        let subject = retain_subject(&self.state.options.prefix, gateway, stream);
+        self.replies.sent += 1;
+        let reply_to = format!("{}.{}", self.replies.inbox, self.replies.sent);
+        let request = RetainRequest { from_seq: from, to_seq: last }.encode();
+        let asked = self.state.client.publish_with_reply(subject, reply_to.clone(), request.into());
+        asked.await.ok()?;
+        let deadline = tokio::time::Instant::now() + RECOVER_TIMEOUT;
+        loop {
+            let reply = tokio::time::timeout_at(deadline, self.replies.subscription.next());
+            let reply = reply.await.ok()??;
+            if reply.subject.as_str() != reply_to {
+                continue; // a late reply to an earlier request
+            }
+            if reply.status == Some(StatusCode::NO_RESPONDERS) {
+                return None;
+            }
+            match decode_batch(&reply.payload) {
+                Ok((header, _))
+                    if (header.gateway, header.stream, header.instance)
+                        == (gateway, stream, instance) =>
+                {
+                    return Some((header, reply.payload));
+                }
+                Ok(_) => self.untrusted("retain reply for another subject or publisher instance"),
+                Err(error) => self.bad(&format!("retain reply: {error}")),
+            }
         }
     }
 
@@ -357,10 +515,21 @@ impl Sequencer {
         self.fan_out(0);
     }
 
-    /// Hands records (in sequence, starting at the next expected) to every consumer.
+    /// Hands records (consecutive sequences, starting at the next expected) to every consumer.
     fn deliver(&mut self, stream: Stream, records: &[(u64, Record)]) {
-        if records.is_empty() {
+        let (Some(&(first, _)), Some(&(last, _))) = (records.first(), records.last()) else {
             return;
+        };
+        {
+            let mut next = self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner);
+            // The callers hand out from the next expected on; anything else would silently
+            // reorder every consumer's stream, so it is refused (and would be a bug here).
+            if first != next[stream as usize] {
+                drop(next);
+                return self
+                    .bad(&format!("{} records from {first}, out of sequence", stream.name()));
+            }
+            next[stream as usize] = last + 1;
         }
         let received_abs_ns = monotonic_ns();
         self.chunk.clear();
@@ -373,15 +542,6 @@ impl Sequencer {
             } else if record.answers_request() {
                 self.latency.answers.record_ns(latency_ns);
             }
-        }
-        let (first, last) = (records[0].0, records[records.len() - 1].0);
-        {
-            let mut next = self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner);
-            // The sequencer is the only writer: a record out of order here is a bug that
-            // would silently reorder every consumer's stream.
-            assert_eq!(first, next[stream as usize], "records handed out of sequence");
-            assert_eq!(last - first + 1, records.len() as u64, "records with a hole");
-            next[stream as usize] = last + 1;
         }
         add(&self.state.counters.received, records.len() as u64);
         self.fan_out(records.len() as u64);

@@ -19,6 +19,7 @@
 //! * [`experiment`]: the published delivery experiment (runs 1–7), in-process and over NATS,
 //!   measured at the gateway; [`bench`]: R-Sender → NATS → gateway against a plain
 //!   `async-nats` publisher and subscriber on the same server in the same run.
+//! * [`nats`]: how every leantier NATS client connects (URL, authentication, TLS).
 //! * [`server`]: a `nats-server` child for tests and experiments when none is given.
 //!
 //! Latency across processes uses absolute `CLOCK_MONOTONIC` time ([`clock`]).
@@ -28,6 +29,7 @@ pub mod clock;
 pub mod consumer;
 pub mod experiment;
 pub mod gateway;
+pub mod nats;
 pub mod publish;
 pub mod server;
 pub mod subjects;

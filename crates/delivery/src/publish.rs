@@ -28,7 +28,8 @@ use pipeline::ring::RingConfig;
 use pipeline::wait::{Parker, WaitStrategy, Waiter};
 
 use crate::clock::{EpochOffset, monotonic_ns};
-use crate::subjects::{CONNECT_TIMEOUT, connect, data_subject, parse_retain_subject};
+use crate::nats::{NatsConnect, connect};
+use crate::subjects::{CONNECT_TIMEOUT, data_subject, parse_retain_subject};
 use crate::wire::{
     BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BatchHeader, RECORD_BYTES, Record, RetainRequest, Stream,
 };
@@ -50,7 +51,7 @@ pub const GATEWAYS_MAX: u32 = 1024;
 /// How the R-Senders publish.
 #[derive(Clone, Debug)]
 pub struct PublishOptions {
-    pub nats_url: String,
+    pub nats: NatsConnect,
     /// First token of every subject (see [`crate::subjects`]).
     pub prefix: String,
     /// Gateways of the tier (`TierConfig::gateways`).
@@ -132,6 +133,8 @@ struct Counters {
 /// Shared by the publisher threads, the heartbeat and the retain service.
 struct Shared {
     client: async_nats::Client,
+    /// This publisher's instance id, in every batch header ([`BatchHeader::instance`]).
+    instance: u64,
     /// The publisher's runtime, for a publisher thread to wait on a full client queue.
     runtime: tokio::runtime::Handle,
     subjects: Vec<SubjectState>,
@@ -182,6 +185,7 @@ impl Shared {
             let header = BatchHeader {
                 stream: Stream::ALL[index % Stream::ALL.len()],
                 gateway: (index / Stream::ALL.len()) as u32,
+                instance: self.instance,
                 first_seq: window.next_seq,
                 count: 0,
             };
@@ -202,7 +206,13 @@ impl Shared {
         let last = request.to_seq.min(window.next_seq.saturating_sub(1));
         let count = if first > last { 0 } else { (last - first + 1).min(BATCH_RECORDS_MAX as u64) };
         let first_seq = if count == 0 { window.next_seq.max(first) } else { first };
-        let header = BatchHeader { stream, gateway, first_seq, count: count as usize };
+        let header = BatchHeader {
+            stream,
+            gateway,
+            instance: self.instance,
+            first_seq,
+            count: count as usize,
+        };
         let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count as usize * RECORD_BYTES);
         header.write(&mut payload);
         for seq in first..first + count {
@@ -211,6 +221,16 @@ impl Shared {
         add(&self.counters.retained_served, count);
         payload
     }
+}
+
+/// A fresh random instance id: std's per-process random hash keys, mixed with the clock and
+/// the pid. It tells publisher runs apart; it is not a secret (every subscriber sees it).
+fn new_instance_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(monotonic_ns());
+    hasher.write_u32(std::process::id());
+    hasher.finish()
 }
 
 /// The R-Senders' NATS side: connects, serves the retained windows and the heartbeats, and
@@ -224,7 +244,7 @@ pub struct NatsPublisher {
 }
 
 impl NatsPublisher {
-    /// Connects to `options.nats_url` and starts the retain service and the heartbeat.
+    /// Connects to `options.nats` and starts the retain service and the heartbeat.
     pub fn connect(options: PublishOptions) -> anyhow::Result<NatsPublisher> {
         crate::subjects::validate_prefix(&options.prefix)
             .map_err(crate::DeliveryError::BadInput)?;
@@ -245,7 +265,9 @@ impl NatsPublisher {
             .thread_name("nats-publisher-io")
             .enable_all()
             .build()?;
-        let client = runtime.block_on(connect(&options.nats_url, "publisher"))?;
+        let client = runtime.block_on(connect(&options.nats, "publisher"))?;
+        let instance = new_instance_id();
+        tracing::info!("publisher instance {instance:016x}");
         let subjects = (0..options.gateways)
             .flat_map(|gateway| Stream::ALL.map(|stream| (gateway, stream)))
             .map(|(gateway, stream)| SubjectState {
@@ -254,8 +276,8 @@ impl NatsPublisher {
             })
             .collect();
         let handle = runtime.handle().clone();
-        let shared =
-            Arc::new(Shared { client, runtime: handle, subjects, counters: Counters::default() });
+        let counters = Counters::default();
+        let shared = Arc::new(Shared { client, instance, runtime: handle, subjects, counters });
         let retain_subjects = format!("{}.retain.>", options.prefix);
         let subscribing = async {
             let subscribing = shared.client.subscribe(retain_subjects);
@@ -451,7 +473,8 @@ impl PublisherThread {
         // held across the hand-off to the client so a heartbeat never overtakes this batch.
         let mut window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
         window.claim(self.sender);
-        let header = BatchHeader { stream, gateway, first_seq: window.next_seq, count };
+        let instance = self.shared.instance;
+        let header = BatchHeader { stream, gateway, instance, first_seq: window.next_seq, count };
         let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
         header.write(&mut payload);
         for response in self.staging.iter().filter(|r| Stream::of(r) == stream) {

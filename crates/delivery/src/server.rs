@@ -21,6 +21,8 @@ pub struct NatsServer {
     child: Option<Child>,
     host: IpAddr,
     port: u16,
+    /// Further `nats-server` arguments (e.g. `-c FILE` for authentication).
+    args: Vec<String>,
 }
 
 impl NatsServer {
@@ -31,6 +33,12 @@ impl NatsServer {
 
     /// Starts a server on a free port of `host` (an address of this host).
     pub fn start_on(host: IpAddr) -> anyhow::Result<NatsServer> {
+        NatsServer::start_with(host, &[])
+    }
+
+    /// Starts a server on a free port of `host` with further arguments, e.g. `["-c", FILE]`
+    /// for a configuration with authentication or TLS (its `listen`, if any, is overridden).
+    pub fn start_with(host: IpAddr, args: &[&str]) -> anyhow::Result<NatsServer> {
         let mut attempt = 1;
         loop {
             // Bind port 0 to learn a free port. Another process (a parallel test's server)
@@ -38,7 +46,8 @@ impl NatsServer {
             // `wait_ready` reaches the winner, so a server that is gone after the grace period
             // lost that race and is started again on a new port.
             let port = TcpListener::bind((host, 0))?.local_addr()?.port();
-            let mut server = NatsServer { child: None, host, port };
+            let args = args.iter().map(|arg| arg.to_string()).collect();
+            let mut server = NatsServer { child: None, host, port, args };
             server.spawn()?;
             std::thread::sleep(BIND_RACE_GRACE);
             if server.running() {
@@ -58,6 +67,7 @@ impl NatsServer {
 
     fn spawn(&mut self) -> anyhow::Result<()> {
         let child = Command::new(SERVER_BINARY)
+            .args(&self.args)
             .args(["-a", &self.host.to_string(), "-p", &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,4 +1,4 @@
-//! NATS subject names and the connection settings both sides share.
+//! NATS subject names and the connection timeout both sides share.
 
 use std::time::Duration;
 
@@ -43,28 +43,4 @@ pub fn validate_prefix(prefix: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// Connects to `url`, logging each connection event once as it happens (`who` names the side).
-pub async fn connect(url: &str, who: &'static str) -> anyhow::Result<async_nats::Client> {
-    let options = async_nats::ConnectOptions::new()
-        .connection_timeout(CONNECT_TIMEOUT)
-        .max_reconnects(None)
-        .event_callback(move |event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("{who}: NATS connected"),
-                async_nats::Event::Disconnected => tracing::warn!("{who}: NATS disconnected"),
-                async_nats::Event::Closed => tracing::info!("{who}: NATS connection closed"),
-                // Every failed reconnect attempt reports one; the disconnect was logged.
-                async_nats::Event::ClientError(error) => tracing::debug!("{who}: NATS {error}"),
-                other => tracing::warn!("{who}: NATS event: {other}"),
-            }
-        });
-    let client = tokio::time::timeout(CONNECT_TIMEOUT, options.connect(url))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!("no NATS server answered at {url} within {CONNECT_TIMEOUT:?}")
-        })?
-        .map_err(|error| anyhow::anyhow!("cannot connect to NATS at {url}: {error}"))?;
-    Ok(client)
 }

@@ -10,9 +10,12 @@ pub const RECORD_BYTES: usize = 8 + 8 + 1 + 1 + 4 + 4 + CANONICAL_OUTPUT_BYTES;
 /// Most records in one NATS batch message (bounds a payload to ~22 KiB, far below NATS's
 /// default 1 MiB `max_payload`).
 pub const BATCH_RECORDS_MAX: usize = 256;
-/// Batch header: version, stream, gateway, first sequence, record count.
-pub const BATCH_HEADER_BYTES: usize = 1 + 1 + 4 + 8 + 2;
-/// Version byte of every batch and retained-window message.
+/// Batch header: version, stream, gateway, publisher instance, first sequence, record count.
+pub const BATCH_HEADER_BYTES: usize = 1 + 1 + 4 + 8 + 8 + 2;
+/// Version byte of every NATS batch message (data, heartbeat, retain reply). Version 2 added
+/// the publisher instance; a version-1 batch is refused.
+pub const BATCH_VERSION: u8 = 2;
+/// Version byte of the retain request and of the consumer's hello.
 pub const WIRE_VERSION: u8 = 1;
 /// Largest consumer frame either side accepts (length prefix excluded).
 pub const FRAME_BYTES_MAX: usize = 1 + 1 + 8 + 8 + RECORD_BYTES;
@@ -38,6 +41,8 @@ pub enum WireError {
     BatchCount(usize),
     #[error("bad hello magic")]
     Magic,
+    #[error("batch sequences {0}.. start at 0 or run past u64::MAX")]
+    Sequence(u64),
 }
 
 impl WireError {
@@ -51,6 +56,7 @@ impl WireError {
             WireError::FrameLength(_) => 5,
             WireError::BatchCount(_) => 6,
             WireError::Magic => 7,
+            WireError::Sequence(_) => 8,
         }
     }
 }
@@ -175,6 +181,10 @@ impl Record {
 pub struct BatchHeader {
     pub stream: Stream,
     pub gateway: u32,
+    /// The publisher's instance id, drawn at random when it starts: a gateway serves one
+    /// instance, so a restarted publisher (sequences from 1 again) or a stranger guessing
+    /// sequences is told apart from the publisher it serves.
+    pub instance: u64,
     pub first_seq: u64,
     pub count: usize,
 }
@@ -182,30 +192,67 @@ pub struct BatchHeader {
 impl BatchHeader {
     /// Appends the header to `out`.
     pub fn write(&self, out: &mut Vec<u8>) {
+        // Our own encoder's invariant (callers cut batches at the bound), not input.
         assert!(self.count <= BATCH_RECORDS_MAX, "a batch over BATCH_RECORDS_MAX");
-        out.push(WIRE_VERSION);
+        out.push(BATCH_VERSION);
         out.push(self.stream as u8);
         out.extend_from_slice(&self.gateway.to_le_bytes());
+        out.extend_from_slice(&self.instance.to_le_bytes());
         out.extend_from_slice(&self.first_seq.to_le_bytes());
         out.extend_from_slice(&(self.count as u16).to_le_bytes());
     }
 }
 
-/// Decodes a batch message: its header and its records (a slice of whole records).
-pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
-    let header = bytes.get(..BATCH_HEADER_BYTES).ok_or(WireError::Truncated("batch header"))?;
-    if header[0] != WIRE_VERSION {
-        return Err(WireError::Version(header[0]));
+/// Takes little-endian fields off the front of a byte slice; running short is a
+/// [`WireError::Truncated`], never a panic.
+struct Fields<'a>(&'a [u8], &'static str);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let (field, rest) = self.0.split_first_chunk::<N>().ok_or(WireError::Truncated(self.1))?;
+        self.0 = rest;
+        Ok(*field)
     }
-    let stream = Stream::from_code(header[1])?;
-    let gateway = u32::from_le_bytes(header[2..6].try_into().expect("4 bytes"));
-    let first_seq = u64::from_le_bytes(header[6..14].try_into().expect("8 bytes"));
-    let count = u16::from_le_bytes(header[14..16].try_into().expect("2 bytes")) as usize;
-    let records = &bytes[BATCH_HEADER_BYTES..];
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, WireError> {
+        self.take().map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Result<u32, WireError> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, WireError> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+/// Decodes a batch message: its header and its records (a slice of whole records). The
+/// records' sequences `first_seq..first_seq + count` are checked to fit in 1..=u64::MAX, so
+/// [`batch_records`] cannot overflow.
+pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
+    let mut fields = Fields(bytes, "batch header");
+    let version = fields.u8()?;
+    if version != BATCH_VERSION {
+        return Err(WireError::Version(version));
+    }
+    let stream = Stream::from_code(fields.u8()?)?;
+    let gateway = fields.u32()?;
+    let instance = fields.u64()?;
+    let first_seq = fields.u64()?;
+    let count = fields.u16()? as usize;
+    let records = fields.0;
     if count > BATCH_RECORDS_MAX || records.len() != count * RECORD_BYTES {
         return Err(WireError::BatchCount(count));
     }
-    Ok((BatchHeader { stream, gateway, first_seq, count }, records))
+    if first_seq == 0 || first_seq.checked_add(count as u64).is_none() {
+        return Err(WireError::Sequence(first_seq));
+    }
+    Ok((BatchHeader { stream, gateway, instance, first_seq, count }, records))
 }
 
 /// The records of a decoded batch, each with its sequence.
@@ -236,13 +283,12 @@ impl RetainRequest {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<RetainRequest, WireError> {
-        let bytes = bytes.get(..17).ok_or(WireError::Truncated("retain request"))?;
-        if bytes[0] != WIRE_VERSION {
-            return Err(WireError::Version(bytes[0]));
+        let mut fields = Fields(bytes, "retain request");
+        let version = fields.u8()?;
+        if version != WIRE_VERSION {
+            return Err(WireError::Version(version));
         }
-        let from_seq = u64::from_le_bytes(bytes[1..9].try_into().expect("8 bytes"));
-        let to_seq = u64::from_le_bytes(bytes[9..17].try_into().expect("8 bytes"));
-        Ok(RetainRequest { from_seq, to_seq })
+        Ok(RetainRequest { from_seq: fields.u64()?, to_seq: fields.u64()? })
     }
 }
 

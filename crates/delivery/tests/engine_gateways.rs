@@ -74,7 +74,7 @@ fn run_engine_with(
         tallies.push(tally);
     }
     let publisher = NatsPublisher::connect(PublishOptions {
-        nats_url: url,
+        nats: delivery::nats::NatsConnect::new(url),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
         gateways: GATEWAYS,
         retain_records,

@@ -3,8 +3,8 @@
 //! than the bound; and the NATS batch decoder refuses what does not add up.
 
 use delivery::wire::{
-    BATCH_HEADER_BYTES, BatchHeader, FRAME_BYTES_MAX, Frame, FrameDecoder, RECORD_BYTES, Record,
-    Stream, WIRE_VERSION, decode_batch,
+    BATCH_HEADER_BYTES, BATCH_VERSION, BatchHeader, FRAME_BYTES_MAX, Frame, FrameDecoder,
+    RECORD_BYTES, Record, Stream, WireError, batch_records, decode_batch,
 };
 use proptest::prelude::*;
 
@@ -65,11 +65,42 @@ proptest! {
         }
         prop_assert!(frames <= bytes.len() / 5);
         let _ = decode_batch(&bytes);
+        let _ = delivery::wire::RetainRequest::decode(&bytes);
+    }
+
+    /// Headers with the right version and any fields: a decoded batch's records are whole and
+    /// numbered without overflow; anything else is a reason, never a panic.
+    #[test]
+    fn any_batch_header_decodes_or_is_refused(
+        stream in 0u8..4,
+        gateway in any::<u32>(),
+        instance in any::<u64>(),
+        first_seq in prop_oneof![any::<u64>(), Just(0), (u64::MAX - 300)..=u64::MAX],
+        count in 0u16..300,
+        extra in 0usize..3,
+    ) {
+        let mut bytes = vec![BATCH_VERSION, stream];
+        bytes.extend_from_slice(&gateway.to_le_bytes());
+        bytes.extend_from_slice(&instance.to_le_bytes());
+        bytes.extend_from_slice(&first_seq.to_le_bytes());
+        bytes.extend_from_slice(&count.to_le_bytes());
+        bytes.resize(BATCH_HEADER_BYTES + count as usize * RECORD_BYTES + extra, 0);
+        if let Ok((header, records)) = decode_batch(&bytes) {
+            prop_assert_eq!(header.instance, instance);
+            let seqs: Vec<u64> = batch_records(&header, records).map(|(seq, _)| seq).collect();
+            prop_assert_eq!(seqs.len(), count as usize);
+            prop_assert!(seqs.first().is_none_or(|&seq| seq == first_seq && seq > 0));
+        }
     }
 
     #[test]
-    fn batches_round_trip(count in 0usize..8, first_seq in 1u64..1 << 40, gateway in any::<u32>()) {
-        let header = BatchHeader { stream: Stream::MarketData, gateway, first_seq, count };
+    fn batches_round_trip(
+        count in 0usize..8,
+        first_seq in 1u64..1 << 40,
+        gateway in any::<u32>(),
+        instance in any::<u64>(),
+    ) {
+        let header = BatchHeader { stream: Stream::MarketData, gateway, instance, first_seq, count };
         let mut bytes = Vec::new();
         header.write(&mut bytes);
         bytes.extend(std::iter::repeat_n(7u8, count * RECORD_BYTES));
@@ -91,8 +122,41 @@ fn oversized_and_empty_lengths_are_refused() {
         assert!(decoder.next_frame().is_err(), "length {length} accepted");
     }
     let mut bad_version = Vec::new();
-    BatchHeader { stream: Stream::Reports, gateway: 0, first_seq: 1, count: 0 }
+    BatchHeader { stream: Stream::Reports, gateway: 0, instance: 9, first_seq: 1, count: 0 }
         .write(&mut bad_version);
-    bad_version[0] = WIRE_VERSION + 1;
-    assert!(decode_batch(&bad_version).is_err());
+    assert!(decode_batch(&bad_version).is_ok());
+    for version in [BATCH_VERSION - 1, BATCH_VERSION + 1] {
+        bad_version[0] = version;
+        assert_eq!(decode_batch(&bad_version), Err(WireError::Version(version)));
+    }
+}
+
+#[test]
+fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
+    for (first_seq, count) in [(0, 0), (0, 1), (u64::MAX, 1), (u64::MAX - 2, 3)] {
+        let header =
+            BatchHeader { stream: Stream::Reports, gateway: 0, instance: 1, first_seq, count };
+        let mut bytes = Vec::new();
+        header.write(&mut bytes);
+        bytes.extend(std::iter::repeat_n(0u8, count * RECORD_BYTES));
+        assert_eq!(
+            decode_batch(&bytes),
+            Err(WireError::Sequence(first_seq)),
+            "{first_seq}+{count}"
+        );
+    }
+    // The last sequence that fits is accepted, and `batch_records` numbers it without overflow.
+    let header = BatchHeader {
+        stream: Stream::Reports,
+        gateway: 0,
+        instance: 1,
+        first_seq: u64::MAX - 2,
+        count: 2,
+    };
+    let mut bytes = Vec::new();
+    header.write(&mut bytes);
+    bytes.extend(std::iter::repeat_n(0u8, 2 * RECORD_BYTES));
+    let (decoded, records) = decode_batch(&bytes).unwrap();
+    let seqs: Vec<u64> = batch_records(&decoded, records).map(|(seq, _)| seq).collect();
+    assert_eq!(seqs, [u64::MAX - 2, u64::MAX - 1]);
 }

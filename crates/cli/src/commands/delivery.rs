@@ -5,16 +5,99 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use delivery::DeliveryError::BadInput;
 use delivery::experiment::{
     self, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS, PUBLISHED_P90_P99_US, Point,
     Settings,
 };
 use delivery::gateway::{
     CONSUMER_QUEUE_CHUNKS_DEFAULT, CONSUMERS_MAX_DEFAULT, GatewayOptions, GatewayReport,
+    SEQ_AHEAD_MAX_DEFAULT,
 };
+use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
 use exchange::tier::Arrival;
 use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_cdf_plot};
+
+/// How every command that takes `--nats` logs in to the server and whether it uses TLS
+/// (docs/DELIVERY.md). Secrets are never printed: prefer the environment variables to the
+/// flags, which other users of the host can read in the process list.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NatsAuthArgs {
+    /// NATS user name (with --nats-password).
+    #[arg(long)]
+    pub nats_user: Option<String>,
+    /// NATS password of --nats-user.
+    #[arg(long, env = "LEANTIER_NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// NATS authentication token.
+    #[arg(long, env = "LEANTIER_NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// NATS credentials file (user JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// File holding a NATS nkey seed (`SU...`).
+    #[arg(long, value_name = "FILE")]
+    pub nats_nkey_seed: Option<PathBuf>,
+    /// PEM CA the server's certificate must chain to; turns TLS on (so does a tls:// URL,
+    /// with the system's roots).
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// PEM client certificate, for a server that verifies clients (with --nats-tls-key).
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// PEM key of --nats-tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub nats_tls_key: Option<PathBuf>,
+}
+
+impl NatsAuthArgs {
+    /// The connection settings for `url`; one way to log in at most.
+    pub fn connect(&self, url: &str) -> Result<NatsConnect, delivery::DeliveryError> {
+        let ways = [
+            self.nats_user.is_some() || self.nats_password.is_some(),
+            self.nats_token.is_some(),
+            self.nats_creds.is_some(),
+            self.nats_nkey_seed.is_some(),
+        ];
+        if ways.into_iter().filter(|&way| way).count() > 1 {
+            return Err(BadInput(
+                "give one of --nats-user/--nats-password, --nats-token, --nats-creds and \
+                 --nats-nkey-seed (or their environment variables)"
+                    .into(),
+            ));
+        }
+        let auth = match (&self.nats_user, &self.nats_password) {
+            (Some(user), Some(password)) => {
+                NatsAuth::UserPassword { user: user.clone(), password: Secret::new(password) }
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                let reason = "--nats-user and --nats-password (LEANTIER_NATS_PASSWORD) go together";
+                return Err(BadInput(reason.into()));
+            }
+            (None, None) => self.token_or_files(),
+        };
+        let client_cert = match (&self.nats_tls_cert, &self.nats_tls_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => return Err(BadInput("--nats-tls-cert and --nats-tls-key go together".into())),
+        };
+        let tls = NatsTls { ca: self.nats_tls_ca.clone(), client_cert };
+        Ok(NatsConnect { url: url.to_string(), auth, tls })
+    }
+
+    fn token_or_files(&self) -> NatsAuth {
+        if let Some(token) = &self.nats_token {
+            NatsAuth::Token(Secret::new(token))
+        } else if let Some(path) = &self.nats_creds {
+            NatsAuth::Credentials(path.clone())
+        } else if let Some(path) = &self.nats_nkey_seed {
+            NatsAuth::NkeySeed(path.clone())
+        } else {
+            NatsAuth::None
+        }
+    }
+}
 
 /// Runs one R-Gateway: subscribes to its gateway's NATS subjects, serves end consumers over
 /// TCP (docs/DELIVERY.md), recovers gaps from the R-Senders' retained windows and sends a
@@ -24,6 +107,8 @@ pub struct GatewayArgs {
     /// NATS server URL.
     #[arg(long, env = NATS_URL_ENV)]
     pub nats: String,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
     /// The gateway's id (the tier routes client c and instrument i to gateway c or i modulo
     /// its gateway count).
     #[arg(long)]
@@ -41,6 +126,11 @@ pub struct GatewayArgs {
     /// behind is cut off.
     #[arg(long, default_value_t = CONSUMER_QUEUE_CHUNKS_DEFAULT)]
     pub consumer_queue_chunks: usize,
+    /// Most a NATS message may claim beyond the next expected sequence and be applied at once;
+    /// further claims must persist for a second with nothing nearer in between (the trust
+    /// rule). Raise it with the publisher's --retain-records.
+    #[arg(long, default_value_t = SEQ_AHEAD_MAX_DEFAULT)]
+    pub seq_ahead_max: u64,
     /// Stop after this many seconds (default: run until Ctrl-C or SIGTERM).
     #[arg(long)]
     pub seconds: Option<f64>,
@@ -49,12 +139,13 @@ pub struct GatewayArgs {
 /// `leantier exchange gateway`.
 pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     let options = GatewayOptions {
-        nats_url: args.nats.clone(),
+        nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
         gateway: args.gateway,
         listen: args.listen,
         consumers_max: args.consumers_max,
         consumer_queue_chunks: args.consumer_queue_chunks,
+        seq_ahead_max: args.seq_ahead_max,
     };
     let seconds = args.seconds.map(Duration::try_from_secs_f64).transpose().map_err(|_| {
         delivery::DeliveryError::BadInput("--seconds must be a finite number >= 0".into())
@@ -113,6 +204,7 @@ fn gateway_table(report: &GatewayReport) -> Table {
         ("consumers cut off", report.consumers_cut_off),
         ("consumers refused", report.consumers_refused),
         ("malformed batches", report.bad_messages),
+        ("untrusted messages ignored", report.untrusted),
     ];
     for (name, value) in rows {
         table.row([name.to_string(), value.to_string()]);
@@ -127,6 +219,8 @@ pub struct PublishArgs {
     /// NATS server URL.
     #[arg(long, env = NATS_URL_ENV)]
     pub nats: String,
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
     /// TOML configuration: the tier's settings at the top level (`TierConfig`: workers,
     /// shards, senders, rings, wait, placement, journal, layout, universe...) and the load
     /// generator's under `[load]` (`LoadConfig`: arrival, burst_on_us, burst_off_us, seed,
@@ -167,7 +261,7 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         load,
     };
     let options = delivery::publish::PublishOptions {
-        nats_url: args.nats.clone(),
+        nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
         gateways: config.gateways,
         retain_records: args.retain_records,
@@ -223,6 +317,9 @@ pub struct DeliveryExperimentArgs {
     /// NATS server URL (default: $LEANTIER_NATS_URL, else a nats-server child on a free port).
     #[arg(long)]
     pub nats: Option<String>,
+    /// Login and TLS for the server of --nats or $LEANTIER_NATS_URL.
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
     /// Measure in-process only.
     #[arg(long)]
     pub no_nats: bool,
@@ -245,10 +342,10 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
         rate_per_s: args.rate,
         seconds: args.seconds,
         arrival: args.arrival,
-        nats_url: url,
+        nats: url.map(|url| args.nats_auth.connect(&url)).transpose()?,
     };
     let bar = lab::report::progress_bar(
-        (LAYOUTS.len() * if settings.nats_url.is_some() { 2 } else { 1 }) as u64,
+        (LAYOUTS.len() * if settings.nats.is_some() { 2 } else { 1 }) as u64,
         "delivery experiment",
     );
     let result = experiment::run(&settings, |point| {
@@ -369,6 +466,9 @@ pub struct DeliveryBenchArgs {
     /// NATS server URL (default: $LEANTIER_NATS_URL, else a nats-server child on a free port).
     #[arg(long)]
     pub nats: Option<String>,
+    /// Login and TLS for the server of --nats or $LEANTIER_NATS_URL.
+    #[command(flatten)]
+    pub nats_auth: NatsAuthArgs,
     /// Records per repeat and contender.
     #[arg(long, default_value_t = 200_000)]
     pub records: u64,
@@ -390,7 +490,8 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
         Some(url) => (url.clone(), None),
         None => server_or_env()?,
     };
-    let report = delivery::bench::run(&url, args.records, args.repeats, args.wait)?;
+    let nats = args.nats_auth.connect(&url)?;
+    let report = delivery::bench::run(&nats, args.records, args.repeats, args.wait)?;
     let mut table = Table::new(["contender", "records/s (median)", "p50 µs", "p99 µs", "max µs"])
         .with_title(format!(
             "{} records x {} repeats, wait {}; leantier sent {:.1} records per NATS message",

@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// and retained windows for gap recovery (docs/DELIVERY.md).
     #[arg(long)]
     pub nats: Option<String>,
+    /// Login and TLS for --nats.
+    #[command(flatten)]
+    pub nats_auth: super::delivery::NatsAuthArgs,
 }
 
 /// `--metrics-listen`: an address, or a bare port on loopback (the default place for an
@@ -237,7 +240,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let publisher = match &args.nats {
         Some(url) => {
             Some(delivery::publish::NatsPublisher::connect(delivery::publish::PublishOptions {
-                nats_url: url.clone(),
+                nats: args.nats_auth.connect(url)?,
                 prefix: delivery::subjects::PREFIX_DEFAULT.into(),
                 gateways: tier.gateways,
                 retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
@@ -589,6 +592,7 @@ mod tests {
             layout,
             planned_rate: 60_000.0,
             nats: None,
+            nats_auth: Default::default(),
         }
     }
 

@@ -86,13 +86,23 @@ pub fn wait_for(tally: &SharedTally, target: [u64; 2]) {
     }
 }
 
-/// A full batch of gateway 0's report stream, records `first_seq..` (empty responses).
+/// The publisher instance of the tests' hand-made batches.
+pub const INSTANCE: u64 = 0x1ea7_1e55;
+
+/// A full batch of gateway 0's report stream from [`INSTANCE`], records `first_seq..` (empty
+/// responses).
 pub fn batch(first_seq: u64) -> Vec<u8> {
-    let header =
-        BatchHeader { stream: Stream::Reports, gateway: 0, first_seq, count: BATCH_RECORDS_MAX };
+    batch_of(INSTANCE, first_seq, BATCH_RECORDS_MAX)
+}
+
+/// `count` records (0: a heartbeat) of gateway 0's report stream from publisher `instance`,
+/// at `first_seq..`.
+pub fn batch_of(instance: u64, first_seq: u64, count: usize) -> Vec<u8> {
+    let stream = Stream::Reports;
+    let header = BatchHeader { stream, gateway: 0, instance, first_seq, count };
     let mut payload = Vec::new();
     header.write(&mut payload);
-    for _ in 0..BATCH_RECORDS_MAX {
+    for _ in 0..count {
         payload.extend_from_slice(&Record::encode(&Response::default(), 0, 0).0);
     }
     payload

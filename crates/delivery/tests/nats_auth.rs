@@ -1,0 +1,109 @@
+//! Every leantier NATS client logs in the same way ([`NatsConnect`]): an R-Gateway and an
+//! R-Sender publisher on a `nats-server` child that requires a user and password deliver
+//! records end to end; a wrong or missing password is a prompt, clear error that names the
+//! credentials (never the password), not a hang.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use delivery::gateway::{GatewayOptions, start};
+use delivery::nats::{NatsAuth, NatsConnect, Secret};
+use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions};
+use delivery::server::NatsServer;
+use delivery::subjects::CONNECT_TIMEOUT;
+use exchange::msg::Response;
+use pipeline::WaitStrategy;
+
+const USER: &str = "alice";
+const PASSWORD: &str = "s3cret-pw";
+const RECORDS: u64 = 1000;
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A server that requires `USER` / `PASSWORD` (its configuration file lives in `dir`).
+fn password_server(dir: &tempfile::TempDir) -> NatsServer {
+    let config = dir.path().join("nats.conf");
+    let text = format!("authorization {{\n  user: {USER}\n  password: \"{PASSWORD}\"\n}}\n");
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap();
+    NatsServer::start_with(Ipv4Addr::LOCALHOST.into(), &["-c", config]).unwrap()
+}
+
+fn login(server: &NatsServer, password: &str) -> NatsConnect {
+    let auth = NatsAuth::UserPassword { user: USER.into(), password: Secret::new(password) };
+    NatsConnect { auth, ..NatsConnect::new(server.url()) }
+}
+
+fn gateway_options(nats: &NatsConnect) -> GatewayOptions {
+    let mut options = GatewayOptions::new("", 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.nats = nats.clone();
+    options
+}
+
+fn publish_options(nats: &NatsConnect) -> PublishOptions {
+    PublishOptions {
+        nats: nats.clone(),
+        prefix: delivery::subjects::PREFIX_DEFAULT.into(),
+        gateways: 1,
+        retain_records: 4096,
+        wait: WaitStrategy::Park,
+        heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+}
+
+#[test]
+fn a_gateway_and_a_publisher_log_in_with_a_password_and_deliver() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = password_server(&dir);
+    let nats = login(&server, PASSWORD);
+    let io = runtime();
+    let gateway = io.block_on(start(gateway_options(&nats))).unwrap();
+    let publisher = NatsPublisher::connect(publish_options(&nats)).unwrap();
+    // One R-Sender's subscribers (one per gateway), as the tier would call the factory.
+    let mut subscribers = publisher.subscribers()(0);
+    for _ in 0..RECORDS {
+        subscribers[0].deliver(&Response::default());
+    }
+    drop(subscribers);
+    let published = publisher.drain().unwrap();
+    assert_eq!(published.next_seqs[0], RECORDS + 1, "{published:?}");
+    let deadline = Instant::now() + DEADLINE;
+    while gateway.report().received < RECORDS {
+        assert!(Instant::now() < deadline, "gateway stuck: {:?}", gateway.report());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (report, _) = io.block_on(gateway.shutdown()).unwrap();
+    assert_eq!((report.received, report.resyncs, report.untrusted), (RECORDS, 0, 0), "{report:?}");
+}
+
+/// Fails within the connect timeout, naming the credentials and not leaking the password.
+fn assert_refused(error: &anyhow::Error, started: Instant, password: &str) {
+    assert!(started.elapsed() < CONNECT_TIMEOUT, "took {:?}", started.elapsed());
+    let message = format!("{error:#}");
+    assert!(message.contains("refused the credentials"), "{message}");
+    assert!(password.is_empty() || !message.contains(password), "{message}");
+}
+
+#[test]
+fn a_wrong_or_missing_password_is_a_clear_error_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = password_server(&dir);
+    let io = runtime();
+    let wrong = "not-the-password";
+    for nats in [login(&server, wrong), NatsConnect::new(server.url())] {
+        let password = if nats.auth == NatsAuth::None { "" } else { wrong };
+        let started = Instant::now();
+        match io.block_on(start(gateway_options(&nats))) {
+            Ok(_) => panic!("the gateway logged in with {:?}", nats.auth),
+            Err(error) => assert_refused(&error, started, password),
+        }
+        let started = Instant::now();
+        match NatsPublisher::connect(publish_options(&nats)) {
+            Ok(_) => panic!("the publisher logged in with {:?}", nats.auth),
+            Err(error) => assert_refused(&error, started, password),
+        }
+    }
+}
