@@ -5,8 +5,10 @@
 //! within [`P99_FACTOR_MAX`] × its quiet p99 (quiet values under [`P99_FLOOR`] count as the
 //! floor: the VM's scheduling noise), and the server's RSS stayed under the server's bound.
 //!
-//! Short form in CI: `SOAK_HOSTILE_SECONDS` (default 2) seconds per attack. `scripts/soak-hostile`
-//! runs it in release mode for longer.
+//! Short form in CI (release build, `--ignored`): `SOAK_HOSTILE_SECONDS` (default 2) seconds per
+//! attack. `scripts/soak-hostile`
+//! runs it in release mode for longer. `SOAK_HOSTILE_ONLY=TEXT` keeps the attacks whose "server
+//! attack" names contain TEXT.
 //!
 //! The attackers connect from [`ATTACKER_IP`], the good client from 127.0.0.1: the servers bound
 //! connections per source address, and an attacker with one address is what those bounds meet.
@@ -40,10 +42,12 @@ fn attack_time() -> Duration {
 }
 
 /// A connection from `ip` to `addr`.
+/// Writes time out after a second, so an attack always stops when asked.
 fn connect_from(ip: Ipv4Addr, addr: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
     socket.bind(&SocketAddr::new(IpAddr::V4(ip), 0).into())?;
     socket.connect_timeout(&addr.into(), Duration::from_secs(2))?;
+    socket.set_write_timeout(Some(Duration::from_secs(1)))?;
     Ok(socket.into())
 }
 
@@ -281,6 +285,9 @@ fn exchange_server() -> Server {
         (2, "native", "victim", "pw2"),
         (3, "native", "mute", "pw3"),
         (4, "fix", "CHATTY", FIX_SECRET),
+        (5, "native", "mute2", "pw3"),
+        (6, "native", "mute3", "pw3"),
+        (7, "native", "mute4", "pw3"),
     ];
     for (client, protocol, name, secret) in clients {
         let hash = gateway::credentials::hash_secret(secret.as_bytes()).unwrap();
@@ -292,6 +299,8 @@ fn exchange_server() -> Server {
         "exchange",
         "serve",
         "--listen",
+        "127.0.0.1:0",
+        "--fix-listen",
         "127.0.0.1:0",
         "--config",
         "serve.toml",
@@ -378,15 +387,18 @@ fn silent_connections(addr: SocketAddr, count: usize) -> Attack {
     })
 }
 
-/// A logged-in client that sends orders and never reads what the server answers.
+/// Logged-in clients (ids 3, 5, 6, 7) that send orders outside the price band as fast as they
+/// can and never read what the server answers; each logs in again when cut off.
 fn never_reads(addr: SocketAddr) -> Attack {
-    Attack::start(1, move |_, running| {
+    Attack::start(4, move |thread, running| {
+        let client_id = [3, 5, 6, 7][thread];
         while running.load(Ordering::Relaxed) {
             let Ok(mut client) = gateway::client::NativeClient::connect(addr) else { continue };
-            if !matches!(
-                client.login(3, "pw3", 0, Duration::from_secs(2)),
-                Ok(ServerMsg::LoginAccepted { .. })
-            ) {
+            if let Ok(writer) = client.writer() {
+                let _ = writer.set_write_timeout(Some(Duration::from_secs(1)));
+            }
+            let login = client.login(client_id, "pw3", 0, Duration::from_secs(2));
+            if !matches!(login, Ok(ServerMsg::LoginAccepted { .. })) {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -394,7 +406,7 @@ fn never_reads(addr: SocketAddr) -> Attack {
             while running.load(Ordering::Relaxed) {
                 token += 1;
                 let line = format!("buy {token} 1 1 90000");
-                let msg = gateway::client::parse_script_line(&line, 3).unwrap().unwrap();
+                let msg = gateway::client::parse_script_line(&line, client_id).unwrap().unwrap();
                 if client.send(&msg).is_err() {
                     break;
                 }
@@ -424,6 +436,7 @@ fn fix_chatter(fix_addr: SocketAddr) -> Attack {
     Attack::start(1, move |_, running| {
         while running.load(Ordering::Relaxed) {
             let Ok(mut stream) = TcpStream::connect(fix_addr) else { continue };
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = stream.set_read_timeout(Some(Duration::from_millis(1)));
             let logon = [
                 (tag::ENCRYPT_METHOD, "0"),
@@ -469,10 +482,9 @@ fn rows_for(
     good: &dyn Fn(SocketAddr, Duration) -> Service,
     attacks: Attacks,
 ) -> Vec<Row> {
-    let rows = attacks
-        .into_iter()
-        .map(|(name, attack)| measure(server, name, target, rss_max_kib, good, attack));
-    rows.collect()
+    let only = std::env::var("SOAK_HOSTILE_ONLY").unwrap_or_default();
+    let chosen = attacks.into_iter().filter(|(name, _)| format!("{server} {name}").contains(&only));
+    chosen.map(|(name, attack)| measure(server, name, target, rss_max_kib, good, attack)).collect()
 }
 
 fn exchange_rows() -> Vec<Row> {
@@ -481,13 +493,20 @@ fn exchange_rows() -> Vec<Row> {
     let attacks: Attacks = vec![
         ("wrong-secret logins (32 at once)", Box::new(move || wrong_secret_logins(addr))),
         ("1,100 connections that never log in", Box::new(move || silent_connections(addr, 1100))),
-        ("a client that never reads", Box::new(move || never_reads(addr))),
+        (
+            "4 clients that flood rejected orders and never read",
+            Box::new(move || never_reads(addr)),
+        ),
         ("FIX test requests, heartbeats and resends", Box::new(move || fix_chatter(fix_addr))),
     ];
     rows_for("exchange serve", &exchange, EXCHANGE_RSS_KIB_MAX, &exchange_good, attacks)
 }
 
+/// Release builds only: in a debug build the servers are ten times slower than what they bound,
+/// and a flooding client measures the compiler's optimiser rather than the server. CI runs it
+/// with `cargo test --release … -- --ignored` (scripts/test); so does scripts/soak-hostile.
 #[test]
+#[ignore = "release only: scripts/test and scripts/soak-hostile run it with --release --ignored"]
 fn every_server_keeps_serving_a_good_client_under_each_attack() {
     let mut rows = exchange_rows();
     rows.extend(mq_rows());

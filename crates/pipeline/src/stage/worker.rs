@@ -155,7 +155,7 @@ pub(super) fn run_source<Out: Copy, H>(
         emitter.handled_until_ns = end_ns;
         emitter.flush_at(end_ns);
         // Stages fused after the source also read their own inbound rings between calls.
-        emitter.poll_fused();
+        drain_fused_inputs(&mut emitter);
         let recorder = metrics.recorder();
         recorder.add_busy_ns(end_ns - start_ns);
         recorder.add_messages_out(emitter.take_emitted());
@@ -169,6 +169,27 @@ pub(super) fn run_source<Out: Copy, H>(
     drop(handler);
     drain_fused(shared, &mut emitter);
     emitter.finish_fused();
+}
+
+/// Most rounds of [`drain_fused_inputs`] between two source calls: with a batch per ring per
+/// round, 1024 rounds take far more than a ring holds, and a producer outside the thread that
+/// outpaces the fused stages still lets the source run.
+const FUSED_DRAIN_ROUNDS_MAX: usize = 1024;
+
+/// Lets the stages fused after a source read their own inbound rings until those are empty
+/// (or [`FUSED_DRAIN_ROUNDS_MAX`] rounds). Why until empty: a fused stage's ring may be fed by
+/// this very thread (the tier's pre-process sends its rejects to the R-Processor through one),
+/// and its consumer runs only here. Reading one batch per source call let a source that emits
+/// more per call than a batch (a gateway turn of 4096 rejected orders) fill that ring in a few
+/// calls; the next push then waited for room only this thread could make: a deadlock, found by
+/// a flooding client (crates/cli/tests/soak_hostile.rs). Drained, a ring starts each call
+/// empty, so a call that emits at most a ring's capacity cannot block on it.
+fn drain_fused_inputs<Out: Copy>(emitter: &mut Emitter<Out>) {
+    for _ in 0..FUSED_DRAIN_ROUNDS_MAX {
+        if emitter.poll_fused() == 0 {
+            return;
+        }
+    }
 }
 
 /// Runs the stages fused after a finished source until each of their inbound rings is
