@@ -619,12 +619,59 @@ fn partial_frames(addr: SocketAddr) -> Attack {
     })
 }
 
+/// Queues the large-reply attack creates, each with a name of [`mq::protocol::NAME_BYTES_MAX`]
+/// bytes and one message, so a `ListQueues` answer is about 130 KB.
+const LISTED_QUEUES: usize = 1000;
+
+/// Creates [`LISTED_QUEUES`] long-named queues holding a message each (pipelined).
+fn fill_queue_list(addr: SocketAddr) {
+    use mq::protocol::Request;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let mut client = mq::client::Client::connect(&addr.to_string()).await.unwrap();
+        client.register("lister", b"lister secret").await.unwrap();
+        let name = |i: usize| format!("{i:0>width$}", width = mq::protocol::NAME_BYTES_MAX);
+        for chunk in (0..LISTED_QUEUES).collect::<Vec<_>>().chunks(32) {
+            for &i in chunk {
+                client.submit(Request::CreateQueue { name: name(i) }).await.unwrap();
+                let send = Request::Send { queue: name(i), receiver: None, content: vec![1] };
+                client.submit(send).await.unwrap();
+            }
+            for _ in 0..chunk.len() * 2 {
+                client.receive().await.unwrap().1.unwrap();
+            }
+        }
+    });
+}
+
+/// Twelve connections that pipeline `ListQueues` (large answers) and never read them.
+fn unread_large_replies(addr: SocketAddr) -> Attack {
+    fill_queue_list(addr);
+    Attack::start(12, move |thread, running| {
+        let Ok(mut stream) = connect_from(ATTACKER_IP, addr) else { return };
+        let secret = mq::protocol::Secret(b"s".to_vec());
+        let name = format!("hoarder-{thread}");
+        let mut frames = mq_frame(1, mq::protocol::Request::Register { name, secret });
+        for request_id in 2..=65 {
+            frames.extend(mq_frame(request_id, mq::protocol::Request::ListQueues));
+        }
+        let _ = stream.write_all(&frames);
+        while running.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
 fn mq_rows() -> Vec<Row> {
     let mq = mq_server();
     let addr = mq.addr;
     let attacks: Attacks = vec![
         ("registration flood (pipelined, never read)", Box::new(move || registration_flood(addr))),
         ("400 partial largest frames", Box::new(move || partial_frames(addr))),
+        (
+            "12 connections owed large answers they never read",
+            Box::new(move || unread_large_replies(addr)),
+        ),
     ];
     rows_for("mq serve", &mq, MQ_RSS_KIB_MAX, &mq_good, attacks)
 }

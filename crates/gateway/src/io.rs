@@ -39,7 +39,8 @@ use crate::{fix_server, native_server};
 
 /// Replies routed per reply queue and read before the store's batch is committed.
 const ROUTE_BATCH_MAX: usize = 256;
-/// Orders the sessions may admit between two turns; beyond, they are refused as busy.
+/// Orders the sessions may admit between two turns; beyond, they are refused as busy (fewer
+/// when the tier's rings are smaller: [`IoSetup::staged_max`]).
 pub const STAGED_ORDERS_MAX: usize = 4096;
 /// Longest wait of an idle turn: the tier's stages that share the loop's thread also read
 /// their other inputs (external events into the core) between turns.
@@ -91,6 +92,10 @@ pub(crate) struct IoSetup {
     pub(crate) handoff: HandoffSlot,
     pub(crate) built: std::sync::mpsc::SyncSender<Result<(), ServeError>>,
     pub(crate) in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
+    /// Orders one turn may hand the tier: [`STAGED_ORDERS_MAX`], or the tier's ring size when
+    /// smaller. On few CPUs the pre-process sends a turn's rejects into a ring that this thread
+    /// reads only between turns (`pipeline`'s fused drain), so a turn must fit in it.
+    pub(crate) staged_max: usize,
 }
 
 thread_local! {
@@ -131,6 +136,8 @@ pub(crate) fn order_source(setup: IoSetup) -> OrderSource {
 /// Orders admitted by the sessions, waiting for the turn's end to enter the tier.
 struct Staged {
     orders: RefCell<Vec<InboundOrder>>,
+    /// See [`IoSetup::staged_max`].
+    max: usize,
     work: Arc<Notify>,
 }
 
@@ -140,7 +147,7 @@ struct StagedEntry(Rc<Staged>);
 impl OrderEntry for StagedEntry {
     fn try_submit(&mut self, request: InboundOrder) -> Result<(), Refused> {
         let mut orders = self.0.orders.borrow_mut();
-        if orders.len() == STAGED_ORDERS_MAX {
+        if orders.len() == self.0.max {
             return Err(Refused::Busy);
         }
         // The first staged order ends an idle wait; the rest ride on the same turn.
@@ -179,9 +186,19 @@ impl IoLoop {
         let Some(TierHandoff { control, journals, layout }) = handoff else {
             return Built::Waiting(setup);
         };
-        let IoSetup { settings, credentials, journaled, listeners, replies, work, stop, .. } =
-            setup;
-        let staged = Rc::new(Staged { orders: RefCell::new(Vec::new()), work: work.clone() });
+        let IoSetup {
+            settings,
+            credentials,
+            journaled,
+            listeners,
+            replies,
+            work,
+            stop,
+            staged_max,
+            ..
+        } = setup;
+        let orders = RefCell::new(Vec::new());
+        let staged = Rc::new(Staged { orders, max: staged_max, work: work.clone() });
         let entry = Box::new(StagedEntry(staged.clone()));
         let verifier = match crate::credentials::Verifier::start() {
             Ok(verifier) => verifier,
@@ -205,7 +222,7 @@ impl IoLoop {
         if !journaled {
             hub.forget_open_orders();
         }
-        staged.orders.borrow_mut().reserve_exact(STAGED_ORDERS_MAX);
+        staged.orders.borrow_mut().reserve_exact(staged.max);
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let local = tokio::task::LocalSet::new();

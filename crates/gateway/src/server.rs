@@ -188,6 +188,7 @@ pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
         handoff: handoff.clone(),
         built,
         in_tier: in_tier_requests,
+        staged_max: crate::io::STAGED_ORDERS_MAX.min(options.tier.ring_slots),
     };
     let run = RunOptions {
         rate_per_s: options.planned_rate_per_s,
