@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gateway::native::{ClientMsg, ServerMsg};
+use gateway::native::event_kind::{ACCEPTED, CANCELLED, REJECTED};
+use gateway::native::{ClientMsg, ServerMsg, gateway_reason};
 
 /// Attackers' source address (loopback: any 127.x address reaches the server).
 const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
@@ -126,6 +127,8 @@ struct Service {
     latencies_us: Vec<u64>,
     login_max: Duration,
     failures: u64,
+    /// Requests the server answered "busy" (a refusal, not a loss; reported, not failed).
+    refused: u64,
 }
 
 impl Service {
@@ -214,6 +217,7 @@ struct Row {
     attacked_p99: Duration,
     login_max: Duration,
     failures: u64,
+    refused: u64,
 }
 
 impl Row {
@@ -232,7 +236,7 @@ impl Row {
         let failed = self.failed_checks();
         let verdict = if failed.is_empty() { "ok".to_owned() } else { failed.join("+") };
         println!(
-            "| {} | {} | {} / {} | {:.2} | {:.2} | {:.0} | {} | {verdict} |",
+            "| {} | {} | {} / {} | {:.2} | {:.2} | {:.0} | {} | {} | {verdict} |",
             self.server,
             self.attack,
             self.rss_peak_kib / 1024,
@@ -241,6 +245,7 @@ impl Row {
             self.attacked_p99.as_secs_f64() * 1e3,
             self.login_max.as_secs_f64() * 1e3,
             self.failures,
+            self.refused,
         );
     }
 }
@@ -271,6 +276,7 @@ fn measure(
         attacked_p99: attacked.p99(),
         login_max: attacked.login_max.max(quiet.login_max),
         failures: attacked.failures,
+        refused: attacked.refused,
     }
 }
 
@@ -315,8 +321,12 @@ fn order(token: u32, buy: bool) -> ClientMsg {
     gateway::client::parse_script_line(&line, 1).unwrap().unwrap()
 }
 
+/// The good exchange client's next order token.
+static GOOD_TOKENS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
 /// Logs in as client 1, then sends orders (a buy, then its cancel) for `time`, timing each
-/// from send to its first report.
+/// from send to its first report; a buy not accepted, or a cancel that does not find its
+/// acknowledged order, is a failure.
 fn exchange_good(addr: SocketAddr, time: Duration) -> Service {
     let mut service = Service::default();
     let started = Instant::now();
@@ -329,24 +339,32 @@ fn exchange_good(addr: SocketAddr, time: Duration) -> Service {
         return Service { failures: 1, ..service };
     }
     let end = Instant::now() + time;
-    let mut token = 0u32;
     while Instant::now() < end {
-        token += 1;
-        let line = format!("cancel {} 1", token);
-        for msg in
-            [order(token, true), gateway::client::parse_script_line(&line, 1).unwrap().unwrap()]
-        {
+        // Unique across measurements: an order left resting by a refused cancel keeps its token.
+        let token = GOOD_TOKENS.fetch_add(1, Ordering::Relaxed);
+        let cancel = format!("cancel {token} 1");
+        let cancel = gateway::client::parse_script_line(&cancel, 1).unwrap().unwrap();
+        // The cancel finds the order only if its acknowledgement was not lost. A refusal as
+        // busy (the tier's entry full of others' orders) is counted, not a loss.
+        for (msg, expected) in [(order(token, true), ACCEPTED), (cancel, CANCELLED)] {
             let sent = Instant::now();
-            let answered = client.send(&msg).is_ok()
-                && matches!(
-                    client.recv(Duration::from_secs(5)),
-                    Ok(Some(ServerMsg::Sequenced { .. }))
-                );
-            if !answered {
+            let answer =
+                client.send(&msg).ok().and_then(|()| client.recv(Duration::from_secs(5)).ok());
+            let Some(Some(ServerMsg::Sequenced { event, .. })) = answer else {
+                eprintln!("good client: {msg:?} answered {answer:?}");
+                service.failures += 1;
+                return service;
+            };
+            service.latencies_us.push(sent.elapsed().as_micros() as u64);
+            if (event.kind, event.reason) == (REJECTED, gateway_reason::BUSY) {
+                service.refused += 1;
+                break;
+            }
+            if event.kind != expected {
+                eprintln!("good client: {msg:?} answered {event:?}");
                 service.failures += 1;
                 return service;
             }
-            service.latencies_us.push(sent.elapsed().as_micros() as u64);
         }
     }
     let _ = client.send(&ClientMsg::Logout);
@@ -512,9 +530,9 @@ fn every_server_keeps_serving_a_good_client_under_each_attack() {
     rows.extend(mq_rows());
     rows.extend(web_rows());
     println!(
-        "| server | attack | RSS peak / bound MiB | good p99 quiet ms | good p99 attacked ms | slowest login ms | failures | verdict |"
+        "| server | attack | RSS peak / bound MiB | good p99 quiet ms | good p99 attacked ms | slowest login ms | failures | refused busy | verdict |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for row in &rows {
         row.print();
     }
@@ -534,7 +552,8 @@ fn mq_server() -> Server {
     Server::start(&args, dir, &["mq node listening on "], true)
 }
 
-/// Registers on its own connection (timing it), then sends for `time`, timing each send.
+/// Registers on its own connection (timing it), then sends to a fresh queue for `time`, timing
+/// each send, then pops them all: a missing one (an acknowledged send lost) is a failure.
 fn mq_good(addr: SocketAddr, time: Duration) -> Service {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async move {
@@ -548,15 +567,26 @@ fn mq_good(addr: SocketAddr, time: Duration) -> Service {
         if registered.is_err() {
             return Service { failures: 1, ..service };
         }
-        let _ = client.create_queue("good-queue").await;
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        let queue = format!("good-{}", stamp.as_nanos());
+        let _ = client.create_queue(&queue).await;
         let end = Instant::now() + time;
         while Instant::now() < end {
             let sent = Instant::now();
-            if client.send("good-queue", None, b"hello").await.is_err() {
+            if client.send(&queue, None, b"hello").await.is_err() {
                 service.failures += 1;
                 return service;
             }
             service.latencies_us.push(sent.elapsed().as_micros() as u64);
+        }
+        // Every acknowledged send is there to pop: nothing acknowledged was lost.
+        let target = || mq::protocol::ReadTarget::Queue(queue.clone());
+        let mut popped = 0;
+        while client.read(target(), mq::protocol::ReadMode::Pop).await.is_ok() {
+            popped += 1;
+        }
+        if popped != service.latencies_us.len() {
+            service.failures += 1;
         }
         service
     })
