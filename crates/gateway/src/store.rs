@@ -747,16 +747,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = Log::open(dir.path(), options(false, 16)).unwrap();
         append_event(&mut log, 1, 1, 70); // native: accepted, 3 left
-        let report = |seq: u64, exec_type: &[u8], order_id: i64, leaves: i64| {
-            let mut builder = fix::Builder::default();
-            builder
-                .begin(b"8", b"LEANTIER", b"F2", seq)
-                .int(fix::tag::ORDER_ID, order_id)
-                .field(fix::tag::EXEC_TYPE, exec_type)
-                .int(fix::tag::SYMBOL, 3)
-                .int(fix::tag::LEAVES_QTY, leaves);
-            builder.finish().to_vec()
-        };
+        let report = execution_report;
         for (seq, bytes) in
             [(1, report(1, b"0", 5, 10)), (2, report(2, b"0", 6, 10)), (3, report(3, b"4", 6, 0))]
         {
