@@ -86,12 +86,13 @@ pub struct ServeArgs {
     /// Connections served at once per process; one more gets 503 (code 010) [default: 512].
     #[arg(long)]
     pub connections_max: Option<usize>,
-    /// Body bytes in flight per process over bodies up to 1 MiB; beyond, requests wait, then
-    /// get 503 (code 009) [default: 64 MiB].
+    /// Work bytes in flight per process over requests of up to 1 MiB of work (a request's work
+    /// is its body, or its product and predicted answer when larger, held until the answer is
+    /// written); beyond, requests wait, then get 503 (code 009) [default: 64 MiB].
     #[arg(long)]
     pub work_bytes_max: Option<usize>,
-    /// Body bytes in flight per process over bodies above 1 MiB (at least --body-bytes-max)
-    /// [default: 16 MiB].
+    /// Work bytes in flight per process over requests of more than 1 MiB of work (at least
+    /// --body-bytes-max) [default: 16 MiB].
     #[arg(long)]
     pub large_work_bytes_max: Option<usize>,
     /// Milliseconds a request waits for room within the work bounds before 503 (code 009)
