@@ -100,10 +100,7 @@ impl Server {
     }
 
     fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
-        let line = status.unwrap_or_default();
-        let rss = line.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap_or("0");
-        rss.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0)
+        rss_kib_of(self.child.id())
     }
 }
 
@@ -112,6 +109,13 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A process's resident memory (VmRSS), KiB; 0 once it is gone.
+fn rss_kib_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap_or("0");
+    rss.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
 /// The first `ip:port` after `prefix` in `line`.
@@ -186,12 +190,7 @@ impl RssWatch {
         let (peak, run) = (Arc::clone(&peak_kib), Arc::clone(&running));
         let thread = std::thread::spawn(move || {
             while run.load(Ordering::Relaxed) {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
-                let rss = status.ok().and_then(|s| {
-                    let line = s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.to_owned();
-                    line.split_whitespace().next()?.parse::<u64>().ok()
-                });
-                peak.fetch_max(rss.unwrap_or(0), Ordering::Relaxed);
+                peak.fetch_max(rss_kib_of(pid), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(20));
             }
         });

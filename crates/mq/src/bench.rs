@@ -25,8 +25,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hdrhistogram::Histogram;
 use lab::report::Table;
+use lab::stats::LatencyHistogram;
 use serde::Serialize;
 
 use crate::client::Client;
@@ -37,8 +37,6 @@ use crate::store::{AnyStore, Batch, Store, StoreOp};
 
 /// Embedded SQLite target of the issue.
 pub const SQLITE_SENDS_PER_S_TARGET: f64 = 100_000.0;
-/// Highest latency the histograms hold: 60 s, in microseconds.
-const LATENCY_US_MAX: u64 = 60_000_000;
 
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
@@ -103,27 +101,18 @@ pub struct BenchRow {
 /// What one measured phase did: operations and each call's latency.
 struct Phase {
     ops: u64,
-    latency_us: Histogram<u64>,
+    latency: LatencyHistogram,
 }
 
 impl Phase {
     fn new() -> Phase {
-        Phase { ops: 0, latency_us: latency_histogram() }
+        Phase { ops: 0, latency: LatencyHistogram::new() }
     }
 
-    fn add(&mut self, other: Phase) -> anyhow::Result<()> {
+    fn add(&mut self, other: Phase) {
         self.ops += other.ops;
-        self.latency_us.add(&other.latency_us).context("merging latency histograms")
+        self.latency.merge(&other.latency);
     }
-}
-
-fn latency_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("static histogram bounds")
-}
-
-fn record_since(histogram: &mut Histogram<u64>, start: Instant) {
-    let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-    histogram.saturating_record(us.clamp(1, LATENCY_US_MAX));
 }
 
 /// Who ran a phase, for its row.
@@ -134,7 +123,7 @@ struct Shape<'a> {
 }
 
 fn row(shape: &Shape<'_>, operation: &str, phase: &Phase, seconds: f64) -> BenchRow {
-    let h = &phase.latency_us;
+    let h = &phase.latency;
     BenchRow {
         system: shape.system.into(),
         operation: operation.into(),
@@ -142,9 +131,9 @@ fn row(shape: &Shape<'_>, operation: &str, phase: &Phase, seconds: f64) -> Bench
         per_call_or_in_flight: shape.per_call_or_in_flight,
         ops: phase.ops,
         per_s: phase.ops as f64 / seconds,
-        latency_us_p50: h.value_at_quantile(0.5),
-        latency_us_p99: h.value_at_quantile(0.99),
-        latency_us_max: h.max(),
+        latency_us_p50: h.value_at_percentile_ns(50.0) / 1000,
+        latency_us_p99: h.value_at_percentile_ns(99.0) / 1000,
+        latency_us_max: h.max_ns() / 1000,
         batch_mean: None,
     }
 }
@@ -338,7 +327,7 @@ async fn pg_phase(
             while Instant::now() < end {
                 let start = Instant::now();
                 let touched = client.execute(&statement, &values).await?;
-                record_since(&mut phase.latency_us, start);
+                phase.latency.record_duration(start.elapsed());
                 phase.ops += touched;
                 if touched == 0 {
                     break;
@@ -349,7 +338,7 @@ async fn pg_phase(
     }
     let mut total = Phase::new();
     while let Some(phase) = tasks.join_next().await {
-        total.add(phase??)?;
+        total.add(phase??);
     }
     Ok(total)
 }
@@ -442,7 +431,7 @@ fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> anyho
     while Instant::now() < end {
         let start = Instant::now();
         phase.ops += insert.execute([content])? as u64;
-        record_since(&mut phase.latency_us, start);
+        phase.latency.record_duration(start.elapsed());
     }
     drop(insert);
     conn.execute_batch("DROP TABLE bench_plain")?;
@@ -473,7 +462,7 @@ async fn embedded_sends(
             }));
         }
         store.execute_batch(&mut batch).await?;
-        record_since(&mut phase.latency_us, start);
+        phase.latency.record_duration(start.elapsed());
         phase.ops += batch.results.iter().filter(|r| r.is_ok()).count() as u64;
     }
     batch.ops.clear();
@@ -557,7 +546,7 @@ async fn node_phase(
     let (mut total, mut users) = (Phase::new(), Vec::new());
     while let Some(done) = tasks.join_next().await {
         let (phase, client) = done.context("bench client")??;
-        total.add(phase)?;
+        total.add(phase);
         users.push(client);
     }
     Ok((total, users))
@@ -586,7 +575,7 @@ async fn client_phase(
         }
         let Some(start) = submitted.pop_front() else { return Ok((phase, client)) };
         let (_, result) = client.receive().await?;
-        record_since(&mut phase.latency_us, start);
+        phase.latency.record_duration(start.elapsed());
         match result {
             Ok(_) => phase.ops += 1,
             Err(e) if e.reason == crate::protocol::Reason::NoMessage => drained = true,
