@@ -472,10 +472,9 @@ async fn logon(
     } else {
         fix.store.next_in += 1;
     }
-    client.link = Some(link);
-    client.generation += 1;
     client.counters.logons += 1;
     tracing::info!(comp_id = %client.credential.comp_id, "FIX logon");
+    hub_ref.attach_link(at, link);
     Some((at, Duration::from_secs(heartbeat_s)))
 }
 

@@ -37,6 +37,10 @@ pub fn token_of(order_id: OrderId) -> u32 {
 pub trait OrderEntry {
     /// Hands `request` to the tier now, or refuses it as [`Refused::Busy`] (no room).
     fn try_submit(&mut self, request: InboundOrder) -> Result<(), Refused>;
+
+    /// Requests the entry takes between two of the loop's turns: the room the sessions share
+    /// ([`Hub::submit`] gives each live session an equal part of it per turn).
+    fn room_per_turn(&self) -> usize;
 }
 
 /// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).
@@ -312,6 +316,10 @@ pub struct Client {
     pub open: HashMap<u32, u32>,
     throttle: Throttle,
     pub fix: Option<FixState>,
+    /// The turn of the requests counted in `staged_in_turn`.
+    staged_turn: u64,
+    /// Requests this client handed the entry in `staged_turn`.
+    staged_in_turn: usize,
 }
 
 impl Client {
@@ -361,6 +369,10 @@ pub struct Hub {
     pub draining: bool,
     /// The tier's answers routed (one per request handed to it).
     pub answered: u64,
+    /// Clients with a live connection: the entry's room per turn is shared among them.
+    sessions_live: usize,
+    /// The I/O loop's turn ([`Hub::next_turn`]): each live session's share renews with it.
+    turn: u64,
 }
 
 impl Hub {
@@ -404,6 +416,8 @@ impl Hub {
                 throttle: Throttle::new(settings.throttle_msgs_per_s),
                 fix,
                 credential,
+                staged_turn: 0,
+                staged_in_turn: 0,
             });
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
@@ -422,7 +436,50 @@ impl Hub {
             verifier,
             draining,
             answered,
+            sessions_live: 0,
+            turn: 0,
         })
+    }
+
+    /// Gives client `at` its new connection (its session is live: it takes a share of the
+    /// entry's room).
+    pub fn attach_link(&mut self, at: usize, link: Rc<Link>) {
+        let client = &mut self.clients[at];
+        if client.link.replace(link).is_none() {
+            self.sessions_live += 1;
+        }
+        client.generation += 1;
+    }
+
+    /// Takes client `at`'s connection away (its share goes back to the other sessions).
+    pub fn detach_link(&mut self, at: usize) {
+        let client = &mut self.clients[at];
+        if client.link.take().is_some() {
+            self.sessions_live -= 1;
+        }
+        client.generation += 1;
+    }
+
+    /// The loop took what the sessions staged: every live session's share renews.
+    pub fn next_turn(&mut self) {
+        self.turn += 1;
+    }
+
+    /// Whether client `at` may stage one more request in this turn: each live session may
+    /// take an equal part of the entry's room, so a flooding session meets "busy" while the
+    /// others still find room (one session cannot hold what the others need).
+    fn within_turn_share(&mut self, at: usize) -> bool {
+        let share = (self.ingress.room_per_turn() / self.sessions_live.max(1)).max(1);
+        let client = &mut self.clients[at];
+        if client.staged_turn != self.turn {
+            client.staged_turn = self.turn;
+            client.staged_in_turn = 0;
+        }
+        if client.staged_in_turn >= share {
+            return false;
+        }
+        client.staged_in_turn += 1;
+        true
     }
 
     /// Forgets the open orders the store's reports listed (the tier's books were not
@@ -515,13 +572,17 @@ impl Hub {
             client.counters.busy += 1;
             return Err(Refused::Busy);
         }
+        if !self.within_turn_share(at) {
+            self.clients[at].counters.busy += 1;
+            return Err(Refused::Busy);
+        }
         match self.ingress.try_submit(request) {
             Ok(()) => {
                 self.stage.engine_in += 1;
                 Ok(())
             }
             Err(refused) => {
-                client.counters.busy += 1;
+                self.clients[at].counters.busy += 1;
                 Err(refused)
             }
         }
@@ -691,33 +752,65 @@ mod tests {
             taken.push(request);
             Ok(())
         }
+
+        fn room_per_turn(&self) -> usize {
+            self.room
+        }
+    }
+
+    /// The engine's side of a [`Bounded`] entry.
+    type EngineSide = Rc<RefCell<Vec<InboundOrder>>>;
+
+    /// A hub over a [`Bounded`] entry with one native client per id in `clients` (and its
+    /// store's folder, removed when dropped).
+    fn bounded_hub(room: usize, clients: &[u32]) -> (Hub, EngineSide, tempfile::TempDir) {
+        let engine_side = Rc::new(RefCell::new(Vec::new()));
+        let ingress = Box::new(Bounded { taken: engine_side.clone(), room });
+        let credentials = clients.iter().map(|&client| Credential {
+            client,
+            protocol: Protocol::Native,
+            comp_id: format!("N{client}"),
+            hash: String::new(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings { store_dir: dir.path().to_path_buf(), ..Settings::default() };
+        let verifier = Verifier::start().unwrap();
+        let hub = Hub::new(settings, credentials.collect(), ingress, verifier).unwrap();
+        (hub, engine_side, dir)
+    }
+
+    fn new_order(client: u32) -> InboundOrder {
+        InboundOrder { kind: exchange::msg::request_kind::NEW, client, ..InboundOrder::default() }
     }
 
     #[test]
     fn a_full_ingress_ring_answers_busy_and_never_grows() {
-        let engine_side = Rc::new(RefCell::new(Vec::new()));
-        let ingress = Box::new(Bounded { taken: engine_side.clone(), room: 2 });
-        let credential = Credential {
-            client: 1,
-            protocol: Protocol::Native,
-            comp_id: "N1".into(),
-            hash: String::new(),
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let settings = Settings { store_dir: dir.path().to_path_buf(), ..Settings::default() };
-        let verifier = Verifier::start().unwrap();
-        let mut hub = Hub::new(settings, vec![credential], ingress, verifier).unwrap();
-        let request = InboundOrder {
-            kind: exchange::msg::request_kind::NEW,
-            client: 1,
-            ..InboundOrder::default()
-        };
+        let (mut hub, engine_side, _dir) = bounded_hub(2, &[1]);
+        let request = new_order(1);
         assert_eq!(hub.submit(0, request), Ok(()));
         assert_eq!(hub.submit(0, request), Ok(()));
         assert_eq!(hub.submit(0, request), Err(Refused::Busy));
         assert_eq!(hub.clients[0].counters.busy, 1);
         assert_eq!(engine_side.borrow_mut().drain(..).count(), 2, "exactly the two admitted");
+        hub.next_turn();
         assert_eq!(hub.submit(0, request), Ok(()), "room again once the engine has read");
+    }
+
+    #[test]
+    fn a_flooding_session_takes_only_its_share_of_a_turn() {
+        let (mut hub, engine_side, _dir) = bounded_hub(4, &[1, 2]);
+        hub.attach_link(0, Rc::new(Link::default()));
+        hub.attach_link(1, Rc::new(Link::default()));
+        let flood: Vec<_> = (0..3).map(|_| hub.submit(0, new_order(1))).collect();
+        assert_eq!(flood, [Ok(()), Ok(()), Err(Refused::Busy)], "half of the room each");
+        assert_eq!(hub.submit(1, new_order(2)), Ok(()), "the other session still finds room");
+        assert_eq!(hub.submit(1, new_order(2)), Ok(()));
+        engine_side.borrow_mut().clear();
+        hub.next_turn();
+        hub.detach_link(1);
+        let alone: Vec<_> = (0..5).map(|_| hub.submit(0, new_order(1))).collect();
+        assert_eq!(alone[..4], [Ok(()); 4], "a session alone has the whole room");
+        assert_eq!(alone[4], Err(Refused::Busy));
     }
 
     #[test]

@@ -157,6 +157,10 @@ impl OrderEntry for StagedEntry {
         orders.push(request);
         Ok(())
     }
+
+    fn room_per_turn(&self) -> usize {
+        self.0.max
+    }
 }
 
 enum Built {
@@ -255,6 +259,7 @@ impl IoLoop {
         for order in self.staged.orders.borrow_mut().drain(..) {
             out.emit_with_ingress(order, order.stamps.intended_ns);
         }
+        self.hub.borrow_mut().next_turn();
         Flow::Continue
     }
 

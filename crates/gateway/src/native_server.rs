@@ -217,10 +217,9 @@ fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
     // events it replays may still wait for their sync.
     let link = Rc::new(Link::default());
     hub.log.borrow_mut().hold(&link, &frames, usize::MAX);
-    client.link = Some(link);
-    client.generation += 1;
     client.counters.logons += 1;
     tracing::info!(client = client.credential.client, replay_from = from, "native login");
+    hub.attach_link(at, link);
     Ok(())
 }
 

@@ -120,9 +120,8 @@ pub fn detach(hub: &Rc<RefCell<Hub>>, at: usize) {
             let reason = cut.reason();
             tracing::warn!(client = client.credential.client, reason, "session cut off");
         }
-        client.link = None;
-        client.generation += 1;
-        (client.generation, grace)
+        hub.detach_link(at);
+        (hub.clients[at].generation, grace)
     };
     if let Some(grace) = grace {
         cancel_after_grace(hub, at, generation, grace);
