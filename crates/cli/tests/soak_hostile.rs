@@ -35,6 +35,7 @@ const P99_FLOOR: Duration = Duration::from_millis(2);
 /// Resident memory bounds, KiB, per server (docs/SECURITY.md names the same).
 const EXCHANGE_RSS_KIB_MAX: u64 = 1 << 20;
 const MQ_RSS_KIB_MAX: u64 = 512 << 10;
+const R_GATEWAY_RSS_KIB_MAX: u64 = 512 << 10;
 const WEB_RSS_KIB_MAX: u64 = 512 << 10;
 
 fn attack_time() -> Duration {
@@ -283,6 +284,12 @@ fn measure(
 
 /// Client 1 (`good`) and 2 (`victim`, whose id the attackers know) in a credentials file.
 fn exchange_server() -> Server {
+    exchange_server_with(&[], "")
+}
+
+/// `exchange serve` over the soak's credentials, with `more_args` and `more_config` (TOML
+/// lines) added.
+fn exchange_server_with(more_args: &[&str], more_config: &str) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let mut lines = String::new();
     let clients = [
@@ -299,7 +306,8 @@ fn exchange_server() -> Server {
         lines.push_str(&format!("{client} {protocol} {name} {hash}\n"));
     }
     std::fs::write(dir.path().join("clients.txt"), lines).unwrap();
-    std::fs::write(dir.path().join("serve.toml"), "credentials = \"clients.txt\"\n").unwrap();
+    let config = format!("credentials = \"clients.txt\"\n{more_config}");
+    std::fs::write(dir.path().join("serve.toml"), config).unwrap();
     let args = [
         "exchange",
         "serve",
@@ -312,6 +320,7 @@ fn exchange_server() -> Server {
         "--journal",
         "off",
     ];
+    let args = [&args[..], more_args].concat();
     Server::start(&args, dir, &["native listening on ", "FIX 4.4 listening on "], false)
 }
 
@@ -388,20 +397,32 @@ fn wrong_secret_logins(addr: SocketAddr) -> Attack {
 
 /// Connections that never log in, held open, renewed when the server closes them.
 fn silent_connections(addr: SocketAddr, count: usize) -> Attack {
-    Attack::start(4, move |_, running| {
-        let mut held = Vec::new();
-        while running.load(Ordering::Relaxed) {
-            held.retain(|s: &TcpStream| s.peek(&mut [0u8; 1]).map_or(true, |n| n > 0));
-            if held.len() < count / 4 {
-                if let Ok(stream) = connect_from(ATTACKER_IP, addr) {
-                    let _ = stream.set_read_timeout(Some(Duration::from_millis(1)));
-                    held.push(stream);
-                }
-            } else {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+    Attack::start(4, move |_, running| hold_connections(addr, count / 4, running, |_| {}))
+}
+
+/// Holds `count` connections to `addr`, each opened by `open`, renewing those the server
+/// closes: opened in a burst, then checked every 20 ms.
+fn hold_connections(
+    addr: SocketAddr,
+    count: usize,
+    running: &AtomicBool,
+    open: impl Fn(&mut TcpStream),
+) {
+    let mut held: Vec<TcpStream> = Vec::new();
+    while running.load(Ordering::Relaxed) {
+        while held.len() < count && running.load(Ordering::Relaxed) {
+            let Ok(mut stream) = connect_from(ATTACKER_IP, addr) else { break };
+            let _ = stream.set_nonblocking(true);
+            open(&mut stream);
+            held.push(stream);
         }
-    })
+        std::thread::sleep(Duration::from_millis(20));
+        // Closed by the server (a read of 0 bytes, or an error): renewed on the next round.
+        held.retain(|s| match s.peek(&mut [0u8; 1]) {
+            Ok(n) => n > 0,
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+        });
+    }
 }
 
 /// Logged-in clients (ids 3, 5, 6, 7) that send orders outside the price band as fast as they
@@ -526,6 +547,7 @@ fn exchange_rows() -> Vec<Row> {
 #[ignore = "release only: scripts/test and scripts/soak-hostile run it with --release --ignored"]
 fn every_server_keeps_serving_a_good_client_under_each_attack() {
     let mut rows = exchange_rows();
+    rows.extend(r_gateway_rows());
     rows.extend(mq_rows());
     rows.extend(web_rows());
     println!(
@@ -541,6 +563,208 @@ fn every_server_keeps_serving_a_good_client_under_each_attack() {
         .map(|r| format!("{} / {}: {:?}", r.server, r.attack, r.failed_checks()))
         .collect();
     assert!(failed.is_empty(), "attacks that hurt the good client: {failed:#?}");
+}
+
+// ---- exchange gateway (the R-Gateway, over NATS) ----
+
+/// `exchange serve --nats` publishing every report for gateway 0 (one gateway), and the
+/// R-Gateway of gateway 0 in front of it; the NATS server is a child of the test's own.
+struct RGatewaySetup {
+    exchange: Server,
+    r_gateway: Server,
+    nats_url: String,
+    _nats: delivery::server::NatsServer,
+}
+
+/// `None`, said loudly, when there is no `nats-server` (scripts/nats-env installs it).
+fn r_gateway_setup() -> Option<RGatewaySetup> {
+    let nats = match delivery::server::NatsServer::start() {
+        Ok(nats) => nats,
+        Err(error) => {
+            eprintln!(
+                "\n*** SKIPPED the R-Gateway rows: no nats-server ({error:#}); run scripts/nats-env ***\n"
+            );
+            return None;
+        }
+    };
+    let nats_url = nats.url();
+    let exchange = exchange_server_with(&["--nats", &nats_url], "\n[tier]\ngateways = 1\n");
+    let args = ["exchange", "gateway", "--nats", &nats_url, "--gateway", "0"];
+    let args = [&args[..], &["--listen", "127.0.0.1:0"]].concat();
+    let dir = tempfile::tempdir().unwrap();
+    let r_gateway = Server::start(&args, dir, &["gateway 0 listening on "], false);
+    Some(RGatewaySetup { exchange, r_gateway, nats_url, _nats: nats })
+}
+
+/// An end consumer of the R-Gateway that counts the records answering client 1's requests.
+struct GoodConsumer {
+    stream: TcpStream,
+    decoder: delivery::wire::FrameDecoder,
+    answers: u64,
+}
+
+impl GoodConsumer {
+    fn connect(addr: SocketAddr) -> std::io::Result<GoodConsumer> {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_millis(20)))?;
+        let mut hello = Vec::new();
+        let version = delivery::wire::WIRE_VERSION;
+        delivery::wire::Frame::Hello { version }.write(&mut hello);
+        stream.write_all(&hello)?;
+        Ok(GoodConsumer { stream, decoder: Default::default(), answers: 0 })
+    }
+
+    /// Reads until `answers` records answering client 1 have come, or `within` passes.
+    fn wait_for(&mut self, answers: u64, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut buffer = [0u8; 8192];
+        while self.answers < answers && Instant::now() < deadline {
+            match self.stream.read(&mut buffer) {
+                Ok(0) => return false,
+                Ok(n) => self.decoder.extend(&buffer[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return false,
+            }
+            while let Ok(Some(frame)) = self.decoder.next_frame() {
+                if let delivery::wire::Frame::Data { record, .. } = frame {
+                    self.answers += u64::from(record.client() == 1 && record.answers_request());
+                }
+            }
+        }
+        self.answers >= answers
+    }
+}
+
+/// Client 1 sends orders (a buy, then its cancel) to `exchange serve` while a consumer of the
+/// R-Gateway at `r_gateway` times each from its send to the record that answers it. Its
+/// "login" lasts until the consumer sees a first answer (it is then admitted); a request whose
+/// record does not come within 5 s is a failure (lost, or the consumer was cut off).
+fn r_gateway_good(exchange: SocketAddr) -> impl Fn(SocketAddr, Duration) -> Service {
+    move |r_gateway, time| {
+        let mut service = Service::default();
+        let started = Instant::now();
+        let consumer = GoodConsumer::connect(r_gateway);
+        let client = gateway::client::NativeClient::connect(exchange);
+        let (Ok(mut consumer), Ok(mut client)) = (consumer, client) else {
+            return Service { failures: 1, ..service };
+        };
+        let login = client.login(1, "pw", 0, LOGIN_MAX * 5);
+        if !matches!(login, Ok(ServerMsg::LoginAccepted { .. })) {
+            return Service { failures: 1, ..service };
+        }
+        let mut sent_requests = 0;
+        let end = Instant::now() + time;
+        // At least a few timed requests, however short the time.
+        while Instant::now() < end || service.latencies_us.len() < 10 {
+            let token = GOOD_TOKENS.fetch_add(1, Ordering::Relaxed);
+            let cancel = format!("cancel {token} 1");
+            let cancel = gateway::client::parse_script_line(&cancel, 1).unwrap().unwrap();
+            for msg in [order(token, true), cancel] {
+                let sent = Instant::now();
+                let answered = client.send(&msg).is_ok()
+                    && client.recv(Duration::from_secs(5)).is_ok_and(|a| a.is_some());
+                sent_requests += 1;
+                // Until the consumer is admitted, its first answers may precede it: the login
+                // ends with the first one it sees, and the count restarts there.
+                if consumer.answers == 0 && consumer.wait_for(1, Duration::from_millis(500)) {
+                    consumer.answers = sent_requests;
+                    service.login_max = started.elapsed();
+                    continue;
+                }
+                if !answered || !consumer.wait_for(sent_requests, Duration::from_secs(5)) {
+                    eprintln!("R-Gateway good client: request {sent_requests} not answered");
+                    service.failures += 1;
+                    return service;
+                }
+                if service.login_max > Duration::ZERO {
+                    service.latencies_us.push(sent.elapsed().as_micros() as u64);
+                }
+            }
+        }
+        let _ = client.send(&ClientMsg::Logout);
+        service
+    }
+}
+
+/// Consumers from one address that say hello and never read, renewed when cut off.
+fn consumers_that_never_read(addr: SocketAddr, count: usize) -> Attack {
+    Attack::start(1, move |_, running| {
+        hold_connections(addr, count, running, |stream| {
+            let mut hello = Vec::new();
+            let version = delivery::wire::WIRE_VERSION;
+            delivery::wire::Frame::Hello { version }.write(&mut hello);
+            let _ = stream.write_all(&hello);
+        })
+    })
+}
+
+/// Publishes, as fast as NATS takes them, forged messages on the gateway's data subjects:
+/// garbage, heartbeats of a stranger's publisher instance claiming sequences far ahead, and
+/// batch headers whose record counts lie (raw NATS protocol over TCP).
+fn forged_nats_messages(nats_url: &str) -> Attack {
+    let nats: SocketAddr = nats_url.trim_start_matches("nats://").parse().unwrap();
+    Attack::start(1, move |_, running| {
+        let Ok(mut stream) = TcpStream::connect(nats) else { return };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(1)));
+        let _ = stream.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\n");
+        let mut forged = Vec::new();
+        let mut sink = vec![0u8; 1 << 16];
+        let mut n = 0u64;
+        while running.load(Ordering::Relaxed) {
+            forged.clear();
+            for stream in delivery::wire::Stream::ALL {
+                let prefix = delivery::subjects::PREFIX_DEFAULT;
+                let subject = delivery::subjects::data_subject(prefix, 0, stream);
+                for payload in forged_payloads(stream, n) {
+                    forged.extend(format!("PUB {subject} {}\r\n", payload.len()).as_bytes());
+                    forged.extend(&payload);
+                    forged.extend(b"\r\n");
+                }
+                n += 1;
+            }
+            if stream.write_all(&forged).is_err() {
+                return;
+            }
+            // The server's PINGs and INFOs, read so that it keeps the connection.
+            while stream.read(&mut sink).is_ok_and(|n| n > 0) {}
+        }
+    })
+}
+
+/// Three forged messages: garbage, a stranger's heartbeat far ahead, a lying batch header.
+fn forged_payloads(stream: delivery::wire::Stream, n: u64) -> [Vec<u8>; 3] {
+    use delivery::wire::BatchHeader;
+    let mut heartbeat = Vec::new();
+    let stranger = 0xbad0_0000 + n;
+    BatchHeader { stream, gateway: 0, instance: stranger, first_seq: 1 << 40, count: 0 }
+        .write(&mut heartbeat);
+    let mut lying = Vec::new();
+    BatchHeader { stream, gateway: 0, instance: stranger, first_seq: 2, count: 3 }
+        .write(&mut lying);
+    [vec![0xA5; 37 + (n % 64) as usize], heartbeat, lying]
+}
+
+fn r_gateway_rows() -> Vec<Row> {
+    let Some(setup) = r_gateway_setup() else { return Vec::new() };
+    let addr = setup.r_gateway.addr;
+    let nats_url = setup.nats_url.clone();
+    let attacks: Attacks = vec![
+        (
+            "1,100 connections that never say hello",
+            Box::new(move || silent_connections(addr, 1100)),
+        ),
+        (
+            "64 consumers from one address that never read",
+            Box::new(move || consumers_that_never_read(addr, 64)),
+        ),
+        ("forged NATS batches and heartbeats", Box::new(move || forged_nats_messages(&nats_url))),
+    ];
+    let good = r_gateway_good(setup.exchange.addr);
+    rows_for("exchange gateway", &setup.r_gateway, R_GATEWAY_RSS_KIB_MAX, &good, attacks)
 }
 
 // ---- mq serve ----

@@ -30,6 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
+use crate::admission::{Admission, CONSUMERS_PER_ADDRESS_MAX_DEFAULT, Pending};
 use crate::clock::monotonic_ns;
 use crate::nats::{NatsConnect, connect};
 use crate::subjects::{CONNECT_TIMEOUT, gateway_wildcard, retain_subject};
@@ -72,6 +73,8 @@ pub struct GatewayOptions {
     pub gateway: u32,
     pub listen: SocketAddr,
     pub consumers_max: usize,
+    /// Most consumers from one source address (see [`crate::admission`]).
+    pub consumers_per_address_max: usize,
     pub consumer_queue_chunks: usize,
     /// Most a NATS message may claim beyond the next expected sequence and be applied at once
     /// (see the trust rule in docs/DELIVERY.md).
@@ -86,6 +89,7 @@ impl GatewayOptions {
             gateway,
             listen,
             consumers_max: CONSUMERS_MAX_DEFAULT,
+            consumers_per_address_max: CONSUMERS_PER_ADDRESS_MAX_DEFAULT,
             consumer_queue_chunks: CONSUMER_QUEUE_CHUNKS_DEFAULT,
             seq_ahead_max: SEQ_AHEAD_MAX_DEFAULT,
         }
@@ -165,6 +169,10 @@ struct State {
     client: async_nats::Client,
     counters: Counters,
     consumers: Mutex<Vec<ConsumerSlot>>,
+    /// Bounds connections before their hello and consumers per address.
+    admission: Arc<Admission>,
+    /// Refused connections, logged at most once per [`WARNING_EVERY`].
+    refusal_warning: Mutex<RateLimitedWarning>,
     next_seqs: Mutex<[u64; 2]>,
 }
 
@@ -181,10 +189,11 @@ pub struct RunningGateway {
 pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
     crate::subjects::validate_prefix(&options.prefix).map_err(crate::DeliveryError::BadInput)?;
     if options.consumers_max == 0
+        || options.consumers_per_address_max == 0
         || options.consumer_queue_chunks == 0
         || options.seq_ahead_max == 0
     {
-        let reason = "consumers max, consumer queue chunks and seq ahead max must be > 0".into();
+        let reason = "consumers max, consumers per address max, consumer queue chunks and seq ahead max must be > 0".into();
         return Err(crate::DeliveryError::BadInput(reason).into());
     }
     let client = connect(&options.nats, "gateway").await?;
@@ -203,11 +212,14 @@ pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
     let listener = TcpListener::bind(options.listen).await?;
     let local_addr = listener.local_addr()?;
     tracing::info!("gateway {} listening on {local_addr}", options.gateway);
+    let admission = Admission::new(options.consumers_max, options.consumers_per_address_max);
     let state = Arc::new(State {
         options,
         client,
         counters: Counters::default(),
         consumers: Mutex::new(Vec::new()),
+        admission,
+        refusal_warning: Mutex::new(RateLimitedWarning::default()),
         next_seqs: Mutex::new([1; 2]),
     });
     let (stop, stopped) = watch::channel(false);
@@ -579,9 +591,13 @@ async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Re
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    tokio::spawn(admit(state.clone(), stream, peer));
-                }
+                Ok((stream, peer)) => match state.admission.arrive(peer.ip()) {
+                    Ok(pending) => {
+                        tokio::spawn(admit(state.clone(), stream, peer, pending));
+                    }
+                    // Closed at once: no task, buffer or descriptor is kept for it.
+                    Err(refusal) => refuse(&state, peer, &refusal.to_string()),
+                },
                 Err(error) => {
                     // Out of descriptors, say: back off instead of spinning (and logging) on
                     // the error.
@@ -594,8 +610,16 @@ async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Re
     }
 }
 
-/// Reads the hello (within [`HELLO_TIMEOUT`]), registers the consumer and writes to it.
-async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
+/// Counts a refused connection and warns about it, rate-limited (a flood must not flood the
+/// log).
+fn refuse(state: &State, peer: SocketAddr, why: &str) {
+    add(&state.counters.refused, 1);
+    let mut warning = state.refusal_warning.lock().unwrap_or_else(PoisonError::into_inner);
+    warning.warn(state.options.gateway, &format!("consumer {peer} refused"), why);
+}
+
+/// Reads the hello (within [`HELLO_TIMEOUT`]), seats the consumer and writes to it.
+async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr, pending: Pending) {
     let gateway = state.options.gateway;
     let _ = stream.set_nodelay(true);
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream)).await {
@@ -604,25 +628,20 @@ async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
         Err(_) => Err(crate::wire::WireError::Truncated("hello timeout").code()),
     };
     if let Err(reason) = hello {
-        add(&state.counters.refused, 1);
-        tracing::warn!("gateway {gateway}: consumer {peer} refused (reason {reason})");
+        refuse(&state, peer, &format!("bad hello (reason {reason})"));
         return goodbye(&mut stream, reason).await;
     }
+    let _seat = match pending.seat() {
+        Ok(seat) => seat,
+        Err(refusal) => {
+            refuse(&state, peer, &refusal.to_string());
+            return goodbye(&mut stream, GOODBYE_FULL).await;
+        }
+    };
     let (queue, chunks) = mpsc::channel(state.options.consumer_queue_chunks);
     let cut = Arc::new(AtomicBool::new(false));
-    let admitted = {
-        let mut consumers = state.consumers.lock().unwrap_or_else(PoisonError::into_inner);
-        let room = consumers.len() < state.options.consumers_max;
-        if room {
-            consumers.push(ConsumerSlot { queue, peer, cut: cut.clone() });
-        }
-        room
-    };
-    if !admitted {
-        add(&state.counters.refused, 1);
-        tracing::warn!("gateway {gateway}: consumer {peer} refused: consumers_max reached");
-        return goodbye(&mut stream, GOODBYE_FULL).await;
-    }
+    let slot = ConsumerSlot { queue, peer, cut: cut.clone() };
+    state.consumers.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
     add(&state.counters.consumers, 1);
     tracing::info!("gateway {gateway}: consumer {peer} connected");
     write_chunks(&state, stream, peer, chunks, &cut).await;

@@ -24,6 +24,7 @@
 //!
 //! Latency across processes uses absolute `CLOCK_MONOTONIC` time ([`clock`]).
 
+pub mod admission;
 pub mod bench;
 pub mod clock;
 pub mod consumer;

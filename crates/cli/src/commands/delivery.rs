@@ -122,6 +122,10 @@ pub struct GatewayArgs {
     /// Most end consumers at once; more are refused with a goodbye frame.
     #[arg(long, default_value_t = CONSUMERS_MAX_DEFAULT)]
     pub consumers_max: usize,
+    /// Most end consumers from one source address (consumers are not authenticated: one
+    /// address cannot take every seat); more are refused with a goodbye frame.
+    #[arg(long, default_value_t = delivery::admission::CONSUMERS_PER_ADDRESS_MAX_DEFAULT)]
+    pub consumers_per_address_max: usize,
     /// Chunks (one NATS batch each) queued per consumer; a consumer that falls this far
     /// behind is cut off.
     #[arg(long, default_value_t = CONSUMER_QUEUE_CHUNKS_DEFAULT)]
@@ -144,6 +148,7 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         gateway: args.gateway,
         listen: args.listen,
         consumers_max: args.consumers_max,
+        consumers_per_address_max: args.consumers_per_address_max,
         consumer_queue_chunks: args.consumer_queue_chunks,
         seq_ahead_max: args.seq_ahead_max,
     };
