@@ -1,7 +1,8 @@
 //! Every leantier NATS client logs in the same way ([`NatsConnect`]): an R-Gateway and an
 //! R-Sender publisher on a `nats-server` child that requires a user and password deliver
 //! records end to end; a wrong or missing password is a prompt, clear error that names the
-//! credentials (never the password), not a hang.
+//! credentials (never the password), not a hang. The same over TLS, and a server whose
+//! certificate the client's roots do not hold is refused.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -58,10 +59,58 @@ fn runtime() -> tokio::runtime::Runtime {
 fn a_gateway_and_a_publisher_log_in_with_a_password_and_deliver() {
     let dir = tempfile::tempdir().unwrap();
     let server = password_server(&dir);
-    let nats = login(&server, PASSWORD);
+    deliver_through(&login(&server, PASSWORD));
+}
+
+/// A server that requires TLS, with a self-signed certificate for 127.0.0.1 (its PEM files
+/// in `dir`); the path of the certificate, the roots a client must trust.
+fn tls_server(dir: &tempfile::TempDir) -> (NatsServer, std::path::PathBuf) {
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, signing_key.serialize_pem()).unwrap();
+    let config = dir.path().join("nats.conf");
+    let text = format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+        cert_file.display(),
+        key_file.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap();
+    (NatsServer::start_with(Ipv4Addr::LOCALHOST.into(), &["-c", config]).unwrap(), cert_file)
+}
+
+#[test]
+fn a_gateway_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, ca) = tls_server(&dir);
+    let mut nats = NatsConnect::new(server.url());
+    nats.tls.ca = Some(ca);
+    deliver_through(&nats);
+
+    // Roots that do not hold the server's certificate: a prompt, clear error.
+    let other = tempfile::tempdir().unwrap();
+    let stranger = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let stranger_ca = other.path().join("stranger.pem");
+    std::fs::write(&stranger_ca, stranger.cert.pem()).unwrap();
+    nats.tls.ca = Some(stranger_ca);
+    let started = Instant::now();
+    let Err(error) = runtime().block_on(start(gateway_options(&nats))) else {
+        panic!("the gateway trusted a server its roots do not hold")
+    };
+    assert!(started.elapsed() <= CONNECT_TIMEOUT + Duration::from_secs(1), "{error:#}");
+    let message = format!("{error:#}");
+    assert!(message.to_lowercase().contains("tls") || message.contains("certificate"), "{message}");
+}
+
+/// Publishes [`RECORDS`] records through a publisher and an R-Gateway both connected with
+/// `nats`; the gateway receives every one, in order.
+fn deliver_through(nats: &NatsConnect) {
     let io = runtime();
-    let gateway = io.block_on(start(gateway_options(&nats))).unwrap();
-    let publisher = NatsPublisher::connect(publish_options(&nats)).unwrap();
+    let gateway = io.block_on(start(gateway_options(nats))).unwrap();
+    let publisher = NatsPublisher::connect(publish_options(nats)).unwrap();
     // One R-Sender's subscribers (one per gateway), as the tier would call the factory.
     let mut subscribers = publisher.subscribers()(0);
     for _ in 0..RECORDS {
