@@ -332,6 +332,13 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
+/// Whether a message type belongs to the session layer (Heartbeat, TestRequest,
+/// ResendRequest, Reject, SequenceReset, Logout, Logon): a resend answers these with a gap
+/// fill, never again.
+pub fn is_session_type(msg_type: &[u8]) -> bool {
+    matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use crate::session::{Conn, Flow, detach, write_final, write_or_end};
 /// Bytes buffered from one FIX connection: two of the largest messages.
 const READ_BUFFER_BYTES: usize = 2 * (fix::BODY_BYTES_MAX + 64);
 /// Messages one ResendRequest is answered with at most; the peer asks again for the rest.
-const RESEND_MESSAGES_MAX: u64 = 1000;
+const RESEND_MESSAGES_MAX: usize = 1000;
 /// Largest HeartBtInt accepted, in seconds.
 const HEART_BT_INT_MAX_S: u64 = 300;
 
@@ -334,27 +334,31 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
         Some(end) if end != 0 && end < last => end,
         _ => last,
     };
-    // At most RESEND_MESSAGES_MAX per request: the work (store reads on the I/O thread) and
-    // the outbox it fills stay bounded however long the history. A Heartbeat with the next
-    // sequence number then shows the peer the rest is still missing, and it asks again.
-    let end = asked_end.min(begin.saturating_add(RESEND_MESSAGES_MAX - 1));
-    let stored = match fix.store.range(begin, end) {
+    // At most RESEND_MESSAGES_MAX stored messages per request: the work (store reads on the
+    // I/O thread) and the outbox it fills stay bounded however long the history (a range of
+    // numbers the store does not hold is one gap fill, whatever its length). A Heartbeat with
+    // the next sequence number then shows the peer the rest is still missing; it asks again.
+    let stored = match fix.store.range(begin, asked_end, RESEND_MESSAGES_MAX) {
         Ok(stored) => stored,
         Err(error) => {
             tracing::error!(%error, "FIX store: reading for a resend failed");
             Vec::new()
         }
     };
+    let end = match stored.last() {
+        Some(&(seq, _)) if stored.len() == RESEND_MESSAGES_MAX => seq,
+        _ => asked_end,
+    };
     tracing::info!(comp_id = %fix.comp_id, begin, end, "FIX resend");
     let mut gap_from: Option<u64> = None;
     let mut expected = begin;
     for (seq, bytes) in &stored {
         let Ok(old) = Message::parse(bytes) else { continue };
-        if *seq > expected || is_session_type(old.msg_type()) {
+        if *seq > expected || fix::is_session_type(old.msg_type()) {
             gap_from.get_or_insert(expected);
         }
         expected = seq + 1;
-        if is_session_type(old.msg_type()) {
+        if fix::is_session_type(old.msg_type()) {
             continue;
         }
         if let Some(from) = gap_from.take() {
@@ -371,10 +375,6 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
     if end < asked_end {
         fix.send(b"0", Some(link), limit, |_| {});
     }
-}
-
-fn is_session_type(msg_type: &[u8]) -> bool {
-    matches!(msg_type, b"0" | b"1" | b"2" | b"3" | b"4" | b"5" | b"A")
 }
 
 fn gap_fill(fix: &mut FixState, link: &Rc<Link>, limit: usize, from: u64, to: u64) {

@@ -11,7 +11,7 @@ use crate::credentials::Credential;
 use crate::fix::{self, Builder, Message, tag};
 use crate::hub::{Link, Settings};
 use crate::native::{Event, event_kind};
-use crate::store::{FixRecovered, Log, kind};
+use crate::store::{FixRecovered, Log, UNKEPT_SEQ_RESERVE, kind};
 
 /// Longest ClOrdID accepted (FIX leaves it open; real ones are short).
 pub const CL_ORD_ID_BYTES_MAX: usize = 32;
@@ -27,14 +27,20 @@ pub struct Store {
     pub next_in: u64,
     /// The `next_in` last put in the store.
     saved_next_in: u64,
+    /// Outbound MsgSeqNums below this are covered by the store (kept there, or reserved by a
+    /// [`kind::FIX_NEXT_OUT`] record) so a restart never numbers a message twice.
+    reserved_out: u64,
 }
 
 impl Store {
     /// The session's view of `log`, resuming where `past` (what the store held) left off.
     pub fn open(log: Rc<RefCell<Log>>, client: u32, past: FixRecovered) -> Store {
-        let next_out = past.index.last().map_or(1, |&(seq, _, _)| seq + 1);
+        let kept_next = past.index.last().map_or(1, |&(seq, _, _)| seq + 1);
+        let next_out = kept_next.max(past.next_out_reserved);
         let next_in = past.next_in.max(1);
-        Store { log, client, index: past.index, next_out, next_in, saved_next_in: next_in }
+        let index = past.index;
+        let saved_next_in = next_in;
+        Store { log, client, index, next_out, next_in, saved_next_in, reserved_out: next_out }
     }
 
     /// Appends a sent message to the store's batch (on disk at the next commit, before the
@@ -43,6 +49,28 @@ impl Store {
         let parts: [&[u8]; 2] = [&seq.to_le_bytes(), bytes];
         let offset = self.log.borrow_mut().append(kind::FIX_SENT, self.client, &parts);
         self.index.push((seq, offset + 8, bytes.len() as u32));
+        self.reserved_out = self.reserved_out.max(seq + 1);
+    }
+
+    /// Brings the reservation down to what was used (a stopping server: its successor numbers
+    /// on without a skip).
+    pub fn settle(&mut self) {
+        if self.next_out < self.reserved_out {
+            self.reserved_out = self.next_out;
+            let bytes = self.next_out.to_le_bytes();
+            self.log.borrow_mut().append(kind::FIX_NEXT_OUT, self.client, &[&bytes]);
+        }
+    }
+
+    /// Covers `seq`, used by a message the store does not keep: a [`kind::FIX_NEXT_OUT`]
+    /// record reserves [`UNKEPT_SEQ_RESERVE`] numbers at a time, in the batch the message is
+    /// held for (it reaches the socket only once the reservation is on disk).
+    pub fn reserve(&mut self, seq: u64) {
+        if seq >= self.reserved_out {
+            self.reserved_out = seq + UNKEPT_SEQ_RESERVE;
+            let bytes = self.reserved_out.to_le_bytes();
+            self.log.borrow_mut().append(kind::FIX_NEXT_OUT, self.client, &[&bytes]);
+        }
     }
 
     /// Holds bytes for the session's link until the store's next commit is durable.
@@ -66,6 +94,7 @@ impl Store {
         self.next_out = 1;
         self.next_in = 1;
         self.saved_next_in = 1;
+        self.reserved_out = 1;
     }
 
     /// Where the session's kept messages are after the store was compacted (older ones are
@@ -74,13 +103,14 @@ impl Store {
         self.index = index;
     }
 
-    /// The stored messages with MsgSeqNum in `begin..=end`.
-    pub fn range(&self, begin: u64, end: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
+    /// The stored messages with MsgSeqNum in `begin..=end`, at most `max` of them.
+    pub fn range(&self, begin: u64, end: u64, max: usize) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
         let log = self.log.borrow();
         let first = self.index.partition_point(|m| m.0 < begin);
         self.index[first..]
             .iter()
             .take_while(|m| m.0 <= end)
+            .take(max)
             .map(|&(seq, offset, len)| Ok((seq, log.read_at(offset, len as usize)?)))
             .collect()
     }
@@ -253,7 +283,13 @@ impl FixState {
             .field(tag::SENDING_TIME, &now);
         body(builder);
         let bytes = builder.finish();
-        self.store.append(seq, bytes);
+        // Session messages are not kept: a resend answers them with a gap fill anyway, so a
+        // chatty peer's heartbeats and test requests cost the disk nothing per message.
+        if fix::is_session_type(msg_type) {
+            self.store.reserve(seq);
+        } else {
+            self.store.append(seq, bytes);
+        }
         if let Some(link) = link {
             self.store.hold(link, bytes, limit);
         }

@@ -312,6 +312,9 @@ pub struct Client {
     pub journal: VecDeque<Event>,
     /// Native: the sequence number of the next event.
     pub next_seq: u64,
+    /// Native: sequence numbers below this are covered by the store (kept there, or reserved
+    /// by a [`store::kind::NATIVE_RESERVED`] record), so a restart never numbers twice.
+    reserved_seq: u64,
     /// Open orders (token → instrument), for cancel-on-disconnect.
     pub open: HashMap<u32, u32>,
     throttle: Throttle,
@@ -401,7 +404,10 @@ impl Hub {
                 }
                 Protocol::Native => None,
             };
-            let past = recovered.native.remove(&credential.client).unwrap_or_default();
+            let mut past = recovered.native.remove(&credential.client).unwrap_or_default();
+            past.next_seq = past.next_seq.max(1);
+            // Numbers reserved but not kept were skipped, or used by refusals now lost.
+            past.fill_unkept(past.reserved, settings.replay_events_max);
             let mut journal = VecDeque::with_capacity(settings.replay_events_max);
             journal.extend(past.events);
             let mut open = HashMap::with_capacity(settings.open_orders_max);
@@ -411,7 +417,8 @@ impl Hub {
                 link: None,
                 generation: 0,
                 journal,
-                next_seq: past.next_seq.max(1),
+                next_seq: past.next_seq,
+                reserved_seq: past.next_seq,
                 open,
                 throttle: Throttle::new(settings.throttle_msgs_per_s),
                 fix,
@@ -613,7 +620,7 @@ impl Hub {
             Some(fix) => fix.report(&event, client.link.as_ref(), limit),
             None => {
                 let log = &mut self.log.borrow_mut();
-                publish_native(client, event, &self.settings, &mut self.scratch, log);
+                publish_native(client, event, &self.settings, &mut self.scratch, log, true);
             }
         }
     }
@@ -632,7 +639,8 @@ impl Hub {
             ..Event::default()
         };
         let log = &mut self.log.borrow_mut();
-        publish_native(client, event, &self.settings, &mut self.scratch, log);
+        // Not kept: a flood of refused orders must not cost the disk a record each.
+        publish_native(client, event, &self.settings, &mut self.scratch, log, false);
     }
 
     /// The requests that cancel every open order of a client (cancel-on-disconnect).
@@ -708,14 +716,35 @@ pub(crate) fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
     }
 }
 
-/// Sequences a native event, stores it, keeps it for replay and holds it for the live
-/// connection until the store has it on disk.
+/// A stopping server settles every reservation down to the numbers it used, so the next one
+/// numbers on without a skip (the store's own drop commits these last records).
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let mut log = self.log.borrow_mut();
+        for client in &mut self.clients {
+            if client.next_seq < client.reserved_seq {
+                client.reserved_seq = client.next_seq;
+                let bytes = client.next_seq.to_le_bytes();
+                log.append(store::kind::NATIVE_RESERVED, client.credential.client, &[&bytes]);
+            }
+        }
+        drop(log);
+        for fix in self.clients.iter_mut().filter_map(|c| c.fix.as_mut()) {
+            fix.store.settle();
+        }
+    }
+}
+
+/// Sequences a native event, stores it (`kept`; else only its number, reserved in runs of
+/// [`store::UNKEPT_SEQ_RESERVE`]), keeps it for replay and holds it for the live connection
+/// until the store has it (or its number) on disk.
 fn publish_native(
     client: &mut Client,
     event: Event,
     settings: &Settings,
     scratch: &mut Vec<u8>,
     log: &mut Log,
+    kept: bool,
 ) {
     let seq = client.next_seq;
     client.next_seq += 1;
@@ -725,7 +754,14 @@ fn publish_native(
     client.journal.push_back(event);
     scratch.clear();
     native::encode_server(&ServerMsg::Sequenced { seq, event }, scratch);
-    log.append(store::kind::NATIVE_EVENT, client.credential.client, &[scratch]);
+    let id = client.credential.client;
+    if kept {
+        log.append(store::kind::NATIVE_EVENT, id, &[scratch]);
+        client.reserved_seq = client.reserved_seq.max(seq + 1);
+    } else if seq >= client.reserved_seq {
+        client.reserved_seq = seq + store::UNKEPT_SEQ_RESERVE;
+        log.append(store::kind::NATIVE_RESERVED, id, &[&client.reserved_seq.to_le_bytes()]);
+    }
     if let Some(link) = &client.link {
         // A full outbox cuts the session off (counted when it detaches); routing goes on.
         log.hold(link, scratch, settings.outbox_bytes_max);
@@ -811,6 +847,36 @@ mod tests {
         let alone: Vec<_> = (0..5).map(|_| hub.submit(0, new_order(1))).collect();
         assert_eq!(alone[..4], [Ok(()); 4], "a session alone has the whole room");
         assert_eq!(alone[4], Err(Refused::Busy));
+    }
+
+    #[test]
+    fn refusals_are_numbered_and_replayed_but_not_stored_one_by_one() {
+        let (mut hub, _engine_side, dir) = bounded_hub(4, &[1]);
+        let refusals = 3000u64;
+        for token in 1..=refusals {
+            let order =
+                native::OrderRequest { client: 1, token: token as u32, ..Default::default() };
+            hub.refuse_native(0, &order, gateway_reason::THROTTLED);
+        }
+        hub.commit();
+        let written = hub.log.borrow().bytes_written;
+        let reservations = refusals.div_ceil(store::UNKEPT_SEQ_RESERVE);
+        assert!(written < 64 * reservations, "{written} bytes for {refusals} refusals");
+        assert_eq!(hub.clients[0].next_seq, refusals + 1);
+        let replayed = hub.clients[0].journal.back().copied().unwrap();
+        assert_eq!((replayed.token, replayed.reason), (3000, gateway_reason::THROTTLED));
+        drop(hub); // a stopping server settles its reservation
+
+        let options = store::StoreOptions {
+            sync: false,
+            replay_events_max: 16,
+            bytes_max: store::STORE_BYTES_MAX_DEFAULT,
+            fix_resend_window: 16,
+        };
+        let (_, mut recovered) = Log::open(dir.path(), options).unwrap();
+        let native = recovered.native.remove(&1).unwrap();
+        assert_eq!(native.reserved, refusals + 1, "numbering goes on without a skip");
+        assert!(native.events.is_empty(), "nothing kept but the numbers");
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub mod gateway_reason {
     pub const WRONG_CLIENT: u8 = 102;
     /// The server is stopping: it answers what it took and takes no more.
     pub const SHUTTING_DOWN: u8 = 103;
+    /// Replayed after a restart in place of one of the gateway's own refusals (the reasons
+    /// above), which the store does not keep: the token is 0 and the refused order never
+    /// reached the exchange.
+    pub const NOT_KEPT: u8 = 104;
 }
 
 /// Why a login was refused ([`ServerMsg::LoginRejected`]).

@@ -119,7 +119,20 @@ pub mod kind {
     /// Compaction: an order still open, `[token: u32][instrument: u32]` (its reports may be
     /// gone); written after every other record of the compacted file.
     pub const OPEN_ORDER: u8 = b'O';
+    /// A FIX session's outbound MsgSeqNums below this `[u64]` may have been used by messages
+    /// the store does not keep (session messages; a resend gap-fills them): it goes on there.
+    pub const FIX_NEXT_OUT: u8 = b'U';
+    /// A native client's sequence numbers below this `[u64]` may have been used by events the
+    /// store does not keep (the gateway's own refusals): recovery fills them with
+    /// [`crate::native::gateway_reason::NOT_KEPT`] rejects and numbering goes on there.
+    pub const NATIVE_RESERVED: u8 = b'V';
 }
+
+/// Sequence numbers a session reserves in the store at a time for messages the store does not
+/// keep: one record per this many of them instead of one per message. A restarted server
+/// goes on after the reservation, skipping what was not used (a FIX peer asks for the skipped
+/// range and gets a gap fill; a native client replays "not kept" rejects).
+pub const UNKEPT_SEQ_RESERVE: u64 = 1024;
 
 /// Why the store cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +163,9 @@ pub struct FixRecovered {
     /// The highest OrderID (37) sent: the session's order numbers go on above it, so an
     /// order of a restarted server never takes the id of one resting in a recovered book.
     pub order_id_max: u32,
+    /// The last [`kind::FIX_NEXT_OUT`] since the last reset (0: none): no message at or above
+    /// it was sent.
+    pub next_out_reserved: u64,
 }
 
 /// A native session's recovered state.
@@ -157,8 +173,36 @@ pub struct FixRecovered {
 pub struct NativeRecovered {
     /// The newest events (at most the replay window), the oldest first.
     pub events: VecDeque<Event>,
-    /// The sequence number of the next event.
+    /// The sequence number of the next event kept.
     pub next_seq: u64,
+    /// The last [`kind::NATIVE_RESERVED`] (0: none): no event at or above it was sent, and
+    /// those from `next_seq` up to it that were sent are not kept.
+    pub reserved: u64,
+}
+
+impl NativeRecovered {
+    /// Appends `event` (the replay window keeps the newest `replay_events_max`).
+    fn push(&mut self, event: Event, replay_events_max: usize) {
+        if self.events.len() == replay_events_max {
+            self.events.pop_front();
+        }
+        self.events.push_back(event);
+        self.next_seq += 1;
+    }
+
+    /// Fills sequence numbers up to `seq` (exclusive), used by events the store did not
+    /// keep, with [`crate::native::gateway_reason::NOT_KEPT`] rejects, so the replay window
+    /// stays one run of numbers.
+    pub fn fill_unkept(&mut self, seq: u64, replay_events_max: usize) {
+        let not_kept = Event {
+            kind: crate::native::event_kind::REJECTED,
+            reason: crate::native::gateway_reason::NOT_KEPT,
+            ..Event::default()
+        };
+        while self.next_seq < seq {
+            self.push(not_kept, replay_events_max);
+        }
+    }
 }
 
 /// What the store held at start, by client id.
@@ -580,12 +624,19 @@ fn apply(
             let Some(next_in) = u64_at(0) else { return false };
             recovered.fix.entry(client).or_default().next_in = next_in;
         }
+        kind::FIX_NEXT_OUT => {
+            let Some(reserved) = u64_at(0) else { return false };
+            // The last one is the tightest bound: a stopping server settles its reservation
+            // down to what it used (`fix_session::Store::settle`).
+            recovered.fix.entry(client).or_default().next_out_reserved = reserved;
+        }
         kind::FIX_RESET => {
             // Order numbers are not reset: the books may still hold the session's orders.
             let fix = recovered.fix.entry(client).or_default();
             fix.index.clear();
             fix.order_ids.clear();
             fix.next_in = 1;
+            fix.next_out_reserved = 0;
         }
         kind::FIX_ORDER_ID_MAX => {
             let Some(max) = payload.try_into().ok().map(u32::from_le_bytes) else { return false };
@@ -597,6 +648,10 @@ fn apply(
             let native = recovered.native.entry(client).or_default();
             native.events.clear();
             native.next_seq = next_seq;
+        }
+        kind::NATIVE_RESERVED => {
+            let Some(reserved) = u64_at(0) else { return false };
+            recovered.native.entry(client).or_default().reserved = reserved;
         }
         kind::OPEN_ORDER => {
             let field = |at: usize| {
@@ -612,14 +667,16 @@ fn apply(
                 });
             let Some(ServerMsg::Sequenced { seq, event }) = decoded else { return false };
             let native = recovered.native.entry(client).or_default();
-            if native.next_seq != 0 && seq != native.next_seq {
-                return false; // a gap: the store is not what this server wrote
+            if native.next_seq == 0 {
+                native.next_seq = seq;
             }
-            if native.events.len() == replay_events_max {
-                native.events.pop_front();
+            // A gap is what unkept events left, within a reservation; any other is not what
+            // this server wrote.
+            if seq < native.next_seq || (seq > native.next_seq && seq >= native.reserved) {
+                return false;
             }
-            native.events.push_back(event);
-            native.next_seq = seq + 1;
+            native.fill_unkept(seq, replay_events_max);
+            native.push(event, replay_events_max);
             track_open(recovered.open.entry(client).or_default(), &event);
         }
         _ => return false,
@@ -759,6 +816,26 @@ mod tests {
         assert_eq!(recovered.open[&1], HashMap::from([(70, 0)]));
         assert_eq!(recovered.open[&2], HashMap::from([(5, 3)]), "6 was cancelled");
         assert_eq!(recovered.fix[&2].order_id_max, 6);
+    }
+
+    #[test]
+    fn numbers_used_by_unkept_events_are_filled_within_a_reservation_and_nowhere_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(false, 16)).unwrap();
+        append_event(&mut log, 1, 1, 1);
+        log.append(kind::NATIVE_RESERVED, 1, &[&100u64.to_le_bytes()]); // refusals 2 and 3
+        append_event(&mut log, 1, 4, 4);
+        append_event(&mut log, 2, 1, 1);
+        append_event(&mut log, 2, 3, 3); // a gap no reservation covers
+        log.commit();
+        drop(log);
+        let (_, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
+        let first = &recovered.native[&1];
+        let reasons: Vec<u8> = first.events.iter().map(|e| e.reason).collect();
+        let not_kept = native::gateway_reason::NOT_KEPT;
+        assert_eq!(reasons, [0, not_kept, not_kept, 0], "{first:?}");
+        assert_eq!((first.next_seq, first.reserved), (5, 100));
+        assert_eq!(recovered.native[&2].next_seq, 2, "recovery stops at the unexplained gap");
     }
 
     #[test]

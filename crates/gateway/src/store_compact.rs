@@ -120,12 +120,20 @@ impl Log {
                 native::encode_server(&ServerMsg::Sequenced { seq, event: *event }, &mut frame);
                 encode_record(&mut out, kind::NATIVE_EVENT, client, &[&frame]);
             }
+            if stream.reserved > stream.next_seq {
+                let reserved = stream.reserved.to_le_bytes();
+                encode_record(&mut out, kind::NATIVE_RESERVED, client, &[&reserved]);
+            }
         }
         let window = self.options.fix_resend_window;
         for (&client, fix) in sorted(&old.fix) {
             encode_record(&mut out, kind::FIX_NEXT_IN, client, &[&fix.next_in.to_le_bytes()]);
             let max = fix.order_id_max.to_le_bytes();
             encode_record(&mut out, kind::FIX_ORDER_ID_MAX, client, &[&max]);
+            if fix.next_out_reserved > 0 {
+                let reserved = fix.next_out_reserved.to_le_bytes();
+                encode_record(&mut out, kind::FIX_NEXT_OUT, client, &[&reserved]);
+            }
             let open = old.open.get(&client);
             let window_from = fix.index.len().saturating_sub(window);
             for (at, &(seq, offset, len)) in fix.index.iter().enumerate() {
