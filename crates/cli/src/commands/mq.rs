@@ -38,7 +38,8 @@ pub enum Command {
 /// Node limits; each flag overrides the matching field of `--config`.
 #[derive(ClapArgs, Debug, Clone)]
 pub struct NodeFlags {
-    /// TOML file with NodeConfig fields (handler_slots, wait_queue_max, db_workers, batch_max, content_bytes_max, lease_ms_max, connections_max, idle_timeout_ms, write_timeout_ms, frame_memory_bytes_max, reply_memory_bytes_max).
+    /// TOML file with NodeConfig fields: every flag below by its name with underscores
+    /// (handler_slots, connections_per_address_max, ...), and lease_ms_max.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Requests served concurrently (handler pool size).
@@ -73,6 +74,34 @@ pub struct NodeFlags {
     /// sees it, so nothing dequeued is dropped (default 64 MiB).
     #[arg(long)]
     pub reply_memory_bytes_max: Option<usize>,
+    /// Connections one source address (an IPv4 address, an IPv6 /64) may hold at once
+    /// (default: half of --connections-max).
+    #[arg(long)]
+    pub connections_per_address_max: Option<usize>,
+    /// Bytes of --frame-memory-bytes-max set aside for each connection, which no other can
+    /// take (default two frame chunks).
+    #[arg(long)]
+    pub frame_memory_reserved_bytes: Option<usize>,
+    /// Bytes of --reply-memory-bytes-max set aside for each connection, which no other can
+    /// take (default 16 KiB).
+    #[arg(long)]
+    pub reply_memory_reserved_bytes: Option<usize>,
+    /// Threads hashing registration secrets (Argon2id, 19 MiB each once used; default 2).
+    #[arg(long)]
+    pub hashing_threads: Option<usize>,
+    /// Registrations that may wait for a hashing thread; more are answered Busy (default 64).
+    #[arg(long)]
+    pub hashing_queue_max: Option<usize>,
+    /// The window of the per-address registration bounds, in milliseconds (default 60000).
+    #[arg(long)]
+    pub registration_window_ms: Option<u64>,
+    /// Registrations one source address may attempt per window; more are Busy, unhashed
+    /// (default 2048).
+    #[arg(long)]
+    pub registration_attempts_per_address_max: Option<usize>,
+    /// Accounts (new names) one source address may create per window (default 1024).
+    #[arg(long)]
+    pub accounts_per_address_max: Option<usize>,
 }
 
 impl NodeFlags {
@@ -88,6 +117,15 @@ impl NodeFlags {
         override_with(&mut c.write_timeout_ms, &self.write_timeout_ms);
         override_with(&mut c.frame_memory_bytes_max, &self.frame_memory_bytes_max);
         override_with(&mut c.reply_memory_bytes_max, &self.reply_memory_bytes_max);
+        override_with(&mut c.connections_per_address_max, &self.connections_per_address_max);
+        override_with(&mut c.frame_memory_reserved_bytes, &self.frame_memory_reserved_bytes);
+        override_with(&mut c.reply_memory_reserved_bytes, &self.reply_memory_reserved_bytes);
+        override_with(&mut c.hashing_threads, &self.hashing_threads);
+        override_with(&mut c.hashing_queue_max, &self.hashing_queue_max);
+        override_with(&mut c.registration_window_ms, &self.registration_window_ms);
+        let attempts = &self.registration_attempts_per_address_max;
+        override_with(&mut c.registration_attempts_per_address_max, attempts);
+        override_with(&mut c.accounts_per_address_max, &self.accounts_per_address_max);
         c.validate()?;
         Ok(c)
     }

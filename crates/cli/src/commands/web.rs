@@ -99,6 +99,18 @@ pub struct ServeArgs {
     /// [default: 5000].
     #[arg(long)]
     pub admission_wait_ms: Option<u64>,
+    /// Connections one source address may hold at once; one more gets 503 (code 010)
+    /// [default: 256].
+    #[arg(long)]
+    pub connections_per_address_max: Option<usize>,
+    /// Work bytes one connection may hold at once (its request and its answers not yet
+    /// written); past it 503 (code 009) at once [default: 16 MiB].
+    #[arg(long)]
+    pub connection_work_bytes_max: Option<usize>,
+    /// Largest answer, predicted from the shapes before anything is computed; larger ones get
+    /// 422 (code 014) [default: 8 MiB].
+    #[arg(long)]
+    pub answer_bytes_max: Option<usize>,
 }
 
 impl ServeArgs {
@@ -120,6 +132,9 @@ impl ServeArgs {
         override_with(&mut config.work_bytes_max, &self.work_bytes_max);
         override_with(&mut config.large_work_bytes_max, &self.large_work_bytes_max);
         override_with(&mut config.admission_wait_ms, &self.admission_wait_ms);
+        override_with(&mut config.connections_per_address_max, &self.connections_per_address_max);
+        override_with(&mut config.connection_work_bytes_max, &self.connection_work_bytes_max);
+        override_with(&mut config.answer_bytes_max, &self.answer_bytes_max);
         Ok(config)
     }
 }
