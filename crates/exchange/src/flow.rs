@@ -9,8 +9,10 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::book::Listing;
-use crate::master::{Client, Instrument, MasterData, Status};
+use crate::instruments::{
+    ClientSpec, ClientsFile, InstrumentSpec, InstrumentTable, InstrumentsFile,
+};
+use crate::master::MasterData;
 use crate::msg::{
     ClientId, InboundOrder, InstrumentId, OrderId, OrderType, Price, Qty, Reason, Side,
     TimeInForce, request_kind,
@@ -46,39 +48,52 @@ fn reference_price(id: InstrumentId) -> Price {
     100_000 + Price::from(id % 97) * 1_000
 }
 
-/// Builds the reference master data.
-pub fn reference_master_data(universe: &UniverseConfig) -> MasterData {
-    assert!(universe.instruments > 0 && universe.clients > 0);
+/// The reference instruments as a file: symbols `0`, `1`, ... (their ids), integer prices
+/// (`price_decimals = 0`), tick 5, every fourth instrument in lots of 10.
+pub fn reference_instruments(universe: &UniverseConfig) -> InstrumentsFile {
     let instruments = (0..universe.instruments)
         .map(|id| {
             let reference = reference_price(id);
-            let half = Price::from(REFERENCE_LADDER_LEVELS / 2) * REFERENCE_TICK;
-            let listing = Listing {
-                instrument: id,
-                ladder_low: reference - half,
-                tick: REFERENCE_TICK,
-                levels: REFERENCE_LADDER_LEVELS,
-            };
-            Some(Instrument {
-                listing,
-                // Every fourth instrument trades in lots of 10.
-                lot: if id % 4 == 3 { 10 } else { 1 },
-                qty_max: REFERENCE_QTY_MAX,
-                band_low: reference - REFERENCE_BAND_TICKS * REFERENCE_TICK,
-                band_high: reference + REFERENCE_BAND_TICKS * REFERENCE_TICK,
-                status: Status::Active,
-                halted: false,
-            })
+            let band = REFERENCE_BAND_TICKS * REFERENCE_TICK;
+            InstrumentSpec {
+                symbol: id.to_string(),
+                id: Some(id),
+                tick_size: REFERENCE_TICK.to_string(),
+                lot_size: if id % 4 == 3 { "10" } else { "1" }.to_string(),
+                reference_price: reference.to_string(),
+                band_low: (reference - band).to_string(),
+                band_high: (reference + band).to_string(),
+                ladder_ticks: Some(REFERENCE_LADDER_LEVELS),
+                qty_max: Some(REFERENCE_QTY_MAX),
+                currency: "XXX".to_string(),
+            }
         })
         .collect();
-    // A client may place orders worth up to 4 000 units at the highest price any instrument
-    // allows: every flow order (at most 1 000 units) fits, an order of the 10 000 maximum at
-    // any in-band price does not.
-    let order_value_max =
-        (reference_price(96) + REFERENCE_BAND_TICKS * REFERENCE_TICK) as u64 * 4_000;
-    let clients =
-        (0..universe.clients).map(|_| Some(Client { enabled: true, order_value_max })).collect();
-    MasterData { version: 1, instruments, clients }
+    InstrumentsFile { price_decimals: 0, instruments }
+}
+
+/// The reference clients as a file: ids `0..clients`, each allowed orders worth up to 4 000
+/// units at the highest price any reference instrument allows (every flow order, at most
+/// 1 000 units, fits; an order of the 10 000 maximum at any in-band price does not).
+pub fn reference_clients(universe: &UniverseConfig) -> ClientsFile {
+    let order_value_max = (reference_price(96) + REFERENCE_BAND_TICKS * REFERENCE_TICK) * 4_000;
+    let clients = (0..universe.clients)
+        .map(|id| ClientSpec { id, order_value_max: order_value_max.to_string(), enabled: true })
+        .collect();
+    ClientsFile { clients }
+}
+
+/// The reference master data and symbol table (through the same loader as an operator's
+/// files).
+pub fn reference_market(universe: &UniverseConfig) -> (MasterData, InstrumentTable) {
+    assert!(universe.instruments > 0 && universe.clients > 0);
+    let files = (reference_instruments(universe), reference_clients(universe));
+    crate::instruments::load(&files.0, &files.1).expect("the reference universe loads")
+}
+
+/// Builds the reference master data.
+pub fn reference_master_data(universe: &UniverseConfig) -> MasterData {
+    reference_market(universe).0
 }
 
 /// The shape of the order flow.

@@ -62,6 +62,8 @@ mod error;
 pub mod experiments;
 #[cfg(not(loom))]
 pub mod flow;
+#[cfg(not(loom))]
+pub mod instruments;
 pub mod master;
 pub mod msg;
 #[cfg(not(loom))]

@@ -70,7 +70,7 @@ pub struct Client {
 }
 
 /// One immutable version of the master data. Ids are dense: the tables are indexed by id.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MasterData {
     pub version: u64,
     pub instruments: Vec<Option<Instrument>>,

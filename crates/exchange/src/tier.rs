@@ -125,8 +125,14 @@ pub struct TierConfig {
     pub connector: ConnectorKind,
     /// Resting orders per core shard.
     pub order_pool_slots: u32,
-    /// The instruments and clients of the reference master data the tier starts from.
+    /// The instruments and clients of the reference master data the tier starts from (unless
+    /// `master_data` is given).
     pub universe: UniverseConfig,
+    /// The master data to start from instead of the reference universe: an operator's
+    /// instruments and clients files ([`crate::instruments::load`]). Not a TOML field (the
+    /// server's configuration names the files).
+    #[serde(skip)]
+    pub master_data: Option<MasterData>,
     /// Journaling of each core shard's sequenced input: group, sync, relaxed or off.
     pub journal: JournalMode,
     /// A snapshot of each core shard every this many of its journaled inputs (0 = none; no
@@ -168,6 +174,7 @@ impl Default for TierConfig {
             connector: ConnectorKind::LockFree,
             order_pool_slots: crate::store::ORDER_POOL_SLOTS_DEFAULT,
             universe: UniverseConfig::default(),
+            master_data: None,
             journal: JournalMode::default(),
             snapshot_every_records: SNAPSHOT_EVERY_RECORDS_DEFAULT,
             layout: LayoutChoice::Auto,
@@ -180,6 +187,11 @@ impl Default for TierConfig {
 }
 
 impl TierConfig {
+    /// The master data the tier starts from: `master_data`, else the reference universe.
+    pub fn starting_master_data(&self) -> MasterData {
+        self.master_data.clone().unwrap_or_else(|| reference_master_data(&self.universe))
+    }
+
     /// One thread per stage with one worker each, every thread parking when idle and nothing
     /// pinned: a tier that costs no CPU while it waits (tests, a host shared with other work).
     ///
@@ -656,7 +668,7 @@ fn run_with_layout(
     subscribers: SubscriberFactory,
     progress: impl FnMut(u64),
 ) -> anyhow::Result<RunResult> {
-    let master = reference_master_data(&config.universe);
+    let master = config.starting_master_data();
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
     let (entry, inline_run) = if layout.generator_inline {

@@ -4,7 +4,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::native::{self, ClientMsg, ServerMsg};
+use crate::native::{self, ClientMsg, Event, ServerMsg};
+use exchange::instruments::InstrumentTable;
 
 /// Bytes read per `read` call.
 const READ_CHUNK_BYTES: usize = 4096;
@@ -110,7 +111,7 @@ impl NativeClient {
 }
 
 /// Parses one line of a client script (see `exchange client --help`); `Ok(None)` for blank
-/// lines and comments.
+/// lines and comments. INSTRUMENT is an id and PRICE a whole number of price units.
 ///
 /// ```text
 /// buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]
@@ -118,6 +119,41 @@ impl NativeClient {
 /// replace TOKEN INSTRUMENT QTY PRICE
 /// ```
 pub fn parse_script_line(line: &str, client: u32) -> Result<Option<ClientMsg>, String> {
+    parse_script_line_in(line, client, None)
+}
+
+/// [`parse_script_line`] where, with an instruments table, INSTRUMENT may be a symbol and
+/// PRICE a decimal (converted exactly: `buy 1 ACME 100 101.25`).
+///
+/// ```
+/// use exchange::instruments::{ClientsFile, InstrumentSpec, InstrumentsFile, load};
+/// use gateway::client::parse_script_line_in;
+/// use gateway::native::ClientMsg;
+/// let acme = InstrumentSpec {
+///     symbol: "ACME".into(),
+///     id: None,
+///     tick_size: "0.01".into(),
+///     lot_size: "1".into(),
+///     reference_price: "101.25".into(),
+///     band_low: "91".into(),
+///     band_high: "111.5".into(),
+///     ladder_ticks: None,
+///     qty_max: None,
+///     currency: "USD".into(),
+/// };
+/// let instruments = InstrumentsFile { price_decimals: 4, instruments: vec![acme] };
+/// let (_, table) = load(&instruments, &ClientsFile { clients: vec![] }).unwrap();
+/// let Ok(Some(ClientMsg::NewOrder(order))) = parse_script_line_in("buy 1 ACME 100 101.25", 7, Some(&table))
+/// else { panic!() };
+/// assert_eq!((order.instrument, order.price, order.qty), (0, 1_012_500, 100));
+/// // Finer than the price unit (4 decimals): no order could carry it.
+/// assert!(parse_script_line_in("buy 2 ACME 100 101.25001", 7, Some(&table)).is_err());
+/// ```
+pub fn parse_script_line_in(
+    line: &str,
+    client: u32,
+    instruments: Option<&InstrumentTable>,
+) -> Result<Option<ClientMsg>, String> {
     let words: Vec<&str> = line.split('#').next().unwrap_or("").split_whitespace().collect();
     let Some((&verb, args)) = words.split_first() else { return Ok(None) };
     if !matches!(verb, "buy" | "sell" | "cancel" | "replace") {
@@ -130,10 +166,19 @@ pub fn parse_script_line(line: &str, client: u32) -> Result<Option<ClientMsg>, S
     let small = |at: usize, what: &str| -> Result<u32, String> {
         u32::try_from(number(at, what)?).map_err(|_| format!("{verb}: {what} out of range"))
     };
+    let symbol = args.get(1).and_then(|word| instruments?.id_of(word));
+    let price = |at: usize| -> Result<i64, String> {
+        match (instruments, args.get(at)) {
+            (Some(table), Some(word)) => table.price_units(word).map_err(|e| {
+                format!("{verb}: PRICE {word:?}: {e} (price_decimals {})", table.price_decimals())
+            }),
+            _ => number(at, "PRICE"),
+        }
+    };
     let mut order = native::OrderRequest {
         client,
         token: small(0, "TOKEN")?,
-        instrument: small(1, "INSTRUMENT")?,
+        instrument: symbol.map_or_else(|| small(1, "INSTRUMENT"), Ok)?,
         ..Default::default()
     };
     let arity = |n: usize| {
@@ -146,7 +191,7 @@ pub fn parse_script_line(line: &str, client: u32) -> Result<Option<ClientMsg>, S
             if args.get(3) == Some(&"market") {
                 order.order_type = 1;
             } else {
-                order.price = number(3, "PRICE")?;
+                order.price = price(3)?;
             }
             order.time_in_force = match args.get(4).copied() {
                 None | Some("day") => 0,
@@ -165,43 +210,87 @@ pub fn parse_script_line(line: &str, client: u32) -> Result<Option<ClientMsg>, S
         "replace" => {
             arity(4)?;
             order.qty = small(2, "QTY")?;
-            order.price = number(3, "PRICE")?;
+            order.price = price(3)?;
             Ok(Some(ClientMsg::Replace(order)))
         }
         _ => unreachable!("the verb was checked above"),
     }
 }
 
-/// One line describing a server message, for people.
+/// One line describing a server message, for people (ids and price units).
 pub fn describe(msg: &ServerMsg) -> String {
+    describe_in(msg, None)
+}
+
+/// [`describe`] with symbols and decimal prices from an instruments table.
+///
+/// ```
+/// use gateway::client::describe;
+/// use gateway::native::{Event, ServerMsg, event_kind};
+/// let event = Event { kind: event_kind::ACCEPTED, token: 5, qty: 100, leaves_qty: 100, price: 101, ..Event::default() };
+/// assert_eq!(
+///     describe(&ServerMsg::Sequenced { seq: 3, event }),
+///     "#3 accepted order 5: buy 100 of instrument 0 at 101, 100 open"
+/// );
+/// assert_eq!(describe(&ServerMsg::LoginAccepted { client: 1, next_seq: 1 }), "logged in as client 1; next sequence 1");
+/// ```
+pub fn describe_in(msg: &ServerMsg, instruments: Option<&InstrumentTable>) -> String {
     match msg {
-        ServerMsg::Sequenced { seq, event } => {
-            let kind =
-                ["accepted", "partially-filled", "filled", "cancelled", "replaced", "rejected"]
-                    .get(usize::from(event.kind))
-                    .copied()
-                    .unwrap_or("unknown");
-            let reason = match exchange::msg::Reason::ALL.get(usize::from(event.reason)) {
-                Some(exchange::msg::Reason::None) => String::new(),
-                Some(reason) => format!(" reason={reason:?}"),
-                None => format!(" reason={}", gateway_reason_name(event.reason)),
-            };
+        ServerMsg::LoginAccepted { client, next_seq } => {
+            format!("logged in as client {client}; next sequence {next_seq}")
+        }
+        ServerMsg::LoginRejected { reason } => {
+            let why = [
+                "",
+                "bad credentials",
+                "sequence no longer kept",
+                "already logged in",
+                "busy: try again later",
+            ];
+            let why = why.get(usize::from(*reason)).filter(|w| !w.is_empty()).copied();
+            format!("login refused: {}", why.map_or_else(|| reason.to_string(), str::to_string))
+        }
+        ServerMsg::Heartbeat => "heartbeat".to_string(),
+        ServerMsg::Error { code } => {
+            let why = [
+                "",
+                "malformed",
+                "bad version",
+                "unknown type",
+                "not logged in",
+                "dead link",
+                "slow consumer",
+                "throttle breach",
+            ];
+            let why = why.get(usize::from(*code)).filter(|w| !w.is_empty()).copied();
             format!(
-                "seq={seq} {kind} token={} instrument={} price={} qty={} leaves={}{reason}",
-                event.token, event.instrument, event.price, event.qty, event.leaves_qty
+                "server closed the session: {}",
+                why.map_or_else(|| code.to_string(), str::to_string)
             )
         }
-        other => format!("{other:?}"),
+        ServerMsg::Sequenced { seq, event } => describe_event(*seq, event, instruments),
     }
 }
 
-fn gateway_reason_name(code: u8) -> String {
-    match code {
-        native::gateway_reason::THROTTLED => "Throttled".into(),
-        native::gateway_reason::BUSY => "Busy".into(),
-        native::gateway_reason::WRONG_CLIENT => "WrongClient".into(),
-        other => other.to_string(),
-    }
+fn describe_event(seq: u64, event: &Event, instruments: Option<&InstrumentTable>) -> String {
+    let kind = ["accepted", "partially filled", "filled", "cancelled", "replaced", "rejected"]
+        .get(usize::from(event.kind))
+        .copied()
+        .unwrap_or("unknown event");
+    let instrument = match instruments.and_then(|t| t.symbol_of(event.instrument)) {
+        Some(symbol) => symbol.to_string(),
+        None => format!("instrument {}", event.instrument),
+    };
+    let price = instruments.map_or_else(|| event.price.to_string(), |t| t.price_text(event.price));
+    let side = if event.side == 0 { "buy" } else { "sell" };
+    let reason = match event.reason {
+        0 => String::new(),
+        code => format!(" ({})", native::reason_name(code)),
+    };
+    format!(
+        "#{seq} {kind} order {}: {side} {} of {instrument} at {price}, {} open{reason}",
+        event.token, event.qty, event.leaves_qty
+    )
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use exchange::msg::{InboundOrder, request_kind};
+use exchange::instruments::{DecimalError, InstrumentTable};
+use exchange::msg::{InboundOrder, Reason, request_kind};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
@@ -500,7 +501,7 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
     let limit = hub.settings.outbox_bytes_max;
     let client_id = hub.clients[at].credential.client;
     let fix = hub.clients[at].fix.as_mut().expect("FIX client");
-    let request = match order_fields(message) {
+    let request = match order_fields(message, &hub.settings.instruments) {
         Ok(request) => request,
         Err((ref_tag, reason, text)) => {
             return reject(fix, link, limit, seq as i64, reason, ref_tag, text);
@@ -523,6 +524,8 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
     };
     let refused = if wrong_client {
         Some(gateway_reason::WRONG_CLIENT)
+    } else if let Some(reason) = request.off_grid {
+        Some(reason as u8)
     } else {
         hub.submit(at, inbound).err().map(|r| r.reason())
     };
@@ -548,11 +551,16 @@ struct OrderFields<'a> {
     time_in_force: u8,
     price: i64,
     qty: u32,
+    /// A price or quantity no whole number of units expresses: refused with this reason.
+    off_grid: Option<Reason>,
 }
 
 type FieldError = (u32, i64, &'static str);
 
-fn order_fields<'a>(message: &Message<'a>) -> Result<OrderFields<'a>, FieldError> {
+fn order_fields<'a>(
+    message: &Message<'a>,
+    instruments: &InstrumentTable,
+) -> Result<OrderFields<'a>, FieldError> {
     let required = |t: u32| {
         message.get(t).ok_or((t, session_reject::REQUIRED_TAG_MISSING, "required tag missing"))
     };
@@ -564,9 +572,12 @@ fn order_fields<'a>(message: &Message<'a>) -> Result<OrderFields<'a>, FieldError
     } else {
         Some(required(tag::ORIG_CL_ORD_ID)?)
     };
-    let instrument = fix::parse_u64(required(tag::SYMBOL)?)
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or(bad(tag::SYMBOL))?;
+    let text = |t: u32| required(t).and_then(|v| std::str::from_utf8(v).map_err(|_| bad(t)));
+    let instrument = instruments.id_of(text(tag::SYMBOL)?).ok_or((
+        tag::SYMBOL,
+        session_reject::VALUE_INCORRECT,
+        "unknown symbol",
+    ))?;
     let side = match required(tag::SIDE)? {
         b"1" => 0,
         b"2" => 1,
@@ -583,14 +594,29 @@ fn order_fields<'a>(message: &Message<'a>) -> Result<OrderFields<'a>, FieldError
             time_in_force: 0,
             price: 0,
             qty: 0,
+            off_grid: None,
         });
     }
-    let qty = fix::parse_whole(required(tag::ORDER_QTY)?)
-        .and_then(|q| u32::try_from(q).ok())
-        .ok_or(bad(tag::ORDER_QTY))?;
+    // Decimals convert exactly or not at all: one that no whole number of units expresses is
+    // refused by name (off tick, off lot); one that is not a number is a session reject.
+    let mut off_grid = None;
+    let mut exact = |t: u32, converted: Result<i64, DecimalError>, reason: Reason| match converted {
+        Ok(units) => Ok(units),
+        Err(DecimalError::TooPrecise) => {
+            off_grid = Some(reason);
+            Ok(0)
+        }
+        Err(_) => Err(bad(t)),
+    };
+    let qty = InstrumentTable::qty_units(text(tag::ORDER_QTY)?).map(i64::from);
+    let qty = u32::try_from(exact(tag::ORDER_QTY, qty, Reason::QuantityOffLot)?)
+        .map_err(|_| bad(tag::ORDER_QTY))?;
     let (order_type, price) = match required(tag::ORD_TYPE)? {
         b"1" => (1, 0),
-        b"2" => (0, fix::parse_whole(required(tag::PRICE)?).ok_or(bad(tag::PRICE))?),
+        b"2" => {
+            let price = instruments.price_units(text(tag::PRICE)?);
+            (0, exact(tag::PRICE, price, Reason::PriceOffTick)?)
+        }
         _ => return Err(bad(tag::ORD_TYPE)),
     };
     let time_in_force = match message.get(tag::TIME_IN_FORCE) {
@@ -608,6 +634,7 @@ fn order_fields<'a>(message: &Message<'a>) -> Result<OrderFields<'a>, FieldError
         time_in_force,
         price,
         qty,
+        off_grid,
     })
 }
 

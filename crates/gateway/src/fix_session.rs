@@ -4,14 +4,16 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::Write;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::credentials::Credential;
 use crate::fix::{self, Builder, Message, tag};
 use crate::hub::{Link, Settings};
+use crate::native::reason_name;
 use crate::native::{Event, event_kind};
 use crate::store::{FixRecovered, Log, UNKEPT_SEQ_RESERVE, kind};
+use exchange::instruments::{InstrumentTable, format_scaled};
 
 /// Longest ClOrdID accepted (FIX leaves it open; real ones are short).
 pub const CL_ORD_ID_BYTES_MAX: usize = 32;
@@ -174,6 +176,8 @@ pub struct FixState {
     pub orders: HashMap<u32, Order>,
     pub next_token: u32,
     pub builder: Builder,
+    /// Symbols and the price scale of Symbol (55), Price (44), LastPx (31) and AvgPx (6).
+    pub instruments: Arc<InstrumentTable>,
 }
 
 impl FixState {
@@ -192,6 +196,7 @@ impl FixState {
             orders: HashMap::with_capacity(settings.open_orders_max),
             next_token,
             builder: Builder::default(),
+            instruments: settings.instruments.clone(),
         };
         state.rebuild_orders();
         state
@@ -221,6 +226,9 @@ impl FixState {
     fn rebuild_one(&mut self, report: &Message) {
         let number = |t| report.get(t).and_then(fix::parse_whole);
         let small = |t| number(t).and_then(|n| u32::try_from(n).ok());
+        let text = |t| report.get(t).and_then(|v| std::str::from_utf8(v).ok());
+        let table = self.instruments.clone();
+        let price = |t| text(t).and_then(|v| table.price_units(v).ok());
         let Some(token) = small(tag::ORDER_ID) else { return };
         let cl_ord_id = report.get(tag::CL_ORD_ID).and_then(ClOrdId::new);
         match (report.get(tag::EXEC_TYPE), cl_ord_id) {
@@ -229,8 +237,8 @@ impl FixState {
                     cl_ord_id,
                     side: report.get(tag::SIDE).and_then(|s| s.first().copied()).unwrap_or(b'1'),
                     order_qty: small(tag::ORDER_QTY).unwrap_or(0),
-                    price: number(tag::PRICE).unwrap_or(0),
-                    instrument: small(tag::SYMBOL).unwrap_or(0),
+                    price: price(tag::PRICE).unwrap_or(0),
+                    instrument: text(tag::SYMBOL).and_then(|s| table.id_of(s)).unwrap_or(0),
                     ..Order::default()
                 };
                 self.orders.insert(token, order);
@@ -240,7 +248,7 @@ impl FixState {
                 if let Some(order) = self.orders.get_mut(&token) {
                     order.cum_qty = small(tag::CUM_QTY).unwrap_or(order.cum_qty);
                     let fill =
-                        number(tag::LAST_PX).unwrap_or(0) * number(tag::LAST_QTY).unwrap_or(0);
+                        price(tag::LAST_PX).unwrap_or(0) * number(tag::LAST_QTY).unwrap_or(0);
                     order.notional += i128::from(fill);
                 }
             }
@@ -249,7 +257,7 @@ impl FixState {
                     let old = std::mem::replace(&mut order.cl_ord_id, cl_ord_id);
                     order.orig_cl_ord_id = Some(old);
                     order.order_qty = small(tag::ORDER_QTY).unwrap_or(order.order_qty);
-                    order.price = number(tag::PRICE).unwrap_or(order.price);
+                    order.price = price(tag::PRICE).unwrap_or(order.price);
                     self.forget(Some(old), token);
                     self.tokens.insert(cl_ord_id, token);
                 }
@@ -307,8 +315,9 @@ impl FixState {
         let exec_type = apply(&mut order, event);
         self.orders.insert(event.token, order);
         let seq_as_exec_id = self.store.next_out as i64;
+        let instruments = self.instruments.clone();
         self.send(b"8", link, limit, |b| {
-            execution_report(b, event, &order, exec_type, seq_as_exec_id)
+            execution_report(b, event, &order, exec_type, seq_as_exec_id, &instruments)
         });
         if exec_type == b'5' {
             self.forget(order.orig_cl_ord_id, event.token);
@@ -354,7 +363,7 @@ impl FixState {
                 .field(tag::ORD_STATUS, status)
                 .field(tag::CXL_REJ_RESPONSE_TO, response_to)
                 .int(tag::CXL_REJ_REASON, if reason == 16 { 1 } else { 99 })
-                .int(tag::TEXT, i64::from(reason));
+                .field(tag::TEXT, reason_name(reason as u8).as_bytes());
         });
     }
 }
@@ -390,7 +399,14 @@ fn apply(order: &mut Order, event: &Event) -> u8 {
     }
 }
 
-fn execution_report(b: &mut Builder, event: &Event, order: &Order, exec_type: u8, exec_id: i64) {
+fn execution_report(
+    b: &mut Builder,
+    event: &Event,
+    order: &Order,
+    exec_type: u8,
+    exec_id: i64,
+    instruments: &InstrumentTable,
+) {
     let leaves = if matches!(exec_type, b'4' | b'8') { 0 } else { event.leaves_qty };
     let status: &[u8] = match exec_type {
         b'8' => b"8",
@@ -406,15 +422,16 @@ fn execution_report(b: &mut Builder, event: &Event, order: &Order, exec_type: u8
     b.int(tag::EXEC_ID, exec_id)
         .field(tag::EXEC_TYPE, &[exec_type])
         .field(tag::ORD_STATUS, status)
-        .int(tag::SYMBOL, i64::from(order.instrument))
+        .field(tag::SYMBOL, symbol_of(instruments, order.instrument).as_bytes())
         .field(tag::SIDE, &[order.side])
         .int(tag::ORDER_QTY, i64::from(order.order_qty))
-        .int(tag::PRICE, order.price)
+        .field(tag::PRICE, instruments.price_text(order.price).as_bytes())
         .int(tag::LEAVES_QTY, i64::from(leaves))
         .int(tag::CUM_QTY, i64::from(order.cum_qty));
-    put_avg_px(b, order);
+    put_avg_px(b, order, instruments);
     if exec_type == b'F' {
-        b.int(tag::LAST_QTY, i64::from(event.qty)).int(tag::LAST_PX, event.price);
+        let last_px = instruments.price_text(event.price);
+        b.int(tag::LAST_QTY, i64::from(event.qty)).field(tag::LAST_PX, last_px.as_bytes());
     }
     if exec_type == b'8' {
         let ord_rej_reason = match event.reason {
@@ -423,26 +440,31 @@ fn execution_report(b: &mut Builder, event: &Event, order: &Order, exec_type: u8
             17 => 6, // duplicate order
             _ => 99,
         };
-        b.int(tag::ORD_REJ_REASON, ord_rej_reason).int(tag::TEXT, i64::from(event.reason));
+        let text = reason_name(event.reason);
+        b.int(tag::ORD_REJ_REASON, ord_rej_reason).field(tag::TEXT, text.as_bytes());
     }
 }
 
-/// AvgPx with four decimals (prices are integers in the instrument's unit).
-fn put_avg_px(b: &mut Builder, order: &Order) {
-    let mut text = [0u8; 48];
-    let len = if order.cum_qty == 0 {
-        text[0] = b'0';
-        1
-    } else {
-        let scaled = order.notional * 10_000 / i128::from(order.cum_qty);
-        let mut cursor = &mut text[..];
-        let sign = if scaled < 0 { "-" } else { "" };
-        let scaled = scaled.abs();
-        let _ = write!(cursor, "{sign}{}.{:04}", scaled / 10_000, scaled % 10_000);
-        48 - cursor.len()
-    };
-    b.field(tag::AVG_PX, &text[..len]);
+/// An instrument's symbol, or its id when the table does not list it.
+fn symbol_of(instruments: &InstrumentTable, id: u32) -> String {
+    instruments.symbol_of(id).map_or_else(|| id.to_string(), str::to_string)
 }
+
+/// AvgPx, to [`AVG_PX_EXTRA_DECIMALS`] decimals beyond the price unit's (an average need not
+/// fall on a tick).
+fn put_avg_px(b: &mut Builder, order: &Order, instruments: &InstrumentTable) {
+    let scale = 10i128.pow(AVG_PX_EXTRA_DECIMALS);
+    let average = match order.cum_qty {
+        0 => 0,
+        filled => order.notional * scale / i128::from(filled),
+    };
+    let average = i64::try_from(average).unwrap_or(i64::MAX);
+    let text = format_scaled(average, instruments.price_decimals() + AVG_PX_EXTRA_DECIMALS);
+    b.field(tag::AVG_PX, text.as_bytes());
+}
+
+/// Decimal places AvgPx carries beyond the price unit's.
+const AVG_PX_EXTRA_DECIMALS: u32 = 4;
 
 /// Wall-clock nanoseconds since the Unix epoch (FIX timestamps are UTC wall time).
 pub fn unix_ns() -> u64 {

@@ -88,6 +88,10 @@ pub struct Settings {
     /// Series per client id on `/metrics` (`client="N"` labels); off, only their sums: the
     /// page then neither lists who trades nor grows with the credentials file.
     pub metrics_per_client: bool,
+    /// Symbols and the price scale FIX's Symbol (55) and decimal prices convert with, from the
+    /// files the tier's master data came from; empty: the reference universe's (filled in by
+    /// [`crate::server::start`]).
+    pub instruments: std::sync::Arc<exchange::instruments::InstrumentTable>,
 }
 
 /// Missed heartbeat intervals after which a link is declared dead.
@@ -111,6 +115,7 @@ impl Default for Settings {
             admin_token: None,
             metrics_token: None,
             metrics_per_client: false,
+            instruments: std::sync::Arc::default(),
         }
     }
 }

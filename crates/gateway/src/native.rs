@@ -60,6 +60,29 @@ pub mod gateway_reason {
     pub const NOT_KEPT: u8 = 104;
 }
 
+/// The name of a reject reason code, the tier's (`exchange::msg::Reason`) or the gateway's
+/// ([`gateway_reason`]): what FIX Text (58) and `exchange client` show.
+///
+/// ```
+/// use gateway::native::{gateway_reason, reason_name};
+/// assert_eq!(reason_name(exchange::msg::Reason::PriceOffTick as u8), "PriceOffTick");
+/// assert_eq!(reason_name(gateway_reason::THROTTLED), "Throttled");
+/// assert_eq!(reason_name(250), "250");
+/// ```
+pub fn reason_name(code: u8) -> String {
+    let gateway_names = ["Throttled", "Busy", "WrongClient", "ShuttingDown", "NotKept"];
+    if let Some(name) = code
+        .checked_sub(gateway_reason::THROTTLED)
+        .and_then(|at| gateway_names.get(usize::from(at)))
+    {
+        return (*name).to_string();
+    }
+    match exchange::msg::Reason::ALL.get(usize::from(code)) {
+        Some(reason) if code < gateway_reason::THROTTLED => format!("{reason:?}"),
+        _ => code.to_string(),
+    }
+}
+
 /// Why a login was refused ([`ServerMsg::LoginRejected`]).
 pub mod login_reject {
     pub const BAD_CREDENTIALS: u8 = 1;

@@ -153,7 +153,11 @@ fn describe(layout: &TierLayout) -> String {
 /// syncer takes over the reply hold (docs/JOURNAL.md, "Durable replies in exchange serve");
 /// with an unsynced store, or with NATS subscribers (`also`), the tier holds replies until
 /// its journal has their input.
-pub fn start(options: ServeOptions) -> Result<Running, ServeError> {
+pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
+    if options.settings.instruments.is_empty() && options.tier.master_data.is_none() {
+        let table = exchange::flow::reference_market(&options.tier.universe).1;
+        options.settings.instruments = Arc::new(table);
+    }
     if let Some(addr) = options.metrics_listen {
         check_metrics_exposure(addr, &options.settings)?;
     }

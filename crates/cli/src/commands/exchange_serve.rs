@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
+use exchange::instruments::InstrumentTable;
 use exchange::tier::{LayoutChoice, TierConfig};
-use gateway::client::{NativeClient, describe, parse_script_line};
+use gateway::client::{NativeClient, describe_in, parse_script_line_in};
 use gateway::hub::Settings;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
@@ -35,8 +36,10 @@ pub struct ServeArgs {
     /// default true), `store_bytes_max` (compact the store past this; default 256 MiB),
     /// `fix_resend_window` (sent messages per FIX session kept by compaction; default 16384),
     /// `fix_comp_id`, `throttle_msgs_per_s`,
-    /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`, `instruments`,
-    /// `clients`, `layout` (see `--layout`), `admin_token` (the bearer token the metrics
+    /// `cancel_on_disconnect_ms` (0: off), `outbox_bytes_max`, `heartbeat_ms`,
+    /// `instruments_file` and `clients_file` (the market: docs/OPERATIONS.md; without them the
+    /// reference universe of `instruments` instruments and `clients` clients), `layout` (see
+    /// `--layout`), `admin_token` (the bearer token the metrics
     /// listener's admin endpoints require; without it they are off), `metrics_token` (the
     /// bearer token `/metrics` requires; without it the page is open and the listener must be
     /// on loopback), `metrics_per_client` (a series per client id; default false: sums only),
@@ -102,7 +105,9 @@ pub struct ClientArgs {
     #[arg(long, env = "LEANTIER_SECRET")]
     pub secret: String,
     /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`,
-    /// `cancel TOKEN INSTRUMENT`, `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin.
+    /// `cancel TOKEN INSTRUMENT`, `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin. With
+    /// --instruments, INSTRUMENT may be a symbol and PRICE a decimal (`buy 1 ACME 100 101.25`).
+    /// Each report is printed as one line.
     #[arg(long, default_value = "-")]
     pub script: PathBuf,
     /// First sequenced message to replay at login (1: all; 0: only new ones).
@@ -111,6 +116,10 @@ pub struct ClientArgs {
     /// How long to keep printing reports after the script's last line, ms.
     #[arg(long, default_value_t = 500)]
     pub linger_ms: u64,
+    /// The server's instruments file (`instruments_file`): symbols and decimal prices in the
+    /// script and the printed reports; without it, ids and whole price units.
+    #[arg(long)]
+    pub instruments: Option<PathBuf>,
 }
 
 /// Prints the argon2 hash of a secret read from stdin (for the credentials file).
@@ -134,6 +143,8 @@ struct ServeConfig {
     heartbeat_ms: Option<u64>,
     instruments: Option<u32>,
     clients: Option<u32>,
+    instruments_file: Option<PathBuf>,
+    clients_file: Option<PathBuf>,
     layout: Option<String>,
     admin_token: Option<String>,
     metrics_token: Option<String>,
@@ -186,6 +197,28 @@ fn tier_from(
     Ok(tier)
 }
 
+/// With `instruments_file` and `clients_file`, the tier starts from their master data and the
+/// sessions convert symbols and decimals with their table; without, the reference universe.
+fn with_market_files(
+    mut tier: TierConfig,
+    mut settings: Settings,
+    config: &ServeConfig,
+    base: &Path,
+) -> Result<(TierConfig, Settings), BadInput> {
+    let (instruments, clients) = match (&config.instruments_file, &config.clients_file) {
+        (None, None) => return Ok((tier, settings)),
+        (Some(instruments), Some(clients)) => (base.join(instruments), base.join(clients)),
+        _ => return Err(BadInput("instruments_file and clients_file go together".into())),
+    };
+    let bad = |e: exchange::ExchangeError| BadInput(e.to_string());
+    let instruments = exchange::instruments::read_toml(&instruments).map_err(bad)?;
+    let clients = exchange::instruments::read_toml(&clients).map_err(bad)?;
+    let (master, table) = exchange::instruments::load(&instruments, &clients).map_err(bad)?;
+    tier.master_data = Some(master);
+    settings.instruments = std::sync::Arc::new(table);
+    Ok((tier, settings))
+}
+
 fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
     let defaults = Settings::default();
     Settings {
@@ -233,7 +266,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let tier = tier_from(args, &config, layout)?;
+    let (tier, settings) =
+        with_market_files(tier_from(args, &config, layout)?, settings, &config, base)?;
     if !(args.planned_rate.is_finite() && args.planned_rate > 0.0) {
         return Err(BadInput("--planned-rate must be a number > 0".into()).into());
     }
@@ -312,30 +346,43 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
             .map_err(|e| BadInput(format!("{}: {e}", args.script.display())))?;
         Box::new(std::io::BufReader::new(file))
     };
+    let table = match &args.instruments {
+        Some(path) => {
+            let file = exchange::instruments::read_toml(path)?;
+            let no_clients = exchange::instruments::ClientsFile { clients: Vec::new() };
+            Some(exchange::instruments::load(&file, &no_clients)?.1)
+        }
+        None => None,
+    };
+    let table = table.as_ref();
     let mut session = NativeClient::connect(args.connect)?;
     let login = session.login(args.client, &args.secret, args.next_seq, Duration::from_secs(10))?;
-    println!("{}", describe(&login));
+    println!("{}", describe_in(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
         anyhow::bail!("login refused");
     }
     for (at, line) in script.lines().enumerate() {
         let line = line?;
-        let msg = parse_script_line(&line, args.client)
+        let msg = parse_script_line_in(&line, args.client, table)
             .map_err(|e| BadInput(format!("script line {}: {e}", at + 1)))?;
         if let Some(msg) = msg {
             session.send(&msg)?;
         }
-        print_available(&mut session, Duration::ZERO)?;
+        print_available(&mut session, Duration::ZERO, table)?;
     }
-    print_available(&mut session, Duration::from_millis(args.linger_ms))?;
+    print_available(&mut session, Duration::from_millis(args.linger_ms), table)?;
     session.send(&ClientMsg::Logout)?;
     Ok(())
 }
 
-fn print_available(session: &mut NativeClient, linger: Duration) -> anyhow::Result<()> {
+fn print_available(
+    session: &mut NativeClient,
+    linger: Duration,
+    table: Option<&InstrumentTable>,
+) -> anyhow::Result<()> {
     let wait = linger.max(Duration::from_millis(1));
     while let Some(msg) = session.recv(wait)? {
-        println!("{}", describe(&msg));
+        println!("{}", describe_in(&msg, table));
     }
     Ok(())
 }

@@ -66,6 +66,8 @@ fn calibrate_groups(
         core_shards: 1,
         senders: 1,
         placement: false,
+        // The generated flow trades the reference universe, whatever the server lists.
+        master_data: None,
         ..config.clone()
     };
     let load = LoadConfig {

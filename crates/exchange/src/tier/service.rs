@@ -15,7 +15,6 @@ use super::{
     Durability, ExternalEvent, OrderSource, RunOptions, ShardJournalReport, SubscriberFactory,
     TierConfig, TierInput, TierLayout, Totals, plan_layout, recover,
 };
-use crate::flow::reference_master_data;
 use crate::master::MasterUpdate;
 use crate::msg::{InboundOrder, REASON_COUNT};
 
@@ -149,7 +148,7 @@ impl Tier {
         subscribers: SubscriberFactory,
         entry: Entry,
     ) -> anyhow::Result<(Tier, Feeds)> {
-        let master = reference_master_data(&config.universe);
+        let master = config.starting_master_data();
         let (starts, durability) = recover(config, options, &master)?;
         let RunningTier { pipeline, feeds, reports } =
             graph::start(config, layout, options, starts, (subscribers, entry))?;
