@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lab::load::{RateSearchPlan, RateSearchReport, search_max_rate};
 use lab::report::progress_bar;
-use lab::stats::{LatencySummary, karp_flatt, speedup};
+use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
 
 use crate::durability::{JournalMode, JournalOptions};
@@ -201,6 +201,9 @@ pub struct PlacementPoint {
     pub variant: &'static str,
     pub rate_per_s: f64,
     pub end_to_end: LatencySummary,
+    /// The same latency in full, for percentile plots and `.hgrm` files.
+    #[serde(skip)]
+    pub end_to_end_histogram: LatencyHistogram,
     /// What placement reported (pinning refused, threads sharing a CPU, …).
     pub notes: Vec<String>,
 }
@@ -238,6 +241,7 @@ pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
                 variant,
                 rate_per_s,
                 end_to_end: result.end_to_end.summary(),
+                end_to_end_histogram: result.end_to_end.clone(),
                 notes: result.placement.notes.clone(),
             });
         }

@@ -9,7 +9,7 @@ use crate::outcome::BadInput;
 use lab::load::RateSearchReport;
 use lab::report::{
     BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
-    format_ns_as_us, latency_cdf_plot, latency_table,
+    format_ns_as_us, latency_percentile_plot, latency_table,
 };
 use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
@@ -653,13 +653,12 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     for (index, table) in tables.iter().enumerate() {
         dir.write_csv(&format!("table-{index}.csv"), table)?;
     }
-    let cdf_series: Vec<(String, &lab::stats::LatencyHistogram)> =
-        runs.iter().map(|r| (rate_label(r.rate_per_s), &r.end_to_end)).collect();
-    let cdf_refs: Vec<(&str, &lab::stats::LatencyHistogram)> =
-        cdf_series.iter().map(|(l, h)| (l.as_str(), *h)).collect();
+    let labels: Vec<String> = runs.iter().map(|r| rate_label(r.rate_per_s)).collect();
+    let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
+        labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
     dir.write_svg(
-        "latency-cdf.svg",
-        &latency_cdf_plot("End-to-end latency CDF per rate", &cdf_refs).x_log().to_svg(),
+        "latency-percentiles.svg",
+        &latency_percentile_plot("End-to-end latency by percentile, per rate", &series).to_svg(),
     )?;
     let mut breakdown = BarChart::new("p99 latency per stage", "p99 (µs)", STAGE_SPLITS);
     for run in runs {
@@ -690,7 +689,9 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         dir.write_svg("max-rate.svg", &plot.to_svg())?;
         markdown.paragraph(&max_line).image("p99 vs rate", "max-rate.svg");
     }
-    markdown.image("latency CDF", "latency-cdf.svg").image("per-stage p99", "stage-breakdown.svg");
+    markdown
+        .image("latency by percentile", "latency-percentiles.svg")
+        .image("per-stage p99", "stage-breakdown.svg");
     dir.write_markdown("summary.md", markdown.as_str())?;
     Ok(())
 }

@@ -11,6 +11,7 @@ pub mod exchange_serve;
 pub mod journal;
 pub mod mq;
 pub mod planner;
+pub mod reproduce;
 pub mod values;
 pub mod web;
 pub mod web_lab;
