@@ -8,8 +8,8 @@ use super::values::one_of;
 use crate::outcome::BadInput;
 use lab::load::RateSearchReport;
 use lab::report::{
-    BarChart, LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table,
-    format_ns_as_us, latency_percentile_plot, latency_table,
+    LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table, format_ns_as_us,
+    latency_percentile_plot, latency_table,
 };
 use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
@@ -533,22 +533,29 @@ fn stages_table(runs: &[RunResult]) -> Table {
     let mut table = Table::new([
         "rate",
         "stage",
+        "thread group",
         "workers",
-        "messages in",
+        "messages",
         "throughput msg/s",
         "utilization %",
     ])
-    .with_title("Throughput and utilization per stage");
+    .with_title(
+        "Throughput and utilization per stage (generator: messages sent; a fused stage is \
+         counted in its group's first stage)",
+    );
     for run in runs {
         for stage in &run.pipeline {
-            table.row([
-                rate_label(run.rate_per_s),
-                stage.stage.clone(),
-                stage.workers.to_string(),
-                stage.messages_in.to_string(),
-                format!("{:.0}", stage.messages_in as f64 / run.elapsed_s.max(f64::MIN_POSITIVE)),
-                format!("{:.1}", stage.utilization * 100.0),
-            ]);
+            let row = super::tier_report::stage_row(run, stage);
+            let counts = match &row.counts {
+                Some(c) => [
+                    c.workers.to_string(),
+                    c.messages.to_string(),
+                    format!("{:.0}", c.throughput_per_s),
+                    format!("{:.1}", c.utilization * 100.0),
+                ],
+                None => ["fused".into(), "-".into(), "-".into(), "-".into()],
+            };
+            table.row([rate_label(run.rate_per_s), row.stage, row.group].into_iter().chain(counts));
         }
     }
     table
@@ -650,9 +657,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         max_rate_looser: session.max_rate_looser.as_ref(),
     };
     dir.write_json("report.json", &json)?;
-    for (index, table) in tables.iter().enumerate() {
-        dir.write_csv(&format!("table-{index}.csv"), table)?;
-    }
+    write_run_data(&dir, runs)?;
     let labels: Vec<String> = runs.iter().map(|r| rate_label(r.rate_per_s)).collect();
     let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
         labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
@@ -660,21 +665,21 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         "latency-percentiles.svg",
         &latency_percentile_plot("End-to-end latency by percentile, per rate", &series).to_svg(),
     )?;
-    let mut breakdown = BarChart::new("p99 latency per stage", "p99 (µs)", STAGE_SPLITS);
-    for run in runs {
-        let values = run
-            .stage_latency
-            .iter()
-            .map(|h| h.value_at_percentile_ns(99.0) as f64 / 1_000.0)
-            .collect();
-        breakdown = breakdown.group(&rate_label(run.rate_per_s), values);
+    if let Some(run) = runs.last() {
+        let series: Vec<(&str, &LatencyHistogram)> =
+            STAGE_SPLITS.iter().copied().zip(&run.stage_latency).collect();
+        let title = format!("Latency per stage by percentile @{}", rate_label(run.rate_per_s));
+        dir.write_svg("stage-breakdown.svg", &latency_percentile_plot(&title, &series).to_svg())?;
     }
-    dir.write_svg("stage-breakdown.svg", &breakdown.to_svg())?;
     let mut markdown = Markdown::new();
     markdown.heading(1, title);
     markdown.paragraph(&format!(
-        "Open-loop load ({} arrivals), latency from each request's intended send time to its first response at the subscriber gateway. Configuration: {} pre-process workers, {} core shards, {} senders, wait `{}`, placement {}, journal `{:?}` (critical path: until the response is ready; durable reply: until delivered after its input's fsync).",
-        session.load.arrival, session.config.preprocess_workers, session.config.core_shards, session.config.senders, session.config.wait, session.config.placement, session.config.journal
+        "Open-loop load ({} arrivals), latency from each request's intended send time to its \
+         first response at the subscriber gateway; journal `{}` (critical path: until the \
+         response is ready; durable reply: until delivered after its input's fsync). {}.",
+        session.load.arrival,
+        session.config.journal.name(),
+        runs.first().map_or("No run".to_string(), super::tier_report::layout_sentence),
     ));
     for table in &tables {
         markdown.table(table);
@@ -683,8 +688,10 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         let mut points: Vec<(f64, f64)> =
             report.steps.iter().map(|s| (s.rate_per_s, s.value_ns as f64 / 1_000.0)).collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let plot = LinePlot::new("p99 latency vs arrival rate", "rate (msg/s)", "p99 (µs)")
-            .series("p99", points)
+        let limit_us = report.plan.limit_ns as f64 / 1_000.0;
+        let plot = LinePlot::new("Critical-path p99 vs arrival rate", "rate (msg/s)", "p99 (µs)")
+            .series("p99 at each search step", points)
+            .limit(&format!("p99 limit {limit_us} µs"), limit_us)
             .y_log();
         dir.write_svg("max-rate.svg", &plot.to_svg())?;
         markdown.paragraph(&max_line).image("p99 vs rate", "max-rate.svg");
@@ -693,6 +700,19 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         .image("latency by percentile", "latency-percentiles.svg")
         .image("per-stage p99", "stage-breakdown.svg");
     dir.write_markdown("summary.md", markdown.as_str())?;
+    Ok(())
+}
+
+/// The runs' numbers as data files: latency, stages, and the cumulative buckets of both views.
+fn write_run_data(dir: &ReportDir, runs: &[RunResult]) -> anyhow::Result<()> {
+    use super::tier_report::{buckets_data, latency_data, stages_data};
+    dir.write_data(&latency_data(runs))?;
+    dir.write_data(&stages_data(runs))?;
+    let views: [(&str, fn(&RunResult) -> &LatencyHistogram); 2] =
+        [("critical-path", |r| &r.critical_path), ("reply", |r| &r.end_to_end)];
+    for (view, latency) in views {
+        dir.write_data(&buckets_data(runs, view, latency, BUCKET_WIDTH_NS, BUCKETS_MAX))?;
+    }
     Ok(())
 }
 

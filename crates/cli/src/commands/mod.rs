@@ -12,6 +12,7 @@ pub mod journal;
 pub mod mq;
 pub mod planner;
 pub mod reproduce;
+pub mod tier_report;
 pub mod values;
 pub mod web;
 pub mod web_lab;
