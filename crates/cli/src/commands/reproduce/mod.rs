@@ -123,12 +123,20 @@ pub struct PaperResult {
     pub files: Vec<String>,
 }
 
+/// What became of a paper in this invocation.
+pub enum Outcome {
+    Ran(PaperResult),
+    Failed(String),
+    /// Left out by `--only`: the page still shows what was published.
+    Skipped,
+}
+
 /// One paper as the page shows it.
 pub struct PaperSection<'a> {
     pub paper: PublishedPaper<'a>,
     pub name: &'static str,
     pub elapsed: Duration,
-    pub outcome: Result<PaperResult, String>,
+    pub outcome: Outcome,
 }
 
 /// `leantier reproduce`.
@@ -146,17 +154,24 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let ticks = CpuTicks::now();
     let mut sections = Vec::new();
     for (id, name, runner) in PAPERS {
+        let paper = published.paper(id)?;
         if !args.only.is_empty() && !args.only.iter().any(|o| o == id) {
+            let elapsed = Duration::ZERO;
+            sections.push(PaperSection { paper, name, elapsed, outcome: Outcome::Skipped });
             continue;
         }
         println!("paper {id} ({name}) …");
         let paper_started = Instant::now();
-        let paper = published.paper(id)?;
-        let outcome = runner(&scale, &paper, &dir).map_err(|e| format!("{e:#}"));
-        match &outcome {
-            Ok(result) => write_figures(&dir, &result.figures)?,
-            Err(error) => eprintln!("paper {id}: the run failed: {error}"),
-        }
+        let outcome = match runner(&scale, &paper, &dir) {
+            Ok(result) => {
+                write_figures(&dir, &result.figures)?;
+                Outcome::Ran(result)
+            }
+            Err(error) => {
+                eprintln!("paper {id}: the run failed: {error:#}");
+                Outcome::Failed(format!("{error:#}"))
+            }
+        };
         let elapsed = paper_started.elapsed();
         println!("paper {id} done in {:.1} s", elapsed.as_secs_f64());
         sections.push(PaperSection { paper, name, elapsed, outcome });
@@ -180,9 +195,13 @@ fn write_verdicts(dir: &ReportDir, sections: &[PaperSection<'_>]) -> anyhow::Res
         ["paper", "claim", "rule", "measured", "verdict", "why_not_measurable"],
     );
     for section in sections {
-        let Ok(result) = &section.outcome else {
-            table.push(vec![section.paper.id.into(), "the run failed".into()]);
-            continue;
+        let result = match &section.outcome {
+            Outcome::Ran(result) => result,
+            Outcome::Failed(_) => {
+                table.push(vec![section.paper.id.into(), "the run failed".into()]);
+                continue;
+            }
+            Outcome::Skipped => continue,
         };
         for claim in &result.claims {
             let (verdict, why) = page::verdict_words(&claim.verdict);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lab::html::{HtmlPage, escape_html, inline_svg, table_html};
 
 use super::machine::Machine;
-use super::{PaperResult, PaperSection, Verdict};
+use super::{Outcome, PaperResult, PaperSection, Verdict};
 
 /// The verdict's word and, when not measurable, why.
 pub fn verdict_words(verdict: &Verdict) -> (&'static str, String) {
@@ -60,13 +60,14 @@ fn overview(sections: &[PaperSection<'_>]) -> String {
     );
     for section in sections {
         let count = |class: &str| match &section.outcome {
-            Ok(result) => result
+            Outcome::Ran(result) => result
                 .claims
                 .iter()
                 .filter(|c| verdict_class(&c.verdict) == class)
                 .count()
                 .to_string(),
-            Err(_) => "-".into(),
+            Outcome::Failed(_) => "failed".into(),
+            Outcome::Skipped => "not run".into(),
         };
         html += &format!(
             "<tr><td><a href=\"#paper-{id}\">{id} {}</a></td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
@@ -88,14 +89,23 @@ fn paper_section(page: &mut HtmlPage, section: &PaperSection<'_>, machine: &Mach
     page.heading(2, None, &format!("{} · {}", paper.id, paper.title));
     page.paragraph(Some("note"), &format!("{} · published setup: {}", paper.authors, paper.setup));
     match &section.outcome {
-        Ok(result) => {
+        Outcome::Ran(result) => {
             page.heading(3, None, "Verdict per claim");
             page.raw(&claims_table(result));
             page.paragraph(None, &format!("What ran here: {}", result.scope));
             measured(page, result, machine);
         }
-        Err(error) => {
+        Outcome::Failed(error) => {
             page.paragraph(Some("not-reproduced"), &format!("The run failed: {error}"));
+        }
+        Outcome::Skipped => {
+            page.paragraph(
+                Some("note"),
+                &format!(
+                    "Not run this time (--only); `leantier reproduce --only {}` runs it.",
+                    paper.id
+                ),
+            );
         }
     }
     published(page, paper);
@@ -159,7 +169,7 @@ pub fn summary_lines(sections: &[PaperSection<'_>]) -> String {
     let mut lines = Vec::new();
     for section in sections {
         match &section.outcome {
-            Ok(result) => {
+            Outcome::Ran(result) => {
                 for claim in &result.claims {
                     let (word, why) = verdict_words(&claim.verdict);
                     let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
@@ -169,7 +179,10 @@ pub fn summary_lines(sections: &[PaperSection<'_>]) -> String {
                     ));
                 }
             }
-            Err(error) => lines.push(format!("{}: the run failed: {error}", section.paper.id)),
+            Outcome::Failed(error) => {
+                lines.push(format!("{}: the run failed: {error}", section.paper.id))
+            }
+            Outcome::Skipped => {}
         }
     }
     lines.join("\n")
