@@ -287,7 +287,7 @@ fn search(
     };
     let mut reports = Vec::with_capacity(SEARCH_REPEATS);
     for _ in 0..SEARCH_REPEATS {
-        let mut search = RateSearch::new(plan.clone())?;
+        let mut search = RateSearch::new(plan)?;
         while let Some(rate) = search.next_rate() {
             let latency = view(server.step(rate, step_seconds)?);
             search.record(rate, &latency);

@@ -708,7 +708,7 @@ fn write_run_data(dir: &ReportDir, runs: &[RunResult]) -> anyhow::Result<()> {
     use super::tier_report::{buckets_data, latency_data, stages_data};
     dir.write_data(&latency_data(runs))?;
     dir.write_data(&stages_data(runs))?;
-    let views: [(&str, fn(&RunResult) -> &LatencyHistogram); 2] =
+    let views: [(&str, super::tier_report::LatencyOf); 2] =
         [("critical-path", |r| &r.critical_path), ("reply", |r| &r.end_to_end)];
     for (view, latency) in views {
         dir.write_data(&buckets_data(runs, view, latency, BUCKET_WIDTH_NS, BUCKETS_MAX))?;

@@ -10,6 +10,9 @@ use pipeline::metrics::StageMetrics;
 /// The pipeline's name for the load generator when it runs inline.
 const GENERATOR_STAGE: &str = "generator";
 
+/// Picks one latency view of a run.
+pub type LatencyOf = fn(&RunResult) -> &LatencyHistogram;
+
 /// One stage of a run as the report shows it.
 pub struct StageRow {
     pub stage: String,
@@ -148,7 +151,7 @@ pub fn latency_data(runs: &[RunResult]) -> DataTable {
 pub fn buckets_data(
     runs: &[RunResult],
     view: &str,
-    latency: fn(&RunResult) -> &LatencyHistogram,
+    latency: LatencyOf,
     width_ns: u64,
     buckets: usize,
 ) -> DataTable {

@@ -191,27 +191,48 @@ fn affinity_claims(paper: &PublishedPaper<'_>, placement: &[Vec<PlacementPoint>]
     vec![affinity, load]
 }
 
+/// One publisher count's speedup figures.
+struct PublisherRow {
+    publishers: usize,
+    /// p99 with one publisher / p99 with these.
+    speedup: f64,
+    /// The serial fraction this speedup implies (none for one publisher).
+    karp_flatt: Option<f64>,
+    /// Amdahl's speedup with the median serial fraction.
+    amdahl_fit: f64,
+}
+
 /// Speedup of the p99 over one publisher, the Karp–Flatt serial fraction it implies, and
 /// Amdahl's speedup with the median serial fraction.
-fn publishers_rows(senders: &[SendersPoint]) -> Vec<(usize, f64, Option<f64>, f64)> {
+fn publishers_rows(senders: &[SendersPoint]) -> Vec<PublisherRow> {
     let base = senders.first().map_or(0.0, |p| us(p.latency.p99_ns));
     let speedups: Vec<(usize, f64)> = senders
         .iter()
         .map(|p| (p.senders, base / us(p.latency.p99_ns).max(f64::MIN_POSITIVE)))
         .collect();
-    let serial: Vec<f64> = speedups
-        .iter()
-        .filter(|(n, _)| *n > 1)
-        .filter_map(|&(n, s)| lab::stats::karp_flatt(s, n as f64).ok())
-        .collect();
+    let karp_flatt =
+        |n: usize, s: f64| (n > 1).then(|| lab::stats::karp_flatt(s, n as f64).ok()).flatten();
+    let serial: Vec<f64> = speedups.iter().filter_map(|&(n, s)| karp_flatt(n, s)).collect();
     let serial = if serial.is_empty() { 1.0 } else { median_of(serial).clamp(0.0, 1.0) };
     speedups
         .iter()
-        .map(|&(n, s)| {
-            let karp_flatt = (n > 1).then(|| lab::stats::karp_flatt(s, n as f64).ok()).flatten();
-            (n, s, karp_flatt, amdahl(serial, n as f64).unwrap_or(f64::NAN))
+        .map(|&(n, s)| PublisherRow {
+            publishers: n,
+            speedup: s,
+            karp_flatt: karp_flatt(n, s),
+            amdahl_fit: amdahl(serial, n as f64).unwrap_or(f64::NAN),
         })
         .collect()
+}
+
+/// The published p99 speedup for `n` publishers (Table 2; the 3-core run for 6).
+fn published_speedup(paper: &PublishedPaper<'_>, n: usize) -> Option<f64> {
+    let config = match n {
+        1 => return Some(1.0),
+        6 => "6 Pubs - 3C".to_string(),
+        n => format!("{n} Pubs"),
+    };
+    paper.number("table2_parallelisation_99pct", "config", &config, "speedup")
 }
 
 fn publishers_figure(paper: &PublishedPaper<'_>, senders: &[SendersPoint]) -> Figure {
@@ -230,40 +251,30 @@ fn publishers_figure(paper: &PublishedPaper<'_>, senders: &[SendersPoint]) -> Fi
         ],
     );
     let rows = publishers_rows(senders);
-    let published = |n: usize| {
-        let config = if n == 1 {
-            "1Pub".to_string()
-        } else if n == 6 {
-            "6 Pubs - 3C".into()
-        } else {
-            format!("{n} Pubs")
-        };
-        let speedup = paper.number("table2_parallelisation_99pct", "config", &config, "speedup");
-        speedup.or((n == 1).then_some(1.0))
-    };
-    for (point, &(n, speedup, karp_flatt, fit)) in senders.iter().zip(&rows) {
+    for (point, row) in senders.iter().zip(&rows) {
         table.push(vec![
-            n.into(),
+            row.publishers.into(),
             (point.latency.mean_ns / 1_000.0).into(),
             us(point.latency.p90_ns).into(),
             us(point.latency.p99_ns).into(),
-            speedup.into(),
-            karp_flatt.into(),
-            fit.into(),
-            published(n).into(),
+            row.speedup.into(),
+            row.karp_flatt.into(),
+            row.amdahl_fit.into(),
+            published_speedup(paper, row.publishers).into(),
         ]);
     }
-    let points = |f: &dyn Fn(&(usize, f64, Option<f64>, f64)) -> Option<f64>| {
-        rows.iter().filter_map(|r| Some((r.0 as f64, f(r)?))).collect::<Vec<_>>()
-    };
+    let x = |row: &PublisherRow| row.publishers as f64;
     let plot = LinePlot::new(
         "Speedup of the p99 over one publisher",
         "publishers (R-Senders)",
         "speedup (×)",
     )
-    .series("measured", points(&|r| Some(r.1)))
-    .series("Amdahl fit (median Karp–Flatt)", points(&|r| Some(r.3)))
-    .series("published (Table 2, 99%)", points(&|r| published(r.0)))
+    .series("measured", rows.iter().map(|r| (x(r), r.speedup)).collect())
+    .series("Amdahl fit (median Karp–Flatt)", rows.iter().map(|r| (x(r), r.amdahl_fit)).collect())
+    .series(
+        "published (Table 2, 99%)",
+        rows.iter().filter_map(|r| Some((x(r), published_speedup(paper, r.publishers)?))).collect(),
+    )
     .limit("no speedup", 1.0);
     Figure {
         plot_svg: Some(plot.to_svg()),
@@ -280,10 +291,10 @@ fn publishers_claim(senders: &[SendersPoint], cores: usize) -> Claim {
     let rows = publishers_rows(senders);
     let best = rows
         .iter()
-        .filter(|r| (2..=5).contains(&r.0))
-        .map(|r| (r.0, r.1))
+        .filter(|r| (2..=5).contains(&r.publishers))
+        .map(|r| (r.publishers, r.speedup))
         .max_by(|a, b| a.1.total_cmp(&b.1));
-    let six = rows.iter().find(|r| r.0 == 6).map(|r| r.1);
+    let six = rows.iter().find(|r| r.publishers == 6).map(|r| r.speedup);
     let measured = match (best, six) {
         (Some((n, s)), Some(six)) => format!("best {s:.2}× at {n}; {six:.2}× at 6"),
         _ => "incomplete".into(),
