@@ -39,7 +39,8 @@ pub fn run(
         clients: 8,
         connections: 8,
         message_bytes: MESSAGE_BYTES,
-        duration_s: scale.seconds(1.5, 4.0),
+        // The measured window is what is left after warm-up and cool-down (≥ 1 s).
+        duration_s: scale.seconds(2.0, 4.0),
         warmup_s: scale.seconds(0.3, 1.0),
         cooldown_s: scale.seconds(0.2, 0.5),
         ..LoadConfig::default()
@@ -334,7 +335,9 @@ fn claims(measured: &Measured) -> Vec<Claim> {
         format!("{:.0} → {:.0} req/s", first.unwrap_or(f64::NAN), last.unwrap_or(f64::NAN)),
         first.zip(last).map(|(a, b)| b > a).ok_or_else(|| "no runs".to_string()),
     );
-    let levels: Vec<usize> = measured.scale.iter().map(|p| p.level).filter(|&l| l > 1).collect();
+    let mut levels: Vec<usize> =
+        measured.scale.iter().map(|p| p.level).filter(|&l| l > 1).collect();
+    levels.dedup();
     let ratios: Vec<(usize, f64)> = levels
         .iter()
         .filter_map(|&level| {

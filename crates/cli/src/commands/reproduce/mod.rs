@@ -247,3 +247,66 @@ pub fn median(values: &[f64]) -> Option<f64> {
 pub fn us(ns: u64) -> f64 {
     ns as f64 / 1_000.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section<'a>(
+        published: &'a Published,
+        id: &'static str,
+        outcome: Outcome,
+    ) -> PaperSection<'a> {
+        let paper = published.paper(id).unwrap();
+        PaperSection { paper, name: "test", elapsed: Duration::from_secs(1), outcome }
+    }
+
+    #[test]
+    fn count_rule_states_k_of_n_and_needs_a_measurement() {
+        assert_eq!(count_rule(4, 5, 4), ("4 of 5".to_string(), Ok(true)));
+        assert_eq!(count_rule(3, 5, 4).1, Ok(false));
+        assert!(count_rule(0, 0, 1).1.is_err());
+    }
+
+    #[test]
+    fn the_page_shows_every_paper_with_its_verdicts_and_plots() {
+        let published = Published::load(None).unwrap();
+        let mut table = DataTable::new("t-measured", "Measured here", ["rate_msgs_per_s"]);
+        table.push(vec![20_000.0.into()]);
+        let plot = lab::report::LinePlot::new("p", "x (s)", "y (µs)").series("s", vec![(1.0, 2.0)]);
+        let claims = vec![
+            Claim::decide("c1", "rule 1", "m1".into(), Ok(true)),
+            Claim::decide("c2", "rule 2", "m2".into(), Ok(false)),
+            Claim::decide("c3", "rule 3", "m3".into(), Err("no cores".into())),
+        ];
+        let figure = Figure { table, plot_svg: Some(plot.to_svg()), note: "n".into() };
+        let result =
+            PaperResult { scope: "s".into(), figures: vec![figure], claims, files: vec![] };
+        let sections = vec![
+            section(&published, "000", Outcome::Ran(result)),
+            section(&published, "001", Outcome::Failed("boom".into())),
+            section(&published, "002", Outcome::Skipped),
+            section(&published, "003", Outcome::Skipped),
+            section(&published, "004", Outcome::Skipped),
+        ];
+        let machine = Machine::describe(CpuTicks::now());
+        let html = page::render(&sections, &machine, "leantier reproduce", Duration::from_secs(3));
+        for id in ["000", "001", "002", "003", "004"] {
+            assert!(html.contains(&format!("id=\"paper-{id}\"")), "{id}");
+        }
+        for needle in [
+            "class=\"reproduced\"",
+            "class=\"not-reproduced\"",
+            "not measurable here: no cores",
+            "<svg",
+            "The run failed: boom",
+            "Not run this time",
+            "Fig 5(b)",
+        ] {
+            assert!(html.contains(needle), "missing {needle}");
+        }
+        assert!(!html.contains("<script"), "no script");
+        let summary = page::summary_lines(&sections);
+        assert!(summary.contains("000 c2: not reproduced [m2]"), "{summary}");
+    }
+}
