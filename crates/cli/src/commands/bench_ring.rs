@@ -176,7 +176,7 @@ fn write_report(
     for table in &tables {
         markdown.table(table);
     }
-    markdown.image("latency CDF", "latency-percentiles.svg");
+    markdown.image("latency by percentile", "latency-percentiles.svg");
     dir.write_markdown("README.md", markdown.as_str())?;
     println!("report: {}", dir.path().display());
     Ok(())

@@ -537,25 +537,27 @@ fn stages_table(runs: &[RunResult]) -> Table {
         "workers",
         "messages",
         "throughput msg/s",
-        "utilization %",
+        "group utilization %",
     ])
     .with_title(
-        "Throughput and utilization per stage (generator: messages sent; a fused stage is \
-         counted in its group's first stage)",
+        "Throughput per stage (generator: messages sent) and utilization per thread group, on \
+         its first stage (stages joined by + share the group's thread)",
     );
     for run in runs {
         for stage in &run.pipeline {
             let row = super::tier_report::stage_row(run, stage);
-            let counts = match &row.counts {
-                Some(c) => [
-                    c.workers.to_string(),
-                    c.messages.to_string(),
-                    format!("{:.0}", c.throughput_per_s),
-                    format!("{:.1}", c.utilization * 100.0),
-                ],
-                None => ["fused".into(), "-".into(), "-".into(), "-".into()],
-            };
-            table.row([rate_label(run.rate_per_s), row.stage, row.group].into_iter().chain(counts));
+            let utilization = row
+                .utilization
+                .map_or(format!("in {}", row.group), |u| format!("{:.1}", u * 100.0));
+            table.row([
+                rate_label(run.rate_per_s),
+                row.stage,
+                row.group,
+                row.workers.to_string(),
+                row.messages.to_string(),
+                format!("{:.0}", row.throughput_per_s),
+                utilization,
+            ]);
         }
     }
     table

@@ -18,39 +18,40 @@ pub struct StageRow {
     pub stage: String,
     /// The thread group it ran in, e.g. `preprocess+core`.
     pub group: String,
-    /// `None` for a stage fused into its group's first stage (counted there).
-    pub counts: Option<StageCounts>,
-}
-
-pub struct StageCounts {
     pub workers: usize,
     /// Messages handled (the generator: messages sent).
     pub messages: u64,
     pub throughput_per_s: f64,
-    pub utilization: f64,
+    /// The thread group's measured utilization, on its first stage's row; `None` on the other
+    /// stages fused into it (their thread's time is the group's, shown once).
+    pub utilization: Option<f64>,
 }
 
-/// The group (label) that runs `stage`, and whether `stage` is not the group's first.
-fn group_of(run: &RunResult, stage: &str) -> Option<(String, bool)> {
-    run.layout.groups.iter().find_map(|group| {
+/// The group's index and label that runs `stage`, and `stage`'s position in it.
+fn group_of(run: &RunResult, stage: &str) -> Option<(usize, String, usize)> {
+    run.layout.groups.iter().enumerate().find_map(|(index, group)| {
         let position = group.stages.iter().position(|s| s.name() == stage)?;
-        Some((group.label(), position > 0))
+        Some((index, group.label(), position))
     })
 }
 
-/// The stage's row: a fused stage without counts of its own shows as fused.
+/// The stage's row: fused stages share their group's utilization, the generator shows what
+/// it sent.
 pub fn stage_row(run: &RunResult, stage: &StageMetrics) -> StageRow {
-    let generator = stage.stage == GENERATOR_STAGE;
-    let (group, fused) =
-        group_of(run, &stage.stage).unwrap_or_else(|| (stage.stage.clone(), false));
-    let messages = if generator { run.sent } else { stage.messages_in };
-    let counts = (!(fused && messages == 0)).then(|| StageCounts {
+    let messages = if stage.stage == GENERATOR_STAGE { run.sent } else { stage.messages_in };
+    let (group, utilization) = match group_of(run, &stage.stage) {
+        Some((index, label, 0)) => (label, run.layout_utilization.get(index).copied()),
+        Some((_, label, _)) => (label, None),
+        None => (stage.stage.clone(), Some(stage.utilization)),
+    };
+    StageRow {
+        stage: stage.stage.clone(),
+        group,
         workers: stage.workers,
         messages,
         throughput_per_s: messages as f64 / run.elapsed_s.max(f64::MIN_POSITIVE),
-        utilization: stage.utilization,
-    });
-    StageRow { stage: stage.stage.clone(), group, counts }
+        utilization,
+    }
 }
 
 /// The layout that ran, in one sentence: groups with their workers, wait and CPUs.
@@ -103,16 +104,15 @@ pub fn stages_data(runs: &[RunResult]) -> DataTable {
     for run in runs {
         for stage in &run.pipeline {
             let row = stage_row(run, stage);
-            let mut cells = vec![run.rate_per_s.into(), row.stage.into(), row.group.into()];
-            if let Some(c) = row.counts {
-                cells.extend([
-                    c.workers.into(),
-                    c.messages.into(),
-                    c.throughput_per_s.into(),
-                    (c.utilization * 100.0).into(),
-                ]);
-            }
-            table.push(cells);
+            table.push(vec![
+                run.rate_per_s.into(),
+                row.stage.into(),
+                row.group.into(),
+                row.workers.into(),
+                row.messages.into(),
+                row.throughput_per_s.into(),
+                row.utilization.map(|u| u * 100.0).into(),
+            ]);
         }
     }
     table
