@@ -26,6 +26,7 @@ use gateway::hub::Settings;
 use gateway::load::{LoadOptions, LoadProtocol, LoadSession};
 use gateway::server::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
+use lab::html::{HtmlPage, inline_svg, table_html};
 use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
 use lab::report::{BarChart, Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
 use lab::stats::{LatencyHistogram, LatencySummary};
@@ -465,16 +466,24 @@ fn present(report: &DemoReport, out: &Path) -> anyhow::Result<()> {
     println!("\n{views}\n{published}\n{searches}\n{fsync}");
     let dir = ReportDir::create(out)?;
     dir.write_json("summary.json", report)?;
-    dir.write_data(&views_data(&report.rows))?;
-    dir.write_data(&max_rates_data(&report.searches))?;
-    dir.write_svg("max-rates.svg", &max_rates_chart(&report.searches).to_svg())?;
+    let (views_data, max_rates_data) = (views_data(&report.rows), max_rates_data(&report.searches));
+    dir.write_data(&views_data)?;
+    dir.write_data(&max_rates_data)?;
+    let max_rates_svg = max_rates_chart(&report.searches).to_svg();
+    dir.write_svg("max-rates.svg", &max_rates_svg)?;
     let series: Vec<(&str, &LatencyHistogram)> =
         report.histograms.iter().map(|(name, histogram)| (name.as_str(), histogram)).collect();
-    let plot = latency_percentile_plot("Each view's latency by percentile, per rate", &series);
-    dir.write_svg("latency-percentiles.svg", &plot.to_svg())?;
+    let latency_svg =
+        latency_percentile_plot("Each view's latency by percentile, per rate", &series).to_svg();
+    dir.write_svg("latency-percentiles.svg", &latency_svg)?;
     for (name, histogram) in &report.histograms {
         dir.write_hgrm(&format!("{name}.hgrm"), histogram)?;
     }
+    let mut page = HtmlPage::new("leantier demo");
+    page.heading(1, None, "leantier demo: exchange serve on loopback").paragraph(None, &fsync);
+    page.raw(&table_html(&views_data)).raw(&inline_svg(&latency_svg));
+    page.raw(&table_html(&max_rates_data)).raw(&inline_svg(&max_rates_svg));
+    dir.write_text("index.html", &page.render())?;
     let mut markdown = Markdown::new();
     markdown.heading(1, "leantier demo: exchange serve on loopback").paragraph(&fsync);
     markdown.table(&views).table(&published).table(&searches);
@@ -482,7 +491,10 @@ fn present(report: &DemoReport, out: &Path) -> anyhow::Result<()> {
         .image("latency by percentile", "latency-percentiles.svg")
         .image("highest rate per view", "max-rates.svg");
     dir.write_markdown("summary.md", markdown.as_str())?;
-    println!("\nReport: {}/summary.md (JSON, CSV and .hgrm beside it)", out.display());
+    println!(
+        "\nReport: {0}/index.html, {0}/summary.md (JSON, CSV and .hgrm beside them)",
+        out.display()
+    );
     println!("Try next:");
     println!("  leantier demo --in-process      # the tier's own critical path, no network");
     println!("  leantier exchange serve --config serve.toml --nats nats://127.0.0.1:4222");
