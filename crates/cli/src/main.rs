@@ -42,6 +42,9 @@ enum Command {
     Plan(commands::planner::Args),
     /// The call-data-ticket pipeline: run a planner config, compare measured vs predicted.
     Cdr(commands::cdr::Args),
+    /// Each of the five papers' experiments at a scale this machine runs, beside the published
+    /// figures, with a verdict per claim: one self-contained index.html and data files.
+    Reproduce(commands::reproduce::Args),
     /// The safe store writer: journal benchmark (throughput, fdatasync baseline, durable-reply
     /// latency per policy) and a read-only journal checker.
     Journal(commands::journal::Args),
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         }
         Command::Cdr(args) => commands::cdr::run(&args),
         Command::Journal(args) => commands::journal::run(&args),
+        Command::Reproduce(args) => commands::reproduce::run(&args),
     };
     outcome::exit_code_for(result)
 }

@@ -140,10 +140,42 @@ fn exchange_run_with_a_config_file_writes_the_report() {
         assert!(shard["writer"]["syncs"].as_u64().unwrap() > 0, "{shard}");
     }
     assert_eq!(first["output_hashes"].as_array().unwrap().len(), 2);
-    for file in ["summary.md", "latency-cdf.svg", "stage-breakdown.svg"] {
+    for file in ["summary.md", "latency-percentiles.svg", "stage-breakdown.svg", "latency.csv"] {
         let text = std::fs::read_to_string(out.join(file)).unwrap();
         assert!(!text.is_empty(), "{file}");
     }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("Layout that ran:"), "the header is the layout that ran: {summary}");
+    let stages = std::fs::read_to_string(out.join("stages.csv")).unwrap();
+    assert!(stages.starts_with("rate_msgs_per_s,stage,thread_group,workers,messages,"), "{stages}");
+    assert!(!stages.contains("K/s"), "rates are numbers: {stages}");
+}
+
+#[test]
+fn reproduce_one_paper_writes_a_page_with_every_paper_and_refuses_unknown_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("reproduce");
+    let run = |only: &str| {
+        Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(["reproduce", "--quick", "--only", only, "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(code(&run("999")), 2, "an unknown paper is bad input");
+    let output = run("003");
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    let page = std::fs::read_to_string(out.join("index.html")).unwrap();
+    for id in ["000", "001", "002", "003", "004"] {
+        assert!(page.contains(&format!("id=\"paper-{id}\"")), "section {id}");
+    }
+    assert!(page.contains("<svg") && page.contains("Table 11"), "a plot and the published table");
+    let verdicts = std::fs::read_to_string(out.join("verdicts.csv")).unwrap();
+    assert!(
+        verdicts.starts_with("paper,claim,rule,measured,verdict,why_not_measurable\n"),
+        "{verdicts}"
+    );
+    assert_eq!(verdicts.lines().filter(|l| l.starts_with("003,")).count(), 2, "{verdicts}");
 }
 
 #[test]

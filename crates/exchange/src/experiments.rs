@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lab::load::{RateSearchPlan, RateSearchReport, search_max_rate};
 use lab::report::progress_bar;
-use lab::stats::{LatencySummary, karp_flatt, speedup};
+use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
 
 use crate::durability::{JournalMode, JournalOptions};
@@ -28,6 +28,9 @@ pub const MAX_RATE_SEARCH_MIN_PER_S: f64 = 1_000.0;
 pub const MAX_RATE_SEARCH_MAX_PER_S: f64 = 8_000_000.0;
 /// The max-rate search stops once the passing and failing rates are this close (relative).
 pub const MAX_RATE_SEARCH_PRECISION: f64 = 0.05;
+/// The max-rate search runs this many times (one search on a shared machine is noise): the
+/// report gives the median and the range.
+pub const MAX_RATE_SEARCHES: usize = 3;
 /// Steps the max-rate search may take at most (bracketing from 1K to 8M and bisecting to 5%
 /// takes at most 13 + 5), for the progress bar.
 const MAX_RATE_SEARCH_STEPS_MAX: u64 = 18;
@@ -75,9 +78,11 @@ pub struct Session {
     /// The load generator's settings the runs used.
     pub load: LoadConfig,
     pub runs: Vec<RunResult>,
-    pub max_rate: Option<RateSearchReport>,
-    /// The search again at [`LOOSER_LIMIT_FACTOR`] × the limit, when no rate met the limit.
-    pub max_rate_looser: Option<RateSearchReport>,
+    /// [`MAX_RATE_SEARCHES`] max-rate searches (none without a search).
+    pub max_rate: Vec<RateSearchReport>,
+    /// The searches again at [`LOOSER_LIMIT_FACTOR`] × the limit, when no search found a rate
+    /// that met it.
+    pub max_rate_looser: Vec<RateSearchReport>,
 }
 
 /// Runs the tier at each rate for `seconds`, driven by the generator `load` describes, then
@@ -115,11 +120,16 @@ pub fn measure(
         runs.push(result);
     }
     bar.finish_and_clear();
-    let max_rate = search.map(|search| find_max_rate(config, load, rates, search)).transpose()?;
-    let looser =
-        search.zip(max_rate.as_ref()).and_then(|(search, report)| looser_search(report, search));
-    let max_rate_looser =
-        looser.map(|search| find_max_rate(config, load, rates, search)).transpose()?;
+    let searches = |search: Option<MaxRateSearch>| -> anyhow::Result<Vec<RateSearchReport>> {
+        let Some(search) = search else { return Ok(Vec::new()) };
+        (0..MAX_RATE_SEARCHES).map(|_| find_max_rate(config, load, rates, search)).collect()
+    };
+    let max_rate = searches(search)?;
+    let none_passed = max_rate.iter().all(|r| r.last_passing_rate_per_s.is_none());
+    let looser = search
+        .zip(max_rate.first().filter(|_| none_passed))
+        .and_then(|(search, report)| looser_search(report, search));
+    let max_rate_looser = searches(looser)?;
     Ok(Session { config: config.clone(), load: load.clone(), runs, max_rate, max_rate_looser })
 }
 
@@ -201,6 +211,9 @@ pub struct PlacementPoint {
     pub variant: &'static str,
     pub rate_per_s: f64,
     pub end_to_end: LatencySummary,
+    /// The same latency in full, for percentile plots and `.hgrm` files.
+    #[serde(skip)]
+    pub end_to_end_histogram: LatencyHistogram,
     /// What placement reported (pinning refused, threads sharing a CPU, …).
     pub notes: Vec<String>,
 }
@@ -238,6 +251,7 @@ pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
                 variant,
                 rate_per_s,
                 end_to_end: result.end_to_end.summary(),
+                end_to_end_histogram: result.end_to_end.clone(),
                 notes: result.placement.notes.clone(),
             });
         }

@@ -13,9 +13,11 @@
 //!   seeded schedule; sync and tokio drivers; a closed-loop driver for capacity at a given
 //!   concurrency; and a search for the highest rate that meets a latency limit (bracketed
 //!   from both sides of a start rate, then bisected).
-//! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown and
-//!   hand-written SVG plots (latency CDFs, bars, x-y lines), and progress bars that hide
-//!   themselves when stderr is not a terminal.
+//! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown, `.hgrm`
+//!   and SVG plots, and progress bars that hide themselves when stderr is not a terminal;
+//!   [`plot`]: the plots (`plotters`' SVG backend: latency by percentile on a log 1/(1−p)
+//!   axis, bars with whiskers, x-y lines, limit lines); [`data`]: typed tables written as CSV
+//!   and JSON, and `.hgrm` files; [`html`]: a self-contained HTML page.
 //! * [`config`]: TOML configuration with flag overrides; [`error::BadInput`] for invalid input.
 //!
 //! `lab` depends on no other leantier crate: every crate may use it, and it knows nothing of
@@ -26,7 +28,10 @@
 
 pub mod child_flags;
 pub mod config;
+pub mod data;
 pub mod error;
+pub mod html;
 pub mod load;
+pub mod plot;
 pub mod report;
 pub mod stats;

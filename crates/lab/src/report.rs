@@ -1,16 +1,15 @@
-//! Results as terminal tables, a report folder (JSON, CSV, Markdown, SVG plots) and progress
-//! bars.
+//! Results as terminal tables, a report folder (JSON, CSV, Markdown, `.hgrm`, SVG plots) and
+//! progress bars.
 //!
 //! Every command prints a [`Table`] (aligned columns, numbers right-aligned) and writes the
-//! same figures into a [`ReportDir`]: JSON for scripts (serde), CSV for spreadsheets, a
-//! Markdown summary built with [`Markdown`], and SVG plots ([`LinePlot`], [`BarChart`],
-//! [`latency_cdf_plot`]). The SVG is written by hand, a few hundred bytes of markup per
-//! series, so plots need no fonts, no system libraries and no plotting crate; they open in
-//! any browser and render inline on GitHub. Long runs show a [`progress_bar`], hidden when
-//! stderr is not a terminal so logs and CI output stay clean.
+//! same figures into a [`ReportDir`]: JSON for scripts (serde), CSV for spreadsheets, typed
+//! [`DataTable`]s (numbers as numbers, units in the column names), HdrHistogram `.hgrm`
+//! percentile distributions, a Markdown summary built with [`Markdown`], and SVG plots drawn
+//! by [`crate::plot`] (re-exported here). Long runs show a [`progress_bar`], hidden when stderr
+//! is not a terminal so logs and CI output stay clean.
 //!
 //! ```
-//! use lab::report::{latency_cdf_plot, latency_table, Markdown, ReportDir, Table};
+//! use lab::report::{latency_percentile_plot, latency_table, Markdown, ReportDir, Table};
 //! use lab::stats::LatencyHistogram;
 //!
 //! let latency = LatencyHistogram::from_samples_ns(&[9_000, 12_000, 15_000, 80_000]);
@@ -21,15 +20,16 @@
 //! let report = ReportDir::create(dir.path().join("report")).unwrap();
 //! report.write_json("latency.json", &latency.summary()).unwrap();
 //! report.write_csv("latency.csv", &table).unwrap();
-//! let cdf = latency_cdf_plot("End-to-end latency", &[("20K msg/s", &latency)]).x_log();
-//! report.write_svg("latency-cdf.svg", &cdf.to_svg()).unwrap();
+//! report.write_hgrm("latency-20k.hgrm", &latency).unwrap();
+//! let plot = latency_percentile_plot("End-to-end latency", &[("20K msg/s", &latency)]);
+//! report.write_svg("latency-percentiles.svg", &plot.to_svg()).unwrap();
 //! let mut summary = Markdown::new();
-//! summary.heading(1, "Demo").table(&table).image("latency CDF", "latency-cdf.svg");
+//! summary.heading(1, "Demo").table(&table).image("latency by percentile", "latency-percentiles.svg");
 //! report.write_markdown("README.md", summary.as_str()).unwrap();
 //! ```
 
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,8 +38,11 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+use crate::data::{DataTable, hgrm};
 use crate::load::ThroughputSeries;
 use crate::stats::{CumulativeBucket, FactorialAnalysis, LatencyHistogram, LatencySummary};
+
+pub use crate::plot::{BarChart, LinePlot, latency_percentile_plot, throughput_over_time_plot};
 
 // ---------------------------------------------------------------------------------------------
 // Tables.
@@ -364,6 +367,17 @@ impl ReportDir {
     pub fn write_svg(&self, name: &str, svg: &str) -> anyhow::Result<PathBuf> {
         self.write_text(name, svg)
     }
+
+    /// Writes `table` as `<name>.csv` and `<name>.json`; returns the CSV's path.
+    pub fn write_data(&self, table: &DataTable) -> anyhow::Result<PathBuf> {
+        self.write_json(&format!("{}.json", table.name), &table.to_json())?;
+        self.write_text(&format!("{}.csv", table.name), &table.to_csv())
+    }
+
+    /// Writes `histogram`'s percentile distribution in HdrHistogram's `.hgrm` format.
+    pub fn write_hgrm(&self, name: &str, histogram: &LatencyHistogram) -> anyhow::Result<PathBuf> {
+        self.write_text(name, &hgrm(histogram))
+    }
 }
 
 /// A Markdown document built block by block.
@@ -419,220 +433,7 @@ impl Markdown {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SVG plots.
-
-const PLOT_WIDTH_PX: f64 = 900.0;
-const PLOT_HEIGHT_PX: f64 = 480.0;
-const MARGIN_LEFT_PX: f64 = 80.0;
-/// Room for legend labels of about 30 characters.
-const MARGIN_RIGHT_PX: f64 = 270.0;
-const MARGIN_TOP_PX: f64 = 40.0;
-const MARGIN_BOTTOM_PX: f64 = 60.0;
-const TICKS_TARGET: usize = 6;
-/// Series with at most this many points are drawn with a marker at each point.
-const MARKERS_POINTS_MAX: usize = 40;
-/// Colour-blind-friendly palette (Okabe–Ito), cycled by series.
-const PALETTE: [&str; 8] =
-    ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"];
-
-/// An axis scale.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scale {
-    Linear,
-    /// Base-10 logarithmic; non-positive values are left out.
-    Log10,
-}
-
-/// One named line of a [`LinePlot`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Series {
-    pub label: String,
-    pub points: Vec<(f64, f64)>,
-}
-
-/// An x-y line plot with a legend. Put units in the axis labels, e.g. `latency (µs)`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LinePlot {
-    pub title: String,
-    pub x_label: String,
-    pub y_label: String,
-    pub x_scale: Scale,
-    pub y_scale: Scale,
-    pub series: Vec<Series>,
-}
-
-impl LinePlot {
-    pub fn new(title: &str, x_label: &str, y_label: &str) -> Self {
-        Self {
-            title: title.into(),
-            x_label: x_label.into(),
-            y_label: y_label.into(),
-            x_scale: Scale::Linear,
-            y_scale: Scale::Linear,
-            series: Vec::new(),
-        }
-    }
-
-    /// Adds a line.
-    pub fn series(mut self, label: &str, points: Vec<(f64, f64)>) -> Self {
-        self.series.push(Series { label: label.into(), points });
-        self
-    }
-
-    /// Logarithmic x axis.
-    pub fn x_log(mut self) -> Self {
-        self.x_scale = Scale::Log10;
-        self
-    }
-
-    /// Logarithmic y axis.
-    pub fn y_log(mut self) -> Self {
-        self.y_scale = Scale::Log10;
-        self
-    }
-
-    /// Renders the plot as a standalone SVG document.
-    pub fn to_svg(&self) -> String {
-        let usable = |scale: Scale, v: f64| v.is_finite() && (scale == Scale::Linear || v > 0.0);
-        let visible: Vec<Vec<(f64, f64)>> = self
-            .series
-            .iter()
-            .map(|s| {
-                let keep =
-                    |&&(x, y): &&(f64, f64)| usable(self.x_scale, x) && usable(self.y_scale, y);
-                s.points.iter().filter(keep).copied().collect()
-            })
-            .collect();
-        let all = visible.iter().flatten();
-        let x_axis = Axis::fit(self.x_scale, all.clone().map(|p| p.0), false);
-        let y_axis = Axis::fit(self.y_scale, all.map(|p| p.1), false);
-        let mut svg = svg_open(&self.title);
-        frame(&mut svg, &x_axis, &y_axis, &self.x_label, &self.y_label);
-        for (index, points) in visible.iter().enumerate() {
-            let coordinates: Vec<String> = points
-                .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", x_axis.to_px_x(x), y_axis.to_px_y(y)))
-                .collect();
-            let colour = PALETTE[index % PALETTE.len()];
-            let _ = writeln!(
-                svg,
-                r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
-                coordinates.join(" ")
-            );
-            // Sparse series (a few measured rates) get a dot per measurement, so a reader
-            // can tell measured points from the interpolating line.
-            if points.len() <= MARKERS_POINTS_MAX {
-                for point in &coordinates {
-                    let (x, y) = point.split_once(',').expect("formatted as x,y");
-                    let _ = writeln!(svg, r#"<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>"#);
-                }
-            }
-        }
-        legend(&mut svg, self.series.iter().map(|s| s.label.as_str()), "line");
-        svg + "</svg>\n"
-    }
-}
-
-/// A grouped bar chart: one group of bars per category, one bar colour per named group.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BarChart {
-    pub title: String,
-    pub y_label: String,
-    pub categories: Vec<String>,
-    /// (label, one value per category).
-    pub groups: Vec<(String, Vec<f64>)>,
-}
-
-impl BarChart {
-    pub fn new<S: Into<String>>(
-        title: &str,
-        y_label: &str,
-        categories: impl IntoIterator<Item = S>,
-    ) -> Self {
-        Self {
-            title: title.into(),
-            y_label: y_label.into(),
-            categories: categories.into_iter().map(Into::into).collect(),
-            groups: Vec::new(),
-        }
-    }
-
-    /// Adds one bar per category; missing values are left out, non-finite ones drawn as 0.
-    pub fn group(mut self, label: &str, values: Vec<f64>) -> Self {
-        self.groups.push((label.into(), values));
-        self
-    }
-
-    /// Renders the chart as a standalone SVG document.
-    pub fn to_svg(&self) -> String {
-        let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
-        let values = self.groups.iter().flat_map(|(_, values)| values.iter().map(|&v| finite(v)));
-        let y_axis = Axis::fit(Scale::Linear, values.chain([0.0]), true);
-        let categories = self.categories.len().max(1) as f64;
-        let x_axis = Axis::categories(categories);
-        let mut svg = svg_open(&self.title);
-        frame(&mut svg, &x_axis, &y_axis, "", &self.y_label);
-        let slot_px = x_axis.length_px() / categories;
-        let bar_px = slot_px * 0.8 / self.groups.len().max(1) as f64;
-        let zero_px = y_axis.to_px_y(0.0);
-        for (category_index, category) in self.categories.iter().enumerate() {
-            let slot_left = MARGIN_LEFT_PX + slot_px * category_index as f64;
-            for (group_index, (_, values)) in self.groups.iter().enumerate() {
-                let Some(&value) = values.get(category_index) else { continue };
-                let top_px = y_axis.to_px_y(finite(value));
-                let _ = writeln!(
-                    svg,
-                    r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}</title></rect>"#,
-                    slot_left + slot_px * 0.1 + bar_px * group_index as f64,
-                    top_px.min(zero_px),
-                    bar_px,
-                    (zero_px - top_px).abs(),
-                    PALETTE[group_index % PALETTE.len()],
-                    escape_xml(&format!("{category}: {}", format_tick(value)))
-                );
-            }
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                slot_left + slot_px / 2.0,
-                PLOT_HEIGHT_PX - MARGIN_BOTTOM_PX + 18.0,
-                escape_xml(category)
-            );
-        }
-        legend(&mut svg, self.groups.iter().map(|(label, _)| label.as_str()), "bar");
-        svg + "</svg>\n"
-    }
-}
-
-/// Latency CDFs, one line per histogram: x is latency in µs, y the % of messages at or below
-/// it. Chain `.x_log()` for long tails.
-pub fn latency_cdf_plot(title: &str, series: &[(&str, &LatencyHistogram)]) -> LinePlot {
-    let mut plot = LinePlot::new(title, "latency (µs)", "messages at or below (%)");
-    for (label, histogram) in series {
-        let points = histogram
-            .cdf_points()
-            .iter()
-            .map(|&(ns, f)| (ns as f64 / 1_000.0, f * 100.0))
-            .collect();
-        plot = plot.series(label, points);
-    }
-    plot
-}
-
-/// Throughput over time, one line per run: x is seconds since the measured window opened (the
-/// end of each interval), y the completions of that interval per second.
-pub fn throughput_over_time_plot(title: &str, series: &[(&str, &ThroughputSeries)]) -> LinePlot {
-    let mut plot = LinePlot::new(title, "time in the measured window (s)", "completions per s");
-    for (label, run) in series {
-        let step_s = run.interval.as_secs_f64();
-        let points = (1..)
-            .zip(run.rates_per_s())
-            .map(|(index, rate)| (f64::from(index) * step_s, rate))
-            .collect();
-        plot = plot.series(label, points);
-    }
-    plot
-}
+// Throughput tables.
 
 /// Throughput over time as a table: one row per interval (its end, in seconds), one column of
 /// completions per second per run; a run with fewer intervals leaves its cells empty.
@@ -652,195 +453,6 @@ pub fn throughput_over_time_table(series: &[(&str, &ThroughputSeries)]) -> Table
         table.row(std::iter::once(format!("{end_s:.3}")).chain(cells));
     }
     table
-}
-
-/// One axis: the data range mapped onto pixels, with tick positions.
-struct Axis {
-    scale: Scale,
-    low: f64,
-    high: f64,
-    ticks: Vec<f64>,
-    labelled_ticks: bool,
-}
-
-impl Axis {
-    /// Fits the axis around `values` (an empty set gives 0..1 or 1..10).
-    fn fit(scale: Scale, values: impl Iterator<Item = f64>, from_zero: bool) -> Self {
-        let (mut low, mut high) =
-            values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-        if !low.is_finite() {
-            (low, high) = if scale == Scale::Log10 { (1.0, 10.0) } else { (0.0, 1.0) };
-        }
-        if from_zero {
-            low = low.min(0.0);
-        }
-        match scale {
-            Scale::Linear => {
-                if high - low <= f64::EPSILON * high.abs().max(1.0) {
-                    (low, high) =
-                        (low - 0.5 * low.abs().max(1.0), high + 0.5 * high.abs().max(1.0));
-                }
-                let step = nice_step((high - low) / TICKS_TARGET as f64);
-                let (low, high) = ((low / step).floor() * step, (high / step).ceil() * step);
-                let count = ((high - low) / step).round() as usize;
-                let ticks = (0..=count).map(|i| low + step * i as f64).collect();
-                Self { scale, low, high, ticks, labelled_ticks: true }
-            }
-            Scale::Log10 => {
-                let (low_decade, mut high_decade) = (low.log10().floor(), high.log10().ceil());
-                if high_decade <= low_decade {
-                    high_decade = low_decade + 1.0;
-                }
-                let ticks =
-                    (low_decade as i32..=high_decade as i32).map(|e| 10f64.powi(e)).collect();
-                let (low, high) = (10f64.powf(low_decade), 10f64.powf(high_decade));
-                Self { scale, low, high, ticks, labelled_ticks: true }
-            }
-        }
-    }
-
-    /// A categorical x axis: no numeric ticks.
-    fn categories(count: f64) -> Self {
-        Self { scale: Scale::Linear, low: 0.0, high: count, ticks: vec![], labelled_ticks: false }
-    }
-
-    fn unit(&self, v: f64) -> f64 {
-        match self.scale {
-            Scale::Linear => (v - self.low) / (self.high - self.low),
-            Scale::Log10 => (v.log10() - self.low.log10()) / (self.high.log10() - self.low.log10()),
-        }
-    }
-
-    fn length_px(&self) -> f64 {
-        PLOT_WIDTH_PX - MARGIN_LEFT_PX - MARGIN_RIGHT_PX
-    }
-
-    fn to_px_x(&self, v: f64) -> f64 {
-        MARGIN_LEFT_PX + self.unit(v) * self.length_px()
-    }
-
-    fn to_px_y(&self, v: f64) -> f64 {
-        let height_px = PLOT_HEIGHT_PX - MARGIN_TOP_PX - MARGIN_BOTTOM_PX;
-        PLOT_HEIGHT_PX - MARGIN_BOTTOM_PX - self.unit(v) * height_px
-    }
-}
-
-/// The 1, 2, 5 × 10^k step closest above `raw`.
-fn nice_step(raw: f64) -> f64 {
-    let magnitude = 10f64.powf(raw.log10().floor());
-    let fraction = raw / magnitude;
-    let nice = if fraction <= 1.0 {
-        1.0
-    } else if fraction <= 2.0 {
-        2.0
-    } else if fraction <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    nice * magnitude
-}
-
-/// Short tick label: up to 4 significant digits, no trailing zeros, k/M suffixes.
-fn format_tick(v: f64) -> String {
-    let (scaled, suffix) = match v.abs() {
-        a if a >= 1e6 => (v / 1e6, "M"),
-        a if a >= 1e4 => (v / 1e3, "k"),
-        _ => (v, ""),
-    };
-    let text = format!("{scaled:.3}");
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    let text = if text == "-0" { "0" } else { text };
-    format!("{text}{suffix}")
-}
-
-fn escape_xml(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&apos;")
-}
-
-fn svg_open(title: &str) -> String {
-    format!(
-        concat!(
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" "#,
-            r#"viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#,
-            "\n<title>{t}</title>\n",
-            r#"<rect width="100%" height="100%" fill="white"/>"#,
-            "\n",
-            r#"<text x="{cx}" y="24" text-anchor="middle" font-size="16">{t}</text>"#,
-            "\n"
-        ),
-        w = PLOT_WIDTH_PX,
-        h = PLOT_HEIGHT_PX,
-        cx = (PLOT_WIDTH_PX - MARGIN_RIGHT_PX + MARGIN_LEFT_PX) / 2.0,
-        t = escape_xml(title)
-    )
-}
-
-/// Axes, grid lines, tick labels and axis labels.
-fn frame(svg: &mut String, x_axis: &Axis, y_axis: &Axis, x_label: &str, y_label: &str) {
-    let (left, right) = (MARGIN_LEFT_PX, PLOT_WIDTH_PX - MARGIN_RIGHT_PX);
-    let (top, bottom) = (MARGIN_TOP_PX, PLOT_HEIGHT_PX - MARGIN_BOTTOM_PX);
-    for &tick in &y_axis.ticks {
-        let y = y_axis.to_px_y(tick);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left - 6.0,
-            y + 4.0,
-            format_tick(tick)
-        );
-    }
-    for &tick in x_axis.ticks.iter().filter(|_| x_axis.labelled_ticks) {
-        let x = x_axis.to_px_x(tick);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{bottom}" stroke="#eee"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            bottom + 18.0,
-            format_tick(tick)
-        );
-    }
-    let _ =
-        writeln!(svg, r#"<path d="M{left},{top} V{bottom} H{right}" fill="none" stroke="black"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-        (left + right) / 2.0,
-        PLOT_HEIGHT_PX - 16.0,
-        escape_xml(x_label)
-    );
-    let middle = (top + bottom) / 2.0;
-    let _ = writeln!(
-        svg,
-        r#"<text x="18" y="{middle:.1}" text-anchor="middle" transform="rotate(-90 18 {middle:.1})">{}</text>"#,
-        escape_xml(y_label)
-    );
-}
-
-fn legend<'a>(svg: &mut String, labels: impl Iterator<Item = &'a str>, mark: &str) {
-    let x = PLOT_WIDTH_PX - MARGIN_RIGHT_PX + 16.0;
-    for (index, label) in labels.enumerate() {
-        let y = MARGIN_TOP_PX + 10.0 + 20.0 * index as f64;
-        let colour = PALETTE[index % PALETTE.len()];
-        let symbol = if mark == "bar" {
-            format!(r#"<rect x="{x}" y="{:.1}" width="16" height="10" fill="{colour}"/>"#, y - 5.0)
-        } else {
-            format!(
-                r#"<line x1="{x}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="2"/>"#,
-                x + 16.0
-            )
-        };
-        let _ = writeln!(
-            svg,
-            r#"{symbol}<text x="{:.1}" y="{:.1}">{}</text>"#,
-            x + 22.0,
-            y + 4.0,
-            escape_xml(label)
-        );
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -874,7 +486,6 @@ mod tests {
         assert_eq!(table.rows()[2], ["0.750", "120.0", ""]);
         let plot = throughput_over_time_plot("t", &[("steady", &steady)]);
         assert_eq!(plot.series[0].points, vec![(0.25, 40.0), (0.5, 80.0), (0.75, 120.0)]);
-        assert!(plot.to_svg().contains("steady"));
     }
 
     #[test]
@@ -892,36 +503,6 @@ mod tests {
         assert_eq!(column(2), ["25.00%", "50.00%", "75.00%", "100.00%"]);
         assert_eq!(column(3), ["0.00%", "0.00%", "0.00%", "0.00%"]);
         assert_eq!(table.rows()[3][0], "> 30.0 µs");
-    }
-
-    /// Checks that every element is closed in order; returns the names of the opened elements.
-    fn assert_well_formed(svg: &str) -> Vec<String> {
-        assert!(svg.starts_with("<svg "), "{svg}");
-        let mut open: Vec<String> = Vec::new();
-        let mut seen = Vec::new();
-        let mut rest = svg;
-        while let Some(start) = rest.find('<') {
-            let end = rest[start..].find('>').expect("unterminated tag") + start;
-            let tag = &rest[start + 1..end];
-            assert!(!tag.contains('<'), "nested '<' in {tag}");
-            let name: String =
-                tag.trim_start_matches('/').chars().take_while(|c| c.is_alphanumeric()).collect();
-            if let Some(closing) = tag.strip_prefix('/') {
-                assert_eq!(open.pop().as_deref(), Some(closing.trim()), "mismatched </{closing}>");
-            } else {
-                if !tag.ends_with('/') {
-                    open.push(name.clone());
-                }
-                seen.push(name);
-            }
-            let text_after =
-                &rest[end + 1..rest[end + 1..].find('<').map_or(rest.len(), |i| i + end + 1)];
-            assert!(!text_after.contains('>'), "stray '>' in text {text_after:?}");
-            rest = &rest[end + 1..];
-        }
-        assert!(open.is_empty(), "unclosed elements {open:?}");
-        assert_eq!(rest.trim(), "");
-        seen
     }
 
     #[test]
@@ -1019,73 +600,6 @@ mod tests {
             doc.as_str(),
             "## Result\n\nText.\n\n| a |\n| ---: |\n| 1 |\n\n![cdf](cdf.svg)\n"
         );
-    }
-
-    #[test]
-    fn line_plot_svg_is_well_formed_with_labels_and_escaping() {
-        let plot = LinePlot::new("p99 <vs> rate & senders", "rate (msg/s)", "p99 (µs)")
-            .series("1 sender", vec![(20_000.0, 12.0), (40_000.0, 15.0), (60_000.0, 40.0)])
-            .series("2 senders", vec![(20_000.0, 10.0), (40_000.0, 11.0), (f64::NAN, 1.0)]);
-        let svg = plot.to_svg();
-        let elements = assert_well_formed(&svg);
-        assert_eq!(elements.iter().filter(|e| *e == "polyline").count(), 2);
-        // One marker per drawable point (the NaN point is left out).
-        assert_eq!(elements.iter().filter(|e| *e == "circle").count(), 5);
-        for text in [
-            "1 sender",
-            "2 senders",
-            "rate (msg/s)",
-            "p99 (µs)",
-            "p99 &lt;vs&gt; rate &amp; senders",
-        ] {
-            assert!(svg.contains(text), "missing {text}");
-        }
-        assert!(!svg.contains("NaN"));
-        assert!(svg.contains(">60k<"), "x tick labels use k suffix: {svg}");
-    }
-
-    #[test]
-    fn latency_cdf_on_log_axis_has_decade_ticks() {
-        let latency = LatencyHistogram::from_samples_ns(&[2_000, 30_000, 400_000]);
-        let svg = latency_cdf_plot("CDF", &[("60K msg/s", &latency)]).x_log().to_svg();
-        assert_well_formed(&svg);
-        for tick in [">1<", ">10<", ">100<", ">1000<"] {
-            assert!(svg.contains(tick), "missing tick {tick}");
-        }
-        assert!(svg.contains("60K msg/s"));
-        // The CDF ends at 100%.
-        assert!(svg.contains(">100<"));
-    }
-
-    #[test]
-    fn bar_chart_svg_has_one_bar_per_value() {
-        let chart = BarChart::new("Throughput", "msg/s", ["single", "pool"])
-            .group("10 users", vec![1_000.0, 3_000.0])
-            .group("60 users", vec![1_100.0, 5_500.0]);
-        let svg = chart.to_svg();
-        let elements = assert_well_formed(&svg);
-        // One background rect, 4 bars, 2 legend swatches.
-        assert_eq!(elements.iter().filter(|e| *e == "rect").count(), 7);
-        for text in ["single", "pool", "10 users", "60 users", "msg/s", "pool: 5500"] {
-            assert!(svg.contains(text), "missing {text}");
-        }
-    }
-
-    #[test]
-    fn empty_plots_still_render() {
-        assert_well_formed(&LinePlot::new("empty", "x", "y").x_log().to_svg());
-        assert_well_formed(&BarChart::new("empty", "y", Vec::<String>::new()).to_svg());
-    }
-
-    #[test]
-    fn nice_steps_and_tick_labels() {
-        assert_eq!(nice_step(0.3), 0.5);
-        assert_eq!(nice_step(13.0), 20.0);
-        assert_eq!(nice_step(1.0), 1.0);
-        assert_eq!(format_tick(2.5), "2.5");
-        assert_eq!(format_tick(60_000.0), "60k");
-        assert_eq!(format_tick(1_500_000.0), "1.5M");
-        assert_eq!(format_tick(-0.0), "0");
     }
 
     #[test]

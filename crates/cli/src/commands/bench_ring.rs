@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use lab::report::{BarChart, Markdown, ReportDir, Table, latency_cdf_plot};
+use lab::report::{BarChart, Markdown, ReportDir, Table, latency_percentile_plot};
 use lab::stats::LatencyHistogram;
 use ringbench::{CAPACITY_SLOTS, MESSAGE_BYTES, RingReport, RingRun, Settings};
 
@@ -155,8 +155,8 @@ fn write_report(
     let labelled: Vec<(&str, &LatencyHistogram)> =
         report.latency.iter().map(|row| row.peer).zip(histograms).collect();
     dir.write_svg(
-        "latency-cdf.svg",
-        &latency_cdf_plot("one-way hop latency", &labelled).x_log().to_svg(),
+        "latency-percentiles.svg",
+        &latency_percentile_plot("one-way hop latency", &labelled).to_svg(),
     )?;
     let mut markdown = Markdown::new();
     markdown.heading(1, "leantier bench ring");
@@ -176,7 +176,7 @@ fn write_report(
     for table in &tables {
         markdown.table(table);
     }
-    markdown.image("latency CDF", "latency-cdf.svg");
+    markdown.image("latency by percentile", "latency-percentiles.svg");
     dir.write_markdown("README.md", markdown.as_str())?;
     println!("report: {}", dir.path().display());
     Ok(())

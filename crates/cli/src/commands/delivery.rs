@@ -17,7 +17,7 @@ use delivery::gateway::{
 use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
 use exchange::tier::Arrival;
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_cdf_plot};
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
 
 /// How every command that takes `--nats` logs in to the server and whether it uses TLS
 /// (docs/DELIVERY.md). Secrets are never printed: prefer the environment variables to the
@@ -365,8 +365,8 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
         result.points.iter().map(|p| (label(p), &p.histogram)).collect();
     let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
         series.iter().map(|(l, h)| (l.as_str(), *h)).collect();
-    let plot = latency_cdf_plot("Delivery latency at the gateway (CDF)", &series).x_log();
-    dir.write_svg("cdf.svg", &plot.to_svg())?;
+    let plot = latency_percentile_plot("Delivery latency at the gateway", &series);
+    dir.write_svg("latency-percentiles.svg", &plot.to_svg())?;
     dir.write_csv("measured.csv", &measured)?;
     dir.write_json("experiment.json", &result)?;
     let mut markdown = Markdown::new();
@@ -374,7 +374,7 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
         .heading(1, "Delivery experiment")
         .table(&measured)
         .table(&published)
-        .image("CDF", "cdf.svg");
+        .image("latency by percentile", "latency-percentiles.svg");
     dir.write_markdown("README.md", markdown.as_str())?;
     println!("\nReport: {}", dir.path().display());
     Ok(())

@@ -10,8 +10,10 @@
 //! * **durable reply at the client**: intended send time → first report, durable server (the
 //!   tier's journal and the session store, both fsynced, overlapped).
 //!
-//! Then the highest rate whose p99 stays within each view's limit. `--in-process` runs the
-//! tier's own critical path without a network instead (the former demo).
+//! Then the highest rate whose p99 (of that view) stays within the view's limit, searched
+//! [`SEARCH_REPEATS`] times: the report gives the median and the range, since one search on a
+//! shared machine is noise. `--in-process` runs the tier's own critical path without a
+//! network instead (the former demo).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -23,8 +25,10 @@ use exchange::tier::TierConfig;
 use gateway::hub::Settings;
 use gateway::load::{LoadOptions, LoadProtocol, LoadSession};
 use gateway::server::{Running, ServeOptions};
+use lab::data::{Cell, DataTable};
+use lab::html::{HtmlPage, inline_svg, table_html};
 use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
+use lab::report::{BarChart, Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use serde::Serialize;
 
@@ -43,6 +47,8 @@ const SEARCH_MIN_RATE_PER_S: f64 = 1_000.0;
 const SEARCH_MAX_RATE_PER_S: f64 = 1_000_000.0;
 /// A search stops once the bracket is this narrow (relative).
 const SEARCH_PRECISION: f64 = 0.1;
+/// Each view's max-rate search runs this many times (median and range reported).
+const SEARCH_REPEATS: usize = 3;
 /// The durable view's limit, in raw fdatasync p99s measured in the same run.
 const DURABLE_LIMIT_FSYNCS: u64 = 2;
 const SECRET: &str = "demo-secret";
@@ -59,12 +65,29 @@ struct ViewRow {
     send_lag: LatencySummary,
 }
 
-/// A view's max-rate search.
+/// A view's max-rate searches, repeated.
 #[derive(Serialize)]
 struct ViewSearch {
     view: &'static str,
+    /// The limit applies to this view's own p99.
     p99_limit_ns: u64,
-    report: RateSearchReport,
+    reports: Vec<RateSearchReport>,
+}
+
+impl ViewSearch {
+    /// The highest passing rate of each search (`None`: even the lowest rate failed).
+    fn passing_rates(&self) -> Vec<Option<f64>> {
+        self.reports.iter().map(|r| r.last_passing_rate_per_s).collect()
+    }
+
+    /// Median, lowest and highest of the searches' highest passing rates (failed searches
+    /// count as 0 msg/s), `None` without searches.
+    fn median_and_range(&self) -> Option<(f64, f64, f64)> {
+        let rates: Vec<f64> = self.passing_rates().iter().map(|r| r.unwrap_or(0.0)).collect();
+        let low = rates.iter().copied().reduce(f64::min)?;
+        let high = rates.iter().copied().reduce(f64::max)?;
+        Some((lab::stats::median(rates), low, high))
+    }
 }
 
 #[derive(Serialize)]
@@ -74,6 +97,9 @@ struct DemoReport {
     searches: Vec<ViewSearch>,
     layout_volatile: Vec<String>,
     layout_durable: Vec<String>,
+    /// Each view's latency at each rate, for the percentile plot and `.hgrm` files.
+    #[serde(skip)]
+    histograms: Vec<(String, LatencyHistogram)>,
 }
 
 /// A server of the demo and how to load it.
@@ -173,6 +199,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let limit_ns = args.p99_limit_us * 1_000;
     let tier = TierConfig { layout: args.layout, ..TierConfig::default() };
     let mut rows = Vec::new();
+    let mut histograms = Vec::new();
     let mut searches = Vec::new();
 
     println!("volatile server (journal off, store not synced): order -> ack at the client");
@@ -181,9 +208,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     for rate in DEMO_RATES_PER_S {
         let step = volatile.step(rate, seconds)?;
         rows.push(row("order -> ack", rate, &step.client, &step.client.latency));
+        histograms.push((format!("order-ack-{}k", rate / 1_000.0), step.client.latency));
     }
     let ack = search(&volatile, limit_ns, step_seconds, |step| step.client.latency)?;
-    searches.push(ViewSearch { view: "order -> ack", p99_limit_ns: limit_ns, report: ack });
+    searches.push(ViewSearch { view: "order -> ack", p99_limit_ns: limit_ns, reports: ack });
     let layout_volatile = volatile.groups();
     drop(volatile);
 
@@ -197,14 +225,20 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let step = durable.step(rate, seconds)?;
         rows.push(row("in-tier response", rate, &step.client, &step.in_tier));
         rows.push(row("durable reply", rate, &step.client, &step.client.latency));
+        histograms.push((format!("in-tier-{}k", rate / 1_000.0), step.in_tier));
+        histograms.push((format!("durable-reply-{}k", rate / 1_000.0), step.client.latency));
     }
     let in_tier = search(&durable, limit_ns, step_seconds, |step| step.in_tier)?;
-    searches.push(ViewSearch { view: "in-tier response", p99_limit_ns: limit_ns, report: in_tier });
+    searches.push(ViewSearch {
+        view: "in-tier response",
+        p99_limit_ns: limit_ns,
+        reports: in_tier,
+    });
     let reply = search(&durable, durable_limit_ns, step_seconds, |step| step.client.latency)?;
     searches.push(ViewSearch {
         view: "durable reply",
         p99_limit_ns: durable_limit_ns,
-        report: reply,
+        reports: reply,
     });
     let layout_durable = durable.groups();
     drop(durable);
@@ -215,6 +249,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         searches,
         layout_volatile,
         layout_durable,
+        histograms,
     };
     present(&report, &args.out)
 }
@@ -235,26 +270,32 @@ fn row(
     }
 }
 
-/// The highest rate whose p99 of `view` stays within `limit_ns`, bracketed and bisected.
+/// The highest rate whose p99 of `view` stays within `limit_ns`, bracketed and bisected,
+/// [`SEARCH_REPEATS`] times.
 fn search(
     server: &Server,
     limit_ns: u64,
     step_seconds: f64,
     view: impl Fn(Step) -> LatencyHistogram,
-) -> anyhow::Result<RateSearchReport> {
-    let mut search = RateSearch::new(RateSearchPlan {
+) -> anyhow::Result<Vec<RateSearchReport>> {
+    let plan = RateSearchPlan {
         start_rate_per_s: SEARCH_START_RATE_PER_S,
         min_rate_per_s: SEARCH_MIN_RATE_PER_S,
         max_rate_per_s: SEARCH_MAX_RATE_PER_S,
         percentile: 99.0,
         limit_ns,
         precision: SEARCH_PRECISION,
-    })?;
-    while let Some(rate) = search.next_rate() {
-        let latency = view(server.step(rate, step_seconds)?);
-        search.record(rate, &latency);
+    };
+    let mut reports = Vec::with_capacity(SEARCH_REPEATS);
+    for _ in 0..SEARCH_REPEATS {
+        let mut search = RateSearch::new(plan)?;
+        while let Some(rate) = search.next_rate() {
+            let latency = view(server.step(rate, step_seconds)?);
+            search.record(rate, &latency);
+        }
+        reports.push(search.into_report());
     }
-    Ok(search.into_report())
+    Ok(reports)
 }
 
 fn views_table(rows: &[ViewRow]) -> Table {
@@ -303,22 +344,112 @@ fn published_table(rows: &[ViewRow]) -> Table {
 
 fn searches_table(searches: &[ViewSearch]) -> Table {
     let mut table = Table::new([
-        "view",
+        "view (its own p99 is limited)",
         "p99 limit µs",
-        "highest rate meeting it /s",
-        "lowest rate missing it /s",
+        "searches",
+        "highest rate meeting it, median /s",
+        "lowest /s",
+        "highest /s",
     ])
-    .with_title("Highest rate per view (open loop, bracketed then bisected)");
-    let rate = |rate: Option<f64>, none: &str| rate.map_or(none.to_string(), |r| format!("{r:.0}"));
+    .with_title(format!(
+        "Highest rate per view (open loop, bracketed then bisected, {SEARCH_REPEATS} searches; \
+         a search where even {SEARCH_MIN_RATE_PER_S:.0}/s missed counts as 0)"
+    ));
     for search in searches {
+        let (median, low, high) = search.median_and_range().unwrap_or((0.0, 0.0, 0.0));
         table.row([
             search.view.to_string(),
             format_ns_as_us(search.p99_limit_ns),
-            rate(search.report.last_passing_rate_per_s, "none"),
-            rate(search.report.first_failing_rate_per_s, "none up to the search's top"),
+            search.reports.len().to_string(),
+            format!("{median:.0}"),
+            format!("{low:.0}"),
+            format!("{high:.0}"),
         ]);
     }
     table
+}
+
+/// The views at each rate, numbers as numbers.
+fn views_data(rows: &[ViewRow]) -> DataTable {
+    let mut table = DataTable::new(
+        "views-latency",
+        "Each view at each rate: counts and latency (µs)",
+        [
+            "view",
+            "rate_msgs_per_s",
+            "sent",
+            "answered",
+            "p50_us",
+            "p93_us",
+            "p95_us",
+            "p99_us",
+            "max_us",
+            "generator_lag_p99_us",
+        ],
+    );
+    let us = |ns: u64| Cell::from(ns as f64 / 1_000.0);
+    for row in rows {
+        let l = &row.latency;
+        table.push(vec![
+            row.view.into(),
+            row.rate_per_s.into(),
+            row.sent.into(),
+            row.answered.into(),
+            us(l.p50_ns),
+            us(l.p93_ns),
+            us(l.p95_ns),
+            us(l.p99_ns),
+            us(l.max_ns),
+            us(row.send_lag.p99_ns),
+        ]);
+    }
+    table
+}
+
+/// Each view's max-rate searches: the limit, then each search's highest passing rate.
+fn max_rates_data(searches: &[ViewSearch]) -> DataTable {
+    let mut table = DataTable::new(
+        "max-rates",
+        "Highest rate meeting each view's p99 limit, per search",
+        [
+            "view",
+            "p99_limit_us",
+            "search",
+            "highest_passing_rate_msgs_per_s",
+            "lowest_failing_rate_msgs_per_s",
+        ],
+    );
+    for search in searches {
+        for (index, report) in search.reports.iter().enumerate() {
+            table.push(vec![
+                search.view.into(),
+                (search.p99_limit_ns as f64 / 1_000.0).into(),
+                (index + 1).into(),
+                report.last_passing_rate_per_s.into(),
+                report.first_failing_rate_per_s.into(),
+            ]);
+        }
+    }
+    table
+}
+
+/// Median highest rate per view, with the range over the searches as whiskers.
+fn max_rates_chart(searches: &[ViewSearch]) -> BarChart {
+    let ranges: Vec<(f64, f64, f64)> =
+        searches.iter().map(|s| s.median_and_range().unwrap_or((0.0, 0.0, 0.0))).collect();
+    BarChart::new(
+        "Highest rate meeting each view's own p99 limit",
+        "rate (orders/s)",
+        searches
+            .iter()
+            .map(|s| format!("{} (p99 ≤ {} µs)", s.view, format_ns_as_us(s.p99_limit_ns))),
+    )
+    .group_with_ranges(
+        &format!("median of {SEARCH_REPEATS} searches (whiskers: range)"),
+        ranges.iter().map(|r| r.0).collect(),
+        ranges.iter().map(|r| Some((r.1, r.2))).collect(),
+    )
+    .limit("the published lean tier's top rate (60K msg/s)", DEMO_RATES_PER_S[2])
 }
 
 fn present(report: &DemoReport, out: &Path) -> anyhow::Result<()> {
@@ -335,14 +466,35 @@ fn present(report: &DemoReport, out: &Path) -> anyhow::Result<()> {
     println!("\n{views}\n{published}\n{searches}\n{fsync}");
     let dir = ReportDir::create(out)?;
     dir.write_json("summary.json", report)?;
-    dir.write_csv("views.csv", &views)?;
-    dir.write_csv("published.csv", &published)?;
-    dir.write_csv("max_rates.csv", &searches)?;
+    let (views_data, max_rates_data) = (views_data(&report.rows), max_rates_data(&report.searches));
+    dir.write_data(&views_data)?;
+    dir.write_data(&max_rates_data)?;
+    let max_rates_svg = max_rates_chart(&report.searches).to_svg();
+    dir.write_svg("max-rates.svg", &max_rates_svg)?;
+    let series: Vec<(&str, &LatencyHistogram)> =
+        report.histograms.iter().map(|(name, histogram)| (name.as_str(), histogram)).collect();
+    let latency_svg =
+        latency_percentile_plot("Each view's latency by percentile, per rate", &series).to_svg();
+    dir.write_svg("latency-percentiles.svg", &latency_svg)?;
+    for (name, histogram) in &report.histograms {
+        dir.write_hgrm(&format!("{name}.hgrm"), histogram)?;
+    }
+    let mut page = HtmlPage::new("leantier demo");
+    page.heading(1, None, "leantier demo: exchange serve on loopback").paragraph(None, &fsync);
+    page.raw(&table_html(&views_data)).raw(&inline_svg(&latency_svg));
+    page.raw(&table_html(&max_rates_data)).raw(&inline_svg(&max_rates_svg));
+    dir.write_text("index.html", &page.render())?;
     let mut markdown = Markdown::new();
     markdown.heading(1, "leantier demo: exchange serve on loopback").paragraph(&fsync);
     markdown.table(&views).table(&published).table(&searches);
+    markdown
+        .image("latency by percentile", "latency-percentiles.svg")
+        .image("highest rate per view", "max-rates.svg");
     dir.write_markdown("summary.md", markdown.as_str())?;
-    println!("\nReport: {}/summary.md (JSON and CSV beside it)", out.display());
+    println!(
+        "\nReport: {0}/index.html, {0}/summary.md (JSON, CSV and .hgrm beside them)",
+        out.display()
+    );
     println!("Try next:");
     println!("  leantier demo --in-process      # the tier's own critical path, no network");
     println!("  leantier exchange serve --config serve.toml --nats nats://127.0.0.1:4222");

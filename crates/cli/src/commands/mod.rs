@@ -11,6 +11,8 @@ pub mod exchange_serve;
 pub mod journal;
 pub mod mq;
 pub mod planner;
+pub mod reproduce;
+pub mod tier_report;
 pub mod values;
 pub mod web;
 pub mod web_lab;

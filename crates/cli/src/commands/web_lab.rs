@@ -311,6 +311,23 @@ fn start_python(
 /// `web matrix`: every model × users × complexity in interleaved rounds, plus the Python
 /// baselines (first round only).
 pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
+    let (samples, medians) = measure_matrix(args)?;
+    let table = summary_table(&medians);
+    println!("{table}");
+    let checks = check_targets(&samples, &medians);
+    println!("{}", checks.table);
+    for line in &checks.headline {
+        println!("{line}");
+    }
+    write_report(args, &samples, &medians, &table, &checks)?;
+    if args.check && !checks.missed.is_empty() {
+        return Err(TargetMissed(checks.missed).into());
+    }
+    Ok(())
+}
+
+/// The matrix's measurements: every round of every cell, and each cell's median round.
+pub fn measure_matrix(args: &MatrixArgs) -> anyhow::Result<(Vec<CellResult>, Vec<MedianCell>)> {
     let window = Window {
         warmup: seconds(args.warmup_s, "warmup-s", true)?,
         measure: seconds(args.duration_s, "duration-s", false)?,
@@ -351,19 +368,7 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
     }
     progress.finish_and_clear();
     let medians = median_cells(&samples, &cells, targets);
-    drop(servers);
-    let table = summary_table(&medians);
-    println!("{table}");
-    let checks = check_targets(&samples, &medians);
-    println!("{}", checks.table);
-    for line in &checks.headline {
-        println!("{line}");
-    }
-    write_report(args, &samples, &medians, &table, &checks)?;
-    if args.check && !checks.missed.is_empty() {
-        return Err(TargetMissed(checks.missed).into());
-    }
-    Ok(())
+    Ok((samples, medians))
 }
 
 /// The servers under test, stopped when dropped.
