@@ -15,10 +15,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[path = "common/fix_client.rs"]
+mod fix_client;
+use fix_client::{FixClient, get};
+
 use delivery::wire::{Frame, FrameDecoder, Record, Stream, WIRE_VERSION};
 use exchange::msg::OutputKind;
 use gateway::client::NativeClient;
-use gateway::fix::{self, Builder, Message, tag};
+use gateway::fix::tag;
 use gateway::hub::order_id;
 use gateway::native::{ClientMsg, OrderRequest, ServerMsg};
 
@@ -427,66 +431,7 @@ fn report_of_record(record: &Record) -> Report {
     Report { exec_type, order: out.order_id as u32, leaves_qty, fill }
 }
 
-struct FixClient {
-    stream: TcpStream,
-    buffer: Vec<u8>,
-    next_seq: u64,
-}
-
-type Fields = Vec<(u32, String)>;
-
-fn get(fields: &Fields, wanted: u32) -> &str {
-    fields.iter().find(|(t, _)| *t == wanted).map_or("", |(_, v)| v.as_str())
-}
-
 impl FixClient {
-    fn connect(address: SocketAddr, next_seq: u64) -> FixClient {
-        let stream = TcpStream::connect(address).expect("connecting to the FIX acceptor");
-        stream.set_read_timeout(Some(WAIT)).unwrap();
-        FixClient { stream, buffer: Vec::new(), next_seq }
-    }
-
-    fn send(&mut self, msg_type: &str, fields: &[(u32, &str)]) {
-        let mut builder = Builder::default();
-        builder.begin(msg_type.as_bytes(), FIX_COMP_ID.as_bytes(), b"LEANTIER", self.next_seq);
-        builder.field(tag::SENDING_TIME, &fix::utc_timestamp(1_700_000_000_000_000_000));
-        for (t, v) in fields {
-            builder.field(*t, v.as_bytes());
-        }
-        self.next_seq += 1;
-        self.stream.write_all(builder.finish()).expect("sending to the FIX acceptor");
-    }
-
-    fn recv(&mut self) -> Fields {
-        loop {
-            if let Some(len) = fix::split_frame(&self.buffer).expect("the server frames correctly")
-            {
-                let message = Message::parse(&self.buffer[..len]).expect("a FIX message");
-                let fields = message
-                    .fields()
-                    .map(|(t, v)| (t, String::from_utf8_lossy(v).into_owned()))
-                    .collect();
-                self.buffer.drain(..len);
-                return fields;
-            }
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => panic!("the FIX acceptor closed the session"),
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                Err(e) => panic!("no FIX message within {WAIT:?}: {e}"),
-            }
-        }
-    }
-
-    fn logon(&mut self) {
-        self.send(
-            "A",
-            &[(tag::ENCRYPT_METHOD, "0"), (tag::HEART_BT_INT, "30"), (tag::PASSWORD, SECRET)],
-        );
-        let reply = self.recv();
-        assert_eq!(get(&reply, tag::MSG_TYPE), "A", "Logon refused: {reply:?}");
-    }
-
     fn buy(&mut self, cl_ord_id: &str, qty: u32) {
         let (qty, price) = (qty.to_string(), PRICE.to_string());
         let symbol = INSTRUMENT.to_string();
@@ -632,8 +577,8 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     let mut r_gateway = RGateway::start(&url);
     let mut consumer = r_gateway.consumer();
     let server = Server::start(dir.path(), &url);
-    let mut fix = FixClient::connect(server.fix, 1);
-    fix.logon();
+    let mut fix = FixClient::connect(server.fix, FIX_COMP_ID, 1);
+    fix.logon(SECRET);
     let mut native = NativeClient::connect(server.native).unwrap();
     let login = native.login(NATIVE_CLIENT, SECRET, 0, WAIT).unwrap();
     assert!(matches!(login, ServerMsg::LoginAccepted { .. }), "native login: {login:?}");
@@ -695,8 +640,8 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     // Run 2, over the same store: the FIX session goes on from its sequence numbers, and the
     // recovered book still holds the 2 left of the sell, which a buy of 2 meets.
     let server = Server::start(dir.path(), &url);
-    let mut fix = FixClient::connect(server.fix, fix.next_seq);
-    fix.logon();
+    let mut fix = FixClient::connect(server.fix, FIX_COMP_ID, fix.next_seq);
+    fix.logon(SECRET);
     fix.buy("k2", 2);
     let after = fix.reports_until("k2", "2");
     assert_eq!(

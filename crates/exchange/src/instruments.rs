@@ -305,3 +305,57 @@ fn instrument_of(
         halted: false,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acme() -> InstrumentSpec {
+        InstrumentSpec {
+            symbol: "ACME".into(),
+            id: None,
+            tick_size: "0.01".into(),
+            lot_size: "1".into(),
+            reference_price: "101.25".into(),
+            band_low: "91".into(),
+            band_high: "111.5".into(),
+            ladder_ticks: None,
+            qty_max: None,
+            currency: "USD".into(),
+        }
+    }
+
+    fn loaded(instruments: Vec<InstrumentSpec>) -> Result<(MasterData, InstrumentTable), String> {
+        let file = InstrumentsFile { price_decimals: 4, instruments };
+        load(&file, &ClientsFile { clients: vec![] }).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_instrument_loads_onto_its_tick_grid_with_the_band_on_its_ladder() {
+        let (master, table) = loaded(vec![acme()]).unwrap();
+        let acme = master.instrument(0).unwrap();
+        assert_eq!((acme.listing.tick, acme.band_low, acme.band_high), (100, 910_000, 1_115_000));
+        assert_eq!(acme.listing.levels, 2051, "the band, both ends included");
+        assert_eq!((acme.listing.ladder_low, acme.listing.ladder_high()), (910_000, 1_115_000));
+        assert_eq!((table.id_of("ACME"), table.symbol_of(0)), (Some(0), Some("ACME")));
+        assert_eq!(table.price_text(1_012_500), "101.25");
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_traded_exactly_is_refused_with_the_field_named() {
+        let cases: [(fn(&mut InstrumentSpec), &str); 4] = [
+            (|s| s.band_low = "91.005".into(), "tick grid"),
+            (|s| s.tick_size = "0.00001".into(), "tick_size"),
+            (|s| s.lot_size = "0.5".into(), "lot_size"),
+            (|s| s.reference_price = "120".into(), "band_low ≤ reference"),
+        ];
+        for (spoil, named) in cases {
+            let mut spec = acme();
+            spoil(&mut spec);
+            let error = loaded(vec![spec]).unwrap_err();
+            assert!(error.contains("ACME") && error.contains(named), "{error}");
+        }
+        let error = loaded(vec![acme(), acme()]).unwrap_err();
+        assert!(error.contains("listed twice"), "{error}");
+    }
+}
