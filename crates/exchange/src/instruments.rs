@@ -343,7 +343,8 @@ mod tests {
 
     #[test]
     fn a_file_that_cannot_be_traded_exactly_is_refused_with_the_field_named() {
-        let cases: [(fn(&mut InstrumentSpec), &str); 4] = [
+        type Spoil = fn(&mut InstrumentSpec);
+        let cases: [(Spoil, &str); 4] = [
             (|s| s.band_low = "91.005".into(), "tick grid"),
             (|s| s.tick_size = "0.00001".into(), "tick_size"),
             (|s| s.lot_size = "0.5".into(), "lot_size"),
