@@ -15,12 +15,14 @@
 //! shared machine is noise. `--in-process` runs the tier's own critical path without a
 //! network instead (the former demo).
 
+use exchange::instruments::InstrumentTable;
+use exchange::master::MasterData;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use exchange::durability::JournalMode;
-use exchange::flow::{UniverseConfig, reference_master_data};
+use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
 use gateway::hub::Settings;
 use gateway::load::{LoadOptions, LoadProtocol, LoadSession};
@@ -102,6 +104,22 @@ struct DemoReport {
     histograms: Vec<(String, LatencyHistogram)>,
 }
 
+/// Writes the reference universe as the files an operator would write (`instruments.toml`,
+/// `clients.toml` in `dir`, the report's folder) and loads them back the way `exchange serve`
+/// does.
+fn reference_market_files(dir: &Path) -> anyhow::Result<(MasterData, InstrumentTable)> {
+    let (instruments, clients) = (dir.join("instruments.toml"), dir.join("clients.toml"));
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        &instruments,
+        toml::to_string(&exchange::flow::reference_instruments(&UNIVERSE))?,
+    )?;
+    std::fs::write(&clients, toml::to_string(&exchange::flow::reference_clients(&UNIVERSE))?)?;
+    let instruments = exchange::instruments::read_toml(&instruments)?;
+    let clients = exchange::instruments::read_toml(&clients)?;
+    Ok(exchange::instruments::load(&instruments, &clients)?)
+}
+
 /// A server of the demo and how to load it.
 struct Server {
     running: Running,
@@ -109,7 +127,13 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path, tier: TierConfig, store_sync: bool) -> anyhow::Result<Server> {
+    fn start(
+        dir: &Path,
+        market: &(MasterData, InstrumentTable),
+        tier: TierConfig,
+        store_sync: bool,
+    ) -> anyhow::Result<Server> {
+        let (master, instruments) = market.clone();
         let hash = gateway::credentials::hash_secret(SECRET.as_bytes())?;
         let credentials = (1..=SESSIONS)
             .map(|client| gateway::credentials::Credential {
@@ -125,6 +149,7 @@ impl Server {
             store_sync,
             throttle_msgs_per_s: 4_000_000,
             cancel_on_disconnect: None,
+            instruments: std::sync::Arc::new(instruments),
             ..Settings::default()
         };
         // The server's threads inherit the load generator's priority (as scripts/
@@ -136,14 +161,13 @@ impl Server {
             metrics_listen: None,
             settings,
             credentials,
-            tier: TierConfig { universe: UNIVERSE, ..tier },
+            tier: TierConfig { universe: UNIVERSE, master_data: Some(master.clone()), ..tier },
             planned_rate_per_s: DEMO_RATES_PER_S[2],
             journal_dir: dir.join("tier"),
             also: None,
         })?;
         drop(same_priority);
-        let band = reference_master_data(&UNIVERSE);
-        let listing = band.instrument(INSTRUMENT).expect("the universe lists the instrument");
+        let listing = master.instrument(INSTRUMENT).expect("the universe lists the instrument");
         let load = LoadOptions {
             connect: running.listen,
             protocol: LoadProtocol::Native,
@@ -198,13 +222,15 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let durable_limit_ns = DURABLE_LIMIT_FSYNCS * fsync.value_at_percentile_ns(99.0);
     let limit_ns = args.p99_limit_us * 1_000;
     let tier = TierConfig { layout: args.layout, ..TierConfig::default() };
+    // The universe the servers list, written beside the report as an operator's files.
+    let market = reference_market_files(&args.out)?;
     let mut rows = Vec::new();
     let mut histograms = Vec::new();
     let mut searches = Vec::new();
 
     println!("volatile server (journal off, store not synced): order -> ack at the client");
     let volatile_tier = TierConfig { journal: JournalMode::OFF, ..tier.clone() };
-    let volatile = Server::start(&dir.path().join("volatile"), volatile_tier, false)?;
+    let volatile = Server::start(&dir.path().join("volatile"), &market, volatile_tier, false)?;
     for rate in DEMO_RATES_PER_S {
         let step = volatile.step(rate, seconds)?;
         rows.push(row("order -> ack", rate, &step.client, &step.client.latency));
@@ -220,7 +246,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         args.journal.name()
     );
     let durable_tier = TierConfig { journal: args.journal, ..tier };
-    let durable = Server::start(&dir.path().join("durable"), durable_tier, true)?;
+    let durable = Server::start(&dir.path().join("durable"), &market, durable_tier, true)?;
     for rate in DEMO_RATES_PER_S {
         let step = durable.step(rate, seconds)?;
         rows.push(row("in-tier response", rate, &step.client, &step.in_tier));
@@ -492,11 +518,12 @@ fn present(report: &DemoReport, out: &Path) -> anyhow::Result<()> {
         .image("highest rate per view", "max-rates.svg");
     dir.write_markdown("summary.md", markdown.as_str())?;
     println!(
-        "\nReport: {0}/index.html, {0}/summary.md (JSON, CSV and .hgrm beside them)",
+        "\nReport: {0}/index.html, {0}/summary.md (JSON, CSV and .hgrm beside them; \
+         instruments.toml and clients.toml: the universe the servers listed)",
         out.display()
     );
     println!("Try next:");
     println!("  leantier demo --in-process      # the tier's own critical path, no network");
-    println!("  leantier exchange serve --config serve.toml --nats nats://127.0.0.1:4222");
+    println!("  leantier exchange serve --config configs/serve.toml   # symbols, decimals, FIX");
     Ok(())
 }
