@@ -262,7 +262,7 @@ fn exchange_serve_trades_with_a_scripted_client() {
     let _ = server.wait();
     assert_eq!(code(&traded), 0, "{}", text(&traded.stderr));
     let out = text(&traded.stdout);
-    assert!(out.contains("filled token=2") && out.contains("partially-filled token=1"), "{out}");
+    assert!(out.contains(" filled order 2") && out.contains("partially filled order 1"), "{out}");
     assert_eq!(code(&bad), 2, "a bad script line is bad input: {}", text(&bad.stderr));
 }
 
@@ -292,7 +292,7 @@ fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
     let client = |addr: &str, script: &str| text(&run_client(addr, script).stdout);
     let (mut server, addr, mut lines) = serve();
     let rested = client(&addr, "buy 1 1 10 101000\n");
-    assert!(rested.contains("accepted token=1"), "{rested}");
+    assert!(rested.contains("accepted order 1"), "{rested}");
     let killed = Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
     assert!(killed.success());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
@@ -311,5 +311,5 @@ fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
     let traded = client(&addr, "sell 2 1 4 101000\n");
     let _ = server.kill();
     let _ = server.wait();
-    assert!(traded.contains("filled token=2"), "the acknowledged buy survived the stop: {traded}");
+    assert!(traded.contains(" filled order 2"), "the acknowledged buy survived the stop: {traded}");
 }
