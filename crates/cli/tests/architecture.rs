@@ -36,7 +36,15 @@ fn read_toml(path: &Path) -> toml::Table {
     text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Package name → names of its normal (non-dev) dependencies, for every workspace member.
+/// The name code uses for a member: its `[lib] name` where the package name carries the
+/// `leantier-` prefix for crates.io (`leantier-pipeline` is `pipeline`), else the package name.
+fn crate_name(table: &toml::Table) -> String {
+    let lib_name = table.get("lib").and_then(|lib| lib.get("name")).and_then(|n| n.as_str());
+    lib_name.unwrap_or_else(|| table["package"]["name"].as_str().unwrap()).to_string()
+}
+
+/// Crate name → names of its normal (non-dev) dependencies, as its manifest's keys, for every
+/// workspace member.
 fn members() -> BTreeMap<String, BTreeSet<String>> {
     let mut members = BTreeMap::new();
     for entry in std::fs::read_dir(workspace_root().join("crates")).unwrap() {
@@ -45,7 +53,7 @@ fn members() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let table = read_toml(&manifest);
-        let name = table["package"]["name"].as_str().unwrap().to_string();
+        let name = crate_name(&table);
         // Normal dependencies, unconditional or per target (`[target.'cfg(..)'.dependencies]`).
         let targets = table.get("target").and_then(|t| t.as_table());
         let per_target = targets.into_iter().flat_map(|t| t.values());
