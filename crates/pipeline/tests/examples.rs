@@ -38,8 +38,10 @@ fn the_tier_example_settles_what_a_sequential_run_of_its_rules_does() {
         assert_eq!(lines.next(), Some(line.as_str()), "output:\n{output}");
     }
     let notional: u64 = expected.iter().map(|(_, notional)| notional).sum();
-    let total =
-        format!("total: {orders_accepted} of {} orders accepted, notional {notional}", tier::ORDERS);
+    let total = format!(
+        "total: {orders_accepted} of {} orders accepted, notional {notional}",
+        tier::ORDERS
+    );
     assert_eq!(lines.next(), Some(total.as_str()), "output:\n{output}");
     assert_eq!(lines.next(), None);
 }
