@@ -16,6 +16,7 @@
 //! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown and
 //!   hand-written SVG plots (latency CDFs, bars, x-y lines), and progress bars that hide
 //!   themselves when stderr is not a terminal.
+//! * [`disk`]: the raw append + `fdatasync` baseline that durable latencies compare with.
 //! * [`config`]: TOML configuration with flag overrides; [`error::BadInput`] for invalid input.
 //!
 //! `lab` depends on no other leantier crate: every crate may use it, and it knows nothing of
@@ -26,6 +27,7 @@
 
 pub mod child_flags;
 pub mod config;
+pub mod disk;
 pub mod error;
 pub mod load;
 pub mod report;
