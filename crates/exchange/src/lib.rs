@@ -11,7 +11,7 @@
 //! is the sequencer of its own fan-in: it numbers every input gap-free into a
 //! [`msg::SequencedInput`] (the record a journal appends, see [`tier`]) and hands it to its
 //! [`core::MatchingCore`]. The core is a pure function of its sequenced input: price-time
-//! priority books ([`book`]) over a pre-allocated [`store`] (an order-slot arena with
+//! priority books ([`book`]) over a pre-allocated `store` (an order-slot arena with
 //! intrusive FIFO lists and an open-addressing order index), with named capacity limits and
 //! no allocation per order; the same input always yields byte-identical output, whose blake3
 //! hash ([`msg::OutputHash`]) the replay test compares.
@@ -51,8 +51,17 @@
 //! Under `--cfg loom` only [`master`] and the modules it needs are built, with loom's atomics
 //! (see `sync`), because that is what `tests/loom.rs` model-checks.
 
+// The README's examples compile (and run) as doctests, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+// The matching core's API (book, core, messages) is documented in full; the tier around it
+// is the reference application, documented where a reader needs it.
+#[deny(missing_docs)]
 pub mod book;
 #[cfg(not(loom))]
+#[deny(missing_docs)]
 pub mod core;
 #[cfg(not(loom))]
 pub mod durability;
@@ -63,6 +72,7 @@ pub mod experiments;
 #[cfg(not(loom))]
 pub mod flow;
 pub mod master;
+#[deny(missing_docs)]
 pub mod msg;
 #[cfg(not(loom))]
 pub mod preprocess;

@@ -404,7 +404,7 @@ pub trait Subscriber: Send {
 /// A source of orders the tier runs ([`Tier::start_with_source`]): called in a loop, it emits
 /// the orders it has and waits inside the call when it has none (it owns its thread: the
 /// chain's first one when the layout runs the entry inline, else one of its own); it ends the
-/// tier's input by returning [`Flow::Stop`].
+/// tier's input by returning [`pipeline::stage::Flow::Stop`].
 pub type OrderSource =
     Box<dyn FnMut(&mut pipeline::stage::Emitter<InboundOrder>) -> pipeline::stage::Flow + Send>;
 

@@ -89,6 +89,11 @@
 //! # Ok::<(), journal::JournalError>(())
 //! ```
 
+// The README's examples compile (and run) as doctests, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod audit;
 mod durable;
 mod error;

@@ -1,7 +1,8 @@
-//! Crash tests with a real process and real files: the crash child (`crash_child/mod.rs`, run
-//! by re-executing this test binary) runs the ledger workload with group commit and is SIGKILLed at random moments, then restarted on the same
-//! directory. After every restart: every acknowledged input is reflected, none is applied
-//! twice, and the recovered state hash equals a replay of the same input from scratch.
+//! Crash tests with a real process and real files: the crash child (`crash_child/mod.rs`,
+//! run by re-executing this test binary) runs the ledger workload with group commit and is
+//! SIGKILLed at random moments, then restarted on the same directory. After every restart:
+//! every acknowledged input is reflected, none is applied twice, and the recovered state hash
+//! equals a replay of the same input from scratch.
 //!
 //! `LEANTIER_CRASH_ITERATIONS` raises the iteration count (scripts/soak-journal).
 

@@ -38,7 +38,7 @@ pub enum ConnectorKind {
     #[default]
     #[serde(alias = "ring")]
     LockFree,
-    /// The mutex + condition-variable baseline ([`crate::blocking`]).
+    /// The mutex + condition-variable baseline (the private `blocking` module).
     #[serde(alias = "locked")]
     Blocking,
 }
@@ -105,10 +105,10 @@ pub fn connector<T: Copy + Default + Send>(
 /// // Fan-in: two producers, one consumer thread that sleeps on one parker for both rings.
 /// let consumer_parker = Parker::new();
 /// let config = RingConfig::default();
+/// let kind = ConnectorKind::LockFree;
 /// let (mut a_tx, mut a_rx) =
-///     connector_with::<u8>(ConnectorKind::LockFree, &config, Parker::new(), consumer_parker.clone())?;
-/// let (mut b_tx, mut b_rx) =
-///     connector_with::<u8>(ConnectorKind::LockFree, &config, Parker::new(), consumer_parker)?;
+///     connector_with::<u8>(kind, &config, Parker::new(), consumer_parker.clone())?;
+/// let (mut b_tx, mut b_rx) = connector_with::<u8>(kind, &config, Parker::new(), consumer_parker)?;
 /// a_tx.push(b'a')?;
 /// b_tx.push(b'b')?;
 /// assert_eq!((a_rx.try_pop(), b_rx.try_pop()), (Some(b'a'), Some(b'b')));
@@ -210,7 +210,8 @@ impl<T: Copy> Sender<T> {
     /// let config = RingConfig { capacity_slots: 4, batch_slots_max: 2, ..RingConfig::default() };
     /// let (mut tx, mut rx) = connector::<usize>(ConnectorKind::LockFree, &config)?;
     /// tx.try_write_batch(2, |i, slot| *slot = 10 * i)?;
-    /// assert_eq!(tx.try_write_batch(3, |_, _| ()), Err(BatchError::TooLarge { requested: 3, max: 2 }));
+    /// let too_large = BatchError::TooLarge { requested: 3, max: 2 };
+    /// assert_eq!(tx.try_write_batch(3, |_, _| ()), Err(too_large));
     /// tx.try_write_batch(2, |i, slot| *slot = 20 + i)?;
     /// assert_eq!(tx.try_write_batch(1, |_, _| ()), Err(BatchError::Full));
     /// let mut read = Vec::new();

@@ -3,7 +3,8 @@
 //! Bottom-up:
 //! - [`ring`]: the lock-free SPSC ring (pre-allocated slots, batch publish, cached indices);
 //! - `blocking` (private): the lock-and-condvar baseline behind the same interface;
-//! - [`connector`]: [`Sender`]/[`Receiver`] over either kind, so experiments can swap them;
+//! - [`connector`](mod@connector): [`Sender`]/[`Receiver`] over either kind, so experiments
+//!   can swap them;
 //! - [`wait`]: wait strategies (spin, spin-yield, park, adaptive) and the wake-up protocol;
 //! - [`placement`]: CPU topology from /sys, pinning, and a plan that gives critical stages
 //!   dedicated cores of one socket (and downgrades spinning when oversubscribed);

@@ -146,7 +146,8 @@ impl RingConfig {
     /// let zero = RingConfig { capacity_slots: 0, ..RingConfig::default() };
     /// assert_eq!(zero.validate(), Err(RingError::CapacityZero));
     /// let wide = RingConfig { capacity_slots: 8, batch_slots_max: 16, ..RingConfig::default() };
-    /// assert_eq!(wide.validate(), Err(RingError::BatchLargerThanCapacity { batch: 16, capacity: 8 }));
+    /// let refused = RingError::BatchLargerThanCapacity { batch: 16, capacity: 8 };
+    /// assert_eq!(wide.validate(), Err(refused));
     /// ```
     pub fn validate(&self) -> Result<(), RingError> {
         let capacity = self.capacity_slots;
@@ -274,9 +275,9 @@ impl<T> Shared<T> {
 
 /// The writing end of a lock-free ring. Exactly one exists per ring.
 ///
-/// Aligned like [`CachePadded`]: `tail` and `cached_head` are written per batch, and a
-/// neighbour in whatever holds the producer (a heap-allocated closure, a `Vec` of outlets)
-/// written by another thread would otherwise share their cache line and cost a transfer per
+/// Aligned to 128 bytes, like a cache-padded index: `tail` and `cached_head` are written per
+/// batch, and a neighbour in whatever holds the producer (a heap-allocated closure, a `Vec` of
+/// outlets) written by another thread would otherwise share their cache line and cost a transfer per
 /// batch.
 #[repr(align(128))]
 pub struct Producer<T> {
@@ -566,7 +567,8 @@ impl<T: Copy> Producer<T> {
     /// let (mut producer, consumer) = spsc::<u64>(&config)?;
     /// producer.try_write_batch(3, |i, slot| *slot = i as u64)?;
     /// assert_eq!(producer.try_write_batch(2, |_, _| ()), Err(BatchError::Full));
-    /// assert_eq!(producer.try_write_batch(5, |_, _| ()), Err(BatchError::TooLarge { requested: 5, max: 4 }));
+    /// let too_large = BatchError::TooLarge { requested: 5, max: 4 };
+    /// assert_eq!(producer.try_write_batch(5, |_, _| ()), Err(too_large));
     /// drop(consumer);
     /// assert_eq!(producer.try_write_batch(1, |_, _| ()), Err(BatchError::Disconnected));
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -634,8 +634,9 @@ impl PipelineBuilder {
     /// }
     ///
     /// let mut looped = PipelineBuilder::new().pin_threads(false);
-    /// let a = looped.stage("a", StageSpec::ancillary(1), |_| |n: &u8, out: &mut Emitter<u8>| out.emit(*n));
-    /// let b = looped.stage("b", StageSpec::ancillary(1), |_| |n: &u8, out: &mut Emitter<u8>| out.emit(*n));
+    /// let forward = |_| |n: &u8, out: &mut Emitter<u8>| out.emit(*n);
+    /// let a = looped.stage("a", StageSpec::ancillary(1), forward);
+    /// let b = looped.stage("b", StageSpec::ancillary(1), forward);
     /// looped.connect(a, b, Route::RoundRobin);
     /// looped.connect(b, a, Route::RoundRobin);
     /// assert!(matches!(looped.start(), Err(PipelineError::BadStage { .. })));
@@ -728,7 +729,8 @@ impl PipelineBuilder {
     ///
     /// // Refused: the stages have different worker counts.
     /// let mut uneven = PipelineBuilder::new().pin_threads(false);
-    /// let two = uneven.source("two", StageSpec::ancillary(2), |_| |_: &mut Emitter<u8>| Flow::Stop);
+    /// let stop = |_| |_: &mut Emitter<u8>| Flow::Stop;
+    /// let two = uneven.source("two", StageSpec::ancillary(2), stop);
     /// let one = uneven.sink("one", StageSpec::ancillary(1), |_| |_: &u8| {});
     /// uneven.fuse(two, one);
     /// assert!(matches!(uneven.start(), Err(PipelineError::BadStage { .. })));

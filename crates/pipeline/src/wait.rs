@@ -157,7 +157,8 @@ impl Parker {
     /// let ready = Arc::new(AtomicBool::new(false));
     /// let waiter = Waiter::new(WaitStrategy::Park, parker.clone());
     /// let flag = ready.clone();
-    /// let sleeper = std::thread::spawn(move || waiter.wait_until(|| flag.load(Ordering::Acquire)));
+    /// let ready_now = move || flag.load(Ordering::Acquire);
+    /// let sleeper = std::thread::spawn(move || waiter.wait_until(ready_now));
     /// ready.store(true, Ordering::Release); // publish first,
     /// parker.notify(); // then wake
     /// sleeper.join().unwrap();
