@@ -5,8 +5,8 @@
 //! - `pipeline` and `lab` depend on no other leantier crate;
 //! - leantier crates depend on each other only along the map's edges;
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
-//! - the runtime (`pipeline`) and the journal build with their own few dependencies: nothing
-//!   of the lab (load drivers, reports, config files, progress bars, async runtime);
+//! - the runtime (`pipeline`), the journal and the matching core build with their own few
+//!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
 //! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
 //!   stage graph or layout chooser of its own.
@@ -20,6 +20,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("cdr", "planner"),
     ("delivery", "exchange"),
     ("exchange", "journal"),
+    ("exchange", "matching"),
     ("exchange", "planner"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
@@ -185,10 +186,10 @@ fn the_planner_builds_without_a_runtime_or_ring_peers() {
 const LAB_PACKAGES: &[&str] =
     &["lab", "tokio", "indicatif", "rand", "toml", "clap", "anyhow", "criterion", "axum"];
 /// Libraries that must build with their own few dependencies (issue 30).
-const LEAN_LIBRARIES: &[&str] = &["leantier-pipeline", "leantier-journal"];
+const LEAN_LIBRARIES: &[&str] = &["leantier-pipeline", "leantier-journal", "leantier-matching"];
 
 #[test]
-fn the_runtime_and_the_journal_build_without_the_lab() {
+fn the_runtime_the_journal_and_the_matching_core_build_without_the_lab() {
     let ours: BTreeSet<String> = member_packages().into_keys().collect();
     for library in LEAN_LIBRARIES {
         let closure = build_closure(library);

@@ -166,7 +166,7 @@ impl Default for TierConfig {
             wait: WaitChoice::Auto,
             placement: false,
             connector: ConnectorKind::LockFree,
-            order_pool_slots: crate::store::ORDER_POOL_SLOTS_DEFAULT,
+            order_pool_slots: crate::core::ORDER_POOL_SLOTS_DEFAULT,
             universe: UniverseConfig::default(),
             journal: JournalMode::default(),
             snapshot_every_records: SNAPSHOT_EVERY_RECORDS_DEFAULT,
@@ -222,8 +222,7 @@ impl TierConfig {
                 "ring_slots must be a power of two and batch_slots in 1..=ring_slots".into(),
             ));
         }
-        if self.order_pool_slots == 0 || self.order_pool_slots > crate::store::ORDER_POOL_SLOTS_MAX
-        {
+        if self.order_pool_slots == 0 || self.order_pool_slots > crate::core::ORDER_POOL_SLOTS_MAX {
             return Err(BadInput("order_pool_slots out of range".into()));
         }
         if !(1..=UNIVERSE_INSTRUMENTS_MAX).contains(&self.universe.instruments)

@@ -13,9 +13,10 @@ use crate::msg::{
     ClientId, Command, CoreOutput, InstrumentId, OrderId, OrderType, OutputKind, Price, Qty,
     Reason, SequencedInput, Side, TimeInForce,
 };
-use crate::store::{NONE, ORDER_POOL_SLOTS_DEFAULT, OrderIndex, OrderPool, OrderSlot};
+use crate::store::{NONE, OrderIndex, OrderPool, OrderSlot};
 
 mod snapshot;
+pub use crate::store::{ORDER_POOL_SLOTS_DEFAULT, ORDER_POOL_SLOTS_MAX};
 pub use snapshot::{BOOK_SNAPSHOT_BYTES, ORDER_SNAPSHOT_BYTES};
 
 /// Instrument ids a shard can address (the id -> book table is sized by it).
@@ -51,9 +52,9 @@ pub struct CoreCounters {
 /// The matching core of one shard.
 ///
 /// ```
-/// use exchange::book::Listing;
-/// use exchange::core::{CoreLimits, MatchingCore};
-/// use exchange::msg::{Command, OrderType, OutputKind, SequencedInput, Side, TimeInForce};
+/// use matching::book::Listing;
+/// use matching::core::{CoreLimits, MatchingCore};
+/// use matching::msg::{Command, OrderType, OutputKind, SequencedInput, Side, TimeInForce};
 ///
 /// let listing = Listing { instrument: 1, ladder_low: 90, tick: 1, levels: 21 };
 /// let mut core = MatchingCore::new(&[listing], CoreLimits { order_pool_slots: 16 });

@@ -5,13 +5,13 @@
 //! The core is a pure function of its sequenced input (no clock, no I/O), so the same file
 //! always prints the same lines; `tests/examples.rs` runs this and checks them.
 //!
-//! `cargo run -p leantier-exchange --example replay [-- FILE]`
+//! `cargo run -p leantier-matching --example replay [-- FILE]`
 
 use std::io::Write;
 
-use exchange::book::Listing;
-use exchange::core::{CoreLimits, MatchingCore};
-use exchange::msg::{
+use matching::book::Listing;
+use matching::core::{CoreLimits, MatchingCore};
+use matching::msg::{
     Command, CoreOutput, OrderType, OutputKind, Reason, SequencedInput, Side, TimeInForce,
 };
 
