@@ -89,6 +89,8 @@
 //! # Ok::<(), journal::JournalError>(())
 //! ```
 
+#![deny(missing_docs)]
+
 // The README's examples compile (and run) as doctests, so they cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
