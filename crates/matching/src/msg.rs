@@ -187,14 +187,50 @@ impl Reason {
     }
 }
 
-/// Raw request codes of [`InboundOrder::kind`].
-pub mod request_kind {
+/// What a request asks for: the typed form of [`InboundOrder::kind`], which stays a raw code
+/// because a request must be able to carry an unknown one (to be rejected with
+/// [`Reason::BadRequestKind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum RequestKind {
     /// A new order.
-    pub const NEW: u8 = 1;
+    New = 1,
     /// Cancel a resting order.
-    pub const CANCEL: u8 = 2;
+    Cancel = 2,
     /// Replace (price and/or quantity) a resting order.
-    pub const REPLACE: u8 = 3;
+    Replace = 3,
+}
+
+impl RequestKind {
+    /// Decodes a raw wire code.
+    ///
+    /// ```
+    /// use matching::msg::{RequestKind, request_kind};
+    ///
+    /// assert_eq!(RequestKind::from_code(request_kind::CANCEL), Some(RequestKind::Cancel));
+    /// assert_eq!(RequestKind::from_code(0), None);
+    /// ```
+    pub fn from_code(code: u8) -> Option<RequestKind> {
+        match code {
+            1 => Some(RequestKind::New),
+            2 => Some(RequestKind::Cancel),
+            3 => Some(RequestKind::Replace),
+            _ => None,
+        }
+    }
+}
+
+/// Raw request codes of [`InboundOrder::kind`], as they travel on the wire ([`RequestKind`]
+/// decodes them).
+pub mod request_kind {
+    use super::RequestKind;
+
+    /// A new order.
+    pub const NEW: u8 = RequestKind::New as u8;
+    /// Cancel a resting order.
+    pub const CANCEL: u8 = RequestKind::Cancel as u8;
+    /// Replace (price and/or quantity) a resting order.
+    pub const REPLACE: u8 = RequestKind::Replace as u8;
 }
 
 /// Nanosecond timestamps stamped as a message crosses the tier (a monotonic clock, see
