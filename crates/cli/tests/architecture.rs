@@ -5,6 +5,8 @@
 //! - `pipeline` and `lab` depend on no other leantier crate;
 //! - leantier crates depend on each other only along the map's edges;
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
+//! - the runtime (`pipeline`), the journal and the matching core build with their own few
+//!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
 //! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
 //!   stage graph or layout chooser of its own.
@@ -18,6 +20,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("cdr", "planner"),
     ("delivery", "exchange"),
     ("exchange", "journal"),
+    ("exchange", "matching"),
     ("exchange", "planner"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
@@ -36,7 +39,15 @@ fn read_toml(path: &Path) -> toml::Table {
     text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Package name → names of its normal (non-dev) dependencies, for every workspace member.
+/// The name code uses for a member: its `[lib] name` where the package name carries the
+/// `leantier-` prefix for crates.io (`leantier-pipeline` is `pipeline`), else the package name.
+fn crate_name(table: &toml::Table) -> String {
+    let lib_name = table.get("lib").and_then(|lib| lib.get("name")).and_then(|n| n.as_str());
+    lib_name.unwrap_or_else(|| table["package"]["name"].as_str().unwrap()).to_string()
+}
+
+/// Crate name → names of its normal (non-dev) dependencies, as its manifest's keys, for every
+/// workspace member.
 fn members() -> BTreeMap<String, BTreeSet<String>> {
     let mut members = BTreeMap::new();
     for entry in std::fs::read_dir(workspace_root().join("crates")).unwrap() {
@@ -45,7 +56,7 @@ fn members() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let table = read_toml(&manifest);
-        let name = table["package"]["name"].as_str().unwrap().to_string();
+        let name = crate_name(&table);
         // Normal dependencies, unconditional or per target (`[target.'cfg(..)'.dependencies]`).
         let targets = table.get("target").and_then(|t| t.as_table());
         let per_target = targets.into_iter().flat_map(|t| t.values());
@@ -106,32 +117,94 @@ fn only_one_crate_knows_about_nats_and_the_ring_peers() {
     }
 }
 
-#[test]
-fn the_planner_builds_without_a_runtime_or_ring_peers() {
+/// Package name → the package names of its normal dependencies, for every workspace member,
+/// from the manifests (the lock file also lists members' dev-dependencies). A dependency is
+/// named by its key unless it says `package = ...`, here or in `[workspace.dependencies]`.
+fn member_packages() -> BTreeMap<String, BTreeSet<String>> {
+    let root = read_toml(&workspace_root().join("Cargo.toml"));
+    let workspace_deps = root["workspace"]["dependencies"].as_table().unwrap().clone();
+    let package_of = |key: &str, spec: &toml::Value| -> String {
+        let renamed = |table: &toml::Value| table.get("package")?.as_str().map(str::to_string);
+        let inherited = workspace_deps.get(key).filter(|_| spec.get("workspace").is_some());
+        renamed(spec).or_else(|| inherited.and_then(renamed)).unwrap_or_else(|| key.to_string())
+    };
+    let mut packages = BTreeMap::new();
+    for entry in std::fs::read_dir(workspace_root().join("crates")).unwrap() {
+        let manifest = entry.unwrap().path().join("Cargo.toml");
+        if !manifest.exists() {
+            continue;
+        }
+        let table = read_toml(&manifest);
+        let per_target = table.get("target").and_then(|t| t.as_table()).into_iter();
+        let tables = std::iter::once(&table)
+            .chain(per_target.flat_map(|t| t.values()).filter_map(|t| t.as_table()));
+        let deps = tables
+            .filter_map(|t| t.get("dependencies").and_then(|d| d.as_table()))
+            .flat_map(|d| d.iter().map(|(key, spec)| package_of(key, spec)))
+            .collect();
+        packages.insert(table["package"]["name"].as_str().unwrap().to_string(), deps);
+    }
+    packages
+}
+
+/// Every package a user's build of the workspace package `package` compiles: its normal
+/// dependencies, theirs, and so on. Members contribute their manifests' normal dependencies;
+/// other packages their lock entry (cargo resolves no dev-dependencies outside the workspace).
+fn build_closure(package: &str) -> BTreeSet<String> {
+    let members = member_packages();
     let lock = read_toml(&workspace_root().join("Cargo.lock"));
-    let mut graph: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for package in lock["package"].as_array().unwrap() {
-        let name = package["name"].as_str().unwrap().to_string();
-        let deps = package.get("dependencies").and_then(|d| d.as_array());
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for entry in lock["package"].as_array().unwrap() {
+        let name = entry["name"].as_str().unwrap().to_string();
+        let deps = entry.get("dependencies").and_then(|d| d.as_array());
         // A lock entry names a dependency as "name" or "name version".
         let deps = deps.into_iter().flatten();
         let deps = deps.map(|d| d.as_str().unwrap().split(' ').next().unwrap().to_string());
         graph.entry(name).or_default().extend(deps);
     }
-    // The lock file lists dev-dependencies too; the planner's own are criterion, proptest and
-    // tempfile, which are left out so that the closure is what a user's build compiles.
-    let dev_only: BTreeSet<&str> = ["criterion", "proptest", "tempfile"].into();
+    graph.extend(members);
     let mut seen = BTreeSet::new();
-    let mut stack: Vec<String> =
-        graph["planner"].iter().filter(|d| !dev_only.contains(d.as_str())).cloned().collect();
+    let mut stack: Vec<String> = graph[package].iter().cloned().collect();
     while let Some(name) = stack.pop() {
         if seen.insert(name.clone()) {
             stack.extend(graph.get(&name).into_iter().flatten().cloned());
         }
     }
+    seen
+}
+
+#[test]
+fn the_planner_builds_without_a_runtime_or_ring_peers() {
+    let closure = build_closure("planner");
     for forbidden in PLANNER_FORBIDDEN {
-        assert!(!seen.contains(*forbidden), "planner pulls in {forbidden}: {seen:?}");
+        assert!(!closure.contains(*forbidden), "planner pulls in {forbidden}: {closure:?}");
     }
+}
+
+/// The lab's packages and what only the lab, the binary or the servers need: a library a
+/// stranger embeds must not compile them.
+const LAB_PACKAGES: &[&str] =
+    &["lab", "tokio", "indicatif", "rand", "toml", "clap", "anyhow", "criterion", "axum"];
+/// Libraries that must build with their own few dependencies (issue 30).
+const LEAN_LIBRARIES: &[&str] = &["leantier-pipeline", "leantier-journal", "leantier-matching"];
+
+#[test]
+fn the_runtime_the_journal_and_the_matching_core_build_without_the_lab() {
+    let ours: BTreeSet<String> = member_packages().into_keys().collect();
+    for library in LEAN_LIBRARIES {
+        let closure = build_closure(library);
+        for forbidden in LAB_PACKAGES {
+            assert!(!closure.contains(*forbidden), "{library} pulls in {forbidden}: {closure:?}");
+        }
+        let allowed_ours =
+            if *library == "leantier-journal" { &["leantier-pipeline"][..] } else { &[] };
+        for member in closure.intersection(&ours) {
+            assert!(allowed_ours.contains(&member.as_str()), "{library} pulls in {member}");
+        }
+    }
+    // The check itself sees what it looks for: the binary builds with all of the lab.
+    let binary = build_closure("leantier");
+    assert!(["lab", "tokio", "rand"].iter().all(|p| binary.contains(*p)), "{binary:?}");
 }
 
 /// What wiring stages looks like in code: the ring, the connector, the stage graph, the

@@ -46,7 +46,7 @@ use crate::msg::{
     Command, CoreOutput, InstrumentId, OUTPUT_HASH_STATE_BYTES_MAX, OrderType, OutputHash,
     SequencedInput, Side, Stamps, TimeInForce,
 };
-use crate::wire::{Fields, Put};
+use matching::wire::{Fields, Put};
 
 /// How the tier journals its sequenced input (`--journal`, TOML `journal`): a journal
 /// [`Policy`], or `None` for no journal. Spelled `group` (the default), `sync`, `relaxed` (the

@@ -354,7 +354,7 @@ pub fn journal_modes(
         Some(dir) => tempfile::Builder::new().prefix("journal-experiment-").tempdir_in(dir)?,
         None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
     };
-    let raw_fsync = journal::bench::raw_fdatasync(root.path(), fsync_samples)?.summary();
+    let raw_fsync = lab::disk::raw_fdatasync(root.path(), fsync_samples)?.summary();
     let modes = [Policy::Sync.into(), Policy::Group.into(), JournalMode::OFF];
     let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
     let mut points = Vec::new();

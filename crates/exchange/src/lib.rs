@@ -11,7 +11,7 @@
 //! is the sequencer of its own fan-in: it numbers every input gap-free into a
 //! [`msg::SequencedInput`] (the record a journal appends, see [`tier`]) and hands it to its
 //! [`core::MatchingCore`]. The core is a pure function of its sequenced input: price-time
-//! priority books ([`book`]) over a pre-allocated [`store`] (an order-slot arena with
+//! priority books ([`book`]) over a pre-allocated `store` (an order-slot arena with
 //! intrusive FIFO lists and an open-addressing order index), with named capacity limits and
 //! no allocation per order; the same input always yields byte-identical output, whose blake3
 //! hash ([`msg::OutputHash`]) the replay test compares.
@@ -51,9 +51,10 @@
 //! Under `--cfg loom` only [`master`] and the modules it needs are built, with loom's atomics
 //! (see `sync`), because that is what `tests/loom.rs` model-checks.
 
-pub mod book;
-#[cfg(not(loom))]
-pub mod core;
+// The matching core lives in its own crate (`leantier-matching`), which builds with its own
+// two dependencies; the tier names it by the paths it always had.
+pub use matching::{book, core, msg};
+
 #[cfg(not(loom))]
 pub mod durability;
 #[cfg(not(loom))]
@@ -65,15 +66,11 @@ pub mod flow;
 #[cfg(not(loom))]
 pub mod instruments;
 pub mod master;
-pub mod msg;
 #[cfg(not(loom))]
 pub mod preprocess;
-pub(crate) mod store;
 mod sync;
 #[cfg(not(loom))]
 pub mod tier;
-#[cfg(not(loom))]
-mod wire;
 
 #[cfg(not(loom))]
 pub use error::ExchangeError;

@@ -8,8 +8,8 @@
 
 use crate::master::{MasterData, SnapshotReader, Status};
 use crate::msg::{
-    Command, InboundOrder, InstrumentId, OrderType, Price, Qty, REASON_COUNT, Reason, Side,
-    TimeInForce, request_kind,
+    Command, InboundOrder, InstrumentId, OrderType, Price, Qty, REASON_COUNT, Reason, RequestKind,
+    Side, TimeInForce,
 };
 
 /// A request that passed every check: where it goes and what the core must do.
@@ -111,8 +111,9 @@ fn order_value(price: Price, qty: Qty) -> u64 {
 /// Field, size and enum checks that need no reference data.
 fn hygiene(request: &InboundOrder) -> Result<Command, Reason> {
     let (order_id, client) = (request.order_id, request.client);
-    match request.kind {
-        request_kind::NEW => {
+    let kind = RequestKind::from_code(request.kind).ok_or(Reason::BadRequestKind)?;
+    match kind {
+        RequestKind::New => {
             let side = Side::from_code(request.side).ok_or(Reason::BadEnum)?;
             let order_type = OrderType::from_code(request.order_type).ok_or(Reason::BadEnum)?;
             let time_in_force =
@@ -131,8 +132,8 @@ fn hygiene(request: &InboundOrder) -> Result<Command, Reason> {
             let (price, qty) = (request.price, request.qty);
             Ok(Command::New { order_id, client, side, order_type, time_in_force, price, qty })
         }
-        request_kind::CANCEL => Ok(Command::Cancel { order_id, client }),
-        request_kind::REPLACE => {
+        RequestKind::Cancel => Ok(Command::Cancel { order_id, client }),
+        RequestKind::Replace => {
             if request.qty == 0 {
                 return Err(Reason::ZeroQuantity);
             }
@@ -141,6 +142,5 @@ fn hygiene(request: &InboundOrder) -> Result<Command, Reason> {
             }
             Ok(Command::Replace { order_id, client, price: request.price, qty: request.qty })
         }
-        _ => Err(Reason::BadRequestKind),
     }
 }

@@ -172,7 +172,7 @@ impl Default for TierConfig {
             wait: WaitChoice::Auto,
             placement: false,
             connector: ConnectorKind::LockFree,
-            order_pool_slots: crate::store::ORDER_POOL_SLOTS_DEFAULT,
+            order_pool_slots: crate::core::ORDER_POOL_SLOTS_DEFAULT,
             universe: UniverseConfig::default(),
             master_data: None,
             journal: JournalMode::default(),
@@ -234,8 +234,7 @@ impl TierConfig {
                 "ring_slots must be a power of two and batch_slots in 1..=ring_slots".into(),
             ));
         }
-        if self.order_pool_slots == 0 || self.order_pool_slots > crate::store::ORDER_POOL_SLOTS_MAX
-        {
+        if self.order_pool_slots == 0 || self.order_pool_slots > crate::core::ORDER_POOL_SLOTS_MAX {
             return Err(BadInput("order_pool_slots out of range".into()));
         }
         if !(1..=UNIVERSE_INSTRUMENTS_MAX).contains(&self.universe.instruments)
@@ -416,7 +415,7 @@ pub trait Subscriber: Send {
 /// A source of orders the tier runs ([`Tier::start_with_source`]): called in a loop, it emits
 /// the orders it has and waits inside the call when it has none (it owns its thread: the
 /// chain's first one when the layout runs the entry inline, else one of its own); it ends the
-/// tier's input by returning [`Flow::Stop`].
+/// tier's input by returning [`pipeline::stage::Flow::Stop`].
 pub type OrderSource =
     Box<dyn FnMut(&mut pipeline::stage::Emitter<InboundOrder>) -> pipeline::stage::Flow + Send>;
 

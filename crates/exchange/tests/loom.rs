@@ -1,6 +1,6 @@
 //! Model checks of the master-data snapshot cell, the crate's hand-made memory reclamation.
 //! Run with:
-//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p exchange --release --test loom`
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p leantier-exchange --release --test loom`
 //! Without `--cfg loom` this file compiles to nothing.
 //!
 //! Under loom every read of a snapshot and its free are tracked cell accesses

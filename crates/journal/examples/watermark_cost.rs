@@ -13,7 +13,7 @@
 //!
 //! The order within a pair alternates.
 //!
-//! `cargo run --release -p journal --example watermark_cost --
+//! `cargo run --release -p leantier-journal --example watermark_cost --
 //!     [--dir DIR] [--samples N] [--rolls N]`
 
 use std::path::PathBuf;

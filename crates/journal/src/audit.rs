@@ -25,17 +25,22 @@ const AUDIT_BATCH_RECORDS: usize = 256;
 /// How long the background writer sleeps when every ring is empty.
 const AUDIT_IDLE_SLEEP: Duration = Duration::from_millis(1);
 
+/// What kind of line an audit record is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AuditLevel {
+    /// A business event kept for the audit trail.
     #[default]
     Audit,
+    /// An error worth a person's attention.
     Error,
 }
 
 /// One log line, as plain data so it fits a pre-allocated ring slot.
 #[derive(Clone, Copy, Debug)]
 pub struct AuditRecord {
+    /// When it was logged, in ns since the Unix epoch.
     pub at_unix_ns: u64,
+    /// Audit or error.
     pub level: AuditLevel,
     /// A machine-readable reason code chosen by the caller.
     pub code: u16,
@@ -59,6 +64,7 @@ impl Default for AuditRecord {
 }
 
 impl AuditRecord {
+    /// The line's text (truncated to the record's fixed size).
     pub fn text(&self) -> &str {
         std::str::from_utf8(&self.text[..self.text_bytes as usize]).expect("cut at a char boundary")
     }
@@ -109,7 +115,9 @@ impl AuditLogger {
 /// What the background writer did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AuditStats {
+    /// Lines written to the log.
     pub written: u64,
+    /// Lines dropped because a thread's ring was full (counted, never waited for).
     pub dropped: u64,
 }
 

@@ -5,27 +5,48 @@
 use std::io;
 use std::path::PathBuf;
 
+/// Why a journal could not be opened, read, recovered or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
+    /// A system call failed.
     #[error("{context}: {source}")]
     Io {
+        /// What was being done, to which file.
         context: String,
+        /// The error the OS returned.
         #[source]
         source: io::Error,
     },
+    /// A bad record with valid records after it: not a torn write.
     #[error(
         "corrupt record in {} at offset {offset} (expected sequence {seq}): CRC mismatch or bad \
          frame with valid records after it; refusing to start (use --repair to truncate the \
          journal there, discarding sequence {seq} and everything after it)",
         file.display()
     )]
-    Corrupt { file: PathBuf, offset: u64, seq: u64 },
+    Corrupt {
+        /// The segment.
+        file: PathBuf,
+        /// Where the bad record starts.
+        offset: u64,
+        /// The sequence expected there.
+        seq: u64,
+    },
+    /// A gap between segments.
     #[error(
         "missing segment: the journal jumps from sequence {expected_seq} to {found_first_seq} \
          (segment {}); a segment file was removed or never written",
         file.display()
     )]
-    MissingSegment { expected_seq: u64, found_first_seq: u64, file: PathBuf },
+    MissingSegment {
+        /// The sequence the next segment should start with.
+        expected_seq: u64,
+        /// The sequence the next segment found starts with.
+        found_first_seq: u64,
+        /// That segment.
+        file: PathBuf,
+    },
+    /// A bad record at or below the durable watermark.
     #[error(
         "damaged durable record in {} at offset {offset} (sequence {seq}): the durable \
          watermark is {watermark}, so sequence {seq}..={watermark} were made durable (and may \
@@ -33,7 +54,17 @@ pub enum JournalError {
          --repair to truncate there, discarding sequence {seq} and everything after it)",
         file.display()
     )]
-    CorruptDurable { file: PathBuf, offset: u64, seq: u64, watermark: u64 },
+    CorruptDurable {
+        /// The segment.
+        file: PathBuf,
+        /// Where the bad record starts.
+        offset: u64,
+        /// Its sequence.
+        seq: u64,
+        /// The durable watermark.
+        watermark: u64,
+    },
+    /// The journal ends below its durable watermark.
     #[error(
         "the journal ends at sequence {last_seq} but the durable watermark is {watermark}: \
          sequence {}..={watermark} were made durable and are missing (the last segment, {}, was \
@@ -41,27 +72,53 @@ pub enum JournalError {
         last_seq + 1,
         file.display()
     )]
-    BelowWatermark { last_seq: u64, watermark: u64, file: PathBuf },
+    BelowWatermark {
+        /// The last record found.
+        last_seq: u64,
+        /// The durable watermark.
+        watermark: u64,
+        /// The last segment.
+        file: PathBuf,
+    },
+    /// The newest segment the watermark file names is gone.
     #[error(
         "segment {} is missing: the watermark file says it was created, so it held sequence \
          {first_seq} onwards (the journal was durable through at least {watermark}); \
          refusing to start (--repair accepts the loss)",
         file.display()
     )]
-    NewestSegmentMissing { file: PathBuf, first_seq: u64, watermark: u64 },
+    NewestSegmentMissing {
+        /// The missing segment.
+        file: PathBuf,
+        /// Its first sequence.
+        first_seq: u64,
+        /// The durable watermark.
+        watermark: u64,
+    },
+    /// Journal files but no watermark file.
     #[error(
         "{} holds journal files but no watermark file ({}): it was removed, or the journal was \
          written by an older version; refusing to start (--repair rebuilds it from what is there)",
         dir.display(),
         crate::watermark::WATERMARK_FILE
     )]
-    WatermarkMissing { dir: PathBuf },
+    WatermarkMissing {
+        /// The journal directory.
+        dir: PathBuf,
+    },
+    /// The watermark file cannot be read as one.
     #[error(
         "watermark file {} is damaged ({why}); refusing to start (--repair rebuilds it from what \
          is there)",
         file.display()
     )]
-    WatermarkDamaged { file: PathBuf, why: String },
+    WatermarkDamaged {
+        /// The watermark file.
+        file: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The newest segment's watermark slots are both unusable.
     #[error(
         "segment {} holds records {first_seq}..={last_seq} but neither of its two watermark \
          slots is valid (both blank or damaged): they are the only record of how far this, the \
@@ -70,13 +127,34 @@ pub enum JournalError {
          (--repair accepts the journal as it ends, at {last_seq})",
         file.display()
     )]
-    WatermarkSlotsBlank { file: PathBuf, first_seq: u64, last_seq: u64, watermark: u64 },
+    WatermarkSlotsBlank {
+        /// The segment.
+        file: PathBuf,
+        /// Its first record's sequence.
+        first_seq: u64,
+        /// Its last record's sequence.
+        last_seq: u64,
+        /// What the rest of the journal proves durable.
+        watermark: u64,
+    },
+    /// A segment whose header is not one of ours, or names the wrong first sequence.
     #[error("segment {} has a bad header (wrong magic or first sequence)", file.display())]
-    BadSegmentHeader { file: PathBuf },
+    BadSegmentHeader {
+        /// The segment.
+        file: PathBuf,
+    },
+    /// A record appended out of order: sequences must be gap-free and increasing.
     #[error("record out of sequence: expected {expected}, got {got}")]
-    OutOfSequence { expected: u64, got: u64 },
+    OutOfSequence {
+        /// The sequence the journal expected.
+        expected: u64,
+        /// The sequence the record carried.
+        got: u64,
+    },
+    /// The configuration is invalid; the message names the field.
     #[error("invalid journal configuration: {0}")]
     BadConfig(String),
+    /// The writer thread is gone: appends can no longer become durable.
     #[error("the journal writer has stopped (it failed or was shut down); see its error")]
     WriterStopped,
 }

@@ -39,7 +39,14 @@ pub fn seal(frame: &mut [u8], seq: u64) {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decoded<'a> {
     /// A frame whose CRC matches.
-    Valid { seq: u64, payload: &'a [u8], frame_bytes: usize },
+    Valid {
+        /// The record's sequence number.
+        seq: u64,
+        /// Its payload.
+        payload: &'a [u8],
+        /// Bytes the whole frame takes, header and padding included.
+        frame_bytes: usize,
+    },
     /// A header of zeros, or too few bytes left for a header: no more data here.
     End,
     /// Anything else: a torn write or corruption (the caller decides which).

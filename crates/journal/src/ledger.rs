@@ -6,6 +6,7 @@
 use crate::record::FixedRecord;
 use crate::recovery::StateMachine;
 
+/// Accounts in the reference ledger.
 pub const LEDGER_ACCOUNTS: usize = 1024;
 /// Bytes of an encoded transfer: from (u32), to (u32), amount (u64), seq echo (u64).
 pub const TRANSFER_BYTES: usize = 24;
@@ -39,6 +40,8 @@ pub fn transfer_for(seed: u64, seq: u64) -> TransferRecord {
     TransferRecord { seq, payload }
 }
 
+/// The reference state machine: account balances moved by transfers, with a running hash, so
+/// the crash tests can check a recovered state against a replay from scratch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ledger {
     balances: Vec<i64>,
@@ -66,6 +69,7 @@ impl Ledger {
         self.applied
     }
 
+    /// The sequence of the last transfer applied.
     pub fn last_seq(&self) -> u64 {
         self.last_seq
     }

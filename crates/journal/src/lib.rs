@@ -49,8 +49,7 @@
 //! gap stop start-up with a [`JournalError`] whose [`JournalError::reason`] is a stable code
 //! and whose text names the file, offset and sequences. `repair` gets past every refusal but a
 //! gap, after a warning naming the first discarded sequence and the watermark.
-//! `src/bin/journal-crash-child.rs` and `tests/crash.rs` check all of this by SIGKILLing a
-//! real process.
+//! `tests/crash.rs` checks all of this by SIGKILLing a real process (its crash child).
 //!
 //! # Failure
 //!
@@ -90,8 +89,14 @@
 //! # Ok::<(), journal::JournalError>(())
 //! ```
 
+#![deny(missing_docs)]
+
+// The README's examples compile (and run) as doctests, so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod audit;
-pub mod bench;
 mod durable;
 mod error;
 pub mod frame;

@@ -16,14 +16,18 @@ use crate::segment::{self, SEGMENT_HEADER_BYTES, SegmentInfo};
 /// Where a torn last record starts: everything from `offset` in `file` is not journal data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TornTail {
+    /// The segment it is in.
     pub file: PathBuf,
+    /// Where the torn record starts.
     pub offset: u64,
 }
 
 /// The end of the valid data: the last segment and the offset where the next frame goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndPosition {
+    /// The last segment.
     pub file: PathBuf,
+    /// Where its next frame goes.
     pub offset: u64,
 }
 

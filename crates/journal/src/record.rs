@@ -22,7 +22,9 @@ pub trait Record: Copy + Default + Send + 'static {
 /// type of its own either implements [`Record`] for it or copies its encoding into this.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedRecord<const N: usize> {
+    /// Its sequence number.
     pub seq: u64,
+    /// Its payload bytes.
     pub payload: [u8; N],
 }
 

@@ -37,6 +37,7 @@ pub trait StateMachine: Sized {
     fn state_hash(&self) -> u64;
 }
 
+/// How [`recover`] treats damage it would otherwise refuse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecoverOptions {
     /// Truncate at a corrupt record instead of refusing to start.
@@ -55,18 +56,24 @@ pub struct Repaired {
     /// The durable watermark before the repair: `first_discarded_seq..=watermark` were
     /// durable and may have been acknowledged.
     pub watermark: u64,
+    /// Whole segments removed.
     pub segments_removed: usize,
 }
 
 /// The recovered state and where the writer resumes.
 #[derive(Debug)]
 pub struct Recovered<S> {
+    /// The recovered state: the snapshot plus every record after it.
     pub state: S,
     /// Last sequence reflected in `state` (0: none).
     pub last_seq: u64,
+    /// The snapshot recovery started from, if any.
     pub snapshot_seq: Option<u64>,
+    /// Records applied after the snapshot.
     pub replayed_records: u64,
+    /// The torn write truncated at the end, if there was one.
     pub torn_tail: Option<TornTail>,
+    /// What repair discarded, when it was asked for and needed.
     pub repaired: Option<Repaired>,
     /// Hand this to [`crate::JournalWriter::spawn`].
     pub tail: Tail,

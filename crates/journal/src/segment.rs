@@ -32,10 +32,13 @@ const SEGMENT_EXTENSION: &str = "seg";
 /// One segment file found in a journal directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentInfo {
+    /// The sequence of its first record (its name).
     pub first_seq: u64,
+    /// Its path.
     pub path: PathBuf,
 }
 
+/// The path of the segment whose first record is `first_seq`: the name sorts in sequence order.
 pub fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
     dir.join(format!("{first_seq:020}.{SEGMENT_EXTENSION}"))
 }
@@ -152,6 +155,7 @@ pub fn zero_from(path: &Path, offset: u64) -> Result<(), JournalError> {
     file.sync_all().map_err(io_context(context()))
 }
 
+/// Writes all of `bytes` at `offset` (`pwrite`, retried until done).
 pub fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     file.write_all_at(bytes, offset)

@@ -159,7 +159,9 @@ pub fn prune(dir: &Path) -> Result<(), JournalError> {
 /// What the snapshotter did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SnapshotStats {
+    /// Snapshots written.
     pub taken: u64,
+    /// Offers skipped because the previous snapshot was still being written.
     pub skipped: u64,
     /// Longest time the core spent in `offer` (serialising), in ns.
     pub pause_ns_max: u64,

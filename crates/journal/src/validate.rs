@@ -59,10 +59,15 @@ pub enum DamageKind {
 /// Damage found in records `first_seq..=last_seq`, all covered by the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Damage {
+    /// What is wrong.
     pub kind: DamageKind,
+    /// The file it is in.
     pub file: PathBuf,
+    /// Its byte offset.
     pub offset: u64,
+    /// The first sequence it affects.
     pub first_seq: u64,
+    /// The last sequence it affects.
     pub last_seq: u64,
 }
 
@@ -76,6 +81,7 @@ pub fn check(dir: &Path) -> Result<Validation, JournalError> {
 /// What `repair` will do to get past a refusal (`cause`).
 #[derive(Debug)]
 pub struct RepairPlan {
+    /// The refusal recovery would report.
     pub cause: JournalError,
     /// Where the journal is cut (`None`: nothing to cut, the records are already gone).
     pub truncate: Option<EndPosition>,
@@ -93,10 +99,13 @@ pub struct RepairPlan {
 pub struct Validation {
     /// No segment, no snapshot, no watermark file: no journal here (recovery starts one).
     pub empty: bool,
+    /// Segment files found.
     pub segments: usize,
+    /// The watermark file's content, if it was readable.
     pub watermark_file: Option<WatermarkFile>,
     /// The durable watermark `W`.
     pub watermark: u64,
+    /// The newest valid snapshot's sequence, if any.
     pub snapshot_seq: Option<u64>,
     /// First sequence of the first segment (`None`: no segment).
     pub first_segment_seq: Option<u64>,
@@ -105,12 +114,15 @@ pub struct Validation {
     pub last_seq: u64,
     /// Records above the snapshot, handed to the caller in order.
     pub records_after_snapshot: u64,
+    /// Damage at or below the snapshot: reported, but the snapshot holds those records.
     pub covered: Vec<Damage>,
+    /// A torn write at the end (above the watermark), which recovery truncates.
     pub torn_tail: Option<TornTail>,
     /// A newest segment whose creation was cut short (no header, no data).
     pub torn_segment: Option<PathBuf>,
     /// Where the next frame goes in the last segment.
     pub end: Option<EndPosition>,
+    /// What `--repair` would discard to get past a refusal.
     pub repair: Option<RepairPlan>,
 }
 

@@ -75,6 +75,7 @@ pub const WATERMARK_NOTE_INTERVAL: Duration = Duration::from_secs(1);
 /// How the journal writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JournalConfig {
+    /// When a record counts as durable (see [`Policy`]).
     pub policy: Policy,
     /// Size of each pre-allocated segment file.
     pub segment_bytes: u64,
@@ -137,15 +138,20 @@ impl JournalConfig {
 /// append to (`None`: start a new one). Produced by [`crate::recover`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tail {
+    /// The journal directory.
     pub dir: PathBuf,
+    /// The sequence the next record must carry.
     pub next_seq: u64,
+    /// The segment to append to and where its valid records end; `None`: start a new one.
     pub open_segment: Option<EndPosition>,
 }
 
 /// The writer's steady-state I/O calls, behind a trait so tests can inject the errors of a
 /// full disk or a failing device into a real writer over real files.
 pub trait SegmentIo: Send + 'static {
+    /// Writes all of `bytes` at `offset`.
     fn write_at(&mut self, file: &File, bytes: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes what was written durable (`fdatasync`).
     fn sync_data(&mut self, file: &File) -> io::Result<()>;
     /// Writes a durable-watermark slot ([`crate::watermark`]) after a successful sync.
     fn write_slot(&mut self, file: &File, slot: &[u8], offset: u64) -> io::Result<()> {
@@ -169,10 +175,15 @@ impl SegmentIo for FileIo {
 /// What a writer did, returned by [`JournalWriter::join`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WriterStats {
+    /// Records written.
     pub records: u64,
+    /// Batches (group commits) written.
     pub batches: u64,
+    /// `fdatasync` calls made.
     pub syncs: u64,
+    /// Bytes written, frames and headers.
     pub bytes_written: u64,
+    /// Segment files created.
     pub segments_created: u64,
 }
 
@@ -196,6 +207,7 @@ impl<R: Record> JournalSender<R> {
         Ok(())
     }
 
+    /// The durable sequence this sender's records are covered by (for `sync`-style waits).
     pub fn durable(&self) -> &Arc<DurableSeq> {
         &self.durable
     }
@@ -271,6 +283,7 @@ impl JournalWriter {
         Ok((sender, JournalWriter { durable, thread, pinnable }))
     }
 
+    /// The highest sequence made durable, for the response side to release replies by.
     pub fn durable(&self) -> Arc<DurableSeq> {
         Arc::clone(&self.durable)
     }

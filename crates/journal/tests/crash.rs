@@ -1,7 +1,8 @@
-//! Crash tests with a real process and real files: `journal-crash-child` runs the ledger
-//! workload with group commit and is SIGKILLed at random moments, then restarted on the same
-//! directory. After every restart: every acknowledged input is reflected, none is applied
-//! twice, and the recovered state hash equals a replay of the same input from scratch.
+//! Crash tests with a real process and real files: the crash child (`crash_child/mod.rs`,
+//! run by re-executing this test binary) runs the ledger workload with group commit and is
+//! SIGKILLed at random moments, then restarted on the same directory. After every restart:
+//! every acknowledged input is reflected, none is applied twice, and the recovered state hash
+//! equals a replay of the same input from scratch.
 //!
 //! `LEANTIER_CRASH_ITERATIONS` raises the iteration count (scripts/soak-journal).
 
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use journal::{Ledger, StateMachine};
 use rand::{Rng, SeedableRng};
+
+mod crash_child;
 
 const SEED: u64 = 42;
 const ITERATIONS_DEFAULT: u32 = 20;
@@ -39,30 +42,42 @@ fn parse_recovered(line: &str) -> Recovery {
     }
 }
 
-/// Starts the child; returns it with its parsed recovery line and the rest of its stdout.
+/// Not a test of its own: the crash child's body, which the tests run in a process of their
+/// own by re-executing this binary with [`crash_child::ARGS_ENV`] set.
+#[test]
+#[ignore = "the crash child; the other tests run it in a process of its own"]
+fn crash_child_process() {
+    if let Ok(args) = std::env::var(crash_child::ARGS_ENV) {
+        crash_child::run(&args).expect("the crash child runs until killed or done");
+    }
+}
+
+/// Starts the child, journaling at most `records_max` new records; returns it with its parsed
+/// recovery line and the rest of its stdout.
 fn start(
     dir: &Path,
-    extra: &[&str],
+    records_max: u64,
 ) -> (std::process::Child, Recovery, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_journal-crash-child"))
-        .arg("--dir")
-        .arg(dir)
-        .args([
-            "--seed",
-            &SEED.to_string(),
-            "--snapshot-every",
-            "20000",
-            "--segment-bytes",
-            "1048576",
-        ])
-        .args(extra)
+    let args = crash_child::Args {
+        dir: dir.to_path_buf(),
+        seed: SEED,
+        snapshot_every: 20_000,
+        segment_bytes: 1 << 20,
+        records_max,
+    };
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["crash_child_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(crash_child::ARGS_ENV, args.to_env())
         .stdout(Stdio::piped())
         .spawn()
         .expect("the child starts");
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    // The test harness prints its own lines first.
     let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert!(line.starts_with("recovered "), "child did not recover: {line:?}");
+    while !line.starts_with("recovered ") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "child did not recover");
+    }
     (child, parse_recovered(&line), stdout)
 }
 
@@ -116,7 +131,7 @@ fn sigkill_at_random_moments_never_loses_an_acknowledged_input() {
     let mut acked = 0;
     let mut kills_after_acks = 0;
     for _ in 0..iterations {
-        let (mut child, recovery, stdout) = start(dir.path(), &[]);
+        let (mut child, recovery, stdout) = start(dir.path(), u64::MAX);
         check(&recovery, acked, &mut scratch);
         std::thread::sleep(Duration::from_millis(rng.random_range(RUN_MS)));
         child.kill().expect("SIGKILL"); // std sends SIGKILL on Unix
@@ -127,7 +142,7 @@ fn sigkill_at_random_moments_never_loses_an_acknowledged_input() {
             acked = highest;
         }
     }
-    let (mut child, recovery, stdout) = start(dir.path(), &["--records-max", "0"]);
+    let (mut child, recovery, stdout) = start(dir.path(), 0);
     check(&recovery, acked, &mut scratch);
     assert!(child.wait().unwrap().success());
     drop(stdout);
@@ -141,7 +156,7 @@ fn sigkill_at_random_moments_never_loses_an_acknowledged_input() {
 #[test]
 fn after_a_sigkill_cutting_the_last_acknowledged_record_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, _, mut stdout) = start(dir.path(), &[]);
+    let (mut child, _, mut stdout) = start(dir.path(), u64::MAX);
     let mut line = String::new();
     while !line.starts_with("ack ") {
         line.clear();

@@ -18,6 +18,7 @@
 //!   [`plot`]: the plots (`plotters`' SVG backend: latency by percentile on a log 1/(1−p)
 //!   axis, bars with whiskers, x-y lines, limit lines); [`data`]: typed tables written as CSV
 //!   and JSON, and `.hgrm` files; [`html`]: a self-contained HTML page.
+//! * [`disk`]: the raw append + `fdatasync` baseline that durable latencies compare with.
 //! * [`config`]: TOML configuration with flag overrides; [`error::BadInput`] for invalid input.
 //!
 //! `lab` depends on no other leantier crate: every crate may use it, and it knows nothing of
@@ -29,6 +30,7 @@
 pub mod child_flags;
 pub mod config;
 pub mod data;
+pub mod disk;
 pub mod error;
 pub mod html;
 pub mod load;

@@ -34,7 +34,9 @@ use crate::sync::{AtomicUsize, CachePadded, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{requested} active workers requested; this stage has 1..={max}")]
 pub struct ResizeOutOfRange {
+    /// The active count asked for.
     pub requested: usize,
+    /// The stage's spawned workers: the most that can be active.
     pub max: usize,
 }
 

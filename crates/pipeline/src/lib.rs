@@ -2,8 +2,9 @@
 //!
 //! Bottom-up:
 //! - [`ring`]: the lock-free SPSC ring (pre-allocated slots, batch publish, cached indices);
-//! - [`blocking`]: the lock-and-condvar baseline behind the same interface;
-//! - [`connector`]: [`Sender`]/[`Receiver`] over either kind, so experiments can swap them;
+//! - `blocking` (private): the lock-and-condvar baseline behind the same interface;
+//! - [`connector`](mod@connector): [`Sender`]/[`Receiver`] over either kind, so experiments
+//!   can swap them;
 //! - [`wait`]: wait strategies (spin, spin-yield, park, adaptive) and the wake-up protocol;
 //! - [`placement`]: CPU topology from /sys, pinning, and a plan that gives critical stages
 //!   dedicated cores of one socket (and downgrades spinning when oversubscribed);
@@ -17,6 +18,15 @@
 //!
 //! Under `--cfg loom` only the concurrency core (ring, blocking, connector, wait, active) is
 //! compiled, because that is what `tests/loom.rs` model-checks.
+//!
+//! The crate's README (a working example, the design choices, the measured numbers) is
+//! compiled as doctests too, so its examples cannot rot.
+
+#![deny(missing_docs)]
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 pub mod active;
 pub(crate) mod blocking;

@@ -116,16 +116,19 @@ impl Recorder {
         self.end_to_end_ns.saturating_record(latency_ns);
     }
 
+    /// Records one sample of an inbound ring's depth, in slots.
     #[inline]
     pub fn record_queue_depth(&mut self, depth_slots: u64) {
         self.queue_depth.saturating_record(depth_slots);
     }
 
+    /// Counts `count` messages emitted downstream.
     #[inline]
     pub fn add_messages_out(&mut self, count: u64) {
         self.messages_out += count;
     }
 
+    /// Adds handler time, in ns.
     #[inline]
     pub fn add_busy_ns(&mut self, busy_ns: u64) {
         self.busy_ns += busy_ns;
@@ -282,18 +285,28 @@ impl WorkerMetrics {
 /// A distribution's summary (latencies in ns, depths in slots).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Distribution {
+    /// Samples recorded.
     pub count: u64,
+    /// Smallest sample.
     pub min: u64,
+    /// Arithmetic mean.
     pub mean: f64,
+    /// Median.
     pub p50: u64,
+    /// 90th percentile.
     pub p90: u64,
+    /// 99th percentile.
     pub p99: u64,
+    /// 99.9th percentile.
     pub p99_9: u64,
+    /// 99.99th percentile.
     pub p99_99: u64,
+    /// Largest sample.
     pub max: u64,
 }
 
 impl Distribution {
+    /// Summarises `histogram`; an empty one gives all zeros (no NaN mean in reports).
     pub fn from_histogram(histogram: &Histogram<u64>) -> Distribution {
         if histogram.is_empty() {
             return Distribution::default();
@@ -315,9 +328,13 @@ impl Distribution {
 /// A snapshot of one stage, summed over its workers (serialisable for reports and endpoints).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StageMetrics {
+    /// The stage's name, as declared.
     pub stage: String,
+    /// Workers summed over.
     pub workers: usize,
+    /// Messages read from inbound rings (for a source: messages it emitted).
     pub messages_in: u64,
+    /// Messages emitted downstream.
     pub messages_out: u64,
     /// Handler time, summed over workers.
     pub busy_ns: u64,
@@ -325,9 +342,13 @@ pub struct StageMetrics {
     pub idle_ns: u64,
     /// busy / (busy + idle): the mean fraction of a worker spent in the handler, 0..=1.
     pub utilization: f64,
+    /// Handler time per message (per batch in a fused stage), ns.
     pub service_ns: Distribution,
+    /// From the upstream publish to the start of handling, ns.
     pub hop_latency_ns: Distribution,
+    /// From ingress to the end of handling, recorded by stages with no downstream, ns.
     pub end_to_end_ns: Distribution,
+    /// Inbound ring depth, sampled, in slots.
     pub queue_depth_slots: Distribution,
     /// The merged histograms, for CDF plots and further merging (not serialised).
     #[serde(skip)]

@@ -37,26 +37,55 @@ pub type CpuId = usize;
 /// Why the topology could not be read or a thread could not be pinned.
 #[derive(Debug, thiserror::Error)]
 pub enum PlacementError {
+    /// A /sys file could not be read.
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the read returned.
+        source: std::io::Error,
+    },
+    /// A /sys file did not hold a CPU list.
     #[error("cannot parse {path}: {text:?} is not a CPU list such as \"0-3,8\"")]
-    Parse { path: PathBuf, text: String },
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
+    /// The affinity mask and the online CPUs have nothing in common.
     #[error("no online CPU is in this process's affinity mask")]
     NoUsableCpus,
+    /// Pinning to no CPU at all was asked for.
     #[error("cannot pin to an empty CPU set")]
     EmptyCpuSet,
+    /// The thread has not run far enough to record the id pinning needs.
     #[error("the thread to pin has not recorded its id yet")]
     ThreadNotStarted,
+    /// A CPU number too large for the affinity mask type.
     #[error("CPU {cpu} is beyond the {limit} CPUs an affinity mask can name")]
-    CpuOutOfRange { cpu: CpuId, limit: usize },
+    CpuOutOfRange {
+        /// The CPU asked for.
+        cpu: CpuId,
+        /// CPUs the mask can name.
+        limit: usize,
+    },
+    /// The affinity system call failed.
     #[error("{call} failed: {source}")]
-    Affinity { call: &'static str, source: std::io::Error },
+    Affinity {
+        /// The call that failed.
+        call: &'static str,
+        /// The error it returned.
+        source: std::io::Error,
+    },
 }
 
 /// One physical core: the logical CPUs (SMT siblings) that share its execution units.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PhysicalCore {
+    /// The physical package (socket) it belongs to.
     pub socket: usize,
+    /// Its core id within the socket, as /sys numbers it.
     pub core_id: usize,
     /// Online siblings, ascending.
     pub cpus: Vec<CpuId>,
@@ -65,7 +94,9 @@ pub struct PhysicalCore {
 /// One NUMA node and its online CPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NumaNode {
+    /// The node number.
     pub node: usize,
+    /// Its online CPUs, ascending.
     pub cpus: Vec<CpuId>,
 }
 
@@ -376,13 +407,16 @@ pub enum Role {
 pub struct ThreadRequest {
     /// For reports and warnings, e.g. "core/0" (stage "core", worker 0).
     pub label: String,
+    /// How the plan treats it (a dedicated core or a shared one).
     pub role: Role,
 }
 
 /// Where one thread runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ThreadPlacement {
+    /// The request's label.
     pub label: String,
+    /// The request's role.
     pub role: Role,
     /// The affinity set to pin to; never empty.
     pub cpus: Vec<CpuId>,
@@ -395,6 +429,7 @@ pub struct ThreadPlacement {
 /// The result of planning: one [`ThreadPlacement`] per request, in request order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlacementPlan {
+    /// One placement per request, in request order.
     pub threads: Vec<ThreadPlacement>,
     /// CPUs of the core left to the OS (interrupts, housekeeping), if one was left.
     pub os_reserved_cpus: Vec<CpuId>,

@@ -55,6 +55,20 @@
 //!   `*_alive.store(false, Release)`; the peer's `Acquire` load of the flag therefore sees it.
 //! - Waking: after publishing, a side calls [`Parker::notify`] on its peer's parker when the
 //!   peer's strategy may park (`crate::wait` explains why that is a fence, not a syscall).
+//!
+//! # Example
+//!
+//! ```
+//! use pipeline::ring::{RingConfig, spsc};
+//!
+//! let (mut producer, mut consumer) = spsc::<u64>(&RingConfig::default())?;
+//! let writer = std::thread::spawn(move || producer.push_batch(&[1, 2, 3]));
+//! let mut sum = 0;
+//! while let Ok(_) = consumer.wait_read_batch(64, |value| sum += value) {}
+//! writer.join().unwrap()?;
+//! assert_eq!(sum, 6);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use crate::sync::{Arc, AtomicBool, AtomicUsize, CachePadded, Ordering, UnsafeCell};
 use crate::wait::{Parker, WaitStrategy, Waiter};
@@ -63,6 +77,14 @@ use crate::wait::{Parker, WaitStrategy, Waiter};
 pub const CAPACITY_SLOTS_MAX: usize = 1 << 24;
 
 /// Size and behaviour of one connector.
+///
+/// ```
+/// use pipeline::{RingConfig, WaitStrategy};
+///
+/// let config = RingConfig { capacity_slots: 1024, batch_slots_max: 64, wait: WaitStrategy::Park };
+/// assert_eq!(config.validate(), Ok(()));
+/// assert_eq!(RingConfig::default().capacity_slots, 4096);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingConfig {
     /// Slots in the ring; a power of two in `1..=CAPACITY_SLOTS_MAX`.
@@ -82,24 +104,51 @@ impl Default for RingConfig {
 /// Why a ring could not be built.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RingError {
+    /// `capacity_slots` was 0.
     #[error("ring capacity_slots must be at least 1, got 0")]
     CapacityZero,
+    /// `capacity_slots` was not a power of two (indices are masked into slots).
     #[error(
         "ring capacity_slots must be a power of two, got {got} (nearest: {} or {})",
         got.next_power_of_two() / 2,
         got.next_power_of_two()
     )]
-    CapacityNotPowerOfTwo { got: usize },
+    CapacityNotPowerOfTwo {
+        /// The capacity asked for.
+        got: usize,
+    },
+    /// `capacity_slots` was over [`CAPACITY_SLOTS_MAX`].
     #[error("ring capacity_slots {got} exceeds the maximum {CAPACITY_SLOTS_MAX}")]
-    CapacityTooLarge { got: usize },
+    CapacityTooLarge {
+        /// The capacity asked for.
+        got: usize,
+    },
+    /// `batch_slots_max` was 0: no batch could ever be written.
     #[error("batch_slots_max must be at least 1, got 0")]
     BatchZero,
+    /// `batch_slots_max` was over `capacity_slots`: such a batch could never fit.
     #[error("batch_slots_max {batch} exceeds capacity_slots {capacity}")]
-    BatchLargerThanCapacity { batch: usize, capacity: usize },
+    BatchLargerThanCapacity {
+        /// The batch bound asked for.
+        batch: usize,
+        /// The ring's capacity.
+        capacity: usize,
+    },
 }
 
 impl RingConfig {
     /// Checks the bounds; every constructor calls this, so bad sizes fail at build time.
+    ///
+    /// ```
+    /// use pipeline::{RingConfig, RingError};
+    ///
+    /// assert_eq!(RingConfig::default().validate(), Ok(()));
+    /// let zero = RingConfig { capacity_slots: 0, ..RingConfig::default() };
+    /// assert_eq!(zero.validate(), Err(RingError::CapacityZero));
+    /// let wide = RingConfig { capacity_slots: 8, batch_slots_max: 16, ..RingConfig::default() };
+    /// let refused = RingError::BatchLargerThanCapacity { batch: 16, capacity: 8 };
+    /// assert_eq!(wide.validate(), Err(refused));
+    /// ```
     pub fn validate(&self) -> Result<(), RingError> {
         let capacity = self.capacity_slots;
         if capacity == 0 {
@@ -127,13 +176,23 @@ impl RingConfig {
 /// A push that could not complete; the item is handed back, never dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TryPushError<T> {
+    /// No free slot now; the item is handed back.
     #[error("ring is full")]
     Full(T),
+    /// The consumer was dropped, so the item could never be read; handed back.
     #[error("the consumer is gone")]
     Disconnected(T),
 }
 
 impl<T> TryPushError<T> {
+    /// The item that was not pushed, whatever the reason, so a caller can retry or reroute it.
+    ///
+    /// ```
+    /// use pipeline::TryPushError;
+    ///
+    /// assert_eq!(TryPushError::Full(20).into_inner(), 20);
+    /// assert_eq!(TryPushError::Disconnected("order").into_inner(), "order");
+    /// ```
     pub fn into_inner(self) -> T {
         match self {
             TryPushError::Full(item) | TryPushError::Disconnected(item) => item,
@@ -144,12 +203,20 @@ impl<T> TryPushError<T> {
 /// A batch write that could not complete; no slot was published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BatchError {
+    /// Fewer free slots than the batch needs now (a batch is published whole or not at all).
     #[error("ring has room for fewer than the requested slots")]
     Full,
+    /// The consumer was dropped.
     #[error("the consumer is gone")]
     Disconnected,
+    /// The batch is larger than `batch_slots_max`, so it would never fit.
     #[error("batch of {requested} slots exceeds batch_slots_max {max}")]
-    TooLarge { requested: usize, max: usize },
+    TooLarge {
+        /// Slots asked for.
+        requested: usize,
+        /// The ring's `batch_slots_max`.
+        max: usize,
+    },
 }
 
 /// The other side of the connector has been dropped (and, for a consumer, the ring is drained).
@@ -208,9 +275,9 @@ impl<T> Shared<T> {
 
 /// The writing end of a lock-free ring. Exactly one exists per ring.
 ///
-/// Aligned like [`CachePadded`]: `tail` and `cached_head` are written per batch, and a
-/// neighbour in whatever holds the producer (a heap-allocated closure, a `Vec` of outlets)
-/// written by another thread would otherwise share their cache line and cost a transfer per
+/// Aligned to 128 bytes, like a cache-padded index: `tail` and `cached_head` are written per
+/// batch, and a neighbour in whatever holds the producer (a heap-allocated closure, a `Vec` of
+/// outlets) written by another thread would otherwise share their cache line and cost a transfer per
 /// batch.
 #[repr(align(128))]
 pub struct Producer<T> {
@@ -314,7 +381,18 @@ fn slot_storage<T: Default>(capacity: usize) -> (Box<[UnsafeCell<T>]>, usize) {
     (storage, first_slot)
 }
 
-/// Builds a lock-free SPSC ring with its own parkers.
+/// Builds a lock-free SPSC ring with its own parkers; the one place its slots are allocated.
+///
+/// ```
+/// use pipeline::ring::{RingConfig, RingError, spsc};
+///
+/// let (mut producer, mut consumer) = spsc::<u32>(&RingConfig::default())?;
+/// producer.push_batch(&[1])?;
+/// assert_eq!(consumer.len(), 1);
+/// let tiny = RingConfig { capacity_slots: 1 << 30, ..RingConfig::default() };
+/// assert_eq!(spsc::<u32>(&tiny).err(), Some(RingError::CapacityTooLarge { got: 1 << 30 }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn spsc<T: Copy + Default + Send>(
     config: &RingConfig,
 ) -> Result<(Producer<T>, Consumer<T>), RingError> {
@@ -323,6 +401,20 @@ pub fn spsc<T: Copy + Default + Send>(
 
 /// Builds a lock-free SPSC ring whose sides sleep on the given parkers, so that one thread can
 /// wait on several rings (fan-in: all its rings share its consumer parker).
+///
+/// ```
+/// use pipeline::ring::{RingConfig, spsc_with};
+/// use pipeline::{Parker, WaitStrategy};
+///
+/// let config = RingConfig { wait: WaitStrategy::Park, ..RingConfig::default() };
+/// let shared = Parker::new();
+/// let (mut a, mut a_out) = spsc_with::<u8>(&config, Parker::new(), shared.clone())?;
+/// let (mut b, mut b_out) = spsc_with::<u8>(&config, Parker::new(), shared)?;
+/// a.push_batch(&[1])?;
+/// b.push_batch(&[2])?;
+/// assert_eq!(a_out.read_batch(1, |_| ()) + b_out.read_batch(1, |_| ()), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn spsc_with<T: Copy + Default + Send>(
     config: &RingConfig,
     producer_parker: Arc<Parker>,
@@ -367,10 +459,30 @@ pub fn spsc_with<T: Copy + Default + Send>(
 }
 
 impl<T: Copy> Producer<T> {
+    /// Slots in the ring, as configured.
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let config = RingConfig { capacity_slots: 16, batch_slots_max: 4, ..RingConfig::default() };
+    /// let (producer, _consumer) = spsc::<u8>(&config)?;
+    /// assert_eq!(producer.capacity_slots(), 16);
+    /// # Ok::<(), pipeline::RingError>(())
+    /// ```
     pub fn capacity_slots(&self) -> usize {
         self.mask + 1
     }
 
+    /// The most slots one batch may cover; larger writes are refused or split into chunks.
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let config = RingConfig { capacity_slots: 16, batch_slots_max: 4, ..RingConfig::default() };
+    /// let (producer, _consumer) = spsc::<u8>(&config)?;
+    /// assert_eq!(producer.batch_slots_max(), 4);
+    /// # Ok::<(), pipeline::RingError>(())
+    /// ```
     pub fn batch_slots_max(&self) -> usize {
         self.batch_slots_max
     }
@@ -447,6 +559,20 @@ impl<T: Copy> Producer<T> {
 
     /// Claims `n` slots, lets `fill(i, slot)` build each message in place, and publishes all
     /// `n` at once. All or nothing: on error no slot is published.
+    ///
+    /// ```
+    /// use pipeline::ring::{BatchError, RingConfig, spsc};
+    ///
+    /// let config = RingConfig { capacity_slots: 4, batch_slots_max: 4, ..RingConfig::default() };
+    /// let (mut producer, consumer) = spsc::<u64>(&config)?;
+    /// producer.try_write_batch(3, |i, slot| *slot = i as u64)?;
+    /// assert_eq!(producer.try_write_batch(2, |_, _| ()), Err(BatchError::Full));
+    /// let too_large = BatchError::TooLarge { requested: 5, max: 4 };
+    /// assert_eq!(producer.try_write_batch(5, |_, _| ()), Err(too_large));
+    /// drop(consumer);
+    /// assert_eq!(producer.try_write_batch(1, |_, _| ()), Err(BatchError::Disconnected));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn try_write_batch(
         &mut self,
@@ -467,6 +593,26 @@ impl<T: Copy> Producer<T> {
     /// Pushes all `items`, one publish per chunk of up to `batch_slots_max`, waiting for room.
     /// A chunk waits until it fits whole: trickling single slots into a full ring would write
     /// the very cache lines the consumer is reading and slow both sides down.
+    ///
+    /// ```
+    /// use pipeline::ring::{Disconnected, RingConfig, spsc};
+    ///
+    /// let config = RingConfig { capacity_slots: 4, batch_slots_max: 2, ..RingConfig::default() };
+    /// let (mut producer, mut consumer) = spsc::<u32>(&config)?;
+    /// // Ten messages through four slots: the producer waits while the consumer drains.
+    /// let writer = std::thread::spawn(move || producer.push_batch(&[1; 10]));
+    /// let mut read = 0;
+    /// while let Ok(n) = consumer.wait_read_batch(4, |_| ()) {
+    ///     read += n;
+    /// }
+    /// assert_eq!(writer.join().unwrap(), Ok(()));
+    /// assert_eq!(read, 10);
+    ///
+    /// let (mut producer, consumer) = spsc::<u32>(&config)?;
+    /// drop(consumer);
+    /// assert_eq!(producer.push_batch(&[1]), Err(Disconnected));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn push_batch(&mut self, items: &[T]) -> Result<(), Disconnected> {
         let mut rest = items;
@@ -515,6 +661,16 @@ impl<T> Drop for Producer<T> {
 }
 
 impl<T: Copy> Consumer<T> {
+    /// Slots in the ring, as configured: with [`Consumer::len`], how full it is.
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let config = RingConfig { capacity_slots: 32, batch_slots_max: 8, ..RingConfig::default() };
+    /// let (_producer, consumer) = spsc::<u8>(&config)?;
+    /// assert_eq!(consumer.capacity_slots(), 32);
+    /// # Ok::<(), pipeline::RingError>(())
+    /// ```
     pub fn capacity_slots(&self) -> usize {
         self.mask + 1
     }
@@ -567,6 +723,18 @@ impl<T: Copy> Consumer<T> {
     /// past the catch-up index (at most one stride and a batch of them, or the ring's
     /// capacity while the producer keeps publishing), so sample it now and then, not on every
     /// poll.
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let (mut producer, mut consumer) = spsc::<u8>(&RingConfig::default())?;
+    /// assert_eq!(consumer.len(), 0);
+    /// producer.push_batch(&[1, 2, 3])?;
+    /// assert_eq!(consumer.len(), 3);
+    /// consumer.read_batch(1, |_| ());
+    /// assert_eq!(consumer.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn len(&self) -> usize {
         // Relaxed: only counted, no slot is read below it.
         let catch_up_end = self.shared.catch_up_end.load(Ordering::Relaxed);
@@ -578,12 +746,35 @@ impl<T: Copy> Consumer<T> {
     }
 
     /// Whether no message is readable now (the check a waiting consumer polls).
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let (mut producer, consumer) = spsc::<u8>(&RingConfig::default())?;
+    /// assert!(consumer.is_empty());
+    /// producer.push_batch(&[1])?;
+    /// assert!(!consumer.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.known_end == self.head
             && self.shared.published_batch_end(self.known_end, self.mask).is_none()
     }
 
     /// True once the producer is gone and every message it published has been read.
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let (mut producer, mut consumer) = spsc::<u8>(&RingConfig::default())?;
+    /// assert!(!consumer.is_disconnected());
+    /// producer.push_batch(&[1])?;
+    /// drop(producer);
+    /// assert!(!consumer.is_disconnected(), "one message is still unread");
+    /// consumer.read_batch(1, |_| ());
+    /// assert!(consumer.is_disconnected());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_disconnected(&mut self) -> bool {
         // Acquire: pairs with the producer's Release on drop, so `available` sees its last
         // batch header.
@@ -592,6 +783,19 @@ impl<T: Copy> Consumer<T> {
 
     /// Calls `f` on up to `max` available messages (and at most `batch_slots_max`), then
     /// releases them all with one store. Returns how many were read; never waits.
+    ///
+    /// ```
+    /// use pipeline::ring::{RingConfig, spsc};
+    ///
+    /// let config = RingConfig { capacity_slots: 8, batch_slots_max: 2, ..RingConfig::default() };
+    /// let (mut producer, mut consumer) = spsc::<u8>(&config)?;
+    /// assert_eq!(consumer.read_batch(8, |_| ()), 0, "empty: returns at once");
+    /// producer.push_batch(&[1, 2, 3])?;
+    /// let mut read = Vec::new();
+    /// assert_eq!(consumer.read_batch(8, |value| read.push(*value)), 2, "at most batch_slots_max");
+    /// assert_eq!(read, [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn read_batch(&mut self, max: usize, mut f: impl FnMut(&T)) -> usize {
         let wanted = max.min(self.batch_slots_max);
@@ -615,7 +819,20 @@ impl<T: Copy> Consumer<T> {
         n
     }
 
-    /// Like [`Consumer::read_batch`], but waits until at least one message is available.
+    /// Like [`Consumer::read_batch`], but waits until at least one message is available;
+    /// `Err` once the producer is gone and the ring drained. Panics if `max` is 0, which
+    /// could never make progress.
+    ///
+    /// ```
+    /// use pipeline::ring::{Disconnected, RingConfig, spsc};
+    ///
+    /// let (mut producer, mut consumer) = spsc::<u8>(&RingConfig::default())?;
+    /// producer.push_batch(&[7])?;
+    /// drop(producer);
+    /// assert_eq!(consumer.wait_read_batch(4, |value| assert_eq!(*value, 7)), Ok(1));
+    /// assert_eq!(consumer.wait_read_batch(4, |_| ()), Err(Disconnected));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait_read_batch(
         &mut self,
         max: usize,

@@ -121,6 +121,7 @@ pub struct StageSpec {
     /// [`RunningPipeline::resize`] sets how many of them receive messages (`None`: `workers`,
     /// not resizable). See [`crate::active`].
     pub max_workers: Option<usize>,
+    /// Critical stages get dedicated cores in the placement plan; ancillary ones share.
     pub role: Role,
     /// The requested wait strategy (downgraded when the plan is oversubscribed).
     pub wait: WaitStrategy,
@@ -151,14 +152,19 @@ impl StageSpec {
         StageSpec { workers, ..StageSpec::default() }
     }
 
+    /// The same spec waiting by `wait` (see [`crate::wait`] for the trade-offs).
     pub fn with_wait(self, wait: WaitStrategy) -> StageSpec {
         StageSpec { wait, ..self }
     }
 
+    /// The same spec with inbound rings of `capacity_slots` slots, read and published in
+    /// batches of at most `batch_slots_max` (checked at [`PipelineBuilder::start`]).
     pub fn with_ring(self, capacity_slots: usize, batch_slots_max: usize) -> StageSpec {
         StageSpec { capacity_slots, batch_slots_max, ..self }
     }
 
+    /// The same spec with inbound connectors of `connector` kind (the blocking baseline for
+    /// comparisons).
     pub fn with_connector(self, connector: ConnectorKind) -> StageSpec {
         StageSpec { connector, ..self }
     }
@@ -198,6 +204,7 @@ impl Default for StageSpec {
 /// Whether a source wants to be called again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
+    /// Call this source worker's handler again.
     Continue,
     /// This source worker is done: its rings are flushed and closed.
     Stop,
@@ -206,14 +213,40 @@ pub enum Flow {
 /// Why a pipeline could not be built or did not finish cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
+    /// A handler panicked; the pipeline stopped the other workers.
     #[error("stage `{stage}` worker {worker} panicked: {message}")]
-    StagePanicked { stage: String, worker: usize, message: String },
+    StagePanicked {
+        /// The stage whose handler panicked.
+        stage: String,
+        /// The worker index within the stage.
+        worker: usize,
+        /// The panic's message.
+        message: String,
+    },
+    /// The graph or a resize request is not valid (found before any thread starts).
     #[error("stage `{stage}`: {reason}")]
-    BadStage { stage: String, reason: String },
+    BadStage {
+        /// The stage at fault.
+        stage: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An inbound ring's configuration was refused.
     #[error("inbound ring of stage `{stage}`: {source}")]
-    Ring { stage: String, source: RingError },
+    Ring {
+        /// The stage the ring feeds.
+        stage: String,
+        /// Why the ring was refused.
+        source: RingError,
+    },
+    /// The OS refused a thread.
     #[error("cannot start a thread for stage `{stage}`: {source}")]
-    Spawn { stage: String, source: std::io::Error },
+    Spawn {
+        /// The stage whose worker could not start.
+        stage: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
 }
 
 /// A typed reference to a declared stage, used to connect it.
@@ -301,6 +334,15 @@ impl Default for PipelineBuilder {
 
 impl PipelineBuilder {
     /// An empty graph that pins workers per the placement plan of the detected topology.
+    ///
+    /// ```
+    /// use pipeline::stage::{PipelineBuilder, PipelineError};
+    ///
+    /// // An empty graph starts and finishes at once: nothing to run.
+    /// let report = PipelineBuilder::new().pin_threads(false).start()?.wait()?;
+    /// assert!(report.stages.is_empty());
+    /// # Ok::<(), PipelineError>(())
+    /// ```
     pub fn new() -> PipelineBuilder {
         PipelineBuilder {
             slots: Vec::new(),
@@ -313,12 +355,44 @@ impl PipelineBuilder {
     }
 
     /// Whether to pin workers (the plan and its wait-strategy downgrades apply either way).
+    /// Unpinned suits tests and shared hosts; pinned is what a dedicated host is for.
+    ///
+    /// ```
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let once = graph.source("once", StageSpec::ancillary(1), |_| {
+    ///     |out: &mut Emitter<u8>| { out.emit(1); Flow::Stop }
+    /// });
+    /// let sink = graph.sink("sink", StageSpec::ancillary(1), |_| |_: &u8| {});
+    /// graph.connect(once, sink, Route::RoundRobin);
+    /// let report = graph.start()?.wait()?;
+    /// assert!(report.pin_failures.is_empty(), "nothing was pinned, so nothing failed");
+    /// # Ok::<(), pipeline::stage::PipelineError>(())
+    /// ```
     pub fn pin_threads(mut self, pin: bool) -> PipelineBuilder {
         self.pin_threads = pin;
         self
     }
 
-    /// Plans against `topology` instead of the detected one.
+    /// Plans against `topology` instead of the detected one: to reproduce another host's
+    /// plan, or to keep a test independent of the machine it runs on.
+    ///
+    /// ```
+    /// use pipeline::placement::Topology;
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false).topology(Topology::uniform(2));
+    /// let once = graph.source("once", StageSpec::ancillary(1), |_| {
+    ///     |out: &mut Emitter<u8>| { out.emit(1); Flow::Stop }
+    /// });
+    /// let sink = graph.sink("sink", StageSpec::ancillary(1), |_| |_: &u8| {});
+    /// graph.connect(once, sink, Route::RoundRobin);
+    /// let running = graph.start()?;
+    /// assert_eq!(running.plan().threads.len(), 2);
+    /// running.wait()?;
+    /// # Ok::<(), pipeline::stage::PipelineError>(())
+    /// ```
     pub fn topology(mut self, topology: Topology) -> PipelineBuilder {
         self.topology = Some(topology);
         self
@@ -330,6 +404,26 @@ impl PipelineBuilder {
     /// at once, or the loop spins; [`RunningPipeline::stop`] is seen between calls. A stage
     /// fused after a source ([`PipelineBuilder::fuse`]) runs on the source's threads over what
     /// each call emitted, run to completion, before the next call.
+    ///
+    /// ```
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// // Two source workers, each emitting its own ten numbers.
+    /// let numbers = graph.source("numbers", StageSpec::ancillary(2), |worker| {
+    ///     let mut next = 0;
+    ///     move |out: &mut Emitter<u64>| {
+    ///         out.emit(worker as u64 * 100 + next);
+    ///         next += 1;
+    ///         if next == 10 { Flow::Stop } else { Flow::Continue }
+    ///     }
+    /// });
+    /// let sink = graph.sink("sink", StageSpec::ancillary(1), |_| |_: &u64| {});
+    /// graph.connect(numbers, sink, Route::RoundRobin);
+    /// let report = graph.start()?.wait()?;
+    /// assert_eq!(report.stages[1].messages_in, 20);
+    /// # Ok::<(), pipeline::stage::PipelineError>(())
+    /// ```
     pub fn source<Out: Message, H>(
         &mut self,
         name: &str,
@@ -354,7 +448,38 @@ impl PipelineBuilder {
         self.declare::<(), Out>(name, spec, SlotKind::Source, launcher)
     }
 
-    /// A processing stage: each worker calls `handler(&message, &mut emitter)` per message.
+    /// A processing stage: each worker calls `handler(&message, &mut emitter)` per message,
+    /// emitting zero or more messages downstream. A stage nothing feeds is refused at start,
+    /// since it would never receive a message.
+    ///
+    /// ```
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, PipelineError, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let numbers = graph.source("numbers", StageSpec::ancillary(1), |_| {
+    ///     let mut next = 0u64;
+    ///     move |out: &mut Emitter<u64>| {
+    ///         next += 1;
+    ///         out.emit(next);
+    ///         if next == 10 { Flow::Stop } else { Flow::Continue }
+    ///     }
+    /// });
+    /// // Keeps the even numbers: messages out may be fewer than messages in.
+    /// let evens = graph.stage("evens", StageSpec::ancillary(2), |_| {
+    ///     |n: &u64, out: &mut Emitter<u64>| if n % 2 == 0 { out.emit(*n) }
+    /// });
+    /// let sink = graph.sink("sink", StageSpec::ancillary(1), |_| |_: &u64| {});
+    /// graph.connect(numbers, evens, Route::RoundRobin);
+    /// graph.connect(evens, sink, Route::RoundRobin);
+    /// let report = graph.start()?.wait()?;
+    /// assert_eq!((report.stages[1].messages_in, report.stages[1].messages_out), (10, 5));
+    ///
+    /// let mut orphan = PipelineBuilder::new().pin_threads(false);
+    /// orphan.stage("orphan", StageSpec::ancillary(1), |_| |_: &u64, _: &mut Emitter<u64>| {});
+    /// let Err(PipelineError::BadStage { stage, .. }) = orphan.start() else { panic!() };
+    /// assert_eq!(stage, "orphan");
+    /// # Ok::<(), PipelineError>(())
+    /// ```
     pub fn stage<In: Message, Out: Message, H>(
         &mut self,
         name: &str,
@@ -371,7 +496,26 @@ impl PipelineBuilder {
 
     /// An input: `handles` [`Input`]s through which threads outside the pipeline (a network
     /// reader, a test driver) feed it; take them with [`RunningPipeline::take_inputs`]. Each
-    /// handle is the single writer of its own rings, like a source worker.
+    /// handle is the single writer of its own rings, like a source worker. Dropping every
+    /// handle ends the input, so the pipeline drains and finishes.
+    ///
+    /// ```
+    /// use pipeline::stage::{PipelineBuilder, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let orders = graph.input::<u32>("orders", 1);
+    /// let sink = graph.sink("sink", StageSpec::ancillary(1), |_| |_: &u32| {});
+    /// graph.connect(orders, sink, Route::RoundRobin);
+    /// let mut running = graph.start()?;
+    /// let mut inputs = running.take_inputs(orders).expect("declared as an input");
+    /// assert!(running.take_inputs(orders).is_none(), "handles are taken once");
+    /// inputs[0].send(42).expect("the sink is running");
+    /// drop(inputs);
+    /// let report = running.wait()?;
+    /// let sink = report.stages.iter().find(|stage| stage.stage == "sink").unwrap();
+    /// assert_eq!(sink.messages_in, 1);
+    /// # Ok::<(), pipeline::stage::PipelineError>(())
+    /// ```
     pub fn input<Out: Message>(&mut self, name: &str, handles: usize) -> StageHandle<(), Out> {
         let launcher: Launcher = Box::new(move |ports, _context| {
             let ports = *ports.downcast::<StagePorts<(), Out>>().expect("input ports");
@@ -387,6 +531,33 @@ impl PipelineBuilder {
     }
 
     /// A sink: a stage that only consumes (`handler(&message)`); it records end-to-end latency.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+    ///
+    /// let total = Arc::new(AtomicU64::new(0));
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let numbers = graph.source("numbers", StageSpec::ancillary(1), |_| {
+    ///     let mut next = 0u64;
+    ///     move |out: &mut Emitter<u64>| {
+    ///         next += 1;
+    ///         out.emit(next);
+    ///         if next == 4 { Flow::Stop } else { Flow::Continue }
+    ///     }
+    /// });
+    /// let sum = total.clone();
+    /// let sink = graph.sink("sum", StageSpec::ancillary(1), move |_| {
+    ///     let sum = sum.clone();
+    ///     move |n: &u64| { sum.fetch_add(*n, Ordering::Relaxed); }
+    /// });
+    /// graph.connect(numbers, sink, Route::RoundRobin);
+    /// let report = graph.start()?.wait()?;
+    /// assert_eq!(total.load(Ordering::Relaxed), 1 + 2 + 3 + 4);
+    /// assert_eq!(report.stages[1].end_to_end_ns.count, 4);
+    /// # Ok::<(), pipeline::stage::PipelineError>(())
+    /// ```
     pub fn sink<In: Message, H>(
         &mut self,
         name: &str,
@@ -432,7 +603,45 @@ impl PipelineBuilder {
     }
 
     /// Connects every worker of `from` to every worker of `to` (one SPSC ring each), routing
-    /// each message of `from` to one worker of `to` by `route`.
+    /// each message of `from` to one worker of `to` by `route`. A connection that closes a
+    /// cycle is refused at start: bounded rings in a cycle can deadlock.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, PipelineError, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let numbers = graph.source("numbers", StageSpec::ancillary(1), |_| {
+    ///     let mut next = 0u64;
+    ///     move |out: &mut Emitter<u64>| {
+    ///         next += 1;
+    ///         out.emit(next);
+    ///         if next == 100 { Flow::Stop } else { Flow::Continue }
+    ///     }
+    /// });
+    /// // By key: odd numbers all land on one worker, even ones on the other.
+    /// let seen = Arc::new(Mutex::new(vec![Vec::new(), Vec::new()]));
+    /// let record = seen.clone();
+    /// let parity = graph.sink("parity", StageSpec::ancillary(2), move |worker| {
+    ///     let record = record.clone();
+    ///     move |n: &u64| record.lock().unwrap()[worker].push(*n % 2)
+    /// });
+    /// graph.connect(numbers, parity, Route::by_key(|n: &u64| *n % 2));
+    /// graph.start()?.wait()?;
+    /// for remainders in seen.lock().unwrap().iter() {
+    ///     assert_eq!(remainders.len(), 50);
+    ///     assert!(remainders.windows(2).all(|pair| pair[0] == pair[1]), "one key per worker");
+    /// }
+    ///
+    /// let mut looped = PipelineBuilder::new().pin_threads(false);
+    /// let forward = |_| |n: &u8, out: &mut Emitter<u8>| out.emit(*n);
+    /// let a = looped.stage("a", StageSpec::ancillary(1), forward);
+    /// let b = looped.stage("b", StageSpec::ancillary(1), forward);
+    /// looped.connect(a, b, Route::RoundRobin);
+    /// looped.connect(b, a, Route::RoundRobin);
+    /// assert!(matches!(looped.start(), Err(PipelineError::BadStage { .. })));
+    /// # Ok::<(), PipelineError>(())
+    /// ```
     pub fn connect<A: 'static, T: Message, B: 'static>(
         &mut self,
         from: StageHandle<A, T>,
@@ -495,6 +704,38 @@ impl PipelineBuilder {
     /// neither resizable, with `to` declared after `from`, fused after no other stage, and
     /// `from` fused into no other stage; `to` may have other inbound and outbound connections
     /// and a stage fused after it. `to`'s wait strategy, role and placement are `from`'s.
+    /// A fusion that breaks these rules is refused at start.
+    ///
+    /// ```
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, PipelineError, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let numbers = graph.source("numbers", StageSpec::ancillary(1), |_| {
+    ///     let mut next = 0u64;
+    ///     move |out: &mut Emitter<u64>| {
+    ///         next += 1;
+    ///         out.emit(next);
+    ///         if next == 10 { Flow::Stop } else { Flow::Continue }
+    ///     }
+    /// });
+    /// let double = graph.stage("double", StageSpec::ancillary(1), |_| {
+    ///     |n: &u64, out: &mut Emitter<u64>| out.emit(2 * n)
+    /// });
+    /// let sink = graph.sink("sink", StageSpec::ancillary(1), |_| |n: &u64| assert_eq!(n % 2, 0));
+    /// graph.fuse(numbers, double); // `double` runs on the source's thread, no ring between
+    /// graph.connect(double, sink, Route::RoundRobin);
+    /// let report = graph.start()?.wait()?;
+    /// assert_eq!(report.stages[2].messages_in, 10);
+    ///
+    /// // Refused: the stages have different worker counts.
+    /// let mut uneven = PipelineBuilder::new().pin_threads(false);
+    /// let stop = |_| |_: &mut Emitter<u8>| Flow::Stop;
+    /// let two = uneven.source("two", StageSpec::ancillary(2), stop);
+    /// let one = uneven.sink("one", StageSpec::ancillary(1), |_| |_: &u8| {});
+    /// uneven.fuse(two, one);
+    /// assert!(matches!(uneven.start(), Err(PipelineError::BadStage { .. })));
+    /// # Ok::<(), PipelineError>(())
+    /// ```
     pub fn fuse<A: 'static, T: Message, B: 'static>(
         &mut self,
         from: StageHandle<A, T>,
@@ -528,7 +769,23 @@ impl PipelineBuilder {
         heads
     }
 
-    /// Checks the graph, plans placement, builds every ring and starts every worker.
+    /// Checks the graph, plans placement, builds every ring and starts every worker. Every
+    /// mistake in the graph or a ring size is reported here, before any thread runs.
+    ///
+    /// ```
+    /// use pipeline::RingError;
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, PipelineError, Route, StageSpec};
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let once = graph.source("once", StageSpec::ancillary(1), |_| {
+    ///     |out: &mut Emitter<u8>| { out.emit(1); Flow::Stop }
+    /// });
+    /// let odd_ring = StageSpec::ancillary(1).with_ring(3, 1);
+    /// let sink = graph.sink("sink", odd_ring, |_| |_: &u8| {});
+    /// graph.connect(once, sink, Route::RoundRobin);
+    /// let Err(PipelineError::Ring { stage, source }) = graph.start() else { panic!() };
+    /// assert_eq!((stage.as_str(), source), ("sink", RingError::CapacityNotPowerOfTwo { got: 3 }));
+    /// ```
     pub fn start(mut self) -> Result<RunningPipeline, PipelineError> {
         self.validate()?;
         let topology = self.topology.take().unwrap_or_else(detect_topology);
@@ -811,7 +1068,9 @@ pub struct RunningPipeline {
 /// What a finished pipeline reports.
 #[derive(Debug, Serialize)]
 pub struct PipelineReport {
+    /// Per stage, in declaration order: counts, utilisation and latency distributions.
     pub stages: Vec<StageMetrics>,
+    /// The placement plan the pipeline ran under.
     pub placement: PlacementPlan,
     /// Workers that could not be pinned, with the reason (they ran unpinned).
     pub pin_failures: Vec<String>,

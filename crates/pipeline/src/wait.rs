@@ -38,11 +38,19 @@ pub enum WaitStrategy {
     /// Spin on the ring's index: lowest latency, burns the core. Only with a dedicated core.
     BusySpin,
     /// Spin `spins` times, then `sched_yield` in a loop.
-    SpinYield { spins: u32 },
+    SpinYield {
+        /// `spin_loop` iterations before the first yield.
+        spins: u32,
+    },
     /// Sleep on a condition variable until notified.
     Park,
     /// Spin `spins` times, yield `yields` times, then park.
-    Adaptive { spins: u32, yields: u32 },
+    Adaptive {
+        /// `spin_loop` iterations before the first yield.
+        spins: u32,
+        /// `sched_yield` calls before parking.
+        yields: u32,
+    },
 }
 
 impl Default for WaitStrategy {
@@ -53,17 +61,39 @@ impl Default for WaitStrategy {
 
 impl WaitStrategy {
     /// Whether a thread using this strategy may sleep, so its peer must notify it.
+    ///
+    /// ```
+    /// use pipeline::WaitStrategy;
+    ///
+    /// assert!(WaitStrategy::Park.may_park());
+    /// assert!(WaitStrategy::default().may_park(), "adaptive ends parked");
+    /// assert!(!WaitStrategy::BusySpin.may_park());
+    /// ```
     pub fn may_park(self) -> bool {
         matches!(self, WaitStrategy::Park | WaitStrategy::Adaptive { .. })
     }
 
     /// Whether this strategy keeps a core busy while idle (unsafe to use oversubscribed).
+    ///
+    /// ```
+    /// use pipeline::WaitStrategy;
+    ///
+    /// assert!(WaitStrategy::SpinYield { spins: 100 }.spins_forever());
+    /// assert!(!WaitStrategy::Adaptive { spins: 100, yields: 10 }.spins_forever());
+    /// ```
     pub fn spins_forever(self) -> bool {
         matches!(self, WaitStrategy::BusySpin | WaitStrategy::SpinYield { .. })
     }
 
     /// The strategy to use instead when threads outnumber usable cores: spinning threads would
     /// steal the core from the very thread they wait for.
+    ///
+    /// ```
+    /// use pipeline::WaitStrategy;
+    ///
+    /// assert_eq!(WaitStrategy::BusySpin.for_oversubscribed(), WaitStrategy::default());
+    /// assert_eq!(WaitStrategy::Park.for_oversubscribed(), WaitStrategy::Park);
+    /// ```
     pub fn for_oversubscribed(self) -> WaitStrategy {
         if self.spins_forever() { WaitStrategy::default() } else { self }
     }
@@ -73,6 +103,14 @@ impl std::str::FromStr for WaitStrategy {
     type Err = String;
 
     /// Parses `spin`, `spin-yield`, `park` or `adaptive` (with default budgets).
+    ///
+    /// ```
+    /// use pipeline::WaitStrategy;
+    ///
+    /// assert_eq!("park".parse(), Ok(WaitStrategy::Park));
+    /// assert_eq!("adaptive".parse(), Ok(WaitStrategy::default()));
+    /// assert!("sleep".parse::<WaitStrategy>().unwrap_err().contains("unknown wait strategy"));
+    /// ```
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
             "spin" | "busy-spin" => Ok(WaitStrategy::BusySpin),
@@ -95,11 +133,36 @@ pub struct Parker {
 }
 
 impl Parker {
+    /// A parker nobody sleeps on yet, shared (`Arc`) because the waiter and every notifier
+    /// hold it.
+    ///
+    /// ```
+    /// use pipeline::Parker;
+    ///
+    /// let parker = Parker::new();
+    /// parker.notify(); // nobody sleeps: one fence and one load, no syscall
+    /// ```
     pub fn new() -> Arc<Parker> {
         Arc::new(Parker::default())
     }
 
     /// Wakes every thread parked here. Call after publishing the state they wait for.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use pipeline::{Parker, WaitStrategy, Waiter};
+    ///
+    /// let parker = Parker::new();
+    /// let ready = Arc::new(AtomicBool::new(false));
+    /// let waiter = Waiter::new(WaitStrategy::Park, parker.clone());
+    /// let flag = ready.clone();
+    /// let ready_now = move || flag.load(Ordering::Acquire);
+    /// let sleeper = std::thread::spawn(move || waiter.wait_until(ready_now));
+    /// ready.store(true, Ordering::Release); // publish first,
+    /// parker.notify(); // then wake
+    /// sleeper.join().unwrap();
+    /// ```
     #[inline]
     pub fn notify(&self) {
         // SeqCst fence: orders our earlier publication before the `sleepers` load, pairing
@@ -136,21 +199,67 @@ pub struct Waiter {
 }
 
 impl Waiter {
+    /// A waiter that applies `strategy` and, when the strategy parks, sleeps on `parker`.
+    ///
+    /// ```
+    /// use pipeline::{Parker, WaitStrategy, Waiter};
+    ///
+    /// let waiter = Waiter::new(WaitStrategy::BusySpin, Parker::new());
+    /// waiter.wait_until(|| true); // ready at once: returns without spinning
+    /// ```
     pub fn new(strategy: WaitStrategy, parker: Arc<Parker>) -> Self {
         Waiter { strategy, parker }
     }
 
+    /// The strategy this waiter applies.
+    ///
+    /// ```
+    /// use pipeline::{Parker, WaitStrategy, Waiter};
+    ///
+    /// let waiter = Waiter::new(WaitStrategy::Park, Parker::new());
+    /// assert_eq!(waiter.strategy(), WaitStrategy::Park);
+    /// ```
     pub fn strategy(&self) -> WaitStrategy {
         self.strategy
     }
 
     /// The parker that peers must [`Parker::notify`] after publishing what this waiter awaits.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use pipeline::{Parker, WaitStrategy, Waiter};
+    ///
+    /// let parker = Parker::new();
+    /// let waiter = Waiter::new(WaitStrategy::Park, parker.clone());
+    /// assert!(Arc::ptr_eq(waiter.parker(), &parker));
+    /// ```
     pub fn parker(&self) -> &Arc<Parker> {
         &self.parker
     }
 
     /// Returns once `ready()` is true. `ready` must be cheap and side-effect free: it is
     /// polled in the spin phase and re-checked under the parker's protocol before sleeping.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use pipeline::{Parker, WaitStrategy, Waiter};
+    ///
+    /// // Adaptive: spins, yields, then parks until the counter reaches 3.
+    /// let strategy = WaitStrategy::Adaptive { spins: 10, yields: 1 };
+    /// let waiter = Waiter::new(strategy, Parker::new());
+    /// let counter = Arc::new(AtomicU32::new(0));
+    /// let (count, parker) = (counter.clone(), waiter.parker().clone());
+    /// let ticker = std::thread::spawn(move || {
+    ///     for _ in 0..3 {
+    ///         count.fetch_add(1, Ordering::Release);
+    ///         parker.notify();
+    ///     }
+    /// });
+    /// waiter.wait_until(|| counter.load(Ordering::Acquire) >= 3);
+    /// assert_eq!(counter.load(Ordering::Acquire), 3);
+    /// ticker.join().unwrap();
+    /// ```
     pub fn wait_until(&self, mut ready: impl FnMut() -> bool) {
         if ready() {
             return;

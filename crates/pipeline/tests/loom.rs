@@ -1,5 +1,5 @@
 //! Model checks of the ring's memory orderings, the parker's wake-up protocol and resizing.
-//! Run with: `RUSTFLAGS="--cfg loom" cargo test -p pipeline --release --test loom`
+//! Run with: `RUSTFLAGS="--cfg loom" cargo test -p leantier-pipeline --release --test loom`
 //! (scripts/test does). Without `--cfg loom` this file compiles to nothing.
 #![cfg(loom)]
 

@@ -218,7 +218,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let (seconds, step_seconds, fsync_samples) =
         if args.quick { (1.0, 0.5, 200) } else { (3.0, 1.0, 1_000) };
     let dir = tempfile::tempdir()?;
-    let fsync = journal::bench::raw_fdatasync(dir.path(), fsync_samples)?;
+    let fsync = lab::disk::raw_fdatasync(dir.path(), fsync_samples)?;
     let durable_limit_ns = DURABLE_LIMIT_FSYNCS * fsync.value_at_percentile_ns(99.0);
     let limit_ns = args.p99_limit_us * 1_000;
     let tier = TierConfig { layout: args.layout, ..TierConfig::default() };

@@ -839,7 +839,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         "critical p99 group/off",
         &format!("target ≤ {TARGET_CRITICAL_P99_GROUP_OVER_OFF}"),
         "durable p99 group / raw fsync p99",
-        &format!("target ≤ {}", journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
+        &format!("target ≤ {}", crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
     ])
     .with_title("Targets (issue 4 §6), measured in this run");
     let mut missed = Vec::new();
@@ -860,7 +860,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         );
         let durable = verdict(
             r.durable_p99_group_over_raw_fsync,
-            journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
+            crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
             "durable p99 / raw fdatasync p99",
         );
         targets.row([

@@ -21,7 +21,7 @@ use journal::{
 
 use crate::book::Listing;
 use crate::master::{Client, Instrument, MasterData, MasterUpdate, Status};
-use crate::wire::{Fields, Put};
+use matching::wire::{Fields, Put};
 
 use super::JournalOptions;
 

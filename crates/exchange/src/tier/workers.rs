@@ -28,8 +28,18 @@ use crate::preprocess::Preprocessor;
 /// once the pipeline started; each worker takes its own on its first reject.
 pub(super) type RejectInputs = Arc<Mutex<Vec<Option<Input<CoreOutput>>>>>;
 
+/// Takes `worker`'s reject ring. The tier hands the rings out right after the pipeline starts,
+/// and a worker can get here first (an order source that stops, or sends a rejected order, at
+/// once): it then waits the few microseconds until they are there.
 pub(super) fn take_reject_input(inputs: &RejectInputs, worker: usize) -> Option<Input<CoreOutput>> {
-    inputs.lock().unwrap_or_else(PoisonError::into_inner)[worker].take()
+    loop {
+        let mut handed_out = inputs.lock().unwrap_or_else(PoisonError::into_inner);
+        if !handed_out.is_empty() {
+            return handed_out[worker].take();
+        }
+        drop(handed_out);
+        std::thread::yield_now();
+    }
 }
 
 pub(super) struct PreprocessWorker {

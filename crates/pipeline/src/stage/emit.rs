@@ -19,6 +19,7 @@ impl<T: Copy + Default + Send + 'static> Message for T {}
 /// A message in a ring, with the stamps the runtime uses for latency metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Envelope<T> {
+    /// The message itself.
     pub payload: T,
     /// When the message (or the one it was derived from) entered the pipeline ([`now_ns`]).
     pub ingress_ns: u64,
@@ -35,6 +36,7 @@ pub enum Route<T> {
 }
 
 impl<T> Route<T> {
+    /// Routes by `key`: messages with equal keys go to the same worker.
     pub fn by_key(key: impl Fn(&T) -> u64 + Send + Sync + 'static) -> Route<T> {
         Route::ByKey(Arc::new(key))
     }

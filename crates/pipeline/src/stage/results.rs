@@ -60,6 +60,41 @@ impl PipelineBuilder {
     /// A processing stage (or, with `Out = ()`, a sink) whose workers are [`StageWorker`]s:
     /// `make_worker(worker)` builds each one on the starting thread, and each one's
     /// [`StageWorker::finish`] result is kept for [`StageResults::take`].
+    ///
+    /// ```
+    /// use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec, StageWorker};
+    ///
+    /// /// Counts what its worker saw; the count comes back when the pipeline finishes.
+    /// struct Count(u64);
+    ///
+    /// impl StageWorker<u64, ()> for Count {
+    ///     type Finished = u64;
+    ///     fn handle(&mut self, _: &u64, _: &mut Emitter<()>) {
+    ///         self.0 += 1;
+    ///     }
+    ///     fn finish(self) -> u64 {
+    ///         self.0
+    ///     }
+    /// }
+    ///
+    /// let mut graph = PipelineBuilder::new().pin_threads(false);
+    /// let numbers = graph.source("numbers", StageSpec::ancillary(1), |_| {
+    ///     let mut next = 0u64;
+    ///     move |out: &mut Emitter<u64>| {
+    ///         next += 1;
+    ///         out.emit(next);
+    ///         if next == 10 { Flow::Stop } else { Flow::Continue }
+    ///     }
+    /// });
+    /// let spec = StageSpec::ancillary(2);
+    /// let (count, results) = graph.stage_with_results("count", spec, |_| Count(0));
+    /// graph.connect(numbers, count, Route::RoundRobin);
+    /// graph.start()?.wait()?;
+    /// let per_worker = results.take().expect("every worker finished");
+    /// assert_eq!(per_worker.len(), 2);
+    /// assert_eq!(per_worker.iter().sum::<u64>(), 10);
+    /// # Ok::<(), pipeline::stage::PipelineError>(())
+    /// ```
     pub fn stage_with_results<In: Message, Out: Message, W: StageWorker<In, Out>>(
         &mut self,
         name: &str,

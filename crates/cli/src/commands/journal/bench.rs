@@ -12,13 +12,10 @@ use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::{ConnectorKind, RingConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::durable::DurableSeq;
-use crate::record::FixedRecord;
-use crate::segment;
-use crate::writer::{JournalConfig, JournalWriter, Policy, Tail};
+use journal::DurableSeq;
+use journal::FixedRecord;
+use journal::writer::{JournalConfig, JournalWriter, Policy, Tail};
 
-/// Bytes of each raw append in the fdatasync baseline.
-pub const RAW_APPEND_BYTES: usize = 4096;
 /// A latency run stops sending once the core is this far behind its schedule: the policy is
 /// saturated at this rate, and the run says so instead of queueing for minutes.
 pub const SATURATION_LAG_NS: u64 = 1_000_000_000;
@@ -57,7 +54,7 @@ pub struct BenchConfig {
 
 impl BenchConfig {
     fn wait_strategy(&self) -> anyhow::Result<pipeline::WaitStrategy> {
-        self.wait.parse().map_err(|reason: String| crate::JournalError::BadConfig(reason).into())
+        self.wait.parse().map_err(|reason: String| journal::JournalError::BadConfig(reason).into())
     }
 
     fn journal_config(&self, policy: Policy) -> anyhow::Result<JournalConfig> {
@@ -137,7 +134,7 @@ pub fn run_all(config: &BenchConfig) -> anyhow::Result<BenchResults> {
             256 => throughput_run::<256>(config, duration)?,
             1024 => throughput_run::<1024>(config, duration)?,
             other => {
-                return Err(crate::JournalError::BadConfig(format!(
+                return Err(journal::JournalError::BadConfig(format!(
                     "record size {other} not benchmarked (64, 256 or 1024)"
                 ))
                 .into());
@@ -145,7 +142,7 @@ pub fn run_all(config: &BenchConfig) -> anyhow::Result<BenchResults> {
         });
         progress.inc(1);
     }
-    let raw_fdatasync = raw_fdatasync(&config.dir, config.fsync_samples)?.summary();
+    let raw_fdatasync = lab::disk::raw_fdatasync(&config.dir, config.fsync_samples)?.summary();
     progress.inc(1);
     let mut latency = Vec::new();
     for &policy in &config.policies {
@@ -206,23 +203,6 @@ fn throughput_run<const N: usize>(
     })
 }
 
-/// The baseline: append 4 KiB to a file and `fdatasync` it, `samples` times.
-pub fn raw_fdatasync(root: &Path, samples: u64) -> anyhow::Result<LatencyHistogram> {
-    let path = root.join("raw-fdatasync.bin");
-    let file =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    let block = [0x5Au8; RAW_APPEND_BYTES];
-    let mut latency = LatencyHistogram::new();
-    for i in 0..samples {
-        let started = Instant::now();
-        segment::write_all_at(&file, &block, i * RAW_APPEND_BYTES as u64)?;
-        file.sync_data()?;
-        latency.record_duration(started.elapsed());
-    }
-    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-    Ok(latency)
-}
-
 /// A reply waiting for its input to be durable: what the core hands the response side.
 #[derive(Clone, Copy, Debug, Default)]
 struct PendingReply {
@@ -269,7 +249,7 @@ fn latency_run(config: &BenchConfig, policy: Policy) -> anyhow::Result<LatencyRe
         core_done.record_ns(shot.latency_ns());
         let intended_ns = shot.intended.saturating_duration_since(base).as_nanos() as u64;
         if pending.push(PendingReply { seq, intended_ns }).is_err() {
-            failure = Some(crate::JournalError::WriterStopped);
+            failure = Some(journal::JournalError::WriterStopped);
             return;
         }
         sent = seq;
@@ -297,7 +277,7 @@ fn spawn_reply_thread(
     durable: Arc<DurableSeq>,
     base: Instant,
     wait: pipeline::WaitStrategy,
-) -> std::thread::JoinHandle<Result<LatencyHistogram, crate::JournalError>> {
+) -> std::thread::JoinHandle<Result<LatencyHistogram, journal::JournalError>> {
     std::thread::spawn(move || {
         let mut latency = LatencyHistogram::new();
         while let Ok(reply) = pending.pop() {

@@ -1,7 +1,9 @@
-//! The process the crash tests kill: recovers a [`Ledger`] from `--dir`, prints what it
-//! recovered, then runs the core over the deterministic transfer stream `--seed` with the
+//! The process the crash tests kill: recovers a [`Ledger`] from its directory, prints what it
+//! recovered, then runs the core over the deterministic transfer stream of its seed with the
 //! `group` policy, printing `ack N` whenever the durable sequence reaches N (a reply released
-//! to the client). `tests/crash.rs` and `scripts/soak-journal` SIGKILL it at random moments.
+//! to the client). `tests/crash.rs` runs it by re-executing its own test binary with
+//! [`ARGS_ENV`] set (so the journal library carries no crash child or flag parser), and
+//! SIGKILLs it at random moments; `scripts/soak-journal` runs that test longer.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,50 +15,61 @@ use journal::ledger::{TransferRecord, transfer_for};
 use journal::{
     JournalConfig, JournalWriter, Ledger, RecoverOptions, Snapshotter, StateMachine, recover,
 };
-use lab::child_flags::ChildFlags;
-use lab::error::BadInput;
 
 /// How often the reply thread looks at the durable sequence.
 const ACK_POLL: Duration = Duration::from_micros(200);
 
+/// The environment variable that carries the child's arguments: `dir seed snapshot_every
+/// segment_bytes records_max`, separated by tabs (the directory may hold spaces).
+pub const ARGS_ENV: &str = "LEANTIER_JOURNAL_CRASH_CHILD";
+
 /// Crash-test child: recover, then journal a deterministic ledger workload until killed.
-struct Args {
+pub struct Args {
     /// Journal directory.
-    dir: PathBuf,
+    pub dir: PathBuf,
     /// Seed of the deterministic input stream.
-    seed: u64,
+    pub seed: u64,
     /// Offer a snapshot every this many records.
-    snapshot_every: u64,
+    pub snapshot_every: u64,
     /// Segment file size in bytes.
-    segment_bytes: u64,
-    /// Stop after this many new records (default: run until killed).
-    records_max: u64,
+    pub segment_bytes: u64,
+    /// Stop after this many new records (`u64::MAX`: run until killed).
+    pub records_max: u64,
 }
 
 impl Args {
-    fn from_env() -> Result<Args, BadInput> {
-        let known = ["dir", "seed", "snapshot-every", "segment-bytes", "records-max"];
-        let flags = ChildFlags::from_env(&known)?;
-        Ok(Args {
-            dir: flags.required("dir")?,
-            seed: flags.get_or("seed", 1)?,
-            snapshot_every: flags.get_or("snapshot-every", 50_000)?,
-            segment_bytes: flags
-                .get_or("segment-bytes", journal::segment::SEGMENT_BYTES_DEFAULT)?,
-            records_max: flags.get_or("records-max", u64::MAX)?,
-        })
+    /// The value of [`ARGS_ENV`] that makes a child of these arguments.
+    pub fn to_env(&self) -> String {
+        let Args { dir, seed, snapshot_every, segment_bytes, records_max } = self;
+        format!("{}\t{seed}\t{snapshot_every}\t{segment_bytes}\t{records_max}", dir.display())
+    }
+
+    fn from_env(text: &str) -> Args {
+        let fields: Vec<&str> = text.split('\t').collect();
+        let number = |at: usize| -> u64 {
+            fields[at].parse().unwrap_or_else(|_| panic!("field {at} of {ARGS_ENV}: {text:?}"))
+        };
+        assert_eq!(fields.len(), 5, "{ARGS_ENV}: {text:?}");
+        Args {
+            dir: PathBuf::from(fields[0]),
+            seed: number(1),
+            snapshot_every: number(2),
+            segment_bytes: number(3),
+            records_max: number(4),
+        }
     }
 }
 
-fn main() -> Result<(), journal::JournalError> {
-    let args =
-        Args::from_env().map_err(|BadInput(reason)| journal::JournalError::BadConfig(reason))?;
+/// Runs the child with the arguments in [`ARGS_ENV`]'s value `text`.
+pub fn run(text: &str) -> Result<(), journal::JournalError> {
+    let args = Args::from_env(text);
     let recovered = recover::<Ledger>(&args.dir, RecoverOptions::default())?;
     let mut state = recovered.state;
     let mut out = std::io::stdout();
+    // A line of its own: the test harness may have printed the test's name without a newline.
     writeln!(
         out,
-        "recovered last_seq={} applied={} out_of_order={} hash={} snapshot_seq={} replayed={} torn_tail={}",
+        "\nrecovered last_seq={} applied={} out_of_order={} hash={} snapshot_seq={} replayed={} torn_tail={}",
         recovered.last_seq,
         state.applied(),
         state.out_of_order(),

@@ -14,9 +14,11 @@ pub const LADDER_LEVELS_MAX: u32 = 1 << 20;
 /// How an instrument is listed in the core: its ladder geometry and the initial price band.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Listing {
+    /// The instrument listed.
     pub instrument: InstrumentId,
     /// Price of ladder level 0.
     pub ladder_low: Price,
+    /// Price step between adjacent levels; prices off it are refused.
     pub tick: Price,
     /// Number of levels (ticks) in the ladder.
     pub levels: u32,
@@ -38,6 +40,7 @@ impl Listing {
         (level < Price::from(self.levels)).then_some(level as u32)
     }
 
+    /// The price of ladder level `level`.
     pub fn price_of(&self, level: u32) -> Price {
         self.ladder_low + self.tick * Price::from(level)
     }
@@ -59,7 +62,9 @@ impl Default for Level {
     }
 }
 
-/// One side of a book.
+/// One side of a book. Read-only outside the core: its levels' quantities, occupancy bits and
+/// best level move together, so only the core (through the crate-private mutators) changes
+/// them, and the core asserts they agree.
 pub struct Ladder {
     levels: Vec<Level>,
     /// Bit `i` set = level `i` holds orders.
@@ -79,13 +84,13 @@ impl Ladder {
         }
     }
 
-    /// Best level (highest bid / lowest ask), or [`NONE`] when the side is empty.
+    /// Best level (highest bid / lowest ask), or `u32::MAX` when the side is empty.
     pub fn best(&self) -> u32 {
         self.best
     }
 
     /// The oldest order slot at `level`, or [`NONE`].
-    pub fn head(&self, level: u32) -> u32 {
+    pub(crate) fn head(&self, level: u32) -> u32 {
         self.levels[level as usize].head
     }
 
@@ -97,7 +102,7 @@ impl Ladder {
         }
     }
 
-    /// The next occupied level strictly worse than `level`, or [`NONE`].
+    /// The next occupied level strictly worse than `level`, or `u32::MAX` when there is none.
     pub fn next_worse(&self, level: u32) -> u32 {
         match self.side {
             Side::Buy => self.highest_occupied_below(level),
@@ -144,7 +149,7 @@ impl Ladder {
     }
 
     /// Appends an order slot to the tail of a level's queue (time priority).
-    pub fn push_back(&mut self, pool: &mut OrderPool, level: u32, slot: u32) {
+    pub(crate) fn push_back(&mut self, pool: &mut OrderPool, level: u32, slot: u32) {
         let qty = u64::from(pool.get(slot).qty);
         let entry = &mut self.levels[level as usize];
         let old_tail = entry.tail;
@@ -169,7 +174,7 @@ impl Ladder {
     }
 
     /// Unlinks an order slot from its level (any position); keeps `best` current.
-    pub fn unlink(&mut self, pool: &mut OrderPool, slot: u32) {
+    pub(crate) fn unlink(&mut self, pool: &mut OrderPool, slot: u32) {
         let order = *pool.get(slot);
         let level = order.level;
         if order.prev == NONE {
@@ -198,7 +203,7 @@ impl Ladder {
 
     /// Takes `by` off a resting order's quantity in place (it keeps its time priority), and
     /// off its level's total; `by` is less than the order's quantity (a full fill unlinks).
-    pub fn reduce(&mut self, pool: &mut OrderPool, slot: u32, by: Qty) {
+    pub(crate) fn reduce(&mut self, pool: &mut OrderPool, slot: u32, by: Qty) {
         let order = pool.get_mut(slot);
         debug_assert!(by < order.qty, "reducing order {} by its whole quantity", order.order_id);
         order.qty -= by;
@@ -217,27 +222,34 @@ impl Ladder {
 /// The best bid and offer of a book, with the total quantity at each (zeros for an empty side).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TopOfBook {
+    /// Best bid price (0: no bid).
     pub bid: Price,
+    /// Open quantity at the best bid.
     pub bid_qty: u64,
+    /// Best ask price (0: no ask).
     pub ask: Price,
+    /// Open quantity at the best ask.
     pub ask_qty: u64,
 }
 
-/// The state the core keeps per instrument.
+/// The state the core keeps per instrument. Its fields are the core's alone: the ladders'
+/// quantities and best levels, the band and the last published top must move together, so
+/// callers read them through methods and change them only by feeding the core input.
 pub struct Book {
-    pub listing: Listing,
-    pub bids: Ladder,
-    pub asks: Ladder,
-    pub halted: bool,
+    pub(crate) listing: Listing,
+    pub(crate) bids: Ladder,
+    pub(crate) asks: Ladder,
+    pub(crate) halted: bool,
     /// Inclusive price band, as ladder levels.
-    pub band_low: u32,
-    pub band_high: u32,
+    pub(crate) band_low: u32,
+    pub(crate) band_high: u32,
     /// Last published top of book.
-    pub last_top: TopOfBook,
+    pub(crate) last_top: TopOfBook,
 }
 
 impl Book {
-    pub fn new(listing: Listing) -> Book {
+    /// An empty book for `listing`, open for trading with its whole ladder as the band.
+    pub(crate) fn new(listing: Listing) -> Book {
         assert!(listing.tick > 0 && listing.levels > 0 && listing.levels <= LADDER_LEVELS_MAX);
         Book {
             listing,
@@ -250,18 +262,34 @@ impl Book {
         }
     }
 
-    pub fn ladder_mut(&mut self, side: Side) -> &mut Ladder {
+    pub(crate) fn ladder_mut(&mut self, side: Side) -> &mut Ladder {
         match side {
             Side::Buy => &mut self.bids,
             Side::Sell => &mut self.asks,
         }
     }
 
+    /// One side of the book, to read.
     pub fn ladder(&self, side: Side) -> &Ladder {
         match side {
             Side::Buy => &self.bids,
             Side::Sell => &self.asks,
         }
+    }
+
+    /// How the instrument is listed.
+    pub fn listing(&self) -> &Listing {
+        &self.listing
+    }
+
+    /// Whether matching is halted (an external halt or circuit breaker).
+    pub fn is_halted(&self) -> bool {
+        self.halted
+    }
+
+    /// The inclusive price band new orders must lie in, as prices.
+    pub fn band(&self) -> (Price, Price) {
+        (self.listing.price_of(self.band_low), self.listing.price_of(self.band_high))
     }
 
     /// Current top of book.
@@ -278,7 +306,7 @@ impl Book {
 
     /// Open quantity on the side opposite to `side` at prices at least as good as `limit`,
     /// counting only until `wanted` is reached (the FOK feasibility check).
-    pub fn available_against(&self, side: Side, limit: u32, wanted: Qty) -> u64 {
+    pub(crate) fn available_against(&self, side: Side, limit: u32, wanted: Qty) -> u64 {
         let contra = self.ladder(opposite(side));
         let mut level = contra.best;
         let mut available = 0u64;

@@ -24,8 +24,10 @@ pub type ClientId = u32;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[repr(u8)]
 pub enum Side {
+    /// Buys: matches asks at or below its price.
     #[default]
     Buy = 0,
+    /// Sells: matches bids at or above its price.
     Sell = 1,
 }
 
@@ -33,6 +35,7 @@ pub enum Side {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[repr(u8)]
 pub enum OrderType {
+    /// Matches at its price or better; a Day remainder rests.
     #[default]
     Limit = 0,
     /// Matches at any price; never rests (its remainder is cancelled).
@@ -91,6 +94,7 @@ impl TimeInForce {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[repr(u8)]
 pub enum Reason {
+    /// No reason: the record is not a reject or cancel.
     #[default]
     None = 0,
     // --- hygiene (pre-process) ---
@@ -183,18 +187,54 @@ impl Reason {
     }
 }
 
-/// Raw request codes of [`InboundOrder::kind`].
-pub mod request_kind {
+/// What a request asks for: the typed form of [`InboundOrder::kind`], which stays a raw code
+/// because a request must be able to carry an unknown one (to be rejected with
+/// [`Reason::BadRequestKind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[repr(u8)]
+pub enum RequestKind {
     /// A new order.
-    pub const NEW: u8 = 1;
+    New = 1,
     /// Cancel a resting order.
-    pub const CANCEL: u8 = 2;
+    Cancel = 2,
     /// Replace (price and/or quantity) a resting order.
-    pub const REPLACE: u8 = 3;
+    Replace = 3,
+}
+
+impl RequestKind {
+    /// Decodes a raw wire code.
+    ///
+    /// ```
+    /// use matching::msg::{RequestKind, request_kind};
+    ///
+    /// assert_eq!(RequestKind::from_code(request_kind::CANCEL), Some(RequestKind::Cancel));
+    /// assert_eq!(RequestKind::from_code(0), None);
+    /// ```
+    pub fn from_code(code: u8) -> Option<RequestKind> {
+        match code {
+            1 => Some(RequestKind::New),
+            2 => Some(RequestKind::Cancel),
+            3 => Some(RequestKind::Replace),
+            _ => None,
+        }
+    }
+}
+
+/// Raw request codes of [`InboundOrder::kind`], as they travel on the wire ([`RequestKind`]
+/// decodes them).
+pub mod request_kind {
+    use super::RequestKind;
+
+    /// A new order.
+    pub const NEW: u8 = RequestKind::New as u8;
+    /// Cancel a resting order.
+    pub const CANCEL: u8 = RequestKind::Cancel as u8;
+    /// Replace (price and/or quantity) a resting order.
+    pub const REPLACE: u8 = RequestKind::Replace as u8;
 }
 
 /// Nanosecond timestamps stamped as a message crosses the tier (a monotonic clock, see
-/// [`crate::clock`]). They ride along for latency measurement and are not part of the
+/// `pipeline::metrics::now_ns`). They ride along for latency measurement and are not part of the
 /// deterministic output.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stamps {
@@ -224,7 +264,9 @@ pub struct InboundOrder {
     pub order_type: u8,
     /// Raw [`TimeInForce`] code.
     pub time_in_force: u8,
+    /// The instrument it trades.
     pub instrument: InstrumentId,
+    /// The client who sent it.
     pub client: ClientId,
     /// The new order's id, or the id of the order to cancel/replace.
     pub order_id: OrderId,
@@ -232,6 +274,7 @@ pub struct InboundOrder {
     pub price: Price,
     /// Quantity (new) or new remaining quantity (replace); 0 for cancels.
     pub qty: Qty,
+    /// Latency stamps; not part of the request.
     pub stamps: Stamps,
 }
 
@@ -241,25 +284,40 @@ pub enum Command {
     /// Placeholder of pre-allocated ring slots; the core ignores it.
     #[default]
     Nop,
+    /// A new order.
     New {
+        /// Its id, unique among resting orders.
         order_id: OrderId,
+        /// Its owner.
         client: ClientId,
+        /// Buy or sell.
         side: Side,
+        /// Limit or market.
         order_type: OrderType,
+        /// How long it may rest.
         time_in_force: TimeInForce,
+        /// Limit price (on tick, in band); ignored for market orders.
         price: Price,
+        /// Quantity, at least 1.
         qty: Qty,
     },
+    /// Cancel a resting order.
     Cancel {
+        /// The order to cancel.
         order_id: OrderId,
+        /// Who asks: must own the order.
         client: ClientId,
     },
     /// Replace: a smaller quantity at the same price keeps time priority; any other change
     /// loses it (the order is re-entered and may match).
     Replace {
+        /// The order to replace.
         order_id: OrderId,
+        /// Who asks: must own the order.
         client: ClientId,
+        /// The new price.
         price: Price,
+        /// The new remaining quantity.
         qty: Qty,
     },
     /// External event: stop matching the instrument (halt or circuit breaker).
@@ -268,7 +326,9 @@ pub enum Command {
     Resume,
     /// External event: a new price band (inclusive); resting orders outside stay.
     SetBand {
+        /// Lowest price accepted.
         low: Price,
+        /// Highest price accepted.
         high: Price,
     },
 }
@@ -280,7 +340,9 @@ pub enum Command {
 pub struct SequencedInput {
     /// Position in the shard's input stream (1-based, gap-free).
     pub seq: u64,
+    /// The instrument whose book it addresses.
     pub instrument: InstrumentId,
+    /// What to do.
     pub command: Command,
     /// Latency stamps; not part of the deterministic input.
     pub stamps: Stamps,
@@ -290,12 +352,16 @@ pub struct SequencedInput {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[repr(u8)]
 pub enum OutputKind {
+    /// A new order was accepted (it may match in the records that follow).
     #[default]
     Accepted = 0,
+    /// An order traded part of its quantity; `leaves_qty` is still open.
     PartiallyFilled,
+    /// An order traded its whole quantity.
     Filled,
     /// `reason` says why (requested, IOC remainder, FOK unfilled).
     Cancelled,
+    /// A replace took effect.
     Replaced,
     /// `reason` says why.
     Rejected,
@@ -312,11 +378,17 @@ pub struct CoreOutput {
     pub seq: u64,
     /// The core shard whose sequence `seq` belongs to (routing only; not hashed).
     pub shard: u32,
+    /// What the record reports.
     pub kind: OutputKind,
+    /// Why, for rejects and cancels.
     pub reason: Reason,
+    /// The order's side.
     pub side: Side,
+    /// The instrument.
     pub instrument: InstrumentId,
+    /// The client the record is for (the aggressor's, for a trade).
     pub client: ClientId,
+    /// The order reported on (the aggressor, for a trade).
     pub order_id: OrderId,
     /// Execution price (fills, trades), order price (accepted, replaced, cancelled), best bid
     /// (top of book: build and read those with [`CoreOutput::with_top_of_book`] and
@@ -330,6 +402,7 @@ pub struct CoreOutput {
     pub contra_order_id: OrderId,
     /// Best ask (top of book); unused otherwise.
     pub best_ask: Price,
+    /// Latency stamps; not part of the deterministic output.
     pub stamps: Stamps,
 }
 
@@ -530,10 +603,12 @@ pub enum Audience {
 /// A response ready for delivery by an R-Sender to a subscriber gateway.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Response {
+    /// A client's report or market data.
     pub audience: Audience,
     /// The gateway (subscriber) it is routed to.
     pub gateway: u32,
     /// True for the first response to a request (the one whose latency is measured).
     pub answers_request: bool,
+    /// The core's record.
     pub output: CoreOutput,
 }

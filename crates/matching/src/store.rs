@@ -12,7 +12,7 @@ pub const NONE: u32 = u32::MAX;
 
 /// Default number of resting orders one core shard can hold.
 pub const ORDER_POOL_SLOTS_DEFAULT: u32 = 1 << 18;
-/// Largest pool a shard may ask for (slot indexes are `u32`, [`NONE`] is reserved).
+/// Largest pool a shard may ask for (slot indexes are `u32`, `u32::MAX` marks "no slot").
 pub const ORDER_POOL_SLOTS_MAX: u32 = 1 << 28;
 /// Order-index entries per order it can hold: the table is at most half full, so every probe
 /// sequence ends at an empty entry within a few steps.

@@ -13,9 +13,10 @@ use crate::msg::{
     ClientId, Command, CoreOutput, InstrumentId, OrderId, OrderType, OutputKind, Price, Qty,
     Reason, SequencedInput, Side, TimeInForce,
 };
-use crate::store::{NONE, ORDER_POOL_SLOTS_DEFAULT, OrderIndex, OrderPool, OrderSlot};
+use crate::store::{NONE, OrderIndex, OrderPool, OrderSlot};
 
 mod snapshot;
+pub use crate::store::{ORDER_POOL_SLOTS_DEFAULT, ORDER_POOL_SLOTS_MAX};
 pub use snapshot::{BOOK_SNAPSHOT_BYTES, ORDER_SNAPSHOT_BYTES};
 
 /// Instrument ids a shard can address (the id -> book table is sized by it).
@@ -38,7 +39,9 @@ impl Default for CoreLimits {
 /// Counters the core keeps about itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CoreCounters {
+    /// Inputs processed.
     pub inputs: u64,
+    /// Trades made.
     pub trades: u64,
     /// Inputs that failed a check the pre-process must have made (zero quantity, price off the
     /// ladder or off tick, unknown instrument). Must stay zero: the core never sees invalid
@@ -47,6 +50,36 @@ pub struct CoreCounters {
 }
 
 /// The matching core of one shard.
+///
+/// ```
+/// use matching::book::Listing;
+/// use matching::core::{CoreLimits, MatchingCore};
+/// use matching::msg::{Command, OrderType, OutputKind, SequencedInput, Side, TimeInForce};
+///
+/// let listing = Listing { instrument: 1, ladder_low: 90, tick: 1, levels: 21 };
+/// let mut core = MatchingCore::new(&[listing], CoreLimits { order_pool_slots: 16 });
+/// let order = |order_id, side, qty| Command::New {
+///     order_id,
+///     client: 7,
+///     side,
+///     order_type: OrderType::Limit,
+///     time_in_force: TimeInForce::Day,
+///     price: 100,
+///     qty,
+/// };
+/// let mut trades = Vec::new();
+/// for (seq, command) in [(1, order(1, Side::Sell, 5)), (2, order(2, Side::Buy, 3))] {
+///     let input = SequencedInput { seq, instrument: 1, command, ..Default::default() };
+///     core.process(&input, &mut |output| {
+///         if output.kind == OutputKind::Trade {
+///             trades.push((output.qty, output.price));
+///         }
+///     });
+/// }
+/// assert_eq!(trades, [(3, 100)]);
+/// assert_eq!(core.resting_qty(1), Some(2));
+/// assert_eq!(core.book(1).unwrap().top().ask_qty, 2);
+/// ```
 pub struct MatchingCore {
     books: Vec<Book>,
     /// Instrument id -> index in `books`, or [`NONE`].
@@ -87,6 +120,7 @@ impl MatchingCore {
         }
     }
 
+    /// What the core has counted so far.
     pub fn counters(&self) -> CoreCounters {
         self.counters
     }
