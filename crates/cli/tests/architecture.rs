@@ -2,7 +2,7 @@
 //! lock file so that they stay true:
 //! - `cli` (package `leantier`) is the only crate that knows about command-line flags: no
 //!   other crate depends on clap;
-//! - `pipeline` and `lab` depend on no other leantier crate;
+//! - `pipeline`, `lab` and `ops` depend on no other leantier crate;
 //! - leantier crates depend on each other only along the map's edges;
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
 //! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The dependency edges between leantier crates that the map allows (normal dependencies;
-/// every crate may also use `lab` and `pipeline`, except those two themselves).
+/// every crate may also use `lab`, `ops` and `pipeline`, except those three themselves).
 const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("cdr", "planner"),
     ("delivery", "exchange"),
@@ -23,7 +23,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("gateway", "journal"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).
-const BASE_CRATES: &[&str] = &["lab", "pipeline"];
+const BASE_CRATES: &[&str] = &["lab", "ops", "pipeline"];
 /// Crates `planner` must not pull in, directly or through another dependency.
 const PLANNER_FORBIDDEN: &[&str] = &["tokio", "disruptor", "rtrb", "crossbeam", "clap"];
 
@@ -36,7 +36,7 @@ fn read_toml(path: &Path) -> toml::Table {
     text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Package name → names of its normal (non-dev) dependencies, for every workspace member.
+/// Crate (lib) name → names of its normal (non-dev) dependencies, for every workspace member.
 fn members() -> BTreeMap<String, BTreeSet<String>> {
     let mut members = BTreeMap::new();
     for entry in std::fs::read_dir(workspace_root().join("crates")).unwrap() {
@@ -45,7 +45,10 @@ fn members() -> BTreeMap<String, BTreeSet<String>> {
             continue;
         }
         let table = read_toml(&manifest);
-        let name = table["package"]["name"].as_str().unwrap().to_string();
+        // Dependents name a crate by its lib name (`ops` for package `leantier-ops`).
+        let lib_name = table.get("lib").and_then(|lib| lib.get("name")).and_then(|n| n.as_str());
+        let name = lib_name.unwrap_or_else(|| table["package"]["name"].as_str().unwrap());
+        let name = name.to_string();
         // Normal dependencies, unconditional or per target (`[target.'cfg(..)'.dependencies]`).
         let targets = table.get("target").and_then(|t| t.as_table());
         let per_target = targets.into_iter().flat_map(|t| t.values());

@@ -3,14 +3,15 @@
 //! garbled), summed over all clients unless `metrics_per_client` asks for a series per client
 //! id (the page then names every client and grows with the credentials file), per
 //! stage (requests into the tier and reports out of it, the reply rings' depth, the store's
-//! commits), and latency summaries measured inside the server: the matching core's service
-//! time per request and the time from a request's arrival to its report being queued for the
-//! client's socket (the whole tier, journal and store sync included).
+//! commits), latency histograms with buckets measured inside the server (the matching core's
+//! service time per request, and the time from a request's arrival to its report being queued
+//! for the client's socket: the whole tier, journal and store sync included), and the
+//! `process_*` metrics (`ops::process`).
 //!
-//! Everything is recorded on the thread that owns it (counters and histograms live in the
-//! hub, on the I/O thread; the tier only stamps times into the messages it already
-//! carries), so a scrape takes no lock and the hot path pays a clock read and a histogram
-//! increment per message.
+//! Everything is recorded on the thread that owns it (counters live in the hub, on the I/O
+//! thread; the tier only stamps times into the messages it already carries; the histograms
+//! are `ops::BucketHistogram`s, relaxed atomic additions), so a scrape takes no lock and the
+//! hot path pays a clock read and a few atomic increments per message.
 
 use std::fmt::Write as _;
 
@@ -19,11 +20,7 @@ use lab::stats::LatencyHistogram;
 
 use crate::hub::{Counters, Hub, REASON_CODES};
 
-/// Quantiles each latency summary reports (1.0: the maximum).
-const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
-
 /// The stages' counters and the latency histograms.
-#[derive(Default)]
 pub struct StageMetrics {
     /// Requests handed to the tier.
     pub engine_in: u64,
@@ -32,9 +29,9 @@ pub struct StageMetrics {
     /// Reports waiting on the reply rings at the last routing batch.
     pub egress_depth: usize,
     /// Arrival of a request at the gateway → its report queued for the client.
-    pub order_to_report: Summary,
+    pub order_to_report: ops::BucketHistogram,
     /// The matching core's service time: request taken off its ring → report ready.
-    pub engine_service: Summary,
+    pub engine_service: ops::BucketHistogram,
     /// The tier's thread layout (set once at start).
     pub layout: Option<LayoutInfo>,
     /// Arrival of a request at the gateway → the tier's answer to it (accepted, rejected,
@@ -42,6 +39,36 @@ pub struct StageMetrics {
     /// response, the published lean tier's scope (no store or journal fsync in it). Taken
     /// by the demo ([`crate::server::Running::take_in_tier_latency`]).
     pub in_tier: LatencyHistogram,
+    /// The histograms above and the process metrics, encoded by `prometheus-client`.
+    registry: ops::Registry,
+}
+
+impl Default for StageMetrics {
+    fn default() -> StageMetrics {
+        let (order_to_report, engine_service) = Default::default();
+        let mut registry = ops::Registry::default();
+        registry.register(
+            "gateway_order_to_report_seconds",
+            "request arrival at the gateway to its report queued for the client",
+            ops::BucketHistogram::clone(&order_to_report),
+        );
+        registry.register(
+            "gateway_engine_service_seconds",
+            "matching core service time per request (journal hand-off, matching)",
+            ops::BucketHistogram::clone(&engine_service),
+        );
+        registry.register_collector(Box::new(ops::process::ProcessCollector));
+        StageMetrics {
+            engine_in: 0,
+            engine_out: 0,
+            egress_depth: 0,
+            order_to_report,
+            engine_service,
+            layout: None,
+            in_tier: LatencyHistogram::default(),
+            registry,
+        }
+    }
 }
 
 /// The tier's thread layout as the metrics show it.
@@ -60,49 +87,15 @@ impl StageMetrics {
         let stamps = &output.stamps;
         if stamps.intended_ns != 0 {
             let in_tier_ns = now_ns.saturating_sub(stamps.intended_ns);
-            self.order_to_report.record(in_tier_ns);
+            self.order_to_report.record_ns(in_tier_ns);
             if output.answers_request() {
                 self.in_tier.record_ns(in_tier_ns);
             }
         }
         if stamps.core_in_ns != 0 && stamps.ready_ns >= stamps.core_in_ns {
-            self.engine_service.record(stamps.ready_ns - stamps.core_in_ns);
+            self.engine_service.record_ns(stamps.ready_ns - stamps.core_in_ns);
         }
     }
-}
-
-/// A latency histogram with the sum a Prometheus summary carries.
-#[derive(Default)]
-pub struct Summary {
-    histogram: LatencyHistogram,
-    sum_ns: u64,
-}
-
-impl Summary {
-    pub fn record(&mut self, ns: u64) {
-        self.histogram.record_ns(ns);
-        self.sum_ns = self.sum_ns.saturating_add(ns);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.histogram.count()
-    }
-
-    fn write(&self, text: &mut String, name: &str, help: &str) {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} summary");
-        if self.count() > 0 {
-            for quantile in QUANTILES {
-                let ns = self.histogram.value_at_percentile_ns(quantile * 100.0);
-                let _ = writeln!(text, "{name}{{quantile=\"{quantile}\"}} {}", seconds(ns));
-            }
-        }
-        let _ =
-            writeln!(text, "{name}_sum {}\n{name}_count {}", seconds(self.sum_ns), self.count());
-    }
-}
-
-fn seconds(ns: u64) -> f64 {
-    ns as f64 / 1e9
 }
 
 /// Reads one counter of a client.
@@ -225,14 +218,5 @@ fn per_stage(text: &mut String, hub: &Hub) {
          # TYPE gateway_store_failed gauge\ngateway_store_failed {}",
         u8::from(log.has_failed())
     );
-    stage.order_to_report.write(
-        text,
-        "gateway_order_to_report_seconds",
-        "request arrival at the gateway to its report queued for the client",
-    );
-    stage.engine_service.write(
-        text,
-        "gateway_engine_service_seconds",
-        "matching core service time per request (journal hand-off, matching)",
-    );
+    text.push_str(&ops::endpoint::render(&stage.registry));
 }

@@ -354,6 +354,11 @@ async fn begin<'a, S: Store>(
         Request::Disconnect => {
             return answered(request_id, arrived, Ok(ReplyBody::Disconnected), true);
         }
+        // Relaxed: the flag only turns new work away; the drain counts what was taken.
+        _ if node.stopping.load(Ordering::Relaxed) => {
+            let refusal = ErrorReply::new(Reason::Unavailable, "the node is stopping");
+            return answered(request_id, arrived, Err(refusal), false);
+        }
         Request::Register { name, secret } => {
             let source = source_of(peer.ip());
             let registered = node.registrar.register(&node.store, source, &name, secret).await;
@@ -392,6 +397,7 @@ fn complete<S>(node: &Node<S>, submitted: &Submitted<'_>, committed: Committed) 
         db_ns: committed.db_ns,
         middleware_ns: elapsed_ns(submitted.arrived),
     };
+    node.counters.request_seconds.record_since(submitted.arrived);
     let mut result = committed.result;
     if let (true, Ok(ReplyBody::Stats(stats))) = (submitted.is_stats, &mut result) {
         fill_stats(node, stats);

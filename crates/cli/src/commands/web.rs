@@ -21,7 +21,8 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model) until stopped.
+    /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model), and `GET
+    /// /metrics`, `/health`, `/ready`, until SIGTERM or SIGINT, then drain (docs/OPERATIONS.md).
     Serve(ServeArgs),
     /// Drive one load cell (closed-loop users or open-loop constant rate) at a server.
     Load(loadlab::LoadArgs),
@@ -99,6 +100,10 @@ pub struct ServeArgs {
     /// [default: 5000].
     #[arg(long)]
     pub admission_wait_ms: Option<u64>,
+    /// The bearer token `GET /metrics` requires (`/health` and `/ready` stay open); without
+    /// one `/metrics` is open to whoever reaches the port.
+    #[arg(long, env = "LEANTIER_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
 }
 
 impl ServeArgs {
@@ -120,6 +125,9 @@ impl ServeArgs {
         override_with(&mut config.work_bytes_max, &self.work_bytes_max);
         override_with(&mut config.large_work_bytes_max, &self.large_work_bytes_max);
         override_with(&mut config.admission_wait_ms, &self.admission_wait_ms);
+        if self.metrics_token.is_some() {
+            config.metrics_token = self.metrics_token.clone();
+        }
         Ok(config)
     }
 }
