@@ -375,3 +375,58 @@ fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() 
         assert_eq!(answer.map(|(kind, _)| (kind, 0)), cancelled, "order {token} after restart");
     }
 }
+
+// ---- exchange gateway (the R-Gateway) ----
+
+/// A `nats-server` child of this test's own, else `$LEANTIER_NATS_URL`; `None` with a loud
+/// SKIPPED line when neither is there.
+fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
+    let child = match delivery::server::NatsServer::start() {
+        Ok(server) => return Some((server.url(), Some(server))),
+        Err(error) => error,
+    };
+    match std::env::var(delivery::server::NATS_URL_ENV) {
+        Ok(url) if !url.is_empty() => Some((url, None)),
+        _ => {
+            use std::io::Write;
+            // Past the harness's capture: a skip must be seen.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n*** SKIPPED: no NATS (run scripts/nats-env): {child:#} ***\n"
+            );
+            None
+        }
+    }
+}
+
+/// The value of the first sample named `name` in a scrape (a counter's or a gauge's).
+fn value_of(addr: SocketAddr, name: &str) -> f64 {
+    match sample(&scrape(addr), name) {
+        Value::Counter(value) | Value::Gauge(value) | Value::Untyped(value) => *value,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() {
+    let Some((url, _nats_child)) = nats() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // A subject prefix of this run's own, in case the NATS server is shared.
+    let prefix = format!("ops{}", std::process::id());
+    let gateway_args = ["exchange", "gateway", "--nats", &url, "--gateway", "0", "--prefix"];
+    let listen = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    let mut gateway = Served::start(&[&gateway_args[..], &[&prefix], &listen].concat(), dir.path());
+    let metrics = gateway.address("metrics on ");
+    gateway.address("gateway 0 listening on ");
+    let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
+    let _publisher = Served::start(&[&publish[..], &["--seconds", "60"]].concat(), dir.path());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while value_of(metrics, "rgateway_records_received_total") == 0.0 {
+        assert!(Instant::now() < deadline, "no record reached the gateway in 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    check_admin_endpoint(metrics, "rgateway_records_received_total", "rgateway_answer_seconds");
+    gateway.signal("TERM");
+    let (status, lines) = gateway.exit();
+    stopped_cleanly(status, &lines, "R-Gateway stopped");
+}
