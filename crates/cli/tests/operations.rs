@@ -279,6 +279,15 @@ fn web_serve_answers_requests_in_flight_at_sigterm_and_serves_admin_paths() {
         })
         .collect();
     sent.wait();
+    // Until the server took every request (a connection still in the listen backlog when the
+    // listener closes is reset, not drained): the one before, and these answered or in flight.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while value_of(addr, "web_requests_total") + value_of(addr, "web_requests_in_flight")
+        < (clients + 1) as f64
+    {
+        assert!(Instant::now() < deadline, "the server never took all {clients} requests");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     server.signal("TERM");
     let statuses: Vec<Option<u16>> = answers.into_iter().map(|t| t.join().unwrap()).collect();
     let (status, lines) = server.exit();
@@ -429,4 +438,25 @@ fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() 
     gateway.signal("TERM");
     let (status, lines) = gateway.exit();
     stopped_cleanly(status, &lines, "R-Gateway stopped");
+}
+
+/// `--log-format json`: every log line a server writes is one JSON object, the summary line too.
+#[test]
+fn log_lines_are_json_objects_with_log_format_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--log-format", "json", "mq", "serve", "--listen", "127.0.0.1:0"];
+    let mut node = Served::start(&[&args[..], &["--store", "sqlite:data"]].concat(), dir.path());
+    node.address("mq node listening on ");
+    node.signal("TERM");
+    let (status, lines) = node.exit();
+    assert_eq!(status.code(), Some(0), "{lines:#?}");
+    let logs: Vec<serde_json::Value> = lines
+        .iter()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let summary = logs.iter().find(|log| log["fields"]["message"] == "mq node stopped");
+    let summary = summary.unwrap_or_else(|| panic!("no JSON summary line in {lines:#?}"));
+    assert_eq!(summary["level"], "INFO");
+    assert_eq!(summary["fields"]["signal"], "SIGTERM");
 }
