@@ -115,7 +115,7 @@ pub(crate) async fn serve<S: Store>(
     };
     let counters = &node.counters;
     match outcome {
-        Ok(()) => tracing::debug!(%peer, "connection closed"),
+        Ok(()) => tracing::info!(%peer, "connection closed by the client"),
         Err(Closed::Idle) => {
             counters.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(%peer, timeout_ms = node.config.idle_timeout_ms, "closed an idle connection");
@@ -362,6 +362,11 @@ async fn begin<'a, S: Store>(
         Request::Register { name, secret } => {
             let source = source_of(peer.ip());
             let registered = node.registrar.register(&node.store, source, &name, secret).await;
+            if let Ok(id) = &registered {
+                // Once per connection (a login); failures are not logged here, so a flood of
+                // wrong secrets cannot flood the log.
+                tracing::info!(%peer, client_id = id, name, "client registered");
+            }
             *client_id = registered.as_ref().ok().copied().or(*client_id);
             let result = registered.map(|client_id| ReplyBody::Registered { client_id });
             return answered(request_id, arrived, result, false);

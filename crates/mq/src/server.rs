@@ -326,6 +326,9 @@ pub(crate) struct Node<S> {
     /// Set when the node stops: new requests are refused (`Unavailable`), see
     /// [`RunningNode::stop`].
     pub(crate) stopping: AtomicBool,
+    /// The last batch failed (the database is down or refusing): `/ready` says no until one
+    /// commits.
+    store_failing: AtomicBool,
 }
 
 /// A running node; dropping it does not stop it, [`RunningNode::stop`] and
@@ -383,6 +386,12 @@ impl RunningNode {
         }
     }
 
+    /// Whether the node takes work: not stopping, and its last batch committed (a node whose
+    /// database is down answers every request `Unavailable`).
+    pub fn is_ready(&self) -> bool {
+        self.node.is_ready()
+    }
+
     /// Adds the node's metrics to `registry` (read at scrape time; see docs/OPERATIONS.md).
     pub fn register_metrics(&self, registry: &mut ops::Registry) {
         crate::metrics::register(Arc::clone(&self.node), registry);
@@ -399,6 +408,7 @@ pub(crate) trait NodeView: Send + Sync {
     fn counters(&self) -> &Counters;
     /// Bytes of replies owed to clients.
     fn reply_memory_bytes(&self) -> usize;
+    fn is_ready(&self) -> bool;
 }
 
 impl<S: Send + Sync + 'static> NodeView for Node<S> {
@@ -422,6 +432,10 @@ impl<S: Send + Sync + 'static> NodeView for Node<S> {
 
     fn reply_memory_bytes(&self) -> usize {
         self.reply_memory.used()
+    }
+
+    fn is_ready(&self) -> bool {
+        !self.stopping.load(Ordering::Relaxed) && !self.store_failing.load(Ordering::Relaxed)
     }
 }
 
@@ -462,6 +476,7 @@ pub async fn start_with_tls<S: Store + Clone>(
         reply_bounds: ReplyBounds::new(config.content_bytes_max),
         reply_refusal_log: std::sync::Mutex::new(RateLimitedLog::new(LOG_INTERVAL)),
         stopping: AtomicBool::new(false),
+        store_failing: AtomicBool::new(false),
         store,
         config,
     });
@@ -659,6 +674,8 @@ async fn db_worker<S: Store>(
         let db_ns = elapsed_ns(started);
         node.counters.batch_commit_seconds.record_ns(db_ns);
         node.counters.db_busy_ns.fetch_add(db_ns, Ordering::Relaxed);
+        // Relaxed: a health flag; it orders nothing.
+        node.store_failing.store(outcome.is_err(), Ordering::Relaxed);
         match outcome {
             Ok(()) => count_committed(&node.counters, &batch),
             Err(error) => {

@@ -56,3 +56,20 @@ pub fn metrics_address(value: &str) -> Result<SocketAddr, String> {
 pub fn print_stopped(signal: &str) {
     let _ = writeln!(std::io::stdout(), "stopped on {signal}");
 }
+
+/// Keeps `readiness` equal to `check()` (polled every 250 ms), logging each change once:
+/// `what` names the dependency (the database, NATS). Runs until dropped.
+pub async fn follow_readiness(readiness: &Readiness, what: &str, check: impl Fn() -> bool) {
+    loop {
+        let ready = check();
+        if ready != readiness.is_ready() {
+            readiness.set(ready);
+            if ready {
+                tracing::info!("{what} reachable: ready");
+            } else {
+                tracing::warn!("{what} unreachable: not ready until it is back");
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}

@@ -172,7 +172,10 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         let signal = tokio::select! {
             signal = stop_signal => Some(signal),
             () = timer => None,
-            () = follow_connection(&gateway, &readiness) => unreachable!("follows until stopped"),
+            // The client reconnects by itself; meanwhile consumers get nothing new.
+            () = super::admin::follow_readiness(&readiness, "NATS", || gateway.is_connected()) => {
+                unreachable!("follows until stopped")
+            }
         };
         let stop_reason = signal.unwrap_or("--seconds elapsed");
         readiness.set(false);
@@ -210,26 +213,6 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Keeps `/ready` telling whether the gateway's NATS connection is up (it reconnects by
-/// itself; a consumer meanwhile gets nothing new); logs each loss and recovery once.
-async fn follow_connection(
-    gateway: &delivery::gateway::RunningGateway,
-    readiness: &ops::Readiness,
-) {
-    loop {
-        let connected = gateway.is_connected();
-        if connected != readiness.is_ready() {
-            readiness.set(connected);
-            if connected {
-                tracing::info!("NATS connection up: ready");
-            } else {
-                tracing::warn!("NATS connection lost: not ready until it is back");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn gateway_table(report: &GatewayReport) -> Table {

@@ -337,7 +337,12 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     // The store is open (its schema checked or made) and the listener bound.
     readiness.set(true);
     eprintln!("mq node listening on {} (store {})", node.addr, args.store);
-    let signal = stop_signal.await;
+    let signal = tokio::select! {
+        signal = stop_signal => signal,
+        () = super::admin::follow_readiness(&readiness, "the database", || node.is_ready()) => {
+            unreachable!("follows until stopped")
+        }
+    };
     readiness.set(false);
     tracing::info!(signal, "stop requested: draining");
     let report = node.stop(ops::stop::DRAIN_TIMEOUT).await;
