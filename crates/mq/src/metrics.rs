@@ -38,10 +38,10 @@ pub(crate) fn register(node: Arc<dyn NodeView>, registry: &mut ops::Registry) {
     let open = move || open.counter(|c| &c.connections_open) as i64;
     registry.register("mq_connections_open", "connections open", ops::read::gauge(open));
     let in_flight = Arc::clone(&node);
-    let in_flight = move || in_flight.in_flight() as i64;
+    let in_flight = move || in_flight.requests_in_flight() as i64;
     registry.register(
         "mq_requests_in_flight",
-        "requests taken, not yet answered",
+        "requests holding or waiting for a handler slot",
         ops::read::gauge(in_flight),
     );
     let owed = Arc::clone(&node);

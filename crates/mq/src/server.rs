@@ -345,7 +345,7 @@ pub struct RunningNode {
 pub struct StopReport {
     /// Every request taken before the stop was committed and its reply written.
     pub drained: bool,
-    /// Requests still in the node when the drain gave up (0 when drained).
+    /// Requests not yet committed when the drain ended (0 when drained).
     pub in_flight_left: usize,
     /// Connections open when the stop began (they are closed at its end).
     pub connections_open: u64,
@@ -371,13 +371,13 @@ impl RunningNode {
         let _ = self.stop_accepting.send(true);
         let connections_open = self.node.counter(|c| &c.connections_open);
         let deadline = started + drain_timeout;
-        while self.node.in_flight() > 0 && Instant::now() < deadline {
+        while !self.node.drained() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let in_flight_left = self.node.in_flight();
+        let (drained, in_flight_left) = (self.node.drained(), self.node.requests_in_flight());
         self.tasks.shutdown().await;
         StopReport {
-            drained: in_flight_left == 0,
+            drained,
             in_flight_left,
             connections_open,
             sends_committed: self.node.counter(|c| &c.sends_committed),
@@ -401,9 +401,12 @@ impl RunningNode {
 /// The node without its store type, for [`RunningNode`] and the metrics.
 pub(crate) trait NodeView: Send + Sync {
     fn begin_stop(&self);
-    /// Requests taken and not yet answered: holding or waiting for a handler slot, or with a
-    /// reply committed and not yet written.
-    fn in_flight(&self) -> usize;
+    /// Requests holding or waiting for a handler slot (taken, not yet committed).
+    fn requests_in_flight(&self) -> usize;
+    /// Nothing taken is unanswered: no request in flight, no reply owed.
+    fn drained(&self) -> bool {
+        self.requests_in_flight() == 0 && self.reply_memory_bytes() == 0
+    }
     fn counter(&self, which: fn(&Counters) -> &AtomicU64) -> u64;
     fn counters(&self) -> &Counters;
     /// Bytes of replies owed to clients.
@@ -416,10 +419,9 @@ impl<S: Send + Sync + 'static> NodeView for Node<S> {
         self.stopping.store(true, Ordering::Relaxed);
     }
 
-    fn in_flight(&self) -> usize {
+    fn requests_in_flight(&self) -> usize {
         let holding = self.config.handler_slots - self.handler_slots.available_permits();
-        let owed = usize::from(self.reply_memory.used() > 0);
-        holding + self.waiting.load(Ordering::Relaxed) + owed
+        holding + self.waiting.load(Ordering::Relaxed)
     }
 
     fn counter(&self, which: fn(&Counters) -> &AtomicU64) -> u64 {

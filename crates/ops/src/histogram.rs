@@ -1,5 +1,5 @@
 //! A latency histogram with fixed buckets for the hot path: recording is a binary search over
-//! the bounds and three relaxed atomic additions (no lock, no allocation), so any thread may
+//! the bounds and two relaxed atomic additions (no lock, no allocation), so any thread may
 //! record and a scrape on another thread reads a consistent-enough copy (each bucket exact;
 //! the sum and count may differ by the recordings under way during the read, which Prometheus
 //! tolerates as it does for any scrape racing updates).

@@ -9,7 +9,7 @@
 //! - [`process`]: the `process_*` metrics read from `/proc/self` at scrape time (resident
 //!   memory, CPU seconds, open descriptors, threads, start time).
 //! - [`histogram`]: a latency histogram with fixed buckets that the hot path records into
-//!   with three relaxed atomic additions (no lock), encoded as a Prometheus histogram.
+//!   with two relaxed atomic additions (no lock), encoded as a Prometheus histogram.
 //! - [`read`]: counters and gauges read at scrape time from a server's own atomics, so a
 //!   server keeps the counters it has and the registry only looks at them.
 //! - [`stop`]: the stop signals (SIGTERM, SIGINT) and [`stop::DRAIN_TIMEOUT`], the bound every
