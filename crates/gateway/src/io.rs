@@ -460,6 +460,10 @@ async fn http_answer(
             };
             (200, "text/plain; version=0.0.4", body.as_ref().clone())
         }
+        // A draining server is alive but takes no new orders: a balancer must send it none.
+        Ok(AdminRequest::Ready) if hub.borrow().draining => {
+            (503, "text/plain", "stopping\n".into())
+        }
         Ok(AdminRequest::Health | AdminRequest::Ready) => (200, "text/plain", "ok\n".into()),
         Ok(AdminRequest::Event(event)) => {
             let token = hub.borrow().settings.admin_token.clone();
