@@ -478,3 +478,19 @@ fn log_lines_are_json_objects_with_log_format_json() {
     assert_eq!(summary["level"], "INFO");
     assert_eq!(summary["fields"]["signal"], "SIGTERM");
 }
+
+/// One process per core: SIGTERM reaches every child, each drains, the parent logs one
+/// summary line and exits 0.
+#[test]
+fn web_serve_per_core_stops_every_child_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["web", "serve", "--listen", "127.0.0.1:0", "--model", "prefork", "--workers", "2"];
+    let mut server = Served::start(&args, dir.path());
+    let addr = server.address("processes on http://");
+    let sent = std::sync::Barrier::new(1);
+    assert_eq!(post_matrix(addr, &matrix_body(8), &sent), Some(200));
+    server.signal("TERM");
+    let (status, lines) = server.exit();
+    let summary = stopped_cleanly(status, &lines, "web server stopped");
+    assert_eq!(field(summary, "drained"), "true", "every child exited by itself: {summary}");
+}

@@ -215,8 +215,8 @@ pub fn keep_freed_request_memory() {
     }
 }
 
-/// Serves until SIGTERM or SIGINT (then drains: see [`serve_in_process`]) or, per core, until
-/// a child exits.
+/// Serves until SIGTERM or SIGINT, then drains (see [`serve_in_process`]; per core, each
+/// child drains: `Prefork::serve_until_stopped`), or, per core, until a child exits.
 pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
     let server_config = config.server_config()?;
     let model = server_config.default_model;
@@ -230,7 +230,7 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
             config.workers,
             children.local_addr()
         );
-        return children.wait_any();
+        return children.serve_until_stopped();
     }
     serve_in_process(config, &server_config)
 }
