@@ -113,6 +113,24 @@ fn sample<'a>(scrape: &'a Scrape, name: &str) -> &'a Value {
     &found.unwrap_or_else(|| panic!("no {name} in the scrape")).value
 }
 
+/// The value of the first sample named `name` in a scrape (a counter's or a gauge's).
+fn value_of(addr: SocketAddr, name: &str) -> f64 {
+    match sample(&scrape(addr), name) {
+        Value::Counter(value) | Value::Gauge(value) | Value::Untyped(value) => *value,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+/// Waits (up to 30 s) until the counter `name` on `addr`'s `/metrics` is above zero: the load
+/// is running.
+fn wait_for_counter(addr: SocketAddr, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(sample(&scrape(addr), name), Value::Counter(n) if *n > 0.0) {
+        assert!(Instant::now() < deadline, "{name} still 0 after 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The checks every server's admin endpoint passes: `/health`, `/ready` (once ready), a 404
 /// elsewhere, and a page with the process metrics, `counter` above zero and the histogram
 /// `histogram` with observations in its buckets.
@@ -215,7 +233,8 @@ fn mq_stop_keeps_acknowledged_sends(store: &str) {
     let metrics = node.address("metrics on ");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let load = runtime.spawn(mq_senders(addr, 4, queue.clone()));
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_counter(metrics, "mq_sends_committed_total");
+    std::thread::sleep(Duration::from_millis(200));
     check_admin_endpoint(metrics, "mq_sends_committed_total", "mq_request_seconds");
     node.signal("TERM");
     let acknowledged = runtime.block_on(load).unwrap();
@@ -383,7 +402,8 @@ fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() 
     let (mut server, addr) = exchange_serve(dir.path(), true);
     let metrics = server.address("metrics on ");
     let load = std::thread::spawn(move || exchange_buyer(addr));
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_counter(metrics, "gateway_orders_in_total");
+    std::thread::sleep(Duration::from_millis(200));
     check_admin_endpoint(metrics, "gateway_orders_in_total", "gateway_order_to_report_seconds");
     server.signal("TERM");
     let accepted = load.join().unwrap();
@@ -426,14 +446,6 @@ fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
     }
 }
 
-/// The value of the first sample named `name` in a scrape (a counter's or a gauge's).
-fn value_of(addr: SocketAddr, name: &str) -> f64 {
-    match sample(&scrape(addr), name) {
-        Value::Counter(value) | Value::Gauge(value) | Value::Untyped(value) => *value,
-        other => panic!("{name}: {other:?}"),
-    }
-}
-
 #[test]
 fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() {
     let Some((url, _nats_child)) = nats() else { return };
@@ -447,11 +459,7 @@ fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() 
     gateway.address("gateway 0 listening on ");
     let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
     let _publisher = Served::start(&[&publish[..], &["--seconds", "60"]].concat(), dir.path());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while value_of(metrics, "rgateway_records_received_total") == 0.0 {
-        assert!(Instant::now() < deadline, "no record reached the gateway in 30 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_counter(metrics, "rgateway_records_received_total");
     check_admin_endpoint(metrics, "rgateway_records_received_total", "rgateway_answer_seconds");
     gateway.signal("TERM");
     let (status, lines) = gateway.exit();
