@@ -17,6 +17,10 @@ struct Cli {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `pipeline=debug`.
     #[arg(long, global = true, env = "LEANTIER_LOG", default_value = "warn")]
     log: String,
+    /// Log lines as `text` (for people) or `json` (one object per line, for log collectors).
+    #[arg(long, global = true, env = "LEANTIER_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
 
     #[command(subcommand)]
     command: Command,
@@ -62,12 +66,7 @@ enum BenchCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal; logs piped to a file stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(&cli.log, &cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Exchange(args) => commands::exchange::run(&args),
@@ -83,6 +82,19 @@ fn main() -> ExitCode {
         Command::Reproduce(args) => commands::reproduce::run(&args),
     };
     outcome::exit_code_for(result)
+}
+
+/// Logs to stderr, filtered by `filter`, as text or as JSON lines (`format`).
+fn init_logging(filter: &str, format: &str) {
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        logs.json().init();
+    } else {
+        // Colour codes only for a person at a terminal; logs piped to a file stay plain text.
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    }
 }
 
 #[cfg(test)]

@@ -111,6 +111,10 @@ struct Counters {
     refused: AtomicU64,
     bad_messages: AtomicU64,
     untrusted: AtomicU64,
+    /// As [`GatewayLatency::answers`], for `/metrics` (buckets, not percentiles).
+    answer_seconds: ops::BucketHistogram,
+    /// As [`GatewayLatency::market_data`], for `/metrics`.
+    market_data_seconds: ops::BucketHistogram,
 }
 
 /// Adds to a statistics counter. Relaxed: counters publish no other data.
@@ -236,6 +240,45 @@ impl RunningGateway {
     /// The counters so far.
     pub fn report(&self) -> GatewayReport {
         report(&self.state)
+    }
+
+    /// Whether the gateway's NATS connection is up (what `/ready` reports).
+    pub fn is_connected(&self) -> bool {
+        self.state.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Adds the gateway's metrics to `registry` (docs/OPERATIONS.md, "Monitor").
+    pub fn register_metrics(&self, registry: &mut ops::Registry) {
+        type CounterOf = fn(&Counters) -> &AtomicU64;
+        let counters: [(&str, &str, CounterOf); 11] = [
+            ("rgateway_records_received", "records taken in order from NATS or recovered", |c| {
+                &c.received
+            }),
+            ("rgateway_records_delivered", "records written to consumers (summed)", |c| {
+                &c.delivered
+            }),
+            ("rgateway_duplicates", "records seen twice and dropped", |c| &c.duplicates),
+            ("rgateway_gaps", "sequence gaps detected", |c| &c.gaps),
+            ("rgateway_records_recovered", "records recovered from the window", |c| &c.recovered),
+            ("rgateway_resyncs", "resync frames sent (ranges lost for good)", |c| &c.resyncs),
+            ("rgateway_consumers_cut_off", "consumers cut off (queue full)", |c| &c.cut_off),
+            ("rgateway_consumers_refused", "consumers refused at the limit", |c| &c.refused),
+            ("rgateway_consumers_connected", "consumers that connected", |c| &c.consumers),
+            ("rgateway_bad_messages", "malformed NATS messages ignored", |c| &c.bad_messages),
+            ("rgateway_untrusted", "well-formed messages ignored by the trust rule", |c| {
+                &c.untrusted
+            }),
+        ];
+        for (name, help, which) in counters {
+            let state = Arc::clone(&self.state);
+            let read = move || which(&state.counters).load(Ordering::Relaxed);
+            registry.register(name, help, ops::read::counter(read));
+        }
+        let c = &self.state.counters;
+        let help = "a request's arrival at the tier to its answer's record arriving here";
+        registry.register("rgateway_answer_seconds", help, c.answer_seconds.clone());
+        let help = "the causing order's arrival at the tier to a market-data record arriving here";
+        registry.register("rgateway_market_data_seconds", help, c.market_data_seconds.clone());
     }
 
     /// Stops taking records and consumers, says goodbye to every consumer, and reports.
@@ -549,10 +592,13 @@ impl Sequencer {
             Frame::Data { stream, seq: *seq, received_abs_ns, record: *record }
                 .write(&mut self.chunk);
             let latency_ns = received_abs_ns.saturating_sub(record.intended_abs_ns());
+            let counters = &self.state.counters;
             if stream == Stream::MarketData {
                 self.latency.market_data.record_ns(latency_ns);
+                counters.market_data_seconds.record_ns(latency_ns);
             } else if record.answers_request() {
                 self.latency.answers.record_ns(latency_ns);
+                counters.answer_seconds.record_ns(latency_ns);
             }
         }
         add(&self.state.counters.received, records.len() as u64);

@@ -1,5 +1,5 @@
 //! The server's HTTP endpoints on the metrics listener: `GET /metrics` (Prometheus text),
-//! `GET /health` (the process answers), `GET /ready` (the tier runs and takes orders), and the
+//! `GET /health` (the process answers), `GET /ready` (the tier runs and takes orders; 503 while it drains), and the
 //! admin source that sends external events into the running tier, journaled as the tier
 //! journals any event (to the core as control input, to the master-data process write-ahead):
 //!

@@ -397,6 +397,14 @@ async fn http_loop(
     listener: TcpListener,
 ) {
     let page = Rc::new(RenderedPage::default());
+    // Pages are rendered on a thread of their own: a scrape costs this thread a copy.
+    let renderer = match crate::metrics::Renderer::spawn() {
+        Ok(renderer) => Rc::new(renderer),
+        Err(error) => {
+            tracing::error!(%error, "no metrics renderer thread; no metrics listener");
+            return;
+        }
+    };
     let open = Rc::new(std::cell::Cell::new(0usize));
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -408,13 +416,15 @@ async fn http_loop(
         }
         open.set(open.get() + 1);
         let (hub, control, page, open) = (hub.clone(), control.clone(), page.clone(), open.clone());
+        let renderer = renderer.clone();
         tokio::task::spawn_local(async move {
             let mut request = [0u8; HTTP_REQUEST_BYTES_MAX];
             let read = stream.read(&mut request);
             let read = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, read).await;
             let read = read.ok().and_then(Result::ok).unwrap_or(0);
             let text = String::from_utf8_lossy(&request[..read]);
-            let (status, content_type, body) = http_answer(&hub, &control, &page, &text);
+            let (status, content_type, body) =
+                http_answer(&hub, &control, (&page, &renderer), &text).await;
             let head = format!(
                 "HTTP/1.0 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
                 status_text(status),
@@ -432,10 +442,10 @@ async fn http_loop(
 }
 
 /// The answer to one HTTP request (its whole head, `text`): status, content type, body.
-fn http_answer(
+async fn http_answer(
     hub: &RefCell<Hub>,
     control: &RefCell<TierControl>,
-    page: &RenderedPage,
+    (page, renderer): (&RenderedPage, &crate::metrics::Renderer),
     text: &str,
 ) -> (u16, &'static str, String) {
     let line = text.lines().next().unwrap_or("");
@@ -446,8 +456,18 @@ fn http_answer(
             if let Err(error) = crate::admin::authorize_scrape(text, token.as_deref()) {
                 return refused(error);
             }
-            let body = page.get(|| crate::metrics::prometheus_text(&hub.borrow()));
+            let body = match page.fresh() {
+                Some(body) => body,
+                None => {
+                    let snapshot = crate::metrics::snapshot(&hub.borrow());
+                    page.keep(renderer.render(snapshot).await)
+                }
+            };
             (200, "text/plain; version=0.0.4", body.as_ref().clone())
+        }
+        // A draining server is alive but takes no new orders: a balancer must send it none.
+        Ok(AdminRequest::Ready) if hub.borrow().draining => {
+            (503, "text/plain", "stopping\n".into())
         }
         Ok(AdminRequest::Health | AdminRequest::Ready) => (200, "text/plain", "ok\n".into()),
         Ok(AdminRequest::Event(event)) => {
@@ -472,24 +492,26 @@ fn http_answer(
     }
 }
 
-/// The metrics page, rendered at most once per [`METRICS_PAGE_MAX_AGE`] however often it is
-/// scraped: rendering walks every client on the I/O thread, which also runs the orders.
+/// The metrics page, made at most once per [`METRICS_PAGE_MAX_AGE`] however often it is
+/// scraped: its snapshot walks every client on the I/O thread, which also runs the orders.
 #[derive(Default)]
 struct RenderedPage {
     page: RefCell<Option<(std::time::Instant, Rc<String>)>>,
 }
 
 impl RenderedPage {
-    fn get(&self, render: impl FnOnce() -> String) -> Rc<String> {
-        let mut page = self.page.borrow_mut();
-        match &*page {
-            Some((at, text)) if at.elapsed() < METRICS_PAGE_MAX_AGE => text.clone(),
-            _ => {
-                let text = Rc::new(render());
-                *page = Some((std::time::Instant::now(), text.clone()));
-                text
-            }
-        }
+    /// The page rendered less than [`METRICS_PAGE_MAX_AGE`] ago, if any.
+    fn fresh(&self) -> Option<Rc<String>> {
+        let page = self.page.borrow();
+        let (at, text) = page.as_ref()?;
+        (at.elapsed() < METRICS_PAGE_MAX_AGE).then(|| text.clone())
+    }
+
+    /// Keeps a page just rendered.
+    fn keep(&self, text: String) -> Rc<String> {
+        let text = Rc::new(text);
+        *self.page.borrow_mut() = Some((std::time::Instant::now(), text.clone()));
+        text
     }
 }
 

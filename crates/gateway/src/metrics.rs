@@ -3,27 +3,25 @@
 //! garbled), summed over all clients unless `metrics_per_client` asks for a series per client
 //! id (the page then names every client and grows with the credentials file), per
 //! stage (requests into the tier and reports out of it, the reply rings' depth, the store's
-//! commits), and latency summaries measured inside the server: the matching core's service
-//! time per request and the time from a request's arrival to its report being queued for the
-//! client's socket (the whole tier, journal and store sync included).
+//! commits), latency histograms with buckets measured inside the server (the matching core's
+//! service time per request, and the time from a request's arrival to its report being queued
+//! for the client's socket: the whole tier, journal and store sync included), and the
+//! `process_*` metrics (`ops::process`).
 //!
-//! Everything is recorded on the thread that owns it (counters and histograms live in the
-//! hub, on the I/O thread; the tier only stamps times into the messages it already
-//! carries), so a scrape takes no lock and the hot path pays a clock read and a histogram
-//! increment per message.
+//! Everything is recorded on the thread that owns it (counters live in the hub, on the I/O
+//! thread; the tier only stamps times into the messages it already carries; the histograms
+//! are `ops::BucketHistogram`s, relaxed atomic additions), so a scrape takes no lock and the
+//! hot path pays a clock read and a few atomic increments per message.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use exchange::msg::CoreOutput;
 use lab::stats::LatencyHistogram;
 
 use crate::hub::{Counters, Hub, REASON_CODES};
 
-/// Quantiles each latency summary reports (1.0: the maximum).
-const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
-
 /// The stages' counters and the latency histograms.
-#[derive(Default)]
 pub struct StageMetrics {
     /// Requests handed to the tier.
     pub engine_in: u64,
@@ -32,9 +30,9 @@ pub struct StageMetrics {
     /// Reports waiting on the reply rings at the last routing batch.
     pub egress_depth: usize,
     /// Arrival of a request at the gateway → its report queued for the client.
-    pub order_to_report: Summary,
+    pub order_to_report: ops::BucketHistogram,
     /// The matching core's service time: request taken off its ring → report ready.
-    pub engine_service: Summary,
+    pub engine_service: ops::BucketHistogram,
     /// The tier's thread layout (set once at start).
     pub layout: Option<LayoutInfo>,
     /// Arrival of a request at the gateway → the tier's answer to it (accepted, rejected,
@@ -42,6 +40,36 @@ pub struct StageMetrics {
     /// response, the published lean tier's scope (no store or journal fsync in it). Taken
     /// by the demo ([`crate::server::Running::take_in_tier_latency`]).
     pub in_tier: LatencyHistogram,
+    /// The histograms above and the process metrics, encoded by `prometheus-client`.
+    registry: Arc<ops::Registry>,
+}
+
+impl Default for StageMetrics {
+    fn default() -> StageMetrics {
+        let (order_to_report, engine_service) = Default::default();
+        let mut registry = ops::Registry::default();
+        registry.register(
+            "gateway_order_to_report_seconds",
+            "request arrival at the gateway to its report queued for the client",
+            ops::BucketHistogram::clone(&order_to_report),
+        );
+        registry.register(
+            "gateway_engine_service_seconds",
+            "matching core service time per request (journal hand-off, matching)",
+            ops::BucketHistogram::clone(&engine_service),
+        );
+        registry.register_collector(Box::new(ops::process::ProcessCollector));
+        StageMetrics {
+            engine_in: 0,
+            engine_out: 0,
+            egress_depth: 0,
+            order_to_report,
+            engine_service,
+            layout: None,
+            in_tier: LatencyHistogram::default(),
+            registry: Arc::new(registry),
+        }
+    }
 }
 
 /// The tier's thread layout as the metrics show it.
@@ -60,60 +88,148 @@ impl StageMetrics {
         let stamps = &output.stamps;
         if stamps.intended_ns != 0 {
             let in_tier_ns = now_ns.saturating_sub(stamps.intended_ns);
-            self.order_to_report.record(in_tier_ns);
+            self.order_to_report.record_ns(in_tier_ns);
             if output.answers_request() {
                 self.in_tier.record_ns(in_tier_ns);
             }
         }
         if stamps.core_in_ns != 0 && stamps.ready_ns >= stamps.core_in_ns {
-            self.engine_service.record(stamps.ready_ns - stamps.core_in_ns);
+            self.engine_service.record_ns(stamps.ready_ns - stamps.core_in_ns);
         }
     }
-}
-
-/// A latency histogram with the sum a Prometheus summary carries.
-#[derive(Default)]
-pub struct Summary {
-    histogram: LatencyHistogram,
-    sum_ns: u64,
-}
-
-impl Summary {
-    pub fn record(&mut self, ns: u64) {
-        self.histogram.record_ns(ns);
-        self.sum_ns = self.sum_ns.saturating_add(ns);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.histogram.count()
-    }
-
-    fn write(&self, text: &mut String, name: &str, help: &str) {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} summary");
-        if self.count() > 0 {
-            for quantile in QUANTILES {
-                let ns = self.histogram.value_at_percentile_ns(quantile * 100.0);
-                let _ = writeln!(text, "{name}{{quantile=\"{quantile}\"}} {}", seconds(ns));
-            }
-        }
-        let _ =
-            writeln!(text, "{name}_sum {}\n{name}_count {}", seconds(self.sum_ns), self.count());
-    }
-}
-
-fn seconds(ns: u64) -> f64 {
-    ns as f64 / 1e9
 }
 
 /// Reads one counter of a client.
 type CounterOf = fn(&Counters) -> u64;
 
-/// The metrics in the Prometheus text format.
+/// The session counters the page shows, by name, help and how to read each.
+const SESSION_COUNTERS: [(&str, &str, CounterOf); 7] = [
+    ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
+    ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
+    ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
+    ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
+    ("gateway_cut_off_total", "sessions cut off (slow consumer, throttle breach)", |c| c.cut_off),
+    ("gateway_logons_total", "successful logons", |c| c.logons),
+    ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
+];
+
+/// One client's counters (or the sum over all clients, `client: None`), copied.
+struct ClientCounts {
+    client: Option<u32>,
+    values: [u64; SESSION_COUNTERS.len()],
+    rejects: [u64; REASON_CODES],
+}
+
+impl ClientCounts {
+    fn zero(client: Option<u32>) -> ClientCounts {
+        ClientCounts { client, values: [0; SESSION_COUNTERS.len()], rejects: [0; REASON_CODES] }
+    }
+
+    fn add(&mut self, counters: &Counters) {
+        for (value, (_, _, read)) in self.values.iter_mut().zip(SESSION_COUNTERS) {
+            *value += read(counters);
+        }
+        for (total, count) in self.rejects.iter_mut().zip(&counters.rejects) {
+            *total += count;
+        }
+    }
+}
+
+/// What the page shows, copied off the hub on the I/O thread (a copy of the counters, no
+/// formatting) and rendered elsewhere ([`Renderer`]).
+pub struct Snapshot {
+    clients: Vec<ClientCounts>,
+    stage: [(&'static str, &'static str, u64); 5],
+    egress_depth: usize,
+    store_failed: bool,
+    layout: Option<LayoutInfo>,
+    /// The histograms (atomics, read when rendered) and the process metrics.
+    registry: Arc<ops::Registry>,
+}
+
+/// Copies what the page shows: per client with
+/// [`crate::hub::Settings::metrics_per_client`], else one sum over every client.
+pub fn snapshot(hub: &Hub) -> Snapshot {
+    let clients = if hub.settings.metrics_per_client {
+        let copy = |client: &crate::hub::Client| {
+            let mut counts = ClientCounts::zero(Some(client.credential.client));
+            counts.add(&client.counters);
+            counts
+        };
+        hub.clients.iter().map(copy).collect()
+    } else {
+        let mut total = ClientCounts::zero(None);
+        hub.clients.iter().for_each(|client| total.add(&client.counters));
+        vec![total]
+    };
+    let (stage, log) = (&hub.stage, hub.log.borrow());
+    Snapshot {
+        clients,
+        stage: [
+            ("gateway_engine_in_total", "requests handed to the tier", stage.engine_in),
+            (
+                "gateway_engine_out_total",
+                "reports taken off the tier's reply rings",
+                stage.engine_out,
+            ),
+            (
+                "gateway_unroutable_total",
+                "reports for a client id not in the credentials",
+                hub.unroutable,
+            ),
+            (
+                "gateway_store_commits_total",
+                "store batches written (one write, one fdatasync each)",
+                log.commits,
+            ),
+            ("gateway_store_bytes_total", "bytes written to the store", log.bytes_written),
+        ],
+        egress_depth: stage.egress_depth,
+        store_failed: log.has_failed(),
+        layout: stage.layout.clone(),
+        registry: Arc::clone(&stage.registry),
+    }
+}
+
+/// The metrics in the Prometheus text format, rendered here and now (tests, tools); the
+/// server renders on its [`Renderer`] thread.
 pub fn prometheus_text(hub: &Hub) -> String {
+    render(&snapshot(hub))
+}
+
+/// Renders pages on a thread of its own, so a scrape costs the I/O thread (which also runs
+/// the orders) a copy of the counters, not the formatting. The thread ends when this drops.
+pub struct Renderer {
+    requests: std::sync::mpsc::Sender<(Snapshot, tokio::sync::oneshot::Sender<String>)>,
+}
+
+impl Renderer {
+    pub fn spawn() -> std::io::Result<Renderer> {
+        let (requests, pages) =
+            std::sync::mpsc::channel::<(Snapshot, tokio::sync::oneshot::Sender<String>)>();
+        std::thread::Builder::new().name("metrics-render".into()).spawn(move || {
+            for (snapshot, page) in pages {
+                let _ = page.send(render(&snapshot));
+            }
+        })?;
+        Ok(Renderer { requests })
+    }
+
+    /// The page of `snapshot`, rendered on the renderer's thread.
+    pub async fn render(&self, snapshot: Snapshot) -> String {
+        let (page, rendered) = tokio::sync::oneshot::channel();
+        if self.requests.send((snapshot, page)).is_err() {
+            return String::new();
+        }
+        rendered.await.unwrap_or_default()
+    }
+}
+
+fn render(snapshot: &Snapshot) -> String {
     let mut text = String::new();
-    per_session(&mut text, hub);
-    per_stage(&mut text, hub);
-    if let Some(layout) = &hub.stage.layout {
+    per_session(&mut text, snapshot);
+    per_stage(&mut text, snapshot);
+    if let Some(layout) = &snapshot.layout {
         layout_info(&mut text, layout);
     }
     text
@@ -133,106 +249,52 @@ fn layout_info(text: &mut String, layout: &LayoutInfo) {
     );
 }
 
-/// The session counters: summed over every client, or per client id with
-/// [`crate::hub::Settings::metrics_per_client`].
-fn per_session(text: &mut String, hub: &Hub) {
-    let metrics: [(&str, &str, CounterOf); 7] = [
-        ("gateway_orders_in_total", "order messages received", |c| c.orders_in),
-        ("gateway_reports_out_total", "execution reports routed", |c| c.reports_out),
-        ("gateway_throttled_total", "orders rejected by the session throttle", |c| c.throttled),
-        ("gateway_busy_total", "orders rejected because the ingress ring was full", |c| c.busy),
-        ("gateway_cut_off_total", "sessions cut off (slow consumer, throttle breach)", |c| {
-            c.cut_off
-        }),
-        ("gateway_logons_total", "successful logons", |c| c.logons),
-        ("gateway_garbled_total", "FIX messages ignored as garbled", |c| c.garbled),
-    ];
-    let per_client = hub.settings.metrics_per_client;
-    for (name, help, value) in metrics {
+/// The session counters: one series per client, or one sum (no client label).
+fn per_session(text: &mut String, snapshot: &Snapshot) {
+    for (index, (name, help, _)) in SESSION_COUNTERS.iter().enumerate() {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter");
-        if per_client {
-            for client in &hub.clients {
-                let (id, count) = (client.credential.client, value(&client.counters));
-                let _ = writeln!(text, "{name}{{client=\"{id}\"}} {count}");
+        for counts in &snapshot.clients {
+            let count = counts.values[index];
+            match counts.client {
+                Some(id) => writeln!(text, "{name}{{client=\"{id}\"}} {count}"),
+                None => writeln!(text, "{name} {count}"),
             }
-        } else {
-            let total: u64 = hub.clients.iter().map(|client| value(&client.counters)).sum();
-            let _ = writeln!(text, "{name} {total}");
+            .unwrap_or_default();
         }
     }
     let _ = writeln!(
         text,
         "# HELP gateway_rejects_total rejects by reason code\n# TYPE gateway_rejects_total counter"
     );
-    if per_client {
-        rejects_per_client(text, hub);
-    } else {
-        let mut totals = [0u64; REASON_CODES];
-        for client in &hub.clients {
-            for (total, count) in totals.iter_mut().zip(&client.counters.rejects) {
-                *total += count;
+    for counts in &snapshot.clients {
+        for (reason, &count) in counts.rejects.iter().enumerate().filter(|(_, c)| **c > 0) {
+            match counts.client {
+                Some(id) => writeln!(
+                    text,
+                    "gateway_rejects_total{{client=\"{id}\",reason=\"{reason}\"}} {count}"
+                ),
+                None => writeln!(text, "gateway_rejects_total{{reason=\"{reason}\"}} {count}"),
             }
-        }
-        for (reason, count) in totals.iter().enumerate().filter(|(_, c)| **c > 0) {
-            let _ = writeln!(text, "gateway_rejects_total{{reason=\"{reason}\"}} {count}");
+            .unwrap_or_default();
         }
     }
 }
 
-fn rejects_per_client(text: &mut String, hub: &Hub) {
-    for client in &hub.clients {
-        let id = client.credential.client;
-        for (reason, &count) in client.counters.rejects.iter().enumerate().filter(|(_, c)| **c > 0)
-        {
-            let _ = writeln!(
-                text,
-                "gateway_rejects_total{{client=\"{id}\",reason=\"{reason}\"}} {count}"
-            );
-        }
-    }
-}
-
-fn per_stage(text: &mut String, hub: &Hub) {
-    let stage = &hub.stage;
-    let log = hub.log.borrow();
-    let counters: [(&str, &str, u64); 5] = [
-        ("gateway_engine_in_total", "requests handed to the tier", stage.engine_in),
-        ("gateway_engine_out_total", "reports taken off the tier's reply rings", stage.engine_out),
-        (
-            "gateway_unroutable_total",
-            "reports for a client id not in the credentials",
-            hub.unroutable,
-        ),
-        (
-            "gateway_store_commits_total",
-            "store batches written (one write, one fdatasync each)",
-            log.commits,
-        ),
-        ("gateway_store_bytes_total", "bytes written to the store", log.bytes_written),
-    ];
-    for (name, help, value) in counters {
+fn per_stage(text: &mut String, snapshot: &Snapshot) {
+    for (name, help, value) in snapshot.stage {
         let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
     let _ = writeln!(
         text,
         "# HELP gateway_ring_depth messages waiting on a ring\n# TYPE gateway_ring_depth gauge\n\
          gateway_ring_depth{{ring=\"replies\"}} {}",
-        stage.egress_depth
+        snapshot.egress_depth
     );
     let _ = writeln!(
         text,
         "# HELP gateway_store_failed 1 once a store write or sync failed (output is held)\n\
          # TYPE gateway_store_failed gauge\ngateway_store_failed {}",
-        u8::from(log.has_failed())
+        u8::from(snapshot.store_failed)
     );
-    stage.order_to_report.write(
-        text,
-        "gateway_order_to_report_seconds",
-        "request arrival at the gateway to its report queued for the client",
-    );
-    stage.engine_service.write(
-        text,
-        "gateway_engine_service_seconds",
-        "matching core service time per request (journal hand-off, matching)",
-    );
+    text.push_str(&ops::endpoint::render(&snapshot.registry));
 }

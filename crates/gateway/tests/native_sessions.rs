@@ -296,14 +296,17 @@ fn the_metrics_listener_serves_sessions_stages_and_latencies() {
     assert_eq!(sample(&metrics, "gateway_ring_depth{ring=\"replies\"}"), 0.0);
     assert_eq!(sample(&metrics, "gateway_order_to_report_seconds_count"), 3.0);
     assert_eq!(sample(&metrics, "gateway_engine_service_seconds_count"), 3.0);
-    let p50 = sample(&metrics, "gateway_order_to_report_seconds{quantile=\"0.5\"}");
-    let max = sample(&metrics, "gateway_order_to_report_seconds{quantile=\"1\"}");
-    let service = sample(&metrics, "gateway_engine_service_seconds{quantile=\"1\"}");
-    assert!(p50 > 0.0 && p50 <= max && max < WAIT.as_secs_f64(), "{p50} {max}");
+    let all = sample(&metrics, "gateway_order_to_report_seconds_bucket{le=\"+Inf\"}");
+    let within_wait = sample(&metrics, "gateway_order_to_report_seconds_bucket{le=\"10\"}");
+    assert_eq!((all, within_wait), (3.0, 3.0), "buckets are cumulative and hold all three");
+    let whole = sample(&metrics, "gateway_order_to_report_seconds_sum");
+    let service = sample(&metrics, "gateway_engine_service_seconds_sum");
+    assert!(whole > 0.0 && whole < 3.0 * WAIT.as_secs_f64(), "{whole}");
     assert!(
-        service > 0.0 && service <= max,
-        "the engine's time is part of the whole: {service} {max}"
+        service > 0.0 && service <= whole,
+        "the engine's time is part of the whole: {service} {whole}"
     );
+    assert!(sample(&metrics, "process_resident_memory_bytes") > 0.0);
     assert!(sample(&metrics, "gateway_store_commits_total") >= 1.0);
     assert_eq!(sample(&metrics, "gateway_store_failed"), 0.0);
 }

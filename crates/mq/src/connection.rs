@@ -115,7 +115,7 @@ pub(crate) async fn serve<S: Store>(
     };
     let counters = &node.counters;
     match outcome {
-        Ok(()) => tracing::debug!(%peer, "connection closed"),
+        Ok(()) => tracing::info!(%peer, "connection closed by the client"),
         Err(Closed::Idle) => {
             counters.connections_idle_closed.fetch_add(1, Ordering::Relaxed);
             tracing::info!(%peer, timeout_ms = node.config.idle_timeout_ms, "closed an idle connection");
@@ -354,9 +354,19 @@ async fn begin<'a, S: Store>(
         Request::Disconnect => {
             return answered(request_id, arrived, Ok(ReplyBody::Disconnected), true);
         }
+        // Relaxed: the flag only turns new work away; the drain counts what was taken.
+        _ if node.stopping.load(Ordering::Relaxed) => {
+            let refusal = ErrorReply::new(Reason::Unavailable, "the node is stopping");
+            return answered(request_id, arrived, Err(refusal), false);
+        }
         Request::Register { name, secret } => {
             let source = source_of(peer.ip());
             let registered = node.registrar.register(&node.store, source, &name, secret).await;
+            if let Ok(id) = &registered {
+                // Once per connection (a login); failures are not logged here, so a flood of
+                // wrong secrets cannot flood the log.
+                tracing::info!(%peer, client_id = id, name, "client registered");
+            }
             *client_id = registered.as_ref().ok().copied().or(*client_id);
             let result = registered.map(|client_id| ReplyBody::Registered { client_id });
             return answered(request_id, arrived, result, false);
@@ -392,6 +402,7 @@ fn complete<S>(node: &Node<S>, submitted: &Submitted<'_>, committed: Committed) 
         db_ns: committed.db_ns,
         middleware_ns: elapsed_ns(submitted.arrived),
     };
+    node.counters.request_seconds.record_since(submitted.arrived);
     let mut result = committed.result;
     if let (true, Ok(ReplyBody::Stats(stats))) = (submitted.is_stats, &mut result) {
         fill_stats(node, stats);

@@ -18,6 +18,8 @@
 //!   connection limit; the `reply_memory` module: the node-wide bound on replies owed but not
 //!   yet written (reserved before the database sees a request, so a pop is never committed and
 //!   then dropped); [`tls`]: optional TLS on the listener and in the client.
+//! - `metrics`: what `mq serve --metrics-listen` shows (counters, gauges, latency histograms);
+//!   [`server::RunningNode::stop`] drains a node on SIGTERM (docs/OPERATIONS.md).
 //! - [`client`]: the client library (one call at a time, or pipelined `submit` / `receive`).
 //! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting
 //!   response time into client, queue-wait, database and middleware parts from the timings every
@@ -39,6 +41,7 @@ mod error;
 pub mod experiment;
 pub mod frame;
 pub mod load;
+mod metrics;
 pub mod protocol;
 mod reply_memory;
 pub mod server;

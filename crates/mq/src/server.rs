@@ -38,7 +38,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::util::elapsed_ns;
@@ -270,9 +270,9 @@ impl NodeConfig {
 /// fact, never used to order other memory.
 #[derive(Default)]
 pub(crate) struct Counters {
-    sends_committed: AtomicU64,
-    pops_committed: AtomicU64,
-    batches_committed: AtomicU64,
+    pub(crate) sends_committed: AtomicU64,
+    pub(crate) pops_committed: AtomicU64,
+    pub(crate) batches_committed: AtomicU64,
     db_busy_ns: AtomicU64,
     handler_busy_ns: AtomicU64,
     pub(crate) connections_open: AtomicU64,
@@ -280,6 +280,11 @@ pub(crate) struct Counters {
     pub(crate) connections_cut_off: AtomicU64,
     pub(crate) connections_idle_closed: AtomicU64,
     pub(crate) reply_memory_refused: AtomicU64,
+    /// A request's time in the node: arrival → its reply encoded (queue wait, batch commit,
+    /// waiting behind earlier replies of its connection).
+    pub(crate) request_seconds: ops::BucketHistogram,
+    /// A batch's transaction, begin to commit.
+    pub(crate) batch_commit_seconds: ops::BucketHistogram,
 }
 
 /// Handed from a handler to a database worker.
@@ -318,18 +323,121 @@ pub(crate) struct Node<S> {
     /// Refusals for reply memory, logged once per [`LOG_INTERVAL`]. A lock, but taken only on
     /// the refusal path.
     pub(crate) reply_refusal_log: std::sync::Mutex<RateLimitedLog>,
+    /// Set when the node stops: new requests are refused (`Unavailable`), see
+    /// [`RunningNode::stop`].
+    pub(crate) stopping: AtomicBool,
+    /// The last batch failed (the database is down or refusing): `/ready` says no until one
+    /// commits.
+    store_failing: AtomicBool,
 }
 
-/// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
+/// A running node; dropping it does not stop it, [`RunningNode::stop`] and
+/// [`RunningNode::shutdown`] do.
 pub struct RunningNode {
     pub addr: SocketAddr,
     tasks: tokio::task::JoinSet<()>,
+    node: Arc<dyn NodeView>,
+    stop_accepting: tokio::sync::watch::Sender<bool>,
+}
+
+/// What a graceful stop did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopReport {
+    /// Every request taken before the stop was committed and its reply written.
+    pub drained: bool,
+    /// Requests not yet committed when the drain ended (0 when drained).
+    pub in_flight_left: usize,
+    /// Connections open when the stop began (they are closed at its end).
+    pub connections_open: u64,
+    pub sends_committed: u64,
+    pub pops_committed: u64,
+    pub elapsed: Duration,
 }
 
 impl RunningNode {
     /// Stops accepting and aborts all connection and worker tasks.
     pub async fn shutdown(mut self) {
         self.tasks.shutdown().await;
+    }
+
+    /// Stops gracefully: stops accepting, refuses new requests on open connections
+    /// (`Unavailable`, "the node is stopping"), waits up to `drain_timeout` until every request
+    /// taken is committed and its reply written, then closes everything. A send acknowledged
+    /// before or during the stop is committed (replies follow commits), so it is there for
+    /// the next node on the same database.
+    pub async fn stop(mut self, drain_timeout: Duration) -> StopReport {
+        let started = Instant::now();
+        self.node.begin_stop();
+        let _ = self.stop_accepting.send(true);
+        let connections_open = self.node.counter(|c| &c.connections_open);
+        let deadline = started + drain_timeout;
+        while !self.node.drained() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (drained, in_flight_left) = (self.node.drained(), self.node.requests_in_flight());
+        self.tasks.shutdown().await;
+        StopReport {
+            drained,
+            in_flight_left,
+            connections_open,
+            sends_committed: self.node.counter(|c| &c.sends_committed),
+            pops_committed: self.node.counter(|c| &c.pops_committed),
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// Whether the node takes work: not stopping, and its last batch committed (a node whose
+    /// database is down answers every request `Unavailable`).
+    pub fn is_ready(&self) -> bool {
+        self.node.is_ready()
+    }
+
+    /// Adds the node's metrics to `registry` (read at scrape time; see docs/OPERATIONS.md).
+    pub fn register_metrics(&self, registry: &mut ops::Registry) {
+        crate::metrics::register(Arc::clone(&self.node), registry);
+    }
+}
+
+/// The node without its store type, for [`RunningNode`] and the metrics.
+pub(crate) trait NodeView: Send + Sync {
+    fn begin_stop(&self);
+    /// Requests holding or waiting for a handler slot (taken, not yet committed).
+    fn requests_in_flight(&self) -> usize;
+    /// Nothing taken is unanswered: no request in flight, no reply owed.
+    fn drained(&self) -> bool {
+        self.requests_in_flight() == 0 && self.reply_memory_bytes() == 0
+    }
+    fn counter(&self, which: fn(&Counters) -> &AtomicU64) -> u64;
+    fn counters(&self) -> &Counters;
+    /// Bytes of replies owed to clients.
+    fn reply_memory_bytes(&self) -> usize;
+    fn is_ready(&self) -> bool;
+}
+
+impl<S: Send + Sync + 'static> NodeView for Node<S> {
+    fn begin_stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    fn requests_in_flight(&self) -> usize {
+        let holding = self.config.handler_slots - self.handler_slots.available_permits();
+        holding + self.waiting.load(Ordering::Relaxed)
+    }
+
+    fn counter(&self, which: fn(&Counters) -> &AtomicU64) -> u64 {
+        which(&self.counters).load(Ordering::Relaxed)
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn reply_memory_bytes(&self) -> usize {
+        self.reply_memory.used()
+    }
+
+    fn is_ready(&self) -> bool {
+        !self.stopping.load(Ordering::Relaxed) && !self.store_failing.load(Ordering::Relaxed)
     }
 }
 
@@ -369,6 +477,8 @@ pub async fn start_with_tls<S: Store + Clone>(
         sources: Arc::default(),
         reply_bounds: ReplyBounds::new(config.content_bytes_max),
         reply_refusal_log: std::sync::Mutex::new(RateLimitedLog::new(LOG_INTERVAL)),
+        stopping: AtomicBool::new(false),
+        store_failing: AtomicBool::new(false),
         store,
         config,
     });
@@ -378,9 +488,10 @@ pub async fn start_with_tls<S: Store + Clone>(
         tasks.spawn(db_worker(Arc::clone(&node), Arc::clone(&from_handlers)));
     }
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
-    tasks.spawn(accept_loop(listener, node, tls));
+    let (stop_accepting, stop) = tokio::sync::watch::channel(false);
+    tasks.spawn(accept_loop(listener, Arc::clone(&node), tls, stop));
     tracing::info!(%addr, "mq node listening");
-    Ok(RunningNode { addr, tasks })
+    Ok(RunningNode { addr, tasks, node, stop_accepting })
 }
 
 /// Counts events and says when to log them: the first at once, then at most one line per
@@ -425,10 +536,13 @@ impl AcceptBackoff {
     }
 }
 
+/// Accepts until `stop` turns true, then closes the listener and keeps the connections it
+/// spawned (they drain) until the node's tasks are shut down.
 async fn accept_loop<S: Store>(
     listener: TcpListener,
     node: Arc<Node<S>>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut connections = tokio::task::JoinSet::new();
     let mut backoff = AcceptBackoff { pause: ACCEPT_BACKOFF_MIN };
@@ -436,7 +550,11 @@ async fn accept_loop<S: Store>(
     let mut refusals = RateLimitedLog::new(LOG_INTERVAL);
     let mut source_refusals = RateLimitedLog::new(LOG_INTERVAL);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 let pause = backoff.failed();
@@ -472,6 +590,11 @@ async fn accept_loop<S: Store>(
             crate::connection::serve(stream, peer, &node, tls).await;
         });
     }
+    drop(listener);
+    // The open connections answer what they took (refusing anything new) until the node's
+    // tasks are shut down, which drops them with this task.
+    std::future::pending::<()>().await;
+    drop(connections);
 }
 
 /// Answers a connection past the limit with `ConnectionLimit` (plain TCP only: a TLS client
@@ -551,7 +674,10 @@ async fn db_worker<S: Store>(
         }
         let outcome = node.store.execute_batch(&mut batch).await;
         let db_ns = elapsed_ns(started);
+        node.counters.batch_commit_seconds.record_ns(db_ns);
         node.counters.db_busy_ns.fetch_add(db_ns, Ordering::Relaxed);
+        // Relaxed: a health flag; it orders nothing.
+        node.store_failing.store(outcome.is_err(), Ordering::Relaxed);
         match outcome {
             Ok(()) => count_committed(&node.counters, &batch),
             Err(error) => {

@@ -150,7 +150,7 @@ pub async fn serve<L: Listener<Addr = SocketAddr>>(
     router: Router,
     bounds: ConnectionBounds,
     shutdown: impl Future<Output = ()>,
-) {
+) -> DrainReport {
     let graceful = GracefulShutdown::new();
     let mut slots = Slots::new(bounds);
     let mut log = AcceptLog::default();
@@ -181,7 +181,21 @@ pub async fn serve<L: Listener<Addr = SocketAddr>>(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let started = std::time::Instant::now();
+    let open = graceful.count();
+    // Connections finish the request they are in and close; past the bound the rest are cut.
+    let drained = tokio::time::timeout(ops::stop::DRAIN_TIMEOUT, graceful.shutdown()).await;
+    DrainReport { drained: drained.is_ok(), connections_open: open, elapsed: started.elapsed() }
+}
+
+/// What a server's stop did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Every open connection finished its request within `ops::stop::DRAIN_TIMEOUT`.
+    pub drained: bool,
+    /// Connections open when the stop came.
+    pub connections_open: usize,
+    pub elapsed: Duration,
 }
 
 /// Serves one connection (any byte stream: a socket, or an in-memory pipe in tests and the

@@ -21,13 +21,14 @@
 //! is inherited across exec, its number passed in the [`ChildSpec`]).
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
 
 use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -125,7 +126,7 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
             // this process owns it.
             let channel = unsafe { OwnedFd::from_raw_fd(fd) };
             let listener = move || DealtListener::new(channel).inspect(|_| ready());
-            serve_on(listener, router, 1, bounds, std::future::pending())?;
+            serve_on(listener, router, 1, bounds, stop_signal())?;
         }
         None => {
             let socket = reuseport_socket(spec.addr)?;
@@ -133,10 +134,24 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
             socket.set_nonblocking(true)?;
             let listener =
                 move || tokio::net::TcpListener::from_std(socket.into()).inspect(|_| ready());
-            serve_on(listener, router, 1, bounds, std::future::pending())?;
+            serve_on(listener, router, 1, bounds, stop_signal())?;
         }
     }
     Ok(())
+}
+
+/// A child's end of serving: SIGTERM or SIGINT (the parent passes its stop on), after which
+/// it drains its connections like a one-process server.
+async fn stop_signal() {
+    match ops::stop::stop_signal() {
+        Ok(stop) => {
+            stop.await;
+        }
+        Err(error) => {
+            tracing::error!(%error, "cannot listen for SIGTERM; serving until killed");
+            std::future::pending().await
+        }
+    }
 }
 
 fn reuseport_socket(addr: SocketAddr) -> std::io::Result<Socket> {
@@ -282,6 +297,64 @@ impl Prefork {
     pub fn wait_any(mut self) -> anyhow::Result<()> {
         let status = self.children[0].wait()?;
         anyhow::bail!("prefork child exited: {status}")
+    }
+
+    /// Serves until SIGTERM or SIGINT, then passes the signal on to every child (each drains
+    /// its connections) and waits for them within `ops::stop::DRAIN_TIMEOUT`, killing any
+    /// left; logs one summary line. A child that exits first is an error, as in
+    /// [`Prefork::wait_any`].
+    pub fn serve_until_stopped(mut self) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let stop = runtime.block_on(async { ops::stop::stop_signal() })?;
+        let signal = runtime.block_on(async {
+            tokio::select! {
+                signal = stop => Ok(signal),
+                exited = self.first_exit() => Err(exited),
+            }
+        });
+        let signal = match signal {
+            Ok(signal) => signal,
+            Err(status) => anyhow::bail!("prefork child exited: {status}"),
+        };
+        tracing::info!(signal, "stop requested: draining the children");
+        let started = std::time::Instant::now();
+        for child in &self.children {
+            let pid = libc::pid_t::try_from(child.id()).unwrap_or(libc::pid_t::MAX);
+            // SAFETY: kill(2) on our own child's pid; it touches no memory of ours.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let drained = self.wait_children(started + ops::stop::DRAIN_TIMEOUT);
+        let (children, elapsed_ms) = (self.children.len(), started.elapsed().as_millis() as u64);
+        tracing::info!(signal, children, drained, elapsed_ms, "web server stopped");
+        let _ = writeln!(std::io::stdout(), "stopped on {signal}");
+        Ok(())
+    }
+
+    /// The status of the first child to exit.
+    async fn first_exit(&mut self) -> std::process::ExitStatus {
+        loop {
+            for child in &mut self.children {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return status;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every child exited or `deadline`; whether all exited by themselves (the
+    /// rest are killed when this drops).
+    fn wait_children(&mut self, deadline: std::time::Instant) -> bool {
+        loop {
+            let mut running = self.children.iter_mut().map(Child::try_wait);
+            if !running.any(|status| matches!(status, Ok(None))) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! in one process or as one pinned process per core.
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::net::SocketAddr;
 
 use serde::Deserialize;
@@ -65,6 +66,9 @@ pub struct ServeConfig {
     pub large_work_bytes_max: usize,
     pub connection_work_bytes_max: usize,
     pub admission_wait_ms: u64,
+    /// The bearer token `GET /metrics` requires; without one the page is open (bind loopback,
+    /// or set one: the page shows the server's activity).
+    pub metrics_token: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +95,7 @@ impl Default for ServeConfig {
             large_work_bytes_max: work.large_work_bytes_max,
             connection_work_bytes_max: work.connection_work_bytes_max,
             admission_wait_ms: millis(work.wait_timeout),
+            metrics_token: None,
         }
     }
 }
@@ -210,7 +215,8 @@ pub fn keep_freed_request_memory() {
     }
 }
 
-/// Serves until interrupted (Ctrl-C) or, per core, until a child exits.
+/// Serves until SIGTERM or SIGINT, then drains (see [`serve_in_process`]; per core, each
+/// child drains: `Prefork::serve_until_stopped`), or, per core, until a child exits.
 pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
     let server_config = config.server_config()?;
     let model = server_config.default_model;
@@ -224,8 +230,16 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
             config.workers,
             children.local_addr()
         );
-        return children.wait_any();
+        return children.serve_until_stopped();
     }
+    serve_in_process(config, &server_config)
+}
+
+/// One process: the matrix routes plus `/metrics`, `/health` and `/ready` on the service
+/// port. On SIGTERM or SIGINT it turns not ready, stops accepting, lets each open connection
+/// finish the request it is in (within `ops::stop::DRAIN_TIMEOUT`), logs one summary line and
+/// returns.
+fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> anyhow::Result<()> {
     let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
     if let Some(calibration) = executors.calibration() {
         println!("{calibration}");
@@ -235,13 +249,42 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
         server_config.body_bytes_max,
         &server_config.bounds.work,
     );
+    let (mut registry, readiness) = (ops::Registry::default(), ops::Readiness::default());
+    executors.register_metrics(&mut registry);
+    let endpoint = ops::Endpoint::new(registry, readiness.clone())
+        .with_metrics_token(config.metrics_token.clone());
+    let router = crate::server::with_admin(router, endpoint);
     let listener = std::net::TcpListener::bind(config.listen)?;
-    println!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
+    let announce = format!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
+    let signal = std::sync::Arc::new(std::sync::OnceLock::new());
+    let heard = std::sync::Arc::clone(&signal);
     let bounds = server_config.bounds.connection;
-    serve_blocking(listener, router, server_config.io_threads, bounds, async {
-        // Ctrl-C (or a failure to install the handler) ends the server gracefully.
-        let _ = tokio::signal::ctrl_c().await;
+    let report = serve_blocking(listener, router, server_config.io_threads, bounds, async move {
+        // Announced once the stop signals are heard: a supervisor may stop the server as soon
+        // as it reads this line.
+        let Ok(stop_signal) = ops::stop::stop_signal() else {
+            tracing::error!("cannot listen for SIGTERM; serving until killed");
+            return std::future::pending().await;
+        };
+        println!("{announce}");
+        readiness.set(true);
+        let _ = heard.set(stop_signal.await);
+        readiness.set(false);
+        tracing::info!(signal = heard.get().copied(), "stop requested: draining");
     })?;
+    let signal = signal.get().copied().unwrap_or("none");
+    if !report.drained {
+        tracing::warn!(bound = ?ops::stop::DRAIN_TIMEOUT, "drain cut short; open requests were cut");
+    }
+    tracing::info!(
+        signal,
+        drained = report.drained,
+        connections_open = report.connections_open,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "web server stopped"
+    );
+    // Not `println!`: the supervisor may have closed the pipe, and the stop goes on.
+    let _ = writeln!(std::io::stdout(), "stopped on {signal}");
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use std::error::Error;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -63,6 +64,46 @@ pub struct ServerConfig {
 /// The executors of one process, by model.
 pub struct Executors {
     by_model: HashMap<Model, Arc<Executor>>,
+    metrics: Arc<RequestMetrics>,
+}
+
+/// What `/metrics` shows of the matrix routes (docs/OPERATIONS.md, "Monitor"): recorded with
+/// relaxed atomic additions as each answer is made, read at scrape time.
+#[derive(Debug, Default)]
+pub struct RequestMetrics {
+    /// Arrival of a matrix request → its answer made (body read, work admitted, multiplied).
+    latency: ops::BucketHistogram,
+    answered: AtomicU64,
+    /// Answered with a status of 400 or more (bounds, malformed bodies, timeouts).
+    refused: AtomicU64,
+    in_flight: AtomicI64,
+}
+
+/// Counts a matrix request in flight until dropped, then records its latency and status.
+struct Timed<'a> {
+    metrics: &'a RequestMetrics,
+    started: std::time::Instant,
+}
+
+impl<'a> Timed<'a> {
+    fn start(metrics: &'a RequestMetrics) -> Timed<'a> {
+        metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+        Timed { metrics, started: std::time::Instant::now() }
+    }
+
+    fn answered(self, status: StatusCode) {
+        self.metrics.latency.record_since(self.started);
+        self.metrics.answered.fetch_add(1, Ordering::Relaxed);
+        if status.as_u16() >= 400 {
+            self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Executors {
@@ -72,12 +113,13 @@ impl Executors {
         for &model in models {
             by_model.insert(model, Arc::new(Executor::start(model, config)?));
         }
-        Ok(Executors { by_model })
+        Ok(Executors { by_model, metrics: Arc::default() })
     }
 
     /// One executor already started.
     pub fn of(executor: Executor) -> Executors {
-        Executors { by_model: HashMap::from([(executor.model(), Arc::new(executor))]) }
+        let by_model = HashMap::from([(executor.model(), Arc::new(executor))]);
+        Executors { by_model, metrics: Arc::default() }
     }
 
     /// The adaptive model's thresholds, when it runs here.
@@ -88,7 +130,8 @@ impl Executors {
     /// `/matrix` to `default`, and `/matrix/<name>` to every started model; all routes share
     /// one work admission (`work`), so it bounds the whole process.
     pub fn router(&self, default: Model, body_bytes_max: usize, work: &WorkBounds) -> Router {
-        let intake = Arc::new(Intake { body_bytes_max, work: WorkBudget::new(work) });
+        let metrics = Arc::clone(&self.metrics);
+        let intake = Arc::new(Intake { body_bytes_max, work: WorkBudget::new(work), metrics });
         let mut router = Router::new();
         if let Some(executor) = self.by_model.get(&default) {
             router = router.route("/matrix", matrix_route(Arc::clone(executor), &intake));
@@ -105,11 +148,59 @@ impl Executors {
 struct Intake {
     body_bytes_max: usize,
     work: WorkBudget,
+    metrics: Arc<RequestMetrics>,
 }
 
 fn matrix_route(executor: Arc<Executor>, intake: &Arc<Intake>) -> MethodRouter {
     let intake = Arc::clone(intake);
-    post(move |request: Request| async move { handle(&executor, &intake, request).await })
+    post(move |request: Request| async move {
+        let timed = Timed::start(&intake.metrics);
+        let response = handle(&executor, &intake, request).await;
+        timed.answered(response.status());
+        response
+    })
+}
+
+impl Executors {
+    /// Adds the matrix routes' metrics to `registry`.
+    pub fn register_metrics(&self, registry: &mut ops::Registry) {
+        let metrics = &self.metrics;
+        let help = "a matrix request's arrival to its answer made";
+        registry.register("web_request_seconds", help, metrics.latency.clone());
+        let read = |which: fn(&RequestMetrics) -> &AtomicU64| {
+            let metrics = Arc::clone(metrics);
+            ops::read::counter(move || which(&metrics).load(Ordering::Relaxed))
+        };
+        registry.register("web_requests", "matrix requests answered", read(|m| &m.answered));
+        let help = "matrix requests answered 4xx or 5xx (bounds, bad bodies, timeouts)";
+        registry.register("web_requests_refused", help, read(|m| &m.refused));
+        let in_flight = Arc::clone(metrics);
+        let in_flight = ops::read::gauge(move || in_flight.in_flight.load(Ordering::Relaxed));
+        registry.register("web_requests_in_flight", "matrix requests being answered", in_flight);
+    }
+}
+
+/// `router` with the admin endpoint's `GET /metrics`, `/health` and `/ready` (see
+/// `ops::endpoint`); every other path it does not route stays 404.
+pub fn with_admin(router: Router, endpoint: ops::Endpoint) -> Router {
+    let endpoint = Arc::new(endpoint);
+    let answer = move |request: Request| {
+        let endpoint = Arc::clone(&endpoint);
+        async move {
+            let authorization =
+                request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+            let path = request.uri().path();
+            let Some(answer) = endpoint.answer(request.method().as_str(), path, authorization)
+            else {
+                return StatusCode::NOT_FOUND.into_response();
+            };
+            let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
+            (status, [(header::CONTENT_TYPE, answer.content_type)], answer.body).into_response()
+        }
+    };
+    ["/metrics", "/health", "/ready"]
+        .into_iter()
+        .fold(router, |router, path| router.route(path, axum::routing::get(answer.clone())))
 }
 
 async fn handle(executor: &Executor, intake: &Intake, request: Request) -> Response {
@@ -329,7 +420,7 @@ pub fn serve_blocking(
     io_threads: usize,
     bounds: ConnectionBounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<conn::DrainReport> {
     listener.set_nonblocking(true)?;
     let listener = move || tokio::net::TcpListener::from_std(listener);
     serve_on(listener, router, io_threads, bounds, shutdown)
@@ -344,7 +435,7 @@ pub fn serve_on<L: Listener<Addr = SocketAddr>>(
     io_threads: usize,
     bounds: ConnectionBounds,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<conn::DrainReport> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(io_threads.max(1))
         .thread_name("web-io")
@@ -352,8 +443,7 @@ pub fn serve_on<L: Listener<Addr = SocketAddr>>(
         .build()?;
     let _entered = runtime.enter();
     let listener = listener()?;
-    runtime.block_on(conn::serve(listener, router, bounds, shutdown));
-    Ok(())
+    Ok(runtime.block_on(conn::serve(listener, router, bounds, shutdown)))
 }
 
 /// A server running on its own threads; stops when dropped.
@@ -378,6 +468,7 @@ impl Server {
             serve_blocking(listener, router, config.io_threads, config.bounds.connection, async {
                 let _ = stopped.await;
             })
+            .map(drop)
         })?;
         Ok(Server { local_addr, calibration, stop: Some(stop), thread: Some(thread) })
     }

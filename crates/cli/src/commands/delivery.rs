@@ -138,6 +138,8 @@ pub struct GatewayArgs {
     /// Stop after this many seconds (default: run until Ctrl-C or SIGTERM).
     #[arg(long)]
     pub seconds: Option<f64>,
+    #[command(flatten)]
+    pub metrics: super::admin::MetricsFlags,
 }
 
 /// `leantier exchange gateway`.
@@ -157,22 +159,46 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(async {
+        // Heard from before the gateway listens: a supervisor may stop it once it reads the
+        // listen line.
+        let stop_signal = ops::stop::stop_signal()?;
         let gateway = delivery::gateway::start(options).await?;
+        let readiness = ops::Readiness::default();
+        let mut registry = ops::Registry::default();
+        gateway.register_metrics(&mut registry);
+        let _admin = args.metrics.serve(registry, &readiness)?;
         println!("gateway {} listening on {}", args.gateway, gateway.local_addr());
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let timer = async {
             match seconds {
                 Some(duration) => tokio::time::sleep(duration).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-            _ = timer => {}
+        let signal = tokio::select! {
+            signal = stop_signal => Some(signal),
+            () = timer => None,
+            // The client reconnects by itself; meanwhile consumers get nothing new.
+            () = super::admin::follow_readiness(&readiness, "NATS", || gateway.is_connected()) => {
+                unreachable!("follows until stopped")
+            }
+        };
+        let stop_reason = signal.unwrap_or("--seconds elapsed");
+        readiness.set(false);
+        tracing::info!(signal = stop_reason, "stop requested: draining");
+        let stopped = gateway.shutdown().await?;
+        let report = &stopped.0;
+        tracing::info!(
+            signal = stop_reason,
+            received = report.received,
+            delivered = report.delivered,
+            gaps = report.gaps,
+            resyncs = report.resyncs,
+            "R-Gateway stopped"
+        );
+        if let Some(signal) = signal {
+            super::admin::print_stopped(signal);
         }
-        gateway.shutdown().await
+        anyhow::Ok(stopped)
     })?;
     let (report, latency) = report;
     println!("\n{}", gateway_table(&report));

@@ -52,7 +52,7 @@ pub struct ServeArgs {
     /// counters and ring depths, and latency summaries (engine service time, order→report
     /// inside the server); also /health, /ready and the admin endpoints. An address other
     /// than loopback is refused unless the config sets `metrics_token` (docs/SECURITY.md).
-    #[arg(long, value_parser = metrics_address)]
+    #[arg(long, value_parser = super::admin::metrics_address)]
     pub metrics_listen: Option<SocketAddr>,
     /// The tier's journal, in `<store_dir>/tier` (one per core shard, and the master data's):
     /// `group` journals every sequenced input with group commit off the critical path, and
@@ -81,15 +81,6 @@ pub struct ServeArgs {
     /// Login and TLS for --nats.
     #[command(flatten)]
     pub nats_auth: super::delivery::NatsAuthArgs,
-}
-
-/// `--metrics-listen`: an address, or a bare port on loopback (the default place for an
-/// endpoint that shows the server's activity).
-fn metrics_address(value: &str) -> Result<SocketAddr, String> {
-    if let Ok(port) = value.parse::<u16>() {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    value.parse().map_err(|e| format!("{e}: give HOST:PORT or a port (on 127.0.0.1)"))
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -325,15 +316,18 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
     });
     tracing::info!(signal, "stop requested: draining");
+    let stopping = std::time::Instant::now();
     // Refuses new orders, answers those taken, syncs the store, stops the tier (its journals
     // sync and stop), within gateway's DRAIN_TIMEOUT.
     running.stop();
-    // Not `println!`: the supervisor may have closed the pipe.
-    let _ = writeln!(std::io::stdout(), "stopped on {signal}");
-    if let Some(publisher) = publisher {
-        let report = publisher.drain()?;
-        tracing::info!(published = report.published, "NATS publisher drained");
-    }
+    super::admin::print_stopped(signal);
+    let published = publisher.map(|publisher| publisher.drain()).transpose()?;
+    tracing::info!(
+        signal,
+        elapsed_ms = stopping.elapsed().as_millis() as u64,
+        published = published.map(|report| report.published),
+        "exchange server stopped"
+    );
     Ok(())
 }
 
@@ -683,6 +677,7 @@ mod tests {
 
     #[test]
     fn the_metrics_listener_defaults_to_loopback_and_the_new_keys_reach_the_settings() {
+        use crate::commands::admin::metrics_address;
         assert_eq!(metrics_address("9401"), Ok("127.0.0.1:9401".parse().unwrap()));
         assert_eq!(metrics_address("0.0.0.0:9401"), Ok("0.0.0.0:9401".parse().unwrap()));
         assert!(metrics_address("somewhere").unwrap_err().contains("HOST:PORT"));

@@ -1,6 +1,7 @@
 //! One module per command area. Each holds its flags (clap), turns them into the library's
 //! settings, calls the library, and prints or writes what comes back.
 
+pub mod admin;
 pub mod bench_load_gen;
 pub mod bench_ring;
 pub mod cdr;

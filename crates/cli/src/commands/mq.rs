@@ -21,7 +21,7 @@ pub struct Args {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a middleware node until interrupted.
+    /// Run a middleware node until SIGTERM or SIGINT, then drain it (docs/OPERATIONS.md).
     Serve(ServeArgs),
     /// Talk to a node: one operation from the command line, or a script (`--script FILE`, `-`
     /// for stdin: one operation per line, as the subcommands below).
@@ -145,6 +145,8 @@ pub struct ServeArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: super::admin::MetricsFlags,
     #[command(flatten)]
     pub node: NodeFlags,
 }
@@ -363,10 +365,39 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
         _ => None,
     };
+    // Heard from before the node serves: a supervisor may stop it once it reads the listen line.
+    let stop_signal = ops::stop::stop_signal()?;
     let node = server::start_with_tls(&args.listen, store, config, tls).await?;
+    let readiness = ops::Readiness::default();
+    let mut registry = ops::Registry::default();
+    node.register_metrics(&mut registry);
+    let _admin = args.metrics.serve(registry, &readiness)?;
+    // The store is open (its schema checked or made) and the listener bound.
+    readiness.set(true);
     eprintln!("mq node listening on {} (store {})", node.addr, args.store);
-    tokio::signal::ctrl_c().await?;
-    node.shutdown().await;
+    let signal = tokio::select! {
+        signal = stop_signal => signal,
+        () = super::admin::follow_readiness(&readiness, "the database", || node.is_ready()) => {
+            unreachable!("follows until stopped")
+        }
+    };
+    readiness.set(false);
+    tracing::info!(signal, "stop requested: draining");
+    let report = node.stop(ops::stop::DRAIN_TIMEOUT).await;
+    if !report.drained {
+        let left = report.in_flight_left;
+        tracing::warn!(left, bound = ?ops::stop::DRAIN_TIMEOUT, "drain cut short; unanswered requests were not acknowledged");
+    }
+    tracing::info!(
+        signal,
+        drained = report.drained,
+        connections_open = report.connections_open,
+        sends_committed = report.sends_committed,
+        pops_committed = report.pops_committed,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "mq node stopped"
+    );
+    super::admin::print_stopped(signal);
     Ok(())
 }
 

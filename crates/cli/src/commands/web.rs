@@ -21,7 +21,8 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model) until stopped.
+    /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model), and `GET
+    /// /metrics`, `/health`, `/ready`, until SIGTERM or SIGINT, then drain (docs/OPERATIONS.md).
     Serve(ServeArgs),
     /// Drive one load cell (closed-loop users or open-loop constant rate) at a server.
     Load(loadlab::LoadArgs),
@@ -111,6 +112,10 @@ pub struct ServeArgs {
     /// 422 (code 014) [default: 8 MiB].
     #[arg(long)]
     pub answer_bytes_max: Option<usize>,
+    /// The bearer token `GET /metrics` requires (`/health` and `/ready` stay open); without
+    /// one `/metrics` is open to whoever reaches the port.
+    #[arg(long, env = "LEANTIER_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
 }
 
 impl ServeArgs {
@@ -135,6 +140,9 @@ impl ServeArgs {
         override_with(&mut config.connections_per_address_max, &self.connections_per_address_max);
         override_with(&mut config.connection_work_bytes_max, &self.connection_work_bytes_max);
         override_with(&mut config.answer_bytes_max, &self.answer_bytes_max);
+        if self.metrics_token.is_some() {
+            config.metrics_token = self.metrics_token.clone();
+        }
         Ok(config)
     }
 }

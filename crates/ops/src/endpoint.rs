@@ -1,0 +1,241 @@
+//! The HTTP admin endpoint every server exposes:
+//!
+//! * `GET /metrics`: the registry in the Prometheus text format (version 0.0.4), with the
+//!   `process_*` metrics; behind `Authorization: Bearer TOKEN` when a metrics token is set;
+//! * `GET /health`: 200 while the process answers (liveness);
+//! * `GET /ready`: 200 once the server recovered and reached what it depends on (its
+//!   database, NATS), 503 before that and while it stops (so a balancer drains it first);
+//! * anything else: 404 (405 for another method on those three paths).
+//!
+//! [`Endpoint::serve`] answers on a listener of its own (`--metrics-listen`), on a thread of
+//! its own with a current-thread runtime: a scrape renders there, never on a server's I/O or
+//! core threads, which only add to atomics. A server whose own protocol is HTTP (`web
+//! serve`) routes the three paths to [`Endpoint::answer`] instead.
+//!
+//! Bounds: at most [`HTTP_CONNECTIONS_MAX`] connections at once (more are closed unanswered),
+//! one request per connection, [`HTTP_CONNECTION_TIMEOUT`] for the whole exchange.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
+
+use crate::process::ProcessCollector;
+
+/// Connections the admin listener serves at once; beyond, new ones are closed unanswered. A
+/// scraper and an operator need a handful; a flood of idle connections must not grow the
+/// thread's memory without bound.
+pub const HTTP_CONNECTIONS_MAX: usize = 16;
+/// Time a client has to send its request and take its answer.
+pub const HTTP_CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// The content type of `/metrics`.
+pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Whether the server is ready for work; clones share the flag. Starts not ready.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        // Release/Acquire: a probe that sees "ready" sees the start-up that preceded it.
+        self.0.store(ready, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// An answer: status, content type and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Answer {
+    fn text(status: u16, body: impl Into<String>) -> Answer {
+        Answer { status, content_type: "text/plain; charset=utf-8", body: body.into() }
+    }
+}
+
+/// The registry, the readiness flag and the optional token behind `/metrics`.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    registry: Arc<Registry>,
+    readiness: Readiness,
+    metrics_token: Option<String>,
+}
+
+/// The registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut page = String::new();
+    // Writing into a String fails only if a metric's own encoding does, which ours never do.
+    if let Err(error) = prometheus_client::encoding::prometheus_text::encode(&mut page, registry) {
+        tracing::warn!(%error, "a metric failed to encode");
+    }
+    page
+}
+
+/// Refuses an open `/metrics` on an address other hosts can reach (the page shows the
+/// server's activity): any address with a token, loopback without one.
+pub fn check_exposure(listen: SocketAddr, has_token: bool) -> Result<(), String> {
+    if listen.ip().is_loopback() || has_token {
+        return Ok(());
+    }
+    Err(format!(
+        "metrics listener on {listen}: not a loopback address and no metrics token; /metrics \
+         would show the server's activity to anyone who can reach it"
+    ))
+}
+
+impl Endpoint {
+    /// An endpoint over `registry`, to which it adds the `process_*` metrics.
+    pub fn new(mut registry: Registry, readiness: Readiness) -> Endpoint {
+        registry.register_collector(Box::new(ProcessCollector));
+        Endpoint { registry: Arc::new(registry), readiness, metrics_token: None }
+    }
+
+    /// Requires `Authorization: Bearer TOKEN` on `/metrics` when `token` is given.
+    pub fn with_metrics_token(mut self, token: Option<String>) -> Endpoint {
+        self.metrics_token = token;
+        self
+    }
+
+    /// The answer to `method path` (the path without its query), or `None` when the path is
+    /// none of the three (a server with routes of its own goes on routing it).
+    /// `authorization` is the request's `Authorization` header, if any.
+    pub fn answer(&self, method: &str, path: &str, authorization: Option<&str>) -> Option<Answer> {
+        if !matches!(path, "/metrics" | "/health" | "/ready") {
+            return None;
+        }
+        if method != "GET" && method != "HEAD" {
+            return Some(Answer::text(405, format!("{path} takes GET\n")));
+        }
+        Some(match path {
+            "/health" => Answer::text(200, "ok\n"),
+            "/ready" if self.readiness.is_ready() => Answer::text(200, "ready\n"),
+            "/ready" => Answer::text(503, "not ready\n"),
+            _ => self.metrics(authorization),
+        })
+    }
+
+    fn metrics(&self, authorization: Option<&str>) -> Answer {
+        if let Some(token) = &self.metrics_token {
+            let presented = authorization.and_then(|value| value.strip_prefix("Bearer "));
+            if !presented.is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes())) {
+                return Answer::text(401, "missing or wrong bearer token\n");
+            }
+        }
+        Answer { status: 200, content_type: METRICS_CONTENT_TYPE, body: render(&self.registry) }
+    }
+
+    /// Answers on `listen` from a thread of its own until the returned handle is dropped.
+    pub fn serve(self, listen: SocketAddr) -> anyhow::Result<Listening> {
+        check_exposure(listen, self.metrics_token.is_some()).map_err(anyhow::Error::msg)?;
+        let listener = std::net::TcpListener::bind(listen)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let thread = std::thread::Builder::new().name("admin-http".into()).spawn(move || {
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                tokio::select! {
+                    () = accept_loop(listener, Arc::new(self)) => {}
+                    _ = stopped => {}
+                }
+            });
+        })?;
+        Ok(Listening { addr, stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+/// The admin listener; dropping it stops the listener and joins its thread.
+#[derive(Debug)]
+pub struct Listening {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
+    let open = Arc::new(Semaphore::new(HTTP_CONNECTIONS_MAX));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of descriptors, say: pause rather than spin.
+                tracing::debug!(%error, "admin listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else { continue };
+        let endpoint = Arc::clone(&endpoint);
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let answer = route(&endpoint, &request);
+                    async move { Ok::<_, Infallible>(answer) }
+                });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(HTTP_CONNECTION_TIMEOUT, connection).await;
+            drop(permit);
+        });
+    }
+}
+
+fn route(endpoint: &Endpoint, request: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let authorization =
+        request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let path = request.uri().path();
+    let answer = endpoint
+        .answer(request.method().as_str(), path, authorization)
+        .unwrap_or_else(|| Answer::text(404, format!("no endpoint {path}\n")));
+    let mut response = Response::new(Full::new(Bytes::from(answer.body)));
+    *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
+    let content_type = hyper::header::HeaderValue::from_static(answer.content_type);
+    response.headers_mut().insert(hyper::header::CONTENT_TYPE, content_type);
+    response
+}
+
+/// Compares in time that depends on the lengths only, not on where the bytes differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// A blocking `GET path` against `addr` (HTTP/1.0, one request per connection): the status
+/// and body. For probes and tests, which should not need an HTTP client crate.
+pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, HTTP_CONNECTION_TIMEOUT)?;
+    stream.set_read_timeout(Some(HTTP_CONNECTION_TIMEOUT))?;
+    // One write: a server that answers its first read must see the whole request in it.
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let malformed = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed response");
+    let (head, body) = response.split_once("\r\n\r\n").ok_or_else(malformed)?;
+    let status = head.split_ascii_whitespace().nth(1).and_then(|s| s.parse().ok());
+    Ok((status.ok_or_else(malformed)?, body.to_string()))
+}

@@ -1,0 +1,29 @@
+//! What an operator needs from every leantier server, in one place so that `exchange serve`,
+//! `exchange gateway`, `mq serve` and `web serve` answer alike (docs/OPERATIONS.md):
+//!
+//! - [`endpoint`]: the HTTP admin endpoint. `GET /metrics` (Prometheus text, version 0.0.4),
+//!   `GET /health` (the process answers), `GET /ready` (the server recovered and reached what
+//!   it depends on, and is not stopping), 404 elsewhere. It runs on a thread of its own, so a
+//!   scrape renders off every server's critical threads; servers whose own protocol is HTTP
+//!   answer the same three paths on their port through [`endpoint::Endpoint::answer`].
+//! - [`process`]: the `process_*` metrics read from `/proc/self` at scrape time (resident
+//!   memory, CPU seconds, open descriptors, threads, start time).
+//! - [`histogram`]: a latency histogram with fixed buckets that the hot path records into
+//!   with two relaxed atomic additions (no lock), encoded as a Prometheus histogram.
+//! - [`read`]: counters and gauges read at scrape time from a server's own atomics, so a
+//!   server keeps the counters it has and the registry only looks at them.
+//! - [`stop`]: the stop signals (SIGTERM, SIGINT) and [`stop::DRAIN_TIMEOUT`], the bound every
+//!   server's drain keeps.
+//!
+//! Metrics go through `prometheus-client` (its registry and text encoder); this crate depends
+//! on no leantier crate, so every server crate may use it.
+
+pub mod endpoint;
+pub mod histogram;
+pub mod process;
+pub mod read;
+pub mod stop;
+
+pub use endpoint::{Endpoint, Readiness};
+pub use histogram::BucketHistogram;
+pub use prometheus_client::registry::Registry;
