@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::native::{self, ClientMsg, Event, ServerMsg};
+use crate::native::{self, ClientMsg, Event, ServerMsg, event_kind};
 use exchange::instruments::InstrumentTable;
 
 /// Bytes read per `read` call.
@@ -227,10 +227,10 @@ pub fn describe(msg: &ServerMsg) -> String {
 /// ```
 /// use gateway::client::describe;
 /// use gateway::native::{Event, ServerMsg, event_kind};
-/// let event = Event { kind: event_kind::ACCEPTED, token: 5, qty: 100, leaves_qty: 100, price: 101, ..Event::default() };
+/// let event = Event { kind: event_kind::ACCEPTED, token: 5, leaves_qty: 100, price: 101, ..Event::default() };
 /// assert_eq!(
 ///     describe(&ServerMsg::Sequenced { seq: 3, event }),
-///     "#3 accepted order 5: buy 100 of instrument 0 at 101, 100 open"
+///     "#3 accepted order 5: buy 100 of instrument 0 at 101"
 /// );
 /// assert_eq!(describe(&ServerMsg::LoginAccepted { client: 1, next_seq: 1 }), "logged in as client 1; next sequence 1");
 /// ```
@@ -287,10 +287,12 @@ fn describe_event(seq: u64, event: &Event, instruments: Option<&InstrumentTable>
         0 => String::new(),
         code => format!(" ({})", native::reason_name(code)),
     };
-    format!(
-        "#{seq} {kind} order {}: {side} {} of {instrument} at {price}, {} open{reason}",
-        event.token, event.qty, event.leaves_qty
-    )
+    let token = event.token;
+    // A fill says what traded and what is left; other events what is open.
+    let filled = matches!(event.kind, event_kind::PARTIALLY_FILLED | event_kind::FILLED);
+    let (qty, open) = if filled { (event.qty, event.leaves_qty) } else { (event.leaves_qty, 0) };
+    let open = if filled { format!(", {open} open") } else { String::new() };
+    format!("#{seq} {kind} order {token}: {side} {qty} of {instrument} at {price}{open}{reason}")
 }
 
 #[cfg(test)]
