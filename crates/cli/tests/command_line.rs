@@ -313,3 +313,43 @@ fn exchange_serve_drains_on_sigterm_and_keeps_what_it_acknowledged() {
     let _ = server.wait();
     assert!(traded.contains(" filled order 2"), "the acknowledged buy survived the stop: {traded}");
 }
+
+/// Every server's `--print-config` prints its effective configuration (flags over the file,
+/// defaults filled in) as TOML its `--config` reads back to the same configuration.
+#[test]
+fn print_config_prints_what_config_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    for file in ["instruments.toml", "clients.toml", "credentials.txt"] {
+        std::fs::copy(configs.join(file), dir.path().join(file)).unwrap();
+    }
+    let shipped = configs.join("serve.toml");
+    let printed: [(&str, Vec<&str>, &str); 3] = [
+        (
+            "serve.toml",
+            vec![
+                "exchange",
+                "serve",
+                "--config",
+                shipped.to_str().unwrap(),
+                "--fix-listen",
+                "127.0.0.1:9401",
+            ],
+            "fix_listen = \"127.0.0.1:9401\"",
+        ),
+        ("node.toml", vec!["mq", "serve", "--hashing-threads", "3"], "hashing_threads = 3"),
+        ("web.toml", vec!["web", "serve", "--answer-bytes-max", "1000"], "answer_bytes_max = 1000"),
+    ];
+    for (file, args, flag_line) in printed {
+        let first = leantier(&[&args[..], &["--print-config"]].concat());
+        assert_eq!(code(&first), 0, "{args:?}: {}", text(&first.stderr));
+        let toml = text(&first.stdout);
+        assert!(toml.lines().any(|l| l == flag_line), "{args:?} printed:\n{toml}");
+        let path = dir.path().join(file);
+        std::fs::write(&path, &toml).unwrap();
+        let again = leantier(
+            &[&args[..2], &["--config", path.to_str().unwrap(), "--print-config"]].concat(),
+        );
+        assert_eq!(text(&again.stdout), toml, "{args:?}: read back: {}", text(&again.stderr));
+    }
+}

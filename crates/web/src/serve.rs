@@ -17,7 +17,7 @@ use crate::prefork::{ChildSpec, Prefork};
 use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServeBounds, ServerConfig, serve_blocking};
 
 /// Where the `adaptive` model runs when served alone (`serve --model adaptive`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AdaptiveLayout {
     /// One process: a reactor thread per core; a body from the calibrated split size is split
@@ -44,7 +44,7 @@ impl AdaptiveLayout {
 }
 
 /// Server settings; every field can come from a TOML file and be overridden by flags.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
@@ -67,7 +67,8 @@ pub struct ServeConfig {
     pub connection_work_bytes_max: usize,
     pub admission_wait_ms: u64,
     /// The bearer token `GET /metrics` requires; without one the page is open (bind loopback,
-    /// or set one: the page shows the server's activity).
+    /// or set one: the page shows the server's activity). Never printed (`--print-config`).
+    #[serde(skip_serializing)]
     pub metrics_token: Option<String>,
 }
 

@@ -24,12 +24,17 @@ use crate::outcome::BadInput;
 /// took, syncs its store and journals, and exits 0.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Address of the native protocol listener (docs/PROTOCOL.md).
-    #[arg(long, default_value = "127.0.0.1:9400")]
-    pub listen: SocketAddr,
-    /// Address of the FIX 4.4 acceptor; none when absent.
+    /// Address of the native protocol listener (docs/PROTOCOL.md); default: the config's
+    /// `listen`, else 127.0.0.1:9400.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address of the FIX 4.4 acceptor; default: the config's `fix_listen`, else none.
     #[arg(long)]
     pub fix_listen: Option<SocketAddr>,
+    /// Print the effective configuration (the config with the flags over it and every default
+    /// filled in; tokens left out) as the TOML --config reads, and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
     /// relative to this file), `store_dir` (the durable store of FIX and native sessions;
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
@@ -117,10 +122,13 @@ pub struct ClientArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct HashSecretArgs {}
 
-/// The TOML file of `exchange serve --config`.
-#[derive(serde::Deserialize, Debug)]
+/// The TOML file of `exchange serve --config` (and what `--print-config` prints).
+#[derive(serde::Deserialize, serde::Serialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 struct ServeConfig {
+    listen: Option<SocketAddr>,
+    fix_listen: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
     credentials: PathBuf,
     #[serde(alias = "fix_store_dir")]
     store_dir: Option<PathBuf>,
@@ -137,7 +145,9 @@ struct ServeConfig {
     instruments_file: Option<PathBuf>,
     clients_file: Option<PathBuf>,
     layout: Option<String>,
+    #[serde(skip_serializing)]
     admin_token: Option<String>,
+    #[serde(skip_serializing)]
     metrics_token: Option<String>,
     metrics_per_client: Option<bool>,
     #[serde(default)]
@@ -233,6 +243,56 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
     }
 }
 
+/// The native listener when neither the flag nor the config names one.
+const LISTEN_DEFAULT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9400);
+
+/// The listen addresses: each flag over the config's key.
+fn listeners(
+    args: &ServeArgs,
+    config: &ServeConfig,
+) -> (SocketAddr, Option<SocketAddr>, Option<SocketAddr>) {
+    (
+        args.listen.or(config.listen).unwrap_or(LISTEN_DEFAULT),
+        args.fix_listen.or(config.fix_listen),
+        args.metrics_listen.or(config.metrics_listen),
+    )
+}
+
+/// The configuration the server runs with, as `--config` reads it: every key with its value
+/// (defaults filled in), the tier's whole table, tokens left out.
+fn effective(
+    config: &ServeConfig,
+    (listen, fix_listen, metrics_listen): (SocketAddr, Option<SocketAddr>, Option<SocketAddr>),
+    settings: &Settings,
+    tier: &TierConfig,
+) -> anyhow::Result<ServeConfig> {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let tier_table = toml::Table::try_from(tier)?;
+    Ok(ServeConfig {
+        listen: Some(listen),
+        fix_listen,
+        metrics_listen,
+        credentials: config.credentials.clone(),
+        store_dir: Some(config.store_dir.clone().unwrap_or_else(|| Settings::default().store_dir)),
+        store_sync: Some(settings.store_sync),
+        store_bytes_max: Some(settings.store_bytes_max),
+        fix_resend_window: Some(settings.fix_resend_window),
+        fix_comp_id: Some(settings.fix_comp_id.clone()),
+        throttle_msgs_per_s: Some(settings.throttle_msgs_per_s),
+        cancel_on_disconnect_ms: Some(settings.cancel_on_disconnect.map_or(0, millis)),
+        outbox_bytes_max: Some(settings.outbox_bytes_max),
+        heartbeat_ms: Some(millis(settings.heartbeat)),
+        instruments: Some(tier.universe.instruments),
+        clients: Some(tier.universe.clients),
+        instruments_file: config.instruments_file.clone(),
+        clients_file: config.clients_file.clone(),
+        metrics_per_client: Some(settings.metrics_per_client),
+        tier: Some(tier_table),
+        ..ServeConfig::default()
+    })
+}
+
 /// `leantier exchange serve`: serves until SIGTERM or SIGINT, then drains and exits 0.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let read = |path: &Path| {
@@ -259,6 +319,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let (tier, settings) =
         with_market_files(tier_from(args, &config, layout)?, settings, &config, base)?;
+    let (listen, fix_listen, metrics_listen) = listeners(args, &config);
+    if args.print_config {
+        let listeners = (listen, fix_listen, metrics_listen);
+        print!("{}", toml::to_string(&effective(&config, listeners, &settings, &tier)?)?);
+        return Ok(());
+    }
     if !(args.planned_rate.is_finite() && args.planned_rate > 0.0) {
         return Err(BadInput("--planned-rate must be a number > 0".into()).into());
     }
@@ -282,9 +348,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
     })?;
     let running = start(ServeOptions {
-        listen: args.listen,
-        fix_listen: args.fix_listen,
-        metrics_listen: args.metrics_listen,
+        listen,
+        fix_listen,
+        metrics_listen,
         settings,
         credentials,
         tier,

@@ -149,6 +149,10 @@ pub struct ServeArgs {
     pub metrics: super::admin::MetricsFlags,
     #[command(flatten)]
     pub node: NodeFlags,
+    /// Print the effective node configuration (--config with the flags over it) as the TOML
+    /// --config reads, and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -360,6 +364,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = args.node.resolve()?;
+    if args.print_config {
+        print!("{}", toml::to_string(&config)?);
+        return Ok(());
+    }
     let store = store::AnyStore::open(&args.store, config.db_workers).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),

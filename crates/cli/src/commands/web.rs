@@ -116,6 +116,10 @@ pub struct ServeArgs {
     /// one `/metrics` is open to whoever reaches the port.
     #[arg(long, env = "LEANTIER_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<String>,
+    /// Print the effective configuration (--config with the flags over it) as the TOML
+    /// --config reads, and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 impl ServeArgs {
@@ -163,6 +167,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return prefork::run_child(&spec);
     }
     match &args.command {
+        Command::Serve(serve) if serve.print_config => {
+            print!("{}", toml::to_string(&serve.resolve()?)?);
+            Ok(())
+        }
         Command::Serve(serve) => web::serve::serve(&serve.resolve()?),
         Command::Load(load) => loadlab::run_load(load),
         Command::Matrix(matrix) => loadlab::run_matrix(matrix),
