@@ -8,7 +8,7 @@
 //! scale is off every tick ([`crate::msg::Reason::PriceOffTick`]), a fractional quantity off
 //! every lot ([`crate::msg::Reason::QuantityOffLot`]); nothing is rounded. The reference
 //! universe the demo and the benchmarks trade ([`crate::flow::reference_master_data`]) is such a
-//! file too, generated ([`reference_instruments`], [`reference_clients`]), so every path loads
+//! file too, generated ([`crate::flow::reference_instruments`], [`crate::flow::reference_clients`]), so every path loads
 //! master data the same way.
 //!
 //! ```toml

@@ -691,8 +691,9 @@ mod tests {
 
     fn args(layout: Option<LayoutChoice>, journal: Option<JournalMode>) -> ServeArgs {
         ServeArgs {
-            listen: "127.0.0.1:0".parse().unwrap(),
+            listen: Some("127.0.0.1:0".parse().unwrap()),
             fix_listen: None,
+            print_config: false,
             config: PathBuf::from("serve.toml"),
             metrics_listen: None,
             journal,
