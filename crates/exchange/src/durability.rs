@@ -147,6 +147,7 @@ const TAG_REPLACE: u8 = 3;
 const TAG_HALT: u8 = 4;
 const TAG_RESUME: u8 = 5;
 const TAG_SET_BAND: u8 = 6;
+const TAG_CANCEL_ON_DISCONNECT: u8 = 7;
 
 /// A [`SequencedInput`] as the journal stores it (the latency stamps are not journaled).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,6 +176,11 @@ impl Record for ShardRecord {
             }
             Command::Cancel { order_id, client } => {
                 put(&[TAG_CANCEL]);
+                put(&order_id.to_le_bytes());
+                put(&client.to_le_bytes());
+            }
+            Command::CancelOnDisconnect { order_id, client } => {
+                put(&[TAG_CANCEL_ON_DISCONNECT]);
                 put(&order_id.to_le_bytes());
                 put(&client.to_le_bytes());
             }
@@ -214,6 +220,9 @@ pub fn decode(seq: u64, payload: &[u8]) -> Result<SequencedInput, String> {
             Command::New { order_id, client, side, order_type, time_in_force, price, qty }
         }
         TAG_CANCEL => Command::Cancel { order_id: fields.u64()?, client: fields.u32()? },
+        TAG_CANCEL_ON_DISCONNECT => {
+            Command::CancelOnDisconnect { order_id: fields.u64()?, client: fields.u32()? }
+        }
         TAG_REPLACE => {
             let (order_id, client) = (fields.u64()?, fields.u32()?);
             fields.take::<3>()?;
@@ -535,6 +544,7 @@ mod tests {
                 qty: 900,
             },
             Command::Cancel { order_id: 5, client: 6 },
+            Command::CancelOnDisconnect { order_id: 5, client: 6 },
             Command::Replace { order_id: 7, client: 8, price: 1_234_567, qty: 3 },
             Command::Halt,
             Command::Resume,

@@ -70,7 +70,7 @@ pub fn check_against(master: &MasterData, request: &InboundOrder) -> Result<Rout
     }
     // Cancels pass while halted or disabled: taking risk off is always allowed.
     let (price, qty) = match command {
-        Command::Cancel { .. } => return Ok(routed),
+        Command::Cancel { .. } | Command::CancelOnDisconnect { .. } => return Ok(routed),
         Command::New { order_type: OrderType::Market, side, qty, .. } => {
             // A market order is valued at the far end of the band.
             (if side == Side::Buy { instrument.band_high } else { instrument.band_low }, qty)
@@ -84,7 +84,7 @@ pub fn check_against(master: &MasterData, request: &InboundOrder) -> Result<Rout
             }
             (price, qty)
         }
-        _ => unreachable!("hygiene only builds New, Cancel and Replace"),
+        _ => unreachable!("hygiene only builds New, the cancels and Replace"),
     };
     if instrument.halted {
         return Err(Reason::InstrumentHalted);
@@ -133,6 +133,7 @@ fn hygiene(request: &InboundOrder) -> Result<Command, Reason> {
             Ok(Command::New { order_id, client, side, order_type, time_in_force, price, qty })
         }
         RequestKind::Cancel => Ok(Command::Cancel { order_id, client }),
+        RequestKind::CancelOnDisconnect => Ok(Command::CancelOnDisconnect { order_id, client }),
         RequestKind::Replace => {
             if request.qty == 0 {
                 return Err(Reason::ZeroQuantity);

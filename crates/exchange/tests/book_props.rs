@@ -170,7 +170,12 @@ impl Model {
                     ));
                 }
             }
-            Command::Cancel { order_id, client } => {
+            Command::Cancel { order_id, client }
+            | Command::CancelOnDisconnect { order_id, client } => {
+                let why = match command {
+                    Command::Cancel { .. } => Reason::CancelRequested,
+                    _ => Reason::CancelOnDisconnect,
+                };
                 match self.orders.iter().position(|o| o.id == order_id) {
                     None => {
                         answers.push((OutputKind::Rejected, Reason::UnknownOrder, order_id, 0, 0))
@@ -180,13 +185,7 @@ impl Model {
                     }
                     Some(i) => {
                         let order = self.orders.remove(i);
-                        answers.push((
-                            OutputKind::Cancelled,
-                            Reason::CancelRequested,
-                            order_id,
-                            order.qty,
-                            0,
-                        ));
+                        answers.push((OutputKind::Cancelled, why, order_id, order.qty, 0));
                     }
                 }
             }
@@ -237,6 +236,7 @@ fn side_strategy() -> impl Strategy<Value = Side> {
 enum Op {
     New { id: u64, client: u32, side: Side, market: bool, tif: u8, level: u32, qty: Qty },
     Cancel { id: u64, client: u32 },
+    CancelOnDisconnect { id: u64, client: u32 },
     Replace { id: u64, client: u32, level: u32, qty: Qty },
     Halt,
     Resume,
@@ -247,6 +247,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         8 => (1u64..120, 1u32..3, side_strategy(), prop::bool::weighted(0.1), 0u8..3, 20u32..44, 1u32..40)
             .prop_map(|(id, client, side, market, tif, level, qty)| Op::New { id, client, side, market, tif, level, qty }),
         2 => (1u64..120, 1u32..3).prop_map(|(id, client)| Op::Cancel { id, client }),
+        1 => (1u64..120, 1u32..3).prop_map(|(id, client)| Op::CancelOnDisconnect { id, client }),
         2 => (1u64..120, 1u32..3, 20u32..44, 1u32..40).prop_map(|(id, client, level, qty)| Op::Replace { id, client, level, qty }),
         1 => Just(Op::Halt),
         3 => Just(Op::Resume),
@@ -269,6 +270,9 @@ fn command_of(op: &Op) -> Command {
             qty,
         },
         Op::Cancel { id, client } => Command::Cancel { order_id: id, client },
+        Op::CancelOnDisconnect { id, client } => {
+            Command::CancelOnDisconnect { order_id: id, client }
+        }
         Op::Replace { id, client, level, qty } => {
             Command::Replace { order_id: id, client, price: LISTING.price_of(level), qty }
         }

@@ -443,6 +443,11 @@ fn execution_report(
         let text = reason_name(event.reason);
         b.int(tag::ORD_REJ_REASON, ord_rej_reason).field(tag::TEXT, text.as_bytes());
     }
+    // A cancel the client did not ask for says why (IOC remainder, FOK, cancel-on-disconnect).
+    let unasked = event.reason != exchange::msg::Reason::CancelRequested as u8;
+    if exec_type == b'4' && unasked {
+        b.field(tag::TEXT, reason_name(event.reason).as_bytes());
+    }
 }
 
 /// An instrument's symbol, or its id when the table does not list it.

@@ -656,7 +656,7 @@ impl Hub {
             .open
             .iter()
             .map(|(&token, &instrument)| InboundOrder {
-                kind: exchange::msg::request_kind::CANCEL,
+                kind: exchange::msg::request_kind::CANCEL_ON_DISCONNECT,
                 instrument,
                 client: id,
                 order_id: order_id(id, token),

@@ -241,7 +241,8 @@ fn open_orders_are_cancelled_after_the_grace_window() {
     }
     let event = cancelled.expect("the open order was cancelled");
     assert_eq!((event.kind, event.token), (event_kind::CANCELLED, 1));
-    assert_eq!(event.reason, exchange::msg::Reason::CancelRequested as u8);
+    let reason = exchange::msg::Reason::CancelOnDisconnect as u8;
+    assert_eq!(event.reason, reason, "told apart from a cancel the client asked for");
 }
 
 #[test]

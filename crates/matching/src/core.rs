@@ -169,7 +169,12 @@ impl MatchingCore {
                 self.new_order(book_at, out, order_type, time_in_force, qty, emit);
             }
             Command::Cancel { order_id, client } => {
-                self.cancel(book_at, CoreOutput { client, order_id, ..template }, emit)
+                let out = CoreOutput { client, order_id, ..template };
+                self.cancel(book_at, out, Reason::CancelRequested, emit)
+            }
+            Command::CancelOnDisconnect { order_id, client } => {
+                let out = CoreOutput { client, order_id, ..template };
+                self.cancel(book_at, out, Reason::CancelOnDisconnect, emit)
             }
             Command::Replace { order_id, client, price, qty } => {
                 let out = CoreOutput { client, order_id, price, ..template };
@@ -373,7 +378,13 @@ impl MatchingCore {
         Ok(slot)
     }
 
-    fn cancel(&mut self, book_at: u32, out: CoreOutput, emit: &mut impl FnMut(&CoreOutput)) {
+    fn cancel(
+        &mut self,
+        book_at: u32,
+        out: CoreOutput,
+        why: Reason,
+        emit: &mut impl FnMut(&CoreOutput),
+    ) {
         let slot = match self.owned_order(book_at, &out) {
             Ok(slot) => slot,
             Err(reason) => return self.reject(out, reason, emit),
@@ -385,7 +396,7 @@ impl MatchingCore {
         let price = self.books[book_at as usize].listing.price_of(order.level);
         emit(&CoreOutput {
             kind: OutputKind::Cancelled,
-            reason: Reason::CancelRequested,
+            reason: why,
             side: order.side,
             price,
             qty: order.qty,

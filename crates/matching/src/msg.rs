@@ -146,10 +146,13 @@ pub enum Reason {
     ImmediateRemainder,
     /// A fill-or-kill order that could not be filled in full.
     FillOrKillUnfilled,
+    /// Cancelled because its owner's session was gone past the gateway's grace window
+    /// (cancel-on-disconnect), not on a request the client sent.
+    CancelOnDisconnect,
 }
 
 /// Number of [`Reason`] codes (for counter arrays).
-pub const REASON_COUNT: usize = Reason::FillOrKillUnfilled as usize + 1;
+pub const REASON_COUNT: usize = Reason::CancelOnDisconnect as usize + 1;
 
 impl Reason {
     /// Every reason, in code order (index = code).
@@ -177,6 +180,7 @@ impl Reason {
         Reason::CancelRequested,
         Reason::ImmediateRemainder,
         Reason::FillOrKillUnfilled,
+        Reason::CancelOnDisconnect,
     ];
 
     /// True for the reasons of the pre-process's checks (hygiene, enrichment, business).
@@ -199,6 +203,9 @@ pub enum RequestKind {
     Cancel = 2,
     /// Replace (price and/or quantity) a resting order.
     Replace = 3,
+    /// Cancel a resting order because its owner's session is gone (sent by the gateway, not
+    /// the client; answered with [`Reason::CancelOnDisconnect`]).
+    CancelOnDisconnect = 4,
 }
 
 impl RequestKind {
@@ -215,6 +222,7 @@ impl RequestKind {
             1 => Some(RequestKind::New),
             2 => Some(RequestKind::Cancel),
             3 => Some(RequestKind::Replace),
+            4 => Some(RequestKind::CancelOnDisconnect),
             _ => None,
         }
     }
@@ -231,6 +239,8 @@ pub mod request_kind {
     pub const CANCEL: u8 = RequestKind::Cancel as u8;
     /// Replace (price and/or quantity) a resting order.
     pub const REPLACE: u8 = RequestKind::Replace as u8;
+    /// Cancel a resting order because its owner's session is gone.
+    pub const CANCEL_ON_DISCONNECT: u8 = RequestKind::CancelOnDisconnect as u8;
 }
 
 /// Nanosecond timestamps stamped as a message crosses the tier (a monotonic clock, see
@@ -306,6 +316,14 @@ pub enum Command {
         /// The order to cancel.
         order_id: OrderId,
         /// Who asks: must own the order.
+        client: ClientId,
+    },
+    /// Cancel a resting order because its owner's session is gone (answered with
+    /// [`Reason::CancelOnDisconnect`]).
+    CancelOnDisconnect {
+        /// The order to cancel.
+        order_id: OrderId,
+        /// Its owner, whose session is gone.
         client: ClientId,
     },
     /// Replace: a smaller quantity at the same price keeps time priority; any other change
@@ -430,7 +448,9 @@ impl CoreOutput {
     pub fn answers_request(&self) -> bool {
         match self.kind {
             OutputKind::Accepted | OutputKind::Replaced | OutputKind::Rejected => true,
-            OutputKind::Cancelled => self.reason == Reason::CancelRequested,
+            OutputKind::Cancelled => {
+                matches!(self.reason, Reason::CancelRequested | Reason::CancelOnDisconnect)
+            }
             _ => false,
         }
     }
