@@ -60,6 +60,7 @@ pub enum DecimalError {
 /// assert_eq!(parse_scaled("7", 0), Ok(7));
 /// assert_eq!(parse_scaled("0.125", 2), Err(DecimalError::TooPrecise));
 /// assert_eq!(parse_scaled("1.2.3", 2), Err(DecimalError::Malformed));
+/// assert_eq!(parse_scaled("99999999999999999999", 0), Err(DecimalError::OutOfRange));
 /// ```
 pub fn parse_scaled(text: &str, decimals: u32) -> Result<i64, DecimalError> {
     let (negative, digits) = match text.strip_prefix('-') {
@@ -72,11 +73,16 @@ pub fn parse_scaled(text: &str, decimals: u32) -> Result<i64, DecimalError> {
         return Err(DecimalError::Malformed);
     }
     let fraction = fraction.trim_end_matches('0');
-    if fraction.len() > decimals as usize {
+    let Some(padding) = (decimals as usize).checked_sub(fraction.len()) else {
         return Err(DecimalError::TooPrecise);
+    };
+    // Digit by digit, no allocation: a gateway converts every order's price with this.
+    let digits = whole.bytes().chain(fraction.bytes()).chain(std::iter::repeat_n(b'0', padding));
+    let mut units: i64 = 0;
+    for digit in digits {
+        let next = units.checked_mul(10).and_then(|u| u.checked_add(i64::from(digit - b'0')));
+        units = next.ok_or(DecimalError::OutOfRange)?;
     }
-    let padded = format!("{whole}{fraction:0<width$}", width = decimals as usize);
-    let units: i64 = padded.parse().map_err(|_| DecimalError::OutOfRange)?;
     Ok(if negative { -units } else { units })
 }
 
@@ -89,14 +95,30 @@ pub fn parse_scaled(text: &str, decimals: u32) -> Result<i64, DecimalError> {
 /// assert_eq!(format_scaled(-5, 2), "-0.05");
 /// ```
 pub fn format_scaled(units: i64, decimals: u32) -> String {
+    let mut text = Vec::new();
+    write_scaled(&mut text, units, decimals).expect("writing to a Vec cannot fail");
+    String::from_utf8(text).expect("digits, a sign and a point")
+}
+
+/// [`format_scaled`] into `out`, allocating nothing (a gateway writes every report's prices
+/// with it).
+pub fn write_scaled(
+    out: &mut impl std::io::Write,
+    units: i64,
+    decimals: u32,
+) -> std::io::Result<()> {
     let scale = 10u64.pow(decimals);
-    let (whole, fraction) = (units.unsigned_abs() / scale, units.unsigned_abs() % scale);
+    let (whole, mut fraction) = (units.unsigned_abs() / scale, units.unsigned_abs() % scale);
     let sign = if units < 0 { "-" } else { "" };
     if fraction == 0 {
-        return format!("{sign}{whole}");
+        return write!(out, "{sign}{whole}");
     }
-    let fraction = format!("{fraction:0width$}", width = decimals as usize);
-    format!("{sign}{whole}.{}", fraction.trim_end_matches('0'))
+    let mut width = decimals as usize;
+    while fraction % 10 == 0 {
+        fraction /= 10;
+        width -= 1;
+    }
+    write!(out, "{sign}{whole}.{fraction:0width$}")
 }
 
 /// An instruments file: `price_decimals` and one `[[instrument]]` table per instrument.

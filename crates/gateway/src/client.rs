@@ -217,24 +217,21 @@ pub fn parse_script_line_in(
     }
 }
 
-/// One line describing a server message, for people (ids and price units).
-pub fn describe(msg: &ServerMsg) -> String {
-    describe_in(msg, None)
-}
-
-/// [`describe`] with symbols and decimal prices from an instruments table.
+/// One line describing a server message, for people: with an instruments table, symbols and
+/// decimal prices; without, instrument ids and price units.
 ///
 /// ```
 /// use gateway::client::describe;
 /// use gateway::native::{Event, ServerMsg, event_kind};
 /// let event = Event { kind: event_kind::ACCEPTED, token: 5, leaves_qty: 100, price: 101, ..Event::default() };
 /// assert_eq!(
-///     describe(&ServerMsg::Sequenced { seq: 3, event }),
+///     describe(&ServerMsg::Sequenced { seq: 3, event }, None),
 ///     "#3 accepted order 5: buy 100 of instrument 0 at 101"
 /// );
-/// assert_eq!(describe(&ServerMsg::LoginAccepted { client: 1, next_seq: 1 }), "logged in as client 1; next sequence 1");
+/// let login = ServerMsg::LoginAccepted { client: 1, next_seq: 1 };
+/// assert_eq!(describe(&login, None), "logged in as client 1; next sequence 1");
 /// ```
-pub fn describe_in(msg: &ServerMsg, instruments: Option<&InstrumentTable>) -> String {
+pub fn describe(msg: &ServerMsg, instruments: Option<&InstrumentTable>) -> String {
     match msg {
         ServerMsg::LoginAccepted { client, next_seq } => {
             format!("logged in as client {client}; next sequence {next_seq}")

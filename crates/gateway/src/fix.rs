@@ -281,6 +281,15 @@ impl Builder {
         self
     }
 
+    /// Appends a decimal field: `units` of 10^-`decimals` (`101.25` for 1012500 at 4).
+    pub fn decimal(&mut self, tag: u32, units: i64, decimals: u32) -> &mut Self {
+        // Writing into a Vec cannot fail.
+        let _ = write!(self.body, "{tag}=");
+        let _ = exchange::instruments::write_scaled(&mut self.body, units, decimals);
+        self.body.push(SOH);
+        self
+    }
+
     /// Appends an integer field.
     pub fn int(&mut self, tag: u32, value: i64) -> &mut Self {
         // Writing into a Vec cannot fail.

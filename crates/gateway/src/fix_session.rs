@@ -13,7 +13,7 @@ use crate::hub::{Link, Settings};
 use crate::native::reason_name;
 use crate::native::{Event, event_kind};
 use crate::store::{FixRecovered, Log, UNKEPT_SEQ_RESERVE, kind};
-use exchange::instruments::{InstrumentTable, format_scaled};
+use exchange::instruments::InstrumentTable;
 
 /// Longest ClOrdID accepted (FIX leaves it open; real ones are short).
 pub const CL_ORD_ID_BYTES_MAX: usize = 32;
@@ -407,6 +407,7 @@ fn execution_report(
     exec_id: i64,
     instruments: &InstrumentTable,
 ) {
+    let decimals = instruments.price_decimals();
     let leaves = if matches!(exec_type, b'4' | b'8') { 0 } else { event.leaves_qty };
     let status: &[u8] = match exec_type {
         b'8' => b"8",
@@ -422,16 +423,18 @@ fn execution_report(
     b.int(tag::EXEC_ID, exec_id)
         .field(tag::EXEC_TYPE, &[exec_type])
         .field(tag::ORD_STATUS, status)
-        .field(tag::SYMBOL, symbol_of(instruments, order.instrument).as_bytes())
         .field(tag::SIDE, &[order.side])
         .int(tag::ORDER_QTY, i64::from(order.order_qty))
-        .field(tag::PRICE, instruments.price_text(order.price).as_bytes())
+        .decimal(tag::PRICE, order.price, decimals)
         .int(tag::LEAVES_QTY, i64::from(leaves))
         .int(tag::CUM_QTY, i64::from(order.cum_qty));
     put_avg_px(b, order, instruments);
+    match instruments.symbol_of(order.instrument) {
+        Some(symbol) => b.field(tag::SYMBOL, symbol.as_bytes()),
+        None => b.int(tag::SYMBOL, i64::from(order.instrument)),
+    };
     if exec_type == b'F' {
-        let last_px = instruments.price_text(event.price);
-        b.int(tag::LAST_QTY, i64::from(event.qty)).field(tag::LAST_PX, last_px.as_bytes());
+        b.int(tag::LAST_QTY, i64::from(event.qty)).decimal(tag::LAST_PX, event.price, decimals);
     }
     if exec_type == b'8' {
         let ord_rej_reason = match event.reason {
@@ -450,11 +453,6 @@ fn execution_report(
     }
 }
 
-/// An instrument's symbol, or its id when the table does not list it.
-fn symbol_of(instruments: &InstrumentTable, id: u32) -> String {
-    instruments.symbol_of(id).map_or_else(|| id.to_string(), str::to_string)
-}
-
 /// AvgPx, to [`AVG_PX_EXTRA_DECIMALS`] decimals beyond the price unit's (an average need not
 /// fall on a tick).
 fn put_avg_px(b: &mut Builder, order: &Order, instruments: &InstrumentTable) {
@@ -464,8 +462,7 @@ fn put_avg_px(b: &mut Builder, order: &Order, instruments: &InstrumentTable) {
         filled => order.notional * scale / i128::from(filled),
     };
     let average = i64::try_from(average).unwrap_or(i64::MAX);
-    let text = format_scaled(average, instruments.price_decimals() + AVG_PX_EXTRA_DECIMALS);
-    b.field(tag::AVG_PX, text.as_bytes());
+    b.decimal(tag::AVG_PX, average, instruments.price_decimals() + AVG_PX_EXTRA_DECIMALS);
 }
 
 /// Decimal places AvgPx carries beyond the price unit's.

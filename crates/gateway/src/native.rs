@@ -7,6 +7,7 @@
 //! no allocation, and any other length is [`DecodeError::BadLength`].
 
 use exchange::msg::{InstrumentId, Price, Qty};
+use std::borrow::Cow;
 
 /// The protocol version this build speaks.
 pub const VERSION: u8 = 1;
@@ -69,17 +70,15 @@ pub mod gateway_reason {
 /// assert_eq!(reason_name(gateway_reason::THROTTLED), "Throttled");
 /// assert_eq!(reason_name(250), "250");
 /// ```
-pub fn reason_name(code: u8) -> String {
+pub fn reason_name(code: u8) -> Cow<'static, str> {
     let gateway_names = ["Throttled", "Busy", "WrongClient", "ShuttingDown", "NotKept"];
-    if let Some(name) = code
-        .checked_sub(gateway_reason::THROTTLED)
-        .and_then(|at| gateway_names.get(usize::from(at)))
-    {
-        return (*name).to_string();
+    let gateway = code.checked_sub(gateway_reason::THROTTLED);
+    if let Some(name) = gateway.and_then(|at| gateway_names.get(usize::from(at))) {
+        return Cow::Borrowed(name);
     }
     match exchange::msg::Reason::ALL.get(usize::from(code)) {
-        Some(reason) if code < gateway_reason::THROTTLED => format!("{reason:?}"),
-        _ => code.to_string(),
+        Some(reason) if code < gateway_reason::THROTTLED => Cow::Borrowed(reason.name()),
+        _ => Cow::Owned(code.to_string()),
     }
 }
 

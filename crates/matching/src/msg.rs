@@ -183,6 +183,43 @@ impl Reason {
         Reason::CancelOnDisconnect,
     ];
 
+    /// The reason's name as written (`PriceOffTick`): what reports and FIX Text (58) show.
+    ///
+    /// ```
+    /// use matching::msg::Reason;
+    /// assert_eq!(Reason::PriceOffTick.name(), "PriceOffTick");
+    /// assert!(Reason::ALL.iter().all(|r| r.name() == format!("{r:?}")));
+    /// ```
+    pub fn name(self) -> &'static str {
+        const NAMES: [&str; REASON_COUNT] = [
+            "None",
+            "BadRequestKind",
+            "BadEnum",
+            "ZeroQuantity",
+            "BadPrice",
+            "MarketDay",
+            "UnknownInstrument",
+            "UnknownClient",
+            "InstrumentInactive",
+            "InstrumentHalted",
+            "PriceOffTick",
+            "PriceOutsideBand",
+            "QuantityOffLot",
+            "QuantityOverMax",
+            "ClientDisabled",
+            "ClientLimitExceeded",
+            "UnknownOrder",
+            "DuplicateOrderId",
+            "OrderPoolFull",
+            "NotOrderOwner",
+            "CancelRequested",
+            "ImmediateRemainder",
+            "FillOrKillUnfilled",
+            "CancelOnDisconnect",
+        ];
+        NAMES[self as usize]
+    }
+
     /// True for the reasons of the pre-process's checks (hygiene, enrichment, business).
     /// The core also answers halts and bands from its own sequenced state.
     pub fn is_invalid_input(self) -> bool {

@@ -11,7 +11,7 @@ use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::instruments::InstrumentTable;
 use exchange::tier::{LayoutChoice, TierConfig};
-use gateway::client::{NativeClient, describe_in, parse_script_line_in};
+use gateway::client::{NativeClient, describe, parse_script_line_in};
 use gateway::hub::Settings;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
@@ -417,7 +417,7 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     let table = table.as_ref();
     let mut session = NativeClient::connect(args.connect)?;
     let login = session.login(args.client, &args.secret, args.next_seq, Duration::from_secs(10))?;
-    println!("{}", describe_in(&login, table));
+    println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
         anyhow::bail!("login refused");
     }
@@ -442,7 +442,7 @@ fn print_available(
 ) -> anyhow::Result<()> {
     let wait = linger.max(Duration::from_millis(1));
     while let Some(msg) = session.recv(wait)? {
-        println!("{}", describe_in(&msg, table));
+        println!("{}", describe(&msg, table));
     }
     Ok(())
 }
