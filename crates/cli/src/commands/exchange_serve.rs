@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// filled in; tokens left out) as the TOML --config reads, and exit.
     #[arg(long)]
     pub print_config: bool,
-    /// TOML settings: `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
+    /// TOML settings: `listen`, `fix_listen`, `metrics_listen` (the flags override them),
+    /// `credentials` (file of `client_id protocol comp_id argon2-hash` lines,
     /// relative to this file), `store_dir` (the durable store of FIX and native sessions;
     /// `fix_store_dir` is its old name), `store_sync` (fdatasync each batch before sending it;
     /// default true), `store_bytes_max` (compact the store past this; default 256 MiB),
@@ -759,5 +760,22 @@ mod tests {
         let plain =
             settings_from(&toml::from_str("credentials = \"c\"\n").unwrap(), Path::new("."));
         assert_eq!((plain.metrics_token, plain.metrics_per_client), (None, false));
+    }
+
+    #[test]
+    fn market_files_go_together_and_a_missing_one_is_named() {
+        let run = |text: &str| {
+            let config: ServeConfig = toml::from_str(text).unwrap();
+            let base = Path::new("/nonexistent");
+            with_market_files(TierConfig::default(), Settings::default(), &config, base)
+        };
+        let alone = run("credentials = \"c\"\ninstruments_file = \"i.toml\"\n").unwrap_err();
+        assert!(alone.0.contains("go together"), "{}", alone.0);
+        let both =
+            "credentials = \"c\"\ninstruments_file = \"i.toml\"\nclients_file = \"c.toml\"\n";
+        let missing = run(both).unwrap_err();
+        assert!(missing.0.contains("/nonexistent/i.toml"), "{}", missing.0);
+        let (tier, settings) = run("credentials = \"c\"\n").unwrap();
+        assert!(tier.master_data.is_none() && settings.instruments.is_empty(), "the reference");
     }
 }
