@@ -1,0 +1,120 @@
+//! The gateway's side of the input log: each order appended to its shard's stream under a
+//! message id that names where it came from, acknowledged once a quorum of the stream's
+//! replicas stored it.
+//!
+//! A gateway that loses an acknowledgement (a node died, a leader moved) appends again under
+//! the same id: inside the stream's deduplication window JetStream answers with the first
+//! copy's sequence and `duplicate`, so a retry never books a second order.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use matching::msg::InboundOrder;
+
+use crate::error::ReplicationError;
+use crate::layout::LogSettings;
+use crate::record;
+
+/// How long one append waits for its acknowledgement.
+pub const APPEND_ACK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an order is retried before it is refused: a client reconnecting to another node
+/// and the stream electing a new leader take a few seconds at most.
+pub const APPEND_RETRY_FOR: Duration = Duration::from_secs(10);
+/// First pause before a retry after a refusal that came at once (disconnected, no stream
+/// leader yet); it doubles up to [`RETRY_PAUSE_MAX`].
+const RETRY_PAUSE_FIRST: Duration = Duration::from_millis(20);
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(500);
+
+/// Where an order came from: unique per order as long as a session's sequence numbers are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AppendId {
+    /// The gateway process.
+    pub gateway: u32,
+    /// The session within the gateway (its login).
+    pub session: u64,
+    /// The order's sequence number in that session.
+    pub seq: u64,
+}
+
+impl fmt::Display for AppendId {
+    /// The JetStream message id: `{gateway}-{session}-{seq}`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}-{}", self.gateway, self.session, self.seq)
+    }
+}
+
+/// An acknowledged append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    /// The shard stream that holds the order.
+    pub shard: u32,
+    /// Its sequence there: the shard's input sequence.
+    pub stream_seq: u64,
+    /// The id was appended before (a retry): nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// Appends orders to their shard streams; cheap to clone (one client, shared settings).
+#[derive(Clone)]
+pub struct OrderLog {
+    js: jetstream::Context,
+    settings: Arc<LogSettings>,
+}
+
+impl OrderLog {
+    /// Opens the log on `client`, creating the shard streams that do not exist yet.
+    pub async fn open(
+        client: async_nats::Client,
+        settings: LogSettings,
+    ) -> Result<OrderLog, ReplicationError> {
+        let mut js = jetstream::new(client);
+        js.set_timeout(APPEND_ACK_TIMEOUT);
+        settings.ensure_streams(&js).await?;
+        Ok(OrderLog { js, settings: Arc::new(settings) })
+    }
+
+    /// The log's layout.
+    pub fn settings(&self) -> &LogSettings {
+        &self.settings
+    }
+
+    /// Appends `order` to its instrument's shard stream under `id`, retrying (same id) until
+    /// a quorum acknowledged it or [`APPEND_RETRY_FOR`] passed.
+    pub async fn append(
+        &self,
+        order: &InboundOrder,
+        id: AppendId,
+        intended_abs_ns: u64,
+    ) -> Result<Appended, ReplicationError> {
+        let shard = self.settings.shard_of(order.instrument);
+        let subject = self.settings.subject(shard);
+        let payload = bytes::Bytes::copy_from_slice(&record::encode(order, intended_abs_ns));
+        let msg_id = id.to_string();
+        let started = std::time::Instant::now();
+        let (mut attempts, mut pause) = (0, RETRY_PAUSE_FIRST);
+        while attempts == 0 || started.elapsed() < APPEND_RETRY_FOR {
+            attempts += 1;
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id.as_str());
+            let publish = self.js.publish_with_headers(subject.clone(), headers, payload.clone());
+            let acked = match publish.await {
+                Ok(ack) => ack.await.map_err(|error| error.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            match acked {
+                Ok(ack) => {
+                    let (stream_seq, duplicate) = (ack.sequence, ack.duplicate);
+                    return Ok(Appended { shard, stream_seq, duplicate });
+                }
+                Err(reason) => {
+                    tracing::debug!("append {msg_id}, attempt {attempts}: {reason}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                }
+            }
+        }
+        Err(ReplicationError::NotAcknowledged { id: msg_id, attempts, waited: started.elapsed() })
+    }
+}

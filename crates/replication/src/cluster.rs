@@ -1,0 +1,154 @@
+//! A JetStream cluster of `nats-server` children on loopback ports, for tests, soaks and
+//! benchmarks: each node with its own store folder, routes to every other node, killable
+//! (SIGKILL) and restartable on its ports. `scripts/nats-env cluster` starts the same layout
+//! for a shell.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::error::ReplicationError;
+
+/// How long a node may take to accept client connections.
+pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(20);
+/// The server binary (the Debian package `nats-server`).
+pub const SERVER_BINARY: &str = "nats-server";
+
+struct Node {
+    name: String,
+    client_port: u16,
+    route_port: u16,
+    /// The HTTP monitoring port: `/healthz` says when JetStream is current.
+    monitor_port: u16,
+    store: PathBuf,
+    child: Option<Child>,
+}
+
+/// A running cluster; its nodes are killed when it is dropped.
+pub struct Cluster {
+    nodes: Vec<Node>,
+    routes: String,
+    _root: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `nodes` servers with JetStream (1: a single server, no cluster).
+    pub fn start(nodes: usize) -> Result<Cluster, ReplicationError> {
+        let root = tempfile::tempdir().map_err(|e| ReplicationError::Server(e.to_string()))?;
+        let free = || -> Result<u16, ReplicationError> {
+            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0));
+            let port = listener.and_then(|l| l.local_addr()).map(|a| a.port());
+            port.map_err(|e| ReplicationError::Server(e.to_string()))
+        };
+        let mut planned = Vec::new();
+        for index in 1..=nodes {
+            let (name, store) = (format!("n{index}"), root.path().join(format!("n{index}")));
+            planned.push(Node {
+                name,
+                client_port: free()?,
+                route_port: free()?,
+                monitor_port: free()?,
+                store,
+                child: None,
+            });
+        }
+        let routes = planned.iter().map(|n| format!("nats://127.0.0.1:{}", n.route_port));
+        let routes = routes.collect::<Vec<_>>().join(",");
+        let mut cluster = Cluster { nodes: planned, routes, _root: root };
+        for index in 0..nodes {
+            cluster.spawn(index)?;
+        }
+        for index in 0..nodes {
+            cluster.wait_ready(index)?;
+        }
+        Ok(cluster)
+    }
+
+    /// Every node's client URL, comma-separated (what a client's connect takes).
+    pub fn url(&self) -> String {
+        let urls = self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.client_port));
+        urls.collect::<Vec<_>>().join(",")
+    }
+
+    /// Node `index`'s own client URL.
+    pub fn node_url(&self, index: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[index].client_port)
+    }
+
+    /// Kills node `index` with SIGKILL (its store stays for a restart).
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Restarts a killed node on its ports and store and waits until it accepts clients.
+    pub fn restart(&mut self, index: usize) -> Result<(), ReplicationError> {
+        self.spawn(index)?;
+        self.wait_ready(index)
+    }
+
+    fn spawn(&mut self, index: usize) -> Result<(), ReplicationError> {
+        let clustered = self.nodes.len() > 1;
+        let node = &mut self.nodes[index];
+        let mut command = Command::new(SERVER_BINARY);
+        command.args(["-a", "127.0.0.1", "-p", &node.client_port.to_string(), "-n", &node.name]);
+        command.args(["-m", &node.monitor_port.to_string()]);
+        command.arg("-js").arg("-sd").arg(&node.store);
+        if clustered {
+            let listen = format!("nats://127.0.0.1:{}", node.route_port);
+            command.args(["--cluster_name", "leantier", "--cluster", &listen]);
+            command.args(["--routes", &self.routes]);
+        }
+        let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        let child = child.map_err(|error| {
+            ReplicationError::Server(format!(
+                "cannot run {SERVER_BINARY} ({error}): install the Debian package nats-server \
+                 (scripts/nats-env does)"
+            ))
+        })?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    fn wait_ready(&mut self, index: usize) -> Result<(), ReplicationError> {
+        let started = Instant::now();
+        let node = &mut self.nodes[index];
+        while started.elapsed() < NODE_START_TIMEOUT {
+            if healthy(node.monitor_port) {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = node.child.as_mut().map(Child::try_wait) {
+                let why = format!("node {} exited at start ({status}): ports taken?", node.name);
+                return Err(ReplicationError::Server(why));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(ReplicationError::Server(format!("node {} did not start", node.name)))
+    }
+}
+
+/// Whether the node's `/healthz` answers 200: it accepts clients and its JetStream is current
+/// (in a cluster: a meta leader is known and its assets are caught up).
+fn healthy(monitor_port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, monitor_port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    let mut status_line = [0u8; 12];
+    stream.write_all(request).is_ok()
+        && stream.read_exact(&mut status_line).is_ok()
+        && &status_line == b"HTTP/1.1 200"
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for index in 0..self.nodes.len() {
+            self.kill(index);
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The crate's typed error.
+
+use std::time::Duration;
+
+/// What went wrong talking to the replicated log or the lease.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicationError {
+    /// Settings that cannot work (a bad prefix, zero shards, a TTL not above its renewal).
+    #[error("bad replication settings: {0}")]
+    BadSettings(String),
+    /// JetStream refused or failed an operation (`what` names it; `reason` is the server's or
+    /// client's words).
+    #[error("JetStream {what}: {reason}")]
+    JetStream {
+        /// The operation, e.g. "creating stream LEANTIER_ORDERS_0".
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// No acknowledgement from a quorum in time, after every retry (the order is not accepted).
+    #[error("no acknowledgement for {id} after {attempts} attempts in {waited:?}")]
+    NotAcknowledged {
+        /// The append's message id.
+        id: String,
+        /// Attempts made.
+        attempts: u32,
+        /// How long it was retried.
+        waited: Duration,
+    },
+    /// A follower found a hole in the stream: inputs were removed below a reader, so replay
+    /// would not be the stream's order.
+    #[error("stream {stream}: expected sequence {expected}, the stream delivered {found}")]
+    Gap {
+        /// The stream.
+        stream: String,
+        /// The next sequence the follower needed.
+        expected: u64,
+        /// What came instead.
+        found: u64,
+    },
+    /// A stream message that is not an input-log record.
+    #[error("stream {stream} sequence {seq}: {source}")]
+    Record {
+        /// The stream.
+        stream: String,
+        /// Its sequence.
+        seq: u64,
+        /// Why it is not a record.
+        source: crate::record::RecordError,
+    },
+    /// A `nats-server` child of [`crate::cluster`] could not be started.
+    #[error("nats-server: {0}")]
+    Server(String),
+}
+
+impl ReplicationError {
+    pub(crate) fn jetstream(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+        ReplicationError::JetStream { what: what.into(), reason: reason.to_string() }
+    }
+}

@@ -1,0 +1,200 @@
+//! One leader per shard: a lease held as the one live message of the shard's subject in a
+//! JetStream stream whose messages expire after the lease's TTL (a key-value bucket's
+//! mechanism — a subject per key, one message kept per subject, a compare-and-set on the
+//! subject's last sequence — on a plain stream, which every JetStream server version serves).
+//!
+//! * **Acquire** appends with `Nats-Expected-Last-Subject-Sequence: 0`: refused while any
+//!   holder's message is alive.
+//! * **Renew** appends against the sequence the holder last wrote: refused once another
+//!   holder wrote a newer one, so a holder that lost its lease learns it.
+//! * **Validity.** A holder acts as leader only until `TTL − SAFETY_MARGIN` after the *start*
+//!   of its last successful renewal. The entry it wrote is stored after that start, so it
+//!   expires on the server no earlier than `start + TTL`; nobody can create the key before
+//!   then. With the margin covering scheduling and the two clocks' rate difference, the old
+//!   holder's validity ends before a new holder's begins: never two leaders at once, even
+//!   when the old one is cut off and cannot hear that it lost (a partition, a paused process).
+//! * A partition's minority side cannot write the bucket (no quorum): its holder's validity
+//!   runs out and it stops; the majority side's standby takes the lease after the TTL.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+
+use crate::error::ReplicationError;
+
+/// Lease TTL by default: a dead leader is replaced within about this long.
+pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(1);
+/// How often a holder renews (and a standby tries to take the lease), by default.
+pub const LEASE_RENEW_DEFAULT: Duration = Duration::from_millis(200);
+/// How long before its lease could expire a holder stops acting as leader.
+pub const LEASE_SAFETY_MARGIN: Duration = Duration::from_millis(150);
+/// The smallest TTL JetStream ages entries out reliably at.
+pub const LEASE_TTL_MIN: Duration = Duration::from_millis(500);
+
+/// How a shard's lease is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// The lease stream (one per deployment; a subject per shard).
+    pub bucket: String,
+    /// Entry lifetime ([`LEASE_TTL_DEFAULT`]).
+    pub ttl: Duration,
+    /// Renewal period ([`LEASE_RENEW_DEFAULT`]); well below `ttl − LEASE_SAFETY_MARGIN`.
+    pub renew_every: Duration,
+    /// Copies of the bucket (3 in a cluster).
+    pub replicas: usize,
+}
+
+impl LeaseSettings {
+    /// The default TTL and renewal on bucket `{PREFIX}_LEADERS` with `replicas` copies.
+    ///
+    /// ```
+    /// use replication::lease::LeaseSettings;
+    /// let settings = LeaseSettings::new("leantier", 3);
+    /// assert_eq!(settings.bucket, "LEANTIER_LEADERS");
+    /// assert!(settings.validate().is_ok());
+    /// let slow = LeaseSettings { renew_every: settings.ttl, ..settings };
+    /// assert!(slow.validate().is_err(), "a renewal per TTL lets the lease lapse");
+    /// ```
+    pub fn new(prefix: &str, replicas: usize) -> LeaseSettings {
+        LeaseSettings {
+            bucket: format!("{}_LEADERS", prefix.to_ascii_uppercase()),
+            ttl: LEASE_TTL_DEFAULT,
+            renew_every: LEASE_RENEW_DEFAULT,
+            replicas,
+        }
+    }
+
+    /// Checks that a renewal fits twice in the lease's valid part.
+    pub fn validate(&self) -> Result<(), ReplicationError> {
+        let valid = self.ttl.saturating_sub(LEASE_SAFETY_MARGIN);
+        if self.ttl < LEASE_TTL_MIN || self.renew_every.is_zero() || self.renew_every * 2 > valid {
+            return Err(ReplicationError::BadSettings(format!(
+                "lease TTL {:?} (≥ {LEASE_TTL_MIN:?}) must hold two renewals of {:?} plus the \
+                 {LEASE_SAFETY_MARGIN:?} margin",
+                self.ttl, self.renew_every
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One contender for one shard's lease.
+pub struct Lease {
+    js: jetstream::Context,
+    stream: stream::Stream,
+    subject: String,
+    holder: bytes::Bytes,
+    ttl: Duration,
+    /// The sequence this contender last wrote while holding the lease.
+    revision: Option<u64>,
+    valid_until: Option<Instant>,
+}
+
+impl Lease {
+    /// Opens (creating when missing) the lease stream and contends for `shard`'s subject as
+    /// `holder` (a name for logs: the host and process).
+    pub async fn open(
+        client: async_nats::Client,
+        settings: &LeaseSettings,
+        shard: u32,
+        holder: &str,
+    ) -> Result<Lease, ReplicationError> {
+        settings.validate()?;
+        let mut js = jetstream::new(client);
+        js.set_timeout(settings.renew_every);
+        let prefix = settings.bucket.to_ascii_lowercase();
+        let config = stream::Config {
+            name: settings.bucket.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            max_age: settings.ttl,
+            max_messages_per_subject: 1,
+            num_replicas: settings.replicas,
+            ..Default::default()
+        };
+        let what = format!("opening lease stream {}", settings.bucket);
+        let stream = js.get_or_create_stream(config).await;
+        let stream = stream.map_err(|e| ReplicationError::jetstream(what, e))?;
+        let holder = bytes::Bytes::copy_from_slice(holder.as_bytes());
+        let (subject, ttl) = (format!("{prefix}.shard-{shard}"), settings.ttl);
+        Ok(Lease { js, stream, subject, holder, ttl, revision: None, valid_until: None })
+    }
+
+    /// Takes the lease if nobody holds it. `Ok(false)`: another holder's message is alive.
+    pub async fn try_acquire(&mut self) -> Result<bool, ReplicationError> {
+        let started = Instant::now();
+        match self.write_after(0).await {
+            Ok(revision) => Ok(self.held_from(revision, started)),
+            Err(PublishErrorKind::WrongLastSequence) => Ok(false),
+            Err(kind) => Err(ReplicationError::jetstream(format!("taking {}", self.subject), kind)),
+        }
+    }
+
+    /// Renews a held lease. `Ok(false)`: it was lost (another holder wrote the subject, or it
+    /// expired); an error (no quorum, no server) leaves the validity running out on its own.
+    pub async fn renew(&mut self) -> Result<bool, ReplicationError> {
+        let Some(revision) = self.revision else { return Ok(false) };
+        let started = Instant::now();
+        match self.write_after(revision).await {
+            Ok(revision) => Ok(self.held_from(revision, started)),
+            Err(PublishErrorKind::WrongLastSequence) => {
+                self.lose();
+                Ok(false)
+            }
+            Err(kind) => {
+                Err(ReplicationError::jetstream(format!("renewing {}", self.subject), kind))
+            }
+        }
+    }
+
+    /// Until when this contender may act as leader (`None`: it does not hold the lease).
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.valid_until.filter(|until| Instant::now() < *until)
+    }
+
+    /// Gives the lease up at once (a stopping leader), so a standby need not wait the TTL.
+    pub async fn release(&mut self) -> Result<(), ReplicationError> {
+        if self.revision.is_none() {
+            return Ok(());
+        }
+        self.lose();
+        let purged = self.stream.purge().filter(self.subject.clone()).await;
+        let what = format!("releasing {}", self.subject);
+        purged.map(|_| ()).map_err(|e| ReplicationError::jetstream(what, e))
+    }
+
+    /// Who holds the lease now, by the stream (`None`: nobody).
+    pub async fn holder(&self) -> Result<Option<String>, ReplicationError> {
+        match self.stream.get_last_raw_message_by_subject(&self.subject).await {
+            Ok(message) => Ok(Some(String::from_utf8_lossy(&message.payload).into_owned())),
+            Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                Ok(None)
+            }
+            Err(error) => {
+                Err(ReplicationError::jetstream(format!("reading {}", self.subject), error))
+            }
+        }
+    }
+
+    /// Writes this holder's name if the subject's last sequence is `expected` (0: none alive);
+    /// the new sequence.
+    async fn write_after(&self, expected: u64) -> Result<u64, PublishErrorKind> {
+        let mut headers = async_nats::HeaderMap::new();
+        let expected = expected.to_string();
+        headers.insert(async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expected.as_str());
+        let publish =
+            self.js.publish_with_headers(self.subject.clone(), headers, self.holder.clone());
+        let ack = publish.await.map_err(|e| e.kind())?.await.map_err(|e| e.kind())?;
+        Ok(ack.sequence)
+    }
+
+    fn held_from(&mut self, revision: u64, started: Instant) -> bool {
+        self.revision = Some(revision);
+        self.valid_until = Some(started + self.ttl.saturating_sub(LEASE_SAFETY_MARGIN));
+        true
+    }
+
+    fn lose(&mut self) {
+        self.revision = None;
+        self.valid_until = None;
+    }
+}

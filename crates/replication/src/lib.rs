@@ -1,0 +1,31 @@
+//! The exchange tier beyond one machine, on NATS JetStream: each shard's input is a
+//! replicated, sequenced stream that gateways append to and engines follow, and one engine
+//! per shard leads through a lease in a JetStream key-value bucket.
+//!
+//! ```text
+//!  gateway ──append (msg id = gateway-session-seq)──▶ stream {PREFIX}_ORDERS_{shard} (R3, Raft)
+//!                                                        │ in stream order
+//!                              ┌─────────────────────────┴──────────────────┐
+//!                        engine (lease holder)                        engine (standby)
+//!                        tier → publishes reports                     tier → publishes nothing
+//! ```
+//!
+//! * [`layout`]: stream names, subjects, bounds and the instrument → shard rule.
+//! * [`append`]: the gateway's append, deduplicated by message id, acknowledged by a quorum.
+//! * [`follow`]: an engine's in-order read of its shard's stream; a hole is an error.
+//! * [`lease`]: the leader lease (acquire, renew, validity that ends before anyone else's).
+//! * [`record`]: one order as a fixed-size, versioned log record.
+//! * [`cluster`]: a loopback JetStream cluster of `nats-server` children for tests.
+//!
+//! docs/REPLICATION.md says what is replicated and what a failover costs.
+#![deny(missing_docs)]
+
+pub mod append;
+pub mod cluster;
+pub mod error;
+pub mod follow;
+pub mod layout;
+pub mod lease;
+pub mod record;
+
+pub use error::ReplicationError;

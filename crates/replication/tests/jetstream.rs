@@ -1,0 +1,143 @@
+//! The input log and the lease against real `nats-server` clusters (three nodes on loopback
+//! ports, children of the test, killed with SIGKILL).
+
+use std::time::{Duration, Instant};
+
+use matching::msg::InboundOrder;
+use replication::append::{AppendId, OrderLog};
+use replication::cluster::Cluster;
+use replication::follow::Follower;
+use replication::layout::LogSettings;
+use replication::lease::{Lease, LeaseSettings};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+async fn connect(url: &str) -> async_nats::Client {
+    let options = async_nats::ConnectOptions::new().retry_on_initial_connect();
+    let urls: Vec<async_nats::ServerAddr> = url.split(',').map(|u| u.parse().unwrap()).collect();
+    tokio::time::timeout(Duration::from_secs(10), options.connect(urls))
+        .await
+        .expect("connect in time")
+        .expect("connect")
+}
+
+fn order(instrument: u32, order_id: u64) -> InboundOrder {
+    InboundOrder { instrument, client: 1, order_id, price: 100, qty: 1, ..InboundOrder::default() }
+}
+
+fn id(seq: u64) -> AppendId {
+    AppendId { gateway: 1, session: 7, seq }
+}
+
+/// A gateway's retry (the same message id) is acknowledged with the first copy's sequence and
+/// stores nothing; a follower reads every order once, in order, each on its instrument's shard.
+#[test]
+fn retries_never_store_twice_and_followers_read_in_order() {
+    let cluster = Cluster::start(3).unwrap();
+    runtime().block_on(async {
+        let client = connect(&cluster.url()).await;
+        let settings = LogSettings { shards: 2, ..LogSettings::new(3) };
+        let log = OrderLog::open(client.clone(), settings.clone()).await.unwrap();
+        for seq in 1..=10u64 {
+            let appended = log.append(&order(seq as u32, seq), id(seq), 0).await.unwrap();
+            assert_eq!(appended.shard, seq as u32 % 2);
+            assert!(!appended.duplicate);
+        }
+        let first = log.append(&order(4, 4), id(4), 0).await.unwrap();
+        assert!(first.duplicate, "the same id again is a duplicate");
+        assert_eq!(first.stream_seq, 2, "answered with the first copy's sequence");
+        for shard in 0..2 {
+            let mut follower = Follower::open(client.clone(), &settings, shard, 1).await.unwrap();
+            let mut seen = Vec::new();
+            while seen.len() < 5 {
+                let logged = tokio::time::timeout(Duration::from_secs(5), follower.next()).await;
+                let logged = logged.expect("in time").expect("open").unwrap();
+                assert_eq!(logged.stream_seq, seen.len() as u64 + 1);
+                seen.push(logged.order.order_id);
+            }
+            let expected: Vec<u64> = (1..=10).filter(|s| s % 2 == u64::from(shard)).collect();
+            assert_eq!(seen, expected, "shard {shard}: each order once, in append order");
+        }
+    });
+}
+
+/// Appends go on while one of three servers is killed and after it comes back; the stream
+/// holds every acknowledged order exactly once (R3: a quorum survives one loss).
+#[test]
+fn a_killed_server_loses_no_acknowledged_order() {
+    let mut cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let rt = runtime();
+    let settings = LogSettings::new(3);
+    let log = rt.block_on(async {
+        let client = connect(&url).await;
+        OrderLog::open(client, settings.clone()).await.unwrap()
+    });
+    let mut acknowledged = 0u64;
+    let mut longest_append = Duration::ZERO;
+    for seq in 1..=300u64 {
+        if seq == 100 {
+            cluster.kill(0);
+        }
+        if seq == 200 {
+            cluster.restart(0).unwrap();
+        }
+        let started = Instant::now();
+        let appended = rt.block_on(log.append(&order(1, seq), id(seq), 0));
+        longest_append = longest_append.max(started.elapsed());
+        let appended = appended.unwrap_or_else(|e| panic!("order {seq}: {e}"));
+        assert!(!appended.duplicate);
+        acknowledged += 1;
+    }
+    println!("longest append across a server's kill and restart: {longest_append:?}");
+    assert!(longest_append < Duration::from_secs(10), "a pause of {longest_append:?}");
+    rt.block_on(async {
+        let client = connect(&url).await;
+        let mut follower = Follower::open(client, &settings, 0, 1).await.unwrap();
+        for seq in 1..=acknowledged {
+            let logged = tokio::time::timeout(Duration::from_secs(10), follower.next()).await;
+            let logged = logged.expect("in time").expect("open").unwrap();
+            assert_eq!((logged.stream_seq, logged.order.order_id), (seq, seq));
+        }
+    });
+}
+
+/// One holder at a time: a second contender is refused while the first renews; once the
+/// first stops renewing, its validity ends before the second can take the lease.
+#[test]
+fn the_lease_has_one_holder_and_passes_on_when_renewals_stop() {
+    let cluster = Cluster::start(3).unwrap();
+    runtime().block_on(async {
+        let client = connect(&cluster.url()).await;
+        let settings = LeaseSettings::new("leantier", 3);
+        let mut first = Lease::open(client.clone(), &settings, 0, "first").await.unwrap();
+        let mut second = Lease::open(client.clone(), &settings, 0, "second").await.unwrap();
+        assert!(first.try_acquire().await.unwrap());
+        assert!(!second.try_acquire().await.unwrap(), "held: refused");
+        for _ in 0..8 {
+            tokio::time::sleep(settings.renew_every).await;
+            assert!(first.renew().await.unwrap(), "renewals keep it");
+            assert!(!second.try_acquire().await.unwrap(), "held through renewals");
+        }
+        assert_eq!(second.holder().await.unwrap().as_deref(), Some("first"));
+        // The first holder stops renewing (a crash, a partition).
+        let first_valid_until = first.valid_until().expect("held");
+        let mut taken_at = None;
+        let deadline = Instant::now() + settings.ttl * 5;
+        while Instant::now() < deadline {
+            if second.try_acquire().await.unwrap() {
+                taken_at = Some(Instant::now());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let taken_at = taken_at.expect("the lease passes on once renewals stop");
+        assert!(taken_at > first_valid_until, "no overlap: the old validity ended first");
+        assert!(!first.renew().await.unwrap(), "the old holder learns it lost");
+        assert_eq!(first.valid_until(), None);
+        second.release().await.unwrap();
+        assert!(first.try_acquire().await.unwrap(), "a released lease is free at once");
+    });
+}
