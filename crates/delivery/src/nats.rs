@@ -174,7 +174,14 @@ pub async fn connect(
                 other => tracing::warn!("{who}: NATS event: {other}"),
             }
         });
-    let connecting = options.connect(settings.url.as_str());
+    // A cluster is named by its nodes' URLs, comma-separated (as the nats tools take them).
+    let servers: Result<Vec<async_nats::ServerAddr>, _> =
+        settings.url.split(',').map(|url| url.trim().parse()).collect();
+    let servers = servers.map_err(|error| NatsConnectError::Connect {
+        url: url.clone(),
+        reason: error.to_string(),
+    })?;
+    let connecting = options.connect(servers);
     let connected = tokio::time::timeout(CONNECT_TIMEOUT, connecting).await;
     let error = match connected {
         Err(_) => return Err(NatsConnectError::Timeout { url }),

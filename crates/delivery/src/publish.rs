@@ -71,6 +71,8 @@ pub struct PublishReport {
     pub batches: u64,
     /// Records whose batch the client could not take (kept in the window only).
     pub unsent: u64,
+    /// Records sequenced and retained while this group member did not lead (not sent).
+    pub withheld: u64,
     pub heartbeats: u64,
     pub retain_requests: u64,
     /// Records served from the retained windows.
@@ -123,6 +125,7 @@ struct Counters {
     published: AtomicU64,
     batches: AtomicU64,
     unsent: AtomicU64,
+    withheld: AtomicU64,
     heartbeats: AtomicU64,
     retain_requests: AtomicU64,
     retained_served: AtomicU64,
@@ -130,11 +133,61 @@ struct Counters {
     refusing: AtomicBool,
 }
 
+/// Whether a publisher may publish now. A replicated engine group (the `replication`
+/// crate) runs one publisher per engine: every engine sequences and retains the same records,
+/// and only the lease holder's gate is open. The holder moves the gate's deadline forward on
+/// each renewal of its lease, so a holder cut off from renewing closes by itself.
+#[derive(Debug, Default)]
+pub struct PublishGate {
+    /// Open until this absolute `CLOCK_MONOTONIC` time, ns (0: closed).
+    open_until_abs_ns: AtomicU64,
+}
+
+impl PublishGate {
+    /// A gate that is closed until [`PublishGate::open_until`].
+    pub fn closed() -> Arc<PublishGate> {
+        Arc::new(PublishGate::default())
+    }
+
+    /// Opens the gate until `abs_ns` (absolute monotonic ns, [`crate::clock::monotonic_ns`]).
+    pub fn open_until(&self, abs_ns: u64) {
+        // Relaxed: the deadline publishes no other data; a publisher that reads a stale one
+        // errs by at most one batch within the lease's safety margin.
+        self.open_until_abs_ns.store(abs_ns, Ordering::Relaxed);
+    }
+
+    /// Closes the gate at once.
+    pub fn close(&self) {
+        self.open_until(0);
+    }
+
+    /// Whether publishing is allowed now.
+    pub fn is_open(&self) -> bool {
+        // Relaxed: see `open_until`.
+        monotonic_ns() < self.open_until_abs_ns.load(Ordering::Relaxed)
+    }
+}
+
+/// A publisher that is one of a group sharing one sequence space (the engines that follow one
+/// shard's input log): every member computes the same records in the same order, so all use
+/// the group's `instance` id and gateways accept the next member's batches as the same
+/// publisher's; only the member whose `gate` is open publishes, heartbeats and answers retain
+/// requests.
+#[derive(Clone, Debug)]
+pub struct PublisherGroup {
+    /// The group's instance id (the same for every member).
+    pub instance: u64,
+    /// Open while this member leads.
+    pub gate: Arc<PublishGate>,
+}
+
 /// Shared by the publisher threads, the heartbeat and the retain service.
 struct Shared {
     client: async_nats::Client,
     /// This publisher's instance id, in every batch header ([`BatchHeader::instance`]).
     instance: u64,
+    /// `None`: a publisher of its own, always publishing.
+    gate: Option<Arc<PublishGate>>,
     /// The publisher's runtime, for a publisher thread to wait on a full client queue.
     runtime: tokio::runtime::Handle,
     subjects: Vec<SubjectState>,
@@ -148,6 +201,11 @@ fn add(counter: &AtomicU64, n: u64) {
 }
 
 impl Shared {
+    /// Whether this publisher publishes now (always, outside a group).
+    fn leads(&self) -> bool {
+        self.gate.as_ref().is_none_or(|gate| gate.is_open())
+    }
+
     fn subject(&self, gateway: u32, stream: Stream) -> &SubjectState {
         &self.subjects[gateway as usize * Stream::ALL.len() + stream as usize]
     }
@@ -246,6 +304,22 @@ pub struct NatsPublisher {
 impl NatsPublisher {
     /// Connects to `options.nats` and starts the retain service and the heartbeat.
     pub fn connect(options: PublishOptions) -> anyhow::Result<NatsPublisher> {
+        NatsPublisher::connect_member(options, None)
+    }
+
+    /// [`NatsPublisher::connect`] as a member of `group`: the group's instance id, publishing
+    /// only while its gate is open (records are sequenced and retained either way).
+    pub fn connect_in_group(
+        options: PublishOptions,
+        group: PublisherGroup,
+    ) -> anyhow::Result<NatsPublisher> {
+        NatsPublisher::connect_member(options, Some(group))
+    }
+
+    fn connect_member(
+        options: PublishOptions,
+        group: Option<PublisherGroup>,
+    ) -> anyhow::Result<NatsPublisher> {
         crate::subjects::validate_prefix(&options.prefix)
             .map_err(crate::DeliveryError::BadInput)?;
         if !(1..=RETAIN_RECORDS_MAX).contains(&options.retain_records)
@@ -266,7 +340,8 @@ impl NatsPublisher {
             .enable_all()
             .build()?;
         let client = runtime.block_on(connect(&options.nats, "publisher"))?;
-        let instance = new_instance_id();
+        let instance = group.as_ref().map_or_else(new_instance_id, |group| group.instance);
+        let gate = group.map(|group| group.gate);
         tracing::info!("publisher instance {instance:016x}");
         let subjects = (0..options.gateways)
             .flat_map(|gateway| Stream::ALL.map(|stream| (gateway, stream)))
@@ -277,7 +352,8 @@ impl NatsPublisher {
             .collect();
         let handle = runtime.handle().clone();
         let counters = Counters::default();
-        let shared = Arc::new(Shared { client, instance, runtime: handle, subjects, counters });
+        let shared =
+            Arc::new(Shared { client, instance, gate, runtime: handle, subjects, counters });
         let retain_subjects = format!("{}.retain.>", options.prefix);
         let subscribing = async {
             let subscribing = shared.client.subscribe(retain_subjects);
@@ -340,7 +416,9 @@ impl NatsPublisher {
         for thread in threads {
             thread.join().map_err(|_| anyhow::anyhow!("a NATS publisher thread panicked"))?;
         }
-        self.shared.heartbeat();
+        if self.shared.leads() {
+            self.shared.heartbeat();
+        }
         let client = &self.shared.client;
         let flush = async { tokio::time::timeout(CONNECT_TIMEOUT, client.flush()).await };
         if !matches!(self.runtime.block_on(flush), Ok(Ok(()))) {
@@ -358,6 +436,7 @@ impl NatsPublisher {
             published: load(&c.published),
             batches: load(&c.batches),
             unsent: load(&c.unsent),
+            withheld: load(&c.withheld),
             heartbeats: load(&c.heartbeats),
             retain_requests: load(&c.retain_requests),
             retained_served: load(&c.retained_served),
@@ -484,7 +563,9 @@ impl PublisherThread {
             window.retain(record);
         }
         let counters = &self.shared.counters;
-        if self.shared.publish(&subject.name, payload.into(), true) {
+        if !self.shared.leads() {
+            add(&counters.withheld, count as u64);
+        } else if self.shared.publish(&subject.name, payload.into(), true) {
             add(&counters.published, count as u64);
             add(&counters.batches, 1);
         } else {
@@ -498,7 +579,9 @@ async fn heartbeats(shared: Arc<Shared>, every: Duration) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        shared.heartbeat();
+        if shared.leads() {
+            shared.heartbeat();
+        }
     }
 }
 
@@ -507,6 +590,9 @@ async fn heartbeats(shared: Arc<Shared>, every: Duration) {
 async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async_nats::Subscriber) {
     while let Some(message) = requests.next().await {
         let Some(reply) = message.reply else { continue };
+        if !shared.leads() {
+            continue; // the group's leader answers
+        }
         let parsed = parse_retain_subject(&prefix, &message.subject)
             .filter(|(gateway, _)| (*gateway as usize) < shared.subjects.len() / Stream::ALL.len());
         let (Some((gateway, stream)), Ok(request)) =

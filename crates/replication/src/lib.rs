@@ -13,6 +13,7 @@
 //! * [`layout`]: stream names, subjects, bounds and the instrument → shard rule.
 //! * [`append`]: the gateway's append, deduplicated by message id, acknowledged by a quorum.
 //! * [`follow`]: an engine's in-order read of its shard's stream; a hole is an error.
+//! * [`engine`]: one engine of a shard's group: the tier on the log, publishing while it leads.
 //! * [`lease`]: the leader lease (acquire, renew, validity that ends before anyone else's).
 //! * [`record`]: one order as a fixed-size, versioned log record.
 //! * [`cluster`]: a loopback JetStream cluster of `nats-server` children for tests.
@@ -22,6 +23,7 @@
 
 pub mod append;
 pub mod cluster;
+pub mod engine;
 pub mod error;
 pub mod follow;
 pub mod layout;

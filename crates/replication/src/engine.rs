@@ -1,0 +1,340 @@
+//! One engine of a shard's group: the tier fed from the shard's input log, its R-Senders
+//! publishing over NATS only while this engine holds the shard's lease.
+//!
+//! ```text
+//!  follower thread ──queue (FOLLOW_QUEUE_SLOTS)──▶ tier source → pre-process → core → senders
+//!   (stream order)                                                                │
+//!  lease task: acquire / renew ──opens or closes──▶ publish gate ◀── NATS publisher ┘
+//! ```
+//!
+//! Every engine of the group applies every input (a hot standby) and sequences and retains
+//! every output the same way; only the leader's gate is open. A standby that takes the lease
+//! publishes from where its tier is; gateways recover what the old leader never sent from the
+//! new leader's retained window (the per-subject sequence continues: one instance id per
+//! group). The engine keeps no journal of its own: the replicated stream is the durable input.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use delivery::clock::{EpochOffset, monotonic_ns};
+use delivery::nats::NatsConnect;
+use delivery::publish::{
+    NatsPublisher, PublishGate, PublishOptions, PublishReport, PublisherGroup,
+};
+use exchange::durability::{JournalMode, JournalOptions};
+use exchange::msg::InboundOrder;
+use exchange::tier::{LoadConfig, OrderSource, RunOptions, Tier, TierConfig};
+use pipeline::metrics::now_ns;
+use pipeline::stage::{Emitter, Flow};
+
+use crate::error::ReplicationError;
+use crate::follow::{Follower, LoggedOrder};
+use crate::layout::LogSettings;
+use crate::lease::{Lease, LeaseSettings};
+
+/// Inputs queued between the follower thread and the tier's source.
+pub const FOLLOW_QUEUE_SLOTS: usize = 8192;
+/// Most inputs the source emits per call (one ring batch).
+const SOURCE_BATCH_MAX: usize = 256;
+/// How long the source waits for an input before returning to the tier's loop.
+const SOURCE_IDLE_WAIT: Duration = Duration::from_millis(1);
+
+/// How to run one engine.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// The NATS servers (comma-separated URLs of a cluster).
+    pub nats: NatsConnect,
+    /// The input log's layout.
+    pub log: LogSettings,
+    /// The lease's bucket and timing.
+    pub lease: LeaseSettings,
+    /// The shard this engine books.
+    pub shard: u32,
+    /// This engine's name in the lease (host and process).
+    pub holder: String,
+    /// The tier (its journal is switched off: the stream is the durable input).
+    pub tier: TierConfig,
+    /// How its R-Senders publish (`gateways` = `tier.gateways`).
+    pub publish: PublishOptions,
+    /// The order rate the tier's layout is planned for, orders/s.
+    pub planned_rate_per_s: f64,
+}
+
+/// What every thread of the engine shares.
+#[derive(Debug, Default)]
+struct EngineState {
+    /// The last stream sequence handed to the tier.
+    applied_seq: AtomicU64,
+    leads: AtomicBool,
+    stop: AtomicBool,
+    /// The follower's error, if it stopped on one.
+    failure: std::sync::Mutex<Option<String>>,
+}
+
+/// A running engine.
+pub struct Engine {
+    runtime: tokio::runtime::Runtime,
+    tier: Option<Tier>,
+    publisher: NatsPublisher,
+    state: Arc<EngineState>,
+    lease_task: Option<tokio::task::JoinHandle<()>>,
+    follower: Option<std::thread::JoinHandle<()>>,
+    stop_follower: Arc<tokio::sync::Notify>,
+}
+
+/// What a stopped engine reports.
+#[derive(Clone, Debug)]
+pub struct EngineStopped {
+    /// The last stream sequence the tier applied.
+    pub applied_seq: u64,
+    /// What its publisher did (records withheld while standing by included).
+    pub published: PublishReport,
+    /// Responses the tier's R-Senders delivered to the publisher.
+    pub delivered: u64,
+}
+
+impl Engine {
+    /// Connects, starts following the shard's stream from its beginning, starts the tier on
+    /// it and contends for the lease.
+    pub fn start(options: EngineOptions) -> Result<Engine, ReplicationError> {
+        options.log.validate()?;
+        options.lease.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("engine-{}-io", options.shard))
+            .enable_all()
+            .build()
+            .map_err(|e| ReplicationError::Server(format!("engine runtime: {e}")))?;
+        let client = runtime.block_on(delivery::nats::connect(&options.nats, "engine"));
+        let client = client.map_err(|e| ReplicationError::jetstream("connecting", e))?;
+        let group =
+            PublisherGroup { instance: group_instance(&options), gate: PublishGate::closed() };
+        let gate = group.gate.clone();
+        let publisher = NatsPublisher::connect_in_group(options.publish.clone(), group)
+            .map_err(|e| ReplicationError::jetstream("starting the publisher", format!("{e:#}")))?;
+        let follower = Follower::open(client.clone(), &options.log, options.shard, 1);
+        let follower = runtime.block_on(follower)?;
+        let state = Arc::new(EngineState::default());
+        let (queue, inputs) = std::sync::mpsc::sync_channel(FOLLOW_QUEUE_SLOTS);
+        let stop_follower = Arc::new(tokio::sync::Notify::new());
+        let follow = spawn_follower(follower, queue, state.clone(), stop_follower.clone());
+        let tier =
+            start_tier(&options, publisher.subscribers(), log_source(inputs, state.clone()))?;
+        let lease = runtime.block_on(Lease::open(
+            client,
+            &options.lease,
+            options.shard,
+            &options.holder,
+        ))?;
+        let lease_task =
+            runtime.spawn(keep_lease(lease, options.lease.renew_every, gate, state.clone()));
+        Ok(Engine {
+            runtime,
+            tier: Some(tier),
+            publisher,
+            state,
+            lease_task: Some(lease_task),
+            follower: Some(follow),
+            stop_follower,
+        })
+    }
+
+    /// Whether this engine leads (holds the lease and publishes).
+    pub fn leads(&self) -> bool {
+        // Relaxed: a status flag for callers; the gate decides what is published.
+        self.state.leads.load(Ordering::Relaxed)
+    }
+
+    /// The last stream sequence handed to the tier.
+    pub fn applied_seq(&self) -> u64 {
+        // Relaxed: a progress figure.
+        self.state.applied_seq.load(Ordering::Relaxed)
+    }
+
+    /// Why the follower stopped, if it failed (a hole in the stream, a bad record).
+    pub fn failure(&self) -> Option<String> {
+        self.state.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Stops: gives the lease up (a standby takes it at once), stops following, drains the
+    /// tier and the publisher.
+    pub fn stop(mut self) -> Result<EngineStopped, ReplicationError> {
+        // Relaxed: the source and the lease task poll it; nothing rides on it.
+        self.state.stop.store(true, Ordering::Relaxed);
+        if let Some(task) = self.lease_task.take() {
+            let _ = self.runtime.block_on(task);
+        }
+        self.stop_follower.notify_one();
+        if let Some(follower) = self.follower.take() {
+            let _ = follower.join();
+        }
+        let tier = self.tier.take().expect("a running engine has its tier");
+        let stopped = tier
+            .stop()
+            .map_err(|e| ReplicationError::jetstream("stopping the tier", format!("{e:#}")))?;
+        let published = self.publisher.drain();
+        let published =
+            published.map_err(|e| ReplicationError::jetstream("draining", format!("{e:#}")))?;
+        Ok(EngineStopped {
+            applied_seq: self.applied_seq(),
+            published,
+            delivered: stopped.delivered,
+        })
+    }
+}
+
+/// The group's publisher instance id: the same for every engine of the shard's group (from
+/// the prefix and shard), so gateways take a new leader's records as the same sequence's.
+fn group_instance(options: &EngineOptions) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (options.log.prefix.as_str(), options.shard, "engine-group").hash(&mut hasher);
+    hasher.finish()
+}
+
+fn start_tier(
+    options: &EngineOptions,
+    subscribers: exchange::tier::SubscriberFactory,
+    source: OrderSource,
+) -> Result<Tier, ReplicationError> {
+    let config =
+        TierConfig { journal: JournalMode::OFF, hold_replies: false, ..options.tier.clone() };
+    let run = RunOptions {
+        rate_per_s: options.planned_rate_per_s,
+        duration: Duration::ZERO,
+        record_inputs: false,
+        journal: JournalOptions::default(),
+        released: None,
+        load: LoadConfig::default(), // no generator: the log is the tier's source
+    };
+    let started = Tier::start_with_source(&config, &run, subscribers, source);
+    let (tier, _control) =
+        started.map_err(|e| ReplicationError::jetstream("starting the tier", format!("{e:#}")))?;
+    Ok(tier)
+}
+
+/// Reads the stream on a thread of its own, queueing each input for the tier (a full queue
+/// holds the follower back: the stream keeps what the tier has not taken yet).
+fn spawn_follower(
+    mut follower: Follower,
+    queue: SyncSender<LoggedOrder>,
+    state: Arc<EngineState>,
+    stop: Arc<tokio::sync::Notify>,
+) -> std::thread::JoinHandle<()> {
+    let follow = async move {
+        loop {
+            let next = tokio::select! {
+                next = follower.next() => next,
+                () = stop.notified() => return,
+            };
+            let logged = match next {
+                Some(Ok(logged)) => logged,
+                Some(Err(error)) => return fail(&state, error.to_string()),
+                None => return fail(&state, "the stream's consumer ended".into()),
+            };
+            let mut pending = logged;
+            loop {
+                match queue.try_send(pending) {
+                    Ok(()) => break,
+                    Err(TrySendError::Full(back)) => pending = back,
+                    Err(TrySendError::Disconnected(_)) => return,
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(SOURCE_IDLE_WAIT) => {}
+                    () = stop.notified() => return,
+                }
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("engine-follow".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            runtime.expect("a current-thread runtime").block_on(follow);
+        })
+        .expect("spawning the follower thread")
+}
+
+fn fail(state: &EngineState, why: String) {
+    tracing::error!("engine: following the input log stopped: {why}");
+    *state.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+}
+
+/// The tier's order source: the queued inputs in stream order, each with its client's
+/// intended send time on the tier's clock.
+fn log_source(inputs: Receiver<LoggedOrder>, state: Arc<EngineState>) -> OrderSource {
+    let epoch = EpochOffset::measure().absolute(0);
+    Box::new(move |out: &mut Emitter<InboundOrder>| {
+        // Relaxed: see `Engine::stop`.
+        if state.stop.load(Ordering::Relaxed) {
+            return Flow::Stop;
+        }
+        let first = match inputs.recv_timeout(SOURCE_IDLE_WAIT) {
+            Ok(first) => first,
+            Err(RecvTimeoutError::Timeout) => return Flow::Continue,
+            Err(RecvTimeoutError::Disconnected) => return Flow::Stop,
+        };
+        let mut next = Some(first);
+        let mut emitted = 0;
+        while let Some(logged) = next {
+            let mut order = logged.order;
+            order.stamps.intended_ns = match logged.intended_abs_ns {
+                0 => now_ns(),
+                abs_ns => abs_ns.saturating_sub(epoch),
+            };
+            out.emit_with_ingress(order, order.stamps.intended_ns);
+            // Relaxed: a progress figure.
+            state.applied_seq.store(logged.stream_seq, Ordering::Relaxed);
+            emitted += 1;
+            next = if emitted < SOURCE_BATCH_MAX { inputs.try_recv().ok() } else { None };
+        }
+        Flow::Continue
+    })
+}
+
+/// Holds or contends for the lease until the engine stops, keeping the gate open exactly
+/// while the lease is valid; a stopping leader releases it.
+async fn keep_lease(
+    mut lease: Lease,
+    every: Duration,
+    gate: Arc<PublishGate>,
+    state: Arc<EngineState>,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Relaxed: see `Engine::stop`.
+    while !state.stop.load(Ordering::Relaxed) {
+        ticks.tick().await;
+        let held = lease.valid_until().is_some();
+        let outcome = if held { lease.renew().await } else { lease.try_acquire().await };
+        if let Err(error) = &outcome {
+            tracing::debug!("engine lease: {error}");
+        }
+        let valid_until = lease.valid_until();
+        match valid_until {
+            Some(until) => gate.open_until(abs_ns_of(until)),
+            None => gate.close(),
+        }
+        let leads = valid_until.is_some();
+        // Relaxed: a status flag (the gate decides what is published).
+        let was_leading = state.leads.swap(leads, Ordering::Relaxed);
+        let applied = state.applied_seq.load(Ordering::Relaxed);
+        match (was_leading, leads) {
+            (false, true) => tracing::info!("engine: took the lease at input sequence {applied}"),
+            (true, false) => tracing::warn!("engine: lost the lease at input sequence {applied}"),
+            _ => {}
+        }
+    }
+    gate.close();
+    if let Err(error) = lease.release().await {
+        tracing::warn!("engine: releasing the lease: {error}");
+    }
+}
+
+/// `at` as absolute `CLOCK_MONOTONIC` ns (what [`PublishGate`] compares with).
+fn abs_ns_of(at: Instant) -> u64 {
+    let ahead = at.saturating_duration_since(Instant::now());
+    monotonic_ns() + ahead.as_nanos() as u64
+}
