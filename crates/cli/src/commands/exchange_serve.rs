@@ -87,6 +87,9 @@ pub struct ServeArgs {
     /// Login and TLS for --nats.
     #[command(flatten)]
     pub nats_auth: super::delivery::NatsAuthArgs,
+    /// The role and the replicated input log (`--role engine`).
+    #[command(flatten)]
+    pub replication: super::exchange_engine::ReplicationArgs,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -328,6 +331,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     }
     if !(args.planned_rate.is_finite() && args.planned_rate > 0.0) {
         return Err(BadInput("--planned-rate must be a number > 0".into()).into());
+    }
+    if args.replication.role == super::exchange_engine::Role::Engine {
+        return super::exchange_engine::serve(args, tier);
     }
     let publisher = match &args.nats {
         Some(url) => {
@@ -702,6 +708,7 @@ mod tests {
             planned_rate: 60_000.0,
             nats: None,
             nats_auth: Default::default(),
+            replication: Default::default(),
         }
     }
 
