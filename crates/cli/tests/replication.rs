@@ -56,7 +56,7 @@ impl Drop for EngineProcess {
 }
 
 fn order(seq: u64) -> InboundOrder {
-    let band = reference_master_data(&UniverseConfig::default()).instrument(1).unwrap().clone();
+    let band = *reference_master_data(&UniverseConfig::default()).instrument(1).unwrap();
     InboundOrder {
         kind: request_kind::NEW,
         side: Side::Buy as u8,
