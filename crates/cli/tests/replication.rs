@@ -24,13 +24,15 @@ const ORDERS_PER_ROUND: u64 = 100;
 /// leader.
 const FAILOVER_MAX: Duration = Duration::from_secs(2);
 
-struct EngineProcess(Child);
+/// A `leantier exchange serve` child, killed when dropped.
+struct Process(Child);
 
-impl EngineProcess {
-    fn start(dir: &std::path::Path, url: &str) -> EngineProcess {
+impl Process {
+    /// Starts `exchange serve` with `args` in `dir` and returns it with its first line.
+    fn start(dir: &std::path::Path, args: &[&str]) -> (Process, String) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
-            .args(["exchange", "serve", "--role", "engine", "--nats", url, "--replicas", "3"])
-            .args(["--config", "serve.toml"])
+            .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
+            .args(args)
             .current_dir(dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -38,21 +40,43 @@ impl EngineProcess {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let first = lines.next().expect("a line").unwrap();
+        (Process(child), first)
+    }
+
+    fn engine(dir: &std::path::Path, url: &str) -> Process {
+        let (engine, first) = Process::start(dir, &["--role", "engine", "--nats", url]);
         assert!(first.starts_with("engine for shard 0 following"), "{first}");
-        EngineProcess(child)
+        engine
     }
 
     fn kill(mut self) {
         self.0.kill().unwrap(); // SIGKILL
         self.0.wait().unwrap();
     }
+
+    /// SIGTERM; the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.0.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.0.wait().unwrap()
+    }
 }
 
-impl Drop for EngineProcess {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A serve config with the reference market, one tier gateway slot and a client 1 (secret
+/// `pw`) in `dir`.
+fn write_config(dir: &std::path::Path) {
+    let hash = gateway::credentials::hash_secret(b"pw").unwrap();
+    std::fs::write(dir.join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\ngateways = 1\n";
+    std::fs::write(dir.join("serve.toml"), format!("credentials = \"clients.txt\"\n{tier}"))
+        .unwrap();
 }
 
 fn order(seq: u64) -> InboundOrder {
@@ -96,7 +120,12 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let r_gateway = rt.block_on(start_r_gateway(GatewayOptions::new(&url, 0, listen))).unwrap();
+    let r_gateway = rt
+        .block_on(start_r_gateway(GatewayOptions {
+            prefix: LogSettings::new(3).publish_prefix(0),
+            ..GatewayOptions::new(&url, 0, listen)
+        }))
+        .unwrap();
     let (tally, reading) = rt.block_on(consumer::connect(r_gateway.local_addr(), 0)).unwrap();
     rt.spawn(reading);
     let log = rt.block_on(async {
@@ -113,10 +142,10 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
         appended
     };
 
-    let mut leader = EngineProcess::start(dir.path(), &url);
+    let mut leader = Process::engine(dir.path(), &url);
     let total = append(ORDERS_PER_ROUND);
     wait_for("the first leader's reports", Duration::from_secs(30), || reports(&tally) >= total);
-    let mut standby = EngineProcess::start(dir.path(), &url);
+    let mut standby = Process::engine(dir.path(), &url);
     let mut failovers = Vec::new();
     for _ in 0..kills {
         let total = append(ORDERS_PER_ROUND);
@@ -130,7 +159,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
         });
         failovers.push(killed_at.elapsed());
         leader = standby;
-        standby = EngineProcess::start(dir.path(), &url);
+        standby = Process::engine(dir.path(), &url);
     }
     let total = append(ORDERS_PER_ROUND);
     wait_for("the last reports", Duration::from_secs(30), || reports(&tally) >= total);
@@ -147,4 +176,58 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
     assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
     assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
     assert!(max <= FAILOVER_MAX, "failover took {max:?} (goal {FAILOVER_MAX:?})");
+}
+
+/// Sends `buy {token} 1 1 100000` (a resting buy of instrument 1); the answer's event kind.
+fn buy(client: &mut gateway::client::NativeClient, token: u32) -> Option<u8> {
+    let order = gateway::client::parse_script_line(&format!("buy {token} 1 1 100000"), 1);
+    client.send(&order.unwrap().unwrap()).unwrap();
+    loop {
+        match client.recv(Duration::from_secs(10)) {
+            Ok(Some(gateway::native::ServerMsg::Sequenced { event, .. }))
+                if event.token == token =>
+            {
+                return Some(event.kind);
+            }
+            Ok(Some(_)) => continue,
+            _ => return None,
+        }
+    }
+}
+
+/// A gateway process and engine processes: a native client's orders are accepted through the
+/// gateway → stream → engine → NATS → gateway, before and after the leading engine is killed;
+/// the gateway stops on SIGTERM with exit 0.
+#[test]
+fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let leader = Process::engine(dir.path(), &url);
+    let gateway_args = ["--role", "gateway", "--nats", &url, "--listen", "127.0.0.1:0"];
+    let (gateway, first) = Process::start(dir.path(), &gateway_args);
+    let address: SocketAddr =
+        first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
+    let mut client = gateway::client::NativeClient::connect(address).unwrap();
+    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
+    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    let accepted = gateway::native::event_kind::ACCEPTED;
+    for token in 1..=20 {
+        assert_eq!(buy(&mut client, token), Some(accepted), "order {token} before the kill");
+    }
+    let _standby = Process::engine(dir.path(), &url);
+    std::thread::sleep(Duration::from_millis(500)); // the standby applies the first orders
+    let killed_at = Instant::now();
+    leader.kill();
+    assert_eq!(buy(&mut client, 21), Some(accepted), "the first order after the kill");
+    println!(
+        "gateway client: SIGKILL of the leader → next order's report {:?}",
+        killed_at.elapsed()
+    );
+    for token in 22..=40 {
+        assert_eq!(buy(&mut client, token), Some(accepted), "order {token} after the kill");
+    }
+    drop(client);
+    assert!(gateway.terminate().success(), "the gateway drains and exits 0 on SIGTERM");
 }

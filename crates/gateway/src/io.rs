@@ -69,7 +69,8 @@ pub(crate) type InTierRequest = oneshot::Sender<LatencyHistogram>;
 /// What the tier hands the loop once it has started (its control input, the journals the
 /// store's syncer waits for, its layout).
 pub(crate) struct TierHandoff {
-    pub(crate) control: TierControl,
+    /// `None`: no tier in this process (`crate::remote`); admin events are refused.
+    pub(crate) control: Option<TierControl>,
     pub(crate) journals: Option<Vec<Arc<journal::DurableSeq>>>,
     pub(crate) layout: LayoutInfo,
 }
@@ -110,27 +111,47 @@ pub(crate) fn order_source(setup: IoSetup) -> OrderSource {
     let mut setup = Some(setup);
     Box::new(move |out: &mut Emitter<InboundOrder>| {
         IO_LOOP.with(|slot| {
-            let mut slot = slot.borrow_mut();
-            if slot.is_none() {
-                let Some(ready) = setup.take() else { return Flow::Stop };
-                match IoLoop::build(ready) {
-                    Built::Running(io) => *slot = Some(io),
-                    Built::Waiting(waiting) => {
-                        setup = Some(waiting);
-                        std::thread::sleep(HANDOFF_POLL);
-                        return Flow::Continue;
-                    }
-                    Built::Failed => return Flow::Stop,
-                }
-            }
-            let io = slot.as_mut().expect("built above");
-            let flow = io.turn(out);
-            if matches!(flow, Flow::Stop) {
-                slot.take(); // sessions, store and control input go now, on this thread
-            }
-            flow
+            let mut emit = |order: InboundOrder| {
+                out.emit_with_ingress(order, order.stamps.intended_ns);
+                true
+            };
+            turn_building(&mut slot.borrow_mut(), &mut setup, &mut emit)
         })
     })
+}
+
+/// Runs the loop on this thread until it stops, handing each admitted order to `out`, which
+/// says whether it took it (a gateway without a tier: `crate::remote`). An order `out` does
+/// not take stays staged for the next turn, and a full stage answers busy.
+pub(crate) fn run_loop(setup: IoSetup, mut out: impl FnMut(InboundOrder) -> bool) {
+    let (mut slot, mut setup) = (None, Some(setup));
+    while matches!(turn_building(&mut slot, &mut setup, &mut out), Flow::Continue) {}
+}
+
+/// Builds the loop in `slot` when its hand-off is there, then runs one turn.
+fn turn_building(
+    slot: &mut Option<IoLoop>,
+    setup: &mut Option<IoSetup>,
+    out: &mut dyn FnMut(InboundOrder) -> bool,
+) -> Flow {
+    if slot.is_none() {
+        let Some(ready) = setup.take() else { return Flow::Stop };
+        match IoLoop::build(ready) {
+            Built::Running(io) => *slot = Some(io),
+            Built::Waiting(waiting) => {
+                *setup = Some(waiting);
+                std::thread::sleep(HANDOFF_POLL);
+                return Flow::Continue;
+            }
+            Built::Failed => return Flow::Stop,
+        }
+    }
+    let io = slot.as_mut().expect("built above");
+    let flow = io.turn(out);
+    if matches!(flow, Flow::Stop) {
+        slot.take(); // sessions, store and control input go now, on this thread
+    }
+    flow
 }
 
 /// Orders admitted by the sessions, waiting for the turn's end to enter the tier.
@@ -240,7 +261,7 @@ impl IoLoop {
 
     /// One turn: route the queued replies, run the sessions' ready work (waiting for some
     /// when there is none), emit the orders admitted meanwhile.
-    fn turn(&mut self, out: &mut Emitter<InboundOrder>) -> Flow {
+    fn turn(&mut self, out: &mut dyn FnMut(InboundOrder) -> bool) -> Flow {
         let routed = self.route_replies();
         // Acquire: pairs with the Release in `Running::shutdown`.
         if self.stop.load(Ordering::Acquire) && self.drained() {
@@ -256,9 +277,10 @@ impl IoLoop {
         } else {
             self.local.block_on(&self.runtime, tokio::task::yield_now());
         }
-        for order in self.staged.orders.borrow_mut().drain(..) {
-            out.emit_with_ingress(order, order.stamps.intended_ns);
-        }
+        let mut staged = self.staged.orders.borrow_mut();
+        let taken = staged.iter().take_while(|order| out(**order)).count();
+        staged.drain(..taken);
+        drop(staged);
         self.hub.borrow_mut().next_turn();
         Flow::Continue
     }
@@ -301,7 +323,7 @@ impl IoLoop {
 /// Starts the listeners' tasks, the store's release task and the in-tier histogram's.
 async fn start_tasks(
     hub: Rc<RefCell<Hub>>,
-    control: Rc<RefCell<TierControl>>,
+    control: Rc<RefCell<Option<TierControl>>>,
     (native, fix, metrics): Listeners,
     in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
 ) {
@@ -393,7 +415,7 @@ async fn accept_loop(
 /// most [`HTTP_CONNECTIONS_MAX`] at a time (beyond, a connection is closed unanswered).
 async fn http_loop(
     hub: Rc<RefCell<Hub>>,
-    control: Rc<RefCell<TierControl>>,
+    control: Rc<RefCell<Option<TierControl>>>,
     listener: TcpListener,
 ) {
     let page = Rc::new(RenderedPage::default());
@@ -444,7 +466,7 @@ async fn http_loop(
 /// The answer to one HTTP request (its whole head, `text`): status, content type, body.
 async fn http_answer(
     hub: &RefCell<Hub>,
-    control: &RefCell<TierControl>,
+    control: &RefCell<Option<TierControl>>,
     (page, renderer): (&RenderedPage, &crate::metrics::Renderer),
     text: &str,
 ) -> (u16, &'static str, String) {
@@ -480,7 +502,12 @@ async fn http_answer(
                 );
                 return refused(error);
             }
-            match control.borrow_mut().event(event) {
+            let mut control = control.borrow_mut();
+            let Some(control) = control.as_mut() else {
+                let why = "no tier in this process (a gateway): send events to the engines\n";
+                return (503, "text/plain", why.into());
+            };
+            match control.event(event) {
                 Ok(()) => {
                     tracing::info!(?event, "admin: external event sent to the tier");
                     (200, "text/plain", format!("sent {event:?}\n"))

@@ -31,6 +31,7 @@ pub mod load;
 pub mod metrics;
 pub mod native;
 mod native_server;
+pub mod remote;
 pub mod server;
 mod session;
 pub mod store;

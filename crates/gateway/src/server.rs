@@ -119,6 +119,10 @@ pub enum ServeError {
     Store(#[from] crate::store::StoreError),
     #[error("tier: {0:#}")]
     Tier(#[from] anyhow::Error),
+    #[error("replicated input log: {0}")]
+    Log(#[from] replication::ReplicationError),
+    #[error("gateway without a tier: {0}")]
+    Remote(String),
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
@@ -126,6 +130,25 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
         std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
     listener.set_nonblocking(true).map_err(|source| ServeError::Bind { addr, source })?;
     Ok(listener)
+}
+
+/// The bound addresses of the native, FIX and metrics listeners.
+pub type BoundAddresses = (SocketAddr, Option<SocketAddr>, Option<SocketAddr>);
+
+/// Binds the native, FIX and metrics listeners (refusing an exposed `/metrics` first).
+pub(crate) fn bind_listeners(
+    (listen, fix_listen, metrics_listen): BoundAddresses,
+    settings: &Settings,
+) -> Result<(crate::io::Listeners, BoundAddresses), ServeError> {
+    if let Some(addr) = metrics_listen {
+        check_metrics_exposure(addr, settings)?;
+    }
+    let native = bind(listen)?;
+    let fix = fix_listen.map(bind).transpose()?;
+    let metrics = metrics_listen.map(bind).transpose()?;
+    let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
+    let addresses = (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
+    Ok(((native, fix, metrics), addresses))
 }
 
 /// Refuses an open `/metrics` on an address other hosts can reach: the page shows the
@@ -158,15 +181,9 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         let table = exchange::flow::reference_market(&options.tier.universe).1;
         options.settings.instruments = Arc::new(table);
     }
-    if let Some(addr) = options.metrics_listen {
-        check_metrics_exposure(addr, &options.settings)?;
-    }
-    let native = bind(options.listen)?;
-    let fix = options.fix_listen.map(bind).transpose()?;
-    let metrics = options.metrics_listen.map(bind).transpose()?;
-    let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
-    let (listen, fix_listen, metrics_listen) =
-        (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
+    let addresses = (options.listen, options.fix_listen, options.metrics_listen);
+    let (listeners, (listen, fix_listen, metrics_listen)) =
+        bind_listeners(addresses, &options.settings)?;
     let journaled = options.tier.journal.holds_replies();
     // The store's syncer can take over the reply hold only for what goes through the store:
     // with NATS subscribers beside the sessions, the tier holds every reply itself, so that
@@ -185,7 +202,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         settings: options.settings,
         credentials: options.credentials,
         journaled: options.tier.journal.policy().is_some(),
-        listeners: (native, fix, metrics),
+        listeners,
         replies,
         work: work.clone(),
         stop: stop.clone(),
@@ -217,7 +234,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
     );
     let journals = store_waits.then(|| tier.durables().into_iter().flatten().collect());
     let info = LayoutInfo { groups: describe(&layout), usable_cpus: layout.usable_cpus };
-    let handed = TierHandoff { control, journals, layout: info };
+    let handed = TierHandoff { control: Some(control), journals, layout: info };
     *handoff.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
     let running = Running {
         listen,

@@ -426,6 +426,20 @@ pub enum OutputKind {
     TopOfBook,
 }
 
+impl OutputKind {
+    /// Every kind, in code order (index = code).
+    pub const ALL: [OutputKind; 8] = [
+        OutputKind::Accepted,
+        OutputKind::PartiallyFilled,
+        OutputKind::Filled,
+        OutputKind::Cancelled,
+        OutputKind::Replaced,
+        OutputKind::Rejected,
+        OutputKind::Trade,
+        OutputKind::TopOfBook,
+    ];
+}
+
 /// One record of the core's output stream: an execution report or market data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CoreOutput {
@@ -498,6 +512,42 @@ impl CoreOutput {
         let mut bytes = [0u8; CANONICAL_OUTPUT_BYTES];
         self.write_canonical(&mut bytes);
         bytes
+    }
+
+    /// Reads [`CoreOutput::canonical_bytes`] back (shard and stamps zero): what a process
+    /// that receives outputs from another (a gateway on its own host) routes and encodes.
+    /// `None` when a code is none of its enum's.
+    ///
+    /// ```
+    /// use matching::msg::{CoreOutput, OutputKind, Reason};
+    /// let output = CoreOutput { seq: 9, kind: OutputKind::Cancelled, reason: Reason::CancelOnDisconnect, client: 4, price: -5, ..CoreOutput::default() };
+    /// assert_eq!(CoreOutput::from_canonical(&output.canonical_bytes()), Some(output));
+    /// let mut bad = output.canonical_bytes();
+    /// bad[8] = 200; // no such output kind
+    /// assert_eq!(CoreOutput::from_canonical(&bad), None);
+    /// ```
+    pub fn from_canonical(bytes: &[u8; CANONICAL_OUTPUT_BYTES]) -> Option<CoreOutput> {
+        let mut fields = crate::wire::Fields::new(bytes);
+        let seq = fields.u64().ok()?;
+        let kind = OutputKind::ALL.get(usize::from(fields.u8().ok()?)).copied()?;
+        let reason = Reason::ALL.get(usize::from(fields.u8().ok()?)).copied()?;
+        let side = Side::from_code(fields.u8().ok()?)?;
+        Some(CoreOutput {
+            seq,
+            shard: 0,
+            kind,
+            reason,
+            side,
+            instrument: fields.u32().ok()?,
+            client: fields.u32().ok()?,
+            order_id: fields.u64().ok()?,
+            price: fields.i64().ok()?,
+            qty: fields.u32().ok()?,
+            leaves_qty: fields.u32().ok()?,
+            contra_order_id: fields.u64().ok()?,
+            best_ask: fields.i64().ok()?,
+            stamps: Stamps::default(),
+        })
     }
 
     /// Writes [`CoreOutput::canonical_bytes`] into `bytes` in place. Every offset is a

@@ -88,33 +88,106 @@ impl OrderLog {
         id: AppendId,
         intended_abs_ns: u64,
     ) -> Result<Appended, ReplicationError> {
-        let shard = self.settings.shard_of(order.instrument);
-        let subject = self.settings.subject(shard);
-        let payload = bytes::Bytes::copy_from_slice(&record::encode(order, intended_abs_ns));
-        let msg_id = id.to_string();
-        let started = std::time::Instant::now();
+        let message = Message::new(&self.settings, order, id, intended_abs_ns);
+        self.retry(message, std::time::Instant::now()).await
+    }
+
+    /// Queues `order` for its stream now, and returns the wait for its acknowledgement (which
+    /// retries as [`OrderLog::append`] does). One caller's orders reach the stream in the order
+    /// of its calls (one connection keeps them in order), so a session's cancel never overtakes
+    /// its order; only a retry after a lost acknowledgement can land behind later orders.
+    pub async fn start_append(
+        &self,
+        order: &InboundOrder,
+        id: AppendId,
+        intended_abs_ns: u64,
+    ) -> impl Future<Output = Result<Appended, ReplicationError>> + Send + 'static {
+        let message = Message::new(&self.settings, order, id, intended_abs_ns);
+        let (started, log) = (std::time::Instant::now(), self.clone());
+        let queued = self
+            .js
+            .publish_with_headers(
+                message.subject.clone(),
+                message.headers(),
+                message.payload.clone(),
+            )
+            .await;
+        async move {
+            // Moved out before the await: the acknowledgement future is `Send`, not `Sync`.
+            let acked = match queued {
+                Ok(ack) => ack.await.ok(),
+                Err(_) => None,
+            };
+            match acked {
+                Some(ack) => Ok(message.appended(ack)),
+                None => log.retry(message, started).await,
+            }
+        }
+    }
+
+    /// Appends `message` until acknowledged or [`APPEND_RETRY_FOR`] after `started`.
+    async fn retry(
+        &self,
+        message: Message,
+        started: std::time::Instant,
+    ) -> Result<Appended, ReplicationError> {
         let (mut attempts, mut pause) = (0, RETRY_PAUSE_FIRST);
         while attempts == 0 || started.elapsed() < APPEND_RETRY_FOR {
             attempts += 1;
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id.as_str());
-            let publish = self.js.publish_with_headers(subject.clone(), headers, payload.clone());
+            let publish = self.js.publish_with_headers(
+                message.subject.clone(),
+                message.headers(),
+                message.payload.clone(),
+            );
             let acked = match publish.await {
                 Ok(ack) => ack.await.map_err(|error| error.to_string()),
                 Err(error) => Err(error.to_string()),
             };
             match acked {
-                Ok(ack) => {
-                    let (stream_seq, duplicate) = (ack.sequence, ack.duplicate);
-                    return Ok(Appended { shard, stream_seq, duplicate });
-                }
+                Ok(ack) => return Ok(message.appended(ack)),
                 Err(reason) => {
-                    tracing::debug!("append {msg_id}, attempt {attempts}: {reason}");
+                    tracing::debug!("append {}, attempt {attempts}: {reason}", message.id);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
             }
         }
-        Err(ReplicationError::NotAcknowledged { id: msg_id, attempts, waited: started.elapsed() })
+        let (id, waited) = (message.id, started.elapsed());
+        Err(ReplicationError::NotAcknowledged { id, attempts, waited })
+    }
+}
+
+/// One order ready to append: its stream's subject, message id and record.
+struct Message {
+    shard: u32,
+    subject: String,
+    id: String,
+    payload: bytes::Bytes,
+}
+
+impl Message {
+    fn new(
+        settings: &LogSettings,
+        order: &InboundOrder,
+        id: AppendId,
+        intended_abs_ns: u64,
+    ) -> Message {
+        let shard = settings.shard_of(order.instrument);
+        Message {
+            shard,
+            subject: settings.subject(shard),
+            id: id.to_string(),
+            payload: bytes::Bytes::copy_from_slice(&record::encode(order, intended_abs_ns)),
+        }
+    }
+
+    fn headers(&self) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, self.id.as_str());
+        headers
+    }
+
+    fn appended(&self, ack: jetstream::publish::PublishAck) -> Appended {
+        Appended { shard: self.shard, stream_seq: ack.sequence, duplicate: ack.duplicate }
     }
 }

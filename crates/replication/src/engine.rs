@@ -56,7 +56,8 @@ pub struct EngineOptions {
     pub holder: String,
     /// The tier (its journal is switched off: the stream is the durable input).
     pub tier: TierConfig,
-    /// How its R-Senders publish (`gateways` = `tier.gateways`).
+    /// How its R-Senders publish (`gateways` = `tier.gateways`; the subject prefix is the
+    /// shard's, [`LogSettings::publish_prefix`]).
     pub publish: PublishOptions,
     /// The order rate the tier's layout is planned for, orders/s.
     pub planned_rate_per_s: f64,
@@ -112,7 +113,9 @@ impl Engine {
         let group =
             PublisherGroup { instance: group_instance(&options), gate: PublishGate::closed() };
         let gate = group.gate.clone();
-        let publisher = NatsPublisher::connect_in_group(options.publish.clone(), group)
+        let prefix = options.log.publish_prefix(options.shard);
+        let publish = PublishOptions { prefix, ..options.publish.clone() };
+        let publisher = NatsPublisher::connect_in_group(publish, group)
             .map_err(|e| ReplicationError::jetstream("starting the publisher", format!("{e:#}")))?;
         let follower = Follower::open(client.clone(), &options.log, options.shard, 1);
         let follower = runtime.block_on(follower)?;

@@ -98,6 +98,17 @@ impl LogSettings {
         instrument % self.shards
     }
 
+    /// The subject prefix `shard`'s engine group publishes its reports and market data under
+    /// (`delivery`'s subjects, one sequence space per group): `{prefix}-shard{shard}`.
+    ///
+    /// ```
+    /// use replication::layout::LogSettings;
+    /// assert_eq!(LogSettings::new(1).publish_prefix(1), "leantier-shard1");
+    /// ```
+    pub fn publish_prefix(&self, shard: u32) -> String {
+        format!("{}-shard{shard}", self.prefix)
+    }
+
     /// The stream name of `shard`.
     pub fn stream(&self, shard: u32) -> String {
         format!("{}_ORDERS_{shard}", self.prefix.to_ascii_uppercase())

@@ -87,7 +87,12 @@ fn the_standby_takes_over_and_the_consumer_sees_every_report_once() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let gateway = rt.block_on(gateway::start(GatewayOptions::new(&url, 0, listen))).unwrap();
+    let gateway = rt
+        .block_on(gateway::start(GatewayOptions {
+            prefix: LogSettings::new(3).publish_prefix(0),
+            ..GatewayOptions::new(&url, 0, listen)
+        }))
+        .unwrap();
     let (tally, reading) = rt.block_on(consumer::connect(gateway.local_addr(), 0)).unwrap();
     rt.spawn(reading);
     let log = rt.block_on(async {

@@ -16,6 +16,7 @@ use gateway::hub::Settings;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
+use crate::commands::exchange_roles::Role;
 use crate::commands::values::one_of;
 use crate::outcome::BadInput;
 
@@ -89,7 +90,7 @@ pub struct ServeArgs {
     pub nats_auth: super::delivery::NatsAuthArgs,
     /// The role and the replicated input log (`--role engine`).
     #[command(flatten)]
-    pub replication: super::exchange_engine::ReplicationArgs,
+    pub replication: super::exchange_roles::ReplicationArgs,
 }
 
 /// Sends scripted orders over the native protocol and prints every report.
@@ -332,8 +333,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     if !(args.planned_rate.is_finite() && args.planned_rate > 0.0) {
         return Err(BadInput("--planned-rate must be a number > 0".into()).into());
     }
-    if args.replication.role == super::exchange_engine::Role::Engine {
-        return super::exchange_engine::serve(args, tier);
+    match args.replication.role {
+        Role::Engine => return super::exchange_roles::serve_engine(args, tier),
+        Role::Gateway => {
+            let addresses = (listen, fix_listen, metrics_listen);
+            let sessions = (settings, credentials);
+            return super::exchange_roles::serve_gateway(args, sessions, addresses, tier.gateways);
+        }
+        Role::All => {}
     }
     let publisher = match &args.nats {
         Some(url) => {

@@ -8,7 +8,7 @@ pub mod cdr;
 pub mod delivery;
 pub mod demo;
 pub mod exchange;
-pub mod exchange_engine;
+pub mod exchange_roles;
 pub mod exchange_serve;
 pub mod journal;
 pub mod mq;

@@ -1,0 +1,190 @@
+//! `exchange serve --role engine|gateway`: the tier split across processes on NATS JetStream
+//! (docs/REPLICATION.md). An engine follows its shard's input log, runs the tier on it, and
+//! publishes reports and market data over NATS while it holds the shard's lease (the others of
+//! its group apply every input too and take over when the lease lapses). A gateway runs the
+//! sessions, appends their orders to the shard streams and answers them with the engines'
+//! reports.
+
+use std::io::Write;
+
+use delivery::nats::NatsConnect;
+use exchange::tier::TierConfig;
+use gateway::credentials::Credential;
+use gateway::hub::Settings;
+use gateway::remote::RemoteOptions;
+use gateway::server::BoundAddresses;
+use replication::engine::{Engine, EngineOptions};
+use replication::layout::LogSettings;
+use replication::lease::LeaseSettings;
+
+use super::exchange_serve::ServeArgs;
+use crate::outcome::BadInput;
+
+/// What an `exchange serve` process runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// Sessions and the tier in one process, on the local journal.
+    #[default]
+    All,
+    /// The tier of one shard on its JetStream input log (`--nats`), publishing while it
+    /// holds the shard's lease.
+    Engine,
+    /// The sessions without a tier: orders to the shard streams, reports from the engines.
+    Gateway,
+}
+
+/// The replicated layout's settings (`--role engine`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ReplicationArgs {
+    /// What this process runs: `all`, sessions and the tier on the local journal; `engine`,
+    /// the tier of `--shard` on its JetStream input log at `--nats` (a cluster's URLs
+    /// comma-separated), publishing reports over NATS while it holds the shard's lease;
+    /// `gateway`, the sessions, appending orders to the shard streams and answering with the
+    /// engines' reports (docs/REPLICATION.md).
+    #[arg(long, value_enum, default_value_t)]
+    pub role: Role,
+    /// The shard this engine books (instruments with `instrument % shards == shard`).
+    #[arg(long, default_value_t = 0)]
+    pub shard: u32,
+    /// Shard streams of the input log.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+    /// Copies JetStream keeps of each stream and of the lease: 3 on a three-node cluster
+    /// (one node may fail), 1 on one server.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+}
+
+/// The NATS connection and the input log's layout the flags name.
+fn log_from(args: &ServeArgs) -> anyhow::Result<(NatsConnect, LogSettings)> {
+    let settings = &args.replication;
+    let Some(url) = &args.nats else {
+        return Err(BadInput(
+            "--role engine and gateway need --nats (the JetStream servers)".into(),
+        )
+        .into());
+    };
+    let nats = args.nats_auth.connect(url)?;
+    let log = LogSettings { shards: settings.shards, ..LogSettings::new(settings.replicas) };
+    log.validate().map_err(|e| BadInput(e.to_string()))?;
+    Ok((nats, log))
+}
+
+/// Runs one engine until SIGTERM or SIGINT, then gives its lease up (a standby takes over at
+/// once), drains the tier and the publisher and exits 0.
+pub fn serve_engine(args: &ServeArgs, tier: TierConfig) -> anyhow::Result<()> {
+    let settings = &args.replication;
+    let (nats, log) = log_from(args)?;
+    if settings.shard >= settings.shards {
+        return Err(
+            BadInput(format!("--shard {} of {} shards", settings.shard, settings.shards)).into()
+        );
+    }
+    let publish = delivery::publish::PublishOptions {
+        nats: nats.clone(),
+        prefix: delivery::subjects::PREFIX_DEFAULT.into(),
+        gateways: tier.gateways,
+        retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
+        wait: pipeline::WaitStrategy::Park,
+        heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
+    };
+    let mut stop = StopSignals::listen()?;
+    let engine = Engine::start(EngineOptions {
+        nats,
+        lease: LeaseSettings::new(&log.prefix, settings.replicas),
+        shard: settings.shard,
+        holder: holder_name(),
+        tier,
+        publish,
+        planned_rate_per_s: args.planned_rate,
+        log: log.clone(),
+    })?;
+    // Not `println!`: a supervisor that read this line may have closed the pipe.
+    let _ = writeln!(
+        std::io::stdout(),
+        "engine for shard {} following {}",
+        settings.shard,
+        log.stream(settings.shard)
+    );
+    let signal = stop.wait();
+    tracing::info!(signal, "stop requested: releasing the lease and draining");
+    let stopped = engine.stop()?;
+    super::admin::print_stopped(signal);
+    tracing::info!(
+        signal,
+        applied_seq = stopped.applied_seq,
+        published = stopped.published.published,
+        withheld = stopped.published.withheld,
+        "engine stopped"
+    );
+    Ok(())
+}
+
+/// Runs the sessions without a tier until SIGTERM or SIGINT, then refuses new orders, answers
+/// those taken (as the engines report them), lets every append finish and exits 0.
+pub fn serve_gateway(
+    args: &ServeArgs,
+    (settings, credentials): (Settings, Vec<Credential>),
+    addresses: BoundAddresses,
+    tier_gateways: u32,
+) -> anyhow::Result<()> {
+    let (nats, log) = log_from(args)?;
+    let mut stop = StopSignals::listen()?;
+    let running = gateway::remote::start(RemoteOptions {
+        addresses,
+        settings,
+        credentials,
+        nats,
+        log,
+        tier_gateways,
+        gateway_id: std::process::id(),
+    })?;
+    let (listen, fix_listen, metrics_listen) = running.addresses;
+    println!("native listening on {listen}");
+    if let Some(fix) = fix_listen {
+        println!("FIX 4.4 listening on {fix}");
+    }
+    if let Some(metrics) = metrics_listen {
+        println!("metrics on http://{metrics}/metrics");
+    }
+    let signal = stop.wait();
+    tracing::info!(signal, "stop requested: draining");
+    let tally = running.stop();
+    super::admin::print_stopped(signal);
+    tracing::info!(signal, appended = tally.appended, failed = tally.failed, "gateway stopped");
+    Ok(())
+}
+
+/// SIGTERM and SIGINT, listened for from before the server serves (a supervisor may stop it
+/// as soon as it has read the first line).
+struct StopSignals {
+    runtime: tokio::runtime::Runtime,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn listen() -> anyhow::Result<StopSignals> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let terminate = runtime.block_on(async {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        })?;
+        Ok(StopSignals { runtime, terminate })
+    }
+
+    /// Waits for either; the signal's name.
+    fn wait(&mut self) -> &'static str {
+        let terminate = &mut self.terminate;
+        self.runtime.block_on(async {
+            tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+            }
+        })
+    }
+}
+
+/// `host-pid`: how the lease names its holder in logs.
+fn holder_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim(), std::process::id())
+}

@@ -1,0 +1,283 @@
+//! `exchange serve --role gateway`: the sessions (native and FIX) without a tier, for a
+//! gateway on a host of its own (docs/REPLICATION.md).
+//!
+//! ```text
+//!  sessions ─▶ I/O loop ─▶ append queue ─▶ appender ──JetStream──▶ shard streams ─▶ engines
+//!     ▲                                                                          │
+//!     └── reply queue ◀── report forwarders ◀── R-Gateways ◀──NATS (per shard)───┘
+//! ```
+//!
+//! The I/O loop is the one `exchange serve` runs ([`crate::io`]), on a thread of its own: it
+//! hands each admitted order to the append queue (a full queue leaves orders staged, and a
+//! full stage answers busy). The appender queues each order on its shard's stream in
+//! admission order, under a message id (this gateway, this run, a counter) that JetStream
+//! deduplicates when a lost acknowledgement makes it append again. Reports come back through
+//! one in-process R-Gateway per shard and tier gateway slot (`delivery::gateway`: per-subject
+//! sequences, gap recovery from the leader's retained window, the trust rule), read over
+//! loopback and handed to the sessions' reply queue as the tier's R-Senders would.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use delivery::clock::EpochOffset;
+use delivery::gateway::{GatewayOptions, RunningGateway};
+use delivery::nats::NatsConnect;
+use delivery::wire::{Frame, FrameDecoder, Record, Stream, WIRE_VERSION};
+use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
+use exchange::tier::{Subscriber, reply_subscribers};
+use futures_util::StreamExt;
+use replication::ReplicationError;
+use replication::append::{AppendId, Appended, OrderLog};
+use replication::layout::LogSettings;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+
+use crate::credentials::Credential;
+use crate::hub::Settings;
+use crate::io::{IoSetup, STAGED_ORDERS_MAX, TierHandoff};
+use crate::metrics::LayoutInfo;
+use crate::server::{BoundAddresses, ServeError, bind_listeners};
+
+/// Orders between the I/O loop and the appender.
+pub const APPEND_QUEUE_SLOTS: usize = 8192;
+/// Appends awaiting their acknowledgement at once; beyond, the appender waits (and the queue,
+/// then the stage, fill: the sessions are answered busy).
+pub const APPENDS_IN_FLIGHT_MAX: usize = 4096;
+/// Bytes read from an R-Gateway per read.
+const READ_BYTES: usize = 64 * 1024;
+
+/// What a gateway without a tier runs.
+pub struct RemoteOptions {
+    /// The native, FIX and metrics listeners' addresses.
+    pub addresses: BoundAddresses,
+    /// The sessions' settings (instruments and clients as the engines have them).
+    pub settings: Settings,
+    /// Who may log in.
+    pub credentials: Vec<Credential>,
+    /// The NATS servers (a cluster's URLs comma-separated).
+    pub nats: NatsConnect,
+    /// The input log's layout (as the engines have it).
+    pub log: LogSettings,
+    /// The engines' `tier.gateways`: the report subjects per shard.
+    pub tier_gateways: u32,
+    /// This gateway's id in every append's message id.
+    pub gateway_id: u32,
+}
+
+/// What the appender did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppendTally {
+    /// Orders acknowledged by their stream.
+    pub appended: u64,
+    /// Appends JetStream recognised as retries of one already stored.
+    pub duplicates: u64,
+    /// Orders never acknowledged (not booked: their clients get no report).
+    pub failed: u64,
+}
+
+/// A running gateway without a tier.
+pub struct RunningRemote {
+    /// The bound addresses: native, FIX, metrics.
+    pub addresses: BoundAddresses,
+    stop: Arc<AtomicBool>,
+    work: Arc<Notify>,
+    io: Option<std::thread::JoinHandle<()>>,
+    appender: Option<tokio::task::JoinHandle<AppendTally>>,
+    r_gateways: Vec<RunningGateway>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl RunningRemote {
+    /// Stops accepting, answers what the sessions took (as the engines report it), lets
+    /// every append finish and stops the R-Gateways.
+    pub fn stop(mut self) -> AppendTally {
+        // Release: the I/O loop that sees the flag drains and stops.
+        self.stop.store(true, Ordering::Release);
+        self.work.notify_one();
+        if let Some(io) = self.io.take() {
+            let _ = io.join();
+        }
+        let appender = self.appender.take().expect("a running gateway has its appender");
+        let tally = self.runtime.block_on(appender).unwrap_or_default();
+        for r_gateway in std::mem::take(&mut self.r_gateways) {
+            let _ = self.runtime.block_on(r_gateway.shutdown());
+        }
+        tracing::info!(?tally, "gateway stopped");
+        tally
+    }
+}
+
+/// Connects to NATS, opens the input log, starts the R-Gateways and the report forwarders,
+/// then the I/O loop; returns once the loop serves.
+pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
+    if options.settings.instruments.is_empty() {
+        let universe = exchange::flow::UniverseConfig::default();
+        options.settings.instruments = Arc::new(exchange::flow::reference_market(&universe).1);
+    }
+    let (listeners, addresses) = bind_listeners(options.addresses, &options.settings)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gateway-nats")
+        .enable_all()
+        .build()
+        .map_err(|e| remote_error("runtime", e))?;
+    let client = runtime.block_on(delivery::nats::connect(&options.nats, "gateway"));
+    let client = client.map_err(|e| remote_error("NATS", e))?;
+    let log = runtime.block_on(OrderLog::open(client, options.log.clone()))?;
+    let work = Arc::new(Notify::new());
+    let wake = work.clone();
+    let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
+    let mut r_gateways = Vec::new();
+    for (index, (shard, slot)) in report_subjects(&options).enumerate() {
+        let gateway_options = GatewayOptions {
+            nats: options.nats.clone(),
+            prefix: options.log.publish_prefix(shard),
+            ..GatewayOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        };
+        let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));
+        let r_gateway = r_gateway.map_err(|e| remote_error("R-Gateway", format!("{e:#}")))?;
+        let address = r_gateway.local_addr();
+        runtime.spawn(forward_reports(address, slot, subscribers(index)));
+        r_gateways.push(r_gateway);
+    }
+    let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
+    let appender = runtime.spawn(append_orders(log, queued, options.gateway_id));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (built, io_built) = std::sync::mpsc::sync_channel(1);
+    let layout = LayoutInfo { groups: "gateway (JetStream input log)".into(), usable_cpus: 0 };
+    let handoff = TierHandoff { control: None, journals: None, layout };
+    let setup = IoSetup {
+        settings: options.settings,
+        credentials: options.credentials,
+        journaled: true, // the engines' books outlive this process
+        listeners,
+        replies,
+        work: work.clone(),
+        stop: stop.clone(),
+        handoff: Arc::new(Mutex::new(Some(handoff))),
+        built,
+        in_tier: tokio::sync::mpsc::unbounded_channel().1,
+        staged_max: STAGED_ORDERS_MAX,
+    };
+    let io = std::thread::Builder::new()
+        .name("gateway-io".into())
+        .spawn(move || crate::io::run_loop(setup, move |order| orders.try_send(order).is_ok()))
+        .map_err(|e| remote_error("I/O thread", e))?;
+    match io_built.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => return Err(error),
+        Err(_) => return Err(remote_error("I/O loop", "stopped before serving")),
+    }
+    let (io, appender) = (Some(io), Some(appender));
+    Ok(RunningRemote { addresses, stop, work, io, appender, r_gateways, runtime })
+}
+
+fn remote_error(what: &str, why: impl std::fmt::Display) -> ServeError {
+    ServeError::Remote(format!("{what}: {why}"))
+}
+
+/// Every (shard, tier gateway slot) whose report subjects this gateway reads.
+fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> + use<> {
+    let slots = options.tier_gateways;
+    (0..options.log.shards).flat_map(move |shard| (0..slots).map(move |slot| (shard, slot)))
+}
+
+/// Queues each order on its stream in admission order and counts the acknowledgements.
+async fn append_orders(
+    log: OrderLog,
+    mut queued: tokio::sync::mpsc::Receiver<InboundOrder>,
+    gateway: u32,
+) -> AppendTally {
+    // This run's id: a retry inside the run reuses its message id; a new run never collides.
+    let session = rand::random::<u64>();
+    let epoch = EpochOffset::measure().absolute(0);
+    let (mut tally, mut seq) = (AppendTally::default(), 0u64);
+    let mut in_flight = futures_util::stream::FuturesUnordered::new();
+    loop {
+        let room = in_flight.len() < APPENDS_IN_FLIGHT_MAX;
+        tokio::select! {
+            order = queued.recv(), if room => {
+                let Some(order) = order else { break };
+                seq += 1;
+                let id = AppendId { gateway, session, seq };
+                let intended_abs_ns = epoch + order.stamps.intended_ns;
+                // Queued before `push` borrows the set (its futures are `Send`, not `Sync`).
+                let acknowledged = log.start_append(&order, id, intended_abs_ns).await;
+                in_flight.push(acknowledged);
+            }
+            Some(done) = in_flight.next() => count(&mut tally, done),
+        }
+    }
+    while let Some(done) = in_flight.next().await {
+        count(&mut tally, done);
+    }
+    tally
+}
+
+fn count(tally: &mut AppendTally, done: Result<Appended, ReplicationError>) {
+    match done {
+        Ok(appended) if appended.duplicate => tally.duplicates += 1,
+        Ok(_) => tally.appended += 1,
+        Err(error) => {
+            tally.failed += 1;
+            // Logged at the 1st, 2nd, 4th, ... failure: an outage is told, not flooded.
+            if tally.failed.is_power_of_two() {
+                tracing::error!(failed = tally.failed, "order not accepted by the log: {error}");
+            }
+        }
+    }
+}
+
+/// Reads one R-Gateway's frames and hands each client report to the sessions' reply queue.
+async fn forward_reports(
+    address: SocketAddr,
+    slot: u32,
+    mut subscribers: Vec<Box<dyn Subscriber>>,
+) {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return tracing::error!("gateway: cannot reach its own R-Gateway {slot} at {address}");
+    };
+    let mut hello = Vec::new();
+    Frame::Hello { version: WIRE_VERSION }.write(&mut hello);
+    if stream.write_all(&hello).await.is_err() {
+        return;
+    }
+    let epoch = EpochOffset::measure().absolute(0);
+    let (mut decoder, mut buffer) = (FrameDecoder::default(), vec![0u8; READ_BYTES]);
+    while let Ok(read) = stream.read(&mut buffer).await {
+        if read == 0 {
+            return;
+        }
+        decoder.extend(&buffer[..read]);
+        while let Ok(Some(frame)) = decoder.next_frame() {
+            match frame {
+                Frame::Data { stream: Stream::Reports, record, .. } => {
+                    match response_of(&record, epoch) {
+                        Some(response) => subscribers[0].deliver(&response),
+                        None => tracing::warn!("gateway: a report with unknown codes dropped"),
+                    }
+                }
+                Frame::Resync { stream, first_seq, last_seq } => tracing::error!(
+                    "gateway: {} {first_seq}..={last_seq} lost beyond the engines' retained window",
+                    stream.name()
+                ),
+                Frame::Goodbye { .. } => return,
+                Frame::Data { .. } | Frame::Hello { .. } => {}
+            }
+        }
+    }
+}
+
+/// The client report a record carries, its intended time on this process's clock.
+fn response_of(record: &Record, epoch_abs_ns: u64) -> Option<Response> {
+    let mut output = CoreOutput::from_canonical(record.output_bytes().try_into().ok()?)?;
+    output.shard = record.shard();
+    output.stamps.intended_ns = record.intended_abs_ns().saturating_sub(epoch_abs_ns);
+    Some(Response {
+        audience: Audience::Client,
+        gateway: record.gateway(),
+        answers_request: record.answers_request(),
+        output,
+    })
+}
