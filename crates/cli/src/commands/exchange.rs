@@ -342,7 +342,7 @@ pub fn run_in_process_demo(args: &DemoArgs) -> anyhow::Result<()> {
     println!("  leantier demo                   # the same tier behind exchange serve, over TCP");
     println!("  leantier exchange placement     # pinning + spinning vs parking, side by side");
     println!("  leantier exchange senders       # 1..6 R-Senders: speedup and Karp–Flatt");
-    println!("  leantier exchange run --config my.toml --rates 100000 --find-max");
+    println!("  leantier exchange run --config my.toml --rate 100000 --find-max");
     Ok(())
 }
 
