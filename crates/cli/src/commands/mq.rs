@@ -40,7 +40,8 @@ pub enum Command {
 #[derive(ClapArgs, Debug, Clone)]
 pub struct NodeFlags {
     /// TOML file with NodeConfig fields: every flag below by its name with underscores
-    /// (handler_slots, connections_per_address_max, ...), and lease_ms_max.
+    /// (handler_slots, connections_per_address_max, ...; a duration in milliseconds under its
+    /// name with _ms: idle_timeout_ms), and lease_ms_max.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Requests served concurrently (handler pool size).

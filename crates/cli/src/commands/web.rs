@@ -39,7 +39,8 @@ pub enum Command {
 
 #[derive(Debug, ClapArgs)]
 pub struct ServeArgs {
-    /// TOML file with any of the fields below (snake_case); flags override it.
+    /// TOML file with any of the fields below (snake_case; a duration in milliseconds under its
+    /// name with _ms: header_timeout_ms); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:8080].
