@@ -69,10 +69,10 @@ pub struct ValidateArgs {
         default_value = "1.5s"
     )]
     pub run_for: Duration,
-    /// Only these configurations (repeatable): feeder-bound, cpu-bound,
-    /// cpu-bound-2-converters, feeder-bound-16-rows-2-decoders (the default four),
-    /// fsync-bound-serializer.
-    #[arg(long = "only", value_name = "NAME")]
+    /// Only these configurations (comma-separated, as every list flag, or repeated):
+    /// feeder-bound, cpu-bound, cpu-bound-2-converters, feeder-bound-16-rows-2-decoders (the
+    /// default four), fsync-bound-serializer.
+    #[arg(long = "only", value_name = "NAME", value_delimiter = ',')]
     pub only: Vec<String>,
     /// Folder for the runs' files (default: a fresh folder under the system temp dir).
     #[arg(long)]
