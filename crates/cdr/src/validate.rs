@@ -10,7 +10,7 @@
 //! cores available are probed again right after each run, and the prediction uses the mean of
 //! the probes before and after it, so a drift during the run is split rather than ignored.
 //!
-//! The predicted maximum is the same as `cdr run --max` (`crate::predict`): the lower of the
+//! The predicted maximum is the same as `cdr run --find-max` (`crate::predict`): the lower of the
 //! first node to saturate (c·μ/v) and the host's cores over the CPU time per ticket, with
 //! what the threads' sharing of the cores costs measured right before each run
 //! (`crate::sharing`: a usable core share and the CPU per hop under the configuration's own

@@ -106,4 +106,169 @@ mod tests {
     fn the_command_tree_is_consistent() {
         super::Cli::command().debug_assert();
     }
+
+    /// Spellings replaced by one name per concept (issue 28); each may live on only as a
+    /// hidden alias of its replacement, for one release: (old, the one name now).
+    const RETIRED: &[(&str, &str)] = &[
+        ("seconds", "duration"),
+        ("duration-s", "duration"),
+        ("measure-s", "measure"),
+        ("run-s", "run"),
+        ("step-seconds", "step"),
+        ("linger-seconds", "linger"),
+        ("linger-ms", "linger"),
+        ("throughput-ms", "throughput-duration"),
+        ("rates", "rate"),
+        ("rate-per-s", "rate"),
+        ("arrival-rate", "rate"),
+        ("out-dir", "out"),
+        ("report-dir", "out"),
+        ("report", "out"),
+        ("max", "find-max"),
+        ("no-pin", "placement"),
+    ];
+
+    /// Durations take their unit in the value (`3s`, `500ms`), never in the flag's name.
+    const UNIT_SUFFIXES: &[&str] = &["-s", "-ms", "-us", "-ns", "-seconds", "-secs", "-millis"];
+
+    /// Every visible long flag and visible alias of `command` and its subcommands, with the
+    /// command path it belongs to.
+    fn visible_flags(command: &clap::Command, path: &str, found: &mut Vec<(String, String)>) {
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set()) {
+            let aliases = arg.get_visible_aliases().unwrap_or_default();
+            for long in arg.get_long().into_iter().chain(aliases) {
+                found.push((path.to_string(), long.to_string()));
+            }
+        }
+        for sub in command.get_subcommands() {
+            let sub_path = format!("{path} {}", sub.get_name()).trim().to_string();
+            visible_flags(sub, &sub_path, found);
+        }
+    }
+
+    /// What is wrong with one visible long flag, if anything.
+    fn misspelling(long: &str) -> Option<String> {
+        if let Some((_, now)) = RETIRED.iter().find(|(old, _)| *old == long) {
+            return Some(format!(
+                "--{long} is retired: use --{now} (old spellings: hidden aliases)"
+            ));
+        }
+        let unit = UNIT_SUFFIXES.iter().find(|suffix| long.ends_with(*suffix))?;
+        Some(format!("--{long} carries a unit ({unit}): name the concept, take a duration value"))
+    }
+
+    /// Every misspelt flag in the tree, as `path: reason`.
+    fn misspellings(command: &clap::Command) -> Vec<String> {
+        let mut flags = Vec::new();
+        visible_flags(command, "", &mut flags);
+        flags
+            .iter()
+            .filter_map(|(path, long)| misspelling(long).map(|why| format!("{path}: {why}")))
+            .collect()
+    }
+
+    /// Every `--out` defaults to `leantier-report/<command path joined by ->`: one root, one
+    /// folder per command, so no two commands overwrite each other's report.
+    fn out_defaults(command: &clap::Command, path: &[&str], wrong: &mut Vec<String>) {
+        let out = command.get_arguments().find(|arg| arg.get_long() == Some("out"));
+        if let Some(out) = out {
+            let expected = format!("leantier-report/{}", path.join("-"));
+            let defaults: Vec<_> = out.get_default_values().iter().map(|v| v.to_owned()).collect();
+            if defaults != [expected.as_str()] {
+                wrong.push(format!(
+                    "{}: --out defaults to {defaults:?}, not {expected}",
+                    path.join(" ")
+                ));
+            }
+        }
+        for sub in command.get_subcommands() {
+            let sub_path: Vec<&str> = path.iter().copied().chain([sub.get_name()]).collect();
+            out_defaults(sub, &sub_path, wrong);
+        }
+    }
+
+    #[test]
+    fn one_spelling_per_concept_across_the_tree() {
+        let found = misspellings(&super::Cli::command());
+        assert!(found.is_empty(), "one name per concept (issue 28):\n{}", found.join("\n"));
+    }
+
+    #[test]
+    fn a_new_flag_in_an_old_spelling_fails_the_walk() {
+        let command = clap::Command::new("leantier").subcommand(
+            clap::Command::new("x")
+                .arg(clap::Arg::new("a").long("duration-s"))
+                .arg(clap::Arg::new("b").long("timeout-ms"))
+                .arg(clap::Arg::new("c").long("count").visible_alias("rates"))
+                .arg(clap::Arg::new("d").long("rate").alias("rate-per-s"))
+                .arg(clap::Arg::new("e").long("report").hide(true)),
+        );
+        let found = misspellings(&command);
+        assert_eq!(found.len(), 3, "{found:#?}");
+        assert!(found[0].starts_with("x: --duration-s is retired"), "{found:#?}");
+        assert!(found[1].contains("--timeout-ms carries a unit"), "{found:#?}");
+        assert!(found[2].contains("--rates is retired: use --rate"), "{found:#?}");
+    }
+
+    /// Scripts written for the old spellings keep working for one release.
+    #[test]
+    fn old_spellings_still_parse_as_hidden_aliases() {
+        use super::commands::exchange::ExchangeCommand;
+        use clap::Parser;
+        use std::time::Duration;
+        let old: &[&[&str]] = &[
+            &["exchange", "run", "--rates", "5000", "--seconds", "0.3", "--p99-limit-us", "50"],
+            &["exchange", "client", "--client", "1", "--linger-ms", "300"],
+            &["exchange", "publish", "--nats", "n", "--seconds", "5", "--linger-seconds", "1"],
+            &["exchange", "layout-bench", "--step-seconds", "0.5"],
+            &["exchange", "senders", "--publish-work-ns", "2000"],
+            &["bench", "ring", "--no-pin"],
+            &["bench", "load-gen", "--rates", "1000", "--seconds", "1"],
+            &["cdr", "run", "--config", "c", "--max", "--duration-s", "2", "--out-dir", "x"],
+            &["cdr", "validate", "--measure-s", "0.3", "--run-s", "1", "--report", "r"],
+            &["plan", "node", "--arrival-rate", "1", "--service-rate", "2", "--capacity", "3"],
+            &["plan", "measure", "cdr", "--duration-s", "1"],
+            &["journal", "bench", "--throughput-ms", "100", "--latency-ms", "100", "--report", "r"],
+            &["mq", "load", "--think-ms", "1", "--duration-s", "1", "--warmup-s", "0"],
+            &["mq", "serve", "--idle-timeout-ms", "100", "--registration-window-ms", "100"],
+            &["web", "load", "--rate-per-s", "10", "--report-dir", "r", "--interval-ms", "50"],
+            &["web", "serve", "--header-timeout-ms", "100", "--admission-wait-ms", "100"],
+        ];
+        for args in old {
+            let parsed = super::Cli::try_parse_from(["leantier"].iter().chain(args.iter()));
+            parsed.unwrap_or_else(|error| panic!("{args:?}: {error}"));
+        }
+        let run = super::Cli::try_parse_from(["leantier"].iter().chain(old[0])).unwrap();
+        let super::Command::Exchange(exchange) = run.command else { panic!("exchange") };
+        let ExchangeCommand::Run(run) = exchange.command else { panic!("exchange run") };
+        assert_eq!((run.rate, run.duration), (vec![5000.0], Duration::from_millis(300)));
+        assert_eq!(run.p99_limit, Duration::from_micros(50), "a bare number keeps the old unit");
+    }
+
+    #[test]
+    fn every_report_goes_under_one_root_in_its_own_folder() {
+        let mut wrong = Vec::new();
+        out_defaults(&super::Cli::command(), &[], &mut wrong);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// One scheme for environment variables: `LEANTIER_` then the area, e.g.
+    /// `LEANTIER_EXCHANGE_SECRET`, `LEANTIER_MQ_SECRET`, `LEANTIER_NATS_URL`.
+    #[test]
+    fn environment_variables_share_one_prefix() {
+        fn walk(command: &clap::Command, wrong: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let env = arg.get_env().map(|env| env.to_string_lossy().into_owned());
+                if let Some(env) =
+                    env.filter(|env| !env.starts_with("LEANTIER_") || env == "LEANTIER_SECRET")
+                {
+                    wrong.push(format!("{}: --{} reads ${env}", command.get_name(), arg.get_id()));
+                }
+            }
+            command.get_subcommands().for_each(|sub| walk(sub, wrong));
+        }
+        let mut wrong = Vec::new();
+        walk(&super::Cli::command(), &mut wrong);
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
 }

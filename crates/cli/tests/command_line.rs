@@ -69,7 +69,9 @@ fn every_command_has_help() {
 #[test]
 fn bad_flags_exit_with_code_2() {
     for args in [
-        &["demo", "--p99-limit-us", "x"][..],
+        &["demo", "--p99-limit", "x"][..],
+        &["exchange", "run", "--duration", "3 parsecs"],
+        &["mq", "load", "--think=-5ms"],
         &["exchange", "run", "--journal", "bogus"],
         &["exchange", "run", "--wait", "sleepy"],
         &["exchange", "run", "--arrival", "never"],
@@ -81,6 +83,37 @@ fn bad_flags_exit_with_code_2() {
     ] {
         let output = leantier(args);
         assert_eq!(code(&output), 2, "{args:?}: {}", text(&output.stderr));
+    }
+}
+
+#[test]
+fn a_duration_without_a_unit_it_knows_is_refused_clearly() {
+    let output = leantier(&["exchange", "load", "--duration", "5 fortnights"]);
+    assert_eq!(code(&output), 2);
+    let error = text(&output.stderr);
+    assert!(error.contains("--duration") && error.contains("e.g. 3s, 500ms"), "{error}");
+}
+
+/// `LEANTIER_EXCHANGE_SECRET` is the name; the old `LEANTIER_SECRET` is still read when it is
+/// unset, for one release.
+#[test]
+fn the_exchange_secret_comes_from_its_env_name_or_the_deprecated_one() {
+    let client = |env: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leantier"));
+        command.args(["exchange", "client", "--client", "1", "--connect", "127.0.0.1:1"]);
+        command.env_remove("LEANTIER_EXCHANGE_SECRET").env_remove("LEANTIER_SECRET");
+        if let Some(name) = env {
+            command.env(name, "pw");
+        }
+        command.stdin(std::process::Stdio::null()).output().unwrap()
+    };
+    let missing = client(None);
+    assert_eq!(code(&missing), 2, "no secret is bad input");
+    assert!(text(&missing.stderr).contains("LEANTIER_EXCHANGE_SECRET"), "names the variable");
+    // With a secret the client gets as far as connecting: port 1 refuses (runtime error).
+    for name in ["LEANTIER_EXCHANGE_SECRET", "LEANTIER_SECRET"] {
+        let output = client(Some(name));
+        assert_eq!(code(&output), 1, "{name}: {}", text(&output.stderr));
     }
 }
 
@@ -100,10 +133,10 @@ fn exchange_run(config: &Path, out: &Path) -> Output {
         "run",
         "--config",
         config,
-        "--rates",
+        "--rate",
         "5000",
-        "--seconds",
-        "0.3",
+        "--duration",
+        "300ms",
         "--core-shards",
         "2",
         "--snapshot-every",

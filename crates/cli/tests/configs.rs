@@ -122,8 +122,8 @@ fn the_shipped_configuration_trades_symbols_and_decimal_prices() {
     let client = |script: &str| {
         let mut child = Command::new(LEANTIER)
             .args(["exchange", "client", "--connect", &served.native.to_string(), "--client", "1"])
-            .args(["--instruments", instruments.to_str().unwrap(), "--linger-ms", "300"])
-            .env("LEANTIER_SECRET", "demo-secret-1")
+            .args(["--instruments", instruments.to_str().unwrap(), "--linger", "300ms"])
+            .env("LEANTIER_EXCHANGE_SECRET", "demo-secret-1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -458,12 +458,37 @@ fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() 
     let metrics = gateway.address("metrics on ");
     gateway.address("gateway 0 listening on ");
     let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
-    let _publisher = Served::start(&[&publish[..], &["--seconds", "60"]].concat(), dir.path());
+    let _publisher = Served::start(&[&publish[..], &["--duration", "60s"]].concat(), dir.path());
     wait_for_counter(metrics, "rgateway_records_received_total");
     check_admin_endpoint(metrics, "rgateway_records_received_total", "rgateway_answer_seconds");
     gateway.signal("TERM");
     let (status, lines) = gateway.exit();
     stopped_cleanly(status, &lines, "R-Gateway stopped");
+}
+
+/// `exchange publish` is a timed load run, but a stop signal ends it like a server: the load
+/// stops, the publishers flush, one summary line, exit 0 within the drain bound.
+#[test]
+fn exchange_publish_drains_on_sigterm_mid_run() {
+    let Some((url, _nats_child)) = nats() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("pub{}", std::process::id());
+    let gateway_args = ["exchange", "gateway", "--nats", &url, "--gateway", "0", "--prefix"];
+    let listen = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
+    let mut gateway = Served::start(&[&gateway_args[..], &[&prefix], &listen].concat(), dir.path());
+    let metrics = gateway.address("metrics on ");
+    let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
+    let publisher = Served::start(&[&publish[..], &["--duration", "60s"]].concat(), dir.path());
+    wait_for_counter(metrics, "rgateway_records_received_total");
+    let signalled = Instant::now();
+    publisher.signal("TERM");
+    let (status, lines) = publisher.exit();
+    let summary = stopped_cleanly(status, &lines, "tier publisher stopped");
+    assert!(signalled.elapsed() < ops::stop::DRAIN_TIMEOUT, "drained in {:?}", signalled.elapsed());
+    let sent: u64 = field(summary, "sent").parse().unwrap();
+    let published: u64 = field(summary, "published").parse().unwrap();
+    assert!(sent > 0 && published > 0, "the load ran and was published: {summary}");
+    assert!(sent < 2000 * 60, "the load stopped early: {summary}");
 }
 
 /// `--log-format json`: every log line a server writes is one JSON object, the summary line too.

@@ -145,6 +145,7 @@ fn run_options(settings: &Settings) -> RunOptions {
         record_inputs: false,
         journal: JournalOptions::default(),
         released: None,
+        stop: None,
         load: LoadConfig { arrival: settings.arrival, ..LoadConfig::default() },
     }
 }

@@ -458,8 +458,14 @@ impl Drop for NatsPublisher {
     }
 }
 
+/// After a stop signal the retained windows stay up at most this long: with the flush (at
+/// most `CONNECT_TIMEOUT`, 5 s) the drain stays within `ops::stop::DRAIN_TIMEOUT` (10 s).
+pub const LINGER_AFTER_STOP_MAX: Duration = Duration::from_secs(2);
+
 /// Runs the tier with its R-Senders publishing over NATS (the engine process), then keeps the
-/// retained windows and heartbeats up for `linger` so gateways recover what they missed.
+/// retained windows and heartbeats up for `linger` so gateways recover what they missed. Once
+/// `run.stop` is set (a stop signal) the load ends, the publishers flush what the tier
+/// answered, and the linger is cut to [`LINGER_AFTER_STOP_MAX`].
 pub fn run_tier(
     config: &exchange::tier::TierConfig,
     run: exchange::tier::RunOptions,
@@ -474,10 +480,12 @@ pub fn run_tier(
         config.gateways
     );
     let publisher = NatsPublisher::connect(publish)?;
+    let stop = run.stop.clone();
     let result =
         exchange::tier::run_with_subscribers(config, run, publisher.subscribers(), progress)?;
     publisher.drain()?;
-    std::thread::sleep(linger);
+    let stopped = stop.is_some_and(|stop| stop.load(Ordering::Acquire));
+    std::thread::sleep(if stopped { linger.min(LINGER_AFTER_STOP_MAX) } else { linger });
     Ok((result, publisher.report()))
 }
 

@@ -38,6 +38,7 @@ fn options() -> RunOptions {
         record_inputs: false,
         journal: JournalOptions::default(),
         released: None,
+        stop: None,
         load: exchange::tier::LoadConfig::default(),
     }
 }

@@ -76,6 +76,7 @@ pub fn run_tier() -> Result<Tally, Box<dyn std::error::Error>> {
         record_inputs: false,
         journal: Default::default(),
         released: None,
+        stop: None,
         load: Default::default(),
     };
     let instrument = reference_master_data(&config.universe);

@@ -113,6 +113,7 @@ pub fn measure(
             record_inputs: false,
             journal: journal.clone(),
             released: None,
+            stop: None,
             load: load.clone(),
         };
         let result = run_tier(config, options, |sent| bar.set_position(done + sent))?;
@@ -189,6 +190,7 @@ fn run_at(
         record_inputs: false,
         journal,
         released: None,
+        stop: None,
         load: load.clone(),
     };
     run_tier(config, options, |_| {})

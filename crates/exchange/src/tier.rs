@@ -47,12 +47,12 @@ mod service;
 mod workers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::ExchangeError;
 use crate::error::ExchangeError::BadInput;
-use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_sync_with};
+use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_steps_with};
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::{CpuId, PlacementPlan, Role};
@@ -600,6 +600,9 @@ pub struct RunOptions {
     /// Publishes, per shard, the highest input sequence whose reply was delivered (the crash
     /// test's child reports it to its client); `None` in measured runs.
     pub released: Option<Arc<ReleasedSeqs>>,
+    /// Ends the load early once set (a stop signal): the run then drains and reports as at
+    /// the end of its duration; `None`: the load runs its whole duration.
+    pub stop: Option<Arc<AtomicBool>>,
     /// The load generator's settings ([`run`]; unused by a tier fed by a source of its own).
     pub load: LoadConfig,
 }
@@ -675,7 +678,7 @@ fn run_with_layout(
         let run = InlineRun { feeds: Arc::default(), issued: Arc::default(), reported };
         let inline = InlineGenerator {
             load: Load::new(config.universe, &options.load, &master),
-            steps: OpenLoopSteps::new(&open_loop_plan(&options))?,
+            steps: OpenLoopSteps::new(&open_loop_plan(&options))?.until(options.stop.clone()),
             feeds: run.feeds.clone(),
             issued: run.issued.clone(),
             report,
@@ -920,9 +923,9 @@ fn drive_load(
     let Feeds { gateway, mut events, master: mut updates } = feeds;
     let mut gateway = gateway.expect("a generator outside the tier writes the gateway input");
     let mut load = Load::new(config.universe, &options.load, master);
-    let plan = open_loop_plan(options);
+    let steps = OpenLoopSteps::new(&open_loop_plan(options))?.until(options.stop.clone());
     let mut disconnected = false;
-    let drive = drive_sync_with(&plan, pacer, |shot| {
+    let drive = drive_steps_with(steps, pacer, |shot| {
         if disconnected {
             return;
         }
@@ -938,7 +941,7 @@ fn drive_load(
         if shot.index % 1024 == 0 {
             progress(shot.index);
         }
-    })?;
+    });
     Ok((drive, disconnected))
 }
 

@@ -27,6 +27,7 @@ fn options(data_dir: &std::path::Path) -> RunOptions {
         duration: Duration::from_millis(300),
         record_inputs: true,
         released: None,
+        stop: None,
         journal: JournalOptions {
             data_dir: Some(data_dir.to_path_buf()),
             repair: false,
@@ -100,6 +101,7 @@ fn a_different_shard_count_is_refused() {
         duration: Duration::from_millis(50),
         record_inputs: false,
         released: None,
+        stop: None,
         load: load(),
         journal: JournalOptions {
             data_dir: Some(dir.path().to_path_buf()),

@@ -26,6 +26,7 @@ fn options(rate_per_s: f64, millis: u64, record_inputs: bool) -> RunOptions {
         record_inputs,
         journal: JournalOptions::default(),
         released: None,
+        stop: None,
         load: LoadConfig::default(),
     }
 }

@@ -25,6 +25,7 @@ fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
         record_inputs: true,
         journal: JournalOptions::default(),
         released: None,
+        stop: None,
         load: LoadConfig { events_every: 500, master_updates_every: 700, ..LoadConfig::default() },
     };
     let result = run(&config, options, |_| {}).expect("run");

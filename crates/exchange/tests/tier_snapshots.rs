@@ -140,6 +140,7 @@ fn run_on(config: &TierConfig, dir: &Path, segment_bytes: u64) -> RunResult {
         duration: Duration::from_millis(400),
         record_inputs: true,
         released: None,
+        stop: None,
         journal: JournalOptions { data_dir: Some(dir.to_path_buf()), repair: false, segment_bytes },
         load: LoadConfig { events_every: 300, master_updates_every: 700, ..LoadConfig::default() },
     };
@@ -283,6 +284,7 @@ fn short_restart(dir: &std::path::Path) -> RunOptions {
         duration: Duration::from_millis(50),
         record_inputs: false,
         released: None,
+        stop: None,
         journal: JournalOptions { data_dir: Some(dir.to_path_buf()), ..Default::default() },
         load: LoadConfig::default(),
     }

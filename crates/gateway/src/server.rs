@@ -220,6 +220,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
             ..JournalOptions::default()
         },
         released: None,
+        stop: None,
         load: LoadConfig::default(), // no generator: the sessions are the tier's source
     };
     let source = crate::io::order_source(setup);

@@ -46,6 +46,7 @@
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -285,16 +286,25 @@ pub fn drive_sync(plan: &OpenLoopPlan, send: impl FnMut(Shot)) -> Result<DriveRe
 /// generator that has a CPU of its own.
 pub fn drive_sync_with(
     plan: &OpenLoopPlan,
+    pacer: Pacer,
+    send: impl FnMut(Shot),
+) -> Result<DriveReport, BadInput> {
+    Ok(drive_steps_with(OpenLoopSteps::new(plan)?, pacer, send))
+}
+
+/// [`drive_sync_with`] over steps of the caller's making, e.g. ones that end early on a stop
+/// signal ([`OpenLoopSteps::until`]).
+pub fn drive_steps_with(
+    mut steps: OpenLoopSteps,
     mut pacer: Pacer,
     mut send: impl FnMut(Shot),
-) -> Result<DriveReport, BadInput> {
-    let mut steps = OpenLoopSteps::new(plan)?;
+) -> DriveReport {
     set_timer_slack(TIMER_SLACK_NS);
     while let Some(intended) = steps.next_intended() {
         let issued = pacer.wait_until(intended);
         send(steps.issue(issued));
     }
-    Ok(DriveReport { sleeps: pacer.sleeps(), spin_window: pacer.spin_window(), ..steps.report() })
+    DriveReport { sleeps: pacer.sleeps(), spin_window: pacer.spin_window(), ..steps.report() }
 }
 
 /// An open-loop schedule stepped without waiting, for a driver whose thread has other work
@@ -309,6 +319,8 @@ pub struct OpenLoopSteps {
     next: Option<(u64, u64)>,
     send_lag: LatencyHistogram,
     sent: u64,
+    /// Ends the schedule early once set (a stop signal): no shot is issued after it.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 impl OpenLoopSteps {
@@ -321,7 +333,13 @@ impl OpenLoopSteps {
             next,
             send_lag: LatencyHistogram::new(),
             sent: 0,
+            stop: None,
         })
+    }
+
+    /// The same steps, ending early once `stop` is set (`None`: at the schedule's end only).
+    pub fn until(self, stop: Option<Arc<AtomicBool>>) -> OpenLoopSteps {
+        OpenLoopSteps { stop, ..self }
     }
 
     /// The next shot, issued at `now`, if its intended time is at or before `now`.
@@ -332,6 +350,10 @@ impl OpenLoopSteps {
 
     /// When the next shot is due (the clock starts at the first call); `None` when done.
     fn next_intended(&mut self) -> Option<Instant> {
+        // Acquire: pairs with the stopper's Release; one load per shot costs next to nothing.
+        if self.stop.as_ref().is_some_and(|stop| stop.load(Ordering::Acquire)) {
+            self.next = None;
+        }
         let start = *self.start.get_or_insert_with(Instant::now);
         self.next.map(|(_, offset_ns)| start + Duration::from_nanos(offset_ns))
     }
@@ -339,8 +361,11 @@ impl OpenLoopSteps {
     /// Issues the next shot at `issued` and records its lag; call after `next_intended`
     /// returned `Some`.
     fn issue(&mut self, issued: Instant) -> Shot {
-        let intended = self.next_intended().expect("a shot is pending");
-        let (index, _) = self.next.expect("a shot is pending");
+        // Not through `next_intended`: a stop set since that call must not take back the shot
+        // the caller already waited for.
+        let (index, offset_ns) = self.next.expect("a shot is pending");
+        let start = self.start.expect("next_intended started the clock");
+        let intended = start + Duration::from_nanos(offset_ns);
         self.next = self.schedule.next().map(|offset_ns| (index + 1, offset_ns));
         let shot = Shot { index, intended, issued };
         self.send_lag.record_ns(shot.send_lag_ns());

@@ -210,6 +210,7 @@ fn start_tier(
         record_inputs: false,
         journal: JournalOptions::default(),
         released: None,
+        stop: None,
         load: LoadConfig::default(), // no generator: the log is the tier's source
     };
     let started = Tier::start_with_source(&config, &run, subscribers, source);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lab::report::{Markdown, ReportDir, Table};
 use ringbench::loadgen::{KEPT_UP_SLACK, LoadGenReport, LoadGenSettings, Sink};
 
-use crate::commands::values::one_of;
+use crate::commands::values::{self, one_of};
 use crate::outcome::TargetMissed;
 
 /// The rate the generator must keep up with on one thread into the null sink (issue 15).
@@ -17,16 +17,23 @@ const KEPT_UP_RATE_TARGET_PER_S: f64 = 2_000_000.0;
 /// its CPU use, into a null sink and into a ring drained by another thread.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Target rates in requests per second (comma separated), each measured for --seconds.
+    /// Target rates in requests per second (comma separated), each measured for --duration.
     #[arg(
         long,
+        alias = "rates",
         value_delimiter = ',',
         default_value = "1000,10000,100000,1000000,2000000,4000000,8000000,16000000"
     )]
-    pub rates: Vec<f64>,
-    /// Seconds per (sink, rate) step.
-    #[arg(long, default_value_t = 1.0)]
-    pub seconds: f64,
+    pub rate: Vec<f64>,
+    /// Time per (sink, rate) step, e.g. 1s or 500ms.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "1s"
+    )]
+    pub duration: Duration,
     /// Evenly spaced requests instead of Poisson arrivals.
     #[arg(long)]
     pub constant: bool,
@@ -36,7 +43,7 @@ pub struct Args {
           value_parser = one_of(&Sink::ALL, Sink::name))]
     pub sinks: Vec<Sink>,
     /// Folder for the report (JSON, CSV, Markdown).
-    #[arg(long, default_value = "reports/bench-load-gen")]
+    #[arg(long, default_value = "leantier-report/bench-load-gen")]
     pub out: PathBuf,
     /// Exit with code 3 unless the generator kept up with 2M requests/s into the null sink.
     #[arg(long)]
@@ -45,14 +52,10 @@ pub struct Args {
 
 /// Runs the measurement, prints the table and writes the report folder.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.seconds > 0.0 && args.seconds.is_finite(),
-        "--seconds must be a positive number, got {}",
-        args.seconds
-    );
+    anyhow::ensure!(!args.duration.is_zero(), "--duration must be > 0");
     let settings = LoadGenSettings {
-        rates_per_s: args.rates.clone(),
-        step: Duration::from_secs_f64(args.seconds),
+        rates_per_s: args.rate.clone(),
+        step: args.duration,
         constant: args.constant,
         sinks: args.sinks.clone(),
     };

@@ -27,11 +27,14 @@ pub struct Args {
     /// A short run (10× fewer messages and round trips, 3 trials) for a quick look.
     #[arg(long)]
     pub quick: bool,
-    /// Do not pin the two benchmark threads to CPUs.
-    #[arg(long)]
+    /// Pin the two benchmark threads to CPUs (`--placement false`: let the OS schedule them).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub placement: bool,
+    /// The old spelling of `--placement false`, kept hidden for one release.
+    #[arg(long, hide = true, conflicts_with = "placement")]
     pub no_pin: bool,
     /// Folder for the report (JSON, CSV, Markdown, SVG).
-    #[arg(long, default_value = "reports/bench-ring")]
+    #[arg(long, default_value = "leantier-report/bench-ring")]
     pub out: PathBuf,
     /// Exit with code 3 when a target is missed.
     #[arg(long)]
@@ -45,7 +48,7 @@ impl Args {
             trials: self.trials,
             batches: self.batches.clone(),
             round_trips: self.round_trips,
-            pin: !self.no_pin,
+            pin: self.placement && !self.no_pin,
         };
         if self.quick { settings.quick() } else { settings }
     }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::planner::BudgetArg;
+use super::values;
 use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand};
 use lab::report::{BarChart, LinePlot, Markdown, ReportDir, Table};
@@ -49,17 +50,29 @@ pub struct ValidateArgs {
     /// Rounds over all configurations (medians are taken over rounds).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Seconds each node is measured alone, per round.
-    #[arg(long, default_value_t = 0.3)]
-    pub measure_s: f64,
-    /// Seconds of each flat-out run (the defaults keep 3 rounds of the default three
-    /// configurations under a minute).
-    #[arg(long, default_value_t = 1.5)]
-    pub run_s: f64,
-    /// Only these configurations (repeatable): feeder-bound, cpu-bound,
-    /// cpu-bound-2-converters, feeder-bound-16-rows-2-decoders (the default four),
-    /// fsync-bound-serializer.
-    #[arg(long = "only", value_name = "NAME")]
+    /// How long each node is measured alone, per round, e.g. 300ms.
+    #[arg(
+        long,
+        alias = "measure-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "300ms"
+    )]
+    pub measure: Duration,
+    /// How long each flat-out run lasts, e.g. 1.5s (the defaults keep 3 rounds of the default
+    /// three configurations under a minute).
+    #[arg(
+        long = "run",
+        alias = "run-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "1.5s"
+    )]
+    pub run_for: Duration,
+    /// Only these configurations (comma-separated, as every list flag, or repeated):
+    /// feeder-bound, cpu-bound, cpu-bound-2-converters, feeder-bound-16-rows-2-decoders (the
+    /// default four), fsync-bound-serializer.
+    #[arg(long = "only", value_name = "NAME", value_delimiter = ',')]
     pub only: Vec<String>,
     /// Folder for the runs' files (default: a fresh folder under the system temp dir).
     #[arg(long)]
@@ -77,26 +90,26 @@ pub struct ValidateArgs {
     /// to saturate alone (no probe).
     #[arg(long, value_enum, default_value_t = BudgetArg::Cpu)]
     pub budget: BudgetArg,
-    /// Also write the results (every round and the medians) as JSON, CSV and Markdown with an
-    /// SVG bar chart into this folder.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
+    /// Report folder: the results (every round and the medians) as JSON, CSV and Markdown
+    /// with an SVG bar chart.
+    #[arg(long, alias = "report", default_value = "leantier-report/cdr-validate")]
+    pub out: PathBuf,
 }
 
 /// `cdr run`.
 #[derive(Debug, ClapArgs)]
 pub struct RunArgs {
-    /// Pipeline config file (from `leantier plan optimize`).
+    /// Pipeline config file (`config.toml` from `leantier plan optimize`).
     #[arg(long)]
     pub config: PathBuf,
     /// Poisson ticket rate per second; default: the config's planned rate.
-    #[arg(long, conflicts_with_all = ["max", "rate_steps"])]
+    #[arg(long, conflicts_with_all = ["find_max", "rate_steps"])]
     pub rate: Option<f64>,
     /// Run the generator flat out and compare with the predicted maximum throughput.
-    #[arg(long, conflicts_with = "rate_steps")]
-    pub max: bool,
+    #[arg(long, alias = "max", conflicts_with = "rate_steps")]
+    pub find_max: bool,
     /// A rate profile instead of one rate: Poisson steps `RATE:SECONDSs` back to back, e.g.
-    /// `2000:10s,8000:10s,3000:10s` (also `ms`); the run lasts their sum (--duration-s is
+    /// `2000:10s,8000:10s,3000:10s` (also `ms`); the run lasts their sum (--duration is
     /// ignored).
     #[arg(long, value_name = "RATE:DURATION,...")]
     pub rate_steps: Option<String>,
@@ -113,19 +126,33 @@ pub struct RunArgs {
     /// the threads in force were planned for (hysteresis).
     #[arg(long, default_value_t = REPLAN_RATE_CHANGE_MIN_DEFAULT, requires = "online")]
     pub replan_threshold: f64,
-    /// Online mode: milliseconds between controller measurements.
-    #[arg(long, default_value_t = CONTROL_INTERVAL_MS_DEFAULT, requires = "online")]
-    pub control_interval_ms: u64,
+    /// Online mode: time between controller measurements, e.g. 500ms (at least 200ms).
+    #[arg(
+        long,
+        alias = "control-interval-ms",
+        value_name = "DURATION",
+        value_parser = values::millis,
+        default_value = "500ms",
+        requires = "online"
+    )]
+    pub control_interval: Duration,
     /// Override a node's thread count, `NAME=THREADS` (repeatable).
     #[arg(long = "threads", value_name = "NAME=THREADS")]
     pub threads: Vec<String>,
-    /// Seconds the generator runs.
-    #[arg(long, default_value_t = 5.0)]
-    pub duration_s: f64,
-    /// Folder for output files, reject files and the SQLite database.
-    #[arg(long, default_value = "cdr-out")]
-    pub out_dir: PathBuf,
-    /// PostgreSQL URL for the feeder (default: SQLite in --out-dir).
+    /// How long the generator runs, e.g. 5s.
+    #[arg(
+        long,
+        alias = "duration-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "5s"
+    )]
+    pub duration: Duration,
+    /// Folder for the output files, reject files, the SQLite database and the comparison
+    /// (JSON, CSV, Markdown; online: the timeline, with SVG plots).
+    #[arg(long, aliases = ["out-dir", "report"], default_value = "leantier-report/cdr-run")]
+    pub out: PathBuf,
+    /// PostgreSQL URL for the feeder (default: SQLite in --out).
     #[arg(long, env = "LEANTIER_PG_URL")]
     pub db_url: Option<String>,
     /// Serializer fsync policy: one fdatasync per this many records (0 = only at the end).
@@ -143,19 +170,13 @@ pub struct RunArgs {
     /// Fail (exit 3) if the measured throughput is outside ±this fraction of the prediction.
     #[arg(long)]
     pub check: Option<f64>,
-    /// Also write the comparison (online: the timeline, with SVG plots) as JSON, CSV and
-    /// Markdown into this folder.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
 }
 
 /// Online mode's default for `--max-threads`.
 pub const ONLINE_MAX_THREADS_DEFAULT: usize = 4;
-/// Online mode's default for `--control-interval-ms`.
-pub const CONTROL_INTERVAL_MS_DEFAULT: u64 = 500;
 /// The shortest control interval: the runtime publishes metrics every 100 ms, so shorter
 /// intervals would see stale counts.
-const CONTROL_INTERVAL_MS_MIN: u64 = 200;
+const CONTROL_INTERVAL_MIN: Duration = Duration::from_millis(200);
 
 /// Runs a `cdr` subcommand.
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -228,11 +249,11 @@ pub fn parse_rate_steps(text: &str) -> Result<Vec<RateStep>, BadInput> {
 }
 
 fn arrivals(args: &RunArgs, config: &PipelineConfig) -> anyhow::Result<Arrivals> {
-    if !(args.duration_s.is_finite() && args.duration_s > 0.0) {
-        return Err(BadInput(format!("--duration-s must be > 0, got {}", args.duration_s)).into());
+    if args.duration.is_zero() {
+        return Err(BadInput("--duration must be > 0".into()).into());
     }
-    let duration = Duration::from_secs_f64(args.duration_s);
-    Ok(match (&args.rate_steps, args.max, args.rate) {
+    let duration = args.duration;
+    Ok(match (&args.rate_steps, args.find_max, args.rate) {
         (Some(steps), _, _) => Arrivals::Steps(parse_rate_steps(steps)?),
         (None, true, _) => Arrivals::FlatOut(duration),
         (None, false, rate) => {
@@ -245,11 +266,11 @@ fn online_settings(args: &RunArgs, config: &PipelineConfig) -> anyhow::Result<On
     if args.max_threads == 0 {
         return Err(BadInput("--max-threads must be >= 1".into()).into());
     }
-    if args.control_interval_ms < CONTROL_INTERVAL_MS_MIN {
+    if args.control_interval < CONTROL_INTERVAL_MIN {
         return Err(BadInput(format!(
-            "--control-interval-ms must be >= {CONTROL_INTERVAL_MS_MIN} (metrics publish every \
-             100 ms), got {}",
-            args.control_interval_ms
+            "--control-interval must be >= {CONTROL_INTERVAL_MIN:?} (metrics publish every \
+             100 ms), got {:?}",
+            args.control_interval
         ))
         .into());
     }
@@ -266,7 +287,7 @@ fn online_settings(args: &RunArgs, config: &PipelineConfig) -> anyhow::Result<On
             serializer: max_of("serializer"),
             feeder: max_of("feeder"),
         },
-        control_interval: Duration::from_millis(args.control_interval_ms),
+        control_interval: args.control_interval,
         replan_rate_change_min: args.replan_threshold,
     })
 }
@@ -290,21 +311,21 @@ fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
             url: url.clone(),
             table: format!("leantier_cdr_run_{}", std::process::id()),
         },
-        None => DbTarget::Sqlite(args.out_dir.join("cdr.sqlite")),
+        None => DbTarget::Sqlite(args.out.join("cdr.sqlite")),
     };
     let settings = RunSettings {
         threads,
         arrivals,
         online,
-        out_dir: args.out_dir.clone(),
+        out_dir: args.out.clone(),
         database: database.clone(),
         fsync_every_records: args.fsync_every,
         feed_batch_rows: args.feed_batch_rows,
         malformed_every: args.malformed_every,
         seed: args.seed,
     };
-    // The SQLite file in --out-dir may hold earlier runs' rows: count what this run added.
-    std::fs::create_dir_all(&args.out_dir)?;
+    // The SQLite file in --out may hold earlier runs' rows: count what this run added.
+    std::fs::create_dir_all(&args.out)?;
     database.prepare()?;
     let rows_before = database.count_rows()?;
     let summary = run_pipeline(&settings)?;
@@ -325,7 +346,7 @@ fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
         summary.generated,
         summary.generated as f64 / duration_s,
         summary.rejected,
-        args.out_dir.display(),
+        args.out.display(),
         summary.serialized,
         summary.inserted,
     );
@@ -336,7 +357,7 @@ fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
         config.model.host.cores,
     );
     if args.online {
-        return report_timeline(&summary.timeline, args.report.as_deref());
+        return report_timeline(&summary.timeline, &args.out);
     }
     let flat_out = matches!(settings.arrivals, Arrivals::FlatOut(_));
     let comparison = compare(&config, &summary, duration_s, flat_out)?;
@@ -347,14 +368,12 @@ fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
         "stored throughput measured {:.0}/s vs predicted {:.0}/s (ratio {ratio:.3})",
         comparison.measured_throughput_per_s, comparison.predicted_throughput_per_s,
     );
-    if let Some(dir) = &args.report {
-        let report = ReportDir::create(dir)?;
-        report.write_json("comparison.json", &comparison)?;
-        report.write_csv("comparison.csv", &table)?;
-        let mut markdown = Markdown::new();
-        markdown.heading(1, "cdr run: measured vs predicted").table(&table);
-        report.write_markdown("comparison.md", markdown.as_str())?;
-    }
+    let report = ReportDir::create(&args.out)?;
+    report.write_json("comparison.json", &comparison)?;
+    report.write_csv("comparison.csv", &table)?;
+    let mut markdown = Markdown::new();
+    markdown.heading(1, "cdr run: measured vs predicted").table(&table);
+    report.write_markdown("comparison.md", markdown.as_str())?;
     if let Some(tolerance) = args.check
         && (ratio - 1.0).abs() > tolerance
     {
@@ -389,12 +408,11 @@ pub fn timeline_table(timeline: &[TimelinePoint]) -> Table {
     table
 }
 
-fn report_timeline(timeline: &[TimelinePoint], report: Option<&Path>) -> anyhow::Result<()> {
+fn report_timeline(timeline: &[TimelinePoint], dir: &Path) -> anyhow::Result<()> {
     let table = timeline_table(timeline);
     print!("{table}");
     let replans = timeline.iter().filter(|point| point.replan_threads.is_some()).count();
     println!("{replans} re-plans over {} control intervals", timeline.len());
-    let Some(dir) = report else { return Ok(()) };
     let report = ReportDir::create(dir)?;
     report.write_json("timeline.json", timeline)?;
     report.write_csv("timeline.csv", &table)?;
@@ -424,12 +442,8 @@ fn report_timeline(timeline: &[TimelinePoint], report: Option<&Path>) -> anyhow:
 }
 
 fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
-    let seconds = |name: &str, value: f64| {
-        if value.is_finite() && value > 0.0 {
-            Ok(Duration::from_secs_f64(value))
-        } else {
-            Err(BadInput(format!("--{name} must be > 0, got {value}")))
-        }
+    let positive = |name: &str, value: Duration| {
+        if value.is_zero() { Err(BadInput(format!("--{name} must be > 0"))) } else { Ok(value) }
     };
     if args.rounds == 0 {
         return Err(BadInput("--rounds must be >= 1".into()).into());
@@ -447,8 +461,8 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
     }
     let settings = ValidateSettings {
         rounds: args.rounds,
-        measure_duration: seconds("measure-s", args.measure_s)?,
-        run_duration: seconds("run-s", args.run_s)?,
+        measure_duration: positive("measure", args.measure)?,
+        run_duration: positive("run", args.run_for)?,
         scratch_dir: args.scratch_dir.clone().unwrap_or_else(default_scratch_dir),
         seed: args.seed,
         budget: args.budget.into(),
@@ -475,27 +489,25 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
     let table = validation_table(&summaries);
     print!("{rounds_table}");
     print!("{table}");
-    if let Some(dir) = &args.report {
-        let report = ReportDir::create(dir)?;
-        report.write_json("validation-rounds.json", &results)?;
-        report.write_json("validation.json", &summaries)?;
-        report.write_csv("validation-rounds.csv", &rounds_table)?;
-        report.write_csv("validation.csv", &table)?;
-        let chart = BarChart::new(
-            "measured / predicted maximum throughput (median over rounds)",
-            "ratio",
-            summaries.iter().map(|s| s.configuration.clone()),
-        )
-        .group("median ratio", summaries.iter().map(|s| s.ratio_median).collect());
-        report.write_svg("validation.svg", &chart.to_svg())?;
-        let mut markdown = Markdown::new();
-        markdown
-            .heading(1, "cdr validate: measured vs predicted maximum throughput")
-            .image("median ratio per configuration", "validation.svg")
-            .table(&table)
-            .table(&rounds_table);
-        report.write_markdown("validation.md", markdown.as_str())?;
-    }
+    let report = ReportDir::create(&args.out)?;
+    report.write_json("validation-rounds.json", &results)?;
+    report.write_json("validation.json", &summaries)?;
+    report.write_csv("validation-rounds.csv", &rounds_table)?;
+    report.write_csv("validation.csv", &table)?;
+    let chart = BarChart::new(
+        "measured / predicted maximum throughput (median over rounds)",
+        "ratio",
+        summaries.iter().map(|s| s.configuration.clone()),
+    )
+    .group("median ratio", summaries.iter().map(|s| s.ratio_median).collect());
+    report.write_svg("validation.svg", &chart.to_svg())?;
+    let mut markdown = Markdown::new();
+    markdown
+        .heading(1, "cdr validate: measured vs predicted maximum throughput")
+        .image("median ratio per configuration", "validation.svg")
+        .table(&table)
+        .table(&rounds_table);
+    report.write_markdown("validation.md", markdown.as_str())?;
     if let Some(tolerance) = args.check {
         let missed: Vec<String> = summaries
             .iter()

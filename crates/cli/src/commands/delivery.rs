@@ -3,6 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use delivery::DeliveryError::BadInput;
@@ -18,6 +20,8 @@ use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
 use exchange::tier::Arrival;
 use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
+
+use super::values;
 
 /// How every command that takes `--nats` logs in to the server and whether it uses TLS
 /// (docs/DELIVERY.md). Secrets are never printed: prefer the environment variables to the
@@ -101,7 +105,7 @@ impl NatsAuthArgs {
 
 /// Runs one R-Gateway: subscribes to its gateway's NATS subjects, serves end consumers over
 /// TCP (docs/DELIVERY.md), recovers gaps from the R-Senders' retained windows and sends a
-/// resync frame beyond them; prints its counters when stopped (Ctrl-C, SIGTERM, --seconds).
+/// resync frame beyond them; prints its counters when stopped (Ctrl-C, SIGTERM, --duration).
 #[derive(clap::Args, Debug, Clone)]
 pub struct GatewayArgs {
     /// NATS server URL.
@@ -135,9 +139,9 @@ pub struct GatewayArgs {
     /// rule). Raise it with the publisher's --retain-records.
     #[arg(long, default_value_t = SEQ_AHEAD_MAX_DEFAULT)]
     pub seq_ahead_max: u64,
-    /// Stop after this many seconds (default: run until Ctrl-C or SIGTERM).
-    #[arg(long)]
-    pub seconds: Option<f64>,
+    /// Stop after this long, e.g. 10m (default: run until Ctrl-C or SIGTERM).
+    #[arg(long, alias = "seconds", value_name = "DURATION", value_parser = values::seconds)]
+    pub duration: Option<Duration>,
     #[command(flatten)]
     pub metrics: super::admin::MetricsFlags,
 }
@@ -154,9 +158,6 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         consumer_queue_chunks: args.consumer_queue_chunks,
         seq_ahead_max: args.seq_ahead_max,
     };
-    let seconds = args.seconds.map(Duration::try_from_secs_f64).transpose().map_err(|_| {
-        delivery::DeliveryError::BadInput("--seconds must be a finite number >= 0".into())
-    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(async {
         // Heard from before the gateway listens: a supervisor may stop it once it reads the
@@ -169,7 +170,7 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         let _admin = args.metrics.serve(registry, &readiness)?;
         println!("gateway {} listening on {}", args.gateway, gateway.local_addr());
         let timer = async {
-            match seconds {
+            match args.duration {
                 Some(duration) => tokio::time::sleep(duration).await,
                 None => std::future::pending().await,
             }
@@ -182,7 +183,7 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
                 unreachable!("follows until stopped")
             }
         };
-        let stop_reason = signal.unwrap_or("--seconds elapsed");
+        let stop_reason = signal.unwrap_or("--duration elapsed");
         readiness.set(false);
         tracing::info!(signal = stop_reason, "stop requested: draining");
         let stopped = gateway.shutdown().await?;
@@ -261,34 +262,47 @@ pub struct PublishArgs {
     /// Arrival rate, msg/s.
     #[arg(long, default_value_t = 20_000.0)]
     pub rate: f64,
-    /// Seconds of load.
-    #[arg(long, default_value_t = 5.0)]
-    pub seconds: f64,
+    /// How long the load runs, e.g. 5s (Ctrl-C or SIGTERM stops it sooner).
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "5s"
+    )]
+    pub duration: Duration,
     /// First token of every subject (the gateways must use the same).
     #[arg(long, default_value = delivery::subjects::PREFIX_DEFAULT)]
     pub prefix: String,
     /// Records kept per subject for gap recovery.
     #[arg(long, default_value_t = delivery::publish::RETAIN_RECORDS_DEFAULT)]
     pub retain_records: usize,
-    /// Seconds the retained windows stay up after the load, for gateways to recover.
-    #[arg(long, default_value_t = 2.0)]
-    pub linger_seconds: f64,
+    /// How long the retained windows stay up after the load, for gateways to recover, e.g. 2s.
+    #[arg(
+        long,
+        alias = "linger-seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "2s"
+    )]
+    pub linger: Duration,
 }
 
-/// `leantier exchange publish`.
+/// `leantier exchange publish`. SIGTERM or SIGINT ends the load early: the tier drains, the
+/// publishers flush what it answered, the windows linger at most
+/// [`delivery::publish::LINGER_AFTER_STOP_MAX`], one summary line is logged and the process
+/// exits 0, all within `ops::stop::DRAIN_TIMEOUT` (past it, a watchdog cuts the rest).
 pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
     let (config, load) = super::exchange::load_run_config(args.config.as_deref())?;
-    let seconds = |value: f64, flag: &str| {
-        Duration::try_from_secs_f64(value).map_err(|_| {
-            delivery::DeliveryError::BadInput(format!("--{flag} must be a finite number >= 0"))
-        })
-    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let signal = stop_on_signal(stop.clone())?;
     let run = exchange::tier::RunOptions {
         rate_per_s: args.rate,
-        duration: seconds(args.seconds, "seconds")?,
+        duration: args.duration,
         record_inputs: false,
         journal: exchange::durability::JournalOptions::default(),
         released: None,
+        stop: Some(stop),
         load,
     };
     let options = delivery::publish::PublishOptions {
@@ -299,11 +313,60 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         wait: config.wait_strategy(),
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     };
-    let linger = seconds(args.linger_seconds, "linger-seconds")?;
-    let (result, report) = delivery::publish::run_tier(&config, run, options, linger, |_| {})?;
+    println!("publishing to {} gateways at {} msg/s", config.gateways, args.rate);
+    let (result, report) = delivery::publish::run_tier(&config, run, options, args.linger, |_| {})?;
+    let signal = signal.get().copied();
+    tracing::info!(
+        signal = signal.unwrap_or("--duration elapsed"),
+        sent = result.sent,
+        delivered = result.delivered,
+        published = report.published,
+        unsent = report.unsent,
+        "tier publisher stopped"
+    );
+    println!("\n{}", publish_table(&result, &report, args.rate, config.gateways));
+    let summary = result.end_to_end.summary();
+    println!(
+        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (gateways measure the rest)",
+        format_ns_as_us(summary.p50_ns),
+        format_ns_as_us(summary.p99_ns)
+    );
+    if let Some(signal) = signal {
+        super::admin::print_stopped(signal);
+    }
+    Ok(())
+}
+
+/// Sets `stop` on SIGTERM or SIGINT and keeps the signal's name. The handlers are installed
+/// before this returns, so a supervisor that signals right after the start line is heard. A
+/// drain that outlasts `ops::stop::DRAIN_TIMEOUT` is cut, as every server's is
+/// (docs/OPERATIONS.md): the watchdog logs a warning and exits 0.
+fn stop_on_signal(stop: Arc<AtomicBool>) -> anyhow::Result<Arc<OnceLock<&'static str>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let signal = runtime.block_on(async { ops::stop::stop_signal() })?;
+    let heard = Arc::new(OnceLock::new());
+    let named = heard.clone();
+    std::thread::spawn(move || {
+        let _ = named.set(runtime.block_on(signal));
+        tracing::info!("stop requested: ending the load, draining");
+        // Release: the load generator's Acquire sees the stop with everything before it.
+        stop.store(true, Ordering::Release);
+        std::thread::sleep(ops::stop::DRAIN_TIMEOUT);
+        tracing::warn!(bound = ?ops::stop::DRAIN_TIMEOUT, "the drain outlasted its bound: cut");
+        std::process::exit(i32::from(crate::outcome::EXIT_OK));
+    });
+    Ok(heard)
+}
+
+fn publish_table(
+    result: &exchange::tier::RunResult,
+    report: &delivery::publish::PublishReport,
+    rate: f64,
+    gateways: u32,
+) -> Table {
     let mut table = Table::new(["counter", "value"]).with_title(format!(
-        "tier over NATS: {} requests at {} msg/s, {} gateways",
-        result.sent, args.rate, config.gateways
+        "tier over NATS: {} requests at {rate} msg/s, {gateways} gateways",
+        result.sent
     ));
     let rows = [
         ("responses delivered to the publishers", result.delivered),
@@ -317,17 +380,7 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
     for (name, value) in rows {
         table.row([name.to_string(), value.to_string()]);
     }
-    let summary = result.end_to_end.summary();
-    println!(
-        "
-{table}"
-    );
-    println!(
-        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (gateways measure the rest)",
-        format_ns_as_us(summary.p50_ns),
-        format_ns_as_us(summary.p99_ns)
-    );
-    Ok(())
+    table
 }
 
 /// The published response-delivery experiment: runs 1–7 (blocking buffer + 20 senders;
@@ -339,9 +392,15 @@ pub struct DeliveryExperimentArgs {
     /// Arrival rate, msg/s.
     #[arg(long, default_value_t = 20_000.0)]
     pub rate: f64,
-    /// Seconds per run and transport.
-    #[arg(long, default_value_t = 2.0)]
-    pub seconds: f64,
+    /// Time per run and transport, e.g. 2s.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "2s"
+    )]
+    pub duration: Duration,
     /// Arrival process: poisson or bursty (constant is allowed but not the experiment's).
     #[arg(long, default_value = "poisson")]
     pub arrival: Arrival,
@@ -355,7 +414,7 @@ pub struct DeliveryExperimentArgs {
     #[arg(long)]
     pub no_nats: bool,
     /// Report folder.
-    #[arg(long, default_value = "leantier-report/delivery")]
+    #[arg(long, default_value = "leantier-report/exchange-delivery-experiment")]
     pub out: PathBuf,
 }
 
@@ -371,7 +430,7 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
     };
     let settings = Settings {
         rate_per_s: args.rate,
-        seconds: args.seconds,
+        seconds: args.duration.as_secs_f64(),
         arrival: args.arrival,
         nats: url.map(|url| args.nats_auth.connect(&url)).transpose()?,
     };

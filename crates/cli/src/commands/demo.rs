@@ -220,7 +220,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let fsync = lab::disk::raw_fdatasync(dir.path(), fsync_samples)?;
     let durable_limit_ns = DURABLE_LIMIT_FSYNCS * fsync.value_at_percentile_ns(99.0);
-    let limit_ns = args.p99_limit_us * 1_000;
+    let limit_ns = super::values::whole_nanos(args.p99_limit);
     let tier = TierConfig { layout: args.layout, ..TierConfig::default() };
     // The universe the servers list, written beside the report as an operator's files.
     let market = reference_market_files(&args.out)?;

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use super::values::one_of;
+use super::values::{self, one_of};
 use crate::outcome::BadInput;
 use lab::load::RateSearchReport;
 use lab::report::{
@@ -32,7 +33,7 @@ pub const BUCKET_WIDTH_NS: u64 = 10_000;
 /// Buckets shown before the "beyond" bucket.
 pub const BUCKETS_MAX: usize = 12;
 /// The max-rate search's default latency limit: p99 at or below this.
-pub const MAX_RATE_P99_LIMIT_US_DEFAULT: u64 = 100;
+pub const MAX_RATE_P99_LIMIT_DEFAULT: &str = "100us";
 
 /// Runs the exchange tier at 20K, 40K and 60K msg/s beside the published figures, then
 /// searches the highest rate whose critical-path p99 stays within the limit (bracketed from
@@ -49,12 +50,18 @@ pub struct DemoArgs {
     /// Report folder.
     #[arg(long, default_value = "leantier-report/demo")]
     pub out: PathBuf,
-    /// Latency limit of the max-rate searches, µs: the highest rate whose p99 stays within it
-    /// (order → ack and in-tier response; the durable reply's limit is 2× a raw fdatasync p99
-    /// measured in the same run). `--in-process`: the critical path's, and when no rate meets
-    /// it the search runs again at 10× the limit.
-    #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
-    pub p99_limit_us: u64,
+    /// Latency limit of the max-rate searches, e.g. 100us: the highest rate whose p99 stays
+    /// within it (order → ack and in-tier response; the durable reply's limit is 2× a raw
+    /// fdatasync p99 measured in the same run). `--in-process`: the critical path's, and when
+    /// no rate meets it the search runs again at 10× the limit.
+    #[arg(
+        long,
+        alias = "p99-limit-us",
+        value_name = "DURATION",
+        value_parser = values::micros,
+        default_value = MAX_RATE_P99_LIMIT_DEFAULT
+    )]
+    pub p99_limit: Duration,
     /// Journaling of the sequenced input (into a temporary directory): group holds each reply
     /// until its input is on disk; sync puts the fsync on the critical path; relaxed does not
     /// hold replies; off disables the journal.
@@ -80,7 +87,7 @@ pub enum ExchangeCommand {
     /// Runs one configuration at the given rates (and optionally the max-rate search).
     Run(RunArgs),
     /// Placement + spinning vs no placement + parking, at 20K/40K/60K msg/s.
-    Placement(ExperimentArgs),
+    Placement(PlacementArgs),
     /// 1..6 R-Senders at one rate: latency, speedup vs 1 sender and the Karp–Flatt serial
     /// fraction.
     Senders(SendersArgs),
@@ -114,22 +121,40 @@ pub enum ExchangeCommand {
 #[derive(clap::Args, Debug, Clone)]
 pub struct LayoutBenchArgs {
     /// Arrival rates, msg/s, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
-    pub rates: Vec<f64>,
-    /// Seconds per rate and layout.
-    #[arg(long, default_value_t = 3.0)]
-    pub seconds: f64,
+    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    pub rate: Vec<f64>,
+    /// Time per rate and layout, e.g. 3s.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "3s"
+    )]
+    pub duration: Duration,
     /// Journal modes to run, comma-separated (each runs every rate and search).
     #[arg(long, value_delimiter = ',', value_parser = one_of(&JournalMode::ALL, JournalMode::name), default_value = "off,group")]
     pub journal: Vec<JournalMode>,
-    /// Seconds per step of the maximum-rate searches (0: no search).
-    #[arg(long, default_value_t = 1.0)]
-    pub step_seconds: f64,
-    /// Latency limit of the maximum-rate searches: critical-path p99, µs.
-    #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
-    pub p99_limit_us: u64,
+    /// Time per step of the maximum-rate searches, e.g. 1s (0s: no search).
+    #[arg(
+        long,
+        alias = "step-seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "1s"
+    )]
+    pub step: Duration,
+    /// Latency limit of the maximum-rate searches: critical-path p99, e.g. 100us.
+    #[arg(
+        long,
+        alias = "p99-limit-us",
+        value_name = "DURATION",
+        value_parser = values::micros,
+        default_value = MAX_RATE_P99_LIMIT_DEFAULT
+    )]
+    pub p99_limit: Duration,
     /// Report folder.
-    #[arg(long, default_value = "leantier-report/layout-bench")]
+    #[arg(long, default_value = "leantier-report/exchange-layout-bench")]
     pub out: PathBuf,
 }
 
@@ -138,6 +163,9 @@ pub struct LayoutBenchArgs {
 pub struct JournalExperimentArgs {
     #[command(flatten)]
     pub common: ExperimentArgs,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/exchange-journal-experiment")]
+    pub out: PathBuf,
     /// Directory for the journals and the raw fdatasync baseline (its disk is the one
     /// measured; default: the system temporary directory).
     #[arg(long)]
@@ -164,19 +192,31 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rates to run, msg/s, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
-    pub rates: Vec<f64>,
-    /// Seconds per rate.
-    #[arg(long, default_value_t = 3.0)]
-    pub seconds: f64,
-    /// Also search the highest rate whose critical-path p99 stays within `--p99-limit-us`
+    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    pub rate: Vec<f64>,
+    /// Time per rate, e.g. 3s.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "3s"
+    )]
+    pub duration: Duration,
+    /// Also search the highest rate whose critical-path p99 stays within `--p99-limit`
     /// (bracketed from both sides of the highest fixed rate, then bisected to 5%).
     #[arg(long)]
     pub find_max: bool,
-    /// Latency limit of the max-rate search, µs (when no rate meets it, the search runs again
-    /// at 10× the limit).
-    #[arg(long, default_value_t = MAX_RATE_P99_LIMIT_US_DEFAULT)]
-    pub p99_limit_us: u64,
+    /// Latency limit of the max-rate search, e.g. 100us (when no rate meets it, the search
+    /// runs again at 10× the limit).
+    #[arg(
+        long,
+        alias = "p99-limit-us",
+        value_name = "DURATION",
+        value_parser = values::micros,
+        default_value = MAX_RATE_P99_LIMIT_DEFAULT
+    )]
+    pub p99_limit: Duration,
     /// Pre-process workers.
     #[arg(long)]
     pub preprocess_workers: Option<usize>,
@@ -189,8 +229,8 @@ pub struct RunArgs {
     /// Wait strategy of the critical stages: spin, spin-yield, park, adaptive.
     #[arg(long)]
     pub wait: Option<WaitChoice>,
-    /// Pin workers per the placement plan.
-    #[arg(long)]
+    /// Pin workers per the placement plan (true or false).
+    #[arg(long, value_name = "BOOL")]
     pub placement: Option<bool>,
     /// Thread layout: auto (the default: planned from the usable CPUs and a calibration run;
     /// it chooses pre-process workers, senders, waits, pinning away from device interrupts,
@@ -225,11 +265,24 @@ pub struct RunArgs {
 /// Flags shared by the experiments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Seconds per measured point.
-    #[arg(long, default_value_t = 3.0)]
-    pub seconds: f64,
+    /// Time per measured point, e.g. 3s.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "3s"
+    )]
+    pub duration: Duration,
+}
+
+/// Flags of the placement experiment.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlacementArgs {
+    #[command(flatten)]
+    pub common: ExperimentArgs,
     /// Report folder.
-    #[arg(long, default_value = "leantier-report/exchange-experiment")]
+    #[arg(long, default_value = "leantier-report/exchange-placement")]
     pub out: PathBuf,
 }
 
@@ -238,13 +291,22 @@ pub struct ExperimentArgs {
 pub struct SendersArgs {
     #[command(flatten)]
     pub common: ExperimentArgs,
+    /// Report folder.
+    #[arg(long, default_value = "leantier-report/exchange-senders")]
+    pub out: PathBuf,
     /// Arrival rate, msg/s.
     #[arg(long, default_value_t = 60_000.0)]
     pub rate: f64,
-    /// Simulated publish cost per message in each sender, ns (in-process delivery alone
+    /// Simulated publish cost per message in each sender, e.g. 2us (in-process delivery alone
     /// costs almost nothing, so without it more senders have nothing to parallelise).
-    #[arg(long, default_value_t = 2_000)]
-    pub publish_work_ns: u64,
+    #[arg(
+        long,
+        alias = "publish-work-ns",
+        value_name = "DURATION",
+        value_parser = values::nanos,
+        default_value = "2us"
+    )]
+    pub publish_work: Duration,
 }
 
 /// Dispatches `leantier exchange ...`.
@@ -269,7 +331,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// `leantier demo`.
 pub fn run_in_process_demo(args: &DemoArgs) -> anyhow::Result<()> {
     let (seconds, step_seconds) = if args.quick { (1.5, 0.5) } else { (8.0, 2.0) };
-    let search = MaxRateSearch { step_seconds, p99_limit_us: args.p99_limit_us };
+    let search = MaxRateSearch { step_seconds, p99_limit_us: values::whole_micros(args.p99_limit) };
     let config = TierConfig { journal: args.journal, layout: args.layout, ..TierConfig::default() };
     let journal = JournalOptions::default();
     let load = LoadConfig::default();
@@ -280,7 +342,7 @@ pub fn run_in_process_demo(args: &DemoArgs) -> anyhow::Result<()> {
     println!("  leantier demo                   # the same tier behind exchange serve, over TCP");
     println!("  leantier exchange placement     # pinning + spinning vs parking, side by side");
     println!("  leantier exchange senders       # 1..6 R-Senders: speedup and Karp–Flatt");
-    println!("  leantier exchange run --config my.toml --rates 100000 --find-max");
+    println!("  leantier exchange run --config my.toml --rate 100000 --find-max");
     Ok(())
 }
 
@@ -317,15 +379,16 @@ fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     lab::config::override_with(&mut config.journal, &args.journal);
     lab::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
     let search = args.find_max.then_some(MaxRateSearch {
-        step_seconds: (args.seconds / 2.0).max(0.3),
-        p99_limit_us: args.p99_limit_us,
+        step_seconds: (args.duration.as_secs_f64() / 2.0).max(0.3),
+        p99_limit_us: values::whole_micros(args.p99_limit),
     });
     let journal = JournalOptions {
         data_dir: args.data.clone(),
         repair: args.repair,
         ..JournalOptions::default()
     };
-    let session = measure(&config, &load, &args.rates, args.seconds, search, &journal)?;
+    let seconds = args.duration.as_secs_f64();
+    let session = measure(&config, &load, &args.rate, seconds, search, &journal)?;
     present(&session, &args.out, "leantier exchange run")
 }
 
@@ -732,8 +795,8 @@ fn write_run_data(dir: &ReportDir, runs: &[RunResult]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
-    let points = experiments::placement(args.seconds)?;
+fn placement_experiment(args: &PlacementArgs) -> anyhow::Result<()> {
+    let points = experiments::placement(args.common.duration.as_secs_f64())?;
     let labels: Vec<String> = points
         .iter()
         .map(|point| format!("{} @{}", point.variant, rate_label(point.rate_per_s)))
@@ -762,12 +825,14 @@ fn placement_experiment(args: &ExperimentArgs) -> anyhow::Result<()> {
 }
 
 fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
-    let points = experiments::senders(args.rate, args.common.seconds, args.publish_work_ns)?;
+    let publish_work_ns = values::whole_nanos(args.publish_work);
+    let seconds = args.common.duration.as_secs_f64();
+    let points = experiments::senders(args.rate, seconds, publish_work_ns)?;
     let mut table =
         Table::new(["senders", "mean µs", "p90 µs", "p99 µs", "max µs", "speedup", "Karp–Flatt e"])
             .with_title(format!(
-                "R-Senders at {} msg/s, {} ns publish work per message",
-                args.rate, args.publish_work_ns
+                "R-Senders at {} msg/s, {publish_work_ns} ns publish work per message",
+                args.rate
             ));
     let number = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     for point in &points {
@@ -782,7 +847,7 @@ fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
         ]);
     }
     println!("\n{table}");
-    let dir = ReportDir::create(&args.common.out)?;
+    let dir = ReportDir::create(&args.out)?;
     dir.write_csv("senders.csv", &table)?;
     dir.write_json("senders.json", &points)?;
     println!("\nReport: {}", dir.path().display());
@@ -793,7 +858,7 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     let base: TierConfig = lab::config::load_toml(args.config.as_deref())?;
     let experiment = experiments::journal_modes(
         &base,
-        args.common.seconds,
+        args.common.duration.as_secs_f64(),
         args.fsync_samples,
         args.data.as_deref(),
     )?;
@@ -804,7 +869,7 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
         "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); data dir {}",
         experiment.data_dir.display()
     );
-    let dir = ReportDir::create(&args.common.out)?;
+    let dir = ReportDir::create(&args.out)?;
     dir.write_csv("latency.csv", &latency)?;
     dir.write_csv("targets.csv", &targets)?;
     dir.write_json("journal-experiment.json", &experiment)?;
@@ -944,11 +1009,12 @@ fn group_cpus(run: &RunResult, index: usize) -> String {
 }
 
 fn layout_bench(args: &LayoutBenchArgs) -> anyhow::Result<()> {
-    let search = (args.step_seconds > 0.0).then_some(MaxRateSearch {
-        step_seconds: args.step_seconds,
-        p99_limit_us: args.p99_limit_us,
+    let search = (!args.step.is_zero()).then_some(MaxRateSearch {
+        step_seconds: args.step.as_secs_f64(),
+        p99_limit_us: values::whole_micros(args.p99_limit),
     });
-    let bench = experiments::layout_bench(&args.rates, args.seconds, &args.journal, search)?;
+    let seconds = args.duration.as_secs_f64();
+    let bench = experiments::layout_bench(&args.rate, seconds, &args.journal, search)?;
     let mut tables = vec![layout_ratio_table(&bench)];
     if !bench.max_rates.is_empty() {
         tables.push(layout_max_rate_table(&bench));

@@ -17,8 +17,30 @@ use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
 use crate::commands::exchange_roles::Role;
-use crate::commands::values::one_of;
+use crate::commands::values::{self, one_of};
 use crate::outcome::BadInput;
+
+/// Where `exchange client` and `exchange load` read the sessions' secret when `--secret` is not
+/// given (flags show in the process list; the environment does not).
+const SECRET_ENV: &str = "LEANTIER_EXCHANGE_SECRET";
+/// The old name of [`SECRET_ENV`], still read when that is unset; deprecated, to be removed
+/// after one release.
+const SECRET_ENV_DEPRECATED: &str = "LEANTIER_SECRET";
+
+/// The sessions' secret: `--secret` or `$LEANTIER_EXCHANGE_SECRET` (clap reads both), else the
+/// deprecated `$LEANTIER_SECRET`, with a warning.
+fn exchange_secret(flag_or_env: Option<&str>) -> Result<String, BadInput> {
+    if let Some(secret) = flag_or_env {
+        return Ok(secret.to_string());
+    }
+    match std::env::var(SECRET_ENV_DEPRECATED) {
+        Ok(secret) => {
+            tracing::warn!("${SECRET_ENV_DEPRECATED} is deprecated: set ${SECRET_ENV} instead");
+            Ok(secret)
+        }
+        Err(_) => Err(BadInput(format!("a secret is needed: --secret or ${SECRET_ENV}"))),
+    }
+}
 
 /// Runs the tier as a server: orders over the native protocol and FIX 4.4. Serves until
 /// SIGTERM or SIGINT, then refuses new orders (reason 103, shutting down), answers those it
@@ -102,9 +124,10 @@ pub struct ClientArgs {
     /// The client id to log in as.
     #[arg(long)]
     pub client: u32,
-    /// The client's secret.
-    #[arg(long, env = "LEANTIER_SECRET")]
-    pub secret: String,
+    /// The client's secret (default: $LEANTIER_EXCHANGE_SECRET, else the deprecated
+    /// $LEANTIER_SECRET).
+    #[arg(long, env = SECRET_ENV, hide_env_values = true)]
+    pub secret: Option<String>,
     /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`,
     /// `cancel TOKEN INSTRUMENT`, `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin. With
     /// --instruments, INSTRUMENT may be a symbol and PRICE a decimal (`buy 1 ACME 100 101.25`).
@@ -114,9 +137,15 @@ pub struct ClientArgs {
     /// First sequenced message to replay at login (1: all; 0: only new ones).
     #[arg(long, default_value_t = 0)]
     pub next_seq: u64,
-    /// How long to keep printing reports after the script's last line, ms.
-    #[arg(long, default_value_t = 500)]
-    pub linger_ms: u64,
+    /// How long to keep printing reports after the script's last line, e.g. 500ms.
+    #[arg(
+        long,
+        alias = "linger-ms",
+        value_name = "DURATION",
+        value_parser = values::millis,
+        default_value = "500ms"
+    )]
+    pub linger: Duration,
     /// The server's instruments file (`instruments_file`): symbols and decimal prices in the
     /// script and the printed reports; without it, ids and whole price units.
     #[arg(long)]
@@ -429,8 +458,9 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
         None => None,
     };
     let table = table.as_ref();
+    let secret = exchange_secret(args.secret.as_deref())?;
     let mut session = NativeClient::connect(args.connect)?;
-    let login = session.login(args.client, &args.secret, args.next_seq, Duration::from_secs(10))?;
+    let login = session.login(args.client, &secret, args.next_seq, Duration::from_secs(10))?;
     println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
         anyhow::bail!("login refused");
@@ -444,7 +474,7 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
         }
         print_available(&mut session, Duration::ZERO, table)?;
     }
-    print_available(&mut session, Duration::from_millis(args.linger_ms), table)?;
+    print_available(&mut session, args.linger, table)?;
     session.send(&ClientMsg::Logout)?;
     Ok(())
 }
@@ -489,21 +519,33 @@ pub struct LoadArgs {
     /// Protocol to drive: native or fix (FIX 4.4).
     #[arg(long, default_value = "native")]
     pub protocol: String,
-    /// Arrival rates (Poisson), orders/s; one run each. With `--find-max`, the first is where
-    /// the search starts.
-    #[arg(long, value_delimiter = ',', default_value = "20000,40000,60000")]
+    /// Arrival rates (Poisson), orders/s, comma-separated; one run each. With `--find-max`,
+    /// the first is where the search starts.
+    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
     pub rate: Vec<f64>,
-    /// Seconds per rate (per search step).
-    #[arg(long, default_value_t = 5.0)]
-    pub seconds: f64,
-    /// Search each server's highest rate whose p99 stays within `--p99-limit-us` with every
+    /// Time per rate (per search step), e.g. 5s.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "5s"
+    )]
+    pub duration: Duration,
+    /// Search each server's highest rate whose p99 stays within `--p99-limit` with every
     /// order accepted: brackets from the first `--rate` (doubling up to `--max-rate`, halving
     /// down to a sixteenth of it), then bisects to within 10 %.
     #[arg(long)]
     pub find_max: bool,
-    /// The search's latency limit on p99, µs.
-    #[arg(long, default_value_t = 1000)]
-    pub p99_limit_us: u64,
+    /// The search's latency limit on p99, e.g. 1ms.
+    #[arg(
+        long,
+        alias = "p99-limit-us",
+        value_name = "DURATION",
+        value_parser = values::micros,
+        default_value = "1ms"
+    )]
+    pub p99_limit: Duration,
     /// The search's highest rate, orders/s.
     #[arg(long, default_value_t = 1_000_000.0)]
     pub max_rate: f64,
@@ -513,9 +555,10 @@ pub struct LoadArgs {
     /// Client id of the first session.
     #[arg(long, default_value_t = 1)]
     pub first_client: u32,
-    /// The sessions' secret (all alike; FIX: the Logon's Password).
-    #[arg(long, env = "LEANTIER_SECRET")]
-    pub secret: String,
+    /// The sessions' secret (all alike; FIX: the Logon's Password; default:
+    /// $LEANTIER_EXCHANGE_SECRET, else the deprecated $LEANTIER_SECRET).
+    #[arg(long, env = SECRET_ENV, hide_env_values = true)]
+    pub secret: Option<String>,
     /// FIX: a session's SenderCompID is this prefix followed by its client id.
     #[arg(long, default_value = "CLIENT")]
     pub fix_comp_id_prefix: String,
@@ -573,9 +616,10 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         other => return Err(BadInput(format!("--protocol {other}: native or fix")).into()),
     };
     let positive = |value: f64| value.is_finite() && value > 0.0;
-    if args.sessions == 0 || !args.rate.iter().all(|&r| positive(r)) || !positive(args.seconds) {
-        return Err(BadInput("--sessions, --rate and --seconds must be > 0".into()).into());
+    if args.sessions == 0 || !args.rate.iter().all(|&r| positive(r)) || args.duration.is_zero() {
+        return Err(BadInput("--sessions, --rate and --duration must be > 0".into()).into());
     }
+    let secret = exchange_secret(args.secret.as_deref())?;
     if args.connect.is_empty() || args.rate.is_empty() || args.name.len() > args.connect.len() {
         return Err(
             BadInput("at least one --connect and --rate; at most one --name each".into()).into()
@@ -585,7 +629,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         .map(|i| LoadSession {
             client: args.first_client + i,
             comp_id: format!("{}{}", args.fix_comp_id_prefix, args.first_client + i),
-            secret: args.secret.clone(),
+            secret: secret.clone(),
         })
         .collect();
     let price =
@@ -597,17 +641,17 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         connect: args.connect[0],
         protocol,
         sessions,
-        plan: load_plan(args.rate[0], args.seconds),
+        plan: load_plan(args.rate[0], args.duration),
         instrument: args.instrument,
         price,
     })
 }
 
-fn load_plan(rate_per_s: f64, seconds: f64) -> lab::load::OpenLoopPlan {
+fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
     lab::load::OpenLoopPlan {
         process: lab::load::ArrivalProcess::Poisson { rate_per_s },
         seed: 1,
-        duration: Duration::from_secs_f64(seconds),
+        duration,
     }
 }
 
@@ -617,10 +661,10 @@ fn load_step(
     connect: SocketAddr,
     name: &str,
     rate: f64,
-    seconds: f64,
+    duration: Duration,
 ) -> Result<gateway::load::LoadResult, gateway::client::ClientError> {
     let options =
-        gateway::load::LoadOptions { connect, plan: load_plan(rate, seconds), ..base.clone() };
+        gateway::load::LoadOptions { connect, plan: load_plan(rate, duration), ..base.clone() };
     let result = gateway::load::run(&options)?;
     println!(
         "{name} {rate:.0}/s: sent {} answered {} rejected {} achieved {:.0}/s, p50 {} p99 {} µs, send lag p99 {} µs",
@@ -645,7 +689,7 @@ fn fixed_rates(
     let mut rows = Vec::new();
     for &rate in &args.rate {
         for (connect, name) in args.connect.iter().zip(names) {
-            let result = load_step(base, *connect, name, rate, args.seconds)?;
+            let result = load_step(base, *connect, name, rate, args.duration)?;
             rows.push((format!("{name} {rate:.0}/s"), result.latency.summary()));
         }
     }
@@ -664,11 +708,11 @@ fn find_max(
         min_rate_per_s: args.rate[0].min(args.max_rate) / 16.0,
         max_rate_per_s: args.max_rate,
         percentile: 99.0,
-        limit_ns: args.p99_limit_us * 1000,
+        limit_ns: values::whole_nanos(args.p99_limit),
         precision: 0.1,
     };
     let reports = gateway::load::search_side_by_side(plan, args.connect.len(), |target, rate| {
-        let result = load_step(base, args.connect[target], &names[target], rate, args.seconds)?;
+        let result = load_step(base, args.connect[target], &names[target], rate, args.duration)?;
         if result.answered < result.sent || result.rejected > 0 {
             println!("  (fails: every order must be accepted)");
             return Ok(lab::stats::LatencyHistogram::new());
@@ -677,16 +721,16 @@ fn find_max(
     })?;
     let mut rows = Vec::new();
     let mut notes = Vec::new();
+    let limit_us = values::whole_micros(args.p99_limit);
     for (report, name) in reports.iter().zip(names) {
         let best = report.last_passing_rate_per_s;
         let step = report.steps.iter().rev().find(|s| s.passed && Some(s.rate_per_s) == best);
         match step {
             Some(step) => rows.push((format!("{name} {:.0}/s", step.rate_per_s), step.summary)),
-            None => notes.push(format!("{name}: no rate met p99 ≤ {} µs", args.p99_limit_us)),
+            None => notes.push(format!("{name}: no rate met p99 ≤ {limit_us} µs")),
         }
         notes.push(format!(
-            "{name}: highest rate with p99 ≤ {} µs {}, lowest failing {}",
-            args.p99_limit_us,
+            "{name}: highest rate with p99 ≤ {limit_us} µs {}, lowest failing {}",
             best.map_or("none".into(), |r| format!("{r:.0}/s")),
             report
                 .first_failing_rate_per_s

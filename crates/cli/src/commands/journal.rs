@@ -5,8 +5,9 @@
 pub mod bench;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use super::values::one_of;
+use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 use lab::config::{load_toml, override_with};
 use lab::report::{ReportDir, Table, latency_table};
@@ -46,18 +47,18 @@ pub struct BenchArgs {
     /// Record payload sizes of the throughput runs, comma-separated (64, 256, 1024).
     #[arg(long, value_delimiter = ',')]
     pub record_bytes: Option<Vec<usize>>,
-    /// Length of each throughput run, in milliseconds.
-    #[arg(long)]
-    pub throughput_ms: Option<u64>,
+    /// Length of each throughput run, e.g. 1500ms.
+    #[arg(long, alias = "throughput-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub throughput_duration: Option<Duration>,
     /// Samples of the raw 4 KiB append + fdatasync baseline.
     #[arg(long)]
     pub fsync_samples: Option<u64>,
     /// Arrival rate of the latency runs (Poisson), messages per second.
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Length of each latency run, in milliseconds.
-    #[arg(long)]
-    pub latency_ms: Option<u64>,
+    /// Length of each latency run, e.g. 2s.
+    #[arg(long, alias = "latency-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub latency_duration: Option<Duration>,
     /// Policies of the latency runs, comma-separated (sync, group, relaxed).
     #[arg(long, value_delimiter = ',', value_parser = one_of(&Policy::ALL, Policy::name))]
     pub policies: Option<Vec<Policy>>,
@@ -68,9 +69,9 @@ pub struct BenchArgs {
     /// adaptive (on a shared or small machine, spinning steals the core it waits for).
     #[arg(long)]
     pub wait: Option<String>,
-    /// Write results.json, results.md and CSV tables into this folder.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
+    /// Report folder: results.json, results.md, CSV tables and an SVG plot.
+    #[arg(long, alias = "report", default_value = "leantier-report/journal-bench")]
+    pub out: PathBuf,
     /// Exit with code 3 if a target is missed (>= 1M records/s at 64 B; group durable-reply
     /// p99 <= 2x the raw fdatasync p99).
     #[arg(long)]
@@ -95,16 +96,18 @@ fn bench_config(args: &BenchArgs) -> anyhow::Result<BenchConfig> {
     let mut config: BenchConfig = load_toml(args.config.as_deref())?;
     override_with(&mut config.dir, &args.dir);
     override_with(&mut config.record_bytes, &args.record_bytes);
-    override_with(&mut config.throughput_ms, &args.throughput_ms);
+    override_with(&mut config.throughput_ms, &args.throughput_duration.map(values::whole_millis));
     override_with(&mut config.fsync_samples, &args.fsync_samples);
     override_with(&mut config.rate_per_s, &args.rate);
-    override_with(&mut config.latency_ms, &args.latency_ms);
+    override_with(&mut config.latency_ms, &args.latency_duration.map(values::whole_millis));
     override_with(&mut config.policies, &args.policies);
     override_with(&mut config.seed, &args.seed);
     override_with(&mut config.wait, &args.wait);
     let valid = config.rate_per_s > 0.0 && config.fsync_samples > 0 && config.throughput_ms > 0;
     if !valid {
-        return Err(BadInput("rate, fsync-samples and throughput-ms must be > 0".into()).into());
+        return Err(
+            BadInput("rate, fsync-samples and throughput-duration must be > 0".into()).into()
+        );
     }
     Ok(config)
 }
@@ -115,25 +118,23 @@ fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     let (throughput, latency, verdicts) = tables(&results);
     let runs = runs_table(&results);
     println!("{throughput}\n{latency}\n{runs}\n{verdicts}");
-    if let Some(folder) = &args.report {
-        let report = ReportDir::create(folder)?;
-        report.write_json("results.json", &results)?;
-        report.write_csv("throughput.csv", &throughput)?;
-        report.write_csv("latency.csv", &latency)?;
-        let mut markdown = lab::report::Markdown::new();
-        markdown
-            .heading(1, "Journal benchmark")
-            .table(&throughput)
-            .table(&latency)
-            .table(&runs)
-            .table(&verdicts);
-        report.write_markdown("results.md", markdown.as_str())?;
-        let series: Vec<_> =
-            results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
-        let plot = lab::report::latency_percentile_plot("Durable-reply latency", &series);
-        report.write_svg("durable-reply-percentiles.svg", &plot.to_svg())?;
-        println!("report written to {}", report.path().display());
-    }
+    let report = ReportDir::create(&args.out)?;
+    report.write_json("results.json", &results)?;
+    report.write_csv("throughput.csv", &throughput)?;
+    report.write_csv("latency.csv", &latency)?;
+    let mut markdown = lab::report::Markdown::new();
+    markdown
+        .heading(1, "Journal benchmark")
+        .table(&throughput)
+        .table(&latency)
+        .table(&runs)
+        .table(&verdicts);
+    report.write_markdown("results.md", markdown.as_str())?;
+    let series: Vec<_> =
+        results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
+    let plot = lab::report::latency_percentile_plot("Durable-reply latency", &series);
+    report.write_svg("durable-reply-percentiles.svg", &plot.to_svg())?;
+    println!("report written to {}", report.path().display());
     let missed = missed_targets(&results);
     if args.check && !missed.is_empty() {
         return Err(TargetMissed(missed).into());

@@ -1,8 +1,9 @@
 //! `leantier mq ...`: serve a node, talk to one, load it, benchmark it.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use super::values::one_of;
+use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 use anyhow::Context;
 use clap::{Args as ClapArgs, Parser, Subcommand};
@@ -39,7 +40,8 @@ pub enum Command {
 #[derive(ClapArgs, Debug, Clone)]
 pub struct NodeFlags {
     /// TOML file with NodeConfig fields: every flag below by its name with underscores
-    /// (handler_slots, connections_per_address_max, ...), and lease_ms_max.
+    /// (handler_slots, connections_per_address_max, ...; a duration in milliseconds under its
+    /// name with _ms: idle_timeout_ms), and lease_ms_max.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Requests served concurrently (handler pool size).
@@ -60,12 +62,13 @@ pub struct NodeFlags {
     /// Connections served at once; more are answered ConnectionLimit and closed (default 1024).
     #[arg(long)]
     pub connections_max: Option<usize>,
-    /// Close a connection that sends no complete request for this long while no reply is owed to it (default 60000).
-    #[arg(long)]
-    pub idle_timeout_ms: Option<u64>,
-    /// Close a connection that does not take a reply for this long (default 10000).
-    #[arg(long)]
-    pub write_timeout_ms: Option<u64>,
+    /// Close a connection that sends no complete request for this long while no reply is owed
+    /// to it, e.g. 60s (the default).
+    #[arg(long, alias = "idle-timeout-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub idle_timeout: Option<Duration>,
+    /// Close a connection that does not take a reply for this long, e.g. 10s (the default).
+    #[arg(long, alias = "write-timeout-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub write_timeout: Option<Duration>,
     /// Bytes all connections' partly received frames may hold together (default 64 MiB).
     #[arg(long)]
     pub frame_memory_bytes_max: Option<usize>,
@@ -92,9 +95,14 @@ pub struct NodeFlags {
     /// Registrations that may wait for a hashing thread; more are answered Busy (default 64).
     #[arg(long)]
     pub hashing_queue_max: Option<usize>,
-    /// The window of the per-address registration bounds, in milliseconds (default 60000).
-    #[arg(long)]
-    pub registration_window_ms: Option<u64>,
+    /// The window of the per-address registration bounds, e.g. 60s (the default).
+    #[arg(
+        long,
+        alias = "registration-window-ms",
+        value_name = "DURATION",
+        value_parser = values::millis
+    )]
+    pub registration_window: Option<Duration>,
     /// Registrations one source address may attempt per window; more are Busy, unhashed
     /// (default 2048).
     #[arg(long)]
@@ -113,8 +121,8 @@ impl NodeFlags {
         override_with(&mut c.batch_max, &self.batch_max);
         override_with(&mut c.content_bytes_max, &self.content_bytes_max);
         override_with(&mut c.connections_max, &self.connections_max);
-        override_with(&mut c.idle_timeout_ms, &self.idle_timeout_ms);
-        override_with(&mut c.write_timeout_ms, &self.write_timeout_ms);
+        override_with(&mut c.idle_timeout_ms, &self.idle_timeout.map(values::whole_millis));
+        override_with(&mut c.write_timeout_ms, &self.write_timeout.map(values::whole_millis));
         override_with(&mut c.frame_memory_bytes_max, &self.frame_memory_bytes_max);
         override_with(&mut c.reply_memory_bytes_max, &self.reply_memory_bytes_max);
         override_with(&mut c.connections_per_address_max, &self.connections_per_address_max);
@@ -122,7 +130,8 @@ impl NodeFlags {
         override_with(&mut c.reply_memory_reserved_bytes, &self.reply_memory_reserved_bytes);
         override_with(&mut c.hashing_threads, &self.hashing_threads);
         override_with(&mut c.hashing_queue_max, &self.hashing_queue_max);
-        override_with(&mut c.registration_window_ms, &self.registration_window_ms);
+        let window = self.registration_window.map(values::whole_millis);
+        override_with(&mut c.registration_window_ms, &window);
         let attempts = &self.registration_attempts_per_address_max;
         override_with(&mut c.registration_attempts_per_address_max, attempts);
         override_with(&mut c.accounts_per_address_max, &self.accounts_per_address_max);
@@ -212,8 +221,14 @@ pub enum ClientOp {
     /// Lease the oldest message of a queue (it reappears unless acked within the lease).
     Lease {
         queue: String,
-        /// Lease length in milliseconds.
-        #[arg(long, default_value_t = 30_000)]
+        /// Lease length, e.g. 30s (at most the protocol's 49 days).
+        #[arg(
+            long = "lease",
+            alias = "lease-ms",
+            value_name = "DURATION",
+            value_parser = lease_millis,
+            default_value = "30s"
+        )]
         lease_ms: u32,
     },
     /// Acknowledge (delete) a leased message.
@@ -260,21 +275,21 @@ pub struct LoadArgs {
     /// Message content size in bytes.
     #[arg(long)]
     pub message_bytes: Option<usize>,
-    /// Think time between a reply and the next request, ms.
-    #[arg(long)]
-    pub think_ms: Option<u64>,
-    /// Total run time, seconds.
-    #[arg(long)]
-    pub duration_s: Option<f64>,
-    /// Untimed start, seconds.
-    #[arg(long)]
-    pub warmup_s: Option<f64>,
-    /// Untimed end, seconds.
-    #[arg(long)]
-    pub cooldown_s: Option<f64>,
-    /// Write JSON, CSV, Markdown and an SVG latency CDF into this folder.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
+    /// Think time between a reply and the next request, e.g. 5ms.
+    #[arg(long, alias = "think-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub think: Option<Duration>,
+    /// Total run time, e.g. 10s.
+    #[arg(long, alias = "duration-s", value_name = "DURATION", value_parser = values::seconds)]
+    pub duration: Option<Duration>,
+    /// Untimed start, e.g. 1s.
+    #[arg(long, alias = "warmup-s", value_name = "DURATION", value_parser = values::seconds)]
+    pub warmup: Option<Duration>,
+    /// Untimed end, e.g. 500ms.
+    #[arg(long, alias = "cooldown-s", value_name = "DURATION", value_parser = values::seconds)]
+    pub cooldown: Option<Duration>,
+    /// Report folder: JSON, CSV, Markdown and an SVG latency CDF.
+    #[arg(long, alias = "report", default_value = "leantier-report/mq-load")]
+    pub out: PathBuf,
     /// Exit with the target-missed code when the sanity checks fail.
     #[arg(long)]
     pub check: bool,
@@ -288,9 +303,15 @@ pub struct BenchArgs {
     /// Concurrent clients (and baseline connections).
     #[arg(long, default_value_t = 32)]
     pub clients: usize,
-    /// Seconds per measured phase.
-    #[arg(long, default_value_t = 5.0)]
-    pub seconds: f64,
+    /// Time per measured phase, e.g. 5s.
+    #[arg(
+        long,
+        alias = "seconds",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "5s"
+    )]
+    pub duration: Duration,
     /// Message content size in bytes.
     #[arg(long, default_value_t = 1000)]
     pub content_bytes: usize,
@@ -335,15 +356,22 @@ pub struct ExperimentArgs {
     /// Clients (and connections) of each run, unless the experiment varies them.
     #[arg(long, default_value_t = 16)]
     pub clients: usize,
-    /// Seconds per run (warm-up 1 s and cool-down 0.5 s included).
-    #[arg(long, default_value_t = 4.0)]
-    pub duration_s: f64,
+    /// Time per run, e.g. 4s (warm-up 1 s and cool-down 0.5 s included).
+    #[arg(
+        long,
+        alias = "duration-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "4s"
+    )]
+    pub duration: Duration,
     /// Message size in bytes, unless the experiment varies it.
     #[arg(long, default_value_t = 1000)]
     pub message_bytes: usize,
-    /// Write tables (CSV, Markdown), the JSON results and the SVG plot into this folder.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
+    /// Report folder: tables (CSV, Markdown), the JSON results and the SVG plot, in a
+    /// subfolder per experiment (`clients`, `scale`, ...).
+    #[arg(long, alias = "report", default_value = "leantier-report/mq-experiment")]
+    pub out: PathBuf,
     #[command(flatten)]
     pub node: NodeFlags,
 }
@@ -511,6 +539,13 @@ async fn run_op(client: &mut Client, op: &ClientOp) -> Result<String, mq::client
     })
 }
 
+/// A lease in the protocol's whole milliseconds (a u32: up to about 49 days).
+fn lease_millis(text: &str) -> Result<u32, String> {
+    let lease = values::millis(text)?;
+    u32::try_from(lease.as_millis())
+        .map_err(|_| format!("{text} is longer than the protocol's 49 days of lease"))
+}
+
 async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
     let mut c: load::LoadConfig = load_toml(args.config.as_deref())?;
     if !args.nodes.is_empty() {
@@ -520,19 +555,18 @@ async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
     override_with(&mut c.connections, &args.connections);
     override_with(&mut c.send_percent, &args.send_percent);
     override_with(&mut c.message_bytes, &args.message_bytes);
-    override_with(&mut c.think_ms, &args.think_ms);
-    override_with(&mut c.duration_s, &args.duration_s);
-    override_with(&mut c.warmup_s, &args.warmup_s);
-    override_with(&mut c.cooldown_s, &args.cooldown_s);
+    let seconds = |flag: Option<Duration>| flag.map(|duration| duration.as_secs_f64());
+    override_with(&mut c.think_ms, &args.think.map(values::whole_millis));
+    override_with(&mut c.duration_s, &seconds(args.duration));
+    override_with(&mut c.warmup_s, &seconds(args.warmup));
+    override_with(&mut c.cooldown_s, &seconds(args.cooldown));
     let result = load::run(&c).await?;
     let tables = load::tables(&result);
     for t in &tables {
         println!("{t}");
     }
     println!("{}", serde_json::to_string(&result)?);
-    if let Some(dir) = &args.report {
-        write_report(dir, &result, &tables)?;
-    }
+    write_report(&args.out, &result, &tables)?;
     if args.check && !result.sanity_ok {
         return Err(TargetMissed(vec!["sanity checks (counts or reply ids) failed".into()]).into());
     }
@@ -561,7 +595,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
     let config = bench::BenchConfig {
         store: args.store.clone(),
         clients: args.clients,
-        seconds: args.seconds,
+        seconds: args.duration.as_secs_f64(),
         content_bytes: args.content_bytes,
         embedded_batch: args.embedded_batch,
         window: args.window,
@@ -593,7 +627,7 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         clients: args.clients,
         connections: args.clients,
         message_bytes: args.message_bytes,
-        duration_s: args.duration_s,
+        duration_s: args.duration.as_secs_f64(),
         warmup_s: 1.0,
         cooldown_s: 0.5,
         ..load::LoadConfig::default()
@@ -609,21 +643,19 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
     for t in &tables {
         println!("{t}");
     }
-    if let Some(dir) = &args.report {
-        let report = lab::report::ReportDir::create(dir)?;
-        report.write_json("points.json", &points)?;
-        let mut md = lab::report::Markdown::new();
-        md.heading(1, &format!("mq experiment {:?}", args.kind));
-        for (i, t) in tables.iter().enumerate() {
-            report.write_csv(&format!("table{i}.csv"), t)?;
-            md.table(t);
-        }
-        if let Some(plot) = plot {
-            report.write_svg("plot.svg", &plot.to_svg())?;
-            md.image("plot", "plot.svg");
-        }
-        report.write_markdown("report.md", md.as_str())?;
+    let report = lab::report::ReportDir::create(args.out.join(args.kind.name()))?;
+    report.write_json("points.json", &points)?;
+    let mut md = lab::report::Markdown::new();
+    md.heading(1, &format!("mq experiment {:?}", args.kind));
+    for (i, t) in tables.iter().enumerate() {
+        report.write_csv(&format!("table{i}.csv"), t)?;
+        md.table(t);
     }
+    if let Some(plot) = plot {
+        report.write_svg("plot.svg", &plot.to_svg())?;
+        md.image("plot", "plot.svg");
+    }
+    report.write_markdown("report.md", md.as_str())?;
     if points.iter().any(|p| !p.result.sanity_ok) {
         return Err(TargetMissed(vec!["a run failed its sanity checks".into()]).into());
     }

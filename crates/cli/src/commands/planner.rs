@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::values;
 use crate::outcome::BadInput;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use lab::report::{Markdown, ReportDir, Table};
@@ -56,11 +57,17 @@ pub enum Command {
 pub struct MeasureArgs {
     /// The pipeline to measure (e.g. `cdr`).
     pub workload: String,
-    /// Seconds each node runs alone.
-    #[arg(long, default_value_t = 1.0)]
-    pub duration_s: f64,
-    /// Where to write the model file.
-    #[arg(long, default_value = "cdr-model.toml")]
+    /// How long each node runs alone, e.g. 1s.
+    #[arg(
+        long,
+        alias = "duration-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "1s"
+    )]
+    pub duration: Duration,
+    /// Folder for the model file, `model.toml` (the input of `plan optimize --model`).
+    #[arg(long, default_value = "leantier-report/plan-measure")]
     pub out: PathBuf,
     /// Folder for the nodes' scratch files (output files, databases, the disk probe).
     #[arg(long)]
@@ -83,7 +90,7 @@ pub enum GoalArg {
 /// `plan optimize`.
 #[derive(Debug, ClapArgs)]
 pub struct OptimizeArgs {
-    /// The model file (from `plan measure`, or written by hand).
+    /// The model file (`model.toml` from `plan measure`, or written by hand).
     #[arg(long)]
     pub model: PathBuf,
     /// What to optimize for.
@@ -117,13 +124,16 @@ pub struct OptimizeArgs {
     /// refinement (cpu budget, fixed nodes bound the rate) side by side; writes no config.
     #[arg(long, conflicts_with_all = ["budget", "fixed_bounds_rate"])]
     pub compare: bool,
-    /// Where to write the pipeline config file.
-    #[arg(long, default_value = "cdr-config.toml")]
+    /// Folder for the pipeline config file, `config.toml` (the input of `cdr run --config`),
+    /// and the plan as JSON, CSV and Markdown.
+    #[arg(long, alias = "report", default_value = "leantier-report/plan-optimize")]
     pub out: PathBuf,
-    /// Also write the plan as JSON and Markdown into this folder.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
 }
+
+/// The model file `plan measure` writes into its `--out` folder.
+pub const MODEL_FILE: &str = "model.toml";
+/// The pipeline config file `plan optimize` writes into its `--out` folder.
+pub const CONFIG_FILE: &str = "config.toml";
 
 /// What the cores bound (`--budget`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -162,8 +172,8 @@ impl OptimizeArgs {
 #[derive(Debug, ClapArgs)]
 pub struct NodeArgs {
     /// Arrival rate λ, jobs per second.
-    #[arg(long)]
-    pub arrival_rate: f64,
+    #[arg(long, alias = "arrival-rate")]
+    pub rate: f64,
     /// Service rate μ of one server, jobs per second.
     #[arg(long)]
     pub service_rate: f64,
@@ -194,8 +204,8 @@ fn run_measure(args: &MeasureArgs, workloads: &[&dyn Workload]) -> anyhow::Resul
         ))
         .into());
     };
-    if !(args.duration_s.is_finite() && args.duration_s > 0.0) {
-        return Err(BadInput(format!("--duration-s must be > 0, got {}", args.duration_s)).into());
+    if args.duration.is_zero() {
+        return Err(BadInput("--duration must be > 0".into()).into());
     }
     let scratch = match &args.scratch_dir {
         Some(dir) => dir.clone(),
@@ -209,14 +219,16 @@ fn run_measure(args: &MeasureArgs, workloads: &[&dyn Workload]) -> anyhow::Resul
         settings.push((key.to_string(), value.to_string()));
     }
     std::fs::create_dir_all(&scratch)?;
-    let spec = workload.measure(Duration::from_secs_f64(args.duration_s), &scratch, &settings);
+    let spec = workload.measure(args.duration, &scratch, &settings);
     if args.scratch_dir.is_none() {
         std::fs::remove_dir_all(&scratch)?;
     }
     let spec = spec?;
     print!("{}", model_table(&spec));
-    std::fs::write(&args.out, toml::to_string(&spec)?)?;
-    println!("model written to {}", args.out.display());
+    std::fs::create_dir_all(&args.out)?;
+    let model = args.out.join(MODEL_FILE);
+    std::fs::write(&model, toml::to_string(&spec)?)?;
+    println!("model written to {}", model.display());
     Ok(())
 }
 
@@ -289,10 +301,7 @@ fn run_optimize(args: &OptimizeArgs) -> anyhow::Result<()> {
             );
             print_warnings(plan);
         }
-        if let Some(dir) = &args.report {
-            write_report(dir, &table, &comparison)?;
-        }
-        return Ok(());
+        return write_report(&args.out, &table, &comparison);
     }
     let started = std::time::Instant::now();
     let plan = optimize_with(&network, goal, options)?;
@@ -314,12 +323,11 @@ fn run_optimize(args: &OptimizeArgs) -> anyhow::Result<()> {
         println!("warning: no configuration within the limits carries this rate");
     }
     let config = plan.to_config(&network);
-    std::fs::write(&args.out, toml::to_string(&config)?)?;
-    println!("config written to {}", args.out.display());
-    if let Some(dir) = &args.report {
-        write_report(dir, &table, &plan)?;
-    }
-    Ok(())
+    std::fs::create_dir_all(&args.out)?;
+    let config_file = args.out.join(CONFIG_FILE);
+    std::fs::write(&config_file, toml::to_string(&config)?)?;
+    println!("config written to {}", config_file.display());
+    write_report(&args.out, &table, &plan)
 }
 
 fn print_warnings(plan: &Plan) {
@@ -433,7 +441,7 @@ pub fn plan_table(network: &Network, plan: &Plan) -> Table {
 }
 
 fn run_node(args: &NodeArgs) -> anyhow::Result<()> {
-    let model = MmcK::new(args.arrival_rate, args.service_rate, args.servers, args.capacity)?;
+    let model = MmcK::new(args.rate, args.service_rate, args.servers, args.capacity)?;
     let m = *model.solve().metrics();
     let mut table = Table::new(["measure", "value"]).with_title("M/M/c/K node");
     for (name, value) in [
@@ -469,8 +477,7 @@ mod tests {
             fixed_bounds_rate: false,
             rate_step: None,
             compare: false,
-            out: PathBuf::from("unused.toml"),
-            report: None,
+            out: PathBuf::from("unused"),
         }
     }
 
@@ -544,10 +551,9 @@ mod tests {
         let mut args = args(model, &[]);
         args.cores = None;
         args.compare = true;
-        args.out = dir.path().join("config.toml");
-        args.report = Some(dir.path().join("report"));
+        args.out = dir.path().join("report");
         run_optimize(&args).unwrap();
-        assert!(!args.out.exists(), "--compare writes no config");
+        assert!(!args.out.join(CONFIG_FILE).exists(), "--compare writes no config");
         let network = load_network(&args).unwrap();
         let comparison = compare(&network, Goal::Throughput, RateSearch::Bisection).unwrap();
         let table = comparison_table(&network, &comparison);

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 use lab::config::{load_toml, override_with};
@@ -9,7 +10,7 @@ use web::prefork;
 use web::serve::{AdaptiveLayout, ServeConfig};
 use web::workload::Complexity;
 
-use super::values::one_of;
+use super::values::{self, one_of};
 use super::web_lab as loadlab;
 
 /// The REST matrix-multiplication service and its load lab.
@@ -38,7 +39,8 @@ pub enum Command {
 
 #[derive(Debug, ClapArgs)]
 pub struct ServeArgs {
-    /// TOML file with any of the fields below (snake_case); flags override it.
+    /// TOML file with any of the fields below (snake_case; a duration in milliseconds under its
+    /// name with _ms: header_timeout_ms); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:8080].
@@ -72,18 +74,23 @@ pub struct ServeArgs {
     /// [default: shared].
     #[arg(long, value_parser = one_of(&AdaptiveLayout::ALL, AdaptiveLayout::name))]
     pub adaptive_layout: Option<AdaptiveLayout>,
-    /// Milliseconds from a request's first byte to the end of its header; the connection is
-    /// closed after that [default: 10000].
-    #[arg(long)]
-    pub header_timeout_ms: Option<u64>,
-    /// Milliseconds from the first read of a body to its end; 408 (code 013) after that
-    /// [default: 12000].
-    #[arg(long)]
-    pub body_timeout_ms: Option<u64>,
-    /// Milliseconds a connection may wait for a request (keep-alive) before it is closed
-    /// [default: 60000].
-    #[arg(long)]
-    pub idle_timeout_ms: Option<u64>,
+    /// Time from a request's first byte to the end of its header; the connection is closed
+    /// after that [default: 10s].
+    #[arg(
+        long,
+        alias = "header-timeout-ms",
+        value_name = "DURATION",
+        value_parser = values::millis
+    )]
+    pub header_timeout: Option<Duration>,
+    /// Time from the first read of a body to its end; 408 (code 013) after that
+    /// [default: 12s].
+    #[arg(long, alias = "body-timeout-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub body_timeout: Option<Duration>,
+    /// Time a connection may wait for a request (keep-alive) before it is closed
+    /// [default: 60s].
+    #[arg(long, alias = "idle-timeout-ms", value_name = "DURATION", value_parser = values::millis)]
+    pub idle_timeout: Option<Duration>,
     /// Connections served at once per process; one more gets 503 (code 010) [default: 512].
     #[arg(long)]
     pub connections_max: Option<usize>,
@@ -96,10 +103,15 @@ pub struct ServeArgs {
     /// --body-bytes-max) [default: 16 MiB].
     #[arg(long)]
     pub large_work_bytes_max: Option<usize>,
-    /// Milliseconds a request waits for room within the work bounds before 503 (code 009)
-    /// [default: 5000].
-    #[arg(long)]
-    pub admission_wait_ms: Option<u64>,
+    /// Time a request waits for room within the work bounds before 503 (code 009)
+    /// [default: 5s].
+    #[arg(
+        long,
+        alias = "admission-wait-ms",
+        value_name = "DURATION",
+        value_parser = values::millis
+    )]
+    pub admission_wait: Option<Duration>,
     /// Connections one source address may hold at once; one more gets 503 (code 010)
     /// [default: 256].
     #[arg(long)]
@@ -134,13 +146,14 @@ impl ServeArgs {
         override_with(&mut config.cells_max, &self.cells_max);
         override_with(&mut config.io_threads, &self.io_threads);
         override_with(&mut config.adaptive_layout, &self.adaptive_layout);
-        override_with(&mut config.header_timeout_ms, &self.header_timeout_ms);
-        override_with(&mut config.body_timeout_ms, &self.body_timeout_ms);
-        override_with(&mut config.idle_timeout_ms, &self.idle_timeout_ms);
+        let millis = |flag: Option<Duration>| flag.map(values::whole_millis);
+        override_with(&mut config.header_timeout_ms, &millis(self.header_timeout));
+        override_with(&mut config.body_timeout_ms, &millis(self.body_timeout));
+        override_with(&mut config.idle_timeout_ms, &millis(self.idle_timeout));
         override_with(&mut config.connections_max, &self.connections_max);
         override_with(&mut config.work_bytes_max, &self.work_bytes_max);
         override_with(&mut config.large_work_bytes_max, &self.large_work_bytes_max);
-        override_with(&mut config.admission_wait_ms, &self.admission_wait_ms);
+        override_with(&mut config.admission_wait_ms, &millis(self.admission_wait));
         override_with(&mut config.connections_per_address_max, &self.connections_per_address_max);
         override_with(&mut config.connection_work_bytes_max, &self.connection_work_bytes_max);
         override_with(&mut config.answer_bytes_max, &self.answer_bytes_max);

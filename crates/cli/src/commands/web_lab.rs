@@ -22,7 +22,7 @@ use web::serve::ServeConfig;
 use web::server::Server;
 use web::workload::Complexity;
 
-use super::values::one_of;
+use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 
 /// How long a baseline server may take to start listening.
@@ -41,30 +41,49 @@ pub struct LoadArgs {
     /// Model of the in-process server (ignored with --url).
     #[arg(long, value_parser = one_of(&Model::ALL, Model::name), default_value = "adaptive")]
     pub model: Model,
-    /// Closed loop with this many users (ignored when --rate-per-s is given).
+    /// Closed loop with this many users (ignored when --rate is given).
     #[arg(long, default_value_t = 10)]
     pub users: usize,
-    /// Open loop at this constant request rate, latency from the intended send time.
-    #[arg(long)]
-    pub rate_per_s: Option<f64>,
+    /// Open loop at this constant request rate, requests/s, latency from the intended send
+    /// time.
+    #[arg(long, alias = "rate-per-s")]
+    pub rate: Option<f64>,
     /// Complexity level of the requests.
     #[arg(long, value_parser = one_of(&Complexity::ALL, Complexity::name), default_value = "medium-600")]
     pub complexity: Complexity,
-    /// Measured seconds (after the warm-up).
-    #[arg(long, default_value_t = 3.0)]
-    pub duration_s: f64,
-    /// Warm-up seconds, not measured.
-    #[arg(long, default_value_t = 0.5)]
-    pub warmup_s: f64,
-    /// Width of the throughput-over-time intervals, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    pub interval_ms: u64,
+    /// Measured time (after the warm-up), e.g. 3s.
+    #[arg(
+        long,
+        alias = "duration-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "3s"
+    )]
+    pub duration: Duration,
+    /// Warm-up time, not measured, e.g. 500ms.
+    #[arg(
+        long,
+        alias = "warmup-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "500ms"
+    )]
+    pub warmup: Duration,
+    /// Width of the throughput-over-time intervals, e.g. 100ms.
+    #[arg(
+        long,
+        alias = "interval-ms",
+        value_name = "DURATION",
+        value_parser = values::millis,
+        default_value = "100ms"
+    )]
+    pub interval: Duration,
     /// Print the result as JSON as well.
     #[arg(long)]
     pub json: bool,
-    /// Also write a report folder (JSON, throughput-over-time CSV and SVG, Markdown).
-    #[arg(long)]
-    pub report_dir: Option<PathBuf>,
+    /// Report folder (JSON, throughput-over-time CSV and SVG, Markdown).
+    #[arg(long, alias = "report-dir", default_value = "leantier-report/web-load")]
+    pub out: PathBuf,
 }
 
 /// Arguments of `web matrix`.
@@ -89,12 +108,24 @@ pub struct MatrixArgs {
         default_value = "low,medium-600,medium-1000,high"
     )]
     pub complexity: Vec<Complexity>,
-    /// Measured seconds per cell and round.
-    #[arg(long, default_value_t = 0.35)]
-    pub duration_s: f64,
-    /// Warm-up seconds per cell and round.
-    #[arg(long, default_value_t = 0.15)]
-    pub warmup_s: f64,
+    /// Measured time per cell and round, e.g. 350ms.
+    #[arg(
+        long,
+        alias = "duration-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "350ms"
+    )]
+    pub duration: Duration,
+    /// Warm-up time per cell and round, e.g. 150ms.
+    #[arg(
+        long,
+        alias = "warmup-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "150ms"
+    )]
+    pub warmup: Duration,
     /// Rounds: in each round every model of a cell runs once, cells in turn, the models' order
     /// rotated (and reversed every other time) from cell to cell and round to round, so a change
     /// in background load lands on every model alike; each cell reports the median over the
@@ -102,9 +133,15 @@ pub struct MatrixArgs {
     /// seconds: adaptive's ratio is the median of per-round (paired) ratios.
     #[arg(long, default_value_t = 9)]
     pub rounds: usize,
-    /// Width of the throughput-over-time intervals, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    pub interval_ms: u64,
+    /// Width of the throughput-over-time intervals, e.g. 100ms.
+    #[arg(
+        long,
+        alias = "interval-ms",
+        value_name = "DURATION",
+        value_parser = values::millis,
+        default_value = "100ms"
+    )]
+    pub interval: Duration,
     /// Worker threads / processes of the leantier models [default: allowed CPUs].
     #[arg(long)]
     pub workers: Option<usize>,
@@ -123,35 +160,31 @@ pub struct MatrixArgs {
         default_value = "medium-600"
     )]
     pub python_complexity: Vec<Complexity>,
-    /// Measured seconds per Python cell: a window much longer than the baseline's latency, or
-    /// the closed loop's trimming (only requests started and finished inside it count) would
-    /// undercount it.
-    #[arg(long, default_value_t = 8.0)]
-    pub python_duration_s: f64,
+    /// Measured time per Python cell, e.g. 8s: a window much longer than the baseline's
+    /// latency, or the closed loop's trimming (only requests started and finished inside it
+    /// count) would undercount it.
+    #[arg(
+        long,
+        alias = "python-duration-s",
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = "8s"
+    )]
+    pub python_duration: Duration,
     /// User counts at which the Python baselines run.
     #[arg(long, value_delimiter = ',', default_value = "10")]
     pub python_users: Vec<usize>,
     /// Report folder (JSON, CSV, Markdown, SVG).
-    #[arg(long, default_value = "reports/web-matrix")]
-    pub report_dir: PathBuf,
+    #[arg(long, alias = "report-dir", default_value = "leantier-report/web-matrix")]
+    pub out: PathBuf,
     /// Exit with code 3 when a target (adaptive ≥ 0.95× best fixed; ≥ 100× Python) is missed.
     #[arg(long)]
     pub check: bool,
 }
 
-fn interval(millis: u64) -> anyhow::Result<Duration> {
-    if millis == 0 {
-        return Err(BadInput("--interval-ms must be > 0".into()).into());
-    }
-    Ok(Duration::from_millis(millis))
-}
-
-/// The duration given by a `--<flag>` in seconds; only a warm-up may be zero.
-fn seconds(value: f64, flag: &str, zero_allowed: bool) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| zero_allowed || !d.is_zero())
-        .ok_or_else(|| BadInput(format!("--{flag} must be a positive number of seconds")).into())
+/// The duration given by `--<flag>`, refused when zero (only a warm-up may be zero).
+fn positive(duration: Duration, flag: &str) -> Result<Duration, BadInput> {
+    if duration.is_zero() { Err(BadInput(format!("--{flag} must be > 0"))) } else { Ok(duration) }
 }
 
 fn start_in_process(workers: Option<usize>) -> anyhow::Result<Server> {
@@ -166,13 +199,13 @@ fn start_in_process(workers: Option<usize>) -> anyhow::Result<Server> {
 /// `web load`: one cell.
 pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
     let window = Window {
-        warmup: seconds(args.warmup_s, "warmup-s", true)?,
-        measure: seconds(args.duration_s, "duration-s", false)?,
-        interval: interval(args.interval_ms)?,
+        warmup: args.warmup,
+        measure: positive(args.duration, "duration")?,
+        interval: positive(args.interval, "interval")?,
     };
-    let mode = match args.rate_per_s {
+    let mode = match args.rate {
         Some(rate) if rate > 0.0 && rate.is_finite() => LoadMode::Open { rate_per_s: rate },
-        Some(_) => return Err(BadInput("--rate-per-s must be > 0".into()).into()),
+        Some(_) => return Err(BadInput("--rate must be > 0".into()).into()),
         None if args.users == 0 => return Err(BadInput("--users must be > 0".into()).into()),
         None => LoadMode::Closed { users: args.users },
     };
@@ -206,25 +239,23 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
     if let LoadMode::Open { rate_per_s } = mode {
         println!("open loop at {rate_per_s} req/s; latency from the intended send time");
     }
-    if let Some(dir) = &args.report_dir {
-        let report = ReportDir::create(dir)?;
-        report.write_json("result.json", &result)?;
-        report.write_csv("result.csv", &table)?;
-        report.write_csv("throughput-over-time.csv", &over_time)?;
-        let plot = throughput_over_time_plot(
-            &format!("Throughput over time, {}", args.complexity.name()),
-            &[(&url, &result.throughput_series)],
-        );
-        report.write_svg("throughput-over-time.svg", &plot.to_svg())?;
-        let mut summary = Markdown::new();
-        summary
-            .heading(1, "web load")
-            .table(&table)
-            .table(&over_time)
-            .image("throughput over time", "throughput-over-time.svg");
-        report.write_markdown("README.md", summary.as_str())?;
-        println!("report: {}", report.path().display());
-    }
+    let report = ReportDir::create(&args.out)?;
+    report.write_json("result.json", &result)?;
+    report.write_csv("result.csv", &table)?;
+    report.write_csv("throughput-over-time.csv", &over_time)?;
+    let plot = throughput_over_time_plot(
+        &format!("Throughput over time, {}", args.complexity.name()),
+        &[(&url, &result.throughput_series)],
+    );
+    report.write_svg("throughput-over-time.svg", &plot.to_svg())?;
+    let mut summary = Markdown::new();
+    summary
+        .heading(1, "web load")
+        .table(&table)
+        .table(&over_time)
+        .image("throughput over time", "throughput-over-time.svg");
+    report.write_markdown("README.md", summary.as_str())?;
+    println!("report: {}", report.path().display());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     }
@@ -329,12 +360,12 @@ pub fn run_matrix(args: &MatrixArgs) -> anyhow::Result<()> {
 /// The matrix's measurements: every round of every cell, and each cell's median round.
 pub fn measure_matrix(args: &MatrixArgs) -> anyhow::Result<(Vec<CellResult>, Vec<MedianCell>)> {
     let window = Window {
-        warmup: seconds(args.warmup_s, "warmup-s", true)?,
-        measure: seconds(args.duration_s, "duration-s", false)?,
-        interval: interval(args.interval_ms)?,
+        warmup: args.warmup,
+        measure: positive(args.duration, "duration")?,
+        interval: positive(args.interval, "interval")?,
     };
     let python_window =
-        Window { measure: seconds(args.python_duration_s, "python-duration-s", false)?, ..window };
+        Window { measure: positive(args.python_duration, "python-duration")?, ..window };
     if args.users.contains(&0) {
         return Err(BadInput("--users must all be > 0".into()).into());
     }
@@ -723,7 +754,7 @@ fn write_report(
     table: &Table,
     checks: &Checks,
 ) -> anyhow::Result<()> {
-    let report = ReportDir::create(&args.report_dir)?;
+    let report = ReportDir::create(&args.out)?;
     report.write_json("results.json", cells)?;
     report.write_json("samples.json", samples)?;
     report.write_csv("results.csv", table)?;
@@ -737,7 +768,11 @@ fn write_report(
              first round only) after {} s warm-up; models interleaved within each cell, their \
              order rotated. Shapes A rows×50 · B 50×20. Throughput over time per cell: \
              `throughput-over-time.csv` ({} ms intervals, every round).",
-            args.rounds, args.duration_s, args.python_duration_s, args.warmup_s, args.interval_ms
+            args.rounds,
+            args.duration.as_secs_f64(),
+            args.python_duration.as_secs_f64(),
+            args.warmup.as_secs_f64(),
+            args.interval.as_millis()
         ))
         .table(table)
         .table(&checks.table);

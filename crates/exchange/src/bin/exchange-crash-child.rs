@@ -101,6 +101,7 @@ mod child {
                 segment_bytes: args.segment_bytes,
             },
             released: Some(released),
+            stop: None,
             load: exchange::tier::LoadConfig::default(),
         };
         let result = run(&config, options, |_| {});

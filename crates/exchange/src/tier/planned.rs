@@ -98,6 +98,7 @@ fn calibrate_groups(
         record_inputs: false,
         journal: JournalOptions::default(),
         released: None,
+        stop: None,
         load,
     };
     let subscribers = in_process_subscribers(probe.gateways, 0);

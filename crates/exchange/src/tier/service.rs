@@ -88,6 +88,7 @@ impl Tier {
     ///     record_inputs: false,
     ///     journal: Default::default(),
     ///     released: None,
+    ///     stop: None,
     ///     load: Default::default(),
     /// };
     /// let (tier, mut inputs) = Tier::start(&config, &options, in_process_subscribers(8, 0))?;

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use lab::data::DataTable;
 use lab::report::{BarChart, ReportDir};
@@ -42,7 +43,7 @@ pub fn run(
         args.users,
         args.complexity.iter().map(|c| c.name()).collect::<Vec<_>>().join("/"),
         args.rounds,
-        args.duration_s
+        args.duration.as_secs_f64()
     );
     Ok(PaperResult {
         scope,
@@ -76,17 +77,17 @@ fn matrix_args(scale: &Scale, python: Option<PathBuf>) -> MatrixArgs {
         } else {
             Complexity::ALL.to_vec()
         },
-        duration_s: scale.seconds(0.3, 0.5),
-        warmup_s: 0.15,
+        duration: Duration::from_secs_f64(scale.seconds(0.3, 0.5)),
+        warmup: Duration::from_millis(150),
         rounds: scale.repeats(3, 9),
-        interval_ms: 100,
+        interval: Duration::from_millis(100),
         workers: None,
         python,
         python_app: PathBuf::from(PYTHON_APP),
         python_complexity: vec![Complexity::Low],
-        python_duration_s: scale.seconds(2.0, 8.0),
+        python_duration: Duration::from_secs_f64(scale.seconds(2.0, 8.0)),
         python_users: vec![10],
-        report_dir: PathBuf::new(),
+        out: PathBuf::new(),
         check: false,
     }
 }
