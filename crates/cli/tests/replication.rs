@@ -16,6 +16,7 @@ use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{InboundOrder, Side, request_kind};
 use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
+use replication::follow::Follower;
 use replication::layout::LogSettings;
 
 /// Orders appended between two kills.
@@ -44,9 +45,26 @@ impl Process {
     }
 
     fn engine(dir: &std::path::Path, url: &str) -> Process {
-        let (engine, first) = Process::start(dir, &["--role", "engine", "--nats", url]);
-        assert!(first.starts_with("engine for shard 0 following"), "{first}");
+        Process::shard_engine(dir, url, (0, 1))
+    }
+
+    /// An engine of `shard` of `shards`.
+    fn shard_engine(dir: &std::path::Path, url: &str, (shard, shards): (u32, u32)) -> Process {
+        let (shard, shards) = (shard.to_string(), shards.to_string());
+        let args = ["--role", "engine", "--nats", url, "--shard", &shard, "--shards", &shards];
+        let (engine, first) = Process::start(dir, &args);
+        assert!(first.starts_with(&format!("engine for shard {shard} following")), "{first}");
         engine
+    }
+
+    /// A gateway of `shards` shards; its native address.
+    fn gateway(dir: &std::path::Path, url: &str, shards: u32) -> (Process, SocketAddr) {
+        let shards = shards.to_string();
+        let args =
+            ["--role", "gateway", "--nats", url, "--shards", &shards, "--listen", "127.0.0.1:0"];
+        let (gateway, first) = Process::start(dir, &args);
+        let address = first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
+        (gateway, address)
     }
 
     fn kill(mut self) {
@@ -180,7 +198,14 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 
 /// Sends `buy {token} 1 1 100000` (a resting buy of instrument 1); the answer's event kind.
 fn buy(client: &mut gateway::client::NativeClient, token: u32) -> Option<u8> {
-    let order = gateway::client::parse_script_line(&format!("buy {token} 1 1 100000"), 1);
+    buy_of(client, token, 1)
+}
+
+/// A resting buy of `instrument` (qty 1 at 100000 ticks, inside every reference band);
+/// the answer's event kind.
+fn buy_of(client: &mut gateway::client::NativeClient, token: u32, instrument: u32) -> Option<u8> {
+    let line = format!("buy {token} {instrument} 1 100000");
+    let order = gateway::client::parse_script_line(&line, 1);
     client.send(&order.unwrap().unwrap()).unwrap();
     loop {
         match client.recv(Duration::from_secs(10)) {
@@ -230,4 +255,39 @@ fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
     }
     drop(client);
     assert!(gateway.terminate().success(), "the gateway drains and exits 0 on SIGTERM");
+}
+
+/// Two shards in two engine processes, one gateway: each instrument's orders go to its
+/// shard's stream (`instrument % shards`) and are answered by that shard's engine.
+#[test]
+fn two_shards_each_book_their_own_instruments_behind_one_gateway() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let _engines = [0, 1].map(|shard| Process::shard_engine(dir.path(), &url, (shard, 2)));
+    let (_gateway, address) = Process::gateway(dir.path(), &url, 2);
+    let mut client = gateway::client::NativeClient::connect(address).unwrap();
+    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
+    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    let accepted = gateway::native::event_kind::ACCEPTED;
+    for token in 1..=20u32 {
+        let instrument = 1 + token % 2; // 2, 1, 2, ...: both shards
+        assert_eq!(buy_of(&mut client, token, instrument), Some(accepted), "order {token}");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let settings = LogSettings { shards: 2, ..LogSettings::new(3) };
+    for shard in 0..2 {
+        let instruments: Vec<u32> = rt.block_on(async {
+            let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
+            let mut follower = Follower::open(client, &settings, shard, 1).await.unwrap();
+            let mut instruments = Vec::new();
+            for _ in 0..10 {
+                let next = tokio::time::timeout(Duration::from_secs(5), follower.next()).await;
+                instruments.push(next.unwrap().unwrap().unwrap().order.instrument);
+            }
+            instruments
+        });
+        assert!(instruments.iter().all(|i| i % 2 == shard), "shard {shard}: {instruments:?}");
+    }
 }
