@@ -25,12 +25,21 @@ const ORDERS_PER_ROUND: u64 = 100;
 /// leader.
 const FAILOVER_MAX: Duration = Duration::from_secs(2);
 
+type Lines = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
 /// A `leantier exchange serve` child, killed when dropped.
 struct Process(Child);
 
 impl Process {
     /// Starts `exchange serve` with `args` in `dir` and returns it with its first line.
     fn start(dir: &std::path::Path, args: &[&str]) -> (Process, String) {
+        let (process, mut lines) = Process::start_reading(dir, args);
+        let first = lines.next().expect("a line").unwrap();
+        (process, first)
+    }
+
+    /// Starts `exchange serve` with `args` in `dir` and returns it with its output's lines.
+    fn start_reading(dir: &std::path::Path, args: &[&str]) -> (Process, Lines) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
             .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
             .args(args)
@@ -39,9 +48,8 @@ impl Process {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().expect("a line").unwrap();
-        (Process(child), first)
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (Process(child), lines)
     }
 
     fn engine(dir: &std::path::Path, url: &str) -> Process {
@@ -265,7 +273,17 @@ fn two_shards_each_book_their_own_instruments_behind_one_gateway() {
     let url = cluster.url();
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
-    let _engines = [0, 1].map(|shard| Process::shard_engine(dir.path(), &url, (shard, 2)));
+    let _engine_1 = Process::shard_engine(dir.path(), &url, (1, 2));
+    let args =
+        ["--role", "engine", "--nats", &url, "--shards", "2", "--metrics-listen", "127.0.0.1:0"];
+    let (_engine_0, mut lines) = Process::start_reading(dir.path(), &args);
+    let metrics_line = lines.nth(1).expect("the metrics line").unwrap();
+    let metrics: SocketAddr = metrics_line
+        .strip_prefix("metrics on http://")
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .expect(&metrics_line)
+        .parse()
+        .unwrap();
     let (_gateway, address) = Process::gateway(dir.path(), &url, 2);
     let mut client = gateway::client::NativeClient::connect(address).unwrap();
     let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
@@ -275,6 +293,7 @@ fn two_shards_each_book_their_own_instruments_behind_one_gateway() {
         let instrument = 1 + token % 2; // 2, 1, 2, ...: both shards
         assert_eq!(buy_of(&mut client, token, instrument), Some(accepted), "order {token}");
     }
+    check_engine_endpoint(metrics);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let settings = LogSettings { shards: 2, ..LogSettings::new(3) };
     for shard in 0..2 {
@@ -290,4 +309,25 @@ fn two_shards_each_book_their_own_instruments_behind_one_gateway() {
         });
         assert!(instruments.iter().all(|i| i % 2 == shard), "shard {shard}: {instruments:?}");
     }
+}
+
+/// The engine's admin endpoint: ready, leading, its applied sequence as a gauge a real
+/// Prometheus parser reads, `process_*`, 404 elsewhere.
+fn check_engine_endpoint(metrics: SocketAddr) {
+    assert_eq!(ops::endpoint::get(metrics, "/health").unwrap().0, 200);
+    assert_eq!(ops::endpoint::get(metrics, "/ready").unwrap().0, 200);
+    assert_eq!(ops::endpoint::get(metrics, "/nope").unwrap().0, 404);
+    let (status, page) = ops::endpoint::get(metrics, "/metrics").unwrap();
+    assert_eq!(status, 200, "{page}");
+    let scrape = prometheus_parse::Scrape::parse(page.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |name: &str| {
+        let sample = scrape.samples.iter().find(|s| s.metric == name);
+        match sample.unwrap_or_else(|| panic!("no {name} in {page}")).value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    };
+    assert_eq!(value("engine_leader"), 1.0, "the only engine of shard 0 leads");
+    assert!(value("engine_applied_input_seq") >= 10.0, "shard 0's ten orders applied");
+    assert!(scrape.samples.iter().any(|s| s.metric.starts_with("process_")), "process metrics");
 }

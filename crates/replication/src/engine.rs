@@ -69,6 +69,8 @@ struct EngineState {
     /// The last stream sequence handed to the tier.
     applied_seq: AtomicU64,
     leads: AtomicBool,
+    /// Times this engine took the lease.
+    leaderships: AtomicU64,
     stop: AtomicBool,
     /// The follower's error, if it stopped on one.
     failure: std::sync::Mutex<Option<String>>,
@@ -83,6 +85,7 @@ pub struct Engine {
     lease_task: Option<tokio::task::JoinHandle<()>>,
     follower: Option<std::thread::JoinHandle<()>>,
     stop_follower: Arc<tokio::sync::Notify>,
+    client: async_nats::Client,
 }
 
 /// What a stopped engine reports.
@@ -126,7 +129,7 @@ impl Engine {
         let tier =
             start_tier(&options, publisher.subscribers(), log_source(inputs, state.clone()))?;
         let lease = runtime.block_on(Lease::open(
-            client,
+            client.clone(),
             &options.lease,
             options.shard,
             &options.holder,
@@ -141,6 +144,7 @@ impl Engine {
             lease_task: Some(lease_task),
             follower: Some(follow),
             stop_follower,
+            client,
         })
     }
 
@@ -154,6 +158,30 @@ impl Engine {
     pub fn applied_seq(&self) -> u64 {
         // Relaxed: a progress figure.
         self.state.applied_seq.load(Ordering::Relaxed)
+    }
+
+    /// Whether it serves its part: following the log (no failure) over a live NATS connection
+    /// (what `/ready` says).
+    pub fn is_ready(&self) -> bool {
+        let connected = self.client.connection_state() == async_nats::connection::State::Connected;
+        connected && self.failure().is_none()
+    }
+
+    /// Adds the engine's metrics to `registry` (docs/REPLICATION.md, "Monitor").
+    pub fn register_metrics(&self, registry: &mut ops::Registry) {
+        let state = Arc::clone(&self.state);
+        // Relaxed: progress figures (see the fields).
+        let applied = move || state.applied_seq.load(Ordering::Relaxed) as i64;
+        let help = "the last input-log sequence handed to the tier";
+        registry.register("engine_applied_input_seq", help, ops::read::gauge(applied));
+        let state = Arc::clone(&self.state);
+        let leads = move || i64::from(state.leads.load(Ordering::Relaxed));
+        let help = "1 while this engine holds its shard's lease and publishes";
+        registry.register("engine_leader", help, ops::read::gauge(leads));
+        let state = Arc::clone(&self.state);
+        let taken = move || state.leaderships.load(Ordering::Relaxed);
+        let help = "times this engine took its shard's lease";
+        registry.register("engine_lease_taken", help, ops::read::counter(taken));
     }
 
     /// Why the follower stopped, if it failed (a hole in the stream, a bad record).
@@ -326,7 +354,10 @@ async fn keep_lease(
         let was_leading = state.leads.swap(leads, Ordering::Relaxed);
         let applied = state.applied_seq.load(Ordering::Relaxed);
         match (was_leading, leads) {
-            (false, true) => tracing::info!("engine: took the lease at input sequence {applied}"),
+            (false, true) => {
+                state.leaderships.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("engine: took the lease at input sequence {applied}");
+            }
             (true, false) => tracing::warn!("engine: lost the lease at input sequence {applied}"),
             _ => {}
         }

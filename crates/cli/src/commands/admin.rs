@@ -31,15 +31,24 @@ impl MetricsFlags {
         registry: Registry,
         readiness: &Readiness,
     ) -> anyhow::Result<Option<Listening>> {
-        let Some(listen) = self.metrics_listen else { return Ok(None) };
-        check_exposure(listen, self.metrics_token.is_some()).map_err(BadInput)?;
-        let endpoint = Endpoint::new(registry, readiness.clone())
-            .with_metrics_token(self.metrics_token.clone());
-        let listening = endpoint.serve(listen)?;
-        // Not `println!`: a supervisor that read only the listen line may have closed the pipe.
-        let _ = writeln!(std::io::stdout(), "metrics on http://{}/metrics", listening.addr);
-        Ok(Some(listening))
+        serve_admin((self.metrics_listen, self.metrics_token.clone()), registry, readiness)
     }
+}
+
+/// Starts the admin endpoint over `registry` on `listen` (with `token` for `/metrics`) when
+/// given, and prints where it listens. Keep the handle: dropping it stops the listener.
+pub fn serve_admin(
+    (listen, token): (Option<SocketAddr>, Option<String>),
+    registry: Registry,
+    readiness: &Readiness,
+) -> anyhow::Result<Option<Listening>> {
+    let Some(listen) = listen else { return Ok(None) };
+    check_exposure(listen, token.is_some()).map_err(BadInput)?;
+    let endpoint = Endpoint::new(registry, readiness.clone()).with_metrics_token(token);
+    let listening = endpoint.serve(listen)?;
+    // Not `println!`: a supervisor that read only the listen line may have closed the pipe.
+    let _ = writeln!(std::io::stdout(), "metrics on http://{}/metrics", listening.addr);
+    Ok(Some(listening))
 }
 
 /// `--metrics-listen`: an address, or a bare port on loopback (the default place for an

@@ -6,6 +6,7 @@
 //! reports.
 
 use std::io::Write;
+use std::net::SocketAddr;
 
 use delivery::nats::NatsConnect;
 use exchange::tier::TierConfig;
@@ -72,7 +73,11 @@ fn log_from(args: &ServeArgs) -> anyhow::Result<(NatsConnect, LogSettings)> {
 
 /// Runs one engine until SIGTERM or SIGINT, then gives its lease up (a standby takes over at
 /// once), drains the tier and the publisher and exits 0.
-pub fn serve_engine(args: &ServeArgs, tier: TierConfig) -> anyhow::Result<()> {
+pub fn serve_engine(
+    args: &ServeArgs,
+    tier: TierConfig,
+    metrics: (Option<SocketAddr>, Option<String>),
+) -> anyhow::Result<()> {
     let settings = &args.replication;
     let (nats, log) = log_from(args)?;
     if settings.shard >= settings.shards {
@@ -106,7 +111,12 @@ pub fn serve_engine(args: &ServeArgs, tier: TierConfig) -> anyhow::Result<()> {
         settings.shard,
         log.stream(settings.shard)
     );
-    let signal = stop.wait();
+    let (readiness, mut registry) = (ops::Readiness::default(), ops::Registry::default());
+    engine.register_metrics(&mut registry);
+    let _admin = super::admin::serve_admin(metrics, registry, &readiness)?;
+    let follow = super::admin::follow_readiness(&readiness, "the input log", || engine.is_ready());
+    let signal = stop.wait_following(follow);
+    readiness.set(false);
     tracing::info!(signal, "stop requested: releasing the lease and draining");
     let stopped = engine.stop()?;
     super::admin::print_stopped(signal);
@@ -147,7 +157,7 @@ pub fn serve_gateway(
     if let Some(metrics) = metrics_listen {
         println!("metrics on http://{metrics}/metrics");
     }
-    let signal = stop.wait();
+    let signal = stop.wait_following(std::future::pending());
     tracing::info!(signal, "stop requested: draining");
     let tally = running.stop();
     super::admin::print_stopped(signal);
@@ -171,13 +181,15 @@ impl StopSignals {
         Ok(StopSignals { runtime, terminate })
     }
 
-    /// Waits for either; the signal's name.
-    fn wait(&mut self) -> &'static str {
+    /// Runs `follow` (a readiness follower, running until stopped) until either signal comes;
+    /// the signal's name.
+    fn wait_following(&mut self, follow: impl std::future::Future<Output = ()>) -> &'static str {
         let terminate = &mut self.terminate;
         self.runtime.block_on(async {
             tokio::select! {
                 _ = terminate.recv() => "SIGTERM",
                 _ = tokio::signal::ctrl_c() => "SIGINT",
+                () = follow => unreachable!("followers run until stopped"),
             }
         })
     }

@@ -363,7 +363,10 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         return Err(BadInput("--planned-rate must be a number > 0".into()).into());
     }
     match args.replication.role {
-        Role::Engine => return super::exchange_roles::serve_engine(args, tier),
+        Role::Engine => {
+            let metrics = (metrics_listen, settings.metrics_token.clone());
+            return super::exchange_roles::serve_engine(args, tier, metrics);
+        }
         Role::Gateway => {
             let addresses = (listen, fix_listen, metrics_listen);
             let sessions = (settings, credentials);
