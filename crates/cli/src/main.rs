@@ -14,8 +14,9 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "leantier", version, about, long_about = None)]
 struct Cli {
-    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `pipeline=debug`.
-    #[arg(long, global = true, env = "LEANTIER_LOG", default_value = "warn")]
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `warn` or `pipeline=debug`; `info` (the
+    /// default) shows each session event once (logins, logouts, cut-offs, recoveries, stops).
+    #[arg(long, global = true, env = "LEANTIER_LOG", default_value = "info")]
     log: String,
     /// Log lines as `text` (for people) or `json` (one object per line, for log collectors).
     #[arg(long, global = true, env = "LEANTIER_LOG_FORMAT", default_value = "text",

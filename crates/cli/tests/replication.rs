@@ -331,3 +331,167 @@ fn check_engine_endpoint(metrics: SocketAddr) {
     assert!(value("engine_applied_input_seq") >= 10.0, "shard 0's ten orders applied");
     assert!(scrape.samples.iter().any(|s| s.metric.starts_with("process_")), "process metrics");
 }
+
+/// A network namespace joined to this one by a veth pair: `10.250.N.1` here, `10.250.N.2`
+/// there; deleted when dropped.
+struct Namespace {
+    name: String,
+    here: String,
+    subnet: u8,
+}
+
+impl Namespace {
+    /// `None` when this process may not make namespaces (not root, no `ip`).
+    fn create() -> Option<Namespace> {
+        let id = std::process::id() % 10_000;
+        let subnet = (id % 200) as u8 + 20;
+        let (name, here, there) = (format!("lt-part-{id}"), format!("ltr{id}"), format!("ltn{id}"));
+        let ns = Namespace { name: name.clone(), here: here.clone(), subnet };
+        let ip = |args: &[&str]| Command::new("ip").args(args).status().is_ok_and(|s| s.success());
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &name, "ip"];
+            all.extend(args);
+            ip(&all)
+        };
+        let (addr_here, addr_there) = (ns.here_addr(), format!("10.250.{subnet}.2/30"));
+        let made = ip(&["netns", "add", &name])
+            && ip(&["link", "add", &here, "type", "veth", "peer", "name", &there])
+            && ip(&["link", "set", &there, "netns", &name])
+            && ip(&["addr", "add", &format!("{addr_here}/30"), "dev", &here])
+            && ip(&["link", "set", &here, "up"])
+            && inside(&["addr", "add", &addr_there, "dev", &there])
+            && inside(&["link", "set", &there, "up"])
+            && inside(&["link", "set", "lo", "up"]);
+        made.then_some(ns)
+    }
+
+    fn here_addr(&self) -> String {
+        format!("10.250.{}.1", self.subnet)
+    }
+
+    /// Cuts (`false`) or restores (`true`) the link.
+    fn link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        let done = Command::new("ip").args(["link", "set", &self.here, state]).status().unwrap();
+        assert!(done.success(), "ip link set {} {state}", self.here);
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.here]).status();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// The leading engine runs in a network namespace of its own; a partition cuts it off. It
+/// stops publishing when its lease's validity ends, the standby takes the lease, and the
+/// consumer's reports go on exactly once and in sequence; once the partition heals, the old
+/// leader stays a standby (it lost the lease) and nothing it had queued disturbs the stream.
+#[test]
+fn a_partitioned_leader_stops_and_the_standby_takes_over() {
+    let Some(namespace) = Namespace::create() else {
+        eprintln!(
+            "SKIPPED a_partitioned_leader_stops_and_the_standby_takes_over: needs root and `ip netns`"
+        );
+        return;
+    };
+    let cluster = Cluster::start_on(3, Ipv4Addr::UNSPECIFIED).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let log = rt.block_on(async {
+        let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
+        OrderLog::open(client, LogSettings::new(3)).await.unwrap()
+    });
+    let mut appended = 0u64;
+    let mut append = |count: u64| {
+        for _ in 0..count {
+            appended += 1;
+            let id = AppendId { gateway: 1, session: 1, seq: appended };
+            rt.block_on(log.append(&order(appended), id, 0)).unwrap();
+        }
+        appended
+    };
+
+    let url_there = cluster.url_at(namespace.here_addr().parse().unwrap());
+    let log_path = dir.path().join("partitioned-engine.log");
+    let partitioned = partitioned_engine(&namespace, dir.path(), &url_there, &log_path);
+    let total = append(50);
+    wait_for("the partitioned-to-be leader's reports", Duration::from_secs(30), || {
+        reports(&tally) >= total
+    });
+    let args = ["--role", "engine", "--nats", &url, "--metrics-listen", "127.0.0.1:0"];
+    let (_standby, mut lines) = Process::start_reading(dir.path(), &args);
+    let line = lines.nth(1).expect("the metrics line").unwrap();
+    let metrics: SocketAddr =
+        line["metrics on http://".len()..line.len() - "/metrics".len()].parse().unwrap();
+    std::thread::sleep(Duration::from_millis(500)); // the standby applies the first orders
+
+    namespace.link(false);
+    let cut_at = Instant::now();
+    let total = append(1);
+    wait_for("a report after the partition", Duration::from_secs(30), || reports(&tally) >= total);
+    println!("partition → first report of the new leader: {:?}", cut_at.elapsed());
+    let total = append(50);
+    wait_for("the new leader's reports", Duration::from_secs(30), || reports(&tally) >= total);
+    namespace.link(true);
+    std::thread::sleep(Duration::from_secs(3)); // the old leader reconnects, finds it lost
+    let total = append(50);
+    wait_for("reports after the heal", Duration::from_secs(30), || reports(&tally) >= total);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let seen = tally.lock().unwrap().clone();
+    assert_eq!(seen.data[0], total, "every order's accept exactly once");
+    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
+    assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
+    let (status, page) = ops::endpoint::get(metrics, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    assert!(page.lines().any(|l| l == "engine_leader 1"), "the standby leads: {page}");
+    drop(partitioned);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("lost the lease"), "the cut-off leader knew it lost: {log}");
+    assert_eq!(log.matches("took the lease").count(), 1, "and never took it back: {log}");
+    drop(r_gateway);
+}
+
+/// An R-Gateway for shard 0's gateway slot 0 and a consumer of it.
+fn r_gateway_and_consumer(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+) -> (delivery::gateway::RunningGateway, SharedTally) {
+    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let prefix = LogSettings::new(3).publish_prefix(0);
+    let options = GatewayOptions { prefix, ..GatewayOptions::new(url, 0, listen) };
+    let r_gateway = rt.block_on(start_r_gateway(options)).unwrap();
+    let (tally, reading) = rt.block_on(consumer::connect(r_gateway.local_addr(), 0)).unwrap();
+    rt.spawn(reading);
+    (r_gateway, tally)
+}
+
+/// An engine inside `namespace`, logging to `log` at info.
+fn partitioned_engine(
+    namespace: &Namespace,
+    dir: &std::path::Path,
+    url: &str,
+    log: &std::path::Path,
+) -> Process {
+    let log = std::fs::File::create(log).unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &namespace.name, env!("CARGO_BIN_EXE_leantier")])
+        .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
+        .args(["--role", "engine", "--nats", url])
+        .env("LEANTIER_LOG", "info")
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a line").unwrap();
+    assert!(first.starts_with("engine for shard 0 following"), "{first}");
+    Process(child)
+}

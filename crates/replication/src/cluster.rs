@@ -30,12 +30,21 @@ struct Node {
 pub struct Cluster {
     nodes: Vec<Node>,
     routes: String,
+    /// Where the nodes take clients (routes and monitoring stay on loopback).
+    client_host: Ipv4Addr,
     _root: tempfile::TempDir,
 }
 
 impl Cluster {
-    /// Starts `nodes` servers with JetStream (1: a single server, no cluster).
+    /// Starts `nodes` servers with JetStream (1: a single server, no cluster) taking clients
+    /// on loopback.
     pub fn start(nodes: usize) -> Result<Cluster, ReplicationError> {
+        Cluster::start_on(nodes, Ipv4Addr::LOCALHOST)
+    }
+
+    /// [`Cluster::start`] taking clients on `client_host` (`0.0.0.0`: every interface, for
+    /// clients in other network namespaces).
+    pub fn start_on(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ReplicationError> {
         let root = tempfile::tempdir().map_err(|e| ReplicationError::Server(e.to_string()))?;
         let free = || -> Result<u16, ReplicationError> {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0));
@@ -56,7 +65,7 @@ impl Cluster {
         }
         let routes = planned.iter().map(|n| format!("nats://127.0.0.1:{}", n.route_port));
         let routes = routes.collect::<Vec<_>>().join(",");
-        let mut cluster = Cluster { nodes: planned, routes, _root: root };
+        let mut cluster = Cluster { nodes: planned, routes, client_host, _root: root };
         for index in 0..nodes {
             cluster.spawn(index)?;
         }
@@ -66,15 +75,15 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Every node's client URL, comma-separated (what a client's connect takes).
+    /// Every node's client URL on loopback, comma-separated (what a client's connect takes).
     pub fn url(&self) -> String {
-        let urls = self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.client_port));
-        urls.collect::<Vec<_>>().join(",")
+        self.url_at(Ipv4Addr::LOCALHOST)
     }
 
-    /// Node `index`'s own client URL.
-    pub fn node_url(&self, index: usize) -> String {
-        format!("nats://127.0.0.1:{}", self.nodes[index].client_port)
+    /// Every node's client URL at `host` (an address of this host the nodes listen on).
+    pub fn url_at(&self, host: Ipv4Addr) -> String {
+        let urls = self.nodes.iter().map(|n| format!("nats://{host}:{}", n.client_port));
+        urls.collect::<Vec<_>>().join(",")
     }
 
     /// Kills node `index` with SIGKILL (its store stays for a restart).
@@ -95,7 +104,8 @@ impl Cluster {
         let clustered = self.nodes.len() > 1;
         let node = &mut self.nodes[index];
         let mut command = Command::new(SERVER_BINARY);
-        command.args(["-a", "127.0.0.1", "-p", &node.client_port.to_string(), "-n", &node.name]);
+        let (host, port) = (self.client_host.to_string(), node.client_port.to_string());
+        command.args(["-a", &host, "-p", &port, "-n", &node.name]);
         command.args(["-m", &node.monitor_port.to_string()]);
         command.arg("-js").arg("-sd").arg(&node.store);
         if clustered {
