@@ -75,6 +75,14 @@ pub struct LoadOptions {
     pub protocol: LoadProtocol,
     pub sessions: Vec<LoadSession>,
     pub plan: OpenLoopPlan,
+    /// What the orders trade: the k-th pair of orders (a buy, then a sell) goes to
+    /// `instruments[k % len]`, so every instrument sees crossing orders.
+    pub instruments: Vec<Traded>,
+}
+
+/// An instrument the load trades, at the price its orders carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Traded {
     pub instrument: u32,
     pub price: i64,
 }
@@ -224,12 +232,13 @@ fn drive<S: OrderSender>(
     let mut write_error = None;
     let report = drive_sync(&options.plan, |shot| {
         let token = shot.index as u32 + 1;
+        let traded = options.instruments[(shot.index / 2) as usize % options.instruments.len()];
         let order = OrderRequest {
             client: options.sessions[shot.index as usize % sessions.len()].client,
             token,
-            instrument: options.instrument,
+            instrument: traded.instrument,
             side: (shot.index % 2) as u8,
-            price: options.price,
+            price: traded.price,
             qty: 1,
             ..OrderRequest::default()
         };

@@ -25,7 +25,7 @@ use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
 use gateway::hub::Settings;
-use gateway::load::{LoadOptions, LoadProtocol, LoadSession};
+use gateway::load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use gateway::server::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
 use lab::html::{HtmlPage, inline_svg, table_html};
@@ -179,8 +179,10 @@ impl Server {
                 })
                 .collect(),
             plan: plan(SEARCH_START_RATE_PER_S, Duration::ZERO),
-            instrument: INSTRUMENT,
-            price: (listing.band_low + listing.band_high) / 2,
+            instruments: vec![Traded {
+                instrument: INSTRUMENT,
+                price: (listing.band_low + listing.band_high) / 2,
+            }],
         };
         Ok(Server { running, load })
     }

@@ -54,6 +54,10 @@ pub struct ReplicationArgs {
     /// (one node may fail), 1 on one server.
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
+    /// First token of every subject (and, upper-cased, of the stream names): exchanges that
+    /// share a NATS cluster each take their own.
+    #[arg(long, default_value = replication::layout::PREFIX_DEFAULT)]
+    pub prefix: String,
 }
 
 /// The NATS connection and the input log's layout the flags name.
@@ -66,7 +70,11 @@ fn log_from(args: &ServeArgs) -> anyhow::Result<(NatsConnect, LogSettings)> {
         .into());
     };
     let nats = args.nats_auth.connect(url)?;
-    let log = LogSettings { shards: settings.shards, ..LogSettings::new(settings.replicas) };
+    let log = LogSettings {
+        prefix: settings.prefix.clone(),
+        shards: settings.shards,
+        ..LogSettings::new(settings.replicas)
+    };
     log.validate().map_err(|e| BadInput(e.to_string()))?;
     Ok((nats, log))
 }

@@ -13,6 +13,7 @@ use exchange::instruments::InstrumentTable;
 use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::client::{NativeClient, describe, parse_script_line_in};
 use gateway::hub::Settings;
+use gateway::load::Traded;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
 
@@ -568,9 +569,10 @@ pub struct LoadArgs {
     /// FIX: the acceptor's CompID (TargetCompID).
     #[arg(long, default_value = "LEANTIER")]
     pub fix_target_comp_id: String,
-    /// Instrument to trade (orders alternate buy and sell at its reference price).
-    #[arg(long, default_value_t = 1)]
-    pub instrument: u32,
+    /// Instruments to trade, comma-separated: each pair of orders (a buy, then a sell at the
+    /// instrument's reference price) goes to the next one in turn.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub instrument: Vec<u32>,
     /// Report folder (a Markdown table and CSV).
     #[arg(long, default_value = "leantier-report/exchange-load")]
     pub out: PathBuf,
@@ -635,18 +637,23 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
             secret: secret.clone(),
         })
         .collect();
-    let price =
-        reference_master_data(&UniverseConfig { instruments: args.instrument + 1, clients: 1 })
-            .instrument(args.instrument)
-            .map(|i| (i.band_low + i.band_high) / 2)
-            .ok_or_else(|| BadInput(format!("no instrument {}", args.instrument)))?;
+    let highest = args.instrument.iter().copied().max().unwrap_or(0);
+    let master = reference_master_data(&UniverseConfig { instruments: highest + 1, clients: 1 });
+    let traded = |instrument: u32| {
+        let listing = master.instrument(instrument);
+        let price = listing.map(|i| (i.band_low + i.band_high) / 2);
+        price.map(|price| Traded { instrument, price })
+    };
+    let instruments: Option<Vec<Traded>> = args.instrument.iter().map(|&i| traded(i)).collect();
+    let instruments = instruments
+        .filter(|all| !all.is_empty())
+        .ok_or_else(|| BadInput(format!("no such instrument in {:?}", args.instrument)))?;
     Ok(gateway::load::LoadOptions {
         connect: args.connect[0],
         protocol,
         sessions,
         plan: load_plan(args.rate[0], args.duration),
-        instrument: args.instrument,
-        price,
+        instruments,
     })
 }
 
