@@ -73,4 +73,4 @@ mod sync;
 pub mod tier;
 
 #[cfg(not(loom))]
-pub use error::ExchangeError;
+pub use error::{ExchangeError, Result};

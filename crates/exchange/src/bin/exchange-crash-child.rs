@@ -5,7 +5,7 @@
 //! delivered to a gateway (a reply released to the client).
 
 #[cfg(not(loom))]
-fn main() -> anyhow::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     child::main()
 }
 
@@ -46,7 +46,7 @@ mod child {
     }
 
     impl Args {
-        fn from_env() -> anyhow::Result<Args> {
+        fn from_env() -> Result<Args, lab::error::BadInput> {
             let known =
                 ["data", "core-shards", "rate", "segment-bytes", "snapshot-every", "seconds"];
             let flags = ChildFlags::from_env(&known)?;
@@ -61,7 +61,7 @@ mod child {
         }
     }
 
-    pub fn main() -> anyhow::Result<()> {
+    pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         let args = Args::from_env()?;
         let config = TierConfig {
             core_shards: args.core_shards,
@@ -107,6 +107,6 @@ mod child {
         // Relaxed: see the reporter.
         stop.store(true, Ordering::Relaxed);
         reporter.join().expect("the reporter does not panic");
-        result.map(|_| ())
+        Ok(result.map(|_| ())?)
     }
 }
