@@ -28,6 +28,7 @@ pub mod admission;
 pub mod bench;
 pub mod clock;
 pub mod consumer;
+mod error;
 pub mod experiment;
 pub mod gateway;
 pub mod nats;
@@ -36,9 +37,4 @@ pub mod server;
 pub mod subjects;
 pub mod wire;
 
-/// The crate's bad-input error (mapped to exit code 2 by the command line).
-#[derive(Debug, thiserror::Error)]
-pub enum DeliveryError {
-    #[error("{0}")]
-    BadInput(String),
-}
+pub use error::{DeliveryError, Result};
