@@ -58,4 +58,4 @@ pub mod serve;
 pub mod server;
 pub mod workload;
 
-pub use error::WebError;
+pub use error::{HttpCause, Result, WebError};

@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use lab::stats::LatencySummary;
 
@@ -22,6 +21,7 @@ use lab::load::{
 
 use crate::api::SizeLimits;
 use crate::client::{JsonClient, UserConnections};
+use crate::error::{Result, WebError, io_failed};
 use crate::exec::{Compute, process};
 use crate::workload::Complexity;
 
@@ -119,9 +119,10 @@ pub fn drive(
     exchanges: Arc<Vec<Exchange>>,
     mode: LoadMode,
     window: Window,
-) -> anyhow::Result<Measured> {
+) -> Result<Measured> {
     let _priority = GeneratorPriority::raise();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let runtime = runtime.map_err(io_failed("starting the load generator's runtime"))?;
     runtime.block_on(async move {
         match mode {
             LoadMode::Closed { users } => {
@@ -182,18 +183,22 @@ pub fn drive(
 }
 
 /// Status 200 and a body for every answer; the whole product for a sample of them.
-fn check_answer(
-    status: u16,
-    answer: &[u8],
-    exchange: &Exchange,
-    sequence: u64,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(status == 200, "HTTP {status}");
-    anyhow::ensure!(!answer.is_empty(), "empty answer");
+fn check_answer(status: u16, answer: &[u8], exchange: &Exchange, sequence: u64) -> Result<()> {
+    let wrong = |why: &str| Err(WebError::Failed(why.into()));
+    if status != 200 {
+        return wrong(&format!("HTTP {status}"));
+    }
+    if answer.is_empty() {
+        return wrong("empty answer");
+    }
     if sequence.is_multiple_of(VALIDATE_EVERY) {
-        let json: serde_json::Value =
-            serde_json::from_slice(answer).context("answer is not JSON")?;
-        anyhow::ensure!(json["rows"] == exchange.expected_rows, "wrong product in the answer");
+        let json: serde_json::Value = match serde_json::from_slice(answer) {
+            Ok(json) => json,
+            Err(e) => return wrong(&format!("answer is not JSON: {e}")),
+        };
+        if json["rows"] != exchange.expected_rows {
+            return wrong("wrong product in the answer");
+        }
     }
     Ok(())
 }
