@@ -13,6 +13,7 @@ use lab::report::{LinePlot, Table};
 use lab::stats::factorial_2kr;
 use serde::Serialize;
 
+use crate::error::Result;
 use crate::load::{self, LoadConfig, LoadResult};
 use crate::server::{self, NodeConfig};
 use crate::store::AnyStore;
@@ -66,7 +67,7 @@ async fn measure(
     node: &NodeConfig,
     nodes: usize,
     load: &LoadConfig,
-) -> anyhow::Result<LoadResult> {
+) -> Result<LoadResult> {
     let mut running = Vec::with_capacity(nodes);
     let mut load = load.clone();
     load.nodes.clear();
@@ -86,7 +87,7 @@ async fn measure(
 pub async fn run(
     kind: Experiment,
     config: &ExperimentConfig,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     match kind {
         Experiment::Clients => {
             sweep(config, "clients", |load, _, level| {
@@ -113,7 +114,7 @@ async fn sweep(
     config: &ExperimentConfig,
     x_label: &str,
     apply: impl Fn(&mut LoadConfig, &mut NodeConfig, usize) -> usize,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     let mut points = Vec::new();
     for &level in &config.levels {
         let (mut load, mut node) = (config.load.clone(), config.node.clone());
@@ -129,9 +130,7 @@ async fn sweep(
     Ok((points, vec![table], Some(plot)))
 }
 
-async fn scale(
-    config: &ExperimentConfig,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+async fn scale(config: &ExperimentConfig) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     let mut points = Vec::new();
     for &level in &config.levels {
         let mut up = config.node.clone();
@@ -159,7 +158,7 @@ async fn scale(
 /// 2^2·r: A = database workers (base vs 4×base), B = group commit (batch_max 1 vs base).
 async fn factorial(
     config: &ExperimentConfig,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     let factors = ["db_workers", "group_commit"];
     let mut responses = Vec::with_capacity(4);
     let mut points = Vec::new();

@@ -50,4 +50,4 @@ pub mod store;
 pub mod tls;
 mod util;
 
-pub use error::MqError;
+pub use error::{MqError, Result};
