@@ -26,6 +26,8 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("exchange", "planner"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
+    ("labs", "exchange"),
+    ("labs", "journal"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).
 const BASE_CRATES: &[&str] = &["lab", "ops", "pipeline"];

@@ -60,8 +60,6 @@ pub mod durability;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
-pub mod experiments;
-#[cfg(not(loom))]
 pub mod flow;
 #[cfg(not(loom))]
 pub mod instruments;

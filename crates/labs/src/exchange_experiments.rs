@@ -12,10 +12,10 @@ use lab::report::progress_bar;
 use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
 
-use crate::durability::{JournalMode, JournalOptions};
-use crate::error::ExchangeError::{self, BadInput};
-use crate::error::{Result, io_failed};
-use crate::tier::{
+use exchange::ExchangeError::{self, BadInput};
+use exchange::Result;
+use exchange::durability::{JournalMode, JournalOptions};
+use exchange::tier::{
     LayoutChoice, LoadConfig, RunOptions, RunResult, TierConfig, WaitChoice, calibrate,
     run as run_tier,
 };
@@ -353,6 +353,10 @@ pub fn journal_modes(
     let root = match data {
         Some(dir) => temp.tempdir_in(dir),
         None => temp.tempdir(),
+    };
+    let io_failed = |what: &str| {
+        let what = what.to_string();
+        move |source| ExchangeError::Io { what, source }
     };
     let root = root.map_err(io_failed("creating the experiment's data directory"))?;
     let raw_fsync = lab::disk::raw_fdatasync(root.path(), fsync_samples)

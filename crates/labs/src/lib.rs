@@ -1,0 +1,11 @@
+//! The lab's runs of leantier's libraries: experiments, benchmarks and load drivers. They
+//! live here, not in the libraries they measure, so a library builds with its own few
+//! dependencies and carries no code that only the `leantier` command and the tests call.
+//!
+//! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
+//!   search, placement, R-Senders, journal modes, layouts).
+//!
+//! Each function returns its library's typed error (`exchange::ExchangeError`, ...) and typed
+//! results; `leantier` prints them and writes the report folders.
+
+pub mod exchange_experiments;
