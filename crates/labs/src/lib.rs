@@ -4,8 +4,11 @@
 //!
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
 //!   search, placement, R-Senders, journal modes, layouts).
+//! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
+//!   server, closed or open loop, the answers checked).
 //!
 //! Each function returns its library's typed error (`exchange::ExchangeError`, ...) and typed
 //! results; `leantier` prints them and writes the report folders.
 
 pub mod exchange_experiments;
+pub mod web_load;

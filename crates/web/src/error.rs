@@ -32,9 +32,6 @@ pub enum WebError {
         #[source]
         source: HttpCause,
     },
-    /// The load's options are invalid (the lab's check of a load plan).
-    #[error("the load's options")]
-    Load(#[from] lab::error::BadInput),
     /// A prefork child's specification (JSON in its environment) could not be written or read.
     #[error("the prefork child's specification")]
     ChildSpec(#[source] serde_json::Error),

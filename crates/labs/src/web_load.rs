@@ -19,11 +19,11 @@ use lab::load::{
     OpenLoopPlan, ThroughputSeries, drive_async, drive_closed_loop,
 };
 
-use crate::api::SizeLimits;
-use crate::client::{JsonClient, UserConnections};
-use crate::error::{Result, WebError, io_failed};
-use crate::exec::{Compute, process};
-use crate::workload::Complexity;
+use web::api::SizeLimits;
+use web::client::{JsonClient, UserConnections};
+use web::exec::{Compute, process};
+use web::workload::Complexity;
+use web::{Result, WebError};
 
 /// Distinct request bodies per cell (different ids and cells), sent round-robin.
 const BODIES_PER_CELL: u64 = 8;
@@ -122,7 +122,10 @@ pub fn drive(
 ) -> Result<Measured> {
     let _priority = GeneratorPriority::raise();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-    let runtime = runtime.map_err(io_failed("starting the load generator's runtime"))?;
+    let runtime = runtime.map_err(|source| WebError::Io {
+        what: "starting the load generator's runtime".into(),
+        source,
+    })?;
     runtime.block_on(async move {
         match mode {
             LoadMode::Closed { users } => {
@@ -145,7 +148,8 @@ pub fn drive(
                         check_answer(status, &answer, exchange, sequence)
                     }
                 })
-                .await?;
+                .await
+                .map_err(bad_plan)?;
                 let throughput_per_s =
                     report.answered_in_window as f64 / window.measure.as_secs_f64();
                 Ok(Measured { report, throughput_per_s })
@@ -170,16 +174,21 @@ pub fn drive(
                 if !window.warmup.is_zero() {
                     let plan =
                         OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.warmup };
-                    drive_async(&plan, &options, &mut send).await?;
+                    drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
                 }
                 let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.measure };
                 // Open loop counts every scheduled request, latency from its intended time.
-                let report = drive_async(&plan, &options, &mut send).await?;
+                let report = drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
                 let throughput_per_s = report.throughput_per_s();
                 Ok(Measured { report, throughput_per_s })
             }
         }
     })
+}
+
+/// A load plan the lab refused: the caller's input, so bad input of the web service's.
+fn bad_plan(lab::error::BadInput(why): lab::error::BadInput) -> WebError {
+    WebError::BadInput(why)
 }
 
 /// Status 200 and a body for every answer; the whole product for a sample of them.
