@@ -28,6 +28,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("gateway", "journal"),
     ("labs", "exchange"),
     ("labs", "journal"),
+    ("labs", "mq"),
     ("labs", "web"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).

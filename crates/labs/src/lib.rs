@@ -4,6 +4,10 @@
 //!
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
 //!   search, placement, R-Senders, journal modes, layouts).
+//! - [`mq_load`], [`mq_bench`] and [`mq_experiment`]: the message queue's closed-loop load
+//!   generator (response time split into client, queue-wait, database and middleware parts,
+//!   counts and operational laws checked), the same-run comparisons against plain SQL and pgmq,
+//!   and the standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
 //! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
 //!   server, closed or open loop, the answers checked).
 //!
@@ -11,4 +15,7 @@
 //! results; `leantier` prints them and writes the report folders.
 
 pub mod exchange_experiments;
+pub mod mq_bench;
+pub mod mq_experiment;
+pub mod mq_load;
 pub mod web_load;

@@ -57,15 +57,9 @@ pub enum MqError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A client request of a load run failed.
+    /// A client request failed (the node refused it, the connection or the protocol broke).
     #[error("a client request")]
     Client(#[from] crate::client::ClientError),
-    /// The load's options are invalid (the lab's check of a load plan).
-    #[error("the load's options")]
-    Load(#[from] lab::error::BadInput),
-    /// An experiment's measurements could not be analysed.
-    #[error("analysing the experiment")]
-    Stats(#[from] lab::stats::StatsError),
     /// A blocking task of the store panicked or was cancelled.
     #[error("a store task failed")]
     Task(#[from] tokio::task::JoinError),

@@ -19,9 +19,9 @@ use lab::stats::{LatencyHistogram, mean_ci};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::client::{Client, ClientError};
-use crate::error::{MqError, Result};
-use crate::protocol::{NodeStats, ReadMode, ReadTarget, Reason};
+use mq::client::{Client, ClientError};
+use mq::protocol::{NodeStats, ReadMode, ReadTarget, Reason};
+use mq::{MqError, Result};
 
 /// The secret load clients register with: every run registers fresh names (derived from its
 /// queue), so a fixed secret claims them and protects nothing that outlives the run.
@@ -63,8 +63,8 @@ impl Default for LoadConfig {
 }
 
 impl LoadConfig {
-    pub fn validate(&self) -> Result<(), crate::MqError> {
-        let bad = |m: &str| Err(crate::MqError::BadInput(m.into()));
+    pub fn validate(&self) -> Result<(), MqError> {
+        let bad = |m: &str| Err(MqError::BadInput(m.into()));
         if self.nodes.is_empty() {
             return bad("at least one node is needed");
         }
@@ -156,7 +156,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Runs a load test against running nodes and analyses it.
 pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
     config.validate()?;
-    let queue = Arc::new(format!("load-{}-{}", std::process::id(), crate::util::now_us()));
+    let queue = Arc::new(format!("load-{}-{}", std::process::id(), mq::util::now_us()));
     let mut admin = Client::connect(&config.nodes[0]).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
@@ -219,7 +219,8 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
             one_request(&connection, &queue, &content, is_send, (window_start, window_end)).await
         }
     })
-    .await?;
+    .await
+    .map_err(|lab::error::BadInput(why)| MqError::BadInput(why))?;
     ticker.abort();
     progress.finish_and_clear();
     let wall_s = started.elapsed().as_secs_f64();

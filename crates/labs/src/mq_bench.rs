@@ -28,12 +28,13 @@ use lab::report::Table;
 use lab::stats::LatencyHistogram;
 use serde::Serialize;
 
-use crate::client::Client;
-use crate::error::{MqError, Result};
-use crate::load::LOAD_SECRET;
-use crate::protocol::{NodeStats, ReadMode, ReadTarget, Request};
-use crate::server::{self, NodeConfig};
-use crate::store::{AnyStore, Batch, Store, StoreOp};
+use mq::client::Client;
+use mq::protocol::{NodeStats, ReadMode, ReadTarget, Request};
+use mq::server::{self, NodeConfig};
+use mq::store::{AnyStore, Batch, Store, StoreOp};
+use mq::{MqError, Result};
+
+use crate::mq_load::LOAD_SECRET;
 
 /// Embedded SQLite target of the issue.
 pub const SQLITE_SENDS_PER_S_TARGET: f64 = 100_000.0;
@@ -242,7 +243,7 @@ async fn install_pgmq(setup: &tokio_postgres::Client, sql_path: &std::path::Path
     let schema = "SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'";
     if setup.query_opt(schema, &[]).await?.is_none() {
         let sql = std::fs::read_to_string(sql_path).map_err(|e| {
-            crate::MqError::BadInput(format!("cannot read pgmq SQL {}: {e}", sql_path.display()))
+            MqError::BadInput(format!("cannot read pgmq SQL {}: {e}", sql_path.display()))
         })?;
         let installed = setup.batch_execute(&sql).await;
         installed
@@ -420,7 +421,7 @@ pub fn load_average() -> Option<String> {
 }
 
 fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> Result<Phase> {
-    let conn = rusqlite::Connection::open(dir.join(crate::store::SQLITE_DB_FILE))?;
+    let conn = rusqlite::Connection::open(dir.join(mq::store::SQLITE_DB_FILE))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch("DROP TABLE IF EXISTS bench_plain; CREATE TABLE bench_plain (id INTEGER PRIMARY KEY, content BLOB NOT NULL)")?;
@@ -443,9 +444,9 @@ async fn embedded_sends(
     seconds: f64,
     content: &[u8],
 ) -> Result<Phase> {
-    let queue = format!("bench-embedded-{}", crate::util::now_us());
+    let queue = format!("bench-embedded-{}", mq::util::now_us());
     let mut batch = Batch::default();
-    let op = |request| StoreOp { client_id: Some(1), now_us: crate::util::now_us(), request };
+    let op = |request| StoreOp { client_id: Some(1), now_us: mq::util::now_us(), request };
     batch.ops.push(op(Request::CreateQueue { name: queue.clone() }));
     store.execute_batch(&mut batch).await?;
     let end = Instant::now() + Duration::from_secs_f64(seconds);
@@ -488,7 +489,7 @@ async fn through_node(
     }
     let node = server::start("127.0.0.1:0", store, config.node.clone()).await?;
     let addr = node.addr.to_string();
-    let queue = format!("bench-node-{}", crate::util::now_us());
+    let queue = format!("bench-node-{}", mq::util::now_us());
     let mut admin = Client::connect(&addr).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
@@ -578,8 +579,8 @@ async fn client_phase(
         phase.latency.record_duration(start.elapsed());
         match result {
             Ok(_) => phase.ops += 1,
-            Err(e) if e.reason == crate::protocol::Reason::NoMessage => drained = true,
-            Err(e) => return Err(crate::client::ClientError::Refused(e).into()),
+            Err(e) if e.reason == mq::protocol::Reason::NoMessage => drained = true,
+            Err(e) => return Err(mq::client::ClientError::Refused(e).into()),
         }
     }
 }

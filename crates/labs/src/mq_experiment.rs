@@ -1,5 +1,5 @@
 //! `mq experiment`: the standard experiments as single commands. Each starts its nodes in this
-//! process (on 127.0.0.1, ephemeral ports) over the given store, runs [`crate::load::run`] per
+//! process (on 127.0.0.1, ephemeral ports) over the given store, runs [`crate::mq_load::run`] per
 //! configuration, and prints a table (and a plot/report folder when asked).
 //!
 //! - `clients`: maximum throughput and response time as the client population grows;
@@ -13,10 +13,11 @@ use lab::report::{LinePlot, Table};
 use lab::stats::factorial_2kr;
 use serde::Serialize;
 
-use crate::error::Result;
-use crate::load::{self, LoadConfig, LoadResult};
-use crate::server::{self, NodeConfig};
-use crate::store::AnyStore;
+use mq::server::{self, NodeConfig};
+use mq::store::AnyStore;
+use mq::{MqError, Result};
+
+use crate::mq_load::{self as load, LoadConfig, LoadResult};
 
 /// The standard experiments.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -176,7 +177,8 @@ async fn factorial(
         }
         responses.push(replications);
     }
-    let analysis = factorial_2kr(&factors, &responses, load::CONFIDENCE)?;
+    let analysis = factorial_2kr(&factors, &responses, load::CONFIDENCE)
+        .map_err(|e| MqError::Failed(format!("analysing the experiment: {e}")))?;
     let mut effects =
         Table::new(["effect", "q (req/s)", "% variation", "95% CI"]).with_title(format!(
             "2^2·{} factorial on throughput (mean {:.0} req/s, error {:.1}% of variation)",
