@@ -26,6 +26,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("exchange", "planner"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
+    ("labs", "delivery"),
     ("labs", "exchange"),
     ("labs", "journal"),
     ("labs", "mq"),

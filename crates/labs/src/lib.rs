@@ -2,6 +2,8 @@
 //! live here, not in the libraries they measure, so a library builds with its own few
 //! dependencies and carries no code that only the `leantier` command and the tests call.
 //!
+//! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
+//!   NATS, measured at the gateway.
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
 //!   search, placement, R-Senders, journal modes, layouts).
 //! - [`mq_load`], [`mq_bench`] and [`mq_experiment`]: the message queue's closed-loop load
@@ -14,6 +16,7 @@
 //! Each function returns its library's typed error (`exchange::ExchangeError`, ...) and typed
 //! results; `leantier` prints them and writes the report folders.
 
+pub mod delivery_experiment;
 pub mod exchange_experiments;
 pub mod mq_bench;
 pub mod mq_experiment;

@@ -6,10 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use delivery::DeliveryError::BadInput;
-use delivery::experiment::{
-    self, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS, PUBLISHED_P90_P99_US, Point,
-    Settings,
-};
 use delivery::gateway::{
     CONSUMER_QUEUE_CHUNKS_DEFAULT, CONSUMERS_MAX_DEFAULT, GatewayOptions, GatewayReport,
     SEQ_AHEAD_MAX_DEFAULT,
@@ -18,6 +14,10 @@ use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
 use exchange::tier::Arrival;
 use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
+use labs::delivery_experiment::{
+    self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS,
+    PUBLISHED_P90_P99_US, Point, Settings,
+};
 
 /// How every command that takes `--nats` logs in to the server and whether it uses TLS
 /// (docs/DELIVERY.md). Secrets are never printed: prefer the environment variables to the

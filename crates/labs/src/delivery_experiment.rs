@@ -20,10 +20,14 @@ use exchange::tier::{
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 
-use crate::error::{DeliveryError, Result, io_failed};
-use crate::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
-use crate::nats::NatsConnect;
-use crate::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport};
+use delivery::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
+use delivery::nats::NatsConnect;
+use delivery::publish::{
+    HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport,
+    RETAIN_RECORDS_DEFAULT,
+};
+use delivery::subjects::PREFIX_DEFAULT;
+use delivery::{DeliveryError, Result};
 
 /// One layout of the experiment.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -227,7 +231,10 @@ fn over_nats(
     nats: &NatsConnect,
 ) -> Result<Point> {
     let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
-    let io = io.map_err(io_failed("starting the gateways' runtime"))?;
+    let io = io.map_err(|source| DeliveryError::Io {
+        what: "starting the gateways' runtime".into(),
+        source,
+    })?;
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let gateways: Vec<RunningGateway> = io.block_on(async {
         let mut gateways = Vec::new();
@@ -240,9 +247,9 @@ fn over_nats(
     })?;
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: nats.clone(),
-        prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
+        prefix: PREFIX_DEFAULT.to_string(),
         gateways: config.gateways,
-        retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
+        retain_records: RETAIN_RECORDS_DEFAULT,
         wait: config.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
     })?;
