@@ -16,7 +16,7 @@
 //! * [`gateway`]: the R-Gateway: subscribes to its gateway's subjects, detects gaps, recovers
 //!   them from the window, and beyond it sends an explicit resync frame; consumers get the
 //!   framing of [`wire`] (docs/DELIVERY.md); a slow consumer is cut off at a named bound.
-//! * [`bench`]: R-Sender → NATS → gateway against a plain `async-nats` publisher and
+//! * [`bench`](mod@bench): R-Sender → NATS → gateway against a plain `async-nats` publisher and
 //!   subscriber on the same server in the same run (here, not in `labs`, because only this
 //!   crate may know about NATS). The published delivery experiment (runs 1–7) runs this crate
 //!   from outside it: `labs::delivery_experiment`.
