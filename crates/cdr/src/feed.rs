@@ -10,10 +10,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::convert::DbRow;
+use crate::error::{CdrError, Result};
 
 /// Rows per insert transaction by default.
 pub const FEED_BATCH_ROWS_DEFAULT: usize = 256;
@@ -33,7 +33,7 @@ pub enum DbTarget {
 
 /// A connection able to insert a batch of rows in one transaction.
 pub trait Database: Send {
-    fn insert_batch(&mut self, rows: &[DbRow]) -> anyhow::Result<()>;
+    fn insert_batch(&mut self, rows: &[DbRow]) -> Result<()>;
 }
 
 const SQLITE_DDL: &str = "CREATE TABLE IF NOT EXISTS cdr (seq INTEGER NOT NULL, kind TEXT NOT NULL, \
@@ -42,23 +42,22 @@ const SQLITE_DDL: &str = "CREATE TABLE IF NOT EXISTS cdr (seq INTEGER NOT NULL, 
      charge_micros INTEGER NOT NULL)";
 const SQLITE_INSERT: &str = "INSERT INTO cdr VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 
-fn check_table_name(table: &str) -> anyhow::Result<()> {
+fn check_table_name(table: &str) -> Result<()> {
     let valid = !table.is_empty()
         && table.len() <= 63
         && table.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && !table.starts_with(|c: char| c.is_ascii_digit());
     if !valid {
-        return Err(crate::CdrError::BadInput(format!(
+        return Err(CdrError::BadInput(format!(
             "table name {table:?} must be 1..63 of [a-z0-9_], not starting with a digit"
-        ))
-        .into());
+        )));
     }
     Ok(())
 }
 
 impl DbTarget {
     /// Creates the table if needed.
-    pub fn prepare(&self) -> anyhow::Result<()> {
+    pub fn prepare(&self) -> Result<()> {
         match self {
             Self::Sqlite(path) => {
                 let connection = open_sqlite(path)?;
@@ -80,7 +79,7 @@ impl DbTarget {
     }
 
     /// Opens one connection for one feeder worker.
-    pub fn connect(&self) -> anyhow::Result<Box<dyn Database>> {
+    pub fn connect(&self) -> Result<Box<dyn Database>> {
         Ok(match self {
             Self::Sqlite(path) => Box::new(SqliteConnection { connection: open_sqlite(path)? }),
             Self::Postgres { url, table } => Box::new(PostgresConnection::open(url, table)?),
@@ -88,7 +87,7 @@ impl DbTarget {
     }
 
     /// Rows in the table (for checks after a run).
-    pub fn count_rows(&self) -> anyhow::Result<u64> {
+    pub fn count_rows(&self) -> Result<u64> {
         match self {
             Self::Sqlite(path) => {
                 let count: i64 =
@@ -104,7 +103,7 @@ impl DbTarget {
     }
 
     /// Drops the table (PostgreSQL test and measurement tables).
-    pub fn drop_table(&self) -> anyhow::Result<()> {
+    pub fn drop_table(&self) -> Result<()> {
         match self {
             Self::Sqlite(path) => {
                 open_sqlite(path)?.execute("DROP TABLE IF EXISTS cdr", [])?;
@@ -118,9 +117,11 @@ impl DbTarget {
     }
 }
 
-fn open_sqlite(path: &PathBuf) -> anyhow::Result<Connection> {
-    let connection = Connection::open(path)
-        .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+fn open_sqlite(path: &PathBuf) -> Result<Connection> {
+    let connection = Connection::open(path).map_err(|source| CdrError::Sqlite {
+        what: format!("cannot open SQLite database {}", path.display()),
+        source,
+    })?;
     connection.busy_timeout(std::time::Duration::from_millis(SQLITE_BUSY_TIMEOUT_MS))?;
     // WAL: readers never block the writer; NORMAL: durable at checkpoints, the usual WAL choice.
     connection.pragma_update(None, "journal_mode", "WAL")?;
@@ -133,7 +134,7 @@ struct SqliteConnection {
 }
 
 impl Database for SqliteConnection {
-    fn insert_batch(&mut self, rows: &[DbRow]) -> anyhow::Result<()> {
+    fn insert_batch(&mut self, rows: &[DbRow]) -> Result<()> {
         // IMMEDIATE takes the write lock up front, so concurrent writers queue on the busy
         // timeout instead of failing a lock upgrade.
         let transaction =
@@ -208,12 +209,17 @@ impl Columns {
 }
 
 impl PostgresConnection {
-    fn open(url: &str, table: &str) -> anyhow::Result<Self> {
+    fn open(url: &str, table: &str) -> Result<Self> {
         check_table_name(table)?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let (client, connection) = runtime
-            .block_on(tokio_postgres::connect(url, tokio_postgres::NoTls))
-            .context("cannot connect to PostgreSQL")?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let runtime = runtime.map_err(|source| CdrError::Io {
+            what: "starting the PostgreSQL connection's runtime".into(),
+            source,
+        })?;
+        let (client, connection) =
+            runtime.block_on(tokio_postgres::connect(url, tokio_postgres::NoTls)).map_err(
+                |source| CdrError::Postgres { what: "cannot connect to PostgreSQL".into(), source },
+            )?;
         runtime.spawn(async move {
             if let Err(error) = connection.await {
                 tracing::error!(%error, "PostgreSQL connection closed");
@@ -226,22 +232,22 @@ impl PostgresConnection {
         Ok(Self { runtime, client, insert_sql, columns: Columns::default() })
     }
 
-    fn batch_execute(&mut self, sql: &str) -> anyhow::Result<()> {
+    fn batch_execute(&mut self, sql: &str) -> Result<()> {
         self.runtime.block_on(self.client.batch_execute(sql))?;
         Ok(())
     }
 
-    fn count(&mut self) -> anyhow::Result<u64> {
+    fn count(&mut self) -> Result<u64> {
         let sql =
             self.insert_sql.split_whitespace().nth(2).map(|t| format!("SELECT count(*) FROM {t}"));
-        let sql = sql.context("insert statement has a table")?;
+        let sql = sql.expect("the insert statement names its table");
         let row = self.runtime.block_on(self.client.query_one(&sql, &[]))?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 }
 
 impl Database for PostgresConnection {
-    fn insert_batch(&mut self, rows: &[DbRow]) -> anyhow::Result<()> {
+    fn insert_batch(&mut self, rows: &[DbRow]) -> Result<()> {
         self.columns.fill(rows);
         let c = &self.columns;
         self.runtime.block_on(self.client.execute(
@@ -279,7 +285,7 @@ impl Feeder {
     }
 
     /// Buffers a row; inserts the batch once it is full.
-    pub fn insert(&mut self, row: &DbRow) -> anyhow::Result<()> {
+    pub fn insert(&mut self, row: &DbRow) -> Result<()> {
         self.batch.push(*row);
         if self.batch.len() >= self.batch_rows {
             self.flush()?;
@@ -288,7 +294,7 @@ impl Feeder {
     }
 
     /// Inserts whatever is buffered.
-    pub fn flush(&mut self) -> anyhow::Result<()> {
+    pub fn flush(&mut self) -> Result<()> {
         if self.batch.is_empty() {
             return Ok(());
         }

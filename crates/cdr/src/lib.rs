@@ -41,4 +41,4 @@ pub mod sharing;
 pub mod ticket;
 pub mod validate;
 
-pub use error::CdrError;
+pub use error::{CdrError, Result};

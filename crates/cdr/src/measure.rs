@@ -19,10 +19,12 @@ use std::time::Duration;
 use crate::error::CdrError::BadInput;
 
 use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
+use planner::PlanError;
 use planner::measure::{ServiceTime, Workload, detect_host, measure_node, process_cpu_time_ns};
 use planner::model::{NetworkSpec, NodeSpec, RouteSpec};
 
 use crate::convert::{Converted, convert};
+use crate::error::{CdrError, Result, io_failed};
 use crate::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX, Feeder};
 use crate::serialize::{FSYNC_EVERY_RECORDS_DEFAULT, Serializer};
 use crate::ticket::{MALFORMED_EVERY_DEFAULT, RawTicket, Ticket, TicketGenerator, decode};
@@ -40,8 +42,8 @@ pub const IO_NODE_MEASURE_MIN: Duration = Duration::from_secs(1);
 const HOP_PROBE_BURST: usize = 256;
 
 /// The share of a core one busy thread gets on this host now (1.0 on an idle host).
-fn core_fraction(duration: Duration) -> anyhow::Result<f64> {
-    let sample = measure_node(
+fn core_fraction(duration: Duration) -> Result<f64> {
+    let sample = measure_node::<_, CdrError>(
         duration,
         &mut 0_u64,
         |state| {
@@ -61,7 +63,7 @@ fn core_fraction(duration: Duration) -> anyhow::Result<f64> {
 /// the four hops a ticket makes. Each node receives one hop per ticket, so each pays this on
 /// top of its own work. The full shape matters: with more threads than cores, the wake-ups
 /// and context switches of five threads cost more per hop than a two-thread probe shows.
-fn hop_cpu_s(duration: Duration) -> anyhow::Result<f64> {
+fn hop_cpu_s(duration: Duration) -> Result<f64> {
     let run = run_probe_graph(duration, [1; 4], &ProbeWork::default())?;
     Ok(run.cpu_s / run.tickets as f64 / PROBE_HOPS_PER_TICKET)
 }
@@ -105,7 +107,7 @@ pub(crate) fn run_probe_graph(
     duration: Duration,
     workers: [usize; 4],
     work: &ProbeWork,
-) -> anyhow::Result<ProbeRun> {
+) -> Result<ProbeRun> {
     let [source_spins, first_spins, second_spins, file_spins, database_spins] = work.spins_per_job;
     let spec = |workers: usize| StageSpec::ancillary(workers).with_max_workers(workers);
     let mut builder = PipelineBuilder::new().pin_threads(false);
@@ -156,7 +158,9 @@ pub(crate) fn run_probe_graph(
     let wall_s = started.elapsed().as_secs_f64();
     let tickets =
         report.stages.iter().find(|s| s.stage == "probe-database").map_or(0, |s| s.messages_in);
-    anyhow::ensure!(tickets > 0, "the probe graph moved no message");
+    if tickets == 0 {
+        return Err(CdrError::Failed("the probe graph moved no message".into()));
+    }
     Ok(ProbeRun { tickets, cpu_s, wall_s })
 }
 
@@ -231,15 +235,19 @@ impl Workload for CdrWorkload {
         duration: Duration,
         scratch_dir: &Path,
         settings: &[(String, String)],
-    ) -> anyhow::Result<NetworkSpec> {
-        let workload = self.with_settings(settings)?;
-        workload.measure_nodes(duration, scratch_dir)
+    ) -> Result<NetworkSpec, PlanError> {
+        let measured =
+            self.with_settings(settings).and_then(|w| w.measure_nodes(duration, scratch_dir));
+        measured.map_err(|error| PlanError::Workload {
+            workload: "cdr".into(),
+            source: Box::new(error),
+        })
     }
 }
 
 impl CdrWorkload {
     /// A copy with `KEY=VALUE` settings applied.
-    pub fn with_settings(&self, settings: &[(String, String)]) -> anyhow::Result<CdrWorkload> {
+    pub fn with_settings(&self, settings: &[(String, String)]) -> Result<CdrWorkload> {
         let mut workload = CdrWorkload { database_url: self.database_url.clone(), ..*self };
         for (key, value) in settings {
             let number = || {
@@ -253,8 +261,7 @@ impl CdrWorkload {
                     if !(1..=FEED_BATCH_ROWS_MAX as u64).contains(&rows) {
                         return Err(BadInput(format!(
                             "feed_batch_rows must be in 1..={FEED_BATCH_ROWS_MAX}, got {rows}"
-                        ))
-                        .into());
+                        )));
                     }
                     workload.feed_batch_rows = rows as usize;
                 }
@@ -263,15 +270,14 @@ impl CdrWorkload {
                     return Err(BadInput(format!(
                         "unknown cdr setting {key} (known: fsync_every_records, \
                          malformed_every, feed_batch_rows, database_url)"
-                    ))
-                    .into());
+                    )));
                 }
             }
         }
         Ok(workload)
     }
 
-    fn measure_nodes(&self, duration: Duration, scratch_dir: &Path) -> anyhow::Result<NetworkSpec> {
+    fn measure_nodes(&self, duration: Duration, scratch_dir: &Path) -> Result<NetworkSpec> {
         Ok(self.measure_with_hop(duration, scratch_dir)?.model)
     }
 
@@ -282,7 +288,7 @@ impl CdrWorkload {
         &self,
         duration: Duration,
         scratch_dir: &Path,
-    ) -> anyhow::Result<MeasuredModel> {
+    ) -> Result<MeasuredModel> {
         let host = detect_host(scratch_dir, duration)?;
         let core_fraction = core_fraction(duration)?;
         let hop_cpu_s = hop_cpu_s(duration)?;
@@ -290,7 +296,7 @@ impl CdrWorkload {
         let batch = MEASURE_BATCH_TICKETS as u64;
 
         let mut generator = TicketGenerator::new(2, self.malformed_every);
-        let generated = measure_node(
+        let generated = measure_node::<_, CdrError>(
             duration,
             &mut generator,
             |generator| {
@@ -301,7 +307,7 @@ impl CdrWorkload {
             },
             |_| Ok(()),
         )?;
-        let decoding = measure_node(
+        let decoding = measure_node::<_, CdrError>(
             duration,
             &mut (),
             |_| {
@@ -312,7 +318,7 @@ impl CdrWorkload {
             },
             |_| Ok(()),
         )?;
-        let converting = measure_node(
+        let converting = measure_node::<_, CdrError>(
             duration,
             &mut (),
             |_| {
@@ -323,24 +329,25 @@ impl CdrWorkload {
             },
             |_| Ok(()),
         )?;
-        let mut serializer = Serializer::create(scratch_dir, 0, self.fsync_every_records)?;
+        let mut serializer = Serializer::create(scratch_dir, 0, self.fsync_every_records)
+            .map_err(io_failed(format!("creating a serializer in {}", scratch_dir.display())))?;
         let line_bytes =
             converted.iter().map(|c| c.line().len()).sum::<usize>() as f64 / converted.len() as f64;
-        let serializing = measure_node(
+        let serializing = measure_node::<_, CdrError>(
             duration.max(IO_NODE_MEASURE_MIN),
             &mut serializer,
             |serializer| {
                 for record in &converted {
-                    serializer.write(record)?;
+                    serializer.write(record).map_err(io_failed("serializing a record"))?;
                 }
                 Ok(converted.len() as u64)
             },
-            |serializer| Ok(serializer.sync()?),
+            |serializer| serializer.sync().map_err(io_failed("syncing the serializer's file")),
         )?;
         let database = self.database(scratch_dir);
         database.prepare()?;
         let mut feeder = Feeder::new(database.connect()?, self.feed_batch_rows);
-        let feeding = measure_node(
+        let feeding = measure_node::<_, CdrError>(
             duration.max(IO_NODE_MEASURE_MIN),
             &mut feeder,
             |feeder| {

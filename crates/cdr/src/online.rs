@@ -18,6 +18,8 @@ use planner::optimize::{Goal, optimize_with};
 use planner::options::Options;
 use serde::Serialize;
 
+use crate::error::{CdrError, Result};
+
 /// Default hysteresis: re-plan when the arrival rate moved more than this fraction from the
 /// rate the threads were planned for.
 pub const REPLAN_RATE_CHANGE_MIN_DEFAULT: f64 = 0.25;
@@ -54,23 +56,23 @@ impl Controller {
         max_threads: Vec<u32>,
         planned_rate_per_s: f64,
         replan_rate_change_min: f64,
-    ) -> anyhow::Result<Controller> {
+    ) -> Result<Controller> {
         let network = Network::new(model)?;
         let nodes = network.nodes().len();
-        anyhow::ensure!(
-            threads.len() == nodes && max_threads.len() == nodes,
-            "one thread count and one maximum per node expected ({nodes} nodes)"
-        );
-        anyhow::ensure!(
-            threads.iter().zip(&max_threads).all(|(&now, &max)| 1 <= now && now <= max),
-            "thread counts {threads:?} outside 1..=max {max_threads:?}"
-        );
-        anyhow::ensure!(
-            replan_rate_change_min.is_finite() && replan_rate_change_min >= 0.0,
-            crate::CdrError::BadInput(format!(
+        let bad = |why: String| Err(CdrError::BadInput(why));
+        if threads.len() != nodes || max_threads.len() != nodes {
+            return bad(format!(
+                "one thread count and one maximum per node expected ({nodes} nodes)"
+            ));
+        }
+        if !threads.iter().zip(&max_threads).all(|(&now, &max)| 1 <= now && now <= max) {
+            return bad(format!("thread counts {threads:?} outside 1..=max {max_threads:?}"));
+        }
+        if !(replan_rate_change_min.is_finite() && replan_rate_change_min >= 0.0) {
+            return bad(format!(
                 "the re-plan threshold must be a fraction >= 0, got {replan_rate_change_min}"
-            ))
-        );
+            ));
+        }
         Ok(Controller { network, max_threads, replan_rate_change_min, planned_rate_per_s, threads })
     }
 
@@ -98,7 +100,7 @@ impl Controller {
     /// Observes the arrival rate of the last interval; returns a new plan when the rate moved
     /// past the threshold (the threads may come out unchanged: the caller resizes anyway,
     /// which is a no-op then).
-    pub fn observe(&mut self, rate_per_s: f64) -> anyhow::Result<Option<Replan>> {
+    pub fn observe(&mut self, rate_per_s: f64) -> Result<Option<Replan>> {
         if !self.needs_replan(rate_per_s) {
             return Ok(None);
         }

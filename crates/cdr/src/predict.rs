@@ -18,6 +18,7 @@ use planner::node::NodeMetrics;
 use planner::options::Budget;
 use serde::Serialize;
 
+use crate::error::{CdrError, Result};
 use crate::run::RunSummary;
 
 /// One node's comparison.
@@ -49,17 +50,13 @@ pub struct Comparison {
 }
 
 /// The thread counts of `config` in model order, checking every node is configured.
-pub fn threads_in_model_order(
-    config: &PipelineConfig,
-    network: &Network,
-) -> anyhow::Result<Vec<u32>> {
+pub fn threads_in_model_order(config: &PipelineConfig, network: &Network) -> Result<Vec<u32>> {
     network
         .nodes()
         .iter()
         .map(|node| {
             config.threads_of(&node.name).ok_or_else(|| {
                 crate::CdrError::BadInput(format!("config has no [[node]] named {}", node.name))
-                    .into()
             })
         })
         .collect()
@@ -72,7 +69,7 @@ pub fn compare(
     summary: &RunSummary,
     duration_s: f64,
     flat_out: bool,
-) -> anyhow::Result<Comparison> {
+) -> Result<Comparison> {
     compare_with_budget(config, summary, duration_s, flat_out, Budget::Cpu)
 }
 
@@ -97,7 +94,7 @@ pub fn compare_with_budget(
     duration_s: f64,
     flat_out: bool,
     budget: Budget,
-) -> anyhow::Result<Comparison> {
+) -> Result<Comparison> {
     let network = Network::new(config.model.clone())?;
     let threads = threads_in_model_order(config, &network)?;
     let visits = network.visit_ratios();
@@ -124,7 +121,8 @@ pub fn compare_with_budget(
     let window_s = if flat_out { summary.wall_s } else { duration_s };
     for ((node, &threads), predicted) in network.nodes().iter().zip(&threads).zip(&predicted) {
         let stage = summary.stages.iter().find(|stage| stage.name == node.name);
-        let stage = stage.ok_or_else(|| anyhow::anyhow!("the run has no stage {}", node.name))?;
+        let missing = || CdrError::Failed(format!("the run has no stage {}", node.name));
+        let stage = stage.ok_or_else(missing)?;
         let measured_in =
             if stage.name == "generator" { stage.messages_out } else { stage.messages_in };
         nodes.push(NodeComparison {
@@ -137,7 +135,8 @@ pub fn compare_with_budget(
         });
     }
     let feeder = nodes.iter().find(|node| node.name == "feeder");
-    let feeder = feeder.ok_or_else(|| anyhow::anyhow!("the model has no feeder node"))?;
+    let missing = || CdrError::BadInput("the model has no feeder node".into());
+    let feeder = feeder.ok_or_else(missing)?;
     Ok(Comparison {
         measured_throughput_per_s: feeder.measured_throughput_per_s,
         predicted_throughput_per_s: feeder.predicted_throughput_per_s,

@@ -30,6 +30,7 @@ use pipeline::stage::{
 use planner::model::NetworkSpec;
 
 use crate::convert::{Converted, convert};
+use crate::error::{CdrError, Result, io_failed};
 use crate::feed::{DbTarget, Feeder};
 use crate::online::{Controller, TimelinePoint};
 use crate::serialize::Serializer;
@@ -89,7 +90,7 @@ impl Arrivals {
         }
     }
 
-    fn schedule(&self, seed: u64) -> anyhow::Result<Option<StepSchedule>> {
+    fn schedule(&self, seed: u64) -> Result<Option<StepSchedule>> {
         match self {
             Arrivals::FlatOut(_) => Ok(None),
             Arrivals::Steps(steps) => Ok(Some(StepSchedule::new(steps.clone(), seed)?)),
@@ -108,12 +109,13 @@ struct StepSchedule {
 }
 
 impl StepSchedule {
-    fn new(steps: Vec<RateStep>, seed: u64) -> anyhow::Result<StepSchedule> {
+    fn new(steps: Vec<RateStep>, seed: u64) -> Result<StepSchedule> {
         for step in &steps {
             ArrivalProcess::Poisson { rate_per_s: step.rate_per_s }.validate()?;
         }
         let mut steps = steps.into_iter();
-        let first = steps.next().ok_or_else(|| anyhow::anyhow!("a rate profile needs a step"))?;
+        let empty = || CdrError::BadInput("a rate profile needs a step".into());
+        let first = steps.next().ok_or_else(empty)?;
         let current =
             Schedule::new(ArrivalProcess::Poisson { rate_per_s: first.rate_per_s }, seed)?;
         Ok(StepSchedule { steps, seed, current, start_ns: 0, end_ns: duration_ns(first.duration) })
@@ -290,7 +292,7 @@ struct FeederWorker {
 impl Drop for FeederWorker {
     fn drop(&mut self) {
         if let Err(error) = self.feeder.flush() {
-            self.totals.error(format!("feeder final batch: {error:#}"));
+            self.totals.error(format!("feeder final batch: {}", ops::error_chain(&error)));
         }
         Totals::add(&self.totals.inserted, self.feeder.rows_inserted());
     }
@@ -300,7 +302,7 @@ impl Drop for FeederWorker {
 fn generator_handler(
     settings: &RunSettings,
     totals: Arc<Totals>,
-) -> anyhow::Result<impl FnMut(&mut Emitter<RawTicket>) -> Flow + Send + 'static> {
+) -> Result<impl FnMut(&mut Emitter<RawTicket>) -> Flow + Send + 'static> {
     let mut generator = TicketGenerator::new(settings.seed, settings.malformed_every);
     let mut schedule = settings.arrivals.schedule(settings.seed)?;
     let mut next_due_ns = schedule.as_mut().and_then(Iterator::next);
@@ -375,7 +377,7 @@ struct Resizable {
 }
 
 impl Resizable {
-    fn resize(&self, running: &RunningPipeline, threads: [usize; 4]) -> anyhow::Result<()> {
+    fn resize(&self, running: &RunningPipeline, threads: [usize; 4]) -> Result<()> {
         let [decoder, converter, serializer, feeder] = threads;
         running.resize(self.decoder, decoder)?;
         running.resize(self.converter, converter)?;
@@ -386,8 +388,10 @@ impl Resizable {
 }
 
 /// Runs the pipeline for the arrivals' duration and drains it.
-pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
-    std::fs::create_dir_all(&settings.out_dir)?;
+pub fn run_pipeline(settings: &RunSettings) -> Result<RunSummary> {
+    let out_dir = settings.out_dir.display();
+    std::fs::create_dir_all(&settings.out_dir)
+        .map_err(io_failed(format!("creating the output directory {out_dir}")))?;
     settings.database.prepare()?;
     let totals = Arc::new(Totals::default());
     let threads = settings.threads;
@@ -403,7 +407,9 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
     let mut decoders = Vec::new();
     for worker in 0..max.decoder {
         let path = settings.out_dir.join(format!("rejects-{worker}.log"));
-        let rejects = BufWriter::new(File::create(&path)?);
+        let created = File::create(&path);
+        let created = created.map_err(io_failed(format!("creating {}", path.display())))?;
+        let rejects = BufWriter::new(created);
         decoders.push(Some(DecoderWorker { rejects, rejected: 0, totals: totals.clone() }));
     }
     let decoder =
@@ -420,7 +426,8 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
     let mut serializers = Vec::new();
     for worker in 0..serializer_spec.spawned_workers() {
         let serializer =
-            Serializer::create(&settings.out_dir, worker, settings.fsync_every_records)?;
+            Serializer::create(&settings.out_dir, worker, settings.fsync_every_records)
+                .map_err(io_failed(format!("creating a serializer in {out_dir}")))?;
         serializers.push(Some(SerializerWorker { serializer, totals: totals.clone() }));
     }
     let serializer = builder.sink("serializer", serializer_spec, move |worker| {
@@ -442,7 +449,7 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
         let mut state = feeders[worker].take().expect("one handler per worker");
         move |converted: &Converted| {
             if let Err(error) = state.feeder.insert(&converted.row) {
-                panic!("feeder insert: {error:#}");
+                panic!("feeder insert: {}", ops::error_chain(&error));
             }
         }
     });
@@ -468,7 +475,10 @@ pub fn run_pipeline(settings: &RunSettings) -> anyhow::Result<RunSummary> {
     let cpu_s = (planner::measure::process_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
     let wall_s = started.elapsed().as_secs_f64();
     let errors = std::mem::take(&mut *totals.errors.lock().unwrap_or_else(PoisonError::into_inner));
-    anyhow::ensure!(errors.is_empty(), "the run finished with errors: {}", errors.join("; "));
+    if !errors.is_empty() {
+        let why = format!("the run finished with errors: {}", errors.join("; "));
+        return Err(CdrError::Failed(why));
+    }
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     Ok(RunSummary {
         generated: load(&totals.generated),
@@ -502,7 +512,7 @@ fn control(
     max: NodeThreads,
     arrivals_so_far: &dyn Fn() -> u64,
     started: Instant,
-) -> anyhow::Result<Vec<TimelinePoint>> {
+) -> Result<Vec<TimelinePoint>> {
     let to_u32 = |threads: NodeThreads| {
         let [d, c, s, f] = threads.as_array().map(|n| n as u32);
         vec![1, d, c, s, f]
@@ -514,10 +524,10 @@ fn control(
         online.planned_rate_per_s,
         online.replan_rate_change_min,
     )?;
-    anyhow::ensure!(
-        controller.node_names().eq(NODE_NAMES),
-        "online mode needs the model's nodes in the order {NODE_NAMES:?}"
-    );
+    if !controller.node_names().eq(NODE_NAMES) {
+        let why = format!("online mode needs the model's nodes in the order {NODE_NAMES:?}");
+        return Err(CdrError::BadInput(why));
+    }
     let interval_s = online.control_interval.as_secs_f64();
     let mut previous = running.metrics();
     let mut previous_arrivals = arrivals_so_far();
@@ -552,7 +562,8 @@ fn control(
                 bottleneck = %replan.bottleneck,
                 "online: re-planned"
             );
-            let [_, d, c, s, f] = <[u32; 5]>::try_from(replan.threads.as_slice())?;
+            let five = "a plan has the generator's and the four nodes' thread counts";
+            let [_, d, c, s, f] = <[u32; 5]>::try_from(replan.threads.as_slice()).expect(five);
             resizable.resize(running, [d, c, s, f].map(|n| n as usize))?;
         }
         timeline.push(TimelinePoint {

@@ -24,6 +24,7 @@ use planner::measure::thread_cpu_time_ns;
 use planner::model::NetworkSpec;
 use serde::Serialize;
 
+use crate::error::{CdrError, Result};
 use crate::measure::{PROBE_HOPS_PER_TICKET, ProbeWork, run_probe_graph, spin};
 use crate::run::NodeThreads;
 
@@ -59,11 +60,12 @@ fn spin_iterations_per_cpu_s() -> f64 {
 
 /// Each probe node's own CPU time per job (without the runtime's hop), from `model`, whose
 /// nodes' CPU times include `calibrated_hop_cpu_s` (all but the generator).
-fn work_cpu_s(model: &NetworkSpec, calibrated_hop_cpu_s: f64) -> anyhow::Result<[f64; 5]> {
+fn work_cpu_s(model: &NetworkSpec, calibrated_hop_cpu_s: f64) -> Result<[f64; 5]> {
     let mut work = [0.0; 5];
     for (slot, name) in work.iter_mut().zip(PROBE_NODE_NAMES) {
         let node = model.node.iter().find(|node| node.name == name);
-        let node = node.ok_or_else(|| anyhow::anyhow!("the model has no node {name}"))?;
+        let missing = || CdrError::BadInput(format!("the model has no node {name}"));
+        let node = node.ok_or_else(missing)?;
         let hop_cpu_s = if name == "generator" { 0.0 } else { calibrated_hop_cpu_s };
         *slot = (node.cpu_share / node.service_rate_per_s - hop_cpu_s).max(0.0);
     }
@@ -80,7 +82,7 @@ impl Sharing {
         threads: NodeThreads,
         duration: Duration,
         cores_available: f64,
-    ) -> anyhow::Result<Sharing> {
+    ) -> Result<Sharing> {
         let work = work_cpu_s(model, calibrated_hop_cpu_s)?;
         let iterations_per_s = spin_iterations_per_cpu_s();
         let spins_per_job = work.map(|cpu_s| (cpu_s * iterations_per_s).round() as u64);

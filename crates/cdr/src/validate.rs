@@ -30,6 +30,7 @@ use planner::network::Network;
 use planner::options::Budget;
 use serde::Serialize;
 
+use crate::error::{Result, io_failed};
 use crate::feed::DbTarget;
 use crate::measure::CdrWorkload;
 use crate::predict::{compare_with_budget, cpu_s_per_ticket, threads_in_model_order};
@@ -131,7 +132,7 @@ pub fn validate(
     configurations: &[Configuration],
     settings: &ValidateSettings,
     mut on_round: impl FnMut(&RoundResult),
-) -> anyhow::Result<Vec<RoundResult>> {
+) -> Result<Vec<RoundResult>> {
     let mut results = Vec::new();
     for round in 0..settings.rounds {
         for configuration in configurations {
@@ -147,11 +148,12 @@ fn measure_then_run(
     configuration: &Configuration,
     round: usize,
     settings: &ValidateSettings,
-) -> anyhow::Result<RoundResult> {
+) -> Result<RoundResult> {
     let workload = CdrWorkload::default().with_settings(&configuration.settings)?;
     let dir = settings.scratch_dir.join(format!("{}-{round}", configuration.name));
     let (measure_dir, run_dir) = (dir.join("measure"), dir.join("run"));
-    std::fs::create_dir_all(&measure_dir)?;
+    std::fs::create_dir_all(&measure_dir)
+        .map_err(io_failed(format!("creating {}", measure_dir.display())))?;
     let measured = workload.measure_with_hop(settings.measure_duration, &measure_dir)?;
     let cores_before = measured.model.host.cores;
     let sharing = match settings.budget {
@@ -177,7 +179,7 @@ fn measure_then_run(
     };
     let summary = run_pipeline(&run);
     let cores_after = available_cores(settings.measure_duration);
-    std::fs::remove_dir_all(&dir)?;
+    std::fs::remove_dir_all(&dir).map_err(io_failed(format!("removing {}", dir.display())))?;
     let summary = summary?;
     let mut model = measured.model;
     model.host.cores = (cores_before + cores_after) / 2.0;
@@ -204,7 +206,7 @@ fn measure_then_run(
 
 /// The two factors of measured / predicted when the cores' bound is the prediction: cores
 /// used / the model's cores, and the model's CPU per generated ticket / the run's.
-fn ratio_split(config: &PipelineConfig, summary: &RunSummary) -> anyhow::Result<(f64, f64)> {
+fn ratio_split(config: &PipelineConfig, summary: &RunSummary) -> Result<(f64, f64)> {
     let network = Network::new(config.model.clone())?;
     let cores_used = summary.cpu_s / summary.wall_s;
     let cpu_run_s_per_ticket = summary.cpu_s / summary.generated.max(1) as f64;
@@ -212,7 +214,7 @@ fn ratio_split(config: &PipelineConfig, summary: &RunSummary) -> anyhow::Result<
 }
 
 /// A config file's content for `model` run with `threads` (the generator runs one thread).
-fn pipeline_config(model: NetworkSpec, threads: NodeThreads) -> anyhow::Result<PipelineConfig> {
+fn pipeline_config(model: NetworkSpec, threads: NodeThreads) -> Result<PipelineConfig> {
     let [decoder, converter, serializer, feeder] = threads.as_array();
     let count = |name: &str| match name {
         "decoder" => decoder,
@@ -235,7 +237,7 @@ fn pipeline_config(model: NetworkSpec, threads: NodeThreads) -> anyhow::Result<P
 
 /// Which bound `crate::predict` takes for a flat-out run: the first node to saturate, or `cpu`
 /// (never with the threads budget).
-fn predicted_bottleneck(config: &PipelineConfig, budget: Budget) -> anyhow::Result<String> {
+fn predicted_bottleneck(config: &PipelineConfig, budget: Budget) -> Result<String> {
     let network = Network::new(config.model.clone())?;
     let threads = threads_in_model_order(config, &network)?;
     let visits = network.visit_ratios();

@@ -1,7 +1,7 @@
 //! How a command's result maps to the process exit code.
 //!
-//! The libraries return `anyhow::Result` carrying their own typed errors; this module is the
-//! one place that decides which of them mean "bad input" (exit 2). A run that completed but
+//! The libraries return their own typed errors, which commands turn into `anyhow` with `?`;
+//! this module is the one place that decides which of them mean "bad input" (exit 2). A run that completed but
 //! missed a target it was asked to `--check` returns [`TargetMissed`] (exit 3).
 
 use std::process::ExitCode;

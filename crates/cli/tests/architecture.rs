@@ -8,6 +8,8 @@
 //! - the runtime (`pipeline`), the journal and the matching core build with their own few
 //!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
 //! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
+//! - libraries return their own typed errors: only `cli` and the lab's tools (`lab`,
+//!   `ringbench`) depend on `anyhow`;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
 //!   stage graph or layout chooser of its own.
 
@@ -25,6 +27,11 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("gateway", "delivery"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
+    ("labs", "delivery"),
+    ("labs", "exchange"),
+    ("labs", "journal"),
+    ("labs", "mq"),
+    ("labs", "web"),
     ("gateway", "replication"),
     ("replication", "delivery"),
     ("replication", "exchange"),
@@ -123,6 +130,21 @@ fn only_the_owners_know_about_nats_and_the_ring_peers() {
                 "{name} depends on {dependency}: only {owners:?} may (ARCHITECTURE.md, Invariants)"
             );
         }
+    }
+}
+
+/// The crates that may depend on `anyhow`: the binary, whose commands report any error, and
+/// the lab's tools (`lab`, `ringbench`), which only commands and tests call.
+const ANYHOW_USERS: &[&str] = &["leantier", "lab", "ringbench"];
+
+#[test]
+fn libraries_return_their_own_typed_errors_not_anyhow() {
+    for (name, deps) in members() {
+        assert!(
+            ANYHOW_USERS.contains(&name.as_str()) || !deps.contains("anyhow"),
+            "{name} depends on anyhow: a library returns its own typed error and leaves anyhow \
+             to cli (ARCHITECTURE.md, Invariants)"
+        );
     }
 }
 

@@ -19,6 +19,7 @@ use lab::stats::{LatencyHistogram, LatencySummary, median};
 use pipeline::metrics::now_ns;
 
 use crate::clock::monotonic_ns;
+use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::gateway::{GatewayOptions, start as start_gateway};
 use crate::nats::{NatsConnect, client_options};
 use crate::publish::{NatsPublisher, PublishOptions};
@@ -73,11 +74,12 @@ pub fn run(
     records: u64,
     repeats: usize,
     wait: WaitChoice,
-) -> anyhow::Result<BenchReport> {
+) -> Result<BenchReport> {
     if records == 0 || repeats == 0 {
-        return Err(crate::DeliveryError::BadInput("records and repeats must be > 0".into()).into());
+        return Err(DeliveryError::BadInput("records and repeats must be > 0".into()));
     }
-    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    let io = io.map_err(io_failed("starting the bench's runtime"))?;
     let mut samples: [Vec<Sample>; 3] = Default::default();
     let mut per_message = Vec::new();
     for repeat in 0..repeats {
@@ -131,7 +133,7 @@ fn leantier_once(
     prefix: &str,
     records: u64,
     wait: WaitChoice,
-) -> anyhow::Result<(Sample, f64)> {
+) -> Result<(Sample, f64)> {
     let mut options = GatewayOptions::new("", 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     options.nats = nats.clone();
     options.prefix = prefix.to_string();
@@ -160,7 +162,9 @@ fn leantier_once(
     let report = publisher.drain()?;
     let deadline = started + REPEAT_TIMEOUT;
     while gateway.report().next_seqs[0] <= records {
-        anyhow::ensure!(Instant::now() < deadline, "the gateway did not receive every record");
+        if Instant::now() >= deadline {
+            return Err(DeliveryError::Failed("the gateway did not receive every record".into()));
+        }
         std::thread::sleep(Duration::from_micros(200));
     }
     let elapsed = started.elapsed().as_secs_f64();
@@ -171,21 +175,19 @@ fn leantier_once(
 }
 
 /// One round of a bare publisher and subscriber, `batch` records per message.
-async fn plain_once(
-    nats: &NatsConnect,
-    prefix: &str,
-    records: u64,
-    batch: u64,
-) -> anyhow::Result<Sample> {
+async fn plain_once(nats: &NatsConnect, prefix: &str, records: u64, batch: u64) -> Result<Sample> {
     let url = nats.url.as_str();
     let subject = format!("{prefix}.plain.{batch}");
     // Room for every record client-side: the peer must not lose messages to its own queue.
     let capacity = records as usize + SUBSCRIPTION_SLACK_MESSAGES;
+    let subscriber_client = client_options(nats).await?.subscription_capacity(capacity);
     let subscriber_client =
-        client_options(nats).await?.subscription_capacity(capacity).connect(url).await?;
-    let mut subscription = subscriber_client.subscribe(subject.clone()).await?;
-    subscriber_client.flush().await?;
-    let publisher = client_options(nats).await?.connect(url).await?;
+        subscriber_client.connect(url).await.map_err(nats_failed("connecting the subscriber"))?;
+    let subscription = subscriber_client.subscribe(subject.clone()).await;
+    let mut subscription = subscription.map_err(nats_failed("subscribing"))?;
+    subscriber_client.flush().await.map_err(nats_failed("flushing the subscription"))?;
+    let publisher = client_options(nats).await?.connect(url).await;
+    let publisher = publisher.map_err(nats_failed("connecting the publisher"))?;
     let receiving = tokio::spawn(async move {
         let mut latency = LatencyHistogram::new();
         let mut received = 0u64;
@@ -211,14 +213,19 @@ async fn plain_once(
             let response = Response::default();
             payload.extend_from_slice(&Record::encode(&response, now, now).0);
         }
-        publisher.publish(subject.clone(), payload.into()).await?;
+        let published = publisher.publish(subject.clone(), payload.into()).await;
+        published.map_err(nats_failed("publishing"))?;
         sent += count;
     }
-    publisher.flush().await?;
+    publisher.flush().await.map_err(nats_failed("flushing the publisher"))?;
+    let stalled = || format!("the plain subscriber ({batch} per message) stalled");
     let (received, latency) = tokio::time::timeout(REPEAT_TIMEOUT, receiving)
         .await
-        .map_err(|_| anyhow::anyhow!("the plain subscriber ({batch} per message) stalled"))??;
-    anyhow::ensure!(received == records, "the plain subscriber got {received} of {records}");
+        .map_err(|_| DeliveryError::Failed(stalled()))??;
+    if received != records {
+        let why = format!("the plain subscriber got {received} of {records}");
+        return Err(DeliveryError::Failed(why));
+    }
     let elapsed = started.elapsed().as_secs_f64();
     Ok(Sample { throughput_per_s: records as f64 / elapsed, latency })
 }

@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::clock::monotonic_ns;
+use crate::error::{Result, io_failed};
 use crate::wire::{FRAME_BYTES_MAX, Frame, FrameDecoder, Stream, WIRE_VERSION};
 
 /// What one consumer saw.
@@ -84,19 +85,22 @@ pub type SharedTally = Arc<Mutex<ConsumerTally>>;
 pub async fn connect(
     address: SocketAddr,
     gateway: u32,
-) -> anyhow::Result<(SharedTally, impl Future<Output = anyhow::Result<()>>)> {
-    let mut stream = TcpStream::connect(address).await?;
-    stream.set_nodelay(true)?;
+) -> Result<(SharedTally, impl Future<Output = Result<()>>)> {
+    let mut stream = TcpStream::connect(address)
+        .await
+        .map_err(io_failed(format!("connecting to the gateway at {address}")))?;
+    stream.set_nodelay(true).map_err(io_failed("setting TCP_NODELAY"))?;
     let mut hello = Vec::new();
     Frame::Hello { version: WIRE_VERSION }.write(&mut hello);
-    stream.write_all(&hello).await?;
+    stream.write_all(&hello).await.map_err(io_failed("saying hello to the gateway"))?;
     let tally = Arc::new(Mutex::new(ConsumerTally::new()));
     let shared = tally.clone();
     let reading = async move {
         let mut decoder = FrameDecoder::default();
         let mut buffer = vec![0u8; 64 * FRAME_BYTES_MAX];
         loop {
-            let n = stream.read(&mut buffer).await?;
+            let n =
+                stream.read(&mut buffer).await.map_err(io_failed("reading from the gateway"))?;
             if n == 0 {
                 return Ok(());
             }

@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admission::{Admission, CONSUMERS_PER_ADDRESS_MAX_DEFAULT, Pending};
 use crate::clock::monotonic_ns;
+use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::nats::{NatsConnect, connect};
 use crate::subjects::{CONNECT_TIMEOUT, gateway_wildcard, retain_subject};
 use crate::wire::{
@@ -190,7 +191,7 @@ pub struct RunningGateway {
 }
 
 /// Connects, subscribes and listens; runs on the caller's tokio runtime.
-pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
+pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
     crate::subjects::validate_prefix(&options.prefix).map_err(crate::DeliveryError::BadInput)?;
     if options.consumers_max == 0
         || options.consumers_per_address_max == 0
@@ -198,23 +199,28 @@ pub async fn start(options: GatewayOptions) -> anyhow::Result<RunningGateway> {
         || options.seq_ahead_max == 0
     {
         let reason = "consumers max, consumers per address max, consumer queue chunks and seq ahead max must be > 0".into();
-        return Err(crate::DeliveryError::BadInput(reason).into());
+        return Err(crate::DeliveryError::BadInput(reason));
     }
     let client = connect(&options.nats, "gateway").await?;
     let subscribing = async {
         let subject = gateway_wildcard(&options.prefix, options.gateway);
-        let subscription = client.subscribe(subject).await?;
+        let subscription =
+            client.subscribe(subject).await.map_err(nats_failed("subscribing to the data"))?;
         let inbox = client.new_inbox();
-        let replies = client.subscribe(format!("{inbox}.*")).await?;
-        client.flush().await?;
-        anyhow::Ok((subscription, Replies { subscription: replies, inbox, sent: 0 }))
+        let replies = client.subscribe(format!("{inbox}.*")).await;
+        let replies = replies.map_err(nats_failed("subscribing to the replies"))?;
+        client.flush().await.map_err(nats_failed("flushing the subscriptions"))?;
+        Ok::<_, DeliveryError>((subscription, Replies { subscription: replies, inbox, sent: 0 }))
     };
     let (subscription, replies) =
         tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await.map_err(|_| {
-            anyhow::anyhow!("NATS did not confirm the subscriptions in {CONNECT_TIMEOUT:?}")
+            let why = format!("NATS did not confirm the subscriptions in {CONNECT_TIMEOUT:?}");
+            DeliveryError::Failed(why)
         })??;
-    let listener = TcpListener::bind(options.listen).await?;
-    let local_addr = listener.local_addr()?;
+    let listen = options.listen;
+    let listener =
+        TcpListener::bind(listen).await.map_err(io_failed(format!("listening on {listen}")))?;
+    let local_addr = listener.local_addr().map_err(io_failed("reading the listen address"))?;
     tracing::info!("gateway {} listening on {local_addr}", options.gateway);
     let admission = Admission::new(options.consumers_max, options.consumers_per_address_max);
     let state = Arc::new(State {
@@ -282,7 +288,7 @@ impl RunningGateway {
     }
 
     /// Stops taking records and consumers, says goodbye to every consumer, and reports.
-    pub async fn shutdown(self) -> anyhow::Result<(GatewayReport, GatewayLatency)> {
+    pub async fn shutdown(self) -> Result<(GatewayReport, GatewayLatency)> {
         let _ = self.stop.send(true);
         let latency = self.sequencer.await?;
         self.acceptor.await?;

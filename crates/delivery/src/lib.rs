@@ -16,9 +16,10 @@
 //! * [`gateway`]: the R-Gateway: subscribes to its gateway's subjects, detects gaps, recovers
 //!   them from the window, and beyond it sends an explicit resync frame; consumers get the
 //!   framing of [`wire`] (docs/DELIVERY.md); a slow consumer is cut off at a named bound.
-//! * [`experiment`]: the published delivery experiment (runs 1–7), in-process and over NATS,
-//!   measured at the gateway; [`bench`]: R-Sender → NATS → gateway against a plain
-//!   `async-nats` publisher and subscriber on the same server in the same run.
+//! * [`bench`](mod@bench): R-Sender → NATS → gateway against a plain `async-nats` publisher and
+//!   subscriber on the same server in the same run (here, not in `labs`, because only this
+//!   crate may know about NATS). The published delivery experiment (runs 1–7) runs this crate
+//!   from outside it: `labs::delivery_experiment`.
 //! * [`nats`]: how every leantier NATS client connects (URL, authentication, TLS).
 //! * [`server`]: a `nats-server` child for tests and experiments when none is given.
 //!
@@ -28,7 +29,7 @@ pub mod admission;
 pub mod bench;
 pub mod clock;
 pub mod consumer;
-pub mod experiment;
+mod error;
 pub mod gateway;
 pub mod nats;
 pub mod publish;
@@ -36,9 +37,4 @@ pub mod server;
 pub mod subjects;
 pub mod wire;
 
-/// The crate's bad-input error (mapped to exit code 2 by the command line).
-#[derive(Debug, thiserror::Error)]
-pub enum DeliveryError {
-    #[error("{0}")]
-    BadInput(String),
-}
+pub use error::{DeliveryError, Result};

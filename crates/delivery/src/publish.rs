@@ -28,6 +28,7 @@ use pipeline::ring::RingConfig;
 use pipeline::wait::{Parker, WaitStrategy, Waiter};
 
 use crate::clock::{EpochOffset, monotonic_ns};
+use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::nats::{NatsConnect, connect};
 use crate::subjects::{CONNECT_TIMEOUT, data_subject, parse_retain_subject};
 use crate::wire::{
@@ -303,7 +304,7 @@ pub struct NatsPublisher {
 
 impl NatsPublisher {
     /// Connects to `options.nats` and starts the retain service and the heartbeat.
-    pub fn connect(options: PublishOptions) -> anyhow::Result<NatsPublisher> {
+    pub fn connect(options: PublishOptions) -> Result<NatsPublisher> {
         NatsPublisher::connect_member(options, None)
     }
 
@@ -312,14 +313,14 @@ impl NatsPublisher {
     pub fn connect_in_group(
         options: PublishOptions,
         group: PublisherGroup,
-    ) -> anyhow::Result<NatsPublisher> {
+    ) -> Result<NatsPublisher> {
         NatsPublisher::connect_member(options, Some(group))
     }
 
     fn connect_member(
         options: PublishOptions,
         group: Option<PublisherGroup>,
-    ) -> anyhow::Result<NatsPublisher> {
+    ) -> Result<NatsPublisher> {
         crate::subjects::validate_prefix(&options.prefix)
             .map_err(crate::DeliveryError::BadInput)?;
         if !(1..=RETAIN_RECORDS_MAX).contains(&options.retain_records)
@@ -329,8 +330,7 @@ impl NatsPublisher {
             return Err(crate::DeliveryError::BadInput(format!(
                 "retain records must be in 1..={RETAIN_RECORDS_MAX}, gateways in \
                  1..={GATEWAYS_MAX}, heartbeat > 0"
-            ))
-            .into());
+            )));
         }
         // Two runtime threads: the client's connection task and the services; the publishing
         // itself runs on the publisher threads.
@@ -338,7 +338,8 @@ impl NatsPublisher {
             .worker_threads(2)
             .thread_name("nats-publisher-io")
             .enable_all()
-            .build()?;
+            .build()
+            .map_err(io_failed("starting the publisher's runtime"))?;
         let client = runtime.block_on(connect(&options.nats, "publisher"))?;
         let instance = group.as_ref().map_or_else(new_instance_id, |group| group.instance);
         let gate = group.map(|group| group.gate);
@@ -360,8 +361,10 @@ impl NatsPublisher {
             tokio::time::timeout(CONNECT_TIMEOUT, subscribing).await
         };
         let retain = runtime.block_on(subscribing).map_err(|_| {
-            anyhow::anyhow!("NATS did not take the retain subscription in {CONNECT_TIMEOUT:?}")
-        })??;
+            let why = format!("NATS did not take the retain subscription in {CONNECT_TIMEOUT:?}");
+            DeliveryError::Failed(why)
+        })?;
+        let retain = retain.map_err(nats_failed("subscribing to the retain requests"))?;
         let services = vec![
             runtime.spawn(serve_retained(shared.clone(), options.prefix.clone(), retain)),
             runtime.spawn(heartbeats(shared.clone(), options.heartbeat)),
@@ -410,11 +413,12 @@ impl NatsPublisher {
     /// Waits for every publisher thread (they end once the tier's senders finished), sends a
     /// last heartbeat, flushes the client and reports. The retain service keeps answering
     /// until the publisher is dropped, so gateways can still recover.
-    pub fn drain(&self) -> anyhow::Result<PublishReport> {
+    pub fn drain(&self) -> Result<PublishReport> {
         let threads =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
         for thread in threads {
-            thread.join().map_err(|_| anyhow::anyhow!("a NATS publisher thread panicked"))?;
+            let panicked = || DeliveryError::Failed("a NATS publisher thread panicked".into());
+            thread.join().map_err(|_| panicked())?;
         }
         if self.shared.leads() {
             self.shared.heartbeat();
@@ -472,13 +476,13 @@ pub fn run_tier(
     publish: PublishOptions,
     linger: Duration,
     progress: impl FnMut(u64),
-) -> anyhow::Result<(exchange::tier::RunResult, PublishReport)> {
-    anyhow::ensure!(
-        publish.gateways == config.gateways,
-        "publisher gateways {} != tier gateways {}",
-        publish.gateways,
-        config.gateways
-    );
+) -> Result<(exchange::tier::RunResult, PublishReport)> {
+    if publish.gateways != config.gateways {
+        return Err(DeliveryError::Failed(format!(
+            "publisher gateways {} != tier gateways {}",
+            publish.gateways, config.gateways
+        )));
+    }
     let publisher = NatsPublisher::connect(publish)?;
     let stop = run.stop.clone();
     let result =

@@ -129,9 +129,12 @@ fn deliver_through(nats: &NatsConnect) {
 }
 
 /// Fails within the connect timeout, naming the credentials and not leaking the password.
-fn assert_refused(error: &anyhow::Error, started: Instant, password: &str) {
+fn assert_refused(error: &delivery::DeliveryError, started: Instant, password: &str) {
     assert!(started.elapsed() < CONNECT_TIMEOUT, "took {:?}", started.elapsed());
-    let message = format!("{error:#}");
+    let delivery::DeliveryError::Connect(refusal) = error else {
+        panic!("not a refused connection: {error}");
+    };
+    let message = refusal.to_string();
     assert!(message.contains("refused the credentials"), "{message}");
     assert!(password.is_empty() || !message.contains(password), "{message}");
 }

@@ -32,7 +32,8 @@ pub use master::{
     open_master,
 };
 
-use crate::error::ExchangeError::BadInput;
+use crate::error::ExchangeError::{self, BadInput};
+use crate::error::{Result, io_failed, journal_failed};
 use journal::segment::SEGMENT_BYTES_DEFAULT;
 use journal::{
     DurableSeq, JournalConfig, JournalSender, JournalWriter, Policy, Record, RecoverOptions,
@@ -392,15 +393,14 @@ pub fn open_shards(
     shard_count: usize,
     listings: &[Listing],
     limits: CoreLimits,
-) -> anyhow::Result<ShardJournals> {
+) -> Result<ShardJournals> {
     let Some(policy) = mode.policy() else {
         if let Some(dir) = &options.data_dir {
             return Err(BadInput(format!(
                 "data directory {} given with the journal off: nothing would be recovered or \
                  written (use --journal group, sync or relaxed)",
                 dir.display()
-            ))
-            .into());
+            )));
         }
         let shards = (0..shard_count)
             .map(|shard| OpenedShard {
@@ -422,7 +422,8 @@ pub fn open_shards(
     let (data_dir, temp_dir) = match &options.data_dir {
         Some(dir) => (dir.clone(), None),
         None => {
-            let temp = tempfile::Builder::new().prefix("leantier-exchange-").tempdir()?;
+            let temp = tempfile::Builder::new().prefix("leantier-exchange-").tempdir();
+            let temp = temp.map_err(io_failed("creating a temporary data directory"))?;
             (temp.path().to_path_buf(), Some(temp))
         }
     };
@@ -433,8 +434,7 @@ pub fn open_shards(
         return Err(BadInput(format!(
             "{} holds {existing} shard journals but the tier runs {shard_count} core shards",
             data_dir.display()
-        ))
-        .into());
+        )));
     }
     let mut shards = Vec::with_capacity(shard_count);
     let mut durables = Vec::with_capacity(shard_count);
@@ -462,14 +462,17 @@ fn open_shard(
     shard: usize,
     listings: &[Listing],
     limits: CoreLimits,
-) -> anyhow::Result<OpenedShard> {
+) -> Result<OpenedShard> {
     let dir = shard_dir(data_dir, shard);
     let fresh = || ShardState::new(listings, limits);
     let started_ns = now_ns();
-    let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, fresh)?;
+    let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, fresh)
+        .map_err(journal_failed(format!("recovering the shard journal {}", dir.display())))?;
     let recovery_ns = now_ns().saturating_sub(started_ns);
     if let Some(why) = &recovered.state.undecodable {
-        anyhow::bail!("journal {} holds a record the exchange cannot decode: {why}", dir.display());
+        let why =
+            format!("journal {} holds a record the exchange cannot decode: {why}", dir.display());
+        return Err(ExchangeError::Failed(why));
     }
     let core = &recovered.state.core;
     if core.listings() != listings || core.limits() != limits {
@@ -479,8 +482,7 @@ fn open_shard(
             "the snapshot in {} was taken with other listings or another order pool size than \
              this run's configuration",
             dir.display()
-        ))
-        .into());
+        )));
     }
     let recovery = ShardRecovery {
         shard,
@@ -496,7 +498,8 @@ fn open_shard(
     let config =
         JournalConfig { policy, segment_bytes: options.segment_bytes, ..JournalConfig::default() };
     let (next_seq, resume) = (recovered.tail.next_seq, recovered.tail.open_segment.clone());
-    let (sender, writer) = JournalWriter::spawn::<ShardRecord>(recovered.tail, &config)?;
+    let (sender, writer) = JournalWriter::spawn::<ShardRecord>(recovered.tail, &config)
+        .map_err(journal_failed(format!("starting the journal writer of {}", dir.display())))?;
     let snapshots = if snapshot_every_records == 0 {
         None
     } else {
@@ -504,7 +507,7 @@ fn open_shard(
         // critical path: one serialisation and restore).
         let mut bytes = Vec::with_capacity(recovered.state.snapshot_bytes_max());
         recovered.state.write_snapshot(&mut bytes);
-        let replica = ShardState::restore(&bytes).map_err(anyhow::Error::msg)?;
+        let replica = ShardState::restore(&bytes).map_err(ExchangeError::Failed)?;
         let durable = writer.durable();
         let snapshotter = ShardSnapshotter::spawn(
             dir,
@@ -514,7 +517,7 @@ fn open_shard(
             resume,
             snapshot_every_records,
         );
-        Some(snapshotter.map_err(anyhow::Error::msg)?)
+        Some(snapshotter.map_err(ExchangeError::Failed)?)
     };
     Ok(OpenedShard {
         state: recovered.state,

@@ -30,7 +30,7 @@
 //! snapshots of its own. With a data directory, a run recovers every shard from its newest
 //! valid snapshot plus the journal after it (recovered output hash == the stopped run's) and
 //! the master data likewise, and continues each sequence; `tests/crash.rs` SIGKILLs a real tier
-//! process (`exchange-crash-child`, snapshots on) under load and checks no released reply is
+//! process (its crash child, snapshots on) under load and checks no released reply is
 //! ever lost.
 //!
 //! # Off the critical path
@@ -60,8 +60,6 @@ pub mod durability;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
-pub mod experiments;
-#[cfg(not(loom))]
 pub mod flow;
 #[cfg(not(loom))]
 pub mod instruments;
@@ -73,4 +71,4 @@ mod sync;
 pub mod tier;
 
 #[cfg(not(loom))]
-pub use error::ExchangeError;
+pub use error::{ExchangeError, Result};

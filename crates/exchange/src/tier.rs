@@ -50,8 +50,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::error::ExchangeError;
 use crate::error::ExchangeError::BadInput;
+use crate::error::{ExchangeError, Result, journal_failed};
 use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_steps_with};
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
@@ -643,7 +643,7 @@ pub fn run(
     config: &TierConfig,
     options: RunOptions,
     progress: impl FnMut(u64),
-) -> anyhow::Result<RunResult> {
+) -> Result<RunResult, ExchangeError> {
     let subscribers = in_process_subscribers(config.gateways, options.load.publish_work_ns);
     run_with_subscribers(config, options, subscribers, progress)
 }
@@ -654,7 +654,7 @@ pub fn run_with_subscribers(
     options: RunOptions,
     subscribers: SubscriberFactory,
     progress: impl FnMut(u64),
-) -> anyhow::Result<RunResult> {
+) -> Result<RunResult, ExchangeError> {
     config.validate()?;
     options.load.validate()?;
     let (planned, layout) = plan_layout(config, options.rate_per_s)?;
@@ -669,7 +669,7 @@ fn run_with_layout(
     options: RunOptions,
     subscribers: SubscriberFactory,
     progress: impl FnMut(u64),
-) -> anyhow::Result<RunResult> {
+) -> Result<RunResult, ExchangeError> {
     let master = config.starting_master_data();
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
@@ -700,9 +700,12 @@ fn run_with_layout(
     // The feeds are gone: every stage drains and stops, and each worker reports (or the
     // error that stopped the pipeline comes out here, before a missing report would).
     let stopped = tier.stop()?;
-    let (drive, disconnected) = driven
-        .ok_or_else(|| anyhow::anyhow!("the inline load generator ended without a report"))?;
-    anyhow::ensure!(!disconnected, "the pipeline stopped while the load was running");
+    let ended = "the inline load generator ended without a report";
+    let (drive, disconnected) = driven.ok_or_else(|| ExchangeError::Failed(ended.into()))?;
+    if disconnected {
+        let stopped = "the pipeline stopped while the load was running";
+        return Err(ExchangeError::Failed(stopped.into()));
+    }
     let TierStopped { journal, totals, report, .. } = stopped;
     Ok(RunResult {
         rate_per_s: options.rate_per_s,
@@ -740,7 +743,7 @@ fn recover(
     config: &TierConfig,
     options: &RunOptions,
     master: &MasterData,
-) -> anyhow::Result<(StageStarts, Durability)> {
+) -> Result<(StageStarts, Durability)> {
     let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
     let mut journals = open_shards(
         config.journal,
@@ -794,15 +797,20 @@ impl Durability {
     /// Once the pipeline finished (the core workers and the master-data worker are gone, and
     /// with them the journal senders): each writer drains, syncs and stops, then its snapshot
     /// follower catches up with the last durable sequence, takes the snapshots due and stops.
-    fn finish(self) -> anyhow::Result<Vec<ShardJournalReport>> {
+    fn finish(self) -> Result<Vec<ShardJournalReport>> {
         let mut reports = Vec::with_capacity(self.shards.len());
         for (writer, snapshotter, recovery) in self.shards {
-            let writer = writer.map(JournalWriter::join).transpose()?;
+            let stopping = journal_failed(format!(
+                "stopping the journal writer of {}",
+                recovery.dir.display()
+            ));
+            let writer = writer.map(JournalWriter::join).transpose().map_err(stopping)?;
             let snapshots =
-                snapshotter.map(|s| s.finish()).transpose().map_err(anyhow::Error::msg)?;
+                snapshotter.map(|s| s.finish()).transpose().map_err(ExchangeError::Failed)?;
             reports.push(ShardJournalReport { recovery, writer, snapshots });
         }
-        self.master_writer.map(JournalWriter::join).transpose()?;
+        let stopping = journal_failed("stopping the master data's journal writer");
+        self.master_writer.map(JournalWriter::join).transpose().map_err(stopping)?;
         drop(self.journals);
         Ok(reports)
     }
@@ -919,7 +927,7 @@ fn drive_load(
     master: &MasterData,
     (feeds, pacer): (Feeds, Pacer),
     mut progress: impl FnMut(u64),
-) -> anyhow::Result<(DriveReport, bool)> {
+) -> Result<(DriveReport, bool)> {
     let Feeds { gateway, mut events, master: mut updates } = feeds;
     let mut gateway = gateway.expect("a generator outside the tier writes the gateway input");
     let mut load = Load::new(config.universe, &options.load, master);
@@ -964,7 +972,7 @@ struct Totals {
 impl Totals {
     /// Takes every worker's result (the pipeline finished cleanly, so each worker did) and
     /// fails the run if a journal stopped.
-    fn collect(reports: graph::StageReports) -> anyhow::Result<Totals> {
+    fn collect(reports: graph::StageReports) -> Result<Totals> {
         let finished = "every worker finished: the pipeline ended without an error";
         let mut latency = SenderLatency::new();
         for sender in reports.senders.take().expect(finished) {
@@ -984,11 +992,15 @@ impl Totals {
             master = outcome.report;
             errors.extend(outcome.errors);
         }
-        anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
-        anyhow::ensure!(
-            unreleased == 0,
-            "a journal writer failed: {unreleased} replies were held back for good (never released)"
-        );
+        if !errors.is_empty() {
+            return Err(ExchangeError::Failed(errors.join("; ")));
+        }
+        if unreleased != 0 {
+            return Err(ExchangeError::Failed(format!(
+                "a journal writer failed: {unreleased} replies were held back for good (never \
+                 released)"
+            )));
+        }
         let shards = reports.shards.take().expect(finished);
         Ok(Totals { latency, rejects, shards, master })
     }

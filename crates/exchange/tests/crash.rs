@@ -1,10 +1,11 @@
-//! Crash test with a real process and real files: `exchange-crash-child` runs the tier with
-//! `--data DIR`, the `group` journal and a shard snapshot every [`SNAPSHOT_EVERY`] inputs
-//! under open-loop load and is SIGKILLed at random moments (mid-write of a journal batch or
-//! of a snapshot included), then restarted on the same directory. After every kill: every
-//! reply the client saw (`ack SHARD SEQ`) is reflected in the recovered state of its shard,
-//! each input is applied exactly once (the snapshot's inputs plus the replayed ones, no
-//! more), and the recovered state equals a replay of every input from scratch.
+//! Crash test with a real process and real files: the crash child (`crash_child/mod.rs`, this
+//! test binary re-executed) runs the tier with `--data DIR`, the `group` journal and a shard
+//! snapshot every [`SNAPSHOT_EVERY`] inputs under open-loop load and is SIGKILLed at random
+//! moments (mid-write of a journal batch or of a snapshot included), then restarted on the
+//! same directory. After every kill: every reply the client saw (`ack SHARD SEQ`) is reflected
+//! in the recovered state of its shard, each input is applied exactly once (the snapshot's
+//! inputs plus the replayed ones, no more), and the recovered state equals a replay of every
+//! input from scratch.
 //!
 //! Snapshots make the tier delete the journal segments they cover, so the test keeps its own
 //! hard link to every segment file it sees after a kill: the linked inode outlives the
@@ -25,10 +26,12 @@ use exchange::flow::{UniverseConfig, reference_master_data};
 use journal::{JournalReader, RecoverOptions, StateMachine, recover_from};
 use rand::{Rng, SeedableRng};
 
+mod crash_child;
+
 const SEED: u64 = 42;
 const ITERATIONS_DEFAULT: u32 = 20;
 const CORE_SHARDS: usize = 2;
-/// The child's order pool (kept in step with `exchange-crash-child`).
+/// The child's order pool (kept in step with `crash_child`).
 const ORDER_POOL_SLOTS: u32 = 1 << 14;
 /// Each run lives this long (uniformly random) after its first ack before the SIGKILL.
 const RUN_MS: std::ops::Range<u64> = 20..200;
@@ -98,6 +101,16 @@ fn check_shard(dir: &Path, archive: &Path, acked: u64) -> Checked {
     Checked { last_seq: recovered.last_seq, from_snapshot: recovered.snapshot_seq.is_some() }
 }
 
+/// Not a test of its own: the crash child's body, which the test runs in a process of its own
+/// by re-executing this binary with [`crash_child::ARGS_ENV`] set.
+#[test]
+#[ignore = "the crash child; the crash test runs it in a process of its own"]
+fn crash_child_process() {
+    if let Ok(flags) = std::env::var(crash_child::ARGS_ENV) {
+        crash_child::run(&flags).expect("the crash child runs until killed or done");
+    }
+}
+
 #[test]
 fn sigkill_under_load_never_loses_a_released_reply() {
     let iterations = std::env::var("LEANTIER_CRASH_ITERATIONS")
@@ -112,20 +125,32 @@ fn sigkill_under_load_never_loses_a_released_reply() {
     let mut recovered = [0u64; CORE_SHARDS];
     let (mut kills_after_acks, mut snapshot_recoveries) = (0, 0);
     for _ in 0..iterations {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_exchange-crash-child"))
-            .arg("--data")
-            .arg(data.path())
-            .args(["--core-shards", &CORE_SHARDS.to_string(), "--rate", "3000"])
-            .args(["--snapshot-every", &SNAPSHOT_EVERY.to_string()])
-            .args(["--segment-bytes", &SEGMENT_BYTES.to_string()])
+        let flags = format!(
+            "--data {} --core-shards {CORE_SHARDS} --rate 3000 --snapshot-every {SNAPSHOT_EVERY} \
+             --segment-bytes {SEGMENT_BYTES}",
+            data.path().display()
+        );
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "crash_child_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(crash_child::ARGS_ENV, flags)
             .stdout(Stdio::piped())
             .spawn()
             .expect("the child starts");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        // Kill only once the tier is up (its first ack), at a random moment after that.
+        // Kill only once the tier is up (its first ack; the test harness prints its own lines
+        // first), at a random moment after that.
         let mut first = String::new();
-        let read = stdout.read_line(&mut first).unwrap();
-        assert!(read > 0, "the child exited before its first reply: {:?}", child.wait());
+        while !first.starts_with("ack ") {
+            first.clear();
+            let read = stdout.read_line(&mut first).unwrap();
+            assert!(read > 0, "the child exited before its first reply: {:?}", child.wait());
+        }
         std::thread::sleep(Duration::from_millis(rng.random_range(RUN_MS)));
         child.kill().expect("SIGKILL"); // std sends SIGKILL on Unix
         let status = child.wait().unwrap();

@@ -228,7 +228,7 @@ impl IoLoop {
         let verifier = match crate::credentials::Verifier::start() {
             Ok(verifier) => verifier,
             Err(error) => {
-                let _ = setup.built.send(Err(ServeError::Tier(error.into())));
+                let _ = setup.built.send(Err(ServeError::Verifier(error)));
                 return Built::Failed;
             }
         };

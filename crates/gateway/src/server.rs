@@ -93,7 +93,7 @@ impl Running {
         let Some(tier) = self.tier.take() else { return };
         match tier.stop() {
             Ok(stopped) => tracing::info!(delivered = stopped.delivered, "tier stopped"),
-            Err(error) => tracing::error!(error = %format!("{error:#}"), "tier at shutdown"),
+            Err(error) => tracing::error!(error = %ops::error_chain(&error), "tier at shutdown"),
         }
     }
 }
@@ -117,8 +117,12 @@ pub enum ServeError {
     MetricsExposed { addr: SocketAddr },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-    #[error("tier: {0:#}")]
-    Tier(#[from] anyhow::Error),
+    #[error("the tier failed")]
+    Tier(#[from] exchange::ExchangeError),
+    #[error("starting the credential verifiers")]
+    Verifier(#[from] crate::credentials::CredentialsError),
+    #[error("the tier stopped before serving")]
+    TierStopped,
     #[error("replicated input log: {0}")]
     Log(#[from] replication::ReplicationError),
     #[error("gateway without a tier: {0}")]
@@ -254,6 +258,6 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
             handoff.lock().unwrap_or_else(PoisonError::into_inner).take();
             Err(error)
         }
-        Err(_) => Err(ServeError::Tier(anyhow::anyhow!("the tier stopped before serving"))),
+        Err(_) => Err(ServeError::TierStopped),
     }
 }

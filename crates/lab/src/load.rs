@@ -932,11 +932,13 @@ impl RateSearch {
     }
 }
 
-/// Runs a whole rate search: `run(rate)` measures one step and returns its latencies.
-pub fn search_max_rate(
+/// Runs a whole rate search: `run(rate)` measures one step and returns its latencies. The
+/// error is the caller's own (a library's typed error, or `anyhow` in a command): a bad plan
+/// converts into it.
+pub fn search_max_rate<E: From<BadInput>>(
     plan: RateSearchPlan,
-    mut run: impl FnMut(f64) -> anyhow::Result<LatencyHistogram>,
-) -> anyhow::Result<RateSearchReport> {
+    mut run: impl FnMut(f64) -> Result<LatencyHistogram, E>,
+) -> Result<RateSearchReport, E> {
     let mut search = RateSearch::new(plan)?;
     while let Some(rate_per_s) = search.next_rate() {
         let latency = run(rate_per_s)?;
@@ -1290,7 +1292,8 @@ mod tests {
         let report = search_max_rate(generous, synthetic).unwrap();
         assert_eq!(report.last_passing_rate_per_s, Some(SEARCH.max_rate_per_s));
         assert_eq!(report.first_failing_rate_per_s, None);
-        let empty = search_max_rate(SEARCH, |_| Ok(LatencyHistogram::new())).unwrap();
+        let empty =
+            search_max_rate(SEARCH, |_| Ok::<_, BadInput>(LatencyHistogram::new())).unwrap();
         assert_eq!(empty.last_passing_rate_per_s, None);
         assert_eq!(empty.first_failing_rate_per_s, Some(SEARCH.min_rate_per_s));
         assert!(RateSearch::new(RateSearchPlan { min_rate_per_s: 0.0, ..SEARCH }).is_err());

@@ -147,8 +147,8 @@ impl Registrar {
     }
 }
 
-fn database(error: anyhow::Error) -> ErrorReply {
-    ErrorReply::new(Reason::Unavailable, format!("database: {error:#}"))
+fn database(error: crate::MqError) -> ErrorReply {
+    ErrorReply::new(Reason::Unavailable, format!("database: {}", ops::error_chain(&error)))
 }
 
 fn hashing_stopped() -> ErrorReply {

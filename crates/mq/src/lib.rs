@@ -21,12 +21,11 @@
 //! - `metrics`: what `mq serve --metrics-listen` shows (counters, gauges, latency histograms);
 //!   [`server::RunningNode::stop`] drains a node on SIGTERM (docs/OPERATIONS.md).
 //! - [`client`]: the client library (one call at a time, or pipelined `submit` / `receive`).
-//! - [`load`]: the closed-loop load generator (on `lab::load::drive_closed_loop`), splitting
-//!   response time into client, queue-wait, database and middleware parts from the timings every
-//!   reply carries, checking counts (clients = middleware = rows), the utilization law and the
-//!   response-time law, and naming the bottleneck.
-//! - [`bench`](mod@bench) and [`experiment`]: same-run comparisons against plain SQL and pgmq, and the
-//!   standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
+//! - [`util`]: the clock the store's operations and replies are stamped with.
+//!
+//! The closed-loop load generator, the same-run comparisons against plain SQL and pgmq and the
+//! standard experiments run this library from outside it (`labs::mq_load`, `labs::mq_bench`,
+//! `labs::mq_experiment`).
 //!
 //! Delivery: `pop` is at-most-once (the row is deleted in the committed transaction before the
 //! reply; a crash between commit and reply loses that message to the reader). `lease` + `ack` is
@@ -34,13 +33,10 @@
 
 mod address;
 mod auth;
-pub mod bench;
 pub mod client;
 mod connection;
 mod error;
-pub mod experiment;
 pub mod frame;
-pub mod load;
 mod metrics;
 pub mod protocol;
 mod reply_memory;
@@ -48,6 +44,6 @@ pub mod server;
 pub mod share;
 pub mod store;
 pub mod tls;
-mod util;
+pub mod util;
 
-pub use error::MqError;
+pub use error::{MqError, Result};

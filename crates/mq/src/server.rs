@@ -43,13 +43,13 @@ use std::time::{Duration, Instant};
 
 use crate::util::elapsed_ns;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::address::{ConnectionsPerSource, RegistrationLimits, source_of};
 use crate::auth::Registrar;
+use crate::error::{Result, io_failed};
 use crate::frame::FRAME_CHUNK_BYTES;
 use crate::protocol::{
     ErrorReply, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request, ServerTiming,
@@ -446,7 +446,7 @@ pub async fn start<S: Store + Clone>(
     listen: &str,
     store: S,
     config: NodeConfig,
-) -> anyhow::Result<RunningNode> {
+) -> Result<RunningNode> {
     start_with_tls(listen, store, config, None).await
 }
 
@@ -456,10 +456,11 @@ pub async fn start_with_tls<S: Store + Clone>(
     store: S,
     config: NodeConfig,
     tls: Option<Arc<rustls::ServerConfig>>,
-) -> anyhow::Result<RunningNode> {
+) -> Result<RunningNode> {
     config.validate()?;
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-    let addr = listener.local_addr()?;
+    let listener =
+        TcpListener::bind(listen).await.map_err(io_failed(format!("binding {listen}")))?;
+    let addr = listener.local_addr().map_err(io_failed("reading the bound address"))?;
     let (to_workers, from_handlers) = mpsc::channel(config.handler_slots);
     let node = Arc::new(Node {
         handler_slots: Arc::new(Semaphore::new(config.handler_slots)),
@@ -471,7 +472,7 @@ pub async fn start_with_tls<S: Store + Clone>(
             config.hashing_queue_max,
             config.registration_limits(),
         )
-        .context("starting the hashing threads")?,
+        .map_err(io_failed("starting the hashing threads"))?,
         frame_memory: crate::frame::node_budget(&config),
         reply_memory: crate::reply_memory::node_budget(&config),
         sources: Arc::default(),
@@ -681,7 +682,7 @@ async fn db_worker<S: Store>(
         match outcome {
             Ok(()) => count_committed(&node.counters, &batch),
             Err(error) => {
-                let error = format!("{error:#}");
+                let error = ops::error_chain(&error);
                 tracing::warn!(error, ops = batch.ops.len(), "batch rolled back");
                 batch.results.clear();
                 let refusal = ErrorReply::new(Reason::Unavailable, format!("database: {error}"));

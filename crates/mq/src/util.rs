@@ -1,4 +1,5 @@
-//! Clock helpers shared by the node and the load generator.
+//! The node's clocks; the load generator and the benchmark (`labs::mq_load`, `labs::mq_bench`)
+//! stamp the store operations they make with the same wall clock.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 

@@ -27,6 +27,7 @@ use hyper::{Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
 
+use crate::OpsError;
 use crate::process::ProcessCollector;
 
 /// Connections the admin listener serves at once; beyond, new ones are closed unanswered. A
@@ -139,13 +140,15 @@ impl Endpoint {
     }
 
     /// Answers on `listen` from a thread of its own until the returned handle is dropped.
-    pub fn serve(self, listen: SocketAddr) -> anyhow::Result<Listening> {
-        check_exposure(listen, self.metrics_token.is_some()).map_err(anyhow::Error::msg)?;
-        let listener = std::net::TcpListener::bind(listen)?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
+    pub fn serve(self, listen: SocketAddr) -> Result<Listening, OpsError> {
+        check_exposure(listen, self.metrics_token.is_some()).map_err(OpsError::Exposed)?;
+        let failed = |what| move |source| OpsError::Io { what, listen, source };
+        let listener = std::net::TcpListener::bind(listen).map_err(failed("binding"))?;
+        listener.set_nonblocking(true).map_err(failed("setting the listener non-blocking"))?;
+        let addr = listener.local_addr().map_err(failed("reading the bound address"))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let runtime = runtime.map_err(failed("starting the endpoint's runtime"))?;
         let thread = std::thread::Builder::new().name("admin-http".into()).spawn(move || {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
@@ -154,7 +157,8 @@ impl Endpoint {
                     _ = stopped => {}
                 }
             });
-        })?;
+        });
+        let thread = thread.map_err(failed("spawning the endpoint's thread"))?;
         Ok(Listening { addr, stop: Some(stop), thread: Some(thread) })
     }
 }

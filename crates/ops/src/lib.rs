@@ -19,11 +19,13 @@
 //! on no leantier crate, so every server crate may use it.
 
 pub mod endpoint;
+mod error;
 pub mod histogram;
 pub mod process;
 pub mod read;
 pub mod stop;
 
 pub use endpoint::{Endpoint, Readiness};
+pub use error::{OpsError, error_chain};
 pub use histogram::BucketHistogram;
 pub use prometheus_client::registry::Registry;

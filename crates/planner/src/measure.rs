@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::error::PlanError;
 use crate::model::{HostSpec, NetworkSpec};
 
 /// Bytes written (then fsynced) to estimate the disk's sustained write bandwidth.
@@ -30,7 +31,7 @@ pub trait Workload {
         duration_per_node: Duration,
         scratch_dir: &Path,
         settings: &[(String, String)],
-    ) -> anyhow::Result<NetworkSpec>;
+    ) -> Result<NetworkSpec, PlanError>;
 }
 
 fn cpu_clock_ns(clock: libc::clockid_t) -> u64 {
@@ -134,13 +135,14 @@ impl ServiceTime {
 
 /// Calls `step(node)` (which does some jobs and returns how many) on this thread until
 /// `duration` has passed, then `finish(node)` (which completes any buffered work, e.g. a final
-/// batch or fsync) inside the measured time.
-pub fn measure_node<Node>(
+/// batch or fsync) inside the measured time. The error is the caller's own (the node's work
+/// fails in its terms); a node that completed no job converts into it.
+pub fn measure_node<Node, E: From<PlanError>>(
     duration: Duration,
     node: &mut Node,
-    mut step: impl FnMut(&mut Node) -> anyhow::Result<u64>,
-    finish: impl FnOnce(&mut Node) -> anyhow::Result<()>,
-) -> anyhow::Result<NodeSample> {
+    mut step: impl FnMut(&mut Node) -> Result<u64, E>,
+    finish: impl FnOnce(&mut Node) -> Result<(), E>,
+) -> Result<NodeSample, E> {
     let cpu_start_ns = thread_cpu_time_ns();
     let start = Instant::now();
     let mut jobs = 0;
@@ -150,14 +152,17 @@ pub fn measure_node<Node>(
     finish(node)?;
     let wall_s = start.elapsed().as_secs_f64();
     let cpu_s = (thread_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
-    anyhow::ensure!(jobs > 0, "the node completed no job in {wall_s:.3} s");
+    if jobs == 0 {
+        let why = format!("the node completed no job in {wall_s:.3} s");
+        return Err(PlanError::NothingMeasured(why).into());
+    }
     Ok(NodeSample { jobs, wall_s, cpu_s })
 }
 
 /// Detects the host: the cores this process can get (see [`available_cores`]), available
 /// memory, disk write bandwidth (measured with a 16 MiB write and fsync in `scratch_dir`) and
 /// the fastest non-loopback interface's speed.
-pub fn detect_host(scratch_dir: &Path, cores_probe: Duration) -> anyhow::Result<HostSpec> {
+pub fn detect_host(scratch_dir: &Path, cores_probe: Duration) -> Result<HostSpec, PlanError> {
     Ok(HostSpec {
         cores: available_cores(cores_probe),
         memory_bytes: available_memory_bytes(),
@@ -173,18 +178,22 @@ fn available_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn disk_write_bytes_per_s(scratch_dir: &Path) -> anyhow::Result<f64> {
+fn disk_write_bytes_per_s(scratch_dir: &Path) -> Result<f64, PlanError> {
     let path = scratch_dir.join("leantier-disk-probe.bin");
     let chunk = vec![0x5a_u8; DISK_PROBE_CHUNK_BYTES];
-    let start = Instant::now();
-    let mut file = std::fs::File::create(&path)?;
-    for _ in 0..DISK_PROBE_BYTES / DISK_PROBE_CHUNK_BYTES {
-        file.write_all(&chunk)?;
-    }
-    file.sync_all()?;
-    let elapsed_s = start.elapsed().as_secs_f64();
-    std::fs::remove_file(&path)?;
-    Ok(DISK_PROBE_BYTES as f64 / elapsed_s)
+    let probe = || {
+        let start = Instant::now();
+        let mut file = std::fs::File::create(&path)?;
+        for _ in 0..DISK_PROBE_BYTES / DISK_PROBE_CHUNK_BYTES {
+            file.write_all(&chunk)?;
+        }
+        file.sync_all()?;
+        let elapsed_s = start.elapsed().as_secs_f64();
+        std::fs::remove_file(&path)?;
+        Ok(DISK_PROBE_BYTES as f64 / elapsed_s)
+    };
+    let what = || format!("probing the disk's write bandwidth with {}", path.display());
+    probe().map_err(|source| PlanError::Io { what: what(), source })
 }
 
 /// Link speed from sysfs (Mbit/s → bytes/s); `None` when no interface reports one.
@@ -206,7 +215,7 @@ mod tests {
 
     #[test]
     fn busy_loop_is_cpu_bound_and_sleep_is_not() {
-        let busy = measure_node(
+        let busy = measure_node::<_, PlanError>(
             Duration::from_millis(50),
             &mut 0_u64,
             |sink| {
@@ -218,7 +227,7 @@ mod tests {
             |_| Ok(()),
         )
         .unwrap();
-        let sleepy = measure_node(
+        let sleepy = measure_node::<_, PlanError>(
             Duration::from_millis(50),
             &mut (),
             |_| {

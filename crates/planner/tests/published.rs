@@ -278,8 +278,7 @@ fn options_and_models_that_cannot_plan_are_bad_input() {
         let options = PUBLISHED.with_rate_search(search);
         let error = optimize_with(&network, Goal::Throughput, options).unwrap_err();
         assert!(error.to_string().contains("nothing limits"), "{search:?}: {error}");
-        let error: anyhow::Error = error.into();
-        assert!(matches!(error.downcast_ref::<PlanError>(), Some(PlanError::BadInput(_))));
+        assert!(matches!(error, PlanError::BadInput(_)), "{error}");
     }
     let bounded = Options { fixed_nodes: FixedNodes::BoundsRate, ..PUBLISHED };
     assert_eq!(

@@ -1,7 +1,6 @@
 //! HTTP/1.1 clients for the load lab and the tests: hyper's pooled client, and one connection
 //! per closed-loop user.
 
-use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -10,6 +9,8 @@ use hyper::{Request, Uri, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use crate::error::{Result, WebError, http_failed, io_failed};
 
 /// Posts JSON bodies over pooled keep-alive connections.
 #[derive(Clone)]
@@ -28,12 +29,13 @@ impl Default for JsonClient {
 
 impl JsonClient {
     /// POSTs `body` to `url`; returns the status and the whole response body.
-    pub async fn post(&self, url: &str, body: Bytes) -> anyhow::Result<(u16, Bytes)> {
-        let request =
-            Request::post(url).header(CONTENT_TYPE, "application/json").body(Full::new(body))?;
-        let response = self.client.request(request).await?;
+    pub async fn post(&self, url: &str, body: Bytes) -> Result<(u16, Bytes)> {
+        let request = Request::post(url).header(CONTENT_TYPE, "application/json");
+        let request = request.body(Full::new(body)).map_err(http_failed("building a request"))?;
+        let response = self.client.request(request).await.map_err(http_failed("posting"))?;
         let status = response.status().as_u16();
-        let body = response.into_body().collect().await?.to_bytes();
+        let body = response.into_body().collect().await;
+        let body = body.map_err(http_failed("reading the answer"))?.to_bytes();
         Ok((status, body))
     }
 }
@@ -48,35 +50,41 @@ pub struct UserConnections {
 
 impl UserConnections {
     /// Connections (opened lazily) for `users` users posting to `url`.
-    pub fn new(url: &str, users: usize) -> anyhow::Result<UserConnections> {
-        let uri: Uri = url.parse().with_context(|| format!("invalid URL {url}"))?;
-        anyhow::ensure!(uri.authority().is_some(), "URL {url} has no host");
+    pub fn new(url: &str, users: usize) -> Result<UserConnections> {
+        let invalid = |why: String| WebError::BadInput(format!("invalid URL {url}: {why}"));
+        let uri: Uri =
+            url.parse().map_err(|e: hyper::http::uri::InvalidUri| invalid(e.to_string()))?;
+        if uri.authority().is_none() {
+            return Err(invalid("no host".into()));
+        }
         let connections = (0..users).map(|_| tokio::sync::Mutex::new(None)).collect();
         Ok(UserConnections { uri, connections })
     }
 
     /// POSTs `body` on `user`'s connection (reconnecting when the server closed it); returns
     /// the status and the whole response body.
-    pub async fn post(&self, user: usize, body: Bytes) -> anyhow::Result<(u16, Bytes)> {
-        let authority = self.uri.authority().context("URL has a host")?.as_str();
+    pub async fn post(&self, user: usize, body: Bytes) -> Result<(u16, Bytes)> {
+        let authority = self.uri.authority().expect("`new` checked the URL has a host").as_str();
         let mut slot = self.connections[user].lock().await;
         let sender = match slot.take() {
             Some(sender) if !sender.is_closed() => slot.insert(sender),
             _ => slot.insert(connect(authority).await?),
         };
-        sender.ready().await?;
+        sender.ready().await.map_err(http_failed("waiting for the connection"))?;
         let request = Request::post(self.uri.path())
             .header(HOST, authority)
             .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(body))?;
-        let response = sender.send_request(request).await?;
+            .body(Full::new(body))
+            .map_err(http_failed("building a request"))?;
+        let response = sender.send_request(request).await.map_err(http_failed("posting"))?;
         let closes = response.version() < Version::HTTP_11
             || response
                 .headers()
                 .get(CONNECTION)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         let status = response.status().as_u16();
-        let answer = response.into_body().collect().await?.to_bytes();
+        let answer = response.into_body().collect().await;
+        let answer = answer.map_err(http_failed("reading the answer"))?.to_bytes();
         if closes {
             // The server ends the connection after this answer (e.g. an HTTP/1.0 server).
             *slot = None;
@@ -85,10 +93,12 @@ impl UserConnections {
     }
 }
 
-async fn connect(authority: &str) -> anyhow::Result<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(authority).await?;
-    stream.set_nodelay(true)?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+async fn connect(authority: &str) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(authority).await;
+    let stream = stream.map_err(io_failed(format!("connecting to {authority}")))?;
+    stream.set_nodelay(true).map_err(io_failed("setting TCP_NODELAY"))?;
+    let handshake = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await;
+    let (sender, connection) = handshake.map_err(http_failed("the HTTP/1.1 handshake"))?;
     tokio::spawn(async move {
         // Ends when the server or the sender closes the connection; nothing to report.
         let _ = connection.await;

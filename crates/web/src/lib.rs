@@ -37,10 +37,10 @@
 //! never read stay within the bound. All in-process models (`adaptive` included) are
 //! served side by side on `/matrix/<model>` so one run compares them under identical conditions.
 //!
-//! **Load lab.** [`loadlab`] drives one cell or the whole {model} × {users} × {complexity}
+//! **Load lab.** The load driver (`labs::web_load`, outside this library) drives one cell or the whole {model} × {users} × {complexity}
 //! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and
-//! 2000 rows) using `lab::load` (closed-loop users; open loop with latency from the intended
-//! send time), `lab::stats` HDR histograms and `lab::report` tables, report folder and SVG plots.
+//! 2000 rows) using the lab's load drivers (closed-loop users; open loop with latency from the
+//! intended send time), HDR histograms, tables, report folder and SVG plots.
 //! The Python baselines (`bench/web-python`) are started by `scripts/bench-web` and measured in
 //! the same run.
 
@@ -52,10 +52,9 @@ pub(crate) mod deal;
 mod error;
 pub mod exec;
 pub mod kernel;
-pub mod loadlab;
 pub mod prefork;
 pub mod serve;
 pub mod server;
 pub mod workload;
 
-pub use error::WebError;
+pub use error::{HttpCause, Result, WebError};

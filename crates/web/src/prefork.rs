@@ -30,11 +30,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use anyhow::Context;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::api::SizeLimits;
 use crate::deal::{self, Dealer, DealtListener};
+use crate::error::{Result, WebError, io_failed};
 use crate::exec::{self, Calibration, ExecConfig, Executor, Model};
 use crate::server::{Executors, ServeBounds, serve_on};
 
@@ -73,16 +73,16 @@ pub struct ChildSpec {
 }
 
 /// The child role of this process, if its parent set one.
-pub fn child_spec_from_env() -> anyhow::Result<Option<ChildSpec>> {
+pub fn child_spec_from_env() -> Result<Option<ChildSpec>> {
     let Ok(text) = std::env::var(CHILD_ENV) else {
         return Ok(None);
     };
-    let spec = serde_json::from_str(&text).with_context(|| format!("invalid {CHILD_ENV}"))?;
+    let spec = serde_json::from_str(&text).map_err(WebError::ChildSpec)?;
     Ok(Some(spec))
 }
 
 /// Runs this process as one prefork child until the parent kills it.
-pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
+pub fn run_child(spec: &ChildSpec) -> Result<()> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory of ours.
     let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     if rc != 0 {
@@ -97,13 +97,17 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         workers: spec.pool_threads,
         queue_depth_max: spec.queue_depth_max,
     };
-    let pin = || pipeline::placement::pin_current_thread(&[spec.cpu]).context("pinning the child");
+    let pin = || {
+        let pinned = pipeline::placement::pin_current_thread(&[spec.cpu]);
+        pinned.map_err(|e| WebError::Failed(format!("pinning the child to CPU {}: {e}", spec.cpu)))
+    };
     let executors = match spec.model {
         Model::Adaptive => {
-            let host_in_flight = HostCounter::map(spec.host_counter_fd)?;
+            let host_in_flight = HostCounter::map(spec.host_counter_fd)
+                .map_err(io_failed("mapping the shared counter"))?;
             // Before pinning: the splitting pool's threads pin themselves over all allowed CPUs.
-            let executor =
-                Executor::start_child(&exec, spec.calibration, spec.cpu, host_in_flight)?;
+            let executor = Executor::start_child(&exec, spec.calibration, spec.cpu, host_in_flight)
+                .map_err(io_failed("starting the child's executor"))?;
             // The reactor threads, started later, inherit this thread's mask.
             pin()?;
             Executors::of(executor)
@@ -111,9 +115,13 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
         Model::Prefork => {
             // Before any other thread exists, so every thread of the process inherits the mask.
             pin()?;
-            Executors::start(&[Model::Prefork], &ExecConfig { workers: 1, ..exec })?
+            Executors::start(&[Model::Prefork], &ExecConfig { workers: 1, ..exec })
+                .map_err(io_failed("starting the child's executor"))?
         }
-        other => anyhow::bail!("{} is not a per-core process model", other.name()),
+        other => {
+            let why = format!("{} is not a per-core process model", other.name());
+            return Err(WebError::Failed(why));
+        }
     };
     let router = executors.router(spec.model, spec.body_bytes_max, &spec.bounds.work);
     let bounds = spec.bounds.connection;
@@ -126,15 +134,21 @@ pub fn run_child(spec: &ChildSpec) -> anyhow::Result<()> {
             // this process owns it.
             let channel = unsafe { OwnedFd::from_raw_fd(fd) };
             let listener = move || DealtListener::new(channel).inspect(|_| ready());
-            serve_on(listener, router, 1, bounds, stop_signal())?;
+            serve_on(listener, router, 1, bounds, stop_signal())
+                .map_err(io_failed("serving dealt connections"))?;
         }
         None => {
-            let socket = reuseport_socket(spec.addr)?;
-            socket.listen(LISTEN_BACKLOG)?;
-            socket.set_nonblocking(true)?;
+            let listening = || {
+                let socket = reuseport_socket(spec.addr)?;
+                socket.listen(LISTEN_BACKLOG)?;
+                socket.set_nonblocking(true)?;
+                Ok(socket)
+            };
+            let socket = listening().map_err(io_failed(format!("listening on {}", spec.addr)))?;
             let listener =
                 move || tokio::net::TcpListener::from_std(socket.into()).inspect(|_| ready());
-            serve_on(listener, router, 1, bounds, stop_signal())?;
+            serve_on(listener, router, 1, bounds, stop_signal())
+                .map_err(io_failed(format!("serving on {}", spec.addr)))?;
         }
     }
     Ok(())
@@ -240,13 +254,14 @@ impl Prefork {
         template: ChildSpec,
         exe: PathBuf,
         args: &[OsString],
-    ) -> anyhow::Result<Prefork> {
+    ) -> Result<Prefork> {
         assert!(workers >= 1);
         // For dealt intakes, the channels' child ends: open here until every child inherited
         // its own.
         let (intake, addr, child_ends) = Intake::bind(addr, workers, template.model)?;
-        let allowed = exec::allowed_cpus()?;
-        let host_counter = HostCounter::create().context("creating the shared counter")?;
+        let allowed = exec::allowed_cpus().map_err(io_failed("reading the allowed CPUs"))?;
+        let host_counter =
+            HostCounter::create().map_err(io_failed("creating the shared counter"))?;
         let host_counter_fd = host_counter.raw_fd();
         let mut prefork =
             Prefork { addr, _intake: intake, _host_counter: host_counter, children: Vec::new() };
@@ -264,7 +279,7 @@ impl Prefork {
             let mut command = Command::new(&exe);
             command
                 .args(args)
-                .env(CHILD_ENV, serde_json::to_string(&spec)?)
+                .env(CHILD_ENV, serde_json::to_string(&spec).map_err(WebError::ChildSpec)?)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped());
             if let Some(fd) = dealt_channel_fd {
@@ -274,7 +289,7 @@ impl Prefork {
             }
             let child = command
                 .spawn()
-                .with_context(|| format!("starting prefork child {}", exe.display()))?;
+                .map_err(io_failed(format!("starting prefork child {}", exe.display())))?;
             prefork.children.push(child);
         }
         drop(child_ends);
@@ -294,18 +309,20 @@ impl Prefork {
     }
 
     /// Blocks until the first child exits (children only exit on failure), as an error.
-    pub fn wait_any(mut self) -> anyhow::Result<()> {
-        let status = self.children[0].wait()?;
-        anyhow::bail!("prefork child exited: {status}")
+    pub fn wait_any(mut self) -> Result<()> {
+        let status = self.children[0].wait().map_err(io_failed("waiting for a prefork child"))?;
+        Err(WebError::Failed(format!("prefork child exited: {status}")))
     }
 
     /// Serves until SIGTERM or SIGINT, then passes the signal on to every child (each drains
     /// its connections) and waits for them within `ops::stop::DRAIN_TIMEOUT`, killing any
     /// left; logs one summary line. A child that exits first is an error, as in
     /// [`Prefork::wait_any`].
-    pub fn serve_until_stopped(mut self) -> anyhow::Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let stop = runtime.block_on(async { ops::stop::stop_signal() })?;
+    pub fn serve_until_stopped(mut self) -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let runtime = runtime.map_err(io_failed("starting the parent's runtime"))?;
+        let stop = runtime.block_on(async { ops::stop::stop_signal() });
+        let stop = stop.map_err(io_failed("listening for SIGTERM and SIGINT"))?;
         let signal = runtime.block_on(async {
             tokio::select! {
                 signal = stop => Ok(signal),
@@ -314,7 +331,7 @@ impl Prefork {
         });
         let signal = match signal {
             Ok(signal) => signal,
-            Err(status) => anyhow::bail!("prefork child exited: {status}"),
+            Err(status) => return Err(WebError::Failed(format!("prefork child exited: {status}"))),
         };
         tracing::info!(signal, "stop requested: draining the children");
         let started = std::time::Instant::now();
@@ -365,31 +382,37 @@ impl Intake {
         addr: SocketAddr,
         workers: usize,
         model: Model,
-    ) -> anyhow::Result<(Intake, SocketAddr, Vec<OwnedFd>)> {
+    ) -> Result<(Intake, SocketAddr, Vec<OwnedFd>)> {
         if model != Model::Adaptive {
-            let reservation = reuseport_socket(addr).with_context(|| format!("binding {addr}"))?;
-            let addr = reservation.local_addr()?.as_socket().context("an IP address")?;
+            let reservation =
+                reuseport_socket(addr).map_err(io_failed(format!("binding {addr}")))?;
+            let bound = reservation.local_addr().map_err(io_failed("reading the bound address"))?;
+            let addr = bound.as_socket().expect("a socket bound to an IP address has one");
             return Ok((Intake::ReusePort { _reservation: reservation }, addr, Vec::new()));
         }
         let listener =
-            std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))?;
-        let addr = listener.local_addr()?;
+            std::net::TcpListener::bind(addr).map_err(io_failed(format!("binding {addr}")))?;
+        let addr = listener.local_addr().map_err(io_failed("reading the bound address"))?;
         let (parent_ends, child_ends): (Vec<OwnedFd>, Vec<OwnedFd>) = (0..workers)
             .map(|_| deal::channel())
             .collect::<std::io::Result<Vec<_>>>()
-            .context("creating the dealing channels")?
+            .map_err(io_failed("creating the dealing channels"))?
             .into_iter()
             .unzip();
-        let dealer = Dealer::start(listener, parent_ends)?;
+        let dealer =
+            Dealer::start(listener, parent_ends).map_err(io_failed("starting the dealer"))?;
         Ok((Intake::Dealt { _dealer: dealer }, addr, child_ends))
     }
 }
 
-fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
-    let stdout = child.stdout.take().context("child stdout is piped")?;
+fn wait_ready(child: &mut Child) -> Result<()> {
+    let stdout = child.stdout.take().expect("`Prefork::start` pipes the child's stdout");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    anyhow::ensure!(line.trim() == READY_LINE, "prefork child {} failed to start", child.id());
+    let read = BufReader::new(stdout).read_line(&mut line);
+    read.map_err(io_failed(format!("reading prefork child {}'s ready line", child.id())))?;
+    if line.trim() != READY_LINE {
+        return Err(WebError::Failed(format!("prefork child {} failed to start", child.id())));
+    }
     Ok(())
 }
 

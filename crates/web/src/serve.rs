@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use crate::WebError;
 use crate::admission::WorkBounds;
 use crate::api::{ANSWER_BYTES_MAX_DEFAULT, CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, SizeLimits};
 use crate::conn::ConnectionBounds;
+use crate::error::{Result, WebError, io_failed};
 use crate::exec::{self, Calibration, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
 use crate::prefork::{ChildSpec, Prefork};
 use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServeBounds, ServerConfig, serve_blocking};
@@ -107,7 +107,7 @@ fn millis(duration: std::time::Duration) -> u64 {
 
 impl ServeConfig {
     /// The validated server configuration.
-    pub fn server_config(&self) -> anyhow::Result<ServerConfig> {
+    pub fn server_config(&self) -> Result<ServerConfig> {
         let model: Model = self.model.parse()?;
         let positive = [
             ("workers", self.workers),
@@ -119,7 +119,7 @@ impl ServeConfig {
             ("io_threads", self.io_threads),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
-            return Err(WebError::BadInput(format!("{name} must be > 0")).into());
+            return Err(WebError::BadInput(format!("{name} must be > 0")));
         }
         let bounds = self.bounds();
         bounds.connection.check().map_err(WebError::BadInput)?;
@@ -218,7 +218,7 @@ pub fn keep_freed_request_memory() {
 
 /// Serves until SIGTERM or SIGINT, then drains (see [`serve_in_process`]; per core, each
 /// child drains: `Prefork::serve_until_stopped`), or, per core, until a child exits.
-pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
+pub fn serve(config: &ServeConfig) -> Result<()> {
     let server_config = config.server_config()?;
     let model = server_config.default_model;
     let per_core_adaptive =
@@ -240,8 +240,9 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
 /// port. On SIGTERM or SIGINT it turns not ready, stops accepting, lets each open connection
 /// finish the request it is in (within `ops::stop::DRAIN_TIMEOUT`), logs one summary line and
 /// returns.
-fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> anyhow::Result<()> {
-    let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
+fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> Result<()> {
+    let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)
+        .map_err(io_failed("starting the executors"))?;
     if let Some(calibration) = executors.calibration() {
         println!("{calibration}");
     }
@@ -255,8 +256,11 @@ fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> anyho
     let endpoint = ops::Endpoint::new(registry, readiness.clone())
         .with_metrics_token(config.metrics_token.clone());
     let router = crate::server::with_admin(router, endpoint);
-    let listener = std::net::TcpListener::bind(config.listen)?;
-    let announce = format!("serving {} on http://{}/matrix", config.model, listener.local_addr()?);
+    let listen = config.listen;
+    let listener =
+        std::net::TcpListener::bind(listen).map_err(io_failed(format!("binding {listen}")))?;
+    let bound = listener.local_addr().map_err(io_failed("reading the bound address"))?;
+    let announce = format!("serving {} on http://{bound}/matrix", config.model);
     let signal = std::sync::Arc::new(std::sync::OnceLock::new());
     let heard = std::sync::Arc::clone(&signal);
     let bounds = server_config.bounds.connection;
@@ -272,7 +276,8 @@ fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> anyho
         let _ = heard.set(stop_signal.await);
         readiness.set(false);
         tracing::info!(signal = heard.get().copied(), "stop requested: draining");
-    })?;
+    })
+    .map_err(io_failed(format!("serving on {bound}")))?;
     let signal = signal.get().copied().unwrap_or("none");
     if !report.drained {
         tracing::warn!(bound = ?ops::stop::DRAIN_TIMEOUT, "drain cut short; open requests were cut");
@@ -293,14 +298,15 @@ fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> anyho
 /// with this process's arguments (the child finds its role in [`crate::prefork::CHILD_ENV`]);
 /// for `adaptive`, calibrates the split size first, here, so the children do not disturb each
 /// other's measurements.
-pub fn start_per_core(config: &ServeConfig, model: Model) -> anyhow::Result<Prefork> {
+pub fn start_per_core(config: &ServeConfig, model: Model) -> Result<Prefork> {
     let mut template = config.child_template(model);
     if model == Model::Adaptive {
-        let calibration = exec::calibrate(config.workers, &config.limits())?;
+        let calibration = exec::calibrate(config.workers, &config.limits())
+            .map_err(io_failed("calibrating the adaptive split"))?;
         println!("{calibration}");
         template.calibration = calibration;
     }
-    let exe = std::env::current_exe()?;
+    let exe = std::env::current_exe().map_err(io_failed("finding this program's path"))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     Prefork::start(config.listen, config.workers, template, exe, &args)
 }

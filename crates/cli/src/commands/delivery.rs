@@ -8,10 +8,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use delivery::DeliveryError::BadInput;
-use delivery::experiment::{
-    self, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS, PUBLISHED_P90_P99_US, Point,
-    Settings,
-};
 use delivery::gateway::{
     CONSUMER_QUEUE_CHUNKS_DEFAULT, CONSUMERS_MAX_DEFAULT, GatewayOptions, GatewayReport,
     SEQ_AHEAD_MAX_DEFAULT,
@@ -20,6 +16,10 @@ use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
 use exchange::tier::Arrival;
 use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
+use labs::delivery_experiment::{
+    self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS,
+    PUBLISHED_P90_P99_US, Point, Settings,
+};
 
 use super::values;
 

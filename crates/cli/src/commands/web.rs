@@ -177,14 +177,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // Process-wide, and first: every web command serves or drives matrix requests.
     web::serve::keep_freed_request_memory();
     if let Some(spec) = prefork::child_spec_from_env()? {
-        return prefork::run_child(&spec);
+        return Ok(prefork::run_child(&spec)?);
     }
     match &args.command {
         Command::Serve(serve) if serve.print_config => {
             print!("{}", toml::to_string(&serve.resolve()?)?);
             Ok(())
         }
-        Command::Serve(serve) => web::serve::serve(&serve.resolve()?),
+        Command::Serve(serve) => Ok(web::serve::serve(&serve.resolve()?)?),
         Command::Load(load) => loadlab::run_load(load),
         Command::Matrix(matrix) => loadlab::run_matrix(matrix),
         Command::Ratio(ratio) => loadlab::run_ratio(ratio),
@@ -239,11 +239,11 @@ mod tests {
     fn invalid_settings_are_bad_input() {
         let bogus = ServeConfig { model: "bogus".into(), ..ServeConfig::default() };
         let error = bogus.server_config().unwrap_err();
-        assert!(matches!(error.downcast_ref(), Some(web::WebError::BadInput(_))), "{error:#}");
+        assert!(matches!(error, web::WebError::BadInput(_)), "{error}");
         let zero = ServeConfig { workers: 0, ..ServeConfig::default() };
         assert!(zero.server_config().unwrap_err().to_string().contains("workers"));
         let no_idle = ServeConfig { idle_timeout_ms: 0, ..ServeConfig::default() };
-        assert!(crate::outcome::is_bad_input(&no_idle.server_config().unwrap_err()));
+        assert!(crate::outcome::is_bad_input(&no_idle.server_config().unwrap_err().into()));
         let narrow_lane = ServeConfig { large_work_bytes_max: 1 << 20, ..ServeConfig::default() };
         let error = narrow_lane.server_config().unwrap_err().to_string();
         assert!(error.contains("large_work_bytes_max"), "{error}");

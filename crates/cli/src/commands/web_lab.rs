@@ -1,6 +1,6 @@
 //! The web load lab: one cell (`web load`) or the whole {model} × {users} × {complexity}
 //! matrix (`web matrix`), with the Python baseline measured in the same run, and the
-//! paired-ratio helper (`web ratio`). Cells are driven by `web::loadlab::drive`.
+//! paired-ratio helper (`web ratio`). Cells are driven by `labs::web_load::drive`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,8 +16,8 @@ use lab::report::{
     throughput_over_time_table,
 };
 use lab::stats::LatencySummary;
+use labs::web_load::{CellResult, LoadMode, Window, drive, exchanges};
 use web::exec::Model;
-use web::loadlab::{CellResult, LoadMode, Window, drive, exchanges};
 use web::serve::ServeConfig;
 use web::server::Server;
 use web::workload::Complexity;

@@ -5,7 +5,7 @@
 use delivery::gateway::{GatewayOptions, start};
 use lab::child_flags::ChildFlags;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let flags = ChildFlags::from_env(&["nats", "gateway", "listen", "prefix", "queue-chunks"])?;
     let mut options = GatewayOptions::new(
         &flags.required::<String>("nats")?,
@@ -33,6 +33,6 @@ fn main() -> anyhow::Result<()> {
         terminate.recv().await;
         let (report, _) = gateway.shutdown().await?;
         println!("report {}", serde_json::to_string(&report)?);
-        anyhow::Ok(())
+        Ok::<_, Box<dyn std::error::Error>>(())
     })
 }

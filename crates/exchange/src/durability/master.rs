@@ -13,7 +13,8 @@
 
 use std::path::Path;
 
-use crate::error::ExchangeError::BadInput;
+use crate::error::ExchangeError::{self, BadInput};
+use crate::error::{Result, journal_failed};
 use journal::{
     JournalConfig, JournalSender, JournalWriter, Policy, Record, RecoverOptions, Snapshotter,
     StateMachine, recover_from,
@@ -273,20 +274,21 @@ pub fn open_master(
     options: &JournalOptions,
     snapshot_every_records: u64,
     reference: &MasterData,
-) -> anyhow::Result<MasterJournal> {
+) -> Result<MasterJournal> {
     let dir = data_dir.join(MASTER_DIR);
     let initial = || MasterState { data: reference.clone(), refused: None };
-    let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, initial)?;
+    let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, initial)
+        .map_err(journal_failed(format!("recovering the master journal {}", dir.display())))?;
     if let Some(why) = &recovered.state.refused {
-        anyhow::bail!("master journal {} cannot be re-applied: {why}", dir.display());
+        let why = format!("master journal {} cannot be re-applied: {why}", dir.display());
+        return Err(ExchangeError::Failed(why));
     }
     let data = &recovered.state.data;
     if data.listings() != reference.listings() || data.clients.len() != reference.clients.len() {
         return Err(BadInput(format!(
             "the master data in {} lists other instruments or clients than this run's universe",
             dir.display()
-        ))
-        .into());
+        )));
     }
     let recovery = MasterRecovery {
         recovered_seq: recovered.last_seq,
@@ -299,11 +301,14 @@ pub fn open_master(
         segment_bytes: options.segment_bytes,
         ..JournalConfig::default()
     };
-    let (sender, writer) = JournalWriter::spawn::<MasterRecord>(recovered.tail, &config)?;
+    let (sender, writer) = JournalWriter::spawn::<MasterRecord>(recovered.tail, &config)
+        .map_err(journal_failed(format!("starting the journal writer of {}", dir.display())))?;
     let snapshots = if snapshot_every_records == 0 {
         None
     } else {
-        Some((Snapshotter::spawn(dir, writer.durable())?, snapshot_every_records))
+        let snapshotter = Snapshotter::spawn(dir, writer.durable())
+            .map_err(journal_failed("starting the master data's snapshot thread"))?;
+        Some((snapshotter, snapshot_every_records))
     };
     Ok(MasterJournal {
         state: recovered.state,

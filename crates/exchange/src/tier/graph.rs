@@ -25,6 +25,7 @@ use super::{
     TierInput, external_event_effect,
 };
 use crate::durability::{ShardRecord, ShardState};
+use crate::error::Result;
 use crate::master::SnapshotCell;
 use crate::msg::{CoreOutput, InboundOrder, REASON_COUNT, Response};
 use crate::preprocess::Preprocessor;
@@ -150,7 +151,7 @@ pub(super) fn start(
     options: &RunOptions,
     starts: StageStarts,
     (subscribers, entry): (SubscriberFactory, Entry),
-) -> anyhow::Result<RunningTier> {
+) -> Result<RunningTier> {
     let specs = Specs { config, layout };
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
     let fed_by_input = matches!(entry, Entry::Input);

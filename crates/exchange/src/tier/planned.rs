@@ -12,7 +12,8 @@ use super::layout::{
 };
 use super::{Arrival, LoadConfig, RunOptions, TierConfig, in_process_subscribers, run_with_layout};
 use crate::durability::{JournalMode, JournalOptions};
-use crate::error::ExchangeError::BadInput;
+use crate::error::ExchangeError::{self, BadInput};
+use crate::error::Result;
 
 /// Mean arrival rate of the calibration run: low enough for any host to carry with one
 /// thread per stage, high enough for thousands of samples per stage.
@@ -46,7 +47,7 @@ pub struct Calibration {
 /// journal off, for [`CALIBRATION_DURATION`] at [`CALIBRATION_RATE_PER_S`] in bursts; each
 /// stage's median handler time per message is its service time (the median, not the mean: on
 /// a shared host a preempted handler adds milliseconds to a few samples).
-pub fn calibrate(config: &TierConfig) -> anyhow::Result<Calibration> {
+pub fn calibrate(config: &TierConfig) -> Result<Calibration> {
     let apart = CHAIN.iter().map(|&stage| vec![stage]).collect();
     Ok(Calibration {
         service: calibrate_groups(config, apart)?,
@@ -58,7 +59,7 @@ pub fn calibrate(config: &TierConfig) -> anyhow::Result<Calibration> {
 fn calibrate_groups(
     config: &TierConfig,
     chain_groups: Vec<Vec<TierStage>>,
-) -> anyhow::Result<ServiceTimes> {
+) -> Result<ServiceTimes> {
     let probe = TierConfig {
         layout: LayoutChoice::Auto,
         journal: JournalMode::OFF,
@@ -103,10 +104,14 @@ fn calibrate_groups(
     };
     let subscribers = in_process_subscribers(probe.gateways, 0);
     let result = run_with_layout(&probe, &layout, options, subscribers, |_| {})?;
-    let median = |stage: TierStage| -> anyhow::Result<f64> {
+    let median = |stage: TierStage| -> Result<f64> {
         let metrics = result.pipeline.iter().find(|m| m.stage == stage.name());
-        let metrics = metrics.ok_or_else(|| anyhow::anyhow!("no metrics of `{}`", stage.name()))?;
-        anyhow::ensure!(metrics.messages_in > 0, "calibration: `{}` saw no message", stage.name());
+        let failed =
+            |why: &str| ExchangeError::Failed(format!("calibration: `{}` {why}", stage.name()));
+        let metrics = metrics.ok_or_else(|| failed("reported no metrics"))?;
+        if metrics.messages_in == 0 {
+            return Err(failed("saw no message"));
+        }
         Ok(metrics.service_ns.p50.max(1) as f64)
     };
     Ok(ServiceTimes {
@@ -120,15 +125,12 @@ fn calibrate_groups(
 /// The layout a run at `rate_per_s` uses, and the configuration with its worker counts:
 /// `config` as it is for thread-per-stage; for `auto`, the plan for this host from
 /// `config.service_ns` (calibrated now when not given).
-pub fn plan_layout(
-    config: &TierConfig,
-    rate_per_s: f64,
-) -> anyhow::Result<(TierConfig, TierLayout)> {
+pub fn plan_layout(config: &TierConfig, rate_per_s: f64) -> Result<(TierConfig, TierLayout)> {
     let (planned, mut layout) = plan_threads(config, rate_per_s)?;
     if let Some(inline) = config.generator_inline {
         if inline && layout.groups[0].workers != 1 {
             let reason = "generator_inline needs the pre-process on one thread (one worker)";
-            return Err(BadInput(reason.into()).into());
+            return Err(BadInput(reason.into()));
         }
         layout.generator_inline = inline;
     }
@@ -136,7 +138,7 @@ pub fn plan_layout(
 }
 
 /// [`plan_layout`] before the configuration's say on where the generator runs.
-fn plan_threads(config: &TierConfig, rate_per_s: f64) -> anyhow::Result<(TierConfig, TierLayout)> {
+fn plan_threads(config: &TierConfig, rate_per_s: f64) -> Result<(TierConfig, TierLayout)> {
     if config.layout == LayoutChoice::ThreadPerStage {
         return Ok((config.clone(), thread_per_stage(config)));
     }

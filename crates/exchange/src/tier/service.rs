@@ -15,6 +15,7 @@ use super::{
     Durability, ExternalEvent, OrderSource, RunOptions, ShardJournalReport, SubscriberFactory,
     TierConfig, TierInput, TierLayout, Totals, plan_layout, recover,
 };
+use crate::error::Result;
 use crate::master::MasterUpdate;
 use crate::msg::{InboundOrder, REASON_COUNT};
 
@@ -106,13 +107,13 @@ impl Tier {
     ///
     /// let bad = TierConfig { ring_slots: 1000, ..config };
     /// assert!(Tier::start(&bad, &options, in_process_subscribers(8, 0)).is_err());
-    /// # Ok::<(), anyhow::Error>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn start(
         config: &TierConfig,
         options: &RunOptions,
         subscribers: SubscriberFactory,
-    ) -> anyhow::Result<(Tier, TierInputs)> {
+    ) -> Result<(Tier, TierInputs)> {
         config.validate()?;
         let fed_from_outside = TierConfig { generator_inline: Some(false), ..config.clone() };
         let (planned, layout) = plan_layout(&fed_from_outside, options.rate_per_s)?;
@@ -132,7 +133,7 @@ impl Tier {
         options: &RunOptions,
         subscribers: SubscriberFactory,
         source: OrderSource,
-    ) -> anyhow::Result<(Tier, TierControl)> {
+    ) -> Result<(Tier, TierControl)> {
         config.validate()?;
         let (planned, layout) = plan_layout(config, options.rate_per_s)?;
         let entry = Entry::Source(source);
@@ -148,7 +149,7 @@ impl Tier {
         options: &RunOptions,
         subscribers: SubscriberFactory,
         entry: Entry,
-    ) -> anyhow::Result<(Tier, Feeds)> {
+    ) -> Result<(Tier, Feeds)> {
         let master = config.starting_master_data();
         let (starts, durability) = recover(config, options, &master)?;
         let RunningTier { pipeline, feeds, reports } =
@@ -178,7 +179,7 @@ impl Tier {
     /// Waits until every input is dropped and the stages drained, then stops the journal
     /// writers and snapshot followers and collects what the stages report. An error is what
     /// stopped a stage, or a journal that failed.
-    pub fn stop(self) -> anyhow::Result<TierStopped> {
+    pub fn stop(self) -> Result<TierStopped> {
         let Tier { pipeline, reports, durability, .. } = self;
         let report = pipeline.wait()?;
         let journal = durability.finish()?;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use lab::child_flags::ChildFlags;
 use mq::{server, store};
 
-async fn serve(flags: &ChildFlags) -> anyhow::Result<()> {
+async fn serve(flags: &ChildFlags) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listen: String = flags.get_or("listen", "127.0.0.1:7440".to_string())?;
     let store_url: String = flags.required("store")?;
     let config_path: Option<PathBuf> = flags.optional("config")?;
@@ -29,7 +29,7 @@ async fn serve(flags: &ChildFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let flags = ChildFlags::from_env(&[
         "listen",
         "store",

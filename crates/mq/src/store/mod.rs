@@ -16,6 +16,7 @@ use std::future::Future;
 pub use postgres::{PostgresConfig, PostgresStore};
 pub use sqlite::{DB_FILE_NAME as SQLITE_DB_FILE, SqliteStore};
 
+use crate::error::Result;
 use crate::protocol::{ErrorReply, ReplyBody, Request};
 
 /// One request as the store sees it: who asks, when it arrived, what it asks.
@@ -55,7 +56,7 @@ pub trait Store: Send + Sync + 'static {
     /// Executes `batch.ops` in one transaction and fills `batch.results`. `Register` is not a
     /// batch operation (it is refused with `UnknownOp`): registration goes through
     /// [`Store::claim_client`], because the secret's hash is checked outside any transaction.
-    fn execute_batch(&self, batch: &mut Batch) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn execute_batch(&self, batch: &mut Batch) -> impl Future<Output = Result<()>> + Send;
 
     /// Registers `name` with `secret_hash` unless it is registered with a secret already, in
     /// one transaction; returns the client as stored (see [`ClientRecord::secret_hash`]).
@@ -63,14 +64,11 @@ pub trait Store: Send + Sync + 'static {
         &self,
         name: &str,
         secret_hash: &str,
-    ) -> impl Future<Output = anyhow::Result<ClientRecord>> + Send;
+    ) -> impl Future<Output = Result<ClientRecord>> + Send;
 
     /// The client registered under `name` with a secret, if any: registration looks the stored
     /// hash up first so a known name costs one verification and an unknown one one hash.
-    fn find_client(
-        &self,
-        name: &str,
-    ) -> impl Future<Output = anyhow::Result<Option<ClientRecord>>> + Send;
+    fn find_client(&self, name: &str) -> impl Future<Output = Result<Option<ClientRecord>>> + Send;
 
     /// How many batches can usefully run at once: more database workers than this only split
     /// the requests into smaller batches that then wait for each other.
@@ -86,7 +84,7 @@ pub enum AnyStore {
 
 impl AnyStore {
     /// Opens the store named by `spec` (`sqlite:DIR` or `postgres://...`), applying migrations.
-    pub async fn open(spec: &str, pool_connections: usize) -> anyhow::Result<AnyStore> {
+    pub async fn open(spec: &str, pool_connections: usize) -> Result<AnyStore> {
         if let Some(dir) = spec.strip_prefix("sqlite:") {
             let store = SqliteStore::open(std::path::Path::new(dir))?;
             return Ok(AnyStore::Sqlite(store));
@@ -97,27 +95,26 @@ impl AnyStore {
         }
         Err(crate::MqError::BadInput(format!(
             "store {spec:?} is neither sqlite:DIR nor a postgres:// URL"
-        ))
-        .into())
+        )))
     }
 }
 
 impl Store for AnyStore {
-    async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
+    async fn execute_batch(&self, batch: &mut Batch) -> Result<()> {
         match self {
             AnyStore::Sqlite(s) => s.execute_batch(batch).await,
             AnyStore::Postgres(s) => s.execute_batch(batch).await,
         }
     }
 
-    async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
+    async fn claim_client(&self, name: &str, secret_hash: &str) -> Result<ClientRecord> {
         match self {
             AnyStore::Sqlite(s) => s.claim_client(name, secret_hash).await,
             AnyStore::Postgres(s) => s.claim_client(name, secret_hash).await,
         }
     }
 
-    async fn find_client(&self, name: &str) -> anyhow::Result<Option<ClientRecord>> {
+    async fn find_client(&self, name: &str) -> Result<Option<ClientRecord>> {
         match self {
             AnyStore::Sqlite(s) => s.find_client(name).await,
             AnyStore::Postgres(s) => s.find_client(name).await,

@@ -14,7 +14,6 @@
 //! Schema changes are numbered migrations applied under an advisory lock, so nodes starting
 //! together apply each migration exactly once.
 
-use anyhow::Context;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -26,6 +25,7 @@ use super::plan::{ReadGroup, Step, plan};
 use super::{
     Batch, ClientRecord, OpResult, Store, StoreOp, check_name, not_owner, register_not_batched,
 };
+use crate::error::{MqError, Result};
 use crate::protocol::{
     ErrorReply, LIST_QUEUES_MAX, Message, NodeStats, ReadMode, ReadTarget, Reason, ReplyBody,
     Request,
@@ -69,9 +69,10 @@ pub struct PostgresStore {
 
 impl PostgresStore {
     /// Connects, builds the pool and applies pending migrations.
-    pub async fn open(config: &PostgresConfig) -> anyhow::Result<PostgresStore> {
-        let mut pg: tokio_postgres::Config =
-            config.url.parse().context("parsing the PostgreSQL URL")?;
+    pub async fn open(config: &PostgresConfig) -> Result<PostgresStore> {
+        let mut pg: tokio_postgres::Config = config.url.parse().map_err(|source| {
+            MqError::Postgres { what: "parsing the PostgreSQL URL".into(), source }
+        })?;
         pg.connect_timeout(std::time::Duration::from_secs(CONNECT_TIMEOUT_S));
         pg.options(SESSION_OPTIONS);
         let manager = Manager::from_config(
@@ -82,15 +83,14 @@ impl PostgresStore {
         let pool = Pool::builder(manager)
             .max_size(config.pool_connections.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .context("building the connection pool")?;
+            .build()?;
         let store = PostgresStore { pool };
         store.migrate().await?;
         Ok(store)
     }
 
-    async fn migrate(&self) -> anyhow::Result<()> {
-        let mut client = self.pool.get().await.context("connecting to PostgreSQL")?;
+    async fn migrate(&self) -> Result<()> {
+        let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
         tx.batch_execute("CREATE TABLE IF NOT EXISTS mq_schema_version (version integer NOT NULL)")
@@ -101,7 +101,11 @@ impl PostgresStore {
             tx.execute("INSERT INTO mq_schema_version VALUES (0)", &[]).await?;
         }
         for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
-            tx.batch_execute(sql).await.with_context(|| format!("migration {}", index + 1))?;
+            let migrated = tx.batch_execute(sql).await;
+            migrated.map_err(|source| MqError::Postgres {
+                what: format!("migration {}", index + 1),
+                source,
+            })?;
             tx.execute("UPDATE mq_schema_version SET version = $1", &[&((index + 1) as i32)])
                 .await?;
         }
@@ -110,7 +114,7 @@ impl PostgresStore {
     }
 
     /// Messages stored (all queues).
-    pub async fn message_count(&self) -> anyhow::Result<u64> {
+    pub async fn message_count(&self) -> Result<u64> {
         let client = self.pool.get().await?;
         let row = client.query_one("SELECT count(*) FROM mq_messages", &[]).await?;
         Ok(row.get::<_, i64>(0) as u64)
@@ -118,11 +122,11 @@ impl PostgresStore {
 }
 
 impl Store for PostgresStore {
-    async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
+    async fn execute_batch(&self, batch: &mut Batch) -> Result<()> {
         let steps = plan(&batch.ops);
         let planned: Vec<Planned<'_>> =
             steps.iter().map(|step| planned(&batch.ops, step)).collect();
-        let client = self.pool.get().await.context("connecting to PostgreSQL")?;
+        let client = self.pool.get().await?;
         let mut statements = Vec::with_capacity(planned.len());
         for step in &planned {
             statements.push(match step {
@@ -140,16 +144,16 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
-        let client = self.pool.get().await.context("connecting to PostgreSQL")?;
+    async fn claim_client(&self, name: &str, secret_hash: &str) -> Result<ClientRecord> {
+        let client = self.pool.get().await?;
         let statement =
             client.prepare_cached("SELECT id, secret_hash FROM mq_claim_client($1, $2)").await?;
         let row = client.query_one(&statement, &[&name, &secret_hash]).await?;
         Ok(ClientRecord { id: row.get::<_, i64>(0) as u64, secret_hash: row.get(1) })
     }
 
-    async fn find_client(&self, name: &str) -> anyhow::Result<Option<ClientRecord>> {
-        let client = self.pool.get().await.context("connecting to PostgreSQL")?;
+    async fn find_client(&self, name: &str) -> Result<Option<ClientRecord>> {
+        let client = self.pool.get().await?;
         let statement = client
             .prepare_cached(
                 "SELECT id, secret_hash FROM mq_clients \
@@ -422,7 +426,7 @@ fn answer(
     planned: Planned<'_>,
     rows: &[Row],
     results: &mut [OpResult],
-) -> anyhow::Result<()> {
+) -> Result<()> {
     match step {
         Step::Sends(range) => answer_sends(&ops[range.clone()], rows, &mut results[range.clone()]),
         Step::Reads(groups) => answer_reads(ops, groups, rows, results),
@@ -440,13 +444,12 @@ fn answer(
     }
 }
 
-fn answer_sends(sends: &[StoreOp], rows: &[Row], results: &mut [OpResult]) -> anyhow::Result<()> {
+fn answer_sends(sends: &[StoreOp], rows: &[Row], results: &mut [OpResult]) -> Result<()> {
     let n = sends.len();
-    anyhow::ensure!(
-        rows.len() == n,
-        "the send statement returned {} rows for {n} sends",
-        rows.len()
-    );
+    if rows.len() != n {
+        let why = format!("the send statement returned {} rows for {n} sends", rows.len());
+        return Err(MqError::Store(why));
+    }
     for ((row, op), result) in rows.iter().zip(sends).zip(results) {
         let Request::Send { queue, receiver, .. } = &op.request else { continue };
         let code: i32 = row.get(1);
@@ -469,11 +472,13 @@ fn answer_reads(
     groups: &[ReadGroup],
     rows: &[Row],
     results: &mut [OpResult],
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let mut found: Vec<Vec<&Row>> = groups.iter().map(|_| Vec::new()).collect();
     for row in rows {
         let group = usize::try_from(row.get::<_, i32>(0) - 1).ok().and_then(|g| found.get_mut(g));
-        let Some(group) = group else { anyhow::bail!("mq_read_batch answered an unknown group") };
+        let Some(group) = group else {
+            return Err(MqError::Store("mq_read_batch answered an unknown group".into()));
+        };
         group.push(row);
     }
     for (group, mut rows) in groups.iter().zip(found) {
@@ -518,11 +523,13 @@ fn answer_acks(acks: &[StoreOp], rows: &[Row], results: &mut [OpResult]) {
 }
 
 /// The answer of a request that was a step of its own.
-fn answer_one(op: &StoreOp, rows: &[Row]) -> anyhow::Result<OpResult> {
+fn answer_one(op: &StoreOp, rows: &[Row]) -> Result<OpResult> {
     if let Request::ListQueues = op.request {
         return Ok(Ok(ReplyBody::Queues(rows.iter().map(|r| r.get(0)).collect())));
     }
-    let [row] = rows else { anyhow::bail!("{} rows for {:?}", rows.len(), op.request) };
+    let [row] = rows else {
+        return Err(MqError::Store(format!("{} rows for {:?}", rows.len(), op.request)));
+    };
     Ok(match &op.request {
         Request::CreateQueue { name } => coded(
             row,
@@ -549,7 +556,7 @@ fn answer_one(op: &StoreOp, rows: &[Row]) -> anyhow::Result<OpResult> {
                 })
             },
         ),
-        other => anyhow::bail!("{other:?} has no statement of its own"),
+        other => return Err(MqError::Store(format!("{other:?} has no statement of its own"))),
     })
 }
 

@@ -11,12 +11,12 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::{
     Batch, ClientRecord, OpResult, Store, StoreOp, check_name, not_owner, register_not_batched,
 };
+use crate::error::{MqError, Result, io_failed, poisoned};
 use crate::protocol::{
     ErrorReply, LIST_QUEUES_MAX, Message, NodeStats, ReadMode, ReadTarget, Reason, ReplyBody,
     Request,
@@ -58,12 +58,14 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database in `dir`.
-    pub fn open(dir: &Path) -> anyhow::Result<SqliteStore> {
+    pub fn open(dir: &Path) -> Result<SqliteStore> {
         std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating data dir {}", dir.display()))?;
+            .map_err(io_failed(format!("creating data dir {}", dir.display())))?;
         let path = dir.join(DB_FILE_NAME);
-        let conn =
-            Connection::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let conn = Connection::open(&path).map_err(|source| MqError::Sqlite {
+            what: format!("opening {}", path.display()),
+            source,
+        })?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: the WAL is fsynced at every commit, so a committed batch survives power loss.
         conn.pragma_update(None, "synchronous", "FULL")?;
@@ -77,19 +79,14 @@ impl SqliteStore {
     }
 
     /// Number of stored messages (all queues); used by tests and sanity checks.
-    pub fn message_count(&self) -> anyhow::Result<u64> {
-        let conn = self.conn.lock().map_err(|_| anyhow::anyhow!("sqlite mutex poisoned"))?;
+    pub fn message_count(&self) -> Result<u64> {
+        let conn = self.conn.lock().map_err(|_| poisoned())?;
         let n: i64 = conn.query_row("SELECT count(*) FROM messages", [], |r| r.get(0))?;
         Ok(n as u64)
     }
 }
 
-fn add_column_if_missing(
-    conn: &Connection,
-    table: &str,
-    column: &str,
-    kind: &str,
-) -> anyhow::Result<()> {
+fn add_column_if_missing(conn: &Connection, table: &str, column: &str, kind: &str) -> Result<()> {
     let present = conn
         .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
         .exists([table, column])?;
@@ -100,12 +97,8 @@ fn add_column_if_missing(
 }
 
 /// See [`Store::claim_client`]: a name without a secret (made before protocol 2) takes this one.
-fn claim_client(
-    conn: &Mutex<Connection>,
-    name: &str,
-    secret_hash: &str,
-) -> anyhow::Result<ClientRecord> {
-    let mut conn = conn.lock().map_err(|_| anyhow::anyhow!("sqlite mutex poisoned"))?;
+fn claim_client(conn: &Mutex<Connection>, name: &str, secret_hash: &str) -> Result<ClientRecord> {
+    let mut conn = conn.lock().map_err(|_| poisoned())?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.prepare_cached(
         "INSERT INTO clients(name, secret_hash) VALUES (?1, ?2) \
@@ -120,8 +113,8 @@ fn claim_client(
 }
 
 /// See [`Store::find_client`].
-fn find_client(conn: &Mutex<Connection>, name: &str) -> anyhow::Result<Option<ClientRecord>> {
-    let conn = conn.lock().map_err(|_| anyhow::anyhow!("sqlite mutex poisoned"))?;
+fn find_client(conn: &Mutex<Connection>, name: &str) -> Result<Option<ClientRecord>> {
+    let conn = conn.lock().map_err(|_| poisoned())?;
     let mut statement = conn.prepare_cached(
         "SELECT id, secret_hash FROM clients WHERE name = ?1 AND secret_hash IS NOT NULL",
     )?;
@@ -132,31 +125,26 @@ fn find_client(conn: &Mutex<Connection>, name: &str) -> anyhow::Result<Option<Cl
 }
 
 impl Store for SqliteStore {
-    async fn find_client(&self, name: &str) -> anyhow::Result<Option<ClientRecord>> {
+    async fn find_client(&self, name: &str) -> Result<Option<ClientRecord>> {
         let conn = Arc::clone(&self.conn);
         let name = name.to_owned();
-        tokio::task::spawn_blocking(move || find_client(&conn, &name))
-            .await
-            .context("sqlite lookup task")?
+        tokio::task::spawn_blocking(move || find_client(&conn, &name)).await?
     }
 
-    async fn claim_client(&self, name: &str, secret_hash: &str) -> anyhow::Result<ClientRecord> {
+    async fn claim_client(&self, name: &str, secret_hash: &str) -> Result<ClientRecord> {
         let conn = Arc::clone(&self.conn);
         let (name, secret_hash) = (name.to_owned(), secret_hash.to_owned());
-        tokio::task::spawn_blocking(move || claim_client(&conn, &name, &secret_hash))
-            .await
-            .context("sqlite registration task")?
+        tokio::task::spawn_blocking(move || claim_client(&conn, &name, &secret_hash)).await?
     }
 
-    async fn execute_batch(&self, batch: &mut Batch) -> anyhow::Result<()> {
+    async fn execute_batch(&self, batch: &mut Batch) -> Result<()> {
         let conn = Arc::clone(&self.conn);
         let mut owned = std::mem::take(batch);
         let (owned, outcome) = tokio::task::spawn_blocking(move || {
             let outcome = run_batch(&conn, &mut owned);
             (owned, outcome)
         })
-        .await
-        .context("sqlite batch task")?;
+        .await?;
         *batch = owned;
         outcome
     }
@@ -167,8 +155,8 @@ impl Store for SqliteStore {
     }
 }
 
-fn run_batch(conn: &Mutex<Connection>, batch: &mut Batch) -> anyhow::Result<()> {
-    let mut conn = conn.lock().map_err(|_| anyhow::anyhow!("sqlite mutex poisoned"))?;
+fn run_batch(conn: &Mutex<Connection>, batch: &mut Batch) -> Result<()> {
+    let mut conn = conn.lock().map_err(|_| poisoned())?;
     // IMMEDIATE takes the write lock up front, so a lock held by another process is waited for
     // (busy timeout); a deferred transaction upgrading to write would fail at once instead.
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;

@@ -1,12 +1,12 @@
 //! Paper 002, the messaging middleware: throughput vs clients, scale-up vs scale-out,
 //! response time vs message size, a 2^2·r design with the allocation of variation, and the
-//! sanity counts (`mq::experiment`, nodes in this process over SQLite or PostgreSQL).
+//! sanity counts (`labs::mq_experiment`, nodes in this process over SQLite or PostgreSQL).
 
 use lab::data::DataTable;
 use lab::report::{BarChart, LinePlot, ReportDir};
 use lab::stats::{FactorialAnalysis, factorial_2kr};
-use mq::experiment::{self, Experiment, ExperimentConfig, Point};
-use mq::load::LoadConfig;
+use labs::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
+use labs::mq_load::LoadConfig;
 use mq::server::NodeConfig;
 
 use super::published::PublishedPaper;
@@ -103,7 +103,7 @@ fn factorial_analysis(points: &[Point]) -> anyhow::Result<FactorialAnalysis> {
             points.iter().filter(|p| p.level == run).map(|p| p.result.throughput_per_s).collect()
         })
         .collect();
-    Ok(factorial_2kr(&["db_workers", "group_commit"], &responses, mq::load::CONFIDENCE)?)
+    Ok(factorial_2kr(&["db_workers", "group_commit"], &responses, labs::mq_load::CONFIDENCE)?)
 }
 
 fn clients_figure(measured: &Measured) -> Figure {

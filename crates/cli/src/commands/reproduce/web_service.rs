@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lab::data::DataTable;
 use lab::report::{BarChart, ReportDir};
+use labs::web_load::CellResult;
 use web::exec::Model;
-use web::loadlab::CellResult;
 use web::workload::Complexity;
 
 use super::super::web_lab::{MatrixArgs, MedianCell, measure_matrix};

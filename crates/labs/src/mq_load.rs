@@ -13,15 +13,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use lab::load::{ClosedLoopOptions, LoadReport, drive_closed_loop};
 use lab::report::{Table, latency_table};
 use lab::stats::{LatencyHistogram, mean_ci};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::client::{Client, ClientError};
-use crate::protocol::{NodeStats, ReadMode, ReadTarget, Reason};
+use mq::client::{Client, ClientError};
+use mq::protocol::{NodeStats, ReadMode, ReadTarget, Reason};
+use mq::{MqError, Result};
 
 /// The secret load clients register with: every run registers fresh names (derived from its
 /// queue), so a fixed secret claims them and protects nothing that outlives the run.
@@ -63,8 +63,8 @@ impl Default for LoadConfig {
 }
 
 impl LoadConfig {
-    pub fn validate(&self) -> Result<(), crate::MqError> {
-        let bad = |m: &str| Err(crate::MqError::BadInput(m.into()));
+    pub fn validate(&self) -> Result<(), MqError> {
+        let bad = |m: &str| Err(MqError::BadInput(m.into()));
         if self.nodes.is_empty() {
             return bad("at least one node is needed");
         }
@@ -154,11 +154,10 @@ const INTERVAL: Duration = Duration::from_millis(250);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs a load test against running nodes and analyses it.
-pub async fn run(config: &LoadConfig) -> anyhow::Result<LoadResult> {
+pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
     config.validate()?;
-    let queue = Arc::new(format!("load-{}-{}", std::process::id(), crate::util::now_us()));
-    let mut admin =
-        Client::connect(&config.nodes[0]).await.context("connecting to the first node")?;
+    let queue = Arc::new(format!("load-{}-{}", std::process::id(), mq::util::now_us()));
+    let mut admin = Client::connect(&config.nodes[0]).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
     let before = node_stats(&config.nodes, &queue).await?;
@@ -220,7 +219,8 @@ pub async fn run(config: &LoadConfig) -> anyhow::Result<LoadResult> {
             one_request(&connection, &queue, &content, is_send, (window_start, window_end)).await
         }
     })
-    .await?;
+    .await
+    .map_err(|lab::error::BadInput(why)| MqError::BadInput(why))?;
     ticker.abort();
     progress.finish_and_clear();
     let wall_s = started.elapsed().as_secs_f64();
@@ -228,8 +228,8 @@ pub async fn run(config: &LoadConfig) -> anyhow::Result<LoadResult> {
     admin.delete_queue(&queue, true).await?;
     let mut merged = Vec::with_capacity(connections.len());
     for c in connections {
-        let c =
-            Arc::try_unwrap(c).map_err(|_| anyhow::anyhow!("a client task outlived the run"))?;
+        let outlived = || MqError::Failed("a client task outlived the run".into());
+        let c = Arc::try_unwrap(c).map_err(|_| outlived())?;
         let c = c.into_inner();
         merged.push((c.parts, c.counts));
     }
@@ -286,7 +286,7 @@ async fn one_request(
     }
 }
 
-async fn node_stats(nodes: &[String], queue: &str) -> anyhow::Result<Vec<NodeStats>> {
+async fn node_stats(nodes: &[String], queue: &str) -> Result<Vec<NodeStats>> {
     let mut all = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate() {
         let mut client = Client::connect(node).await?;
@@ -318,9 +318,12 @@ fn analyse(
     before: &[NodeStats],
     after: &[NodeStats],
     wall_s: f64,
-) -> anyhow::Result<LoadResult> {
+) -> Result<LoadResult> {
     if report.latency.is_empty() {
-        bail!("no request completed inside the measurement window ({:?})", report.first_error);
+        return Err(MqError::Failed(format!(
+            "no request completed inside the measurement window ({:?})",
+            report.first_error
+        )));
     }
     let mut parts = [
         LatencyHistogram::new(),

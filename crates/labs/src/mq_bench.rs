@@ -24,16 +24,17 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use lab::report::Table;
 use lab::stats::LatencyHistogram;
 use serde::Serialize;
 
-use crate::client::Client;
-use crate::load::LOAD_SECRET;
-use crate::protocol::{NodeStats, ReadMode, ReadTarget, Request};
-use crate::server::{self, NodeConfig};
-use crate::store::{AnyStore, Batch, Store, StoreOp};
+use mq::client::Client;
+use mq::protocol::{NodeStats, ReadMode, ReadTarget, Request};
+use mq::server::{self, NodeConfig};
+use mq::store::{AnyStore, Batch, Store, StoreOp};
+use mq::{MqError, Result};
+
+use crate::mq_load::LOAD_SECRET;
 
 /// Embedded SQLite target of the issue.
 pub const SQLITE_SENDS_PER_S_TARGET: f64 = 100_000.0;
@@ -139,7 +140,7 @@ fn row(shape: &Shape<'_>, operation: &str, phase: &Phase, seconds: f64) -> Bench
 }
 
 /// Runs the comparison; returns rows plus the embedded SQLite rate when measured.
-pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<BenchRow>, Option<f64>)> {
+pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
     let store = AnyStore::open(&config.store, config.node.db_workers).await?;
     let mut rows = Vec::new();
     let content = vec![b'x'; config.content_bytes];
@@ -186,7 +187,7 @@ pub async fn run(config: &BenchConfig) -> anyhow::Result<(Vec<BenchRow>, Option<
 }
 
 /// Plain SQL and pgmq at one message per call and at `window` per call.
-async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> anyhow::Result<Vec<BenchRow>> {
+async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> Result<Vec<BenchRow>> {
     let (url, clients, seconds, window) =
         (&config.store, config.clients, config.seconds, config.window.max(1));
     let mut rows = Vec::new();
@@ -238,16 +239,15 @@ fn plain_statements(per_call: usize) -> (String, String) {
 }
 
 /// Installs pgmq's SQL unless its schema exists.
-async fn install_pgmq(
-    setup: &tokio_postgres::Client,
-    sql_path: &std::path::Path,
-) -> anyhow::Result<()> {
+async fn install_pgmq(setup: &tokio_postgres::Client, sql_path: &std::path::Path) -> Result<()> {
     let schema = "SELECT 1 FROM pg_namespace WHERE nspname = 'pgmq'";
     if setup.query_opt(schema, &[]).await?.is_none() {
         let sql = std::fs::read_to_string(sql_path).map_err(|e| {
-            crate::MqError::BadInput(format!("cannot read pgmq SQL {}: {e}", sql_path.display()))
+            MqError::BadInput(format!("cannot read pgmq SQL {}: {e}", sql_path.display()))
         })?;
-        setup.batch_execute(&sql).await.context("installing pgmq's SQL")?;
+        let installed = setup.batch_execute(&sql).await;
+        installed
+            .map_err(|source| MqError::Postgres { what: "installing pgmq's SQL".into(), source })?;
     }
     Ok(())
 }
@@ -259,7 +259,7 @@ async fn pgmq(
     config: &BenchConfig,
     per_call: usize,
     content: &[u8],
-) -> anyhow::Result<Vec<BenchRow>> {
+) -> Result<Vec<BenchRow>> {
     let (url, clients, seconds) = (&config.store, config.clients, config.seconds);
     setup.execute("SELECT pgmq.create($1)", &[&PGMQ_QUEUE]).await?;
     let message = format!("{{\"c\": \"{}\"}}", String::from_utf8_lossy(content));
@@ -309,7 +309,7 @@ async fn pg_phase(
     seconds: f64,
     sql: &str,
     param: Param,
-) -> anyhow::Result<Phase> {
+) -> Result<Phase> {
     let mut connections = Vec::with_capacity(clients);
     for _ in 0..clients {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
@@ -333,7 +333,7 @@ async fn pg_phase(
                     break;
                 }
             }
-            anyhow::Ok(phase)
+            Ok::<_, MqError>(phase)
         });
     }
     let mut total = Phase::new();
@@ -348,7 +348,7 @@ async fn one_client(
     config: &BenchConfig,
     store: AnyStore,
     content: &[u8],
-) -> anyhow::Result<Vec<BenchRow>> {
+) -> Result<Vec<BenchRow>> {
     let (url, seconds) = (&config.store, config.seconds);
     let (setup, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
@@ -420,8 +420,8 @@ pub fn load_average() -> Option<String> {
     Some(text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
-fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> anyhow::Result<Phase> {
-    let conn = rusqlite::Connection::open(dir.join(crate::store::SQLITE_DB_FILE))?;
+fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> Result<Phase> {
+    let conn = rusqlite::Connection::open(dir.join(mq::store::SQLITE_DB_FILE))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch("DROP TABLE IF EXISTS bench_plain; CREATE TABLE bench_plain (id INTEGER PRIMARY KEY, content BLOB NOT NULL)")?;
@@ -443,10 +443,10 @@ async fn embedded_sends(
     batch_size: usize,
     seconds: f64,
     content: &[u8],
-) -> anyhow::Result<Phase> {
-    let queue = format!("bench-embedded-{}", crate::util::now_us());
+) -> Result<Phase> {
+    let queue = format!("bench-embedded-{}", mq::util::now_us());
     let mut batch = Batch::default();
-    let op = |request| StoreOp { client_id: Some(1), now_us: crate::util::now_us(), request };
+    let op = |request| StoreOp { client_id: Some(1), now_us: mq::util::now_us(), request };
     batch.ops.push(op(Request::CreateQueue { name: queue.clone() }));
     store.execute_batch(&mut batch).await?;
     let end = Instant::now() + Duration::from_secs_f64(seconds);
@@ -483,13 +483,13 @@ async fn through_node(
     clients: usize,
     window: usize,
     content: &[u8],
-) -> anyhow::Result<NodePhases> {
+) -> Result<NodePhases> {
     if let AnyStore::Postgres(_) = &store {
         vacuum_messages(&config.store).await?;
     }
     let node = server::start("127.0.0.1:0", store, config.node.clone()).await?;
     let addr = node.addr.to_string();
-    let queue = format!("bench-node-{}", crate::util::now_us());
+    let queue = format!("bench-node-{}", mq::util::now_us());
     let mut admin = Client::connect(&addr).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
@@ -522,10 +522,11 @@ async fn through_node(
 /// that ends a measurement leaves every message it deleted as a dead tuple at the head of the
 /// indexes, and the next measurement's pops would walk them until autovacuum runs (pops fell
 /// to under 1K/s right after a previous run, 72K/s after a vacuum, measured).
-async fn vacuum_messages(url: &str) -> anyhow::Result<()> {
+async fn vacuum_messages(url: &str) -> Result<()> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
-    client.batch_execute("VACUUM ANALYZE mq_messages").await.context("vacuuming mq_messages")
+    let vacuumed = client.batch_execute("VACUUM ANALYZE mq_messages").await;
+    vacuumed.map_err(|source| MqError::Postgres { what: "vacuuming mq_messages".into(), source })
 }
 
 /// Each registered client keeps `window` requests in flight until the phase ends (sends when
@@ -536,7 +537,7 @@ async fn node_phase(
     seconds: f64,
     window: usize,
     content: Option<&[u8]>,
-) -> anyhow::Result<(Phase, Vec<Client>)> {
+) -> Result<(Phase, Vec<Client>)> {
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
     for client in users {
@@ -545,7 +546,7 @@ async fn node_phase(
     }
     let (mut total, mut users) = (Phase::new(), Vec::new());
     while let Some(done) = tasks.join_next().await {
-        let (phase, client) = done.context("bench client")??;
+        let (phase, client) = done??;
         total.add(phase);
         users.push(client);
     }
@@ -560,7 +561,7 @@ async fn client_phase(
     content: Option<Vec<u8>>,
     window: usize,
     end: Instant,
-) -> anyhow::Result<(Phase, Client)> {
+) -> Result<(Phase, Client)> {
     let request = || match &content {
         Some(c) => Request::Send { queue: queue.clone(), receiver: None, content: c.clone() },
         None => Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop },
@@ -578,8 +579,8 @@ async fn client_phase(
         phase.latency.record_duration(start.elapsed());
         match result {
             Ok(_) => phase.ops += 1,
-            Err(e) if e.reason == crate::protocol::Reason::NoMessage => drained = true,
-            Err(e) => return Err(crate::client::ClientError::Refused(e).into()),
+            Err(e) if e.reason == mq::protocol::Reason::NoMessage => drained = true,
+            Err(e) => return Err(mq::client::ClientError::Refused(e).into()),
         }
     }
 }

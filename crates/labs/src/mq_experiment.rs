@@ -1,5 +1,5 @@
 //! `mq experiment`: the standard experiments as single commands. Each starts its nodes in this
-//! process (on 127.0.0.1, ephemeral ports) over the given store, runs [`crate::load::run`] per
+//! process (on 127.0.0.1, ephemeral ports) over the given store, runs [`crate::mq_load::run`] per
 //! configuration, and prints a table (and a plot/report folder when asked).
 //!
 //! - `clients`: maximum throughput and response time as the client population grows;
@@ -13,9 +13,11 @@ use lab::report::{LinePlot, Table};
 use lab::stats::factorial_2kr;
 use serde::Serialize;
 
-use crate::load::{self, LoadConfig, LoadResult};
-use crate::server::{self, NodeConfig};
-use crate::store::AnyStore;
+use mq::server::{self, NodeConfig};
+use mq::store::AnyStore;
+use mq::{MqError, Result};
+
+use crate::mq_load::{self as load, LoadConfig, LoadResult};
 
 /// The standard experiments.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -66,7 +68,7 @@ async fn measure(
     node: &NodeConfig,
     nodes: usize,
     load: &LoadConfig,
-) -> anyhow::Result<LoadResult> {
+) -> Result<LoadResult> {
     let mut running = Vec::with_capacity(nodes);
     let mut load = load.clone();
     load.nodes.clear();
@@ -86,7 +88,7 @@ async fn measure(
 pub async fn run(
     kind: Experiment,
     config: &ExperimentConfig,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     match kind {
         Experiment::Clients => {
             sweep(config, "clients", |load, _, level| {
@@ -113,7 +115,7 @@ async fn sweep(
     config: &ExperimentConfig,
     x_label: &str,
     apply: impl Fn(&mut LoadConfig, &mut NodeConfig, usize) -> usize,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     let mut points = Vec::new();
     for &level in &config.levels {
         let (mut load, mut node) = (config.load.clone(), config.node.clone());
@@ -129,9 +131,7 @@ async fn sweep(
     Ok((points, vec![table], Some(plot)))
 }
 
-async fn scale(
-    config: &ExperimentConfig,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+async fn scale(config: &ExperimentConfig) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     let mut points = Vec::new();
     for &level in &config.levels {
         let mut up = config.node.clone();
@@ -159,7 +159,7 @@ async fn scale(
 /// 2^2·r: A = database workers (base vs 4×base), B = group commit (batch_max 1 vs base).
 async fn factorial(
     config: &ExperimentConfig,
-) -> anyhow::Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
+) -> Result<(Vec<Point>, Vec<Table>, Option<LinePlot>)> {
     let factors = ["db_workers", "group_commit"];
     let mut responses = Vec::with_capacity(4);
     let mut points = Vec::new();
@@ -177,7 +177,8 @@ async fn factorial(
         }
         responses.push(replications);
     }
-    let analysis = factorial_2kr(&factors, &responses, load::CONFIDENCE)?;
+    let analysis = factorial_2kr(&factors, &responses, load::CONFIDENCE)
+        .map_err(|e| MqError::Failed(format!("analysing the experiment: {e}")))?;
     let mut effects =
         Table::new(["effect", "q (req/s)", "% variation", "95% CI"]).with_title(format!(
             "2^2·{} factorial on throughput (mean {:.0} req/s, error {:.1}% of variation)",

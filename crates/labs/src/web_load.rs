@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use lab::stats::LatencySummary;
 
@@ -20,10 +19,11 @@ use lab::load::{
     OpenLoopPlan, ThroughputSeries, drive_async, drive_closed_loop,
 };
 
-use crate::api::SizeLimits;
-use crate::client::{JsonClient, UserConnections};
-use crate::exec::{Compute, process};
-use crate::workload::Complexity;
+use web::api::SizeLimits;
+use web::client::{JsonClient, UserConnections};
+use web::exec::{Compute, process};
+use web::workload::Complexity;
+use web::{Result, WebError};
 
 /// Distinct request bodies per cell (different ids and cells), sent round-robin.
 const BODIES_PER_CELL: u64 = 8;
@@ -119,9 +119,13 @@ pub fn drive(
     exchanges: Arc<Vec<Exchange>>,
     mode: LoadMode,
     window: Window,
-) -> anyhow::Result<Measured> {
+) -> Result<Measured> {
     let _priority = GeneratorPriority::raise();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let runtime = runtime.map_err(|source| WebError::Io {
+        what: "starting the load generator's runtime".into(),
+        source,
+    })?;
     runtime.block_on(async move {
         match mode {
             LoadMode::Closed { users } => {
@@ -144,7 +148,8 @@ pub fn drive(
                         check_answer(status, &answer, exchange, sequence)
                     }
                 })
-                .await?;
+                .await
+                .map_err(bad_plan)?;
                 let throughput_per_s =
                     report.answered_in_window as f64 / window.measure.as_secs_f64();
                 Ok(Measured { report, throughput_per_s })
@@ -169,11 +174,11 @@ pub fn drive(
                 if !window.warmup.is_zero() {
                     let plan =
                         OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.warmup };
-                    drive_async(&plan, &options, &mut send).await?;
+                    drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
                 }
                 let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.measure };
                 // Open loop counts every scheduled request, latency from its intended time.
-                let report = drive_async(&plan, &options, &mut send).await?;
+                let report = drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
                 let throughput_per_s = report.throughput_per_s();
                 Ok(Measured { report, throughput_per_s })
             }
@@ -181,19 +186,28 @@ pub fn drive(
     })
 }
 
+/// A load plan the lab refused: the caller's input, so bad input of the web service's.
+fn bad_plan(lab::error::BadInput(why): lab::error::BadInput) -> WebError {
+    WebError::BadInput(why)
+}
+
 /// Status 200 and a body for every answer; the whole product for a sample of them.
-fn check_answer(
-    status: u16,
-    answer: &[u8],
-    exchange: &Exchange,
-    sequence: u64,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(status == 200, "HTTP {status}");
-    anyhow::ensure!(!answer.is_empty(), "empty answer");
+fn check_answer(status: u16, answer: &[u8], exchange: &Exchange, sequence: u64) -> Result<()> {
+    let wrong = |why: &str| Err(WebError::Failed(why.into()));
+    if status != 200 {
+        return wrong(&format!("HTTP {status}"));
+    }
+    if answer.is_empty() {
+        return wrong("empty answer");
+    }
     if sequence.is_multiple_of(VALIDATE_EVERY) {
-        let json: serde_json::Value =
-            serde_json::from_slice(answer).context("answer is not JSON")?;
-        anyhow::ensure!(json["rows"] == exchange.expected_rows, "wrong product in the answer");
+        let json: serde_json::Value = match serde_json::from_slice(answer) {
+            Ok(json) => json,
+            Err(e) => return wrong(&format!("answer is not JSON: {e}")),
+        };
+        if json["rows"] != exchange.expected_rows {
+            return wrong("wrong product in the answer");
+        }
     }
     Ok(())
 }

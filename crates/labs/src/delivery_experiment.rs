@@ -20,9 +20,14 @@ use exchange::tier::{
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 
-use crate::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
-use crate::nats::NatsConnect;
-use crate::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport};
+use delivery::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
+use delivery::nats::NatsConnect;
+use delivery::publish::{
+    HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport,
+    RETAIN_RECORDS_DEFAULT,
+};
+use delivery::subjects::PREFIX_DEFAULT;
+use delivery::{DeliveryError, Result};
 
 /// One layout of the experiment.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -152,11 +157,11 @@ fn run_options(settings: &Settings) -> RunOptions {
 
 /// Runs every layout in-process and (with a NATS URL) over NATS; `progress` is told each
 /// finished measurement.
-pub fn run(settings: &Settings, mut progress: impl FnMut(&Point)) -> anyhow::Result<Experiment> {
+pub fn run(settings: &Settings, mut progress: impl FnMut(&Point)) -> Result<Experiment> {
     let positive = |value: f64| value.is_finite() && value > 0.0;
     if !positive(settings.rate_per_s) || !positive(settings.seconds) {
         let reason = "rate and seconds must be finite and > 0".to_string();
-        return Err(crate::DeliveryError::BadInput(reason).into());
+        return Err(DeliveryError::BadInput(reason));
     }
     let mut points = Vec::new();
     for layout in LAYOUTS {
@@ -225,8 +230,12 @@ fn over_nats(
     config: &TierConfig,
     settings: &Settings,
     nats: &NatsConnect,
-) -> anyhow::Result<Point> {
-    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+) -> Result<Point> {
+    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+    let io = io.map_err(|source| DeliveryError::Io {
+        what: "starting the gateways' runtime".into(),
+        source,
+    })?;
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let gateways: Vec<RunningGateway> = io.block_on(async {
         let mut gateways = Vec::new();
@@ -235,13 +244,13 @@ fn over_nats(
                 GatewayOptions { nats: nats.clone(), ..GatewayOptions::new("", gateway, listen) };
             gateways.push(start_gateway(options).await?);
         }
-        anyhow::Ok(gateways)
+        Ok::<_, DeliveryError>(gateways)
     })?;
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: nats.clone(),
-        prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
+        prefix: PREFIX_DEFAULT.to_string(),
         gateways: config.gateways,
-        retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
+        retain_records: RETAIN_RECORDS_DEFAULT,
         wait: config.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
     })?;
@@ -267,16 +276,18 @@ fn over_nats(
 }
 
 /// Waits until every gateway expects the publisher's next sequence on both streams.
-fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> anyhow::Result<()> {
+fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> Result<()> {
     let deadline = Instant::now() + CATCH_UP_TIMEOUT;
     for (index, gateway) in gateways.iter().enumerate() {
         let target = &publish.next_seqs[index * 2..index * 2 + 2];
         while gateway.report().next_seqs != target {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "gateway {index} did not catch up within {CATCH_UP_TIMEOUT:?}: at {:?}, publisher at {target:?}",
-                gateway.report().next_seqs
-            );
+            if Instant::now() >= deadline {
+                return Err(DeliveryError::Failed(format!(
+                    "gateway {index} did not catch up within {CATCH_UP_TIMEOUT:?}: at {:?}, \
+                     publisher at {target:?}",
+                    gateway.report().next_seqs
+                )));
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -12,9 +12,10 @@ use lab::report::progress_bar;
 use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
 
-use crate::durability::{JournalMode, JournalOptions};
-use crate::error::ExchangeError::BadInput;
-use crate::tier::{
+use exchange::ExchangeError::{self, BadInput};
+use exchange::Result;
+use exchange::durability::{JournalMode, JournalOptions};
+use exchange::tier::{
     LayoutChoice, LoadConfig, RunOptions, RunResult, TierConfig, WaitChoice, calibrate,
     run as run_tier,
 };
@@ -94,11 +95,11 @@ pub fn measure(
     seconds: f64,
     search: Option<MaxRateSearch>,
     journal: &JournalOptions,
-) -> anyhow::Result<Session> {
+) -> Result<Session> {
     config.validate()?;
     load.validate()?;
     if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("rates and seconds must be > 0".into()).into());
+        return Err(BadInput("rates and seconds must be > 0".into()));
     }
     let config = &calibrated(config)?;
     let expected: f64 = rates.iter().map(|r| r * seconds).sum();
@@ -121,7 +122,7 @@ pub fn measure(
         runs.push(result);
     }
     bar.finish_and_clear();
-    let searches = |search: Option<MaxRateSearch>| -> anyhow::Result<Vec<RateSearchReport>> {
+    let searches = |search: Option<MaxRateSearch>| -> Result<Vec<RateSearchReport>> {
         let Some(search) = search else { return Ok(Vec::new()) };
         (0..MAX_RATE_SEARCHES).map(|_| find_max_rate(config, load, rates, search)).collect()
     };
@@ -136,7 +137,7 @@ pub fn measure(
 
 /// `config` with its `auto` layout's service times measured once (every run of a session
 /// then plans from the same calibration instead of calibrating again).
-pub fn calibrated(config: &TierConfig) -> anyhow::Result<TierConfig> {
+pub fn calibrated(config: &TierConfig) -> Result<TierConfig> {
     if config.layout != LayoutChoice::Auto || config.service_ns.is_some() {
         return Ok(config.clone());
     }
@@ -155,7 +156,7 @@ fn find_max_rate(
     load: &LoadConfig,
     rates: &[f64],
     search: MaxRateSearch,
-) -> anyhow::Result<RateSearchReport> {
+) -> Result<RateSearchReport> {
     let start = rates.iter().copied().fold(MAX_RATE_SEARCH_MIN_PER_S, f64::max);
     let plan = RateSearchPlan {
         start_rate_per_s: start.min(MAX_RATE_SEARCH_MAX_PER_S),
@@ -170,7 +171,8 @@ fn find_max_rate(
     let report = search_max_rate(plan, |rate_per_s| {
         bar.set_message(format!("{} msg/s", rate_per_s as u64));
         bar.inc(1);
-        Ok(run_at(config, load, rate_per_s, step_seconds, JournalOptions::default())?.critical_path)
+        let run = run_at(config, load, rate_per_s, step_seconds, JournalOptions::default())?;
+        Ok::<_, ExchangeError>(run.critical_path)
     })?;
     bar.finish_and_clear();
     Ok(report)
@@ -183,7 +185,7 @@ fn run_at(
     rate_per_s: f64,
     seconds: f64,
     journal: JournalOptions,
-) -> anyhow::Result<RunResult> {
+) -> Result<RunResult, ExchangeError> {
     let options = RunOptions {
         rate_per_s,
         duration: Duration::from_secs_f64(seconds),
@@ -221,9 +223,9 @@ pub struct PlacementPoint {
 }
 
 /// Pinning + spinning against no placement + parking at the demo's rates.
-pub fn placement(seconds: f64) -> anyhow::Result<Vec<PlacementPoint>> {
+pub fn placement(seconds: f64) -> Result<Vec<PlacementPoint>> {
     if seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("seconds must be > 0".into()).into());
+        return Err(BadInput("seconds must be > 0".into()));
     }
     let unjournaled = unjournaled();
     let variants = [
@@ -274,13 +276,9 @@ pub struct SendersPoint {
 }
 
 /// 1..=[`SENDERS_MAX`] R-Senders at one rate, each doing `publish_work_ns` of work per message.
-pub fn senders(
-    rate_per_s: f64,
-    seconds: f64,
-    publish_work_ns: u64,
-) -> anyhow::Result<Vec<SendersPoint>> {
+pub fn senders(rate_per_s: f64, seconds: f64, publish_work_ns: u64) -> Result<Vec<SendersPoint>> {
     if rate_per_s.is_nan() || rate_per_s <= 0.0 || seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("rate and seconds must be > 0".into()).into());
+        return Err(BadInput("rate and seconds must be > 0".into()));
     }
     let unjournaled = unjournaled();
     let bar = progress_bar(SENDERS_MAX as u64, "senders experiment");
@@ -347,16 +345,25 @@ pub fn journal_modes(
     seconds: f64,
     fsync_samples: u64,
     data: Option<&Path>,
-) -> anyhow::Result<JournalExperiment> {
+) -> Result<JournalExperiment> {
     if seconds.is_nan() || seconds <= 0.0 || fsync_samples == 0 {
-        return Err(BadInput("seconds and fsync samples must be > 0".into()).into());
+        return Err(BadInput("seconds and fsync samples must be > 0".into()));
     }
     base.validate()?;
+    let mut temp = tempfile::Builder::new();
+    temp.prefix("journal-experiment-");
     let root = match data {
-        Some(dir) => tempfile::Builder::new().prefix("journal-experiment-").tempdir_in(dir)?,
-        None => tempfile::Builder::new().prefix("journal-experiment-").tempdir()?,
+        Some(dir) => temp.tempdir_in(dir),
+        None => temp.tempdir(),
     };
-    let raw_fsync = lab::disk::raw_fdatasync(root.path(), fsync_samples)?.summary();
+    let io_failed = |what: &str| {
+        let what = what.to_string();
+        move |source| ExchangeError::Io { what, source }
+    };
+    let root = root.map_err(io_failed("creating the experiment's data directory"))?;
+    let raw_fsync = lab::disk::raw_fdatasync(root.path(), fsync_samples)
+        .map_err(io_failed("measuring raw fdatasync"))?
+        .summary();
     let modes = [Policy::Sync.into(), Policy::Group.into(), JournalMode::OFF];
     let bar = progress_bar((modes.len() * DEMO_RATES_PER_S.len()) as u64, "journal experiment");
     let mut points = Vec::new();
@@ -449,9 +456,9 @@ pub fn layout_bench(
     seconds: f64,
     journals: &[JournalMode],
     search: Option<MaxRateSearch>,
-) -> anyhow::Result<LayoutBench> {
+) -> Result<LayoutBench> {
     if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("rates and seconds must be > 0".into()).into());
+        return Err(BadInput("rates and seconds must be > 0".into()));
     }
     let mut bench = LayoutBench { points: Vec::new(), max_rates: Vec::new() };
     for &journal in journals {

@@ -1,0 +1,24 @@
+//! The lab's runs of leantier's libraries: experiments, benchmarks and load drivers. They
+//! live here, not in the libraries they measure, so a library builds with its own few
+//! dependencies and carries no code that only the `leantier` command and the tests call.
+//!
+//! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
+//!   NATS, measured at the gateway.
+//! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
+//!   search, placement, R-Senders, journal modes, layouts).
+//! - [`mq_load`], [`mq_bench`] and [`mq_experiment`]: the message queue's closed-loop load
+//!   generator (response time split into client, queue-wait, database and middleware parts,
+//!   counts and operational laws checked), the same-run comparisons against plain SQL and pgmq,
+//!   and the standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
+//! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
+//!   server, closed or open loop, the answers checked).
+//!
+//! Each function returns its library's typed error (`exchange::ExchangeError`, ...) and typed
+//! results; `leantier` prints them and writes the report folders.
+
+pub mod delivery_experiment;
+pub mod exchange_experiments;
+pub mod mq_bench;
+pub mod mq_experiment;
+pub mod mq_load;
+pub mod web_load;

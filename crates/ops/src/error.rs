@@ -1,0 +1,48 @@
+//! The one error type of this crate.
+
+use std::io;
+use std::net::SocketAddr;
+
+/// Why the admin endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// `/metrics` would be open to other hosts; the message says what to change.
+    #[error("{0}")]
+    Exposed(String),
+    /// The listener or its thread could not be set up.
+    #[error("{what} (admin endpoint on {listen})")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The address the endpoint was to listen on.
+        listen: SocketAddr,
+        /// The error the OS returned.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `error` and each of its causes, joined by `": "`: what a log line or an error reply shows,
+/// since a typed error's own message names only what failed at its level.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_names_every_cause_in_order() {
+        let source = io::Error::other("disk full");
+        let error = OpsError::Io { what: "binding", listen: ([127, 0, 0, 1], 9).into(), source };
+        assert_eq!(error_chain(&error), "binding (admin endpoint on 127.0.0.1:9): disk full");
+    }
+}
