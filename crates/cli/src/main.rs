@@ -15,8 +15,9 @@ use clap::{Parser, Subcommand};
 #[command(name = "leantier", version, about, long_about = None)]
 struct Cli {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `warn` or `pipeline=debug`; `info` (the
-    /// default) shows each session event once (logins, logouts, cut-offs, recoveries, stops).
-    #[arg(long, global = true, env = "LEANTIER_LOG", default_value = "info")]
+    /// default, with the NATS client library at `warn`: leantier logs its connections once
+    /// itself) shows each session event once (logins, logouts, cut-offs, recoveries, stops).
+    #[arg(long, global = true, env = "LEANTIER_LOG", default_value = "info,async_nats=warn")]
     log: String,
     /// Log lines as `text` (for people) or `json` (one object per line, for log collectors).
     #[arg(long, global = true, env = "LEANTIER_LOG_FORMAT", default_value = "text",

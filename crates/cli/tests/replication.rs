@@ -27,6 +27,28 @@ const FAILOVER_MAX: Duration = Duration::from_secs(2);
 
 type Lines = std::io::Lines<BufReader<std::process::ChildStdout>>;
 
+/// A fresh file in `dir` for a child's log (kept with the test's folder, printed on failure).
+fn log_file(dir: &std::path::Path) -> std::fs::File {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    // Relaxed: a unique number, nothing else rides on it.
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::fs::File::create(dir.join(format!("serve-{n}.log"))).unwrap()
+}
+
+/// Prints the warnings and errors of every child's log in `dir` (a failed test's evidence).
+fn print_warnings(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("serve-") {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+            println!("{name}: {line}");
+        }
+    }
+}
+
 /// A `leantier exchange serve` child, killed when dropped.
 struct Process(Child);
 
@@ -45,7 +67,7 @@ impl Process {
             .args(args)
             .current_dir(dir)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log_file(dir))
             .spawn()
             .unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -494,4 +516,106 @@ fn partitioned_engine(
     let first = lines.next().expect("a line").unwrap();
     assert!(first.starts_with("engine for shard 0 following"), "{first}");
     Process(child)
+}
+
+/// A serve config in `dir` whose credentials let native clients 1 and 2 and FIX clients 11 and
+/// 12 (`F11`, `F12`) log in with secret `pw`.
+fn write_load_config(dir: &std::path::Path) {
+    write_config(dir);
+    let hash = gateway::credentials::hash_secret(b"pw").unwrap();
+    let lines: String =
+        [(1, "native", "N1"), (2, "native", "N2"), (11, "fix", "F11"), (12, "fix", "F12")]
+            .iter()
+            .map(|(client, protocol, comp)| format!("{client} {protocol} {comp} {hash}\n"))
+            .collect();
+    std::fs::write(dir.join("clients.txt"), lines).unwrap();
+}
+
+/// Open-loop load (Poisson, 300 orders/s) of `protocol` sessions for `clients` against a
+/// gateway at `address`, for `duration`.
+fn open_loop(
+    address: SocketAddr,
+    protocol: gateway::load::LoadProtocol,
+    clients: [(u32, &str); 2],
+    duration: Duration,
+) -> gateway::load::LoadOptions {
+    let band = *reference_master_data(&UniverseConfig::default()).instrument(1).unwrap();
+    let sessions = clients.map(|(client, comp_id)| gateway::load::LoadSession {
+        client,
+        comp_id: comp_id.into(),
+        secret: "pw".into(),
+    });
+    gateway::load::LoadOptions {
+        connect: address,
+        protocol,
+        sessions: sessions.to_vec(),
+        plan: lab::load::OpenLoopPlan {
+            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 300.0 },
+            seed: 7,
+            duration,
+        },
+        instruments: vec![gateway::load::Traded {
+            instrument: 1,
+            price: (band.band_low + band.band_high) / 2,
+        }],
+    }
+}
+
+/// Two gateway processes (native sessions on one, FIX on the other) under open-loop load while
+/// the leading engine is SIGKILLed `LEANTIER_FAILOVER_KILLS` times (a new standby started each
+/// time): every order sent is answered (accepted, or its trade) and none is rejected.
+#[test]
+fn open_loop_fix_and_native_clients_lose_no_order_across_leader_kills() {
+    let kills: u32 = std::env::var("LEANTIER_FAILOVER_KILLS").map_or(1, |k| k.parse().unwrap());
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
+    for dir in &dirs {
+        write_load_config(dir.path());
+    }
+    let mut leader = Process::engine(dirs[0].path(), &url);
+    let mut standby = Process::engine(dirs[0].path(), &url);
+    let (_native_gateway, native) = Process::gateway(dirs[1].path(), &url, 1);
+    let fix_args = [
+        "--role",
+        "gateway",
+        "--nats",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--fix-listen",
+        "127.0.0.1:0",
+    ];
+    let (_fix_gateway, mut lines) = Process::start_reading(dirs[2].path(), &fix_args);
+    let fix_line = lines.nth(1).expect("the FIX line").unwrap();
+    let fix: SocketAddr =
+        fix_line.strip_prefix("FIX 4.4 listening on ").expect(&fix_line).parse().unwrap();
+
+    let every = Duration::from_millis(2500);
+    let duration = every * (kills + 1);
+    let fix_protocol = gateway::load::LoadProtocol::Fix { target_comp_id: "LEANTIER".into() };
+    let loads = [
+        open_loop(native, gateway::load::LoadProtocol::Native, [(1, "N1"), (2, "N2")], duration),
+        open_loop(fix, fix_protocol, [(11, "F11"), (12, "F12")], duration),
+    ]
+    .map(|options| std::thread::spawn(move || gateway::load::run(&options).unwrap()));
+    for _ in 0..kills {
+        std::thread::sleep(every);
+        leader.kill();
+        leader = standby;
+        standby = Process::engine(dirs[0].path(), &url);
+    }
+    for (load, name) in loads.into_iter().zip(["native", "FIX"]) {
+        let result = load.join().unwrap();
+        println!(
+            "{name}: sent {}, answered {}, rejected {}",
+            result.sent, result.answered, result.rejected
+        );
+        if result.answered != result.sent {
+            dirs.iter().for_each(|dir| print_warnings(dir.path()));
+        }
+        assert!(result.sent > 300, "{name}: the load ran");
+        assert_eq!(result.answered, result.sent, "{name}: every order answered");
+        assert_eq!(result.rejected, 0, "{name}: none rejected");
+    }
 }
