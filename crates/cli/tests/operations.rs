@@ -322,12 +322,16 @@ fn post_matrix(addr: SocketAddr, body: &str, sent: &std::sync::Barrier) -> Optio
 fn web_serve_answers_requests_in_flight_at_sigterm_and_serves_admin_paths() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["web", "serve", "--listen", "127.0.0.1:0", "--model", "pool", "--workers", "2"];
-    let mut server = Served::start(&args, dir.path());
-    let addr = server.address("on http://");
+    let metrics_listen = ["--metrics-listen", "127.0.0.1:0"];
+    let mut server = Served::start(&[&args[..], &metrics_listen].concat(), dir.path());
+    let addr = server.address("pool on http://");
+    let metrics = server.address("metrics on ");
     let body = matrix_body(8);
     let sent = std::sync::Barrier::new(1);
     assert_eq!(post_matrix(addr, &body, &sent), Some(200), "a request before the stop");
+    // The same endpoint on the service port and on a listener of its own.
     check_admin_endpoint(addr, "web_requests_total", "web_request_seconds");
+    check_admin_endpoint(metrics, "web_requests_total", "web_request_seconds");
 
     let (clients, body) = (6, std::sync::Arc::new(matrix_body(300)));
     let sent = std::sync::Arc::new(std::sync::Barrier::new(clients + 1));
