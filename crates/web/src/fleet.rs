@@ -65,9 +65,10 @@ impl Fleet {
                 .map(|(worker, &addr)| {
                     scope.spawn(move || {
                         let answer = ops::endpoint::fetch(addr, path, token, CHILD_ANSWER_TIMEOUT);
-                        answer
-                            .inspect_err(|error| tracing::warn!(worker, %error, path, "no answer"))
-                            .ok()
+                        if let Err(error) = &answer {
+                            tracing::warn!(worker, %error, path, "no answer from the worker");
+                        }
+                        answer.ok()
                     })
                 })
                 .collect();

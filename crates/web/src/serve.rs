@@ -253,9 +253,9 @@ pub fn serve(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// One process: the matrix routes plus `/metrics`, `/health` and `/ready` on the service
-/// port (and on `--metrics-listen`, when given). On SIGTERM or SIGINT it turns not ready, stops accepting, lets each open connection
-/// finish the request it is in (within `ops::stop::DRAIN_TIMEOUT`), logs one summary line and
-/// returns.
+/// port (and on `--metrics-listen`, when given). On SIGTERM or SIGINT it turns not ready,
+/// stops accepting, lets each open connection finish the request it is in (within
+/// `ops::stop::DRAIN_TIMEOUT`), logs one summary line and returns.
 fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> anyhow::Result<()> {
     let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)?;
     if let Some(calibration) = executors.calibration() {
