@@ -554,16 +554,22 @@ fn web_serve_per_core_stops_every_child_on_sigterm() {
     assert_eq!(field(summary, "drained"), "true", "every child exited by itself: {summary}");
 }
 
-/// One process per core with `--metrics-listen`: each child answers the admin paths for itself
-/// on the service port; the parent's listener shows the whole server (every child's series
-/// labelled `worker`, next to the parent's own `process_*`), its request counter grows with
-/// the requests, and SIGTERM still stops it cleanly.
+/// One process per core with `--metrics-listen`, in both layouts (children sharing the port,
+/// and children dealt connections by the parent): each child answers the admin paths for
+/// itself on the service port; the parent's listener shows the whole server (every child's
+/// series labelled `worker`, next to the parent's own `process_*`), its request counter grows
+/// with the requests, and SIGTERM still stops it cleanly.
 #[test]
 fn web_serve_per_core_serves_admin_paths_per_child_and_for_the_whole_server() {
+    web_per_core_admin(&["--model", "prefork"]);
+    web_per_core_admin(&["--model", "adaptive", "--adaptive-layout", "per-core"]);
+}
+
+fn web_per_core_admin(layout: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let args = ["web", "serve", "--listen", "127.0.0.1:0", "--model", "prefork", "--workers", "2"];
+    let args = ["web", "serve", "--listen", "127.0.0.1:0", "--workers", "2"];
     let metrics_listen = ["--metrics-listen", "127.0.0.1:0"];
-    let mut server = Served::start(&[&args[..], &metrics_listen].concat(), dir.path());
+    let mut server = Served::start(&[&args[..], layout, &metrics_listen].concat(), dir.path());
     let addr = server.address("processes on http://");
     let metrics = server.address("metrics on ");
     let (body, sent) = (matrix_body(8), std::sync::Barrier::new(1));
