@@ -71,7 +71,8 @@ impl Answer {
     }
 }
 
-/// What an endpoint shows, asked on its own thread at each request.
+/// What an endpoint shows, asked at each request to `/metrics` or `/ready` on the thread that
+/// answers it.
 pub trait Source: Send + Sync + 'static {
     /// The `/metrics` page, in the Prometheus text format.
     fn page(&self) -> String;

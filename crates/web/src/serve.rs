@@ -68,8 +68,8 @@ pub struct ServeConfig {
     pub connection_work_bytes_max: usize,
     pub admission_wait_ms: u64,
     /// `/metrics`, `/health` and `/ready` on a listener of their own too, off the service
-    /// threads; with one process per core, the whole server's (see [`crate::fleet`]). Not
-    /// loopback only with a metrics token.
+    /// threads; with one process per core, the whole server's (see [`crate::fleet`]). An
+    /// address other than loopback needs `metrics_token`.
     pub metrics_listen: Option<SocketAddr>,
     /// The bearer token `GET /metrics` requires; without one the page is open (bind loopback,
     /// or set one: the page shows the server's activity). Never printed (`--print-config`).
