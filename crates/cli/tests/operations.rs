@@ -131,23 +131,45 @@ fn wait_for_counter(addr: SocketAddr, name: &str) {
     }
 }
 
-/// The checks every server's admin endpoint passes: `/health`, `/ready` (once ready), a 404
-/// elsewhere, and a page with the process metrics, `counter` above zero and the histogram
-/// `histogram` with observations in its buckets.
-fn check_admin_endpoint(addr: SocketAddr, counter: &str, histogram: &str) {
+/// The sum of the counter `name` over every sample of it (a page may hold one per process).
+fn total(scrape: &Scrape, name: &str) -> f64 {
+    let counters = scrape.samples.iter().filter(|sample| sample.metric == name);
+    counters
+        .map(|sample| match sample.value {
+            Value::Counter(value) => value,
+            ref other => panic!("{name}: {other:?}"),
+        })
+        .sum()
+}
+
+/// The paths every admin endpoint answers: `/health`, `/ready` (once ready), a 404 elsewhere,
+/// and a page that parses, with the process metrics and the histogram `histogram` with its
+/// buckets; the page.
+fn check_admin_paths(addr: SocketAddr, histogram: &str) -> Scrape {
     assert_eq!(get(addr, "/health").unwrap().0, 200);
     assert_eq!(get(addr, "/ready").unwrap().0, 200);
     assert_eq!(get(addr, "/no-such-page").unwrap().0, 404);
     let scrape = scrape(addr);
-    assert!(matches!(sample(&scrape, counter), Value::Counter(n) if *n > 0.0), "{counter}");
     let Value::Histogram(buckets) = sample(&scrape, histogram) else {
         panic!("{histogram} is not a histogram")
     };
-    let infinite = buckets.iter().find(|bucket| bucket.less_than == f64::INFINITY);
-    assert!(infinite.is_some_and(|bucket| bucket.count > 0.0), "{histogram}: {buckets:?}");
     assert!(buckets.len() > 2, "{histogram} has buckets: {buckets:?}");
     let rss = sample(&scrape, "process_resident_memory_bytes");
     assert!(matches!(rss, Value::Gauge(bytes) if *bytes > 1e6), "{rss:?}");
+    scrape
+}
+
+/// The checks every server's admin endpoint passes: [`check_admin_paths`], `counter` above
+/// zero and the histogram `histogram` with observations in its buckets (in some process, on a
+/// page that holds several).
+fn check_admin_endpoint(addr: SocketAddr, counter: &str, histogram: &str) {
+    let scrape = check_admin_paths(addr, histogram);
+    assert!(total(&scrape, counter) > 0.0, "{counter}");
+    let observed = scrape.samples.iter().filter(|sample| sample.metric == histogram).any(|s| {
+        let Value::Histogram(buckets) = &s.value else { return false };
+        buckets.iter().any(|bucket| bucket.less_than == f64::INFINITY && bucket.count > 0.0)
+    });
+    assert!(observed, "{histogram} has observations");
 }
 
 /// Checks the exit code, the stdout line and the one summary line; returns the summary line.
@@ -300,12 +322,16 @@ fn post_matrix(addr: SocketAddr, body: &str, sent: &std::sync::Barrier) -> Optio
 fn web_serve_answers_requests_in_flight_at_sigterm_and_serves_admin_paths() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["web", "serve", "--listen", "127.0.0.1:0", "--model", "pool", "--workers", "2"];
-    let mut server = Served::start(&args, dir.path());
-    let addr = server.address("on http://");
+    let metrics_listen = ["--metrics-listen", "127.0.0.1:0"];
+    let mut server = Served::start(&[&args[..], &metrics_listen].concat(), dir.path());
+    let addr = server.address("pool on http://");
+    let metrics = server.address("metrics on ");
     let body = matrix_body(8);
     let sent = std::sync::Barrier::new(1);
     assert_eq!(post_matrix(addr, &body, &sent), Some(200), "a request before the stop");
+    // The same endpoint on the service port and on a listener of its own.
     check_admin_endpoint(addr, "web_requests_total", "web_request_seconds");
+    check_admin_endpoint(metrics, "web_requests_total", "web_request_seconds");
 
     let (clients, body) = (6, std::sync::Arc::new(matrix_body(300)));
     let sent = std::sync::Arc::new(std::sync::Barrier::new(clients + 1));
@@ -526,4 +552,48 @@ fn web_serve_per_core_stops_every_child_on_sigterm() {
     let (status, lines) = server.exit();
     let summary = stopped_cleanly(status, &lines, "web server stopped");
     assert_eq!(field(summary, "drained"), "true", "every child exited by itself: {summary}");
+}
+
+/// One process per core with `--metrics-listen`, in both layouts (children sharing the port,
+/// and children dealt connections by the parent): each child answers the admin paths for
+/// itself on the service port; the parent's listener shows the whole server (every child's
+/// series labelled `worker`, next to the parent's own `process_*`), its request counter grows
+/// with the requests, and SIGTERM still stops it cleanly.
+#[test]
+fn web_serve_per_core_serves_admin_paths_per_child_and_for_the_whole_server() {
+    web_per_core_admin(&["--model", "prefork"]);
+    web_per_core_admin(&["--model", "adaptive", "--adaptive-layout", "per-core"]);
+}
+
+fn web_per_core_admin(layout: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["web", "serve", "--listen", "127.0.0.1:0", "--workers", "2"];
+    let metrics_listen = ["--metrics-listen", "127.0.0.1:0"];
+    let mut server = Served::start(&[&args[..], layout, &metrics_listen].concat(), dir.path());
+    let addr = server.address("processes on http://");
+    let metrics = server.address("metrics on ");
+    let (body, sent) = (matrix_body(8), std::sync::Barrier::new(1));
+    let answered_before = total(&scrape(metrics), "web_requests_total");
+    for _ in 0..6 {
+        assert_eq!(post_matrix(addr, &body, &sent), Some(200));
+    }
+    assert_eq!(total(&scrape(metrics), "web_requests_total"), answered_before + 6.0);
+    check_admin_endpoint(metrics, "web_requests_total", "web_request_seconds");
+    // Whichever child takes the connection answers for itself.
+    check_admin_paths(addr, "web_request_seconds");
+
+    let scrape = scrape(metrics);
+    let workers = |name: &str| -> std::collections::BTreeSet<String> {
+        let samples = scrape.samples.iter().filter(|sample| sample.metric == name);
+        samples.filter_map(|sample| sample.labels.get("worker").map(str::to_string)).collect()
+    };
+    let both: std::collections::BTreeSet<String> = ["0", "1"].map(String::from).into();
+    assert_eq!(workers("web_requests_total"), both);
+    assert_eq!(workers("process_resident_memory_bytes"), both);
+    let up = scrape.samples.iter().filter(|sample| sample.metric == "web_worker_up");
+    assert!(up.map(|sample| &sample.value).eq([&Value::Gauge(1.0); 2]), "both workers answer");
+
+    server.signal("TERM");
+    let (status, lines) = server.exit();
+    stopped_cleanly(status, &lines, "web server stopped");
 }

@@ -12,6 +12,10 @@
 //! core threads, which only add to atomics. A server whose own protocol is HTTP (`web
 //! serve`) routes the three paths to [`Endpoint::answer`] instead.
 //!
+//! What the page and `/ready` show comes from a [`Source`]: one process's registry and
+//! readiness flag ([`Endpoint::new`]), or any other view, such as a supervisor's over the
+//! processes it runs ([`Endpoint::of`]; [`crate::merge`] joins their pages).
+//!
 //! Bounds: at most [`HTTP_CONNECTIONS_MAX`] connections at once (more are closed unanswered),
 //! one request per connection, [`HTTP_CONNECTION_TIMEOUT`] for the whole exchange.
 
@@ -68,12 +72,44 @@ impl Answer {
     }
 }
 
-/// The registry, the readiness flag and the optional token behind `/metrics`.
-#[derive(Clone, Debug)]
-pub struct Endpoint {
-    registry: Arc<Registry>,
+/// What an endpoint shows, asked at each request to `/metrics` or `/ready` on the thread that
+/// answers it.
+pub trait Source: Send + Sync + 'static {
+    /// The `/metrics` page, in the Prometheus text format.
+    fn page(&self) -> String;
+    /// Whether `/ready` answers 200.
+    fn is_ready(&self) -> bool;
+}
+
+/// One process's view: its registry (with the `process_*` metrics) and readiness flag.
+struct Local {
+    registry: Registry,
     readiness: Readiness,
+}
+
+impl Source for Local {
+    fn page(&self) -> String {
+        render(&self.registry)
+    }
+
+    fn is_ready(&self) -> bool {
+        self.readiness.is_ready()
+    }
+}
+
+/// The source of the page and readiness, and the optional token behind `/metrics`.
+#[derive(Clone)]
+pub struct Endpoint {
+    source: Arc<dyn Source>,
     metrics_token: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token itself.
+        let token = self.metrics_token.as_ref().map(|_| "<set>");
+        f.debug_struct("Endpoint").field("metrics_token", &token).finish_non_exhaustive()
+    }
 }
 
 /// The registry in the Prometheus text format.
@@ -102,7 +138,13 @@ impl Endpoint {
     /// An endpoint over `registry`, to which it adds the `process_*` metrics.
     pub fn new(mut registry: Registry, readiness: Readiness) -> Endpoint {
         registry.register_collector(Box::new(ProcessCollector));
-        Endpoint { registry: Arc::new(registry), readiness, metrics_token: None }
+        Endpoint::of(Local { registry, readiness })
+    }
+
+    /// An endpoint over any source (which adds the `process_*` metrics itself, if it shows
+    /// them).
+    pub fn of(source: impl Source) -> Endpoint {
+        Endpoint { source: Arc::new(source), metrics_token: None }
     }
 
     /// Requires `Authorization: Bearer TOKEN` on `/metrics` when `token` is given.
@@ -123,7 +165,7 @@ impl Endpoint {
         }
         Some(match path {
             "/health" => Answer::text(200, "ok\n"),
-            "/ready" if self.readiness.is_ready() => Answer::text(200, "ready\n"),
+            "/ready" if self.source.is_ready() => Answer::text(200, "ready\n"),
             "/ready" => Answer::text(503, "not ready\n"),
             _ => self.metrics(authorization),
         })
@@ -136,7 +178,7 @@ impl Endpoint {
                 return Answer::text(401, "missing or wrong bearer token\n");
             }
         }
-        Answer { status: 200, content_type: METRICS_CONTENT_TYPE, body: render(&self.registry) }
+        Answer { status: 200, content_type: METRICS_CONTENT_TYPE, body: self.source.page() }
     }
 
     /// Answers on `listen` from a thread of its own until the returned handle is dropped.
@@ -231,11 +273,25 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 /// A blocking `GET path` against `addr` (HTTP/1.0, one request per connection): the status
 /// and body. For probes and tests, which should not need an HTTP client crate.
 pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    fetch(addr, path, None, HTTP_CONNECTION_TIMEOUT)
+}
+
+/// [`get`] with `Authorization: Bearer TOKEN` when `token` is given, connecting and reading
+/// within `timeout` each: how a supervisor scrapes the processes it runs.
+pub fn fetch(
+    addr: SocketAddr,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, HTTP_CONNECTION_TIMEOUT)?;
-    stream.set_read_timeout(Some(HTTP_CONNECTION_TIMEOUT))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    let authorization = token.map(|token| format!("Authorization: Bearer {token}\r\n"));
+    let authorization = authorization.unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{authorization}\r\n");
     // One write: a server that answers its first read must see the whole request in it.
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let malformed = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed response");

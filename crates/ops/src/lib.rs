@@ -10,6 +10,8 @@
 //!   memory, CPU seconds, open descriptors, threads, start time).
 //! - [`histogram`]: a latency histogram with fixed buckets that the hot path records into
 //!   with two relaxed atomic additions (no lock), encoded as a Prometheus histogram.
+//! - [`merge`]: the pages of several processes joined into one, each sample labelled with
+//!   its process, for a supervisor that shows the processes it runs on one listener.
 //! - [`read`]: counters and gauges read at scrape time from a server's own atomics, so a
 //!   server keeps the counters it has and the registry only looks at them.
 //! - [`stop`]: the stop signals (SIGTERM, SIGINT) and [`stop::DRAIN_TIMEOUT`], the bound every
@@ -21,6 +23,7 @@
 pub mod endpoint;
 mod error;
 pub mod histogram;
+pub mod merge;
 pub mod process;
 pub mod read;
 pub mod stop;

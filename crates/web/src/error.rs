@@ -32,6 +32,9 @@ pub enum WebError {
         #[source]
         source: HttpCause,
     },
+    /// The admin endpoint (`/metrics`, `/health`, `/ready`) could not be served.
+    #[error("the admin endpoint")]
+    Admin(#[from] ops::OpsError),
     /// A prefork child's specification (JSON in its environment) could not be written or read.
     #[error("the prefork child's specification")]
     ChildSpec(#[source] serde_json::Error),

@@ -51,6 +51,7 @@ pub mod conn;
 pub(crate) mod deal;
 mod error;
 pub mod exec;
+pub mod fleet;
 pub mod kernel;
 pub mod prefork;
 pub mod serve;

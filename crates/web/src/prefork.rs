@@ -8,6 +8,10 @@
 //! [`READY_LINE`] on stdout, and serves with the `single` executor. The kernel spreads incoming
 //! connections over the listening children. Children die with the parent (`PR_SET_PDEATHSIG`).
 //!
+//! Each child answers `/metrics`, `/health` and `/ready` for itself on the shared port and on a
+//! loopback port of its own, named in its ready line, from which the parent shows them all as
+//! one server ([`crate::fleet`]).
+//!
 //! The `adaptive` model in its per-core layout (`--adaptive-layout per-core`) uses the same
 //! layout, so under load it is exactly as parallel as `prefork` (one process per core, no
 //! hand-off between cores), with three differences:
@@ -22,7 +26,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -40,15 +44,18 @@ use crate::server::{Executors, ServeBounds, serve_on};
 
 /// The environment variable that turns a re-executed process into a prefork child.
 pub const CHILD_ENV: &str = "LEANTIER_WEB_PREFORK_CHILD";
-/// What a child prints on stdout once it listens.
+/// What a child prints on stdout once it listens, followed by a space and the address of its
+/// own admin listener.
 pub const READY_LINE: &str = "leantier-web-prefork-ready";
+/// The address a child's own admin listener binds: loopback, a port the kernel picks.
+const CHILD_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 /// Pending-connection backlog of each child's listening socket.
 const LISTEN_BACKLOG: i32 = 1024;
 /// Size of the shared counter's memfd: one page, so the mapping is page-aligned.
 const HOST_COUNTER_BYTES: usize = 4096;
 
 /// Everything a child needs, passed as JSON in [`CHILD_ENV`].
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ChildSpec {
     /// `prefork` (a `single` executor) or `adaptive` (inline or split, see the module docs).
     pub model: Model,
@@ -70,6 +77,8 @@ pub struct ChildSpec {
     pub body_bytes_max: usize,
     /// Connection and work bounds, per child process.
     pub bounds: ServeBounds,
+    /// The bearer token the child's `/metrics` requires (on both its listeners), if any.
+    pub metrics_token: Option<String>,
 }
 
 /// The child role of this process, if its parent set one.
@@ -81,13 +90,62 @@ pub fn child_spec_from_env() -> Result<Option<ChildSpec>> {
     Ok(Some(spec))
 }
 
-/// Runs this process as one prefork child until the parent kills it.
+/// Runs this process as one prefork child until the parent kills it, or stops it with SIGTERM
+/// or SIGINT.
 pub fn run_child(spec: &ChildSpec) -> Result<()> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and touches no memory of ours.
     let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     if rc != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "child will not die with its parent");
     }
+    let executors = start_pinned(spec)?;
+    let (mut registry, readiness) = (ops::Registry::default(), ops::Readiness::default());
+    executors.register_metrics(&mut registry);
+    let endpoint = ops::Endpoint::new(registry, readiness.clone())
+        .with_metrics_token(spec.metrics_token.clone());
+    // After pinning: its thread renders a scrape on the child's core, off the reactor thread.
+    let admin = endpoint.clone().serve(CHILD_ADMIN_LISTEN)?;
+    let router = executors.router(spec.model, spec.body_bytes_max, &spec.bounds.work);
+    let router = crate::server::with_admin(router, endpoint);
+    let bounds = spec.bounds.connection;
+    // Ready is announced from inside the runtime, once its listener exists: the process then
+    // holds every descriptor it serves with (the runtime's own sockets included).
+    let (admin_addr, ready_flag) = (admin.addr, readiness.clone());
+    let ready = move || {
+        ready_flag.set(true);
+        println!("{READY_LINE} {admin_addr}");
+    };
+    match spec.dealt_channel_fd {
+        Some(fd) => {
+            // SAFETY: the parent made `fd` inheritable for this child only, and nothing else in
+            // this process owns it.
+            let channel = unsafe { OwnedFd::from_raw_fd(fd) };
+            let listener = move || DealtListener::new(channel).inspect(|_| ready());
+            serve_on(listener, router, 1, bounds, stop_signal(readiness))
+                .map_err(io_failed("serving dealt connections"))?;
+        }
+        None => {
+            let listening = || {
+                let socket = reuseport_socket(spec.addr)?;
+                socket.listen(LISTEN_BACKLOG)?;
+                socket.set_nonblocking(true)?;
+                Ok(socket)
+            };
+            let socket = listening().map_err(io_failed(format!("listening on {}", spec.addr)))?;
+            let listener =
+                move || tokio::net::TcpListener::from_std(socket.into()).inspect(|_| ready());
+            serve_on(listener, router, 1, bounds, stop_signal(readiness))
+                .map_err(io_failed(format!("serving on {}", spec.addr)))?;
+        }
+    }
+    // Only now: the parent reads this listener for as long as the child serves.
+    drop(admin);
+    Ok(())
+}
+
+/// The child's executors, with the process pinned to the child's CPU: every thread started
+/// after this returns inherits the pin.
+fn start_pinned(spec: &ChildSpec) -> Result<Executors> {
     let exec = ExecConfig {
         limits: SizeLimits {
             dim_max: spec.dim_max,
@@ -101,7 +159,7 @@ pub fn run_child(spec: &ChildSpec) -> Result<()> {
         let pinned = pipeline::placement::pin_current_thread(&[spec.cpu]);
         pinned.map_err(|e| WebError::Failed(format!("pinning the child to CPU {}: {e}", spec.cpu)))
     };
-    let executors = match spec.model {
+    Ok(match spec.model {
         Model::Adaptive => {
             let host_in_flight = HostCounter::map(spec.host_counter_fd)
                 .map_err(io_failed("mapping the shared counter"))?;
@@ -122,44 +180,16 @@ pub fn run_child(spec: &ChildSpec) -> Result<()> {
             let why = format!("{} is not a per-core process model", other.name());
             return Err(WebError::Failed(why));
         }
-    };
-    let router = executors.router(spec.model, spec.body_bytes_max, &spec.bounds.work);
-    let bounds = spec.bounds.connection;
-    // Ready is announced from inside the runtime, once its listener exists: the process then
-    // holds every descriptor it serves with (the runtime's own sockets included).
-    let ready = || println!("{READY_LINE}");
-    match spec.dealt_channel_fd {
-        Some(fd) => {
-            // SAFETY: the parent made `fd` inheritable for this child only, and nothing else in
-            // this process owns it.
-            let channel = unsafe { OwnedFd::from_raw_fd(fd) };
-            let listener = move || DealtListener::new(channel).inspect(|_| ready());
-            serve_on(listener, router, 1, bounds, stop_signal())
-                .map_err(io_failed("serving dealt connections"))?;
-        }
-        None => {
-            let listening = || {
-                let socket = reuseport_socket(spec.addr)?;
-                socket.listen(LISTEN_BACKLOG)?;
-                socket.set_nonblocking(true)?;
-                Ok(socket)
-            };
-            let socket = listening().map_err(io_failed(format!("listening on {}", spec.addr)))?;
-            let listener =
-                move || tokio::net::TcpListener::from_std(socket.into()).inspect(|_| ready());
-            serve_on(listener, router, 1, bounds, stop_signal())
-                .map_err(io_failed(format!("serving on {}", spec.addr)))?;
-        }
-    }
-    Ok(())
+    })
 }
 
 /// A child's end of serving: SIGTERM or SIGINT (the parent passes its stop on), after which
-/// it drains its connections like a one-process server.
-async fn stop_signal() {
+/// it turns not ready and drains its connections like a one-process server.
+async fn stop_signal(readiness: ops::Readiness) {
     match ops::stop::stop_signal() {
         Ok(stop) => {
             stop.await;
+            readiness.set(false);
         }
         Err(error) => {
             tracing::error!(%error, "cannot listen for SIGTERM; serving until killed");
@@ -242,6 +272,8 @@ pub struct Prefork {
     /// The children's shared counter (each child holds its own copy of the fd).
     _host_counter: HostCounter,
     children: Vec<Child>,
+    /// Each child's own admin listener, by worker index.
+    admin_addrs: Vec<SocketAddr>,
 }
 
 impl Prefork {
@@ -263,8 +295,13 @@ impl Prefork {
         let host_counter =
             HostCounter::create().map_err(io_failed("creating the shared counter"))?;
         let host_counter_fd = host_counter.raw_fd();
-        let mut prefork =
-            Prefork { addr, _intake: intake, _host_counter: host_counter, children: Vec::new() };
+        let mut prefork = Prefork {
+            addr,
+            _intake: intake,
+            _host_counter: host_counter,
+            children: Vec::new(),
+            admin_addrs: Vec::new(),
+        };
         for index in 0..workers {
             let cpu = exec::cpu_for_worker(&allowed, index);
             let dealt_channel_fd = child_ends.get(index).map(AsRawFd::as_raw_fd);
@@ -274,7 +311,7 @@ impl Prefork {
                 pool_threads: workers,
                 host_counter_fd,
                 dealt_channel_fd,
-                ..template
+                ..template.clone()
             };
             let mut command = Command::new(&exe);
             command
@@ -293,14 +330,19 @@ impl Prefork {
             prefork.children.push(child);
         }
         drop(child_ends);
-        for child in &mut prefork.children {
-            wait_ready(child)?;
-        }
+        let admin_addrs = prefork.children.iter_mut().map(wait_ready).collect::<Result<_>>()?;
+        prefork.admin_addrs = admin_addrs;
         Ok(prefork)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Each child's own admin listener (`/metrics`, `/health`, `/ready` on loopback), by
+    /// worker index.
+    pub fn admin_addrs(&self) -> &[SocketAddr] {
+        &self.admin_addrs
     }
 
     /// Process ids of the children.
@@ -405,15 +447,16 @@ impl Intake {
     }
 }
 
-fn wait_ready(child: &mut Child) -> Result<()> {
+/// The child's admin address, from its ready line.
+fn wait_ready(child: &mut Child) -> Result<SocketAddr> {
     let stdout = child.stdout.take().expect("`Prefork::start` pipes the child's stdout");
     let mut line = String::new();
     let read = BufReader::new(stdout).read_line(&mut line);
     read.map_err(io_failed(format!("reading prefork child {}'s ready line", child.id())))?;
-    if line.trim() != READY_LINE {
-        return Err(WebError::Failed(format!("prefork child {} failed to start", child.id())));
-    }
-    Ok(())
+    let admin = line.strip_prefix(READY_LINE).and_then(|rest| rest.trim().parse().ok());
+    let failed =
+        || WebError::Failed(format!("prefork child {} failed to start: {line:?}", child.id()));
+    admin.ok_or_else(failed)
 }
 
 impl Drop for Prefork {

@@ -13,6 +13,7 @@ use crate::api::{ANSWER_BYTES_MAX_DEFAULT, CELLS_MAX_DEFAULT, DIM_MAX_DEFAULT, S
 use crate::conn::ConnectionBounds;
 use crate::error::{Result, WebError, io_failed};
 use crate::exec::{self, Calibration, ExecConfig, Model, QUEUE_DEPTH_MAX_DEFAULT};
+use crate::fleet::Fleet;
 use crate::prefork::{ChildSpec, Prefork};
 use crate::server::{BODY_BYTES_MAX_DEFAULT, Executors, ServeBounds, ServerConfig, serve_blocking};
 
@@ -66,6 +67,10 @@ pub struct ServeConfig {
     pub large_work_bytes_max: usize,
     pub connection_work_bytes_max: usize,
     pub admission_wait_ms: u64,
+    /// `/metrics`, `/health` and `/ready` on a listener of their own too, off the service
+    /// threads; with one process per core, the whole server's (see [`crate::fleet`]). An
+    /// address other than loopback needs `metrics_token`.
+    pub metrics_listen: Option<SocketAddr>,
     /// The bearer token `GET /metrics` requires; without one the page is open (bind loopback,
     /// or set one: the page shows the server's activity). Never printed (`--print-config`).
     #[serde(skip_serializing)]
@@ -96,6 +101,7 @@ impl Default for ServeConfig {
             large_work_bytes_max: work.large_work_bytes_max,
             connection_work_bytes_max: work.connection_work_bytes_max,
             admission_wait_ms: millis(work.wait_timeout),
+            metrics_listen: None,
             metrics_token: None,
         }
     }
@@ -125,6 +131,10 @@ impl ServeConfig {
         bounds.connection.check().map_err(WebError::BadInput)?;
         let request_work_max = self.body_bytes_max.max(self.limits().answer_work_bytes_max());
         bounds.work.check(request_work_max).map_err(WebError::BadInput)?;
+        if let Some(listen) = self.metrics_listen {
+            ops::endpoint::check_exposure(listen, self.metrics_token.is_some())
+                .map_err(WebError::BadInput)?;
+        }
         Ok(ServerConfig {
             default_model: model,
             exec: ExecConfig {
@@ -182,6 +192,7 @@ impl ServeConfig {
             queue_depth_max: self.queue_depth_max,
             body_bytes_max: self.body_bytes_max,
             bounds: self.bounds(),
+            metrics_token: self.metrics_token.clone(),
         }
     }
 }
@@ -217,7 +228,9 @@ pub fn keep_freed_request_memory() {
 }
 
 /// Serves until SIGTERM or SIGINT, then drains (see [`serve_in_process`]; per core, each
-/// child drains: `Prefork::serve_until_stopped`), or, per core, until a child exits.
+/// child drains: `Prefork::serve_until_stopped`), or, per core, until a child exits. Per
+/// core, each child answers the admin paths for itself on the service port, and
+/// `--metrics-listen` shows them all as one server ([`crate::fleet`]).
 pub fn serve(config: &ServeConfig) -> Result<()> {
     let server_config = config.server_config()?;
     let model = server_config.default_model;
@@ -225,6 +238,9 @@ pub fn serve(config: &ServeConfig) -> Result<()> {
         model == Model::Adaptive && config.adaptive_layout == AdaptiveLayout::PerCore;
     if model == Model::Prefork || per_core_adaptive {
         let children = start_per_core(config, model)?;
+        let fleet = Fleet::new(children.admin_addrs().to_vec(), config.metrics_token.clone());
+        let endpoint = ops::Endpoint::of(fleet).with_metrics_token(config.metrics_token.clone());
+        let _admin = serve_admin(config, endpoint)?;
         println!(
             "serving {} ×{} processes on http://{}/matrix",
             model.name(),
@@ -237,9 +253,9 @@ pub fn serve(config: &ServeConfig) -> Result<()> {
 }
 
 /// One process: the matrix routes plus `/metrics`, `/health` and `/ready` on the service
-/// port. On SIGTERM or SIGINT it turns not ready, stops accepting, lets each open connection
-/// finish the request it is in (within `ops::stop::DRAIN_TIMEOUT`), logs one summary line and
-/// returns.
+/// port (and on `--metrics-listen`, when given). On SIGTERM or SIGINT it turns not ready,
+/// stops accepting, lets each open connection finish the request it is in (within
+/// `ops::stop::DRAIN_TIMEOUT`), logs one summary line and returns.
 fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> Result<()> {
     let executors = Executors::start(&Model::IN_PROCESS, &server_config.exec)
         .map_err(io_failed("starting the executors"))?;
@@ -255,7 +271,8 @@ fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> Resul
     executors.register_metrics(&mut registry);
     let endpoint = ops::Endpoint::new(registry, readiness.clone())
         .with_metrics_token(config.metrics_token.clone());
-    let router = crate::server::with_admin(router, endpoint);
+    let router = crate::server::with_admin(router, endpoint.clone());
+    let _admin = serve_admin(config, endpoint)?;
     let listen = config.listen;
     let listener =
         std::net::TcpListener::bind(listen).map_err(io_failed(format!("binding {listen}")))?;
@@ -292,6 +309,18 @@ fn serve_in_process(config: &ServeConfig, server_config: &ServerConfig) -> Resul
     // Not `println!`: the supervisor may have closed the pipe, and the stop goes on.
     let _ = writeln!(std::io::stdout(), "stopped on {signal}");
     Ok(())
+}
+
+/// Serves `endpoint` on `--metrics-listen`, when given, from a thread of its own until the
+/// handle drops, and says where.
+fn serve_admin(
+    config: &ServeConfig,
+    endpoint: ops::Endpoint,
+) -> Result<Option<ops::endpoint::Listening>> {
+    let Some(listen) = config.metrics_listen else { return Ok(None) };
+    let listening = endpoint.serve(listen)?;
+    println!("metrics on http://{}/metrics", listening.addr);
+    Ok(Some(listening))
 }
 
 /// Starts one pinned process per worker (`prefork` or `adaptive`) by re-executing this binary

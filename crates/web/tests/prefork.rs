@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use ops::endpoint::{Source, get};
 use web::api::SizeLimits;
 use web::client::JsonClient;
 use web::exec::{Calibration, Compute, Model, process};
+use web::fleet::Fleet;
 use web::prefork::{ChildSpec, Prefork, child_spec_from_env, run_child};
 use web::server::ServeBounds;
 use web::workload::Shape;
@@ -30,7 +32,9 @@ fn main() {
     println!("test adaptive_children_are_dealt_equal_shares_of_connections ... ok");
     per_core_children_close_idle_connections_and_refuse_past_the_limit();
     println!("test per_core_children_close_idle_connections_and_refuse_past_the_limit ... ok");
-    println!("5 passed, 0 failed");
+    the_fleet_shows_every_child_and_is_ready_only_while_all_are();
+    println!("test the_fleet_shows_every_child_and_is_ready_only_while_all_are ... ok");
+    println!("6 passed, 0 failed");
 }
 
 fn template(model: Model) -> ChildSpec {
@@ -50,6 +54,7 @@ fn template(model: Model) -> ChildSpec {
         queue_depth_max: 16,
         body_bytes_max: 1 << 16,
         bounds: ServeBounds::default(),
+        metrics_token: None,
     }
 }
 
@@ -115,7 +120,7 @@ fn process_exists(pid: u32) -> bool {
 fn adaptive_children_split_or_inline_with_the_serial_answer() {
     let template = template(Model::Adaptive);
     let exe = std::env::current_exe().unwrap();
-    let children = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
+    let children = Prefork::start(template.addr, 2, template.clone(), exe, &[]).unwrap();
     let url = format!("http://{}/matrix/adaptive", children.local_addr());
     let body = Bytes::from(Shape::study(90).request_body(5, 11));
     let limits = SizeLimits {
@@ -224,4 +229,35 @@ fn per_core_children_close_idle_connections_and_refuse_past_the_limit() {
         assert!(matches!(read, Ok(0)), "{model:?}: the idle connection was not closed: {read:?}");
         assert!(opened.elapsed() < Duration::from_secs(5), "{model:?}");
     }
+}
+
+/// Each child answers the admin paths on the shared port and on its own; the parent's view
+/// labels every child's series, and turns not ready once one child stops (SIGTERM: it drains
+/// and exits) while the other still serves.
+fn the_fleet_shows_every_child_and_is_ready_only_while_all_are() {
+    let template = template(Model::Prefork);
+    let exe = std::env::current_exe().unwrap();
+    let children = Prefork::start(template.addr, 2, template, exe, &[]).unwrap();
+    for addr in [children.local_addr()].iter().chain(children.admin_addrs()) {
+        assert_eq!(get(*addr, "/health").unwrap().0, 200, "{addr}");
+        assert_eq!(get(*addr, "/ready").unwrap().0, 200, "{addr}");
+        assert_eq!(get(*addr, "/elsewhere").unwrap().0, 404, "{addr}");
+    }
+    let fleet = Fleet::new(children.admin_addrs().to_vec(), None);
+    assert!(fleet.is_ready());
+    let page = fleet.page();
+    for line in ["web_worker_up{worker=\"0\"} 1", "web_worker_up{worker=\"1\"} 1"] {
+        assert!(page.lines().any(|l| l == line), "{line:?} missing from\n{page}");
+    }
+    assert!(page.contains("web_requests_total{worker=\"1\"} 0"), "{page}");
+
+    let first = libc::pid_t::try_from(children.child_ids()[0]).unwrap();
+    // SAFETY: kill(2) on this test's own child; it touches no memory of ours.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fleet.is_ready() {
+        assert!(std::time::Instant::now() < deadline, "still ready with a child stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(get(children.admin_addrs()[1], "/ready").unwrap().0, 200, "the other serves on");
 }

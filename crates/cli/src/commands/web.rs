@@ -23,7 +23,8 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve `POST /matrix` (and `/matrix/<model>` for every in-process model), and `GET
-    /// /metrics`, `/health`, `/ready`, until SIGTERM or SIGINT, then drain (docs/OPERATIONS.md).
+    /// /metrics`, `/health`, `/ready` (one process per core: each child for itself; the whole
+    /// server on --metrics-listen), until SIGTERM or SIGINT, then drain (docs/OPERATIONS.md).
     Serve(ServeArgs),
     /// Drive one load cell (closed-loop users or open-loop constant rate) at a server.
     Load(loadlab::LoadArgs),
@@ -124,6 +125,13 @@ pub struct ServeArgs {
     /// 422 (code 014) [default: 8 MiB].
     #[arg(long)]
     pub answer_bytes_max: Option<usize>,
+    /// Serve `/metrics`, `/health` and `/ready` on this address too (a bare port:
+    /// 127.0.0.1:PORT), from a thread of its own. With one process per core (prefork,
+    /// per-core adaptive) this is the whole server's view: every child's series labelled
+    /// `worker="N"` next to the parent's `process_*`, and `/ready` 200 only while every child
+    /// is ready. An address other than loopback needs --metrics-token.
+    #[arg(long, value_parser = super::admin::metrics_address)]
+    pub metrics_listen: Option<SocketAddr>,
     /// The bearer token `GET /metrics` requires (`/health` and `/ready` stay open); without
     /// one `/metrics` is open to whoever reaches the port.
     #[arg(long, env = "LEANTIER_METRICS_TOKEN", hide_env_values = true)]
@@ -157,6 +165,7 @@ impl ServeArgs {
         override_with(&mut config.connections_per_address_max, &self.connections_per_address_max);
         override_with(&mut config.connection_work_bytes_max, &self.connection_work_bytes_max);
         override_with(&mut config.answer_bytes_max, &self.answer_bytes_max);
+        config.metrics_listen = self.metrics_listen.or(config.metrics_listen);
         if self.metrics_token.is_some() {
             config.metrics_token = self.metrics_token.clone();
         }
@@ -247,5 +256,12 @@ mod tests {
         let narrow_lane = ServeConfig { large_work_bytes_max: 1 << 20, ..ServeConfig::default() };
         let error = narrow_lane.server_config().unwrap_err().to_string();
         assert!(error.contains("large_work_bytes_max"), "{error}");
+        let open = ServeConfig {
+            metrics_listen: Some(([0, 0, 0, 0], 9464).into()),
+            ..ServeConfig::default()
+        };
+        assert!(crate::outcome::is_bad_input(&open.server_config().unwrap_err().into()));
+        let guarded = ServeConfig { metrics_token: Some("t".into()), ..open };
+        assert!(guarded.server_config().is_ok());
     }
 }
