@@ -167,28 +167,9 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let r_gateway = rt
-        .block_on(start_r_gateway(GatewayOptions {
-            prefix: LogSettings::new(3).publish_prefix(0),
-            ..GatewayOptions::new(&url, 0, listen)
-        }))
-        .unwrap();
-    let (tally, reading) = rt.block_on(consumer::connect(r_gateway.local_addr(), 0)).unwrap();
-    rt.spawn(reading);
-    let log = rt.block_on(async {
-        let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
-        OrderLog::open(client, LogSettings::new(3)).await.unwrap()
-    });
-    let mut appended = 0u64;
-    let mut append = |count: u64| {
-        for _ in 0..count {
-            appended += 1;
-            let id = AppendId { gateway: 1, session: 1, seq: appended };
-            rt.block_on(log.append(&order(appended), id, 0)).unwrap();
-        }
-        appended
-    };
+    let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let mut appender = Appender::open(&rt, &url);
+    let mut append = |count| appender.append(count);
 
     let mut leader = Process::engine(dir.path(), &url);
     let total = append(ORDERS_PER_ROUND);
@@ -425,19 +406,8 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
-    let log = rt.block_on(async {
-        let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
-        OrderLog::open(client, LogSettings::new(3)).await.unwrap()
-    });
-    let mut appended = 0u64;
-    let mut append = |count: u64| {
-        for _ in 0..count {
-            appended += 1;
-            let id = AppendId { gateway: 1, session: 1, seq: appended };
-            rt.block_on(log.append(&order(appended), id, 0)).unwrap();
-        }
-        appended
-    };
+    let mut appender = Appender::open(&rt, &url);
+    let mut append = |count| appender.append(count);
 
     let url_there = cluster.url_at(namespace.here_addr().parse().unwrap());
     let log_path = dir.path().join("partitioned-engine.log");
@@ -478,6 +448,33 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     assert!(log.contains("lost the lease"), "the cut-off leader knew it lost: {log}");
     assert_eq!(log.matches("took the lease").count(), 1, "and never took it back: {log}");
     drop(r_gateway);
+}
+
+/// Appends resting buys of instrument 1 to shard 0's log, as a gateway would (ids 1, 2, ...).
+struct Appender<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    log: OrderLog,
+    appended: u64,
+}
+
+impl<'a> Appender<'a> {
+    fn open(rt: &'a tokio::runtime::Runtime, url: &str) -> Appender<'a> {
+        let log = rt.block_on(async {
+            let client = delivery::nats::connect(&NatsConnect::new(url), "test").await.unwrap();
+            OrderLog::open(client, LogSettings::new(3)).await.unwrap()
+        });
+        Appender { rt, log, appended: 0 }
+    }
+
+    /// Appends `count` more orders; how many were appended in all.
+    fn append(&mut self, count: u64) -> u64 {
+        for _ in 0..count {
+            self.appended += 1;
+            let id = AppendId { gateway: 1, session: 1, seq: self.appended };
+            self.rt.block_on(self.log.append(&order(self.appended), id, 0)).unwrap();
+        }
+        self.appended
+    }
 }
 
 /// An R-Gateway for shard 0's gateway slot 0 and a consumer of it.
