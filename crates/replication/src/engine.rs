@@ -326,8 +326,8 @@ fn log_source(inputs: Receiver<LoggedOrder>, state: Arc<EngineState>) -> OrderSo
     })
 }
 
-/// Holds or contends for the lease until the engine stops, keeping the gate open exactly
-/// while the lease is valid; a stopping leader releases it.
+/// Holds or contends for the lease until the engine stops or its follower fails, keeping the
+/// gate open exactly while the lease is valid; then releases it.
 async fn keep_lease(
     mut lease: Lease,
     every: Duration,
@@ -339,6 +339,11 @@ async fn keep_lease(
     // Relaxed: see `Engine::stop`.
     while !state.stop.load(Ordering::Relaxed) {
         ticks.tick().await;
+        if state.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_some() {
+            // Its tier no longer follows the log: a healthy standby must lead, at once.
+            tracing::error!("engine: no longer following the input log: giving the lease up");
+            break;
+        }
         let held = lease.valid_until().is_some();
         let outcome = if held { lease.renew().await } else { lease.try_acquire().await };
         if let Err(error) = &outcome {
@@ -363,6 +368,8 @@ async fn keep_lease(
         }
     }
     gate.close();
+    // Relaxed: a status flag (the gate, closed above, decides what is published).
+    state.leads.store(false, Ordering::Relaxed);
     if let Err(error) = lease.release().await {
         tracing::warn!("engine: releasing the lease: {error}");
     }

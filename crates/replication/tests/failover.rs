@@ -28,6 +28,11 @@ fn tier() -> TierConfig {
 }
 
 fn engine(url: &str, holder: &str) -> Engine {
+    Engine::start(options(url, holder)).unwrap()
+}
+
+/// One engine of shard 0 on a three-node cluster at `url`, one tier gateway slot.
+fn options(url: &str, holder: &str) -> EngineOptions {
     let config = tier();
     let nats = NatsConnect::new(url);
     let publish = PublishOptions {
@@ -38,7 +43,7 @@ fn engine(url: &str, holder: &str) -> Engine {
         wait: config.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
     };
-    Engine::start(EngineOptions {
+    EngineOptions {
         nats,
         log: LogSettings::new(3),
         lease: LeaseSettings::new("leantier", 3),
@@ -47,8 +52,7 @@ fn engine(url: &str, holder: &str) -> Engine {
         tier: config,
         publish,
         planned_rate_per_s: 10_000.0,
-    })
-    .unwrap()
+    }
 }
 
 /// Resting buys that never cross: each gets exactly one client report (its accept).
@@ -141,4 +145,33 @@ fn the_standby_takes_over_and_the_consumer_sees_every_report_once() {
         first.published.withheld == 0 && second.published.withheld > 0,
         "the standby held back"
     );
+}
+
+/// A record the engine cannot read (written past the gateways' codec) stops its follower with
+/// the reason, and the engine gives its lease up so that a healthy standby can lead.
+#[test]
+fn an_engine_that_cannot_follow_gives_its_lease_up() {
+    let cluster = Cluster::start(1).unwrap();
+    let url = cluster.url();
+    let leader = Engine::start(EngineOptions {
+        log: LogSettings::new(1),
+        lease: LeaseSettings::new("leantier", 1),
+        ..options(&url, "engine-a")
+    })
+    .unwrap();
+    wait_for("the engine leads", Duration::from_secs(5), || leader.leads());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let subject = LogSettings::new(1).subject(0);
+        js.publish(subject, bytes::Bytes::from_static(b"not a record"))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    });
+    wait_for("the engine gives its lease up", Duration::from_secs(5), || !leader.leads());
+    let failure = leader.failure().expect("the follower's reason");
+    assert!(failure.contains("sequence 1"), "{failure}");
 }
