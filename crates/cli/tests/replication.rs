@@ -616,3 +616,39 @@ fn open_loop_fix_and_native_clients_lose_no_order_across_leader_kills() {
         assert_eq!(result.rejected, 0, "{name}: none rejected");
     }
 }
+
+/// A gateway's `/ready` follows its NATS connection: 200 while the cluster answers, 503 once
+/// every node is gone (no order would reach an engine).
+#[test]
+fn a_gateway_is_ready_only_while_it_reaches_nats() {
+    let mut cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let args = [
+        "--role",
+        "gateway",
+        "--nats",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let (_gateway, mut lines) = Process::start_reading(dir.path(), &args);
+    let line = lines.nth(1).expect("the metrics line").unwrap();
+    let metrics: SocketAddr = line
+        .strip_prefix("metrics on http://")
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .expect(&line)
+        .parse()
+        .unwrap();
+    assert_eq!(ops::endpoint::get(metrics, "/ready").unwrap().0, 200);
+    for node in 0..3 {
+        cluster.kill(node);
+    }
+    wait_for("/ready says not ready", Duration::from_secs(10), || {
+        ops::endpoint::get(metrics, "/ready").unwrap().0 == 503
+    });
+    assert_eq!(ops::endpoint::get(metrics, "/health").unwrap().0, 200, "alive all the same");
+}

@@ -69,10 +69,26 @@ pub(crate) type InTierRequest = oneshot::Sender<LatencyHistogram>;
 /// What the tier hands the loop once it has started (its control input, the journals the
 /// store's syncer waits for, its layout).
 pub(crate) struct TierHandoff {
-    /// `None`: no tier in this process (`crate::remote`); admin events are refused.
-    pub(crate) control: Option<TierControl>,
+    pub(crate) upstream: Upstream,
     pub(crate) journals: Option<Vec<Arc<journal::DurableSeq>>>,
     pub(crate) layout: LayoutInfo,
+}
+
+/// What the admin endpoints reach beyond the sessions.
+pub(crate) struct Upstream {
+    /// The tier's control input; `None`: no tier in this process (`crate::remote`), so admin
+    /// events are refused.
+    pub(crate) control: Option<TierControl>,
+    /// For a gateway without a tier: whether its NATS connection (the input log, the reports)
+    /// is up, kept by `crate::remote`; `/ready` answers 503 while it is not.
+    pub(crate) reachable: Option<Arc<AtomicBool>>,
+}
+
+impl Upstream {
+    fn unreachable(&self) -> bool {
+        // Relaxed: a status flag; nothing else is published through it.
+        self.reachable.as_ref().is_some_and(|up| !up.load(Ordering::Relaxed))
+    }
 }
 
 /// Where the server's starter leaves the [`TierHandoff`] for the loop's first turn.
@@ -208,7 +224,7 @@ pub(crate) struct IoLoop {
 impl IoLoop {
     fn build(setup: IoSetup) -> Built {
         let handoff = setup.handoff.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let Some(TierHandoff { control, journals, layout }) = handoff else {
+        let Some(TierHandoff { upstream, journals, layout }) = handoff else {
             return Built::Waiting(setup);
         };
         let IoSetup {
@@ -252,8 +268,8 @@ impl IoLoop {
             tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let local = tokio::task::LocalSet::new();
         let hub = Rc::new(RefCell::new(hub));
-        let control = Rc::new(RefCell::new(control));
-        local.spawn_local(start_tasks(hub.clone(), control, listeners, setup.in_tier));
+        let upstream = Rc::new(RefCell::new(upstream));
+        local.spawn_local(start_tasks(hub.clone(), upstream, listeners, setup.in_tier));
         let _ = setup.built.send(Ok(()));
         let draining_since = None;
         Built::Running(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since })
@@ -323,7 +339,7 @@ impl IoLoop {
 /// Starts the listeners' tasks, the store's release task and the in-tier histogram's.
 async fn start_tasks(
     hub: Rc<RefCell<Hub>>,
-    control: Rc<RefCell<Option<TierControl>>>,
+    upstream: Rc<RefCell<Upstream>>,
     (native, fix, metrics): Listeners,
     in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
 ) {
@@ -342,7 +358,7 @@ async fn start_tasks(
     }
     if let Some(metrics) = metrics {
         let metrics = TcpListener::from_std(metrics).expect("tokio listener");
-        tokio::task::spawn_local(http_loop(hub.clone(), control, metrics));
+        tokio::task::spawn_local(http_loop(hub.clone(), upstream, metrics));
     }
     tokio::task::spawn_local(answer_in_tier(hub, in_tier));
 }
@@ -413,11 +429,7 @@ async fn accept_loop(
 
 /// The metrics listener's HTTP endpoints ([`crate::admin`]): one request per connection, at
 /// most [`HTTP_CONNECTIONS_MAX`] at a time (beyond, a connection is closed unanswered).
-async fn http_loop(
-    hub: Rc<RefCell<Hub>>,
-    control: Rc<RefCell<Option<TierControl>>>,
-    listener: TcpListener,
-) {
+async fn http_loop(hub: Rc<RefCell<Hub>>, upstream: Rc<RefCell<Upstream>>, listener: TcpListener) {
     let page = Rc::new(RenderedPage::default());
     // Pages are rendered on a thread of their own: a scrape costs this thread a copy.
     let renderer = match crate::metrics::Renderer::spawn() {
@@ -437,7 +449,8 @@ async fn http_loop(
             continue;
         }
         open.set(open.get() + 1);
-        let (hub, control, page, open) = (hub.clone(), control.clone(), page.clone(), open.clone());
+        let (hub, upstream, page, open) =
+            (hub.clone(), upstream.clone(), page.clone(), open.clone());
         let renderer = renderer.clone();
         tokio::task::spawn_local(async move {
             let mut request = [0u8; HTTP_REQUEST_BYTES_MAX];
@@ -446,7 +459,7 @@ async fn http_loop(
             let read = read.ok().and_then(Result::ok).unwrap_or(0);
             let text = String::from_utf8_lossy(&request[..read]);
             let (status, content_type, body) =
-                http_answer(&hub, &control, (&page, &renderer), &text).await;
+                http_answer(&hub, &upstream, (&page, &renderer), &text).await;
             let head = format!(
                 "HTTP/1.0 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
                 status_text(status),
@@ -466,7 +479,7 @@ async fn http_loop(
 /// The answer to one HTTP request (its whole head, `text`): status, content type, body.
 async fn http_answer(
     hub: &RefCell<Hub>,
-    control: &RefCell<Option<TierControl>>,
+    upstream: &RefCell<Upstream>,
     (page, renderer): (&RenderedPage, &crate::metrics::Renderer),
     text: &str,
 ) -> (u16, &'static str, String) {
@@ -491,6 +504,9 @@ async fn http_answer(
         Ok(AdminRequest::Ready) if hub.borrow().draining => {
             (503, "text/plain", "stopping\n".into())
         }
+        Ok(AdminRequest::Ready) if upstream.borrow().unreachable() => {
+            (503, "text/plain", "NATS unreachable: no orders reach the engines\n".into())
+        }
         Ok(AdminRequest::Health | AdminRequest::Ready) => (200, "text/plain", "ok\n".into()),
         Ok(AdminRequest::Event(event)) => {
             let token = hub.borrow().settings.admin_token.clone();
@@ -502,8 +518,8 @@ async fn http_answer(
                 );
                 return refused(error);
             }
-            let mut control = control.borrow_mut();
-            let Some(control) = control.as_mut() else {
+            let mut upstream = upstream.borrow_mut();
+            let Some(control) = upstream.control.as_mut() else {
                 let why = "no tier in this process (a gateway): send events to the engines\n";
                 return (503, "text/plain", why.into());
             };

@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 
 use crate::credentials::Credential;
 use crate::hub::Settings;
-use crate::io::{IoSetup, STAGED_ORDERS_MAX, TierHandoff};
+use crate::io::{IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
 use crate::server::{BoundAddresses, ServeError, bind_listeners};
 
@@ -44,6 +44,8 @@ pub const APPEND_QUEUE_SLOTS: usize = 8192;
 /// Appends awaiting their acknowledgement at once; beyond, the appender waits (and the queue,
 /// then the stage, fill: the sessions are answered busy).
 pub const APPENDS_IN_FLIGHT_MAX: usize = 4096;
+/// How often `/ready` follows the NATS connection.
+const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// Bytes read from an R-Gateway per read.
 const READ_BYTES: usize = 64 * 1024;
 
@@ -125,6 +127,8 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let client = runtime.block_on(delivery::nats::connect(&options.nats, "gateway"));
     let client = client.map_err(|e| remote_error("NATS", e))?;
     let log = runtime.block_on(OrderLog::open(client, options.log.clone()))?;
+    let reachable = Arc::new(AtomicBool::new(true));
+    runtime.spawn(follow_connection(log.clone(), reachable.clone()));
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
@@ -146,7 +150,8 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let stop = Arc::new(AtomicBool::new(false));
     let (built, io_built) = std::sync::mpsc::sync_channel(1);
     let layout = LayoutInfo { groups: "gateway (JetStream input log)".into(), usable_cpus: 0 };
-    let handoff = TierHandoff { control: None, journals: None, layout };
+    let upstream = Upstream { control: None, reachable: Some(reachable) };
+    let handoff = TierHandoff { upstream, journals: None, layout };
     let setup = IoSetup {
         settings: options.settings,
         credentials: options.credentials,
@@ -171,6 +176,22 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     }
     let (io, appender) = (Some(io), Some(appender));
     Ok(RunningRemote { addresses, stop, work, io, appender, r_gateways, runtime })
+}
+
+/// Keeps `reachable` equal to whether the log's connection is up (polled every
+/// [`READINESS_POLL`]), logging each change once.
+async fn follow_connection(log: OrderLog, reachable: Arc<AtomicBool>) {
+    loop {
+        let up = log.is_connected();
+        // Relaxed: a status flag for `/ready`.
+        if reachable.swap(up, Ordering::Relaxed) != up {
+            match up {
+                true => tracing::info!("gateway: NATS reachable again: ready"),
+                false => tracing::warn!("gateway: NATS unreachable: not ready until it is back"),
+            }
+        }
+        tokio::time::sleep(READINESS_POLL).await;
+    }
 }
 
 fn remote_error(what: &str, why: impl std::fmt::Display) -> ServeError {

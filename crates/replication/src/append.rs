@@ -59,6 +59,7 @@ pub struct Appended {
 /// Appends orders to their shard streams; cheap to clone (one client, shared settings).
 #[derive(Clone)]
 pub struct OrderLog {
+    client: async_nats::Client,
     js: jetstream::Context,
     settings: Arc<LogSettings>,
 }
@@ -69,10 +70,15 @@ impl OrderLog {
         client: async_nats::Client,
         settings: LogSettings,
     ) -> Result<OrderLog, ReplicationError> {
-        let mut js = jetstream::new(client);
+        let mut js = jetstream::new(client.clone());
         js.set_timeout(APPEND_ACK_TIMEOUT);
         settings.ensure_streams(&js).await?;
-        Ok(OrderLog { js, settings: Arc::new(settings) })
+        Ok(OrderLog { client, js, settings: Arc::new(settings) })
+    }
+
+    /// Whether its NATS connection is up now (what a gateway's `/ready` follows).
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     /// The log's layout.

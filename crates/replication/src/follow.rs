@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use matching::msg::InboundOrder;
 
 use crate::error::ReplicationError;
-use crate::layout::LogSettings;
+use crate::layout::{LogSettings, retry_at_startup};
 use crate::record;
 
 /// One input as the stream holds it.
@@ -45,18 +45,18 @@ impl Follower {
         let js = jetstream::new(client.clone());
         settings.ensure_streams(&js).await?;
         let name = settings.stream(shard);
-        let failed = |what: &str, error: &dyn std::fmt::Display| {
-            ReplicationError::jetstream(format!("{what} {name}"), error)
-        };
-        let stream = js.get_stream(&name).await.map_err(|e| failed("opening stream", &e))?;
+        let what = format!("opening stream {name}");
+        let stream = retry_at_startup(&what, || js.get_stream(&name)).await?;
         let config = OrderedConfig {
             deliver_subject: client.new_inbox(),
             deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from_seq.max(1) },
             ..Default::default()
         };
-        let consumer =
-            stream.create_consumer(config).await.map_err(|e| failed("following stream", &e))?;
-        let messages = consumer.messages().await.map_err(|e| failed("reading stream", &e))?;
+        let what = format!("following stream {name}");
+        let consumer = retry_at_startup(&what, || stream.create_consumer(config.clone())).await?;
+        let messages = consumer.messages().await;
+        let messages =
+            messages.map_err(|e| ReplicationError::jetstream(format!("reading {name}"), e))?;
         Ok(Follower { stream: name, next_seq: from_seq.max(1), messages })
     }
 

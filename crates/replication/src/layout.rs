@@ -26,6 +26,28 @@ pub const DEDUP_WINDOW_DEFAULT: Duration = Duration::from_secs(120);
 pub const STREAM_BYTES_MAX_DEFAULT: i64 = 1 << 30;
 /// Most shard streams.
 pub const SHARDS_MAX: u32 = 256;
+/// How long a starting process retries creating or opening its streams.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(20);
+/// Pause between two such tries.
+const STARTUP_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Runs `attempt` until it succeeds or [`STARTUP_WAIT`] passed; the last error names `what`.
+pub(crate) async fn retry_at_startup<T, E: std::fmt::Display, F: Future<Output = Result<T, E>>>(
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, ReplicationError> {
+    let started = std::time::Instant::now();
+    loop {
+        match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(error) if started.elapsed() >= STARTUP_WAIT => {
+                return Err(ReplicationError::jetstream(what, error));
+            }
+            Err(error) => tracing::debug!("{what}: {error}; retrying"),
+        }
+        tokio::time::sleep(STARTUP_RETRY_PAUSE).await;
+    }
+}
 
 /// How the input log is laid out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,15 +157,15 @@ impl LogSettings {
         }
     }
 
-    /// Creates every shard stream that does not exist yet (an existing one is used as is).
+    /// Creates every shard stream that does not exist yet (an existing one is used as is),
+    /// retrying for [`STARTUP_WAIT`]: a process may start with its cluster, before the cluster
+    /// has elected the leader that creates streams.
     pub async fn ensure_streams(&self, js: &jetstream::Context) -> Result<(), ReplicationError> {
         self.validate()?;
         for shard in 0..self.shards {
             let config = self.stream_config(shard);
             let what = format!("creating stream {}", config.name);
-            js.get_or_create_stream(config)
-                .await
-                .map_err(|error| ReplicationError::jetstream(what, error))?;
+            retry_at_startup(&what, || js.get_or_create_stream(config.clone())).await?;
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 
 use crate::error::ReplicationError;
+use crate::layout::retry_at_startup;
 
 /// Lease TTL by default: a dead leader is replaced within about this long.
 pub const LEASE_TTL_DEFAULT: Duration = Duration::from_secs(1);
@@ -112,8 +113,7 @@ impl Lease {
             ..Default::default()
         };
         let what = format!("opening lease stream {}", settings.bucket);
-        let stream = js.get_or_create_stream(config).await;
-        let stream = stream.map_err(|e| ReplicationError::jetstream(what, e))?;
+        let stream = retry_at_startup(&what, || js.get_or_create_stream(config.clone())).await?;
         let holder = bytes::Bytes::copy_from_slice(holder.as_bytes());
         let (subject, ttl) = (format!("{prefix}.shard-{shard}"), settings.ttl);
         Ok(Lease { js, stream, subject, holder, ttl, revision: None, valid_until: None })
