@@ -386,3 +386,37 @@ fn print_config_prints_what_config_reads_back() {
         assert_eq!(text(&again.stdout), toml, "{args:?}: read back: {}", text(&again.stderr));
     }
 }
+
+#[test]
+fn replicated_roles_refuse_a_missing_cluster_and_a_shard_out_of_range_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    write_credentials(dir.path());
+    let config = dir.path().join("serve.toml");
+    std::fs::write(&config, "credentials = \"clients.txt\"\n").unwrap();
+    let config = config.to_str().unwrap();
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["exchange", "serve", "--config", config];
+        args.extend(extra);
+        leantier(&args)
+    };
+    for role in ["engine", "gateway"] {
+        let output = serve(&["--role", role]);
+        assert_eq!(code(&output), 2, "--role {role} without --nats");
+        assert!(text(&output.stderr).contains("need --nats"), "{}", text(&output.stderr));
+    }
+    let output = serve(&[
+        "--role",
+        "engine",
+        "--nats",
+        "nats://127.0.0.1:1",
+        "--shards",
+        "2",
+        "--shard",
+        "2",
+    ]);
+    assert_eq!(code(&output), 2);
+    assert!(text(&output.stderr).contains("--shard 2 of 2 shards"), "{}", text(&output.stderr));
+    let output = serve(&["--role", "engine", "--nats", "nats://127.0.0.1:1", "--prefix", "a.b"]);
+    assert_eq!(code(&output), 2);
+    assert!(text(&output.stderr).contains("prefix"), "{}", text(&output.stderr));
+}

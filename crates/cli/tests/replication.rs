@@ -117,6 +117,12 @@ impl Drop for Process {
     }
 }
 
+/// The address in a server's `metrics on http://ADDR/metrics` line.
+fn metrics_address(line: &str) -> SocketAddr {
+    let address = line.strip_prefix("metrics on http://").and_then(|l| l.strip_suffix("/metrics"));
+    address.unwrap_or_else(|| panic!("not a metrics line: {line}")).parse().unwrap()
+}
+
 /// A serve config with the reference market, one tier gateway slot and a client 1 (secret
 /// `pw`) in `dir`.
 fn write_config(dir: &std::path::Path) {
@@ -281,12 +287,7 @@ fn two_shards_each_book_their_own_instruments_behind_one_gateway() {
         ["--role", "engine", "--nats", &url, "--shards", "2", "--metrics-listen", "127.0.0.1:0"];
     let (_engine_0, mut lines) = Process::start_reading(dir.path(), &args);
     let metrics_line = lines.nth(1).expect("the metrics line").unwrap();
-    let metrics: SocketAddr = metrics_line
-        .strip_prefix("metrics on http://")
-        .and_then(|rest| rest.strip_suffix("/metrics"))
-        .expect(&metrics_line)
-        .parse()
-        .unwrap();
+    let metrics = metrics_address(&metrics_line);
     let (_gateway, address) = Process::gateway(dir.path(), &url, 2);
     let mut client = gateway::client::NativeClient::connect(address).unwrap();
     let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
@@ -419,8 +420,7 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     let args = ["--role", "engine", "--nats", &url, "--metrics-listen", "127.0.0.1:0"];
     let (_standby, mut lines) = Process::start_reading(dir.path(), &args);
     let line = lines.nth(1).expect("the metrics line").unwrap();
-    let metrics: SocketAddr =
-        line["metrics on http://".len()..line.len() - "/metrics".len()].parse().unwrap();
+    let metrics = metrics_address(&line);
     std::thread::sleep(Duration::from_millis(500)); // the standby applies the first orders
 
     namespace.link(false);
@@ -637,12 +637,7 @@ fn a_gateway_is_ready_only_while_it_reaches_nats() {
     ];
     let (_gateway, mut lines) = Process::start_reading(dir.path(), &args);
     let line = lines.nth(1).expect("the metrics line").unwrap();
-    let metrics: SocketAddr = line
-        .strip_prefix("metrics on http://")
-        .and_then(|rest| rest.strip_suffix("/metrics"))
-        .expect(&line)
-        .parse()
-        .unwrap();
+    let metrics = metrics_address(&line);
     assert_eq!(ops::endpoint::get(metrics, "/ready").unwrap().0, 200);
     for node in 0..3 {
         cluster.kill(node);

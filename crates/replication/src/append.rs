@@ -62,6 +62,8 @@ pub struct OrderLog {
     client: async_nats::Client,
     js: jetstream::Context,
     settings: Arc<LogSettings>,
+    /// Each shard's subject, made once (cheap to clone per append).
+    subjects: Arc<[async_nats::Subject]>,
 }
 
 impl OrderLog {
@@ -73,7 +75,8 @@ impl OrderLog {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(APPEND_ACK_TIMEOUT);
         settings.ensure_streams(&js).await?;
-        Ok(OrderLog { client, js, settings: Arc::new(settings) })
+        let subjects = (0..settings.shards).map(|shard| settings.subject(shard).into()).collect();
+        Ok(OrderLog { client, js, settings: Arc::new(settings), subjects })
     }
 
     /// Whether its NATS connection is up now (what a gateway's `/ready` follows).
@@ -94,7 +97,7 @@ impl OrderLog {
         id: AppendId,
         intended_abs_ns: u64,
     ) -> Result<Appended, ReplicationError> {
-        let message = Message::new(&self.settings, order, id, intended_abs_ns);
+        let message = self.message(order, id, intended_abs_ns);
         self.retry(message, std::time::Instant::now()).await
     }
 
@@ -108,7 +111,7 @@ impl OrderLog {
         id: AppendId,
         intended_abs_ns: u64,
     ) -> impl Future<Output = Result<Appended, ReplicationError>> + Send + 'static {
-        let message = Message::new(&self.settings, order, id, intended_abs_ns);
+        let message = self.message(order, id, intended_abs_ns);
         let (started, log) = (std::time::Instant::now(), self.clone());
         let queued = self
             .js
@@ -128,6 +131,17 @@ impl OrderLog {
                 Some(ack) => Ok(message.appended(ack)),
                 None => log.retry(message, started).await,
             }
+        }
+    }
+
+    /// `order` ready to append to its instrument's shard stream.
+    fn message(&self, order: &InboundOrder, id: AppendId, intended_abs_ns: u64) -> Message {
+        let shard = self.settings.shard_of(order.instrument);
+        Message {
+            shard,
+            subject: self.subjects[shard as usize].clone(),
+            id: id.to_string(),
+            payload: bytes::Bytes::copy_from_slice(&record::encode(order, intended_abs_ns)),
         }
     }
 
@@ -166,27 +180,12 @@ impl OrderLog {
 /// One order ready to append: its stream's subject, message id and record.
 struct Message {
     shard: u32,
-    subject: String,
+    subject: async_nats::Subject,
     id: String,
     payload: bytes::Bytes,
 }
 
 impl Message {
-    fn new(
-        settings: &LogSettings,
-        order: &InboundOrder,
-        id: AppendId,
-        intended_abs_ns: u64,
-    ) -> Message {
-        let shard = settings.shard_of(order.instrument);
-        Message {
-            shard,
-            subject: settings.subject(shard),
-            id: id.to_string(),
-            payload: bytes::Bytes::copy_from_slice(&record::encode(order, intended_abs_ns)),
-        }
-    }
-
     fn headers(&self) -> async_nats::HeaderMap {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, self.id.as_str());

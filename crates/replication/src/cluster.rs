@@ -3,8 +3,7 @@
 //! (SIGKILL) and restartable on its ports. `scripts/nats-env cluster` starts the same layout
 //! for a shell.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -144,15 +143,8 @@ impl Cluster {
 /// Whether the node's `/healthz` answers 200: it accepts clients and its JetStream is current
 /// (in a cluster: a meta leader is known and its assets are caught up).
 fn healthy(monitor_port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, monitor_port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    let mut status_line = [0u8; 12];
-    stream.write_all(request).is_ok()
-        && stream.read_exact(&mut status_line).is_ok()
-        && &status_line == b"HTTP/1.1 200"
+    let monitor = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, monitor_port));
+    ops::endpoint::get(monitor, "/healthz").is_ok_and(|(status, _)| status == 200)
 }
 
 impl Drop for Cluster {

@@ -173,15 +173,15 @@ pub fn serve_gateway(
     Ok(())
 }
 
-/// SIGTERM and SIGINT, listened for from before the server serves (a supervisor may stop it
+/// SIGTERM and SIGINT (every `exchange serve` role), listened for from before the server serves (a supervisor may stop it
 /// as soon as it has read the first line).
-struct StopSignals {
+pub(super) struct StopSignals {
     runtime: tokio::runtime::Runtime,
     terminate: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
-    fn listen() -> anyhow::Result<StopSignals> {
+    pub(super) fn listen() -> anyhow::Result<StopSignals> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let terminate = runtime.block_on(async {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -191,7 +191,10 @@ impl StopSignals {
 
     /// Runs `follow` (a readiness follower, running until stopped) until either signal comes;
     /// the signal's name.
-    fn wait_following(&mut self, follow: impl std::future::Future<Output = ()>) -> &'static str {
+    pub(super) fn wait_following(
+        &mut self,
+        follow: impl std::future::Future<Output = ()>,
+    ) -> &'static str {
         let terminate = &mut self.terminate;
         self.runtime.block_on(async {
             tokio::select! {

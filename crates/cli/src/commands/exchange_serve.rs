@@ -390,10 +390,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     };
     // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
     // it as soon as it has read the listen line.
-    let signals = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let mut terminate = signals.block_on(async {
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    })?;
+    let mut stop = super::exchange_roles::StopSignals::listen()?;
     let running = start(ServeOptions {
         listen,
         fix_listen,
@@ -422,12 +419,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         layout.usable_cpus,
         groups.join(" | ")
     );
-    let signal = signals.block_on(async {
-        tokio::select! {
-            _ = terminate.recv() => "SIGTERM",
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-        }
-    });
+    let signal = stop.wait_following(std::future::pending());
     tracing::info!(signal, "stop requested: draining");
     let stopping = std::time::Instant::now();
     // Refuses new orders, answers those taken, syncs the store, stops the tier (its journals
