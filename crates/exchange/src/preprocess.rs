@@ -1,6 +1,7 @@
 //! The pre-process: hygiene validation, enrichment and business checks, so the core only ever
-//! sees valid input. Each check failure is a [`Reason`]; the reject goes straight to response
-//! processing.
+//! sees valid input. Each check failure is a [`Reason`]; the refused request goes on to its
+//! core shard, which answers it with the reject in its place among the shard's outputs
+//! (`tier::Refusal`).
 //!
 //! The checks read one master-data snapshot per message through a [`SnapshotReader`] (no
 //! locks). Pre-process workers are partitioned by instrument, so one instrument's order flow

@@ -2,16 +2,19 @@
 //!
 //! ```text
 //!  load (gateway input) --by instrument--> preprocess (k) --by instrument--> core (s shards)
-//!       |                                       | rejects (own input rings)        |
+//!       |                                       (orders and refusals)             |
 //!  event feed --> events --by instrument--------+---------------------> core      v
 //!       |            \--------------------> masterdata <-- master feed    rprocess (1)
 //!                                                                     --by gateway--> senders (N)
 //!                                                                                     -> gateways
 //! ```
 //!
-//! * Pre-process workers are fed by instrument, so one instrument's flow keeps its order; a
-//!   reject goes straight to the R-Processor through the worker's own input ring, never to
-//!   the core.
+//! * Pre-process workers are fed by instrument, so one instrument's flow keeps its order. A
+//!   request the pre-process refused travels on to its core shard as a [`Refusal`], which the
+//!   shard answers with the reject unsequenced and unjournaled (it changes no book): its reject
+//!   keeps its place among the outputs of the orders around it, so with one pre-process
+//!   worker and one core shard every output follows the input's order (what a replicated
+//!   engine needs to number its outputs as every replica does).
 //! * The core stage routes by instrument as well (orders and control messages alike), so an
 //!   instrument's orders and its halts/bands meet in one shard, in one sequence. Each shard
 //!   worker is the sequencer of its fan-in: it stamps a gap-free `seq` on every input and
@@ -82,8 +85,8 @@ use crate::durability::{
 use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
 use crate::master::{MasterData, MasterUpdate};
 use crate::msg::{
-    Audience, Command, InboundOrder, InstrumentId, Price, REASON_COUNT, Response, SequencedInput,
-    Stamps,
+    Audience, ClientId, Command, CoreOutput, InboundOrder, InstrumentId, OrderId, OutputKind,
+    Price, REASON_COUNT, Reason, Response, SequencedInput, Stamps,
 };
 
 /// Names of the per-stage latency splits, in path order.
@@ -158,6 +161,12 @@ pub struct TierConfig {
     /// waits for [`Tier::durables`] itself (`exchange serve` overlaps that wait with its
     /// session store's fdatasync instead of running the two in series).
     pub hold_replies: bool,
+    /// Every output follows the input's order: one pre-process worker and one core shard
+    /// (whatever the layout plans), so every replica of a replicated engine numbers the same
+    /// outputs in the same order (docs/REPLICATION.md). Not a TOML field (the engine role
+    /// sets it).
+    #[serde(skip)]
+    pub ordered_outputs: bool,
 }
 
 impl Default for TierConfig {
@@ -182,6 +191,7 @@ impl Default for TierConfig {
             fused_service_ns: None,
             generator_inline: None,
             hold_replies: true,
+            ordered_outputs: false,
         }
     }
 }
@@ -222,6 +232,11 @@ impl TierConfig {
             return Err(BadInput(format!(
                 "preprocess_workers, core_shards and senders must be in 1..={STAGE_WORKERS_MAX}"
             )));
+        }
+        if self.ordered_outputs && (self.preprocess_workers != 1 || self.core_shards != 1) {
+            return Err(BadInput(
+                "ordered outputs need one pre-process worker and one core shard".into(),
+            ));
         }
         if self.gateways == 0 {
             return Err(BadInput("gateways must be > 0".into()));
@@ -388,7 +403,44 @@ pub struct TierInput {
     pub command: Command,
     /// For the master-data process; `None` for orders.
     pub master: MasterUpdate,
+    /// A request the pre-process refused (`command` is then `Nop`): the core answers it.
+    pub refused: Option<Refusal>,
     pub stamps: Stamps,
+}
+
+/// A request the pre-process refused, on its way to the core shard that answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why.
+    pub reason: Reason,
+    /// Who sent it.
+    pub client: ClientId,
+    /// The order it named.
+    pub order_id: OrderId,
+    /// The price it named.
+    pub price: Price,
+}
+
+impl Refusal {
+    /// `request` refused for `reason`.
+    pub fn of(request: &InboundOrder, reason: Reason) -> Refusal {
+        let (client, order_id, price) = (request.client, request.order_id, request.price);
+        Refusal { reason, client, order_id, price }
+    }
+
+    /// The reject that answers it (unsequenced: `seq` 0).
+    pub fn reject(&self, instrument: InstrumentId, stamps: Stamps) -> CoreOutput {
+        CoreOutput {
+            kind: OutputKind::Rejected,
+            reason: self.reason,
+            instrument,
+            client: self.client,
+            order_id: self.order_id,
+            price: self.price,
+            stamps,
+            ..CoreOutput::default()
+        }
+    }
 }
 
 /// An external event as it arrives from outside (market operations, a surveillance feed).
@@ -545,7 +597,7 @@ fn external_event_effect(event: &ExternalEvent, master: &MasterData) -> TierInpu
     };
     // An event for an unknown instrument has no effect on the core.
     let command = if master.instrument(instrument).is_some() { command } else { Command::Nop };
-    TierInput { instrument, command, master: update, stamps: Stamps::default() }
+    TierInput { instrument, command, master: update, ..TierInput::default() }
 }
 
 /// The scripted external events and master-data updates injected during a run.

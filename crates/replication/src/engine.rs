@@ -54,7 +54,8 @@ pub struct EngineOptions {
     pub shard: u32,
     /// This engine's name in the lease (host and process).
     pub holder: String,
-    /// The tier (its journal is switched off: the stream is the durable input).
+    /// The tier (its journal is switched off: the stream is the durable input; it runs one
+    /// pre-process worker and one core shard, so its outputs follow the log's order).
     pub tier: TierConfig,
     /// How its R-Senders publish (`gateways` = `tier.gateways`; the subject prefix is the
     /// shard's, [`LogSettings::publish_prefix`]).
@@ -230,8 +231,23 @@ fn start_tier(
     subscribers: exchange::tier::SubscriberFactory,
     source: OrderSource,
 ) -> Result<Tier, ReplicationError> {
-    let config =
-        TierConfig { journal: JournalMode::OFF, hold_replies: false, ..options.tier.clone() };
+    let tier = &options.tier;
+    if tier.preprocess_workers != 1 || tier.core_shards != 1 {
+        tracing::info!(
+            "engine: one pre-process worker and one core shard (configured {} and {}), so every \
+             engine of the group numbers its outputs alike; shards scale the engine",
+            tier.preprocess_workers,
+            tier.core_shards
+        );
+    }
+    let config = TierConfig {
+        journal: JournalMode::OFF,
+        hold_replies: false,
+        preprocess_workers: 1,
+        core_shards: 1,
+        ordered_outputs: true,
+        ..tier.clone()
+    };
     let run = RunOptions {
         rate_per_s: options.planned_rate_per_s,
         duration: Duration::ZERO,

@@ -55,7 +55,9 @@ fn options(url: &str, holder: &str) -> EngineOptions {
     }
 }
 
-/// Resting buys that never cross: each gets exactly one client report (its accept).
+/// Resting buys that never cross, every fifth refused by the pre-process (quantity 0): each
+/// gets exactly one client report (its accept or its reject), and the rejects keep their
+/// place in every engine's numbering.
 fn order(seq: u64) -> InboundOrder {
     let master = reference_master_data(&tier().universe);
     let band = master.instrument(1).unwrap();
@@ -66,7 +68,7 @@ fn order(seq: u64) -> InboundOrder {
         client: 1 + (seq % 4) as u32,
         order_id: seq,
         price: band.band_low,
-        qty: 1,
+        qty: if seq % 5 == 0 { 0 } else { 1 },
         ..InboundOrder::default()
     }
 }
@@ -137,7 +139,7 @@ fn the_standby_takes_over_and_the_consumer_sees_every_report_once() {
     std::thread::sleep(Duration::from_millis(300)); // the last heartbeat's way to the consumer
     let seen = tally.lock().unwrap().clone();
     assert_eq!(second.applied_seq, 2 * ORDERS_PER_PHASE);
-    assert_eq!(seen.data[0], 2 * ORDERS_PER_PHASE, "each order's accept exactly once");
+    assert_eq!(seen.data[0], 2 * ORDERS_PER_PHASE, "each order's accept or reject exactly once");
     assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
     assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
     assert_eq!(seen.next_seqs[0], second.published.next_seqs[0], "the sequence continued");

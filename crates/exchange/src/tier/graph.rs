@@ -17,8 +17,8 @@ use pipeline::stage::{
 
 use super::layout::{GroupWait, LayoutChoice, TierLayout, TierStage};
 use super::workers::{
-    CoreWorker, MasterOutcome, MasterWorker, PreprocessWorker, RejectInputs, ResponseProcessor,
-    ResponseTotals, SenderLatency, SenderWorker,
+    CoreWorker, MasterOutcome, MasterWorker, PreprocessWorker, ResponseProcessor, ResponseTotals,
+    SenderLatency, SenderWorker,
 };
 use super::{
     ExternalEvent, Load, OrderSource, RunOptions, ShardResult, SubscriberFactory, TierConfig,
@@ -162,10 +162,8 @@ pub(super) fn start(
     };
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
     let master_feed = graph.input::<TierInput>("master-feed", 1);
-    let rejects = graph.input::<CoreOutput>("rejects", config.preprocess_workers);
     let cell = starts.master.cell.clone();
-    let reject_inputs: RejectInputs = Arc::new(Mutex::new(Vec::new()));
-    let preprocess = preprocess_stage(&mut graph, specs, &cell, &reject_inputs);
+    let preprocess = preprocess_stage(&mut graph, specs, &cell);
     let events = events_stage(&mut graph, specs, &cell);
     let mut master_worker = Some(starts.master);
     let (masterdata, master) =
@@ -188,14 +186,10 @@ pub(super) fn start(
     link(&mut graph, master_fused, events, masterdata, Route::RoundRobin);
     graph.connect(master_feed, masterdata, Route::RoundRobin);
     link(&mut graph, specs.fused(TierStage::Rprocess), core, rprocess, Route::RoundRobin);
-    graph.connect(rejects, rprocess, Route::RoundRobin);
     let by_gateway = Route::by_key(|r: &Response| u64::from(r.gateway));
     link(&mut graph, specs.fused(TierStage::Sender), rprocess, senders, by_gateway);
 
     let mut pipeline = graph.start()?;
-    let taken = pipeline.take_inputs(rejects).expect("rejects input");
-    *reject_inputs.lock().unwrap_or_else(PoisonError::into_inner) =
-        taken.into_iter().map(Some).collect();
     let feeds = Feeds {
         gateway: fed_by_input
             .then(|| pipeline.take_inputs(entry).expect("gateway input").remove(0)),
@@ -307,19 +301,12 @@ fn preprocess_stage(
     graph: &mut PipelineBuilder,
     specs: Specs,
     cell: &Arc<SnapshotCell>,
-    reject_inputs: &RejectInputs,
 ) -> StageHandle<InboundOrder, TierInput> {
-    let (cell, reject_inputs) = (cell.clone(), reject_inputs.clone());
+    let cell = cell.clone();
     let spec = specs.of(TierStage::Preprocess);
-    // The stage's result is `()`: finishing only closes each worker's reject ring.
-    let (stage, _) = graph.stage_with_results("preprocess", spec, move |worker| {
+    let (stage, _) = graph.stage_with_results("preprocess", spec, move |_| {
         let reader = cell.reader().expect("preprocess workers <= SNAPSHOT_READERS_MAX");
-        PreprocessWorker {
-            preprocess: Preprocessor::new(reader),
-            worker,
-            rejects: None,
-            reject_inputs: reject_inputs.clone(),
-        }
+        PreprocessWorker { preprocess: Preprocessor::new(reader) }
     });
     stage
 }

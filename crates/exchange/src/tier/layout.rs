@@ -141,6 +141,9 @@ pub struct LayoutRequest {
     /// Core shards: fixed by the configuration, not planned (the shard journals and the
     /// instrument-to-shard mapping persist across restarts).
     pub core_shards: usize,
+    /// Every output must follow the input's order (a replicated engine): the pre-process
+    /// gets one worker.
+    pub ordered_outputs: bool,
 }
 
 /// How a thread group waits for work.
@@ -337,10 +340,12 @@ impl Candidate {
                 group.stages.contains(&TierStage::Rprocess),
                 group.stages.contains(&TierStage::Core),
             );
+            let ordered = request.ordered_outputs && group.stages.contains(&TierStage::Preprocess);
             group.workers = match (single, core) {
                 (true, true) if request.core_shards != 1 => return None,
                 (true, _) => 1,
                 (false, true) => request.core_shards.max(1),
+                (false, false) if ordered => 1,
                 (false, false) => workers_for(request.rate_per_s, service_ns.max(1.0)),
             };
             group.predicted_utilization =
@@ -449,6 +454,7 @@ mod tests {
             holds_replies: holds,
             outside_threads: 1,
             core_shards: 1,
+            ordered_outputs: false,
             busy_elsewhere_cpus: 0.0,
         }
     }
@@ -574,6 +580,19 @@ mod tests {
         assert!(chain_groups().all(ThreadGroup::spins), "{layout:?}");
         assert_eq!(layout.group_of(TierStage::Masterdata).stages, [TierStage::Masterdata]);
         assert!(layout.outside_threads_spin, "CPUs are left over for the generator: {layout:?}");
+    }
+
+    #[test]
+    fn ordered_outputs_keep_the_pre_process_on_one_worker() {
+        // 3 µs per request at 1M requests/s: the pre-process alone would get several workers.
+        let slow = ServiceTimes { preprocess_ns: 3_000.0, ..SERVICE };
+        let fast = request(16, None, 1_000_000.0, false);
+        let free = LayoutRequest { service: slow, fused_service: slow, ..fast };
+        assert!(plan(&free).workers_of(TierStage::Preprocess) > 1, "{:?}", plan(&free));
+        let ordered = LayoutRequest { ordered_outputs: true, ..free };
+        let layout = plan(&ordered);
+        check_invariants(&layout, &ordered);
+        assert_eq!(layout.workers_of(TierStage::Preprocess), 1, "{layout:?}");
     }
 
     #[test]

@@ -157,6 +157,7 @@ fn plan_threads(config: &TierConfig, rate_per_s: f64) -> Result<(TierConfig, Tie
         holds_replies: config.holds_replies(),
         outside_threads: OUTSIDE_THREADS,
         core_shards: config.core_shards,
+        ordered_outputs: config.ordered_outputs,
         busy_elsewhere_cpus: busy_elsewhere_cpus(),
     };
     let layout = plan(&request);

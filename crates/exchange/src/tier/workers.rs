@@ -2,17 +2,17 @@
 //! runs and hands its totals back from [`StageWorker::finish`] on its own thread, which the
 //! run collects through the stage's [`pipeline::stage::StageResults`].
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use journal::{DurableSeq, JournalSender, JournalWriter, Snapshotter};
 use lab::stats::LatencyHistogram;
 use pipeline::WaitStrategy;
 use pipeline::metrics::now_ns;
-use pipeline::stage::{Emitter, Input, StageWorker};
+use pipeline::stage::{Emitter, StageWorker};
 
 use super::{
-    MasterReport, ReleasedSeqs, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardResult, Subscriber,
-    TierInput,
+    MasterReport, Refusal, ReleasedSeqs, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardResult,
+    Subscriber, TierInput,
 };
 use crate::durability::{
     MasterJournal, MasterRecord, MasterRecovery, MasterState, ShardRecord, ShardState,
@@ -24,29 +24,8 @@ use crate::msg::{
 };
 use crate::preprocess::Preprocessor;
 
-/// The pre-process workers' reject rings: an input of the pipeline, so its handles exist only
-/// once the pipeline started; each worker takes its own on its first reject.
-pub(super) type RejectInputs = Arc<Mutex<Vec<Option<Input<CoreOutput>>>>>;
-
-/// Takes `worker`'s reject ring. The tier hands the rings out right after the pipeline starts,
-/// and a worker can get here first (an order source that stops, or sends a rejected order, at
-/// once): it then waits the few microseconds until they are there.
-pub(super) fn take_reject_input(inputs: &RejectInputs, worker: usize) -> Option<Input<CoreOutput>> {
-    loop {
-        let mut handed_out = inputs.lock().unwrap_or_else(PoisonError::into_inner);
-        if !handed_out.is_empty() {
-            return handed_out[worker].take();
-        }
-        drop(handed_out);
-        std::thread::yield_now();
-    }
-}
-
 pub(super) struct PreprocessWorker {
     pub(super) preprocess: Preprocessor,
-    pub(super) worker: usize,
-    pub(super) rejects: Option<Input<CoreOutput>>,
-    pub(super) reject_inputs: RejectInputs,
 }
 
 impl StageWorker<InboundOrder, TierInput> for PreprocessWorker {
@@ -57,42 +36,26 @@ impl StageWorker<InboundOrder, TierInput> for PreprocessWorker {
         // Arrival stamps are the runtime's batch start: no clock read per message.
         stamps.preprocess_in_ns = out.handling_ns();
         stamps.ready_ns = stamps.preprocess_in_ns;
-        match self.preprocess.check(request) {
-            Ok(routed) => out.emit(TierInput {
+        // A refused request travels to the core too (no ring of its own to the R-Processor),
+        // so its reject keeps its place among the outputs of the orders around it.
+        let input = match self.preprocess.check(request) {
+            Ok(routed) => TierInput {
                 instrument: routed.instrument,
                 command: routed.command,
-                master: MasterUpdate::None,
                 stamps,
-            }),
-            Err(reason) => {
-                let reject = CoreOutput {
-                    kind: OutputKind::Rejected,
-                    reason,
-                    instrument: request.instrument,
-                    client: request.client,
-                    order_id: request.order_id,
-                    price: request.price,
-                    stamps,
-                    ..CoreOutput::default()
-                };
-                let (worker, inputs) = (self.worker, &self.reject_inputs);
-                let rejects = self.rejects.get_or_insert_with(|| {
-                    take_reject_input(inputs, worker)
-                        .expect("reject inputs are handed out before the load starts")
-                });
-                // Err only when the pipeline aborts; the run reports that failure itself.
-                let _ = rejects.send_with_ingress(reject, out.ingress_ns());
-                let _ = rejects.flush();
-            }
-        }
+                ..TierInput::default()
+            },
+            Err(reason) => TierInput {
+                instrument: request.instrument,
+                refused: Some(Refusal::of(request, reason)),
+                stamps,
+                ..TierInput::default()
+            },
+        };
+        out.emit(input);
     }
 
-    /// Closes this worker's reject ring (taking it first if it never rejected), so the
-    /// R-Processor can finish.
-    fn finish(mut self) {
-        drop(self.rejects.take());
-        drop(take_reject_input(&self.reject_inputs, self.worker));
-    }
+    fn finish(self) {}
 }
 
 pub(super) struct CoreWorker {
@@ -113,6 +76,12 @@ impl StageWorker<TierInput, CoreOutput> for CoreWorker {
     type Finished = ShardResult;
 
     fn handle(&mut self, input: &TierInput, out: &mut Emitter<CoreOutput>) {
+        if let Some(refusal) = input.refused {
+            // Answered here, unsequenced and unjournaled: it changes no book.
+            let reject = refusal.reject(input.instrument, input.stamps);
+            out.emit(CoreOutput { shard: self.shard as u32, ..reject });
+            return;
+        }
         if input.command == Command::Nop {
             return;
         }
