@@ -33,7 +33,7 @@ impl Subscriber for Answers {
 fn burst(price: i64) -> OrderSource {
     Box::new(move |out: &mut Emitter<InboundOrder>| {
         for order_id in 1..=ORDERS {
-            let qty = if order_id % REFUSED_EVERY == 0 { 0 } else { 1 };
+            let qty = if order_id.is_multiple_of(REFUSED_EVERY) { 0 } else { 1 };
             out.emit(InboundOrder {
                 kind: request_kind::NEW,
                 side: Side::Buy as u8,

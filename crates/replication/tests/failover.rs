@@ -68,7 +68,7 @@ fn order(seq: u64) -> InboundOrder {
         client: 1 + (seq % 4) as u32,
         order_id: seq,
         price: band.band_low,
-        qty: if seq % 5 == 0 { 0 } else { 1 },
+        qty: if seq.is_multiple_of(5) { 0 } else { 1 },
         ..InboundOrder::default()
     }
 }
