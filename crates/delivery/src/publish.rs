@@ -84,6 +84,8 @@ pub struct PublishReport {
 
 /// One subject's retained window: the last `capacity` records by sequence, pre-allocated.
 struct Window {
+    /// The first sequence this window ever held: 1, or where a restored publisher continues.
+    first_seq: u64,
     next_seq: u64,
     records: Box<[Record]>,
     /// The sender that publishes this subject; one writer per subject keeps the sequence
@@ -92,8 +94,10 @@ struct Window {
 }
 
 impl Window {
-    fn new(capacity: usize) -> Window {
-        Window { next_seq: 1, records: vec![Record::default(); capacity].into(), owner: None }
+    /// An empty window whose next record takes `next_seq`.
+    fn continuing_at(capacity: usize, next_seq: u64) -> Window {
+        let records = vec![Record::default(); capacity].into();
+        Window { first_seq: next_seq, next_seq, records, owner: None }
     }
 
     fn claim(&mut self, sender: usize) {
@@ -108,7 +112,7 @@ impl Window {
     }
 
     fn oldest(&self) -> u64 {
-        self.next_seq.saturating_sub(self.records.len() as u64).max(1)
+        self.next_seq.saturating_sub(self.records.len() as u64).max(self.first_seq)
     }
 
     fn get(&self, seq: u64) -> &Record {
@@ -180,6 +184,15 @@ pub struct PublisherGroup {
     pub instance: u64,
     /// Open while this member leads.
     pub gate: Arc<PublishGate>,
+    /// Per data subject (gateway-major, [`Stream::ALL`] order: [`subject_index`]), the
+    /// sequence its next record takes: a member restored from a snapshot continues the
+    /// group's numbering there. Empty: every subject starts at 1.
+    pub next_seqs: Vec<u64>,
+}
+
+/// Where a data subject sits in [`PublisherGroup::next_seqs`].
+pub fn subject_index(gateway: u32, stream: Stream) -> usize {
+    gateway as usize * Stream::ALL.len() + stream as usize
 }
 
 /// Shared by the publisher threads, the heartbeat and the retain service.
@@ -208,7 +221,7 @@ impl Shared {
     }
 
     fn subject(&self, gateway: u32, stream: Stream) -> &SubjectState {
-        &self.subjects[gateway as usize * Stream::ALL.len() + stream as usize]
+        &self.subjects[subject_index(gateway, stream)]
     }
 
     /// Hands `payload` to the client's queue: `false` when it could not (kept in the window
@@ -332,6 +345,13 @@ impl NatsPublisher {
                  1..={GATEWAYS_MAX}, heartbeat > 0"
             )));
         }
+        let subjects = options.gateways as usize * Stream::ALL.len();
+        let resumed = group.as_ref().map_or(0, |group| group.next_seqs.len());
+        if resumed != 0 && resumed != subjects {
+            return Err(crate::DeliveryError::BadInput(format!(
+                "{resumed} subjects to continue, {subjects} published"
+            )));
+        }
         // Two runtime threads: the client's connection task and the services; the publishing
         // itself runs on the publisher threads.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -342,13 +362,16 @@ impl NatsPublisher {
             .map_err(io_failed("starting the publisher's runtime"))?;
         let client = runtime.block_on(connect(&options.nats, "publisher"))?;
         let instance = group.as_ref().map_or_else(new_instance_id, |group| group.instance);
+        let next_seqs = group.as_ref().map(|group| group.next_seqs.clone()).unwrap_or_default();
         let gate = group.map(|group| group.gate);
         tracing::info!("publisher instance {instance:016x}");
         let subjects = (0..options.gateways)
             .flat_map(|gateway| Stream::ALL.map(|stream| (gateway, stream)))
-            .map(|(gateway, stream)| SubjectState {
-                name: data_subject(&options.prefix, gateway, stream).into(),
-                window: Mutex::new(Window::new(options.retain_records)),
+            .map(|(gateway, stream)| {
+                let next_seq = next_seqs.get(subject_index(gateway, stream)).copied().unwrap_or(1);
+                let window = Window::continuing_at(options.retain_records, next_seq.max(1));
+                let name = data_subject(&options.prefix, gateway, stream).into();
+                SubjectState { name, window: Mutex::new(window) }
             })
             .collect();
         let handle = runtime.handle().clone();
@@ -630,8 +653,23 @@ mod tests {
     }
 
     #[test]
+    fn a_continuing_window_holds_nothing_before_its_first_sequence() {
+        let mut window = Window::continuing_at(4, 101);
+        assert_eq!((window.oldest(), window.next_seq), (101, 101), "empty: nothing to serve");
+        for tag in 101..=103 {
+            window.retain(record(tag));
+        }
+        assert_eq!((window.oldest(), window.next_seq), (101, 104));
+        assert_eq!(window.get(102).published_abs_ns(), 102);
+        for tag in 104..=106 {
+            window.retain(record(tag));
+        }
+        assert_eq!((window.oldest(), window.next_seq), (103, 107), "then the last capacity");
+    }
+
+    #[test]
     fn the_window_keeps_the_last_capacity_records_by_sequence() {
-        let mut window = Window::new(4);
+        let mut window = Window::continuing_at(4, 1);
         assert_eq!((window.oldest(), window.next_seq), (1, 1));
         for tag in 1..=6 {
             window.retain(record(tag));
@@ -645,7 +683,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "two R-Senders publish one subject")]
     fn a_second_sender_on_a_subject_is_refused() {
-        let mut window = Window::new(1);
+        let mut window = Window::continuing_at(1, 1);
         window.claim(0);
         window.claim(1);
     }

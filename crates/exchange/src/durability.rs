@@ -325,11 +325,38 @@ pub struct JournalOptions {
     pub repair: bool,
     /// Size of each pre-allocated segment file (recovery reads the last one to its end).
     pub segment_bytes: u64,
+    /// With the journal off: the one core shard starts from this snapshot instead of empty
+    /// books (a replicated engine restoring its group's snapshot).
+    pub restore: Option<ShardRestore>,
 }
 
 impl Default for JournalOptions {
     fn default() -> Self {
-        JournalOptions { data_dir: None, repair: false, segment_bytes: SEGMENT_BYTES_DEFAULT }
+        JournalOptions {
+            data_dir: None,
+            repair: false,
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            restore: None,
+        }
+    }
+}
+
+/// A core shard's starting point taken elsewhere: its snapshot after its input `last_seq`.
+#[derive(Clone)]
+pub struct ShardRestore {
+    /// The shard's last input sequence the snapshot covers.
+    pub last_seq: u64,
+    /// [`ShardState`]'s snapshot bytes ([`StateMachine::write_snapshot`]).
+    pub snapshot: Arc<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ShardRestore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = self.snapshot.len();
+        f.debug_struct("ShardRestore")
+            .field("last_seq", &self.last_seq)
+            .field("bytes", &bytes)
+            .finish()
     }
 }
 
@@ -402,14 +429,31 @@ pub fn open_shards(
                 dir.display()
             )));
         }
+        let (first_state, first_seq) = match &options.restore {
+            None => (ShardState::new(listings, limits), 0),
+            Some(_) if shard_count != 1 => {
+                return Err(BadInput("a restored tier runs one core shard".into()));
+            }
+            Some(restore) => {
+                let state = ShardState::restore(&restore.snapshot).map_err(|why| {
+                    BadInput(format!("the shard snapshot to restore from: {why}"))
+                })?;
+                (state, restore.last_seq)
+            }
+        };
+        let mut first = Some((first_state, first_seq));
         let shards = (0..shard_count)
-            .map(|shard| OpenedShard {
-                state: ShardState::new(listings, limits),
-                last_seq: 0,
-                sender: None,
-                writer: None,
-                snapshots: None,
-                recovery: ShardRecovery { shard, ..ShardRecovery::default() },
+            .map(|shard| {
+                let (state, last_seq) =
+                    first.take().unwrap_or_else(|| (ShardState::new(listings, limits), 0));
+                OpenedShard {
+                    state,
+                    last_seq,
+                    sender: None,
+                    writer: None,
+                    snapshots: None,
+                    recovery: ShardRecovery { shard, ..ShardRecovery::default() },
+                }
             })
             .collect();
         return Ok(ShardJournals {
@@ -419,6 +463,10 @@ pub fn open_shards(
             _temp_dir: None,
         });
     };
+    if options.restore.is_some() {
+        let why = "a shard snapshot to restore from is for a tier without a journal";
+        return Err(BadInput(why.into()));
+    }
     let (data_dir, temp_dir) = match &options.data_dir {
         Some(dir) => (dir.clone(), None),
         None => {

@@ -45,6 +45,7 @@ mod choices;
 mod graph;
 pub mod layout;
 mod planned;
+mod replica;
 mod replies;
 mod service;
 mod workers;
@@ -73,6 +74,7 @@ pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
     plan_layout,
 };
+pub use replica::TierReplica;
 pub use replies::{ReplyReceiver, reply_subscribers};
 pub use service::{Tier, TierControl, TierInputs, TierStopped};
 use workers::{MasterWorker, SenderLatency};
@@ -406,6 +408,41 @@ pub struct TierInput {
     /// A request the pre-process refused (`command` is then `Nop`): the core answers it.
     pub refused: Option<Refusal>,
     pub stamps: Stamps,
+}
+
+/// What the pre-process hands the core for `request`, given its checks' `verdict`.
+pub(crate) fn preprocessed(
+    request: &InboundOrder,
+    verdict: std::result::Result<crate::preprocess::Routed, Reason>,
+    stamps: Stamps,
+) -> TierInput {
+    match verdict {
+        Ok(routed) => TierInput {
+            instrument: routed.instrument,
+            command: routed.command,
+            stamps,
+            ..TierInput::default()
+        },
+        Err(reason) => TierInput {
+            instrument: request.instrument,
+            refused: Some(Refusal::of(request, reason)),
+            stamps,
+            ..TierInput::default()
+        },
+    }
+}
+
+/// How the R-Processor routes `output`: trades and top-of-book changes as market data to the
+/// instrument's gateway, everything else to the client's (`topic % gateways`).
+pub fn response_to(output: CoreOutput, gateways: u32) -> Response {
+    let market_data = matches!(output.kind, OutputKind::Trade | OutputKind::TopOfBook);
+    let (audience, topic) = if market_data {
+        (Audience::MarketData, output.instrument)
+    } else {
+        (Audience::Client, output.client)
+    };
+    let answers_request = output.answers_request();
+    Response { audience, gateway: topic % gateways, answers_request, output }
 }
 
 /// A request the pre-process refused, on its way to the core shard that answers it.

@@ -141,7 +141,11 @@ fn run_on(config: &TierConfig, dir: &Path, segment_bytes: u64) -> RunResult {
         record_inputs: true,
         released: None,
         stop: None,
-        journal: JournalOptions { data_dir: Some(dir.to_path_buf()), repair: false, segment_bytes },
+        journal: JournalOptions {
+            data_dir: Some(dir.to_path_buf()),
+            segment_bytes,
+            ..JournalOptions::default()
+        },
         load: LoadConfig { events_every: 300, master_updates_every: 700, ..LoadConfig::default() },
     };
     run(config, options, |_| {}).expect("run")

@@ -21,11 +21,14 @@ use std::time::{Duration, Instant};
 use delivery::clock::{EpochOffset, monotonic_ns};
 use delivery::nats::NatsConnect;
 use delivery::publish::{
-    NatsPublisher, PublishGate, PublishOptions, PublishReport, PublisherGroup,
+    NatsPublisher, PublishGate, PublishOptions, PublishReport, PublisherGroup, subject_index,
 };
-use exchange::durability::{JournalMode, JournalOptions};
+use delivery::wire::Stream;
+use exchange::core::CoreLimits;
+use exchange::durability::{JournalMode, JournalOptions, ShardRestore};
 use exchange::msg::InboundOrder;
-use exchange::tier::{LoadConfig, OrderSource, RunOptions, Tier, TierConfig};
+use exchange::tier::{LoadConfig, OrderSource, RunOptions, Tier, TierConfig, TierReplica};
+use journal::StateMachine;
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Flow};
 
@@ -33,6 +36,7 @@ use crate::error::ReplicationError;
 use crate::follow::{Follower, LoggedOrder};
 use crate::layout::LogSettings;
 use crate::lease::{Lease, LeaseSettings};
+use crate::snapshot::{EngineSnapshot, SnapshotStore};
 
 /// Inputs queued between the follower thread and the tier's source.
 pub const FOLLOW_QUEUE_SLOTS: usize = 8192;
@@ -40,6 +44,9 @@ pub const FOLLOW_QUEUE_SLOTS: usize = 8192;
 const SOURCE_BATCH_MAX: usize = 256;
 /// How long the source waits for an input before returning to the tier's loop.
 const SOURCE_IDLE_WAIT: Duration = Duration::from_millis(1);
+/// How many times a starting engine reads the newest snapshot again because the log was
+/// trimmed past the one it read (each trim follows a newer snapshot).
+const RESTORE_TRIES: u32 = 5;
 
 /// How to run one engine.
 #[derive(Clone, Debug)]
@@ -55,7 +62,9 @@ pub struct EngineOptions {
     /// This engine's name in the lease (host and process).
     pub holder: String,
     /// The tier (its journal is switched off: the stream is the durable input; it runs one
-    /// pre-process worker and one core shard, so its outputs follow the log's order).
+    /// pre-process worker and one core shard, so its outputs follow the log's order). Its
+    /// `snapshot_every_records` is how many inputs apart the leader writes the shard's
+    /// snapshot (0: never; the log is then never trimmed).
     pub tier: TierConfig,
     /// How its R-Senders publish (`gateways` = `tier.gateways`; the subject prefix is the
     /// shard's, [`LogSettings::publish_prefix`]).
@@ -72,6 +81,10 @@ struct EngineState {
     leads: AtomicBool,
     /// Times this engine took the lease.
     leaderships: AtomicU64,
+    /// The input-log sequence of the last snapshot this engine wrote.
+    snapshot_seq: AtomicU64,
+    /// The input-log sequence of the snapshot it started from (0: the log's beginning).
+    restored_seq: AtomicU64,
     stop: AtomicBool,
     /// The follower's error, if it stopped on one.
     failure: std::sync::Mutex<Option<String>>,
@@ -85,6 +98,7 @@ pub struct Engine {
     state: Arc<EngineState>,
     lease_task: Option<tokio::task::JoinHandle<()>>,
     follower: Option<std::thread::JoinHandle<()>>,
+    snapshots: Option<std::thread::JoinHandle<()>>,
     stop_follower: Arc<tokio::sync::Notify>,
     client: async_nats::Client,
 }
@@ -101,8 +115,8 @@ pub struct EngineStopped {
 }
 
 impl Engine {
-    /// Connects, starts following the shard's stream from its beginning, starts the tier on
-    /// it and contends for the lease.
+    /// Connects, restores the shard's newest snapshot (if one was written), starts following
+    /// the shard's stream after it, starts the tier on it and contends for the lease.
     pub fn start(options: EngineOptions) -> Result<Engine, ReplicationError> {
         options.log.validate()?;
         options.lease.validate()?;
@@ -114,29 +128,50 @@ impl Engine {
             .map_err(|e| ReplicationError::Server(format!("engine runtime: {e}")))?;
         let client = runtime.block_on(delivery::nats::connect(&options.nats, "engine"));
         let client = client.map_err(|e| ReplicationError::jetstream("connecting", e))?;
-        let group =
-            PublisherGroup { instance: group_instance(&options), gate: PublishGate::closed() };
+        let store = runtime.block_on(SnapshotStore::open(client.clone(), &options.log))?;
+        let start = runtime.block_on(starting_point(&store, &options))?;
+        let after_seq = start.as_ref().map_or(0, |snapshot| snapshot.stream_seq);
+        let taker = SnapshotTaker::new(&options, start.as_ref(), store.clone(), &runtime)?;
+        let group = PublisherGroup {
+            instance: group_instance(&options),
+            gate: PublishGate::closed(),
+            next_seqs: start.as_ref().map(|s| s.next_seqs.clone()).unwrap_or_default(),
+        };
         let gate = group.gate.clone();
         let prefix = options.log.publish_prefix(options.shard);
         let publish = PublishOptions { prefix, ..options.publish.clone() };
         let publisher = NatsPublisher::connect_in_group(publish, group)
             .map_err(|e| ReplicationError::jetstream("starting the publisher", format!("{e:#}")))?;
-        let follower = Follower::open(client.clone(), &options.log, options.shard, 1);
+        let follower = Follower::open(client.clone(), &options.log, options.shard, after_seq + 1);
         let follower = runtime.block_on(follower)?;
         let state = Arc::new(EngineState::default());
+        // Relaxed: progress figures.
+        state.applied_seq.store(after_seq, Ordering::Relaxed);
+        state.restored_seq.store(after_seq, Ordering::Relaxed);
         let (queue, inputs) = std::sync::mpsc::sync_channel(FOLLOW_QUEUE_SLOTS);
+        let (snapshot_queue, snapshot_inputs) = std::sync::mpsc::sync_channel(FOLLOW_QUEUE_SLOTS);
         let stop_follower = Arc::new(tokio::sync::Notify::new());
-        let follow = spawn_follower(follower, queue, state.clone(), stop_follower.clone());
-        let tier =
-            start_tier(&options, publisher.subscribers(), log_source(inputs, state.clone()))?;
+        let queues = [queue, snapshot_queue];
+        let follow = spawn_follower(follower, queues, state.clone(), stop_follower.clone());
+        let snapshots = spawn_snapshots(taker, snapshot_inputs, state.clone());
+        let restore =
+            start.map(|s| ShardRestore { last_seq: s.core_seq, snapshot: Arc::new(s.state) });
+        let source = log_source(inputs, state.clone());
+        let tier = start_tier(&options, publisher.subscribers(), source, restore)?;
         let lease = runtime.block_on(Lease::open(
             client.clone(),
             &options.lease,
             options.shard,
             &options.holder,
         ))?;
-        let lease_task =
-            runtime.spawn(keep_lease(lease, options.lease.renew_every, gate, state.clone()));
+        let progress = Progress { store, shard: options.shard, holder: options.holder.clone() };
+        let lease_task = runtime.spawn(keep_lease(
+            lease,
+            options.lease.renew_every,
+            gate,
+            state.clone(),
+            progress,
+        ));
         Ok(Engine {
             runtime,
             tier: Some(tier),
@@ -144,6 +179,7 @@ impl Engine {
             state,
             lease_task: Some(lease_task),
             follower: Some(follow),
+            snapshots: Some(snapshots),
             stop_follower,
             client,
         })
@@ -159,6 +195,18 @@ impl Engine {
     pub fn applied_seq(&self) -> u64 {
         // Relaxed: a progress figure.
         self.state.applied_seq.load(Ordering::Relaxed)
+    }
+
+    /// The input-log sequence of the last snapshot this engine wrote (0: none).
+    pub fn snapshot_seq(&self) -> u64 {
+        // Relaxed: a progress figure.
+        self.state.snapshot_seq.load(Ordering::Relaxed)
+    }
+
+    /// The input-log sequence of the snapshot it started from (0: the log's beginning).
+    pub fn restored_seq(&self) -> u64 {
+        // Relaxed: set before the engine was handed out.
+        self.state.restored_seq.load(Ordering::Relaxed)
     }
 
     /// Whether it serves its part: following the log (no failure) over a live NATS connection
@@ -183,6 +231,10 @@ impl Engine {
         let taken = move || state.leaderships.load(Ordering::Relaxed);
         let help = "times this engine took its shard's lease";
         registry.register("engine_lease_taken", help, ops::read::counter(taken));
+        let state = Arc::clone(&self.state);
+        let snapshot = move || state.snapshot_seq.load(Ordering::Relaxed) as i64;
+        let help = "the input-log sequence of the last snapshot this engine wrote";
+        registry.register("engine_snapshot_input_seq", help, ops::read::gauge(snapshot));
     }
 
     /// Why the follower stopped, if it failed (a hole in the stream, a bad record).
@@ -201,6 +253,10 @@ impl Engine {
         self.stop_follower.notify_one();
         if let Some(follower) = self.follower.take() {
             let _ = follower.join();
+        }
+        // The follower is gone, so its queue is closed: the snapshot thread ends.
+        if let Some(snapshots) = self.snapshots.take() {
+            let _ = snapshots.join();
         }
         let tier = self.tier.take().expect("a running engine has its tier");
         let stopped = tier
@@ -230,6 +286,7 @@ fn start_tier(
     options: &EngineOptions,
     subscribers: exchange::tier::SubscriberFactory,
     source: OrderSource,
+    restore: Option<ShardRestore>,
 ) -> Result<Tier, ReplicationError> {
     let tier = &options.tier;
     if tier.preprocess_workers != 1 || tier.core_shards != 1 {
@@ -252,7 +309,7 @@ fn start_tier(
         rate_per_s: options.planned_rate_per_s,
         duration: Duration::ZERO,
         record_inputs: false,
-        journal: JournalOptions::default(),
+        journal: JournalOptions { restore, ..JournalOptions::default() },
         released: None,
         stop: None,
         load: LoadConfig::default(), // no generator: the log is the tier's source
@@ -263,11 +320,12 @@ fn start_tier(
     Ok(tier)
 }
 
-/// Reads the stream on a thread of its own, queueing each input for the tier (a full queue
-/// holds the follower back: the stream keeps what the tier has not taken yet).
+/// Reads the stream on a thread of its own, queueing each input for the tier and for the
+/// snapshot replica (a full queue holds the follower back: the stream keeps what they have not
+/// taken yet).
 fn spawn_follower(
     mut follower: Follower,
-    queue: SyncSender<LoggedOrder>,
+    queues: [SyncSender<LoggedOrder>; 2],
     state: Arc<EngineState>,
     stop: Arc<tokio::sync::Notify>,
 ) -> std::thread::JoinHandle<()> {
@@ -282,16 +340,9 @@ fn spawn_follower(
                 Some(Err(error)) => return fail(&state, error.to_string()),
                 None => return fail(&state, "the stream's consumer ended".into()),
             };
-            let mut pending = logged;
-            loop {
-                match queue.try_send(pending) {
-                    Ok(()) => break,
-                    Err(TrySendError::Full(back)) => pending = back,
-                    Err(TrySendError::Disconnected(_)) => return,
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(SOURCE_IDLE_WAIT) => {}
-                    () = stop.notified() => return,
+            for queue in &queues {
+                if !hand_on(queue, logged, &stop).await {
+                    return;
                 }
             }
         }
@@ -303,6 +354,177 @@ fn spawn_follower(
             runtime.expect("a current-thread runtime").block_on(follow);
         })
         .expect("spawning the follower thread")
+}
+
+/// Queues `logged`, waiting while the queue is full; `false` once the engine stops.
+async fn hand_on(
+    queue: &SyncSender<LoggedOrder>,
+    logged: LoggedOrder,
+    stop: &tokio::sync::Notify,
+) -> bool {
+    let mut pending = logged;
+    loop {
+        match queue.try_send(pending) {
+            Ok(()) => return true,
+            Err(TrySendError::Full(back)) => pending = back,
+            Err(TrySendError::Disconnected(_)) => return false,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(SOURCE_IDLE_WAIT) => {}
+            () = stop.notified() => return false,
+        }
+    }
+}
+
+/// Where a starting engine begins: the shard's newest snapshot (`None`: the log's first
+/// record), once its progress note holds the log from being trimmed past it.
+async fn starting_point(
+    store: &SnapshotStore,
+    options: &EngineOptions,
+) -> Result<Option<EngineSnapshot>, ReplicationError> {
+    let shard = options.shard;
+    for _ in 0..RESTORE_TRIES {
+        let snapshot = store.latest(shard).await?;
+        let after_seq = snapshot.as_ref().map_or(0, |snapshot| snapshot.stream_seq);
+        store.note_progress(shard, &options.holder, after_seq).await?;
+        let first_seq = store.first_seq(shard).await?;
+        if first_seq <= after_seq + 1 {
+            if after_seq > 0 {
+                tracing::info!("engine: restored shard {shard} at input sequence {after_seq}");
+            }
+            return Ok(snapshot);
+        }
+        tracing::info!("engine: the log starts at {first_seq}, past snapshot {after_seq}");
+    }
+    Err(ReplicationError::Gap {
+        stream: options.log.stream(shard),
+        expected: 1,
+        found: store.first_seq(shard).await?,
+    })
+}
+
+/// The snapshot replica: applies every input as the tier does, counts the reports each data
+/// subject got, and writes a snapshot every `every` inputs while this engine leads.
+struct SnapshotTaker {
+    replica: TierReplica,
+    /// Per data subject ([`subject_index`]), records so far.
+    records: Vec<u64>,
+    applied_seq: u64,
+    taken_seq: u64,
+    every: u64,
+    store: SnapshotStore,
+    shard: u32,
+    holder: String,
+    runtime: tokio::runtime::Handle,
+}
+
+impl SnapshotTaker {
+    fn new(
+        options: &EngineOptions,
+        start: Option<&EngineSnapshot>,
+        store: SnapshotStore,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Result<SnapshotTaker, ReplicationError> {
+        let (master, gateways) = (options.tier.starting_master_data(), options.tier.gateways);
+        let subjects = gateways as usize * Stream::ALL.len();
+        let (replica, records, applied_seq) = match start {
+            None => {
+                let limits = CoreLimits { order_pool_slots: options.tier.order_pool_slots };
+                (TierReplica::new(master, limits, gateways), vec![0; subjects], 0)
+            }
+            Some(snapshot) if snapshot.next_seqs.len() != subjects => {
+                let why =
+                    format!("{} subjects, the tier publishes {subjects}", snapshot.next_seqs.len());
+                return Err(ReplicationError::BadSnapshot(why));
+            }
+            Some(snapshot) => {
+                let replica =
+                    TierReplica::restored(master, gateways, snapshot.core_seq, &snapshot.state);
+                let replica = replica.map_err(|e| ReplicationError::BadSnapshot(e.to_string()))?;
+                let records = snapshot.next_seqs.iter().map(|next| next.saturating_sub(1));
+                (replica, records.collect(), snapshot.stream_seq)
+            }
+        };
+        let (every, shard) = (options.tier.snapshot_every_records, options.shard);
+        let (holder, runtime) = (options.holder.clone(), runtime.handle().clone());
+        let taken_seq = applied_seq;
+        Ok(SnapshotTaker {
+            replica,
+            records,
+            applied_seq,
+            taken_seq,
+            every,
+            store,
+            shard,
+            holder,
+            runtime,
+        })
+    }
+
+    fn apply(&mut self, logged: &LoggedOrder) {
+        let records = &mut self.records;
+        self.replica.apply(&logged.order, &mut |response| {
+            records[subject_index(response.gateway, Stream::of(response))] += 1;
+        });
+        self.applied_seq = logged.stream_seq;
+    }
+
+    fn due(&self) -> bool {
+        self.every > 0 && self.applied_seq - self.taken_seq >= self.every
+    }
+
+    /// Writes the snapshot after the last applied input, then trims the log below it.
+    fn write(&mut self, state: &EngineState) {
+        let mut bytes = Vec::with_capacity(self.replica.state().snapshot_bytes_max());
+        self.replica.state().write_snapshot(&mut bytes);
+        let snapshot = EngineSnapshot {
+            stream_seq: self.applied_seq,
+            core_seq: self.replica.last_seq(),
+            next_seqs: self.records.iter().map(|records| records + 1).collect(),
+            state: bytes,
+        };
+        self.taken_seq = self.applied_seq;
+        let (store, shard, holder) = (&self.store, self.shard, self.holder.as_str());
+        let written = self.runtime.block_on(async {
+            store.put(shard, &snapshot).await?;
+            // Its own note, fresh: the follower has read at least this far.
+            store.note_progress(shard, holder, snapshot.stream_seq).await?;
+            store.trim(shard, snapshot.stream_seq).await
+        });
+        match written {
+            Ok(first_seq) => {
+                // Relaxed: a progress figure.
+                state.snapshot_seq.store(snapshot.stream_seq, Ordering::Relaxed);
+                tracing::info!(
+                    "engine: snapshot of shard {shard} at input sequence {}; the log starts at {first_seq}",
+                    snapshot.stream_seq
+                );
+            }
+            Err(error) => tracing::warn!("engine: snapshot of shard {shard}: {error}"),
+        }
+    }
+}
+
+/// Runs the snapshot replica on a thread of its own until the follower closes its queue.
+fn spawn_snapshots(
+    mut taker: SnapshotTaker,
+    inputs: Receiver<LoggedOrder>,
+    state: Arc<EngineState>,
+) -> std::thread::JoinHandle<()> {
+    let run = move || {
+        while let Ok(logged) = inputs.recv() {
+            taker.apply(&logged);
+            // Relaxed: a status flag; a snapshot written by a leader that just lost the lease
+            // is as good as its successor's.
+            if taker.due() && state.leads.load(Ordering::Relaxed) {
+                taker.write(&state);
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("engine-snapshots".into())
+        .spawn(run)
+        .expect("spawning the snapshot thread")
 }
 
 fn fail(state: &EngineState, why: String) {
@@ -342,13 +564,22 @@ fn log_source(inputs: Receiver<LoggedOrder>, state: Arc<EngineState>) -> OrderSo
     })
 }
 
+/// Where an engine notes how far it applied its shard's log.
+struct Progress {
+    store: SnapshotStore,
+    shard: u32,
+    holder: String,
+}
+
 /// Holds or contends for the lease until the engine stops or its follower fails, keeping the
-/// gate open exactly while the lease is valid; then releases it.
+/// gate open exactly while the lease is valid, and notes the engine's progress on every tick;
+/// then releases the lease.
 async fn keep_lease(
     mut lease: Lease,
     every: Duration,
     gate: Arc<PublishGate>,
     state: Arc<EngineState>,
+    progress: Progress,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -359,6 +590,12 @@ async fn keep_lease(
             // Its tier no longer follows the log: a healthy standby must lead, at once.
             tracing::error!("engine: no longer following the input log: giving the lease up");
             break;
+        }
+        let applied = state.applied_seq.load(Ordering::Relaxed);
+        if let Err(error) =
+            progress.store.note_progress(progress.shard, &progress.holder, applied).await
+        {
+            tracing::debug!("engine progress: {error}");
         }
         let held = lease.valid_until().is_some();
         let outcome = if held { lease.renew().await } else { lease.try_acquire().await };

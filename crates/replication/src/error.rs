@@ -48,6 +48,9 @@ pub enum ReplicationError {
         /// Why it is not a record.
         source: crate::record::RecordError,
     },
+    /// A stored snapshot that does not read (damaged, or written by another release).
+    #[error("bad engine snapshot: {0}")]
+    BadSnapshot(String),
     /// A `nats-server` child of [`crate::cluster`] could not be started.
     #[error("nats-server: {0}")]
     Server(String),

@@ -1,6 +1,6 @@
 //! The exchange tier beyond one machine, on NATS JetStream: each shard's input is a
 //! replicated, sequenced stream that gateways append to and engines follow, and one engine
-//! per shard leads through a lease in a JetStream key-value bucket.
+//! per shard leads through a lease kept in a JetStream stream.
 //!
 //! ```text
 //!  gateway ──append (msg id = gateway-session-seq)──▶ stream {PREFIX}_ORDERS_{shard} (R3, Raft)
@@ -16,6 +16,7 @@
 //! * [`engine`]: one engine of a shard's group: the tier on the log, publishing while it leads.
 //! * [`lease`]: the leader lease (acquire, renew, validity that ends before anyone else's).
 //! * [`record`]: one order as a fixed-size, versioned log record.
+//! * [`snapshot`]: engine snapshots in the object store, and the log trimmed below them.
 //! * [`cluster`]: a loopback JetStream cluster of `nats-server` children for tests.
 //!
 //! docs/REPLICATION.md says what is replicated and what a failover costs.
@@ -29,5 +30,6 @@ pub mod follow;
 pub mod layout;
 pub mod lease;
 pub mod record;
+pub mod snapshot;
 
 pub use error::ReplicationError;

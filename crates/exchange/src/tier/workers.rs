@@ -11,16 +11,15 @@ use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, StageWorker};
 
 use super::{
-    MasterReport, Refusal, ReleasedSeqs, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardResult,
-    Subscriber, TierInput,
+    MasterReport, ReleasedSeqs, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardResult, Subscriber,
+    TierInput, preprocessed, response_to,
 };
 use crate::durability::{
     MasterJournal, MasterRecord, MasterRecovery, MasterState, ShardRecord, ShardState,
 };
 use crate::master::{MasterData, MasterUpdate, SnapshotCell};
 use crate::msg::{
-    Audience, Command, CoreOutput, InboundOrder, OutputKind, REASON_COUNT, Response,
-    SequencedInput, Stamps,
+    Command, CoreOutput, InboundOrder, OutputKind, REASON_COUNT, Response, SequencedInput, Stamps,
 };
 use crate::preprocess::Preprocessor;
 
@@ -38,20 +37,7 @@ impl StageWorker<InboundOrder, TierInput> for PreprocessWorker {
         stamps.ready_ns = stamps.preprocess_in_ns;
         // A refused request travels to the core too (no ring of its own to the R-Processor),
         // so its reject keeps its place among the outputs of the orders around it.
-        let input = match self.preprocess.check(request) {
-            Ok(routed) => TierInput {
-                instrument: routed.instrument,
-                command: routed.command,
-                stamps,
-                ..TierInput::default()
-            },
-            Err(reason) => TierInput {
-                instrument: request.instrument,
-                refused: Some(Refusal::of(request, reason)),
-                stamps,
-                ..TierInput::default()
-            },
-        };
+        let input = preprocessed(request, self.preprocess.check(request), stamps);
         out.emit(input);
     }
 
@@ -171,14 +157,7 @@ impl StageWorker<CoreOutput, Response> for ResponseProcessor {
         if output.kind == OutputKind::Rejected {
             self.rejects[output.reason as usize] += 1;
         }
-        let market_data = matches!(output.kind, OutputKind::Trade | OutputKind::TopOfBook);
-        let (audience, topic) = if market_data {
-            (Audience::MarketData, output.instrument)
-        } else {
-            (Audience::Client, output.client)
-        };
-        let answers_request = output.answers_request();
-        out.emit(Response { audience, gateway: topic % self.gateways, answers_request, output });
+        out.emit(response_to(output, self.gateways));
     }
 
     fn finish(self) -> ResponseTotals {

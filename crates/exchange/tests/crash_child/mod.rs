@@ -96,6 +96,7 @@ pub fn run(text: &str) -> Result<(), Box<dyn std::error::Error>> {
             data_dir: Some(args.data),
             repair: false,
             segment_bytes: args.segment_bytes,
+            restore: None,
         },
         released: Some(released),
         stop: None,
