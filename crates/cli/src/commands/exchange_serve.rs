@@ -92,6 +92,13 @@ pub struct ServeArgs {
     /// Default: the `[tier]` table's `journal`, else `group`.
     #[arg(long, value_parser = one_of(&JournalMode::ALL, JournalMode::name))]
     pub journal: Option<JournalMode>,
+    /// A snapshot every this many inputs (0 = none; default: the `[tier]` table's
+    /// `snapshot_every_records`, else 100000). Role `all`: of each core shard beside its
+    /// journal (a restart replays only the journal after it); role `engine`: of the shard's
+    /// engine in the JetStream object store, written by the leader, and the input log is
+    /// trimmed below it (docs/REPLICATION.md).
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
     /// The tier's thread layout (overrides `layout` in the config, which overrides the
     /// `[tier]` table's; default auto): `auto`
     /// plans which stages share a thread, which spin and which park, from the usable CPUs and
@@ -228,7 +235,8 @@ fn tier_from(
     };
     let journal = args.journal.unwrap_or(tier.journal);
     let layout = layout.unwrap_or(tier.layout);
-    let tier = TierConfig { universe, journal, layout, ..tier };
+    let snapshot_every_records = args.snapshot_every.unwrap_or(tier.snapshot_every_records);
+    let tier = TierConfig { universe, journal, layout, snapshot_every_records, ..tier };
     tier.validate().map_err(|e| BadInput(format!("{}: [tier]: {e}", args.config.display())))?;
     Ok(tier)
 }
@@ -757,6 +765,7 @@ mod tests {
             config: PathBuf::from("serve.toml"),
             metrics_listen: None,
             journal,
+            snapshot_every: None,
             layout,
             planned_rate: 60_000.0,
             nats: None,
