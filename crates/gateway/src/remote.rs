@@ -9,9 +9,10 @@
 //!
 //! The I/O loop is the one `exchange serve` runs ([`crate::io`]), on a thread of its own: it
 //! hands each admitted order to the append queue (a full queue leaves orders staged, and a
-//! full stage answers busy). The appender queues each order on its shard's stream in
-//! admission order, under a message id (this gateway, this run, a counter) that JetStream
-//! deduplicates when a lost acknowledgement makes it append again. Reports come back through
+//! full stage answers busy). The appender queues the orders on their shards' streams in
+//! admission order, those of one shard that arrived together as one message (no wait for
+//! more), under a message id (this gateway, this run, a counter) that JetStream deduplicates
+//! when a lost acknowledgement makes it append again. Reports come back through
 //! one in-process R-Gateway per shard and tier gateway slot (`delivery::gateway`: per-subject
 //! sequences, gap recovery from the leader's retained window, the trust rule), read over
 //! loopback and handed to the sessions' reply queue as the tier's R-Senders would.
@@ -26,10 +27,11 @@ use delivery::nats::NatsConnect;
 use delivery::wire::{Frame, FrameDecoder, Record, Stream, WIRE_VERSION};
 use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
 use exchange::tier::{Subscriber, reply_subscribers};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use replication::ReplicationError;
 use replication::append::{AppendId, Appended, OrderLog};
 use replication::layout::LogSettings;
+use replication::record::RECORDS_PER_MESSAGE_MAX;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -41,9 +43,12 @@ use crate::server::{BoundAddresses, ServeError, bind_listeners};
 
 /// Orders between the I/O loop and the appender.
 pub const APPEND_QUEUE_SLOTS: usize = 8192;
-/// Appends awaiting their acknowledgement at once; beyond, the appender waits (and the queue,
-/// then the stage, fill: the sessions are answered busy).
+/// Appends (log messages) awaiting their acknowledgement at once; beyond, the appender waits
+/// (and the queue, then the stage, fill: the sessions are answered busy).
 pub const APPENDS_IN_FLIGHT_MAX: usize = 4096;
+/// Most orders the appender takes off its queue at once (then split into one message per
+/// shard).
+const BATCH_ORDERS_MAX: usize = 256;
 /// How often `/ready` follows the NATS connection.
 const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// Bytes read from an R-Gateway per read.
@@ -204,7 +209,9 @@ fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> 
     (0..options.log.shards).flat_map(move |shard| (0..slots).map(move |slot| (shard, slot)))
 }
 
-/// Queues each order on its stream in admission order and counts the acknowledgements.
+/// Queues the orders on their streams in admission order, those of one shard that arrived
+/// together as one message (up to `RECORDS_PER_MESSAGE_MAX`: no wait for more), and counts
+/// the acknowledgements.
 async fn append_orders(
     log: OrderLog,
     mut queued: tokio::sync::mpsc::Receiver<InboundOrder>,
@@ -215,35 +222,57 @@ async fn append_orders(
     let epoch = EpochOffset::measure().absolute(0);
     let (mut tally, mut seq) = (AppendTally::default(), 0u64);
     let mut in_flight = futures_util::stream::FuturesUnordered::new();
+    let mut by_shard: Vec<Vec<(InboundOrder, u64)>> =
+        (0..log.settings().shards).map(|_| Vec::with_capacity(RECORDS_PER_MESSAGE_MAX)).collect();
     loop {
         let room = in_flight.len() < APPENDS_IN_FLIGHT_MAX;
         tokio::select! {
             order = queued.recv(), if room => {
                 let Some(order) = order else { break };
-                seq += 1;
-                let id = AppendId { gateway, session, seq };
-                let intended_abs_ns = epoch + order.stamps.intended_ns;
-                // Queued before `push` borrows the set (its futures are `Send`, not `Sync`).
-                let acknowledged = log.start_append(&order, id, intended_abs_ns).await;
-                in_flight.push(acknowledged);
+                let mut next = Some(order);
+                let mut taken = 0;
+                while let Some(order) = next {
+                    let shard = log.settings().shard_of(order.instrument) as usize;
+                    by_shard[shard].push((order, epoch + order.stamps.intended_ns));
+                    taken += 1;
+                    let full = by_shard[shard].len() == RECORDS_PER_MESSAGE_MAX;
+                    next = if full || taken == BATCH_ORDERS_MAX { None } else { queued.try_recv().ok() };
+                    if full {
+                        break;
+                    }
+                }
+                for (shard, orders) in by_shard.iter_mut().enumerate() {
+                    if orders.is_empty() {
+                        continue;
+                    }
+                    seq += 1;
+                    let id = AppendId { gateway, session, seq };
+                    // Queued before `push` borrows the set (its futures are `Send`, not `Sync`).
+                    let acknowledged = log.start_append_batch(shard as u32, orders, id).await;
+                    let held = orders.len() as u64;
+                    in_flight.push(acknowledged.map(move |done| (held, done)));
+                    orders.clear();
+                }
             }
-            Some(done) = in_flight.next() => count(&mut tally, done),
+            Some((held, done)) = in_flight.next() => count(&mut tally, held, done),
         }
     }
-    while let Some(done) = in_flight.next().await {
-        count(&mut tally, done);
+    while let Some((held, done)) = in_flight.next().await {
+        count(&mut tally, held, done);
     }
     tally
 }
 
-fn count(tally: &mut AppendTally, done: Result<Appended, ReplicationError>) {
+/// Counts the `orders` of one message by how its append ended.
+fn count(tally: &mut AppendTally, orders: u64, done: Result<Appended, ReplicationError>) {
     match done {
-        Ok(appended) if appended.duplicate => tally.duplicates += 1,
-        Ok(_) => tally.appended += 1,
+        Ok(appended) if appended.duplicate => tally.duplicates += orders,
+        Ok(_) => tally.appended += orders,
         Err(error) => {
-            tally.failed += 1;
-            // Logged at the 1st, 2nd, 4th, ... failure: an outage is told, not flooded.
-            if tally.failed.is_power_of_two() {
+            tally.failed += orders;
+            // Logged when the count passes 1, 2, 4, ...: an outage is told, not flooded.
+            let before = tally.failed - orders;
+            if (before + 1).next_power_of_two() <= tally.failed {
                 tracing::error!(failed = tally.failed, "order not accepted by the log: {error}");
             }
         }

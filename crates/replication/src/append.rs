@@ -15,7 +15,7 @@ use matching::msg::InboundOrder;
 
 use crate::error::ReplicationError;
 use crate::layout::LogSettings;
-use crate::record;
+use crate::record::{self, RECORDS_PER_MESSAGE_MAX};
 
 /// How long one append waits for its acknowledgement.
 pub const APPEND_ACK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -54,6 +54,8 @@ pub struct Appended {
     pub stream_seq: u64,
     /// The id was appended before (a retry): nothing new was stored.
     pub duplicate: bool,
+    /// Orders the message holds.
+    pub orders: usize,
 }
 
 /// Appends orders to their shard streams; cheap to clone (one client, shared settings).
@@ -97,7 +99,8 @@ impl OrderLog {
         id: AppendId,
         intended_abs_ns: u64,
     ) -> Result<Appended, ReplicationError> {
-        let message = self.message(order, id, intended_abs_ns);
+        let shard = self.settings.shard_of(order.instrument);
+        let message = self.message(shard, &[(*order, intended_abs_ns)], id);
         self.retry(message, std::time::Instant::now()).await
     }
 
@@ -110,8 +113,22 @@ impl OrderLog {
         order: &InboundOrder,
         id: AppendId,
         intended_abs_ns: u64,
-    ) -> impl Future<Output = Result<Appended, ReplicationError>> + Send + 'static {
-        let message = self.message(order, id, intended_abs_ns);
+    ) -> impl Future<Output = Result<Appended, ReplicationError>> + Send + 'static + use<> {
+        let shard = self.settings.shard_of(order.instrument);
+        self.start_append_batch(shard, &[(*order, intended_abs_ns)], id).await
+    }
+
+    /// [`OrderLog::start_append`] for 1..=[`RECORDS_PER_MESSAGE_MAX`] orders of `shard`'s
+    /// instruments (each with its intended send time) as one message: one append, one stream
+    /// sequence, one message id. Panics on an empty, oversized or mixed-shard batch (a caller's
+    /// bug that would book orders on the wrong shard).
+    pub async fn start_append_batch(
+        &self,
+        shard: u32,
+        orders: &[(InboundOrder, u64)],
+        id: AppendId,
+    ) -> impl Future<Output = Result<Appended, ReplicationError>> + Send + 'static + use<> {
+        let message = self.message(shard, orders, id);
         let (started, log) = (std::time::Instant::now(), self.clone());
         let queued = self
             .js
@@ -134,14 +151,25 @@ impl OrderLog {
         }
     }
 
-    /// `order` ready to append to its instrument's shard stream.
-    fn message(&self, order: &InboundOrder, id: AppendId, intended_abs_ns: u64) -> Message {
-        let shard = self.settings.shard_of(order.instrument);
+    /// `orders` of `shard` ready to append as one message.
+    fn message(&self, shard: u32, orders: &[(InboundOrder, u64)], id: AppendId) -> Message {
+        assert!(
+            (1..=RECORDS_PER_MESSAGE_MAX).contains(&orders.len()),
+            "a log message holds 1..={RECORDS_PER_MESSAGE_MAX} orders, not {}",
+            orders.len()
+        );
+        let mut payload = bytes::BytesMut::with_capacity(orders.len() * record::RECORD_BYTES);
+        for (order, intended_abs_ns) in orders {
+            let of = self.settings.shard_of(order.instrument);
+            assert_eq!(of, shard, "instrument {} is shard {of}'s", order.instrument);
+            payload.extend_from_slice(&record::encode(order, *intended_abs_ns));
+        }
         Message {
             shard,
             subject: self.subjects[shard as usize].clone(),
             id: id.to_string(),
-            payload: bytes::Bytes::copy_from_slice(&record::encode(order, intended_abs_ns)),
+            payload: payload.freeze(),
+            orders: orders.len(),
         }
     }
 
@@ -177,12 +205,13 @@ impl OrderLog {
     }
 }
 
-/// One order ready to append: its stream's subject, message id and record.
+/// Orders ready to append: their stream's subject, message id and records.
 struct Message {
     shard: u32,
     subject: async_nats::Subject,
     id: String,
     payload: bytes::Bytes,
+    orders: usize,
 }
 
 impl Message {
@@ -193,6 +222,7 @@ impl Message {
     }
 
     fn appended(&self, ack: jetstream::publish::PublishAck) -> Appended {
-        Appended { shard: self.shard, stream_seq: ack.sequence, duplicate: ack.duplicate }
+        let (shard, orders) = (self.shard, self.orders);
+        Appended { shard, stream_seq: ack.sequence, duplicate: ack.duplicate, orders }
     }
 }

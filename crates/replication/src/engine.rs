@@ -76,7 +76,7 @@ pub struct EngineOptions {
 /// What every thread of the engine shares.
 #[derive(Debug, Default)]
 struct EngineState {
-    /// The last stream sequence handed to the tier.
+    /// The last stream sequence whose every record was handed to the tier.
     applied_seq: AtomicU64,
     leads: AtomicBool,
     /// Times this engine took the lease.
@@ -191,7 +191,7 @@ impl Engine {
         self.state.leads.load(Ordering::Relaxed)
     }
 
-    /// The last stream sequence handed to the tier.
+    /// The last stream sequence whose every record was handed to the tier.
     pub fn applied_seq(&self) -> u64 {
         // Relaxed: a progress figure.
         self.state.applied_seq.load(Ordering::Relaxed)
@@ -466,11 +466,15 @@ impl SnapshotTaker {
         self.replica.apply(&logged.order, &mut |response| {
             records[subject_index(response.gateway, Stream::of(response))] += 1;
         });
-        self.applied_seq = logged.stream_seq;
+        if logged.last_in_message {
+            self.applied_seq = logged.stream_seq;
+        }
     }
 
-    fn due(&self) -> bool {
-        self.every > 0 && self.applied_seq - self.taken_seq >= self.every
+    /// Whether a snapshot is due after `logged` (only ever after a whole message).
+    fn due(&self, logged: &LoggedOrder) -> bool {
+        let every = self.every;
+        logged.last_in_message && every > 0 && self.applied_seq - self.taken_seq >= every
     }
 
     /// Writes the snapshot after the last applied input, then trims the log below it.
@@ -516,7 +520,7 @@ fn spawn_snapshots(
             taker.apply(&logged);
             // Relaxed: a status flag; a snapshot written by a leader that just lost the lease
             // is as good as its successor's.
-            if taker.due() && state.leads.load(Ordering::Relaxed) {
+            if taker.due(&logged) && state.leads.load(Ordering::Relaxed) {
                 taker.write(&state);
             }
         }
@@ -555,8 +559,10 @@ fn log_source(inputs: Receiver<LoggedOrder>, state: Arc<EngineState>) -> OrderSo
                 abs_ns => abs_ns.saturating_sub(epoch),
             };
             out.emit_with_ingress(order, order.stamps.intended_ns);
-            // Relaxed: a progress figure.
-            state.applied_seq.store(logged.stream_seq, Ordering::Relaxed);
+            if logged.last_in_message {
+                // Relaxed: a progress figure.
+                state.applied_seq.store(logged.stream_seq, Ordering::Relaxed);
+            }
             emitted += 1;
             next = if emitted < SOURCE_BATCH_MAX { inputs.try_recv().ok() } else { None };
         }

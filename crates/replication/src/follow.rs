@@ -1,10 +1,11 @@
 //! The engine's side of the input log: a shard's stream read in stream order from a chosen
 //! sequence, every record checked to follow the one before it.
 //!
-//! The stream sequence is the shard's input sequence: every engine that follows a stream
-//! applies the same inputs in the same order, so replicas compute the same outputs (the
-//! tier's output hash says so). A hole (inputs removed below a reader) is an error, never
-//! skipped.
+//! The stream sequence (with a record's place in its message) is the shard's input sequence:
+//! every engine that follows a stream applies the same inputs in the same order, so replicas
+//! compute the same outputs (the tier's output hash says so). A hole (inputs removed below a
+//! reader) is an error, never skipped; so is a message that does not read whole (no record of
+//! it is delivered).
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::push::OrderedConfig};
 use futures_util::StreamExt;
@@ -17,8 +18,11 @@ use crate::record;
 /// One input as the stream holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoggedOrder {
-    /// Its stream sequence (the shard's input sequence).
+    /// The stream sequence of its message (the shard's input sequence).
     pub stream_seq: u64,
+    /// The last record of its message: after it, the engine's state is the state after
+    /// `stream_seq` (what snapshots and progress count in).
+    pub last_in_message: bool,
     /// The order (stamps zero).
     pub order: InboundOrder,
     /// When its client meant to send it, absolute monotonic ns (0: unknown).
@@ -30,6 +34,8 @@ pub struct Follower {
     stream: String,
     next_seq: u64,
     messages: jetstream::consumer::push::Ordered,
+    /// The current message's records not yet handed out.
+    pending: std::collections::VecDeque<LoggedOrder>,
 }
 
 impl Follower {
@@ -57,12 +63,16 @@ impl Follower {
         let messages = consumer.messages().await;
         let messages =
             messages.map_err(|e| ReplicationError::jetstream(format!("reading {name}"), e))?;
-        Ok(Follower { stream: name, next_seq: from_seq.max(1), messages })
+        let pending = std::collections::VecDeque::with_capacity(record::RECORDS_PER_MESSAGE_MAX);
+        Ok(Follower { stream: name, next_seq: from_seq.max(1), messages, pending })
     }
 
     /// The next input, in stream order; waits until one is appended. `None`: the consumer
     /// ended (the connection closed).
     pub async fn next(&mut self) -> Option<Result<LoggedOrder, ReplicationError>> {
+        if let Some(pending) = self.pending.pop_front() {
+            return Some(Ok(pending));
+        }
         let message = match self.messages.next().await? {
             Ok(message) => message,
             Err(error) => {
@@ -77,7 +87,8 @@ impl Follower {
                 return Some(Err(ReplicationError::jetstream(what, error)));
             }
         };
-        Some(self.accept(stream_seq, &message.payload))
+        let accepted = self.accept(stream_seq, &message.payload);
+        Some(accepted.map(|()| self.pending.pop_front().expect("a message holds a record")))
     }
 
     /// The next sequence this follower will deliver.
@@ -85,15 +96,33 @@ impl Follower {
         self.next_seq
     }
 
-    fn accept(&mut self, stream_seq: u64, payload: &[u8]) -> Result<LoggedOrder, ReplicationError> {
+    /// Checks that message `stream_seq` follows the last and queues its records.
+    fn accept(&mut self, stream_seq: u64, payload: &[u8]) -> Result<(), ReplicationError> {
         if stream_seq != self.next_seq {
             let (stream, expected) = (self.stream.clone(), self.next_seq);
             return Err(ReplicationError::Gap { stream, expected, found: stream_seq });
         }
-        let (order, intended_abs_ns) = record::decode(payload).map_err(|source| {
-            ReplicationError::Record { stream: self.stream.clone(), seq: stream_seq, source }
-        })?;
+        let bad = |source| ReplicationError::Record {
+            stream: self.stream.clone(),
+            seq: stream_seq,
+            source,
+        };
+        let records = record::records(payload).map_err(bad)?;
+        let count = records.len();
+        for (at, bytes) in records.enumerate() {
+            let (order, intended_abs_ns) = record::decode(bytes).map_err(|source| {
+                self.pending.clear(); // all of a message or none of it
+                bad(source)
+            })?;
+            let last_in_message = at + 1 == count;
+            self.pending.push_back(LoggedOrder {
+                stream_seq,
+                last_in_message,
+                order,
+                intended_abs_ns,
+            });
+        }
         self.next_seq += 1;
-        Ok(LoggedOrder { stream_seq, order, intended_abs_ns })
+        Ok(())
     }
 }

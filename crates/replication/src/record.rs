@@ -1,5 +1,7 @@
 //! One order as a record of the input log: a fixed 48-byte little-endian layout with a
-//! version byte, so that a log written by one release is read, or refused, by the next.
+//! version byte, so that a log written by one release is read, or refused, by the next. A log
+//! message holds 1..=[`RECORDS_PER_MESSAGE_MAX`] records back to back (a gateway packs the
+//! orders of one shard that arrived together: one append, one stream sequence).
 //!
 //! ```text
 //! 0 version | 1 kind | 2 side | 3 order type | 4 time in force | 5..8 zero
@@ -16,6 +18,8 @@ use matching::msg::{InboundOrder, Stamps};
 pub const RECORD_BYTES: usize = 48;
 /// The layout version this release writes and reads.
 pub const RECORD_VERSION: u8 = 1;
+/// Most records one log message holds.
+pub const RECORDS_PER_MESSAGE_MAX: usize = 64;
 
 /// Why bytes are not a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +30,29 @@ pub enum RecordError {
     /// Written by a release with another layout.
     #[error("input-log record version {0}; this release reads version {RECORD_VERSION}")]
     Version(u8),
+    /// A message that is not 1..=[`RECORDS_PER_MESSAGE_MAX`] whole records.
+    #[error(
+        "an input-log message holds 1..={RECORDS_PER_MESSAGE_MAX} records of {RECORD_BYTES} \
+         bytes, this one {0} bytes"
+    )]
+    MessageLength(usize),
+}
+
+/// The records of one log message, in order; `Err` when its length is not whole records.
+///
+/// ```
+/// use replication::record::{RECORD_BYTES, RecordError, records};
+/// assert_eq!(records(&[1; 2 * RECORD_BYTES]).unwrap().count(), 2);
+/// assert_eq!(records(&[1; 50]).unwrap_err(), RecordError::MessageLength(50));
+/// assert_eq!(records(&[]).unwrap_err(), RecordError::MessageLength(0));
+/// ```
+pub fn records(message: &[u8]) -> Result<std::slice::ChunksExact<'_, u8>, RecordError> {
+    let whole = message.len().is_multiple_of(RECORD_BYTES);
+    let count = message.len() / RECORD_BYTES;
+    if !whole || !(1..=RECORDS_PER_MESSAGE_MAX).contains(&count) {
+        return Err(RecordError::MessageLength(message.len()));
+    }
+    Ok(message.chunks_exact(RECORD_BYTES))
 }
 
 /// Encodes `order` with its intended send time (absolute monotonic ns, 0 when unknown).
@@ -105,6 +132,17 @@ mod tests {
                 Ok((order, intended)) => prop_assert_eq!(&encode(&order, intended)[..5], &bytes[..5]),
                 Err(RecordError::Length(n)) => prop_assert!(n != RECORD_BYTES),
                 Err(RecordError::Version(v)) => prop_assert!(v != RECORD_VERSION),
+                Err(RecordError::MessageLength(_)) => prop_assert!(false, "decode reads one record"),
+            }
+        }
+
+        #[test]
+        fn any_message_splits_into_whole_records_or_fails(len in 0usize..4000) {
+            let message = vec![RECORD_VERSION; len];
+            match records(&message) {
+                Ok(chunks) => prop_assert_eq!(chunks.map(<[u8]>::len).sum::<usize>(), len),
+                Err(RecordError::MessageLength(n)) => prop_assert_eq!(n, len),
+                Err(other) => prop_assert!(false, "{other}"),
             }
         }
     }

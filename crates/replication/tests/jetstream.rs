@@ -63,6 +63,34 @@ fn retries_never_store_twice_and_followers_read_in_order() {
     });
 }
 
+/// Orders that arrived together go as one message: one append, one stream sequence, its retry
+/// a duplicate; a follower hands them out in order, the last marked as the message's end.
+#[test]
+fn a_batch_is_one_message_read_back_record_by_record() {
+    let cluster = Cluster::start(1).unwrap();
+    runtime().block_on(async {
+        let client = connect(&cluster.url()).await;
+        let settings = LogSettings::new(1);
+        let log = OrderLog::open(client.clone(), settings.clone()).await.unwrap();
+        let single = log.append(&order(1, 1), id(1), 0).await.unwrap();
+        assert_eq!((single.stream_seq, single.orders), (1, 1));
+        let batch: Vec<(InboundOrder, u64)> = (2..=4).map(|n| (order(n as u32, n), n)).collect();
+        let appended = log.start_append_batch(0, &batch, id(2)).await.await.unwrap();
+        assert_eq!((appended.stream_seq, appended.orders, appended.duplicate), (2, 3, false));
+        let again = log.start_append_batch(0, &batch, id(2)).await.await.unwrap();
+        assert!(again.duplicate && again.stream_seq == 2, "a retried batch stores nothing");
+        let mut follower = Follower::open(client, &settings, 0, 1).await.unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 4 {
+            let logged = tokio::time::timeout(Duration::from_secs(5), follower.next()).await;
+            let logged = logged.expect("in time").expect("open").unwrap();
+            seen.push((logged.stream_seq, logged.order.order_id, logged.last_in_message));
+        }
+        let expected = [(1, 1, true), (2, 2, false), (2, 3, false), (2, 4, true)];
+        assert_eq!(seen, expected, "in order, one stream sequence per message");
+    });
+}
+
 /// Appends go on while one of three servers is killed and after it comes back; the stream
 /// holds every acknowledged order exactly once (R3: a quorum survives one loss).
 #[test]
