@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::time::{Duration, Instant};
 
 use delivery::clock::{EpochOffset, monotonic_ns};
@@ -44,6 +44,8 @@ pub const FOLLOW_QUEUE_SLOTS: usize = 8192;
 const SOURCE_BATCH_MAX: usize = 256;
 /// How long the source waits for an input before returning to the tier's loop.
 const SOURCE_IDLE_WAIT: Duration = Duration::from_millis(1);
+/// How often the snapshot replica looks for queued inputs when it has caught up.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(1);
 /// How many times a starting engine reads the newest snapshot again because the log was
 /// trimmed past the one it read (each trim follows a newer snapshot).
 const RESTORE_TRIES: u32 = 5;
@@ -515,8 +517,18 @@ fn spawn_snapshots(
     inputs: Receiver<LoggedOrder>,
     state: Arc<EngineState>,
 ) -> std::thread::JoinHandle<()> {
+    // Polled, not waited on: the replica is off the critical path, so it takes what queued
+    // up every `SNAPSHOT_POLL` and the follower never pays a wake-up per input.
     let run = move || {
-        while let Ok(logged) = inputs.recv() {
+        loop {
+            let logged = match inputs.try_recv() {
+                Ok(logged) => logged,
+                Err(TryRecvError::Empty) => {
+                    std::thread::sleep(SNAPSHOT_POLL);
+                    continue;
+                }
+                Err(TryRecvError::Disconnected) => return,
+            };
             taker.apply(&logged);
             // Relaxed: a status flag; a snapshot written by a leader that just lost the lease
             // is as good as its successor's.
