@@ -70,15 +70,7 @@ fn crossing_orders(price: i64) -> OrderSource {
 /// Runs the tier over the source's orders and returns the subscribers' tally.
 pub fn run_tier() -> Result<Tally, Box<dyn std::error::Error>> {
     let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
-    let options = RunOptions {
-        rate_per_s: 1_000.0,
-        duration: std::time::Duration::ZERO,
-        record_inputs: false,
-        journal: Default::default(),
-        released: None,
-        stop: None,
-        load: Default::default(),
-    };
+    let options = RunOptions::planned_for(1_000.0);
     let instrument = reference_master_data(&config.universe);
     let instrument = instrument.instrument(1).ok_or("instrument 1 is not listed")?;
     let price = (instrument.band_low + instrument.band_high) / 2;

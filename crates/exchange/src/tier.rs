@@ -696,6 +696,29 @@ pub struct RunOptions {
     pub load: LoadConfig,
 }
 
+impl RunOptions {
+    /// Options for a tier its holder feeds ([`Tier::start`], [`Tier::start_with_source`]):
+    /// its layout planned for `rate_per_s`, no generated load, the journal's defaults,
+    /// nothing recorded.
+    ///
+    /// ```
+    /// use exchange::tier::RunOptions;
+    /// let options = RunOptions::planned_for(1_000.0);
+    /// assert_eq!((options.rate_per_s, options.duration), (1_000.0, std::time::Duration::ZERO));
+    /// ```
+    pub fn planned_for(rate_per_s: f64) -> RunOptions {
+        RunOptions {
+            rate_per_s,
+            duration: Duration::ZERO,
+            record_inputs: false,
+            journal: JournalOptions::default(),
+            released: None,
+            stop: None,
+            load: LoadConfig::default(),
+        }
+    }
+}
+
 /// Per core shard, the highest input sequence with a delivered reply.
 ///
 /// Concurrency argument: R-Senders `fetch_max` into it, any thread reads it. Under `group`

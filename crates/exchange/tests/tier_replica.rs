@@ -60,15 +60,7 @@ fn the_replica_hands_each_gateway_what_the_tier_does() {
         let each = (0..gateways).map(|_| Box::new(Recorder(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
-    let options = RunOptions {
-        rate_per_s: 1_000.0,
-        duration: std::time::Duration::ZERO,
-        record_inputs: false,
-        journal: Default::default(),
-        released: None,
-        stop: None,
-        load: Default::default(),
-    };
+    let options = RunOptions::planned_for(1_000.0);
     let (tier, control) =
         Tier::start_with_source(&config, &options, subscribers, source(requests.clone()))
             .expect("the tier starts");

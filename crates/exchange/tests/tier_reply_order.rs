@@ -52,15 +52,7 @@ fn burst(price: i64) -> OrderSource {
 #[test]
 fn a_clients_answers_rejects_included_follow_its_requests_order() {
     let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
-    let options = RunOptions {
-        rate_per_s: 1_000.0,
-        duration: std::time::Duration::ZERO,
-        record_inputs: false,
-        journal: Default::default(),
-        released: None,
-        stop: None,
-        load: Default::default(),
-    };
+    let options = RunOptions::planned_for(1_000.0);
     let master = reference_master_data(&config.universe);
     let listed = master.instrument(1).expect("instrument 1 is listed");
     let price = listed.band_low;

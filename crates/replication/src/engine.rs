@@ -27,7 +27,7 @@ use delivery::wire::Stream;
 use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardRestore};
 use exchange::msg::InboundOrder;
-use exchange::tier::{LoadConfig, OrderSource, RunOptions, Tier, TierConfig, TierReplica};
+use exchange::tier::{OrderSource, RunOptions, Tier, TierConfig, TierReplica};
 use journal::StateMachine;
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Flow};
@@ -307,15 +307,9 @@ fn start_tier(
         ordered_outputs: true,
         ..tier.clone()
     };
-    let run = RunOptions {
-        rate_per_s: options.planned_rate_per_s,
-        duration: Duration::ZERO,
-        record_inputs: false,
-        journal: JournalOptions { restore, ..JournalOptions::default() },
-        released: None,
-        stop: None,
-        load: LoadConfig::default(), // no generator: the log is the tier's source
-    };
+    // No generator: the log is the tier's source.
+    let journal = JournalOptions { restore, ..JournalOptions::default() };
+    let run = RunOptions { journal, ..RunOptions::planned_for(options.planned_rate_per_s) };
     let started = Tier::start_with_source(&config, &run, subscribers, source);
     let (tier, _control) =
         started.map_err(|e| ReplicationError::jetstream("starting the tier", format!("{e:#}")))?;

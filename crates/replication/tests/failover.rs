@@ -2,13 +2,12 @@
 //! follow one input log; the R-Gateway's consumer sees every report exactly once, in sequence,
 //! before and after the leader stops and the standby takes over.
 
-use std::net::{Ipv4Addr, SocketAddr};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use delivery::consumer::{self, SharedTally};
-use delivery::gateway::{self, GatewayOptions};
+use common::{client_reports, engine_options, shard_zero_consumer, wait_for};
 use delivery::nats::NatsConnect;
-use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, PublishOptions, RETAIN_RECORDS_DEFAULT};
 use exchange::durability::JournalMode;
 use exchange::flow::reference_master_data;
 use exchange::msg::{InboundOrder, request_kind};
@@ -31,28 +30,8 @@ fn engine(url: &str, holder: &str) -> Engine {
     Engine::start(options(url, holder)).unwrap()
 }
 
-/// One engine of shard 0 on a three-node cluster at `url`, one tier gateway slot.
 fn options(url: &str, holder: &str) -> EngineOptions {
-    let config = tier();
-    let nats = NatsConnect::new(url);
-    let publish = PublishOptions {
-        nats: nats.clone(),
-        prefix: "leantier".into(),
-        gateways: config.gateways,
-        retain_records: RETAIN_RECORDS_DEFAULT,
-        wait: config.wait_strategy(),
-        heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
-    };
-    EngineOptions {
-        nats,
-        log: LogSettings::new(3),
-        lease: LeaseSettings::new("leantier", 3),
-        shard: 0,
-        holder: holder.into(),
-        tier: config,
-        publish,
-        planned_rate_per_s: 10_000.0,
-    }
+    engine_options(url, holder, tier())
 }
 
 /// Resting buys that never cross, every fifth refused by the pre-process (quantity 0): each
@@ -73,34 +52,13 @@ fn order(seq: u64) -> InboundOrder {
     }
 }
 
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    started.elapsed()
-}
-
-fn client_reports(tally: &SharedTally) -> u64 {
-    tally.lock().unwrap().data[0]
-}
-
 #[test]
 fn the_standby_takes_over_and_the_consumer_sees_every_report_once() {
     let cluster = Cluster::start(3).unwrap();
     let url = cluster.url();
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let gateway = rt
-        .block_on(gateway::start(GatewayOptions {
-            prefix: LogSettings::new(3).publish_prefix(0),
-            ..GatewayOptions::new(&url, 0, listen)
-        }))
-        .unwrap();
-    let (tally, reading) = rt.block_on(consumer::connect(gateway.local_addr(), 0)).unwrap();
-    rt.spawn(reading);
+    let (_gateway, tally) = shard_zero_consumer(&rt, &url);
     let log = rt.block_on(async {
         let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
         OrderLog::open(client, LogSettings::new(3)).await.unwrap()

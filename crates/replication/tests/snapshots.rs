@@ -4,13 +4,12 @@
 //! inputs before it), catches up, takes over, and numbers its reports as the group did: the
 //! consumer sees every report once, in sequence.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+mod common;
 
-use delivery::consumer;
-use delivery::gateway::{self, GatewayOptions};
+use std::time::Duration;
+
+use common::{client_reports, engine_options, shard_zero_consumer, wait_for};
 use delivery::nats::NatsConnect;
-use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, PublishOptions, RETAIN_RECORDS_DEFAULT};
 use exchange::durability::JournalMode;
 use exchange::flow::reference_master_data;
 use exchange::msg::{InboundOrder, request_kind};
@@ -19,7 +18,6 @@ use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
 use replication::engine::{Engine, EngineOptions};
 use replication::layout::LogSettings;
-use replication::lease::LeaseSettings;
 use replication::snapshot::SnapshotStore;
 
 /// Inputs between two snapshots.
@@ -32,25 +30,7 @@ fn options(url: &str, holder: &str) -> EngineOptions {
         snapshot_every_records: EVERY,
         ..TierConfig::parked()
     };
-    let nats = NatsConnect::new(url);
-    let publish = PublishOptions {
-        nats: nats.clone(),
-        prefix: "leantier".into(),
-        gateways: tier.gateways,
-        retain_records: RETAIN_RECORDS_DEFAULT,
-        wait: tier.wait_strategy(),
-        heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
-    };
-    EngineOptions {
-        nats,
-        log: LogSettings::new(3),
-        lease: LeaseSettings::new("leantier", 3),
-        shard: 0,
-        holder: holder.into(),
-        tier,
-        publish,
-        planned_rate_per_s: 10_000.0,
-    }
+    engine_options(url, holder, tier)
 }
 
 /// Orders that rest on both sides without crossing (the snapshot holds a real book), every
@@ -71,29 +51,13 @@ fn order(seq: u64) -> InboundOrder {
     }
 }
 
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_restored_engine_continues_the_groups_books_and_numbering_on_a_trimmed_log() {
     let cluster = Cluster::start(3).unwrap();
     let url = cluster.url();
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let gateway = rt
-        .block_on(gateway::start(GatewayOptions {
-            prefix: LogSettings::new(3).publish_prefix(0),
-            ..GatewayOptions::new(&url, 0, listen)
-        }))
-        .unwrap();
-    let (tally, reading) = rt.block_on(consumer::connect(gateway.local_addr(), 0)).unwrap();
-    rt.spawn(reading);
+    let (_gateway, tally) = shard_zero_consumer(&rt, &url);
     let (log, store) = rt.block_on(async {
         let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
         let log = OrderLog::open(client.clone(), LogSettings::new(3)).await.unwrap();
@@ -105,7 +69,7 @@ fn a_restored_engine_continues_the_groups_books_and_numbering_on_a_trimmed_log()
             rt.block_on(log.append(&order(seq), id, 0)).unwrap();
         }
     };
-    let reports = || tally.lock().unwrap().data[0];
+    let reports = || client_reports(&tally);
 
     let first = Engine::start(options(&url, "engine-a")).unwrap();
     wait_for("the first engine leads", Duration::from_secs(5), || first.leads());

@@ -83,15 +83,7 @@ impl Tier {
     /// use exchange::msg::{InboundOrder, request_kind};
     /// use exchange::tier::{RunOptions, Tier, TierConfig, in_process_subscribers};
     /// let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
-    /// let options = RunOptions {
-    ///     rate_per_s: 1_000.0,
-    ///     duration: std::time::Duration::ZERO,
-    ///     record_inputs: false,
-    ///     journal: Default::default(),
-    ///     released: None,
-    ///     stop: None,
-    ///     load: Default::default(),
-    /// };
+    /// let options = RunOptions::planned_for(1_000.0);
     /// let (tier, mut inputs) = Tier::start(&config, &options, in_process_subscribers(8, 0))?;
     /// let master = reference_master_data(&config.universe);
     /// let band = master.instrument(1).unwrap();
