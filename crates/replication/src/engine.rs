@@ -2,16 +2,18 @@
 //! publishing over NATS only while this engine holds the shard's lease.
 //!
 //! ```text
+//!  snapshot store ──newest snapshot (start)──▶ tier, replica, publisher numbering
 //!  follower thread ──queue (FOLLOW_QUEUE_SLOTS)──▶ tier source → pre-process → core → senders
-//!   (stream order)                                                                │
-//!  lease task: acquire / renew ──opens or closes──▶ publish gate ◀── NATS publisher ┘
+//!   (stream order) └─queue──▶ snapshot replica ──every N, leader──▶ store, then trim  │
+//!  lease task: acquire / renew, note progress ──opens or closes──▶ publish gate ◀── publisher
 //! ```
 //!
 //! Every engine of the group applies every input (a hot standby) and sequences and retains
 //! every output the same way; only the leader's gate is open. A standby that takes the lease
 //! publishes from where its tier is; gateways recover what the old leader never sent from the
 //! new leader's retained window (the per-subject sequence continues: one instance id per
-//! group). The engine keeps no journal of its own: the replicated stream is the durable input.
+//! group). The engine keeps no journal of its own: the replicated stream, and the snapshot
+//! below which it is trimmed (`crate::snapshot`), are the durable input.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +30,6 @@ use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardRestore};
 use exchange::msg::InboundOrder;
 use exchange::tier::{OrderSource, RunOptions, Tier, TierConfig, TierReplica};
-use journal::StateMachine;
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Flow};
 
@@ -475,13 +476,11 @@ impl SnapshotTaker {
 
     /// Writes the snapshot after the last applied input, then trims the log below it.
     fn write(&mut self, state: &EngineState) {
-        let mut bytes = Vec::with_capacity(self.replica.state().snapshot_bytes_max());
-        self.replica.state().write_snapshot(&mut bytes);
         let snapshot = EngineSnapshot {
             stream_seq: self.applied_seq,
             core_seq: self.replica.last_seq(),
             next_seqs: self.records.iter().map(|records| records + 1).collect(),
-            state: bytes,
+            state: self.replica.snapshot(),
         };
         self.taken_seq = self.applied_seq;
         let (store, shard, holder) = (&self.store, self.shard, self.holder.as_str());

@@ -75,8 +75,16 @@ impl TierReplica {
         self.last_seq
     }
 
-    /// The core shard's state (snapshot it with [`StateMachine::write_snapshot`]).
+    /// The core shard's state.
     pub fn state(&self) -> &ShardState {
         &self.state
+    }
+
+    /// The core shard's snapshot (what [`TierReplica::restored`] and
+    /// `durability::ShardRestore` take).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.state.snapshot_bytes_max());
+        self.state.write_snapshot(&mut bytes);
+        bytes
     }
 }
