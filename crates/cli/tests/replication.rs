@@ -274,6 +274,64 @@ fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
     assert!(gateway.terminate().success(), "the gateway drains and exits 0 on SIGTERM");
 }
 
+/// Waits for an event of `kind` for `token` on `client`'s session; whether it came.
+fn event_of(client: &mut gateway::client::NativeClient, token: u32, kind: u8) -> bool {
+    loop {
+        match client.recv(Duration::from_secs(10)) {
+            Ok(Some(gateway::native::ServerMsg::Sequenced { event, .. }))
+                if event.token == token && event.kind == kind =>
+            {
+                return true;
+            }
+            Ok(Some(_)) => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// Every engine of the shard dies: an engine started afterwards restores the snapshot the
+/// leader wrote (`--snapshot-every`), replays the log after it, and its book holds the orders
+/// from before the snapshot (a sell takes the first buy).
+#[test]
+fn a_new_engine_restores_the_shards_snapshot_after_every_engine_died() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let engine_args = ["--role", "engine", "--nats", &url, "--snapshot-every", "10"];
+    let (leader, first) = Process::start(dir.path(), &engine_args);
+    assert!(first.starts_with("engine for shard 0 following"), "{first}");
+    let (_gateway, address) = Process::gateway(dir.path(), &url, 1);
+    let mut client = gateway::client::NativeClient::connect(address).unwrap();
+    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
+    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    let accepted = gateway::native::event_kind::ACCEPTED;
+    for token in 1..=25 {
+        assert_eq!(buy(&mut client, token), Some(accepted), "order {token}");
+    }
+    std::thread::sleep(Duration::from_millis(500)); // the snapshot at 20 is stored
+    leader.kill();
+    let (_restored, first) = Process::start(dir.path(), &engine_args);
+    assert!(first.starts_with("engine for shard 0 following"), "{first}");
+    let sell = gateway::client::parse_script_line("sell 26 1 1 100000", 1).unwrap().unwrap();
+    client.send(&sell).unwrap();
+    let filled = event_of(&mut client, 26, gateway::native::event_kind::FILLED);
+    let logs: String = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("serve-"))
+        .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+        .collect();
+    if !filled {
+        print_warnings(dir.path());
+    }
+    assert!(filled, "the restored book holds the buys: the sell fills");
+    assert!(
+        logs.contains("restored shard 0 at input sequence 20"),
+        "the new engine started from the snapshot at 20"
+    );
+}
+
 /// Two shards in two engine processes, one gateway: each instrument's orders go to its
 /// shard's stream (`instrument % shards`) and are answered by that shard's engine.
 #[test]
