@@ -106,3 +106,29 @@ fn a_restored_engine_continues_the_groups_books_and_numbering_on_a_trimmed_log()
     assert_eq!(stopped.published.next_seqs[0], 251, "250 reports before the handover");
     assert_eq!(seen.next_seqs[0], last.published.next_seqs[0], "the numbering continued");
 }
+
+/// A stored snapshot that does not read (damaged in the store) stops an engine from starting,
+/// with the reason, rather than letting it start from the log's first record and diverge.
+#[test]
+fn a_damaged_snapshot_refuses_the_start_with_its_reason() {
+    let cluster = Cluster::start(1).unwrap();
+    let url = cluster.url();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = delivery::nats::connect(&NatsConnect::new(&url), "test").await.unwrap();
+        SnapshotStore::open(client.clone(), &LogSettings::new(1)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let objects = js.get_object_store("LEANTIER_SNAPSHOTS").await.unwrap();
+        objects.put("shard-0", &mut &b"LTRSNAP1 but not a snapshot"[..]).await.unwrap();
+    });
+    let options = EngineOptions {
+        log: LogSettings::new(1),
+        lease: replication::lease::LeaseSettings::new("leantier", 1),
+        ..options(&url, "engine-a")
+    };
+    let refused = Engine::start(options).err().expect("the start is refused");
+    assert!(
+        matches!(refused, replication::ReplicationError::BadSnapshot(_)),
+        "a bad snapshot, said so: {refused}"
+    );
+}
