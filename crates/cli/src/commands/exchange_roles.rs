@@ -35,7 +35,7 @@ pub enum Role {
 }
 
 /// The replicated layout's settings (`--role engine`).
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct ReplicationArgs {
     /// What this process runs: `all`, sessions and the tier on the local journal; `engine`,
     /// the tier of `--shard` on its JetStream input log at `--nats` (a cluster's URLs
@@ -58,6 +58,25 @@ pub struct ReplicationArgs {
     /// share a NATS cluster each take their own.
     #[arg(long, default_value = replication::layout::PREFIX_DEFAULT)]
     pub prefix: String,
+    /// How long JetStream remembers an append's message id: a gateway's retry inside it never
+    /// books a second order. Set on the shard streams when they are created (an existing
+    /// stream keeps its own).
+    #[arg(long, value_parser = super::values::seconds, default_value = "2m")]
+    pub dedup_window: std::time::Duration,
+}
+
+impl Default for ReplicationArgs {
+    /// What the flags default to.
+    fn default() -> Self {
+        ReplicationArgs {
+            role: Role::All,
+            shard: 0,
+            shards: 1,
+            replicas: 1,
+            prefix: replication::layout::PREFIX_DEFAULT.into(),
+            dedup_window: replication::layout::DEDUP_WINDOW_DEFAULT,
+        }
+    }
 }
 
 /// The NATS connection and the input log's layout the flags name.
@@ -73,6 +92,7 @@ fn log_from(args: &ServeArgs) -> anyhow::Result<(NatsConnect, LogSettings)> {
     let log = LogSettings {
         prefix: settings.prefix.clone(),
         shards: settings.shards,
+        dedup_window: settings.dedup_window,
         ..LogSettings::new(settings.replicas)
     };
     log.validate().map_err(|e| BadInput(e.to_string()))?;
@@ -210,4 +230,27 @@ impl StopSignals {
 fn holder_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     format!("{}-{}", host.trim(), std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        replication: ReplicationArgs,
+    }
+
+    #[test]
+    fn the_flags_default_to_the_libraries_defaults() {
+        let parsed = Flags::parse_from(["leantier"]).replication;
+        let default = ReplicationArgs::default();
+        assert_eq!(parsed.dedup_window, default.dedup_window, "2m is DEDUP_WINDOW_DEFAULT");
+        assert_eq!((parsed.shards, parsed.replicas), (default.shards, default.replicas));
+        assert_eq!((parsed.prefix, parsed.role), (default.prefix, default.role));
+        let short = Flags::parse_from(["leantier", "--dedup-window", "30s"]).replication;
+        assert_eq!(short.dedup_window, std::time::Duration::from_secs(30));
+    }
 }
