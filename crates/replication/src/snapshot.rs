@@ -17,7 +17,10 @@
 //! after the newest snapshot, and a standby that lags finds every input after its position.
 //! An engine that starts notes its snapshot's `S` before it reads the log and then checks the
 //! log still starts at or below `S + 1` (a trim may have passed between its read of the
-//! snapshot and its note); if not, it reads the newer snapshot that trim followed.
+//! snapshot and its note); if not, it reads the newer snapshot that trim followed. A trim that
+//! read the notes just before the new note and purges just after the check can still pass it:
+//! the follower then meets the hole and the engine stops with the reason (started again, it
+//! reads the newer snapshot). Never silent, and rare: the window is one purge's round trip.
 //!
 //! Layout (little-endian), checked by a CRC32C over everything before it:
 //!
