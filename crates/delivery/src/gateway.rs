@@ -161,6 +161,21 @@ pub struct GatewayLatency {
     pub market_data: LatencyHistogram,
 }
 
+/// A consumer in the gateway's own process ([`RunningGateway::attach`]).
+pub struct InProcessConsumer {
+    state: Arc<State>,
+    chunks: mpsc::Receiver<(Bytes, u64)>,
+}
+
+impl InProcessConsumer {
+    /// The next chunk of whole frames; `None` once the gateway shut down or cut it off.
+    pub async fn next_chunk(&mut self) -> Option<Bytes> {
+        let (chunk, records) = self.chunks.recv().await?;
+        add(&self.state.counters.delivered, records);
+        Some(chunk)
+    }
+}
+
 /// A consumer's queue, as the sequencer sees it.
 struct ConsumerSlot {
     queue: mpsc::Sender<(Bytes, u64)>,
@@ -246,6 +261,29 @@ impl RunningGateway {
     /// The counters so far.
     pub fn report(&self) -> GatewayReport {
         report(&self.state)
+    }
+
+    /// A consumer in this process: the frames a TCP consumer would read (data, resync), in
+    /// order, without the socket. Held to the same rule as one: cut off when its queue of
+    /// `consumer_queue_chunks` is full. Not counted against `consumers_max`.
+    ///
+    /// ```no_run
+    /// # async fn read(gateway: &delivery::gateway::RunningGateway) {
+    /// let mut consumer = gateway.attach();
+    /// while let Some(chunk) = consumer.next_chunk().await {
+    ///     // `chunk` holds whole frames: feed a `delivery::wire::FrameDecoder`.
+    /// #   let _ = chunk;
+    /// }
+    /// // `None`: the gateway shut down, or cut this consumer off.
+    /// # }
+    /// ```
+    pub fn attach(&self) -> InProcessConsumer {
+        let (queue, chunks) = mpsc::channel(self.state.options.consumer_queue_chunks);
+        let peer = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
+        let slot = ConsumerSlot { queue, peer, cut: Arc::new(AtomicBool::new(false)) };
+        self.state.consumers.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
+        add(&self.state.counters.consumers, 1);
+        InProcessConsumer { state: self.state.clone(), chunks }
     }
 
     /// Whether the gateway's NATS connection is up (what `/ready` reports).

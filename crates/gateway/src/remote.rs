@@ -14,17 +14,18 @@
 //! more), under a message id (this gateway, this run, a counter) that JetStream deduplicates
 //! when a lost acknowledgement makes it append again. Reports come back through
 //! one in-process R-Gateway per shard and tier gateway slot (`delivery::gateway`: per-subject
-//! sequences, gap recovery from the leader's retained window, the trust rule), read over
-//! loopback and handed to the sessions' reply queue as the tier's R-Senders would.
+//! sequences, gap recovery from the leader's retained window, the trust rule), read in process
+//! (`RunningGateway::attach`: no socket between them) and handed to the sessions' reply queue
+//! as the tier's R-Senders would.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use delivery::clock::EpochOffset;
-use delivery::gateway::{GatewayOptions, RunningGateway};
+use delivery::gateway::{GatewayOptions, InProcessConsumer, RunningGateway};
 use delivery::nats::NatsConnect;
-use delivery::wire::{Frame, FrameDecoder, Record, Stream, WIRE_VERSION};
+use delivery::wire::{Frame, FrameDecoder, Record, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
 use exchange::tier::{Subscriber, reply_subscribers};
 use futures_util::{FutureExt, StreamExt};
@@ -32,7 +33,6 @@ use replication::ReplicationError;
 use replication::append::{AppendId, Appended, OrderLog};
 use replication::layout::LogSettings;
 use replication::record::RECORDS_PER_MESSAGE_MAX;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use crate::credentials::Credential;
@@ -51,8 +51,6 @@ pub const APPENDS_IN_FLIGHT_MAX: usize = 4096;
 const BATCH_ORDERS_MAX: usize = 256;
 /// How often `/ready` follows the NATS connection.
 const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-/// Bytes read from an R-Gateway per read.
-const READ_BYTES: usize = 64 * 1024;
 
 /// What a gateway without a tier runs.
 pub struct RemoteOptions {
@@ -146,8 +144,7 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         };
         let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));
         let r_gateway = r_gateway.map_err(|e| remote_error("R-Gateway", format!("{e:#}")))?;
-        let address = r_gateway.local_addr();
-        runtime.spawn(forward_reports(address, slot, subscribers(index)));
+        runtime.spawn(forward_reports(r_gateway.attach(), slot, subscribers(index)));
         r_gateways.push(r_gateway);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
@@ -279,27 +276,17 @@ fn count(tally: &mut AppendTally, orders: u64, done: Result<Appended, Replicatio
     }
 }
 
-/// Reads one R-Gateway's frames and hands each client report to the sessions' reply queue.
+/// Reads one R-Gateway's frames (in process: no socket between them) and hands each client
+/// report to the sessions' reply queue.
 async fn forward_reports(
-    address: SocketAddr,
+    mut r_gateway: InProcessConsumer,
     slot: u32,
     mut subscribers: Vec<Box<dyn Subscriber>>,
 ) {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
-        return tracing::error!("gateway: cannot reach its own R-Gateway {slot} at {address}");
-    };
-    let mut hello = Vec::new();
-    Frame::Hello { version: WIRE_VERSION }.write(&mut hello);
-    if stream.write_all(&hello).await.is_err() {
-        return;
-    }
     let epoch = EpochOffset::measure().absolute(0);
-    let (mut decoder, mut buffer) = (FrameDecoder::default(), vec![0u8; READ_BYTES]);
-    while let Ok(read) = stream.read(&mut buffer).await {
-        if read == 0 {
-            return;
-        }
-        decoder.extend(&buffer[..read]);
+    let mut decoder = FrameDecoder::default();
+    while let Some(chunk) = r_gateway.next_chunk().await {
+        decoder.extend(&chunk);
         while let Ok(Some(frame)) = decoder.next_frame() {
             match frame {
                 Frame::Data { stream: Stream::Reports, record, .. } => {
@@ -317,6 +304,8 @@ async fn forward_reports(
             }
         }
     }
+    // A shutdown (or a cut-off, which the R-Gateway itself warned about).
+    tracing::debug!("gateway: R-Gateway {slot} stopped handing reports on");
 }
 
 /// The client report a record carries, its intended time on this process's clock.

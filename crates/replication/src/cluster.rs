@@ -34,6 +34,9 @@ pub struct Cluster {
     _root: tempfile::TempDir,
 }
 
+/// How many times [`Cluster::start_on`] tries.
+const CLUSTER_START_TRIES: u32 = 3;
+
 impl Cluster {
     /// Starts `nodes` servers with JetStream (1: a single server, no cluster) taking clients
     /// on loopback.
@@ -43,7 +46,24 @@ impl Cluster {
 
     /// [`Cluster::start`] taking clients on `client_host` (`0.0.0.0`: every interface, for
     /// clients in other network namespaces).
+    /// Ports are picked free, then bound by the children: a test beside it can take one in
+    /// between, so a start whose node cannot bind is tried again on fresh ports (up to
+    /// `CLUSTER_START_TRIES` times).
     pub fn start_on(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ReplicationError> {
+        let mut tries = 1;
+        loop {
+            match Cluster::start_once(nodes, client_host) {
+                Ok(cluster) => return Ok(cluster),
+                Err(error) if tries < CLUSTER_START_TRIES => {
+                    tracing::warn!("cluster start, try {tries}: {error}; again on fresh ports");
+                    tries += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    fn start_once(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ReplicationError> {
         let root = tempfile::tempdir().map_err(|e| ReplicationError::Server(e.to_string()))?;
         let free = || -> Result<u16, ReplicationError> {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0));
