@@ -224,10 +224,20 @@ fn buy_of(client: &mut gateway::client::NativeClient, token: u32, instrument: u3
     let line = format!("buy {token} {instrument} 1 100000");
     let order = gateway::client::parse_script_line(&line, 1);
     client.send(&order.unwrap().unwrap()).unwrap();
+    event_of(client, token, |_| true)
+}
+
+/// The kind of the first event for `token` on `client`'s session that `wanted` takes (`None`:
+/// none within 10 s of the one before).
+fn event_of(
+    client: &mut gateway::client::NativeClient,
+    token: u32,
+    wanted: impl Fn(u8) -> bool,
+) -> Option<u8> {
     loop {
         match client.recv(Duration::from_secs(10)) {
             Ok(Some(gateway::native::ServerMsg::Sequenced { event, .. }))
-                if event.token == token =>
+                if event.token == token && wanted(event.kind) =>
             {
                 return Some(event.kind);
             }
@@ -274,21 +284,6 @@ fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
     assert!(gateway.terminate().success(), "the gateway drains and exits 0 on SIGTERM");
 }
 
-/// Waits for an event of `kind` for `token` on `client`'s session; whether it came.
-fn event_of(client: &mut gateway::client::NativeClient, token: u32, kind: u8) -> bool {
-    loop {
-        match client.recv(Duration::from_secs(10)) {
-            Ok(Some(gateway::native::ServerMsg::Sequenced { event, .. }))
-                if event.token == token && event.kind == kind =>
-            {
-                return true;
-            }
-            Ok(Some(_)) => continue,
-            _ => return false,
-        }
-    }
-}
-
 /// Every engine of the shard dies: an engine started afterwards restores the snapshot the
 /// leader wrote (`--snapshot-every`), replays the log after it, and its book holds the orders
 /// from before the snapshot (a sell takes the first buy).
@@ -315,7 +310,8 @@ fn a_new_engine_restores_the_shards_snapshot_after_every_engine_died() {
     assert!(first.starts_with("engine for shard 0 following"), "{first}");
     let sell = gateway::client::parse_script_line("sell 26 1 1 100000", 1).unwrap().unwrap();
     client.send(&sell).unwrap();
-    let filled = event_of(&mut client, 26, gateway::native::event_kind::FILLED);
+    let filled_kind = gateway::native::event_kind::FILLED;
+    let filled = event_of(&mut client, 26, |kind| kind == filled_kind).is_some();
     let logs: String = std::fs::read_dir(dir.path())
         .unwrap()
         .flatten()
