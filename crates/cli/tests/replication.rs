@@ -214,6 +214,14 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 }
 
 /// Sends `buy {token} 1 1 100000` (a resting buy of instrument 1); the answer's event kind.
+/// A native session of client 1 (secret `pw`) at `address`, logged in.
+fn logged_in(address: SocketAddr) -> gateway::client::NativeClient {
+    let mut client = gateway::client::NativeClient::connect(address).unwrap();
+    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
+    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    client
+}
+
 fn buy(client: &mut gateway::client::NativeClient, token: u32) -> Option<u8> {
     buy_of(client, token, 1)
 }
@@ -261,9 +269,7 @@ fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
     let (gateway, first) = Process::start(dir.path(), &gateway_args);
     let address: SocketAddr =
         first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
-    let mut client = gateway::client::NativeClient::connect(address).unwrap();
-    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
-    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    let mut client = logged_in(address);
     let accepted = gateway::native::event_kind::ACCEPTED;
     for token in 1..=20 {
         assert_eq!(buy(&mut client, token), Some(accepted), "order {token} before the kill");
@@ -297,9 +303,7 @@ fn a_new_engine_restores_the_shards_snapshot_after_every_engine_died() {
     let (leader, first) = Process::start(dir.path(), &engine_args);
     assert!(first.starts_with("engine for shard 0 following"), "{first}");
     let (_gateway, address) = Process::gateway(dir.path(), &url, 1);
-    let mut client = gateway::client::NativeClient::connect(address).unwrap();
-    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
-    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    let mut client = logged_in(address);
     let accepted = gateway::native::event_kind::ACCEPTED;
     for token in 1..=25 {
         assert_eq!(buy(&mut client, token), Some(accepted), "order {token}");
@@ -343,9 +347,7 @@ fn two_shards_each_book_their_own_instruments_behind_one_gateway() {
     let metrics_line = lines.nth(1).expect("the metrics line").unwrap();
     let metrics = metrics_address(&metrics_line);
     let (_gateway, address) = Process::gateway(dir.path(), &url, 2);
-    let mut client = gateway::client::NativeClient::connect(address).unwrap();
-    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
-    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    let mut client = logged_in(address);
     let accepted = gateway::native::event_kind::ACCEPTED;
     for token in 1..=20u32 {
         let instrument = 1 + token % 2; // 2, 1, 2, ...: both shards

@@ -261,7 +261,7 @@ impl SnapshotStore {
 
     async fn lowest_progress(&self, shard: u32) -> Result<Option<u64>, ReplicationError> {
         let what = "reading the engines' progress";
-        let filter = progress_subject(&self.log, shard, "*");
+        let filter = format!("{}.*", progress_prefix(&self.log, shard));
         let subjects = self.progress.info_with_subjects(&filter).await;
         let subjects = subjects.map_err(|e| ReplicationError::jetstream(what, e))?;
         let subjects: Vec<String> =
@@ -294,15 +294,17 @@ fn object_name(shard: u32) -> String {
     format!("shard-{shard}")
 }
 
+/// `{prefix}_progress.shard-{N}`: the notes of `shard`'s engines are the tokens below it.
+fn progress_prefix(log: &LogSettings, shard: u32) -> String {
+    format!("{}_progress.shard-{shard}", log.prefix)
+}
+
 /// `{prefix}_progress.shard-{N}.{holder}`, every character of `holder` a subject token may
-/// not hold (or a wildcard) replaced by `_`; `holder` `*` gives the shard's filter.
+/// not hold (or a wildcard) replaced by `_`.
 fn progress_subject(log: &LogSettings, shard: u32, holder: &str) -> String {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '=');
-    let holder: String = match holder {
-        "*" => "*".into(),
-        _ => holder.chars().map(|c| if allowed(c) { c } else { '_' }).collect(),
-    };
-    format!("{}_progress.shard-{shard}.{holder}", log.prefix)
+    let holder: String = holder.chars().map(|c| if allowed(c) { c } else { '_' }).collect();
+    format!("{}.{holder}", progress_prefix(log, shard))
 }
 
 #[cfg(test)]
@@ -315,7 +317,7 @@ mod tests {
         let log = LogSettings::new(1);
         let subject = progress_subject(&log, 2, "host.a:1 2>*");
         assert_eq!(subject, "leantier_progress.shard-2.host_a_1_2__");
-        assert_eq!(progress_subject(&log, 2, "*"), "leantier_progress.shard-2.*");
+        assert_eq!(progress_subject(&log, 2, "*"), "leantier_progress.shard-2._", "no wildcard");
     }
 
     proptest! {

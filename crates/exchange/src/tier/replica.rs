@@ -75,11 +75,6 @@ impl TierReplica {
         self.last_seq
     }
 
-    /// The core shard's state.
-    pub fn state(&self) -> &ShardState {
-        &self.state
-    }
-
     /// The core shard's snapshot (what [`TierReplica::restored`] and
     /// `durability::ShardRestore` take).
     pub fn snapshot(&self) -> Vec<u8> {
