@@ -121,14 +121,30 @@ fn value_of(addr: SocketAddr, name: &str) -> f64 {
     }
 }
 
+/// Waits (up to 30 s) until `holds` is true of `addr`'s `/metrics` page; `what` names it.
+fn wait_until(addr: SocketAddr, what: &str, holds: impl Fn(&Scrape) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !holds(&scrape(addr)) {
+        assert!(Instant::now() < deadline, "{what} not true after 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Waits (up to 30 s) until the counter `name` on `addr`'s `/metrics` is above zero: the load
 /// is running.
 fn wait_for_counter(addr: SocketAddr, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(sample(&scrape(addr), name), Value::Counter(n) if *n > 0.0) {
-        assert!(Instant::now() < deadline, "{name} still 0 after 30 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let above_zero =
+        |scrape: &Scrape| matches!(sample(scrape, name), Value::Counter(n) if *n > 0.0);
+    wait_until(addr, &format!("{name} above 0"), above_zero);
+}
+
+/// Whether the histogram `name` has observations in its buckets (in some process, on a page
+/// that holds several).
+fn observed(scrape: &Scrape, name: &str) -> bool {
+    scrape.samples.iter().filter(|sample| sample.metric == name).any(|sample| {
+        let Value::Histogram(buckets) = &sample.value else { return false };
+        buckets.iter().any(|bucket| bucket.less_than == f64::INFINITY && bucket.count > 0.0)
+    })
 }
 
 /// The sum of the counter `name` over every sample of it (a page may hold one per process).
@@ -165,11 +181,7 @@ fn check_admin_paths(addr: SocketAddr, histogram: &str) -> Scrape {
 fn check_admin_endpoint(addr: SocketAddr, counter: &str, histogram: &str) {
     let scrape = check_admin_paths(addr, histogram);
     assert!(total(&scrape, counter) > 0.0, "{counter}");
-    let observed = scrape.samples.iter().filter(|sample| sample.metric == histogram).any(|s| {
-        let Value::Histogram(buckets) = &s.value else { return false };
-        buckets.iter().any(|bucket| bucket.less_than == f64::INFINITY && bucket.count > 0.0)
-    });
-    assert!(observed, "{histogram} has observations");
+    assert!(observed(&scrape, histogram), "{histogram} has observations");
 }
 
 /// Checks the exit code, the stdout line and the one summary line; returns the summary line.
@@ -256,6 +268,10 @@ fn mq_stop_keeps_acknowledged_sends(store: &str) {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let load = runtime.spawn(mq_senders(addr, 4, queue.clone()));
     wait_for_counter(metrics, "mq_sends_committed_total");
+    wait_until(metrics, "mq_request_seconds observed", |scrape| {
+        observed(scrape, "mq_request_seconds")
+    });
+    // More of the load in flight when the signal comes.
     std::thread::sleep(Duration::from_millis(200));
     check_admin_endpoint(metrics, "mq_sends_committed_total", "mq_request_seconds");
     node.signal("TERM");
@@ -429,6 +445,9 @@ fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() 
     let metrics = server.address("metrics on ");
     let load = std::thread::spawn(move || exchange_buyer(addr));
     wait_for_counter(metrics, "gateway_orders_in_total");
+    let reported = |scrape: &Scrape| observed(scrape, "gateway_order_to_report_seconds");
+    wait_until(metrics, "gateway_order_to_report_seconds observed", reported);
+    // More of the load in flight when the signal comes.
     std::thread::sleep(Duration::from_millis(200));
     check_admin_endpoint(metrics, "gateway_orders_in_total", "gateway_order_to_report_seconds");
     server.signal("TERM");
@@ -485,7 +504,10 @@ fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() 
     gateway.address("gateway 0 listening on ");
     let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
     let _publisher = Served::start(&[&publish[..], &["--duration", "60s"]].concat(), dir.path());
-    wait_for_counter(metrics, "rgateway_records_received_total");
+    // The first records to arrive may all be market data, which the answer histogram leaves
+    // out: the test waits for an answer, not for any record.
+    let answered = |scrape: &Scrape| observed(scrape, "rgateway_answer_seconds");
+    wait_until(metrics, "rgateway_answer_seconds observed", answered);
     check_admin_endpoint(metrics, "rgateway_records_received_total", "rgateway_answer_seconds");
     gateway.signal("TERM");
     let (status, lines) = gateway.exit();
