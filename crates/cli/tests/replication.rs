@@ -542,7 +542,8 @@ fn r_gateway_and_consumer(
     let prefix = LogSettings::new(3).publish_prefix(0);
     let options = GatewayOptions { prefix, ..GatewayOptions::new(url, 0, listen) };
     let r_gateway = rt.block_on(start_r_gateway(options)).unwrap();
-    let (tally, reading) = rt.block_on(consumer::connect(r_gateway.local_addr(), 0)).unwrap();
+    let (tally, reading) =
+        rt.block_on(consumer::connect(r_gateway.local_addr().unwrap(), 0)).unwrap();
     rt.spawn(reading);
     (r_gateway, tally)
 }

@@ -72,7 +72,9 @@ pub struct GatewayOptions {
     pub nats: NatsConnect,
     pub prefix: String,
     pub gateway: u32,
-    pub listen: SocketAddr,
+    /// Where TCP consumers connect; `None`: no listener, consumers only in process
+    /// ([`RunningGateway::attach`]), so no socket hands the reports to anyone else.
+    pub listen: Option<SocketAddr>,
     pub consumers_max: usize,
     /// Most consumers from one source address (see [`crate::admission`]).
     pub consumers_per_address_max: usize,
@@ -88,7 +90,7 @@ impl GatewayOptions {
             nats: NatsConnect::new(nats_url),
             prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
             gateway,
-            listen,
+            listen: Some(listen),
             consumers_max: CONSUMERS_MAX_DEFAULT,
             consumers_per_address_max: CONSUMERS_PER_ADDRESS_MAX_DEFAULT,
             consumer_queue_chunks: CONSUMER_QUEUE_CHUNKS_DEFAULT,
@@ -199,10 +201,10 @@ struct State {
 /// A started gateway.
 pub struct RunningGateway {
     state: Arc<State>,
-    local_addr: SocketAddr,
+    local_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     sequencer: tokio::task::JoinHandle<GatewayLatency>,
-    acceptor: tokio::task::JoinHandle<()>,
+    acceptor: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Connects, subscribes and listens; runs on the caller's tokio runtime.
@@ -232,11 +234,20 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
             let why = format!("NATS did not confirm the subscriptions in {CONNECT_TIMEOUT:?}");
             DeliveryError::Failed(why)
         })??;
-    let listen = options.listen;
-    let listener =
-        TcpListener::bind(listen).await.map_err(io_failed(format!("listening on {listen}")))?;
-    let local_addr = listener.local_addr().map_err(io_failed("reading the listen address"))?;
-    tracing::info!("gateway {} listening on {local_addr}", options.gateway);
+    let listener = match options.listen {
+        Some(listen) => Some(
+            TcpListener::bind(listen).await.map_err(io_failed(format!("listening on {listen}")))?,
+        ),
+        None => None,
+    };
+    let local_addr = match &listener {
+        Some(listener) => {
+            let bound = listener.local_addr().map_err(io_failed("reading the listen address"))?;
+            tracing::info!("gateway {} listening on {bound}", options.gateway);
+            Some(bound)
+        }
+        None => None,
+    };
     let admission = Admission::new(options.consumers_max, options.consumers_per_address_max);
     let state = Arc::new(State {
         options,
@@ -249,12 +260,13 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
     });
     let (stop, stopped) = watch::channel(false);
     let sequencer = tokio::spawn(sequence(state.clone(), subscription, replies, stopped.clone()));
-    let acceptor = tokio::spawn(accept(state.clone(), listener, stopped));
+    let acceptor = listener.map(|listener| tokio::spawn(accept(state.clone(), listener, stopped)));
     Ok(RunningGateway { state, local_addr, stop, sequencer, acceptor })
 }
 
 impl RunningGateway {
-    pub fn local_addr(&self) -> SocketAddr {
+    /// Where TCP consumers connect; `None` when started without a listener.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
     }
 
@@ -329,7 +341,9 @@ impl RunningGateway {
     pub async fn shutdown(self) -> Result<(GatewayReport, GatewayLatency)> {
         let _ = self.stop.send(true);
         let latency = self.sequencer.await?;
-        self.acceptor.await?;
+        if let Some(acceptor) = self.acceptor {
+            acceptor.await?;
+        }
         // Dropping the queues ends each writer after what is queued, with a goodbye.
         self.state.consumers.lock().unwrap_or_else(PoisonError::into_inner).clear();
         Ok((report(&self.state), latency))

@@ -1,6 +1,6 @@
 //! The R-Gateway's consumer side on a real `nats-server` ($LEANTIER_NATS_URL, else a child): a consumer that stops reading is cut
 //! off at the named queue bound without holding back the others, and a bad hello is refused
-//! with a reason code.
+//! with a reason code; without a listener, only an in-process consumer reads.
 
 mod common;
 
@@ -47,11 +47,11 @@ async fn a_stalled_consumer_is_cut_off_and_the_others_keep_up() {
     let prefix = options.prefix.clone();
     let gateway = start(options).await.unwrap();
     // The stalled consumer says hello and never reads.
-    let mut stalled = TcpStream::connect(gateway.local_addr()).await.unwrap();
+    let mut stalled = TcpStream::connect(gateway.local_addr().unwrap()).await.unwrap();
     let mut hello = Vec::new();
     Frame::Hello { version: delivery::wire::WIRE_VERSION }.write(&mut hello);
     stalled.write_all(&hello).await.unwrap();
-    let (tally, reading) = consumer::connect(gateway.local_addr(), 0).await.unwrap();
+    let (tally, reading) = consumer::connect(gateway.local_addr().unwrap(), 0).await.unwrap();
     let reader = tokio::spawn(reading);
     while gateway.report().consumers_connected < 2 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -105,7 +105,7 @@ async fn a_bad_hello_is_refused_with_a_reason() {
     let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.prefix = format!("hello{}", std::process::id());
     let gateway = start(options).await.unwrap();
-    let mut stream = TcpStream::connect(gateway.local_addr()).await.unwrap();
+    let mut stream = TcpStream::connect(gateway.local_addr().unwrap()).await.unwrap();
     // A plausible length, then a body that is not a hello.
     stream.write_all(&[6, 0, 0, 0, 0x10, b'N', b'O', b'P', b'E', 1]).await.unwrap();
     let mut reply = Vec::new();
@@ -116,4 +116,41 @@ async fn a_bad_hello_is_refused_with_a_reason() {
     assert_eq!(frame, Some(Frame::Goodbye { reason: delivery::wire::WireError::Magic.code() }));
     assert_eq!(gateway.report().consumers_refused, 1);
     gateway.shutdown().await.unwrap();
+}
+
+/// A gateway started without a listener (as the gateway role runs its R-Gateways) has no
+/// address, and an in-process consumer reads every record in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_listener_only_an_in_process_consumer_reads() {
+    let (url, _server) = server_or_env().unwrap();
+    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.listen = None;
+    options.prefix = format!("inproc{}", std::process::id());
+    let prefix = options.prefix.clone();
+    let gateway = start(options).await.unwrap();
+    assert_eq!(gateway.local_addr(), None, "no consumer port");
+    let mut consumer = gateway.attach();
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
+    const IN_PROCESS_BATCHES: u64 = 4;
+    for index in 0..IN_PROCESS_BATCHES {
+        let first_seq = 1 + index * BATCH_RECORDS_MAX as u64;
+        client.publish(subject.clone(), batch(first_seq).into()).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    let (mut decoder, mut next_seq) = (FrameDecoder::default(), 1);
+    let records = IN_PROCESS_BATCHES * BATCH_RECORDS_MAX as u64;
+    while next_seq <= records {
+        let chunk = tokio::time::timeout(DEADLINE, consumer.next_chunk()).await.unwrap();
+        decoder.extend(&chunk.expect("the gateway still runs"));
+        while let Some(frame) = decoder.next_frame().unwrap() {
+            let Frame::Data { stream: Stream::Reports, seq, .. } = frame else {
+                panic!("{frame:?}")
+            };
+            assert_eq!(seq, next_seq, "in order, none missing");
+            next_seq += 1;
+        }
+    }
+    let (report, _) = gateway.shutdown().await.unwrap();
+    assert_eq!(report.gaps, 0);
 }

@@ -28,7 +28,7 @@ async fn a_retain_reply_older_than_asked_is_refused_and_delivery_goes_on() {
     options.prefix = format!("forged{}", std::process::id());
     let prefix = options.prefix.clone();
     let gateway = start(options).await.unwrap();
-    let (tally, reading) = consumer::connect(gateway.local_addr(), 0).await.unwrap();
+    let (tally, reading) = consumer::connect(gateway.local_addr().unwrap(), 0).await.unwrap();
     let reader = tokio::spawn(reading);
     while gateway.report().consumers_connected < 1 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -102,7 +102,7 @@ async fn forged_heartbeats_and_replies_do_not_drop_genuine_records() {
     options.prefix = format!("hostile{}", std::process::id());
     let prefix = options.prefix.clone();
     let gateway = start(options).await.unwrap();
-    let (tally, reading) = consumer::connect(gateway.local_addr(), 0).await.unwrap();
+    let (tally, reading) = consumer::connect(gateway.local_addr().unwrap(), 0).await.unwrap();
     let reader = tokio::spawn(reading);
     wait_until("the consumer", || gateway.report().consumers_connected == 1).await;
     let client = async_nats::connect(url).await.unwrap();

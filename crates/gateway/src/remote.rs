@@ -137,9 +137,11 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
     let mut r_gateways = Vec::new();
     for (index, (shard, slot)) in report_subjects(&options).enumerate() {
+        // No listener: the reports go to this process's sessions only.
         let gateway_options = GatewayOptions {
             nats: options.nats.clone(),
             prefix: options.log.publish_prefix(shard),
+            listen: None,
             ..GatewayOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         };
         let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));

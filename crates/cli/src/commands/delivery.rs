@@ -152,7 +152,7 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
         gateway: args.gateway,
-        listen: args.listen,
+        listen: Some(args.listen),
         consumers_max: args.consumers_max,
         consumers_per_address_max: args.consumers_per_address_max,
         consumer_queue_chunks: args.consumer_queue_chunks,
@@ -168,7 +168,9 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         let mut registry = ops::Registry::default();
         gateway.register_metrics(&mut registry);
         let _admin = args.metrics.serve(registry, &readiness)?;
-        println!("gateway {} listening on {}", args.gateway, gateway.local_addr());
+        if let Some(listening) = gateway.local_addr() {
+            println!("gateway {} listening on {listening}", args.gateway);
+        }
         let timer = async {
             match args.duration {
                 Some(duration) => tokio::time::sleep(duration).await,

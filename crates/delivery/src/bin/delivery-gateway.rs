@@ -27,7 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     runtime.block_on(async {
         let gateway = start(options).await?;
-        println!("listening {}", gateway.local_addr());
+        if let Some(listening) = gateway.local_addr() {
+            println!("listening {listening}");
+        }
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         terminate.recv().await;

@@ -49,7 +49,8 @@ pub fn shard_zero_consumer(
             ..GatewayOptions::new(url, 0, listen)
         }))
         .unwrap();
-    let (tally, reading) = rt.block_on(consumer::connect(gateway.local_addr(), 0)).unwrap();
+    let (tally, reading) =
+        rt.block_on(consumer::connect(gateway.local_addr().unwrap(), 0)).unwrap();
     rt.spawn(reading);
     (gateway, tally)
 }
