@@ -526,7 +526,7 @@ impl<'a> Appender<'a> {
     fn append(&mut self, count: u64) -> u64 {
         for _ in 0..count {
             self.appended += 1;
-            let id = AppendId { gateway: 1, session: 1, seq: self.appended };
+            let id = AppendId { gateway: 1, run: 1, seq: self.appended };
             self.rt.block_on(self.log.append(&order(self.appended), id, 0)).unwrap();
         }
         self.appended

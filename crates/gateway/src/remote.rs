@@ -217,7 +217,7 @@ async fn append_orders(
     gateway: u32,
 ) -> AppendTally {
     // This run's id: a retry inside the run reuses its message id; a new run never collides.
-    let session = rand::random::<u64>();
+    let run = rand::random::<u64>();
     let epoch = EpochOffset::measure().absolute(0);
     let (mut tally, mut seq) = (AppendTally::default(), 0u64);
     let mut in_flight = futures_util::stream::FuturesUnordered::new();
@@ -245,7 +245,7 @@ async fn append_orders(
                         continue;
                     }
                     seq += 1;
-                    let id = AppendId { gateway, session, seq };
+                    let id = AppendId { gateway, run, seq };
                     // Queued before `push` borrows the set (its futures are `Send`, not `Sync`).
                     let acknowledged = log.start_append_batch(shard as u32, orders, id).await;
                     let held = orders.len() as u64;

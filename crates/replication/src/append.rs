@@ -27,21 +27,22 @@ pub const APPEND_RETRY_FOR: Duration = Duration::from_secs(10);
 const RETRY_PAUSE_FIRST: Duration = Duration::from_millis(20);
 const RETRY_PAUSE_MAX: Duration = Duration::from_millis(500);
 
-/// Where an order came from: unique per order as long as a session's sequence numbers are.
+/// Which append a log message is: unique per message as long as each run's counter is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AppendId {
     /// The gateway process.
     pub gateway: u32,
-    /// The session within the gateway (its login).
-    pub session: u64,
-    /// The order's sequence number in that session.
+    /// The gateway's run: a restarted gateway takes a new one, so its ids never meet a
+    /// previous run's inside the deduplication window.
+    pub run: u64,
+    /// The message's number in that run (a retry of the message keeps it).
     pub seq: u64,
 }
 
 impl fmt::Display for AppendId {
-    /// The JetStream message id: `{gateway}-{session}-{seq}`.
+    /// The JetStream message id: `{gateway}-{run}-{seq}`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}-{}", self.gateway, self.session, self.seq)
+        write!(f, "{}-{}-{}", self.gateway, self.run, self.seq)
     }
 }
 

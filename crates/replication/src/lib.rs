@@ -3,7 +3,7 @@
 //! per shard leads through a lease kept in a JetStream stream.
 //!
 //! ```text
-//!  gateway ──append (msg id = gateway-session-seq)──▶ stream {PREFIX}_ORDERS_{shard} (R3, Raft)
+//!  gateway ──append (msg id = gateway-run-seq)──▶ stream {PREFIX}_ORDERS_{shard} (R3, Raft)
 //!                                                        │ in stream order
 //!                              ┌─────────────────────────┴──────────────────┐
 //!                        engine (lease holder)                        engine (standby)

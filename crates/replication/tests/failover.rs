@@ -64,7 +64,7 @@ fn the_standby_takes_over_and_the_consumer_sees_every_report_once() {
         OrderLog::open(client, LogSettings::new(3)).await.unwrap()
     });
     let append = |seq: u64| {
-        let id = AppendId { gateway: 1, session: 1, seq };
+        let id = AppendId { gateway: 1, run: 1, seq };
         rt.block_on(log.append(&order(seq), id, 0)).unwrap();
     };
 

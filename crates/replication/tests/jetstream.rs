@@ -28,7 +28,7 @@ fn order(instrument: u32, order_id: u64) -> InboundOrder {
 }
 
 fn id(seq: u64) -> AppendId {
-    AppendId { gateway: 1, session: 7, seq }
+    AppendId { gateway: 1, run: 7, seq }
 }
 
 /// A gateway's retry (the same message id) is acknowledged with the first copy's sequence and

@@ -65,7 +65,7 @@ fn a_restored_engine_continues_the_groups_books_and_numbering_on_a_trimmed_log()
     });
     let append = |seqs: std::ops::RangeInclusive<u64>| {
         for seq in seqs {
-            let id = AppendId { gateway: 1, session: 1, seq };
+            let id = AppendId { gateway: 1, run: 1, seq };
             rt.block_on(log.append(&order(seq), id, 0)).unwrap();
         }
     };
