@@ -76,7 +76,10 @@ pub struct EngineOptions {
     pub planned_rate_per_s: f64,
 }
 
-/// What every thread of the engine shares.
+/// What every thread of the engine shares. Each atomic is a counter or a status flag read on
+/// its own (metrics, the lease's log lines, the stop request polled in loops): no other data is
+/// published through one, so every access is `Relaxed`; what is published is decided by the
+/// publish gate, which has its own argument.
 #[derive(Debug, Default)]
 struct EngineState {
     /// The last stream sequence whose every record was handed to the tier.
