@@ -22,6 +22,11 @@
 //! docs/REPLICATION.md says what is replicated and what a failover costs.
 #![deny(missing_docs)]
 
+// The README's example compiles and runs as a doctest, so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod append;
 pub mod cluster;
 pub mod engine;
