@@ -49,6 +49,16 @@ fn print_warnings(dir: &std::path::Path) {
     }
 }
 
+/// Every child's log so far (the `serve-*` files in `dir`), one after the other.
+fn logs(dir: &std::path::Path) -> String {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("serve-"))
+        .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
+        .collect()
+}
+
 /// A `leantier exchange serve` child, killed when dropped.
 struct Process(Child);
 
@@ -308,7 +318,8 @@ fn a_new_engine_restores_the_shards_snapshot_after_every_engine_died() {
     for token in 1..=25 {
         assert_eq!(buy(&mut client, token), Some(accepted), "order {token}");
     }
-    std::thread::sleep(Duration::from_millis(500)); // the snapshot at 20 is stored
+    let stored = "snapshot of shard 0 at input sequence 20";
+    wait_for(stored, Duration::from_secs(30), || logs(dir.path()).contains(stored));
     leader.kill();
     let (_restored, first) = Process::start(dir.path(), &engine_args);
     assert!(first.starts_with("engine for shard 0 following"), "{first}");
@@ -316,12 +327,7 @@ fn a_new_engine_restores_the_shards_snapshot_after_every_engine_died() {
     client.send(&sell).unwrap();
     let filled_kind = gateway::native::event_kind::FILLED;
     let filled = event_of(&mut client, 26, |kind| kind == filled_kind).is_some();
-    let logs: String = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with("serve-"))
-        .map(|entry| std::fs::read_to_string(entry.path()).unwrap_or_default())
-        .collect();
+    let logs = logs(dir.path());
     if !filled {
         print_warnings(dir.path());
     }
