@@ -259,7 +259,9 @@ impl SnapshotStore {
         Ok(info.state.first_sequence.max(1))
     }
 
-    async fn lowest_progress(&self, shard: u32) -> Result<Option<u64>, ReplicationError> {
+    /// The lowest input sequence any live engine of `shard` noted as applied (`None`: no note
+    /// is live): with the newest snapshot, what bounds the next trim.
+    pub async fn lowest_progress(&self, shard: u32) -> Result<Option<u64>, ReplicationError> {
         let what = "reading the engines' progress";
         let filter = format!("{}.*", progress_prefix(&self.log, shard));
         let subjects = self.progress.info_with_subjects(&filter).await;

@@ -87,8 +87,9 @@ fn a_restored_engine_continues_the_groups_books_and_numbering_on_a_trimmed_log()
     wait_for("the new engine catches up", Duration::from_secs(20), || second.applied_seq() == 250);
     assert_eq!(second.failure(), None);
 
-    // Two lease ticks: the first engine's progress note says 250.
-    std::thread::sleep(Duration::from_millis(500));
+    // Both engines' progress notes (renewed with the lease) say 250.
+    let noted = || rt.block_on(store.lowest_progress(0)).unwrap() == Some(250);
+    wait_for("both engines note 250", Duration::from_secs(10), noted);
     let stopped = first.stop().unwrap();
     wait_for("the restored engine takes the lease", Duration::from_secs(5), || second.leads());
     append(251..=300);
