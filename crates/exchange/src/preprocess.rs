@@ -12,6 +12,7 @@ use crate::msg::{
     Command, InboundOrder, InstrumentId, OrderType, Price, Qty, REASON_COUNT, Reason, RequestKind,
     Side, TimeInForce,
 };
+use crate::tier::{ExternalEvent, external_event_effect};
 
 /// A request that passed every check: where it goes and what the core must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,15 +35,28 @@ impl Default for PreprocessCounters {
     }
 }
 
+/// Who checks the halt and the price band, the state external events change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateChecks {
+    /// The pre-process too, against its master data (which the events process updates), so
+    /// the core sees fewer doomed orders.
+    Preprocess,
+    /// The core only (`TierConfig::ordered_outputs`): events reach the core in the order
+    /// flow (operator requests, `tier::OPERATOR_CLIENT`) and the master data is not updated
+    /// by them, so a pre-process check could only be out of date.
+    Core,
+}
+
 /// One pre-process worker.
 pub struct Preprocessor {
     reader: SnapshotReader,
+    state_checks: StateChecks,
     counters: PreprocessCounters,
 }
 
 impl Preprocessor {
-    pub fn new(reader: SnapshotReader) -> Preprocessor {
-        Preprocessor { reader, counters: PreprocessCounters::default() }
+    pub fn new(reader: SnapshotReader, state_checks: StateChecks) -> Preprocessor {
+        Preprocessor { reader, state_checks, counters: PreprocessCounters::default() }
     }
 
     pub fn counters(&self) -> &PreprocessCounters {
@@ -51,7 +65,7 @@ impl Preprocessor {
 
     /// Validates and enriches one request against the newest master data.
     pub fn check(&mut self, request: &InboundOrder) -> Result<Routed, Reason> {
-        let verdict = check_against(self.reader.current(), request);
+        let verdict = check_with(self.reader.current(), request, self.state_checks);
         match verdict {
             Ok(_) => self.counters.accepted += 1,
             Err(reason) => self.counters.rejected[reason as usize] += 1,
@@ -60,8 +74,22 @@ impl Preprocessor {
     }
 }
 
-/// The checks, as a pure function of (snapshot, request).
+/// The checks, as a pure function of (snapshot, request), the halt and band included
+/// ([`StateChecks::Preprocess`]).
 pub fn check_against(master: &MasterData, request: &InboundOrder) -> Result<Routed, Reason> {
+    check_with(master, request, StateChecks::Preprocess)
+}
+
+/// The checks, with the halt and band checked here or left to the core (`state_checks`).
+/// An operator request (`tier::OPERATOR_CLIENT`) becomes the core's command for its event.
+pub fn check_with(
+    master: &MasterData,
+    request: &InboundOrder,
+    state_checks: StateChecks,
+) -> Result<Routed, Reason> {
+    if let Some(event) = ExternalEvent::of_request(request) {
+        return operator_command(master, &event);
+    }
     let command = hygiene(request)?;
     let instrument = master.instrument(request.instrument).ok_or(Reason::UnknownInstrument)?;
     let client = master.client(request.client).ok_or(Reason::UnknownClient)?;
@@ -80,14 +108,15 @@ pub fn check_against(master: &MasterData, request: &InboundOrder) -> Result<Rout
             if (price - instrument.listing.ladder_low) % instrument.listing.tick != 0 {
                 return Err(Reason::PriceOffTick);
             }
-            if price < instrument.band_low || price > instrument.band_high {
+            let outside_band = price < instrument.band_low || price > instrument.band_high;
+            if state_checks == StateChecks::Preprocess && outside_band {
                 return Err(Reason::PriceOutsideBand);
             }
             (price, qty)
         }
         _ => unreachable!("hygiene only builds New, the cancels and Replace"),
     };
-    if instrument.halted {
+    if state_checks == StateChecks::Preprocess && instrument.halted {
         return Err(Reason::InstrumentHalted);
     }
     if qty % instrument.lot != 0 {
@@ -103,6 +132,20 @@ pub fn check_against(master: &MasterData, request: &InboundOrder) -> Result<Rout
         return Err(Reason::ClientLimitExceeded);
     }
     Ok(routed)
+}
+
+/// The core's command for an operator's event: refused for an unknown instrument, and for a
+/// band off the instrument's ladder or upside down (as the master data refuses one).
+fn operator_command(master: &MasterData, event: &ExternalEvent) -> Result<Routed, Reason> {
+    let effect = external_event_effect(event, master);
+    let instrument = master.instrument(effect.instrument).ok_or(Reason::UnknownInstrument)?;
+    if let ExternalEvent::Band { low, high, .. } = *event {
+        let listing = &instrument.listing;
+        if listing.level_of(low).is_none() || listing.level_of(high).is_none() || low > high {
+            return Err(Reason::BadPrice);
+        }
+    }
+    Ok(Routed { instrument: effect.instrument, command: effect.command })
 }
 
 fn order_value(price: Price, qty: Qty) -> u64 {

@@ -44,6 +44,7 @@
 mod choices;
 mod graph;
 pub mod layout;
+mod operator;
 mod planned;
 mod replica;
 mod replies;
@@ -70,6 +71,7 @@ use journal::writer::WriterStats;
 pub use choices::{Arrival, WaitChoice};
 use graph::{Entry, Feeds, InlineGenerator, ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
+pub use operator::{OPERATOR_CLIENT, operator_kind};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
     plan_layout,
@@ -199,6 +201,13 @@ impl Default for TierConfig {
 }
 
 impl TierConfig {
+    /// Who checks the halt and the band: the core alone in an ordered tier, where events
+    /// come in the order flow ([`OPERATOR_CLIENT`]); the pre-process too otherwise.
+    pub fn state_checks(&self) -> crate::preprocess::StateChecks {
+        use crate::preprocess::StateChecks;
+        if self.ordered_outputs { StateChecks::Core } else { StateChecks::Preprocess }
+    }
+
     /// The master data the tier starts from: `master_data`, else the reference universe.
     pub fn starting_master_data(&self) -> MasterData {
         self.master_data.clone().unwrap_or_else(|| reference_master_data(&self.universe))
@@ -617,7 +626,7 @@ pub struct ShardJournalReport {
     pub snapshots: Option<SnapshotReport>,
 }
 
-fn external_event_effect(event: &ExternalEvent, master: &MasterData) -> TierInput {
+pub(crate) fn external_event_effect(event: &ExternalEvent, master: &MasterData) -> TierInput {
     let (instrument, command, update) = match *event {
         ExternalEvent::None => return TierInput::default(),
         ExternalEvent::Halt(instrument) | ExternalEvent::CircuitBreaker(instrument) => {

@@ -5,7 +5,7 @@ use exchange::core::{CoreLimits, MatchingCore};
 use exchange::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
 use exchange::master::SnapshotCell;
 use exchange::msg::{REASON_COUNT, Reason, SequencedInput};
-use exchange::preprocess::Preprocessor;
+use exchange::preprocess::{Preprocessor, StateChecks};
 
 #[test]
 fn invalid_requests_get_their_reason_and_never_reach_the_core() {
@@ -13,7 +13,7 @@ fn invalid_requests_get_their_reason_and_never_reach_the_core() {
     let master = reference_master_data(&universe);
     let listings = master.listings();
     let cell = SnapshotCell::new(master);
-    let mut preprocess = Preprocessor::new(cell.reader().unwrap());
+    let mut preprocess = Preprocessor::new(cell.reader().unwrap(), StateChecks::Preprocess);
     let mut core = MatchingCore::new(&listings, CoreLimits::default());
     let flow = FlowConfig { invalid_share: 0.2, ..FlowConfig::default() };
     let mut generator = FlowGenerator::new(universe, flow);

@@ -143,8 +143,7 @@ fn link<A: 'static, T: Message, B: 'static>(
 }
 
 /// Declares every stage and connection of the tier (see the module docs of [`super`]) as
-/// `layout` groups them, starts the pipeline and hands the pre-process workers their reject
-/// rings.
+/// `layout` groups them and starts the pipeline.
 pub(super) fn start(
     config: &TierConfig,
     layout: &TierLayout,
@@ -304,9 +303,10 @@ fn preprocess_stage(
 ) -> StageHandle<InboundOrder, TierInput> {
     let cell = cell.clone();
     let spec = specs.of(TierStage::Preprocess);
+    let state_checks = specs.config.state_checks();
     let (stage, _) = graph.stage_with_results("preprocess", spec, move |_| {
         let reader = cell.reader().expect("preprocess workers <= SNAPSHOT_READERS_MAX");
-        PreprocessWorker { preprocess: Preprocessor::new(reader) }
+        PreprocessWorker { preprocess: Preprocessor::new(reader, state_checks) }
     });
     stage
 }

@@ -17,7 +17,7 @@ use crate::durability::ShardState;
 use crate::error::{ExchangeError, Result};
 use crate::master::MasterData;
 use crate::msg::{InboundOrder, Response, SequencedInput, Stamps};
-use crate::preprocess::check_against;
+use crate::preprocess::{StateChecks, check_with};
 
 /// The pre-process, core and R-Processor of an ordered tier, on the caller's thread.
 pub struct TierReplica {
@@ -53,7 +53,7 @@ impl TierReplica {
     /// Handles one request as the tier would, handing `emit` each response the tier's
     /// R-Processor would hand its senders, in order (stamps zero).
     pub fn apply(&mut self, request: &InboundOrder, emit: &mut impl FnMut(&Response)) {
-        let verdict = check_against(&self.master, request);
+        let verdict = check_with(&self.master, request, StateChecks::Core);
         let input: TierInput = preprocessed(request, verdict, Stamps::default());
         let gateways = self.gateways;
         if let Some(refusal) = input.refused {
