@@ -13,7 +13,7 @@ use delivery::consumer::{self, SharedTally};
 use delivery::gateway::{GatewayOptions, start as start_r_gateway};
 use delivery::nats::NatsConnect;
 use exchange::flow::{UniverseConfig, reference_master_data};
-use exchange::msg::{InboundOrder, Side, request_kind};
+use exchange::msg::{InboundOrder, Reason, Side, request_kind};
 use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
 use replication::follow::Follower;
@@ -133,13 +133,17 @@ fn metrics_address(line: &str) -> SocketAddr {
     address.unwrap_or_else(|| panic!("not a metrics line: {line}")).parse().unwrap()
 }
 
-/// A serve config with the reference market, one tier gateway slot and a client 1 (secret
-/// `pw`) in `dir`.
+/// The bearer token of the admin endpoints in [`write_config`]'s config.
+const ADMIN_TOKEN: &str = "t0ken";
+
+/// A serve config with the reference market, one tier gateway slot, a client 1 (secret `pw`)
+/// and [`ADMIN_TOKEN`] in `dir`.
 fn write_config(dir: &std::path::Path) {
     let hash = gateway::credentials::hash_secret(b"pw").unwrap();
     std::fs::write(dir.join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
     let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\ngateways = 1\n";
-    std::fs::write(dir.join("serve.toml"), format!("credentials = \"clients.txt\"\n{tier}"))
+    let admin = format!("admin_token = \"{ADMIN_TOKEN}\"\n");
+    std::fs::write(dir.join("serve.toml"), format!("credentials = \"clients.txt\"\n{admin}{tier}"))
         .unwrap();
 }
 
@@ -239,25 +243,34 @@ fn buy(client: &mut gateway::client::NativeClient, token: u32) -> Option<u8> {
 /// A resting buy of `instrument` (qty 1 at 100000 ticks, inside every reference band);
 /// the answer's event kind.
 fn buy_of(client: &mut gateway::client::NativeClient, token: u32, instrument: u32) -> Option<u8> {
+    answer_to_buy(client, token, instrument).map(|(kind, _)| kind)
+}
+
+/// [`buy_of`]'s answer: its event kind and reason code.
+fn answer_to_buy(
+    client: &mut gateway::client::NativeClient,
+    token: u32,
+    instrument: u32,
+) -> Option<(u8, u8)> {
     let line = format!("buy {token} {instrument} 1 100000");
     let order = gateway::client::parse_script_line(&line, 1);
     client.send(&order.unwrap().unwrap()).unwrap();
-    event_of(client, token, |_| true)
+    event_of(client, token, |_| true).map(|event| (event.kind, event.reason))
 }
 
-/// The kind of the first event for `token` on `client`'s session that `wanted` takes (`None`:
-/// none within 10 s of the one before).
+/// The first event for `token` on `client`'s session whose kind `wanted` takes (`None`: none
+/// within 10 s of the one before).
 fn event_of(
     client: &mut gateway::client::NativeClient,
     token: u32,
     wanted: impl Fn(u8) -> bool,
-) -> Option<u8> {
+) -> Option<gateway::native::Event> {
     loop {
         match client.recv(Duration::from_secs(10)) {
             Ok(Some(gateway::native::ServerMsg::Sequenced { event, .. }))
                 if event.token == token && wanted(event.kind) =>
             {
-                return Some(event.kind);
+                return Some(event);
             }
             Ok(Some(_)) => continue,
             _ => return None,
@@ -298,6 +311,50 @@ fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
     }
     drop(client);
     assert!(gateway.terminate().success(), "the gateway drains and exits 0 on SIGTERM");
+}
+
+/// `POST` `path` with the admin token to the endpoint at `admin`; the status line.
+fn admin_post(admin: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(admin).unwrap();
+    let request = format!("POST {path} HTTP/1.1\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+/// An operator's halt on a gateway goes into the input log among the orders: the leader
+/// refuses the orders behind it, the standby that takes over after the leader's SIGKILL
+/// applied it too, and a resume through the gateway lifts it.
+#[test]
+fn an_admin_halt_on_a_gateway_holds_across_a_failover_until_the_resume() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let leader = Process::engine(dir.path(), &url);
+    let _standby = Process::engine(dir.path(), &url);
+    let args = ["--role", "gateway", "--nats", &url, "--listen", "127.0.0.1:0"];
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let (_gateway, mut lines) = Process::start_reading(dir.path(), &[&args[..], &metrics].concat());
+    let first = lines.next().expect("a line").unwrap();
+    let address = first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
+    let admin = metrics_address(&lines.next().expect("the metrics line").unwrap());
+    let mut client = logged_in(address);
+    let accepted = (gateway::native::event_kind::ACCEPTED, 0);
+    let halted = (gateway::native::event_kind::REJECTED, Reason::InstrumentHalted as u8);
+    assert_eq!(answer_to_buy(&mut client, 1, 1), Some(accepted), "before the halt");
+    let status = admin_post(admin, "/admin/halt?instrument=1");
+    assert!(status.ends_with("200 OK"), "{status}");
+    // One appender, in order: the halt is in the log before the next order.
+    assert_eq!(answer_to_buy(&mut client, 2, 1), Some(halted), "after the halt");
+    assert_eq!(answer_to_buy(&mut client, 3, 2), Some(accepted), "another instrument trades");
+    leader.kill();
+    assert_eq!(answer_to_buy(&mut client, 4, 1), Some(halted), "the new leader holds the halt");
+    let status = admin_post(admin, "/admin/resume?instrument=1");
+    assert!(status.ends_with("200 OK"), "{status}");
+    assert_eq!(answer_to_buy(&mut client, 5, 1), Some(accepted), "after the resume");
 }
 
 /// Every engine of the shard dies: an engine started afterwards restores the snapshot the

@@ -61,6 +61,10 @@ pub fn parse(text: &str) -> Result<Vec<Credential>, CredentialsError> {
             return Err(bad("want: client_id protocol comp_id argon2-hash"));
         };
         let client = client.parse().map_err(|_| bad("client_id is not a u32"))?;
+        if client == exchange::tier::OPERATOR_CLIENT {
+            // A session with it could send operator events (halts) as orders.
+            return Err(bad("client_id 4294967295 is reserved for operator events"));
+        }
         let protocol = match protocol {
             "native" => Protocol::Native,
             "fix" => Protocol::Fix,
@@ -251,5 +255,8 @@ mod tests {
         assert!(error.contains("line 1") && error.contains("argon2"), "{error}");
         let error = parse("\n7 smoke alice x\n").unwrap_err().to_string();
         assert!(error.contains("line 2") && error.contains("protocol"), "{error}");
+        let hash = hash_secret(b"s3cret").unwrap();
+        let error = parse(&format!("4294967295 native op {hash}\n")).unwrap_err().to_string();
+        assert!(error.contains("line 1") && error.contains("operator"), "{error}");
     }
 }

@@ -22,11 +22,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use exchange::msg::InboundOrder;
-use exchange::tier::{OrderSource, ReplyReceiver, TierControl};
+use exchange::tier::{ExternalEvent, OrderSource, ReplyReceiver, TierControl};
 use lab::stats::LatencyHistogram;
 use pipeline::stage::{Emitter, Flow};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, oneshot};
 
 use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
@@ -74,11 +75,35 @@ pub(crate) struct TierHandoff {
     pub(crate) layout: LayoutInfo,
 }
 
+/// Where the admin endpoints' external events go.
+pub(crate) enum EventSink {
+    /// The tier's control input (the tier runs in this process).
+    Tier(TierControl),
+    /// The input log, as operator requests among the orders (`crate::remote`): every engine
+    /// of the instrument's shard applies the event at the same place in its input.
+    Log(tokio::sync::mpsc::Sender<InboundOrder>),
+}
+
+impl EventSink {
+    /// Hands `event` on; `Err` says why it could not be.
+    fn send(&mut self, event: ExternalEvent) -> Result<(), &'static str> {
+        match self {
+            EventSink::Tier(control) => control.event(event).map_err(|_| "the tier is stopping"),
+            EventSink::Log(appends) => {
+                let request = event.as_request().ok_or("no event")?;
+                appends.try_send(request).map_err(|error| match error {
+                    TrySendError::Full(_) => "the input log's append queue is full",
+                    TrySendError::Closed(_) => "the gateway is stopping",
+                })
+            }
+        }
+    }
+}
+
 /// What the admin endpoints reach beyond the sessions.
 pub(crate) struct Upstream {
-    /// The tier's control input; `None`: no tier in this process (`crate::remote`), so admin
-    /// events are refused.
-    pub(crate) control: Option<TierControl>,
+    /// Where admin events go.
+    pub(crate) events: EventSink,
     /// For a gateway without a tier: whether its NATS connection (the input log, the reports)
     /// is up, kept by `crate::remote`; `/ready` answers 503 while it is not.
     pub(crate) reachable: Option<Arc<AtomicBool>>,
@@ -518,17 +543,12 @@ async fn http_answer(
                 );
                 return refused(error);
             }
-            let mut upstream = upstream.borrow_mut();
-            let Some(control) = upstream.control.as_mut() else {
-                let why = "no tier in this process (a gateway): send events to the engines\n";
-                return (503, "text/plain", why.into());
-            };
-            match control.event(event) {
+            match upstream.borrow_mut().events.send(event) {
                 Ok(()) => {
                     tracing::info!(?event, "admin: external event sent to the tier");
                     (200, "text/plain", format!("sent {event:?}\n"))
                 }
-                Err(_) => (503, "text/plain", "the tier is stopping\n".into()),
+                Err(why) => (503, "text/plain", format!("{why}\n")),
             }
         }
         Err(error) => refused(error),

@@ -37,7 +37,7 @@ use tokio::sync::Notify;
 
 use crate::credentials::Credential;
 use crate::hub::Settings;
-use crate::io::{IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
+use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
 use crate::server::{BoundAddresses, ServeError, bind_listeners};
 
@@ -154,7 +154,8 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let stop = Arc::new(AtomicBool::new(false));
     let (built, io_built) = std::sync::mpsc::sync_channel(1);
     let layout = LayoutInfo { groups: "gateway (JetStream input log)".into(), usable_cpus: 0 };
-    let upstream = Upstream { control: None, reachable: Some(reachable) };
+    let events = EventSink::Log(orders.clone());
+    let upstream = Upstream { events, reachable: Some(reachable) };
     let handoff = TierHandoff { upstream, journals: None, layout };
     let setup = IoSetup {
         settings: options.settings,

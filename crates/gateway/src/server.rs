@@ -21,7 +21,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;
 use crate::hub::Settings;
-use crate::io::{HandoffSlot, InTierRequest, IoSetup, TierHandoff, Upstream};
+use crate::io::{EventSink, HandoffSlot, InTierRequest, IoSetup, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
 
 pub use crate::admission::CONNECTIONS_MAX;
@@ -239,7 +239,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
     );
     let journals = store_waits.then(|| tier.durables().into_iter().flatten().collect());
     let info = LayoutInfo { groups: describe(&layout), usable_cpus: layout.usable_cpus };
-    let upstream = Upstream { control: Some(control), reachable: None };
+    let upstream = Upstream { events: EventSink::Tier(control), reachable: None };
     let handed = TierHandoff { upstream, journals, layout: info };
     *handoff.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
     let running = Running {
