@@ -7,7 +7,7 @@
 //!     └── reply queue ◀── report forwarders ◀── R-Gateways ◀──NATS (per shard)───┘
 //! ```
 //!
-//! The I/O loop is the one `exchange serve` runs ([`crate::io`]), on a thread of its own: it
+//! The I/O loop is the one `exchange serve` runs (`crate::io`), on a thread of its own: it
 //! hands each admitted order to the append queue (a full queue leaves orders staged, and a
 //! full stage answers busy). The appender queues the orders on their shards' streams in
 //! admission order, those of one shard that arrived together as one message (no wait for

@@ -1,6 +1,6 @@
 //! `exchange serve`: gateway sessions on the exchange tier. The tier
 //! ([`exchange::tier::Tier`]) runs its stages on the threads its layout plans, and runs the
-//! gateway's I/O loop ([`crate::io`]: the native and FIX listeners, the sessions, the store,
+//! gateway's I/O loop (`crate::io`: the native and FIX listeners, the sessions, the store,
 //! the router, the metrics and admin listener) as its order source: inline before the
 //! pre-process on few CPUs, on a thread of its own otherwise. Its R-Senders hand each
 //! client's reports back through reply queues (`exchange::tier::reply_subscribers`) that the
