@@ -85,6 +85,14 @@ pub(crate) enum EventSink {
 }
 
 impl EventSink {
+    /// Where events go, for the log line.
+    fn destination(&self) -> &'static str {
+        match self {
+            EventSink::Tier(_) => "the tier",
+            EventSink::Log(_) => "the input log",
+        }
+    }
+
     /// Hands `event` on; `Err` says why it could not be.
     fn send(&mut self, event: ExternalEvent) -> Result<(), &'static str> {
         match self {
@@ -543,9 +551,11 @@ async fn http_answer(
                 );
                 return refused(error);
             }
-            match upstream.borrow_mut().events.send(event) {
+            let mut upstream = upstream.borrow_mut();
+            match upstream.events.send(event) {
                 Ok(()) => {
-                    tracing::info!(?event, "admin: external event sent to the tier");
+                    let to = upstream.events.destination();
+                    tracing::info!(?event, "admin: external event sent to {to}");
                     (200, "text/plain", format!("sent {event:?}\n"))
                 }
                 Err(why) => (503, "text/plain", format!("{why}\n")),
