@@ -103,8 +103,7 @@ impl Process {
         let args =
             ["--role", "gateway", "--nats", url, "--shards", &shards, "--listen", "127.0.0.1:0"];
         let (gateway, first) = Process::start(dir, &args);
-        let address = first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
-        (gateway, address)
+        (gateway, native_address(&first))
     }
 
     fn kill(mut self) {
@@ -125,6 +124,12 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The address in a server's `native listening on ADDR` line.
+fn native_address(line: &str) -> SocketAddr {
+    let address = line.strip_prefix("native listening on ");
+    address.unwrap_or_else(|| panic!("not a native listen line: {line}")).parse().unwrap()
 }
 
 /// The address in a server's `metrics on http://ADDR/metrics` line.
@@ -290,8 +295,7 @@ fn a_gateway_process_answers_its_clients_through_the_engines_and_a_failover() {
     let leader = Process::engine(dir.path(), &url);
     let gateway_args = ["--role", "gateway", "--nats", &url, "--listen", "127.0.0.1:0"];
     let (gateway, first) = Process::start(dir.path(), &gateway_args);
-    let address: SocketAddr =
-        first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
+    let address = native_address(&first);
     let mut client = logged_in(address);
     let accepted = gateway::native::event_kind::ACCEPTED;
     for token in 1..=20 {
@@ -339,7 +343,7 @@ fn an_admin_halt_on_a_gateway_holds_across_a_failover_until_the_resume() {
     let metrics = ["--metrics-listen", "127.0.0.1:0"];
     let (_gateway, mut lines) = Process::start_reading(dir.path(), &[&args[..], &metrics].concat());
     let first = lines.next().expect("a line").unwrap();
-    let address = first.strip_prefix("native listening on ").expect(&first).parse().unwrap();
+    let address = native_address(&first);
     let admin = metrics_address(&lines.next().expect("the metrics line").unwrap());
     let mut client = logged_in(address);
     let accepted = (gateway::native::event_kind::ACCEPTED, 0);

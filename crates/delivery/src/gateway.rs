@@ -234,19 +234,15 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
             let why = format!("NATS did not confirm the subscriptions in {CONNECT_TIMEOUT:?}");
             DeliveryError::Failed(why)
         })??;
-    let listener = match options.listen {
-        Some(listen) => Some(
-            TcpListener::bind(listen).await.map_err(io_failed(format!("listening on {listen}")))?,
-        ),
-        None => None,
-    };
-    let local_addr = match &listener {
-        Some(listener) => {
+    let (listener, local_addr) = match options.listen {
+        Some(listen) => {
+            let listening = TcpListener::bind(listen).await;
+            let listener = listening.map_err(io_failed(format!("listening on {listen}")))?;
             let bound = listener.local_addr().map_err(io_failed("reading the listen address"))?;
             tracing::info!("gateway {} listening on {bound}", options.gateway);
-            Some(bound)
+            (Some(listener), Some(bound))
         }
-        None => None,
+        None => (None, None),
     };
     let admission = Admission::new(options.consumers_max, options.consumers_per_address_max);
     let state = Arc::new(State {

@@ -120,9 +120,7 @@ impl MasterData {
             }
             MasterUpdate::Band { instrument, low, high } => {
                 let entry = self.instrument_mut(instrument)?;
-                let listing = entry.listing;
-                if listing.level_of(low).is_none() || listing.level_of(high).is_none() || low > high
-                {
+                if !band_fits(&entry.listing, low, high) {
                     return Err("band must be on tick and on the ladder");
                 }
                 entry.band_low = low;
@@ -171,6 +169,13 @@ pub enum MasterUpdate {
         low: Price,
         high: Price,
     },
+}
+
+/// Whether `low..=high` is a band `listing` can hold: both ends on tick and on the ladder,
+/// the low end not above the high one (what a band update, or an operator's band event, must
+/// be).
+pub(crate) fn band_fits(listing: &Listing, low: Price, high: Price) -> bool {
+    listing.level_of(low).is_some() && listing.level_of(high).is_some() && low <= high
 }
 
 /// Publishes [`MasterData`] versions to readers (see the module docs for the protocol).

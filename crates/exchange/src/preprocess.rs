@@ -7,7 +7,7 @@
 //! locks). Pre-process workers are partitioned by instrument, so one instrument's order flow
 //! keeps its order through the pre-process.
 
-use crate::master::{MasterData, SnapshotReader, Status};
+use crate::master::{MasterData, SnapshotReader, Status, band_fits};
 use crate::msg::{
     Command, InboundOrder, InstrumentId, OrderType, Price, Qty, REASON_COUNT, Reason, RequestKind,
     Side, TimeInForce,
@@ -139,11 +139,10 @@ pub fn check_with(
 fn operator_command(master: &MasterData, event: &ExternalEvent) -> Result<Routed, Reason> {
     let effect = external_event_effect(event, master);
     let instrument = master.instrument(effect.instrument).ok_or(Reason::UnknownInstrument)?;
-    if let ExternalEvent::Band { low, high, .. } = *event {
-        let listing = &instrument.listing;
-        if listing.level_of(low).is_none() || listing.level_of(high).is_none() || low > high {
-            return Err(Reason::BadPrice);
-        }
+    if let ExternalEvent::Band { low, high, .. } = *event
+        && !band_fits(&instrument.listing, low, high)
+    {
+        return Err(Reason::BadPrice);
     }
     Ok(Routed { instrument: effect.instrument, command: effect.command })
 }
