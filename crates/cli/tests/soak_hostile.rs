@@ -740,10 +740,10 @@ fn forged_payloads(stream: delivery::wire::Stream, n: u64) -> [Vec<u8>; 3] {
     use delivery::wire::BatchHeader;
     let mut heartbeat = Vec::new();
     let stranger = 0xbad0_0000 + n;
-    BatchHeader { stream, gateway: 0, instance: stranger, first_seq: 1 << 40, count: 0 }
+    BatchHeader { stream, gateway: 0, instance: stranger, epoch: 0, first_seq: 1 << 40, count: 0 }
         .write(&mut heartbeat);
     let mut lying = Vec::new();
-    BatchHeader { stream, gateway: 0, instance: stranger, first_seq: 2, count: 3 }
+    BatchHeader { stream, gateway: 0, instance: stranger, epoch: 0, first_seq: 2, count: 3 }
         .write(&mut lying);
     [vec![0xA5; 37 + (n % 64) as usize], heartbeat, lying]
 }

@@ -82,6 +82,9 @@ pub struct GatewayOptions {
     /// Most a NATS message may claim beyond the next expected sequence and be applied at once
     /// (see the trust rule in docs/DELIVERY.md).
     pub seq_ahead_max: u64,
+    /// Per stream ([`Stream::ALL`] order), the first sequence to deliver: 1 for a new gateway;
+    /// a restarted one passes one past what it delivered before, so nothing is delivered twice.
+    pub first_seqs: [u64; 2],
 }
 
 impl GatewayOptions {
@@ -95,6 +98,7 @@ impl GatewayOptions {
             consumers_per_address_max: CONSUMERS_PER_ADDRESS_MAX_DEFAULT,
             consumer_queue_chunks: CONSUMER_QUEUE_CHUNKS_DEFAULT,
             seq_ahead_max: SEQ_AHEAD_MAX_DEFAULT,
+            first_seqs: [1; 2],
         }
     }
 }
@@ -114,6 +118,7 @@ struct Counters {
     refused: AtomicU64,
     bad_messages: AtomicU64,
     untrusted: AtomicU64,
+    fenced: AtomicU64,
     /// As [`GatewayLatency::answers`], for `/metrics` (buckets, not percentiles).
     answer_seconds: ops::BucketHistogram,
     /// As [`GatewayLatency::market_data`], for `/metrics`.
@@ -149,6 +154,13 @@ pub struct GatewayReport {
     /// far ahead, a gap the publisher's window denies, a retain reply from a stranger.
     #[serde(default)]
     pub untrusted: u64,
+    /// Messages from a leadership older than the newest one heard (a deposed leader's late
+    /// batches, heartbeats or retain replies), dropped.
+    #[serde(default)]
+    pub fenced: u64,
+    /// The newest leadership epoch heard (0: a publisher of its own, or nothing yet).
+    #[serde(default)]
+    pub epoch: u64,
     /// Per stream, the next sequence expected.
     pub next_seqs: Vec<u64>,
 }
@@ -196,6 +208,8 @@ struct State {
     /// Refused connections, logged at most once per [`WARNING_EVERY`].
     refusal_warning: Mutex<RateLimitedWarning>,
     next_seqs: Mutex<[u64; 2]>,
+    /// The newest leadership epoch heard (only grows; see [`BatchHeader::epoch`]).
+    epoch: AtomicU64,
 }
 
 /// A started gateway.
@@ -245,6 +259,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
         None => (None, None),
     };
     let admission = Admission::new(options.consumers_max, options.consumers_per_address_max);
+    let first_seqs = options.first_seqs.map(|first| first.max(1));
     let state = Arc::new(State {
         options,
         client,
@@ -252,7 +267,8 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
         consumers: Mutex::new(Vec::new()),
         admission,
         refusal_warning: Mutex::new(RateLimitedWarning::default()),
-        next_seqs: Mutex::new([1; 2]),
+        next_seqs: Mutex::new(first_seqs),
+        epoch: AtomicU64::new(0),
     });
     let (stop, stopped) = watch::channel(false);
     let sequencer = tokio::spawn(sequence(state.clone(), subscription, replies, stopped.clone()));
@@ -302,7 +318,7 @@ impl RunningGateway {
     /// Adds the gateway's metrics to `registry` (docs/OPERATIONS.md, "Monitor").
     pub fn register_metrics(&self, registry: &mut ops::Registry) {
         type CounterOf = fn(&Counters) -> &AtomicU64;
-        let counters: [(&str, &str, CounterOf); 11] = [
+        let counters: [(&str, &str, CounterOf); 12] = [
             ("rgateway_records_received", "records taken in order from NATS or recovered", |c| {
                 &c.received
             }),
@@ -319,6 +335,9 @@ impl RunningGateway {
             ("rgateway_bad_messages", "malformed NATS messages ignored", |c| &c.bad_messages),
             ("rgateway_untrusted", "well-formed messages ignored by the trust rule", |c| {
                 &c.untrusted
+            }),
+            ("rgateway_fenced", "messages of a leadership older than the newest heard", |c| {
+                &c.fenced
             }),
         ];
         for (name, help, which) in counters {
@@ -364,6 +383,8 @@ fn report(state: &State) -> GatewayReport {
         consumers_refused: load(&c.refused),
         bad_messages: load(&c.bad_messages),
         untrusted: load(&c.untrusted),
+        fenced: load(&c.fenced),
+        epoch: load(&state.epoch),
         next_seqs: state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner).to_vec(),
     }
 }
@@ -484,6 +505,9 @@ impl Sequencer {
     /// outage sends nothing else; a stranger's claim is interrupted by the publisher's own
     /// heartbeats). Anything else is ignored and counted.
     fn believe(&mut self, header: &BatchHeader) -> bool {
+        if !self.current(header) {
+            return false;
+        }
         let served = self.publisher.unwrap_or(header.instance);
         if served != header.instance {
             let why = format!(
@@ -512,6 +536,28 @@ impl Sequencer {
             let gateway = self.state.options.gateway;
             tracing::info!("gateway {gateway}: serving publisher instance {served:016x}");
             self.publisher = Some(served);
+        }
+        true
+    }
+
+    /// The fence: `false` (counted) for a message of a leadership older than the newest one
+    /// heard; a newer one becomes the newest. Only this task writes the epoch.
+    fn current(&mut self, header: &BatchHeader) -> bool {
+        // Relaxed: read back by this task, and by reports as a figure.
+        let newest = self.state.epoch.load(Ordering::Relaxed);
+        if header.epoch < newest {
+            add(&self.state.counters.fenced, 1);
+            return false;
+        }
+        if header.epoch > newest {
+            self.state.epoch.store(header.epoch, Ordering::Relaxed);
+            if newest > 0 {
+                let gateway = self.state.options.gateway;
+                tracing::info!(
+                    "gateway {gateway}: leadership epoch {} after {newest}",
+                    header.epoch
+                );
+            }
         }
         true
     }
@@ -603,7 +649,9 @@ impl Sequencer {
                     if (header.gateway, header.stream, header.instance)
                         == (gateway, stream, instance) =>
                 {
-                    return Some((header, reply.payload));
+                    if self.current(&header) {
+                        return Some((header, reply.payload));
+                    }
                 }
                 Ok(_) => self.untrusted("retain reply for another subject or publisher instance"),
                 Err(error) => self.bad(&format!("retain reply: {error}")),

@@ -138,14 +138,18 @@ struct Counters {
     refusing: AtomicBool,
 }
 
-/// Whether a publisher may publish now. A replicated engine group (the `replication`
-/// crate) runs one publisher per engine: every engine sequences and retains the same records,
-/// and only the lease holder's gate is open. The holder moves the gate's deadline forward on
-/// each renewal of its lease, so a holder cut off from renewing closes by itself.
+/// Whether a publisher may publish now, and as which leadership. A replicated engine group
+/// (the `replication` crate) runs one publisher per engine: every engine sequences and retains
+/// the same records, and only the lease holder's gate is open. The holder moves the gate's
+/// deadline forward on each renewal of its lease, so a holder cut off from renewing closes by
+/// itself; every batch it publishes carries the lease's epoch ([`BatchHeader::epoch`]), so a
+/// gateway that heard a newer leader drops a deposed one's late batches.
 #[derive(Debug, Default)]
 pub struct PublishGate {
     /// Open until this absolute `CLOCK_MONOTONIC` time, ns (0: closed).
     open_until_abs_ns: AtomicU64,
+    /// The epoch of the leadership that opened the gate last.
+    epoch: AtomicU64,
 }
 
 impl PublishGate {
@@ -154,22 +158,33 @@ impl PublishGate {
         Arc::new(PublishGate::default())
     }
 
-    /// Opens the gate until `abs_ns` (absolute monotonic ns, [`crate::clock::monotonic_ns`]).
-    pub fn open_until(&self, abs_ns: u64) {
-        // Relaxed: the deadline publishes no other data; a publisher that reads a stale one
-        // errs by at most one batch within the lease's safety margin.
+    /// Opens the gate for leadership `epoch` until `abs_ns` (absolute monotonic ns,
+    /// [`crate::clock::monotonic_ns`]).
+    pub fn open_until(&self, abs_ns: u64, epoch: u64) {
+        // Relaxed, both: neither publishes other data. A publisher that pairs a new deadline
+        // with the previous epoch stamps a batch older than it is (a gateway then drops it and
+        // recovers the records from the window): the safe direction. The epoch is stored first
+        // so that a publisher which sees this deadline usually sees this epoch too.
+        self.epoch.store(epoch, Ordering::Relaxed);
         self.open_until_abs_ns.store(abs_ns, Ordering::Relaxed);
     }
 
     /// Closes the gate at once.
     pub fn close(&self) {
-        self.open_until(0);
+        // Relaxed: see `open_until`.
+        self.open_until_abs_ns.store(0, Ordering::Relaxed);
     }
 
     /// Whether publishing is allowed now.
     pub fn is_open(&self) -> bool {
         // Relaxed: see `open_until`.
         monotonic_ns() < self.open_until_abs_ns.load(Ordering::Relaxed)
+    }
+
+    /// The epoch batches are stamped with.
+    pub fn epoch(&self) -> u64 {
+        // Relaxed: see `open_until`.
+        self.epoch.load(Ordering::Relaxed)
     }
 }
 
@@ -220,6 +235,11 @@ impl Shared {
         self.gate.as_ref().is_none_or(|gate| gate.is_open())
     }
 
+    /// The leadership epoch its batches carry (0 outside a group).
+    fn epoch(&self) -> u64 {
+        self.gate.as_ref().map_or(0, |gate| gate.epoch())
+    }
+
     fn subject(&self, gateway: u32, stream: Stream) -> &SubjectState {
         &self.subjects[subject_index(gateway, stream)]
     }
@@ -258,6 +278,7 @@ impl Shared {
                 stream: Stream::ALL[index % Stream::ALL.len()],
                 gateway: (index / Stream::ALL.len()) as u32,
                 instance: self.instance,
+                epoch: self.epoch(),
                 first_seq: window.next_seq,
                 count: 0,
             };
@@ -282,6 +303,7 @@ impl Shared {
             stream,
             gateway,
             instance: self.instance,
+            epoch: self.epoch(),
             first_seq,
             count: count as usize,
         };
@@ -587,8 +609,9 @@ impl PublisherThread {
         // held across the hand-off to the client so a heartbeat never overtakes this batch.
         let mut window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
         window.claim(self.sender);
-        let instance = self.shared.instance;
-        let header = BatchHeader { stream, gateway, instance, first_seq: window.next_seq, count };
+        let (instance, epoch) = (self.shared.instance, self.shared.epoch());
+        let first_seq = window.next_seq;
+        let header = BatchHeader { stream, gateway, instance, epoch, first_seq, count };
         let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
         header.write(&mut payload);
         for response in self.staging.iter().filter(|r| Stream::of(r) == stream) {

@@ -10,11 +10,12 @@ pub const RECORD_BYTES: usize = 8 + 8 + 1 + 1 + 4 + 4 + CANONICAL_OUTPUT_BYTES;
 /// Most records in one NATS batch message (bounds a payload to ~22 KiB, far below NATS's
 /// default 1 MiB `max_payload`).
 pub const BATCH_RECORDS_MAX: usize = 256;
-/// Batch header: version, stream, gateway, publisher instance, first sequence, record count.
-pub const BATCH_HEADER_BYTES: usize = 1 + 1 + 4 + 8 + 8 + 2;
+/// Batch header: version, stream, gateway, publisher instance, leadership epoch, first
+/// sequence, record count.
+pub const BATCH_HEADER_BYTES: usize = 1 + 1 + 4 + 8 + 8 + 8 + 2;
 /// Version byte of every NATS batch message (data, heartbeat, retain reply). Version 2 added
-/// the publisher instance; a version-1 batch is refused.
-pub const BATCH_VERSION: u8 = 2;
+/// the publisher instance, version 3 the leadership epoch; an older batch is refused.
+pub const BATCH_VERSION: u8 = 3;
 /// Version byte of the retain request and of the consumer's hello.
 pub const WIRE_VERSION: u8 = 1;
 /// Largest consumer frame either side accepts (length prefix excluded).
@@ -185,6 +186,10 @@ pub struct BatchHeader {
     /// instance, so a restarted publisher (sequences from 1 again) or a stranger guessing
     /// sequences is told apart from the publisher it serves.
     pub instance: u64,
+    /// The leadership that published it (a replicated engine group's lease epoch, which only
+    /// grows; 0 for a publisher of its own): a gateway drops a batch older than the newest
+    /// epoch it has seen, so a deposed leader is never heard after its successor.
+    pub epoch: u64,
     pub first_seq: u64,
     pub count: usize,
 }
@@ -198,6 +203,7 @@ impl BatchHeader {
         out.push(self.stream as u8);
         out.extend_from_slice(&self.gateway.to_le_bytes());
         out.extend_from_slice(&self.instance.to_le_bytes());
+        out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.first_seq.to_le_bytes());
         out.extend_from_slice(&(self.count as u16).to_le_bytes());
     }
@@ -243,6 +249,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
     let stream = Stream::from_code(fields.u8()?)?;
     let gateway = fields.u32()?;
     let instance = fields.u64()?;
+    let epoch = fields.u64()?;
     let first_seq = fields.u64()?;
     let count = fields.u16()? as usize;
     let records = fields.0;
@@ -252,7 +259,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
     if first_seq == 0 || first_seq.checked_add(count as u64).is_none() {
         return Err(WireError::Sequence(first_seq));
     }
-    Ok((BatchHeader { stream, gateway, instance, first_seq, count }, records))
+    Ok((BatchHeader { stream, gateway, instance, epoch, first_seq, count }, records))
 }
 
 /// The records of a decoded batch, each with its sequence.

@@ -100,7 +100,7 @@ proptest! {
         gateway in any::<u32>(),
         instance in any::<u64>(),
     ) {
-        let header = BatchHeader { stream: Stream::MarketData, gateway, instance, first_seq, count };
+        let header = BatchHeader { stream: Stream::MarketData, gateway, instance, epoch: 0, first_seq, count };
         let mut bytes = Vec::new();
         header.write(&mut bytes);
         bytes.extend(std::iter::repeat_n(7u8, count * RECORD_BYTES));
@@ -122,8 +122,15 @@ fn oversized_and_empty_lengths_are_refused() {
         assert!(decoder.next_frame().is_err(), "length {length} accepted");
     }
     let mut bad_version = Vec::new();
-    BatchHeader { stream: Stream::Reports, gateway: 0, instance: 9, first_seq: 1, count: 0 }
-        .write(&mut bad_version);
+    BatchHeader {
+        stream: Stream::Reports,
+        gateway: 0,
+        instance: 9,
+        epoch: 0,
+        first_seq: 1,
+        count: 0,
+    }
+    .write(&mut bad_version);
     assert!(decode_batch(&bad_version).is_ok());
     for version in [BATCH_VERSION - 1, BATCH_VERSION + 1] {
         bad_version[0] = version;
@@ -134,8 +141,14 @@ fn oversized_and_empty_lengths_are_refused() {
 #[test]
 fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
     for (first_seq, count) in [(0, 0), (0, 1), (u64::MAX, 1), (u64::MAX - 2, 3)] {
-        let header =
-            BatchHeader { stream: Stream::Reports, gateway: 0, instance: 1, first_seq, count };
+        let header = BatchHeader {
+            stream: Stream::Reports,
+            gateway: 0,
+            instance: 1,
+            epoch: 0,
+            first_seq,
+            count,
+        };
         let mut bytes = Vec::new();
         header.write(&mut bytes);
         bytes.extend(std::iter::repeat_n(0u8, count * RECORD_BYTES));
@@ -150,6 +163,7 @@ fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
         stream: Stream::Reports,
         gateway: 0,
         instance: 1,
+        epoch: 0,
         first_seq: u64::MAX - 2,
         count: 2,
     };

@@ -22,6 +22,7 @@ pub mod admin;
 pub mod admission;
 pub mod client;
 pub mod credentials;
+mod delivered;
 pub mod fix;
 mod fix_server;
 pub mod fix_session;

@@ -36,6 +36,7 @@ use replication::record::RECORDS_PER_MESSAGE_MAX;
 use tokio::sync::Notify;
 
 use crate::credentials::Credential;
+use crate::delivered::DeliveredMark;
 use crate::hub::Settings;
 use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
@@ -137,16 +138,25 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
     let mut r_gateways = Vec::new();
     for (index, (shard, slot)) in report_subjects(&options).enumerate() {
+        let mark = DeliveredMark::open(&options.settings.store_dir, shard, slot);
+        let mark = mark.map_err(|e| remote_error("the delivered reports' position", e))?;
+        if mark.first_seqs() != [1; 2] {
+            let [reports, md] = mark.first_seqs();
+            tracing::info!(
+                "gateway: shard {shard} slot {slot} resumes at report {reports}, market data {md}"
+            );
+        }
         // No listener: the reports go to this process's sessions only.
         let gateway_options = GatewayOptions {
             nats: options.nats.clone(),
             prefix: options.log.publish_prefix(shard),
             listen: None,
+            first_seqs: mark.first_seqs(),
             ..GatewayOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         };
         let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));
         let r_gateway = r_gateway.map_err(|e| remote_error("R-Gateway", format!("{e:#}")))?;
-        runtime.spawn(forward_reports(r_gateway.attach(), slot, subscribers(index)));
+        runtime.spawn(forward_reports(r_gateway.attach(), (slot, mark), subscribers(index)));
         r_gateways.push(r_gateway);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
@@ -279,11 +289,12 @@ fn count(tally: &mut AppendTally, orders: u64, done: Result<Appended, Replicatio
     }
 }
 
-/// Reads one R-Gateway's frames (in process: no socket between them) and hands each client
-/// report to the sessions' reply queue.
+/// Reads one R-Gateway's frames (in process: no socket between them), hands each client
+/// report to the sessions' reply queue, and after each chunk keeps how far it got (`mark`),
+/// so a restarted gateway does not hand a report on twice.
 async fn forward_reports(
     mut r_gateway: InProcessConsumer,
-    slot: u32,
+    (slot, mut mark): (u32, DeliveredMark),
     mut subscribers: Vec<Box<dyn Subscriber>>,
 ) {
     let epoch = EpochOffset::measure().absolute(0);
@@ -291,6 +302,11 @@ async fn forward_reports(
     while let Some(chunk) = r_gateway.next_chunk().await {
         decoder.extend(&chunk);
         while let Ok(Some(frame)) = decoder.next_frame() {
+            if let Frame::Data { stream, seq, .. } | Frame::Resync { stream, last_seq: seq, .. } =
+                frame
+            {
+                mark.handed_on(stream, seq);
+            }
             match frame {
                 Frame::Data { stream: Stream::Reports, record, .. } => {
                     match response_of(&record, epoch) {
@@ -305,6 +321,9 @@ async fn forward_reports(
                 Frame::Goodbye { .. } => return,
                 Frame::Data { .. } | Frame::Hello { .. } => {}
             }
+        }
+        if let Err(error) = mark.write() {
+            tracing::error!("gateway: keeping the delivered reports' position: {error}");
         }
     }
     // A shutdown (or a cut-off, which the R-Gateway itself warned about).

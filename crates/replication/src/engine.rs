@@ -85,6 +85,8 @@ struct EngineState {
     /// The last stream sequence whose every record was handed to the tier.
     applied_seq: AtomicU64,
     leads: AtomicBool,
+    /// The epoch of the last leadership this engine took (0: none yet).
+    epoch: AtomicU64,
     /// Times this engine took the lease.
     leaderships: AtomicU64,
     /// The input-log sequence of the last snapshot this engine wrote.
@@ -103,6 +105,7 @@ pub struct Engine {
     publisher: NatsPublisher,
     state: Arc<EngineState>,
     lease_task: Option<tokio::task::JoinHandle<()>>,
+    notes_task: Option<tokio::task::JoinHandle<()>>,
     follower: Option<std::thread::JoinHandle<()>>,
     snapshots: Option<std::thread::JoinHandle<()>>,
     stop_follower: Arc<tokio::sync::Notify>,
@@ -137,13 +140,14 @@ impl Engine {
         let store = runtime.block_on(SnapshotStore::open(client.clone(), &options.log))?;
         let start = runtime.block_on(starting_point(&store, &options))?;
         let after_seq = start.as_ref().map_or(0, |snapshot| snapshot.stream_seq);
-        let taker = SnapshotTaker::new(&options, start.as_ref(), store.clone(), &runtime)?;
+        let gate = PublishGate::closed();
+        let fenced_store = (store.clone(), gate.clone());
+        let taker = SnapshotTaker::new(&options, start.as_ref(), fenced_store, &runtime)?;
         let group = PublisherGroup {
             instance: group_instance(&options),
-            gate: PublishGate::closed(),
+            gate: gate.clone(),
             next_seqs: start.as_ref().map(|s| s.next_seqs.clone()).unwrap_or_default(),
         };
-        let gate = group.gate.clone();
         let prefix = options.log.publish_prefix(options.shard);
         let publish = PublishOptions { prefix, ..options.publish.clone() };
         let publisher = NatsPublisher::connect_in_group(publish, group)
@@ -171,19 +175,16 @@ impl Engine {
             &options.holder,
         ))?;
         let progress = Progress { store, shard: options.shard, holder: options.holder.clone() };
-        let lease_task = runtime.spawn(keep_lease(
-            lease,
-            options.lease.renew_every,
-            gate,
-            state.clone(),
-            progress,
-        ));
+        let every = options.lease.renew_every;
+        let notes_task = runtime.spawn(note_progress(progress, every, state.clone()));
+        let lease_task = runtime.spawn(keep_lease(lease, every, gate, state.clone()));
         Ok(Engine {
             runtime,
             tier: Some(tier),
             publisher,
             state,
             lease_task: Some(lease_task),
+            notes_task: Some(notes_task),
             follower: Some(follow),
             snapshots: Some(snapshots),
             stop_follower,
@@ -254,6 +255,9 @@ impl Engine {
         // Relaxed: the source and the lease task poll it; nothing rides on it.
         self.state.stop.store(true, Ordering::Relaxed);
         if let Some(task) = self.lease_task.take() {
+            let _ = self.runtime.block_on(task);
+        }
+        if let Some(task) = self.notes_task.take() {
             let _ = self.runtime.block_on(task);
         }
         self.stop_follower.notify_one();
@@ -413,6 +417,8 @@ struct SnapshotTaker {
     taken_seq: u64,
     every: u64,
     store: SnapshotStore,
+    /// The engine's publish gate: open only while it leads, which a trim checks first.
+    gate: Arc<PublishGate>,
     shard: u32,
     holder: String,
     runtime: tokio::runtime::Handle,
@@ -422,7 +428,7 @@ impl SnapshotTaker {
     fn new(
         options: &EngineOptions,
         start: Option<&EngineSnapshot>,
-        store: SnapshotStore,
+        (store, gate): (SnapshotStore, Arc<PublishGate>),
         runtime: &tokio::runtime::Runtime,
     ) -> Result<SnapshotTaker, ReplicationError> {
         let (master, gateways) = (options.tier.starting_master_data(), options.tier.gateways);
@@ -455,6 +461,7 @@ impl SnapshotTaker {
             taken_seq,
             every,
             store,
+            gate,
             shard,
             holder,
             runtime,
@@ -487,10 +494,16 @@ impl SnapshotTaker {
         };
         self.taken_seq = self.applied_seq;
         let (store, shard, holder) = (&self.store, self.shard, self.holder.as_str());
+        let gate = &self.gate;
         let written = self.runtime.block_on(async {
             store.put(shard, &snapshot).await?;
             // Its own note, fresh: the follower has read at least this far.
             store.note_progress(shard, holder, snapshot.stream_seq).await?;
+            // A deposed leader never trims: its snapshot may be older than the successor's
+            // progress assumes (the notes bound a trim, but only the leader's view is current).
+            if !gate.is_open() {
+                return Err(ReplicationError::Deposed("trimming the log"));
+            }
             store.trim(shard, snapshot.stream_seq).await
         });
         match written {
@@ -585,15 +598,32 @@ struct Progress {
     holder: String,
 }
 
+/// Notes the engine's progress every `every` until it stops, on a task of its own: a slow
+/// JetStream answer (up to its 5 s timeout) delays a note, never a lease renewal.
+async fn note_progress(progress: Progress, every: Duration, state: Arc<EngineState>) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Relaxed: see `Engine::stop`.
+    while !state.stop.load(Ordering::Relaxed) {
+        ticks.tick().await;
+        let applied = state.applied_seq.load(Ordering::Relaxed);
+        if let Err(error) =
+            progress.store.note_progress(progress.shard, &progress.holder, applied).await
+        {
+            tracing::debug!("engine progress: {error}");
+        }
+    }
+}
+
 /// Holds or contends for the lease until the engine stops or its follower fails, keeping the
-/// gate open exactly while the lease is valid, and notes the engine's progress on every tick;
-/// then releases the lease.
+/// gate open exactly while the lease is valid and stamped with the leadership's epoch; then
+/// releases the lease (its own write only: see `Lease::release`). A tick waits on nothing but
+/// the lease's own write, bounded by the renewal period.
 async fn keep_lease(
     mut lease: Lease,
     every: Duration,
     gate: Arc<PublishGate>,
     state: Arc<EngineState>,
-    progress: Progress,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -605,40 +635,46 @@ async fn keep_lease(
             tracing::error!("engine: no longer following the input log: giving the lease up");
             break;
         }
-        let applied = state.applied_seq.load(Ordering::Relaxed);
-        if let Err(error) =
-            progress.store.note_progress(progress.shard, &progress.holder, applied).await
-        {
-            tracing::debug!("engine progress: {error}");
-        }
         let held = lease.valid_until().is_some();
         let outcome = if held { lease.renew().await } else { lease.try_acquire().await };
         if let Err(error) = &outcome {
             tracing::debug!("engine lease: {error}");
         }
-        let valid_until = lease.valid_until();
-        match valid_until {
-            Some(until) => gate.open_until(abs_ns_of(until)),
-            None => gate.close(),
-        }
-        let leads = valid_until.is_some();
-        // Relaxed: a status flag (the gate decides what is published).
-        let was_leading = state.leads.swap(leads, Ordering::Relaxed);
-        let applied = state.applied_seq.load(Ordering::Relaxed);
-        match (was_leading, leads) {
-            (false, true) => {
-                state.leaderships.fetch_add(1, Ordering::Relaxed);
-                tracing::info!("engine: took the lease at input sequence {applied}");
+        let leads = match (lease.valid_until(), lease.epoch()) {
+            (Some(until), Some(epoch)) => {
+                gate.open_until(abs_ns_of(until), epoch);
+                // Relaxed: a figure for metrics and the snapshot thread's trim fence.
+                state.epoch.store(epoch, Ordering::Relaxed);
+                true
             }
-            (true, false) => tracing::warn!("engine: lost the lease at input sequence {applied}"),
-            _ => {}
-        }
+            _ => {
+                gate.close();
+                false
+            }
+        };
+        log_leadership(&state, leads);
     }
     gate.close();
     // Relaxed: a status flag (the gate, closed above, decides what is published).
     state.leads.store(false, Ordering::Relaxed);
     if let Err(error) = lease.release().await {
         tracing::warn!("engine: releasing the lease: {error}");
+    }
+}
+
+/// Sets the `leads` flag and logs a change of leadership once.
+fn log_leadership(state: &EngineState, leads: bool) {
+    // Relaxed: a status flag (the gate decides what is published).
+    let was_leading = state.leads.swap(leads, Ordering::Relaxed);
+    let applied = state.applied_seq.load(Ordering::Relaxed);
+    match (was_leading, leads) {
+        (false, true) => {
+            state.leaderships.fetch_add(1, Ordering::Relaxed);
+            let epoch = state.epoch.load(Ordering::Relaxed);
+            tracing::info!("engine: took the lease (epoch {epoch}) at input sequence {applied}");
+        }
+        (true, false) => tracing::warn!("engine: lost the lease at input sequence {applied}"),
+        _ => {}
     }
 }
 

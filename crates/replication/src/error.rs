@@ -51,6 +51,10 @@ pub enum ReplicationError {
     /// A stored snapshot that does not read (damaged, or written by another release).
     #[error("bad engine snapshot: {0}")]
     BadSnapshot(String),
+    /// This engine no longer leads its shard (its lease lapsed or passed on), so a leader's
+    /// write (`what`) was not made.
+    #[error("no longer the shard's leader: {0} not done")]
+    Deposed(&'static str),
     /// A `nats-server` child of [`crate::cluster`] could not be started.
     #[error("nats-server: {0}")]
     Server(String),

@@ -15,9 +15,20 @@
 //!   when the old one is cut off and cannot hear that it lost (a partition, a paused process).
 //! * A partition's minority side cannot write the bucket (no quorum): its holder's validity
 //!   runs out and it stops; the majority side's standby takes the lease after the TTL.
+//! * **Epoch.** A leadership is named by the stream sequence of the write that took it: the
+//!   stream's sequences only grow (expiry and deletes never reuse one), so a later leadership
+//!   always has a larger epoch. Every batch a leader publishes carries it, and receivers drop
+//!   a batch older than the newest epoch they have seen (`delivery::gateway`): a deposed
+//!   leader that wakes from a pause cannot be heard once its successor was.
+//! * **Only the holder releases.** Release deletes the holder's own last write by its
+//!   sequence, never the subject: when a successor wrote since, that write is already gone
+//!   (one message per subject) and the delete is a no-op. A refused acquire or renewal forgets
+//!   the old write, so a paused holder that wakes up never touches its successor's lease.
 
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 
 use crate::error::ReplicationError;
@@ -88,6 +99,8 @@ pub struct Lease {
     ttl: Duration,
     /// The sequence this contender last wrote while holding the lease.
     revision: Option<u64>,
+    /// The sequence of the write that took the lease this time (the leadership's epoch).
+    epoch: Option<u64>,
     valid_until: Option<Instant>,
 }
 
@@ -116,14 +129,21 @@ impl Lease {
         let stream = retry_at_startup(&what, || js.get_or_create_stream(config.clone())).await?;
         let holder = bytes::Bytes::copy_from_slice(holder.as_bytes());
         let (subject, ttl) = (format!("{prefix}.shard-{shard}"), settings.ttl);
-        Ok(Lease { js, stream, subject, holder, ttl, revision: None, valid_until: None })
+        let (revision, epoch, valid_until) = (None, None, None);
+        Ok(Lease { js, stream, subject, holder, ttl, revision, epoch, valid_until })
     }
 
-    /// Takes the lease if nobody holds it. `Ok(false)`: another holder's message is alive.
+    /// Takes the lease if nobody holds it. `Ok(false)`: another holder's message is alive (any
+    /// write of this contender's is then gone or about to expire: it is forgotten, so a later
+    /// [`Lease::release`] cannot touch the other holder's lease).
     pub async fn try_acquire(&mut self) -> Result<bool, ReplicationError> {
         let started = Instant::now();
+        self.lose();
         match self.write_after(0).await {
-            Ok(revision) => Ok(self.held_from(revision, started)),
+            Ok(revision) => {
+                self.epoch = Some(revision);
+                Ok(self.held_from(revision, started))
+            }
             Err(PublishErrorKind::WrongLastSequence) => Ok(false),
             Err(kind) => Err(ReplicationError::jetstream(format!("taking {}", self.subject), kind)),
         }
@@ -151,15 +171,33 @@ impl Lease {
         self.valid_until.filter(|until| Instant::now() < *until)
     }
 
+    /// The epoch of the leadership held now (`None`: not held): the lease stream's sequence of
+    /// the write that took it, larger than every earlier leadership's of this shard.
+    pub fn epoch(&self) -> Option<u64> {
+        self.valid_until().and(self.epoch)
+    }
+
     /// Gives the lease up at once (a stopping leader), so a standby need not wait the TTL.
+    /// Deletes this holder's own last write only: if anyone wrote the subject since, that
+    /// write is gone already and nothing is deleted.
     pub async fn release(&mut self) -> Result<(), ReplicationError> {
-        if self.revision.is_none() {
-            return Ok(());
-        }
+        let Some(revision) = self.revision else { return Ok(()) };
         self.lose();
-        let purged = self.stream.purge().filter(self.subject.clone()).await;
-        let what = format!("releasing {}", self.subject);
-        purged.map(|_| ()).map_err(|e| ReplicationError::jetstream(what, e))
+        match self.stream.delete_message(revision).await {
+            Ok(_) => Ok(()),
+            // Expired, or replaced by a successor's write: not ours to delete any more (the
+            // server answers "no message found" under the delete's own code).
+            Err(error)
+                if matches!(error.kind(), DeleteMessageErrorKind::JetStream(e)
+                if [ErrorCode::NO_MESSAGE_FOUND, ErrorCode::STREAM_MESSAGE_DELETE_FAILED]
+                    .contains(&e.error_code())) =>
+            {
+                Ok(())
+            }
+            Err(error) => {
+                Err(ReplicationError::jetstream(format!("releasing {}", self.subject), error))
+            }
+        }
     }
 
     /// Who holds the lease now, by the stream (`None`: nobody).
@@ -195,6 +233,7 @@ impl Lease {
 
     fn lose(&mut self) {
         self.revision = None;
+        self.epoch = None;
         self.valid_until = None;
     }
 }

@@ -6,8 +6,11 @@
 //! input sequence, and per data subject the sequence number its next report takes (so a
 //! restored engine numbers reports as its group does). Every engine computes it off its tier's
 //! threads, on a replica (`exchange::tier::TierReplica`); the leader writes one every
-//! `every_inputs` inputs as object `shard-{N}` of bucket `{PREFIX}_SNAPSHOTS` (replicated like
-//! the log; a put replaces the object whole, so a reader sees the old snapshot or the new one).
+//! `every_inputs` inputs as object `shard-{N}.{S}` of bucket `{PREFIX}_SNAPSHOTS` (replicated
+//! like the log, `S` zero-padded to 20 digits). A reader takes the object with the largest `S`;
+//! a writer removes the shard's objects below its own once it is stored. So a snapshot never
+//! replaces a newer one: a deposed leader that wakes up from a pause and writes its older
+//! snapshot adds an object nobody reads, which the next put removes.
 //!
 //! **Trimming.** Every engine notes how far it applied its shard's log as the one live message
 //! of subject `{prefix}_progress.shard-{N}.{holder}` in stream `{PREFIX}_PROGRESS` (a
@@ -189,9 +192,10 @@ impl SnapshotStore {
         Ok(SnapshotStore { objects, progress, js, log: log.clone() })
     }
 
-    /// The newest snapshot of `shard`, if one was written.
+    /// The newest snapshot of `shard` (the largest input-log sequence), if one was written.
     pub async fn latest(&self, shard: u32) -> Result<Option<EngineSnapshot>, ReplicationError> {
-        let name = object_name(shard);
+        let stored = self.stored(shard).await?;
+        let Some((_, name)) = stored.into_iter().max() else { return Ok(None) };
         let mut object = match self.objects.get(&name).await {
             Ok(object) => object,
             Err(error) if error.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
@@ -205,12 +209,44 @@ impl SnapshotStore {
         EngineSnapshot::decode(&bytes).map(Some)
     }
 
-    /// Stores `snapshot` as `shard`'s newest (the object is replaced whole).
+    /// Stores `snapshot` for `shard`, then removes the shard's snapshots below it (never one
+    /// above: a newer snapshot written meanwhile stays the newest).
     pub async fn put(&self, shard: u32, snapshot: &EngineSnapshot) -> Result<(), ReplicationError> {
-        let (name, bytes) = (object_name(shard), snapshot.encode());
+        let (name, bytes) = (object_name(shard, snapshot.stream_seq), snapshot.encode());
         let stored = self.objects.put(name.as_str(), &mut bytes.as_slice()).await;
         stored.map_err(|e| ReplicationError::jetstream(format!("writing {name}"), e))?;
+        for (stream_seq, older) in self.stored(shard).await? {
+            if stream_seq < snapshot.stream_seq {
+                let deleted = self.objects.delete(&older).await;
+                deleted.map_err(|e| ReplicationError::jetstream(format!("removing {older}"), e))?;
+            }
+        }
         Ok(())
+    }
+
+    /// `shard`'s stored snapshots: (input-log sequence, object name). A name without a
+    /// sequence (`shard-{N}`, an earlier release's) sorts first.
+    async fn stored(&self, shard: u32) -> Result<Vec<(u64, String)>, ReplicationError> {
+        let what = "listing the snapshots";
+        let list = self.objects.list().await.map_err(|e| ReplicationError::jetstream(what, e))?;
+        let infos: Vec<_> = list.collect().await;
+        let legacy = format!("shard-{shard}");
+        let mut stored = Vec::new();
+        for info in infos {
+            let info = info.map_err(|e| ReplicationError::jetstream(what, e))?;
+            if info.deleted {
+                continue;
+            }
+            let seq = match info.name.strip_prefix(&legacy) {
+                Some("") => Some(0),
+                Some(rest) => rest.strip_prefix('.').and_then(|seq| seq.parse::<u64>().ok()),
+                None => None,
+            };
+            if let Some(seq) = seq {
+                stored.push((seq, info.name));
+            }
+        }
+        Ok(stored)
     }
 
     /// Notes that `holder` applied `shard`'s log up to `applied_seq` (it then holds the log
@@ -292,8 +328,9 @@ fn objects_config(bucket: &str, log: &LogSettings) -> object_store::Config {
     }
 }
 
-fn object_name(shard: u32) -> String {
-    format!("shard-{shard}")
+/// `shard-{N}.{S}`, `S` zero-padded so that names sort as their sequences.
+fn object_name(shard: u32, stream_seq: u64) -> String {
+    format!("shard-{shard}.{stream_seq:020}")
 }
 
 /// `{prefix}_progress.shard-{N}`: the notes of `shard`'s engines are the tokens below it.

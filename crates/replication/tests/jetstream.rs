@@ -132,6 +132,43 @@ fn a_killed_server_loses_no_acknowledged_order() {
     });
 }
 
+/// A holder paused past its TTL (SIGSTOP) wakes up, finds a successor, and stops: its
+/// refused acquire and its release on the way out leave the successor's lease alone, and the
+/// successor's epoch is larger than the paused holder's.
+#[test]
+fn a_paused_holder_that_wakes_up_and_stops_leaves_its_successors_lease_alone() {
+    let cluster = Cluster::start(3).unwrap();
+    runtime().block_on(async {
+        let client = connect(&cluster.url()).await;
+        let settings = LeaseSettings::new("leantier", 3);
+        let mut old = Lease::open(client.clone(), &settings, 0, "old").await.unwrap();
+        let mut new = Lease::open(client.clone(), &settings, 0, "new").await.unwrap();
+        assert!(old.try_acquire().await.unwrap());
+        let old_epoch = old.epoch().expect("held");
+        // The pause: no renewal until the successor holds the lease.
+        let deadline = Instant::now() + settings.ttl * 5;
+        while !new.try_acquire().await.unwrap() {
+            assert!(Instant::now() < deadline, "the lease passes on once renewals stop");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let new_epoch = new.epoch().expect("held");
+        assert!(new_epoch > old_epoch, "epochs grow: {new_epoch} after {old_epoch}");
+        assert_eq!(old.epoch(), None, "the paused holder's validity ran out");
+        // SIGCONT: the woken holder tries to lead again (its validity is gone), then stops.
+        assert!(!old.try_acquire().await.unwrap(), "held by the successor: refused");
+        old.release().await.unwrap();
+        assert_eq!(new.holder().await.unwrap().as_deref(), Some("new"), "still the successor's");
+        for _ in 0..(settings.ttl.as_millis() / settings.renew_every.as_millis() + 2) {
+            tokio::time::sleep(settings.renew_every).await;
+            assert!(new.renew().await.unwrap(), "the successor keeps renewing");
+        }
+        assert_eq!(new.epoch(), Some(new_epoch), "renewals keep the epoch");
+        // The successor's lease lapses unrenewed; a release of a write that is gone is a no-op.
+        tokio::time::sleep(settings.ttl * 3).await;
+        new.release().await.unwrap();
+    });
+}
+
 /// One holder at a time: a second contender is refused while the first renews; once the
 /// first stops renewing, its validity ends before the second can take the lease.
 #[test]

@@ -157,6 +157,8 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         consumers_per_address_max: args.consumers_per_address_max,
         consumer_queue_chunks: args.consumer_queue_chunks,
         seq_ahead_max: args.seq_ahead_max,
+        // A standalone R-Gateway's consumers keep no place: each starts from the stream's.
+        first_seqs: [1; 2],
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(async {

@@ -226,10 +226,16 @@ impl StopSignals {
     }
 }
 
-/// `host-pid`: how the lease names its holder in logs.
+/// `host-pid-nonce`: how the lease and the progress notes name this process. The random
+/// nonce makes it unique per process start: containers repeat host names and pids, and two
+/// engines under one name would share a progress note (one's note hiding the other's lag).
 fn holder_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{}-{}", host.trim(), std::process::id())
+    use std::hash::{BuildHasher, Hasher};
+    // std's per-process random hash keys, mixed with the wall clock: no generator needed.
+    let mut nonce = std::collections::hash_map::RandomState::new().build_hasher();
+    nonce.write_u128(std::time::UNIX_EPOCH.elapsed().unwrap_or_default().as_nanos());
+    format!("{}-{}-{:08x}", host.trim(), std::process::id(), nonce.finish() as u32)
 }
 
 #[cfg(test)]

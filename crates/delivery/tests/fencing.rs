@@ -1,0 +1,95 @@
+//! The R-Gateway's fence against deposed leaders, on a real `nats-server` ($LEANTIER_NATS_URL,
+//! else a child): once a batch of leadership epoch E was heard, batches, heartbeats and retain
+//! replies of an older epoch are dropped and counted, however late they come (a leader paused
+//! past its lease that wakes up and publishes); and a gateway started at a sequence (a
+//! restarted gateway's kept position) delivers nothing before it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{INSTANCE, batch_in_epoch};
+use delivery::consumer;
+use delivery::gateway::{GatewayOptions, RunningGateway, start};
+use delivery::server::server_or_env;
+use delivery::subjects::data_subject;
+use delivery::wire::{BATCH_RECORDS_MAX, Stream};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const BATCH: u64 = BATCH_RECORDS_MAX as u64;
+const BATCH_COUNT: usize = BATCH_RECORDS_MAX;
+
+async fn gateway_on(url: &str, name: &str, first_seqs: [u64; 2]) -> (RunningGateway, String) {
+    let mut options = GatewayOptions::new(url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.prefix = format!("{name}{}", std::process::id());
+    options.first_seqs = first_seqs;
+    let prefix = options.prefix.clone();
+    (start(options).await.unwrap(), prefix)
+}
+
+async fn wait_until(what: &str, gateway: &RunningGateway, done: impl Fn(&RunningGateway) -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done(gateway) {
+        assert!(Instant::now() < deadline, "{what}: {:?}", gateway.report());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leaders_late_batches_are_dropped_once_its_successor_was_heard() {
+    let (url, _server) = server_or_env().unwrap();
+    let (gateway, prefix) = gateway_on(&url, "fenced", [1; 2]).await;
+    let (tally, reading) = consumer::connect(gateway.local_addr().unwrap(), 0).await.unwrap();
+    let reader = tokio::spawn(reading);
+    wait_until("the consumer", &gateway, |g| g.report().consumers_connected == 1).await;
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
+    let publish = |epoch, first_seq, count| {
+        let payload = batch_in_epoch(INSTANCE, epoch, first_seq, count);
+        client.publish(subject.clone(), payload.into())
+    };
+    // The old leader (epoch 5), then its successor (epoch 9) from the next sequence.
+    publish(5, 1, BATCH_COUNT).await.unwrap();
+    publish(9, BATCH + 1, BATCH_COUNT).await.unwrap();
+    client.flush().await.unwrap();
+    wait_until("both leaders' batches", &gateway, |g| g.report().received == 2 * BATCH).await;
+    // The old leader wakes up: its next batch, and a heartbeat, come after its successor's.
+    publish(5, 2 * BATCH + 1, BATCH_COUNT).await.unwrap();
+    publish(5, 2 * BATCH + 1, 0).await.unwrap();
+    client.flush().await.unwrap();
+    wait_until("the late batch fenced", &gateway, |g| g.report().fenced == 2).await;
+    // The successor's own next batch is delivered where the fenced one claimed to be.
+    publish(9, 2 * BATCH + 1, BATCH_COUNT).await.unwrap();
+    client.flush().await.unwrap();
+    wait_until("the successor's batch", &gateway, |g| g.report().received == 3 * BATCH).await;
+    let report = gateway.report();
+    assert_eq!(report.epoch, 9, "{report:?}");
+    assert_eq!((report.fenced, report.duplicates, report.gaps), (2, 0, 0), "{report:?}");
+    let deadline = Instant::now() + DEADLINE;
+    while consumer::next_seqs(&tally)[0] <= 3 * BATCH {
+        assert!(Instant::now() < deadline, "consumer at {:?}", consumer::next_seqs(&tally));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    reader.abort();
+    gateway.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_at_a_kept_position_delivers_nothing_before_it() {
+    let (url, _server) = server_or_env().unwrap();
+    let (gateway, prefix) = gateway_on(&url, "resumed", [BATCH + 1, 1]).await;
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
+    for first_seq in [1, BATCH + 1] {
+        let payload = batch_in_epoch(INSTANCE, 3, first_seq, BATCH_COUNT);
+        client.publish(subject.clone(), payload.into()).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    wait_until("the batch after the position", &gateway, |g| g.report().received == BATCH).await;
+    let report = gateway.report();
+    assert_eq!(report.duplicates, BATCH, "the batch before the position is dropped: {report:?}");
+    assert_eq!((report.gaps, report.resyncs), (0, 0), "{report:?}");
+    assert_eq!(report.next_seqs[0], 2 * BATCH + 1, "{report:?}");
+    gateway.shutdown().await.unwrap();
+}

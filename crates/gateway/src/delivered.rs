@@ -1,0 +1,103 @@
+//! How far a gateway without a tier (`crate::remote`) handed each shard's reports on, kept
+//! across its restarts, so that a restarted gateway asks its R-Gateways for what follows and
+//! never routes a report twice.
+//!
+//! One small file per (shard, tier gateway slot) under the store directory,
+//! `delivered/shard-{S}-slot-{G}`: a magic and, per stream ([`Stream::ALL`] order), the last
+//! sequence handed to the sessions (0: none). It is rewritten in place (one `pwrite` of
+//! [`MARK_BYTES`]) after each chunk of frames was handed on: one system call per NATS batch,
+//! not per report. A process kill keeps the write (the page cache outlives the process); a
+//! machine crash may lose the last writes, and the reports after the kept position are then
+//! routed again (docs/REPLICATION.md, "Limits").
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use delivery::wire::Stream;
+
+/// Magic of a delivered-position file.
+const MAGIC: &[u8; 8] = b"LTDLVRD1";
+/// Bytes of a position: the magic, then one little-endian u64 per stream.
+pub const MARK_BYTES: usize = MAGIC.len() + 8 * Stream::ALL.len();
+
+/// One (shard, slot)'s delivered position, open for rewriting.
+pub struct DeliveredMark {
+    file: File,
+    last_seqs: [u64; 2],
+}
+
+impl DeliveredMark {
+    /// Opens (creating when missing) the position of `shard`'s reports for `slot` under
+    /// `store_dir`. A file that does not hold a position (damaged, or not ours) is an error
+    /// naming it: starting from 1 would route every retained report again.
+    pub fn open(store_dir: &Path, shard: u32, slot: u32) -> std::io::Result<DeliveredMark> {
+        let dir = store_dir.join("delivered");
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("shard-{shard}-slot-{slot}"));
+        let file =
+            File::options().read(true).write(true).create(true).truncate(false).open(&path)?;
+        let mut bytes = [0u8; MARK_BYTES];
+        let read = file.read_at(&mut bytes, 0)?;
+        let last_seqs = match read {
+            0 => [0; 2],
+            MARK_BYTES if &bytes[..MAGIC.len()] == MAGIC => [u64_at(&bytes, 0), u64_at(&bytes, 1)],
+            _ => {
+                let why = format!("{} holds no delivered position ({read} bytes)", path.display());
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+            }
+        };
+        Ok(DeliveredMark { file, last_seqs })
+    }
+
+    /// Per stream, the first sequence not yet handed on (what the R-Gateway starts at).
+    pub fn first_seqs(&self) -> [u64; 2] {
+        self.last_seqs.map(|last| last + 1)
+    }
+
+    /// Notes that `stream`'s records up to `seq` were handed on (kept in memory until
+    /// [`DeliveredMark::write`]).
+    pub fn handed_on(&mut self, stream: Stream, seq: u64) {
+        let last = &mut self.last_seqs[stream as usize];
+        *last = (*last).max(seq);
+    }
+
+    /// Rewrites the file with the position noted so far.
+    pub fn write(&self) -> std::io::Result<()> {
+        let mut bytes = [0u8; MARK_BYTES];
+        bytes[..MAGIC.len()].copy_from_slice(MAGIC);
+        for (index, last) in self.last_seqs.iter().enumerate() {
+            let at = MAGIC.len() + 8 * index;
+            bytes[at..at + 8].copy_from_slice(&last.to_le_bytes());
+        }
+        self.file.write_all_at(&bytes, 0)
+    }
+}
+
+fn u64_at(bytes: &[u8; MARK_BYTES], index: usize) -> u64 {
+    let at = MAGIC.len() + 8 * index;
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes inside a mark"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_survives_reopening_and_a_damaged_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut mark = DeliveredMark::open(dir.path(), 1, 0).unwrap();
+        assert_eq!(mark.first_seqs(), [1, 1], "a new gateway starts at the streams' start");
+        mark.handed_on(Stream::Reports, 12);
+        mark.handed_on(Stream::Reports, 7);
+        mark.handed_on(Stream::MarketData, 30);
+        mark.write().unwrap();
+        drop(mark);
+        let mark = DeliveredMark::open(dir.path(), 1, 0).unwrap();
+        assert_eq!(mark.first_seqs(), [13, 31], "positions only grow, and are kept");
+        assert_eq!(DeliveredMark::open(dir.path(), 0, 0).unwrap().first_seqs(), [1, 1]);
+        std::fs::write(dir.path().join("delivered/shard-1-slot-0"), b"not a position").unwrap();
+        let refused = DeliveredMark::open(dir.path(), 1, 0).err().expect("refused");
+        assert!(refused.to_string().contains("holds no delivered position"), "{refused}");
+    }
+}
