@@ -18,6 +18,7 @@ use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
 use replication::follow::Follower;
 use replication::layout::LogSettings;
+use replication::lease::LEASE_TTL_DEFAULT;
 
 /// Orders appended between two kills.
 const ORDERS_PER_ROUND: u64 = 100;
@@ -49,6 +50,11 @@ fn print_warnings(dir: &std::path::Path) {
     }
 }
 
+/// The log so far of the engine started as [`Process::named_engine`] `name`.
+fn log_of(dir: &std::path::Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("serve-{name}.log"))).unwrap_or_default()
+}
+
 /// Every child's log so far (the `serve-*` files in `dir`), one after the other.
 fn logs(dir: &std::path::Path) -> String {
     std::fs::read_dir(dir)
@@ -72,16 +78,38 @@ impl Process {
 
     /// Starts `exchange serve` with `args` in `dir` and returns it with its output's lines.
     fn start_reading(dir: &std::path::Path, args: &[&str]) -> (Process, Lines) {
+        Process::start_logging(dir, args, log_file(dir))
+    }
+
+    /// [`Process::start_reading`], logging to `log`.
+    fn start_logging(dir: &std::path::Path, args: &[&str], log: std::fs::File) -> (Process, Lines) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
             .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
             .args(args)
             .current_dir(dir)
             .stdout(Stdio::piped())
-            .stderr(log_file(dir))
+            .stderr(log)
             .spawn()
             .unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         (Process(child), lines)
+    }
+
+    /// An engine of shard 0 logging to `serve-{name}.log` in `dir` ([`log_of`]).
+    fn named_engine(dir: &std::path::Path, url: &str, name: &str) -> Process {
+        let log = std::fs::File::create(dir.join(format!("serve-{name}.log"))).unwrap();
+        let args = ["--role", "engine", "--nats", url];
+        let (engine, mut lines) = Process::start_logging(dir, &args, log);
+        let first = lines.next().expect("a line").unwrap();
+        assert!(first.starts_with("engine for shard 0 following"), "{first}");
+        engine
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process.
+    fn signal(&self, signal: &str) {
+        let pid = self.0.id().to_string();
+        let sent = Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
+        assert!(sent.success(), "kill -{signal} {pid}");
     }
 
     fn engine(dir: &std::path::Path, url: &str) -> Process {
@@ -230,6 +258,53 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
     assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
     assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
     assert!(max <= FAILOVER_MAX, "failover took {max:?} (goal {FAILOVER_MAX:?})");
+}
+
+/// A leader paused (SIGSTOP) past its lease wakes up (SIGCONT) after its standby took over,
+/// then is stopped (SIGTERM): the successor keeps the lease (the woken leader's refused acquire
+/// and its release on the way out leave the successor's write alone), and every order's report
+/// reaches the consumer exactly once and in sequence, whatever the woken leader still had in
+/// flight (its batches carry the old epoch and are fenced). Before the fence, the old leader's
+/// release purged the successor's lease 100–200 ms later in every run.
+#[test]
+fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let mut appender = Appender::open(&rt, &url);
+    let old = Process::named_engine(dir.path(), &url, "old");
+    let total = appender.append(ORDERS_PER_ROUND);
+    wait_for("the first leader's reports", Duration::from_secs(30), || reports(&tally) >= total);
+    let _successor = Process::named_engine(dir.path(), &url, "successor");
+    std::thread::sleep(Duration::from_millis(300)); // the standby applies the first round
+    old.signal("STOP");
+    wait_for("the standby takes the lease", Duration::from_secs(10), || {
+        log_of(dir.path(), "successor").contains("took the lease")
+    });
+    let total = appender.append(ORDERS_PER_ROUND);
+    wait_for("the successor's reports", Duration::from_secs(30), || reports(&tally) >= total);
+    old.signal("CONT");
+    wait_for("the woken leader learns it lost", Duration::from_secs(10), || {
+        log_of(dir.path(), "old").contains("lost the lease")
+    });
+    assert!(old.terminate().success(), "the woken leader drains and exits 0 on SIGTERM");
+    // Two TTLs: a deleted lease would have been lost and taken again by now.
+    std::thread::sleep(LEASE_TTL_DEFAULT * 2);
+    let total = appender.append(ORDERS_PER_ROUND);
+    wait_for("the last reports", Duration::from_secs(30), || reports(&tally) >= total);
+    let successor = log_of(dir.path(), "successor");
+    assert_eq!(successor.matches("took the lease").count(), 1, "one leadership:\n{successor}");
+    assert!(!successor.contains("lost the lease"), "kept its lease:\n{successor}");
+    let seen = tally.lock().unwrap().clone();
+    assert_eq!(seen.data[0], total, "every order's accept exactly once");
+    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
+    assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
+    let report = r_gateway.report();
+    println!("paused leader: {} batches of the old epoch fenced", report.fenced);
 }
 
 /// Sends `buy {token} 1 1 100000` (a resting buy of instrument 1); the answer's event kind.
