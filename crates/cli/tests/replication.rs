@@ -116,6 +116,15 @@ impl Process {
         Process::shard_engine(dir, url, (0, 1))
     }
 
+    /// An engine of shard 0 with `extra` flags.
+    fn engine_with(dir: &std::path::Path, url: &str, extra: &[&str]) -> Process {
+        let mut args = vec!["--role", "engine", "--nats", url];
+        args.extend_from_slice(extra);
+        let (engine, first) = Process::start(dir, &args);
+        assert!(first.starts_with("engine for shard 0 following"), "{first}");
+        engine
+    }
+
     /// An engine of `shard` of `shards`.
     fn shard_engine(dir: &std::path::Path, url: &str, (shard, shards): (u32, u32)) -> Process {
         let (shard, shards) = (shard.to_string(), shards.to_string());
@@ -305,6 +314,43 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
     let report = r_gateway.report();
     println!("paused leader: {} batches of the old epoch fenced", report.fenced);
+}
+
+/// Engines that keep only 64 reports in memory; the leader is killed and, while the standby
+/// waits out the lease, 2,000 orders are appended, which the standby applies: when it leads,
+/// the R-Gateway is far more than its window behind. The old reports are recomputed from the
+/// input log (`replication::replay`), so every report arrives once and in sequence, none
+/// declared lost. (Before, 6,846–12,471 of 40,000 reports were lost this way when the node
+/// leading the lease stream died.)
+#[test]
+fn a_failover_past_the_retained_window_loses_no_report() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let mut appender = Appender::open(&rt, &url);
+    let small_window = ["--retain-records", "64"];
+    let leader = Process::engine_with(dir.path(), &url, &small_window);
+    let total = appender.append(ORDERS_PER_ROUND);
+    wait_for("the first leader's reports", Duration::from_secs(30), || reports(&tally) >= total);
+    let _standby = Process::engine_with(dir.path(), &url, &small_window);
+    std::thread::sleep(Duration::from_millis(300)); // the standby applies the first round
+    leader.kill();
+    let total = appender.append(2000);
+    wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
+    let seen = tally.lock().unwrap().clone();
+    let report = r_gateway.report();
+    println!(
+        "failover past the window: {} records recovered, {:?}",
+        report.recovered, seen.resynced
+    );
+    assert_eq!(seen.resynced, [0, 0], "nothing declared lost: {report:?}");
+    assert_eq!(seen.data[0], total, "every order's accept exactly once");
+    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
+    assert!(report.recovered > 64, "more recovered than the window held: {report:?}");
 }
 
 /// Every sequenced event `client` receives until `quiet` passes without one: (seq, token, kind).

@@ -78,6 +78,8 @@ pub struct PublishReport {
     pub retain_requests: u64,
     /// Records served from the retained windows.
     pub retained_served: u64,
+    /// Records served recomputed by the group ([`Regenerate`]), older than the windows.
+    pub regenerated_served: u64,
     /// Per subject, the next sequence it will assign (gateway-major, then stream).
     pub next_seqs: Vec<u64>,
 }
@@ -134,6 +136,7 @@ struct Counters {
     heartbeats: AtomicU64,
     retain_requests: AtomicU64,
     retained_served: AtomicU64,
+    regenerated_served: AtomicU64,
     /// Whether the last publish was refused (so the outage is logged once, not per batch).
     refusing: AtomicBool,
 }
@@ -188,6 +191,24 @@ impl PublishGate {
     }
 }
 
+/// Recomputes records that have left a retained window. A replicated engine group can: any
+/// record follows from the shard's snapshot and the input log after it, which outlive the
+/// in-memory window (the `replication` crate's engine). The leader's retain service asks it for
+/// a range older than its window, so a gateway that fell further behind than the window (a
+/// failover during which the new leader applied many inputs, a gateway restarted after long)
+/// recovers instead of being told to resync.
+pub trait Regenerate: Send + Sync + std::fmt::Debug {
+    /// Records `from..=to` of `gateway`'s `stream`, from `from` on: a prefix of the range
+    /// (empty when none can be recomputed, e.g. the log was trimmed past them).
+    fn regenerate(
+        &self,
+        gateway: u32,
+        stream: Stream,
+        from: u64,
+        to: u64,
+    ) -> futures_util::future::BoxFuture<'static, Vec<Record>>;
+}
+
 /// A publisher that is one of a group sharing one sequence space (the engines that follow one
 /// shard's input log): every member computes the same records in the same order, so all use
 /// the group's `instance` id and gateways accept the next member's batches as the same
@@ -203,6 +224,8 @@ pub struct PublisherGroup {
     /// sequence its next record takes: a member restored from a snapshot continues the
     /// group's numbering there. Empty: every subject starts at 1.
     pub next_seqs: Vec<u64>,
+    /// What recomputes records older than the windows (`None`: such a range is lost).
+    pub regenerate: Option<Arc<dyn Regenerate>>,
 }
 
 /// Where a data subject sits in [`PublisherGroup::next_seqs`].
@@ -217,6 +240,8 @@ struct Shared {
     instance: u64,
     /// `None`: a publisher of its own, always publishing.
     gate: Option<Arc<PublishGate>>,
+    /// The group's way to records older than the windows.
+    regenerate: Option<Arc<dyn Regenerate>>,
     /// The publisher's runtime, for a publisher thread to wait on a full client queue.
     runtime: tokio::runtime::Handle,
     subjects: Vec<SubjectState>,
@@ -290,8 +315,45 @@ impl Shared {
         }
     }
 
-    /// The reply to a retain request: the available records of the range (at most a batch),
-    /// starting at the first one still retained; zero records when none is.
+    /// The reply to a retain request: the records of the range (at most a batch) from its
+    /// start, recomputed by the group when they left the window; else from the first one still
+    /// retained; zero records when none is.
+    async fn answer(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
+        let oldest = self.subject(gateway, stream).window.lock();
+        let oldest = oldest.unwrap_or_else(PoisonError::into_inner).oldest();
+        if let (Some(regenerate), true) = (&self.regenerate, request.from_seq < oldest) {
+            let last = request.to_seq.min(oldest - 1);
+            let last = last.min(request.from_seq + BATCH_RECORDS_MAX as u64 - 1);
+            let records = regenerate.regenerate(gateway, stream, request.from_seq, last).await;
+            if !records.is_empty() {
+                add(&self.counters.regenerated_served, records.len() as u64);
+                return self.reply(gateway, stream, request.from_seq, records.iter());
+            }
+        }
+        self.retained(gateway, stream, request)
+    }
+
+    /// A reply of `records`, the first numbered `first_seq`.
+    fn reply<'a>(
+        &self,
+        gateway: u32,
+        stream: Stream,
+        first_seq: u64,
+        records: impl ExactSizeIterator<Item = &'a Record>,
+    ) -> Vec<u8> {
+        let count = records.len();
+        let (instance, epoch) = (self.instance, self.epoch());
+        let header = BatchHeader { stream, gateway, instance, epoch, first_seq, count };
+        let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
+        header.write(&mut payload);
+        for record in records {
+            payload.extend_from_slice(&record.0);
+        }
+        payload
+    }
+
+    /// The window's part of a retain request's range (at most a batch), from the first record
+    /// still retained; zero records when none is.
     fn retained(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
         let window = self.subject(gateway, stream).window.lock();
         let window = window.unwrap_or_else(PoisonError::into_inner);
@@ -299,21 +361,9 @@ impl Shared {
         let last = request.to_seq.min(window.next_seq.saturating_sub(1));
         let count = if first > last { 0 } else { (last - first + 1).min(BATCH_RECORDS_MAX as u64) };
         let first_seq = if count == 0 { window.next_seq.max(first) } else { first };
-        let header = BatchHeader {
-            stream,
-            gateway,
-            instance: self.instance,
-            epoch: self.epoch(),
-            first_seq,
-            count: count as usize,
-        };
-        let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count as usize * RECORD_BYTES);
-        header.write(&mut payload);
-        for seq in first..first + count {
-            payload.extend_from_slice(&window.get(seq).0);
-        }
         add(&self.counters.retained_served, count);
-        payload
+        let records = (0..count as usize).map(|index| window.get(first + index as u64));
+        self.reply(gateway, stream, first_seq, records)
     }
 }
 
@@ -385,7 +435,10 @@ impl NatsPublisher {
         let client = runtime.block_on(connect(&options.nats, "publisher"))?;
         let instance = group.as_ref().map_or_else(new_instance_id, |group| group.instance);
         let next_seqs = group.as_ref().map(|group| group.next_seqs.clone()).unwrap_or_default();
-        let gate = group.map(|group| group.gate);
+        let (gate, regenerate) = match group {
+            Some(group) => (Some(group.gate), group.regenerate),
+            None => (None, None),
+        };
         tracing::info!("publisher instance {instance:016x}");
         let subjects = (0..options.gateways)
             .flat_map(|gateway| Stream::ALL.map(|stream| (gateway, stream)))
@@ -398,8 +451,15 @@ impl NatsPublisher {
             .collect();
         let handle = runtime.handle().clone();
         let counters = Counters::default();
-        let shared =
-            Arc::new(Shared { client, instance, gate, runtime: handle, subjects, counters });
+        let shared = Arc::new(Shared {
+            client,
+            instance,
+            gate,
+            regenerate,
+            runtime: handle,
+            subjects,
+            counters,
+        });
         let retain_subjects = format!("{}.retain.>", options.prefix);
         let subscribing = async {
             let subscribing = shared.client.subscribe(retain_subjects);
@@ -489,6 +549,7 @@ impl NatsPublisher {
             heartbeats: load(&c.heartbeats),
             retain_requests: load(&c.retain_requests),
             retained_served: load(&c.retained_served),
+            regenerated_served: load(&c.regenerated_served),
             next_seqs: self
                 .shared
                 .subjects
@@ -660,7 +721,7 @@ async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async
             continue;
         };
         add(&shared.counters.retain_requests, 1);
-        let payload = shared.retained(gateway, stream, request);
+        let payload = shared.answer(gateway, stream, request).await;
         if let Err(error) = shared.client.publish(reply, payload.into()).await {
             tracing::warn!("retain reply to gateway {gateway} failed: {error}");
         }

@@ -23,13 +23,11 @@ use std::time::{Duration, Instant};
 use delivery::clock::{EpochOffset, monotonic_ns};
 use delivery::nats::NatsConnect;
 use delivery::publish::{
-    NatsPublisher, PublishGate, PublishOptions, PublishReport, PublisherGroup, subject_index,
+    NatsPublisher, PublishGate, PublishOptions, PublishReport, PublisherGroup,
 };
-use delivery::wire::Stream;
-use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardRestore};
 use exchange::msg::InboundOrder;
-use exchange::tier::{OrderSource, RunOptions, Tier, TierConfig, TierReplica};
+use exchange::tier::{OrderSource, RunOptions, Tier, TierConfig};
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Flow};
 
@@ -37,6 +35,7 @@ use crate::error::ReplicationError;
 use crate::follow::{Follower, LoggedOrder};
 use crate::layout::LogSettings;
 use crate::lease::{Lease, LeaseSettings};
+use crate::replay::{GroupReplica, Regenerator};
 use crate::snapshot::{EngineSnapshot, SnapshotStore};
 
 /// Inputs queued between the follower thread and the tier's source.
@@ -143,10 +142,18 @@ impl Engine {
         let gate = PublishGate::closed();
         let fenced_store = (store.clone(), gate.clone());
         let taker = SnapshotTaker::new(&options, start.as_ref(), fenced_store, &runtime)?;
+        let regenerate = Regenerator::new(
+            client.clone(),
+            store.clone(),
+            &options.log,
+            options.shard,
+            &options.tier,
+        );
         let group = PublisherGroup {
             instance: group_instance(&options),
             gate: gate.clone(),
             next_seqs: start.as_ref().map(|s| s.next_seqs.clone()).unwrap_or_default(),
+            regenerate: Some(Arc::new(regenerate)),
         };
         let prefix = options.log.publish_prefix(options.shard);
         let publish = PublishOptions { prefix, ..options.publish.clone() };
@@ -407,13 +414,10 @@ async fn starting_point(
     })
 }
 
-/// The snapshot replica: applies every input as the tier does, counts the reports each data
-/// subject got, and writes a snapshot every `every` inputs while this engine leads.
+/// The snapshot replica: applies every input as the tier does, and writes a snapshot every
+/// `every` inputs while this engine leads.
 struct SnapshotTaker {
-    replica: TierReplica,
-    /// Per data subject ([`subject_index`]), records so far.
-    records: Vec<u64>,
-    applied_seq: u64,
+    replica: GroupReplica,
     taken_seq: u64,
     every: u64,
     store: SnapshotStore,
@@ -431,68 +435,27 @@ impl SnapshotTaker {
         (store, gate): (SnapshotStore, Arc<PublishGate>),
         runtime: &tokio::runtime::Runtime,
     ) -> Result<SnapshotTaker, ReplicationError> {
-        let (master, gateways) = (options.tier.starting_master_data(), options.tier.gateways);
-        let subjects = gateways as usize * Stream::ALL.len();
-        let (replica, records, applied_seq) = match start {
-            None => {
-                let limits = CoreLimits { order_pool_slots: options.tier.order_pool_slots };
-                (TierReplica::new(master, limits, gateways), vec![0; subjects], 0)
-            }
-            Some(snapshot) if snapshot.next_seqs.len() != subjects => {
-                let why =
-                    format!("{} subjects, the tier publishes {subjects}", snapshot.next_seqs.len());
-                return Err(ReplicationError::BadSnapshot(why));
-            }
-            Some(snapshot) => {
-                let replica =
-                    TierReplica::restored(master, gateways, snapshot.core_seq, &snapshot.state);
-                let replica = replica.map_err(|e| ReplicationError::BadSnapshot(e.to_string()))?;
-                let records = snapshot.next_seqs.iter().map(|next| next.saturating_sub(1));
-                (replica, records.collect(), snapshot.stream_seq)
-            }
-        };
+        let replica = GroupReplica::starting(&options.tier, start)?;
         let (every, shard) = (options.tier.snapshot_every_records, options.shard);
         let (holder, runtime) = (options.holder.clone(), runtime.handle().clone());
-        let taken_seq = applied_seq;
-        Ok(SnapshotTaker {
-            replica,
-            records,
-            applied_seq,
-            taken_seq,
-            every,
-            store,
-            gate,
-            shard,
-            holder,
-            runtime,
-        })
+        let taken_seq = replica.applied_seq();
+        Ok(SnapshotTaker { replica, taken_seq, every, store, gate, shard, holder, runtime })
     }
 
     fn apply(&mut self, logged: &LoggedOrder) {
-        let records = &mut self.records;
-        self.replica.apply(&logged.order, &mut |response| {
-            records[subject_index(response.gateway, Stream::of(response))] += 1;
-        });
-        if logged.last_in_message {
-            self.applied_seq = logged.stream_seq;
-        }
+        self.replica.apply(logged, &mut |_, _, _| {});
     }
 
     /// Whether a snapshot is due after `logged` (only ever after a whole message).
     fn due(&self, logged: &LoggedOrder) -> bool {
         let every = self.every;
-        logged.last_in_message && every > 0 && self.applied_seq - self.taken_seq >= every
+        logged.last_in_message && every > 0 && self.replica.applied_seq() - self.taken_seq >= every
     }
 
     /// Writes the snapshot after the last applied input, then trims the log below it.
     fn write(&mut self, state: &EngineState) {
-        let snapshot = EngineSnapshot {
-            stream_seq: self.applied_seq,
-            core_seq: self.replica.last_seq(),
-            next_seqs: self.records.iter().map(|records| records + 1).collect(),
-            state: self.replica.snapshot(),
-        };
-        self.taken_seq = self.applied_seq;
+        let snapshot = self.replica.snapshot();
+        self.taken_seq = snapshot.stream_seq;
         let (store, shard, holder) = (&self.store, self.shard, self.holder.as_str());
         let gate = &self.gate;
         let written = self.runtime.block_on(async {

@@ -17,6 +17,8 @@
 //! * [`lease`]: the leader lease (acquire, renew, validity that ends before anyone else's).
 //! * [`record`]: one order as a fixed-size, versioned log record.
 //! * [`snapshot`]: engine snapshots in the object store, and the log trimmed below them.
+//! * [`replay`]: the group's outputs recomputed from a snapshot and the log (snapshots, and
+//!   reports that have left the leader's retained window).
 //! * [`cluster`]: a loopback JetStream cluster of `nats-server` children for tests.
 //!
 //! docs/REPLICATION.md says what is replicated and what a failover costs.
@@ -35,6 +37,7 @@ pub mod follow;
 pub mod layout;
 pub mod lease;
 pub mod record;
+pub mod replay;
 pub mod snapshot;
 
 pub use error::ReplicationError;

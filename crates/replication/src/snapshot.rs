@@ -287,12 +287,21 @@ impl SnapshotStore {
 
     /// The first sequence `shard`'s stream still holds (the next one to be written when empty).
     pub async fn first_seq(&self, shard: u32) -> Result<u64, ReplicationError> {
+        Ok(self.stream_state(shard).await?.first_sequence.max(1))
+    }
+
+    /// The last sequence written to `shard`'s stream (0: none yet).
+    pub async fn last_seq(&self, shard: u32) -> Result<u64, ReplicationError> {
+        Ok(self.stream_state(shard).await?.last_sequence)
+    }
+
+    async fn stream_state(&self, shard: u32) -> Result<stream::State, ReplicationError> {
         let name = self.log.stream(shard);
         let what = format!("reading stream {name}'s state");
         let mut stream = self.js.get_stream(&name).await;
         let stream = stream.as_mut().map_err(|e| ReplicationError::jetstream(&what, e))?;
         let info = stream.info().await.map_err(|e| ReplicationError::jetstream(&what, e))?;
-        Ok(info.state.first_sequence.max(1))
+        Ok(info.state.clone())
     }
 
     /// The lowest input sequence any live engine of `shard` noted as applied (`None`: no note

@@ -63,6 +63,10 @@ pub struct ReplicationArgs {
     /// stream keeps its own).
     #[arg(long, value_parser = super::values::seconds, default_value = "2m")]
     pub dedup_window: std::time::Duration,
+    /// Reports an engine keeps in memory per subject for gateways' gap recovery; older ones
+    /// are recomputed from the shard's snapshot and input log when a gateway asks for them.
+    #[arg(long, default_value_t = delivery::publish::RETAIN_RECORDS_DEFAULT)]
+    pub retain_records: usize,
 }
 
 impl Default for ReplicationArgs {
@@ -75,6 +79,7 @@ impl Default for ReplicationArgs {
             replicas: 1,
             prefix: replication::layout::PREFIX_DEFAULT.into(),
             dedup_window: replication::layout::DEDUP_WINDOW_DEFAULT,
+            retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
         }
     }
 }
@@ -117,7 +122,7 @@ pub fn serve_engine(
         nats: nats.clone(),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
         gateways: tier.gateways,
-        retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
+        retain_records: settings.retain_records,
         wait: pipeline::WaitStrategy::Park,
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     };
