@@ -1,0 +1,73 @@
+//! The load tools as a user meets them, on the built binary: `web load` measures the service
+//! time in open loop and exits 1 when nothing was answered.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn leantier_in(dir: &Path, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_leantier"));
+    command.args(args).current_dir(dir).stdin(Stdio::null());
+    command.output().expect("leantier runs")
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited, not killed")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A listener that accepts connections and keeps them open without a word; `on_accept` runs
+/// on each connection first (e.g. to answer a login, then fall silent).
+fn silent_server(on_accept: fn(&mut TcpStream)) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            on_accept(&mut stream);
+            held.push(stream);
+        }
+    });
+    address
+}
+
+#[test]
+fn web_load_open_loop_reports_the_service_time_and_the_generator_lag() {
+    let dir = tempfile::tempdir().unwrap();
+    // The in-process server answers a low-complexity request in well under a millisecond;
+    // at 50/s requests arrive 20 ms apart.
+    let args = ["web", "load", "--rate", "50", "--complexity", "low", "--duration", "400ms"];
+    let output = leantier_in(dir.path(), &[&args[..], &["--warmup", "100ms", "--json"]].concat());
+    let out = text(&output.stdout);
+    assert_eq!(code(&output), 0, "{out}{}", text(&output.stderr));
+    let json = &out[out.find("\n{").expect("the JSON result")..];
+    let result: serde_json::Value = serde_json::from_str(json).unwrap();
+    let p50_ns = result["latency"]["p50_ns"].as_u64().unwrap();
+    assert!(p50_ns < 10_000_000, "p50 {p50_ns} ns: near the 20 ms gap, not the service time");
+    assert!(result["send_lag"]["max_ns"].is_u64(), "{json}");
+    assert!(out.contains("the generator's own lag"), "{out}");
+}
+
+#[test]
+fn web_load_exits_1_saying_why_when_nothing_was_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = ["--duration", "200ms", "--warmup", "0s", "--request-timeout", "300ms"];
+    // Nothing listens on port 1.
+    let refused = leantier_in(
+        dir.path(),
+        &[&["web", "load", "--url", "http://127.0.0.1:1/matrix"][..], &short].concat(),
+    );
+    let err = text(&refused.stderr);
+    assert_eq!(code(&refused), 1, "{err}");
+    assert!(err.contains("every request to http://127.0.0.1:1/matrix failed"), "{err}");
+    assert!(err.to_lowercase().contains("refused"), "the first failure's cause: {err}");
+    // A server that accepts and never answers.
+    let url = format!("http://{}/matrix", silent_server(|_| {}));
+    let silent = leantier_in(dir.path(), &[&["web", "load", "--url", &url][..], &short].concat());
+    let err = text(&silent.stderr);
+    assert_eq!(code(&silent), 1, "{err}");
+    assert!(err.contains(&format!("no request to {url} was answered")), "{err}");
+}
