@@ -1,9 +1,11 @@
 //! The load tools as a user meets them, on the built binary: `web load` measures the service
-//! time in open loop and exits 1 when nothing was answered.
+//! time in open loop and exits 1 when nothing was answered; `exchange load`'s defaults trade
+//! with the shipped configs and a run whose every order was rejected exits 1 naming why.
 
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 fn leantier_in(dir: &Path, args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_leantier"));
@@ -70,4 +72,63 @@ fn web_load_exits_1_saying_why_when_nothing_was_answered() {
     let err = text(&silent.stderr);
     assert_eq!(code(&silent), 1, "{err}");
     assert!(err.contains(&format!("no request to {url} was answered")), "{err}");
+}
+
+/// `exchange serve --config configs/serve.toml` on a copy of the shipped configs (its store
+/// in the copy), on free ports; returns the server, and the native and FIX addresses once it
+/// serves.
+fn shipped_exchange(dir: &Path) -> (Child, SocketAddr, SocketAddr) {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    std::fs::create_dir(dir.join("configs")).unwrap();
+    for file in ["serve.toml", "instruments.toml", "clients.toml", "credentials.txt"] {
+        std::fs::copy(shipped.join(file), dir.join("configs").join(file)).unwrap();
+    }
+    let mut server = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args(["exchange", "serve", "--config", "configs/serve.toml"])
+        .args(["--listen", "127.0.0.1:0", "--fix-listen", "127.0.0.1:0"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(server.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let (mut native, mut fix) = (None, None);
+    // The layout line comes once the tier serves.
+    for line in lines.take_while(|line| !line.starts_with("tier layout")) {
+        let after = |prefix: &str| line.strip_prefix(prefix).map(|a| a.trim().parse().unwrap());
+        native = native.or(after("native listening on "));
+        fix = fix.or(after("FIX 4.4 listening on "));
+    }
+    (server, native.expect("the native listen line"), fix.expect("the FIX listen line"))
+}
+
+#[test]
+fn exchange_load_trades_with_the_shipped_configs_by_default_and_fails_when_all_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, native, fix) = shipped_exchange(dir.path());
+    let load = |connect: SocketAddr, extra: &[&str]| {
+        let connect = connect.to_string();
+        let args = ["exchange", "load", "--connect", &connect, "--duration", "300ms"];
+        leantier_in(dir.path(), &[&args[..], extra].concat())
+    };
+    // The shipped credentials: client 1 native (demo-secret-1), BROKER1 FIX (demo-secret-2).
+    let native_run = load(native, &["--secret", "demo-secret-1"]);
+    let fix_run = load(fix, &["--protocol", "fix", "--secret", "demo-secret-2"]);
+    // Prices of the reference universe are outside the shipped instruments' bands.
+    let args = ["--secret", "demo-secret-1", "--instruments", "reference", "--rate", "500"];
+    let refused = load(native, &args);
+    let _ = server.kill();
+    let _ = server.wait();
+    for (protocol, run) in [("native", &native_run), ("fix", &fix_run)] {
+        let out = text(&run.stdout);
+        assert_eq!(code(run), 0, "{protocol}: {out}{}", text(&run.stderr));
+        let steps: Vec<&str> = out.lines().filter(|line| line.contains(" sent ")).collect();
+        assert_eq!(steps.len(), 2, "{protocol}: one line per default rate: {out}");
+        for step in steps {
+            assert!(step.contains("rejected 0 ") && !step.contains("answered 0 "), "{step}");
+        }
+    }
+    let err = text(&refused.stderr);
+    assert_eq!(code(&refused), 1, "{}{err}", text(&refused.stdout));
+    assert!(err.contains("every order was rejected") && err.contains("PriceOutsideBand"), "{err}");
 }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use exchange::durability::JournalMode;
-use exchange::flow::{UniverseConfig, reference_master_data};
-use exchange::instruments::InstrumentTable;
+use exchange::flow::{UniverseConfig, reference_instruments};
+use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::client::{NativeClient, describe, parse_script_line_in};
 use gateway::hub::Settings;
@@ -524,8 +524,9 @@ pub struct LoadArgs {
     #[arg(long, default_value = "native")]
     pub protocol: String,
     /// Arrival rates (Poisson), orders/s, comma-separated; one run each. With `--find-max`,
-    /// the first is where the search starts.
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    /// the first is where the search starts. The defaults stay within the shipped config's
+    /// throttle (`throttle_msgs_per_s = 10000`, per session).
+    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "1000,5000")]
     pub rate: Vec<f64>,
     /// Time per rate (per search step), e.g. 5s.
     #[arg(
@@ -563,16 +564,23 @@ pub struct LoadArgs {
     /// $LEANTIER_EXCHANGE_SECRET, else the deprecated $LEANTIER_SECRET).
     #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
-    /// FIX: a session's SenderCompID is this prefix followed by its client id.
-    #[arg(long, default_value = "CLIENT")]
+    /// FIX: a session's SenderCompID is this prefix followed by its number, `--first-client`
+    /// for the first (the shipped credentials name BROKER1 and BROKER2).
+    #[arg(long, default_value = "BROKER")]
     pub fix_comp_id_prefix: String,
     /// FIX: the acceptor's CompID (TargetCompID).
     #[arg(long, default_value = "LEANTIER")]
     pub fix_target_comp_id: String,
-    /// Instruments to trade, comma-separated: each pair of orders (a buy, then a sell at the
+    /// The server's instruments file (its `instruments_file`): the symbols, reference prices
+    /// and lots the orders carry; `reference` for a server without one (the reference
+    /// universe: symbols are the ids, prices whole units).
+    #[arg(long, value_name = "FILE|reference", default_value = "configs/instruments.toml")]
+    pub instruments: PathBuf,
+    /// Instruments to trade, symbols or ids, comma-separated (default: the first one in
+    /// `--instruments`): each pair of orders (a buy, then a sell, a lot each at the
     /// instrument's reference price) goes to the next one in turn.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    pub instrument: Vec<u32>,
+    #[arg(long, value_delimiter = ',')]
+    pub instrument: Vec<String>,
     /// Report folder (a Markdown table and CSV).
     #[arg(long, default_value = "leantier-report/exchange-load")]
     pub out: PathBuf,
@@ -637,17 +645,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
             secret: secret.clone(),
         })
         .collect();
-    let highest = args.instrument.iter().copied().max().unwrap_or(0);
-    let master = reference_master_data(&UniverseConfig { instruments: highest + 1, clients: 1 });
-    let traded = |instrument: u32| {
-        let listing = master.instrument(instrument);
-        let price = listing.map(|i| (i.band_low + i.band_high) / 2);
-        price.map(|price| Traded { instrument, price })
-    };
-    let instruments: Option<Vec<Traded>> = args.instrument.iter().map(|&i| traded(i)).collect();
-    let instruments = instruments
-        .filter(|all| !all.is_empty())
-        .ok_or_else(|| BadInput(format!("no such instrument in {:?}", args.instrument)))?;
+    let instruments = traded_instruments(args)?;
     Ok(gateway::load::LoadOptions {
         connect: args.connect[0],
         protocol,
@@ -655,6 +653,58 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         plan: load_plan(args.rate[0], args.duration),
         instruments,
     })
+}
+
+/// `--instruments`' value for a server without an instruments file.
+const REFERENCE_INSTRUMENTS: &str = "reference";
+
+/// The instruments file `--instruments` names, or the reference universe's (as large as the
+/// server's default, and holding every id `--instrument` names).
+fn instruments_file(args: &LoadArgs) -> Result<InstrumentsFile, BadInput> {
+    if args.instruments != Path::new(REFERENCE_INSTRUMENTS) {
+        return exchange::instruments::read_toml(&args.instruments).map_err(|e| {
+            BadInput(format!(
+                "--instruments: {e} (the server's instruments_file, or `{REFERENCE_INSTRUMENTS}` \
+                 for a server without one)"
+            ))
+        });
+    }
+    let ids = args.instrument.iter().filter_map(|name| name.parse::<u32>().ok());
+    let universe = UniverseConfig::default();
+    let instruments = ids.map(|id| id.saturating_add(1)).fold(universe.instruments, u32::max);
+    Ok(reference_instruments(&UniverseConfig { instruments, ..universe }))
+}
+
+/// What the orders trade: each `--instrument` (symbol or id; default the file's first) at its
+/// reference price, which is inside its band and on its tick, a lot per order.
+fn traded_instruments(args: &LoadArgs) -> Result<Vec<Traded>, BadInput> {
+    let file = instruments_file(args)?;
+    let no_clients = exchange::instruments::ClientsFile { clients: Vec::new() };
+    let bad = |e: exchange::ExchangeError| BadInput(format!("--instruments: {e}"));
+    let (_, table) = exchange::instruments::load(&file, &no_clients).map_err(bad)?;
+    let first = file.instruments.first().map(|spec| spec.symbol.clone());
+    let names =
+        if args.instrument.is_empty() { Vec::from_iter(first) } else { args.instrument.clone() };
+    let traded = |name: &String| -> Result<Traded, String> {
+        let by_id = name.parse().ok().filter(|&id| table.symbol_of(id).is_some());
+        let id = table.id_of(name).or(by_id).ok_or("not listed")?;
+        let spec = file.instruments.iter().find(|spec| table.id_of(&spec.symbol) == Some(id));
+        let spec = spec.ok_or("not listed")?;
+        let price = table.price_units(&spec.reference_price).map_err(|e| e.to_string())?;
+        let qty = InstrumentTable::qty_units(&spec.lot_size).map_err(|e| e.to_string())?;
+        let (symbol, price_decimals) = (spec.symbol.clone(), table.price_decimals());
+        Ok(Traded { instrument: id, symbol, price, price_decimals, qty })
+    };
+    let traded = names.iter().map(|name| {
+        let why =
+            |e| BadInput(format!("--instrument {name}: {e} in {}", args.instruments.display()));
+        traded(name).map_err(why)
+    });
+    let traded = traded.collect::<Result<Vec<Traded>, BadInput>>()?;
+    if traded.is_empty() {
+        return Err(BadInput(format!("{}: lists no instrument", args.instruments.display())));
+    }
+    Ok(traded)
 }
 
 fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
@@ -665,19 +715,24 @@ fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
     }
 }
 
-/// One run against one target, with a line on what happened.
+/// One run against one target, with a line on what happened; a run the server answered
+/// nothing to, or rejected every order of, is a failure that says why.
 fn load_step(
     base: &gateway::load::LoadOptions,
     connect: SocketAddr,
     name: &str,
     rate: f64,
     duration: Duration,
-) -> Result<gateway::load::LoadResult, gateway::client::ClientError> {
+) -> anyhow::Result<gateway::load::LoadResult> {
     let options =
         gateway::load::LoadOptions { connect, plan: load_plan(rate, duration), ..base.clone() };
     let result = gateway::load::run(&options)?;
+    let reasons: Vec<String> =
+        result.rejects.iter().map(|(reason, count)| format!("{reason} {count}")).collect();
+    let reasons =
+        if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) };
     println!(
-        "{name} {rate:.0}/s: sent {} answered {} rejected {} achieved {:.0}/s, p50 {} p99 {} µs, send lag p99 {} µs",
+        "{name} {rate:.0}/s: sent {} answered {} rejected {}{reasons} achieved {:.0}/s, p50 {} p99 {} µs, generator lag p99 {} µs",
         result.sent,
         result.answered,
         result.rejected,
@@ -686,7 +741,26 @@ fn load_step(
         lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(99.0)),
         lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
     );
-    Ok(result)
+    match failed_run(&result) {
+        Some(why) => anyhow::bail!("{name} at {rate:.0}/s: {why}"),
+        None => Ok(result),
+    }
+}
+
+/// Why a run measured nothing the server accepted: no order was answered, or every one was
+/// rejected (named by its main reason). `None` when some order was accepted, or none sent.
+fn failed_run(result: &gateway::load::LoadResult) -> Option<String> {
+    if result.sent > 0 && result.answered == 0 {
+        return Some(format!("none of the {} orders sent was answered", result.sent));
+    }
+    let (reason, count) = result.main_reject()?;
+    (result.rejected == result.answered).then(|| {
+        format!(
+            "every order was rejected, {count} of {} {reason}: do --instruments (prices, \
+             lots) and the session's client match the server's files?",
+            result.rejected
+        )
+    })
 }
 
 type Rows = Vec<(String, lab::stats::LatencySummary)>;
@@ -721,14 +795,15 @@ fn find_max(
         limit_ns: values::whole_nanos(args.p99_limit),
         precision: 0.1,
     };
-    let reports = gateway::load::search_side_by_side(plan, args.connect.len(), |target, rate| {
+    let step = |target: usize, rate: f64| -> anyhow::Result<lab::stats::LatencyHistogram> {
         let result = load_step(base, args.connect[target], &names[target], rate, args.duration)?;
         if result.answered < result.sent || result.rejected > 0 {
             println!("  (fails: every order must be accepted)");
             return Ok(lab::stats::LatencyHistogram::new());
         }
         Ok(result.latency)
-    })?;
+    };
+    let reports = gateway::load::search_side_by_side(plan, args.connect.len(), step)?;
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let limit_us = values::whole_micros(args.p99_limit);
