@@ -1,8 +1,9 @@
-//! The load tools as a user meets them, on the built binary: `web load` measures the service
-//! time in open loop and exits 1 when nothing was answered; `exchange load`'s defaults trade
-//! with the shipped configs and a run whose every order was rejected exits 1 naming why.
+//! The load tools and the exchange client as a user meets them, on the built binary: `web load`
+//! measures the service time in open loop and exits 1 when nothing was answered;
+//! `exchange load`'s defaults trade with the shipped configs and a run whose every order was
+//! rejected exits 1 naming why; `exchange client` names the timeout that passed.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -131,4 +132,35 @@ fn exchange_load_trades_with_the_shipped_configs_by_default_and_fails_when_all_a
     let err = text(&refused.stderr);
     assert_eq!(code(&refused), 1, "{}{err}", text(&refused.stdout));
     assert!(err.contains("every order was rejected") && err.contains("PriceOutsideBand"), "{err}");
+}
+
+#[test]
+fn exchange_client_names_the_timeout_that_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = |address: SocketAddr, timeout: &str| {
+        let connect = address.to_string();
+        let args = ["exchange", "client", "--connect", &connect, "--client", "1"];
+        let rest = ["--secret", "pw", timeout, "300ms", "--linger", "1s"];
+        leantier_in(dir.path(), &[&args[..], &rest].concat())
+    };
+    // Accepts and never answers: the login's request timeout passes.
+    let silent = client(silent_server(|_| {}), "--request-timeout");
+    let err = text(&silent.stderr);
+    assert_eq!(code(&silent), 1, "{err}");
+    assert!(err.contains("request timeout (300ms) passed: no answer to the login"), "{err}");
+    assert!(!err.contains("closed the connection"), "{err}");
+    // Answers the login, then falls silent (no heartbeats): the idle timeout passes.
+    let answers_login = silent_server(|stream| {
+        let mut login = [0u8; 64];
+        let _ = stream.read(&mut login);
+        let mut frame = Vec::new();
+        let accepted = gateway::native::ServerMsg::LoginAccepted { client: 1, next_seq: 1 };
+        gateway::native::encode_server(&accepted, &mut frame);
+        stream.write_all(&frame).unwrap();
+    });
+    let idle = client(answers_login, "--idle-timeout");
+    let (out, err) = (text(&idle.stdout), text(&idle.stderr));
+    assert!(out.contains("logged in as client 1"), "{out}");
+    assert_eq!(code(&idle), 1, "{err}");
+    assert!(err.contains("idle timeout (300ms) passed"), "{err}");
 }

@@ -2,16 +2,19 @@
 //! network server (native protocol and FIX 4.4), a scripted native client, and the tool that
 //! hashes secrets for the credentials file.
 
+use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
-use gateway::client::{NativeClient, describe, parse_script_line_in};
+use gateway::client::{
+    ClientError, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
+};
 use gateway::hub::Settings;
 use gateway::load::Traded;
 use gateway::native::{ClientMsg, ServerMsg};
@@ -158,6 +161,17 @@ pub struct ClientArgs {
     /// script and the printed reports; without it, ids and whole price units.
     #[arg(long)]
     pub instruments: Option<PathBuf>,
+    /// How long opening the connection may take, e.g. 5s.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "5s")]
+    pub connect_timeout: Duration,
+    /// How long the login, and each order (cancel, replace), may wait for its answer, e.g.
+    /// 10s; the client waits for every answer after the script's last line.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "10s")]
+    pub request_timeout: Duration,
+    /// How long the server may send nothing at all (it heartbeats a live session every
+    /// `heartbeat_ms`), e.g. 30s.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "30s")]
+    pub idle_timeout: Duration,
 }
 
 /// Prints the argon2 hash of a secret read from stdin (for the credentials file).
@@ -444,7 +458,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `leantier exchange client`.
+/// `leantier exchange client`: exits 1 naming the timeout that passed when the server does
+/// not answer (connect, request, idle).
 pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     let script: Box<dyn BufRead> = if args.script == Path::new("-") {
         Box::new(std::io::stdin().lock())
@@ -463,36 +478,97 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     };
     let table = table.as_ref();
     let secret = exchange_secret(args.secret.as_deref())?;
-    let mut session = NativeClient::connect(args.connect)?;
-    let login = session.login(args.client, &secret, args.next_seq, Duration::from_secs(10))?;
+    let positive = |flag: &str, d: Duration| {
+        if d.is_zero() { Err(BadInput(format!("--{flag} must be > 0"))) } else { Ok(()) }
+    };
+    positive("connect-timeout", args.connect_timeout)?;
+    positive("request-timeout", args.request_timeout)?;
+    positive("idle-timeout", args.idle_timeout)?;
+    let mut session = NativeClient::connect_within(args.connect, args.connect_timeout)?;
+    let login = session.login(args.client, &secret, args.next_seq, args.request_timeout)?;
     println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
         anyhow::bail!("login refused");
     }
+    session.set_idle_timeout(args.idle_timeout);
+    let mut run = ScriptRun { session, table, sent: HashMap::new(), unanswered: HashMap::new() };
     for (at, line) in script.lines().enumerate() {
         let line = line?;
         let msg = parse_script_line_in(&line, args.client, table)
             .map_err(|e| BadInput(format!("script line {}: {e}", at + 1)))?;
         if let Some(msg) = msg {
-            session.send(&msg)?;
+            run.send(msg)?;
         }
-        print_available(&mut session, Duration::ZERO, table)?;
+        run.print_available(Duration::ZERO)?;
     }
-    print_available(&mut session, args.linger, table)?;
-    session.send(&ClientMsg::Logout)?;
+    run.print_available(args.linger)?;
+    run.await_answers(args.request_timeout)?;
+    run.session.send(&ClientMsg::Logout)?;
     Ok(())
 }
 
-fn print_available(
-    session: &mut NativeClient,
-    linger: Duration,
-    table: Option<&InstrumentTable>,
-) -> anyhow::Result<()> {
-    let wait = linger.max(Duration::from_millis(1));
-    while let Some(msg) = session.recv(wait)? {
-        println!("{}", describe(&msg, table));
+/// `exchange client`'s session while it runs its script: what it sent (to describe the
+/// answers) and which requests still wait for their first answer.
+struct ScriptRun<'a> {
+    session: NativeClient,
+    table: Option<&'a InstrumentTable>,
+    /// The last request per token.
+    sent: HashMap<u32, ClientMsg>,
+    /// Requests without an answer yet, by token, with when they were sent.
+    unanswered: HashMap<u32, Instant>,
+}
+
+impl ScriptRun<'_> {
+    fn send(&mut self, msg: ClientMsg) -> anyhow::Result<()> {
+        self.session.send(&msg)?;
+        if let ClientMsg::NewOrder(order) | ClientMsg::Cancel(order) | ClientMsg::Replace(order) =
+            msg
+        {
+            self.sent.insert(order.token, msg);
+            self.unanswered.insert(order.token, Instant::now());
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Prints what arrives within `linger` (at least one read).
+    fn print_available(&mut self, linger: Duration) -> anyhow::Result<()> {
+        let wait = linger.max(Duration::from_millis(1));
+        while let Some(msg) = self.session.recv(wait)? {
+            self.print(&msg);
+        }
+        Ok(())
+    }
+
+    fn print(&mut self, msg: &ServerMsg) {
+        let token = match msg {
+            ServerMsg::Sequenced { event, .. } => Some(event.token),
+            _ => None,
+        };
+        if let Some(token) = token {
+            self.unanswered.remove(&token);
+        }
+        let sent = token.and_then(|token| self.sent.get(&token));
+        println!("{}", describe_answer(msg, self.table, sent));
+    }
+
+    /// Waits until every request is answered, each for at most `timeout` from its sending.
+    fn await_answers(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        while let Some(&oldest) = self.unanswered.values().min() {
+            let left = (oldest + timeout).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let mut tokens: Vec<u32> = self.unanswered.keys().copied().collect();
+                tokens.sort_unstable();
+                let waited_for = format!("no answer to order(s) {tokens:?}");
+                let timed_out =
+                    ClientError::TimedOut { timeout: Timeout::Request, after: timeout, waited_for };
+                return Err(timed_out.into());
+            }
+            if let Some(msg) = self.session.recv(left)? {
+                self.print(&msg);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `leantier exchange hash-secret`.
