@@ -163,4 +163,13 @@ fn exchange_client_names_the_timeout_that_passed() {
     assert!(out.contains("logged in as client 1"), "{out}");
     assert_eq!(code(&idle), 1, "{err}");
     assert!(err.contains("idle timeout (300ms) passed"), "{err}");
+    // An order the server never answers: the request timeout passes after the script.
+    std::fs::write(dir.path().join("script"), "buy 7 1 10 100\n").unwrap();
+    let connect = answers_login.to_string();
+    let args = ["exchange", "client", "--connect", &connect, "--client", "1", "--secret", "pw"];
+    let rest = ["--script", "script", "--request-timeout", "300ms", "--linger", "10ms"];
+    let unanswered = leantier_in(dir.path(), &[&args[..], &rest].concat());
+    let err = text(&unanswered.stderr);
+    assert_eq!(code(&unanswered), 1, "{err}");
+    assert!(err.contains("request timeout (300ms) passed: no answer to order(s) [7]"), "{err}");
 }

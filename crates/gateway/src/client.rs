@@ -189,7 +189,8 @@ impl NativeClient {
 }
 
 /// Parses one line of a client script (see `exchange client --help`); `Ok(None)` for blank
-/// lines and comments. INSTRUMENT is an id and PRICE a whole number of price units.
+/// lines and comments. INSTRUMENT is an id and PRICE a whole number of price units. The time
+/// in force defaults to day for a limit order and ioc for a market order (never day).
 ///
 /// ```text
 /// buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]

@@ -139,10 +139,11 @@ pub struct ClientArgs {
     /// $LEANTIER_SECRET).
     #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
-    /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`,
-    /// `cancel TOKEN INSTRUMENT`, `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin. With
-    /// --instruments, INSTRUMENT may be a symbol and PRICE a decimal (`buy 1 ACME 100 101.25`).
-    /// Each report is printed as one line.
+    /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`
+    /// (default day; a market order ioc, never day), `cancel TOKEN INSTRUMENT`,
+    /// `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin. With --instruments, INSTRUMENT
+    /// may be a symbol and PRICE a decimal (`buy 1 ACME 100 101.25`). Each report is printed
+    /// as one line, a reject with the request it answers.
     #[arg(long, default_value = "-")]
     pub script: PathBuf,
     /// First sequenced message to replay at login (1: all; 0: only new ones).
