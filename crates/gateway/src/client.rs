@@ -68,14 +68,7 @@ impl NativeClient {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<NativeClient, ClientError> {
-        match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(stream) => Self::from_stream(stream),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {
-                let waited_for = format!("no connection to {addr}");
-                Err(ClientError::TimedOut { timeout: Timeout::Connect, after: timeout, waited_for })
-            }
-            Err(e) => Err(e.into()),
-        }
+        Self::from_stream(connect_within(addr, timeout)?)
     }
 
     fn from_stream(stream: TcpStream) -> Result<NativeClient, ClientError> {
@@ -171,6 +164,19 @@ impl NativeClient {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+/// A TCP connection to `addr` opened within `timeout`, else an error naming the connect
+/// timeout.
+pub fn connect_within(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ClientError> {
+    match TcpStream::connect_timeout(&addr, timeout) {
+        Ok(stream) => Ok(stream),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {
+            let waited_for = format!("no connection to {addr}");
+            Err(ClientError::TimedOut { timeout: Timeout::Connect, after: timeout, waited_for })
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, drive_sync};
 use lab::stats::LatencyHistogram;
 
-use crate::client::{ClientError, NativeClient};
+use crate::client::{ClientError, NativeClient, Timeout};
 use crate::fix::{self, Builder, Message, tag};
 use crate::fix_session::unix_ns;
 use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
@@ -359,7 +359,7 @@ impl NativeSender {
         connect: SocketAddr,
         credentials: &LoadSession,
     ) -> Result<(NativeSender, NativeClient), ClientError> {
-        let mut session = NativeClient::connect(connect)?;
+        let mut session = NativeClient::connect_within(connect, LOGON_TIMEOUT)?;
         match session.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
             ServerMsg::LoginAccepted { .. } => {}
             other => return Err(failure(format!("login of {}: {other:?}", credentials.client))),
@@ -500,7 +500,7 @@ impl FixSender {
         target_comp_id: &str,
         clock: &Arc<Clock>,
     ) -> Result<FixSender, ClientError> {
-        let stream = TcpStream::connect(connect)?;
+        let stream = crate::client::connect_within(connect, LOGON_TIMEOUT)?;
         stream.set_nodelay(true)?;
         let mut builder = Builder::default();
         builder
@@ -514,12 +514,23 @@ impl FixSender {
         let mut reader = FixReader::new(stream.try_clone()?);
         let deadline = Instant::now() + LOGON_TIMEOUT;
         let answer = reader.next_type(deadline)?;
-        if answer.as_deref() != Some(b"A") {
-            return Err(failure(format!(
-                "FIX logon of {} to {target_comp_id} refused (answer: {:?})",
-                credentials.comp_id,
-                answer.map(|t| String::from_utf8_lossy(&t).into_owned())
-            )));
+        let comp_id = &credentials.comp_id;
+        match answer.as_deref() {
+            Some(b"A") => {}
+            // An acceptor ignores a logon from a SenderCompID it does not know: say so.
+            None if !reader.closed => {
+                let waited_for = format!(
+                    "no answer to the FIX logon of {comp_id} to {target_comp_id} (does the \
+                     server's credentials file list {comp_id}?)"
+                );
+                let after = LOGON_TIMEOUT;
+                return Err(ClientError::TimedOut { timeout: Timeout::Request, after, waited_for });
+            }
+            other => {
+                let answer = other.map(String::from_utf8_lossy);
+                let refused = format!("FIX logon of {comp_id} to {target_comp_id} refused");
+                return Err(failure(format!("{refused} (answer: {answer:?})")));
+            }
         }
         let clock = clock.clone();
         let reader = std::thread::spawn(move || reader.reports(&clock));
