@@ -844,10 +844,10 @@ fn open_loop(
             seed: 7,
             duration,
         },
-        instruments: vec![gateway::load::Traded {
-            instrument: 1,
-            price: (band.band_low + band.band_high) / 2,
-        }],
+        instruments: vec![gateway::load::Traded::reference(
+            1,
+            (band.band_low + band.band_high) / 2,
+        )],
     }
 }
 

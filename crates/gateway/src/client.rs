@@ -21,6 +21,30 @@ pub enum ClientError {
     Closed,
     #[error("secret is longer than {} bytes", native::SECRET_BYTES)]
     SecretTooLong,
+    /// One of the client's timeouts passed: which one, after how long, and what it waited for.
+    #[error("the {} timeout ({after:?}) passed: {waited_for}", timeout.name())]
+    TimedOut { timeout: Timeout, after: Duration, waited_for: String },
+}
+
+/// A client's timeouts, each named in the error it raises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeout {
+    /// Opening the TCP connection.
+    Connect,
+    /// An answer to a request (the login; an order's first report).
+    Request,
+    /// Any message at all (the server heartbeats a live session).
+    Idle,
+}
+
+impl Timeout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Timeout::Connect => "connect",
+            Timeout::Request => "request",
+            Timeout::Idle => "idle",
+        }
+    }
 }
 
 /// One connection to `exchange serve`'s native listener.
@@ -28,16 +52,39 @@ pub struct NativeClient {
     stream: TcpStream,
     buffer: Vec<u8>,
     out: Vec<u8>,
+    /// With an idle timeout: the longest silence [`NativeClient::recv`] accepts.
+    idle: Option<Duration>,
+    /// When bytes last arrived (or the connection opened).
+    last_heard: Instant,
 }
 
 impl NativeClient {
     pub fn connect(addr: SocketAddr) -> Result<NativeClient, ClientError> {
-        let stream = TcpStream::connect(addr)?;
-        stream.set_nodelay(true)?;
-        Ok(NativeClient { stream, buffer: Vec::new(), out: Vec::new() })
+        Self::from_stream(TcpStream::connect(addr)?)
     }
 
-    /// Sends a Login and returns the server's answer.
+    /// Connects within `timeout`, else fails naming the connect timeout.
+    pub fn connect_within(
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<NativeClient, ClientError> {
+        Self::from_stream(connect_within(addr, timeout)?)
+    }
+
+    fn from_stream(stream: TcpStream) -> Result<NativeClient, ClientError> {
+        stream.set_nodelay(true)?;
+        let last_heard = Instant::now();
+        Ok(NativeClient { stream, buffer: Vec::new(), out: Vec::new(), idle: None, last_heard })
+    }
+
+    /// From now on, [`NativeClient::recv`] fails once nothing at all (not even a heartbeat)
+    /// has arrived for `idle`: the link or the server is gone.
+    pub fn set_idle_timeout(&mut self, idle: Duration) {
+        self.idle = Some(idle);
+    }
+
+    /// Sends a Login and returns the server's answer; no answer within `timeout` fails
+    /// naming the request timeout.
     pub fn login(
         &mut self,
         client: u32,
@@ -47,7 +94,11 @@ impl NativeClient {
     ) -> Result<ServerMsg, ClientError> {
         let secret = native::secret_field(secret).ok_or(ClientError::SecretTooLong)?;
         self.send(&ClientMsg::Login { client, secret, next_seq })?;
-        self.recv(timeout)?.ok_or(ClientError::Closed)
+        self.recv(timeout)?.ok_or_else(|| ClientError::TimedOut {
+            timeout: Timeout::Request,
+            after: timeout,
+            waited_for: "no answer to the login".into(),
+        })
     }
 
     pub fn send(&mut self, msg: &ClientMsg) -> Result<(), ClientError> {
@@ -72,7 +123,8 @@ impl NativeClient {
         Ok(self.stream.write_all(bytes)?)
     }
 
-    /// The next server message, skipping heartbeats; `Ok(None)` on timeout.
+    /// The next server message, skipping heartbeats; `Ok(None)` on timeout; an error once
+    /// the idle timeout (when set) has passed without a byte.
     pub fn recv(&mut self, timeout: Duration) -> Result<Option<ServerMsg>, ClientError> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -87,31 +139,64 @@ impl NativeClient {
                     msg => return Ok(Some(msg)),
                 }
             }
+            self.check_idle()?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(None);
             }
-            self.stream.set_read_timeout(Some(left))?;
+            // Wake at the idle limit too, so a silent server is noticed within it.
+            let silent_for = self.idle.map(|idle| idle.saturating_sub(self.last_heard.elapsed()));
+            let wait =
+                silent_for.map_or(left, |silent| left.min(silent).max(Duration::from_millis(1)));
+            self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; READ_CHUNK_BYTES];
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Err(ClientError::Closed),
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    self.buffer.extend_from_slice(&chunk[..n]);
+                    self.last_heard = Instant::now();
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Ok(None);
-                }
+                    ) => {}
                 Err(e) => return Err(e.into()),
             }
         }
     }
 }
 
+/// A TCP connection to `addr` opened within `timeout`, else an error naming the connect
+/// timeout.
+pub fn connect_within(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ClientError> {
+    match TcpStream::connect_timeout(&addr, timeout) {
+        Ok(stream) => Ok(stream),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {
+            let waited_for = format!("no connection to {addr}");
+            Err(ClientError::TimedOut { timeout: Timeout::Connect, after: timeout, waited_for })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl NativeClient {
+    /// Fails once the idle timeout has passed since the last byte arrived.
+    fn check_idle(&self) -> Result<(), ClientError> {
+        match self.idle {
+            Some(idle) if self.last_heard.elapsed() >= idle => Err(ClientError::TimedOut {
+                timeout: Timeout::Idle,
+                after: idle,
+                waited_for: "nothing from the server, not even a heartbeat".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Parses one line of a client script (see `exchange client --help`); `Ok(None)` for blank
-/// lines and comments. INSTRUMENT is an id and PRICE a whole number of price units.
+/// lines and comments. INSTRUMENT is an id and PRICE a whole number of price units. The time
+/// in force defaults to day for a limit order and ioc for a market order (never day).
 ///
 /// ```text
 /// buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]
@@ -166,7 +251,10 @@ pub fn parse_script_line_in(
     let small = |at: usize, what: &str| -> Result<u32, String> {
         u32::try_from(number(at, what)?).map_err(|_| format!("{verb}: {what} out of range"))
     };
-    let symbol = args.get(1).and_then(|word| instruments?.id_of(word));
+    let instrument = match args.get(1) {
+        Some(word) => instrument_of(verb, word, instruments)?,
+        None => return Err(format!("{verb}: INSTRUMENT missing")),
+    };
     let price = |at: usize| -> Result<i64, String> {
         match (instruments, args.get(at)) {
             (Some(table), Some(word)) => table.price_units(word).map_err(|e| {
@@ -178,7 +266,7 @@ pub fn parse_script_line_in(
     let mut order = native::OrderRequest {
         client,
         token: small(0, "TOKEN")?,
-        instrument: symbol.map_or_else(|| small(1, "INSTRUMENT"), Ok)?,
+        instrument,
         ..Default::default()
     };
     let arity = |n: usize| {
@@ -188,16 +276,22 @@ pub fn parse_script_line_in(
         "buy" | "sell" => {
             order.side = u8::from(verb == "sell");
             order.qty = small(2, "QTY")?;
-            if args.get(3) == Some(&"market") {
+            let market = args.get(3) == Some(&"market");
+            if market {
                 order.order_type = 1;
             } else {
                 order.price = price(3)?;
             }
-            order.time_in_force = match args.get(4).copied() {
-                None | Some("day") => 0,
-                Some("ioc") => 1,
-                Some("fok") => 2,
-                Some(other) => {
+            // A market order never rests, so it is immediate: IOC unless FOK is asked for
+            // (the engine rejects a market day order, MarketDay).
+            order.time_in_force = match (args.get(4).copied(), market) {
+                (None, true) | (Some("ioc"), _) => 1,
+                (None | Some("day"), false) => 0,
+                (Some("fok"), _) => 2,
+                (Some("day"), true) => {
+                    return Err(format!("{verb}: a market order is ioc or fok, not day"));
+                }
+                (Some(other), _) => {
                     return Err(format!("{verb}: time in force {other:?} is not day, ioc or fok"));
                 }
             };
@@ -217,6 +311,28 @@ pub fn parse_script_line_in(
     }
 }
 
+/// The instrument a script's INSTRUMENT word names: a symbol of the instruments table, or an
+/// id.
+fn instrument_of(
+    verb: &str,
+    word: &str,
+    instruments: Option<&InstrumentTable>,
+) -> Result<u32, String> {
+    if let Some(id) = instruments.and_then(|table| table.id_of(word)) {
+        return Ok(id);
+    }
+    match (word.parse::<u32>(), instruments) {
+        (Ok(id), _) => Ok(id),
+        (Err(_), Some(_)) => {
+            Err(format!("{verb}: unknown symbol {word:?}: not in the instruments file, nor an id"))
+        }
+        (Err(_), None) => Err(format!(
+            "{verb}: INSTRUMENT {word:?} is not an instrument id (symbols need the server's \
+             instruments file)"
+        )),
+    }
+}
+
 /// One line describing a server message, for people: with an instruments table, symbols and
 /// decimal prices; without, instrument ids and price units.
 ///
@@ -232,6 +348,26 @@ pub fn parse_script_line_in(
 /// assert_eq!(describe(&login, None), "logged in as client 1; next sequence 1");
 /// ```
 pub fn describe(msg: &ServerMsg, instruments: Option<&InstrumentTable>) -> String {
+    describe_answer(msg, instruments, None)
+}
+
+/// [`describe`], knowing the request the message answers (the client's last one with the
+/// event's token): a reject is described from it, since the server's reject carries the
+/// reason but not always the order's side and quantity, and a market order is "at market".
+///
+/// ```
+/// use gateway::client::{describe_answer, parse_script_line};
+/// use gateway::native::{Event, ServerMsg, event_kind};
+/// let sell = parse_script_line("sell 5 1 10 market", 1).unwrap().unwrap();
+/// let reject = Event { kind: event_kind::REJECTED, token: 5, instrument: 1, reason: 3, ..Event::default() };
+/// let line = describe_answer(&ServerMsg::Sequenced { seq: 4, event: reject }, None, Some(&sell));
+/// assert!(line.starts_with("#4 rejected order 5: sell 10 of instrument 1 at market ("), "{line}");
+/// ```
+pub fn describe_answer(
+    msg: &ServerMsg,
+    instruments: Option<&InstrumentTable>,
+    sent: Option<&ClientMsg>,
+) -> String {
     match msg {
         ServerMsg::LoginAccepted { client, next_seq } => {
             format!("logged in as client {client}; next sequence {next_seq}")
@@ -265,30 +401,93 @@ pub fn describe(msg: &ServerMsg, instruments: Option<&InstrumentTable>) -> Strin
                 why.map_or_else(|| code.to_string(), str::to_string)
             )
         }
-        ServerMsg::Sequenced { seq, event } => describe_event(*seq, event, instruments),
+        ServerMsg::Sequenced { seq, event } => {
+            let words = Words { instruments };
+            match sent {
+                _ if event.kind == event_kind::REJECTED => {
+                    describe_reject(*seq, event, sent, &words)
+                }
+                Some(ClientMsg::NewOrder(order)) if order.order_type == 1 => {
+                    describe_event(*seq, event, &words, true)
+                }
+                _ => describe_event(*seq, event, &words, false),
+            }
+        }
     }
 }
 
-fn describe_event(seq: u64, event: &Event, instruments: Option<&InstrumentTable>) -> String {
+/// How instruments and prices are written: symbols and decimals with a table, else ids and
+/// price units.
+struct Words<'a> {
+    instruments: Option<&'a InstrumentTable>,
+}
+
+impl Words<'_> {
+    fn instrument(&self, id: u32) -> String {
+        match self.instruments.and_then(|t| t.symbol_of(id)) {
+            Some(symbol) => symbol.to_string(),
+            None => format!("instrument {id}"),
+        }
+    }
+
+    fn price(&self, units: i64) -> String {
+        self.instruments.map_or_else(|| units.to_string(), |t| t.price_text(units))
+    }
+
+    fn side(side: u8) -> &'static str {
+        if side == 0 { "buy" } else { "sell" }
+    }
+
+    fn reason(code: u8) -> String {
+        match code {
+            0 => String::new(),
+            code => format!(" ({})", native::reason_name(code)),
+        }
+    }
+}
+
+/// A reject, described from the request it answers when known.
+fn describe_reject(seq: u64, event: &Event, sent: Option<&ClientMsg>, words: &Words) -> String {
+    let (token, reason) = (event.token, Words::reason(event.reason));
+    match sent {
+        Some(ClientMsg::NewOrder(order)) => {
+            let at = if order.order_type == 1 { "market".into() } else { words.price(order.price) };
+            let (side, qty, instrument) =
+                (Words::side(order.side), order.qty, words.instrument(order.instrument));
+            format!("#{seq} rejected order {token}: {side} {qty} of {instrument} at {at}{reason}")
+        }
+        // A replace names no side (the book knows it), so none is printed.
+        Some(ClientMsg::Replace(order)) => format!(
+            "#{seq} rejected replace of order {token}: {} of {} at {}{reason}",
+            order.qty,
+            words.instrument(order.instrument),
+            words.price(order.price)
+        ),
+        Some(ClientMsg::Cancel(order)) => format!(
+            "#{seq} rejected cancel of order {token} of {}{reason}",
+            words.instrument(order.instrument)
+        ),
+        _ => format!(
+            "#{seq} rejected order {token} of {}{reason}",
+            words.instrument(event.instrument)
+        ),
+    }
+}
+
+/// Any event but a reject; `market`: the order is a market order (no price of its own).
+fn describe_event(seq: u64, event: &Event, words: &Words, market: bool) -> String {
     let kind = ["accepted", "partially filled", "filled", "cancelled", "replaced", "rejected"]
         .get(usize::from(event.kind))
         .copied()
         .unwrap_or("unknown event");
-    let instrument = match instruments.and_then(|t| t.symbol_of(event.instrument)) {
-        Some(symbol) => symbol.to_string(),
-        None => format!("instrument {}", event.instrument),
-    };
-    let price = instruments.map_or_else(|| event.price.to_string(), |t| t.price_text(event.price));
-    let side = if event.side == 0 { "buy" } else { "sell" };
-    let reason = match event.reason {
-        0 => String::new(),
-        code => format!(" ({})", native::reason_name(code)),
-    };
-    let token = event.token;
+    let instrument = words.instrument(event.instrument);
+    let (side, reason, token) = (Words::side(event.side), Words::reason(event.reason), event.token);
     // A fill says what traded and what is left; other events what is open.
     let filled = matches!(event.kind, event_kind::PARTIALLY_FILLED | event_kind::FILLED);
     let (qty, open) = if filled { (event.qty, event.leaves_qty) } else { (event.leaves_qty, 0) };
     let open = if filled { format!(", {open} open") } else { String::new() };
+    // A fill's price is the trade's; a market order has none before it trades.
+    let price = if market && !filled { "market".into() } else { words.price(event.price) };
     format!("#{seq} {kind} order {token}: {side} {qty} of {instrument} at {price}{open}{reason}")
 }
 
@@ -329,5 +528,74 @@ mod tests {
         assert!(parse_script_line("buy x 1 10 5", 3).unwrap_err().contains("TOKEN"));
         assert!(parse_script_line("hold 1 1", 3).unwrap_err().contains("unknown command"));
         assert!(parse_script_line("cancel 1 1 9", 3).unwrap_err().contains("2 arguments"));
+    }
+
+    fn acme() -> InstrumentTable {
+        use exchange::instruments::{ClientsFile, InstrumentSpec, InstrumentsFile, load};
+        let acme = InstrumentSpec {
+            symbol: "ACME".into(),
+            id: None,
+            tick_size: "0.01".into(),
+            lot_size: "1".into(),
+            reference_price: "101.25".into(),
+            band_low: "91".into(),
+            band_high: "111.5".into(),
+            ladder_ticks: None,
+            qty_max: None,
+            currency: "USD".into(),
+        };
+        let file = InstrumentsFile { price_decimals: 4, instruments: vec![acme] };
+        load(&file, &ClientsFile { clients: vec![] }).unwrap().1
+    }
+
+    #[test]
+    fn a_bare_market_order_is_immediate_and_a_market_day_order_is_refused() {
+        let Ok(Some(ClientMsg::NewOrder(market))) = parse_script_line("buy 8 1 5 market", 3) else {
+            panic!()
+        };
+        assert_eq!((market.order_type, market.time_in_force), (1, 1), "market is IOC");
+        let day = parse_script_line("sell 9 1 5 market day", 3).unwrap_err();
+        assert!(day.contains("a market order is ioc or fok"), "{day}");
+        let Ok(Some(ClientMsg::NewOrder(limit))) = parse_script_line("buy 10 1 5 100", 3) else {
+            panic!()
+        };
+        assert_eq!(limit.time_in_force, 0, "a limit order stays a day order");
+    }
+
+    #[test]
+    fn an_unknown_symbol_is_named_as_such() {
+        let table = acme();
+        let unknown = parse_script_line_in("buy 1 NOPE 10 101.25", 1, Some(&table)).unwrap_err();
+        assert!(unknown.contains(r#"unknown symbol "NOPE""#), "{unknown}");
+        let no_table = parse_script_line_in("buy 1 NOPE 10 101", 1, None).unwrap_err();
+        assert!(no_table.contains("not an instrument id") && no_table.contains("instruments file"));
+        assert!(!no_table.contains("is not a number"), "{no_table}");
+        let by_id = parse_script_line_in("buy 1 0 10 101.25", 1, Some(&table)).unwrap();
+        assert!(matches!(by_id, Some(ClientMsg::NewOrder(o)) if o.instrument == 0));
+    }
+
+    #[test]
+    fn rejects_and_market_orders_are_described_from_the_request() {
+        let table = acme();
+        let sequenced = |kind, price| ServerMsg::Sequenced {
+            seq: 9,
+            // What the engine's reject of a replace carries: no side, no quantity.
+            event: Event { kind, token: 7, reason: 4, price, ..Event::default() },
+        };
+        let reject = sequenced(event_kind::REJECTED, 0);
+        let replace = parse_script_line_in("replace 7 ACME 4 101.30", 1, Some(&table)).unwrap();
+        let line = describe_answer(&reject, Some(&table), replace.as_ref());
+        assert!(line.starts_with("#9 rejected replace of order 7: 4 of ACME at 101.3"), "{line}");
+        assert!(!line.contains("buy") && !line.contains(" 0 of"), "{line}");
+        let sell = parse_script_line_in("sell 7 ACME 10 200", 1, Some(&table)).unwrap();
+        let line = describe_answer(&reject, Some(&table), sell.as_ref());
+        assert!(line.starts_with("#9 rejected order 7: sell 10 of ACME at 200"), "{line}");
+        let market = parse_script_line_in("buy 7 ACME 10 market", 1, Some(&table)).unwrap();
+        let accepted = sequenced(event_kind::ACCEPTED, 0);
+        let line = describe_answer(&accepted, Some(&table), market.as_ref());
+        assert!(line.contains("of ACME at market"), "{line}");
+        let filled = sequenced(event_kind::FILLED, 1_012_500);
+        let line = describe_answer(&filled, Some(&table), market.as_ref());
+        assert!(line.contains("at 101.25"), "a fill has the trade's price: {line}");
     }
 }

@@ -7,8 +7,9 @@
 //! follows `lab::load`'s schedule and writes each order to the session whose turn it is; reader
 //! threads match reports to intended times by token (native: one thread polls every session;
 //! FIX: one thread per session, the ClOrdID is the token in decimal). Orders alternate buy and sell at one price, so they match and the book
-//! stays small.
+//! stays small. Rejects are counted by reason, so a run the server refused says why.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, drive_sync};
 use lab::stats::LatencyHistogram;
 
-use crate::client::{ClientError, NativeClient};
+use crate::client::{ClientError, NativeClient, Timeout};
 use crate::fix::{self, Builder, Message, tag};
 use crate::fix_session::unix_ns;
 use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
@@ -80,11 +81,26 @@ pub struct LoadOptions {
     pub instruments: Vec<Traded>,
 }
 
-/// An instrument the load trades, at the price its orders carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An instrument the load trades, at the price and quantity its orders carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Traded {
     pub instrument: u32,
+    /// What a FIX order's Symbol (55) carries: the instruments file's symbol.
+    pub symbol: String,
+    /// In price units (10^-`price_decimals` of the currency).
     pub price: i64,
+    /// Decimal places of the price unit: FIX's Price (44) is a decimal.
+    pub price_decimals: u32,
+    /// Each order's quantity: a lot, so every order is a whole number of lots.
+    pub qty: u32,
+}
+
+impl Traded {
+    /// An instrument of the reference universe (`exchange::flow`), whose symbols are the ids
+    /// and whose prices are whole units, in single-unit orders.
+    pub fn reference(instrument: u32, price: i64) -> Traded {
+        Traded { instrument, symbol: instrument.to_string(), price, price_decimals: 0, qty: 1 }
+    }
 }
 
 /// What a run measured.
@@ -93,6 +109,8 @@ pub struct LoadResult {
     pub sent: u64,
     pub answered: u64,
     pub rejected: u64,
+    /// The rejects by reason (the native reason's name, FIX's Text (58)).
+    pub rejects: BTreeMap<String, u64>,
     pub elapsed: Duration,
     /// Intended send time → first report.
     pub latency: LatencyHistogram,
@@ -204,21 +222,37 @@ struct Tally {
     latency: LatencyHistogram,
     answered: u64,
     rejected: u64,
+    rejects: BTreeMap<String, u64>,
 }
 
 impl Tally {
-    fn report(&mut self, clock: &Clock, token: u64, rejected: bool) {
+    /// Counts `token`'s first report; `reject` is the reason when the order was rejected.
+    fn report(&mut self, clock: &Clock, token: u64, reject: Option<&str>) {
         if let Some(latency_ns) = clock.answer(token) {
             self.latency.record_ns(latency_ns);
             self.answered += 1;
-            self.rejected += u64::from(rejected);
+            if let Some(reason) = reject {
+                self.rejected += 1;
+                count_reason(&mut self.rejects, reason, 1);
+            }
+        }
+    }
+}
+
+/// Adds `count` rejects for `reason`; allocates only for a reason not seen yet.
+fn count_reason(rejects: &mut BTreeMap<String, u64>, reason: &str, count: u64) {
+    match rejects.get_mut(reason) {
+        Some(seen) => *seen += count,
+        None => {
+            rejects.insert(reason.to_string(), count);
         }
     }
 }
 
 /// A logged-on session as the driver sees it; its reader thread runs beside it.
 trait OrderSender {
-    fn send(&mut self, order: &OrderRequest) -> std::io::Result<()>;
+    /// Sends `order`, of `traded` (its symbol and price scale, for FIX).
+    fn send(&mut self, order: &OrderRequest, traded: &Traded) -> std::io::Result<()>;
     /// Waits for the reader (it ends once every order sent is answered, or after DRAIN_TIMEOUT
     /// without a report) and ends the session the protocol's way.
     fn finish(self) -> Result<Tally, ClientError>;
@@ -232,19 +266,19 @@ fn drive<S: OrderSender>(
     let mut write_error = None;
     let report = drive_sync(&options.plan, |shot| {
         let token = shot.index as u32 + 1;
-        let traded = options.instruments[(shot.index / 2) as usize % options.instruments.len()];
+        let traded = &options.instruments[(shot.index / 2) as usize % options.instruments.len()];
         let order = OrderRequest {
             client: options.sessions[shot.index as usize % sessions.len()].client,
             token,
             instrument: traded.instrument,
             side: (shot.index % 2) as u8,
             price: traded.price,
-            qty: 1,
+            qty: traded.qty,
             ..OrderRequest::default()
         };
         clock.stamp(token, shot.intended);
         let session = shot.index as usize % sessions.len();
-        if let Err(error) = sessions[session].send(&order) {
+        if let Err(error) = sessions[session].send(&order, traded) {
             write_error.get_or_insert(error);
         }
     })
@@ -257,6 +291,7 @@ fn drive<S: OrderSender>(
         sent: report.sent,
         answered: 0,
         rejected: 0,
+        rejects: BTreeMap::new(),
         elapsed: report.elapsed,
         latency: LatencyHistogram::new(),
         send_lag: report.send_lag,
@@ -272,17 +307,26 @@ impl LoadResult {
         self.latency.merge(&tally.latency);
         self.answered += tally.answered;
         self.rejected += tally.rejected;
+        for (reason, &count) in &tally.rejects {
+            count_reason(&mut self.rejects, reason, count);
+        }
+    }
+
+    /// The most frequent reject reason and its count; `None` without rejects.
+    pub fn main_reject(&self) -> Option<(&str, u64)> {
+        let most = self.rejects.iter().max_by_key(|(_, count)| **count)?;
+        Some((most.0.as_str(), *most.1))
     }
 }
 
 /// Searches the highest rate meeting `plan` on several targets side by side: one step per
 /// target in turn (so the targets share the host's conditions), the same rates while their
 /// searches agree. `measure(target, rate)` runs one step.
-pub fn search_side_by_side(
+pub fn search_side_by_side<E: From<ClientError>>(
     plan: RateSearchPlan,
     targets: usize,
-    mut measure: impl FnMut(usize, f64) -> Result<LatencyHistogram, ClientError>,
-) -> Result<Vec<RateSearchReport>, ClientError> {
+    mut measure: impl FnMut(usize, f64) -> Result<LatencyHistogram, E>,
+) -> Result<Vec<RateSearchReport>, E> {
     let search = RateSearch::new(plan).map_err(|e| failure(e.to_string()))?;
     let mut searches = vec![search; targets];
     loop {
@@ -315,7 +359,7 @@ impl NativeSender {
         connect: SocketAddr,
         credentials: &LoadSession,
     ) -> Result<(NativeSender, NativeClient), ClientError> {
-        let mut session = NativeClient::connect(connect)?;
+        let mut session = NativeClient::connect_within(connect, LOGON_TIMEOUT)?;
         match session.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
             ServerMsg::LoginAccepted { .. } => {}
             other => return Err(failure(format!("login of {}: {other:?}", credentials.client))),
@@ -326,7 +370,7 @@ impl NativeSender {
 }
 
 impl OrderSender for NativeSender {
-    fn send(&mut self, order: &OrderRequest) -> std::io::Result<()> {
+    fn send(&mut self, order: &OrderRequest, _traded: &Traded) -> std::io::Result<()> {
         self.frame.clear();
         native::encode_client(&ClientMsg::NewOrder(*order), &mut self.frame);
         self.writer.write_all(&self.frame)
@@ -368,7 +412,9 @@ impl NativeInbox {
                 native::decode_server(version, kind, payload)
                 && matches!(event.kind, event_kind::ACCEPTED | event_kind::REJECTED)
             {
-                tally.report(clock, u64::from(event.token), event.kind == event_kind::REJECTED);
+                let rejected = event.kind == event_kind::REJECTED;
+                let reason = rejected.then(|| native::reason_name(event.reason));
+                tally.report(clock, u64::from(event.token), reason.as_deref());
             }
         }
         self.buffer.copy_within(start..self.filled, 0);
@@ -454,7 +500,7 @@ impl FixSender {
         target_comp_id: &str,
         clock: &Arc<Clock>,
     ) -> Result<FixSender, ClientError> {
-        let stream = TcpStream::connect(connect)?;
+        let stream = crate::client::connect_within(connect, LOGON_TIMEOUT)?;
         stream.set_nodelay(true)?;
         let mut builder = Builder::default();
         builder
@@ -468,12 +514,23 @@ impl FixSender {
         let mut reader = FixReader::new(stream.try_clone()?);
         let deadline = Instant::now() + LOGON_TIMEOUT;
         let answer = reader.next_type(deadline)?;
-        if answer.as_deref() != Some(b"A") {
-            return Err(failure(format!(
-                "FIX logon of {} to {target_comp_id} refused (answer: {:?})",
-                credentials.comp_id,
-                answer.map(|t| String::from_utf8_lossy(&t).into_owned())
-            )));
+        let comp_id = &credentials.comp_id;
+        match answer.as_deref() {
+            Some(b"A") => {}
+            // An acceptor ignores a logon from a SenderCompID it does not know: say so.
+            None if !reader.closed => {
+                let waited_for = format!(
+                    "no answer to the FIX logon of {comp_id} to {target_comp_id} (does the \
+                     server's credentials file list {comp_id}?)"
+                );
+                let after = LOGON_TIMEOUT;
+                return Err(ClientError::TimedOut { timeout: Timeout::Request, after, waited_for });
+            }
+            other => {
+                let answer = other.map(String::from_utf8_lossy);
+                let refused = format!("FIX logon of {comp_id} to {target_comp_id} refused");
+                return Err(failure(format!("{refused} (answer: {answer:?})")));
+            }
         }
         let clock = clock.clone();
         let reader = std::thread::spawn(move || reader.reports(&clock));
@@ -489,19 +546,19 @@ impl FixSender {
 }
 
 impl OrderSender for FixSender {
-    fn send(&mut self, order: &OrderRequest) -> std::io::Result<()> {
+    fn send(&mut self, order: &OrderRequest, traded: &Traded) -> std::io::Result<()> {
         let now = fix::utc_timestamp(unix_ns());
         let side: &[u8] = if order.side == 0 { b"1" } else { b"2" };
         self.builder
             .begin(b"D", self.comp_id.as_bytes(), self.target_comp_id.as_bytes(), self.next_seq)
             .field(tag::SENDING_TIME, &now)
             .int(tag::CL_ORD_ID, i64::from(order.token))
-            .int(tag::SYMBOL, i64::from(order.instrument))
+            .field(tag::SYMBOL, traded.symbol.as_bytes())
             .field(tag::SIDE, side)
             .field(tag::TRANSACT_TIME, &now)
             .int(tag::ORDER_QTY, i64::from(order.qty))
             .field(tag::ORD_TYPE, b"2")
-            .int(tag::PRICE, order.price)
+            .decimal(tag::PRICE, order.price, traded.price_decimals)
             .field(tag::TIME_IN_FORCE, b"0");
         self.next_seq += 1;
         (&self.stream).write_all(self.builder.finish())
@@ -602,7 +659,9 @@ impl FixReader {
                 b"8" => {
                     let token = message.get(tag::CL_ORD_ID).and_then(fix::parse_u64);
                     let rejected = message.get(tag::EXEC_TYPE) == Some(b"8");
-                    tally.report(clock, token.unwrap_or(u64::MAX), rejected);
+                    let text = message.get(tag::TEXT).map(String::from_utf8_lossy);
+                    let reason = rejected.then(|| text.unwrap_or("no Text (58)".into()));
+                    tally.report(clock, token.unwrap_or(u64::MAX), reason.as_deref());
                 }
                 b"5" => logged_out = true,
                 _ => {}

@@ -281,10 +281,10 @@ fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
             seed: 1,
             duration: Duration::from_millis(200),
         },
-        instruments: vec![gateway::load::Traded {
-            instrument: 1,
-            price: (band.band_low + band.band_high) / 2,
-        }],
+        instruments: vec![gateway::load::Traded::reference(
+            1,
+            (band.band_low + band.band_high) / 2,
+        )],
     };
     // Twice: the first run's Logout frees the sessions, so the second logs on again (with
     // ResetSeqNumFlag) and is answered too.

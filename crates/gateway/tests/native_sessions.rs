@@ -339,7 +339,7 @@ fn the_load_generator_measures_every_order_it_sends() {
             seed: 1,
             duration: Duration::from_millis(200),
         },
-        instruments: vec![gateway::load::Traded { instrument: 1, price: PRICE }],
+        instruments: vec![gateway::load::Traded::reference(1, PRICE)],
     };
     let result = gateway::load::run(&options).unwrap();
     assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);

@@ -46,6 +46,9 @@ pub struct CellResult {
     pub completed: u64,
     pub errors: u64,
     pub latency: LatencySummary,
+    /// Open loop: how late the generator sent each request (already inside `latency`); a
+    /// high tail means the generator, not the server, fell behind. Closed loop: empty.
+    pub send_lag: LatencySummary,
     /// Completions per interval over the measured window (throughput over time).
     pub throughput_series: ThroughputSeries,
 }
@@ -70,6 +73,7 @@ impl CellResult {
             completed: measured.report.answered_in_window,
             errors: report.errors + report.timeouts,
             latency: report.latency.summary(),
+            send_lag: report.send_lag.summary(),
             throughput_series: report.throughput.clone(),
         }
     }
@@ -96,6 +100,8 @@ pub struct Window {
     pub warmup: Duration,
     pub measure: Duration,
     pub interval: Duration,
+    /// A request not answered this long after it was sent counts as timed out.
+    pub request_timeout: Duration,
 }
 
 /// One driven cell: the driver's report and the throughput it is summarised by.
@@ -109,6 +115,35 @@ pub struct Measured {
     /// for a Python cell (0.6 s latency, 8 s window) but 0.5% for a leantier one, which would
     /// flatter the ratio between them.
     pub throughput_per_s: f64,
+}
+
+impl Measured {
+    /// Why the cell measured nothing, when no request to `url` was answered well: every one
+    /// failed (the first failure says how), timed out, or outlived the window. `None` when
+    /// at least one was.
+    pub fn nothing_answered(&self, url: &str, window: &Window) -> Option<WebError> {
+        let report = &self.report;
+        if report.ok > 0 {
+            return None;
+        }
+        let (errors, timeouts) = (report.errors, report.timeouts);
+        let why = match &report.first_error {
+            Some(first) => format!(
+                "every request to {url} failed ({errors} errors, {timeouts} timeouts); the \
+                 first: {first}"
+            ),
+            None if timeouts > 0 => format!(
+                "no request to {url} was answered: {timeouts} timed out after {:?} each (is the \
+                 server up and answering?)",
+                window.request_timeout
+            ),
+            None => format!(
+                "no request to {url} was answered within the {:?} measured window",
+                window.measure
+            ),
+        };
+        Some(WebError::Failed(why))
+    }
 }
 
 /// Drives one cell at `url` with `exchanges` sent round-robin. A non-200 or empty answer is an
@@ -136,6 +171,7 @@ pub fn drive(
                     measure: window.measure,
                     cool_down: Duration::ZERO,
                     interval: window.interval,
+                    timeout: window.request_timeout,
                     ..ClosedLoopOptions::default()
                 };
                 let report = drive_closed_loop(&options, move |user, sequence| {
@@ -143,9 +179,8 @@ pub fn drive(
                     let exchanges = Arc::clone(&exchanges);
                     async move {
                         let exchange = &exchanges[(user + sequence as usize) % exchanges.len()];
-                        let (status, answer) =
-                            connections.post(user, exchange.body.clone()).await?;
-                        check_answer(status, &answer, exchange, sequence)
+                        let answer = connections.post(user, exchange.body.clone()).await;
+                        checked(answer, exchange, sequence)
                     }
                 })
                 .await
@@ -162,13 +197,14 @@ pub fn drive(
                     let exchanges = Arc::clone(&exchanges);
                     async move {
                         let exchange = &exchanges[(index % exchanges.len() as u64) as usize];
-                        let (status, answer) = client.post(&url, exchange.body.clone()).await?;
-                        check_answer(status, &answer, exchange, index)
+                        let answer = client.post(&url, exchange.body.clone()).await;
+                        checked(answer, exchange, index)
                     }
                 };
                 let process = ArrivalProcess::Constant { rate_per_s };
                 let options = AsyncOpenLoopOptions {
                     interval: window.interval,
+                    timeout: window.request_timeout,
                     ..AsyncOpenLoopOptions::default()
                 };
                 if !window.warmup.is_zero() {
@@ -189,6 +225,17 @@ pub fn drive(
 /// A load plan the lab refused: the caller's input, so bad input of the web service's.
 fn bad_plan(lab::error::BadInput(why): lab::error::BadInput) -> WebError {
     WebError::BadInput(why)
+}
+
+/// [`check_answer`] on an answer, or the whole chain of why there was none (the driver
+/// keeps the first failure's text, and a top-level "posting" alone says nothing).
+fn checked(
+    answer: Result<(u16, Bytes)>,
+    exchange: &Exchange,
+    sequence: u64,
+) -> std::result::Result<(), String> {
+    let checked = answer.and_then(|(status, body)| check_answer(status, &body, exchange, sequence));
+    checked.map_err(|error| ops::error_chain(&error))
 }
 
 /// Status 200 and a body for every answer; the whole product for a sample of them.

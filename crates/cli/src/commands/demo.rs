@@ -179,10 +179,10 @@ impl Server {
                 })
                 .collect(),
             plan: plan(SEARCH_START_RATE_PER_S, Duration::ZERO),
-            instruments: vec![Traded {
-                instrument: INSTRUMENT,
-                price: (listing.band_low + listing.band_high) / 2,
-            }],
+            instruments: vec![Traded::reference(
+                INSTRUMENT,
+                (listing.band_low + listing.band_high) / 2,
+            )],
         };
         Ok(Server { running, load })
     }

@@ -2,16 +2,19 @@
 //! network server (native protocol and FIX 4.4), a scripted native client, and the tool that
 //! hashes secrets for the credentials file.
 
+use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use exchange::durability::JournalMode;
-use exchange::flow::{UniverseConfig, reference_master_data};
-use exchange::instruments::InstrumentTable;
+use exchange::flow::{UniverseConfig, reference_instruments};
+use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
-use gateway::client::{NativeClient, describe, parse_script_line_in};
+use gateway::client::{
+    ClientError, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
+};
 use gateway::hub::Settings;
 use gateway::load::Traded;
 use gateway::native::{ClientMsg, ServerMsg};
@@ -136,10 +139,11 @@ pub struct ClientArgs {
     /// $LEANTIER_SECRET).
     #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
-    /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`,
-    /// `cancel TOKEN INSTRUMENT`, `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin. With
-    /// --instruments, INSTRUMENT may be a symbol and PRICE a decimal (`buy 1 ACME 100 101.25`).
-    /// Each report is printed as one line.
+    /// Script, one order per line: `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`
+    /// (default day; a market order ioc, never day), `cancel TOKEN INSTRUMENT`,
+    /// `replace TOKEN INSTRUMENT QTY PRICE`; `-` reads stdin. With --instruments, INSTRUMENT
+    /// may be a symbol and PRICE a decimal (`buy 1 ACME 100 101.25`). Each report is printed
+    /// as one line, a reject with the request it answers.
     #[arg(long, default_value = "-")]
     pub script: PathBuf,
     /// First sequenced message to replay at login (1: all; 0: only new ones).
@@ -158,6 +162,17 @@ pub struct ClientArgs {
     /// script and the printed reports; without it, ids and whole price units.
     #[arg(long)]
     pub instruments: Option<PathBuf>,
+    /// How long opening the connection may take, e.g. 5s.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "5s")]
+    pub connect_timeout: Duration,
+    /// How long the login, and each order (cancel, replace), may wait for its answer, e.g.
+    /// 10s; the client waits for every answer after the script's last line.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "10s")]
+    pub request_timeout: Duration,
+    /// How long the server may send nothing at all (it heartbeats a live session every
+    /// `heartbeat_ms`), e.g. 30s.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "30s")]
+    pub idle_timeout: Duration,
 }
 
 /// Prints the argon2 hash of a secret read from stdin (for the credentials file).
@@ -444,7 +459,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `leantier exchange client`.
+/// `leantier exchange client`: exits 1 naming the timeout that passed when the server does
+/// not answer (connect, request, idle).
 pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     let script: Box<dyn BufRead> = if args.script == Path::new("-") {
         Box::new(std::io::stdin().lock())
@@ -463,36 +479,97 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     };
     let table = table.as_ref();
     let secret = exchange_secret(args.secret.as_deref())?;
-    let mut session = NativeClient::connect(args.connect)?;
-    let login = session.login(args.client, &secret, args.next_seq, Duration::from_secs(10))?;
+    let positive = |flag: &str, d: Duration| {
+        if d.is_zero() { Err(BadInput(format!("--{flag} must be > 0"))) } else { Ok(()) }
+    };
+    positive("connect-timeout", args.connect_timeout)?;
+    positive("request-timeout", args.request_timeout)?;
+    positive("idle-timeout", args.idle_timeout)?;
+    let mut session = NativeClient::connect_within(args.connect, args.connect_timeout)?;
+    let login = session.login(args.client, &secret, args.next_seq, args.request_timeout)?;
     println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
         anyhow::bail!("login refused");
     }
+    session.set_idle_timeout(args.idle_timeout);
+    let mut run = ScriptRun { session, table, sent: HashMap::new(), unanswered: HashMap::new() };
     for (at, line) in script.lines().enumerate() {
         let line = line?;
         let msg = parse_script_line_in(&line, args.client, table)
             .map_err(|e| BadInput(format!("script line {}: {e}", at + 1)))?;
         if let Some(msg) = msg {
-            session.send(&msg)?;
+            run.send(msg)?;
         }
-        print_available(&mut session, Duration::ZERO, table)?;
+        run.print_available(Duration::ZERO)?;
     }
-    print_available(&mut session, args.linger, table)?;
-    session.send(&ClientMsg::Logout)?;
+    run.print_available(args.linger)?;
+    run.await_answers(args.request_timeout)?;
+    run.session.send(&ClientMsg::Logout)?;
     Ok(())
 }
 
-fn print_available(
-    session: &mut NativeClient,
-    linger: Duration,
-    table: Option<&InstrumentTable>,
-) -> anyhow::Result<()> {
-    let wait = linger.max(Duration::from_millis(1));
-    while let Some(msg) = session.recv(wait)? {
-        println!("{}", describe(&msg, table));
+/// `exchange client`'s session while it runs its script: what it sent (to describe the
+/// answers) and which requests still wait for their first answer.
+struct ScriptRun<'a> {
+    session: NativeClient,
+    table: Option<&'a InstrumentTable>,
+    /// The last request per token.
+    sent: HashMap<u32, ClientMsg>,
+    /// Requests without an answer yet, by token, with when they were sent.
+    unanswered: HashMap<u32, Instant>,
+}
+
+impl ScriptRun<'_> {
+    fn send(&mut self, msg: ClientMsg) -> anyhow::Result<()> {
+        self.session.send(&msg)?;
+        if let ClientMsg::NewOrder(order) | ClientMsg::Cancel(order) | ClientMsg::Replace(order) =
+            msg
+        {
+            self.sent.insert(order.token, msg);
+            self.unanswered.insert(order.token, Instant::now());
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Prints what arrives within `linger` (at least one read).
+    fn print_available(&mut self, linger: Duration) -> anyhow::Result<()> {
+        let wait = linger.max(Duration::from_millis(1));
+        while let Some(msg) = self.session.recv(wait)? {
+            self.print(&msg);
+        }
+        Ok(())
+    }
+
+    fn print(&mut self, msg: &ServerMsg) {
+        let token = match msg {
+            ServerMsg::Sequenced { event, .. } => Some(event.token),
+            _ => None,
+        };
+        if let Some(token) = token {
+            self.unanswered.remove(&token);
+        }
+        let sent = token.and_then(|token| self.sent.get(&token));
+        println!("{}", describe_answer(msg, self.table, sent));
+    }
+
+    /// Waits until every request is answered, each for at most `timeout` from its sending.
+    fn await_answers(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        while let Some(&oldest) = self.unanswered.values().min() {
+            let left = (oldest + timeout).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let mut tokens: Vec<u32> = self.unanswered.keys().copied().collect();
+                tokens.sort_unstable();
+                let waited_for = format!("no answer to order(s) {tokens:?}");
+                let timed_out =
+                    ClientError::TimedOut { timeout: Timeout::Request, after: timeout, waited_for };
+                return Err(timed_out.into());
+            }
+            if let Some(msg) = self.session.recv(left)? {
+                self.print(&msg);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `leantier exchange hash-secret`.
@@ -524,8 +601,9 @@ pub struct LoadArgs {
     #[arg(long, default_value = "native")]
     pub protocol: String,
     /// Arrival rates (Poisson), orders/s, comma-separated; one run each. With `--find-max`,
-    /// the first is where the search starts.
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    /// the first is where the search starts. The defaults stay within the shipped config's
+    /// throttle (`throttle_msgs_per_s = 10000`, per session).
+    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "1000,5000")]
     pub rate: Vec<f64>,
     /// Time per rate (per search step), e.g. 5s.
     #[arg(
@@ -563,16 +641,23 @@ pub struct LoadArgs {
     /// $LEANTIER_EXCHANGE_SECRET, else the deprecated $LEANTIER_SECRET).
     #[arg(long, env = SECRET_ENV, hide_env_values = true)]
     pub secret: Option<String>,
-    /// FIX: a session's SenderCompID is this prefix followed by its client id.
-    #[arg(long, default_value = "CLIENT")]
+    /// FIX: a session's SenderCompID is this prefix followed by its number, `--first-client`
+    /// for the first (the shipped credentials name BROKER1 and BROKER2).
+    #[arg(long, default_value = "BROKER")]
     pub fix_comp_id_prefix: String,
     /// FIX: the acceptor's CompID (TargetCompID).
     #[arg(long, default_value = "LEANTIER")]
     pub fix_target_comp_id: String,
-    /// Instruments to trade, comma-separated: each pair of orders (a buy, then a sell at the
+    /// The server's instruments file (its `instruments_file`): the symbols, reference prices
+    /// and lots the orders carry; `reference` for a server without one (the reference
+    /// universe: symbols are the ids, prices whole units).
+    #[arg(long, value_name = "FILE|reference", default_value = "configs/instruments.toml")]
+    pub instruments: PathBuf,
+    /// Instruments to trade, symbols or ids, comma-separated (default: the first one in
+    /// `--instruments`): each pair of orders (a buy, then a sell, a lot each at the
     /// instrument's reference price) goes to the next one in turn.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    pub instrument: Vec<u32>,
+    #[arg(long, value_delimiter = ',')]
+    pub instrument: Vec<String>,
     /// Report folder (a Markdown table and CSV).
     #[arg(long, default_value = "leantier-report/exchange-load")]
     pub out: PathBuf,
@@ -637,17 +722,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
             secret: secret.clone(),
         })
         .collect();
-    let highest = args.instrument.iter().copied().max().unwrap_or(0);
-    let master = reference_master_data(&UniverseConfig { instruments: highest + 1, clients: 1 });
-    let traded = |instrument: u32| {
-        let listing = master.instrument(instrument);
-        let price = listing.map(|i| (i.band_low + i.band_high) / 2);
-        price.map(|price| Traded { instrument, price })
-    };
-    let instruments: Option<Vec<Traded>> = args.instrument.iter().map(|&i| traded(i)).collect();
-    let instruments = instruments
-        .filter(|all| !all.is_empty())
-        .ok_or_else(|| BadInput(format!("no such instrument in {:?}", args.instrument)))?;
+    let instruments = traded_instruments(args)?;
     Ok(gateway::load::LoadOptions {
         connect: args.connect[0],
         protocol,
@@ -655,6 +730,58 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         plan: load_plan(args.rate[0], args.duration),
         instruments,
     })
+}
+
+/// `--instruments`' value for a server without an instruments file.
+const REFERENCE_INSTRUMENTS: &str = "reference";
+
+/// The instruments file `--instruments` names, or the reference universe's (as large as the
+/// server's default, and holding every id `--instrument` names).
+fn instruments_file(args: &LoadArgs) -> Result<InstrumentsFile, BadInput> {
+    if args.instruments != Path::new(REFERENCE_INSTRUMENTS) {
+        return exchange::instruments::read_toml(&args.instruments).map_err(|e| {
+            BadInput(format!(
+                "--instruments: {e} (the server's instruments_file, or `{REFERENCE_INSTRUMENTS}` \
+                 for a server without one)"
+            ))
+        });
+    }
+    let ids = args.instrument.iter().filter_map(|name| name.parse::<u32>().ok());
+    let universe = UniverseConfig::default();
+    let instruments = ids.map(|id| id.saturating_add(1)).fold(universe.instruments, u32::max);
+    Ok(reference_instruments(&UniverseConfig { instruments, ..universe }))
+}
+
+/// What the orders trade: each `--instrument` (symbol or id; default the file's first) at its
+/// reference price, which is inside its band and on its tick, a lot per order.
+fn traded_instruments(args: &LoadArgs) -> Result<Vec<Traded>, BadInput> {
+    let file = instruments_file(args)?;
+    let no_clients = exchange::instruments::ClientsFile { clients: Vec::new() };
+    let bad = |e: exchange::ExchangeError| BadInput(format!("--instruments: {e}"));
+    let (_, table) = exchange::instruments::load(&file, &no_clients).map_err(bad)?;
+    let first = file.instruments.first().map(|spec| spec.symbol.clone());
+    let names =
+        if args.instrument.is_empty() { Vec::from_iter(first) } else { args.instrument.clone() };
+    let traded = |name: &String| -> Result<Traded, String> {
+        let by_id = name.parse().ok().filter(|&id| table.symbol_of(id).is_some());
+        let id = table.id_of(name).or(by_id).ok_or("not listed")?;
+        let spec = file.instruments.iter().find(|spec| table.id_of(&spec.symbol) == Some(id));
+        let spec = spec.ok_or("not listed")?;
+        let price = table.price_units(&spec.reference_price).map_err(|e| e.to_string())?;
+        let qty = InstrumentTable::qty_units(&spec.lot_size).map_err(|e| e.to_string())?;
+        let (symbol, price_decimals) = (spec.symbol.clone(), table.price_decimals());
+        Ok(Traded { instrument: id, symbol, price, price_decimals, qty })
+    };
+    let traded = names.iter().map(|name| {
+        let why =
+            |e| BadInput(format!("--instrument {name}: {e} in {}", args.instruments.display()));
+        traded(name).map_err(why)
+    });
+    let traded = traded.collect::<Result<Vec<Traded>, BadInput>>()?;
+    if traded.is_empty() {
+        return Err(BadInput(format!("{}: lists no instrument", args.instruments.display())));
+    }
+    Ok(traded)
 }
 
 fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
@@ -665,19 +792,24 @@ fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
     }
 }
 
-/// One run against one target, with a line on what happened.
+/// One run against one target, with a line on what happened; a run the server answered
+/// nothing to, or rejected every order of, is a failure that says why.
 fn load_step(
     base: &gateway::load::LoadOptions,
     connect: SocketAddr,
     name: &str,
     rate: f64,
     duration: Duration,
-) -> Result<gateway::load::LoadResult, gateway::client::ClientError> {
+) -> anyhow::Result<gateway::load::LoadResult> {
     let options =
         gateway::load::LoadOptions { connect, plan: load_plan(rate, duration), ..base.clone() };
     let result = gateway::load::run(&options)?;
+    let reasons: Vec<String> =
+        result.rejects.iter().map(|(reason, count)| format!("{reason} {count}")).collect();
+    let reasons =
+        if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) };
     println!(
-        "{name} {rate:.0}/s: sent {} answered {} rejected {} achieved {:.0}/s, p50 {} p99 {} µs, send lag p99 {} µs",
+        "{name} {rate:.0}/s: sent {} answered {} rejected {}{reasons} achieved {:.0}/s, p50 {} p99 {} µs, generator lag p99 {} µs",
         result.sent,
         result.answered,
         result.rejected,
@@ -686,7 +818,26 @@ fn load_step(
         lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(99.0)),
         lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
     );
-    Ok(result)
+    match failed_run(&result) {
+        Some(why) => anyhow::bail!("{name} at {rate:.0}/s: {why}"),
+        None => Ok(result),
+    }
+}
+
+/// Why a run measured nothing the server accepted: no order was answered, or every one was
+/// rejected (named by its main reason). `None` when some order was accepted, or none sent.
+fn failed_run(result: &gateway::load::LoadResult) -> Option<String> {
+    if result.sent > 0 && result.answered == 0 {
+        return Some(format!("none of the {} orders sent was answered", result.sent));
+    }
+    let (reason, count) = result.main_reject()?;
+    (result.rejected == result.answered).then(|| {
+        format!(
+            "every order was rejected, {count} of {} {reason}: do --instruments (prices, \
+             lots) and the session's client match the server's files?",
+            result.rejected
+        )
+    })
 }
 
 type Rows = Vec<(String, lab::stats::LatencySummary)>;
@@ -721,14 +872,15 @@ fn find_max(
         limit_ns: values::whole_nanos(args.p99_limit),
         precision: 0.1,
     };
-    let reports = gateway::load::search_side_by_side(plan, args.connect.len(), |target, rate| {
+    let step = |target: usize, rate: f64| -> anyhow::Result<lab::stats::LatencyHistogram> {
         let result = load_step(base, args.connect[target], &names[target], rate, args.duration)?;
         if result.answered < result.sent || result.rejected > 0 {
             println!("  (fails: every order must be accepted)");
             return Ok(lab::stats::LatencyHistogram::new());
         }
         Ok(result.latency)
-    })?;
+    };
+    let reports = gateway::load::search_side_by_side(plan, args.connect.len(), step)?;
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let limit_us = values::whole_micros(args.p99_limit);

@@ -31,6 +31,9 @@ const BASELINE_START_TIMEOUT: Duration = Duration::from_secs(30);
 const ADAPTIVE_RATIO_MIN: f64 = 0.95;
 /// leantier must reach this multiple of the Python single process at medium-600 × 10 users.
 const PYTHON_SPEEDUP_MIN: f64 = 100.0;
+/// How long a request may go unanswered before it counts as timed out (`web load
+/// --request-timeout`'s default; `web matrix` uses it as is).
+const REQUEST_TIMEOUT_DEFAULT: &str = "5s";
 
 /// Arguments of `web load`.
 #[derive(Debug, ClapArgs)]
@@ -78,6 +81,14 @@ pub struct LoadArgs {
         default_value = "100ms"
     )]
     pub interval: Duration,
+    /// A request not answered this long after it was sent counts as timed out, e.g. 2s.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = values::seconds,
+        default_value = REQUEST_TIMEOUT_DEFAULT
+    )]
+    pub request_timeout: Duration,
     /// Print the result as JSON as well.
     #[arg(long)]
     pub json: bool,
@@ -196,12 +207,13 @@ fn start_in_process(workers: Option<usize>) -> anyhow::Result<Server> {
     Ok(Server::start(listener, config.server_config()?)?)
 }
 
-/// `web load`: one cell.
+/// `web load`: one cell. Exits 1 (after the table) when no request was answered well.
 pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
     let window = Window {
         warmup: args.warmup,
         measure: positive(args.duration, "duration")?,
         interval: positive(args.interval, "interval")?,
+        request_timeout: positive(args.request_timeout, "request-timeout")?,
     };
     let mode = match args.rate {
         Some(rate) if rate > 0.0 && rate.is_finite() => LoadMode::Open { rate_per_s: rate },
@@ -237,7 +249,14 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
     let over_time = throughput_over_time_table(&[("throughput", &result.throughput_series)]);
     println!("throughput over time: {}", one_line(&over_time));
     if let LoadMode::Open { rate_per_s } = mode {
-        println!("open loop at {rate_per_s} req/s; latency from the intended send time");
+        let lag = &result.send_lag;
+        println!(
+            "open loop at {rate_per_s} req/s; latency from the intended send time; the \
+             generator's own lag (inside the latency) p50 {} p99 {} max {} us",
+            format_ns_as_us(lag.p50_ns),
+            format_ns_as_us(lag.p99_ns),
+            format_ns_as_us(lag.max_ns)
+        );
     }
     let report = ReportDir::create(&args.out)?;
     report.write_json("result.json", &result)?;
@@ -259,7 +278,10 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     }
-    Ok(())
+    match observed.nothing_answered(&url, &window) {
+        Some(failed) => Err(failed.into()),
+        None => Ok(()),
+    }
 }
 
 /// The per-interval rates of a one-run over-time table, on one line.
@@ -363,6 +385,7 @@ pub fn measure_matrix(args: &MatrixArgs) -> anyhow::Result<(Vec<CellResult>, Vec
         warmup: args.warmup,
         measure: positive(args.duration, "duration")?,
         interval: positive(args.interval, "interval")?,
+        request_timeout: values::seconds(REQUEST_TIMEOUT_DEFAULT).map_err(BadInput)?,
     };
     let python_window =
         Window { measure: positive(args.python_duration, "python-duration")?, ..window };
@@ -885,6 +908,7 @@ mod tests {
             completed: 0,
             errors: 0,
             latency: lab::stats::LatencyHistogram::new().summary(),
+            send_lag: lab::stats::LatencyHistogram::new().summary(),
             throughput_series: ThroughputSeries {
                 interval: Duration::from_secs(1),
                 counts: vec![],
