@@ -292,11 +292,17 @@ impl Engine {
 
 /// The group's publisher instance id: the same for every engine of the shard's group (from
 /// the prefix and shard), so gateways take a new leader's records as the same sequence's.
+/// FNV-1a, written out: a hash whose value no compiler or library release changes (std's
+/// `DefaultHasher` promises no stability, and engines of one group may be built apart).
 fn group_instance(options: &EngineOptions) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (options.log.prefix.as_str(), options.shard, "engine-group").hash(&mut hasher);
-    hasher.finish()
+    stable_hash(format!("{}/{}/engine-group", options.log.prefix, options.shard).as_bytes())
+}
+
+/// FNV-1a, 64 bits.
+fn stable_hash(bytes: &[u8]) -> u64 {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes.iter().fold(FNV_OFFSET, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME))
 }
 
 fn start_tier(
@@ -645,4 +651,15 @@ fn log_leadership(state: &EngineState, leads: bool) {
 fn abs_ns_of(at: Instant) -> u64 {
     let ahead = at.saturating_duration_since(Instant::now());
     monotonic_ns() + ahead.as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_group_instance_hash_is_fnv_1a_and_never_changes() {
+        // FNV-1a's published test vectors: engines built by any compiler agree.
+        assert_eq!(super::stable_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(super::stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(super::stable_hash(b"foobar"), 0x8594_4171_f739_67e8);
+    }
 }
