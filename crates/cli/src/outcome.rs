@@ -37,6 +37,13 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
         || matches!(error.downcast_ref(), Some(mq::MqError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(web::WebError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(journal::JournalError::BadConfig(_)))
+        || matches!(
+            error.downcast_ref(),
+            Some(
+                replication::ReplicationError::BadSettings(_)
+                    | replication::ReplicationError::Fingerprint(_)
+            )
+        )
 }
 
 /// Whether an error, or anything in its chain, is the caller's fault (exit code 2).
@@ -93,6 +100,8 @@ mod tests {
             web::WebError::BadInput("web".into()).into(),
             journal::JournalError::BadConfig("journal".into()).into(),
             ringbench::RingBenchError::BadInput("ring".into()).into(),
+            replication::ReplicationError::BadSettings("replication".into()).into(),
+            replication::ReplicationError::Fingerprint("group".into()).into(),
         ];
         for error in errors {
             let shown = format!("{error:#}");

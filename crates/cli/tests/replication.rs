@@ -353,6 +353,40 @@ fn a_failover_past_the_retained_window_loses_no_report() {
     assert!(report.recovered > 64, "more recovered than the window held: {report:?}");
 }
 
+/// An engine whose outputs would differ from its group's (its config routes reports to two
+/// tier gateway slots, the leader's to one: every report would be numbered differently) refuses
+/// to start with exit 2, naming both fingerprints, while the leader goes on.
+#[test]
+fn an_engine_unlike_its_group_refuses_to_start() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let _leader = Process::named_engine(dir.path(), &url, "leader");
+    wait_for("the leader takes the lease", Duration::from_secs(10), || {
+        log_of(dir.path(), "leader").contains("took the lease")
+    });
+    let other = tempfile::tempdir().unwrap();
+    write_config(other.path());
+    let config = std::fs::read_to_string(other.path().join("serve.toml")).unwrap();
+    let config = config.replace("gateways = 1", "gateways = 2");
+    std::fs::write(other.path().join("serve.toml"), config).unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
+        .args(["--role", "engine", "--nats", &url])
+        .current_dir(other.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "refused as bad input: {stderr}");
+    assert!(stderr.contains("engine group mismatch"), "{stderr}");
+    assert!(stderr.contains("lease holder has fingerprint="), "{stderr}");
+    let (_gateway, address) = Process::gateway(dir.path(), &url, 1);
+    let mut client = logged_in(address);
+    let accepted = gateway::native::event_kind::ACCEPTED;
+    assert_eq!(buy(&mut client, 1), Some(accepted), "the group still answers");
+}
+
 /// Every sequenced event `client` receives until `quiet` passes without one: (seq, token, kind).
 fn events_until_quiet(
     client: &mut gateway::client::NativeClient,

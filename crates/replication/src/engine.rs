@@ -32,6 +32,7 @@ use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Flow};
 
 use crate::error::ReplicationError;
+use crate::fingerprint::Fingerprint;
 use crate::follow::{Follower, LoggedOrder};
 use crate::layout::LogSettings;
 use crate::lease::{Lease, LeaseSettings};
@@ -137,6 +138,11 @@ impl Engine {
         let client = runtime.block_on(delivery::nats::connect(&options.nats, "engine"));
         let client = client.map_err(|e| ReplicationError::jetstream("connecting", e))?;
         let store = runtime.block_on(SnapshotStore::open(client.clone(), &options.log))?;
+        let fingerprint = Fingerprint::of(&options.tier);
+        let lease_holder = format!("{} {}", options.holder, fingerprint.to_text());
+        let lease = Lease::open(client.clone(), &options.lease, options.shard, &lease_holder);
+        let lease = runtime.block_on(lease)?;
+        runtime.block_on(check_group(&fingerprint, &lease, &store, options.shard))?;
         let start = runtime.block_on(starting_point(&store, &options))?;
         let after_seq = start.as_ref().map_or(0, |snapshot| snapshot.stream_seq);
         let gate = PublishGate::closed();
@@ -175,16 +181,10 @@ impl Engine {
             start.map(|s| ShardRestore { last_seq: s.core_seq, snapshot: Arc::new(s.state) });
         let source = log_source(inputs, state.clone());
         let tier = start_tier(&options, publisher.subscribers(), source, restore)?;
-        let lease = runtime.block_on(Lease::open(
-            client.clone(),
-            &options.lease,
-            options.shard,
-            &options.holder,
-        ))?;
         let progress = Progress { store, shard: options.shard, holder: options.holder.clone() };
         let every = options.lease.renew_every;
         let notes_task = runtime.spawn(note_progress(progress, every, state.clone()));
-        let lease_task = runtime.spawn(keep_lease(lease, every, gate, state.clone()));
+        let lease_task = runtime.spawn(keep_lease(lease, every, gate, state.clone(), fingerprint));
         Ok(Engine {
             runtime,
             tier: Some(tier),
@@ -292,17 +292,10 @@ impl Engine {
 
 /// The group's publisher instance id: the same for every engine of the shard's group (from
 /// the prefix and shard), so gateways take a new leader's records as the same sequence's.
-/// FNV-1a, written out: a hash whose value no compiler or library release changes (std's
-/// `DefaultHasher` promises no stability, and engines of one group may be built apart).
+/// A stable hash ([`crate::fingerprint::stable_hash`]): engines built apart agree on it.
 fn group_instance(options: &EngineOptions) -> u64 {
-    stable_hash(format!("{}/{}/engine-group", options.log.prefix, options.shard).as_bytes())
-}
-
-/// FNV-1a, 64 bits.
-fn stable_hash(bytes: &[u8]) -> u64 {
-    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes.iter().fold(FNV_OFFSET, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME))
+    let name = format!("{}/{}/engine-group", options.log.prefix, options.shard);
+    crate::fingerprint::stable_hash(name.as_bytes())
 }
 
 fn start_tier(
@@ -393,6 +386,25 @@ async fn hand_on(
     }
 }
 
+/// Refuses to start an engine whose outputs would differ from its group's: the lease holder's
+/// fingerprint must equal its own, release included; the newest snapshot's settings too (a
+/// snapshot of another release is how a group is upgraded). An earlier release's holder or
+/// snapshot, which carries none, is not refused.
+async fn check_group(
+    fingerprint: &Fingerprint,
+    lease: &Lease,
+    store: &SnapshotStore,
+    shard: u32,
+) -> Result<(), ReplicationError> {
+    if let Some(held) = lease.holder().await?.as_deref().and_then(Fingerprint::find_in) {
+        fingerprint.admits(&held, &format!("shard {shard}'s lease holder"), true)?;
+    }
+    if let Some(stored) = store.latest_fingerprint(shard).await? {
+        fingerprint.admits(&stored, &format!("shard {shard}'s newest snapshot"), false)?;
+    }
+    Ok(())
+}
+
 /// Where a starting engine begins: the shard's newest snapshot (`None`: the log's first
 /// record), once its progress note holds the log from being trimmed past it.
 async fn starting_point(
@@ -429,6 +441,8 @@ struct SnapshotTaker {
     store: SnapshotStore,
     /// The engine's publish gate: open only while it leads, which a trim checks first.
     gate: Arc<PublishGate>,
+    /// The group fingerprint's text, each snapshot's description.
+    fingerprint: String,
     shard: u32,
     holder: String,
     runtime: tokio::runtime::Handle,
@@ -445,7 +459,18 @@ impl SnapshotTaker {
         let (every, shard) = (options.tier.snapshot_every_records, options.shard);
         let (holder, runtime) = (options.holder.clone(), runtime.handle().clone());
         let taken_seq = replica.applied_seq();
-        Ok(SnapshotTaker { replica, taken_seq, every, store, gate, shard, holder, runtime })
+        let fingerprint = Fingerprint::of(&options.tier).to_text();
+        Ok(SnapshotTaker {
+            replica,
+            taken_seq,
+            every,
+            store,
+            gate,
+            fingerprint,
+            shard,
+            holder,
+            runtime,
+        })
     }
 
     fn apply(&mut self, logged: &LoggedOrder) {
@@ -465,7 +490,7 @@ impl SnapshotTaker {
         let (store, shard, holder) = (&self.store, self.shard, self.holder.as_str());
         let gate = &self.gate;
         let written = self.runtime.block_on(async {
-            store.put(shard, &snapshot).await?;
+            store.put(shard, &snapshot, &self.fingerprint).await?;
             // Its own note, fresh: the follower has read at least this far.
             store.note_progress(shard, holder, snapshot.stream_seq).await?;
             // A deposed leader never trims: its snapshot may be older than the successor's
@@ -593,6 +618,7 @@ async fn keep_lease(
     every: Duration,
     gate: Arc<PublishGate>,
     state: Arc<EngineState>,
+    fingerprint: Fingerprint,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -606,8 +632,10 @@ async fn keep_lease(
         }
         let held = lease.valid_until().is_some();
         let outcome = if held { lease.renew().await } else { lease.try_acquire().await };
-        if let Err(error) = &outcome {
-            tracing::debug!("engine lease: {error}");
+        match &outcome {
+            Err(error) => tracing::debug!("engine lease: {error}"),
+            Ok(false) => follow_alike(&lease, &fingerprint, &state).await,
+            Ok(true) => {}
         }
         let leads = match (lease.valid_until(), lease.epoch()) {
             (Some(until), Some(epoch)) => {
@@ -631,6 +659,16 @@ async fn keep_lease(
     }
 }
 
+/// A standby that finds the lease held by an engine with another fingerprint stops following
+/// (its outputs would differ from the leader's): the failure is reported, `/ready` turns false.
+async fn follow_alike(lease: &Lease, fingerprint: &Fingerprint, state: &EngineState) {
+    let Ok(Some(holder)) = lease.holder().await else { return };
+    let Some(held) = Fingerprint::find_in(&holder) else { return };
+    if let Err(error) = fingerprint.admits(&held, "the lease holder", true) {
+        fail(state, error.to_string());
+    }
+}
+
 /// Sets the `leads` flag and logs a change of leadership once.
 fn log_leadership(state: &EngineState, leads: bool) {
     // Relaxed: a status flag (the gate decides what is published).
@@ -651,15 +689,4 @@ fn log_leadership(state: &EngineState, leads: bool) {
 fn abs_ns_of(at: Instant) -> u64 {
     let ahead = at.saturating_duration_since(Instant::now());
     monotonic_ns() + ahead.as_nanos() as u64
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_group_instance_hash_is_fnv_1a_and_never_changes() {
-        // FNV-1a's published test vectors: engines built by any compiler agree.
-        assert_eq!(super::stable_hash(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(super::stable_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(super::stable_hash(b"foobar"), 0x8594_4171_f739_67e8);
-    }
 }

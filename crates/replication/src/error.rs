@@ -51,6 +51,10 @@ pub enum ReplicationError {
     /// A stored snapshot that does not read (damaged, or written by another release).
     #[error("bad engine snapshot: {0}")]
     BadSnapshot(String),
+    /// An engine whose outputs would differ from its group's (`fingerprint`): it refuses to
+    /// lead or follow.
+    #[error("engine group mismatch: {0}")]
+    Fingerprint(String),
     /// This engine no longer leads its shard (its lease lapsed or passed on), so a leader's
     /// write (`what`) was not made.
     #[error("no longer the shard's leader: {0} not done")]

@@ -14,6 +14,7 @@
 //! * [`append`]: the gateway's append, deduplicated by message id, acknowledged by a quorum.
 //! * [`follow`]: an engine's in-order read of its shard's stream; a hole is an error.
 //! * [`engine`]: one engine of a shard's group: the tier on the log, publishing while it leads.
+//! * [`fingerprint`]: what engines of one group must share, checked at the lease and snapshots.
 //! * [`lease`]: the leader lease (acquire, renew, validity that ends before anyone else's).
 //! * [`record`]: one order as a fixed-size, versioned log record.
 //! * [`snapshot`]: engine snapshots in the object store, and the log trimmed below them.
@@ -33,6 +34,7 @@ pub mod append;
 pub mod cluster;
 pub mod engine;
 pub mod error;
+pub mod fingerprint;
 pub mod follow;
 pub mod layout;
 pub mod lease;

@@ -49,6 +49,8 @@ pub const PROGRESS_TTL: Duration = Duration::from_secs(30);
 /// The most data subjects a snapshot may name (delivery's gateways × streams).
 pub const SNAPSHOT_SUBJECTS_MAX: usize = 4096;
 const MAGIC: &[u8; 8] = b"LTRSNAP1";
+/// The snapshot format, as the group fingerprint names it.
+pub const FORMAT: &str = "LTRSNAP1";
 const FIXED_BYTES: usize = MAGIC.len() + 8 + 8 + 4 + 8 + 4;
 
 /// An engine's state after one input-log sequence.
@@ -195,7 +197,7 @@ impl SnapshotStore {
     /// The newest snapshot of `shard` (the largest input-log sequence), if one was written.
     pub async fn latest(&self, shard: u32) -> Result<Option<EngineSnapshot>, ReplicationError> {
         let stored = self.stored(shard).await?;
-        let Some((_, name)) = stored.into_iter().max() else { return Ok(None) };
+        let Some((_, name, _)) = stored.into_iter().max() else { return Ok(None) };
         let mut object = match self.objects.get(&name).await {
             Ok(object) => object,
             Err(error) if error.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
@@ -209,13 +211,35 @@ impl SnapshotStore {
         EngineSnapshot::decode(&bytes).map(Some)
     }
 
-    /// Stores `snapshot` for `shard`, then removes the shard's snapshots below it (never one
-    /// above: a newer snapshot written meanwhile stays the newest).
-    pub async fn put(&self, shard: u32, snapshot: &EngineSnapshot) -> Result<(), ReplicationError> {
+    /// The group fingerprint the newest snapshot of `shard` was written with (`None`: no
+    /// snapshot, or one of an earlier release).
+    pub async fn latest_fingerprint(
+        &self,
+        shard: u32,
+    ) -> Result<Option<crate::fingerprint::Fingerprint>, ReplicationError> {
+        let newest = self.stored(shard).await?.into_iter().max();
+        let description = newest.and_then(|(_, _, description)| description);
+        Ok(description.as_deref().and_then(crate::fingerprint::Fingerprint::find_in))
+    }
+
+    /// Stores `snapshot` for `shard` described by `description` (the writer's group
+    /// fingerprint), then removes the shard's snapshots below it (never one above: a newer
+    /// snapshot written meanwhile stays the newest).
+    pub async fn put(
+        &self,
+        shard: u32,
+        snapshot: &EngineSnapshot,
+        description: &str,
+    ) -> Result<(), ReplicationError> {
         let (name, bytes) = (object_name(shard, snapshot.stream_seq), snapshot.encode());
-        let stored = self.objects.put(name.as_str(), &mut bytes.as_slice()).await;
+        let meta = object_store::ObjectMetadata {
+            name: name.clone(),
+            description: Some(description.to_string()),
+            ..Default::default()
+        };
+        let stored = self.objects.put(meta, &mut bytes.as_slice()).await;
         stored.map_err(|e| ReplicationError::jetstream(format!("writing {name}"), e))?;
-        for (stream_seq, older) in self.stored(shard).await? {
+        for (stream_seq, older, _) in self.stored(shard).await? {
             if stream_seq < snapshot.stream_seq {
                 let deleted = self.objects.delete(&older).await;
                 deleted.map_err(|e| ReplicationError::jetstream(format!("removing {older}"), e))?;
@@ -224,9 +248,12 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// `shard`'s stored snapshots: (input-log sequence, object name). A name without a
-    /// sequence (`shard-{N}`, an earlier release's) sorts first.
-    async fn stored(&self, shard: u32) -> Result<Vec<(u64, String)>, ReplicationError> {
+    /// `shard`'s stored snapshots: (input-log sequence, object name, description). A name
+    /// without a sequence (`shard-{N}`, an earlier release's) sorts first.
+    async fn stored(
+        &self,
+        shard: u32,
+    ) -> Result<Vec<(u64, String, Option<String>)>, ReplicationError> {
         let what = "listing the snapshots";
         let list = self.objects.list().await.map_err(|e| ReplicationError::jetstream(what, e))?;
         let infos: Vec<_> = list.collect().await;
@@ -243,7 +270,7 @@ impl SnapshotStore {
                 None => None,
             };
             if let Some(seq) = seq {
-                stored.push((seq, info.name));
+                stored.push((seq, info.name, info.description));
             }
         }
         Ok(stored)
