@@ -51,6 +51,9 @@ enum Command {
     /// Each of the five papers' experiments at a scale this machine runs, beside the published
     /// figures, with a verdict per claim: one self-contained index.html and data files.
     Reproduce(commands::reproduce::Args),
+    /// Tools for a replicated engine group: `check` compares what its leaders published with a
+    /// replay of the shard's input log.
+    Replication(commands::replication::Args),
     /// The safe store writer: journal benchmark (throughput, fdatasync baseline, durable-reply
     /// latency per policy) and a read-only journal checker.
     Journal(commands::journal::Args),
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         }
         Command::Cdr(args) => commands::cdr::run(&args),
         Command::Journal(args) => commands::journal::run(&args),
+        Command::Replication(args) => commands::replication::run(&args),
         Command::Reproduce(args) => commands::reproduce::run(&args),
     };
     outcome::exit_code_for(result)

@@ -50,6 +50,47 @@ fn print_warnings(dir: &std::path::Path) {
     }
 }
 
+/// `leantier replication check` on shard 0 of the group in `dir`, listening until stopped.
+struct Checker(Child);
+
+impl Checker {
+    fn start(dir: &std::path::Path, url: &str) -> Checker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(["replication", "check", "--duration", "10m", "--config", "serve.toml"])
+            .args(["--replicas", "3", "--nats", url])
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(log_file(dir))
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.as_mut().unwrap()).lines();
+        let first = lines.next().expect("a line").unwrap();
+        assert!(first.starts_with("listening to"), "{first}");
+        Checker(child)
+    }
+
+    /// Stops the listening (SIGTERM) and waits for the replay: the exit status and the output.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.0.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(self.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+        (self.0.wait().unwrap(), out)
+    }
+
+    /// [`Checker::stop`], asserting that every record heard equals the replay's; the
+    /// checker's verdict line.
+    fn verdict(self) -> String {
+        let (status, out) = self.stop();
+        let verdict = out.lines().find(|l| l.starts_with("checked ")).unwrap_or_default();
+        assert!(status.success(), "the checker found a difference: {out}");
+        let clean = " 0 differ, 0 sequences heard with two contents, 0 not produced by the log";
+        assert!(verdict.contains(clean), "{out}");
+        assert!(!verdict.starts_with("checked 0 "), "nothing was checked: {out}");
+        verdict.to_string()
+    }
+}
+
 /// The log so far of the engine started as [`Process::named_engine`] `name`.
 fn log_of(dir: &std::path::Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(format!("serve-{name}.log"))).unwrap_or_default()
@@ -286,6 +327,7 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let old = Process::named_engine(dir.path(), &url, "old");
+    let checker = Checker::start(dir.path(), &url);
     let total = appender.append(ORDERS_PER_ROUND);
     wait_for("the first leader's reports", Duration::from_secs(30), || reports(&tally) >= total);
     let _successor = Process::named_engine(dir.path(), &url, "successor");
@@ -314,6 +356,7 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
     let report = r_gateway.report();
     println!("paused leader: {} batches of the old epoch fenced", report.fenced);
+    println!("replication check: {}", checker.verdict());
 }
 
 /// Engines that keep only 64 reports in memory; the leader is killed and, while the standby
@@ -433,6 +476,46 @@ fn a_restarted_gateway_routes_no_report_twice() {
     assert_eq!(answer, Some(accepted), "the first order after the restart");
     let after = events_until_quiet(&mut client, Duration::from_millis(500));
     assert!(after.is_empty(), "one answer per order: {after:?}");
+}
+
+/// `replication check` is a checker that can fail: a forged report batch (a real sequence
+/// with other contents) on the shard's subject makes it exit 1 naming the sequence.
+#[test]
+fn the_replication_checker_fails_on_a_record_its_log_does_not_produce() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let _leader = Process::engine(dir.path(), &url);
+    let checker = Checker::start(dir.path(), &url);
+    let mut appender = Appender::open(&rt, &url);
+    let total = appender.append(20);
+    wait_for("the reports", Duration::from_secs(30), || reports(&tally) >= total);
+    let prefix = LogSettings::new(3).publish_prefix(0);
+    let header = delivery::wire::BatchHeader {
+        stream: delivery::wire::Stream::Reports,
+        gateway: 0,
+        instance: 7,
+        epoch: 0,
+        first_seq: 25,
+        count: 1,
+    };
+    let mut forged = Vec::new();
+    header.write(&mut forged);
+    let record = delivery::wire::Record::encode(&exchange::msg::Response::default(), 0, 0);
+    forged.extend_from_slice(&record.0);
+    rt.block_on(async {
+        let client = delivery::nats::connect(&NatsConnect::new(&url), "forger").await.unwrap();
+        let subject = delivery::subjects::data_subject(&prefix, 0, delivery::wire::Stream::Reports);
+        client.publish(subject, forged.into()).await.unwrap();
+        client.flush().await.unwrap();
+    });
+    let (status, out) = checker.stop();
+    assert_eq!(status.code(), Some(1), "the forged record is found: {out}");
+    assert!(out.contains("differs or not produced: 0.reports sequence 25"), "{out}");
 }
 
 /// Sends `buy {token} 1 1 100000` (a resting buy of instrument 1); the answer's event kind.

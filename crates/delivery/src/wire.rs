@@ -171,6 +171,12 @@ impl Record {
     }
 
     /// The canonical output bytes (`exchange::msg::CoreOutput::canonical_bytes`).
+    /// Everything but the two clocks: what two publishers of one group must agree on for
+    /// the same sequence (routing, audience and the canonical output).
+    pub fn content(&self) -> &[u8] {
+        &self.0[AT_AUDIENCE..]
+    }
+
     pub fn output_bytes(&self) -> &[u8] {
         &self.0[AT_OUTPUT..]
     }

@@ -20,6 +20,7 @@
 //! * [`snapshot`]: engine snapshots in the object store, and the log trimmed below them.
 //! * [`replay`]: the group's outputs recomputed from a snapshot and the log (snapshots, and
 //!   reports that have left the leader's retained window).
+//! * [`check`]: a live group's published records compared with a replay of its log.
 //! * [`cluster`]: a loopback JetStream cluster of `nats-server` children for tests.
 //!
 //! docs/REPLICATION.md says what is replicated and what a failover costs.
@@ -31,6 +32,7 @@
 struct ReadmeDoctests;
 
 pub mod append;
+pub mod check;
 pub mod cluster;
 pub mod engine;
 pub mod error;

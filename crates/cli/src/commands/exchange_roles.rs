@@ -85,7 +85,7 @@ impl Default for ReplicationArgs {
 }
 
 /// The NATS connection and the input log's layout the flags name.
-fn log_from(args: &ServeArgs) -> anyhow::Result<(NatsConnect, LogSettings)> {
+pub(super) fn log_from(args: &ServeArgs) -> anyhow::Result<(NatsConnect, LogSettings)> {
     let settings = &args.replication;
     let Some(url) = &args.nats else {
         return Err(BadInput(

@@ -352,17 +352,34 @@ fn effective(
 }
 
 /// `leantier exchange serve`: serves until SIGTERM or SIGINT, then drains and exits 0.
-pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let read = |path: &Path| {
-        std::fs::read_to_string(path).map_err(|e| BadInput(format!("{}: {e}", path.display())))
-    };
-    let config: ServeConfig = toml::from_str(&read(&args.config)?)
+fn read_text(path: &Path) -> Result<String, BadInput> {
+    std::fs::read_to_string(path).map_err(|e| BadInput(format!("{}: {e}", path.display())))
+}
+
+/// The tier the serve config and flags of `args` describe: what `replication check` replays
+/// the engines' log with.
+pub(super) fn tier_of(args: &ServeArgs) -> anyhow::Result<TierConfig> {
+    Ok(loaded(args)?.2)
+}
+
+/// The serve config `args` name, with the sessions' settings and the tier it describes (its
+/// `[tier]` table, market files and flags).
+fn loaded(args: &ServeArgs) -> anyhow::Result<(ServeConfig, Settings, TierConfig)> {
+    let config: ServeConfig = toml::from_str(&read_text(&args.config)?)
         .map_err(|e| BadInput(format!("{}: {e}", args.config.display())))?;
     let base = args.config.parent().unwrap_or(Path::new("."));
-    let credentials = gateway::credentials::parse(&read(&base.join(&config.credentials))?)
-        .map_err(|e| BadInput(e.to_string()))?;
     let settings = settings_from(&config, base);
     let layout = layout_from(args, &config)?;
+    let (tier, settings) =
+        with_market_files(tier_from(args, &config, layout)?, settings, &config, base)?;
+    Ok((config, settings, tier))
+}
+
+pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let (config, settings, tier) = loaded(args)?;
+    let base = args.config.parent().unwrap_or(Path::new("."));
+    let credentials = gateway::credentials::parse(&read_text(&base.join(&config.credentials))?)
+        .map_err(|e| BadInput(e.to_string()))?;
     let store_dir = settings.store_dir.clone();
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
@@ -375,8 +392,6 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let (tier, settings) =
-        with_market_files(tier_from(args, &config, layout)?, settings, &config, base)?;
     let (listen, fix_listen, metrics_listen) = listeners(args, &config);
     if args.print_config {
         let listeners = (listen, fix_listen, metrics_listen);

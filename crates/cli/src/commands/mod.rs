@@ -13,6 +13,7 @@ pub mod exchange_serve;
 pub mod journal;
 pub mod mq;
 pub mod planner;
+pub mod replication;
 pub mod reproduce;
 pub mod tier_report;
 pub mod values;
