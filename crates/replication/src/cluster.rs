@@ -99,10 +99,34 @@ impl Cluster {
         self.url_at(Ipv4Addr::LOCALHOST)
     }
 
+    /// Every node's client URL on loopback but node `index`'s (a client that never talks to a
+    /// node about to be killed).
+    pub fn url_without(&self, index: usize) -> String {
+        let others = self.nodes.iter().enumerate().filter(|(at, _)| *at != index);
+        let urls = others.map(|(_, n)| format!("nats://127.0.0.1:{}", n.client_port));
+        urls.collect::<Vec<_>>().join(",")
+    }
+
     /// Every node's client URL at `host` (an address of this host the nodes listen on).
     pub fn url_at(&self, host: Ipv4Addr) -> String {
         let urls = self.nodes.iter().map(|n| format!("nats://{host}:{}", n.client_port));
         urls.collect::<Vec<_>>().join(",")
+    }
+
+    /// The node that leads JetStream stream `stream` now, by its index (`None`: no leader yet,
+    /// a single server, or no such stream), asked over `client`.
+    pub async fn stream_leader(&self, client: async_nats::Client, stream: &str) -> Option<usize> {
+        let mut js = async_nats::jetstream::new(client);
+        // Short: a poll while no node leads must not wait out JetStream's 5 s default.
+        js.set_timeout(std::time::Duration::from_millis(250));
+        let mut stream = js.get_stream(stream).await.ok()?;
+        let leader = stream.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
+        self.nodes.iter().position(|node| node.name == leader)
+    }
+
+    /// Whether node `index` runs (not killed, or restarted).
+    pub fn is_up(&self, index: usize) -> bool {
+        self.nodes[index].child.is_some()
     }
 
     /// Kills node `index` with SIGKILL (its store stays for a restart).
