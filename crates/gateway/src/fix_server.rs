@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
 use crate::fix::{self, Message, tag};
-use crate::fix_session::{ClOrdId, FixState, Order, Pending, unix_ns};
+use crate::fix_session::{ClOrdId, ExecId, FixState, Order, Pending, unix_ns};
 use crate::hub::order_id;
 use crate::hub::{Hub, Link};
 use crate::native::{Event, event_kind, gateway_reason};
@@ -516,7 +516,7 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
     let (token, inbound) = match prepared {
         Ok(prepared) => prepared,
         Err(Refusal::Report(token, reason)) => {
-            return fix.report(&rejected(token, reason), Some(link), limit);
+            return fix.report(&rejected(token, reason), ExecId::Session, Some(link), limit);
         }
         Err(Refusal::CancelReject(order, reason)) => {
             return fix.cancel_reject(0, &order, reason, Some(link), limit);
@@ -533,7 +533,7 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
         let client = &mut hub.clients[at];
         client.counters.rejects[usize::from(reason)] += 1;
         let fix = client.fix.as_mut().expect("FIX client");
-        fix.report(&rejected(token, reason), Some(link), limit);
+        fix.report(&rejected(token, reason), ExecId::Session, Some(link), limit);
     }
 }
 

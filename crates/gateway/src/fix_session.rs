@@ -303,8 +303,15 @@ impl FixState {
         }
     }
 
-    /// Turns an engine event into an ExecutionReport (or an OrderCancelReject) and sends it.
-    pub fn report(&mut self, event: &Event, link: Option<&Rc<Link>>, limit: usize) {
+    /// Turns an engine event into an ExecutionReport (or an OrderCancelReject) and sends it,
+    /// its ExecID from `exec_id`.
+    pub fn report(
+        &mut self,
+        event: &Event,
+        exec_id: ExecId,
+        link: Option<&Rc<Link>>,
+        limit: usize,
+    ) {
         let Some(mut order) = self.orders.get(&event.token).copied() else { return };
         if event.kind == event_kind::REJECTED && !matches!(order.pending, Pending::None) {
             order.pending = Pending::None;
@@ -314,10 +321,11 @@ impl FixState {
         }
         let exec_type = apply(&mut order, event);
         self.orders.insert(event.token, order);
-        let seq_as_exec_id = self.store.next_out as i64;
+        let mut text = [0u8; EXEC_ID_BYTES_MAX];
+        let exec_id = exec_id.text(self.store.next_out, &mut text);
         let instruments = self.instruments.clone();
         self.send(b"8", link, limit, |b| {
-            execution_report(b, event, &order, exec_type, seq_as_exec_id, &instruments)
+            execution_report(b, event, &order, exec_type, exec_id, &instruments)
         });
         if exec_type == b'5' {
             self.forget(order.orig_cl_ord_id, event.token);
@@ -399,12 +407,60 @@ fn apply(order: &mut Order, event: &Event) -> u8 {
     }
 }
 
+/// Most bytes of an ExecID's text (`{shard}-{input}-{index}` at their widest).
+const EXEC_ID_BYTES_MAX: usize = 10 + 1 + 20 + 1 + 10;
+
+/// Where an ExecutionReport's ExecID (tag 17) comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecId {
+    /// A report of the engine: its core shard, the input that caused it and its place among
+    /// that input's reports to this gateway. The same whoever routes it and however often (a
+    /// report routed again after a restart is a true duplicate, which a FIX engine drops by
+    /// its ExecID), and the same on every engine of a replicated group.
+    Engine {
+        /// The core shard.
+        shard: u32,
+        /// The core input sequence that caused it.
+        input_seq: u64,
+        /// Its place among that input's reports routed to this gateway, from 0.
+        index: u32,
+    },
+    /// A report the session made itself (a refusal before the engine): the session's output
+    /// sequence number, digits only, so it never equals an engine's.
+    Session,
+}
+
+impl ExecId {
+    /// The ExecID's text in `buffer` (no allocation), `session_seq` for [`ExecId::Session`].
+    ///
+    /// ```
+    /// use gateway::fix_session::ExecId;
+    /// let mut buffer = [0u8; 48];
+    /// let engine = ExecId::Engine { shard: 2, input_seq: 901, index: 1 };
+    /// assert_eq!(engine.text(7, &mut buffer), b"2-901-1");
+    /// assert_eq!(ExecId::Session.text(7, &mut buffer), b"7");
+    /// ```
+    pub fn text(self, session_seq: u64, buffer: &mut [u8]) -> &[u8] {
+        use std::io::Write;
+        let mut cursor = std::io::Cursor::new(&mut *buffer);
+        let written = match self {
+            ExecId::Engine { shard, input_seq, index } => {
+                write!(cursor, "{shard}-{input_seq}-{index}")
+            }
+            ExecId::Session => write!(cursor, "{session_seq}"),
+        };
+        written.expect("an ExecID fits EXEC_ID_BYTES_MAX");
+        let end = cursor.position() as usize;
+        &buffer[..end]
+    }
+}
+
 fn execution_report(
     b: &mut Builder,
     event: &Event,
     order: &Order,
     exec_type: u8,
-    exec_id: i64,
+    exec_id: &[u8],
     instruments: &InstrumentTable,
 ) {
     let decimals = instruments.price_decimals();
@@ -420,7 +476,7 @@ fn execution_report(
     if let Some(orig) = order.orig_cl_ord_id.filter(|_| matches!(exec_type, b'4' | b'5')) {
         b.field(tag::ORIG_CL_ORD_ID, orig.as_bytes());
     }
-    b.int(tag::EXEC_ID, exec_id)
+    b.field(tag::EXEC_ID, exec_id)
         .field(tag::EXEC_TYPE, &[exec_type])
         .field(tag::ORD_STATUS, status)
         .field(tag::SIDE, &[order.side])

@@ -16,7 +16,7 @@ use pipeline::metrics::now_ns;
 use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol, Verifier};
-use crate::fix_session::FixState;
+use crate::fix_session::{ExecId, FixState};
 use crate::metrics::StageMetrics;
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
 use crate::store::{self, Log, StoreError};
@@ -367,6 +367,8 @@ pub struct Hub {
     pub unroutable: u64,
     /// Reused encoding buffer (no allocation on the routing path).
     scratch: Vec<u8>,
+    /// Numbers each input's reports, for their FIX ExecIDs.
+    exec_ids: ExecIds,
     /// The durable store every session's sequenced output goes through.
     pub log: Rc<RefCell<Log>>,
     /// Per-stage counters and latencies (the metrics listener prints them).
@@ -443,6 +445,7 @@ impl Hub {
             ingress,
             unroutable,
             scratch,
+            exec_ids: ExecIds::default(),
             log,
             stage,
             verifier,
@@ -614,6 +617,7 @@ impl Hub {
             return;
         };
         let event = event_of(output);
+        let exec_id = self.exec_ids.of(output);
         let limit = self.settings.outbox_bytes_max;
         let client = &mut self.clients[at];
         client.counters.reports_out += 1;
@@ -622,7 +626,7 @@ impl Hub {
         }
         track_open(&mut client.open, &event);
         match client.fix.as_mut() {
-            Some(fix) => fix.report(&event, client.link.as_ref(), limit),
+            Some(fix) => fix.report(&event, exec_id, client.link.as_ref(), limit),
             None => {
                 let log = &mut self.log.borrow_mut();
                 publish_native(client, event, &self.settings, &mut self.scratch, log, true);
@@ -683,6 +687,35 @@ impl Hub {
         self.ingress.try_submit(request)?;
         self.stage.engine_in += 1;
         Ok(())
+    }
+}
+
+/// Per core shard, the last input whose reports were routed and how many of them so far: an
+/// input's reports reach a gateway together and in order, so its place among them is stable.
+#[derive(Default)]
+struct ExecIds {
+    by_shard: Vec<(u64, u32)>,
+}
+
+impl ExecIds {
+    /// The ExecID of `output` (an engine refusal before the core, input 0, is numbered by the
+    /// session like the gateway's own).
+    fn of(&mut self, output: &CoreOutput) -> ExecId {
+        if output.seq == 0 {
+            return ExecId::Session;
+        }
+        let shard = output.shard as usize;
+        if self.by_shard.len() <= shard {
+            // Once per shard seen, not per report.
+            self.by_shard.resize(shard + 1, (0, 0));
+        }
+        let (input_seq, next) = &mut self.by_shard[shard];
+        if *input_seq != output.seq {
+            (*input_seq, *next) = (output.seq, 0);
+        }
+        let index = *next;
+        *next += 1;
+        ExecId::Engine { shard: output.shard, input_seq: output.seq, index }
     }
 }
 
