@@ -395,6 +395,9 @@ pub struct ShardJournals {
     pub data_dir: Option<PathBuf>,
     pub shards: Vec<OpenedShard>,
     pub durables: Vec<Option<Arc<DurableSeq>>>,
+    /// The data directory's lock: one process writes its journals (held until this drops,
+    /// after the writers stopped).
+    _owner: Option<ops::StoreLock>,
     _temp_dir: Option<tempfile::TempDir>,
 }
 
@@ -460,6 +463,7 @@ pub fn open_shards(
             data_dir: None,
             shards,
             durables: vec![None; shard_count],
+            _owner: None,
             _temp_dir: None,
         });
     };
@@ -475,6 +479,9 @@ pub fn open_shards(
             (temp.path().to_path_buf(), Some(temp))
         }
     };
+    // Before anything is read: a second process's recovery would cut the live writer's tail.
+    let owner = ops::StoreLock::acquire(&data_dir)
+        .map_err(|source| ExchangeError::Owned { dir: data_dir.clone(), source })?;
     let existing = existing_shards(&data_dir);
     if existing != 0 && existing != shard_count {
         // Instruments are routed to shards by key: another shard count would send an
@@ -499,7 +506,13 @@ pub fn open_shards(
         durables.push(opened.writer.as_ref().map(JournalWriter::durable));
         shards.push(opened);
     }
-    Ok(ShardJournals { data_dir: Some(data_dir), shards, durables, _temp_dir: temp_dir })
+    Ok(ShardJournals {
+        data_dir: Some(data_dir),
+        shards,
+        durables,
+        _owner: Some(owner),
+        _temp_dir: temp_dir,
+    })
 }
 
 fn open_shard(

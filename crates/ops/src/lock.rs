@@ -52,11 +52,15 @@ impl Holder {
 
     /// The lock file's text: one `key=value` per line.
     fn to_text(&self) -> String {
+        let fields = [
+            ("pid", self.pid.map(|pid| pid.to_string())),
+            ("started", self.started.clone()),
+            ("command", self.command.clone()),
+        ];
         let mut text = String::new();
-        let lines =
-            [("pid", self.pid.map(|pid| pid.to_string())), ("started", self.started.clone())];
-        for (key, value) in lines.into_iter().chain([("command", self.command.clone())]) {
+        for (key, value) in fields {
             if let Some(value) = value {
+                // One line per field: a newline in the command would start a bogus one.
                 text.push_str(&format!("{key}={}\n", value.replace('\n', " ")));
             }
         }

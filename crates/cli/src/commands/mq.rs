@@ -397,6 +397,8 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         print!("{}", toml::to_string(&config)?);
         return Ok(());
     }
+    // Held until the node stopped: a second `mq serve` on this SQLite store is refused.
+    let _owner = store::claim(&args.store)?;
     let store = store::AnyStore::open(&args.store, config.db_workers).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
@@ -604,6 +606,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
         pgmq_sql: args.pgmq_sql.clone(),
         parts: args.only.clone(),
     };
+    let _owner = store::claim(&args.store)?;
     let load_before = bench::load_average();
     let (rows, embedded) = bench::run(&config).await?;
     println!("{}", bench::table(&rows));
@@ -640,6 +643,7 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         levels: args.levels.clone(),
         replications: args.replications,
     };
+    let _owner = store::claim(&args.store)?;
     let (points, tables, plot) = experiment::run(args.kind, &config).await?;
     for t in &tables {
         println!("{t}");
