@@ -420,3 +420,23 @@ fn replicated_roles_refuse_a_missing_cluster_and_a_shard_out_of_range_with_code_
     assert_eq!(code(&output), 2);
     assert!(text(&output.stderr).contains("prefix"), "{}", text(&output.stderr));
 }
+
+/// `mq client` against a node that accepts and never answers: it gives up after its request
+/// timeout with a message naming it, and exits 1 (issue 41: it used to wait until killed).
+#[test]
+fn mq_client_gives_up_on_a_silent_node_naming_the_request_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Accepts and holds each connection open without a byte back.
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().collect();
+        drop(held);
+    });
+    let started = std::time::Instant::now();
+    let flags = ["--node", &addr, "--secret", "s", "--request-timeout", "300ms"];
+    let output = leantier(&[&["mq", "client"], &flags[..], &["list"]].concat());
+    let stderr = text(&output.stderr);
+    assert_eq!(code(&output), 1, "{stderr}");
+    assert!(stderr.contains("request timeout (300ms) fired"), "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+}
