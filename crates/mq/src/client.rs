@@ -357,3 +357,42 @@ impl Client {
 fn unexpected(body: ReplyBody) -> ClientError {
     ClientError::Protocol(format!("unexpected reply {body:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that accepts connections and never answers; its address.
+    async fn silent_node() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_silent_node_fires_the_request_bound_of_a_call_and_the_idle_bound_of_a_reply() {
+        let timeouts = Timeouts {
+            request: Duration::from_millis(100),
+            idle: Duration::from_millis(150),
+            ..Timeouts::default()
+        };
+        let addr = silent_node().await;
+        let mut client = Client::connect_with(&addr, timeouts).await.unwrap();
+        let error = client.list_queues().await.unwrap_err();
+        assert!(matches!(error, ClientError::TimedOut { which: Timeout::Request, .. }), "{error}");
+        let shown = error.to_string();
+        assert!(shown.starts_with("request timeout (100ms) fired: the node did not"), "{shown}");
+
+        let mut client = Client::connect_with(&addr, timeouts).await.unwrap();
+        client.submit(Request::ListQueues).await.unwrap();
+        let error = client.receive().await.unwrap_err();
+        assert!(matches!(error, ClientError::TimedOut { which: Timeout::Idle, .. }), "{error}");
+        assert!(error.to_string().starts_with("idle timeout (150ms) fired"), "{error}");
+    }
+}
