@@ -594,6 +594,34 @@ fn open_shard(
 mod tests {
     use super::*;
 
+    /// One process writes a data directory's journals: a second opening is refused naming the
+    /// lock, and the directory is free again once the first stopped (issue 41).
+    #[test]
+    fn a_data_directory_held_by_open_journals_is_refused_until_they_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let listings = [Listing { instrument: 0, ladder_low: 100, tick: 1, levels: 100 }];
+        let limits = CoreLimits { order_pool_slots: 64 };
+        let data_dir = Some(dir.path().to_path_buf());
+        let options = JournalOptions { data_dir, ..JournalOptions::default() };
+        let open = || open_shards(JournalMode::ALL[0], &options, 0, 1, &listings, limits);
+        let first = open().unwrap();
+        let Err(ExchangeError::Owned { dir: held, source }) = open() else {
+            panic!("one data directory opened twice");
+        };
+        assert_eq!(held, dir.path());
+        assert!(matches!(source, ops::OpsError::Held { .. }), "{source}");
+        // Writers first, then the rest (the lock with it) when the value goes.
+        let stop = |journals: ShardJournals| {
+            for shard in journals.shards {
+                drop(shard.sender);
+                shard.writer.map(JournalWriter::join).transpose().unwrap();
+            }
+        };
+        stop(first);
+        let again = open().expect("free once the first stopped");
+        assert_eq!(again.shards.len(), 1);
+    }
+
     #[test]
     fn every_command_round_trips_through_the_journal_encoding() {
         let commands = [

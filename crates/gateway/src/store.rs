@@ -736,6 +736,21 @@ mod tests {
     use super::*;
 
     /// Options of a store that is never compacted.
+    /// One log writes a store: a second opening is refused naming the lock, and the store is
+    /// free again once the first closed (issue 41).
+    #[test]
+    fn a_store_open_in_one_log_is_refused_to_a_second_until_it_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = Log::open(dir.path(), options(false, 16)).unwrap();
+        let Err(StoreError::Owned { source, .. }) = Log::open(dir.path(), options(false, 16))
+        else {
+            panic!("one store opened twice");
+        };
+        assert!(matches!(source, ops::OpsError::Held { .. }), "{source}");
+        drop(first);
+        Log::open(dir.path(), options(false, 16)).expect("free once the first closed");
+    }
+
     fn options(sync: bool, replay_events_max: usize) -> StoreOptions {
         StoreOptions {
             sync,
