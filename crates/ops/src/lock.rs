@@ -31,7 +31,7 @@ pub struct Holder {
     pub pid: Option<u32>,
     /// When the holder's process started, RFC 3339 UTC.
     pub started: Option<String>,
-    /// The holder's command line, cut at [`COMMAND_CHARS_MAX`] characters.
+    /// The holder's command line, cut at 200 characters (`COMMAND_CHARS_MAX`).
     pub command: Option<String>,
 }
 
