@@ -20,7 +20,7 @@ use crate::OpsError;
 /// The lock file's name inside the directory it guards.
 pub const LOCK_FILE: &str = "LOCK";
 
-/// The longest command line a lock file keeps (an operator needs the command, not every flag).
+/// The longest command a lock file keeps.
 const COMMAND_CHARS_MAX: usize = 200;
 
 /// Who holds a store, as its lock file says.
@@ -31,7 +31,8 @@ pub struct Holder {
     pub pid: Option<u32>,
     /// When the holder's process started, RFC 3339 UTC.
     pub started: Option<String>,
-    /// The holder's command line, cut at 200 characters (`COMMAND_CHARS_MAX`).
+    /// The holder's command: the program's file name and the subcommand words before the
+    /// first flag (`leantier exchange serve`), cut at 200 characters (`COMMAND_CHARS_MAX`).
     pub command: Option<String>,
 }
 
@@ -42,7 +43,7 @@ impl Holder {
             .map(|sample| sample.start_time_seconds.max(0) as u64)
             .unwrap_or_else(|| UNIX_EPOCH.elapsed().unwrap_or_default().as_secs());
         let started = UNIX_EPOCH + Duration::from_secs(started_s);
-        let command: String = std::env::args().collect::<Vec<_>>().join(" ");
+        let command = command_words(std::env::args());
         Holder {
             pid: Some(std::process::id()),
             started: Some(humantime::format_rfc3339_seconds(started).to_string()),
@@ -80,6 +81,17 @@ impl Holder {
         }
         holder
     }
+}
+
+/// The program's file name and the words after it up to the first flag: what an operator needs
+/// to tell which server holds a store, without the flags' values (a `--nats-password` or a URL
+/// with credentials must not land in a file others may read, or in another process's error).
+fn command_words(args: impl Iterator<Item = String>) -> String {
+    let mut args = args;
+    let program = args.next().unwrap_or_default();
+    let program = Path::new(&program).file_name().map(|name| name.to_string_lossy().into_owned());
+    let words = args.take_while(|arg| !arg.starts_with('-'));
+    program.into_iter().chain(words).collect::<Vec<_>>().join(" ")
 }
 
 impl std::fmt::Display for Holder {
@@ -180,6 +192,13 @@ mod tests {
         assert!(!text.contains("tail"), "the stale text was not replaced: {text}");
         drop(first);
         StoreLock::acquire(dir.path()).expect("a dropped lock is free again");
+    }
+
+    #[test]
+    fn the_command_kept_is_the_program_and_its_subcommands_without_flag_values() {
+        let args = ["/opt/bin/leantier", "exchange", "serve", "--nats-password", "hunter2", "x"];
+        let command = command_words(args.iter().map(|arg| arg.to_string()));
+        assert_eq!(command, "leantier exchange serve");
     }
 
     #[test]
