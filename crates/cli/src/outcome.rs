@@ -26,8 +26,10 @@ pub struct BadInput(pub String);
 pub struct TargetMissed(pub Vec<String>);
 
 /// Whether one error in a chain is the caller's fault, by the type each library reports it with.
+/// A store another process owns is too: the start is refused, nothing ran (issue 41).
 fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
     error.is::<BadInput>()
+        || matches!(error.downcast_ref(), Some(ops::OpsError::Held { .. }))
         || error.is::<lab::error::BadInput>()
         || error.is::<ringbench::RingBenchError>()
         || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))
@@ -89,6 +91,11 @@ mod tests {
         assert_eq!(exit_code(&Ok(())), EXIT_OK);
     }
 
+    fn held_store() -> ops::OpsError {
+        let holder = ops::lock::Holder { pid: Some(7), ..Default::default() };
+        ops::OpsError::Held { path: "data/LOCK".into(), holder }
+    }
+
     #[test]
     fn every_library_bad_input_is_exit_2() {
         let errors: Vec<anyhow::Error> = vec![
@@ -102,6 +109,9 @@ mod tests {
             ringbench::RingBenchError::BadInput("ring".into()).into(),
             replication::ReplicationError::BadSettings("replication".into()).into(),
             replication::ReplicationError::Fingerprint("group".into()).into(),
+            held_store().into(),
+            exchange::ExchangeError::Owned { dir: "tier".into(), source: held_store() }.into(),
+            mq::MqError::Owned { dir: "data".into(), source: held_store() }.into(),
         ];
         for error in errors {
             let shown = format!("{error:#}");

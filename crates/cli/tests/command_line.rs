@@ -420,3 +420,41 @@ fn replicated_roles_refuse_a_missing_cluster_and_a_shard_out_of_range_with_code_
     assert_eq!(code(&output), 2);
     assert!(text(&output.stderr).contains("prefix"), "{}", text(&output.stderr));
 }
+
+/// A node that accepts connections and never answers; its address.
+fn silent_node() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Accepts and holds each connection open without a byte back.
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().collect();
+        drop(held);
+    });
+    addr
+}
+
+/// `leantier ARGS` against a silent node gives up after its request timeout (300ms) with a
+/// message naming it, and exits 1 (issue 41: `mq client` waited until killed, `mq load` 40 s).
+fn gives_up_on_a_silent_node(args: &[&str]) {
+    let started = std::time::Instant::now();
+    // Right after `mq CMD`: after an operation (`list`) a flag would be the operation's.
+    let timeout = ["--request-timeout", "300ms"];
+    let output = leantier(&[&args[..2], &timeout, &args[2..]].concat());
+    let stderr = text(&output.stderr);
+    assert_eq!(code(&output), 1, "{stderr}");
+    assert!(stderr.contains("request timeout (300ms) fired"), "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn mq_client_gives_up_on_a_silent_node_naming_the_request_timeout() {
+    let addr = silent_node();
+    gives_up_on_a_silent_node(&["mq", "client", "--node", &addr, "--secret", "s", "list"]);
+}
+
+#[test]
+fn mq_load_gives_up_on_a_silent_node_naming_the_request_timeout() {
+    let (addr, out) = (silent_node(), tempfile::tempdir().unwrap());
+    let out = out.path().to_str().unwrap();
+    gives_up_on_a_silent_node(&["mq", "load", "--node", &addr, "--out", out]);
+}

@@ -433,14 +433,19 @@ fn exchange_serve(dir: &std::path::Path, metrics: bool) -> (Served, SocketAddr) 
     (server, addr)
 }
 
+/// Writes `serve.toml` (client 1 with secret `pw`, a lean tier with `journal`) into `dir`.
+fn write_serve_config(dir: &std::path::Path, journal: &str) {
+    let hash = gateway::credentials::hash_secret(b"pw").unwrap();
+    std::fs::write(dir.join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\n";
+    let config = format!("credentials = \"clients.txt\"\n{tier}journal = \"{journal}\"\n");
+    std::fs::write(dir.join("serve.toml"), config).unwrap();
+}
+
 #[test]
 fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() {
     let dir = tempfile::tempdir().unwrap();
-    let hash = gateway::credentials::hash_secret(b"pw").unwrap();
-    std::fs::write(dir.path().join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
-    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\n";
-    let config = format!("credentials = \"clients.txt\"\n{tier}");
-    std::fs::write(dir.path().join("serve.toml"), config).unwrap();
+    write_serve_config(dir.path(), "group");
     let (mut server, addr) = exchange_serve(dir.path(), true);
     let metrics = server.address("metrics on ");
     let load = std::thread::spawn(move || exchange_buyer(addr));
@@ -466,6 +471,84 @@ fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() 
         let cancelled = Some((gateway::native::event_kind::CANCELLED, 0));
         assert_eq!(answer.map(|(kind, _)| (kind, 0)), cancelled, "order {token} after restart");
     }
+}
+
+// ---- one owner per store (issue 41) ----
+
+/// A second server started on a held store: exit 2, the error naming the lock file and the
+/// holder's pid.
+fn refused_as_held(second: Served, holder: u32) {
+    let (status, lines) = second.exit();
+    assert_eq!(status.code(), Some(2), "{lines:#?}");
+    let error = lines.iter().find(|line| line.starts_with("error:"));
+    let error = error.unwrap_or_else(|| panic!("no error line in {lines:#?}"));
+    assert!(error.contains("LOCK is held by another process"), "{error}");
+    assert!(error.contains(&format!("(pid {holder}, started ")), "{error}");
+}
+
+/// Client 1's buy `token` on `addr` is accepted.
+fn exchange_accepts_an_order(addr: SocketAddr, token: u32) {
+    let mut client = gateway::client::NativeClient::connect(addr).unwrap();
+    let login = client.login(1, "pw", 0, Duration::from_secs(10)).unwrap();
+    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    client.send(&exchange_order(&format!("buy {token} 1 1 100000"))).unwrap();
+    let answer = exchange_answer(&mut client, token).map(|(kind, _)| kind);
+    assert_eq!(answer, Some(gateway::native::event_kind::ACCEPTED), "order {token}");
+}
+
+/// Two `exchange serve` on one store: the second is refused (with the tier's journal, its
+/// directory's lock refuses it first; without, the gateway store's), the first goes on
+/// serving; after a SIGKILL of the first a restart on the same store starts and serves.
+fn exchange_serve_has_one_owner(journal: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    write_serve_config(dir.path(), journal);
+    let (first, addr) = exchange_serve(dir.path(), false);
+    // The first one's very command line: the store is refused before its port would be.
+    let again = ["exchange", "serve", "--listen", &addr.to_string(), "--config", "serve.toml"];
+    refused_as_held(Served::start(&again, dir.path()), first.child.id());
+    exchange_accepts_an_order(addr, 1);
+    first.signal("KILL");
+    let (status, _) = first.exit();
+    assert_eq!(status.code(), None, "killed by the signal");
+    let (_restarted, addr) = exchange_serve(dir.path(), false);
+    exchange_accepts_an_order(addr, 2);
+}
+
+#[test]
+fn a_second_exchange_serve_on_a_journaled_store_is_refused_and_a_killed_owner_restarts() {
+    exchange_serve_has_one_owner("group");
+}
+
+#[test]
+fn a_second_exchange_serve_on_a_store_without_a_journal_is_refused() {
+    exchange_serve_has_one_owner("off");
+}
+
+#[test]
+fn a_second_mq_serve_on_one_sqlite_store_is_refused_while_the_first_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["mq", "serve", "--listen", "127.0.0.1:0", "--store", "sqlite:data"];
+    let mut first =
+        Served::start(&[&args[..], &["--metrics-listen", "127.0.0.1:0"]].concat(), dir.path());
+    first.address("mq node listening on ");
+    let metrics = first.address("metrics on ");
+    refused_as_held(Served::start(&args, dir.path()), first.child.id());
+    assert_eq!(get(metrics, "/health").unwrap().0, 200, "the first still answers");
+    first.signal("TERM");
+    assert_eq!(first.exit().0.code(), Some(0));
+}
+
+/// `exchange run --data DIR` on a directory another process (this test) holds.
+#[test]
+fn exchange_run_on_a_held_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let _held = ops::StoreLock::acquire(&data).unwrap();
+    let run = ["exchange", "run", "--journal", "group", "--data", "data", "--rate", "1000"];
+    let flags = ["--duration", "1s", "--layout", "thread-per-stage", "--out", "report"];
+    let second = Served::start(&[&run[..], &flags].concat(), dir.path());
+    refused_as_held(second, std::process::id());
+    assert!(!data.join("shard-0").exists(), "the refused run wrote nothing");
 }
 
 // ---- exchange gateway (the R-Gateway) ----

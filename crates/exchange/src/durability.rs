@@ -395,6 +395,9 @@ pub struct ShardJournals {
     pub data_dir: Option<PathBuf>,
     pub shards: Vec<OpenedShard>,
     pub durables: Vec<Option<Arc<DurableSeq>>>,
+    /// The data directory's lock: one process writes its journals (held until this drops,
+    /// after the writers stopped).
+    _owner: Option<ops::StoreLock>,
     _temp_dir: Option<tempfile::TempDir>,
 }
 
@@ -460,6 +463,7 @@ pub fn open_shards(
             data_dir: None,
             shards,
             durables: vec![None; shard_count],
+            _owner: None,
             _temp_dir: None,
         });
     };
@@ -475,6 +479,9 @@ pub fn open_shards(
             (temp.path().to_path_buf(), Some(temp))
         }
     };
+    // Before anything is read: a second process's recovery would cut the live writer's tail.
+    let owner = ops::StoreLock::acquire(&data_dir)
+        .map_err(|source| ExchangeError::Owned { dir: data_dir.clone(), source })?;
     let existing = existing_shards(&data_dir);
     if existing != 0 && existing != shard_count {
         // Instruments are routed to shards by key: another shard count would send an
@@ -499,7 +506,13 @@ pub fn open_shards(
         durables.push(opened.writer.as_ref().map(JournalWriter::durable));
         shards.push(opened);
     }
-    Ok(ShardJournals { data_dir: Some(data_dir), shards, durables, _temp_dir: temp_dir })
+    Ok(ShardJournals {
+        data_dir: Some(data_dir),
+        shards,
+        durables,
+        _owner: Some(owner),
+        _temp_dir: temp_dir,
+    })
 }
 
 fn open_shard(
@@ -580,6 +593,34 @@ fn open_shard(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One process writes a data directory's journals: a second opening is refused naming the
+    /// lock, and the directory is free again once the first stopped (issue 41).
+    #[test]
+    fn a_data_directory_held_by_open_journals_is_refused_until_they_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let listings = [Listing { instrument: 0, ladder_low: 100, tick: 1, levels: 100 }];
+        let limits = CoreLimits { order_pool_slots: 64 };
+        let data_dir = Some(dir.path().to_path_buf());
+        let options = JournalOptions { data_dir, ..JournalOptions::default() };
+        let open = || open_shards(JournalMode::ALL[0], &options, 0, 1, &listings, limits);
+        let first = open().unwrap();
+        let Err(ExchangeError::Owned { dir: held, source }) = open() else {
+            panic!("one data directory opened twice");
+        };
+        assert_eq!(held, dir.path());
+        assert!(matches!(source, ops::OpsError::Held { .. }), "{source}");
+        // Writers first, then the rest (the lock with it) when the value goes.
+        let stop = |journals: ShardJournals| {
+            for shard in journals.shards {
+                drop(shard.sender);
+                shard.writer.map(JournalWriter::join).transpose().unwrap();
+            }
+        };
+        stop(first);
+        let again = open().expect("free once the first stopped");
+        assert_eq!(again.shards.len(), 1);
+    }
 
     #[test]
     fn every_command_round_trips_through_the_journal_encoding() {

@@ -42,6 +42,15 @@ pub enum ExchangeError {
     /// The load's options are invalid (the lab's check of an arrival process or schedule).
     #[error("the load's options")]
     Load(#[from] lab::error::BadInput),
+    /// Another process owns the data directory (its journals): the tier does not start.
+    #[error("the tier's data directory {} has another owner", dir.display())]
+    Owned {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// The lock's refusal (naming the holder), or why the lock could not be taken.
+        #[source]
+        source: ops::OpsError,
+    },
     /// A run or a recovery ended without what it had to produce; the message says what.
     #[error("{0}")]
     Failed(String),

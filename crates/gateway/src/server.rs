@@ -139,11 +139,13 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
 /// The bound addresses of the native, FIX and metrics listeners.
 pub type BoundAddresses = (SocketAddr, Option<SocketAddr>, Option<SocketAddr>);
 
-/// Binds the native, FIX and metrics listeners (refusing an exposed `/metrics` first).
+/// Binds the native, FIX and metrics listeners (refusing a store another process owns and an
+/// exposed `/metrics` first).
 pub(crate) fn bind_listeners(
     (listen, fix_listen, metrics_listen): BoundAddresses,
     settings: &Settings,
 ) -> Result<(crate::io::Listeners, BoundAddresses), ServeError> {
+    probe_store_owner(settings)?;
     if let Some(addr) = metrics_listen {
         check_metrics_exposure(addr, settings)?;
     }
@@ -153,6 +155,20 @@ pub(crate) fn bind_listeners(
     let local = |l: &std::net::TcpListener| l.local_addr().expect("bound listener has an address");
     let addresses = (local(&native), fix.as_ref().map(local), metrics.as_ref().map(local));
     Ok(((native, fix, metrics), addresses))
+}
+
+/// Refuses a store another process owns before anything is bound: a second server started
+/// with the first one's config is told who holds the store, not that a port is taken. Only a
+/// probe: the store's log takes the lock it holds while open (`store::Log::open`), and the
+/// tier its journals' (`exchange::durability::open_shards`).
+fn probe_store_owner(settings: &Settings) -> Result<(), ServeError> {
+    let dir = &settings.store_dir;
+    let probe = ops::StoreLock::acquire(dir).map_err(|source| crate::store::StoreError::Owned {
+        dir: dir.display().to_string(),
+        source,
+    })?;
+    drop(probe);
+    Ok(())
 }
 
 /// Refuses an open `/metrics` on an address other hosts can reach: the page shows the

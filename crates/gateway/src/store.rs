@@ -149,6 +149,9 @@ pub enum StoreError {
          differently ({why})"
     )]
     CompactionMismatch { path: String, why: String },
+    /// Another process owns the store directory (or its lock could not be taken).
+    #[error("gateway store {dir}: another process owns it")]
+    Owned { dir: String, source: ops::OpsError },
 }
 
 /// A FIX session's recovered state.
@@ -261,6 +264,9 @@ pub struct Log {
     /// Commits that wrote, and the bytes they wrote (metrics).
     pub commits: u64,
     pub bytes_written: u64,
+    /// The store directory's lock, held while the log is open: one process writes the file
+    /// (last, so that it is released after everything else dropped).
+    _owner: ops::StoreLock,
 }
 
 impl Log {
@@ -269,7 +275,9 @@ impl Log {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<(Log, Recovered), StoreError> {
         let path = dir.join(FILE_NAME);
         let io = |source| StoreError::Io { path: path.display().to_string(), source };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        // Before the file is read: a second process would cut the live writer's tail.
+        let owner = ops::StoreLock::acquire(dir)
+            .map_err(|source| StoreError::Owned { dir: dir.display().to_string(), source })?;
         let file =
             OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
@@ -303,6 +311,7 @@ impl Log {
             write_failed: false,
             commits: 0,
             bytes_written: 0,
+            _owner: owner,
         };
         Ok((log, recovered))
     }
@@ -727,6 +736,21 @@ mod tests {
     use super::*;
 
     /// Options of a store that is never compacted.
+    /// One log writes a store: a second opening is refused naming the lock, and the store is
+    /// free again once the first closed (issue 41).
+    #[test]
+    fn a_store_open_in_one_log_is_refused_to_a_second_until_it_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = Log::open(dir.path(), options(false, 16)).unwrap();
+        let Err(StoreError::Owned { source, .. }) = Log::open(dir.path(), options(false, 16))
+        else {
+            panic!("one store opened twice");
+        };
+        assert!(matches!(source, ops::OpsError::Held { .. }), "{source}");
+        drop(first);
+        Log::open(dir.path(), options(false, 16)).expect("free once the first closed");
+    }
+
     fn options(sync: bool, replay_events_max: usize) -> StoreOptions {
         StoreOptions {
             sync,

@@ -19,7 +19,7 @@ use lab::stats::{LatencyHistogram, mean_ci};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use mq::client::{Client, ClientError};
+use mq::client::{Client, ClientError, Timeouts};
 use mq::protocol::{NodeStats, ReadMode, ReadTarget, Reason};
 use mq::{MqError, Result};
 
@@ -44,6 +44,10 @@ pub struct LoadConfig {
     pub duration_s: f64,
     pub warmup_s: f64,
     pub cooldown_s: f64,
+    /// Every client's bounds on waiting (connect, request, idle); a request past its bound
+    /// counts as a failure of the run. Not a config file key: flags set it.
+    #[serde(skip)]
+    pub timeouts: Timeouts,
 }
 
 impl Default for LoadConfig {
@@ -58,6 +62,7 @@ impl Default for LoadConfig {
             duration_s: 10.0,
             warmup_s: 2.0,
             cooldown_s: 1.0,
+            timeouts: Timeouts::default(),
         }
     }
 }
@@ -150,17 +155,15 @@ pub struct LoadResult {
 /// of them so no sample is partial. Samples of a closed loop are autocorrelated, so their
 /// confidence intervals are approximate (batch means would widen them).
 const INTERVAL: Duration = Duration::from_millis(250);
-/// A request unanswered this long counts as a timeout.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs a load test against running nodes and analyses it.
 pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
     config.validate()?;
     let queue = Arc::new(format!("load-{}-{}", std::process::id(), mq::util::now_us()));
-    let mut admin = Client::connect(&config.nodes[0]).await?;
+    let mut admin = Client::connect_with(&config.nodes[0], config.timeouts).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
-    let before = node_stats(&config.nodes, &queue).await?;
+    let before = node_stats(&config.nodes, &queue, config.timeouts).await?;
 
     let intervals = ((config.duration_s - config.warmup_s - config.cooldown_s)
         / INTERVAL.as_secs_f64())
@@ -168,7 +171,8 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
     let window_s = intervals as f64 * INTERVAL.as_secs_f64();
     let mut connections = Vec::with_capacity(config.connections);
     for j in 0..config.connections {
-        let mut client = Client::connect(&config.nodes[j % config.nodes.len()]).await?;
+        let node = &config.nodes[j % config.nodes.len()];
+        let mut client = Client::connect_with(node, config.timeouts).await?;
         client.register(&format!("{queue}-c{j}"), LOAD_SECRET).await?;
         let parts = Parts {
             queue_wait: LatencyHistogram::new(),
@@ -190,7 +194,9 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
         warm_up: Duration::from_secs_f64(config.warmup_s),
         measure: Duration::from_secs_f64(window_s),
         cool_down: Duration::from_secs_f64(config.cooldown_s),
-        timeout: REQUEST_TIMEOUT,
+        // The client's own bound fires first with a message naming it; the driver's counts
+        // a request that outlived it.
+        timeout: config.timeouts.request,
         interval: INTERVAL,
     };
     // Same window as the driver's (it starts its clock right after this), so the parts are
@@ -224,7 +230,7 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
     ticker.abort();
     progress.finish_and_clear();
     let wall_s = started.elapsed().as_secs_f64();
-    let after = node_stats(&config.nodes, &queue).await?;
+    let after = node_stats(&config.nodes, &queue, config.timeouts).await?;
     admin.delete_queue(&queue, true).await?;
     let mut merged = Vec::with_capacity(connections.len());
     for c in connections {
@@ -286,10 +292,10 @@ async fn one_request(
     }
 }
 
-async fn node_stats(nodes: &[String], queue: &str) -> Result<Vec<NodeStats>> {
+async fn node_stats(nodes: &[String], queue: &str, timeouts: Timeouts) -> Result<Vec<NodeStats>> {
     let mut all = Vec::with_capacity(nodes.len());
     for (i, node) in nodes.iter().enumerate() {
-        let mut client = Client::connect(node).await?;
+        let mut client = Client::connect_with(node, timeouts).await?;
         client.register(&format!("{queue}-stats{i}"), LOAD_SECRET).await?;
         all.push(client.stats(queue).await?);
     }

@@ -21,6 +21,7 @@ async fn short_stability_run_passes_every_sanity_check() {
         duration_s: 4.0,
         warmup_s: 0.5,
         cooldown_s: 0.5,
+        ..LoadConfig::default()
     };
     let result = load::run(&config).await.unwrap();
     node.shutdown().await;

@@ -6,8 +6,14 @@
 //! [`Client::receive`] their replies, which the node returns in request order. Each reply still
 //! comes only after its request's commit; pipelining only lets one connection contribute several
 //! requests to one group commit.
+//!
+//! Every wait is bounded ([`Timeouts`]): connecting, a call's reply, and a pipelined reply on a
+//! connection gone silent each fail with [`ClientError::TimedOut`] naming the bound that fired,
+//! so a client of a node that accepts and never answers gives up instead of waiting for ever.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
@@ -22,6 +28,76 @@ use crate::protocol::{
 trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
 
+/// Default bound on connecting (TCP, and the TLS handshake).
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default bound on one call, from writing the request to its reply: a node commits a batch
+/// in milliseconds, so ten seconds without an answer is a node that is not answering.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default bound on a pipelined reply ([`Client::receive`]): how long a connection with
+/// requests outstanding may stay silent.
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// How long a client waits, per kind of wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Connecting: TCP, and the TLS handshake with TLS.
+    pub connect: Duration,
+    /// One [`Client::call`] (and every typed helper): the request's write and its reply.
+    pub request: Duration,
+    /// One [`Client::receive`] of a pipelined reply: the connection silent this long with
+    /// requests outstanding.
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        Timeouts {
+            connect: CONNECT_TIMEOUT_DEFAULT,
+            request: REQUEST_TIMEOUT_DEFAULT,
+            idle: IDLE_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Which bound of [`Timeouts`] fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeout {
+    Connect,
+    Request,
+    Idle,
+}
+
+impl Timeout {
+    /// "connect", "request", "idle": the word the command line's `--…-timeout` flags use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Timeout::Connect => "connect",
+            Timeout::Request => "request",
+            Timeout::Idle => "idle",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Timeout::Connect => "no connection to the node",
+            Timeout::Request => "the node did not answer the request",
+            Timeout::Idle => "the connection stayed silent with replies outstanding",
+        }
+    }
+}
+
+/// `future`, or [`ClientError::TimedOut`] after `after`.
+async fn bounded<T>(
+    which: Timeout,
+    after: Duration,
+    future: impl Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    match tokio::time::timeout(after, future).await {
+        Ok(result) => result,
+        Err(_) => Err(ClientError::TimedOut { which, after }),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The node answered with a reason code.
@@ -32,6 +108,19 @@ pub enum ClientError {
     /// The node's reply could not be decoded or did not match the request.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A bound of [`Timeouts`] fired; the connection is unusable after it (a reply may still
+    /// be on its way).
+    #[error("{} timeout ({}) fired: {}", which.name(), humantime_like(*after), which.what())]
+    TimedOut { which: Timeout, after: Duration },
+}
+
+/// `10s`, `500ms`: a duration as the command line's flags take it.
+fn humantime_like(after: Duration) -> String {
+    if after.subsec_millis() == 0 && after.as_secs() > 0 {
+        format!("{}s", after.as_secs())
+    } else {
+        format!("{}ms", after.as_millis())
+    }
 }
 
 impl ClientError {
@@ -52,34 +141,56 @@ pub struct Client {
     out: Vec<u8>,
     payload: Vec<u8>,
     client_id: Option<u64>,
+    timeouts: Timeouts,
     /// Timing the node reported for the last reply.
     pub last_timing: ServerTiming,
 }
 
 impl Client {
-    /// Connects over plain TCP.
+    /// Connects over plain TCP with the default [`Timeouts`].
     pub async fn connect(addr: &str) -> Result<Client, ClientError> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Client::over(Box::new(stream)))
+        Client::connect_with(addr, Timeouts::default()).await
     }
 
-    /// Connects over TLS, checking the node's certificate against `tls`'s roots for
-    /// `server_name` (a DNS name or an IP address in the certificate).
+    /// Connects over plain TCP; every wait of this client is bounded by `timeouts`.
+    pub async fn connect_with(addr: &str, timeouts: Timeouts) -> Result<Client, ClientError> {
+        let stream = bounded(Timeout::Connect, timeouts.connect, async {
+            let stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        });
+        Ok(Client::over(Box::new(stream.await?), timeouts))
+    }
+
+    /// Connects over TLS with the default [`Timeouts`], checking the node's certificate
+    /// against `tls`'s roots for `server_name` (a DNS name or an IP address in the
+    /// certificate).
     pub async fn connect_tls(
         addr: &str,
         server_name: &str,
         tls: Arc<rustls::ClientConfig>,
     ) -> Result<Client, ClientError> {
-        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
-            .map_err(|e| ClientError::Protocol(format!("server name {server_name:?}: {e}")))?;
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let stream = tokio_rustls::TlsConnector::from(tls).connect(name, stream).await?;
-        Ok(Client::over(Box::new(stream)))
+        Client::connect_tls_with(addr, server_name, tls, Timeouts::default()).await
     }
 
-    fn over(stream: Box<dyn Transport>) -> Client {
+    /// [`Client::connect_tls`] with `timeouts` (the handshake counts as connecting).
+    pub async fn connect_tls_with(
+        addr: &str,
+        server_name: &str,
+        tls: Arc<rustls::ClientConfig>,
+        timeouts: Timeouts,
+    ) -> Result<Client, ClientError> {
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+            .map_err(|e| ClientError::Protocol(format!("server name {server_name:?}: {e}")))?;
+        let stream = bounded(Timeout::Connect, timeouts.connect, async {
+            let stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            Ok(tokio_rustls::TlsConnector::from(tls).connect(name, stream).await?)
+        });
+        Ok(Client::over(Box::new(stream.await?), timeouts))
+    }
+
+    fn over(stream: Box<dyn Transport>, timeouts: Timeouts) -> Client {
         Client {
             stream: BufStream::new(stream),
             next_request_id: 1,
@@ -87,6 +198,7 @@ impl Client {
             out: Vec::new(),
             payload: Vec::new(),
             client_id: None,
+            timeouts,
             last_timing: ServerTiming::default(),
         }
     }
@@ -104,8 +216,12 @@ impl Client {
                 self.outstanding
             )));
         }
-        self.submit(request).await?;
-        let (_, result) = self.receive().await?;
+        let request_timeout = self.timeouts.request;
+        let (_, result) = bounded(Timeout::Request, request_timeout, async {
+            self.submit(request).await?;
+            self.receive().await
+        })
+        .await?;
         result.map_err(ClientError::Refused)
     }
 
@@ -128,9 +244,12 @@ impl Client {
         if self.outstanding == 0 {
             return Err(ClientError::Protocol("no request outstanding".into()));
         }
-        self.stream.flush().await?;
         let expected = self.next_request_id - self.outstanding;
-        let reply = self.read_reply().await?;
+        let reply = bounded(Timeout::Idle, self.timeouts.idle, async {
+            self.stream.flush().await?;
+            self.read_reply().await
+        })
+        .await?;
         if reply.request_id != expected {
             return Err(ClientError::Protocol(format!(
                 "reply id {} answers request {expected}",
@@ -237,4 +356,43 @@ impl Client {
 
 fn unexpected(body: ReplyBody) -> ClientError {
     ClientError::Protocol(format!("unexpected reply {body:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that accepts connections and never answers; its address.
+    async fn silent_node() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_silent_node_fires_the_request_bound_of_a_call_and_the_idle_bound_of_a_reply() {
+        let timeouts = Timeouts {
+            request: Duration::from_millis(100),
+            idle: Duration::from_millis(150),
+            ..Timeouts::default()
+        };
+        let addr = silent_node().await;
+        let mut client = Client::connect_with(&addr, timeouts).await.unwrap();
+        let error = client.list_queues().await.unwrap_err();
+        assert!(matches!(error, ClientError::TimedOut { which: Timeout::Request, .. }), "{error}");
+        let shown = error.to_string();
+        assert!(shown.starts_with("request timeout (100ms) fired: the node did not"), "{shown}");
+
+        let mut client = Client::connect_with(&addr, timeouts).await.unwrap();
+        client.submit(Request::ListQueues).await.unwrap();
+        let error = client.receive().await.unwrap_err();
+        assert!(matches!(error, ClientError::TimedOut { which: Timeout::Idle, .. }), "{error}");
+        assert!(error.to_string().starts_with("idle timeout (150ms) fired"), "{error}");
+    }
 }

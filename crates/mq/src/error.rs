@@ -63,6 +63,15 @@ pub enum MqError {
     /// A blocking task of the store panicked or was cancelled.
     #[error("a store task failed")]
     Task(#[from] tokio::task::JoinError),
+    /// Another process owns the SQLite store's directory (or its lock could not be taken).
+    #[error("the SQLite store {dir} has another owner")]
+    Owned {
+        /// The store's directory.
+        dir: String,
+        /// The lock's refusal, naming the holder.
+        #[source]
+        source: ops::OpsError,
+    },
     /// A run did not end as it had to; the message says what.
     #[error("{0}")]
     Failed(String),

@@ -2,8 +2,11 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
-/// Why the admin endpoint could not start.
+use crate::lock::Holder;
+
+/// Why the admin endpoint could not start, or a store's lock could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum OpsError {
     /// `/metrics` would be open to other hosts; the message says what to change.
@@ -16,6 +19,29 @@ pub enum OpsError {
         what: &'static str,
         /// The address the endpoint was to listen on.
         listen: SocketAddr,
+        /// The error the OS returned.
+        #[source]
+        source: io::Error,
+    },
+    /// Another process owns the store: the command line refuses to start (exit 2).
+    #[error(
+        "{} is held by another process ({holder}): one process owns a store at a time; stop \
+         that process or give this one another directory",
+        path.display()
+    )]
+    Held {
+        /// The lock file.
+        path: PathBuf,
+        /// Who holds it, as the file says.
+        holder: Holder,
+    },
+    /// The lock file could not be created, locked or written.
+    #[error("{what} the lock file {}", path.display())]
+    Lock {
+        /// What was being done.
+        what: &'static str,
+        /// The lock file.
+        path: PathBuf,
         /// The error the OS returned.
         #[source]
         source: io::Error,

@@ -14,6 +14,8 @@
 //!   its process, for a supervisor that shows the processes it runs on one listener.
 //! - [`read`]: counters and gauges read at scrape time from a server's own atomics, so a
 //!   server keeps the counters it has and the registry only looks at them.
+//! - [`lock`]: one owner per store: the advisory lock a server or run takes on the data
+//!   directory it writes, naming its holder to a second process, which is refused.
 //! - [`stop`]: the stop signals (SIGTERM, SIGINT) and [`stop::DRAIN_TIMEOUT`], the bound every
 //!   server's drain keeps.
 //!
@@ -23,6 +25,7 @@
 pub mod endpoint;
 mod error;
 pub mod histogram;
+pub mod lock;
 pub mod merge;
 pub mod process;
 pub mod read;
@@ -31,4 +34,5 @@ pub mod stop;
 pub use endpoint::{Endpoint, Readiness};
 pub use error::{OpsError, error_chain};
 pub use histogram::BucketHistogram;
+pub use lock::StoreLock;
 pub use prometheus_client::registry::Registry;

@@ -185,8 +185,39 @@ pub struct ClientArgs {
     /// Run the operations in FILE (`-` = stdin), one per line; `#` starts a comment.
     #[arg(long)]
     pub script: Option<PathBuf>,
+    #[command(flatten)]
+    pub timeouts: TimeoutFlags,
     #[command(subcommand)]
     pub op: Option<ClientOp>,
+}
+
+/// How long a client waits (connect, each request, a silent connection): the one that fires
+/// says which it was, so a node that accepts and never answers is given up on.
+#[derive(ClapArgs, Debug, Clone)]
+pub struct TimeoutFlags {
+    /// Give up connecting to a node (TCP, and the TLS handshake) after this long.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "5s")]
+    pub connect_timeout: Duration,
+    /// Give up on a request whose reply has not come after this long.
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "10s")]
+    pub request_timeout: Duration,
+    /// Give up on a connection silent this long while replies are outstanding (pipelined
+    /// requests).
+    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "30s")]
+    pub idle_timeout: Duration,
+}
+
+impl TimeoutFlags {
+    /// The client library's bounds; each must be above zero (zero would fail every wait).
+    fn timeouts(&self) -> anyhow::Result<mq::client::Timeouts> {
+        let flags = [self.connect_timeout, self.request_timeout, self.idle_timeout];
+        if flags.contains(&Duration::ZERO) {
+            let why = "--connect-timeout, --request-timeout and --idle-timeout must be > 0";
+            return Err(BadInput(why.into()).into());
+        }
+        let [connect, request, idle] = flags;
+        Ok(mq::client::Timeouts { connect, request, idle })
+    }
 }
 
 /// One client operation (also the syntax of a script line).
@@ -294,6 +325,8 @@ pub struct LoadArgs {
     /// Exit with the target-missed code when the sanity checks fail.
     #[arg(long)]
     pub check: bool,
+    #[command(flatten)]
+    pub timeouts: TimeoutFlags,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -397,6 +430,8 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         print!("{}", toml::to_string(&config)?);
         return Ok(());
     }
+    // Held until the node stopped: a second `mq serve` on this SQLite store is refused.
+    let _owner = store::claim(&args.store)?;
     let store = store::AnyStore::open(&args.store, config.db_workers).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
@@ -456,6 +491,8 @@ async fn client(args: &ClientArgs) -> anyhow::Result<()> {
     for op in ops {
         match run_op(&mut client, &op).await {
             Ok(line) => println!("{line}"),
+            // The connection is unusable after a timeout: the rest would only wait too.
+            Err(e @ mq::client::ClientError::TimedOut { .. }) => return Err(e.into()),
             Err(e) => {
                 failures += 1;
                 println!("error {e}");
@@ -468,11 +505,15 @@ async fn client(args: &ClientArgs) -> anyhow::Result<()> {
 }
 
 async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
-    let Some(ca) = &args.tls_ca else { return Ok(Client::connect(&args.node).await?) };
+    let timeouts = args.timeouts.timeouts()?;
+    let Some(ca) = &args.tls_ca else {
+        return Ok(Client::connect_with(&args.node, timeouts).await?);
+    };
     let ca = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
     let host = args.node.rsplit_once(':').map_or(args.node.as_str(), |(host, _)| host);
     let name = args.tls_server_name.as_deref().unwrap_or(host.trim_matches(['[', ']']));
-    Ok(Client::connect_tls(&args.node, name, mq::tls::client_config(&ca)?).await?)
+    let tls = mq::tls::client_config(&ca)?;
+    Ok(Client::connect_tls_with(&args.node, name, tls, timeouts).await?)
 }
 
 fn read_script(path: &std::path::Path) -> anyhow::Result<Vec<ClientOp>> {
@@ -561,6 +602,7 @@ async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
     override_with(&mut c.duration_s, &seconds(args.duration));
     override_with(&mut c.warmup_s, &seconds(args.warmup));
     override_with(&mut c.cooldown_s, &seconds(args.cooldown));
+    c.timeouts = args.timeouts.timeouts()?;
     let result = load::run(&c).await?;
     let tables = load::tables(&result);
     for t in &tables {
@@ -604,6 +646,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
         pgmq_sql: args.pgmq_sql.clone(),
         parts: args.only.clone(),
     };
+    let _owner = store::claim(&args.store)?;
     let load_before = bench::load_average();
     let (rows, embedded) = bench::run(&config).await?;
     println!("{}", bench::table(&rows));
@@ -640,6 +683,7 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         levels: args.levels.clone(),
         replications: args.replications,
     };
+    let _owner = store::claim(&args.store)?;
     let (points, tables, plot) = experiment::run(args.kind, &config).await?;
     for t in &tables {
         println!("{t}");
@@ -661,4 +705,23 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         return Err(TargetMissed(vec!["a run failed its sanity checks".into()]).into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        timeouts: TimeoutFlags,
+    }
+
+    #[test]
+    fn the_timeout_flags_default_to_the_client_library_s_bounds_and_refuse_zero() {
+        let defaults = Flags::parse_from(["mq"]).timeouts.timeouts().unwrap();
+        assert_eq!(defaults, mq::client::Timeouts::default());
+        let zero = Flags::parse_from(["mq", "--request-timeout", "0s"]).timeouts.timeouts();
+        assert!(crate::outcome::is_bad_input(&zero.unwrap_err()));
+    }
 }

@@ -21,6 +21,9 @@ async fn serve(flags: &ChildFlags) -> Result<(), Box<dyn std::error::Error + Sen
     let reply_memory = flags.optional("reply-memory-bytes-max")?;
     lab::config::override_with(&mut config.reply_memory_bytes_max, &reply_memory);
     config.validate()?;
+    // One node process per SQLite store, as `mq serve` (the tests wait for a killed node's
+    // exit before they start the next on its store).
+    let _owner = store::claim(&store_url)?;
     let store = store::AnyStore::open(&store_url, config.db_workers).await?;
     let node = server::start(&listen, store, config).await?;
     eprintln!("mq node listening on {} (store {store_url})", node.addr);

@@ -99,6 +99,18 @@ impl AnyStore {
     }
 }
 
+/// Takes the lock of the store named by `spec` for the life of the returned value, so that one
+/// process writes an embedded database (`sqlite:DIR`: `DIR/LOCK`, see [`ops::lock`]); `None`
+/// for PostgreSQL, whose server orders several nodes' transactions (nodes share it by design).
+/// Commands call it before [`AnyStore::open`]; `open` itself does not, because a process's
+/// in-process nodes (an experiment's) open one directory several times.
+pub fn claim(spec: &str) -> Result<Option<ops::StoreLock>> {
+    let Some(dir) = spec.strip_prefix("sqlite:") else { return Ok(None) };
+    let lock = ops::StoreLock::acquire(std::path::Path::new(dir))
+        .map_err(|source| crate::MqError::Owned { dir: dir.to_string(), source })?;
+    Ok(Some(lock))
+}
+
 impl Store for AnyStore {
     async fn execute_batch(&self, batch: &mut Batch) -> Result<()> {
         match self {
