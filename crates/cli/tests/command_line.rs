@@ -420,3 +420,51 @@ fn replicated_roles_refuse_a_missing_cluster_and_a_shard_out_of_range_with_code_
     assert_eq!(code(&output), 2);
     assert!(text(&output.stderr).contains("prefix"), "{}", text(&output.stderr));
 }
+
+/// The size `cdr run --help` promises for a paced run's report folder.
+const CDR_REPORT_BYTES_MAX: u64 = 64 * 1024;
+
+/// `plan optimize` then `cdr run` on its config: the report folder holds the comparison only
+/// (the pipeline's 100 bytes per ticket go to a temporary --data-dir, removed), and the run is
+/// compared with the rate the plan was made for.
+#[test]
+fn cdr_run_keeps_its_report_small_and_compares_with_the_planned_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdr-model.toml");
+    let plan = dir.path().join("plan");
+    let optimize = leantier(&[
+        "plan",
+        "optimize",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&optimize), 0, "{}", text(&optimize.stderr));
+    let config = plan.join("config.toml");
+    let out = dir.path().join("report");
+    let run = leantier(&[
+        "cdr",
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--duration",
+        "300ms",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&run), 0, "{}", text(&run.stderr));
+    let files: Vec<_> = std::fs::read_dir(&out).unwrap().map(|entry| entry.unwrap()).collect();
+    let bytes: u64 = files.iter().map(|entry| entry.metadata().unwrap().len()).sum();
+    assert!(bytes < CDR_REPORT_BYTES_MAX, "{bytes} bytes in {}", out.display());
+    assert_eq!(files.len(), 3, "comparison.json, .csv and .md only: {files:?}");
+    let planned = std::fs::read_to_string(&config).unwrap();
+    let planned: toml::Value = toml::from_str(&planned).unwrap();
+    let comparison = std::fs::read_to_string(out.join("comparison.json")).unwrap();
+    let comparison: serde_json::Value = serde_json::from_str(&comparison).unwrap();
+    assert_eq!(
+        comparison["offered_rate_per_s"].as_f64(),
+        planned["arrival_rate_per_s"].as_float(),
+        "{comparison}"
+    );
+}

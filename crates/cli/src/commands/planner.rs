@@ -453,7 +453,10 @@ pub fn plan_table(network: &Network, plan: &Plan) -> Table {
             format!("{:.3}", metrics.utilization),
             format!("{:.0}", metrics.effective_rate_per_s),
             format!("{:.4}", metrics.response_time_s * 1e3),
-            format!("{:.2e}", metrics.blocking_probability),
+            match planner::round::probability(metrics.blocking_probability) {
+                0.0 => "0".into(),
+                p_k => format!("{p_k:.2e}"),
+            },
             format!("{:.2}", metrics.loss_rate_per_s),
         ]);
     }
