@@ -193,6 +193,77 @@ mod tests {
         }
     }
 
+    /// Every option with a default shows it in `--help` (`[default: …]`): a default that is
+    /// hidden surprises whoever reads only the help (`mq load` showed none of its own).
+    fn hidden_defaults(command: &clap::Command, path: &str, found: &mut Vec<String>) {
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set()) {
+            if !arg.get_default_values().is_empty() && arg.is_hide_default_value_set() {
+                found.push(format!("{path}: --{} hides its default", arg.get_id()));
+            }
+        }
+        for sub in command.get_subcommands() {
+            hidden_defaults(sub, format!("{path} {}", sub.get_name()).trim(), found);
+        }
+    }
+
+    #[test]
+    fn every_default_shows_in_help() {
+        let mut found = Vec::new();
+        hidden_defaults(&super::Cli::command(), "", &mut found);
+        assert!(found.is_empty(), "{}", found.join("\n"));
+        let mut hiding = clap::Command::new("x")
+            .arg(clap::Arg::new("a").long("a").default_value("1").hide_default_value(true));
+        hidden_defaults(&hiding, "x", &mut found);
+        assert_eq!(found, ["x: --a hides its default"]);
+        let help = hiding.render_help().to_string();
+        assert!(!help.contains("[default: 1]"), "what the walk looks for is what help hides");
+    }
+
+    /// The commands (paths) that have `--now`, split by whether they accept `--old` too.
+    fn takers(command: &clap::Command, path: &str, old: &str, now: &str) -> (usize, usize) {
+        let arg = command.get_arguments().find(|arg| arg.get_long() == Some(now));
+        let here = arg.map_or((0, 0), |arg| {
+            let aliases = arg.get_all_aliases().unwrap_or_default();
+            if aliases.contains(&old) { (1, 0) } else { (0, 1) }
+        });
+        command.get_subcommands().fold(here, |(takes, refuses), sub| {
+            let (t, r) = takers(sub, &format!("{path} {}", sub.get_name()), old, now);
+            (takes + t, refuses + r)
+        })
+    }
+
+    /// What README.md says of the retired spellings holds: each it names is still accepted
+    /// somewhere, and where some commands with the new name refuse the old one, the README
+    /// says the old ones work only on the commands that took them.
+    fn readme_overpromises(readme: &str, tree: &clap::Command) -> Vec<String> {
+        let qualified = readme.contains("only by the commands that took them");
+        RETIRED
+            .iter()
+            .filter(|(old, _)| {
+                readme.contains(&format!("`--{old}`")) || readme.contains(&format!("`--{old} "))
+            })
+            .filter_map(|(old, now)| match takers(tree, "", old, now) {
+                (0, _) => Some(format!("README names --{old}, which no command accepts")),
+                (_, refusing) if refusing > 0 && !qualified => Some(format!(
+                    "README says --{old} still works; {refusing} commands with --{now} refuse it"
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_promises_only_retired_spellings_that_work() {
+        let readme = include_str!("../../../README.md");
+        let tree = super::Cli::command();
+        let wrong = readme_overpromises(readme, &tree);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        let old_readme = "The spellings before these (`--seconds 3`, `--report`) still work.";
+        let wrong = readme_overpromises(old_readme, &tree);
+        assert_eq!(wrong.len(), 2, "{wrong:#?}");
+        assert!(wrong[1].starts_with("README says --report still works"), "{wrong:#?}");
+    }
+
     #[test]
     fn one_spelling_per_concept_across_the_tree() {
         let found = misspellings(&super::Cli::command());

@@ -468,3 +468,13 @@ fn cdr_run_keeps_its_report_small_and_compares_with_the_planned_rate() {
         "{comparison}"
     );
 }
+
+/// `mq load --duration 2s` is refused before connecting, naming the warm-up and cool-down
+/// (2 s + 1 s by default) that do not fit and the flags that set them.
+#[test]
+fn a_short_mq_load_names_the_warm_up_it_counted() {
+    let output = leantier(&["mq", "load", "--node", "127.0.0.1:1", "--duration", "2s"]);
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert!(error.contains("warm-up 2s") && error.contains("--warmup"), "{error}");
+}

@@ -261,31 +261,34 @@ pub struct LoadArgs {
     /// TOML file with LoadConfig fields; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Node address; repeat for several nodes.
+    // The defaults below are LoadConfig's (--config's file sits between them and the flags);
+    // the test `mq_load_help_shows_the_config_defaults` keeps the texts and the values equal.
+    /// Node address; repeat for several nodes [default: 127.0.0.1:7440].
     #[arg(long = "node")]
     pub nodes: Vec<String>,
-    /// Closed-loop clients.
+    /// Closed-loop clients [default: 32].
     #[arg(long)]
     pub clients: Option<usize>,
-    /// TCP connections the clients share.
+    /// TCP connections the clients share [default: 32].
     #[arg(long)]
     pub connections: Option<usize>,
-    /// Percentage of sends (the rest pop the same queue).
+    /// Percentage of sends (the rest pop the same queue) [default: 50].
     #[arg(long)]
     pub send_percent: Option<u32>,
-    /// Message content size in bytes.
+    /// Message content size in bytes [default: 1000].
     #[arg(long)]
     pub message_bytes: Option<usize>,
-    /// Think time between a reply and the next request, e.g. 5ms.
+    /// Think time between a reply and the next request, e.g. 5ms [default: 0ms].
     #[arg(long, alias = "think-ms", value_name = "DURATION", value_parser = values::millis)]
     pub think: Option<Duration>,
-    /// Total run time, e.g. 10s.
+    /// Total run time, warm-up and cool-down included: at least --warmup + --cooldown + 1s
+    /// [default: 10s].
     #[arg(long, alias = "duration-s", value_name = "DURATION", value_parser = values::seconds)]
     pub duration: Option<Duration>,
-    /// Untimed start, e.g. 1s.
+    /// Untimed start, inside --duration [default: 2s].
     #[arg(long, alias = "warmup-s", value_name = "DURATION", value_parser = values::seconds)]
     pub warmup: Option<Duration>,
-    /// Untimed end, e.g. 500ms.
+    /// Untimed end, inside --duration [default: 1s].
     #[arg(long, alias = "cooldown-s", value_name = "DURATION", value_parser = values::seconds)]
     pub cooldown: Option<Duration>,
     /// Report folder: JSON, CSV, Markdown and an SVG latency CDF.
@@ -294,6 +297,9 @@ pub struct LoadArgs {
     /// Exit with the target-missed code when the sanity checks fail.
     #[arg(long)]
     pub check: bool,
+    /// Print the result as one JSON line on stdout instead of the tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -331,6 +337,12 @@ pub struct BenchArgs {
     /// measure pgmq on the same database (PostgreSQL stores only).
     #[arg(long)]
     pub pgmq_sql: Option<PathBuf>,
+    /// Report folder: the rows as JSON, CSV and Markdown.
+    #[arg(long, default_value = "leantier-report/mq-bench")]
+    pub out: PathBuf,
+    /// Print the rows as one JSON line on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
     /// Which parts to run, in the same run: peers (plain SQL, pgmq), node (N clients),
     /// one-client (plain SQL beside the node, one request at a time).
     #[arg(long, value_delimiter = ',', default_value = "peers,node,one-client",
@@ -563,10 +575,11 @@ async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
     override_with(&mut c.cooldown_s, &seconds(args.cooldown));
     let result = load::run(&c).await?;
     let tables = load::tables(&result);
-    for t in &tables {
-        println!("{t}");
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        tables.iter().for_each(|t| println!("{t}"));
     }
-    println!("{}", serde_json::to_string(&result)?);
     write_report(&args.out, &result, &tables)?;
     if args.check && !result.sanity_ok {
         return Err(TargetMissed(vec!["sanity checks (counts or reply ids) failed".into()]).into());
@@ -606,11 +619,24 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let load_before = bench::load_average();
     let (rows, embedded) = bench::run(&config).await?;
-    println!("{}", bench::table(&rows));
-    if let (Some(before), Some(after)) = (load_before, bench::load_average()) {
-        println!("host load average (1/5/15 min): {before} before, {after} after");
+    let table = bench::table(&rows);
+    let load_line = match (load_before, bench::load_average()) {
+        (Some(before), Some(after)) => {
+            format!("host load average (1/5/15 min): {before} before, {after} after")
+        }
+        _ => String::new(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&rows)?);
+    } else {
+        println!("{table}\n{load_line}");
     }
-    println!("{}", serde_json::to_string(&rows)?);
+    let report = lab::report::ReportDir::create(&args.out)?;
+    report.write_json("bench.json", &rows)?;
+    report.write_csv("bench.csv", &table)?;
+    let mut md = lab::report::Markdown::new();
+    md.heading(1, "mq bench").table(&table).paragraph(&load_line);
+    report.write_markdown("bench.md", md.as_str())?;
     if let (true, Some(rate)) = (args.check, embedded)
         && rate < bench::SQLITE_SENDS_PER_S_TARGET
     {
@@ -633,6 +659,8 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         cooldown_s: 0.5,
         ..load::LoadConfig::default()
     };
+    // Refused before the first run, not after the store is set up.
+    load.validate()?;
     let config = experiment::ExperimentConfig {
         store: args.store.clone(),
         node: args.node.resolve()?,
@@ -661,4 +689,39 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         return Err(TargetMissed(vec!["a run failed its sanity checks".into()]).into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `mq load`'s flags are `Option`s (a `--config` file sits between the defaults and the
+    /// flags), so clap cannot show their defaults: each help text states it, and this keeps
+    /// the texts equal to `LoadConfig::default()`.
+    #[test]
+    fn mq_load_help_shows_the_config_defaults() {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let help = <Cli as clap::CommandFactory>::command().render_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let d = load::LoadConfig::default();
+        let shown = [
+            format!("several nodes [default: {}]", d.nodes.join(",")),
+            format!("Closed-loop clients [default: {}]", d.clients),
+            format!("clients share [default: {}]", d.connections),
+            format!("same queue) [default: {}]", d.send_percent),
+            format!("in bytes [default: {}]", d.message_bytes),
+            format!("e.g. 5ms [default: {}ms]", d.think_ms),
+            format!("+ 1s [default: {}s]", d.duration_s),
+            format!("Untimed start, inside --duration [default: {}s]", d.warmup_s),
+            format!("Untimed end, inside --duration [default: {}s]", d.cooldown_s),
+        ];
+        for text in shown {
+            assert!(help.contains(&text), "help lacks {text:?}:\n{help}");
+        }
+        assert_eq!(load::MEASURED_S_MIN, 1.0, "the --duration help says + 1s");
+    }
 }
