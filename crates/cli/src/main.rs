@@ -5,6 +5,7 @@
 
 mod commands;
 mod outcome;
+mod quiet;
 
 use std::process::ExitCode;
 
@@ -71,7 +72,7 @@ enum BenchCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, &cli.log_format);
+    let repeats = init_logging(&cli.log, &cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Exchange(args) => commands::exchange::run(&args),
@@ -87,20 +88,27 @@ fn main() -> ExitCode {
         Command::Replication(args) => commands::replication::run(&args),
         Command::Reproduce(args) => commands::reproduce::run(&args),
     };
+    for line in repeats.report() {
+        eprintln!("{line}");
+    }
     outcome::exit_code_for(result)
 }
 
-/// Logs to stderr, filtered by `filter`, as text or as JSON lines (`format`).
-fn init_logging(filter: &str, format: &str) {
+/// Logs to stderr, filtered by `filter`, as text (repeated lines folded, [`quiet`]) or as JSON
+/// lines (`format`); returns the folded lines' counts.
+fn init_logging(filter: &str, format: &str) -> quiet::Repeats {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr);
+    let repeats = quiet::Repeats::default();
     if format == "json" {
         logs.json().init();
     } else {
         // Colour codes only for a person at a terminal; logs piped to a file stay plain text.
-        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        logs.with_ansi(ansi).map_event_format(|text| repeats.fold(text)).init();
     }
+    repeats
 }
 
 #[cfg(test)]
