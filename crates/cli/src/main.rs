@@ -227,6 +227,24 @@ mod tests {
         assert!(!help.contains("[default: 1]"), "what the walk looks for is what help hides");
     }
 
+    /// `--rate -5` reaches the command's own check ("must be > 0") instead of clap reading
+    /// `-5` as an unknown flag.
+    #[test]
+    fn every_rate_takes_a_negative_number_to_refuse_it_clearly() {
+        fn walk(command: &clap::Command, path: &str, wrong: &mut Vec<String>) {
+            let rate = command.get_arguments().find(|arg| arg.get_long() == Some("rate"));
+            if rate.is_some_and(|rate| !rate.is_allow_negative_numbers_set()) {
+                wrong.push(path.to_string());
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        walk(&super::Cli::command(), "", &mut wrong);
+        assert!(wrong.is_empty(), "--rate reads -5 as a flag in: {wrong:?}");
+    }
+
     /// The commands (paths) that have `--now`, split by whether they accept `--old` too.
     fn takers(command: &clap::Command, path: &str, old: &str, now: &str) -> (usize, usize) {
         let arg = command.get_arguments().find(|arg| arg.get_long() == Some(now));

@@ -478,3 +478,22 @@ fn a_short_mq_load_names_the_warm_up_it_counted() {
     let error = text(&output.stderr);
     assert!(error.contains("warm-up 2s") && error.contains("--warmup"), "{error}");
 }
+
+/// `--rate -5` is a value the command refuses in words, not an unknown flag `-5`.
+#[test]
+fn a_negative_rate_is_refused_as_a_rate() {
+    let output = leantier(&["exchange", "run", "--rate", "-5", "--duration", "100ms"]);
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert!(error.contains("every rate must be > 0, got -5"), "{error}");
+}
+
+/// A cause its parent already prints is not printed again ("Connection refused (os error
+/// 111): Connection refused (os error 111)").
+#[test]
+fn a_refused_connection_says_so_once() {
+    let output = leantier(&["mq", "client", "--node", "127.0.0.1:1", "--secret", "s", "list"]);
+    assert_eq!(code(&output), 1, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert_eq!(error.matches("refused").count(), 1, "{error}");
+}

@@ -19,6 +19,7 @@ const KEPT_UP_RATE_TARGET_PER_S: f64 = 2_000_000.0;
 pub struct Args {
     /// Target rates in requests per second (comma separated), each measured for --duration.
     #[arg(
+        allow_negative_numbers = true,
         long,
         alias = "rates",
         value_delimiter = ',',

@@ -103,7 +103,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// Poisson ticket rate per second; default: the config's planned rate.
-    #[arg(long, conflicts_with_all = ["find_max", "rate_steps"])]
+    #[arg(long, allow_negative_numbers = true, conflicts_with_all = ["find_max", "rate_steps"])]
     pub rate: Option<f64>,
     /// Run the generator flat out and compare with the predicted maximum throughput.
     #[arg(long, alias = "max", conflicts_with = "rate_steps")]

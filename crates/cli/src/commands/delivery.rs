@@ -264,7 +264,7 @@ pub struct PublishArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20_000.0)]
     pub rate: f64,
     /// How long the load runs, e.g. 5s (Ctrl-C or SIGTERM stops it sooner).
     #[arg(
@@ -394,7 +394,7 @@ fn publish_table(
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeliveryExperimentArgs {
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20_000.0)]
     pub rate: f64,
     /// Time per run and transport, e.g. 2s.
     #[arg(

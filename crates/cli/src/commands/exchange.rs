@@ -121,7 +121,13 @@ pub enum ExchangeCommand {
 #[derive(clap::Args, Debug, Clone)]
 pub struct LayoutBenchArgs {
     /// Arrival rates, msg/s, comma-separated.
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        alias = "rates",
+        value_delimiter = ',',
+        default_value = "20000,40000,60000"
+    )]
     pub rate: Vec<f64>,
     /// Time per rate and layout, e.g. 3s.
     #[arg(
@@ -192,7 +198,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rates to run, msg/s, comma-separated.
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        alias = "rates",
+        value_delimiter = ',',
+        default_value = "20000,40000,60000"
+    )]
     pub rate: Vec<f64>,
     /// Time per rate, e.g. 3s.
     #[arg(
@@ -295,7 +307,7 @@ pub struct SendersArgs {
     #[arg(long, default_value = "leantier-report/exchange-senders")]
     pub out: PathBuf,
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 60_000.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 60_000.0)]
     pub rate: f64,
     /// Simulated publish cost per message in each sender, e.g. 2us (in-process delivery alone
     /// costs almost nothing, so without it more senders have nothing to parallelise).

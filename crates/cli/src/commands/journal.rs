@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub fsync_samples: Option<u64>,
     /// Arrival rate of the latency runs (Poisson), messages per second.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rate: Option<f64>,
     /// Length of each latency run, e.g. 2s.
     #[arg(long, alias = "latency-ms", value_name = "DURATION", value_parser = values::millis)]

@@ -102,7 +102,7 @@ pub struct OptimizeArgs {
     #[arg(long, value_enum, default_value = "throughput")]
     pub goal: GoalArg,
     /// Source rate in tickets per second (required for consolidation).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rate: Option<f64>,
     /// Override the model's utilization limit (0..1).
     #[arg(long)]
@@ -181,7 +181,7 @@ impl OptimizeArgs {
 #[derive(Debug, ClapArgs)]
 pub struct NodeArgs {
     /// Arrival rate λ, jobs per second.
-    #[arg(long, alias = "arrival-rate")]
+    #[arg(long, allow_negative_numbers = true, alias = "arrival-rate")]
     pub rate: f64,
     /// Service rate μ of one server, jobs per second.
     #[arg(long)]
