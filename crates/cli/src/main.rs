@@ -245,6 +245,30 @@ mod tests {
         assert!(wrong.is_empty(), "--rate reads -5 as a flag in: {wrong:?}");
     }
 
+    /// Help is for users: no internal references ("issue 4 §6", "#16") in any command's help.
+    #[test]
+    fn help_carries_no_internal_references() {
+        fn walk(command: &mut clap::Command, path: &str, wrong: &mut Vec<String>) {
+            let help = command.render_long_help().to_string();
+            let words: Vec<&str> = help.split_whitespace().collect();
+            for pair in words.windows(2) {
+                let numbered =
+                    |word: &str| word.trim_start_matches('#').starts_with(char::is_numeric);
+                let issue = pair[0].trim_start_matches('(').eq_ignore_ascii_case("issue");
+                if (issue && numbered(pair[1])) || (pair[1].starts_with('#') && numbered(pair[1])) {
+                    wrong.push(format!("{path}: {} {}", pair[0], pair[1]));
+                }
+            }
+            for sub in command.get_subcommands_mut() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                walk(sub, &sub_path, wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        walk(&mut super::Cli::command(), "leantier", &mut wrong);
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
     /// The commands (paths) that have `--now`, split by whether they accept `--old` too.
     fn takers(command: &clap::Command, path: &str, old: &str, now: &str) -> (usize, usize) {
         let arg = command.get_arguments().find(|arg| arg.get_long() == Some(now));

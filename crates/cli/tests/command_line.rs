@@ -497,3 +497,27 @@ fn a_refused_connection_says_so_once() {
     let error = text(&output.stderr);
     assert_eq!(error.matches("refused").count(), 1, "{error}");
 }
+
+/// `mq serve --print-config` shows where the node listens and stores, and its `--config`
+/// takes those keys back (docs/OPERATIONS.md: a file's keys are the flags' names); a key it
+/// does not know is still refused.
+#[test]
+fn mq_serve_config_carries_listen_and_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("node.toml");
+    std::fs::write(&file, "listen = \"127.0.0.1:7999\"\nstore = \"sqlite:elsewhere\"\n").unwrap();
+    let config = file.to_str().unwrap();
+    let printed = leantier(&["mq", "serve", "--config", config, "--print-config"]);
+    assert_eq!(code(&printed), 0, "{}", text(&printed.stderr));
+    let toml = text(&printed.stdout);
+    for line in ["listen = \"127.0.0.1:7999\"", "store = \"sqlite:elsewhere\"", "batch_max = "] {
+        assert!(toml.lines().any(|l| l.starts_with(line)), "{line}:\n{toml}");
+    }
+    let flag =
+        leantier(&["mq", "serve", "--config", config, "--listen", "0.0.0.0:1", "--print-config"]);
+    assert!(text(&flag.stdout).contains("listen = \"0.0.0.0:1\""), "the flag wins");
+    std::fs::write(&file, "listen = \"127.0.0.1:7999\"\nbogus = 1\n").unwrap();
+    let refused = leantier(&["mq", "serve", "--config", config, "--print-config"]);
+    assert_eq!(code(&refused), 2);
+    assert!(text(&refused.stderr).contains("unknown field `bogus`"), "{}", text(&refused.stderr));
+}

@@ -918,7 +918,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         "durable p99 group / raw fsync p99",
         &format!("target ≤ {}", crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
     ])
-    .with_title("Targets (issue 4 §6), measured in this run");
+    .with_title("Targets, measured in this run");
     let mut missed = Vec::new();
     for r in ratios {
         let mut verdict = |value: Option<f64>, target: f64, what: &str| match value {

@@ -180,8 +180,7 @@ fn tables(results: &BenchResults) -> (Table, Table, Table) {
         "Latency from the intended arrival (open loop, Poisson {} msg/s, 64 B records)",
         results.config.rate_per_s
     ));
-    let mut verdicts =
-        Table::new(["target", "measured", "ratio", "met"]).with_title("Targets (issue 4)");
+    let mut verdicts = Table::new(["target", "measured", "ratio", "met"]).with_title("Targets");
     for verdict in verdicts_of(results) {
         verdicts.row([
             verdict.target,

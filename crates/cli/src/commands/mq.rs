@@ -113,9 +113,59 @@ pub struct NodeFlags {
     pub accounts_per_address_max: Option<usize>,
 }
 
+/// Where `mq serve` listens and stores unless a flag or its file says otherwise.
+const LISTEN_DEFAULT: &str = "127.0.0.1:7440";
+const STORE_DEFAULT: &str = "sqlite:target/mq-data";
+
+/// A `--config` file: the node's limits and, for `mq serve`, where it listens and stores
+/// (docs/OPERATIONS.md: a file's keys are the flags' names); `--print-config` writes one.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct NodeFile {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// Every other key.
+    #[serde(flatten)]
+    pub node: server::NodeConfig,
+}
+
+impl NodeFile {
+    /// Reads a `--config` file; `None` gives the defaults. `listen` and `store` are taken out
+    /// first so that `NodeConfig` still refuses every key it does not know (serde's `flatten`
+    /// would let them all through).
+    fn read(path: Option<&std::path::Path>) -> anyhow::Result<NodeFile> {
+        let mut table: toml::Table = load_toml(path)?;
+        let mut take = |key: &str| match table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(value)) => Ok(Some(value)),
+            Some(other) => Err(BadInput(format!("config key {key} must be a string, got {other}"))),
+        };
+        let (listen, store) = (take("listen")?, take("store")?);
+        let node = toml::Value::Table(table).try_into().map_err(|error| {
+            let file = path.map_or_else(String::new, |path| path.display().to_string());
+            BadInput(format!("invalid config {file}: {error}"))
+        })?;
+        Ok(NodeFile { listen, store, node })
+    }
+}
+
 impl NodeFlags {
+    /// The node's limits for `mq bench` and `mq experiment`, which take their store as a flag
+    /// and listen on no address of their own.
     fn resolve(&self) -> anyhow::Result<server::NodeConfig> {
-        let mut c: server::NodeConfig = load_toml(self.config.as_deref())?;
+        let file = self.resolve_file()?;
+        if file.listen.is_some() || file.store.is_some() {
+            let why = "listen and store are mq serve's keys; this command takes --store";
+            return Err(BadInput(why.into()).into());
+        }
+        Ok(file.node)
+    }
+
+    /// The `--config` file with the flags over its node limits.
+    fn resolve_file(&self) -> anyhow::Result<NodeFile> {
+        let mut file = NodeFile::read(self.config.as_deref())?;
+        let c = &mut file.node;
         override_with(&mut c.handler_slots, &self.handler_slots);
         override_with(&mut c.wait_queue_max, &self.wait_queue_max);
         override_with(&mut c.db_workers, &self.db_workers);
@@ -137,18 +187,19 @@ impl NodeFlags {
         override_with(&mut c.registration_attempts_per_address_max, attempts);
         override_with(&mut c.accounts_per_address_max, &self.accounts_per_address_max);
         c.validate()?;
-        Ok(c)
+        Ok(file)
     }
 }
 
 #[derive(ClapArgs, Debug)]
 pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:7440")]
-    pub listen: String,
-    /// `sqlite:DIR` (embedded) or a `postgres://` URL.
-    #[arg(long, default_value = "sqlite:target/mq-data")]
-    pub store: String,
+    /// Address to listen on (`listen` in --config) [default: 127.0.0.1:7440].
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// `sqlite:DIR` (embedded) or a `postgres://` URL (`store` in --config)
+    /// [default: sqlite:target/mq-data].
+    #[arg(long)]
+    pub store: Option<String>,
     /// Serve TLS with this PEM certificate chain (leaf first); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -403,27 +454,40 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     })
 }
 
+/// The node `mq serve` runs: flags over `--config`'s keys over the defaults.
+fn serve_file(args: &ServeArgs) -> anyhow::Result<NodeFile> {
+    let mut file = args.node.resolve_file()?;
+    let pick = |flag: &Option<String>, key: Option<String>, default: &str| {
+        flag.clone().or(key).unwrap_or_else(|| default.to_string())
+    };
+    file.listen = Some(pick(&args.listen, file.listen.take(), LISTEN_DEFAULT));
+    file.store = Some(pick(&args.store, file.store.take(), STORE_DEFAULT));
+    Ok(file)
+}
+
 async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let config = args.node.resolve()?;
+    let file = serve_file(args)?;
     if args.print_config {
-        print!("{}", toml::to_string(&config)?);
+        print!("{}", toml::to_string(&file)?);
         return Ok(());
     }
-    let store = store::AnyStore::open(&args.store, config.db_workers).await?;
+    let (listen, store_url) = (file.listen.unwrap_or_default(), file.store.unwrap_or_default());
+    let config = file.node;
+    let store = store::AnyStore::open(&store_url, config.db_workers).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
         _ => None,
     };
     // Heard from before the node serves: a supervisor may stop it once it reads the listen line.
     let stop_signal = ops::stop::stop_signal()?;
-    let node = server::start_with_tls(&args.listen, store, config, tls).await?;
+    let node = server::start_with_tls(&listen, store, config, tls).await?;
     let readiness = ops::Readiness::default();
     let mut registry = ops::Registry::default();
     node.register_metrics(&mut registry);
     let _admin = args.metrics.serve(registry, &readiness)?;
     // The store is open (its schema checked or made) and the listener bound.
     readiness.set(true);
-    eprintln!("mq node listening on {} (store {})", node.addr, args.store);
+    eprintln!("mq node listening on {} (store {store_url})", node.addr);
     let signal = tokio::select! {
         signal = stop_signal => signal,
         () = super::admin::follow_readiness(&readiness, "the database", || node.is_ready()) => {
