@@ -336,9 +336,10 @@ pub struct JournalExperiment {
     pub raw_fdatasync_4k: LatencySummary,
     pub points: Vec<JournalPoint>,
     pub ratios: Vec<JournalRatios>,
-    /// Where the runs wrote (removed when the experiment ends).
+    /// The folder whose disk the runs wrote to (`--data`, else the system temp dir); their
+    /// own files, in a subfolder of it, are removed when the experiment ends.
     #[serde(skip)]
-    pub data_dir: std::path::PathBuf,
+    pub written_under: std::path::PathBuf,
 }
 
 fn ratio(numerator_ns: u64, denominator_ns: u64) -> Option<f64> {
@@ -353,8 +354,9 @@ pub fn journal_modes(
     fsync_samples: u64,
     data: Option<&Path>,
 ) -> Result<JournalExperiment> {
-    if seconds.is_nan() || seconds <= 0.0 || fsync_samples == 0 {
-        return Err(BadInput("seconds and fsync samples must be > 0".into()));
+    positive_rates_and_duration(&[], seconds)?;
+    if fsync_samples == 0 {
+        return Err(BadInput("the fsync samples must be > 0".into()));
     }
     base.validate()?;
     let mut temp = tempfile::Builder::new();
@@ -407,7 +409,7 @@ pub fn journal_modes(
         raw_fdatasync_4k: raw_fsync,
         points,
         ratios,
-        data_dir: root.path().to_path_buf(),
+        written_under: data.map_or_else(std::env::temp_dir, std::path::Path::to_path_buf),
     })
 }
 

@@ -60,7 +60,7 @@ pub struct ValidateArgs {
     )]
     pub measure: Duration,
     /// How long each flat-out run lasts, e.g. 1.5s (the defaults keep 3 rounds of the default
-    /// three configurations under a minute).
+    /// four configurations about a minute).
     #[arg(
         long = "run",
         alias = "run-s",
@@ -718,6 +718,31 @@ mod tests {
             let error = parse_rate_steps(bad).unwrap_err();
             assert!(error.0.contains("--rate-steps"), "{bad}: {error}");
         }
+    }
+
+    /// The help names the default configurations' count once, as the code has it (it said
+    /// "three" in one place and "four" in another).
+    #[test]
+    fn validate_help_counts_the_default_configurations_as_the_code_does() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Command,
+        }
+        let mut cli = Cli::command();
+        let help = cli.find_subcommand_mut("validate").unwrap().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let words = ["zero", "one", "two", "three", "four", "five", "six"];
+        let count = words[DEFAULT_CONFIGURATIONS];
+        assert!(help.contains(&format!("default {count} configurations")), "{help}");
+        assert!(help.contains(&format!("(the default {count})")), "{help}");
+        for (n, other) in words.iter().enumerate().filter(|(n, _)| *n != DEFAULT_CONFIGURATIONS) {
+            assert!(!help.contains(&format!("default {other}")), "{n}: {help}");
+        }
+        let names = all_configurations();
+        let listed = names.iter().take(DEFAULT_CONFIGURATIONS).map(|c| c.name.as_str());
+        assert!(listed.clone().all(|name| help.contains(name)), "{help}");
     }
 
     #[test]

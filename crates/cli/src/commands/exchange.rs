@@ -878,8 +878,9 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     let (targets, missed) = journal_targets_table(&experiment.ratios);
     println!("\n{latency}\n\n{targets}");
     println!(
-        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); data dir {}",
-        experiment.data_dir.display()
+        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); journals \
+         written under {} (removed after the runs)",
+        experiment.written_under.display()
     );
     let dir = ReportDir::create(&args.out)?;
     dir.write_csv("latency.csv", &latency)?;
