@@ -521,3 +521,30 @@ fn mq_serve_config_carries_listen_and_store() {
     assert_eq!(code(&refused), 2);
     assert!(text(&refused.stderr).contains("unknown field `bogus`"), "{}", text(&refused.stderr));
 }
+
+/// `mq bench` writes its report folder, like every command with figures, and keeps its JSON
+/// off the terminal unless asked (`--json`).
+#[test]
+fn mq_bench_writes_its_report_and_prints_json_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("store").display());
+    let out = dir.path().join("report");
+    let bench = |json: bool| {
+        let out = out.to_str().unwrap();
+        let mut args = vec!["mq", "bench", "--store", &store, "--duration", "100ms"];
+        args.extend(["--clients", "1", "--only", "node", "--out", out]);
+        if json {
+            args.push("--json");
+        }
+        leantier(&args)
+    };
+    let tables = bench(false);
+    assert_eq!(code(&tables), 0, "{}", text(&tables.stderr));
+    assert!(!text(&tables.stdout).contains("{\""), "no JSON: {}", text(&tables.stdout));
+    for file in ["bench.json", "bench.csv", "bench.md"] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    let json = bench(true);
+    let rows: serde_json::Value = serde_json::from_slice(&json.stdout).expect("one JSON line");
+    assert!(rows.as_array().is_some_and(|rows| !rows.is_empty()), "{rows}");
+}
