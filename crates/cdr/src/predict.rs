@@ -1,7 +1,10 @@
 //! Measured versus predicted: what a run achieved per node against the planner's model of the
 //! same configuration.
 //!
-//! For a paced run the model is solved at the rate the generator achieved. For a flat-out run
+//! For a paced run the model is solved at the rate the run was asked to carry (the plan's rate,
+//! `--rate`, or a profile's mean): solving it at the rate the generator achieved would predict
+//! whatever the run did (a generator that fell short of the plan gave ratio 1.000). For a
+//! flat-out run
 //! the predicted maximum throughput is the lower of two asymptotic bounds: the first node to
 //! saturate (min over nodes of c·μ/v) and the host's cores (cores / Σ v·cpu_share/μ, the CPU
 //! demand per ticket); every node's predicted load follows from its visit ratio.
@@ -39,9 +42,22 @@ impl NodeComparison {
     }
 }
 
+/// What the run was asked to carry, which the prediction is for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Offered {
+    /// The generator ran flat out: the prediction is the maximum throughput.
+    FlatOut,
+    /// Poisson arrivals at this mean rate (tickets per second).
+    Paced(f64),
+}
+
 /// The whole run's comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Comparison {
+    /// The rate the run was asked to carry (paced runs; none flat out).
+    pub offered_rate_per_s: Option<f64>,
+    /// The rate the generator achieved over the run.
+    pub generated_per_s: f64,
     /// Tickets per second stored in the database (the feeder's throughput), measured.
     pub measured_throughput_per_s: f64,
     /// The model's prediction of the same.
@@ -68,9 +84,9 @@ pub fn compare(
     config: &PipelineConfig,
     summary: &RunSummary,
     duration_s: f64,
-    flat_out: bool,
+    offered: Offered,
 ) -> Result<Comparison> {
-    compare_with_budget(config, summary, duration_s, flat_out, Budget::Cpu)
+    compare_with_budget(config, summary, duration_s, offered, Budget::Cpu)
 }
 
 /// CPU time per ticket the model charges (Σ visits · cpu_share / μ over every node, the
@@ -92,7 +108,7 @@ pub fn compare_with_budget(
     config: &PipelineConfig,
     summary: &RunSummary,
     duration_s: f64,
-    flat_out: bool,
+    offered: Offered,
     budget: Budget,
 ) -> Result<Comparison> {
     let network = Network::new(config.model.clone())?;
@@ -100,14 +116,16 @@ pub fn compare_with_budget(
     let visits = network.visit_ratios();
     let mut predicted = vec![NodeMetrics::default(); threads.len()];
     let generated_per_s = summary.generated as f64 / duration_s;
-    let source_rate_per_s = if flat_out {
-        let cpu_bound = match budget {
-            Budget::Cpu => network.spec().host.cores / cpu_s_per_ticket(&network),
-            Budget::Threads => f64::INFINITY,
-        };
-        network.saturation_rate_per_s(&threads).min(cpu_bound)
-    } else {
-        generated_per_s
+    let flat_out = offered == Offered::FlatOut;
+    let source_rate_per_s = match offered {
+        Offered::FlatOut => {
+            let cpu_bound = match budget {
+                Budget::Cpu => network.spec().host.cores / cpu_s_per_ticket(&network),
+                Budget::Threads => f64::INFINITY,
+            };
+            network.saturation_rate_per_s(&threads).min(cpu_bound)
+        }
+        Offered::Paced(rate_per_s) => rate_per_s,
     };
     for (index, node) in network.nodes().iter().enumerate() {
         let rate = source_rate_per_s * visits[index];
@@ -138,6 +156,8 @@ pub fn compare_with_budget(
     let missing = || CdrError::BadInput("the model has no feeder node".into());
     let feeder = feeder.ok_or_else(missing)?;
     Ok(Comparison {
+        offered_rate_per_s: if flat_out { None } else { Some(source_rate_per_s) },
+        generated_per_s,
         measured_throughput_per_s: feeder.measured_throughput_per_s,
         predicted_throughput_per_s: feeder.predicted_throughput_per_s,
         nodes,
@@ -189,11 +209,24 @@ mod tests {
     fn flat_out_throughput_counts_the_drain_time_and_paced_runs_the_schedule() {
         let config: PipelineConfig = toml::from_str(MODEL).unwrap();
         // Flat out for 1 s, then 0.25 s draining the backlog: 125 tickets in 1.25 s.
-        let flat_out = compare(&config, &summary(1.25, 125), 1.0, true).unwrap();
+        let flat_out = compare(&config, &summary(1.25, 125), 1.0, Offered::FlatOut).unwrap();
         assert_eq!(flat_out.predicted_throughput_per_s, 100.0, "the feeder saturates first");
         assert_eq!(flat_out.measured_throughput_per_s, 100.0);
-        let paced = compare(&config, &summary(1.25, 50), 1.0, false).unwrap();
+        let paced = compare(&config, &summary(1.25, 50), 1.0, Offered::Paced(50.0)).unwrap();
         assert_eq!(paced.measured_throughput_per_s, 50.0);
+    }
+
+    /// A run asked for 80/s whose generator made 40/s is compared with the 80/s it was
+    /// planned for, not with a prediction at the 40/s it achieved (ratio 1 whatever happened).
+    #[test]
+    fn a_paced_run_is_compared_with_the_rate_it_was_asked_to_carry() {
+        let config: PipelineConfig = toml::from_str(MODEL).unwrap();
+        let short = compare(&config, &summary(1.0, 40), 1.0, Offered::Paced(80.0)).unwrap();
+        assert_eq!(short.offered_rate_per_s, Some(80.0));
+        assert_eq!(short.generated_per_s, 40.0);
+        assert!((short.predicted_throughput_per_s - 80.0).abs() < 1.0, "{short:?}");
+        let ratio = short.measured_throughput_per_s / short.predicted_throughput_per_s;
+        assert!((ratio - 0.5).abs() < 0.01, "the shortfall shows: {ratio}");
     }
 
     #[test]
@@ -202,9 +235,10 @@ mod tests {
         // 0.1 core: the cores bind at 0.1 / (1/1000 + 1/100) ≈ 9.1 tickets/s, below the feeder.
         config.model.host.cores = 0.1;
         let run = summary(1.0, 9);
-        let cpu = compare_with_budget(&config, &run, 1.0, true, Budget::Cpu).unwrap();
+        let cpu = compare_with_budget(&config, &run, 1.0, Offered::FlatOut, Budget::Cpu).unwrap();
         assert!((cpu.predicted_throughput_per_s - 0.1 / 0.011).abs() < 1e-9, "{cpu:?}");
-        let threads = compare_with_budget(&config, &run, 1.0, true, Budget::Threads).unwrap();
+        let threads =
+            compare_with_budget(&config, &run, 1.0, Offered::FlatOut, Budget::Threads).unwrap();
         assert_eq!(threads.predicted_throughput_per_s, 100.0, "the feeder alone bounds it");
     }
 }

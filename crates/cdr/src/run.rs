@@ -90,6 +90,18 @@ impl Arrivals {
         }
     }
 
+    /// What the generator is asked to carry: flat out, or the steps' time-weighted mean rate.
+    pub fn offered(&self) -> crate::predict::Offered {
+        match self {
+            Arrivals::FlatOut(_) => crate::predict::Offered::FlatOut,
+            Arrivals::Steps(steps) => {
+                let tickets: f64 =
+                    steps.iter().map(|step| step.rate_per_s * step.duration.as_secs_f64()).sum();
+                crate::predict::Offered::Paced(tickets / self.duration().as_secs_f64())
+            }
+        }
+    }
+
     fn schedule(&self, seed: u64) -> Result<Option<StepSchedule>> {
         match self {
             Arrivals::FlatOut(_) => Ok(None),

@@ -33,7 +33,7 @@ use serde::Serialize;
 use crate::error::{Result, io_failed};
 use crate::feed::DbTarget;
 use crate::measure::CdrWorkload;
-use crate::predict::{compare_with_budget, cpu_s_per_ticket, threads_in_model_order};
+use crate::predict::{Offered, compare_with_budget, cpu_s_per_ticket, threads_in_model_order};
 use crate::run::{Arrivals, NodeThreads, RunSettings, RunSummary, run_pipeline};
 use crate::sharing::Sharing;
 
@@ -186,7 +186,8 @@ fn measure_then_run(
     sharing.apply(&mut model, measured.hop_cpu_s);
     let config = pipeline_config(model, configuration.threads)?;
     let duration_s = settings.run_duration.as_secs_f64();
-    let comparison = compare_with_budget(&config, &summary, duration_s, true, settings.budget)?;
+    let comparison =
+        compare_with_budget(&config, &summary, duration_s, Offered::FlatOut, settings.budget)?;
     let (cores_used_share, cpu_model_over_run) = ratio_split(&config, &summary)?;
     Ok(RoundResult {
         configuration: configuration.name.clone(),
@@ -427,7 +428,8 @@ mod tests {
         };
         assert_eq!(predicted_bottleneck(&config, Budget::Cpu).unwrap(), "cpu");
         assert_eq!(predicted_bottleneck(&config, Budget::Threads).unwrap(), "feeder");
-        let comparison = compare_with_budget(&config, &summary, 1.0, true, Budget::Cpu).unwrap();
+        let comparison =
+            compare_with_budget(&config, &summary, 1.0, Offered::FlatOut, Budget::Cpu).unwrap();
         let ratio = comparison.measured_throughput_per_s / comparison.predicted_throughput_per_s;
         let (cores_used_share, cpu_model_over_run) = ratio_split(&config, &summary).unwrap();
         assert!((cores_used_share - 0.5).abs() < 1e-9, "{cores_used_share}");

@@ -5,6 +5,7 @@
 
 mod commands;
 mod outcome;
+mod quiet;
 
 use std::process::ExitCode;
 
@@ -71,7 +72,7 @@ enum BenchCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, &cli.log_format);
+    let repeats = init_logging(&cli.log, &cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Exchange(args) => commands::exchange::run(&args),
@@ -87,20 +88,27 @@ fn main() -> ExitCode {
         Command::Replication(args) => commands::replication::run(&args),
         Command::Reproduce(args) => commands::reproduce::run(&args),
     };
+    for line in repeats.report() {
+        eprintln!("{line}");
+    }
     outcome::exit_code_for(result)
 }
 
-/// Logs to stderr, filtered by `filter`, as text or as JSON lines (`format`).
-fn init_logging(filter: &str, format: &str) {
+/// Logs to stderr, filtered by `filter`, as text (repeated lines folded, [`quiet`]) or as JSON
+/// lines (`format`); returns the folded lines' counts.
+fn init_logging(filter: &str, format: &str) -> quiet::Repeats {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr);
+    let repeats = quiet::Repeats::default();
     if format == "json" {
         logs.json().init();
     } else {
         // Colour codes only for a person at a terminal; logs piped to a file stay plain text.
-        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        logs.with_ansi(ansi).map_event_format(|text| repeats.fold(text)).init();
     }
+    repeats
 }
 
 #[cfg(test)]
@@ -191,6 +199,119 @@ mod tests {
             let sub_path: Vec<&str> = path.iter().copied().chain([sub.get_name()]).collect();
             out_defaults(sub, &sub_path, wrong);
         }
+    }
+
+    /// Every option with a default shows it in `--help` (`[default: …]`): a default that is
+    /// hidden surprises whoever reads only the help (`mq load` showed none of its own).
+    fn hidden_defaults(command: &clap::Command, path: &str, found: &mut Vec<String>) {
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set()) {
+            if !arg.get_default_values().is_empty() && arg.is_hide_default_value_set() {
+                found.push(format!("{path}: --{} hides its default", arg.get_id()));
+            }
+        }
+        for sub in command.get_subcommands() {
+            hidden_defaults(sub, format!("{path} {}", sub.get_name()).trim(), found);
+        }
+    }
+
+    #[test]
+    fn every_default_shows_in_help() {
+        let mut found = Vec::new();
+        hidden_defaults(&super::Cli::command(), "", &mut found);
+        assert!(found.is_empty(), "{}", found.join("\n"));
+        let mut hiding = clap::Command::new("x")
+            .arg(clap::Arg::new("a").long("a").default_value("1").hide_default_value(true));
+        hidden_defaults(&hiding, "x", &mut found);
+        assert_eq!(found, ["x: --a hides its default"]);
+        let help = hiding.render_help().to_string();
+        assert!(!help.contains("[default: 1]"), "what the walk looks for is what help hides");
+    }
+
+    /// `--rate -5` reaches the command's own check ("must be > 0") instead of clap reading
+    /// `-5` as an unknown flag.
+    #[test]
+    fn every_rate_takes_a_negative_number_to_refuse_it_clearly() {
+        fn walk(command: &clap::Command, path: &str, wrong: &mut Vec<String>) {
+            let rate = command.get_arguments().find(|arg| arg.get_long() == Some("rate"));
+            if rate.is_some_and(|rate| !rate.is_allow_negative_numbers_set()) {
+                wrong.push(path.to_string());
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        walk(&super::Cli::command(), "", &mut wrong);
+        assert!(wrong.is_empty(), "--rate reads -5 as a flag in: {wrong:?}");
+    }
+
+    /// Help is for users: no internal references ("issue 4 §6", "#16") in any command's help.
+    #[test]
+    fn help_carries_no_internal_references() {
+        fn walk(command: &mut clap::Command, path: &str, wrong: &mut Vec<String>) {
+            let help = command.render_long_help().to_string();
+            let words: Vec<&str> = help.split_whitespace().collect();
+            for pair in words.windows(2) {
+                let numbered =
+                    |word: &str| word.trim_start_matches('#').starts_with(char::is_numeric);
+                let issue = pair[0].trim_start_matches('(').eq_ignore_ascii_case("issue");
+                if (issue && numbered(pair[1])) || (pair[1].starts_with('#') && numbered(pair[1])) {
+                    wrong.push(format!("{path}: {} {}", pair[0], pair[1]));
+                }
+            }
+            for sub in command.get_subcommands_mut() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                walk(sub, &sub_path, wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        walk(&mut super::Cli::command(), "leantier", &mut wrong);
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    /// The commands (paths) that have `--now`, split by whether they accept `--old` too.
+    fn takers(command: &clap::Command, path: &str, old: &str, now: &str) -> (usize, usize) {
+        let arg = command.get_arguments().find(|arg| arg.get_long() == Some(now));
+        let here = arg.map_or((0, 0), |arg| {
+            let aliases = arg.get_all_aliases().unwrap_or_default();
+            if aliases.contains(&old) { (1, 0) } else { (0, 1) }
+        });
+        command.get_subcommands().fold(here, |(takes, refuses), sub| {
+            let (t, r) = takers(sub, &format!("{path} {}", sub.get_name()), old, now);
+            (takes + t, refuses + r)
+        })
+    }
+
+    /// What README.md says of the retired spellings holds: each it names is still accepted
+    /// somewhere, and where some commands with the new name refuse the old one, the README
+    /// says the old ones work only on the commands that took them.
+    fn readme_overpromises(readme: &str, tree: &clap::Command) -> Vec<String> {
+        let qualified = readme.contains("only by the commands that took them");
+        RETIRED
+            .iter()
+            .filter(|(old, _)| {
+                readme.contains(&format!("`--{old}`")) || readme.contains(&format!("`--{old} "))
+            })
+            .filter_map(|(old, now)| match takers(tree, "", old, now) {
+                (0, _) => Some(format!("README names --{old}, which no command accepts")),
+                (_, refusing) if refusing > 0 && !qualified => Some(format!(
+                    "README says --{old} still works; {refusing} commands with --{now} refuse it"
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_promises_only_retired_spellings_that_work() {
+        let readme = include_str!("../../../README.md");
+        let tree = super::Cli::command();
+        let wrong = readme_overpromises(readme, &tree);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        let old_readme = "The spellings before these (`--seconds 3`, `--report`) still work.";
+        let wrong = readme_overpromises(old_readme, &tree);
+        assert_eq!(wrong.len(), 2, "{wrong:#?}");
+        assert!(wrong[1].starts_with("README says --report still works"), "{wrong:#?}");
     }
 
     #[test]

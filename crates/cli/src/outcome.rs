@@ -70,9 +70,28 @@ pub fn exit_code(result: &anyhow::Result<()>) -> u8 {
 /// Maps a command's result to the process exit code, printing the error chain to stderr.
 pub fn exit_code_for(result: anyhow::Result<()>) -> ExitCode {
     if let Err(error) = &result {
-        eprintln!("error: {error:#}");
+        eprintln!("error: {}", chain_text(error));
     }
     ExitCode::from(exit_code(&result))
+}
+
+/// The error and its causes joined by ": ", each cause left out when its parent's text
+/// already ends with it: a library error that shows its source (`{0}` of an io::Error) would
+/// otherwise print "Connection refused (os error 111): Connection refused (os error 111)".
+pub fn chain_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let mut parent = String::new();
+    for cause in error.chain() {
+        let line = cause.to_string();
+        if !parent.ends_with(&line) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&line);
+        }
+        parent = line;
+    }
+    text
 }
 
 #[cfg(test)]
@@ -94,6 +113,25 @@ mod tests {
     fn held_store() -> ops::OpsError {
         let holder = ops::lock::Holder { pid: Some(7), ..Default::default() };
         ops::OpsError::Held { path: "data/LOCK".into(), holder }
+    }
+
+    /// A typed error whose text is its source's (`#[error("{0}")]` over an `io::Error`) and
+    /// a context naming what was being done: the cause is printed once.
+    #[test]
+    fn a_cause_its_parent_already_shows_is_printed_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("connection: {0}")]
+        struct Wrapped(#[source] std::io::Error);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let refused_text = refused.to_string();
+        let error = anyhow::Error::from(Wrapped(refused)).context("connecting to 127.0.0.1:1");
+        assert_eq!(
+            chain_text(&error),
+            format!("connecting to 127.0.0.1:1: connection: {refused_text}")
+        );
+        assert_eq!(format!("{error:#}").matches(&refused_text).count(), 2, "anyhow's own");
+        let distinct = anyhow::anyhow!("disk full").context("writing the report");
+        assert_eq!(chain_text(&distinct), "writing the report: disk full");
     }
 
     #[test]

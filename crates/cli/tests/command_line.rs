@@ -458,3 +458,131 @@ fn mq_load_gives_up_on_a_silent_node_naming_the_request_timeout() {
     let out = out.path().to_str().unwrap();
     gives_up_on_a_silent_node(&["mq", "load", "--node", &addr, "--out", out]);
 }
+
+/// The size `cdr run --help` promises for a paced run's report folder.
+const CDR_REPORT_BYTES_MAX: u64 = 64 * 1024;
+
+/// `plan optimize` then `cdr run` on its config: the report folder holds the comparison only
+/// (the pipeline's 100 bytes per ticket go to a temporary --data-dir, removed), and the run is
+/// compared with the rate the plan was made for.
+#[test]
+fn cdr_run_keeps_its_report_small_and_compares_with_the_planned_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdr-model.toml");
+    let plan = dir.path().join("plan");
+    let optimize = leantier(&[
+        "plan",
+        "optimize",
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&optimize), 0, "{}", text(&optimize.stderr));
+    let config = plan.join("config.toml");
+    let out = dir.path().join("report");
+    let run = leantier(&[
+        "cdr",
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--duration",
+        "300ms",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&run), 0, "{}", text(&run.stderr));
+    let files: Vec<_> = std::fs::read_dir(&out).unwrap().map(|entry| entry.unwrap()).collect();
+    let bytes: u64 = files.iter().map(|entry| entry.metadata().unwrap().len()).sum();
+    assert!(bytes < CDR_REPORT_BYTES_MAX, "{bytes} bytes in {}", out.display());
+    assert_eq!(files.len(), 3, "comparison.json, .csv and .md only: {files:?}");
+    let planned = std::fs::read_to_string(&config).unwrap();
+    let planned: toml::Value = toml::from_str(&planned).unwrap();
+    let comparison = std::fs::read_to_string(out.join("comparison.json")).unwrap();
+    let comparison: serde_json::Value = serde_json::from_str(&comparison).unwrap();
+    assert_eq!(
+        comparison["offered_rate_per_s"].as_f64(),
+        planned["arrival_rate_per_s"].as_float(),
+        "{comparison}"
+    );
+}
+
+/// `mq load --duration 2s` is refused before connecting, naming the warm-up and cool-down
+/// (2 s + 1 s by default) that do not fit and the flags that set them.
+#[test]
+fn a_short_mq_load_names_the_warm_up_it_counted() {
+    let output = leantier(&["mq", "load", "--node", "127.0.0.1:1", "--duration", "2s"]);
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert!(error.contains("warm-up 2s") && error.contains("--warmup"), "{error}");
+}
+
+/// `--rate -5` is a value the command refuses in words, not an unknown flag `-5`.
+#[test]
+fn a_negative_rate_is_refused_as_a_rate() {
+    let output = leantier(&["exchange", "run", "--rate", "-5", "--duration", "100ms"]);
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert!(error.contains("every rate must be > 0, got -5"), "{error}");
+}
+
+/// A cause its parent already prints is not printed again ("Connection refused (os error
+/// 111): Connection refused (os error 111)").
+#[test]
+fn a_refused_connection_says_so_once() {
+    let output = leantier(&["mq", "client", "--node", "127.0.0.1:1", "--secret", "s", "list"]);
+    assert_eq!(code(&output), 1, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert_eq!(error.matches("refused").count(), 1, "{error}");
+}
+
+/// `mq serve --print-config` shows where the node listens and stores, and its `--config`
+/// takes those keys back (docs/OPERATIONS.md: a file's keys are the flags' names); a key it
+/// does not know is still refused.
+#[test]
+fn mq_serve_config_carries_listen_and_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("node.toml");
+    std::fs::write(&file, "listen = \"127.0.0.1:7999\"\nstore = \"sqlite:elsewhere\"\n").unwrap();
+    let config = file.to_str().unwrap();
+    let printed = leantier(&["mq", "serve", "--config", config, "--print-config"]);
+    assert_eq!(code(&printed), 0, "{}", text(&printed.stderr));
+    let toml = text(&printed.stdout);
+    for line in ["listen = \"127.0.0.1:7999\"", "store = \"sqlite:elsewhere\"", "batch_max = "] {
+        assert!(toml.lines().any(|l| l.starts_with(line)), "{line}:\n{toml}");
+    }
+    let flag =
+        leantier(&["mq", "serve", "--config", config, "--listen", "0.0.0.0:1", "--print-config"]);
+    assert!(text(&flag.stdout).contains("listen = \"0.0.0.0:1\""), "the flag wins");
+    std::fs::write(&file, "listen = \"127.0.0.1:7999\"\nbogus = 1\n").unwrap();
+    let refused = leantier(&["mq", "serve", "--config", config, "--print-config"]);
+    assert_eq!(code(&refused), 2);
+    assert!(text(&refused.stderr).contains("unknown field `bogus`"), "{}", text(&refused.stderr));
+}
+
+/// `mq bench` writes its report folder, like every command with figures, and keeps its JSON
+/// off the terminal unless asked (`--json`).
+#[test]
+fn mq_bench_writes_its_report_and_prints_json_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("store").display());
+    let out = dir.path().join("report");
+    let bench = |json: bool| {
+        let out = out.to_str().unwrap();
+        let mut args = vec!["mq", "bench", "--store", &store, "--duration", "100ms"];
+        args.extend(["--clients", "1", "--only", "node", "--out", out]);
+        if json {
+            args.push("--json");
+        }
+        leantier(&args)
+    };
+    let tables = bench(false);
+    assert_eq!(code(&tables), 0, "{}", text(&tables.stderr));
+    assert!(!text(&tables.stdout).contains("{\""), "no JSON: {}", text(&tables.stdout));
+    for file in ["bench.json", "bench.csv", "bench.md"] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    let json = bench(true);
+    let rows: serde_json::Value = serde_json::from_slice(&json.stdout).expect("one JSON line");
+    assert!(rows.as_array().is_some_and(|rows| !rows.is_empty()), "{rows}");
+}

@@ -302,9 +302,17 @@ fn instrument_of(
     if tick <= 0 || lot == 0 {
         return Err("tick_size and lot_size must be above 0".into());
     }
-    let off_tick = [reference, band_low, band_high].into_iter().any(|p| p % tick != 0);
-    if off_tick || !(0 < band_low && band_low <= reference && reference <= band_high) {
-        return Err("the band and reference price must be on the tick grid, band_low ≤ reference ≤ band_high, above 0".into());
+    let prices = [
+        ("reference_price", &spec.reference_price, reference),
+        ("band_low", &spec.band_low, band_low),
+        ("band_high", &spec.band_high, band_high),
+    ];
+    if let Some((name, text, _)) = prices.iter().find(|(_, _, price)| price % tick != 0) {
+        let tick_text = &spec.tick_size;
+        return Err(format!("{name} {text:?} is not on the tick grid (tick_size {tick_text:?})"));
+    }
+    if !(0 < band_low && band_low <= reference && reference <= band_high) {
+        return Err("band_low ≤ reference_price ≤ band_high must hold, all above 0".into());
     }
     let band_ticks = u32::try_from((band_high - band_low) / tick + 1).unwrap_or(u32::MAX);
     let levels = spec.ladder_ticks.unwrap_or(band_ticks).max(band_ticks);
@@ -366,11 +374,12 @@ mod tests {
     #[test]
     fn a_file_that_cannot_be_traded_exactly_is_refused_with_the_field_named() {
         type Spoil = fn(&mut InstrumentSpec);
-        let cases: [(Spoil, &str); 4] = [
-            (|s| s.band_low = "91.005".into(), "tick grid"),
+        let cases: [(Spoil, &str); 5] = [
+            (|s| s.band_low = "91.005".into(), "band_low \"91.005\" is not on the tick grid"),
+            (|s| s.band_high = "111.505".into(), "band_high \"111.505\" is not on the tick grid"),
             (|s| s.tick_size = "0.00001".into(), "tick_size"),
             (|s| s.lot_size = "0.5".into(), "lot_size"),
-            (|s| s.reference_price = "120".into(), "band_low ≤ reference"),
+            (|s| s.reference_price = "120".into(), "band_low ≤ reference_price"),
         ];
         for (spoil, named) in cases {
             let mut spec = acme();

@@ -158,6 +158,12 @@ fn failure(text: String) -> ClientError {
     ClientError::Io(std::io::Error::other(text))
 }
 
+/// A login answered otherwise than accepted, in words ("login refused: bad credentials"),
+/// not as the message's debug form (`LoginRejected { reason: 1 }`).
+fn refused_login(client: u32, answer: &ServerMsg) -> ClientError {
+    failure(format!("login of client {client}: {}", crate::client::describe(answer, None)))
+}
+
 /// The intended send time of each token, and when the run began.
 struct Clock {
     /// ns after `start`; ANSWERED once counted.
@@ -362,7 +368,7 @@ impl NativeSender {
         let mut session = NativeClient::connect_within(connect, LOGON_TIMEOUT)?;
         match session.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
             ServerMsg::LoginAccepted { .. } => {}
-            other => return Err(failure(format!("login of {}: {other:?}", credentials.client))),
+            other => return Err(refused_login(credentials.client, &other)),
         }
         let writer = session.writer()?;
         Ok((NativeSender { writer, frame: Vec::with_capacity(native::FRAME_BYTES_MAX) }, session))
@@ -673,5 +679,17 @@ impl FixReader {
             }
         }
         tally
+    }
+}
+
+#[cfg(test)]
+mod refused_login_tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_login_is_a_sentence() {
+        let answer = ServerMsg::LoginRejected { reason: native::login_reject::BAD_CREDENTIALS };
+        let error = refused_login(1, &answer).to_string();
+        assert!(error.ends_with("login of client 1: login refused: bad credentials"), "{error}");
     }
 }

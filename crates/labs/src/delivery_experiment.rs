@@ -160,7 +160,10 @@ fn run_options(settings: &Settings) -> RunOptions {
 pub fn run(settings: &Settings, mut progress: impl FnMut(&Point)) -> Result<Experiment> {
     let positive = |value: f64| value.is_finite() && value > 0.0;
     if !positive(settings.rate_per_s) || !positive(settings.seconds) {
-        let reason = "rate and seconds must be finite and > 0".to_string();
+        let reason = format!(
+            "the rate and the duration must be > 0, got rate {}, duration {} s",
+            settings.rate_per_s, settings.seconds
+        );
         return Err(DeliveryError::BadInput(reason));
     }
     let mut points = Vec::new();

@@ -98,9 +98,7 @@ pub fn measure(
 ) -> Result<Session> {
     config.validate()?;
     load.validate()?;
-    if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("rates and seconds must be > 0".into()));
-    }
+    positive_rates_and_duration(rates, seconds)?;
     let config = &calibrated(config)?;
     let expected: f64 = rates.iter().map(|r| r * seconds).sum();
     let bar = progress_bar(expected as u64, "fixed rates");
@@ -224,9 +222,7 @@ pub struct PlacementPoint {
 
 /// Pinning + spinning against no placement + parking at the demo's rates.
 pub fn placement(seconds: f64) -> Result<Vec<PlacementPoint>> {
-    if seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("seconds must be > 0".into()));
-    }
+    positive_rates_and_duration(&[], seconds)?;
     let unjournaled = unjournaled();
     let variants = [
         (
@@ -275,11 +271,22 @@ pub struct SendersPoint {
     pub karp_flatt: Option<f64>,
 }
 
+/// Every rate and the duration are > 0; the refusal names them as the flags do (`rate`,
+/// `duration`), with the values given, not the retired spellings (`rates`, `seconds`).
+fn positive_rates_and_duration(rates: &[f64], seconds: f64) -> Result<()> {
+    let positive = |value: f64| value.is_finite() && value > 0.0;
+    if let Some(rate) = rates.iter().find(|rate| !positive(**rate)) {
+        return Err(BadInput(format!("every rate must be > 0, got {rate}")));
+    }
+    if !positive(seconds) {
+        return Err(BadInput(format!("the duration must be > 0, got {seconds} s")));
+    }
+    Ok(())
+}
+
 /// 1..=[`SENDERS_MAX`] R-Senders at one rate, each doing `publish_work_ns` of work per message.
 pub fn senders(rate_per_s: f64, seconds: f64, publish_work_ns: u64) -> Result<Vec<SendersPoint>> {
-    if rate_per_s.is_nan() || rate_per_s <= 0.0 || seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("rate and seconds must be > 0".into()));
-    }
+    positive_rates_and_duration(&[rate_per_s], seconds)?;
     let unjournaled = unjournaled();
     let bar = progress_bar(SENDERS_MAX as u64, "senders experiment");
     let mut results = Vec::new();
@@ -329,9 +336,10 @@ pub struct JournalExperiment {
     pub raw_fdatasync_4k: LatencySummary,
     pub points: Vec<JournalPoint>,
     pub ratios: Vec<JournalRatios>,
-    /// Where the runs wrote (removed when the experiment ends).
+    /// The folder whose disk the runs wrote to (`--data`, else the system temp dir); their
+    /// own files, in a subfolder of it, are removed when the experiment ends.
     #[serde(skip)]
-    pub data_dir: std::path::PathBuf,
+    pub written_under: std::path::PathBuf,
 }
 
 fn ratio(numerator_ns: u64, denominator_ns: u64) -> Option<f64> {
@@ -346,8 +354,9 @@ pub fn journal_modes(
     fsync_samples: u64,
     data: Option<&Path>,
 ) -> Result<JournalExperiment> {
-    if seconds.is_nan() || seconds <= 0.0 || fsync_samples == 0 {
-        return Err(BadInput("seconds and fsync samples must be > 0".into()));
+    positive_rates_and_duration(&[], seconds)?;
+    if fsync_samples == 0 {
+        return Err(BadInput("the fsync samples must be > 0".into()));
     }
     base.validate()?;
     let mut temp = tempfile::Builder::new();
@@ -400,7 +409,7 @@ pub fn journal_modes(
         raw_fdatasync_4k: raw_fsync,
         points,
         ratios,
-        data_dir: root.path().to_path_buf(),
+        written_under: data.map_or_else(std::env::temp_dir, std::path::Path::to_path_buf),
     })
 }
 
@@ -457,9 +466,7 @@ pub fn layout_bench(
     journals: &[JournalMode],
     search: Option<MaxRateSearch>,
 ) -> Result<LayoutBench> {
-    if rates.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds.is_nan() || seconds <= 0.0 {
-        return Err(BadInput("rates and seconds must be > 0".into()));
-    }
+    positive_rates_and_duration(rates, seconds)?;
     let mut bench = LayoutBench { points: Vec::new(), max_rates: Vec::new() };
     for &journal in journals {
         let auto = calibrated(&TierConfig { journal, ..TierConfig::default() })?;
@@ -498,6 +505,19 @@ pub fn layout_bench(
 mod tests {
     use super::*;
     use lab::load::RateSearchPlan;
+
+    /// The refusals name the flags as they are now spelled, with the value given.
+    #[test]
+    fn a_bad_rate_or_duration_is_named_as_the_flags_are() {
+        let text = |error: ExchangeError| error.to_string();
+        let rate = text(senders(-5.0, 1.0, 0).unwrap_err());
+        assert!(rate.contains("every rate must be > 0, got -5"), "{rate}");
+        let duration = text(placement(0.0).unwrap_err());
+        assert!(duration.contains("the duration must be > 0, got 0 s"), "{duration}");
+        for error in [rate, duration] {
+            assert!(!error.contains("seconds") && !error.contains("rates"), "{error}");
+        }
+    }
 
     fn report(last_passing_rate_per_s: Option<f64>) -> RateSearchReport {
         let plan = RateSearchPlan {

@@ -67,6 +67,9 @@ impl Default for LoadConfig {
     }
 }
 
+/// The shortest measured window between warm-up and cool-down, in seconds.
+pub const MEASURED_S_MIN: f64 = 1.0;
+
 impl LoadConfig {
     pub fn validate(&self) -> Result<(), MqError> {
         let bad = |m: &str| Err(MqError::BadInput(m.into()));
@@ -79,11 +82,16 @@ impl LoadConfig {
         if self.send_percent > 100 {
             return bad("send_percent must be ≤ 100");
         }
-        if !(self.warmup_s >= 0.0
-            && self.cooldown_s >= 0.0
-            && self.duration_s > self.warmup_s + self.cooldown_s + 1.0)
-        {
-            return bad("duration must exceed warm-up + cool-down by at least 1 s");
+        if !(self.warmup_s >= 0.0 && self.cooldown_s >= 0.0) {
+            return bad("warm-up and cool-down must be ≥ 0");
+        }
+        // "At least": a duration of exactly warm-up + cool-down + 1 s measures one second.
+        let least_s = self.warmup_s + self.cooldown_s + MEASURED_S_MIN;
+        if self.duration_s < least_s {
+            return Err(MqError::BadInput(format!(
+                "duration {}s must be at least warm-up {}s + cool-down {}s + {MEASURED_S_MIN}s                  measured = {least_s}s (--duration, --warmup, --cooldown)",
+                self.duration_s, self.warmup_s, self.cooldown_s
+            )));
         }
         Ok(())
     }
@@ -486,4 +494,24 @@ pub fn tables(result: &LoadResult) -> Vec<Table> {
         ("database", &result.db),
     ]);
     vec![summary, latency]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `mq experiment --duration 2500ms` (warm-up 1 s, cool-down 0.5 s) meets "at least 1 s
+    /// measured" exactly; 2 s with the load defaults (2 s + 1 s) does not, and the refusal
+    /// names the warm-up and cool-down it counted and the flags that set them.
+    #[test]
+    fn the_duration_rule_is_at_least_and_its_refusal_names_the_hidden_parts() {
+        let experiment =
+            LoadConfig { duration_s: 2.5, warmup_s: 1.0, cooldown_s: 0.5, ..LoadConfig::default() };
+        experiment.validate().unwrap();
+        let short = LoadConfig { duration_s: 2.0, ..LoadConfig::default() };
+        let MqError::BadInput(why) = short.validate().unwrap_err() else { panic!("bad input") };
+        for part in ["warm-up 2s", "cool-down 1s", "--warmup", "--cooldown", "= 4s"] {
+            assert!(why.contains(part), "{part}: {why}");
+        }
+    }
 }

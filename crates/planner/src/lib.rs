@@ -30,5 +30,6 @@ pub mod network;
 pub mod node;
 pub mod optimize;
 pub mod options;
+pub mod round;
 
 pub use error::PlanError;

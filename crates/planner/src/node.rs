@@ -22,24 +22,34 @@ const TAIL_MEAN_SERIES_LIMIT: f64 = 0.05;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
 pub struct NodeMetrics {
     /// Offered arrival rate λ.
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub arrival_rate_per_s: f64,
     /// Accepted arrival rate λ(1 − P_K); equals the node's throughput.
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub effective_rate_per_s: f64,
     /// Rate of arrivals that found the node full, λ·P_K.
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub loss_rate_per_s: f64,
     /// P_K: the probability that an arrival finds the node full.
+    #[serde(serialize_with = "crate::round::serialize_probability")]
     pub blocking_probability: f64,
     /// P0: the probability that the node is empty.
+    #[serde(serialize_with = "crate::round::serialize_probability")]
     pub idle_probability: f64,
     /// Mean busy fraction of the servers, λ_eff / (c·μ).
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub utilization: f64,
     /// L: mean jobs in the node (waiting and in service).
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub jobs_in_node: f64,
     /// Lq: mean jobs waiting.
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub jobs_in_queue: f64,
     /// W: mean time an accepted job spends in the node.
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub response_time_s: f64,
     /// Wq: mean time an accepted job waits before service.
+    #[serde(serialize_with = "crate::round::serialize_measure")]
     pub waiting_time_s: f64,
 }
 

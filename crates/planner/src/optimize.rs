@@ -37,6 +37,7 @@ use crate::model::{NodeConfig, PipelineConfig};
 use crate::network::Network;
 use crate::node::NodeMetrics;
 use crate::options::{Budget, FixedNodes, Options, RateSearch};
+use crate::round;
 
 /// Bisection steps for the highest sustainable rate (relative precision ~2^-40).
 const RATE_BISECTION_STEPS: u32 = 40;
@@ -123,8 +124,10 @@ pub struct FixedNodeLoad {
     /// Its fixed thread count c.
     pub threads: u32,
     /// Offered utilization λ/(c·μ); above 1 the node's queue grows without bound.
+    #[serde(serialize_with = "round::serialize_measure")]
     pub offered_utilization: f64,
     /// How fast its backlog grows at the planned rate, max(0, λ − c·μ), jobs per second.
+    #[serde(serialize_with = "round::serialize_measure")]
     pub backlog_growth_per_s: f64,
 }
 
@@ -136,6 +139,7 @@ pub struct Plan {
     /// The semantics the plan was made with.
     pub options: Options,
     /// The source rate the plan is for.
+    #[serde(serialize_with = "round::serialize_measure")]
     pub arrival_rate_per_s: f64,
     /// Threads per node, in model order.
     pub threads: Vec<u32>,
@@ -150,6 +154,7 @@ pub struct Plan {
     /// the threads fit the thread budget.
     pub feasible: bool,
     /// CPU demand at `arrival_rate_per_s`, in cores: Σ busy threads · cpu_share.
+    #[serde(serialize_with = "round::serialize_measure")]
     pub cpu_cores_demand: f64,
     /// Σ threads ≤ this under [`Budget::Threads`] (the cores rounded down).
     pub thread_budget: Option<u32>,
@@ -159,8 +164,10 @@ pub struct Plan {
     /// starting configuration already exceeds), one sentence each.
     pub warnings: Vec<String>,
     /// Asymptotic bound: source rate at which the first node saturates (min c·μ/v).
+    #[serde(serialize_with = "round::serialize_measure")]
     pub saturation_rate_per_s: f64,
     /// Asymptotic bound: the least possible end-to-end time (longest service chain).
+    #[serde(serialize_with = "round::serialize_measure")]
     pub min_response_time_s: f64,
     /// Network solves performed (for the optimizer's own cost).
     pub evaluations: u64,
@@ -545,15 +552,15 @@ impl Plan {
                 name: spec.name.clone(),
                 threads,
                 buffer_slots: spec.buffer_slots,
-                predicted_utilization: metrics.utilization,
-                predicted_throughput_per_s: metrics.effective_rate_per_s,
-                predicted_response_time_s: metrics.response_time_s,
-                predicted_blocking_probability: metrics.blocking_probability,
+                predicted_utilization: round::measure(metrics.utilization),
+                predicted_throughput_per_s: round::measure(metrics.effective_rate_per_s),
+                predicted_response_time_s: round::measure(metrics.response_time_s),
+                predicted_blocking_probability: round::probability(metrics.blocking_probability),
             })
             .collect();
         PipelineConfig {
             goal: self.goal.into(),
-            arrival_rate_per_s: self.arrival_rate_per_s,
+            arrival_rate_per_s: round::measure(self.arrival_rate_per_s),
             bottleneck: self.bottleneck_name(network).into(),
             model: network.spec().clone(),
             node,

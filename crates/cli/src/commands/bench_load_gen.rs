@@ -20,6 +20,7 @@ pub struct Args {
     /// Target rates in requests per second (comma separated), each measured for --duration.
     #[arg(
         long,
+        allow_negative_numbers = true,
         alias = "rates",
         value_delimiter = ',',
         default_value = "1000,10000,100000,1000000,2000000,4000000,8000000,16000000"

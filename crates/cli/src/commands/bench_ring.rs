@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use lab::report::{BarChart, Markdown, ReportDir, Table, latency_percentile_plot};
 use lab::stats::LatencyHistogram;
-use ringbench::{CAPACITY_SLOTS, MESSAGE_BYTES, RingReport, RingRun, Settings};
+use ringbench::{
+    CAPACITY_SLOTS, MESSAGE_BYTES, Ratio, RingReport, RingRun, Settings, ThroughputCell,
+};
 
 use crate::outcome::TargetMissed;
 
@@ -65,12 +67,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn throughput_table(report: &RingReport) -> Table {
-    let mut table = Table::new(["message", "batch", "queue", "median Mmsg/s", "vs leantier"])
+/// The header of the ratio column: leantier's throughput divided by the row's, so above 1×
+/// leantier is faster ("vs leantier" read as the row against leantier, backwards).
+const RATIO_HEADER: &str = "leantier ÷ this queue";
+
+fn throughput_table(throughput: &[ThroughputCell], ratios: &[Ratio]) -> Table {
+    let mut table = Table::new(["message", "batch", "queue", "median Mmsg/s", RATIO_HEADER])
         .with_title("1 producer -> 1 consumer throughput (median of trials)");
-    for ratio in &report.ratios {
-        for cell in report
-            .throughput
+    for ratio in ratios {
+        for cell in throughput
             .iter()
             .filter(|c| c.message_bytes == ratio.message_bytes && c.batch == ratio.batch)
         {
@@ -142,7 +147,7 @@ fn write_report(
     histograms: &[LatencyHistogram],
 ) -> anyhow::Result<()> {
     let tables = [
-        throughput_table(report),
+        throughput_table(&report.throughput, &report.ratios),
         latency_table(report),
         wait_table(report),
         targets_table(report),
@@ -213,4 +218,34 @@ fn throughput_chart(report: &RingReport, message_bytes: usize) -> BarChart {
         chart = chart.group(peer, values);
     }
     chart
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// leantier at 2 M msg/s beside a queue at 1 M: the row of the slower queue reads 2.00x
+    /// under a header that says which way the division goes.
+    #[test]
+    fn the_ratio_column_says_leantier_over_the_row() {
+        let cell = |peer, median_msgs_per_s| ThroughputCell {
+            peer,
+            message_bytes: 64,
+            batch: 1,
+            trials_msgs_per_s: vec![median_msgs_per_s],
+            median_msgs_per_s,
+        };
+        let ratio = Ratio {
+            message_bytes: 64,
+            batch: 1,
+            leantier_msgs_per_s: 2e6,
+            best_peer: "slow",
+            best_peer_msgs_per_s: 1e6,
+            ratio: 2.0,
+        };
+        let table = throughput_table(&[cell("leantier", 2e6), cell("slow", 1e6)], &[ratio]);
+        assert_eq!(table.headers()[4], "leantier ÷ this queue");
+        let slow = table.rows().iter().find(|row| row[2] == "slow").unwrap();
+        assert_eq!(slow[4], "2.00x");
+    }
 }

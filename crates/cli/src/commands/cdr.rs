@@ -12,7 +12,7 @@ use planner::model::PipelineConfig;
 
 use cdr::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX};
 use cdr::online::{REPLAN_RATE_CHANGE_MIN_DEFAULT, TimelinePoint};
-use cdr::predict::{Comparison, compare};
+use cdr::predict::{Comparison, Offered, compare};
 use cdr::run::{
     Arrivals, NODE_NAMES, NodeThreads, OnlineSettings, RateStep, RunSettings, RunSummary,
     run_pipeline,
@@ -60,7 +60,7 @@ pub struct ValidateArgs {
     )]
     pub measure: Duration,
     /// How long each flat-out run lasts, e.g. 1.5s (the defaults keep 3 rounds of the default
-    /// three configurations under a minute).
+    /// four configurations about a minute).
     #[arg(
         long = "run",
         alias = "run-s",
@@ -103,7 +103,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// Poisson ticket rate per second; default: the config's planned rate.
-    #[arg(long, conflicts_with_all = ["find_max", "rate_steps"])]
+    #[arg(long, allow_negative_numbers = true, conflicts_with_all = ["find_max", "rate_steps"])]
     pub rate: Option<f64>,
     /// Run the generator flat out and compare with the predicted maximum throughput.
     #[arg(long, alias = "max", conflicts_with = "rate_steps")]
@@ -148,10 +148,16 @@ pub struct RunArgs {
         default_value = "5s"
     )]
     pub duration: Duration,
-    /// Folder for the output files, reject files, the SQLite database and the comparison
-    /// (JSON, CSV, Markdown; online: the timeline, with SVG plots).
+    /// Report folder: the comparison (JSON, CSV, Markdown; under 64 KiB whatever the run's
+    /// length) or, online, the timeline with SVG plots (about 2 KiB per control interval).
+    /// The pipeline's own output goes to --data-dir.
     #[arg(long, aliases = ["out-dir", "report"], default_value = "leantier-report/cdr-run")]
     pub out: PathBuf,
+    /// Folder for the pipeline's own output: serialized files, reject files and the SQLite
+    /// database (about 100 bytes per ticket: 300 MB for 2 s at 1.2M tickets/s); kept. Default:
+    /// a fresh folder under the system temp dir, removed after the run.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// PostgreSQL URL for the feeder (default: SQLite in --out).
     #[arg(long, env = "LEANTIER_PG_URL")]
     pub db_url: Option<String>,
@@ -304,31 +310,50 @@ fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let duration_s = arrivals.duration().as_secs_f64();
     let online = if args.online { Some(online_settings(args, &config)?) } else { None };
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("leantier-cdr-run-{}", std::process::id()))
+    });
     let database = match &args.db_url {
         Some(url) => DbTarget::Postgres {
             url: url.clone(),
             table: format!("leantier_cdr_run_{}", std::process::id()),
         },
-        None => DbTarget::Sqlite(args.out.join("cdr.sqlite")),
+        None => DbTarget::Sqlite(data_dir.join("cdr.sqlite")),
     };
     let settings = RunSettings {
         threads,
         arrivals,
         online,
-        out_dir: args.out.clone(),
-        database: database.clone(),
+        out_dir: data_dir.clone(),
+        database,
         fsync_every_records: args.fsync_every,
         feed_batch_rows: args.feed_batch_rows,
         malformed_every: args.malformed_every,
         seed: args.seed,
     };
-    // The SQLite file in --out may hold earlier runs' rows: count what this run added.
-    std::fs::create_dir_all(&args.out)?;
+    let summary = run_counted(&settings);
+    if args.data_dir.is_none() && data_dir.exists() {
+        std::fs::remove_dir_all(&data_dir)?;
+    }
+    let summary = summary?;
+    let duration_s = settings.arrivals.duration().as_secs_f64();
+    print_run(args, &summary, duration_s, config.model.host.cores);
+    if args.online {
+        return report_timeline(&summary.timeline, &args.out);
+    }
+    report_comparison(args, &config, &summary, &settings.arrivals)
+}
+
+/// Runs the pipeline and checks its accounting: every valid ticket reached both outputs and
+/// the database gained exactly the rows the feeders inserted.
+fn run_counted(settings: &RunSettings) -> anyhow::Result<RunSummary> {
+    let database = &settings.database;
+    // A --data-dir's SQLite file may hold earlier runs' rows: count what this run added.
+    std::fs::create_dir_all(&settings.out_dir)?;
     database.prepare()?;
     let rows_before = database.count_rows()?;
-    let summary = run_pipeline(&settings)?;
+    let summary = run_pipeline(settings)?;
     check_no_ticket_lost(&summary)?;
     let rows = database.count_rows().map(|rows| rows - rows_before);
     if let DbTarget::Postgres { .. } = database {
@@ -340,30 +365,48 @@ fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
         "the run added {rows} database rows but the feeders inserted {}",
         summary.inserted
     );
+    Ok(summary)
+}
+
+fn print_run(args: &RunArgs, summary: &RunSummary, duration_s: f64, model_cores: f64) {
+    let rejects = match &args.data_dir {
+        Some(dir) => format!("see {}/rejects-*.log", dir.display()),
+        None => "keep them with --data-dir".into(),
+    };
     println!(
-        "generated {} tickets ({:.0}/s), rejected {} (see {}/rejects-*.log), serialized {}, \
-         inserted {} (database rows {rows})",
+        "generated {} tickets ({:.0}/s), rejected {} ({rejects}), serialized {}, inserted {}",
         summary.generated,
         summary.generated as f64 / duration_s,
         summary.rejected,
-        args.out.display(),
         summary.serialized,
         summary.inserted,
     );
     println!(
-        "CPU used: {:.2} cores ({:.2} µs per generated ticket); model's core budget {:.2}",
+        "CPU used: {:.2} cores ({:.2} µs per generated ticket); model's core budget {model_cores:.2}",
         summary.cpu_s / summary.wall_s,
         summary.cpu_s * 1e6 / summary.generated.max(1) as f64,
-        config.model.host.cores,
     );
-    if args.online {
-        return report_timeline(&summary.timeline, &args.out);
-    }
-    let flat_out = matches!(settings.arrivals, Arrivals::FlatOut(_));
-    let comparison = compare(&config, &summary, duration_s, flat_out)?;
-    let table = comparison_table(&comparison, flat_out);
+}
+
+/// Measured against predicted, printed and written to `--out`; exit 3 outside `--check`.
+fn report_comparison(
+    args: &RunArgs,
+    config: &PipelineConfig,
+    summary: &RunSummary,
+    arrivals: &Arrivals,
+) -> anyhow::Result<()> {
+    let offered = arrivals.offered();
+    let duration_s = arrivals.duration().as_secs_f64();
+    let comparison = compare(config, summary, duration_s, offered)?;
+    let table = comparison_table(&comparison, offered == Offered::FlatOut);
     print!("{table}");
     let ratio = comparison.measured_throughput_per_s / comparison.predicted_throughput_per_s;
+    if let Some(asked) = comparison.offered_rate_per_s {
+        println!(
+            "offered {asked:.0}/s (predicted for that rate); the generator made {:.0}/s",
+            comparison.generated_per_s
+        );
+    }
     println!(
         "stored throughput measured {:.0}/s vs predicted {:.0}/s (ratio {ratio:.3})",
         comparison.measured_throughput_per_s, comparison.predicted_throughput_per_s,
@@ -675,6 +718,31 @@ mod tests {
             let error = parse_rate_steps(bad).unwrap_err();
             assert!(error.0.contains("--rate-steps"), "{bad}: {error}");
         }
+    }
+
+    /// The help names the default configurations' count once, as the code has it (it said
+    /// "three" in one place and "four" in another).
+    #[test]
+    fn validate_help_counts_the_default_configurations_as_the_code_does() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Command,
+        }
+        let mut cli = Cli::command();
+        let help = cli.find_subcommand_mut("validate").unwrap().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let words = ["zero", "one", "two", "three", "four", "five", "six"];
+        let count = words[DEFAULT_CONFIGURATIONS];
+        assert!(help.contains(&format!("default {count} configurations")), "{help}");
+        assert!(help.contains(&format!("(the default {count})")), "{help}");
+        for (n, other) in words.iter().enumerate().filter(|(n, _)| *n != DEFAULT_CONFIGURATIONS) {
+            assert!(!help.contains(&format!("default {other}")), "{n}: {help}");
+        }
+        let names = all_configurations();
+        let listed = names.iter().take(DEFAULT_CONFIGURATIONS).map(|c| c.name.as_str());
+        assert!(listed.clone().all(|name| help.contains(name)), "{help}");
     }
 
     #[test]

@@ -264,7 +264,7 @@ pub struct PublishArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20_000.0)]
     pub rate: f64,
     /// How long the load runs, e.g. 5s (Ctrl-C or SIGTERM stops it sooner).
     #[arg(
@@ -394,7 +394,7 @@ fn publish_table(
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeliveryExperimentArgs {
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20_000.0)]
     pub rate: f64,
     /// Time per run and transport, e.g. 2s.
     #[arg(
@@ -576,6 +576,9 @@ pub struct DeliveryBenchArgs {
     /// Exit with the "target missed" code when the ratio is below the target.
     #[arg(long)]
     pub check: bool,
+    /// Report folder: the contenders as JSON, CSV and Markdown.
+    #[arg(long, default_value = "leantier-report/exchange-delivery-bench")]
+    pub out: PathBuf,
 }
 
 /// `leantier exchange delivery-bench`.
@@ -605,10 +608,18 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
     }
     println!("\n{table}");
     let target = delivery::bench::TARGET_THROUGHPUT_RATIO;
-    println!(
+    let ratios = format!(
         "leantier / plain-batched: {:.2}x (target >= {target}x); leantier / plain-per-record: {:.2}x",
         report.ratio_batched, report.ratio_per_record
     );
+    println!("{ratios}");
+    let folder = ReportDir::create(&args.out)?;
+    folder.write_json("delivery-bench.json", &report)?;
+    folder.write_csv("delivery-bench.csv", &table)?;
+    let mut markdown = Markdown::new();
+    markdown.heading(1, "exchange delivery-bench").table(&table).paragraph(&ratios);
+    folder.write_markdown("delivery-bench.md", markdown.as_str())?;
+    println!("report written to {}", args.out.display());
     if args.check && report.ratio_batched < target {
         return Err(crate::outcome::TargetMissed(vec![format!(
             "leantier / plain-batched throughput {:.2}x < {target}x",

@@ -121,7 +121,13 @@ pub enum ExchangeCommand {
 #[derive(clap::Args, Debug, Clone)]
 pub struct LayoutBenchArgs {
     /// Arrival rates, msg/s, comma-separated.
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        alias = "rates",
+        value_delimiter = ',',
+        default_value = "20000,40000,60000"
+    )]
     pub rate: Vec<f64>,
     /// Time per rate and layout, e.g. 3s.
     #[arg(
@@ -192,7 +198,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Arrival rates to run, msg/s, comma-separated.
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "20000,40000,60000")]
+    #[arg(
+        allow_negative_numbers = true,
+        long,
+        alias = "rates",
+        value_delimiter = ',',
+        default_value = "20000,40000,60000"
+    )]
     pub rate: Vec<f64>,
     /// Time per rate, e.g. 3s.
     #[arg(
@@ -295,7 +307,7 @@ pub struct SendersArgs {
     #[arg(long, default_value = "leantier-report/exchange-senders")]
     pub out: PathBuf,
     /// Arrival rate, msg/s.
-    #[arg(long, default_value_t = 60_000.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 60_000.0)]
     pub rate: f64,
     /// Simulated publish cost per message in each sender, e.g. 2us (in-process delivery alone
     /// costs almost nothing, so without it more senders have nothing to parallelise).
@@ -866,8 +878,9 @@ fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
     let (targets, missed) = journal_targets_table(&experiment.ratios);
     println!("\n{latency}\n\n{targets}");
     println!(
-        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); data dir {}",
-        experiment.data_dir.display()
+        "sync runs stop after {SYNC_REQUESTS_MAX} requests (one fdatasync each); journals \
+         written under {} (removed after the runs)",
+        experiment.written_under.display()
     );
     let dir = ReportDir::create(&args.out)?;
     dir.write_csv("latency.csv", &latency)?;
@@ -906,7 +919,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         "durable p99 group / raw fsync p99",
         &format!("target ≤ {}", crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
     ])
-    .with_title("Targets (issue 4 §6), measured in this run");
+    .with_title("Targets, measured in this run");
     let mut missed = Vec::new();
     for r in ratios {
         let mut verdict = |value: Option<f64>, target: f64, what: &str| match value {

@@ -618,7 +618,13 @@ pub struct LoadArgs {
     /// Arrival rates (Poisson), orders/s, comma-separated; one run each. With `--find-max`,
     /// the first is where the search starts. The defaults stay within the shipped config's
     /// throttle (`throttle_msgs_per_s = 10000`, per session).
-    #[arg(long, alias = "rates", value_delimiter = ',', default_value = "1000,5000")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        alias = "rates",
+        value_delimiter = ',',
+        default_value = "1000,5000"
+    )]
     pub rate: Vec<f64>,
     /// Time per rate (per search step), e.g. 5s.
     #[arg(

@@ -56,7 +56,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub fsync_samples: Option<u64>,
     /// Arrival rate of the latency runs (Poisson), messages per second.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rate: Option<f64>,
     /// Length of each latency run, e.g. 2s.
     #[arg(long, alias = "latency-ms", value_name = "DURATION", value_parser = values::millis)]
@@ -182,8 +182,7 @@ fn tables(results: &BenchResults) -> (Table, Table, Table) {
         "Latency from the intended arrival (open loop, Poisson {} msg/s, 64 B records)",
         results.config.rate_per_s
     ));
-    let mut verdicts =
-        Table::new(["target", "measured", "ratio", "met"]).with_title("Targets (issue 4)");
+    let mut verdicts = Table::new(["target", "measured", "ratio", "met"]).with_title("Targets");
     for verdict in verdicts_of(results) {
         verdicts.row([
             verdict.target,

@@ -113,9 +113,59 @@ pub struct NodeFlags {
     pub accounts_per_address_max: Option<usize>,
 }
 
+/// Where `mq serve` listens and stores unless a flag or its file says otherwise.
+const LISTEN_DEFAULT: &str = "127.0.0.1:7440";
+const STORE_DEFAULT: &str = "sqlite:target/mq-data";
+
+/// A `--config` file: the node's limits and, for `mq serve`, where it listens and stores
+/// (docs/OPERATIONS.md: a file's keys are the flags' names); `--print-config` writes one.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct NodeFile {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// Every other key.
+    #[serde(flatten)]
+    pub node: server::NodeConfig,
+}
+
+impl NodeFile {
+    /// Reads a `--config` file; `None` gives the defaults. `listen` and `store` are taken out
+    /// first so that `NodeConfig` still refuses every key it does not know (serde's `flatten`
+    /// would let them all through).
+    fn read(path: Option<&std::path::Path>) -> anyhow::Result<NodeFile> {
+        let mut table: toml::Table = load_toml(path)?;
+        let mut take = |key: &str| match table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(value)) => Ok(Some(value)),
+            Some(other) => Err(BadInput(format!("config key {key} must be a string, got {other}"))),
+        };
+        let (listen, store) = (take("listen")?, take("store")?);
+        let node = toml::Value::Table(table).try_into().map_err(|error| {
+            let file = path.map_or_else(String::new, |path| path.display().to_string());
+            BadInput(format!("invalid config {file}: {error}"))
+        })?;
+        Ok(NodeFile { listen, store, node })
+    }
+}
+
 impl NodeFlags {
+    /// The node's limits for `mq bench` and `mq experiment`, which take their store as a flag
+    /// and listen on no address of their own.
     fn resolve(&self) -> anyhow::Result<server::NodeConfig> {
-        let mut c: server::NodeConfig = load_toml(self.config.as_deref())?;
+        let file = self.resolve_file()?;
+        if file.listen.is_some() || file.store.is_some() {
+            let why = "listen and store are mq serve's keys; this command takes --store";
+            return Err(BadInput(why.into()).into());
+        }
+        Ok(file.node)
+    }
+
+    /// The `--config` file with the flags over its node limits.
+    fn resolve_file(&self) -> anyhow::Result<NodeFile> {
+        let mut file = NodeFile::read(self.config.as_deref())?;
+        let c = &mut file.node;
         override_with(&mut c.handler_slots, &self.handler_slots);
         override_with(&mut c.wait_queue_max, &self.wait_queue_max);
         override_with(&mut c.db_workers, &self.db_workers);
@@ -137,18 +187,19 @@ impl NodeFlags {
         override_with(&mut c.registration_attempts_per_address_max, attempts);
         override_with(&mut c.accounts_per_address_max, &self.accounts_per_address_max);
         c.validate()?;
-        Ok(c)
+        Ok(file)
     }
 }
 
 #[derive(ClapArgs, Debug)]
 pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:7440")]
-    pub listen: String,
-    /// `sqlite:DIR` (embedded) or a `postgres://` URL.
-    #[arg(long, default_value = "sqlite:target/mq-data")]
-    pub store: String,
+    /// Address to listen on (`listen` in --config) [default: 127.0.0.1:7440].
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// `sqlite:DIR` (embedded) or a `postgres://` URL (`store` in --config)
+    /// [default: sqlite:target/mq-data].
+    #[arg(long)]
+    pub store: Option<String>,
     /// Serve TLS with this PEM certificate chain (leaf first); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -292,31 +343,34 @@ pub struct LoadArgs {
     /// TOML file with LoadConfig fields; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Node address; repeat for several nodes.
+    // The defaults below are LoadConfig's (--config's file sits between them and the flags);
+    // the test `mq_load_help_shows_the_config_defaults` keeps the texts and the values equal.
+    /// Node address; repeat for several nodes [default: 127.0.0.1:7440].
     #[arg(long = "node")]
     pub nodes: Vec<String>,
-    /// Closed-loop clients.
+    /// Closed-loop clients [default: 32].
     #[arg(long)]
     pub clients: Option<usize>,
-    /// TCP connections the clients share.
+    /// TCP connections the clients share [default: 32].
     #[arg(long)]
     pub connections: Option<usize>,
-    /// Percentage of sends (the rest pop the same queue).
+    /// Percentage of sends (the rest pop the same queue) [default: 50].
     #[arg(long)]
     pub send_percent: Option<u32>,
-    /// Message content size in bytes.
+    /// Message content size in bytes [default: 1000].
     #[arg(long)]
     pub message_bytes: Option<usize>,
-    /// Think time between a reply and the next request, e.g. 5ms.
+    /// Think time between a reply and the next request, e.g. 5ms [default: 0ms].
     #[arg(long, alias = "think-ms", value_name = "DURATION", value_parser = values::millis)]
     pub think: Option<Duration>,
-    /// Total run time, e.g. 10s.
+    /// Total run time, warm-up and cool-down included: at least --warmup + --cooldown + 1s
+    /// [default: 10s].
     #[arg(long, alias = "duration-s", value_name = "DURATION", value_parser = values::seconds)]
     pub duration: Option<Duration>,
-    /// Untimed start, e.g. 1s.
+    /// Untimed start, inside --duration [default: 2s].
     #[arg(long, alias = "warmup-s", value_name = "DURATION", value_parser = values::seconds)]
     pub warmup: Option<Duration>,
-    /// Untimed end, e.g. 500ms.
+    /// Untimed end, inside --duration [default: 1s].
     #[arg(long, alias = "cooldown-s", value_name = "DURATION", value_parser = values::seconds)]
     pub cooldown: Option<Duration>,
     /// Report folder: JSON, CSV, Markdown and an SVG latency CDF.
@@ -327,6 +381,9 @@ pub struct LoadArgs {
     pub check: bool,
     #[command(flatten)]
     pub timeouts: TimeoutFlags,
+    /// Print the result as one JSON line on stdout instead of the tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -364,6 +421,12 @@ pub struct BenchArgs {
     /// measure pgmq on the same database (PostgreSQL stores only).
     #[arg(long)]
     pub pgmq_sql: Option<PathBuf>,
+    /// Report folder: the rows as JSON, CSV and Markdown.
+    #[arg(long, default_value = "leantier-report/mq-bench")]
+    pub out: PathBuf,
+    /// Print the rows as one JSON line on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
     /// Which parts to run, in the same run: peers (plain SQL, pgmq), node (N clients),
     /// one-client (plain SQL beside the node, one request at a time).
     #[arg(long, value_delimiter = ',', default_value = "peers,node,one-client",
@@ -424,29 +487,42 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     })
 }
 
+/// The node `mq serve` runs: flags over `--config`'s keys over the defaults.
+fn serve_file(args: &ServeArgs) -> anyhow::Result<NodeFile> {
+    let mut file = args.node.resolve_file()?;
+    let pick = |flag: &Option<String>, key: Option<String>, default: &str| {
+        flag.clone().or(key).unwrap_or_else(|| default.to_string())
+    };
+    file.listen = Some(pick(&args.listen, file.listen.take(), LISTEN_DEFAULT));
+    file.store = Some(pick(&args.store, file.store.take(), STORE_DEFAULT));
+    Ok(file)
+}
+
 async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let config = args.node.resolve()?;
+    let file = serve_file(args)?;
     if args.print_config {
-        print!("{}", toml::to_string(&config)?);
+        print!("{}", toml::to_string(&file)?);
         return Ok(());
     }
+    let (listen, store_url) = (file.listen.unwrap_or_default(), file.store.unwrap_or_default());
+    let config = file.node;
     // Held until the node stopped: a second `mq serve` on this SQLite store is refused.
-    let _owner = store::claim(&args.store)?;
-    let store = store::AnyStore::open(&args.store, config.db_workers).await?;
+    let _owner = store::claim(&store_url)?;
+    let store = store::AnyStore::open(&store_url, config.db_workers).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
         _ => None,
     };
     // Heard from before the node serves: a supervisor may stop it once it reads the listen line.
     let stop_signal = ops::stop::stop_signal()?;
-    let node = server::start_with_tls(&args.listen, store, config, tls).await?;
+    let node = server::start_with_tls(&listen, store, config, tls).await?;
     let readiness = ops::Readiness::default();
     let mut registry = ops::Registry::default();
     node.register_metrics(&mut registry);
     let _admin = args.metrics.serve(registry, &readiness)?;
     // The store is open (its schema checked or made) and the listener bound.
     readiness.set(true);
-    eprintln!("mq node listening on {} (store {})", node.addr, args.store);
+    eprintln!("mq node listening on {} (store {store_url})", node.addr);
     let signal = tokio::select! {
         signal = stop_signal => signal,
         () = super::admin::follow_readiness(&readiness, "the database", || node.is_ready()) => {
@@ -605,10 +681,11 @@ async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
     c.timeouts = args.timeouts.timeouts()?;
     let result = load::run(&c).await?;
     let tables = load::tables(&result);
-    for t in &tables {
-        println!("{t}");
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        tables.iter().for_each(|t| println!("{t}"));
     }
-    println!("{}", serde_json::to_string(&result)?);
     write_report(&args.out, &result, &tables)?;
     if args.check && !result.sanity_ok {
         return Err(TargetMissed(vec!["sanity checks (counts or reply ids) failed".into()]).into());
@@ -649,11 +726,24 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
     let _owner = store::claim(&args.store)?;
     let load_before = bench::load_average();
     let (rows, embedded) = bench::run(&config).await?;
-    println!("{}", bench::table(&rows));
-    if let (Some(before), Some(after)) = (load_before, bench::load_average()) {
-        println!("host load average (1/5/15 min): {before} before, {after} after");
+    let table = bench::table(&rows);
+    let load_line = match (load_before, bench::load_average()) {
+        (Some(before), Some(after)) => {
+            format!("host load average (1/5/15 min): {before} before, {after} after")
+        }
+        _ => String::new(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&rows)?);
+    } else {
+        println!("{table}\n{load_line}");
     }
-    println!("{}", serde_json::to_string(&rows)?);
+    let report = lab::report::ReportDir::create(&args.out)?;
+    report.write_json("bench.json", &rows)?;
+    report.write_csv("bench.csv", &table)?;
+    let mut md = lab::report::Markdown::new();
+    md.heading(1, "mq bench").table(&table).paragraph(&load_line);
+    report.write_markdown("bench.md", md.as_str())?;
     if let (true, Some(rate)) = (args.check, embedded)
         && rate < bench::SQLITE_SENDS_PER_S_TARGET
     {
@@ -676,6 +766,8 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
         cooldown_s: 0.5,
         ..load::LoadConfig::default()
     };
+    // Refused before the first run, not after the store is set up.
+    load.validate()?;
     let config = experiment::ExperimentConfig {
         store: args.store.clone(),
         node: args.node.resolve()?,
@@ -723,5 +815,35 @@ mod tests {
         assert_eq!(defaults, mq::client::Timeouts::default());
         let zero = Flags::parse_from(["mq", "--request-timeout", "0s"]).timeouts.timeouts();
         assert!(crate::outcome::is_bad_input(&zero.unwrap_err()));
+    }
+
+    /// `mq load`'s flags are `Option`s (a `--config` file sits between the defaults and the
+    /// flags), so clap cannot show their defaults: each help text states it, and this keeps
+    /// the texts equal to `LoadConfig::default()`.
+    #[test]
+    fn mq_load_help_shows_the_config_defaults() {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            load: LoadArgs,
+        }
+        let help = <Cli as clap::CommandFactory>::command().render_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let d = load::LoadConfig::default();
+        let shown = [
+            format!("several nodes [default: {}]", d.nodes.join(",")),
+            format!("Closed-loop clients [default: {}]", d.clients),
+            format!("clients share [default: {}]", d.connections),
+            format!("same queue) [default: {}]", d.send_percent),
+            format!("in bytes [default: {}]", d.message_bytes),
+            format!("e.g. 5ms [default: {}ms]", d.think_ms),
+            format!("+ 1s [default: {}s]", d.duration_s),
+            format!("Untimed start, inside --duration [default: {}s]", d.warmup_s),
+            format!("Untimed end, inside --duration [default: {}s]", d.cooldown_s),
+        ];
+        for text in shown {
+            assert!(help.contains(&text), "help lacks {text:?}:\n{help}");
+        }
+        assert_eq!(load::MEASURED_S_MIN, 1.0, "the --duration help says + 1s");
     }
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::values;
-use crate::outcome::BadInput;
+use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use lab::report::{Markdown, ReportDir, Table};
 
@@ -47,6 +47,11 @@ pub enum Command {
     /// `cpu`. With `--fix feeder=1` it plans 1-2-4-1 at 19667/s (the feeder offered 209 times
     /// what it serves: a warning), or, with `--fixed-bounds-rate`, 1-1-1-1 at 75/s.
     /// `--compare` prints the published plan and the refinement side by side.
+    ///
+    /// When no configuration within the limits carries the rate (e.g. more nodes than cores
+    /// under the threads budget), it says so, writes no config.toml (`--force` writes it
+    /// anyway) and exits 3. Written numbers keep six significant digits; probabilities under
+    /// 1e-9 are written as 0.
     Optimize(OptimizeArgs),
     /// Solve one M/M/c/K node and print its measures.
     Node(NodeArgs),
@@ -97,7 +102,7 @@ pub struct OptimizeArgs {
     #[arg(long, value_enum, default_value = "throughput")]
     pub goal: GoalArg,
     /// Source rate in tickets per second (required for consolidation).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub rate: Option<f64>,
     /// Override the model's utilization limit (0..1).
     #[arg(long)]
@@ -122,8 +127,12 @@ pub struct OptimizeArgs {
     pub rate_step: Option<f64>,
     /// Print the published plan (threads budget, fixed nodes left out) and leantier's
     /// refinement (cpu budget, fixed nodes bound the rate) side by side; writes no config.
-    #[arg(long, conflicts_with_all = ["budget", "fixed_bounds_rate"])]
+    #[arg(long, conflicts_with_all = ["budget", "fixed_bounds_rate", "force"])]
     pub compare: bool,
+    /// Write `config.toml` even when no configuration within the limits carries the rate
+    /// (the command still exits 3 with its warning: the plan does not hold).
+    #[arg(long)]
+    pub force: bool,
     /// Folder for the pipeline config file, `config.toml` (the input of `cdr run --config`),
     /// and the plan as JSON, CSV and Markdown.
     #[arg(long, alias = "report", default_value = "leantier-report/plan-optimize")]
@@ -172,7 +181,7 @@ impl OptimizeArgs {
 #[derive(Debug, ClapArgs)]
 pub struct NodeArgs {
     /// Arrival rate λ, jobs per second.
-    #[arg(long, alias = "arrival-rate")]
+    #[arg(long, allow_negative_numbers = true, alias = "arrival-rate")]
     pub rate: f64,
     /// Service rate μ of one server, jobs per second.
     #[arg(long)]
@@ -319,15 +328,26 @@ fn run_optimize(args: &OptimizeArgs) -> anyhow::Result<()> {
         plan.evaluations,
     );
     print_warnings(&plan);
-    if !plan.feasible {
-        println!("warning: no configuration within the limits carries this rate");
-    }
-    let config = plan.to_config(&network);
     std::fs::create_dir_all(&args.out)?;
     let config_file = args.out.join(CONFIG_FILE);
-    std::fs::write(&config_file, toml::to_string(&config)?)?;
-    println!("config written to {}", config_file.display());
-    write_report(&args.out, &table, &plan)
+    if plan.feasible || args.force {
+        let config = plan.to_config(&network);
+        std::fs::write(&config_file, toml::to_string(&config)?)?;
+        println!("config written to {}", config_file.display());
+    } else if config_file.exists() {
+        // An earlier plan's config would otherwise pass for this one's.
+        std::fs::remove_file(&config_file)?;
+    }
+    write_report(&args.out, &table, &plan)?;
+    if !plan.feasible {
+        let written = if args.force { "written anyway (--force)" } else { "not written" };
+        return Err(TargetMissed(vec![format!(
+            "no configuration within the limits carries {:.0} tickets/s; {CONFIG_FILE} {written}",
+            plan.arrival_rate_per_s
+        )])
+        .into());
+    }
+    Ok(())
 }
 
 fn print_warnings(plan: &Plan) {
@@ -433,7 +453,10 @@ pub fn plan_table(network: &Network, plan: &Plan) -> Table {
             format!("{:.3}", metrics.utilization),
             format!("{:.0}", metrics.effective_rate_per_s),
             format!("{:.4}", metrics.response_time_s * 1e3),
-            format!("{:.2e}", metrics.blocking_probability),
+            match planner::round::probability(metrics.blocking_probability) {
+                0.0 => "0".into(),
+                p_k => format!("{p_k:.2e}"),
+            },
             format!("{:.2}", metrics.loss_rate_per_s),
         ]);
     }
@@ -477,6 +500,7 @@ mod tests {
             fixed_bounds_rate: false,
             rate_step: None,
             compare: false,
+            force: false,
             out: PathBuf::from("unused"),
         }
     }
@@ -565,6 +589,58 @@ mod tests {
         assert_eq!((rate[2].as_str(), rate[4].as_str()), ("19667", "75"));
         let json = std::fs::read_to_string(dir.path().join("report/plan.json")).unwrap();
         assert!(json.contains("\"published\"") && json.contains("\"refined\""), "{json}");
+    }
+
+    /// Two nodes on one core: the threads budget (Σ threads ≤ 1) cannot hold a thread each.
+    const TOO_SMALL_MODEL: &str = "[host]\ncores = 1.0\n\
+        [[node]]\nname = \"a\"\nservice_rate_per_s = 1000.0\nexternal_share = 1.0\n\
+        [[node]]\nname = \"b\"\nservice_rate_per_s = 300.0\n\
+        [[route]]\nfrom = \"a\"\nto = \"b\"\n";
+
+    #[test]
+    fn a_plan_that_does_not_hold_exits_3_and_writes_a_config_only_when_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.toml");
+        std::fs::write(&model, TOO_SMALL_MODEL).unwrap();
+        let mut args = args(model, &[]);
+        args.cores = None;
+        args.out = dir.path().join("report");
+        std::fs::create_dir_all(&args.out).unwrap();
+        std::fs::write(args.out.join(CONFIG_FILE), "stale").unwrap();
+        let error = run_optimize(&args).unwrap_err();
+        assert_eq!(crate::outcome::exit_code(&Err(error)), crate::outcome::EXIT_TARGET_MISSED);
+        assert!(!args.out.join(CONFIG_FILE).exists(), "no config, not even an earlier one");
+        assert!(args.out.join("plan.json").exists(), "the plan is still reported");
+        args.force = true;
+        let error = run_optimize(&args).unwrap_err();
+        assert!(error.to_string().contains("written anyway (--force)"), "{error}");
+        let config = std::fs::read_to_string(args.out.join(CONFIG_FILE)).unwrap();
+        assert!(config.contains("threads = 1"), "{config}");
+        args.cores = Some(4.0);
+        args.force = false;
+        run_optimize(&args).unwrap();
+    }
+
+    /// Every number in config.toml and plan.json is short: no 300-digit decimals of a
+    /// blocking probability that means "never", no 0.7999999999 for 0.8.
+    #[test]
+    fn written_numbers_are_rounded_to_what_they_mean() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("goedel.toml");
+        std::fs::write(&model, GOEDEL_MODEL).unwrap();
+        let mut args = args(model, &[]);
+        args.cores = None;
+        args.out = dir.path().join("report");
+        run_optimize(&args).unwrap();
+        for file in [CONFIG_FILE, "plan.json"] {
+            let text = std::fs::read_to_string(args.out.join(file)).unwrap();
+            let longest = text
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .map(str::len)
+                .max()
+                .unwrap();
+            assert!(longest <= 14, "{file} has a {longest}-character number:\n{text}");
+        }
     }
 
     #[test]

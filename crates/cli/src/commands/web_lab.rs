@@ -49,7 +49,7 @@ pub struct LoadArgs {
     pub users: usize,
     /// Open loop at this constant request rate, requests/s, latency from the intended send
     /// time.
-    #[arg(long, alias = "rate-per-s")]
+    #[arg(long, allow_negative_numbers = true, alias = "rate-per-s")]
     pub rate: Option<f64>,
     /// Complexity level of the requests.
     #[arg(long, value_parser = one_of(&Complexity::ALL, Complexity::name), default_value = "medium-600")]
