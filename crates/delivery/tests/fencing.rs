@@ -93,3 +93,22 @@ async fn a_gateway_started_at_a_kept_position_delivers_nothing_before_it() {
     assert_eq!(report.next_seqs[0], 2 * BATCH + 1, "{report:?}");
     gateway.shutdown().await.unwrap();
 }
+
+/// A gateway whose kept position names a later record than the publisher holds (its store is
+/// from another exchange, or the engines started over): the publisher's heartbeats, which
+/// claim less, are counted and logged as untrusted, and nothing is delivered or resynced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_position_past_the_publishers_is_a_counted_drop_not_a_delivery() {
+    let (url, _server) = server_or_env().unwrap();
+    let (gateway, prefix) = gateway_on(&url, "ahead", [1_000, 1]).await;
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
+    let heartbeat = batch_in_epoch(INSTANCE, 3, 5, 0);
+    client.publish(subject.clone(), heartbeat.into()).await.unwrap();
+    client.flush().await.unwrap();
+    wait_until("the heartbeat counted", &gateway, |g| g.report().untrusted == 1).await;
+    let report = gateway.report();
+    assert_eq!((report.received, report.resyncs, report.gaps), (0, 0, 0), "{report:?}");
+    assert_eq!(report.next_seqs[0], 1_000, "the kept position stands: {report:?}");
+    gateway.shutdown().await.unwrap();
+}
