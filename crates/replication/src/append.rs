@@ -19,9 +19,12 @@ use crate::record::{self, RECORDS_PER_MESSAGE_MAX};
 
 /// How long one append waits for its acknowledgement.
 pub const APPEND_ACK_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long an order is retried before it is refused: a client reconnecting to another node
-/// and the stream electing a new leader take a few seconds at most.
-pub const APPEND_RETRY_FOR: Duration = Duration::from_secs(10);
+/// How much of the streams' deduplication window an append's retries leave unused: an append
+/// is retried under its id until the window, less this margin, has passed since its first
+/// attempt, so every retry falls inside the window of any copy an earlier attempt stored. A
+/// node's loss or a leader's move costs seconds; a longer outage ends, within the window, with
+/// the order booked once and reported, never with an answer that it was lost while it landed.
+pub const DEDUP_MARGIN: Duration = Duration::from_secs(10);
 /// First pause before a retry after a refusal that came at once (disconnected, no stream
 /// leader yet); it doubles up to [`RETRY_PAUSE_MAX`].
 const RETRY_PAUSE_FIRST: Duration = Duration::from_millis(20);
@@ -67,6 +70,9 @@ pub struct OrderLog {
     settings: Arc<LogSettings>,
     /// Each shard's subject, made once (cheap to clone per append).
     subjects: Arc<[async_nats::Subject]>,
+    /// How long an append is retried: the streams' shortest deduplication window less
+    /// [`DEDUP_MARGIN`].
+    retry_for: Duration,
 }
 
 impl OrderLog {
@@ -77,9 +83,11 @@ impl OrderLog {
     ) -> Result<OrderLog, ReplicationError> {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(APPEND_ACK_TIMEOUT);
-        settings.ensure_streams(&js).await?;
+        let dedup_window = settings.ensure_streams(&js).await?;
+        let retry_for = dedup_window.saturating_sub(DEDUP_MARGIN).max(APPEND_ACK_TIMEOUT);
         let subjects = (0..settings.shards).map(|shard| settings.subject(shard).into()).collect();
-        Ok(OrderLog { client, js, settings: Arc::new(settings), subjects })
+        let settings = Arc::new(settings);
+        Ok(OrderLog { client, js, settings, subjects, retry_for })
     }
 
     /// Whether its NATS connection is up now (what a gateway's `/ready` follows).
@@ -93,7 +101,7 @@ impl OrderLog {
     }
 
     /// Appends `order` to its instrument's shard stream under `id`, retrying (same id) until
-    /// a quorum acknowledged it or [`APPEND_RETRY_FOR`] passed.
+    /// a quorum acknowledged it or the streams' deduplication window (less [`DEDUP_MARGIN`]) passed.
     pub async fn append(
         &self,
         order: &InboundOrder,
@@ -174,14 +182,14 @@ impl OrderLog {
         }
     }
 
-    /// Appends `message` until acknowledged or [`APPEND_RETRY_FOR`] after `started`.
+    /// Appends `message` until acknowledged or the streams' deduplication window (less [`DEDUP_MARGIN`]) after `started`.
     async fn retry(
         &self,
         message: Message,
         started: std::time::Instant,
     ) -> Result<Appended, ReplicationError> {
         let (mut attempts, mut pause) = (0, RETRY_PAUSE_FIRST);
-        while attempts == 0 || started.elapsed() < APPEND_RETRY_FOR {
+        while attempts == 0 || started.elapsed() < self.retry_for {
             attempts += 1;
             let publish = self.js.publish_with_headers(
                 message.subject.clone(),

@@ -19,8 +19,8 @@ use crate::error::ReplicationError;
 /// Default first token of the subjects (and, upper-cased, of the stream names).
 pub const PREFIX_DEFAULT: &str = "leantier";
 /// How long JetStream remembers a message id: a gateway's retry of an unacknowledged append
-/// inside this window never creates a second order. Well above the longest retry sequence
-/// ([`crate::append::APPEND_RETRY_FOR`]).
+/// inside this window never creates a second order, so a gateway retries an append for this
+/// long (less [`crate::append::DEDUP_MARGIN`]) before it gives up on it.
 pub const DEDUP_WINDOW_DEFAULT: Duration = Duration::from_secs(120);
 /// Bytes a shard's stream may hold before appends are refused (1 GiB: ~22 M orders).
 pub const STREAM_BYTES_MAX_DEFAULT: i64 = 1 << 30;
@@ -159,14 +159,22 @@ impl LogSettings {
 
     /// Creates every shard stream that does not exist yet (an existing one is used as is),
     /// retrying for [`STARTUP_WAIT`]: a process may start with its cluster, before the cluster
-    /// has elected the leader that creates streams.
-    pub async fn ensure_streams(&self, js: &jetstream::Context) -> Result<(), ReplicationError> {
+    /// has elected the leader that creates streams. Returns the shortest deduplication window
+    /// among the streams (how long an append may safely be retried).
+    pub async fn ensure_streams(
+        &self,
+        js: &jetstream::Context,
+    ) -> Result<Duration, ReplicationError> {
         self.validate()?;
+        let mut dedup_window = self.dedup_window;
         for shard in 0..self.shards {
             let config = self.stream_config(shard);
             let what = format!("creating stream {}", config.name);
-            retry_at_startup(&what, || js.get_or_create_stream(config.clone())).await?;
+            let stream =
+                retry_at_startup(&what, || js.get_or_create_stream(config.clone())).await?;
+            // An existing stream keeps the window it was created with.
+            dedup_window = dedup_window.min(stream.cached_info().config.duplicate_window);
         }
-        Ok(())
+        Ok(dedup_window)
     }
 }
