@@ -137,26 +137,9 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let wake = work.clone();
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
     let mut r_gateways = Vec::new();
-    for (index, (shard, slot)) in report_subjects(&options).enumerate() {
-        let mark = DeliveredMark::open(&options.settings.store_dir, shard, slot);
-        let mark = mark.map_err(|e| remote_error("the delivered reports' position", e))?;
-        if mark.first_seqs() != [1; 2] {
-            let [reports, md] = mark.first_seqs();
-            tracing::info!(
-                "gateway: shard {shard} slot {slot} resumes at report {reports}, market data {md}"
-            );
-        }
-        // No listener: the reports go to this process's sessions only.
-        let gateway_options = GatewayOptions {
-            nats: options.nats.clone(),
-            prefix: options.log.publish_prefix(shard),
-            listen: None,
-            first_seqs: mark.first_seqs(),
-            ..GatewayOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        };
-        let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));
-        let r_gateway = r_gateway.map_err(|e| remote_error("R-Gateway", format!("{e:#}")))?;
-        runtime.spawn(forward_reports(r_gateway.attach(), (slot, mark), subscribers(index)));
+    for (index, subject) in report_subjects(&options).enumerate() {
+        let (r_gateway, mark) = start_r_gateway(&options, &runtime, subject)?;
+        runtime.spawn(forward_reports(r_gateway.attach(), (subject.1, mark), subscribers(index)));
         r_gateways.push(r_gateway);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
@@ -191,6 +174,33 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     }
     let (io, appender) = (Some(io), Some(appender));
     Ok(RunningRemote { addresses, stop, work, io, appender, r_gateways, runtime })
+}
+
+/// One in-process R-Gateway of `shard`'s tier gateway `slot` (no listener: the reports go to
+/// this process's sessions only), starting where this gateway's kept position says it left off.
+fn start_r_gateway(
+    options: &RemoteOptions,
+    runtime: &tokio::runtime::Runtime,
+    (shard, slot): (u32, u32),
+) -> Result<(RunningGateway, DeliveredMark), ServeError> {
+    let mark = DeliveredMark::open(&options.settings.store_dir, shard, slot);
+    let mark = mark.map_err(|e| remote_error("the delivered reports' position", e))?;
+    if mark.first_seqs() != [1; 2] {
+        let [reports, md] = mark.first_seqs();
+        tracing::info!(
+            "gateway: shard {shard} slot {slot} resumes at report {reports}, market data {md}"
+        );
+    }
+    let gateway_options = GatewayOptions {
+        nats: options.nats.clone(),
+        prefix: options.log.publish_prefix(shard),
+        listen: None,
+        first_seqs: mark.first_seqs(),
+        ..GatewayOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+    };
+    let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));
+    let r_gateway = r_gateway.map_err(|e| remote_error("R-Gateway", format!("{e:#}")))?;
+    Ok((r_gateway, mark))
 }
 
 /// Keeps `reachable` equal to whether the log's connection is up (polled every

@@ -148,23 +148,8 @@ impl Engine {
         let gate = PublishGate::closed();
         let fenced_store = (store.clone(), gate.clone());
         let taker = SnapshotTaker::new(&options, start.as_ref(), fenced_store, &runtime)?;
-        let regenerate = Regenerator::new(
-            client.clone(),
-            store.clone(),
-            &options.log,
-            options.shard,
-            &options.tier,
-        );
-        let group = PublisherGroup {
-            instance: group_instance(&options),
-            gate: gate.clone(),
-            next_seqs: start.as_ref().map(|s| s.next_seqs.clone()).unwrap_or_default(),
-            regenerate: Some(Arc::new(regenerate)),
-        };
-        let prefix = options.log.publish_prefix(options.shard);
-        let publish = PublishOptions { prefix, ..options.publish.clone() };
-        let publisher = NatsPublisher::connect_in_group(publish, group)
-            .map_err(|e| ReplicationError::jetstream("starting the publisher", format!("{e:#}")))?;
+        let next_seqs = start.as_ref().map(|s| s.next_seqs.clone()).unwrap_or_default();
+        let publisher = start_publisher(&options, (&client, &store), next_seqs, gate.clone())?;
         let follower = Follower::open(client.clone(), &options.log, options.shard, after_seq + 1);
         let follower = runtime.block_on(follower)?;
         let state = Arc::new(EngineState::default());
@@ -296,6 +281,28 @@ impl Engine {
 fn group_instance(options: &EngineOptions) -> u64 {
     let name = format!("{}/{}/engine-group", options.log.prefix, options.shard);
     crate::fingerprint::stable_hash(name.as_bytes())
+}
+
+/// The engine's publisher: a member of the shard's group (its instance id, numbering from
+/// `next_seqs`, publishing while `gate` is open), recomputing reports older than its window
+/// from the snapshots in `store` and the log.
+fn start_publisher(
+    options: &EngineOptions,
+    (client, store): (&async_nats::Client, &SnapshotStore),
+    next_seqs: Vec<u64>,
+    gate: Arc<PublishGate>,
+) -> Result<NatsPublisher, ReplicationError> {
+    let (log, shard, tier) = (&options.log, options.shard, &options.tier);
+    let regenerate = Regenerator::new(client.clone(), store.clone(), log, shard, tier);
+    let group = PublisherGroup {
+        instance: group_instance(options),
+        gate,
+        next_seqs,
+        regenerate: Some(Arc::new(regenerate)),
+    };
+    let publish = PublishOptions { prefix: log.publish_prefix(shard), ..options.publish.clone() };
+    NatsPublisher::connect_in_group(publish, group)
+        .map_err(|e| ReplicationError::jetstream("starting the publisher", format!("{e:#}")))
 }
 
 fn start_tier(
