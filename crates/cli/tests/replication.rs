@@ -248,6 +248,16 @@ fn reports(tally: &SharedTally) -> u64 {
     tally.lock().unwrap().data[0]
 }
 
+/// Asserts that the consumer of `tally` got every one of `total` orders' accepts exactly once,
+/// its sequences without a gap or a repeat, and nothing declared lost (`context` says what
+/// ran: a seed, a report).
+fn assert_every_report_once(tally: &SharedTally, total: u64, context: &str) {
+    let seen = tally.lock().unwrap().clone();
+    assert_eq!(seen.data[0], total, "every order's accept exactly once: {context}");
+    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat: {context}");
+    assert_eq!(seen.resynced, [0, 0], "nothing declared lost: {context}");
+}
+
 fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
@@ -303,10 +313,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
         "failover (SIGKILL → first report of the new leader) over {kills} kills: p50 {:?}, max {max:?}",
         failovers[failovers.len() / 2]
     );
-    let seen = tally.lock().unwrap().clone();
-    assert_eq!(seen.data[0], total, "every order's accept exactly once");
-    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
-    assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
+    assert_every_report_once(&tally, total, "");
     assert!(max <= FAILOVER_MAX, "failover took {max:?} (goal {FAILOVER_MAX:?})");
 }
 
@@ -350,10 +357,7 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     let successor = log_of(dir.path(), "successor");
     assert_eq!(successor.matches("took the lease").count(), 1, "one leadership:\n{successor}");
     assert!(!successor.contains("lost the lease"), "kept its lease:\n{successor}");
-    let seen = tally.lock().unwrap().clone();
-    assert_eq!(seen.data[0], total, "every order's accept exactly once");
-    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
-    assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
+    assert_every_report_once(&tally, total, "");
     let report = r_gateway.report();
     println!("paused leader: {} batches of the old epoch fenced", report.fenced);
     println!("replication check: {}", checker.verdict());
@@ -384,15 +388,9 @@ fn a_failover_past_the_retained_window_loses_no_report() {
     leader.kill();
     let total = appender.append(2000);
     wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
-    let seen = tally.lock().unwrap().clone();
     let report = r_gateway.report();
-    println!(
-        "failover past the window: {} records recovered, {:?}",
-        report.recovered, seen.resynced
-    );
-    assert_eq!(seen.resynced, [0, 0], "nothing declared lost: {report:?}");
-    assert_eq!(seen.data[0], total, "every order's accept exactly once");
-    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
+    println!("failover past the window: {} records recovered", report.recovered);
+    assert_every_report_once(&tally, total, &format!("{report:?}"));
     assert!(report.recovered > 64, "more recovered than the window held: {report:?}");
 }
 
@@ -511,7 +509,6 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = load.join().unwrap();
     wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
-    let seen = tally.lock().unwrap().clone();
     let report = r_gateway.report();
     let elected = elected_after.expect("a new lease-stream leader");
     let silence = longest_silence.join().unwrap();
@@ -520,9 +517,7 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
          without a report {silence:?}; {} orders, {} records recovered",
         total, report.recovered
     );
-    assert_eq!(seen.resynced, [0, 0], "nothing declared lost: {report:?}");
-    assert_eq!(seen.data[0], total, "every order's accept exactly once");
-    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
+    assert_every_report_once(&tally, total, &format!("{report:?}"));
     let bound = elected + Duration::from_secs(2);
     assert!(silence <= bound, "reports stopped for {silence:?}, election {elected:?}");
 }
@@ -573,15 +568,12 @@ fn random_pauses_of_engines_under_load_lose_and_repeat_no_report() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = load.join().unwrap();
     wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
-    let seen = tally.lock().unwrap().clone();
     let report = r_gateway.report();
     println!(
         "random pauses: {total} orders, {} fenced, {} recovered",
         report.fenced, report.recovered
     );
-    assert_eq!(seen.resynced, [0, 0], "nothing declared lost (seed {seed}): {report:?}");
-    assert_eq!(seen.data[0], total, "every order's accept exactly once (seed {seed})");
-    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat (seed {seed})");
+    assert_every_report_once(&tally, total, &format!("seed {seed}, {report:?}"));
     println!("replication check: {}", checker.verdict());
 }
 
@@ -1000,10 +992,7 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     wait_for("reports after the heal", Duration::from_secs(30), || reports(&tally) >= total);
     std::thread::sleep(Duration::from_millis(300));
 
-    let seen = tally.lock().unwrap().clone();
-    assert_eq!(seen.data[0], total, "every order's accept exactly once");
-    assert_eq!(seen.out_of_order, 0, "sequences without a gap or a repeat");
-    assert_eq!(seen.resynced, [0, 0], "nothing declared lost");
+    assert_every_report_once(&tally, total, "");
     let (status, page) = ops::endpoint::get(metrics, "/metrics").unwrap();
     assert_eq!(status, 200);
     assert!(page.lines().any(|l| l == "engine_leader 1"), "the standby leads: {page}");

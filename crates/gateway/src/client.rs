@@ -26,26 +26,9 @@ pub enum ClientError {
     TimedOut { timeout: Timeout, after: Duration, waited_for: String },
 }
 
-/// A client's timeouts, each named in the error it raises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Timeout {
-    /// Opening the TCP connection.
-    Connect,
-    /// An answer to a request (the login; an order's first report).
-    Request,
-    /// Any message at all (the server heartbeats a live session).
-    Idle,
-}
-
-impl Timeout {
-    pub fn name(self) -> &'static str {
-        match self {
-            Timeout::Connect => "connect",
-            Timeout::Request => "request",
-            Timeout::Idle => "idle",
-        }
-    }
-}
+/// A client's timeouts, each named in the error it raises (the login and an order's first
+/// report are requests; the server heartbeats a live session within the idle bound).
+pub use ops::Timeout;
 
 /// One connection to `exchange serve`'s native listener.
 pub struct NativeClient {

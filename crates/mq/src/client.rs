@@ -60,29 +60,14 @@ impl Default for Timeouts {
 }
 
 /// Which bound of [`Timeouts`] fired.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Timeout {
-    Connect,
-    Request,
-    Idle,
-}
+pub use ops::Timeout;
 
-impl Timeout {
-    /// "connect", "request", "idle": the word the command line's `--…-timeout` flags use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Timeout::Connect => "connect",
-            Timeout::Request => "request",
-            Timeout::Idle => "idle",
-        }
-    }
-
-    fn what(self) -> &'static str {
-        match self {
-            Timeout::Connect => "no connection to the node",
-            Timeout::Request => "the node did not answer the request",
-            Timeout::Idle => "the connection stayed silent with replies outstanding",
-        }
+/// What a fired bound means for a node's client, for its error.
+fn what(timeout: Timeout) -> &'static str {
+    match timeout {
+        Timeout::Connect => "no connection to the node",
+        Timeout::Request => "the node did not answer the request",
+        Timeout::Idle => "the connection stayed silent with replies outstanding",
     }
 }
 
@@ -110,7 +95,7 @@ pub enum ClientError {
     Protocol(String),
     /// A bound of [`Timeouts`] fired; the connection is unusable after it (a reply may still
     /// be on its way).
-    #[error("{} timeout ({}) fired: {}", which.name(), humantime_like(*after), which.what())]
+    #[error("{} timeout ({}) fired: {}", which.name(), humantime_like(*after), what(*which))]
     TimedOut { which: Timeout, after: Duration },
 }
 

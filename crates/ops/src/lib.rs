@@ -30,9 +30,11 @@ pub mod merge;
 pub mod process;
 pub mod read;
 pub mod stop;
+pub mod timeout;
 
 pub use endpoint::{Endpoint, Readiness};
 pub use error::{OpsError, error_chain};
 pub use histogram::BucketHistogram;
 pub use lock::StoreLock;
 pub use prometheus_client::registry::Registry;
+pub use timeout::Timeout;

@@ -162,17 +162,8 @@ pub struct ClientArgs {
     /// script and the printed reports; without it, ids and whole price units.
     #[arg(long)]
     pub instruments: Option<PathBuf>,
-    /// How long opening the connection may take, e.g. 5s.
-    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "5s")]
-    pub connect_timeout: Duration,
-    /// How long the login, and each order (cancel, replace), may wait for its answer, e.g.
-    /// 10s; the client waits for every answer after the script's last line.
-    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "10s")]
-    pub request_timeout: Duration,
-    /// How long the server may send nothing at all (it heartbeats a live session every
-    /// `heartbeat_ms`), e.g. 30s.
-    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "30s")]
-    pub idle_timeout: Duration,
+    #[command(flatten)]
+    pub timeouts: super::timeouts::TimeoutFlags,
 }
 
 /// Prints the argon2 hash of a secret read from stdin (for the credentials file).
@@ -494,19 +485,14 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     };
     let table = table.as_ref();
     let secret = exchange_secret(args.secret.as_deref())?;
-    let positive = |flag: &str, d: Duration| {
-        if d.is_zero() { Err(BadInput(format!("--{flag} must be > 0"))) } else { Ok(()) }
-    };
-    positive("connect-timeout", args.connect_timeout)?;
-    positive("request-timeout", args.request_timeout)?;
-    positive("idle-timeout", args.idle_timeout)?;
-    let mut session = NativeClient::connect_within(args.connect, args.connect_timeout)?;
-    let login = session.login(args.client, &secret, args.next_seq, args.request_timeout)?;
+    let [connect_timeout, request_timeout, idle_timeout] = args.timeouts.bounds()?;
+    let mut session = NativeClient::connect_within(args.connect, connect_timeout)?;
+    let login = session.login(args.client, &secret, args.next_seq, request_timeout)?;
     println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
         anyhow::bail!("login refused");
     }
-    session.set_idle_timeout(args.idle_timeout);
+    session.set_idle_timeout(idle_timeout);
     let mut run = ScriptRun { session, table, sent: HashMap::new(), unanswered: HashMap::new() };
     for (at, line) in script.lines().enumerate() {
         let line = line?;
@@ -518,7 +504,7 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
         run.print_available(Duration::ZERO)?;
     }
     run.print_available(args.linger)?;
-    run.await_answers(args.request_timeout)?;
+    run.await_answers(request_timeout)?;
     run.session.send(&ClientMsg::Logout)?;
     Ok(())
 }

@@ -16,6 +16,7 @@ pub mod planner;
 pub mod replication;
 pub mod reproduce;
 pub mod tier_report;
+pub mod timeouts;
 pub mod values;
 pub mod web;
 pub mod web_lab;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::timeouts::TimeoutFlags;
 use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 use anyhow::Context;
@@ -242,33 +243,10 @@ pub struct ClientArgs {
     pub op: Option<ClientOp>,
 }
 
-/// How long a client waits (connect, each request, a silent connection): the one that fires
-/// says which it was, so a node that accepts and never answers is given up on.
-#[derive(ClapArgs, Debug, Clone)]
-pub struct TimeoutFlags {
-    /// Give up connecting to a node (TCP, and the TLS handshake) after this long.
-    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "5s")]
-    pub connect_timeout: Duration,
-    /// Give up on a request whose reply has not come after this long.
-    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "10s")]
-    pub request_timeout: Duration,
-    /// Give up on a connection silent this long while replies are outstanding (pipelined
-    /// requests).
-    #[arg(long, value_name = "DURATION", value_parser = values::seconds, default_value = "30s")]
-    pub idle_timeout: Duration,
-}
-
-impl TimeoutFlags {
-    /// The client library's bounds; each must be above zero (zero would fail every wait).
-    fn timeouts(&self) -> anyhow::Result<mq::client::Timeouts> {
-        let flags = [self.connect_timeout, self.request_timeout, self.idle_timeout];
-        if flags.contains(&Duration::ZERO) {
-            let why = "--connect-timeout, --request-timeout and --idle-timeout must be > 0";
-            return Err(BadInput(why.into()).into());
-        }
-        let [connect, request, idle] = flags;
-        Ok(mq::client::Timeouts { connect, request, idle })
-    }
+/// The client library's bounds from the shared flags.
+fn timeouts_of(flags: &TimeoutFlags) -> anyhow::Result<mq::client::Timeouts> {
+    let [connect, request, idle] = flags.bounds()?;
+    Ok(mq::client::Timeouts { connect, request, idle })
 }
 
 /// One client operation (also the syntax of a script line).
@@ -581,7 +559,7 @@ async fn client(args: &ClientArgs) -> anyhow::Result<()> {
 }
 
 async fn connect(args: &ClientArgs) -> anyhow::Result<Client> {
-    let timeouts = args.timeouts.timeouts()?;
+    let timeouts = timeouts_of(&args.timeouts)?;
     let Some(ca) = &args.tls_ca else {
         return Ok(Client::connect_with(&args.node, timeouts).await?);
     };
@@ -678,7 +656,7 @@ async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
     override_with(&mut c.duration_s, &seconds(args.duration));
     override_with(&mut c.warmup_s, &seconds(args.warmup));
     override_with(&mut c.cooldown_s, &seconds(args.cooldown));
-    c.timeouts = args.timeouts.timeouts()?;
+    c.timeouts = timeouts_of(&args.timeouts)?;
     let result = load::run(&c).await?;
     let tables = load::tables(&result);
     if args.json {
@@ -802,20 +780,6 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        timeouts: TimeoutFlags,
-    }
-
-    #[test]
-    fn the_timeout_flags_default_to_the_client_library_s_bounds_and_refuse_zero() {
-        let defaults = Flags::parse_from(["mq"]).timeouts.timeouts().unwrap();
-        assert_eq!(defaults, mq::client::Timeouts::default());
-        let zero = Flags::parse_from(["mq", "--request-timeout", "0s"]).timeouts.timeouts();
-        assert!(crate::outcome::is_bad_input(&zero.unwrap_err()));
-    }
 
     /// `mq load`'s flags are `Option`s (a `--config` file sits between the defaults and the
     /// flags), so clap cannot show their defaults: each help text states it, and this keeps
