@@ -36,7 +36,7 @@ fn log_file(dir: &std::path::Path) -> std::fs::File {
     std::fs::File::create(dir.join(format!("serve-{n}.log"))).unwrap()
 }
 
-/// Prints the warnings and errors of every child's log in `dir` (a failed test's evidence).
+/// Prints the warnings, errors and lease events of every child's log in `dir` (a failed test's evidence).
 fn print_warnings(dir: &std::path::Path) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -44,7 +44,10 @@ fn print_warnings(dir: &std::path::Path) {
             continue;
         }
         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        for line in text.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")) {
+        for line in text
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("lease"))
+        {
             println!("{name}: {line}");
         }
     }
@@ -88,6 +91,27 @@ impl Checker {
         assert!(verdict.contains(clean), "{out}");
         assert!(!verdict.starts_with("checked 0 "), "nothing was checked: {out}");
         verdict.to_string()
+    }
+}
+
+/// What the engine-process tests start from: a three-node cluster, a folder with
+/// [`write_config`]'s config, and a runtime for the test's own NATS clients.
+struct Setup {
+    cluster: Cluster,
+    url: String,
+    dir: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let cluster = Cluster::start(3).unwrap();
+        let url = cluster.url();
+        let dir = tempfile::tempdir().unwrap();
+        write_config(dir.path());
+        let mut rt = tokio::runtime::Builder::new_multi_thread();
+        let rt = rt.worker_threads(2).enable_all().build().unwrap();
+        Setup { cluster, url, dir, rt }
     }
 }
 
@@ -258,6 +282,28 @@ fn assert_every_report_once(tally: &SharedTally, total: u64, context: &str) {
     assert_eq!(seen.resynced, [0, 0], "nothing declared lost: {context}");
 }
 
+/// Waits up to a minute for the consumer of `tally` to have `total` reports; on a timeout the
+/// panic shows what the consumer and its R-Gateway saw (a resync, a gap still open).
+fn wait_for_every_report(
+    tally: &SharedTally,
+    total: u64,
+    (r_gateway, dir): (&delivery::gateway::RunningGateway, &std::path::Path),
+) {
+    let started = Instant::now();
+    while reports(tally) < total {
+        if started.elapsed() > Duration::from_secs(60) {
+            print_warnings(dir);
+            let (data, resynced) = {
+                let seen = tally.lock().unwrap();
+                (seen.data, seen.resynced)
+            };
+            let report = r_gateway.report();
+            panic!("{total} reports, {data:?} seen, {resynced:?} resynced: {report:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
@@ -325,12 +371,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 /// release purged the successor's lease 100–200 ms later in every run.
 #[test]
 fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
-    let cluster = Cluster::start(3).unwrap();
-    let url = cluster.url();
-    let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path());
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let old = Process::named_engine(dir.path(), &url, "old");
@@ -371,12 +412,7 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
 /// leading the lease stream died.)
 #[test]
 fn a_failover_past_the_retained_window_loses_no_report() {
-    let cluster = Cluster::start(3).unwrap();
-    let url = cluster.url();
-    let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path());
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let small_window = ["--retain-records", "64"];
@@ -387,7 +423,7 @@ fn a_failover_past_the_retained_window_loses_no_report() {
     std::thread::sleep(Duration::from_millis(300)); // the standby applies the first round
     leader.kill();
     let total = appender.append(2000);
-    wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
+    wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
     let report = r_gateway.report();
     println!("failover past the window: {} records recovered", report.recovered);
     assert_every_report_once(&tally, total, &format!("{report:?}"));
@@ -455,12 +491,7 @@ fn append_until(
 /// stop for at most the lease stream's election time + 2 s.
 #[test]
 fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
-    let mut cluster = Cluster::start(3).unwrap();
-    let url = cluster.url();
-    let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path());
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Setup { mut cluster, url, dir, rt } = Setup::new();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let _leader = Process::named_engine(dir.path(), &url, "a");
@@ -508,7 +539,7 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = load.join().unwrap();
-    wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
+    wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
     let report = r_gateway.report();
     let elected = elected_after.expect("a new lease-stream leader");
     let silence = longest_silence.join().unwrap();
@@ -544,12 +575,7 @@ fn random_pauses_of_engines_under_load_lose_and_repeat_no_report() {
         random ^= random << 17;
         random % below
     };
-    let cluster = Cluster::start(3).unwrap();
-    let url = cluster.url();
-    let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path());
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let engines: Vec<Process> =
         ["a", "b", "c"].iter().map(|name| Process::named_engine(dir.path(), &url, name)).collect();
@@ -567,7 +593,7 @@ fn random_pauses_of_engines_under_load_lose_and_repeat_no_report() {
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = load.join().unwrap();
-    wait_for("every report", Duration::from_secs(60), || reports(&tally) >= total);
+    wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
     let report = r_gateway.report();
     println!(
         "random pauses: {total} orders, {} fenced, {} recovered",
@@ -629,12 +655,7 @@ fn a_restarted_gateway_routes_no_report_twice() {
 /// with other contents) on the shard's subject makes it exit 1 naming the sequence.
 #[test]
 fn the_replication_checker_fails_on_a_record_its_log_does_not_produce() {
-    let cluster = Cluster::start(3).unwrap();
-    let url = cluster.url();
-    let dir = tempfile::tempdir().unwrap();
-    write_config(dir.path());
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
     let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let _leader = Process::engine(dir.path(), &url);
     let checker = Checker::start(dir.path(), &url);

@@ -32,6 +32,8 @@ pub struct LoggedOrder {
 /// Reads one shard's stream in order.
 pub struct Follower {
     stream: String,
+    /// The stream and the connection, to subscribe again after a read failed.
+    source: (jetstream::stream::Stream, async_nats::Client),
     next_seq: u64,
     messages: jetstream::consumer::push::Ordered,
     /// The current message's records not yet handed out.
@@ -53,31 +55,33 @@ impl Follower {
         let name = settings.stream(shard);
         let what = format!("opening stream {name}");
         let stream = retry_at_startup(&what, || js.get_stream(&name)).await?;
-        let config = OrderedConfig {
-            deliver_subject: client.new_inbox(),
-            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from_seq.max(1) },
-            ..Default::default()
-        };
-        let what = format!("following stream {name}");
-        let consumer = retry_at_startup(&what, || stream.create_consumer(config.clone())).await?;
-        let messages = consumer.messages().await;
-        let messages =
-            messages.map_err(|e| ReplicationError::jetstream(format!("reading {name}"), e))?;
+        let next_seq = from_seq.max(1);
+        let messages = subscribe(&stream, &client, &name, next_seq).await?;
         let pending = std::collections::VecDeque::with_capacity(record::RECORDS_PER_MESSAGE_MAX);
-        Ok(Follower { stream: name, next_seq: from_seq.max(1), messages, pending })
+        Ok(Follower { stream: name, source: (stream, client), next_seq, messages, pending })
     }
 
     /// The next input, in stream order; waits until one is appended. `None`: the consumer
-    /// ended (the connection closed).
+    /// ended (the connection closed). A read that fails (the consumer missed its heartbeats
+    /// while a node died or the stream's leader moved) subscribes again at the next sequence
+    /// instead of stopping the engine: nothing is skipped or read twice (`accept` checks each
+    /// sequence); only a subscription that cannot be made within `STARTUP_WAIT` is an error.
     pub async fn next(&mut self) -> Option<Result<LoggedOrder, ReplicationError>> {
         if let Some(pending) = self.pending.pop_front() {
             return Some(Ok(pending));
         }
-        let message = match self.messages.next().await? {
-            Ok(message) => message,
-            Err(error) => {
-                let what = format!("reading stream {}", self.stream);
-                return Some(Err(ReplicationError::jetstream(what, error)));
+        let message = loop {
+            match self.messages.next().await? {
+                Ok(message) => break message,
+                Err(error) => {
+                    let (stream, next_seq) = (&self.stream, self.next_seq);
+                    tracing::warn!("following {stream}: {error}; subscribing again at {next_seq}");
+                    let (source, client) = &self.source;
+                    match subscribe(source, client, stream, next_seq).await {
+                        Ok(messages) => self.messages = messages,
+                        Err(error) => return Some(Err(error)),
+                    }
+                }
             }
         };
         let stream_seq = match message.info() {
@@ -125,4 +129,22 @@ impl Follower {
         self.next_seq += 1;
         Ok(())
     }
+}
+
+/// An ordered consumer of `stream` (`name`) from `from_seq`, retried for `STARTUP_WAIT`.
+async fn subscribe(
+    stream: &jetstream::stream::Stream,
+    client: &async_nats::Client,
+    name: &str,
+    from_seq: u64,
+) -> Result<jetstream::consumer::push::Ordered, ReplicationError> {
+    let config = OrderedConfig {
+        deliver_subject: client.new_inbox(),
+        deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from_seq },
+        ..Default::default()
+    };
+    let what = format!("following stream {name}");
+    let consumer = retry_at_startup(&what, || stream.create_consumer(config.clone())).await?;
+    let messages = consumer.messages().await;
+    messages.map_err(|e| ReplicationError::jetstream(format!("reading {name}"), e))
 }
