@@ -133,10 +133,9 @@ mod tests {
         let args = web::prefork_child_args();
         let cli = super::Cli::try_parse_from(std::iter::once("leantier".into()).chain(args))
             .expect("the child's arguments parse");
-        assert!(
-            matches!(&cli.command, super::Command::Web(w) if matches!(w.command, web::Command::PreforkChild)),
-            "the child runs `web prefork-child`"
-        );
+        let child = matches!(&cli.command, super::Command::Web(w)
+            if matches!(w.command, web::Command::PreforkChild));
+        assert!(child, "the child runs `web prefork-child`");
         assert_eq!((cli.log.as_str(), cli.log_format.as_str()), ("warn,web=debug", "json"));
     }
 

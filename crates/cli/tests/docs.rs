@@ -1,7 +1,8 @@
 //! The documents stay true to the code (issue 45, "one truth"): every `leantier …` command
-//! quoted in README.md, docs/*.md and the crates' READMEs names a subcommand path the binary
-//! has (its `--help` exits 0), every `cargo … -p NAME` names a package of this workspace, and
-//! every docs section a `configs/*.toml` comment cites is a heading of that document.
+//! quoted in README.md, ARCHITECTURE.md, docs/*.md and the crates' READMEs names a subcommand
+//! path the binary has (its `--help` exits 0), every `cargo … -p NAME` names a package of this
+//! workspace, and every section those documents or a `configs/*.toml` comment cite
+//! (`OPERATIONS.md, "Configure"`, `OPERATIONS.md#monitor`) is a heading of that document.
 //! A renamed command, package or heading fails here, not in a reader's terminal.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,7 +28,7 @@ fn files_in(dir: &Path, suffix: &str) -> Vec<PathBuf> {
 /// repository.
 fn documents() -> Vec<(String, String)> {
     let root = workspace();
-    let mut paths = vec![root.join("README.md")];
+    let mut paths = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
     paths.extend(files_in(&root.join("docs"), ".md"));
     for krate in files_in(&root.join("crates"), "") {
         let readme = krate.join("README.md");
@@ -66,17 +67,26 @@ fn code_spans(markdown: &str) -> Vec<String> {
 /// The subcommand path of each `leantier` invocation in a code span: the words after
 /// `leantier` up to the first flag, placeholder or separator (`leantier exchange serve
 /// --config F` → `exchange serve`). A positional value (`plan measure cdr`) may join the path;
-/// `--help` still answers for it.
+/// `--help` still answers for it. `leantier` starts a command only first in the span, after
+/// a shell separator or after an environment assignment (`LEANTIER_LOG=warn leantier …`), not
+/// in a sentence of a diagram ("none depends on any leantier crate").
 fn leantier_paths(span: &str) -> Vec<String> {
     let words: Vec<&str> = span.split(' ').collect();
     let is_word = |w: &&&str| {
         w.starts_with(|c: char| c.is_ascii_lowercase())
             && w.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     };
+    let starts_command = |at: usize| {
+        at == 0
+            || ["|", "&&", ";", "$("].contains(&words[at - 1])
+            || words[at - 1]
+                .split_once('=')
+                .is_some_and(|(name, _)| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+    };
     words
         .iter()
         .enumerate()
-        .filter(|(_, word)| **word == "leantier")
+        .filter(|&(at, word)| *word == "leantier" && starts_command(at))
         .map(|(at, _)| words[at + 1..].iter().take_while(is_word).copied().collect::<Vec<_>>())
         .filter(|path| !path.is_empty())
         .map(|path| path.join(" "))
@@ -122,7 +132,8 @@ fn quoted(find: fn(&str) -> Vec<String>) -> BTreeMap<String, String> {
 fn the_extractors_find_wrapped_piped_and_fenced_commands() {
     let text = "Run `leantier exchange\nserve --config F`, then `printf x | leantier exchange \
                 hash-secret`.\n\n```sh\nLEANTIER_LOG=warn leantier web serve --model \
-                prefork\ncargo run -p leantier-matching --example replay\n```\n`leantier-report/x`";
+                prefork\ncargo run -p leantier-matching --example replay\nA -> B: none \
+                depends on any leantier crate\n```\n`leantier-report/x`";
     let spans = code_spans(text);
     let paths: Vec<String> = spans.iter().flat_map(|s| leantier_paths(s)).collect();
     assert_eq!(paths, ["web serve", "exchange serve", "exchange hash-secret"]);
@@ -187,14 +198,15 @@ fn headings(markdown: &str) -> BTreeSet<String> {
     found
 }
 
-/// The sections a comment cites: `NAME.md, "Heading"` or `NAME.md#anchor`, as (document,
-/// heading text or `#anchor`).
-fn cited_sections(comment: &str) -> Vec<(String, String)> {
+/// The sections a text cites: `PATH.md, "Heading"` or `PATH.md#anchor`, as (the document's
+/// path as written, heading text or `#anchor`).
+fn cited_sections(text: &str) -> Vec<(String, String)> {
+    let in_path = |c: char| c.is_alphanumeric() || "_-./".contains(c);
     let mut cited = Vec::new();
-    for (at, _) in comment.match_indices(".md") {
-        let name_start = comment[..at].rfind(|c: char| !(c.is_alphanumeric() || c == '_'));
-        let document = format!("{}.md", &comment[name_start.map_or(0, |s| s + 1)..at]);
-        let rest = &comment[at + 3..];
+    for (at, _) in text.match_indices(".md") {
+        let path_start = text[..at].rfind(|c: char| !in_path(c)).map_or(0, |s| s + 1);
+        let document = format!("{}.md", &text[path_start..at]);
+        let rest = &text[at + 3..];
         if let Some(anchor) = rest.strip_prefix('#') {
             let end = anchor.find(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_'));
             cited.push((document, format!("#{}", &anchor[..end.unwrap_or(anchor.len())])));
@@ -206,28 +218,48 @@ fn cited_sections(comment: &str) -> Vec<(String, String)> {
     cited
 }
 
-#[test]
-fn config_comments_cite_headings_that_exist() {
+/// The texts that cite sections, by name, each with the folder its relative paths start from:
+/// every document, and each config file's comments read as one text (a citation may wrap onto
+/// the comment's next line); whitespace collapsed, as a reader reads it.
+fn citing_texts() -> Vec<(String, PathBuf, String)> {
     let root = workspace();
-    let mut wrong = Vec::new();
-    let mut checked = 0;
+    let mut texts: Vec<(String, PathBuf, String)> = documents()
+        .into_iter()
+        .map(|(name, text)| (name.clone(), root.join(&name).parent().unwrap().into(), text))
+        .collect();
     for config in files_in(&root.join("configs"), ".toml") {
         let text = std::fs::read_to_string(&config).unwrap();
-        // A citation may wrap onto the comment's next line: read the comments as one text.
         let comments: Vec<&str> =
             text.lines().filter_map(|line| line.trim_start().strip_prefix('#')).collect();
-        let comments = comments.join(" ").split_whitespace().collect::<Vec<_>>().join(" ");
-        for (document, section) in cited_sections(&comments) {
-            checked += 1;
-            let path = root.join("docs").join(&document);
-            let exists =
-                std::fs::read_to_string(&path).is_ok_and(|doc| headings(&doc).contains(&section));
-            if !exists {
-                wrong.push(format!("{}: {document}, {section:?}", config.display()));
+        let name = config.strip_prefix(&root).unwrap().display().to_string();
+        texts.push((name, config.parent().unwrap().into(), comments.join(" ")));
+    }
+    let collapse = |text: String| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    texts.into_iter().map(|(name, dir, text)| (name, dir, collapse(text))).collect()
+}
+
+/// A cited document, read from where the citing text is, the repository's root or docs/.
+fn read_cited(dir: &Path, document: &str) -> Option<String> {
+    let root = workspace();
+    let places = [dir.join(document), root.join(document), root.join("docs").join(document)];
+    places.iter().find_map(|path| std::fs::read_to_string(path).ok())
+}
+
+#[test]
+fn cited_sections_are_headings_that_exist() {
+    let mut wrong = Vec::new();
+    let mut from_configs = 0;
+    for (name, dir, text) in citing_texts() {
+        for (document, section) in cited_sections(&text) {
+            from_configs += usize::from(name.starts_with("configs/"));
+            let found =
+                read_cited(&dir, &document).is_some_and(|doc| headings(&doc).contains(&section));
+            if !found {
+                wrong.push(format!("{name}: {document}, {section:?}"));
             }
         }
     }
     // configs/ cites OPERATIONS.md's sections; none found means the parsing broke.
-    assert!(checked >= 2, "only {checked} citations found in configs/");
+    assert!(from_configs >= 2, "only {from_configs} citations found in configs/");
     assert!(wrong.is_empty(), "cited sections that do not exist:\n{}", wrong.join("\n"));
 }

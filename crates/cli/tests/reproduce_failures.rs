@@ -20,7 +20,8 @@ use web::server::ServeBounds;
 const PREFORK_CHILD: [&str; 2] = ["web", "prefork-child"];
 
 /// The smallest matrix request, and its product.
-const REQUEST: &str = r#"{"requestId": 7, "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
+const REQUEST: &str = r#"{"requestId": 7,
+    "matrixOne": {"columnCount": 2, "rows": [{"value": "1,2"}]},
     "matrixTwo": {"columnCount": 1, "rows": [{"value": "3"}, {"value": "4"}]}}"#;
 const ANSWER: &[u8] = br#"{"requestId":"7","rows":[[11]]}"#;
 
