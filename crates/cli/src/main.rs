@@ -73,6 +73,7 @@ enum BenchCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let repeats = init_logging(&cli.log, &cli.log_format);
+    commands::web::set_child_logging(&cli.log, &cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
         Command::Exchange(args) => commands::exchange::run(&args),
@@ -119,6 +120,23 @@ mod tests {
     #[test]
     fn the_command_tree_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    /// A per-core server's children are started with `prefork_child_args()` whatever command
+    /// their parent runs (issue 45: under `reproduce` they re-ran `reproduce`); those
+    /// arguments must parse as `web prefork-child`, with the parent's log settings.
+    #[test]
+    fn prefork_children_are_started_as_web_prefork_child() {
+        use crate::commands::web;
+        use clap::Parser;
+        web::set_child_logging("warn,web=debug", "json");
+        let args = web::prefork_child_args();
+        let cli = super::Cli::try_parse_from(std::iter::once("leantier".into()).chain(args))
+            .expect("the child's arguments parse");
+        let child = matches!(&cli.command, super::Command::Web(w)
+            if matches!(w.command, web::Command::PreforkChild));
+        assert!(child, "the child runs `web prefork-child`");
+        assert_eq!((cli.log.as_str(), cli.log_format.as_str()), ("warn,web=debug", "json"));
     }
 
     /// Spellings replaced by one name per concept (issue 28); each may live on only as a

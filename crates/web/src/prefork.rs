@@ -2,7 +2,8 @@
 //!
 //! The parent reserves the port with a bound but *not listening* SO_REUSEPORT socket (so a port
 //! of 0 resolves to one ephemeral port and no connection is ever queued on the parent), then
-//! re-executes its own binary with the same arguments once per worker, telling each child its
+//! re-executes its own binary once per worker, with the arguments its caller names for a child
+//! (the `leantier` command line: `web prefork-child`), telling each child its
 //! role through the [`CHILD_ENV`] variable (a JSON [`ChildSpec`]). A child pins the whole process
 //! to its CPU before it starts any thread, binds and listens on the shared port, prints
 //! [`READY_LINE`] on stdout, and serves with the `single` executor. The kernel spreads incoming

@@ -230,14 +230,15 @@ pub fn keep_freed_request_memory() {
 /// Serves until SIGTERM or SIGINT, then drains (see [`serve_in_process`]; per core, each
 /// child drains: `Prefork::serve_until_stopped`), or, per core, until a child exits. Per
 /// core, each child answers the admin paths for itself on the service port, and
-/// `--metrics-listen` shows them all as one server ([`crate::fleet`]).
-pub fn serve(config: &ServeConfig) -> Result<()> {
+/// `--metrics-listen` shows them all as one server ([`crate::fleet`]). `child_args`: the
+/// arguments that make this program run [`crate::prefork::run_child`] (see [`start_per_core`]).
+pub fn serve(config: &ServeConfig, child_args: &[OsString]) -> Result<()> {
     let server_config = config.server_config()?;
     let model = server_config.default_model;
     let per_core_adaptive =
         model == Model::Adaptive && config.adaptive_layout == AdaptiveLayout::PerCore;
     if model == Model::Prefork || per_core_adaptive {
-        let children = start_per_core(config, model)?;
+        let children = start_per_core(config, model, child_args)?;
         let fleet = Fleet::new(children.admin_addrs().to_vec(), config.metrics_token.clone());
         let endpoint = ops::Endpoint::of(fleet).with_metrics_token(config.metrics_token.clone());
         let _admin = serve_admin(config, endpoint)?;
@@ -324,10 +325,18 @@ fn serve_admin(
 }
 
 /// Starts one pinned process per worker (`prefork` or `adaptive`) by re-executing this binary
-/// with this process's arguments (the child finds its role in [`crate::prefork::CHILD_ENV`]);
-/// for `adaptive`, calibrates the split size first, here, so the children do not disturb each
-/// other's measurements.
-pub fn start_per_core(config: &ServeConfig, model: Model) -> Result<Prefork> {
+/// with `child_args`, the arguments that make it run [`crate::prefork::run_child`] (it finds
+/// its role in [`crate::prefork::CHILD_ENV`]); for `adaptive`, calibrates the split size first,
+/// here, so the children do not disturb each other's measurements.
+///
+/// The arguments are the caller's, not this process's own: a program that starts the children
+/// from another command (`leantier reproduce` runs the web matrix) would otherwise start
+/// children that run that command again instead of serving.
+pub fn start_per_core(
+    config: &ServeConfig,
+    model: Model,
+    child_args: &[OsString],
+) -> Result<Prefork> {
     let mut template = config.child_template(model);
     if model == Model::Adaptive {
         let calibration = exec::calibrate(config.workers, &config.limits())
@@ -336,6 +345,5 @@ pub fn start_per_core(config: &ServeConfig, model: Model) -> Result<Prefork> {
         template.calibration = calibration;
     }
     let exe = std::env::current_exe().map_err(io_failed("finding this program's path"))?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    Prefork::start(config.listen, config.workers, template, exe, &args)
+    Prefork::start(config.listen, config.workers, template, exe, child_args)
 }

@@ -1,7 +1,9 @@
 //! `leantier web ...`: serve the matrix service, drive load at it, run the model matrix.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
@@ -12,6 +14,7 @@ use web::workload::Complexity;
 
 use super::values::{self, one_of};
 use super::web_lab as loadlab;
+use crate::outcome::BadInput;
 
 /// The REST matrix-multiplication service and its load lab.
 #[derive(Debug, clap::Args)]
@@ -36,6 +39,34 @@ pub enum Command {
     /// Print the median of paired throughput ratios (ours / peer, run by run) and its 95%
     /// interval, for scripts that run a peer tool alternately with leantier.
     Ratio(loadlab::RatioArgs),
+    /// One process of a per-core server (prefork, per-core adaptive): started by its parent
+    /// with its role in the environment, never by hand.
+    #[command(hide = true)]
+    PreforkChild,
+}
+
+/// The subcommand path a per-core server's children are started with, whatever command
+/// started the server (`web serve`, `web load`, `web matrix`, `reproduce`).
+pub const PREFORK_CHILD_COMMAND: [&str; 2] = ["web", "prefork-child"];
+
+/// The parent's `--log` and `--log-format`, which its children log with too.
+static CHILD_LOGGING: OnceLock<[String; 2]> = OnceLock::new();
+
+/// Records this process's log settings for the per-core children it may start; `main` calls
+/// it once, before any command runs.
+pub fn set_child_logging(filter: &str, format: &str) {
+    let _ = CHILD_LOGGING.set([filter.to_string(), format.to_string()]);
+}
+
+/// The arguments that make this program serve as one per-core child: the parent's log
+/// settings, then [`PREFORK_CHILD_COMMAND`].
+pub fn prefork_child_args() -> Vec<OsString> {
+    let mut args = Vec::new();
+    if let Some([filter, format]) = CHILD_LOGGING.get() {
+        args.extend(["--log", filter, "--log-format", format].map(OsString::from));
+    }
+    args.extend(PREFORK_CHILD_COMMAND.map(OsString::from));
+    args
 }
 
 #[derive(Debug, ClapArgs)]
@@ -180,20 +211,27 @@ pub struct BodyArgs {
     pub complexity: Complexity,
 }
 
-/// Runs a `leantier web` command. A process started as a prefork child (see
-/// [`prefork::CHILD_ENV`]) serves as that child whatever the command line says.
+/// Runs a `leantier web` command.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     // Process-wide, and first: every web command serves or drives matrix requests.
     web::serve::keep_freed_request_memory();
-    if let Some(spec) = prefork::child_spec_from_env()? {
-        return Ok(prefork::run_child(&spec)?);
-    }
     match &args.command {
+        Command::PreforkChild => {
+            let Some(spec) = prefork::child_spec_from_env()? else {
+                return Err(BadInput(format!(
+                    "`leantier web prefork-child` is started by a per-core server (`web serve \
+                     --model prefork`), with its role in {}",
+                    prefork::CHILD_ENV
+                ))
+                .into());
+            };
+            Ok(prefork::run_child(&spec)?)
+        }
         Command::Serve(serve) if serve.print_config => {
             print!("{}", toml::to_string(&serve.resolve()?)?);
             Ok(())
         }
-        Command::Serve(serve) => Ok(web::serve::serve(&serve.resolve()?)?),
+        Command::Serve(serve) => Ok(web::serve::serve(&serve.resolve()?, &prefork_child_args())?),
         Command::Load(load) => loadlab::run_load(load),
         Command::Matrix(matrix) => loadlab::run_matrix(matrix),
         Command::Ratio(ratio) => loadlab::run_ratio(ratio),

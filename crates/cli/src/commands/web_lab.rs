@@ -23,6 +23,7 @@ use web::server::Server;
 use web::workload::Complexity;
 
 use super::values::{self, one_of};
+use super::web::prefork_child_args;
 use crate::outcome::{BadInput, TargetMissed};
 
 /// How long a baseline server may take to start listening.
@@ -230,7 +231,11 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 ..ServeConfig::default()
             };
-            let started = per_core.insert(web::serve::start_per_core(&config, args.model)?);
+            let started = per_core.insert(web::serve::start_per_core(
+                &config,
+                args.model,
+                &prefork_child_args(),
+            )?);
             format!("http://{}/matrix/{}", started.local_addr(), args.model.name())
         }
         None => {
@@ -452,7 +457,7 @@ fn start_targets(args: &MatrixArgs) -> anyhow::Result<Servers> {
         if let Some(workers) = args.workers {
             config.workers = workers;
         }
-        let children = web::serve::start_per_core(&config, model)?;
+        let children = web::serve::start_per_core(&config, model, &prefork_child_args())?;
         let url = format!("http://{}/matrix/{}", children.local_addr(), model.name());
         targets.push(Target { label: model.name().into(), url, python: false });
         per_core.push(children);

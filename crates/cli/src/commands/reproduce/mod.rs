@@ -184,7 +184,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     write_verdicts(&dir, &sections)?;
     println!("{}", page::summary_lines(&sections));
     println!("Report: {} ({:.0} s in all)", index.display(), started.elapsed().as_secs_f64());
-    Ok(())
+    failed_papers(&sections)
+}
+
+/// A paper whose run failed fails the command (exit 1), once the page that shows the failure
+/// is written: a script or CI that reads only the exit status must not take it for a result.
+fn failed_papers(sections: &[PaperSection<'_>]) -> anyhow::Result<()> {
+    let failed: Vec<&str> = sections
+        .iter()
+        .filter(|section| matches!(section.outcome, Outcome::Failed(_)))
+        .map(|section| section.paper.id)
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!("the run of paper {} failed (the report shows why)", failed.join(", "))
 }
 
 /// `verdicts.csv`/`.json`: one row per claim, for scripts and CI.
