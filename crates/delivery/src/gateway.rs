@@ -54,6 +54,8 @@ pub const CONSUMERS_MAX_DEFAULT: usize = 64;
 pub const GOODBYE_SHUTDOWN: u8 = 100;
 pub const GOODBYE_SLOW: u8 = 101;
 pub const GOODBYE_FULL: u8 = 102;
+/// A [`GatewayOptions::first_seqs`] entry meaning: from the first sequence heard.
+pub const FIRST_SEQ_HEARD: u64 = 0;
 /// Default most a NATS message may claim beyond the next expected sequence and still be
 /// applied at once: the publisher's default retained window, the most a gap can be recovered.
 pub const SEQ_AHEAD_MAX_DEFAULT: u64 = crate::publish::RETAIN_RECORDS_DEFAULT as u64;
@@ -82,8 +84,10 @@ pub struct GatewayOptions {
     /// Most a NATS message may claim beyond the next expected sequence and be applied at once
     /// (see the trust rule in docs/DELIVERY.md).
     pub seq_ahead_max: u64,
-    /// Per stream ([`Stream::ALL`] order), the first sequence to deliver: 1 for a new gateway;
-    /// a restarted one passes one past what it delivered before, so nothing is delivered twice.
+    /// Per stream ([`Stream::ALL`] order), the first sequence to deliver: 1 from the stream's
+    /// start; a restarted gateway passes one past what it delivered before, so nothing is
+    /// delivered twice; 0 (`FIRST_SEQ_HEARD`): from the first sequence the served publisher
+    /// names (a gateway joining a running exchange has no client waiting for older records).
     pub first_seqs: [u64; 2],
 }
 
@@ -259,7 +263,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
         None => (None, None),
     };
     let admission = Admission::new(options.consumers_max, options.consumers_per_address_max);
-    let first_seqs = options.first_seqs.map(|first| first.max(1));
+    let first_seqs = options.first_seqs;
     let state = Arc::new(State {
         options,
         client,
@@ -469,6 +473,12 @@ impl Sequencer {
             Ok((header, _)) => return self.bad(&format!("batch for gateway {}", header.gateway)),
             Err(error) => return self.bad(&error.to_string()),
         };
+        if !self.current(&header) {
+            return;
+        }
+        if self.next_seq(header.stream) == FIRST_SEQ_HEARD {
+            self.start_at(header.stream, header.first_seq);
+        }
         if !self.believe(&header) {
             return;
         }
@@ -505,9 +515,6 @@ impl Sequencer {
     /// outage sends nothing else; a stranger's claim is interrupted by the publisher's own
     /// heartbeats). Anything else is ignored and counted.
     fn believe(&mut self, header: &BatchHeader) -> bool {
-        if !self.current(header) {
-            return false;
-        }
         let served = self.publisher.unwrap_or(header.instance);
         if served != header.instance {
             let why = format!(
@@ -538,6 +545,17 @@ impl Sequencer {
             self.publisher = Some(served);
         }
         true
+    }
+
+    /// Starts `stream` at `first_seq`, the first sequence heard (`FIRST_SEQ_HEARD`).
+    fn start_at(&mut self, stream: Stream, first_seq: u64) {
+        let gateway = self.state.options.gateway;
+        tracing::info!(
+            "gateway {gateway}: {} starts at {first_seq}, the first heard",
+            stream.name()
+        );
+        self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize] =
+            first_seq;
     }
 
     /// The fence: `false` (counted) for a message of a leadership older than the newest one

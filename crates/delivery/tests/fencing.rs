@@ -112,3 +112,25 @@ async fn a_kept_position_past_the_publishers_is_a_counted_drop_not_a_delivery() 
     assert_eq!(report.next_seqs[0], 1_000, "the kept position stands: {report:?}");
     gateway.shutdown().await.unwrap();
 }
+
+/// A gateway with no kept position (`FIRST_SEQ_HEARD`) joining a running exchange starts at
+/// the first sequence its publisher names: no recovery of everything before it, no resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_without_a_position_starts_at_the_first_sequence_heard() {
+    use delivery::gateway::FIRST_SEQ_HEARD;
+    let (url, _server) = server_or_env().unwrap();
+    let (gateway, prefix) = gateway_on(&url, "joining", [FIRST_SEQ_HEARD; 2]).await;
+    let client = async_nats::connect(url).await.unwrap();
+    let subject = data_subject(&prefix, 0, Stream::Reports);
+    let far = 1_000_000;
+    for first_seq in [far, far + BATCH] {
+        let payload = batch_in_epoch(INSTANCE, 3, first_seq, BATCH_COUNT);
+        client.publish(subject.clone(), payload.into()).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    wait_until("both batches", &gateway, |g| g.report().received == 2 * BATCH).await;
+    let report = gateway.report();
+    assert_eq!((report.gaps, report.resyncs, report.untrusted), (0, 0, 0), "{report:?}");
+    assert_eq!(report.next_seqs[0], far + 2 * BATCH, "{report:?}");
+    gateway.shutdown().await.unwrap();
+}

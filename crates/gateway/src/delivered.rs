@@ -3,8 +3,10 @@
 //! never routes a report twice.
 //!
 //! One small file per (shard, tier gateway slot) under the store directory,
-//! `delivered/shard-{S}-slot-{G}`: a magic and, per stream ([`Stream::ALL`] order), the last
-//! sequence handed to the sessions (0: none). It is rewritten in place (one `pwrite` of
+//! `delivered/shard-{S}-slot-{G}`: a magic and, per stream ([`Stream::ALL`] order), the next
+//! sequence to hand to the sessions (0: none kept yet: a gateway that never handed a record on
+//! starts at the first sequence it hears, `delivery::gateway::FIRST_SEQ_HEARD`, rather than
+//! at the stream's start, which a running exchange left far behind). It is rewritten in place (one `pwrite` of
 //! [`MARK_BYTES`]) after each chunk of frames was handed on: one system call per NATS batch,
 //! not per report. A process kill keeps the write (the page cache outlives the process); a
 //! machine crash may lose the last writes, and the reports after the kept position are then
@@ -24,7 +26,8 @@ pub const MARK_BYTES: usize = MAGIC.len() + 8 * Stream::ALL.len();
 /// One (shard, slot)'s delivered position, open for rewriting.
 pub struct DeliveredMark {
     file: File,
-    last_seqs: [u64; 2],
+    /// Per stream, the next sequence to hand on (0: none kept).
+    next_seqs: [u64; 2],
 }
 
 impl DeliveredMark {
@@ -39,7 +42,7 @@ impl DeliveredMark {
             File::options().read(true).write(true).create(true).truncate(false).open(&path)?;
         let mut bytes = [0u8; MARK_BYTES];
         let read = file.read_at(&mut bytes, 0)?;
-        let last_seqs = match read {
+        let next_seqs = match read {
             0 => [0; 2],
             MARK_BYTES if &bytes[..MAGIC.len()] == MAGIC => [u64_at(&bytes, 0), u64_at(&bytes, 1)],
             _ => {
@@ -47,28 +50,29 @@ impl DeliveredMark {
                 return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
             }
         };
-        Ok(DeliveredMark { file, last_seqs })
+        Ok(DeliveredMark { file, next_seqs })
     }
 
-    /// Per stream, the first sequence not yet handed on (what the R-Gateway starts at).
+    /// Per stream, the first sequence not yet handed on (what the R-Gateway starts at; 0:
+    /// none kept, from the first sequence heard).
     pub fn first_seqs(&self) -> [u64; 2] {
-        self.last_seqs.map(|last| last + 1)
+        self.next_seqs
     }
 
     /// Notes that `stream`'s records up to `seq` were handed on (kept in memory until
     /// [`DeliveredMark::write`]).
     pub fn handed_on(&mut self, stream: Stream, seq: u64) {
-        let last = &mut self.last_seqs[stream as usize];
-        *last = (*last).max(seq);
+        let next = &mut self.next_seqs[stream as usize];
+        *next = (*next).max(seq + 1);
     }
 
     /// Rewrites the file with the position noted so far.
     pub fn write(&self) -> std::io::Result<()> {
         let mut bytes = [0u8; MARK_BYTES];
         bytes[..MAGIC.len()].copy_from_slice(MAGIC);
-        for (index, last) in self.last_seqs.iter().enumerate() {
+        for (index, next) in self.next_seqs.iter().enumerate() {
             let at = MAGIC.len() + 8 * index;
-            bytes[at..at + 8].copy_from_slice(&last.to_le_bytes());
+            bytes[at..at + 8].copy_from_slice(&next.to_le_bytes());
         }
         self.file.write_all_at(&bytes, 0)
     }
@@ -87,7 +91,7 @@ mod tests {
     fn a_position_survives_reopening_and_a_damaged_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut mark = DeliveredMark::open(dir.path(), 1, 0).unwrap();
-        assert_eq!(mark.first_seqs(), [1, 1], "a new gateway starts at the streams' start");
+        assert_eq!(mark.first_seqs(), [0, 0], "a new gateway starts at the first heard");
         mark.handed_on(Stream::Reports, 12);
         mark.handed_on(Stream::Reports, 7);
         mark.handed_on(Stream::MarketData, 30);
@@ -95,7 +99,7 @@ mod tests {
         drop(mark);
         let mark = DeliveredMark::open(dir.path(), 1, 0).unwrap();
         assert_eq!(mark.first_seqs(), [13, 31], "positions only grow, and are kept");
-        assert_eq!(DeliveredMark::open(dir.path(), 0, 0).unwrap().first_seqs(), [1, 1]);
+        assert_eq!(DeliveredMark::open(dir.path(), 0, 0).unwrap().first_seqs(), [0, 0]);
         std::fs::write(dir.path().join("delivered/shard-1-slot-0"), b"not a position").unwrap();
         let refused = DeliveredMark::open(dir.path(), 1, 0).err().expect("refused");
         assert!(refused.to_string().contains("holds no delivered position"), "{refused}");

@@ -185,7 +185,7 @@ fn start_r_gateway(
 ) -> Result<(RunningGateway, DeliveredMark), ServeError> {
     let mark = DeliveredMark::open(&options.settings.store_dir, shard, slot);
     let mark = mark.map_err(|e| remote_error("the delivered reports' position", e))?;
-    if mark.first_seqs() != [1; 2] {
+    if mark.first_seqs() != [delivery::gateway::FIRST_SEQ_HEARD; 2] {
         let [reports, md] = mark.first_seqs();
         tracing::info!(
             "gateway: shard {shard} slot {slot} resumes at report {reports}, market data {md}"
