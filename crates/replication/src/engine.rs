@@ -146,7 +146,7 @@ impl Engine {
         let start = runtime.block_on(starting_point(&store, &options))?;
         let after_seq = start.as_ref().map_or(0, |snapshot| snapshot.stream_seq);
         let gate = PublishGate::closed();
-        let fenced_store = (store.clone(), gate.clone());
+        let fenced_store = (store.clone(), gate.clone(), fingerprint.to_text());
         let taker = SnapshotTaker::new(&options, start.as_ref(), fenced_store, &runtime)?;
         let next_seqs = start.as_ref().map(|s| s.next_seqs.clone()).unwrap_or_default();
         let publisher = start_publisher(&options, (&client, &store), next_seqs, gate.clone())?;
@@ -459,14 +459,13 @@ impl SnapshotTaker {
     fn new(
         options: &EngineOptions,
         start: Option<&EngineSnapshot>,
-        (store, gate): (SnapshotStore, Arc<PublishGate>),
+        (store, gate, fingerprint): (SnapshotStore, Arc<PublishGate>, String),
         runtime: &tokio::runtime::Runtime,
     ) -> Result<SnapshotTaker, ReplicationError> {
         let replica = GroupReplica::starting(&options.tier, start)?;
         let (every, shard) = (options.tier.snapshot_every_records, options.shard);
         let (holder, runtime) = (options.holder.clone(), runtime.handle().clone());
         let taken_seq = replica.applied_seq();
-        let fingerprint = Fingerprint::of(&options.tier).to_text();
         Ok(SnapshotTaker {
             replica,
             taken_seq,
