@@ -607,6 +607,9 @@ impl Hub {
     /// waits for the tier's journal to cover the input that caused it (where the store's
     /// syncer took over the reply hold, see [`crate::store::Log::wait_for_journals`]).
     pub fn route(&mut self, output: &CoreOutput) {
+        if !self.log.borrow_mut().routed.admit(output) {
+            return; // routed before this gateway restarted (`crate::routed`)
+        }
         self.stage.on_report(output, now_ns());
         if output.answers_request() {
             self.answered += 1;

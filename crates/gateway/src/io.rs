@@ -146,6 +146,9 @@ pub(crate) struct IoSetup {
     /// smaller. On few CPUs the pre-process sends a turn's rejects into a ring that this thread
     /// reads only between turns (`pipeline`'s fused drain), so a turn must fit in it.
     pub(crate) staged_max: usize,
+    /// A gateway without a tier: where the store publishes how far each slot's reports are
+    /// durably routed (`crate::routed`); `None` inside a tier.
+    pub(crate) routed: Option<Arc<crate::routed::DurableInputs>>,
 }
 
 thread_local! {
@@ -269,6 +272,7 @@ impl IoLoop {
             work,
             stop,
             staged_max,
+            routed,
             ..
         } = setup;
         let orders = RefCell::new(Vec::new());
@@ -291,6 +295,9 @@ impl IoLoop {
         if let Some(journals) = journals {
             let waits = hub.log.borrow_mut().wait_for_journals(journals);
             debug_assert!(waits, "a syncing store waits for the journals before its first commit");
+        }
+        if let Some(durable) = routed {
+            hub.log.borrow_mut().routed.share(durable);
         }
         hub.stage.layout = Some(layout);
         if !journaled {

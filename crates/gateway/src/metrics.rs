@@ -139,7 +139,7 @@ impl ClientCounts {
 /// formatting) and rendered elsewhere ([`Renderer`]).
 pub struct Snapshot {
     clients: Vec<ClientCounts>,
-    stage: [(&'static str, &'static str, u64); 5],
+    stage: [(&'static str, &'static str, u64); 6],
     egress_depth: usize,
     store_failed: bool,
     layout: Option<LayoutInfo>,
@@ -183,6 +183,11 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
                 log.commits,
             ),
             ("gateway_store_bytes_total", "bytes written to the store", log.bytes_written),
+            (
+                "gateway_reports_already_routed_total",
+                "reports dropped after a restart: routed before it (a gateway without a tier)",
+                log.routed.dropped,
+            ),
         ],
         egress_depth: stage.egress_depth,
         store_failed: log.has_failed(),

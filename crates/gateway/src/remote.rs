@@ -18,6 +18,7 @@
 //! (`RunningGateway::attach`: no socket between them) and handed to the sessions' reply queue
 //! as the tier's R-Senders would.
 
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,7 @@ use crate::delivered::DeliveredMark;
 use crate::hub::Settings;
 use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
+use crate::routed::DurableInputs;
 use crate::server::{BoundAddresses, ServeError, bind_listeners};
 
 /// Orders between the I/O loop and the appender.
@@ -136,10 +138,12 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
+    let durable = DurableInputs::new(options.log.shards, options.tier_gateways);
     let mut r_gateways = Vec::new();
     for (index, subject) in report_subjects(&options).enumerate() {
         let (r_gateway, mark) = start_r_gateway(&options, &runtime, subject)?;
-        runtime.spawn(forward_reports(r_gateway.attach(), (subject.1, mark), subscribers(index)));
+        let resume = ResumePoint::new(subject, mark, durable.clone());
+        runtime.spawn(forward_reports(r_gateway.attach(), resume, subscribers(index)));
         r_gateways.push(r_gateway);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
@@ -162,6 +166,7 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         built,
         in_tier: tokio::sync::mpsc::unbounded_channel().1,
         staged_max: STAGED_ORDERS_MAX,
+        routed: Some(durable),
     };
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
@@ -299,12 +304,64 @@ fn count(tally: &mut AppendTally, orders: u64, done: Result<Appended, Replicatio
     }
 }
 
+/// Boundaries between inputs kept while their positions are not yet durable; beyond, the
+/// oldest are dropped (the kept start then stays further back: safe, only more to re-read).
+const INPUT_BOUNDARIES_MAX: usize = 1 << 16;
+
+/// Where a restarted gateway's R-Gateway starts reading one (shard, slot)'s reports: the first
+/// report of the newest input whose routed position the store made durable (`crate::routed`).
+struct ResumePoint {
+    subject: (u32, u32),
+    mark: DeliveredMark,
+    durable: Arc<DurableInputs>,
+    /// (input, stream sequence of its first report) of the inputs handed on, oldest first.
+    boundaries: VecDeque<(u64, u64)>,
+    /// The input of the last report handed on.
+    input_seq: u64,
+}
+
+impl ResumePoint {
+    fn new(subject: (u32, u32), mark: DeliveredMark, durable: Arc<DurableInputs>) -> Self {
+        ResumePoint { subject, mark, durable, boundaries: VecDeque::new(), input_seq: 0 }
+    }
+
+    fn handed_on(&mut self, stream: Stream, seq: u64, record: Option<&Record>) {
+        match (stream, record.map(Record::output_seq)) {
+            (Stream::Reports, Some(input)) if input != 0 && input != self.input_seq => {
+                if self.boundaries.len() == INPUT_BOUNDARIES_MAX {
+                    self.boundaries.pop_front();
+                }
+                self.boundaries.push_back((input, seq));
+                self.input_seq = input;
+            }
+            (Stream::Reports, _) => {}
+            (Stream::MarketData, _) => self.mark.handed_on(stream, seq),
+        }
+    }
+
+    /// Moves the kept start up to the newest input whose position is durable and writes it
+    /// when it moved.
+    fn keep(&mut self) {
+        let durable = self.durable.get(self.subject.0, self.subject.1);
+        while self.boundaries.get(1).is_some_and(|&(input, _)| input <= durable) {
+            self.boundaries.pop_front();
+        }
+        if let Some(&(_, seq)) = self.boundaries.front().filter(|(input, _)| *input <= durable) {
+            self.mark.keep_from(Stream::Reports, seq);
+        }
+        if let Err(error) = self.mark.write_if_moved() {
+            tracing::error!("gateway: keeping the delivered reports' position: {error}");
+        }
+    }
+}
+
 /// Reads one R-Gateway's frames (in process: no socket between them), hands each client
-/// report to the sessions' reply queue, and after each chunk keeps how far it got (`mark`),
-/// so a restarted gateway does not hand a report on twice.
+/// report to the sessions' reply queue, and after each chunk moves where a restart resumes
+/// (`resume`): never past what the session store holds, so a restarted gateway neither skips
+/// a report nor (the hub drops what it already routed) routes one twice.
 async fn forward_reports(
     mut r_gateway: InProcessConsumer,
-    (slot, mut mark): (u32, DeliveredMark),
+    mut resume: ResumePoint,
     mut subscribers: Vec<Box<dyn Subscriber>>,
 ) {
     let epoch = EpochOffset::measure().absolute(0);
@@ -312,32 +369,30 @@ async fn forward_reports(
     while let Some(chunk) = r_gateway.next_chunk().await {
         decoder.extend(&chunk);
         while let Ok(Some(frame)) = decoder.next_frame() {
-            if let Frame::Data { stream, seq, .. } | Frame::Resync { stream, last_seq: seq, .. } =
-                frame
-            {
-                mark.handed_on(stream, seq);
-            }
             match frame {
-                Frame::Data { stream: Stream::Reports, record, .. } => {
+                Frame::Data { stream: Stream::Reports, seq, record, .. } => {
+                    resume.handed_on(Stream::Reports, seq, Some(&record));
                     match response_of(&record, epoch) {
                         Some(response) => subscribers[0].deliver(&response),
                         None => tracing::warn!("gateway: a report with unknown codes dropped"),
                     }
                 }
-                Frame::Resync { stream, first_seq, last_seq } => tracing::error!(
-                    "gateway: {} {first_seq}..={last_seq} lost beyond the engines' retained window",
-                    stream.name()
-                ),
+                Frame::Data { stream, seq, .. } => resume.handed_on(stream, seq, None),
+                Frame::Resync { stream, first_seq, last_seq } => {
+                    resume.handed_on(stream, last_seq, None);
+                    tracing::error!(
+                        "gateway: {} {first_seq}..={last_seq} lost beyond the engines' retained window",
+                        stream.name()
+                    )
+                }
                 Frame::Goodbye { .. } => return,
-                Frame::Data { .. } | Frame::Hello { .. } => {}
+                Frame::Hello { .. } => {}
             }
         }
-        if let Err(error) = mark.write() {
-            tracing::error!("gateway: keeping the delivered reports' position: {error}");
-        }
+        resume.keep();
     }
     // A shutdown (or a cut-off, which the R-Gateway itself warned about).
-    tracing::debug!("gateway: R-Gateway {slot} stopped handing reports on");
+    tracing::debug!("gateway: R-Gateway {:?} stopped handing reports on", resume.subject);
 }
 
 /// The client report a record carries, its intended time on this process's clock.

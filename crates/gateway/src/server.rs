@@ -230,6 +230,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         built,
         in_tier: in_tier_requests,
         staged_max: crate::io::STAGED_ORDERS_MAX.min(options.tier.ring_slots),
+        routed: None,
     };
     let run = RunOptions {
         rate_per_s: options.planned_rate_per_s,
