@@ -491,6 +491,21 @@ fn append_until(
 /// stop for at most the lease stream's election time + 2 s.
 #[test]
 fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
+    let lease_stream = replication::lease::LeaseSettings::new("leantier", 3).bucket;
+    kill_the_node_leading_under_load(&lease_stream, "lease");
+}
+
+/// As above for the node leading shard 0's input stream: appends stall until the stream has a
+/// new leader (the appender retries under the same message id), the engines go on from the
+/// log, and every order is answered exactly once within the election time + 2 s.
+#[test]
+fn killing_the_node_that_leads_the_shard_stream_under_load_loses_no_report() {
+    kill_the_node_leading_under_load(&LogSettings::new(3).stream(0), "shard");
+}
+
+/// SIGKILLs the node leading `stream` under continuous appends, restarts it 5 s later, and
+/// asserts every order answered once, reports silent at most the election time + 2 s.
+fn kill_the_node_leading_under_load(stream: &str, what: &str) {
     let Setup { mut cluster, url, dir, rt } = Setup::new();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
@@ -499,9 +514,8 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     wait_for("the first reports", Duration::from_secs(30), || reports(&tally) >= total);
     let _standby = Process::named_engine(dir.path(), &url, "b");
     let client = rt.block_on(delivery::nats::connect(&NatsConnect::new(&url), "test")).unwrap();
-    let lease_stream = replication::lease::LeaseSettings::new("leantier", 3).bucket;
-    let leader_node = rt.block_on(cluster.stream_leader(client.clone(), &lease_stream));
-    let leader_node = leader_node.expect("the lease stream has a leader");
+    let leader_node = rt.block_on(cluster.stream_leader(client.clone(), stream));
+    let leader_node = leader_node.unwrap_or_else(|| panic!("the {what} stream has a leader"));
     // The election is watched from the nodes that stay up.
     let survivor = NatsConnect::new(cluster.url_without(leader_node));
     let client = rt.block_on(delivery::nats::connect(&survivor, "test")).unwrap();
@@ -528,7 +542,7 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     let mut elected_after = None;
     while killed_at.elapsed() < Duration::from_secs(12) {
         if elected_after.is_none()
-            && rt.block_on(cluster.stream_leader(client.clone(), &lease_stream)).is_some()
+            && rt.block_on(cluster.stream_leader(client.clone(), stream)).is_some()
         {
             elected_after = Some(killed_at.elapsed());
         }
@@ -541,10 +555,10 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     let total = load.join().unwrap();
     wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
     let report = r_gateway.report();
-    let elected = elected_after.expect("a new lease-stream leader");
+    let elected = elected_after.unwrap_or_else(|| panic!("a new {what}-stream leader"));
     let silence = longest_silence.join().unwrap();
     println!(
-        "lease-stream leader SIGKILLed: new leader elected after {elected:?}, longest time \
+        "{what}-stream leader SIGKILLed: new leader elected after {elected:?}, longest time \
          without a report {silence:?}; {} orders, {} records recovered",
         total, report.recovered
     );
