@@ -4,6 +4,9 @@
 //! Every appended order's report reaches the R-Gateway's consumer exactly once, in sequence;
 //! the time from each kill to the first report of the new leader is measured.
 
+#[path = "common/fix_client.rs"]
+mod fix_client;
+
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +17,7 @@ use delivery::gateway::{GatewayOptions, start as start_r_gateway};
 use delivery::nats::NatsConnect;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{InboundOrder, Reason, Side, request_kind};
+use gateway::fix::tag;
 use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
 use replication::follow::Follower;
@@ -745,6 +749,79 @@ fn a_gateway_killed_mid_burst_answers_every_order_exactly_once_after_its_restart
         .collect();
     assert!(not_once.is_empty(), "(token, accepts) not accepted exactly once: {not_once:?}");
     println!("{} of {ORDERS} orders resent after the restart", resent.len());
+}
+
+/// The FIX case: a FIX client's order of 3 is partly filled (1 traded with a native
+/// client), its gateway process is SIGKILLed and started again on its store, and the client
+/// logs on and asks for everything again (ResendRequest from 1, as a FIX engine does after a
+/// restart). It gets exactly the two ExecutionReports it had, as PossDup copies with their
+/// ExecIDs, and no fill it never had (before: a new ExecID, ExecType F, CumQty 2 with only 1
+/// traded); its order resent under the same ClOrdID is refused as a duplicate, not booked.
+#[test]
+fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it_never_had() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let hash = gateway::credentials::hash_secret(b"pw").unwrap();
+    let clients = format!("1 native good {hash}\n2 fix F2 {hash}\n");
+    std::fs::write(dir.path().join("clients.txt"), clients).unwrap();
+    let _leader = Process::engine(dir.path(), &url);
+    let fix_gateway = |dir: &std::path::Path| {
+        let args = ["--role", "gateway", "--nats", &url, "--listen", "127.0.0.1:0"];
+        let (gateway, mut lines) =
+            Process::start_reading(dir, &[&args[..], &["--fix-listen", "127.0.0.1:0"]].concat());
+        let native = native_address(&lines.next().unwrap().unwrap());
+        let fix_line = lines.next().unwrap().unwrap();
+        let fix: SocketAddr =
+            fix_line.strip_prefix("FIX 4.4 listening on ").expect(&fix_line).parse().unwrap();
+        (gateway, native, fix)
+    };
+    let (gateway, native, fix) = fix_gateway(dir.path());
+    let mut buyer = fix_client::FixClient::connect(fix, "F2", 1);
+    buyer.logon("pw");
+    let order = [
+        (tag::CL_ORD_ID, "o1"),
+        (tag::SYMBOL, "1"),
+        (tag::SIDE, "1"),
+        (tag::TRANSACT_TIME, "20260101-00:00:00.000"),
+        (tag::ORDER_QTY, "3"),
+        (tag::ORD_TYPE, "2"),
+        (tag::PRICE, "100000"),
+    ];
+    buyer.send("D", &order);
+    let accepted = buyer.recv();
+    assert_eq!(fix_client::get(&accepted, tag::EXEC_TYPE), "0", "{accepted:?}");
+    let mut seller = logged_in(native);
+    let line = gateway::client::parse_script_line("sell 1 1 1 100000", 1).unwrap().unwrap();
+    seller.send(&line).unwrap();
+    let filled = buyer.recv();
+    let field = |fields: &fix_client::Fields, t| fix_client::get(fields, t).to_owned();
+    let partial = [tag::EXEC_TYPE, tag::CUM_QTY, tag::LEAVES_QTY].map(|t| field(&filled, t));
+    assert_eq!(partial, ["F", "1", "2"], "{filled:?}");
+    gateway.kill();
+
+    let (_gateway, _, fix) = fix_gateway(dir.path());
+    let mut buyer = fix_client::FixClient::connect(fix, "F2", buyer.next_seq);
+    buyer.logon("pw");
+    buyer.send("2", &[(tag::BEGIN_SEQ_NO, "1"), (tag::END_SEQ_NO, "0")]);
+    let mut reports = Vec::new();
+    while let Some(message) = buyer.recv_within(Duration::from_secs(3)) {
+        if fix_client::get(&message, tag::MSG_TYPE) == "8" {
+            reports.push(message);
+        }
+    }
+    let seen: Vec<[String; 3]> = reports
+        .iter()
+        .map(|r| [tag::EXEC_ID, tag::EXEC_TYPE, tag::POSS_DUP_FLAG].map(|t| field(r, t)))
+        .collect();
+    let expected = [&accepted, &filled]
+        .map(|r| [field(r, tag::EXEC_ID), field(r, tag::EXEC_TYPE), "Y".into()]);
+    assert_eq!(seen, expected, "exactly the reports it had, resent with their ExecIDs");
+    buyer.send("D", &order);
+    let resent = buyer.recv();
+    let refused = [tag::MSG_TYPE, tag::EXEC_TYPE].map(|t| field(&resent, t));
+    assert_eq!(refused, ["8", "8"], "a resent live ClOrdID is refused: {resent:?}");
 }
 
 /// `replication check` is a checker that can fail: a forged report batch (a real sequence
