@@ -137,6 +137,37 @@ impl Cluster {
         }
     }
 
+    /// Pauses node `index` (SIGSTOP): its sockets stay open and its kernel still takes what
+    /// clients send, but it reads and answers nothing until [`Cluster::resume`].
+    pub fn pause(&self, index: usize) -> Result<(), ReplicationError> {
+        self.signal(index, "-STOP")
+    }
+
+    /// Resumes a paused node (SIGCONT).
+    pub fn resume(&self, index: usize) -> Result<(), ReplicationError> {
+        self.signal(index, "-CONT")
+    }
+
+    fn signal(&self, index: usize, signal: &str) -> Result<(), ReplicationError> {
+        let node = &self.nodes[index];
+        let Some(child) = &node.child else {
+            return Err(ReplicationError::Server(format!("node {} is not running", node.name)));
+        };
+        let sent = Command::new("kill").args([signal, &child.id().to_string()]).status();
+        match sent {
+            Ok(status) if status.success() => Ok(()),
+            other => {
+                Err(ReplicationError::Server(format!("kill {signal} {}: {other:?}", node.name)))
+            }
+        }
+    }
+
+    /// Node `index`'s client URL on loopback alone (a client that talks to that node until it
+    /// loses its connection, then to the nodes the cluster told it of).
+    pub fn url_of(&self, index: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[index].client_port)
+    }
+
     /// Restarts a killed node on its ports and store and waits until it accepts clients.
     pub fn restart(&mut self, index: usize) -> Result<(), ReplicationError> {
         self.spawn(index)?;
