@@ -4,8 +4,7 @@
 use std::time::{Duration, Instant};
 
 use matching::msg::InboundOrder;
-use replication::ReplicationError;
-use replication::append::{AppendId, AppendOutcome, OrderLog, Unacknowledged};
+use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
 use replication::follow::Follower;
 use replication::layout::LogSettings;
@@ -253,82 +252,4 @@ fn the_lease_has_one_holder_and_passes_on_when_renewals_stop() {
         second.release().await.unwrap();
         assert!(first.try_acquire().await.unwrap(), "a released lease is free at once");
     });
-}
-
-/// An append handed to a node that then pauses (SIGSTOP) stays unacknowledged past its retry
-/// window (a 3 s deduplication window: 2 s of retries); the log then tells its outcome both
-/// ways. Resumed (SIGCONT), the node hands the copies it held to the stream late, after the
-/// gateway gave up: the search (its barrier behind them on the same connection) finds the
-/// append at its sequence, stored once. Killed (SIGKILL) instead, the node takes the copies
-/// with it: the search, over the connection the client made to another node, finds none.
-#[test]
-fn an_append_unacknowledged_past_its_window_is_found_landed_or_absent() {
-    let cluster = Cluster::start(3).unwrap();
-    let rt = runtime();
-    let settings = LogSettings { dedup_window: Duration::from_secs(3), ..LogSettings::new(3) };
-    let stream = settings.stream(0);
-    // The client talks to one node that does not lead the stream: pausing it leaves the
-    // stream's quorum (and leader) alone.
-    let (log, node) = rt.block_on(async {
-        let client = connect(&cluster.url()).await;
-        OrderLog::open(client.clone(), settings.clone()).await.unwrap();
-        let leader = cluster.stream_leader(client, &stream).await.expect("a stream leader");
-        let node = (leader + 1) % 3;
-        let log = OrderLog::open(connect(&cluster.url_of(node)).await, settings.clone()).await;
-        (log.unwrap(), node)
-    });
-    assert_eq!(rt.block_on(log.append(&order(0, 1), id(1), 0)).unwrap().stream_seq, 1);
-
-    cluster.pause(node).unwrap();
-    let late = unacknowledged(&rt, &log, 2);
-    cluster.resume(node).unwrap();
-    let outcome = find(&rt, &log, &late);
-    assert_eq!(outcome, AppendOutcome::Landed(2), "resumed, the node handed the copies on");
-
-    cluster.pause(node).unwrap();
-    let lost = unacknowledged(&rt, &log, 3);
-    let mut cluster = cluster;
-    cluster.kill(node);
-    let outcome = find(&rt, &log, &lost);
-    assert_eq!(outcome, AppendOutcome::Absent, "killed, the node took the copies with it");
-
-    rt.block_on(async {
-        let client = connect(&cluster.url_without(node)).await;
-        let mut follower = Follower::open(client, &settings, 0, 1).await.unwrap();
-        for seq in 1..=2 {
-            let logged = tokio::time::timeout(Duration::from_secs(10), follower.next()).await;
-            let logged = logged.expect("in time").expect("open").unwrap();
-            assert_eq!((logged.stream_seq, logged.order.order_id), (seq, seq));
-        }
-        let extra = tokio::time::timeout(Duration::from_millis(500), follower.next()).await;
-        assert!(extra.is_err(), "the late append stored once, the lost one never: {extra:?}");
-    });
-}
-
-/// Appends order `seq` (instrument 0) while the log's node is paused, and returns how it ended.
-fn unacknowledged(rt: &tokio::runtime::Runtime, log: &OrderLog, seq: u64) -> Unacknowledged {
-    match rt.block_on(log.append(&order(0, seq), id(seq), 0)) {
-        Err(ReplicationError::NotAcknowledged(unacknowledged)) => {
-            assert_eq!(unacknowledged.after_seq, seq - 1, "the newest stored before it");
-            let orders: Vec<u64> = unacknowledged.orders().map(|o| o.order_id).collect();
-            assert_eq!(orders, [seq], "it carries its order");
-            *unacknowledged
-        }
-        other => panic!("order {seq} appended to a paused node: {other:?}"),
-    }
-}
-
-/// What the log says of `append`, asked until it answers (the client reconnecting, the
-/// stream electing a leader).
-fn find(rt: &tokio::runtime::Runtime, log: &OrderLog, append: &Unacknowledged) -> AppendOutcome {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match rt.block_on(log.find_appends(0, std::slice::from_ref(append))) {
-            Ok(outcomes) => return outcomes[0],
-            Err(error) => {
-                assert!(Instant::now() < deadline, "the log answers again: {error}");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
-    }
 }
