@@ -1,5 +1,5 @@
 //! A gateway without a tier (`gateway::remote`) whose appends go unacknowledged past their
-//! retry window: on a real three-node JetStream cluster with one engine, the client of such an
+//! retry window: on a real JetStream cluster (four nodes) with one engine, the client of such an
 //! order gets one definite answer once the log tells whether the append landed.
 
 mod common;
@@ -137,15 +137,26 @@ fn wait_for_metric(remote: &RunningRemote, name: &str, value: u64) {
 /// client's order appended meanwhile: an ExecutionReport 150=8, 58=NotLogged).
 #[test]
 fn an_order_whose_append_went_unacknowledged_is_answered_once_the_log_tells() {
-    let mut cluster = Cluster::start(3).unwrap();
+    // Four nodes, the shard's stream on three: the gateway talks to the fourth, whose pause
+    // leaves the stream's Raft group alone (a paused member, resumed, may call an election
+    // that deposes the leader and drops the copies it held: the append is then lost, and
+    // "landed" would not be certain).
+    let mut cluster = Cluster::start(4).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    // The gateway's node does not lead the shard's stream: its pause leaves the quorum alone.
     let node = rt.block_on(async {
         let client = delivery::nats::connect(&NatsConnect::new(cluster.url()), "test").await;
         let client = client.unwrap();
         OrderLog::open(client.clone(), log_settings()).await.unwrap();
-        let leader = cluster.stream_leader(client, &log_settings().stream(0)).await;
-        (leader.expect("a stream leader") + 1) % 3
+        let stream = log_settings().stream(0);
+        let started = Instant::now();
+        loop {
+            let holders = cluster.stream_nodes(client.clone(), &stream).await;
+            if holders.len() == 3 {
+                break (0..4).find(|node| !holders.contains(node)).unwrap();
+            }
+            assert!(started.elapsed() < WAIT, "the stream's replicas are known: {holders:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     });
     let engine = engine(&cluster, node);
     let store = tempfile::tempdir().unwrap();

@@ -124,6 +124,18 @@ impl Cluster {
         self.nodes.iter().position(|node| node.name == leader)
     }
 
+    /// The nodes that hold JetStream stream `stream` (its leader and other replicas), by
+    /// index, asked over `client` (empty: no leader yet, or no such stream).
+    pub async fn stream_nodes(&self, client: async_nats::Client, stream: &str) -> Vec<usize> {
+        let mut js = async_nats::jetstream::new(client);
+        js.set_timeout(std::time::Duration::from_millis(250));
+        let Ok(mut stream) = js.get_stream(stream).await else { return Vec::new() };
+        let Ok(info) = stream.info().await else { return Vec::new() };
+        let Some(cluster) = info.cluster.clone() else { return Vec::new() };
+        let names = cluster.leader.into_iter().chain(cluster.replicas.into_iter().map(|r| r.name));
+        names.filter_map(|name| self.nodes.iter().position(|node| node.name == name)).collect()
+    }
+
     /// Whether node `index` runs (not killed, or restarted).
     pub fn is_up(&self, index: usize) -> bool {
         self.nodes[index].child.is_some()
