@@ -317,7 +317,7 @@ impl OrderLog {
     ) -> Result<Vec<AppendOutcome>, ReplicationError> {
         let through = self.barrier(shard).await?;
         let name = self.settings.stream(shard);
-        let what = format!("searching stream {name}");
+        let what = format!("opening stream {name}");
         let stream = self.js.get_stream(&name).await;
         let stream = stream.map_err(|e| ReplicationError::jetstream(&what, e))?;
         let first_seq = stream.cached_info().state.first_sequence.max(1);
@@ -327,40 +327,7 @@ impl OrderLog {
         let mut found: std::collections::HashMap<&str, u64> =
             appends.iter().map(|a| (a.id.as_str(), 0)).collect();
         if from <= to {
-            let config = OrderedConfig {
-                deliver_subject: self.client.new_inbox(),
-                deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: from },
-                headers_only: true,
-                ..Default::default()
-            };
-            let consumer = stream.create_consumer(config).await;
-            let consumer = consumer.map_err(|e| ReplicationError::jetstream(&what, e))?;
-            let messages = consumer.messages().await;
-            let mut messages = messages.map_err(|e| ReplicationError::jetstream(&what, e))?;
-            let mut missing = appends.len();
-            while missing > 0 {
-                let next = tokio::time::timeout(FIND_READ_TIMEOUT, messages.next()).await;
-                let message = match next {
-                    Ok(Some(Ok(message))) => message,
-                    Ok(Some(Err(error))) => return Err(ReplicationError::jetstream(&what, error)),
-                    Ok(None) => return Err(ReplicationError::jetstream(&what, "consumer ended")),
-                    Err(_) => return Err(ReplicationError::jetstream(&what, "read timed out")),
-                };
-                let seq = message.info().map_err(|e| ReplicationError::jetstream(&what, e))?;
-                let seq = seq.stream_sequence;
-                let id = message.headers.as_ref().and_then(|h| h.get(NATS_MESSAGE_ID));
-                if let Some(at) = id.and_then(|id| found.get_mut(id.as_str()))
-                    && *at == 0
-                {
-                    *at = seq;
-                    missing -= 1;
-                    // Relaxed: as in `appended` (a sequence read from the stream is stored).
-                    self.stored_seq[shard as usize].fetch_max(seq, Ordering::Relaxed);
-                }
-                if seq >= to {
-                    break;
-                }
-            }
+            self.scan(shard, &stream, from..=to, &mut found).await?;
         }
         let outcome = |append: &Unacknowledged| match found[append.id.as_str()] {
             0 if append.after_seq + 1 < first_seq || to < through => AppendOutcome::Unknown,
@@ -368,6 +335,50 @@ impl OrderLog {
             seq => AppendOutcome::Landed(seq),
         };
         Ok(appends.iter().map(outcome).collect())
+    }
+
+    /// Reads `stream` over `range` (headers only) and notes where each message id of `found`
+    /// is, until every one is found or the range is read.
+    async fn scan(
+        &self,
+        shard: u32,
+        stream: &jetstream::stream::Stream,
+        range: std::ops::RangeInclusive<u64>,
+        found: &mut std::collections::HashMap<&str, u64>,
+    ) -> Result<(), ReplicationError> {
+        let what = format!("searching stream {}", self.settings.stream(shard));
+        let failed = |error: &dyn fmt::Display| ReplicationError::jetstream(&what, error);
+        let config = OrderedConfig {
+            deliver_subject: self.client.new_inbox(),
+            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: *range.start() },
+            headers_only: true,
+            ..Default::default()
+        };
+        let consumer = stream.create_consumer(config).await.map_err(|e| failed(&e))?;
+        let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+        let mut missing = found.len();
+        while missing > 0 {
+            let message = match tokio::time::timeout(FIND_READ_TIMEOUT, messages.next()).await {
+                Ok(Some(Ok(message))) => message,
+                Ok(Some(Err(error))) => return Err(failed(&error)),
+                Ok(None) => return Err(failed(&"the consumer ended")),
+                Err(_) => return Err(failed(&"read timed out")),
+            };
+            let seq = message.info().map_err(|e| failed(&e))?.stream_sequence;
+            let id = message.headers.as_ref().and_then(|h| h.get(NATS_MESSAGE_ID));
+            if let Some(at) = id.and_then(|id| found.get_mut(id.as_str()))
+                && *at == 0
+            {
+                *at = seq;
+                missing -= 1;
+                // Relaxed: as in `appended` (a sequence read from the stream is stored).
+                self.stored_seq[shard as usize].fetch_max(seq, Ordering::Relaxed);
+            }
+            if seq >= *range.end() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The stream's last sequence as its leader saw it once every publish this client made
