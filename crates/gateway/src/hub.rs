@@ -340,7 +340,7 @@ impl Client {
 /// How an append ended that a gateway without a tier gave up waiting on (its outcome was
 /// unknown): what the input log told once it answered (`crate::remote`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unlogged {
+pub enum Resolution {
     /// It is in the log: the engines answer its orders.
     LandedLate { orders: u64 },
     /// One of its orders, which the log does not hold: its client is answered with a reject.
@@ -640,11 +640,11 @@ impl Hub {
     /// acknowledgement it gave up on (`crate::remote`): counted, and an order the log did not
     /// take answered with a [`gateway_reason::NOT_LOGGED`] reject, as the engines would have
     /// answered it (an order of the operator's, no session's, is only counted).
-    pub fn resolved(&mut self, resolution: &Unlogged) {
+    pub fn resolved(&mut self, resolution: &Resolution) {
         let order = match resolution {
-            Unlogged::LandedLate { .. } => return self.stage.appends_landed_late += 1,
-            Unlogged::Unknown { orders } => return self.stage.orders_unresolved += orders,
-            Unlogged::NotTaken(order) => order,
+            Resolution::LandedLate { .. } => return self.stage.appends_landed_late += 1,
+            Resolution::Unknown { orders } => return self.stage.orders_unresolved += orders,
+            Resolution::NotTaken(order) => order,
         };
         self.stage.orders_not_logged += 1;
         let Some(at) = self.client_index(order.client) else { return };

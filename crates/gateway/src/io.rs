@@ -33,7 +33,7 @@ use tokio::sync::{Notify, oneshot};
 use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
 use crate::admission::Admission;
 use crate::credentials::Credential;
-use crate::hub::{Hub, OrderEntry, Refused, Settings, Unlogged};
+use crate::hub::{Hub, OrderEntry, Refused, Resolution, Settings};
 use crate::metrics::LayoutInfo;
 use crate::server::ServeError;
 use crate::{fix_server, native_server};
@@ -151,7 +151,7 @@ pub(crate) struct IoSetup {
     pub(crate) routed: Option<Arc<crate::routed::DurableInputs>>,
     /// A gateway without a tier: what the input log said of appends whose acknowledgement
     /// was given up on (`crate::remote`), for the hub to count and answer.
-    pub(crate) unlogged: Option<tokio::sync::mpsc::UnboundedReceiver<Unlogged>>,
+    pub(crate) resolutions: Option<tokio::sync::mpsc::UnboundedReceiver<Resolution>>,
 }
 
 thread_local! {
@@ -276,7 +276,7 @@ impl IoLoop {
             stop,
             staged_max,
             routed,
-            unlogged,
+            resolutions,
             ..
         } = setup;
         let orders = RefCell::new(Vec::new());
@@ -314,8 +314,8 @@ impl IoLoop {
         let hub = Rc::new(RefCell::new(hub));
         let upstream = Rc::new(RefCell::new(upstream));
         local.spawn_local(start_tasks(hub.clone(), upstream, listeners, setup.in_tier));
-        if let Some(unlogged) = unlogged {
-            local.spawn_local(answer_unlogged(hub.clone(), unlogged));
+        if let Some(resolutions) = resolutions {
+            local.spawn_local(answer_resolutions(hub.clone(), resolutions));
         }
         let _ = setup.built.send(Ok(()));
         let draining_since = None;
@@ -423,9 +423,9 @@ async fn answer_in_tier(
 
 /// Counts what the input log said of appends given up unacknowledged, answers the orders it
 /// does not hold, and commits the store's batch of those answers.
-async fn answer_unlogged(
+async fn answer_resolutions(
     hub: Rc<RefCell<Hub>>,
-    mut resolutions: tokio::sync::mpsc::UnboundedReceiver<Unlogged>,
+    mut resolutions: tokio::sync::mpsc::UnboundedReceiver<Resolution>,
 ) {
     while let Some(first) = resolutions.recv().await {
         let mut hub = hub.borrow_mut();

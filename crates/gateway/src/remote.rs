@@ -43,7 +43,7 @@ use tokio::sync::Notify;
 
 use crate::credentials::Credential;
 use crate::delivered::DeliveredMark;
-use crate::hub::{Settings, Unlogged};
+use crate::hub::{Resolution, Settings};
 use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
 use crate::routed::DurableInputs;
@@ -158,7 +158,7 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
     let (unacknowledged, to_resolve) = tokio::sync::mpsc::unbounded_channel();
-    let (resolved, unlogged) = tokio::sync::mpsc::unbounded_channel();
+    let (resolved, resolutions) = tokio::sync::mpsc::unbounded_channel();
     runtime.spawn(resolve_appends(log.clone(), to_resolve, resolved));
     let appender = runtime.spawn(append_orders(log, queued, options.gateway_id, unacknowledged));
     let stop = Arc::new(AtomicBool::new(false));
@@ -180,7 +180,7 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         in_tier: tokio::sync::mpsc::unbounded_channel().1,
         staged_max: STAGED_ORDERS_MAX,
         routed: Some(durable),
-        unlogged: Some(unlogged),
+        resolutions: Some(resolutions),
     };
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
@@ -342,7 +342,7 @@ fn count(
 async fn resolve_appends(
     log: OrderLog,
     mut unacknowledged: tokio::sync::mpsc::UnboundedReceiver<Unacknowledged>,
-    resolved: tokio::sync::mpsc::UnboundedSender<Unlogged>,
+    resolved: tokio::sync::mpsc::UnboundedSender<Resolution>,
 ) {
     let mut pending: Vec<Vec<Unacknowledged>> =
         (0..log.settings().shards).map(|_| Vec::new()).collect();
@@ -387,7 +387,7 @@ async fn resolve_appends(
 fn hand_on(
     append: &Unacknowledged,
     outcome: AppendOutcome,
-    resolved: &tokio::sync::mpsc::UnboundedSender<Unlogged>,
+    resolved: &tokio::sync::mpsc::UnboundedSender<Resolution>,
 ) {
     let (id, shard, orders) = (&append.id, append.shard, append.orders().count() as u64);
     // The hub is gone only when the gateway stops.
@@ -398,11 +398,11 @@ fn hand_on(
                 orders,
                 "append {id} landed late at {seq}: the engines answer it"
             );
-            resolved.send(Unlogged::LandedLate { orders })
+            resolved.send(Resolution::LandedLate { orders })
         }
         AppendOutcome::Absent => {
             tracing::warn!(shard, orders, "append {id} is not in the log: its orders are rejected");
-            append.orders().try_for_each(|order| resolved.send(Unlogged::NotTaken(order)))
+            append.orders().try_for_each(|order| resolved.send(Resolution::NotTaken(order)))
         }
         AppendOutcome::Unknown => {
             tracing::error!(
@@ -411,7 +411,7 @@ fn hand_on(
                 "append {id}: the log can no longer tell whether it landed (trimmed past it, or \
                  beyond the search's bound): its clients get no answer"
             );
-            resolved.send(Unlogged::Unknown { orders })
+            resolved.send(Resolution::Unknown { orders })
         }
     };
 }
