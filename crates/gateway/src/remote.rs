@@ -17,6 +17,11 @@
 //! sequences, gap recovery from the leader's retained window, the trust rule), read in process
 //! (`RunningGateway::attach`: no socket between them) and handed to the sessions' reply queue
 //! as the tier's R-Senders would.
+//!
+//! An append unacknowledged for the whole retry window (its outcome unknown: a copy may have
+//! landed, or may still land) goes to the resolver, which asks the log
+//! (`OrderLog::find_appends`) once it answers again, with backoff: found, the engines answer
+//! its orders; absent, each order's client gets a `NotLogged` reject through the hub.
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -31,14 +36,14 @@ use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
 use exchange::tier::{Subscriber, reply_subscribers};
 use futures_util::{FutureExt, StreamExt};
 use replication::ReplicationError;
-use replication::append::{AppendId, Appended, OrderLog};
+use replication::append::{AppendId, AppendOutcome, Appended, OrderLog, Unacknowledged};
 use replication::layout::LogSettings;
 use replication::record::RECORDS_PER_MESSAGE_MAX;
 use tokio::sync::Notify;
 
 use crate::credentials::Credential;
 use crate::delivered::DeliveredMark;
-use crate::hub::Settings;
+use crate::hub::{Resolution, Settings};
 use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
 use crate::routed::DurableInputs;
@@ -52,6 +57,10 @@ pub const APPENDS_IN_FLIGHT_MAX: usize = 4096;
 /// Most orders the appender takes off its queue at once (then split into one message per
 /// shard).
 const BATCH_ORDERS_MAX: usize = 256;
+/// First pause before the resolver asks the log again after it could not answer; it doubles
+/// up to [`RESOLVE_PAUSE_MAX`].
+const RESOLVE_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+const RESOLVE_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often `/ready` follows the NATS connection.
 const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -80,7 +89,8 @@ pub struct AppendTally {
     pub appended: u64,
     /// Appends JetStream recognised as retries of one already stored.
     pub duplicates: u64,
-    /// Orders never acknowledged (not booked: their clients get no report).
+    /// Orders whose append went unacknowledged for the whole retry window (handed to the
+    /// resolver, which asks the log whether they landed).
     pub failed: u64,
 }
 
@@ -147,7 +157,10 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         r_gateways.push(r_gateway);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
-    let appender = runtime.spawn(append_orders(log, queued, options.gateway_id));
+    let (unacknowledged, to_resolve) = tokio::sync::mpsc::unbounded_channel();
+    let (resolved, resolutions) = tokio::sync::mpsc::unbounded_channel();
+    runtime.spawn(resolve_appends(log.clone(), to_resolve, resolved));
+    let appender = runtime.spawn(append_orders(log, queued, options.gateway_id, unacknowledged));
     let stop = Arc::new(AtomicBool::new(false));
     let (built, io_built) = std::sync::mpsc::sync_channel(1);
     let layout = LayoutInfo { groups: "gateway (JetStream input log)".into(), usable_cpus: 0 };
@@ -167,6 +180,7 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         in_tier: tokio::sync::mpsc::unbounded_channel().1,
         staged_max: STAGED_ORDERS_MAX,
         routed: Some(durable),
+        resolutions: Some(resolutions),
     };
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
@@ -235,12 +249,13 @@ fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> 
 }
 
 /// Queues the orders on their streams in admission order, those of one shard that arrived
-/// together as one message (up to `RECORDS_PER_MESSAGE_MAX`: no wait for more), and counts
-/// the acknowledgements.
+/// together as one message (up to `RECORDS_PER_MESSAGE_MAX`: no wait for more), counts
+/// the acknowledgements and hands appends that went unacknowledged to `unacknowledged`.
 async fn append_orders(
     log: OrderLog,
     mut queued: tokio::sync::mpsc::Receiver<InboundOrder>,
     gateway: u32,
+    unacknowledged: Unresolved,
 ) -> AppendTally {
     // This run's id: a retry inside the run reuses its message id; a new run never collides.
     let run = rand::random::<u64>();
@@ -279,29 +294,126 @@ async fn append_orders(
                     orders.clear();
                 }
             }
-            Some((held, done)) = in_flight.next() => count(&mut tally, held, done),
+            Some((held, done)) = in_flight.next() => count(&mut tally, held, done, &unacknowledged),
         }
     }
     while let Some((held, done)) = in_flight.next().await {
-        count(&mut tally, held, done);
+        count(&mut tally, held, done, &unacknowledged);
     }
     tally
 }
 
-/// Counts the `orders` of one message by how its append ended.
-fn count(tally: &mut AppendTally, orders: u64, done: Result<Appended, ReplicationError>) {
-    match done {
-        Ok(appended) if appended.duplicate => tally.duplicates += orders,
-        Ok(_) => tally.appended += orders,
-        Err(error) => {
-            tally.failed += orders;
-            // Logged when the count passes 1, 2, 4, ...: an outage is told, not flooded.
-            let before = tally.failed - orders;
-            if (before + 1).next_power_of_two() <= tally.failed {
-                tracing::error!(failed = tally.failed, "order not accepted by the log: {error}");
+/// Where appends that went unacknowledged go to be resolved.
+type Unresolved = tokio::sync::mpsc::UnboundedSender<Unacknowledged>;
+
+/// Counts the `orders` of one message by how its append ended, and hands an unacknowledged
+/// one to the resolver.
+fn count(
+    tally: &mut AppendTally,
+    orders: u64,
+    done: Result<Appended, ReplicationError>,
+    unresolved: &Unresolved,
+) {
+    let error = match done {
+        Ok(appended) if appended.duplicate => return tally.duplicates += orders,
+        Ok(_) => return tally.appended += orders,
+        Err(error) => error,
+    };
+    tally.failed += orders;
+    // Logged when the count passes 1, 2, 4, ...: an outage is told, not flooded.
+    let before = tally.failed - orders;
+    if (before + 1).next_power_of_two() <= tally.failed {
+        let failed = tally.failed;
+        tracing::warn!(failed, "append unacknowledged, asking the log whether it landed: {error}");
+    }
+    match error {
+        ReplicationError::NotAcknowledged(append) => {
+            // Closed only when the runtime stops with the gateway.
+            let _ = unresolved.send(*append);
+        }
+        other => tracing::error!("order not accepted by the log: {other}"),
+    }
+}
+
+/// Asks the log, once it answers, whether each append that went unacknowledged landed (all
+/// of a shard's pending appends in one search, again after a pause that doubles up to
+/// [`RESOLVE_PAUSE_MAX`] while the log cannot answer), logs each outcome once and hands it to
+/// the hub: landed, the engines answer; absent, the hub answers each order with a reject.
+async fn resolve_appends(
+    log: OrderLog,
+    mut unacknowledged: tokio::sync::mpsc::UnboundedReceiver<Unacknowledged>,
+    resolved: tokio::sync::mpsc::UnboundedSender<Resolution>,
+) {
+    let mut pending: Vec<Vec<Unacknowledged>> =
+        (0..log.settings().shards).map(|_| Vec::new()).collect();
+    let mut pause = RESOLVE_PAUSE_FIRST;
+    loop {
+        if pending.iter().all(Vec::is_empty) {
+            let Some(append) = unacknowledged.recv().await else { return };
+            pending[append.shard as usize].push(append);
+        }
+        while let Ok(append) = unacknowledged.try_recv() {
+            pending[append.shard as usize].push(append);
+        }
+        let mut unanswered = false;
+        for (shard, appends) in pending.iter_mut().enumerate().filter(|(_, a)| !a.is_empty()) {
+            match log.find_appends(shard as u32, appends).await {
+                Ok(outcomes) => {
+                    for (append, outcome) in appends.drain(..).zip(outcomes) {
+                        hand_on(&append, outcome, &resolved);
+                    }
+                }
+                Err(error) => {
+                    unanswered = true;
+                    let (waiting, again) = (appends.len(), pause);
+                    tracing::warn!(
+                        shard,
+                        waiting,
+                        "the log cannot tell yet ({error}): again in {again:?}"
+                    );
+                }
             }
         }
+        if unanswered {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RESOLVE_PAUSE_MAX);
+        } else {
+            pause = RESOLVE_PAUSE_FIRST;
+        }
     }
+}
+
+/// Logs one append's outcome and hands it to the hub.
+fn hand_on(
+    append: &Unacknowledged,
+    outcome: AppendOutcome,
+    resolved: &tokio::sync::mpsc::UnboundedSender<Resolution>,
+) {
+    let (id, shard, orders) = (&append.id, append.shard, append.orders().count() as u64);
+    // The hub is gone only when the gateway stops.
+    let _ = match outcome {
+        AppendOutcome::Landed(seq) => {
+            tracing::info!(
+                shard,
+                orders,
+                "append {id} landed late at {seq}: the engines answer it"
+            );
+            resolved.send(Resolution::LandedLate { orders })
+        }
+        AppendOutcome::Absent => {
+            tracing::warn!(shard, orders, "append {id} is not in the log: its orders are rejected");
+            append.orders().try_for_each(|order| resolved.send(Resolution::NotTaken(order)))
+        }
+        AppendOutcome::Unknown => {
+            tracing::error!(
+                shard,
+                orders,
+                "append {id}: the log can no longer tell whether it landed (trimmed past it, or \
+                 beyond the search's bound): its clients get no answer"
+            );
+            resolved.send(Resolution::Unknown { orders })
+        }
+    };
 }
 
 /// Boundaries between inputs kept while their positions are not yet durable; beyond, the

@@ -229,6 +229,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         handoff: handoff.clone(),
         built,
         in_tier: in_tier_requests,
+        resolutions: None,
         staged_max: crate::io::STAGED_ORDERS_MAX.min(options.tier.ring_slots),
         routed: None,
     };
