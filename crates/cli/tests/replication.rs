@@ -141,7 +141,9 @@ impl Process {
     /// Starts `exchange serve` with `args` in `dir` and returns it with its first line.
     fn start(dir: &std::path::Path, args: &[&str]) -> (Process, String) {
         let (process, mut lines) = Process::start_reading(dir, args);
-        let first = lines.next().expect("a line").unwrap();
+        let Some(Ok(first)) = lines.next() else {
+            panic!("`exchange serve {}` printed nothing; its logs:\n{}", args.join(" "), logs(dir))
+        };
         (process, first)
     }
 
