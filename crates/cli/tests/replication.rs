@@ -762,7 +762,8 @@ fn a_gateway_killed_mid_burst_answers_every_order_exactly_once_after_its_restart
 /// logs on and asks for everything again (ResendRequest from 1, as a FIX engine does after a
 /// restart). It gets exactly the two ExecutionReports it had, as PossDup copies with their
 /// ExecIDs, and no fill it never had (before: a new ExecID, ExecType F, CumQty 2 with only 1
-/// traded); its order resent under the same ClOrdID is refused as a duplicate, not booked.
+/// traded); its orders resent under their ClOrdIDs, the open one and one that filled before
+/// the kill, are refused as duplicates, not booked.
 #[test]
 fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it_never_had() {
     let cluster = Cluster::start(3).unwrap();
@@ -805,6 +806,23 @@ fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it
     let field = |fields: &fix_client::Fields, t| fix_client::get(fields, t).to_owned();
     let partial = [tag::EXEC_TYPE, tag::CUM_QTY, tag::LEAVES_QTY].map(|t| field(&filled, t));
     assert_eq!(partial, ["F", "1", "2"], "{filled:?}");
+    // A second order, at a better price, filled whole: it ends before the kill.
+    let ended_order: Vec<(u32, &str)> = order
+        .iter()
+        .map(|&(t, v)| match t {
+            tag::CL_ORD_ID => (t, "o2"),
+            tag::ORDER_QTY => (t, "1"),
+            tag::PRICE => (t, "100005"),
+            _ => (t, v),
+        })
+        .collect();
+    buyer.send("D", &ended_order);
+    let accepted_2 = buyer.recv();
+    let line = gateway::client::parse_script_line("sell 2 1 1 100005", 1).unwrap().unwrap();
+    seller.send(&line).unwrap();
+    let filled_2 = buyer.recv();
+    let whole = [tag::CL_ORD_ID, tag::EXEC_TYPE, tag::LEAVES_QTY].map(|t| field(&filled_2, t));
+    assert_eq!(whole, ["o2", "F", "0"], "{filled_2:?}");
     gateway.kill();
 
     let (_gateway, _, fix) = fix_gateway(dir.path());
@@ -821,13 +839,15 @@ fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it
         .iter()
         .map(|r| [tag::EXEC_ID, tag::EXEC_TYPE, tag::POSS_DUP_FLAG].map(|t| field(r, t)))
         .collect();
-    let expected = [&accepted, &filled]
+    let expected = [&accepted, &filled, &accepted_2, &filled_2]
         .map(|r| [field(r, tag::EXEC_ID), field(r, tag::EXEC_TYPE), "Y".into()]);
     assert_eq!(seen, expected, "exactly the reports it had, resent with their ExecIDs");
-    buyer.send("D", &order);
-    let resent = buyer.recv();
-    let refused = [tag::MSG_TYPE, tag::EXEC_TYPE].map(|t| field(&resent, t));
-    assert_eq!(refused, ["8", "8"], "a resent live ClOrdID is refused: {resent:?}");
+    for (resend, what) in [(&order[..], "live"), (&ended_order[..], "ended")] {
+        buyer.send("D", resend);
+        let answer = buyer.recv();
+        let refused = [tag::MSG_TYPE, tag::EXEC_TYPE].map(|t| field(&answer, t));
+        assert_eq!(refused, ["8", "8"], "a resent {what} ClOrdID is refused: {answer:?}");
+    }
 }
 
 /// `replication check` is a checker that can fail: a forged report batch (a real sequence
