@@ -134,6 +134,17 @@ impl RoutedPositions {
             self.changed.push(key);
         }
         let routed_before = self.kept.get(&key).is_some_and(|kept| position <= *kept);
+        if routed_before && self.dropped == 0 {
+            let kept = self.kept[&key];
+            tracing::info!(
+                shard = key.0,
+                slot = key.1,
+                input = kept.input_seq,
+                reports = kept.reports,
+                "gateway: dropping the reports routed before the restart (counted in \
+                 gateway_reports_already_routed_total)"
+            );
+        }
         self.dropped += u64::from(routed_before);
         !routed_before
     }
