@@ -1332,6 +1332,45 @@ fn open_loop(
     }
 }
 
+/// The NATS node a gateway process is connected to SIGKILLed under open-loop load and
+/// restarted 3 s later: the gateway was given only that node's URL (it learns the others from
+/// the cluster), reconnects to another, appends again what was not acknowledged and reads the
+/// reports from there on. Every order sent is answered (accepted, or its trade), none rejected.
+#[test]
+fn killing_the_gateways_nats_node_under_load_loses_no_order() {
+    let mut cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dirs = [(); 2].map(|()| tempfile::tempdir().unwrap());
+    for dir in &dirs {
+        write_load_config(dir.path());
+    }
+    let _leader = Process::engine(dirs[0].path(), &url);
+    let _standby = Process::engine(dirs[0].path(), &url);
+    const GATEWAYS_NODE: usize = 2;
+    let (_gateway, native) = Process::gateway(dirs[1].path(), &cluster.url_of(GATEWAYS_NODE), 1);
+    let protocol = gateway::load::LoadProtocol::Native;
+    let options = open_loop(native, protocol, [(1, "N1"), (2, "N2")], Duration::from_secs(7));
+    let load = std::thread::spawn(move || gateway::load::run(&options).unwrap());
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.kill(GATEWAYS_NODE);
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.restart(GATEWAYS_NODE).unwrap();
+    let result = load.join().unwrap();
+    println!(
+        "gateway's node SIGKILLed: sent {}, answered {}, rejected {}, latency max {:.1} ms",
+        result.sent,
+        result.answered,
+        result.rejected,
+        result.latency.max_ns() as f64 / 1e6
+    );
+    if result.answered != result.sent {
+        dirs.iter().for_each(|dir| print_warnings(dir.path()));
+    }
+    assert!(result.sent > 1_000, "the load ran");
+    assert_eq!(result.answered, result.sent, "every order answered");
+    assert_eq!(result.rejected, 0, "none rejected");
+}
+
 /// Two gateway processes (native sessions on one, FIX on the other) under open-loop load while
 /// the leading engine is SIGKILLed `LEANTIER_FAILOVER_KILLS` times (a new standby started each
 /// time): every order sent is answered (accepted, or its trade) and none is rejected.
