@@ -9,8 +9,8 @@
 //! first sequence it hears, `delivery::gateway::FIRST_SEQ_HEARD`, rather than at the stream's
 //! start, which a running exchange left far behind). For reports it is the first report of the
 //! newest input whose routed position is durable in the store; it is rewritten in place (one
-//! `pwrite` of [`MARK_BYTES`]) after a chunk of frames when it moved: at most one system call
-//! per NATS batch, not per report. A position older than the store's costs a re-read (the
+//! `pwrite` of [`MARK_BYTES`]) when it moved, at most every 50 ms (`RESUME_WRITE_INTERVAL`
+//! in `crate::remote`), not per report or batch. A position older than the store's costs a re-read (the
 //! hub drops what it routed already); market data resumes after what was handed on.
 
 use std::fs::File;

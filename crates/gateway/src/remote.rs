@@ -419,6 +419,10 @@ fn hand_on(
 /// Boundaries between inputs kept while their positions are not yet durable; beyond, the
 /// oldest are dropped (the kept start then stays further back: safe, only more to re-read).
 const INPUT_BOUNDARIES_MAX: usize = 1 << 16;
+/// Least time between two writes of a kept start: it is a hint kept behind the store, so a
+/// staler one costs a restart only a longer re-read, while a write per NATS batch cost a
+/// system call per batch at high rates.
+const RESUME_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Where a restarted gateway's R-Gateway starts reading one (shard, slot)'s reports: the first
 /// report of the newest input whose routed position the store made durable (`crate::routed`).
@@ -430,11 +434,21 @@ struct ResumePoint {
     boundaries: VecDeque<(u64, u64)>,
     /// The input of the last report handed on.
     input_seq: u64,
+    /// When the kept start was last written.
+    written_at: std::time::Instant,
 }
 
 impl ResumePoint {
     fn new(subject: (u32, u32), mark: DeliveredMark, durable: Arc<DurableInputs>) -> Self {
-        ResumePoint { subject, mark, durable, boundaries: VecDeque::new(), input_seq: 0 }
+        let written_at = std::time::Instant::now();
+        ResumePoint {
+            subject,
+            mark,
+            durable,
+            boundaries: VecDeque::new(),
+            input_seq: 0,
+            written_at,
+        }
     }
 
     fn handed_on(&mut self, stream: Stream, seq: u64, record: Option<&Record>) {
@@ -452,8 +466,12 @@ impl ResumePoint {
     }
 
     /// Moves the kept start up to the newest input whose position is durable and writes it
-    /// when it moved.
+    /// when it moved (at most once per [`RESUME_WRITE_INTERVAL`]).
     fn keep(&mut self) {
+        if self.written_at.elapsed() < RESUME_WRITE_INTERVAL {
+            return;
+        }
+        self.written_at = std::time::Instant::now();
         let durable = self.durable.get(self.subject.0, self.subject.1);
         while self.boundaries.get(1).is_some_and(|&(input, _)| input <= durable) {
             self.boundaries.pop_front();
