@@ -29,11 +29,13 @@ use lab::stats::LatencyHistogram;
 use serde::Serialize;
 
 use mq::client::Client;
-use mq::protocol::{NodeStats, ReadMode, ReadTarget, Request};
-use mq::server::{self, NodeConfig};
+use mq::protocol::{ReadMode, ReadTarget, Request};
+use mq::server::{self, NodeConfig, NodeTotals, RunningNode};
+use mq::store::wire::{WireCounters, WireTotals, connect_counted};
 use mq::store::{AnyStore, Batch, Store, StoreOp};
 use mq::{MqError, Result};
 
+use crate::mq_budget::{CpuPerMessage, CpuSample, NODE_THREAD_NAME, postmaster_of};
 use crate::mq_load::LOAD_SECRET;
 
 /// Embedded SQLite target of the issue.
@@ -97,22 +99,87 @@ pub struct BenchRow {
     pub latency_us_max: u64,
     /// Mean requests per committed transaction at the node (node rows only).
     pub batch_mean: Option<f64>,
+    #[serde(flatten)]
+    pub budget: Budget,
 }
 
-/// What one measured phase did: operations and each call's latency.
+/// A phase's per-message budget (see the `mq_budget` module): CPU per message, and per batch
+/// (per call for the peers, whose every call is one statement and one round trip) what the
+/// database was sent.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Budget {
+    #[serde(flatten)]
+    pub cpu: CpuPerMessage,
+    pub statements_per_batch: Option<f64>,
+    pub round_trips_per_batch: Option<f64>,
+    /// Bytes between clients and the node, both ways, per message (node rows only).
+    pub client_bytes_per_message: Option<f64>,
+    /// Bytes between the database and its client (the node, or the peer's connections), both
+    /// ways, per message; TCP connections only.
+    pub database_bytes_per_message: Option<f64>,
+}
+
+/// What one measured phase did: operations, each call's latency, its budget.
 struct Phase {
     ops: u64,
     latency: LatencyHistogram,
+    budget: Budget,
 }
 
 impl Phase {
     fn new() -> Phase {
-        Phase { ops: 0, latency: LatencyHistogram::new() }
+        Phase { ops: 0, latency: LatencyHistogram::new(), budget: Budget::default() }
     }
 
     fn add(&mut self, other: Phase) {
         self.ops += other.ops;
         self.latency.merge(&other.latency);
+    }
+}
+
+/// What a phase's budget is computed from, read at its start and at its end.
+struct Readings {
+    cpu: CpuSample,
+    node: Option<NodeTotals>,
+    wire: Option<WireTotals>,
+}
+
+impl Readings {
+    fn take(
+        postmaster: Option<u32>,
+        node: Option<&RunningNode>,
+        wire: Option<WireTotals>,
+    ) -> Readings {
+        Readings { cpu: CpuSample::read(postmaster), node: node.map(RunningNode::totals), wire }
+    }
+
+    /// The budget of `messages` moved between `self` (the start) and `end`. Without node
+    /// totals the phase is a peer's, whose every call is one statement and one round trip.
+    fn budget(&self, end: &Readings, messages: u64) -> Budget {
+        let per_message = |n: u64| (messages > 0).then(|| n as f64 / messages as f64);
+        let wire = match (&self.wire, &end.wire) {
+            (Some(start), Some(end)) => Some(end.since(start)),
+            _ => None,
+        };
+        let node = match (&self.node, &end.node) {
+            (Some(start), Some(end)) => Some(end.since(start)),
+            _ => None,
+        };
+        let per_batch = |f: fn(&WireTotals) -> u64| match (node, wire) {
+            (None, _) => Some(1.0),
+            (Some(_), Some(w)) if w.batches > 0 => Some(f(&w) as f64 / w.batches as f64),
+            _ => None,
+        };
+        Budget {
+            cpu: CpuPerMessage::between(&self.cpu, &end.cpu, messages),
+            statements_per_batch: per_batch(|w| w.statements),
+            round_trips_per_batch: per_batch(|w| w.round_trips),
+            client_bytes_per_message: node
+                .and_then(|n| per_message(n.request_bytes + n.reply_bytes)),
+            database_bytes_per_message: wire
+                .filter(|w| w.bytes_sent > 0)
+                .and_then(|w| per_message(w.bytes_sent + w.bytes_received)),
+        }
     }
 }
 
@@ -136,6 +203,7 @@ fn row(shape: &Shape<'_>, operation: &str, phase: &Phase, seconds: f64) -> Bench
         latency_us_p99: h.value_at_percentile_ns(99.0) / 1000,
         latency_us_max: h.max_ns() / 1000,
         batch_mean: None,
+        budget: phase.budget,
     }
 }
 
@@ -146,10 +214,14 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
     let content = vec![b'x'; config.content_bytes];
     let mut embedded = None;
     let runs = |part| config.parts.contains(&part);
+    let postmaster = match &store {
+        AnyStore::Postgres(_) => local_postmaster(&config.store).await?,
+        AnyStore::Sqlite(_) => None,
+    };
     match &store {
         _ if !runs(BenchPart::Peers) => {}
         AnyStore::Postgres(_) => {
-            rows.extend(postgres_peers(config, &content).await?);
+            rows.extend(postgres_peers(config, postmaster, &content).await?);
         }
         AnyStore::Sqlite(_) => {
             let dir = config.store.trim_start_matches("sqlite:");
@@ -168,7 +240,7 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
     }
     let windows = if runs(BenchPart::Node) { vec![1, config.window.max(1)] } else { vec![] };
     for window in windows {
-        let phases = through_node(store.clone(), config, config.clients, window, &content).await?;
+        let phases = through_node(config, postmaster, config.clients, window, &content).await?;
         let shape = Shape {
             system: "leantier node",
             clients: config.clients,
@@ -181,13 +253,26 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
         }
     }
     if let (AnyStore::Postgres(_), true) = (&store, runs(BenchPart::OneClient)) {
-        rows.extend(one_client(config, store.clone(), &content).await?);
+        rows.extend(one_client(config, postmaster, &content).await?);
     }
     Ok((rows, embedded))
 }
 
+/// The pid of the PostgreSQL server's postmaster when the server runs on this host (its CPU
+/// is then measured; see the `mq_budget` module).
+async fn local_postmaster(url: &str) -> Result<Option<u32>> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let backend: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    Ok(u32::try_from(backend).ok().and_then(postmaster_of))
+}
+
 /// Plain SQL and pgmq at one message per call and at `window` per call.
-async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> Result<Vec<BenchRow>> {
+async fn postgres_peers(
+    config: &BenchConfig,
+    postmaster: Option<u32>,
+    content: &[u8],
+) -> Result<Vec<BenchRow>> {
     let (url, clients, seconds, window) =
         (&config.store, config.clients, config.seconds, config.window.max(1));
     let mut rows = Vec::new();
@@ -207,13 +292,13 @@ async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> Result<Vec<Benc
             Param::BytesArray(vec![content.to_vec(); per_call])
         };
         let shape = Shape { system: "plain SQL", clients, per_call_or_in_flight: per_call };
-        let sends = pg_phase(url, clients, seconds, &send, param).await?;
+        let sends = pg_phase(url, (clients, postmaster), seconds, &send, param).await?;
         rows.push(row(&shape, "send", &sends, seconds));
-        let pops = pg_phase(url, clients, seconds, &pop, Param::None).await?;
+        let pops = pg_phase(url, (clients, postmaster), seconds, &pop, Param::None).await?;
         rows.push(row(&shape, "pop", &pops, seconds));
         setup.batch_execute("DROP TABLE mq_bench_plain").await?;
         if config.pgmq_sql.is_some() {
-            rows.extend(pgmq(&setup, config, per_call, content).await?);
+            rows.extend(pgmq(&setup, (config, postmaster), per_call, content).await?);
         }
     }
     Ok(rows)
@@ -256,7 +341,7 @@ async fn install_pgmq(setup: &tokio_postgres::Client, sql_path: &std::path::Path
 /// API: `send_batch` and `pop(queue, per_call)`.
 async fn pgmq(
     setup: &tokio_postgres::Client,
-    config: &BenchConfig,
+    (config, postmaster): (&BenchConfig, Option<u32>),
     per_call: usize,
     content: &[u8],
 ) -> Result<Vec<BenchRow>> {
@@ -273,8 +358,8 @@ async fn pgmq(
     };
     let pop = format!("SELECT msg_id FROM pgmq.pop('leantier_bench', {per_call})");
     let shape = Shape { system: "pgmq", clients, per_call_or_in_flight: per_call };
-    let sends = pg_phase(url, clients, seconds, &send, param).await?;
-    let pops = pg_phase(url, clients, seconds, &pop, Param::None).await?;
+    let sends = pg_phase(url, (clients, postmaster), seconds, &send, param).await?;
+    let pops = pg_phase(url, (clients, postmaster), seconds, &pop, Param::None).await?;
     setup.execute("SELECT pgmq.drop_queue($1)", &[&PGMQ_QUEUE]).await?;
     Ok(vec![row(&shape, "send", &sends, seconds), row(&shape, "pop", &pops, seconds)])
 }
@@ -302,21 +387,24 @@ impl Param {
 }
 
 /// N connections running `sql` in autocommit for `seconds`; counts rows touched or returned.
-/// A connection stops early when a call touches nothing (a pop phase emptied the queue).
+/// A connection stops early when a call touches nothing (a pop phase emptied the queue). The
+/// connections' bytes are counted like the node's (`connect_counted`).
 async fn pg_phase(
     url: &str,
-    clients: usize,
+    (clients, postmaster): (usize, Option<u32>),
     seconds: f64,
     sql: &str,
     param: Param,
 ) -> Result<Phase> {
+    let pg: tokio_postgres::Config = url.parse()?;
+    let wire = std::sync::Arc::new(WireCounters::default());
     let mut connections = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
+        let (client, _connection) = connect_counted(&pg, std::sync::Arc::clone(&wire)).await?;
         let statement = client.prepare(sql).await?;
         connections.push((client, statement));
     }
+    let start = Readings::take(postmaster, None, Some(wire.totals()));
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
     for (client, statement) in connections {
@@ -340,13 +428,14 @@ async fn pg_phase(
     while let Some(phase) = tasks.join_next().await {
         total.add(phase??);
     }
+    total.budget = start.budget(&Readings::take(postmaster, None, Some(wire.totals())), total.ops);
     Ok(total)
 }
 
 /// One client alone: plain SQL's single-row insert, then the node with one request in flight.
 async fn one_client(
     config: &BenchConfig,
-    store: AnyStore,
+    postmaster: Option<u32>,
     content: &[u8],
 ) -> Result<Vec<BenchRow>> {
     let (url, seconds) = (&config.store, config.seconds);
@@ -356,9 +445,10 @@ async fn one_client(
         .batch_execute("DROP TABLE IF EXISTS mq_bench_plain; CREATE TABLE mq_bench_plain (id bigserial PRIMARY KEY, content bytea NOT NULL)")
         .await?;
     let (send, _) = plain_statements(1);
-    let plain = pg_phase(url, 1, seconds, &send, Param::Bytes(content.to_vec())).await?;
+    let plain =
+        pg_phase(url, (1, postmaster), seconds, &send, Param::Bytes(content.to_vec())).await?;
     setup.batch_execute("DROP TABLE mq_bench_plain").await?;
-    let node = through_node(store, config, 1, 1, content).await?;
+    let node = through_node(config, postmaster, 1, 1, content).await?;
     let plain_shape = Shape { system: "plain SQL", clients: 1, per_call_or_in_flight: 1 };
     let node_shape = Shape { system: "leantier node", clients: 1, per_call_or_in_flight: 1 };
     let mut node_row = row(&node_shape, "send", &node.sends.0, seconds);
@@ -409,6 +499,54 @@ pub fn table(rows: &[BenchRow]) -> Table {
             ratio(best(&r.operation, "pgmq", r.clients, true)),
             ratio(best(&r.operation, "pgmq", r.clients, false)),
             r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
+        ]);
+    }
+    t
+}
+
+/// The per-message budget of every row (see [`Budget`]): where each message's CPU went and
+/// what crossed the wires, so the node's rows read line by line against the peers'.
+pub fn budget_table(rows: &[BenchRow]) -> Table {
+    let mut t = Table::new([
+        "system",
+        "op",
+        "clients",
+        "per call / in flight",
+        "ops/s",
+        "node CPU µs/msg",
+        "PostgreSQL CPU µs/msg",
+        "load generator CPU µs/msg",
+        "host CPU µs/msg",
+        "msgs/batch",
+        "statements/batch",
+        "round trips/batch",
+        "client⇄node B/msg",
+        "⇄database B/msg",
+    ])
+    .with_title("per-message budget (same run; per call for the peers)");
+    let cell = |v: Option<f64>, decimals: usize| {
+        v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+    };
+    for r in rows {
+        let b = &r.budget;
+        let batch = r
+            .batch_mean
+            .or((r.system != "leantier node").then_some(r.per_call_or_in_flight as f64));
+        t.row([
+            r.system.clone(),
+            r.operation.clone(),
+            r.clients.to_string(),
+            r.per_call_or_in_flight.to_string(),
+            format!("{:.0}", r.per_s),
+            cell(b.cpu.node_us.filter(|_| r.system == "leantier node"), 1),
+            cell(b.cpu.postgres_us, 1),
+            cell(b.cpu.load_generator_us, 1),
+            cell(b.cpu.host_us, 1),
+            cell(batch, 1),
+            cell(b.statements_per_batch, 2),
+            cell(b.round_trips_per_batch, 2),
+            cell(b.client_bytes_per_message, 0),
+            cell(b.database_bytes_per_message, 0),
         ]);
     }
     t
@@ -477,17 +615,47 @@ struct NodePhases {
     pops: (Phase, f64),
 }
 
+/// The node on its own runtime (threads named [`NODE_THREAD_NAME`], so its CPU is told apart
+/// from the load generator's) with its own store, as a separate process would have, driven by
+/// `clients` TCP clients with `window` requests in flight each: sends, then pops.
 async fn through_node(
-    store: AnyStore,
     config: &BenchConfig,
+    postmaster: Option<u32>,
     clients: usize,
     window: usize,
     content: &[u8],
 ) -> Result<NodePhases> {
-    if let AnyStore::Postgres(_) = &store {
+    if config.store.starts_with("postgres") {
         vacuum_messages(&config.store).await?;
     }
-    let node = server::start("127.0.0.1:0", store, config.node.clone()).await?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(NODE_THREAD_NAME)
+        .enable_all()
+        .build()
+        .map_err(|source| MqError::Io { what: "starting the node's runtime".into(), source })?;
+    let (spec, node_config) = (config.store.clone(), config.node.clone());
+    let (node, store) = runtime
+        .spawn(async move {
+            let store = AnyStore::open(&spec, node_config.db_workers).await?;
+            let node = server::start("127.0.0.1:0", store.clone(), node_config).await?;
+            Ok::<_, MqError>((node, store))
+        })
+        .await??;
+    let measured = node_phases(&node, &store, config, (postmaster, clients, window), content).await;
+    let _ = runtime.spawn(node.shutdown()).await;
+    runtime.shutdown_background();
+    measured
+}
+
+/// Registers the clients, then measures the send phase and the pop phase with their budgets.
+async fn node_phases(
+    node: &RunningNode,
+    store: &AnyStore,
+    config: &BenchConfig,
+    (postmaster, clients, window): (Option<u32>, usize, usize),
+    content: &[u8],
+) -> Result<NodePhases> {
     let addr = node.addr.to_string();
     let queue = format!("bench-node-{}", mq::util::now_us());
     let mut admin = Client::connect(&addr).await?;
@@ -499,22 +667,27 @@ async fn through_node(
         client.register(&format!("{queue}-{i}"), LOAD_SECRET).await?;
         users.push(client);
     }
-    let before = admin.stats(&queue).await?;
-    let (sends, users) = node_phase(users, &queue, config.seconds, window, Some(content)).await?;
-    let middle = admin.stats(&queue).await?;
-    let (pops, _) = node_phase(users, &queue, config.seconds, window, None).await?;
-    let after = admin.stats(&queue).await?;
+    let readings = || Readings::take(postmaster, Some(node), store.wire_totals());
+    let start = readings();
+    let (mut sends, users) =
+        node_phase(users, &queue, config.seconds, window, Some(content)).await?;
+    let middle = readings();
+    let (mut pops, _) = node_phase(users, &queue, config.seconds, window, None).await?;
+    let end = readings();
     admin.delete_queue(&queue, true).await?;
-    node.shutdown().await;
-    // Each phase's committed operations over its transactions (the stats calls themselves
-    // are one-request transactions; they slightly lower the mean).
-    let batch_mean = |committed: u64, from: &NodeStats, to: &NodeStats| {
-        committed as f64 / (to.batches_committed - from.batches_committed).max(1) as f64
+    sends.budget = start.budget(&middle, sends.ops);
+    pops.budget = middle.budget(&end, pops.ops);
+    let batch_mean = |committed: u64, from: &Readings, to: &Readings| {
+        let batches = match (from.node, to.node) {
+            (Some(from), Some(to)) => to.since(&from).batches_committed,
+            _ => 0,
+        };
+        committed as f64 / batches.max(1) as f64
     };
     let (sent, popped) = (sends.ops, pops.ops);
     Ok(NodePhases {
-        sends: (sends, batch_mean(sent, &before, &middle)),
-        pops: (pops, batch_mean(popped, &middle, &after)),
+        sends: (sends, batch_mean(sent, &start, &middle)),
+        pops: (pops, batch_mean(popped, &middle, &end)),
     })
 }
 

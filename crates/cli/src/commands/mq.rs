@@ -705,6 +705,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
     let load_before = bench::load_average();
     let (rows, embedded) = bench::run(&config).await?;
     let table = bench::table(&rows);
+    let budget = bench::budget_table(&rows);
     let load_line = match (load_before, bench::load_average()) {
         (Some(before), Some(after)) => {
             format!("host load average (1/5/15 min): {before} before, {after} after")
@@ -714,13 +715,14 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&rows)?);
     } else {
-        println!("{table}\n{load_line}");
+        println!("{table}\n{budget}\n{load_line}");
     }
     let report = lab::report::ReportDir::create(&args.out)?;
     report.write_json("bench.json", &rows)?;
     report.write_csv("bench.csv", &table)?;
+    report.write_csv("budget.csv", &budget)?;
     let mut md = lab::report::Markdown::new();
-    md.heading(1, "mq bench").table(&table).paragraph(&load_line);
+    md.heading(1, "mq bench").table(&table).table(&budget).paragraph(&load_line);
     report.write_markdown("bench.md", md.as_str())?;
     if let (true, Some(rate)) = (args.check, embedded)
         && rate < bench::SQLITE_SENDS_PER_S_TARGET

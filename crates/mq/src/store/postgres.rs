@@ -17,9 +17,13 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use std::sync::Arc;
+
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row, Statement};
+use tokio_postgres::{Row, Statement};
+
+use super::wire::{CountedConnect, WireCounters, WireTotals};
 
 use super::plan::{ReadGroup, Step, plan};
 use super::{
@@ -65,6 +69,8 @@ pub struct PostgresConfig {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    /// Bytes, batches, statements and round trips (see the `wire` module).
+    wire: Arc<WireCounters>,
 }
 
 impl PostgresStore {
@@ -75,16 +81,17 @@ impl PostgresStore {
         })?;
         pg.connect_timeout(std::time::Duration::from_secs(CONNECT_TIMEOUT_S));
         pg.options(SESSION_OPTIONS);
-        let manager = Manager::from_config(
+        let wire = Arc::new(WireCounters::default());
+        let manager = Manager::from_connect(
             pg,
-            NoTls,
+            CountedConnect { counters: Arc::clone(&wire) },
             ManagerConfig { recycling_method: RecyclingMethod::Fast },
         );
         let pool = Pool::builder(manager)
             .max_size(config.pool_connections.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()?;
-        let store = PostgresStore { pool };
+        let store = PostgresStore { pool, wire };
         store.migrate().await?;
         Ok(store)
     }
@@ -113,6 +120,11 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// What the store has cost on the wire so far (see the `wire` module).
+    pub fn wire_totals(&self) -> WireTotals {
+        self.wire.totals()
+    }
+
     /// Messages stored (all queues).
     pub async fn message_count(&self) -> Result<u64> {
         let client = self.pool.get().await?;
@@ -128,12 +140,18 @@ impl Store for PostgresStore {
             steps.iter().map(|step| planned(&batch.ops, step)).collect();
         let client = self.pool.get().await?;
         let mut statements = Vec::with_capacity(planned.len());
+        let cached_before = client.statement_cache.size();
         for step in &planned {
             statements.push(match step {
                 Planned::Query(query) => Some(client.prepare_cached(query.sql).await?),
                 Planned::Answered(_) => None,
             });
         }
+        // Each statement prepared for the first time on this connection cost a round trip.
+        let prepared = client.statement_cache.size().saturating_sub(cached_before) as u64;
+        let sent = statements.iter().flatten().count() as u64;
+        let sent = if sent > 1 { sent + 2 } else { sent };
+        self.wire.batch(sent, prepared + u64::from(sent > 0));
         let answers = pipelined(&client, &planned, &statements).await?;
         let mut results =
             vec![Err(ErrorReply::new(Reason::Unavailable, "unanswered")); batch.ops.len()];
@@ -623,7 +641,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn migrations_apply_to_a_fresh_database() {
         let Some(url) = pg_url() else { return };
-        let (admin, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+        let (admin, connection) =
+            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         let name = format!("mq_fresh_{}_{}", std::process::id(), crate::util::now_us());
         admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
