@@ -456,36 +456,36 @@ async fn one_client(
     Ok(vec![row(&plain_shape, "send", &plain, seconds), node_row])
 }
 
-/// The comparison table: rates, latencies and ratios against each peer at one message per call
-/// and at its best (the higher of its one-per-call and batch rows), same operation and clients.
-pub fn table(rows: &[BenchRow]) -> Table {
-    let mut t = Table::new([
-        "system",
-        "op",
-        "clients",
-        "per call / in flight",
-        "ops/s",
-        "p50 µs",
-        "p99 µs",
-        "max µs",
-        "× plain 1/call",
-        "× plain best",
-        "× pgmq 1/call",
-        "× pgmq best",
-        "mean batch",
-    ])
-    .with_title("mq bench (same run, same database)");
-    let best = |operation: &str, system: &str, clients: usize, one_per_call: bool| {
+/// The headers of the ratio columns: against each peer at one message per call and at its
+/// best (the higher of its one-per-call and batch rows), same operation and clients.
+const RATIO_HEADERS: [&str; 4] = ["× plain 1/call", "× plain best", "× pgmq 1/call", "× pgmq best"];
+
+/// `r`'s rate over each peer's rate in the same run (`rows`); see [`RATIO_HEADERS`].
+fn ratios(rows: &[BenchRow], r: &BenchRow) -> [Option<f64>; 4] {
+    let best = |system: &str, one_per_call: bool| {
         rows.iter()
-            .filter(|b| b.operation == operation && b.system == system && b.clients == clients)
+            .filter(|b| b.operation == r.operation && b.system == system && b.clients == r.clients)
             .filter(|b| !one_per_call || b.per_call_or_in_flight == 1)
             .map(|b| b.per_s.max(1e-9))
             .reduce(f64::max)
+            .map(|base| r.per_s / base)
     };
+    [best("plain SQL", true), best("plain SQL", false), best("pgmq", true), best("pgmq", false)]
+}
+
+fn two_decimals(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+/// The comparison table of one run: rates, latencies and ratios (see [`RATIO_HEADERS`]).
+pub fn table(rows: &[BenchRow]) -> Table {
+    let mut headers = vec!["system", "op", "clients", "per call / in flight", "ops/s"];
+    headers.extend(["p50 µs", "p99 µs", "max µs"]);
+    headers.extend(RATIO_HEADERS);
+    headers.push("mean batch");
+    let mut t = Table::new(headers).with_title("mq bench (same run, same database)");
     for r in rows {
-        let ratio =
-            |base: Option<f64>| base.map_or_else(|| "-".into(), |b| format!("{:.2}", r.per_s / b));
-        t.row([
+        let mut cells = vec![
             r.system.clone(),
             r.operation.clone(),
             r.clients.to_string(),
@@ -494,14 +494,103 @@ pub fn table(rows: &[BenchRow]) -> Table {
             r.latency_us_p50.to_string(),
             r.latency_us_p99.to_string(),
             r.latency_us_max.to_string(),
-            ratio(best(&r.operation, "plain SQL", r.clients, true)),
-            ratio(best(&r.operation, "plain SQL", r.clients, false)),
-            ratio(best(&r.operation, "pgmq", r.clients, true)),
-            ratio(best(&r.operation, "pgmq", r.clients, false)),
-            r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
-        ]);
+        ];
+        cells.extend(ratios(rows, r).map(two_decimals));
+        cells.push(r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")));
+        t.row(cells);
     }
     t
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` if empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// Several runs of the same bench (each run's rows in the same order): per row the median
+/// rate with its range, the median p50 and p99, and the median of each run's own ratios (each
+/// ratio is taken within one run, where the contenders shared the machine's state).
+pub fn summary_table(runs: &[Vec<BenchRow>]) -> Table {
+    let mut headers = vec!["system", "op", "clients", "per call / in flight"];
+    headers.extend(["ops/s (median)", "ops/s (min–max)", "p50 µs", "p99 µs"]);
+    headers.extend(RATIO_HEADERS);
+    headers.push("mean batch");
+    let title =
+        format!("mq bench, medians of {} runs (ratios per run, then the median)", runs.len());
+    let mut t = Table::new(headers).with_title(title);
+    let Some(first) = runs.first() else { return t };
+    for (i, r) in first.iter().enumerate() {
+        let same: Vec<(&Vec<BenchRow>, &BenchRow)> =
+            runs.iter().filter_map(|run| run.get(i).map(|row| (run, row))).collect();
+        let of =
+            |f: &dyn Fn(&BenchRow) -> f64| median(same.iter().map(|(_, row)| f(row)).collect());
+        let rates: Vec<f64> = same.iter().map(|(_, row)| row.per_s).collect();
+        let (low, high) = rates.iter().fold((f64::MAX, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)));
+        let mut cells = vec![
+            r.system.clone(),
+            r.operation.clone(),
+            r.clients.to_string(),
+            r.per_call_or_in_flight.to_string(),
+            format!("{:.0}", of(&|row| row.per_s).unwrap_or(0.0)),
+            format!("{low:.0}–{high:.0}"),
+            format!("{:.0}", of(&|row| row.latency_us_p50 as f64).unwrap_or(0.0)),
+            format!("{:.0}", of(&|row| row.latency_us_p99 as f64).unwrap_or(0.0)),
+        ];
+        for k in 0..RATIO_HEADERS.len() {
+            let per_run = same.iter().filter_map(|(run, row)| ratios(run, row)[k]).collect();
+            cells.push(two_decimals(median(per_run)));
+        }
+        let batches = same.iter().filter_map(|(_, row)| row.batch_mean).collect::<Vec<_>>();
+        cells.push(median(batches).map_or_else(|| "-".into(), |b| format!("{b:.1}")));
+        t.row(cells);
+    }
+    t
+}
+
+/// Each row's budget as the median over runs, field by field (see [`budget_table`]).
+pub fn median_budgets(runs: &[Vec<BenchRow>]) -> Vec<BenchRow> {
+    let Some(first) = runs.first() else { return Vec::new() };
+    let mut rows = Vec::with_capacity(first.len());
+    for (i, r) in first.iter().enumerate() {
+        let same: Vec<&BenchRow> = runs.iter().filter_map(|run| run.get(i)).collect();
+        let of = |f: fn(&BenchRow) -> Option<f64>| {
+            median(same.iter().filter_map(|row| f(row)).collect())
+        };
+        let cpu = CpuPerMessage {
+            node_us: of(|row| row.budget.cpu.node_us),
+            postgres_us: of(|row| row.budget.cpu.postgres_us),
+            load_generator_us: of(|row| row.budget.cpu.load_generator_us),
+            host_us: of(|row| row.budget.cpu.host_us),
+        };
+        let budget = Budget {
+            cpu,
+            statements_per_batch: of(|row| row.budget.statements_per_batch),
+            round_trips_per_batch: of(|row| row.budget.round_trips_per_batch),
+            client_bytes_per_message: of(|row| row.budget.client_bytes_per_message),
+            database_bytes_per_message: of(|row| row.budget.database_bytes_per_message),
+        };
+        rows.push(BenchRow {
+            system: r.system.clone(),
+            operation: r.operation.clone(),
+            clients: r.clients,
+            per_call_or_in_flight: r.per_call_or_in_flight,
+            ops: of(|row| Some(row.ops as f64)).unwrap_or(0.0) as u64,
+            per_s: of(|row| Some(row.per_s)).unwrap_or(0.0),
+            latency_us_p50: of(|row| Some(row.latency_us_p50 as f64)).unwrap_or(0.0) as u64,
+            latency_us_p99: of(|row| Some(row.latency_us_p99 as f64)).unwrap_or(0.0) as u64,
+            latency_us_max: of(|row| Some(row.latency_us_max as f64)).unwrap_or(0.0) as u64,
+            batch_mean: of(|row| row.batch_mean),
+            budget,
+        });
+    }
+    rows
 }
 
 /// The per-message budget of every row (see [`Budget`]): where each message's CPU went and
@@ -755,5 +844,54 @@ async fn client_phase(
             Err(e) if e.reason == mq::protocol::Reason::NoMessage => drained = true,
             Err(e) => return Err(mq::client::ClientError::Refused(e).into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench_row(system: &str, per_call: usize, per_s: f64, p50: u64) -> BenchRow {
+        BenchRow {
+            system: system.into(),
+            operation: "send".into(),
+            clients: 32,
+            per_call_or_in_flight: per_call,
+            ops: per_s as u64,
+            per_s,
+            latency_us_p50: p50,
+            latency_us_p99: p50 * 2,
+            latency_us_max: p50 * 3,
+            batch_mean: None,
+            budget: Budget::default(),
+        }
+    }
+
+    #[test]
+    fn medians_take_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN, 5.0]), Some(5.0));
+        assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn the_summary_takes_each_ratio_within_its_run_then_the_median() {
+        // The node is 0.5× plain in every run although both rates swing between runs.
+        let run = |scale: f64| {
+            vec![
+                bench_row("plain SQL", 64, 100.0 * scale, 10),
+                bench_row("leantier node", 64, 50.0 * scale, 20),
+            ]
+        };
+        let runs = vec![run(1.0), run(3.0), run(2.0)];
+        let table = summary_table(&runs);
+        let node = table.rows().iter().find(|r| r[0] == "leantier node").expect("the node's row");
+        assert_eq!(node[4], "100", "median rate: {node:?}");
+        assert_eq!(node[5], "50–150", "range: {node:?}");
+        assert_eq!(node[9], "0.50", "× plain best, per run: {node:?}");
+        let budgets = median_budgets(&runs);
+        assert_eq!(budgets[1].per_s, 100.0);
+        assert_eq!(budgets[1].latency_us_p50, 20);
     }
 }

@@ -165,20 +165,24 @@ mod tests {
     #[test]
     fn this_process_spends_cpu_and_per_message_figures_divide_it() {
         let before = CpuSample::read(None);
+        let spent = |s: &CpuSample| s.process.unwrap() - before.process.unwrap();
+        // Spin until this process has spent 100 ms of CPU (however loaded the host is).
         let start = std::time::Instant::now();
         let mut x = 0u64;
-        while start.elapsed() < std::time::Duration::from_millis(100) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        while spent(&CpuSample::read(None)) < 0.1 && start.elapsed().as_secs() < 30 {
+            for _ in 0..100_000 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
         }
         std::hint::black_box(x);
         let after = CpuSample::read(None);
         let cpu = CpuPerMessage::between(&before, &after, 1000);
-        // 100 ms spinning over 1000 messages ≈ 100 µs each (tick resolution 10 ms).
+        // ≥ 100 ms over 1000 messages: ≥ 100 µs each (more if other tests ran meanwhile).
         let load = cpu.load_generator_us.expect("/proc/self/stat is readable on Linux");
-        assert!((50.0..=200.0).contains(&load), "{load}");
+        assert!(load >= 100.0, "{load}");
         assert_eq!(cpu.node_us, Some(0.0), "no node threads run in this test");
         assert!(cpu.postgres_us.is_none());
-        assert!(cpu.host_us.unwrap() >= load * 0.5);
+        assert!(cpu.host_us.unwrap() > 0.0);
         assert!(CpuPerMessage::between(&before, &after, 0).host_us.is_none());
     }
 }

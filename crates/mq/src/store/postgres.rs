@@ -655,7 +655,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn sends_racing_a_queue_deletion_leave_no_message_behind() {
         let Some(url) = pg_url() else { return };
-        let store = PostgresStore::open(&PostgresConfig { url, pool_connections: 4 }).await.unwrap();
+        let store =
+            PostgresStore::open(&PostgresConfig { url, pool_connections: 4 }).await.unwrap();
         let owner = store.claim_client(&unique("racer"), "hash").await.unwrap().id;
         let op = |request| StoreOp { client_id: Some(owner), now_us: 1, request };
         let (mut refused_after_delete, mut purged) = (0, 0);
@@ -687,7 +688,9 @@ pub(crate) mod tests {
                        WHERE NOT EXISTS (SELECT 1 FROM mq_queues q WHERE q.id = m.queue_id)";
         let orphans: i64 = client.query_one(orphans, &[]).await.unwrap().get(0);
         assert_eq!(orphans, 0, "messages of deleted queues");
-        println!("{refused_after_delete} of 20 send batches came after the delete, {purged} purged");
+        println!(
+            "{refused_after_delete} of 20 send batches came after the delete, {purged} purged"
+        );
     }
 
     /// Every migration applies to an empty database (the shared test database usually has
