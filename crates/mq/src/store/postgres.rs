@@ -58,6 +58,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("postgres_v4.sql"),
     include_str!("postgres_v5.sql"),
     include_str!("postgres_v6.sql"),
+    include_str!("postgres_v7.sql"),
 ];
 
 #[derive(Clone, Debug)]
