@@ -13,6 +13,11 @@
 //! - one client alone: plain SQL's single-row insert beside the node with one request in flight,
 //!   so the difference of their medians is what the node adds to one request.
 //!
+//! Every row carries its per-message budget (CPU per message of the node, PostgreSQL, the load
+//! generator and the host; statements and round trips per batch; bytes per message on each
+//! wire: [`Budget`], the `mq_budget` module), and `--repeats` runs the whole comparison several
+//! times for medians ([`summary_table`], [`median_budgets`]).
+//!
 //! Latency is per request, from the call (or the submit) to its answer; a batch call's latency
 //! counts once per call. Clients register before a phase's clock starts. Pop phases stop at an
 //! empty queue, so a peer's pops are capped by what its send phase left.
