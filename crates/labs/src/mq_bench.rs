@@ -482,7 +482,8 @@ fn two_decimals(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
 }
 
-/// The comparison table of one run: rates, latencies and ratios (see [`RATIO_HEADERS`]).
+/// The comparison table of one run: rates, latencies and ratios against each peer at one
+/// message per call and at its best, same operation and clients.
 pub fn table(rows: &[BenchRow]) -> Table {
     let mut headers = vec!["system", "op", "clients", "per call / in flight", "ops/s"];
     headers.extend(["p50 µs", "p99 µs", "max µs"]);
