@@ -4,7 +4,7 @@
 //! a phase for its per-message budget.
 //!
 //! Bytes are counted by wrapping the TCP stream the pool's connections run on
-//! ([`CountedConnect`], a `deadpool_postgres::Connect`); a connection over a Unix socket is made
+//! (`CountedConnect`, a `deadpool_postgres::Connect`, and [`connect_counted`]); a connection over a Unix socket is made
 //! by tokio-postgres itself and its bytes are not counted.
 
 use std::io;
