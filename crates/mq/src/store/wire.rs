@@ -4,8 +4,8 @@
 //! a phase for its per-message budget.
 //!
 //! Bytes are counted by wrapping the TCP stream the pool's connections run on
-//! (`CountedConnect`, a `deadpool_postgres::Connect`, and [`connect_counted`]); a connection over a Unix socket is made
-//! by tokio-postgres itself and its bytes are not counted.
+//! (`CountedConnect`, a `deadpool_postgres::Connect`, and [`connect_counted`]); a connection
+//! over a Unix socket is made by tokio-postgres itself and its bytes are not counted.
 
 use std::io;
 use std::pin::Pin;
