@@ -570,7 +570,7 @@ fn mq_bench_writes_its_report_and_prints_json_only_when_asked() {
     let bench = |json: bool| {
         let out = out.to_str().unwrap();
         let mut args = vec!["mq", "bench", "--store", &store, "--duration", "100ms"];
-        args.extend(["--clients", "1", "--only", "node", "--out", out]);
+        args.extend(["--clients", "1", "--only", "node", "--out", out, "--repeats", "2"]);
         if json {
             args.push("--json");
         }
@@ -579,10 +579,15 @@ fn mq_bench_writes_its_report_and_prints_json_only_when_asked() {
     let tables = bench(false);
     assert_eq!(code(&tables), 0, "{}", text(&tables.stderr));
     assert!(!text(&tables.stdout).contains("{\""), "no JSON: {}", text(&tables.stdout));
-    for file in ["bench.json", "bench.csv", "bench.md"] {
+    for file in ["bench.json", "bench.csv", "budget.csv", "bench.md"] {
         assert!(out.join(file).exists(), "{file}");
     }
+    assert!(text(&tables.stdout).contains("medians of 2 runs"), "{}", text(&tables.stdout));
     let json = bench(true);
-    let rows: serde_json::Value = serde_json::from_slice(&json.stdout).expect("one JSON line");
-    assert!(rows.as_array().is_some_and(|rows| !rows.is_empty()), "{rows}");
+    let runs: serde_json::Value = serde_json::from_slice(&json.stdout).expect("one JSON line");
+    let runs = runs.as_array().expect("one array of rows per repeat");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().all(|rows| rows.as_array().is_some_and(|r| !r.is_empty())), "{runs:?}");
+    let node_cpu = &runs[0][0]["node_us"];
+    assert!(node_cpu.as_f64().is_some_and(|us| us >= 0.0), "a budget per row: {}", runs[0][0]);
 }

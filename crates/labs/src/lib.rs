@@ -19,6 +19,7 @@
 pub mod delivery_experiment;
 pub mod exchange_experiments;
 pub mod mq_bench;
+pub mod mq_budget;
 pub mod mq_experiment;
 pub mod mq_load;
 pub mod web_load;

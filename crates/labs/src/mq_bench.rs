@@ -13,6 +13,11 @@
 //! - one client alone: plain SQL's single-row insert beside the node with one request in flight,
 //!   so the difference of their medians is what the node adds to one request.
 //!
+//! Every row carries its per-message budget (CPU per message of the node, PostgreSQL, the load
+//! generator and the host; statements and round trips per batch; bytes per message on each
+//! wire: [`Budget`], the `mq_budget` module), and `--repeats` runs the whole comparison several
+//! times for medians ([`summary_table`], [`median_budgets`]).
+//!
 //! Latency is per request, from the call (or the submit) to its answer; a batch call's latency
 //! counts once per call. Clients register before a phase's clock starts. Pop phases stop at an
 //! empty queue, so a peer's pops are capped by what its send phase left.
@@ -29,11 +34,13 @@ use lab::stats::LatencyHistogram;
 use serde::Serialize;
 
 use mq::client::Client;
-use mq::protocol::{NodeStats, ReadMode, ReadTarget, Request};
-use mq::server::{self, NodeConfig};
+use mq::protocol::{ReadMode, ReadTarget, Request};
+use mq::server::{self, NodeConfig, NodeTotals, RunningNode};
+use mq::store::wire::{WireCounters, WireTotals, connect_counted};
 use mq::store::{AnyStore, Batch, Store, StoreOp};
 use mq::{MqError, Result};
 
+use crate::mq_budget::{CpuPerMessage, CpuSample, NODE_THREAD_NAME, postmaster_of};
 use crate::mq_load::LOAD_SECRET;
 
 /// Embedded SQLite target of the issue.
@@ -97,22 +104,87 @@ pub struct BenchRow {
     pub latency_us_max: u64,
     /// Mean requests per committed transaction at the node (node rows only).
     pub batch_mean: Option<f64>,
+    #[serde(flatten)]
+    pub budget: Budget,
 }
 
-/// What one measured phase did: operations and each call's latency.
+/// A phase's per-message budget (see the `mq_budget` module): CPU per message, and per batch
+/// (per call for the peers, whose every call is one statement and one round trip) what the
+/// database was sent.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Budget {
+    #[serde(flatten)]
+    pub cpu: CpuPerMessage,
+    pub statements_per_batch: Option<f64>,
+    pub round_trips_per_batch: Option<f64>,
+    /// Bytes between clients and the node, both ways, per message (node rows only).
+    pub client_bytes_per_message: Option<f64>,
+    /// Bytes between the database and its client (the node, or the peer's connections), both
+    /// ways, per message; TCP connections only.
+    pub database_bytes_per_message: Option<f64>,
+}
+
+/// What one measured phase did: operations, each call's latency, its budget.
 struct Phase {
     ops: u64,
     latency: LatencyHistogram,
+    budget: Budget,
 }
 
 impl Phase {
     fn new() -> Phase {
-        Phase { ops: 0, latency: LatencyHistogram::new() }
+        Phase { ops: 0, latency: LatencyHistogram::new(), budget: Budget::default() }
     }
 
     fn add(&mut self, other: Phase) {
         self.ops += other.ops;
         self.latency.merge(&other.latency);
+    }
+}
+
+/// What a phase's budget is computed from, read at its start and at its end.
+struct Readings {
+    cpu: CpuSample,
+    node: Option<NodeTotals>,
+    wire: Option<WireTotals>,
+}
+
+impl Readings {
+    fn take(
+        postmaster: Option<u32>,
+        node: Option<&RunningNode>,
+        wire: Option<WireTotals>,
+    ) -> Readings {
+        Readings { cpu: CpuSample::read(postmaster), node: node.map(RunningNode::totals), wire }
+    }
+
+    /// The budget of `messages` moved between `self` (the start) and `end`. Without node
+    /// totals the phase is a peer's, whose every call is one statement and one round trip.
+    fn budget(&self, end: &Readings, messages: u64) -> Budget {
+        let per_message = |n: u64| (messages > 0).then(|| n as f64 / messages as f64);
+        let wire = match (&self.wire, &end.wire) {
+            (Some(start), Some(end)) => Some(end.since(start)),
+            _ => None,
+        };
+        let node = match (&self.node, &end.node) {
+            (Some(start), Some(end)) => Some(end.since(start)),
+            _ => None,
+        };
+        let per_batch = |f: fn(&WireTotals) -> u64| match (node, wire) {
+            (None, _) => Some(1.0),
+            (Some(_), Some(w)) if w.batches > 0 => Some(f(&w) as f64 / w.batches as f64),
+            _ => None,
+        };
+        Budget {
+            cpu: CpuPerMessage::between(&self.cpu, &end.cpu, messages),
+            statements_per_batch: per_batch(|w| w.statements),
+            round_trips_per_batch: per_batch(|w| w.round_trips),
+            client_bytes_per_message: node
+                .and_then(|n| per_message(n.request_bytes + n.reply_bytes)),
+            database_bytes_per_message: wire
+                .filter(|w| w.bytes_sent > 0)
+                .and_then(|w| per_message(w.bytes_sent + w.bytes_received)),
+        }
     }
 }
 
@@ -136,6 +208,7 @@ fn row(shape: &Shape<'_>, operation: &str, phase: &Phase, seconds: f64) -> Bench
         latency_us_p99: h.value_at_percentile_ns(99.0) / 1000,
         latency_us_max: h.max_ns() / 1000,
         batch_mean: None,
+        budget: phase.budget,
     }
 }
 
@@ -146,10 +219,14 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
     let content = vec![b'x'; config.content_bytes];
     let mut embedded = None;
     let runs = |part| config.parts.contains(&part);
+    let postmaster = match &store {
+        AnyStore::Postgres(_) => local_postmaster(&config.store).await?,
+        AnyStore::Sqlite(_) => None,
+    };
     match &store {
         _ if !runs(BenchPart::Peers) => {}
         AnyStore::Postgres(_) => {
-            rows.extend(postgres_peers(config, &content).await?);
+            rows.extend(postgres_peers(config, postmaster, &content).await?);
         }
         AnyStore::Sqlite(_) => {
             let dir = config.store.trim_start_matches("sqlite:");
@@ -168,7 +245,7 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
     }
     let windows = if runs(BenchPart::Node) { vec![1, config.window.max(1)] } else { vec![] };
     for window in windows {
-        let phases = through_node(store.clone(), config, config.clients, window, &content).await?;
+        let phases = through_node(config, postmaster, config.clients, window, &content).await?;
         let shape = Shape {
             system: "leantier node",
             clients: config.clients,
@@ -181,13 +258,26 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
         }
     }
     if let (AnyStore::Postgres(_), true) = (&store, runs(BenchPart::OneClient)) {
-        rows.extend(one_client(config, store.clone(), &content).await?);
+        rows.extend(one_client(config, postmaster, &content).await?);
     }
     Ok((rows, embedded))
 }
 
+/// The pid of the PostgreSQL server's postmaster when the server runs on this host (its CPU
+/// is then measured; see the `mq_budget` module).
+async fn local_postmaster(url: &str) -> Result<Option<u32>> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let backend: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    Ok(u32::try_from(backend).ok().and_then(postmaster_of))
+}
+
 /// Plain SQL and pgmq at one message per call and at `window` per call.
-async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> Result<Vec<BenchRow>> {
+async fn postgres_peers(
+    config: &BenchConfig,
+    postmaster: Option<u32>,
+    content: &[u8],
+) -> Result<Vec<BenchRow>> {
     let (url, clients, seconds, window) =
         (&config.store, config.clients, config.seconds, config.window.max(1));
     let mut rows = Vec::new();
@@ -207,13 +297,13 @@ async fn postgres_peers(config: &BenchConfig, content: &[u8]) -> Result<Vec<Benc
             Param::BytesArray(vec![content.to_vec(); per_call])
         };
         let shape = Shape { system: "plain SQL", clients, per_call_or_in_flight: per_call };
-        let sends = pg_phase(url, clients, seconds, &send, param).await?;
+        let sends = pg_phase(url, (clients, postmaster), seconds, &send, param).await?;
         rows.push(row(&shape, "send", &sends, seconds));
-        let pops = pg_phase(url, clients, seconds, &pop, Param::None).await?;
+        let pops = pg_phase(url, (clients, postmaster), seconds, &pop, Param::None).await?;
         rows.push(row(&shape, "pop", &pops, seconds));
         setup.batch_execute("DROP TABLE mq_bench_plain").await?;
         if config.pgmq_sql.is_some() {
-            rows.extend(pgmq(&setup, config, per_call, content).await?);
+            rows.extend(pgmq(&setup, (config, postmaster), per_call, content).await?);
         }
     }
     Ok(rows)
@@ -256,7 +346,7 @@ async fn install_pgmq(setup: &tokio_postgres::Client, sql_path: &std::path::Path
 /// API: `send_batch` and `pop(queue, per_call)`.
 async fn pgmq(
     setup: &tokio_postgres::Client,
-    config: &BenchConfig,
+    (config, postmaster): (&BenchConfig, Option<u32>),
     per_call: usize,
     content: &[u8],
 ) -> Result<Vec<BenchRow>> {
@@ -273,8 +363,8 @@ async fn pgmq(
     };
     let pop = format!("SELECT msg_id FROM pgmq.pop('leantier_bench', {per_call})");
     let shape = Shape { system: "pgmq", clients, per_call_or_in_flight: per_call };
-    let sends = pg_phase(url, clients, seconds, &send, param).await?;
-    let pops = pg_phase(url, clients, seconds, &pop, Param::None).await?;
+    let sends = pg_phase(url, (clients, postmaster), seconds, &send, param).await?;
+    let pops = pg_phase(url, (clients, postmaster), seconds, &pop, Param::None).await?;
     setup.execute("SELECT pgmq.drop_queue($1)", &[&PGMQ_QUEUE]).await?;
     Ok(vec![row(&shape, "send", &sends, seconds), row(&shape, "pop", &pops, seconds)])
 }
@@ -302,21 +392,24 @@ impl Param {
 }
 
 /// N connections running `sql` in autocommit for `seconds`; counts rows touched or returned.
-/// A connection stops early when a call touches nothing (a pop phase emptied the queue).
+/// A connection stops early when a call touches nothing (a pop phase emptied the queue). The
+/// connections' bytes are counted like the node's (`connect_counted`).
 async fn pg_phase(
     url: &str,
-    clients: usize,
+    (clients, postmaster): (usize, Option<u32>),
     seconds: f64,
     sql: &str,
     param: Param,
 ) -> Result<Phase> {
+    let pg: tokio_postgres::Config = url.parse()?;
+    let wire = std::sync::Arc::new(WireCounters::default());
     let mut connections = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
+        let (client, _connection) = connect_counted(&pg, std::sync::Arc::clone(&wire)).await?;
         let statement = client.prepare(sql).await?;
         connections.push((client, statement));
     }
+    let start = Readings::take(postmaster, None, Some(wire.totals()));
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
     for (client, statement) in connections {
@@ -340,13 +433,14 @@ async fn pg_phase(
     while let Some(phase) = tasks.join_next().await {
         total.add(phase??);
     }
+    total.budget = start.budget(&Readings::take(postmaster, None, Some(wire.totals())), total.ops);
     Ok(total)
 }
 
 /// One client alone: plain SQL's single-row insert, then the node with one request in flight.
 async fn one_client(
     config: &BenchConfig,
-    store: AnyStore,
+    postmaster: Option<u32>,
     content: &[u8],
 ) -> Result<Vec<BenchRow>> {
     let (url, seconds) = (&config.store, config.seconds);
@@ -356,9 +450,10 @@ async fn one_client(
         .batch_execute("DROP TABLE IF EXISTS mq_bench_plain; CREATE TABLE mq_bench_plain (id bigserial PRIMARY KEY, content bytea NOT NULL)")
         .await?;
     let (send, _) = plain_statements(1);
-    let plain = pg_phase(url, 1, seconds, &send, Param::Bytes(content.to_vec())).await?;
+    let plain =
+        pg_phase(url, (1, postmaster), seconds, &send, Param::Bytes(content.to_vec())).await?;
     setup.batch_execute("DROP TABLE mq_bench_plain").await?;
-    let node = through_node(store, config, 1, 1, content).await?;
+    let node = through_node(config, postmaster, 1, 1, content).await?;
     let plain_shape = Shape { system: "plain SQL", clients: 1, per_call_or_in_flight: 1 };
     let node_shape = Shape { system: "leantier node", clients: 1, per_call_or_in_flight: 1 };
     let mut node_row = row(&node_shape, "send", &node.sends.0, seconds);
@@ -366,36 +461,37 @@ async fn one_client(
     Ok(vec![row(&plain_shape, "send", &plain, seconds), node_row])
 }
 
-/// The comparison table: rates, latencies and ratios against each peer at one message per call
-/// and at its best (the higher of its one-per-call and batch rows), same operation and clients.
-pub fn table(rows: &[BenchRow]) -> Table {
-    let mut t = Table::new([
-        "system",
-        "op",
-        "clients",
-        "per call / in flight",
-        "ops/s",
-        "p50 µs",
-        "p99 µs",
-        "max µs",
-        "× plain 1/call",
-        "× plain best",
-        "× pgmq 1/call",
-        "× pgmq best",
-        "mean batch",
-    ])
-    .with_title("mq bench (same run, same database)");
-    let best = |operation: &str, system: &str, clients: usize, one_per_call: bool| {
+/// The headers of the ratio columns: against each peer at one message per call and at its
+/// best (the higher of its one-per-call and batch rows), same operation and clients.
+const RATIO_HEADERS: [&str; 4] = ["× plain 1/call", "× plain best", "× pgmq 1/call", "× pgmq best"];
+
+/// `r`'s rate over each peer's rate in the same run (`rows`); see [`RATIO_HEADERS`].
+fn ratios(rows: &[BenchRow], r: &BenchRow) -> [Option<f64>; 4] {
+    let best = |system: &str, one_per_call: bool| {
         rows.iter()
-            .filter(|b| b.operation == operation && b.system == system && b.clients == clients)
+            .filter(|b| b.operation == r.operation && b.system == system && b.clients == r.clients)
             .filter(|b| !one_per_call || b.per_call_or_in_flight == 1)
             .map(|b| b.per_s.max(1e-9))
             .reduce(f64::max)
+            .map(|base| r.per_s / base)
     };
+    [best("plain SQL", true), best("plain SQL", false), best("pgmq", true), best("pgmq", false)]
+}
+
+fn two_decimals(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+/// The comparison table of one run: rates, latencies and ratios against each peer at one
+/// message per call and at its best, same operation and clients.
+pub fn table(rows: &[BenchRow]) -> Table {
+    let mut headers = vec!["system", "op", "clients", "per call / in flight", "ops/s"];
+    headers.extend(["p50 µs", "p99 µs", "max µs"]);
+    headers.extend(RATIO_HEADERS);
+    headers.push("mean batch");
+    let mut t = Table::new(headers).with_title("mq bench (same run, same database)");
     for r in rows {
-        let ratio =
-            |base: Option<f64>| base.map_or_else(|| "-".into(), |b| format!("{:.2}", r.per_s / b));
-        t.row([
+        let mut cells = vec![
             r.system.clone(),
             r.operation.clone(),
             r.clients.to_string(),
@@ -404,11 +500,148 @@ pub fn table(rows: &[BenchRow]) -> Table {
             r.latency_us_p50.to_string(),
             r.latency_us_p99.to_string(),
             r.latency_us_max.to_string(),
-            ratio(best(&r.operation, "plain SQL", r.clients, true)),
-            ratio(best(&r.operation, "plain SQL", r.clients, false)),
-            ratio(best(&r.operation, "pgmq", r.clients, true)),
-            ratio(best(&r.operation, "pgmq", r.clients, false)),
-            r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
+        ];
+        cells.extend(ratios(rows, r).map(two_decimals));
+        cells.push(r.batch_mean.map_or_else(|| "-".into(), |b| format!("{b:.1}")));
+        t.row(cells);
+    }
+    t
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` if empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// Several runs of the same bench (each run's rows in the same order): per row the median
+/// rate with its range, the median p50 and p99, and the median of each run's own ratios (each
+/// ratio is taken within one run, where the contenders shared the machine's state).
+pub fn summary_table(runs: &[Vec<BenchRow>]) -> Table {
+    let mut headers = vec!["system", "op", "clients", "per call / in flight"];
+    headers.extend(["ops/s (median)", "ops/s (min–max)", "p50 µs", "p99 µs"]);
+    headers.extend(RATIO_HEADERS);
+    headers.push("mean batch");
+    let title =
+        format!("mq bench, medians of {} runs (ratios per run, then the median)", runs.len());
+    let mut t = Table::new(headers).with_title(title);
+    let Some(first) = runs.first() else { return t };
+    for (i, r) in first.iter().enumerate() {
+        let same: Vec<(&Vec<BenchRow>, &BenchRow)> =
+            runs.iter().filter_map(|run| run.get(i).map(|row| (run, row))).collect();
+        let of =
+            |f: &dyn Fn(&BenchRow) -> f64| median(same.iter().map(|(_, row)| f(row)).collect());
+        let rates: Vec<f64> = same.iter().map(|(_, row)| row.per_s).collect();
+        let (low, high) = rates.iter().fold((f64::MAX, 0.0f64), |(l, h), &v| (l.min(v), h.max(v)));
+        let mut cells = vec![
+            r.system.clone(),
+            r.operation.clone(),
+            r.clients.to_string(),
+            r.per_call_or_in_flight.to_string(),
+            format!("{:.0}", of(&|row| row.per_s).unwrap_or(0.0)),
+            format!("{low:.0}–{high:.0}"),
+            format!("{:.0}", of(&|row| row.latency_us_p50 as f64).unwrap_or(0.0)),
+            format!("{:.0}", of(&|row| row.latency_us_p99 as f64).unwrap_or(0.0)),
+        ];
+        for k in 0..RATIO_HEADERS.len() {
+            let per_run = same.iter().filter_map(|(run, row)| ratios(run, row)[k]).collect();
+            cells.push(two_decimals(median(per_run)));
+        }
+        let batches = same.iter().filter_map(|(_, row)| row.batch_mean).collect::<Vec<_>>();
+        cells.push(median(batches).map_or_else(|| "-".into(), |b| format!("{b:.1}")));
+        t.row(cells);
+    }
+    t
+}
+
+/// Each row's budget as the median over runs, field by field (see [`budget_table`]).
+pub fn median_budgets(runs: &[Vec<BenchRow>]) -> Vec<BenchRow> {
+    let Some(first) = runs.first() else { return Vec::new() };
+    let mut rows = Vec::with_capacity(first.len());
+    for (i, r) in first.iter().enumerate() {
+        let same: Vec<&BenchRow> = runs.iter().filter_map(|run| run.get(i)).collect();
+        let of = |f: fn(&BenchRow) -> Option<f64>| {
+            median(same.iter().filter_map(|row| f(row)).collect())
+        };
+        let cpu = CpuPerMessage {
+            node_us: of(|row| row.budget.cpu.node_us),
+            postgres_us: of(|row| row.budget.cpu.postgres_us),
+            load_generator_us: of(|row| row.budget.cpu.load_generator_us),
+            host_us: of(|row| row.budget.cpu.host_us),
+        };
+        let budget = Budget {
+            cpu,
+            statements_per_batch: of(|row| row.budget.statements_per_batch),
+            round_trips_per_batch: of(|row| row.budget.round_trips_per_batch),
+            client_bytes_per_message: of(|row| row.budget.client_bytes_per_message),
+            database_bytes_per_message: of(|row| row.budget.database_bytes_per_message),
+        };
+        rows.push(BenchRow {
+            system: r.system.clone(),
+            operation: r.operation.clone(),
+            clients: r.clients,
+            per_call_or_in_flight: r.per_call_or_in_flight,
+            ops: of(|row| Some(row.ops as f64)).unwrap_or(0.0) as u64,
+            per_s: of(|row| Some(row.per_s)).unwrap_or(0.0),
+            latency_us_p50: of(|row| Some(row.latency_us_p50 as f64)).unwrap_or(0.0) as u64,
+            latency_us_p99: of(|row| Some(row.latency_us_p99 as f64)).unwrap_or(0.0) as u64,
+            latency_us_max: of(|row| Some(row.latency_us_max as f64)).unwrap_or(0.0) as u64,
+            batch_mean: of(|row| row.batch_mean),
+            budget,
+        });
+    }
+    rows
+}
+
+/// The per-message budget of every row (see [`Budget`]): where each message's CPU went and
+/// what crossed the wires, so the node's rows read line by line against the peers'.
+pub fn budget_table(rows: &[BenchRow]) -> Table {
+    let mut t = Table::new([
+        "system",
+        "op",
+        "clients",
+        "per call / in flight",
+        "ops/s",
+        "node CPU µs/msg",
+        "PostgreSQL CPU µs/msg",
+        "load generator CPU µs/msg",
+        "host CPU µs/msg",
+        "msgs/batch",
+        "statements/batch",
+        "round trips/batch",
+        "client⇄node B/msg",
+        "⇄database B/msg",
+    ])
+    .with_title("per-message budget (same run; per call for the peers)");
+    let cell = |v: Option<f64>, decimals: usize| {
+        v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+    };
+    for r in rows {
+        let b = &r.budget;
+        let batch = r
+            .batch_mean
+            .or((r.system != "leantier node").then_some(r.per_call_or_in_flight as f64));
+        t.row([
+            r.system.clone(),
+            r.operation.clone(),
+            r.clients.to_string(),
+            r.per_call_or_in_flight.to_string(),
+            format!("{:.0}", r.per_s),
+            cell(b.cpu.node_us.filter(|_| r.system == "leantier node"), 1),
+            cell(b.cpu.postgres_us, 1),
+            cell(b.cpu.load_generator_us, 1),
+            cell(b.cpu.host_us, 1),
+            cell(batch, 1),
+            cell(b.statements_per_batch, 2),
+            cell(b.round_trips_per_batch, 2),
+            cell(b.client_bytes_per_message, 0),
+            cell(b.database_bytes_per_message, 0),
         ]);
     }
     t
@@ -477,17 +710,47 @@ struct NodePhases {
     pops: (Phase, f64),
 }
 
+/// The node on its own runtime (threads named [`NODE_THREAD_NAME`], so its CPU is told apart
+/// from the load generator's) with its own store, as a separate process would have, driven by
+/// `clients` TCP clients with `window` requests in flight each: sends, then pops.
 async fn through_node(
-    store: AnyStore,
     config: &BenchConfig,
+    postmaster: Option<u32>,
     clients: usize,
     window: usize,
     content: &[u8],
 ) -> Result<NodePhases> {
-    if let AnyStore::Postgres(_) = &store {
+    if config.store.starts_with("postgres") {
         vacuum_messages(&config.store).await?;
     }
-    let node = server::start("127.0.0.1:0", store, config.node.clone()).await?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(NODE_THREAD_NAME)
+        .enable_all()
+        .build()
+        .map_err(|source| MqError::Io { what: "starting the node's runtime".into(), source })?;
+    let (spec, node_config) = (config.store.clone(), config.node.clone());
+    let (node, store) = runtime
+        .spawn(async move {
+            let store = AnyStore::open(&spec, node_config.db_workers).await?;
+            let node = server::start("127.0.0.1:0", store.clone(), node_config).await?;
+            Ok::<_, MqError>((node, store))
+        })
+        .await??;
+    let measured = node_phases(&node, &store, config, (postmaster, clients, window), content).await;
+    let _ = runtime.spawn(node.shutdown()).await;
+    runtime.shutdown_background();
+    measured
+}
+
+/// Registers the clients, then measures the send phase and the pop phase with their budgets.
+async fn node_phases(
+    node: &RunningNode,
+    store: &AnyStore,
+    config: &BenchConfig,
+    (postmaster, clients, window): (Option<u32>, usize, usize),
+    content: &[u8],
+) -> Result<NodePhases> {
     let addr = node.addr.to_string();
     let queue = format!("bench-node-{}", mq::util::now_us());
     let mut admin = Client::connect(&addr).await?;
@@ -499,22 +762,27 @@ async fn through_node(
         client.register(&format!("{queue}-{i}"), LOAD_SECRET).await?;
         users.push(client);
     }
-    let before = admin.stats(&queue).await?;
-    let (sends, users) = node_phase(users, &queue, config.seconds, window, Some(content)).await?;
-    let middle = admin.stats(&queue).await?;
-    let (pops, _) = node_phase(users, &queue, config.seconds, window, None).await?;
-    let after = admin.stats(&queue).await?;
+    let readings = || Readings::take(postmaster, Some(node), store.wire_totals());
+    let start = readings();
+    let (mut sends, users) =
+        node_phase(users, &queue, config.seconds, window, Some(content)).await?;
+    let middle = readings();
+    let (mut pops, _) = node_phase(users, &queue, config.seconds, window, None).await?;
+    let end = readings();
     admin.delete_queue(&queue, true).await?;
-    node.shutdown().await;
-    // Each phase's committed operations over its transactions (the stats calls themselves
-    // are one-request transactions; they slightly lower the mean).
-    let batch_mean = |committed: u64, from: &NodeStats, to: &NodeStats| {
-        committed as f64 / (to.batches_committed - from.batches_committed).max(1) as f64
+    sends.budget = start.budget(&middle, sends.ops);
+    pops.budget = middle.budget(&end, pops.ops);
+    let batch_mean = |committed: u64, from: &Readings, to: &Readings| {
+        let batches = match (from.node, to.node) {
+            (Some(from), Some(to)) => to.since(&from).batches_committed,
+            _ => 0,
+        };
+        committed as f64 / batches.max(1) as f64
     };
     let (sent, popped) = (sends.ops, pops.ops);
     Ok(NodePhases {
-        sends: (sends, batch_mean(sent, &before, &middle)),
-        pops: (pops, batch_mean(popped, &middle, &after)),
+        sends: (sends, batch_mean(sent, &start, &middle)),
+        pops: (pops, batch_mean(popped, &middle, &end)),
     })
 }
 
@@ -582,5 +850,54 @@ async fn client_phase(
             Err(e) if e.reason == mq::protocol::Reason::NoMessage => drained = true,
             Err(e) => return Err(mq::client::ClientError::Refused(e).into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench_row(system: &str, per_call: usize, per_s: f64, p50: u64) -> BenchRow {
+        BenchRow {
+            system: system.into(),
+            operation: "send".into(),
+            clients: 32,
+            per_call_or_in_flight: per_call,
+            ops: per_s as u64,
+            per_s,
+            latency_us_p50: p50,
+            latency_us_p99: p50 * 2,
+            latency_us_max: p50 * 3,
+            batch_mean: None,
+            budget: Budget::default(),
+        }
+    }
+
+    #[test]
+    fn medians_take_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN, 5.0]), Some(5.0));
+        assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn the_summary_takes_each_ratio_within_its_run_then_the_median() {
+        // The node is 0.5× plain in every run although both rates swing between runs.
+        let run = |scale: f64| {
+            vec![
+                bench_row("plain SQL", 64, 100.0 * scale, 10),
+                bench_row("leantier node", 64, 50.0 * scale, 20),
+            ]
+        };
+        let runs = vec![run(1.0), run(3.0), run(2.0)];
+        let table = summary_table(&runs);
+        let node = table.rows().iter().find(|r| r[0] == "leantier node").expect("the node's row");
+        assert_eq!(node[4], "100", "median rate: {node:?}");
+        assert_eq!(node[5], "50–150", "range: {node:?}");
+        assert_eq!(node[9], "0.50", "× plain best, per run: {node:?}");
+        let budgets = median_budgets(&runs);
+        assert_eq!(budgets[1].per_s, 100.0);
+        assert_eq!(budgets[1].latency_us_p50, 20);
     }
 }

@@ -39,8 +39,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::address::source_of;
 use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
 use crate::protocol::{
-    ErrorReply, FRAME_BYTES_MAX, PROTOCOL_VERSION, ReadMode, Reason, ReplyBody, ReplyFrame,
-    Request, RequestFrame, ServerTiming, decode_request, encode_reply_as, error_reply_version,
+    ErrorReply, FRAME_BYTES_MAX, LENGTH_PREFIX_BYTES, PROTOCOL_VERSION, ReadMode, Reason,
+    ReplyBody, ReplyFrame, Request, RequestFrame, ServerTiming, decode_request, encode_reply_as,
+    error_reply_version,
 };
 use crate::reply_memory::{self, ReplyCharge};
 use crate::server::{Committed, Counters, Node, NodeConfig, Pending, fill_stats, worker_lost};
@@ -217,6 +218,8 @@ async fn read_requests<'a, S: Store>(
         let arrived = Instant::now();
         let item = match received {
             Ok(()) => {
+                let frame_bytes = (frames.payload().len() + LENGTH_PREFIX_BYTES) as u64;
+                node.counters.request_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
                 let item = match decode_request(frames.payload()) {
                     Err(e) => {
                         // An empty payload has no version byte: answer in this version.
@@ -308,6 +311,7 @@ async fn write_replies<'a, S: Store>(
             charge.settle(out.len());
         }
         bounded(limit, write.write_all(&out)).await?;
+        node.counters.reply_bytes.fetch_add(out.len() as u64, Ordering::Relaxed);
         drop(charge);
         if out.capacity() > FRAME_BUFFER_KEEP_BYTES {
             // A large reply's buffer is given back, so an idle connection keeps at most
@@ -468,7 +472,7 @@ async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::OwnedSemaphorePermit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{LENGTH_PREFIX_BYTES, NAME_BYTES_MAX, SECRET_BYTES_MAX, Secret};
+    use crate::protocol::{NAME_BYTES_MAX, SECRET_BYTES_MAX, Secret};
 
     #[test]
     fn the_largest_register_fits_the_pre_registration_frame_bound() {

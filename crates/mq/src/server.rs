@@ -280,6 +280,9 @@ pub(crate) struct Counters {
     pub(crate) connections_cut_off: AtomicU64,
     pub(crate) connections_idle_closed: AtomicU64,
     pub(crate) reply_memory_refused: AtomicU64,
+    /// Bytes of request frames read (length prefix included) and of replies written.
+    pub(crate) request_bytes: AtomicU64,
+    pub(crate) reply_bytes: AtomicU64,
     /// A request's time in the node: arrival → its reply encoded (queue wait, batch commit,
     /// waiting behind earlier replies of its connection).
     pub(crate) request_seconds: ops::BucketHistogram,
@@ -340,6 +343,32 @@ pub struct RunningNode {
     stop_accepting: tokio::sync::watch::Sender<bool>,
 }
 
+/// A node's running totals, for a benchmark's per-message budget; differences of two readings
+/// cover what happened between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NodeTotals {
+    /// Bytes of request frames read from clients, length prefixes included.
+    pub request_bytes: u64,
+    /// Bytes of replies written to clients.
+    pub reply_bytes: u64,
+    pub batches_committed: u64,
+    pub sends_committed: u64,
+    pub pops_committed: u64,
+}
+
+impl NodeTotals {
+    /// `self - earlier`, saturating.
+    pub fn since(&self, earlier: &NodeTotals) -> NodeTotals {
+        NodeTotals {
+            request_bytes: self.request_bytes.saturating_sub(earlier.request_bytes),
+            reply_bytes: self.reply_bytes.saturating_sub(earlier.reply_bytes),
+            batches_committed: self.batches_committed.saturating_sub(earlier.batches_committed),
+            sends_committed: self.sends_committed.saturating_sub(earlier.sends_committed),
+            pops_committed: self.pops_committed.saturating_sub(earlier.pops_committed),
+        }
+    }
+}
+
 /// What a graceful stop did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StopReport {
@@ -390,6 +419,17 @@ impl RunningNode {
     /// database is down answers every request `Unavailable`).
     pub fn is_ready(&self) -> bool {
         self.node.is_ready()
+    }
+
+    /// The node's running totals (see [`NodeTotals`]).
+    pub fn totals(&self) -> NodeTotals {
+        NodeTotals {
+            request_bytes: self.node.counter(|c| &c.request_bytes),
+            reply_bytes: self.node.counter(|c| &c.reply_bytes),
+            batches_committed: self.node.counter(|c| &c.batches_committed),
+            sends_committed: self.node.counter(|c| &c.sends_committed),
+            pops_committed: self.node.counter(|c| &c.pops_committed),
+        }
     }
 
     /// Adds the node's metrics to `registry` (read at scrape time; see docs/OPERATIONS.md).

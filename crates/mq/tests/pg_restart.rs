@@ -5,6 +5,12 @@
 //! During the outage every request must get an answer (a reason code) within a bound, never
 //! hang; after the restart the node's pool reconnects and serves again; no acknowledged send
 //! is lost and no message is popped twice.
+//!
+//! A second test kills the server (`-m immediate`: no checkpoint, crash recovery at the next
+//! start) while pipelining clients keep large batches in flight, some of whose sends the
+//! database refuses (an unknown queue, an unknown receiver): each refusal names its own
+//! message with its reason while the batch's other sends commit, and every acknowledged send
+//! is in the table after recovery.
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -15,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mq::client::{Client, ClientError};
-use mq::protocol::{ReadMode, ReadTarget, Reason};
+use mq::protocol::{ReadMode, ReadTarget, Reason, ReplyBody, Request};
 use mq::server::{self, NodeConfig};
 use mq::store::AnyStore;
 
@@ -343,4 +349,141 @@ async fn postgres_restart_under_load_gives_errors_not_hangs_and_loses_nothing() 
         lost <= ambiguous_pops,
         "{lost} acknowledged sends lost; at most {ambiguous_pops} pops had an ambiguous outcome"
     );
+}
+
+/// Requests each pipelining client keeps in flight in the kill test.
+const KILL_WINDOW: usize = 32;
+/// A receiver id no client has.
+const UNKNOWN_RECEIVER: u64 = u64::MAX >> 1;
+
+/// What a request of the kill test is, so its reply can be checked against it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Good,
+    MissingQueue,
+    MissingReceiver,
+}
+
+impl Kind {
+    /// Every tenth request is refused for its queue, every tenth (offset 5) for its receiver.
+    fn of(n: u64) -> Kind {
+        match n % 10 {
+            0 => Kind::MissingQueue,
+            5 => Kind::MissingReceiver,
+            _ => Kind::Good,
+        }
+    }
+
+    fn request(self, queue: &str) -> Request {
+        let (queue, receiver) = match self {
+            Kind::Good => (queue.to_owned(), None),
+            Kind::MissingQueue => (format!("{queue}-missing"), None),
+            Kind::MissingReceiver => (queue.to_owned(), Some(UNKNOWN_RECEIVER)),
+        };
+        Request::Send { queue, receiver, content: vec![b'k'; 200] }
+    }
+}
+
+#[derive(Default)]
+struct KillSeen {
+    acked: Vec<u64>,
+    refused_by_database: usize,
+    unavailable: usize,
+}
+
+/// Keeps `KILL_WINDOW` sends in flight until `stop`, checking each reply against its kind:
+/// a good send is acknowledged or `Unavailable` (the outage), a bad one refused for its own
+/// reason or `Unavailable`; anything else fails the test.
+async fn pipelined_sender(mut client: Client, queue: String, stop: Arc<AtomicBool>) -> KillSeen {
+    let mut seen = KillSeen::default();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut n = 0u64;
+    loop {
+        // Relaxed: the flag only ends the loop.
+        while !stop.load(Ordering::Relaxed) && in_flight.len() < KILL_WINDOW {
+            let kind = Kind::of(n);
+            n += 1;
+            client.submit(kind.request(&queue)).await.expect("the node keeps the connection");
+            in_flight.push_back(kind);
+        }
+        let Some(kind) = in_flight.pop_front() else { return seen };
+        let reply = tokio::time::timeout(REPLY_TIMEOUT, client.receive()).await;
+        let (_, result) = reply.expect("a send hung").expect("the node keeps the connection");
+        match (kind, result) {
+            (Kind::Good, Ok(ReplyBody::Sent { message_id, .. })) => seen.acked.push(message_id),
+            (_, Err(e)) if e.reason == Reason::Unavailable => seen.unavailable += 1,
+            (Kind::MissingQueue, Err(e)) if e.reason == Reason::UnknownQueue => {
+                seen.refused_by_database += 1;
+            }
+            (Kind::MissingReceiver, Err(e)) if e.reason == Reason::UnknownReceiver => {
+                seen.refused_by_database += 1;
+            }
+            (kind, other) => panic!("a {kind:?} send answered {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_postgres_mid_batch_loses_no_acknowledged_send() {
+    let Some(bin) = postgres_bin_dir() else {
+        println!("skipped: no PostgreSQL binaries");
+        return;
+    };
+    let started = Instant::now();
+    let pg = ThrowawayPostgres::start(bin);
+    let store = AnyStore::open(&pg.url(), 2).await.unwrap();
+    let node =
+        server::start("127.0.0.1:0", store, NodeConfig { db_workers: 2, ..Default::default() })
+            .await
+            .unwrap();
+    let addr = node.addr.to_string();
+    let queue = unique("kill-q");
+    connect(&addr).await.unwrap().create_queue(&queue).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut senders = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let client = connect(&addr).await.unwrap();
+        senders.spawn(pipelined_sender(client, queue.clone(), Arc::clone(&stop)));
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let pg_ref = &pg;
+    tokio::task::block_in_place(|| pg_ref.pg_ctl_stop("immediate"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| pg_ref.pg_ctl_start());
+    let recovery = wait_until_serving(&addr, &queue).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Relaxed: joining the tasks below orders what they did.
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = KillSeen::default();
+    while let Some(done) = senders.join_next().await {
+        let one = done.unwrap();
+        seen.acked.extend(one.acked);
+        seen.refused_by_database += one.refused_by_database;
+        seen.unavailable += one.unavailable;
+    }
+    node.shutdown().await;
+
+    let (db, connection) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let stored: HashSet<i64> = db
+        .query("SELECT id FROM mq_messages", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let lost = seen.acked.iter().filter(|id| !stored.contains(&(**id as i64))).count();
+    println!(
+        "acked {}, refused by the database {}, Unavailable {}, stored {}, recovery {recovery:?}, \
+         test {:?}",
+        seen.acked.len(),
+        seen.refused_by_database,
+        seen.unavailable,
+        stored.len(),
+        started.elapsed()
+    );
+    assert!(seen.acked.len() > 100, "batches committed before and after the kill");
+    assert!(seen.refused_by_database > 10, "the refused sends were answered one by one");
+    assert!(seen.unavailable > 0, "the kill was seen as Unavailable replies");
+    assert_eq!(lost, 0, "acknowledged sends missing after crash recovery");
 }

@@ -10,6 +10,7 @@
 mod plan;
 mod postgres;
 mod sqlite;
+pub mod wire;
 
 use std::future::Future;
 
@@ -83,6 +84,14 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
+    /// The PostgreSQL store's wire totals (see [`wire`]); `None` for SQLite, which has no wire.
+    pub fn wire_totals(&self) -> Option<wire::WireTotals> {
+        match self {
+            AnyStore::Sqlite(_) => None,
+            AnyStore::Postgres(s) => Some(s.wire_totals()),
+        }
+    }
+
     /// Opens the store named by `spec` (`sqlite:DIR` or `postgres://...`), applying migrations.
     pub async fn open(spec: &str, pool_connections: usize) -> Result<AnyStore> {
         if let Some(dir) = spec.strip_prefix("sqlite:") {

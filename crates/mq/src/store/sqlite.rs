@@ -161,21 +161,33 @@ fn run_batch(conn: &Mutex<Connection>, batch: &mut Batch) -> Result<()> {
     // (busy timeout); a deferred transaction upgrading to write would fail at once instead.
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     batch.results.clear();
-    let mut last_send_queue = None;
+    let mut sends = Sends::default();
     for op in &batch.ops {
-        batch.results.push(execute(&tx, op, &mut last_send_queue)?);
+        batch.results.push(execute(&tx, op, &mut sends)?);
     }
+    drop(sends);
     tx.commit()?;
     Ok(())
 }
 
+/// What the sends of one batch share: the queue of the previous send (a batch of sends to one
+/// queue looks it up once; a delete in the batch forgets it) and the insert statement, taken
+/// from the statement cache once per batch instead of once per message (each cache lookup
+/// hashes the SQL and allocates its key).
+#[derive(Default)]
+struct Sends<'tx> {
+    last_queue: Option<(String, i64)>,
+    insert: Option<rusqlite::CachedStatement<'tx>>,
+}
+
+const INSERT_MESSAGE_SQL: &str = "INSERT INTO messages(queue_id, sender_id, receiver_id, arrived_us, content) \
+                                  VALUES (?1, ?2, ?3, ?4, ?5)";
+
 /// Runs one op; `Err` is a database failure (aborts the batch), `Ok(Err)` a refusal.
-/// `last_send_queue` remembers the queue (name, id) of the batch's previous send: a batch of
-/// sends to one queue looks the queue up once. A delete in the batch forgets it.
-fn execute(
-    tx: &Transaction<'_>,
+fn execute<'tx>(
+    tx: &'tx Transaction<'_>,
     op: &StoreOp,
-    last_send_queue: &mut Option<(String, i64)>,
+    sends: &mut Sends<'tx>,
 ) -> rusqlite::Result<OpResult> {
     let me = op.client_id.unwrap_or(0) as i64;
     let now = op.now_us as i64;
@@ -195,17 +207,17 @@ fn execute(
             })
         }
         Request::DeleteQueue { name, purge } => {
-            *last_send_queue = None;
+            sends.last_queue = None;
             delete_queue(tx, me, name, *purge)
         }
         Request::Send { queue, receiver, content } => {
-            let queue_id = match last_send_queue {
+            let queue_id = match &sends.last_queue {
                 Some((name, id)) if name == queue => *id,
                 _ => {
                     let Some(id) = queue_id(tx, queue)? else {
                         return Ok(Err(unknown_queue(queue)));
                     };
-                    *last_send_queue = Some((queue.clone(), id));
+                    sends.last_queue = Some((queue.clone(), id));
                     id
                 }
             };
@@ -220,17 +232,11 @@ fn execute(
                     )));
                 }
             }
-            tx.prepare_cached(
-                "INSERT INTO messages(queue_id, sender_id, receiver_id, arrived_us, content) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )?
-            .execute(params![
-                queue_id,
-                me,
-                receiver.map(|r| r as i64),
-                now,
-                content
-            ])?;
+            let insert = match &mut sends.insert {
+                Some(insert) => insert,
+                empty => empty.insert(tx.prepare_cached(INSERT_MESSAGE_SQL)?),
+            };
+            insert.execute(params![queue_id, me, receiver.map(|r| r as i64), now, content])?;
             let id = tx.last_insert_rowid();
             Ok(Ok(ReplyBody::Sent { message_id: id as u64, arrived_us: op.now_us }))
         }
