@@ -205,7 +205,7 @@ fn reproduce_one_paper_writes_a_page_with_every_paper_and_refuses_unknown_ids() 
     assert!(page.contains("<svg") && page.contains("Table 11"), "a plot and the published table");
     let verdicts = std::fs::read_to_string(out.join("verdicts.csv")).unwrap();
     assert!(
-        verdicts.starts_with("paper,claim,rule,measured,verdict,why_not_measurable\n"),
+        verdicts.starts_with("paper,claim,scope,rule,measured,verdict,why,host_during_paper\n"),
         "{verdicts}"
     );
     assert_eq!(verdicts.lines().filter(|l| l.starts_with("003,")).count(), 2, "{verdicts}");

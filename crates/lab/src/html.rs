@@ -10,6 +10,7 @@ th{background:#f3f3f3}caption{text-align:left;font-weight:bold;padding:.3em 0}\
 .pair{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}.pair>div{flex:1 1 520px;\
 overflow-x:auto}svg{max-width:100%;height:auto}.reproduced{color:#0a6b2d;font-weight:bold}\
 .not-reproduced{color:#b00020;font-weight:bold}.not-measurable{color:#8a6d00;font-weight:bold}\
+.inconclusive{color:#5a3d8a;font-weight:bold}.context{color:#555;font-style:italic}\
 section.paper{border-top:3px solid #0072B2;margin-top:2.5em}small,.note{color:#555}";
 
 /// Escapes text for HTML element content and attribute values.
