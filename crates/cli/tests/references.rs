@@ -1,0 +1,424 @@
+//! The operator's references, generated from the code (issue 45): docs/CONFIG.md lists every
+//! key of `exchange serve --config` (with its `[tier]` table), `mq serve --config` and
+//! `web serve --config`; docs/METRICS.md every metric family each server's `/metrics` serves.
+//! The keys are the ones the servers themselves accept (the list a mistyped key's error
+//! names), the defaults what `--print-config` prints, the types and meanings the fields' Rust
+//! types and doc comments; the metrics are scraped from freshly started servers. Each test
+//! regenerates its file and fails when the committed one differs;
+//! `LEANTIER_UPDATE_REFERENCES=1 cargo test -p leantier --test references` rewrites them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Compares `generated` with the committed `relative` file, or rewrites it when asked.
+fn check_or_update(relative: &str, generated: &str) {
+    let path = repo().join(relative);
+    if std::env::var_os("LEANTIER_UPDATE_REFERENCES").is_some() {
+        std::fs::write(&path, generated).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if committed != generated {
+        let differs = committed
+            .lines()
+            .zip(generated.lines())
+            .find(|(a, b)| a != b)
+            .map_or("(one is a prefix of the other)".to_string(), |(a, b)| {
+                format!("committed: {a}\ngenerated: {b}")
+            });
+        panic!(
+            "{relative} is stale: the code changed. Regenerate it with \
+             `LEANTIER_UPDATE_REFERENCES=1 cargo test -p leantier --test references` and \
+             review the difference. First difference:\n{differs}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Source: a struct's fields with their types and doc comments.
+
+#[derive(Clone, Debug)]
+struct Field {
+    name: String,
+    ty: String,
+    doc: String,
+    /// Other names serde accepts for it (`#[serde(alias = "…")]`).
+    aliases: Vec<String>,
+}
+
+/// The serde-visible fields of `struct name` in `path` (`#[serde(skip)]` ones left out).
+fn fields(path: &str, name: &str) -> Vec<Field> {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap();
+    let start = text
+        .lines()
+        .position(|l| {
+            let l = l.trim_start();
+            l.starts_with(&format!("pub struct {name} {{"))
+                || l.starts_with(&format!("struct {name} {{"))
+        })
+        .unwrap_or_else(|| panic!("no struct {name} in {path}"));
+    let mut out = Vec::new();
+    let (mut doc, mut skip, mut aliases) = (Vec::new(), false, Vec::new());
+    let mut in_attribute = false;
+    for line in text.lines().skip(start + 1) {
+        let line = line.trim();
+        if line == "}" {
+            break;
+        }
+        if in_attribute || line.starts_with("#[") {
+            // An attribute, maybe over several lines (clap's `#[arg(…)]`).
+            in_attribute = !line.ends_with(']');
+            skip |= line.contains("serde(skip)");
+            let serde_alias = line.starts_with("#[serde(") && line.contains("alias = \"");
+            if let Some(alias) = serde_alias.then(|| line.split("alias = \"").nth(1)).flatten() {
+                aliases.push(alias.split('"').next().unwrap_or("").to_string());
+            }
+        } else if let Some(d) = line.strip_prefix("///") {
+            doc.push(d.trim().to_string());
+        } else if let Some((field, ty)) = line.trim_start_matches("pub ").split_once(':') {
+            let identifier = field.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !skip && identifier && !field.is_empty() {
+                let ty = ty.trim().trim_end_matches(',').to_string();
+                let (name, doc) = (field.trim().into(), clean_doc(&doc.join(" ")));
+                out.push(Field { name, ty, doc, aliases: std::mem::take(&mut aliases) });
+            }
+            doc.clear();
+            aliases.clear();
+            skip = false;
+        }
+    }
+    out
+}
+
+/// Rustdoc links and code spans as plain text for a table cell.
+fn clean_doc(doc: &str) -> String {
+    doc.replace("[`", "`").replace("`]", "`").replace('|', "\\|")
+}
+
+/// The struct named `ty` (inside `Option<…>`) among `sources`, if it is one.
+fn nested_struct<'a>(ty: &str, sources: &[(&'a str, &'a str)]) -> Option<(&'a str, &'a str)> {
+    let inner = ty.trim_start_matches("Option<").trim_end_matches('>');
+    sources.iter().copied().find(|(_, name)| *name == inner)
+}
+
+fn toml_type(ty: &str) -> &'static str {
+    let inner = ty.trim_start_matches("Option<").trim_end_matches('>');
+    match inner {
+        "usize" | "u16" | "u32" | "u64" | "i64" => "integer",
+        "f64" => "float",
+        "bool" => "boolean",
+        "String" => "string",
+        "PathBuf" => "path",
+        "SocketAddr" => "address",
+        "toml::Table" => "table",
+        _ => "string (one of the values named)",
+    }
+}
+
+fn unit(key: &str) -> &'static str {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    if last.ends_with("_ms") || last.contains("_ms_") {
+        "ms"
+    } else if last.ends_with("_ns") {
+        "ns"
+    } else if last.contains("bytes") {
+        "bytes"
+    } else if last.ends_with("_per_s") {
+        "per second"
+    } else {
+        "—"
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The binary: accepted keys and defaults.
+
+fn leantier(args: &[&str], dir: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_leantier")).args(args).current_dir(dir).output().unwrap()
+}
+
+/// The keys a config file accepts, as the refusal of a mistyped key names them.
+fn accepted_keys(args: &[&str], file: &str, dir: &Path) -> Vec<String> {
+    std::fs::write(dir.join("probe.toml"), file).unwrap();
+    let out = leantier(args, dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let list = stderr
+        .split("expected one of ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{args:?} named no accepted keys: {stderr}"));
+    let list = list.lines().next().unwrap_or("");
+    list.split(", ").map(|k| k.trim().trim_matches('`').to_string()).collect()
+}
+
+/// `--print-config`'s TOML.
+fn printed(args: &[&str], dir: &Path) -> toml::Table {
+    let out = leantier(args, dir);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).parse().unwrap()
+}
+
+fn lookup<'a>(table: &'a toml::Table, dotted: &str) -> Option<&'a toml::Value> {
+    let mut parts = dotted.split('.');
+    let mut value = table.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_table()?.get(part)?;
+    }
+    Some(value)
+}
+
+/// One server's config keys for the reference.
+struct ConfigSection {
+    heading: &'static str,
+    intro: &'static str,
+    /// Where the keys' fields are declared, first match wins: the config struct, then the
+    /// structs its keys feed (their field names, or the same without `_ms`).
+    sources: &'static [(&'static str, &'static str)],
+    /// Meanings for keys no doc comment in `sources` gives.
+    meanings: &'static [(&'static str, &'static str)],
+    /// Keys whose default is the number of usable CPUs (not this machine's number).
+    per_cpu: &'static [&'static str],
+    /// Structs a key's value is a table of (its keys listed as `key.sub`).
+    nested: &'static [(&'static str, &'static str)],
+}
+
+const SERVE_MEANINGS: &[(&str, &str)] = &[
+    ("listen", "Address of the native order-entry listener (`--listen`)."),
+    ("fix_listen", "Address of the FIX 4.4 acceptor (`--fix-listen`); unset: no FIX listener."),
+    (
+        "metrics_listen",
+        "Address of `/metrics`, `/health`, `/ready` and the admin endpoints (`--metrics-listen`); unset: none.",
+    ),
+    (
+        "credentials",
+        "The credentials file (`client_id name argon2-hash` per line), relative to the config file.",
+    ),
+    ("instruments", "Instruments of the reference universe when no `instruments_file` is given."),
+    ("clients", "Clients of the reference universe when no `clients_file` is given."),
+    (
+        "instruments_file",
+        "The instruments file (symbols, tick sizes), relative to the config file; goes with `clients_file`.",
+    ),
+    (
+        "clients_file",
+        "The clients file, relative to the config file; goes with `instruments_file`.",
+    ),
+    ("layout", "The tier's thread layout (`auto` or `thread-per-stage`); over `[tier].layout`."),
+    ("tier", "The tier's own keys (the next table)."),
+    ("universe.instruments", "Instruments of the reference universe."),
+    ("universe.clients", "Clients of the reference universe."),
+];
+
+const TIER_TIMES: &[(&str, &str)] = &[
+    ("preprocess_ns", "Pre-process stage service time."),
+    ("core_ns", "Matching core stage service time."),
+    ("rprocess_ns", "R-Processor stage service time."),
+    ("sender_ns", "R-Sender stage service time."),
+];
+
+/// The config keys of one section as table rows: key, type, default, unit, meaning.
+fn config_rows(
+    section: &ConfigSection,
+    keys: &[String],
+    defaults: &toml::Table,
+) -> Vec<[String; 5]> {
+    let all: Vec<Field> = section.sources.iter().flat_map(|(p, s)| fields(p, s)).collect();
+    // The type from the first field of that name; the meaning from its own doc comment,
+    // else the section's list, else the first struct the key feeds that documents it.
+    let find = |key: &str| {
+        let named = |f: &&Field| f.name == key || Some(f.name.as_str()) == key.strip_suffix("_ms");
+        let first = all.iter().find(named).cloned()?;
+        let listed = section.meanings.iter().find(|(k, _)| *k == key).map(|(_, m)| m.to_string());
+        let fed = all.iter().filter(named).find(|f| !f.doc.is_empty()).map(|f| f.doc.clone());
+        let doc = Some(first.doc.clone()).filter(|d| !d.is_empty()).or(listed).or(fed);
+        Some(Field { doc: doc.unwrap_or_default(), ..first })
+    };
+    let own = fields(section.sources[0].0, section.sources[0].1);
+    let mut rows = Vec::new();
+    for key in keys {
+        if own.iter().any(|f| f.aliases.contains(key)) {
+            continue; // listed under its field's name
+        }
+        let aliases = own.iter().find(|f| f.name == *key).map_or(String::new(), |f| {
+            f.aliases.iter().map(|a| format!(" (alias `{a}`)")).collect()
+        });
+        let field = find(key);
+        let ty = field.as_ref().map_or("string", |f| toml_type(&f.ty));
+        if let Some((path, name)) =
+            field.as_ref().and_then(|f| nested_struct(&f.ty, section.nested))
+        {
+            for sub in fields(path, name) {
+                let dotted = format!("{key}.{}", sub.name);
+                let meaning = meaning(section, &dotted, &sub.name, &sub.doc);
+                let default =
+                    lookup(defaults, &dotted).map_or("unset".into(), |v| format!("`{v}`"));
+                rows.push([
+                    format!("`{dotted}`"),
+                    toml_type(&sub.ty).into(),
+                    default,
+                    unit(&dotted).into(),
+                    meaning,
+                ]);
+            }
+            continue;
+        }
+        let doc = field.map(|f| f.doc).unwrap_or_default();
+        let default = lookup(defaults, key).map_or("unset".into(), |v| match v {
+            toml::Value::Table(_) => "table".into(),
+            _ if section.per_cpu.contains(&key.as_str()) => "the usable CPUs".into(),
+            v => format!("`{v}`"),
+        });
+        let meaning = meaning(section, key, key, &doc);
+        rows.push([format!("`{key}`{aliases}"), ty.into(), default, unit(key).into(), meaning]);
+    }
+    rows
+}
+
+fn meaning(section: &ConfigSection, dotted: &str, name: &str, doc: &str) -> String {
+    let given = section.meanings.iter().chain(TIER_TIMES).find(|(k, _)| *k == dotted || *k == name);
+    let text =
+        if doc.is_empty() { given.map_or("", |(_, m)| m).to_string() } else { doc.to_string() };
+    assert!(
+        !text.is_empty(),
+        "{}: key {dotted} has no meaning: give its field a doc comment",
+        section.heading
+    );
+    text
+}
+
+fn table(rows: &[[String; 5]]) -> String {
+    let mut text =
+        String::from("| key | type | default | unit | meaning |\n|---|---|---|---|---|\n");
+    for row in rows {
+        text += &format!("| {} |\n", row.join(" | "));
+    }
+    text
+}
+
+const TIER_NESTED: &[(&str, &str)] = &[
+    ("crates/exchange/src/flow.rs", "UniverseConfig"),
+    ("crates/exchange/src/tier/layout.rs", "ServiceTimes"),
+];
+
+fn config_reference() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("credentials.txt"), "").unwrap();
+    std::fs::write(dir.path().join("serve.toml"), "credentials = \"credentials.txt\"\n").unwrap();
+    let serve_args = ["exchange", "serve", "--config", "probe.toml", "--print-config"];
+    let serve_defaults =
+        printed(&["exchange", "serve", "--config", "serve.toml", "--print-config"], dir.path());
+    let serve_keys =
+        accepted_keys(&serve_args, "credentials = \"x\"\nzzz_no_such_key = 1\n", dir.path());
+    let tier_keys = accepted_keys(
+        &serve_args,
+        "credentials = \"x\"\n[tier]\nzzz_no_such_key = 1\n",
+        dir.path(),
+    );
+    let mq_defaults = printed(&["mq", "serve", "--print-config"], dir.path());
+    let mut mq_keys: Vec<String> = ["listen", "store"].map(String::from).to_vec();
+    mq_keys.extend(accepted_keys(
+        &["mq", "serve", "--config", "probe.toml"],
+        "zzz_no_such_key = 1\n",
+        dir.path(),
+    ));
+    let web_defaults = printed(&["web", "serve", "--print-config"], dir.path());
+    let web_keys = accepted_keys(
+        &["web", "serve", "--config", "probe.toml"],
+        "zzz_no_such_key = 1\n",
+        dir.path(),
+    );
+    let tier_defaults =
+        serve_defaults.get("tier").and_then(|t| t.as_table()).cloned().unwrap_or_default();
+
+    let mut text = String::from(
+        "# Configuration reference\n\n\
+         Every key each server's `--config` file accepts, generated from the code by \
+         `crates/cli/tests/references.rs`: the keys are the ones the server accepts (a key not \
+         listed is refused at start with exit 2), the defaults what `--print-config` prints with \
+         nothing set (*unset*: off or derived, as the meaning says), the meanings the fields' doc \
+         comments. The test fails when this file is stale; \
+         `LEANTIER_UPDATE_REFERENCES=1 cargo test -p leantier --test references` regenerates \
+         it. A flag of the same name (dashes for underscores) overrides a key; \
+         docs/OPERATIONS.md says how to run each server.\n",
+    );
+    let sections: [(ConfigSection, &[String], &toml::Table); 4] = [
+        (
+            ConfigSection {
+                heading: "`exchange serve --config`",
+                intro: "The order-entry server (native and FIX listeners over the tier). Paths \
+                        are relative to the config file.",
+                sources: &[
+                    ("crates/cli/src/commands/exchange_serve.rs", "ServeConfig"),
+                    ("crates/gateway/src/hub.rs", "Settings"),
+                ],
+                meanings: SERVE_MEANINGS,
+                per_cpu: &[],
+                nested: &[],
+            },
+            &serve_keys,
+            &serve_defaults,
+        ),
+        (
+            ConfigSection {
+                heading: "`[tier]` (in `exchange serve --config`)",
+                intro: "The business tier behind the server: stages, rings, journal, layout. \
+                        Every key has a default; `auto` layout plans most of them itself.",
+                sources: &[("crates/exchange/src/tier.rs", "TierConfig")],
+                meanings: SERVE_MEANINGS,
+                per_cpu: &[],
+                nested: TIER_NESTED,
+            },
+            &tier_keys,
+            &tier_defaults,
+        ),
+        (
+            ConfigSection {
+                heading: "`mq serve --config`",
+                intro: "The message queue node. The same keys (but `listen` and `store`) serve \
+                        `mq bench` and `mq experiment`.",
+                sources: &[
+                    ("crates/mq/src/server.rs", "NodeConfig"),
+                    ("crates/cli/src/commands/mq.rs", "ServeArgs"),
+                ],
+                meanings: &[],
+                per_cpu: &[],
+                nested: &[],
+            },
+            &mq_keys,
+            &mq_defaults,
+        ),
+        (
+            ConfigSection {
+                heading: "`web serve --config`",
+                intro: "The matrix web service.",
+                sources: &[
+                    ("crates/web/src/serve.rs", "ServeConfig"),
+                    ("crates/cli/src/commands/web.rs", "ServeArgs"),
+                ],
+                meanings: &[],
+                per_cpu: &["workers", "io_threads"],
+                nested: &[],
+            },
+            &web_keys,
+            &web_defaults,
+        ),
+    ];
+    for (section, keys, defaults) in &sections {
+        let rows = config_rows(section, keys, defaults);
+        text += &format!("\n## {}\n\n{}\n\n{}", section.heading, section.intro, table(&rows));
+    }
+    text
+}
+
+/// docs/CONFIG.md is the code's keys, types, defaults and meanings.
+#[test]
+fn config_reference_is_current() {
+    let generated = config_reference();
+    for key in ["`universe.instruments`", "`handler_slots`", "`admission_wait_ms`", "`store_dir`"] {
+        assert!(generated.contains(&format!("| {key}")), "{key} listed");
+    }
+    check_or_update("docs/CONFIG.md", &generated);
+}
