@@ -422,3 +422,242 @@ fn config_reference_is_current() {
     }
     check_or_update("docs/CONFIG.md", &generated);
 }
+
+// ---------------------------------------------------------------------------------------
+// Metrics: every family each server's `/metrics` serves, scraped from a fresh server.
+
+/// A server started for its `/metrics` page; killed when dropped.
+struct Server {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(args: &[&str], dir: &Path) -> Server {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(args)
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        for pipe in [out, err] {
+            let send = send.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let _ = send.send(line);
+                }
+            });
+        }
+        Server { child, lines }
+    }
+
+    /// The page at the address the server prints after `metrics on http://`.
+    fn metrics_page(&self) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut seen = Vec::new();
+        let addr = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no metrics address: {seen:#?}"));
+            if let Some(rest) = line.split("metrics on http://").nth(1) {
+                break rest.split('/').next().unwrap().to_string();
+            }
+            seen.push(line);
+        };
+        http_get(&addr, "/metrics")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    assert!(head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
+}
+
+/// One metric family as the page declares it.
+#[derive(Default)]
+struct Family {
+    kind: String,
+    help: String,
+    labels: std::collections::BTreeSet<String>,
+    /// A histogram's bucket upper bounds, as printed.
+    buckets: Vec<String>,
+}
+
+/// The families of a Prometheus text page, in page order.
+fn families(page: &str) -> Vec<(String, Family)> {
+    let mut out: Vec<(String, Family)> = Vec::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push((name.into(), Family { help: help.into(), ..Family::default() }));
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            if let Some((_, family)) = out.iter_mut().find(|(n, _)| n == name) {
+                family.kind = kind.into();
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let series = line.split(' ').next().unwrap_or("");
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            let family_name = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| out.iter().any(|(n, _)| n == f)))
+                .unwrap_or(name);
+            let Some((_, family)) = out.iter_mut().find(|(n, _)| n == family_name) else {
+                continue;
+            };
+            for pair in labels.trim_end_matches('}').split(',').filter(|p| !p.is_empty()) {
+                let (label, value) = pair.split_once('=').unwrap_or((pair, ""));
+                if label == "le" {
+                    family.buckets.push(value.trim_matches('"').to_string());
+                } else {
+                    family.labels.insert(label.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Labels a fresh server's page cannot show: they appear with the first sample (a family
+/// with nothing counted yet prints no series).
+const LABELS_ONCE_COUNTED: &[(&str, &str)] = &[("gateway_rejects_total", "reason")];
+
+fn metric_unit(name: &str) -> &'static str {
+    let name = name.trim_end_matches("_total");
+    if name.ends_with("_seconds") {
+        "seconds"
+    } else if name.ends_with("_bytes") {
+        "bytes"
+    } else if name.ends_with("_info") {
+        "labels only (value 1)"
+    } else {
+        "count"
+    }
+}
+
+/// A bucket bound in seconds as ns, µs, ms or s.
+fn bound_text(bound: &str) -> String {
+    let Ok(seconds) = bound.parse::<f64>() else { return bound.to_string() };
+    if !seconds.is_finite() {
+        return "+Inf".into();
+    }
+    let (value, unit) = match seconds {
+        s if s < 1e-6 => (s * 1e9, "ns"),
+        s if s < 1e-3 => (s * 1e6, "µs"),
+        s if s < 1.0 => (s * 1e3, "ms"),
+        s => (s, "s"),
+    };
+    format!("{} {unit}", (value * 1000.0).round() / 1000.0)
+}
+
+fn metrics_section(title: &str, intro: &str, page: &str) -> String {
+    let families = families(page);
+    assert!(!families.is_empty(), "{title}: no metric on its page");
+    let mut text = format!(
+        "\n## {title}\n\n{intro}\n\n| metric | type | unit | labels | meaning |\n|---|---|---|---|---|\n"
+    );
+    let mut histograms = String::new();
+    for (name, family) in &families {
+        let mut labels: Vec<String> = family.labels.iter().map(|l| format!("`{l}`")).collect();
+        let counted = LABELS_ONCE_COUNTED.iter().filter(|(n, _)| n == name);
+        labels.extend(counted.map(|(_, l)| format!("`{l}` (once counted)")));
+        let labels = if labels.is_empty() { "—".to_string() } else { labels.join(", ") };
+        text += &format!(
+            "| `{name}` | {} | {} | {labels} | {} |\n",
+            family.kind,
+            metric_unit(name),
+            family.help.replace('|', "\\|")
+        );
+        if !family.buckets.is_empty() {
+            let bounds: Vec<String> = family.buckets.iter().map(|b| bound_text(b)).collect();
+            histograms += &format!("- `{name}`: {}\n", bounds.join(", "));
+        }
+    }
+    if !histograms.is_empty() {
+        text += &format!("\nHistogram buckets (upper bounds):\n\n{histograms}");
+    }
+    text
+}
+
+fn metrics_reference() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(dir.path().join("credentials.txt"), "").unwrap();
+    std::fs::write(
+        dir.path().join("serve.toml"),
+        "credentials = \"credentials.txt\"\nstore_dir = \"store\"\n",
+    )
+    .unwrap();
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let exchange = Server::start(
+        &[
+            &["exchange", "serve", "--config", "serve.toml", "--listen", "127.0.0.1:0"][..],
+            &metrics,
+        ]
+        .concat(),
+        dir.path(),
+    );
+    let mq_store = format!("sqlite:{}", path("mq"));
+    let mq = Server::start(
+        &[&["mq", "serve", "--listen", "127.0.0.1:0", "--store", &mq_store][..], &metrics].concat(),
+        dir.path(),
+    );
+    let web = Server::start(
+        &[&["web", "serve", "--listen", "127.0.0.1:0", "--workers", "1"][..], &metrics].concat(),
+        dir.path(),
+    );
+    let mut text = String::from(
+        "# Metrics reference\n\n\
+         Every metric family each server's `/metrics` page serves (Prometheus text format), \
+         generated from freshly started servers by `crates/cli/tests/references.rs`: name, \
+         type, unit (from the name's suffix, Prometheus' convention), the labels the page \
+         shows, the page's own help text, and each histogram's bucket bounds. The test fails \
+         when this file is stale; `LEANTIER_UPDATE_REFERENCES=1 cargo test -p leantier --test \
+         references` regenerates it. `/metrics` is served on `--metrics-listen` (docs/OPERATIONS.md, \
+         \"Admin endpoints\"); `process_*` are the process' own (CPU, memory, threads, files).\n",
+    );
+    text += &metrics_section(
+        "`exchange serve`",
+        "The order-entry server. With `metrics_per_client = true` the per-client counters also \
+         carry a `client` label.",
+        &exchange.metrics_page(),
+    );
+    text += &metrics_section("`mq serve`", "The message queue node.", &mq.metrics_page());
+    text += &metrics_section(
+        "`web serve`",
+        "The matrix web service (with one process per core, the whole server's sums).",
+        &web.metrics_page(),
+    );
+    text
+}
+
+/// docs/METRICS.md is every family the servers serve.
+#[test]
+fn metrics_reference_is_current() {
+    let generated = metrics_reference();
+    for family in ["gateway_order_to_report_seconds", "mq_request_seconds", "web_requests_total"] {
+        assert!(generated.contains(&format!("| `{family}` |")), "{family} listed");
+    }
+    check_or_update("docs/METRICS.md", &generated);
+}
