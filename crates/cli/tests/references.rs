@@ -661,3 +661,29 @@ fn metrics_reference_is_current() {
     }
     check_or_update("docs/METRICS.md", &generated);
 }
+
+/// Every metric deploy/'s alert rules use is one a server serves (docs/METRICS.md, or
+/// OPERATIONS.md for the servers that need NATS): a renamed metric must not leave an alert
+/// that silently never fires.
+#[test]
+fn alert_rules_use_only_metrics_that_exist() {
+    let documented = ["docs/METRICS.md", "docs/OPERATIONS.md"]
+        .map(|doc| std::fs::read_to_string(repo().join(doc)).unwrap())
+        .join("\n");
+    let rules =
+        std::fs::read_to_string(repo().join("deploy/prometheus/leantier-alerts.yml")).unwrap();
+    let prefixes = ["gateway_", "mq_", "web_", "rgateway_", "process_"];
+    let mut checked = 0;
+    for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if !prefixes.iter().any(|p| word.starts_with(p)) {
+            continue;
+        }
+        let metric = word.strip_suffix("_bucket").unwrap_or(word);
+        assert!(
+            documented.contains(&format!("`{metric}`")),
+            "deploy/prometheus/leantier-alerts.yml uses {metric}, which no server serves"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 10, "the rules name metrics ({checked} found)");
+}
