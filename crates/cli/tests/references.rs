@@ -687,3 +687,210 @@ fn alert_rules_use_only_metrics_that_exist() {
     }
     assert!(checked >= 10, "the rules name metrics ({checked} found)");
 }
+
+// ---------------------------------------------------------------------------------------
+// Logs: every event the code logs, with its level, target and fields.
+
+/// One `tracing` event in the source.
+struct LogEvent {
+    level: String,
+    target: String,
+    message: String,
+    fields: Vec<String>,
+}
+
+/// The library (or binary) name a crate's events carry as their target's first part.
+fn crate_name(crate_dir: &Path) -> String {
+    let manifest: toml::Table =
+        std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap().parse().unwrap();
+    let lib = manifest.get("lib").and_then(|l| l.get("name")).and_then(|n| n.as_str());
+    let package = manifest["package"]["name"].as_str().unwrap().replace('-', "_");
+    lib.map_or(package, String::from)
+}
+
+/// `src/a/b.rs` → `a::b` (`mod.rs`, `lib.rs`, `main.rs` name their folder or the crate).
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> =
+        relative.iter().map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The text between the `(` at `open` and its matching `)`, skipping string literals.
+fn macro_arguments(text: &str, open: usize) -> Option<&str> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (offset, c) in text[open..].char_indices() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') | (false, _, '"') => in_string = !in_string,
+            (false, _, '(' | '[' | '{') => depth += 1,
+            (false, _, ')' | ']' | '}') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&text[open + 1..open + offset]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Top-level comma-separated arguments (commas inside strings or brackets kept).
+fn split_arguments(arguments: &str) -> Vec<String> {
+    let (mut parts, mut current) = (Vec::new(), String::new());
+    let (mut depth, mut in_string, mut escaped) = (0i32, false, false);
+    for c in arguments.chars() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (_, _, '"') => in_string = !in_string,
+            (false, _, '(' | '[' | '{') => depth += 1,
+            (false, _, ')' | ']' | '}') => depth -= 1,
+            (false, _, ',') if depth == 0 => {
+                parts.push(std::mem::take(&mut current).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    parts.push(current.trim().to_string());
+    parts.into_iter().filter(|p| !p.is_empty()).collect()
+}
+
+/// An event's fields and message from its macro arguments: fields come before the format
+/// string (`name = value`, `?name`, `%name`, `name`), format arguments after it.
+fn event_parts(arguments: &str) -> (Vec<String>, String) {
+    let mut fields = Vec::new();
+    for argument in split_arguments(arguments) {
+        if argument.starts_with('"') {
+            let message = argument.trim_matches('"').split_whitespace().collect::<Vec<_>>();
+            return (fields, message.join(" "));
+        }
+        if argument.starts_with("target:") || argument.starts_with("parent:") {
+            continue;
+        }
+        let name = argument.split('=').next().unwrap_or("").trim();
+        let name = name.trim_start_matches(['?', '%']).trim();
+        fields.push(name.rsplit('.').next().unwrap_or(name).to_string());
+    }
+    (fields, String::new())
+}
+
+fn log_events() -> Vec<LogEvent> {
+    let mut events = Vec::new();
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(repo().join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("src").is_dir())
+        .collect();
+    crates.sort();
+    for crate_dir in crates {
+        let name = crate_name(&crate_dir);
+        let mut files = Vec::new();
+        rust_files(&crate_dir.join("src"), &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            // The unit tests' events are not the server's.
+            let text = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or("");
+            let relative = file.strip_prefix(crate_dir.join("src")).unwrap();
+            let target =
+                std::iter::once(name.clone()).chain(module_path(relative)).collect::<Vec<_>>();
+            events.extend(events_in(text, &target.join("::")));
+        }
+    }
+    events
+}
+
+fn events_in(text: &str, target: &str) -> Vec<LogEvent> {
+    let mut events = Vec::new();
+    for level in ["trace", "debug", "info", "warn", "error"] {
+        let call = format!("{level}!(");
+        for (at, _) in text.match_indices(&call) {
+            let before = text[..at].chars().next_back().unwrap_or(' ');
+            if before.is_ascii_alphanumeric() || before == '_' || before == '.' {
+                continue; // `eprintln!`, `some_error!`
+            }
+            let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+            if text[line_start..at].trim_start().starts_with("//") {
+                continue;
+            }
+            let Some(arguments) = macro_arguments(text, at + call.len() - 1) else { continue };
+            let (fields, message) = event_parts(arguments);
+            events.push(LogEvent {
+                level: level.to_uppercase(),
+                target: target.to_string(),
+                message,
+                fields,
+            });
+        }
+    }
+    events
+}
+
+fn logs_reference() -> String {
+    let mut events = log_events();
+    events.sort_by(|a, b| (&a.target, &a.message).cmp(&(&b.target, &b.message)));
+    let mut text = String::from(
+        "# Log reference\n\n\
+         Every event leantier logs, generated from the code by `crates/cli/tests/references.rs` \
+         (the test fails when this file is stale; `LEANTIER_UPDATE_REFERENCES=1 cargo test -p \
+         leantier --test references` regenerates it). With `--log-format json` (or \
+         `LEANTIER_LOG_FORMAT=json`) each event is one JSON object per line on stderr:\n\n\
+         ```json\n\
+         {\"timestamp\":\"2026-11-28T10:43:08.200402Z\",\"level\":\"INFO\",\"fields\":{\"message\":\"mq node listening\",\"addr\":\"127.0.0.1:44317\"},\"target\":\"mq::server\"}\n\
+         ```\n\n\
+         - `timestamp`: UTC, RFC 3339 with microseconds; `level`: `ERROR`, `WARN`, `INFO`, \
+         `DEBUG` or `TRACE`; `target`: the module that logged it (filter with `--log`, e.g. \
+         `--log warn,mq=info`);\n\
+         - `fields.message`: the text below, with `{name}` filled in;\n\
+         - the other `fields`: the names below, each the event's own structured value \
+         (addresses, ids, counts, reasons; a `Debug` rendering for `?name`).\n\n\
+         `info` (the default) logs each session event once (logins, logouts, cut-offs, \
+         recoveries, stops); `warn` and `error` are what needs an operator. \
+         `leantier demo` writes its servers' events to `servers.log` in its report folder.\n\n\
+         | level | target | message | fields |\n|---|---|---|---|\n",
+    );
+    for event in &events {
+        let fields: Vec<String> = event.fields.iter().map(|f| format!("`{f}`")).collect();
+        let message =
+            if event.message.is_empty() { "—".into() } else { format!("`{}`", event.message) };
+        text += &format!(
+            "| {} | `{}` | {} | {} |\n",
+            event.level,
+            event.target,
+            message.replace('|', "\\|"),
+            if fields.is_empty() { "—".into() } else { fields.join(", ") }
+        );
+    }
+    text
+}
+
+/// docs/LOGS.md is every event the code logs.
+#[test]
+fn logs_reference_is_current() {
+    let generated = logs_reference();
+    assert!(
+        generated.contains("| INFO | `mq::server` | `mq node listening` | `addr` |"),
+        "{generated}"
+    );
+    assert!(generated.lines().filter(|l| l.starts_with("| WARN")).count() > 10);
+    check_or_update("docs/LOGS.md", &generated);
+}
