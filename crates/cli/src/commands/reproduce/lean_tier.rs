@@ -510,3 +510,80 @@ fn io_claims(journal: &[JournalExperiment]) -> Vec<Claim> {
     );
     vec![whole, per_stage]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use exchange::durability::JournalMode;
+    use journal::Policy;
+    use lab::stats::LatencySummary;
+
+    /// One repeat: at every demo rate, sync and group with these critical-path p50s (µs)
+    /// and sync's reply p50; raw fdatasync p99 100 µs.
+    fn repeat(sync_p50_us: f64, group_p50_us: f64, sync_reply_p50_us: f64) -> JournalExperiment {
+        let summary = |p50_us: f64| LatencySummary {
+            p50_ns: (p50_us * 1_000.0) as u64,
+            ..LatencySummary::default()
+        };
+        let point = |rate_per_s: f64, journal: JournalMode, critical: f64, reply: f64| {
+            experiments::JournalPoint {
+                rate_per_s,
+                journal,
+                sent: 100,
+                critical_path: summary(critical),
+                reply: summary(reply),
+                fsyncs: 100,
+            }
+        };
+        let points = experiments::DEMO_RATES_PER_S
+            .iter()
+            .flat_map(|&rate| {
+                [
+                    point(rate, Policy::Sync.into(), sync_p50_us, sync_reply_p50_us),
+                    point(rate, Policy::Group.into(), group_p50_us, group_p50_us),
+                ]
+            })
+            .collect();
+        JournalExperiment {
+            config: TierConfig::default(),
+            raw_fdatasync_4k: LatencySummary { p99_ns: 100_000, ..LatencySummary::default() },
+            points,
+            ratios: Vec::new(),
+            written_under: std::env::temp_dir(),
+        }
+    }
+
+    fn io_verdict(repeats: &[JournalExperiment]) -> Verdict {
+        io_claims(repeats).remove(0).verdict
+    }
+
+    #[test]
+    fn io_claim_needs_sync_keeping_up_and_separate_ranges() {
+        // sync keeps up (reply p50 300 µs < 10 × 100 µs): group 10 µs vs sync 100 µs holds.
+        let holds =
+            [repeat(100.0, 10.0, 300.0), repeat(110.0, 12.0, 300.0), repeat(90.0, 11.0, 300.0)];
+        assert_eq!(io_verdict(&holds), Verdict::Reproduced);
+        // group at 0.8 × sync in every repeat: not the 40% cut.
+        let fails =
+            [repeat(100.0, 80.0, 300.0), repeat(100.0, 85.0, 300.0), repeat(100.0, 90.0, 300.0)];
+        assert_eq!(io_verdict(&fails), Verdict::NotReproduced);
+        // The ranges straddle 0.6 × sync: no verdict.
+        let overlap =
+            [repeat(100.0, 50.0, 300.0), repeat(100.0, 70.0, 300.0), repeat(100.0, 55.0, 300.0)];
+        assert!(matches!(io_verdict(&overlap), Verdict::Inconclusive(_)));
+        // sync backlogged (reply p50 170 ms ≫ 10 fdatasyncs): its latency is the queue's,
+        // whatever the ratio (the old rule read 2.46e-5× as "reproduced").
+        let backlogged = [
+            repeat(170_000.0, 4.0, 170_000.0),
+            repeat(160_000.0, 4.0, 160_000.0),
+            repeat(150_000.0, 4.0, 150_000.0),
+        ];
+        let verdict = io_verdict(&backlogged);
+        assert!(
+            matches!(&verdict, Verdict::Inconclusive(why) if why.contains("backlog")),
+            "{verdict:?}"
+        );
+        // Two repeats decide nothing.
+        assert!(matches!(io_verdict(&holds[..2]), Verdict::Inconclusive(_)));
+    }
+}
