@@ -635,7 +635,9 @@ fn metrics_reference() -> String {
          shows, the page's own help text, and each histogram's bucket bounds. The test fails \
          when this file is stale; `LEANTIER_UPDATE_REFERENCES=1 cargo test -p leantier --test \
          references` regenerates it. `/metrics` is served on `--metrics-listen` (docs/OPERATIONS.md, \
-         \"Admin endpoints\"); `process_*` are the process' own (CPU, memory, threads, files).\n",
+         \"Admin endpoints\"); `process_*` are the process' own (CPU, memory, threads, files). \
+         The replicated roles, which need NATS (`exchange gateway`'s `rgateway_*`), are listed \
+         in OPERATIONS.md, \"Metrics\".\n",
     );
     text += &metrics_section(
         "`exchange serve`",
