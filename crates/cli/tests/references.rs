@@ -303,6 +303,54 @@ const TIER_NESTED: &[(&str, &str)] = &[
     ("crates/exchange/src/tier/layout.rs", "ServiceTimes"),
 ];
 
+const SERVE_SECTION: ConfigSection = ConfigSection {
+    heading: "`exchange serve --config`",
+    intro: "The order-entry server (native and FIX listeners over the tier). Paths \
+                are relative to the config file.",
+    sources: &[
+        ("crates/cli/src/commands/exchange_serve.rs", "ServeConfig"),
+        ("crates/gateway/src/hub.rs", "Settings"),
+    ],
+    meanings: SERVE_MEANINGS,
+    per_cpu: &[],
+    nested: &[],
+};
+
+const TIER_SECTION: ConfigSection = ConfigSection {
+    heading: "`[tier]` (in `exchange serve --config`)",
+    intro: "The business tier behind the server: stages, rings, journal, layout. \
+                Every key has a default; `auto` layout plans most of them itself.",
+    sources: &[("crates/exchange/src/tier.rs", "TierConfig")],
+    meanings: SERVE_MEANINGS,
+    per_cpu: &[],
+    nested: TIER_NESTED,
+};
+
+const MQ_SECTION: ConfigSection = ConfigSection {
+    heading: "`mq serve --config`",
+    intro: "The message queue node. The same keys (but `listen` and `store`) serve \
+                `mq bench` and `mq experiment`.",
+    sources: &[
+        ("crates/mq/src/server.rs", "NodeConfig"),
+        ("crates/cli/src/commands/mq.rs", "ServeArgs"),
+    ],
+    meanings: &[],
+    per_cpu: &[],
+    nested: &[],
+};
+
+const WEB_SECTION: ConfigSection = ConfigSection {
+    heading: "`web serve --config`",
+    intro: "The matrix web service.",
+    sources: &[
+        ("crates/web/src/serve.rs", "ServeConfig"),
+        ("crates/cli/src/commands/web.rs", "ServeArgs"),
+    ],
+    meanings: &[],
+    per_cpu: &["workers", "io_threads"],
+    nested: &[],
+};
+
 fn config_reference() -> String {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("credentials.txt"), "").unwrap();
@@ -344,67 +392,11 @@ fn config_reference() -> String {
          it. A flag of the same name (dashes for underscores) overrides a key; \
          docs/OPERATIONS.md says how to run each server.\n",
     );
-    let sections: [(ConfigSection, &[String], &toml::Table); 4] = [
-        (
-            ConfigSection {
-                heading: "`exchange serve --config`",
-                intro: "The order-entry server (native and FIX listeners over the tier). Paths \
-                        are relative to the config file.",
-                sources: &[
-                    ("crates/cli/src/commands/exchange_serve.rs", "ServeConfig"),
-                    ("crates/gateway/src/hub.rs", "Settings"),
-                ],
-                meanings: SERVE_MEANINGS,
-                per_cpu: &[],
-                nested: &[],
-            },
-            &serve_keys,
-            &serve_defaults,
-        ),
-        (
-            ConfigSection {
-                heading: "`[tier]` (in `exchange serve --config`)",
-                intro: "The business tier behind the server: stages, rings, journal, layout. \
-                        Every key has a default; `auto` layout plans most of them itself.",
-                sources: &[("crates/exchange/src/tier.rs", "TierConfig")],
-                meanings: SERVE_MEANINGS,
-                per_cpu: &[],
-                nested: TIER_NESTED,
-            },
-            &tier_keys,
-            &tier_defaults,
-        ),
-        (
-            ConfigSection {
-                heading: "`mq serve --config`",
-                intro: "The message queue node. The same keys (but `listen` and `store`) serve \
-                        `mq bench` and `mq experiment`.",
-                sources: &[
-                    ("crates/mq/src/server.rs", "NodeConfig"),
-                    ("crates/cli/src/commands/mq.rs", "ServeArgs"),
-                ],
-                meanings: &[],
-                per_cpu: &[],
-                nested: &[],
-            },
-            &mq_keys,
-            &mq_defaults,
-        ),
-        (
-            ConfigSection {
-                heading: "`web serve --config`",
-                intro: "The matrix web service.",
-                sources: &[
-                    ("crates/web/src/serve.rs", "ServeConfig"),
-                    ("crates/cli/src/commands/web.rs", "ServeArgs"),
-                ],
-                meanings: &[],
-                per_cpu: &["workers", "io_threads"],
-                nested: &[],
-            },
-            &web_keys,
-            &web_defaults,
-        ),
+    let sections = [
+        (&SERVE_SECTION, &serve_keys, &serve_defaults),
+        (&TIER_SECTION, &tier_keys, &tier_defaults),
+        (&MQ_SECTION, &mq_keys, &mq_defaults),
+        (&WEB_SECTION, &web_keys, &web_defaults),
     ];
     for (section, keys, defaults) in &sections {
         let rows = config_rows(section, keys, defaults);
