@@ -160,6 +160,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let load_average_before = machine::load_average();
     let before = HostLoad::before_run();
+    if let Some(host) = before.filter(HostLoad::loaded) {
+        println!("the host is loaded before the run ({}): every verdict will say so", host.text());
+    }
     let ticks = CpuTicks::now();
     let mut sections = Vec::new();
     for (id, name, runner) in PAPERS {
