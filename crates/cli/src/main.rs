@@ -72,7 +72,13 @@ enum BenchCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let repeats = init_logging(&cli.log, &cli.log_format);
+    // The demo's terminal tells its story: the servers' logs go to a file in its report
+    // folder, only warnings and errors to the terminal too.
+    let log_file = match &cli.command {
+        Command::Demo(args) if !args.in_process => Some(args.out.join(DEMO_LOG_FILE)),
+        _ => None,
+    };
+    let repeats = init_logging(&cli.log, &cli.log_format, log_file.as_deref());
     commands::web::set_child_logging(&cli.log, &cli.log_format);
     let result = match cli.command {
         Command::Demo(args) => commands::demo::run(&args),
@@ -95,19 +101,48 @@ fn main() -> ExitCode {
     outcome::exit_code_for(result)
 }
 
+/// The demo's server log, in its report folder.
+pub const DEMO_LOG_FILE: &str = "servers.log";
+
 /// Logs to stderr, filtered by `filter`, as text (repeated lines folded, [`quiet`]) or as JSON
-/// lines (`format`); returns the folded lines' counts.
-fn init_logging(filter: &str, format: &str) -> quiet::Repeats {
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr);
+/// lines (`format`); with `file`, every line goes to that file instead and only warnings and
+/// errors to stderr too (a file that cannot be created: all to stderr, with a warning).
+/// Returns the folded lines' counts.
+fn init_logging(filter: &str, format: &str, file: Option<&std::path::Path>) -> quiet::Repeats {
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer, Registry};
+    type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
     let repeats = quiet::Repeats::default();
-    if format == "json" {
-        logs.json().init();
+    let json = format == "json";
+    let opened = file.map(|path| {
+        std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))
+            .and_then(|()| std::fs::File::create(path))
+            .map_err(|error| format!("cannot write the log file {}: {error}", path.display()))
+    });
+    let mut layers: Vec<Boxed> = Vec::new();
+    if let Some(Ok(file)) = &opened {
+        let writer = std::sync::Arc::new(file.try_clone().expect("a log file handle"));
+        let to_file = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false);
+        let to_file: Boxed = if json { to_file.json().boxed() } else { to_file.boxed() };
+        layers.push(to_file.with_filter(EnvFilter::new(filter)).boxed());
+    }
+    // Colour codes only for a person at a terminal; logs piped to a file stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let terminal = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let terminal: Boxed = if json {
+        terminal.json().boxed()
     } else {
-        // Colour codes only for a person at a terminal; logs piped to a file stay plain text.
-        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        logs.with_ansi(ansi).map_event_format(|text| repeats.fold(text)).init();
+        let folding = repeats.clone();
+        terminal.with_ansi(ansi).map_event_format(move |text| folding.fold(text)).boxed()
+    };
+    let terminal = terminal.with_filter(EnvFilter::new(filter));
+    let level = if matches!(opened, Some(Ok(_))) { LevelFilter::WARN } else { LevelFilter::TRACE };
+    layers.push(terminal.with_filter(level).boxed());
+    tracing_subscriber::registry().with(layers).init();
+    if let Some(Err(why)) = opened {
+        tracing::warn!("{why}; logging to the terminal");
     }
     repeats
 }

@@ -184,31 +184,21 @@ fn exchange_run_with_a_config_file_writes_the_report() {
     assert!(!stages.contains("K/s"), "rates are numbers: {stages}");
 }
 
+/// An unknown paper is bad input (exit 2) before anything runs. What a run writes (every
+/// paper's section, verdicts.csv, the page in a browser) is checked on `reproduce --quick
+/// --only 003` by scripts/test-reproduce-browser, which CI runs: running it here too cost
+/// CI the same half minute twice.
 #[test]
-fn reproduce_one_paper_writes_a_page_with_every_paper_and_refuses_unknown_ids() {
+fn reproduce_refuses_unknown_paper_ids() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("reproduce");
-    let run = |only: &str| {
-        Command::new(env!("CARGO_BIN_EXE_leantier"))
-            .args(["reproduce", "--quick", "--only", only, "--out"])
-            .arg(&out)
-            .output()
-            .unwrap()
-    };
-    assert_eq!(code(&run("999")), 2, "an unknown paper is bad input");
-    let output = run("003");
-    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
-    let page = std::fs::read_to_string(out.join("index.html")).unwrap();
-    for id in ["000", "001", "002", "003", "004"] {
-        assert!(page.contains(&format!("id=\"paper-{id}\"")), "section {id}");
-    }
-    assert!(page.contains("<svg") && page.contains("Table 11"), "a plot and the published table");
-    let verdicts = std::fs::read_to_string(out.join("verdicts.csv")).unwrap();
-    assert!(
-        verdicts.starts_with("paper,claim,rule,measured,verdict,why_not_measurable\n"),
-        "{verdicts}"
-    );
-    assert_eq!(verdicts.lines().filter(|l| l.starts_with("003,")).count(), 2, "{verdicts}");
+    let output = Command::new(env!("CARGO_BIN_EXE_leantier"))
+        .args(["reproduce", "--quick", "--only", "999", "--out"])
+        .arg(dir.path().join("reproduce"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 2, "an unknown paper is bad input");
+    assert!(text(&output.stderr).contains("no paper"), "{}", text(&output.stderr));
+    assert!(!dir.path().join("reproduce").exists(), "nothing written");
 }
 
 #[test]

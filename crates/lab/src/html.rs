@@ -7,9 +7,11 @@ const STYLE: &str = "body{font-family:sans-serif;max-width:1200px;margin:2em aut
 color:#222;line-height:1.4}table{border-collapse:collapse;margin:.5em 0 1em}\
 th,td{border:1px solid #ccc;padding:3px 8px}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 th{background:#f3f3f3}caption{text-align:left;font-weight:bold;padding:.3em 0}\
-.pair{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}.pair>div{flex:1 1 520px;\
-overflow-x:auto}svg{max-width:100%;height:auto}.reproduced{color:#0a6b2d;font-weight:bold}\
+.pair{display:flex;flex-direction:column;gap:1em}.pair>div{max-width:100%}\
+table{max-width:100%;font-size:14px}th,td{overflow-wrap:anywhere}\
+svg{max-width:100%;height:auto}.reproduced{color:#0a6b2d;font-weight:bold}\
 .not-reproduced{color:#b00020;font-weight:bold}.not-measurable{color:#8a6d00;font-weight:bold}\
+.inconclusive{color:#5a3d8a;font-weight:bold}.context{color:#555;font-style:italic}\
 section.paper{border-top:3px solid #0072B2;margin-top:2.5em}small,.note{color:#555}";
 
 /// Escapes text for HTML element content and attribute values.
@@ -67,7 +69,9 @@ impl HtmlPage {
 pub fn table_html(table: &DataTable) -> String {
     let mut html = format!("<table>\n<caption>{}</caption>\n<tr>", escape_html(&table.title));
     for column in &table.columns {
-        html += &format!("<th>{}</th>", escape_html(column));
+        // `throughput_req_per_s_median` may break after each underscore, so a wide table
+        // wraps its headers instead of scrolling sideways.
+        html += &format!("<th>{}</th>", escape_html(column).replace('_', "_<wbr>"));
     }
     html += "</tr>\n";
     for row in &table.rows {

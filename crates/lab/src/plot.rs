@@ -12,7 +12,21 @@ use plotters::prelude::*;
 use crate::load::ThroughputSeries;
 use crate::stats::LatencyHistogram;
 
+/// The drawing's size without its legend, which goes below it (never over the data).
 const PLOT_SIZE_PX: (u32, u32) = (900, 480);
+/// Font sizes at the SVG's own size: the page shows plots at that size where it is wide
+/// enough, so tick labels and the legend read at 14.5 px, and at 11 px or more down to a 75%
+/// scale.
+/// (plotters writes `font-size` as these / 1.24: 18 gives 14.5 px.)
+const TITLE_FONT_PX: u32 = 24;
+const AXIS_FONT_PX: u32 = 19;
+const TICK_FONT_PX: u32 = 18;
+const LEGEND_FONT_PX: u32 = 18;
+/// Height of one legend row, and the width a legend character takes at most (for wrapping).
+const LEGEND_ROW_PX: u32 = 26;
+const LEGEND_CHAR_PX: u32 = 9;
+/// A linear y axis becomes logarithmic when its positive values span this factor or more.
+const LOG_SPAN_MIN: f64 = 100.0;
 /// Series with at most this many points get a marker per point (measured vs interpolated).
 const MARKERS_POINTS_MAX: usize = 40;
 /// Colour-blind-friendly palette (Okabe–Ito), cycled by series.
@@ -113,8 +127,15 @@ impl LinePlot {
         self.series.iter().map(|s| (s.label.as_str(), visible(s))).collect()
     }
 
-    /// Renders the plot as a standalone SVG document.
+    /// Renders the plot as a standalone SVG document; a linear y axis whose values span
+    /// [`LOG_SPAN_MIN`] or more is drawn logarithmic (small values stay readable).
     pub fn to_svg(&self) -> String {
+        let ys = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+        if self.y_scale == Scale::Linear && spans_decades(ys.chain(self.limits.iter().map(|l| l.y)))
+        {
+            let y_label = format!("{} (log scale)", self.y_label);
+            return LinePlot { y_scale: Scale::Log10, y_label, ..self.clone() }.to_svg();
+        }
         let series = self.visible_series();
         let xs = series.iter().flat_map(|(_, points)| points.iter().map(|p| p.0));
         let ys = series.iter().flat_map(|(_, points)| points.iter().map(|p| p.1));
@@ -147,10 +168,18 @@ impl Lines<'_> {
         Y::CoordDescType: ValueFormatter<f64>,
     {
         let plot = self.plot;
+        let mut legend: Vec<LegendEntry> = self
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, (label, _))| LegendEntry::new(label, PALETTE[i % PALETTE.len()], Mark::Line))
+            .collect();
+        legend.extend(
+            plot.limits.iter().map(|l| LegendEntry::new(&l.label, LIMIT_COLOUR, Mark::Dashed)),
+        );
         let mut svg = String::new();
         {
-            let root = SVGBackend::with_string(&mut svg, PLOT_SIZE_PX).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            let (root, legend_area) = canvas(&mut svg, &legend)?;
             let mut chart = chart_builder(&root, &plot.title)
                 .build_cartesian_2d(x, y)
                 .map_err(|e| e.to_string())?;
@@ -162,17 +191,15 @@ impl Lines<'_> {
                 .y_desc(plot.y_label.as_str())
                 .x_label_formatter(&x_format)
                 .y_label_formatter(&y_format)
+                .label_style(("sans-serif", TICK_FONT_PX))
+                .axis_desc_style(("sans-serif", AXIS_FONT_PX))
                 .light_line_style(RGBColor(238, 238, 238))
                 .draw()
                 .map_err(|e| e.to_string())?;
-            for (index, (label, points)) in self.series.iter().enumerate() {
+            for (index, (_, points)) in self.series.iter().enumerate() {
                 let colour = PALETTE[index % PALETTE.len()];
                 let line = LineSeries::new(points.iter().copied(), colour.stroke_width(2));
-                chart
-                    .draw_series(line)
-                    .map_err(|e| e.to_string())?
-                    .label(*label)
-                    .legend(move |(x, y)| legend_mark(x, y, colour));
+                chart.draw_series(line).map_err(|e| e.to_string())?;
                 if points.len() <= MARKERS_POINTS_MAX {
                     let dots = points.iter().map(|&p| Circle::new(p, 3, colour.filled()));
                     chart.draw_series(dots).map_err(|e| e.to_string())?;
@@ -183,11 +210,9 @@ impl Lines<'_> {
                 let style = LIMIT_COLOUR.stroke_width(2);
                 chart
                     .draw_series(DashedLineSeries::new(ends, 8, 5, style))
-                    .map_err(|e| e.to_string())?
-                    .label(limit.label.as_str())
-                    .legend(|(x, y)| legend_mark(x, y, LIMIT_COLOUR));
+                    .map_err(|e| e.to_string())?;
             }
-            draw_legend(&mut chart)?;
+            draw_legend(&legend_area, &legend)?;
             root.present().map_err(|e| e.to_string())?;
         }
         Ok(svg)
@@ -200,27 +225,102 @@ fn chart_builder<'a, 'b>(
 ) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
     let mut builder = ChartBuilder::on(root);
     builder
-        .caption(title, ("sans-serif", 18))
+        .caption(title, ("sans-serif", TITLE_FONT_PX))
         .margin(14)
-        .x_label_area_size(48)
-        .y_label_area_size(78);
+        .x_label_area_size(56)
+        .y_label_area_size(88);
     builder
 }
 
-fn legend_mark(x: i32, y: i32, colour: RGBColor) -> PathElement<(i32, i32)> {
-    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+/// How a legend entry shows its series.
+#[derive(Clone, Copy)]
+enum Mark {
+    Line,
+    Dashed,
+    Bar,
 }
 
-fn draw_legend<'a, CT: plotters::coord::CoordTranslate>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
-) -> Result<(), String> {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(160, 160, 160))
-        .draw()
-        .map_err(|e| e.to_string())
+struct LegendEntry {
+    label: String,
+    colour: RGBColor,
+    mark: Mark,
+}
+
+impl LegendEntry {
+    fn new(label: &str, colour: RGBColor, mark: Mark) -> LegendEntry {
+        LegendEntry { label: label.into(), colour, mark }
+    }
+
+    /// Width of the mark, the gap and the label.
+    fn width_px(&self) -> u32 {
+        40 + LEGEND_CHAR_PX * self.label.chars().count() as u32 + 24
+    }
+}
+
+/// The entries' positions, left to right and wrapped at the plot's width: (x, row).
+fn legend_layout(entries: &[LegendEntry]) -> Vec<(u32, u32)> {
+    let (mut x, mut row) = (12, 0);
+    let mut at = Vec::with_capacity(entries.len());
+    for entry in entries {
+        if x > 12 && x + entry.width_px() > PLOT_SIZE_PX.0 {
+            (x, row) = (12, row + 1);
+        }
+        at.push((x, row));
+        x += entry.width_px();
+    }
+    at
+}
+
+/// A drawing area of the SVG backend.
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// A white drawing of the plot's size with room below for `legend`'s rows: (plot, legend).
+fn canvas<'a>(svg: &'a mut String, legend: &[LegendEntry]) -> Result<(Area<'a>, Area<'a>), String> {
+    let rows = legend_layout(legend).last().map_or(0, |&(_, row)| row + 1);
+    let height = PLOT_SIZE_PX.1 + rows * LEGEND_ROW_PX + if rows > 0 { 10 } else { 0 };
+    let root = SVGBackend::with_string(svg, (PLOT_SIZE_PX.0, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    Ok(root.split_vertically(PLOT_SIZE_PX.1))
+}
+
+/// The legend under the plot, outside the data.
+fn draw_legend(area: &Area<'_>, entries: &[LegendEntry]) -> Result<(), String> {
+    let style = TextStyle::from(("sans-serif", LEGEND_FONT_PX).into_font()).pos(
+        plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Left,
+            plotters::style::text_anchor::VPos::Center,
+        ),
+    );
+    for (entry, (x, row)) in entries.iter().zip(legend_layout(entries)) {
+        let (x, y) = (x as i32, (row * LEGEND_ROW_PX + LEGEND_ROW_PX / 2) as i32);
+        let stroke = entry.colour.stroke_width(3);
+        let drawn = match entry.mark {
+            Mark::Line => area.draw(&PathElement::new(vec![(x, y), (x + 30, y)], stroke)),
+            Mark::Dashed => {
+                area.draw(&PathElement::new(vec![(x, y), (x + 12, y)], stroke)).and_then(|()| {
+                    area.draw(&PathElement::new(vec![(x + 18, y), (x + 30, y)], stroke))
+                })
+            }
+            Mark::Bar => {
+                area.draw(&Rectangle::new([(x + 4, y - 7), (x + 26, y + 7)], entry.colour.filled()))
+            }
+        };
+        drawn.map_err(|e| e.to_string())?;
+        let text = Text::new(entry.label.clone(), (x + 40, y), style.clone());
+        area.draw(&text).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Whether the positive finite values span [`LOG_SPAN_MIN`] or more (and none is ≤ 0).
+fn spans_decades(values: impl Iterator<Item = f64>) -> bool {
+    let values: Vec<f64> = values.filter(|v| v.is_finite()).collect();
+    if values.iter().any(|&v| v <= 0.0) {
+        return false;
+    }
+    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    low.is_finite() && high / low >= LOG_SPAN_MIN
 }
 
 /// The axis's data range: linear from 0 (or the minimum, if negative) to 5% over the
@@ -349,12 +449,39 @@ impl BarChart {
         self.groups.len().max(1) + 1
     }
 
-    fn y_range(&self) -> (f64, f64) {
-        let finite = |v: &f64| v.is_finite();
+    /// Every bar, whisker end and limit that has a value.
+    fn values(&self) -> impl Iterator<Item = f64> + '_ {
         let values = self.groups.iter().flat_map(|(_, values)| values.iter().copied());
-        let whiskers = self.ranges.iter().flatten().flatten().map(|r| r.1);
+        let whiskers = self.ranges.iter().flatten().flatten().flat_map(|r| [r.0, r.1]);
         let limit = self.limit.iter().map(|l| l.y);
-        let high = values.chain(whiskers).chain(limit).filter(finite).fold(0.0, f64::max);
+        values.chain(whiskers).chain(limit).filter(|v| v.is_finite())
+    }
+
+    /// Whether the y axis is logarithmic: the positive values span [`LOG_SPAN_MIN`] or more
+    /// (on a linear axis the small bars would vanish beside the large).
+    fn log_axis(&self) -> bool {
+        spans_decades(self.values().filter(|v| *v > 0.0))
+    }
+
+    /// Where a value is drawn: itself, or its log10 on a log axis (whose ticks then name the
+    /// powers of ten); a non-positive value on a log axis sits at the axis' base.
+    fn y_of(&self, value: f64, log: bool, base: f64) -> f64 {
+        match (log, value.is_finite()) {
+            (_, false) => base,
+            (false, true) => value,
+            (true, true) if value > 0.0 => value.log10(),
+            (true, true) => base,
+        }
+    }
+
+    fn y_range(&self, log: bool) -> (f64, f64) {
+        if log {
+            let positive = self.values().filter(|v| *v > 0.0);
+            let (low, high) =
+                positive.fold((f64::INFINITY, 0.0f64), |(l, h), v| (l.min(v), h.max(v)));
+            return (low.log10().floor(), high.log10().ceil().max(low.log10().floor() + 1.0));
+        }
+        let high = self.values().fold(0.0, f64::max);
         (0.0, if high > 0.0 { high * 1.1 } else { 1.0 })
     }
 
@@ -372,36 +499,52 @@ impl BarChart {
     fn draw(&self) -> Result<String, String> {
         let slots = self.slots() as u32;
         let segments = (self.categories.len().max(1) as u32) * slots;
-        let y = self.y_range();
+        let log = self.log_axis();
+        let y = self.y_range(log);
+        let mut legend: Vec<LegendEntry> = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, (label, _))| LegendEntry::new(label, PALETTE[i % PALETTE.len()], Mark::Bar))
+            .collect();
+        legend.extend(
+            self.limit.iter().map(|l| LegendEntry::new(&l.label, LIMIT_COLOUR, Mark::Line)),
+        );
+        let y_label =
+            if log { format!("{} (log scale)", self.y_label) } else { self.y_label.clone() };
         let mut svg = String::new();
         {
-            let root = SVGBackend::with_string(&mut svg, PLOT_SIZE_PX).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            let (root, legend_area) = canvas(&mut svg, &legend)?;
             let mut chart = chart_builder(&root, &self.title)
                 .build_cartesian_2d((0..segments).into_segmented(), y.0..y.1)
                 .map_err(|e| e.to_string())?;
             let x_format = |segment: &SegmentValue<u32>| self.segment_label(segment);
-            let y_format = |v: &f64| tick_label(Scale::Linear, *v);
+            let y_format =
+                |v: &f64| tick_label(Scale::Linear, if log { 10f64.powf(*v) } else { *v });
+            // On a log axis one tick per power of ten.
+            let y_ticks = if log { (y.1 - y.0) as usize + 1 } else { 10 };
             chart
                 .configure_mesh()
                 .disable_x_mesh()
                 .x_labels(segments as usize)
+                .y_labels(y_ticks)
                 .x_label_formatter(&x_format)
                 .y_label_formatter(&y_format)
-                .y_desc(self.y_label.as_str())
+                .y_desc(y_label.as_str())
+                .label_style(("sans-serif", TICK_FONT_PX))
+                .axis_desc_style(("sans-serif", AXIS_FONT_PX))
                 .light_line_style(RGBColor(238, 238, 238))
                 .draw()
                 .map_err(|e| e.to_string())?;
-            self.draw_bars(&mut chart)?;
+            self.draw_bars(&mut chart, log, y.0)?;
             if let Some(limit) = &self.limit {
-                let ends = [(SegmentValue::Exact(0), limit.y), (SegmentValue::Last, limit.y)];
+                let at = self.y_of(limit.y, log, y.0);
+                let ends = [(SegmentValue::Exact(0), at), (SegmentValue::Last, at)];
                 chart
                     .draw_series(LineSeries::new(ends, LIMIT_COLOUR.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(limit.label.as_str())
-                    .legend(|(x, y)| legend_mark(x, y, LIMIT_COLOUR));
+                    .map_err(|e| e.to_string())?;
             }
-            draw_legend(&mut chart)?;
+            draw_legend(&legend_area, &legend)?;
             root.present().map_err(|e| e.to_string())?;
         }
         Ok(svg)
@@ -410,26 +553,25 @@ impl BarChart {
     fn draw_bars<'a>(
         &self,
         chart: &mut ChartContext<'a, SVGBackend<'a>, BarCoordinates>,
+        log: bool,
+        base: f64,
     ) -> Result<(), String> {
         let slots = self.slots() as u32;
-        for (group_index, ((label, values), ranges)) in
-            self.groups.iter().zip(&self.ranges).enumerate()
+        for (group_index, ((_, values), ranges)) in self.groups.iter().zip(&self.ranges).enumerate()
         {
             let colour = PALETTE[group_index % PALETTE.len()];
             let at = |category: usize| category as u32 * slots + group_index as u32;
             let bars = values.iter().enumerate().map(|(category, &value)| {
-                let value = if value.is_finite() { value } else { 0.0 };
                 let corners = [
-                    (SegmentValue::Exact(at(category)), 0.0),
-                    (SegmentValue::Exact(at(category) + 1), value),
+                    (SegmentValue::Exact(at(category)), base),
+                    (SegmentValue::Exact(at(category) + 1), self.y_of(value, log, base)),
                 ];
                 Rectangle::new(corners, colour.filled())
             });
-            chart.draw_series(bars).map_err(|e| e.to_string())?.label(label.as_str()).legend(
-                move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], colour.filled()),
-            );
+            chart.draw_series(bars).map_err(|e| e.to_string())?;
             let whiskers = ranges.iter().enumerate().filter_map(|(category, range)| {
                 let (low, high) = (*range)?;
+                let (low, high) = (self.y_of(low, log, base), self.y_of(high, log, base));
                 let middle = SegmentValue::CenterOf(at(category));
                 Some(PathElement::new(
                     vec![(middle.clone(), low), (middle, high)],
@@ -563,5 +705,67 @@ mod tests {
         assert_eq!(tick_label(Scale::Linear, -0.0), "0");
         assert_eq!(tick_label(Scale::Percentile, 1_000.0), "99.9%");
         assert_eq!(tick_label(Scale::Percentile, 1.0), "0%");
+    }
+
+    #[test]
+    fn bars_spanning_decades_get_a_log_axis_and_small_bars_stay_visible() {
+        let chart = BarChart::new("I/O", "p50 (µs)", ["20K", "40K"])
+            .group("sync", vec![170_000.0, 150_000.0])
+            .group("group", vec![12.0, 15.0])
+            .group("off", vec![3.0, 4.0]);
+        assert!(chart.log_axis());
+        let svg = chart.to_svg();
+        assert!(svg.contains("p50 (µs) (log scale)"), "the axis says so");
+        for tick in ["1", "10", "100", "1000", "10k", "100k", "1M"] {
+            assert!(
+                svg.contains(&format!(">\n{tick}\n</text>")),
+                "a tick per decade: missing {tick}"
+            );
+        }
+        // Within one decade the axis stays linear.
+        let near = BarChart::new("t", "y", ["a"]).group("g", vec![10.0]).group("h", vec![50.0]);
+        assert!(!near.log_axis());
+        assert!(!near.to_svg().contains("log scale"));
+        // A line plot spanning decades too; one with a zero stays linear.
+        let lines =
+            LinePlot::new("l", "x", "latency (µs)").series("s", vec![(1.0, 2.0), (2.0, 5_000.0)]);
+        assert!(lines.to_svg().contains("latency (µs) (log scale)"));
+        let zero = LinePlot::new("l", "x", "y").series("s", vec![(1.0, 0.0), (2.0, 5_000.0)]);
+        assert!(!zero.to_svg().contains("log scale"));
+    }
+
+    /// The y coordinate of the first `<text …>` element holding `text`.
+    fn text_y(svg: &str, text: &str) -> f64 {
+        let end = svg.find(&format!(">\n{text}\n<")).unwrap_or_else(|| panic!("no {text}"));
+        let start = svg[..end].rfind("<text").unwrap();
+        let y = svg[start..end].split(" y=\"").nth(1).unwrap().split('"').next().unwrap();
+        y.parse().unwrap()
+    }
+
+    #[test]
+    fn the_legend_sits_below_the_data_and_wraps() {
+        let mut plot = LinePlot::new("p", "x (s)", "y (µs)");
+        for i in 0..8 {
+            plot = plot.series(
+                &format!("a fairly long series name number {i}"),
+                vec![(1.0, 1.0), (2.0, 3.0)],
+            );
+        }
+        let svg = plot.to_svg();
+        let height: f64 =
+            svg.split("height=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(
+            height > f64::from(PLOT_SIZE_PX.1) + f64::from(LEGEND_ROW_PX),
+            "rows added: {height}"
+        );
+        let first = text_y(&svg, "a fairly long series name number 0");
+        let last = text_y(&svg, "a fairly long series name number 7");
+        assert!(first > f64::from(PLOT_SIZE_PX.1), "below the plot area: {first}");
+        assert!(last > first, "wrapped onto another row");
+        let legend_px = f64::from(LEGEND_FONT_PX) / 1.24;
+        assert!(
+            legend_px >= 14.0 && svg.contains(&format!("font-size=\"{legend_px:.1}")),
+            "legend font"
+        );
     }
 }

@@ -19,6 +19,29 @@ pub const LATENCY_BUCKETS_SECONDS: [f64; 19] = [
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Upper bounds in seconds for a service time of hundreds of nanoseconds (a matching core's,
+/// about 200 ns here): from 100 ns to 10 ms, three per decade. With
+/// [`LATENCY_BUCKETS_SECONDS`] every such time fell in the first bucket (10 µs) and no
+/// quantile could be read.
+pub const SERVICE_BUCKETS_SECONDS: [f64; 16] = [
+    0.000_000_1,
+    0.000_000_25,
+    0.000_000_5,
+    0.000_001,
+    0.000_002_5,
+    0.000_005,
+    0.000_01,
+    0.000_025,
+    0.000_05,
+    0.000_1,
+    0.000_25,
+    0.000_5,
+    0.001,
+    0.002_5,
+    0.005,
+    0.01,
+];
+
 /// A histogram of durations (see the module docs). Clones share the counts.
 #[derive(Clone, Debug)]
 pub struct BucketHistogram {
@@ -40,6 +63,11 @@ impl Default for BucketHistogram {
 }
 
 impl BucketHistogram {
+    /// A histogram of sub-microsecond service times ([`SERVICE_BUCKETS_SECONDS`]).
+    pub fn service_times() -> BucketHistogram {
+        BucketHistogram::with_bounds(&SERVICE_BUCKETS_SECONDS)
+    }
+
     /// A histogram with these upper bounds in seconds (ascending).
     pub fn with_bounds(bounds_seconds: &[f64]) -> BucketHistogram {
         let bounds_ns: Vec<u64> = bounds_seconds.iter().map(|s| (s * 1e9).round() as u64).collect();
@@ -106,5 +134,24 @@ mod tests {
             assert!(page.lines().any(|l| l == line), "{line:?} missing from\n{page}");
         }
         assert_eq!(histogram.count(), 4);
+    }
+
+    #[test]
+    fn service_times_of_hundreds_of_nanoseconds_spread_over_buckets() {
+        let histogram = BucketHistogram::service_times();
+        for ns in [150, 200, 400, 900] {
+            histogram.record_ns(ns);
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("service_seconds", "a service time", histogram.clone());
+        let page = crate::endpoint::render(&registry);
+        for line in [
+            "service_seconds_bucket{le=\"1e-07\"} 0",
+            "service_seconds_bucket{le=\"2.5e-07\"} 2",
+            "service_seconds_bucket{le=\"5e-07\"} 3",
+            "service_seconds_bucket{le=\"1e-06\"} 4",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line:?} missing from\n{page}");
+        }
     }
 }

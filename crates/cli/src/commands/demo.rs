@@ -333,9 +333,10 @@ fn views_table(rows: &[ViewRow]) -> Table {
         "sent",
         "answered",
         "p50 µs",
-        "p93 µs",
-        "p95 µs",
+        "p90 µs",
         "p99 µs",
+        "p99.9 µs",
+        "p99.99 µs",
         "max µs",
         "generator lag p99 µs",
     ];
@@ -349,9 +350,10 @@ fn views_table(rows: &[ViewRow]) -> Table {
             row.sent.to_string(),
             row.answered.to_string(),
             format_ns_as_us(l.p50_ns),
-            format_ns_as_us(l.p93_ns),
-            format_ns_as_us(l.p95_ns),
+            format_ns_as_us(l.p90_ns),
             format_ns_as_us(l.p99_ns),
+            format_ns_as_us(l.p99_9_ns),
+            format_ns_as_us(l.p99_99_ns),
             format_ns_as_us(l.max_ns),
             format_ns_as_us(row.send_lag.p99_ns),
         ]);
@@ -408,9 +410,12 @@ fn views_data(rows: &[ViewRow]) -> DataTable {
             "sent",
             "answered",
             "p50_us",
+            "p90_us",
             "p93_us",
             "p95_us",
             "p99_us",
+            "p99_9_us",
+            "p99_99_us",
             "max_us",
             "generator_lag_p99_us",
         ],
@@ -424,9 +429,12 @@ fn views_data(rows: &[ViewRow]) -> DataTable {
             row.sent.into(),
             row.answered.into(),
             us(l.p50_ns),
+            us(l.p90_ns),
             us(l.p93_ns),
             us(l.p95_ns),
             us(l.p99_ns),
+            us(l.p99_9_ns),
+            us(l.p99_99_ns),
             us(l.max_ns),
             us(row.send_lag.p99_ns),
         ]);
@@ -521,8 +529,10 @@ fn present(report: &DemoReport, out: &Path) -> anyhow::Result<()> {
     dir.write_markdown("summary.md", markdown.as_str())?;
     println!(
         "\nReport: {0}/index.html, {0}/summary.md (JSON, CSV and .hgrm beside them; \
-         instruments.toml and clients.toml: the universe the servers listed)",
-        out.display()
+         instruments.toml and clients.toml: the universe the servers listed; the servers' \
+         logs: {0}/{1})",
+        out.display(),
+        crate::DEMO_LOG_FILE
     );
     println!("Try next:");
     println!("  leantier demo --in-process      # the tier's own critical path, no network");

@@ -9,6 +9,7 @@ mod middleware;
 mod page;
 mod planner;
 mod published;
+mod verdict;
 mod web_service;
 
 use std::path::PathBuf;
@@ -18,8 +19,9 @@ use lab::data::DataTable;
 use lab::report::ReportDir;
 
 use crate::outcome::BadInput;
-use machine::{CpuTicks, Machine};
+use machine::{CpuTicks, HostLoad, Machine};
 use published::{Published, PublishedPaper};
+pub use verdict::Verdict;
 
 /// The papers, in order: id, short name, what runs them.
 const PAPERS: [(&str, &str, PaperRunner); 5] = [
@@ -86,30 +88,33 @@ pub struct Figure {
     pub note: String,
 }
 
-/// A claim's verdict.
-pub enum Verdict {
-    Reproduced,
-    NotReproduced,
-    NotMeasurable(String),
-}
-
-/// One published claim, the rule that decides it, what was measured and the verdict.
+/// One published claim, the scope both sides were measured in, the rule that decides it,
+/// what was measured and the verdict.
 pub struct Claim {
     pub claim: String,
+    /// What was compared with what: both sides measured here in the same run (and how), or
+    /// a published figure of another scope shown for context.
+    pub scope: String,
     pub rule: String,
     pub measured: String,
     pub verdict: Verdict,
 }
 
 impl Claim {
-    /// A claim decided by `holds` (`None`: the data needed is missing, with why).
-    pub fn decide(claim: &str, rule: &str, measured: String, holds: Result<bool, String>) -> Claim {
-        let verdict = match holds {
-            Ok(true) => Verdict::Reproduced,
-            Ok(false) => Verdict::NotReproduced,
-            Err(why) => Verdict::NotMeasurable(why),
-        };
-        Claim { claim: claim.into(), rule: rule.into(), measured, verdict }
+    pub fn new(claim: &str, scope: &str, rule: &str, measured: String, verdict: Verdict) -> Claim {
+        Claim { claim: claim.into(), scope: scope.into(), rule: rule.into(), measured, verdict }
+    }
+
+    /// A published absolute figure taken in `published_scope` (another machine, another
+    /// store) beside ours: shown, not judged.
+    pub fn context(claim: &str, published_scope: &str, measured: String) -> Claim {
+        Claim::new(
+            claim,
+            &format!("published: {published_scope}; measured: this machine"),
+            "none: absolute figures of another scope are not comparable",
+            measured,
+            Verdict::Context(format!("published on {published_scope}")),
+        )
     }
 }
 
@@ -137,6 +142,8 @@ pub struct PaperSection<'a> {
     pub name: &'static str,
     pub elapsed: Duration,
     pub outcome: Outcome,
+    /// What the rest of the host did while this paper ran.
+    pub host: Option<HostLoad>,
 }
 
 /// `leantier reproduce`.
@@ -151,17 +158,24 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let scale =
         Scale { quick: args.quick, mq_store: args.mq_store.clone(), python: args.python.clone() };
     let started = Instant::now();
+    let load_average_before = machine::load_average();
+    let before = HostLoad::before_run();
+    if let Some(host) = before.filter(HostLoad::loaded) {
+        println!("the host is loaded before the run ({}): every verdict will say so", host.text());
+    }
     let ticks = CpuTicks::now();
     let mut sections = Vec::new();
     for (id, name, runner) in PAPERS {
         let paper = published.paper(id)?;
         if !args.only.is_empty() && !args.only.iter().any(|o| o == id) {
             let elapsed = Duration::ZERO;
-            sections.push(PaperSection { paper, name, elapsed, outcome: Outcome::Skipped });
+            let outcome = Outcome::Skipped;
+            sections.push(PaperSection { paper, name, elapsed, outcome, host: None });
             continue;
         }
         println!("paper {id} ({name}) …");
         let paper_started = Instant::now();
+        let paper_ticks = CpuTicks::now();
         let outcome = match runner(&scale, &paper, &dir) {
             Ok(result) => {
                 write_figures(&dir, &result.figures)?;
@@ -173,18 +187,44 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
         };
         let elapsed = paper_started.elapsed();
-        println!("paper {id} done in {:.1} s", elapsed.as_secs_f64());
-        sections.push(PaperSection { paper, name, elapsed, outcome });
+        let host = HostLoad::between(paper_ticks, CpuTicks::now());
+        let host_text = host.map_or(String::new(), |h| format!("; {}", h.verdict_text()));
+        println!("paper {id} done in {:.1} s{host_text}", elapsed.as_secs_f64());
+        sections.push(PaperSection { paper, name, elapsed, outcome, host });
     }
-    let machine = Machine::describe(ticks);
+    let machine = Machine::describe(ticks, before, load_average_before);
     dir.write_data(&machine.table())?;
-    let invocation = std::env::args().collect::<Vec<_>>().join(" ");
+    let invocation = invocation(args);
     let html = page::render(&sections, &machine, &invocation, started.elapsed());
     let index = dir.write_text("index.html", &html)?;
     write_verdicts(&dir, &sections)?;
     println!("{}", page::summary_lines(&sections));
     println!("Report: {} ({:.0} s in all)", index.display(), started.elapsed().as_secs_f64());
     failed_papers(&sections)
+}
+
+/// The command as the page shows it: its flags without local paths (the output folder, the
+/// figures' copy, the interpreter) and without a database URL's credentials.
+fn invocation(args: &Args) -> String {
+    let mut words = vec!["leantier reproduce".to_string()];
+    if args.quick {
+        words.push("--quick".into());
+    }
+    if !args.only.is_empty() {
+        words.push(format!("--only {}", args.only.join(",")));
+    }
+    if args.published.is_some() {
+        words.push("--published FILE".into());
+    }
+    if let Some(store) = &args.mq_store {
+        let kind = store.split(':').next().unwrap_or("");
+        words.push(format!("--mq-store {kind}:…"));
+    }
+    if let Some(python) = &args.python {
+        let name = python.file_name().map_or("python".into(), |n| n.to_string_lossy());
+        words.push(format!("--python {name}"));
+    }
+    words.join(" ")
 }
 
 /// A paper whose run failed fails the command (exit 1), once the page that shows the failure
@@ -206,7 +246,7 @@ fn write_verdicts(dir: &ReportDir, sections: &[PaperSection<'_>]) -> anyhow::Res
     let mut table = DataTable::new(
         "verdicts",
         "Verdict per claim",
-        ["paper", "claim", "rule", "measured", "verdict", "why_not_measurable"],
+        ["paper", "claim", "scope", "rule", "measured", "verdict", "why", "host_during_paper"],
     );
     for section in sections {
         let result = match &section.outcome {
@@ -217,15 +257,18 @@ fn write_verdicts(dir: &ReportDir, sections: &[PaperSection<'_>]) -> anyhow::Res
             }
             Outcome::Skipped => continue,
         };
+        let host = section.host.map_or("not measured".into(), |h| h.verdict_text());
         for claim in &result.claims {
             let (verdict, why) = page::verdict_words(&claim.verdict);
             table.push(vec![
                 section.paper.id.into(),
                 claim.claim.as_str().into(),
+                claim.scope.as_str().into(),
                 claim.rule.as_str().into(),
                 claim.measured.as_str().into(),
                 verdict.into(),
                 why.into(),
+                host.as_str().into(),
             ]);
         }
     }
@@ -242,14 +285,6 @@ fn write_figures(dir: &ReportDir, figures: &[Figure]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// "k of n" and whether k reaches `needed`.
-pub fn count_rule(wins: usize, total: usize, needed: usize) -> (String, Result<bool, String>) {
-    if total == 0 {
-        return ("no measurement".into(), Err("nothing was measured".into()));
-    }
-    (format!("{wins} of {total}"), Ok(wins >= needed))
 }
 
 /// The median of `values` (NaN-free), `None` when empty.
@@ -270,40 +305,43 @@ mod tests {
         published: &'a Published,
         id: &'static str,
         outcome: Outcome,
+        host: Option<HostLoad>,
     ) -> PaperSection<'a> {
         let paper = published.paper(id).unwrap();
-        PaperSection { paper, name: "test", elapsed: Duration::from_secs(1), outcome }
+        PaperSection { paper, name: "test", elapsed: Duration::from_secs(1), outcome, host }
     }
 
     #[test]
-    fn count_rule_states_k_of_n_and_needs_a_measurement() {
-        assert_eq!(count_rule(4, 5, 4), ("4 of 5".to_string(), Ok(true)));
-        assert_eq!(count_rule(3, 5, 4).1, Ok(false));
-        assert!(count_rule(0, 0, 1).1.is_err());
-    }
-
-    #[test]
-    fn the_page_shows_every_paper_with_its_verdicts_and_plots() {
+    fn the_page_shows_every_paper_with_its_verdicts_scopes_and_host() {
         let published = Published::load(None).unwrap();
         let mut table = DataTable::new("t-measured", "Measured here", ["rate_msgs_per_s"]);
         table.push(vec![20_000.0.into()]);
         let plot = lab::report::LinePlot::new("p", "x (s)", "y (µs)").series("s", vec![(1.0, 2.0)]);
         let claims = vec![
-            Claim::decide("c1", "rule 1", "m1".into(), Ok(true)),
-            Claim::decide("c2", "rule 2", "m2".into(), Ok(false)),
-            Claim::decide("c3", "rule 3", "m3".into(), Err("no cores".into())),
+            Claim::new("c1", "same run s1", "rule 1", "m1".into(), Verdict::Reproduced),
+            Claim::new("c2", "same run s2", "rule 2", "m2".into(), Verdict::NotReproduced),
+            Claim::new(
+                "c3",
+                "s3",
+                "rule 3",
+                "m3".into(),
+                Verdict::NotMeasurable("no cores".into()),
+            ),
+            Claim::new("c4", "s4", "rule 4", "m4".into(), Verdict::Inconclusive("overlap".into())),
+            Claim::context("c5", "a 2-socket Xeon", "m5".into()),
         ];
         let figure = Figure { table, plot_svg: Some(plot.to_svg()), note: "n".into() };
         let result =
             PaperResult { scope: "s".into(), figures: vec![figure], claims, files: vec![] };
+        let loaded = HostLoad { other_cores: 1.5, steal_pct: 0.0, cores: 2 };
         let sections = vec![
-            section(&published, "000", Outcome::Ran(result)),
-            section(&published, "001", Outcome::Failed("boom".into())),
-            section(&published, "002", Outcome::Skipped),
-            section(&published, "003", Outcome::Skipped),
-            section(&published, "004", Outcome::Skipped),
+            section(&published, "000", Outcome::Ran(result), Some(loaded)),
+            section(&published, "001", Outcome::Failed("boom".into()), None),
+            section(&published, "002", Outcome::Skipped, None),
+            section(&published, "003", Outcome::Skipped, None),
+            section(&published, "004", Outcome::Skipped, None),
         ];
-        let machine = Machine::describe(CpuTicks::now());
+        let machine = Machine::describe(CpuTicks::now(), None, "0.10 0.20 0.30".into());
         let html = page::render(&sections, &machine, "leantier reproduce", Duration::from_secs(3));
         for id in ["000", "001", "002", "003", "004"] {
             assert!(html.contains(&format!("id=\"paper-{id}\"")), "{id}");
@@ -312,6 +350,12 @@ mod tests {
             "class=\"reproduced\"",
             "class=\"not-reproduced\"",
             "not measurable here: no cores",
+            "class=\"inconclusive\"",
+            "inconclusive: overlap",
+            "class=\"context\"",
+            "context only: published on a 2-socket Xeon",
+            "same run s1",
+            "on a loaded host: other processes kept 1.50 of 2 cores busy",
             "<svg",
             "The run failed: boom",
             "Not run this time",
@@ -321,6 +365,23 @@ mod tests {
         }
         assert!(!html.contains("<script"), "no script");
         let summary = page::summary_lines(&sections);
-        assert!(summary.contains("000 c2: not reproduced [m2]"), "{summary}");
+        assert!(summary.contains("000 c2: not reproduced [m2] (on a loaded host"), "{summary}");
+    }
+
+    #[test]
+    fn the_invocation_shows_no_local_path_or_credentials() {
+        let args = Args {
+            quick: true,
+            only: vec!["004".into()],
+            out: PathBuf::from("/home/someone/report"),
+            published: Some(PathBuf::from("/home/someone/published.toml")),
+            mq_store: Some("postgres://user:secret@db/leantier".into()),
+            python: Some(PathBuf::from("/home/someone/venv/bin/python3")),
+        };
+        let text = invocation(&args);
+        assert_eq!(
+            text,
+            "leantier reproduce --quick --only 004 --published FILE --mq-store postgres:… --python python3"
+        );
     }
 }

@@ -5,24 +5,48 @@ use std::time::Duration;
 
 use lab::html::{HtmlPage, escape_html, inline_svg, table_html};
 
-use super::machine::Machine;
+use super::machine::{HostLoad, Machine};
 use super::{Outcome, PaperResult, PaperSection, Verdict};
 
-/// The verdict's word and, when not measurable, why.
+/// The verdict's word and, where there is one, why no verdict.
 pub fn verdict_words(verdict: &Verdict) -> (&'static str, String) {
     match verdict {
         Verdict::Reproduced => ("reproduced", String::new()),
         Verdict::NotReproduced => ("not reproduced", String::new()),
+        Verdict::Inconclusive(why) => ("inconclusive", why.clone()),
         Verdict::NotMeasurable(why) => ("not measurable here", why.clone()),
+        Verdict::Context(why) => ("context only", why.clone()),
     }
 }
+
+/// The CSS class of a verdict (and its column in the overview).
+const VERDICT_CLASSES: [(&str, &str); 5] = [
+    ("reproduced", "reproduced"),
+    ("not-reproduced", "not reproduced"),
+    ("inconclusive", "inconclusive"),
+    ("not-measurable", "not measurable here"),
+    ("context", "context only"),
+];
 
 fn verdict_class(verdict: &Verdict) -> &'static str {
     match verdict {
         Verdict::Reproduced => "reproduced",
         Verdict::NotReproduced => "not-reproduced",
+        Verdict::Inconclusive(_) => "inconclusive",
         Verdict::NotMeasurable(_) => "not-measurable",
+        Verdict::Context(_) => "context",
     }
+}
+
+/// The verdict in words, with why and, on a loaded host, the load: for the page's cell,
+/// the terminal and verdicts.csv alike.
+fn verdict_text(verdict: &Verdict, host: Option<HostLoad>) -> String {
+    let (word, why) = verdict_words(verdict);
+    let mut text = if why.is_empty() { word.to_string() } else { format!("{word}: {why}") };
+    if let Some(host) = host.filter(HostLoad::loaded) {
+        text += &format!(" (on a loaded host: {})", host.text());
+    }
+    text
 }
 
 /// The whole page.
@@ -38,8 +62,12 @@ pub fn render(
         None,
         &format!(
             "Command: {invocation} · finished {} · {:.0} s in all. Each verdict comes from the \
-             measurements of this run by the rule printed beside it; numbers measured on a shared \
-             or virtual machine carry its noise (see steal time below).",
+             measurements of this run by the rule printed beside it, with the scope both sides \
+             share: a verdict needs at least 3 repeats of each side whose ranges fall wholly on one \
+             side of the rule's boundary, otherwise it is inconclusive; a published absolute \
+             figure from another machine or store is context, never judged. Numbers measured on a \
+             shared or virtual machine carry its noise: the host's load is measured before the run \
+             and during each paper, and a verdict reached on a loaded host says so.",
             utc_now(),
             elapsed.as_secs_f64()
         ),
@@ -54,10 +82,11 @@ pub fn render(
 
 /// The verdict counts per paper, linking to each section.
 fn overview(sections: &[PaperSection<'_>]) -> String {
-    let mut html = String::from(
-        "<table>\n<caption>Verdicts</caption>\n<tr><th>paper</th>\
-        <th>reproduced</th><th>not reproduced</th><th>not measurable here</th><th>run time (s)</th></tr>\n",
-    );
+    let mut html = String::from("<table>\n<caption>Verdicts</caption>\n<tr><th>paper</th>");
+    for (_, word) in VERDICT_CLASSES {
+        html += &format!("<th>{word}</th>");
+    }
+    html += "<th>host during the paper</th><th>run time (s)</th></tr>\n";
     for section in sections {
         let count = |class: &str| match &section.outcome {
             Outcome::Ran(result) => result
@@ -70,14 +99,17 @@ fn overview(sections: &[PaperSection<'_>]) -> String {
             Outcome::Skipped => "not run".into(),
         };
         html += &format!(
-            "<tr><td><a href=\"#paper-{id}\">{id} {}</a></td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{:.1}</td></tr>\n",
+            "<tr><td><a href=\"#paper-{id}\">{id} {}</a></td>",
             escape_html(section.name),
-            count("reproduced"),
-            count("not-reproduced"),
-            count("not-measurable"),
-            section.elapsed.as_secs_f64(),
             id = section.paper.id,
+        );
+        for (class, _) in VERDICT_CLASSES {
+            html += &format!("<td class=\"n\">{}</td>", count(class));
+        }
+        html += &format!(
+            "<td>{}</td><td class=\"n\">{:.1}</td></tr>\n",
+            section.host.map_or(String::new(), |h| escape_html(&h.verdict_text())),
+            section.elapsed.as_secs_f64(),
         );
     }
     html + "</table>\n"
@@ -91,7 +123,13 @@ fn paper_section(page: &mut HtmlPage, section: &PaperSection<'_>, machine: &Mach
     match &section.outcome {
         Outcome::Ran(result) => {
             page.heading(3, None, "Verdict per claim");
-            page.raw(&claims_table(result));
+            if let Some(host) = section.host {
+                page.paragraph(
+                    Some("note"),
+                    &format!("The host while this paper ran: {}.", host.verdict_text()),
+                );
+            }
+            page.raw(&claims_table(result, section.host));
             page.paragraph(None, &format!("What ran here: {}", result.scope));
             measured(page, result, machine);
         }
@@ -112,19 +150,20 @@ fn paper_section(page: &mut HtmlPage, section: &PaperSection<'_>, machine: &Mach
     page.raw("</section>");
 }
 
-fn claims_table(result: &PaperResult) -> String {
+fn claims_table(result: &PaperResult, host: Option<HostLoad>) -> String {
     let mut html = String::from(
-        "<table>\n<tr><th>published claim</th><th>rule</th><th>measured here</th><th>verdict</th></tr>\n",
+        "<table class=\"claims\">\n<tr><th>published claim</th><th>scope of the comparison</th>\
+         <th>rule</th><th>measured here</th><th>verdict</th></tr>\n",
     );
     for claim in &result.claims {
-        let (word, why) = verdict_words(&claim.verdict);
-        let why = if why.is_empty() { String::new() } else { format!(": {}", escape_html(&why)) };
         html += &format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{word}{why}</td></tr>\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>\n",
             escape_html(&claim.claim),
+            escape_html(&claim.scope),
             escape_html(&claim.rule),
             escape_html(&claim.measured),
             verdict_class(&claim.verdict),
+            escape_html(&verdict_text(&claim.verdict, host)),
         );
     }
     html + "</table>\n"
@@ -173,8 +212,12 @@ pub fn summary_lines(sections: &[PaperSection<'_>]) -> String {
                 for claim in &result.claims {
                     let (word, why) = verdict_words(&claim.verdict);
                     let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
+                    let loaded = section
+                        .host
+                        .filter(HostLoad::loaded)
+                        .map_or(String::new(), |h| format!(" (on a loaded host: {})", h.text()));
                     lines.push(format!(
-                        "{} {}: {word}{why} [{}]",
+                        "{} {}: {word}{why} [{}]{loaded}",
                         section.paper.id, claim.claim, claim.measured
                     ));
                 }

@@ -14,7 +14,8 @@ use web::workload::Complexity;
 
 use super::super::web_lab::{MatrixArgs, MedianCell, measure_matrix};
 use super::published::PublishedPaper;
-use super::{Claim, Figure, PaperResult, Scale};
+use super::verdict::{self, MIN_REPEATS, Spread, Verdict};
+use super::{Claim, Figure, PaperResult, Scale, median};
 
 /// The Flask baseline, relative to the repository root.
 const PYTHON_APP: &str = "bench/web-python/app.py";
@@ -28,12 +29,11 @@ pub fn run(
 ) -> anyhow::Result<PaperResult> {
     let python = python_with_flask(scale.python.clone());
     let args = matrix_args(scale, python.clone());
-    let (_, medians) = measure_matrix(&args)?;
-    let cells: Vec<&CellResult> = medians.iter().map(|m| &m.median).collect();
+    let (samples, medians) = measure_matrix(&args)?;
     let python_note = match &python {
         Some(path) => format!(
-            "Python baselines ({}, Flask) at low complexity × 10 users, first round",
-            path.display()
+            "Python baselines ({}, Flask) at low complexity × 10 users, first round only (one round decides nothing)",
+            path.file_name().map_or("python".into(), |n| n.to_string_lossy())
         ),
         None => format!("no Python baselines: no interpreter with Flask, or no {PYTHON_APP} here"),
     };
@@ -48,7 +48,7 @@ pub fn run(
     Ok(PaperResult {
         scope,
         figures: vec![throughput_figure(&medians)],
-        claims: claims(&cells, &args, python.is_some()),
+        claims: claims(&samples, &args, python.is_some()),
         files: Vec::new(),
     })
 }
@@ -79,7 +79,7 @@ fn matrix_args(scale: &Scale, python: Option<PathBuf>) -> MatrixArgs {
         },
         duration: Duration::from_secs_f64(scale.seconds(0.3, 0.5)),
         warmup: Duration::from_millis(150),
-        rounds: scale.repeats(3, 9),
+        rounds: scale.repeats(MIN_REPEATS, 9),
         interval: Duration::from_millis(100),
         workers: None,
         python,
@@ -160,105 +160,133 @@ fn throughput_figure(medians: &[MedianCell]) -> Figure {
     }
 }
 
-fn throughput(
-    cells: &[&CellResult],
+/// The throughput of every round of `target` in one cell.
+fn throughputs(
+    samples: &[CellResult],
     target: &str,
     complexity: Complexity,
     users: usize,
-) -> Option<f64> {
-    cells
+) -> Vec<f64> {
+    samples
         .iter()
-        .find(|c| c.target == target && c.complexity == complexity && c.users == users)
+        .filter(|c| c.target == target && c.complexity == complexity && c.users == users)
         .map(|c| c.throughput_per_s)
+        .collect()
 }
 
-/// Over every user count at `complexity`: how many satisfy `holds(throughput of a, of b)`.
+/// A rule on two sides' rounds (`a`'s and the best of `b`'s).
+type Rule = fn(&[f64], &[f64]) -> Verdict;
+
+/// At every user count at `complexity`: `rule(rounds of a, rounds of the best of b by median)`.
 fn compare(
-    cells: &[&CellResult],
+    samples: &[CellResult],
     users_counts: &[usize],
     complexity: Complexity,
     a: &str,
     b: &[&str],
-    holds: fn(f64, f64) -> bool,
-) -> (String, Result<bool, String>) {
+    rule: Rule,
+) -> (String, Verdict) {
     let mut texts = Vec::new();
-    let mut all = true;
+    let mut parts = Vec::new();
     for &users in users_counts {
-        let best_b =
-            b.iter().filter_map(|m| throughput(cells, m, complexity, users)).reduce(f64::max);
-        let Some((a_value, b_value)) = throughput(cells, a, complexity, users).zip(best_b) else {
-            return (
-                "incomplete".into(),
-                Err(format!("{a} or {b:?} did not run at {} × {users}", complexity.name())),
-            );
+        let ours = throughputs(samples, a, complexity, users);
+        let best = b
+            .iter()
+            .map(|m| (*m, throughputs(samples, m, complexity, users)))
+            .filter_map(|(m, values)| Some((m, median(&values)?, values)))
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        let (Some((best_name, _, theirs)), false) = (best, ours.is_empty()) else {
+            let why = format!("{a} or {b:?} did not run at {} × {users}", complexity.name());
+            return ("incomplete".into(), Verdict::NotMeasurable(why));
         };
-        texts.push(format!("{users} users: {a_value:.0} vs {b_value:.0} req/s"));
-        all &= holds(a_value, b_value);
+        let spread =
+            |values: &[f64]| Spread::of(values).map_or("none".into(), |s| s.text(" req/s"));
+        texts.push(format!(
+            "{users} users: {a} {} vs {best_name} {}",
+            spread(&ours),
+            spread(&theirs)
+        ));
+        parts.push(rule(&ours, &theirs));
     }
-    (texts.join("; "), Ok(all))
+    (texts.join("; "), verdict::all_of(parts))
 }
 
-fn claims(cells: &[&CellResult], args: &MatrixArgs, python: bool) -> Vec<Claim> {
-    let (m, h) =
-        compare(cells, &args.users, Complexity::Low, "single", &["pool", "pinned"], |a, b| {
-            a >= MATCH_SHARE * b
-        });
-    let small = Claim::decide(
+/// Every model measured here in the same interleaved rounds.
+const SAME_RUN: &str = "every model measured here in the same interleaved rounds, same cell \
+     (complexity × users), closed loop on loopback";
+
+fn claims(samples: &[CellResult], args: &MatrixArgs, python: bool) -> Vec<Claim> {
+    let matches_best: Rule = |a, b| verdict::at_least(a, b, MATCH_SHARE);
+    let (m, v) =
+        compare(samples, &args.users, Complexity::Low, "single", &["pool", "pinned"], matches_best);
+    let small = Claim::new(
         "Single-threaded gives the highest throughput for small matrices (30 rows; Figs 15, 24)",
+        SAME_RUN,
         &format!(
-            "at low complexity, single ≥ {MATCH_SHARE} × the best of pool and pinned, at every user count"
+            "at low complexity and every user count, every round of single ≥ {MATCH_SHARE} × every \
+             round of the better of pool and pinned"
         ),
         m,
-        h,
+        v,
     );
-    let (m, h) = compare(cells, &args.users, Complexity::Low, "pool", &["single"], |a, b| a < b);
-    let overhead = Claim::decide(
+    let (m, v) = compare(samples, &args.users, Complexity::Low, "pool", &["single"], |a, b| {
+        verdict::below(a, b, 1.0)
+    });
+    let overhead = Claim::new(
         "Computing one request's rows on a thread pool adds overhead for small matrices (Fig 14)",
-        "at low complexity, pool < single at every user count",
+        SAME_RUN,
+        "at low complexity and every user count, every round of pool below every round of single",
         m,
-        h,
+        v,
     );
-    let (m, h) =
-        compare(cells, &args.users, Complexity::High, "pinned", &["single"], |a, b| a >= b);
-    let large = Claim::decide(
+    let (m, v) = compare(samples, &args.users, Complexity::High, "pinned", &["single"], |a, b| {
+        verdict::at_least(a, b, 1.0)
+    });
+    let large = Claim::new(
         "Handling requests in parallel, one worker per core, wins as the work grows (Figs 18, 23, 24)",
-        "at high complexity, pinned ≥ single at every user count",
+        SAME_RUN,
+        "at high complexity and every user count, every round of pinned ≥ every round of single",
         m,
-        h,
+        v,
     );
     let fixed = ["single", "pool", "pinned", "prefork"];
-    let complexities = args.complexity.clone();
     let mut adaptive_texts = Vec::new();
-    let mut adaptive_all = Ok(true);
-    for complexity in complexities {
-        let (m, h) = compare(cells, &args.users, complexity, "adaptive", &fixed, |a, b| {
-            a >= MATCH_SHARE * b
-        });
+    let mut adaptive_parts = Vec::new();
+    for &complexity in &args.complexity {
+        let (m, v) = compare(samples, &args.users, complexity, "adaptive", &fixed, matches_best);
         adaptive_texts.push(format!("{}: {m}", complexity.name()));
-        adaptive_all = adaptive_all.and_then(|all| h.map(|h| all && h));
+        adaptive_parts.push(v);
     }
-    let adaptive = Claim::decide(
+    let adaptive = Claim::new(
         "Future work: a framework that picks the execution method per request by its size",
-        &format!("adaptive ≥ {MATCH_SHARE} × the best fixed model in every cell"),
+        SAME_RUN,
+        &format!(
+            "in every cell, every round of adaptive ≥ {MATCH_SHARE} × every round of the best fixed model"
+        ),
         adaptive_texts.join(" | "),
-        adaptive_all,
+        verdict::all_of(adaptive_parts),
     );
-    let python_claim = if python {
-        let (m, h) =
-            compare(cells, &[10], Complexity::Low, "python-single", &["python-mp"], |a, b| a >= b);
-        Claim::decide(
-            "Python: a single process beats multiprocessing per request below 200 rows (Fig 24)",
-            "at low complexity × 10 users, python-single ≥ python-mp",
-            m,
-            h,
-        )
-    } else {
-        Claim::decide(
-            "Python: a single process beats multiprocessing per request below 200 rows (Fig 24)",
-            "at low complexity × 10 users, python-single ≥ python-mp",
+    vec![small, overhead, large, adaptive, python_claim(samples, python)]
+}
+
+fn python_claim(samples: &[CellResult], python: bool) -> Claim {
+    let claim =
+        "Python: a single process beats multiprocessing per request below 200 rows (Fig 24)";
+    let rule =
+        "at low complexity × 10 users, every round of python-single ≥ every round of python-mp";
+    let scope = "both Python baselines measured here in the same interleaved rounds, same cell";
+    if !python {
+        return Claim::new(
+            claim,
+            scope,
+            rule,
             "not run".into(),
-            Err("no Python interpreter with Flask on this machine (pip install -r bench/web-python/requirements.txt)".into()),
-        )
-    };
-    vec![small, overhead, large, adaptive, python_claim]
+            Verdict::NotMeasurable("no Python interpreter with Flask on this machine (pip install -r bench/web-python/requirements.txt)".into()),
+        );
+    }
+    let (m, v) =
+        compare(samples, &[10], Complexity::Low, "python-single", &["python-mp"], |a, b| {
+            verdict::at_least(a, b, 1.0)
+        });
+    Claim::new(claim, scope, rule, m, v)
 }
