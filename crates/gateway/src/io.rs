@@ -449,14 +449,35 @@ async fn accept_loop(
             }
         };
         let Ok(ticket) = Admission::admit(&admission, peer.ip()) else { continue };
+        // Without it, Nagle holds each small report until the previous one is acknowledged:
+        // tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
+        let _ = stream.set_nodelay(true);
         let hub = hub.clone();
+        let tls = hub.borrow().settings.tls.clone();
         tokio::task::spawn_local(async move {
-            if fix {
-                fix_server::serve(hub, stream, ticket).await;
-            } else {
-                native_server::serve(hub, stream, ticket).await;
+            let Some(tls) = tls else { return serve_session(hub, stream, ticket, fix).await };
+            let timeout = hub.borrow().settings.logon_timeout;
+            match tls.accept(stream, timeout).await {
+                Ok(stream) => serve_session(hub, stream, ticket, fix).await,
+                // Logged like a refused logon: a client with the wrong CA, no certificate (with
+                // mTLS) or plain TCP on a TLS port learns nothing more from the server.
+                Err(reason) => tracing::warn!(%peer, fix, reason, "TLS handshake failed"),
             }
         });
+    }
+}
+
+/// One session on its stream: a plain `TcpStream` or a TLS stream ([`crate::tls`]).
+async fn serve_session(
+    hub: Rc<RefCell<Hub>>,
+    stream: impl crate::session::Stream,
+    ticket: crate::admission::Ticket,
+    fix: bool,
+) {
+    if fix {
+        fix_server::serve(hub, stream, ticket).await;
+    } else {
+        native_server::serve(hub, stream, ticket).await;
     }
 }
 

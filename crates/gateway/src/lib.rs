@@ -36,3 +36,4 @@ pub mod remote;
 pub mod server;
 mod session;
 pub mod store;
+pub mod tls;

@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
@@ -19,6 +21,7 @@ use gateway::hub::Settings;
 use gateway::load::Traded;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
+use gateway::tls::ListenerTls;
 
 use crate::commands::exchange_roles::Role;
 use crate::commands::values::{self, one_of};
@@ -198,6 +201,9 @@ struct ServeConfig {
     #[serde(skip_serializing)]
     metrics_token: Option<String>,
     metrics_per_client: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     #[serde(default)]
     tier: Option<toml::Table>,
 }
@@ -292,6 +298,26 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
     }
 }
 
+/// TLS on the native and FIX listeners from `tls_cert`, `tls_key` and `tls_client_ca` (paths
+/// relative to the config file); `None` without them (plain TCP). A file that does not load, a
+/// key that does not match its certificate: refused, naming the config and the file (exit 2).
+fn listener_tls(config: &ServeConfig, path: &Path) -> anyhow::Result<Option<ListenerTls>> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    let (cert, key) = match (&config.tls_cert, &config.tls_key) {
+        (None, None) if config.tls_client_ca.is_none() => return Ok(None),
+        (Some(cert), Some(key)) => (base.join(cert), base.join(key)),
+        _ => {
+            let why = "tls_cert and tls_key go together (and tls_client_ca needs them)";
+            return Err(BadInput(format!("{}: {why}", path.display())).into());
+        }
+    };
+    let client_ca = config.tls_client_ca.as_ref().map(|ca| base.join(ca));
+    let files = ops::tls::ServerFiles { cert: &cert, key: &key, client_ca: client_ca.as_deref() };
+    let tls = ListenerTls::from_files(files)
+        .with_context(|| format!("{}: TLS of the native and FIX listeners", path.display()))?;
+    Ok(Some(tls))
+}
+
 /// The native listener when neither the flag nor the config names one.
 const LISTEN_DEFAULT: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9400);
@@ -337,6 +363,9 @@ fn effective(
         instruments_file: config.instruments_file.clone(),
         clients_file: config.clients_file.clone(),
         metrics_per_client: Some(settings.metrics_per_client),
+        tls_cert: config.tls_cert.clone(),
+        tls_key: config.tls_key.clone(),
+        tls_client_ca: config.tls_client_ca.clone(),
         tier: Some(tier_table),
         ..ServeConfig::default()
     })
@@ -367,7 +396,8 @@ fn loaded(args: &ServeArgs) -> anyhow::Result<(ServeConfig, Settings, TierConfig
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let (config, settings, tier) = loaded(args)?;
+    let (config, mut settings, tier) = loaded(args)?;
+    settings.tls = listener_tls(&config, &args.config)?;
     let base = args.config.parent().unwrap_or(Path::new("."));
     let credentials = gateway::credentials::parse(&read_text(&base.join(&config.credentials))?)
         .map_err(|e| BadInput(e.to_string()))?;
@@ -420,6 +450,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
     // it as soon as it has read the listen line.
     let mut stop = super::exchange_roles::StopSignals::listen()?;
+    let running_tls = settings.tls.clone();
     let running = start(ServeOptions {
         listen,
         fix_listen,
@@ -434,6 +465,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {
         println!("FIX 4.4 listening on {fix}");
+    }
+    // A line of its own: scripts read the address as the rest of a listen line.
+    match &running_tls {
+        Some(tls) if tls.client_certificates() => {
+            println!("native and FIX listeners serve TLS; clients must present a certificate");
+        }
+        Some(_) => println!("native and FIX listeners serve TLS"),
+        None => {}
     }
     if let Some(metrics) = running.metrics_listen {
         println!("metrics on http://{metrics}/metrics");
