@@ -1130,6 +1130,7 @@ fn open_loop(
             1,
             (band.band_low + band.band_high) / 2,
         )],
+        tls: None,
     }
 }
 

@@ -51,6 +51,8 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(10);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a turn waits for the tier's start-up hand-off before it returns.
 const HANDOFF_POLL: Duration = Duration::from_millis(1);
+/// How long a TLS session's end waits to send its close_notify.
+const TLS_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Wait after a failed accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
@@ -458,7 +460,11 @@ async fn accept_loop(
             let Some(tls) = tls else { return serve_session(hub, stream, ticket, fix).await };
             let timeout = hub.borrow().settings.logon_timeout;
             match tls.accept(stream, timeout).await {
-                Ok(stream) => serve_session(hub, stream, ticket, fix).await,
+                Ok(mut stream) => {
+                    serve_session(hub, &mut stream, ticket, fix).await;
+                    // close_notify: without it a TLS peer cannot tell the end from a cut.
+                    let _ = tokio::time::timeout(TLS_CLOSE_TIMEOUT, stream.shutdown()).await;
+                }
                 // Logged like a refused logon: a client with the wrong CA, no certificate (with
                 // mTLS) or plain TCP on a TLS port learns nothing more from the server.
                 Err(reason) => tracing::warn!(%peer, fix, reason, "TLS handshake failed"),

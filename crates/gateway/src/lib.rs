@@ -37,3 +37,4 @@ pub mod server;
 mod session;
 pub mod store;
 pub mod tls;
+pub mod transport;

@@ -15,7 +15,7 @@ use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::client::{
-    ClientError, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
+    ClientError, ClientTls, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
 };
 use gateway::hub::Settings;
 use gateway::load::Traded;
@@ -79,7 +79,9 @@ pub struct ServeArgs {
     /// listener's admin endpoints require; without it they are off), `metrics_token` (the
     /// bearer token `/metrics` requires; without it the page is open and the listener must be
     /// on loopback), `metrics_per_client` (a series per client id; default false: sums only),
-    /// and a `[tier]` table with any setting of the tier (`exchange run --config`: workers,
+    /// `tls_cert` and `tls_key` (PEM certificate chain and key: the native and FIX listeners
+    /// serve TLS; default plain TCP), `tls_client_ca` (PEM CA: clients must present a
+    /// certificate chaining to it), and a `[tier]` table with any setting of the tier (`exchange run --config`: workers,
     /// shards, senders, rings, wait, placement, snapshots).
     #[arg(long)]
     pub config: PathBuf,
@@ -167,6 +169,38 @@ pub struct ClientArgs {
     pub instruments: Option<PathBuf>,
     #[command(flatten)]
     pub timeouts: super::timeouts::TimeoutFlags,
+    #[command(flatten)]
+    pub tls: ClientTlsFlags,
+}
+
+/// TLS to `exchange serve` (its `tls_cert`): the flags `mq client` has for the same concepts.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClientTlsFlags {
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Name to check the server's certificate against (default: the address's IP).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
+    /// Present this PEM certificate chain to a server that demands one (`tls_client_ca`);
+    /// needs --tls-key.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl ClientTlsFlags {
+    /// The TLS to connect to `connect` with; `None` without --tls-ca (plain TCP). A file that
+    /// does not load is refused naming it (exit 2).
+    pub fn client_tls(&self, connect: SocketAddr) -> anyhow::Result<Option<ClientTls>> {
+        let Some(ca) = &self.tls_ca else { return Ok(None) };
+        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        let files = ops::tls::ClientFiles { ca, identity };
+        let name = self.tls_server_name.clone().unwrap_or_else(|| connect.ip().to_string());
+        Ok(Some(ClientTls::from_files(files, &name)?))
+    }
 }
 
 /// Prints the argon2 hash of a secret read from stdin (for the credentials file).
@@ -525,7 +559,8 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     let table = table.as_ref();
     let secret = exchange_secret(args.secret.as_deref())?;
     let [connect_timeout, request_timeout, idle_timeout] = args.timeouts.bounds()?;
-    let mut session = NativeClient::connect_within(args.connect, connect_timeout)?;
+    let tls = args.tls.client_tls(args.connect)?;
+    let mut session = NativeClient::connect_with(args.connect, connect_timeout, tls.as_ref())?;
     let login = session.login(args.client, &secret, args.next_seq, request_timeout)?;
     println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
@@ -707,6 +742,9 @@ pub struct LoadArgs {
     /// Report folder (a Markdown table and CSV).
     #[arg(long, default_value = "leantier-report/exchange-load")]
     pub out: PathBuf,
+    /// TLS for every --connect (a server with `tls_cert`).
+    #[command(flatten)]
+    pub tls: ClientTlsFlags,
 }
 
 /// `leantier exchange load`.
@@ -775,6 +813,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         sessions,
         plan: load_plan(args.rate[0], args.duration),
         instruments,
+        tls: args.tls.client_tls(args.connect[0])?,
     })
 }
 
