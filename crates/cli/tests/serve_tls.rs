@@ -87,11 +87,8 @@ fn bad_tls_input_is_refused_at_start_naming_the_file_and_the_reason() {
 
 /// A server with mutual TLS from `certs`, and its native address.
 fn start_server(certs: &Certs) -> (Child, String) {
-    let lines = format!(
-        "tls_cert = \"server.pem\"\ntls_key = \"server.key\"\ntls_client_ca = \"ca.pem\"\n\
-         throttle_msgs_per_s = 100000\n"
-    );
-    let config = write_config(certs, &lines);
+    let lines = "tls_cert = \"server.pem\"\ntls_key = \"server.key\"\ntls_client_ca = \"ca.pem\"\n";
+    let config = write_config(certs, lines);
     let mut server = leantier(&["exchange", "serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
         .stdout(Stdio::piped())
