@@ -465,8 +465,8 @@ async fn accept_loop(
                     // close_notify: without it a TLS peer cannot tell the end from a cut.
                     let _ = tokio::time::timeout(TLS_CLOSE_TIMEOUT, stream.shutdown()).await;
                 }
-                // Logged like a refused logon: a client with the wrong CA, no certificate (with
-                // mTLS) or plain TCP on a TLS port learns nothing more from the server.
+                // No session began: a client with the wrong CA, no certificate (mutual TLS) or
+                // plain TCP on a TLS port gets the TLS alert and the close, nothing more.
                 Err(reason) => tracing::warn!(%peer, fix, reason, "TLS handshake failed"),
             }
         });
