@@ -199,8 +199,13 @@ impl Write for Writer {
         match &mut self.0 {
             WriterKind::Plain(socket) => socket.write(buf),
             WriterKind::Tls(shared) => {
-                shared.lock().writer().write_all(buf)?;
-                flush_tls(shared)?;
+                // What fits in rustls' buffer (64 KiB), then out to the socket, until all is.
+                let mut rest = buf;
+                while !rest.is_empty() {
+                    let taken = shared.lock().writer().write(rest)?;
+                    rest = &rest[taken..];
+                    flush_tls(shared)?;
+                }
                 Ok(buf.len())
             }
         }
@@ -216,20 +221,18 @@ impl Write for Writer {
 
 /// Writes out every TLS record rustls holds, waiting for room with the lock released.
 fn flush_tls(shared: &SharedTls) -> std::io::Result<()> {
-    {
-        loop {
-            let mut conn = shared.lock();
-            if !conn.wants_write() {
-                return Ok(());
+    loop {
+        let mut conn = shared.lock();
+        if !conn.wants_write() {
+            return Ok(());
+        }
+        match conn.write_tls(&mut &shared.socket) {
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                drop(conn);
+                wait_for(&shared.socket, libc::POLLOUT, Duration::from_millis(100));
             }
-            match conn.write_tls(&mut &shared.socket) {
-                Ok(_) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                    drop(conn);
-                    wait_for(&shared.socket, libc::POLLOUT, Duration::from_millis(100));
-                }
-                Err(error) => return Err(error),
-            }
+            Err(error) => return Err(error),
         }
     }
 }

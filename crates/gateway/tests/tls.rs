@@ -196,3 +196,43 @@ fn s_client(
     let output = child.wait_with_output().unwrap();
     (output.status, output.stdout, String::from_utf8_lossy(&output.stderr).into_owned())
 }
+
+/// A split TLS connection writes more than rustls buffers at once (256 KiB of heartbeats, then
+/// an order) from one half and reads the order's acceptance from the other.
+#[test]
+fn a_split_tls_connection_writes_past_the_tls_buffer_and_reads_the_answer() {
+    use std::io::Write;
+    let certs = Certs::new("leantier test CA");
+    let (server, _dir) = start(certs.listener_tls(false), Settings::default().heartbeat);
+    let session = log_in(server.listen, Some(&certs.client_tls(None))).unwrap();
+    let (mut writer, mut reader, mut received) = session.split().unwrap();
+    let mut frames = Vec::new();
+    while frames.len() < 256 * 1024 {
+        gateway::native::encode_client(&ClientMsg::Heartbeat, &mut frames);
+    }
+    gateway::native::encode_client(&buy(9), &mut frames);
+    writer.write_all(&frames).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut chunk = [0u8; 4096];
+    let accepted = loop {
+        if let Some((version, kind, payload, len)) = gateway::native::split_frame(&received).unwrap()
+        {
+            let msg = gateway::native::decode_server(version, kind, payload).unwrap();
+            received.drain(..len);
+            if let ServerMsg::Sequenced { event, .. } = msg {
+                break event;
+            }
+            continue;
+        }
+        assert!(std::time::Instant::now() < deadline, "no answer within {WAIT:?}");
+        match reader.read_within(&mut chunk, Duration::from_millis(100)) {
+            Ok(0) => panic!("the server closed the connection"),
+            Ok(n) => received.extend_from_slice(&chunk[..n]),
+            Err(error) => assert!(
+                matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+                "{error}"
+            ),
+        }
+    };
+    assert_eq!((accepted.kind, accepted.token), (event_kind::ACCEPTED, 9), "{accepted:?}");
+}
