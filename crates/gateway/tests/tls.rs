@@ -215,7 +215,8 @@ fn a_split_tls_connection_writes_past_the_tls_buffer_and_reads_the_answer() {
     let deadline = std::time::Instant::now() + WAIT;
     let mut chunk = [0u8; 4096];
     let accepted = loop {
-        if let Some((version, kind, payload, len)) = gateway::native::split_frame(&received).unwrap()
+        if let Some((version, kind, payload, len)) =
+            gateway::native::split_frame(&received).unwrap()
         {
             let msg = gateway::native::decode_server(version, kind, payload).unwrap();
             received.drain(..len);
@@ -229,7 +230,10 @@ fn a_split_tls_connection_writes_past_the_tls_buffer_and_reads_the_answer() {
             Ok(0) => panic!("the server closed the connection"),
             Ok(n) => received.extend_from_slice(&chunk[..n]),
             Err(error) => assert!(
-                matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+                matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
                 "{error}"
             ),
         }
