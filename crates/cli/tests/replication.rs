@@ -4,6 +4,9 @@
 //! Every appended order's report reaches the R-Gateway's consumer exactly once, in sequence;
 //! the time from each kill to the first report of the new leader is measured.
 
+#[path = "common/fix_client.rs"]
+mod fix_client;
+
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +17,7 @@ use delivery::gateway::{GatewayOptions, start as start_r_gateway};
 use delivery::nats::NatsConnect;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{InboundOrder, Reason, Side, request_kind};
+use gateway::fix::tag;
 use replication::append::{AppendId, OrderLog};
 use replication::cluster::Cluster;
 use replication::follow::Follower;
@@ -137,7 +141,9 @@ impl Process {
     /// Starts `exchange serve` with `args` in `dir` and returns it with its first line.
     fn start(dir: &std::path::Path, args: &[&str]) -> (Process, String) {
         let (process, mut lines) = Process::start_reading(dir, args);
-        let first = lines.next().expect("a line").unwrap();
+        let Some(Ok(first)) = lines.next() else {
+            panic!("`exchange serve {}` printed nothing; its logs:\n{}", args.join(" "), logs(dir))
+        };
         (process, first)
     }
 
@@ -491,6 +497,21 @@ fn append_until(
 /// stop for at most the lease stream's election time + 2 s.
 #[test]
 fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
+    let lease_stream = replication::lease::LeaseSettings::new("leantier", 3).bucket;
+    kill_the_node_leading_under_load(&lease_stream, "lease");
+}
+
+/// As above for the node leading shard 0's input stream: appends stall until the stream has a
+/// new leader (the appender retries under the same message id), the engines go on from the
+/// log, and every order is answered exactly once within the election time + 2 s.
+#[test]
+fn killing_the_node_that_leads_the_shard_stream_under_load_loses_no_report() {
+    kill_the_node_leading_under_load(&LogSettings::new(3).stream(0), "shard");
+}
+
+/// SIGKILLs the node leading `stream` under continuous appends, restarts it 5 s later, and
+/// asserts every order answered once, reports silent at most the election time + 2 s.
+fn kill_the_node_leading_under_load(stream: &str, what: &str) {
     let Setup { mut cluster, url, dir, rt } = Setup::new();
     let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
@@ -499,9 +520,8 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     wait_for("the first reports", Duration::from_secs(30), || reports(&tally) >= total);
     let _standby = Process::named_engine(dir.path(), &url, "b");
     let client = rt.block_on(delivery::nats::connect(&NatsConnect::new(&url), "test")).unwrap();
-    let lease_stream = replication::lease::LeaseSettings::new("leantier", 3).bucket;
-    let leader_node = rt.block_on(cluster.stream_leader(client.clone(), &lease_stream));
-    let leader_node = leader_node.expect("the lease stream has a leader");
+    let leader_node = rt.block_on(cluster.stream_leader(client.clone(), stream));
+    let leader_node = leader_node.unwrap_or_else(|| panic!("the {what} stream has a leader"));
     // The election is watched from the nodes that stay up.
     let survivor = NatsConnect::new(cluster.url_without(leader_node));
     let client = rt.block_on(delivery::nats::connect(&survivor, "test")).unwrap();
@@ -528,7 +548,7 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     let mut elected_after = None;
     while killed_at.elapsed() < Duration::from_secs(12) {
         if elected_after.is_none()
-            && rt.block_on(cluster.stream_leader(client.clone(), &lease_stream)).is_some()
+            && rt.block_on(cluster.stream_leader(client.clone(), stream)).is_some()
         {
             elected_after = Some(killed_at.elapsed());
         }
@@ -541,10 +561,10 @@ fn killing_the_node_that_leads_the_lease_stream_under_load_loses_no_report() {
     let total = load.join().unwrap();
     wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
     let report = r_gateway.report();
-    let elected = elected_after.expect("a new lease-stream leader");
+    let elected = elected_after.unwrap_or_else(|| panic!("a new {what}-stream leader"));
     let silence = longest_silence.join().unwrap();
     println!(
-        "lease-stream leader SIGKILLed: new leader elected after {elected:?}, longest time \
+        "{what}-stream leader SIGKILLed: new leader elected after {elected:?}, longest time \
          without a report {silence:?}; {} orders, {} records recovered",
         total, report.recovered
     );
@@ -649,6 +669,185 @@ fn a_restarted_gateway_routes_no_report_twice() {
     assert_eq!(answer, Some(accepted), "the first order after the restart");
     let after = events_until_quiet(&mut client, Duration::from_millis(500));
     assert!(after.is_empty(), "one answer per order: {after:?}");
+}
+
+/// A gateway SIGKILLed while 2,000 orders' answers are flowing, then started again on its
+/// store: the client logs in after the last event it read and at once resends every order it
+/// has no answer for. Across the kill its events are one run of sequence numbers (none repeated,
+/// none skipped) and every order is accepted and filled exactly once (buys and sells cross):
+/// an order the log already held is refused as a duplicate when resent (by the core's kept
+/// ended ids once it traded), never booked twice; a report the killed gateway had taken from
+/// NATS but not stored is routed by its successor.
+#[test]
+fn a_gateway_killed_mid_burst_answers_every_order_exactly_once_after_its_restart() {
+    const ORDERS: u32 = 2_000;
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let _leader = Process::engine(dir.path(), &url);
+    let (gateway, address) = Process::gateway(dir.path(), &url, 1);
+    let mut client = logged_in(address);
+    // Odd tokens buy, even ones sell, at one price: every order trades, so a resend of an
+    // order that already ended (filled) meets the core's kept ended ids.
+    let send = |client: &mut gateway::client::NativeClient, token: u32| {
+        let side = if token % 2 == 1 { "buy" } else { "sell" };
+        let line = format!("{side} {token} 1 1 100000");
+        let order = gateway::client::parse_script_line(&line, 1).unwrap().unwrap();
+        client.send(&order)
+    };
+    for token in 1..=ORDERS {
+        send(&mut client, token).unwrap();
+    }
+    let mut events = Vec::new();
+    while events.len() < ORDERS as usize / 4 {
+        match client.recv(Duration::from_secs(10)) {
+            Ok(Some(gateway::native::ServerMsg::Sequenced { seq, event })) => {
+                events.push((seq, event))
+            }
+            Ok(Some(_)) => {}
+            other => panic!("answers stopped at {} events: {other:?}", events.len()),
+        }
+    }
+    gateway.kill();
+    let (_gateway, address) = Process::gateway(dir.path(), &url, 1);
+    let mut client = gateway::client::NativeClient::connect(address).unwrap();
+    let next_seq = events.last().map_or(1, |(seq, _)| seq + 1);
+    let login = client.login(1, "pw", next_seq, Duration::from_secs(10)).unwrap();
+    assert!(matches!(login, gateway::native::ServerMsg::LoginAccepted { .. }), "{login:?}");
+    // At once, as a client that lost its link would: every order without an answer read is
+    // sent again, though the log holds them all (most booked and filled by now).
+    let accepted = gateway::native::event_kind::ACCEPTED;
+    let answered: std::collections::HashSet<u32> =
+        events.iter().filter(|(_, e)| e.kind == accepted).map(|(_, e)| e.token).collect();
+    let resent: Vec<u32> = (1..=ORDERS).filter(|token| !answered.contains(token)).collect();
+    for &token in &resent {
+        send(&mut client, token).unwrap();
+    }
+    while let Ok(Some(message)) = client.recv(Duration::from_secs(3)) {
+        if let gateway::native::ServerMsg::Sequenced { seq, event } = message {
+            events.push((seq, event));
+        }
+    }
+    let seqs: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
+    let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, expected, "one run of sequence numbers across the kill");
+    let duplicate = exchange::msg::Reason::DuplicateOrderId as u8;
+    let (mut accepts, mut fills) =
+        (vec![0u32; ORDERS as usize + 1], vec![0u32; ORDERS as usize + 1]);
+    for (seq, event) in &events {
+        match event.kind {
+            kind if kind == accepted => accepts[event.token as usize] += 1,
+            gateway::native::event_kind::FILLED => fills[event.token as usize] += 1,
+            gateway::native::event_kind::REJECTED
+                if event.reason == duplicate && resent.contains(&event.token) => {}
+            _ => panic!("event {seq} is not an accept, a fill or a resend's duplicate: {event:?}"),
+        }
+    }
+    let not_once: Vec<(u32, u32, u32)> = (1..=ORDERS)
+        .map(|token| (token, accepts[token as usize], fills[token as usize]))
+        .filter(|&(_, accepts, fills)| (accepts, fills) != (1, 1))
+        .collect();
+    assert!(
+        not_once.is_empty(),
+        "(token, accepts, fills) not booked and filled once: {not_once:?}"
+    );
+    let refused = events.iter().filter(|(_, e)| e.reason == duplicate).count();
+    println!("{} of {ORDERS} orders resent after the restart, {refused} refused", resent.len());
+    assert!(refused > 0, "the resends met orders the log already held");
+}
+
+/// The issue's FIX case: a FIX client's order of 3 is partly filled (1 traded with a native
+/// client), its gateway process is SIGKILLed and started again on its store, and the client
+/// logs on and asks for everything again (ResendRequest from 1, as a FIX engine does after a
+/// restart). It gets exactly the two ExecutionReports it had, as PossDup copies with their
+/// ExecIDs, and no fill it never had (before: a new ExecID, ExecType F, CumQty 2 with only 1
+/// traded); its orders resent under their ClOrdIDs, the open one and one that filled before
+/// the kill, are refused as duplicates, not booked.
+#[test]
+fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it_never_had() {
+    let cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dir = tempfile::tempdir().unwrap();
+    write_config(dir.path());
+    let hash = gateway::credentials::hash_secret(b"pw").unwrap();
+    let clients = format!("1 native good {hash}\n2 fix F2 {hash}\n");
+    std::fs::write(dir.path().join("clients.txt"), clients).unwrap();
+    let _leader = Process::engine(dir.path(), &url);
+    let fix_gateway = |dir: &std::path::Path| {
+        let args = ["--role", "gateway", "--nats", &url, "--listen", "127.0.0.1:0"];
+        let (gateway, mut lines) =
+            Process::start_reading(dir, &[&args[..], &["--fix-listen", "127.0.0.1:0"]].concat());
+        let native = native_address(&lines.next().unwrap().unwrap());
+        let fix_line = lines.next().unwrap().unwrap();
+        let fix: SocketAddr =
+            fix_line.strip_prefix("FIX 4.4 listening on ").expect(&fix_line).parse().unwrap();
+        (gateway, native, fix)
+    };
+    let (gateway, native, fix) = fix_gateway(dir.path());
+    let mut buyer = fix_client::FixClient::connect(fix, "F2", 1);
+    buyer.logon("pw");
+    let order = [
+        (tag::CL_ORD_ID, "o1"),
+        (tag::SYMBOL, "1"),
+        (tag::SIDE, "1"),
+        (tag::TRANSACT_TIME, "20260101-00:00:00.000"),
+        (tag::ORDER_QTY, "3"),
+        (tag::ORD_TYPE, "2"),
+        (tag::PRICE, "100000"),
+    ];
+    buyer.send("D", &order);
+    let accepted = buyer.recv();
+    assert_eq!(fix_client::get(&accepted, tag::EXEC_TYPE), "0", "{accepted:?}");
+    let mut seller = logged_in(native);
+    let line = gateway::client::parse_script_line("sell 1 1 1 100000", 1).unwrap().unwrap();
+    seller.send(&line).unwrap();
+    let filled = buyer.recv();
+    let field = |fields: &fix_client::Fields, t| fix_client::get(fields, t).to_owned();
+    let partial = [tag::EXEC_TYPE, tag::CUM_QTY, tag::LEAVES_QTY].map(|t| field(&filled, t));
+    assert_eq!(partial, ["F", "1", "2"], "{filled:?}");
+    // A second order, at a better price, filled whole: it ends before the kill.
+    let ended_order: Vec<(u32, &str)> = order
+        .iter()
+        .map(|&(t, v)| match t {
+            tag::CL_ORD_ID => (t, "o2"),
+            tag::ORDER_QTY => (t, "1"),
+            tag::PRICE => (t, "100005"),
+            _ => (t, v),
+        })
+        .collect();
+    buyer.send("D", &ended_order);
+    let accepted_2 = buyer.recv();
+    let line = gateway::client::parse_script_line("sell 2 1 1 100005", 1).unwrap().unwrap();
+    seller.send(&line).unwrap();
+    let filled_2 = buyer.recv();
+    let whole = [tag::CL_ORD_ID, tag::EXEC_TYPE, tag::LEAVES_QTY].map(|t| field(&filled_2, t));
+    assert_eq!(whole, ["o2", "F", "0"], "{filled_2:?}");
+    gateway.kill();
+
+    let (_gateway, _, fix) = fix_gateway(dir.path());
+    let mut buyer = fix_client::FixClient::connect(fix, "F2", buyer.next_seq);
+    buyer.logon("pw");
+    buyer.send("2", &[(tag::BEGIN_SEQ_NO, "1"), (tag::END_SEQ_NO, "0")]);
+    let mut reports = Vec::new();
+    while let Some(message) = buyer.recv_within(Duration::from_secs(3)) {
+        if fix_client::get(&message, tag::MSG_TYPE) == "8" {
+            reports.push(message);
+        }
+    }
+    let seen: Vec<[String; 3]> = reports
+        .iter()
+        .map(|r| [tag::EXEC_ID, tag::EXEC_TYPE, tag::POSS_DUP_FLAG].map(|t| field(r, t)))
+        .collect();
+    let expected = [&accepted, &filled, &accepted_2, &filled_2]
+        .map(|r| [field(r, tag::EXEC_ID), field(r, tag::EXEC_TYPE), "Y".into()]);
+    assert_eq!(seen, expected, "exactly the reports it had, resent with their ExecIDs");
+    for (resend, what) in [(&order[..], "live"), (&ended_order[..], "ended")] {
+        buyer.send("D", resend);
+        let answer = buyer.recv();
+        let refused = [tag::MSG_TYPE, tag::EXEC_TYPE].map(|t| field(&answer, t));
+        assert_eq!(refused, ["8", "8"], "a resent {what} ClOrdID is refused: {answer:?}");
+    }
 }
 
 /// `replication check` is a checker that can fail: a forged report batch (a real sequence
@@ -1132,6 +1331,45 @@ fn open_loop(
         )],
         tls: None,
     }
+}
+
+/// The NATS node a gateway process is connected to SIGKILLed under open-loop load and
+/// restarted 3 s later: the gateway was given only that node's URL (it learns the others from
+/// the cluster), reconnects to another, appends again what was not acknowledged and reads the
+/// reports from there on. Every order sent is answered (accepted, or its trade), none rejected.
+#[test]
+fn killing_the_gateways_nats_node_under_load_loses_no_order() {
+    let mut cluster = Cluster::start(3).unwrap();
+    let url = cluster.url();
+    let dirs = [(); 2].map(|()| tempfile::tempdir().unwrap());
+    for dir in &dirs {
+        write_load_config(dir.path());
+    }
+    let _leader = Process::engine(dirs[0].path(), &url);
+    let _standby = Process::engine(dirs[0].path(), &url);
+    const GATEWAYS_NODE: usize = 2;
+    let (_gateway, native) = Process::gateway(dirs[1].path(), &cluster.url_of(GATEWAYS_NODE), 1);
+    let protocol = gateway::load::LoadProtocol::Native;
+    let options = open_loop(native, protocol, [(1, "N1"), (2, "N2")], Duration::from_secs(7));
+    let load = std::thread::spawn(move || gateway::load::run(&options).unwrap());
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.kill(GATEWAYS_NODE);
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.restart(GATEWAYS_NODE).unwrap();
+    let result = load.join().unwrap();
+    println!(
+        "gateway's node SIGKILLed: sent {}, answered {}, rejected {}, latency max {:.1} ms",
+        result.sent,
+        result.answered,
+        result.rejected,
+        result.latency.max_ns() as f64 / 1e6
+    );
+    if result.answered != result.sent {
+        dirs.iter().for_each(|dir| print_warnings(dir.path()));
+    }
+    assert!(result.sent > 1_000, "the load ran");
+    assert_eq!(result.answered, result.sent, "every order answered");
+    assert_eq!(result.rejected, 0, "none rejected");
 }
 
 /// Two gateway processes (native sessions on one, FIX on the other) under open-loop load while

@@ -486,8 +486,14 @@ impl Sequencer {
         let expected = self.next_seq(stream);
         if header.count == 0 && header.first_seq < expected {
             // The served publisher's heartbeats never go back (it sends them under the lock
-            // its batches take): this one is not its own.
-            let why = format!("{} heartbeat at {} < {expected}", stream.name(), header.first_seq);
+            // its batches take): this one is not its own, or this gateway started past what
+            // the publisher holds (a kept position from an older, recreated log).
+            let why = format!(
+                "{} heartbeat at {} < {expected} (not the served publisher's, or a start \
+                 position past what the engines hold)",
+                stream.name(),
+                header.first_seq
+            );
             return self.untrusted(&why);
         }
         if header.first_seq > expected {

@@ -600,7 +600,7 @@ mod tests {
     fn a_data_directory_held_by_open_journals_is_refused_until_they_stop() {
         let dir = tempfile::tempdir().unwrap();
         let listings = [Listing { instrument: 0, ladder_low: 100, tick: 1, levels: 100 }];
-        let limits = CoreLimits { order_pool_slots: 64 };
+        let limits = CoreLimits { order_pool_slots: 64, ..CoreLimits::default() };
         let data_dir = Some(dir.path().to_path_buf());
         let options = JournalOptions { data_dir, ..JournalOptions::default() };
         let open = || open_shards(JournalMode::ALL[0], &options, 0, 1, &listings, limits);

@@ -132,6 +132,9 @@ pub struct TierConfig {
     pub connector: ConnectorKind,
     /// Resting orders per core shard.
     pub order_pool_slots: u32,
+    /// Ended orders per core shard whose ids a new order may not take (a resend of one is
+    /// refused as a duplicate: `matching::store::EndedOrders`); 0 keeps none.
+    pub ended_order_ids: u32,
     /// The instruments and clients of the reference master data the tier starts from (unless
     /// `master_data` is given).
     pub universe: UniverseConfig,
@@ -186,6 +189,7 @@ impl Default for TierConfig {
             placement: false,
             connector: ConnectorKind::LockFree,
             order_pool_slots: crate::core::ORDER_POOL_SLOTS_DEFAULT,
+            ended_order_ids: crate::core::ENDED_ORDER_IDS_DEFAULT,
             universe: UniverseConfig::default(),
             master_data: None,
             journal: JournalMode::default(),
@@ -201,6 +205,14 @@ impl Default for TierConfig {
 }
 
 impl TierConfig {
+    /// The matching core's store sizes this configuration asks for.
+    pub fn core_limits(&self) -> CoreLimits {
+        CoreLimits {
+            order_pool_slots: self.order_pool_slots,
+            ended_order_ids: self.ended_order_ids,
+        }
+    }
+
     /// Who checks the halt and the band: the core alone in an ordered tier, where events
     /// come in the order flow ([`OPERATOR_CLIENT`]); the pre-process too otherwise.
     pub fn state_checks(&self) -> crate::preprocess::StateChecks {
@@ -262,6 +274,12 @@ impl TierConfig {
         }
         if self.order_pool_slots == 0 || self.order_pool_slots > crate::core::ORDER_POOL_SLOTS_MAX {
             return Err(BadInput("order_pool_slots out of range".into()));
+        }
+        if self.ended_order_ids > crate::core::ENDED_ORDER_IDS_MAX {
+            return Err(BadInput(format!(
+                "ended_order_ids over {}",
+                crate::core::ENDED_ORDER_IDS_MAX
+            )));
         }
         if !(1..=UNIVERSE_INSTRUMENTS_MAX).contains(&self.universe.instruments)
             || self.universe.clients == 0
@@ -865,7 +883,7 @@ fn recover(
     options: &RunOptions,
     master: &MasterData,
 ) -> Result<(StageStarts, Durability)> {
-    let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
+    let limits = config.core_limits();
     let mut journals = open_shards(
         config.journal,
         &options.journal,

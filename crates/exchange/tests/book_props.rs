@@ -16,6 +16,9 @@ use proptest::prelude::*;
 const INSTRUMENT: u32 = 7;
 const LISTING: Listing = Listing { instrument: INSTRUMENT, ladder_low: 1_000, tick: 5, levels: 64 };
 const POOL_SLOTS: u32 = 48;
+/// Ended order ids the core keeps refusing: small, so the ids (drawn small) are both refused
+/// while kept and taken again once forgotten.
+const ENDED_IDS: u32 = 8;
 
 /// An expected answer: (kind, reason, order id, cancelled qty, leaves qty).
 type Answer = (OutputKind, Reason, u64, Qty, Qty);
@@ -36,11 +39,20 @@ struct ModelOrder {
 #[derive(Default)]
 struct Model {
     orders: Vec<ModelOrder>,
+    /// The newest `ENDED_IDS` ended orders' ids, oldest first.
+    ended: std::collections::VecDeque<u64>,
     clock: u64,
     halted: bool,
 }
 
 impl Model {
+    fn end(&mut self, id: u64) {
+        if self.ended.len() == ENDED_IDS as usize {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(id);
+    }
+
     fn best_contra(&self, side: Side, limit: Price) -> Option<usize> {
         let crosses = |o: &ModelOrder| match side {
             Side::Buy => o.side == Side::Sell && o.price <= limit,
@@ -75,7 +87,8 @@ impl Model {
             self.orders[i].qty -= fill;
             fills.push((id, self.orders[i].id, self.orders[i].price, fill));
             if self.orders[i].qty == 0 {
-                self.orders.remove(i);
+                let ended = self.orders.remove(i);
+                self.end(ended.id);
             }
         }
         qty
@@ -127,7 +140,9 @@ impl Model {
                 let rests = order_type == OrderType::Limit && time_in_force == TimeInForce::Day;
                 let reject = if self.halted {
                     Some(Reason::InstrumentHalted)
-                } else if self.orders.iter().any(|o| o.id == order_id) {
+                } else if self.orders.iter().any(|o| o.id == order_id)
+                    || self.ended.contains(&order_id)
+                {
                     Some(Reason::DuplicateOrderId)
                 } else if rests && self.orders.len() == POOL_SLOTS as usize {
                     Some(Reason::OrderPoolFull)
@@ -148,9 +163,13 @@ impl Model {
                         qty,
                         0,
                     ));
+                    self.end(order_id);
                     return (answers, fills);
                 }
                 let left = self.match_order(order_id, side, limit, qty, &mut fills);
+                if left == 0 || !rests {
+                    self.end(order_id);
+                }
                 if left > 0 && rests {
                     self.orders.push(ModelOrder {
                         id: order_id,
@@ -185,6 +204,7 @@ impl Model {
                     }
                     Some(i) => {
                         let order = self.orders.remove(i);
+                        self.end(order_id);
                         answers.push((OutputKind::Cancelled, why, order_id, order.qty, 0));
                     }
                 }
@@ -215,6 +235,8 @@ impl Model {
                                 time: self.clock,
                                 ..order
                             });
+                        } else {
+                            self.end(order_id);
                         }
                     }
                 }
@@ -286,7 +308,8 @@ proptest! {
 
     #[test]
     fn core_matches_the_reference_model(ops in prop::collection::vec(op_strategy(), 1..300)) {
-        let mut core = MatchingCore::new(&[LISTING], CoreLimits { order_pool_slots: POOL_SLOTS });
+        let limits = CoreLimits { order_pool_slots: POOL_SLOTS, ended_order_ids: ENDED_IDS };
+        let mut core = MatchingCore::new(&[LISTING], limits);
         let mut model = Model::default();
         // Per-order open quantity, tracked from the output stream alone (conservation).
         let mut leaves: HashMap<u64, Qty> = HashMap::new();
@@ -345,7 +368,10 @@ proptest! {
 
 #[test]
 fn cancel_and_replace_of_a_filled_order_are_rejected() {
-    let mut core = MatchingCore::new(&[LISTING], CoreLimits { order_pool_slots: POOL_SLOTS });
+    let mut core = MatchingCore::new(
+        &[LISTING],
+        CoreLimits { order_pool_slots: POOL_SLOTS, ..CoreLimits::default() },
+    );
     let price = LISTING.price_of(30);
     let new = |order_id, side| Command::New {
         order_id,

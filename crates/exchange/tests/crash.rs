@@ -42,7 +42,10 @@ const SEGMENT_BYTES: u64 = 64 * 1024;
 
 fn fresh_state() -> ShardState {
     let listings = reference_master_data(&UniverseConfig::default()).listings();
-    ShardState::new(&listings, CoreLimits { order_pool_slots: ORDER_POOL_SLOTS })
+    ShardState::new(
+        &listings,
+        CoreLimits { order_pool_slots: ORDER_POOL_SLOTS, ..CoreLimits::default() },
+    )
 }
 
 /// Reads every `ack SHARD SEQ` line the client received (those still in the pipe included).

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use exchange::core::CoreLimits;
 use exchange::durability::{JournalMode, JournalOptions, ShardState};
 use exchange::flow::reference_master_data;
 use exchange::tier::{LoadConfig, RunOptions, RunResult, TierConfig, run};
@@ -47,8 +46,7 @@ fn run_with_load(config: &TierConfig, data_dir: &std::path::Path, load: LoadConf
 /// The output hash of a fresh shard fed `inputs`.
 fn replay_hash(config: &TierConfig, inputs: &[exchange::msg::SequencedInput]) -> String {
     let listings = reference_master_data(&config.universe).listings();
-    let mut state =
-        ShardState::new(&listings, CoreLimits { order_pool_slots: config.order_pool_slots });
+    let mut state = ShardState::new(&listings, config.core_limits());
     for input in inputs {
         state.process(input, &mut |_| {});
     }

@@ -54,7 +54,7 @@ fn check_answers_and_replay(result: &RunResult) {
     assert!(result.sent > 2_000, "sent {}", result.sent);
     assert_eq!(result.end_to_end.count(), result.sent, "every request answered exactly once");
     let listings = reference_master_data(&TierConfig::default().universe).listings();
-    let limits = CoreLimits { order_pool_slots: 1 << 14 };
+    let limits = CoreLimits { order_pool_slots: 1 << 14, ..CoreLimits::default() };
     for shard in &result.shards {
         let mut replay = MatchingCore::new(&listings, limits);
         let mut hash = OutputHash::default();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use exchange::core::{CoreLimits, MatchingCore};
+use exchange::core::MatchingCore;
 use exchange::durability::JournalOptions;
 use exchange::flow::reference_master_data;
 use exchange::msg::{OutputHash, Reason};
@@ -40,7 +40,7 @@ fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
     assert_eq!(result.shards.len(), 2);
 
     let listings = reference_master_data(&config.universe).listings();
-    let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
+    let limits = config.core_limits();
     for shard in &result.shards {
         assert_eq!(
             shard.counters.invalid_inputs, 0,

@@ -5,7 +5,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use exchange::core::CoreLimits;
 use exchange::durability::JournalMode;
 use exchange::flow::{FlowConfig, FlowGenerator};
 use exchange::msg::{
@@ -72,7 +71,7 @@ fn tier_responses(config: &TierConfig, requests: &[InboundOrder]) -> Vec<Vec<Res
 
 /// What a replica hands each gateway for `requests`.
 fn replica_responses(config: &TierConfig, requests: &[InboundOrder]) -> Vec<Vec<Response>> {
-    let limits = CoreLimits { order_pool_slots: config.order_pool_slots };
+    let limits = config.core_limits();
     let mut replica = TierReplica::new(config.starting_master_data(), limits, config.gateways);
     let mut replayed = vec![Vec::new(); config.gateways as usize];
     for request in requests {

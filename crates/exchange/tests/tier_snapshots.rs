@@ -24,7 +24,10 @@ fn listings() -> Vec<exchange::book::Listing> {
 }
 
 fn fresh() -> ShardState {
-    ShardState::new(&listings(), CoreLimits { order_pool_slots: ORDER_POOL_SLOTS })
+    ShardState::new(
+        &listings(),
+        CoreLimits { order_pool_slots: ORDER_POOL_SLOTS, ..CoreLimits::default() },
+    )
 }
 
 /// Random valid core input over 8 instruments: every order type, cancels and replaces of

@@ -1,16 +1,17 @@
-//! How far a gateway without a tier (`crate::remote`) handed each shard's reports on, kept
-//! across its restarts, so that a restarted gateway asks its R-Gateways for what follows and
-//! never routes a report twice.
+//! Where a gateway without a tier (`crate::remote`) resumes reading each (shard, slot)'s
+//! reports after a restart: a hint kept *behind* what its session store holds (the store's
+//! routed positions, `crate::routed`, decide what is routed again; this file only saves
+//! re-reading the whole stream).
 //!
 //! One small file per (shard, tier gateway slot) under the store directory,
 //! `delivered/shard-{S}-slot-{G}`: a magic and, per stream ([`Stream::ALL`] order), the next
-//! sequence to hand to the sessions (0: none kept yet: a gateway that never handed a record on
-//! starts at the first sequence it hears, `delivery::gateway::FIRST_SEQ_HEARD`, rather than
-//! at the stream's start, which a running exchange left far behind). It is rewritten in place (one `pwrite` of
-//! [`MARK_BYTES`]) after each chunk of frames was handed on: one system call per NATS batch,
-//! not per report. A process kill keeps the write (the page cache outlives the process); a
-//! machine crash may lose the last writes, and the reports after the kept position are then
-//! routed again (docs/REPLICATION.md, "Limits").
+//! sequence to read (0: none kept yet: a gateway that never handed a record on starts at the
+//! first sequence it hears, `delivery::gateway::FIRST_SEQ_HEARD`, rather than at the stream's
+//! start, which a running exchange left far behind). For reports it is the first report of the
+//! newest input whose routed position is durable in the store; it is rewritten in place (one
+//! `pwrite` of [`MARK_BYTES`]) when it moved, at most every 50 ms (`RESUME_WRITE_INTERVAL`
+//! in `crate::remote`), not per report or batch. A position older than the store's costs a re-read (the
+//! hub drops what it routed already); market data resumes after what was handed on.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -28,6 +29,8 @@ pub struct DeliveredMark {
     file: File,
     /// Per stream, the next sequence to hand on (0: none kept).
     next_seqs: [u64; 2],
+    /// What the file holds.
+    written: [u64; 2],
 }
 
 impl DeliveredMark {
@@ -50,7 +53,7 @@ impl DeliveredMark {
                 return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
             }
         };
-        Ok(DeliveredMark { file, next_seqs })
+        Ok(DeliveredMark { file, next_seqs, written: next_seqs })
     }
 
     /// Per stream, the first sequence not yet handed on (what the R-Gateway starts at; 0:
@@ -60,21 +63,31 @@ impl DeliveredMark {
     }
 
     /// Notes that `stream`'s records up to `seq` were handed on (kept in memory until
-    /// [`DeliveredMark::write`]).
+    /// [`DeliveredMark::write_if_moved`]).
     pub fn handed_on(&mut self, stream: Stream, seq: u64) {
-        let next = &mut self.next_seqs[stream as usize];
-        *next = (*next).max(seq + 1);
+        self.keep_from(stream, seq + 1);
     }
 
-    /// Rewrites the file with the position noted so far.
-    pub fn write(&self) -> std::io::Result<()> {
+    /// Notes that a restart may start `stream` at `next_seq` (positions only move forward).
+    pub fn keep_from(&mut self, stream: Stream, next_seq: u64) {
+        let next = &mut self.next_seqs[stream as usize];
+        *next = (*next).max(next_seq);
+    }
+
+    /// Rewrites the file with the position noted so far, if it moved (one `pwrite`).
+    pub fn write_if_moved(&mut self) -> std::io::Result<()> {
+        if self.written == self.next_seqs {
+            return Ok(());
+        }
         let mut bytes = [0u8; MARK_BYTES];
         bytes[..MAGIC.len()].copy_from_slice(MAGIC);
         for (index, next) in self.next_seqs.iter().enumerate() {
             let at = MAGIC.len() + 8 * index;
             bytes[at..at + 8].copy_from_slice(&next.to_le_bytes());
         }
-        self.file.write_all_at(&bytes, 0)
+        self.file.write_all_at(&bytes, 0)?;
+        self.written = self.next_seqs;
+        Ok(())
     }
 }
 
@@ -95,7 +108,7 @@ mod tests {
         mark.handed_on(Stream::Reports, 12);
         mark.handed_on(Stream::Reports, 7);
         mark.handed_on(Stream::MarketData, 30);
-        mark.write().unwrap();
+        mark.write_if_moved().unwrap();
         drop(mark);
         let mark = DeliveredMark::open(dir.path(), 1, 0).unwrap();
         assert_eq!(mark.first_seqs(), [13, 31], "positions only grow, and are kept");

@@ -448,6 +448,7 @@ async fn logon(
     }
     if reset {
         fix.store.reset();
+        fix.ended.clear();
     }
     if seq < fix.store.next_in {
         tracing::warn!(comp_id = %fix.comp_id, seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
@@ -657,7 +658,7 @@ fn new_order(
         ..Order::default()
     };
     fix.orders.insert(token, order);
-    if fix.tokens.contains_key(&request.cl_ord_id) {
+    if fix.tokens.contains_key(&request.cl_ord_id) || fix.ended.contains(&request.cl_ord_id) {
         return Err(Refusal::Report(token, exchange::msg::Reason::DuplicateOrderId as u8));
     }
     fix.tokens.insert(request.cl_ord_id, token);

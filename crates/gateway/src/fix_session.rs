@@ -167,12 +167,53 @@ pub struct Order {
 }
 
 /// One FIX client's state.
+/// ClOrdIDs of ended orders a FIX session keeps refusing (the newest, per session).
+pub const ENDED_CL_ORD_IDS_MAX: usize = 1 << 14;
+
+/// The ClOrdIDs of a session's newest ended orders, oldest out first: a NewOrderSingle under
+/// one of them is refused as a duplicate (a FIX engine's resend after a restart is never
+/// booked again). Rebuilt from the stored reports at start; a ResetSeqNumFlag logon (a new
+/// FIX session) forgets them.
+#[derive(Default)]
+pub struct EndedClOrdIds {
+    oldest_first: std::collections::VecDeque<ClOrdId>,
+    kept: std::collections::HashSet<ClOrdId>,
+}
+
+impl EndedClOrdIds {
+    /// Keeps `cl_ord_id`, forgetting the oldest past [`ENDED_CL_ORD_IDS_MAX`].
+    pub fn push(&mut self, cl_ord_id: ClOrdId) {
+        if !self.kept.insert(cl_ord_id) {
+            return;
+        }
+        self.oldest_first.push_back(cl_ord_id);
+        if self.oldest_first.len() > ENDED_CL_ORD_IDS_MAX
+            && let Some(oldest) = self.oldest_first.pop_front()
+        {
+            self.kept.remove(&oldest);
+        }
+    }
+
+    /// Whether `cl_ord_id` named an order that ended.
+    pub fn contains(&self, cl_ord_id: &ClOrdId) -> bool {
+        self.kept.contains(cl_ord_id)
+    }
+
+    /// Forgets every kept ClOrdID (a new FIX session).
+    pub fn clear(&mut self) {
+        self.oldest_first.clear();
+        self.kept.clear();
+    }
+}
+
 pub struct FixState {
     pub store: Store,
     pub comp_id: String,
     pub our_comp_id: String,
     /// ClOrdID → token of every order of this server run.
     pub tokens: HashMap<ClOrdId, u32>,
+    /// ClOrdIDs of the session's newest ended orders.
+    pub ended: EndedClOrdIds,
     pub orders: HashMap<u32, Order>,
     pub next_token: u32,
     pub builder: Builder,
@@ -193,6 +234,7 @@ impl FixState {
             comp_id: credential.comp_id.clone(),
             our_comp_id: settings.fix_comp_id.clone(),
             tokens: HashMap::with_capacity(settings.open_orders_max),
+            ended: EndedClOrdIds::default(),
             orders: HashMap::with_capacity(settings.open_orders_max),
             next_token,
             builder: Builder::default(),
@@ -268,8 +310,7 @@ impl FixState {
         if (closed || small(tag::LEAVES_QTY) == Some(0))
             && let Some(order) = self.orders.remove(&token)
         {
-            self.forget(Some(order.cl_ord_id), token);
-            self.forget(order.orig_cl_ord_id, token);
+            self.end(&order, token);
         }
     }
 
@@ -333,9 +374,16 @@ impl FixState {
         }
         let done = exec_type == b'F' && order.cum_qty == order.order_qty;
         if matches!(exec_type, b'4' | b'8') || done {
-            self.forget(Some(order.cl_ord_id), event.token);
-            self.forget(order.orig_cl_ord_id, event.token);
+            self.end(&order, event.token);
             self.orders.remove(&event.token);
+        }
+    }
+
+    /// `order` (of `token`) ended: its ClOrdIDs stop naming it and are kept as ended.
+    fn end(&mut self, order: &Order, token: u32) {
+        for cl_ord_id in [Some(order.cl_ord_id), order.orig_cl_ord_id].into_iter().flatten() {
+            self.forget(Some(cl_ord_id), token);
+            self.ended.push(cl_ord_id);
         }
     }
 

@@ -340,6 +340,18 @@ impl Client {
     }
 }
 
+/// How an append ended that a gateway without a tier gave up waiting on (its outcome was
+/// unknown): what the input log told once it answered (`crate::remote`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// It is in the log: the engines answer its orders.
+    LandedLate { orders: u64 },
+    /// One of its orders, which the log does not hold: its client is answered with a reject.
+    NotTaken(InboundOrder),
+    /// The log can no longer tell (trimmed past it, or too far to search): no answer.
+    Unknown { orders: u64 },
+}
+
 /// Why a request did not reach the tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
@@ -610,6 +622,9 @@ impl Hub {
     /// waits for the tier's journal to cover the input that caused it (where the store's
     /// syncer took over the reply hold, see [`crate::store::Log::wait_for_journals`]).
     pub fn route(&mut self, output: &CoreOutput) {
+        if !self.log.borrow_mut().routed.admit(output) {
+            return; // routed before this gateway restarted (`crate::routed`)
+        }
         self.stage.on_report(output, now_ns());
         if output.answers_request() {
             self.answered += 1;
@@ -621,18 +636,48 @@ impl Hub {
         };
         let event = event_of(output);
         let exec_id = self.exec_ids.of(output);
+        self.deliver(at, &event, exec_id);
+    }
+
+    /// What a gateway without a tier learned from the input log about an append whose
+    /// acknowledgement it gave up on (`crate::remote`): counted, and an order the log did not
+    /// take answered with a [`gateway_reason::NOT_LOGGED`] reject, as the engines would have
+    /// answered it (an order of the operator's, no session's, is only counted).
+    pub fn resolved(&mut self, resolution: &Resolution) {
+        let order = match resolution {
+            Resolution::LandedLate { .. } => return self.stage.appends_landed_late += 1,
+            Resolution::Unknown { orders } => return self.stage.orders_unresolved += orders,
+            Resolution::NotTaken(order) => order,
+        };
+        self.stage.orders_not_logged += 1;
+        let Some(at) = self.client_index(order.client) else { return };
+        self.answered += 1;
+        let event = Event {
+            kind: event_kind::REJECTED,
+            reason: gateway_reason::NOT_LOGGED,
+            side: order.side,
+            instrument: order.instrument,
+            token: token_of(order.order_id),
+            price: order.price,
+            ..Event::default()
+        };
+        self.deliver(at, &event, ExecId::Session);
+    }
+
+    /// Hands one of client `at`'s events to its session, in its protocol (stored, counted).
+    fn deliver(&mut self, at: usize, event: &Event, exec_id: ExecId) {
         let limit = self.settings.outbox_bytes_max;
         let client = &mut self.clients[at];
         client.counters.reports_out += 1;
         if event.kind == event_kind::REJECTED {
             client.counters.rejects[usize::from(event.reason)] += 1;
         }
-        track_open(&mut client.open, &event);
+        track_open(&mut client.open, event);
         match client.fix.as_mut() {
-            Some(fix) => fix.report(&event, exec_id, client.link.as_ref(), limit),
+            Some(fix) => fix.report(event, exec_id, client.link.as_ref(), limit),
             None => {
                 let log = &mut self.log.borrow_mut();
-                publish_native(client, event, &self.settings, &mut self.scratch, log, true);
+                publish_native(client, *event, &self.settings, &mut self.scratch, log, true);
             }
         }
     }

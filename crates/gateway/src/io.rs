@@ -33,7 +33,7 @@ use tokio::sync::{Notify, oneshot};
 use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
 use crate::admission::Admission;
 use crate::credentials::Credential;
-use crate::hub::{Hub, OrderEntry, Refused, Settings};
+use crate::hub::{Hub, OrderEntry, Refused, Resolution, Settings};
 use crate::metrics::LayoutInfo;
 use crate::server::ServeError;
 use crate::{fix_server, native_server};
@@ -148,6 +148,12 @@ pub(crate) struct IoSetup {
     /// smaller. On few CPUs the pre-process sends a turn's rejects into a ring that this thread
     /// reads only between turns (`pipeline`'s fused drain), so a turn must fit in it.
     pub(crate) staged_max: usize,
+    /// A gateway without a tier: where the store publishes how far each slot's reports are
+    /// durably routed (`crate::routed`); `None` inside a tier.
+    pub(crate) routed: Option<Arc<crate::routed::DurableInputs>>,
+    /// A gateway without a tier: what the input log said of appends whose acknowledgement
+    /// was given up on (`crate::remote`), for the hub to count and answer.
+    pub(crate) resolutions: Option<tokio::sync::mpsc::UnboundedReceiver<Resolution>>,
 }
 
 thread_local! {
@@ -271,6 +277,8 @@ impl IoLoop {
             work,
             stop,
             staged_max,
+            routed,
+            resolutions,
             ..
         } = setup;
         let orders = RefCell::new(Vec::new());
@@ -294,6 +302,9 @@ impl IoLoop {
             let waits = hub.log.borrow_mut().wait_for_journals(journals);
             debug_assert!(waits, "a syncing store waits for the journals before its first commit");
         }
+        if let Some(durable) = routed {
+            hub.log.borrow_mut().routed.share(durable);
+        }
         hub.stage.layout = Some(layout);
         if !journaled {
             hub.forget_open_orders();
@@ -305,6 +316,9 @@ impl IoLoop {
         let hub = Rc::new(RefCell::new(hub));
         let upstream = Rc::new(RefCell::new(upstream));
         local.spawn_local(start_tasks(hub.clone(), upstream, listeners, setup.in_tier));
+        if let Some(resolutions) = resolutions {
+            local.spawn_local(answer_resolutions(hub.clone(), resolutions));
+        }
         let _ = setup.built.send(Ok(()));
         let draining_since = None;
         Built::Running(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since })
@@ -406,6 +420,22 @@ async fn answer_in_tier(
     while let Some(reply) = requests.recv().await {
         let taken = std::mem::take(&mut hub.borrow_mut().stage.in_tier);
         let _ = reply.send(taken);
+    }
+}
+
+/// Counts what the input log said of appends given up unacknowledged, answers the orders it
+/// does not hold, and commits the store's batch of those answers.
+async fn answer_resolutions(
+    hub: Rc<RefCell<Hub>>,
+    mut resolutions: tokio::sync::mpsc::UnboundedReceiver<Resolution>,
+) {
+    while let Some(first) = resolutions.recv().await {
+        let mut hub = hub.borrow_mut();
+        hub.resolved(&first);
+        while let Ok(next) = resolutions.try_recv() {
+            hub.resolved(&next);
+        }
+        hub.commit();
     }
 }
 

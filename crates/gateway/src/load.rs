@@ -5,9 +5,11 @@
 //! The schedule, the intended-time table and the histograms are shared; only the session part
 //! (log on, encode an order, decode reports, log out) differs by protocol. One sender thread
 //! follows `lab::load`'s schedule and writes each order to the session whose turn it is; reader
-//! threads match reports to intended times by token (native: one thread polls every session;
-//! FIX: one thread per session, the ClOrdID is the token in decimal). Orders alternate buy and sell at one price, so they match and the book
-//! stays small. Rejects are counted by reason, so a run the server refused says why.
+//! threads match reports to intended times by the run's order number (native: one thread polls
+//! every session, each session's tokens start at its next sequence number so a later run never
+//! reuses one; FIX: one thread per session, the ClOrdID is the order number in decimal).
+//! Orders alternate buy and sell at one price, so they match and the book stays small. Rejects
+//! are counted by reason, so a run the server refused says why.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -135,9 +137,12 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
         LoadProtocol::Native => {
             let mut sessions = Vec::new();
             let mut readers = Vec::new();
-            for session in &options.sessions {
+            let count = options.sessions.len() as u32;
+            for (at, session) in options.sessions.iter().enumerate() {
+                let place = (at as u32, count, orders);
                 let tls = options.tls.as_ref();
-                let (sender, reader) = NativeSender::log_on(options.connect, session, tls)?;
+                let (sender, reader) =
+                    NativeSender::log_on((options.connect, tls), session, place)?;
                 sessions.push(sender);
                 readers.push(reader);
             }
@@ -172,7 +177,7 @@ fn refused_login(client: u32, answer: &ServerMsg) -> ClientError {
 
 /// The intended send time of each token, and when the run began.
 struct Clock {
-    /// ns after `start`; ANSWERED once counted.
+    /// By order number (from 1): ns after `start`; ANSWERED once counted.
     intended: Vec<AtomicU64>,
     start: Instant,
     /// Orders sent, once the schedule has ended (u64::MAX before).
@@ -205,17 +210,18 @@ impl Clock {
         all || last_report.elapsed() >= DRAIN_TIMEOUT
     }
 
-    fn stamp(&self, token: u32, intended: Instant) {
+    fn stamp(&self, number: u32, intended: Instant) {
         let intended_ns = intended.saturating_duration_since(self.start).as_nanos() as u64;
         // Relaxed: the reader reads it after the server's answer, which follows the write of
         // the order; the socket round trip orders them in practice, and a stale read only
         // mis-attributes one sample (never a crash).
-        self.intended[token as usize].store(intended_ns, Ordering::Relaxed);
+        self.intended[number as usize].store(intended_ns, Ordering::Relaxed);
     }
 
-    /// The latency of `token`'s first report; `None` for later reports and unknown tokens.
-    fn answer(&self, token: u64) -> Option<u64> {
-        let slot = self.intended.get(usize::try_from(token).ok()?)?;
+    /// The latency of order `number`'s first report; `None` for later reports and unknown
+    /// numbers.
+    fn answer(&self, number: u64) -> Option<u64> {
+        let slot = self.intended.get(usize::try_from(number).ok()?)?;
         // Relaxed: as in `stamp`; the swap itself makes each token count once.
         let sent_ns = slot.swap(ANSWERED, Ordering::Relaxed);
         let now_ns = self.start.elapsed().as_nanos() as u64;
@@ -238,9 +244,9 @@ struct Tally {
 }
 
 impl Tally {
-    /// Counts `token`'s first report; `reject` is the reason when the order was rejected.
-    fn report(&mut self, clock: &Clock, token: u64, reject: Option<&str>) {
-        if let Some(latency_ns) = clock.answer(token) {
+    /// Counts order `number`'s first report; `reject` is the reason when it was rejected.
+    fn report(&mut self, clock: &Clock, number: u64, reject: Option<&str>) {
+        if let Some(latency_ns) = clock.answer(number) {
             self.latency.record_ns(latency_ns);
             self.answered += 1;
             if let Some(reason) = reject {
@@ -263,6 +269,9 @@ fn count_reason(rejects: &mut BTreeMap<String, u64>, reason: &str, count: u64) {
 
 /// A logged-on session as the driver sees it; its reader thread runs beside it.
 trait OrderSender {
+    /// The token on the wire of this session's `nth` order (from 0), the run's order `number`
+    /// (from 1, what the clock counts).
+    fn token(&self, nth: u32, number: u32) -> u32;
     /// Sends `order`, of `traded` (its symbol and price scale, for FIX).
     fn send(&mut self, order: &OrderRequest, traded: &Traded) -> std::io::Result<()>;
     /// Waits for the reader (it ends once every order sent is answered, or after DRAIN_TIMEOUT
@@ -277,10 +286,12 @@ fn drive<S: OrderSender>(
 ) -> Result<LoadResult, ClientError> {
     let mut write_error = None;
     let report = drive_sync(&options.plan, |shot| {
-        let token = shot.index as u32 + 1;
+        let number = shot.index as u32 + 1;
+        let session = shot.index as usize % sessions.len();
+        let token = sessions[session].token((shot.index / sessions.len() as u64) as u32, number);
         let traded = &options.instruments[(shot.index / 2) as usize % options.instruments.len()];
         let order = OrderRequest {
-            client: options.sessions[shot.index as usize % sessions.len()].client,
+            client: options.sessions[session].client,
             token,
             instrument: traded.instrument,
             side: (shot.index % 2) as u8,
@@ -288,8 +299,7 @@ fn drive<S: OrderSender>(
             qty: traded.qty,
             ..OrderRequest::default()
         };
-        clock.stamp(token, shot.intended);
-        let session = shot.index as usize % sessions.len();
+        clock.stamp(number, shot.intended);
         if let Err(error) = sessions[session].send(&order, traded) {
             write_error.get_or_insert(error);
         }
@@ -363,27 +373,68 @@ pub fn search_side_by_side<E: From<ClientError>>(
 struct NativeSender {
     writer: Writer,
     frame: Vec<u8>,
+    tokens: TokenSpace,
+}
+
+/// Which tokens a native session's orders take in this run: its `nth` order's is `first +
+/// nth`. `first` is the session's next sequence number at login: every order of an earlier
+/// run of this client took a token below its first event's number and produced at least one
+/// event, so this run never reuses a token of an order that rests or ended, which the
+/// engines refuse as a duplicate (`matching::store::EndedOrders`).
+#[derive(Clone, Copy)]
+struct TokenSpace {
+    first: u32,
+    /// The session's place in the run and the run's sessions: the run's order number of a
+    /// token is `(token - first) * sessions + session + 1`.
+    session: u32,
+    sessions: u32,
+}
+
+impl TokenSpace {
+    /// The run's order number of `token` (`u64::MAX`: not one of this run's).
+    fn number_of(&self, token: u32) -> u64 {
+        token.checked_sub(self.first).map_or(u64::MAX, |nth| {
+            u64::from(nth) * u64::from(self.sessions) + u64::from(self.session) + 1
+        })
+    }
 }
 
 impl NativeSender {
-    /// Logs on; returns the sending half and the receiving half for the shared reader.
+    /// Logs on as the run's `session`th of `sessions` (over TLS when `tls` is given);
+    /// returns the sending half and the receiving half for the shared reader.
     fn log_on(
-        connect: SocketAddr,
+        (connect, tls): (SocketAddr, Option<&ClientTls>),
         credentials: &LoadSession,
-        tls: Option<&ClientTls>,
+        (session, sessions, orders): (u32, u32, u64),
     ) -> Result<(NativeSender, NativeInbox), ClientError> {
-        let mut session = NativeClient::connect_with(connect, LOGON_TIMEOUT, tls)?;
-        match session.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
-            ServerMsg::LoginAccepted { .. } => {}
-            other => return Err(refused_login(credentials.client, &other)),
-        }
-        let (writer, reader, pending) = session.split()?;
-        let sender = NativeSender { writer, frame: Vec::with_capacity(native::FRAME_BYTES_MAX) };
-        Ok((sender, NativeInbox::new(reader, &pending)))
+        let mut client = NativeClient::connect_with(connect, LOGON_TIMEOUT, tls)?;
+        let next_seq =
+            match client.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
+                ServerMsg::LoginAccepted { next_seq, .. } => next_seq,
+                other => return Err(refused_login(credentials.client, &other)),
+            };
+        let per_session = orders.div_ceil(u64::from(sessions));
+        let first = u32::try_from(next_seq.max(1))
+            .ok()
+            .filter(|first| u64::from(*first) + per_session <= u64::from(u32::MAX))
+            .ok_or_else(|| {
+                failure(format!(
+                    "client {}: its tokens are used up (next sequence {next_seq})",
+                    credentials.client
+                ))
+            })?;
+        let tokens = TokenSpace { first, session, sessions };
+        let (writer, reader, pending) = client.split()?;
+        let frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
+        Ok((NativeSender { writer, frame, tokens }, NativeInbox::new(reader, &pending, tokens)))
     }
 }
 
 impl OrderSender for NativeSender {
+    fn token(&self, nth: u32, _number: u32) -> u32 {
+        self.tokens.first + nth
+    }
+
     fn send(&mut self, order: &OrderRequest, _traded: &Traded) -> std::io::Result<()> {
         self.frame.clear();
         native::encode_client(&ClientMsg::NewOrder(*order), &mut self.frame);
@@ -403,16 +454,17 @@ struct NativeInbox {
     buffer: Vec<u8>,
     filled: usize,
     open: bool,
+    tokens: TokenSpace,
 }
 
 impl NativeInbox {
-    fn new(stream: Reader, pending: &[u8]) -> NativeInbox {
+    fn new(stream: Reader, pending: &[u8], tokens: TokenSpace) -> NativeInbox {
         // Plain: blocking (the flag would be the writer's too: it shares the file
         // description), but read only after `poll` says bytes or the close are there, so a
         // read never waits. TLS: non-blocking, and read while it has records pending.
         let mut buffer = vec![0u8; NATIVE_READ_BYTES.max(pending.len())];
         buffer[..pending.len()].copy_from_slice(pending);
-        NativeInbox { stream, buffer, filled: pending.len(), open: true }
+        NativeInbox { stream, buffer, filled: pending.len(), open: true, tokens }
     }
 
     /// Counts the reports in the bytes read so far (whole frames), keeping a partial one.
@@ -428,7 +480,7 @@ impl NativeInbox {
             {
                 let rejected = event.kind == event_kind::REJECTED;
                 let reason = rejected.then(|| native::reason_name(event.reason));
-                tally.report(clock, u64::from(event.token), reason.as_deref());
+                tally.report(clock, self.tokens.number_of(event.token), reason.as_deref());
             }
         }
         self.buffer.copy_within(start..self.filled, 0);
@@ -560,6 +612,11 @@ impl FixSender {
 }
 
 impl OrderSender for FixSender {
+    /// The run's order number: the ClOrdID, which the gateway maps to an order of its own.
+    fn token(&self, _nth: u32, number: u32) -> u32 {
+        number
+    }
+
     fn send(&mut self, order: &OrderRequest, traded: &Traded) -> std::io::Result<()> {
         let now = fix::utc_timestamp(unix_ns());
         let side: &[u8] = if order.side == 0 { b"1" } else { b"2" };

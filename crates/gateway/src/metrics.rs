@@ -35,6 +35,14 @@ pub struct StageMetrics {
     pub engine_service: ops::BucketHistogram,
     /// The tier's thread layout (set once at start).
     pub layout: Option<LayoutInfo>,
+    /// A gateway without a tier: appends given up unacknowledged that the input log holds.
+    pub appends_landed_late: u64,
+    /// Orders of appends given up unacknowledged that the input log does not hold (answered
+    /// with a `NotLogged` reject).
+    pub orders_not_logged: u64,
+    /// Orders of appends given up unacknowledged that the input log can no longer tell about
+    /// (no answer).
+    pub orders_unresolved: u64,
     /// Arrival of a request at the gateway → the tier's answer to it (accepted, rejected,
     /// replaced, cancelled) reaching the router that hands it to the session: the in-tier
     /// response, the published lean tier's scope (no store or journal fsync in it). Taken
@@ -66,6 +74,9 @@ impl Default for StageMetrics {
             order_to_report,
             engine_service,
             layout: None,
+            appends_landed_late: 0,
+            orders_not_logged: 0,
+            orders_unresolved: 0,
             in_tier: LatencyHistogram::default(),
             registry: Arc::new(registry),
         }
@@ -139,7 +150,7 @@ impl ClientCounts {
 /// formatting) and rendered elsewhere ([`Renderer`]).
 pub struct Snapshot {
     clients: Vec<ClientCounts>,
-    stage: [(&'static str, &'static str, u64); 5],
+    stage: [(&'static str, &'static str, u64); 9],
     egress_depth: usize,
     store_failed: bool,
     layout: Option<LayoutInfo>,
@@ -183,6 +194,27 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
                 log.commits,
             ),
             ("gateway_store_bytes_total", "bytes written to the store", log.bytes_written),
+            (
+                "gateway_reports_already_routed_total",
+                "reports dropped after a restart: routed before it (a gateway without a tier)",
+                log.routed.dropped,
+            ),
+            (
+                "gateway_appends_landed_late_total",
+                "appends given up unacknowledged that the input log holds (the engines answer)",
+                stage.appends_landed_late,
+            ),
+            (
+                "gateway_orders_not_logged_total",
+                "orders of appends given up unacknowledged that the input log does not hold \
+                 (answered with a NotLogged reject)",
+                stage.orders_not_logged,
+            ),
+            (
+                "gateway_orders_unresolved_total",
+                "orders of appends given up unacknowledged the input log cannot tell about",
+                stage.orders_unresolved,
+            ),
         ],
         egress_depth: stage.egress_depth,
         store_failed: log.has_failed(),

@@ -59,6 +59,9 @@ pub mod gateway_reason {
     /// above), which the store does not keep: the token is 0 and the refused order never
     /// reached the exchange.
     pub const NOT_KEPT: u8 = 104;
+    /// Not booked: a gateway without a tier gave up waiting for the input log's
+    /// acknowledgement, and the log, once it answered, did not hold the order.
+    pub const NOT_LOGGED: u8 = 105;
 }
 
 /// The name of a reject reason code, the tier's (`exchange::msg::Reason`) or the gateway's
@@ -68,10 +71,12 @@ pub mod gateway_reason {
 /// use gateway::native::{gateway_reason, reason_name};
 /// assert_eq!(reason_name(exchange::msg::Reason::PriceOffTick as u8), "PriceOffTick");
 /// assert_eq!(reason_name(gateway_reason::THROTTLED), "Throttled");
+/// assert_eq!(reason_name(gateway_reason::NOT_LOGGED), "NotLogged");
 /// assert_eq!(reason_name(250), "250");
 /// ```
 pub fn reason_name(code: u8) -> Cow<'static, str> {
-    let gateway_names = ["Throttled", "Busy", "WrongClient", "ShuttingDown", "NotKept"];
+    let gateway_names =
+        ["Throttled", "Busy", "WrongClient", "ShuttingDown", "NotKept", "NotLogged"];
     let gateway = code.checked_sub(gateway_reason::THROTTLED);
     if let Some(name) = gateway.and_then(|at| gateway_names.get(usize::from(at))) {
         return Cow::Borrowed(name);

@@ -17,7 +17,13 @@
 //! sequences, gap recovery from the leader's retained window, the trust rule), read in process
 //! (`RunningGateway::attach`: no socket between them) and handed to the sessions' reply queue
 //! as the tier's R-Senders would.
+//!
+//! An append unacknowledged for the whole retry window (its outcome unknown: a copy may have
+//! landed, or may still land) goes to the resolver, which asks the log
+//! (`OrderLog::find_appends`) once it answers again, with backoff: found, the engines answer
+//! its orders; absent, each order's client gets a `NotLogged` reject through the hub.
 
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,16 +36,17 @@ use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
 use exchange::tier::{Subscriber, reply_subscribers};
 use futures_util::{FutureExt, StreamExt};
 use replication::ReplicationError;
-use replication::append::{AppendId, Appended, OrderLog};
+use replication::append::{AppendId, AppendOutcome, Appended, OrderLog, Unacknowledged};
 use replication::layout::LogSettings;
 use replication::record::RECORDS_PER_MESSAGE_MAX;
 use tokio::sync::Notify;
 
 use crate::credentials::Credential;
 use crate::delivered::DeliveredMark;
-use crate::hub::Settings;
+use crate::hub::{Resolution, Settings};
 use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
+use crate::routed::DurableInputs;
 use crate::server::{BoundAddresses, ServeError, bind_listeners};
 
 /// Orders between the I/O loop and the appender.
@@ -50,6 +57,10 @@ pub const APPENDS_IN_FLIGHT_MAX: usize = 4096;
 /// Most orders the appender takes off its queue at once (then split into one message per
 /// shard).
 const BATCH_ORDERS_MAX: usize = 256;
+/// First pause before the resolver asks the log again after it could not answer; it doubles
+/// up to [`RESOLVE_PAUSE_MAX`].
+const RESOLVE_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+const RESOLVE_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often `/ready` follows the NATS connection.
 const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -78,7 +89,8 @@ pub struct AppendTally {
     pub appended: u64,
     /// Appends JetStream recognised as retries of one already stored.
     pub duplicates: u64,
-    /// Orders never acknowledged (not booked: their clients get no report).
+    /// Orders whose append went unacknowledged for the whole retry window (handed to the
+    /// resolver, which asks the log whether they landed).
     pub failed: u64,
 }
 
@@ -136,14 +148,19 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
+    let durable = DurableInputs::new(options.log.shards, options.tier_gateways);
     let mut r_gateways = Vec::new();
     for (index, subject) in report_subjects(&options).enumerate() {
         let (r_gateway, mark) = start_r_gateway(&options, &runtime, subject)?;
-        runtime.spawn(forward_reports(r_gateway.attach(), (subject.1, mark), subscribers(index)));
+        let resume = ResumePoint::new(subject, mark, durable.clone());
+        runtime.spawn(forward_reports(r_gateway.attach(), resume, subscribers(index)));
         r_gateways.push(r_gateway);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
-    let appender = runtime.spawn(append_orders(log, queued, options.gateway_id));
+    let (unacknowledged, to_resolve) = tokio::sync::mpsc::unbounded_channel();
+    let (resolved, resolutions) = tokio::sync::mpsc::unbounded_channel();
+    runtime.spawn(resolve_appends(log.clone(), to_resolve, resolved));
+    let appender = runtime.spawn(append_orders(log, queued, options.gateway_id, unacknowledged));
     let stop = Arc::new(AtomicBool::new(false));
     let (built, io_built) = std::sync::mpsc::sync_channel(1);
     let layout = LayoutInfo { groups: "gateway (JetStream input log)".into(), usable_cpus: 0 };
@@ -162,6 +179,8 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         built,
         in_tier: tokio::sync::mpsc::unbounded_channel().1,
         staged_max: STAGED_ORDERS_MAX,
+        routed: Some(durable),
+        resolutions: Some(resolutions),
     };
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
@@ -230,12 +249,13 @@ fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> 
 }
 
 /// Queues the orders on their streams in admission order, those of one shard that arrived
-/// together as one message (up to `RECORDS_PER_MESSAGE_MAX`: no wait for more), and counts
-/// the acknowledgements.
+/// together as one message (up to `RECORDS_PER_MESSAGE_MAX`: no wait for more), counts
+/// the acknowledgements and hands appends that went unacknowledged to `unacknowledged`.
 async fn append_orders(
     log: OrderLog,
     mut queued: tokio::sync::mpsc::Receiver<InboundOrder>,
     gateway: u32,
+    unacknowledged: Unresolved,
 ) -> AppendTally {
     // This run's id: a retry inside the run reuses its message id; a new run never collides.
     let run = rand::random::<u64>();
@@ -274,37 +294,204 @@ async fn append_orders(
                     orders.clear();
                 }
             }
-            Some((held, done)) = in_flight.next() => count(&mut tally, held, done),
+            Some((held, done)) = in_flight.next() => count(&mut tally, held, done, &unacknowledged),
         }
     }
     while let Some((held, done)) = in_flight.next().await {
-        count(&mut tally, held, done);
+        count(&mut tally, held, done, &unacknowledged);
     }
     tally
 }
 
-/// Counts the `orders` of one message by how its append ended.
-fn count(tally: &mut AppendTally, orders: u64, done: Result<Appended, ReplicationError>) {
-    match done {
-        Ok(appended) if appended.duplicate => tally.duplicates += orders,
-        Ok(_) => tally.appended += orders,
-        Err(error) => {
-            tally.failed += orders;
-            // Logged when the count passes 1, 2, 4, ...: an outage is told, not flooded.
-            let before = tally.failed - orders;
-            if (before + 1).next_power_of_two() <= tally.failed {
-                tracing::error!(failed = tally.failed, "order not accepted by the log: {error}");
+/// Where appends that went unacknowledged go to be resolved.
+type Unresolved = tokio::sync::mpsc::UnboundedSender<Unacknowledged>;
+
+/// Counts the `orders` of one message by how its append ended, and hands an unacknowledged
+/// one to the resolver.
+fn count(
+    tally: &mut AppendTally,
+    orders: u64,
+    done: Result<Appended, ReplicationError>,
+    unresolved: &Unresolved,
+) {
+    let error = match done {
+        Ok(appended) if appended.duplicate => return tally.duplicates += orders,
+        Ok(_) => return tally.appended += orders,
+        Err(error) => error,
+    };
+    tally.failed += orders;
+    // Logged when the count passes 1, 2, 4, ...: an outage is told, not flooded.
+    let before = tally.failed - orders;
+    if (before + 1).next_power_of_two() <= tally.failed {
+        let failed = tally.failed;
+        tracing::warn!(failed, "append unacknowledged, asking the log whether it landed: {error}");
+    }
+    match error {
+        ReplicationError::NotAcknowledged(append) => {
+            // Closed only when the runtime stops with the gateway.
+            let _ = unresolved.send(*append);
+        }
+        other => tracing::error!("order not accepted by the log: {other}"),
+    }
+}
+
+/// Asks the log, once it answers, whether each append that went unacknowledged landed (all
+/// of a shard's pending appends in one search, again after a pause that doubles up to
+/// [`RESOLVE_PAUSE_MAX`] while the log cannot answer), logs each outcome once and hands it to
+/// the hub: landed, the engines answer; absent, the hub answers each order with a reject.
+async fn resolve_appends(
+    log: OrderLog,
+    mut unacknowledged: tokio::sync::mpsc::UnboundedReceiver<Unacknowledged>,
+    resolved: tokio::sync::mpsc::UnboundedSender<Resolution>,
+) {
+    let mut pending: Vec<Vec<Unacknowledged>> =
+        (0..log.settings().shards).map(|_| Vec::new()).collect();
+    let mut pause = RESOLVE_PAUSE_FIRST;
+    loop {
+        if pending.iter().all(Vec::is_empty) {
+            let Some(append) = unacknowledged.recv().await else { return };
+            pending[append.shard as usize].push(append);
+        }
+        while let Ok(append) = unacknowledged.try_recv() {
+            pending[append.shard as usize].push(append);
+        }
+        let mut unanswered = false;
+        for (shard, appends) in pending.iter_mut().enumerate().filter(|(_, a)| !a.is_empty()) {
+            match log.find_appends(shard as u32, appends).await {
+                Ok(outcomes) => {
+                    for (append, outcome) in appends.drain(..).zip(outcomes) {
+                        hand_on(&append, outcome, &resolved);
+                    }
+                }
+                Err(error) => {
+                    unanswered = true;
+                    let (waiting, again) = (appends.len(), pause);
+                    tracing::warn!(
+                        shard,
+                        waiting,
+                        "the log cannot tell yet ({error}): again in {again:?}"
+                    );
+                }
             }
+        }
+        if unanswered {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RESOLVE_PAUSE_MAX);
+        } else {
+            pause = RESOLVE_PAUSE_FIRST;
+        }
+    }
+}
+
+/// Logs one append's outcome and hands it to the hub.
+fn hand_on(
+    append: &Unacknowledged,
+    outcome: AppendOutcome,
+    resolved: &tokio::sync::mpsc::UnboundedSender<Resolution>,
+) {
+    let (id, shard, orders) = (&append.id, append.shard, append.orders().count() as u64);
+    // The hub is gone only when the gateway stops.
+    let _ = match outcome {
+        AppendOutcome::Landed(seq) => {
+            tracing::info!(
+                shard,
+                orders,
+                "append {id} landed late at {seq}: the engines answer it"
+            );
+            resolved.send(Resolution::LandedLate { orders })
+        }
+        AppendOutcome::Absent => {
+            tracing::warn!(shard, orders, "append {id} is not in the log: its orders are rejected");
+            append.orders().try_for_each(|order| resolved.send(Resolution::NotTaken(order)))
+        }
+        AppendOutcome::Unknown => {
+            tracing::error!(
+                shard,
+                orders,
+                "append {id}: the log can no longer tell whether it landed (trimmed past it, or \
+                 beyond the search's bound): its clients get no answer"
+            );
+            resolved.send(Resolution::Unknown { orders })
+        }
+    };
+}
+
+/// Boundaries between inputs kept while their positions are not yet durable; beyond, the
+/// oldest are dropped (the kept start then stays further back: safe, only more to re-read).
+const INPUT_BOUNDARIES_MAX: usize = 1 << 16;
+/// Least time between two writes of a kept start: it is a hint kept behind the store, so a
+/// staler one costs a restart only a longer re-read, while a write per NATS batch cost a
+/// system call per batch at high rates.
+const RESUME_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Where a restarted gateway's R-Gateway starts reading one (shard, slot)'s reports: the first
+/// report of the newest input whose routed position the store made durable (`crate::routed`).
+struct ResumePoint {
+    subject: (u32, u32),
+    mark: DeliveredMark,
+    durable: Arc<DurableInputs>,
+    /// (input, stream sequence of its first report) of the inputs handed on, oldest first.
+    boundaries: VecDeque<(u64, u64)>,
+    /// The input of the last report handed on.
+    input_seq: u64,
+    /// When the kept start was last written.
+    written_at: std::time::Instant,
+}
+
+impl ResumePoint {
+    fn new(subject: (u32, u32), mark: DeliveredMark, durable: Arc<DurableInputs>) -> Self {
+        let written_at = std::time::Instant::now();
+        ResumePoint {
+            subject,
+            mark,
+            durable,
+            boundaries: VecDeque::new(),
+            input_seq: 0,
+            written_at,
+        }
+    }
+
+    fn handed_on(&mut self, stream: Stream, seq: u64, record: Option<&Record>) {
+        match (stream, record.map(Record::output_seq)) {
+            (Stream::Reports, Some(input)) if input != 0 && input != self.input_seq => {
+                if self.boundaries.len() == INPUT_BOUNDARIES_MAX {
+                    self.boundaries.pop_front();
+                }
+                self.boundaries.push_back((input, seq));
+                self.input_seq = input;
+            }
+            (Stream::Reports, _) => {}
+            (Stream::MarketData, _) => self.mark.handed_on(stream, seq),
+        }
+    }
+
+    /// Moves the kept start up to the newest input whose position is durable and writes it
+    /// when it moved (at most once per [`RESUME_WRITE_INTERVAL`]).
+    fn keep(&mut self) {
+        if self.written_at.elapsed() < RESUME_WRITE_INTERVAL {
+            return;
+        }
+        self.written_at = std::time::Instant::now();
+        let durable = self.durable.get(self.subject.0, self.subject.1);
+        while self.boundaries.get(1).is_some_and(|&(input, _)| input <= durable) {
+            self.boundaries.pop_front();
+        }
+        if let Some(&(_, seq)) = self.boundaries.front().filter(|(input, _)| *input <= durable) {
+            self.mark.keep_from(Stream::Reports, seq);
+        }
+        if let Err(error) = self.mark.write_if_moved() {
+            tracing::error!("gateway: keeping the delivered reports' position: {error}");
         }
     }
 }
 
 /// Reads one R-Gateway's frames (in process: no socket between them), hands each client
-/// report to the sessions' reply queue, and after each chunk keeps how far it got (`mark`),
-/// so a restarted gateway does not hand a report on twice.
+/// report to the sessions' reply queue, and after each chunk moves where a restart resumes
+/// (`resume`): never past what the session store holds, so a restarted gateway neither skips
+/// a report nor (the hub drops what it already routed) routes one twice.
 async fn forward_reports(
     mut r_gateway: InProcessConsumer,
-    (slot, mut mark): (u32, DeliveredMark),
+    mut resume: ResumePoint,
     mut subscribers: Vec<Box<dyn Subscriber>>,
 ) {
     let epoch = EpochOffset::measure().absolute(0);
@@ -312,32 +499,30 @@ async fn forward_reports(
     while let Some(chunk) = r_gateway.next_chunk().await {
         decoder.extend(&chunk);
         while let Ok(Some(frame)) = decoder.next_frame() {
-            if let Frame::Data { stream, seq, .. } | Frame::Resync { stream, last_seq: seq, .. } =
-                frame
-            {
-                mark.handed_on(stream, seq);
-            }
             match frame {
-                Frame::Data { stream: Stream::Reports, record, .. } => {
+                Frame::Data { stream: Stream::Reports, seq, record, .. } => {
+                    resume.handed_on(Stream::Reports, seq, Some(&record));
                     match response_of(&record, epoch) {
                         Some(response) => subscribers[0].deliver(&response),
                         None => tracing::warn!("gateway: a report with unknown codes dropped"),
                     }
                 }
-                Frame::Resync { stream, first_seq, last_seq } => tracing::error!(
-                    "gateway: {} {first_seq}..={last_seq} lost beyond the engines' retained window",
-                    stream.name()
-                ),
+                Frame::Data { stream, seq, .. } => resume.handed_on(stream, seq, None),
+                Frame::Resync { stream, first_seq, last_seq } => {
+                    resume.handed_on(stream, last_seq, None);
+                    tracing::error!(
+                        "gateway: {} {first_seq}..={last_seq} lost beyond the engines' retained window",
+                        stream.name()
+                    )
+                }
                 Frame::Goodbye { .. } => return,
-                Frame::Data { .. } | Frame::Hello { .. } => {}
+                Frame::Hello { .. } => {}
             }
         }
-        if let Err(error) = mark.write() {
-            tracing::error!("gateway: keeping the delivered reports' position: {error}");
-        }
+        resume.keep();
     }
     // A shutdown (or a cut-off, which the R-Gateway itself warned about).
-    tracing::debug!("gateway: R-Gateway {slot} stopped handing reports on");
+    tracing::debug!("gateway: R-Gateway {:?} stopped handing reports on", resume.subject);
 }
 
 /// The client report a record carries, its intended time on this process's clock.

@@ -229,7 +229,9 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         handoff: handoff.clone(),
         built,
         in_tier: in_tier_requests,
+        resolutions: None,
         staged_max: crate::io::STAGED_ORDERS_MAX.min(options.tier.ring_slots),
+        routed: None,
     };
     let run = RunOptions {
         rate_per_s: options.planned_rate_per_s,

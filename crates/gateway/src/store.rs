@@ -59,6 +59,7 @@ use tokio::sync::Notify;
 
 use crate::fix;
 use crate::hub::{Link, track_open};
+use crate::routed::RoutedPositions;
 
 #[path = "store_compact.rs"]
 mod compact;
@@ -126,6 +127,9 @@ pub mod kind {
     /// store does not keep (the gateway's own refusals): recovery fills them with
     /// [`crate::native::gateway_reason::NOT_KEPT`] rejects and numbering goes on there.
     pub const NATIVE_RESERVED: u8 = b'V';
+    /// A gateway without a tier: how far one (shard, slot)'s reports were routed
+    /// (`crate::routed`), in the batch of the reports it counts; client field 0.
+    pub const ROUTED: u8 = b'P';
 }
 
 /// Sequence numbers a session reserves in the store at a time for messages the store does not
@@ -216,6 +220,8 @@ pub struct Recovered {
     /// Orders still open by the reports sent (token → instrument), either protocol: what
     /// cancel-on-disconnect cancels when the engine's books were recovered too.
     pub open: HashMap<u32, HashMap<u32, u32>>,
+    /// Per (shard, slot), how far its reports were routed (a gateway without a tier).
+    pub routed: HashMap<(u32, u32), crate::routed::Position>,
 }
 
 /// The fdatasync thread's shared state.
@@ -264,6 +270,9 @@ pub struct Log {
     /// Commits that wrote, and the bytes they wrote (metrics).
     pub commits: u64,
     pub bytes_written: u64,
+    /// How far a gateway without a tier routed each slot's reports: its records ride in the
+    /// batch of the reports they count ([`Log::commit`]).
+    pub routed: RoutedPositions,
     /// The store directory's lock, held while the log is open: one process writes the file
     /// (last, so that it is released after everything else dropped).
     _owner: ops::StoreLock,
@@ -281,7 +290,7 @@ impl Log {
         let file =
             OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
-        let (recovered, end) = recover(&file, options.replay_events_max).map_err(io)?;
+        let (mut recovered, end) = recover(&file, options.replay_events_max).map_err(io)?;
         if end < size {
             let tail_bytes = size - end;
             if tail_bytes > TORN_TAIL_BYTES_MAX {
@@ -311,6 +320,7 @@ impl Log {
             write_failed: false,
             commits: 0,
             bytes_written: 0,
+            routed: RoutedPositions::recovered(std::mem::take(&mut recovered.routed)),
             _owner: owner,
         };
         Ok((log, recovered))
@@ -375,6 +385,7 @@ impl Log {
     /// Writes the batch (one `write`), asks for its sync, marks what the links hold as
     /// waiting for it, and releases whatever is durable already.
     pub fn commit(&mut self) {
+        self.routed.append_changed(&mut self.pending, self.written_epoch + 1);
         if !self.pending.is_empty() && !self.write_failed {
             if let Err(error) = (&self.file).write_all(&self.pending) {
                 // Nothing held is released from now on: sessions stall and are cut off.
@@ -421,7 +432,19 @@ impl Log {
         if self.write_failed {
             return;
         }
-        let durable = match &self.sync {
+        let durable = self.durable_epoch();
+        self.routed.publish_durable(durable);
+        self.waiting.retain(|link| {
+            let still = link.release(durable);
+            link.waiting.set(still);
+            still
+        });
+    }
+
+    /// The newest write epoch whose batch is durable (synced, and covered by the tier's
+    /// journals where the store waits for them; written, with `store_sync` off).
+    pub fn durable_epoch(&self) -> u64 {
+        match &self.sync {
             // Acquire: pairs with the syncer's Release store after its fdatasync returned
             // (and the journal waiter's after the journals covered the batch).
             Some((shared, _)) if self.journal_waiter.is_some() => shared
@@ -430,12 +453,7 @@ impl Log {
                 .min(shared.journal_covered.load(Ordering::Acquire)),
             Some((shared, _)) => shared.synced.load(Ordering::Acquire),
             None => self.written_epoch,
-        };
-        self.waiting.retain(|link| {
-            let still = link.release(durable);
-            link.waiting.set(still);
-            still
-        });
+        }
     }
 
     /// Whether some link holds bytes that wait for a sync.
@@ -471,7 +489,7 @@ impl Drop for Log {
 }
 
 /// Appends a record to `out`; returns the offset its payload has in `out`.
-fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&[u8]]) -> usize {
+pub(crate) fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&[u8]]) -> usize {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     // Release-build check: a longer record would be written but refused by recovery.
     assert!(len <= PAYLOAD_BYTES_MAX, "store record of {len} bytes");
@@ -661,6 +679,10 @@ fn apply(
         kind::NATIVE_RESERVED => {
             let Some(reserved) = u64_at(0) else { return false };
             recovered.native.entry(client).or_default().reserved = reserved;
+        }
+        kind::ROUTED => {
+            let Some((key, position)) = crate::routed::decode(payload) else { return false };
+            recovered.routed.insert(key, position);
         }
         kind::OPEN_ORDER => {
             let field = |at: usize| {
@@ -970,6 +992,39 @@ mod tests {
         log.append(kind::FIX_NEXT_IN, 2, &[&77u64.to_le_bytes()]);
         log.commit();
         log.end
+    }
+
+    #[test]
+    fn routed_positions_ride_in_their_reports_batch_and_survive_compaction() {
+        use crate::routed::DurableInputs;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(true, 16)).unwrap();
+        let durable = DurableInputs::new(1, 2);
+        log.routed.share(durable.clone());
+        let report = |seq, client| exchange::msg::CoreOutput { seq, client, ..Default::default() };
+        for (seq, client) in [(4, 1), (4, 2), (5, 1)] {
+            assert!(log.routed.admit(&report(seq, client)));
+            append_event(&mut log, client, seq, 1);
+        }
+        assert_eq!(durable.get(0, 1), 0, "nothing is durable before a commit");
+        log.commit();
+        let synced = log.synced_notify().unwrap();
+        while log.durable_epoch() < 1 {
+            futures_util::FutureExt::now_or_never(synced.notified());
+            std::thread::yield_now();
+        }
+        log.release();
+        assert_eq!((durable.get(0, 1), durable.get(0, 0)), (5, 4), "slot 1: input 5; slot 0: 4");
+        log.compact().unwrap();
+        drop(log);
+        let (mut log, _) = Log::open(dir.path(), options(false, 16)).unwrap();
+        log.routed.share(DurableInputs::new(1, 2));
+        // Read again from each slot's first kept input: what was routed is dropped.
+        let routed: Vec<bool> = [(5, 1), (6, 1), (4, 2), (5, 2)]
+            .into_iter()
+            .map(|(seq, client)| log.routed.admit(&report(seq, client)))
+            .collect();
+        assert_eq!(routed, [false, true, false, true], "compaction kept the positions");
     }
 
     #[test]

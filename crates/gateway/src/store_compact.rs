@@ -151,6 +151,12 @@ impl Log {
                 }
             }
         }
+        let mut routed: Vec<_> = old.routed.iter().collect();
+        routed.sort_unstable_by_key(|(key, _)| **key);
+        for (&(shard, slot), &position) in routed {
+            let payload = crate::routed::encode(shard, slot, position);
+            encode_record(&mut out, kind::ROUTED, 0, &[&payload]);
+        }
         for (&client, open) in sorted(&old.open) {
             for (&token, &instrument) in sorted(open) {
                 let parts: [&[u8]; 2] = [&token.to_le_bytes(), &instrument.to_le_bytes()];
@@ -180,6 +186,9 @@ fn write_synced(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 fn same_recovery(old: &Recovered, kept: &Recovered) -> Result<(), String> {
     if old.native != kept.native {
         return Err("the native streams differ".into());
+    }
+    if old.routed != kept.routed {
+        return Err("the routed reports' positions differ".into());
     }
     let open = |r: &Recovered| -> HashMap<u32, HashMap<u32, u32>> {
         r.open.iter().filter(|(_, o)| !o.is_empty()).map(|(c, o)| (*c, o.clone())).collect()

@@ -85,7 +85,10 @@ fn describe(output: &CoreOutput) -> Option<String> {
 
 /// Replays `orders` (the file's text) and writes what happened to `out`.
 pub fn run(orders: &str, out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
-    let mut core = MatchingCore::new(&[listing()], CoreLimits { order_pool_slots: 1024 });
+    let mut core = MatchingCore::new(
+        &[listing()],
+        CoreLimits { order_pool_slots: 1024, ..CoreLimits::default() },
+    );
     let mut lines = Vec::new();
     let requests = orders.lines().enumerate().filter(|(_, line)| {
         let line = line.trim();

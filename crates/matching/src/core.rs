@@ -13,11 +13,13 @@ use crate::msg::{
     ClientId, Command, CoreOutput, InstrumentId, OrderId, OrderType, OutputKind, Price, Qty,
     Reason, SequencedInput, Side, TimeInForce,
 };
-use crate::store::{NONE, OrderIndex, OrderPool, OrderSlot};
+use crate::store::{EndedOrders, NONE, OrderIndex, OrderPool, OrderSlot};
 
 mod snapshot;
-pub use crate::store::{ORDER_POOL_SLOTS_DEFAULT, ORDER_POOL_SLOTS_MAX};
-pub use snapshot::{BOOK_SNAPSHOT_BYTES, ORDER_SNAPSHOT_BYTES};
+pub use crate::store::{
+    ENDED_ORDER_IDS_DEFAULT, ENDED_ORDER_IDS_MAX, ORDER_POOL_SLOTS_DEFAULT, ORDER_POOL_SLOTS_MAX,
+};
+pub use snapshot::{BOOK_SNAPSHOT_BYTES, ENDED_ID_SNAPSHOT_BYTES, ORDER_SNAPSHOT_BYTES};
 
 /// Instrument ids a shard can address (the id -> book table is sized by it).
 pub const INSTRUMENT_IDS_MAX: u32 = 1 << 16;
@@ -28,11 +30,18 @@ pub struct CoreLimits {
     /// Resting orders the shard can hold; a Day order that would need a slot beyond it is
     /// rejected with [`Reason::OrderPoolFull`].
     pub order_pool_slots: u32,
+    /// Ended orders whose ids a new order may not take ([`EndedOrders`]): a resend of one is
+    /// rejected with [`Reason::DuplicateOrderId`], as a resend of a resting order is.
+    #[serde(default)]
+    pub ended_order_ids: u32,
 }
 
 impl Default for CoreLimits {
     fn default() -> Self {
-        CoreLimits { order_pool_slots: ORDER_POOL_SLOTS_DEFAULT }
+        CoreLimits {
+            order_pool_slots: ORDER_POOL_SLOTS_DEFAULT,
+            ended_order_ids: ENDED_ORDER_IDS_DEFAULT,
+        }
     }
 }
 
@@ -57,7 +66,7 @@ pub struct CoreCounters {
 /// use matching::msg::{Command, OrderType, OutputKind, SequencedInput, Side, TimeInForce};
 ///
 /// let listing = Listing { instrument: 1, ladder_low: 90, tick: 1, levels: 21 };
-/// let mut core = MatchingCore::new(&[listing], CoreLimits { order_pool_slots: 16 });
+/// let mut core = MatchingCore::new(&[listing], CoreLimits { order_pool_slots: 16, ..CoreLimits::default() });
 /// let order = |order_id, side, qty| Command::New {
 ///     order_id,
 ///     client: 7,
@@ -86,6 +95,7 @@ pub struct MatchingCore {
     book_of: Vec<u32>,
     pool: OrderPool,
     index: OrderIndex,
+    ended: EndedOrders,
     counters: CoreCounters,
 }
 
@@ -116,6 +126,7 @@ impl MatchingCore {
             book_of,
             pool: OrderPool::new(limits.order_pool_slots),
             index: OrderIndex::new(limits.order_pool_slots),
+            ended: EndedOrders::new(limits.ended_order_ids),
             counters: CoreCounters::default(),
         }
     }
@@ -247,7 +258,7 @@ impl MatchingCore {
             self.state_reject(book_at, limit)
         };
         let reason = business_reject
-            .or_else(|| self.index.get(out.order_id).map(|_| Reason::DuplicateOrderId))
+            .or_else(|| self.is_taken(out.order_id).then_some(Reason::DuplicateOrderId))
             .or_else(|| (rests && self.pool.is_full()).then_some(Reason::OrderPoolFull));
         if let Some(reason) = reason {
             return self.reject(out, reason, emit);
@@ -262,13 +273,14 @@ impl MatchingCore {
                 qty,
                 ..out
             };
+            self.ended.push(out.order_id);
             return emit(&kill);
         }
         let mut aggressor =
             Aggressor { order_id: out.order_id, client: out.client, side: out.side, qty };
         self.match_against(book_at, &mut aggressor, limit, &out, emit);
         if aggressor.qty == 0 {
-            return;
+            return self.ended.push(out.order_id);
         }
         if rests {
             self.rest(book_at, &aggressor, limit);
@@ -279,8 +291,16 @@ impl MatchingCore {
                 qty: aggressor.qty,
                 ..out
             };
+            self.ended.push(out.order_id);
             emit(&remainder);
         }
+    }
+
+    /// Whether a new order may not take `order_id`: it names a resting order, or one of the
+    /// kept ended ones.
+    #[inline]
+    fn is_taken(&self, order_id: OrderId) -> bool {
+        self.index.get(order_id).is_some() || self.ended.contains(order_id)
     }
 
     /// Puts the aggressor's remainder on the book in a fresh slot (the caller checked the pool).
@@ -357,6 +377,7 @@ impl MatchingCore {
             if resting_leaves == 0 {
                 contra.unlink(&mut self.pool, slot);
                 self.index.remove(resting.order_id);
+                self.ended.push(resting.order_id);
                 self.pool.free(slot);
             } else {
                 contra.reduce(&mut self.pool, slot, fill);
@@ -392,6 +413,7 @@ impl MatchingCore {
         let order = *self.pool.get(slot);
         self.books[book_at as usize].ladder_mut(order.side).unlink(&mut self.pool, slot);
         self.index.remove(order.order_id);
+        self.ended.push(order.order_id);
         self.pool.free(slot);
         let price = self.books[book_at as usize].listing.price_of(order.level);
         emit(&CoreOutput {
@@ -439,6 +461,7 @@ impl MatchingCore {
         self.match_against(book_at, &mut aggressor, level, &out, emit);
         if aggressor.qty == 0 {
             self.index.remove(order.order_id);
+            self.ended.push(order.order_id);
             self.pool.free(slot);
         } else {
             self.pool.get_mut(slot).qty = aggressor.qty;
@@ -538,7 +561,10 @@ mod tests {
 
     #[test]
     fn input_the_preprocess_must_have_stopped_is_counted_and_rejected() {
-        let mut core = MatchingCore::new(&[LISTING], CoreLimits { order_pool_slots: 4 });
+        let mut core = MatchingCore::new(
+            &[LISTING],
+            CoreLimits { order_pool_slots: 4, ..CoreLimits::default() },
+        );
         let cases = [
             (limit(1, 105, 1), Reason::BadPrice),
             (limit(2, 100, 0), Reason::ZeroQuantity),
@@ -554,8 +580,45 @@ mod tests {
     }
 
     #[test]
+    fn an_ended_orders_id_is_refused_as_a_duplicate_and_a_snapshot_keeps_it() {
+        let limits = CoreLimits { order_pool_slots: 4, ended_order_ids: 2 };
+        let mut core = MatchingCore::new(&[LISTING], limits);
+        process(&mut core, limit(1, 110, 5));
+        process(&mut core, Command::Cancel { order_id: 1, client: 1 });
+        let resent = process(&mut core, limit(1, 110, 5));
+        assert_eq!(
+            (resent[0].kind, resent[0].reason),
+            (OutputKind::Rejected, Reason::DuplicateOrderId)
+        );
+        let mut bytes = Vec::new();
+        core.write_snapshot(&mut bytes);
+        assert!(bytes.len() <= core.snapshot_bytes_max());
+        let (mut restored, rest) = MatchingCore::restore(&bytes).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(restored.limits(), limits);
+        let after_restore = process(&mut restored, limit(1, 110, 5));
+        assert_eq!(
+            after_restore[0].reason,
+            Reason::DuplicateOrderId,
+            "the restored core refuses it"
+        );
+        for order_id in [2, 3] {
+            process(&mut restored, limit(order_id, 110, 5));
+            process(&mut restored, Command::Cancel { order_id, client: 1 });
+        }
+        let forgotten = process(&mut restored, limit(1, 110, 5));
+        assert_eq!(forgotten[0].kind, OutputKind::Accepted, "past the kept ids an id is free");
+        let v1 = [&b"LTXCORE1"[..], &bytes[8..12], &bytes[16..bytes.len() - 4 - 8]].concat();
+        let (from_v1, _) = MatchingCore::restore(&v1).unwrap();
+        assert_eq!(from_v1.limits().ended_order_ids, 0, "a version-1 snapshot keeps none");
+    }
+
+    #[test]
     fn full_pool_rejects_cleanly_and_band_and_halt_come_from_control_messages() {
-        let mut core = MatchingCore::new(&[LISTING], CoreLimits { order_pool_slots: 1 });
+        let mut core = MatchingCore::new(
+            &[LISTING],
+            CoreLimits { order_pool_slots: 1, ..CoreLimits::default() },
+        );
         assert_eq!(process(&mut core, limit(1, 110, 5))[0].kind, OutputKind::Accepted);
         let full = process(&mut core, limit(2, 110, 5));
         assert_eq!((full[0].kind, full[0].reason), (OutputKind::Rejected, Reason::OrderPoolFull));

@@ -272,6 +272,70 @@ impl OrderIndex {
     }
 }
 
+/// Default of [`crate::core::CoreLimits::ended_order_ids`]: the newest ended orders whose ids
+/// a shard keeps refusing. At 8 bytes each (and the index's 2 entries of 16) it costs 2.5 MiB,
+/// and covers a client's resends for as long as the shard ends fewer orders than this.
+pub const ENDED_ORDER_IDS_DEFAULT: u32 = 1 << 16;
+/// Largest [`crate::core::CoreLimits::ended_order_ids`] (positions in the ring are `u32`).
+pub const ENDED_ORDER_IDS_MAX: u32 = 1 << 26;
+
+/// The ids of the newest orders that ended (filled, cancelled, killed, expired), oldest out
+/// first: a new order under one of them is refused as a duplicate, as one under a resting
+/// order's id is. So a client that resends an order it has no answer for (its gateway
+/// restarted) is never booked twice, whether the first copy still rests or already traded.
+/// Part of the replicated state (the core's snapshot keeps it); capacity 0 keeps none.
+pub struct EndedOrders {
+    /// A ring of the kept ids; `next` is where the next one goes.
+    ids: Box<[OrderId]>,
+    next: usize,
+    len: usize,
+    /// Id -> its position in `ids`.
+    index: OrderIndex,
+}
+
+impl EndedOrders {
+    /// Room for `capacity` ids (allocated now, never after).
+    pub fn new(capacity: u32) -> EndedOrders {
+        let ids = vec![0; capacity as usize].into_boxed_slice();
+        EndedOrders { ids, next: 0, len: 0, index: OrderIndex::new(capacity) }
+    }
+
+    /// Most ids kept.
+    pub fn capacity(&self) -> u32 {
+        self.ids.len() as u32
+    }
+
+    /// Whether `order_id` is one of the kept ended orders.
+    #[inline]
+    pub fn contains(&self, order_id: OrderId) -> bool {
+        self.len > 0 && self.index.get(order_id).is_some()
+    }
+
+    /// Keeps `order_id`, forgetting the oldest kept id when full.
+    pub fn push(&mut self, order_id: OrderId) {
+        let capacity = self.ids.len();
+        // An order ends once; the guard keeps the index's bound even if a caller repeated one.
+        if capacity == 0 || self.contains(order_id) {
+            return;
+        }
+        if self.len == capacity {
+            self.index.remove(self.ids[self.next]);
+        } else {
+            self.len += 1;
+        }
+        self.ids[self.next] = order_id;
+        self.index.insert(order_id, self.next as u32);
+        self.next = (self.next + 1) % capacity;
+    }
+
+    /// The kept ids, oldest first (a snapshot writes them so; pushing them back in this
+    /// order rebuilds the same ring).
+    pub fn oldest_first(&self) -> impl Iterator<Item = OrderId> + '_ {
+        let start = if self.len == self.ids.len() { self.next } else { 0 };
+        (0..self.len).map(move |k| self.ids[(start + k) % self.ids.len()])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +364,26 @@ mod tests {
 
     fn order(order_id: OrderId) -> OrderSlot {
         OrderSlot::resting(order_id, 1, 10, 0, Side::Buy)
+    }
+
+    #[test]
+    fn ended_orders_keep_the_newest_ids_and_rebuild_from_their_order() {
+        let mut ended = EndedOrders::new(3);
+        for id in [10, 11, 12, 11, 13] {
+            ended.push(id);
+        }
+        assert!(!ended.contains(10), "the oldest is forgotten once full");
+        assert!([11, 12, 13].iter().all(|&id| ended.contains(id)));
+        assert_eq!(ended.oldest_first().collect::<Vec<_>>(), [11, 12, 13]);
+        let mut rebuilt = EndedOrders::new(3);
+        ended.oldest_first().for_each(|id| rebuilt.push(id));
+        rebuilt.push(14);
+        ended.push(14);
+        assert_eq!(rebuilt.oldest_first().collect::<Vec<_>>(), [12, 13, 14]);
+        assert_eq!(ended.oldest_first().collect::<Vec<_>>(), [12, 13, 14]);
+        let mut none = EndedOrders::new(0);
+        none.push(1);
+        assert!(!none.contains(1), "capacity 0 keeps nothing");
     }
 
     #[test]

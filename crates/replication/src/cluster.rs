@@ -124,6 +124,18 @@ impl Cluster {
         self.nodes.iter().position(|node| node.name == leader)
     }
 
+    /// The nodes that hold JetStream stream `stream` (its leader and other replicas), by
+    /// index, asked over `client` (empty: no leader yet, or no such stream).
+    pub async fn stream_nodes(&self, client: async_nats::Client, stream: &str) -> Vec<usize> {
+        let mut js = async_nats::jetstream::new(client);
+        js.set_timeout(std::time::Duration::from_millis(250));
+        let Ok(mut stream) = js.get_stream(stream).await else { return Vec::new() };
+        let Ok(info) = stream.info().await else { return Vec::new() };
+        let Some(cluster) = info.cluster.clone() else { return Vec::new() };
+        let names = cluster.leader.into_iter().chain(cluster.replicas.into_iter().map(|r| r.name));
+        names.filter_map(|name| self.nodes.iter().position(|node| node.name == name)).collect()
+    }
+
     /// Whether node `index` runs (not killed, or restarted).
     pub fn is_up(&self, index: usize) -> bool {
         self.nodes[index].child.is_some()
@@ -135,6 +147,37 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Pauses node `index` (SIGSTOP): its sockets stay open and its kernel still takes what
+    /// clients send, but it reads and answers nothing until [`Cluster::resume`].
+    pub fn pause(&self, index: usize) -> Result<(), ReplicationError> {
+        self.signal(index, "-STOP")
+    }
+
+    /// Resumes a paused node (SIGCONT).
+    pub fn resume(&self, index: usize) -> Result<(), ReplicationError> {
+        self.signal(index, "-CONT")
+    }
+
+    fn signal(&self, index: usize, signal: &str) -> Result<(), ReplicationError> {
+        let node = &self.nodes[index];
+        let Some(child) = &node.child else {
+            return Err(ReplicationError::Server(format!("node {} is not running", node.name)));
+        };
+        let sent = Command::new("kill").args([signal, &child.id().to_string()]).status();
+        match sent {
+            Ok(status) if status.success() => Ok(()),
+            other => {
+                Err(ReplicationError::Server(format!("kill {signal} {}: {other:?}", node.name)))
+            }
+        }
+    }
+
+    /// Node `index`'s client URL on loopback alone (a client that talks to that node until it
+    /// loses its connection, then to the nodes the cluster told it of).
+    pub fn url_of(&self, index: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[index].client_port)
     }
 
     /// Restarts a killed node on its ports and store and waits until it accepts clients.

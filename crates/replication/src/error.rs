@@ -1,7 +1,5 @@
 //! The crate's typed error.
 
-use std::time::Duration;
-
 /// What went wrong talking to the replicated log or the lease.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicationError {
@@ -17,16 +15,10 @@ pub enum ReplicationError {
         /// Why it failed.
         reason: String,
     },
-    /// No acknowledgement from a quorum in time, after every retry (the order is not accepted).
-    #[error("no acknowledgement for {id} after {attempts} attempts in {waited:?}")]
-    NotAcknowledged {
-        /// The append's message id.
-        id: String,
-        /// Attempts made.
-        attempts: u32,
-        /// How long it was retried.
-        waited: Duration,
-    },
+    /// No acknowledgement from a quorum in time, after every retry: whether the append landed
+    /// is for the log to tell ([`crate::append::OrderLog::find_appends`]).
+    #[error("no acknowledgement for {} after {} attempts in {:?}", .0.id, .0.attempts, .0.waited)]
+    NotAcknowledged(Box<crate::append::Unacknowledged>),
     /// A follower found a hole in the stream: inputs were removed below a reader, so replay
     /// would not be the stream's order.
     #[error("stream {stream}: expected sequence {expected}, the stream delivered {found}")]

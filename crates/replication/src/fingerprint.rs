@@ -42,12 +42,13 @@ impl Fingerprint {
     /// ```
     pub fn of(tier: &TierConfig) -> Fingerprint {
         let shaping = format!(
-            "log record v{} | snapshot {} | batch v{} | gateways {} | order pool {} | {:?}",
+            "log record v{} | snapshot {} | batch v{} | gateways {} | order pool {} | ended ids {} | {:?}",
             crate::record::RECORD_VERSION,
             crate::snapshot::FORMAT,
             delivery::wire::BATCH_VERSION,
             tier.gateways,
             tier.order_pool_slots,
+            tier.ended_order_ids,
             tier.starting_master_data(),
         );
         Fingerprint { settings: stable_hash(shaping.as_bytes()), version: VERSION.to_string() }

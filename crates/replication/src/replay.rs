@@ -12,7 +12,6 @@ use std::time::Duration;
 use delivery::clock::monotonic_ns;
 use delivery::publish::{Regenerate, subject_index};
 use delivery::wire::{Record, Stream};
-use exchange::core::CoreLimits;
 use exchange::msg::Response;
 use exchange::tier::{TierConfig, TierReplica};
 use futures_util::future::BoxFuture;
@@ -47,7 +46,7 @@ impl GroupReplica {
         let (master, gateways) = (tier.starting_master_data(), tier.gateways);
         let subjects = gateways as usize * Stream::ALL.len();
         let Some(snapshot) = start else {
-            let limits = CoreLimits { order_pool_slots: tier.order_pool_slots };
+            let limits = tier.core_limits();
             let replica = TierReplica::new(master, limits, gateways);
             return Ok(GroupReplica { replica, records: vec![0; subjects], applied_seq: 0 });
         };

@@ -45,6 +45,36 @@ impl FixClient {
     }
 
     pub fn recv(&mut self) -> Fields {
+        match self.next_message() {
+            Ok(fields) => fields,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                panic!("the FIX acceptor closed the session")
+            }
+            Err(e) => panic!("no FIX message within {FIX_WAIT:?}: {e}"),
+        }
+    }
+
+    /// The next message within `wait`; `None` when none came (the session stays usable).
+    #[allow(dead_code)] // not every test crate that includes this module waits this way
+    pub fn recv_within(&mut self, wait: Duration) -> Option<Fields> {
+        self.stream.set_read_timeout(Some(wait)).unwrap();
+        let got = self.next_message();
+        self.stream.set_read_timeout(Some(FIX_WAIT)).unwrap();
+        match got {
+            Ok(fields) => Some(fields),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(e) => panic!("the FIX session failed: {e}"),
+        }
+    }
+
+    fn next_message(&mut self) -> std::io::Result<Fields> {
         loop {
             if let Some(len) = fix::split_frame(&self.buffer).expect("the server frames correctly")
             {
@@ -54,13 +84,12 @@ impl FixClient {
                     .map(|(t, v)| (t, String::from_utf8_lossy(v).into_owned()))
                     .collect();
                 self.buffer.drain(..len);
-                return fields;
+                return Ok(fields);
             }
             let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => panic!("the FIX acceptor closed the session"),
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                Err(e) => panic!("no FIX message within {FIX_WAIT:?}: {e}"),
+            match self.stream.read(&mut chunk)? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => self.buffer.extend_from_slice(&chunk[..n]),
             }
         }
     }

@@ -1,8 +1,10 @@
 //! The matching core's state as snapshot bytes, and back.
 //!
-//! Layout (little-endian): magic, pool capacity, the books (listing, halt, band, last published
-//! top), the counters, then every resting order as `(book, side, level, order id, client,
-//! qty)` — per book and side from the best level to the worst, each level in time priority.
+//! Layout (little-endian): magic, pool capacity, kept-ended-ids capacity, the books (listing,
+//! halt, band, last published top), the counters, then every resting order as `(book, side,
+//! level, order id, client, qty)` — per book and side from the best level to the worst, each
+//! level in time priority — and last the kept ended order ids, oldest first (a count, then
+//! the ids). A version-1 snapshot (magic `LTXCORE1`: no ended ids) restores with none kept.
 //! Pool slot numbers are NOT written: they are an artefact of allocation order. Restoring
 //! re-rests the orders in that same order, so every queue keeps its time priority and the
 //! restored core produces the same output for the same input (its slots may differ).
@@ -14,15 +16,19 @@
 use super::{CoreCounters, CoreLimits, MatchingCore};
 use crate::book::{LADDER_LEVELS_MAX, Listing, TopOfBook};
 use crate::msg::Side;
-use crate::store::{NONE, ORDER_POOL_SLOTS_MAX, OrderSlot};
+use crate::store::{ENDED_ORDER_IDS_MAX, NONE, ORDER_POOL_SLOTS_MAX, OrderSlot};
 use crate::wire::Fields;
 
-const CORE_SNAPSHOT_MAGIC: [u8; 8] = *b"LTXCORE1";
+const CORE_SNAPSHOT_MAGIC: [u8; 8] = *b"LTXCORE2";
+/// The layout before the kept ended ids: still restored.
+const CORE_SNAPSHOT_MAGIC_V1: [u8; 8] = *b"LTXCORE1";
+/// Bytes per kept ended order id.
+pub const ENDED_ID_SNAPSHOT_BYTES: usize = 8;
 /// Bytes per book: listing (4 + 8 + 8 + 4), halted, band (2 x 4), last top (4 x 8).
 pub const BOOK_SNAPSHOT_BYTES: usize = 24 + 1 + 8 + 32;
 /// Bytes per resting order: book, side, level, order id, client, quantity.
 pub const ORDER_SNAPSHOT_BYTES: usize = 4 + 1 + 4 + 8 + 4 + 4;
-const FIXED_SNAPSHOT_BYTES: usize = 8 + 4 + 4 + 3 * 8 + 4;
+const FIXED_SNAPSHOT_BYTES: usize = 8 + 4 + 4 + 4 + 3 * 8 + 4 + 4;
 
 impl MatchingCore {
     /// The most bytes [`MatchingCore::write_snapshot`] writes for this core (a full pool):
@@ -31,11 +37,15 @@ impl MatchingCore {
         FIXED_SNAPSHOT_BYTES
             + self.books.len() * BOOK_SNAPSHOT_BYTES
             + self.pool.capacity_slots() as usize * ORDER_SNAPSHOT_BYTES
+            + self.ended.capacity() as usize * ENDED_ID_SNAPSHOT_BYTES
     }
 
     /// The store limits the core was built with.
     pub fn limits(&self) -> CoreLimits {
-        CoreLimits { order_pool_slots: self.pool.capacity_slots() }
+        CoreLimits {
+            order_pool_slots: self.pool.capacity_slots(),
+            ended_order_ids: self.ended.capacity(),
+        }
     }
 
     /// The listings of the core's books, in book order.
@@ -47,6 +57,7 @@ impl MatchingCore {
     pub fn write_snapshot(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&CORE_SNAPSHOT_MAGIC);
         out.extend_from_slice(&self.pool.capacity_slots().to_le_bytes());
+        out.extend_from_slice(&self.ended.capacity().to_le_bytes());
         out.extend_from_slice(&(self.books.len() as u32).to_le_bytes());
         for book in &self.books {
             let listing = &book.listing;
@@ -89,6 +100,14 @@ impl MatchingCore {
             self.pool.used_slots() as usize * ORDER_SNAPSHOT_BYTES,
             "every resting order is on exactly one level queue"
         );
+        let ended_at = out.len();
+        out.extend_from_slice(&0u32.to_le_bytes());
+        let mut ended = 0u32;
+        for order_id in self.ended.oldest_first() {
+            out.extend_from_slice(&order_id.to_le_bytes());
+            ended += 1;
+        }
+        out[ended_at..ended_at + 4].copy_from_slice(&ended.to_le_bytes());
     }
 
     /// Rebuilds a core from [`MatchingCore::write_snapshot`]'s bytes at the front of `bytes`;
@@ -96,12 +115,18 @@ impl MatchingCore {
     /// panic (the snapshot's CRC makes that unlikely, but a restore must not trust it).
     pub fn restore(bytes: &[u8]) -> Result<(MatchingCore, &[u8]), String> {
         let mut fields = Fields::new(bytes);
-        if fields.take::<8>()? != CORE_SNAPSHOT_MAGIC {
-            return Err("not a core snapshot (bad magic)".into());
-        }
+        let with_ended_ids = match fields.take::<8>()? {
+            CORE_SNAPSHOT_MAGIC => true,
+            CORE_SNAPSHOT_MAGIC_V1 => false,
+            _ => return Err("not a core snapshot (bad magic)".into()),
+        };
         let order_pool_slots = fields.u32()?;
         if order_pool_slots == 0 || order_pool_slots > ORDER_POOL_SLOTS_MAX {
             return Err(format!("order pool of {order_pool_slots} slots is out of range"));
+        }
+        let ended_order_ids = if with_ended_ids { fields.u32()? } else { 0 };
+        if ended_order_ids > ENDED_ORDER_IDS_MAX {
+            return Err(format!("{ended_order_ids} kept ended ids is over ENDED_ORDER_IDS_MAX"));
         }
         let book_count = fields.u32()?;
         if book_count > super::INSTRUMENT_IDS_MAX {
@@ -137,7 +162,8 @@ impl MatchingCore {
             listings.push(listing);
             book_states.push((halted, band_low, band_high, last_top));
         }
-        let mut core = MatchingCore::new(&listings, CoreLimits { order_pool_slots });
+        let mut core =
+            MatchingCore::new(&listings, CoreLimits { order_pool_slots, ended_order_ids });
         for (book, (halted, band_low, band_high, last_top)) in
             core.books.iter_mut().zip(book_states)
         {
@@ -156,11 +182,30 @@ impl MatchingCore {
         for _ in 0..resting {
             core.rest_restored(&mut fields)?;
         }
+        if with_ended_ids {
+            core.restore_ended(&mut fields)?;
+        }
         // The core asserts after every input that no book is crossed; refuse such a state here.
         if let Some(book) = core.books.iter().find(|book| book.is_crossed()) {
             return Err(format!("book of instrument {} is crossed", book.listing.instrument));
         }
         Ok((core, fields.rest()))
+    }
+
+    /// Reads the kept ended ids (oldest first) back into the ring, in their order.
+    fn restore_ended(&mut self, fields: &mut Fields) -> Result<(), String> {
+        let ended = fields.u32()?;
+        if ended > self.ended.capacity() {
+            return Err(format!("{ended} ended ids kept for {}", self.ended.capacity()));
+        }
+        for _ in 0..ended {
+            let order_id = fields.u64()?;
+            if self.index.get(order_id).is_some() || self.ended.contains(order_id) {
+                return Err(format!("ended order id {order_id} rests or is kept twice"));
+            }
+            self.ended.push(order_id);
+        }
+        Ok(())
     }
 
     /// Re-rests one order read from a snapshot at the tail of its level's queue.
