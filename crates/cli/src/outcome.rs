@@ -29,7 +29,10 @@ pub struct TargetMissed(pub Vec<String>);
 /// A store another process owns is too: the start is refused, nothing ran (issue 41).
 fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
     error.is::<BadInput>()
-        || matches!(error.downcast_ref(), Some(ops::OpsError::Held { .. }))
+        || matches!(
+            error.downcast_ref(),
+            Some(ops::OpsError::Held { .. } | ops::OpsError::Tls { .. })
+        )
         || error.is::<lab::error::BadInput>()
         || error.is::<ringbench::RingBenchError>()
         || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))

@@ -1329,6 +1329,7 @@ fn open_loop(
             1,
             (band.band_low + band.band_high) / 2,
         )],
+        tls: None,
     }
 }
 

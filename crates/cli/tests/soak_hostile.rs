@@ -432,9 +432,7 @@ fn never_reads(addr: SocketAddr) -> Attack {
         let client_id = [3, 5, 6, 7][thread];
         while running.load(Ordering::Relaxed) {
             let Ok(mut client) = gateway::client::NativeClient::connect(addr) else { continue };
-            if let Ok(writer) = client.writer() {
-                let _ = writer.set_write_timeout(Some(Duration::from_secs(1)));
-            }
+            let _ = client.socket().set_write_timeout(Some(Duration::from_secs(1)));
             let login = client.login(client_id, "pw3", 0, Duration::from_secs(2));
             if !matches!(login, Ok(ServerMsg::LoginAccepted { .. })) {
                 std::thread::sleep(Duration::from_millis(100));

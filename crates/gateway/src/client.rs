@@ -5,6 +5,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::native::{self, ClientMsg, Event, ServerMsg, event_kind};
+pub use crate::transport::ClientTls;
+use crate::transport::{Reader, Transport, Writer};
 use exchange::instruments::InstrumentTable;
 
 /// Bytes read per `read` call.
@@ -15,6 +17,10 @@ const READ_CHUNK_BYTES: usize = 4096;
 pub enum ClientError {
     #[error("connection: {0}")]
     Io(#[from] std::io::Error),
+    /// The TLS handshake failed (an untrusted certificate, a name it is not for, a client
+    /// certificate the server refused) or its settings are unusable.
+    #[error("{0}")]
+    Tls(String),
     #[error("the server sent a bad frame: {0}")]
     Decode(#[from] native::DecodeError),
     #[error("the server closed the connection")]
@@ -30,9 +36,9 @@ pub enum ClientError {
 /// report are requests; the server heartbeats a live session within the idle bound).
 pub use ops::Timeout;
 
-/// One connection to `exchange serve`'s native listener.
+/// One connection to `exchange serve`'s native listener, plain or TLS.
 pub struct NativeClient {
-    stream: TcpStream,
+    stream: Transport,
     buffer: Vec<u8>,
     out: Vec<u8>,
     /// With an idle timeout: the longest silence [`NativeClient::recv`] accepts.
@@ -43,7 +49,9 @@ pub struct NativeClient {
 
 impl NativeClient {
     pub fn connect(addr: SocketAddr) -> Result<NativeClient, ClientError> {
-        Self::from_stream(TcpStream::connect(addr)?)
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        Ok(Self::from_transport(Transport::Plain(stream)))
     }
 
     /// Connects within `timeout`, else fails naming the connect timeout.
@@ -51,13 +59,21 @@ impl NativeClient {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<NativeClient, ClientError> {
-        Self::from_stream(connect_within(addr, timeout)?)
+        Self::connect_with(addr, timeout, None)
     }
 
-    fn from_stream(stream: TcpStream) -> Result<NativeClient, ClientError> {
-        stream.set_nodelay(true)?;
+    /// Connects, with TLS when `tls` is given, and completes the handshake within `timeout`.
+    pub fn connect_with(
+        addr: SocketAddr,
+        timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<NativeClient, ClientError> {
+        Ok(Self::from_transport(Transport::connect(addr, timeout, tls)?))
+    }
+
+    fn from_transport(stream: Transport) -> NativeClient {
         let last_heard = Instant::now();
-        Ok(NativeClient { stream, buffer: Vec::new(), out: Vec::new(), idle: None, last_heard })
+        NativeClient { stream, buffer: Vec::new(), out: Vec::new(), idle: None, last_heard }
     }
 
     /// From now on, [`NativeClient::recv`] fails once nothing at all (not even a heartbeat)
@@ -91,14 +107,16 @@ impl NativeClient {
         Ok(())
     }
 
-    /// A second handle on the connection, for writing from another thread.
-    pub fn writer(&self) -> Result<TcpStream, ClientError> {
-        Ok(self.stream.try_clone()?)
+    /// The TCP socket under the connection (for its options).
+    pub fn socket(&self) -> &TcpStream {
+        self.stream.socket()
     }
 
-    /// The connection and the bytes read but not yet decoded (for a reader of its own).
-    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
-        (self.stream, self.buffer)
+    /// A writer for one thread and a reader for another, and the bytes read but not yet
+    /// decoded (they belong to the reader).
+    pub fn split(self) -> Result<(Writer, Reader, Vec<u8>), ClientError> {
+        let (writer, reader) = self.stream.split()?;
+        Ok((writer, reader, self.buffer))
     }
 
     /// Sends raw bytes (tests of hostile input).
@@ -131,7 +149,7 @@ impl NativeClient {
             let silent_for = self.idle.map(|idle| idle.saturating_sub(self.last_heard.elapsed()));
             let wait =
                 silent_for.map_or(left, |silent| left.min(silent).max(Duration::from_millis(1)));
-            self.stream.set_read_timeout(Some(wait))?;
+            self.stream.socket().set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; READ_CHUNK_BYTES];
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Err(ClientError::Closed),

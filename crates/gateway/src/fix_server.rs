@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use exchange::instruments::{DecimalError, InstrumentTable};
 use exchange::msg::{InboundOrder, Reason, request_kind};
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
@@ -17,7 +16,7 @@ use crate::fix_session::{ClOrdId, ExecId, FixState, Order, Pending, unix_ns};
 use crate::hub::order_id;
 use crate::hub::{Hub, Link};
 use crate::native::{Event, event_kind, gateway_reason};
-use crate::session::{Conn, Flow, detach, write_final, write_or_end};
+use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
 
 /// Bytes buffered from one FIX connection: two of the largest messages.
 const READ_BUFFER_BYTES: usize = 2 * (fix::BODY_BYTES_MAX + 64);
@@ -34,11 +33,8 @@ mod session_reject {
     pub const COMP_ID_PROBLEM: i64 = 9;
 }
 
-/// One FIX connection, from accept to close.
-pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Ticket) {
-    // Without it, Nagle holds each small ExecutionReport until the previous one is
-    // acknowledged: tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
-    let _ = stream.set_nodelay(true);
+/// One FIX connection, from accept to close (its `TCP_NODELAY` set at accept).
+pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: Ticket) {
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
@@ -408,7 +404,7 @@ fn resend_one(fix: &mut FixState, link: &Rc<Link>, limit: usize, seq: u64, old: 
 /// Reads the Logon, checks it, verifies the password off the I/O thread, attaches the session.
 async fn logon(
     hub: &Rc<RefCell<Hub>>,
-    stream: &mut TcpStream,
+    stream: &mut impl Stream,
     buffer: &mut Vec<u8>,
 ) -> Option<(usize, Duration)> {
     let timeout = hub.borrow().settings.logon_timeout;
@@ -481,7 +477,7 @@ async fn logon(
 }
 
 /// Reads until one valid frame is at the front of `buffer`; `None` on garbage or close.
-async fn read_frame(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<usize> {
+async fn read_frame(stream: &mut impl Stream, buffer: &mut Vec<u8>) -> Option<usize> {
     loop {
         match fix::split_frame(buffer) {
             Ok(Some(len)) => return Some(len),

@@ -92,6 +92,8 @@ pub struct Settings {
     /// files the tier's master data came from; empty: the reference universe's (filled in by
     /// [`crate::server::start`]).
     pub instruments: std::sync::Arc<exchange::instruments::InstrumentTable>,
+    /// TLS on the native and FIX listeners; `None`: plain TCP ([`crate::tls`]).
+    pub tls: Option<crate::tls::ListenerTls>,
 }
 
 /// Missed heartbeat intervals after which a link is declared dead.
@@ -116,6 +118,7 @@ impl Default for Settings {
             metrics_token: None,
             metrics_per_client: false,
             instruments: std::sync::Arc::default(),
+            tls: None,
         }
     }
 }

@@ -51,6 +51,8 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(10);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a turn waits for the tier's start-up hand-off before it returns.
 const HANDOFF_POLL: Duration = Duration::from_millis(1);
+/// How long a TLS session's end waits to send its close_notify.
+const TLS_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Wait after a failed accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
@@ -479,14 +481,39 @@ async fn accept_loop(
             }
         };
         let Ok(ticket) = Admission::admit(&admission, peer.ip()) else { continue };
+        // Without it, Nagle holds each small report until the previous one is acknowledged:
+        // tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
+        let _ = stream.set_nodelay(true);
         let hub = hub.clone();
+        let tls = hub.borrow().settings.tls.clone();
         tokio::task::spawn_local(async move {
-            if fix {
-                fix_server::serve(hub, stream, ticket).await;
-            } else {
-                native_server::serve(hub, stream, ticket).await;
+            let Some(tls) = tls else { return serve_session(hub, stream, ticket, fix).await };
+            let timeout = hub.borrow().settings.logon_timeout;
+            match tls.accept(stream, timeout).await {
+                Ok(mut stream) => {
+                    serve_session(hub, &mut stream, ticket, fix).await;
+                    // close_notify: without it a TLS peer cannot tell the end from a cut.
+                    let _ = tokio::time::timeout(TLS_CLOSE_TIMEOUT, stream.shutdown()).await;
+                }
+                // No session began: a client with the wrong CA, no certificate (mutual TLS) or
+                // plain TCP on a TLS port gets the TLS alert and the close, nothing more.
+                Err(reason) => tracing::warn!(%peer, fix, reason, "TLS handshake failed"),
             }
         });
+    }
+}
+
+/// One session on its stream: a plain `TcpStream` or a TLS stream ([`crate::tls`]).
+async fn serve_session(
+    hub: Rc<RefCell<Hub>>,
+    stream: impl crate::session::Stream,
+    ticket: crate::admission::Ticket,
+    fix: bool,
+) {
+    if fix {
+        fix_server::serve(hub, stream, ticket).await;
+    } else {
+        native_server::serve(hub, stream, ticket).await;
     }
 }
 

@@ -37,3 +37,5 @@ mod routed;
 pub mod server;
 mod session;
 pub mod store;
+pub mod tls;
+pub mod transport;

@@ -12,8 +12,8 @@
 //! are counted by reason, so a run the server refused says why.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,10 +22,11 @@ use std::time::{Duration, Instant};
 use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, drive_sync};
 use lab::stats::LatencyHistogram;
 
-use crate::client::{ClientError, NativeClient, Timeout};
+use crate::client::{ClientError, ClientTls, NativeClient, Timeout};
 use crate::fix::{self, Builder, Message, tag};
 use crate::fix_session::unix_ns;
 use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
+use crate::transport::{Reader, Transport, Writer};
 
 /// How long a reader waits without a report before it gives up on the missing ones.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -81,6 +82,8 @@ pub struct LoadOptions {
     /// What the orders trade: the k-th pair of orders (a buy, then a sell) goes to
     /// `instruments[k % len]`, so every instrument sees crossing orders.
     pub instruments: Vec<Traded>,
+    /// Connect with TLS (`exchange serve`'s `tls_cert`); `None`: plain TCP.
+    pub tls: Option<ClientTls>,
 }
 
 /// An instrument the load trades, at the price and quantity its orders carry.
@@ -137,10 +140,11 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
             let count = options.sessions.len() as u32;
             for (at, session) in options.sessions.iter().enumerate() {
                 let place = (at as u32, count, orders);
-                let (sender, reader, tokens) =
-                    NativeSender::log_on(options.connect, session, place)?;
+                let tls = options.tls.as_ref();
+                let (sender, reader) =
+                    NativeSender::log_on((options.connect, tls), session, place)?;
                 sessions.push(sender);
-                readers.push((reader, tokens));
+                readers.push(reader);
             }
             let clock_of_reader = clock.clone();
             let reader = std::thread::spawn(move || native_reports(readers, &clock_of_reader));
@@ -152,7 +156,9 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
         LoadProtocol::Fix { target_comp_id } => {
             let mut sessions = Vec::new();
             for session in &options.sessions {
-                sessions.push(FixSender::log_on(options.connect, session, target_comp_id, &clock)?);
+                let tls = options.tls.as_ref();
+                let target = (options.connect, target_comp_id.as_str(), tls);
+                sessions.push(FixSender::log_on(target, session, &clock)?);
             }
             drive(options, &clock, sessions)
         }
@@ -365,7 +371,7 @@ pub fn search_side_by_side<E: From<ClientError>>(
 
 /// A native session's sending half; [`native_reports`] reads every session on one thread.
 struct NativeSender {
-    writer: TcpStream,
+    writer: Writer,
     frame: Vec<u8>,
     tokens: TokenSpace,
 }
@@ -394,14 +400,14 @@ impl TokenSpace {
 }
 
 impl NativeSender {
-    /// Logs on as the run's `session`th of `sessions`; returns the sending half and the
-    /// session for the shared reader.
+    /// Logs on as the run's `session`th of `sessions` (over TLS when `tls` is given);
+    /// returns the sending half and the receiving half for the shared reader.
     fn log_on(
-        connect: SocketAddr,
+        (connect, tls): (SocketAddr, Option<&ClientTls>),
         credentials: &LoadSession,
         (session, sessions, orders): (u32, u32, u64),
-    ) -> Result<(NativeSender, NativeClient, TokenSpace), ClientError> {
-        let mut client = NativeClient::connect_within(connect, LOGON_TIMEOUT)?;
+    ) -> Result<(NativeSender, NativeInbox), ClientError> {
+        let mut client = NativeClient::connect_with(connect, LOGON_TIMEOUT, tls)?;
         let next_seq =
             match client.login(credentials.client, &credentials.secret, 0, LOGON_TIMEOUT)? {
                 ServerMsg::LoginAccepted { next_seq, .. } => next_seq,
@@ -418,9 +424,9 @@ impl NativeSender {
                 ))
             })?;
         let tokens = TokenSpace { first, session, sessions };
-        let writer = client.writer()?;
+        let (writer, reader, pending) = client.split()?;
         let frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
-        Ok((NativeSender { writer, frame, tokens }, client, tokens))
+        Ok((NativeSender { writer, frame, tokens }, NativeInbox::new(reader, &pending, tokens)))
     }
 }
 
@@ -444,7 +450,7 @@ impl OrderSender for NativeSender {
 
 /// One native connection as the shared reader sees it.
 struct NativeInbox {
-    stream: TcpStream,
+    stream: Reader,
     buffer: Vec<u8>,
     filled: usize,
     open: bool,
@@ -452,12 +458,12 @@ struct NativeInbox {
 }
 
 impl NativeInbox {
-    fn new((session, tokens): (NativeClient, TokenSpace)) -> NativeInbox {
-        // Blocking (the flag would be the writer's too: it shares the file description), but
-        // read only after `poll` says bytes or the close are there, so a read never waits.
-        let (stream, pending) = session.into_parts();
+    fn new(stream: Reader, pending: &[u8], tokens: TokenSpace) -> NativeInbox {
+        // Plain: blocking (the flag would be the writer's too: it shares the file
+        // description), but read only after `poll` says bytes or the close are there, so a
+        // read never waits. TLS: non-blocking, and read while it has records pending.
         let mut buffer = vec![0u8; NATIVE_READ_BYTES.max(pending.len())];
-        buffer[..pending.len()].copy_from_slice(&pending);
+        buffer[..pending.len()].copy_from_slice(pending);
         NativeInbox { stream, buffer, filled: pending.len(), open: true, tokens }
     }
 
@@ -501,13 +507,12 @@ impl NativeInbox {
 /// rather than one per session: on a host the server shares, each extra reader is another
 /// thread to wake per report (a fill reaches two sessions at once). Heartbeats are not
 /// answered: the sender's orders keep the links alive while the run lasts.
-fn native_reports(sessions: Vec<(NativeClient, TokenSpace)>, clock: &Clock) -> Tally {
+fn native_reports(mut inboxes: Vec<NativeInbox>, clock: &Clock) -> Tally {
     let mut tally = Tally::default();
-    let mut inboxes: Vec<NativeInbox> = sessions.into_iter().map(NativeInbox::new).collect();
     let mut fds: Vec<libc::pollfd> = inboxes
         .iter()
         .map(|inbox| libc::pollfd {
-            fd: inbox.stream.as_raw_fd(),
+            fd: inbox.stream.socket().as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         })
@@ -515,15 +520,17 @@ fn native_reports(sessions: Vec<(NativeClient, TokenSpace)>, clock: &Clock) -> T
     inboxes.iter_mut().for_each(|inbox| inbox.count(&mut tally, clock));
     let mut last_report = Instant::now();
     while inboxes.iter().any(|inbox| inbox.open) {
+        // TLS records read but not yet decrypted: no waiting for the socket then.
+        let pending = inboxes.iter().any(|inbox| inbox.open && inbox.stream.pending());
+        let wait_ms = if pending { 0 } else { READ_POLL.as_millis() as i32 };
         // SAFETY: `fds` is a valid, writable array of `fds.len()` pollfd structs that outlives
         // the call; poll only writes their `revents`.
-        let ready = unsafe {
-            libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, READ_POLL.as_millis() as i32)
-        };
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
         let mut read = false;
-        if ready > 0 {
+        if ready > 0 || pending {
             for (inbox, fd) in inboxes.iter_mut().zip(&mut fds) {
-                if fd.revents != 0 && inbox.read() {
+                let ready = fd.revents != 0 || (inbox.open && inbox.stream.pending());
+                if ready && inbox.read() {
                     inbox.count(&mut tally, clock);
                     read = true;
                 }
@@ -545,23 +552,22 @@ fn native_reports(sessions: Vec<(NativeClient, TokenSpace)>, clock: &Clock) -> T
 // FIX 4.4.
 
 struct FixSender {
-    stream: TcpStream,
+    stream: Writer,
     builder: Builder,
     comp_id: String,
     target_comp_id: String,
     next_seq: u64,
-    reader: std::thread::JoinHandle<Tally>,
+    reader: std::thread::JoinHandle<(Tally, FixReader)>,
 }
 
 impl FixSender {
+    /// Logs on to the acceptor at `connect` (`target_comp_id`, TLS when `tls` is given).
     fn log_on(
-        connect: SocketAddr,
+        (connect, target_comp_id, tls): (SocketAddr, &str, Option<&ClientTls>),
         credentials: &LoadSession,
-        target_comp_id: &str,
         clock: &Arc<Clock>,
     ) -> Result<FixSender, ClientError> {
-        let stream = crate::client::connect_within(connect, LOGON_TIMEOUT)?;
-        stream.set_nodelay(true)?;
+        let (mut stream, reader) = Transport::connect(connect, LOGON_TIMEOUT, tls)?.split()?;
         let mut builder = Builder::default();
         builder
             .begin(b"A", credentials.comp_id.as_bytes(), target_comp_id.as_bytes(), 1)
@@ -570,8 +576,8 @@ impl FixSender {
             .int(tag::HEART_BT_INT, FIX_HEART_BT_INT_S)
             .field(tag::RESET_SEQ_NUM_FLAG, b"Y")
             .field(tag::PASSWORD, credentials.secret.as_bytes());
-        (&stream).write_all(builder.finish())?;
-        let mut reader = FixReader::new(stream.try_clone()?);
+        stream.write_all(builder.finish())?;
+        let mut reader = FixReader::new(reader);
         let deadline = Instant::now() + LOGON_TIMEOUT;
         let answer = reader.next_type(deadline)?;
         let comp_id = &credentials.comp_id;
@@ -626,18 +632,18 @@ impl OrderSender for FixSender {
             .decimal(tag::PRICE, order.price, traded.price_decimals)
             .field(tag::TIME_IN_FORCE, b"0");
         self.next_seq += 1;
-        (&self.stream).write_all(self.builder.finish())
+        self.stream.write_all(self.builder.finish())
     }
 
     /// Logs out and waits for the acceptor to close the connection, so the next run's logon
     /// with the same CompIDs finds the session free.
     fn finish(mut self) -> Result<Tally, ClientError> {
-        let tally = self.reader.join().map_err(|_| failure("FIX reader thread panicked".into()))?;
+        let (tally, mut closing) =
+            self.reader.join().map_err(|_| failure("FIX reader thread panicked".into()))?;
         self.builder
             .begin(b"5", self.comp_id.as_bytes(), self.target_comp_id.as_bytes(), self.next_seq)
             .field(tag::SENDING_TIME, &fix::utc_timestamp(unix_ns()));
-        (&self.stream).write_all(self.builder.finish())?;
-        let mut closing = FixReader::new(self.stream);
+        self.stream.write_all(self.builder.finish())?;
         let deadline = Instant::now() + LOGON_TIMEOUT;
         while closing.next_type(deadline)?.is_some() {}
         Ok(tally)
@@ -646,7 +652,7 @@ impl OrderSender for FixSender {
 
 /// The receiving half of a FIX session.
 struct FixReader {
-    stream: TcpStream,
+    stream: Reader,
     buffer: Vec<u8>,
     /// Where the unread messages in `buffer` begin.
     start: usize,
@@ -656,7 +662,7 @@ struct FixReader {
 }
 
 impl FixReader {
-    fn new(stream: TcpStream) -> FixReader {
+    fn new(stream: Reader) -> FixReader {
         FixReader {
             stream,
             buffer: Vec::with_capacity(FIX_READ_CHUNK_BYTES * 2),
@@ -695,8 +701,7 @@ impl FixReader {
             if left.is_zero() || self.closed {
                 return Ok(false);
             }
-            self.stream.set_read_timeout(Some(left))?;
-            match self.stream.read(&mut self.chunk) {
+            match self.stream.read_within(&mut self.chunk, left) {
                 Ok(0) => self.closed = true,
                 Ok(n) => self.buffer.extend_from_slice(&self.chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => self.closed = true,
@@ -715,7 +720,7 @@ impl FixReader {
 
     /// Counts ExecutionReports until every order sent is answered, DRAIN_TIMEOUT passes
     /// without a message, or a Logout.
-    fn reports(mut self, clock: &Clock) -> Tally {
+    fn reports(mut self, clock: &Clock) -> (Tally, FixReader) {
         let mut tally = Tally::default();
         let mut logged_out = false;
         let mut last_report = Instant::now();
@@ -737,7 +742,7 @@ impl FixReader {
                 Ok(false) | Err(_) => break,
             }
         }
-        tally
+        (tally, self)
     }
 }
 

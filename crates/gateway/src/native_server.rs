@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use exchange::msg::{InboundOrder, request_kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
@@ -16,14 +15,13 @@ use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
 use crate::native::{
     self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,
 };
-use crate::session::{Conn, Flow, detach, write_final, write_or_end};
+use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
 
 /// Bytes buffered from one connection (many frames per read).
 const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;
 
-/// One native connection, from accept to close.
-pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: TcpStream, mut ticket: Ticket) {
-    let _ = stream.set_nodelay(true);
+/// One native connection, from accept to close (its `TCP_NODELAY` set at accept).
+pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: Ticket) {
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some(at) = login(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
@@ -83,10 +81,11 @@ fn queue(link: &Link, msg: &ServerMsg, hub: &Hub) {
     link.send(&frame, hub.settings.outbox_bytes_max);
 }
 
-async fn send_error(stream: &mut TcpStream, code: u8) {
+async fn send_error(stream: &mut impl Stream, code: u8) {
     let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
     native::encode_server(&ServerMsg::Error { code }, &mut frame);
     let _ = stream.write_all(&frame).await;
+    let _ = stream.flush().await;
 }
 
 /// Decodes and handles every complete frame in `buffer`.
@@ -159,7 +158,7 @@ fn inbound(kind: u8, order: &OrderRequest) -> InboundOrder {
 /// Reads the Login, verifies the secret off the I/O thread, replays, attaches the session.
 async fn login(
     hub: &Rc<RefCell<Hub>>,
-    stream: &mut TcpStream,
+    stream: &mut impl Stream,
     buffer: &mut Vec<u8>,
 ) -> Option<usize> {
     let timeout = hub.borrow().settings.logon_timeout;
@@ -223,16 +222,17 @@ fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
     Ok(())
 }
 
-async fn answer(stream: &mut TcpStream, msg: ServerMsg) -> Option<usize> {
+async fn answer(stream: &mut impl Stream, msg: ServerMsg) -> Option<usize> {
     let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
     native::encode_server(&msg, &mut frame);
     let _ = stream.write_all(&frame).await;
+    let _ = stream.flush().await;
     None
 }
 
 /// Reads the first frame: `Err(None)` if the peer closed, `Err(Some(_))` if it is malformed.
 async fn read_login(
-    stream: &mut TcpStream,
+    stream: &mut impl Stream,
     buffer: &mut Vec<u8>,
 ) -> Result<ClientMsg, Option<DecodeError>> {
     loop {

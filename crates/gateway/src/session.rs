@@ -5,8 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::hub::{Hub, Link};
 
@@ -17,6 +16,13 @@ const CANCEL_RETRY: Duration = Duration::from_millis(10);
 
 /// How long a closing session waits for the store to release its last messages.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A session's connection: the bare `TcpStream` on a plain listener, a TLS stream over it
+/// on a TLS one ([`crate::tls`]). The sessions are generic over it, so the plain path is
+/// compiled for the `TcpStream` itself and pays nothing for TLS.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Stream for T {}
 
 /// Whether a connection goes on.
 pub enum Flow {
@@ -62,7 +68,7 @@ impl Conn {
 /// reading ends its session like a silent one (its timers, dead-link detection and
 /// cancel-on-disconnect included), instead of holding the connection's task in a write.
 pub async fn write_out(
-    stream: &mut TcpStream,
+    stream: &mut impl Stream,
     link: &Link,
     conn: &mut Conn,
 ) -> std::io::Result<()> {
@@ -73,7 +79,12 @@ pub async fn write_out(
         }
         std::mem::swap(&mut *out, &mut conn.writing);
     }
-    let written = tokio::time::timeout(conn.write_timeout(), stream.write_all(&conn.writing)).await;
+    // The flush is free on a `TcpStream`; a TLS stream may hold records until it.
+    let write = async {
+        stream.write_all(&conn.writing).await?;
+        stream.flush().await
+    };
+    let written = tokio::time::timeout(conn.write_timeout(), write).await;
     conn.writing.clear();
     conn.last_write = Instant::now();
     written.unwrap_or_else(|_| {
@@ -83,7 +94,7 @@ pub async fn write_out(
 
 /// [`write_out`], or why the session ends.
 pub async fn write_or_end(
-    stream: &mut TcpStream,
+    stream: &mut impl Stream,
     link: &Link,
     conn: &mut Conn,
 ) -> Result<(), &'static str> {
@@ -98,7 +109,7 @@ pub async fn write_or_end(
 
 /// Writes what the session queued before it closes, first waiting (boundedly) for the store
 /// to release what it holds: a closing answer such as a Logout is held like any other message.
-pub async fn write_final(stream: &mut TcpStream, link: &Link, conn: &mut Conn) {
+pub async fn write_final(stream: &mut impl Stream, link: &Link, conn: &mut Conn) {
     let deadline = tokio::time::Instant::now() + CLOSE_FLUSH_TIMEOUT;
     while link.is_holding() {
         if tokio::time::timeout_at(deadline, link.wake.notified()).await.is_err() {

@@ -340,6 +340,7 @@ fn the_load_generator_measures_every_order_it_sends() {
             duration: Duration::from_millis(200),
         },
         instruments: vec![gateway::load::Traded::reference(1, PRICE)],
+        tls: None,
     };
     let result = gateway::load::run(&options).unwrap();
     assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);
@@ -471,7 +472,7 @@ fn a_client_that_stops_reading_is_dropped_and_may_log_in_again() {
     let session = logged_in(server.listen, 1, 0);
     // Orders that each get a report, far more than the socket buffers hold, from a thread of
     // their own; the session itself never reads a byte.
-    let mut writer = session.writer().unwrap();
+    let mut writer = session.socket().try_clone().unwrap();
     std::thread::spawn(move || {
         let mut frames = Vec::new();
         for token in 1..=200_000 {

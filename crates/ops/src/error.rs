@@ -46,6 +46,16 @@ pub enum OpsError {
         #[source]
         source: io::Error,
     },
+    /// A certificate, key or CA file is unusable for TLS (bad input: the server refuses to
+    /// start, exit 2): the message names the file and the reason.
+    #[error("{what}")]
+    Tls {
+        /// The file and what is wrong with it.
+        what: String,
+        /// rustls' error, the PEM parser's or the OS's, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 /// `error` and each of its causes, joined by `": "`: what a log line or an error reply shows,

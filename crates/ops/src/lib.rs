@@ -18,6 +18,8 @@
 //!   directory it writes, naming its holder to a second process, which is refused.
 //! - [`stop`]: the stop signals (SIGTERM, SIGINT) and [`stop::DRAIN_TIMEOUT`], the bound every
 //!   server's drain keeps.
+//! - [`tls`]: TLS configurations from PEM files (certificate, key, the CA of clients or of the
+//!   server), every refusal naming its file and reason.
 //!
 //! Metrics go through `prometheus-client` (its registry and text encoder); this crate depends
 //! on no leantier crate, so every server crate may use it.
@@ -31,6 +33,7 @@ pub mod process;
 pub mod read;
 pub mod stop;
 pub mod timeout;
+pub mod tls;
 
 pub use endpoint::{Endpoint, Readiness};
 pub use error::{OpsError, error_chain};

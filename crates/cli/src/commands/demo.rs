@@ -183,6 +183,7 @@ impl Server {
                 INSTRUMENT,
                 (listing.band_low + listing.band_high) / 2,
             )],
+            tls: None,
         };
         Ok(Server { running, load })
     }

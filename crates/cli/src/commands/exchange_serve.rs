@@ -8,17 +8,20 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::client::{
-    ClientError, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
+    ClientError, ClientTls, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
 };
 use gateway::hub::Settings;
 use gateway::load::Traded;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::server::{ServeOptions, start};
+use gateway::tls::ListenerTls;
 
 use crate::commands::exchange_roles::Role;
 use crate::commands::values::{self, one_of};
@@ -76,7 +79,9 @@ pub struct ServeArgs {
     /// listener's admin endpoints require; without it they are off), `metrics_token` (the
     /// bearer token `/metrics` requires; without it the page is open and the listener must be
     /// on loopback), `metrics_per_client` (a series per client id; default false: sums only),
-    /// and a `[tier]` table with any setting of the tier (`exchange run --config`: workers,
+    /// `tls_cert` and `tls_key` (PEM certificate chain and key: the native and FIX listeners
+    /// serve TLS; default plain TCP), `tls_client_ca` (PEM CA: clients must present a
+    /// certificate chaining to it), and a `[tier]` table with any setting of the tier (`exchange run --config`: workers,
     /// shards, senders, rings, wait, placement, snapshots).
     #[arg(long)]
     pub config: PathBuf,
@@ -164,6 +169,38 @@ pub struct ClientArgs {
     pub instruments: Option<PathBuf>,
     #[command(flatten)]
     pub timeouts: super::timeouts::TimeoutFlags,
+    #[command(flatten)]
+    pub tls: ClientTlsFlags,
+}
+
+/// TLS to `exchange serve` (its `tls_cert`): the flags `mq client` has for the same concepts.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClientTlsFlags {
+    /// Connect with TLS, trusting the CA certificates in this PEM file.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// Name to check the server's certificate against (default: the address's IP).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
+    /// Present this PEM certificate chain to a server that demands one (`tls_client_ca`);
+    /// needs --tls-key.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl ClientTlsFlags {
+    /// The TLS to connect to `connect` with; `None` without --tls-ca (plain TCP). A file that
+    /// does not load is refused naming it (exit 2).
+    pub fn client_tls(&self, connect: SocketAddr) -> anyhow::Result<Option<ClientTls>> {
+        let Some(ca) = &self.tls_ca else { return Ok(None) };
+        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        let files = ops::tls::ClientFiles { ca, identity };
+        let name = self.tls_server_name.clone().unwrap_or_else(|| connect.ip().to_string());
+        Ok(Some(ClientTls::from_files(files, &name)?))
+    }
 }
 
 /// Prints the argon2 hash of a secret read from stdin (for the credentials file).
@@ -198,6 +235,9 @@ struct ServeConfig {
     #[serde(skip_serializing)]
     metrics_token: Option<String>,
     metrics_per_client: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     #[serde(default)]
     tier: Option<toml::Table>,
 }
@@ -292,6 +332,26 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
     }
 }
 
+/// TLS on the native and FIX listeners from `tls_cert`, `tls_key` and `tls_client_ca` (paths
+/// relative to the config file); `None` without them (plain TCP). A file that does not load, a
+/// key that does not match its certificate: refused, naming the config and the file (exit 2).
+fn listener_tls(config: &ServeConfig, path: &Path) -> anyhow::Result<Option<ListenerTls>> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    let (cert, key) = match (&config.tls_cert, &config.tls_key) {
+        (None, None) if config.tls_client_ca.is_none() => return Ok(None),
+        (Some(cert), Some(key)) => (base.join(cert), base.join(key)),
+        _ => {
+            let why = "tls_cert and tls_key go together (and tls_client_ca needs them)";
+            return Err(BadInput(format!("{}: {why}", path.display())).into());
+        }
+    };
+    let client_ca = config.tls_client_ca.as_ref().map(|ca| base.join(ca));
+    let files = ops::tls::ServerFiles { cert: &cert, key: &key, client_ca: client_ca.as_deref() };
+    let tls = ListenerTls::from_files(files)
+        .with_context(|| format!("{}: TLS of the native and FIX listeners", path.display()))?;
+    Ok(Some(tls))
+}
+
 /// The native listener when neither the flag nor the config names one.
 const LISTEN_DEFAULT: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9400);
@@ -337,6 +397,9 @@ fn effective(
         instruments_file: config.instruments_file.clone(),
         clients_file: config.clients_file.clone(),
         metrics_per_client: Some(settings.metrics_per_client),
+        tls_cert: config.tls_cert.clone(),
+        tls_key: config.tls_key.clone(),
+        tls_client_ca: config.tls_client_ca.clone(),
         tier: Some(tier_table),
         ..ServeConfig::default()
     })
@@ -367,7 +430,8 @@ fn loaded(args: &ServeArgs) -> anyhow::Result<(ServeConfig, Settings, TierConfig
 }
 
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let (config, settings, tier) = loaded(args)?;
+    let (config, mut settings, tier) = loaded(args)?;
+    settings.tls = listener_tls(&config, &args.config)?;
     let base = args.config.parent().unwrap_or(Path::new("."));
     let credentials = gateway::credentials::parse(&read_text(&base.join(&config.credentials))?)
         .map_err(|e| BadInput(e.to_string()))?;
@@ -420,6 +484,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
     // it as soon as it has read the listen line.
     let mut stop = super::exchange_roles::StopSignals::listen()?;
+    let running_tls = settings.tls.clone();
     let running = start(ServeOptions {
         listen,
         fix_listen,
@@ -434,6 +499,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {
         println!("FIX 4.4 listening on {fix}");
+    }
+    // A line of its own: scripts read the address as the rest of a listen line.
+    match &running_tls {
+        Some(tls) if tls.client_certificates() => {
+            println!("native and FIX listeners serve TLS; clients must present a certificate");
+        }
+        Some(_) => println!("native and FIX listeners serve TLS"),
+        None => {}
     }
     if let Some(metrics) = running.metrics_listen {
         println!("metrics on http://{metrics}/metrics");
@@ -486,7 +559,8 @@ pub fn client(args: &ClientArgs) -> anyhow::Result<()> {
     let table = table.as_ref();
     let secret = exchange_secret(args.secret.as_deref())?;
     let [connect_timeout, request_timeout, idle_timeout] = args.timeouts.bounds()?;
-    let mut session = NativeClient::connect_within(args.connect, connect_timeout)?;
+    let tls = args.tls.client_tls(args.connect)?;
+    let mut session = NativeClient::connect_with(args.connect, connect_timeout, tls.as_ref())?;
     let login = session.login(args.client, &secret, args.next_seq, request_timeout)?;
     println!("{}", describe(&login, table));
     if !matches!(login, ServerMsg::LoginAccepted { .. }) {
@@ -668,6 +742,9 @@ pub struct LoadArgs {
     /// Report folder (a Markdown table and CSV).
     #[arg(long, default_value = "leantier-report/exchange-load")]
     pub out: PathBuf,
+    /// TLS for every --connect (a server with `tls_cert`).
+    #[command(flatten)]
+    pub tls: ClientTlsFlags,
 }
 
 /// `leantier exchange load`.
@@ -736,6 +813,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         sessions,
         plan: load_plan(args.rate[0], args.duration),
         instruments,
+        tls: args.tls.client_tls(args.connect[0])?,
     })
 }
 

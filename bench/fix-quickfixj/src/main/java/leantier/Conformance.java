@@ -1,5 +1,16 @@
 package leantier;
 
+import java.io.FileOutputStream;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.KeyFactory;
+import java.security.KeyStore;
+import java.security.PrivateKey;
+import java.security.cert.Certificate;
+import java.security.cert.CertificateFactory;
+import java.security.spec.PKCS8EncodedKeySpec;
+import java.util.Base64;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.Semaphore;
@@ -28,6 +39,10 @@ import quickfix.fix44.OrderCancelRequest;
  * arrive (live, or through the resend that the sequence gap triggers). Phase 2 (run against a
  * restarted server over the same stores): logon with the persisted sequence numbers, trade.
  * QuickFIX/J validates every message it receives against its FIX 4.4 dictionary.
+ * With -Dleantier.tls.ca=CA.pem the initiator connects over TLS (its SSL filter, SocketUseSSL),
+ * trusting only that CA and checking the server's certificate names the host; with
+ * -Dleantier.tls.cert=CERT.pem and -Dleantier.tls.key=KEY.pem (PKCS#8, EC) it presents that
+ * client certificate. The PEM files become PKCS#12 stores in STORE_DIR, as QuickFIX/J reads.
  * Usage: Conformance HOST PORT STORE_DIR PASSWORD PHASE
  */
 public final class Conformance implements Application {
@@ -135,6 +150,54 @@ public final class Conformance implements Application {
         expect("e2", ExecType.CANCELED);
     }
 
+    private static final String STORE_PASSWORD = "conformance";
+
+    private static Certificate[] certificates(String pem) throws Exception {
+        try (InputStream in = Files.newInputStream(Path.of(pem))) {
+            return CertificateFactory.getInstance("X.509").generateCertificates(in).toArray(new Certificate[0]);
+        }
+    }
+
+    private static PrivateKey privateKey(String pem) throws Exception {
+        String base64 = Files.readString(Path.of(pem)).replaceAll("-----[A-Z ]+-----", "").replaceAll("\\s", "");
+        byte[] der = Base64.getDecoder().decode(base64);
+        return KeyFactory.getInstance("EC").generatePrivate(new PKCS8EncodedKeySpec(der));
+    }
+
+    private static String store(KeyStore keys, String dir, String name) throws Exception {
+        Files.createDirectories(Path.of(dir));
+        String path = Path.of(dir, name).toString();
+        try (FileOutputStream out = new FileOutputStream(path)) {
+            keys.store(out, STORE_PASSWORD.toCharArray());
+        }
+        return path;
+    }
+
+    /** The SSL settings for the TLS the system properties ask for (none without leantier.tls.ca). */
+    private static String[][] tlsSettings(String dir) throws Exception {
+        String ca = System.getProperty("leantier.tls.ca");
+        if (ca == null) {
+            return new String[0][];
+        }
+        KeyStore trust = KeyStore.getInstance("PKCS12");
+        trust.load(null, null);
+        trust.setCertificateEntry("ca", certificates(ca)[0]);
+        KeyStore own = KeyStore.getInstance("PKCS12");
+        own.load(null, null);
+        String cert = System.getProperty("leantier.tls.cert");
+        if (cert != null) {
+            own.setKeyEntry("client", privateKey(System.getProperty("leantier.tls.key")),
+                STORE_PASSWORD.toCharArray(), certificates(cert));
+        }
+        return new String[][] {
+            {"SocketUseSSL", "Y"}, {"EndpointIdentificationAlgorithm", "HTTPS"},
+            {"SocketTrustStore", store(trust, dir, "trust.p12")}, {"TrustStoreType", "PKCS12"},
+            {"SocketTrustStorePassword", STORE_PASSWORD},
+            {"SocketKeyStore", store(own, dir, "own.p12")}, {"KeyStoreType", "PKCS12"},
+            {"SocketKeyStorePassword", STORE_PASSWORD},
+        };
+    }
+
     public static void main(String[] args) throws Exception {
         if (args.length != 5) {
             System.err.println("usage: Conformance HOST PORT STORE_DIR PASSWORD PHASE");
@@ -150,6 +213,9 @@ public final class Conformance implements Application {
             {"ScreenLogShowEvents", "Y"}, {"ScreenLogShowIncoming", "N"}, {"ScreenLogShowOutgoing", "N"},
         };
         for (String[] value : values) {
+            settings.setString(id, value[0], value[1]);
+        }
+        for (String[] value : tlsSettings(args[2])) {
             settings.setString(id, value[0], value[1]);
         }
         Conformance app = new Conformance(args[3]);
