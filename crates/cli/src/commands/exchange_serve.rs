@@ -235,8 +235,12 @@ struct ServeConfig {
     #[serde(skip_serializing)]
     metrics_token: Option<String>,
     metrics_per_client: Option<bool>,
+    /// PEM certificate chain of the native and FIX listeners: with `tls_key` they serve TLS
+    /// (default plain TCP; docs/SECURITY.md "TLS on order entry").
     tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
     tls_key: Option<PathBuf>,
+    /// PEM CA: clients must present a certificate chaining to it (mutual TLS).
     tls_client_ca: Option<PathBuf>,
     #[serde(default)]
     tier: Option<toml::Table>,
