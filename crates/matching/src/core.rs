@@ -30,8 +30,8 @@ pub struct CoreLimits {
     /// Resting orders the shard can hold; a Day order that would need a slot beyond it is
     /// rejected with [`Reason::OrderPoolFull`].
     pub order_pool_slots: u32,
-    /// Ended orders whose ids a new order may not take ([`EndedOrders`]): a resend of one is
-    /// rejected with [`Reason::DuplicateOrderId`], as a resend of a resting order is.
+    /// Ended orders (the newest this many) whose ids a new order may not take: a resend of
+    /// one is rejected with [`Reason::DuplicateOrderId`], as a resend of a resting order is.
     #[serde(default)]
     pub ended_order_ids: u32,
 }
