@@ -475,12 +475,29 @@ impl Drop for Server {
     }
 }
 
+/// The body of `GET path` at `addr`, retried for up to 5 s while the connection fails (a
+/// server just started on a loaded CI host may reset the first one).
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    let attempt = || -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    };
+    let mut tries = 0;
+    let response = loop {
+        match attempt() {
+            Ok(response) => break response,
+            Err(error) if tries < 50 => {
+                tries += 1;
+                eprintln!("GET {path} at {addr}: {error}; again");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(error) => panic!("GET {path} at {addr}: {error}"),
+        }
+    };
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     assert!(head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"), "{head}");
     body.to_string()
