@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use delivery::clock::EpochOffset;
-use delivery::gateway::{GatewayOptions, InProcessConsumer, RunningGateway};
+use delivery::gateway::{FIRST_SEQ_HEARD, GatewayOptions, InProcessConsumer, RunningGateway};
 use delivery::nats::NatsConnect;
 use delivery::wire::{Frame, FrameDecoder, Record, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
@@ -454,6 +454,15 @@ impl ResumePoint {
     fn handed_on(&mut self, stream: Stream, seq: u64, record: Option<&Record>) {
         match (stream, record.map(Record::output_seq)) {
             (Stream::Reports, Some(input)) if input != 0 && input != self.input_seq => {
+                if self.mark.first_seqs()[Stream::Reports as usize] == FIRST_SEQ_HEARD {
+                    // Nothing kept yet: a restart must at least come back to this run's first
+                    // report (starting at the first sequence heard would skip what this run
+                    // handed on but the store never made durable).
+                    self.mark.keep_from(Stream::Reports, seq);
+                    if let Err(error) = self.mark.write_if_moved() {
+                        tracing::error!("gateway: keeping the reports' start: {error}");
+                    }
+                }
                 if self.boundaries.len() == INPUT_BOUNDARIES_MAX {
                     self.boundaries.pop_front();
                 }
