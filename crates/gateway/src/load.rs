@@ -28,10 +28,11 @@ use crate::fix_session::unix_ns;
 use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
 use crate::transport::{Reader, Transport, Writer};
 
-/// How long a reader waits without a report before it gives up on the missing ones.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a reader waits, once the schedule has ended, without a report before it gives up on
+/// the missing ones (the default of [`LoadOptions::drain`]).
+pub const DRAIN_DEFAULT: Duration = Duration::from_secs(2);
 /// How often a waiting reader checks whether every sent order was answered (it then ends
-/// without waiting out DRAIN_TIMEOUT).
+/// without waiting out the drain).
 const READ_POLL: Duration = Duration::from_millis(20);
 /// How long a logon (or a FIX logout) may take.
 const LOGON_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,6 +85,10 @@ pub struct LoadOptions {
     pub instruments: Vec<Traded>,
     /// Connect with TLS (`exchange serve`'s `tls_cert`); `None`: plain TCP.
     pub tls: Option<ClientTls>,
+    /// How long readers wait for missing answers after the schedule's last send, each report
+    /// starting the wait again ([`DRAIN_DEFAULT`]). While the schedule runs they never give up:
+    /// a quiet spell then (a failover) is not the end of the run.
+    pub drain: Duration,
 }
 
 /// An instrument the load trades, at the price and quantity its orders carry.
@@ -129,7 +134,7 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
     if orders > ORDERS_MAX || options.sessions.is_empty() {
         return Err(failure(format!("1..={ORDERS_MAX} orders and at least one session")));
     }
-    let clock = Arc::new(Clock::new(orders));
+    let clock = Arc::new(Clock::new(orders, options.drain));
     // The sender and the reader threads (started below, they inherit it) outrank other work
     // on a shared host, as `web load`'s generator does (lab::load::GENERATOR_NICE).
     let _priority = lab::load::GeneratorPriority::raise();
@@ -184,30 +189,49 @@ struct Clock {
     sent: AtomicU64,
     /// Orders whose first report was counted.
     answered: AtomicU64,
+    /// When the schedule ended: ns after `start` (valid once `sent` is set).
+    sent_at_ns: AtomicU64,
+    /// [`LoadOptions::drain`].
+    drain: Duration,
 }
 
 impl Clock {
-    fn new(orders: u64) -> Clock {
+    fn new(orders: u64, drain: Duration) -> Clock {
         let intended = (0..=orders).map(|_| AtomicU64::new(ANSWERED)).collect();
         Clock {
             intended,
             start: Instant::now(),
             sent: AtomicU64::new(u64::MAX),
             answered: AtomicU64::new(0),
+            sent_at_ns: AtomicU64::new(0),
+            drain,
         }
     }
 
     fn sending_done(&self, sent: u64) {
-        // Relaxed: only tells the readers when to stop waiting; a late view costs one poll.
-        self.sent.store(sent, Ordering::Relaxed);
+        let ended_ns = self.start.elapsed().as_nanos() as u64;
+        // Relaxed: published by the release store of `sent` below.
+        self.sent_at_ns.store(ended_ns, Ordering::Relaxed);
+        // Release: a reader that sees `sent` also sees `sent_at_ns`.
+        self.sent.store(sent, Ordering::Release);
     }
 
     /// Whether a reader quiet since `last_report` should stop: the schedule has ended and
-    /// every order sent was answered, or it waited DRAIN_TIMEOUT in vain.
+    /// every order sent was answered, or the drain passed without a report since the later of
+    /// the last report and the schedule's end. Never while the schedule runs: a reader that
+    /// stopped during a failover's quiet spell would count every later answer as lost.
     fn drained(&self, last_report: Instant) -> bool {
-        // Relaxed: as in `sending_done`.
-        let all = self.answered.load(Ordering::Relaxed) >= self.sent.load(Ordering::Relaxed);
-        all || last_report.elapsed() >= DRAIN_TIMEOUT
+        // Acquire: pairs with `sending_done`'s release, so `sent_at_ns` is the end's time.
+        let sent = self.sent.load(Ordering::Acquire);
+        if sent == u64::MAX {
+            return false;
+        }
+        // Relaxed: a count; a late view costs one more poll.
+        if self.answered.load(Ordering::Relaxed) >= sent {
+            return true;
+        }
+        let ended = self.start + Duration::from_nanos(self.sent_at_ns.load(Ordering::Relaxed));
+        last_report.max(ended).elapsed() >= self.drain
     }
 
     fn stamp(&self, number: u32, intended: Instant) {
@@ -274,7 +298,7 @@ trait OrderSender {
     fn token(&self, nth: u32, number: u32) -> u32;
     /// Sends `order`, of `traded` (its symbol and price scale, for FIX).
     fn send(&mut self, order: &OrderRequest, traded: &Traded) -> std::io::Result<()>;
-    /// Waits for the reader (it ends once every order sent is answered, or after DRAIN_TIMEOUT
+    /// Waits for the reader (it ends once every order sent is answered, or after the drain
     /// without a report) and ends the session the protocol's way.
     fn finish(self) -> Result<Tally, ClientError>;
 }
@@ -503,7 +527,7 @@ impl NativeInbox {
 }
 
 /// Counts every native session's reports on one thread, woken by `poll` when any has bytes,
-/// until every order sent is answered or DRAIN_TIMEOUT passes without a report. One thread
+/// until every order sent is answered or the drain passes without a report. One thread
 /// rather than one per session: on a host the server shares, each extra reader is another
 /// thread to wake per report (a fill reaches two sessions at once). Heartbeats are not
 /// answered: the sender's orders keep the links alive while the run lasts.
@@ -718,7 +742,7 @@ impl FixReader {
         Ok(msg_type)
     }
 
-    /// Counts ExecutionReports until every order sent is answered, DRAIN_TIMEOUT passes
+    /// Counts ExecutionReports until every order sent is answered, the drain passes
     /// without a message, or a Logout.
     fn reports(mut self, clock: &Clock) -> (Tally, FixReader) {
         let mut tally = Tally::default();

@@ -286,6 +286,7 @@ fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
             (band.band_low + band.band_high) / 2,
         )],
         tls: None,
+        drain: gateway::load::DRAIN_DEFAULT,
     };
     // Twice: the first run's Logout frees the sessions, so the second logs on again (with
     // ResetSeqNumFlag) and is answered too.

@@ -321,11 +321,14 @@ fn http_get(addr: SocketAddr) -> String {
     text
 }
 
-#[test]
-fn the_load_generator_measures_every_order_it_sends() {
-    let (server, _dir) = start(Settings::default());
-    let options = gateway::load::LoadOptions {
-        connect: server.listen,
+/// Two native sessions at `rate_per_s` for `duration` against `connect`.
+fn load_options(
+    connect: SocketAddr,
+    rate_per_s: f64,
+    duration: Duration,
+) -> gateway::load::LoadOptions {
+    gateway::load::LoadOptions {
+        connect,
         protocol: gateway::load::LoadProtocol::Native,
         sessions: [1, 2]
             .map(|client| gateway::load::LoadSession {
@@ -335,18 +338,73 @@ fn the_load_generator_measures_every_order_it_sends() {
             })
             .to_vec(),
         plan: lab::load::OpenLoopPlan {
-            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+            process: lab::load::ArrivalProcess::Poisson { rate_per_s },
             seed: 1,
-            duration: Duration::from_millis(200),
+            duration,
         },
         instruments: vec![gateway::load::Traded::reference(1, PRICE)],
         tls: None,
-    };
+        drain: gateway::load::DRAIN_DEFAULT,
+    }
+}
+
+#[test]
+fn the_load_generator_measures_every_order_it_sends() {
+    let (server, _dir) = start(Settings::default());
+    let options = load_options(server.listen, 2_000.0, Duration::from_millis(200));
     let result = gateway::load::run(&options).unwrap();
     assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);
     assert_eq!(result.answered, result.sent, "every order got its first report");
     assert_eq!(result.latency.count(), result.sent);
     assert_eq!(result.rejected, 0);
+}
+
+/// A TCP relay to `server` whose server-to-client direction holds every byte from `quiet.0`
+/// to `quiet.1` after it starts (as a gateway does while its NATS node is down).
+fn relay_with_a_quiet_spell(server: SocketAddr, quiet: (Duration, Duration)) -> SocketAddr {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let start = std::time::Instant::now();
+    let pipe = move |mut from: TcpStream, mut to: TcpStream, held: bool| {
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 16 * 1024];
+            while let Ok(n @ 1..) = from.read(&mut buffer) {
+                let now = start.elapsed();
+                if held && now >= quiet.0 && now < quiet.1 {
+                    std::thread::sleep(quiet.1 - now);
+                }
+                if to.write_all(&buffer[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    };
+    std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let upstream = TcpStream::connect(server).unwrap();
+            pipe(client.try_clone().unwrap(), upstream.try_clone().unwrap(), false);
+            pipe(upstream, client, true);
+        }
+    });
+    address
+}
+
+/// Answers that stop for 2.5 s while the schedule still sends (longer than the drain) and then
+/// resume are all counted: a reader never gives up before the schedule ends (it used to stop
+/// after 2 s without a report, and a load across a failover lost every later answer).
+#[test]
+fn the_load_generator_reads_on_through_a_quiet_spell_while_it_sends() {
+    let (server, _dir) = start(Settings::default());
+    let quiet = (Duration::from_millis(300), Duration::from_millis(2_800));
+    assert!(quiet.1 - quiet.0 > gateway::load::DRAIN_DEFAULT);
+    let relay = relay_with_a_quiet_spell(server.listen, quiet);
+    let result = gateway::load::run(&load_options(relay, 300.0, Duration::from_secs(3))).unwrap();
+    assert!(result.sent > 500, "about 900 orders in 3 s at 300/s, sent {}", result.sent);
+    assert_eq!(result.answered, result.sent, "every order got its first report");
+    let slowest_ms = result.latency.max_ns() / 1_000_000;
+    assert!(slowest_ms >= 2_000, "the spell held answers back: slowest {slowest_ms} ms");
 }
 
 #[test]

@@ -127,6 +127,7 @@ fn the_load_generator_runs_over_tls_on_both_protocols() {
         },
         instruments: vec![gateway::load::Traded::reference(1, PRICE)],
         tls,
+        drain: gateway::load::DRAIN_DEFAULT,
     };
     let fix = gateway::load::LoadOptions {
         connect: server.fix_listen.unwrap(),

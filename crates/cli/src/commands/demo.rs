@@ -184,6 +184,7 @@ impl Server {
                 (listing.band_low + listing.band_high) / 2,
             )],
             tls: None,
+            drain: gateway::load::DRAIN_DEFAULT,
         };
         Ok(Server { running, load })
     }

@@ -818,6 +818,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         plan: load_plan(args.rate[0], args.duration),
         instruments,
         tls: args.tls.client_tls(args.connect[0])?,
+        drain: gateway::load::DRAIN_DEFAULT,
     })
 }
 
