@@ -34,6 +34,9 @@ pub const DRAIN_DEFAULT: Duration = Duration::from_secs(2);
 /// How often a waiting reader checks whether every sent order was answered (it then ends
 /// without waiting out the drain).
 const READ_POLL: Duration = Duration::from_millis(20);
+/// How often a native session heartbeats once its orders stopped: well inside the shortest
+/// dead-link time a server is configured with (three heartbeat intervals).
+const CLIENT_HEARTBEAT: Duration = Duration::from_millis(250);
 /// How long a logon (or a FIX logout) may take.
 const LOGON_TIMEOUT: Duration = Duration::from_secs(10);
 /// Orders one run may send (tokens are u32 and intended times are kept per order).
@@ -153,7 +156,8 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
             }
             let clock_of_reader = clock.clone();
             let reader = std::thread::spawn(move || native_reports(readers, &clock_of_reader));
-            let mut result = drive(options, &clock, sessions)?;
+            let mut result = drive(options, &clock, &mut sessions)?;
+            keep_alive(&mut sessions, &reader);
             let tally = reader.join().map_err(|_| failure("native reader panicked".into()))?;
             result.add(&tally);
             Ok(result)
@@ -165,7 +169,11 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
                 let target = (options.connect, target_comp_id.as_str(), tls);
                 sessions.push(FixSender::log_on(target, session, &clock)?);
             }
-            drive(options, &clock, sessions)
+            let mut result = drive(options, &clock, &mut sessions)?;
+            for session in sessions {
+                result.add(&session.finish()?);
+            }
+            Ok(result)
         }
     }
 }
@@ -298,15 +306,13 @@ trait OrderSender {
     fn token(&self, nth: u32, number: u32) -> u32;
     /// Sends `order`, of `traded` (its symbol and price scale, for FIX).
     fn send(&mut self, order: &OrderRequest, traded: &Traded) -> std::io::Result<()>;
-    /// Waits for the reader (it ends once every order sent is answered, or after the drain
-    /// without a report) and ends the session the protocol's way.
-    fn finish(self) -> Result<Tally, ClientError>;
 }
 
+/// Sends the schedule's orders over `sessions`; the answers are the readers' to count.
 fn drive<S: OrderSender>(
     options: &LoadOptions,
     clock: &Clock,
-    mut sessions: Vec<S>,
+    sessions: &mut [S],
 ) -> Result<LoadResult, ClientError> {
     let mut write_error = None;
     let report = drive_sync(&options.plan, |shot| {
@@ -333,7 +339,7 @@ fn drive<S: OrderSender>(
     if let Some(error) = write_error {
         return Err(error.into());
     }
-    let mut result = LoadResult {
+    Ok(LoadResult {
         sent: report.sent,
         answered: 0,
         rejected: 0,
@@ -341,11 +347,22 @@ fn drive<S: OrderSender>(
         elapsed: report.elapsed,
         latency: LatencyHistogram::new(),
         send_lag: report.send_lag,
-    };
-    for session in sessions {
-        result.add(&session.finish()?);
+    })
+}
+
+/// Heartbeats every native session while the shared reader still waits for answers: the
+/// server ends a link it heard nothing on for three of its heartbeat intervals, and a drain
+/// (a failover's missing answers) outlasts that once the schedule's orders stop. A failed
+/// write is left to the reader, which sees the link close.
+fn keep_alive(sessions: &mut [NativeSender], reader: &std::thread::JoinHandle<Tally>) {
+    let mut last_heartbeat = Instant::now();
+    while !reader.is_finished() {
+        if last_heartbeat.elapsed() >= CLIENT_HEARTBEAT {
+            sessions.iter_mut().for_each(|session| _ = session.heartbeat());
+            last_heartbeat = Instant::now();
+        }
+        std::thread::sleep(READ_POLL);
     }
-    Ok(result)
 }
 
 impl LoadResult {
@@ -464,11 +481,13 @@ impl OrderSender for NativeSender {
         native::encode_client(&ClientMsg::NewOrder(*order), &mut self.frame);
         self.writer.write_all(&self.frame)
     }
+}
 
-    /// Nothing to wait for: the shared reader counts the reports. The session stays open
-    /// until dropped (a native session has no logout).
-    fn finish(self) -> Result<Tally, ClientError> {
-        Ok(Tally::default())
+impl NativeSender {
+    fn heartbeat(&mut self) -> std::io::Result<()> {
+        self.frame.clear();
+        native::encode_client(&ClientMsg::Heartbeat, &mut self.frame);
+        self.writer.write_all(&self.frame)
     }
 }
 
@@ -658,8 +677,11 @@ impl OrderSender for FixSender {
         self.next_seq += 1;
         self.stream.write_all(self.builder.finish())
     }
+}
 
-    /// Logs out and waits for the acceptor to close the connection, so the next run's logon
+impl FixSender {
+    /// Waits for the reader (it ends once every order sent is answered, or after the drain
+    /// without a report), then logs out and waits for the acceptor to close the connection, so the next run's logon
     /// with the same CompIDs finds the session free.
     fn finish(mut self) -> Result<Tally, ClientError> {
         let (tally, mut closing) =

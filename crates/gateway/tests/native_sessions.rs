@@ -360,25 +360,38 @@ fn the_load_generator_measures_every_order_it_sends() {
 }
 
 /// A TCP relay to `server` whose server-to-client direction holds every byte from `quiet.0`
-/// to `quiet.1` after it starts (as a gateway does while its NATS node is down).
+/// to `quiet.1` after it starts, as a gateway holds reports while its NATS node is down. A
+/// server that ends the link during the spell gets nothing more to the client (the held bytes
+/// are dropped and the client's connection shut), as a gateway that ended a session sends it
+/// nothing more.
 fn relay_with_a_quiet_spell(server: SocketAddr, quiet: (Duration, Duration)) -> SocketAddr {
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
+    use std::net::{Shutdown, TcpListener, TcpStream};
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     let start = std::time::Instant::now();
-    let pipe = move |mut from: TcpStream, mut to: TcpStream, held: bool| {
+    let in_spell = move || (quiet.0..quiet.1).contains(&start.elapsed());
+    let pipe = move |mut from: TcpStream, mut to: TcpStream, holds: bool| {
         std::thread::spawn(move || {
-            let mut buffer = [0u8; 16 * 1024];
-            while let Ok(n @ 1..) = from.read(&mut buffer) {
-                let now = start.elapsed();
-                if held && now >= quiet.0 && now < quiet.1 {
-                    std::thread::sleep(quiet.1 - now);
+            let (mut buffer, mut held) = ([0u8; 16 * 1024], Vec::new());
+            from.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+            loop {
+                match from.read(&mut buffer) {
+                    Ok(0) => break,
+                    Ok(n) => held.extend_from_slice(&buffer[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                    Err(_) => break,
                 }
-                if to.write_all(&buffer[..n]).is_err() {
-                    break;
+                let holding = holds && in_spell();
+                if !holding && !held.is_empty() {
+                    if to.write_all(&held).is_err() {
+                        break;
+                    }
+                    held.clear();
                 }
             }
+            let _ = to.shutdown(Shutdown::Both);
         });
     };
     std::thread::spawn(move || {
@@ -391,20 +404,27 @@ fn relay_with_a_quiet_spell(server: SocketAddr, quiet: (Duration, Duration)) -> 
     address
 }
 
-/// Answers that stop for 2.5 s while the schedule still sends (longer than the drain) and then
-/// resume are all counted: a reader never gives up before the schedule ends (it used to stop
-/// after 2 s without a report, and a load across a failover lost every later answer).
+/// Answers held back from 0.3 s to 6 s of a 4 s schedule are all counted: the readers never
+/// give up while the schedule still sends (they used to stop after the drain without a report,
+/// and a load across a failover lost every later answer), and after it the sessions heartbeat,
+/// so the server (here: dead link after 1.2 s of silence) keeps the links the readers wait on.
 #[test]
 fn the_load_generator_reads_on_through_a_quiet_spell_while_it_sends() {
-    let (server, _dir) = start(Settings::default());
-    let quiet = (Duration::from_millis(300), Duration::from_millis(2_800));
-    assert!(quiet.1 - quiet.0 > gateway::load::DRAIN_DEFAULT);
+    let settings = Settings { heartbeat: Duration::from_millis(400), ..Settings::default() };
+    let dead_link = settings.heartbeat * gateway::hub::DEAD_LINK_INTERVALS;
+    let (server, _dir) = start(settings);
+    let quiet = (Duration::from_millis(300), Duration::from_secs(6));
+    let (schedule, drain) = (Duration::from_secs(4), Duration::from_secs(3));
+    assert!(schedule - quiet.0 > drain, "a reader that gave up mid-schedule misses answers");
+    assert!(quiet.1 - schedule > dead_link, "a silent client loses its link");
+    assert!(schedule + drain > quiet.1, "the drain outlasts the spell");
     let relay = relay_with_a_quiet_spell(server.listen, quiet);
-    let result = gateway::load::run(&load_options(relay, 300.0, Duration::from_secs(3))).unwrap();
-    assert!(result.sent > 500, "about 900 orders in 3 s at 300/s, sent {}", result.sent);
+    let options = gateway::load::LoadOptions { drain, ..load_options(relay, 300.0, schedule) };
+    let result = gateway::load::run(&options).unwrap();
+    assert!(result.sent > 800, "about 1,200 orders in 4 s at 300/s, sent {}", result.sent);
     assert_eq!(result.answered, result.sent, "every order got its first report");
     let slowest_ms = result.latency.max_ns() / 1_000_000;
-    assert!(slowest_ms >= 2_000, "the spell held answers back: slowest {slowest_ms} ms");
+    assert!(slowest_ms >= 5_000, "the spell held answers back: slowest {slowest_ms} ms");
 }
 
 #[test]
