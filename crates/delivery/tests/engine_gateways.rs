@@ -150,20 +150,30 @@ fn a_server_restart_mid_run_loses_nothing_silently() {
     assert_eq!(gateways.iter().map(|g| g.resyncs).sum::<u64>(), 0, "gateways reported resyncs");
 }
 
+/// A server killed for a quarter of the run behind a 4-record window: what the outage lost
+/// beyond the window is declared by resync frames. Whether an outage loses more than the window
+/// depends on how much was in flight when the server died (async-nats buffers what is published
+/// while it reconnects), which a loaded host can make small; the scenario is run again, up to
+/// `TRIES` times, until an outage did, and every run checks that nothing was lost silently.
 #[test]
 fn records_beyond_the_window_are_declared_by_resync() {
-    let mut server = NatsServer::start().unwrap();
     const TINY_WINDOW: usize = 4;
-    let (report, tallies, gateways) = run_engine(&mut server, TINY_WINDOW, |server| {
-        server.kill();
-        // While the server is down the tier goes on: far more than 4 records per subject
-        // are published into the void, so recovery must fail and say so.
-        std::thread::sleep(RUN / 4);
-        server.restart().expect("restarting nats-server");
-    });
-    let resynced = check_exactly_once(&report, &tallies);
-    assert!(resynced > 0, "an outage longer than the window must be reported as a resync");
-    assert!(gateways.iter().any(|g| g.resyncs > 0));
+    const TRIES: u32 = 3;
+    for attempt in 1..=TRIES {
+        let mut server = NatsServer::start().unwrap();
+        let (report, tallies, gateways) = run_engine(&mut server, TINY_WINDOW, |server| {
+            server.kill();
+            std::thread::sleep(RUN / 4);
+            server.restart().expect("restarting nats-server");
+        });
+        let resynced = check_exactly_once(&report, &tallies);
+        if resynced > 0 {
+            assert!(gateways.iter().any(|g| g.resyncs > 0), "the gateways declared them");
+            return;
+        }
+        eprintln!("run {attempt}: the outage lost nothing beyond the window; again");
+    }
+    panic!("in {TRIES} runs no outage lost records beyond a {TINY_WINDOW}-record window");
 }
 
 /// A network namespace joined to this one by a veth pair, removed when dropped.

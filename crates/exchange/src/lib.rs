@@ -59,6 +59,7 @@ pub use matching::{book, core, msg};
 pub mod durability;
 #[cfg(not(loom))]
 mod error;
+pub mod events;
 #[cfg(not(loom))]
 pub mod flow;
 #[cfg(not(loom))]

@@ -7,12 +7,12 @@
 //! locks). Pre-process workers are partitioned by instrument, so one instrument's order flow
 //! keeps its order through the pre-process.
 
+use crate::events::ExternalEvent;
 use crate::master::{MasterData, SnapshotReader, Status, band_fits};
 use crate::msg::{
     Command, InboundOrder, InstrumentId, OrderType, Price, Qty, REASON_COUNT, Reason, RequestKind,
     Side, TimeInForce,
 };
-use crate::tier::{ExternalEvent, external_event_effect};
 
 /// A request that passed every check: where it goes and what the core must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub enum StateChecks {
     /// the core sees fewer doomed orders.
     Preprocess,
     /// The core only (`TierConfig::ordered_outputs`): events reach the core in the order
-    /// flow (operator requests, `tier::OPERATOR_CLIENT`) and the master data is not updated
+    /// flow (operator requests, `events::OPERATOR_CLIENT`) and the master data is not updated
     /// by them, so a pre-process check could only be out of date.
     Core,
 }
@@ -81,7 +81,7 @@ pub fn check_against(master: &MasterData, request: &InboundOrder) -> Result<Rout
 }
 
 /// The checks, with the halt and band checked here or left to the core (`state_checks`).
-/// An operator request (`tier::OPERATOR_CLIENT`) becomes the core's command for its event.
+/// An operator request (`events::OPERATOR_CLIENT`) becomes the core's command for its event.
 pub fn check_with(
     master: &MasterData,
     request: &InboundOrder,
@@ -137,7 +137,7 @@ pub fn check_with(
 /// The core's command for an operator's event: refused for an unknown instrument, and for a
 /// band off the instrument's ladder or upside down (as the master data refuses one).
 fn operator_command(master: &MasterData, event: &ExternalEvent) -> Result<Routed, Reason> {
-    let effect = external_event_effect(event, master);
+    let effect = event.effect(master);
     let instrument = master.instrument(effect.instrument).ok_or(Reason::UnknownInstrument)?;
     if let ExternalEvent::Band { low, high, .. } = *event
         && !band_fits(&instrument.listing, low, high)

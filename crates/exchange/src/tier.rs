@@ -44,7 +44,6 @@
 mod choices;
 mod graph;
 pub mod layout;
-mod operator;
 mod planned;
 mod replica;
 mod replies;
@@ -68,10 +67,10 @@ use std::sync::mpsc::RecvTimeoutError;
 use journal::JournalWriter;
 use journal::writer::WriterStats;
 
+use crate::events::{Effect, ExternalEvent};
 pub use choices::{Arrival, WaitChoice};
 use graph::{Entry, Feeds, InlineGenerator, ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
-pub use operator::{OPERATOR_CLIENT, operator_kind};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
     plan_layout,
@@ -214,7 +213,7 @@ impl TierConfig {
     }
 
     /// Who checks the halt and the band: the core alone in an ordered tier, where events
-    /// come in the order flow ([`OPERATOR_CLIENT`]); the pre-process too otherwise.
+    /// come in the order flow ([`crate::events::OPERATOR_CLIENT`]); the pre-process too otherwise.
     pub fn state_checks(&self) -> crate::preprocess::StateChecks {
         use crate::preprocess::StateChecks;
         if self.ordered_outputs { StateChecks::Core } else { StateChecks::Preprocess }
@@ -507,22 +506,6 @@ impl Refusal {
     }
 }
 
-/// An external event as it arrives from outside (market operations, a surveillance feed).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ExternalEvent {
-    #[default]
-    None,
-    Halt(InstrumentId),
-    /// Halt caused by a price move (same effect as a halt; reported apart).
-    CircuitBreaker(InstrumentId),
-    Resume(InstrumentId),
-    Band {
-        instrument: InstrumentId,
-        low: Price,
-        high: Price,
-    },
-}
-
 /// A subscriber a sender delivers to (an in-process gateway here; network gateways later).
 pub trait Subscriber: Send {
     fn deliver(&mut self, response: &Response);
@@ -644,24 +627,11 @@ pub struct ShardJournalReport {
     pub snapshots: Option<SnapshotReport>,
 }
 
-pub(crate) fn external_event_effect(event: &ExternalEvent, master: &MasterData) -> TierInput {
-    let (instrument, command, update) = match *event {
-        ExternalEvent::None => return TierInput::default(),
-        ExternalEvent::Halt(instrument) | ExternalEvent::CircuitBreaker(instrument) => {
-            (instrument, Command::Halt, MasterUpdate::Halted { instrument, halted: true })
-        }
-        ExternalEvent::Resume(instrument) => {
-            (instrument, Command::Resume, MasterUpdate::Halted { instrument, halted: false })
-        }
-        ExternalEvent::Band { instrument, low, high } => (
-            instrument,
-            Command::SetBand { low, high },
-            MasterUpdate::Band { instrument, low, high },
-        ),
-    };
-    // An event for an unknown instrument has no effect on the core.
-    let command = if master.instrument(instrument).is_some() { command } else { Command::Nop };
-    TierInput { instrument, command, master: update, ..TierInput::default() }
+impl From<Effect> for TierInput {
+    fn from(effect: Effect) -> TierInput {
+        let Effect { instrument, command, master } = effect;
+        TierInput { instrument, command, master, ..TierInput::default() }
+    }
 }
 
 /// The scripted external events and master-data updates injected during a run.

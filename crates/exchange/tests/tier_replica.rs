@@ -6,13 +6,13 @@
 use std::sync::{Arc, Mutex};
 
 use exchange::durability::JournalMode;
+use exchange::events::{ExternalEvent, OPERATOR_CLIENT};
 use exchange::flow::{FlowConfig, FlowGenerator};
 use exchange::msg::{
     CoreOutput, InboundOrder, OutputKind, Price, Reason, Response, Side, Stamps, request_kind,
 };
 use exchange::tier::{
-    ExternalEvent, OPERATOR_CLIENT, OrderSource, RunOptions, Subscriber, SubscriberFactory, Tier,
-    TierConfig, TierReplica,
+    OrderSource, RunOptions, Subscriber, SubscriberFactory, Tier, TierConfig, TierReplica,
 };
 use pipeline::stage::{Emitter, Flow};
 

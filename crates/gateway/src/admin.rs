@@ -15,8 +15,8 @@
 //! Anything else gets a status with a reason in the body: 404 (unknown path), 405 (wrong
 //! method), 400 (a missing or malformed parameter).
 
+use exchange::events::ExternalEvent;
 use exchange::msg::{InstrumentId, Price};
-use exchange::tier::ExternalEvent;
 
 /// Connections the metrics listener serves at once; beyond, new ones are closed unanswered.
 /// Each holds a 4 KiB request buffer and a task on the I/O thread, which also runs the
@@ -49,7 +49,7 @@ fn refuse(status: u16, reason: impl Into<String>) -> AdminError {
 /// Parses an HTTP request's first line (`METHOD TARGET VERSION`).
 ///
 /// ```
-/// use exchange::tier::ExternalEvent;
+/// use exchange::events::ExternalEvent;
 /// use gateway::admin::{AdminRequest, parse};
 /// assert_eq!(parse("POST /admin/halt?instrument=3 HTTP/1.1"),
 ///            Ok(AdminRequest::Event(ExternalEvent::Halt(3))));

@@ -61,7 +61,7 @@ pub fn parse(text: &str) -> Result<Vec<Credential>, CredentialsError> {
             return Err(bad("want: client_id protocol comp_id argon2-hash"));
         };
         let client = client.parse().map_err(|_| bad("client_id is not a u32"))?;
-        if client == exchange::tier::OPERATOR_CLIENT {
+        if client == exchange::events::OPERATOR_CLIENT {
             // A session with it could send operator events (halts) as orders.
             return Err(bad("client_id 4294967295 is reserved for operator events"));
         }

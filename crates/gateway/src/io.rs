@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use exchange::events::ExternalEvent;
 use exchange::msg::InboundOrder;
-use exchange::tier::{ExternalEvent, OrderSource, ReplyReceiver, TierControl};
+use exchange::tier::{OrderSource, ReplyReceiver, TierControl};
 use lab::stats::LatencyHistogram;
 use pipeline::stage::{Emitter, Flow};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -22,7 +22,7 @@ use super::workers::{
 };
 use super::{
     ExternalEvent, Load, OrderSource, RunOptions, ShardResult, SubscriberFactory, TierConfig,
-    TierInput, external_event_effect,
+    TierInput,
 };
 use crate::durability::{ShardRecord, ShardState};
 use crate::error::Result;
@@ -320,7 +320,7 @@ fn events_stage(
     graph.stage("events", specs.of(TierStage::Events), move |_| {
         let mut reader = cell.reader().expect("one events reader");
         move |event: &ExternalEvent, out: &mut pipeline::stage::Emitter<TierInput>| {
-            out.emit(external_event_effect(event, reader.current()));
+            out.emit(event.effect(reader.current()).into());
         }
     })
 }
