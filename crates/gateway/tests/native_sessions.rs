@@ -360,51 +360,56 @@ fn the_load_generator_measures_every_order_it_sends() {
 }
 
 /// A TCP relay to `server` whose server-to-client direction holds every byte from `quiet.0`
-/// to `quiet.1` after it starts, as a gateway holds reports while its NATS node is down. A
-/// server that ends the link during the spell gets nothing more to the client (the held bytes
-/// are dropped and the client's connection shut), as a gateway that ended a session sends it
-/// nothing more.
+/// to `quiet.1` after it first forwarded one (the login's answer), as a gateway holds reports
+/// while its NATS node is down. A server that ends the link during the spell gets nothing more
+/// to the client (the held bytes are dropped and the client's connection shut), as a gateway
+/// that ended a session sends it nothing more.
 fn relay_with_a_quiet_spell(server: SocketAddr, quiet: (Duration, Duration)) -> SocketAddr {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::{Arc, OnceLock};
+    use std::time::Instant;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
-    let start = std::time::Instant::now();
-    let in_spell = move || (quiet.0..quiet.1).contains(&start.elapsed());
-    let pipe = move |mut from: TcpStream, mut to: TcpStream, holds: bool| {
-        std::thread::spawn(move || {
-            let (mut buffer, mut held) = ([0u8; 16 * 1024], Vec::new());
-            from.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
-            loop {
-                match from.read(&mut buffer) {
-                    Ok(0) => break,
-                    Ok(n) => held.extend_from_slice(&buffer[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-                    Err(_) => break,
-                }
-                let holding = holds && in_spell();
-                if !holding && !held.is_empty() {
-                    if to.write_all(&held).is_err() {
-                        break;
+    let pipe =
+        move |mut from: TcpStream, mut to: TcpStream, logged_in: Option<Arc<OnceLock<Instant>>>| {
+            std::thread::spawn(move || {
+                let (mut buffer, mut held) = ([0u8; 16 * 1024], Vec::new());
+                from.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+                let in_spell = |logged_in: &Option<Arc<OnceLock<Instant>>>| {
+                    let since = logged_in.as_ref().and_then(|at| at.get()).map(Instant::elapsed);
+                    since.is_some_and(|since| (quiet.0..quiet.1).contains(&since))
+                };
+                loop {
+                    match from.read(&mut buffer) {
+                        Ok(0) => break,
+                        Ok(n) => held.extend_from_slice(&buffer[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                        Err(_) => break,
                     }
-                    held.clear();
+                    if !in_spell(&logged_in) && !held.is_empty() {
+                        if to.write_all(&held).is_err() {
+                            break;
+                        }
+                        held.clear();
+                        logged_in.as_ref().map(|at| at.get_or_init(Instant::now));
+                    }
                 }
-            }
-            let _ = to.shutdown(Shutdown::Both);
-        });
-    };
+                let _ = to.shutdown(Shutdown::Both);
+            });
+        };
     std::thread::spawn(move || {
         for client in listener.incoming().map_while(Result::ok) {
             let upstream = TcpStream::connect(server).unwrap();
-            pipe(client.try_clone().unwrap(), upstream.try_clone().unwrap(), false);
-            pipe(upstream, client, true);
+            pipe(client.try_clone().unwrap(), upstream.try_clone().unwrap(), None);
+            pipe(upstream, client, Some(Arc::new(OnceLock::new())));
         }
     });
     address
 }
 
-/// Answers held back from 0.3 s to 6 s of a 4 s schedule are all counted: the readers never
+/// Answers held back from 0.3 s to 6 s after login, in a 4 s schedule, are all counted: the readers never
 /// give up while the schedule still sends (they used to stop after the drain without a report,
 /// and a load across a failover lost every later answer), and after it the sessions heartbeat,
 /// so the server (here: dead link after 1.2 s of silence) keeps the links the readers wait on.
