@@ -255,8 +255,6 @@ const MODULE_CYCLES: &[(&str, &str)] = &[
     ("gateway", "client ↔ transport"),
     ("gateway", "fix_session ↔ hub ↔ metrics ↔ routed ↔ store"),
     ("gateway", "io ↔ server"),
-    ("journal", "recovery ↔ snapshot ↔ validate"),
-    ("journal", "segment ↔ watermark"),
     ("matching", "book ↔ msg ↔ store"),
     ("mq", "auth ↔ connection ↔ frame ↔ metrics ↔ reply_memory ↔ server ↔ share"),
     ("pipeline", "interrupts ↔ placement"),

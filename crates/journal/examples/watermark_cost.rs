@@ -20,7 +20,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use journal::segment::{self, SEGMENT_HEADER_BYTES, write_all_at};
-use journal::watermark::{SLOT_OFFSETS, WatermarkFile, WatermarkStore, encode_slot};
+use journal::segment::{SLOT_OFFSETS, encode_slot};
+use journal::watermark::{WatermarkFile, WatermarkStore};
 use lab::stats::LatencyHistogram;
 
 const BATCH_BYTES: usize = 4096;

@@ -4,7 +4,7 @@
 //! (and so the hash), and `out_of_order` counts any sequence that is not the previous plus one.
 
 use crate::record::FixedRecord;
-use crate::recovery::StateMachine;
+use crate::state::StateMachine;
 
 /// Accounts in the reference ledger.
 pub const LEDGER_ACCOUNTS: usize = 1024;

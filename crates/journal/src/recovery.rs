@@ -20,22 +20,10 @@ use crate::error::{JournalError, io_context};
 use crate::reader::{EndPosition, TornTail};
 use crate::segment::{self, sync_dir};
 use crate::snapshot;
+use crate::state::StateMachine;
 use crate::validate::{RepairPlan, Validation, validate};
 use crate::watermark::{self, WatermarkFile, WatermarkStore};
 use crate::writer::Tail;
-
-/// The state the journal protects: a deterministic function of the input sequence.
-pub trait StateMachine: Sized {
-    /// Applies the record `seq` (payload as journaled). Must be deterministic: replaying the
-    /// same records from the same state must give the same state.
-    fn apply(&mut self, seq: u64, payload: &[u8]);
-    /// Serialises the state (appending to `out`, which arrives empty).
-    fn write_snapshot(&self, out: &mut Vec<u8>);
-    /// Rebuilds a state from [`StateMachine::write_snapshot`]'s bytes; `Err` names why not.
-    fn restore(bytes: &[u8]) -> Result<Self, String>;
-    /// A digest of the whole state, to compare runs and validate snapshots.
-    fn state_hash(&self) -> u64;
-}
 
 /// How [`recover`] treats damage it would otherwise refuse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -13,7 +13,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::error::{JournalError, io_context};
-use crate::watermark;
 
 /// Default size of a segment file; a new segment is started when the next frame would not fit.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -120,9 +119,8 @@ pub fn create(dir: &Path, first_seq: u64, segment_bytes: u64) -> Result<File, Jo
     let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
     header[..8].copy_from_slice(&SEGMENT_MAGIC);
     header[8..SEGMENT_NAME_BYTES].copy_from_slice(&first_seq.to_le_bytes());
-    let slot = watermark::SLOT_OFFSETS[0] as usize;
-    header[slot..slot + watermark::SLOT_BYTES]
-        .copy_from_slice(&watermark::encode_slot(first_seq, first_seq - 1));
+    let slot = SLOT_OFFSETS[0] as usize;
+    header[slot..slot + SLOT_BYTES].copy_from_slice(&encode_slot(first_seq, first_seq - 1));
     write_all_at(&file, &header, 0).map_err(io_context(context()))?;
     file.sync_all().map_err(io_context(context()))?;
     sync_dir(dir)?;
@@ -167,9 +165,62 @@ pub fn sync_dir(dir: &Path) -> Result<(), JournalError> {
     File::open(dir).map_err(io_context(context()))?.sync_all().map_err(io_context(context()))
 }
 
+// The header page's two durable-watermark slots (what they are for: `crate::watermark`).
+
+/// Offsets of the two slots in a segment's header page: different sectors, so one torn
+/// sector write cannot damage both.
+pub const SLOT_OFFSETS: [u64; 2] = [512, 1024];
+/// Bytes of one slot.
+pub const SLOT_BYTES: usize = 24;
+
+/// Encodes the slot recording `durable_seq` in the segment starting at `first_seq`.
+pub fn encode_slot(first_seq: u64, durable_seq: u64) -> [u8; SLOT_BYTES] {
+    let mut slot = [0u8; SLOT_BYTES];
+    slot[..8].copy_from_slice(&durable_seq.to_le_bytes());
+    slot[8..16].copy_from_slice(&first_seq.to_le_bytes());
+    let crc = crc32c::crc32c(&slot[..16]);
+    slot[16..20].copy_from_slice(&crc.to_le_bytes());
+    slot
+}
+
+/// The value of slot `index` of a segment's bytes, if that slot is valid.
+fn slot_value(bytes: &[u8], index: usize, first_seq: u64) -> Option<u64> {
+    let offset = SLOT_OFFSETS[index] as usize;
+    let slot = bytes.get(offset..offset + SLOT_BYTES)?;
+    let crc = u32::from_le_bytes(slot[16..20].try_into().expect("4 bytes"));
+    let valid = crc32c::crc32c(&slot[..16]) == crc && slot[8..16] == first_seq.to_le_bytes();
+    valid.then(|| u64::from_le_bytes(slot[..8].try_into().expect("8 bytes")))
+}
+
+/// The highest valid slot of a segment's bytes (`None`: neither slot is valid).
+pub fn read_slots(bytes: &[u8], first_seq: u64) -> Option<u64> {
+    (0..SLOT_OFFSETS.len()).filter_map(|index| slot_value(bytes, index, first_seq)).max()
+}
+
+/// Index of the slot the next write should go to: the lower (or invalid) one, so the
+/// highest value always survives a torn write.
+pub fn next_slot(bytes: &[u8], first_seq: u64) -> usize {
+    usize::from(slot_value(bytes, 1, first_seq) < slot_value(bytes, 0, first_seq))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_validate_per_segment_and_the_highest_valid_one_wins() {
+        let mut header = vec![0u8; SEGMENT_HEADER_BYTES as usize];
+        assert_eq!(read_slots(&header, 7), None);
+        let [first, second] = SLOT_OFFSETS.map(|offset| offset as usize);
+        header[first..first + SLOT_BYTES].copy_from_slice(&encode_slot(7, 100));
+        header[second..second + SLOT_BYTES].copy_from_slice(&encode_slot(7, 90));
+        assert_eq!(read_slots(&header, 7), Some(100));
+        assert_eq!(next_slot(&header, 7), 1, "the lower slot is overwritten next");
+        assert_eq!(read_slots(&header, 8), None, "a slot names its segment");
+        header[first + 3] ^= 1;
+        assert_eq!(read_slots(&header, 7), Some(90), "a damaged slot falls back to the other");
+        assert_eq!(next_slot(&header, 7), 0, "and is the one overwritten next");
+    }
 
     #[test]
     fn names_sort_in_sequence_order_and_foreign_files_are_ignored() {
@@ -192,7 +243,7 @@ mod tests {
         let bytes = std::fs::read(&segment.path).unwrap();
         assert_eq!(bytes.len() as u64, 3 * SEGMENT_HEADER_BYTES);
         check_header(&bytes, &segment).unwrap();
-        assert_eq!(watermark::read_slots(&bytes, 77), Some(76), "records before it are durable");
+        assert_eq!(read_slots(&bytes, 77), Some(76), "records before it are durable");
         let renamed = SegmentInfo { first_seq: 78, path: segment.path.clone() };
         assert!(matches!(
             check_header(&bytes, &renamed),

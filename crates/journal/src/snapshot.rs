@@ -21,8 +21,8 @@ use pipeline::WaitStrategy;
 
 use crate::durable::DurableSeq;
 use crate::error::{JournalError, io_context};
-use crate::recovery::StateMachine;
 use crate::segment::{self, list_numbered, sync_dir};
+use crate::state::StateMachine;
 
 /// Snapshots kept on disk; the journal is kept from the oldest of them on.
 pub const SNAPSHOTS_KEPT: usize = 2;

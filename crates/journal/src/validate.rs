@@ -260,7 +260,7 @@ impl<'a, F: FnMut(u64, &[u8])> Walk<'a, F> {
                 _ => Err(error),
             };
         }
-        let slots = watermark::read_slots(&bytes, segment.first_seq);
+        let slots = segment::read_slots(&bytes, segment.first_seq);
         self.out.watermark = self.out.watermark.max(slots.unwrap_or(0));
         self.newest_slots_blank = next_first.is_none() && slots.is_none();
         self.continuity(segment)?;

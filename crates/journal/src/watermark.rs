@@ -4,7 +4,7 @@
 //! Two places, both checksummed (CRC32C):
 //!
 //! - **Segment slots.** The 4 KiB header page of every segment holds two watermark slots, in
-//!   different 512-byte sectors ([`SLOT_OFFSETS`]). After each successful `fdatasync` the
+//!   different 512-byte sectors ([`segment::SLOT_OFFSETS`]). After each successful `fdatasync` the
 //!   writer `pwrite`s the synced sequence into the next slot (alternating), *before* it
 //!   publishes that sequence to the reply side. No extra sync: the slot rides on the segment's
 //!   next `fdatasync`. So a slot never claims a record that was not already durable, a slot
@@ -29,16 +29,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{JournalError, io_context};
-use crate::segment::{self, sync_dir};
+use crate::segment::{self, SLOT_OFFSETS, encode_slot, sync_dir};
 
 /// The watermark file in a journal directory.
 pub const WATERMARK_FILE: &str = "journal.watermark";
-/// Offsets of the two slots in a segment's header page: different sectors, so one torn
-/// sector write cannot damage both.
-pub const SLOT_OFFSETS: [u64; 2] = [512, 1024];
-/// Bytes of one slot.
-pub const SLOT_BYTES: usize = 24;
-
 const WATERMARK_MAGIC: [u8; 8] = *b"LTJWMK02";
 /// Offsets of the watermark file's two slots, and the file's size.
 const FILE_SLOT_OFFSETS: [u64; 2] = [0, 512];
@@ -60,36 +54,6 @@ impl WatermarkFile {
     pub fn seq(&self) -> u64 {
         self.durable_seq.max(self.newest_segment.saturating_sub(1))
     }
-}
-
-/// Encodes the slot recording `durable_seq` in the segment starting at `first_seq`.
-pub fn encode_slot(first_seq: u64, durable_seq: u64) -> [u8; SLOT_BYTES] {
-    let mut slot = [0u8; SLOT_BYTES];
-    slot[..8].copy_from_slice(&durable_seq.to_le_bytes());
-    slot[8..16].copy_from_slice(&first_seq.to_le_bytes());
-    let crc = crc32c::crc32c(&slot[..16]);
-    slot[16..20].copy_from_slice(&crc.to_le_bytes());
-    slot
-}
-
-/// The value of slot `index` of a segment's bytes, if that slot is valid.
-fn slot_value(bytes: &[u8], index: usize, first_seq: u64) -> Option<u64> {
-    let offset = SLOT_OFFSETS[index] as usize;
-    let slot = bytes.get(offset..offset + SLOT_BYTES)?;
-    let crc = u32::from_le_bytes(slot[16..20].try_into().expect("4 bytes"));
-    let valid = crc32c::crc32c(&slot[..16]) == crc && slot[8..16] == first_seq.to_le_bytes();
-    valid.then(|| u64::from_le_bytes(slot[..8].try_into().expect("8 bytes")))
-}
-
-/// The highest valid slot of a segment's bytes (`None`: neither slot is valid).
-pub fn read_slots(bytes: &[u8], first_seq: u64) -> Option<u64> {
-    (0..SLOT_OFFSETS.len()).filter_map(|index| slot_value(bytes, index, first_seq)).max()
-}
-
-/// Index of the slot the next write should go to: the lower (or invalid) one, so the
-/// highest value always survives a torn write.
-pub fn next_slot(bytes: &[u8], first_seq: u64) -> usize {
-    usize::from(slot_value(bytes, 1, first_seq) < slot_value(bytes, 0, first_seq))
 }
 
 /// One slot of the watermark file: `(generation, watermark)` if valid.
@@ -208,21 +172,6 @@ pub fn reset_slots(path: &Path, first_seq: u64, durable_seq: u64) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_validate_per_segment_and_the_highest_valid_one_wins() {
-        let mut header = vec![0u8; segment::SEGMENT_HEADER_BYTES as usize];
-        assert_eq!(read_slots(&header, 7), None);
-        let [first, second] = SLOT_OFFSETS.map(|offset| offset as usize);
-        header[first..first + SLOT_BYTES].copy_from_slice(&encode_slot(7, 100));
-        header[second..second + SLOT_BYTES].copy_from_slice(&encode_slot(7, 90));
-        assert_eq!(read_slots(&header, 7), Some(100));
-        assert_eq!(next_slot(&header, 7), 1, "the lower slot is overwritten next");
-        assert_eq!(read_slots(&header, 8), None, "a slot names its segment");
-        header[first + 3] ^= 1;
-        assert_eq!(read_slots(&header, 7), Some(90), "a damaged slot falls back to the other");
-        assert_eq!(next_slot(&header, 7), 0, "and is the one overwritten next");
-    }
 
     #[test]
     fn the_file_round_trips_and_damage_is_reported() {

@@ -29,7 +29,7 @@ use crate::frame::{self, FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
 use crate::reader::EndPosition;
 use crate::record::Record;
 use crate::segment::{self, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
-use crate::watermark::{self, WatermarkFile, WatermarkStore};
+use crate::watermark::{WatermarkFile, WatermarkStore};
 
 /// Default bound on records per write (and per sync).
 pub const BATCH_RECORDS_MAX_DEFAULT: usize = 8192;
@@ -361,7 +361,7 @@ impl ActiveSegment {
         // Recovery may have replayed records that reached only the page cache before a crash;
         // sync them before the durable sequence starts out claiming them.
         file.sync_data().map_err(io_context(context()))?;
-        let next_slot = watermark::next_slot(&header, first_seq);
+        let next_slot = segment::next_slot(&header, first_seq);
         Ok(ActiveSegment {
             file: Some(file),
             first_seq,
@@ -553,8 +553,8 @@ impl<R: Record, I: SegmentIo> WriterLoop<R, I> {
         self.io
             .sync_data(file)
             .map_err(io_context(format!("fdatasync of records up to sequence {written_seq}")))?;
-        let slot = watermark::encode_slot(self.active.first_seq, written_seq);
-        let slot_offset = watermark::SLOT_OFFSETS[self.active.next_slot];
+        let slot = segment::encode_slot(self.active.first_seq, written_seq);
+        let slot_offset = segment::SLOT_OFFSETS[self.active.next_slot];
         self.io
             .write_slot(file, &slot, slot_offset)
             .map_err(io_context(format!("writing the durable watermark {written_seq}")))?;

@@ -576,9 +576,9 @@ fn the_watermark_file_follows_the_durable_sequence_while_the_writer_runs() {
 // it was durable once the watermark file holds an old value.
 
 /// Writes `slots` (raw bytes, zeros: blank) into the two watermark slots of `path`.
-fn write_slots(path: &Path, slots: [[u8; journal::watermark::SLOT_BYTES]; 2]) {
+fn write_slots(path: &Path, slots: [[u8; journal::segment::SLOT_BYTES]; 2]) {
     let file = File::options().write(true).open(path).unwrap();
-    for (slot, offset) in slots.iter().zip(journal::watermark::SLOT_OFFSETS) {
+    for (slot, offset) in slots.iter().zip(journal::segment::SLOT_OFFSETS) {
         segment::write_all_at(&file, slot, offset).unwrap();
     }
     file.sync_all().unwrap();
@@ -595,7 +595,7 @@ fn a_newest_segment_with_blank_watermark_slots_is_refused_and_repair_accepts_its
     // then both slots blanked and the tail cut on a record boundary.
     let start = WatermarkFile { newest_segment: 1, durable_seq: 0 };
     WatermarkStore::open(dir.path()).unwrap().write(&start).unwrap();
-    write_slots(&segment, [[0; journal::watermark::SLOT_BYTES]; 2]);
+    write_slots(&segment, [[0; journal::segment::SLOT_BYTES]; 2]);
     File::options().write(true).open(&segment).unwrap().set_len(offset_of(251, 1)).unwrap();
 
     assert_eq!(verdict(dir.path()).unwrap_err(), "watermark-slots-blank");
@@ -619,15 +619,15 @@ fn fresh_segments_are_not_taken_for_blank_watermark_slots() {
     run_core(dir.path(), &config, 1..=50, u64::MAX);
     let first = segments(dir.path()).remove(0);
     // Killed between the first sync and its slot write: only the creation slot is valid.
-    let creation_slot = journal::watermark::encode_slot(1, 0);
-    write_slots(&first, [creation_slot, [0; journal::watermark::SLOT_BYTES]]);
+    let creation_slot = journal::segment::encode_slot(1, 0);
+    write_slots(&first, [creation_slot, [0; journal::segment::SLOT_BYTES]]);
     assert_eq!(verdict(dir.path()).expect("the creation slot is valid").last_seq, 50);
 
     // A new segment whose header page was cut between its first sector and its slot's: no
     // record went into it, nothing is lost.
     segment::create(dir.path(), 51, 1 << 20).unwrap();
     let newest = segment::segment_path(dir.path(), 51);
-    write_slots(&newest, [[0; journal::watermark::SLOT_BYTES]; 2]);
+    write_slots(&newest, [[0; journal::segment::SLOT_BYTES]; 2]);
     assert_eq!(verdict(dir.path()).expect("a segment without records").last_seq, 50);
     run_core(dir.path(), &config, 51..=60, u64::MAX);
     assert_eq!(open(dir.path()).state.state_hash(), scratch_hash(60));
