@@ -255,7 +255,6 @@ const MODULE_CYCLES: &[(&str, &str)] = &[
     ("gateway", "client ↔ transport"),
     ("gateway", "fix_session ↔ hub ↔ metrics ↔ routed ↔ store"),
     ("gateway", "io ↔ server"),
-    ("matching", "book ↔ msg ↔ store"),
     ("mq", "auth ↔ connection ↔ frame ↔ metrics ↔ reply_memory ↔ server ↔ share"),
     ("pipeline", "interrupts ↔ placement"),
     ("replication", "append ↔ error ↔ layout"),

@@ -4,6 +4,7 @@
 //! word scans instead of a walk over empty levels.
 
 use crate::msg::{InstrumentId, Price, Qty, Side};
+pub use crate::msg::{TopOfBook, saturate_qty};
 use crate::store::{NONE, OrderPool};
 
 /// Default number of price levels per side (the ladder spans `levels` ticks).
@@ -219,19 +220,6 @@ impl Ladder {
     }
 }
 
-/// The best bid and offer of a book, with the total quantity at each (zeros for an empty side).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TopOfBook {
-    /// Best bid price (0: no bid).
-    pub bid: Price,
-    /// Open quantity at the best bid.
-    pub bid_qty: u64,
-    /// Best ask price (0: no ask).
-    pub ask: Price,
-    /// Open quantity at the best ask.
-    pub ask_qty: u64,
-}
-
 /// The state the core keeps per instrument. Its fields are the core's alone: the ladders'
 /// quantities and best levels, the band and the last published top must move together, so
 /// callers read them through methods and change them only by feeding the core input.
@@ -327,10 +315,4 @@ pub fn opposite(side: Side) -> Side {
         Side::Buy => Side::Sell,
         Side::Sell => Side::Buy,
     }
-}
-
-/// Convenience: `u64` quantities on a level as a `Qty` for reports (a level may exceed `Qty`
-/// in total, so the report saturates).
-pub fn saturate_qty(qty: u64) -> Qty {
-    Qty::try_from(qty).unwrap_or(Qty::MAX)
 }

@@ -7,8 +7,6 @@
 //! Records past the pre-process ([`SequencedInput`], [`CoreOutput`], [`Response`]) carry typed
 //! enums because they can only hold valid values.
 
-use crate::book::{TopOfBook, saturate_qty};
-
 /// Prices are integers in the instrument's price unit (for example 1/10 000 of a currency unit).
 pub type Price = i64;
 /// Quantities are integers in shares/contracts.
@@ -718,4 +716,22 @@ pub struct Response {
     pub answers_request: bool,
     /// The core's record.
     pub output: CoreOutput,
+}
+/// The best bid and offer of a book, with the total quantity at each (zeros for an empty side).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopOfBook {
+    /// Best bid price (0: no bid).
+    pub bid: Price,
+    /// Open quantity at the best bid.
+    pub bid_qty: u64,
+    /// Best ask price (0: no ask).
+    pub ask: Price,
+    /// Open quantity at the best ask.
+    pub ask_qty: u64,
+}
+
+/// Convenience: `u64` quantities on a level as a `Qty` for reports (a level may exceed `Qty`
+/// in total, so the report saturates).
+pub fn saturate_qty(qty: u64) -> Qty {
+    Qty::try_from(qty).unwrap_or(Qty::MAX)
 }
