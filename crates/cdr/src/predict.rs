@@ -22,6 +22,7 @@ use planner::options::Budget;
 use serde::Serialize;
 
 use crate::error::{CdrError, Result};
+pub use crate::run::Offered;
 use crate::run::RunSummary;
 
 /// One node's comparison.
@@ -40,15 +41,6 @@ impl NodeComparison {
     pub fn throughput_ratio(&self) -> f64 {
         self.measured_throughput_per_s / self.predicted_throughput_per_s
     }
-}
-
-/// What the run was asked to carry, which the prediction is for.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Offered {
-    /// The generator ran flat out: the prediction is the maximum throughput.
-    FlatOut,
-    /// Poisson arrivals at this mean rate (tickets per second).
-    Paced(f64),
 }
 
 /// The whole run's comparison.

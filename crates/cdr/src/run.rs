@@ -36,6 +36,15 @@ use crate::online::{Controller, TimelinePoint};
 use crate::serialize::Serializer;
 use crate::ticket::{RawTicket, Ticket, TicketGenerator, decode, sequence_of};
 
+/// What the run was asked to carry, which the prediction is for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Offered {
+    /// The generator ran flat out: the prediction is the maximum throughput.
+    FlatOut,
+    /// Poisson arrivals at this mean rate (tickets per second).
+    Paced(f64),
+}
+
 /// Tickets the generator emits per call when running flat out or catching up.
 pub const GENERATOR_BURST_TICKETS: u64 = 256;
 /// Beyond this wait for the next scheduled ticket the generator sleeps instead of spinning.
@@ -91,13 +100,13 @@ impl Arrivals {
     }
 
     /// What the generator is asked to carry: flat out, or the steps' time-weighted mean rate.
-    pub fn offered(&self) -> crate::predict::Offered {
+    pub fn offered(&self) -> Offered {
         match self {
-            Arrivals::FlatOut(_) => crate::predict::Offered::FlatOut,
+            Arrivals::FlatOut(_) => Offered::FlatOut,
             Arrivals::Steps(steps) => {
                 let tickets: f64 =
                     steps.iter().map(|step| step.rate_per_s * step.duration.as_secs_f64()).sum();
-                crate::predict::Offered::Paced(tickets / self.duration().as_secs_f64())
+                Offered::Paced(tickets / self.duration().as_secs_f64())
             }
         }
     }

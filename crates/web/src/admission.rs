@@ -43,6 +43,8 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// Default request-body bound: 16 MiB holds a 2000×2000 matrix of 3-digit cells.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 16 << 20;
 /// Work above this reserves from the large lane: 1 MiB is above the study's largest request
 /// (the "high" complexity: a 418 KB body; 726 KB of product and answer), so the study's loads
 /// never touch the large lane.
@@ -52,11 +54,11 @@ pub const LARGE_WORK_BYTES_MIN: usize = 1 << 20;
 pub const WORK_BYTES_MAX_DEFAULT: usize = 64 << 20;
 /// Default large lane: one largest body (the default `body_bytes_max`), which is also more than
 /// the largest answer's work (the default `answer_bytes_max` and its product: 11 MiB).
-pub const LARGE_WORK_BYTES_MAX_DEFAULT: usize = crate::server::BODY_BYTES_MAX_DEFAULT;
+pub const LARGE_WORK_BYTES_MAX_DEFAULT: usize = BODY_BYTES_MAX_DEFAULT;
 /// Default share of one connection: one largest request, so no request that a client could
 /// send alone is refused by it, while a connection that pipelines without reading its answers
 /// pins no more than that.
-pub const CONNECTION_WORK_BYTES_MAX_DEFAULT: usize = crate::server::BODY_BYTES_MAX_DEFAULT;
+pub const CONNECTION_WORK_BYTES_MAX_DEFAULT: usize = BODY_BYTES_MAX_DEFAULT;
 /// Default longest wait for room before code 009.
 pub const ADMISSION_WAIT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
@@ -390,8 +392,8 @@ mod tests {
     #[test]
     fn bounds_that_could_never_admit_a_request_are_refused() {
         let bounds = WorkBounds::default();
-        assert!(bounds.check(crate::server::BODY_BYTES_MAX_DEFAULT).is_ok());
-        let error = bounds.check(2 * crate::server::BODY_BYTES_MAX_DEFAULT).unwrap_err();
+        assert!(bounds.check(BODY_BYTES_MAX_DEFAULT).is_ok());
+        let error = bounds.check(2 * BODY_BYTES_MAX_DEFAULT).unwrap_err();
         assert!(error.contains("large_work_bytes_max"), "{error}");
         let tiny = WorkBounds { work_bytes_max: 10, ..bounds };
         assert!(tiny.check(1000).unwrap_err().contains("work_bytes_max"));

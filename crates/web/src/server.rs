@@ -38,8 +38,7 @@ use crate::api::Failure;
 use crate::conn::{self, BodyTimeout, ConnectionBounds};
 use crate::exec::{Calibration, ExecConfig, Executor, Model, Reply};
 
-/// Default request-body bound: 16 MiB holds a 2000×2000 matrix of 3-digit cells.
-pub const BODY_BYTES_MAX_DEFAULT: usize = 16 << 20;
+pub use crate::admission::BODY_BYTES_MAX_DEFAULT;
 
 /// The bounds of one server process beyond its executors: connections and work admission.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
