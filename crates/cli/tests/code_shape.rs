@@ -251,9 +251,7 @@ fn cycles(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> BTree
 
 /// Module cycles when the test was written (crate, the cycle's modules), to be broken.
 const MODULE_CYCLES: &[(&str, &str)] = &[
-    ("gateway", "client ↔ transport"),
     ("gateway", "fix_session ↔ hub ↔ metrics ↔ routed ↔ store"),
-    ("gateway", "io ↔ server"),
     ("mq", "auth ↔ connection ↔ frame ↔ metrics ↔ reply_memory ↔ server ↔ share"),
     ("pipeline", "interrupts ↔ placement"),
     ("replication", "append ↔ error ↔ layout"),

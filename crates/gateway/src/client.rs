@@ -12,25 +12,7 @@ use exchange::instruments::InstrumentTable;
 /// Bytes read per `read` call.
 const READ_CHUNK_BYTES: usize = 4096;
 
-/// Why the client could not go on.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("connection: {0}")]
-    Io(#[from] std::io::Error),
-    /// The TLS handshake failed (an untrusted certificate, a name it is not for, a client
-    /// certificate the server refused) or its settings are unusable.
-    #[error("{0}")]
-    Tls(String),
-    #[error("the server sent a bad frame: {0}")]
-    Decode(#[from] native::DecodeError),
-    #[error("the server closed the connection")]
-    Closed,
-    #[error("secret is longer than {} bytes", native::SECRET_BYTES)]
-    SecretTooLong,
-    /// One of the client's timeouts passed: which one, after how long, and what it waited for.
-    #[error("the {} timeout ({after:?}) passed: {waited_for}", timeout.name())]
-    TimedOut { timeout: Timeout, after: Duration, waited_for: String },
-}
+pub use crate::error::ClientError;
 
 /// A client's timeouts, each named in the error it raises (the login and an order's first
 /// report are requests; the server heartbeats a live session within the idle bound).
@@ -165,19 +147,6 @@ impl NativeClient {
                 Err(e) => return Err(e.into()),
             }
         }
-    }
-}
-
-/// A TCP connection to `addr` opened within `timeout`, else an error naming the connect
-/// timeout.
-pub fn connect_within(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ClientError> {
-    match TcpStream::connect_timeout(&addr, timeout) {
-        Ok(stream) => Ok(stream),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {
-            let waited_for = format!("no connection to {addr}");
-            Err(ClientError::TimedOut { timeout: Timeout::Connect, after: timeout, waited_for })
-        }
-        Err(e) => Err(e.into()),
     }
 }
 

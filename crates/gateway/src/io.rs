@@ -34,9 +34,9 @@ use tokio::sync::{Notify, oneshot};
 use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
 use crate::admission::Admission;
 use crate::credentials::Credential;
+use crate::error::ServeError;
 use crate::hub::{Hub, OrderEntry, Refused, Resolution, Settings};
 use crate::metrics::LayoutInfo;
-use crate::server::ServeError;
 use crate::{fix_server, native_server};
 
 /// Replies routed per reply queue and read before the store's batch is committed.

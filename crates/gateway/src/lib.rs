@@ -23,6 +23,7 @@ pub mod admission;
 pub mod client;
 pub mod credentials;
 mod delivered;
+mod error;
 pub mod fix;
 mod fix_server;
 pub mod fix_session;

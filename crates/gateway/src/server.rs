@@ -25,6 +25,7 @@ use crate::io::{EventSink, HandoffSlot, InTierRequest, IoSetup, TierHandoff, Ups
 use crate::metrics::LayoutInfo;
 
 pub use crate::admission::CONNECTIONS_MAX;
+pub use crate::error::ServeError;
 
 /// What `serve` runs.
 pub struct ServeOptions {
@@ -102,31 +103,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Why the server did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error("binding {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
-    #[error(
-        "metrics listener on {addr}: not a loopback address and no metrics_token set; /metrics \
-         would show the server's counters to anyone who can reach it (set metrics_token in the \
-         serve config, or listen on 127.0.0.1 or ::1)"
-    )]
-    MetricsExposed { addr: SocketAddr },
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    #[error("the tier failed")]
-    Tier(#[from] exchange::ExchangeError),
-    #[error("starting the credential verifiers")]
-    Verifier(#[from] crate::credentials::CredentialsError),
-    #[error("the tier stopped before serving")]
-    TierStopped,
-    #[error("replicated input log: {0}")]
-    Log(#[from] replication::ReplicationError),
-    #[error("gateway without a tier: {0}")]
-    Remote(String),
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, StreamOwned};
 
-use crate::client::ClientError;
+use crate::error::ClientError;
+use ops::Timeout;
 
 /// Bytes of TLS records read from the socket at once (a little more than one full record).
 const RECORD_READ_BYTES: usize = 17 * 1024;
@@ -75,7 +76,7 @@ impl Transport {
         tls: Option<&ClientTls>,
     ) -> Result<Transport, ClientError> {
         let started = Instant::now();
-        let socket = crate::client::connect_within(addr, timeout)?;
+        let socket = connect_within(addr, timeout)?;
         socket.set_nodelay(true)?;
         let Some(tls) = tls else { return Ok(Transport::Plain(socket)) };
         let mut conn = ClientConnection::new(tls.config.clone(), tls.server_name.clone())
@@ -329,5 +330,21 @@ fn plaintext(conn: &mut ClientConnection, buf: &mut [u8]) -> std::io::Result<usi
         Ok(n) => Ok(n),
         Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
         Err(error) => Err(error),
+    }
+}
+
+/// A TCP connection to `addr` opened within `timeout`, else an error naming the connect
+/// timeout.
+pub(crate) fn connect_within(
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<TcpStream, ClientError> {
+    match TcpStream::connect_timeout(&addr, timeout) {
+        Ok(stream) => Ok(stream),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {
+            let waited_for = format!("no connection to {addr}");
+            Err(ClientError::TimedOut { timeout: Timeout::Connect, after: timeout, waited_for })
+        }
+        Err(e) => Err(e.into()),
     }
 }
