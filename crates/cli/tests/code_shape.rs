@@ -28,8 +28,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/cli/src/commands/exchange_serve.rs", "serve"), // 108 lines
     ("crates/cli/src/commands/web_lab.rs", "run_load"), // 79 lines
     ("crates/delivery/src/publish.rs", "connect_member"), // 75 lines
-    ("crates/exchange/src/durability.rs", "open_shard"), // 74 lines
-    ("crates/exchange/src/durability.rs", "open_shards"), // 98 lines
     ("crates/gateway/src/client.rs", "parse_script_line_in"), // 76 lines
     ("crates/gateway/src/fix_server.rs", "logon"),     // 73 lines
     ("crates/gateway/src/fix_server.rs", "on_message"), // 74 lines

@@ -425,60 +425,13 @@ pub fn open_shards(
     limits: CoreLimits,
 ) -> Result<ShardJournals> {
     let Some(policy) = mode.policy() else {
-        if let Some(dir) = &options.data_dir {
-            return Err(BadInput(format!(
-                "data directory {} given with the journal off: nothing would be recovered or \
-                 written (use --journal group, sync or relaxed)",
-                dir.display()
-            )));
-        }
-        let (first_state, first_seq) = match &options.restore {
-            None => (ShardState::new(listings, limits), 0),
-            Some(_) if shard_count != 1 => {
-                return Err(BadInput("a restored tier runs one core shard".into()));
-            }
-            Some(restore) => {
-                let state = ShardState::restore(&restore.snapshot).map_err(|why| {
-                    BadInput(format!("the shard snapshot to restore from: {why}"))
-                })?;
-                (state, restore.last_seq)
-            }
-        };
-        let mut first = Some((first_state, first_seq));
-        let shards = (0..shard_count)
-            .map(|shard| {
-                let (state, last_seq) =
-                    first.take().unwrap_or_else(|| (ShardState::new(listings, limits), 0));
-                OpenedShard {
-                    state,
-                    last_seq,
-                    sender: None,
-                    writer: None,
-                    snapshots: None,
-                    recovery: ShardRecovery { shard, ..ShardRecovery::default() },
-                }
-            })
-            .collect();
-        return Ok(ShardJournals {
-            data_dir: None,
-            shards,
-            durables: vec![None; shard_count],
-            _owner: None,
-            _temp_dir: None,
-        });
+        return unjournaled_shards(options, shard_count, listings, limits);
     };
     if options.restore.is_some() {
         let why = "a shard snapshot to restore from is for a tier without a journal";
         return Err(BadInput(why.into()));
     }
-    let (data_dir, temp_dir) = match &options.data_dir {
-        Some(dir) => (dir.clone(), None),
-        None => {
-            let temp = tempfile::Builder::new().prefix("leantier-exchange-").tempdir();
-            let temp = temp.map_err(io_failed("creating a temporary data directory"))?;
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    };
+    let (data_dir, temp_dir) = data_dir_of(options)?;
     // Before anything is read: a second process's recovery would cut the live writer's tail.
     let owner = ops::StoreLock::acquire(&data_dir)
         .map_err(|source| ExchangeError::Owned { dir: data_dir.clone(), source })?;
@@ -494,15 +447,8 @@ pub fn open_shards(
     let mut shards = Vec::with_capacity(shard_count);
     let mut durables = Vec::with_capacity(shard_count);
     for shard in 0..shard_count {
-        let opened = open_shard(
-            policy,
-            options,
-            snapshot_every_records,
-            &data_dir,
-            shard,
-            listings,
-            limits,
-        )?;
+        let place = (data_dir.as_path(), shard);
+        let opened = open_shard(policy, options, snapshot_every_records, place, listings, limits)?;
         durables.push(opened.writer.as_ref().map(JournalWriter::durable));
         shards.push(opened);
     }
@@ -515,12 +461,61 @@ pub fn open_shards(
     })
 }
 
+/// The shards of a tier without a journal: fresh books, or the first from the snapshot to
+/// restore from (a restored tier runs one shard). A data directory is refused: nothing would
+/// be recovered from it or written to it.
+fn unjournaled_shards(
+    options: &JournalOptions,
+    shard_count: usize,
+    listings: &[Listing],
+    limits: CoreLimits,
+) -> Result<ShardJournals> {
+    if let Some(dir) = &options.data_dir {
+        return Err(BadInput(format!(
+            "data directory {} given with the journal off: nothing would be recovered or \
+             written (use --journal group, sync or relaxed)",
+            dir.display()
+        )));
+    }
+    let (first_state, first_seq) = match &options.restore {
+        None => (ShardState::new(listings, limits), 0),
+        Some(_) if shard_count != 1 => {
+            return Err(BadInput("a restored tier runs one core shard".into()));
+        }
+        Some(restore) => {
+            let state = ShardState::restore(&restore.snapshot)
+                .map_err(|why| BadInput(format!("the shard snapshot to restore from: {why}")))?;
+            (state, restore.last_seq)
+        }
+    };
+    let mut first = Some((first_state, first_seq));
+    let shards = (0..shard_count)
+        .map(|shard| {
+            let (state, last_seq) =
+                first.take().unwrap_or_else(|| (ShardState::new(listings, limits), 0));
+            let recovery = ShardRecovery { shard, ..ShardRecovery::default() };
+            OpenedShard { state, last_seq, sender: None, writer: None, snapshots: None, recovery }
+        })
+        .collect();
+    let durables = vec![None; shard_count];
+    Ok(ShardJournals { data_dir: None, shards, durables, _owner: None, _temp_dir: None })
+}
+
+/// The data directory of `options`, or a temporary one (kept while the returned guard lives).
+fn data_dir_of(options: &JournalOptions) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    if let Some(dir) = &options.data_dir {
+        return Ok((dir.clone(), None));
+    }
+    let temp = tempfile::Builder::new().prefix("leantier-exchange-").tempdir();
+    let temp = temp.map_err(io_failed("creating a temporary data directory"))?;
+    Ok((temp.path().to_path_buf(), Some(temp)))
+}
+
 fn open_shard(
     policy: Policy,
     options: &JournalOptions,
     snapshot_every_records: u64,
-    data_dir: &Path,
-    shard: usize,
+    (data_dir, shard): (&Path, usize),
     listings: &[Listing],
     limits: CoreLimits,
 ) -> Result<OpenedShard> {
@@ -530,21 +525,7 @@ fn open_shard(
     let recovered = recover_from(&dir, RecoverOptions { repair: options.repair }, fresh)
         .map_err(journal_failed(format!("recovering the shard journal {}", dir.display())))?;
     let recovery_ns = now_ns().saturating_sub(started_ns);
-    if let Some(why) = &recovered.state.undecodable {
-        let why =
-            format!("journal {} holds a record the exchange cannot decode: {why}", dir.display());
-        return Err(ExchangeError::Failed(why));
-    }
-    let core = &recovered.state.core;
-    if core.listings() != listings || core.limits() != limits {
-        // A snapshot carries its listings and pool size: a different universe or pool would
-        // give the books another meaning than the journal's records had.
-        return Err(BadInput(format!(
-            "the snapshot in {} was taken with other listings or another order pool size than \
-             this run's configuration",
-            dir.display()
-        )));
-    }
+    check_recovered(&recovered.state, &dir, listings, limits)?;
     let recovery = ShardRecovery {
         shard,
         dir: dir.clone(),
@@ -561,24 +542,12 @@ fn open_shard(
     let (next_seq, resume) = (recovered.tail.next_seq, recovered.tail.open_segment.clone());
     let (sender, writer) = JournalWriter::spawn::<ShardRecord>(recovered.tail, &config)
         .map_err(journal_failed(format!("starting the journal writer of {}", dir.display())))?;
-    let snapshots = if snapshot_every_records == 0 {
-        None
-    } else {
-        // The follower's replica starts as a copy of the recovered state (start-up, not the
-        // critical path: one serialisation and restore).
-        let mut bytes = Vec::with_capacity(recovered.state.snapshot_bytes_max());
-        recovered.state.write_snapshot(&mut bytes);
-        let replica = ShardState::restore(&bytes).map_err(ExchangeError::Failed)?;
-        let durable = writer.durable();
-        let snapshotter = ShardSnapshotter::spawn(
-            dir,
-            durable,
-            replica,
-            next_seq,
-            resume,
-            snapshot_every_records,
-        );
-        Some(snapshotter.map_err(ExchangeError::Failed)?)
+    let snapshots = match snapshot_every_records {
+        0 => None,
+        every => {
+            let from = (&recovered.state, next_seq, resume);
+            Some(start_snapshots(dir, writer.durable(), from, every)?)
+        }
     };
     Ok(OpenedShard {
         state: recovered.state,
@@ -588,6 +557,46 @@ fn open_shard(
         snapshots,
         recovery,
     })
+}
+
+/// Starts the shard's snapshot follower from the recovered state (`from`: the state, the next
+/// journal sequence and where the open segment resumes). Its replica starts as a copy of that
+/// state: start-up, not the critical path (one serialisation and restore).
+fn start_snapshots(
+    dir: PathBuf,
+    durable: Arc<DurableSeq>,
+    (state, next_seq, resume): (&ShardState, u64, Option<journal::reader::EndPosition>),
+    every_records: u64,
+) -> Result<ShardSnapshotter> {
+    let mut bytes = Vec::with_capacity(state.snapshot_bytes_max());
+    state.write_snapshot(&mut bytes);
+    let replica = ShardState::restore(&bytes).map_err(ExchangeError::Failed)?;
+    ShardSnapshotter::spawn(dir, durable, replica, next_seq, resume, every_records)
+        .map_err(ExchangeError::Failed)
+}
+
+/// Refuses a recovered state the run cannot go on from: a record it could not decode, or a
+/// snapshot taken with other listings or another pool size (its books would mean something
+/// else than the journal's records did).
+fn check_recovered(
+    state: &ShardState,
+    dir: &Path,
+    listings: &[Listing],
+    limits: CoreLimits,
+) -> Result<()> {
+    if let Some(why) = &state.undecodable {
+        let why =
+            format!("journal {} holds a record the exchange cannot decode: {why}", dir.display());
+        return Err(ExchangeError::Failed(why));
+    }
+    if state.core.listings() != listings || state.core.limits() != limits {
+        return Err(BadInput(format!(
+            "the snapshot in {} was taken with other listings or another order pool size than \
+             this run's configuration",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
