@@ -392,6 +392,11 @@ pub struct BenchArgs {
     /// first measurements always run with 1 (one request per round trip).
     #[arg(long, default_value_t = 64)]
     pub window: usize,
+    /// Sends per SendBatch frame in the node's third measurement (`--window` sends in flight
+    /// per client, one request frame and one reply frame per this many messages); 1 skips it.
+    #[arg(long, default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..=mq::protocol::SEND_BATCH_MAX as i64))]
+    pub send_batch: u16,
     /// Exit with the target-missed code when embedded SQLite stays under 100K sends/s.
     #[arg(long)]
     pub check: bool,
@@ -701,6 +706,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
         content_bytes: args.content_bytes,
         embedded_batch: args.embedded_batch,
         window: args.window,
+        send_batch: usize::from(args.send_batch),
         node: args.node.resolve()?,
         pgmq_sql: args.pgmq_sql.clone(),
         parts: args.only.clone(),
