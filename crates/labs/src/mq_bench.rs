@@ -670,9 +670,8 @@ pub fn budget_table(rows: &[BenchRow]) -> Table {
     };
     for r in rows {
         let b = &r.budget;
-        let batch = r
-            .batch_mean
-            .or((!is_node(&r.system)).then_some(r.per_call_or_in_flight as f64));
+        let batch =
+            r.batch_mean.or((!is_node(&r.system)).then_some(r.per_call_or_in_flight as f64));
         t.row([
             r.system.clone(),
             r.operation.clone(),
@@ -890,9 +889,10 @@ async fn client_phase(
         Some(c) => Request::Send { queue: queue.clone(), receiver: None, content: c.clone() },
         None => Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop },
     };
-    let batched = content.as_deref().filter(|_| drive.send_batch > 1).map(|content| {
-        vec![SendRef { queue: &queue, receiver: None, content }; drive.send_batch]
-    });
+    let batched = content
+        .as_deref()
+        .filter(|_| drive.send_batch > 1)
+        .map(|content| vec![SendRef { queue: &queue, receiver: None, content }; drive.send_batch]);
     let mut phase = Phase::new();
     // Each frame in flight: when it was submitted, and how many requests it holds.
     let mut submitted: VecDeque<(Instant, usize)> = VecDeque::with_capacity(drive.window);
