@@ -777,7 +777,8 @@ async fn through_node(
     let (spec, node_config) = (config.store.clone(), config.node.clone());
     let (node, store) = runtime
         .spawn(async move {
-            let store = AnyStore::open(&spec, node_config.db_workers).await?;
+            let (workers, table) = (node_config.db_workers, node_config.message_table);
+            let store = AnyStore::open_with(&spec, workers, table).await?;
             let node = server::start("127.0.0.1:0", store.clone(), node_config).await?;
             Ok::<_, MqError>((node, store))
         })

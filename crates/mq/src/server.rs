@@ -157,6 +157,11 @@ pub struct NodeConfig {
     /// Accounts (new names) one source address may create per window; past it a registration
     /// under a new name is `Busy` (known names still authenticate).
     pub accounts_per_address_max: usize,
+    /// PostgreSQL's message table, made so when the node opens its store: `logged` (durable)
+    /// or `unlogged` (no write-ahead log: a PostgreSQL crash empties the table; see
+    /// docs/MQ_PROTOCOL.md, "Delivery guarantees"); unset leaves it as the database has it.
+    /// SQLite stores refuse `unlogged`.
+    pub message_table: Option<crate::store::MessageTable>,
 }
 
 impl Default for NodeConfig {
@@ -184,6 +189,7 @@ impl Default for NodeConfig {
             registration_window_ms: REGISTRATION_WINDOW_MS_DEFAULT,
             registration_attempts_per_address_max: REGISTRATION_ATTEMPTS_PER_ADDRESS_MAX_DEFAULT,
             accounts_per_address_max: ACCOUNTS_PER_ADDRESS_MAX_DEFAULT,
+            message_table: None,
         }
     }
 }

@@ -112,6 +112,11 @@ pub struct NodeFlags {
     /// Accounts (new names) one source address may create per window (default 1024).
     #[arg(long)]
     pub accounts_per_address_max: Option<usize>,
+    /// PostgreSQL's message table, made so at start: logged (durable) or unlogged (no
+    /// write-ahead log, like pgmq's unlogged queues: a PostgreSQL crash empties it;
+    /// docs/MQ_PROTOCOL.md). Unset: as the database has it. SQLite refuses unlogged.
+    #[arg(long, value_parser = one_of(&store::MessageTable::ALL, store::MessageTable::name))]
+    pub message_table: Option<store::MessageTable>,
 }
 
 /// Where `mq serve` listens and stores unless a flag or its file says otherwise.
@@ -187,6 +192,7 @@ impl NodeFlags {
         let attempts = &self.registration_attempts_per_address_max;
         override_with(&mut c.registration_attempts_per_address_max, attempts);
         override_with(&mut c.accounts_per_address_max, &self.accounts_per_address_max);
+        override_with(&mut c.message_table, &self.message_table.map(Some));
         c.validate()?;
         Ok(file)
     }
@@ -495,7 +501,8 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = file.node;
     // Held until the node stopped: a second `mq serve` on this SQLite store is refused.
     let _owner = store::claim(&store_url)?;
-    let store = store::AnyStore::open(&store_url, config.db_workers).await?;
+    let store =
+        store::AnyStore::open_with(&store_url, config.db_workers, config.message_table).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
         _ => None,

@@ -27,7 +27,8 @@ use super::wire::{CountedConnect, WireCounters, WireTotals};
 
 use super::plan::{ReadGroup, Step, plan};
 use super::{
-    Batch, ClientRecord, OpResult, Store, StoreOp, check_name, not_owner, register_not_batched,
+    Batch, ClientRecord, MessageTable, OpResult, Store, StoreOp, check_name, not_owner,
+    register_not_batched,
 };
 use crate::error::{MqError, Result};
 use crate::protocol::{
@@ -66,6 +67,8 @@ pub struct PostgresConfig {
     pub url: String,
     /// Most database connections this node opens.
     pub pool_connections: usize,
+    /// Made so at open (see [`MessageTable`]); `None` leaves the table as it is.
+    pub message_table: Option<MessageTable>,
 }
 
 #[derive(Clone)]
@@ -95,7 +98,48 @@ impl PostgresStore {
             .build()?;
         let store = PostgresStore { pool, wire };
         store.migrate().await?;
+        store.set_message_table(config.message_table).await?;
         Ok(store)
+    }
+
+    /// What the message table is now, after making it `wanted` (when given and different:
+    /// `ALTER TABLE … SET [UN]LOGGED` rewrites the table and, since PostgreSQL 15, its id
+    /// sequence, under the migration lock so nodes starting together do it once).
+    async fn set_message_table(&self, wanted: Option<MessageTable>) -> Result<MessageTable> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+        let current = message_table_of(&tx).await?;
+        let table = wanted.unwrap_or(current);
+        if table != current {
+            let sql = match table {
+                MessageTable::Logged => "ALTER TABLE mq_messages SET LOGGED",
+                MessageTable::Unlogged => "ALTER TABLE mq_messages SET UNLOGGED",
+            };
+            tx.batch_execute(sql).await.map_err(|source| MqError::Postgres {
+                what: format!("making the message table {}", table.name()),
+                source,
+            })?;
+        }
+        tx.commit().await?;
+        let (changed, message_table) = (table != current, table.name());
+        match table {
+            MessageTable::Logged => {
+                tracing::info!(message_table, changed, "PostgreSQL message table is logged");
+            }
+            MessageTable::Unlogged => tracing::warn!(
+                message_table,
+                changed,
+                "PostgreSQL message table is unlogged: a PostgreSQL crash empties it"
+            ),
+        }
+        Ok(table)
+    }
+
+    /// Whether the message table is logged now.
+    pub async fn message_table(&self) -> Result<MessageTable> {
+        let client = self.pool.get().await?;
+        message_table_of(&client).await
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -133,6 +177,12 @@ impl PostgresStore {
         let row = client.query_one("SELECT count(*) FROM mq_messages", &[]).await?;
         Ok(row.get::<_, i64>(0) as u64)
     }
+}
+
+async fn message_table_of(client: &impl deadpool_postgres::GenericClient) -> Result<MessageTable> {
+    let sql = "SELECT relpersistence = 'u' FROM pg_class WHERE oid = 'mq_messages'::regclass";
+    let unlogged: bool = client.query_one(sql, &[]).await?.get(0);
+    Ok(if unlogged { MessageTable::Unlogged } else { MessageTable::Logged })
 }
 
 impl Store for PostgresStore {
@@ -677,13 +727,19 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn postgres_passes_the_store_scenario() {
         let Some(url) = pg_url() else { return };
-        let store = PostgresStore::open(&PostgresConfig { url: url.clone(), pool_connections: 2 })
-            .await
-            .unwrap();
+        let store = PostgresStore::open(&PostgresConfig {
+            url: url.clone(),
+            pool_connections: 2,
+            message_table: None,
+        })
+        .await
+        .unwrap();
         super::super::conformance::scenario(&store).await;
         super::super::conformance::mixed_batch(&store).await;
         // A second node opening the same database finds the migrations applied.
-        PostgresStore::open(&PostgresConfig { url, pool_connections: 1 }).await.unwrap();
+        PostgresStore::open(&PostgresConfig { url, pool_connections: 1, message_table: None })
+            .await
+            .unwrap();
     }
 
     /// The foreign key is gone (postgres_v6.sql); the send statements' KEY SHARE lock keeps
@@ -694,7 +750,9 @@ pub(crate) mod tests {
     async fn sends_racing_a_queue_deletion_leave_no_message_behind() {
         let Some(url) = pg_url() else { return };
         let store =
-            PostgresStore::open(&PostgresConfig { url, pool_connections: 4 }).await.unwrap();
+            PostgresStore::open(&PostgresConfig { url, pool_connections: 4, message_table: None })
+                .await
+                .unwrap();
         let owner = store.claim_client(&unique("racer"), "hash").await.unwrap().id;
         let op = |request| StoreOp { client_id: Some(owner), now_us: 1, request };
         let (mut refused_after_delete, mut purged) = (0, 0);
@@ -746,10 +804,52 @@ pub(crate) mod tests {
         let name = format!("mq_fresh_{}_{}", std::process::id(), crate::util::now_us());
         admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
         let (base, _) = url.rsplit_once('/').expect("URL has a database path");
-        let config = PostgresConfig { url: format!("{base}/{name}"), pool_connections: 2 };
+        let config = PostgresConfig {
+            url: format!("{base}/{name}"),
+            pool_connections: 2,
+            message_table: None,
+        };
         let store = PostgresStore::open(&config).await.unwrap();
         super::super::conformance::scenario(&store).await;
         drop(store);
+        admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await.unwrap();
+    }
+
+    /// `message_table`: unlogged makes the table and its id sequence unlogged, the store
+    /// works as before on it, a node without the setting leaves it so, and logged makes it
+    /// durable again. (That a PostgreSQL crash empties an unlogged table is PostgreSQL's
+    /// documented behaviour, stated in docs/MQ_PROTOCOL.md, not re-tested here.)
+    #[tokio::test]
+    async fn the_message_table_is_made_unlogged_and_logged_again_on_request() {
+        let Some(url) = pg_url() else { return };
+        let (admin, connection) =
+            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let name = format!("mq_unlogged_{}_{}", std::process::id(), crate::util::now_us());
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        let (base, _) = url.rsplit_once('/').expect("URL has a database path");
+        let open = |message_table| {
+            let url = format!("{base}/{name}");
+            async move {
+                let config = PostgresConfig { url, pool_connections: 2, message_table };
+                PostgresStore::open(&config).await.unwrap()
+            }
+        };
+        let persistence = "SELECT string_agg(relname || '=' || relpersistence::text, ',' ORDER BY relname)                            FROM pg_class WHERE relname IN ('mq_messages', 'mq_messages_id_seq')";
+        let store = open(Some(MessageTable::Unlogged)).await;
+        let client = store.pool.get().await.unwrap();
+        let shown: String = client.query_one(persistence, &[]).await.unwrap().get(0);
+        assert_eq!(shown, "mq_messages=u,mq_messages_id_seq=u");
+        super::super::conformance::scenario(&store).await;
+        drop((client, store));
+        let store = open(None).await;
+        assert_eq!(store.message_table().await.unwrap(), MessageTable::Unlogged, "left as is");
+        drop(store);
+        let store = open(Some(MessageTable::Logged)).await;
+        let client = store.pool.get().await.unwrap();
+        let shown: String = client.query_one(persistence, &[]).await.unwrap().get(0);
+        assert_eq!(shown, "mq_messages=p,mq_messages_id_seq=p");
+        drop((client, store));
         admin.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)")).await.unwrap();
     }
 }
