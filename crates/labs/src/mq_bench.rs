@@ -706,11 +706,13 @@ fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> Resul
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut phase = Phase::new();
     let mut insert = conn.prepare("INSERT INTO bench_plain(content) VALUES (?1)")?;
+    let readings = Readings::take(None, None, None);
     while Instant::now() < end {
         let start = Instant::now();
         phase.ops += insert.execute([content])? as u64;
         phase.latency.record_duration(start.elapsed());
     }
+    phase.budget = embedded_budget(&readings, phase.ops);
     drop(insert);
     conn.execute_batch("DROP TABLE bench_plain")?;
     Ok(phase)
@@ -729,6 +731,7 @@ async fn embedded_sends(
     store.execute_batch(&mut batch).await?;
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut phase = Phase::new();
+    let readings = Readings::take(None, None, None);
     while Instant::now() < end {
         let start = Instant::now();
         batch.ops.clear();
@@ -743,10 +746,18 @@ async fn embedded_sends(
         phase.latency.record_duration(start.elapsed());
         phase.ops += batch.results.iter().filter(|r| r.is_ok()).count() as u64;
     }
+    phase.budget = embedded_budget(&readings, phase.ops);
     batch.ops.clear();
     batch.ops.push(op(Request::DeleteQueue { name: queue, purge: true }));
     store.execute_batch(&mut batch).await?;
     Ok(phase)
+}
+
+/// The budget of an in-process SQLite phase since `start`: its CPU (all of it this process's,
+/// shown as the load generator's) and the host's; SQLite has no statements on a wire.
+fn embedded_budget(start: &Readings, messages: u64) -> Budget {
+    let cpu = start.budget(&Readings::take(None, None, None), messages).cpu;
+    Budget { cpu, ..Budget::default() }
 }
 
 /// One node measurement per operation: the phase and the node's mean requests per transaction.
