@@ -8,7 +8,9 @@
 //! - pgmq (when its SQL is given): `pgmq.send` / `pgmq.pop`, then `pgmq.send_batch` /
 //!   `pgmq.pop(queue, window)`;
 //! - leantier: an in-process node (group commit on) driven by N TCP clients with one request in
-//!   flight each (closed loop, like the peers' connections), then `window` pipelined. Every
+//!   flight each (closed loop, like the peers' connections), then `window` pipelined, then
+//!   (sends) `window` in flight as `SendBatch` frames of `send_batch` sends (one request frame
+//!   and one reply frame per `send_batch` messages, the client library's batched send). Every
 //!   reply waits for its batch's durable commit; the node's mean batch is printed.
 //! - one client alone: plain SQL's single-row insert beside the node with one request in flight,
 //!   so the difference of their medians is what the node adds to one request.
@@ -34,7 +36,7 @@ use lab::stats::LatencyHistogram;
 use serde::Serialize;
 
 use mq::client::Client;
-use mq::protocol::{ReadMode, ReadTarget, Request};
+use mq::protocol::{ReadMode, ReadTarget, ReplyBody, Request, SEND_BATCH_MAX, SendRef};
 use mq::server::{self, NodeConfig, NodeTotals, RunningNode};
 use mq::store::wire::{WireCounters, WireTotals, connect_counted};
 use mq::store::{AnyStore, Batch, Store, StoreOp};
@@ -57,6 +59,9 @@ pub struct BenchConfig {
     /// Requests each leantier client keeps in flight in the pipelined node measurement, and
     /// messages per call of the peers' batch statements.
     pub window: usize,
+    /// Sends per `SendBatch` frame in the node's batched-send measurement (`window` in flight
+    /// per client); 1 skips that measurement.
+    pub send_batch: usize,
     pub node: NodeConfig,
     /// pgmq's install SQL (`pgmq.sql` from the crates.io `pgmq` crate); PostgreSQL only.
     pub pgmq_sql: Option<std::path::PathBuf>,
@@ -85,6 +90,14 @@ impl BenchPart {
             BenchPart::OneClient => "one-client",
         }
     }
+}
+
+/// The system name of the node's rows with `SendBatch` frames.
+pub const NODE_BATCHED: &str = "leantier node, batch frames";
+
+/// Whether a row is the node's (its CPU is measured apart).
+fn is_node(system: &str) -> bool {
+    system.starts_with("leantier node")
 }
 
 /// Queue name the pgmq measurement creates and drops.
@@ -243,24 +256,56 @@ pub async fn run(config: &BenchConfig) -> Result<(Vec<BenchRow>, Option<f64>)> {
             rows.push(row(&shape, "send", &n, config.seconds));
         }
     }
-    let windows = if runs(BenchPart::Node) { vec![1, config.window.max(1)] } else { vec![] };
-    for window in windows {
-        let phases = through_node(config, postmaster, config.clients, window, &content).await?;
-        let shape = Shape {
-            system: "leantier node",
-            clients: config.clients,
-            per_call_or_in_flight: window,
-        };
-        for (operation, (phase, batch_mean)) in [("send", phases.sends), ("pop", phases.pops)] {
-            let mut r = row(&shape, operation, &phase, config.seconds);
-            r.batch_mean = Some(batch_mean);
-            rows.push(r);
-        }
+    if runs(BenchPart::Node) {
+        rows.extend(node_rows(config, postmaster, &content).await?);
     }
     if let (AnyStore::Postgres(_), true) = (&store, runs(BenchPart::OneClient)) {
         rows.extend(one_client(config, postmaster, &content).await?);
     }
     Ok((rows, embedded))
+}
+
+/// The node with N clients: one request in flight, then `window` (sends and pops), then
+/// `window` in flight as `SendBatch` frames (sends only) unless `send_batch` is 1.
+async fn node_rows(
+    config: &BenchConfig,
+    postmaster: Option<u32>,
+    content: &[u8],
+) -> Result<Vec<BenchRow>> {
+    let (clients, window) = (config.clients, config.window.max(1));
+    let send_batch = config.send_batch.clamp(1, SEND_BATCH_MAX).min(window);
+    let mut drives = vec![
+        ("leantier node", Drive { clients, window: 1, send_batch: 1, pops: true }),
+        ("leantier node", Drive { clients, window, send_batch: 1, pops: true }),
+    ];
+    if send_batch > 1 {
+        drives.push((NODE_BATCHED, Drive { clients, window, send_batch, pops: false }));
+    }
+    let mut rows = Vec::new();
+    for (system, drive) in drives {
+        let phases = through_node(config, postmaster, drive, content).await?;
+        let shape = Shape { system, clients, per_call_or_in_flight: drive.window };
+        for (operation, (phase, batch_mean)) in
+            std::iter::once(("send", phases.sends)).chain(phases.pops.map(|p| ("pop", p)))
+        {
+            let mut r = row(&shape, operation, &phase, config.seconds);
+            r.batch_mean = Some(batch_mean);
+            rows.push(r);
+        }
+    }
+    Ok(rows)
+}
+
+/// How the clients drive the node in one measurement.
+#[derive(Clone, Copy, Debug)]
+struct Drive {
+    clients: usize,
+    /// Requests (sends) each client keeps in flight.
+    window: usize,
+    /// Sends per frame: 1 = one `Send` frame per message, more = `SendBatch` frames.
+    send_batch: usize,
+    /// Whether a pop phase follows the sends.
+    pops: bool,
 }
 
 /// The pid of the PostgreSQL server's postmaster when the server runs on this host (its CPU
@@ -453,7 +498,8 @@ async fn one_client(
     let plain =
         pg_phase(url, (1, postmaster), seconds, &send, Param::Bytes(content.to_vec())).await?;
     setup.batch_execute("DROP TABLE mq_bench_plain").await?;
-    let node = through_node(config, postmaster, 1, 1, content).await?;
+    let alone = Drive { clients: 1, window: 1, send_batch: 1, pops: true };
+    let node = through_node(config, postmaster, alone, content).await?;
     let plain_shape = Shape { system: "plain SQL", clients: 1, per_call_or_in_flight: 1 };
     let node_shape = Shape { system: "leantier node", clients: 1, per_call_or_in_flight: 1 };
     let mut node_row = row(&node_shape, "send", &node.sends.0, seconds);
@@ -624,16 +670,15 @@ pub fn budget_table(rows: &[BenchRow]) -> Table {
     };
     for r in rows {
         let b = &r.budget;
-        let batch = r
-            .batch_mean
-            .or((r.system != "leantier node").then_some(r.per_call_or_in_flight as f64));
+        let batch =
+            r.batch_mean.or((!is_node(&r.system)).then_some(r.per_call_or_in_flight as f64));
         t.row([
             r.system.clone(),
             r.operation.clone(),
             r.clients.to_string(),
             r.per_call_or_in_flight.to_string(),
             format!("{:.0}", r.per_s),
-            cell(b.cpu.node_us.filter(|_| r.system == "leantier node"), 1),
+            cell(b.cpu.node_us.filter(|_| is_node(&r.system)), 1),
             cell(b.cpu.postgres_us, 1),
             cell(b.cpu.load_generator_us, 1),
             cell(b.cpu.host_us, 1),
@@ -661,11 +706,13 @@ fn sqlite_baseline(dir: &std::path::Path, seconds: f64, content: &[u8]) -> Resul
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut phase = Phase::new();
     let mut insert = conn.prepare("INSERT INTO bench_plain(content) VALUES (?1)")?;
+    let readings = Readings::take(None, None, None);
     while Instant::now() < end {
         let start = Instant::now();
         phase.ops += insert.execute([content])? as u64;
         phase.latency.record_duration(start.elapsed());
     }
+    phase.budget = embedded_budget(&readings, phase.ops);
     drop(insert);
     conn.execute_batch("DROP TABLE bench_plain")?;
     Ok(phase)
@@ -684,6 +731,7 @@ async fn embedded_sends(
     store.execute_batch(&mut batch).await?;
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut phase = Phase::new();
+    let readings = Readings::take(None, None, None);
     while Instant::now() < end {
         let start = Instant::now();
         batch.ops.clear();
@@ -698,26 +746,34 @@ async fn embedded_sends(
         phase.latency.record_duration(start.elapsed());
         phase.ops += batch.results.iter().filter(|r| r.is_ok()).count() as u64;
     }
+    phase.budget = embedded_budget(&readings, phase.ops);
     batch.ops.clear();
     batch.ops.push(op(Request::DeleteQueue { name: queue, purge: true }));
     store.execute_batch(&mut batch).await?;
     Ok(phase)
 }
 
+/// The budget of an in-process SQLite phase since `start`: its CPU (all of it this process's,
+/// shown as the load generator's) and the host's; SQLite has no statements on a wire.
+fn embedded_budget(start: &Readings, messages: u64) -> Budget {
+    let cpu = start.budget(&Readings::take(None, None, None), messages).cpu;
+    Budget { cpu, ..Budget::default() }
+}
+
 /// One node measurement per operation: the phase and the node's mean requests per transaction.
 struct NodePhases {
     sends: (Phase, f64),
-    pops: (Phase, f64),
+    /// `None` when the drive had no pop phase.
+    pops: Option<(Phase, f64)>,
 }
 
 /// The node on its own runtime (threads named [`NODE_THREAD_NAME`], so its CPU is told apart
 /// from the load generator's) with its own store, as a separate process would have, driven by
-/// `clients` TCP clients with `window` requests in flight each: sends, then pops.
+/// TCP clients as `drive` says: sends, then pops.
 async fn through_node(
     config: &BenchConfig,
     postmaster: Option<u32>,
-    clients: usize,
-    window: usize,
+    drive: Drive,
     content: &[u8],
 ) -> Result<NodePhases> {
     if config.store.starts_with("postgres") {
@@ -732,12 +788,13 @@ async fn through_node(
     let (spec, node_config) = (config.store.clone(), config.node.clone());
     let (node, store) = runtime
         .spawn(async move {
-            let store = AnyStore::open(&spec, node_config.db_workers).await?;
+            let (workers, table) = (node_config.db_workers, node_config.message_table);
+            let store = AnyStore::open_with(&spec, workers, table).await?;
             let node = server::start("127.0.0.1:0", store.clone(), node_config).await?;
             Ok::<_, MqError>((node, store))
         })
         .await??;
-    let measured = node_phases(&node, &store, config, (postmaster, clients, window), content).await;
+    let measured = node_phases(&node, &store, config, (postmaster, drive), content).await;
     let _ = runtime.spawn(node.shutdown()).await;
     runtime.shutdown_background();
     measured
@@ -748,7 +805,7 @@ async fn node_phases(
     node: &RunningNode,
     store: &AnyStore,
     config: &BenchConfig,
-    (postmaster, clients, window): (Option<u32>, usize, usize),
+    (postmaster, drive): (Option<u32>, Drive),
     content: &[u8],
 ) -> Result<NodePhases> {
     let addr = node.addr.to_string();
@@ -756,8 +813,8 @@ async fn node_phases(
     let mut admin = Client::connect(&addr).await?;
     admin.register(&format!("{queue}-admin"), LOAD_SECRET).await?;
     admin.create_queue(&queue).await?;
-    let mut users = Vec::with_capacity(clients);
-    for i in 0..clients {
+    let mut users = Vec::with_capacity(drive.clients);
+    for i in 0..drive.clients {
         let mut client = Client::connect(&addr).await?;
         client.register(&format!("{queue}-{i}"), LOAD_SECRET).await?;
         users.push(client);
@@ -765,13 +822,18 @@ async fn node_phases(
     let readings = || Readings::take(postmaster, Some(node), store.wire_totals());
     let start = readings();
     let (mut sends, users) =
-        node_phase(users, &queue, config.seconds, window, Some(content)).await?;
+        node_phase(users, &queue, config.seconds, drive, Some(content)).await?;
     let middle = readings();
-    let (mut pops, _) = node_phase(users, &queue, config.seconds, window, None).await?;
+    let mut pops = match drive.pops {
+        true => Some(node_phase(users, &queue, config.seconds, drive, None).await?.0),
+        false => None,
+    };
     let end = readings();
     admin.delete_queue(&queue, true).await?;
     sends.budget = start.budget(&middle, sends.ops);
-    pops.budget = middle.budget(&end, pops.ops);
+    if let Some(pops) = &mut pops {
+        pops.budget = middle.budget(&end, pops.ops);
+    }
     let batch_mean = |committed: u64, from: &Readings, to: &Readings| {
         let batches = match (from.node, to.node) {
             (Some(from), Some(to)) => to.since(&from).batches_committed,
@@ -779,10 +841,13 @@ async fn node_phases(
         };
         committed as f64 / batches.max(1) as f64
     };
-    let (sent, popped) = (sends.ops, pops.ops);
+    let sent = sends.ops;
     Ok(NodePhases {
         sends: (sends, batch_mean(sent, &start, &middle)),
-        pops: (pops, batch_mean(popped, &middle, &end)),
+        pops: pops.map(|pops| {
+            let popped = pops.ops;
+            (pops, batch_mean(popped, &middle, &end))
+        }),
     })
 }
 
@@ -797,20 +862,21 @@ async fn vacuum_messages(url: &str) -> Result<()> {
     vacuumed.map_err(|source| MqError::Postgres { what: "vacuuming mq_messages".into(), source })
 }
 
-/// Each registered client keeps `window` requests in flight until the phase ends (sends when
-/// `content` is given, else pops until the queue is empty). Returns the phase and the clients.
+/// Each registered client keeps `drive.window` requests in flight until the phase ends (sends
+/// when `content` is given, else pops until the queue is empty). Returns the phase and the
+/// clients.
 async fn node_phase(
     users: Vec<Client>,
     queue: &str,
     seconds: f64,
-    window: usize,
+    drive: Drive,
     content: Option<&[u8]>,
 ) -> Result<(Phase, Vec<Client>)> {
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
     for client in users {
         let (queue, content) = (queue.to_owned(), content.map(<[u8]>::to_vec));
-        tasks.spawn(client_phase(client, queue, content, window, end));
+        tasks.spawn(client_phase(client, queue, content, drive, end));
     }
     let (mut total, mut users) = (Phase::new(), Vec::new());
     while let Some(done) = tasks.join_next().await {
@@ -821,31 +887,52 @@ async fn node_phase(
     Ok((total, users))
 }
 
-/// One client's part of a node phase; replies come in request order, so each request's
-/// latency runs from its submit time at the front of `submitted`.
+/// One client's part of a node phase; replies come in request order, so each frame's latency
+/// runs from its submit time at the front of `submitted`. With `drive.send_batch` > 1 sends
+/// go out as `SendBatch` frames, each submitted once that many places are free in the window.
 async fn client_phase(
     mut client: Client,
     queue: String,
     content: Option<Vec<u8>>,
-    window: usize,
+    drive: Drive,
     end: Instant,
 ) -> Result<(Phase, Client)> {
     let request = || match &content {
         Some(c) => Request::Send { queue: queue.clone(), receiver: None, content: c.clone() },
         None => Request::Read { target: ReadTarget::Queue(queue.clone()), mode: ReadMode::Pop },
     };
+    let batched = content
+        .as_deref()
+        .filter(|_| drive.send_batch > 1)
+        .map(|content| vec![SendRef { queue: &queue, receiver: None, content }; drive.send_batch]);
     let mut phase = Phase::new();
-    let mut submitted = VecDeque::with_capacity(window);
-    let mut drained = false;
+    // Each frame in flight: when it was submitted, and how many requests it holds.
+    let mut submitted: VecDeque<(Instant, usize)> = VecDeque::with_capacity(drive.window);
+    let (mut in_flight, mut drained) = (0, false);
     loop {
-        while !drained && submitted.len() < window && Instant::now() < end {
-            submitted.push_back(Instant::now());
-            client.submit(request()).await?;
+        while !drained && Instant::now() < end {
+            let frame = batched.as_ref().map_or(1, Vec::len);
+            if in_flight + frame > drive.window {
+                break;
+            }
+            submitted.push_back((Instant::now(), frame));
+            match &batched {
+                Some(sends) => client.submit_sends(sends).await?,
+                None => client.submit(request()).await?,
+            };
+            in_flight += frame;
         }
-        let Some(start) = submitted.pop_front() else { return Ok((phase, client)) };
+        let Some((start, frame)) = submitted.pop_front() else { return Ok((phase, client)) };
         let (_, result) = client.receive().await?;
         phase.latency.record_duration(start.elapsed());
+        in_flight -= frame;
         match result {
+            Ok(ReplyBody::SentBatch(outcomes)) => {
+                for outcome in outcomes {
+                    outcome.map_err(mq::client::ClientError::Refused)?;
+                    phase.ops += 1;
+                }
+            }
             Ok(_) => phase.ops += 1,
             Err(e) if e.reason == mq::protocol::Reason::NoMessage => drained = true,
             Err(e) => return Err(mq::client::ClientError::Refused(e).into()),

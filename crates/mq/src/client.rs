@@ -5,12 +5,15 @@
 //! may pipeline instead: [`Client::submit`] several requests (buffered, written together), then
 //! [`Client::receive`] their replies, which the node returns in request order. Each reply still
 //! comes only after its request's commit; pipelining only lets one connection contribute several
-//! requests to one group commit.
+//! requests to one group commit. A client with several sends ready submits them as one
+//! `SendBatch` frame ([`Client::submit_sends`]), answered by one reply with an outcome per send:
+//! one frame each way instead of one per message.
 //!
 //! Every wait is bounded ([`Timeouts`]): connecting, a call's reply, and a pipelined reply on a
 //! connection gone silent each fail with [`ClientError::TimedOut`] naming the bound that fired,
 //! so a client of a node that accepts and never answers gives up instead of waiting for ever.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +23,8 @@ use tokio::net::TcpStream;
 
 use crate::protocol::{
     ErrorReply, LENGTH_PREFIX_BYTES, Message, NodeStats, ReadMode, ReadTarget, ReplyBody,
-    ReplyFrame, Request, RequestFrame, Secret, ServerTiming, check_frame_len, decode_reply,
-    encode_request,
+    ReplyFrame, Request, RequestFrame, SEND_BATCH_MAX, Secret, SendRef, ServerTiming,
+    check_frame_len, decode_reply, encode_request, encode_send_batch,
 };
 
 /// The byte stream under a client: plain TCP or TLS over it.
@@ -121,8 +124,9 @@ impl ClientError {
 pub struct Client {
     stream: BufStream<Box<dyn Transport>>,
     next_request_id: u64,
-    /// Requests submitted whose replies have not been received yet.
-    outstanding: u64,
+    /// Frames submitted whose replies have not been received yet, oldest first: the first
+    /// request id of each and how many requests it holds (1, or a `SendBatch`'s sends).
+    outstanding: VecDeque<(u64, usize)>,
     out: Vec<u8>,
     payload: Vec<u8>,
     client_id: Option<u64>,
@@ -179,7 +183,7 @@ impl Client {
         Client {
             stream: BufStream::new(stream),
             next_request_id: 1,
-            outstanding: 0,
+            outstanding: VecDeque::new(),
             out: Vec::new(),
             payload: Vec::new(),
             client_id: None,
@@ -195,10 +199,10 @@ impl Client {
 
     /// Sends one request and waits for its reply (success or refusal).
     pub async fn call(&mut self, request: Request) -> Result<ReplyBody, ClientError> {
-        if self.outstanding != 0 {
+        if !self.outstanding.is_empty() {
             return Err(ClientError::Protocol(format!(
                 "{} pipelined replies not received yet",
-                self.outstanding
+                self.outstanding.len()
             )));
         }
         let request_timeout = self.timeouts.request;
@@ -220,16 +224,38 @@ impl Client {
         self.out.clear();
         encode_request(&RequestFrame { request_id, request }, &mut self.out);
         self.stream.write_all(&self.out).await?;
-        self.outstanding += 1;
+        self.outstanding.push_back((request_id, 1));
+        Ok(request_id)
+    }
+
+    /// Queues `sends` (1..=[`SEND_BATCH_MAX`]) as one `SendBatch` frame without waiting; they
+    /// are requests `id`, `id + 1`, … where `id` is returned. Their reply, from
+    /// [`Client::receive`], is one [`ReplyBody::SentBatch`] with an outcome per send, in order
+    /// (each send commits or is refused on its own), or one error reply when the node refused
+    /// the frame itself (`Malformed`; `UnknownOp` from a node older than `SendBatch`). Each
+    /// send takes one of the connection's `PIPELINE_DEPTH_MAX` places, like a lone send.
+    pub async fn submit_sends(&mut self, sends: &[SendRef<'_>]) -> Result<u64, ClientError> {
+        if !(1..=SEND_BATCH_MAX).contains(&sends.len()) {
+            return Err(ClientError::Protocol(format!(
+                "a SendBatch holds 1..={SEND_BATCH_MAX} sends, not {}",
+                sends.len()
+            )));
+        }
+        let request_id = self.next_request_id;
+        self.out.clear();
+        let count = encode_send_batch(request_id, sends.iter().copied(), &mut self.out);
+        self.stream.write_all(&self.out).await?;
+        self.next_request_id += count as u64;
+        self.outstanding.push_back((request_id, count));
         Ok(request_id)
     }
 
     /// Writes what is queued and waits for the oldest outstanding reply: (request id, result).
+    /// A `SendBatch`'s reply carries its first request id.
     pub async fn receive(&mut self) -> Result<(u64, Result<ReplyBody, ErrorReply>), ClientError> {
-        if self.outstanding == 0 {
+        let Some(&(expected, requests)) = self.outstanding.front() else {
             return Err(ClientError::Protocol("no request outstanding".into()));
-        }
-        let expected = self.next_request_id - self.outstanding;
+        };
         let reply = bounded(Timeout::Idle, self.timeouts.idle, async {
             self.stream.flush().await?;
             self.read_reply().await
@@ -241,7 +267,15 @@ impl Client {
                 reply.request_id
             )));
         }
-        self.outstanding -= 1;
+        if let Ok(ReplyBody::SentBatch(outcomes)) = &reply.result
+            && outcomes.len() != requests
+        {
+            return Err(ClientError::Protocol(format!(
+                "{} outcomes answer a SendBatch of {requests}",
+                outcomes.len()
+            )));
+        }
+        self.outstanding.pop_front();
         self.last_timing = reply.timing;
         Ok((reply.request_id, reply.result))
     }

@@ -39,12 +39,14 @@ use tokio::sync::{mpsc, oneshot};
 use crate::address::source_of;
 use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
 use crate::protocol::{
-    ErrorReply, FRAME_BYTES_MAX, LENGTH_PREFIX_BYTES, PROTOCOL_VERSION, ReadMode, Reason,
-    ReplyBody, ReplyFrame, Request, RequestFrame, ServerTiming, decode_request, encode_reply_as,
-    error_reply_version,
+    ErrorReply, FRAME_BYTES_MAX, IncomingFrame, LENGTH_PREFIX_BYTES, PROTOCOL_VERSION, ReadMode,
+    Reason, ReplyBody, ReplyFrame, Request, RequestFrame, SendBatchFrame, SendOutcome,
+    ServerTiming, decode_frame, encode_reply_as, error_reply_version,
 };
 use crate::reply_memory::{self, ReplyCharge};
-use crate::server::{Committed, Counters, Node, NodeConfig, Pending, fill_stats, worker_lost};
+use crate::server::{
+    Committed, Counters, Node, NodeConfig, Pending, Work, fill_stats, worker_lost,
+};
 use crate::share::ConnectionShare;
 use crate::store::{Store, StoreOp};
 use crate::util::{elapsed_ns, now_us};
@@ -167,7 +169,8 @@ struct Answer {
     version: u8,
 }
 
-/// A request handed to the database workers; its reply waits for the batch's commit.
+/// A request (or a `SendBatch` frame) handed to the database workers; its reply waits for the
+/// batch's commit.
 struct Submitted<'a> {
     request_id: u64,
     arrived: Instant,
@@ -176,12 +179,29 @@ struct Submitted<'a> {
     answer: oneshot::Receiver<Committed>,
     /// The node's reply memory held for the reply until it is written.
     charge: ReplyCharge<'a>,
+    /// A `SendBatch` frame: its sends refused before the database (position in the frame, why),
+    /// to be answered among the committed outcomes. `None` for one request.
+    refused_sends: Option<Vec<(usize, ErrorReply)>>,
+    /// Places in the connection's pipeline: 1, or a `SendBatch`'s sends.
+    places: usize,
 }
 
 /// What the reading half hands the writing half, in request order.
 enum InFlight<'a> {
     Answered(Answer),
     Submitted(Submitted<'a>),
+    /// A further pipeline place taken by the `SendBatch` before it (one per send after the
+    /// first), so the channel's capacity bounds a connection's requests, not its frames.
+    Place,
+}
+
+impl InFlight<'_> {
+    fn places(&self) -> usize {
+        match self {
+            InFlight::Submitted(submitted) => submitted.places,
+            InFlight::Answered(_) | InFlight::Place => 1,
+        }
+    }
 }
 
 async fn read_requests<'a, S: Store>(
@@ -220,7 +240,7 @@ async fn read_requests<'a, S: Store>(
             Ok(()) => {
                 let frame_bytes = (frames.payload().len() + LENGTH_PREFIX_BYTES) as u64;
                 node.counters.request_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
-                let item = match decode_request(frames.payload()) {
+                let item = match decode_frame(frames.payload()) {
                     Err(e) => {
                         // An empty payload has no version byte: answer in this version.
                         let first = frames.payload().first().copied();
@@ -232,9 +252,12 @@ async fn read_requests<'a, S: Store>(
                         }
                         item
                     }
-                    Ok(RequestFrame { request_id, request }) => {
+                    Ok(IncomingFrame::One(RequestFrame { request_id, request })) => {
                         let context = (node, reply_share, peer);
                         begin(context, &mut client_id, request_id, request, arrived).await
+                    }
+                    Ok(IncomingFrame::Sends(batch)) => {
+                        begin_sends((node, reply_share), client_id, batch, arrived).await
                     }
                 };
                 frames.consume();
@@ -257,9 +280,15 @@ async fn read_requests<'a, S: Store>(
             }
         };
         let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
-        owed.fetch_add(1, Ordering::Relaxed);
+        let places = item.places();
+        owed.fetch_add(places, Ordering::Relaxed);
         if in_flight.send(item).await.is_err() || last {
             return Ok(());
+        }
+        for _ in 1..places {
+            if in_flight.send(InFlight::Place).await.is_err() {
+                return Ok(());
+            }
         }
     }
 }
@@ -284,6 +313,13 @@ async fn write_replies<'a, S: Store>(
     let mut out = Vec::new();
     while let Some(item) = in_flight.recv().await {
         let (answer, mut charge) = match item {
+            InFlight::Place => {
+                owed.fetch_sub(1, Ordering::Relaxed);
+                if in_flight.is_empty() {
+                    bounded(limit, write.flush()).await?;
+                }
+                continue;
+            }
             InFlight::Answered(answer) => (answer, None),
             InFlight::Submitted(mut submitted) => {
                 let committed = match submitted.answer.try_recv() {
@@ -295,7 +331,7 @@ async fn write_replies<'a, S: Store>(
                         (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost())
                     }
                 };
-                (complete(node, &submitted, committed), Some(submitted.charge))
+                (complete(node, &mut submitted, committed), Some(submitted.charge))
             }
         };
         out.clear();
@@ -382,23 +418,117 @@ async fn begin<'a, S: Store>(
         Ok(charge) => charge,
         Err(busy) => return answered(request_id, arrived, Err(busy), false),
     };
-    let Some(slot) = admit(node).await else {
+    let Some(slot) = admit(node, 1).await else {
         let busy = ErrorReply::new(Reason::Busy, "wait queue full; retry later");
         return answered(request_id, arrived, Err(busy), false);
     };
     let slot_taken = Instant::now();
     let is_stats = matches!(request, Request::Stats { .. });
     let (reply, answer) = oneshot::channel();
-    let op = StoreOp { client_id: *client_id, now_us: now_us(), request };
-    let pending = Pending { op, enqueued: Instant::now(), slot_taken, slot, reply };
+    let work = Work::One(StoreOp { client_id: *client_id, now_us: now_us(), request });
+    let pending = Pending { work, enqueued: Instant::now(), slot_taken, slot, reply };
     if node.to_workers.send(pending).await.is_err() {
         return answered(request_id, arrived, worker_lost().result, false);
     }
-    InFlight::Submitted(Submitted { request_id, arrived, slot_taken, is_stats, answer, charge })
+    let (refused_sends, places) = (None, 1);
+    InFlight::Submitted(Submitted {
+        request_id,
+        arrived,
+        slot_taken,
+        is_stats,
+        answer,
+        charge,
+        refused_sends,
+        places,
+    })
+}
+
+/// [`begin`] for a `SendBatch` frame: each send is checked on its own (a refused one is
+/// answered with its own reason among the others' outcomes), then the frame's reply memory is
+/// reserved, handler slots taken (one per send, at most all of them) and the sends handed to
+/// the database workers together. A frame refused whole (Busy, the node stopping) is answered
+/// with every send's outcome carrying that reason.
+async fn begin_sends<'a, S: Store>(
+    (node, reply_share): (&'a Node<S>, &'a ConnectionShare<'a>),
+    client_id: Option<u64>,
+    batch: SendBatchFrame,
+    arrived: Instant,
+) -> InFlight<'a> {
+    let SendBatchFrame { request_id, sends } = batch;
+    let count = sends.len();
+    let refuse_all = |refusal: ErrorReply| {
+        let outcomes = vec![Err(refusal); count];
+        answered(request_id, arrived, Ok(ReplyBody::SentBatch(outcomes)), false)
+    };
+    // Relaxed: the flag only turns new work away; the drain counts what was taken.
+    if node.stopping.load(Ordering::Relaxed) {
+        return refuse_all(ErrorReply::new(Reason::Unavailable, "the node is stopping"));
+    }
+    let (mut ops, mut refused) = (Vec::with_capacity(count), Vec::new());
+    let now = now_us();
+    for (index, send) in sends.into_iter().enumerate() {
+        let request = send.into_request();
+        match precheck(&node.config, client_id, &request) {
+            Ok(()) => ops.push(StoreOp { client_id, now_us: now, request }),
+            Err(refusal) => refused.push((index, refusal)),
+        }
+    }
+    if ops.is_empty() {
+        let outcomes = refused.into_iter().map(|(_, refusal)| Err(refusal)).collect();
+        return answered(request_id, arrived, Ok(ReplyBody::SentBatch(outcomes)), false);
+    }
+    let bytes = node.reply_bounds.for_sends(count);
+    let charge = match reply_memory::reserve_bytes(node, reply_share, bytes) {
+        Ok(charge) => charge,
+        Err(busy) => return refuse_all(busy),
+    };
+    let Some(slot) = admit(node, ops.len()).await else {
+        return refuse_all(ErrorReply::new(Reason::Busy, "wait queue full; retry later"));
+    };
+    let slot_taken = Instant::now();
+    let (reply, answer) = oneshot::channel();
+    let work = Work::Sends(ops);
+    let pending = Pending { work, enqueued: Instant::now(), slot_taken, slot, reply };
+    if node.to_workers.send(pending).await.is_err() {
+        return refuse_all(ErrorReply::new(Reason::Unavailable, "database worker stopped"));
+    }
+    let refused_sends = Some(refused);
+    let is_stats = false;
+    InFlight::Submitted(Submitted {
+        request_id,
+        arrived,
+        slot_taken,
+        is_stats,
+        answer,
+        charge,
+        refused_sends,
+        places: count,
+    })
+}
+
+/// A `SendBatch`'s reply: the committed outcomes with the sends refused before the database
+/// put back at their places; a batch that failed whole answers each of its sends with why.
+fn merge_sends(
+    result: Result<ReplyBody, ErrorReply>,
+    refused: Vec<(usize, ErrorReply)>,
+    places: usize,
+) -> Result<ReplyBody, ErrorReply> {
+    let mut outcomes: Vec<SendOutcome> = match result {
+        Ok(ReplyBody::SentBatch(outcomes)) => outcomes,
+        Ok(other) => {
+            let detail = format!("a SendBatch answered with {other:?}");
+            vec![Err(ErrorReply::new(Reason::Unavailable, detail)); places - refused.len()]
+        }
+        Err(failed) => vec![Err(failed); places - refused.len()],
+    };
+    for (index, refusal) in refused {
+        outcomes.insert(index.min(outcomes.len()), Err(refusal));
+    }
+    Ok(ReplyBody::SentBatch(outcomes))
 }
 
 /// Turns a committed result into the reply.
-fn complete<S>(node: &Node<S>, submitted: &Submitted<'_>, committed: Committed) -> Answer {
+fn complete<S>(node: &Node<S>, submitted: &mut Submitted<'_>, committed: Committed) -> Answer {
     let admission_ns =
         u64::try_from((submitted.slot_taken - submitted.arrived).as_nanos()).unwrap_or(u64::MAX);
     let timing = ServerTiming {
@@ -410,6 +540,9 @@ fn complete<S>(node: &Node<S>, submitted: &Submitted<'_>, committed: Committed) 
     let mut result = committed.result;
     if let (true, Ok(ReplyBody::Stats(stats))) = (submitted.is_stats, &mut result) {
         fill_stats(node, stats);
+    }
+    if let Some(refused) = submitted.refused_sends.take() {
+        result = merge_sends(result, refused, submitted.places);
     }
     Answer {
         request_id: submitted.request_id,
@@ -454,9 +587,12 @@ fn precheck(
     }
 }
 
-/// Takes a handler slot, waiting if allowed; `None` means the wait queue is full.
-async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    if let Ok(slot) = node.handler_slots.clone().try_acquire_owned() {
+/// Takes a handler slot per request (`requests` of them; at most all the node has, so a
+/// `SendBatch` larger than the pool still gets in), waiting if allowed; `None` means the wait
+/// queue is full.
+async fn admit<S>(node: &Node<S>, requests: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let slots = u32::try_from(requests.clamp(1, node.config.handler_slots)).unwrap_or(u32::MAX);
+    if let Ok(slot) = node.handler_slots.clone().try_acquire_many_owned(slots) {
         return Some(slot);
     }
     // Relaxed suffices: the semaphore orders the slot; the counter only bounds how many wait.
@@ -464,7 +600,7 @@ async fn admit<S>(node: &Node<S>) -> Option<tokio::sync::OwnedSemaphorePermit> {
         node.waiting.fetch_sub(1, Ordering::Relaxed);
         return None;
     }
-    let slot = node.handler_slots.clone().acquire_owned().await.ok();
+    let slot = node.handler_slots.clone().acquire_many_owned(slots).await.ok();
     node.waiting.fetch_sub(1, Ordering::Relaxed);
     slot
 }

@@ -24,6 +24,10 @@ pub const NAME_BYTES_MAX: usize = 128;
 pub const SECRET_BYTES_MAX: usize = 1024;
 /// Largest number of queue names in one `ListQueues` reply.
 pub const LIST_QUEUES_MAX: usize = 1024;
+/// Most sends in one `SendBatch` frame: a connection's pipeline depth (each send of a batch
+/// takes one of the connection's in-flight places, so a batch never holds more than a client
+/// could pipeline as single frames).
+pub const SEND_BATCH_MAX: usize = 64;
 
 /// Why a request failed; `Ok` on success. The numeric values are part of the protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -169,6 +173,57 @@ pub enum Request {
     Disconnect,
 }
 
+/// One send of a [`SendBatchFrame`]: the fields of [`Request::Send`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchedSend {
+    pub queue: String,
+    pub receiver: Option<u64>,
+    pub content: Vec<u8>,
+}
+
+impl BatchedSend {
+    /// The lone request this send stands for.
+    pub fn into_request(self) -> Request {
+        Request::Send { queue: self.queue, receiver: self.receiver, content: self.content }
+    }
+}
+
+/// A send borrowed from the caller, for encoding a `SendBatch` without copying.
+#[derive(Clone, Copy, Debug)]
+pub struct SendRef<'a> {
+    pub queue: &'a str,
+    pub receiver: Option<u64>,
+    pub content: &'a [u8],
+}
+
+/// Many sends in one frame (op `SendBatch`): the sends are requests `request_id`,
+/// `request_id + 1`, … in order, and are answered by one [`ReplyBody::SentBatch`] reply that
+/// carries `request_id` and one outcome per send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendBatchFrame {
+    pub request_id: u64,
+    /// 1..=[`SEND_BATCH_MAX`] sends.
+    pub sends: Vec<BatchedSend>,
+}
+
+/// A decoded request frame: one request, or a batch of sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IncomingFrame {
+    One(RequestFrame),
+    Sends(SendBatchFrame),
+}
+
+/// A committed send: the message's id and its arrival time at the middleware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sent {
+    pub message_id: u64,
+    pub arrived_us: u64,
+}
+
+/// One send's outcome in a [`ReplyBody::SentBatch`]: each send of a batch succeeds or fails on
+/// its own, with its own reason.
+pub type SendOutcome = Result<Sent, ErrorReply>;
+
 /// A message as delivered to a reader.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
@@ -218,15 +273,26 @@ pub struct NodeStats {
 /// The successful result of a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplyBody {
-    Registered { client_id: u64 },
-    QueueCreated { queue_id: u64 },
-    QueueDeleted { purged_messages: u64 },
-    Sent { message_id: u64, arrived_us: u64 },
+    Registered {
+        client_id: u64,
+    },
+    QueueCreated {
+        queue_id: u64,
+    },
+    QueueDeleted {
+        purged_messages: u64,
+    },
+    Sent {
+        message_id: u64,
+        arrived_us: u64,
+    },
     Message(Message),
     Acked,
     Queues(Vec<String>),
     Stats(NodeStats),
     Disconnected,
+    /// The answer to a `SendBatch` frame: one outcome per send, in the frame's order.
+    SentBatch(Vec<SendOutcome>),
 }
 
 /// Where the middleware spent a request's time; zero where not applicable.
@@ -289,6 +355,7 @@ mod op {
     pub const LIST_QUEUES: u8 = 9;
     pub const STATS: u8 = 10;
     pub const DISCONNECT: u8 = 11;
+    pub const SEND_BATCH: u8 = 12;
 }
 
 mod reply_kind {
@@ -302,6 +369,7 @@ mod reply_kind {
     pub const QUEUES: u8 = 7;
     pub const STATS: u8 = 8;
     pub const DISCONNECTED: u8 = 9;
+    pub const SENT_BATCH: u8 = 10;
 }
 
 const TARGET_QUEUE: u8 = 0;
@@ -413,6 +481,34 @@ pub fn encode_request(frame: &RequestFrame, out: &mut Vec<u8>) {
             Request::ListQueues | Request::Disconnect => {}
         }
     });
+}
+
+/// Appends one `SendBatch` frame holding `sends` (requests `request_id`, `request_id + 1`, …);
+/// returns how many sends it holds. The caller keeps them within 1..=[`SEND_BATCH_MAX`]; a
+/// node refuses an empty or larger batch as a whole.
+pub fn encode_send_batch<'a>(
+    request_id: u64,
+    sends: impl IntoIterator<Item = SendRef<'a>>,
+    out: &mut Vec<u8>,
+) -> usize {
+    let mut count = 0usize;
+    let mut count_at = 0;
+    write_frame(out, |w| {
+        w.u8(PROTOCOL_VERSION);
+        w.u8(op::SEND_BATCH);
+        w.u64(request_id);
+        count_at = w.out.len();
+        w.u16(0);
+        for send in sends {
+            w.str(send.queue);
+            w.opt_u64(send.receiver);
+            w.bytes(send.content);
+            count += 1;
+        }
+    });
+    let count_bytes = u16::try_from(count).unwrap_or(u16::MAX).to_be_bytes();
+    out[count_at..count_at + 2].copy_from_slice(&count_bytes);
+    count
 }
 
 fn request_op(request: &Request) -> u8 {
@@ -533,6 +629,23 @@ fn encode_reply_body(body: &ReplyBody, w: &mut Writer<'_>) {
             }
         }
         ReplyBody::Disconnected => w.u8(reply_kind::DISCONNECTED),
+        ReplyBody::SentBatch(outcomes) => {
+            w.u8(reply_kind::SENT_BATCH);
+            w.u16(u16::try_from(outcomes.len()).unwrap_or(u16::MAX));
+            for outcome in outcomes {
+                match outcome {
+                    Ok(sent) => {
+                        w.u16(Reason::Ok as u16);
+                        w.u64(sent.message_id);
+                        w.u64(sent.arrived_us);
+                    }
+                    Err(error) => {
+                        w.u16(error.reason as u16);
+                        w.str(&error.detail);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -601,8 +714,21 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes one request frame payload.
+/// Decodes one request frame payload that holds one request (a `SendBatch` frame is refused
+/// as `UnknownOp`: [`decode_frame`] takes both).
 pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, DecodeError> {
+    match decode_frame(payload)? {
+        IncomingFrame::One(frame) => Ok(frame),
+        IncomingFrame::Sends(batch) => Err(DecodeError {
+            reason: Reason::UnknownOp,
+            request_id: Some(batch.request_id),
+            detail: "a SendBatch frame where one request was expected",
+        }),
+    }
+}
+
+/// Decodes one request frame payload: one request, or a batch of sends.
+pub fn decode_frame(payload: &[u8]) -> Result<IncomingFrame, DecodeError> {
     let mut r = Reader { buf: payload, request_id: None };
     let version = r.u8()?;
     let op = r.u8()?;
@@ -616,6 +742,10 @@ pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, DecodeError> {
             request_id: Some(request_id),
             detail,
         });
+    }
+    if op == op::SEND_BATCH {
+        let sends = decode_sends(&mut r)?;
+        return r.finish(IncomingFrame::Sends(SendBatchFrame { request_id, sends }));
     }
     let request = match op {
         op::REGISTER => Request::Register { name: r.str()?, secret: Secret(r.bytes()?) },
@@ -641,7 +771,45 @@ pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, DecodeError> {
             });
         }
     };
-    r.finish(RequestFrame { request_id, request })
+    r.finish(IncomingFrame::One(RequestFrame { request_id, request }))
+}
+
+/// A `SendBatch` body: a count within 1..=SEND_BATCH_MAX (checked before anything is
+/// allocated for it), then that many sends.
+fn decode_sends(r: &mut Reader<'_>) -> Result<Vec<BatchedSend>, DecodeError> {
+    let count = usize::from(r.u16()?);
+    if count > SEND_BATCH_MAX {
+        return Err(DecodeError {
+            reason: Reason::TooLarge,
+            request_id: r.request_id,
+            detail: "a SendBatch holds at most 64 sends (SEND_BATCH_MAX)",
+        });
+    }
+    if count == 0 {
+        return Err(r.fail("a SendBatch holds at least one send"));
+    }
+    let mut sends = Vec::with_capacity(count);
+    for _ in 0..count {
+        sends.push(BatchedSend { queue: r.str()?, receiver: r.opt_u64()?, content: r.bytes()? });
+    }
+    Ok(sends)
+}
+
+fn decode_sent_batch(r: &mut Reader<'_>) -> Result<ReplyBody, DecodeError> {
+    let count = usize::from(r.u16()?);
+    if count > SEND_BATCH_MAX {
+        return Err(r.fail("a SentBatch reply holds at most 64 outcomes"));
+    }
+    let mut outcomes = Vec::with_capacity(count);
+    for _ in 0..count {
+        let code = r.u16()?;
+        outcomes.push(match Reason::from_u16(code) {
+            Some(Reason::Ok) => Ok(Sent { message_id: r.u64()?, arrived_us: r.u64()? }),
+            Some(reason) => Err(ErrorReply { reason, detail: r.str()? }),
+            None => return Err(r.fail("unknown reason code")),
+        });
+    }
+    Ok(ReplyBody::SentBatch(outcomes))
 }
 
 fn decode_target(r: &mut Reader<'_>) -> Result<ReadTarget, DecodeError> {
@@ -721,6 +889,7 @@ fn decode_reply_body(kind: u8, r: &mut Reader<'_>) -> Result<ReplyBody, DecodeEr
             reply_memory_refused: r.u64()?,
         }),
         reply_kind::DISCONNECTED => ReplyBody::Disconnected,
+        reply_kind::SENT_BATCH => decode_sent_batch(r)?,
         _ => return Err(r.fail("unknown reply kind")),
     })
 }
@@ -834,7 +1003,42 @@ mod tests {
                 }
             ),
             Just(ReplyBody::Disconnected),
+            proptest::collection::vec(send_outcome(), 0..=SEND_BATCH_MAX)
+                .prop_map(ReplyBody::SentBatch),
         ]
+    }
+
+    fn send_outcome() -> impl Strategy<Value = SendOutcome> {
+        prop_oneof![
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(message_id, arrived_us)| Ok(Sent { message_id, arrived_us })),
+            (reason(), name()).prop_map(|(r, d)| Err(ErrorReply::new(r, d))),
+        ]
+    }
+
+    fn batched_send() -> impl Strategy<Value = BatchedSend> {
+        (name(), proptest::option::of(any::<u64>()), proptest::collection::vec(any::<u8>(), 0..100))
+            .prop_map(|(queue, receiver, content)| BatchedSend { queue, receiver, content })
+    }
+
+    fn encoded_batch(request_id: u64, sends: &[BatchedSend]) -> Vec<u8> {
+        let refs = sends.iter().map(|s| SendRef {
+            queue: &s.queue,
+            receiver: s.receiver,
+            content: &s.content,
+        });
+        let mut out = Vec::new();
+        assert_eq!(encode_send_batch(request_id, refs, &mut out), sends.len());
+        out.split_off(LENGTH_PREFIX_BYTES)
+    }
+
+    /// A SendBatch header (version, op, request id 5) with `count`, followed by `body`.
+    fn batch_header(count: u16, body: &[u8]) -> Vec<u8> {
+        let mut payload = vec![PROTOCOL_VERSION, op::SEND_BATCH];
+        payload.extend_from_slice(&5u64.to_be_bytes());
+        payload.extend_from_slice(&count.to_be_bytes());
+        payload.extend_from_slice(body);
+        payload
     }
 
     fn reason() -> impl Strategy<Value = Reason> {
@@ -894,6 +1098,76 @@ mod tests {
         }
 
         #[test]
+        fn send_batches_roundtrip(
+            request_id in any::<u64>(),
+            sends in proptest::collection::vec(batched_send(), 1..=SEND_BATCH_MAX),
+        ) {
+            let payload = encoded_batch(request_id, &sends);
+            let frame = SendBatchFrame { request_id, sends };
+            prop_assert_eq!(decode_frame(&payload).unwrap(), IncomingFrame::Sends(frame));
+        }
+
+        /// A damaged batch either fails with a reason that keeps the request id, or decodes to
+        /// something that re-encodes to exactly its bytes.
+        #[test]
+        fn damaged_send_batches_fail_cleanly_or_decode_canonically(
+            sends in proptest::collection::vec(batched_send(), 1..8),
+            damage in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        ) {
+            let mut payload = encoded_batch(9, &sends);
+            for (at, byte) in damage {
+                let at = at.index(payload.len());
+                payload[at] = byte;
+            }
+            match decode_frame(&payload) {
+                Ok(IncomingFrame::Sends(batch)) => {
+                    prop_assert!((1..=SEND_BATCH_MAX).contains(&batch.sends.len()));
+                    let again = encoded_batch(batch.request_id, &batch.sends);
+                    prop_assert_eq!(again, payload);
+                }
+                Ok(IncomingFrame::One(frame)) => {
+                    let mut again = Vec::new();
+                    encode_request(&frame, &mut again);
+                    prop_assert_eq!(&again[LENGTH_PREFIX_BYTES..], payload.as_slice());
+                }
+                Err(e) => prop_assert!(
+                    matches!(e.reason, Reason::Malformed | Reason::TooLarge | Reason::UnknownOp
+                        | Reason::UnsupportedVersion),
+                    "{e}"
+                ),
+            }
+        }
+
+        #[test]
+        fn truncated_send_batches_are_malformed(
+            sends in proptest::collection::vec(batched_send(), 1..8),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let payload = encoded_batch(11, &sends);
+            let cut_at = cut.index(payload.len());
+            let e = decode_frame(&payload[..cut_at]).unwrap_err();
+            prop_assert_eq!(e.reason, Reason::Malformed);
+            let mut longer = payload.clone();
+            longer.push(0);
+            let e = decode_frame(&longer).unwrap_err();
+            prop_assert_eq!((e.reason, e.request_id), (Reason::Malformed, Some(11)));
+        }
+
+        #[test]
+        fn random_bodies_after_a_batch_header_never_panic(
+            count in any::<u16>(),
+            body in proptest::collection::vec(any::<u8>(), 0..400),
+        ) {
+            match decode_frame(&batch_header(count, &body)) {
+                Ok(IncomingFrame::Sends(batch)) => {
+                    prop_assert_eq!(batch.sends.len(), usize::from(count));
+                }
+                Ok(IncomingFrame::One(_)) => prop_assert!(false, "a batch decoded as one request"),
+                Err(e) => prop_assert_eq!(e.request_id, Some(5)),
+            }
+        }
+
+        #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode_request(&bytes);
             let _ = decode_reply(&bytes);
@@ -916,6 +1190,54 @@ mod tests {
             prop_assert_eq!(e.reason, Reason::Malformed);
             prop_assert_eq!(e.request_id, Some(7));
         }
+    }
+
+    #[test]
+    fn a_send_batch_count_outside_one_to_the_maximum_is_refused_with_its_reason() {
+        let e = decode_frame(&batch_header(0, &[])).unwrap_err();
+        assert_eq!((e.reason, e.request_id), (Reason::Malformed, Some(5)));
+        assert!(e.detail.contains("at least one"), "{e}");
+        // Refused on the count alone: the body is never read (or allocated for).
+        for count in [SEND_BATCH_MAX as u16 + 1, u16::MAX] {
+            let e = decode_frame(&batch_header(count, &[])).unwrap_err();
+            assert_eq!((e.reason, e.request_id), (Reason::TooLarge, Some(5)), "{count}");
+            assert!(e.detail.contains("at most 64"), "{e}");
+        }
+        let sends = vec![
+            BatchedSend { queue: "q".into(), receiver: None, content: vec![1] };
+            SEND_BATCH_MAX
+        ];
+        let payload = encoded_batch(5, &sends);
+        assert!(
+            matches!(decode_frame(&payload), Ok(IncomingFrame::Sends(b)) if b.sends.len() == 64)
+        );
+        let e = decode_request(&payload).unwrap_err();
+        assert_eq!((e.reason, e.request_id), (Reason::UnknownOp, Some(5)), "{e}");
+    }
+
+    #[test]
+    fn a_sent_batch_reply_past_the_maximum_or_with_an_unknown_code_is_malformed() {
+        let mut out = Vec::new();
+        let outcomes = vec![Ok(Sent { message_id: 1, arrived_us: 2 }); SEND_BATCH_MAX + 1];
+        let frame = ReplyFrame {
+            request_id: 3,
+            timing: ServerTiming::default(),
+            result: Ok(ReplyBody::SentBatch(outcomes)),
+        };
+        encode_reply(&frame, &mut out);
+        let e = decode_reply(&out[LENGTH_PREFIX_BYTES..]).unwrap_err();
+        assert_eq!((e.reason, e.request_id), (Reason::Malformed, Some(3)));
+        out.clear();
+        let one = ReplyFrame {
+            result: Ok(ReplyBody::SentBatch(vec![Err(ErrorReply::new(Reason::Busy, "b"))])),
+            ..frame
+        };
+        encode_reply(&one, &mut out);
+        // The outcome's reason code sits after the header (37 bytes), the kind and the count.
+        let code_at = LENGTH_PREFIX_BYTES + 1 + 8 * 4 + 1 + 2;
+        out[code_at..code_at + 2].copy_from_slice(&999u16.to_be_bytes());
+        let e = decode_reply(&out[LENGTH_PREFIX_BYTES..]).unwrap_err();
+        assert_eq!(e.detail, "unknown reason code");
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //! back.)
 //!
 //! What is not charged: the replies the reading half makes itself (refusals, registrations,
-//! disconnects), which are small and never carry a message, and the connection's write buffer.
+//! disconnects, a `SendBatch` refused whole: at most 64 short refusals), which are small and
+//! never carry a message, and the connection's write buffer.
 //! A reply larger than its reservation (a message stored under a larger content limit, by
 //! another node sharing the database or an earlier configuration, or an unusually long error
 //! detail) is charged in full even past the bound: its bytes exist already and dropping them
@@ -74,6 +75,12 @@ impl ReplyBounds {
 
     pub(crate) fn largest(&self) -> usize {
         self.message.max(self.queues).max(REPLY_SMALL_BYTES_MAX)
+    }
+
+    /// A `SendBatch` frame's reply: what its sends would reserve as lone sends (the batch's
+    /// reply shares one header among them, so it is never larger).
+    pub(crate) fn for_sends(&self, sends: usize) -> usize {
+        sends.saturating_mul(REPLY_SMALL_BYTES_MAX)
     }
 
     pub(crate) fn for_request(&self, request: &Request) -> usize {
@@ -136,7 +143,15 @@ pub(crate) fn reserve<'a, S>(
     connection: &'a ConnectionShare<'a>,
     request: &Request,
 ) -> Result<ReplyCharge<'a>, ErrorReply> {
-    let bytes = node.reply_bounds.for_request(request);
+    reserve_bytes(node, connection, node.reply_bounds.for_request(request))
+}
+
+/// [`reserve`] for a reply of at most `bytes` (a `SendBatch`'s: [`ReplyBounds::for_sends`]).
+pub(crate) fn reserve_bytes<'a, S>(
+    node: &Node<S>,
+    connection: &'a ConnectionShare<'a>,
+    bytes: usize,
+) -> Result<ReplyCharge<'a>, ErrorReply> {
     if connection.try_charge(bytes) {
         return Ok(ReplyCharge { connection, bytes });
     }

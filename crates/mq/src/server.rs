@@ -52,8 +52,8 @@ use crate::auth::Registrar;
 use crate::error::{Result, io_failed};
 use crate::frame::FRAME_CHUNK_BYTES;
 use crate::protocol::{
-    ErrorReply, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request, ServerTiming,
-    encode_reply,
+    ErrorReply, NodeStats, ReadMode, Reason, ReplyBody, ReplyFrame, Request, SendOutcome, Sent,
+    ServerTiming, encode_reply,
 };
 use crate::reply_memory::{REPLY_SMALL_BYTES_MAX, ReplyBounds};
 use crate::share::SharedBudget;
@@ -157,6 +157,11 @@ pub struct NodeConfig {
     /// Accounts (new names) one source address may create per window; past it a registration
     /// under a new name is `Busy` (known names still authenticate).
     pub accounts_per_address_max: usize,
+    /// PostgreSQL's message table, made so when the node opens its store: `logged` (durable)
+    /// or `unlogged` (no write-ahead log: a PostgreSQL crash empties the table; see
+    /// docs/MQ_PROTOCOL.md, "Delivery guarantees"); unset leaves it as the database has it.
+    /// SQLite stores refuse `unlogged`.
+    pub message_table: Option<crate::store::MessageTable>,
 }
 
 impl Default for NodeConfig {
@@ -184,6 +189,7 @@ impl Default for NodeConfig {
             registration_window_ms: REGISTRATION_WINDOW_MS_DEFAULT,
             registration_attempts_per_address_max: REGISTRATION_ATTEMPTS_PER_ADDRESS_MAX_DEFAULT,
             accounts_per_address_max: ACCOUNTS_PER_ADDRESS_MAX_DEFAULT,
+            message_table: None,
         }
     }
 }
@@ -290,15 +296,32 @@ pub(crate) struct Counters {
     pub(crate) batch_commit_seconds: ops::BucketHistogram,
 }
 
+/// What a handler hands a worker: one request, or the sends of one `SendBatch` frame (handed
+/// over together: one channel message, one reply channel, one slot permit for all of them).
+pub(crate) enum Work {
+    One(StoreOp),
+    Sends(Vec<StoreOp>),
+}
+
 /// Handed from a handler to a database worker.
 pub(crate) struct Pending {
-    pub(crate) op: StoreOp,
+    pub(crate) work: Work,
     pub(crate) enqueued: Instant,
     pub(crate) slot_taken: Instant,
-    /// The handler slot: released by the worker once the batch is committed, so a reply that
-    /// waits to be written holds no slot.
+    /// The handler slots (one per request of `work`): released by the worker once the batch is
+    /// committed, so a reply that waits to be written holds no slot.
     pub(crate) slot: OwnedSemaphorePermit,
     pub(crate) reply: oneshot::Sender<Committed>,
+}
+
+impl Pending {
+    /// Requests this work holds.
+    fn requests(&self) -> usize {
+        match &self.work {
+            Work::One(_) => 1,
+            Work::Sends(ops) => ops.len(),
+        }
+    }
 }
 
 /// What a worker hands back: the result plus where the time went.
@@ -524,7 +547,7 @@ pub async fn start_with_tls<S: Store + Clone>(
         config,
     });
     let mut tasks = tokio::task::JoinSet::new();
-    let from_handlers = Arc::new(Mutex::new(from_handlers));
+    let from_handlers = Arc::new(Mutex::new(Intake { from_handlers, carried: Vec::new() }));
     for _ in 0..node.config.db_workers {
         tasks.spawn(db_worker(Arc::clone(&node), Arc::clone(&from_handlers)));
     }
@@ -679,39 +702,45 @@ pub(crate) fn fill_stats<S>(node: &Node<S>, stats: &mut NodeStats) {
     stats.reply_memory_refused = c.reply_memory_refused.load(Ordering::Relaxed);
 }
 
-/// A request's place in its batch: where its reply goes and the slot it releases.
+/// A request's (or a `SendBatch` frame's) place in its batch: where its reply goes and the
+/// slots it releases.
 struct Waiter {
     reply: oneshot::Sender<Committed>,
+    /// `Some(n)`: the n sends of one `SendBatch`, answered together by one `SentBatch`.
+    sends: Option<usize>,
     worker_wait_ns: u64,
     slot_taken: Instant,
     _slot: OwnedSemaphorePermit,
 }
 
 /// Takes batches off the channel and commits them; see the module docs.
-async fn db_worker<S: Store>(
-    node: Arc<Node<S>>,
-    from_handlers: Arc<Mutex<mpsc::Receiver<Pending>>>,
-) {
+async fn db_worker<S: Store>(node: Arc<Node<S>>, intake: Arc<Mutex<Intake>>) {
     let mut pending = Vec::with_capacity(node.config.batch_max);
     let mut waiters: Vec<Waiter> = Vec::with_capacity(node.config.batch_max);
     let mut batch = Batch::default();
     loop {
-        {
-            // One worker collects at a time; the others are committing meanwhile, which is
-            // exactly when requests accumulate into the next batch.
-            let mut from_handlers = from_handlers.lock().await;
-            if from_handlers.recv_many(&mut pending, node.config.batch_max).await == 0 {
-                return;
-            }
+        let batch_max = node.config.batch_max;
+        if !collect(&intake, &mut pending, batch_max).await {
+            return;
         }
         let started = Instant::now();
         batch.ops.clear();
         for p in pending.drain(..) {
             let worker_wait_ns =
                 u64::try_from((started - p.enqueued).as_nanos()).unwrap_or(u64::MAX);
-            batch.ops.push(p.op);
+            let sends = match p.work {
+                Work::One(op) => {
+                    batch.ops.push(op);
+                    None
+                }
+                Work::Sends(mut ops) => {
+                    let n = ops.len();
+                    batch.ops.append(&mut ops);
+                    Some(n)
+                }
+            };
             let (reply, slot_taken, _slot) = (p.reply, p.slot_taken, p.slot);
-            waiters.push(Waiter { reply, worker_wait_ns, slot_taken, _slot });
+            waiters.push(Waiter { reply, sends, worker_wait_ns, slot_taken, _slot });
         }
         let outcome = node.store.execute_batch(&mut batch).await;
         let db_ns = elapsed_ns(started);
@@ -733,18 +762,91 @@ async fn db_worker<S: Store>(
     }
 }
 
-/// Hands each request of a finished batch its result and frees its handler slot.
+/// Where the workers take their work: the handlers' channel, and the work the last collection
+/// took beyond its batch (the next collection, by whichever worker, takes it first, so work
+/// keeps its arrival order across batches).
+struct Intake {
+    from_handlers: mpsc::Receiver<Pending>,
+    carried: Vec<Pending>,
+}
+
+/// Fills `pending` with the next batch's work: what the last collection carried over, then
+/// (waiting for it when there is nothing else) whatever waits in the channel, until the batch
+/// holds `batch_max` requests. A `SendBatch` frame's sends are never split, so a batch passes
+/// `batch_max` by at most the sends of the frame that crosses it; work taken beyond that is
+/// carried over. `false` once the channel is closed and nothing is left.
+async fn collect(intake: &Mutex<Intake>, pending: &mut Vec<Pending>, batch_max: usize) -> bool {
+    // One worker collects at a time; the others are committing meanwhile, which is exactly
+    // when requests accumulate into the next batch.
+    let mut intake = intake.lock().await;
+    let Intake { from_handlers, carried } = &mut *intake;
+    pending.append(carried);
+    let mut requests: usize = pending.iter().map(Pending::requests).sum();
+    while requests < batch_max && (pending.is_empty() || !from_handlers.is_empty()) {
+        let from = pending.len();
+        // Each piece of work holds at least one request, so this never takes too few.
+        if from_handlers.recv_many(pending, batch_max - requests).await == 0 {
+            return !pending.is_empty();
+        }
+        requests += pending[from..].iter().map(Pending::requests).sum::<usize>();
+    }
+    while let Some(last) = pending.last().map(Pending::requests) {
+        if requests - last < batch_max {
+            break;
+        }
+        requests -= last;
+        carried.extend(pending.pop());
+    }
+    // Popped newest first: the carried work keeps its arrival order.
+    carried.reverse();
+    true
+}
+
+/// Hands each request (or `SendBatch` frame) of a finished batch its result and frees its
+/// handler slots.
 fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db_ns: u64) {
     let done = Instant::now();
     let mut handler_busy_ns = 0u64;
-    for (waiter, result) in waiters.drain(..).zip(batch.results.drain(..)) {
+    let mut results = batch.results.drain(..);
+    for waiter in waiters.drain(..) {
         let held = done.saturating_duration_since(waiter.slot_taken).as_nanos();
-        handler_busy_ns = handler_busy_ns.saturating_add(u64::try_from(held).unwrap_or(u64::MAX));
+        let held = u64::try_from(held).unwrap_or(u64::MAX);
+        let requests = waiter.sends.unwrap_or(1) as u64;
+        handler_busy_ns = handler_busy_ns.saturating_add(held.saturating_mul(requests));
+        let result = match waiter.sends {
+            None => results.next().unwrap_or_else(|| Err(unanswered())),
+            Some(n) => {
+                let outcomes = results.by_ref().take(n).map(send_outcome).collect::<Vec<_>>();
+                if outcomes.len() == n {
+                    Ok(ReplyBody::SentBatch(outcomes))
+                } else {
+                    Err(unanswered())
+                }
+            }
+        };
         let committed = Committed { result, worker_wait_ns: waiter.worker_wait_ns, db_ns };
         // A connection that has gone away dropped its receiver; nothing waits for this reply.
         let _ = waiter.reply.send(committed);
     }
     counters.handler_busy_ns.fetch_add(handler_busy_ns, Ordering::Relaxed);
+}
+
+/// A store that answers fewer results than requests breaks its contract; the requests left
+/// over are answered as failed rather than silently dropped.
+fn unanswered() -> ErrorReply {
+    ErrorReply::new(Reason::Unavailable, "the store gave no result for this request")
+}
+
+/// A batched send's result as its `SentBatch` outcome.
+fn send_outcome(result: Result<ReplyBody, ErrorReply>) -> SendOutcome {
+    match result {
+        Ok(ReplyBody::Sent { message_id, arrived_us }) => Ok(Sent { message_id, arrived_us }),
+        Ok(other) => Err(ErrorReply::new(
+            Reason::Unavailable,
+            format!("the store answered a send with {other:?}"),
+        )),
+        Err(refused) => Err(refused),
+    }
 }
 
 fn count_committed(counters: &Counters, batch: &Batch) {

@@ -112,6 +112,11 @@ pub struct NodeFlags {
     /// Accounts (new names) one source address may create per window (default 1024).
     #[arg(long)]
     pub accounts_per_address_max: Option<usize>,
+    /// PostgreSQL's message table, made so at start: logged (durable) or unlogged (no
+    /// write-ahead log, like pgmq's unlogged queues: a PostgreSQL crash empties it;
+    /// docs/MQ_PROTOCOL.md). Unset: as the database has it. SQLite refuses unlogged.
+    #[arg(long, value_parser = one_of(&store::MessageTable::ALL, store::MessageTable::name))]
+    pub message_table: Option<store::MessageTable>,
 }
 
 /// Where `mq serve` listens and stores unless a flag or its file says otherwise.
@@ -187,6 +192,7 @@ impl NodeFlags {
         let attempts = &self.registration_attempts_per_address_max;
         override_with(&mut c.registration_attempts_per_address_max, attempts);
         override_with(&mut c.accounts_per_address_max, &self.accounts_per_address_max);
+        override_with(&mut c.message_table, &self.message_table.map(Some));
         c.validate()?;
         Ok(file)
     }
@@ -392,6 +398,11 @@ pub struct BenchArgs {
     /// first measurements always run with 1 (one request per round trip).
     #[arg(long, default_value_t = 64)]
     pub window: usize,
+    /// Sends per SendBatch frame in the node's third measurement (`--window` sends in flight
+    /// per client, one request frame and one reply frame per this many messages); 1 skips it.
+    #[arg(long, default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..=mq::protocol::SEND_BATCH_MAX as i64))]
+    pub send_batch: u16,
     /// Exit with the target-missed code when embedded SQLite stays under 100K sends/s.
     #[arg(long)]
     pub check: bool,
@@ -490,7 +501,8 @@ async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = file.node;
     // Held until the node stopped: a second `mq serve` on this SQLite store is refused.
     let _owner = store::claim(&store_url)?;
-    let store = store::AnyStore::open(&store_url, config.db_workers).await?;
+    let store =
+        store::AnyStore::open_with(&store_url, config.db_workers, config.message_table).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(mq::tls::server_config_from_files(cert, key)?),
         _ => None,
@@ -701,6 +713,7 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
         content_bytes: args.content_bytes,
         embedded_batch: args.embedded_batch,
         window: args.window,
+        send_batch: usize::from(args.send_batch),
         node: args.node.resolve()?,
         pgmq_sql: args.pgmq_sql.clone(),
         parts: args.only.clone(),

@@ -76,6 +76,31 @@ pub trait Store: Send + Sync + 'static {
     fn parallel_batches_max(&self) -> usize;
 }
 
+/// Whether PostgreSQL writes the message table to its write-ahead log (the node's
+/// `message_table` setting; unset leaves the table as the database has it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageTable {
+    /// Durable: an acknowledged send survives any crash (PostgreSQL's default).
+    Logged,
+    /// No write-ahead log for messages (like pgmq's unlogged queues): cheaper sends and pops;
+    /// an acknowledged message survives a node crash and a clean PostgreSQL restart but NOT a
+    /// PostgreSQL crash, whose recovery empties the table (and restarts message ids), and it
+    /// is not replicated to standbys (docs/MQ_PROTOCOL.md, "Delivery guarantees").
+    Unlogged,
+}
+
+impl MessageTable {
+    pub const ALL: [MessageTable; 2] = [MessageTable::Logged, MessageTable::Unlogged];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageTable::Logged => "logged",
+            MessageTable::Unlogged => "unlogged",
+        }
+    }
+}
+
 /// Which store a node uses: `sqlite:DIR` or a `postgres://` URL.
 #[derive(Clone)]
 pub enum AnyStore {
@@ -94,12 +119,30 @@ impl AnyStore {
 
     /// Opens the store named by `spec` (`sqlite:DIR` or `postgres://...`), applying migrations.
     pub async fn open(spec: &str, pool_connections: usize) -> Result<AnyStore> {
+        AnyStore::open_with(spec, pool_connections, None).await
+    }
+
+    /// [`AnyStore::open`], then makes PostgreSQL's message table `message_table` (unset: as
+    /// it is). SQLite refuses `Unlogged`: its nearest equivalent (`synchronous=OFF`) risks the
+    /// whole file on a power loss, not only the messages, and is not offered.
+    pub async fn open_with(
+        spec: &str,
+        pool_connections: usize,
+        message_table: Option<MessageTable>,
+    ) -> Result<AnyStore> {
         if let Some(dir) = spec.strip_prefix("sqlite:") {
+            if message_table == Some(MessageTable::Unlogged) {
+                return Err(crate::MqError::BadInput(
+                    "message_table = unlogged is a PostgreSQL option; SQLite stores are always \
+                     logged (synchronous=FULL)"
+                        .into(),
+                ));
+            }
             let store = SqliteStore::open(std::path::Path::new(dir))?;
             return Ok(AnyStore::Sqlite(store));
         }
         if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-            let config = PostgresConfig { url: spec.to_owned(), pool_connections };
+            let config = PostgresConfig { url: spec.to_owned(), pool_connections, message_table };
             return Ok(AnyStore::Postgres(PostgresStore::open(&config).await?));
         }
         Err(crate::MqError::BadInput(format!(

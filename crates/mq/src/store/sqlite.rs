@@ -396,6 +396,17 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn an_unlogged_message_table_is_refused_with_its_reason() {
+        use crate::store::{AnyStore, MessageTable};
+        let dir = tempfile::tempdir().unwrap();
+        let spec = format!("sqlite:{}", dir.path().display());
+        let refused = AnyStore::open_with(&spec, 1, Some(MessageTable::Unlogged)).await;
+        let error = refused.err().expect("SQLite refuses unlogged").to_string();
+        assert!(error.contains("PostgreSQL option"), "{error}");
+        assert!(AnyStore::open_with(&spec, 1, Some(MessageTable::Logged)).await.is_ok());
+    }
+
+    #[tokio::test]
     async fn sqlite_passes_the_store_scenario() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path()).unwrap();

@@ -1,10 +1,13 @@
 //! Paper 002, the messaging middleware: throughput vs clients, scale-up vs scale-out,
 //! response time vs message size, a 2^2·r design with the allocation of variation, and the
-//! sanity counts (`labs::mq_experiment`, nodes in this process over SQLite or PostgreSQL).
+//! sanity counts (`labs::mq_experiment`, nodes in this process over SQLite or PostgreSQL),
+//! then the same-run comparison of `mq bench` (`labs::mq_bench`, the code behind
+//! docs/benchmarks/mq.md) on the same store.
 
-use lab::data::DataTable;
+use lab::data::{Cell, DataTable};
 use lab::report::{BarChart, LinePlot, ReportDir};
 use lab::stats::{FactorialAnalysis, factorial_2kr};
+use labs::mq_bench as bench;
 use labs::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
 use labs::mq_load::LoadConfig;
 use mq::server::NodeConfig;
@@ -47,6 +50,7 @@ pub fn run(
         ..LoadConfig::default()
     };
     let measured = measure(scale, &store, &load)?;
+    let bench = bench_figure(&store, scale.seconds(0.5, 3.0))?;
     let store_name = store_name(&store);
     let scope = format!(
         "nodes and closed-loop clients in this process over {store_name} (published: PostgreSQL on \
@@ -63,6 +67,7 @@ pub fn run(
             size_figure(&measured),
             factorial_figure(paper, &measured),
             sanity_figure(&measured),
+            bench,
         ],
         claims: claims(&measured, store_name),
         files: Vec::new(),
@@ -370,6 +375,62 @@ fn sanity_figure(measured: &Measured) -> Figure {
     }
 }
 
+/// `mq bench` on `store` (`labs::mq_bench::run`, as `leantier mq bench --repeats 1` runs it),
+/// each phase `seconds` long: the store's peers (plain SQL; pgmq is not installed here), the
+/// node at one request in flight, at 64, and at 64 as `SendBatch` frames of 16, and (on
+/// PostgreSQL) one client alone, every row with its host CPU per message.
+fn bench_figure(store: &str, seconds: f64) -> anyhow::Result<Figure> {
+    let config = bench::BenchConfig {
+        store: store.to_string(),
+        clients: 8,
+        seconds,
+        content_bytes: MESSAGE_BYTES,
+        embedded_batch: 1024,
+        window: 64,
+        send_batch: 16,
+        node: NodeConfig::default(),
+        pgmq_sql: None,
+        parts: bench::BenchPart::ALL.to_vec(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (rows, _) = runtime.block_on(bench::run(&config))?;
+    let mut table = DataTable::new(
+        "mq-bench",
+        "mq bench: the node beside plain SQL on the same store, same run",
+        [
+            "system",
+            "operation",
+            "clients",
+            "per_call_or_in_flight",
+            "ops_per_s",
+            "latency_p50_us",
+            "latency_p99_us",
+            "batch_mean",
+            "host_cpu_us_per_message",
+        ],
+    );
+    for r in &rows {
+        table.push(vec![
+            r.system.as_str().into(),
+            r.operation.as_str().into(),
+            r.clients.into(),
+            r.per_call_or_in_flight.into(),
+            r.per_s.into(),
+            r.latency_us_p50.into(),
+            r.latency_us_p99.into(),
+            r.batch_mean.map_or(Cell::Missing, Cell::from),
+            r.budget.cpu.host_us.map_or(Cell::Missing, Cell::from),
+        ]);
+    }
+    let note = format!(
+        "`leantier mq bench --repeats 1 --clients 8 --content-bytes {MESSAGE_BYTES} --duration \
+         {seconds}s` on this store (pgmq not installed): latency per call (per frame for batch \
+         frames); docs/benchmarks/mq.md has the full comparison with pgmq, medians of 3 and \
+         the per-message budget."
+    );
+    Ok(Figure { table, plot_svg: None, note })
+}
+
 fn response_mean_us(point: &Point) -> f64 {
     point.result.response_mean_ns / 1_000.0
 }
@@ -519,4 +580,34 @@ fn sanity_claim(measured: &Measured) -> Claim {
             Verdict::NotReproduced
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quick form of the paper's bench figure: every contender measured, the batch-frame
+    /// row among them, rates and per-message CPU as numbers.
+    #[test]
+    fn the_bench_figure_measures_every_contender_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let figure = bench_figure(&format!("sqlite:{}", dir.path().display()), 0.3).unwrap();
+        let table = &figure.table;
+        let system = table.column("system").unwrap();
+        let rate = table.column("ops_per_s").unwrap();
+        let systems: Vec<String> = table
+            .rows
+            .iter()
+            .map(|row| match &row[system] {
+                Cell::Text(text) => text.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for wanted in ["plain SQL", "leantier embedded", "leantier node", bench::NODE_BATCHED] {
+            assert!(systems.iter().any(|s| s == wanted), "{wanted} missing from {systems:?}");
+        }
+        for row in &table.rows {
+            assert!(matches!(row[rate], Cell::Number(r) if r > 0.0), "{row:?}");
+        }
+    }
 }
