@@ -602,48 +602,52 @@ fn encode_reply_body(body: &ReplyBody, w: &mut Writer<'_>) {
             w.u32(u32::try_from(names.len()).unwrap_or(u32::MAX));
             names.iter().for_each(|n| w.str(n));
         }
-        ReplyBody::Stats(s) => {
+        ReplyBody::Stats(stats) => {
             w.u8(reply_kind::STATS);
-            for v in [
-                s.sends_committed,
-                s.pops_committed,
-                s.batches_committed,
-                s.db_busy_ns,
-                s.handler_busy_ns,
-            ] {
-                w.u64(v);
-            }
-            w.u32(s.handler_slots);
-            w.u32(s.db_workers);
-            for v in [
-                s.queue_depth,
-                s.connections_open,
-                s.connections_refused,
-                s.connections_cut_off,
-                s.connections_idle_closed,
-                s.reply_memory_bytes,
-                s.reply_memory_bytes_peak,
-                s.reply_memory_refused,
-            ] {
-                w.u64(v);
-            }
+            encode_stats(stats, w);
         }
         ReplyBody::Disconnected => w.u8(reply_kind::DISCONNECTED),
         ReplyBody::SentBatch(outcomes) => {
             w.u8(reply_kind::SENT_BATCH);
-            w.u16(u16::try_from(outcomes.len()).unwrap_or(u16::MAX));
-            for outcome in outcomes {
-                match outcome {
-                    Ok(sent) => {
-                        w.u16(Reason::Ok as u16);
-                        w.u64(sent.message_id);
-                        w.u64(sent.arrived_us);
-                    }
-                    Err(error) => {
-                        w.u16(error.reason as u16);
-                        w.str(&error.detail);
-                    }
-                }
+            encode_sent_batch(outcomes, w);
+        }
+    }
+}
+
+fn encode_stats(s: &NodeStats, w: &mut Writer<'_>) {
+    let committed = [s.sends_committed, s.pops_committed, s.batches_committed];
+    for v in committed.into_iter().chain([s.db_busy_ns, s.handler_busy_ns]) {
+        w.u64(v);
+    }
+    w.u32(s.handler_slots);
+    w.u32(s.db_workers);
+    for v in [
+        s.queue_depth,
+        s.connections_open,
+        s.connections_refused,
+        s.connections_cut_off,
+        s.connections_idle_closed,
+        s.reply_memory_bytes,
+        s.reply_memory_bytes_peak,
+        s.reply_memory_refused,
+    ] {
+        w.u64(v);
+    }
+}
+
+/// A batch's answers: each send's id and arrival, or its reason and detail.
+fn encode_sent_batch(outcomes: &[SendOutcome], w: &mut Writer<'_>) {
+    w.u16(u16::try_from(outcomes.len()).unwrap_or(u16::MAX));
+    for outcome in outcomes {
+        match outcome {
+            Ok(sent) => {
+                w.u16(Reason::Ok as u16);
+                w.u64(sent.message_id);
+                w.u64(sent.arrived_us);
+            }
+            Err(error) => {
+                w.u16(error.reason as u16);
+                w.str(&error.detail);
             }
         }
     }
