@@ -9,6 +9,12 @@
 //! records over the time from the first send to the last receipt; latency from each record's
 //! send to its receipt (absolute monotonic time). Repeats alternate the three, and medians
 //! are reported.
+//!
+//! Each contender's budget comes with it: this process's CPU time and context switches per
+//! record during its repeats (`getrusage`; `nats-server`, shared by all three, is not in it).
+//! The contenders' threads have names of their own, so `perf record -g` over a run splits the
+//! time per thread: leantier's `bench-sender`, `nats-pub-0`, `nats-publisher-io` and
+//! `bench-gateway`; the plain pairs' calling thread and `bench-plain`.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +48,10 @@ pub struct Contender {
     /// Median over repeats of records per second.
     pub throughput_per_s: f64,
     pub throughputs_per_s: Vec<f64>,
+    /// Median over repeats of this process's CPU time (user + system, all threads) per record.
+    pub cpu_ns_per_record: f64,
+    /// Median over repeats of this process's context switches (voluntary and not) per record.
+    pub context_switches_per_record: f64,
     /// Send -> receipt, all repeats merged.
     pub latency: LatencySummary,
 }
@@ -65,6 +75,46 @@ pub struct BenchReport {
 struct Sample {
     throughput_per_s: f64,
     latency: LatencyHistogram,
+    usage: Usage,
+}
+
+/// What this process spent over an interval, per record.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    cpu_ns_per_record: f64,
+    context_switches_per_record: f64,
+}
+
+/// This process's CPU time (user + system, ns) and context switches so far.
+fn process_usage() -> (u64, u64) {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is valid, writable memory for one `rusage` for the call's duration;
+    // RUSAGE_SELF is always a valid target, and the call only writes `usage`.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    assert_eq!(rc, 0, "getrusage(RUSAGE_SELF) cannot fail with valid arguments");
+    // SAFETY: zero-initialised and filled by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    let ns = |time: libc::timeval| time.tv_sec as u64 * 1_000_000_000 + time.tv_usec as u64 * 1000;
+    let switches = usage.ru_nvcsw as u64 + usage.ru_nivcsw as u64;
+    (ns(usage.ru_utime) + ns(usage.ru_stime), switches)
+}
+
+/// Measures [`process_usage`] from its creation to [`UsageSpan::per_record`].
+struct UsageSpan((u64, u64));
+
+impl UsageSpan {
+    fn start() -> UsageSpan {
+        UsageSpan(process_usage())
+    }
+
+    fn per_record(&self, records: u64) -> Usage {
+        let ((cpu_before, switches_before), (cpu, switches)) = (self.0, process_usage());
+        Usage {
+            cpu_ns_per_record: cpu.saturating_sub(cpu_before) as f64 / records as f64,
+            context_switches_per_record: switches.saturating_sub(switches_before) as f64
+                / records as f64,
+        }
+    }
 }
 
 /// Runs `repeats` rounds of `records` records each on the server `nats`; `wait` is how the
@@ -78,13 +128,13 @@ pub fn run(
     if records == 0 || repeats == 0 {
         return Err(DeliveryError::BadInput("records and repeats must be > 0".into()));
     }
-    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
-    let io = io.map_err(io_failed("starting the bench's runtime"))?;
+    let io = bench_runtime("bench-plain")?;
+    let gateway_io = bench_runtime("bench-gateway")?;
     let mut samples: [Vec<Sample>; 3] = Default::default();
     let mut per_message = Vec::new();
     for repeat in 0..repeats {
         let prefix = format!("bench{repeat}");
-        let (sample, batch) = leantier_once(&io, nats, &prefix, records, wait)?;
+        let (sample, batch) = leantier_once(&gateway_io, nats, &prefix, records, wait)?;
         samples[0].push(sample);
         per_message.push(batch);
         let batch_records = batch.round().max(1.0) as u64;
@@ -108,6 +158,16 @@ pub fn run(
     })
 }
 
+/// A two-worker runtime whose threads are called `name` (for `perf report --sort comm`).
+fn bench_runtime(name: &str) -> Result<tokio::runtime::Runtime> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build();
+    runtime.map_err(io_failed("starting the bench's runtime"))
+}
+
 fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -118,10 +178,14 @@ fn contender(name: &'static str, samples: Vec<Sample>) -> Contender {
         latency.merge(&sample.latency);
     }
     let throughputs_per_s: Vec<f64> = samples.iter().map(|s| s.throughput_per_s).collect();
+    let cpu = samples.iter().map(|s| s.usage.cpu_ns_per_record).collect();
+    let switches = samples.iter().map(|s| s.usage.context_switches_per_record).collect();
     Contender {
         name,
         throughput_per_s: median(throughputs_per_s.clone()),
         throughputs_per_s,
+        cpu_ns_per_record: median(cpu),
+        context_switches_per_record: median(switches),
         latency: latency.summary(),
     }
 }
@@ -150,15 +214,19 @@ fn leantier_once(
         heartbeat: crate::publish::HEARTBEAT_INTERVAL_DEFAULT,
     })?;
     let mut subscribers = (publisher.subscribers())(0);
+    let usage = UsageSpan::start();
     let started = Instant::now();
-    for order_id in 0..records {
-        let output = CoreOutput { order_id, ..CoreOutput::default() };
-        let mut response =
-            Response { audience: Audience::Client, gateway: 0, answers_request: true, output };
-        response.output.stamps.intended_ns = now_ns();
-        subscribers[0].deliver(&response);
-    }
-    drop(subscribers);
+    let sender = std::thread::Builder::new().name("bench-sender".into()).spawn(move || {
+        for order_id in 0..records {
+            let output = CoreOutput { order_id, ..CoreOutput::default() };
+            let mut response =
+                Response { audience: Audience::Client, gateway: 0, answers_request: true, output };
+            response.output.stamps.intended_ns = now_ns();
+            subscribers[0].deliver(&response);
+        }
+    });
+    let sender = sender.map_err(io_failed("spawning the bench's sender"))?;
+    sender.join().map_err(|_| DeliveryError::Failed("the bench's sender panicked".into()))?;
     let report = publisher.drain()?;
     let deadline = started + REPEAT_TIMEOUT;
     while gateway.report().next_seqs[0] <= records {
@@ -168,10 +236,11 @@ fn leantier_once(
         std::thread::sleep(Duration::from_micros(200));
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let usage = usage.per_record(records);
     let (_, latency) = io.block_on(gateway.shutdown())?;
     let latency = latency.answers;
     let per_message = report.published as f64 / report.batches.max(1) as f64;
-    Ok((Sample { throughput_per_s: records as f64 / elapsed, latency }, per_message))
+    Ok((Sample { throughput_per_s: records as f64 / elapsed, latency, usage }, per_message))
 }
 
 /// One round of a bare publisher and subscriber, `batch` records per message.
@@ -202,6 +271,7 @@ async fn plain_once(nats: &NatsConnect, prefix: &str, records: u64, batch: u64) 
         }
         (received, latency)
     });
+    let usage = UsageSpan::start();
     let started = Instant::now();
     let mut sent = 0;
     while sent < records {
@@ -227,5 +297,6 @@ async fn plain_once(nats: &NatsConnect, prefix: &str, records: u64, batch: u64) 
         return Err(DeliveryError::Failed(why));
     }
     let elapsed = started.elapsed().as_secs_f64();
-    Ok(Sample { throughput_per_s: records as f64 / elapsed, latency })
+    let usage = usage.per_record(records);
+    Ok(Sample { throughput_per_s: records as f64 / elapsed, latency, usage })
 }

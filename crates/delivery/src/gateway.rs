@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_nats::StatusCode;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use lab::stats::LatencyHistogram;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,8 +36,9 @@ use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::nats::{NatsConnect, connect};
 use crate::subjects::{CONNECT_TIMEOUT, gateway_wildcard, retain_subject};
 use crate::wire::{
-    BATCH_HEADER_BYTES, BatchHeader, FRAME_BYTES_MAX, FRAME_PREFIX_BYTES, Frame, FrameDecoder,
-    Record, RetainRequest, Stream, WIRE_VERSION, batch_records, decode_batch,
+    BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BatchHeader, DATA_FRAME_BYTES, FRAME_BYTES_MAX,
+    FRAME_PREFIX_BYTES, Frame, FrameDecoder, RECORD_BYTES, Record, RetainRequest, Stream,
+    WIRE_VERSION, batch_range, data_frame_head, decode_batch,
 };
 
 /// A consumer must send its hello within this time.
@@ -65,6 +66,9 @@ pub const AHEAD_CONFIRM: Duration = Duration::from_secs(1);
 /// Malformed and untrusted messages are logged at most once per this interval each, with
 /// their count since the last warning (and always counted in the report).
 pub const WARNING_EVERY: Duration = Duration::from_secs(10);
+/// Bytes the consumers' chunk buffer allocates at a time (chunks are split off it and shared
+/// with every consumer's queue, so the allocator is called about once per this many bytes).
+const CHUNK_BUFFER_BYTES: usize = 64 * 1024;
 /// How long a goodbye frame may take before the connection is just closed.
 const GOODBYE_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -403,7 +407,7 @@ async fn sequence(
     let mut sequencer = Sequencer {
         state,
         latency: GatewayLatency::default(),
-        chunk: Vec::new(),
+        chunk: BytesMut::new(),
         publisher: None,
         far_since: [None; 2],
         replies,
@@ -454,8 +458,8 @@ impl RateLimitedWarning {
 struct Sequencer {
     state: Arc<State>,
     latency: GatewayLatency,
-    /// Frames of the batch being fanned out (reused).
-    chunk: Vec<u8>,
+    /// Where the batches' frames are written; each batch's chunk is split off it.
+    chunk: BytesMut,
     /// The publisher instance served: the first whose message was applied.
     publisher: Option<u64>,
     /// Per stream, since when every message has claimed more than `seq_ahead_max` beyond the
@@ -508,10 +512,10 @@ impl Sequencer {
             return self.untrusted(&why);
         }
         // A recovery may have delivered the front of this batch already.
-        let in_order: Vec<_> =
-            batch_records(&header, records).filter(|(seq, _)| *seq >= next).collect();
-        add(&self.state.counters.duplicates, (header.count - in_order.len()) as u64);
-        self.deliver(stream, &in_order);
+        let (first, in_order) = batch_range(&header, records, next, u64::MAX);
+        let duplicates = header.count - in_order.len() / RECORD_BYTES;
+        add(&self.state.counters.duplicates, duplicates as u64);
+        self.deliver(stream, first, in_order);
     }
 
     /// The trust rule (docs/DELIVERY.md): a message is applied only if it comes from the
@@ -621,19 +625,17 @@ impl Sequencer {
             }
             // Only what was asked for, from the next expected on (a reply starting earlier is
             // not trusted to replace what was delivered).
-            let asked = from..=last;
-            let recovered: Vec<_> = batch_records(&header, &payload[BATCH_HEADER_BYTES..])
-                .filter(|(seq, _)| asked.contains(seq))
-                .collect();
+            let (first, recovered) =
+                batch_range(&header, &payload[BATCH_HEADER_BYTES..], from, last);
             // No overflow: `decode_batch` checked that the sequences fit.
             let next_from = header.first_seq + header.count as u64;
             if next_from <= from {
                 self.bad("retain reply older than asked");
                 break;
             }
-            add(&self.state.counters.recovered, recovered.len() as u64);
+            add(&self.state.counters.recovered, (recovered.len() / RECORD_BYTES) as u64);
             from = next_from;
-            self.deliver(stream, &recovered);
+            self.deliver(stream, first, recovered);
         }
         if from <= last {
             self.resync(stream, from, last);
@@ -689,18 +691,21 @@ impl Sequencer {
         tracing::warn!("gateway {gateway}: {} {first}..={last} lost: resync sent", stream.name());
         add(&self.state.counters.resyncs, 1);
         add(&self.state.counters.resync_records, last - first + 1);
-        self.chunk.clear();
-        Frame::Resync { stream, first_seq: first, last_seq: last }.write(&mut self.chunk);
+        let mut frame = Vec::new();
+        Frame::Resync { stream, first_seq: first, last_seq: last }.write(&mut frame);
         self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize] =
             last + 1;
-        self.fan_out(0);
+        self.fan_out(frame.into(), 0);
     }
 
-    /// Hands records (consecutive sequences, starting at the next expected) to every consumer.
-    fn deliver(&mut self, stream: Stream, records: &[(u64, Record)]) {
-        let (Some(&(first, _)), Some(&(last, _))) = (records.first(), records.last()) else {
+    /// Hands `records` (whole records, consecutive sequences from `first`, the next expected)
+    /// to every consumer. Each record's bytes are copied once, into its frame, and only while
+    /// a consumer is there to read it.
+    fn deliver(&mut self, stream: Stream, first: u64, records: &[u8]) {
+        let count = records.len() / RECORD_BYTES;
+        if count == 0 {
             return;
-        };
+        }
         {
             let mut next = self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner);
             // The callers hand out from the next expected on; anything else would silently
@@ -710,13 +715,11 @@ impl Sequencer {
                 return self
                     .bad(&format!("{} records from {first}, out of sequence", stream.name()));
             }
-            next[stream as usize] = last + 1;
+            next[stream as usize] = first + count as u64;
         }
         let received_abs_ns = monotonic_ns();
-        self.chunk.clear();
-        for (seq, record) in records {
-            Frame::Data { stream, seq: *seq, received_abs_ns, record: *record }
-                .write(&mut self.chunk);
+        for bytes in records.chunks_exact(RECORD_BYTES) {
+            let record = Record(bytes.try_into().expect("chunks_exact of RECORD_BYTES"));
             let latency_ns = received_abs_ns.saturating_sub(record.intended_abs_ns());
             let counters = &self.state.counters;
             if stream == Stream::MarketData {
@@ -727,13 +730,34 @@ impl Sequencer {
                 counters.answer_seconds.record_ns(latency_ns);
             }
         }
-        add(&self.state.counters.received, records.len() as u64);
-        self.fan_out(records.len() as u64);
+        add(&self.state.counters.received, count as u64);
+        if self.state.consumers.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
+            return;
+        }
+        let chunk = self.frames(stream, first, records, received_abs_ns);
+        self.fan_out(chunk, count as u64);
     }
 
-    /// Queues the chunk for every consumer; a consumer whose queue is full is cut off.
-    fn fan_out(&mut self, records: u64) {
-        let chunk = Bytes::copy_from_slice(&self.chunk);
+    /// The data frames of `records` (consecutive sequences from `first`), as one chunk.
+    fn frames(
+        &mut self,
+        stream: Stream,
+        first: u64,
+        records: &[u8],
+        received_abs_ns: u64,
+    ) -> Bytes {
+        if self.chunk.capacity() < BATCH_RECORDS_MAX * DATA_FRAME_BYTES {
+            self.chunk = BytesMut::with_capacity(CHUNK_BUFFER_BYTES);
+        }
+        for (seq, bytes) in (first..).zip(records.chunks_exact(RECORD_BYTES)) {
+            self.chunk.extend_from_slice(&data_frame_head(stream, seq, received_abs_ns));
+            self.chunk.extend_from_slice(bytes);
+        }
+        self.chunk.split().freeze()
+    }
+
+    /// Queues `chunk` for every consumer; a consumer whose queue is full is cut off.
+    fn fan_out(&mut self, chunk: Bytes, records: u64) {
         let mut consumers = self.state.consumers.lock().unwrap_or_else(PoisonError::into_inner);
         consumers.retain(|consumer| match consumer.queue.try_send((chunk.clone(), records)) {
             Ok(()) => true,

@@ -1,9 +1,11 @@
 //! The NATS half of the R-Senders: each sender hands its responses to a publisher thread
 //! through one ring per gateway (a ring push: no allocation, lock or system call); the
-//! publisher drains what is there, assigns each record the next sequence of its subject,
-//! keeps it in the subject's retained window and publishes the drained batch as ONE NATS
-//! message per subject. The client's connection task writes every queued publish with one
-//! vectored write, so nothing is flushed per message. A heartbeat per subject (its next
+//! publisher drains what is there, encoding each response once, straight from its ring slot
+//! into the outgoing batch of its subject, and publishes the drained batch as ONE NATS
+//! message per subject. The batch as sent (a `Bytes` the client's queue shares) is the
+//! retained window's entry too: sequencing and retaining cost no per-record copy, and the
+//! subject's lock is taken once per batch. The client's connection task writes every queued
+//! publish with one vectored write, so nothing is flushed per message. A heartbeat per subject (its next
 //! sequence, every `heartbeat`) lets a gateway see a lost tail; gateways recover gaps from the
 //! retained window over request/reply.
 //!
@@ -12,13 +14,14 @@
 //! the window once the connection is back. While connected, a full client queue is
 //! back-pressure (bounded by `PUBLISH_WAIT_MAX`).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use exchange::msg::Response;
 use exchange::tier::{Subscriber, SubscriberFactory};
 use futures_util::StreamExt;
@@ -48,6 +51,11 @@ pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
 pub const PUBLISH_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Most gateways a publisher serves (subjects are allocated up front).
 pub const GATEWAYS_MAX: u32 = 1024;
+/// Bytes a subject's batch buffer allocates at a time: its batches are split off it (sharing
+/// the allocation), so the allocator is called about once per this many bytes of the subject's
+/// records, not per batch. A retained window pins the buffers its batches lie in: as they are
+/// the subject's own and consecutive, at most its records' bytes and two buffers more.
+const BATCH_BUFFER_BYTES: usize = 64 * 1024;
 
 /// How the R-Senders publish.
 #[derive(Clone, Debug)]
@@ -84,22 +92,48 @@ pub struct PublishReport {
     pub next_seqs: Vec<u64>,
 }
 
-/// One subject's retained window: the last `capacity` records by sequence, pre-allocated.
+/// One subject's retained window: the batches last published (each the payload as sent,
+/// header included, shared with the client's queue), as many as hold the last `capacity`
+/// records by sequence. Retaining a batch stores a reference, never a copy of its records.
 struct Window {
     /// The first sequence this window ever held: 1, or where a restored publisher continues.
     first_seq: u64,
     next_seq: u64,
-    records: Box<[Record]>,
+    /// Records served: the last `capacity` (the oldest batch kept may hold a few older ones).
+    capacity: usize,
+    /// Oldest first; consecutive sequences, the last one ending before `next_seq`.
+    batches: VecDeque<RetainedBatch>,
+    /// Records in `batches`.
+    held: usize,
     /// The sender that publishes this subject; one writer per subject keeps the sequence
     /// gap-free, so a second one is a routing bug.
     owner: Option<usize>,
 }
 
+/// A published batch: its first sequence and its payload (header, then whole records).
+struct RetainedBatch {
+    first_seq: u64,
+    payload: Bytes,
+}
+
+impl RetainedBatch {
+    fn count(&self) -> usize {
+        (self.payload.len() - BATCH_HEADER_BYTES) / RECORD_BYTES
+    }
+
+    /// The record at `seq` (inside this batch).
+    fn record(&self, seq: u64) -> &[u8] {
+        let at = BATCH_HEADER_BYTES + (seq - self.first_seq) as usize * RECORD_BYTES;
+        &self.payload[at..at + RECORD_BYTES]
+    }
+}
+
 impl Window {
-    /// An empty window whose next record takes `next_seq`.
+    /// An empty window whose next record takes `next_seq`. Its batch list is allocated for
+    /// the worst case (a record per batch), so retaining never allocates.
     fn continuing_at(capacity: usize, next_seq: u64) -> Window {
-        let records = vec![Record::default(); capacity].into();
-        Window { first_seq: next_seq, next_seq, records, owner: None }
+        let batches = VecDeque::with_capacity(capacity + 1);
+        Window { first_seq: next_seq, next_seq, capacity, batches, held: 0, owner: None }
     }
 
     fn claim(&mut self, sender: usize) {
@@ -107,18 +141,39 @@ impl Window {
         assert_eq!(owner, sender, "two R-Senders publish one subject: its sequence would fork");
     }
 
-    fn retain(&mut self, record: Record) {
-        let slot = (self.next_seq % self.records.len() as u64) as usize;
-        self.records[slot] = record;
-        self.next_seq += 1;
+    /// Keeps `payload` (a batch of `count` records numbered from `next_seq` on), dropping the
+    /// oldest batches the last `capacity` records no longer need.
+    fn retain(&mut self, payload: Bytes) {
+        let batch = RetainedBatch { first_seq: self.next_seq, payload };
+        let count = batch.count();
+        if count == 0 {
+            return;
+        }
+        self.next_seq += count as u64;
+        self.held += count;
+        self.batches.push_back(batch);
+        while let Some(oldest) = self.batches.front() {
+            if self.held - oldest.count() < self.capacity {
+                break;
+            }
+            self.held -= oldest.count();
+            self.batches.pop_front();
+        }
     }
 
     fn oldest(&self) -> u64 {
-        self.next_seq.saturating_sub(self.records.len() as u64).max(self.first_seq)
+        self.next_seq.saturating_sub(self.capacity as u64).max(self.first_seq)
     }
 
-    fn get(&self, seq: u64) -> &Record {
-        &self.records[(seq % self.records.len() as u64) as usize]
+    /// The records `first..first + count` (all within `oldest()..next_seq`), in order.
+    fn records(&self, first: u64, count: usize) -> impl Iterator<Item = &[u8]> {
+        let from = self.batches.partition_point(|batch| batch.first_seq <= first).max(1) - 1;
+        let seqs = first..first + count as u64;
+        self.batches.range(from..).flat_map(move |batch| {
+            let end = batch.first_seq + batch.count() as u64;
+            let inside = seqs.start.max(batch.first_seq)..seqs.end.min(end);
+            inside.map(move |seq| batch.record(seq))
+        })
     }
 }
 
@@ -327,28 +382,29 @@ impl Shared {
             let records = regenerate.regenerate(gateway, stream, request.from_seq, last).await;
             if !records.is_empty() {
                 add(&self.counters.regenerated_served, records.len() as u64);
-                return self.reply(gateway, stream, request.from_seq, records.iter());
+                let records = records.iter().map(|record| &record.0[..]);
+                return self.reply(gateway, stream, request.from_seq, count_of(records));
             }
         }
         self.retained(gateway, stream, request)
     }
 
-    /// A reply of `records`, the first numbered `first_seq`.
+    /// A reply of `count` `records` (each `RECORD_BYTES`), the first numbered `first_seq`.
     fn reply<'a>(
         &self,
         gateway: u32,
         stream: Stream,
         first_seq: u64,
-        records: impl ExactSizeIterator<Item = &'a Record>,
+        (count, records): (usize, impl Iterator<Item = &'a [u8]>),
     ) -> Vec<u8> {
-        let count = records.len();
         let (instance, epoch) = (self.instance, self.epoch());
         let header = BatchHeader { stream, gateway, instance, epoch, first_seq, count };
         let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
         header.write(&mut payload);
         for record in records {
-            payload.extend_from_slice(&record.0);
+            payload.extend_from_slice(record);
         }
+        assert_eq!(payload.len(), BATCH_HEADER_BYTES + count * RECORD_BYTES, "count records");
         payload
     }
 
@@ -362,9 +418,14 @@ impl Shared {
         let count = if first > last { 0 } else { (last - first + 1).min(BATCH_RECORDS_MAX as u64) };
         let first_seq = if count == 0 { window.next_seq.max(first) } else { first };
         add(&self.counters.retained_served, count);
-        let records = (0..count as usize).map(|index| window.get(first + index as u64));
-        self.reply(gateway, stream, first_seq, records)
+        let records = window.records(first, count as usize);
+        self.reply(gateway, stream, first_seq, (count as usize, records))
     }
+}
+
+/// An exact-size iterator as its length and itself (what [`Shared::reply`] takes).
+fn count_of<I: ExactSizeIterator>(items: I) -> (usize, I) {
+    (items.len(), items)
 }
 
 /// A fresh random instance id: std's per-process random hash keys, mixed with the clock and
@@ -504,7 +565,7 @@ impl NatsPublisher {
                 waiter: Waiter::new(options.wait, parker),
                 shared: shared.clone(),
                 offset: EpochOffset::measure(),
-                staging: Vec::with_capacity(BATCH_RECORDS_MAX),
+                batches: (0..options.gateways).map(|_| Default::default()).collect(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("nats-pub-{sender}"))
@@ -620,8 +681,10 @@ struct PublisherThread {
     waiter: Waiter,
     shared: Arc<Shared>,
     offset: EpochOffset,
-    /// One drained ring batch (capacity `BATCH_RECORDS_MAX`, reused).
-    staging: Vec<Response>,
+    /// Per gateway and stream, the batch being encoded: a header's room, then the records
+    /// (split off as the payload when published; the buffer's allocation is shared with the
+    /// payloads, so a subject's buffer is its own: see [`BATCH_BUFFER_BYTES`]).
+    batches: Vec<[BytesMut; 2]>,
 }
 
 impl PublisherThread {
@@ -645,46 +708,60 @@ impl PublisherThread {
         }
     }
 
+    /// Encodes what `gateway`'s ring holds (at most a batch) into one batch per stream and
+    /// publishes them; the number of records.
     fn drain(&mut self, gateway: usize) -> usize {
-        let staging = &mut self.staging;
-        let drained = self.rings[gateway].read_batch(BATCH_RECORDS_MAX, |r| staging.push(*r));
-        if drained == 0 {
+        if self.rings[gateway].is_empty() {
             return 0;
         }
         let published_abs_ns = monotonic_ns();
-        for stream in Stream::ALL {
-            self.publish(gateway as u32, stream, published_abs_ns);
+        let batches = &mut self.batches[gateway];
+        for batch in batches.iter_mut() {
+            if batch.capacity() < BATCH_HEADER_BYTES + BATCH_RECORDS_MAX * RECORD_BYTES {
+                *batch = BytesMut::with_capacity(BATCH_BUFFER_BYTES);
+            }
+            batch.put_bytes(0, BATCH_HEADER_BYTES);
         }
-        self.staging.clear();
+        let offset = self.offset;
+        let drained = self.rings[gateway].read_batch(BATCH_RECORDS_MAX, |response| {
+            let batch = &mut batches[Stream::of(response) as usize];
+            let at = batch.len();
+            batch.put_bytes(0, RECORD_BYTES);
+            let slot = (&mut batch[at..]).try_into().expect("RECORD_BYTES just added");
+            let intended_abs_ns = offset.absolute(response.output.stamps.intended_ns);
+            Record::encode_into(response, intended_abs_ns, published_abs_ns, slot);
+        });
+        for stream in Stream::ALL {
+            let batch = &mut self.batches[gateway][stream as usize];
+            let count = (batch.len() - BATCH_HEADER_BYTES) / RECORD_BYTES;
+            if count == 0 {
+                batch.clear();
+                continue;
+            }
+            let payload = batch.split();
+            self.publish(gateway as u32, stream, count, payload);
+        }
         drained
     }
 
-    /// Publishes the staged responses of `stream` as one batch (none: nothing to send).
-    fn publish(&self, gateway: u32, stream: Stream, published_abs_ns: u64) {
-        let count = self.staging.iter().filter(|r| Stream::of(r) == stream).count();
-        if count == 0 {
-            return;
-        }
+    /// Numbers, retains and publishes the `count` records encoded in `payload` after its
+    /// header's room.
+    fn publish(&self, gateway: u32, stream: Stream, count: usize, mut payload: BytesMut) {
         let subject = self.shared.subject(gateway, stream);
-        // Locked per batch (not per message), against the heartbeat and the retain service;
+        // Locked per batch (not per record), against the heartbeat and the retain service;
         // held across the hand-off to the client so a heartbeat never overtakes this batch.
         let mut window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
         window.claim(self.sender);
         let (instance, epoch) = (self.shared.instance, self.shared.epoch());
         let first_seq = window.next_seq;
         let header = BatchHeader { stream, gateway, instance, epoch, first_seq, count };
-        let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
-        header.write(&mut payload);
-        for response in self.staging.iter().filter(|r| Stream::of(r) == stream) {
-            let intended_abs_ns = self.offset.absolute(response.output.stamps.intended_ns);
-            let record = Record::encode(response, intended_abs_ns, published_abs_ns);
-            payload.extend_from_slice(&record.0);
-            window.retain(record);
-        }
+        payload[..BATCH_HEADER_BYTES].copy_from_slice(&header.encode());
+        let payload = payload.freeze();
+        window.retain(payload.clone());
         let counters = &self.shared.counters;
         if !self.shared.leads() {
             add(&counters.withheld, count as u64);
-        } else if self.shared.publish(&subject.name, payload.into(), true) {
+        } else if self.shared.publish(&subject.name, payload, true) {
             add(&counters.published, count as u64);
             add(&counters.batches, 1);
         } else {
@@ -732,23 +809,30 @@ async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async
 mod tests {
     use super::*;
 
-    fn record(tag: u64) -> Record {
-        Record::encode(&Response::default(), tag, tag)
+    /// A batch payload of one record per tag (each tagged in both clocks).
+    fn batch(tags: std::ops::RangeInclusive<u64>) -> Bytes {
+        let mut payload = vec![0; BATCH_HEADER_BYTES];
+        for tag in tags {
+            payload.extend_from_slice(&Record::encode(&Response::default(), tag, tag).0);
+        }
+        payload.into()
+    }
+
+    fn tags(window: &Window, first: u64, count: usize) -> Vec<u64> {
+        let records = window.records(first, count);
+        records.map(|bytes| Record(bytes.try_into().unwrap()).intended_abs_ns()).collect()
     }
 
     #[test]
     fn a_continuing_window_holds_nothing_before_its_first_sequence() {
         let mut window = Window::continuing_at(4, 101);
         assert_eq!((window.oldest(), window.next_seq), (101, 101), "empty: nothing to serve");
-        for tag in 101..=103 {
-            window.retain(record(tag));
-        }
+        window.retain(batch(101..=103));
         assert_eq!((window.oldest(), window.next_seq), (101, 104));
-        assert_eq!(window.get(102).published_abs_ns(), 102);
-        for tag in 104..=106 {
-            window.retain(record(tag));
-        }
+        assert_eq!(tags(&window, 102, 1), [102]);
+        window.retain(batch(104..=106));
         assert_eq!((window.oldest(), window.next_seq), (103, 107), "then the last capacity");
+        assert_eq!(tags(&window, 103, 4), [103, 104, 105, 106], "across two batches");
     }
 
     #[test]
@@ -756,12 +840,29 @@ mod tests {
         let mut window = Window::continuing_at(4, 1);
         assert_eq!((window.oldest(), window.next_seq), (1, 1));
         for tag in 1..=6 {
-            window.retain(record(tag));
+            window.retain(batch(tag..=tag));
         }
         assert_eq!((window.oldest(), window.next_seq), (3, 7));
-        for seq in 3..=6 {
-            assert_eq!(window.get(seq).intended_abs_ns(), seq, "seq {seq}");
-        }
+        assert_eq!(tags(&window, 3, 4), [3, 4, 5, 6]);
+        assert_eq!(window.batches.len(), 4, "a batch past the last 4 records is dropped");
+    }
+
+    #[test]
+    fn the_window_drops_only_batches_the_last_capacity_records_do_not_need() {
+        let mut window = Window::continuing_at(4, 1);
+        window.retain(batch(1..=3));
+        window.retain(batch(4..=5));
+        window.retain(batch(6..=6));
+        // 3..=6 are served; the first batch holds 3, so it stays.
+        assert_eq!((window.oldest(), window.batches.len(), window.held), (3, 3, 6));
+        assert_eq!(tags(&window, 3, 4), [3, 4, 5, 6]);
+        window.retain(batch(7..=7));
+        assert_eq!((window.oldest(), window.batches.len(), window.held), (4, 3, 4));
+        window.retain(batch(8..=17));
+        assert_eq!((window.oldest(), window.batches.len()), (14, 1), "one batch over capacity");
+        assert_eq!(tags(&window, 14, 4), [14, 15, 16, 17]);
+        window.retain(vec![0; BATCH_HEADER_BYTES].into());
+        assert_eq!(window.next_seq, 18, "an empty batch takes no sequence");
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub const WIRE_VERSION: u8 = 1;
 pub const FRAME_BYTES_MAX: usize = 1 + 1 + 8 + 8 + RECORD_BYTES;
 /// Bytes of the consumer frames' length prefix.
 pub const FRAME_PREFIX_BYTES: usize = 4;
+/// Bytes of a data frame before its record: length prefix, type, stream, sequence, receipt.
+pub const DATA_FRAME_HEAD_BYTES: usize = FRAME_PREFIX_BYTES + 1 + 1 + 8 + 8;
+/// Bytes of a whole data frame, length prefix included.
+pub const DATA_FRAME_BYTES: usize = DATA_FRAME_HEAD_BYTES + RECORD_BYTES;
 /// Magic of the consumer's hello: "LTDL".
 pub const HELLO_MAGIC: [u8; 4] = *b"LTDL";
 
@@ -118,15 +122,28 @@ const OUTPUT_AT_CLIENT: usize = 8 + 3 + 4;
 impl Record {
     /// Encodes `response`, intended at `intended_abs_ns` and published at `published_abs_ns`.
     pub fn encode(response: &Response, intended_abs_ns: u64, published_abs_ns: u64) -> Record {
-        let mut bytes = [0u8; RECORD_BYTES];
+        let mut record = Record([0; RECORD_BYTES]);
+        Record::encode_into(response, intended_abs_ns, published_abs_ns, &mut record.0);
+        record
+    }
+
+    /// [`Record::encode`] straight into `bytes` (a batch buffer's slot): every byte written
+    /// once, no intermediate copy.
+    pub fn encode_into(
+        response: &Response,
+        intended_abs_ns: u64,
+        published_abs_ns: u64,
+        bytes: &mut [u8; RECORD_BYTES],
+    ) {
         bytes[AT_INTENDED..AT_PUBLISHED].copy_from_slice(&intended_abs_ns.to_le_bytes());
         bytes[AT_PUBLISHED..AT_AUDIENCE].copy_from_slice(&published_abs_ns.to_le_bytes());
         bytes[AT_AUDIENCE] = Stream::of(response) as u8;
         bytes[AT_ANSWERS] = u8::from(response.answers_request);
         bytes[AT_GATEWAY..AT_SHARD].copy_from_slice(&response.gateway.to_le_bytes());
         bytes[AT_SHARD..AT_OUTPUT].copy_from_slice(&response.output.shard.to_le_bytes());
-        bytes[AT_OUTPUT..].copy_from_slice(&response.output.canonical_bytes());
-        Record(bytes)
+        let output: &mut [u8; CANONICAL_OUTPUT_BYTES] =
+            (&mut bytes[AT_OUTPUT..]).try_into().expect("the output fills a record's tail");
+        response.output.write_canonical(output);
     }
 
     fn u64_at(&self, at: usize) -> u64 {
@@ -203,15 +220,22 @@ pub struct BatchHeader {
 impl BatchHeader {
     /// Appends the header to `out`.
     pub fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.encode());
+    }
+
+    /// The header's bytes (a publisher writes them in front of records already encoded).
+    pub fn encode(&self) -> [u8; BATCH_HEADER_BYTES] {
         // Our own encoder's invariant (callers cut batches at the bound), not input.
         assert!(self.count <= BATCH_RECORDS_MAX, "a batch over BATCH_RECORDS_MAX");
-        out.push(BATCH_VERSION);
-        out.push(self.stream as u8);
-        out.extend_from_slice(&self.gateway.to_le_bytes());
-        out.extend_from_slice(&self.instance.to_le_bytes());
-        out.extend_from_slice(&self.epoch.to_le_bytes());
-        out.extend_from_slice(&self.first_seq.to_le_bytes());
-        out.extend_from_slice(&(self.count as u16).to_le_bytes());
+        let mut bytes = [0u8; BATCH_HEADER_BYTES];
+        bytes[0] = BATCH_VERSION;
+        bytes[1] = self.stream as u8;
+        bytes[2..6].copy_from_slice(&self.gateway.to_le_bytes());
+        bytes[6..14].copy_from_slice(&self.instance.to_le_bytes());
+        bytes[14..22].copy_from_slice(&self.epoch.to_le_bytes());
+        bytes[22..30].copy_from_slice(&self.first_seq.to_le_bytes());
+        bytes[30..32].copy_from_slice(&(self.count as u16).to_le_bytes());
+        bytes
     }
 }
 
@@ -266,6 +290,23 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
         return Err(WireError::Sequence(first_seq));
     }
     Ok((BatchHeader { stream, gateway, instance, epoch, first_seq, count }, records))
+}
+
+/// The part of a decoded batch's `records` numbered `from..=last`: its first sequence and its
+/// whole records, contiguous (empty when the batch holds none of them).
+pub fn batch_range<'a>(
+    header: &BatchHeader,
+    records: &'a [u8],
+    from: u64,
+    last: u64,
+) -> (u64, &'a [u8]) {
+    let end = header.first_seq + (records.len() / RECORD_BYTES) as u64; // checked by decode
+    let (first, stop) = (from.max(header.first_seq), last.saturating_add(1).min(end));
+    if first >= stop {
+        return (first, &[]);
+    }
+    let at = |seq: u64| (seq - header.first_seq) as usize * RECORD_BYTES;
+    (first, &records[at(first)..at(stop)])
 }
 
 /// The records of a decoded batch, each with its sequence.
@@ -337,10 +378,9 @@ impl Frame {
                 out.push(*version);
             }
             Frame::Data { stream, seq, received_abs_ns, record } => {
-                out.push(TYPE_DATA);
-                out.push(*stream as u8);
-                out.extend_from_slice(&seq.to_le_bytes());
-                out.extend_from_slice(&received_abs_ns.to_le_bytes());
+                // The head's length prefix is the one patched in below.
+                let head = data_frame_head(*stream, *seq, *received_abs_ns);
+                out.extend_from_slice(&head[FRAME_PREFIX_BYTES..]);
                 out.extend_from_slice(&record.0);
             }
             Frame::Resync { stream, first_seq, last_seq } => {
@@ -396,6 +436,22 @@ impl Frame {
             other => Err(WireError::FrameType(other)),
         }
     }
+}
+
+/// The bytes of a data frame before its record (a gateway appends the record as received).
+pub fn data_frame_head(
+    stream: Stream,
+    seq: u64,
+    received_abs_ns: u64,
+) -> [u8; DATA_FRAME_HEAD_BYTES] {
+    let mut head = [0u8; DATA_FRAME_HEAD_BYTES];
+    let body = (DATA_FRAME_BYTES - FRAME_PREFIX_BYTES) as u32;
+    head[..FRAME_PREFIX_BYTES].copy_from_slice(&body.to_le_bytes());
+    head[4] = TYPE_DATA;
+    head[5] = stream as u8;
+    head[6..14].copy_from_slice(&seq.to_le_bytes());
+    head[14..22].copy_from_slice(&received_abs_ns.to_le_bytes());
+    head
 }
 
 /// Splits a byte stream into frames: feed it what the socket gave, take whole frames out.

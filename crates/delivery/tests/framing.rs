@@ -3,8 +3,9 @@
 //! than the bound; and the NATS batch decoder refuses what does not add up.
 
 use delivery::wire::{
-    BATCH_HEADER_BYTES, BATCH_VERSION, BatchHeader, FRAME_BYTES_MAX, Frame, FrameDecoder,
-    RECORD_BYTES, Record, Stream, WireError, batch_records, decode_batch,
+    BATCH_HEADER_BYTES, BATCH_VERSION, BatchHeader, DATA_FRAME_BYTES, FRAME_BYTES_MAX, Frame,
+    FrameDecoder, RECORD_BYTES, Record, Stream, WireError, batch_range, batch_records,
+    data_frame_head, decode_batch,
 };
 use proptest::prelude::*;
 
@@ -173,4 +174,55 @@ fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
     let (decoded, records) = decode_batch(&bytes).unwrap();
     let seqs: Vec<u64> = batch_records(&decoded, records).map(|(seq, _)| seq).collect();
     assert_eq!(seqs, [u64::MAX - 2, u64::MAX - 1]);
+}
+
+/// A batch of `count` records from `first_seq`, each record's first byte its index.
+fn numbered_batch(first_seq: u64, count: usize) -> Vec<u8> {
+    let header = BatchHeader {
+        stream: Stream::Reports,
+        gateway: 0,
+        instance: 1,
+        epoch: 0,
+        first_seq,
+        count,
+    };
+    let mut bytes = Vec::new();
+    header.write(&mut bytes);
+    for index in 0..count {
+        let mut record = [0u8; RECORD_BYTES];
+        record[0] = index as u8;
+        bytes.extend_from_slice(&record);
+    }
+    bytes
+}
+
+#[test]
+fn a_batch_range_is_the_records_of_the_asked_sequences() {
+    let bytes = numbered_batch(10, 5); // sequences 10..=14
+    let (header, records) = decode_batch(&bytes).unwrap();
+    let firsts = |range: &[u8]| range.chunks(RECORD_BYTES).map(|r| r[0]).collect::<Vec<_>>();
+    let cases = [
+        ((0, u64::MAX), (10, vec![0, 1, 2, 3, 4])),
+        ((12, u64::MAX), (12, vec![2, 3, 4])),
+        ((11, 12), (11, vec![1, 2])),
+        ((14, 20), (14, vec![4])),
+        ((15, 20), (15, vec![])),
+        ((3, 9), (10, vec![])),
+    ];
+    for ((from, last), (first, expected)) in cases {
+        let (got_first, range) = batch_range(&header, records, from, last);
+        assert_eq!((got_first, firsts(range)), (first, expected), "{from}..={last}");
+    }
+}
+
+#[test]
+fn a_data_frame_head_and_its_record_are_the_data_frame() {
+    let record = Record([7; RECORD_BYTES]);
+    let mut written = Vec::new();
+    Frame::Data { stream: Stream::MarketData, seq: 42, received_abs_ns: 9, record }
+        .write(&mut written);
+    let mut assembled = data_frame_head(Stream::MarketData, 42, 9).to_vec();
+    assembled.extend_from_slice(&record.0);
+    assert_eq!(assembled, written);
+    assert_eq!(written.len(), DATA_FRAME_BYTES);
 }
