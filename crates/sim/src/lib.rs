@@ -27,4 +27,4 @@ pub mod world;
 pub use check::{Invariant, Violation};
 pub use error::SimError;
 pub use faults::{Fault, FaultKind};
-pub use run::{Outcome, Settings, parse_seeds, run, run_with, shrink};
+pub use run::{Outcome, Settings, Shrunk, parse_seeds, run, run_keeping, run_with, shrink};

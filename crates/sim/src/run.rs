@@ -28,6 +28,8 @@ pub struct Settings {
     pub fault_kinds: Vec<FaultKind>,
     /// Faults drawn per run.
     pub fault_count: usize,
+    /// Whether process faults may hit gateways too (`false`: engines only).
+    pub gateway_faults: bool,
     /// Faults start within this much simulated time, ns.
     pub fault_window_ns: u64,
     /// After the faults and the quiet start, how long the run goes on for answers, ns.
@@ -62,6 +64,7 @@ impl Settings {
             clients: 100,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
+            gateway_faults: true,
             fault_window_ns: 20_000_000_000,
             settle_ns: 10_000_000_000,
             order_gap_ns: 200_000_000,
@@ -85,11 +88,9 @@ impl Settings {
     /// The faults this seed draws (their own stream, independent of the run's draws).
     pub fn faults(&self) -> Vec<Fault> {
         let mut rng = Rng::new(self.seed ^ 0x6661_756c_7473);
-        let cast = Cast {
-            engines: self.engines,
-            gateways: self.gateways,
-            broker_nodes: crate::broker::BROKER_NODES,
-        };
+        let gateways = if self.gateway_faults { self.gateways } else { 0 };
+        let cast =
+            Cast { engines: self.engines, gateways, broker_nodes: crate::broker::BROKER_NODES };
         faults::schedule(&mut rng, &self.fault_kinds, self.fault_count, self.fault_window_ns, cast)
     }
 
@@ -307,24 +308,50 @@ fn addr_of(target: Target) -> Option<Addr> {
     }
 }
 
-/// Drops faults one at a time while the run still breaks the same invariant; the shortest
-/// failing run found.
-pub fn shrink(settings: &Settings, failed: &Outcome) -> Outcome {
-    let Some(invariant) = failed.violation.as_ref().map(|v| v.invariant) else {
-        return failed.clone();
-    };
-    let mut best = failed.clone();
-    let mut at = best.faults.len();
+/// A failing run shrunk: the faults kept (indices into the seed's drawn list) and the run
+/// with only those.
+#[derive(Clone, Debug)]
+pub struct Shrunk {
+    /// Indices of the faults kept, into [`Settings::faults`].
+    pub kept: Vec<usize>,
+    /// The run with only those faults.
+    pub outcome: Outcome,
+}
+
+/// Runs `settings` with only the drawn faults at `kept` (indices into [`Settings::faults`]);
+/// `Err` names an index past the list.
+pub fn run_keeping(settings: &Settings, kept: &[usize]) -> Result<Outcome, SimError> {
+    let drawn = settings.faults();
+    let mut faults = Vec::with_capacity(kept.len());
+    for &index in kept {
+        let fault = drawn.get(index).ok_or_else(|| {
+            SimError::BadInput(format!(
+                "fault {index}: seed {} draws {} faults",
+                settings.seed,
+                drawn.len()
+            ))
+        })?;
+        faults.push(*fault);
+    }
+    Ok(run_with(settings, faults))
+}
+
+/// Drops faults one at a time while the run still breaks the same invariant: the fewest
+/// faults found that still show it (`None`: the run did not fail).
+pub fn shrink(settings: &Settings, failed: &Outcome) -> Option<Shrunk> {
+    let invariant = failed.violation.as_ref()?.invariant;
+    let mut best = Shrunk { kept: (0..failed.faults.len()).collect(), outcome: failed.clone() };
+    let mut at = best.kept.len();
     while at > 0 {
         at -= 1;
-        let mut fewer = best.faults.clone();
+        let mut fewer = best.kept.clone();
         fewer.remove(at);
-        let outcome = run_with(settings, fewer);
+        let outcome = run_keeping(settings, &fewer).expect("indices of the drawn list");
         if outcome.violation.as_ref().is_some_and(|v| v.invariant == invariant) {
-            best = outcome;
+            best = Shrunk { kept: fewer, outcome };
         }
     }
-    best
+    Some(best)
 }
 
 /// Parses a seed file: one seed per line (decimal or 0x-hex), `#` comments and blank lines
