@@ -66,17 +66,15 @@ impl World {
     pub(crate) fn client_timer(&mut self, n: usize, timer: Timer) {
         match timer {
             Timer::Connect => self.connect(n),
-            Timer::Send => {
-                if !self.quiet {
-                    if let Some(conn) = self.clients[n].conn {
-                        let order = self.next_request(n);
-                        self.clients[n].unanswered.push(order);
-                        let to = Addr::Gateway(self.clients[n].gateway);
-                        self.send_tcp(n, to, conn, Msg::Order { client: n, order });
-                    }
-                    let gap = self.rng.exponential_ns(self.settings.order_gap_ns);
-                    self.timer(Addr::Client(n), gap, Timer::Send);
+            Timer::Send if !self.quiet => {
+                if let Some(conn) = self.clients[n].conn {
+                    let order = self.next_request(n);
+                    self.clients[n].unanswered.push(order);
+                    let to = Addr::Gateway(self.clients[n].gateway);
+                    self.send_tcp(n, to, conn, Msg::Order { client: n, order });
                 }
+                let gap = self.rng.exponential_ns(self.settings.order_gap_ns);
+                self.timer(Addr::Client(n), gap, Timer::Send);
             }
             _ => {}
         }
