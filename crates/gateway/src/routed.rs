@@ -184,6 +184,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(feature = "regress-forget-routed", ignore = "the bug is put back")]
     fn reports_up_to_the_kept_position_are_dropped_counting_from_their_inputs_first() {
         let kept = Position { input_seq: 7, reports: 2 };
         let mut positions = RoutedPositions::recovered(HashMap::from([((0, 0), kept)]));
