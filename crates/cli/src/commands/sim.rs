@@ -119,7 +119,7 @@ struct Summary {
     simulated_s: f64,
     wall_s: f64,
     simulated_per_wall: f64,
-    seeds_per_cpu_hour: f64,
+    seeds_per_wall_hour: f64,
     events: u64,
     orders: u64,
 }
@@ -133,7 +133,7 @@ fn run_many(base: &sim::Settings, seeds: &[u64], json: bool) -> anyhow::Result<(
         simulated_s: 0.0,
         wall_s: 0.0,
         simulated_per_wall: 0.0,
-        seeds_per_cpu_hour: 0.0,
+        seeds_per_wall_hour: 0.0,
         events: 0,
         orders: 0,
     };
@@ -155,7 +155,7 @@ fn run_many(base: &sim::Settings, seeds: &[u64], json: bool) -> anyhow::Result<(
     bar.finish_and_clear();
     summary.wall_s = started.elapsed().as_secs_f64();
     summary.simulated_per_wall = summary.simulated_s / summary.wall_s.max(1e-9);
-    summary.seeds_per_cpu_hour = summary.seeds as f64 * 3600.0 / summary.wall_s.max(1e-9);
+    summary.seeds_per_wall_hour = summary.seeds as f64 * 3600.0 / summary.wall_s.max(1e-9);
     print_summary(&summary, json)?;
     let Some((settings, outcome)) = failure else { return Ok(()) };
     report_failure(&settings, &outcome)
@@ -167,7 +167,7 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "| seeds | failed | simulated (s) | wall (s) | simulated / wall | seeds per CPU-hour | events | orders |"
+        "| seeds | failed | simulated (s) | wall (s) | simulated / wall | seeds per hour (wall, one thread) | events | orders |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
@@ -177,7 +177,7 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<()> {
         summary.simulated_s,
         summary.wall_s,
         summary.simulated_per_wall,
-        summary.seeds_per_cpu_hour,
+        summary.seeds_per_wall_hour,
         summary.events,
         summary.orders
     );
