@@ -27,9 +27,10 @@ fn simulated_time_per_wall_clock_second() {
     };
     let (seeds, rounds) = (number("SIM_RATE_SEEDS", 20), number("SIM_RATE_ROUNDS", 3));
     println!(
-        "| round | seeds | simulated (s) | wall (s) | simulated / wall | seeds per CPU-hour | events per s |"
+        "| round | seeds | simulated (s) | wall (s) | CPU (s) | simulated / wall | simulated / CPU | \
+         seeds per CPU-hour | events per CPU-s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for round in 0..rounds {
         let (started, cpu_started) = (Instant::now(), thread_cpu_s());
         let (mut simulated_ns, mut events) = (0u64, 0u64);
