@@ -91,6 +91,11 @@ impl World {
         client.conn = Some(conn);
         let last_seq = client.last_seq;
         let resend = client.unanswered.clone();
+        // A resent replace is a new request to the tier (the session layer has no request id
+        // that would make the engine refuse a second copy), so it may fill its quantity again.
+        for order in resend.iter().filter(|order| order.kind == request_kind::REPLACE) {
+            client.fills.replaced(order.order_id, order.qty);
+        }
         self.send_tcp(n, Addr::Gateway(gateway), conn, Msg::Hello { client: n, last_seq });
         for order in resend {
             self.send_tcp(n, Addr::Gateway(gateway), conn, Msg::Order { client: n, order });
