@@ -620,13 +620,14 @@ impl Sequencer {
                 false
             }
             Fenced::Current => true,
-            Fenced::Newer { previous } => {
+            // `newest`: the newest epoch before this one (the log line's name, docs/LOGS.md).
+            Fenced::Newer { previous: newest } => {
                 // Relaxed: a figure for reports; the fence itself is this task's.
                 self.state.epoch.store(header.epoch, Ordering::Relaxed);
-                if previous > 0 {
+                if newest > 0 {
                     let gateway = self.state.options.gateway;
                     tracing::info!(
-                        "gateway {gateway}: leadership epoch {} after {previous}",
+                        "gateway {gateway}: leadership epoch {} after {newest}",
                         header.epoch
                     );
                 }
