@@ -40,3 +40,19 @@ fn the_correct_cores_keep_every_invariant_under_faults() {
     }
     let _ = FaultKind::ALL;
 }
+
+#[test]
+fn a_run_without_time_to_settle_fails_liveness_shrinks_and_replays_its_shrunk_faults() {
+    let settings = Settings { settle_ns: 0, ..short(5) };
+    let failed = run(&settings);
+    let violation = failed.violation.as_ref().expect("orders still in flight at the end");
+    assert_eq!(violation.invariant, sim::Invariant::Liveness, "{violation}");
+    let shrunk = sim::shrink(&settings, &failed).expect("a failed run shrinks");
+    assert!(
+        shrunk.kept.len() < failed.faults.len(),
+        "faults the failure does not need are dropped"
+    );
+    let replayed = sim::run_keeping(&settings, &shrunk.kept).unwrap();
+    assert_eq!(replayed.trace_hash, shrunk.outcome.trace_hash, "a shrunk run replays exactly");
+    assert!(sim::run_keeping(&settings, &[99]).is_err(), "an index past the seed's faults");
+}
