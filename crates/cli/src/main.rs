@@ -55,6 +55,9 @@ enum Command {
     /// Tools for a replicated engine group: `check` compares what its leaders published with a
     /// replay of the shard's input log.
     Replication(commands::replication::Args),
+    /// Deterministic simulation of the replicated tier under seeded faults: run or replay a
+    /// seed, or many, with the invariants checked as it runs.
+    Sim(commands::sim::Args),
     /// The safe store writer: journal benchmark (throughput, fdatasync baseline, durable-reply
     /// latency per policy) and a read-only journal checker.
     Journal(commands::journal::Args),
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Cdr(args) => commands::cdr::run(&args),
         Command::Journal(args) => commands::journal::run(&args),
         Command::Replication(args) => commands::replication::run(&args),
+        Command::Sim(args) => commands::sim::run(&args),
         Command::Reproduce(args) => commands::reproduce::run(&args),
     };
     for line in repeats.report() {

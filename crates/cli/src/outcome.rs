@@ -42,6 +42,8 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
         || matches!(error.downcast_ref(), Some(mq::MqError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(web::WebError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(journal::JournalError::BadConfig(_)))
+        // The simulator's only errors are its inputs': a fault list, a seed file.
+        || error.is::<sim::SimError>()
         || matches!(
             error.downcast_ref(),
             Some(

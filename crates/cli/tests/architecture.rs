@@ -38,6 +38,10 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("replication", "delivery"),
     ("replication", "exchange"),
     ("replication", "matching"),
+    ("sim", "delivery"),
+    ("sim", "exchange"),
+    ("sim", "gateway"),
+    ("sim", "replication"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).
 const BASE_CRATES: &[&str] = &["lab", "ops", "pipeline"];

@@ -56,6 +56,7 @@ fn every_command_has_help() {
         &["cdr", "validate"],
         &["journal", "bench"],
         &["journal", "check"],
+        &["sim"],
     ];
     for command in commands {
         let mut args = command.to_vec();
@@ -580,4 +581,33 @@ fn mq_bench_writes_its_report_and_prints_json_only_when_asked() {
     assert!(runs.iter().all(|rows| rows.as_array().is_some_and(|r| !r.is_empty())), "{runs:?}");
     let node_cpu = &runs[0][0]["node_us"];
     assert!(node_cpu.as_f64().is_some_and(|us| us >= 0.0), "a budget per row: {}", runs[0][0]);
+}
+
+/// `leantier sim`: a seed replays to the same trace hash; a fault list or seed file that
+/// cannot be parsed exits 2 naming what is wrong.
+#[test]
+fn sim_replays_a_seed_and_refuses_bad_faults_and_seed_files_with_code_2() {
+    let short = ["--fault-window", "2s", "--settle", "3s", "--log", "warn"];
+    let replay = || leantier(&[&["sim", "--seed", "7"][..], &short].concat());
+    let (first, again) = (replay(), replay());
+    assert_eq!(code(&first), 0, "{}", text(&first.stderr));
+    let hash = |output: &Output| {
+        let stdout = text(&output.stdout);
+        stdout.split(", ").next().unwrap_or("").to_string()
+    };
+    assert!(hash(&first).contains("trace hash"), "{}", text(&first.stdout));
+    assert_eq!(hash(&first), hash(&again), "the same seed replays the same trace");
+
+    let bad_faults = leantier(&["sim", "--seeds", "1", "--faults", "crash,meteor"]);
+    assert_eq!(code(&bad_faults), 2);
+    assert!(text(&bad_faults.stderr).contains("unknown fault \"meteor\""));
+
+    let dir = tempfile::tempdir().unwrap();
+    let seeds = dir.path().join("seeds.txt");
+    std::fs::write(&seeds, "# CI seeds\n1\nbanana\n").unwrap();
+    let bad_file = leantier(&["sim", "--seed-file", seeds.to_str().unwrap()]);
+    assert_eq!(code(&bad_file), 2);
+    assert!(text(&bad_file.stderr).contains("line 3: \"banana\""), "{}", text(&bad_file.stderr));
+    let missing = leantier(&["sim", "--seed-file", "/nonexistent/seeds.txt"]);
+    assert_eq!(code(&missing), 2, "{}", text(&missing.stderr));
 }

@@ -413,6 +413,7 @@ async fn sequence(
         replies,
         malformed_warning: RateLimitedWarning::default(),
         untrusted_warning: RateLimitedWarning::default(),
+        fence: EpochFence::default(),
     };
     loop {
         tokio::select! {
@@ -468,6 +469,52 @@ struct Sequencer {
     replies: Replies,
     malformed_warning: RateLimitedWarning,
     untrusted_warning: RateLimitedWarning,
+    /// The fence's state (mirrored in `State::epoch` for reports).
+    fence: EpochFence,
+}
+
+/// What the epoch fence says of a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fenced {
+    /// From a leadership older than the newest heard: drop it.
+    Stale,
+    /// From the newest leadership heard.
+    Current,
+    /// From a newer leadership than any heard (`previous`: the newest before it, 0: none).
+    Newer {
+        /// The newest epoch heard before this one.
+        previous: u64,
+    },
+}
+
+/// A receiver's fence against deposed leaders, without I/O: the newest leadership epoch
+/// heard, which only grows; a message of an older one is dropped ([`BatchHeader::epoch`]).
+/// The gateway's sequencer keeps one; the simulator (`crates/sim`) drives the same code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochFence {
+    newest: u64,
+}
+
+impl EpochFence {
+    /// Judges a message of leadership `epoch`, remembering a newer one as the newest.
+    pub fn admit(&mut self, epoch: u64) -> Fenced {
+        let previous = self.newest;
+        // Put back only under the `regress-unfenced-publish` feature: the receiver that
+        // hears a deposed leader, for proving that the simulator finds it.
+        if epoch < previous && !cfg!(feature = "regress-unfenced-publish") {
+            return Fenced::Stale;
+        }
+        if epoch <= previous {
+            return Fenced::Current;
+        }
+        self.newest = epoch;
+        Fenced::Newer { previous }
+    }
+
+    /// The newest epoch heard (0: none).
+    pub fn newest(&self) -> u64 {
+        self.newest
+    }
 }
 
 impl Sequencer {
@@ -571,23 +618,26 @@ impl Sequencer {
     /// The fence: `false` (counted) for a message of a leadership older than the newest one
     /// heard; a newer one becomes the newest. Only this task writes the epoch.
     fn current(&mut self, header: &BatchHeader) -> bool {
-        // Relaxed: read back by this task, and by reports as a figure.
-        let newest = self.state.epoch.load(Ordering::Relaxed);
-        if header.epoch < newest {
-            add(&self.state.counters.fenced, 1);
-            return false;
-        }
-        if header.epoch > newest {
-            self.state.epoch.store(header.epoch, Ordering::Relaxed);
-            if newest > 0 {
-                let gateway = self.state.options.gateway;
-                tracing::info!(
-                    "gateway {gateway}: leadership epoch {} after {newest}",
-                    header.epoch
-                );
+        match self.fence.admit(header.epoch) {
+            Fenced::Stale => {
+                add(&self.state.counters.fenced, 1);
+                false
+            }
+            Fenced::Current => true,
+            // `newest`: the newest epoch before this one (the log line's name, docs/LOGS.md).
+            Fenced::Newer { previous: newest } => {
+                // Relaxed: a figure for reports; the fence itself is this task's.
+                self.state.epoch.store(header.epoch, Ordering::Relaxed);
+                if newest > 0 {
+                    let gateway = self.state.options.gateway;
+                    tracing::info!(
+                        "gateway {gateway}: leadership epoch {} after {newest}",
+                        header.epoch
+                    );
+                }
+                true
             }
         }
-        true
     }
 
     fn bad(&mut self, why: &str) {
@@ -904,4 +954,24 @@ async fn goodbye(stream: &mut TcpStream, reason: u8) {
     Frame::Goodbye { reason }.write(&mut frame);
     let _ = tokio::time::timeout(GOODBYE_TIMEOUT, stream.write_all(&frame)).await;
     let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod fence_tests {
+    use super::{EpochFence, Fenced};
+
+    #[test]
+    fn the_fence_drops_an_older_leadership_once_a_newer_one_was_heard() {
+        let mut fence = EpochFence::default();
+        assert_eq!(fence.admit(5), Fenced::Newer { previous: 0 });
+        assert_eq!(fence.admit(5), Fenced::Current);
+        assert_eq!(fence.admit(9), Fenced::Newer { previous: 5 });
+        let late = fence.admit(5);
+        if cfg!(feature = "regress-unfenced-publish") {
+            assert_eq!(late, Fenced::Current);
+        } else {
+            assert_eq!(late, Fenced::Stale, "a deposed leader's late batch");
+        }
+        assert_eq!(fence.newest(), 9);
+    }
 }

@@ -34,7 +34,7 @@ pub mod metrics;
 pub mod native;
 mod native_server;
 pub mod remote;
-mod routed;
+pub mod routed;
 pub mod server;
 mod session;
 pub mod store;

@@ -111,6 +111,9 @@ pub struct RoutedPositions {
 impl RoutedPositions {
     /// Starts from the positions the store recovered.
     pub fn recovered(kept: HashMap<(u32, u32), Position>) -> RoutedPositions {
+        // Put back only under the `regress-forget-routed` feature: the gateway that routes
+        // again, after a restart, what it routed before (for proving that `crates/sim` finds it).
+        let kept = if cfg!(feature = "regress-forget-routed") { HashMap::new() } else { kept };
         RoutedPositions { kept, ..RoutedPositions::default() }
     }
 
@@ -181,6 +184,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(feature = "regress-forget-routed", ignore = "the bug is put back")]
     fn reports_up_to_the_kept_position_are_dropped_counting_from_their_inputs_first() {
         let kept = Position { input_seq: 7, reports: 2 };
         let mut positions = RoutedPositions::recovered(HashMap::from([((0, 0), kept)]));

@@ -90,18 +90,119 @@ impl LeaseSettings {
     }
 }
 
+/// The store's answer to a compare-and-set write of the lease subject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// Written at this stream sequence.
+    Written(u64),
+    /// Refused: the subject's last sequence was not the expected one.
+    Refused,
+}
+
+/// What a release deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseTarget {
+    /// The holder's own last write, by its sequence (a no-op once a successor wrote).
+    Revision(u64),
+    /// Every message of the subject, whoever wrote it: the blind purge the replication-faults
+    /// work removed, put back only under the `regress-blind-release` feature so that the
+    /// simulator (`crates/sim`) can prove it finds it.
+    Subject,
+}
+
+/// A contender's lease without I/O (module docs: acquire, renew, validity, epoch, release):
+/// [`Lease`] drives it over JetStream, the simulator over its simulated broker. `T` is the
+/// contender's monotonic instant (`Instant` in production; a simulated one in `crates/sim`).
+#[derive(Clone, Debug)]
+pub struct LeaseCore<T> {
+    ttl: Duration,
+    /// The sequence this contender last wrote while holding the lease.
+    revision: Option<u64>,
+    /// The sequence of the write that took the lease this time (the leadership's epoch).
+    epoch: Option<u64>,
+    valid_until: Option<T>,
+}
+
+impl<T: Copy + Ord + std::ops::Add<Duration, Output = T>> LeaseCore<T> {
+    /// A contender holding nothing, for a lease of `ttl`.
+    pub fn new(ttl: Duration) -> LeaseCore<T> {
+        LeaseCore { ttl, revision: None, epoch: None, valid_until: None }
+    }
+
+    /// Starts an acquire: forgets any earlier write (a refused acquire must never let a later
+    /// release touch another holder's lease) and returns the subject sequence to expect (0).
+    pub fn begin_acquire(&mut self) -> u64 {
+        self.lose();
+        0
+    }
+
+    /// The store's answer to the acquire begun at `started`: whether the lease is held.
+    pub fn acquired(&mut self, outcome: CasOutcome, started: T) -> bool {
+        match outcome {
+            CasOutcome::Written(revision) => {
+                self.epoch = Some(revision);
+                self.held_from(revision, started)
+            }
+            CasOutcome::Refused => false,
+        }
+    }
+
+    /// The subject sequence a renewal expects (`None`: nothing held, nothing to renew).
+    pub fn renewal(&self) -> Option<u64> {
+        self.revision
+    }
+
+    /// The store's answer to the renewal begun at `started`: whether the lease is still held.
+    pub fn renewed(&mut self, outcome: CasOutcome, started: T) -> bool {
+        match outcome {
+            CasOutcome::Written(revision) => self.held_from(revision, started),
+            CasOutcome::Refused => {
+                self.lose();
+                false
+            }
+        }
+    }
+
+    /// Until when this contender may act as leader at `now` (`None`: it does not hold it).
+    pub fn valid_until(&self, now: T) -> Option<T> {
+        self.valid_until.filter(|until| now < *until)
+    }
+
+    /// The epoch of the leadership held at `now` (`None`: not held).
+    pub fn epoch(&self, now: T) -> Option<u64> {
+        self.valid_until(now).and(self.epoch)
+    }
+
+    /// Gives the lease up: what to delete (`None`: nothing was held).
+    pub fn release(&mut self) -> Option<ReleaseTarget> {
+        let revision = self.revision?;
+        self.lose();
+        if cfg!(feature = "regress-blind-release") {
+            return Some(ReleaseTarget::Subject);
+        }
+        Some(ReleaseTarget::Revision(revision))
+    }
+
+    fn held_from(&mut self, revision: u64, started: T) -> bool {
+        self.revision = Some(revision);
+        self.valid_until = Some(started + self.ttl.saturating_sub(LEASE_SAFETY_MARGIN));
+        true
+    }
+
+    fn lose(&mut self) {
+        self.revision = None;
+        self.epoch = None;
+        self.valid_until = None;
+    }
+}
+
 /// One contender for one shard's lease.
 pub struct Lease {
     js: jetstream::Context,
     stream: stream::Stream,
     subject: String,
     holder: bytes::Bytes,
-    ttl: Duration,
-    /// The sequence this contender last wrote while holding the lease.
-    revision: Option<u64>,
-    /// The sequence of the write that took the lease this time (the leadership's epoch).
-    epoch: Option<u64>,
-    valid_until: Option<Instant>,
+    core: LeaseCore<Instant>,
 }
 
 impl Lease {
@@ -128,9 +229,8 @@ impl Lease {
         let what = format!("opening lease stream {}", settings.bucket);
         let stream = retry_at_startup(&what, || js.get_or_create_stream(config.clone())).await?;
         let holder = bytes::Bytes::copy_from_slice(holder.as_bytes());
-        let (subject, ttl) = (format!("{prefix}.shard-{shard}"), settings.ttl);
-        let (revision, epoch, valid_until) = (None, None, None);
-        Ok(Lease { js, stream, subject, holder, ttl, revision, epoch, valid_until })
+        let subject = format!("{prefix}.shard-{shard}");
+        Ok(Lease { js, stream, subject, holder, core: LeaseCore::new(settings.ttl) })
     }
 
     /// Takes the lease if nobody holds it. `Ok(false)`: another holder's message is alive (any
@@ -138,13 +238,12 @@ impl Lease {
     /// [`Lease::release`] cannot touch the other holder's lease).
     pub async fn try_acquire(&mut self) -> Result<bool, ReplicationError> {
         let started = Instant::now();
-        self.lose();
-        match self.write_after(0).await {
-            Ok(revision) => {
-                self.epoch = Some(revision);
-                Ok(self.held_from(revision, started))
+        let expected = self.core.begin_acquire();
+        match self.write_after(expected).await {
+            Ok(revision) => Ok(self.core.acquired(CasOutcome::Written(revision), started)),
+            Err(PublishErrorKind::WrongLastSequence) => {
+                Ok(self.core.acquired(CasOutcome::Refused, started))
             }
-            Err(PublishErrorKind::WrongLastSequence) => Ok(false),
             Err(kind) => Err(ReplicationError::jetstream(format!("taking {}", self.subject), kind)),
         }
     }
@@ -152,13 +251,12 @@ impl Lease {
     /// Renews a held lease. `Ok(false)`: it was lost (another holder wrote the subject, or it
     /// expired); an error (no quorum, no server) leaves the validity running out on its own.
     pub async fn renew(&mut self) -> Result<bool, ReplicationError> {
-        let Some(revision) = self.revision else { return Ok(false) };
+        let Some(revision) = self.core.renewal() else { return Ok(false) };
         let started = Instant::now();
         match self.write_after(revision).await {
-            Ok(revision) => Ok(self.held_from(revision, started)),
+            Ok(revision) => Ok(self.core.renewed(CasOutcome::Written(revision), started)),
             Err(PublishErrorKind::WrongLastSequence) => {
-                self.lose();
-                Ok(false)
+                Ok(self.core.renewed(CasOutcome::Refused, started))
             }
             Err(kind) => {
                 Err(ReplicationError::jetstream(format!("renewing {}", self.subject), kind))
@@ -168,21 +266,28 @@ impl Lease {
 
     /// Until when this contender may act as leader (`None`: it does not hold the lease).
     pub fn valid_until(&self) -> Option<Instant> {
-        self.valid_until.filter(|until| Instant::now() < *until)
+        self.core.valid_until(Instant::now())
     }
 
     /// The epoch of the leadership held now (`None`: not held): the lease stream's sequence of
     /// the write that took it, larger than every earlier leadership's of this shard.
     pub fn epoch(&self) -> Option<u64> {
-        self.valid_until().and(self.epoch)
+        self.core.epoch(Instant::now())
     }
 
     /// Gives the lease up at once (a stopping leader), so a standby need not wait the TTL.
     /// Deletes this holder's own last write only: if anyone wrote the subject since, that
     /// write is gone already and nothing is deleted.
     pub async fn release(&mut self) -> Result<(), ReplicationError> {
-        let Some(revision) = self.revision else { return Ok(()) };
-        self.lose();
+        let revision = match self.core.release() {
+            None => return Ok(()),
+            Some(ReleaseTarget::Revision(revision)) => revision,
+            Some(ReleaseTarget::Subject) => {
+                let purged = self.stream.purge().filter(self.subject.clone()).await;
+                let what = format!("releasing {}", self.subject);
+                return purged.map(|_| ()).map_err(|e| ReplicationError::jetstream(what, e));
+            }
+        };
         match self.stream.delete_message(revision).await {
             Ok(_) => Ok(()),
             // Expired, or replaced by a successor's write: not ours to delete any more (the
@@ -224,16 +329,30 @@ impl Lease {
         let ack = publish.await.map_err(|e| e.kind())?.await.map_err(|e| e.kind())?;
         Ok(ack.sequence)
     }
+}
 
-    fn held_from(&mut self, revision: u64, started: Instant) -> bool {
-        self.revision = Some(revision);
-        self.valid_until = Some(started + self.ttl.saturating_sub(LEASE_SAFETY_MARGIN));
-        true
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn lose(&mut self) {
-        self.revision = None;
-        self.epoch = None;
-        self.valid_until = None;
+    #[test]
+    fn a_holder_that_learns_nothing_releases_only_its_own_write_and_a_refusal_forgets_it() {
+        let ttl = Duration::from_secs(1);
+        let mut core: LeaseCore<Duration> = LeaseCore::new(ttl);
+        let start = Duration::ZERO;
+        assert_eq!(core.begin_acquire(), 0, "an acquire expects no live message");
+        assert!(core.acquired(CasOutcome::Written(7), start));
+        assert_eq!(core.epoch(start), Some(7));
+        let end = start + ttl - LEASE_SAFETY_MARGIN;
+        assert_eq!(core.epoch(end), None, "validity ends the margin before the TTL");
+        assert_eq!(core.renewal(), Some(7));
+        if cfg!(feature = "regress-blind-release") {
+            assert_eq!(core.release(), Some(ReleaseTarget::Subject));
+        } else {
+            assert_eq!(core.release(), Some(ReleaseTarget::Revision(7)));
+        }
+        assert!(core.acquired(CasOutcome::Written(9), start));
+        assert!(!core.renewed(CasOutcome::Refused, start));
+        assert_eq!(core.release(), None, "a refused renewal forgot the write");
     }
 }

@@ -15,6 +15,7 @@ pub mod mq;
 pub mod planner;
 pub mod replication;
 pub mod reproduce;
+pub mod sim;
 pub mod tier_report;
 pub mod timeouts;
 pub mod values;

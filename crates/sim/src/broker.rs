@@ -1,0 +1,160 @@
+//! The simulated JetStream: three nodes whose stream leader fails and is re-elected after a
+//! delay, the shard's input stream (appends de-duplicated by message id, reads from a
+//! sequence) and the lease subject (compare-and-set on its last sequence, messages expiring a
+//! TTL after their write by the broker's clock, deletes by sequence or, blind, by subject).
+
+use std::collections::HashMap;
+
+use exchange::msg::InboundOrder;
+use replication::lease::{CasOutcome, ReleaseTarget};
+
+use crate::rng::Rng;
+
+/// Broker nodes (a replicated stream, R3).
+pub const BROKER_NODES: usize = 3;
+/// Shortest and longest stream-leader election after the leader dies, ns.
+const ELECTION_NS: (u64, u64) = (1_000_000_000, 4_000_000_000);
+
+/// A gateway run's append id: (gateway, run, counter) — the real `AppendId`'s parts.
+pub type MessageId = (usize, u32, u64);
+
+/// The lease subject's one live message.
+#[derive(Clone, Copy, Debug)]
+struct LeaseMessage {
+    seq: u64,
+    expires_ns: u64,
+}
+
+/// The broker's state.
+#[derive(Debug)]
+pub struct Broker {
+    nodes_up: [bool; BROKER_NODES],
+    leader: Option<usize>,
+    /// No request is served before this (an election in progress).
+    available_from_ns: u64,
+    /// The shard's input stream; sequence `n` is `log[n - 1]`.
+    pub log: Vec<InboundOrder>,
+    dedup: HashMap<MessageId, u64>,
+    lease: Option<LeaseMessage>,
+    /// The lease stream's last sequence (sequences only grow: expiry never reuses one).
+    lease_seq: u64,
+    lease_ttl_ns: u64,
+}
+
+impl Broker {
+    /// Three live nodes, node 0 leading, a lease TTL of `lease_ttl_ns`.
+    pub fn new(lease_ttl_ns: u64) -> Broker {
+        Broker {
+            nodes_up: [true; BROKER_NODES],
+            leader: Some(0),
+            available_from_ns: 0,
+            log: Vec::new(),
+            dedup: HashMap::new(),
+            lease: None,
+            lease_seq: 0,
+            lease_ttl_ns,
+        }
+    }
+
+    /// Whether a request arriving at `now_ns` is served (a leader, a quorum, no election).
+    pub fn available(&self, now_ns: u64) -> bool {
+        let up = self.nodes_up.iter().filter(|up| **up).count();
+        self.leader.is_some() && up * 2 > BROKER_NODES && now_ns >= self.available_from_ns
+    }
+
+    /// Node `node` dies; a dead leader is replaced by a live node after an election.
+    pub fn kill_node(&mut self, node: usize, now_ns: u64, rng: &mut Rng) {
+        self.nodes_up[node] = false;
+        if self.leader == Some(node) {
+            self.leader = self.nodes_up.iter().position(|up| *up);
+            self.available_from_ns = now_ns + rng.range(ELECTION_NS.0, ELECTION_NS.1);
+        }
+    }
+
+    /// Node `node` is back; a cluster without a leader elects one.
+    pub fn restart_node(&mut self, node: usize, now_ns: u64, rng: &mut Rng) {
+        self.nodes_up[node] = true;
+        if self.leader.is_none() {
+            self.leader = Some(node);
+            self.available_from_ns = now_ns + rng.range(ELECTION_NS.0, ELECTION_NS.1);
+        }
+    }
+
+    /// Appends `order` unless message `id` is there already; its sequence, and whether it is new.
+    pub fn append(&mut self, id: MessageId, order: InboundOrder) -> (u64, bool) {
+        if let Some(seq) = self.dedup.get(&id) {
+            return (*seq, false);
+        }
+        self.log.push(order);
+        let seq = self.log.len() as u64;
+        self.dedup.insert(id, seq);
+        (seq, true)
+    }
+
+    /// The inputs from sequence `from` on, at most `max`.
+    pub fn read(&self, from: u64, max: usize) -> &[InboundOrder] {
+        let start = (from.max(1) - 1) as usize;
+        let end = self.log.len().min(start.saturating_add(max));
+        self.log.get(start..end).unwrap_or(&[])
+    }
+
+    /// Writes the lease subject if its last live sequence is `expected` (0: none alive).
+    pub fn lease_cas(&mut self, expected: u64, now_ns: u64) -> CasOutcome {
+        self.expire(now_ns);
+        if self.lease.map_or(0, |message| message.seq) != expected {
+            return CasOutcome::Refused;
+        }
+        self.lease_seq += 1;
+        let expires_ns = now_ns + self.lease_ttl_ns;
+        self.lease = Some(LeaseMessage { seq: self.lease_seq, expires_ns });
+        CasOutcome::Written(self.lease_seq)
+    }
+
+    /// Deletes what a release names.
+    pub fn lease_delete(&mut self, target: ReleaseTarget, now_ns: u64) {
+        self.expire(now_ns);
+        let doomed = match target {
+            ReleaseTarget::Revision(seq) => self.lease.is_some_and(|message| message.seq == seq),
+            ReleaseTarget::Subject => true,
+        };
+        if doomed {
+            self.lease = None;
+        }
+    }
+
+    fn expire(&mut self, now_ns: u64) {
+        if self.lease.is_some_and(|message| message.expires_ns <= now_ns) {
+            self.lease = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_subject_refuses_a_stale_writer_expires_and_never_reuses_a_sequence() {
+        let mut broker = Broker::new(1_000);
+        assert_eq!(broker.lease_cas(0, 0), CasOutcome::Written(1));
+        assert_eq!(broker.lease_cas(0, 10), CasOutcome::Refused, "held by another");
+        assert_eq!(broker.lease_cas(1, 10), CasOutcome::Written(2), "the holder renews");
+        assert_eq!(broker.lease_cas(2, 1_010), CasOutcome::Refused, "expired");
+        assert_eq!(broker.lease_cas(0, 1_010), CasOutcome::Written(3));
+        broker.lease_delete(ReleaseTarget::Revision(2), 1_020);
+        assert_eq!(broker.lease_cas(0, 1_020), CasOutcome::Refused, "not the live write");
+        broker.lease_delete(ReleaseTarget::Revision(3), 1_020);
+        assert_eq!(broker.lease_cas(0, 1_030), CasOutcome::Written(4));
+    }
+
+    #[test]
+    fn appends_are_deduplicated_by_message_id() {
+        let mut broker = Broker::new(1_000);
+        let order = InboundOrder::default();
+        assert_eq!(broker.append((0, 1, 1), order), (1, true));
+        assert_eq!(broker.append((0, 1, 1), order), (1, false));
+        assert_eq!(broker.append((0, 2, 1), order), (2, true), "another run's counter");
+        assert_eq!(broker.read(2, 10).len(), 1);
+        assert!(broker.read(3, 10).is_empty());
+    }
+}

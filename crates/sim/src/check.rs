@@ -1,0 +1,190 @@
+//! The invariants, checked as the run goes, and the single-process reference they compare
+//! with: a `TierReplica` fed the broker's log as each input is committed.
+
+use exchange::msg::{Audience, CoreOutput, InboundOrder, OutputKind};
+use exchange::tier::{TierConfig, TierReplica};
+
+/// One property the simulated system must keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Invariant {
+    /// At most one engine of a shard publishes at a time (one publishing epoch).
+    OneEpoch,
+    /// A gateway never accepts a batch of an older epoch than one it accepted before.
+    StaleEpoch,
+    /// A report sequence always carries the same bytes, from every engine.
+    SameBytes,
+    /// Every report a client gets equals the reference's for that place in its session.
+    Reference,
+    /// A session's sequence has no gap (a duplicate is dropped by the client, as FIX does).
+    SessionGap,
+    /// No order is filled beyond its quantity.
+    Overfill,
+    /// Once faults stop, every client gets every answer its orders have in the log.
+    Liveness,
+}
+
+impl Invariant {
+    /// Every invariant.
+    pub const ALL: [Invariant; 7] = [
+        Invariant::OneEpoch,
+        Invariant::StaleEpoch,
+        Invariant::SameBytes,
+        Invariant::Reference,
+        Invariant::SessionGap,
+        Invariant::Overfill,
+        Invariant::Liveness,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::OneEpoch => "one-publishing-epoch",
+            Invariant::StaleEpoch => "no-stale-epoch-accepted",
+            Invariant::SameBytes => "same-seq-same-bytes",
+            Invariant::Reference => "answers-equal-reference",
+            Invariant::SessionGap => "session-without-gaps",
+            Invariant::Overfill => "no-overfill",
+            Invariant::Liveness => "liveness",
+        }
+    }
+}
+
+/// A broken invariant: which, when, and what was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The invariant.
+    pub invariant: Invariant,
+    /// When, true ns.
+    pub at_ns: u64,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self.at_ns as f64 / 1e9;
+        write!(f, "{} at {at:.6} s: {}", self.invariant.name(), self.detail)
+    }
+}
+
+/// The reference tier and the first violation seen.
+pub struct Checker {
+    reference: TierReplica,
+    /// Per client, the reference's reports in order (a session's expected content).
+    pub expected: Vec<Vec<CoreOutput>>,
+    /// Per gateway subject, every report sequence's bytes as first published.
+    canonical: Vec<Vec<CoreOutput>>,
+    /// The first violation.
+    pub violation: Option<Violation>,
+}
+
+impl Checker {
+    /// A reference of `tier` for `clients` clients.
+    pub fn new(tier: &TierConfig, clients: usize) -> Checker {
+        let reference =
+            TierReplica::new(tier.starting_master_data(), tier.core_limits(), tier.gateways);
+        Checker {
+            reference,
+            expected: vec![Vec::new(); clients],
+            canonical: vec![Vec::new(); tier.gateways as usize],
+            violation: None,
+        }
+    }
+
+    /// Records the first violation (later ones follow from it).
+    pub fn fail(&mut self, invariant: Invariant, at_ns: u64, detail: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation { invariant, at_ns, detail });
+        }
+    }
+
+    /// Feeds the reference one committed input.
+    pub fn committed(&mut self, order: &InboundOrder) {
+        let expected = &mut self.expected;
+        self.reference.apply(order, &mut |response| {
+            let client = response.output.client as usize;
+            if response.audience == Audience::Client && client < expected.len() {
+                expected[client].push(response.output);
+            }
+        });
+    }
+
+    /// Checks report `seq` of gateway subject `gateway` against every earlier copy.
+    pub fn numbered(&mut self, gateway: usize, seq: u64, output: &CoreOutput, at_ns: u64) {
+        let known = &mut self.canonical[gateway];
+        match known.get(seq as usize - 1) {
+            Some(first) if first != output => {
+                let (first, then) = (brief(first), brief(output));
+                let detail = format!("gateway {gateway} report {seq}: {first} then {then}");
+                self.fail(Invariant::SameBytes, at_ns, detail);
+            }
+            Some(_) => {}
+            None if known.len() as u64 + 1 == seq => known.push(*output),
+            None => {
+                let detail =
+                    format!("gateway {gateway} report {seq} numbered past {}", known.len());
+                self.fail(Invariant::SameBytes, at_ns, detail);
+            }
+        }
+    }
+
+    /// Checks report `seq` of `client`'s session against the reference.
+    pub fn answered(&mut self, client: usize, seq: u64, output: &CoreOutput, at_ns: u64) {
+        let expected = self.expected[client].get(seq as usize - 1).copied();
+        if expected.as_ref() != Some(output) {
+            let expected = expected.as_ref().map_or("nothing".to_string(), brief);
+            let detail = format!(
+                "client {client} report {seq}: got {}, the reference {expected}",
+                brief(output)
+            );
+            self.fail(Invariant::Reference, at_ns, detail);
+        }
+    }
+}
+
+/// A report in one line: what, for which order, caused by which input.
+pub fn brief(output: &CoreOutput) -> String {
+    format!(
+        "{:?} of order {:#x} (input {}, qty {}, leaves {})",
+        output.kind, output.order_id, output.seq, output.qty, output.leaves_qty
+    )
+}
+
+/// Per order, what a client sent and what it was told filled (no fill beyond the quantity).
+#[derive(Clone, Debug, Default)]
+pub struct FillBook {
+    /// (order id, quantity, filled so far), newest last.
+    orders: Vec<(u64, u32, u64)>,
+}
+
+impl FillBook {
+    /// An order sent (a resend keeps the first).
+    pub fn sent(&mut self, order_id: u64, qty: u32) {
+        if !self.orders.iter().any(|(id, _, _)| *id == order_id) {
+            self.orders.push((order_id, qty, 0));
+        }
+    }
+
+    /// A replace sent: the order may now fill up to `qty` more (a bound that holds whenever
+    /// the replace takes effect).
+    pub fn replaced(&mut self, order_id: u64, qty: u32) {
+        if let Some(order) = self.orders.iter_mut().find(|(id, _, _)| *id == order_id) {
+            order.1 = order.1.saturating_add(qty);
+        }
+    }
+
+    /// A report received; `Err` with the detail when it fills beyond the order's quantity.
+    pub fn report(&mut self, output: &CoreOutput) -> Result<(), String> {
+        if !matches!(output.kind, OutputKind::PartiallyFilled | OutputKind::Filled) {
+            return Ok(());
+        }
+        let Some(order) = self.orders.iter_mut().find(|(id, _, _)| *id == output.order_id) else {
+            return Ok(());
+        };
+        order.2 += u64::from(output.qty);
+        if order.2 > u64::from(order.1) {
+            return Err(format!("order {} filled {} of {}", order.0, order.2, order.1));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,289 @@
+//! An engine of the shard's group: the production tier replica (`GroupReplica`, which numbers
+//! each gateway's reports as the group's publishers do) over the broker's log, leading through
+//! the production lease core and publishing with its epoch.
+
+use std::time::Duration;
+
+use delivery::publish::subject_index;
+use delivery::wire::Stream;
+use exchange::msg::{Audience, CoreOutput};
+use exchange::tier::TierConfig;
+use replication::follow::LoggedOrder;
+use replication::lease::LeaseCore;
+use replication::replay::GroupReplica;
+
+use crate::check::Invariant;
+use crate::clock::SimInstant;
+use crate::world::{Addr, Batch, Life, Msg, Timer, World};
+
+/// How often an engine reads the log when it has caught up, ns.
+const POLL_NS: u64 = 5_000_000;
+/// How long an engine waits for a read's answer before asking again, ns.
+const READ_TIMEOUT_NS: u64 = 100_000_000;
+/// A leader's heartbeat period, ns.
+const HEARTBEAT_NS: u64 = 100_000_000;
+/// Most reports per batch.
+const BATCH_MAX: usize = 256;
+
+/// A lease write in flight.
+#[derive(Clone, Copy, Debug)]
+struct LeaseRequest {
+    id: u64,
+    renewal: bool,
+    started: SimInstant,
+    sent_ns: u64,
+}
+
+/// One engine.
+pub struct SimEngine {
+    /// Whether it runs.
+    pub life: Life,
+    replica: GroupReplica,
+    /// The last log sequence applied.
+    applied: u64,
+    /// The production lease core.
+    pub lease: LeaseCore<SimInstant>,
+    request: Option<LeaseRequest>,
+    next_request: u64,
+    read_sent_ns: Option<u64>,
+    /// Per gateway, every report so far (the retained window: the whole run).
+    retained: Vec<Vec<CoreOutput>>,
+    /// Per gateway, reports handed to the publisher so far (sent or withheld).
+    published: Vec<u64>,
+    leading: Option<u64>,
+}
+
+impl SimEngine {
+    /// A stopped engine (started by [`World::start_engine`]).
+    pub fn new(tier: &TierConfig, ttl: Duration) -> SimEngine {
+        SimEngine {
+            life: Life::default(),
+            replica: GroupReplica::starting(tier, None).expect("a replica without a snapshot"),
+            applied: 0,
+            lease: LeaseCore::new(ttl),
+            request: None,
+            next_request: 0,
+            read_sent_ns: None,
+            retained: vec![Vec::new(); tier.gateways as usize],
+            published: vec![0; tier.gateways as usize],
+            leading: None,
+        }
+    }
+
+    /// The epoch it may publish under at true time `now_ns` (`None`: it may not).
+    pub fn epoch(&self, now_ns: u64) -> Option<u64> {
+        if !self.life.up {
+            return None;
+        }
+        self.lease.epoch(self.life.clock.monotonic(now_ns))
+    }
+}
+
+impl World {
+    /// Starts (or restarts) engine `n` from the log's beginning (no snapshots simulated).
+    pub fn start_engine(&mut self, n: usize) {
+        let ttl = Duration::from_nanos(self.settings.lease_ttl_ns);
+        let life = std::mem::take(&mut self.engines[n].life);
+        let next_request = self.engines[n].next_request;
+        self.engines[n] = SimEngine::new(&self.settings.tier, ttl);
+        let engine = &mut self.engines[n];
+        engine.life =
+            Life { up: true, paused: false, inc: life.inc + 1, stash: Vec::new(), ..life };
+        engine.next_request = next_request;
+        self.note(format!("engine {n} starts"));
+        let jitter = self.rng.range(0, self.settings.renew_ns);
+        self.timer(Addr::Engine(n), jitter, Timer::Lease);
+        self.timer(Addr::Engine(n), 0, Timer::Poll);
+        self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
+    }
+
+    /// Stops engine `n`: cleanly (its lease released) or by a crash.
+    pub fn stop_engine(&mut self, n: usize, clean: bool) {
+        if clean && let Some(target) = self.engines[n].lease.release() {
+            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Release { target });
+        }
+        let engine = &mut self.engines[n];
+        engine.life.up = false;
+        engine.life.paused = false;
+        engine.life.stash.clear();
+        let how = if clean { "stops" } else { "crashes" };
+        self.note(format!("engine {n} {how}"));
+    }
+
+    pub(crate) fn engine_timer(&mut self, n: usize, timer: Timer) {
+        match timer {
+            Timer::Lease => {
+                self.keep_lease(n);
+                self.timer(Addr::Engine(n), self.settings.renew_ns, Timer::Lease);
+            }
+            Timer::Poll => self.poll(n),
+            Timer::Heartbeat => {
+                self.heartbeat(n);
+                self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
+            }
+            _ => {}
+        }
+    }
+
+    /// A lease tick: renew a held lease or contend for a free one (one write in flight; one
+    /// unanswered for a renewal period is given up, as the production tick's timeout does).
+    fn keep_lease(&mut self, n: usize) {
+        let now = self.now_ns;
+        let engine = &mut self.engines[n];
+        if engine.request.is_some_and(|r| now - r.sent_ns < self.settings.renew_ns) {
+            return;
+        }
+        let started = engine.life.clock.monotonic(now);
+        let held = engine.lease.valid_until(started).is_some();
+        let expected = match (held, engine.lease.renewal()) {
+            (true, Some(revision)) => revision,
+            _ => engine.lease.begin_acquire(),
+        };
+        engine.next_request += 1;
+        let id = engine.next_request;
+        engine.request = Some(LeaseRequest { id, renewal: held, started, sent_ns: now });
+        let msg = Msg::Cas { engine: n, request: id, expected };
+        self.send_nats(Addr::Engine(n), Addr::Broker, 0, msg);
+        self.note_leadership(n);
+    }
+
+    fn poll(&mut self, n: usize) {
+        let now = self.now_ns;
+        let engine = &mut self.engines[n];
+        if engine.read_sent_ns.is_none_or(|sent| now - sent >= READ_TIMEOUT_NS) {
+            engine.read_sent_ns = Some(now);
+            let from = engine.applied + 1;
+            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Read { engine: n, from });
+        }
+        self.timer(Addr::Engine(n), POLL_NS, Timer::Poll);
+    }
+
+    pub(crate) fn engine_receives(&mut self, n: usize, msg: Msg) {
+        match msg {
+            Msg::Records { from, orders } => self.apply(n, from, &orders),
+            Msg::CasReply { request, outcome } => {
+                let engine = &mut self.engines[n];
+                let Some(sent) = engine.request.filter(|sent| sent.id == request) else { return };
+                engine.request = None;
+                if sent.renewal {
+                    engine.lease.renewed(outcome, sent.started);
+                } else {
+                    engine.lease.acquired(outcome, sent.started);
+                }
+                self.note_leadership(n);
+                self.publish(n);
+            }
+            Msg::Retain { gateway, from } => self.answer_retain(n, gateway, from),
+            _ => {}
+        }
+    }
+
+    fn apply(&mut self, n: usize, from: u64, orders: &[exchange::msg::InboundOrder]) {
+        let engine = &mut self.engines[n];
+        engine.read_sent_ns = None;
+        if from != engine.applied + 1 {
+            return;
+        }
+        let mut numbered = Vec::new();
+        for (at, order) in orders.iter().enumerate() {
+            let stream_seq = from + at as u64;
+            let logged = LoggedOrder {
+                stream_seq,
+                last_in_message: true,
+                order: *order,
+                intended_abs_ns: 0,
+            };
+            let retained = &mut engine.retained;
+            engine.replica.apply(&logged, &mut |index, seq, response| {
+                let gateway = response.gateway as usize;
+                if response.audience == Audience::Client
+                    && index == subject_index(response.gateway, Stream::Reports)
+                {
+                    retained[gateway].push(response.output);
+                    numbered.push((gateway, seq, response.output));
+                }
+            });
+            engine.applied = stream_seq;
+        }
+        for (gateway, seq, output) in numbered {
+            self.checker.numbered(gateway, seq, &output, self.now_ns);
+        }
+        self.publish(n);
+        if orders.len() == self.settings.read_max {
+            self.poll(n);
+        }
+    }
+
+    /// Hands every new report to the publisher: sent with the epoch while the lease is
+    /// valid, withheld (sequenced and retained only) otherwise.
+    fn publish(&mut self, n: usize) {
+        let epoch = self.engines[n].epoch(self.now_ns);
+        for gateway in 0..self.gateways.len() {
+            loop {
+                let engine = &mut self.engines[n];
+                let (done, all) =
+                    (engine.published[gateway], engine.retained[gateway].len() as u64);
+                if done == all {
+                    break;
+                }
+                let upto = all.min(done + BATCH_MAX as u64);
+                engine.published[gateway] = upto;
+                let Some(epoch) = epoch else { continue };
+                let outputs = engine.retained[gateway][done as usize..upto as usize].to_vec();
+                let batch = Batch { epoch, first_seq: done + 1, last_seq: all, outputs };
+                self.send_batch(n, gateway, batch);
+            }
+        }
+    }
+
+    fn heartbeat(&mut self, n: usize) {
+        let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
+        for gateway in 0..self.gateways.len() {
+            let last_seq = self.engines[n].published[gateway];
+            let batch = Batch { epoch, first_seq: last_seq + 1, last_seq, outputs: Vec::new() };
+            self.send_batch(n, gateway, batch);
+        }
+    }
+
+    fn answer_retain(&mut self, n: usize, gateway: usize, from: u64) {
+        let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
+        let retained = &self.engines[n].retained[gateway];
+        let last_seq = retained.len() as u64;
+        let start = (from.max(1) - 1) as usize;
+        let end = retained.len().min(start + BATCH_MAX);
+        let outputs = retained.get(start..end).unwrap_or(&[]).to_vec();
+        let batch = Batch { epoch, first_seq: from, last_seq, outputs };
+        self.send_batch(n, gateway, batch);
+    }
+
+    /// Publishes `batch`, checking first that no other engine of the group may publish now
+    /// under another epoch.
+    fn send_batch(&mut self, n: usize, gateway: usize, batch: Batch) {
+        let now = self.now_ns;
+        for (other, engine) in self.engines.iter().enumerate() {
+            if other == n {
+                continue;
+            }
+            if let Some(theirs) = engine.epoch(now).filter(|theirs| *theirs != batch.epoch) {
+                let detail = format!(
+                    "engine {n} publishes under epoch {} while engine {other} holds epoch {theirs}",
+                    batch.epoch
+                );
+                self.checker.fail(Invariant::OneEpoch, now, detail);
+            }
+        }
+        self.send_nats(Addr::Engine(n), Addr::Gateway(gateway), 0, Msg::Batch(Box::new(batch)));
+    }
+
+    fn note_leadership(&mut self, n: usize) {
+        let epoch = self.engines[n].epoch(self.now_ns);
+        if epoch != self.engines[n].leading {
+            self.engines[n].leading = epoch;
+            let line = match epoch {
+                Some(epoch) => format!("engine {n} leads (epoch {epoch})"),
+                None => format!("engine {n} no longer leads"),
+            };
+            self.note(line);
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! A gateway without a tier: clients' orders appended to the log (de-duplicated by message
+//! id, resent until acknowledged), reports read through the production epoch fence
+//! (`delivery::gateway::EpochFence`), recovered from the leader's window on a gap, routed
+//! through the production routed positions (`gateway::routed::RoutedPositions`) and kept in
+//! a store whose unsynced writes a crash loses.
+
+use std::collections::{BTreeMap, HashMap};
+
+use delivery::gateway::{EpochFence, Fenced};
+use exchange::msg::{CoreOutput, InboundOrder};
+use gateway::routed::{self, DurableInputs, Position, RoutedPositions};
+
+use crate::check::Invariant;
+use crate::world::{Addr, Batch, Life, Msg, Timer, World};
+
+/// The gateway's retry period, ns.
+const RETRY_NS: u64 = 100_000_000;
+/// How long an append or a retain request waits for its answer before it is sent again, ns.
+const RESEND_AFTER_NS: u64 = 300_000_000;
+/// Bytes before a store record's payload (length, CRC, kind, client).
+const RECORD_HEADER_BYTES: usize = 13;
+
+/// What survives a crash: the synced writes.
+#[derive(Debug, Default)]
+struct DurableStore {
+    /// Per client, the session's reports (sequence = index + 1).
+    sessions: Vec<Vec<CoreOutput>>,
+    positions: HashMap<(u32, u32), Position>,
+    /// Where the R-Gateway starts again: the first report of the newest durable input.
+    restart_seq: u64,
+}
+
+/// A store write not yet synced.
+#[derive(Debug)]
+struct StoreWrite {
+    epoch: u64,
+    reports: Vec<(usize, CoreOutput)>,
+    /// The routed-position records (the production encoding).
+    positions: Vec<u8>,
+    restart_seq: u64,
+}
+
+/// One gateway.
+pub struct SimGateway {
+    /// Whether it runs.
+    pub life: Life,
+    fence: EpochFence,
+    /// The newest epoch this incarnation accepted (the checker's own, not the fence's).
+    newest_accepted: u64,
+    next_seq: u64,
+    routed: RoutedPositions,
+    durable: DurableStore,
+    pending: Vec<StoreWrite>,
+    write_epoch: u64,
+    /// Per client: the next session sequence to give, and the connection it is on.
+    sessions: Vec<(u64, Option<u32>)>,
+    appends: BTreeMap<u64, (InboundOrder, u64)>,
+    next_counter: u64,
+    retain_sent_ns: Option<u64>,
+    /// The input being routed and the stream sequence of its first report.
+    input: (u64, u64),
+}
+
+impl SimGateway {
+    /// A stopped gateway for `clients` clients.
+    pub fn new(clients: usize) -> SimGateway {
+        SimGateway {
+            life: Life::default(),
+            fence: EpochFence::default(),
+            newest_accepted: 0,
+            next_seq: 1,
+            routed: RoutedPositions::default(),
+            durable: DurableStore {
+                sessions: vec![Vec::new(); clients],
+                ..DurableStore::default()
+            },
+            pending: Vec::new(),
+            write_epoch: 0,
+            sessions: vec![(1, None); clients],
+            appends: BTreeMap::new(),
+            next_counter: 0,
+            retain_sent_ns: None,
+            input: (0, 1),
+        }
+    }
+}
+
+impl World {
+    /// Starts (or restarts) gateway `n` from its durable store.
+    pub fn start_gateway(&mut self, n: usize) {
+        let slots = self.settings.tier.gateways;
+        let gateway = &mut self.gateways[n];
+        gateway.life.up = true;
+        gateway.life.paused = false;
+        gateway.life.inc += 1;
+        gateway.fence = EpochFence::default();
+        gateway.newest_accepted = 0;
+        gateway.next_seq = gateway.durable.restart_seq.max(1);
+        gateway.routed = RoutedPositions::recovered(gateway.durable.positions.clone());
+        gateway.routed.share(DurableInputs::new(1, slots));
+        gateway.pending.clear();
+        for (client, session) in gateway.sessions.iter_mut().enumerate() {
+            *session = (gateway.durable.sessions[client].len() as u64 + 1, None);
+        }
+        gateway.appends.clear();
+        gateway.retain_sent_ns = None;
+        gateway.input = (0, gateway.next_seq);
+        let from = gateway.next_seq;
+        self.note(format!("gateway {n} starts, reading reports from {from}"));
+        self.timer(Addr::Gateway(n), RETRY_NS, Timer::Retry);
+    }
+
+    /// Stops gateway `n`; a crash loses its unsynced writes (a clean stop syncs them first).
+    pub fn stop_gateway(&mut self, n: usize, clean: bool) {
+        if clean {
+            self.synced(n, u64::MAX);
+        }
+        let gateway = &mut self.gateways[n];
+        gateway.life.up = false;
+        gateway.life.paused = false;
+        gateway.life.stash.clear();
+        gateway.pending.clear();
+        let how = if clean { "stops" } else { "crashes" };
+        self.note(format!("gateway {n} {how}"));
+        for client in 0..self.clients.len() {
+            if self.clients[client].gateway == n {
+                self.disconnect(client);
+            }
+        }
+    }
+
+    pub(crate) fn gateway_timer(&mut self, n: usize, timer: Timer) {
+        match timer {
+            Timer::Retry => {
+                let now = self.now_ns;
+                let stale: Vec<(u64, InboundOrder)> = self.gateways[n]
+                    .appends
+                    .iter_mut()
+                    .filter(|(_, (_, sent))| now - *sent >= RESEND_AFTER_NS)
+                    .map(|(counter, (order, sent))| {
+                        *sent = now;
+                        (*counter, *order)
+                    })
+                    .collect();
+                for (counter, order) in stale {
+                    self.append(n, counter, order);
+                }
+                if self.gateways[n].retain_sent_ns.is_some_and(|sent| now - sent >= RESEND_AFTER_NS)
+                {
+                    self.ask_retain(n);
+                }
+                self.timer(Addr::Gateway(n), RETRY_NS, Timer::Retry);
+            }
+            Timer::Synced(epoch) => self.synced(n, epoch),
+            _ => {}
+        }
+    }
+
+    pub(crate) fn gateway_receives(&mut self, n: usize, conn: u32, msg: Msg) {
+        match msg {
+            Msg::Hello { client, last_seq } => self.hello(n, conn, client, last_seq),
+            Msg::Order { order, .. } => {
+                let gateway = &mut self.gateways[n];
+                gateway.next_counter += 1;
+                let counter = gateway.next_counter;
+                gateway.appends.insert(counter, (order, self.now_ns));
+                self.append(n, counter, order);
+            }
+            Msg::AppendAck { counter } => {
+                self.gateways[n].appends.remove(&counter);
+            }
+            Msg::Batch(batch) => self.on_batch(n, &batch),
+            _ => {}
+        }
+    }
+
+    fn append(&mut self, n: usize, counter: u64, order: InboundOrder) {
+        let run = self.gateways[n].life.inc;
+        let msg = Msg::Append { gateway: n, run, counter, order };
+        self.send_nats(Addr::Gateway(n), Addr::Broker, 0, msg);
+    }
+
+    fn ask_retain(&mut self, n: usize) {
+        self.gateways[n].retain_sent_ns = Some(self.now_ns);
+        let from = self.gateways[n].next_seq;
+        for engine in 0..self.engines.len() {
+            let msg = Msg::Retain { gateway: n, from };
+            self.send_nats(Addr::Gateway(n), Addr::Engine(engine), 0, msg);
+        }
+    }
+
+    fn hello(&mut self, n: usize, conn: u32, client: usize, last_seq: u64) {
+        self.gateways[n].sessions[client].1 = Some(conn);
+        let resend: Vec<(u64, CoreOutput)> = self.gateways[n].durable.sessions[client]
+            .iter()
+            .enumerate()
+            .skip(last_seq as usize)
+            .map(|(at, output)| (at as u64 + 1, *output))
+            .collect();
+        for (seq, output) in resend {
+            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
+        }
+    }
+
+    fn on_batch(&mut self, n: usize, batch: &Batch) {
+        let gateway = &mut self.gateways[n];
+        if gateway.fence.admit(batch.epoch) == Fenced::Stale {
+            return;
+        }
+        if batch.epoch < gateway.newest_accepted {
+            let detail = format!(
+                "gateway {n} accepted epoch {} after epoch {}",
+                batch.epoch, gateway.newest_accepted
+            );
+            self.checker.fail(Invariant::StaleEpoch, self.now_ns, detail);
+            return;
+        }
+        gateway.newest_accepted = batch.epoch;
+        let next = gateway.next_seq;
+        if batch.first_seq > next || (batch.outputs.is_empty() && batch.last_seq >= next) {
+            if gateway.retain_sent_ns.is_none() {
+                self.ask_retain(n);
+            }
+            return;
+        }
+        let skip = (next - batch.first_seq) as usize;
+        if skip >= batch.outputs.len() {
+            return;
+        }
+        self.gateways[n].retain_sent_ns = None;
+        let mut reports = Vec::new();
+        for output in &batch.outputs[skip..] {
+            let gateway = &mut self.gateways[n];
+            let stream_seq = gateway.next_seq;
+            gateway.next_seq += 1;
+            if output.seq != 0 && output.seq != gateway.input.0 {
+                gateway.input = (output.seq, stream_seq);
+            }
+            if gateway.routed.admit(output) {
+                reports.push((output.client as usize, *output));
+            }
+        }
+        self.write(n, reports);
+        if self.gateways[n].next_seq <= batch.last_seq {
+            self.ask_retain(n);
+        }
+    }
+
+    /// Writes routed reports with their positions to the store; they go out once synced.
+    fn write(&mut self, n: usize, reports: Vec<(usize, CoreOutput)>) {
+        let gateway = &mut self.gateways[n];
+        gateway.write_epoch += 1;
+        let epoch = gateway.write_epoch;
+        let mut positions = Vec::new();
+        gateway.routed.append_changed(&mut positions, epoch);
+        let restart_seq = gateway.input.1;
+        gateway.pending.push(StoreWrite { epoch, reports, positions, restart_seq });
+        let sync_ns = self.rng.range(200_000, 3_000_000);
+        self.timer(Addr::Gateway(n), sync_ns, Timer::Synced(epoch));
+    }
+
+    /// The store synced every write up to `epoch`: they are durable, and their reports go out.
+    fn synced(&mut self, n: usize, epoch: u64) {
+        let gateway = &mut self.gateways[n];
+        let done = gateway.pending.iter().take_while(|write| write.epoch <= epoch).count();
+        let mut outgoing = Vec::new();
+        for write in gateway.pending.drain(..done) {
+            for (client, output) in write.reports {
+                let session = &mut gateway.durable.sessions[client];
+                session.push(output);
+                let seq = session.len() as u64;
+                gateway.sessions[client].0 = seq + 1;
+                if let Some(conn) = gateway.sessions[client].1 {
+                    outgoing.push((client, conn, seq, output));
+                }
+            }
+            let mut at = 0;
+            while at + RECORD_HEADER_BYTES <= write.positions.len() {
+                let len =
+                    u32::from_le_bytes(write.positions[at..at + 4].try_into().expect("4 bytes"));
+                let payload = &write.positions[at + RECORD_HEADER_BYTES..][..len as usize];
+                if let Some((key, position)) = routed::decode(payload) {
+                    gateway.durable.positions.insert(key, position);
+                }
+                at += RECORD_HEADER_BYTES + len as usize;
+            }
+            gateway.durable.restart_seq = write.restart_seq;
+            gateway.routed.publish_durable(write.epoch);
+        }
+        for (client, conn, seq, output) in outgoing {
+            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
+        }
+    }
+}

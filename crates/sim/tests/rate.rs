@@ -1,0 +1,55 @@
+//! How fast the simulator runs (docs/BENCHMARKS.md, "Deterministic simulation"): simulated
+//! time per wall-clock second and seeds per CPU-hour on one thread, for the benchmark's shape
+//! (3 engines, 2 gateways, 100 clients, 3 broker nodes, every fault kind). Ignored by default:
+//!
+//! ```text
+//! flock /work/bench.lock cargo test -p sim --release --test rate -- --ignored --nocapture
+//! ```
+//! `SIM_RATE_SEEDS` sets the seeds per round (default 20), `SIM_RATE_ROUNDS` the rounds (3).
+
+use std::time::Instant;
+
+/// This thread's CPU time so far, s (`/proc/thread-self/stat`'s utime + stime, at the kernel's
+/// 100 ticks per second): on a shared host the wall clock also counts other processes' turns.
+fn thread_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("Linux /proc");
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    let ticks = |at: usize| fields[at].parse::<f64>().expect("a tick count");
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+#[test]
+#[ignore = "a measurement: run it in release under the benchmark lock"]
+fn simulated_time_per_wall_clock_second() {
+    let number = |name: &str, default: u64| {
+        std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+    };
+    let (seeds, rounds) = (number("SIM_RATE_SEEDS", 20), number("SIM_RATE_ROUNDS", 3));
+    println!(
+        "| round | seeds | simulated (s) | wall (s) | CPU (s) | simulated / wall | simulated / CPU | \
+         seeds per CPU-hour | events per CPU-s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for round in 0..rounds {
+        let (started, cpu_started) = (Instant::now(), thread_cpu_s());
+        let (mut simulated_ns, mut events) = (0u64, 0u64);
+        for seed in round * seeds + 1..=(round + 1) * seeds {
+            let outcome = sim::run(&sim::Settings::new(seed));
+            assert_eq!(outcome.violation, None, "seed {seed}");
+            simulated_ns += outcome.simulated_ns;
+            events += outcome.events;
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let cpu = (thread_cpu_s() - cpu_started).max(0.01);
+        let simulated = simulated_ns as f64 / 1e9;
+        println!(
+            "| {round} | {seeds} | {simulated:.0} | {wall:.2} | {cpu:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            simulated / wall,
+            simulated / cpu,
+            seeds as f64 * 3600.0 / cpu,
+            events as f64 / cpu
+        );
+        assert!(simulated / wall > 1.0, "the simulation runs faster than real time");
+    }
+}

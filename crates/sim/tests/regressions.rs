@@ -1,0 +1,80 @@
+//! The simulator tested like a checker: each bug of the replication-faults work, put back in
+//! its sans-IO core behind a cargo feature, is found within a stated number of seeds.
+//!
+//! ```text
+//! cargo test -p sim --release --features regress-blind-release --test regressions
+//! cargo test -p sim --release --features regress-unfenced-publish --test regressions
+//! cargo test -p sim --release --features regress-forget-routed --test regressions
+//! ```
+//!
+//! Each test draws only the faults its bug needs, on the processes it lives in, so that with
+//! all three features on in one build (how `scripts/test` runs them, one compile) each test
+//! still finds its own bug and not another's.
+
+#![cfg_attr(
+    not(any(
+        feature = "regress-blind-release",
+        feature = "regress-unfenced-publish",
+        feature = "regress-forget-routed"
+    )),
+    allow(dead_code, unused_imports)
+)]
+
+use sim::{FaultKind, Invariant, Settings};
+
+/// The first seed of `1..=max` whose run breaks `invariant` with `kinds` of faults, shrunk.
+fn first_failing(
+    max: u64,
+    kinds: &[FaultKind],
+    gateway_faults: bool,
+    invariant: Invariant,
+) -> Option<(u64, usize)> {
+    (1..=max).find_map(|seed| {
+        let settings = Settings {
+            fault_kinds: kinds.to_vec(),
+            gateway_faults,
+            fault_window_ns: 10_000_000_000,
+            settle_ns: 6_000_000_000,
+            ..Settings::new(seed)
+        };
+        let outcome = sim::run(&settings);
+        let violation = outcome.violation.as_ref()?;
+        assert_eq!(
+            violation.invariant, invariant,
+            "seed {seed} broke another invariant: {violation}"
+        );
+        let shrunk = sim::shrink(&settings, &outcome).expect("a failed run shrinks");
+        println!("seed {seed}: {violation}; shrunk to faults {:?}", shrunk.kept);
+        Some((seed, shrunk.kept.len()))
+    })
+}
+
+/// A paused leader that wakes and stops purges its successor's lease: a third engine takes
+/// it while the successor still leads.
+#[cfg(feature = "regress-blind-release")]
+#[test]
+fn the_blind_lease_release_is_found_within_10_seeds() {
+    let kinds = [FaultKind::PauseStop, FaultKind::Pause, FaultKind::Stop];
+    let found = first_failing(10, &kinds, false, Invariant::OneEpoch);
+    let (seed, faults) = found.expect("two publishing epochs at once within 10 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// A gateway without the fence hears a deposed leader's late batch after its successor's.
+#[cfg(feature = "regress-unfenced-publish")]
+#[test]
+fn the_unfenced_receiver_is_found_within_10_seeds() {
+    let kinds = [FaultKind::Delay, FaultKind::Pause, FaultKind::Partition];
+    let found = first_failing(10, &kinds, false, Invariant::StaleEpoch);
+    let (seed, faults) = found.expect("a stale epoch accepted within 10 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// A restarted gateway that forgot its routed positions sends its clients reports again.
+#[cfg(feature = "regress-forget-routed")]
+#[test]
+fn the_gateway_that_forgets_what_it_routed_is_found_within_5_seeds() {
+    let found = first_failing(5, &[FaultKind::Crash], true, Invariant::Reference);
+    let (seed, faults) = found.expect("a report routed twice within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
