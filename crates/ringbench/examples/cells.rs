@@ -4,10 +4,11 @@
 //! per cell, as the bench reports).
 //!
 //! `cargo run --release -p ringbench --example cells -- [messages] [rounds] [batches] [round_trips]`
-//! (batches comma separated, e.g. `1,16`; round_trips 0 skips the hop).
+//! (batches comma separated, e.g. `1,16`; round_trips 0 skips the hop). Each round opens with
+//! the cache-sharing probe: the host may move the two vCPUs between rounds.
 
 use lab::stats::median;
-use ringbench::harness::{CpuPair, ping_pong, throughput};
+use ringbench::harness::{CpuPair, ping_pong, probe_cache_sharing, throughput};
 use ringbench::peers::{Disruptor, Leantier, Message8, Message64, Payload, Peer, Rtrb};
 
 /// Median of [`TRIALS`] trials, in millions of messages per second.
@@ -47,6 +48,8 @@ fn main() {
     let cpus = CpuPair::choose(true);
     println!("cell      leantier     rtrb  disruptor  ratio  (Mmsg/s; hop p50 ns)");
     for _ in 0..rounds {
+        let sharing = probe_cache_sharing(cpus).expect("sharing probe");
+        println!("line transfer {} ns: {}", sharing.line_transfer_ns, sharing.label());
         for &batch in &batches {
             cell::<Message8>("8B", messages, batch, cpus);
             cell::<Message64>("64B", messages, batch, cpus);
