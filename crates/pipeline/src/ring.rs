@@ -834,7 +834,8 @@ impl<T: Copy> Consumer<T> {
     /// slot inside a line: the producer is then filling that line message by message, and
     /// pulling it away between two of its writes cost a transfer per message (8 B batch 1:
     /// median 0.44× the best peer with the prefetch on every idle poll, 1.37× with it only at
-    /// line starts, hop p50 unchanged; docs/benchmarks/ring.md).
+    /// line starts; the 8 B hop p50, which now gets the prefetch for one message in eight,
+    /// from 0.96× to 1.00–1.07× the best peer's; docs/benchmarks/ring.md).
     #[inline(always)]
     fn note_idle_poll(&mut self) {
         if self.idle_polls >= IDLE_POLLS_BEFORE_PREFETCH {
