@@ -73,6 +73,9 @@
 use crate::sync::{Arc, AtomicBool, AtomicUsize, CachePadded, Ordering, UnsafeCell};
 use crate::wait::{Parker, WaitStrategy, Waiter};
 
+mod view;
+use view::RingView;
+
 /// The largest ring we accept: 2^24 slots keeps a ring of 64-byte records at 1 GiB.
 pub const CAPACITY_SLOTS_MAX: usize = 1 << 24;
 
@@ -255,21 +258,14 @@ struct Shared<T> {
 unsafe impl<T: Send> Sync for Shared<T> {}
 
 impl<T> Shared<T> {
-    /// The ring's slots (capacity many), without the alignment padding around them.
-    #[inline(always)]
-    fn slots(&self, capacity: usize) -> &[UnsafeCell<T>] {
-        &self.storage[self.first_slot..self.first_slot + capacity]
-    }
-
-    /// The end of the batch published starting at index `start`, if the producer has
-    /// published it; `None` while the header beside `start`'s slot is one from an earlier lap
-    /// (or the initial 0), whose end lies at or before `start`.
-    #[inline(always)]
-    fn published_batch_end(&self, start: usize, mask: usize) -> Option<usize> {
-        // Acquire: the producer's writes of the batch's slots happen before we read them.
-        let end = self.batch_ends[start & mask].load(Ordering::Acquire);
-        let length = end.wrapping_sub(start);
-        (1..=mask + 1).contains(&length).then_some(end)
+    /// A view of the ring's slots (without the alignment padding around them) and batch
+    /// headers, for a side that holds `self` through its `Arc` as long as the view.
+    fn view(&self) -> RingView<T> {
+        let capacity = self.batch_ends.len();
+        let slots = &self.storage[self.first_slot..self.first_slot + capacity];
+        // SAFETY: both boxed slices live as long as `Shared`, which each side keeps alive by
+        // the `Arc` it holds beside its view, and a boxed slice never moves.
+        unsafe { RingView::new(slots, &self.batch_ends) }
     }
 }
 
@@ -282,7 +278,7 @@ impl<T> Shared<T> {
 #[repr(align(128))]
 pub struct Producer<T> {
     shared: Arc<Shared<T>>,
-    mask: usize,
+    ring: RingView<T>,
     batch_slots_max: usize,
     tail: usize,
     cached_head: usize,
@@ -297,7 +293,7 @@ pub struct Producer<T> {
 #[repr(align(128))]
 pub struct Consumer<T> {
     shared: Arc<Shared<T>>,
-    mask: usize,
+    ring: RingView<T>,
     batch_slots_max: usize,
     head: usize,
     /// The end of the last batch header followed: messages in [head, known_end) are readable.
@@ -306,6 +302,29 @@ pub struct Consumer<T> {
     idle_polls: u32,
     notify_producer: bool,
     waiter: Waiter,
+}
+
+// SAFETY: a side's `RingView` points into the `Shared` that the side's own `Arc` keeps alive,
+// so moving the side to another thread moves that access with it, exactly as moving the
+// `Arc<Shared<T>>` alone would (which is `Send` when `T: Send`, `Shared` being `Sync` then);
+// the index protocol, not the thread, is what keeps the two sides' slot accesses apart.
+unsafe impl<T: Send> Send for Producer<T> {}
+// SAFETY: as for `Producer`.
+unsafe impl<T: Send> Send for Consumer<T> {}
+
+/// Follows single-message batches from `start`, [`SINGLE_SLOT_SPAN`] headers at a time, while
+/// they cover at most `bound` slots; returns the end reached (`start` when the next span is
+/// not all published single-message batches). Out of line, so that the keep-up path of
+/// [`Consumer::read_batch`], which never comes here, keeps its registers.
+#[inline(never)]
+fn follow_single_slot_batches<T>(ring: RingView<T>, start: usize, bound: usize) -> usize {
+    let mut end = start;
+    while end.wrapping_sub(start) + SINGLE_SLOT_SPAN <= bound
+        && ring.single_slot_batches::<SINGLE_SLOT_SPAN>(end)
+    {
+        end = end.wrapping_add(SINGLE_SLOT_SPAN);
+    }
+    end
 }
 
 /// Slots between `head` and `tail` (or the end of the batches followed), checked against
@@ -349,13 +368,22 @@ const CATCH_UP_AFTER_SLOTS: usize = 128;
 /// measured, jumping after two headers whatever their spacing cost 8 B × 1 about a third.
 #[cfg(not(loom))]
 const CATCH_UP_MEAN_BATCH_SLOTS: usize = CACHE_LINE_BYTES / std::mem::size_of::<usize>();
-/// Under loom the rings hold a few slots: small enough that the models take the jump.
+/// Headers a consumer that has fallen behind a stream of single-message batches checks at
+/// once: a line of them.
+#[cfg(not(loom))]
+const SINGLE_SLOT_SPAN: usize = CACHE_LINE_BYTES / std::mem::size_of::<usize>();
+/// Under loom the rings hold a few slots: small enough that the models take the jump (after
+/// two batches of two, `tests/loom.rs`) and check single-slot headers two at a time (a
+/// stream of single messages never jumps, as in the real configuration, so that model
+/// reaches the span check instead).
+#[cfg(loom)]
+const SINGLE_SLOT_SPAN: usize = 2;
 #[cfg(loom)]
 const CATCH_UP_STRIDE_SLOTS: usize = 2;
 #[cfg(loom)]
-const CATCH_UP_AFTER_SLOTS: usize = 2;
+const CATCH_UP_AFTER_SLOTS: usize = 4;
 #[cfg(loom)]
-const CATCH_UP_MEAN_BATCH_SLOTS: usize = 1;
+const CATCH_UP_MEAN_BATCH_SLOTS: usize = 2;
 // `publish` finds a crossed multiple by the bits `start ^ end` shares with the stride.
 const _: () = assert!(CATCH_UP_STRIDE_SLOTS.is_power_of_two());
 
@@ -433,11 +461,10 @@ pub fn spsc_with<T: Copy + Default + Send>(
         producer_parker: producer_parker.clone(),
         consumer_parker: consumer_parker.clone(),
     });
-    let mask = config.capacity_slots - 1;
     let may_park = config.wait.may_park();
     let producer = Producer {
+        ring: shared.view(),
         shared: shared.clone(),
-        mask,
         batch_slots_max: config.batch_slots_max,
         tail: 0,
         cached_head: 0,
@@ -446,8 +473,8 @@ pub fn spsc_with<T: Copy + Default + Send>(
         waiter: Waiter::new(config.wait, producer_parker),
     };
     let consumer = Consumer {
+        ring: shared.view(),
         shared,
-        mask,
         batch_slots_max: config.batch_slots_max,
         head: 0,
         known_end: 0,
@@ -470,7 +497,7 @@ impl<T: Copy> Producer<T> {
     /// # Ok::<(), pipeline::RingError>(())
     /// ```
     pub fn capacity_slots(&self) -> usize {
-        self.mask + 1
+        self.ring.capacity()
     }
 
     /// The most slots one batch may cover; larger writes are refused or split into chunks.
@@ -487,14 +514,20 @@ impl<T: Copy> Producer<T> {
         self.batch_slots_max
     }
 
+    /// Whether `n` slots are free by the cached consumer index alone (no shared load): the
+    /// fast paths' test, which fails only when the cache says the ring may be too full.
+    #[inline(always)]
+    fn fits_by_cache(&self, n: usize) -> bool {
+        self.tail.wrapping_sub(self.cached_head) + n <= self.ring.capacity()
+    }
+
     /// Free slots, refreshing the cached consumer index only when the cache says fewer than
     /// `wanted` are free.
     #[inline]
     fn free_slots(&mut self, wanted: usize) -> usize {
-        let capacity = self.mask + 1;
-        let free = capacity - self.tail.wrapping_sub(self.cached_head);
-        if free >= wanted {
-            return free;
+        let capacity = self.ring.capacity();
+        if self.fits_by_cache(wanted) {
+            return capacity - self.tail.wrapping_sub(self.cached_head);
         }
         // Acquire: the consumer's reads of the slots it released happen before we reuse them.
         self.cached_head = self.shared.head.load(Ordering::Acquire);
@@ -508,10 +541,10 @@ impl<T: Copy> Producer<T> {
 
     /// Publishes the batch of slots from `start` up to `self.tail` by its header and wakes the
     /// consumer if it may be parked.
-    #[inline]
+    #[inline(always)]
     fn publish(&self, start: usize) {
         // Release: the slot writes become visible before the header.
-        self.shared.batch_ends[start & self.mask].store(self.tail, Ordering::Release);
+        self.ring.header(start).store(self.tail, Ordering::Release);
         if (start ^ self.tail) >= CATCH_UP_STRIDE_SLOTS {
             // Release: the slot writes become visible before a consumer jumps past them.
             self.shared.catch_up_end.store(self.tail, Ordering::Release);
@@ -536,15 +569,15 @@ impl<T: Copy> Producer<T> {
         Ok(())
     }
 
-    /// Lets `fill` write the `n` slots that [`Producer::claim`] checked, handed over as at
-    /// most two runs (before and after the wrap), publishes them with one header, then asks
-    /// for the lines of the next `n` slots in the exclusive state ([`prefetch_for_write`])
-    /// when `n > 1`.
+    /// Lets `fill` write the `n` slots that [`Producer::claim`] (or the fast path's cached
+    /// check) found free, handed over as at most two runs (before and after the wrap),
+    /// publishes them with one header, then asks for the lines of the next `n` slots in the
+    /// exclusive state ([`prefetch_for_write`]) when `n > 1`.
     #[inline(always)]
     fn write_claimed(&mut self, n: usize, fill: impl FnOnce([&[UnsafeCell<T>]; 2])) {
-        let slots = self.shared.slots(self.mask + 1);
         let start = self.tail;
-        fill(contiguous_runs(slots, start & self.mask, n));
+        // SAFETY: `n` ≤ `batch_slots_max` ≤ capacity (checked by the caller and the config).
+        fill(unsafe { self.ring.runs(start, n) });
         self.tail = start.wrapping_add(n);
         self.publish(start);
         // Not after a single-message batch: a consumer keeping up with single messages polls
@@ -552,8 +585,9 @@ impl<T: Copy> Producer<T> {
         // the exclusive state only bounced that line between the two cores (64 B batch 1:
         // 19–21 against 28–34 Mmsg/s without, docs/benchmarks/ring.md).
         if self.prefetch && n > 1 {
-            let next = &slots[self.tail & self.mask..];
-            prefetch_for_write(&next[..n.min(next.len())]);
+            // SAFETY: as above.
+            let [up_to_wrap, _] = unsafe { self.ring.runs(self.tail, n) };
+            prefetch_for_write(up_to_wrap);
         }
     }
 
@@ -615,6 +649,50 @@ impl<T: Copy> Producer<T> {
     /// ```
     #[inline]
     pub fn push_batch(&mut self, items: &[T]) -> Result<(), Disconnected> {
+        // The fast path, inline: a batch of 1..=batch_slots_max that the cached consumer
+        // index says fits. Everything else (an empty or oversized batch, a ring the cache
+        // says is full, a consumer gone) takes the general loop, out of line.
+        let n = items.len();
+        if n.wrapping_sub(1) < self.batch_slots_max
+            && self.fits_by_cache(n)
+            && !self.consumer_gone()
+        {
+            match items {
+                [item] => self.write_one(*item),
+                _ => self.write_items(items),
+            }
+            return Ok(());
+        }
+        self.push_chunks(items)
+    }
+
+    /// Writes one message into the next slot, known to be free, and publishes it: one store
+    /// of the message, one of its header, no copy loop (the batch-1 path).
+    #[inline(always)]
+    fn write_one(&mut self, item: T) {
+        let start = self.tail;
+        // SAFETY: the caller found the slot free (`fits_by_cache`): its index lies in
+        // [tail, head + capacity), so the consumer does not access it until it is published.
+        self.ring.slot(start).with_mut(|ptr| unsafe { *ptr = item });
+        self.tail = start.wrapping_add(1);
+        self.publish(start);
+    }
+
+    /// Copies `items` (at most `batch_slots_max`, known to fit) into the next slots and
+    /// publishes them as one batch.
+    #[inline(always)]
+    fn write_items(&mut self, items: &[T]) {
+        self.write_claimed(items.len(), |[first, second]| {
+            let (before_wrap, after_wrap) = items.split_at(first.len());
+            copy_into(first, before_wrap);
+            copy_into(second, after_wrap);
+        });
+    }
+
+    /// [`Producer::push_batch`]'s general loop: chunks of `batch_slots_max`, each waiting
+    /// until it fits whole.
+    #[inline(never)]
+    fn push_chunks(&mut self, items: &[T]) -> Result<(), Disconnected> {
         let mut rest = items;
         while !rest.is_empty() {
             let chunk = rest.len().min(self.batch_slots_max);
@@ -630,11 +708,7 @@ impl<T: Copy> Producer<T> {
                 }
             }
             let (items, after) = rest.split_at(chunk);
-            self.write_claimed(chunk, |[first, second]| {
-                let (before_wrap, after_wrap) = items.split_at(first.len());
-                copy_into(first, before_wrap);
-                copy_into(second, after_wrap);
-            });
+            self.write_items(items);
             rest = after;
         }
         Ok(())
@@ -642,7 +716,7 @@ impl<T: Copy> Producer<T> {
 
     fn wait_for_room(&mut self, wanted: usize) {
         let shared = &*self.shared;
-        let (tail, capacity) = (self.tail, self.mask + 1);
+        let (tail, capacity) = (self.tail, self.ring.capacity());
         self.waiter.wait_until(|| {
             // Acquire: as in `free_slots`.
             let head = shared.head.load(Ordering::Acquire);
@@ -672,51 +746,106 @@ impl<T: Copy> Consumer<T> {
     /// # Ok::<(), pipeline::RingError>(())
     /// ```
     pub fn capacity_slots(&self) -> usize {
-        self.mask + 1
+        self.ring.capacity()
     }
 
     /// Messages available now, following published batch headers only while the ones already
-    /// followed cover fewer than `wanted`. Once a call has followed two or more headers over
-    /// [`CATCH_UP_AFTER_SLOTS`], the consumer has fallen behind: it reads `catch_up_end` once
-    /// and jumps there, instead of reading one more header line per batch.
-    #[inline]
+    /// followed cover fewer than `wanted`. A call that has followed two or more headers over
+    /// [`CATCH_UP_AFTER_SLOTS`] has found the consumer behind: it reads `catch_up_end` once
+    /// and jumps there instead of reading one more header line per batch ([`Self::catch_up`]).
+    #[inline(always)]
     fn available(&mut self, wanted: usize) -> usize {
-        let capacity = self.mask + 1;
+        let ready = self.known_end.wrapping_sub(self.head);
+        if ready >= wanted {
+            return ready;
+        }
         let before = self.known_end;
-        let (mut headers_followed, mut caught_up) = (0, false);
-        while self.known_end.wrapping_sub(self.head) < wanted {
-            match self.shared.published_batch_end(self.known_end, self.mask) {
-                Some(end) => self.known_end = end,
-                None => break,
+        let (mut end, headers) =
+            self.follow_headers(before, (wanted - ready).min(CATCH_UP_AFTER_SLOTS));
+        if end.wrapping_sub(before) >= CATCH_UP_AFTER_SLOTS {
+            end = self.catch_up(before, end, headers, wanted);
+        }
+        if end == before {
+            // Nothing new: return without a store once past the first idle polls. This is
+            // the polling path of an idle consumer, and a store on every poll cost ~50 ns
+            // per hop in ping-pong (docs/benchmarks/ring.md).
+            if ready == 0 {
+                self.note_idle_poll();
             }
-            headers_followed += 1;
-            let followed_slots = self.known_end.wrapping_sub(before);
-            if !caught_up
-                && headers_followed >= 2
-                && followed_slots >= CATCH_UP_AFTER_SLOTS
-                && followed_slots >= headers_followed * CATCH_UP_MEAN_BATCH_SLOTS
-            {
-                // Acquire: pairs with the producer's Release, so the slots below are written.
-                let catch_up_end = self.shared.catch_up_end.load(Ordering::Acquire);
-                self.known_end = later_index(catch_up_end, self.known_end, capacity);
-                caught_up = true;
+            return ready;
+        }
+        self.idle_polls = 0;
+        self.known_end = end;
+        debug_assert!(end.wrapping_sub(self.head) <= self.ring.capacity());
+        end.wrapping_sub(self.head)
+    }
+
+    /// Follows published headers from `start` while they cover fewer than `bound` slots past
+    /// it; returns the end reached and how many headers were followed.
+    ///
+    /// Each header names where the next one lies, so following them one by one is a chain of
+    /// dependent loads. At batch 1 a consumer that has fallen behind would run that chain once
+    /// per message; once it has followed two headers and the last was a single-message batch,
+    /// it checks [`SINGLE_SLOT_SPAN`] headers at a time instead ([`RingView::single_slot_batches`]):
+    /// independent loads of one line of headers, no branch per header.
+    #[inline(always)]
+    fn follow_headers(&self, start: usize, bound: usize) -> (usize, usize) {
+        let ring = self.ring;
+        let (mut end, mut headers) = (start, 0);
+        while end.wrapping_sub(start) < bound {
+            let Some(next) = ring.published_batch_end(end) else { break };
+            let single_slot = next.wrapping_sub(end) == 1;
+            end = next;
+            headers += 1;
+            if single_slot && headers >= 2 {
+                let skipped_to = follow_single_slot_batches(ring, end, bound - (end - start));
+                headers += skipped_to.wrapping_sub(end);
+                end = skipped_to;
             }
         }
-        // Nothing new: return without a store. This is the polling path of an idle consumer,
-        // and a store on every poll cost ~50 ns per hop in ping-pong (docs/benchmarks/ring.md).
-        // The only store is the count of the first idle polls; after them each poll asks for
-        // the line the next message will be written to, so that when its header appears the
-        // slot's transfer has already started ([`prefetch_for_read`]).
-        if self.known_end != before {
-            self.idle_polls = 0;
-        } else if self.known_end == self.head {
-            if self.idle_polls >= IDLE_POLLS_BEFORE_PREFETCH {
-                prefetch_for_read(&self.shared.slots(capacity)[before & self.mask]);
-            } else {
-                self.idle_polls += 1;
-            }
+        (end, headers)
+    }
+
+    /// The rest of [`Self::available`] once its headers from `before` reached `end`, at least
+    /// [`CATCH_UP_AFTER_SLOTS`] further: when they were two or more and averaged at least
+    /// [`CATCH_UP_MEAN_BATCH_SLOTS`] (one to a line), jump to `catch_up_end`; then follow
+    /// headers until `wanted` is covered. Out of line: a consumer that keeps up never comes
+    /// here.
+    #[inline(never)]
+    fn catch_up(&self, before: usize, end: usize, headers: usize, wanted: usize) -> usize {
+        let capacity = self.ring.capacity();
+        let followed = end.wrapping_sub(before);
+        let mut end = end;
+        if headers >= 2 && followed >= headers * CATCH_UP_MEAN_BATCH_SLOTS {
+            // Acquire: pairs with the producer's Release, so the slots below are written.
+            let catch_up_end = self.shared.catch_up_end.load(Ordering::Acquire);
+            end = later_index(catch_up_end, end, capacity);
         }
-        occupied_slots(self.known_end, self.head, capacity)
+        let ready = occupied_slots(end, self.head, capacity);
+        if ready < wanted {
+            end = self.follow_headers(end, wanted - ready).0;
+        }
+        end
+    }
+
+    /// An idle poll that found nothing: count the first few (the only store), then, when the
+    /// next message's slot begins a cache line, ask for that line, so that when its header
+    /// appears the slot's transfer has already started ([`prefetch_for_read`]). Not for a
+    /// slot inside a line: the producer is then filling that line message by message, and
+    /// pulling it away between two of its writes cost a transfer per message (8 B batch 1:
+    /// median 0.44× the best peer with the prefetch on every idle poll, 1.37× with it only at
+    /// line starts; the 8 B hop p50, which now gets the prefetch for one message in eight,
+    /// from 0.96× to 1.00–1.07× the best peer's; docs/benchmarks/ring.md).
+    #[inline(always)]
+    fn note_idle_poll(&mut self) {
+        if self.idle_polls >= IDLE_POLLS_BEFORE_PREFETCH {
+            let slot = self.ring.slot(self.known_end);
+            if begins_cache_line(slot) {
+                prefetch_for_read(slot);
+            }
+        } else {
+            self.idle_polls += 1;
+        }
     }
 
     /// Messages in the ring now, a depth sample for metrics: it follows the headers published
@@ -738,11 +867,11 @@ impl<T: Copy> Consumer<T> {
     pub fn len(&self) -> usize {
         // Relaxed: only counted, no slot is read below it.
         let catch_up_end = self.shared.catch_up_end.load(Ordering::Relaxed);
-        let mut end = later_index(catch_up_end, self.known_end, self.mask + 1);
-        while let Some(next) = self.shared.published_batch_end(end, self.mask) {
+        let mut end = later_index(catch_up_end, self.known_end, self.ring.capacity());
+        while let Some(next) = self.ring.published_batch_end(end) {
             end = next;
         }
-        occupied_slots(end, self.head, self.mask + 1)
+        occupied_slots(end, self.head, self.ring.capacity())
     }
 
     /// Whether no message is readable now (the check a waiting consumer polls).
@@ -757,8 +886,7 @@ impl<T: Copy> Consumer<T> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.known_end == self.head
-            && self.shared.published_batch_end(self.known_end, self.mask).is_none()
+        self.known_end == self.head && self.ring.published_batch_end(self.known_end).is_none()
     }
 
     /// True once the producer is gone and every message it published has been read.
@@ -803,11 +931,18 @@ impl<T: Copy> Consumer<T> {
         if n == 0 {
             return 0;
         }
-        for run in contiguous_runs(self.shared.slots(self.mask + 1), self.head & self.mask, n) {
-            for slot in run {
-                // SAFETY: the slot's index lies in [head, tail) (checked by `available`),
-                // published by the producer, which does not touch it until we release it below.
-                slot.with(|ptr| f(unsafe { &*ptr }));
+        // One message (the batch-1 path) without the runs and their loops.
+        if n == 1 {
+            // SAFETY: the slot's index is `head` < `known_end`: published by the producer
+            // (`available` followed its header), which does not touch it until we release it.
+            self.ring.slot(self.head).with(|ptr| f(unsafe { &*ptr }));
+        } else {
+            // SAFETY: `n` ≤ `wanted` ≤ `batch_slots_max` ≤ capacity.
+            for run in unsafe { self.ring.runs(self.head, n) } {
+                for slot in run {
+                    // SAFETY: as above, for every index in [head, head + n) ⊆ [head, known_end).
+                    slot.with(|ptr| f(unsafe { &*ptr }));
+                }
             }
         }
         self.head = self.head.wrapping_add(n);
@@ -847,12 +982,12 @@ impl<T: Copy> Consumer<T> {
             if self.is_disconnected() {
                 return Err(Disconnected);
             }
-            let (shared, mask) = (&*self.shared, self.mask);
+            let (shared, ring) = (&*self.shared, &self.ring);
             // Nothing was readable, so `known_end == head`: the next batch starts there.
             let next_start = self.known_end;
             self.waiter.wait_until(|| {
                 // Acquire on both: as in `published_batch_end` and `is_disconnected`.
-                shared.published_batch_end(next_start, mask).is_some()
+                ring.published_batch_end(next_start).is_some()
                     || !shared.producer_alive.load(Ordering::Acquire)
             });
         }
@@ -919,6 +1054,13 @@ fn prefetch_for_write<T>(slots: &[UnsafeCell<T>]) {
 /// longer and keeps the latency gain (docs/benchmarks/ring.md).
 const IDLE_POLLS_BEFORE_PREFETCH: u32 = 2;
 
+/// Whether `slot` starts at a cache-line boundary, so that no earlier slot shares its first
+/// line.
+#[inline(always)]
+fn begins_cache_line<S>(slot: &S) -> bool {
+    (slot as *const S as usize).is_multiple_of(CACHE_LINE_BYTES)
+}
+
 /// Asks for the cache line holding `slot` (x86 `PREFETCHT0`, part of SSE, so every x86-64
 /// CPU has it). An idle consumer calls it on its polls that find nothing new (after the first
 /// [`IDLE_POLLS_BEFORE_PREFETCH`]), for the slot the next message will be written to: the
@@ -973,16 +1115,6 @@ fn copy_into<T: Copy>(run: &[UnsafeCell<T>], items: &[T]) {
         // the consumer does not access them until `write_claimed` publishes them.
         slot.with_mut(|ptr| unsafe { *ptr = *item });
     }
-}
-
-/// The `n` slots starting at `start` as at most two contiguous runs (before and after the
-/// wrap), so the copy loops run over plain slices: no index masking or bounds check per
-/// message, which lets the compiler unroll and vectorise them.
-#[inline(always)]
-fn contiguous_runs<T>(slots: &[T], start: usize, n: usize) -> [&[T]; 2] {
-    debug_assert!(start < slots.len() && n <= slots.len());
-    let first_len = n.min(slots.len() - start);
-    [&slots[start..start + first_len], &slots[..n - first_len]]
 }
 
 #[cfg(all(test, not(loom)))]
@@ -1083,6 +1215,55 @@ mod tests {
         assert_eq!(consumer.known_end, 656);
     }
 
+    /// A consumer behind a stream of single messages checks their headers a line at a time:
+    /// across the wrap, with batches of other sizes in between (which end a span), it reads
+    /// every message once and in order, at most `max` per call.
+    #[test]
+    fn a_consumer_behind_single_messages_reads_them_in_order_across_the_wrap() {
+        let (mut producer, mut consumer) = spsc::<u32>(&config(64, 64)).unwrap();
+        let (mut next, mut expected) = (0u32, 0u32);
+        for lap in 0..20u32 {
+            // 40 messages: singles, with a batch of 2 or 3 somewhere inside a span.
+            let mut sent = 0;
+            while sent < 40 {
+                let n = if sent == 9 + lap % 8 { 2 + lap % 2 } else { 1 };
+                let items: Vec<u32> = (next..next + n).collect();
+                producer.push_batch(&items).unwrap();
+                (next, sent) = (next + n, sent + n);
+            }
+            let mut reads = Vec::new();
+            while !consumer.is_empty() {
+                reads.push(consumer.read_batch(32, |v| {
+                    assert_eq!(*v, expected, "lap {lap}");
+                    expected += 1;
+                }));
+            }
+            assert_eq!(expected, next, "lap {lap}");
+            assert_eq!(reads[0], 32, "lap {lap}: the first read takes its whole bound");
+        }
+    }
+
+    #[test]
+    fn a_single_slot_span_is_taken_only_when_every_header_in_it_is_a_published_single() {
+        let (mut producer, consumer) = spsc::<u32>(&config(16, 16)).unwrap();
+        let ring = consumer.ring;
+        assert!(!ring.single_slot_batches::<4>(0), "nothing published");
+        for value in 0..3 {
+            producer.push_batch(&[value]).unwrap();
+        }
+        assert!(!ring.single_slot_batches::<4>(0), "the fourth is not published yet");
+        producer.push_batch(&[3]).unwrap();
+        assert!(ring.single_slot_batches::<4>(0));
+        for value in 4..SINGLE_SLOT_SPAN as u32 {
+            producer.push_batch(&[value]).unwrap();
+        }
+        let span = SINGLE_SLOT_SPAN;
+        assert_eq!(follow_single_slot_batches(ring, 0, 16), span, "one span, then unpublished");
+        assert_eq!(follow_single_slot_batches(ring, 0, span - 1), 0, "a span past the bound");
+        producer.push_batch(&[100, 101]).unwrap();
+        assert!(!ring.single_slot_batches::<2>(span), "a batch of two is not two singles");
+    }
+
     #[test]
     fn depth_samples_count_every_published_message_between_catch_up_strides() {
         let (mut producer, mut consumer) = spsc::<u32>(&config(1024, 256)).unwrap();
@@ -1140,6 +1321,21 @@ mod tests {
         assert_eq!(cpu_has_prefetchw(), reported, "{flags}");
         let (producer, _consumer) = spsc::<u64>(&config(8, 8)).unwrap();
         assert_eq!(producer.prefetch, reported);
+    }
+
+    #[test]
+    fn only_slots_that_begin_a_cache_line_are_prefetched_by_an_idle_consumer() {
+        let (_producer, consumer) = spsc::<u64>(&config(64, 8)).unwrap();
+        let starts: Vec<usize> =
+            (0..64).filter(|&index| begins_cache_line(consumer.ring.slot(index))).collect();
+        assert_eq!(starts, [0, 8, 16, 24, 32, 40, 48, 56], "8-byte slots from an aligned first");
+        #[derive(Clone, Copy, Default)]
+        #[repr(align(64))]
+        struct Line {
+            _bytes: [u64; 8],
+        }
+        let (_producer, consumer) = spsc::<Line>(&config(8, 8)).unwrap();
+        assert!((0..8).all(|index| begins_cache_line(consumer.ring.slot(index))));
     }
 
     #[test]

@@ -79,21 +79,41 @@ fn batches_are_published_whole_and_full_producer_is_woken() {
     });
 }
 
-/// A consumer that finds two or more headers ready jumps to the producer's catch-up index
-/// (every 2 slots under loom) and reads the slots below it, which only that index's
-/// Release/Acquire pair orders after their writes (weakening either side to Relaxed fails
-/// here as a causality violation).
+/// A consumer that finds two or more headers ready over 4 slots (two batches of two) jumps
+/// to the producer's catch-up index (every 2 slots under loom) and reads the slots below it,
+/// which only that index's Release/Acquire pair orders after their writes (weakening either
+/// side to Relaxed fails here as a causality violation).
 #[test]
 fn a_consumer_catching_up_reads_only_written_slots() {
     model(|| {
-        let (mut tx, mut rx) = connector::<u64>(ConnectorKind::LockFree, &config(4, 4)).unwrap();
+        let (mut tx, mut rx) = connector::<u64>(ConnectorKind::LockFree, &config(8, 8)).unwrap();
+        let producer = thread::spawn(move || {
+            for pair in [[1, 2], [3, 4], [5, 6]] {
+                tx.push_batch(&pair).unwrap();
+            }
+        });
+        let mut seen = Vec::new();
+        while rx.wait_read_batch(8, |value| seen.push(*value)).is_ok() {}
+        producer.join().unwrap();
+        assert_eq!(seen, [1, 2, 3, 4, 5, 6]);
+    });
+}
+
+/// A consumer behind a stream of single messages checks their headers two at a time under
+/// loom (a line at a time otherwise) once it has followed two of them; the slots it then
+/// reads are ordered after their writes only by those headers' Release/Acquire pairs
+/// (weakening the span check's load to Relaxed fails here as a causality violation).
+#[test]
+fn a_consumer_behind_single_messages_reads_only_written_slots() {
+    model(|| {
+        let (mut tx, mut rx) = connector::<u64>(ConnectorKind::LockFree, &config(8, 8)).unwrap();
         let producer = thread::spawn(move || {
             for value in 1..=4 {
                 tx.push(value).unwrap();
             }
         });
         let mut seen = Vec::new();
-        while rx.wait_read_batch(4, |value| seen.push(*value)).is_ok() {}
+        while rx.wait_read_batch(8, |value| seen.push(*value)).is_ok() {}
         producer.join().unwrap();
         assert_eq!(seen, [1, 2, 3, 4]);
     });

@@ -28,7 +28,7 @@ use lab::report::progress_bar;
 use lab::stats::{LatencyHistogram, LatencySummary, median};
 use serde::Serialize;
 
-use self::harness::CpuPair;
+use self::harness::{CacheSharing, CpuPair};
 use self::peers::{Message8, Message64, Payload, Peer};
 
 pub use self::harness::{BATCH_SLOTS_MAX, CAPACITY_SLOTS};
@@ -181,6 +181,9 @@ pub struct Target {
 #[derive(Debug, Serialize)]
 pub struct RingReport {
     pub cpus: CpuPair,
+    /// The sharing probe before the first trial and after the last: the host may move the
+    /// two vCPUs between cores, and the ratios differ between the two topologies.
+    pub cache_sharing: [CacheSharing; 2],
     pub capacity_slots: usize,
     pub messages_per_trial: u64,
     pub trials: usize,
@@ -222,13 +225,22 @@ pub fn run(settings: &Settings) -> anyhow::Result<RingRun> {
         tracing::warn!("benchmark threads are not pinned: latency targets are not meaningful");
     }
     let contenders = contenders();
+    let sharing_before = harness::probe_cache_sharing(cpus)?;
     let throughput = measure_throughput(settings, &contenders, cpus)?;
     let (latency, histograms) = measure_latency(settings, &contenders, cpus)?;
     let wait_strategies = measure_wait_strategies(settings, cpus)?;
+    let cache_sharing = [sharing_before, harness::probe_cache_sharing(cpus)?];
+    tracing::info!(
+        before_ns = cache_sharing[0].line_transfer_ns,
+        after_ns = cache_sharing[1].line_transfer_ns,
+        "cache line transfer between the benchmark CPUs: {}",
+        topology_label(&cache_sharing)
+    );
     let ratios = ratios(&throughput);
-    let targets = targets(&ratios, &latency, cpus);
+    let targets = targets(&ratios, &latency, cpus, &cache_sharing);
     let report = RingReport {
         cpus,
+        cache_sharing,
         capacity_slots: CAPACITY_SLOTS,
         messages_per_trial: settings.messages,
         trials: settings.trials,
@@ -344,11 +356,31 @@ fn ratios(cells: &[ThroughputCell]) -> Vec<Ratio> {
     ratios
 }
 
-fn targets(ratios: &[Ratio], latency: &[HopLatency], cpus: CpuPair) -> Vec<Target> {
+/// The topology the probes found, for target names: the same before and after the run, or
+/// "sharing changed" (then the run mixes both and its ratios belong to neither).
+pub fn topology_label(cache_sharing: &[CacheSharing; 2]) -> String {
+    let [before, after] = cache_sharing;
+    if before.shared == after.shared {
+        before.label().to_string()
+    } else {
+        format!("sharing changed: {} then {}", before.label(), after.label())
+    }
+}
+
+fn targets(
+    ratios: &[Ratio],
+    latency: &[HopLatency],
+    cpus: CpuPair,
+    cache_sharing: &[CacheSharing; 2],
+) -> Vec<Target> {
+    let topology = topology_label(cache_sharing);
     let mut targets: Vec<Target> = ratios
         .iter()
         .map(|ratio| Target {
-            name: format!("throughput {} B batch {}", ratio.message_bytes, ratio.batch),
+            name: format!(
+                "throughput {} B batch {} ({topology})",
+                ratio.message_bytes, ratio.batch
+            ),
             measured: format!("{:.2}x {}", ratio.ratio, ratio.best_peer),
             target: format!(">= {THROUGHPUT_RATIO_TARGET:.1}x best peer"),
             met: ratio.ratio >= THROUGHPUT_RATIO_TARGET,
@@ -360,7 +392,7 @@ fn targets(ratios: &[Ratio], latency: &[HopLatency], cpus: CpuPair) -> Vec<Targe
     let (best_peer, best_p50_ns) =
         best.map_or(("none", u64::MAX), |row| (row.peer, row.one_way_ns.p50_ns));
     targets.push(Target {
-        name: "one-way hop p50 (pinned)".into(),
+        name: format!("one-way hop p50 (pinned, {topology})"),
         measured: format!("{hop_p50_ns} ns{}", if cpus.is_pinned() { "" } else { " (unpinned)" }),
         target: format!("<= {best_p50_ns} ns ({best_peer})"),
         met: cpus.is_pinned() && hop_p50_ns <= best_p50_ns,
@@ -403,6 +435,33 @@ mod tests {
             let cpus = CpuPair { producer: None, consumer: None };
             assert_eq!(ping_pong(100, cpus).unwrap().count(), 90, "{name}");
         }
+    }
+
+    #[test]
+    fn the_sharing_probe_times_a_line_transfer_and_labels_the_topology() {
+        let cpus = CpuPair { producer: None, consumer: None };
+        let probe = harness::probe_cache_sharing(cpus).unwrap();
+        assert!(probe.line_transfer_ns > 0, "{probe:?}");
+        assert_eq!(probe.shared, probe.line_transfer_ns < harness::SHARED_CACHE_TRANSFER_NS_MAX);
+        let shared = CacheSharing { line_transfer_ns: 50, shared: true };
+        let separate = CacheSharing { line_transfer_ns: 230, shared: false };
+        assert_eq!(topology_label(&[shared, shared]), "shared cache");
+        assert_eq!(topology_label(&[separate, separate]), "separate caches");
+        let changed = topology_label(&[shared, separate]);
+        assert_eq!(changed, "sharing changed: shared cache then separate caches");
+        let ratio = Ratio {
+            message_bytes: 8,
+            batch: 1,
+            leantier_msgs_per_s: 2.0,
+            best_peer: "rtrb",
+            best_peer_msgs_per_s: 1.0,
+            ratio: 2.0,
+        };
+        let hop = |peer| HopLatency { peer, one_way_ns: LatencyHistogram::new().summary() };
+        let latency = [hop("leantier ring"), hop("rtrb")];
+        let named = targets(&[ratio], &latency, cpus, &[separate, separate]);
+        assert_eq!(named[0].name, "throughput 8 B batch 1 (separate caches)");
+        assert!(named[0].met);
     }
 
     #[test]
