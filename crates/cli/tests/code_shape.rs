@@ -34,11 +34,9 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/gateway/src/fix_server.rs", "order_fields"), // 80 lines
     ("crates/gateway/src/server.rs", "start"),         // 84 lines
     ("crates/gateway/src/store.rs", "apply"),          // 92 lines
-    ("crates/lab/src/stats.rs", "factorial_2kr"),      // 76 lines
     ("crates/labs/src/mq_load.rs", "analyse"),         // 99 lines
     ("crates/labs/src/mq_load.rs", "run"),             // 84 lines
     ("crates/labs/src/web_load.rs", "drive"),          // 72 lines
-    ("crates/matching/src/core/snapshot.rs", "restore"), // 78 lines
     ("crates/mq/src/connection.rs", "read_requests"),  // 79 lines
     ("crates/mq/src/store/conformance.rs", "scenario"), // 169 lines
     ("crates/mq/src/store/sqlite.rs", "execute"),      // 97 lines

@@ -725,6 +725,36 @@ pub fn sign_table(factors: usize) -> Result<Vec<Vec<i8>>, StatsError> {
         .collect())
 }
 
+/// The replications per run of a 2^k·r design's `responses`: the same number (≥ 1) in every
+/// run, every response finite.
+fn replications_of(responses: &[Vec<f64>]) -> Result<usize, StatsError> {
+    let replications = responses[0].len();
+    if replications == 0 || responses.iter().any(|run| run.len() != replications) {
+        return Err(invalid("responses", "every run needs the same number (≥ 1) of replications"));
+    }
+    if responses.iter().flatten().any(|y| !y.is_finite()) {
+        return Err(invalid("responses", "every response must be a finite number"));
+    }
+    Ok(replications)
+}
+
+/// An effect's standard deviation and the Student-t quantile of its interval, from the error
+/// sum of squares; `(None, None)` without replications (no error to estimate).
+fn effect_spread(
+    sse: f64,
+    runs: usize,
+    replications: usize,
+    confidence: f64,
+) -> Result<(Option<f64>, Option<f64>), StatsError> {
+    if replications < 2 {
+        return Ok((None, None));
+    }
+    let (runs, r) = (runs as f64, replications as f64);
+    let error_variance = sse / (runs * (r - 1.0));
+    let t = student_t_quantile(1.0 - (1.0 - confidence) / 2.0, runs * (r - 1.0))?;
+    Ok((Some((error_variance / (runs * r)).sqrt()), Some(t)))
+}
+
 /// Analyses a 2^k·r factorial experiment. `factor_names` names the k factors; `responses[i]`
 /// holds the r replicated responses of run i in standard order (see [`sign_table`]): with
 /// factors [A, B] the runs are (A−,B−), (A+,B−), (A−,B+), (A+,B+). Returns the effects, the %
@@ -745,13 +775,7 @@ pub fn factorial_2kr(
             format!("{factors} factors need {runs} runs, got {}", responses.len()),
         ));
     }
-    let replications = responses[0].len();
-    if replications == 0 || responses.iter().any(|run| run.len() != replications) {
-        return Err(invalid("responses", "every run needs the same number (≥ 1) of replications"));
-    }
-    if responses.iter().flatten().any(|y| !y.is_finite()) {
-        return Err(invalid("responses", "every response must be a finite number"));
-    }
+    let replications = replications_of(responses)?;
     let r = replications as f64;
     let run_means: Vec<f64> = responses.iter().map(|run| run.iter().sum::<f64>() / r).collect();
     let column_effect = |column: usize| {
@@ -765,17 +789,7 @@ pub fn factorial_2kr(
         .zip(&run_means)
         .map(|(run, run_mean)| run.iter().map(|y| (y - run_mean).powi(2)).sum::<f64>())
         .sum();
-    let effect_std_dev = if replications >= 2 {
-        let error_variance = sse / (runs as f64 * (r - 1.0));
-        Some((error_variance / (runs as f64 * r)).sqrt())
-    } else {
-        None
-    };
-    let t = if replications >= 2 {
-        Some(student_t_quantile(1.0 - (1.0 - confidence) / 2.0, runs as f64 * (r - 1.0))?)
-    } else {
-        None
-    };
+    let (effect_std_dev, t) = effect_spread(sse, runs, replications, confidence)?;
     let share = |sum_squares: f64| if sst > 0.0 { 100.0 * sum_squares / sst } else { 0.0 };
     let effects = (1..runs)
         .map(|column| {

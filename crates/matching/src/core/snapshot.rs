@@ -132,36 +132,7 @@ impl MatchingCore {
         if book_count > super::INSTRUMENT_IDS_MAX {
             return Err(format!("{book_count} books is over INSTRUMENT_IDS_MAX"));
         }
-        let mut listings = Vec::with_capacity(book_count as usize);
-        let mut book_states = Vec::with_capacity(book_count as usize);
-        for _ in 0..book_count {
-            let listing = Listing {
-                instrument: fields.u32()?,
-                ladder_low: fields.i64()?,
-                tick: fields.i64()?,
-                levels: fields.u32()?,
-            };
-            let listed = listing.instrument < super::INSTRUMENT_IDS_MAX
-                && listing.tick > 0
-                && (1..=LADDER_LEVELS_MAX).contains(&listing.levels)
-                && listings.iter().all(|l: &Listing| l.instrument != listing.instrument);
-            if !listed {
-                return Err(format!("bad or duplicate listing {listing:?}"));
-            }
-            let halted = fields.u8()? != 0;
-            let (band_low, band_high) = (fields.u32()?, fields.u32()?);
-            if band_low > band_high || band_high >= listing.levels {
-                return Err(format!("band {band_low}..={band_high} off the ladder"));
-            }
-            let last_top = TopOfBook {
-                bid: fields.i64()?,
-                bid_qty: fields.u64()?,
-                ask: fields.i64()?,
-                ask_qty: fields.u64()?,
-            };
-            listings.push(listing);
-            book_states.push((halted, band_low, band_high, last_top));
-        }
+        let (listings, book_states) = read_books(&mut fields, book_count)?;
         let mut core =
             MatchingCore::new(&listings, CoreLimits { order_pool_slots, ended_order_ids });
         for (book, (halted, band_low, band_high, last_top)) in
@@ -237,4 +208,46 @@ fn encode_order(book_at: u32, level: u32, order: &OrderSlot) -> [u8; ORDER_SNAPS
     record[17..21].copy_from_slice(&order.client.to_le_bytes());
     record[21..25].copy_from_slice(&order.qty.to_le_bytes());
     record
+}
+
+/// A book's state in a snapshot, beside its listing: halted, band (ladder levels), last top.
+type BookState = (bool, u32, u32, TopOfBook);
+
+/// Reads `book_count` listings and their books' states, refusing a listing that is out of
+/// range or listed twice and a band off its ladder.
+fn read_books(
+    fields: &mut Fields,
+    book_count: u32,
+) -> Result<(Vec<Listing>, Vec<BookState>), String> {
+    let mut listings = Vec::with_capacity(book_count as usize);
+    let mut book_states = Vec::with_capacity(book_count as usize);
+    for _ in 0..book_count {
+        let listing = Listing {
+            instrument: fields.u32()?,
+            ladder_low: fields.i64()?,
+            tick: fields.i64()?,
+            levels: fields.u32()?,
+        };
+        let listed = listing.instrument < super::INSTRUMENT_IDS_MAX
+            && listing.tick > 0
+            && (1..=LADDER_LEVELS_MAX).contains(&listing.levels)
+            && listings.iter().all(|l: &Listing| l.instrument != listing.instrument);
+        if !listed {
+            return Err(format!("bad or duplicate listing {listing:?}"));
+        }
+        let halted = fields.u8()? != 0;
+        let (band_low, band_high) = (fields.u32()?, fields.u32()?);
+        if band_low > band_high || band_high >= listing.levels {
+            return Err(format!("band {band_low}..={band_high} off the ladder"));
+        }
+        let last_top = TopOfBook {
+            bid: fields.i64()?,
+            bid_qty: fields.u64()?,
+            ask: fields.i64()?,
+            ask_qty: fields.u64()?,
+        };
+        listings.push(listing);
+        book_states.push((halted, band_low, band_high, last_top));
+    }
+    Ok((listings, book_states))
 }
