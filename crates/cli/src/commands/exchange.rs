@@ -712,18 +712,7 @@ fn max_rate_table(report: &RateSearchReport) -> Table {
 
 fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Result<()> {
     let runs = &session.runs;
-    let mut tables = vec![layout_table(runs.iter()), latency_tables(runs)];
-    tables.extend(published_table(runs));
-    tables.extend([
-        buckets_table(runs, "Critical path", |run| &run.critical_path),
-        buckets_table(runs, "Durable reply", |run| &run.end_to_end),
-        stages_table(runs),
-        rejects_table(runs),
-        journal_table(runs),
-    ]);
-    let searches: Vec<&RateSearchReport> =
-        session.max_rate.iter().chain(&session.max_rate_looser).collect();
-    tables.extend(searches.iter().map(|report| max_rate_table(report)));
+    let tables = session_tables(session);
     for table in &tables {
         println!("\n{table}");
     }
@@ -738,38 +727,8 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     for note in runs.first().map(|r| r.placement.notes.as_slice()).unwrap_or_default() {
         println!("placement: {note}");
     }
-
     let dir = ReportDir::create(out)?;
-    #[derive(Serialize)]
-    struct ReportJson<'a> {
-        config: &'a TierConfig,
-        load: &'a LoadConfig,
-        runs: Vec<RunSummary>,
-        max_rate: &'a [RateSearchReport],
-        max_rate_looser: &'a [RateSearchReport],
-    }
-    let json = ReportJson {
-        config: &session.config,
-        load: &session.load,
-        runs: runs.iter().map(summarize).collect(),
-        max_rate: &session.max_rate,
-        max_rate_looser: &session.max_rate_looser,
-    };
-    dir.write_json("report.json", &json)?;
-    write_run_data(&dir, runs)?;
-    let labels: Vec<String> = runs.iter().map(|r| rate_label(r.rate_per_s)).collect();
-    let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
-        labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
-    dir.write_svg(
-        "latency-percentiles.svg",
-        &latency_percentile_plot("End-to-end latency by percentile, per rate", &series).to_svg(),
-    )?;
-    if let Some(run) = runs.last() {
-        let series: Vec<(&str, &LatencyHistogram)> =
-            STAGE_SPLITS.iter().copied().zip(&run.stage_latency).collect();
-        let title = format!("Latency per stage by percentile @{}", rate_label(run.rate_per_s));
-        dir.write_svg("stage-breakdown.svg", &latency_percentile_plot(&title, &series).to_svg())?;
-    }
+    write_report_data(&dir, session)?;
     let mut markdown = Markdown::new();
     markdown.heading(1, title);
     markdown.paragraph(&format!(
@@ -791,6 +750,60 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
         .image("latency by percentile", "latency-percentiles.svg")
         .image("per-stage p99", "stage-breakdown.svg");
     dir.write_markdown("summary.md", markdown.as_str())?;
+    Ok(())
+}
+
+/// The session's tables, in the order the terminal and the summary show them.
+fn session_tables(session: &Session) -> Vec<Table> {
+    let runs = &session.runs;
+    let mut tables = vec![layout_table(runs.iter()), latency_tables(runs)];
+    tables.extend(published_table(runs));
+    tables.extend([
+        buckets_table(runs, "Critical path", |run| &run.critical_path),
+        buckets_table(runs, "Durable reply", |run| &run.end_to_end),
+        stages_table(runs),
+        rejects_table(runs),
+        journal_table(runs),
+    ]);
+    let searches: Vec<&RateSearchReport> =
+        session.max_rate.iter().chain(&session.max_rate_looser).collect();
+    tables.extend(searches.iter().map(|report| max_rate_table(report)));
+    tables
+}
+
+/// The report folder's data: `report.json`, the runs' data files and the latency plots.
+fn write_report_data(dir: &ReportDir, session: &Session) -> anyhow::Result<()> {
+    let runs = &session.runs;
+    #[derive(Serialize)]
+    struct ReportJson<'a> {
+        config: &'a TierConfig,
+        load: &'a LoadConfig,
+        runs: Vec<RunSummary>,
+        max_rate: &'a [RateSearchReport],
+        max_rate_looser: &'a [RateSearchReport],
+    }
+    let json = ReportJson {
+        config: &session.config,
+        load: &session.load,
+        runs: runs.iter().map(summarize).collect(),
+        max_rate: &session.max_rate,
+        max_rate_looser: &session.max_rate_looser,
+    };
+    dir.write_json("report.json", &json)?;
+    write_run_data(dir, runs)?;
+    let labels: Vec<String> = runs.iter().map(|r| rate_label(r.rate_per_s)).collect();
+    let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
+        labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
+    dir.write_svg(
+        "latency-percentiles.svg",
+        &latency_percentile_plot("End-to-end latency by percentile, per rate", &series).to_svg(),
+    )?;
+    if let Some(run) = runs.last() {
+        let series: Vec<(&str, &LatencyHistogram)> =
+            STAGE_SPLITS.iter().copied().zip(&run.stage_latency).collect();
+        let title = format!("Latency per stage by percentile @{}", rate_label(run.rate_per_s));
+        dir.write_svg("stage-breakdown.svg", &latency_percentile_plot(&title, &series).to_svg())?;
+    }
     Ok(())
 }
 
