@@ -187,26 +187,42 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
                 unreachable!("follows until stopped")
             }
         };
-        let stop_reason = signal.unwrap_or("--duration elapsed");
         readiness.set(false);
-        tracing::info!(signal = stop_reason, "stop requested: draining");
-        let stopped = gateway.shutdown().await?;
-        let report = &stopped.0;
-        tracing::info!(
-            signal = stop_reason,
-            received = report.received,
-            delivered = report.delivered,
-            gaps = report.gaps,
-            resyncs = report.resyncs,
-            "R-Gateway stopped"
-        );
-        if let Some(signal) = signal {
-            super::admin::print_stopped(signal);
-        }
+        let stopped = drain_gateway(gateway, signal).await?;
         anyhow::Ok(stopped)
     })?;
     let (report, latency) = report;
     println!("\n{}", gateway_table(&report));
+    print_gateway_latency(&latency);
+    Ok(())
+}
+
+/// Stops the R-Gateway (`signal`: the stop signal that asked, `None` when `--duration` ended),
+/// logging the stop and its counts.
+async fn drain_gateway(
+    gateway: delivery::gateway::RunningGateway,
+    signal: Option<&'static str>,
+) -> anyhow::Result<(GatewayReport, delivery::gateway::GatewayLatency)> {
+    let stop_reason = signal.unwrap_or("--duration elapsed");
+    tracing::info!(signal = stop_reason, "stop requested: draining");
+    let stopped = gateway.shutdown().await?;
+    let report = &stopped.0;
+    tracing::info!(
+        signal = stop_reason,
+        received = report.received,
+        delivered = report.delivered,
+        gaps = report.gaps,
+        resyncs = report.resyncs,
+        "R-Gateway stopped"
+    );
+    if let Some(signal) = signal {
+        super::admin::print_stopped(signal);
+    }
+    Ok(stopped)
+}
+
+/// What the R-Gateway heard of each stream, from each record's intended send time.
+fn print_gateway_latency(latency: &delivery::gateway::GatewayLatency) {
     for (what, histogram) in [("answers", &latency.answers), ("market data", &latency.market_data)]
     {
         if histogram.is_empty() {
@@ -222,7 +238,6 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             summary.count
         );
     }
-    Ok(())
 }
 
 fn gateway_table(report: &GatewayReport) -> Table {
