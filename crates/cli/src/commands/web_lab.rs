@@ -216,12 +216,7 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
         interval: positive(args.interval, "interval")?,
         request_timeout: positive(args.request_timeout, "request-timeout")?,
     };
-    let mode = match args.rate {
-        Some(rate) if rate > 0.0 && rate.is_finite() => LoadMode::Open { rate_per_s: rate },
-        Some(_) => return Err(BadInput("--rate must be > 0".into()).into()),
-        None if args.users == 0 => return Err(BadInput("--users must be > 0".into()).into()),
-        None => LoadMode::Closed { users: args.users },
-    };
+    let mode = load_mode(args)?;
     // Kept alive until the cell is measured.
     let (mut server, mut per_core) = (None, None);
     let url = match &args.url {
@@ -263,22 +258,7 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
             format_ns_as_us(lag.max_ns)
         );
     }
-    let report = ReportDir::create(&args.out)?;
-    report.write_json("result.json", &result)?;
-    report.write_csv("result.csv", &table)?;
-    report.write_csv("throughput-over-time.csv", &over_time)?;
-    let plot = throughput_over_time_plot(
-        &format!("Throughput over time, {}", args.complexity.name()),
-        &[(&url, &result.throughput_series)],
-    );
-    report.write_svg("throughput-over-time.svg", &plot.to_svg())?;
-    let mut summary = Markdown::new();
-    summary
-        .heading(1, "web load")
-        .table(&table)
-        .table(&over_time)
-        .image("throughput over time", "throughput-over-time.svg");
-    report.write_markdown("README.md", summary.as_str())?;
+    let report = write_load_report(args, &url, &result, (&table, &over_time))?;
     println!("report: {}", report.path().display());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -287,6 +267,44 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<()> {
         Some(failed) => Err(failed.into()),
         None => Ok(()),
     }
+}
+
+/// Open loop at `--rate`, else closed loop with `--users`; a rate or user count that cannot
+/// run is bad input.
+fn load_mode(args: &LoadArgs) -> anyhow::Result<LoadMode> {
+    Ok(match args.rate {
+        Some(rate) if rate > 0.0 && rate.is_finite() => LoadMode::Open { rate_per_s: rate },
+        Some(_) => return Err(BadInput("--rate must be > 0".into()).into()),
+        None if args.users == 0 => return Err(BadInput("--users must be > 0".into()).into()),
+        None => LoadMode::Closed { users: args.users },
+    })
+}
+
+/// `web load`'s report folder: the result as JSON and CSV, the throughput over time as CSV
+/// and SVG, and a README with both tables.
+fn write_load_report(
+    args: &LoadArgs,
+    url: &str,
+    result: &CellResult,
+    (table, over_time): (&Table, &Table),
+) -> anyhow::Result<ReportDir> {
+    let report = ReportDir::create(&args.out)?;
+    report.write_json("result.json", result)?;
+    report.write_csv("result.csv", table)?;
+    report.write_csv("throughput-over-time.csv", over_time)?;
+    let plot = throughput_over_time_plot(
+        &format!("Throughput over time, {}", args.complexity.name()),
+        &[(url, &result.throughput_series)],
+    );
+    report.write_svg("throughput-over-time.svg", &plot.to_svg())?;
+    let mut summary = Markdown::new();
+    summary
+        .heading(1, "web load")
+        .table(table)
+        .table(over_time)
+        .image("throughput over time", "throughput-over-time.svg");
+    report.write_markdown("README.md", summary.as_str())?;
+    Ok(report)
 }
 
 /// The per-interval rates of a one-run over-time table, on one line.
