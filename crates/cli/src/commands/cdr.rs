@@ -491,17 +491,7 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
     if args.rounds == 0 {
         return Err(BadInput("--rounds must be >= 1".into()).into());
     }
-    let mut configurations = all_configurations();
-    if args.only.is_empty() {
-        configurations.truncate(DEFAULT_CONFIGURATIONS);
-    } else {
-        if let Some(unknown) =
-            args.only.iter().find(|name| !configurations.iter().any(|c| &c.name == *name))
-        {
-            return Err(BadInput(format!("--only {unknown}: no such configuration")).into());
-        }
-        configurations.retain(|c| args.only.contains(&c.name));
-    }
+    let configurations = chosen_configurations(&args.only)?;
     let settings = ValidateSettings {
         rounds: args.rounds,
         measure_duration: positive("measure", args.measure)?,
@@ -532,25 +522,7 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
     let table = validation_table(&summaries);
     print!("{rounds_table}");
     print!("{table}");
-    let report = ReportDir::create(&args.out)?;
-    report.write_json("validation-rounds.json", &results)?;
-    report.write_json("validation.json", &summaries)?;
-    report.write_csv("validation-rounds.csv", &rounds_table)?;
-    report.write_csv("validation.csv", &table)?;
-    let chart = BarChart::new(
-        "measured / predicted maximum throughput (median over rounds)",
-        "ratio",
-        summaries.iter().map(|s| s.configuration.clone()),
-    )
-    .group("median ratio", summaries.iter().map(|s| s.ratio_median).collect());
-    report.write_svg("validation.svg", &chart.to_svg())?;
-    let mut markdown = Markdown::new();
-    markdown
-        .heading(1, "cdr validate: measured vs predicted maximum throughput")
-        .image("median ratio per configuration", "validation.svg")
-        .table(&table)
-        .table(&rounds_table);
-    report.write_markdown("validation.md", markdown.as_str())?;
+    write_validation_report(&args.out, (&results, &summaries), (&table, &rounds_table))?;
     if let Some(tolerance) = args.check {
         let missed: Vec<String> = summaries
             .iter()
@@ -566,6 +538,51 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
             return Err(TargetMissed(missed).into());
         }
     }
+    Ok(())
+}
+
+/// The named configurations (`--only`), else the default first ones; an unknown name is bad
+/// input.
+fn chosen_configurations(only: &[String]) -> anyhow::Result<Vec<cdr::validate::Configuration>> {
+    let mut configurations = all_configurations();
+    if only.is_empty() {
+        configurations.truncate(DEFAULT_CONFIGURATIONS);
+        return Ok(configurations);
+    }
+    if let Some(unknown) = only.iter().find(|name| !configurations.iter().any(|c| &c.name == *name))
+    {
+        return Err(BadInput(format!("--only {unknown}: no such configuration")).into());
+    }
+    configurations.retain(|c| only.contains(&c.name));
+    Ok(configurations)
+}
+
+/// `cdr validate`'s report folder: every round and the summaries as JSON and CSV, the median
+/// ratios as a bar chart, and both tables in `validation.md`.
+fn write_validation_report(
+    out: &std::path::Path,
+    (results, summaries): (&[cdr::validate::RoundResult], &[cdr::validate::ConfigurationSummary]),
+    (table, rounds_table): (&Table, &Table),
+) -> anyhow::Result<()> {
+    let report = ReportDir::create(out)?;
+    report.write_json("validation-rounds.json", &results)?;
+    report.write_json("validation.json", &summaries)?;
+    report.write_csv("validation-rounds.csv", rounds_table)?;
+    report.write_csv("validation.csv", table)?;
+    let chart = BarChart::new(
+        "measured / predicted maximum throughput (median over rounds)",
+        "ratio",
+        summaries.iter().map(|s| s.configuration.clone()),
+    )
+    .group("median ratio", summaries.iter().map(|s| s.ratio_median).collect());
+    report.write_svg("validation.svg", &chart.to_svg())?;
+    let mut markdown = Markdown::new();
+    markdown
+        .heading(1, "cdr validate: measured vs predicted maximum throughput")
+        .image("median ratio per configuration", "validation.svg")
+        .table(table)
+        .table(rounds_table);
+    report.write_markdown("validation.md", markdown.as_str())?;
     Ok(())
 }
 
