@@ -22,7 +22,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/cdr/src/measure.rs", "measure_with_hop"), // 113 lines
     ("crates/cdr/src/run.rs", "control"),              // 72 lines
     ("crates/cdr/src/run.rs", "run_pipeline"),         // 113 lines
-    ("crates/cli/src/commands/exchange_serve.rs", "serve"), // 108 lines
     ("crates/delivery/src/publish.rs", "connect_member"), // 75 lines
     ("crates/gateway/src/client.rs", "parse_script_line_in"), // 76 lines
     ("crates/gateway/src/fix_server.rs", "logon"),     // 73 lines

@@ -440,17 +440,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let credentials = gateway::credentials::parse(&read_text(&base.join(&config.credentials))?)
         .map_err(|e| BadInput(e.to_string()))?;
     let store_dir = settings.store_dir.clone();
-    if settings.throttle_msgs_per_s == 0
-        || settings.heartbeat.is_zero()
-        || settings.outbox_bytes_max == 0
-        || settings.store_bytes_max == 0
-    {
-        return Err(BadInput(
-            "throttle_msgs_per_s, heartbeat_ms, outbox_bytes_max and store_bytes_max must be > 0"
-                .into(),
-        )
-        .into());
-    }
+    check_session_settings(&settings)?;
     let (listen, fix_listen, metrics_listen) = listeners(args, &config);
     if args.print_config {
         let listeners = (listen, fix_listen, metrics_listen);
@@ -472,19 +462,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         Role::All => {}
     }
-    let publisher = match &args.nats {
-        Some(url) => {
-            Some(delivery::publish::NatsPublisher::connect(delivery::publish::PublishOptions {
-                nats: args.nats_auth.connect(url)?,
-                prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-                gateways: tier.gateways,
-                retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
-                wait: pipeline::WaitStrategy::Park,
-                heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
-            })?)
-        }
-        None => None,
-    };
+    let publisher = nats_publisher(args, tier.gateways)?;
     // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
     // it as soon as it has read the listen line.
     let mut stop = super::exchange_roles::StopSignals::listen()?;
@@ -500,12 +478,65 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         journal_dir: store_dir.join("tier"),
         also: publisher.as_ref().map(|p| p.subscribers()),
     })?;
+    print_serving(&running, running_tls.as_ref());
+    let signal = stop.wait_following(std::future::pending());
+    tracing::info!(signal, "stop requested: draining");
+    let stopping = std::time::Instant::now();
+    // Refuses new orders, answers those taken, syncs the store, stops the tier (its journals
+    // sync and stop), within gateway's DRAIN_TIMEOUT.
+    running.stop();
+    super::admin::print_stopped(signal);
+    let published = publisher.map(|publisher| publisher.drain()).transpose()?;
+    tracing::info!(
+        signal,
+        elapsed_ms = stopping.elapsed().as_millis() as u64,
+        published = published.map(|report| report.published),
+        "exchange server stopped"
+    );
+    Ok(())
+}
+
+/// The session settings that must be positive (a zero would stop every session).
+fn check_session_settings(settings: &gateway::hub::Settings) -> anyhow::Result<()> {
+    if settings.throttle_msgs_per_s == 0
+        || settings.heartbeat.is_zero()
+        || settings.outbox_bytes_max == 0
+        || settings.store_bytes_max == 0
+    {
+        return Err(BadInput(
+            "throttle_msgs_per_s, heartbeat_ms, outbox_bytes_max and store_bytes_max must be > 0"
+                .into(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// With `--nats`, the publisher of the tier's responses to R-Gateways.
+fn nats_publisher(
+    args: &ServeArgs,
+    gateways: u32,
+) -> anyhow::Result<Option<delivery::publish::NatsPublisher>> {
+    let Some(url) = &args.nats else { return Ok(None) };
+    let options = delivery::publish::PublishOptions {
+        nats: args.nats_auth.connect(url)?,
+        prefix: delivery::subjects::PREFIX_DEFAULT.into(),
+        gateways,
+        retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
+        wait: pipeline::WaitStrategy::Park,
+        heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
+    };
+    Ok(Some(delivery::publish::NatsPublisher::connect(options)?))
+}
+
+/// The lines that say where the server serves: its listeners, TLS, metrics and tier layout.
+fn print_serving(running: &gateway::server::Running, tls: Option<&gateway::tls::ListenerTls>) {
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {
         println!("FIX 4.4 listening on {fix}");
     }
     // A line of its own: scripts read the address as the rest of a listen line.
-    match &running_tls {
+    match tls {
         Some(tls) if tls.client_certificates() => {
             println!("native and FIX listeners serve TLS; clients must present a certificate");
         }
@@ -525,21 +556,6 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         layout.usable_cpus,
         groups.join(" | ")
     );
-    let signal = stop.wait_following(std::future::pending());
-    tracing::info!(signal, "stop requested: draining");
-    let stopping = std::time::Instant::now();
-    // Refuses new orders, answers those taken, syncs the store, stops the tier (its journals
-    // sync and stop), within gateway's DRAIN_TIMEOUT.
-    running.stop();
-    super::admin::print_stopped(signal);
-    let published = publisher.map(|publisher| publisher.drain()).transpose()?;
-    tracing::info!(
-        signal,
-        elapsed_ms = stopping.elapsed().as_millis() as u64,
-        published = published.map(|report| report.published),
-        "exchange server stopped"
-    );
-    Ok(())
 }
 
 /// `leantier exchange client`: exits 1 naming the timeout that passed when the server does
