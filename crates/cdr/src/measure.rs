@@ -20,7 +20,9 @@ use crate::error::CdrError::BadInput;
 
 use pipeline::stage::{Emitter, Flow, PipelineBuilder, Route, StageSpec};
 use planner::PlanError;
-use planner::measure::{ServiceTime, Workload, detect_host, measure_node, process_cpu_time_ns};
+use planner::measure::{
+    NodeSample, ServiceTime, Workload, detect_host, measure_node, process_cpu_time_ns,
+};
 use planner::model::{NetworkSpec, NodeSpec, RouteSpec};
 
 use crate::convert::{Converted, convert};
@@ -293,73 +295,11 @@ impl CdrWorkload {
         let core_fraction = core_fraction(duration)?;
         let hop_cpu_s = hop_cpu_s(duration)?;
         let (raw, decoded, converted) = self.inputs();
-        let batch = MEASURE_BATCH_TICKETS as u64;
-
-        let mut generator = TicketGenerator::new(2, self.malformed_every);
-        let generated = measure_node::<_, CdrError>(
-            duration,
-            &mut generator,
-            |generator| {
-                (0..batch).for_each(|_| {
-                    black_box(generator.next_ticket());
-                });
-                Ok(batch)
-            },
-            |_| Ok(()),
-        )?;
-        let decoding = measure_node::<_, CdrError>(
-            duration,
-            &mut (),
-            |_| {
-                raw.iter().for_each(|raw| {
-                    let _ = black_box(decode(raw));
-                });
-                Ok(batch)
-            },
-            |_| Ok(()),
-        )?;
-        let converting = measure_node::<_, CdrError>(
-            duration,
-            &mut (),
-            |_| {
-                decoded.iter().for_each(|ticket| {
-                    black_box(convert(ticket));
-                });
-                Ok(decoded.len() as u64)
-            },
-            |_| Ok(()),
-        )?;
-        let mut serializer = Serializer::create(scratch_dir, 0, self.fsync_every_records)
-            .map_err(io_failed(format!("creating a serializer in {}", scratch_dir.display())))?;
-        let line_bytes =
-            converted.iter().map(|c| c.line().len()).sum::<usize>() as f64 / converted.len() as f64;
-        let serializing = measure_node::<_, CdrError>(
-            duration.max(IO_NODE_MEASURE_MIN),
-            &mut serializer,
-            |serializer| {
-                for record in &converted {
-                    serializer.write(record).map_err(io_failed("serializing a record"))?;
-                }
-                Ok(converted.len() as u64)
-            },
-            |serializer| serializer.sync().map_err(io_failed("syncing the serializer's file")),
-        )?;
+        let [generated, decoding, converting] = self.measure_cpu_nodes(duration, &raw, &decoded)?;
+        let (serializing, line_bytes) =
+            self.measure_serializer(duration, scratch_dir, &converted)?;
         let database = self.database(scratch_dir);
-        database.prepare()?;
-        let mut feeder = Feeder::new(database.connect()?, self.feed_batch_rows);
-        let feeding = measure_node::<_, CdrError>(
-            duration.max(IO_NODE_MEASURE_MIN),
-            &mut feeder,
-            |feeder| {
-                for record in &converted {
-                    feeder.insert(&record.row)?;
-                }
-                Ok(converted.len() as u64)
-            },
-            |feeder| feeder.flush(),
-        );
-        database.drop_table()?;
-        let feeding = feeding?;
+        let feeding = self.measure_feeder(duration, &database, &converted)?;
 
         let timed = |sample: &planner::measure::NodeSample, hops: f64| {
             sample.uncontended(core_fraction, hops * hop_cpu_s)
@@ -396,5 +336,92 @@ impl CdrWorkload {
             ..NetworkSpec::default()
         };
         Ok(MeasuredModel { model, hop_cpu_s })
+    }
+
+    /// The generator, the decoder and the converter, each measured alone on one thread.
+    fn measure_cpu_nodes(
+        &self,
+        duration: Duration,
+        raw: &[RawTicket],
+        decoded: &[Ticket],
+    ) -> Result<[NodeSample; 3]> {
+        let batch = MEASURE_BATCH_TICKETS as u64;
+        let mut generator = TicketGenerator::new(2, self.malformed_every);
+        let generated = measure_node::<_, CdrError>(
+            duration,
+            &mut generator,
+            |generator| {
+                (0..batch).for_each(|_| {
+                    black_box(generator.next_ticket());
+                });
+                Ok(batch)
+            },
+            |_| Ok(()),
+        )?;
+        let decode_all = |_: &mut ()| {
+            raw.iter().for_each(|raw| {
+                let _ = black_box(decode(raw));
+            });
+            Ok(batch)
+        };
+        let decoding = measure_node::<_, CdrError>(duration, &mut (), decode_all, |_| Ok(()))?;
+        let convert_all = |_: &mut ()| {
+            decoded.iter().for_each(|ticket| {
+                black_box(convert(ticket));
+            });
+            Ok(decoded.len() as u64)
+        };
+        let converting = measure_node::<_, CdrError>(duration, &mut (), convert_all, |_| Ok(()))?;
+        Ok([generated, decoding, converting])
+    }
+
+    /// The serializer alone, writing `converted` to a file in `scratch_dir` (with its syncs),
+    /// and the records' mean line length in bytes.
+    fn measure_serializer(
+        &self,
+        duration: Duration,
+        scratch_dir: &Path,
+        converted: &[Converted],
+    ) -> Result<(NodeSample, f64)> {
+        let mut serializer = Serializer::create(scratch_dir, 0, self.fsync_every_records)
+            .map_err(io_failed(format!("creating a serializer in {}", scratch_dir.display())))?;
+        let line_bytes =
+            converted.iter().map(|c| c.line().len()).sum::<usize>() as f64 / converted.len() as f64;
+        let serializing = measure_node::<_, CdrError>(
+            duration.max(IO_NODE_MEASURE_MIN),
+            &mut serializer,
+            |serializer| {
+                for record in converted {
+                    serializer.write(record).map_err(io_failed("serializing a record"))?;
+                }
+                Ok(converted.len() as u64)
+            },
+            |serializer| serializer.sync().map_err(io_failed("syncing the serializer's file")),
+        )?;
+        Ok((serializing, line_bytes))
+    }
+
+    /// The feeder alone, inserting `converted` into a table it creates (and drops after).
+    fn measure_feeder(
+        &self,
+        duration: Duration,
+        database: &DbTarget,
+        converted: &[Converted],
+    ) -> Result<NodeSample> {
+        database.prepare()?;
+        let mut feeder = Feeder::new(database.connect()?, self.feed_batch_rows);
+        let feeding = measure_node::<_, CdrError>(
+            duration.max(IO_NODE_MEASURE_MIN),
+            &mut feeder,
+            |feeder| {
+                for record in converted {
+                    feeder.insert(&record.row)?;
+                }
+                Ok(converted.len() as u64)
+            },
+            |feeder| feeder.flush(),
+        );
+        database.drop_table()?;
+        feeding
     }
 }
