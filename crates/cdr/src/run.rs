@@ -523,6 +523,50 @@ pub fn run_pipeline(settings: &RunSettings) -> Result<RunSummary> {
     })
 }
 
+/// The online controller, starting from the run's thread counts with `max` as the bound; a
+/// model whose nodes are not the pipeline's, in its order, is bad input.
+fn online_controller(
+    settings: &RunSettings,
+    online: &OnlineSettings,
+    max: NodeThreads,
+) -> Result<Controller> {
+    let to_u32 = |threads: NodeThreads| {
+        let [d, c, s, f] = threads.as_array().map(|n| n as u32);
+        vec![1, d, c, s, f]
+    };
+    let controller = Controller::new(
+        online.model.clone(),
+        to_u32(settings.threads),
+        to_u32(max),
+        online.planned_rate_per_s,
+        online.replan_rate_change_min,
+    )?;
+    if !controller.node_names().eq(NODE_NAMES) {
+        let why = format!("online mode needs the model's nodes in the order {NODE_NAMES:?}");
+        return Err(CdrError::BadInput(why));
+    }
+    Ok(controller)
+}
+
+/// Logs a re-plan and resizes the four nodes to its thread counts.
+fn apply_replan(
+    running: &RunningPipeline,
+    resizable: &Resizable,
+    replan: &crate::online::Replan,
+) -> Result<()> {
+    tracing::info!(
+        rate_per_s = replan.rate_per_s,
+        threads = ?replan.threads,
+        feasible = replan.feasible,
+        bottleneck = %replan.bottleneck,
+        "online: re-planned"
+    );
+    let five = "a plan has the generator's and the four nodes' thread counts";
+    let [_, d, c, s, f] = <[u32; 5]>::try_from(replan.threads.as_slice()).expect(five);
+    resizable.resize(running, [d, c, s, f].map(|n| n as usize))?;
+    Ok(())
+}
+
 /// The online control loop (on the caller's thread until the generator's time is up): every
 /// interval, measure the arrival rate and utilizations, let the controller decide, resize.
 fn control(
@@ -534,21 +578,7 @@ fn control(
     arrivals_so_far: &dyn Fn() -> u64,
     started: Instant,
 ) -> Result<Vec<TimelinePoint>> {
-    let to_u32 = |threads: NodeThreads| {
-        let [d, c, s, f] = threads.as_array().map(|n| n as u32);
-        vec![1, d, c, s, f]
-    };
-    let mut controller = Controller::new(
-        online.model.clone(),
-        to_u32(settings.threads),
-        to_u32(max),
-        online.planned_rate_per_s,
-        online.replan_rate_change_min,
-    )?;
-    if !controller.node_names().eq(NODE_NAMES) {
-        let why = format!("online mode needs the model's nodes in the order {NODE_NAMES:?}");
-        return Err(CdrError::BadInput(why));
-    }
+    let mut controller = online_controller(settings, online, max)?;
     let interval_s = online.control_interval.as_secs_f64();
     let mut previous = running.metrics();
     let mut previous_arrivals = arrivals_so_far();
@@ -576,16 +606,7 @@ fn control(
         let generator_done = started.elapsed() >= settings.arrivals.duration();
         let replan = if generator_done { None } else { controller.observe(arrival_rate_per_s)? };
         if let Some(replan) = &replan {
-            tracing::info!(
-                rate_per_s = replan.rate_per_s,
-                threads = ?replan.threads,
-                feasible = replan.feasible,
-                bottleneck = %replan.bottleneck,
-                "online: re-planned"
-            );
-            let five = "a plan has the generator's and the four nodes' thread counts";
-            let [_, d, c, s, f] = <[u32; 5]>::try_from(replan.threads.as_slice()).expect(five);
-            resizable.resize(running, [d, c, s, f].map(|n| n as usize))?;
+            apply_replan(running, resizable, replan)?;
         }
         timeline.push(TimelinePoint {
             time_s: started.elapsed().as_secs_f64(),
