@@ -325,6 +325,52 @@ fn sum_stats(all: &[NodeStats]) -> NodeStats {
     s
 }
 
+/// What every connection saw, added up.
+struct Merged {
+    /// Queue wait, database, middleware and client-side latency.
+    parts: [LatencyHistogram; 4],
+    /// Per measurement interval: (requests completed, their response time in ns).
+    per_interval: Vec<(u64, u64)>,
+    counts: Counts,
+}
+
+fn merge_connections(connections: &[(Parts, Counts)]) -> Merged {
+    let mut parts = std::array::from_fn(|_| LatencyHistogram::new());
+    let intervals = connections[0].0.per_interval_count.len();
+    let mut per_interval = vec![(0u64, 0u64); intervals];
+    let mut counts = Counts::default();
+    for (p, c) in connections {
+        for (m, h) in parts.iter_mut().zip([&p.queue_wait, &p.db, &p.middleware, &p.client_side]) {
+            m.merge(h);
+        }
+        for (s, (count, ns)) in per_interval.iter_mut().enumerate() {
+            *count += p.per_interval_count[s];
+            *ns += p.per_interval_response_ns[s];
+        }
+        counts.sends_ok += c.sends_ok;
+        counts.pops_ok += c.pops_ok;
+        counts.pops_empty += c.pops_empty;
+        counts.busy += c.busy;
+        counts.other_refusals += c.other_refusals;
+        counts.protocol_errors += c.protocol_errors;
+    }
+    Merged { parts, per_interval, counts }
+}
+
+/// The busy fraction of `units` workers busy `busy_ns` in all over `wall_s`.
+fn busy_fraction(busy_ns: f64, units: u32, wall_s: f64) -> f64 {
+    busy_ns / (f64::from(units) * wall_s * 1e9)
+}
+
+/// Whether the clients' counts and the middleware's agree: no protocol error, every send and
+/// pop the clients saw committed, and the queue as deep as they left it.
+fn counts_agree(counts: &Counts, (sends, pops): (u64, u64), queue_depth: u64) -> bool {
+    counts.protocol_errors == 0
+        && sends == counts.sends_ok
+        && pops == counts.pops_ok
+        && queue_depth == counts.sends_ok - counts.pops_ok
+}
+
 fn analyse(
     config: &LoadConfig,
     report: &LoadReport,
@@ -334,56 +380,29 @@ fn analyse(
     wall_s: f64,
 ) -> Result<LoadResult> {
     if report.latency.is_empty() {
-        return Err(MqError::Failed(format!(
-            "no request completed inside the measurement window ({:?})",
-            report.first_error
-        )));
+        let why = "no request completed inside the measurement window";
+        return Err(MqError::Failed(format!("{why} ({:?})", report.first_error)));
     }
-    let mut parts = [
-        LatencyHistogram::new(),
-        LatencyHistogram::new(),
-        LatencyHistogram::new(),
-        LatencyHistogram::new(),
-    ];
-    let intervals = connections[0].0.per_interval_count.len();
-    let (mut per_interval_count, mut per_interval_ns) =
-        (vec![0u64; intervals], vec![0u64; intervals]);
-    let mut counts = Counts::default();
-    for (p, c) in &connections {
-        for (m, h) in parts.iter_mut().zip([&p.queue_wait, &p.db, &p.middleware, &p.client_side]) {
-            m.merge(h);
-        }
-        for s in 0..intervals {
-            per_interval_count[s] += p.per_interval_count[s];
-            per_interval_ns[s] += p.per_interval_response_ns[s];
-        }
-        counts.sends_ok += c.sends_ok;
-        counts.pops_ok += c.pops_ok;
-        counts.pops_empty += c.pops_empty;
-        counts.busy += c.busy;
-        counts.other_refusals += c.other_refusals;
-        counts.protocol_errors += c.protocol_errors;
-    }
+    let Merged { parts, per_interval, counts } = merge_connections(&connections);
     let throughput_per_s = report.throughput_per_s();
     let throughput_series_per_s = report.throughput.rates_per_s();
     let throughput_ci =
         mean_ci(&throughput_series_per_s, CONFIDENCE).ok().map(|ci| (ci.low, ci.high));
-    let response_samples: Vec<f64> = per_interval_count
+    let response_samples: Vec<f64> = per_interval
         .iter()
-        .zip(&per_interval_ns)
-        .filter(|(c, _)| **c > 0)
-        .map(|(&c, &ns)| ns as f64 / c as f64)
+        .filter(|(count, _)| *count > 0)
+        .map(|&(count, ns)| ns as f64 / count as f64)
         .collect();
     let response_interval_mean_ns =
         mean_ci(&response_samples, CONFIDENCE).ok().map(|ci| (ci.mean, ci.low, ci.high));
 
     let (b, a) = (sum_stats(before), sum_stats(after));
-    let middleware_sends = a.sends_committed - b.sends_committed;
-    let middleware_pops = a.pops_committed - b.pops_committed;
+    let (middleware_sends, middleware_pops) =
+        (a.sends_committed - b.sends_committed, a.pops_committed - b.pops_committed);
     let db_busy_ns = (a.db_busy_ns - b.db_busy_ns) as f64;
-    let db_utilization = db_busy_ns / (f64::from(a.db_workers) * wall_s * 1e9);
-    let handler_utilization = (a.handler_busy_ns - b.handler_busy_ns) as f64
-        / (f64::from(a.handler_slots) * wall_s * 1e9);
+    let db_utilization = busy_fraction(db_busy_ns, a.db_workers, wall_s);
+    let handler_busy_ns = (a.handler_busy_ns - b.handler_busy_ns) as f64;
+    let handler_utilization = busy_fraction(handler_busy_ns, a.handler_slots, wall_s);
     // Utilization law U = X·S per database worker, from two independent sources: X is the
     // clients' completion rate in the measured window, S the database time per request from the
     // middleware's counters (batch time divided among the requests committed). It is checked
@@ -394,10 +413,7 @@ fn analyse(
     let response_time_law_ns =
         (config.clients as f64 / throughput_per_s - config.think_ms as f64 / 1e3) * 1e9;
     let bottleneck = name_bottleneck(db_utilization, handler_utilization);
-    let sanity_ok = counts.protocol_errors == 0
-        && middleware_sends == counts.sends_ok
-        && middleware_pops == counts.pops_ok
-        && a.queue_depth == counts.sends_ok - counts.pops_ok;
+    let sanity_ok = counts_agree(&counts, (middleware_sends, middleware_pops), a.queue_depth);
     Ok(LoadResult {
         config: config.clone(),
         window_s: report.measured.as_secs_f64(),
