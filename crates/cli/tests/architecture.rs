@@ -16,7 +16,11 @@
 //!   stage graph or layout chooser of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[path = "common/workspace.rs"]
+mod workspace;
+use workspace::{rust_files, workspace_root};
 
 /// The dependency edges between leantier crates that the map allows (normal dependencies;
 /// every crate may also use `lab`, `ops` and `pipeline`, except those three themselves).
@@ -47,10 +51,6 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
 const BASE_CRATES: &[&str] = &["lab", "ops", "pipeline"];
 /// Crates `planner` must not pull in, directly or through another dependency.
 const PLANNER_FORBIDDEN: &[&str] = &["tokio", "disruptor", "rtrb", "crossbeam", "clap"];
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
 
 fn read_toml(path: &Path) -> toml::Table {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -326,20 +326,6 @@ const STAGE_WIRING: &[&str] = &[
     "spsc(",
     "mod layout",
 ];
-
-/// Every `.rs` file under `dir`, recursively.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(rust_files(&path));
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            files.push(path);
-        }
-    }
-    files
-}
 
 /// The places in `dir`'s sources that use one of `patterns`, as `file:line: pattern`.
 fn uses_of(dir: &Path, patterns: &[&str]) -> Vec<String> {

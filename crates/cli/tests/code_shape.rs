@@ -8,7 +8,11 @@
 //! listed one that is gone (take it off the list).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[path = "common/workspace.rs"]
+mod workspace;
+use workspace::{rust_files, workspace_root};
 
 use quote::ToTokens;
 use syn::spanned::Spanned;
@@ -34,22 +38,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/mq/src/store/sqlite.rs", "execute"), // 97 lines
     ("crates/pipeline/src/stage.rs", "start"), // 80 lines
 ];
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            rust_files(&path, files);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            files.push(path);
-        }
-    }
-}
 
 /// Whether `attrs` mark test-only code (`#[test]`, `#[cfg(test)]`, `#[cfg(loom)]`).
 fn test_only(attrs: &[syn::Attribute]) -> bool {
@@ -110,7 +98,7 @@ fn no_function_outside_tests_is_longer_than_the_limit() {
     for entry in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
         let src = entry.path().join("src");
         if src.is_dir() {
-            rust_files(&src, &mut files);
+            files.extend(rust_files(&src));
         }
     }
     let mut long = BTreeSet::new();
@@ -185,8 +173,7 @@ impl<'ast> Visit<'ast> for ModuleUses {
 
 /// A crate's top-level module → the top-level modules it uses (`crate::x`), from its `src`.
 fn module_graph(src: &Path) -> std::collections::BTreeMap<String, BTreeSet<String>> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
+    let files = rust_files(src);
     let mut graph = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
     for file in files {
         let relative = file.strip_prefix(src).unwrap();
@@ -223,15 +210,16 @@ fn cycles(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> BTree
         graph.keys().map(|module| (module, reaches(module))).collect();
     let mut found = BTreeSet::new();
     for (module, reached) in &reach {
-        let mut component: Vec<&String> = reached
+        // The modules that reach back: with `module`, its cycle (a module's own name is
+        // never its edge, so any is another module).
+        let mut component: BTreeSet<&str> = reached
             .iter()
             .filter(|other| reach.get(other).is_some_and(|back| back.contains(*module)))
+            .map(String::as_str)
             .collect();
-        if component.len() > 1 || (component.len() == 1 && component[0] != *module) {
-            component.push(module);
-            component.sort();
-            component.dedup();
-            found.insert(component.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(" ↔ "));
+        if !component.is_empty() {
+            component.insert(module.as_str());
+            found.insert(component.into_iter().collect::<Vec<_>>().join(" ↔ "));
         }
     }
     found

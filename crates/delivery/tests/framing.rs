@@ -142,17 +142,7 @@ fn oversized_and_empty_lengths_are_refused() {
 #[test]
 fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
     for (first_seq, count) in [(0, 0), (0, 1), (u64::MAX, 1), (u64::MAX - 2, 3)] {
-        let header = BatchHeader {
-            stream: Stream::Reports,
-            gateway: 0,
-            instance: 1,
-            epoch: 0,
-            first_seq,
-            count,
-        };
-        let mut bytes = Vec::new();
-        header.write(&mut bytes);
-        bytes.extend(std::iter::repeat_n(0u8, count * RECORD_BYTES));
+        let bytes = numbered_batch(first_seq, count);
         assert_eq!(
             decode_batch(&bytes),
             Err(WireError::Sequence(first_seq)),
@@ -160,17 +150,7 @@ fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
         );
     }
     // The last sequence that fits is accepted, and `batch_records` numbers it without overflow.
-    let header = BatchHeader {
-        stream: Stream::Reports,
-        gateway: 0,
-        instance: 1,
-        epoch: 0,
-        first_seq: u64::MAX - 2,
-        count: 2,
-    };
-    let mut bytes = Vec::new();
-    header.write(&mut bytes);
-    bytes.extend(std::iter::repeat_n(0u8, 2 * RECORD_BYTES));
+    let bytes = numbered_batch(u64::MAX - 2, 2);
     let (decoded, records) = decode_batch(&bytes).unwrap();
     let seqs: Vec<u64> = batch_records(&decoded, records).map(|(seq, _)| seq).collect();
     assert_eq!(seqs, [u64::MAX - 2, u64::MAX - 1]);

@@ -393,7 +393,9 @@ fn relay_with_a_quiet_spell(server: SocketAddr, quiet: (Duration, Duration)) -> 
                             break;
                         }
                         held.clear();
-                        logged_in.as_ref().map(|at| at.get_or_init(Instant::now));
+                        if let Some(at) = &logged_in {
+                            at.get_or_init(Instant::now);
+                        }
                     }
                 }
                 let _ = to.shutdown(Shutdown::Both);
