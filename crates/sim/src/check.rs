@@ -19,19 +19,23 @@ pub enum Invariant {
     SessionGap,
     /// No order is filled beyond its quantity.
     Overfill,
+    /// Every input an engine's journal acknowledged as durable is recovered, or its loss is
+    /// reported (a refusal); recovered inputs equal the log's.
+    DurableDropped,
     /// Once faults stop, every client gets every answer its orders have in the log.
     Liveness,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 7] = [
+    pub const ALL: [Invariant; 8] = [
         Invariant::OneEpoch,
         Invariant::StaleEpoch,
         Invariant::SameBytes,
         Invariant::Reference,
         Invariant::SessionGap,
         Invariant::Overfill,
+        Invariant::DurableDropped,
         Invariant::Liveness,
     ];
 
@@ -44,6 +48,7 @@ impl Invariant {
             Invariant::Reference => "answers-equal-reference",
             Invariant::SessionGap => "session-without-gaps",
             Invariant::Overfill => "no-overfill",
+            Invariant::DurableDropped => "durable-never-dropped",
             Invariant::Liveness => "liveness",
         }
     }
@@ -74,19 +79,25 @@ pub struct Checker {
     pub expected: Vec<Vec<CoreOutput>>,
     /// Per gateway subject, every report sequence's bytes as first published.
     canonical: Vec<Vec<CoreOutput>>,
+    /// Per engine, the last input its journal acknowledged durable (since a reported loss).
+    pub durable_acked: Vec<u64>,
+    /// Journal recoveries that refused (losses reported, not silent).
+    pub losses_reported: u64,
     /// The first violation.
     pub violation: Option<Violation>,
 }
 
 impl Checker {
-    /// A reference of `tier` for `clients` clients.
-    pub fn new(tier: &TierConfig, clients: usize) -> Checker {
+    /// A reference of `tier` for `clients` clients and `engines` engines.
+    pub fn new(tier: &TierConfig, clients: usize, engines: usize) -> Checker {
         let reference =
             TierReplica::new(tier.starting_master_data(), tier.core_limits(), tier.gateways);
         Checker {
             reference,
             expected: vec![Vec::new(); clients],
             canonical: vec![Vec::new(); tier.gateways as usize],
+            durable_acked: vec![0; engines],
+            losses_reported: 0,
             violation: None,
         }
     }
@@ -96,6 +107,17 @@ impl Checker {
         if self.violation.is_none() {
             self.violation = Some(Violation { invariant, at_ns, detail });
         }
+    }
+
+    /// Engine `engine`'s journal acknowledged every input up to `seq` as durable.
+    pub fn durable(&mut self, engine: usize, seq: u64) {
+        self.durable_acked[engine] = self.durable_acked[engine].max(seq);
+    }
+
+    /// Engine `engine`'s journal recovery refused: what it acknowledged is reported lost.
+    pub fn loss_reported(&mut self, engine: usize) {
+        self.durable_acked[engine] = 0;
+        self.losses_reported += 1;
     }
 
     /// Feeds the reference one committed input.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use delivery::publish::subject_index;
 use delivery::wire::Stream;
-use exchange::msg::{Audience, CoreOutput};
+use exchange::msg::{Audience, CoreOutput, InboundOrder};
 use exchange::tier::TierConfig;
 use replication::follow::LoggedOrder;
 use replication::lease::LeaseCore;
@@ -14,6 +14,7 @@ use replication::replay::GroupReplica;
 
 use crate::check::Invariant;
 use crate::clock::SimInstant;
+use crate::journal::EngineJournal;
 use crate::world::{Addr, Batch, Life, Msg, Timer, World};
 
 /// How often an engine reads the log when it has caught up, ns.
@@ -48,6 +49,11 @@ pub struct SimEngine {
     read_sent_ns: Option<u64>,
     /// Per gateway, every report so far (the retained window: the whole run).
     retained: Vec<Vec<CoreOutput>>,
+    /// Per gateway, the input of each retained report: a report is held until its input is
+    /// durable in the engine's journal (production's reply hold).
+    retained_inputs: Vec<Vec<u64>>,
+    /// The tier journal on the engine's disk (kept across restarts).
+    pub journal: EngineJournal,
     /// Per gateway, reports handed to the publisher so far (sent or withheld).
     published: Vec<u64>,
     leading: Option<u64>,
@@ -65,6 +71,8 @@ impl SimEngine {
             next_request: 0,
             read_sent_ns: None,
             retained: vec![Vec::new(); tier.gateways as usize],
+            retained_inputs: vec![Vec::new(); tier.gateways as usize],
+            journal: EngineJournal::default(),
             published: vec![0; tier.gateways as usize],
             leading: None,
         }
@@ -77,15 +85,23 @@ impl SimEngine {
         }
         self.lease.epoch(self.life.clock.monotonic(now_ns))
     }
+
+    /// Reports for `gateway` whose inputs the journal acknowledged durable.
+    fn releasable(&self, gateway: usize) -> u64 {
+        let acked = self.journal.acked;
+        self.retained_inputs[gateway].partition_point(|input| *input <= acked) as u64
+    }
 }
 
 impl World {
-    /// Starts (or restarts) engine `n` from the log's beginning (no snapshots simulated).
+    /// Starts (or restarts) engine `n`: what its journal recovers, then the log after it.
     pub fn start_engine(&mut self, n: usize) {
         let ttl = Duration::from_nanos(self.settings.lease_ttl_ns);
         let life = std::mem::take(&mut self.engines[n].life);
+        let journal = std::mem::take(&mut self.engines[n].journal);
         let next_request = self.engines[n].next_request;
         self.engines[n] = SimEngine::new(&self.settings.tier, ttl);
+        self.recover_journal(n, journal);
         let engine = &mut self.engines[n];
         engine.life =
             Life { up: true, paused: false, inc: life.inc + 1, stash: Vec::new(), ..life };
@@ -97,10 +113,17 @@ impl World {
         self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
     }
 
-    /// Stops engine `n`: cleanly (its lease released) or by a crash.
+    /// Stops engine `n`: cleanly (its lease released, its journal synced) or by a crash (its
+    /// machine's power: the journal's unsynced writes are lost).
     pub fn stop_engine(&mut self, n: usize, clean: bool) {
         if clean && let Some(target) = self.engines[n].lease.release() {
             self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Release { target });
+        }
+        if clean {
+            self.engines[n].journal.clean_stop(self.now_ns);
+            self.checker.durable(n, self.engines[n].journal.acked);
+        } else {
+            self.engines[n].journal.power_loss(None);
         }
         let engine = &mut self.engines[n];
         engine.life.up = false;
@@ -116,7 +139,18 @@ impl World {
                 self.keep_lease(n);
                 self.timer(Addr::Engine(n), self.settings.renew_ns, Timer::Lease);
             }
-            Timer::Poll => self.poll(n),
+            Timer::Poll => {
+                self.engines[n].journal.write(self.now_ns);
+                self.journal_sync(n);
+                self.poll(n);
+            }
+            Timer::JournalSynced(id) => {
+                if let Some(acked) = self.engines[n].journal.synced(id) {
+                    self.checker.durable(n, acked);
+                    self.publish(n);
+                }
+                self.journal_sync(n);
+            }
             Timer::Heartbeat => {
                 self.heartbeat(n);
                 self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
@@ -178,39 +212,115 @@ impl World {
         }
     }
 
-    fn apply(&mut self, n: usize, from: u64, orders: &[exchange::msg::InboundOrder]) {
+    fn apply(&mut self, n: usize, from: u64, orders: &[InboundOrder]) {
         let engine = &mut self.engines[n];
         engine.read_sent_ns = None;
         if from != engine.applied + 1 {
             return;
         }
+        self.apply_inputs(n, orders, true);
+        self.journal_sync(n);
+        self.publish(n);
+        if orders.len() == self.settings.read_max {
+            self.poll(n);
+        }
+    }
+
+    /// Applies `orders` (the next inputs) to the replica, numbering each gateway's reports;
+    /// `journaled`: write them to the journal (`false`: they came from it).
+    fn apply_inputs(&mut self, n: usize, orders: &[InboundOrder], journaled: bool) {
+        let now = self.now_ns;
+        let engine = &mut self.engines[n];
         let mut numbered = Vec::new();
-        for (at, order) in orders.iter().enumerate() {
-            let stream_seq = from + at as u64;
+        for order in orders {
+            let stream_seq = engine.applied + 1;
             let logged = LoggedOrder {
                 stream_seq,
                 last_in_message: true,
                 order: *order,
                 intended_abs_ns: 0,
             };
-            let retained = &mut engine.retained;
+            let (retained, inputs) = (&mut engine.retained, &mut engine.retained_inputs);
             engine.replica.apply(&logged, &mut |index, seq, response| {
                 let gateway = response.gateway as usize;
                 if response.audience == Audience::Client
                     && index == subject_index(response.gateway, Stream::Reports)
                 {
                     retained[gateway].push(response.output);
+                    inputs[gateway].push(stream_seq);
                     numbered.push((gateway, seq, response.output));
                 }
             });
             engine.applied = stream_seq;
+            if journaled {
+                engine.journal.append(*order, now);
+            }
         }
         for (gateway, seq, output) in numbered {
-            self.checker.numbered(gateway, seq, &output, self.now_ns);
+            self.checker.numbered(gateway, seq, &output, now);
         }
-        self.publish(n);
-        if orders.len() == self.settings.read_max {
-            self.poll(n);
+    }
+
+    /// Flips bytes of a durable sector of engine `n`'s journal, among the records its durable
+    /// slots prove durable (above them, a damaged last record is indistinguishable from a
+    /// write torn by the power failure, and production truncates it: docs/SIMULATION.md).
+    pub(crate) fn corrupt_journal(&mut self, n: usize) {
+        let end = self.engines[n].journal.proven_durable_end();
+        let start = journal::segment::SEGMENT_HEADER_BYTES as usize;
+        if end <= start {
+            return;
+        }
+        let at = self.rng.range(start as u64, end as u64) as usize;
+        self.engines[n].journal.disk.flip(at, &mut self.rng);
+        self.note(format!("engine {n}: journal bytes at offset {at} flipped"));
+    }
+
+    /// Starts a journal sync if one is due; it completes after the disk's delay.
+    fn journal_sync(&mut self, n: usize) {
+        if let Some(id) = self.engines[n].journal.begin_sync() {
+            let sync_ns = self.rng.range(200_000, 3_000_000);
+            self.timer(Addr::Engine(n), sync_ns, Timer::JournalSynced(id));
+        }
+    }
+
+    /// Restarting engine `n` recovers its journal through the production scan: every input it
+    /// acknowledged durable comes back, or the scan refuses (a loss reported: the engine
+    /// starts a new journal and replays the log).
+    fn recover_journal(&mut self, n: usize, mut journal: EngineJournal) {
+        let acked = self.checker.durable_acked[n];
+        match journal.recover() {
+            Ok(recovered) => {
+                let last = recovered.orders.len() as u64;
+                if last < acked {
+                    let detail = format!(
+                        "engine {n} acknowledged inputs up to {acked} as durable; its journal's \
+                         recovery returned {last} and reported no loss"
+                    );
+                    self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
+                }
+                let log = &self.broker.log;
+                if let Some(at) = (0..recovered.orders.len())
+                    .find(|&at| log.get(at) != Some(&recovered.orders[at]))
+                {
+                    let detail =
+                        format!("engine {n}'s journal recovered input {} unlike the log's", at + 1);
+                    self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
+                }
+                let torn = if recovered.torn_tail { " (a torn tail truncated)" } else { "" };
+                if last > 0 || recovered.torn_tail {
+                    self.note(format!("engine {n} recovers {last} inputs from its journal{torn}"));
+                }
+                self.engines[n].journal = journal;
+                self.apply_inputs(n, &recovered.orders, false);
+            }
+            Err(reason) => {
+                self.note(format!(
+                    "engine {n}: its journal's recovery refuses ({reason}): the loss is reported; \
+                     a new journal, the log replayed"
+                ));
+                self.checker.loss_reported(n);
+                self.engines[n].journal = EngineJournal::created();
+            }
         }
     }
 
@@ -221,8 +331,7 @@ impl World {
         for gateway in 0..self.gateways.len() {
             loop {
                 let engine = &mut self.engines[n];
-                let (done, all) =
-                    (engine.published[gateway], engine.retained[gateway].len() as u64);
+                let (done, all) = (engine.published[gateway], engine.releasable(gateway));
                 if done == all {
                     break;
                 }
@@ -247,8 +356,9 @@ impl World {
 
     fn answer_retain(&mut self, n: usize, gateway: usize, from: u64) {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
-        let retained = &self.engines[n].retained[gateway];
-        let last_seq = retained.len() as u64;
+        let engine = &self.engines[n];
+        let last_seq = engine.releasable(gateway);
+        let retained = &engine.retained[gateway][..last_seq as usize];
         let start = (from.max(1) - 1) as usize;
         let end = retained.len().min(start + BATCH_MAX);
         let outputs = retained.get(start..end).unwrap_or(&[]).to_vec();

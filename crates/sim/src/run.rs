@@ -138,7 +138,7 @@ pub fn run(settings: &Settings) -> Outcome {
 
 /// Runs `settings` with `faults` only (a shrunk list, or a chosen one).
 pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
-    let checker = Checker::new(&settings.tier, settings.clients);
+    let checker = Checker::new(&settings.tier, settings.clients, settings.engines);
     let mut world = World::new(settings.clone(), faults, checker);
     populate(&mut world);
     world.run_until(settings.end_ns());
@@ -236,20 +236,31 @@ impl World {
                 }
                 return;
             }
-            (kind, target) => self.hit_process(kind, target),
+            _ => self.hit_process(fault),
         }
         self.at(fault.duration_ns, Event::FaultEnds(n));
     }
 
-    fn hit_process(&mut self, kind: FaultKind, target: Target) {
-        let Some(addr) = addr_of(target) else { return };
+    fn hit_process(&mut self, fault: Fault) {
+        let Some(addr) = addr_of(fault.target) else { return };
         if !self.life_of(addr).up {
             return;
         }
-        match kind {
-            FaultKind::Pause | FaultKind::PauseStop => self.life_of(addr).paused = true,
-            FaultKind::Crash => self.stop_process(addr, false),
-            FaultKind::Stop => self.stop_process(addr, true),
+        match (fault.kind, addr) {
+            (FaultKind::Pause | FaultKind::PauseStop, _) => self.life_of(addr).paused = true,
+            (FaultKind::Crash, _) => self.stop_process(addr, false),
+            (FaultKind::Stop, _) => self.stop_process(addr, true),
+            (FaultKind::TornWrite, Addr::Engine(n)) => {
+                self.engines[n].journal.power_loss(Some(&mut self.rng));
+                self.stop_engine(n, false);
+            }
+            (FaultKind::Corrupt, Addr::Engine(n)) => {
+                self.stop_engine(n, false);
+                self.corrupt_journal(n);
+            }
+            (FaultKind::DiskFull, Addr::Engine(n)) => {
+                self.engines[n].journal.disk.full_until_ns = self.now_ns + fault.duration_ns;
+            }
             _ => {}
         }
     }
@@ -271,7 +282,13 @@ impl World {
                 let down_ns = self.rng.range(100_000_000, 2_000_000_000);
                 self.at(down_ns, Event::FaultEnds(n));
             }
-            FaultKind::Crash | FaultKind::Stop | FaultKind::PauseStop if !self.life_of(addr).up => {
+            FaultKind::Crash
+            | FaultKind::Stop
+            | FaultKind::PauseStop
+            | FaultKind::TornWrite
+            | FaultKind::Corrupt
+                if !self.life_of(addr).up =>
+            {
                 match addr {
                     Addr::Engine(e) => self.start_engine(e),
                     Addr::Gateway(g) => self.start_gateway(g),

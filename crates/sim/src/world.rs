@@ -94,6 +94,8 @@ pub enum Timer {
     Poll,
     /// Engine: a leader's heartbeat.
     Heartbeat,
+    /// Engine: its journal's sync `id` completed.
+    JournalSynced(u64),
     /// Gateway: resend unacknowledged appends, retry a retain request.
     Retry,
     /// Gateway: the store's write `epoch` is synced.

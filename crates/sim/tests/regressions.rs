@@ -5,6 +5,7 @@
 //! cargo test -p sim --release --features regress-blind-release --test regressions
 //! cargo test -p sim --release --features regress-unfenced-publish --test regressions
 //! cargo test -p sim --release --features regress-forget-routed --test regressions
+//! cargo test -p sim --release --features regress-truncate-at-corruption --test regressions
 //! ```
 //!
 //! Each test draws only the faults its bug needs, on the processes it lives in, so that with
@@ -15,7 +16,8 @@
     not(any(
         feature = "regress-blind-release",
         feature = "regress-unfenced-publish",
-        feature = "regress-forget-routed"
+        feature = "regress-forget-routed",
+        feature = "regress-truncate-at-corruption"
     )),
     allow(dead_code, unused_imports)
 )]
@@ -76,5 +78,15 @@ fn the_unfenced_receiver_is_found_within_10_seeds() {
 fn the_gateway_that_forgets_what_it_routed_is_found_within_5_seeds() {
     let found = first_failing(5, &[FaultKind::Crash], true, Invariant::Reference);
     let (seed, faults) = found.expect("a report routed twice within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// Journal recovery that ends the journal at the first bad frame (as without a durable
+/// watermark) drops the acknowledged records after a flipped sector without a word.
+#[cfg(feature = "regress-truncate-at-corruption")]
+#[test]
+fn recovery_that_truncates_at_a_corruption_is_found_within_5_seeds() {
+    let found = first_failing(5, &[FaultKind::Corrupt], false, Invariant::DurableDropped);
+    let (seed, faults) = found.expect("an acknowledged input dropped within 5 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
 }
