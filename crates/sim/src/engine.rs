@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use delivery::publish::subject_index;
-use delivery::wire::Stream;
+use delivery::publish::{RetainSource, retain_source, subject_index, window_part};
+use delivery::wire::{RetainRequest, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder};
 use exchange::tier::TierConfig;
 use replication::follow::LoggedOrder;
@@ -354,16 +354,59 @@ impl World {
         }
     }
 
+    /// The leader's retain service (production's decision, `delivery::publish::retain_source`):
+    /// from the window of the last `retain_records` reports, or recomputed from the log when
+    /// the range is older than the window.
     fn answer_retain(&mut self, n: usize, gateway: usize, from: u64) {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
-        let engine = &self.engines[n];
-        let last_seq = engine.releasable(gateway);
-        let retained = &engine.retained[gateway][..last_seq as usize];
-        let start = (from.max(1) - 1) as usize;
-        let end = retained.len().min(start + BATCH_MAX);
-        let outputs = retained.get(start..end).unwrap_or(&[]).to_vec();
-        let batch = Batch { epoch, first_seq: from, last_seq, outputs };
+        let next_seq = self.engines[n].releasable(gateway) + 1;
+        let oldest = next_seq.saturating_sub(self.settings.retain_records).max(1);
+        let request = RetainRequest { from_seq: from.max(1), to_seq: next_seq - 1 };
+        let (first_seq, outputs) = match retain_source(&request, oldest, true) {
+            RetainSource::Regenerate { from, last } => {
+                (from, self.regenerate(n, gateway, from, last.min(from + BATCH_MAX as u64 - 1)))
+            }
+            RetainSource::Window => {
+                let (first_seq, count) = window_part(&request, oldest, next_seq);
+                let start = (first_seq - 1) as usize;
+                let end = start + count.min(BATCH_MAX as u64) as usize;
+                (first_seq, self.engines[n].retained[gateway][start..end].to_vec())
+            }
+        };
+        let batch = Batch { epoch, first_seq, last_seq: next_seq - 1, outputs };
         self.send_batch(n, gateway, batch);
+    }
+
+    /// Gateway `gateway`'s reports `from..=last` recomputed from the log through a fresh
+    /// group replica, as production's `replication::replay::Regenerator` does (no snapshot:
+    /// from the log's start; the log read is instant here), each checked against the numbering
+    /// every engine gave it.
+    fn regenerate(&mut self, n: usize, gateway: usize, from: u64, last: u64) -> Vec<CoreOutput> {
+        let mut replica = GroupReplica::starting(&self.settings.tier, None)
+            .expect("a replica without a snapshot");
+        let index = subject_index(gateway as u32, Stream::Reports);
+        let applied = self.engines[n].applied as usize;
+        let mut outputs = Vec::new();
+        for (at, order) in self.broker.log[..applied].iter().enumerate() {
+            if replica.next_seq(index) > last {
+                break;
+            }
+            let logged = LoggedOrder {
+                stream_seq: at as u64 + 1,
+                last_in_message: true,
+                order: *order,
+                intended_abs_ns: 0,
+            };
+            replica.apply(&logged, &mut |subject, seq, response| {
+                if subject == index && (from..=last).contains(&seq) {
+                    outputs.push((seq, response.output));
+                }
+            });
+        }
+        for (seq, output) in &outputs {
+            self.checker.numbered(gateway, *seq, output, self.now_ns);
+        }
+        outputs.into_iter().map(|(_, output)| output).collect()
     }
 
     /// Publishes `batch`, checking first that no other engine of the group may publish now

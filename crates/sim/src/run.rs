@@ -42,6 +42,9 @@ pub struct Settings {
     pub renew_ns: u64,
     /// Most inputs per log read.
     pub read_max: usize,
+    /// Reports each engine keeps per gateway subject in its retained window (production's
+    /// `--retain-records`, small here so gateways fall behind it).
+    pub retain_records: u64,
     /// The tier the engines and the reference run.
     pub tier: TierConfig,
 }
@@ -71,6 +74,7 @@ impl Settings {
             lease_ttl_ns: replication::lease::LEASE_TTL_DEFAULT.as_nanos() as u64,
             renew_ns: replication::lease::LEASE_RENEW_DEFAULT.as_nanos() as u64,
             read_max: 256,
+            retain_records: 256,
             tier,
         }
     }

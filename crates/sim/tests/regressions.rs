@@ -6,6 +6,7 @@
 //! cargo test -p sim --release --features regress-unfenced-publish --test regressions
 //! cargo test -p sim --release --features regress-forget-routed --test regressions
 //! cargo test -p sim --release --features regress-truncate-at-corruption --test regressions
+//! cargo test -p sim --release --features regress-window-only --test regressions
 //! ```
 //!
 //! Each test draws only the faults its bug needs, on the processes it lives in, so that with
@@ -17,7 +18,8 @@
         feature = "regress-blind-release",
         feature = "regress-unfenced-publish",
         feature = "regress-forget-routed",
-        feature = "regress-truncate-at-corruption"
+        feature = "regress-truncate-at-corruption",
+        feature = "regress-window-only"
     )),
     allow(dead_code, unused_imports)
 )]
@@ -88,5 +90,15 @@ fn the_gateway_that_forgets_what_it_routed_is_found_within_5_seeds() {
 fn recovery_that_truncates_at_a_corruption_is_found_within_5_seeds() {
     let found = first_failing(5, &[FaultKind::Corrupt], false, Invariant::DurableDropped);
     let (seed, faults) = found.expect("an acknowledged input dropped within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// A retain service that answers from its window only: a gateway that fell further behind
+/// than the window (down for a while) never gets the range, and its clients wait for ever.
+#[cfg(feature = "regress-window-only")]
+#[test]
+fn the_window_only_retain_service_is_found_within_5_seeds() {
+    let found = first_failing(5, &[FaultKind::Stop], true, Invariant::Liveness);
+    let (seed, faults) = found.expect("a gap beyond the window never filled within 5 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
 }
