@@ -6,8 +6,10 @@ use exchange::msg::{
     CoreOutput, InboundOrder, OrderType, OutputKind, Side, TimeInForce, request_kind,
 };
 
-use crate::check::{FillBook, Invariant};
-use crate::world::{Addr, Life, Msg, Timer, World};
+use crate::check::Invariant;
+use crate::msg::{Addr, Msg, Timer};
+use crate::process::SimClient;
+use crate::world::World;
 
 /// How long a client waits before connecting again, ns.
 const RECONNECT_NS: u64 = 300_000_000;
@@ -15,44 +17,6 @@ const RECONNECT_NS: u64 = 300_000_000;
 const INSTRUMENTS: u64 = 4;
 /// Most orders a client keeps open to cancel or replace.
 const OPEN_MAX: usize = 16;
-
-/// One client.
-pub struct SimClient {
-    /// Always up (clients are not faulted); its link's order is kept here.
-    pub life: Life,
-    /// The gateway its session is on.
-    pub gateway: usize,
-    conn: Option<u32>,
-    /// The session's last report sequence received.
-    pub last_seq: u64,
-    /// When the last message on each direction of its connection arrives (TCP order).
-    pub up_last_ns: u64,
-    /// See `up_last_ns`.
-    pub down_last_ns: u64,
-    next_order: u64,
-    /// Orders sent and not yet answered.
-    pub unanswered: Vec<InboundOrder>,
-    open: Vec<u64>,
-    fills: FillBook,
-}
-
-impl SimClient {
-    /// Client `id` of a gateway.
-    pub fn new(gateway: usize) -> SimClient {
-        SimClient {
-            life: Life { up: true, inc: 1, ..Life::default() },
-            gateway,
-            conn: None,
-            last_seq: 0,
-            up_last_ns: 0,
-            down_last_ns: 0,
-            next_order: 0,
-            unanswered: Vec::new(),
-            open: Vec::new(),
-            fills: FillBook::default(),
-        }
-    }
-}
 
 impl World {
     /// Drops client `n`'s connection; it connects again later.

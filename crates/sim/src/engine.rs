@@ -7,15 +7,14 @@ use std::time::Duration;
 use delivery::publish::{RetainSource, retain_source, subject_index, window_part};
 use delivery::wire::{RetainRequest, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder};
-use exchange::tier::TierConfig;
 use replication::follow::LoggedOrder;
-use replication::lease::LeaseCore;
 use replication::replay::GroupReplica;
 
 use crate::check::Invariant;
-use crate::clock::SimInstant;
 use crate::journal::EngineJournal;
-use crate::world::{Addr, Batch, Life, Msg, Timer, World};
+use crate::msg::{Addr, Batch, Msg, Timer};
+use crate::process::{LeaseRequest, Life, SimEngine};
+use crate::world::World;
 
 /// How often an engine reads the log when it has caught up, ns.
 const POLL_NS: u64 = 5_000_000;
@@ -25,73 +24,6 @@ const READ_TIMEOUT_NS: u64 = 100_000_000;
 const HEARTBEAT_NS: u64 = 100_000_000;
 /// Most reports per batch.
 const BATCH_MAX: usize = 256;
-
-/// A lease write in flight.
-#[derive(Clone, Copy, Debug)]
-struct LeaseRequest {
-    id: u64,
-    renewal: bool,
-    started: SimInstant,
-    sent_ns: u64,
-}
-
-/// One engine.
-pub struct SimEngine {
-    /// Whether it runs.
-    pub life: Life,
-    replica: GroupReplica,
-    /// The last log sequence applied.
-    applied: u64,
-    /// The production lease core.
-    pub lease: LeaseCore<SimInstant>,
-    request: Option<LeaseRequest>,
-    next_request: u64,
-    read_sent_ns: Option<u64>,
-    /// Per gateway, every report so far (the retained window: the whole run).
-    retained: Vec<Vec<CoreOutput>>,
-    /// Per gateway, the input of each retained report: a report is held until its input is
-    /// durable in the engine's journal (production's reply hold).
-    retained_inputs: Vec<Vec<u64>>,
-    /// The tier journal on the engine's disk (kept across restarts).
-    pub journal: EngineJournal,
-    /// Per gateway, reports handed to the publisher so far (sent or withheld).
-    published: Vec<u64>,
-    leading: Option<u64>,
-}
-
-impl SimEngine {
-    /// A stopped engine (started by [`World::start_engine`]).
-    pub fn new(tier: &TierConfig, ttl: Duration) -> SimEngine {
-        SimEngine {
-            life: Life::default(),
-            replica: GroupReplica::starting(tier, None).expect("a replica without a snapshot"),
-            applied: 0,
-            lease: LeaseCore::new(ttl),
-            request: None,
-            next_request: 0,
-            read_sent_ns: None,
-            retained: vec![Vec::new(); tier.gateways as usize],
-            retained_inputs: vec![Vec::new(); tier.gateways as usize],
-            journal: EngineJournal::default(),
-            published: vec![0; tier.gateways as usize],
-            leading: None,
-        }
-    }
-
-    /// The epoch it may publish under at true time `now_ns` (`None`: it may not).
-    pub fn epoch(&self, now_ns: u64) -> Option<u64> {
-        if !self.life.up {
-            return None;
-        }
-        self.lease.epoch(self.life.clock.monotonic(now_ns))
-    }
-
-    /// Reports for `gateway` whose inputs the journal acknowledged durable.
-    fn releasable(&self, gateway: usize) -> u64 {
-        let acked = self.journal.acked;
-        self.retained_inputs[gateway].partition_point(|input| *input <= acked) as u64
-    }
-}
 
 impl World {
     /// Starts (or restarts) engine `n`: what its journal recovers, then the log after it.

@@ -4,14 +4,14 @@
 //! through the production routed positions (`gateway::routed::RoutedPositions`) and kept in
 //! a store whose unsynced writes a crash loses.
 
-use std::collections::{BTreeMap, HashMap};
-
 use delivery::gateway::{EpochFence, Fenced};
 use exchange::msg::{CoreOutput, InboundOrder};
-use gateway::routed::{self, DurableInputs, Position, RoutedPositions};
+use gateway::routed::{self, DurableInputs, RoutedPositions};
 
 use crate::check::Invariant;
-use crate::world::{Addr, Batch, Life, Msg, Timer, World};
+use crate::msg::{Addr, Batch, Msg, Timer};
+use crate::process::StoreWrite;
+use crate::world::World;
 
 /// The gateway's retry period, ns.
 const RETRY_NS: u64 = 100_000_000;
@@ -19,71 +19,6 @@ const RETRY_NS: u64 = 100_000_000;
 const RESEND_AFTER_NS: u64 = 300_000_000;
 /// Bytes before a store record's payload (length, CRC, kind, client).
 const RECORD_HEADER_BYTES: usize = 13;
-
-/// What survives a crash: the synced writes.
-#[derive(Debug, Default)]
-struct DurableStore {
-    /// Per client, the session's reports (sequence = index + 1).
-    sessions: Vec<Vec<CoreOutput>>,
-    positions: HashMap<(u32, u32), Position>,
-    /// Where the R-Gateway starts again: the first report of the newest durable input.
-    restart_seq: u64,
-}
-
-/// A store write not yet synced.
-#[derive(Debug)]
-struct StoreWrite {
-    epoch: u64,
-    reports: Vec<(usize, CoreOutput)>,
-    /// The routed-position records (the production encoding).
-    positions: Vec<u8>,
-    restart_seq: u64,
-}
-
-/// One gateway.
-pub struct SimGateway {
-    /// Whether it runs.
-    pub life: Life,
-    fence: EpochFence,
-    /// The newest epoch this incarnation accepted (the checker's own, not the fence's).
-    newest_accepted: u64,
-    next_seq: u64,
-    routed: RoutedPositions,
-    durable: DurableStore,
-    pending: Vec<StoreWrite>,
-    write_epoch: u64,
-    /// Per client: the next session sequence to give, and the connection it is on.
-    sessions: Vec<(u64, Option<u32>)>,
-    appends: BTreeMap<u64, (InboundOrder, u64)>,
-    next_counter: u64,
-    retain_sent_ns: Option<u64>,
-    /// The input being routed and the stream sequence of its first report.
-    input: (u64, u64),
-}
-
-impl SimGateway {
-    /// A stopped gateway for `clients` clients.
-    pub fn new(clients: usize) -> SimGateway {
-        SimGateway {
-            life: Life::default(),
-            fence: EpochFence::default(),
-            newest_accepted: 0,
-            next_seq: 1,
-            routed: RoutedPositions::default(),
-            durable: DurableStore {
-                sessions: vec![Vec::new(); clients],
-                ..DurableStore::default()
-            },
-            pending: Vec::new(),
-            write_epoch: 0,
-            sessions: vec![(1, None); clients],
-            appends: BTreeMap::new(),
-            next_counter: 0,
-            retain_sent_ns: None,
-            input: (0, 1),
-        }
-    }
-}
 
 impl World {
     /// Starts (or restarts) gateway `n` from its durable store.

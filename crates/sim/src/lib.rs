@@ -22,11 +22,15 @@ pub mod error;
 pub mod faults;
 pub mod gateway;
 pub mod journal;
+pub mod msg;
+pub mod process;
 pub mod rng;
 pub mod run;
+pub mod settings;
 pub mod world;
 
 pub use check::{Invariant, Violation};
 pub use error::SimError;
 pub use faults::{Fault, FaultKind};
-pub use run::{Outcome, Settings, Shrunk, parse_seeds, run, run_keeping, run_with, shrink};
+pub use run::{Outcome, Shrunk, parse_seeds, run, run_keeping, run_with, shrink};
+pub use settings::Settings;
