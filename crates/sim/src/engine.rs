@@ -338,6 +338,7 @@ impl World {
         for (seq, output) in &outputs {
             self.checker.numbered(gateway, *seq, output, self.now_ns);
         }
+        self.regenerated += outputs.len() as u64;
         outputs.into_iter().map(|(_, output)| output).collect()
     }
 

@@ -188,9 +188,13 @@ pub fn schedule(
                     Target::BrokerNode(rng.range(0, cast.broker_nodes as u64) as usize)
                 }
                 FaultKind::Loss | FaultKind::Duplicate | FaultKind::Delay => Target::Network,
-                // Only the engines' journals are on a simulated disk.
+                // Only the engines' journals are on a simulated disk (none in the cast: the
+                // fault hits nothing).
                 FaultKind::TornWrite | FaultKind::Corrupt | FaultKind::DiskFull => {
-                    Target::Engine(rng.range(0, cast.engines as u64) as usize)
+                    match cast.engines {
+                        0 => Target::Network,
+                        engines => Target::Engine(rng.range(0, engines as u64) as usize),
+                    }
                 }
                 _ => match rng.range(0, processes) as usize {
                     n if n < cast.engines => Target::Engine(n),

@@ -29,6 +29,10 @@ pub struct Outcome {
     pub violation: Option<Violation>,
     /// The notable events before the end (faults, leaderships, restarts).
     pub journal: Vec<String>,
+    /// Engine journal recoveries that refused (each a loss reported, not a violation).
+    pub losses_reported: u64,
+    /// Reports served recomputed from the log (older than the retained window).
+    pub regenerated: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -54,6 +58,8 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         faults: world.faults.clone(),
         violation: world.checker.violation.clone(),
         journal: world.journal.clone(),
+        losses_reported: world.checker.losses_reported,
+        regenerated: world.regenerated,
     }
 }
 

@@ -24,6 +24,9 @@ pub struct Settings {
     pub fault_count: usize,
     /// Whether process faults may hit gateways too (`false`: engines only).
     pub gateway_faults: bool,
+    /// Whether process faults may hit engines (`false`: gateways only; disk faults then
+    /// hit nothing, only the engines have a simulated disk).
+    pub engine_faults: bool,
     /// Faults start within this much simulated time, ns.
     pub fault_window_ns: u64,
     /// After the faults and the quiet start, how long the run goes on for answers, ns.
@@ -62,6 +65,7 @@ impl Settings {
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,
+            engine_faults: true,
             fault_window_ns: 20_000_000_000,
             settle_ns: 10_000_000_000,
             order_gap_ns: 200_000_000,
@@ -87,8 +91,8 @@ impl Settings {
     pub fn faults(&self) -> Vec<Fault> {
         let mut rng = Rng::new(self.seed ^ 0x6661_756c_7473);
         let gateways = if self.gateway_faults { self.gateways } else { 0 };
-        let cast =
-            Cast { engines: self.engines, gateways, broker_nodes: crate::broker::BROKER_NODES };
+        let engines = if self.engine_faults { self.engines } else { 0 };
+        let cast = Cast { engines, gateways, broker_nodes: crate::broker::BROKER_NODES };
         faults::schedule(&mut rng, &self.fault_kinds, self.fault_count, self.fault_window_ns, cast)
     }
 

@@ -78,6 +78,8 @@ pub struct World {
     trace: u64,
     /// Events handled.
     pub events: u64,
+    /// Reports served recomputed from the log (older than the retained window).
+    pub regenerated: u64,
 }
 
 /// Most journal lines kept (the newest).
@@ -103,6 +105,7 @@ impl World {
             quiet: false,
             trace: 0xcbf2_9ce4_8422_2325,
             events: 0,
+            regenerated: 0,
         }
     }
 

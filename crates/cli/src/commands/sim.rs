@@ -25,7 +25,8 @@ pub struct Args {
     #[arg(long)]
     seed_file: Option<PathBuf>,
     /// Fault kinds to draw, comma-separated: crash, stop, pause, pause-stop, partition, loss,
-    /// duplicate, delay, broker-kill, clock-jump; `all` or `none`.
+    /// duplicate, delay, broker-kill, clock-jump, torn-write, corrupt, disk-full; `all` or
+    /// `none`.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Faults drawn per seed.
