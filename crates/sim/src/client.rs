@@ -71,8 +71,9 @@ impl World {
         let roll = self.rng.range(0, 100);
         let open = self.clients[n].open.len() as u64;
         let instrument = self.rng.range(0, INSTRUMENTS) as u32;
-        let reference = 100_000 + i64::from(instrument) * 1_000;
-        let price = reference + (self.rng.range(0, 21) as i64 - 10) * 5;
+        let offset = (self.rng.range(0, 21) as i64 - 10) * 5;
+        let price_on = |instrument: u32| 100_000 + i64::from(instrument) * 1_000 + offset;
+        let price = price_on(instrument);
         let qty = 10 * self.rng.range(1, 10) as u32;
         let side = if self.rng.chance(0.5) { Side::Buy } else { Side::Sell };
         let client = &mut self.clients[n];
@@ -89,10 +90,12 @@ impl World {
             ..InboundOrder::default()
         };
         if roll < 25 && open > 0 {
-            let target = client.open[(roll % open) as usize];
+            let (target, instrument) = client.open[(roll % open) as usize];
             let replace = roll < 8;
             order.kind = if replace { request_kind::REPLACE } else { request_kind::CANCEL };
-            order.order_id = target;
+            // To the order's instrument: its shard holds it.
+            (order.order_id, order.instrument, order.price) =
+                (target, instrument, price_on(instrument));
             if replace {
                 client.fills.replaced(target, qty);
             } else {
@@ -130,15 +133,15 @@ impl SimClient {
         self.unanswered.retain(|order| order.order_id != output.order_id);
         match output.kind {
             OutputKind::Accepted | OutputKind::PartiallyFilled
-                if !self.open.contains(&output.order_id) =>
+                if !self.open.iter().any(|(id, _)| *id == output.order_id) =>
             {
                 if self.open.len() == OPEN_MAX {
                     self.open.remove(0);
                 }
-                self.open.push(output.order_id);
+                self.open.push((output.order_id, output.instrument));
             }
             OutputKind::Filled | OutputKind::Cancelled | OutputKind::Rejected => {
-                self.open.retain(|id| *id != output.order_id);
+                self.open.retain(|(id, _)| *id != output.order_id);
             }
             _ => {}
         }

@@ -32,7 +32,8 @@ impl World {
         let life = std::mem::take(&mut self.engines[n].life);
         let journal = std::mem::take(&mut self.engines[n].journal);
         let next_request = self.engines[n].next_request;
-        self.engines[n] = SimEngine::new(&self.settings.tier, ttl);
+        let shard = self.engines[n].shard;
+        self.engines[n] = SimEngine::new(&self.settings.tier, ttl, shard);
         self.recover_journal(n, journal);
         let engine = &mut self.engines[n];
         engine.life =
@@ -49,7 +50,8 @@ impl World {
     /// machine's power: the journal's unsynced writes are lost).
     pub fn stop_engine(&mut self, n: usize, clean: bool) {
         if clean && let Some(target) = self.engines[n].lease.release() {
-            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Release { target });
+            let shard = self.engines[n].shard;
+            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Release { shard, target });
         }
         if clean {
             self.engines[n].journal.clean_stop(self.now_ns);
@@ -108,7 +110,7 @@ impl World {
         engine.next_request += 1;
         let id = engine.next_request;
         engine.request = Some(LeaseRequest { id, renewal: held, started, sent_ns: now });
-        let msg = Msg::Cas { engine: n, request: id, expected };
+        let msg = Msg::Cas { shard: engine.shard, engine: n, request: id, expected };
         self.send_nats(Addr::Engine(n), Addr::Broker, 0, msg);
         self.note_leadership(n);
     }
@@ -119,7 +121,8 @@ impl World {
         if engine.read_sent_ns.is_none_or(|sent| now - sent >= READ_TIMEOUT_NS) {
             engine.read_sent_ns = Some(now);
             let from = engine.applied + 1;
-            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Read { engine: n, from });
+            let msg = Msg::Read { shard: engine.shard, engine: n, from };
+            self.send_nats(Addr::Engine(n), Addr::Broker, 0, msg);
         }
         self.timer(Addr::Engine(n), POLL_NS, Timer::Poll);
     }
@@ -139,7 +142,7 @@ impl World {
                 self.note_leadership(n);
                 self.publish(n);
             }
-            Msg::Retain { gateway, from } => self.answer_retain(n, gateway, from),
+            Msg::Retain { gateway, from, .. } => self.answer_retain(n, gateway, from),
             _ => {}
         }
     }
@@ -163,6 +166,7 @@ impl World {
     fn apply_inputs(&mut self, n: usize, orders: &[InboundOrder], journaled: bool) {
         let now = self.now_ns;
         let engine = &mut self.engines[n];
+        let shard = engine.shard;
         let mut numbered = Vec::new();
         for order in orders {
             let stream_seq = engine.applied + 1;
@@ -178,9 +182,10 @@ impl World {
                 if response.audience == Audience::Client
                     && index == subject_index(response.gateway, Stream::Reports)
                 {
-                    retained[gateway].push(response.output);
+                    let output = CoreOutput { shard: shard as u32, ..response.output };
+                    retained[gateway].push(output);
                     inputs[gateway].push(stream_seq);
-                    numbered.push((gateway, seq, response.output));
+                    numbered.push((gateway, seq, output));
                 }
             });
             engine.applied = stream_seq;
@@ -189,7 +194,7 @@ impl World {
             }
         }
         for (gateway, seq, output) in numbered {
-            self.checker.numbered(gateway, seq, &output, now);
+            self.checker.numbered(shard, gateway, seq, &output, now);
         }
     }
 
@@ -230,7 +235,7 @@ impl World {
                     );
                     self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
                 }
-                let log = &self.broker.log;
+                let log = &self.broker.shards[self.engines[n].shard].log;
                 if let Some(at) = (0..recovered.orders.len())
                     .find(|&at| log.get(at) != Some(&recovered.orders[at]))
                 {
@@ -271,7 +276,8 @@ impl World {
                 engine.published[gateway] = upto;
                 let Some(epoch) = epoch else { continue };
                 let outputs = engine.retained[gateway][done as usize..upto as usize].to_vec();
-                let batch = Batch { epoch, first_seq: done + 1, last_seq: all, outputs };
+                let shard = engine.shard;
+                let batch = Batch { shard, epoch, first_seq: done + 1, last_seq: all, outputs };
                 self.send_batch(n, gateway, batch);
             }
         }
@@ -281,7 +287,8 @@ impl World {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
         for gateway in 0..self.gateways.len() {
             let last_seq = self.engines[n].published[gateway];
-            let batch = Batch { epoch, first_seq: last_seq + 1, last_seq, outputs: Vec::new() };
+            let (shard, first_seq) = (self.engines[n].shard, last_seq + 1);
+            let batch = Batch { shard, epoch, first_seq, last_seq, outputs: Vec::new() };
             self.send_batch(n, gateway, batch);
         }
     }
@@ -305,7 +312,8 @@ impl World {
                 (first_seq, self.engines[n].retained[gateway][start..end].to_vec())
             }
         };
-        let batch = Batch { epoch, first_seq, last_seq: next_seq - 1, outputs };
+        let shard = self.engines[n].shard;
+        let batch = Batch { shard, epoch, first_seq, last_seq: next_seq - 1, outputs };
         self.send_batch(n, gateway, batch);
     }
 
@@ -319,7 +327,8 @@ impl World {
         let index = subject_index(gateway as u32, Stream::Reports);
         let applied = self.engines[n].applied as usize;
         let mut outputs = Vec::new();
-        for (at, order) in self.broker.log[..applied].iter().enumerate() {
+        let shard = self.engines[n].shard;
+        for (at, order) in self.broker.shards[shard].log[..applied].iter().enumerate() {
             if replica.next_seq(index) > last {
                 break;
             }
@@ -331,12 +340,12 @@ impl World {
             };
             replica.apply(&logged, &mut |subject, seq, response| {
                 if subject == index && (from..=last).contains(&seq) {
-                    outputs.push((seq, response.output));
+                    outputs.push((seq, CoreOutput { shard: shard as u32, ..response.output }));
                 }
             });
         }
         for (seq, output) in &outputs {
-            self.checker.numbered(gateway, *seq, output, self.now_ns);
+            self.checker.numbered(shard, gateway, *seq, output, self.now_ns);
         }
         self.regenerated += outputs.len() as u64;
         outputs.into_iter().map(|(_, output)| output).collect()
@@ -347,7 +356,7 @@ impl World {
     fn send_batch(&mut self, n: usize, gateway: usize, batch: Batch) {
         let now = self.now_ns;
         for (other, engine) in self.engines.iter().enumerate() {
-            if other == n {
+            if other == n || engine.shard != self.engines[n].shard {
                 continue;
             }
             if let Some(theirs) = engine.epoch(now).filter(|theirs| *theirs != batch.epoch) {

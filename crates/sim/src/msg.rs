@@ -31,6 +31,8 @@ impl Addr {
 /// A batch of reports (or a heartbeat: no outputs) from an engine to a gateway.
 #[derive(Clone, Debug)]
 pub struct Batch {
+    /// The shard whose group published it.
+    pub shard: usize,
     /// The publishing leadership's epoch.
     pub epoch: u64,
     /// The sequence of `outputs[0]` (the next one, for a heartbeat).
@@ -52,23 +54,23 @@ pub enum Msg {
     /// Gateway → client: the session's report `seq`, on connection `conn`.
     Report { conn: u32, seq: u64, output: CoreOutput },
     /// Gateway → broker: append with de-duplication by (gateway, run, counter).
-    Append { gateway: usize, run: u32, counter: u64, order: InboundOrder },
+    Append { shard: usize, gateway: usize, run: u32, counter: u64, order: InboundOrder },
     /// Broker → gateway: appended.
     AppendAck { counter: u64 },
     /// Engine → broker: the inputs from `from` on.
-    Read { engine: usize, from: u64 },
+    Read { shard: usize, engine: usize, from: u64 },
     /// Broker → engine: inputs from `from` on.
     Records { from: u64, orders: Vec<InboundOrder> },
     /// Engine → broker: a lease write expecting `expected`.
-    Cas { engine: usize, request: u64, expected: u64 },
+    Cas { shard: usize, engine: usize, request: u64, expected: u64 },
     /// Broker → engine: the write's outcome.
     CasReply { request: u64, outcome: CasOutcome },
     /// Engine → broker: a lease release.
-    Release { target: ReleaseTarget },
+    Release { shard: usize, target: ReleaseTarget },
     /// Engine → gateway: reports or a heartbeat.
     Batch(Box<Batch>),
     /// Gateway → every engine: the leader's retained reports from `from` on.
-    Retain { gateway: usize, from: u64 },
+    Retain { shard: usize, gateway: usize, from: u64 },
 }
 
 /// A process's own timers.

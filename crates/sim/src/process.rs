@@ -46,6 +46,8 @@ pub(crate) struct LeaseRequest {
 pub struct SimEngine {
     /// Whether it runs.
     pub life: Life,
+    /// The shard whose group it is in.
+    pub shard: usize,
     pub(crate) replica: GroupReplica,
     /// The last log sequence applied.
     pub(crate) applied: u64,
@@ -68,9 +70,10 @@ pub struct SimEngine {
 
 impl SimEngine {
     /// A stopped engine (started by [`World::start_engine`]).
-    pub fn new(tier: &TierConfig, ttl: Duration) -> SimEngine {
+    pub fn new(tier: &TierConfig, ttl: Duration, shard: usize) -> SimEngine {
         SimEngine {
             life: Life::default(),
+            shard,
             replica: GroupReplica::starting(tier, None).expect("a replica without a snapshot"),
             applied: 0,
             lease: LeaseCore::new(ttl),
@@ -106,28 +109,47 @@ pub(crate) struct DurableStore {
     /// Per client, the session's reports (sequence = index + 1).
     pub(crate) sessions: Vec<Vec<CoreOutput>>,
     pub(crate) positions: HashMap<(u32, u32), Position>,
-    /// Where the R-Gateway starts again: the first report of the newest durable input.
-    pub(crate) restart_seq: u64,
+    /// Per shard, where its R-Gateway starts again: the first report of the newest durable
+    /// input.
+    pub(crate) restart_seqs: Vec<u64>,
 }
 
-/// A store write not yet synced.
+/// A store write not yet synced: one batch of one shard's reports.
 #[derive(Debug)]
 pub(crate) struct StoreWrite {
     pub(crate) epoch: u64,
+    pub(crate) shard: usize,
     pub(crate) reports: Vec<(usize, CoreOutput)>,
     /// The routed-position records (the production encoding).
     pub(crate) positions: Vec<u8>,
     pub(crate) restart_seq: u64,
 }
 
-/// One gateway.
-pub struct SimGateway {
-    /// Whether it runs.
-    pub life: Life,
+/// A gateway's reading of one shard's report subject for it (its in-process R-Gateway).
+#[derive(Debug, Default)]
+pub(crate) struct Feed {
     pub(crate) fence: EpochFence,
     /// The newest epoch this incarnation accepted (the checker's own, not the fence's).
     pub(crate) newest_accepted: u64,
     pub(crate) next_seq: u64,
+    pub(crate) retain_sent_ns: Option<u64>,
+    /// The input being routed and the stream sequence of its first report.
+    pub(crate) input: (u64, u64),
+}
+
+impl Feed {
+    /// A feed reading from `next_seq` on.
+    pub(crate) fn from(next_seq: u64) -> Feed {
+        Feed { next_seq, input: (0, next_seq), ..Feed::default() }
+    }
+}
+
+/// One gateway.
+pub struct SimGateway {
+    /// Whether it runs.
+    pub life: Life,
+    /// Per shard, its report feed.
+    pub(crate) feeds: Vec<Feed>,
     pub(crate) routed: RoutedPositions,
     pub(crate) durable: DurableStore,
     pub(crate) pending: Vec<StoreWrite>,
@@ -136,22 +158,18 @@ pub struct SimGateway {
     pub(crate) sessions: Vec<(u64, Option<u32>)>,
     pub(crate) appends: BTreeMap<u64, (InboundOrder, u64)>,
     pub(crate) next_counter: u64,
-    pub(crate) retain_sent_ns: Option<u64>,
-    /// The input being routed and the stream sequence of its first report.
-    pub(crate) input: (u64, u64),
 }
 
 impl SimGateway {
-    /// A stopped gateway for `clients` clients.
-    pub fn new(clients: usize) -> SimGateway {
+    /// A stopped gateway for `clients` clients of `shards` shards.
+    pub fn new(clients: usize, shards: usize) -> SimGateway {
         SimGateway {
             life: Life::default(),
-            fence: EpochFence::default(),
-            newest_accepted: 0,
-            next_seq: 1,
+            feeds: (0..shards).map(|_| Feed::from(1)).collect(),
             routed: RoutedPositions::default(),
             durable: DurableStore {
                 sessions: vec![Vec::new(); clients],
+                restart_seqs: vec![1; shards],
                 ..DurableStore::default()
             },
             pending: Vec::new(),
@@ -159,8 +177,6 @@ impl SimGateway {
             sessions: vec![(1, None); clients],
             appends: BTreeMap::new(),
             next_counter: 0,
-            retain_sent_ns: None,
-            input: (0, 1),
         }
     }
 }
@@ -181,7 +197,8 @@ pub struct SimClient {
     pub(crate) next_order: u64,
     /// Orders sent and not yet answered.
     pub unanswered: Vec<InboundOrder>,
-    pub(crate) open: Vec<u64>,
+    /// Open orders to cancel or replace: (order id, instrument; its shard's).
+    pub(crate) open: Vec<(u64, u32)>,
     pub(crate) fills: FillBook,
 }
 

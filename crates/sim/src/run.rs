@@ -21,8 +21,10 @@ pub struct Outcome {
     pub simulated_ns: u64,
     /// Events handled.
     pub events: u64,
-    /// Orders committed to the log.
+    /// Orders committed to the logs.
     pub committed: u64,
+    /// Per shard, orders committed to its log.
+    pub shard_committed: Vec<u64>,
     /// The faults injected.
     pub faults: Vec<Fault>,
     /// The first violation, if any.
@@ -42,7 +44,8 @@ pub fn run(settings: &Settings) -> Outcome {
 
 /// Runs `settings` with `faults` only (a shrunk list, or a chosen one).
 pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
-    let checker = Checker::new(&settings.tier, settings.clients, settings.engines);
+    let engines = settings.shards * settings.engines;
+    let checker = Checker::new(&settings.tier, settings.shards, settings.clients, engines);
     let mut world = World::new(settings.clone(), faults, checker);
     populate(&mut world);
     world.run_until(settings.end_ns());
@@ -54,7 +57,8 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         trace_hash: world.trace_hash(),
         simulated_ns: world.now_ns,
         events: world.events,
-        committed: world.broker.log.len() as u64,
+        committed: world.broker.committed(),
+        shard_committed: world.broker.shards.iter().map(|shard| shard.log.len() as u64).collect(),
         faults: world.faults.clone(),
         violation: world.checker.violation.clone(),
         journal: world.journal.clone(),
@@ -65,14 +69,15 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
 
 fn populate(world: &mut World) {
     let settings = world.settings.clone();
-    for n in 0..settings.engines {
+    for n in 0..settings.shards * settings.engines {
         let ttl = std::time::Duration::from_nanos(settings.lease_ttl_ns);
-        world.engines.push(SimEngine::new(&settings.tier, ttl));
+        let shard = n / settings.engines;
+        world.engines.push(SimEngine::new(&settings.tier, ttl, shard));
         world.engines[n].life.clock = drawn_clock(&mut world.rng);
         world.start_engine(n);
     }
     for n in 0..settings.gateways {
-        world.gateways.push(SimGateway::new(settings.clients));
+        world.gateways.push(SimGateway::new(settings.clients, settings.shards));
         world.gateways[n].life.clock = drawn_clock(&mut world.rng);
         world.start_gateway(n);
     }
@@ -103,7 +108,7 @@ fn drawn_clock(rng: &mut Rng) -> crate::clock::ProcessClock {
 fn check_liveness(world: &mut World) {
     for n in 0..world.clients.len() {
         let client = &world.clients[n];
-        let expected = world.checker.expected[n].len() as u64;
+        let expected = world.checker.expected_reports(n);
         if client.last_seq != expected || !client.unanswered.is_empty() {
             let detail = format!(
                 "client {n}: {} of {expected} reports, {} orders unanswered, {:.1} s after the faults",

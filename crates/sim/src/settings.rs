@@ -12,7 +12,10 @@ use crate::rng::Rng;
 pub struct Settings {
     /// The seed of every random choice.
     pub seed: u64,
-    /// Engines of the shard's group.
+    /// Shards: each its own engine group, lease and input stream; an order goes to the shard
+    /// of its instrument (`instrument % shards`).
+    pub shards: usize,
+    /// Engines of each shard's group.
     pub engines: usize,
     /// Gateways.
     pub gateways: usize,
@@ -59,6 +62,7 @@ impl Settings {
         };
         Settings {
             seed,
+            shards: 1,
             engines: 3,
             gateways: 2,
             clients: 100,
@@ -91,17 +95,17 @@ impl Settings {
     pub fn faults(&self) -> Vec<Fault> {
         let mut rng = Rng::new(self.seed ^ 0x6661_756c_7473);
         let gateways = if self.gateway_faults { self.gateways } else { 0 };
-        let engines = if self.engine_faults { self.engines } else { 0 };
+        let engines = if self.engine_faults { self.shards * self.engines } else { 0 };
         let cast = Cast { engines, gateways, broker_nodes: crate::broker::BROKER_NODES };
         faults::schedule(&mut rng, &self.fault_kinds, self.fault_count, self.fault_window_ns, cast)
     }
 
     /// Refuses a shape the simulator cannot run.
     pub fn validate(&self) -> Result<(), SimError> {
-        let fits = self.engines > 0 && self.gateways > 0 && self.clients > 0;
+        let fits = self.shards > 0 && self.engines > 0 && self.gateways > 0 && self.clients > 0;
         if !fits || self.clients > self.tier.universe.clients as usize {
             return Err(SimError::BadInput(format!(
-                "engines, gateways and clients must be > 0 and clients ≤ {}",
+                "shards, engines, gateways and clients must be > 0 and clients ≤ {}",
                 self.tier.universe.clients
             )));
         }

@@ -93,7 +93,7 @@ impl World {
             queue: BinaryHeap::new(),
             order: 0,
             rng: Rng::new(settings.seed),
-            broker: Broker::new(settings.lease_ttl_ns),
+            broker: Broker::new(settings.lease_ttl_ns, settings.shards),
             settings,
             faults,
             engines: Vec::new(),
@@ -284,10 +284,10 @@ impl World {
         }
         let now = self.now_ns;
         match msg {
-            Msg::Append { gateway, run, counter, order } => {
-                let (_, new) = self.broker.append((gateway, run, counter), order);
+            Msg::Append { shard, gateway, run, counter, order } => {
+                let (_, new) = self.broker.append(shard, (gateway, run, counter), order);
                 if new {
-                    self.checker.committed(&order);
+                    self.checker.committed(shard, &order);
                 }
                 self.send_nats(
                     Addr::Broker,
@@ -296,8 +296,8 @@ impl World {
                     Msg::AppendAck { counter },
                 );
             }
-            Msg::Read { engine, from } => {
-                let orders = self.broker.read(from, self.settings.read_max).to_vec();
+            Msg::Read { shard, engine, from } => {
+                let orders = self.broker.read(shard, from, self.settings.read_max).to_vec();
                 let inc = self.engines[engine].life.inc;
                 self.send_nats(
                     Addr::Broker,
@@ -306,13 +306,13 @@ impl World {
                     Msg::Records { from, orders },
                 );
             }
-            Msg::Cas { engine, request, expected } => {
-                let outcome = self.broker.lease_cas(expected, now);
+            Msg::Cas { shard, engine, request, expected } => {
+                let outcome = self.broker.lease_cas(shard, expected, now);
                 let inc = self.engines[engine].life.inc;
                 let reply = Msg::CasReply { request, outcome };
                 self.send_nats(Addr::Broker, Addr::Engine(engine), inc, reply);
             }
-            Msg::Release { target } => self.broker.lease_delete(target, now),
+            Msg::Release { shard, target } => self.broker.lease_delete(shard, target, now),
             _ => {}
         }
     }
