@@ -8,7 +8,7 @@ use delivery::publish::{RetainSource, retain_source, subject_index, window_part}
 use delivery::wire::{RetainRequest, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder};
 use replication::follow::LoggedOrder;
-use replication::replay::GroupReplica;
+use replication::replay::{GroupReplica, REGENERATE_RECORDS_MAX};
 
 use crate::check::Invariant;
 use crate::journal::EngineJournal;
@@ -190,9 +190,10 @@ impl World {
             });
             engine.applied = stream_seq;
             if journaled {
-                engine.journal.append(*order, now);
+                engine.journal.queue(*order);
             }
         }
+        engine.journal.write(now);
         for (gateway, seq, output) in numbered {
             self.checker.numbered(shard, gateway, seq, &output, now);
         }
@@ -306,10 +307,13 @@ impl World {
                 (from, self.regenerate(n, gateway, from, last.min(from + BATCH_MAX as u64 - 1)))
             }
             RetainSource::Window => {
+                // No records (count 0) when the gateway is ahead of this engine (a leader
+                // still catching up): numbered where it asked.
                 let (first_seq, count) = window_part(&request, oldest, next_seq);
                 let start = (first_seq - 1) as usize;
                 let end = start + count.min(BATCH_MAX as u64) as usize;
-                (first_seq, self.engines[n].retained[gateway][start..end].to_vec())
+                let retained = &self.engines[n].retained[gateway];
+                (first_seq, retained.get(start..end).unwrap_or_default().to_vec())
             }
         };
         let shard = self.engines[n].shard;
@@ -318,22 +322,40 @@ impl World {
     }
 
     /// Gateway `gateway`'s reports `from..=last` recomputed from the log through a fresh
-    /// group replica, as production's `replication::replay::Regenerator` does (no snapshot:
-    /// from the log's start; the log read is instant here), each checked against the numbering
-    /// every engine gave it.
+    /// group replica, as production's `replication::replay::Regenerator` does: one run
+    /// recomputes up to `REGENERATE_RECORDS_MAX` records from `from` and is kept for the
+    /// requests that follow (no snapshot: from the log's start; the log read is instant here).
+    /// Each record is checked against the numbering every engine gave it.
     fn regenerate(&mut self, n: usize, gateway: usize, from: u64, last: u64) -> Vec<CoreOutput> {
+        let kept = self.engines[n].regenerated.as_ref().filter(|(subject, first, records)| {
+            *subject == gateway && *first <= from && last < first + records.len() as u64
+        });
+        if let Some((_, first, records)) = kept {
+            return records[(from - first) as usize..=(last - first) as usize].to_vec();
+        }
+        let records = self.replay(n, gateway, from);
+        self.regenerated += records.len() as u64;
+        let wanted = records.iter().take((last + 1 - from) as usize).copied().collect();
+        self.engines[n].regenerated = Some((gateway, from, records));
+        wanted
+    }
+
+    /// Replays engine `n`'s shard's log (what it applied) for gateway `gateway`'s reports
+    /// from `from` on, at most `REGENERATE_RECORDS_MAX`.
+    fn replay(&mut self, n: usize, gateway: usize, from: u64) -> Vec<CoreOutput> {
         let mut replica = GroupReplica::starting(&self.settings.tier, None)
             .expect("a replica without a snapshot");
         let index = subject_index(gateway as u32, Stream::Reports);
-        let applied = self.engines[n].applied as usize;
+        let (applied, shard) = (self.engines[n].applied as usize, self.engines[n].shard);
+        let last = from + REGENERATE_RECORDS_MAX - 1;
         let mut outputs = Vec::new();
-        let shard = self.engines[n].shard;
         for (at, order) in self.broker.shards[shard].log[..applied].iter().enumerate() {
             if replica.next_seq(index) > last {
                 break;
             }
+            let stream_seq = at as u64 + 1;
             let logged = LoggedOrder {
-                stream_seq: at as u64 + 1,
+                stream_seq,
                 last_in_message: true,
                 order: *order,
                 intended_abs_ns: 0,
@@ -347,7 +369,6 @@ impl World {
         for (seq, output) in &outputs {
             self.checker.numbered(shard, gateway, *seq, output, self.now_ns);
         }
-        self.regenerated += outputs.len() as u64;
         outputs.into_iter().map(|(_, output)| output).collect()
     }
 

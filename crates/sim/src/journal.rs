@@ -80,9 +80,15 @@ impl EngineJournal {
         self.next_seq + self.unwritten.len() as u64
     }
 
+    /// Queues an applied input ([`EngineJournal::write`] writes the queue, one write per
+    /// batch of inputs as the writer thread does).
+    pub fn queue(&mut self, order: InboundOrder) {
+        self.unwritten.push(order);
+    }
+
     /// Queues an applied input and writes what the disk takes.
     pub fn append(&mut self, order: InboundOrder, now_ns: u64) {
-        self.unwritten.push(order);
+        self.queue(order);
         self.write(now_ns);
     }
 

@@ -66,6 +66,9 @@ pub struct SimEngine {
     /// Per gateway, reports handed to the publisher so far (sent or withheld).
     pub(crate) published: Vec<u64>,
     pub(crate) leading: Option<u64>,
+    /// The last regeneration's records, kept for the requests that follow: (gateway, the
+    /// first's sequence, the records).
+    pub(crate) regenerated: Option<(usize, u64, Vec<CoreOutput>)>,
 }
 
 impl SimEngine {
@@ -85,6 +88,7 @@ impl SimEngine {
             journal: EngineJournal::default(),
             published: vec![0; tier.gateways as usize],
             leading: None,
+            regenerated: None,
         }
     }
 

@@ -33,7 +33,7 @@ pub struct Outcome {
     pub journal: Vec<String>,
     /// Engine journal recoveries that refused (each a loss reported, not a violation).
     pub losses_reported: u64,
-    /// Reports served recomputed from the log (older than the retained window).
+    /// Reports recomputed from the log for ranges older than the retained window.
     pub regenerated: u64,
 }
 

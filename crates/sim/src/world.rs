@@ -78,7 +78,7 @@ pub struct World {
     trace: u64,
     /// Events handled.
     pub events: u64,
-    /// Reports served recomputed from the log (older than the retained window).
+    /// Reports recomputed from the log for ranges older than the retained window.
     pub regenerated: u64,
 }
 

@@ -69,7 +69,12 @@ fn every_fault_kind_over_many_seeds() {
     let mut failures = std::collections::BTreeMap::<&str, Vec<u64>>::new();
     let (mut losses_reported, mut regenerated) = (0u64, 0u64);
     for seed in 1..=seeds {
-        let outcome = sim::run(&sim::Settings::new(seed));
+        let ran = std::panic::catch_unwind(|| sim::run(&sim::Settings::new(seed)));
+        let Ok(outcome) = ran else {
+            println!("FAILED seed {seed}: the simulator panicked");
+            failures.entry("panic").or_default().push(seed);
+            continue;
+        };
         simulated_ns += outcome.simulated_ns;
         losses_reported += outcome.losses_reported;
         regenerated += outcome.regenerated;
