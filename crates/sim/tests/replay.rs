@@ -72,3 +72,13 @@ fn a_run_without_time_to_settle_fails_liveness_shrinks_and_replays_its_shrunk_fa
     assert_eq!(replayed.trace_hash, shrunk.outcome.trace_hash, "a shrunk run replays exactly");
     assert!(sim::run_keeping(&settings, &[99]).is_err(), "an index past the seed's faults");
 }
+
+/// Seed 414 (the benchmark's shape, every fault kind) once panicked: a leader still catching
+/// up after its restart answered a retain request from a gateway ahead of it by slicing past
+/// its window.
+#[test]
+fn seed_414_a_leader_behind_its_gateway_answers_a_retain_with_no_records() {
+    let outcome = run(&Settings::new(414));
+    assert_eq!(outcome.violation, None, "{:#?}", outcome.journal);
+    assert_eq!(outcome.faults.len(), 12);
+}
