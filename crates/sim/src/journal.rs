@@ -256,6 +256,19 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_acknowledges_nothing_until_it_takes_the_writes() {
+        let mut journal = EngineJournal::created();
+        journal.disk.full_until_ns = 100;
+        journal.append(order(1), 50);
+        assert_eq!(journal.begin_sync(), None, "nothing written, nothing to sync");
+        assert_eq!(journal.acked, 0);
+        journal.write(100);
+        let sync = journal.begin_sync().expect("written once the disk has room");
+        assert_eq!(journal.synced(sync), Some(1));
+        assert_eq!(journal.next_seq(), 2);
+    }
+
+    #[test]
     fn a_flipped_durable_record_is_refused_not_dropped() {
         let mut journal = EngineJournal::created();
         for round in 0..3 {
