@@ -232,8 +232,6 @@ const MODULE_CYCLES: &[(&str, &str)] = &[
     ("pipeline", "interrupts ↔ placement"),
     ("replication", "append ↔ error ↔ layout"),
     ("ringbench", "harness ↔ peers"),
-    // The simulator, merged the day the rule came in: its world and processes use each other.
-    ("sim", "client ↔ engine ↔ gateway ↔ run ↔ world"),
 ];
 
 /// No crate's top-level modules use each other in a cycle (a module's `crate::x` paths are its
