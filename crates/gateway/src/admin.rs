@@ -47,15 +47,6 @@ fn refuse(status: u16, reason: impl Into<String>) -> AdminError {
 }
 
 /// Parses an HTTP request's first line (`METHOD TARGET VERSION`).
-///
-/// ```
-/// use exchange::events::ExternalEvent;
-/// use gateway::admin::{AdminRequest, parse};
-/// assert_eq!(parse("POST /admin/halt?instrument=3 HTTP/1.1"),
-///            Ok(AdminRequest::Event(ExternalEvent::Halt(3))));
-/// assert_eq!(parse("GET /admin/halt?instrument=3 HTTP/1.1").unwrap_err().status, 405);
-/// assert_eq!(parse("POST /admin/band?instrument=3&low=9 HTTP/1.1").unwrap_err().status, 400);
-/// ```
 pub fn parse(request_line: &str) -> Result<AdminRequest, AdminError> {
     let mut parts = request_line.split_ascii_whitespace();
     let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
@@ -78,14 +69,6 @@ pub fn parse(request_line: &str) -> Result<AdminRequest, AdminError> {
 }
 
 /// Whether an admin request (its whole head, `request`) carries the configured token.
-///
-/// ```
-/// use gateway::admin::authorize;
-/// let head = "POST /admin/halt?instrument=1 HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n";
-/// assert!(authorize(head, Some("s3cret")).is_ok());
-/// assert_eq!(authorize(head, Some("other")).unwrap_err().status, 401);
-/// assert_eq!(authorize(head, None).unwrap_err().status, 403);
-/// ```
 pub fn authorize(request: &str, token: Option<&str>) -> Result<(), AdminError> {
     let Some(token) = token else {
         return Err(refuse(403, "admin endpoints are off: set admin_token in the serve config"));
@@ -95,14 +78,6 @@ pub fn authorize(request: &str, token: Option<&str>) -> Result<(), AdminError> {
 
 /// Whether a scrape of `/metrics` (its whole head, `request`) may read the page: open without
 /// a configured `metrics_token`, else only with that bearer token.
-///
-/// ```
-/// use gateway::admin::authorize_scrape;
-/// let head = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n";
-/// assert!(authorize_scrape(head, Some("s3cret")).is_ok());
-/// assert_eq!(authorize_scrape("GET /metrics HTTP/1.1", Some("s3cret")).unwrap_err().status, 401);
-/// assert!(authorize_scrape("GET /metrics HTTP/1.1", None).is_ok());
-/// ```
 pub fn authorize_scrape(request: &str, token: Option<&str>) -> Result<(), AdminError> {
     token.map_or(Ok(()), |token| bearer(request, token))
 }
@@ -176,5 +151,35 @@ mod tests {
             assert_eq!(error.status, status, "{line:?}: {error}");
             assert!(error.reason.contains(reason), "{line:?}: {error}");
         }
+    }
+
+    #[test]
+    fn a_request_line_names_an_endpoint_or_why_not() {
+        use exchange::events::ExternalEvent;
+        assert_eq!(
+            parse("POST /admin/halt?instrument=3 HTTP/1.1"),
+            Ok(AdminRequest::Event(ExternalEvent::Halt(3)))
+        );
+        assert_eq!(parse("GET /admin/halt?instrument=3 HTTP/1.1").unwrap_err().status, 405);
+        assert_eq!(parse("POST /admin/band?instrument=3&low=9 HTTP/1.1").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn admin_requests_need_the_admin_token() {
+        let head = "POST /admin/halt?instrument=1 HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n";
+        assert!(authorize(head, Some("s3cret")).is_ok());
+        assert_eq!(authorize(head, Some("other")).unwrap_err().status, 401);
+        assert_eq!(authorize(head, None).unwrap_err().status, 403);
+    }
+
+    #[test]
+    fn scrapes_need_the_metrics_token_only_when_one_is_set() {
+        let head = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n";
+        assert!(authorize_scrape(head, Some("s3cret")).is_ok());
+        assert_eq!(
+            authorize_scrape("GET /metrics HTTP/1.1", Some("s3cret")).unwrap_err().status,
+            401
+        );
+        assert!(authorize_scrape("GET /metrics HTTP/1.1", None).is_ok());
     }
 }

@@ -11,10 +11,12 @@ use tokio::io::AsyncReadExt;
 
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
+use crate::fix::unix_ns;
 use crate::fix::{self, Message, tag};
-use crate::fix_session::{ClOrdId, ExecId, FixState, Order, Pending, unix_ns};
+use crate::fix_session::{ClOrdId, ExecId, FixState, Order, Pending};
+use crate::hub::Hub;
 use crate::hub::order_id;
-use crate::hub::{Hub, Link};
+use crate::link::Link;
 use crate::native::{Event, event_kind, gateway_reason};
 use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
 

@@ -9,9 +9,12 @@ use std::sync::Arc;
 
 use crate::credentials::Credential;
 use crate::fix::{self, Builder, Message, tag};
-use crate::hub::{Link, Settings};
+// Where the load client (`crate::load`) looks for it; public as `gateway::fix::unix_ns`.
+pub(crate) use crate::fix::unix_ns;
+use crate::link::Link;
 use crate::native::reason_name;
 use crate::native::{Event, event_kind};
+use crate::settings::Settings;
 use crate::store::{FixRecovered, Log, UNKEPT_SEQ_RESERVE, kind};
 use exchange::instruments::InstrumentTable;
 
@@ -480,14 +483,6 @@ pub enum ExecId {
 
 impl ExecId {
     /// The ExecID's text in `buffer` (no allocation), `session_seq` for [`ExecId::Session`].
-    ///
-    /// ```
-    /// use gateway::fix_session::ExecId;
-    /// let mut buffer = [0u8; 48];
-    /// let engine = ExecId::Engine { shard: 2, input_seq: 901, index: 1 };
-    /// assert_eq!(engine.text(7, &mut buffer), b"2-901-1");
-    /// assert_eq!(ExecId::Session.text(7, &mut buffer), b"7");
-    /// ```
     pub fn text(self, session_seq: u64, buffer: &mut [u8]) -> &[u8] {
         use std::io::Write;
         let mut cursor = std::io::Cursor::new(&mut *buffer);
@@ -572,9 +567,15 @@ fn put_avg_px(b: &mut Builder, order: &Order, instruments: &InstrumentTable) {
 /// Decimal places AvgPx carries beyond the price unit's.
 const AVG_PX_EXTRA_DECIMALS: u32 = 4;
 
-/// Wall-clock nanoseconds since the Unix epoch (FIX timestamps are UTC wall time).
-pub fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exec_id_reads_as_shard_input_and_index_or_the_session_number() {
+        let mut buffer = [0u8; 48];
+        let engine = ExecId::Engine { shard: 2, input_seq: 901, index: 1 };
+        assert_eq!(engine.text(7, &mut buffer), b"2-901-1");
+        assert_eq!(ExecId::Session.text(7, &mut buffer), b"7");
+    }
 }

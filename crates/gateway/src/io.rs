@@ -35,8 +35,9 @@ use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
 use crate::admission::Admission;
 use crate::credentials::Credential;
 use crate::error::ServeError;
-use crate::hub::{Hub, OrderEntry, Refused, Resolution, Settings};
+use crate::hub::{Hub, OrderEntry, Refused, Resolution};
 use crate::metrics::LayoutInfo;
+use crate::settings::Settings;
 use crate::{fix_server, native_server};
 
 /// Replies routed per reply queue and read before the store's batch is committed.
@@ -585,7 +586,7 @@ async fn http_answer(
             let body = match page.fresh() {
                 Some(body) => body,
                 None => {
-                    let snapshot = crate::metrics::snapshot(&hub.borrow());
+                    let snapshot = hub.borrow().metrics_snapshot();
                     page.keep(renderer.render(snapshot).await)
                 }
             };

@@ -18,25 +18,40 @@
 //! Decoding never panics on hostile bytes (property tests feed both decoders arbitrary input);
 //! each malformed input gets the protocol's prescribed answer.
 
-pub mod admin;
-pub mod admission;
+// The face: what other crates and tests use. Everything else is the crate's own.
 pub mod client;
 pub mod credentials;
+pub mod fix;
+pub mod load;
+pub mod native;
+pub mod routed;
+
+pub use admin::HTTP_CONNECTIONS_MAX;
+pub use admission::{CONNECTIONS_MAX, PREAUTH_PER_ADDRESS_MAX};
+pub use error::ServeError;
+pub use hub::order_id;
+pub use remote::{AppendTally, RemoteOptions, RunningRemote, start as start_remote};
+pub use server::{BoundAddresses, Running, ServeOptions, start};
+pub use settings::{DEAD_LINK_INTERVALS, Settings};
+pub use store::{FILE_NAME as STORE_FILE_NAME, StoreError, UNKEPT_SEQ_RESERVE};
+pub use tls::ListenerTls;
+
+mod admin;
+mod admission;
 mod delivered;
 mod error;
-pub mod fix;
 mod fix_server;
-pub mod fix_session;
-pub mod hub;
+mod fix_session;
+mod hub;
 mod io;
-pub mod load;
-pub mod metrics;
-pub mod native;
+mod link;
+mod metrics;
 mod native_server;
-pub mod remote;
-pub mod routed;
-pub mod server;
+mod record;
+mod remote;
+mod server;
 mod session;
-pub mod store;
-pub mod tls;
-pub mod transport;
+mod settings;
+mod store;
+mod tls;
+mod transport;

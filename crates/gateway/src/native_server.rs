@@ -10,12 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
+use crate::hub::Hub;
 use crate::hub::order_id;
-use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
+use crate::link::Link;
 use crate::native::{
     self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,
 };
 use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
+use crate::settings::DEAD_LINK_INTERVALS;
 
 /// Bytes buffered from one connection (many frames per read).
 const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;

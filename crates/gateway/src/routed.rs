@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use exchange::msg::CoreOutput;
 
-use crate::store::{encode_record, kind};
+use crate::record::{encode_record, kind};
 
 /// Bytes of a [`kind::ROUTED`] record's payload: shard u32, slot u32, input u64, reports u32.
 pub const POSITION_BYTES: usize = 20;

@@ -20,11 +20,10 @@ use lab::stats::LatencyHistogram;
 use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;
-use crate::hub::Settings;
 use crate::io::{EventSink, HandoffSlot, InTierRequest, IoSetup, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
+use crate::settings::Settings;
 
-pub use crate::admission::CONNECTIONS_MAX;
 pub use crate::error::ServeError;
 
 /// What `serve` runs.

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::hub::{Hub, Link};
+use crate::hub::Hub;
+use crate::link::Link;
 
 /// How often a connection checks its timers, at most.
 const TIMER_TICK_MAX: Duration = Duration::from_millis(250);
@@ -53,9 +54,9 @@ impl Conn {
     }
 
     /// The longest a write may wait for the peer to read: as long as a silent peer is
-    /// given ([`crate::hub::DEAD_LINK_INTERVALS`] heartbeats).
+    /// given ([`crate::settings::DEAD_LINK_INTERVALS`] heartbeats).
     pub fn write_timeout(&self) -> Duration {
-        self.heartbeat * crate::hub::DEAD_LINK_INTERVALS
+        self.heartbeat * crate::settings::DEAD_LINK_INTERVALS
     }
 
     /// Time until the next timer check.

@@ -6,12 +6,12 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use gateway::Settings;
 use gateway::client::{ClientError, NativeClient};
-use gateway::hub::Settings;
 use gateway::native::{
     ClientMsg, Event, OrderRequest, ServerMsg, error_code, event_kind, gateway_reason, login_reject,
 };
-use gateway::server::{self, Running, ServeOptions};
+use gateway::{Running, ServeOptions};
 
 /// Generous on a loaded 2-core machine; a passing run never waits this long.
 const WAIT: Duration = Duration::from_secs(10);
@@ -27,7 +27,7 @@ fn start(settings: Settings) -> (Running, tempfile::TempDir) {
         settings: Settings { store_dir: dir.path().to_path_buf(), ..settings },
         ..options
     };
-    (server::start(options).unwrap(), dir)
+    (gateway::start(options).unwrap(), dir)
 }
 
 fn logged_in(addr: SocketAddr, client: u32, next_seq: u64) -> NativeClient {
@@ -418,7 +418,7 @@ fn relay_with_a_quiet_spell(server: SocketAddr, quiet: (Duration, Duration)) -> 
 #[test]
 fn the_load_generator_reads_on_through_a_quiet_spell_while_it_sends() {
     let settings = Settings { heartbeat: Duration::from_millis(400), ..Settings::default() };
-    let dead_link = settings.heartbeat * gateway::hub::DEAD_LINK_INTERVALS;
+    let dead_link = settings.heartbeat * gateway::DEAD_LINK_INTERVALS;
     let (server, _dir) = start(settings);
     let quiet = (Duration::from_millis(300), Duration::from_secs(6));
     let (schedule, drain) = (Duration::from_secs(4), Duration::from_secs(3));
@@ -591,7 +591,7 @@ fn a_client_that_stops_reading_is_dropped_and_may_log_in_again() {
 
 #[test]
 fn connections_that_never_log_in_from_one_address_lock_nobody_out() {
-    use gateway::admission::PREAUTH_PER_ADDRESS_MAX;
+    use gateway::PREAUTH_PER_ADDRESS_MAX;
     let (server, _dir) = start(Settings::default());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     // From another loopback address: many idle connections, none logging in.
@@ -716,11 +716,11 @@ fn an_open_metrics_listener_off_loopback_is_refused_and_a_token_allows_it() {
         settings: Settings { store_dir: dir.path().to_path_buf(), ..settings },
         ..common::serve_options(dir.path(), common::native_credentials(SECRET), 8)
     };
-    let error = server::start(exposed(Settings::default())).err().expect("refused");
-    assert!(matches!(error, server::ServeError::MetricsExposed { .. }), "{error}");
+    let error = gateway::start(exposed(Settings::default())).err().expect("refused");
+    assert!(matches!(error, gateway::ServeError::MetricsExposed { .. }), "{error}");
     assert!(error.to_string().contains("metrics_token"), "says what to do: {error}");
     let guarded = Settings { metrics_token: Some("m3trics".into()), ..Settings::default() };
-    let running = server::start(exposed(guarded)).expect("a token allows any address");
+    let running = gateway::start(exposed(guarded)).expect("a token allows any address");
     assert!(!running.metrics_listen.unwrap().ip().is_loopback());
 }
 
@@ -729,7 +729,7 @@ fn idle_connections_beyond_the_bound_are_closed_and_the_listener_recovers() {
     use std::io::Read;
     let (server, _dir) = start(Settings::default());
     let addr = server.metrics_listen.unwrap();
-    let idle: Vec<std::net::TcpStream> = (0..gateway::admin::HTTP_CONNECTIONS_MAX)
+    let idle: Vec<std::net::TcpStream> = (0..gateway::HTTP_CONNECTIONS_MAX)
         .map(|_| std::net::TcpStream::connect(addr).unwrap())
         .collect();
     let mut extra = std::net::TcpStream::connect(addr).unwrap();
@@ -760,9 +760,9 @@ fn a_store_past_its_bound_shrinks_and_a_restart_keeps_numbering_and_the_replay_w
     };
     let serve = || {
         let options = common::serve_options(dir.path(), common::native_credentials(SECRET), 8);
-        server::start(ServeOptions { settings: settings.clone(), ..options }).unwrap()
+        gateway::start(ServeOptions { settings: settings.clone(), ..options }).unwrap()
     };
-    let store = dir.path().join(gateway::store::FILE_NAME);
+    let store = dir.path().join(gateway::STORE_FILE_NAME);
     let server = serve();
     let mut session = logged_in(server.listen, 1, 0);
     let mut largest = 0;
