@@ -209,25 +209,9 @@ fn on_message(
     if msg_type == b"2" {
         resend(fix, link, limit, &message);
     }
-    if seq < fix.store.next_in {
-        if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
-            return Flow::Continue;
-        }
-        let text = format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store.next_in);
-        return logout(fix, link, limit, &text);
+    if let Some(flow) = take_sequence(fix, link, limit, &message, seq, resend_requested) {
+        return flow;
     }
-    if seq > fix.store.next_in {
-        if !*resend_requested {
-            *resend_requested = true;
-            let from = fix.store.next_in as i64;
-            fix.send(b"2", Some(link), limit, |b| {
-                b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
-            });
-        }
-        return Flow::Continue;
-    }
-    *resend_requested = false;
-    fix.store.next_in += 1;
     if message.get(tag::SENDING_TIME).is_none() {
         reject(
             fix,
@@ -241,6 +225,39 @@ fn on_message(
         return Flow::Continue;
     }
     dispatch(hub, at, link, &message, seq)
+}
+
+/// FIX's sequence rules for message `seq`: a possible duplicate of one taken is dropped, a
+/// number too low ends the session, a gap asks for a resend (once until it is filled); the
+/// expected number is taken and `None` says go on.
+fn take_sequence(
+    fix: &mut FixState,
+    link: &Rc<Link>,
+    limit: usize,
+    message: &Message,
+    seq: u64,
+    resend_requested: &mut bool,
+) -> Option<Flow> {
+    if seq < fix.store.next_in {
+        if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
+            return Some(Flow::Continue);
+        }
+        let text = format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store.next_in);
+        return Some(logout(fix, link, limit, &text));
+    }
+    if seq > fix.store.next_in {
+        if !*resend_requested {
+            *resend_requested = true;
+            let from = fix.store.next_in as i64;
+            fix.send(b"2", Some(link), limit, |b| {
+                b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
+            });
+        }
+        return Some(Flow::Continue);
+    }
+    *resend_requested = false;
+    fix.store.next_in += 1;
+    None
 }
 
 fn dispatch(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) -> Flow {
@@ -424,23 +441,55 @@ async fn logon(
     let pending = hub.borrow().verifier.verify(hash, password);
     let verdict = pending.await;
     let at = at?;
-    let seq = field(tag::MSG_SEQ_NUM).and_then(fix::parse_u64)?;
-    let heartbeat = field(tag::HEART_BT_INT)
-        .and_then(fix::parse_u64)
-        .filter(|s| (1..=HEART_BT_INT_MAX_S).contains(s));
-    let reset = field(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y");
-    let to_us = field(tag::TARGET_COMP_ID).map(|t| t.to_vec());
+    let ask = LogonAsk::of(&message)?;
     buffer.drain(..len);
-    let mut hub_ref = hub.borrow_mut();
-    let limit = hub_ref.settings.outbox_bytes_max;
-    let ours = hub_ref.settings.fix_comp_id.clone();
-    let client = &mut hub_ref.clients[at];
+    accept_logon(&mut hub.borrow_mut(), at, verdict, &ask)
+}
+
+/// What a Logon asks for besides its identity and password.
+struct LogonAsk {
+    seq: u64,
+    /// HeartBtInt (108), when it is within `1..=HEART_BT_INT_MAX_S`.
+    heartbeat_s: Option<u64>,
+    /// ResetSeqNumFlag (141): both sides start again at 1.
+    reset: bool,
+    /// TargetCompID (56): who the client thinks it logs on to.
+    to_us: Option<Vec<u8>>,
+}
+
+impl LogonAsk {
+    /// `None` without a MsgSeqNum.
+    fn of(message: &Message) -> Option<LogonAsk> {
+        let field = |t| message.get(t);
+        let seq = field(tag::MSG_SEQ_NUM).and_then(fix::parse_u64)?;
+        let heartbeat_s = field(tag::HEART_BT_INT)
+            .and_then(fix::parse_u64)
+            .filter(|s| (1..=HEART_BT_INT_MAX_S).contains(s));
+        let reset = field(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y");
+        let to_us = field(tag::TARGET_COMP_ID).map(|t| t.to_vec());
+        Some(LogonAsk { seq, heartbeat_s, reset, to_us })
+    }
+}
+
+/// Answers client `at`'s Logon, whose password check said `verdict`: refused (logged, `None`),
+/// or its session starts on a new link, with the heartbeat interval it asked for.
+fn accept_logon(
+    hub: &mut Hub,
+    at: usize,
+    verdict: Verdict,
+    ask: &LogonAsk,
+) -> Option<(usize, Duration)> {
+    let limit = hub.settings.outbox_bytes_max;
+    let ours = hub.settings.fix_comp_id.clone();
+    let client = &mut hub.clients[at];
     let refusal = match () {
         _ if verdict == Verdict::Busy => Some("too many logons being verified: try again"),
         _ if verdict != Verdict::Match => Some("bad password"),
         _ if client.link.is_some() => Some("session already logged on"),
-        _ if to_us.as_deref() != Some(ours.as_bytes()) => Some("TargetCompID is not this acceptor"),
-        _ if heartbeat.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),
+        _ if ask.to_us.as_deref() != Some(ours.as_bytes()) => {
+            Some("TargetCompID is not this acceptor")
+        }
+        _ if ask.heartbeat_s.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),
         _ => None,
     };
     let fix = client.fix.as_mut().expect("FIX client");
@@ -448,34 +497,46 @@ async fn logon(
         tracing::warn!(comp_id = %fix.comp_id, text, "FIX logon refused");
         return None;
     }
-    if reset {
+    if ask.reset {
         fix.store.reset();
         fix.ended.clear();
     }
-    if seq < fix.store.next_in {
-        tracing::warn!(comp_id = %fix.comp_id, seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
+    if ask.seq < fix.store.next_in {
+        tracing::warn!(comp_id = %fix.comp_id, seq = ask.seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
         return None;
     }
     let link = Rc::new(Link::default());
-    let heartbeat_s = heartbeat.expect("checked above");
-    fix.send(b"A", Some(&link), limit, |b| {
+    let heartbeat_s = ask.heartbeat_s.expect("checked above");
+    confirm_logon(fix, &link, limit, ask, heartbeat_s);
+    client.counters.logons += 1;
+    tracing::info!(comp_id = %client.credential.comp_id, "FIX logon");
+    hub.attach_link(at, link);
+    Some((at, Duration::from_secs(heartbeat_s)))
+}
+
+/// Sends the accepted Logon back, then a ResendRequest for what the client sent beyond what
+/// the session expected (or takes its Logon's number as expected).
+fn confirm_logon(
+    fix: &mut FixState,
+    link: &Rc<Link>,
+    limit: usize,
+    ask: &LogonAsk,
+    heartbeat_s: u64,
+) {
+    fix.send(b"A", Some(link), limit, |b| {
         b.int(tag::ENCRYPT_METHOD, 0).int(tag::HEART_BT_INT, heartbeat_s as i64);
-        if reset {
+        if ask.reset {
             b.field(tag::RESET_SEQ_NUM_FLAG, b"Y");
         }
     });
-    if seq > fix.store.next_in {
+    if ask.seq > fix.store.next_in {
         let from = fix.store.next_in as i64;
-        fix.send(b"2", Some(&link), limit, |b| {
+        fix.send(b"2", Some(link), limit, |b| {
             b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
         });
     } else {
         fix.store.next_in += 1;
     }
-    client.counters.logons += 1;
-    tracing::info!(comp_id = %client.credential.comp_id, "FIX logon");
-    hub_ref.attach_link(at, link);
-    Some((at, Duration::from_secs(heartbeat_s)))
 }
 
 /// Reads until one valid frame is at the front of `buffer`; `None` on garbage or close.
@@ -523,7 +584,7 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
     };
     let refused = if wrong_client {
         Some(gateway_reason::WRONG_CLIENT)
-    } else if let Some(reason) = request.off_grid {
+    } else if let Some(reason) = request.terms.off_grid {
         Some(reason as u8)
     } else {
         hub.submit(at, inbound).err().map(|r| r.reason())
@@ -546,6 +607,13 @@ struct OrderFields<'a> {
     orig_cl_ord_id: Option<&'a [u8]>,
     instrument: u32,
     side: u8,
+    /// What a new order or a replace asks for (all zero for a cancel).
+    terms: OrderTerms,
+}
+
+/// The terms of a new order or a replace.
+#[derive(Default)]
+struct OrderTerms {
     order_type: u8,
     time_in_force: u8,
     price: i64,
@@ -556,14 +624,26 @@ struct OrderFields<'a> {
 
 type FieldError = (u32, i64, &'static str);
 
+/// Tag `t` of `message`, or the session reject for its absence.
+fn required<'a>(message: &Message<'a>, t: u32) -> Result<&'a [u8], FieldError> {
+    message.get(t).ok_or((t, session_reject::REQUIRED_TAG_MISSING, "required tag missing"))
+}
+
+/// The session reject for tag `t`'s value.
+fn bad(t: u32) -> FieldError {
+    (t, session_reject::VALUE_INCORRECT, "value is incorrect for this tag")
+}
+
+/// Tag `t` of `message` as text, or the session reject for its absence or its bytes.
+fn text<'a>(message: &Message<'a>, t: u32) -> Result<&'a str, FieldError> {
+    required(message, t).and_then(|v| std::str::from_utf8(v).map_err(|_| bad(t)))
+}
+
 fn order_fields<'a>(
     message: &Message<'a>,
     instruments: &InstrumentTable,
 ) -> Result<OrderFields<'a>, FieldError> {
-    let required = |t: u32| {
-        message.get(t).ok_or((t, session_reject::REQUIRED_TAG_MISSING, "required tag missing"))
-    };
-    let bad = |t: u32| (t, session_reject::VALUE_INCORRECT, "value is incorrect for this tag");
+    let required = |t: u32| required(message, t);
     let is_new_or_replace = message.msg_type() != b"F";
     let cl_ord_id = ClOrdId::new(required(tag::CL_ORD_ID)?).ok_or(bad(tag::CL_ORD_ID))?;
     let orig_cl_ord_id = if is_new_or_replace && message.msg_type() == b"D" {
@@ -571,8 +651,7 @@ fn order_fields<'a>(
     } else {
         Some(required(tag::ORIG_CL_ORD_ID)?)
     };
-    let text = |t: u32| required(t).and_then(|v| std::str::from_utf8(v).map_err(|_| bad(t)));
-    let instrument = instruments.id_of(text(tag::SYMBOL)?).ok_or((
+    let instrument = instruments.id_of(text(message, tag::SYMBOL)?).ok_or((
         tag::SYMBOL,
         session_reject::VALUE_INCORRECT,
         "unknown symbol",
@@ -583,19 +662,13 @@ fn order_fields<'a>(
         _ => return Err(bad(tag::SIDE)),
     };
     required(tag::TRANSACT_TIME)?;
-    if !is_new_or_replace {
-        return Ok(OrderFields {
-            cl_ord_id,
-            orig_cl_ord_id,
-            instrument,
-            side,
-            order_type: 0,
-            time_in_force: 0,
-            price: 0,
-            qty: 0,
-            off_grid: None,
-        });
-    }
+    let terms =
+        if is_new_or_replace { order_terms(message, instruments)? } else { OrderTerms::default() };
+    Ok(OrderFields { cl_ord_id, orig_cl_ord_id, instrument, side, terms })
+}
+
+/// A new order's or a replace's quantity, type, price and time in force.
+fn order_terms(message: &Message, instruments: &InstrumentTable) -> Result<OrderTerms, FieldError> {
     // Decimals convert exactly or not at all: one that no whole number of units expresses is
     // refused by name (off tick, off lot); one that is not a number is a session reject.
     let mut off_grid = None;
@@ -607,13 +680,13 @@ fn order_fields<'a>(
         }
         Err(_) => Err(bad(t)),
     };
-    let qty = InstrumentTable::qty_units(text(tag::ORDER_QTY)?).map(i64::from);
+    let qty = InstrumentTable::qty_units(text(message, tag::ORDER_QTY)?).map(i64::from);
     let qty = u32::try_from(exact(tag::ORDER_QTY, qty, Reason::QuantityOffLot)?)
         .map_err(|_| bad(tag::ORDER_QTY))?;
-    let (order_type, price) = match required(tag::ORD_TYPE)? {
+    let (order_type, price) = match required(message, tag::ORD_TYPE)? {
         b"1" => (1, 0),
         b"2" => {
-            let price = instruments.price_units(text(tag::PRICE)?);
+            let price = instruments.price_units(text(message, tag::PRICE)?);
             (0, exact(tag::PRICE, price, Reason::PriceOffTick)?)
         }
         _ => return Err(bad(tag::ORD_TYPE)),
@@ -624,17 +697,7 @@ fn order_fields<'a>(
         Some(b"4") => 2,
         Some(_) => return Err(bad(tag::TIME_IN_FORCE)),
     };
-    Ok(OrderFields {
-        cl_ord_id,
-        orig_cl_ord_id,
-        instrument,
-        side,
-        order_type,
-        time_in_force,
-        price,
-        qty,
-        off_grid,
-    })
+    Ok(OrderTerms { order_type, time_in_force, price, qty, off_grid })
 }
 
 enum Refusal {
@@ -654,8 +717,8 @@ fn new_order(
     let order = Order {
         cl_ord_id: request.cl_ord_id,
         side: b'1' + request.side,
-        order_qty: request.qty,
-        price: request.price,
+        order_qty: request.terms.qty,
+        price: request.terms.price,
         instrument: request.instrument,
         ..Order::default()
     };
@@ -678,8 +741,8 @@ fn amend(
     let pending = if replace {
         Pending::Replace {
             cl_ord_id: request.cl_ord_id,
-            order_qty: request.qty,
-            price: request.price,
+            order_qty: request.terms.qty,
+            price: request.terms.price,
         }
     } else {
         Pending::Cancel(request.cl_ord_id)
@@ -707,7 +770,7 @@ fn amend(
     );
     inbound.instrument = order.instrument;
     if replace {
-        match request.qty.checked_sub(order.cum_qty).filter(|&q| q > 0) {
+        match request.terms.qty.checked_sub(order.cum_qty).filter(|&q| q > 0) {
             Some(remaining) => inbound.qty = remaining,
             None => {
                 order.pending = Pending::None;
@@ -726,13 +789,13 @@ fn inbound(kind: u8, request: &OrderFields, client: u32, token: u32) -> InboundO
     InboundOrder {
         kind,
         side: request.side,
-        order_type: request.order_type,
-        time_in_force: request.time_in_force,
+        order_type: request.terms.order_type,
+        time_in_force: request.terms.time_in_force,
         instrument: request.instrument,
         client,
         order_id: order_id(client, token),
-        price: request.price,
-        qty: request.qty,
+        price: request.terms.price,
+        qty: request.terms.qty,
         ..InboundOrder::default()
     }
 }

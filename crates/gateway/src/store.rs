@@ -589,12 +589,41 @@ fn apply(
     at: u64,
     replay_events_max: usize,
 ) -> bool {
-    let u64_at = |from: usize| {
-        payload.get(from..from + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    };
+    match kind {
+        kind::FIX_SENT
+        | kind::FIX_NEXT_IN
+        | kind::FIX_NEXT_OUT
+        | kind::FIX_RESET
+        | kind::FIX_ORDER_ID_MAX => return apply_fix(recovered, kind, client, payload, at),
+        kind::NATIVE_NEXT | kind::NATIVE_RESERVED | kind::NATIVE_EVENT => {
+            return apply_native(recovered, kind, client, payload, replay_events_max);
+        }
+        kind::ROUTED => {
+            let Some((key, position)) = crate::routed::decode(payload) else { return false };
+            recovered.routed.insert(key, position);
+        }
+        kind::OPEN_ORDER => {
+            let field = |at: usize| {
+                payload.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            };
+            let (Some(token), Some(instrument)) = (field(0), field(4)) else { return false };
+            recovered.open.entry(client).or_default().insert(token, instrument);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The little-endian u64 at `from` in `payload`, if it holds one.
+fn u64_at(payload: &[u8], from: usize) -> Option<u64> {
+    payload.get(from..from + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+/// [`apply`] for a FIX session's record (`at`: where its payload is in the file).
+fn apply_fix(recovered: &mut Recovered, kind: u8, client: u32, payload: &[u8], at: u64) -> bool {
     match kind {
         kind::FIX_SENT => {
-            let Some(seq) = u64_at(0) else { return false };
+            let Some(seq) = u64_at(payload, 0) else { return false };
             let fix = recovered.fix.entry(client).or_default();
             fix.index.push((seq, at + 8, (payload.len() - 8) as u32));
             let order_id = match fix::Message::parse(&payload[8..]) {
@@ -607,11 +636,11 @@ fn apply(
             fix.order_ids.push(order_id);
         }
         kind::FIX_NEXT_IN => {
-            let Some(next_in) = u64_at(0) else { return false };
+            let Some(next_in) = u64_at(payload, 0) else { return false };
             recovered.fix.entry(client).or_default().next_in = next_in;
         }
         kind::FIX_NEXT_OUT => {
-            let Some(reserved) = u64_at(0) else { return false };
+            let Some(reserved) = u64_at(payload, 0) else { return false };
             // The last one is the tightest bound: a stopping server settles its reservation
             // down to what it used (`fix_session::Store::settle`).
             recovered.fix.entry(client).or_default().next_out_reserved = reserved;
@@ -629,26 +658,29 @@ fn apply(
             let fix = recovered.fix.entry(client).or_default();
             fix.order_id_max = fix.order_id_max.max(max);
         }
+        _ => return false,
+    }
+    true
+}
+
+/// [`apply`] for a native session's record.
+fn apply_native(
+    recovered: &mut Recovered,
+    kind: u8,
+    client: u32,
+    payload: &[u8],
+    replay_events_max: usize,
+) -> bool {
+    match kind {
         kind::NATIVE_NEXT => {
-            let Some(next_seq) = u64_at(0) else { return false };
+            let Some(next_seq) = u64_at(payload, 0) else { return false };
             let native = recovered.native.entry(client).or_default();
             native.events.clear();
             native.next_seq = next_seq;
         }
         kind::NATIVE_RESERVED => {
-            let Some(reserved) = u64_at(0) else { return false };
+            let Some(reserved) = u64_at(payload, 0) else { return false };
             recovered.native.entry(client).or_default().reserved = reserved;
-        }
-        kind::ROUTED => {
-            let Some((key, position)) = crate::routed::decode(payload) else { return false };
-            recovered.routed.insert(key, position);
-        }
-        kind::OPEN_ORDER => {
-            let field = |at: usize| {
-                payload.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            };
-            let (Some(token), Some(instrument)) = (field(0), field(4)) else { return false };
-            recovered.open.entry(client).or_default().insert(token, instrument);
         }
         kind::NATIVE_EVENT => {
             let decoded =
