@@ -41,7 +41,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
     commit(&mut hub.borrow_mut(), at);
-    let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");
+    let link = hub.borrow().client(at).link.clone().expect("logon attached a link");
     let mut conn = Conn::new(heartbeat);
     let mut resend_requested = false;
     // Messages sent in the same write as the Logon are in the buffer already: handled before
@@ -59,7 +59,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
         if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
             break reason;
         }
-        if let Some(cut) = link.cut.get() {
+        if let Some(cut) = link.cut() {
             break cut.reason();
         }
         tokio::select! {
@@ -70,7 +70,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
                     unread = true;
                 }
             },
-            _ = link.wake.notified() => {}
+            _ = link.woken() => {}
             _ = tokio::time::sleep(conn.tick()) => {
                 let flow = on_timer(&mut hub.borrow_mut(), at, &link, &mut conn);
                 commit(&mut hub.borrow_mut(), at);
@@ -81,11 +81,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
             }
         }
     };
-    tracing::info!(
-        client = hub.borrow().clients[at].credential.client,
-        reason,
-        "FIX session ended"
-    );
+    tracing::info!(client = hub.borrow().client(at).credential.client, reason, "FIX session ended");
     detach(&hub, at);
 }
 
@@ -108,14 +104,14 @@ fn read_batch(
 /// so a read costs no store syscall of its own. A crash before that write loses only inbound
 /// numbers whose messages nobody has acknowledged: the restarted server asks for them again.
 fn commit(hub: &mut Hub, at: usize) {
-    hub.clients[at].fix.as_mut().expect("FIX client").store.save_next_in();
-    hub.log.borrow_mut().commit_if_holding();
+    hub.client_mut(at).fix.as_mut().expect("FIX client").store.save_next_in();
+    hub.log().borrow_mut().commit_if_holding();
 }
 
 /// Heartbeats out when idle; a TestRequest when the peer is quiet; dead after two intervals.
 fn on_timer(hub: &mut Hub, at: usize, link: &Rc<Link>, conn: &mut Conn) -> Flow {
-    let limit = hub.settings.outbox_bytes_max;
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let limit = hub.settings().outbox_bytes_max;
+    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
     let now = Instant::now();
     if now.duration_since(conn.last_read) >= conn.heartbeat * 2 + conn.heartbeat / 5 {
         return Flow::Close("dead link: no answer to TestRequest");
@@ -155,7 +151,7 @@ fn drain(
                 // Garbled: FIX says ignore it (no sequence number consumed) and go on. Counted,
                 // not logged at warn: a flood of garbage must not become a flood of logs.
                 tracing::debug!(%error, "FIX: garbled message ignored");
-                hub.clients[at].counters.garbled += 1;
+                hub.client_mut(at).counters.garbled += 1;
                 start += fix::resync(&buffer[start..]);
             }
         }
@@ -175,14 +171,14 @@ fn on_message(
     bytes: &[u8],
     resend_requested: &mut bool,
 ) -> Flow {
-    let limit = hub.settings.outbox_bytes_max;
+    let limit = hub.settings().outbox_bytes_max;
     let parsed = Message::parse(bytes);
     let costly = parsed.as_ref().is_ok_and(|m| matches!(m.msg_type(), b"1" | b"2"));
     if costly && !hub.admit_session_message(at) {
-        let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+        let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
         return logout(fix, link, limit, "TestRequests or ResendRequests over the throttle");
     }
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
     let message = match parsed {
         Ok(message) => message,
         Err(error) => {
@@ -261,8 +257,8 @@ fn take_sequence(
 }
 
 fn dispatch(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) -> Flow {
-    let limit = hub.settings.outbox_bytes_max;
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let limit = hub.settings().outbox_bytes_max;
+    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
     match message.msg_type() {
         b"0" | b"2" | b"3" => Flow::Continue,
         b"1" => {
@@ -426,7 +422,7 @@ async fn logon(
     stream: &mut impl Stream,
     buffer: &mut Vec<u8>,
 ) -> Option<(usize, Duration)> {
-    let timeout = hub.borrow().settings.logon_timeout;
+    let timeout = hub.borrow().settings().logon_timeout;
     let len = tokio::time::timeout(timeout, read_frame(stream, buffer)).await.ok()??;
     let message = Message::parse(&buffer[..len]).ok()?;
     let field = |t| message.get(t);
@@ -436,9 +432,9 @@ async fn logon(
     }
     let at = hub.borrow().fix_client_index(field(tag::SENDER_COMP_ID).unwrap_or(b""));
     // An unknown SenderCompID is checked against a stand-in hash: it takes as long as a known.
-    let hash = at.map(|at| hub.borrow().clients[at].credential.hash.clone());
+    let hash = at.map(|at| hub.borrow().client(at).credential.hash.clone());
     let password = field(tag::PASSWORD).unwrap_or(b"");
-    let pending = hub.borrow().verifier.verify(hash, password);
+    let pending = hub.borrow().verifier().verify(hash, password);
     let verdict = pending.await;
     let at = at?;
     let ask = LogonAsk::of(&message)?;
@@ -479,9 +475,9 @@ fn accept_logon(
     verdict: Verdict,
     ask: &LogonAsk,
 ) -> Option<(usize, Duration)> {
-    let limit = hub.settings.outbox_bytes_max;
-    let ours = hub.settings.fix_comp_id.clone();
-    let client = &mut hub.clients[at];
+    let limit = hub.settings().outbox_bytes_max;
+    let ours = hub.settings().fix_comp_id.clone();
+    let client = hub.client_mut(at);
     let refusal = match () {
         _ if verdict == Verdict::Busy => Some("too many logons being verified: try again"),
         _ if verdict != Verdict::Match => Some("bad password"),
@@ -558,10 +554,11 @@ async fn read_frame(stream: &mut impl Stream, buffer: &mut Vec<u8>) -> Option<us
 
 /// NewOrderSingle, OrderCancelRequest, OrderCancelReplaceRequest.
 fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) {
-    let limit = hub.settings.outbox_bytes_max;
-    let client_id = hub.clients[at].credential.client;
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
-    let request = match order_fields(message, &hub.settings.instruments) {
+    let limit = hub.settings().outbox_bytes_max;
+    let client_id = hub.client(at).credential.client;
+    let fields = order_fields(message, &hub.settings().instruments);
+    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
+    let request = match fields {
         Ok(request) => request,
         Err((ref_tag, reason, text)) => {
             return reject(fix, link, limit, seq as i64, reason, ref_tag, text);
@@ -590,7 +587,7 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
         hub.submit(at, inbound).err().map(|r| r.reason())
     };
     if let Some(reason) = refused {
-        let client = &mut hub.clients[at];
+        let client = hub.client_mut(at);
         client.counters.rejects[usize::from(reason)] += 1;
         let fix = client.fix.as_mut().expect("FIX client");
         fix.report(&rejected(token, reason), ExecId::Session, Some(link), limit);

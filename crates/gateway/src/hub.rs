@@ -11,12 +11,13 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, REASON_COUNT};
+use lab::stats::LatencyHistogram;
 use pipeline::metrics::now_ns;
 
 use crate::credentials::{Credential, Protocol, Verifier};
 use crate::fix_session::{ExecId, FixState};
 use crate::link::{Cut, Link};
-use crate::metrics::{Counters, Snapshot, StageMetrics, StoreCounts};
+use crate::metrics::{Counters, LayoutInfo, Snapshot, StageMetrics, StoreCounts};
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
 use crate::settings::Settings;
 use crate::store::{self, Log, StoreError, track_open};
@@ -152,27 +153,27 @@ impl Refused {
 
 /// The shared state.
 pub struct Hub {
-    pub settings: Settings,
-    pub clients: Vec<Client>,
+    settings: Settings,
+    clients: Vec<Client>,
     by_id: HashMap<u32, usize>,
     ingress: Box<dyn OrderEntry>,
     /// Reports for a client id not in the credentials (cannot happen unless the tier is
     /// fed from elsewhere); counted, never panics.
-    pub unroutable: u64,
+    unroutable: u64,
     /// Reused encoding buffer (no allocation on the routing path).
     scratch: Vec<u8>,
     /// Numbers each input's reports, for their FIX ExecIDs.
     exec_ids: ExecIds,
     /// The durable store every session's sequenced output goes through.
-    pub log: Rc<RefCell<Log>>,
+    log: Rc<RefCell<Log>>,
     /// Per-stage counters and latencies (the metrics listener prints them).
-    pub stage: StageMetrics,
+    stage: StageMetrics,
     /// Checks login secrets on a fixed pool of threads (shared by every session).
-    pub verifier: Verifier,
+    verifier: Verifier,
     /// Set when the server stops: new requests are refused, those taken are answered.
-    pub draining: bool,
+    draining: bool,
     /// The tier's answers routed (one per request handed to it).
-    pub answered: u64,
+    answered: u64,
     /// Clients with a live connection: the entry's room per turn is shared among them.
     sessions_live: usize,
     /// The I/O loop's turn ([`Hub::next_turn`]): each live session's share renews with it.
@@ -248,6 +249,66 @@ impl Hub {
             sessions_live: 0,
             turn: 0,
         })
+    }
+
+    /// The session limits the server started with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Client `at` (an index from [`Hub::client_index`] or a login).
+    pub fn client(&self, at: usize) -> &Client {
+        &self.clients[at]
+    }
+
+    pub fn client_mut(&mut self, at: usize) -> &mut Client {
+        &mut self.clients[at]
+    }
+
+    /// The clients with open orders, each with its connection generation.
+    pub fn with_open_orders(&self) -> Vec<(usize, u64)> {
+        let clients = self.clients.iter().enumerate();
+        clients.filter(|(_, c)| !c.open.is_empty()).map(|(at, c)| (at, c.generation)).collect()
+    }
+
+    /// The durable store every session's sequenced output goes through.
+    pub fn log(&self) -> &RefCell<Log> {
+        &self.log
+    }
+
+    /// The pool that checks login secrets.
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    /// From now on new requests are refused ([`Refused::ShuttingDown`]); those taken are
+    /// answered.
+    pub fn start_draining(&mut self) {
+        self.draining = true;
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Requests handed to the tier, and how many of them it answered so far.
+    pub fn taken_and_answered(&self) -> (u64, u64) {
+        (self.stage.engine_in, self.answered)
+    }
+
+    /// The tier's thread layout, for the metrics page.
+    pub fn set_layout(&mut self, layout: LayoutInfo) {
+        self.stage.layout = Some(layout);
+    }
+
+    /// Reports waiting on the reply queues after a routing batch, for the metrics page.
+    pub fn set_reply_depth(&mut self, depth: usize) {
+        self.stage.egress_depth = depth;
+    }
+
+    /// The in-tier response times since the last call; a fresh histogram from now on.
+    pub fn take_in_tier_latency(&mut self) -> LatencyHistogram {
+        std::mem::take(&mut self.stage.in_tier)
     }
 
     /// Gives client `at` its new connection (its session is live: it takes a share of the
@@ -380,10 +441,8 @@ impl Hub {
             client.counters.throttled += 1;
             if client.throttle.breached()
                 && let Some(link) = &client.link
-                && link.cut.get().is_none()
             {
-                link.cut.set(Some(Cut::ThrottleBreach));
-                link.wake.notify_one();
+                link.end(Cut::ThrottleBreach);
             }
             return Err(Refused::Throttled);
         }
@@ -515,11 +574,7 @@ impl Hub {
     pub fn drained(&self) -> bool {
         self.answered >= self.stage.engine_in
             && !self.log.borrow().is_holding()
-            && self
-                .clients
-                .iter()
-                .filter_map(|c| c.link.as_ref())
-                .all(|l| l.out.borrow().is_empty())
+            && self.clients.iter().filter_map(|c| c.link.as_ref()).all(|l| l.is_written())
     }
 
     /// Hands a request to the tier without throttling (cancel-on-disconnect).

@@ -301,13 +301,13 @@ impl IoLoop {
             }
         };
         if let Some(journals) = journals {
-            let waits = hub.log.borrow_mut().wait_for_journals(journals);
+            let waits = hub.log().borrow_mut().wait_for_journals(journals);
             debug_assert!(waits, "a syncing store waits for the journals before its first commit");
         }
         if let Some(durable) = routed {
-            hub.log.borrow_mut().routed.share(durable);
+            hub.log().borrow_mut().routed.share(durable);
         }
-        hub.stage.layout = Some(layout);
+        hub.set_layout(layout);
         if !journaled {
             hub.forget_open_orders();
         }
@@ -357,18 +357,18 @@ impl IoLoop {
     fn drained(&mut self) -> bool {
         let hub = &self.hub;
         let since = *self.draining_since.get_or_insert_with(|| {
-            hub.borrow_mut().draining = true;
+            hub.borrow_mut().start_draining();
             tracing::info!("stopping: new orders are refused, those taken are answered");
             std::time::Instant::now()
         });
         let hub = self.hub.borrow();
-        hub.log.borrow_mut().commit_if_holding();
+        hub.log().borrow_mut().commit_if_holding();
         let drained = hub.drained() && self.staged.orders.borrow().is_empty();
         let waited = since.elapsed();
         if !drained && waited < DRAIN_TIMEOUT {
             return false;
         }
-        let (answered, taken) = (hub.answered, hub.stage.engine_in);
+        let (taken, answered) = hub.taken_and_answered();
         let waited_ms = waited.as_millis() as u64;
         tracing::info!(drained, answered, taken, waited_ms, "stopped serving");
         true
@@ -378,7 +378,7 @@ impl IoLoop {
     fn route_replies(&mut self) -> usize {
         let mut hub = self.hub.borrow_mut();
         let routed = self.replies.read(ROUTE_BATCH_MAX, |output| hub.route(output));
-        hub.stage.egress_depth = self.replies.pending();
+        hub.set_reply_depth(self.replies.pending());
         if routed > 0 {
             hub.commit();
         }
@@ -403,7 +403,7 @@ async fn start_tasks(
         tokio::task::spawn_local(accept_loop(hub.clone(), admission, fix, true));
     }
     cancel_recovered_orders(&hub);
-    let synced = hub.borrow().log.borrow().synced_notify();
+    let synced = hub.borrow().log().borrow().synced_notify();
     if let Some(synced) = synced {
         tokio::task::spawn_local(release_loop(hub.clone(), synced));
     }
@@ -420,7 +420,7 @@ async fn answer_in_tier(
     mut requests: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
 ) {
     while let Some(reply) = requests.recv().await {
-        let taken = std::mem::take(&mut hub.borrow_mut().stage.in_tier);
+        let taken = hub.borrow_mut().take_in_tier_latency();
         let _ = reply.send(taken);
     }
 }
@@ -444,15 +444,8 @@ async fn answer_resolutions(
 /// Orders in the recovered books belong to sessions the restart ended: cancel-on-disconnect
 /// applies to them as to any dropped session, from the start.
 fn cancel_recovered_orders(hub: &Rc<RefCell<Hub>>) {
-    let Some(grace) = hub.borrow().settings.cancel_on_disconnect else { return };
-    let waiting: Vec<(usize, u64)> = hub
-        .borrow()
-        .clients
-        .iter()
-        .enumerate()
-        .filter(|(_, client)| !client.open.is_empty())
-        .map(|(at, client)| (at, client.generation))
-        .collect();
+    let Some(grace) = hub.borrow().settings().cancel_on_disconnect else { return };
+    let waiting = hub.borrow().with_open_orders();
     for (at, generation) in waiting {
         crate::session::cancel_after_grace(hub, at, generation, grace);
     }
@@ -462,7 +455,7 @@ fn cancel_recovered_orders(hub: &Rc<RefCell<Hub>>) {
 async fn release_loop(hub: Rc<RefCell<Hub>>, synced: std::sync::Arc<Notify>) {
     loop {
         synced.notified().await;
-        hub.borrow().log.borrow_mut().release();
+        hub.borrow().log().borrow_mut().release();
     }
 }
 
@@ -487,10 +480,10 @@ async fn accept_loop(
         // tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
         let _ = stream.set_nodelay(true);
         let hub = hub.clone();
-        let tls = hub.borrow().settings.tls.clone();
+        let tls = hub.borrow().settings().tls.clone();
         tokio::task::spawn_local(async move {
             let Some(tls) = tls else { return serve_session(hub, stream, ticket, fix).await };
-            let timeout = hub.borrow().settings.logon_timeout;
+            let timeout = hub.borrow().settings().logon_timeout;
             match tls.accept(stream, timeout).await {
                 Ok(mut stream) => {
                     serve_session(hub, &mut stream, ticket, fix).await;
@@ -579,7 +572,7 @@ async fn http_answer(
     let refused = |AdminError { status, reason }| (status, "text/plain", format!("{reason}\n"));
     match crate::admin::parse(line) {
         Ok(AdminRequest::Metrics) => {
-            let token = hub.borrow().settings.metrics_token.clone();
+            let token = hub.borrow().settings().metrics_token.clone();
             if let Err(error) = crate::admin::authorize_scrape(text, token.as_deref()) {
                 return refused(error);
             }
@@ -593,7 +586,7 @@ async fn http_answer(
             (200, "text/plain; version=0.0.4", body.as_ref().clone())
         }
         // A draining server is alive but takes no new orders: a balancer must send it none.
-        Ok(AdminRequest::Ready) if hub.borrow().draining => {
+        Ok(AdminRequest::Ready) if hub.borrow().is_draining() => {
             (503, "text/plain", "stopping\n".into())
         }
         Ok(AdminRequest::Ready) if upstream.borrow().unreachable() => {
@@ -601,7 +594,7 @@ async fn http_answer(
         }
         Ok(AdminRequest::Health | AdminRequest::Ready) => (200, "text/plain", "ok\n".into()),
         Ok(AdminRequest::Event(event)) => {
-            let token = hub.borrow().settings.admin_token.clone();
+            let token = hub.borrow().settings().admin_token.clone();
             if let Err(error) = crate::admin::authorize(text, token.as_deref()) {
                 tracing::warn!(
                     status = error.status,

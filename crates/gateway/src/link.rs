@@ -40,15 +40,15 @@ impl Cut {
 /// store has made their records durable ([`crate::store`]); both bounded together.
 #[derive(Default)]
 pub struct Link {
-    pub out: RefCell<Vec<u8>>,
-    pub wake: Notify,
+    out: RefCell<Vec<u8>>,
+    wake: Notify,
     /// Set once when the session must end; the connection says why and closes.
-    pub cut: Cell<Option<Cut>>,
+    cut: Cell<Option<Cut>>,
     held: RefCell<Vec<u8>>,
     /// (store write epoch, end of the held bytes that wait for it), oldest first.
     marks: RefCell<VecDeque<(u64, usize)>>,
     /// Whether the store's list of links with held bytes has this one.
-    pub waiting: Cell<bool>,
+    waiting: Cell<bool>,
 }
 
 impl Link {
@@ -79,6 +79,45 @@ impl Link {
             return false;
         }
         true
+    }
+
+    /// Why the session must end, once it must.
+    pub fn cut(&self) -> Option<Cut> {
+        self.cut.get()
+    }
+
+    /// Ends the session for `cut` unless it is ending already (the first reason stays).
+    pub fn end(&self, cut: Cut) {
+        if self.cut.get().is_none() {
+            self.cut.set(Some(cut));
+            self.wake.notify_one();
+        }
+    }
+
+    /// Resolves when bytes are queued or the session must end.
+    pub fn woken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.wake.notified()
+    }
+
+    /// Whether nothing waits for the socket.
+    pub fn is_written(&self) -> bool {
+        self.out.borrow().is_empty()
+    }
+
+    /// Swaps what waits for the socket into `writing` (empty), so that the session writes it
+    /// while routing queues more.
+    pub fn take_out(&self, writing: &mut Vec<u8>) {
+        std::mem::swap(&mut *self.out.borrow_mut(), writing);
+    }
+
+    /// Puts the link on the store's list of links with held bytes: whether it was not on it.
+    pub fn enlist(&self) -> bool {
+        !self.waiting.replace(true)
+    }
+
+    /// Whether the link stays on the store's list (it still holds bytes).
+    pub fn stay_listed(&self, still: bool) {
+        self.waiting.set(still);
     }
 
     /// Whether bytes wait for the store.
@@ -118,5 +157,13 @@ impl Link {
             self.wake.notify_one();
         }
         !held.is_empty()
+    }
+}
+
+#[cfg(test)]
+impl Link {
+    /// What waits for the socket (tests read it without a session).
+    pub fn written_for_tests(&self) -> std::cell::Ref<'_, Vec<u8>> {
+        self.out.borrow()
     }
 }

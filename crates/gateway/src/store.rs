@@ -332,7 +332,7 @@ impl Log {
     /// Queues bytes for `link` that may reach the client only once the records appended so
     /// far are durable; past `limit` bytes queued the session is cut off as a slow consumer.
     pub fn hold(&mut self, link: &Rc<Link>, bytes: &[u8], limit: usize) {
-        if link.hold(bytes, limit) && !link.waiting.replace(true) {
+        if link.hold(bytes, limit) && link.enlist() {
             self.waiting.push(link.clone());
         }
     }
@@ -403,7 +403,7 @@ impl Log {
         self.routed.publish_durable(durable);
         self.waiting.retain(|link| {
             let still = link.release(durable);
-            link.waiting.set(still);
+            link.stay_listed(still);
             still
         });
     }
@@ -920,7 +920,7 @@ mod tests {
             });
             log.release();
         }
-        assert_eq!(link.out.borrow().as_slice(), b"report");
+        assert_eq!(link.written_for_tests().as_slice(), b"report");
         drop(sender);
         writer.join().unwrap();
     }
@@ -943,11 +943,11 @@ mod tests {
             });
             log.release();
         }
-        assert_eq!(link.out.borrow().as_slice(), b"first");
+        assert_eq!(link.written_for_tests().as_slice(), b"first");
         // Held after the commit: waits for the next one, whatever the syncer does meanwhile.
         log.hold(&link, b"second", 1 << 10);
         log.release();
-        assert_eq!(link.out.borrow().as_slice(), b"first");
+        assert_eq!(link.written_for_tests().as_slice(), b"first");
         assert!(link.is_holding());
         assert_eq!((log.commits, log.has_failed()), (1, false));
     }
