@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::native::{self, ClientMsg, Event, ServerMsg, event_kind};
 pub use crate::transport::ClientTls;
-use crate::transport::{Reader, Transport, Writer};
+// Public here: what `NativeClient::split` hands out and the load client drives.
+pub use crate::transport::{Reader, Transport, Writer};
 use exchange::instruments::InstrumentTable;
 
 /// Bytes read per `read` call.

@@ -26,17 +26,17 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// Time a connection has to log on.
     pub logon_timeout: Duration,
-    /// Where the store ([`crate::store`]) keeps FIX sessions' sequence numbers and sent
+    /// Where the store (the crate's `store`) keeps FIX sessions' sequence numbers and sent
     /// messages and native sessions' sequenced events.
     pub store_dir: PathBuf,
     /// `fdatasync` each store batch before its messages are sent (group commit); off, a batch
     /// is written (it survives a killed process, not a power failure) and sent at once.
     pub store_sync: bool,
     /// Bytes past which the store is compacted to what recovery needs
-    /// ([`store::StoreOptions::bytes_max`]).
+    /// (`store::StoreOptions::bytes_max`; default 256 MiB).
     pub store_bytes_max: u64,
     /// Sent messages per FIX session that compaction keeps for resends
-    /// ([`store::StoreOptions::fix_resend_window`]).
+    /// (`store::StoreOptions::fix_resend_window`).
     pub fix_resend_window: usize,
     /// The acceptor's SenderCompID.
     pub fix_comp_id: String,
@@ -52,7 +52,7 @@ pub struct Settings {
     /// files the tier's master data came from; empty: the reference universe's (filled in by
     /// [`crate::server::start`]).
     pub instruments: std::sync::Arc<exchange::instruments::InstrumentTable>,
-    /// TLS on the native and FIX listeners; `None`: plain TCP ([`crate::tls`]).
+    /// TLS on the native and FIX listeners; `None`: plain TCP ([`ListenerTls`](crate::ListenerTls)).
     pub tls: Option<crate::tls::ListenerTls>,
 }
 
