@@ -172,6 +172,10 @@ pub struct Hub {
     verifier: Verifier,
     /// Set when the server stops: new requests are refused, those taken are answered.
     draining: bool,
+    /// What the metrics listener's `/ready` says: set once the server serves, cleared when it
+    /// drains (a draining server is alive but takes no new orders: a balancer must send it
+    /// none).
+    readiness: ops::Readiness,
     /// The tier's answers routed (one per request handed to it).
     answered: u64,
     /// Clients with a live connection: the entry's room per turn is shared among them.
@@ -245,6 +249,7 @@ impl Hub {
             stage,
             verifier,
             draining,
+            readiness: ops::Readiness::default(),
             answered,
             sessions_live: 0,
             turn: 0,
@@ -285,10 +290,12 @@ impl Hub {
     /// answered.
     pub fn start_draining(&mut self) {
         self.draining = true;
+        self.readiness.set(false);
     }
 
-    pub fn is_draining(&self) -> bool {
-        self.draining
+    /// What `/ready` says (clones share it).
+    pub fn readiness(&self) -> &ops::Readiness {
+        &self.readiness
     }
 
     /// Requests handed to the tier, and how many of them it answered so far.

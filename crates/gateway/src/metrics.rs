@@ -179,7 +179,7 @@ impl ClientCounts {
 }
 
 /// What the page shows, copied off the hub on the I/O thread (a copy of the counters, no
-/// formatting) and rendered elsewhere ([`Renderer`]).
+/// formatting) and rendered on the admin endpoint's thread (`crate::admin`).
 pub struct Snapshot {
     clients: Vec<ClientCounts>,
     stage: [(&'static str, &'static str, u64); 9],
@@ -277,35 +277,8 @@ fn stage_counters(
     ]
 }
 
-/// Renders pages on a thread of its own, so a scrape costs the I/O thread (which also runs
-/// the orders) a copy of the counters, not the formatting. The thread ends when this drops.
-pub struct Renderer {
-    requests: std::sync::mpsc::Sender<(Snapshot, tokio::sync::oneshot::Sender<String>)>,
-}
-
-impl Renderer {
-    pub fn spawn() -> std::io::Result<Renderer> {
-        let (requests, pages) =
-            std::sync::mpsc::channel::<(Snapshot, tokio::sync::oneshot::Sender<String>)>();
-        std::thread::Builder::new().name("metrics-render".into()).spawn(move || {
-            for (snapshot, page) in pages {
-                let _ = page.send(render(&snapshot));
-            }
-        })?;
-        Ok(Renderer { requests })
-    }
-
-    /// The page of `snapshot`, rendered on the renderer's thread.
-    pub async fn render(&self, snapshot: Snapshot) -> String {
-        let (page, rendered) = tokio::sync::oneshot::channel();
-        if self.requests.send((snapshot, page)).is_err() {
-            return String::new();
-        }
-        rendered.await.unwrap_or_default()
-    }
-}
-
-fn render(snapshot: &Snapshot) -> String {
+/// The page of `snapshot` in the Prometheus text format.
+pub(crate) fn render(snapshot: &Snapshot) -> String {
     let mut text = String::new();
     per_session(&mut text, snapshot);
     per_stage(&mut text, snapshot);

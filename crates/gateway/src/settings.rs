@@ -26,14 +26,14 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// Time a connection has to log on.
     pub logon_timeout: Duration,
-    /// Where the store (the crate's `store`) keeps FIX sessions' sequence numbers and sent
+    /// Where the gateway's store keeps FIX sessions' sequence numbers and sent
     /// messages and native sessions' sequenced events.
     pub store_dir: PathBuf,
     /// `fdatasync` each store batch before its messages are sent (group commit); off, a batch
     /// is written (it survives a killed process, not a power failure) and sent at once.
     pub store_sync: bool,
     /// Bytes past which the store is compacted to what recovery needs
-    /// (`store::StoreOptions::bytes_max`; default 256 MiB).
+    /// (`store::StoreOptions::bytes_max`).
     pub store_bytes_max: u64,
     /// Sent messages per FIX session that compaction keeps for resends
     /// (`store::StoreOptions::fix_resend_window`).
