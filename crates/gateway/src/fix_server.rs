@@ -41,7 +41,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
     commit(&mut hub.borrow_mut(), at);
-    let link = hub.borrow().client(at).link.clone().expect("logon attached a link");
+    let link = hub.borrow().client(at).link().cloned().expect("logon attached a link");
     let mut conn = Conn::new(heartbeat);
     let mut resend_requested = false;
     // Messages sent in the same write as the Logon are in the buffer already: handled before
@@ -81,7 +81,11 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
             }
         }
     };
-    tracing::info!(client = hub.borrow().client(at).credential.client, reason, "FIX session ended");
+    tracing::info!(
+        client = hub.borrow().client(at).credential().client,
+        reason,
+        "FIX session ended"
+    );
     detach(&hub, at);
 }
 
@@ -104,14 +108,14 @@ fn read_batch(
 /// so a read costs no store syscall of its own. A crash before that write loses only inbound
 /// numbers whose messages nobody has acknowledged: the restarted server asks for them again.
 fn commit(hub: &mut Hub, at: usize) {
-    hub.client_mut(at).fix.as_mut().expect("FIX client").store.save_next_in();
+    hub.client_mut(at).fix_mut().store.save_next_in();
     hub.log().borrow_mut().commit_if_holding();
 }
 
 /// Heartbeats out when idle; a TestRequest when the peer is quiet; dead after two intervals.
 fn on_timer(hub: &mut Hub, at: usize, link: &Rc<Link>, conn: &mut Conn) -> Flow {
     let limit = hub.settings().outbox_bytes_max;
-    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
+    let fix = hub.client_mut(at).fix_mut();
     let now = Instant::now();
     if now.duration_since(conn.last_read) >= conn.heartbeat * 2 + conn.heartbeat / 5 {
         return Flow::Close("dead link: no answer to TestRequest");
@@ -151,7 +155,7 @@ fn drain(
                 // Garbled: FIX says ignore it (no sequence number consumed) and go on. Counted,
                 // not logged at warn: a flood of garbage must not become a flood of logs.
                 tracing::debug!(%error, "FIX: garbled message ignored");
-                hub.client_mut(at).counters.garbled += 1;
+                hub.client_mut(at).counters_mut().garbled += 1;
                 start += fix::resync(&buffer[start..]);
             }
         }
@@ -175,10 +179,10 @@ fn on_message(
     let parsed = Message::parse(bytes);
     let costly = parsed.as_ref().is_ok_and(|m| matches!(m.msg_type(), b"1" | b"2"));
     if costly && !hub.admit_session_message(at) {
-        let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
+        let fix = hub.client_mut(at).fix_mut();
         return logout(fix, link, limit, "TestRequests or ResendRequests over the throttle");
     }
-    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
+    let fix = hub.client_mut(at).fix_mut();
     let message = match parsed {
         Ok(message) => message,
         Err(error) => {
@@ -258,7 +262,7 @@ fn take_sequence(
 
 fn dispatch(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) -> Flow {
     let limit = hub.settings().outbox_bytes_max;
-    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
+    let fix = hub.client_mut(at).fix_mut();
     match message.msg_type() {
         b"0" | b"2" | b"3" => Flow::Continue,
         b"1" => {
@@ -432,7 +436,7 @@ async fn logon(
     }
     let at = hub.borrow().fix_client_index(field(tag::SENDER_COMP_ID).unwrap_or(b""));
     // An unknown SenderCompID is checked against a stand-in hash: it takes as long as a known.
-    let hash = at.map(|at| hub.borrow().client(at).credential.hash.clone());
+    let hash = at.map(|at| hub.borrow().client(at).credential().hash.clone());
     let password = field(tag::PASSWORD).unwrap_or(b"");
     let pending = hub.borrow().verifier().verify(hash, password);
     let verdict = pending.await;
@@ -481,14 +485,14 @@ fn accept_logon(
     let refusal = match () {
         _ if verdict == Verdict::Busy => Some("too many logons being verified: try again"),
         _ if verdict != Verdict::Match => Some("bad password"),
-        _ if client.link.is_some() => Some("session already logged on"),
+        _ if client.link().is_some() => Some("session already logged on"),
         _ if ask.to_us.as_deref() != Some(ours.as_bytes()) => {
             Some("TargetCompID is not this acceptor")
         }
         _ if ask.heartbeat_s.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),
         _ => None,
     };
-    let fix = client.fix.as_mut().expect("FIX client");
+    let fix = client.fix_mut();
     if let Some(text) = refusal {
         tracing::warn!(comp_id = %fix.comp_id, text, "FIX logon refused");
         return None;
@@ -504,8 +508,8 @@ fn accept_logon(
     let link = Rc::new(Link::default());
     let heartbeat_s = ask.heartbeat_s.expect("checked above");
     confirm_logon(fix, &link, limit, ask, heartbeat_s);
-    client.counters.logons += 1;
-    tracing::info!(comp_id = %client.credential.comp_id, "FIX logon");
+    client.counters_mut().logons += 1;
+    tracing::info!(comp_id = %client.credential().comp_id, "FIX logon");
     hub.attach_link(at, link);
     Some((at, Duration::from_secs(heartbeat_s)))
 }
@@ -555,9 +559,9 @@ async fn read_frame(stream: &mut impl Stream, buffer: &mut Vec<u8>) -> Option<us
 /// NewOrderSingle, OrderCancelRequest, OrderCancelReplaceRequest.
 fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) {
     let limit = hub.settings().outbox_bytes_max;
-    let client_id = hub.client(at).credential.client;
+    let client_id = hub.client(at).credential().client;
     let fields = order_fields(message, &hub.settings().instruments);
-    let fix = hub.client_mut(at).fix.as_mut().expect("FIX client");
+    let fix = hub.client_mut(at).fix_mut();
     let request = match fields {
         Ok(request) => request,
         Err((ref_tag, reason, text)) => {
@@ -588,8 +592,8 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
     };
     if let Some(reason) = refused {
         let client = hub.client_mut(at);
-        client.counters.rejects[usize::from(reason)] += 1;
-        let fix = client.fix.as_mut().expect("FIX client");
+        client.counters_mut().rejects[usize::from(reason)] += 1;
+        let fix = client.fix_mut();
         fix.report(&rejected(token, reason), ExecId::Session, Some(link), limit);
     }
 }

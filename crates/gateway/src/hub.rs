@@ -90,23 +90,23 @@ impl Throttle {
 
 /// One client's state; it outlives its connections.
 pub struct Client {
-    pub credential: Credential,
-    pub counters: Counters,
+    credential: Credential,
+    counters: Counters,
     /// The live connection, if any.
-    pub link: Option<Rc<Link>>,
+    link: Option<Rc<Link>>,
     /// Bumped on every connect and disconnect (cancel-on-disconnect checks it).
-    pub generation: u64,
+    generation: u64,
     /// Native: sequenced events kept for replay, the oldest first.
-    pub journal: VecDeque<Event>,
+    journal: VecDeque<Event>,
     /// Native: the sequence number of the next event.
-    pub next_seq: u64,
+    next_seq: u64,
     /// Native: sequence numbers below this are covered by the store (kept there, or reserved
     /// by a [`store::kind::NATIVE_RESERVED`] record), so a restart never numbers twice.
     reserved_seq: u64,
     /// Open orders (token → instrument), for cancel-on-disconnect.
-    pub open: HashMap<u32, u32>,
+    open: HashMap<u32, u32>,
     throttle: Throttle,
-    pub fix: Option<FixState>,
+    fix: Option<FixState>,
     /// The turn of the requests counted in `staged_in_turn`.
     staged_turn: u64,
     /// Requests this client handed the entry in `staged_turn`.
@@ -114,9 +114,46 @@ pub struct Client {
 }
 
 impl Client {
+    pub fn credential(&self) -> &Credential {
+        &self.credential
+    }
+
+    /// Its counters, for the sessions to count what they see.
+    pub fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
+    /// The live connection, if any.
+    pub fn link(&self) -> Option<&Rc<Link>> {
+        self.link.as_ref()
+    }
+
+    /// Bumped on every connect and disconnect (cancel-on-disconnect checks it).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A FIX client's session state.
+    pub fn fix_mut(&mut self) -> &mut FixState {
+        self.fix.as_mut().expect("FIX client")
+    }
+
+    /// Native: the sequence number of the next event.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Sequence number of the oldest event still kept.
     pub fn first_kept_seq(&self) -> u64 {
         self.next_seq - self.journal.len() as u64
+    }
+
+    /// Native: the kept events from sequence number `from` on (at least
+    /// [`Client::first_kept_seq`]), with their numbers.
+    pub fn replay_from(&self, from: u64) -> impl Iterator<Item = (u64, Event)> + '_ {
+        let first = self.first_kept_seq();
+        let events = self.journal.iter().enumerate().skip((from - first) as usize);
+        events.map(move |(offset, event)| (first + offset as u64, *event))
     }
 }
 

@@ -27,7 +27,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some(at) = login(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
-    let link = hub.borrow().client(at).link.clone().expect("login attached a link");
+    let link = hub.borrow().client(at).link().cloned().expect("login attached a link");
     let mut conn = Conn::new(hub.borrow().settings().heartbeat);
     // Frames sent in the same write as the login are in the buffer already: handled before
     // the first wait for more bytes, as every read's are.
@@ -70,7 +70,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
         }
     };
     tracing::info!(
-        client = hub.borrow().client(at).credential.client,
+        client = hub.borrow().client(at).credential().client,
         reason,
         "native session ended"
     );
@@ -123,7 +123,7 @@ fn on_message(hub: &mut Hub, at: usize, msg: ClientMsg) -> Flow {
         ClientMsg::Heartbeat => return Flow::Continue,
         ClientMsg::Logout => return Flow::Close("logout"),
         ClientMsg::Login { .. } => {
-            let link = hub.client(at).link.clone().expect("logged on");
+            let link = hub.client(at).link().cloned().expect("logged on");
             queue(&link, &ServerMsg::Error { code: error_code::MALFORMED }, hub);
             return Flow::Close("second login");
         }
@@ -131,7 +131,7 @@ fn on_message(hub: &mut Hub, at: usize, msg: ClientMsg) -> Flow {
         ClientMsg::Cancel(order) => (request_kind::CANCEL, order),
         ClientMsg::Replace(order) => (request_kind::REPLACE, order),
     };
-    let client = hub.client(at).credential.client;
+    let client = hub.client(at).credential().client;
     if order.client != client {
         hub.refuse_native(at, &order, gateway_reason::WRONG_CLIENT);
         return Flow::Continue;
@@ -172,11 +172,11 @@ async fn login(
         Err(None) => return None,
     };
     let native = |at: &usize| {
-        hub.borrow().client(*at).credential.protocol == crate::credentials::Protocol::Native
+        hub.borrow().client(*at).credential().protocol == crate::credentials::Protocol::Native
     };
     let at = hub.borrow().client_index(client).filter(native);
     // An unknown client is checked against a stand-in hash: it takes as long as a known one.
-    let hash = at.map(|at| hub.borrow().client(at).credential.hash.clone());
+    let hash = at.map(|at| hub.borrow().client(at).credential().hash.clone());
     let verdict = hub.borrow().verifier().verify(hash, native::secret_text(&secret));
     let reject = |reason| ServerMsg::LoginRejected { reason };
     match verdict.await {
@@ -198,20 +198,19 @@ async fn login(
 /// Attaches a new link to a verified client and queues the login answer and the replay.
 fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
     let client = hub.client(at);
-    if client.link.is_some() {
+    if client.link().is_some() {
         return Err(login_reject::ALREADY_LOGGED_IN);
     }
-    let from = if next_seq == 0 { client.next_seq } else { next_seq.min(client.next_seq) };
+    let from = if next_seq == 0 { client.next_seq() } else { next_seq.min(client.next_seq()) };
     let first = client.first_kept_seq();
     if from < first {
         return Err(login_reject::SEQUENCE_UNAVAILABLE);
     }
-    let accepted = ServerMsg::LoginAccepted { client: client.credential.client, next_seq: from };
+    let accepted = ServerMsg::LoginAccepted { client: client.credential().client, next_seq: from };
     let mut frames = Vec::with_capacity(native::FRAME_BYTES_MAX);
     native::encode_server(&accepted, &mut frames);
-    for (offset, event) in client.journal.iter().enumerate().skip((from - first) as usize) {
-        let seq = first + offset as u64;
-        native::encode_server(&ServerMsg::Sequenced { seq, event: *event }, &mut frames);
+    for (seq, event) in client.replay_from(from) {
+        native::encode_server(&ServerMsg::Sequenced { seq, event }, &mut frames);
     }
     // The replay bypasses the outbox bound: it is bounded by `replay_events_max` frames and
     // is written before the session takes new reports. It is held like them: the newest
@@ -219,8 +218,8 @@ fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
     let link = Rc::new(Link::default());
     hub.log().borrow_mut().hold(&link, &frames, usize::MAX);
     let client = hub.client_mut(at);
-    client.counters.logons += 1;
-    tracing::info!(client = client.credential.client, replay_from = from, "native login");
+    client.counters_mut().logons += 1;
+    tracing::info!(client = client.credential().client, replay_from = from, "native login");
     hub.attach_link(at, link);
     Ok(())
 }

@@ -124,13 +124,13 @@ pub fn detach(hub: &Rc<RefCell<Hub>>, at: usize) {
         let mut hub = hub.borrow_mut();
         let grace = hub.settings().cancel_on_disconnect;
         let client = hub.client_mut(at);
-        if let Some(cut) = client.link.as_ref().and_then(|link| link.cut()) {
-            client.counters.cut_off += 1;
+        if let Some(cut) = client.link().and_then(|link| link.cut()) {
+            client.counters_mut().cut_off += 1;
             let reason = cut.reason();
-            tracing::warn!(client = client.credential.client, reason, "session cut off");
+            tracing::warn!(client = client.credential().client, reason, "session cut off");
         }
         hub.detach_link(at);
-        (hub.client(at).generation, grace)
+        (hub.client(at).generation(), grace)
     };
     if let Some(grace) = grace {
         cancel_after_grace(hub, at, generation, grace);
@@ -143,13 +143,13 @@ pub fn cancel_after_grace(hub: &Rc<RefCell<Hub>>, at: usize, generation: u64, gr
     let hub = hub.clone();
     tokio::task::spawn_local(async move {
         tokio::time::sleep(grace).await;
-        if hub.borrow().client(at).generation != generation {
+        if hub.borrow().client(at).generation() != generation {
             return; // reconnected (or reconnected and left again: that detach decides)
         }
         let cancels = hub.borrow().cancels_for(at);
         if !cancels.is_empty() {
             tracing::info!(
-                client = hub.borrow().client(at).credential.client,
+                client = hub.borrow().client(at).credential().client,
                 orders = cancels.len(),
                 "cancel on disconnect"
             );
