@@ -108,7 +108,7 @@ fn read_batch(
 /// so a read costs no store syscall of its own. A crash before that write loses only inbound
 /// numbers whose messages nobody has acknowledged: the restarted server asks for them again.
 fn commit(hub: &mut Hub, at: usize) {
-    hub.client_mut(at).fix_mut().store.save_next_in();
+    hub.client_mut(at).fix_mut().store_mut().save_next_in();
     hub.log().borrow_mut().commit_if_holding();
 }
 
@@ -186,8 +186,8 @@ fn on_message(
     let message = match parsed {
         Ok(message) => message,
         Err(error) => {
-            let ref_seq = fix.store.next_in as i64;
-            fix.store.next_in += 1;
+            let ref_seq = fix.store().next_in as i64;
+            fix.store_mut().next_in += 1;
             reject(fix, link, limit, ref_seq, session_reject::INVALID_TAG, 0, &error.to_string());
             return Flow::Continue;
         }
@@ -195,8 +195,8 @@ fn on_message(
     let Some(seq) = message.get(tag::MSG_SEQ_NUM).and_then(fix::parse_u64) else {
         return logout(fix, link, limit, "MsgSeqNum (34) missing or not a number");
     };
-    let comp_ok = message.get(tag::SENDER_COMP_ID) == Some(fix.comp_id.as_bytes())
-        && message.get(tag::TARGET_COMP_ID) == Some(fix.our_comp_id.as_bytes());
+    let comp_ok = message.get(tag::SENDER_COMP_ID) == Some(fix.comp_id().as_bytes())
+        && message.get(tag::TARGET_COMP_ID) == Some(fix.our_comp_id().as_bytes());
     if !comp_ok {
         reject(fix, link, limit, seq as i64, session_reject::COMP_ID_PROBLEM, 49, "CompID problem");
         return logout(fix, link, limit, "CompID problem");
@@ -238,17 +238,18 @@ fn take_sequence(
     seq: u64,
     resend_requested: &mut bool,
 ) -> Option<Flow> {
-    if seq < fix.store.next_in {
+    if seq < fix.store().next_in {
         if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
             return Some(Flow::Continue);
         }
-        let text = format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store.next_in);
+        let text =
+            format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store().next_in);
         return Some(logout(fix, link, limit, &text));
     }
-    if seq > fix.store.next_in {
+    if seq > fix.store().next_in {
         if !*resend_requested {
             *resend_requested = true;
-            let from = fix.store.next_in as i64;
+            let from = fix.store().next_in as i64;
             fix.send(b"2", Some(link), limit, |b| {
                 b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
             });
@@ -256,7 +257,7 @@ fn take_sequence(
         return Some(Flow::Continue);
     }
     *resend_requested = false;
-    fix.store.next_in += 1;
+    fix.store_mut().next_in += 1;
     None
 }
 
@@ -327,7 +328,7 @@ fn sequence_reset(
     seq: u64,
 ) -> Flow {
     match message.get(tag::NEW_SEQ_NO).and_then(fix::parse_u64) {
-        Some(new_seq) if new_seq >= fix.store.next_in => fix.store.next_in = new_seq,
+        Some(new_seq) if new_seq >= fix.store().next_in => fix.store_mut().next_in = new_seq,
         _ => reject(
             fix,
             link,
@@ -345,7 +346,7 @@ fn sequence_reset(
 /// anything no longer stored) as SequenceReset-GapFill.
 fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) {
     let begin = message.get(tag::BEGIN_SEQ_NO).and_then(fix::parse_u64).unwrap_or(1).max(1);
-    let last = fix.store.next_out - 1;
+    let last = fix.store().next_out - 1;
     let asked_end = match message.get(tag::END_SEQ_NO).and_then(fix::parse_u64) {
         Some(end) if end != 0 && end < last => end,
         _ => last,
@@ -354,7 +355,7 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
     // I/O thread) and the outbox it fills stay bounded however long the history (a range of
     // numbers the store does not hold is one gap fill, whatever its length). A Heartbeat with
     // the next sequence number then shows the peer the rest is still missing; it asks again.
-    let stored = match fix.store.range(begin, asked_end, RESEND_MESSAGES_MAX) {
+    let stored = match fix.store().range(begin, asked_end, RESEND_MESSAGES_MAX) {
         Ok(stored) => stored,
         Err(error) => {
             tracing::error!(%error, "FIX store: reading for a resend failed");
@@ -365,7 +366,7 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
         Some(&(seq, _)) if stored.len() == RESEND_MESSAGES_MAX => seq,
         _ => asked_end,
     };
-    tracing::info!(comp_id = %fix.comp_id, begin, end, "FIX resend");
+    tracing::info!(comp_id = %fix.comp_id(), begin, end, "FIX resend");
     let mut gap_from: Option<u64> = None;
     let mut expected = begin;
     for (seq, bytes) in &stored {
@@ -395,29 +396,30 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
 
 fn gap_fill(fix: &mut FixState, link: &Rc<Link>, limit: usize, from: u64, to: u64) {
     let now = fix::utc_timestamp(unix_ns());
-    let builder = &mut fix.builder;
-    builder
-        .begin(b"4", fix.our_comp_id.as_bytes(), fix.comp_id.as_bytes(), from)
-        .field(tag::SENDING_TIME, &now)
-        .field(tag::POSS_DUP_FLAG, b"Y")
-        .field(tag::GAP_FILL_FLAG, b"Y")
-        .int(tag::NEW_SEQ_NO, to as i64);
-    fix.store.hold(link, builder.finish(), limit);
+    fix.hold_rebuilt(link, limit, |builder, ours, theirs| {
+        builder
+            .begin(b"4", ours, theirs, from)
+            .field(tag::SENDING_TIME, &now)
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .field(tag::GAP_FILL_FLAG, b"Y")
+            .int(tag::NEW_SEQ_NO, to as i64);
+    });
 }
 
 fn resend_one(fix: &mut FixState, link: &Rc<Link>, limit: usize, seq: u64, old: &Message) {
     const HEADER: [u32; 9] = [8, 9, 35, 49, 56, 34, 52, 43, 122];
     let now = fix::utc_timestamp(unix_ns());
-    let builder = &mut fix.builder;
-    builder
-        .begin(old.msg_type(), fix.our_comp_id.as_bytes(), fix.comp_id.as_bytes(), seq)
-        .field(tag::SENDING_TIME, &now)
-        .field(tag::POSS_DUP_FLAG, b"Y")
-        .field(tag::ORIG_SENDING_TIME, old.get(tag::SENDING_TIME).unwrap_or(&now));
-    for (field, value) in old.fields().filter(|(t, _)| !HEADER.contains(t) && *t != tag::CHECKSUM) {
-        builder.field(field, value);
-    }
-    fix.store.hold(link, builder.finish(), limit);
+    fix.hold_rebuilt(link, limit, |builder, ours, theirs| {
+        builder
+            .begin(old.msg_type(), ours, theirs, seq)
+            .field(tag::SENDING_TIME, &now)
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .field(tag::ORIG_SENDING_TIME, old.get(tag::SENDING_TIME).unwrap_or(&now));
+        let fields = old.fields().filter(|(t, _)| !HEADER.contains(t) && *t != tag::CHECKSUM);
+        for (field, value) in fields {
+            builder.field(field, value);
+        }
+    });
 }
 
 /// Reads the Logon, checks it, verifies the password off the I/O thread, attaches the session.
@@ -494,15 +496,14 @@ fn accept_logon(
     };
     let fix = client.fix_mut();
     if let Some(text) = refusal {
-        tracing::warn!(comp_id = %fix.comp_id, text, "FIX logon refused");
+        tracing::warn!(comp_id = %fix.comp_id(), text, "FIX logon refused");
         return None;
     }
     if ask.reset {
-        fix.store.reset();
-        fix.ended.clear();
+        fix.reset_session();
     }
-    if ask.seq < fix.store.next_in {
-        tracing::warn!(comp_id = %fix.comp_id, seq = ask.seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
+    if ask.seq < fix.store().next_in {
+        tracing::warn!(comp_id = %fix.comp_id(), seq = ask.seq, expected = fix.store().next_in, "FIX logon refused: MsgSeqNum too low");
         return None;
     }
     let link = Rc::new(Link::default());
@@ -529,13 +530,13 @@ fn confirm_logon(
             b.field(tag::RESET_SEQ_NUM_FLAG, b"Y");
         }
     });
-    if ask.seq > fix.store.next_in {
-        let from = fix.store.next_in as i64;
+    if ask.seq > fix.store().next_in {
+        let from = fix.store().next_in as i64;
         fix.send(b"2", Some(link), limit, |b| {
             b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
         });
     } else {
-        fix.store.next_in += 1;
+        fix.store_mut().next_in += 1;
     }
 }
 
@@ -713,8 +714,7 @@ fn new_order(
     request: &OrderFields,
     client: u32,
 ) -> Result<(u32, InboundOrder), Refusal> {
-    let token = fix.next_token;
-    fix.next_token = fix.next_token.wrapping_add(1).max(1);
+    let token = fix.take_token();
     let order = Order {
         cl_ord_id: request.cl_ord_id,
         side: b'1' + request.side,
@@ -723,11 +723,9 @@ fn new_order(
         instrument: request.instrument,
         ..Order::default()
     };
-    fix.orders.insert(token, order);
-    if fix.tokens.contains_key(&request.cl_ord_id) || fix.ended.contains(&request.cl_ord_id) {
+    if !fix.open_order(token, order) {
         return Err(Refusal::Report(token, exchange::msg::Reason::DuplicateOrderId as u8));
     }
-    fix.tokens.insert(request.cl_ord_id, token);
     Ok((token, inbound(request_kind::NEW, request, client, token)))
 }
 
@@ -749,16 +747,16 @@ fn amend(
         Pending::Cancel(request.cl_ord_id)
     };
     let stub = Order { cl_ord_id: orig, pending, ..Order::default() };
-    let Some(&token) = fix.tokens.get(&orig) else {
+    let Some(token) = fix.token_of(&orig) else {
         return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
     };
-    if replace && fix.tokens.contains_key(&request.cl_ord_id) {
+    if replace && fix.token_of(&request.cl_ord_id).is_some() {
         // The new ClOrdID names a live order (or this one): taking it would leave that
         // order impossible to cancel by its ClOrdID.
         const DUPLICATE: u32 = exchange::msg::Reason::DuplicateOrderId as u32;
         return Err(Refusal::CancelReject(Box::new(stub), DUPLICATE));
     }
-    let order = fix.orders.get_mut(&token).expect("every mapped ClOrdID has an order");
+    let order = fix.order_mut(token);
     if !matches!(order.pending, Pending::None) {
         return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
     }

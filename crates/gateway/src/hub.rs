@@ -402,8 +402,7 @@ impl Hub {
         for client in &mut self.clients {
             client.open.clear();
             if let Some(fix) = client.fix.as_mut() {
-                fix.tokens.clear();
-                fix.orders.clear();
+                fix.forget_orders();
             }
         }
     }
@@ -434,7 +433,7 @@ impl Hub {
         for client in &mut self.clients {
             if let Some(fix) = client.fix.as_mut() {
                 let index = indices.remove(&client.credential.client).unwrap_or_default();
-                fix.store.replace_index(index);
+                fix.store_mut().replace_index(index);
             }
         }
     }
@@ -695,7 +694,7 @@ impl Drop for Hub {
         }
         drop(log);
         for fix in self.clients.iter_mut().filter_map(|c| c.fix.as_mut()) {
-            fix.store.settle();
+            fix.store_mut().settle();
         }
     }
 }
