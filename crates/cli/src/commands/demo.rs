@@ -24,9 +24,9 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
-use gateway::hub::Settings;
+use gateway::Settings;
 use gateway::load::{LoadOptions, LoadProtocol, LoadSession, Traded};
-use gateway::server::{Running, ServeOptions};
+use gateway::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
 use lab::html::{HtmlPage, inline_svg, table_html};
 use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
@@ -155,7 +155,7 @@ impl Server {
         // The server's threads inherit the load generator's priority (as scripts/
         // bench-order-entry runs its servers), so neither side preempts the other on wake-up.
         let same_priority = lab::load::GeneratorPriority::raise();
-        let running = gateway::server::start(ServeOptions {
+        let running = gateway::start(ServeOptions {
             listen: any,
             fix_listen: None,
             metrics_listen: None,
