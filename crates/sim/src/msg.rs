@@ -41,6 +41,9 @@ pub struct Batch {
     pub last_seq: u64,
     /// The reports.
     pub outputs: Vec<CoreOutput>,
+    /// An answer to a retain request: reports older than its first are gone for good (the
+    /// gateway resyncs them, as production's `recover` does).
+    pub reply: bool,
 }
 
 /// What travels between processes (each variant's line says what its fields are).
