@@ -5,6 +5,8 @@
 //! a store whose unsynced writes a crash loses.
 
 use delivery::gateway::Fenced;
+use delivery::publish::subject_index;
+use delivery::wire::Stream;
 use exchange::msg::{CoreOutput, InboundOrder};
 use gateway::routed::{self, DurableInputs, RoutedPositions};
 
@@ -199,6 +201,19 @@ impl World {
     fn resync(&mut self, n: usize, shard: usize, last: u64) {
         let first = self.gateways[n].feeds[shard].next_seq;
         self.note(format!("gateway {n}: shard {shard}'s reports {first}..={last} lost: resync"));
+        // Production's rule loses a range only from before the newest snapshot's numbering
+        // (the regenerator recomputes anything after it): a loss of what the group could
+        // still recompute is one no client should see.
+        let index = subject_index(n as u32, Stream::Reports);
+        let snapshot = self.broker.shards[shard].snapshot.as_ref();
+        let recomputable_from = snapshot.map_or(1, |snapshot| snapshot.next_seqs[index]);
+        if first >= recomputable_from {
+            let detail = format!(
+                "gateway {n} resynced shard {shard}'s reports {first}..={last}; the group \
+                 recomputes every report from {recomputable_from} on"
+            );
+            self.checker.fail(Invariant::Liveness, self.now_ns, detail);
+        }
         self.gateways[n].feeds[shard].next_seq = last + 1;
         // A restarted gateway may resync a range again: the checker counts each report once.
         for seq in self.checker.newly_resynced(shard, n, first, last) {
