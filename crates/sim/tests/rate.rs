@@ -68,6 +68,7 @@ fn every_fault_kind_over_many_seeds() {
     let (cpu_started, mut simulated_ns) = (thread_cpu_s(), 0u64);
     let mut failures = std::collections::BTreeMap::<&str, Vec<u64>>::new();
     let (mut losses_reported, mut regenerated) = (0u64, 0u64);
+    let (mut trims, mut resynced, mut sessions_lost) = (0u64, 0u64, 0u64);
     for seed in 1..=seeds {
         let ran = std::panic::catch_unwind(|| sim::run(&sim::Settings::new(seed)));
         let Ok(outcome) = ran else {
@@ -78,6 +79,9 @@ fn every_fault_kind_over_many_seeds() {
         simulated_ns += outcome.simulated_ns;
         losses_reported += outcome.losses_reported;
         regenerated += outcome.regenerated;
+        trims += outcome.trims;
+        resynced += outcome.resynced;
+        sessions_lost += outcome.sessions_lost;
         if let Some(violation) = &outcome.violation {
             println!("FAILED seed {seed}: {violation}");
             failures.entry(violation.invariant.name()).or_default().push(seed);
@@ -87,7 +91,9 @@ fn every_fault_kind_over_many_seeds() {
     println!(
         "{seeds} seeds, {:.2} simulated hours, {cpu:.0} CPU-s ({:.0} seeds per CPU-hour); \
          journal losses reported (refused recoveries): {losses_reported}; reports regenerated \
-         past the window: {regenerated}; failures: {failures:?}",
+         past the window: {regenerated}; log trims: {trims}; reports resynced (lost past the \
+         newest snapshot, reported): {resynced}, of them not yet in their sessions: \
+         {sessions_lost}; failures: {failures:?}",
         simulated_ns as f64 / 3.6e12,
         seeds as f64 * 3600.0 / cpu.max(0.01)
     );
