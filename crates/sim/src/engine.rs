@@ -303,7 +303,7 @@ impl World {
                     first_seq: done + 1,
                     last_seq: all,
                     outputs,
-                    reply: false,
+                    reply: None,
                 };
                 self.send_batch(n, gateway, batch);
             }
@@ -316,7 +316,7 @@ impl World {
             let last_seq = self.engines[n].published[gateway];
             let (shard, first_seq) = (self.engines[n].shard, last_seq + 1);
             let batch =
-                Batch { shard, epoch, first_seq, last_seq, outputs: Vec::new(), reply: false };
+                Batch { shard, epoch, first_seq, last_seq, outputs: Vec::new(), reply: None };
             self.send_batch(n, gateway, batch);
         }
     }
@@ -348,7 +348,7 @@ impl World {
         });
         let shard = self.engines[n].shard;
         let last_seq = next_seq - 1;
-        let batch = Batch { shard, epoch, first_seq, last_seq, outputs, reply: true };
+        let batch = Batch { shard, epoch, first_seq, last_seq, outputs, reply: Some(from) };
         self.send_batch(n, gateway, batch);
     }
 

@@ -158,7 +158,8 @@ impl World {
             return;
         }
         feed.newest_accepted = batch.epoch;
-        if batch.reply && batch.first_seq > feed.next_seq {
+        let answers_this_gap = batch.reply == Some(feed.next_seq);
+        if answers_this_gap && batch.first_seq > feed.next_seq {
             self.resync(n, shard, batch.first_seq - 1);
         }
         let feed = &mut self.gateways[n].feeds[shard];
@@ -214,6 +215,9 @@ impl World {
             );
             self.checker.fail(Invariant::Liveness, self.now_ns, detail);
         }
+        // Production's answer must start where the gateway asked, so the part the group
+        // could recompute (after the snapshot's numbering) is lost with the rest.
+        self.resynced_recomputable += (last + 1).saturating_sub(recomputable_from.max(first));
         self.gateways[n].feeds[shard].next_seq = last + 1;
         // A restarted gateway may resync a range again: the checker counts each report once.
         for seq in self.checker.newly_resynced(shard, n, first, last) {

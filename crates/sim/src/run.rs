@@ -38,6 +38,9 @@ pub struct Outcome {
     /// Reports the gateways' resyncs declared lost (past every window and the newest
     /// snapshot: reported, not a violation), over the gateway subjects.
     pub resynced: u64,
+    /// Of those, reports at or after the newest snapshot's numbering: recomputable, lost
+    /// only because production's retain answer starts where the gateway asked.
+    pub resynced_recomputable: u64,
     /// Of those, reports the sessions lost (not routed before the resync).
     pub sessions_lost: u64,
     /// Snapshots the engines took.
@@ -74,6 +77,7 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         losses_reported: world.checker.losses_reported,
         regenerated: world.regenerated,
         resynced: world.resynced,
+        resynced_recomputable: world.resynced_recomputable,
         sessions_lost: world.checker.resynced,
         snapshots: world.snapshots,
         trims: world.trims,

@@ -83,6 +83,9 @@ pub struct World {
     /// Reports the gateways' resyncs declared lost (older than every leader's window and the
     /// newest snapshot), over the gateway subjects.
     pub resynced: u64,
+    /// Of those, reports at or after the newest snapshot's numbering (which production's
+    /// regenerator could recompute, but its answer must start where the gateway asked).
+    pub resynced_recomputable: u64,
     /// Snapshots taken by the engines, and log trims that moved the log's start.
     pub snapshots: u64,
     /// See `snapshots`.
@@ -114,6 +117,7 @@ impl World {
             events: 0,
             regenerated: 0,
             resynced: 0,
+            resynced_recomputable: 0,
             snapshots: 0,
             trims: 0,
         }
