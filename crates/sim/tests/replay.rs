@@ -104,3 +104,15 @@ fn snapshots_trim_the_log_restore_engines_and_resyncs_are_reported_not_violation
     assert!(restores > 0, "a restarted engine continued from a snapshot");
     assert!(resynced > 0, "a gateway cut off past the snapshot resynced");
 }
+
+/// Seed 130 (the benchmark's shape, every fault kind) once failed `liveness` in the
+/// simulator's model, not the tier: a retain reply delayed by the network answered an older
+/// request after the gateway's feed had moved on, and the gateway resynced from where it
+/// stood, losing reports the group could recompute. A gateway now resyncs only on the reply
+/// to its own gap, as production's request/reply inbox does.
+#[test]
+fn seed_130_a_late_retain_reply_to_an_older_request_resyncs_nothing() {
+    let outcome = run(&Settings::new(130));
+    assert_eq!(outcome.violation, None, "{:#?}", outcome.journal);
+    assert!(outcome.trims > 0 && outcome.resynced > 0, "it trims and resyncs");
+}
