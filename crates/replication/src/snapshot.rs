@@ -53,6 +53,18 @@ const MAGIC: &[u8; 8] = b"LTRSNAP1";
 pub const FORMAT: &str = "LTRSNAP1";
 const FIXED_BYTES: usize = MAGIC.len() + 8 + 8 + 4 + 8 + 4;
 
+/// The trim rule: the first input-log sequence a trim after a snapshot at `snapshot_seq`
+/// keeps, when the lowest live progress note is `lowest_progress` (`None`: no note is live).
+/// Everything below it is purged: a restoring engine needs the inputs after the newest
+/// snapshot, a lagging standby those after its position. [`SnapshotStore::trim`] runs it over
+/// JetStream, `crates/sim` over its simulated broker. The bug `regress-trim-leader-only` puts
+/// back (never in a served build; `crates/sim` finds it): the other engines' notes ignored, the
+/// log trimmed by the leader's own snapshot alone, past a lagging standby's position.
+pub fn trim_keep_from(snapshot_seq: u64, lowest_progress: Option<u64>) -> u64 {
+    let lowest = if cfg!(feature = "regress-trim-leader-only") { None } else { lowest_progress };
+    lowest.unwrap_or(u64::MAX).min(snapshot_seq).saturating_add(1)
+}
+
 /// An engine's state after one input-log sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineSnapshot {
@@ -295,8 +307,7 @@ impl SnapshotStore {
     /// Purges `shard`'s stream below `min(snapshot_seq, every noted progress) + 1`; returns
     /// the stream's first sequence afterwards.
     pub async fn trim(&self, shard: u32, snapshot_seq: u64) -> Result<u64, ReplicationError> {
-        let lowest = self.lowest_progress(shard).await?;
-        let keep_from = lowest.unwrap_or(u64::MAX).min(snapshot_seq) + 1;
+        let keep_from = trim_keep_from(snapshot_seq, self.lowest_progress(shard).await?);
         let first_seq = self.first_seq(shard).await?;
         if keep_from <= first_seq {
             // Nothing below it left. (A purge "up to 1" would empty the stream on some
@@ -385,6 +396,19 @@ fn progress_subject(log: &LogSettings, shard: u32, holder: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trim_keeps_what_the_newest_snapshot_and_every_live_note_need() {
+        assert_eq!(trim_keep_from(100, None), 101, "no note: the snapshot bounds it");
+        assert_eq!(trim_keep_from(100, Some(250)), 101, "notes ahead: the snapshot bounds it");
+        assert_eq!(trim_keep_from(0, None), 1, "no snapshot taken: nothing trimmed");
+        assert_eq!(trim_keep_from(u64::MAX, None), u64::MAX, "no overflow");
+        if cfg!(feature = "regress-trim-leader-only") {
+            assert_eq!(trim_keep_from(100, Some(40)), 101, "the bug: the lagging note ignored");
+        } else {
+            assert_eq!(trim_keep_from(100, Some(40)), 41, "a lagging standby holds it back");
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

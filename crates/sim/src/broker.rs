@@ -1,12 +1,16 @@
 //! The simulated JetStream: three nodes whose stream leader fails and is re-elected after a
 //! delay, the shard's input stream (appends de-duplicated by message id, reads from a
 //! sequence) and the lease subject (compare-and-set on its last sequence, messages expiring a
-//! TTL after their write by the broker's clock, deletes by sequence or, blind, by subject).
+//! TTL after their write by the broker's clock, deletes by sequence or, blind, by subject),
+//! the snapshot store's newest snapshot, the engines' progress notes (expiring after
+//! production's `PROGRESS_TTL`) and the input stream's trim (production's rule,
+//! `replication::snapshot::trim_keep_from`).
 
 use std::collections::HashMap;
 
 use exchange::msg::InboundOrder;
 use replication::lease::{CasOutcome, ReleaseTarget};
+use replication::snapshot::{EngineSnapshot, PROGRESS_TTL, trim_keep_from};
 
 use crate::rng::Rng;
 
@@ -28,8 +32,15 @@ struct LeaseMessage {
 /// One shard's streams: its input log and its lease subject.
 #[derive(Debug, Default)]
 pub struct ShardStreams {
-    /// The input stream; sequence `n` is `log[n - 1]`.
+    /// Every input ever appended; sequence `n` is `log[n - 1]` (the checker's record: what the
+    /// stream still serves starts at `first_seq`).
     pub log: Vec<InboundOrder>,
+    /// The first sequence the stream still holds (below it: trimmed; 0 before any trim).
+    pub first_seq: u64,
+    /// The newest snapshot stored (a put of an older one is ignored).
+    pub snapshot: Option<EngineSnapshot>,
+    /// Per engine, its last progress note: the sequence it applied and when it was written.
+    progress: HashMap<usize, (u64, u64)>,
     dedup: HashMap<MessageId, u64>,
     lease: Option<LeaseMessage>,
     /// The lease stream's last sequence (sequences only grow: expiry never reuses one).
@@ -102,12 +113,43 @@ impl Broker {
         (seq, true)
     }
 
-    /// `shard`'s inputs from sequence `from` on, at most `max`.
-    pub fn read(&self, shard: usize, from: u64, max: usize) -> &[InboundOrder] {
-        let log = &self.shards[shard].log;
+    /// `shard`'s inputs from sequence `from` on, at most `max`; `None` when `from` was
+    /// trimmed away.
+    pub fn read(&self, shard: usize, from: u64, max: usize) -> Option<&[InboundOrder]> {
+        let streams = &self.shards[shard];
+        if from < streams.first_seq {
+            return None;
+        }
+        let log = &streams.log;
         let start = (from.max(1) - 1) as usize;
         let end = log.len().min(start.saturating_add(max));
-        log.get(start..end).unwrap_or(&[])
+        Some(log.get(start..end).unwrap_or(&[]))
+    }
+
+    /// Engine `engine` notes that it applied `shard`'s log up to `applied` (it holds the log
+    /// back from a trim past `applied + 1` for `PROGRESS_TTL`).
+    pub fn note_progress(&mut self, shard: usize, engine: usize, applied: u64, now_ns: u64) {
+        self.shards[shard].progress.insert(engine, (applied, now_ns));
+    }
+
+    /// Stores `snapshot` as `shard`'s newest unless a newer one is there.
+    pub fn put_snapshot(&mut self, shard: usize, snapshot: EngineSnapshot) {
+        let newest = &mut self.shards[shard].snapshot;
+        if newest.as_ref().is_none_or(|kept| kept.stream_seq < snapshot.stream_seq) {
+            *newest = Some(snapshot);
+        }
+    }
+
+    /// Trims `shard`'s log after a snapshot at `snapshot_seq` by production's rule (below
+    /// the snapshot and every live progress note); the first sequence it keeps.
+    pub fn trim(&mut self, shard: usize, snapshot_seq: u64, now_ns: u64) -> u64 {
+        let ttl_ns = PROGRESS_TTL.as_nanos() as u64;
+        let streams = &mut self.shards[shard];
+        let live = streams.progress.values().filter(|(_, noted)| now_ns - noted < ttl_ns);
+        let lowest = live.map(|(applied, _)| *applied).min();
+        let keep_from = trim_keep_from(snapshot_seq, lowest);
+        streams.first_seq = streams.first_seq.max(keep_from);
+        streams.first_seq
     }
 
     /// Writes `shard`'s lease subject if its last live sequence is `expected` (0: none alive).
@@ -173,8 +215,29 @@ mod tests {
         assert_eq!(broker.append(0, (0, 1, 1), order), (1, false));
         assert_eq!(broker.append(0, (0, 2, 1), order), (2, true), "another run's counter");
         assert_eq!(broker.append(1, (0, 1, 1), order), (1, true), "another shard's log");
-        assert_eq!(broker.read(0, 2, 10).len(), 1);
-        assert!(broker.read(0, 3, 10).is_empty());
+        assert_eq!(broker.read(0, 2, 10).map(<[_]>::len), Some(1));
+        assert_eq!(broker.read(0, 3, 10).map(<[_]>::len), Some(0));
         assert_eq!(broker.committed(), 3);
+    }
+
+    #[test]
+    fn a_trim_keeps_what_the_snapshot_and_every_live_note_need() {
+        let mut broker = Broker::new(1_000, 1);
+        for counter in 0..10 {
+            broker.append(0, (0, 1, counter), InboundOrder::default());
+        }
+        broker.note_progress(0, 0, 8, 0);
+        broker.note_progress(0, 1, 4, 0);
+        let lagging = if cfg!(feature = "regress-trim-leader-only") { 7 } else { 5 };
+        assert_eq!(broker.trim(0, 6, 10), lagging, "engine 1's note holds the log at 5");
+        assert!(broker.read(0, 4, 10).is_none(), "trimmed away");
+        let expired = PROGRESS_TTL.as_nanos() as u64;
+        broker.note_progress(0, 0, 9, expired);
+        assert_eq!(
+            broker.trim(0, 6, expired),
+            7,
+            "engine 1's note expired: the snapshot bounds it"
+        );
+        assert_eq!(broker.trim(0, 3, expired), 7, "a trim never moves the start back");
     }
 }

@@ -1,6 +1,8 @@
 //! The invariants, checked as the run goes, and the single-process reference they compare
 //! with: a `TierReplica` fed the broker's log as each input is committed.
 
+use std::collections::VecDeque;
+
 use exchange::msg::{Audience, CoreOutput, InboundOrder, OutputKind};
 use exchange::tier::{TierConfig, TierReplica};
 
@@ -24,11 +26,14 @@ pub enum Invariant {
     DurableDropped,
     /// Once faults stop, every client gets every answer its orders have in the log.
     Liveness,
+    /// No engine (live, or restarting from the newest snapshot) and no snapshot ever needs an
+    /// input the log's trim removed.
+    TrimPastNeed,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 8] = [
+    pub const ALL: [Invariant; 9] = [
         Invariant::OneEpoch,
         Invariant::StaleEpoch,
         Invariant::SameBytes,
@@ -37,6 +42,7 @@ impl Invariant {
         Invariant::Overfill,
         Invariant::DurableDropped,
         Invariant::Liveness,
+        Invariant::TrimPastNeed,
     ];
 
     /// Its name in reports.
@@ -50,6 +56,7 @@ impl Invariant {
             Invariant::Overfill => "no-overfill",
             Invariant::DurableDropped => "durable-never-dropped",
             Invariant::Liveness => "liveness",
+            Invariant::TrimPastNeed => "trim-never-past-need",
         }
     }
 }
@@ -86,6 +93,15 @@ pub struct Checker {
     pub durable_acked: Vec<u64>,
     /// Journal recoveries that refused (losses reported, not silent).
     pub losses_reported: u64,
+    /// Per client, per shard, the reports a gateway's resync declared lost, in session order:
+    /// the session skips them (reported, not silent), the reference still holds them.
+    lost: Vec<Vec<VecDeque<CoreOutput>>>,
+    /// Per shard, per gateway subject, the last report a resync declared lost.
+    resynced_upto: Vec<Vec<u64>>,
+    /// Per client, the reports declared lost over the shards (skipped or not yet).
+    lost_total: Vec<u64>,
+    /// Reports of sessions declared lost by the gateways' resyncs.
+    pub resynced: u64,
     /// The first violation.
     pub violation: Option<Violation>,
 }
@@ -102,6 +118,10 @@ impl Checker {
             canonical: vec![vec![Vec::new(); tier.gateways as usize]; shards],
             durable_acked: vec![0; engines],
             losses_reported: 0,
+            lost: vec![vec![VecDeque::new(); shards]; clients],
+            resynced_upto: vec![vec![0; tier.gateways as usize]; shards],
+            lost_total: vec![0; clients],
+            resynced: 0,
             violation: None,
         }
     }
@@ -135,9 +155,41 @@ impl Checker {
         });
     }
 
-    /// Every report the log holds for `client`, over the shards.
+    /// Every report the log holds for `client`, over the shards, but those a resync
+    /// declared lost.
     pub fn expected_reports(&self, client: usize) -> u64 {
-        self.expected.iter().map(|shard| shard[client].len() as u64).sum()
+        let all: u64 = self.expected.iter().map(|shard| shard[client].len() as u64).sum();
+        all - self.lost_total[client]
+    }
+
+    /// Report `seq` of `shard`'s gateway subject `gateway` as first numbered, if it was.
+    pub fn numbered_report(&self, shard: usize, gateway: usize, seq: u64) -> Option<CoreOutput> {
+        self.canonical[shard][gateway].get(seq.checked_sub(1)? as usize).copied()
+    }
+
+    /// The part of `gateway`'s resync of `shard`'s reports `first..=last` no resync of that
+    /// subject declared before.
+    pub fn newly_resynced(
+        &mut self,
+        shard: usize,
+        gateway: usize,
+        first: u64,
+        last: u64,
+    ) -> std::ops::RangeInclusive<u64> {
+        let upto = &mut self.resynced_upto[shard][gateway];
+        let from = first.max(*upto + 1);
+        *upto = (*upto).max(last);
+        from..=last
+    }
+
+    /// A gateway's resync declared `report` of `client`'s session lost before it was routed:
+    /// the session skips it (reported, not silent; the reference still holds it).
+    pub fn lost(&mut self, client: usize, shard: usize, report: CoreOutput) {
+        if let Some(lost) = self.lost.get_mut(client) {
+            lost[shard].push_back(report);
+            self.lost_total[client] += 1;
+            self.resynced += 1;
+        }
     }
 
     /// Checks report `seq` of `shard`'s gateway subject `gateway` against every earlier copy.
@@ -173,6 +225,7 @@ impl Checker {
     /// session's reports of each shard, in order, are that shard's reference's.
     pub fn answered(&mut self, client: usize, seq: u64, output: &CoreOutput, at_ns: u64) {
         let shard = (output.shard as usize).min(self.expected.len() - 1);
+        self.skip_lost(client, shard);
         let nth = self.received[client][shard];
         self.received[client][shard] += 1;
         let expected = self.expected[shard][client].get(nth as usize).copied();
@@ -184,6 +237,22 @@ impl Checker {
                 brief(output)
             );
             self.fail(Invariant::Reference, at_ns, detail);
+        }
+    }
+}
+
+impl Checker {
+    /// Steps `client`'s place in `shard`'s reference past the reports declared lost that
+    /// come next there (a resync's range is a run of the session's reports).
+    fn skip_lost(&mut self, client: usize, shard: usize) {
+        let lost = &mut self.lost[client][shard];
+        while let Some(head) = lost.front() {
+            let nth = self.received[client][shard] as usize;
+            if self.expected[shard][client].get(nth) != Some(head) {
+                break;
+            }
+            lost.pop_front();
+            self.received[client][shard] += 1;
         }
     }
 }

@@ -129,7 +129,9 @@ impl World {
 }
 
 impl SimClient {
-    fn answered(&mut self, output: &CoreOutput) {
+    /// Takes `output` as its order's answer (from its session, or a resync's notice that it
+    /// was lost).
+    pub(crate) fn answered(&mut self, output: &CoreOutput) {
         self.unanswered.retain(|order| order.order_id != output.order_id);
         match output.kind {
             OutputKind::Accepted | OutputKind::PartiallyFilled

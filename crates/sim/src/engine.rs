@@ -9,6 +9,7 @@ use delivery::wire::{RetainRequest, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder};
 use replication::follow::LoggedOrder;
 use replication::replay::{GroupReplica, REGENERATE_RECORDS_MAX};
+use replication::snapshot::EngineSnapshot;
 
 use crate::check::Invariant;
 use crate::journal::EngineJournal;
@@ -31,10 +32,12 @@ impl World {
         let ttl = Duration::from_nanos(self.settings.lease_ttl_ns);
         let life = std::mem::take(&mut self.engines[n].life);
         let journal = std::mem::take(&mut self.engines[n].journal);
+        let journal_snapshot = self.engines[n].journal_snapshot.take();
         let next_request = self.engines[n].next_request;
         let shard = self.engines[n].shard;
         self.engines[n] = SimEngine::new(&self.settings.tier, ttl, shard);
-        self.recover_journal(n, journal);
+        self.recover_journal(n, journal, journal_snapshot);
+        self.restore_if_behind(n);
         let engine = &mut self.engines[n];
         engine.life =
             Life { up: true, paused: false, inc: life.inc + 1, stash: Vec::new(), ..life };
@@ -70,6 +73,7 @@ impl World {
     pub(crate) fn engine_timer(&mut self, n: usize, timer: Timer) {
         match timer {
             Timer::Lease => {
+                self.note_progress(n);
                 self.keep_lease(n);
                 self.timer(Addr::Engine(n), self.settings.renew_ns, Timer::Lease);
             }
@@ -156,6 +160,7 @@ impl World {
         self.apply_inputs(n, orders, true);
         self.journal_sync(n);
         self.publish(n);
+        self.snapshot_if_due(n);
         if orders.len() == self.settings.read_max {
             self.poll(n);
         }
@@ -224,11 +229,21 @@ impl World {
     /// Restarting engine `n` recovers its journal through the production scan: every input it
     /// acknowledged durable comes back, or the scan refuses (a loss reported: the engine
     /// starts a new journal and replays the log).
-    fn recover_journal(&mut self, n: usize, mut journal: EngineJournal) {
+    fn recover_journal(
+        &mut self,
+        n: usize,
+        mut journal: EngineJournal,
+        journal_snapshot: Option<EngineSnapshot>,
+    ) {
         let acked = self.checker.durable_acked[n];
         match journal.recover() {
             Ok(recovered) => {
-                let last = recovered.orders.len() as u64;
+                if let Some(snapshot) = &journal_snapshot {
+                    self.engines[n].restore(&self.settings.tier, snapshot);
+                }
+                self.engines[n].journal_snapshot = journal_snapshot;
+                let first = recovered.first_seq;
+                let last = first - 1 + recovered.orders.len() as u64;
                 if last < acked {
                     let detail = format!(
                         "engine {n} acknowledged inputs up to {acked} as durable; its journal's \
@@ -237,16 +252,20 @@ impl World {
                     self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
                 }
                 let log = &self.broker.shards[self.engines[n].shard].log;
+                let skip = (first - 1) as usize;
                 if let Some(at) = (0..recovered.orders.len())
-                    .find(|&at| log.get(at) != Some(&recovered.orders[at]))
+                    .find(|&at| log.get(skip + at) != Some(&recovered.orders[at]))
                 {
+                    let seq = first + at as u64;
                     let detail =
-                        format!("engine {n}'s journal recovered input {} unlike the log's", at + 1);
+                        format!("engine {n}'s journal recovered input {seq} unlike the log's");
                     self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
                 }
                 let torn = if recovered.torn_tail { " (a torn tail truncated)" } else { "" };
                 if last > 0 || recovered.torn_tail {
-                    self.note(format!("engine {n} recovers {last} inputs from its journal{torn}"));
+                    self.note(format!(
+                        "engine {n} recovers inputs {first}..={last} from its journal{torn}"
+                    ));
                 }
                 self.engines[n].journal = journal;
                 self.apply_inputs(n, &recovered.orders, false);
@@ -276,9 +295,16 @@ impl World {
                 let upto = all.min(done + BATCH_MAX as u64);
                 engine.published[gateway] = upto;
                 let Some(epoch) = epoch else { continue };
-                let outputs = engine.retained[gateway][done as usize..upto as usize].to_vec();
+                let outputs = engine.retained_from(gateway, done + 1, upto - done).to_vec();
                 let shard = engine.shard;
-                let batch = Batch { shard, epoch, first_seq: done + 1, last_seq: all, outputs };
+                let batch = Batch {
+                    shard,
+                    epoch,
+                    first_seq: done + 1,
+                    last_seq: all,
+                    outputs,
+                    reply: None,
+                };
                 self.send_batch(n, gateway, batch);
             }
         }
@@ -289,35 +315,40 @@ impl World {
         for gateway in 0..self.gateways.len() {
             let last_seq = self.engines[n].published[gateway];
             let (shard, first_seq) = (self.engines[n].shard, last_seq + 1);
-            let batch = Batch { shard, epoch, first_seq, last_seq, outputs: Vec::new() };
+            let batch =
+                Batch { shard, epoch, first_seq, last_seq, outputs: Vec::new(), reply: None };
             self.send_batch(n, gateway, batch);
         }
     }
 
-    /// The leader's retain service (production's decision, `delivery::publish::retain_source`):
-    /// from the window of the last `retain_records` reports, or recomputed from the log when
-    /// the range is older than the window.
+    /// The leader's retain service (production's `Shared::answer`): a range older than the
+    /// window of the last `retain_records` reports (`retain_source`) is recomputed from the
+    /// newest snapshot and the log; when it cannot be (the snapshot is past it), or the range
+    /// is the window's, the window's part answers (`window_part`), from its oldest record on:
+    /// the gateway resyncs what lies before.
     fn answer_retain(&mut self, n: usize, gateway: usize, from: u64) {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
         let next_seq = self.engines[n].releasable(gateway) + 1;
-        let oldest = next_seq.saturating_sub(self.settings.retain_records).max(1);
+        let base = self.engines[n].retained_base[gateway];
+        let oldest = next_seq.saturating_sub(self.settings.retain_records).max(base + 1);
         let request = RetainRequest { from_seq: from.max(1), to_seq: next_seq - 1 };
-        let (first_seq, outputs) = match retain_source(&request, oldest, true) {
+        let regenerated = match retain_source(&request, oldest, true) {
             RetainSource::Regenerate { from, last } => {
-                (from, self.regenerate(n, gateway, from, last.min(from + BATCH_MAX as u64 - 1)))
+                let last = last.min(from + BATCH_MAX as u64 - 1);
+                Some((from, self.regenerate(n, gateway, from, last))).filter(|(_, r)| !r.is_empty())
             }
-            RetainSource::Window => {
-                // No records (count 0) when the gateway is ahead of this engine (a leader
-                // still catching up): numbered where it asked.
-                let (first_seq, count) = window_part(&request, oldest, next_seq);
-                let start = (first_seq - 1) as usize;
-                let end = start + count.min(BATCH_MAX as u64) as usize;
-                let retained = &self.engines[n].retained[gateway];
-                (first_seq, retained.get(start..end).unwrap_or_default().to_vec())
-            }
+            RetainSource::Window => None,
         };
+        let (first_seq, outputs) = regenerated.unwrap_or_else(|| {
+            // No records (count 0) when the gateway is ahead of this engine (a leader
+            // still catching up): numbered where it asked.
+            let (first_seq, count) = window_part(&request, oldest, next_seq);
+            let count = count.min(BATCH_MAX as u64);
+            (first_seq, self.engines[n].retained_from(gateway, first_seq, count).to_vec())
+        });
         let shard = self.engines[n].shard;
-        let batch = Batch { shard, epoch, first_seq, last_seq: next_seq - 1, outputs };
+        let last_seq = next_seq - 1;
+        let batch = Batch { shard, epoch, first_seq, last_seq, outputs, reply: Some(from) };
         self.send_batch(n, gateway, batch);
     }
 
@@ -340,20 +371,27 @@ impl World {
         wanted
     }
 
-    /// Replays engine `n`'s shard's log (what it applied) for gateway `gateway`'s reports
-    /// from `from` on, at most `REGENERATE_RECORDS_MAX`.
+    /// Replays engine `n`'s shard's log (what it applied) from the newest snapshot for
+    /// gateway `gateway`'s reports from `from` on, at most `REGENERATE_RECORDS_MAX`; none
+    /// when the snapshot is past `from` (the inputs before it were trimmed away), as
+    /// production's `Regenerator` does.
     fn replay(&mut self, n: usize, gateway: usize, from: u64) -> Vec<CoreOutput> {
-        let mut replica = GroupReplica::starting(&self.settings.tier, None)
-            .expect("a replica without a snapshot");
-        let index = subject_index(gateway as u32, Stream::Reports);
         let (applied, shard) = (self.engines[n].applied as usize, self.engines[n].shard);
+        let snapshot = self.broker.shards[shard].snapshot.as_ref();
+        let mut replica = GroupReplica::starting(&self.settings.tier, snapshot)
+            .expect("a snapshot of this tier (the group writes only its own)");
+        let index = subject_index(gateway as u32, Stream::Reports);
+        if replica.next_seq(index) > from {
+            return Vec::new();
+        }
+        let after = (replica.applied_seq() as usize).min(applied);
         let last = from + REGENERATE_RECORDS_MAX - 1;
         let mut outputs = Vec::new();
-        for (at, order) in self.broker.shards[shard].log[..applied].iter().enumerate() {
+        for (at, order) in self.broker.shards[shard].log[after..applied].iter().enumerate() {
             if replica.next_seq(index) > last {
                 break;
             }
-            let stream_seq = at as u64 + 1;
+            let stream_seq = (after + at) as u64 + 1;
             let logged = LoggedOrder {
                 stream_seq,
                 last_in_message: true,

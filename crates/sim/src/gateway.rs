@@ -5,6 +5,8 @@
 //! a store whose unsynced writes a crash loses.
 
 use delivery::gateway::Fenced;
+use delivery::publish::subject_index;
+use delivery::wire::Stream;
 use exchange::msg::{CoreOutput, InboundOrder};
 use gateway::routed::{self, DurableInputs, RoutedPositions};
 
@@ -156,6 +158,11 @@ impl World {
             return;
         }
         feed.newest_accepted = batch.epoch;
+        let answers_this_gap = batch.reply == Some(feed.next_seq);
+        if answers_this_gap && batch.first_seq > feed.next_seq {
+            self.resync(n, shard, batch.first_seq - 1);
+        }
+        let feed = &mut self.gateways[n].feeds[shard];
         let next = feed.next_seq;
         if batch.first_seq > next || (batch.outputs.is_empty() && batch.last_seq >= next) {
             if feed.retain_sent_ns.is_none() {
@@ -185,6 +192,49 @@ impl World {
         if self.gateways[n].feeds[shard].next_seq <= batch.last_seq {
             self.ask_retain(n, shard);
         }
+    }
+
+    /// Production's resync: the leader's answer starts after the feed's next report, so
+    /// everything up to `last` is lost for good (older than its window and its group's newest
+    /// snapshot). The feed moves past it and the checker is told, report by report, which
+    /// sessions lose what: those this gateway had not routed yet (the routed positions admit
+    /// them, so they stay behind the feed as if they had passed).
+    fn resync(&mut self, n: usize, shard: usize, last: u64) {
+        let first = self.gateways[n].feeds[shard].next_seq;
+        self.note(format!("gateway {n}: shard {shard}'s reports {first}..={last} lost: resync"));
+        // Production's rule loses a range only from before the newest snapshot's numbering
+        // (the regenerator recomputes anything after it): a loss of what the group could
+        // still recompute is one no client should see.
+        let index = subject_index(n as u32, Stream::Reports);
+        let snapshot = self.broker.shards[shard].snapshot.as_ref();
+        let recomputable_from = snapshot.map_or(1, |snapshot| snapshot.next_seqs[index]);
+        if first >= recomputable_from {
+            let detail = format!(
+                "gateway {n} resynced shard {shard}'s reports {first}..={last}; the group \
+                 recomputes every report from {recomputable_from} on"
+            );
+            self.checker.fail(Invariant::Liveness, self.now_ns, detail);
+        }
+        // Production's answer must start where the gateway asked, so the part the group
+        // could recompute (after the snapshot's numbering) is lost with the rest.
+        self.resynced_recomputable += (last + 1).saturating_sub(recomputable_from.max(first));
+        self.gateways[n].feeds[shard].next_seq = last + 1;
+        // A restarted gateway may resync a range again: the checker counts each report once.
+        for seq in self.checker.newly_resynced(shard, n, first, last) {
+            let Some(report) = self.checker.numbered_report(shard, n, seq) else {
+                let detail =
+                    format!("gateway {n} resynced shard {shard}'s report {seq}, never numbered");
+                return self.checker.fail(Invariant::Liveness, self.now_ns, detail);
+            };
+            let client = report.client as usize;
+            if self.gateways[n].routed.admit(&report) && client < self.clients.len() {
+                // The session is told its order's report is lost (not silent): the client
+                // stops waiting for it.
+                self.clients[client].answered(&report);
+                self.checker.lost(client, shard, report);
+            }
+        }
+        self.resynced += last + 1 - first;
     }
 
     /// Writes routed reports with their positions to the store; they go out once synced.

@@ -19,13 +19,15 @@ use crate::rng::Rng;
 const PAYLOAD_BYTES: usize = 32;
 /// Bytes of a frame on disk.
 const FRAME_BYTES: usize = frame::frame_bytes(PAYLOAD_BYTES);
-/// The one segment's first sequence.
+/// A journal's first sequence unless it starts after a snapshot.
 const FIRST_SEQ: u64 = 1;
 
-/// What recovery found: the inputs, in order from sequence 1.
+/// What recovery found: the inputs, in order from the journal's first sequence.
 #[derive(Debug)]
 pub struct Recovered {
-    /// The records, sequence `n` at `n - 1`.
+    /// The first record's sequence (1, or the one after the snapshot it started from).
+    pub first_seq: u64,
+    /// The records, sequence `first_seq + n` at `n`.
     pub orders: Vec<InboundOrder>,
     /// A torn tail was truncated.
     pub torn_tail: bool,
@@ -44,6 +46,8 @@ struct Syncing {
 pub struct EngineJournal {
     /// The disk under it.
     pub disk: SimDisk,
+    /// Its one segment's first sequence.
+    first_seq: u64,
     /// The next sequence to write.
     next_seq: u64,
     /// Applied inputs not written yet (the disk refused them), from `next_seq` on.
@@ -62,16 +66,23 @@ impl Default for EngineJournal {
 }
 
 impl EngineJournal {
-    /// A new, empty journal: the segment's header durable.
+    /// A new, empty journal from sequence 1: the segment's header durable.
     pub fn created() -> EngineJournal {
+        EngineJournal::starting_at(FIRST_SEQ)
+    }
+
+    /// A new, empty journal whose first record is sequence `first_seq` (an engine restored
+    /// from a snapshot at `first_seq - 1`): the segment's header durable.
+    pub fn starting_at(first_seq: u64) -> EngineJournal {
         EngineJournal {
-            disk: SimDisk::created(&segment::header(FIRST_SEQ)),
-            next_seq: FIRST_SEQ,
+            disk: SimDisk::created(&segment::header(first_seq)),
+            first_seq,
+            next_seq: first_seq,
             unwritten: Vec::new(),
             syncing: None,
             next_sync: 0,
             next_slot: 1,
-            acked: 0,
+            acked: first_seq - 1,
         }
     }
 
@@ -103,7 +114,7 @@ impl EngineJournal {
             encode(order, &mut frame[FRAME_HEADER_BYTES..]);
             frame::seal(frame, self.next_seq + at as u64);
         }
-        if self.disk.write(offset_of(self.next_seq), &frames, now_ns).is_ok() {
+        if self.disk.write(offset_of(self.first_seq, self.next_seq), &frames, now_ns).is_ok() {
             self.next_seq += self.unwritten.len() as u64;
             self.unwritten.clear();
         }
@@ -126,7 +137,7 @@ impl EngineJournal {
     pub fn synced(&mut self, id: u64) -> Option<u64> {
         let syncing = self.syncing.take_if(|syncing| syncing.id == id)?;
         self.disk.complete_sync(syncing.sectors);
-        let slot = segment::encode_slot(FIRST_SEQ, syncing.covers);
+        let slot = segment::encode_slot(self.first_seq, syncing.covers);
         let offset = SLOT_OFFSETS[self.next_slot] as usize;
         self.disk.write_reserved(offset, &slot);
         self.next_slot ^= 1;
@@ -146,7 +157,7 @@ impl EngineJournal {
         self.write(now_ns);
         self.syncing = None;
         let written = self.next_seq - 1;
-        let slot = segment::encode_slot(FIRST_SEQ, written);
+        let slot = segment::encode_slot(self.first_seq, written);
         let offset = SLOT_OFFSETS[self.next_slot] as usize;
         self.disk.write_reserved(offset, &slot);
         self.next_slot ^= 1;
@@ -159,12 +170,14 @@ impl EngineJournal {
     /// tail is truncated (as production's recovery does) and writing resumes after the last
     /// record.
     pub fn recover(&mut self) -> Result<Recovered, String> {
-        let segments = [SegmentInfo { first_seq: FIRST_SEQ, path: segment_path() }];
+        let segments =
+            [SegmentInfo { first_seq: self.first_seq, path: segment_path(self.first_seq) }];
         let scan = Scan {
             dir: Path::new("sim-journal"),
             segments: &segments,
-            watermark_file: Some(WatermarkFile { newest_segment: FIRST_SEQ, durable_seq: 0 }),
-            snapshot_seq: None,
+            watermark_file: Some(WatermarkFile { newest_segment: self.first_seq, durable_seq: 0 }),
+            // A journal restored from a snapshot starts after it.
+            snapshot_seq: (self.first_seq > FIRST_SEQ).then_some(self.first_seq - 1),
             repair: false,
         };
         let mut orders = Vec::new();
@@ -177,26 +190,29 @@ impl EngineJournal {
         if let Some(torn) = &validation.torn_tail {
             self.disk.zero_from(torn.offset as usize);
         }
-        self.next_seq = validation.last_seq + 1;
-        self.next_slot = segment::next_slot(&self.disk.cache, FIRST_SEQ);
-        self.acked = validation.last_seq;
-        Ok(Recovered { orders, torn_tail })
+        let last_seq = validation.last_seq.max(self.first_seq - 1);
+        self.next_seq = last_seq + 1;
+        self.next_slot = segment::next_slot(&self.disk.cache, self.first_seq);
+        self.acked = last_seq;
+        Ok(Recovered { first_seq: self.first_seq, orders, torn_tail })
     }
 
     /// Where the records the durable slots prove durable end (the header's end if none).
     pub fn proven_durable_end(&self) -> usize {
-        let proven = segment::read_slots(&self.disk.cache, FIRST_SEQ).unwrap_or(0);
-        offset_of(proven + 1).min(self.disk.cache.len())
+        let proven =
+            segment::read_slots(&self.disk.cache, self.first_seq).unwrap_or(self.first_seq - 1);
+        offset_of(self.first_seq, proven + 1).min(self.disk.cache.len())
     }
 }
 
-fn segment_path() -> PathBuf {
-    segment::segment_path(Path::new("sim-journal"), FIRST_SEQ)
+fn segment_path(first_seq: u64) -> PathBuf {
+    segment::segment_path(Path::new("sim-journal"), first_seq)
 }
 
-/// Where record `seq`'s frame starts (frames are all the same size).
-fn offset_of(seq: u64) -> usize {
-    SEGMENT_HEADER_BYTES as usize + (seq - FIRST_SEQ) as usize * FRAME_BYTES
+/// Where record `seq`'s frame starts in a segment from `first_seq` (frames are all the same
+/// size).
+fn offset_of(first_seq: u64, seq: u64) -> usize {
+    SEGMENT_HEADER_BYTES as usize + (seq - first_seq) as usize * FRAME_BYTES
 }
 
 fn encode(order: &InboundOrder, out: &mut [u8]) {
@@ -256,6 +272,25 @@ mod tests {
     }
 
     #[test]
+    fn a_journal_after_a_snapshot_recovers_from_the_sequence_after_it() {
+        let mut journal = EngineJournal::starting_at(501);
+        assert_eq!((journal.acked, journal.next_seq()), (500, 501), "the snapshot covers 1..=500");
+        let empty = journal.recover().expect("an empty journal after a snapshot");
+        assert_eq!((empty.first_seq, empty.orders.len()), (501, 0));
+        for id in 501..=503 {
+            journal.append(order(id), 0);
+        }
+        let sync = journal.begin_sync().expect("records to sync");
+        assert_eq!(journal.synced(sync), Some(503));
+        journal.append(order(504), 0);
+        journal.power_loss(None);
+        let recovered = journal.recover().expect("an intact journal");
+        assert_eq!(recovered.first_seq, 501);
+        assert_eq!(recovered.orders, (501..=503).map(order).collect::<Vec<_>>());
+        assert_eq!(journal.next_seq(), 504);
+    }
+
+    #[test]
     fn a_full_disk_acknowledges_nothing_until_it_takes_the_writes() {
         let mut journal = EngineJournal::created();
         journal.disk.full_until_ns = 100;
@@ -278,7 +313,7 @@ mod tests {
         }
         journal.clean_stop(0);
         let mut rng = Rng::new(1);
-        journal.disk.flip(offset_of(2) + 20, &mut rng);
+        journal.disk.flip(offset_of(FIRST_SEQ, 2) + 20, &mut rng);
         let refused = journal.recover().expect_err("a corrupt durable record");
         assert!(refused.starts_with("corrupt"), "{refused}");
     }

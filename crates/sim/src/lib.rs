@@ -27,6 +27,7 @@ pub mod process;
 pub mod rng;
 pub mod run;
 pub mod settings;
+pub mod snapshot;
 pub mod world;
 
 pub use check::{Invariant, Violation};

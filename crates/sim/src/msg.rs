@@ -41,6 +41,10 @@ pub struct Batch {
     pub last_seq: u64,
     /// The reports.
     pub outputs: Vec<CoreOutput>,
+    /// An answer to the retain request from this sequence: reports from there to its first
+    /// are gone for good (the gateway resyncs them, as production's `recover` does for the
+    /// reply to its own request; a late reply to an older request says nothing of them).
+    pub reply: Option<u64>,
 }
 
 /// What travels between processes (each variant's line says what its fields are).

@@ -10,6 +10,7 @@ use exchange::tier::TierConfig;
 use gateway::routed::{Position, RoutedPositions};
 use replication::lease::LeaseCore;
 use replication::replay::GroupReplica;
+use replication::snapshot::EngineSnapshot;
 
 use crate::check::FillBook;
 use crate::clock::{ProcessClock, SimInstant};
@@ -56,13 +57,21 @@ pub struct SimEngine {
     pub(crate) request: Option<LeaseRequest>,
     pub(crate) next_request: u64,
     pub(crate) read_sent_ns: Option<u64>,
-    /// Per gateway, every report so far (the retained window: the whole run).
+    /// Per gateway, every report since the engine's start (the retained window: the whole
+    /// run; production keeps the last `retain_records`), the first numbered `retained_base + 1`.
     pub(crate) retained: Vec<Vec<CoreOutput>>,
+    /// Per gateway, the last report before the engine's start (0, or the snapshot's).
+    pub(crate) retained_base: Vec<u64>,
     /// Per gateway, the input of each retained report: a report is held until its input is
     /// durable in the engine's journal (production's reply hold).
     pub(crate) retained_inputs: Vec<Vec<u64>>,
     /// The tier journal on the engine's disk (kept across restarts).
     pub journal: EngineJournal,
+    /// The snapshot the journal starts after, on the same disk (`None`: the journal starts at
+    /// the log's first input).
+    pub(crate) journal_snapshot: Option<EngineSnapshot>,
+    /// The input after which it took its last snapshot.
+    pub(crate) snapshot_taken: u64,
     /// Per gateway, reports handed to the publisher so far (sent or withheld).
     pub(crate) published: Vec<u64>,
     pub(crate) leading: Option<u64>,
@@ -84,8 +93,11 @@ impl SimEngine {
             next_request: 0,
             read_sent_ns: None,
             retained: vec![Vec::new(); tier.gateways as usize],
+            retained_base: vec![0; tier.gateways as usize],
             retained_inputs: vec![Vec::new(); tier.gateways as usize],
             journal: EngineJournal::default(),
+            journal_snapshot: None,
+            snapshot_taken: 0,
             published: vec![0; tier.gateways as usize],
             leading: None,
             regenerated: None,
@@ -103,7 +115,35 @@ impl SimEngine {
     /// Reports for `gateway` whose inputs the journal acknowledged durable.
     pub(crate) fn releasable(&self, gateway: usize) -> u64 {
         let acked = self.journal.acked;
-        self.retained_inputs[gateway].partition_point(|input| *input <= acked) as u64
+        let base = self.retained_base[gateway];
+        base + self.retained_inputs[gateway].partition_point(|input| *input <= acked) as u64
+    }
+
+    /// Up to `count` retained reports for `gateway` from report `first` on (none it does
+    /// not hold).
+    pub(crate) fn retained_from(&self, gateway: usize, first: u64, count: u64) -> &[CoreOutput] {
+        let retained = &self.retained[gateway];
+        let Some(start) = first.checked_sub(self.retained_base[gateway] + 1) else { return &[] };
+        let start = (start as usize).min(retained.len());
+        &retained[start..(start + count as usize).min(retained.len())]
+    }
+
+    /// Continues from `snapshot` (the log's inputs after it follow): the replica restored,
+    /// each gateway's numbering and window starting where the snapshot's numbering goes on.
+    pub(crate) fn restore(&mut self, tier: &TierConfig, snapshot: &EngineSnapshot) {
+        self.replica = GroupReplica::starting(tier, Some(snapshot))
+            .expect("a snapshot of this tier (the group writes only its own)");
+        self.applied = snapshot.stream_seq;
+        self.snapshot_taken = snapshot.stream_seq;
+        for gateway in 0..self.retained.len() {
+            let index =
+                delivery::publish::subject_index(gateway as u32, delivery::wire::Stream::Reports);
+            let base = self.replica.next_seq(index) - 1;
+            self.retained_base[gateway] = base;
+            self.published[gateway] = base;
+            self.retained[gateway].clear();
+            self.retained_inputs[gateway].clear();
+        }
     }
 }
 

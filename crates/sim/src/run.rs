@@ -35,6 +35,18 @@ pub struct Outcome {
     pub losses_reported: u64,
     /// Reports recomputed from the log for ranges older than the retained window.
     pub regenerated: u64,
+    /// Reports the gateways' resyncs declared lost (past every window and the newest
+    /// snapshot: reported, not a violation), over the gateway subjects.
+    pub resynced: u64,
+    /// Of those, reports at or after the newest snapshot's numbering: recomputable, lost
+    /// only because production's retain answer starts where the gateway asked.
+    pub resynced_recomputable: u64,
+    /// Of those, reports the sessions lost (not routed before the resync).
+    pub sessions_lost: u64,
+    /// Snapshots the engines took.
+    pub snapshots: u64,
+    /// Log trims that moved a shard's log start.
+    pub trims: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -64,6 +76,11 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         journal: world.journal.clone(),
         losses_reported: world.checker.losses_reported,
         regenerated: world.regenerated,
+        resynced: world.resynced,
+        resynced_recomputable: world.resynced_recomputable,
+        sessions_lost: world.checker.resynced,
+        snapshots: world.snapshots,
+        trims: world.trims,
     }
 }
 

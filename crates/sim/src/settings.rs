@@ -45,6 +45,10 @@ pub struct Settings {
     /// Reports each engine keeps per gateway subject in its retained window (production's
     /// `--retain-records`, small here so gateways fall behind it).
     pub retain_records: u64,
+    /// Inputs between an engine's snapshots (0: none; production's
+    /// `SNAPSHOT_EVERY_INPUTS_DEFAULT` is 100,000, small here so that runs trim the log and
+    /// restart engines from snapshots).
+    pub snapshot_every: u64,
     /// The tier the engines and the reference run.
     pub tier: TierConfig,
 }
@@ -77,6 +81,7 @@ impl Settings {
             renew_ns: replication::lease::LEASE_RENEW_DEFAULT.as_nanos() as u64,
             read_max: 256,
             retain_records: 256,
+            snapshot_every: 1000,
             tier,
         }
     }

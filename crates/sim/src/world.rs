@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::broker::Broker;
-use crate::check::Checker;
+use crate::check::{Checker, Invariant};
 use crate::faults::Fault;
 use crate::msg::{Addr, Event, Msg, Timer};
 use crate::process::{Life, SimClient, SimEngine, SimGateway};
@@ -80,6 +80,16 @@ pub struct World {
     pub events: u64,
     /// Reports recomputed from the log for ranges older than the retained window.
     pub regenerated: u64,
+    /// Reports the gateways' resyncs declared lost (older than every leader's window and the
+    /// newest snapshot), over the gateway subjects.
+    pub resynced: u64,
+    /// Of those, reports at or after the newest snapshot's numbering (which production's
+    /// regenerator could recompute, but its answer must start where the gateway asked).
+    pub resynced_recomputable: u64,
+    /// Snapshots taken by the engines, and log trims that moved the log's start.
+    pub snapshots: u64,
+    /// See `snapshots`.
+    pub trims: u64,
 }
 
 /// Most journal lines kept (the newest).
@@ -106,6 +116,10 @@ impl World {
             trace: 0xcbf2_9ce4_8422_2325,
             events: 0,
             regenerated: 0,
+            resynced: 0,
+            resynced_recomputable: 0,
+            snapshots: 0,
+            trims: 0,
         }
     }
 
@@ -297,7 +311,19 @@ impl World {
                 );
             }
             Msg::Read { shard, engine, from } => {
-                let orders = self.broker.read(shard, from, self.settings.read_max).to_vec();
+                let Some(orders) = self.broker.read(shard, from, self.settings.read_max) else {
+                    // A read sent before the engine moved on (a delayed message) needs nothing.
+                    let reader = &self.engines[engine];
+                    if !reader.life.up || reader.applied + 1 != from {
+                        return;
+                    }
+                    let first = self.broker.shards[shard].first_seq;
+                    let detail = format!(
+                        "engine {engine} reads shard {shard}'s log from {from}; it starts at {first}"
+                    );
+                    return self.checker.fail(Invariant::TrimPastNeed, now, detail);
+                };
+                let orders = orders.to_vec();
                 let inc = self.engines[engine].life.inc;
                 self.send_nats(
                     Addr::Broker,

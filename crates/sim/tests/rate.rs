@@ -54,7 +54,8 @@ fn simulated_time_per_wall_clock_second() {
     }
 }
 
-/// Seeds `1..=SIM_SEEDS` (default 500) with every fault kind, the benchmark's shape: each
+/// Seeds `1..=SIM_SEEDS` (default 500) with every fault kind, the benchmark's shape (the
+/// retained window `SIM_RETAIN_RECORDS`, 256 by default): each
 /// failure printed with its seed and invariant (docs/SIMULATION.md records them), then the
 /// summary. Ignored by default (minutes in release):
 ///
@@ -65,11 +66,17 @@ fn simulated_time_per_wall_clock_second() {
 #[ignore = "a soak: run it in release"]
 fn every_fault_kind_over_many_seeds() {
     let seeds = std::env::var("SIM_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+    // SIM_RETAIN_RECORDS=8192: production's window instead of the simulator's 256.
+    let retain_records = std::env::var("SIM_RETAIN_RECORDS").ok().and_then(|v| v.parse().ok());
+    let retain_records = retain_records.unwrap_or(sim::Settings::new(0).retain_records);
     let (cpu_started, mut simulated_ns) = (thread_cpu_s(), 0u64);
     let mut failures = std::collections::BTreeMap::<&str, Vec<u64>>::new();
     let (mut losses_reported, mut regenerated) = (0u64, 0u64);
+    let (mut trims, mut resynced, mut sessions_lost) = (0u64, 0u64, 0u64);
+    let mut recomputable = 0u64;
     for seed in 1..=seeds {
-        let ran = std::panic::catch_unwind(|| sim::run(&sim::Settings::new(seed)));
+        let settings = sim::Settings { retain_records, ..sim::Settings::new(seed) };
+        let ran = std::panic::catch_unwind(|| sim::run(&settings));
         let Ok(outcome) = ran else {
             println!("FAILED seed {seed}: the simulator panicked");
             failures.entry("panic").or_default().push(seed);
@@ -78,6 +85,10 @@ fn every_fault_kind_over_many_seeds() {
         simulated_ns += outcome.simulated_ns;
         losses_reported += outcome.losses_reported;
         regenerated += outcome.regenerated;
+        trims += outcome.trims;
+        resynced += outcome.resynced;
+        sessions_lost += outcome.sessions_lost;
+        recomputable += outcome.resynced_recomputable;
         if let Some(violation) = &outcome.violation {
             println!("FAILED seed {seed}: {violation}");
             failures.entry(violation.invariant.name()).or_default().push(seed);
@@ -87,7 +98,10 @@ fn every_fault_kind_over_many_seeds() {
     println!(
         "{seeds} seeds, {:.2} simulated hours, {cpu:.0} CPU-s ({:.0} seeds per CPU-hour); \
          journal losses reported (refused recoveries): {losses_reported}; reports regenerated \
-         past the window: {regenerated}; failures: {failures:?}",
+         past the window: {regenerated}; log trims: {trims}; reports resynced (lost past the \
+         newest snapshot, reported): {resynced}, of them not yet in their sessions: \
+         {sessions_lost}, at or after the snapshot's numbering: {recomputable}; \
+         failures: {failures:?}",
         simulated_ns as f64 / 3.6e12,
         seeds as f64 * 3600.0 / cpu.max(0.01)
     );

@@ -7,6 +7,7 @@
 //! cargo test -p sim --release --features regress-forget-routed --test regressions
 //! cargo test -p sim --release --features regress-truncate-at-corruption --test regressions
 //! cargo test -p sim --release --features regress-window-only --test regressions
+//! cargo test -p sim --release --features regress-trim-leader-only --test regressions
 //! ```
 //!
 //! Each test draws only the faults its bug needs, on the processes it lives in, so that with
@@ -19,7 +20,8 @@
         feature = "regress-unfenced-publish",
         feature = "regress-forget-routed",
         feature = "regress-truncate-at-corruption",
-        feature = "regress-window-only"
+        feature = "regress-window-only",
+        feature = "regress-trim-leader-only"
     )),
     allow(dead_code, unused_imports)
 )]
@@ -27,9 +29,9 @@
 use sim::{FaultKind, Invariant, Settings};
 
 /// The hunt's shape: `kinds` of faults on the engines (and the gateways with
-/// `gateway_faults`), 10 s of faults, 6 s to settle, and the whole run retained (only the
-/// window's own test shrinks the window, so that with every feature on no other test trips
-/// on a window bug).
+/// `gateway_faults`), 10 s of faults, 6 s to settle, the whole run retained and no
+/// snapshots (only the window's own test shrinks the window and only the trim's own test
+/// snapshots and trims, so that with every feature on no other test trips on their bugs).
 fn hunting(seed: u64, kinds: &[FaultKind], gateway_faults: bool) -> Settings {
     Settings {
         fault_kinds: kinds.to_vec(),
@@ -37,6 +39,7 @@ fn hunting(seed: u64, kinds: &[FaultKind], gateway_faults: bool) -> Settings {
         fault_window_ns: 10_000_000_000,
         settle_ns: 6_000_000_000,
         retain_records: u64::MAX / 2,
+        snapshot_every: 0,
         ..Settings::new(seed)
     }
 }
@@ -117,4 +120,17 @@ fn the_window_only_retain_service_is_found_within_5_seeds() {
     let found = first_failing(5, gateways_cut_off, Invariant::Liveness);
     let (seed, faults) = found.expect("a gap beyond the window never filled within 5 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// A trim by the leader's own snapshot alone (the standbys' progress notes ignored): a
+/// standby behind the leader's snapshot finds the inputs after its position trimmed away.
+/// No fault is needed (a standby one read behind the leader is enough: the shrunk run keeps
+/// none); partitions make it wider.
+#[cfg(feature = "regress-trim-leader-only")]
+#[test]
+fn the_trim_that_ignores_the_standbys_progress_is_found_within_5_seeds() {
+    let partition = [FaultKind::Partition];
+    let snapshotting = |seed| Settings { snapshot_every: 100, ..hunting(seed, &partition, false) };
+    let found = first_failing(5, snapshotting, Invariant::TrimPastNeed);
+    found.expect("a standby's inputs trimmed away within 5 seeds");
 }
