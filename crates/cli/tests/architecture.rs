@@ -355,3 +355,33 @@ fn the_tier_is_the_only_place_that_wires_stages() {
     let tier = workspace_root().join("crates/exchange/src/tier");
     assert!(!uses_of(&tier, &["PipelineBuilder"]).is_empty(), "the tier wires its stages");
 }
+
+/// What a side channel around the tier's start looks like: a slot the order source polls for
+/// what the starter leaves there, a channel the starter waits on beside the tier's own start.
+const START_SIDE_CHANNELS: &[&str] = &["Mutex<Option", "sync_channel", "HandoffSlot", "SideFeeds"];
+
+/// The tier hands its order source what it needs (control input, durable sequences, layout)
+/// when the source starts, and `Tier::start_with_source` returns once it has: the server that
+/// starts the tier, and the tier itself, have no slot or channel beside that one way in.
+#[test]
+fn the_tier_is_started_one_way() {
+    let root = workspace_root();
+    let server = root.join("crates/gateway/src/server.rs");
+    let text = std::fs::read_to_string(&server).unwrap();
+    let code: Vec<&str> = text.lines().map(|line| line.split("//").next().unwrap_or("")).collect();
+    let found: Vec<&&str> =
+        START_SIDE_CHANNELS.iter().filter(|p| code.iter().any(|l| l.contains(**p))).collect();
+    assert!(
+        found.is_empty(),
+        "gateway/src/server.rs starts the tier beside its one way in: {found:?}"
+    );
+    let tier = uses_of(&root.join("crates/exchange/src/tier"), &["SideFeeds", "Mutex<Option"]);
+    assert!(
+        tier.is_empty(),
+        "the tier hands its source its inputs beside SourceStart:\n{}",
+        tier.join("\n")
+    );
+    // The check itself finds what it looks for.
+    let source = root.join("crates/exchange/src/tier");
+    assert!(!uses_of(&source, &["SourceStart"]).is_empty(), "the tier hands over a SourceStart");
+}

@@ -29,7 +29,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/gateway/src/fix_server.rs", "logon"), // 73 lines
     ("crates/gateway/src/fix_server.rs", "on_message"), // 74 lines
     ("crates/gateway/src/fix_server.rs", "order_fields"), // 80 lines
-    ("crates/gateway/src/server.rs", "start"), // 84 lines
     ("crates/gateway/src/store.rs", "apply"),  // 92 lines
     ("crates/labs/src/mq_load.rs", "run"),     // 84 lines
     ("crates/labs/src/web_load.rs", "drive"),  // 72 lines

@@ -48,11 +48,12 @@ mod planned;
 mod replica;
 mod replies;
 mod service;
+mod source;
 mod workers;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::ExchangeError::BadInput;
 use crate::error::{ExchangeError, Result, journal_failed};
@@ -60,16 +61,16 @@ use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_ste
 use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::{CpuId, PlacementPlan, Role};
-use pipeline::stage::{Input, StageSpec};
+use pipeline::stage::{Emitter, Flow, StageSpec};
 use pipeline::{ConnectorKind, WaitStrategy};
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::{self, RecvTimeoutError};
 
 use journal::JournalWriter;
 use journal::writer::WriterStats;
 
 use crate::events::{Effect, ExternalEvent};
 pub use choices::{Arrival, WaitChoice};
-use graph::{Entry, Feeds, InlineGenerator, ShardStart, StageStarts};
+use graph::{ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
@@ -77,7 +78,8 @@ pub use planned::{
 };
 pub use replica::TierReplica;
 pub use replies::{ReplyReceiver, reply_subscribers};
-pub use service::{Tier, TierControl, TierInputs, TierStopped};
+pub use service::{Tier, TierControl, TierInputs, TierStart, TierStopped};
+pub use source::{ORDER_SOURCE_STAGE, OrderSource, SourceFailed, SourceStart, SourceTurns};
 use workers::{MasterWorker, SenderLatency};
 
 use crate::core::{CoreCounters, CoreLimits};
@@ -511,13 +513,6 @@ pub trait Subscriber: Send {
     fn deliver(&mut self, response: &Response);
 }
 
-/// A source of orders the tier runs ([`Tier::start_with_source`]): called in a loop, it emits
-/// the orders it has and waits inside the call when it has none (it owns its thread: the
-/// chain's first one when the layout runs the entry inline, else one of its own); it ends the
-/// tier's input by returning [`pipeline::stage::Flow::Stop`].
-pub type OrderSource =
-    Box<dyn FnMut(&mut pipeline::stage::Emitter<InboundOrder>) -> pipeline::stage::Flow + Send>;
-
 /// Builds one R-Sender's subscribers, indexed by gateway (the argument is the sender's index).
 /// [`run`] uses [`in_process_subscribers`]; the `delivery` crate plugs in NATS publishers.
 pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
@@ -694,24 +689,20 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// Options for a tier its holder feeds ([`Tier::start`], [`Tier::start_with_source`]):
-    /// its layout planned for `rate_per_s`, no generated load, the journal's defaults,
-    /// nothing recorded.
-    ///
-    /// ```
-    /// use exchange::tier::RunOptions;
-    /// let options = RunOptions::planned_for(1_000.0);
-    /// assert_eq!((options.rate_per_s, options.duration), (1_000.0, std::time::Duration::ZERO));
-    /// ```
-    pub fn planned_for(rate_per_s: f64) -> RunOptions {
-        RunOptions {
-            rate_per_s,
-            duration: Duration::ZERO,
-            record_inputs: false,
-            journal: JournalOptions::default(),
-            released: None,
-            stop: None,
-            load: LoadConfig::default(),
+    /// What starting the tier takes for this run: `config` (planned) on `layout`, this run's
+    /// journal options, recording and released sequences, delivering to `subscribers`.
+    fn tier_start(
+        &self,
+        config: &TierConfig,
+        layout: &TierLayout,
+        subscribers: SubscriberFactory,
+    ) -> TierStart {
+        TierStart {
+            layout: Some(layout.clone()),
+            journal: self.journal.clone(),
+            record_inputs: self.record_inputs,
+            released: self.released.clone(),
+            ..TierStart::new(config.clone(), self.rate_per_s, subscribers)
         }
     }
 }
@@ -782,30 +773,18 @@ fn run_with_layout(
     let master = config.starting_master_data();
     // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
     let _ = now_ns();
-    let (entry, inline_run) = if layout.generator_inline {
-        let (report, reported) = std::sync::mpsc::channel();
-        let run = InlineRun { feeds: Arc::default(), issued: Arc::default(), reported };
-        let inline = InlineGenerator {
-            load: Load::new(config.universe, &options.load, &master),
-            steps: OpenLoopSteps::new(&open_loop_plan(&options))?.until(options.stop.clone()),
-            feeds: run.feeds.clone(),
-            issued: run.issued.clone(),
-            report,
-        };
-        (Entry::Generator(Box::new(inline)), Some(run))
+    let start = options.tier_start(config, layout, subscribers);
+    let (tier, driven) = if layout.generator_inline {
+        let (run, source) = InlineRun::start(config, &options, &master)?;
+        let tier = Tier::start_with_source(start, source)?;
+        (tier, run.wait(progress))
     } else {
-        (Entry::Input, None)
+        let (tier, inputs) = Tier::start(start)?;
+        let spins = layout.outside_threads_spin;
+        let pacer = if spins { Pacer::spinning() } else { Pacer::default() };
+        (tier, Some(drive_load(config, &options, &master, (inputs, pacer), progress)?))
     };
-    let (tier, feeds) = Tier::start_planned(config, layout, &options, subscribers, entry)?;
     let placement = tier.placement().clone();
-    let driven = match inline_run {
-        Some(run) => run.wait(feeds, progress),
-        None => {
-            let spins = layout.outside_threads_spin;
-            let pacer = if spins { Pacer::spinning() } else { Pacer::default() };
-            Some(drive_load(config, &options, &master, (feeds, pacer), progress)?)
-        }
-    };
     // The feeds are gone: every stage drains and stops, and each worker reports (or the
     // error that stopped the pipeline comes out here, before a missing report would).
     let stopped = tier.stop()?;
@@ -850,22 +829,20 @@ struct Durability {
 /// what the stages start from and what the run stops at the end.
 fn recover(
     config: &TierConfig,
-    options: &RunOptions,
+    journal: &JournalOptions,
     master: &MasterData,
 ) -> Result<(StageStarts, Durability)> {
     let limits = config.core_limits();
     let mut journals = open_shards(
         config.journal,
-        &options.journal,
+        journal,
         config.snapshot_every_records,
         config.core_shards,
         &master.listings(),
         limits,
     )?;
     let master_journal = match &journals.data_dir {
-        Some(dir) => {
-            Some(open_master(dir, &options.journal, config.snapshot_every_records, master)?)
-        }
+        Some(dir) => Some(open_master(dir, journal, config.snapshot_every_records, master)?),
         None => None,
     };
     let (master_worker, master_writer) = MasterWorker::start(master_journal, master.clone());
@@ -939,7 +916,7 @@ impl RunResult {
             return self.placement.floating_cpus.clone();
         }
         let head = if index == 0 && self.layout.generator_inline {
-            graph::INLINE_GENERATOR_STAGE
+            INLINE_GENERATOR_STAGE
         } else {
             group.stages[0].name()
         };
@@ -952,23 +929,68 @@ impl RunResult {
     }
 }
 
-/// The main thread's side of a generator run inline on the chain's first thread.
+/// The pipeline stage (and thread name) of the load generator run inline.
+pub const INLINE_GENERATOR_STAGE: &str = "generator";
+
+/// Shots issued per turn of the inline generator at most, so that a generator behind its
+/// schedule hands the chain bounded batches.
+const INLINE_SHOTS_PER_TURN_MAX: usize = 64;
+
+/// The main thread's side of a generator run inline on the chain's first thread (an order
+/// source of the tier, [`TierLayout::generator_inline`]): how far it got, and where it reports
+/// when done.
 struct InlineRun {
-    feeds: graph::SideFeeds,
     issued: Arc<AtomicU64>,
-    reported: std::sync::mpsc::Receiver<(DriveReport, bool)>,
+    reported: mpsc::Receiver<(DriveReport, bool)>,
 }
 
 /// How often the main thread reports an inline generator's progress while it runs.
 const INLINE_PROGRESS_INTERVAL: Duration = Duration::from_millis(50);
 
 impl InlineRun {
-    /// Hands the generator its event and master-data feeds, then reports its progress until
-    /// it is done: `(report, whether a feed was gone)`, or `None` when the generator ended
-    /// without one (the pipeline aborted; its `wait` says why).
-    fn wait(self, feeds: Feeds, mut progress: impl FnMut(u64)) -> Option<(DriveReport, bool)> {
-        let handed = (feeds.events, feeds.master);
-        *self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handed);
+    /// The run's load generator as an order source: each turn issues every shot now due
+    /// (the scenario's events and updates through the control input the tier handed it),
+    /// which the fused chain then handles to completion; it stops after the last shot.
+    fn start(
+        config: &TierConfig,
+        options: &RunOptions,
+        master: &MasterData,
+    ) -> Result<(InlineRun, OrderSource)> {
+        let (report, reported) = mpsc::channel();
+        let issued = Arc::new(AtomicU64::new(0));
+        let counter = issued.clone();
+        let mut load = Load::new(config.universe, &options.load, master);
+        let mut steps = OpenLoopSteps::new(&open_loop_plan(options))?.until(options.stop.clone());
+        let source = OrderSource::new(move |started: SourceStart| {
+            let mut control = started.control;
+            let turns = move |out: &mut Emitter<InboundOrder>| {
+                let now = Instant::now();
+                let mut disconnected = false;
+                for _ in 0..INLINE_SHOTS_PER_TURN_MAX {
+                    let Some(shot) = steps.due(now) else { break };
+                    let send = |request, intended_ns| {
+                        out.emit_with_ingress(request, intended_ns);
+                        false
+                    };
+                    disconnected |= load.issue(&shot, &mut control, send);
+                }
+                // Relaxed: a progress count, stored once per turn.
+                counter.store(steps.sent(), Ordering::Relaxed);
+                if steps.finished() || disconnected {
+                    let _ = report.send((steps.report(), disconnected));
+                    return Flow::Stop;
+                }
+                Flow::Continue
+            };
+            Ok(Box::new(turns) as SourceTurns)
+        });
+        Ok((InlineRun { issued, reported }, source.named(INLINE_GENERATOR_STAGE)))
+    }
+
+    /// Reports the generator's progress until it is done: `(report, whether a feed was
+    /// gone)`, or `None` when the generator ended without one (the pipeline aborted; the
+    /// tier's `stop` says why).
+    fn wait(self, mut progress: impl FnMut(u64)) -> Option<(DriveReport, bool)> {
         loop {
             match self.reported.recv_timeout(INLINE_PROGRESS_INTERVAL) {
                 Ok(report) => return Some(report),
@@ -983,7 +1005,7 @@ impl InlineRun {
 /// What a run's load generator issues: the order flow and the scenario's events and
 /// master-data updates, wherever the generator runs (its own thread, or inline on the chain's
 /// first thread).
-pub(super) struct Load {
+struct Load {
     generator: FlowGenerator,
     scenario: Scenario,
     master: MasterData,
@@ -1005,10 +1027,10 @@ impl Load {
 
     /// Issues `shot`: its event and master-data update, if due, on their feeds, then its
     /// request through `send(request, intended_ns)`. Returns whether a feed was gone.
-    pub(super) fn issue(
+    fn issue(
         &mut self,
         shot: &Shot,
-        (events, updates): (&mut Input<ExternalEvent>, &mut Input<TierInput>),
+        control: &mut TierControl,
         send: impl FnOnce(InboundOrder, u64) -> bool,
     ) -> bool {
         let mut disconnected = false;
@@ -1017,11 +1039,10 @@ impl Load {
         let intended_ns = instant_ns(shot.intended);
         request.stamps.intended_ns = intended_ns;
         if let Some(event) = self.scenario.event(shot.index, &self.master) {
-            disconnected |= events.send(event).and_then(|()| events.flush()).is_err();
+            disconnected |= control.event(event).is_err();
         }
         if let Some(update) = self.scenario.master_update(shot.index, &self.master) {
-            let input = TierInput { master: update, ..TierInput::default() };
-            disconnected |= updates.send(input).and_then(|()| updates.flush()).is_err();
+            disconnected |= control.master_update(update).is_err();
         }
         disconnected | send(request, intended_ns)
     }
@@ -1034,11 +1055,10 @@ fn drive_load(
     config: &TierConfig,
     options: &RunOptions,
     master: &MasterData,
-    (feeds, pacer): (Feeds, Pacer),
+    (inputs, pacer): (TierInputs, Pacer),
     mut progress: impl FnMut(u64),
 ) -> Result<(DriveReport, bool)> {
-    let Feeds { gateway, mut events, master: mut updates } = feeds;
-    let mut gateway = gateway.expect("a generator outside the tier writes the gateway input");
+    let TierInputs { orders: mut gateway, mut control } = inputs;
     let mut load = Load::new(config.universe, &options.load, master);
     let steps = OpenLoopSteps::new(&open_loop_plan(options))?.until(options.stop.clone());
     let mut disconnected = false;
@@ -1054,7 +1074,7 @@ fn drive_load(
                 .and_then(|()| gateway.flush_at(issued_ns))
                 .is_err()
         };
-        disconnected |= load.issue(&shot, (&mut events, &mut updates), send);
+        disconnected |= load.issue(&shot, &mut control, send);
         if shot.index % 1024 == 0 {
             progress(shot.index);
         }
