@@ -9,9 +9,10 @@
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
 //! - the runtime (`pipeline`), the journal and the matching core build with their own few
 //!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
-//! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
+//! - only `delivery` and `replication` depend on async-nats, only `experiments` (its ring
+//!   benchmark) on rtrb and disruptor;
 //! - libraries return their own typed errors: only `cli` and the lab's tools (`lab`,
-//!   `ringbench`) depend on `anyhow`;
+//!   `experiments`) depend on `anyhow`;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
 //!   stage graph or layout chooser of its own.
 
@@ -30,14 +31,14 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("exchange", "journal"),
     ("exchange", "matching"),
     ("exchange", "planner"),
+    ("experiments", "delivery"),
+    ("experiments", "exchange"),
+    ("experiments", "journal"),
+    ("experiments", "mq"),
+    ("experiments", "web"),
     ("gateway", "delivery"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
-    ("labs", "delivery"),
-    ("labs", "exchange"),
-    ("labs", "journal"),
-    ("labs", "mq"),
-    ("labs", "web"),
     ("gateway", "replication"),
     ("replication", "delivery"),
     ("replication", "exchange"),
@@ -191,11 +192,11 @@ fn the_architecture_pages_crate_map_is_the_manifests_edges() {
 
 /// Third-party crates that carry one capability, and the leantier crates that may use each:
 /// the messaging system behind `delivery` (core NATS) and `replication` (JetStream), the ring
-/// peers behind `ringbench`.
+/// peers behind `experiments`' ring benchmark.
 const SOLE_OWNERS: &[(&str, &[&str])] = &[
     ("async-nats", &["delivery", "replication"]),
-    ("rtrb", &["ringbench"]),
-    ("disruptor", &["ringbench"]),
+    ("rtrb", &["experiments"]),
+    ("disruptor", &["experiments"]),
 ];
 
 #[test]
@@ -211,8 +212,8 @@ fn only_the_owners_know_about_nats_and_the_ring_peers() {
 }
 
 /// The crates that may depend on `anyhow`: the binary, whose commands report any error, and
-/// the lab's tools (`lab`, `ringbench`), which only commands and tests call.
-const ANYHOW_USERS: &[&str] = &["leantier", "lab", "ringbench"];
+/// the lab's tools (`lab`, `experiments`), which only commands and tests call.
+const ANYHOW_USERS: &[&str] = &["leantier", "lab", "experiments"];
 
 #[test]
 fn libraries_return_their_own_typed_errors_not_anyhow() {

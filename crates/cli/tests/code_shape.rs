@@ -30,8 +30,8 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/gateway/src/fix_server.rs", "on_message"), // 74 lines
     ("crates/gateway/src/fix_server.rs", "order_fields"), // 80 lines
     ("crates/gateway/src/store.rs", "apply"),  // 92 lines
-    ("crates/labs/src/mq_load.rs", "run"),     // 84 lines
-    ("crates/labs/src/web_load.rs", "drive"),  // 72 lines
+    ("crates/experiments/src/mq_load.rs", "run"), // 84 lines
+    ("crates/experiments/src/web_load.rs", "drive"), // 72 lines
     ("crates/mq/src/connection.rs", "read_requests"), // 79 lines
     ("crates/mq/src/store/conformance.rs", "scenario"), // 169 lines
     ("crates/mq/src/store/sqlite.rs", "execute"), // 97 lines
@@ -230,7 +230,6 @@ const MODULE_CYCLES: &[(&str, &str)] = &[
     ("mq", "auth ↔ connection ↔ frame ↔ metrics ↔ reply_memory ↔ server ↔ share"),
     ("pipeline", "interrupts ↔ placement"),
     ("replication", "append ↔ error ↔ layout"),
-    ("ringbench", "harness ↔ peers"),
     // The simulator, merged the day the rule came in: its world and processes use each other.
     ("sim", "client ↔ engine ↔ gateway ↔ run ↔ world"),
 ];

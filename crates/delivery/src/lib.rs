@@ -17,9 +17,9 @@
 //!   them from the window, and beyond it sends an explicit resync frame; consumers get the
 //!   framing of [`wire`] (docs/DELIVERY.md); a slow consumer is cut off at a named bound.
 //! * [`bench`](mod@bench): R-Sender → NATS → gateway against a plain `async-nats` publisher and
-//!   subscriber on the same server in the same run (here, not in `labs`, because only this
+//!   subscriber on the same server in the same run (here, not in `experiments`, because only this
 //!   crate may know about NATS). The published delivery experiment (runs 1–7) runs this crate
-//!   from outside it: `labs::delivery_experiment`.
+//!   from outside it: `experiments::delivery_experiment`.
 //! * [`nats`]: how every leantier NATS client connects (URL, authentication, TLS).
 //! * [`server`]: a `nats-server` child for tests and experiments when none is given.
 //!

@@ -15,11 +15,11 @@ use delivery::gateway::{
 use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
 use exchange::tier::Arrival;
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
-use labs::delivery_experiment::{
+use experiments::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS,
     PUBLISHED_P90_P99_US, Point, Settings,
 };
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
 
 use super::values;
 

@@ -1,5 +1,5 @@
 //! `leantier demo` and `leantier exchange ...`: the flags, and the tables, plots and report
-//! folders of the runs and experiments that `labs::exchange_experiments` performs.
+//! folders of the runs and experiments that `experiments::exchange_experiments` performs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,16 +16,16 @@ use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
+use ::experiments::exchange_experiments::{
+    self as experiments, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, LayoutBench,
+    MaxRateSearch, PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
+    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
+};
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::msg::Reason;
 use exchange::tier::{
     Arrival, LayoutChoice, LoadConfig, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS,
     ShardJournalReport, TierConfig, WaitChoice,
-};
-use labs::exchange_experiments::{
-    self as experiments, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, LayoutBench,
-    MaxRateSearch, PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
-    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
 };
 
 /// Width of the cumulative latency buckets.

@@ -1,13 +1,13 @@
 //! Criterion view of `leantier bench ring`: the same harness, leantier against the fastest
 //! peers, 8-byte messages at batch 1, 16 and 256, threads unpinned (criterion runs many short
 //! samples; the CLI command pins and reports percentiles and ratios).
-//! Run: `cargo bench -p ringbench --bench ring`.
+//! Run: `cargo bench -p experiments --bench ring`.
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ringbench::harness::{CpuPair, throughput};
-use ringbench::peers::{Disruptor, Leantier, Message8, Rtrb};
+use experiments::ringbench::harness::{CpuPair, throughput};
+use experiments::ringbench::peers::{Disruptor, Leantier, Message8, Rtrb};
 
 fn ring_throughput(c: &mut Criterion) {
     let cpus = CpuPair { producer: None, consumer: None };

@@ -16,8 +16,8 @@ use lab::load::{ArrivalProcess, OpenLoopPlan, drive_sync};
 use lab::stats::LatencySummary;
 use serde::Serialize;
 
-use crate::RingBenchError;
-use crate::harness::thread_cpu_time;
+use super::RingBenchError;
+use super::harness::thread_cpu_time;
 
 /// A run kept up when it ended at most this fraction of its duration late.
 pub const KEPT_UP_SLACK: f64 = 0.01;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use labs::web_load::{Exchange, LoadMode, Window, drive, exchanges};
+use experiments::web_load::{Exchange, LoadMode, Window, drive, exchanges};
 use web::api::SizeLimits;
 use web::exec::{ExecConfig, Model};
 use web::server::{ServeBounds, Server, ServerConfig};

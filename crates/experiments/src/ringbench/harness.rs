@@ -6,13 +6,12 @@ use std::time::{Duration, Instant};
 
 use pipeline::placement::{CpuId, Topology, pin_current_thread};
 
-use crate::peers::{Payload, Peer};
+use super::peers::{Payload, Peer};
 use lab::stats::LatencyHistogram;
 
 /// Slots in every queue under test (all peers get the same bound).
 pub const CAPACITY_SLOTS: usize = 4096;
-/// Largest batch any side moves at once.
-pub const BATCH_SLOTS_MAX: usize = 256;
+pub use super::peers::BATCH_SLOTS_MAX;
 /// Share of ping-pong round trips discarded as warm-up (caches, branch predictors, pages).
 const WARMUP_FRACTION: u64 = 10;
 

@@ -2,11 +2,11 @@
 //! and again, so no cache line crosses between cores. leantier against rtrb and disruptor,
 //! nanoseconds per send + receive, five rounds (docs/benchmarks/ring.md, "The hop").
 //!
-//! `cargo run --release -p ringbench --example one_thread -- [messages]`
+//! `cargo run --release -p experiments --example one_thread -- [messages]`
 
 use std::time::Instant;
 
-use ringbench::peers::{Disruptor, Leantier, Message8, Payload, Peer, Rtrb};
+use experiments::ringbench::peers::{Disruptor, Leantier, Message8, Payload, Peer, Rtrb};
 
 fn ns_per_message<P: Peer<Message8>>(messages: u64) -> f64 {
     let (mut tx, mut rx) = P::build(4096, 256);

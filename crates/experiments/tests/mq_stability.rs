@@ -2,7 +2,7 @@
 //! node on a real SQLite store for a few seconds, then the same sanity checks and operational
 //! laws the long run (`scripts/mq-stability`) reports.
 
-use labs::mq_load::{self as load, LoadConfig};
+use experiments::mq_load::{self as load, LoadConfig};
 use mq::server::{self, NodeConfig};
 use mq::store::AnyStore;
 

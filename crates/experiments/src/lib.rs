@@ -1,6 +1,7 @@
-//! The lab's runs of leantier's libraries: experiments, benchmarks and load drivers. They
-//! live here, not in the libraries they measure, so a library builds with its own few
-//! dependencies and carries no code that only the `leantier` command and the tests call.
+//! The experiments: the lab's runs of leantier's libraries (experiments, benchmarks and load
+//! drivers), in one crate named for what it is. They live here, not in the libraries they
+//! measure, so a library builds with its own few dependencies and carries no code that only
+//! the `leantier` command and the tests call.
 //!
 //! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
 //!   NATS, measured at the gateway.
@@ -10,6 +11,9 @@
 //!   generator (response time split into client, queue-wait, database and middleware parts,
 //!   counts and operational laws checked), the same-run comparisons against plain SQL and pgmq,
 //!   and the standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
+//! - [`ringbench`]: `pipeline`'s ring measured against rtrb, crossbeam, disruptor, std mpsc
+//!   and the blocking baseline in the same run, and the open-loop generator alone
+//!   ([`ringbench::loadgen`]).
 //! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
 //!   server, closed or open loop, the answers checked).
 //!
@@ -22,4 +26,5 @@ pub mod mq_bench;
 pub mod mq_budget;
 pub mod mq_experiment;
 pub mod mq_load;
+pub mod ringbench;
 pub mod web_load;

@@ -15,6 +15,10 @@ use disruptor::{BusySpin, EventPoller, Polling, Producer as _, SingleConsumerBar
 use disruptor::{SingleProducer, SingleProducerBarrier};
 use pipeline::{ConnectorKind, RingConfig, WaitStrategy};
 
+/// Largest batch any side moves at once (the harness never asks for more: it is below every
+/// capacity it builds).
+pub const BATCH_SLOTS_MAX: usize = 256;
+
 /// A fixed-size message that carries its sequence number in its first word.
 pub trait Payload: Copy + Default + Send + Sync + 'static {
     const BYTES: usize;
@@ -299,5 +303,5 @@ impl<M: Payload> Peer<M> for Disruptor {
 /// disruptor's `batch_publish` must fit in the ring; the harness never asks for more than
 /// this, which is below every capacity it builds.
 fn tx_batch_limit() -> usize {
-    crate::harness::BATCH_SLOTS_MAX
+    BATCH_SLOTS_MAX
 }

@@ -3,13 +3,15 @@
 //! companion of `leantier bench ring` when trying a change to the ring (median of 5 trials
 //! per cell, the three queues' trials interleaved, as the bench does).
 //!
-//! `cargo run --release -p ringbench --example cells -- [messages] [rounds] [batches] [round_trips]`
+//! `cargo run --release -p experiments --example cells -- [messages] [rounds] [batches] [round_trips]`
 //! (batches comma separated, e.g. `1,16`; round_trips 0 skips the hop). Each round opens with
 //! the cache-sharing probe: the host may move the two vCPUs between rounds.
 
+use experiments::ringbench::harness::{CpuPair, ping_pong, probe_cache_sharing, throughput};
+use experiments::ringbench::peers::{
+    Disruptor, Leantier, Message8, Message64, Payload, Peer, Rtrb,
+};
 use lab::stats::median;
-use ringbench::harness::{CpuPair, ping_pong, probe_cache_sharing, throughput};
-use ringbench::peers::{Disruptor, Leantier, Message8, Message64, Payload, Peer, Rtrb};
 
 /// One trial, in millions of messages per second.
 fn mmsg<P: Peer<M>, M: Payload>(messages: u64, batch: usize, cpus: CpuPair) -> f64 {

@@ -5,7 +5,7 @@
 //! never inlined, so callgrind reports each side's instructions as their inclusive cost:
 //!
 //! ```sh
-//! cargo build --release -p ringbench --example instructions
+//! cargo build --release -p experiments --example instructions
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/ring.cg \
 //!     target/release/examples/instructions 1 1 100000
 //! callgrind_annotate --inclusive=yes /tmp/ring.cg | grep -E 'send_batches|read_all'
@@ -15,7 +15,7 @@
 //! (printed); each count includes one call and return per `send_batches`/`read_all` call,
 //! the same for every queue. docs/benchmarks/ring.md has the figures.
 
-use ringbench::peers::{Disruptor, Leantier, Message8, Payload, Peer, Rtrb};
+use experiments::ringbench::peers::{Disruptor, Leantier, Message8, Payload, Peer, Rtrb};
 
 /// Sends `buffer` `sends` times.
 #[inline(never)]

@@ -5,13 +5,13 @@
 //! batch; reads of `BATCH_SLOTS_MAX` mean the ring runs full and the transfers are amortised
 //! (docs/benchmarks/ring.md, "Why the 8 B batch-16 cell was at 0.5×").
 //!
-//! `cargo run --release -p ringbench --example read_sizes -- [messages] [batch] [trials]`
+//! `cargo run --release -p experiments --example read_sizes -- [messages] [batch] [trials]`
 
 use std::time::Instant;
 
+use experiments::ringbench::harness::{BATCH_SLOTS_MAX, CAPACITY_SLOTS, CpuPair};
+use experiments::ringbench::peers::{Disruptor, Leantier, Message8, Payload, Peer};
 use pipeline::placement::pin_current_thread;
-use ringbench::harness::{BATCH_SLOTS_MAX, CAPACITY_SLOTS, CpuPair};
-use ringbench::peers::{Disruptor, Leantier, Message8, Payload, Peer};
 
 /// Buckets by bit length: bucket `b` counts reads of `2^(b-1) ..= 2^b - 1` messages.
 const BUCKETS: usize = usize::BITS as usize - BATCH_SLOTS_MAX.leading_zeros() as usize + 1;
