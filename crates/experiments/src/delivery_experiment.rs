@@ -10,21 +10,20 @@
 //! | 2   | lock-free  | 20      | no        |
 //! | 3–7 | lock-free  | 6, 4, 3, 2, 1 | yes |
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::tier_load::{LoadConfig, RunOptions, RunResult, run as run_tier, run_with_subscribers};
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{
-    Arrival, LayoutChoice, LoadConfig, RunOptions, TierConfig, run as run_tier,
-    run_with_subscribers,
-};
+use exchange::tier::{Arrival, LayoutChoice, TierConfig};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 
 use delivery::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
 use delivery::nats::NatsConnect;
 use delivery::publish::{
-    HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport,
-    RETAIN_RECORDS_DEFAULT,
+    HEARTBEAT_INTERVAL_DEFAULT, LINGER_AFTER_STOP_MAX, NatsPublisher, PublishOptions,
+    PublishReport, RETAIN_RECORDS_DEFAULT,
 };
 use delivery::subjects::PREFIX_DEFAULT;
 use delivery::{DeliveryError, Result};
@@ -295,6 +294,32 @@ fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> Resul
         }
     }
     Ok(())
+}
+
+/// Runs the tier with its R-Senders publishing over NATS (the engine process), then keeps the
+/// retained windows and heartbeats up for `linger` so gateways recover what they missed. Once
+/// `run.stop` is set (a stop signal) the load ends, the publishers flush what the tier
+/// answered, and the linger is cut to [`LINGER_AFTER_STOP_MAX`].
+pub fn run_engine(
+    config: &TierConfig,
+    run: RunOptions,
+    publish: PublishOptions,
+    linger: Duration,
+    progress: impl FnMut(u64),
+) -> Result<(RunResult, PublishReport), DeliveryError> {
+    if publish.gateways != config.gateways {
+        return Err(DeliveryError::Failed(format!(
+            "publisher gateways {} != tier gateways {}",
+            publish.gateways, config.gateways
+        )));
+    }
+    let publisher = NatsPublisher::connect(publish)?;
+    let stop = run.stop.clone();
+    let result = run_with_subscribers(config, run, publisher.subscribers(), progress)?;
+    publisher.drain()?;
+    let stopped = stop.is_some_and(|stop| stop.load(Ordering::Acquire));
+    std::thread::sleep(if stopped { linger.min(LINGER_AFTER_STOP_MAX) } else { linger });
+    Ok((result, publisher.report()))
 }
 
 #[cfg(test)]

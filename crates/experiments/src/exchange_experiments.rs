@@ -12,13 +12,11 @@ use lab::report::progress_bar;
 use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
 
+use crate::tier_load::{LoadConfig, RunOptions, RunResult, run as run_tier};
 use exchange::ExchangeError::{self, BadInput};
 use exchange::Result;
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{
-    LayoutChoice, LoadConfig, RunOptions, RunResult, TierConfig, WaitChoice, calibrate,
-    run as run_tier,
-};
+use exchange::tier::{LayoutChoice, TierConfig, WaitChoice, calibrate};
 use journal::Policy;
 
 /// The demo's fixed arrival rates (the source design's 20K, 40K and 60K messages/s).

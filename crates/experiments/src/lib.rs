@@ -14,6 +14,9 @@
 //! - [`ringbench`]: `pipeline`'s ring measured against rtrb, crossbeam, disruptor, std mpsc
 //!   and the blocking baseline in the same run, and the open-loop generator alone
 //!   ([`ringbench::loadgen`]).
+//! - [`tier_load`]: the tier driven open-loop by its load generator (an ordinary order source
+//!   of the tier when the layout runs the entry inline), with the scenario's external events
+//!   and master-data updates: `exchange run`, the demo's and the experiments' runs.
 //! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
 //!   server, closed or open loop, the answers checked).
 //!
@@ -27,4 +30,5 @@ pub mod mq_budget;
 pub mod mq_experiment;
 pub mod mq_load;
 pub mod ringbench;
+pub mod tier_load;
 pub mod web_load;

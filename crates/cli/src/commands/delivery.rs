@@ -315,7 +315,7 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
     let (config, load) = super::exchange::load_run_config(args.config.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
     let signal = stop_on_signal(stop.clone())?;
-    let run = exchange::tier::RunOptions {
+    let run = experiments::tier_load::RunOptions {
         rate_per_s: args.rate,
         duration: args.duration,
         record_inputs: false,
@@ -333,7 +333,8 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     };
     println!("publishing to {} gateways at {} msg/s", config.gateways, args.rate);
-    let (result, report) = delivery::publish::run_tier(&config, run, options, args.linger, |_| {})?;
+    let (result, report) =
+        experiments::delivery_experiment::run_engine(&config, run, options, args.linger, |_| {})?;
     let signal = signal.get().copied();
     tracing::info!(
         signal = signal.unwrap_or("--duration elapsed"),
@@ -378,7 +379,7 @@ fn stop_on_signal(stop: Arc<AtomicBool>) -> anyhow::Result<Arc<OnceLock<&'static
 }
 
 fn publish_table(
-    result: &exchange::tier::RunResult,
+    result: &experiments::tier_load::RunResult,
     report: &delivery::publish::PublishReport,
     rate: f64,
     gateways: u32,

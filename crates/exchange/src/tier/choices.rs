@@ -163,15 +163,10 @@ mod tests {
         assert_eq!(config.wait, WaitChoice::Spin);
         assert_eq!(config.connector, pipeline::ConnectorKind::LockFree);
         assert_eq!(config.journal, JournalMode::OFF);
-        std::fs::write(&file, "arrival = \"bursty\"\n").unwrap();
-        let load: crate::tier::LoadConfig = lab::config::load_toml(Some(&file)).unwrap();
-        assert_eq!(load.arrival, Arrival::Bursty);
         let defaults = serde_json::to_value(TierConfig::default()).unwrap();
         let spelled = |field: &str| defaults[field].as_str().unwrap().to_owned();
         let names = ["auto", "lock-free", "group"];
         assert_eq!(["wait", "connector", "journal"].map(spelled), names);
-        let load = serde_json::to_value(crate::tier::LoadConfig::default()).unwrap();
-        assert_eq!(load["arrival"], "poisson");
         for bad in ["wait = \"sleepy\"", "connector = \"pigeon\"", "journal = \"maybe\""] {
             std::fs::write(&file, bad).unwrap();
             let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();

@@ -7,15 +7,16 @@
 use std::sync::{Arc, mpsc};
 
 use journal::DurableSeq;
+use lab::stats::LatencyHistogram;
 use pipeline::placement::PlacementPlan;
 use pipeline::ring::Disconnected;
-use pipeline::stage::{Input, PipelineReport, RunningPipeline};
+use pipeline::stage::{Input, RunningPipeline};
 
 use super::graph::{self, Entry, Feeds, RunningTier};
 use super::source::{OrderSource, SourceStart};
 use super::{
-    Durability, ExternalEvent, ReleasedSeqs, ShardJournalReport, SubscriberFactory, TierConfig,
-    TierInput, TierLayout, Totals, plan_layout, recover,
+    Durability, ExternalEvent, MasterReport, ReleasedSeqs, ShardJournalReport, ShardResult,
+    SubscriberFactory, TierConfig, TierInput, TierLayout, Totals, plan_layout, recover,
 };
 use crate::durability::JournalOptions;
 use crate::error::{ExchangeError, Result};
@@ -70,8 +71,18 @@ pub struct TierStopped {
     pub delivered: u64,
     /// Rejects by reason.
     pub rejects: [u64; REASON_COUNT],
-    pub(super) totals: Totals,
-    pub(super) report: PipelineReport,
+    /// Intended send time → first response delivered at the subscriber, every request.
+    pub end_to_end: LatencyHistogram,
+    /// Intended send time → response content final (core output emitted, or pre-process
+    /// reject built), every request: the critical path, not waiting for any fsync.
+    pub critical_path: LatencyHistogram,
+    /// Per split of [`super::STAGE_SPLITS`]: one in [`super::STAGE_SPLIT_SAMPLE_EVERY`] of
+    /// the requests that passed the pre-process.
+    pub stage_latency: Vec<LatencyHistogram>,
+    /// What each core shard reports.
+    pub shards: Vec<ShardResult>,
+    /// The master data's journal (`None` when journaling is off).
+    pub master: Option<MasterReport>,
 }
 
 /// What starting a tier takes: its configuration, the layout (planned at start for a rate, or
@@ -244,14 +255,17 @@ impl Tier {
         let Tier { pipeline, reports, durability, .. } = self;
         let report = pipeline.wait()?;
         let journal = durability.finish()?;
-        let totals = Totals::collect(reports)?;
+        let Totals { latency, rejects, shards, master } = Totals::collect(reports)?;
         Ok(TierStopped {
-            stages: report.stages.clone(),
+            stages: report.stages,
             journal,
-            delivered: totals.latency.delivered,
-            rejects: totals.rejects,
-            totals,
-            report,
+            delivered: latency.delivered,
+            rejects,
+            end_to_end: latency.end_to_end,
+            critical_path: latency.critical_path,
+            stage_latency: latency.stage_latency,
+            shards,
+            master,
         })
     }
 }

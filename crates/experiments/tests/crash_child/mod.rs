@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{ReleasedSeqs, RunOptions, TierConfig, run as run_tier};
+use exchange::tier::{ReleasedSeqs, TierConfig};
+use experiments::tier_load::{RunOptions, run as run_tier};
 use lab::child_flags::ChildFlags;
 
 /// The environment variable whose value makes the test binary the crash child: its flags.
@@ -100,7 +101,7 @@ pub fn run(text: &str) -> Result<(), Box<dyn std::error::Error>> {
         },
         released: Some(released),
         stop: None,
-        load: exchange::tier::LoadConfig::default(),
+        load: experiments::tier_load::LoadConfig::default(),
     };
     let result = run_tier(&config, options, |_| {});
     // Relaxed: see the reporter.

@@ -11,9 +11,8 @@ use exchange::durability::{JournalMode, JournalOptions};
 use exchange::flow::reference_master_data;
 use exchange::msg::OutputHash;
 use exchange::tier::layout::{CHAIN, TierStage};
-use exchange::tier::{
-    LayoutChoice, LoadConfig, RunOptions, RunResult, ServiceTimes, TierConfig, run,
-};
+use exchange::tier::{LayoutChoice, ServiceTimes, TierConfig};
+use experiments::tier_load::{LoadConfig, RunOptions, RunResult, run};
 
 const SERVICE: ServiceTimes =
     ServiceTimes { preprocess_ns: 400.0, core_ns: 1_500.0, rprocess_ns: 200.0, sender_ns: 300.0 };

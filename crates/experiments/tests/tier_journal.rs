@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use exchange::durability::{JournalMode, JournalOptions, ShardState};
 use exchange::flow::reference_master_data;
-use exchange::tier::{LoadConfig, RunOptions, RunResult, TierConfig, run};
+use exchange::tier::TierConfig;
+use experiments::tier_load::{LoadConfig, RunOptions, RunResult, run};
 use journal::Policy;
 
 fn config(journal: JournalMode) -> TierConfig {

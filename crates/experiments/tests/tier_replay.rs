@@ -8,7 +8,8 @@ use exchange::core::MatchingCore;
 use exchange::durability::JournalOptions;
 use exchange::flow::reference_master_data;
 use exchange::msg::{OutputHash, Reason};
-use exchange::tier::{LoadConfig, RunOptions, TierConfig, run};
+use exchange::tier::TierConfig;
+use experiments::tier_load::{LoadConfig, RunOptions, run};
 
 #[test]
 fn tier_answers_everything_and_replay_reproduces_every_shard_hash() {
