@@ -14,7 +14,9 @@
 //! - libraries return their own typed errors: only `cli` and the lab's tools (`lab`,
 //!   `experiments`) depend on `anyhow`;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
-//!   stage graph or layout chooser of its own.
+//!   stage graph or layout chooser of its own;
+//! - the servers' crates build without plotting, progress bars or the experiments crate, and
+//!   the tier is started one way (no slot or channel beside the source's start).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -314,6 +316,36 @@ fn the_runtime_the_journal_and_the_matching_core_build_without_the_lab() {
     // The check itself sees what it looks for: the binary builds with all of the lab.
     let binary = build_closure("leantier");
     assert!(["lab", "tokio", "rand"].iter().all(|p| binary.contains(*p)), "{binary:?}");
+}
+
+/// The server crates (packages): what runs in production, behind `exchange serve`, `mq serve`,
+/// `web serve` and the delivery and replication processes.
+const SERVER_PACKAGES: &[&str] = &[
+    "gateway",
+    "leantier-exchange",
+    "delivery",
+    "leantier-replication",
+    "mq",
+    "web",
+    "leantier-ops",
+    "leantier-journal",
+    "leantier-pipeline",
+    "leantier-matching",
+];
+/// What only the lab needs: plotting, terminal progress bars, and the experiments crate.
+const LAB_ONLY_PACKAGES: &[&str] = &["plotters", "indicatif", "experiments"];
+
+#[test]
+fn the_servers_build_without_plots_progress_bars_or_the_experiments() {
+    for server in SERVER_PACKAGES {
+        let closure = build_closure(server);
+        let found: Vec<&&str> =
+            LAB_ONLY_PACKAGES.iter().filter(|p| closure.contains(**p)).collect();
+        assert!(found.is_empty(), "{server} pulls in {found:?}: that is lab code (issue 44)");
+    }
+    // The check itself sees what it looks for: the binary builds with all of the lab.
+    let binary = build_closure("leantier");
+    assert!(LAB_ONLY_PACKAGES.iter().all(|p| binary.contains(*p)), "{binary:?}");
 }
 
 /// What wiring stages looks like in code: the ring, the connector, the stage graph, the

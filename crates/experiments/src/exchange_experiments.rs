@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::progress::progress_bar;
 use lab::load::{RateSearchPlan, RateSearchReport, search_max_rate};
-use lab::report::progress_bar;
 use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
 use serde::Serialize;
 

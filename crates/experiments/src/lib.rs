@@ -29,6 +29,8 @@ pub mod mq_bench;
 pub mod mq_budget;
 pub mod mq_experiment;
 pub mod mq_load;
+pub mod plot;
+pub mod progress;
 pub mod ringbench;
 pub mod tier_load;
 pub mod web_load;

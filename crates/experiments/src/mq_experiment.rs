@@ -9,7 +9,8 @@
 //! - `factorial`: a 2^2·r design, database workers × group commit, analysed with
 //!   [`lab::stats::factorial_2kr`] (effects, % of variation, confidence intervals).
 
-use lab::report::{LinePlot, Table};
+use crate::plot::LinePlot;
+use lab::report::Table;
 use lab::stats::factorial_2kr;
 use serde::Serialize;
 

@@ -213,7 +213,7 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
     let window_end = window_start + options.measure;
     let content: Arc<[u8]> = vec![b'x'; config.message_bytes].into();
     let started = Instant::now();
-    let progress = lab::report::progress_bar(config.duration_s.ceil() as u64, "mq load");
+    let progress = crate::progress::progress_bar(config.duration_s.ceil() as u64, "mq load");
     let ticker = {
         let progress = progress.clone();
         tokio::spawn(async move {

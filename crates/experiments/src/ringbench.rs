@@ -24,7 +24,7 @@ pub mod harness;
 pub mod loadgen;
 pub mod peers;
 
-use lab::report::progress_bar;
+use crate::progress::progress_bar;
 use lab::stats::{LatencyHistogram, LatencySummary, median};
 use serde::Serialize;
 

@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
+use experiments::plot::{BarChart, latency_percentile_plot};
 use experiments::ringbench::{
     CAPACITY_SLOTS, MESSAGE_BYTES, Ratio, RingReport, RingRun, Settings, ThroughputCell,
 };
-use lab::report::{BarChart, Markdown, ReportDir, Table, latency_percentile_plot};
+use lab::report::{Markdown, ReportDir, Table};
 use lab::stats::LatencyHistogram;
 
 use crate::outcome::TargetMissed;

@@ -19,7 +19,8 @@ use experiments::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS,
     PUBLISHED_P90_P99_US, Point, Settings,
 };
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
+use experiments::plot::latency_percentile_plot;
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
 
 use super::values;
 
@@ -454,7 +455,7 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
         arrival: args.arrival,
         nats: url.map(|url| args.nats_auth.connect(&url)).transpose()?,
     };
-    let bar = lab::report::progress_bar(
+    let bar = experiments::progress::progress_bar(
         (LAYOUTS.len() * if settings.nats.is_some() { 2 } else { 1 }) as u64,
         "delivery experiment",
     );

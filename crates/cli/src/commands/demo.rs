@@ -24,13 +24,14 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
+use experiments::plot::{BarChart, latency_percentile_plot};
 use gateway::hub::Settings;
 use gateway::load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use gateway::server::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
 use lab::html::{HtmlPage, inline_svg, table_html};
 use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
-use lab::report::{BarChart, Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use serde::Serialize;
 

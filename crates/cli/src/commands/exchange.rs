@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use super::values::{self, one_of};
 use crate::outcome::BadInput;
+use ::experiments::plot::{LinePlot, latency_percentile_plot};
 use lab::load::RateSearchReport;
 use lab::report::{
-    LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table, format_ns_as_us,
-    latency_percentile_plot, latency_table,
+    Markdown, ReportDir, Table, cumulative_buckets_comparison_table, format_ns_as_us, latency_table,
 };
 use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;

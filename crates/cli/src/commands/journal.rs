@@ -134,7 +134,7 @@ fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     report.write_markdown("results.md", markdown.as_str())?;
     let series: Vec<_> =
         results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
-    let plot = lab::report::latency_percentile_plot("Durable-reply latency", &series);
+    let plot = experiments::plot::latency_percentile_plot("Durable-reply latency", &series);
     report.write_svg("durable-reply-percentiles.svg", &plot.to_svg())?;
     println!("report written to {}", report.path().display());
     let missed = missed_targets(&results);

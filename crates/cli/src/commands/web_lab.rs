@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use experiments::plot::{BarChart, throughput_over_time_plot};
+use experiments::progress::progress_bar;
 use experiments::web_load::{CellResult, LoadMode, Window, drive, exchanges};
 use lab::load::ThroughputSeries;
-use lab::report::{
-    BarChart, Markdown, ReportDir, Table, format_ns_as_us, progress_bar, throughput_over_time_plot,
-    throughput_over_time_table,
-};
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, throughput_over_time_table};
 use lab::stats::LatencySummary;
 use web::exec::Model;
 use web::serve::ServeConfig;

@@ -6,8 +6,9 @@ use exchange::tier::Arrival;
 use experiments::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, Settings,
 };
+use experiments::plot::{LinePlot, latency_percentile_plot};
 use lab::data::{Cell, DataTable};
-use lab::report::{LinePlot, ReportDir, latency_percentile_plot};
+use lab::report::ReportDir;
 use lab::stats::LatencyHistogram;
 
 use super::published::PublishedPaper;

@@ -5,9 +5,10 @@
 use ::experiments::exchange_experiments::{
     self as experiments, JournalExperiment, PlacementPoint, SendersPoint,
 };
+use ::experiments::plot::{BarChart, LinePlot, latency_percentile_plot};
 use exchange::tier::TierConfig;
 use lab::data::{Cell, DataTable};
-use lab::report::{BarChart, LinePlot, ReportDir, latency_percentile_plot};
+use lab::report::ReportDir;
 use lab::stats::{amdahl, median as median_of};
 
 use super::published::PublishedPaper;

@@ -7,8 +7,9 @@
 use experiments::mq_bench as bench;
 use experiments::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
 use experiments::mq_load::LoadConfig;
+use experiments::plot::{BarChart, LinePlot};
 use lab::data::{Cell, DataTable};
-use lab::report::{BarChart, LinePlot, ReportDir};
+use lab::report::ReportDir;
 use lab::stats::{FactorialAnalysis, factorial_2kr};
 use mq::server::NodeConfig;
 
