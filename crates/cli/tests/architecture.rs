@@ -9,8 +9,8 @@
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
 //! - the runtime (`pipeline`), the journal and the matching core build with their own few
 //!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
-//! - only `delivery` and `replication` depend on async-nats, only `experiments` (its ring
-//!   benchmark) on rtrb and disruptor;
+//! - only `delivery` and `replication` (and the lab's `experiments`: its test cluster) depend
+//!   on async-nats, only `experiments` (its ring benchmark) on rtrb and disruptor;
 //! - libraries return their own typed errors: only `cli` and the lab's tools (`lab`,
 //!   `experiments`) depend on `anyhow`;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
@@ -196,7 +196,8 @@ fn the_architecture_pages_crate_map_is_the_manifests_edges() {
 /// the messaging system behind `delivery` (core NATS) and `replication` (JetStream), the ring
 /// peers behind `experiments`' ring benchmark.
 const SOLE_OWNERS: &[(&str, &[&str])] = &[
-    ("async-nats", &["delivery", "replication"]),
+    // `experiments`: the loopback cluster's JetStream queries (tests and benchmarks only).
+    ("async-nats", &["delivery", "replication", "experiments"]),
     ("rtrb", &["experiments"]),
     ("disruptor", &["experiments"]),
 ];
@@ -343,6 +344,12 @@ fn the_servers_build_without_plots_progress_bars_or_the_experiments() {
             LAB_ONLY_PACKAGES.iter().filter(|p| closure.contains(**p)).collect();
         assert!(found.is_empty(), "{server} pulls in {found:?}: that is lab code (issue 44)");
     }
+    // The replicated tier's test cluster (`experiments::cluster`, with its temporary folders)
+    // is a dev-dependency of replication's tests, not part of the library.
+    let replication = &member_packages()["leantier-replication"];
+    let helpers: Vec<&str> =
+        ["tempfile", "experiments"].into_iter().filter(|p| replication.contains(*p)).collect();
+    assert!(helpers.is_empty(), "replication depends on test helpers {helpers:?}");
     // The check itself sees what it looks for: the binary builds with all of the lab.
     let binary = build_closure("leantier");
     assert!(LAB_ONLY_PACKAGES.iter().all(|p| binary.contains(*p)), "{binary:?}");

@@ -3,6 +3,8 @@
 //! measure, so a library builds with its own few dependencies and carries no code that only
 //! the `leantier` command and the tests call.
 //!
+//! - [`cluster`]: a loopback JetStream cluster of `nats-server` children (tests, soaks,
+//!   benchmarks of the replicated tier).
 //! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
 //!   NATS, measured at the gateway.
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
@@ -23,6 +25,7 @@
 //! Each function returns its library's typed error (`exchange::ExchangeError`, ...) and typed
 //! results; `leantier` prints them and writes the report folders.
 
+pub mod cluster;
 pub mod delivery_experiment;
 pub mod exchange_experiments;
 pub mod mq_bench;

@@ -1,5 +1,6 @@
 //! A JetStream cluster of `nats-server` children on loopback ports, for tests, soaks and
-//! benchmarks: each node with its own store folder, routes to every other node, killable
+//! benchmarks (a dev-dependency of the crates whose tests run one; `replication` ships
+//! without it): each node with its own store folder, routes to every other node, killable
 //! (SIGKILL) and restartable on its ports. `scripts/nats-env cluster` starts the same layout
 //! for a shell.
 
@@ -8,7 +9,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::error::ReplicationError;
+/// Why a cluster node could not be started, signalled or restarted; the message says which
+/// and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClusterError(pub String);
 
 /// How long a node may take to accept client connections.
 pub const NODE_START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -40,7 +45,7 @@ const CLUSTER_START_TRIES: u32 = 3;
 impl Cluster {
     /// Starts `nodes` servers with JetStream (1: a single server, no cluster) taking clients
     /// on loopback.
-    pub fn start(nodes: usize) -> Result<Cluster, ReplicationError> {
+    pub fn start(nodes: usize) -> Result<Cluster, ClusterError> {
         Cluster::start_on(nodes, Ipv4Addr::LOCALHOST)
     }
 
@@ -49,7 +54,7 @@ impl Cluster {
     /// Ports are picked free, then bound by the children: a test beside it can take one in
     /// between, so a start whose node cannot bind is tried again on fresh ports (up to
     /// `CLUSTER_START_TRIES` times).
-    pub fn start_on(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ReplicationError> {
+    pub fn start_on(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ClusterError> {
         let mut tries = 1;
         loop {
             match Cluster::start_once(nodes, client_host) {
@@ -63,12 +68,12 @@ impl Cluster {
         }
     }
 
-    fn start_once(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ReplicationError> {
-        let root = tempfile::tempdir().map_err(|e| ReplicationError::Server(e.to_string()))?;
-        let free = || -> Result<u16, ReplicationError> {
+    fn start_once(nodes: usize, client_host: Ipv4Addr) -> Result<Cluster, ClusterError> {
+        let root = tempfile::tempdir().map_err(|e| ClusterError(e.to_string()))?;
+        let free = || -> Result<u16, ClusterError> {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0));
             let port = listener.and_then(|l| l.local_addr()).map(|a| a.port());
-            port.map_err(|e| ReplicationError::Server(e.to_string()))
+            port.map_err(|e| ClusterError(e.to_string()))
         };
         let mut planned = Vec::new();
         for index in 1..=nodes {
@@ -151,26 +156,24 @@ impl Cluster {
 
     /// Pauses node `index` (SIGSTOP): its sockets stay open and its kernel still takes what
     /// clients send, but it reads and answers nothing until [`Cluster::resume`].
-    pub fn pause(&self, index: usize) -> Result<(), ReplicationError> {
+    pub fn pause(&self, index: usize) -> Result<(), ClusterError> {
         self.signal(index, "-STOP")
     }
 
     /// Resumes a paused node (SIGCONT).
-    pub fn resume(&self, index: usize) -> Result<(), ReplicationError> {
+    pub fn resume(&self, index: usize) -> Result<(), ClusterError> {
         self.signal(index, "-CONT")
     }
 
-    fn signal(&self, index: usize, signal: &str) -> Result<(), ReplicationError> {
+    fn signal(&self, index: usize, signal: &str) -> Result<(), ClusterError> {
         let node = &self.nodes[index];
         let Some(child) = &node.child else {
-            return Err(ReplicationError::Server(format!("node {} is not running", node.name)));
+            return Err(ClusterError(format!("node {} is not running", node.name)));
         };
         let sent = Command::new("kill").args([signal, &child.id().to_string()]).status();
         match sent {
             Ok(status) if status.success() => Ok(()),
-            other => {
-                Err(ReplicationError::Server(format!("kill {signal} {}: {other:?}", node.name)))
-            }
+            other => Err(ClusterError(format!("kill {signal} {}: {other:?}", node.name))),
         }
     }
 
@@ -181,12 +184,12 @@ impl Cluster {
     }
 
     /// Restarts a killed node on its ports and store and waits until it accepts clients.
-    pub fn restart(&mut self, index: usize) -> Result<(), ReplicationError> {
+    pub fn restart(&mut self, index: usize) -> Result<(), ClusterError> {
         self.spawn(index)?;
         self.wait_ready(index)
     }
 
-    fn spawn(&mut self, index: usize) -> Result<(), ReplicationError> {
+    fn spawn(&mut self, index: usize) -> Result<(), ClusterError> {
         let clustered = self.nodes.len() > 1;
         let node = &mut self.nodes[index];
         let mut command = Command::new(SERVER_BINARY);
@@ -201,7 +204,7 @@ impl Cluster {
         }
         let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn();
         let child = child.map_err(|error| {
-            ReplicationError::Server(format!(
+            ClusterError(format!(
                 "cannot run {SERVER_BINARY} ({error}): install the Debian package nats-server \
                  (scripts/nats-env does)"
             ))
@@ -210,7 +213,7 @@ impl Cluster {
         Ok(())
     }
 
-    fn wait_ready(&mut self, index: usize) -> Result<(), ReplicationError> {
+    fn wait_ready(&mut self, index: usize) -> Result<(), ClusterError> {
         let started = Instant::now();
         let node = &mut self.nodes[index];
         while started.elapsed() < NODE_START_TIMEOUT {
@@ -219,11 +222,11 @@ impl Cluster {
             }
             if let Some(Ok(Some(status))) = node.child.as_mut().map(Child::try_wait) {
                 let why = format!("node {} exited at start ({status}): ports taken?", node.name);
-                return Err(ReplicationError::Server(why));
+                return Err(ClusterError(why));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(ReplicationError::Server(format!("node {} did not start", node.name)))
+        Err(ClusterError(format!("node {} did not start", node.name)))
     }
 }
 
