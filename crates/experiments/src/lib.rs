@@ -5,6 +5,8 @@
 //!
 //! - [`cluster`]: a loopback JetStream cluster of `nats-server` children (tests, soaks,
 //!   benchmarks of the replicated tier).
+//! - [`delivery_bench`]: R-Sender → NATS → R-Gateway against a plain `async-nats` pair on the
+//!   same server in the same run.
 //! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
 //!   NATS, measured at the gateway.
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
@@ -26,6 +28,7 @@
 //! results; `leantier` prints them and writes the report folders.
 
 pub mod cluster;
+pub mod delivery_bench;
 pub mod delivery_experiment;
 pub mod exchange_experiments;
 pub mod mq_bench;

@@ -605,7 +605,7 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
         None => server_or_env()?,
     };
     let nats = args.nats_auth.connect(&url)?;
-    let report = delivery::bench::run(&nats, args.records, args.repeats, args.wait)?;
+    let report = experiments::delivery_bench::run(&nats, args.records, args.repeats, args.wait)?;
     let mut table = Table::new(["contender", "records/s (median)", "p50 µs", "p99 µs", "max µs"])
         .with_title(format!(
             "{} records x {} repeats, wait {}; leantier sent {:.1} records per NATS message",
@@ -624,7 +624,7 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
         ]);
     }
     println!("\n{table}");
-    let target = delivery::bench::TARGET_THROUGHPUT_RATIO;
+    let target = experiments::delivery_bench::TARGET_THROUGHPUT_RATIO;
     let ratios = format!(
         "leantier / plain-batched: {:.2}x (target >= {target}x); leantier / plain-per-record: {:.2}x",
         report.ratio_batched, report.ratio_per_record

@@ -3,7 +3,7 @@
 //! report as one JSON line.
 //!
 //! ```text
-//! cargo run --release -p delivery --example delivery_bench -- NATS_URL [RECORDS [REPEATS [WAIT]]]
+//! cargo run --release -p experiments --example delivery_bench -- NATS_URL [RECORDS [REPEATS [WAIT]]]
 //! ```
 
 use delivery::nats::NatsConnect;
@@ -11,7 +11,7 @@ use exchange::tier::WaitChoice;
 
 const USAGE: &str = "usage: delivery_bench NATS_URL [RECORDS (200000) [REPEATS (5) [WAIT (auto)]]]
 Runs R-Sender -> NATS -> R-Gateway against a plain async-nats pair on the server at NATS_URL
-and prints the report (delivery::bench::BenchReport) as one JSON line.";
+and prints the report (experiments::delivery_bench::BenchReport) as one JSON line.";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,7 +24,7 @@ fn main() {
         eprintln!("delivery_bench: {why}\n{USAGE}");
         std::process::exit(2);
     });
-    match delivery::bench::run(&NatsConnect::new(&url), records, repeats, wait) {
+    match experiments::delivery_bench::run(&NatsConnect::new(&url), records, repeats, wait) {
         Ok(report) => println!("{}", serde_json::to_string(&report).expect("a report serialises")),
         Err(error) => {
             eprintln!("delivery_bench: {error}");

@@ -24,12 +24,12 @@ use futures_util::StreamExt;
 use lab::stats::{LatencyHistogram, LatencySummary, median};
 use pipeline::metrics::now_ns;
 
-use crate::clock::monotonic_ns;
-use crate::error::{DeliveryError, Result, io_failed, nats_failed};
-use crate::gateway::{GatewayOptions, start as start_gateway};
-use crate::nats::{NatsConnect, client_options};
-use crate::publish::{NatsPublisher, PublishOptions};
-use crate::wire::{BATCH_HEADER_BYTES, RECORD_BYTES, Record};
+use delivery::clock::monotonic_ns;
+use delivery::gateway::{GatewayOptions, start as start_gateway};
+use delivery::nats::{NatsConnect, client_options};
+use delivery::publish::{NatsPublisher, PublishOptions};
+use delivery::wire::{BATCH_HEADER_BYTES, RECORD_BYTES, Record};
+use delivery::{DeliveryError, Result, io_failed, nats_failed};
 
 /// The target: leantier's throughput at least this fraction of the plain batched pair's.
 pub const TARGET_THROUGHPUT_RATIO: f64 = 0.8;
@@ -206,12 +206,12 @@ fn leantier_once(
         nats: nats.clone(),
         prefix: prefix.to_string(),
         gateways: 1,
-        retain_records: crate::publish::RETAIN_RECORDS_DEFAULT,
+        retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
         // `auto` as in the tier: spin only when the sender, the publisher and the client's
         // and gateway's threads each have a CPU; on a smaller host a spinner steals the CPU
         // its peer needs.
         wait: wait.strategy(BENCH_THREADS, cpus()),
-        heartbeat: crate::publish::HEARTBEAT_INTERVAL_DEFAULT,
+        heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     })?;
     let mut subscribers = (publisher.subscribers())(0);
     let usage = UsageSpan::start();
