@@ -35,6 +35,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("exchange", "planner"),
     ("experiments", "delivery"),
     ("experiments", "exchange"),
+    ("experiments", "gateway"),
     ("experiments", "journal"),
     ("experiments", "mq"),
     ("experiments", "web"),

@@ -15,6 +15,8 @@
 //!   generator (response time split into client, queue-wait, database and middleware parts,
 //!   counts and operational laws checked), the same-run comparisons against plain SQL and pgmq,
 //!   and the standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
+//! - [`order_entry_load`]: `exchange load`, the order-entry client's open-loop load over the
+//!   native protocol or FIX 4.4 against `exchange serve`.
 //! - [`ringbench`]: `pipeline`'s ring measured against rtrb, crossbeam, disruptor, std mpsc
 //!   and the blocking baseline in the same run, and the open-loop generator alone
 //!   ([`ringbench::loadgen`]).
@@ -35,6 +37,7 @@ pub mod mq_bench;
 pub mod mq_budget;
 pub mod mq_experiment;
 pub mod mq_load;
+pub mod order_entry_load;
 pub mod plot;
 pub mod progress;
 pub mod ringbench;

@@ -29,7 +29,6 @@ mod fix_server;
 pub mod fix_session;
 pub mod hub;
 mod io;
-pub mod load;
 pub mod metrics;
 pub mod native;
 mod native_server;

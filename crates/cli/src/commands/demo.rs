@@ -24,9 +24,9 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
+use experiments::order_entry_load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use experiments::plot::{BarChart, latency_percentile_plot};
 use gateway::hub::Settings;
-use gateway::load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use gateway::server::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
 use lab::html::{HtmlPage, inline_svg, table_html};
@@ -185,7 +185,7 @@ impl Server {
                 (listing.band_low + listing.band_high) / 2,
             )],
             tls: None,
-            drain: gateway::load::DRAIN_DEFAULT,
+            drain: experiments::order_entry_load::DRAIN_DEFAULT,
         };
         Ok(Server { running, load })
     }
@@ -196,7 +196,7 @@ impl Server {
         self.running.take_in_tier_latency(); // what came before this step
         let options =
             LoadOptions { plan: plan(rate, Duration::from_secs_f64(seconds)), ..self.load.clone() };
-        let client = gateway::load::run(&options)?;
+        let client = experiments::order_entry_load::run(&options)?;
         let in_tier = self.running.take_in_tier_latency().unwrap_or_default();
         Ok(Step { client, in_tier })
     }
@@ -207,7 +207,7 @@ impl Server {
 }
 
 struct Step {
-    client: gateway::load::LoadResult,
+    client: experiments::order_entry_load::LoadResult,
     in_tier: LatencyHistogram,
 }
 
@@ -288,7 +288,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
 fn row(
     view: &'static str,
     rate: f64,
-    client: &gateway::load::LoadResult,
+    client: &experiments::order_entry_load::LoadResult,
     latency: &LatencyHistogram,
 ) -> ViewRow {
     ViewRow {

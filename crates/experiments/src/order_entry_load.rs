@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, drive_sync};
 use lab::stats::LatencyHistogram;
 
-use crate::client::{ClientError, ClientTls, NativeClient, Timeout};
-use crate::fix::{self, Builder, Message, tag};
-use crate::fix_session::unix_ns;
-use crate::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
-use crate::transport::{Reader, Transport, Writer};
+use gateway::client::{ClientError, ClientTls, NativeClient, Timeout};
+use gateway::fix::{self, Builder, Message, tag};
+use gateway::fix_session::unix_ns;
+use gateway::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
+use gateway::transport::{Reader, Transport, Writer};
 
 /// How long a reader waits, once the schedule has ended, without a report before it gives up on
 /// the missing ones (the default of [`LoadOptions::drain`]).
@@ -185,7 +185,7 @@ fn failure(text: String) -> ClientError {
 /// A login answered otherwise than accepted, in words ("login refused: bad credentials"),
 /// not as the message's debug form (`LoginRejected { reason: 1 }`).
 fn refused_login(client: u32, answer: &ServerMsg) -> ClientError {
-    failure(format!("login of client {client}: {}", crate::client::describe(answer, None)))
+    failure(format!("login of client {client}: {}", gateway::client::describe(answer, None)))
 }
 
 /// The intended send time of each token, and when the run began.
