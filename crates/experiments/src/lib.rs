@@ -11,6 +11,8 @@
 //!   NATS, measured at the gateway.
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
 //!   search, placement, R-Senders, journal modes, layouts).
+//! - [`journal_bench`]: `journal bench`, the journal writer's throughput and durable-reply
+//!   latency per policy beside the raw append + `fdatasync` baseline.
 //! - [`mq_load`], [`mq_bench`] and [`mq_experiment`]: the message queue's closed-loop load
 //!   generator (response time split into client, queue-wait, database and middleware parts,
 //!   counts and operational laws checked), the same-run comparisons against plain SQL and pgmq,
@@ -33,6 +35,7 @@ pub mod cluster;
 pub mod delivery_bench;
 pub mod delivery_experiment;
 pub mod exchange_experiments;
+pub mod journal_bench;
 pub mod mq_bench;
 pub mod mq_budget;
 pub mod mq_experiment;

@@ -931,7 +931,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         "critical p99 group/off",
         &format!("target ≤ {TARGET_CRITICAL_P99_GROUP_OVER_OFF}"),
         "durable p99 group / raw fsync p99",
-        &format!("target ≤ {}", crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
+        &format!("target ≤ {}", ::experiments::journal_bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
     ])
     .with_title("Targets, measured in this run");
     let mut missed = Vec::new();
@@ -952,7 +952,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         );
         let durable = verdict(
             r.durable_p99_group_over_raw_fsync,
-            crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
+            ::experiments::journal_bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
             "durable p99 / raw fdatasync p99",
         );
         targets.row([

@@ -123,7 +123,7 @@ pub struct BenchResults {
 pub fn run_all(config: &BenchConfig) -> anyhow::Result<BenchResults> {
     config.wait_strategy()?;
     let parts = config.record_bytes.len() + 1 + config.policies.len();
-    let progress = experiments::progress::progress_bar(parts as u64, "journal bench");
+    let progress = crate::progress::progress_bar(parts as u64, "journal bench");
     std::fs::create_dir_all(&config.dir)
         .with_context(|| format!("creating {}", config.dir.display()))?;
     let mut throughput = Vec::new();
