@@ -30,8 +30,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/gateway/src/fix_server.rs", "on_message"), // 74 lines
     ("crates/gateway/src/fix_server.rs", "order_fields"), // 80 lines
     ("crates/gateway/src/store.rs", "apply"),  // 92 lines
-    ("crates/experiments/src/mq_load.rs", "run"), // 84 lines
-    ("crates/experiments/src/web_load.rs", "drive"), // 72 lines
     ("crates/mq/src/connection.rs", "read_requests"), // 79 lines
     ("crates/mq/src/store/conformance.rs", "scenario"), // 169 lines
     ("crates/mq/src/store/sqlite.rs", "execute"), // 97 lines

@@ -177,25 +177,7 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
         / INTERVAL.as_secs_f64())
     .floor() as usize;
     let window_s = intervals as f64 * INTERVAL.as_secs_f64();
-    let mut connections = Vec::with_capacity(config.connections);
-    for j in 0..config.connections {
-        let node = &config.nodes[j % config.nodes.len()];
-        let mut client = Client::connect_with(node, config.timeouts).await?;
-        client.register(&format!("{queue}-c{j}"), LOAD_SECRET).await?;
-        let parts = Parts {
-            queue_wait: LatencyHistogram::new(),
-            db: LatencyHistogram::new(),
-            middleware: LatencyHistogram::new(),
-            client_side: LatencyHistogram::new(),
-            per_interval_response_ns: vec![0; intervals],
-            per_interval_count: vec![0; intervals],
-        };
-        connections.push(Arc::new(Mutex::new(Connection {
-            client,
-            parts,
-            counts: Counts::default(),
-        })));
-    }
+    let connections = open_connections(config, &queue, intervals).await?;
     let options = ClosedLoopOptions {
         users: config.clients,
         think_time: Duration::from_millis(config.think_ms),
@@ -248,6 +230,32 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
         merged.push((c.parts, c.counts));
     }
     analyse(config, &report, merged, &before, &after, wall_s)
+}
+
+/// The run's connections, spread over the nodes round-robin, each registered as a client of
+/// its own, with empty parts for `intervals` samples.
+async fn open_connections(
+    config: &LoadConfig,
+    queue: &str,
+    intervals: usize,
+) -> Result<Vec<Arc<Mutex<Connection>>>> {
+    let mut connections = Vec::with_capacity(config.connections);
+    for j in 0..config.connections {
+        let node = &config.nodes[j % config.nodes.len()];
+        let mut client = Client::connect_with(node, config.timeouts).await?;
+        client.register(&format!("{queue}-c{j}"), LOAD_SECRET).await?;
+        let parts = Parts {
+            queue_wait: LatencyHistogram::new(),
+            db: LatencyHistogram::new(),
+            middleware: LatencyHistogram::new(),
+            client_side: LatencyHistogram::new(),
+            per_interval_response_ns: vec![0; intervals],
+            per_interval_count: vec![0; intervals],
+        };
+        let counts = Counts::default();
+        connections.push(Arc::new(Mutex::new(Connection { client, parts, counts })));
+    }
+    Ok(connections)
 }
 
 /// Exactly `send_percent` sends in every 100 requests of a user, staggered across users.

@@ -163,63 +163,78 @@ pub fn drive(
     })?;
     runtime.block_on(async move {
         match mode {
-            LoadMode::Closed { users } => {
-                let connections = Arc::new(UserConnections::new(url, users)?);
-                let options = ClosedLoopOptions {
-                    users,
-                    warm_up: window.warmup,
-                    measure: window.measure,
-                    cool_down: Duration::ZERO,
-                    interval: window.interval,
-                    timeout: window.request_timeout,
-                    ..ClosedLoopOptions::default()
-                };
-                let report = drive_closed_loop(&options, move |user, sequence| {
-                    let connections = Arc::clone(&connections);
-                    let exchanges = Arc::clone(&exchanges);
-                    async move {
-                        let exchange = &exchanges[(user + sequence as usize) % exchanges.len()];
-                        let answer = connections.post(user, exchange.body.clone()).await;
-                        checked(answer, exchange, sequence)
-                    }
-                })
-                .await
-                .map_err(bad_plan)?;
-                let throughput_per_s =
-                    report.answered_in_window as f64 / window.measure.as_secs_f64();
-                Ok(Measured { report, throughput_per_s })
-            }
-            LoadMode::Open { rate_per_s } => {
-                let client = JsonClient::default();
-                let url: Arc<str> = url.into();
-                let mut send = move |index: u64| {
-                    let (client, url) = (client.clone(), Arc::clone(&url));
-                    let exchanges = Arc::clone(&exchanges);
-                    async move {
-                        let exchange = &exchanges[(index % exchanges.len() as u64) as usize];
-                        let answer = client.post(&url, exchange.body.clone()).await;
-                        checked(answer, exchange, index)
-                    }
-                };
-                let process = ArrivalProcess::Constant { rate_per_s };
-                let options = AsyncOpenLoopOptions {
-                    interval: window.interval,
-                    timeout: window.request_timeout,
-                    ..AsyncOpenLoopOptions::default()
-                };
-                if !window.warmup.is_zero() {
-                    let plan =
-                        OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.warmup };
-                    drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
-                }
-                let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.measure };
-                // Open loop counts every scheduled request, latency from its intended time.
-                let report = drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
-                let throughput_per_s = report.throughput_per_s();
-                Ok(Measured { report, throughput_per_s })
-            }
+            LoadMode::Closed { users } => drive_closed(url, exchanges, users, window).await,
+            LoadMode::Open { rate_per_s } => drive_open(url, exchanges, rate_per_s, window).await,
         }
     })
+}
+
+/// [`drive`]'s closed loop: `users` connections, each sending its next request when the
+/// last one was answered; throughput over the measured window.
+async fn drive_closed(
+    url: &str,
+    exchanges: Arc<Vec<Exchange>>,
+    users: usize,
+    window: Window,
+) -> Result<Measured> {
+    let connections = Arc::new(UserConnections::new(url, users)?);
+    let options = ClosedLoopOptions {
+        users,
+        warm_up: window.warmup,
+        measure: window.measure,
+        cool_down: Duration::ZERO,
+        interval: window.interval,
+        timeout: window.request_timeout,
+        ..ClosedLoopOptions::default()
+    };
+    let report = drive_closed_loop(&options, move |user, sequence| {
+        let connections = Arc::clone(&connections);
+        let exchanges = Arc::clone(&exchanges);
+        async move {
+            let exchange = &exchanges[(user + sequence as usize) % exchanges.len()];
+            let answer = connections.post(user, exchange.body.clone()).await;
+            checked(answer, exchange, sequence)
+        }
+    })
+    .await
+    .map_err(bad_plan)?;
+    let throughput_per_s = report.answered_in_window as f64 / window.measure.as_secs_f64();
+    Ok(Measured { report, throughput_per_s })
+}
+
+/// [`drive`]'s open loop at `rate_per_s` (constant arrivals): a warm-up, then the measured
+/// window, which counts every scheduled request with its latency from its intended time.
+async fn drive_open(
+    url: &str,
+    exchanges: Arc<Vec<Exchange>>,
+    rate_per_s: f64,
+    window: Window,
+) -> Result<Measured> {
+    let client = JsonClient::default();
+    let url: Arc<str> = url.into();
+    let mut send = move |index: u64| {
+        let (client, url) = (client.clone(), Arc::clone(&url));
+        let exchanges = Arc::clone(&exchanges);
+        async move {
+            let exchange = &exchanges[(index % exchanges.len() as u64) as usize];
+            let answer = client.post(&url, exchange.body.clone()).await;
+            checked(answer, exchange, index)
+        }
+    };
+    let process = ArrivalProcess::Constant { rate_per_s };
+    let options = AsyncOpenLoopOptions {
+        interval: window.interval,
+        timeout: window.request_timeout,
+        ..AsyncOpenLoopOptions::default()
+    };
+    if !window.warmup.is_zero() {
+        let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.warmup };
+        drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
+    }
+    let plan = OpenLoopPlan { process, seed: OPEN_LOOP_SEED, duration: window.measure };
+    let report = drive_async(&plan, &options, &mut send).await.map_err(bad_plan)?;
+    let throughput_per_s = report.throughput_per_s();
+    Ok(Measured { report, throughput_per_s })
 }
 
 /// A load plan the lab refused: the caller's input, so bad input of the web service's.
