@@ -69,7 +69,7 @@ use journal::JournalWriter;
 use journal::writer::WriterStats;
 
 use crate::events::{Effect, ExternalEvent};
-pub use choices::{Arrival, WaitChoice};
+pub use choices::WaitChoice;
 use graph::{ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{

@@ -13,9 +13,11 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::tier_load::{LoadConfig, RunOptions, RunResult, run as run_tier, run_with_subscribers};
+use crate::tier_load::{
+    Arrival, LoadConfig, RunOptions, RunResult, run as run_tier, run_with_subscribers,
+};
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{Arrival, LayoutChoice, TierConfig};
+use exchange::tier::{LayoutChoice, TierConfig};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 

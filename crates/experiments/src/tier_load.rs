@@ -23,7 +23,7 @@ use exchange::flow::{FlowConfig, FlowGenerator, UniverseConfig};
 use exchange::master::{MasterData, MasterUpdate};
 use exchange::msg::{InboundOrder, InstrumentId, REASON_COUNT};
 use exchange::tier::{
-    Arrival, GroupWait, MasterReport, OrderSource, ReleasedSeqs, ShardJournalReport, ShardResult,
+    GroupWait, MasterReport, OrderSource, ReleasedSeqs, ShardJournalReport, ShardResult,
     SourceStart, SourceTurns, SubscriberFactory, Tier, TierConfig, TierControl, TierInputs,
     TierLayout, TierStart, TierStopped, in_process_subscribers, measured_utilization, plan_layout,
 };
@@ -32,6 +32,62 @@ use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::{CpuId, PlacementPlan};
 use pipeline::stage::{Emitter, Flow};
+
+/// Arrival process of the load generator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrival {
+    /// Evenly spaced.
+    Constant,
+    /// Exponential inter-arrival times.
+    #[default]
+    Poisson,
+    /// Poisson during `burst_on_us`, silent during `burst_off_us`, same mean rate.
+    Bursty,
+}
+
+impl Arrival {
+    /// The process at `rate_per_s`, with the bursty on/off periods in µs.
+    pub fn process(
+        self,
+        rate_per_s: f64,
+        burst_on_us: u64,
+        burst_off_us: u64,
+    ) -> lab::load::ArrivalProcess {
+        match self {
+            Arrival::Constant => lab::load::ArrivalProcess::Constant { rate_per_s },
+            Arrival::Poisson => lab::load::ArrivalProcess::Poisson { rate_per_s },
+            Arrival::Bursty => lab::load::ArrivalProcess::Bursty {
+                rate_per_s,
+                on_ns: burst_on_us * 1_000,
+                off_ns: burst_off_us * 1_000,
+            },
+        }
+    }
+
+    /// The serde name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arrival::Constant => "constant",
+            Arrival::Poisson => "poisson",
+            Arrival::Bursty => "bursty",
+        }
+    }
+}
+
+impl std::str::FromStr for Arrival {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        lab::config::parse_choice("arrival", text)
+    }
+}
+
+impl std::fmt::Display for Arrival {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// What an experiment composes with the tier, none of it the tier's own: the open-loop load
 /// generator's settings (arrivals, order flow, the scenario's external events and master-data
@@ -524,6 +580,10 @@ mod tests {
         assert_eq!(load.arrival, Arrival::Bursty);
         let load = serde_json::to_value(LoadConfig::default()).unwrap();
         assert_eq!(load["arrival"], "poisson");
+        for arrival in [Arrival::Constant, Arrival::Poisson, Arrival::Bursty] {
+            assert_eq!(serde_json::to_value(arrival).unwrap(), arrival.name());
+            assert_eq!(arrival.name().parse::<Arrival>(), Ok(arrival));
+        }
         let flow = FlowConfig { cancel_share: 0.8, replace_share: 0.5, ..FlowConfig::default() };
         assert!(LoadConfig { flow, ..LoadConfig::default() }.validate().is_err());
     }

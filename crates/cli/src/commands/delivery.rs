@@ -14,12 +14,12 @@ use delivery::gateway::{
 };
 use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
-use exchange::tier::Arrival;
 use experiments::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS,
     PUBLISHED_P90_P99_US, Point, Settings,
 };
 use experiments::plot::latency_percentile_plot;
+use experiments::tier_load::Arrival;
 use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
 
 use super::values;

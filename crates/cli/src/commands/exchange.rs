@@ -21,11 +21,11 @@ use ::experiments::exchange_experiments::{
     MaxRateSearch, PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
     TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
 };
-use ::experiments::tier_load::{LoadConfig, RunResult};
+use ::experiments::tier_load::{Arrival, LoadConfig, RunResult};
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::msg::Reason;
 use exchange::tier::{
-    Arrival, LayoutChoice, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport, TierConfig,
+    LayoutChoice, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport, TierConfig,
     WaitChoice,
 };
 
