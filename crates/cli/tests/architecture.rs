@@ -49,6 +49,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("sim", "delivery"),
     ("sim", "exchange"),
     ("sim", "gateway"),
+    ("sim", "journal"),
     ("sim", "replication"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).

@@ -309,7 +309,7 @@ const SERVE_SECTION: ConfigSection = ConfigSection {
                 are relative to the config file.",
     sources: &[
         ("crates/cli/src/commands/exchange_serve.rs", "ServeConfig"),
-        ("crates/gateway/src/hub.rs", "Settings"),
+        ("crates/gateway/src/settings.rs", "Settings"),
     ],
     meanings: SERVE_MEANINGS,
     per_cpu: &[],

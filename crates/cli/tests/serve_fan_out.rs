@@ -23,8 +23,8 @@ use delivery::wire::{Frame, FrameDecoder, Record, Stream, WIRE_VERSION};
 use exchange::msg::OutputKind;
 use gateway::client::NativeClient;
 use gateway::fix::tag;
-use gateway::hub::order_id;
 use gateway::native::{ClientMsg, OrderRequest, ServerMsg};
+use gateway::order_id;
 
 /// Generous on a loaded 2-CPU host; a passing run never waits this long.
 const WAIT: Duration = Duration::from_secs(10);

@@ -5,9 +5,9 @@
 //! within [`P99_FACTOR_MAX`] × its quiet p99 (quiet values under [`P99_FLOOR`] count as the
 //! floor: the VM's scheduling noise), and the server's RSS stayed under the server's bound.
 //!
-//! Short form in CI (release build, `--ignored`): `SOAK_HOSTILE_SECONDS` (default 2) seconds per
-//! attack. `scripts/soak-hostile`
-//! runs it in release mode for longer. `SOAK_HOSTILE_ONLY=TEXT` keeps the attacks whose "server
+//! Short form in CI (`--ignored`, the workspace's crates at opt-level 2: see scripts/test):
+//! `SOAK_HOSTILE_SECONDS` (default 2) seconds per attack. `scripts/soak-hostile` runs it in
+//! release mode for longer. `SOAK_HOSTILE_ONLY=TEXT` keeps the attacks whose "server
 //! attack" names contain TEXT.
 //!
 //! The attackers connect from [`ATTACKER_IP`], the good client from 127.0.0.1: the servers bound

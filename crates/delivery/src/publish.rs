@@ -372,18 +372,18 @@ impl Shared {
 
     /// The reply to a retain request: the records of the range (at most a batch) from its
     /// start, recomputed by the group when they left the window; else from the first one still
-    /// retained; zero records when none is.
+    /// retained; zero records when none is ([`retain_source`] decides).
     async fn answer(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
         let oldest = self.subject(gateway, stream).window.lock();
         let oldest = oldest.unwrap_or_else(PoisonError::into_inner).oldest();
-        if let (Some(regenerate), true) = (&self.regenerate, request.from_seq < oldest) {
-            let last = request.to_seq.min(oldest - 1);
-            let last = last.min(request.from_seq + BATCH_RECORDS_MAX as u64 - 1);
-            let records = regenerate.regenerate(gateway, stream, request.from_seq, last).await;
+        if let (Some(regenerate), RetainSource::Regenerate { from, last }) =
+            (&self.regenerate, retain_source(&request, oldest, self.regenerate.is_some()))
+        {
+            let records = regenerate.regenerate(gateway, stream, from, last).await;
             if !records.is_empty() {
                 add(&self.counters.regenerated_served, records.len() as u64);
                 let records = records.iter().map(|record| &record.0[..]);
-                return self.reply(gateway, stream, request.from_seq, count_of(records));
+                return self.reply(gateway, stream, from, count_of(records));
             }
         }
         self.retained(gateway, stream, request)
@@ -413,14 +413,50 @@ impl Shared {
     fn retained(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
         let window = self.subject(gateway, stream).window.lock();
         let window = window.unwrap_or_else(PoisonError::into_inner);
-        let first = request.from_seq.max(window.oldest());
-        let last = request.to_seq.min(window.next_seq.saturating_sub(1));
-        let count = if first > last { 0 } else { (last - first + 1).min(BATCH_RECORDS_MAX as u64) };
-        let first_seq = if count == 0 { window.next_seq.max(first) } else { first };
+        let (first_seq, count) = window_part(&request, window.oldest(), window.next_seq);
         add(&self.counters.retained_served, count);
-        let records = window.records(first, count as usize);
+        let records = window.records(first_seq, count as usize);
         self.reply(gateway, stream, first_seq, (count as usize, records))
     }
+}
+
+/// Where a retain reply's records come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetainSource {
+    /// Recomputed by the group: `from..=last` (at most a batch, all older than the window).
+    Regenerate {
+        /// The first record.
+        from: u64,
+        /// The last record.
+        last: u64,
+    },
+    /// The retained window ([`window_part`]).
+    Window,
+}
+
+/// The retain service's decision for `request` when the window's oldest record is `oldest`
+/// and the group can (`can_regenerate`) recompute older ones. The bug `regress-window-only`
+/// puts back (never in a served build; `crates/sim` finds it): a range older than the window
+/// is answered from the window only, so a gateway that fell behind it never gets it.
+pub fn retain_source(request: &RetainRequest, oldest: u64, can_regenerate: bool) -> RetainSource {
+    let regenerates = can_regenerate && !cfg!(feature = "regress-window-only");
+    if !regenerates || request.from_seq >= oldest {
+        return RetainSource::Window;
+    }
+    let last = request.to_seq.min(oldest - 1);
+    let last = last.min(request.from_seq + BATCH_RECORDS_MAX as u64 - 1);
+    RetainSource::Regenerate { from: request.from_seq, last }
+}
+
+/// The window's part of `request` (a window holding `oldest..next_seq`): the reply's first
+/// sequence and its count of records (at most a batch, from the first still retained; zero
+/// records, numbered where the window goes on, when none is).
+pub fn window_part(request: &RetainRequest, oldest: u64, next_seq: u64) -> (u64, u64) {
+    let first = request.from_seq.max(oldest);
+    let last = request.to_seq.min(next_seq.saturating_sub(1));
+    let count = if first > last { 0 } else { (last - first + 1).min(BATCH_RECORDS_MAX as u64) };
+    let first_seq = if count == 0 { next_seq.max(first) } else { first };
+    (first_seq, count)
 }
 
 /// An exact-size iterator as its length and itself (what [`Shared::reply`] takes).
@@ -789,6 +825,21 @@ mod tests {
             payload.extend_from_slice(&Record::encode(&Response::default(), tag, tag).0);
         }
         payload.into()
+    }
+
+    #[test]
+    fn a_range_older_than_the_window_is_regenerated_and_the_rest_comes_from_the_window() {
+        let request = RetainRequest { from_seq: 10, to_seq: 500 };
+        let source = retain_source(&request, 100, true);
+        if cfg!(feature = "regress-window-only") {
+            assert_eq!(source, RetainSource::Window);
+        } else {
+            assert_eq!(source, RetainSource::Regenerate { from: 10, last: 99 });
+        }
+        assert_eq!(retain_source(&request, 100, false), RetainSource::Window);
+        assert_eq!(retain_source(&request, 10, true), RetainSource::Window);
+        assert_eq!(window_part(&request, 100, 301), (100, 201), "from the oldest retained");
+        assert_eq!(window_part(&request, 1, 5), (10, 0), "none yet: numbered where asked");
     }
 
     fn tags(window: &Window, first: u64, count: usize) -> Vec<u64> {

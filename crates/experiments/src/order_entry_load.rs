@@ -23,10 +23,10 @@ use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, driv
 use lab::stats::LatencyHistogram;
 
 use gateway::client::{ClientError, ClientTls, NativeClient, Timeout};
+use gateway::fix::unix_ns;
 use gateway::fix::{self, Builder, Message, tag};
-use gateway::fix_session::unix_ns;
 use gateway::native::{self, ClientMsg, OrderRequest, ServerMsg, event_kind};
-use gateway::transport::{Reader, Transport, Writer};
+use gateway::{Reader, Transport, Writer};
 
 /// How long a reader waits, once the schedule has ended, without a report before it gives up on
 /// the missing ones (the default of [`LoadOptions::drain`]).

@@ -20,12 +20,13 @@ pub const PREAUTH_PER_ADDRESS_MAX: usize = 8;
 /// At most one log line about refused connections per this interval.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Why a connection was closed at accept.
+/// Why a connection was closed at accept: too many of them in all, before their login, or
+/// from its address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    TooManyConnections,
-    TooManyBeforeLogin,
-    TooManyFromAddress,
+pub enum TooMany {
+    Connections,
+    BeforeLogin,
+    FromAddress,
 }
 
 /// The counts behind the bounds (one per server, on its I/O thread).
@@ -48,29 +49,15 @@ pub struct Ticket {
 
 impl Admission {
     /// Admits a connection from `address`, or says why not (and logs it, rate-limited).
-    ///
-    /// ```
-    /// use std::{cell::RefCell, rc::Rc};
-    /// use gateway::admission::{Admission, PREAUTH_PER_ADDRESS_MAX, Refusal};
-    /// let admission = Rc::new(RefCell::new(Admission::default()));
-    /// let address = "127.0.0.2".parse().unwrap();
-    /// let held: Vec<_> = (0..PREAUTH_PER_ADDRESS_MAX)
-    ///     .map(|_| Admission::admit(&admission, address).unwrap())
-    ///     .collect();
-    /// assert_eq!(Admission::admit(&admission, address).err(), Some(Refusal::TooManyFromAddress));
-    /// let mut first = held.into_iter().next().unwrap();
-    /// first.logged_in(); // its pre-authentication slot is free again
-    /// assert!(Admission::admit(&admission, address).is_ok());
-    /// ```
-    pub fn admit(this: &Rc<RefCell<Admission>>, address: IpAddr) -> Result<Ticket, Refusal> {
+    pub fn admit(this: &Rc<RefCell<Admission>>, address: IpAddr) -> Result<Ticket, TooMany> {
         let mut admission = this.borrow_mut();
         let from_address = admission.preauth_by_address.get(&address).copied().unwrap_or(0);
         let refusal = if admission.open >= CONNECTIONS_MAX {
-            Some(Refusal::TooManyConnections)
+            Some(TooMany::Connections)
         } else if admission.preauth >= PREAUTH_CONNECTIONS_MAX {
-            Some(Refusal::TooManyBeforeLogin)
+            Some(TooMany::BeforeLogin)
         } else if from_address >= PREAUTH_PER_ADDRESS_MAX {
-            Some(Refusal::TooManyFromAddress)
+            Some(TooMany::FromAddress)
         } else {
             None
         };
@@ -84,7 +71,7 @@ impl Admission {
         Ok(Ticket { admission: this.clone(), address, preauth: true })
     }
 
-    fn log_refusal(&mut self, refusal: Refusal, address: IpAddr) {
+    fn log_refusal(&mut self, refusal: TooMany, address: IpAddr) {
         self.refused_unlogged += 1;
         let now = Instant::now();
         if self.last_log.is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL) {
@@ -119,5 +106,24 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         self.logged_in();
         self.admission.borrow_mut().open -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_holds_a_bounded_share_of_the_pre_authentication_slots() {
+        use std::{cell::RefCell, rc::Rc};
+        let admission = Rc::new(RefCell::new(Admission::default()));
+        let address = "127.0.0.2".parse().unwrap();
+        let held: Vec<_> = (0..PREAUTH_PER_ADDRESS_MAX)
+            .map(|_| Admission::admit(&admission, address).unwrap())
+            .collect();
+        assert_eq!(Admission::admit(&admission, address).err(), Some(TooMany::FromAddress));
+        let mut first = held.into_iter().next().unwrap();
+        first.logged_in(); // its pre-authentication slot is free again
+        assert!(Admission::admit(&admission, address).is_ok());
     }
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::native::{self, ClientMsg, Event, ServerMsg, event_kind};
 pub use crate::transport::ClientTls;
-use crate::transport::{Reader, Transport, Writer};
+// Public here: what `NativeClient::split` hands out and the load client drives.
+pub use crate::transport::{Reader, Transport, Writer};
 use exchange::instruments::InstrumentTable;
 
 /// Bytes read per `read` call.
@@ -214,70 +215,93 @@ pub fn parse_script_line_in(
     if !matches!(verb, "buy" | "sell" | "cancel" | "replace") {
         return Err(format!("unknown command {verb:?} (buy, sell, cancel, replace)"));
     }
-    let number = |at: usize, what: &str| -> Result<i64, String> {
-        let word = args.get(at).ok_or_else(|| format!("{verb}: {what} missing"))?;
-        word.parse().map_err(|_| format!("{verb}: {what} {word:?} is not a number"))
-    };
-    let small = |at: usize, what: &str| -> Result<u32, String> {
-        u32::try_from(number(at, what)?).map_err(|_| format!("{verb}: {what} out of range"))
-    };
+    let words = ScriptWords { verb, args, instruments };
     let instrument = match args.get(1) {
         Some(word) => instrument_of(verb, word, instruments)?,
         None => return Err(format!("{verb}: INSTRUMENT missing")),
     };
-    let price = |at: usize| -> Result<i64, String> {
-        match (instruments, args.get(at)) {
-            (Some(table), Some(word)) => table.price_units(word).map_err(|e| {
-                format!("{verb}: PRICE {word:?}: {e} (price_decimals {})", table.price_decimals())
-            }),
-            _ => number(at, "PRICE"),
-        }
-    };
     let mut order = native::OrderRequest {
         client,
-        token: small(0, "TOKEN")?,
+        token: words.small(0, "TOKEN")?,
         instrument,
         ..Default::default()
     };
-    let arity = |n: usize| {
-        if args.len() == n { Ok(()) } else { Err(format!("{verb}: {n} arguments expected")) }
-    };
     match verb {
-        "buy" | "sell" => {
-            order.side = u8::from(verb == "sell");
-            order.qty = small(2, "QTY")?;
-            let market = args.get(3) == Some(&"market");
-            if market {
-                order.order_type = 1;
-            } else {
-                order.price = price(3)?;
-            }
-            // A market order never rests, so it is immediate: IOC unless FOK is asked for
-            // (the engine rejects a market day order, MarketDay).
-            order.time_in_force = match (args.get(4).copied(), market) {
-                (None, true) | (Some("ioc"), _) => 1,
-                (None | Some("day"), false) => 0,
-                (Some("fok"), _) => 2,
-                (Some("day"), true) => {
-                    return Err(format!("{verb}: a market order is ioc or fok, not day"));
-                }
-                (Some(other), _) => {
-                    return Err(format!("{verb}: time in force {other:?} is not day, ioc or fok"));
-                }
-            };
-            if args.len() > 5 {
-                return Err(format!("{verb}: at most 5 arguments"));
-            }
-            Ok(Some(ClientMsg::NewOrder(order)))
-        }
-        "cancel" => arity(2).map(|()| Some(ClientMsg::Cancel(order))),
+        "buy" | "sell" => words.new_order(order).map(Some),
+        "cancel" => words.arity(2).map(|()| Some(ClientMsg::Cancel(order))),
         "replace" => {
-            arity(4)?;
-            order.qty = small(2, "QTY")?;
-            order.price = price(3)?;
+            words.arity(4)?;
+            order.qty = words.small(2, "QTY")?;
+            order.price = words.price(3)?;
             Ok(Some(ClientMsg::Replace(order)))
         }
         _ => unreachable!("the verb was checked above"),
+    }
+}
+
+/// A script line's words after its verb, read with errors that name the verb and the word.
+struct ScriptWords<'a> {
+    verb: &'a str,
+    args: &'a [&'a str],
+    instruments: Option<&'a InstrumentTable>,
+}
+
+impl ScriptWords<'_> {
+    fn number(&self, at: usize, what: &str) -> Result<i64, String> {
+        let verb = self.verb;
+        let word = self.args.get(at).ok_or_else(|| format!("{verb}: {what} missing"))?;
+        word.parse().map_err(|_| format!("{verb}: {what} {word:?} is not a number"))
+    }
+
+    fn small(&self, at: usize, what: &str) -> Result<u32, String> {
+        let verb = self.verb;
+        u32::try_from(self.number(at, what)?).map_err(|_| format!("{verb}: {what} out of range"))
+    }
+
+    /// A price: in the instruments table's decimals when there is one, else in ticks.
+    fn price(&self, at: usize) -> Result<i64, String> {
+        let verb = self.verb;
+        match (self.instruments, self.args.get(at)) {
+            (Some(table), Some(word)) => table.price_units(word).map_err(|e| {
+                format!("{verb}: PRICE {word:?}: {e} (price_decimals {})", table.price_decimals())
+            }),
+            _ => self.number(at, "PRICE"),
+        }
+    }
+
+    fn arity(&self, n: usize) -> Result<(), String> {
+        let verb = self.verb;
+        if self.args.len() == n { Ok(()) } else { Err(format!("{verb}: {n} arguments expected")) }
+    }
+
+    /// `buy|sell TOKEN INSTRUMENT QTY PRICE|market [day|ioc|fok]`, the first two read.
+    fn new_order(&self, mut order: native::OrderRequest) -> Result<ClientMsg, String> {
+        let verb = self.verb;
+        order.side = u8::from(verb == "sell");
+        order.qty = self.small(2, "QTY")?;
+        let market = self.args.get(3) == Some(&"market");
+        if market {
+            order.order_type = 1;
+        } else {
+            order.price = self.price(3)?;
+        }
+        // A market order never rests, so it is immediate: IOC unless FOK is asked for
+        // (the engine rejects a market day order, MarketDay).
+        order.time_in_force = match (self.args.get(4).copied(), market) {
+            (None, true) | (Some("ioc"), _) => 1,
+            (None | Some("day"), false) => 0,
+            (Some("fok"), _) => 2,
+            (Some("day"), true) => {
+                return Err(format!("{verb}: a market order is ioc or fok, not day"));
+            }
+            (Some(other), _) => {
+                return Err(format!("{verb}: time in force {other:?} is not day, ioc or fok"));
+            }
+        };
+        if self.args.len() > 5 {
+            return Err(format!("{verb}: at most 5 arguments"));
+        }
+        Ok(ClientMsg::NewOrder(order))
     }
 }
 

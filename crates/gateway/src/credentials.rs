@@ -100,13 +100,13 @@ pub fn hash_secret(secret: &[u8]) -> Result<String, CredentialsError> {
 /// Threads that verify secrets: each holds its argon2 working memory (19 MiB with the default
 /// parameters) for the server's life, so logins cost no allocation and memory stays bounded
 /// however many arrive.
-pub const VERIFY_THREADS: usize = 2;
+pub(crate) const VERIFY_THREADS: usize = 2;
 /// Logins waiting for a verifying thread; past it a login is refused as busy at once.
-pub const VERIFY_QUEUE_MAX: usize = 64;
+pub(crate) const VERIFY_QUEUE_MAX: usize = 64;
 
 /// The outcome of [`Verifier::verify`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Match,
     /// A wrong secret, or an unknown client (verified against a stand-in hash, so that both
     /// take the same time).
@@ -125,7 +125,7 @@ struct Job {
 /// A fixed pool of verifying threads behind a bounded queue, shared by every session: login
 /// floods cost at most [`VERIFY_THREADS`] CPUs and their memory, never more threads or
 /// memory, and unknown client ids take as long as known ones.
-pub struct Verifier {
+pub(crate) struct Verifier {
     jobs: SyncSender<Job>,
 }
 

@@ -29,6 +29,8 @@ pub enum ServeError {
     TierStopped,
     #[error("replicated input log: {0}")]
     Log(#[from] replication::ReplicationError),
+    #[error("the metrics and admin listener")]
+    Metrics(#[source] ops::OpsError),
     #[error("gateway without a tier: {0}")]
     Remote(String),
 }

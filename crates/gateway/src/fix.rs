@@ -309,6 +309,13 @@ impl Builder {
     }
 }
 
+/// Wall-clock nanoseconds since the Unix epoch (FIX timestamps are UTC wall time).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// Formats a UTC time (nanoseconds since the Unix epoch) as FIX's UTCTimestamp with
 /// milliseconds, `YYYYMMDD-HH:MM:SS.sss`.
 pub fn utc_timestamp(unix_ns: u64) -> [u8; 21] {

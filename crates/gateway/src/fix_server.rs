@@ -11,10 +11,12 @@ use tokio::io::AsyncReadExt;
 
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
+use crate::fix::unix_ns;
 use crate::fix::{self, Message, tag};
-use crate::fix_session::{ClOrdId, ExecId, FixState, Order, Pending, unix_ns};
+use crate::fix_session::{ClOrdId, ExecId, FixState, Order, Pending};
+use crate::hub::Hub;
 use crate::hub::order_id;
-use crate::hub::{Hub, Link};
+use crate::link::Link;
 use crate::native::{Event, event_kind, gateway_reason};
 use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
 
@@ -39,7 +41,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
     let Some((at, heartbeat)) = logon(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
     commit(&mut hub.borrow_mut(), at);
-    let link = hub.borrow().clients[at].link.clone().expect("logon attached a link");
+    let link = hub.borrow().client(at).link().cloned().expect("logon attached a link");
     let mut conn = Conn::new(heartbeat);
     let mut resend_requested = false;
     // Messages sent in the same write as the Logon are in the buffer already: handled before
@@ -57,7 +59,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
         if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
             break reason;
         }
-        if let Some(cut) = link.cut.get() {
+        if let Some(cut) = link.cut() {
             break cut.reason();
         }
         tokio::select! {
@@ -68,7 +70,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
                     unread = true;
                 }
             },
-            _ = link.wake.notified() => {}
+            _ = link.woken() => {}
             _ = tokio::time::sleep(conn.tick()) => {
                 let flow = on_timer(&mut hub.borrow_mut(), at, &link, &mut conn);
                 commit(&mut hub.borrow_mut(), at);
@@ -80,7 +82,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
         }
     };
     tracing::info!(
-        client = hub.borrow().clients[at].credential.client,
+        client = hub.borrow().client(at).credential().client,
         reason,
         "FIX session ended"
     );
@@ -106,14 +108,14 @@ fn read_batch(
 /// so a read costs no store syscall of its own. A crash before that write loses only inbound
 /// numbers whose messages nobody has acknowledged: the restarted server asks for them again.
 fn commit(hub: &mut Hub, at: usize) {
-    hub.clients[at].fix.as_mut().expect("FIX client").store.save_next_in();
-    hub.log.borrow_mut().commit_if_holding();
+    hub.client_mut(at).fix_mut().store_mut().save_next_in();
+    hub.log().borrow_mut().commit_if_holding();
 }
 
 /// Heartbeats out when idle; a TestRequest when the peer is quiet; dead after two intervals.
 fn on_timer(hub: &mut Hub, at: usize, link: &Rc<Link>, conn: &mut Conn) -> Flow {
-    let limit = hub.settings.outbox_bytes_max;
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let limit = hub.settings().outbox_bytes_max;
+    let fix = hub.client_mut(at).fix_mut();
     let now = Instant::now();
     if now.duration_since(conn.last_read) >= conn.heartbeat * 2 + conn.heartbeat / 5 {
         return Flow::Close("dead link: no answer to TestRequest");
@@ -153,7 +155,7 @@ fn drain(
                 // Garbled: FIX says ignore it (no sequence number consumed) and go on. Counted,
                 // not logged at warn: a flood of garbage must not become a flood of logs.
                 tracing::debug!(%error, "FIX: garbled message ignored");
-                hub.clients[at].counters.garbled += 1;
+                hub.client_mut(at).counters_mut().garbled += 1;
                 start += fix::resync(&buffer[start..]);
             }
         }
@@ -173,19 +175,19 @@ fn on_message(
     bytes: &[u8],
     resend_requested: &mut bool,
 ) -> Flow {
-    let limit = hub.settings.outbox_bytes_max;
+    let limit = hub.settings().outbox_bytes_max;
     let parsed = Message::parse(bytes);
     let costly = parsed.as_ref().is_ok_and(|m| matches!(m.msg_type(), b"1" | b"2"));
     if costly && !hub.admit_session_message(at) {
-        let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+        let fix = hub.client_mut(at).fix_mut();
         return logout(fix, link, limit, "TestRequests or ResendRequests over the throttle");
     }
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let fix = hub.client_mut(at).fix_mut();
     let message = match parsed {
         Ok(message) => message,
         Err(error) => {
-            let ref_seq = fix.store.next_in as i64;
-            fix.store.next_in += 1;
+            let ref_seq = fix.store().next_in as i64;
+            fix.store_mut().next_in += 1;
             reject(fix, link, limit, ref_seq, session_reject::INVALID_TAG, 0, &error.to_string());
             return Flow::Continue;
         }
@@ -193,8 +195,8 @@ fn on_message(
     let Some(seq) = message.get(tag::MSG_SEQ_NUM).and_then(fix::parse_u64) else {
         return logout(fix, link, limit, "MsgSeqNum (34) missing or not a number");
     };
-    let comp_ok = message.get(tag::SENDER_COMP_ID) == Some(fix.comp_id.as_bytes())
-        && message.get(tag::TARGET_COMP_ID) == Some(fix.our_comp_id.as_bytes());
+    let comp_ok = message.get(tag::SENDER_COMP_ID) == Some(fix.comp_id().as_bytes())
+        && message.get(tag::TARGET_COMP_ID) == Some(fix.our_comp_id().as_bytes());
     if !comp_ok {
         reject(fix, link, limit, seq as i64, session_reject::COMP_ID_PROBLEM, 49, "CompID problem");
         return logout(fix, link, limit, "CompID problem");
@@ -207,25 +209,9 @@ fn on_message(
     if msg_type == b"2" {
         resend(fix, link, limit, &message);
     }
-    if seq < fix.store.next_in {
-        if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
-            return Flow::Continue;
-        }
-        let text = format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store.next_in);
-        return logout(fix, link, limit, &text);
+    if let Some(flow) = take_sequence(fix, link, limit, &message, seq, resend_requested) {
+        return flow;
     }
-    if seq > fix.store.next_in {
-        if !*resend_requested {
-            *resend_requested = true;
-            let from = fix.store.next_in as i64;
-            fix.send(b"2", Some(link), limit, |b| {
-                b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
-            });
-        }
-        return Flow::Continue;
-    }
-    *resend_requested = false;
-    fix.store.next_in += 1;
     if message.get(tag::SENDING_TIME).is_none() {
         reject(
             fix,
@@ -241,9 +227,43 @@ fn on_message(
     dispatch(hub, at, link, &message, seq)
 }
 
+/// FIX's sequence rules for message `seq`: a possible duplicate of one taken is dropped, a
+/// number too low ends the session, a gap asks for a resend (once until it is filled); the
+/// expected number is taken and `None` says go on.
+fn take_sequence(
+    fix: &mut FixState,
+    link: &Rc<Link>,
+    limit: usize,
+    message: &Message,
+    seq: u64,
+    resend_requested: &mut bool,
+) -> Option<Flow> {
+    if seq < fix.store().next_in {
+        if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
+            return Some(Flow::Continue);
+        }
+        let text =
+            format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store().next_in);
+        return Some(logout(fix, link, limit, &text));
+    }
+    if seq > fix.store().next_in {
+        if !*resend_requested {
+            *resend_requested = true;
+            let from = fix.store().next_in as i64;
+            fix.send(b"2", Some(link), limit, |b| {
+                b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
+            });
+        }
+        return Some(Flow::Continue);
+    }
+    *resend_requested = false;
+    fix.store_mut().next_in += 1;
+    None
+}
+
 fn dispatch(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) -> Flow {
-    let limit = hub.settings.outbox_bytes_max;
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
+    let limit = hub.settings().outbox_bytes_max;
+    let fix = hub.client_mut(at).fix_mut();
     match message.msg_type() {
         b"0" | b"2" | b"3" => Flow::Continue,
         b"1" => {
@@ -308,7 +328,7 @@ fn sequence_reset(
     seq: u64,
 ) -> Flow {
     match message.get(tag::NEW_SEQ_NO).and_then(fix::parse_u64) {
-        Some(new_seq) if new_seq >= fix.store.next_in => fix.store.next_in = new_seq,
+        Some(new_seq) if new_seq >= fix.store().next_in => fix.store_mut().next_in = new_seq,
         _ => reject(
             fix,
             link,
@@ -326,7 +346,7 @@ fn sequence_reset(
 /// anything no longer stored) as SequenceReset-GapFill.
 fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) {
     let begin = message.get(tag::BEGIN_SEQ_NO).and_then(fix::parse_u64).unwrap_or(1).max(1);
-    let last = fix.store.next_out - 1;
+    let last = fix.store().next_out - 1;
     let asked_end = match message.get(tag::END_SEQ_NO).and_then(fix::parse_u64) {
         Some(end) if end != 0 && end < last => end,
         _ => last,
@@ -335,7 +355,7 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
     // I/O thread) and the outbox it fills stay bounded however long the history (a range of
     // numbers the store does not hold is one gap fill, whatever its length). A Heartbeat with
     // the next sequence number then shows the peer the rest is still missing; it asks again.
-    let stored = match fix.store.range(begin, asked_end, RESEND_MESSAGES_MAX) {
+    let stored = match fix.store().range(begin, asked_end, RESEND_MESSAGES_MAX) {
         Ok(stored) => stored,
         Err(error) => {
             tracing::error!(%error, "FIX store: reading for a resend failed");
@@ -346,7 +366,7 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
         Some(&(seq, _)) if stored.len() == RESEND_MESSAGES_MAX => seq,
         _ => asked_end,
     };
-    tracing::info!(comp_id = %fix.comp_id, begin, end, "FIX resend");
+    tracing::info!(comp_id = %fix.comp_id(), begin, end, "FIX resend");
     let mut gap_from: Option<u64> = None;
     let mut expected = begin;
     for (seq, bytes) in &stored {
@@ -376,29 +396,30 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
 
 fn gap_fill(fix: &mut FixState, link: &Rc<Link>, limit: usize, from: u64, to: u64) {
     let now = fix::utc_timestamp(unix_ns());
-    let builder = &mut fix.builder;
-    builder
-        .begin(b"4", fix.our_comp_id.as_bytes(), fix.comp_id.as_bytes(), from)
-        .field(tag::SENDING_TIME, &now)
-        .field(tag::POSS_DUP_FLAG, b"Y")
-        .field(tag::GAP_FILL_FLAG, b"Y")
-        .int(tag::NEW_SEQ_NO, to as i64);
-    fix.store.hold(link, builder.finish(), limit);
+    fix.hold_rebuilt(link, limit, |builder, ours, theirs| {
+        builder
+            .begin(b"4", ours, theirs, from)
+            .field(tag::SENDING_TIME, &now)
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .field(tag::GAP_FILL_FLAG, b"Y")
+            .int(tag::NEW_SEQ_NO, to as i64);
+    });
 }
 
 fn resend_one(fix: &mut FixState, link: &Rc<Link>, limit: usize, seq: u64, old: &Message) {
     const HEADER: [u32; 9] = [8, 9, 35, 49, 56, 34, 52, 43, 122];
     let now = fix::utc_timestamp(unix_ns());
-    let builder = &mut fix.builder;
-    builder
-        .begin(old.msg_type(), fix.our_comp_id.as_bytes(), fix.comp_id.as_bytes(), seq)
-        .field(tag::SENDING_TIME, &now)
-        .field(tag::POSS_DUP_FLAG, b"Y")
-        .field(tag::ORIG_SENDING_TIME, old.get(tag::SENDING_TIME).unwrap_or(&now));
-    for (field, value) in old.fields().filter(|(t, _)| !HEADER.contains(t) && *t != tag::CHECKSUM) {
-        builder.field(field, value);
-    }
-    fix.store.hold(link, builder.finish(), limit);
+    fix.hold_rebuilt(link, limit, |builder, ours, theirs| {
+        builder
+            .begin(old.msg_type(), ours, theirs, seq)
+            .field(tag::SENDING_TIME, &now)
+            .field(tag::POSS_DUP_FLAG, b"Y")
+            .field(tag::ORIG_SENDING_TIME, old.get(tag::SENDING_TIME).unwrap_or(&now));
+        let fields = old.fields().filter(|(t, _)| !HEADER.contains(t) && *t != tag::CHECKSUM);
+        for (field, value) in fields {
+            builder.field(field, value);
+        }
+    });
 }
 
 /// Reads the Logon, checks it, verifies the password off the I/O thread, attaches the session.
@@ -407,7 +428,7 @@ async fn logon(
     stream: &mut impl Stream,
     buffer: &mut Vec<u8>,
 ) -> Option<(usize, Duration)> {
-    let timeout = hub.borrow().settings.logon_timeout;
+    let timeout = hub.borrow().settings().logon_timeout;
     let len = tokio::time::timeout(timeout, read_frame(stream, buffer)).await.ok()??;
     let message = Message::parse(&buffer[..len]).ok()?;
     let field = |t| message.get(t);
@@ -417,63 +438,106 @@ async fn logon(
     }
     let at = hub.borrow().fix_client_index(field(tag::SENDER_COMP_ID).unwrap_or(b""));
     // An unknown SenderCompID is checked against a stand-in hash: it takes as long as a known.
-    let hash = at.map(|at| hub.borrow().clients[at].credential.hash.clone());
+    let hash = at.map(|at| hub.borrow().client(at).credential().hash.clone());
     let password = field(tag::PASSWORD).unwrap_or(b"");
-    let pending = hub.borrow().verifier.verify(hash, password);
+    let pending = hub.borrow().verifier().verify(hash, password);
     let verdict = pending.await;
     let at = at?;
-    let seq = field(tag::MSG_SEQ_NUM).and_then(fix::parse_u64)?;
-    let heartbeat = field(tag::HEART_BT_INT)
-        .and_then(fix::parse_u64)
-        .filter(|s| (1..=HEART_BT_INT_MAX_S).contains(s));
-    let reset = field(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y");
-    let to_us = field(tag::TARGET_COMP_ID).map(|t| t.to_vec());
+    let ask = LogonAsk::of(&message)?;
     buffer.drain(..len);
-    let mut hub_ref = hub.borrow_mut();
-    let limit = hub_ref.settings.outbox_bytes_max;
-    let ours = hub_ref.settings.fix_comp_id.clone();
-    let client = &mut hub_ref.clients[at];
+    accept_logon(&mut hub.borrow_mut(), at, verdict, &ask)
+}
+
+/// What a Logon asks for besides its identity and password.
+struct LogonAsk {
+    seq: u64,
+    /// HeartBtInt (108), when it is within `1..=HEART_BT_INT_MAX_S`.
+    heartbeat_s: Option<u64>,
+    /// ResetSeqNumFlag (141): both sides start again at 1.
+    reset: bool,
+    /// TargetCompID (56): who the client thinks it logs on to.
+    to_us: Option<Vec<u8>>,
+}
+
+impl LogonAsk {
+    /// `None` without a MsgSeqNum.
+    fn of(message: &Message) -> Option<LogonAsk> {
+        let field = |t| message.get(t);
+        let seq = field(tag::MSG_SEQ_NUM).and_then(fix::parse_u64)?;
+        let heartbeat_s = field(tag::HEART_BT_INT)
+            .and_then(fix::parse_u64)
+            .filter(|s| (1..=HEART_BT_INT_MAX_S).contains(s));
+        let reset = field(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y");
+        let to_us = field(tag::TARGET_COMP_ID).map(|t| t.to_vec());
+        Some(LogonAsk { seq, heartbeat_s, reset, to_us })
+    }
+}
+
+/// Answers client `at`'s Logon, whose password check said `verdict`: refused (logged, `None`),
+/// or its session starts on a new link, with the heartbeat interval it asked for.
+fn accept_logon(
+    hub: &mut Hub,
+    at: usize,
+    verdict: Verdict,
+    ask: &LogonAsk,
+) -> Option<(usize, Duration)> {
+    let limit = hub.settings().outbox_bytes_max;
+    let ours = hub.settings().fix_comp_id.clone();
+    let client = hub.client_mut(at);
     let refusal = match () {
         _ if verdict == Verdict::Busy => Some("too many logons being verified: try again"),
         _ if verdict != Verdict::Match => Some("bad password"),
-        _ if client.link.is_some() => Some("session already logged on"),
-        _ if to_us.as_deref() != Some(ours.as_bytes()) => Some("TargetCompID is not this acceptor"),
-        _ if heartbeat.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),
+        _ if client.link().is_some() => Some("session already logged on"),
+        _ if ask.to_us.as_deref() != Some(ours.as_bytes()) => {
+            Some("TargetCompID is not this acceptor")
+        }
+        _ if ask.heartbeat_s.is_none() => Some("HeartBtInt (108) missing or outside 1..=300"),
         _ => None,
     };
-    let fix = client.fix.as_mut().expect("FIX client");
+    let fix = client.fix_mut();
     if let Some(text) = refusal {
-        tracing::warn!(comp_id = %fix.comp_id, text, "FIX logon refused");
+        tracing::warn!(comp_id = %fix.comp_id(), text, "FIX logon refused");
         return None;
     }
-    if reset {
-        fix.store.reset();
-        fix.ended.clear();
+    if ask.reset {
+        fix.reset_session();
     }
-    if seq < fix.store.next_in {
-        tracing::warn!(comp_id = %fix.comp_id, seq, expected = fix.store.next_in, "FIX logon refused: MsgSeqNum too low");
+    if ask.seq < fix.store().next_in {
+        tracing::warn!(comp_id = %fix.comp_id(), seq = ask.seq, expected = fix.store().next_in, "FIX logon refused: MsgSeqNum too low");
         return None;
     }
     let link = Rc::new(Link::default());
-    let heartbeat_s = heartbeat.expect("checked above");
-    fix.send(b"A", Some(&link), limit, |b| {
+    let heartbeat_s = ask.heartbeat_s.expect("checked above");
+    confirm_logon(fix, &link, limit, ask, heartbeat_s);
+    client.counters_mut().logons += 1;
+    tracing::info!(comp_id = %client.credential().comp_id, "FIX logon");
+    hub.attach_link(at, link);
+    Some((at, Duration::from_secs(heartbeat_s)))
+}
+
+/// Sends the accepted Logon back, then a ResendRequest for what the client sent beyond what
+/// the session expected (or takes its Logon's number as expected).
+fn confirm_logon(
+    fix: &mut FixState,
+    link: &Rc<Link>,
+    limit: usize,
+    ask: &LogonAsk,
+    heartbeat_s: u64,
+) {
+    fix.send(b"A", Some(link), limit, |b| {
         b.int(tag::ENCRYPT_METHOD, 0).int(tag::HEART_BT_INT, heartbeat_s as i64);
-        if reset {
+        if ask.reset {
             b.field(tag::RESET_SEQ_NUM_FLAG, b"Y");
         }
     });
-    if seq > fix.store.next_in {
-        let from = fix.store.next_in as i64;
-        fix.send(b"2", Some(&link), limit, |b| {
+    if ask.seq > fix.store().next_in {
+        let from = fix.store().next_in as i64;
+        fix.send(b"2", Some(link), limit, |b| {
             b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
         });
     } else {
-        fix.store.next_in += 1;
+        fix.store_mut().next_in += 1;
     }
-    client.counters.logons += 1;
-    tracing::info!(comp_id = %client.credential.comp_id, "FIX logon");
-    hub_ref.attach_link(at, link);
-    Some((at, Duration::from_secs(heartbeat_s)))
 }
 
 /// Reads until one valid frame is at the front of `buffer`; `None` on garbage or close.
@@ -495,10 +559,11 @@ async fn read_frame(stream: &mut impl Stream, buffer: &mut Vec<u8>) -> Option<us
 
 /// NewOrderSingle, OrderCancelRequest, OrderCancelReplaceRequest.
 fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) {
-    let limit = hub.settings.outbox_bytes_max;
-    let client_id = hub.clients[at].credential.client;
-    let fix = hub.clients[at].fix.as_mut().expect("FIX client");
-    let request = match order_fields(message, &hub.settings.instruments) {
+    let limit = hub.settings().outbox_bytes_max;
+    let client_id = hub.client(at).credential().client;
+    let fields = order_fields(message, &hub.settings().instruments);
+    let fix = hub.client_mut(at).fix_mut();
+    let request = match fields {
         Ok(request) => request,
         Err((ref_tag, reason, text)) => {
             return reject(fix, link, limit, seq as i64, reason, ref_tag, text);
@@ -521,15 +586,15 @@ fn application(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq
     };
     let refused = if wrong_client {
         Some(gateway_reason::WRONG_CLIENT)
-    } else if let Some(reason) = request.off_grid {
+    } else if let Some(reason) = request.terms.off_grid {
         Some(reason as u8)
     } else {
         hub.submit(at, inbound).err().map(|r| r.reason())
     };
     if let Some(reason) = refused {
-        let client = &mut hub.clients[at];
-        client.counters.rejects[usize::from(reason)] += 1;
-        let fix = client.fix.as_mut().expect("FIX client");
+        let client = hub.client_mut(at);
+        client.counters_mut().rejects[usize::from(reason)] += 1;
+        let fix = client.fix_mut();
         fix.report(&rejected(token, reason), ExecId::Session, Some(link), limit);
     }
 }
@@ -544,6 +609,13 @@ struct OrderFields<'a> {
     orig_cl_ord_id: Option<&'a [u8]>,
     instrument: u32,
     side: u8,
+    /// What a new order or a replace asks for (all zero for a cancel).
+    terms: OrderTerms,
+}
+
+/// The terms of a new order or a replace.
+#[derive(Default)]
+struct OrderTerms {
     order_type: u8,
     time_in_force: u8,
     price: i64,
@@ -554,14 +626,26 @@ struct OrderFields<'a> {
 
 type FieldError = (u32, i64, &'static str);
 
+/// Tag `t` of `message`, or the session reject for its absence.
+fn required<'a>(message: &Message<'a>, t: u32) -> Result<&'a [u8], FieldError> {
+    message.get(t).ok_or((t, session_reject::REQUIRED_TAG_MISSING, "required tag missing"))
+}
+
+/// The session reject for tag `t`'s value.
+fn bad(t: u32) -> FieldError {
+    (t, session_reject::VALUE_INCORRECT, "value is incorrect for this tag")
+}
+
+/// Tag `t` of `message` as text, or the session reject for its absence or its bytes.
+fn text<'a>(message: &Message<'a>, t: u32) -> Result<&'a str, FieldError> {
+    required(message, t).and_then(|v| std::str::from_utf8(v).map_err(|_| bad(t)))
+}
+
 fn order_fields<'a>(
     message: &Message<'a>,
     instruments: &InstrumentTable,
 ) -> Result<OrderFields<'a>, FieldError> {
-    let required = |t: u32| {
-        message.get(t).ok_or((t, session_reject::REQUIRED_TAG_MISSING, "required tag missing"))
-    };
-    let bad = |t: u32| (t, session_reject::VALUE_INCORRECT, "value is incorrect for this tag");
+    let required = |t: u32| required(message, t);
     let is_new_or_replace = message.msg_type() != b"F";
     let cl_ord_id = ClOrdId::new(required(tag::CL_ORD_ID)?).ok_or(bad(tag::CL_ORD_ID))?;
     let orig_cl_ord_id = if is_new_or_replace && message.msg_type() == b"D" {
@@ -569,8 +653,7 @@ fn order_fields<'a>(
     } else {
         Some(required(tag::ORIG_CL_ORD_ID)?)
     };
-    let text = |t: u32| required(t).and_then(|v| std::str::from_utf8(v).map_err(|_| bad(t)));
-    let instrument = instruments.id_of(text(tag::SYMBOL)?).ok_or((
+    let instrument = instruments.id_of(text(message, tag::SYMBOL)?).ok_or((
         tag::SYMBOL,
         session_reject::VALUE_INCORRECT,
         "unknown symbol",
@@ -581,19 +664,13 @@ fn order_fields<'a>(
         _ => return Err(bad(tag::SIDE)),
     };
     required(tag::TRANSACT_TIME)?;
-    if !is_new_or_replace {
-        return Ok(OrderFields {
-            cl_ord_id,
-            orig_cl_ord_id,
-            instrument,
-            side,
-            order_type: 0,
-            time_in_force: 0,
-            price: 0,
-            qty: 0,
-            off_grid: None,
-        });
-    }
+    let terms =
+        if is_new_or_replace { order_terms(message, instruments)? } else { OrderTerms::default() };
+    Ok(OrderFields { cl_ord_id, orig_cl_ord_id, instrument, side, terms })
+}
+
+/// A new order's or a replace's quantity, type, price and time in force.
+fn order_terms(message: &Message, instruments: &InstrumentTable) -> Result<OrderTerms, FieldError> {
     // Decimals convert exactly or not at all: one that no whole number of units expresses is
     // refused by name (off tick, off lot); one that is not a number is a session reject.
     let mut off_grid = None;
@@ -605,13 +682,13 @@ fn order_fields<'a>(
         }
         Err(_) => Err(bad(t)),
     };
-    let qty = InstrumentTable::qty_units(text(tag::ORDER_QTY)?).map(i64::from);
+    let qty = InstrumentTable::qty_units(text(message, tag::ORDER_QTY)?).map(i64::from);
     let qty = u32::try_from(exact(tag::ORDER_QTY, qty, Reason::QuantityOffLot)?)
         .map_err(|_| bad(tag::ORDER_QTY))?;
-    let (order_type, price) = match required(tag::ORD_TYPE)? {
+    let (order_type, price) = match required(message, tag::ORD_TYPE)? {
         b"1" => (1, 0),
         b"2" => {
-            let price = instruments.price_units(text(tag::PRICE)?);
+            let price = instruments.price_units(text(message, tag::PRICE)?);
             (0, exact(tag::PRICE, price, Reason::PriceOffTick)?)
         }
         _ => return Err(bad(tag::ORD_TYPE)),
@@ -622,17 +699,7 @@ fn order_fields<'a>(
         Some(b"4") => 2,
         Some(_) => return Err(bad(tag::TIME_IN_FORCE)),
     };
-    Ok(OrderFields {
-        cl_ord_id,
-        orig_cl_ord_id,
-        instrument,
-        side,
-        order_type,
-        time_in_force,
-        price,
-        qty,
-        off_grid,
-    })
+    Ok(OrderTerms { order_type, time_in_force, price, qty, off_grid })
 }
 
 enum Refusal {
@@ -647,21 +714,18 @@ fn new_order(
     request: &OrderFields,
     client: u32,
 ) -> Result<(u32, InboundOrder), Refusal> {
-    let token = fix.next_token;
-    fix.next_token = fix.next_token.wrapping_add(1).max(1);
+    let token = fix.take_token();
     let order = Order {
         cl_ord_id: request.cl_ord_id,
         side: b'1' + request.side,
-        order_qty: request.qty,
-        price: request.price,
+        order_qty: request.terms.qty,
+        price: request.terms.price,
         instrument: request.instrument,
         ..Order::default()
     };
-    fix.orders.insert(token, order);
-    if fix.tokens.contains_key(&request.cl_ord_id) || fix.ended.contains(&request.cl_ord_id) {
+    if !fix.open_order(token, order) {
         return Err(Refusal::Report(token, exchange::msg::Reason::DuplicateOrderId as u8));
     }
-    fix.tokens.insert(request.cl_ord_id, token);
     Ok((token, inbound(request_kind::NEW, request, client, token)))
 }
 
@@ -676,23 +740,23 @@ fn amend(
     let pending = if replace {
         Pending::Replace {
             cl_ord_id: request.cl_ord_id,
-            order_qty: request.qty,
-            price: request.price,
+            order_qty: request.terms.qty,
+            price: request.terms.price,
         }
     } else {
         Pending::Cancel(request.cl_ord_id)
     };
     let stub = Order { cl_ord_id: orig, pending, ..Order::default() };
-    let Some(&token) = fix.tokens.get(&orig) else {
+    let Some(token) = fix.token_of(&orig) else {
         return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
     };
-    if replace && fix.tokens.contains_key(&request.cl_ord_id) {
+    if replace && fix.token_of(&request.cl_ord_id).is_some() {
         // The new ClOrdID names a live order (or this one): taking it would leave that
         // order impossible to cancel by its ClOrdID.
         const DUPLICATE: u32 = exchange::msg::Reason::DuplicateOrderId as u32;
         return Err(Refusal::CancelReject(Box::new(stub), DUPLICATE));
     }
-    let order = fix.orders.get_mut(&token).expect("every mapped ClOrdID has an order");
+    let order = fix.order_mut(token);
     if !matches!(order.pending, Pending::None) {
         return Err(Refusal::CancelReject(Box::new(stub), UNKNOWN_ORDER));
     }
@@ -705,7 +769,7 @@ fn amend(
     );
     inbound.instrument = order.instrument;
     if replace {
-        match request.qty.checked_sub(order.cum_qty).filter(|&q| q > 0) {
+        match request.terms.qty.checked_sub(order.cum_qty).filter(|&q| q > 0) {
             Some(remaining) => inbound.qty = remaining,
             None => {
                 order.pending = Pending::None;
@@ -724,13 +788,13 @@ fn inbound(kind: u8, request: &OrderFields, client: u32, token: u32) -> InboundO
     InboundOrder {
         kind,
         side: request.side,
-        order_type: request.order_type,
-        time_in_force: request.time_in_force,
+        order_type: request.terms.order_type,
+        time_in_force: request.terms.time_in_force,
         instrument: request.instrument,
         client,
         order_id: order_id(client, token),
-        price: request.price,
-        qty: request.qty,
+        price: request.terms.price,
+        qty: request.terms.qty,
         ..InboundOrder::default()
     }
 }

@@ -9,9 +9,12 @@ use std::sync::Arc;
 
 use crate::credentials::Credential;
 use crate::fix::{self, Builder, Message, tag};
-use crate::hub::{Link, Settings};
+// Where the load client (`crate::load`) looks for it; public as `gateway::fix::unix_ns`.
+pub(crate) use crate::fix::unix_ns;
+use crate::link::Link;
 use crate::native::reason_name;
 use crate::native::{Event, event_kind};
+use crate::settings::Settings;
 use crate::store::{FixRecovered, Log, UNKEPT_SEQ_RESERVE, kind};
 use exchange::instruments::InstrumentTable;
 
@@ -207,18 +210,18 @@ impl EndedClOrdIds {
 }
 
 pub struct FixState {
-    pub store: Store,
-    pub comp_id: String,
-    pub our_comp_id: String,
+    store: Store,
+    comp_id: String,
+    our_comp_id: String,
     /// ClOrdID → token of every order of this server run.
-    pub tokens: HashMap<ClOrdId, u32>,
+    tokens: HashMap<ClOrdId, u32>,
     /// ClOrdIDs of the session's newest ended orders.
-    pub ended: EndedClOrdIds,
-    pub orders: HashMap<u32, Order>,
-    pub next_token: u32,
-    pub builder: Builder,
+    ended: EndedClOrdIds,
+    orders: HashMap<u32, Order>,
+    next_token: u32,
+    builder: Builder,
     /// Symbols and the price scale of Symbol (55), Price (44), LastPx (31) and AvgPx (6).
-    pub instruments: Arc<InstrumentTable>,
+    instruments: Arc<InstrumentTable>,
 }
 
 impl FixState {
@@ -242,6 +245,78 @@ impl FixState {
         };
         state.rebuild_orders();
         state
+    }
+
+    /// The client's CompID (its SenderCompID).
+    pub fn comp_id(&self) -> &str {
+        &self.comp_id
+    }
+
+    /// This acceptor's CompID.
+    pub fn our_comp_id(&self) -> &str {
+        &self.our_comp_id
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn store_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    /// ResetSeqNumFlag: the session starts again at 1 both ways, its ended ClOrdIDs forgotten.
+    pub fn reset_session(&mut self) {
+        self.store.reset();
+        self.ended.clear();
+    }
+
+    /// Forgets the session's orders (the tier's books were not recovered).
+    pub fn forget_orders(&mut self) {
+        self.tokens.clear();
+        self.orders.clear();
+    }
+
+    /// Holds a message built outside the session's numbering (a resend, a gap fill) for
+    /// `link` until the store has it: `build` gets the builder and this acceptor's and the
+    /// client's CompIDs.
+    pub fn hold_rebuilt(
+        &mut self,
+        link: &Rc<Link>,
+        limit: usize,
+        build: impl FnOnce(&mut Builder, &[u8], &[u8]),
+    ) {
+        build(&mut self.builder, self.our_comp_id.as_bytes(), self.comp_id.as_bytes());
+        self.store.hold(link, self.builder.finish(), limit);
+    }
+
+    /// A fresh order token (never 0).
+    pub fn take_token(&mut self) -> u32 {
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        token
+    }
+
+    /// Tracks a new order under `token`: whether its ClOrdID was free (neither a live
+    /// order's nor an ended one's) and now names it.
+    pub fn open_order(&mut self, token: u32, order: Order) -> bool {
+        self.orders.insert(token, order);
+        let id = order.cl_ord_id;
+        if self.tokens.contains_key(&id) || self.ended.contains(&id) {
+            return false;
+        }
+        self.tokens.insert(id, token);
+        true
+    }
+
+    /// The token of the live order a ClOrdID names.
+    pub fn token_of(&self, cl_ord_id: &ClOrdId) -> Option<u32> {
+        self.tokens.get(cl_ord_id).copied()
+    }
+
+    /// The order of `token` (one a live ClOrdID names).
+    pub fn order_mut(&mut self, token: u32) -> &mut Order {
+        self.orders.get_mut(&token).expect("every mapped ClOrdID has an order")
     }
 
     /// Rebuilds the session's open orders (ClOrdID ↔ order, quantities, fills) from the
@@ -480,14 +555,6 @@ pub enum ExecId {
 
 impl ExecId {
     /// The ExecID's text in `buffer` (no allocation), `session_seq` for [`ExecId::Session`].
-    ///
-    /// ```
-    /// use gateway::fix_session::ExecId;
-    /// let mut buffer = [0u8; 48];
-    /// let engine = ExecId::Engine { shard: 2, input_seq: 901, index: 1 };
-    /// assert_eq!(engine.text(7, &mut buffer), b"2-901-1");
-    /// assert_eq!(ExecId::Session.text(7, &mut buffer), b"7");
-    /// ```
     pub fn text(self, session_seq: u64, buffer: &mut [u8]) -> &[u8] {
         use std::io::Write;
         let mut cursor = std::io::Cursor::new(&mut *buffer);
@@ -572,9 +639,15 @@ fn put_avg_px(b: &mut Builder, order: &Order, instruments: &InstrumentTable) {
 /// Decimal places AvgPx carries beyond the price unit's.
 const AVG_PX_EXTRA_DECIMALS: u32 = 4;
 
-/// Wall-clock nanoseconds since the Unix epoch (FIX timestamps are UTC wall time).
-pub fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exec_id_reads_as_shard_input_and_index_or_the_session_number() {
+        let mut buffer = [0u8; 48];
+        let engine = ExecId::Engine { shard: 2, input_seq: 901, index: 1 };
+        assert_eq!(engine.text(7, &mut buffer), b"2-901-1");
+        assert_eq!(ExecId::Session.text(7, &mut buffer), b"7");
+    }
 }

@@ -5,21 +5,22 @@
 //! Everything here lives on one thread (a tokio current-thread runtime with a `LocalSet`), so
 //! sessions share it through `Rc<RefCell<_>>` without locks.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, REASON_COUNT};
+use lab::stats::LatencyHistogram;
 use pipeline::metrics::now_ns;
-use tokio::sync::Notify;
 
 use crate::credentials::{Credential, Protocol, Verifier};
 use crate::fix_session::{ExecId, FixState};
-use crate::metrics::StageMetrics;
+use crate::link::{Cut, Link};
+use crate::metrics::{Counters, LayoutInfo, Snapshot, StageMetrics, StoreCounts};
 use crate::native::{self, Event, ServerMsg, event_kind, gateway_reason};
-use crate::store::{self, Log, StoreError};
+use crate::settings::Settings;
+use crate::store::{self, Log, StoreError, track_open};
 
 /// The tier order id of a client's order number: `client << 32 | token`, so a report names
 /// its owner and the client's own order number without any lookup.
@@ -41,227 +42,6 @@ pub trait OrderEntry {
     /// Requests the entry takes between two of the loop's turns: the room the sessions share
     /// ([`Hub::submit`] gives each live session an equal part of it per turn).
     fn room_per_turn(&self) -> usize;
-}
-
-/// Reason codes counted per client (tier codes and the gateway's, see [`gateway_reason`]).
-pub const REASON_CODES: usize = 256;
-
-/// Session limits (`exchange serve --config`).
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Order messages per second a session may send; beyond, each is rejected as throttled.
-    pub throttle_msgs_per_s: u32,
-    /// Cancel a client's open orders when its session has been gone this long; `None`: never.
-    pub cancel_on_disconnect: Option<Duration>,
-    /// Bytes queued for one connection; a session that falls further behind is cut off.
-    pub outbox_bytes_max: usize,
-    /// Sequenced native messages kept per client for replay (32 bytes each, allocated at
-    /// start for every client in the credentials file).
-    pub replay_events_max: usize,
-    /// Open orders tracked per client (for cancel-on-disconnect; FIX clients also map their
-    /// ClOrdIDs, about 200 bytes per order); beyond, new orders are refused as busy.
-    pub open_orders_max: usize,
-    /// Heartbeat interval of native sessions; a link silent for [`DEAD_LINK_INTERVALS`] of them
-    /// is dead.
-    pub heartbeat: Duration,
-    /// Time a connection has to log on.
-    pub logon_timeout: Duration,
-    /// Where the store ([`crate::store`]) keeps FIX sessions' sequence numbers and sent
-    /// messages and native sessions' sequenced events.
-    pub store_dir: PathBuf,
-    /// `fdatasync` each store batch before its messages are sent (group commit); off, a batch
-    /// is written (it survives a killed process, not a power failure) and sent at once.
-    pub store_sync: bool,
-    /// Bytes past which the store is compacted to what recovery needs
-    /// ([`store::StoreOptions::bytes_max`]).
-    pub store_bytes_max: u64,
-    /// Sent messages per FIX session that compaction keeps for resends
-    /// ([`store::StoreOptions::fix_resend_window`]).
-    pub fix_resend_window: usize,
-    /// The acceptor's SenderCompID.
-    pub fix_comp_id: String,
-    /// The bearer token the metrics listener's admin endpoints require; `None`: they are off.
-    pub admin_token: Option<String>,
-    /// The bearer token `/metrics` requires; `None`: open, and then the listener may only
-    /// bind a loopback address ([`crate::server::start`]).
-    pub metrics_token: Option<String>,
-    /// Series per client id on `/metrics` (`client="N"` labels); off, only their sums: the
-    /// page then neither lists who trades nor grows with the credentials file.
-    pub metrics_per_client: bool,
-    /// Symbols and the price scale FIX's Symbol (55) and decimal prices convert with, from the
-    /// files the tier's master data came from; empty: the reference universe's (filled in by
-    /// [`crate::server::start`]).
-    pub instruments: std::sync::Arc<exchange::instruments::InstrumentTable>,
-    /// TLS on the native and FIX listeners; `None`: plain TCP ([`crate::tls`]).
-    pub tls: Option<crate::tls::ListenerTls>,
-}
-
-/// Missed heartbeat intervals after which a link is declared dead.
-pub const DEAD_LINK_INTERVALS: u32 = 3;
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            throttle_msgs_per_s: 100_000,
-            cancel_on_disconnect: Some(Duration::from_secs(5)),
-            outbox_bytes_max: 1 << 20,
-            replay_events_max: 1 << 14,
-            open_orders_max: 1 << 12,
-            heartbeat: Duration::from_secs(1),
-            logon_timeout: Duration::from_secs(5),
-            store_dir: PathBuf::from("gateway-store"),
-            store_sync: true,
-            store_bytes_max: store::STORE_BYTES_MAX_DEFAULT,
-            fix_resend_window: store::FIX_RESEND_WINDOW_DEFAULT,
-            fix_comp_id: "LEANTIER".into(),
-            admin_token: None,
-            metrics_token: None,
-            metrics_per_client: false,
-            instruments: std::sync::Arc::default(),
-            tls: None,
-        }
-    }
-}
-
-/// Why the server ends a session on its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cut {
-    /// It fell [`Settings::outbox_bytes_max`] behind.
-    SlowConsumer,
-    /// Its refusals within a second passed its throttle's rate and
-    /// [`THROTTLE_BREACH_REFUSALS_MIN`]: every refusal is a stored reply, so a flood would
-    /// grow the store without bound.
-    ThrottleBreach,
-}
-
-impl Cut {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Cut::SlowConsumer => "slow consumer: outbound buffer full",
-            Cut::ThrottleBreach => "over twice its throttle's rate for a second",
-        }
-    }
-
-    /// The native protocol's [`native::error_code`].
-    pub fn error_code(self) -> u8 {
-        match self {
-            Cut::SlowConsumer => native::error_code::SLOW_CONSUMER,
-            Cut::ThrottleBreach => native::error_code::THROTTLE_BREACH,
-        }
-    }
-}
-
-/// A live connection's outbound side: bytes waiting for its writer, and bytes held until the
-/// store has made their records durable ([`crate::store`]); both bounded together.
-#[derive(Default)]
-pub struct Link {
-    pub out: RefCell<Vec<u8>>,
-    pub wake: Notify,
-    /// Set once when the session must end; the connection says why and closes.
-    pub cut: Cell<Option<Cut>>,
-    held: RefCell<Vec<u8>>,
-    /// (store write epoch, end of the held bytes that wait for it), oldest first.
-    marks: RefCell<VecDeque<(u64, usize)>>,
-    /// Whether the store's list of links with held bytes has this one.
-    pub waiting: Cell<bool>,
-}
-
-impl Link {
-    /// Queues bytes; past `limit` queued bytes the session is cut off as a slow consumer.
-    pub fn send(&self, bytes: &[u8], limit: usize) -> bool {
-        if !self.admit(bytes.len(), limit) {
-            return false;
-        }
-        self.out.borrow_mut().extend_from_slice(bytes);
-        self.wake.notify_one();
-        true
-    }
-
-    /// Holds bytes until the store's next commit is durable (see [`crate::store::Log::hold`]).
-    pub fn hold(&self, bytes: &[u8], limit: usize) -> bool {
-        if !self.admit(bytes.len(), limit) {
-            return false;
-        }
-        self.held.borrow_mut().extend_from_slice(bytes);
-        true
-    }
-
-    fn admit(&self, bytes: usize, limit: usize) -> bool {
-        let queued = self.out.borrow().len() + self.held.borrow().len();
-        if queued + bytes > limit {
-            self.cut.set(Some(Cut::SlowConsumer));
-            self.wake.notify_one();
-            return false;
-        }
-        true
-    }
-
-    /// Whether bytes wait for the store.
-    pub fn is_holding(&self) -> bool {
-        !self.held.borrow().is_empty()
-    }
-
-    /// The bytes held so far wait for write epoch `epoch`.
-    pub fn mark(&self, epoch: u64) {
-        let end = self.held.borrow().len();
-        let mut marks = self.marks.borrow_mut();
-        if end == marks.back().map_or(0, |mark| mark.1) {
-            return; // nothing held since the last mark
-        }
-        match marks.back_mut() {
-            Some(last) if last.0 == epoch => last.1 = end,
-            _ => marks.push_back((epoch, end)),
-        }
-    }
-
-    /// Moves the held bytes whose epoch is durable to the outbox; whether any stay held.
-    pub fn release(&self, durable: u64) -> bool {
-        let mut marks = self.marks.borrow_mut();
-        let mut upto = 0;
-        while let Some(&(epoch, end)) = marks.front() {
-            if epoch > durable {
-                break;
-            }
-            upto = end;
-            marks.pop_front();
-        }
-        let mut held = self.held.borrow_mut();
-        if upto > 0 {
-            self.out.borrow_mut().extend_from_slice(&held[..upto]);
-            held.drain(..upto);
-            marks.iter_mut().for_each(|mark| mark.1 -= upto);
-            self.wake.notify_one();
-        }
-        !held.is_empty()
-    }
-}
-
-/// Per-client counters (the metrics listener prints them).
-pub struct Counters {
-    pub orders_in: u64,
-    pub reports_out: u64,
-    pub rejects: [u64; REASON_CODES],
-    pub throttled: u64,
-    pub busy: u64,
-    pub cut_off: u64,
-    pub logons: u64,
-    /// FIX messages ignored as garbled (bad BodyLength, CheckSum or BeginString).
-    pub garbled: u64,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Counters {
-            orders_in: 0,
-            reports_out: 0,
-            rejects: [0; REASON_CODES],
-            throttled: 0,
-            busy: 0,
-            cut_off: 0,
-            logons: 0,
-            garbled: 0,
-        }
-    }
 }
 
 /// Refusals within a second below which a session is never cut for its rate (a burst over a
@@ -310,23 +90,23 @@ impl Throttle {
 
 /// One client's state; it outlives its connections.
 pub struct Client {
-    pub credential: Credential,
-    pub counters: Counters,
+    credential: Credential,
+    counters: Counters,
     /// The live connection, if any.
-    pub link: Option<Rc<Link>>,
+    link: Option<Rc<Link>>,
     /// Bumped on every connect and disconnect (cancel-on-disconnect checks it).
-    pub generation: u64,
+    generation: u64,
     /// Native: sequenced events kept for replay, the oldest first.
-    pub journal: VecDeque<Event>,
+    journal: VecDeque<Event>,
     /// Native: the sequence number of the next event.
-    pub next_seq: u64,
+    next_seq: u64,
     /// Native: sequence numbers below this are covered by the store (kept there, or reserved
     /// by a [`store::kind::NATIVE_RESERVED`] record), so a restart never numbers twice.
     reserved_seq: u64,
     /// Open orders (token → instrument), for cancel-on-disconnect.
-    pub open: HashMap<u32, u32>,
+    open: HashMap<u32, u32>,
     throttle: Throttle,
-    pub fix: Option<FixState>,
+    fix: Option<FixState>,
     /// The turn of the requests counted in `staged_in_turn`.
     staged_turn: u64,
     /// Requests this client handed the entry in `staged_turn`.
@@ -334,9 +114,46 @@ pub struct Client {
 }
 
 impl Client {
+    pub fn credential(&self) -> &Credential {
+        &self.credential
+    }
+
+    /// Its counters, for the sessions to count what they see.
+    pub fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
+    /// The live connection, if any.
+    pub fn link(&self) -> Option<&Rc<Link>> {
+        self.link.as_ref()
+    }
+
+    /// Bumped on every connect and disconnect (cancel-on-disconnect checks it).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A FIX client's session state.
+    pub fn fix_mut(&mut self) -> &mut FixState {
+        self.fix.as_mut().expect("FIX client")
+    }
+
+    /// Native: the sequence number of the next event.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Sequence number of the oldest event still kept.
     pub fn first_kept_seq(&self) -> u64 {
         self.next_seq - self.journal.len() as u64
+    }
+
+    /// Native: the kept events from sequence number `from` on (at least
+    /// [`Client::first_kept_seq`]), with their numbers.
+    pub fn replay_from(&self, from: u64) -> impl Iterator<Item = (u64, Event)> + '_ {
+        let first = self.first_kept_seq();
+        let events = self.journal.iter().enumerate().skip((from - first) as usize);
+        events.map(move |(offset, event)| (first + offset as u64, *event))
     }
 }
 
@@ -373,27 +190,31 @@ impl Refused {
 
 /// The shared state.
 pub struct Hub {
-    pub settings: Settings,
-    pub clients: Vec<Client>,
+    settings: Settings,
+    clients: Vec<Client>,
     by_id: HashMap<u32, usize>,
     ingress: Box<dyn OrderEntry>,
     /// Reports for a client id not in the credentials (cannot happen unless the tier is
     /// fed from elsewhere); counted, never panics.
-    pub unroutable: u64,
+    unroutable: u64,
     /// Reused encoding buffer (no allocation on the routing path).
     scratch: Vec<u8>,
     /// Numbers each input's reports, for their FIX ExecIDs.
     exec_ids: ExecIds,
     /// The durable store every session's sequenced output goes through.
-    pub log: Rc<RefCell<Log>>,
+    log: Rc<RefCell<Log>>,
     /// Per-stage counters and latencies (the metrics listener prints them).
-    pub stage: StageMetrics,
+    stage: StageMetrics,
     /// Checks login secrets on a fixed pool of threads (shared by every session).
-    pub verifier: Verifier,
+    verifier: Verifier,
     /// Set when the server stops: new requests are refused, those taken are answered.
-    pub draining: bool,
+    draining: bool,
+    /// What the metrics listener's `/ready` says: set once the server serves, cleared when it
+    /// drains (a draining server is alive but takes no new orders: a balancer must send it
+    /// none).
+    readiness: ops::Readiness,
     /// The tier's answers routed (one per request handed to it).
-    pub answered: u64,
+    answered: u64,
     /// Clients with a live connection: the entry's room per turn is shared among them.
     sessions_live: usize,
     /// The I/O loop's turn ([`Hub::next_turn`]): each live session's share renews with it.
@@ -465,10 +286,73 @@ impl Hub {
             stage,
             verifier,
             draining,
+            readiness: ops::Readiness::default(),
             answered,
             sessions_live: 0,
             turn: 0,
         })
+    }
+
+    /// The session limits the server started with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Client `at` (an index from [`Hub::client_index`] or a login).
+    pub fn client(&self, at: usize) -> &Client {
+        &self.clients[at]
+    }
+
+    pub fn client_mut(&mut self, at: usize) -> &mut Client {
+        &mut self.clients[at]
+    }
+
+    /// The clients with open orders, each with its connection generation.
+    pub fn with_open_orders(&self) -> Vec<(usize, u64)> {
+        let clients = self.clients.iter().enumerate();
+        clients.filter(|(_, c)| !c.open.is_empty()).map(|(at, c)| (at, c.generation)).collect()
+    }
+
+    /// The durable store every session's sequenced output goes through.
+    pub fn log(&self) -> &RefCell<Log> {
+        &self.log
+    }
+
+    /// The pool that checks login secrets.
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    /// From now on new requests are refused ([`Refused::ShuttingDown`]); those taken are
+    /// answered.
+    pub fn start_draining(&mut self) {
+        self.draining = true;
+        self.readiness.set(false);
+    }
+
+    /// What `/ready` says (clones share it).
+    pub fn readiness(&self) -> &ops::Readiness {
+        &self.readiness
+    }
+
+    /// Requests handed to the tier, and how many of them it answered so far.
+    pub fn taken_and_answered(&self) -> (u64, u64) {
+        (self.stage.engine_in, self.answered)
+    }
+
+    /// The tier's thread layout, for the metrics page.
+    pub fn set_layout(&mut self, layout: LayoutInfo) {
+        self.stage.layout = Some(layout);
+    }
+
+    /// Reports waiting on the reply queues after a routing batch, for the metrics page.
+    pub fn set_reply_depth(&mut self, depth: usize) {
+        self.stage.egress_depth = depth;
+    }
+
+    /// The in-tier response times since the last call; a fresh histogram from now on.
+    pub fn take_in_tier_latency(&mut self) -> LatencyHistogram {
+        std::mem::take(&mut self.stage.in_tier)
     }
 
     /// Gives client `at` its new connection (its session is live: it takes a share of the
@@ -518,8 +402,7 @@ impl Hub {
         for client in &mut self.clients {
             client.open.clear();
             if let Some(fix) = client.fix.as_mut() {
-                fix.tokens.clear();
-                fix.orders.clear();
+                fix.forget_orders();
             }
         }
     }
@@ -550,9 +433,23 @@ impl Hub {
         for client in &mut self.clients {
             if let Some(fix) = client.fix.as_mut() {
                 let index = indices.remove(&client.credential.client).unwrap_or_default();
-                fix.store.replace_index(index);
+                fix.store_mut().replace_index(index);
             }
         }
+    }
+
+    /// A copy of what the metrics page shows (no formatting: the page renders elsewhere).
+    pub fn metrics_snapshot(&self) -> Snapshot {
+        let log = self.log.borrow();
+        let store = StoreCounts {
+            commits: log.commits,
+            bytes_written: log.bytes_written,
+            already_routed: log.routed.dropped,
+            failed: log.has_failed(),
+        };
+        let clients = self.clients.iter().map(|c| (c.credential.client, &c.counters));
+        let per_client = self.settings.metrics_per_client;
+        Snapshot::new(clients, per_client, &self.stage, self.unroutable, store)
     }
 
     pub fn client_index(&self, client: u32) -> Option<usize> {
@@ -587,10 +484,8 @@ impl Hub {
             client.counters.throttled += 1;
             if client.throttle.breached()
                 && let Some(link) = &client.link
-                && link.cut.get().is_none()
             {
-                link.cut.set(Some(Cut::ThrottleBreach));
-                link.wake.notify_one();
+                link.end(Cut::ThrottleBreach);
             }
             return Err(Refused::Throttled);
         }
@@ -722,11 +617,7 @@ impl Hub {
     pub fn drained(&self) -> bool {
         self.answered >= self.stage.engine_in
             && !self.log.borrow().is_holding()
-            && self
-                .clients
-                .iter()
-                .filter_map(|c| c.link.as_ref())
-                .all(|l| l.out.borrow().is_empty())
+            && self.clients.iter().filter_map(|c| c.link.as_ref()).all(|l| l.is_written())
     }
 
     /// Hands a request to the tier without throttling (cancel-on-disconnect).
@@ -789,19 +680,6 @@ fn event_of(output: &CoreOutput) -> Event {
     }
 }
 
-/// Keeps a client's open orders (token → instrument) up to date with one of its events.
-pub(crate) fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
-    match event.kind {
-        event_kind::ACCEPTED if event.leaves_qty > 0 => {
-            open.insert(event.token, event.instrument);
-        }
-        event_kind::FILLED | event_kind::CANCELLED => {
-            open.remove(&event.token);
-        }
-        _ => {}
-    }
-}
-
 /// A stopping server settles every reservation down to the numbers it used, so the next one
 /// numbers on without a skip (the store's own drop commits these last records).
 impl Drop for Hub {
@@ -816,7 +694,7 @@ impl Drop for Hub {
         }
         drop(log);
         for fix in self.clients.iter_mut().filter_map(|c| c.fix.as_mut()) {
-            fix.store.settle();
+            fix.store_mut().settle();
         }
     }
 }

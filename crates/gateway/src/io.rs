@@ -1,6 +1,7 @@
 //! The gateway's I/O loop as the tier's order source ([`exchange::tier::OrderSource`]): a
-//! tokio current-thread runtime with the native and FIX listeners, the sessions, the metrics
-//! and admin listener, run a turn at a time by the tier on the thread its layout gives the
+//! tokio current-thread runtime with the native and FIX listeners, the sessions and the
+//! answers to the metrics and admin endpoint (`crate::admin`, on a thread of its own), run a
+//! turn at a time by the tier on the thread its layout gives the
 //! entry. On few CPUs that is the chain's first thread: decode → checks → matching → R-Sender →
 //! reply queue → route → encode → store → socket runs to completion on one thread, with no
 //! wake-up between the gateway and the tier; elsewhere the loop has a thread of its own ahead
@@ -28,17 +29,18 @@ use exchange::tier::{
 };
 use lab::stats::LatencyHistogram;
 use pipeline::stage::{Emitter, Flow};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, oneshot};
 
-use crate::admin::{AdminError, AdminRequest, HTTP_CONNECTIONS_MAX};
+use crate::admin::{AdminAsk, EndpointSetup, HTTP_CONNECTIONS_MAX, LoopAsks};
 use crate::admission::Admission;
 use crate::credentials::Credential;
 use crate::error::ServeError;
-use crate::hub::{Hub, OrderEntry, Refused, Resolution, Settings};
+use crate::hub::{Hub, OrderEntry, Refused, Resolution};
 use crate::metrics::LayoutInfo;
+use crate::settings::Settings;
 use crate::{fix_server, native_server};
 
 /// Replies routed per reply queue and read before the store's batch is committed.
@@ -56,12 +58,6 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const TLS_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Wait after a failed accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
-/// Bytes of an HTTP request read before answering (the metrics listener's endpoints).
-const HTTP_REQUEST_BYTES_MAX: usize = 4096;
-/// How old a served metrics page may be (scrapes in between get the same page).
-const METRICS_PAGE_MAX_AGE: Duration = Duration::from_secs(1);
-/// Time an HTTP client has to send its request, and then to take its answer.
-const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The listeners: native, FIX, metrics and admin.
 pub(crate) type Listeners =
@@ -118,13 +114,6 @@ pub(crate) struct Upstream {
     /// For a gateway without a tier: whether its NATS connection (the input log, the reports)
     /// is up, kept by `crate::remote`; `/ready` answers 503 while it is not.
     pub(crate) reachable: Option<Arc<AtomicBool>>,
-}
-
-impl Upstream {
-    fn unreachable(&self) -> bool {
-        // Relaxed: a status flag; nothing else is published through it.
-        self.reachable.as_ref().is_some_and(|up| !up.load(Ordering::Relaxed))
-    }
 }
 
 /// What the loop is built from: everything that crosses onto the tier's thread.
@@ -256,7 +245,8 @@ impl OrderEntry for StagedEntry {
 
 /// The loop's state on its thread.
 pub(crate) struct IoLoop {
-    /// Declared first so that the sessions' tasks go before the hub and the runtime.
+    /// Declared first so that the sessions' tasks go before the hub and the runtime (and the
+    /// metrics and admin endpoint with them, `AdminAsked`).
     local: tokio::task::LocalSet,
     runtime: tokio::runtime::Runtime,
     hub: Rc<RefCell<Hub>>,
@@ -290,13 +280,13 @@ impl IoLoop {
         let verifier = crate::credentials::Verifier::start()?;
         let mut hub = Hub::new(settings, credentials, entry, verifier)?;
         if let Some(journals) = journals {
-            let waits = hub.log.borrow_mut().wait_for_journals(journals);
+            let waits = hub.log().borrow_mut().wait_for_journals(journals);
             debug_assert!(waits, "a syncing store waits for the journals before its first commit");
         }
         if let Some(durable) = routed {
-            hub.log.borrow_mut().routed.share(durable);
+            hub.log().borrow_mut().routed.share(durable);
         }
-        hub.stage.layout = Some(layout);
+        hub.set_layout(layout);
         if !journaled {
             hub.forget_open_orders();
         }
@@ -305,8 +295,9 @@ impl IoLoop {
             tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let local = tokio::task::LocalSet::new();
         let hub = Rc::new(RefCell::new(hub));
-        let upstream = Rc::new(RefCell::new(upstream));
-        local.spawn_local(start_tasks(hub.clone(), upstream, listeners, in_tier));
+        let (native, fix, metrics) = listeners;
+        serve_endpoint(metrics, &hub, upstream, &work, &local)?;
+        local.spawn_local(start_tasks(hub.clone(), (native, fix), in_tier));
         if let Some(resolutions) = resolutions {
             local.spawn_local(answer_resolutions(hub.clone(), resolutions));
         }
@@ -345,18 +336,18 @@ impl IoLoop {
     fn drained(&mut self) -> bool {
         let hub = &self.hub;
         let since = *self.draining_since.get_or_insert_with(|| {
-            hub.borrow_mut().draining = true;
+            hub.borrow_mut().start_draining();
             tracing::info!("stopping: new orders are refused, those taken are answered");
             std::time::Instant::now()
         });
         let hub = self.hub.borrow();
-        hub.log.borrow_mut().commit_if_holding();
+        hub.log().borrow_mut().commit_if_holding();
         let drained = hub.drained() && self.staged.orders.borrow().is_empty();
         let waited = since.elapsed();
         if !drained && waited < DRAIN_TIMEOUT {
             return false;
         }
-        let (answered, taken) = (hub.answered, hub.stage.engine_in);
+        let (taken, answered) = hub.taken_and_answered();
         let waited_ms = waited.as_millis() as u64;
         tracing::info!(drained, answered, taken, waited_ms, "stopped serving");
         true
@@ -366,7 +357,7 @@ impl IoLoop {
     fn route_replies(&mut self) -> usize {
         let mut hub = self.hub.borrow_mut();
         let routed = self.replies.read(ROUTE_BATCH_MAX, |output| hub.route(output));
-        hub.stage.egress_depth = self.replies.pending();
+        hub.set_reply_depth(self.replies.pending());
         if routed > 0 {
             hub.commit();
         }
@@ -378,8 +369,7 @@ impl IoLoop {
 /// Starts the listeners' tasks, the store's release task and the in-tier histogram's.
 async fn start_tasks(
     hub: Rc<RefCell<Hub>>,
-    upstream: Rc<RefCell<Upstream>>,
-    (native, fix, metrics): Listeners,
+    (native, fix): (std::net::TcpListener, Option<std::net::TcpListener>),
     in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
 ) {
     // One admission for both listeners: the bounds count every connection of the server.
@@ -391,15 +381,64 @@ async fn start_tasks(
         tokio::task::spawn_local(accept_loop(hub.clone(), admission, fix, true));
     }
     cancel_recovered_orders(&hub);
-    let synced = hub.borrow().log.borrow().synced_notify();
+    let synced = hub.borrow().log().borrow().synced_notify();
     if let Some(synced) = synced {
         tokio::task::spawn_local(release_loop(hub.clone(), synced));
     }
-    if let Some(metrics) = metrics {
-        let metrics = TcpListener::from_std(metrics).expect("tokio listener");
-        tokio::task::spawn_local(http_loop(hub.clone(), upstream, metrics));
-    }
     tokio::task::spawn_local(answer_in_tier(hub, in_tier));
+}
+
+/// Starts the metrics and admin endpoint on `listener` (none without one), ready from now on,
+/// and the loop's task that answers its asks (`work` wakes the loop for them).
+fn serve_endpoint(
+    listener: Option<std::net::TcpListener>,
+    hub: &Rc<RefCell<Hub>>,
+    upstream: Upstream,
+    work: &Arc<Notify>,
+    local: &tokio::task::LocalSet,
+) -> Result<(), ServeError> {
+    let Some(listener) = listener else { return Ok(()) };
+    let (asks, asked) = tokio::sync::mpsc::channel(HTTP_CONNECTIONS_MAX);
+    let (settings, ready) = (hub.borrow().settings().clone(), hub.borrow().readiness().clone());
+    let setup = EndpointSetup {
+        metrics_token: settings.metrics_token,
+        admin_token: settings.admin_token,
+        loop_asks: LoopAsks { asks, work: work.clone() },
+        ready: ready.clone(),
+        reachable: upstream.reachable.clone(),
+    };
+    let listening = crate::admin::serve(listener, setup).map_err(ServeError::Metrics)?;
+    let asked = AdminAsked { asks: asked, _listening: listening };
+    local.spawn_local(answer_admin(hub.clone(), upstream, asked));
+    ready.set(true);
+    Ok(())
+}
+
+/// The loop's end of the admin endpoint, dropped with the loop's tasks: first the asks
+/// (an ask waiting for its answer gets none at once), then the endpoint (its thread is
+/// stopped and joined).
+struct AdminAsked {
+    asks: tokio::sync::mpsc::Receiver<AdminAsk>,
+    _listening: ops::endpoint::Listening,
+}
+
+/// Answers the admin endpoint's asks on the loop's thread: a copy of the page's counters, or
+/// an external event handed on.
+async fn answer_admin(hub: Rc<RefCell<Hub>>, mut upstream: Upstream, mut asked: AdminAsked) {
+    while let Some(ask) = asked.asks.recv().await {
+        match ask {
+            AdminAsk::Snapshot(reply) => {
+                let _ = reply.send(hub.borrow().metrics_snapshot());
+            }
+            AdminAsk::Event(event, reply) => {
+                let sent = upstream.events.send(event).map(|()| upstream.events.destination());
+                if let Ok(to) = sent {
+                    tracing::info!(?event, "admin: external event sent to {to}");
+                }
+                let _ = reply.send(sent);
+            }
+        }
+    }
 }
 
 /// Hands the in-tier histogram to whoever asks, starting a fresh one.
@@ -408,7 +447,7 @@ async fn answer_in_tier(
     mut requests: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
 ) {
     while let Some(reply) = requests.recv().await {
-        let taken = std::mem::take(&mut hub.borrow_mut().stage.in_tier);
+        let taken = hub.borrow_mut().take_in_tier_latency();
         let _ = reply.send(taken);
     }
 }
@@ -432,15 +471,8 @@ async fn answer_resolutions(
 /// Orders in the recovered books belong to sessions the restart ended: cancel-on-disconnect
 /// applies to them as to any dropped session, from the start.
 fn cancel_recovered_orders(hub: &Rc<RefCell<Hub>>) {
-    let Some(grace) = hub.borrow().settings.cancel_on_disconnect else { return };
-    let waiting: Vec<(usize, u64)> = hub
-        .borrow()
-        .clients
-        .iter()
-        .enumerate()
-        .filter(|(_, client)| !client.open.is_empty())
-        .map(|(at, client)| (at, client.generation))
-        .collect();
+    let Some(grace) = hub.borrow().settings().cancel_on_disconnect else { return };
+    let waiting = hub.borrow().with_open_orders();
     for (at, generation) in waiting {
         crate::session::cancel_after_grace(hub, at, generation, grace);
     }
@@ -450,7 +482,7 @@ fn cancel_recovered_orders(hub: &Rc<RefCell<Hub>>) {
 async fn release_loop(hub: Rc<RefCell<Hub>>, synced: std::sync::Arc<Notify>) {
     loop {
         synced.notified().await;
-        hub.borrow().log.borrow_mut().release();
+        hub.borrow().log().borrow_mut().release();
     }
 }
 
@@ -475,10 +507,10 @@ async fn accept_loop(
         // tens of ms at low rates, where the peer's delayed ACK has nothing to ride on.
         let _ = stream.set_nodelay(true);
         let hub = hub.clone();
-        let tls = hub.borrow().settings.tls.clone();
+        let tls = hub.borrow().settings().tls.clone();
         tokio::task::spawn_local(async move {
             let Some(tls) = tls else { return serve_session(hub, stream, ticket, fix).await };
-            let timeout = hub.borrow().settings.logon_timeout;
+            let timeout = hub.borrow().settings().logon_timeout;
             match tls.accept(stream, timeout).await {
                 Ok(mut stream) => {
                     serve_session(hub, &mut stream, ticket, fix).await;
@@ -504,145 +536,5 @@ async fn serve_session(
         fix_server::serve(hub, stream, ticket).await;
     } else {
         native_server::serve(hub, stream, ticket).await;
-    }
-}
-
-/// The metrics listener's HTTP endpoints ([`crate::admin`]): one request per connection, at
-/// most [`HTTP_CONNECTIONS_MAX`] at a time (beyond, a connection is closed unanswered).
-async fn http_loop(hub: Rc<RefCell<Hub>>, upstream: Rc<RefCell<Upstream>>, listener: TcpListener) {
-    let page = Rc::new(RenderedPage::default());
-    // Pages are rendered on a thread of their own: a scrape costs this thread a copy.
-    let renderer = match crate::metrics::Renderer::spawn() {
-        Ok(renderer) => Rc::new(renderer),
-        Err(error) => {
-            tracing::error!(%error, "no metrics renderer thread; no metrics listener");
-            return;
-        }
-    };
-    let open = Rc::new(std::cell::Cell::new(0usize));
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            tokio::time::sleep(ACCEPT_RETRY).await;
-            continue;
-        };
-        if open.get() >= HTTP_CONNECTIONS_MAX {
-            continue;
-        }
-        open.set(open.get() + 1);
-        let (hub, upstream, page, open) =
-            (hub.clone(), upstream.clone(), page.clone(), open.clone());
-        let renderer = renderer.clone();
-        tokio::task::spawn_local(async move {
-            let mut request = [0u8; HTTP_REQUEST_BYTES_MAX];
-            let read = stream.read(&mut request);
-            let read = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, read).await;
-            let read = read.ok().and_then(Result::ok).unwrap_or(0);
-            let text = String::from_utf8_lossy(&request[..read]);
-            let (status, content_type, body) =
-                http_answer(&hub, &upstream, (&page, &renderer), &text).await;
-            let head = format!(
-                "HTTP/1.0 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
-                status_text(status),
-                body.len()
-            );
-            let write = async {
-                stream.write_all(head.as_bytes()).await?;
-                stream.write_all(body.as_bytes()).await
-            };
-            // A client that does not read its answer holds a connection no longer than this.
-            let _ = tokio::time::timeout(HTTP_REQUEST_TIMEOUT, write).await;
-            open.set(open.get() - 1);
-        });
-    }
-}
-
-/// The answer to one HTTP request (its whole head, `text`): status, content type, body.
-async fn http_answer(
-    hub: &RefCell<Hub>,
-    upstream: &RefCell<Upstream>,
-    (page, renderer): (&RenderedPage, &crate::metrics::Renderer),
-    text: &str,
-) -> (u16, &'static str, String) {
-    let line = text.lines().next().unwrap_or("");
-    let refused = |AdminError { status, reason }| (status, "text/plain", format!("{reason}\n"));
-    match crate::admin::parse(line) {
-        Ok(AdminRequest::Metrics) => {
-            let token = hub.borrow().settings.metrics_token.clone();
-            if let Err(error) = crate::admin::authorize_scrape(text, token.as_deref()) {
-                return refused(error);
-            }
-            let body = match page.fresh() {
-                Some(body) => body,
-                None => {
-                    let snapshot = crate::metrics::snapshot(&hub.borrow());
-                    page.keep(renderer.render(snapshot).await)
-                }
-            };
-            (200, "text/plain; version=0.0.4", body.as_ref().clone())
-        }
-        // A draining server is alive but takes no new orders: a balancer must send it none.
-        Ok(AdminRequest::Ready) if hub.borrow().draining => {
-            (503, "text/plain", "stopping\n".into())
-        }
-        Ok(AdminRequest::Ready) if upstream.borrow().unreachable() => {
-            (503, "text/plain", "NATS unreachable: no orders reach the engines\n".into())
-        }
-        Ok(AdminRequest::Health | AdminRequest::Ready) => (200, "text/plain", "ok\n".into()),
-        Ok(AdminRequest::Event(event)) => {
-            let token = hub.borrow().settings.admin_token.clone();
-            if let Err(error) = crate::admin::authorize(text, token.as_deref()) {
-                tracing::warn!(
-                    status = error.status,
-                    reason = error.reason,
-                    "admin request refused"
-                );
-                return refused(error);
-            }
-            let mut upstream = upstream.borrow_mut();
-            match upstream.events.send(event) {
-                Ok(()) => {
-                    let to = upstream.events.destination();
-                    tracing::info!(?event, "admin: external event sent to {to}");
-                    (200, "text/plain", format!("sent {event:?}\n"))
-                }
-                Err(why) => (503, "text/plain", format!("{why}\n")),
-            }
-        }
-        Err(error) => refused(error),
-    }
-}
-
-/// The metrics page, made at most once per [`METRICS_PAGE_MAX_AGE`] however often it is
-/// scraped: its snapshot walks every client on the I/O thread, which also runs the orders.
-#[derive(Default)]
-struct RenderedPage {
-    page: RefCell<Option<(std::time::Instant, Rc<String>)>>,
-}
-
-impl RenderedPage {
-    /// The page rendered less than [`METRICS_PAGE_MAX_AGE`] ago, if any.
-    fn fresh(&self) -> Option<Rc<String>> {
-        let page = self.page.borrow();
-        let (at, text) = page.as_ref()?;
-        (at.elapsed() < METRICS_PAGE_MAX_AGE).then(|| text.clone())
-    }
-
-    /// Keeps a page just rendered.
-    fn keep(&self, text: String) -> Rc<String> {
-        let text = Rc::new(text);
-        *self.page.borrow_mut() = Some((std::time::Instant::now(), text.clone()));
-        text
-    }
-}
-
-fn status_text(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
     }
 }

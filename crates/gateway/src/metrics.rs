@@ -19,7 +19,37 @@ use std::sync::Arc;
 use exchange::msg::CoreOutput;
 use lab::stats::LatencyHistogram;
 
-use crate::hub::{Counters, Hub, REASON_CODES};
+/// Reason codes counted per client (tier codes and the gateway's, see
+/// [`crate::native::gateway_reason`]).
+pub const REASON_CODES: usize = 256;
+
+/// Per-client counters (the metrics listener prints them).
+pub struct Counters {
+    pub orders_in: u64,
+    pub reports_out: u64,
+    pub rejects: [u64; REASON_CODES],
+    pub throttled: u64,
+    pub busy: u64,
+    pub cut_off: u64,
+    pub logons: u64,
+    /// FIX messages ignored as garbled (bad BodyLength, CheckSum or BeginString).
+    pub garbled: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            orders_in: 0,
+            reports_out: 0,
+            rejects: [0; REASON_CODES],
+            throttled: 0,
+            busy: 0,
+            cut_off: 0,
+            logons: 0,
+            garbled: 0,
+        }
+    }
+}
 
 /// The stages' counters and the latency histograms.
 pub struct StageMetrics {
@@ -149,7 +179,7 @@ impl ClientCounts {
 }
 
 /// What the page shows, copied off the hub on the I/O thread (a copy of the counters, no
-/// formatting) and rendered elsewhere ([`Renderer`]).
+/// formatting) and rendered on the admin endpoint's thread (`crate::admin`).
 pub struct Snapshot {
     clients: Vec<ClientCounts>,
     stage: [(&'static str, &'static str, u64); 9],
@@ -160,106 +190,95 @@ pub struct Snapshot {
     registry: Arc<ops::Registry>,
 }
 
-/// Copies what the page shows: per client with
-/// [`crate::hub::Settings::metrics_per_client`], else one sum over every client.
-pub fn snapshot(hub: &Hub) -> Snapshot {
-    let clients = if hub.settings.metrics_per_client {
-        let copy = |client: &crate::hub::Client| {
-            let mut counts = ClientCounts::zero(Some(client.credential.client));
-            counts.add(&client.counters);
-            counts
+/// What the store counted, copied into a [`Snapshot`] by the hub that owns the store.
+pub struct StoreCounts {
+    /// Batches written (one write, one `fdatasync` each).
+    pub commits: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Reports dropped after a restart because they were routed before it.
+    pub already_routed: u64,
+    /// Whether a write or sync failed (output is held from then on).
+    pub failed: bool,
+}
+
+impl Snapshot {
+    /// Copies what the page shows: each client's counters (`clients`: id and counters), per
+    /// client when `per_client` ([`crate::Settings::metrics_per_client`]), else one sum over
+    /// every client; the stages' counters, the reports no client was found for and the
+    /// store's counts. The hub builds it (`Hub::metrics_snapshot`) on the I/O thread.
+    pub fn new<'a>(
+        clients: impl Iterator<Item = (u32, &'a Counters)>,
+        per_client: bool,
+        stage: &StageMetrics,
+        unroutable: u64,
+        store: StoreCounts,
+    ) -> Snapshot {
+        let clients = if per_client {
+            let copy = |(client, counters): (u32, &Counters)| {
+                let mut counts = ClientCounts::zero(Some(client));
+                counts.add(counters);
+                counts
+            };
+            clients.map(copy).collect()
+        } else {
+            let mut total = ClientCounts::zero(None);
+            clients.for_each(|(_, counters)| total.add(counters));
+            vec![total]
         };
-        hub.clients.iter().map(copy).collect()
-    } else {
-        let mut total = ClientCounts::zero(None);
-        hub.clients.iter().for_each(|client| total.add(&client.counters));
-        vec![total]
-    };
-    let (stage, log) = (&hub.stage, hub.log.borrow());
-    Snapshot {
-        clients,
-        stage: [
-            ("gateway_engine_in_total", "requests handed to the tier", stage.engine_in),
-            (
-                "gateway_engine_out_total",
-                "reports taken off the tier's reply rings",
-                stage.engine_out,
-            ),
-            (
-                "gateway_unroutable_total",
-                "reports for a client id not in the credentials",
-                hub.unroutable,
-            ),
-            (
-                "gateway_store_commits_total",
-                "store batches written (one write, one fdatasync each)",
-                log.commits,
-            ),
-            ("gateway_store_bytes_total", "bytes written to the store", log.bytes_written),
-            (
-                "gateway_reports_already_routed_total",
-                "reports dropped after a restart: routed before it (a gateway without a tier)",
-                log.routed.dropped,
-            ),
-            (
-                "gateway_appends_landed_late_total",
-                "appends given up unacknowledged that the input log holds (the engines answer)",
-                stage.appends_landed_late,
-            ),
-            (
-                "gateway_orders_not_logged_total",
-                "orders of appends given up unacknowledged that the input log does not hold \
-                 (answered with a NotLogged reject)",
-                stage.orders_not_logged,
-            ),
-            (
-                "gateway_orders_unresolved_total",
-                "orders of appends given up unacknowledged the input log cannot tell about",
-                stage.orders_unresolved,
-            ),
-        ],
-        egress_depth: stage.egress_depth,
-        store_failed: log.has_failed(),
-        layout: stage.layout.clone(),
-        registry: Arc::clone(&stage.registry),
-    }
-}
-
-/// The metrics in the Prometheus text format, rendered here and now (tests, tools); the
-/// server renders on its [`Renderer`] thread.
-pub fn prometheus_text(hub: &Hub) -> String {
-    render(&snapshot(hub))
-}
-
-/// Renders pages on a thread of its own, so a scrape costs the I/O thread (which also runs
-/// the orders) a copy of the counters, not the formatting. The thread ends when this drops.
-pub struct Renderer {
-    requests: std::sync::mpsc::Sender<(Snapshot, tokio::sync::oneshot::Sender<String>)>,
-}
-
-impl Renderer {
-    pub fn spawn() -> std::io::Result<Renderer> {
-        let (requests, pages) =
-            std::sync::mpsc::channel::<(Snapshot, tokio::sync::oneshot::Sender<String>)>();
-        std::thread::Builder::new().name("metrics-render".into()).spawn(move || {
-            for (snapshot, page) in pages {
-                let _ = page.send(render(&snapshot));
-            }
-        })?;
-        Ok(Renderer { requests })
-    }
-
-    /// The page of `snapshot`, rendered on the renderer's thread.
-    pub async fn render(&self, snapshot: Snapshot) -> String {
-        let (page, rendered) = tokio::sync::oneshot::channel();
-        if self.requests.send((snapshot, page)).is_err() {
-            return String::new();
+        Snapshot {
+            clients,
+            stage: stage_counters(stage, unroutable, &store),
+            egress_depth: stage.egress_depth,
+            store_failed: store.failed,
+            layout: stage.layout.clone(),
+            registry: Arc::clone(&stage.registry),
         }
-        rendered.await.unwrap_or_default()
     }
 }
 
-fn render(snapshot: &Snapshot) -> String {
+/// The per-stage counters the page shows, by name and help.
+fn stage_counters(
+    stage: &StageMetrics,
+    unroutable: u64,
+    store: &StoreCounts,
+) -> [(&'static str, &'static str, u64); 9] {
+    [
+        ("gateway_engine_in_total", "requests handed to the tier", stage.engine_in),
+        ("gateway_engine_out_total", "reports taken off the tier's reply rings", stage.engine_out),
+        ("gateway_unroutable_total", "reports for a client id not in the credentials", unroutable),
+        (
+            "gateway_store_commits_total",
+            "store batches written (one write, one fdatasync each)",
+            store.commits,
+        ),
+        ("gateway_store_bytes_total", "bytes written to the store", store.bytes_written),
+        (
+            "gateway_reports_already_routed_total",
+            "reports dropped after a restart: routed before it (a gateway without a tier)",
+            store.already_routed,
+        ),
+        (
+            "gateway_appends_landed_late_total",
+            "appends given up unacknowledged that the input log holds (the engines answer)",
+            stage.appends_landed_late,
+        ),
+        (
+            "gateway_orders_not_logged_total",
+            "orders of appends given up unacknowledged that the input log does not hold \
+             (answered with a NotLogged reject)",
+            stage.orders_not_logged,
+        ),
+        (
+            "gateway_orders_unresolved_total",
+            "orders of appends given up unacknowledged the input log cannot tell about",
+            stage.orders_unresolved,
+        ),
+    ]
+}
+
+/// The page of `snapshot` in the Prometheus text format.
+pub(crate) fn render(snapshot: &Snapshot) -> String {
     let mut text = String::new();
     per_session(&mut text, snapshot);
     per_stage(&mut text, snapshot);

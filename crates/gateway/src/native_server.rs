@@ -10,12 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::admission::Ticket;
 use crate::credentials::Verdict;
+use crate::hub::Hub;
 use crate::hub::order_id;
-use crate::hub::{DEAD_LINK_INTERVALS, Hub, Link};
+use crate::link::Link;
 use crate::native::{
     self, ClientMsg, DecodeError, OrderRequest, ServerMsg, error_code, gateway_reason, login_reject,
 };
 use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
+use crate::settings::DEAD_LINK_INTERVALS;
 
 /// Bytes buffered from one connection (many frames per read).
 const READ_BUFFER_BYTES: usize = 64 * native::FRAME_BYTES_MAX;
@@ -25,8 +27,8 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
     let mut buffer = Vec::with_capacity(READ_BUFFER_BYTES);
     let Some(at) = login(&hub, &mut stream, &mut buffer).await else { return };
     ticket.logged_in();
-    let link = hub.borrow().clients[at].link.clone().expect("login attached a link");
-    let mut conn = Conn::new(hub.borrow().settings.heartbeat);
+    let link = hub.borrow().client(at).link().cloned().expect("login attached a link");
+    let mut conn = Conn::new(hub.borrow().settings().heartbeat);
     // Frames sent in the same write as the login are in the buffer already: handled before
     // the first wait for more bytes, as every read's are.
     let mut unread = !buffer.is_empty();
@@ -42,7 +44,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
         if let Err(reason) = write_or_end(&mut stream, &link, &mut conn).await {
             break reason;
         }
-        if let Some(cut) = link.cut.get() {
+        if let Some(cut) = link.cut() {
             send_error(&mut stream, cut.error_code()).await;
             break cut.reason();
         }
@@ -54,7 +56,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
                     unread = true;
                 }
             },
-            _ = link.wake.notified() => {}
+            _ = link.woken() => {}
             _ = tokio::time::sleep(conn.tick()) => {
                 let now = Instant::now();
                 if now.duration_since(conn.last_read) >= conn.heartbeat * DEAD_LINK_INTERVALS {
@@ -68,7 +70,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
         }
     };
     tracing::info!(
-        client = hub.borrow().clients[at].credential.client,
+        client = hub.borrow().client(at).credential().client,
         reason,
         "native session ended"
     );
@@ -78,7 +80,7 @@ pub async fn serve(hub: Rc<RefCell<Hub>>, mut stream: impl Stream, mut ticket: T
 fn queue(link: &Link, msg: &ServerMsg, hub: &Hub) {
     let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
     native::encode_server(msg, &mut frame);
-    link.send(&frame, hub.settings.outbox_bytes_max);
+    link.send(&frame, hub.settings().outbox_bytes_max);
 }
 
 async fn send_error(stream: &mut impl Stream, code: u8) {
@@ -121,7 +123,7 @@ fn on_message(hub: &mut Hub, at: usize, msg: ClientMsg) -> Flow {
         ClientMsg::Heartbeat => return Flow::Continue,
         ClientMsg::Logout => return Flow::Close("logout"),
         ClientMsg::Login { .. } => {
-            let link = hub.clients[at].link.clone().expect("logged on");
+            let link = hub.client(at).link().cloned().expect("logged on");
             queue(&link, &ServerMsg::Error { code: error_code::MALFORMED }, hub);
             return Flow::Close("second login");
         }
@@ -129,7 +131,7 @@ fn on_message(hub: &mut Hub, at: usize, msg: ClientMsg) -> Flow {
         ClientMsg::Cancel(order) => (request_kind::CANCEL, order),
         ClientMsg::Replace(order) => (request_kind::REPLACE, order),
     };
-    let client = hub.clients[at].credential.client;
+    let client = hub.client(at).credential().client;
     if order.client != client {
         hub.refuse_native(at, &order, gateway_reason::WRONG_CLIENT);
         return Flow::Continue;
@@ -161,7 +163,7 @@ async fn login(
     stream: &mut impl Stream,
     buffer: &mut Vec<u8>,
 ) -> Option<usize> {
-    let timeout = hub.borrow().settings.logon_timeout;
+    let timeout = hub.borrow().settings().logon_timeout;
     let msg = tokio::time::timeout(timeout, read_login(stream, buffer)).await.ok()?;
     let (client, secret, next_seq) = match msg {
         Ok(ClientMsg::Login { client, secret, next_seq }) => (client, secret, next_seq),
@@ -170,12 +172,12 @@ async fn login(
         Err(None) => return None,
     };
     let native = |at: &usize| {
-        hub.borrow().clients[*at].credential.protocol == crate::credentials::Protocol::Native
+        hub.borrow().client(*at).credential().protocol == crate::credentials::Protocol::Native
     };
     let at = hub.borrow().client_index(client).filter(native);
     // An unknown client is checked against a stand-in hash: it takes as long as a known one.
-    let hash = at.map(|at| hub.borrow().clients[at].credential.hash.clone());
-    let verdict = hub.borrow().verifier.verify(hash, native::secret_text(&secret));
+    let hash = at.map(|at| hub.borrow().client(at).credential().hash.clone());
+    let verdict = hub.borrow().verifier().verify(hash, native::secret_text(&secret));
     let reject = |reason| ServerMsg::LoginRejected { reason };
     match verdict.await {
         Verdict::Match => {}
@@ -195,29 +197,29 @@ async fn login(
 
 /// Attaches a new link to a verified client and queues the login answer and the replay.
 fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
-    let client = &mut hub.clients[at];
-    if client.link.is_some() {
+    let client = hub.client(at);
+    if client.link().is_some() {
         return Err(login_reject::ALREADY_LOGGED_IN);
     }
-    let from = if next_seq == 0 { client.next_seq } else { next_seq.min(client.next_seq) };
+    let from = if next_seq == 0 { client.next_seq() } else { next_seq.min(client.next_seq()) };
     let first = client.first_kept_seq();
     if from < first {
         return Err(login_reject::SEQUENCE_UNAVAILABLE);
     }
-    let accepted = ServerMsg::LoginAccepted { client: client.credential.client, next_seq: from };
+    let accepted = ServerMsg::LoginAccepted { client: client.credential().client, next_seq: from };
     let mut frames = Vec::with_capacity(native::FRAME_BYTES_MAX);
     native::encode_server(&accepted, &mut frames);
-    for (offset, event) in client.journal.iter().enumerate().skip((from - first) as usize) {
-        let seq = first + offset as u64;
-        native::encode_server(&ServerMsg::Sequenced { seq, event: *event }, &mut frames);
+    for (seq, event) in client.replay_from(from) {
+        native::encode_server(&ServerMsg::Sequenced { seq, event }, &mut frames);
     }
     // The replay bypasses the outbox bound: it is bounded by `replay_events_max` frames and
     // is written before the session takes new reports. It is held like them: the newest
     // events it replays may still wait for their sync.
     let link = Rc::new(Link::default());
-    hub.log.borrow_mut().hold(&link, &frames, usize::MAX);
-    client.counters.logons += 1;
-    tracing::info!(client = client.credential.client, replay_from = from, "native login");
+    hub.log().borrow_mut().hold(&link, &frames, usize::MAX);
+    let client = hub.client_mut(at);
+    client.counters_mut().logons += 1;
+    tracing::info!(client = client.credential().client, replay_from = from, "native login");
     hub.attach_link(at, link);
     Ok(())
 }

@@ -43,11 +43,12 @@ use tokio::sync::Notify;
 
 use crate::credentials::Credential;
 use crate::delivered::DeliveredMark;
-use crate::hub::{Resolution, Settings};
+use crate::hub::Resolution;
 use crate::io::{EventSink, IoSetup, STAGED_ORDERS_MAX, TierHandoff, Upstream};
 use crate::metrics::LayoutInfo;
 use crate::routed::DurableInputs;
 use crate::server::{BoundAddresses, ServeError, bind_listeners};
+use crate::settings::Settings;
 
 /// Orders between the I/O loop and the appender.
 pub const APPEND_QUEUE_SLOTS: usize = 8192;

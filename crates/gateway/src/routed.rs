@@ -10,7 +10,7 @@
 //!
 //! # The argument
 //!
-//! - The position is a store record ([`crate::store::kind::ROUTED`]) appended to the same batch
+//! - The position is a store record (`store::kind::ROUTED`) appended to the same batch
 //!   as the records of the reports it counts: recovery reads both or neither.
 //! - The R-Gateway's start (`crate::delivered`) is only a hint, kept *behind*: the forwarder
 //!   writes the stream sequence of the first report of the newest input whose position the
@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use exchange::msg::CoreOutput;
 
-use crate::store::{encode_record, kind};
+use crate::record::{encode_record, kind};
 
-/// Bytes of a [`kind::ROUTED`] record's payload: shard u32, slot u32, input u64, reports u32.
+/// Bytes of a `kind::ROUTED` record's payload: shard u32, slot u32, input u64, reports u32.
 pub const POSITION_BYTES: usize = 20;
 
 /// A place in one slot's report stream (module docs).

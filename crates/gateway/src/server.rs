@@ -20,10 +20,9 @@ use lab::stats::LatencyHistogram;
 use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;
-use crate::hub::Settings;
 use crate::io::{InTierRequest, IoSetup, describe};
+use crate::settings::Settings;
 
-pub use crate::admission::CONNECTIONS_MAX;
 pub use crate::error::ServeError;
 
 /// What `serve` runs.
@@ -70,7 +69,7 @@ impl Running {
     }
 
     /// The in-tier response times since the last call (arrival at the gateway → the tier's
-    /// answer at the router, see [`crate::metrics::StageMetrics::in_tier`]), and a fresh
+    /// answer at the router, see `metrics::StageMetrics::in_tier`), and a fresh
     /// histogram from now on; `None` once the server stopped. Call it from outside the
     /// server's threads (it waits for the I/O loop's answer).
     pub fn take_in_tier_latency(&self) -> Option<LatencyHistogram> {

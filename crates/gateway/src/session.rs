@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::hub::{Hub, Link};
+use crate::hub::Hub;
+use crate::link::Link;
 
 /// How often a connection checks its timers, at most.
 const TIMER_TICK_MAX: Duration = Duration::from_millis(250);
@@ -53,9 +54,9 @@ impl Conn {
     }
 
     /// The longest a write may wait for the peer to read: as long as a silent peer is
-    /// given ([`crate::hub::DEAD_LINK_INTERVALS`] heartbeats).
+    /// given ([`crate::settings::DEAD_LINK_INTERVALS`] heartbeats).
     pub fn write_timeout(&self) -> Duration {
-        self.heartbeat * crate::hub::DEAD_LINK_INTERVALS
+        self.heartbeat * crate::settings::DEAD_LINK_INTERVALS
     }
 
     /// Time until the next timer check.
@@ -72,13 +73,10 @@ pub async fn write_out(
     link: &Link,
     conn: &mut Conn,
 ) -> std::io::Result<()> {
-    {
-        let mut out = link.out.borrow_mut();
-        if out.is_empty() {
-            return Ok(());
-        }
-        std::mem::swap(&mut *out, &mut conn.writing);
+    if link.is_written() {
+        return Ok(());
     }
+    link.take_out(&mut conn.writing);
     // The flush is free on a `TcpStream`; a TLS stream may hold records until it.
     let write = async {
         stream.write_all(&conn.writing).await?;
@@ -112,7 +110,7 @@ pub async fn write_or_end(
 pub async fn write_final(stream: &mut impl Stream, link: &Link, conn: &mut Conn) {
     let deadline = tokio::time::Instant::now() + CLOSE_FLUSH_TIMEOUT;
     while link.is_holding() {
-        if tokio::time::timeout_at(deadline, link.wake.notified()).await.is_err() {
+        if tokio::time::timeout_at(deadline, link.woken()).await.is_err() {
             break;
         }
     }
@@ -124,15 +122,15 @@ pub async fn write_final(stream: &mut impl Stream, link: &Link, conn: &mut Conn)
 pub fn detach(hub: &Rc<RefCell<Hub>>, at: usize) {
     let (generation, grace) = {
         let mut hub = hub.borrow_mut();
-        let grace = hub.settings.cancel_on_disconnect;
-        let client = &mut hub.clients[at];
-        if let Some(cut) = client.link.as_ref().and_then(|link| link.cut.get()) {
-            client.counters.cut_off += 1;
+        let grace = hub.settings().cancel_on_disconnect;
+        let client = hub.client_mut(at);
+        if let Some(cut) = client.link().and_then(|link| link.cut()) {
+            client.counters_mut().cut_off += 1;
             let reason = cut.reason();
-            tracing::warn!(client = client.credential.client, reason, "session cut off");
+            tracing::warn!(client = client.credential().client, reason, "session cut off");
         }
         hub.detach_link(at);
-        (hub.clients[at].generation, grace)
+        (hub.client(at).generation(), grace)
     };
     if let Some(grace) = grace {
         cancel_after_grace(hub, at, generation, grace);
@@ -145,13 +143,13 @@ pub fn cancel_after_grace(hub: &Rc<RefCell<Hub>>, at: usize, generation: u64, gr
     let hub = hub.clone();
     tokio::task::spawn_local(async move {
         tokio::time::sleep(grace).await;
-        if hub.borrow().clients[at].generation != generation {
+        if hub.borrow().client(at).generation() != generation {
             return; // reconnected (or reconnected and left again: that detach decides)
         }
         let cancels = hub.borrow().cancels_for(at);
         if !cancels.is_empty() {
             tracing::info!(
-                client = hub.borrow().clients[at].credential.client,
+                client = hub.borrow().client(at).credential().client,
                 orders = cancels.len(),
                 "cancel on disconnect"
             );

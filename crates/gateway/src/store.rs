@@ -58,18 +58,16 @@ use pipeline::WaitStrategy;
 use tokio::sync::Notify;
 
 use crate::fix;
-use crate::hub::{Link, track_open};
+use crate::link::Link;
+use crate::record::{HEADER_BYTES, PAYLOAD_BYTES_MAX, encode_record};
 use crate::routed::RoutedPositions;
 
 #[path = "store_compact.rs"]
 mod compact;
 use crate::native::{self, Event, ServerMsg, event_kind};
+pub use crate::record::kind;
 pub use compact::FixIndex;
 
-/// Bytes of a record's header.
-const HEADER_BYTES: usize = 13;
-/// Largest payload: a FIX message (header and trailer included) and its sequence number.
-pub const PAYLOAD_BYTES_MAX: usize = fix::BODY_BYTES_MAX + 256;
 /// Longest tail recovery cuts off as a torn write. A batch is bounded by what one unit of work
 /// produces (a route batch of 256 reports, one read buffer of requests): far below this.
 pub const TORN_TAIL_BYTES_MAX: u64 = 8 << 20;
@@ -99,37 +97,6 @@ pub struct StoreOptions {
     /// Sent messages kept per FIX session for resends when compacting (besides the
     /// ExecutionReports of orders still open, which rebuild the ClOrdID map at start).
     pub fix_resend_window: usize,
-}
-
-/// Record kinds.
-pub mod kind {
-    /// A FIX message sent: `[MsgSeqNum: u64][the message]`.
-    pub const FIX_SENT: u8 = b'M';
-    /// The next expected inbound FIX MsgSeqNum: `[u64]`.
-    pub const FIX_NEXT_IN: u8 = b'I';
-    /// ResetSeqNumFlag: the session starts again at 1 both ways (empty payload).
-    pub const FIX_RESET: u8 = b'R';
-    /// A native sequenced event: its wire frame (`ServerMsg::Sequenced`).
-    pub const NATIVE_EVENT: u8 = b'S';
-    /// Compaction: the highest OrderID a FIX session ever sent, `[u32]` (its reports may be
-    /// gone).
-    pub const FIX_ORDER_ID_MAX: u8 = b'X';
-    /// Compaction: a native client's stream goes on at this sequence number, `[u64]` (the
-    /// events before it are gone).
-    pub const NATIVE_NEXT: u8 = b'N';
-    /// Compaction: an order still open, `[token: u32][instrument: u32]` (its reports may be
-    /// gone); written after every other record of the compacted file.
-    pub const OPEN_ORDER: u8 = b'O';
-    /// A FIX session's outbound MsgSeqNums below this `[u64]` may have been used by messages
-    /// the store does not keep (session messages; a resend gap-fills them): it goes on there.
-    pub const FIX_NEXT_OUT: u8 = b'U';
-    /// A native client's sequence numbers below this `[u64]` may have been used by events the
-    /// store does not keep (the gateway's own refusals): recovery fills them with
-    /// [`crate::native::gateway_reason::NOT_KEPT`] rejects and numbering goes on there.
-    pub const NATIVE_RESERVED: u8 = b'V';
-    /// A gateway without a tier: how far one (shard, slot)'s reports were routed
-    /// (`crate::routed`), in the batch of the reports it counts; client field 0.
-    pub const ROUTED: u8 = b'P';
 }
 
 /// Sequence numbers a session reserves in the store at a time for messages the store does not
@@ -365,7 +332,7 @@ impl Log {
     /// Queues bytes for `link` that may reach the client only once the records appended so
     /// far are durable; past `limit` bytes queued the session is cut off as a slow consumer.
     pub fn hold(&mut self, link: &Rc<Link>, bytes: &[u8], limit: usize) {
-        if link.hold(bytes, limit) && !link.waiting.replace(true) {
+        if link.hold(bytes, limit) && link.enlist() {
             self.waiting.push(link.clone());
         }
     }
@@ -436,7 +403,7 @@ impl Log {
         self.routed.publish_durable(durable);
         self.waiting.retain(|link| {
             let still = link.release(durable);
-            link.waiting.set(still);
+            link.stay_listed(still);
             still
         });
     }
@@ -488,25 +455,17 @@ impl Drop for Log {
     }
 }
 
-/// Appends a record to `out`; returns the offset its payload has in `out`.
-pub(crate) fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&[u8]]) -> usize {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    // Release-build check: a longer record would be written but refused by recovery.
-    assert!(len <= PAYLOAD_BYTES_MAX, "store record of {len} bytes");
-    let mut crc = crc32c::crc32c(&[kind]);
-    crc = crc32c::crc32c_append(crc, &client.to_le_bytes());
-    for part in parts {
-        crc = crc32c::crc32c_append(crc, part);
+/// Keeps a client's open orders (token → instrument) up to date with one of its events.
+pub(crate) fn track_open(open: &mut HashMap<u32, u32>, event: &Event) {
+    match event.kind {
+        event_kind::ACCEPTED if event.leaves_qty > 0 => {
+            open.insert(event.token, event.instrument);
+        }
+        event_kind::FILLED | event_kind::CANCELLED => {
+            open.remove(&event.token);
+        }
+        _ => {}
     }
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.push(kind);
-    out.extend_from_slice(&client.to_le_bytes());
-    let offset = out.len();
-    for part in parts {
-        out.extend_from_slice(part);
-    }
-    offset
 }
 
 fn spawn_syncer(file: File) -> (Arc<SyncShared>, JoinHandle<()>) {
@@ -630,12 +589,41 @@ fn apply(
     at: u64,
     replay_events_max: usize,
 ) -> bool {
-    let u64_at = |from: usize| {
-        payload.get(from..from + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    };
+    match kind {
+        kind::FIX_SENT
+        | kind::FIX_NEXT_IN
+        | kind::FIX_NEXT_OUT
+        | kind::FIX_RESET
+        | kind::FIX_ORDER_ID_MAX => return apply_fix(recovered, kind, client, payload, at),
+        kind::NATIVE_NEXT | kind::NATIVE_RESERVED | kind::NATIVE_EVENT => {
+            return apply_native(recovered, kind, client, payload, replay_events_max);
+        }
+        kind::ROUTED => {
+            let Some((key, position)) = crate::routed::decode(payload) else { return false };
+            recovered.routed.insert(key, position);
+        }
+        kind::OPEN_ORDER => {
+            let field = |at: usize| {
+                payload.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            };
+            let (Some(token), Some(instrument)) = (field(0), field(4)) else { return false };
+            recovered.open.entry(client).or_default().insert(token, instrument);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The little-endian u64 at `from` in `payload`, if it holds one.
+fn u64_at(payload: &[u8], from: usize) -> Option<u64> {
+    payload.get(from..from + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+/// [`apply`] for a FIX session's record (`at`: where its payload is in the file).
+fn apply_fix(recovered: &mut Recovered, kind: u8, client: u32, payload: &[u8], at: u64) -> bool {
     match kind {
         kind::FIX_SENT => {
-            let Some(seq) = u64_at(0) else { return false };
+            let Some(seq) = u64_at(payload, 0) else { return false };
             let fix = recovered.fix.entry(client).or_default();
             fix.index.push((seq, at + 8, (payload.len() - 8) as u32));
             let order_id = match fix::Message::parse(&payload[8..]) {
@@ -648,11 +636,11 @@ fn apply(
             fix.order_ids.push(order_id);
         }
         kind::FIX_NEXT_IN => {
-            let Some(next_in) = u64_at(0) else { return false };
+            let Some(next_in) = u64_at(payload, 0) else { return false };
             recovered.fix.entry(client).or_default().next_in = next_in;
         }
         kind::FIX_NEXT_OUT => {
-            let Some(reserved) = u64_at(0) else { return false };
+            let Some(reserved) = u64_at(payload, 0) else { return false };
             // The last one is the tightest bound: a stopping server settles its reservation
             // down to what it used (`fix_session::Store::settle`).
             recovered.fix.entry(client).or_default().next_out_reserved = reserved;
@@ -670,26 +658,29 @@ fn apply(
             let fix = recovered.fix.entry(client).or_default();
             fix.order_id_max = fix.order_id_max.max(max);
         }
+        _ => return false,
+    }
+    true
+}
+
+/// [`apply`] for a native session's record.
+fn apply_native(
+    recovered: &mut Recovered,
+    kind: u8,
+    client: u32,
+    payload: &[u8],
+    replay_events_max: usize,
+) -> bool {
+    match kind {
         kind::NATIVE_NEXT => {
-            let Some(next_seq) = u64_at(0) else { return false };
+            let Some(next_seq) = u64_at(payload, 0) else { return false };
             let native = recovered.native.entry(client).or_default();
             native.events.clear();
             native.next_seq = next_seq;
         }
         kind::NATIVE_RESERVED => {
-            let Some(reserved) = u64_at(0) else { return false };
+            let Some(reserved) = u64_at(payload, 0) else { return false };
             recovered.native.entry(client).or_default().reserved = reserved;
-        }
-        kind::ROUTED => {
-            let Some((key, position)) = crate::routed::decode(payload) else { return false };
-            recovered.routed.insert(key, position);
-        }
-        kind::OPEN_ORDER => {
-            let field = |at: usize| {
-                payload.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            };
-            let (Some(token), Some(instrument)) = (field(0), field(4)) else { return false };
-            recovered.open.entry(client).or_default().insert(token, instrument);
         }
         kind::NATIVE_EVENT => {
             let decoded =
@@ -929,7 +920,7 @@ mod tests {
             });
             log.release();
         }
-        assert_eq!(link.out.borrow().as_slice(), b"report");
+        assert_eq!(link.written_for_tests().as_slice(), b"report");
         drop(sender);
         writer.join().unwrap();
     }
@@ -952,11 +943,11 @@ mod tests {
             });
             log.release();
         }
-        assert_eq!(link.out.borrow().as_slice(), b"first");
+        assert_eq!(link.written_for_tests().as_slice(), b"first");
         // Held after the commit: waits for the next one, whatever the syncer does meanwhile.
         log.hold(&link, b"second", 1 << 10);
         log.release();
-        assert_eq!(link.out.borrow().as_slice(), b"first");
+        assert_eq!(link.written_for_tests().as_slice(), b"first");
         assert!(link.is_holding());
         assert_eq!((log.commits, log.has_failed()), (1, false));
     }

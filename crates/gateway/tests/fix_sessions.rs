@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use exchange::flow::{UniverseConfig, reference_master_data};
 use fix_client::{FixClient, SECRET, new_order};
+use gateway::Running;
 use gateway::credentials::{self, Credential, Protocol};
 use gateway::fix::tag;
-use gateway::server::Running;
 
 fn start(store: &Path) -> Running {
     let hash = credentials::hash_secret(SECRET.as_bytes()).unwrap();
@@ -328,13 +328,13 @@ fn test_requests_over_the_throttle_end_the_session() {
     let credential =
         Credential { client: 11, protocol: Protocol::Fix, comp_id: "F11".into(), hash };
     let options = common::serve_options(store.path(), vec![credential], 16);
-    let settings = gateway::hub::Settings { throttle_msgs_per_s: 20, ..options.settings.clone() };
-    let options = gateway::server::ServeOptions {
+    let settings = gateway::Settings { throttle_msgs_per_s: 20, ..options.settings.clone() };
+    let options = gateway::ServeOptions {
         fix_listen: Some("127.0.0.1:0".parse().unwrap()),
         settings,
         ..options
     };
-    let server = gateway::server::start(options).unwrap();
+    let server = gateway::start(options).unwrap();
     let mut client = FixClient::connect(server.fix_listen.unwrap(), "F11", 1);
     assert_eq!(client.logon(&[]).msg_type(), "A");
     // One write, so the server takes them within microseconds whatever the host's load
@@ -393,7 +393,7 @@ fn session_messages_cost_the_store_a_record_per_reservation_not_one_each() {
         client.send("1", &[(tag::TEST_REQ_ID, &format!("t{at}"))]);
         assert_eq!(client.recv().msg_type(), "0");
     }
-    let size = std::fs::metadata(store.path().join(gateway::store::FILE_NAME)).unwrap().len();
+    let size = std::fs::metadata(store.path().join(gateway::STORE_FILE_NAME)).unwrap().len();
     // Each TestRequest moves the inbound number (a record per batch of them); the answers
     // take one reservation per UNKEPT_SEQ_RESERVE: far below one record per message each way.
     assert!(size < 40 * TEST_REQUESTS as u64, "{size} bytes for {TEST_REQUESTS} test requests");
@@ -454,14 +454,13 @@ fn start_compacting(store: &Path) -> Running {
         hash: credentials::hash_secret(SECRET.as_bytes()).unwrap(),
     }];
     let options = common::serve_options(store, credentials, 16);
-    let settings = gateway::hub::Settings {
+    let settings = gateway::Settings {
         store_bytes_max: 8 << 10,
         fix_resend_window: 4,
         ..options.settings.clone()
     };
     let fix_listen = Some("127.0.0.1:0".parse().unwrap());
-    gateway::server::start(gateway::server::ServeOptions { settings, fix_listen, ..options })
-        .unwrap()
+    gateway::start(gateway::ServeOptions { settings, fix_listen, ..options }).unwrap()
 }
 
 #[test]
@@ -488,7 +487,7 @@ fn a_compacted_store_resends_its_window_and_the_open_orders_report_and_gap_fills
         assert_eq!(client.recv().get(tag::EXEC_TYPE), "4");
     }
     let last = 2 + 2 * CANCELLED;
-    let size = std::fs::metadata(store.path().join(gateway::store::FILE_NAME)).unwrap().len();
+    let size = std::fs::metadata(store.path().join(gateway::STORE_FILE_NAME)).unwrap().len();
     assert!(size < 8 << 10, "the store was compacted: {size} bytes");
 
     // Kept: the open order's report, the newest 4 at the last compaction and all since.

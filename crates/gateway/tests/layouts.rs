@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use exchange::durability::JournalMode;
 use exchange::tier::{LayoutChoice, TierConfig, WaitChoice};
+use gateway::Settings;
 use gateway::client::NativeClient;
-use gateway::hub::Settings;
 use gateway::native::{ClientMsg, Event, OrderRequest, ServerMsg, event_kind, gateway_reason};
-use gateway::server::{self, Running, ServeOptions};
+use gateway::{Running, ServeOptions};
 
 /// Generous on a loaded 2-core machine; a passing run never waits this long.
 const WAIT: Duration = Duration::from_secs(10);
@@ -36,7 +36,7 @@ fn start(
     let options = common::serve_options(dir.path(), common::native_credentials(SECRET), 8);
     let settings = Settings { store_sync, ..options.settings.clone() };
     let options = ServeOptions { tier: tier(options.tier.clone()), settings, ..options };
-    (server::start(options).unwrap(), dir)
+    (gateway::start(options).unwrap(), dir)
 }
 
 fn journaled(tier: TierConfig) -> TierConfig {

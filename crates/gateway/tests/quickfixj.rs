@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use gateway::Settings;
 use gateway::credentials::{self, Credential, Protocol};
-use gateway::hub::Settings;
-use gateway::server::{Running, ServeOptions};
+use gateway::{Running, ServeOptions};
 
 const PASSWORD: &str = "qfj-conformance";
 /// A QuickFIX/J phase ends well within this on a loaded 2-core machine.
@@ -119,6 +119,6 @@ fn quickfixj_ssl_initiator_trades_and_reconnects_over_mutual_tls() {
     let settings = Settings { tls: Some(certs.listener_tls(true)), ..options.settings.clone() };
     let fix_listen = Some("127.0.0.1:0".parse().unwrap());
     let options = ServeOptions { settings, fix_listen, metrics_listen: None, ..options };
-    let server = gateway::server::start(options).unwrap();
+    let server = gateway::start(options).unwrap();
     run_phase(&server, &store.path().join("quickfixj"), "1", Some(&certs));
 }

@@ -101,7 +101,7 @@ fn a_fix_session_resumes_with_its_sequence_numbers_resends_and_order_ids_after_a
     // the server kept the inbound number. Its outbound numbers go on after what its store
     // reserved for the messages it does not keep (the Logon took a run of
     // UNKEPT_SEQ_RESERVE): a killed server never numbers twice; the skip is a gap fill.
-    let logon_seq = 1 + gateway::store::UNKEPT_SEQ_RESERVE;
+    let logon_seq = 1 + gateway::UNKEPT_SEQ_RESERVE;
     let mut client = FixClient::connect(server.fix, "F11", client.next_seq);
     let logon = client.logon(&[]);
     assert_eq!((logon.msg_type(), logon.get(tag::MSG_SEQ_NUM)), ("A", &*logon_seq.to_string()));

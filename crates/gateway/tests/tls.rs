@@ -13,12 +13,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use certs::Certs;
+use gateway::ListenerTls;
+use gateway::Settings;
 use gateway::client::{ClientTls, NativeClient};
 use gateway::credentials::{self, Credential, Protocol};
-use gateway::hub::Settings;
 use gateway::native::{ClientMsg, OrderRequest, ServerMsg, event_kind};
-use gateway::server::{self, Running, ServeOptions};
-use gateway::tls::ListenerTls;
+use gateway::{Running, ServeOptions};
 
 /// Generous on a loaded 2-core machine; a passing run never waits this long.
 const WAIT: Duration = Duration::from_secs(10);
@@ -40,7 +40,7 @@ fn start(tls: ListenerTls, heartbeat: Duration) -> (Running, tempfile::TempDir) 
     let options = common::serve_options(dir.path(), credentials, 16);
     let settings = Settings { tls: Some(tls), heartbeat, ..options.settings.clone() };
     let fix_listen = Some("127.0.0.1:0".parse().unwrap());
-    (server::start(ServeOptions { settings, fix_listen, ..options }).unwrap(), dir)
+    (gateway::start(ServeOptions { settings, fix_listen, ..options }).unwrap(), dir)
 }
 
 /// Logs client 1 in over `tls`; the error's text if the connection or the login failed.

@@ -15,12 +15,12 @@ use exchange::durability::JournalMode;
 use exchange::tier::TierConfig;
 use experiments::cluster::Cluster;
 use fix_client::{FixClient, new_order};
+use gateway::Settings;
 use gateway::client::NativeClient;
 use gateway::credentials::{self, Credential, Protocol};
 use gateway::fix::tag;
-use gateway::hub::Settings;
 use gateway::native::{ClientMsg, Event, OrderRequest, ServerMsg, event_kind, gateway_reason};
-use gateway::remote::{RemoteOptions, RunningRemote};
+use gateway::{RemoteOptions, RunningRemote};
 use replication::append::OrderLog;
 use replication::engine::{Engine, EngineOptions};
 use replication::layout::LogSettings;
@@ -79,7 +79,7 @@ fn gateway(cluster: &Cluster, node: usize, store: &std::path::Path) -> RunningRe
         comp_id: "F11".into(),
         hash,
     });
-    gateway::remote::start(RemoteOptions {
+    gateway::start_remote(RemoteOptions {
         addresses: (any, Some(any), Some(any)),
         settings: Settings {
             store_dir: store.to_path_buf(),

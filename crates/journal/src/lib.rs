@@ -119,5 +119,5 @@ pub use record::{FixedRecord, Record};
 pub use recovery::{RecoverOptions, Recovered, Repaired, recover, recover_from};
 pub use snapshot::Snapshotter;
 pub use state::StateMachine;
-pub use validate::{Validation, validate};
+pub use validate::{Scan, Validation, validate};
 pub use writer::{JournalConfig, JournalSender, JournalWriter, Policy, Tail};

@@ -116,15 +116,21 @@ pub fn create(dir: &Path, first_seq: u64, segment_bytes: u64) -> Result<File, Jo
         .open(&path)
         .map_err(io_context(context()))?;
     preallocate(&file, segment_bytes).map_err(io_context(context()))?;
+    write_all_at(&file, &header(first_seq), 0).map_err(io_context(context()))?;
+    file.sync_all().map_err(io_context(context()))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// The header page of a new segment whose first record is `first_seq`: magic, first sequence,
+/// and slot 0 saying `first_seq - 1` (every record before it is durable).
+pub fn header(first_seq: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] {
     let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
     header[..8].copy_from_slice(&SEGMENT_MAGIC);
     header[8..SEGMENT_NAME_BYTES].copy_from_slice(&first_seq.to_le_bytes());
     let slot = SLOT_OFFSETS[0] as usize;
     header[slot..slot + SLOT_BYTES].copy_from_slice(&encode_slot(first_seq, first_seq - 1));
-    write_all_at(&file, &header, 0).map_err(io_context(context()))?;
-    file.sync_all().map_err(io_context(context()))?;
-    sync_dir(dir)?;
-    Ok(file)
+    header
 }
 
 /// Reserves the blocks of the whole file up front (`fallocate`), so a later append neither

@@ -14,7 +14,9 @@
 //!
 //! What the page and `/ready` show comes from a [`Source`]: one process's registry and
 //! readiness flag ([`Endpoint::new`]), or any other view, such as a supervisor's over the
-//! processes it runs ([`Endpoint::of`]; [`crate::merge`] joins their pages).
+//! processes it runs ([`Endpoint::of`]; [`crate::merge`] joins their pages). A server with
+//! endpoints of its own beside the three (the gateway's admin requests) adds them as
+//! [`Routes`] ([`Endpoint::with_routes`]); they answer what the three do not.
 //!
 //! Bounds: at most [`HTTP_CONNECTIONS_MAX`] connections at once (more are closed unanswered),
 //! one request per connection, [`HTTP_CONNECTION_TIMEOUT`] for the whole exchange.
@@ -67,7 +69,8 @@ pub struct Answer {
 }
 
 impl Answer {
-    fn text(status: u16, body: impl Into<String>) -> Answer {
+    /// A plain-text answer.
+    pub fn text(status: u16, body: impl Into<String>) -> Answer {
         Answer { status, content_type: "text/plain; charset=utf-8", body: body.into() }
     }
 }
@@ -79,6 +82,21 @@ pub trait Source: Send + Sync + 'static {
     fn page(&self) -> String;
     /// Whether `/ready` answers 200.
     fn is_ready(&self) -> bool;
+}
+
+/// A server's endpoints beside `/metrics`, `/health` and `/ready`, asked on the endpoint's
+/// thread for every other request.
+pub trait Routes: Send + Sync + 'static {
+    /// The answer to `method path?query`, or `None` when the path is not one of these (404).
+    /// `authorization` is the request's `Authorization` header, if any ([`bearer_matches`]
+    /// checks a token in it).
+    fn answer(
+        &self,
+        method: &str,
+        path: &str,
+        query: &str,
+        authorization: Option<&str>,
+    ) -> Option<Answer>;
 }
 
 /// One process's view: its registry (with the `process_*` metrics) and readiness flag.
@@ -102,6 +120,7 @@ impl Source for Local {
 pub struct Endpoint {
     source: Arc<dyn Source>,
     metrics_token: Option<String>,
+    routes: Option<Arc<dyn Routes>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -144,7 +163,13 @@ impl Endpoint {
     /// An endpoint over any source (which adds the `process_*` metrics itself, if it shows
     /// them).
     pub fn of(source: impl Source) -> Endpoint {
-        Endpoint { source: Arc::new(source), metrics_token: None }
+        Endpoint { source: Arc::new(source), metrics_token: None, routes: None }
+    }
+
+    /// Answers the paths other than the three with `routes` (404 where they answer `None`).
+    pub fn with_routes(mut self, routes: impl Routes) -> Endpoint {
+        self.routes = Some(Arc::new(routes));
+        self
     }
 
     /// Requires `Authorization: Bearer TOKEN` on `/metrics` when `token` is given.
@@ -172,11 +197,10 @@ impl Endpoint {
     }
 
     fn metrics(&self, authorization: Option<&str>) -> Answer {
-        if let Some(token) = &self.metrics_token {
-            let presented = authorization.and_then(|value| value.strip_prefix("Bearer "));
-            if !presented.is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes())) {
-                return Answer::text(401, "missing or wrong bearer token\n");
-            }
+        if let Some(token) = &self.metrics_token
+            && !bearer_matches(authorization, token)
+        {
+            return Answer::text(401, "missing or wrong bearer token\n");
         }
         Answer { status: 200, content_type: METRICS_CONTENT_TYPE, body: self.source.page() }
     }
@@ -184,8 +208,23 @@ impl Endpoint {
     /// Answers on `listen` from a thread of its own until the returned handle is dropped.
     pub fn serve(self, listen: SocketAddr) -> Result<Listening, OpsError> {
         check_exposure(listen, self.metrics_token.is_some()).map_err(OpsError::Exposed)?;
+        let listener = std::net::TcpListener::bind(listen);
+        let listener =
+            listener.map_err(|source| OpsError::Io { what: "binding", listen, source })?;
+        self.serve_on(listener)
+    }
+
+    /// [`Endpoint::serve`] on a listener bound already (a server that reports its addresses
+    /// before it serves).
+    pub fn serve_on(self, listener: std::net::TcpListener) -> Result<Listening, OpsError> {
+        let listen = listener.local_addr();
+        let listen = listen.map_err(|source| OpsError::Io {
+            what: "reading the bound address",
+            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        check_exposure(listen, self.metrics_token.is_some()).map_err(OpsError::Exposed)?;
         let failed = |what| move |source| OpsError::Io { what, listen, source };
-        let listener = std::net::TcpListener::bind(listen).map_err(failed("binding"))?;
         listener.set_nonblocking(true).map_err(failed("setting the listener non-blocking"))?;
         let addr = listener.local_addr().map_err(failed("reading the bound address"))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -254,15 +293,24 @@ async fn accept_loop(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>)
 fn route(endpoint: &Endpoint, request: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
     let authorization =
         request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let path = request.uri().path();
+    let (method, path) = (request.method().as_str(), request.uri().path());
+    let query = request.uri().query().unwrap_or("");
     let answer = endpoint
-        .answer(request.method().as_str(), path, authorization)
+        .answer(method, path, authorization)
+        .or_else(|| endpoint.routes.as_ref()?.answer(method, path, query, authorization))
         .unwrap_or_else(|| Answer::text(404, format!("no endpoint {path}\n")));
     let mut response = Response::new(Full::new(Bytes::from(answer.body)));
     *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
     let content_type = hyper::header::HeaderValue::from_static(answer.content_type);
     response.headers_mut().insert(hyper::header::CONTENT_TYPE, content_type);
     response
+}
+
+/// Whether `authorization` (a request's `Authorization` header) is `Bearer token`, compared
+/// in time that depends on the lengths only.
+pub fn bearer_matches(authorization: Option<&str>, token: &str) -> bool {
+    let presented = authorization.and_then(|value| value.strip_prefix("Bearer "));
+    presented.is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes()))
 }
 
 /// Compares in time that depends on the lengths only, not on where the bytes differ.

@@ -55,3 +55,53 @@ fn a_metrics_token_guards_metrics_and_open_metrics_stay_on_loopback() {
     assert!(ops::endpoint::check_exposure(([0, 0, 0, 0], 9).into(), true).is_ok());
     assert!(ops::endpoint::check_exposure(([127, 0, 0, 1], 9).into(), false).is_ok());
 }
+
+/// A server's own routes beside the three: asked for any other path (with its query and
+/// `Authorization` header), a 404 where they answer nothing; served on a listener bound
+/// before (the server reports its address first).
+#[test]
+fn extra_routes_answer_other_paths_on_a_listener_bound_before() {
+    use std::io::{Read, Write};
+    struct Halt;
+    impl ops::endpoint::Routes for Halt {
+        fn answer(
+            &self,
+            method: &str,
+            path: &str,
+            query: &str,
+            authorization: Option<&str>,
+        ) -> Option<ops::endpoint::Answer> {
+            if path != "/admin/halt" {
+                return None;
+            }
+            let allowed = ops::endpoint::bearer_matches(authorization, "t0ken");
+            let status = if method != "POST" {
+                405
+            } else if allowed {
+                200
+            } else {
+                401
+            };
+            Some(ops::endpoint::Answer::text(status, format!("{method} {query}\n")))
+        }
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let endpoint = Endpoint::new(Registry::default(), Readiness::default()).with_routes(Halt);
+    let _listening = endpoint.serve_on(listener).unwrap();
+    let post = |authorization: &str| {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let head = format!("POST /admin/halt?instrument=3 HTTP/1.0\r\n{authorization}\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let allowed = post("Authorization: Bearer t0ken\r\n");
+    assert!(allowed.starts_with("HTTP/1.0 200") && allowed.ends_with("POST instrument=3\n"));
+    assert!(post("Authorization: Bearer t0ke\r\n").starts_with("HTTP/1.0 401"));
+    assert!(post("").starts_with("HTTP/1.0 401"), "no header, no entry");
+    assert_eq!(get(addr, "/admin/halt").unwrap().0, 405, "the routes decide the method");
+    assert_eq!(get(addr, "/admin/elsewhere").unwrap().0, 404);
+    assert_eq!(get(addr, "/health").unwrap().0, 200, "the three stay the endpoint's");
+}

@@ -25,6 +25,17 @@ struct LeaseMessage {
     expires_ns: u64,
 }
 
+/// One shard's streams: its input log and its lease subject.
+#[derive(Debug, Default)]
+pub struct ShardStreams {
+    /// The input stream; sequence `n` is `log[n - 1]`.
+    pub log: Vec<InboundOrder>,
+    dedup: HashMap<MessageId, u64>,
+    lease: Option<LeaseMessage>,
+    /// The lease stream's last sequence (sequences only grow: expiry never reuses one).
+    lease_seq: u64,
+}
+
 /// The broker's state.
 #[derive(Debug)]
 pub struct Broker {
@@ -32,26 +43,19 @@ pub struct Broker {
     leader: Option<usize>,
     /// No request is served before this (an election in progress).
     available_from_ns: u64,
-    /// The shard's input stream; sequence `n` is `log[n - 1]`.
-    pub log: Vec<InboundOrder>,
-    dedup: HashMap<MessageId, u64>,
-    lease: Option<LeaseMessage>,
-    /// The lease stream's last sequence (sequences only grow: expiry never reuses one).
-    lease_seq: u64,
+    /// Per shard, its streams.
+    pub shards: Vec<ShardStreams>,
     lease_ttl_ns: u64,
 }
 
 impl Broker {
-    /// Three live nodes, node 0 leading, a lease TTL of `lease_ttl_ns`.
-    pub fn new(lease_ttl_ns: u64) -> Broker {
+    /// Three live nodes, node 0 leading, `shards` shards, a lease TTL of `lease_ttl_ns`.
+    pub fn new(lease_ttl_ns: u64, shards: usize) -> Broker {
         Broker {
             nodes_up: [true; BROKER_NODES],
             leader: Some(0),
             available_from_ns: 0,
-            log: Vec::new(),
-            dedup: HashMap::new(),
-            lease: None,
-            lease_seq: 0,
+            shards: (0..shards).map(|_| ShardStreams::default()).collect(),
             lease_ttl_ns,
         }
     }
@@ -80,48 +84,61 @@ impl Broker {
         }
     }
 
-    /// Appends `order` unless message `id` is there already; its sequence, and whether it is new.
-    pub fn append(&mut self, id: MessageId, order: InboundOrder) -> (u64, bool) {
-        if let Some(seq) = self.dedup.get(&id) {
+    /// Inputs committed over every shard.
+    pub fn committed(&self) -> u64 {
+        self.shards.iter().map(|shard| shard.log.len() as u64).sum()
+    }
+
+    /// Appends `order` to `shard`'s log unless message `id` is there already; its sequence,
+    /// and whether it is new.
+    pub fn append(&mut self, shard: usize, id: MessageId, order: InboundOrder) -> (u64, bool) {
+        let streams = &mut self.shards[shard];
+        if let Some(seq) = streams.dedup.get(&id) {
             return (*seq, false);
         }
-        self.log.push(order);
-        let seq = self.log.len() as u64;
-        self.dedup.insert(id, seq);
+        streams.log.push(order);
+        let seq = streams.log.len() as u64;
+        streams.dedup.insert(id, seq);
         (seq, true)
     }
 
-    /// The inputs from sequence `from` on, at most `max`.
-    pub fn read(&self, from: u64, max: usize) -> &[InboundOrder] {
+    /// `shard`'s inputs from sequence `from` on, at most `max`.
+    pub fn read(&self, shard: usize, from: u64, max: usize) -> &[InboundOrder] {
+        let log = &self.shards[shard].log;
         let start = (from.max(1) - 1) as usize;
-        let end = self.log.len().min(start.saturating_add(max));
-        self.log.get(start..end).unwrap_or(&[])
+        let end = log.len().min(start.saturating_add(max));
+        log.get(start..end).unwrap_or(&[])
     }
 
-    /// Writes the lease subject if its last live sequence is `expected` (0: none alive).
-    pub fn lease_cas(&mut self, expected: u64, now_ns: u64) -> CasOutcome {
-        self.expire(now_ns);
-        if self.lease.map_or(0, |message| message.seq) != expected {
+    /// Writes `shard`'s lease subject if its last live sequence is `expected` (0: none alive).
+    pub fn lease_cas(&mut self, shard: usize, expected: u64, now_ns: u64) -> CasOutcome {
+        let ttl_ns = self.lease_ttl_ns;
+        let streams = &mut self.shards[shard];
+        streams.expire(now_ns);
+        if streams.lease.map_or(0, |message| message.seq) != expected {
             return CasOutcome::Refused;
         }
-        self.lease_seq += 1;
-        let expires_ns = now_ns + self.lease_ttl_ns;
-        self.lease = Some(LeaseMessage { seq: self.lease_seq, expires_ns });
-        CasOutcome::Written(self.lease_seq)
+        streams.lease_seq += 1;
+        let expires_ns = now_ns + ttl_ns;
+        streams.lease = Some(LeaseMessage { seq: streams.lease_seq, expires_ns });
+        CasOutcome::Written(streams.lease_seq)
     }
 
-    /// Deletes what a release names.
-    pub fn lease_delete(&mut self, target: ReleaseTarget, now_ns: u64) {
-        self.expire(now_ns);
+    /// Deletes what a release of `shard`'s lease names.
+    pub fn lease_delete(&mut self, shard: usize, target: ReleaseTarget, now_ns: u64) {
+        let streams = &mut self.shards[shard];
+        streams.expire(now_ns);
         let doomed = match target {
-            ReleaseTarget::Revision(seq) => self.lease.is_some_and(|message| message.seq == seq),
+            ReleaseTarget::Revision(seq) => streams.lease.is_some_and(|message| message.seq == seq),
             ReleaseTarget::Subject => true,
         };
         if doomed {
-            self.lease = None;
+            streams.lease = None;
         }
     }
+}
 
+impl ShardStreams {
     fn expire(&mut self, now_ns: u64) {
         if self.lease.is_some_and(|message| message.expires_ns <= now_ns) {
             self.lease = None;
@@ -135,26 +152,29 @@ mod tests {
 
     #[test]
     fn the_lease_subject_refuses_a_stale_writer_expires_and_never_reuses_a_sequence() {
-        let mut broker = Broker::new(1_000);
-        assert_eq!(broker.lease_cas(0, 0), CasOutcome::Written(1));
-        assert_eq!(broker.lease_cas(0, 10), CasOutcome::Refused, "held by another");
-        assert_eq!(broker.lease_cas(1, 10), CasOutcome::Written(2), "the holder renews");
-        assert_eq!(broker.lease_cas(2, 1_010), CasOutcome::Refused, "expired");
-        assert_eq!(broker.lease_cas(0, 1_010), CasOutcome::Written(3));
-        broker.lease_delete(ReleaseTarget::Revision(2), 1_020);
-        assert_eq!(broker.lease_cas(0, 1_020), CasOutcome::Refused, "not the live write");
-        broker.lease_delete(ReleaseTarget::Revision(3), 1_020);
-        assert_eq!(broker.lease_cas(0, 1_030), CasOutcome::Written(4));
+        let mut broker = Broker::new(1_000, 2);
+        assert_eq!(broker.lease_cas(0, 0, 0), CasOutcome::Written(1));
+        assert_eq!(broker.lease_cas(0, 0, 10), CasOutcome::Refused, "held by another");
+        assert_eq!(broker.lease_cas(1, 0, 10), CasOutcome::Written(1), "another shard's lease");
+        assert_eq!(broker.lease_cas(0, 1, 10), CasOutcome::Written(2), "the holder renews");
+        assert_eq!(broker.lease_cas(0, 2, 1_010), CasOutcome::Refused, "expired");
+        assert_eq!(broker.lease_cas(0, 0, 1_010), CasOutcome::Written(3));
+        broker.lease_delete(0, ReleaseTarget::Revision(2), 1_020);
+        assert_eq!(broker.lease_cas(0, 0, 1_020), CasOutcome::Refused, "not the live write");
+        broker.lease_delete(0, ReleaseTarget::Revision(3), 1_020);
+        assert_eq!(broker.lease_cas(0, 0, 1_030), CasOutcome::Written(4));
     }
 
     #[test]
     fn appends_are_deduplicated_by_message_id() {
-        let mut broker = Broker::new(1_000);
+        let mut broker = Broker::new(1_000, 2);
         let order = InboundOrder::default();
-        assert_eq!(broker.append((0, 1, 1), order), (1, true));
-        assert_eq!(broker.append((0, 1, 1), order), (1, false));
-        assert_eq!(broker.append((0, 2, 1), order), (2, true), "another run's counter");
-        assert_eq!(broker.read(2, 10).len(), 1);
-        assert!(broker.read(3, 10).is_empty());
+        assert_eq!(broker.append(0, (0, 1, 1), order), (1, true));
+        assert_eq!(broker.append(0, (0, 1, 1), order), (1, false));
+        assert_eq!(broker.append(0, (0, 2, 1), order), (2, true), "another run's counter");
+        assert_eq!(broker.append(1, (0, 1, 1), order), (1, true), "another shard's log");
+        assert_eq!(broker.read(0, 2, 10).len(), 1);
+        assert!(broker.read(0, 3, 10).is_empty());
+        assert_eq!(broker.committed(), 3);
     }
 }

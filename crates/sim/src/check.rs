@@ -19,19 +19,23 @@ pub enum Invariant {
     SessionGap,
     /// No order is filled beyond its quantity.
     Overfill,
+    /// Every input an engine's journal acknowledged as durable is recovered, or its loss is
+    /// reported (a refusal); recovered inputs equal the log's.
+    DurableDropped,
     /// Once faults stop, every client gets every answer its orders have in the log.
     Liveness,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 7] = [
+    pub const ALL: [Invariant; 8] = [
         Invariant::OneEpoch,
         Invariant::StaleEpoch,
         Invariant::SameBytes,
         Invariant::Reference,
         Invariant::SessionGap,
         Invariant::Overfill,
+        Invariant::DurableDropped,
         Invariant::Liveness,
     ];
 
@@ -44,6 +48,7 @@ impl Invariant {
             Invariant::Reference => "answers-equal-reference",
             Invariant::SessionGap => "session-without-gaps",
             Invariant::Overfill => "no-overfill",
+            Invariant::DurableDropped => "durable-never-dropped",
             Invariant::Liveness => "liveness",
         }
     }
@@ -67,26 +72,36 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// The reference tier and the first violation seen.
+/// The reference tiers (one per shard) and the first violation seen.
 pub struct Checker {
-    reference: TierReplica,
-    /// Per client, the reference's reports in order (a session's expected content).
-    pub expected: Vec<Vec<CoreOutput>>,
-    /// Per gateway subject, every report sequence's bytes as first published.
-    canonical: Vec<Vec<CoreOutput>>,
+    references: Vec<TierReplica>,
+    /// Per shard, per client, the reference's reports in order (what the client's session
+    /// must carry of that shard, in that order).
+    expected: Vec<Vec<Vec<CoreOutput>>>,
+    /// Per client, per shard, the reports its session carried so far.
+    received: Vec<Vec<u64>>,
+    /// Per shard, per gateway subject, every report sequence's bytes as first published.
+    canonical: Vec<Vec<Vec<CoreOutput>>>,
+    /// Per engine, the last input its journal acknowledged durable (since a reported loss).
+    pub durable_acked: Vec<u64>,
+    /// Journal recoveries that refused (losses reported, not silent).
+    pub losses_reported: u64,
     /// The first violation.
     pub violation: Option<Violation>,
 }
 
 impl Checker {
-    /// A reference of `tier` for `clients` clients.
-    pub fn new(tier: &TierConfig, clients: usize) -> Checker {
+    /// A reference of `tier` per shard, for `clients` clients and `engines` engines in all.
+    pub fn new(tier: &TierConfig, shards: usize, clients: usize, engines: usize) -> Checker {
         let reference =
-            TierReplica::new(tier.starting_master_data(), tier.core_limits(), tier.gateways);
+            || TierReplica::new(tier.starting_master_data(), tier.core_limits(), tier.gateways);
         Checker {
-            reference,
-            expected: vec![Vec::new(); clients],
-            canonical: vec![Vec::new(); tier.gateways as usize],
+            references: (0..shards).map(|_| reference()).collect(),
+            expected: vec![vec![Vec::new(); clients]; shards],
+            received: vec![vec![0; shards]; clients],
+            canonical: vec![vec![Vec::new(); tier.gateways as usize]; shards],
+            durable_acked: vec![0; engines],
+            losses_reported: 0,
             violation: None,
         }
     }
@@ -98,43 +113,74 @@ impl Checker {
         }
     }
 
-    /// Feeds the reference one committed input.
-    pub fn committed(&mut self, order: &InboundOrder) {
-        let expected = &mut self.expected;
-        self.reference.apply(order, &mut |response| {
+    /// Engine `engine`'s journal acknowledged every input up to `seq` as durable.
+    pub fn durable(&mut self, engine: usize, seq: u64) {
+        self.durable_acked[engine] = self.durable_acked[engine].max(seq);
+    }
+
+    /// Engine `engine`'s journal recovery refused: what it acknowledged is reported lost.
+    pub fn loss_reported(&mut self, engine: usize) {
+        self.durable_acked[engine] = 0;
+        self.losses_reported += 1;
+    }
+
+    /// Feeds `shard`'s reference one committed input.
+    pub fn committed(&mut self, shard: usize, order: &InboundOrder) {
+        let expected = &mut self.expected[shard];
+        self.references[shard].apply(order, &mut |response| {
             let client = response.output.client as usize;
             if response.audience == Audience::Client && client < expected.len() {
-                expected[client].push(response.output);
+                expected[client].push(CoreOutput { shard: shard as u32, ..response.output });
             }
         });
     }
 
-    /// Checks report `seq` of gateway subject `gateway` against every earlier copy.
-    pub fn numbered(&mut self, gateway: usize, seq: u64, output: &CoreOutput, at_ns: u64) {
-        let known = &mut self.canonical[gateway];
+    /// Every report the log holds for `client`, over the shards.
+    pub fn expected_reports(&self, client: usize) -> u64 {
+        self.expected.iter().map(|shard| shard[client].len() as u64).sum()
+    }
+
+    /// Checks report `seq` of `shard`'s gateway subject `gateway` against every earlier copy.
+    pub fn numbered(
+        &mut self,
+        shard: usize,
+        gateway: usize,
+        seq: u64,
+        output: &CoreOutput,
+        at_ns: u64,
+    ) {
+        let known = &mut self.canonical[shard][gateway];
         match known.get(seq as usize - 1) {
             Some(first) if first != output => {
                 let (first, then) = (brief(first), brief(output));
-                let detail = format!("gateway {gateway} report {seq}: {first} then {then}");
+                let detail =
+                    format!("shard {shard} gateway {gateway} report {seq}: {first} then {then}");
                 self.fail(Invariant::SameBytes, at_ns, detail);
             }
             Some(_) => {}
             None if known.len() as u64 + 1 == seq => known.push(*output),
             None => {
-                let detail =
-                    format!("gateway {gateway} report {seq} numbered past {}", known.len());
+                let detail = format!(
+                    "shard {shard} gateway {gateway} report {seq} numbered past {}",
+                    known.len()
+                );
                 self.fail(Invariant::SameBytes, at_ns, detail);
             }
         }
     }
 
-    /// Checks report `seq` of `client`'s session against the reference.
+    /// Checks report `seq` of `client`'s session against the reference of its shard: the
+    /// session's reports of each shard, in order, are that shard's reference's.
     pub fn answered(&mut self, client: usize, seq: u64, output: &CoreOutput, at_ns: u64) {
-        let expected = self.expected[client].get(seq as usize - 1).copied();
+        let shard = (output.shard as usize).min(self.expected.len() - 1);
+        let nth = self.received[client][shard];
+        self.received[client][shard] += 1;
+        let expected = self.expected[shard][client].get(nth as usize).copied();
         if expected.as_ref() != Some(output) {
             let expected = expected.as_ref().map_or("nothing".to_string(), brief);
             let detail = format!(
-                "client {client} report {seq}: got {}, the reference {expected}",
+                "client {client} report {seq} (shard {shard}'s {}th): got {}, the reference {expected}",
+                nth + 1,
                 brief(output)
             );
             self.fail(Invariant::Reference, at_ns, detail);

@@ -6,8 +6,10 @@ use exchange::msg::{
     CoreOutput, InboundOrder, OrderType, OutputKind, Side, TimeInForce, request_kind,
 };
 
-use crate::check::{FillBook, Invariant};
-use crate::world::{Addr, Life, Msg, Timer, World};
+use crate::check::Invariant;
+use crate::msg::{Addr, Msg, Timer};
+use crate::process::SimClient;
+use crate::world::World;
 
 /// How long a client waits before connecting again, ns.
 const RECONNECT_NS: u64 = 300_000_000;
@@ -15,44 +17,6 @@ const RECONNECT_NS: u64 = 300_000_000;
 const INSTRUMENTS: u64 = 4;
 /// Most orders a client keeps open to cancel or replace.
 const OPEN_MAX: usize = 16;
-
-/// One client.
-pub struct SimClient {
-    /// Always up (clients are not faulted); its link's order is kept here.
-    pub life: Life,
-    /// The gateway its session is on.
-    pub gateway: usize,
-    conn: Option<u32>,
-    /// The session's last report sequence received.
-    pub last_seq: u64,
-    /// When the last message on each direction of its connection arrives (TCP order).
-    pub up_last_ns: u64,
-    /// See `up_last_ns`.
-    pub down_last_ns: u64,
-    next_order: u64,
-    /// Orders sent and not yet answered.
-    pub unanswered: Vec<InboundOrder>,
-    open: Vec<u64>,
-    fills: FillBook,
-}
-
-impl SimClient {
-    /// Client `id` of a gateway.
-    pub fn new(gateway: usize) -> SimClient {
-        SimClient {
-            life: Life { up: true, inc: 1, ..Life::default() },
-            gateway,
-            conn: None,
-            last_seq: 0,
-            up_last_ns: 0,
-            down_last_ns: 0,
-            next_order: 0,
-            unanswered: Vec::new(),
-            open: Vec::new(),
-            fills: FillBook::default(),
-        }
-    }
-}
 
 impl World {
     /// Drops client `n`'s connection; it connects again later.
@@ -107,8 +71,9 @@ impl World {
         let roll = self.rng.range(0, 100);
         let open = self.clients[n].open.len() as u64;
         let instrument = self.rng.range(0, INSTRUMENTS) as u32;
-        let reference = 100_000 + i64::from(instrument) * 1_000;
-        let price = reference + (self.rng.range(0, 21) as i64 - 10) * 5;
+        let offset = (self.rng.range(0, 21) as i64 - 10) * 5;
+        let price_on = |instrument: u32| 100_000 + i64::from(instrument) * 1_000 + offset;
+        let price = price_on(instrument);
         let qty = 10 * self.rng.range(1, 10) as u32;
         let side = if self.rng.chance(0.5) { Side::Buy } else { Side::Sell };
         let client = &mut self.clients[n];
@@ -125,10 +90,12 @@ impl World {
             ..InboundOrder::default()
         };
         if roll < 25 && open > 0 {
-            let target = client.open[(roll % open) as usize];
+            let (target, instrument) = client.open[(roll % open) as usize];
             let replace = roll < 8;
             order.kind = if replace { request_kind::REPLACE } else { request_kind::CANCEL };
-            order.order_id = target;
+            // To the order's instrument: its shard holds it.
+            (order.order_id, order.instrument, order.price) =
+                (target, instrument, price_on(instrument));
             if replace {
                 client.fills.replaced(target, qty);
             } else {
@@ -166,15 +133,15 @@ impl SimClient {
         self.unanswered.retain(|order| order.order_id != output.order_id);
         match output.kind {
             OutputKind::Accepted | OutputKind::PartiallyFilled
-                if !self.open.contains(&output.order_id) =>
+                if !self.open.iter().any(|(id, _)| *id == output.order_id) =>
             {
                 if self.open.len() == OPEN_MAX {
                     self.open.remove(0);
                 }
-                self.open.push(output.order_id);
+                self.open.push((output.order_id, output.instrument));
             }
             OutputKind::Filled | OutputKind::Cancelled | OutputKind::Rejected => {
-                self.open.retain(|id| *id != output.order_id);
+                self.open.retain(|(id, _)| *id != output.order_id);
             }
             _ => {}
         }

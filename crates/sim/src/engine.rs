@@ -4,17 +4,17 @@
 
 use std::time::Duration;
 
-use delivery::publish::subject_index;
-use delivery::wire::Stream;
-use exchange::msg::{Audience, CoreOutput};
-use exchange::tier::TierConfig;
+use delivery::publish::{RetainSource, retain_source, subject_index, window_part};
+use delivery::wire::{RetainRequest, Stream};
+use exchange::msg::{Audience, CoreOutput, InboundOrder};
 use replication::follow::LoggedOrder;
-use replication::lease::LeaseCore;
-use replication::replay::GroupReplica;
+use replication::replay::{GroupReplica, REGENERATE_RECORDS_MAX};
 
 use crate::check::Invariant;
-use crate::clock::SimInstant;
-use crate::world::{Addr, Batch, Life, Msg, Timer, World};
+use crate::journal::EngineJournal;
+use crate::msg::{Addr, Batch, Msg, Timer};
+use crate::process::{LeaseRequest, Life, SimEngine};
+use crate::world::World;
 
 /// How often an engine reads the log when it has caught up, ns.
 const POLL_NS: u64 = 5_000_000;
@@ -25,67 +25,16 @@ const HEARTBEAT_NS: u64 = 100_000_000;
 /// Most reports per batch.
 const BATCH_MAX: usize = 256;
 
-/// A lease write in flight.
-#[derive(Clone, Copy, Debug)]
-struct LeaseRequest {
-    id: u64,
-    renewal: bool,
-    started: SimInstant,
-    sent_ns: u64,
-}
-
-/// One engine.
-pub struct SimEngine {
-    /// Whether it runs.
-    pub life: Life,
-    replica: GroupReplica,
-    /// The last log sequence applied.
-    applied: u64,
-    /// The production lease core.
-    pub lease: LeaseCore<SimInstant>,
-    request: Option<LeaseRequest>,
-    next_request: u64,
-    read_sent_ns: Option<u64>,
-    /// Per gateway, every report so far (the retained window: the whole run).
-    retained: Vec<Vec<CoreOutput>>,
-    /// Per gateway, reports handed to the publisher so far (sent or withheld).
-    published: Vec<u64>,
-    leading: Option<u64>,
-}
-
-impl SimEngine {
-    /// A stopped engine (started by [`World::start_engine`]).
-    pub fn new(tier: &TierConfig, ttl: Duration) -> SimEngine {
-        SimEngine {
-            life: Life::default(),
-            replica: GroupReplica::starting(tier, None).expect("a replica without a snapshot"),
-            applied: 0,
-            lease: LeaseCore::new(ttl),
-            request: None,
-            next_request: 0,
-            read_sent_ns: None,
-            retained: vec![Vec::new(); tier.gateways as usize],
-            published: vec![0; tier.gateways as usize],
-            leading: None,
-        }
-    }
-
-    /// The epoch it may publish under at true time `now_ns` (`None`: it may not).
-    pub fn epoch(&self, now_ns: u64) -> Option<u64> {
-        if !self.life.up {
-            return None;
-        }
-        self.lease.epoch(self.life.clock.monotonic(now_ns))
-    }
-}
-
 impl World {
-    /// Starts (or restarts) engine `n` from the log's beginning (no snapshots simulated).
+    /// Starts (or restarts) engine `n`: what its journal recovers, then the log after it.
     pub fn start_engine(&mut self, n: usize) {
         let ttl = Duration::from_nanos(self.settings.lease_ttl_ns);
         let life = std::mem::take(&mut self.engines[n].life);
+        let journal = std::mem::take(&mut self.engines[n].journal);
         let next_request = self.engines[n].next_request;
-        self.engines[n] = SimEngine::new(&self.settings.tier, ttl);
+        let shard = self.engines[n].shard;
+        self.engines[n] = SimEngine::new(&self.settings.tier, ttl, shard);
+        self.recover_journal(n, journal);
         let engine = &mut self.engines[n];
         engine.life =
             Life { up: true, paused: false, inc: life.inc + 1, stash: Vec::new(), ..life };
@@ -97,10 +46,18 @@ impl World {
         self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
     }
 
-    /// Stops engine `n`: cleanly (its lease released) or by a crash.
+    /// Stops engine `n`: cleanly (its lease released, its journal synced) or by a crash (its
+    /// machine's power: the journal's unsynced writes are lost).
     pub fn stop_engine(&mut self, n: usize, clean: bool) {
         if clean && let Some(target) = self.engines[n].lease.release() {
-            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Release { target });
+            let shard = self.engines[n].shard;
+            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Release { shard, target });
+        }
+        if clean {
+            self.engines[n].journal.clean_stop(self.now_ns);
+            self.checker.durable(n, self.engines[n].journal.acked);
+        } else {
+            self.engines[n].journal.power_loss(None);
         }
         let engine = &mut self.engines[n];
         engine.life.up = false;
@@ -116,7 +73,18 @@ impl World {
                 self.keep_lease(n);
                 self.timer(Addr::Engine(n), self.settings.renew_ns, Timer::Lease);
             }
-            Timer::Poll => self.poll(n),
+            Timer::Poll => {
+                self.engines[n].journal.write(self.now_ns);
+                self.journal_sync(n);
+                self.poll(n);
+            }
+            Timer::JournalSynced(id) => {
+                if let Some(acked) = self.engines[n].journal.synced(id) {
+                    self.checker.durable(n, acked);
+                    self.publish(n);
+                }
+                self.journal_sync(n);
+            }
             Timer::Heartbeat => {
                 self.heartbeat(n);
                 self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
@@ -142,7 +110,7 @@ impl World {
         engine.next_request += 1;
         let id = engine.next_request;
         engine.request = Some(LeaseRequest { id, renewal: held, started, sent_ns: now });
-        let msg = Msg::Cas { engine: n, request: id, expected };
+        let msg = Msg::Cas { shard: engine.shard, engine: n, request: id, expected };
         self.send_nats(Addr::Engine(n), Addr::Broker, 0, msg);
         self.note_leadership(n);
     }
@@ -153,7 +121,8 @@ impl World {
         if engine.read_sent_ns.is_none_or(|sent| now - sent >= READ_TIMEOUT_NS) {
             engine.read_sent_ns = Some(now);
             let from = engine.applied + 1;
-            self.send_nats(Addr::Engine(n), Addr::Broker, 0, Msg::Read { engine: n, from });
+            let msg = Msg::Read { shard: engine.shard, engine: n, from };
+            self.send_nats(Addr::Engine(n), Addr::Broker, 0, msg);
         }
         self.timer(Addr::Engine(n), POLL_NS, Timer::Poll);
     }
@@ -173,44 +142,123 @@ impl World {
                 self.note_leadership(n);
                 self.publish(n);
             }
-            Msg::Retain { gateway, from } => self.answer_retain(n, gateway, from),
+            Msg::Retain { gateway, from, .. } => self.answer_retain(n, gateway, from),
             _ => {}
         }
     }
 
-    fn apply(&mut self, n: usize, from: u64, orders: &[exchange::msg::InboundOrder]) {
+    fn apply(&mut self, n: usize, from: u64, orders: &[InboundOrder]) {
         let engine = &mut self.engines[n];
         engine.read_sent_ns = None;
         if from != engine.applied + 1 {
             return;
         }
+        self.apply_inputs(n, orders, true);
+        self.journal_sync(n);
+        self.publish(n);
+        if orders.len() == self.settings.read_max {
+            self.poll(n);
+        }
+    }
+
+    /// Applies `orders` (the next inputs) to the replica, numbering each gateway's reports;
+    /// `journaled`: write them to the journal (`false`: they came from it).
+    fn apply_inputs(&mut self, n: usize, orders: &[InboundOrder], journaled: bool) {
+        let now = self.now_ns;
+        let engine = &mut self.engines[n];
+        let shard = engine.shard;
         let mut numbered = Vec::new();
-        for (at, order) in orders.iter().enumerate() {
-            let stream_seq = from + at as u64;
+        for order in orders {
+            let stream_seq = engine.applied + 1;
             let logged = LoggedOrder {
                 stream_seq,
                 last_in_message: true,
                 order: *order,
                 intended_abs_ns: 0,
             };
-            let retained = &mut engine.retained;
+            let (retained, inputs) = (&mut engine.retained, &mut engine.retained_inputs);
             engine.replica.apply(&logged, &mut |index, seq, response| {
                 let gateway = response.gateway as usize;
                 if response.audience == Audience::Client
                     && index == subject_index(response.gateway, Stream::Reports)
                 {
-                    retained[gateway].push(response.output);
-                    numbered.push((gateway, seq, response.output));
+                    let output = CoreOutput { shard: shard as u32, ..response.output };
+                    retained[gateway].push(output);
+                    inputs[gateway].push(stream_seq);
+                    numbered.push((gateway, seq, output));
                 }
             });
             engine.applied = stream_seq;
+            if journaled {
+                engine.journal.queue(*order);
+            }
         }
+        engine.journal.write(now);
         for (gateway, seq, output) in numbered {
-            self.checker.numbered(gateway, seq, &output, self.now_ns);
+            self.checker.numbered(shard, gateway, seq, &output, now);
         }
-        self.publish(n);
-        if orders.len() == self.settings.read_max {
-            self.poll(n);
+    }
+
+    /// Flips bytes of a durable sector of engine `n`'s journal, among the records its durable
+    /// slots prove durable (above them, a damaged last record is indistinguishable from a
+    /// write torn by the power failure, and production truncates it: docs/SIMULATION.md).
+    pub(crate) fn corrupt_journal(&mut self, n: usize) {
+        let end = self.engines[n].journal.proven_durable_end();
+        let start = journal::segment::SEGMENT_HEADER_BYTES as usize;
+        if end <= start {
+            return;
+        }
+        let at = self.rng.range(start as u64, end as u64) as usize;
+        self.engines[n].journal.disk.flip(at, &mut self.rng);
+        self.note(format!("engine {n}: journal bytes at offset {at} flipped"));
+    }
+
+    /// Starts a journal sync if one is due; it completes after the disk's delay.
+    fn journal_sync(&mut self, n: usize) {
+        if let Some(id) = self.engines[n].journal.begin_sync() {
+            let sync_ns = self.rng.range(200_000, 3_000_000);
+            self.timer(Addr::Engine(n), sync_ns, Timer::JournalSynced(id));
+        }
+    }
+
+    /// Restarting engine `n` recovers its journal through the production scan: every input it
+    /// acknowledged durable comes back, or the scan refuses (a loss reported: the engine
+    /// starts a new journal and replays the log).
+    fn recover_journal(&mut self, n: usize, mut journal: EngineJournal) {
+        let acked = self.checker.durable_acked[n];
+        match journal.recover() {
+            Ok(recovered) => {
+                let last = recovered.orders.len() as u64;
+                if last < acked {
+                    let detail = format!(
+                        "engine {n} acknowledged inputs up to {acked} as durable; its journal's \
+                         recovery returned {last} and reported no loss"
+                    );
+                    self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
+                }
+                let log = &self.broker.shards[self.engines[n].shard].log;
+                if let Some(at) = (0..recovered.orders.len())
+                    .find(|&at| log.get(at) != Some(&recovered.orders[at]))
+                {
+                    let detail =
+                        format!("engine {n}'s journal recovered input {} unlike the log's", at + 1);
+                    self.checker.fail(Invariant::DurableDropped, self.now_ns, detail);
+                }
+                let torn = if recovered.torn_tail { " (a torn tail truncated)" } else { "" };
+                if last > 0 || recovered.torn_tail {
+                    self.note(format!("engine {n} recovers {last} inputs from its journal{torn}"));
+                }
+                self.engines[n].journal = journal;
+                self.apply_inputs(n, &recovered.orders, false);
+            }
+            Err(reason) => {
+                self.note(format!(
+                    "engine {n}: its journal's recovery refuses ({reason}): the loss is reported; \
+                     a new journal, the log replayed"
+                ));
+                self.checker.loss_reported(n);
+                self.engines[n].journal = EngineJournal::created();
+            }
         }
     }
 
@@ -221,8 +269,7 @@ impl World {
         for gateway in 0..self.gateways.len() {
             loop {
                 let engine = &mut self.engines[n];
-                let (done, all) =
-                    (engine.published[gateway], engine.retained[gateway].len() as u64);
+                let (done, all) = (engine.published[gateway], engine.releasable(gateway));
                 if done == all {
                     break;
                 }
@@ -230,7 +277,8 @@ impl World {
                 engine.published[gateway] = upto;
                 let Some(epoch) = epoch else { continue };
                 let outputs = engine.retained[gateway][done as usize..upto as usize].to_vec();
-                let batch = Batch { epoch, first_seq: done + 1, last_seq: all, outputs };
+                let shard = engine.shard;
+                let batch = Batch { shard, epoch, first_seq: done + 1, last_seq: all, outputs };
                 self.send_batch(n, gateway, batch);
             }
         }
@@ -240,20 +288,88 @@ impl World {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
         for gateway in 0..self.gateways.len() {
             let last_seq = self.engines[n].published[gateway];
-            let batch = Batch { epoch, first_seq: last_seq + 1, last_seq, outputs: Vec::new() };
+            let (shard, first_seq) = (self.engines[n].shard, last_seq + 1);
+            let batch = Batch { shard, epoch, first_seq, last_seq, outputs: Vec::new() };
             self.send_batch(n, gateway, batch);
         }
     }
 
+    /// The leader's retain service (production's decision, `delivery::publish::retain_source`):
+    /// from the window of the last `retain_records` reports, or recomputed from the log when
+    /// the range is older than the window.
     fn answer_retain(&mut self, n: usize, gateway: usize, from: u64) {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
-        let retained = &self.engines[n].retained[gateway];
-        let last_seq = retained.len() as u64;
-        let start = (from.max(1) - 1) as usize;
-        let end = retained.len().min(start + BATCH_MAX);
-        let outputs = retained.get(start..end).unwrap_or(&[]).to_vec();
-        let batch = Batch { epoch, first_seq: from, last_seq, outputs };
+        let next_seq = self.engines[n].releasable(gateway) + 1;
+        let oldest = next_seq.saturating_sub(self.settings.retain_records).max(1);
+        let request = RetainRequest { from_seq: from.max(1), to_seq: next_seq - 1 };
+        let (first_seq, outputs) = match retain_source(&request, oldest, true) {
+            RetainSource::Regenerate { from, last } => {
+                (from, self.regenerate(n, gateway, from, last.min(from + BATCH_MAX as u64 - 1)))
+            }
+            RetainSource::Window => {
+                // No records (count 0) when the gateway is ahead of this engine (a leader
+                // still catching up): numbered where it asked.
+                let (first_seq, count) = window_part(&request, oldest, next_seq);
+                let start = (first_seq - 1) as usize;
+                let end = start + count.min(BATCH_MAX as u64) as usize;
+                let retained = &self.engines[n].retained[gateway];
+                (first_seq, retained.get(start..end).unwrap_or_default().to_vec())
+            }
+        };
+        let shard = self.engines[n].shard;
+        let batch = Batch { shard, epoch, first_seq, last_seq: next_seq - 1, outputs };
         self.send_batch(n, gateway, batch);
+    }
+
+    /// Gateway `gateway`'s reports `from..=last` recomputed from the log through a fresh
+    /// group replica, as production's `replication::replay::Regenerator` does: one run
+    /// recomputes up to `REGENERATE_RECORDS_MAX` records from `from` and is kept for the
+    /// requests that follow (no snapshot: from the log's start; the log read is instant here).
+    /// Each record is checked against the numbering every engine gave it.
+    fn regenerate(&mut self, n: usize, gateway: usize, from: u64, last: u64) -> Vec<CoreOutput> {
+        let kept = self.engines[n].regenerated.as_ref().filter(|(subject, first, records)| {
+            *subject == gateway && *first <= from && last < first + records.len() as u64
+        });
+        if let Some((_, first, records)) = kept {
+            return records[(from - first) as usize..=(last - first) as usize].to_vec();
+        }
+        let records = self.replay(n, gateway, from);
+        self.regenerated += records.len() as u64;
+        let wanted = records.iter().take((last + 1 - from) as usize).copied().collect();
+        self.engines[n].regenerated = Some((gateway, from, records));
+        wanted
+    }
+
+    /// Replays engine `n`'s shard's log (what it applied) for gateway `gateway`'s reports
+    /// from `from` on, at most `REGENERATE_RECORDS_MAX`.
+    fn replay(&mut self, n: usize, gateway: usize, from: u64) -> Vec<CoreOutput> {
+        let mut replica = GroupReplica::starting(&self.settings.tier, None)
+            .expect("a replica without a snapshot");
+        let index = subject_index(gateway as u32, Stream::Reports);
+        let (applied, shard) = (self.engines[n].applied as usize, self.engines[n].shard);
+        let last = from + REGENERATE_RECORDS_MAX - 1;
+        let mut outputs = Vec::new();
+        for (at, order) in self.broker.shards[shard].log[..applied].iter().enumerate() {
+            if replica.next_seq(index) > last {
+                break;
+            }
+            let stream_seq = at as u64 + 1;
+            let logged = LoggedOrder {
+                stream_seq,
+                last_in_message: true,
+                order: *order,
+                intended_abs_ns: 0,
+            };
+            replica.apply(&logged, &mut |subject, seq, response| {
+                if subject == index && (from..=last).contains(&seq) {
+                    outputs.push((seq, CoreOutput { shard: shard as u32, ..response.output }));
+                }
+            });
+        }
+        for (seq, output) in &outputs {
+            self.checker.numbered(shard, gateway, *seq, output, self.now_ns);
+        }
+        outputs.into_iter().map(|(_, output)| output).collect()
     }
 
     /// Publishes `batch`, checking first that no other engine of the group may publish now
@@ -261,7 +377,7 @@ impl World {
     fn send_batch(&mut self, n: usize, gateway: usize, batch: Batch) {
         let now = self.now_ns;
         for (other, engine) in self.engines.iter().enumerate() {
-            if other == n {
+            if other == n || engine.shard != self.engines[n].shard {
                 continue;
             }
             if let Some(theirs) = engine.epoch(now).filter(|theirs| *theirs != batch.epoch) {

@@ -27,11 +27,19 @@ pub enum FaultKind {
     BrokerKill,
     /// A process's wall clock jumps (its monotonic clock, which leases read, does not).
     ClockJump,
+    /// An engine's machine loses power while writing back: its journal's unsynced sectors
+    /// persist in part and the last one is torn; it restarts later.
+    TornWrite,
+    /// Bytes of a durable sector of an engine's journal flip; its machine then loses power and
+    /// restarts later (recovery reads the damage).
+    Corrupt,
+    /// An engine's disk refuses writes for a while.
+    DiskFull,
 }
 
 impl FaultKind {
     /// Every kind, in the order `--faults` lists them.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::Crash,
         FaultKind::Stop,
         FaultKind::Pause,
@@ -42,6 +50,9 @@ impl FaultKind {
         FaultKind::Delay,
         FaultKind::BrokerKill,
         FaultKind::ClockJump,
+        FaultKind::TornWrite,
+        FaultKind::Corrupt,
+        FaultKind::DiskFull,
     ];
 
     /// The kind's name in `--faults`.
@@ -57,6 +68,9 @@ impl FaultKind {
             FaultKind::Delay => "delay",
             FaultKind::BrokerKill => "broker-kill",
             FaultKind::ClockJump => "clock-jump",
+            FaultKind::TornWrite => "torn-write",
+            FaultKind::Corrupt => "corrupt",
+            FaultKind::DiskFull => "disk-full",
         }
     }
 
@@ -95,6 +109,9 @@ impl FaultKind {
                 | FaultKind::PauseStop
                 | FaultKind::Partition
                 | FaultKind::ClockJump
+                | FaultKind::TornWrite
+                | FaultKind::Corrupt
+                | FaultKind::DiskFull
         )
     }
 }
@@ -171,6 +188,14 @@ pub fn schedule(
                     Target::BrokerNode(rng.range(0, cast.broker_nodes as u64) as usize)
                 }
                 FaultKind::Loss | FaultKind::Duplicate | FaultKind::Delay => Target::Network,
+                // Only the engines' journals are on a simulated disk (none in the cast: the
+                // fault hits nothing).
+                FaultKind::TornWrite | FaultKind::Corrupt | FaultKind::DiskFull => {
+                    match cast.engines {
+                        0 => Target::Network,
+                        engines => Target::Engine(rng.range(0, engines as u64) as usize),
+                    }
+                }
                 _ => match rng.range(0, processes) as usize {
                     n if n < cast.engines => Target::Engine(n),
                     n => Target::Gateway(n - cast.engines),

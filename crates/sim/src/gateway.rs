@@ -4,14 +4,14 @@
 //! through the production routed positions (`gateway::routed::RoutedPositions`) and kept in
 //! a store whose unsynced writes a crash loses.
 
-use std::collections::{BTreeMap, HashMap};
-
-use delivery::gateway::{EpochFence, Fenced};
+use delivery::gateway::Fenced;
 use exchange::msg::{CoreOutput, InboundOrder};
-use gateway::routed::{self, DurableInputs, Position, RoutedPositions};
+use gateway::routed::{self, DurableInputs, RoutedPositions};
 
 use crate::check::Invariant;
-use crate::world::{Addr, Batch, Life, Msg, Timer, World};
+use crate::msg::{Addr, Batch, Msg, Timer};
+use crate::process::{Feed, StoreWrite};
+use crate::world::World;
 
 /// The gateway's retry period, ns.
 const RETRY_NS: u64 = 100_000_000;
@@ -20,93 +20,24 @@ const RESEND_AFTER_NS: u64 = 300_000_000;
 /// Bytes before a store record's payload (length, CRC, kind, client).
 const RECORD_HEADER_BYTES: usize = 13;
 
-/// What survives a crash: the synced writes.
-#[derive(Debug, Default)]
-struct DurableStore {
-    /// Per client, the session's reports (sequence = index + 1).
-    sessions: Vec<Vec<CoreOutput>>,
-    positions: HashMap<(u32, u32), Position>,
-    /// Where the R-Gateway starts again: the first report of the newest durable input.
-    restart_seq: u64,
-}
-
-/// A store write not yet synced.
-#[derive(Debug)]
-struct StoreWrite {
-    epoch: u64,
-    reports: Vec<(usize, CoreOutput)>,
-    /// The routed-position records (the production encoding).
-    positions: Vec<u8>,
-    restart_seq: u64,
-}
-
-/// One gateway.
-pub struct SimGateway {
-    /// Whether it runs.
-    pub life: Life,
-    fence: EpochFence,
-    /// The newest epoch this incarnation accepted (the checker's own, not the fence's).
-    newest_accepted: u64,
-    next_seq: u64,
-    routed: RoutedPositions,
-    durable: DurableStore,
-    pending: Vec<StoreWrite>,
-    write_epoch: u64,
-    /// Per client: the next session sequence to give, and the connection it is on.
-    sessions: Vec<(u64, Option<u32>)>,
-    appends: BTreeMap<u64, (InboundOrder, u64)>,
-    next_counter: u64,
-    retain_sent_ns: Option<u64>,
-    /// The input being routed and the stream sequence of its first report.
-    input: (u64, u64),
-}
-
-impl SimGateway {
-    /// A stopped gateway for `clients` clients.
-    pub fn new(clients: usize) -> SimGateway {
-        SimGateway {
-            life: Life::default(),
-            fence: EpochFence::default(),
-            newest_accepted: 0,
-            next_seq: 1,
-            routed: RoutedPositions::default(),
-            durable: DurableStore {
-                sessions: vec![Vec::new(); clients],
-                ..DurableStore::default()
-            },
-            pending: Vec::new(),
-            write_epoch: 0,
-            sessions: vec![(1, None); clients],
-            appends: BTreeMap::new(),
-            next_counter: 0,
-            retain_sent_ns: None,
-            input: (0, 1),
-        }
-    }
-}
-
 impl World {
     /// Starts (or restarts) gateway `n` from its durable store.
     pub fn start_gateway(&mut self, n: usize) {
-        let slots = self.settings.tier.gateways;
+        let (slots, shards) = (self.settings.tier.gateways, self.settings.shards as u32);
         let gateway = &mut self.gateways[n];
         gateway.life.up = true;
         gateway.life.paused = false;
         gateway.life.inc += 1;
-        gateway.fence = EpochFence::default();
-        gateway.newest_accepted = 0;
-        gateway.next_seq = gateway.durable.restart_seq.max(1);
+        gateway.feeds = gateway.durable.restart_seqs.iter().map(|seq| Feed::from(*seq)).collect();
         gateway.routed = RoutedPositions::recovered(gateway.durable.positions.clone());
-        gateway.routed.share(DurableInputs::new(1, slots));
+        gateway.routed.share(DurableInputs::new(shards, slots));
         gateway.pending.clear();
         for (client, session) in gateway.sessions.iter_mut().enumerate() {
             *session = (gateway.durable.sessions[client].len() as u64 + 1, None);
         }
         gateway.appends.clear();
-        gateway.retain_sent_ns = None;
-        gateway.input = (0, gateway.next_seq);
-        let from = gateway.next_seq;
-        self.note(format!("gateway {n} starts, reading reports from {from}"));
+        let from = gateway.durable.restart_seqs.clone();
+        self.note(format!("gateway {n} starts, reading each shard's reports from {from:?}"));
         self.timer(Addr::Gateway(n), RETRY_NS, Timer::Retry);
     }
 
@@ -145,9 +76,11 @@ impl World {
                 for (counter, order) in stale {
                     self.append(n, counter, order);
                 }
-                if self.gateways[n].retain_sent_ns.is_some_and(|sent| now - sent >= RESEND_AFTER_NS)
-                {
-                    self.ask_retain(n);
+                for shard in 0..self.settings.shards {
+                    let sent = self.gateways[n].feeds[shard].retain_sent_ns;
+                    if sent.is_some_and(|sent| now - sent >= RESEND_AFTER_NS) {
+                        self.ask_retain(n, shard);
+                    }
                 }
                 self.timer(Addr::Gateway(n), RETRY_NS, Timer::Retry);
             }
@@ -176,16 +109,22 @@ impl World {
 
     fn append(&mut self, n: usize, counter: u64, order: InboundOrder) {
         let run = self.gateways[n].life.inc;
-        let msg = Msg::Append { gateway: n, run, counter, order };
+        let shard = order.instrument as usize % self.settings.shards;
+        let msg = Msg::Append { shard, gateway: n, run, counter, order };
         self.send_nats(Addr::Gateway(n), Addr::Broker, 0, msg);
     }
 
-    fn ask_retain(&mut self, n: usize) {
-        self.gateways[n].retain_sent_ns = Some(self.now_ns);
-        let from = self.gateways[n].next_seq;
+    /// Asks `shard`'s engines for its retained reports from the feed's next on (the leader
+    /// answers).
+    fn ask_retain(&mut self, n: usize, shard: usize) {
+        let feed = &mut self.gateways[n].feeds[shard];
+        feed.retain_sent_ns = Some(self.now_ns);
+        let from = feed.next_seq;
         for engine in 0..self.engines.len() {
-            let msg = Msg::Retain { gateway: n, from };
-            self.send_nats(Addr::Gateway(n), Addr::Engine(engine), 0, msg);
+            if self.engines[engine].shard == shard {
+                let msg = Msg::Retain { shard, gateway: n, from };
+                self.send_nats(Addr::Gateway(n), Addr::Engine(engine), 0, msg);
+            }
         }
     }
 
@@ -203,23 +142,24 @@ impl World {
     }
 
     fn on_batch(&mut self, n: usize, batch: &Batch) {
-        let gateway = &mut self.gateways[n];
-        if gateway.fence.admit(batch.epoch) == Fenced::Stale {
+        let shard = batch.shard;
+        let feed = &mut self.gateways[n].feeds[shard];
+        if feed.fence.admit(batch.epoch) == Fenced::Stale {
             return;
         }
-        if batch.epoch < gateway.newest_accepted {
+        if batch.epoch < feed.newest_accepted {
             let detail = format!(
-                "gateway {n} accepted epoch {} after epoch {}",
-                batch.epoch, gateway.newest_accepted
+                "gateway {n} accepted shard {shard}'s epoch {} after epoch {}",
+                batch.epoch, feed.newest_accepted
             );
             self.checker.fail(Invariant::StaleEpoch, self.now_ns, detail);
             return;
         }
-        gateway.newest_accepted = batch.epoch;
-        let next = gateway.next_seq;
+        feed.newest_accepted = batch.epoch;
+        let next = feed.next_seq;
         if batch.first_seq > next || (batch.outputs.is_empty() && batch.last_seq >= next) {
-            if gateway.retain_sent_ns.is_none() {
-                self.ask_retain(n);
+            if feed.retain_sent_ns.is_none() {
+                self.ask_retain(n, shard);
             }
             return;
         }
@@ -227,34 +167,35 @@ impl World {
         if skip >= batch.outputs.len() {
             return;
         }
-        self.gateways[n].retain_sent_ns = None;
+        feed.retain_sent_ns = None;
+        let gateway = &mut self.gateways[n];
         let mut reports = Vec::new();
         for output in &batch.outputs[skip..] {
-            let gateway = &mut self.gateways[n];
-            let stream_seq = gateway.next_seq;
-            gateway.next_seq += 1;
-            if output.seq != 0 && output.seq != gateway.input.0 {
-                gateway.input = (output.seq, stream_seq);
+            let feed = &mut gateway.feeds[shard];
+            let stream_seq = feed.next_seq;
+            feed.next_seq += 1;
+            if output.seq != 0 && output.seq != feed.input.0 {
+                feed.input = (output.seq, stream_seq);
             }
             if gateway.routed.admit(output) {
                 reports.push((output.client as usize, *output));
             }
         }
-        self.write(n, reports);
-        if self.gateways[n].next_seq <= batch.last_seq {
-            self.ask_retain(n);
+        self.write(n, shard, reports);
+        if self.gateways[n].feeds[shard].next_seq <= batch.last_seq {
+            self.ask_retain(n, shard);
         }
     }
 
     /// Writes routed reports with their positions to the store; they go out once synced.
-    fn write(&mut self, n: usize, reports: Vec<(usize, CoreOutput)>) {
+    fn write(&mut self, n: usize, shard: usize, reports: Vec<(usize, CoreOutput)>) {
         let gateway = &mut self.gateways[n];
         gateway.write_epoch += 1;
         let epoch = gateway.write_epoch;
         let mut positions = Vec::new();
         gateway.routed.append_changed(&mut positions, epoch);
-        let restart_seq = gateway.input.1;
-        gateway.pending.push(StoreWrite { epoch, reports, positions, restart_seq });
+        let restart_seq = gateway.feeds[shard].input.1;
+        gateway.pending.push(StoreWrite { epoch, shard, reports, positions, restart_seq });
         let sync_ns = self.rng.range(200_000, 3_000_000);
         self.timer(Addr::Gateway(n), sync_ns, Timer::Synced(epoch));
     }
@@ -284,7 +225,7 @@ impl World {
                 }
                 at += RECORD_HEADER_BYTES + len as usize;
             }
-            gateway.durable.restart_seq = write.restart_seq;
+            gateway.durable.restart_seqs[write.shard] = write.restart_seq;
             gateway.routed.publish_durable(write.epoch);
         }
         for (client, conn, seq, output) in outgoing {

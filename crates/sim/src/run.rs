@@ -1,114 +1,14 @@
 //! One run from a seed, many runs, and the shrinking of a failure to the fewest faults that
 //! still show it.
 
-use exchange::flow::UniverseConfig;
-use exchange::tier::TierConfig;
-
 use crate::check::{Checker, Invariant, Violation};
-use crate::client::SimClient;
-use crate::engine::SimEngine;
 use crate::error::SimError;
-use crate::faults::{self, Cast, Fault, FaultKind, Target};
-use crate::gateway::SimGateway;
+use crate::faults::{Fault, FaultKind, Target};
+use crate::msg::{Addr, Event, Timer};
+use crate::process::{SimClient, SimEngine, SimGateway};
 use crate::rng::Rng;
-use crate::world::{Addr, Event, Timer, World};
-
-/// What a run simulates.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// The seed of every random choice.
-    pub seed: u64,
-    /// Engines of the shard's group.
-    pub engines: usize,
-    /// Gateways.
-    pub gateways: usize,
-    /// Clients (each on gateway `client % gateways`).
-    pub clients: usize,
-    /// The fault kinds drawn.
-    pub fault_kinds: Vec<FaultKind>,
-    /// Faults drawn per run.
-    pub fault_count: usize,
-    /// Whether process faults may hit gateways too (`false`: engines only).
-    pub gateway_faults: bool,
-    /// Faults start within this much simulated time, ns.
-    pub fault_window_ns: u64,
-    /// After the faults and the quiet start, how long the run goes on for answers, ns.
-    pub settle_ns: u64,
-    /// A client's mean time between orders, ns.
-    pub order_gap_ns: u64,
-    /// The lease's TTL and renewal period, ns.
-    pub lease_ttl_ns: u64,
-    /// See `lease_ttl_ns`.
-    pub renew_ns: u64,
-    /// Most inputs per log read.
-    pub read_max: usize,
-    /// The tier the engines and the reference run.
-    pub tier: TierConfig,
-}
-
-impl Settings {
-    /// The benchmark's shape: 3 engines, 2 gateways, 100 clients, every fault kind.
-    pub fn new(seed: u64) -> Settings {
-        let tier = TierConfig {
-            gateways: 2,
-            universe: UniverseConfig { instruments: 4, clients: 128 },
-            order_pool_slots: 8192,
-            ended_order_ids: 8192,
-            ordered_outputs: true,
-            ..TierConfig::default()
-        };
-        Settings {
-            seed,
-            engines: 3,
-            gateways: 2,
-            clients: 100,
-            fault_kinds: FaultKind::ALL.to_vec(),
-            fault_count: 12,
-            gateway_faults: true,
-            fault_window_ns: 20_000_000_000,
-            settle_ns: 10_000_000_000,
-            order_gap_ns: 200_000_000,
-            lease_ttl_ns: replication::lease::LEASE_TTL_DEFAULT.as_nanos() as u64,
-            renew_ns: replication::lease::LEASE_RENEW_DEFAULT.as_nanos() as u64,
-            read_max: 256,
-            tier,
-        }
-    }
-
-    /// When faults stop and clients send no new orders, ns (the last fault has ended).
-    pub fn quiet_ns(&self) -> u64 {
-        self.fault_window_ns + 4_000_000_000
-    }
-
-    /// When the run ends, ns.
-    pub fn end_ns(&self) -> u64 {
-        self.quiet_ns() + self.settle_ns
-    }
-
-    /// The faults this seed draws (their own stream, independent of the run's draws).
-    pub fn faults(&self) -> Vec<Fault> {
-        let mut rng = Rng::new(self.seed ^ 0x6661_756c_7473);
-        let gateways = if self.gateway_faults { self.gateways } else { 0 };
-        let cast =
-            Cast { engines: self.engines, gateways, broker_nodes: crate::broker::BROKER_NODES };
-        faults::schedule(&mut rng, &self.fault_kinds, self.fault_count, self.fault_window_ns, cast)
-    }
-
-    /// Refuses a shape the simulator cannot run.
-    pub fn validate(&self) -> Result<(), SimError> {
-        let fits = self.engines > 0 && self.gateways > 0 && self.clients > 0;
-        if !fits || self.clients > self.tier.universe.clients as usize {
-            return Err(SimError::BadInput(format!(
-                "engines, gateways and clients must be > 0 and clients ≤ {}",
-                self.tier.universe.clients
-            )));
-        }
-        if self.gateways as u32 != self.tier.gateways {
-            return Err(SimError::BadInput("the tier's gateways must equal the gateways".into()));
-        }
-        Ok(())
-    }
-}
+use crate::settings::Settings;
+use crate::world::World;
 
 /// What a run did.
 #[derive(Clone, Debug)]
@@ -121,14 +21,20 @@ pub struct Outcome {
     pub simulated_ns: u64,
     /// Events handled.
     pub events: u64,
-    /// Orders committed to the log.
+    /// Orders committed to the logs.
     pub committed: u64,
+    /// Per shard, orders committed to its log.
+    pub shard_committed: Vec<u64>,
     /// The faults injected.
     pub faults: Vec<Fault>,
     /// The first violation, if any.
     pub violation: Option<Violation>,
     /// The notable events before the end (faults, leaderships, restarts).
     pub journal: Vec<String>,
+    /// Engine journal recoveries that refused (each a loss reported, not a violation).
+    pub losses_reported: u64,
+    /// Reports recomputed from the log for ranges older than the retained window.
+    pub regenerated: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -138,7 +44,8 @@ pub fn run(settings: &Settings) -> Outcome {
 
 /// Runs `settings` with `faults` only (a shrunk list, or a chosen one).
 pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
-    let checker = Checker::new(&settings.tier, settings.clients);
+    let engines = settings.shards * settings.engines;
+    let checker = Checker::new(&settings.tier, settings.shards, settings.clients, engines);
     let mut world = World::new(settings.clone(), faults, checker);
     populate(&mut world);
     world.run_until(settings.end_ns());
@@ -150,23 +57,27 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         trace_hash: world.trace_hash(),
         simulated_ns: world.now_ns,
         events: world.events,
-        committed: world.broker.log.len() as u64,
+        committed: world.broker.committed(),
+        shard_committed: world.broker.shards.iter().map(|shard| shard.log.len() as u64).collect(),
         faults: world.faults.clone(),
         violation: world.checker.violation.clone(),
         journal: world.journal.clone(),
+        losses_reported: world.checker.losses_reported,
+        regenerated: world.regenerated,
     }
 }
 
 fn populate(world: &mut World) {
     let settings = world.settings.clone();
-    for n in 0..settings.engines {
+    for n in 0..settings.shards * settings.engines {
         let ttl = std::time::Duration::from_nanos(settings.lease_ttl_ns);
-        world.engines.push(SimEngine::new(&settings.tier, ttl));
+        let shard = n / settings.engines;
+        world.engines.push(SimEngine::new(&settings.tier, ttl, shard));
         world.engines[n].life.clock = drawn_clock(&mut world.rng);
         world.start_engine(n);
     }
     for n in 0..settings.gateways {
-        world.gateways.push(SimGateway::new(settings.clients));
+        world.gateways.push(SimGateway::new(settings.clients, settings.shards));
         world.gateways[n].life.clock = drawn_clock(&mut world.rng);
         world.start_gateway(n);
     }
@@ -197,7 +108,7 @@ fn drawn_clock(rng: &mut Rng) -> crate::clock::ProcessClock {
 fn check_liveness(world: &mut World) {
     for n in 0..world.clients.len() {
         let client = &world.clients[n];
-        let expected = world.checker.expected[n].len() as u64;
+        let expected = world.checker.expected_reports(n);
         if client.last_seq != expected || !client.unanswered.is_empty() {
             let detail = format!(
                 "client {n}: {} of {expected} reports, {} orders unanswered, {:.1} s after the faults",
@@ -236,20 +147,31 @@ impl World {
                 }
                 return;
             }
-            (kind, target) => self.hit_process(kind, target),
+            _ => self.hit_process(fault),
         }
         self.at(fault.duration_ns, Event::FaultEnds(n));
     }
 
-    fn hit_process(&mut self, kind: FaultKind, target: Target) {
-        let Some(addr) = addr_of(target) else { return };
+    fn hit_process(&mut self, fault: Fault) {
+        let Some(addr) = addr_of(fault.target) else { return };
         if !self.life_of(addr).up {
             return;
         }
-        match kind {
-            FaultKind::Pause | FaultKind::PauseStop => self.life_of(addr).paused = true,
-            FaultKind::Crash => self.stop_process(addr, false),
-            FaultKind::Stop => self.stop_process(addr, true),
+        match (fault.kind, addr) {
+            (FaultKind::Pause | FaultKind::PauseStop, _) => self.life_of(addr).paused = true,
+            (FaultKind::Crash, _) => self.stop_process(addr, false),
+            (FaultKind::Stop, _) => self.stop_process(addr, true),
+            (FaultKind::TornWrite, Addr::Engine(n)) => {
+                self.engines[n].journal.power_loss(Some(&mut self.rng));
+                self.stop_engine(n, false);
+            }
+            (FaultKind::Corrupt, Addr::Engine(n)) => {
+                self.stop_engine(n, false);
+                self.corrupt_journal(n);
+            }
+            (FaultKind::DiskFull, Addr::Engine(n)) => {
+                self.engines[n].journal.disk.full_until_ns = self.now_ns + fault.duration_ns;
+            }
             _ => {}
         }
     }
@@ -271,7 +193,13 @@ impl World {
                 let down_ns = self.rng.range(100_000_000, 2_000_000_000);
                 self.at(down_ns, Event::FaultEnds(n));
             }
-            FaultKind::Crash | FaultKind::Stop | FaultKind::PauseStop if !self.life_of(addr).up => {
+            FaultKind::Crash
+            | FaultKind::Stop
+            | FaultKind::PauseStop
+            | FaultKind::TornWrite
+            | FaultKind::Corrupt
+                if !self.life_of(addr).up =>
+            {
                 match addr {
                     Addr::Engine(e) => self.start_engine(e),
                     Addr::Gateway(g) => self.start_gateway(g),
@@ -290,7 +218,7 @@ impl World {
         }
     }
 
-    fn life_of(&mut self, addr: Addr) -> &mut crate::world::Life {
+    fn life_of(&mut self, addr: Addr) -> &mut crate::process::Life {
         match addr {
             Addr::Engine(n) => &mut self.engines[n].life,
             Addr::Gateway(n) => &mut self.gateways[n].life,

@@ -5,120 +5,13 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use exchange::msg::{CoreOutput, InboundOrder};
-use replication::lease::{CasOutcome, ReleaseTarget};
-
 use crate::broker::Broker;
 use crate::check::Checker;
-use crate::client::SimClient;
-use crate::clock::ProcessClock;
-use crate::engine::SimEngine;
 use crate::faults::Fault;
-use crate::gateway::SimGateway;
+use crate::msg::{Addr, Event, Msg, Timer};
+use crate::process::{Life, SimClient, SimEngine, SimGateway};
 use crate::rng::Rng;
-use crate::run::Settings;
-
-/// Who a message or timer is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Addr {
-    /// The broker (its stream leader).
-    Broker,
-    /// Engine `n`.
-    Engine(usize),
-    /// Gateway `n`.
-    Gateway(usize),
-    /// Client `n`.
-    Client(usize),
-}
-
-impl Addr {
-    fn code(self) -> u64 {
-        match self {
-            Addr::Broker => 0,
-            Addr::Engine(n) => 1 << 16 | n as u64,
-            Addr::Gateway(n) => 2 << 16 | n as u64,
-            Addr::Client(n) => 3 << 16 | n as u64,
-        }
-    }
-}
-
-/// A batch of reports (or a heartbeat: no outputs) from an engine to a gateway.
-#[derive(Clone, Debug)]
-pub struct Batch {
-    /// The publishing leadership's epoch.
-    pub epoch: u64,
-    /// The sequence of `outputs[0]` (the next one, for a heartbeat).
-    pub first_seq: u64,
-    /// The publisher's last sequence so far.
-    pub last_seq: u64,
-    /// The reports.
-    pub outputs: Vec<CoreOutput>,
-}
-
-/// What travels between processes (each variant's line says what its fields are).
-#[allow(missing_docs)]
-#[derive(Clone, Debug)]
-pub enum Msg {
-    /// Client → gateway: a session starts (again), having received up to `last_seq`.
-    Hello { client: usize, last_seq: u64 },
-    /// Client → gateway: a request.
-    Order { client: usize, order: InboundOrder },
-    /// Gateway → client: the session's report `seq`, on connection `conn`.
-    Report { conn: u32, seq: u64, output: CoreOutput },
-    /// Gateway → broker: append with de-duplication by (gateway, run, counter).
-    Append { gateway: usize, run: u32, counter: u64, order: InboundOrder },
-    /// Broker → gateway: appended.
-    AppendAck { counter: u64 },
-    /// Engine → broker: the inputs from `from` on.
-    Read { engine: usize, from: u64 },
-    /// Broker → engine: inputs from `from` on.
-    Records { from: u64, orders: Vec<InboundOrder> },
-    /// Engine → broker: a lease write expecting `expected`.
-    Cas { engine: usize, request: u64, expected: u64 },
-    /// Broker → engine: the write's outcome.
-    CasReply { request: u64, outcome: CasOutcome },
-    /// Engine → broker: a lease release.
-    Release { target: ReleaseTarget },
-    /// Engine → gateway: reports or a heartbeat.
-    Batch(Box<Batch>),
-    /// Gateway → every engine: the leader's retained reports from `from` on.
-    Retain { gateway: usize, from: u64 },
-}
-
-/// A process's own timers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Timer {
-    /// Engine: keep or contend for the lease.
-    Lease,
-    /// Engine: read the log.
-    Poll,
-    /// Engine: a leader's heartbeat.
-    Heartbeat,
-    /// Gateway: resend unacknowledged appends, retry a retain request.
-    Retry,
-    /// Gateway: the store's write `epoch` is synced.
-    Synced(u64),
-    /// Client: connect (again).
-    Connect,
-    /// Client: send the next order.
-    Send,
-}
-
-/// Something that happens at a time (each variant's line says what its fields are).
-#[allow(missing_docs)]
-#[derive(Clone, Debug)]
-pub enum Event {
-    /// A message arrives (`conn`: the receiver's incarnation it was meant for, 0: any).
-    Deliver { to: Addr, conn: u32, msg: Msg },
-    /// A timer of the process's incarnation `inc` fires.
-    Timer { to: Addr, inc: u32, timer: Timer },
-    /// Fault `n` of the schedule starts.
-    FaultStarts(usize),
-    /// Fault `n` of the schedule ends.
-    FaultEnds(usize),
-    /// Faults are over and clients stop sending new orders.
-    Quiet,
-}
+use crate::settings::Settings;
 
 struct Scheduled {
     at_ns: u64,
@@ -141,23 +34,6 @@ impl Ord for Scheduled {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         (self.at_ns, self.order).cmp(&(other.at_ns, other.order))
     }
-}
-
-/// Whether a process runs, and what waits for it while it is paused.
-#[derive(Debug, Default)]
-pub struct Life {
-    /// Running (or paused); `false`: dead or stopped.
-    pub up: bool,
-    /// Paused: its events wait in `stash`.
-    pub paused: bool,
-    /// Its incarnation (grows at every start).
-    pub inc: u32,
-    /// Events that arrived while paused, in arrival order.
-    pub stash: Vec<Event>,
-    /// Its clocks.
-    pub clock: ProcessClock,
-    /// Cut off from NATS until this true time.
-    pub partitioned_until_ns: u64,
 }
 
 /// Network faults in force.
@@ -202,6 +78,8 @@ pub struct World {
     trace: u64,
     /// Events handled.
     pub events: u64,
+    /// Reports recomputed from the log for ranges older than the retained window.
+    pub regenerated: u64,
 }
 
 /// Most journal lines kept (the newest).
@@ -215,7 +93,7 @@ impl World {
             queue: BinaryHeap::new(),
             order: 0,
             rng: Rng::new(settings.seed),
-            broker: Broker::new(settings.lease_ttl_ns),
+            broker: Broker::new(settings.lease_ttl_ns, settings.shards),
             settings,
             faults,
             engines: Vec::new(),
@@ -227,6 +105,7 @@ impl World {
             quiet: false,
             trace: 0xcbf2_9ce4_8422_2325,
             events: 0,
+            regenerated: 0,
         }
     }
 
@@ -405,10 +284,10 @@ impl World {
         }
         let now = self.now_ns;
         match msg {
-            Msg::Append { gateway, run, counter, order } => {
-                let (_, new) = self.broker.append((gateway, run, counter), order);
+            Msg::Append { shard, gateway, run, counter, order } => {
+                let (_, new) = self.broker.append(shard, (gateway, run, counter), order);
                 if new {
-                    self.checker.committed(&order);
+                    self.checker.committed(shard, &order);
                 }
                 self.send_nats(
                     Addr::Broker,
@@ -417,8 +296,8 @@ impl World {
                     Msg::AppendAck { counter },
                 );
             }
-            Msg::Read { engine, from } => {
-                let orders = self.broker.read(from, self.settings.read_max).to_vec();
+            Msg::Read { shard, engine, from } => {
+                let orders = self.broker.read(shard, from, self.settings.read_max).to_vec();
                 let inc = self.engines[engine].life.inc;
                 self.send_nats(
                     Addr::Broker,
@@ -427,13 +306,13 @@ impl World {
                     Msg::Records { from, orders },
                 );
             }
-            Msg::Cas { engine, request, expected } => {
-                let outcome = self.broker.lease_cas(expected, now);
+            Msg::Cas { shard, engine, request, expected } => {
+                let outcome = self.broker.lease_cas(shard, expected, now);
                 let inc = self.engines[engine].life.inc;
                 let reply = Msg::CasReply { request, outcome };
                 self.send_nats(Addr::Broker, Addr::Engine(engine), inc, reply);
             }
-            Msg::Release { target } => self.broker.lease_delete(target, now),
+            Msg::Release { shard, target } => self.broker.lease_delete(shard, target, now),
             _ => {}
         }
     }

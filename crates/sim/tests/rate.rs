@@ -53,3 +53,43 @@ fn simulated_time_per_wall_clock_second() {
         assert!(simulated / wall > 1.0, "the simulation runs faster than real time");
     }
 }
+
+/// Seeds `1..=SIM_SEEDS` (default 500) with every fault kind, the benchmark's shape: each
+/// failure printed with its seed and invariant (docs/SIMULATION.md records them), then the
+/// summary. Ignored by default (minutes in release):
+///
+/// ```text
+/// flock /work/bench.lock cargo test -p sim --release --test rate every_fault_kind -- --ignored --nocapture
+/// ```
+#[test]
+#[ignore = "a soak: run it in release"]
+fn every_fault_kind_over_many_seeds() {
+    let seeds = std::env::var("SIM_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(500u64);
+    let (cpu_started, mut simulated_ns) = (thread_cpu_s(), 0u64);
+    let mut failures = std::collections::BTreeMap::<&str, Vec<u64>>::new();
+    let (mut losses_reported, mut regenerated) = (0u64, 0u64);
+    for seed in 1..=seeds {
+        let ran = std::panic::catch_unwind(|| sim::run(&sim::Settings::new(seed)));
+        let Ok(outcome) = ran else {
+            println!("FAILED seed {seed}: the simulator panicked");
+            failures.entry("panic").or_default().push(seed);
+            continue;
+        };
+        simulated_ns += outcome.simulated_ns;
+        losses_reported += outcome.losses_reported;
+        regenerated += outcome.regenerated;
+        if let Some(violation) = &outcome.violation {
+            println!("FAILED seed {seed}: {violation}");
+            failures.entry(violation.invariant.name()).or_default().push(seed);
+        }
+    }
+    let cpu = thread_cpu_s() - cpu_started;
+    println!(
+        "{seeds} seeds, {:.2} simulated hours, {cpu:.0} CPU-s ({:.0} seeds per CPU-hour); \
+         journal losses reported (refused recoveries): {losses_reported}; reports regenerated \
+         past the window: {regenerated}; failures: {failures:?}",
+        simulated_ns as f64 / 3.6e12,
+        seeds as f64 * 3600.0 / cpu.max(0.01)
+    );
+    assert!(failures.is_empty(), "failing seeds by invariant: {failures:?}");
+}

@@ -5,6 +5,8 @@
 //! cargo test -p sim --release --features regress-blind-release --test regressions
 //! cargo test -p sim --release --features regress-unfenced-publish --test regressions
 //! cargo test -p sim --release --features regress-forget-routed --test regressions
+//! cargo test -p sim --release --features regress-truncate-at-corruption --test regressions
+//! cargo test -p sim --release --features regress-window-only --test regressions
 //! ```
 //!
 //! Each test draws only the faults its bug needs, on the processes it lives in, so that with
@@ -15,28 +17,38 @@
     not(any(
         feature = "regress-blind-release",
         feature = "regress-unfenced-publish",
-        feature = "regress-forget-routed"
+        feature = "regress-forget-routed",
+        feature = "regress-truncate-at-corruption",
+        feature = "regress-window-only"
     )),
     allow(dead_code, unused_imports)
 )]
 
 use sim::{FaultKind, Invariant, Settings};
 
-/// The first seed of `1..=max` whose run breaks `invariant` with `kinds` of faults, shrunk.
+/// The hunt's shape: `kinds` of faults on the engines (and the gateways with
+/// `gateway_faults`), 10 s of faults, 6 s to settle, and the whole run retained (only the
+/// window's own test shrinks the window, so that with every feature on no other test trips
+/// on a window bug).
+fn hunting(seed: u64, kinds: &[FaultKind], gateway_faults: bool) -> Settings {
+    Settings {
+        fault_kinds: kinds.to_vec(),
+        gateway_faults,
+        fault_window_ns: 10_000_000_000,
+        settle_ns: 6_000_000_000,
+        retain_records: u64::MAX / 2,
+        ..Settings::new(seed)
+    }
+}
+
+/// The first seed of `1..=max` whose run (`settings` of the seed) breaks `invariant`, shrunk.
 fn first_failing(
     max: u64,
-    kinds: &[FaultKind],
-    gateway_faults: bool,
+    settings: impl Fn(u64) -> Settings,
     invariant: Invariant,
 ) -> Option<(u64, usize)> {
     (1..=max).find_map(|seed| {
-        let settings = Settings {
-            fault_kinds: kinds.to_vec(),
-            gateway_faults,
-            fault_window_ns: 10_000_000_000,
-            settle_ns: 6_000_000_000,
-            ..Settings::new(seed)
-        };
+        let settings = settings(seed);
         let outcome = sim::run(&settings);
         let violation = outcome.violation.as_ref()?;
         assert_eq!(
@@ -55,7 +67,7 @@ fn first_failing(
 #[test]
 fn the_blind_lease_release_is_found_within_10_seeds() {
     let kinds = [FaultKind::PauseStop, FaultKind::Pause, FaultKind::Stop];
-    let found = first_failing(10, &kinds, false, Invariant::OneEpoch);
+    let found = first_failing(10, |seed| hunting(seed, &kinds, false), Invariant::OneEpoch);
     let (seed, faults) = found.expect("two publishing epochs at once within 10 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
 }
@@ -65,7 +77,7 @@ fn the_blind_lease_release_is_found_within_10_seeds() {
 #[test]
 fn the_unfenced_receiver_is_found_within_10_seeds() {
     let kinds = [FaultKind::Delay, FaultKind::Pause, FaultKind::Partition];
-    let found = first_failing(10, &kinds, false, Invariant::StaleEpoch);
+    let found = first_failing(10, |seed| hunting(seed, &kinds, false), Invariant::StaleEpoch);
     let (seed, faults) = found.expect("a stale epoch accepted within 10 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
 }
@@ -74,7 +86,35 @@ fn the_unfenced_receiver_is_found_within_10_seeds() {
 #[cfg(feature = "regress-forget-routed")]
 #[test]
 fn the_gateway_that_forgets_what_it_routed_is_found_within_5_seeds() {
-    let found = first_failing(5, &[FaultKind::Crash], true, Invariant::Reference);
+    let crash = [FaultKind::Crash];
+    let found = first_failing(5, |seed| hunting(seed, &crash, true), Invariant::Reference);
     let (seed, faults) = found.expect("a report routed twice within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// Journal recovery that ends the journal at the first bad frame (as without a durable
+/// watermark) drops the acknowledged records after a flipped sector without a word.
+#[cfg(feature = "regress-truncate-at-corruption")]
+#[test]
+fn recovery_that_truncates_at_a_corruption_is_found_within_5_seeds() {
+    let corrupt = [FaultKind::Corrupt];
+    let found = first_failing(5, |seed| hunting(seed, &corrupt, false), Invariant::DurableDropped);
+    let (seed, faults) = found.expect("an acknowledged input dropped within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// A retain service that answers from its window only: a gateway cut off from NATS for
+/// longer than the window lasts never gets the range, and its clients wait for ever.
+#[cfg(feature = "regress-window-only")]
+#[test]
+fn the_window_only_retain_service_is_found_within_5_seeds() {
+    let partition = [FaultKind::Partition];
+    let gateways_cut_off = |seed| Settings {
+        engine_faults: false,
+        retain_records: 256,
+        ..hunting(seed, &partition, true)
+    };
+    let found = first_failing(5, gateways_cut_off, Invariant::Liveness);
+    let (seed, faults) = found.expect("a gap beyond the window never filled within 5 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
 }

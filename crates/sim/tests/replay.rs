@@ -42,6 +42,22 @@ fn the_correct_cores_keep_every_invariant_under_faults() {
 }
 
 #[test]
+fn two_shards_each_with_its_group_lease_and_stream_keep_every_invariant_under_faults() {
+    for seed in 1..=3 {
+        let outcome = run(&Settings { shards: 2, ..short(seed) });
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        let per_shard = &outcome.shard_committed;
+        assert!(per_shard.len() == 2 && per_shard.iter().all(|n| *n > 1_000), "{per_shard:?}");
+        let leads = |shard: usize| {
+            let engines =
+                [3 * shard, 3 * shard + 1, 3 * shard + 2].map(|e| format!("engine {e} leads"));
+            outcome.journal.iter().any(|line| engines.iter().any(|e| line.contains(e.as_str())))
+        };
+        assert!(leads(0) && leads(1), "each shard's group elects its own leader");
+    }
+}
+
+#[test]
 fn a_run_without_time_to_settle_fails_liveness_shrinks_and_replays_its_shrunk_faults() {
     let settings = Settings { settle_ns: 0, ..short(5) };
     let failed = run(&settings);
@@ -55,4 +71,14 @@ fn a_run_without_time_to_settle_fails_liveness_shrinks_and_replays_its_shrunk_fa
     let replayed = sim::run_keeping(&settings, &shrunk.kept).unwrap();
     assert_eq!(replayed.trace_hash, shrunk.outcome.trace_hash, "a shrunk run replays exactly");
     assert!(sim::run_keeping(&settings, &[99]).is_err(), "an index past the seed's faults");
+}
+
+/// Seed 414 (the benchmark's shape, every fault kind) once panicked: a leader still catching
+/// up after its restart answered a retain request from a gateway ahead of it by slicing past
+/// its window.
+#[test]
+fn seed_414_a_leader_behind_its_gateway_answers_a_retain_with_no_records() {
+    let outcome = run(&Settings::new(414));
+    assert_eq!(outcome.violation, None, "{:#?}", outcome.journal);
+    assert_eq!(outcome.faults.len(), 12);
 }

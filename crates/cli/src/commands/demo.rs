@@ -26,8 +26,8 @@ use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
 use experiments::order_entry_load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use experiments::plot::{BarChart, latency_percentile_plot};
-use gateway::hub::Settings;
-use gateway::server::{Running, ServeOptions};
+use gateway::Settings;
+use gateway::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
 use lab::html::{HtmlPage, inline_svg, table_html};
 use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
@@ -156,7 +156,7 @@ impl Server {
         // The server's threads inherit the load generator's priority (as scripts/
         // bench-order-entry runs its servers), so neither side preempts the other on wake-up.
         let same_priority = lab::load::GeneratorPriority::raise();
-        let running = gateway::server::start(ServeOptions {
+        let running = gateway::start(ServeOptions {
             listen: any,
             fix_listen: None,
             metrics_listen: None,

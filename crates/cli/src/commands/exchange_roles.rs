@@ -10,10 +10,10 @@ use std::net::SocketAddr;
 
 use delivery::nats::NatsConnect;
 use exchange::tier::TierConfig;
+use gateway::BoundAddresses;
+use gateway::RemoteOptions;
+use gateway::Settings;
 use gateway::credentials::Credential;
-use gateway::hub::Settings;
-use gateway::remote::RemoteOptions;
-use gateway::server::BoundAddresses;
 use replication::engine::{Engine, EngineOptions};
 use replication::layout::LogSettings;
 use replication::lease::LeaseSettings;
@@ -173,7 +173,7 @@ pub fn serve_gateway(
 ) -> anyhow::Result<()> {
     let (nats, log) = log_from(args)?;
     let mut stop = StopSignals::listen()?;
-    let running = gateway::remote::start(RemoteOptions {
+    let running = gateway::start_remote(RemoteOptions {
         addresses,
         settings,
         credentials,

@@ -15,13 +15,13 @@ use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
 use experiments::order_entry_load::Traded;
+use gateway::ListenerTls;
+use gateway::Settings;
 use gateway::client::{
     ClientError, ClientTls, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
 };
-use gateway::hub::Settings;
 use gateway::native::{ClientMsg, ServerMsg};
-use gateway::server::{ServeOptions, start};
-use gateway::tls::ListenerTls;
+use gateway::{ServeOptions, start};
 
 use crate::commands::exchange_roles::Role;
 use crate::commands::values::{self, one_of};
@@ -497,7 +497,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 /// The session settings that must be positive (a zero would stop every session).
-fn check_session_settings(settings: &gateway::hub::Settings) -> anyhow::Result<()> {
+fn check_session_settings(settings: &gateway::Settings) -> anyhow::Result<()> {
     if settings.throttle_msgs_per_s == 0
         || settings.heartbeat.is_zero()
         || settings.outbox_bytes_max == 0
@@ -530,7 +530,7 @@ fn nats_publisher(
 }
 
 /// The lines that say where the server serves: its listeners, TLS, metrics and tier layout.
-fn print_serving(running: &gateway::server::Running, tls: Option<&gateway::tls::ListenerTls>) {
+fn print_serving(running: &gateway::Running, tls: Option<&gateway::ListenerTls>) {
     println!("native listening on {}", running.listen);
     if let Some(fix) = running.fix_listen {
         println!("FIX 4.4 listening on {fix}");

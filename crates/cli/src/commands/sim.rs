@@ -25,7 +25,8 @@ pub struct Args {
     #[arg(long)]
     seed_file: Option<PathBuf>,
     /// Fault kinds to draw, comma-separated: crash, stop, pause, pause-stop, partition, loss,
-    /// duplicate, delay, broker-kill, clock-jump; `all` or `none`.
+    /// duplicate, delay, broker-kill, clock-jump, torn-write, corrupt, disk-full; `all` or
+    /// `none`.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Faults drawn per seed.
@@ -45,6 +46,10 @@ pub struct Args {
     /// Clients (each on gateway `client % 2`).
     #[arg(long, default_value_t = 100)]
     clients: usize,
+    /// Shards, each its own group of 3 engines, lease and input stream (an order goes to
+    /// the shard of its instrument).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// Print the summary as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -59,6 +64,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         fault_window_ns: args.fault_window.as_nanos() as u64,
         settle_ns: args.settle.as_nanos() as u64,
         clients: args.clients,
+        shards: args.shards,
         ..sim::Settings::new(0)
     };
     base.validate()?;

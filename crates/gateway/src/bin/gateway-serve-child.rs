@@ -13,8 +13,8 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::{LayoutChoice, TierConfig};
-use gateway::hub::Settings;
-use gateway::server::{ServeOptions, start};
+use gateway::Settings;
+use gateway::{ServeOptions, start};
 use lab::child_flags::ChildFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -66,13 +66,13 @@ impl Certs {
     }
 
     /// The server's TLS, demanding client certificates of this CA when `mutual`.
-    pub fn listener_tls(&self, mutual: bool) -> gateway::tls::ListenerTls {
+    pub fn listener_tls(&self, mutual: bool) -> gateway::ListenerTls {
         let files = ops::tls::ServerFiles {
             cert: &self.server_cert,
             key: &self.server_key,
             client_ca: mutual.then_some(self.ca.as_path()),
         };
-        gateway::tls::ListenerTls::from_files(files).unwrap()
+        gateway::ListenerTls::from_files(files).unwrap()
     }
 
     /// A client trusting this CA, presenting `identity`'s client certificate when given.

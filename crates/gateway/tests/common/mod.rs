@@ -6,9 +6,9 @@ use std::path::Path;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
+use gateway::Settings;
 use gateway::credentials::{self, Credential, Protocol};
-use gateway::hub::Settings;
-use gateway::server::{self, Running, ServeOptions};
+use gateway::{Running, ServeOptions};
 
 /// A server on a free loopback port (native only, metrics on), its store and the tier's
 /// journal (off) under `store`, these credentials, and the reference universe of 4
@@ -41,7 +41,7 @@ pub fn start_fix_server(store: &Path, credentials: Vec<Credential>, clients: u32
         metrics_listen: None,
         ..serve_options(store, credentials, clients)
     };
-    server::start(options).unwrap()
+    gateway::start(options).unwrap()
 }
 
 /// Native-protocol credentials of clients 1..=3 (comp ids N1..N3), all with `secret`.

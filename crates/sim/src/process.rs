@@ -1,0 +1,225 @@
+//! The simulated processes' state: what each runs on and keeps (their behaviour is in
+//! [`crate::engine`], [`crate::gateway`] and [`crate::client`], as the world's handlers).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use delivery::gateway::EpochFence;
+use exchange::msg::{CoreOutput, InboundOrder};
+use exchange::tier::TierConfig;
+use gateway::routed::{Position, RoutedPositions};
+use replication::lease::LeaseCore;
+use replication::replay::GroupReplica;
+
+use crate::check::FillBook;
+use crate::clock::{ProcessClock, SimInstant};
+use crate::journal::EngineJournal;
+use crate::msg::Event;
+
+/// Whether a process runs, and what waits for it while it is paused.
+#[derive(Debug, Default)]
+pub struct Life {
+    /// Running (or paused); `false`: dead or stopped.
+    pub up: bool,
+    /// Paused: its events wait in `stash`.
+    pub paused: bool,
+    /// Its incarnation (grows at every start).
+    pub inc: u32,
+    /// Events that arrived while paused, in arrival order.
+    pub stash: Vec<Event>,
+    /// Its clocks.
+    pub clock: ProcessClock,
+    /// Cut off from NATS until this true time.
+    pub partitioned_until_ns: u64,
+}
+
+/// A lease write in flight.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseRequest {
+    pub(crate) id: u64,
+    pub(crate) renewal: bool,
+    pub(crate) started: SimInstant,
+    pub(crate) sent_ns: u64,
+}
+
+/// One engine.
+pub struct SimEngine {
+    /// Whether it runs.
+    pub life: Life,
+    /// The shard whose group it is in.
+    pub shard: usize,
+    pub(crate) replica: GroupReplica,
+    /// The last log sequence applied.
+    pub(crate) applied: u64,
+    /// The production lease core.
+    pub lease: LeaseCore<SimInstant>,
+    pub(crate) request: Option<LeaseRequest>,
+    pub(crate) next_request: u64,
+    pub(crate) read_sent_ns: Option<u64>,
+    /// Per gateway, every report so far (the retained window: the whole run).
+    pub(crate) retained: Vec<Vec<CoreOutput>>,
+    /// Per gateway, the input of each retained report: a report is held until its input is
+    /// durable in the engine's journal (production's reply hold).
+    pub(crate) retained_inputs: Vec<Vec<u64>>,
+    /// The tier journal on the engine's disk (kept across restarts).
+    pub journal: EngineJournal,
+    /// Per gateway, reports handed to the publisher so far (sent or withheld).
+    pub(crate) published: Vec<u64>,
+    pub(crate) leading: Option<u64>,
+    /// The last regeneration's records, kept for the requests that follow: (gateway, the
+    /// first's sequence, the records).
+    pub(crate) regenerated: Option<(usize, u64, Vec<CoreOutput>)>,
+}
+
+impl SimEngine {
+    /// A stopped engine (started by [`World::start_engine`]).
+    pub fn new(tier: &TierConfig, ttl: Duration, shard: usize) -> SimEngine {
+        SimEngine {
+            life: Life::default(),
+            shard,
+            replica: GroupReplica::starting(tier, None).expect("a replica without a snapshot"),
+            applied: 0,
+            lease: LeaseCore::new(ttl),
+            request: None,
+            next_request: 0,
+            read_sent_ns: None,
+            retained: vec![Vec::new(); tier.gateways as usize],
+            retained_inputs: vec![Vec::new(); tier.gateways as usize],
+            journal: EngineJournal::default(),
+            published: vec![0; tier.gateways as usize],
+            leading: None,
+            regenerated: None,
+        }
+    }
+
+    /// The epoch it may publish under at true time `now_ns` (`None`: it may not).
+    pub fn epoch(&self, now_ns: u64) -> Option<u64> {
+        if !self.life.up {
+            return None;
+        }
+        self.lease.epoch(self.life.clock.monotonic(now_ns))
+    }
+
+    /// Reports for `gateway` whose inputs the journal acknowledged durable.
+    pub(crate) fn releasable(&self, gateway: usize) -> u64 {
+        let acked = self.journal.acked;
+        self.retained_inputs[gateway].partition_point(|input| *input <= acked) as u64
+    }
+}
+
+/// What survives a crash: the synced writes.
+#[derive(Debug, Default)]
+pub(crate) struct DurableStore {
+    /// Per client, the session's reports (sequence = index + 1).
+    pub(crate) sessions: Vec<Vec<CoreOutput>>,
+    pub(crate) positions: HashMap<(u32, u32), Position>,
+    /// Per shard, where its R-Gateway starts again: the first report of the newest durable
+    /// input.
+    pub(crate) restart_seqs: Vec<u64>,
+}
+
+/// A store write not yet synced: one batch of one shard's reports.
+#[derive(Debug)]
+pub(crate) struct StoreWrite {
+    pub(crate) epoch: u64,
+    pub(crate) shard: usize,
+    pub(crate) reports: Vec<(usize, CoreOutput)>,
+    /// The routed-position records (the production encoding).
+    pub(crate) positions: Vec<u8>,
+    pub(crate) restart_seq: u64,
+}
+
+/// A gateway's reading of one shard's report subject for it (its in-process R-Gateway).
+#[derive(Debug, Default)]
+pub(crate) struct Feed {
+    pub(crate) fence: EpochFence,
+    /// The newest epoch this incarnation accepted (the checker's own, not the fence's).
+    pub(crate) newest_accepted: u64,
+    pub(crate) next_seq: u64,
+    pub(crate) retain_sent_ns: Option<u64>,
+    /// The input being routed and the stream sequence of its first report.
+    pub(crate) input: (u64, u64),
+}
+
+impl Feed {
+    /// A feed reading from `next_seq` on.
+    pub(crate) fn from(next_seq: u64) -> Feed {
+        Feed { next_seq, input: (0, next_seq), ..Feed::default() }
+    }
+}
+
+/// One gateway.
+pub struct SimGateway {
+    /// Whether it runs.
+    pub life: Life,
+    /// Per shard, its report feed.
+    pub(crate) feeds: Vec<Feed>,
+    pub(crate) routed: RoutedPositions,
+    pub(crate) durable: DurableStore,
+    pub(crate) pending: Vec<StoreWrite>,
+    pub(crate) write_epoch: u64,
+    /// Per client: the next session sequence to give, and the connection it is on.
+    pub(crate) sessions: Vec<(u64, Option<u32>)>,
+    pub(crate) appends: BTreeMap<u64, (InboundOrder, u64)>,
+    pub(crate) next_counter: u64,
+}
+
+impl SimGateway {
+    /// A stopped gateway for `clients` clients of `shards` shards.
+    pub fn new(clients: usize, shards: usize) -> SimGateway {
+        SimGateway {
+            life: Life::default(),
+            feeds: (0..shards).map(|_| Feed::from(1)).collect(),
+            routed: RoutedPositions::default(),
+            durable: DurableStore {
+                sessions: vec![Vec::new(); clients],
+                restart_seqs: vec![1; shards],
+                ..DurableStore::default()
+            },
+            pending: Vec::new(),
+            write_epoch: 0,
+            sessions: vec![(1, None); clients],
+            appends: BTreeMap::new(),
+            next_counter: 0,
+        }
+    }
+}
+
+/// One client.
+pub struct SimClient {
+    /// Always up (clients are not faulted); its link's order is kept here.
+    pub life: Life,
+    /// The gateway its session is on.
+    pub gateway: usize,
+    pub(crate) conn: Option<u32>,
+    /// The session's last report sequence received.
+    pub last_seq: u64,
+    /// When the last message on each direction of its connection arrives (TCP order).
+    pub up_last_ns: u64,
+    /// See `up_last_ns`.
+    pub down_last_ns: u64,
+    pub(crate) next_order: u64,
+    /// Orders sent and not yet answered.
+    pub unanswered: Vec<InboundOrder>,
+    /// Open orders to cancel or replace: (order id, instrument; its shard's).
+    pub(crate) open: Vec<(u64, u32)>,
+    pub(crate) fills: FillBook,
+}
+
+impl SimClient {
+    /// Client `id` of a gateway.
+    pub fn new(gateway: usize) -> SimClient {
+        SimClient {
+            life: Life { up: true, inc: 1, ..Life::default() },
+            gateway,
+            conn: None,
+            last_seq: 0,
+            up_last_ns: 0,
+            down_last_ns: 0,
+            next_order: 0,
+            unanswered: Vec::new(),
+            open: Vec::new(),
+            fills: FillBook::default(),
+        }
+    }
+}
