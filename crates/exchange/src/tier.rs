@@ -426,7 +426,8 @@ pub trait Subscriber: Send {
 }
 
 /// Builds one R-Sender's subscribers, indexed by gateway (the argument is the sender's index).
-/// [`run`] uses [`in_process_subscribers`]; the `delivery` crate plugs in NATS publishers.
+/// The lab's load runs use [`in_process_subscribers`]; the `delivery` crate plugs in NATS
+/// publishers.
 pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
 
 /// One [`InProcessGateway`] per gateway for every sender, each spending `publish_work_ns` of
