@@ -34,7 +34,7 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
             Some(ops::OpsError::Held { .. } | ops::OpsError::Tls { .. })
         )
         || error.is::<lab::error::BadInput>()
-        || error.is::<ringbench::RingBenchError>()
+        || error.is::<experiments::ringbench::RingBenchError>()
         || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(cdr::CdrError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(delivery::DeliveryError::BadInput(_)))
@@ -149,7 +149,7 @@ mod tests {
             mq::MqError::BadInput("mq".into()).into(),
             web::WebError::BadInput("web".into()).into(),
             journal::JournalError::BadConfig("journal".into()).into(),
-            ringbench::RingBenchError::BadInput("ring".into()).into(),
+            experiments::ringbench::RingBenchError::BadInput("ring".into()).into(),
             replication::ReplicationError::BadSettings("replication".into()).into(),
             replication::ReplicationError::Fingerprint("group".into()).into(),
             held_store().into(),

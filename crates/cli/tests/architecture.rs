@@ -9,11 +9,14 @@
 //! - `planner` (queueing math) builds without an async runtime or the ring peers;
 //! - the runtime (`pipeline`), the journal and the matching core build with their own few
 //!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
-//! - only `delivery` depends on async-nats, only `ringbench` on rtrb and disruptor;
+//! - only `delivery` and `replication` (and the lab's `experiments`: its test cluster) depend
+//!   on async-nats, only `experiments` (its ring benchmark) on rtrb and disruptor;
 //! - libraries return their own typed errors: only `cli` and the lab's tools (`lab`,
-//!   `ringbench`) depend on `anyhow`;
+//!   `experiments`) depend on `anyhow`;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
-//!   stage graph or layout chooser of its own.
+//!   stage graph or layout chooser of its own;
+//! - the servers' crates build without plotting, progress bars or the experiments crate, and
+//!   the tier is started one way (no slot or channel beside the source's start).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -30,14 +33,15 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("exchange", "journal"),
     ("exchange", "matching"),
     ("exchange", "planner"),
+    ("experiments", "delivery"),
+    ("experiments", "exchange"),
+    ("experiments", "gateway"),
+    ("experiments", "journal"),
+    ("experiments", "mq"),
+    ("experiments", "web"),
     ("gateway", "delivery"),
     ("gateway", "exchange"),
     ("gateway", "journal"),
-    ("labs", "delivery"),
-    ("labs", "exchange"),
-    ("labs", "journal"),
-    ("labs", "mq"),
-    ("labs", "web"),
     ("gateway", "replication"),
     ("replication", "delivery"),
     ("replication", "exchange"),
@@ -192,11 +196,12 @@ fn the_architecture_pages_crate_map_is_the_manifests_edges() {
 
 /// Third-party crates that carry one capability, and the leantier crates that may use each:
 /// the messaging system behind `delivery` (core NATS) and `replication` (JetStream), the ring
-/// peers behind `ringbench`.
+/// peers behind `experiments`' ring benchmark.
 const SOLE_OWNERS: &[(&str, &[&str])] = &[
-    ("async-nats", &["delivery", "replication"]),
-    ("rtrb", &["ringbench"]),
-    ("disruptor", &["ringbench"]),
+    // `experiments`: the loopback cluster's JetStream queries (tests and benchmarks only).
+    ("async-nats", &["delivery", "replication", "experiments"]),
+    ("rtrb", &["experiments"]),
+    ("disruptor", &["experiments"]),
 ];
 
 #[test]
@@ -212,8 +217,8 @@ fn only_the_owners_know_about_nats_and_the_ring_peers() {
 }
 
 /// The crates that may depend on `anyhow`: the binary, whose commands report any error, and
-/// the lab's tools (`lab`, `ringbench`), which only commands and tests call.
-const ANYHOW_USERS: &[&str] = &["leantier", "lab", "ringbench"];
+/// the lab's tools (`lab`, `experiments`), which only commands and tests call.
+const ANYHOW_USERS: &[&str] = &["leantier", "lab", "experiments"];
 
 #[test]
 fn libraries_return_their_own_typed_errors_not_anyhow() {
@@ -316,6 +321,42 @@ fn the_runtime_the_journal_and_the_matching_core_build_without_the_lab() {
     assert!(["lab", "tokio", "rand"].iter().all(|p| binary.contains(*p)), "{binary:?}");
 }
 
+/// The server crates (packages): what runs in production, behind `exchange serve`, `mq serve`,
+/// `web serve` and the delivery and replication processes.
+const SERVER_PACKAGES: &[&str] = &[
+    "gateway",
+    "leantier-exchange",
+    "delivery",
+    "leantier-replication",
+    "mq",
+    "web",
+    "leantier-ops",
+    "leantier-journal",
+    "leantier-pipeline",
+    "leantier-matching",
+];
+/// What only the lab needs: plotting, terminal progress bars, and the experiments crate.
+const LAB_ONLY_PACKAGES: &[&str] = &["plotters", "indicatif", "experiments"];
+
+#[test]
+fn the_servers_build_without_plots_progress_bars_or_the_experiments() {
+    for server in SERVER_PACKAGES {
+        let closure = build_closure(server);
+        let found: Vec<&&str> =
+            LAB_ONLY_PACKAGES.iter().filter(|p| closure.contains(**p)).collect();
+        assert!(found.is_empty(), "{server} pulls in {found:?}: that is lab code (issue 44)");
+    }
+    // The replicated tier's test cluster (`experiments::cluster`, with its temporary folders)
+    // is a dev-dependency of replication's tests, not part of the library.
+    let replication = &member_packages()["leantier-replication"];
+    let helpers: Vec<&str> =
+        ["tempfile", "experiments"].into_iter().filter(|p| replication.contains(*p)).collect();
+    assert!(helpers.is_empty(), "replication depends on test helpers {helpers:?}");
+    // The check itself sees what it looks for: the binary builds with all of the lab.
+    let binary = build_closure("leantier");
+    assert!(LAB_ONLY_PACKAGES.iter().all(|p| binary.contains(*p)), "{binary:?}");
+}
+
 /// What wiring stages looks like in code: the ring, the connector, the stage graph, the
 /// placement planner, and a module of layout choices. The gateway feeds the tier; the tier
 /// (`exchange::tier`) is the one place that wires stages (ARCHITECTURE.md, Invariants).
@@ -355,4 +396,34 @@ fn the_tier_is_the_only_place_that_wires_stages() {
     // The check itself finds what it looks for.
     let tier = workspace_root().join("crates/exchange/src/tier");
     assert!(!uses_of(&tier, &["PipelineBuilder"]).is_empty(), "the tier wires its stages");
+}
+
+/// What a side channel around the tier's start looks like: a slot the order source polls for
+/// what the starter leaves there, a channel the starter waits on beside the tier's own start.
+const START_SIDE_CHANNELS: &[&str] = &["Mutex<Option", "sync_channel", "HandoffSlot", "SideFeeds"];
+
+/// The tier hands its order source what it needs (control input, durable sequences, layout)
+/// when the source starts, and `Tier::start_with_source` returns once it has: the server that
+/// starts the tier, and the tier itself, have no slot or channel beside that one way in.
+#[test]
+fn the_tier_is_started_one_way() {
+    let root = workspace_root();
+    let server = root.join("crates/gateway/src/server.rs");
+    let text = std::fs::read_to_string(&server).unwrap();
+    let code: Vec<&str> = text.lines().map(|line| line.split("//").next().unwrap_or("")).collect();
+    let found: Vec<&&str> =
+        START_SIDE_CHANNELS.iter().filter(|p| code.iter().any(|l| l.contains(**p))).collect();
+    assert!(
+        found.is_empty(),
+        "gateway/src/server.rs starts the tier beside its one way in: {found:?}"
+    );
+    let tier = uses_of(&root.join("crates/exchange/src/tier"), &["SideFeeds", "Mutex<Option"]);
+    assert!(
+        tier.is_empty(),
+        "the tier hands its source its inputs beside SourceStart:\n{}",
+        tier.join("\n")
+    );
+    // The check itself finds what it looks for.
+    let source = root.join("crates/exchange/src/tier");
+    assert!(!uses_of(&source, &["SourceStart"]).is_empty(), "the tier hands over a SourceStart");
 }

@@ -17,9 +17,9 @@ use delivery::gateway::{GatewayOptions, start as start_r_gateway};
 use delivery::nats::NatsConnect;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{InboundOrder, Reason, Side, request_kind};
+use experiments::cluster::Cluster;
 use gateway::fix::tag;
 use replication::append::{AppendId, OrderLog};
-use replication::cluster::Cluster;
 use replication::follow::Follower;
 use replication::layout::LogSettings;
 use replication::lease::LEASE_TTL_DEFAULT;
@@ -1311,17 +1311,17 @@ fn write_load_config(dir: &std::path::Path) {
 /// gateway at `address`, for `duration`.
 fn open_loop(
     address: SocketAddr,
-    protocol: gateway::load::LoadProtocol,
+    protocol: experiments::order_entry_load::LoadProtocol,
     clients: [(u32, &str); 2],
     duration: Duration,
-) -> gateway::load::LoadOptions {
+) -> experiments::order_entry_load::LoadOptions {
     let band = *reference_master_data(&UniverseConfig::default()).instrument(1).unwrap();
-    let sessions = clients.map(|(client, comp_id)| gateway::load::LoadSession {
+    let sessions = clients.map(|(client, comp_id)| experiments::order_entry_load::LoadSession {
         client,
         comp_id: comp_id.into(),
         secret: "pw".into(),
     });
-    gateway::load::LoadOptions {
+    experiments::order_entry_load::LoadOptions {
         connect: address,
         protocol,
         sessions: sessions.to_vec(),
@@ -1330,7 +1330,7 @@ fn open_loop(
             seed: 7,
             duration,
         },
-        instruments: vec![gateway::load::Traded::reference(
+        instruments: vec![experiments::order_entry_load::Traded::reference(
             1,
             (band.band_low + band.band_high) / 2,
         )],
@@ -1355,9 +1355,9 @@ fn killing_the_gateways_nats_node_under_load_loses_no_order() {
     let _standby = Process::engine(dirs[0].path(), &url);
     const GATEWAYS_NODE: usize = 2;
     let (_gateway, native) = Process::gateway(dirs[1].path(), &cluster.url_of(GATEWAYS_NODE), 1);
-    let protocol = gateway::load::LoadProtocol::Native;
+    let protocol = experiments::order_entry_load::LoadProtocol::Native;
     let options = open_loop(native, protocol, [(1, "N1"), (2, "N2")], Duration::from_secs(7));
-    let load = std::thread::spawn(move || gateway::load::run(&options).unwrap());
+    let load = std::thread::spawn(move || experiments::order_entry_load::run(&options).unwrap());
     std::thread::sleep(Duration::from_secs(2));
     cluster.kill(GATEWAYS_NODE);
     std::thread::sleep(Duration::from_secs(3));
@@ -1410,12 +1410,20 @@ fn open_loop_fix_and_native_clients_lose_no_order_across_leader_kills() {
 
     let every = Duration::from_millis(2500);
     let duration = every * (kills + 1);
-    let fix_protocol = gateway::load::LoadProtocol::Fix { target_comp_id: "LEANTIER".into() };
+    let fix_protocol =
+        experiments::order_entry_load::LoadProtocol::Fix { target_comp_id: "LEANTIER".into() };
     let loads = [
-        open_loop(native, gateway::load::LoadProtocol::Native, [(1, "N1"), (2, "N2")], duration),
+        open_loop(
+            native,
+            experiments::order_entry_load::LoadProtocol::Native,
+            [(1, "N1"), (2, "N2")],
+            duration,
+        ),
         open_loop(fix, fix_protocol, [(11, "F11"), (12, "F12")], duration),
     ]
-    .map(|options| std::thread::spawn(move || gateway::load::run(&options).unwrap()));
+    .map(|options| {
+        std::thread::spawn(move || experiments::order_entry_load::run(&options).unwrap())
+    });
     for _ in 0..kills {
         std::thread::sleep(every);
         leader.kill();

@@ -52,13 +52,13 @@ pub enum DeliveryError {
 }
 
 /// Wraps an I/O error with what was being done, for `map_err`.
-pub(crate) fn io_failed(what: impl Into<String>) -> impl FnOnce(io::Error) -> DeliveryError {
+pub fn io_failed(what: impl Into<String>) -> impl FnOnce(io::Error) -> DeliveryError {
     let what = what.into();
     move |source| DeliveryError::Io { what, source }
 }
 
 /// Wraps a NATS client error with what was asked of NATS, for `map_err`.
-pub(crate) fn nats_failed<E: Into<async_nats::Error>>(
+pub fn nats_failed<E: Into<async_nats::Error>>(
     what: impl Into<String>,
 ) -> impl FnOnce(E) -> DeliveryError {
     let what = what.into();

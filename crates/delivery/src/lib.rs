@@ -16,17 +16,15 @@
 //! * [`gateway`]: the R-Gateway: subscribes to its gateway's subjects, detects gaps, recovers
 //!   them from the window, and beyond it sends an explicit resync frame; consumers get the
 //!   framing of [`wire`] (docs/DELIVERY.md); a slow consumer is cut off at a named bound.
-//! * [`bench`](mod@bench): R-Sender → NATS → gateway against a plain `async-nats` publisher and
-//!   subscriber on the same server in the same run (here, not in `labs`, because only this
-//!   crate may know about NATS). The published delivery experiment (runs 1–7) runs this crate
-//!   from outside it: `labs::delivery_experiment`.
+//! * The benchmark of R-Sender → NATS → gateway against a plain `async-nats` pair
+//!   (`experiments::delivery_bench`) and the published delivery experiment (runs 1–7,
+//!   `experiments::delivery_experiment`) run this crate from outside it.
 //! * [`nats`]: how every leantier NATS client connects (URL, authentication, TLS).
 //! * [`server`]: a `nats-server` child for tests and experiments when none is given.
 //!
 //! Latency across processes uses absolute `CLOCK_MONOTONIC` time ([`clock`]).
 
 pub mod admission;
-pub mod bench;
 pub mod clock;
 pub mod consumer;
 mod error;
@@ -37,4 +35,4 @@ pub mod server;
 pub mod subjects;
 pub mod wire;
 
-pub use error::{DeliveryError, Result};
+pub use error::{DeliveryError, Result, io_failed, nats_failed};

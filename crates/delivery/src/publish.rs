@@ -669,33 +669,6 @@ impl Drop for NatsPublisher {
 /// most `CONNECT_TIMEOUT`, 5 s) the drain stays within `ops::stop::DRAIN_TIMEOUT` (10 s).
 pub const LINGER_AFTER_STOP_MAX: Duration = Duration::from_secs(2);
 
-/// Runs the tier with its R-Senders publishing over NATS (the engine process), then keeps the
-/// retained windows and heartbeats up for `linger` so gateways recover what they missed. Once
-/// `run.stop` is set (a stop signal) the load ends, the publishers flush what the tier
-/// answered, and the linger is cut to [`LINGER_AFTER_STOP_MAX`].
-pub fn run_tier(
-    config: &exchange::tier::TierConfig,
-    run: exchange::tier::RunOptions,
-    publish: PublishOptions,
-    linger: Duration,
-    progress: impl FnMut(u64),
-) -> Result<(exchange::tier::RunResult, PublishReport)> {
-    if publish.gateways != config.gateways {
-        return Err(DeliveryError::Failed(format!(
-            "publisher gateways {} != tier gateways {}",
-            publish.gateways, config.gateways
-        )));
-    }
-    let publisher = NatsPublisher::connect(publish)?;
-    let stop = run.stop.clone();
-    let result =
-        exchange::tier::run_with_subscribers(config, run, publisher.subscribers(), progress)?;
-    publisher.drain()?;
-    let stopped = stop.is_some_and(|stop| stop.load(Ordering::Acquire));
-    std::thread::sleep(if stopped { linger.min(LINGER_AFTER_STOP_MAX) } else { linger });
-    Ok((result, publisher.report()))
-}
-
 /// The sender's side: a ring push per response.
 struct RingSubscriber {
     ring: Sender<Response>,

@@ -14,7 +14,8 @@ use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOption
 use delivery::server::NatsServer;
 use delivery::wire::Stream;
 use exchange::durability::{JournalMode, JournalOptions};
-use exchange::tier::{RunOptions, TierConfig, run_with_subscribers};
+use exchange::tier::TierConfig;
+use experiments::tier_load::{RunOptions, run_with_subscribers};
 use pipeline::WaitStrategy;
 
 const GATEWAYS: u32 = 2;
@@ -39,7 +40,7 @@ fn options() -> RunOptions {
         journal: JournalOptions::default(),
         released: None,
         stop: None,
-        load: exchange::tier::LoadConfig::default(),
+        load: experiments::tier_load::LoadConfig::default(),
     }
 }
 

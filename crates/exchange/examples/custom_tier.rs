@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use exchange::durability::JournalMode;
 use exchange::flow::reference_master_data;
 use exchange::msg::{InboundOrder, OutputKind, Response, Side, request_kind};
-use exchange::tier::{OrderSource, RunOptions, Subscriber, SubscriberFactory, Tier, TierConfig};
+use exchange::tier::{OrderSource, Subscriber, SubscriberFactory, Tier, TierConfig, TierStart};
 use pipeline::stage::{Emitter, Flow};
 
 /// Sells sent before the buys that take them one for one.
@@ -50,7 +50,7 @@ impl Subscriber for Tallying {
 /// A source of our own: `PAIRS` sells at `price`, then as many buys at the same price.
 fn crossing_orders(price: i64) -> OrderSource {
     let mut sent = 0;
-    Box::new(move |out: &mut Emitter<InboundOrder>| {
+    OrderSource::turns(move |out: &mut Emitter<InboundOrder>| {
         let side = if sent < PAIRS { Side::Sell } else { Side::Buy };
         out.emit(InboundOrder {
             kind: request_kind::NEW,
@@ -70,7 +70,6 @@ fn crossing_orders(price: i64) -> OrderSource {
 /// Runs the tier over the source's orders and returns the subscribers' tally.
 pub fn run_tier() -> Result<Tally, Box<dyn std::error::Error>> {
     let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
-    let options = RunOptions::planned_for(1_000.0);
     let instrument = reference_master_data(&config.universe);
     let instrument = instrument.instrument(1).ok_or("instrument 1 is not listed")?;
     let price = (instrument.band_low + instrument.band_high) / 2;
@@ -80,9 +79,12 @@ pub fn run_tier() -> Result<Tally, Box<dyn std::error::Error>> {
         let each = (0..GATEWAYS).map(|_| Box::new(Tallying(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
-    let (tier, control) =
-        Tier::start_with_source(&config, &options, subscribers, crossing_orders(price))?;
-    drop(control); // no external events: the tier ends when the source stops
+    // No external events: the source drops the control input, and the tier ends when the
+    // source stops.
+    let tier = Tier::start_with_source(
+        TierStart::new(config, 1_000.0, subscribers),
+        crossing_orders(price),
+    )?;
     tier.stop()?;
     let tally = std::mem::take(&mut *tally.lock().unwrap());
     Ok(tally)

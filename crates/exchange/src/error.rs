@@ -51,6 +51,9 @@ pub enum ExchangeError {
         #[source]
         source: ops::OpsError,
     },
+    /// The tier's order source could not start (its own error is the cause).
+    #[error("the tier's order source did not start")]
+    SourceFailed(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A run or a recovery ended without what it had to produce; the message says what.
     #[error("{0}")]
     Failed(String),

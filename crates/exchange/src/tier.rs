@@ -1,7 +1,11 @@
-//! The whole tier on the `pipeline` stage runtime, driven open-loop by the load generator.
+//! The whole tier on the `pipeline` stage runtime, as a service: started from its own start
+//! options ([`TierStart`]), fed by its holder's inputs ([`Tier::start`]) or by an order source
+//! it runs ([`Tier::start_with_source`], handed what it needs when it starts: [`SourceStart`]),
+//! answering through its subscribers. Load runs are not the tier's: the open-loop load
+//! generator is an order source of the `experiments` crate (`experiments::tier_load`).
 //!
 //! ```text
-//!  load (gateway input) --by instrument--> preprocess (k) --by instrument--> core (s shards)
+//!  orders (input or source) --by instrument--> preprocess (k) --by instrument--> core (s shards)
 //!       |                                       (orders and refusals)             |
 //!  event feed --> events --by instrument--------+---------------------> core      v
 //!       |            \--------------------> masterdata <-- master feed    rprocess (1)
@@ -35,11 +39,11 @@
 //! * Latency is measured from each request's intended send time to the delivery of its first
 //!   response at the subscriber gateway, with per-stage splits from stamps in the messages.
 //!
-//! [`run`] reads as its steps: `recover` (the journals and master data, or a fresh start),
-//! `graph::start` (the stages above, wired and started), `drive_load` (the open-loop load),
-//! then the pipeline drains, `Durability::finish` stops the journal writers and snapshot
-//! followers, and `Totals::collect` combines what each stage's workers handed back when they
-//! finished ([`pipeline::stage::StageWorker::finish`], in `workers`).
+//! [`Tier::start`] reads as its steps: the layout planned ([`plan_layout`]), `recover` (the
+//! journals and master data, or a fresh start), `graph::start` (the stages above, wired and
+//! started); [`Tier::stop`]: the pipeline drains, `Durability::finish` stops the journal
+//! writers and snapshot followers, and `Totals::collect` combines what each stage's workers
+//! handed back when they finished ([`pipeline::stage::StageWorker::finish`], in `workers`).
 
 mod choices;
 mod graph;
@@ -48,28 +52,25 @@ mod planned;
 mod replica;
 mod replies;
 mod service;
+mod source;
 mod workers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::ExchangeError::BadInput;
 use crate::error::{ExchangeError, Result, journal_failed};
-use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_steps_with};
-use lab::stats::LatencyHistogram;
-use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
-use pipeline::placement::{CpuId, PlacementPlan, Role};
-use pipeline::stage::{Input, StageSpec};
+use pipeline::metrics::now_ns;
+use pipeline::placement::{CpuId, Role};
+use pipeline::stage::StageSpec;
 use pipeline::{ConnectorKind, WaitStrategy};
-use std::sync::mpsc::RecvTimeoutError;
 
 use journal::JournalWriter;
 use journal::writer::WriterStats;
 
 use crate::events::{Effect, ExternalEvent};
-pub use choices::{Arrival, WaitChoice};
-use graph::{Entry, Feeds, InlineGenerator, ShardStart, StageStarts};
+pub use choices::WaitChoice;
+use graph::{ShardStart, StageStarts};
 pub use layout::{GroupWait, LayoutChoice, ServiceTimes, TierLayout};
 pub use planned::{
     CALIBRATION_DURATION, CALIBRATION_RATE_PER_S, Calibration, calibrate, measured_utilization,
@@ -77,7 +78,8 @@ pub use planned::{
 };
 pub use replica::TierReplica;
 pub use replies::{ReplyReceiver, reply_subscribers};
-pub use service::{Tier, TierControl, TierInputs, TierStopped};
+pub use service::{Tier, TierControl, TierInputs, TierStart, TierStopped};
+pub use source::{ORDER_SOURCE_STAGE, OrderSource, SourceFailed, SourceStart, SourceTurns};
 use workers::{MasterWorker, SenderLatency};
 
 use crate::core::{CoreCounters, CoreLimits};
@@ -85,7 +87,7 @@ use crate::durability::{
     JournalMode, JournalOptions, MasterRecovery, SNAPSHOT_EVERY_RECORDS_DEFAULT, ShardJournals,
     ShardRecovery, ShardSnapshotter, SnapshotReport, open_master, open_shards,
 };
-use crate::flow::{FlowConfig, FlowGenerator, UniverseConfig, reference_master_data};
+use crate::flow::{UniverseConfig, reference_master_data};
 use crate::master::{MasterData, MasterUpdate};
 use crate::msg::{
     Audience, ClientId, Command, CoreOutput, InboundOrder, InstrumentId, OrderId, OutputKind,
@@ -334,94 +336,6 @@ impl TierConfig {
     }
 }
 
-/// What an experiment composes with the tier, none of it the tier's own: the open-loop load
-/// generator's settings (arrivals, order flow, the scenario's external events and master-data
-/// updates) and the in-process subscribers' simulated work. [`run`] drives the tier with it;
-/// `exchange serve` has no generator (its sessions are the tier's source).
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LoadConfig {
-    /// Arrival process: constant, poisson or bursty.
-    pub arrival: Arrival,
-    /// Bursty arrivals: on and off periods, µs.
-    pub burst_on_us: u64,
-    pub burst_off_us: u64,
-    /// Seed of the arrival schedule (the order flow has its own, `flow.seed`).
-    pub seed: u64,
-    pub flow: FlowConfig,
-    /// An external event (halt/resume/band change, cycling) every this many requests; 0 = none.
-    pub events_every: u64,
-    /// A master-data update every this many requests; 0 = none.
-    pub master_updates_every: u64,
-    /// Simulated per-message publish cost of the in-process subscribers (busy work on the
-    /// R-Sender's thread, ns; 0 = none).
-    pub publish_work_ns: u64,
-}
-
-impl Default for LoadConfig {
-    fn default() -> Self {
-        LoadConfig {
-            arrival: Arrival::Poisson,
-            burst_on_us: 1_000,
-            burst_off_us: 1_000,
-            seed: 7,
-            flow: FlowConfig::default(),
-            events_every: 50_000,
-            master_updates_every: 100_000,
-            publish_work_ns: 0,
-        }
-    }
-}
-
-impl LoadConfig {
-    /// The settings' names, for telling a tier file's misplaced load settings apart.
-    pub const FIELDS: [&str; 8] = [
-        "arrival",
-        "burst_on_us",
-        "burst_off_us",
-        "seed",
-        "flow",
-        "events_every",
-        "master_updates_every",
-        "publish_work_ns",
-    ];
-
-    /// Checks every field; errors are [`BadInput`] naming the field.
-    ///
-    /// ```
-    /// use exchange::flow::FlowConfig;
-    /// use exchange::tier::LoadConfig;
-    /// assert!(LoadConfig::default().validate().is_ok());
-    /// let flow = FlowConfig { cancel_share: 0.8, replace_share: 0.5, ..FlowConfig::default() };
-    /// assert!(LoadConfig { flow, ..LoadConfig::default() }.validate().is_err());
-    /// ```
-    pub fn validate(&self) -> Result<(), ExchangeError> {
-        let flow = &self.flow;
-        let shares = [
-            flow.crossing_share,
-            flow.cancel_share,
-            flow.replace_share,
-            flow.immediate_share,
-            flow.invalid_share,
-        ];
-        if shares.iter().any(|share| !(0.0..=1.0).contains(share))
-            || flow.cancel_share + flow.replace_share + flow.invalid_share > 1.0
-        {
-            return Err(BadInput(
-                "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
-            ));
-        }
-        self.arrival_process(1.0)
-            .validate()
-            .map_err(|lab::error::BadInput(reason)| BadInput(reason))
-    }
-
-    /// The arrival process at `rate_per_s`.
-    pub fn arrival_process(&self, rate_per_s: f64) -> lab::load::ArrivalProcess {
-        self.arrival.process(rate_per_s, self.burst_on_us, self.burst_off_us)
-    }
-}
-
 /// What the core stage consumes (from the pre-process and the events process) and what the
 /// master-data process consumes (from the events process and the master-data feed).
 #[derive(Clone, Copy, Debug, Default)]
@@ -511,15 +425,9 @@ pub trait Subscriber: Send {
     fn deliver(&mut self, response: &Response);
 }
 
-/// A source of orders the tier runs ([`Tier::start_with_source`]): called in a loop, it emits
-/// the orders it has and waits inside the call when it has none (it owns its thread: the
-/// chain's first one when the layout runs the entry inline, else one of its own); it ends the
-/// tier's input by returning [`pipeline::stage::Flow::Stop`].
-pub type OrderSource =
-    Box<dyn FnMut(&mut pipeline::stage::Emitter<InboundOrder>) -> pipeline::stage::Flow + Send>;
-
 /// Builds one R-Sender's subscribers, indexed by gateway (the argument is the sender's index).
-/// [`run`] uses [`in_process_subscribers`]; the `delivery` crate plugs in NATS publishers.
+/// The lab's load runs use [`in_process_subscribers`]; the `delivery` crate plugs in NATS
+/// publishers.
 pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
 
 /// One [`InProcessGateway`] per gateway for every sender, each spending `publish_work_ns` of
@@ -571,41 +479,6 @@ pub struct ShardResult {
     pub recorded: Vec<SequencedInput>,
 }
 
-/// What one run measured.
-pub struct RunResult {
-    pub rate_per_s: f64,
-    pub sent: u64,
-    pub elapsed_s: f64,
-    /// Intended send time -> first response delivered at the gateway, every request.
-    pub end_to_end: LatencyHistogram,
-    /// Intended send time -> response content final (core output emitted, or pre-process
-    /// reject built), every request: the critical path, not waiting for any fsync.
-    pub critical_path: LatencyHistogram,
-    /// Per split of [`STAGE_SPLITS`]: one in [`STAGE_SPLIT_SAMPLE_EVERY`] of the requests that
-    /// passed the pre-process.
-    pub stage_latency: Vec<LatencyHistogram>,
-    /// How late the generator issued requests.
-    pub send_lag: LatencyHistogram,
-    pub pipeline: Vec<StageMetrics>,
-    /// Where the tier's threads were planned: each placed thread's CPUs, the floating CPUs,
-    /// the OS's core, and what was compromised (`notes`); pinned only when `pinned`.
-    pub placement: PlacementPlan,
-    /// Whether the run pinned its threads to the plan's CPUs (`TierConfig::placement`).
-    pub pinned: bool,
-    pub rejects: [u64; REASON_COUNT],
-    pub shards: Vec<ShardResult>,
-    pub delivered: u64,
-    pub journal_mode: JournalMode,
-    /// Per shard: what recovery found and what the journal writer did.
-    pub journal: Vec<ShardJournalReport>,
-    /// The master data's journal (`None` when journaling is off).
-    pub master: Option<MasterReport>,
-    /// The thread layout the run used.
-    pub layout: TierLayout,
-    /// Per group of `layout`: the measured mean utilization of its threads (busy / elapsed).
-    pub layout_utilization: Vec<f64>,
-}
-
 /// The master data's journal over a run.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct MasterReport {
@@ -631,88 +504,6 @@ impl From<Effect> for TierInput {
     fn from(effect: Effect) -> TierInput {
         let Effect { instrument, command, master } = effect;
         TierInput { instrument, command, master, ..TierInput::default() }
-    }
-}
-
-/// The scripted external events and master-data updates injected during a run.
-struct Scenario {
-    events_every: u64,
-    master_every: u64,
-    instruments: u32,
-    step: u64,
-}
-
-impl Scenario {
-    fn event(&mut self, index: u64, master: &MasterData) -> Option<ExternalEvent> {
-        if self.events_every == 0 || index == 0 || !index.is_multiple_of(self.events_every) {
-            return None;
-        }
-        self.step += 1;
-        let instrument = (self.step / 3 % u64::from(self.instruments)) as InstrumentId;
-        let listing = master.instrument(instrument)?;
-        Some(match self.step % 3 {
-            0 => ExternalEvent::CircuitBreaker(instrument),
-            1 => ExternalEvent::Resume(instrument),
-            _ => ExternalEvent::Band { instrument, low: listing.band_low, high: listing.band_high },
-        })
-    }
-
-    fn master_update(&self, index: u64, master: &MasterData) -> Option<MasterUpdate> {
-        if self.master_every == 0 || index == 0 || !index.is_multiple_of(self.master_every) {
-            return None;
-        }
-        let update = index / self.master_every;
-        let client = (update % master.clients.len() as u64) as u32;
-        let limits = master.client(client)?;
-        // Raises the limit by a few units per update: a visible change of the master data
-        // (recovery must reproduce it) that no order of the flow is near.
-        Some(MasterUpdate::ClientLimit {
-            client,
-            enabled: limits.enabled,
-            order_value_max: limits.order_value_max + update,
-        })
-    }
-}
-
-/// Options of one run besides the configuration.
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    pub rate_per_s: f64,
-    pub duration: Duration,
-    /// Keep every shard's sequenced input (for replay).
-    pub record_inputs: bool,
-    /// Where the shard journals live (a temporary directory by default) and how to recover.
-    pub journal: JournalOptions,
-    /// Publishes, per shard, the highest input sequence whose reply was delivered (the crash
-    /// test's child reports it to its client); `None` in measured runs.
-    pub released: Option<Arc<ReleasedSeqs>>,
-    /// Ends the load early once set (a stop signal): the run then drains and reports as at
-    /// the end of its duration; `None`: the load runs its whole duration.
-    pub stop: Option<Arc<AtomicBool>>,
-    /// The load generator's settings ([`run`]; unused by a tier fed by a source of its own).
-    pub load: LoadConfig,
-}
-
-impl RunOptions {
-    /// Options for a tier its holder feeds ([`Tier::start`], [`Tier::start_with_source`]):
-    /// its layout planned for `rate_per_s`, no generated load, the journal's defaults,
-    /// nothing recorded.
-    ///
-    /// ```
-    /// use exchange::tier::RunOptions;
-    /// let options = RunOptions::planned_for(1_000.0);
-    /// assert_eq!((options.rate_per_s, options.duration), (1_000.0, std::time::Duration::ZERO));
-    /// ```
-    pub fn planned_for(rate_per_s: f64) -> RunOptions {
-        RunOptions {
-            rate_per_s,
-            duration: Duration::ZERO,
-            record_inputs: false,
-            journal: JournalOptions::default(),
-            released: None,
-            stop: None,
-            load: LoadConfig::default(),
-        }
     }
 }
 
@@ -747,97 +538,6 @@ impl ReleasedSeqs {
     }
 }
 
-/// Builds the tier, drives it open-loop at `options.rate_per_s`, drains it and reports.
-pub fn run(
-    config: &TierConfig,
-    options: RunOptions,
-    progress: impl FnMut(u64),
-) -> Result<RunResult, ExchangeError> {
-    let subscribers = in_process_subscribers(config.gateways, options.load.publish_work_ns);
-    run_with_subscribers(config, options, subscribers, progress)
-}
-
-/// [`run`] with the R-Senders delivering to `subscribers` (`config.gateways` per sender).
-pub fn run_with_subscribers(
-    config: &TierConfig,
-    options: RunOptions,
-    subscribers: SubscriberFactory,
-    progress: impl FnMut(u64),
-) -> Result<RunResult, ExchangeError> {
-    config.validate()?;
-    options.load.validate()?;
-    let (planned, layout) = plan_layout(config, options.rate_per_s)?;
-    run_with_layout(&planned, &layout, options, subscribers, progress)
-}
-
-/// [`run_with_subscribers`] with the layout already chosen (and `config` carrying its worker
-/// counts).
-fn run_with_layout(
-    config: &TierConfig,
-    layout: &TierLayout,
-    options: RunOptions,
-    subscribers: SubscriberFactory,
-    progress: impl FnMut(u64),
-) -> Result<RunResult, ExchangeError> {
-    let master = config.starting_master_data();
-    // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
-    let _ = now_ns();
-    let (entry, inline_run) = if layout.generator_inline {
-        let (report, reported) = std::sync::mpsc::channel();
-        let run = InlineRun { feeds: Arc::default(), issued: Arc::default(), reported };
-        let inline = InlineGenerator {
-            load: Load::new(config.universe, &options.load, &master),
-            steps: OpenLoopSteps::new(&open_loop_plan(&options))?.until(options.stop.clone()),
-            feeds: run.feeds.clone(),
-            issued: run.issued.clone(),
-            report,
-        };
-        (Entry::Generator(Box::new(inline)), Some(run))
-    } else {
-        (Entry::Input, None)
-    };
-    let (tier, feeds) = Tier::start_planned(config, layout, &options, subscribers, entry)?;
-    let placement = tier.placement().clone();
-    let driven = match inline_run {
-        Some(run) => run.wait(feeds, progress),
-        None => {
-            let spins = layout.outside_threads_spin;
-            let pacer = if spins { Pacer::spinning() } else { Pacer::default() };
-            Some(drive_load(config, &options, &master, (feeds, pacer), progress)?)
-        }
-    };
-    // The feeds are gone: every stage drains and stops, and each worker reports (or the
-    // error that stopped the pipeline comes out here, before a missing report would).
-    let stopped = tier.stop()?;
-    let ended = "the inline load generator ended without a report";
-    let (drive, disconnected) = driven.ok_or_else(|| ExchangeError::Failed(ended.into()))?;
-    if disconnected {
-        let stopped = "the pipeline stopped while the load was running";
-        return Err(ExchangeError::Failed(stopped.into()));
-    }
-    let TierStopped { journal, totals, report, .. } = stopped;
-    Ok(RunResult {
-        rate_per_s: options.rate_per_s,
-        sent: drive.sent,
-        elapsed_s: drive.elapsed.as_secs_f64(),
-        end_to_end: totals.latency.end_to_end,
-        critical_path: totals.latency.critical_path,
-        stage_latency: totals.latency.stage_latency,
-        send_lag: drive.send_lag,
-        pipeline: report.stages.clone(),
-        placement,
-        pinned: config.placement,
-        rejects: totals.rejects,
-        shards: totals.shards,
-        delivered: totals.latency.delivered,
-        journal_mode: config.journal,
-        journal,
-        master: totals.master,
-        layout_utilization: measured_utilization(layout, &report.stages),
-        layout: layout.clone(),
-    })
-}
-
 /// The journals' side of a run, kept from recovery to the end: the writers and snapshot
 /// followers to stop, and the data directory (a temporary one is removed when this drops).
 struct Durability {
@@ -850,22 +550,20 @@ struct Durability {
 /// what the stages start from and what the run stops at the end.
 fn recover(
     config: &TierConfig,
-    options: &RunOptions,
+    journal: &JournalOptions,
     master: &MasterData,
 ) -> Result<(StageStarts, Durability)> {
     let limits = config.core_limits();
     let mut journals = open_shards(
         config.journal,
-        &options.journal,
+        journal,
         config.snapshot_every_records,
         config.core_shards,
         &master.listings(),
         limits,
     )?;
     let master_journal = match &journals.data_dir {
-        Some(dir) => {
-            Some(open_master(dir, &options.journal, config.snapshot_every_records, master)?)
-        }
+        Some(dir) => Some(open_master(dir, journal, config.snapshot_every_records, master)?),
         None => None,
     };
     let (master_worker, master_writer) = MasterWorker::start(master_journal, master.clone());
@@ -922,151 +620,6 @@ impl Durability {
         self.master_writer.map(JournalWriter::join).transpose().map_err(stopping)?;
         drop(self.journals);
         Ok(reports)
-    }
-}
-
-impl RunResult {
-    /// The CPUs the threads of layout group `index` were pinned to (empty: not pinned). A
-    /// group's threads are named after the stage they start with, or after the load generator
-    /// when it runs inline before the first group; parked groups without a CPU of their own
-    /// float on the plan's floating CPUs.
-    pub fn group_cpus(&self, index: usize) -> Vec<CpuId> {
-        let group = &self.layout.groups[index];
-        if !self.pinned {
-            return Vec::new();
-        }
-        if group.wait == GroupWait::ParkFloating {
-            return self.placement.floating_cpus.clone();
-        }
-        let head = if index == 0 && self.layout.generator_inline {
-            graph::INLINE_GENERATOR_STAGE
-        } else {
-            group.stages[0].name()
-        };
-        let prefix = format!("{head}/");
-        let threads = self.placement.threads.iter().filter(|t| t.label.starts_with(&prefix));
-        let mut cpus: Vec<CpuId> = threads.flat_map(|t| t.cpus.iter().copied()).collect();
-        cpus.sort_unstable();
-        cpus.dedup();
-        cpus
-    }
-}
-
-/// The main thread's side of a generator run inline on the chain's first thread.
-struct InlineRun {
-    feeds: graph::SideFeeds,
-    issued: Arc<AtomicU64>,
-    reported: std::sync::mpsc::Receiver<(DriveReport, bool)>,
-}
-
-/// How often the main thread reports an inline generator's progress while it runs.
-const INLINE_PROGRESS_INTERVAL: Duration = Duration::from_millis(50);
-
-impl InlineRun {
-    /// Hands the generator its event and master-data feeds, then reports its progress until
-    /// it is done: `(report, whether a feed was gone)`, or `None` when the generator ended
-    /// without one (the pipeline aborted; its `wait` says why).
-    fn wait(self, feeds: Feeds, mut progress: impl FnMut(u64)) -> Option<(DriveReport, bool)> {
-        let handed = (feeds.events, feeds.master);
-        *self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handed);
-        loop {
-            match self.reported.recv_timeout(INLINE_PROGRESS_INTERVAL) {
-                Ok(report) => return Some(report),
-                // Relaxed: a progress count.
-                Err(RecvTimeoutError::Timeout) => progress(self.issued.load(Ordering::Relaxed)),
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-    }
-}
-
-/// What a run's load generator issues: the order flow and the scenario's events and
-/// master-data updates, wherever the generator runs (its own thread, or inline on the chain's
-/// first thread).
-pub(super) struct Load {
-    generator: FlowGenerator,
-    scenario: Scenario,
-    master: MasterData,
-}
-
-impl Load {
-    fn new(universe: UniverseConfig, load: &LoadConfig, master: &MasterData) -> Load {
-        Load {
-            generator: FlowGenerator::new(universe, load.flow),
-            scenario: Scenario {
-                events_every: load.events_every,
-                master_every: load.master_updates_every,
-                instruments: universe.instruments,
-                step: 0,
-            },
-            master: master.clone(),
-        }
-    }
-
-    /// Issues `shot`: its event and master-data update, if due, on their feeds, then its
-    /// request through `send(request, intended_ns)`. Returns whether a feed was gone.
-    pub(super) fn issue(
-        &mut self,
-        shot: &Shot,
-        (events, updates): (&mut Input<ExternalEvent>, &mut Input<TierInput>),
-        send: impl FnOnce(InboundOrder, u64) -> bool,
-    ) -> bool {
-        let mut disconnected = false;
-        let (mut request, _) = self.generator.next_request();
-        // The schedule's own instant, on the stages' clock: no clock read per request.
-        let intended_ns = instant_ns(shot.intended);
-        request.stamps.intended_ns = intended_ns;
-        if let Some(event) = self.scenario.event(shot.index, &self.master) {
-            disconnected |= events.send(event).and_then(|()| events.flush()).is_err();
-        }
-        if let Some(update) = self.scenario.master_update(shot.index, &self.master) {
-            let input = TierInput { master: update, ..TierInput::default() };
-            disconnected |= updates.send(input).and_then(|()| updates.flush()).is_err();
-        }
-        disconnected | send(request, intended_ns)
-    }
-}
-
-/// Drives the open-loop load into the feeds, with the scenario's events and master-data
-/// updates, paced by `pacer`; returns the generator's report and whether the pipeline
-/// stopped taking input.
-fn drive_load(
-    config: &TierConfig,
-    options: &RunOptions,
-    master: &MasterData,
-    (feeds, pacer): (Feeds, Pacer),
-    mut progress: impl FnMut(u64),
-) -> Result<(DriveReport, bool)> {
-    let Feeds { gateway, mut events, master: mut updates } = feeds;
-    let mut gateway = gateway.expect("a generator outside the tier writes the gateway input");
-    let mut load = Load::new(config.universe, &options.load, master);
-    let steps = OpenLoopSteps::new(&open_loop_plan(options))?.until(options.stop.clone());
-    let mut disconnected = false;
-    let drive = drive_steps_with(steps, pacer, |shot| {
-        if disconnected {
-            return;
-        }
-        // Sent when issued: the pacer's last clock read, so publishing reads no clock.
-        let issued_ns = instant_ns(shot.issued);
-        let send = |request, intended_ns| {
-            gateway
-                .send_with_ingress(request, intended_ns)
-                .and_then(|()| gateway.flush_at(issued_ns))
-                .is_err()
-        };
-        disconnected |= load.issue(&shot, (&mut events, &mut updates), send);
-        if shot.index % 1024 == 0 {
-            progress(shot.index);
-        }
-    });
-    Ok((drive, disconnected))
-}
-
-fn open_loop_plan(options: &RunOptions) -> OpenLoopPlan {
-    OpenLoopPlan {
-        process: options.load.arrival_process(options.rate_per_s),
-        seed: options.load.seed,
-        duration: options.duration,
     }
 }
 

@@ -12,7 +12,7 @@ use exchange::msg::{
     CoreOutput, InboundOrder, OutputKind, Price, Reason, Response, Side, Stamps, request_kind,
 };
 use exchange::tier::{
-    OrderSource, RunOptions, Subscriber, SubscriberFactory, Tier, TierConfig, TierReplica,
+    OrderSource, Subscriber, SubscriberFactory, Tier, TierConfig, TierReplica, TierStart,
 };
 use pipeline::stage::{Emitter, Flow};
 
@@ -42,7 +42,7 @@ fn requests(config: &TierConfig) -> Vec<InboundOrder> {
 
 fn source(requests: Vec<InboundOrder>) -> OrderSource {
     let mut next = 0;
-    Box::new(move |out: &mut Emitter<InboundOrder>| {
+    OrderSource::turns(move |out: &mut Emitter<InboundOrder>| {
         for request in requests.iter().skip(next).take(256) {
             out.emit(*request);
         }
@@ -60,11 +60,8 @@ fn tier_responses(config: &TierConfig, requests: &[InboundOrder]) -> Vec<Vec<Res
         let each = (0..gateways).map(|_| Box::new(Recorder(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
-    let options = RunOptions::planned_for(1_000.0);
-    let (tier, control) =
-        Tier::start_with_source(config, &options, subscribers, source(requests.to_vec()))
-            .expect("the tier starts");
-    drop(control);
+    let start = TierStart::new(config.clone(), 1_000.0, subscribers);
+    let tier = Tier::start_with_source(start, source(requests.to_vec())).expect("the tier starts");
     tier.stop().expect("the tier drains");
     std::mem::take(&mut *delivered.lock().unwrap())
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use exchange::durability::JournalMode;
 use exchange::flow::reference_master_data;
 use exchange::msg::{InboundOrder, OutputKind, Response, Side, request_kind};
-use exchange::tier::{OrderSource, RunOptions, Subscriber, SubscriberFactory, Tier, TierConfig};
+use exchange::tier::{OrderSource, Subscriber, SubscriberFactory, Tier, TierConfig, TierStart};
 use pipeline::stage::{Emitter, Flow};
 
 const ORDERS: u64 = 4_000;
@@ -31,7 +31,7 @@ impl Subscriber for Answers {
 /// `ORDERS` resting buys of one client, in one burst (one emit call), every
 /// `REFUSED_EVERY`-th with quantity 0.
 fn burst(price: i64) -> OrderSource {
-    Box::new(move |out: &mut Emitter<InboundOrder>| {
+    OrderSource::turns(move |out: &mut Emitter<InboundOrder>| {
         for order_id in 1..=ORDERS {
             let qty = if order_id.is_multiple_of(REFUSED_EVERY) { 0 } else { 1 };
             out.emit(InboundOrder {
@@ -52,7 +52,6 @@ fn burst(price: i64) -> OrderSource {
 #[test]
 fn a_clients_answers_rejects_included_follow_its_requests_order() {
     let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
-    let options = RunOptions::planned_for(1_000.0);
     let master = reference_master_data(&config.universe);
     let listed = master.instrument(1).expect("instrument 1 is listed");
     let price = listed.band_low;
@@ -63,9 +62,8 @@ fn a_clients_answers_rejects_included_follow_its_requests_order() {
         let each = (0..gateways).map(|_| Box::new(Answers(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
-    let (tier, control) = Tier::start_with_source(&config, &options, subscribers, burst(price))
-        .expect("the tier starts");
-    drop(control);
+    let start = TierStart::new(config, 1_000.0, subscribers);
+    let tier = Tier::start_with_source(start, burst(price)).expect("the tier starts");
     tier.stop().expect("the tier drains");
     let answers = std::mem::take(&mut *answers.lock().unwrap());
     let order_ids: Vec<u64> = answers.iter().map(|(id, _)| *id).collect();

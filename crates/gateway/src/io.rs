@@ -12,19 +12,21 @@
 //! nothing to do, waits in the runtime's `epoll_wait` until a socket, a timer, a reply or a
 //! stop request wakes it), then emits the orders the sessions admitted meanwhile.
 //!
-//! The loop's state holds `Rc`s (one thread, no locks), so it is built on the tier's thread at
-//! the first turn and kept in a thread-local ([`IO_LOOP`]); the source itself only carries
-//! what is `Send`.
+//! The loop's state holds `Rc`s (one thread, no locks), so it is built on the tier's thread
+//! when the source starts, from what the tier hands it then ([`exchange::tier::SourceStart`]),
+//! and kept in a thread-local ([`IO_LOOP`]); the source itself only carries what is `Send`.
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use exchange::events::ExternalEvent;
 use exchange::msg::InboundOrder;
-use exchange::tier::{OrderSource, ReplyReceiver, TierControl};
+use exchange::tier::{
+    GroupWait, OrderSource, ReplyReceiver, SourceStart, SourceTurns, TierControl, TierLayout,
+};
 use lab::stats::LatencyHistogram;
 use pipeline::stage::{Emitter, Flow};
 use tokio::io::AsyncWriteExt;
@@ -52,8 +54,6 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(10);
 /// The longest a stopping server waits for the tier to answer what it took, the store to
 /// sync it and the sessions to write it.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a turn waits for the tier's start-up hand-off before it returns.
-const HANDOFF_POLL: Duration = Duration::from_millis(1);
 /// How long a TLS session's end waits to send its close_notify.
 const TLS_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Wait after a failed accept.
@@ -66,8 +66,8 @@ pub(crate) type Listeners =
 /// Requests for the in-tier latency histogram, answered on the loop's thread.
 pub(crate) type InTierRequest = oneshot::Sender<LatencyHistogram>;
 
-/// What the tier hands the loop once it has started (its control input, the journals the
-/// store's syncer waits for, its layout).
+/// What the loop reaches beyond its sessions: the tier's control input (or the input log), the
+/// journals the store's syncer waits for, the tier's layout.
 pub(crate) struct TierHandoff {
     pub(crate) upstream: Upstream,
     pub(crate) journals: Option<Vec<Arc<journal::DurableSeq>>>,
@@ -116,9 +116,6 @@ pub(crate) struct Upstream {
     pub(crate) reachable: Option<Arc<AtomicBool>>,
 }
 
-/// Where the server's starter leaves the [`TierHandoff`] for the loop's first turn.
-pub(crate) type HandoffSlot = Arc<Mutex<Option<TierHandoff>>>;
-
 /// What the loop is built from: everything that crosses onto the tier's thread.
 pub(crate) struct IoSetup {
     pub(crate) settings: Settings,
@@ -131,8 +128,6 @@ pub(crate) struct IoSetup {
     /// Notified when replies are queued, orders staged, or a stop is requested.
     pub(crate) work: Arc<Notify>,
     pub(crate) stop: Arc<AtomicBool>,
-    pub(crate) handoff: HandoffSlot,
-    pub(crate) built: std::sync::mpsc::SyncSender<Result<(), ServeError>>,
     pub(crate) in_tier: tokio::sync::mpsc::UnboundedReceiver<InTierRequest>,
     /// Orders one turn may hand the tier: [`STAGED_ORDERS_MAX`], or the tier's ring size when
     /// smaller. On few CPUs the pre-process sends a turn's rejects into a ring that this thread
@@ -152,51 +147,68 @@ thread_local! {
     static IO_LOOP: RefCell<Option<IoLoop>> = const { RefCell::new(None) };
 }
 
-/// The order source the tier runs: builds the loop at the first turn (once the tier's
-/// hand-off is there), turns it, and tears it down when it stops.
-pub(crate) fn order_source(setup: IoSetup) -> OrderSource {
-    let mut setup = Some(setup);
-    Box::new(move |out: &mut Emitter<InboundOrder>| {
-        IO_LOOP.with(|slot| {
-            let mut emit = |order: InboundOrder| {
-                out.emit_with_ingress(order, order.stamps.intended_ns);
-                true
-            };
-            turn_building(&mut slot.borrow_mut(), &mut setup, &mut emit)
-        })
+/// The order source the tier runs: builds the loop on the source's thread from what the tier
+/// hands it when it starts (its control input, its durable sequences when the store's syncer
+/// waits for the journals, `store_waits`, and its layout), then turns it, and tears it down
+/// when it stops. The loop's start-up error is the source's ([`ServeError`]).
+pub(crate) fn order_source(setup: IoSetup, store_waits: bool) -> OrderSource {
+    OrderSource::new(move |started: SourceStart| {
+        let SourceStart { control, durables, layout } = started;
+        let journals = store_waits.then(|| durables.into_iter().flatten().collect());
+        let layout = LayoutInfo { groups: describe(&layout), usable_cpus: layout.usable_cpus };
+        let upstream = Upstream { events: EventSink::Tier(control), reachable: None };
+        let io = IoLoop::build(setup, TierHandoff { upstream, journals, layout })?;
+        IO_LOOP.with(|slot| *slot.borrow_mut() = Some(io));
+        let turns = |out: &mut Emitter<InboundOrder>| {
+            IO_LOOP.with(|slot| {
+                let mut emit = |order: InboundOrder| {
+                    out.emit_with_ingress(order, order.stamps.intended_ns);
+                    true
+                };
+                turn(&mut slot.borrow_mut(), &mut emit)
+            })
+        };
+        Ok(Box::new(turns) as SourceTurns)
     })
+}
+
+/// "preprocess+core:spin events+masterdata:park".
+pub(crate) fn describe(layout: &TierLayout) -> String {
+    let wait = |wait: GroupWait| match wait {
+        GroupWait::Spin => "spin",
+        GroupWait::ParkDedicated | GroupWait::ParkFloating => "park",
+    };
+    let groups = layout.groups.iter().map(|g| format!("{}:{}", g.label(), wait(g.wait)));
+    groups.collect::<Vec<_>>().join(" ")
 }
 
 /// Runs the loop on this thread until it stops, handing each admitted order to `out`, which
 /// says whether it took it (a gateway without a tier: `crate::remote`). An order `out` does
-/// not take stays staged for the next turn, and a full stage answers busy.
-pub(crate) fn run_loop(setup: IoSetup, mut out: impl FnMut(InboundOrder) -> bool) {
-    let (mut slot, mut setup) = (None, Some(setup));
-    while matches!(turn_building(&mut slot, &mut setup, &mut out), Flow::Continue) {}
+/// not take stays staged for the next turn, and a full stage answers busy. `built` hears
+/// whether the loop started.
+pub(crate) fn run_loop(
+    (setup, handoff): (IoSetup, TierHandoff),
+    built: std::sync::mpsc::SyncSender<Result<(), ServeError>>,
+    mut out: impl FnMut(InboundOrder) -> bool,
+) {
+    let mut slot = match IoLoop::build(setup, handoff) {
+        Ok(io) => Some(io),
+        Err(error) => {
+            let _ = built.send(Err(error));
+            return;
+        }
+    };
+    let _ = built.send(Ok(()));
+    while matches!(turn(&mut slot, &mut out), Flow::Continue) {}
 }
 
-/// Builds the loop in `slot` when its hand-off is there, then runs one turn.
-fn turn_building(
-    slot: &mut Option<IoLoop>,
-    setup: &mut Option<IoSetup>,
-    out: &mut dyn FnMut(InboundOrder) -> bool,
-) -> Flow {
-    if slot.is_none() {
-        let Some(ready) = setup.take() else { return Flow::Stop };
-        match IoLoop::build(ready) {
-            Built::Running(io) => *slot = Some(io),
-            Built::Waiting(waiting) => {
-                *setup = Some(waiting);
-                std::thread::sleep(HANDOFF_POLL);
-                return Flow::Continue;
-            }
-            Built::Failed => return Flow::Stop,
-        }
-    }
-    let io = slot.as_mut().expect("built above");
+/// Runs one turn of the loop in `slot`; a loop that stops is dropped (its sessions, store and
+/// control input go now, on this thread).
+fn turn(slot: &mut Option<IoLoop>, out: &mut dyn FnMut(InboundOrder) -> bool) -> Flow {
+    let Some(io) = slot.as_mut() else { return Flow::Stop };
     let flow = io.turn(out);
     if matches!(flow, Flow::Stop) {
-        slot.take(); // sessions, store and control input go now, on this thread
+        slot.take();
     }
     flow
 }
@@ -231,13 +243,6 @@ impl OrderEntry for StagedEntry {
     }
 }
 
-enum Built {
-    Running(IoLoop),
-    /// The tier has not handed its control input over yet.
-    Waiting(IoSetup),
-    Failed,
-}
-
 /// The loop's state on its thread.
 pub(crate) struct IoLoop {
     /// Declared first so that the sessions' tasks go before the hub and the runtime (and the
@@ -254,11 +259,8 @@ pub(crate) struct IoLoop {
 }
 
 impl IoLoop {
-    fn build(setup: IoSetup) -> Built {
-        let handoff = setup.handoff.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let Some(TierHandoff { upstream, journals, layout }) = handoff else {
-            return Built::Waiting(setup);
-        };
+    fn build(setup: IoSetup, handoff: TierHandoff) -> Result<IoLoop, ServeError> {
+        let TierHandoff { upstream, journals, layout } = handoff;
         let IoSetup {
             settings,
             credentials,
@@ -270,25 +272,13 @@ impl IoLoop {
             staged_max,
             routed,
             resolutions,
-            ..
+            in_tier,
         } = setup;
         let orders = RefCell::new(Vec::new());
         let staged = Rc::new(Staged { orders, max: staged_max, work: work.clone() });
         let entry = Box::new(StagedEntry(staged.clone()));
-        let verifier = match crate::credentials::Verifier::start() {
-            Ok(verifier) => verifier,
-            Err(error) => {
-                let _ = setup.built.send(Err(ServeError::Verifier(error)));
-                return Built::Failed;
-            }
-        };
-        let mut hub = match Hub::new(settings, credentials, entry, verifier) {
-            Ok(hub) => hub,
-            Err(error) => {
-                let _ = setup.built.send(Err(error.into()));
-                return Built::Failed;
-            }
-        };
+        let verifier = crate::credentials::Verifier::start()?;
+        let mut hub = Hub::new(settings, credentials, entry, verifier)?;
         if let Some(journals) = journals {
             let waits = hub.log().borrow_mut().wait_for_journals(journals);
             debug_assert!(waits, "a syncing store waits for the journals before its first commit");
@@ -306,17 +296,13 @@ impl IoLoop {
         let local = tokio::task::LocalSet::new();
         let hub = Rc::new(RefCell::new(hub));
         let (native, fix, metrics) = listeners;
-        if let Err(error) = serve_endpoint(metrics, &hub, upstream, &work, &local) {
-            let _ = setup.built.send(Err(error));
-            return Built::Failed;
-        }
-        local.spawn_local(start_tasks(hub.clone(), (native, fix), setup.in_tier));
+        serve_endpoint(metrics, &hub, upstream, &work, &local)?;
+        local.spawn_local(start_tasks(hub.clone(), (native, fix), in_tier));
         if let Some(resolutions) = resolutions {
             local.spawn_local(answer_resolutions(hub.clone(), resolutions));
         }
-        let _ = setup.built.send(Ok(()));
         let draining_since = None;
-        Built::Running(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since })
+        Ok(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since })
     }
 
     /// One turn: route the queued replies, run the sessions' ready work (waiting for some

@@ -19,8 +19,8 @@
 //! - A few bounds tests and tools check against ([`CONNECTIONS_MAX`],
 //!   [`PREAUTH_PER_ADDRESS_MAX`], [`HTTP_CONNECTIONS_MAX`], [`DEAD_LINK_INTERVALS`],
 //!   [`UNKEPT_SEQ_RESERVE`], [`STORE_FILE_NAME`]) and [`order_id`], the tier order id of a
-//!   client's order number. [`load`] (the load client) is public until it moves to the lab's
-//!   crate.
+//!   client's order number. The load client is `experiments::order_entry_load`, over the
+//!   clients' stream ([`Transport`], [`Reader`], [`Writer`]).
 //!
 //! Everything else (the hub, the sessions, the store, the I/O loop, the admin endpoints) is
 //! the crate's own.
@@ -101,7 +101,6 @@
 pub mod client;
 pub mod credentials;
 pub mod fix;
-pub mod load;
 pub mod native;
 pub mod routed;
 
@@ -114,6 +113,8 @@ pub use server::{BoundAddresses, Running, ServeOptions, start};
 pub use settings::{DEAD_LINK_INTERVALS, Settings};
 pub use store::{FILE_NAME as STORE_FILE_NAME, StoreError, UNKEPT_SEQ_RESERVE};
 pub use tls::ListenerTls;
+// The clients' plain or TLS stream, for the order-entry load client (`experiments::order_entry_load`).
+pub use transport::{Reader, Transport, Writer};
 
 mod admin;
 mod admission;

@@ -25,8 +25,8 @@
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use delivery::clock::EpochOffset;
 use delivery::gateway::{FIRST_SEQ_HEARD, GatewayOptions, InProcessConsumer, RunningGateway};
@@ -176,8 +176,6 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         replies,
         work: work.clone(),
         stop: stop.clone(),
-        handoff: Arc::new(Mutex::new(Some(handoff))),
-        built,
         in_tier: tokio::sync::mpsc::unbounded_channel().1,
         staged_max: STAGED_ORDERS_MAX,
         routed: Some(durable),
@@ -185,7 +183,10 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     };
     let io = std::thread::Builder::new()
         .name("gateway-io".into())
-        .spawn(move || crate::io::run_loop(setup, move |order| orders.try_send(order).is_ok()))
+        .spawn(move || {
+            let take = move |order| orders.try_send(order).is_ok();
+            crate::io::run_loop((setup, handoff), built, take)
+        })
         .map_err(|e| remote_error("I/O thread", e))?;
     match io_built.recv() {
         Ok(Ok(())) => {}

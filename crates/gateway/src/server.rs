@@ -8,20 +8,19 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
+use exchange::ExchangeError;
 use exchange::durability::JournalOptions;
 use exchange::tier::{
-    GroupWait, LoadConfig, RunOptions, SubscriberFactory, Tier, TierConfig, TierLayout,
-    reply_subscribers,
+    SubscriberFactory, Tier, TierConfig, TierLayout, TierStart, reply_subscribers,
 };
 use lab::stats::LatencyHistogram;
 use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;
-use crate::io::{EventSink, HandoffSlot, InTierRequest, IoSetup, TierHandoff, Upstream};
-use crate::metrics::LayoutInfo;
+use crate::io::{InTierRequest, IoSetup, describe};
 use crate::settings::Settings;
 
 pub use crate::error::ServeError;
@@ -156,16 +155,6 @@ fn check_metrics_exposure(addr: SocketAddr, settings: &Settings) -> Result<(), S
     Err(ServeError::MetricsExposed { addr })
 }
 
-/// "preprocess+core:spin events+masterdata:park".
-fn describe(layout: &TierLayout) -> String {
-    let wait = |wait: GroupWait| match wait {
-        GroupWait::Spin => "spin",
-        GroupWait::ParkDedicated | GroupWait::ParkFloating => "park",
-    };
-    let groups = layout.groups.iter().map(|g| format!("{}:{}", g.label(), wait(g.wait)));
-    groups.collect::<Vec<_>>().join(" ")
-}
-
 /// Binds the listeners, starts the tier with the gateway's I/O loop as its order source, and
 /// returns once the loop has opened the store. With a journal and a syncing store, the store's
 /// syncer takes over the reply hold (docs/JOURNAL.md, "Durable replies in exchange serve");
@@ -190,8 +179,6 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
     let wake = Arc::new(move || wake.notify_one());
     let (subscribers, replies) = reply_subscribers(config.gateways, options.also.clone(), wake);
     let stop = Arc::new(AtomicBool::new(false));
-    let handoff: HandoffSlot = Arc::new(Mutex::new(None));
-    let (built, io_built) = std::sync::mpsc::sync_channel(1);
     let (in_tier, in_tier_requests) = tokio::sync::mpsc::unbounded_channel();
     let setup = IoSetup {
         settings: options.settings,
@@ -201,27 +188,22 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         replies,
         work: work.clone(),
         stop: stop.clone(),
-        handoff: handoff.clone(),
-        built,
         in_tier: in_tier_requests,
         resolutions: None,
         staged_max: crate::io::STAGED_ORDERS_MAX.min(options.tier.ring_slots),
         routed: None,
     };
-    let run = RunOptions {
-        rate_per_s: options.planned_rate_per_s,
-        duration: std::time::Duration::ZERO,
-        record_inputs: false,
+    let start = TierStart {
         journal: JournalOptions {
             data_dir: options.tier.journal.policy().map(|_| options.journal_dir.clone()),
             ..JournalOptions::default()
         },
-        released: None,
-        stop: None,
-        load: LoadConfig::default(), // no generator: the sessions are the tier's source
+        ..TierStart::new(config, options.planned_rate_per_s, subscribers)
     };
-    let source = crate::io::order_source(setup);
-    let (tier, control) = Tier::start_with_source(&config, &run, subscribers, source)?;
+    // The tier hands the loop its control input, journals and layout when it starts it, and
+    // returns once the loop has opened the store (or with the loop's error).
+    let source = crate::io::order_source(setup, store_waits);
+    let tier = Tier::start_with_source(start, source).map_err(source_error)?;
     let layout = tier.layout().clone();
     tracing::info!(
         groups = %describe(&layout),
@@ -230,12 +212,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         journal = options.tier.journal.name(),
         "tier started"
     );
-    let journals = store_waits.then(|| tier.durables().into_iter().flatten().collect());
-    let info = LayoutInfo { groups: describe(&layout), usable_cpus: layout.usable_cpus };
-    let upstream = Upstream { events: EventSink::Tier(control), reachable: None };
-    let handed = TierHandoff { upstream, journals, layout: info };
-    *handoff.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
-    let running = Running {
+    Ok(Running {
         listen,
         fix_listen,
         metrics_listen,
@@ -244,14 +221,17 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
         stop,
         work,
         in_tier,
-    };
-    match io_built.recv() {
-        Ok(Ok(())) => Ok(running),
-        Ok(Err(error)) => {
-            // The loop never took the control input: drop it so that the tier can stop.
-            handoff.lock().unwrap_or_else(PoisonError::into_inner).take();
-            Err(error)
-        }
-        Err(_) => Err(ServeError::TierStopped),
+    })
+}
+
+/// The loop's own start-up error when the source failed to start (a store another process
+/// owns, the verifiers), else the tier's.
+fn source_error(error: ExchangeError) -> ServeError {
+    match error {
+        ExchangeError::SourceFailed(failed) => match failed.downcast::<ServeError>() {
+            Ok(serve) => *serve,
+            Err(other) => ServeError::Tier(ExchangeError::SourceFailed(other)),
+        },
+        other => ServeError::Tier(other),
     }
 }

@@ -266,11 +266,13 @@ fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
     let server = start(store.path());
     let master = reference_master_data(&UniverseConfig { instruments: 4, clients: 16 });
     let band = master.instrument(1).unwrap();
-    let options = gateway::load::LoadOptions {
+    let options = experiments::order_entry_load::LoadOptions {
         connect: server.fix_listen.unwrap(),
-        protocol: gateway::load::LoadProtocol::Fix { target_comp_id: "LEANTIER".into() },
+        protocol: experiments::order_entry_load::LoadProtocol::Fix {
+            target_comp_id: "LEANTIER".into(),
+        },
         sessions: [(11, "F11"), (12, "F12")]
-            .map(|(client, comp)| gateway::load::LoadSession {
+            .map(|(client, comp)| experiments::order_entry_load::LoadSession {
                 client,
                 comp_id: comp.into(),
                 secret: SECRET.into(),
@@ -281,17 +283,17 @@ fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
             seed: 1,
             duration: Duration::from_millis(200),
         },
-        instruments: vec![gateway::load::Traded::reference(
+        instruments: vec![experiments::order_entry_load::Traded::reference(
             1,
             (band.band_low + band.band_high) / 2,
         )],
         tls: None,
-        drain: gateway::load::DRAIN_DEFAULT,
+        drain: experiments::order_entry_load::DRAIN_DEFAULT,
     };
     // Twice: the first run's Logout frees the sessions, so the second logs on again (with
     // ResetSeqNumFlag) and is answered too.
     for run in 0..2 {
-        let result = gateway::load::run(&options).unwrap();
+        let result = experiments::order_entry_load::run(&options).unwrap();
         assert!(
             result.sent > 100,
             "run {run}: about 400 orders in 200 ms at 2K/s, sent {}",

@@ -326,12 +326,12 @@ fn load_options(
     connect: SocketAddr,
     rate_per_s: f64,
     duration: Duration,
-) -> gateway::load::LoadOptions {
-    gateway::load::LoadOptions {
+) -> experiments::order_entry_load::LoadOptions {
+    experiments::order_entry_load::LoadOptions {
         connect,
-        protocol: gateway::load::LoadProtocol::Native,
+        protocol: experiments::order_entry_load::LoadProtocol::Native,
         sessions: [1, 2]
-            .map(|client| gateway::load::LoadSession {
+            .map(|client| experiments::order_entry_load::LoadSession {
                 client,
                 comp_id: String::new(),
                 secret: SECRET.into(),
@@ -342,9 +342,9 @@ fn load_options(
             seed: 1,
             duration,
         },
-        instruments: vec![gateway::load::Traded::reference(1, PRICE)],
+        instruments: vec![experiments::order_entry_load::Traded::reference(1, PRICE)],
         tls: None,
-        drain: gateway::load::DRAIN_DEFAULT,
+        drain: experiments::order_entry_load::DRAIN_DEFAULT,
     }
 }
 
@@ -352,7 +352,7 @@ fn load_options(
 fn the_load_generator_measures_every_order_it_sends() {
     let (server, _dir) = start(Settings::default());
     let options = load_options(server.listen, 2_000.0, Duration::from_millis(200));
-    let result = gateway::load::run(&options).unwrap();
+    let result = experiments::order_entry_load::run(&options).unwrap();
     assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);
     assert_eq!(result.answered, result.sent, "every order got its first report");
     assert_eq!(result.latency.count(), result.sent);
@@ -426,8 +426,11 @@ fn the_load_generator_reads_on_through_a_quiet_spell_while_it_sends() {
     assert!(quiet.1 - schedule > dead_link, "a silent client loses its link");
     assert!(schedule + drain > quiet.1, "the drain outlasts the spell");
     let relay = relay_with_a_quiet_spell(server.listen, quiet);
-    let options = gateway::load::LoadOptions { drain, ..load_options(relay, 300.0, schedule) };
-    let result = gateway::load::run(&options).unwrap();
+    let options = experiments::order_entry_load::LoadOptions {
+        drain,
+        ..load_options(relay, 300.0, schedule)
+    };
+    let result = experiments::order_entry_load::run(&options).unwrap();
     assert!(result.sent > 800, "about 1,200 orders in 4 s at 300/s, sent {}", result.sent);
     assert_eq!(result.answered, result.sent, "every order got its first report");
     let slowest_ms = result.latency.max_ns() / 1_000_000;

@@ -111,32 +111,34 @@ fn the_load_generator_runs_over_tls_on_both_protocols() {
     let certs = Certs::new("leantier test CA");
     let (server, _dir) = start(certs.listener_tls(true), Settings::default().heartbeat);
     let tls = Some(certs.client_tls(Some(&certs)));
-    let session = |client: u32, comp_id: &str| gateway::load::LoadSession {
+    let session = |client: u32, comp_id: &str| experiments::order_entry_load::LoadSession {
         client,
         comp_id: comp_id.into(),
         secret: SECRET.into(),
     };
-    let native = gateway::load::LoadOptions {
+    let native = experiments::order_entry_load::LoadOptions {
         connect: server.listen,
-        protocol: gateway::load::LoadProtocol::Native,
+        protocol: experiments::order_entry_load::LoadProtocol::Native,
         sessions: vec![session(1, ""), session(2, "")],
         plan: lab::load::OpenLoopPlan {
             process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
             seed: 1,
             duration: Duration::from_millis(200),
         },
-        instruments: vec![gateway::load::Traded::reference(1, PRICE)],
+        instruments: vec![experiments::order_entry_load::Traded::reference(1, PRICE)],
         tls,
-        drain: gateway::load::DRAIN_DEFAULT,
+        drain: experiments::order_entry_load::DRAIN_DEFAULT,
     };
-    let fix = gateway::load::LoadOptions {
+    let fix = experiments::order_entry_load::LoadOptions {
         connect: server.fix_listen.unwrap(),
-        protocol: gateway::load::LoadProtocol::Fix { target_comp_id: "LEANTIER".into() },
+        protocol: experiments::order_entry_load::LoadProtocol::Fix {
+            target_comp_id: "LEANTIER".into(),
+        },
         sessions: vec![session(11, "F11")],
         ..native.clone()
     };
     for options in [native, fix] {
-        let result = gateway::load::run(&options).unwrap();
+        let result = experiments::order_entry_load::run(&options).unwrap();
         assert!(result.sent > 100, "about 400 orders in 200 ms at 2K/s, sent {}", result.sent);
         assert_eq!(result.answered, result.sent, "{:?}: every order answered", options.protocol);
         assert_eq!(result.rejected, 0, "{:?}", result.rejects);

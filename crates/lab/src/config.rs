@@ -28,6 +28,22 @@ pub fn override_with<T: Clone>(field: &mut T, flag: &Option<T>) {
     }
 }
 
+/// Parses `text` as a config file would spell the choice (its serde names and aliases): one
+/// parser for a choice in TOML and on the command line. The error names `what`.
+///
+/// ```
+/// #[derive(Debug, PartialEq, serde::Deserialize)]
+/// #[serde(rename_all = "kebab-case")]
+/// enum Speed { Slow, Fast }
+/// assert_eq!(lab::config::parse_choice::<Speed>("speed", "fast"), Ok(Speed::Fast));
+/// assert!(lab::config::parse_choice::<Speed>("speed", "warp").unwrap_err().starts_with("speed: "));
+/// ```
+pub fn parse_choice<T: DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
+    use serde::de::IntoDeserializer;
+    let parsed: Result<T, serde::de::value::Error> = T::deserialize(text.into_deserializer());
+    parsed.map_err(|e| format!("{what}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,11 +13,11 @@
 //!   seeded schedule; sync and tokio drivers; a closed-loop driver for capacity at a given
 //!   concurrency; and a search for the highest rate that meets a latency limit (bracketed
 //!   from both sides of a start rate, then bisected).
-//! * [`report`]: aligned terminal tables, a report folder of JSON, CSV, Markdown, `.hgrm`
-//!   and SVG plots, and progress bars that hide themselves when stderr is not a terminal;
-//!   [`plot`]: the plots (`plotters`' SVG backend: latency by percentile on a log 1/(1−p)
-//!   axis, bars with whiskers, x-y lines, limit lines); [`data`]: typed tables written as CSV
-//!   and JSON, and `.hgrm` files; [`html`]: a self-contained HTML page.
+//! * [`report`]: aligned terminal tables and a report folder of JSON, CSV, Markdown, `.hgrm`
+//!   and SVG files; [`data`]: typed tables written as CSV and JSON, and `.hgrm` files;
+//!   [`html`]: a self-contained HTML page. The plots and progress bars are the `experiments`
+//!   crate's (`plot`, `progress`): the servers use this crate's histograms and compile neither
+//!   a plotting library nor a terminal progress bar.
 //! * [`disk`]: the raw append + `fdatasync` baseline that durable latencies compare with.
 //! * [`config`]: TOML configuration with flag overrides; [`error::BadInput`] for invalid input.
 //!
@@ -34,6 +34,5 @@ pub mod disk;
 pub mod error;
 pub mod html;
 pub mod load;
-pub mod plot;
 pub mod report;
 pub mod stats;

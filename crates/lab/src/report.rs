@@ -1,15 +1,14 @@
-//! Results as terminal tables, a report folder (JSON, CSV, Markdown, `.hgrm`, SVG plots) and
-//! progress bars.
+//! Results as terminal tables and a report folder (JSON, CSV, Markdown, `.hgrm`, SVG files).
 //!
 //! Every command prints a [`Table`] (aligned columns, numbers right-aligned) and writes the
 //! same figures into a [`ReportDir`]: JSON for scripts (serde), CSV for spreadsheets, typed
 //! [`DataTable`]s (numbers as numbers, units in the column names), HdrHistogram `.hgrm`
-//! percentile distributions, a Markdown summary built with [`Markdown`], and SVG plots drawn
-//! by [`crate::plot`] (re-exported here). Long runs show a [`progress_bar`], hidden when stderr
-//! is not a terminal so logs and CI output stay clean.
+//! percentile distributions, a Markdown summary built with [`Markdown`], and SVG plots (drawn
+//! by the `experiments` crate's `plot`, so that no server compiles a plotting library; its
+//! `progress` has the long runs' progress bars).
 //!
 //! ```
-//! use lab::report::{latency_percentile_plot, latency_table, Markdown, ReportDir, Table};
+//! use lab::report::{latency_table, Markdown, ReportDir, Table};
 //! use lab::stats::LatencyHistogram;
 //!
 //! let latency = LatencyHistogram::from_samples_ns(&[9_000, 12_000, 15_000, 80_000]);
@@ -21,28 +20,22 @@
 //! report.write_json("latency.json", &latency.summary()).unwrap();
 //! report.write_csv("latency.csv", &table).unwrap();
 //! report.write_hgrm("latency-20k.hgrm", &latency).unwrap();
-//! let plot = latency_percentile_plot("End-to-end latency", &[("20K msg/s", &latency)]);
-//! report.write_svg("latency-percentiles.svg", &plot.to_svg()).unwrap();
+//! report.write_svg("latency-percentiles.svg", "<svg></svg>").unwrap();
 //! let mut summary = Markdown::new();
 //! summary.heading(1, "Demo").table(&table).image("latency by percentile", "latency-percentiles.svg");
 //! report.write_markdown("README.md", summary.as_str()).unwrap();
 //! ```
 
-use std::borrow::Cow;
 use std::fmt;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::data::{DataTable, hgrm};
 use crate::load::ThroughputSeries;
 use crate::stats::{CumulativeBucket, FactorialAnalysis, LatencyHistogram, LatencySummary};
-
-pub use crate::plot::{BarChart, LinePlot, latency_percentile_plot, throughput_over_time_plot};
 
 // ---------------------------------------------------------------------------------------------
 // Tables.
@@ -458,19 +451,6 @@ pub fn throughput_over_time_table(series: &[(&str, &ThroughputSeries)]) -> Table
 // ---------------------------------------------------------------------------------------------
 // Progress bars.
 
-/// A progress bar of `length` steps on stderr; hidden when stderr is not a terminal.
-pub fn progress_bar(length: u64, message: impl Into<Cow<'static, str>>) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let style = ProgressStyle::with_template(
-        "{msg:24} [{bar:40.cyan/blue}] {pos}/{len} {elapsed_precise} (eta {eta})",
-    )
-    .expect("constant template is valid")
-    .progress_chars("=> ");
-    ProgressBar::new(length).with_style(style).with_message(message)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,8 +464,6 @@ mod tests {
         assert_eq!(table.headers(), ["t (s)", "steady (per s)", "short (per s)"]);
         assert_eq!(table.rows()[0], ["0.250", "40.0", "20.0"]);
         assert_eq!(table.rows()[2], ["0.750", "120.0", ""]);
-        let plot = throughput_over_time_plot("t", &[("steady", &steady)]);
-        assert_eq!(plot.series[0].points, vec![(0.25, 40.0), (0.5, 80.0), (0.75, 120.0)]);
     }
 
     #[test]
@@ -600,13 +578,5 @@ mod tests {
             doc.as_str(),
             "## Result\n\nText.\n\n| a |\n| ---: |\n| 1 |\n\n![cdf](cdf.svg)\n"
         );
-    }
-
-    #[test]
-    fn progress_bar_is_hidden_exactly_when_stderr_is_not_a_terminal() {
-        let bar = progress_bar(10, "test");
-        assert_eq!(bar.is_hidden(), !std::io::stderr().is_terminal());
-        bar.inc(3);
-        assert_eq!(bar.position(), 3);
     }
 }

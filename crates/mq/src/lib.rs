@@ -24,8 +24,8 @@
 //! - [`util`]: the clock the store's operations and replies are stamped with.
 //!
 //! The closed-loop load generator, the same-run comparisons against plain SQL and pgmq and the
-//! standard experiments run this library from outside it (`labs::mq_load`, `labs::mq_bench`,
-//! `labs::mq_experiment`).
+//! standard experiments run this library from outside it (`experiments::mq_load`, `experiments::mq_bench`,
+//! `experiments::mq_experiment`).
 //!
 //! Delivery: `pop` is at-most-once (the row is deleted in the committed transaction before the
 //! reply; a crash between commit and reply loses that message to the reader). `lease` + `ack` is

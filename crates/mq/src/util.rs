@@ -1,4 +1,4 @@
-//! The node's clocks; the load generator and the benchmark (`labs::mq_load`, `labs::mq_bench`)
+//! The node's clocks; the load generator and the benchmark (`experiments::mq_load`, `experiments::mq_bench`)
 //! stamp the store operations they make with the same wall clock.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

@@ -16,15 +16,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::placement::CpuId;
-
 /// Device interrupts handled per CPU since boot, from the text of `/proc/interrupts`: the sum
 /// over the numbered lines (one per interrupt source) of each CPU's column. CPUs are named by
-/// the header ("CPU0 CPU1 ..." lists the online CPUs). `None` when the text is not in that
-/// format.
-pub fn device_interrupts_per_cpu(text: &str) -> Option<BTreeMap<CpuId, u64>> {
+/// the header ("CPU0 CPU1 ..." lists the online CPUs) with the kernel's number, the
+/// placement's `usize` (this reader sits below the placement planner, which uses it).
+/// `None` when the text is not in that format.
+pub fn device_interrupts_per_cpu(text: &str) -> Option<BTreeMap<usize, u64>> {
     let mut lines = text.lines();
-    let cpus: Vec<CpuId> = lines
+    let cpus: Vec<usize> = lines
         .next()?
         .split_whitespace()
         .map(|column| column.strip_prefix("CPU")?.parse().ok())
@@ -32,7 +31,7 @@ pub fn device_interrupts_per_cpu(text: &str) -> Option<BTreeMap<CpuId, u64>> {
     if cpus.is_empty() {
         return None;
     }
-    let mut totals: BTreeMap<CpuId, u64> = cpus.iter().map(|&cpu| (cpu, 0)).collect();
+    let mut totals: BTreeMap<usize, u64> = cpus.iter().map(|&cpu| (cpu, 0)).collect();
     for line in lines {
         let Some((source, counts)) = line.split_once(':') else { continue };
         if source.trim().parse::<u64>().is_err() {
@@ -49,7 +48,7 @@ pub fn device_interrupts_per_cpu(text: &str) -> Option<BTreeMap<CpuId, u64>> {
 
 /// This machine's device interrupts per CPU; empty when `/proc/interrupts` cannot be read or
 /// parsed (placement then falls back to CPU order).
-pub fn current_device_interrupts_per_cpu() -> BTreeMap<CpuId, u64> {
+pub fn current_device_interrupts_per_cpu() -> BTreeMap<usize, u64> {
     std::fs::read_to_string(Path::new("/proc/interrupts"))
         .ok()
         .and_then(|text| device_interrupts_per_cpu(&text))

@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 use matching::msg::InboundOrder;
 
 use crate::error::ReplicationError;
+pub use crate::error::Unacknowledged;
 use crate::layout::LogSettings;
 use crate::record::{self, RECORDS_PER_MESSAGE_MAX};
 
@@ -78,34 +79,6 @@ pub struct Appended {
     pub duplicate: bool,
     /// Orders the message holds.
     pub orders: usize,
-}
-
-/// An append that ended without an acknowledgement ([`ReplicationError::NotAcknowledged`]):
-/// a copy may be in the log, or may still land there.
-#[derive(Clone, Debug)]
-pub struct Unacknowledged {
-    /// The shard stream it was appended to.
-    pub shard: u32,
-    /// Its message id ([`AppendId`]'s text).
-    pub id: String,
-    /// A sequence of the stream from before its first attempt: every copy of it that landed
-    /// or will land is after it.
-    pub after_seq: u64,
-    /// Attempts made.
-    pub attempts: u32,
-    /// How long it was retried.
-    pub waited: Duration,
-    /// Its records, as appended.
-    payload: bytes::Bytes,
-}
-
-impl Unacknowledged {
-    /// The orders it carried, in their order.
-    pub fn orders(&self) -> impl Iterator<Item = InboundOrder> + '_ {
-        // Encoded here: the records read back (a record that did not would yield nothing).
-        let records = record::records(&self.payload).into_iter().flatten();
-        records.filter_map(|bytes| record::decode(bytes).ok().map(|(order, _)| order))
-    }
 }
 
 /// What the log says of an [`Unacknowledged`] append ([`OrderLog::find_appends`]).

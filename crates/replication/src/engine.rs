@@ -27,7 +27,7 @@ use delivery::publish::{
 };
 use exchange::durability::{JournalMode, JournalOptions, ShardRestore};
 use exchange::msg::InboundOrder;
-use exchange::tier::{OrderSource, RunOptions, Tier, TierConfig};
+use exchange::tier::{OrderSource, Tier, TierConfig, TierStart};
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, Flow};
 
@@ -330,11 +330,10 @@ fn start_tier(
     };
     // No generator: the log is the tier's source.
     let journal = JournalOptions { restore, ..JournalOptions::default() };
-    let run = RunOptions { journal, ..RunOptions::planned_for(options.planned_rate_per_s) };
-    let started = Tier::start_with_source(&config, &run, subscribers, source);
-    let (tier, _control) =
-        started.map_err(|e| ReplicationError::jetstream("starting the tier", format!("{e:#}")))?;
-    Ok(tier)
+    let start =
+        TierStart { journal, ..TierStart::new(config, options.planned_rate_per_s, subscribers) };
+    Tier::start_with_source(start, source)
+        .map_err(|e| ReplicationError::jetstream("starting the tier", format!("{e:#}")))
 }
 
 /// Reads the stream on a thread of its own, queueing each input for the tier and for the
@@ -561,7 +560,7 @@ fn fail(state: &EngineState, why: String) {
 /// intended send time on the tier's clock.
 fn log_source(inputs: Receiver<LoggedOrder>, state: Arc<EngineState>) -> OrderSource {
     let epoch = EpochOffset::measure().absolute(0);
-    Box::new(move |out: &mut Emitter<InboundOrder>| {
+    OrderSource::turns(move |out: &mut Emitter<InboundOrder>| {
         // Relaxed: see `Engine::stop`.
         if state.stop.load(Ordering::Relaxed) {
             return Flow::Stop;

@@ -1,5 +1,9 @@
 //! The crate's typed error.
 
+use std::time::Duration;
+
+use exchange::msg::InboundOrder;
+
 /// What went wrong talking to the replicated log or the lease.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicationError {
@@ -18,7 +22,7 @@ pub enum ReplicationError {
     /// No acknowledgement from a quorum in time, after every retry: whether the append landed
     /// is for the log to tell ([`crate::append::OrderLog::find_appends`]).
     #[error("no acknowledgement for {} after {} attempts in {:?}", .0.id, .0.attempts, .0.waited)]
-    NotAcknowledged(Box<crate::append::Unacknowledged>),
+    NotAcknowledged(Box<Unacknowledged>),
     /// A follower found a hole in the stream: inputs were removed below a reader, so replay
     /// would not be the stream's order.
     #[error("stream {stream}: expected sequence {expected}, the stream delivered {found}")]
@@ -51,7 +55,7 @@ pub enum ReplicationError {
     /// write (`what`) was not made.
     #[error("no longer the shard's leader: {0} not done")]
     Deposed(&'static str),
-    /// A `nats-server` child of [`crate::cluster`] could not be started.
+    /// A server-side resource (an engine's runtime) could not be started.
     #[error("nats-server: {0}")]
     Server(String),
 }
@@ -59,5 +63,34 @@ pub enum ReplicationError {
 impl ReplicationError {
     pub(crate) fn jetstream(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
         ReplicationError::JetStream { what: what.into(), reason: reason.to_string() }
+    }
+}
+
+/// An append that ended without an acknowledgement ([`ReplicationError::NotAcknowledged`]):
+/// a copy may be in the log, or may still land there. Here, beside the error that carries it
+/// (so the error needs nothing of the appender), and re-exported by [`crate::append`].
+#[derive(Clone, Debug)]
+pub struct Unacknowledged {
+    /// The shard stream it was appended to.
+    pub shard: u32,
+    /// Its message id ([`crate::append::AppendId`]'s text).
+    pub id: String,
+    /// A sequence of the stream from before its first attempt: every copy of it that landed
+    /// or will land is after it.
+    pub after_seq: u64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// How long it was retried.
+    pub waited: Duration,
+    /// Its records, as appended.
+    pub(crate) payload: bytes::Bytes,
+}
+
+impl Unacknowledged {
+    /// The orders it carried, in their order.
+    pub fn orders(&self) -> impl Iterator<Item = InboundOrder> + '_ {
+        // Encoded here: the records read back (a record that did not would yield nothing).
+        let records = crate::record::records(&self.payload).into_iter().flatten();
+        records.filter_map(|bytes| crate::record::decode(bytes).ok().map(|(order, _)| order))
     }
 }

@@ -21,7 +21,6 @@
 //! * [`replay`]: the group's outputs recomputed from a snapshot and the log (snapshots, and
 //!   reports that have left the leader's retained window).
 //! * [`check`]: a live group's published records compared with a replay of its log.
-//! * [`cluster`]: a loopback JetStream cluster of `nats-server` children for tests.
 //!
 //! docs/REPLICATION.md says what is replicated and what a failover costs.
 #![deny(missing_docs)]
@@ -33,7 +32,6 @@ struct ReadmeDoctests;
 
 pub mod append;
 pub mod check;
-pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod fingerprint;

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use experiments::cluster::Cluster;
 use matching::msg::InboundOrder;
 use replication::append::{AppendId, OrderLog};
-use replication::cluster::Cluster;
 use replication::follow::Follower;
 use replication::layout::LogSettings;
 use replication::lease::{Lease, LeaseSettings};

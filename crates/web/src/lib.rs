@@ -37,7 +37,7 @@
 //! never read stay within the bound. All in-process models (`adaptive` included) are
 //! served side by side on `/matrix/<model>` so one run compares them under identical conditions.
 //!
-//! **Load lab.** The load driver (`labs::web_load`, outside this library) drives one cell or the whole {model} × {users} × {complexity}
+//! **Load lab.** The load driver (`experiments::web_load`, outside this library) drives one cell or the whole {model} × {users} × {complexity}
 //! matrix ([`workload`] defines the study's levels: A rows×50 · B 50×20 with 30, 600, 1000 and
 //! 2000 rows) using the lab's load drivers (closed-loop users; open loop with latency from the
 //! intended send time), HDR histograms, tables, report folder and SVG plots.

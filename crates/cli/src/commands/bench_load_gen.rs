@@ -1,11 +1,11 @@
 //! `leantier bench load-gen`: the flags, and the table and report folder of a run of
-//! [`ringbench::loadgen::run`].
+//! [`experiments::ringbench::loadgen::run`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use experiments::ringbench::loadgen::{KEPT_UP_SLACK, LoadGenReport, LoadGenSettings, Sink};
 use lab::report::{Markdown, ReportDir, Table};
-use ringbench::loadgen::{KEPT_UP_SLACK, LoadGenReport, LoadGenSettings, Sink};
 
 use crate::commands::values::{self, one_of};
 use crate::outcome::TargetMissed;
@@ -60,7 +60,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         constant: args.constant,
         sinks: args.sinks.clone(),
     };
-    let report = ringbench::loadgen::run(&settings)?;
+    let report = experiments::ringbench::loadgen::run(&settings)?;
     let table = steps_table(&report);
     println!("{table}");
     for (sink, rate) in &report.highest_kept_up {

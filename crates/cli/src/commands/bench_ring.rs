@@ -1,13 +1,14 @@
 //! `leantier bench ring`: the flags, and the tables and report folder of a run of
-//! [`ringbench::run`].
+//! [`experiments::ringbench::run`].
 
 use std::path::PathBuf;
 
-use lab::report::{BarChart, Markdown, ReportDir, Table, latency_percentile_plot};
-use lab::stats::LatencyHistogram;
-use ringbench::{
+use experiments::plot::{BarChart, latency_percentile_plot};
+use experiments::ringbench::{
     CAPACITY_SLOTS, MESSAGE_BYTES, Ratio, RingReport, RingRun, Settings, ThroughputCell,
 };
+use lab::report::{Markdown, ReportDir, Table};
+use lab::stats::LatencyHistogram;
 
 use crate::outcome::TargetMissed;
 
@@ -58,7 +59,7 @@ impl Args {
 
 /// Runs the benchmark, prints the tables and writes the report folder.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let RingRun { report, histograms } = ringbench::run(&args.settings())?;
+    let RingRun { report, histograms } = experiments::ringbench::run(&args.settings())?;
     write_report(&args.out, &report, &histograms)?;
     let missed = report.missed_targets();
     if args.check && !missed.is_empty() {
@@ -202,7 +203,7 @@ fn throughput_chart(report: &RingReport, message_bytes: usize) -> BarChart {
         "million messages / s",
         batches.iter().map(|batch| format!("batch {batch}")),
     );
-    for peer in ringbench::peer_names() {
+    for peer in experiments::ringbench::peer_names() {
         let values = batches
             .iter()
             .map(|&batch| {

@@ -7,7 +7,8 @@ use super::planner::BudgetArg;
 use super::values;
 use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand};
-use lab::report::{BarChart, LinePlot, Markdown, ReportDir, Table};
+use experiments::plot::{BarChart, LinePlot};
+use lab::report::{Markdown, ReportDir, Table};
 use planner::model::PipelineConfig;
 
 use cdr::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX};
@@ -500,8 +501,10 @@ fn run_validation(args: &ValidateArgs) -> anyhow::Result<()> {
         seed: args.seed,
         budget: args.budget.into(),
     };
-    let progress =
-        lab::report::progress_bar((args.rounds * configurations.len()) as u64, "measure + run");
+    let progress = experiments::progress::progress_bar(
+        (args.rounds * configurations.len()) as u64,
+        "measure + run",
+    );
     let results = validate(&configurations, &settings, |result| {
         tracing::info!(
             configuration = %result.configuration,

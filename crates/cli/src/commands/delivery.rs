@@ -14,12 +14,13 @@ use delivery::gateway::{
 };
 use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
 use delivery::server::{NATS_URL_ENV, server_or_env};
-use exchange::tier::Arrival;
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
-use labs::delivery_experiment::{
+use experiments::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, PUBLISHED_BUCKETS,
     PUBLISHED_P90_P99_US, Point, Settings,
 };
+use experiments::plot::latency_percentile_plot;
+use experiments::tier_load::Arrival;
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
 
 use super::values;
 
@@ -315,7 +316,7 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
     let (config, load) = super::exchange::load_run_config(args.config.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
     let signal = stop_on_signal(stop.clone())?;
-    let run = exchange::tier::RunOptions {
+    let run = experiments::tier_load::RunOptions {
         rate_per_s: args.rate,
         duration: args.duration,
         record_inputs: false,
@@ -333,7 +334,8 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     };
     println!("publishing to {} gateways at {} msg/s", config.gateways, args.rate);
-    let (result, report) = delivery::publish::run_tier(&config, run, options, args.linger, |_| {})?;
+    let (result, report) =
+        experiments::delivery_experiment::run_engine(&config, run, options, args.linger, |_| {})?;
     let signal = signal.get().copied();
     tracing::info!(
         signal = signal.unwrap_or("--duration elapsed"),
@@ -378,7 +380,7 @@ fn stop_on_signal(stop: Arc<AtomicBool>) -> anyhow::Result<Arc<OnceLock<&'static
 }
 
 fn publish_table(
-    result: &exchange::tier::RunResult,
+    result: &experiments::tier_load::RunResult,
     report: &delivery::publish::PublishReport,
     rate: f64,
     gateways: u32,
@@ -453,7 +455,7 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
         arrival: args.arrival,
         nats: url.map(|url| args.nats_auth.connect(&url)).transpose()?,
     };
-    let bar = lab::report::progress_bar(
+    let bar = experiments::progress::progress_bar(
         (LAYOUTS.len() * if settings.nats.is_some() { 2 } else { 1 }) as u64,
         "delivery experiment",
     );
@@ -603,7 +605,7 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
         None => server_or_env()?,
     };
     let nats = args.nats_auth.connect(&url)?;
-    let report = delivery::bench::run(&nats, args.records, args.repeats, args.wait)?;
+    let report = experiments::delivery_bench::run(&nats, args.records, args.repeats, args.wait)?;
     let mut table = Table::new(["contender", "records/s (median)", "p50 µs", "p99 µs", "max µs"])
         .with_title(format!(
             "{} records x {} repeats, wait {}; leantier sent {:.1} records per NATS message",
@@ -622,7 +624,7 @@ pub fn delivery_bench(args: &DeliveryBenchArgs) -> anyhow::Result<()> {
         ]);
     }
     println!("\n{table}");
-    let target = delivery::bench::TARGET_THROUGHPUT_RATIO;
+    let target = experiments::delivery_bench::TARGET_THROUGHPUT_RATIO;
     let ratios = format!(
         "leantier / plain-batched: {:.2}x (target >= {target}x); leantier / plain-per-record: {:.2}x",
         report.ratio_batched, report.ratio_per_record

@@ -24,13 +24,14 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
+use experiments::order_entry_load::{LoadOptions, LoadProtocol, LoadSession, Traded};
+use experiments::plot::{BarChart, latency_percentile_plot};
 use gateway::Settings;
-use gateway::load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use gateway::{Running, ServeOptions};
 use lab::data::{Cell, DataTable};
 use lab::html::{HtmlPage, inline_svg, table_html};
 use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
-use lab::report::{BarChart, Markdown, ReportDir, Table, format_ns_as_us, latency_percentile_plot};
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use serde::Serialize;
 
@@ -184,7 +185,7 @@ impl Server {
                 (listing.band_low + listing.band_high) / 2,
             )],
             tls: None,
-            drain: gateway::load::DRAIN_DEFAULT,
+            drain: experiments::order_entry_load::DRAIN_DEFAULT,
         };
         Ok(Server { running, load })
     }
@@ -195,7 +196,7 @@ impl Server {
         self.running.take_in_tier_latency(); // what came before this step
         let options =
             LoadOptions { plan: plan(rate, Duration::from_secs_f64(seconds)), ..self.load.clone() };
-        let client = gateway::load::run(&options)?;
+        let client = experiments::order_entry_load::run(&options)?;
         let in_tier = self.running.take_in_tier_latency().unwrap_or_default();
         Ok(Step { client, in_tier })
     }
@@ -206,7 +207,7 @@ impl Server {
 }
 
 struct Step {
-    client: gateway::load::LoadResult,
+    client: experiments::order_entry_load::LoadResult,
     in_tier: LatencyHistogram,
 }
 
@@ -287,7 +288,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
 fn row(
     view: &'static str,
     rate: f64,
-    client: &gateway::load::LoadResult,
+    client: &experiments::order_entry_load::LoadResult,
     latency: &LatencyHistogram,
 ) -> ViewRow {
     ViewRow {

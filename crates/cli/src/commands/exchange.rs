@@ -1,5 +1,5 @@
 //! `leantier demo` and `leantier exchange ...`: the flags, and the tables, plots and report
-//! folders of the runs and experiments that `labs::exchange_experiments` performs.
+//! folders of the runs and experiments that `experiments::exchange_experiments` performs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,25 +7,26 @@ use std::time::Duration;
 
 use super::values::{self, one_of};
 use crate::outcome::BadInput;
+use ::experiments::plot::{LinePlot, latency_percentile_plot};
 use lab::load::RateSearchReport;
 use lab::report::{
-    LinePlot, Markdown, ReportDir, Table, cumulative_buckets_comparison_table, format_ns_as_us,
-    latency_percentile_plot, latency_table,
+    Markdown, ReportDir, Table, cumulative_buckets_comparison_table, format_ns_as_us, latency_table,
 };
 use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
 
-use exchange::durability::{JournalMode, JournalOptions};
-use exchange::msg::Reason;
-use exchange::tier::{
-    Arrival, LayoutChoice, LoadConfig, RunResult, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS,
-    ShardJournalReport, TierConfig, WaitChoice,
-};
-use labs::exchange_experiments::{
+use ::experiments::exchange_experiments::{
     self as experiments, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, LayoutBench,
     MaxRateSearch, PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
     TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
+};
+use ::experiments::tier_load::{Arrival, LoadConfig, RunResult};
+use exchange::durability::{JournalMode, JournalOptions};
+use exchange::msg::Reason;
+use exchange::tier::{
+    LayoutChoice, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardJournalReport, TierConfig,
+    WaitChoice,
 };
 
 /// Width of the cumulative latency buckets.
@@ -930,7 +931,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         "critical p99 group/off",
         &format!("target ≤ {TARGET_CRITICAL_P99_GROUP_OVER_OFF}"),
         "durable p99 group / raw fsync p99",
-        &format!("target ≤ {}", crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
+        &format!("target ≤ {}", ::experiments::journal_bench::TARGET_DURABLE_P99_OVER_RAW_SYNC),
     ])
     .with_title("Targets, measured in this run");
     let mut missed = Vec::new();
@@ -951,7 +952,7 @@ fn journal_targets_table(ratios: &[JournalRatios]) -> (Table, Vec<String>) {
         );
         let durable = verdict(
             r.durable_p99_group_over_raw_fsync,
-            crate::commands::journal::bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
+            ::experiments::journal_bench::TARGET_DURABLE_P99_OVER_RAW_SYNC,
             "durable p99 / raw fdatasync p99",
         );
         targets.row([

@@ -14,12 +14,12 @@ use exchange::durability::JournalMode;
 use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
+use experiments::order_entry_load::Traded;
 use gateway::ListenerTls;
 use gateway::Settings;
 use gateway::client::{
     ClientError, ClientTls, NativeClient, Timeout, describe, describe_answer, parse_script_line_in,
 };
-use gateway::load::Traded;
 use gateway::native::{ClientMsg, ServerMsg};
 use gateway::{ServeOptions, start};
 
@@ -802,8 +802,8 @@ pub fn load(args: &LoadArgs) -> anyhow::Result<()> {
 }
 
 /// The options every run shares (the target and the plan are set per run).
-fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
-    use gateway::load::{LoadProtocol, LoadSession};
+fn load_options(args: &LoadArgs) -> anyhow::Result<experiments::order_entry_load::LoadOptions> {
+    use experiments::order_entry_load::{LoadProtocol, LoadSession};
     let protocol = match args.protocol.as_str() {
         "native" => LoadProtocol::Native,
         "fix" => LoadProtocol::Fix { target_comp_id: args.fix_target_comp_id.clone() },
@@ -827,14 +827,14 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<gateway::load::LoadOptions> {
         })
         .collect();
     let instruments = traded_instruments(args)?;
-    Ok(gateway::load::LoadOptions {
+    Ok(experiments::order_entry_load::LoadOptions {
         connect: args.connect[0],
         protocol,
         sessions,
         plan: load_plan(args.rate[0], args.duration),
         instruments,
         tls: args.tls.client_tls(args.connect[0])?,
-        drain: gateway::load::DRAIN_DEFAULT,
+        drain: experiments::order_entry_load::DRAIN_DEFAULT,
     })
 }
 
@@ -901,15 +901,18 @@ fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
 /// One run against one target, with a line on what happened; a run the server answered
 /// nothing to, or rejected every order of, is a failure that says why.
 fn load_step(
-    base: &gateway::load::LoadOptions,
+    base: &experiments::order_entry_load::LoadOptions,
     connect: SocketAddr,
     name: &str,
     rate: f64,
     duration: Duration,
-) -> anyhow::Result<gateway::load::LoadResult> {
-    let options =
-        gateway::load::LoadOptions { connect, plan: load_plan(rate, duration), ..base.clone() };
-    let result = gateway::load::run(&options)?;
+) -> anyhow::Result<experiments::order_entry_load::LoadResult> {
+    let options = experiments::order_entry_load::LoadOptions {
+        connect,
+        plan: load_plan(rate, duration),
+        ..base.clone()
+    };
+    let result = experiments::order_entry_load::run(&options)?;
     let reasons: Vec<String> =
         result.rejects.iter().map(|(reason, count)| format!("{reason} {count}")).collect();
     let reasons =
@@ -932,7 +935,7 @@ fn load_step(
 
 /// Why a run measured nothing the server accepted: no order was answered, or every one was
 /// rejected (named by its main reason). `None` when some order was accepted, or none sent.
-fn failed_run(result: &gateway::load::LoadResult) -> Option<String> {
+fn failed_run(result: &experiments::order_entry_load::LoadResult) -> Option<String> {
     if result.sent > 0 && result.answered == 0 {
         return Some(format!("none of the {} orders sent was answered", result.sent));
     }
@@ -950,7 +953,7 @@ type Rows = Vec<(String, lab::stats::LatencySummary)>;
 
 fn fixed_rates(
     args: &LoadArgs,
-    base: &gateway::load::LoadOptions,
+    base: &experiments::order_entry_load::LoadOptions,
     names: &[String],
 ) -> anyhow::Result<(Rows, Vec<String>)> {
     let mut rows = Vec::new();
@@ -967,7 +970,7 @@ fn fixed_rates(
 /// side by side; with two targets, the ratio of the first's rate to the second's.
 fn find_max(
     args: &LoadArgs,
-    base: &gateway::load::LoadOptions,
+    base: &experiments::order_entry_load::LoadOptions,
     names: &[String],
 ) -> anyhow::Result<(Rows, Vec<String>)> {
     let plan = lab::load::RateSearchPlan {
@@ -986,7 +989,8 @@ fn find_max(
         }
         Ok(result.latency)
     };
-    let reports = gateway::load::search_side_by_side(plan, args.connect.len(), step)?;
+    let reports =
+        experiments::order_entry_load::search_side_by_side(plan, args.connect.len(), step)?;
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let limit_us = values::whole_micros(args.p99_limit);

@@ -1,8 +1,5 @@
-//! `leantier journal ...`: the benchmark and a read-only journal checker.
-
-/// The benchmark lives with the command that runs it, so the journal library carries no load
-/// driver or statistics dependency.
-pub mod bench;
+//! `leantier journal ...`: the benchmark (`experiments::journal_bench`, so the journal
+//! library carries no load driver or statistics dependency) and a read-only journal checker.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,7 +10,7 @@ use anyhow::Context;
 use lab::config::{load_toml, override_with};
 use lab::report::{ReportDir, Table, latency_table};
 
-use bench::{
+use experiments::journal_bench::{
     BenchConfig, BenchResults, TARGET_DURABLE_P99_OVER_RAW_SYNC, TARGET_RECORDS_PER_S_AT_64B,
 };
 use journal::writer::Policy;
@@ -116,7 +113,7 @@ fn bench_config(args: &BenchArgs) -> anyhow::Result<BenchConfig> {
 
 fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     let config = bench_config(args)?;
-    let results = bench::run_all(&config)?;
+    let results = experiments::journal_bench::run_all(&config)?;
     let (throughput, latency, verdicts) = tables(&results);
     let runs = runs_table(&results);
     println!("{throughput}\n{latency}\n{runs}\n{verdicts}");
@@ -134,7 +131,7 @@ fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     report.write_markdown("results.md", markdown.as_str())?;
     let series: Vec<_> =
         results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
-    let plot = lab::report::latency_percentile_plot("Durable-reply latency", &series);
+    let plot = experiments::plot::latency_percentile_plot("Durable-reply latency", &series);
     report.write_svg("durable-reply-percentiles.svg", &plot.to_svg())?;
     println!("report written to {}", report.path().display());
     let missed = missed_targets(&results);

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use lab::config::{load_toml, override_with};
 
-use labs::{mq_bench as bench, mq_experiment as experiment, mq_load as load};
+use experiments::{mq_bench as bench, mq_experiment as experiment, mq_load as load};
 use mq::client::Client;
 use mq::protocol::{ReadMode, ReadTarget};
 use mq::{server, store};

@@ -146,7 +146,7 @@ struct Summary {
 }
 
 fn run_many(base: &sim::Settings, seeds: &[u64], json: bool) -> anyhow::Result<()> {
-    let bar = lab::report::progress_bar(seeds.len() as u64, "simulating seeds");
+    let bar = experiments::progress::progress_bar(seeds.len() as u64, "simulating seeds");
     let started = Instant::now();
     let mut summary = Summary {
         seeds: 0,

@@ -2,7 +2,8 @@
 //! the layout that ran (not the one asked for), fused stages shown as fused, the generator's
 //! row showing what it sent, and numeric tables named for what they hold.
 
-use exchange::tier::{RunResult, STAGE_SPLITS};
+use exchange::tier::STAGE_SPLITS;
+use experiments::tier_load::RunResult;
 use lab::data::{Cell, DataTable};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;

@@ -1,6 +1,6 @@
 //! The web load lab: one cell (`web load`) or the whole {model} × {users} × {complexity}
 //! matrix (`web matrix`), with the Python baseline measured in the same run, and the
-//! paired-ratio helper (`web ratio`). Cells are driven by `labs::web_load::drive`.
+//! paired-ratio helper (`web ratio`). Cells are driven by `experiments::web_load::drive`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use experiments::plot::{BarChart, throughput_over_time_plot};
+use experiments::progress::progress_bar;
+use experiments::web_load::{CellResult, LoadMode, Window, drive, exchanges};
 use lab::load::ThroughputSeries;
-use lab::report::{
-    BarChart, Markdown, ReportDir, Table, format_ns_as_us, progress_bar, throughput_over_time_plot,
-    throughput_over_time_table,
-};
+use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, throughput_over_time_table};
 use lab::stats::LatencySummary;
-use labs::web_load::{CellResult, LoadMode, Window, drive, exchanges};
 use web::exec::Model;
 use web::serve::ServeConfig;
 use web::server::Server;

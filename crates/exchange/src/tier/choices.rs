@@ -1,10 +1,8 @@
 //! The tier configuration's named choices: typed, spelled in TOML and on the command line as
 //! their serde names, and checked when the configuration is read, not when it is used.
 
-use lab::load::ArrivalProcess;
 use pipeline::WaitStrategy;
 use pipeline::wait::ADAPTIVE_SPINS_DEFAULT;
-use serde::de::IntoDeserializer;
 
 /// Wait strategy of the critical stages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -51,72 +49,15 @@ impl WaitChoice {
     }
 }
 
-/// Arrival process of the load generator.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Arrival {
-    /// Evenly spaced.
-    Constant,
-    /// Exponential inter-arrival times.
-    #[default]
-    Poisson,
-    /// Poisson during `burst_on_us`, silent during `burst_off_us`, same mean rate.
-    Bursty,
-}
-
-impl Arrival {
-    /// The process at `rate_per_s`, with the bursty on/off periods in µs.
-    pub fn process(self, rate_per_s: f64, burst_on_us: u64, burst_off_us: u64) -> ArrivalProcess {
-        match self {
-            Arrival::Constant => ArrivalProcess::Constant { rate_per_s },
-            Arrival::Poisson => ArrivalProcess::Poisson { rate_per_s },
-            Arrival::Bursty => ArrivalProcess::Bursty {
-                rate_per_s,
-                on_ns: burst_on_us * 1_000,
-                off_ns: burst_off_us * 1_000,
-            },
-        }
-    }
-
-    /// The serde name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arrival::Constant => "constant",
-            Arrival::Poisson => "poisson",
-            Arrival::Bursty => "bursty",
-        }
-    }
-}
-
-/// Parses `text` as the config file would (the serde names and aliases).
-fn parse_choice<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
-    let parsed: Result<T, serde::de::value::Error> = T::deserialize(text.into_deserializer());
-    parsed.map_err(|e| format!("{what}: {e}"))
-}
-
 impl std::str::FromStr for WaitChoice {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_choice("wait", text)
-    }
-}
-
-impl std::str::FromStr for Arrival {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_choice("arrival", text)
+        lab::config::parse_choice("wait", text)
     }
 }
 
 impl std::fmt::Display for WaitChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::fmt::Display for Arrival {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
@@ -139,10 +80,6 @@ mod tests {
             assert_eq!(serde_json::to_value(wait).unwrap(), wait.name());
             assert_eq!(wait.name().parse::<WaitChoice>(), Ok(wait));
         }
-        for arrival in [Arrival::Constant, Arrival::Poisson, Arrival::Bursty] {
-            assert_eq!(serde_json::to_value(arrival).unwrap(), arrival.name());
-            assert_eq!(arrival.name().parse::<Arrival>(), Ok(arrival));
-        }
         assert_eq!("busy-spin".parse::<WaitChoice>(), Ok(WaitChoice::Spin), "today's alias");
         let error = "sleepy".parse::<WaitChoice>().unwrap_err();
         assert!(error.starts_with("wait: unknown variant `sleepy`"), "{error}");
@@ -163,15 +100,10 @@ mod tests {
         assert_eq!(config.wait, WaitChoice::Spin);
         assert_eq!(config.connector, pipeline::ConnectorKind::LockFree);
         assert_eq!(config.journal, JournalMode::OFF);
-        std::fs::write(&file, "arrival = \"bursty\"\n").unwrap();
-        let load: crate::tier::LoadConfig = lab::config::load_toml(Some(&file)).unwrap();
-        assert_eq!(load.arrival, Arrival::Bursty);
         let defaults = serde_json::to_value(TierConfig::default()).unwrap();
         let spelled = |field: &str| defaults[field].as_str().unwrap().to_owned();
         let names = ["auto", "lock-free", "group"];
         assert_eq!(["wait", "connector", "journal"].map(spelled), names);
-        let load = serde_json::to_value(crate::tier::LoadConfig::default()).unwrap();
-        assert_eq!(load["arrival"], "poisson");
         for bad in ["wait = \"sleepy\"", "connector = \"pigeon\"", "journal = \"maybe\""] {
             std::fs::write(&file, bad).unwrap();
             let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();

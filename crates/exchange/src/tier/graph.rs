@@ -1,11 +1,7 @@
-//! Wiring: the tier's stages on the pipeline runtime, started, with the feeds the load
-//! generator writes and the handles through which each stage's workers report.
+//! Wiring: the tier's stages on the pipeline runtime, started, with the feeds its holder or
+//! its order source writes and the handles through which each stage's workers report.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
-use std::time::Instant;
-
-use lab::load::{DriveReport, OpenLoopSteps};
+use std::sync::Arc;
 
 use journal::{DurableSeq, JournalSender};
 use pipeline::WaitStrategy;
@@ -16,14 +12,12 @@ use pipeline::stage::{
 };
 
 use super::layout::{GroupWait, LayoutChoice, TierLayout, TierStage};
+use super::service::TierStart;
 use super::workers::{
     CoreWorker, MasterOutcome, MasterWorker, PreprocessWorker, ResponseProcessor, ResponseTotals,
     SenderLatency, SenderWorker,
 };
-use super::{
-    ExternalEvent, Load, OrderSource, RunOptions, ShardResult, SubscriberFactory, TierConfig,
-    TierInput,
-};
+use super::{ExternalEvent, ShardResult, TierConfig, TierInput};
 use crate::durability::{ShardRecord, ShardState};
 use crate::error::Result;
 use crate::master::SnapshotCell;
@@ -45,7 +39,7 @@ pub(super) struct StageStarts {
     pub(super) master: MasterWorker,
 }
 
-/// The inputs the load generator writes (the gateway's only when it runs outside the tier).
+/// The tier's inputs (the gateway's only when no order source runs in the tier).
 pub(super) struct Feeds {
     pub(super) gateway: Option<Input<InboundOrder>>,
     pub(super) events: Input<ExternalEvent>,
@@ -145,19 +139,18 @@ fn link<A: 'static, T: Message, B: 'static>(
 /// Declares every stage and connection of the tier (see the module docs of [`super`]) as
 /// `layout` groups them and starts the pipeline.
 pub(super) fn start(
-    config: &TierConfig,
+    start: &TierStart,
     layout: &TierLayout,
-    options: &RunOptions,
     starts: StageStarts,
-    (subscribers, entry): (SubscriberFactory, Entry),
+    entry: Entry,
 ) -> Result<RunningTier> {
+    let config = &start.config;
     let specs = Specs { config, layout };
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
     let fed_by_input = matches!(entry, Entry::Input);
     let (entry, entry_fused) = match entry {
         Entry::Input => (graph.input::<InboundOrder>("gateway", 1), false),
-        Entry::Generator(inline) => (inline_generator(&mut graph, specs, *inline), true),
-        Entry::Source(source) => order_source(&mut graph, specs, source),
+        Entry::Source(name, source) => order_source(&mut graph, specs, (name, source)),
     };
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
     let master_feed = graph.input::<TierInput>("master-feed", 1);
@@ -169,9 +162,9 @@ pub(super) fn start(
         graph.stage_with_results("masterdata", specs.of(TierStage::Masterdata), move |_| {
             master_worker.take().expect("one master-data worker, started once")
         });
-    let (core, shards) = core_stage(&mut graph, specs, options, starts.shards);
+    let (core, shards) = core_stage(&mut graph, specs, start.record_inputs, starts.shards);
     let (rprocess, responses) = rprocess_stage(&mut graph, specs, starts.durables);
-    let (senders, sender_results) = sender_stage(&mut graph, specs, options, subscribers);
+    let (senders, sender_results) = sender_stage(&mut graph, specs, start);
     let by_instrument = || Route::by_key(|m: &TierInput| u64::from(m.instrument));
     if entry_fused {
         graph.fuse(entry, preprocess);
@@ -203,22 +196,21 @@ pub(super) fn start(
 pub(super) enum Entry {
     /// A gateway input that a thread outside the tier writes ([`Feeds::gateway`]).
     Input,
-    /// The load generator, inline on the chain's first thread.
-    Generator(Box<InlineGenerator>),
-    /// The tier user's source: inline before the pre-process when the layout runs the entry
-    /// inline ([`TierLayout::generator_inline`]), else on a thread of its own ahead of a ring.
-    Source(OrderSource),
+    /// An order source ([`super::OrderSource`], under its stage name) as its stage runs it:
+    /// inline before the pre-process when the layout runs the entry inline
+    /// ([`TierLayout::generator_inline`]), else on a thread of its own ahead of a ring.
+    Source(&'static str, Box<SourceStage>),
 }
 
-/// The pipeline stage (and thread name) of a user's order source.
-pub(super) const ORDER_SOURCE_STAGE: &str = "orders";
+/// An order source's stage handler.
+pub(super) type SourceStage = dyn FnMut(&mut Emitter<InboundOrder>) -> Flow + Send;
 
-/// Declares the user's order source: on the pre-process group's spec with the pre-process
-/// fused after it (inline), or parked on a thread of its own. Returns whether it is inline.
+/// Declares the order source: on the pre-process group's spec with the pre-process fused
+/// after it (inline), or parked on a thread of its own. Returns whether it is inline.
 fn order_source(
     graph: &mut PipelineBuilder,
     specs: Specs,
-    source: OrderSource,
+    (name, source): (&'static str, Box<SourceStage>),
 ) -> (StageHandle<(), InboundOrder>, bool) {
     let inline = specs.layout.generator_inline;
     let spec = if inline {
@@ -227,73 +219,9 @@ fn order_source(
         StageSpec::ancillary(1).with_wait(WaitStrategy::Park)
     };
     let mut source = Some(source);
-    let handle = graph.source(ORDER_SOURCE_STAGE, spec, move |_| {
-        source.take().expect("one order source worker, started once")
-    });
+    let handle = graph
+        .source(name, spec, move |_| source.take().expect("one order source worker, started once"));
     (handle, inline)
-}
-
-/// The event and master-data feeds, handed from the thread that started the pipeline to the
-/// inline generator once they exist.
-pub(super) type SideFeeds = Arc<Mutex<Option<(Input<ExternalEvent>, Input<TierInput>)>>>;
-
-/// The load generator run inline on the chain's first thread ([`TierLayout::generator_inline`]):
-/// what it issues, its schedule, the event and master-data feeds (handed over once the
-/// pipeline started: they are its inputs), how far it got, and where it reports when done.
-pub(super) struct InlineGenerator {
-    pub(super) load: Load,
-    pub(super) steps: OpenLoopSteps,
-    pub(super) feeds: SideFeeds,
-    pub(super) issued: Arc<AtomicU64>,
-    pub(super) report: mpsc::Sender<(DriveReport, bool)>,
-}
-
-/// The pipeline stage (and thread name) of the load generator run inline.
-pub(super) const INLINE_GENERATOR_STAGE: &str = "generator";
-
-/// Shots issued per call of the inline generator at most, so that a generator behind its
-/// schedule hands the chain bounded batches.
-const INLINE_SHOTS_PER_CALL_MAX: usize = 64;
-
-/// Declares the generator as a source on the pre-process group's spec (the pre-process is
-/// fused after it, so both run on that thread): each call issues every shot now due, which
-/// the fused chain then handles to completion; it stops after the last shot.
-fn inline_generator(
-    graph: &mut PipelineBuilder,
-    specs: Specs,
-    inline: InlineGenerator,
-) -> StageHandle<(), InboundOrder> {
-    let mut inline = Some(inline);
-    graph.source(INLINE_GENERATOR_STAGE, specs.of(TierStage::Preprocess), move |_| {
-        let InlineGenerator { mut load, mut steps, feeds, issued, report } =
-            inline.take().expect("one inline generator worker");
-        let mut taken = None;
-        move |out: &mut Emitter<InboundOrder>| {
-            if taken.is_none() {
-                taken = feeds.lock().unwrap_or_else(PoisonError::into_inner).take();
-            }
-            let Some((events, updates)) = &mut taken else {
-                return Flow::Continue; // the pipeline is still starting
-            };
-            let now = Instant::now();
-            let mut disconnected = false;
-            for _ in 0..INLINE_SHOTS_PER_CALL_MAX {
-                let Some(shot) = steps.due(now) else { break };
-                let send = |request, intended_ns| {
-                    out.emit_with_ingress(request, intended_ns);
-                    false
-                };
-                disconnected |= load.issue(&shot, (events, updates), send);
-            }
-            // Relaxed: a progress count, stored once per call.
-            issued.store(steps.sent(), Ordering::Relaxed);
-            if steps.finished() || disconnected {
-                let _ = report.send((steps.report(), disconnected));
-                return Flow::Stop;
-            }
-            Flow::Continue
-        }
-    })
 }
 
 fn preprocess_stage(
@@ -328,11 +256,10 @@ fn events_stage(
 fn core_stage(
     graph: &mut PipelineBuilder,
     specs: Specs,
-    options: &RunOptions,
+    record: bool,
     shards: Vec<ShardStart>,
 ) -> (StageHandle<TierInput, CoreOutput>, StageResults<ShardResult>) {
     let mut starts: Vec<Option<ShardStart>> = shards.into_iter().map(Some).collect();
-    let record = options.record_inputs;
     let spec = specs.of(TierStage::Core);
     graph.stage_with_results("core", spec, move |shard| {
         let start = starts[shard].take().expect("one recovered state per core shard, taken once");
@@ -370,10 +297,9 @@ fn rprocess_stage(
 fn sender_stage(
     graph: &mut PipelineBuilder,
     specs: Specs,
-    options: &RunOptions,
-    subscribers: SubscriberFactory,
+    start: &TierStart,
 ) -> (StageHandle<Response, ()>, StageResults<SenderLatency>) {
-    let released = options.released.clone();
+    let (released, subscribers) = (start.released.clone(), start.subscribers.clone());
     graph.stage_with_results("sender", specs.of(TierStage::Sender), move |sender| SenderWorker {
         gateways: subscribers(sender),
         latency: SenderLatency::new(),

@@ -4,16 +4,19 @@
 
 use std::time::Duration;
 
-use pipeline::metrics::StageMetrics;
+use lab::load::{ArrivalProcess, OpenLoopPlan, OpenLoopSteps, Pacer, drive_steps_with};
+use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 
 use super::layout::{
     CHAIN, GroupWait, LayoutChoice, LayoutRequest, ServiceTimes, ThreadGroup, TierLayout,
     TierStage, plan,
 };
-use super::{Arrival, LoadConfig, RunOptions, TierConfig, in_process_subscribers, run_with_layout};
-use crate::durability::{JournalMode, JournalOptions};
+use super::service::{Tier, TierInputs, TierStart};
+use super::{TierConfig, in_process_subscribers};
+use crate::durability::JournalMode;
 use crate::error::ExchangeError::{self, BadInput};
 use crate::error::Result;
+use crate::flow::{FlowConfig, FlowGenerator};
 
 /// Mean arrival rate of the calibration run: low enough for any host to carry with one
 /// thread per stage, high enough for thousands of samples per stage.
@@ -28,6 +31,8 @@ pub const CALIBRATION_BURST_ON_US: u64 = 50;
 pub const CALIBRATION_BURST_OFF_US: u64 = 4_950;
 /// Length of the calibration run.
 pub const CALIBRATION_DURATION: Duration = Duration::from_millis(300);
+/// Seed of the calibration's arrival schedule.
+const CALIBRATION_SEED: u64 = 7;
 /// Threads outside the tier that need a CPU while it runs: the load generator.
 const OUTSIDE_THREADS: usize = 1;
 
@@ -71,12 +76,6 @@ fn calibrate_groups(
         master_data: None,
         ..config.clone()
     };
-    let load = LoadConfig {
-        arrival: Arrival::Bursty,
-        burst_on_us: CALIBRATION_BURST_ON_US,
-        burst_off_us: CALIBRATION_BURST_OFF_US,
-        ..LoadConfig::default()
-    };
     let parked = |stages: Vec<TierStage>| ThreadGroup {
         stages,
         workers: 1,
@@ -93,19 +92,9 @@ fn calibrate_groups(
         outside_threads_spin: false,
         generator_inline: false,
     };
-    let options = RunOptions {
-        rate_per_s: CALIBRATION_RATE_PER_S,
-        duration: CALIBRATION_DURATION,
-        record_inputs: false,
-        journal: JournalOptions::default(),
-        released: None,
-        stop: None,
-        load,
-    };
-    let subscribers = in_process_subscribers(probe.gateways, 0);
-    let result = run_with_layout(&probe, &layout, options, subscribers, |_| {})?;
+    let stages = calibration_run(probe, layout)?;
     let median = |stage: TierStage| -> Result<f64> {
-        let metrics = result.pipeline.iter().find(|m| m.stage == stage.name());
+        let metrics = stages.iter().find(|m| m.stage == stage.name());
         let failed =
             |why: &str| ExchangeError::Failed(format!("calibration: `{}` {why}", stage.name()));
         let metrics = metrics.ok_or_else(|| failed("reported no metrics"))?;
@@ -120,6 +109,47 @@ fn calibrate_groups(
         rprocess_ns: median(TierStage::Rprocess)?,
         sender_ns: median(TierStage::Sender)?,
     })
+}
+
+/// One calibration run: the reference order flow, in bursts at [`CALIBRATION_RATE_PER_S`] for
+/// [`CALIBRATION_DURATION`], fed from this thread into a tier on `layout`; returns each
+/// stage's metrics once the tier drained.
+fn calibration_run(probe: TierConfig, layout: TierLayout) -> Result<Vec<StageMetrics>> {
+    let subscribers = in_process_subscribers(probe.gateways, 0);
+    let start = TierStart {
+        layout: Some(layout),
+        ..TierStart::new(probe, CALIBRATION_RATE_PER_S, subscribers)
+    };
+    let mut flow = FlowGenerator::new(start.config.universe, FlowConfig::default());
+    let process = ArrivalProcess::Bursty {
+        rate_per_s: CALIBRATION_RATE_PER_S,
+        on_ns: CALIBRATION_BURST_ON_US * 1_000,
+        off_ns: CALIBRATION_BURST_OFF_US * 1_000,
+    };
+    let plan = OpenLoopPlan { process, seed: CALIBRATION_SEED, duration: CALIBRATION_DURATION };
+    let steps = OpenLoopSteps::new(&plan)?;
+    // Fixes the clock's epoch before the schedule's first intended time (`instant_ns`).
+    let _ = now_ns();
+    let (tier, TierInputs { mut orders, control }) = Tier::start(start)?;
+    let mut disconnected = false;
+    drive_steps_with(steps, Pacer::default(), |shot| {
+        if disconnected {
+            return;
+        }
+        let (mut request, _) = flow.next_request();
+        request.stamps.intended_ns = instant_ns(shot.intended);
+        // Sent when issued: the pacer's last clock read, so publishing reads no clock.
+        let issued_ns = instant_ns(shot.issued);
+        let sent = orders.send_with_ingress(request, request.stamps.intended_ns);
+        disconnected = sent.and_then(|()| orders.flush_at(issued_ns)).is_err();
+    });
+    drop((orders, control)); // the tier drains and its stages end
+    let stopped = tier.stop()?;
+    if disconnected {
+        let stopped = "calibration: the pipeline stopped while the load was running";
+        return Err(ExchangeError::Failed(stopped.into()));
+    }
+    Ok(stopped.stages)
 }
 
 /// The layout a run at `rate_per_s` uses, and the configuration with its worker counts:

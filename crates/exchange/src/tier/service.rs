@@ -1,21 +1,25 @@
-//! The tier as a service: started from tier settings, fed by whoever holds its inputs (a load
-//! generator, the network gateway, an admin endpoint), answering through its subscribers, and
-//! running until every input is dropped. [`super::run`] is one such composition (the load
-//! generator and the tier); `exchange serve` is another (gateway sessions and the tier).
+//! The tier as a service: started from its own start options ([`TierStart`]), fed by whoever
+//! holds its inputs or by the [`OrderSource`] it runs (a load generator, the network gateway,
+//! a replicated log), answering through its subscribers, and running until every input is
+//! dropped. [`super::run`] is one such composition (the load generator and the tier);
+//! `exchange serve` is another (gateway sessions and the tier).
 
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use journal::DurableSeq;
+use lab::stats::LatencyHistogram;
 use pipeline::placement::PlacementPlan;
 use pipeline::ring::Disconnected;
-use pipeline::stage::{Input, PipelineReport, RunningPipeline};
+use pipeline::stage::{Input, RunningPipeline};
 
 use super::graph::{self, Entry, Feeds, RunningTier};
+use super::source::{OrderSource, SourceStart};
 use super::{
-    Durability, ExternalEvent, OrderSource, RunOptions, ShardJournalReport, SubscriberFactory,
-    TierConfig, TierInput, TierLayout, Totals, plan_layout, recover,
+    Durability, ExternalEvent, MasterReport, ReleasedSeqs, ShardJournalReport, ShardResult,
+    SubscriberFactory, TierConfig, TierInput, TierLayout, Totals, plan_layout, recover,
 };
-use crate::error::Result;
+use crate::durability::JournalOptions;
+use crate::error::{ExchangeError, Result};
 use crate::master::MasterUpdate;
 use crate::msg::{InboundOrder, REASON_COUNT};
 
@@ -67,24 +71,91 @@ pub struct TierStopped {
     pub delivered: u64,
     /// Rejects by reason.
     pub rejects: [u64; REASON_COUNT],
-    pub(super) totals: Totals,
-    pub(super) report: PipelineReport,
+    /// Intended send time → first response delivered at the subscriber, every request.
+    pub end_to_end: LatencyHistogram,
+    /// Intended send time → response content final (core output emitted, or pre-process
+    /// reject built), every request: the critical path, not waiting for any fsync.
+    pub critical_path: LatencyHistogram,
+    /// Per split of [`super::STAGE_SPLITS`]: one in [`super::STAGE_SPLIT_SAMPLE_EVERY`] of
+    /// the requests that passed the pre-process.
+    pub stage_latency: Vec<LatencyHistogram>,
+    /// What each core shard reports.
+    pub shards: Vec<ShardResult>,
+    /// The master data's journal (`None` when journaling is off).
+    pub master: Option<MasterReport>,
+}
+
+/// What starting a tier takes: its configuration, the layout (planned at start for a rate, or
+/// already planned), where its journals live and how to recover them, and the subscribers its
+/// R-Senders deliver to. What feeds it (a holder's inputs, an [`OrderSource`]) is not part of
+/// it, and neither is any load a caller drives through it.
+pub struct TierStart {
+    pub config: TierConfig,
+    /// The order rate the layout is planned for, orders/s (unused when `layout` is given).
+    pub planned_rate_per_s: f64,
+    /// A layout already planned ([`super::plan_layout`]), `config` then being the planned
+    /// configuration (its worker counts); `None`: planned at start.
+    pub layout: Option<TierLayout>,
+    /// Where the shard journals live (a temporary directory by default) and how to recover.
+    pub journal: JournalOptions,
+    /// Keep every shard's sequenced input (for replay).
+    pub record_inputs: bool,
+    /// Publishes, per shard, the highest input sequence whose reply was delivered (the crash
+    /// test's child reports it to its client); `None` in measured runs.
+    pub released: Option<Arc<ReleasedSeqs>>,
+    /// Builds each R-Sender's subscribers.
+    pub subscribers: SubscriberFactory,
+}
+
+impl TierStart {
+    /// `config`'s tier, its layout planned for `planned_rate_per_s`, the journal's defaults,
+    /// nothing recorded, delivering to `subscribers`.
+    pub fn new(
+        config: TierConfig,
+        planned_rate_per_s: f64,
+        subscribers: SubscriberFactory,
+    ) -> TierStart {
+        TierStart {
+            config,
+            planned_rate_per_s,
+            layout: None,
+            journal: JournalOptions::default(),
+            record_inputs: false,
+            released: None,
+            subscribers,
+        }
+    }
+
+    /// Validates the configuration and plans the layout unless it is given; `entry_inline`
+    /// overrides where the entry runs (`Some(false)`: fed from outside).
+    fn planned(self, entry_inline: Option<bool>) -> Result<TierStart> {
+        self.config.validate()?;
+        if self.layout.is_some() {
+            return Ok(self);
+        }
+        let mut config = self.config.clone();
+        if entry_inline.is_some() {
+            config.generator_inline = entry_inline;
+        }
+        let (config, layout) = plan_layout(&config, self.planned_rate_per_s)?;
+        Ok(TierStart { config, layout: Some(layout), ..self })
+    }
 }
 
 impl Tier {
-    /// Validates `config`, plans the layout for `options.rate_per_s` with the orders fed from
-    /// outside (never a generator inline), recovers the journals and master data from
-    /// `options.journal` (or starts fresh) and starts every stage, the R-Senders delivering
-    /// to `subscribers`.
+    /// Validates the configuration, plans the layout (unless given) with the orders fed from
+    /// outside (never a source inline), recovers the journals and master data from
+    /// `start.journal` (or starts fresh) and starts every stage, the R-Senders delivering to
+    /// `start.subscribers`.
     ///
     /// ```
     /// use exchange::durability::JournalMode;
     /// use exchange::flow::reference_master_data;
     /// use exchange::msg::{InboundOrder, request_kind};
-    /// use exchange::tier::{RunOptions, Tier, TierConfig, in_process_subscribers};
+    /// use exchange::tier::{Tier, TierConfig, TierStart, in_process_subscribers};
     /// let config = TierConfig { journal: JournalMode::OFF, ..TierConfig::parked() };
-    /// let options = RunOptions::planned_for(1_000.0);
-    /// let (tier, mut inputs) = Tier::start(&config, &options, in_process_subscribers(8, 0))?;
+    /// let start = TierStart::new(config.clone(), 1_000.0, in_process_subscribers(8, 0));
+    /// let (tier, mut inputs) = Tier::start(start)?;
     /// let master = reference_master_data(&config.universe);
     /// let band = master.instrument(1).unwrap();
     /// let order = InboundOrder {
@@ -98,58 +169,67 @@ impl Tier {
     /// assert_eq!(stopped.rejects.iter().sum::<u64>(), 0);
     ///
     /// let bad = TierConfig { ring_slots: 1000, ..config };
-    /// assert!(Tier::start(&bad, &options, in_process_subscribers(8, 0)).is_err());
+    /// assert!(Tier::start(TierStart::new(bad, 1_000.0, in_process_subscribers(8, 0))).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn start(
-        config: &TierConfig,
-        options: &RunOptions,
-        subscribers: SubscriberFactory,
-    ) -> Result<(Tier, TierInputs)> {
-        config.validate()?;
-        let fed_from_outside = TierConfig { generator_inline: Some(false), ..config.clone() };
-        let (planned, layout) = plan_layout(&fed_from_outside, options.rate_per_s)?;
-        let entry = Entry::Input;
-        let (tier, feeds) = Tier::start_planned(&planned, &layout, options, subscribers, entry)?;
+    pub fn start(start: TierStart) -> Result<(Tier, TierInputs)> {
+        let mut start = start.planned(Some(false))?;
+        if let Some(layout) = &mut start.layout {
+            layout.generator_inline = false; // the holder's thread feeds the entry
+        }
+        let (tier, feeds) = Tier::start_planned(start, Entry::Input)?;
         let Feeds { gateway, events, master } = feeds;
-        let orders = gateway.expect("orders are fed from outside when no generator is inline");
+        let orders = gateway.expect("orders are fed from outside when no source runs");
         Ok((tier, TierInputs { orders, control: TierControl { events, master } }))
     }
 
     /// [`Tier::start`] with the orders coming from `source`, which the tier runs: inline on
     /// the chain's first thread, before the pre-process, when the layout plans the entry
     /// inline (few CPUs: no wake-up between the source and the chain), else on a thread of
-    /// its own. The tier's input ends when the source returns `Flow::Stop`.
-    pub fn start_with_source(
-        config: &TierConfig,
-        options: &RunOptions,
-        subscribers: SubscriberFactory,
-        source: OrderSource,
-    ) -> Result<(Tier, TierControl)> {
-        config.validate()?;
-        let (planned, layout) = plan_layout(config, options.rate_per_s)?;
-        let entry = Entry::Source(source);
-        let (tier, feeds) = Tier::start_planned(&planned, &layout, options, subscribers, entry)?;
-        Ok((tier, TierControl { events: feeds.events, master: feeds.master }))
+    /// its own. The source gets the tier's control input, durable sequences and layout when it
+    /// first runs; this returns once it has started, or with its start's error
+    /// ([`ExchangeError::SourceFailed`]). The tier's input ends when the source returns
+    /// `Flow::Stop`.
+    pub fn start_with_source(start: TierStart, source: OrderSource) -> Result<Tier> {
+        let start = start.planned(None)?;
+        let (handing, handed) = mpsc::channel();
+        let (started, source_started) = mpsc::sync_channel(1);
+        let entry = Entry::Source(source.name(), Box::new(source.into_stage(handed, started)));
+        let (tier, feeds) = Tier::start_planned(start, entry)?;
+        let handover = SourceStart {
+            control: TierControl { events: feeds.events, master: feeds.master },
+            durables: tier.durables(),
+            layout: tier.layout.clone(),
+        };
+        // The source's thread is waiting for it (or gone, when the pipeline aborted).
+        let _ = handing.send(handover);
+        match source_started.recv() {
+            Ok(Ok(())) => Ok(tier),
+            Ok(Err(error)) => {
+                // The source stopped unstarted: the stages drain and end.
+                if let Err(stopping) = tier.stop() {
+                    tracing::warn!(error = %stopping, "stopping the tier after its source failed");
+                }
+                Err(ExchangeError::SourceFailed(error))
+            }
+            Err(_) => Err(tier.stop().err().unwrap_or_else(|| {
+                ExchangeError::Failed("the order source ended before it started".into())
+            })),
+        }
     }
 
-    /// Starts the tier with `layout` already planned (and `config` carrying its worker
-    /// counts), the orders entering from `inline` when given.
-    pub(super) fn start_planned(
-        config: &TierConfig,
-        layout: &TierLayout,
-        options: &RunOptions,
-        subscribers: SubscriberFactory,
-        entry: Entry,
-    ) -> Result<(Tier, Feeds)> {
-        let master = config.starting_master_data();
-        let (starts, durability) = recover(config, options, &master)?;
+    /// Starts the tier with its layout planned (and `start.config` carrying its worker
+    /// counts), the orders entering at `entry`.
+    fn start_planned(start: TierStart, entry: Entry) -> Result<(Tier, Feeds)> {
+        let layout = start.layout.clone().expect("planned before it starts");
+        let master = start.config.starting_master_data();
+        let (starts, durability) = recover(&start.config, &start.journal, &master)?;
         let RunningTier { pipeline, feeds, reports } =
-            graph::start(config, layout, options, starts, (subscribers, entry))?;
-        if config.placement {
+            graph::start(&start, &layout, starts, entry)?;
+        if start.config.placement {
             durability.pin_helpers_to(&pipeline.plan().floating_cpus);
         }
-        Ok((Tier { pipeline, reports, durability, layout: layout.clone() }, feeds))
+        Ok((Tier { pipeline, reports, durability, layout }, feeds))
     }
 
     /// Per core shard, the journal's durable sequence (`None` with the journal off): what a
@@ -175,14 +255,17 @@ impl Tier {
         let Tier { pipeline, reports, durability, .. } = self;
         let report = pipeline.wait()?;
         let journal = durability.finish()?;
-        let totals = Totals::collect(reports)?;
+        let Totals { latency, rejects, shards, master } = Totals::collect(reports)?;
         Ok(TierStopped {
-            stages: report.stages.clone(),
+            stages: report.stages,
             journal,
-            delivered: totals.latency.delivered,
-            rejects: totals.rejects,
-            totals,
-            report,
+            delivered: latency.delivered,
+            rejects,
+            end_to_end: latency.end_to_end,
+            critical_path: latency.critical_path,
+            stage_latency: latency.stage_latency,
+            shards,
+            master,
         })
     }
 }

@@ -1,14 +1,15 @@
 //! Paper 001, response delivery: runs 1–7 (blocking grid + 20 senders; lock-free + 20;
 //! lock-free + dedicated cores with 6, 4, 3, 2, 1 senders), cumulative % per 10 µs bucket,
-//! p90 and p99 at the gateway (`labs::delivery_experiment`), repeated.
+//! p90 and p99 at the gateway (`experiments::delivery_experiment`), repeated.
 
-use exchange::tier::Arrival;
-use lab::data::{Cell, DataTable};
-use lab::report::{LinePlot, ReportDir, latency_percentile_plot};
-use lab::stats::LatencyHistogram;
-use labs::delivery_experiment::{
+use experiments::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, Settings,
 };
+use experiments::plot::{LinePlot, latency_percentile_plot};
+use experiments::tier_load::Arrival;
+use lab::data::{Cell, DataTable};
+use lab::report::ReportDir;
+use lab::stats::LatencyHistogram;
 
 use super::published::PublishedPaper;
 use super::verdict::{self, MIN_REPEATS, Spread};

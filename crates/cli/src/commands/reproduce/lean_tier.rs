@@ -1,14 +1,15 @@
 //! Paper 000, the lean business tier: CPU affinity + spinning vs none at 20K/40K/60K msg/s,
 //! 1..6 publishers (R-Senders) with speedup, Karp–Flatt and Amdahl, and I/O on vs off the
-//! critical path (`labs::exchange_experiments`).
+//! critical path (`experiments::exchange_experiments`).
 
-use exchange::tier::TierConfig;
-use lab::data::{Cell, DataTable};
-use lab::report::{BarChart, LinePlot, ReportDir, latency_percentile_plot};
-use lab::stats::{amdahl, median as median_of};
-use labs::exchange_experiments::{
+use ::experiments::exchange_experiments::{
     self as experiments, JournalExperiment, PlacementPoint, SendersPoint,
 };
+use ::experiments::plot::{BarChart, LinePlot, latency_percentile_plot};
+use exchange::tier::TierConfig;
+use lab::data::{Cell, DataTable};
+use lab::report::ReportDir;
+use lab::stats::{amdahl, median as median_of};
 
 use super::published::PublishedPaper;
 use super::verdict::{self, MIN_REPEATS, Spread};

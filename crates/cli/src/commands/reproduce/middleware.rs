@@ -1,15 +1,16 @@
 //! Paper 002, the messaging middleware: throughput vs clients, scale-up vs scale-out,
 //! response time vs message size, a 2^2·r design with the allocation of variation, and the
-//! sanity counts (`labs::mq_experiment`, nodes in this process over SQLite or PostgreSQL),
-//! then the same-run comparison of `mq bench` (`labs::mq_bench`, the code behind
+//! sanity counts (`experiments::mq_experiment`, nodes in this process over SQLite or PostgreSQL),
+//! then the same-run comparison of `mq bench` (`experiments::mq_bench`, the code behind
 //! docs/benchmarks/mq.md) on the same store.
 
+use experiments::mq_bench as bench;
+use experiments::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
+use experiments::mq_load::LoadConfig;
+use experiments::plot::{BarChart, LinePlot};
 use lab::data::{Cell, DataTable};
-use lab::report::{BarChart, LinePlot, ReportDir};
+use lab::report::ReportDir;
 use lab::stats::{FactorialAnalysis, factorial_2kr};
-use labs::mq_bench as bench;
-use labs::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
-use labs::mq_load::LoadConfig;
 use mq::server::NodeConfig;
 
 use super::published::PublishedPaper;
@@ -119,7 +120,11 @@ fn factorial_analysis(points: &[Point]) -> anyhow::Result<FactorialAnalysis> {
             points.iter().filter(|p| p.level == run).map(|p| p.result.throughput_per_s).collect()
         })
         .collect();
-    Ok(factorial_2kr(&["db_workers", "group_commit"], &responses, labs::mq_load::CONFIDENCE)?)
+    Ok(factorial_2kr(
+        &["db_workers", "group_commit"],
+        &responses,
+        experiments::mq_load::CONFIDENCE,
+    )?)
 }
 
 /// A level and its values over the repeats.
@@ -375,7 +380,7 @@ fn sanity_figure(measured: &Measured) -> Figure {
     }
 }
 
-/// `mq bench` on `store` (`labs::mq_bench::run`, as `leantier mq bench --repeats 1` runs it),
+/// `mq bench` on `store` (`experiments::mq_bench::run`, as `leantier mq bench --repeats 1` runs it),
 /// each phase `seconds` long: the store's peers (plain SQL; pgmq is not installed here), the
 /// node at one request in flight, at 64, and at 64 as `SendBatch` frames of 16, and (on
 /// PostgreSQL) one client alone, every row with its host CPU per message.

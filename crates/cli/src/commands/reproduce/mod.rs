@@ -316,7 +316,8 @@ mod tests {
         let published = Published::load(None).unwrap();
         let mut table = DataTable::new("t-measured", "Measured here", ["rate_msgs_per_s"]);
         table.push(vec![20_000.0.into()]);
-        let plot = lab::report::LinePlot::new("p", "x (s)", "y (µs)").series("s", vec![(1.0, 2.0)]);
+        let plot =
+            experiments::plot::LinePlot::new("p", "x (s)", "y (µs)").series("s", vec![(1.0, 2.0)]);
         let claims = vec![
             Claim::new("c1", "same run s1", "rule 1", "m1".into(), Verdict::Reproduced),
             Claim::new("c2", "same run s2", "rule 2", "m2".into(), Verdict::NotReproduced),

@@ -5,8 +5,9 @@
 
 use cdr::run::NodeThreads;
 use cdr::validate::{Configuration, ValidateSettings, summarize, validate};
+use experiments::plot::BarChart;
 use lab::data::DataTable;
-use lab::report::{BarChart, ReportDir};
+use lab::report::ReportDir;
 use planner::network::Network;
 use planner::optimize::{Goal, optimize_with};
 use planner::options::{Budget, Options};

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use experiments::plot::BarChart;
+use experiments::web_load::CellResult;
 use lab::data::DataTable;
-use lab::report::{BarChart, ReportDir};
-use labs::web_load::CellResult;
+use lab::report::ReportDir;
 use web::exec::Model;
 use web::workload::Complexity;
 

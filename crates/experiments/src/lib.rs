@@ -1,0 +1,48 @@
+//! The experiments: the lab's runs of leantier's libraries (experiments, benchmarks and load
+//! drivers), in one crate named for what it is. They live here, not in the libraries they
+//! measure, so a library builds with its own few dependencies and carries no code that only
+//! the `leantier` command and the tests call.
+//!
+//! - [`cluster`]: a loopback JetStream cluster of `nats-server` children (tests, soaks,
+//!   benchmarks of the replicated tier).
+//! - [`delivery_bench`]: R-Sender → NATS → R-Gateway against a plain `async-nats` pair on the
+//!   same server in the same run.
+//! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
+//!   NATS, measured at the gateway.
+//! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
+//!   search, placement, R-Senders, journal modes, layouts).
+//! - [`journal_bench`]: `journal bench`, the journal writer's throughput and durable-reply
+//!   latency per policy beside the raw append + `fdatasync` baseline.
+//! - [`mq_load`], [`mq_bench`] and [`mq_experiment`]: the message queue's closed-loop load
+//!   generator (response time split into client, queue-wait, database and middleware parts,
+//!   counts and operational laws checked), the same-run comparisons against plain SQL and pgmq,
+//!   and the standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
+//! - [`order_entry_load`]: `exchange load`, the order-entry client's open-loop load over the
+//!   native protocol or FIX 4.4 against `exchange serve`.
+//! - [`ringbench`]: `pipeline`'s ring measured against rtrb, crossbeam, disruptor, std mpsc
+//!   and the blocking baseline in the same run, and the open-loop generator alone
+//!   ([`ringbench::loadgen`]).
+//! - [`tier_load`]: the tier driven open-loop by its load generator (an ordinary order source
+//!   of the tier when the layout runs the entry inline), with the scenario's external events
+//!   and master-data updates: `exchange run`, the demo's and the experiments' runs.
+//! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
+//!   server, closed or open loop, the answers checked).
+//!
+//! Each function returns its library's typed error (`exchange::ExchangeError`, ...) and typed
+//! results; `leantier` prints them and writes the report folders.
+
+pub mod cluster;
+pub mod delivery_bench;
+pub mod delivery_experiment;
+pub mod exchange_experiments;
+pub mod journal_bench;
+pub mod mq_bench;
+pub mod mq_budget;
+pub mod mq_experiment;
+pub mod mq_load;
+pub mod order_entry_load;
+pub mod plot;
+pub mod progress;
+pub mod ringbench;
+pub mod tier_load;
+pub mod web_load;
