@@ -567,7 +567,13 @@ fn the_watermark_file_follows_the_durable_sequence_while_the_writer_runs() {
     std::thread::sleep(journal::writer::WATERMARK_NOTE_INTERVAL);
     append_until_durable(11..=20);
     let noted = journal::watermark::read_file(dir.path()).unwrap().expect("a watermark file");
-    assert_eq!(noted.durable_seq, 20, "noted after the sync once the interval passed");
+    // The first sync after the interval notes what it made durable: all of 11..=20 when one sync
+    // took them, fewer when a loaded host let the writer sync 11 alone first; never 10 or less.
+    assert!(
+        (11..=20).contains(&noted.durable_seq),
+        "noted {} after the interval passed; a sync after it made 11..=20 durable",
+        noted.durable_seq
+    );
     drop(journal);
     writer.join().unwrap();
 }
