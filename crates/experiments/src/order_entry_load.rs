@@ -7,7 +7,8 @@
 //! follows `lab::load`'s schedule and writes each order to the session whose turn it is; reader
 //! threads match reports to intended times by the run's order number (native: one thread polls
 //! every session, each session's tokens start at its next sequence number so a later run never
-//! reuses one; FIX: one thread per session, the ClOrdID is the order number in decimal).
+//! reuses one; FIX: one thread per session, the ClOrdID is the run's prefix and the order
+//! number, so a later run never reuses one either).
 //! Orders alternate buy and sell at one price, so they match and the book stays small. Rejects
 //! are counted by reason, so a run the server refused says why.
 
@@ -600,7 +601,54 @@ struct FixSender {
     comp_id: String,
     target_comp_id: String,
     next_seq: u64,
+    /// This run's ClOrdIDs, written in place per order.
+    cl_ord_id: ClOrdId,
     reader: std::thread::JoinHandle<(Tally, FixReader)>,
+}
+
+/// A run's ClOrdIDs: `R<run>-<order number>`, where the run is the wall clock's milliseconds at
+/// the run's logon. An acceptor keeps a session's orders across runs (one left resting by a
+/// run, or a whole run's within its duplicate window), so a number alone would repeat a
+/// ClOrdID the next run and be refused as a duplicate; 24 bytes at most, within the gateway's
+/// 32.
+#[derive(Clone)]
+struct ClOrdId {
+    /// `R<run>-` then room for the number's digits.
+    bytes: [u8; 32],
+    prefix_len: usize,
+}
+
+impl ClOrdId {
+    fn for_this_run() -> ClOrdId {
+        let run_ms = unix_ns() / 1_000_000;
+        let mut bytes = [0u8; 32];
+        let prefix = format!("R{run_ms}-");
+        bytes[..prefix.len()].copy_from_slice(prefix.as_bytes());
+        ClOrdId { bytes, prefix_len: prefix.len() }
+    }
+
+    /// The ClOrdID of order `number`.
+    fn of(&mut self, number: u32) -> &[u8] {
+        let mut digits = [0u8; 10];
+        let mut at = digits.len();
+        let mut rest = number;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let end = self.prefix_len + digits.len() - at;
+        self.bytes[self.prefix_len..end].copy_from_slice(&digits[at..]);
+        &self.bytes[..end]
+    }
+
+    /// The order number of a report's ClOrdID; `None` when it is not one of this run's.
+    fn number_of(&self, cl_ord_id: &[u8]) -> Option<u64> {
+        cl_ord_id.strip_prefix(&self.bytes[..self.prefix_len]).and_then(fix::parse_u64)
+    }
 }
 
 impl FixSender {
@@ -642,20 +690,23 @@ impl FixSender {
             }
         }
         let clock = clock.clone();
-        let reader = std::thread::spawn(move || reader.reports(&clock));
+        let cl_ord_id = ClOrdId::for_this_run();
+        let ours = cl_ord_id.clone();
+        let reader = std::thread::spawn(move || reader.reports(&clock, &ours));
         Ok(FixSender {
             stream,
             builder,
             comp_id: credentials.comp_id.clone(),
             target_comp_id: target_comp_id.into(),
             next_seq: 2,
+            cl_ord_id,
             reader,
         })
     }
 }
 
 impl OrderSender for FixSender {
-    /// The run's order number: the ClOrdID, which the gateway maps to an order of its own.
+    /// The run's order number, which the ClOrdID carries after the run's prefix.
     fn token(&self, _nth: u32, number: u32) -> u32 {
         number
     }
@@ -666,7 +717,7 @@ impl OrderSender for FixSender {
         self.builder
             .begin(b"D", self.comp_id.as_bytes(), self.target_comp_id.as_bytes(), self.next_seq)
             .field(tag::SENDING_TIME, &now)
-            .int(tag::CL_ORD_ID, i64::from(order.token))
+            .field(tag::CL_ORD_ID, self.cl_ord_id.of(order.token))
             .field(tag::SYMBOL, traded.symbol.as_bytes())
             .field(tag::SIDE, side)
             .field(tag::TRANSACT_TIME, &now)
@@ -766,14 +817,14 @@ impl FixReader {
 
     /// Counts ExecutionReports until every order sent is answered, the drain passes
     /// without a message, or a Logout.
-    fn reports(mut self, clock: &Clock) -> (Tally, FixReader) {
+    fn reports(mut self, clock: &Clock, ours: &ClOrdId) -> (Tally, FixReader) {
         let mut tally = Tally::default();
         let mut logged_out = false;
         let mut last_report = Instant::now();
         while !logged_out {
             let more = self.next(Instant::now() + READ_POLL, |message| match message.msg_type() {
                 b"8" => {
-                    let token = message.get(tag::CL_ORD_ID).and_then(fix::parse_u64);
+                    let token = message.get(tag::CL_ORD_ID).and_then(|id| ours.number_of(id));
                     let rejected = message.get(tag::EXEC_TYPE) == Some(b"8");
                     let text = message.get(tag::TEXT).map(String::from_utf8_lossy);
                     let reason = rejected.then(|| text.unwrap_or("no Text (58)".into()));
@@ -801,5 +852,25 @@ mod refused_login_tests {
         let answer = ServerMsg::LoginRejected { reason: native::login_reject::BAD_CREDENTIALS };
         let error = refused_login(1, &answer).to_string();
         assert!(error.ends_with("login of client 1: login refused: bad credentials"), "{error}");
+    }
+}
+
+#[cfg(test)]
+mod cl_ord_id_tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_cl_ord_ids_carry_its_numbers_and_no_other_runs() {
+        let mut ours = ClOrdId::for_this_run();
+        for number in [0, 7, 10, 123_456, u32::MAX] {
+            let id = ours.of(number).to_vec();
+            assert!(id.len() <= 32, "{} bytes", id.len());
+            assert_eq!(ours.number_of(&id), Some(u64::from(number)));
+        }
+        // Another run's prefix: its milliseconds differ.
+        let mut other = ClOrdId::for_this_run();
+        other.bytes[1] = if other.bytes[1] == b'9' { b'8' } else { b'9' };
+        assert_eq!(ours.number_of(other.of(7)), None, "another run's ClOrdID is not ours");
+        assert_eq!(ours.number_of(b"7"), None, "a bare number is not ours");
     }
 }
