@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use crate::address::source_of;
 use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
@@ -45,10 +45,11 @@ use crate::protocol::{
 };
 use crate::reply_memory::{self, ReplyCharge};
 use crate::server::{
-    Committed, Counters, Node, NodeConfig, Pending, Work, fill_stats, worker_lost,
+    Committed, Counters, Node, NodeConfig, Pending, Work, book_slot_time, commit, fill_stats,
+    unanswered, worker_lost,
 };
 use crate::share::ConnectionShare;
-use crate::store::{Store, StoreOp};
+use crate::store::{Batch, Store, StoreOp};
 use crate::util::{elapsed_ns, now_us};
 
 /// Requests one connection may have in flight (read, not yet answered). Past it the node stops
@@ -176,7 +177,7 @@ struct Submitted<'a> {
     arrived: Instant,
     slot_taken: Instant,
     is_stats: bool,
-    answer: oneshot::Receiver<Committed>,
+    answer: Outcome,
     /// The node's reply memory held for the reply until it is written.
     charge: ReplyCharge<'a>,
     /// A `SendBatch` frame: its sends refused before the database (position in the frame, why),
@@ -184,6 +185,14 @@ struct Submitted<'a> {
     refused_sends: Option<Vec<(usize, ErrorReply)>>,
     /// Places in the connection's pipeline: 1, or a `SendBatch`'s sends.
     places: usize,
+}
+
+/// Where a submitted request's result comes from.
+enum Outcome {
+    /// A worker commits it and sends the result on this channel.
+    Worker(oneshot::Receiver<Committed>),
+    /// Committed already, inline by this connection (see [`Node::is_idle`]); taken once.
+    Ready(Option<Committed>),
 }
 
 /// What the reading half hands the writing half, in request order.
@@ -214,6 +223,8 @@ async fn read_requests<'a, S: Store>(
     let mut read = BufReader::new(read);
     let mut frames = FrameBuffer::new(frame_share);
     let mut client_id: Option<u64> = None;
+    // The batch this connection commits its lone requests in on an idle node, reused.
+    let mut inline = Batch::default();
     let register_by = Instant::now() + node.config.idle_timeout();
     loop {
         frames.set_len_max(match client_id {
@@ -238,59 +249,101 @@ async fn read_requests<'a, S: Store>(
         let arrived = Instant::now();
         let item = match received {
             Ok(()) => {
-                let frame_bytes = (frames.payload().len() + LENGTH_PREFIX_BYTES) as u64;
-                node.counters.request_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
-                let item = match decode_frame(frames.payload()) {
-                    Err(e) => {
-                        // An empty payload has no version byte: answer in this version.
-                        let first = frames.payload().first().copied();
-                        let version = first.map_or(PROTOCOL_VERSION, error_reply_version);
-                        let refusal = Err(ErrorReply::new(e.reason, e.detail));
-                        let mut item = answered(e.request_id.unwrap_or(0), arrived, refusal, false);
-                        if let InFlight::Answered(answer) = &mut item {
-                            answer.version = version;
-                        }
-                        item
-                    }
-                    Ok(IncomingFrame::One(RequestFrame { request_id, request })) => {
-                        let context = (node, reply_share, peer);
-                        begin(context, &mut client_id, request_id, request, arrived).await
-                    }
-                    Ok(IncomingFrame::Sends(batch)) => {
-                        begin_sends((node, reply_share), client_id, batch, arrived).await
-                    }
-                };
+                // Relaxed: the count is this task's own (both halves run in it).
+                let inline = (owed.load(Ordering::Relaxed) == 0).then_some(&mut inline);
+                let context = (node, reply_share, peer);
+                let item = on_frame(context, (&mut client_id, inline), frames.payload(), arrived);
+                let item = item.await;
                 frames.consume();
                 item
             }
-            Err(FrameError::Closed | FrameError::ClosedInFrame { .. }) => return Ok(()),
-            Err(FrameError::Io(e)) => return Err(e.into()),
-            // The stream cannot be resynchronised without reading the oversized payload:
-            // answer and close.
-            Err(FrameError::TooLarge(e)) => {
-                answered(0, arrived, Err(ErrorReply::new(e.reason, e.detail)), true)
-            }
-            Err(FrameError::NodeMemory) => {
-                node.counters.connections_cut_off.fetch_add(1, Ordering::Relaxed);
-                let bytes_max = node.config.frame_memory_bytes_max;
-                tracing::warn!(%peer, bytes_max, "cut off a connection: frame memory share full");
-                let detail = "frame memory: this connection's share or the node's is full";
-                let busy = ErrorReply::new(Reason::Busy, detail);
-                answered(0, arrived, Err(busy), true)
-            }
+            Err(error) => match on_frame_error(node, peer, error, arrived)? {
+                Some(item) => item,
+                None => return Ok(()),
+            },
         };
-        let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
-        let places = item.places();
-        owed.fetch_add(places, Ordering::Relaxed);
-        if in_flight.send(item).await.is_err() || last {
+        if !hand_over(item, owed, &in_flight).await {
             return Ok(());
         }
-        for _ in 1..places {
-            if in_flight.send(InFlight::Place).await.is_err() {
-                return Ok(());
+    }
+}
+
+/// Decodes a frame and begins its request(s) (see [`begin`], [`begin_sends`]); a frame that
+/// does not decode is answered with the decoder's reason.
+async fn on_frame<'a, S: Store>(
+    (node, reply_share, peer): (&'a Node<S>, &'a ConnectionShare<'a>, SocketAddr),
+    (client_id, inline): (&mut Option<u64>, Option<&mut Batch>),
+    payload: &[u8],
+    arrived: Instant,
+) -> InFlight<'a> {
+    let frame_bytes = (payload.len() + LENGTH_PREFIX_BYTES) as u64;
+    node.counters.request_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
+    match decode_frame(payload) {
+        Err(e) => {
+            // An empty payload has no version byte: answer in this version.
+            let version = payload.first().copied().map_or(PROTOCOL_VERSION, error_reply_version);
+            let refusal = Err(ErrorReply::new(e.reason, e.detail));
+            let mut item = answered(e.request_id.unwrap_or(0), arrived, refusal, false);
+            if let InFlight::Answered(answer) = &mut item {
+                answer.version = version;
             }
+            item
+        }
+        Ok(IncomingFrame::One(RequestFrame { request_id, request })) => {
+            let context = (node, reply_share, peer);
+            begin(context, (client_id, inline), request_id, request, arrived).await
+        }
+        Ok(IncomingFrame::Sends(batch)) => {
+            begin_sends((node, reply_share), *client_id, batch, arrived).await
         }
     }
+}
+
+/// The answer to a frame that could not be read, `None` when the client closed the stream, an
+/// error when the stream failed.
+fn on_frame_error<'a, S>(
+    node: &Node<S>,
+    peer: SocketAddr,
+    error: FrameError,
+    arrived: Instant,
+) -> Result<Option<InFlight<'a>>, Closed> {
+    Ok(match error {
+        FrameError::Closed | FrameError::ClosedInFrame { .. } => None,
+        FrameError::Io(e) => return Err(e.into()),
+        // The stream cannot be resynchronised without reading the oversized payload:
+        // answer and close.
+        FrameError::TooLarge(e) => {
+            Some(answered(0, arrived, Err(ErrorReply::new(e.reason, e.detail)), true))
+        }
+        FrameError::NodeMemory => {
+            node.counters.connections_cut_off.fetch_add(1, Ordering::Relaxed);
+            let bytes_max = node.config.frame_memory_bytes_max;
+            tracing::warn!(%peer, bytes_max, "cut off a connection: frame memory share full");
+            let detail = "frame memory: this connection's share or the node's is full";
+            Some(answered(0, arrived, Err(ErrorReply::new(Reason::Busy, detail)), true))
+        }
+    })
+}
+
+/// Hands `item` (and the further pipeline places it takes) to the writing half; `false` when
+/// the connection ends with it.
+async fn hand_over<'a>(
+    item: InFlight<'a>,
+    owed: &AtomicUsize,
+    in_flight: &mpsc::Sender<InFlight<'a>>,
+) -> bool {
+    let last = matches!(item, InFlight::Answered(Answer { last: true, .. }));
+    let places = item.places();
+    owed.fetch_add(places, Ordering::Relaxed);
+    if in_flight.send(item).await.is_err() || last {
+        return false;
+    }
+    for _ in 1..places {
+        if in_flight.send(InFlight::Place).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Runs `io` within the write timeout.
@@ -322,14 +375,17 @@ async fn write_replies<'a, S: Store>(
             }
             InFlight::Answered(answer) => (answer, None),
             InFlight::Submitted(mut submitted) => {
-                let committed = match submitted.answer.try_recv() {
-                    Ok(committed) => committed,
-                    Err(oneshot::error::TryRecvError::Closed) => worker_lost(),
-                    Err(oneshot::error::TryRecvError::Empty) => {
-                        // Replies already encoded must not wait for a later batch's commit.
-                        bounded(limit, write.flush()).await?;
-                        (&mut submitted.answer).await.unwrap_or_else(|_| worker_lost())
-                    }
+                let committed = match &mut submitted.answer {
+                    Outcome::Ready(committed) => committed.take().unwrap_or_else(worker_lost),
+                    Outcome::Worker(answer) => match answer.try_recv() {
+                        Ok(committed) => committed,
+                        Err(oneshot::error::TryRecvError::Closed) => worker_lost(),
+                        Err(oneshot::error::TryRecvError::Empty) => {
+                            // Replies already encoded must not wait for a later batch's commit.
+                            bounded(limit, write.flush()).await?;
+                            answer.await.unwrap_or_else(|_| worker_lost())
+                        }
+                    },
                 };
                 (complete(node, &mut submitted, committed), Some(submitted.charge))
             }
@@ -378,11 +434,12 @@ fn answered<'a>(
 }
 
 /// Checks that need no database, then the reply's memory, then admission, then submission to
-/// the database workers. A registration is completed here: the requests read after it are
+/// the database workers, or, on an idle node and with `inline` given (the connection owes no
+/// reply), the commit itself. A registration is completed here: the requests read after it are
 /// checked against its id.
 async fn begin<'a, S: Store>(
     (node, reply_share, peer): (&'a Node<S>, &'a ConnectionShare<'a>, SocketAddr),
-    client_id: &mut Option<u64>,
+    (client_id, inline): (&mut Option<u64>, Option<&mut Batch>),
     request_id: u64,
     request: Request,
     arrived: Instant,
@@ -424,12 +481,21 @@ async fn begin<'a, S: Store>(
     };
     let slot_taken = Instant::now();
     let is_stats = matches!(request, Request::Stats { .. });
-    let (reply, answer) = oneshot::channel();
-    let work = Work::One(StoreOp { client_id: *client_id, now_us: now_us(), request });
-    let pending = Pending { work, enqueued: Instant::now(), slot_taken, slot, reply };
-    if node.to_workers.send(pending).await.is_err() {
-        return answered(request_id, arrived, worker_lost().result, false);
-    }
+    let op = StoreOp { client_id: *client_id, now_us: now_us(), request };
+    let answer = match inline.filter(|_| node.is_idle()) {
+        Some(batch) => {
+            Outcome::Ready(Some(commit_inline(node, batch, op, (slot, slot_taken)).await))
+        }
+        None => {
+            let (reply, answer) = oneshot::channel();
+            let pending =
+                Pending { work: Work::One(op), enqueued: Instant::now(), slot_taken, slot, reply };
+            if node.to_workers.send(pending).await.is_err() {
+                return answered(request_id, arrived, worker_lost().result, false);
+            }
+            Outcome::Worker(answer)
+        }
+    };
     let (refused_sends, places) = (None, 1);
     InFlight::Submitted(Submitted {
         request_id,
@@ -441,6 +507,27 @@ async fn begin<'a, S: Store>(
         refused_sends,
         places,
     })
+}
+
+/// Commits `op` as a batch of its own in this connection's task (`batch` is the connection's,
+/// reused), then frees its handler slot.
+async fn commit_inline<S: Store>(
+    node: &Node<S>,
+    batch: &mut Batch,
+    op: StoreOp,
+    (slot, slot_taken): (OwnedSemaphorePermit, Instant),
+) -> Committed {
+    batch.ops.clear();
+    batch.results.clear();
+    batch.ops.push(op);
+    let db_ns = commit(node, batch).await;
+    node.counters.batches_inline.fetch_add(1, Ordering::Relaxed);
+    book_slot_time(&node.counters, slot_taken, Instant::now(), 1);
+    drop(slot);
+    let result = batch.results.drain(..).next().unwrap_or_else(|| Err(unanswered()));
+    // The request's own memory goes now, not with the connection's next inline batch.
+    batch.ops.clear();
+    Committed { result, worker_wait_ns: 0, db_ns }
 }
 
 /// [`begin`] for a `SendBatch` frame: each send is checked on its own (a refused one is
@@ -487,6 +574,7 @@ async fn begin_sends<'a, S: Store>(
     };
     let slot_taken = Instant::now();
     let (reply, answer) = oneshot::channel();
+    let answer = Outcome::Worker(answer);
     let work = Work::Sends(ops);
     let pending = Pending { work, enqueued: Instant::now(), slot_taken, slot, reply };
     if node.to_workers.send(pending).await.is_err() {

@@ -11,12 +11,17 @@ type CounterOf = fn(&Counters) -> &AtomicU64;
 
 /// Adds the node's metrics to `registry`.
 pub(crate) fn register(node: Arc<dyn NodeView>, registry: &mut ops::Registry) {
-    let counters: [(&str, &str, CounterOf); 7] = [
+    let counters: [(&str, &str, CounterOf); 8] = [
         ("mq_sends_committed", "sends committed (each acknowledged after its commit)", |c| {
             &c.sends_committed
         }),
         ("mq_pops_committed", "pops and acks committed", |c| &c.pops_committed),
         ("mq_batches_committed", "transactions committed (group commit)", |c| &c.batches_committed),
+        (
+            "mq_batches_inline",
+            "of those, lone requests committed by their connection (idle node)",
+            |c| &c.batches_inline,
+        ),
         ("mq_connections_refused", "connections refused at a connection limit", |c| {
             &c.connections_refused
         }),

@@ -279,6 +279,9 @@ pub(crate) struct Counters {
     pub(crate) sends_committed: AtomicU64,
     pub(crate) pops_committed: AtomicU64,
     pub(crate) batches_committed: AtomicU64,
+    /// Of those, the lone requests committed by the connection that read them (an idle node,
+    /// see [`Node::is_idle`]): no hand-off to a worker and back.
+    pub(crate) batches_inline: AtomicU64,
     db_busy_ns: AtomicU64,
     handler_busy_ns: AtomicU64,
     pub(crate) connections_open: AtomicU64,
@@ -336,6 +339,9 @@ pub(crate) struct Node<S> {
     pub(crate) store: S,
     pub(crate) handler_slots: Arc<Semaphore>,
     pub(crate) waiting: AtomicUsize,
+    /// Batches in the store right now (the workers' and those committed inline by a connection,
+    /// see [`Node::is_idle`]).
+    batches_running: AtomicUsize,
     pub(crate) to_workers: mpsc::Sender<Pending>,
     pub(crate) counters: Counters,
     pub(crate) registrar: Registrar,
@@ -375,6 +381,9 @@ pub struct NodeTotals {
     /// Bytes of replies written to clients.
     pub reply_bytes: u64,
     pub batches_committed: u64,
+    /// Of `batches_committed`, those a connection committed inline (a lone request on an idle
+    /// node).
+    pub batches_inline: u64,
     pub sends_committed: u64,
     pub pops_committed: u64,
 }
@@ -386,6 +395,7 @@ impl NodeTotals {
             request_bytes: self.request_bytes.saturating_sub(earlier.request_bytes),
             reply_bytes: self.reply_bytes.saturating_sub(earlier.reply_bytes),
             batches_committed: self.batches_committed.saturating_sub(earlier.batches_committed),
+            batches_inline: self.batches_inline.saturating_sub(earlier.batches_inline),
             sends_committed: self.sends_committed.saturating_sub(earlier.sends_committed),
             pops_committed: self.pops_committed.saturating_sub(earlier.pops_committed),
         }
@@ -450,6 +460,7 @@ impl RunningNode {
             request_bytes: self.node.counter(|c| &c.request_bytes),
             reply_bytes: self.node.counter(|c| &c.reply_bytes),
             batches_committed: self.node.counter(|c| &c.batches_committed),
+            batches_inline: self.node.counter(|c| &c.batches_inline),
             sends_committed: self.node.counter(|c| &c.sends_committed),
             pops_committed: self.node.counter(|c| &c.pops_committed),
         }
@@ -528,6 +539,7 @@ pub async fn start_with_tls<S: Store + Clone>(
     let node = Arc::new(Node {
         handler_slots: Arc::new(Semaphore::new(config.handler_slots)),
         waiting: AtomicUsize::new(0),
+        batches_running: AtomicUsize::new(0),
         to_workers,
         counters: Counters::default(),
         registrar: Registrar::new(
@@ -742,24 +754,87 @@ async fn db_worker<S: Store>(node: Arc<Node<S>>, intake: Arc<Mutex<Intake>>) {
             let (reply, slot_taken, _slot) = (p.reply, p.slot_taken, p.slot);
             waiters.push(Waiter { reply, sends, worker_wait_ns, slot_taken, _slot });
         }
-        let outcome = node.store.execute_batch(&mut batch).await;
-        let db_ns = elapsed_ns(started);
-        node.counters.batch_commit_seconds.record_ns(db_ns);
-        node.counters.db_busy_ns.fetch_add(db_ns, Ordering::Relaxed);
-        // Relaxed: a health flag; it orders nothing.
-        node.store_failing.store(outcome.is_err(), Ordering::Relaxed);
-        match outcome {
-            Ok(()) => count_committed(&node.counters, &batch),
-            Err(error) => {
-                let error = ops::error_chain(&error);
-                tracing::warn!(error, ops = batch.ops.len(), "batch rolled back");
-                batch.results.clear();
-                let refusal = ErrorReply::new(Reason::Unavailable, format!("database: {error}"));
-                batch.results.resize(batch.ops.len(), Err(refusal));
-            }
-        }
+        let db_ns = commit(&node, &mut batch).await;
         release(&node.counters, &mut waiters, &mut batch, db_ns);
     }
+}
+
+/// Runs `batch` in one transaction and books it (its time, the readiness flag, the committed
+/// counts); a batch the store fails is answered `Unavailable`, request by request. Returns the
+/// transaction's time in ns. Called by the workers and, for a lone request on an idle node, by
+/// the connection that read it (`connection::begin`).
+///
+/// Cancelling the future (a connection that dies while its inline batch runs) leaves no
+/// transaction open: the store sends a batch's statements, BEGIN to COMMIT, on its first poll
+/// (`store::postgres`), or runs it on a blocking thread (`store::sqlite`); the batch then
+/// commits or not as if its client had gone away while a worker ran it.
+pub(crate) async fn commit<S: Store>(node: &Node<S>, batch: &mut Batch) -> u64 {
+    let started = Instant::now();
+    let outcome = {
+        let _running = Running::new(&node.batches_running);
+        node.store.execute_batch(batch).await
+    };
+    let db_ns = elapsed_ns(started);
+    node.counters.batch_commit_seconds.record_ns(db_ns);
+    node.counters.db_busy_ns.fetch_add(db_ns, Ordering::Relaxed);
+    // Relaxed: a health flag; it orders nothing.
+    node.store_failing.store(outcome.is_err(), Ordering::Relaxed);
+    match outcome {
+        Ok(()) => count_committed(&node.counters, batch),
+        Err(error) => {
+            let error = ops::error_chain(&error);
+            tracing::warn!(error, ops = batch.ops.len(), "batch rolled back");
+            batch.results.clear();
+            let refusal = ErrorReply::new(Reason::Unavailable, format!("database: {error}"));
+            batch.results.resize(batch.ops.len(), Err(refusal));
+        }
+    }
+    db_ns
+}
+
+/// Counts a batch in [`Node::is_idle`]'s `batches_running` while it lives (a cancelled
+/// commit is uncounted too).
+struct Running<'a>(&'a AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn new(running: &'a AtomicUsize) -> Running<'a> {
+        // Relaxed: a hint for the inline path, which stays correct (only slower to batch)
+        // whatever it reads; it orders no memory.
+        running.fetch_add(1, Ordering::Relaxed);
+        Running(running)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<S> Node<S> {
+    /// No batch in the store and no work waiting for a worker: a lone request may then be
+    /// committed by its connection at once, without two hand-offs to and from a worker (and
+    /// their thread wake-ups). It is a hint: a worker that took work a moment ago may run its
+    /// batch beside an inline one; both are ordinary concurrent transactions, and a
+    /// connection commits inline only with nothing of its own in flight, so its requests keep
+    /// their order.
+    pub(crate) fn is_idle(&self) -> bool {
+        let queued = self.to_workers.max_capacity() - self.to_workers.capacity();
+        queued == 0 && self.batches_running.load(Ordering::Relaxed) == 0
+    }
+}
+
+/// Adds the time `requests` held their handler slots (from `slot_taken` to `done`) to the
+/// node's handler-busy total, for the `Stats` reply's utilisation.
+pub(crate) fn book_slot_time(
+    counters: &Counters,
+    slot_taken: Instant,
+    done: Instant,
+    requests: u64,
+) {
+    let held = done.saturating_duration_since(slot_taken).as_nanos();
+    let held = u64::try_from(held).unwrap_or(u64::MAX).saturating_mul(requests);
+    counters.handler_busy_ns.fetch_add(held, Ordering::Relaxed);
 }
 
 /// Where the workers take their work: the handlers' channel, and the work the last collection
@@ -806,13 +881,9 @@ async fn collect(intake: &Mutex<Intake>, pending: &mut Vec<Pending>, batch_max: 
 /// handler slots.
 fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db_ns: u64) {
     let done = Instant::now();
-    let mut handler_busy_ns = 0u64;
     let mut results = batch.results.drain(..);
     for waiter in waiters.drain(..) {
-        let held = done.saturating_duration_since(waiter.slot_taken).as_nanos();
-        let held = u64::try_from(held).unwrap_or(u64::MAX);
-        let requests = waiter.sends.unwrap_or(1) as u64;
-        handler_busy_ns = handler_busy_ns.saturating_add(held.saturating_mul(requests));
+        book_slot_time(counters, waiter.slot_taken, done, waiter.sends.unwrap_or(1) as u64);
         let result = match waiter.sends {
             None => results.next().unwrap_or_else(|| Err(unanswered())),
             Some(n) => {
@@ -828,12 +899,11 @@ fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db
         // A connection that has gone away dropped its receiver; nothing waits for this reply.
         let _ = waiter.reply.send(committed);
     }
-    counters.handler_busy_ns.fetch_add(handler_busy_ns, Ordering::Relaxed);
 }
 
 /// A store that answers fewer results than requests breaks its contract; the requests left
 /// over are answered as failed rather than silently dropped.
-fn unanswered() -> ErrorReply {
+pub(crate) fn unanswered() -> ErrorReply {
     ErrorReply::new(Reason::Unavailable, "the store gave no result for this request")
 }
 

@@ -408,3 +408,52 @@ async fn pipelined_requests_on_postgres_run_in_order_and_share_commits() {
     let Some(url) = pg_url() else { return };
     pipelined_scenario(&url).await;
 }
+
+/// A lone request on an idle node is committed by the connection that read it (no hand-off
+/// to a worker); a pipelined burst goes to the workers after at most its first request; both
+/// paths give the same answers, in request order, on SQLite and PostgreSQL.
+#[tokio::test]
+async fn lone_requests_commit_inline_and_a_pipelined_burst_goes_to_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stores = vec![format!("sqlite:{}", dir.path().display())];
+    stores.extend(pg_url());
+    for url in stores {
+        let store = AnyStore::open(&url, 4).await.unwrap();
+        let node = server::start("127.0.0.1:0", store, NodeConfig::default()).await.unwrap();
+        let mut client = Client::connect(&node.addr.to_string()).await.unwrap();
+        client.register(&unique("inline"), b"secret").await.unwrap();
+        let queue = unique("q");
+        client.create_queue(&queue).await.unwrap();
+        let before = node.totals();
+        let mut sent = Vec::new();
+        for i in 0..20u32 {
+            let content = format!("lone {i}").into_bytes();
+            sent.push((client.send(&queue, None, &content).await.unwrap(), content));
+        }
+        let lone = node.totals().since(&before);
+        assert_eq!((lone.batches_inline, lone.batches_committed), (20, 20), "{url}: {lone:?}");
+
+        let before = node.totals();
+        for i in 0..64u32 {
+            let content = format!("burst {i}").into_bytes();
+            let request = Request::Send { queue: queue.clone(), receiver: None, content };
+            client.submit(request).await.unwrap();
+        }
+        for i in 0..64u32 {
+            let (_, reply) = client.receive().await.unwrap();
+            let Ok(ReplyBody::Sent { message_id, .. }) = reply else { panic!("{url}: {reply:?}") };
+            sent.push((message_id, format!("burst {i}").into_bytes()));
+        }
+        let burst = node.totals().since(&before);
+        assert!(burst.batches_inline <= 1, "{url}: {burst:?}");
+        assert!(burst.batches_committed < 64, "{url}: the workers batched the burst: {burst:?}");
+        assert_eq!(burst.sends_committed, 64, "{url}");
+
+        for (message_id, content) in &sent {
+            let popped =
+                client.read(ReadTarget::Queue(queue.clone()), ReadMode::Pop).await.unwrap();
+            assert_eq!((popped.id, &popped.content), (*message_id, content), "{url}");
+        }
+        node.stop(Duration::from_secs(5)).await;
+    }
+}
