@@ -36,8 +36,8 @@ use tokio::sync::oneshot;
 
 use crate::address::{RegistrationLimits, RegistrationWindows};
 use crate::protocol::{ErrorReply, Reason, SECRET_BYTES_MAX, Secret};
-use crate::server::{LOG_INTERVAL, RateLimitedLog};
 use crate::store::{Store, check_name};
+use crate::util::{LOG_INTERVAL, RateLimitedLog};
 
 /// Bytes of random salt per hash (the PHC recommendation is ≥ 16).
 const SALT_BYTES: usize = 16;

@@ -37,17 +37,18 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use crate::address::source_of;
+use crate::config::NodeConfig;
 use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
+use crate::node::{
+    Committed, Counters, Node, Pending, Work, book_slot_time, commit, fill_stats, unanswered,
+    worker_lost,
+};
 use crate::protocol::{
     ErrorReply, FRAME_BYTES_MAX, IncomingFrame, LENGTH_PREFIX_BYTES, PROTOCOL_VERSION, ReadMode,
-    Reason, ReplyBody, ReplyFrame, Request, RequestFrame, SendBatchFrame, SendOutcome,
+    Reason, ReplyBody, ReplyFrame, Request, RequestFrame, Secret, SendBatchFrame, SendOutcome,
     ServerTiming, decode_frame, encode_reply_as, error_reply_version,
 };
-use crate::reply_memory::{self, ReplyCharge};
-use crate::server::{
-    Committed, Counters, Node, NodeConfig, Pending, Work, book_slot_time, commit, fill_stats,
-    unanswered, worker_lost,
-};
+use crate::reply_memory::ReplyCharge;
 use crate::share::ConnectionShare;
 use crate::store::{Batch, Store, StoreOp};
 use crate::util::{elapsed_ns, now_us};
@@ -457,21 +458,13 @@ async fn begin<'a, S: Store>(
             return answered(request_id, arrived, Err(refusal), false);
         }
         Request::Register { name, secret } => {
-            let source = source_of(peer.ip());
-            let registered = node.registrar.register(&node.store, source, &name, secret).await;
-            if let Ok(id) = &registered {
-                // Once per connection (a login); failures are not logged here, so a flood of
-                // wrong secrets cannot flood the log.
-                tracing::info!(%peer, client_id = id, name, "client registered");
-            }
-            *client_id = registered.as_ref().ok().copied().or(*client_id);
-            let result = registered.map(|client_id| ReplyBody::Registered { client_id });
+            let result = register(node, peer, client_id, &name, secret).await;
             return answered(request_id, arrived, result, false);
         }
         request => request,
     };
     // Before the database sees the request, so a dequeued message always has room for its reply.
-    let charge = match reply_memory::reserve(node, reply_share, &request) {
+    let charge = match node.reserve_reply(reply_share, &request) {
         Ok(charge) => charge,
         Err(busy) => return answered(request_id, arrived, Err(busy), false),
     };
@@ -507,6 +500,25 @@ async fn begin<'a, S: Store>(
         refused_sends,
         places,
     })
+}
+
+/// Registers the connection's client (`client_id` set on success).
+async fn register<S: Store>(
+    node: &Node<S>,
+    peer: SocketAddr,
+    client_id: &mut Option<u64>,
+    name: &str,
+    secret: Secret,
+) -> Result<ReplyBody, ErrorReply> {
+    let source = source_of(peer.ip());
+    let registered = node.registrar.register(&node.store, source, name, secret).await;
+    if let Ok(id) = &registered {
+        // Once per connection (a login); failures are not logged here, so a flood of wrong
+        // secrets cannot flood the log.
+        tracing::info!(%peer, client_id = id, name, "client registered");
+    }
+    *client_id = registered.as_ref().ok().copied().or(*client_id);
+    registered.map(|client_id| ReplyBody::Registered { client_id })
 }
 
 /// Commits `op` as a batch of its own in this connection's task (`batch` is the connection's,
@@ -565,7 +577,7 @@ async fn begin_sends<'a, S: Store>(
         return answered(request_id, arrived, Ok(ReplyBody::SentBatch(outcomes)), false);
     }
     let bytes = node.reply_bounds.for_sends(count);
-    let charge = match reply_memory::reserve_bytes(node, reply_share, bytes) {
+    let charge = match node.reserve_reply_bytes(reply_share, bytes) {
         Ok(charge) => charge,
         Err(busy) => return refuse_all(busy),
     };

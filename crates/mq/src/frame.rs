@@ -7,93 +7,17 @@
 //! [`FrameBuffer::next_frame`] is cancel-safe: everything received is kept in the buffer, so a
 //! caller may wrap it in a timeout and call it again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::protocol::{DecodeError, FRAME_BYTES_MAX, LENGTH_PREFIX_BYTES, Reason, check_frame_len};
 use crate::share::Charge;
+pub use crate::share::MemoryBudget;
 
 /// First allocation of a frame buffer; it doubles from here up to the frame's length.
 pub const FRAME_CHUNK_BYTES: usize = 4 * 1024;
 /// Capacity a buffer keeps between frames; a larger one (after a large frame) is given back, so
 /// an idle connection holds at most this much.
 pub const FRAME_BUFFER_KEEP_BYTES: usize = 64 * 1024;
-
-/// Bytes that all connections together may hold for one purpose: frame buffers, or replies
-/// owed but not yet written (see the `connection` module).
-#[derive(Debug)]
-pub struct MemoryBudget {
-    used: AtomicUsize,
-    /// Most bytes ever charged at once.
-    peak: AtomicUsize,
-    max: usize,
-}
-
-impl MemoryBudget {
-    pub fn new(max: usize) -> MemoryBudget {
-        MemoryBudget { used: AtomicUsize::new(0), peak: AtomicUsize::new(0), max }
-    }
-
-    /// Most bytes charged at once since the budget was made.
-    pub fn peak(&self) -> usize {
-        // Relaxed: a statistic.
-        self.peak.load(Ordering::Relaxed)
-    }
-
-    /// The bound.
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
-    /// Bytes charged now.
-    pub fn used(&self) -> usize {
-        // Relaxed: a statistic; the budget orders no other memory.
-        self.used.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn try_charge(&self, bytes: usize) -> bool {
-        // Relaxed: the counter is its own only datum; fetch_update makes check-and-add atomic.
-        let charged = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-            used.checked_add(bytes).filter(|&after| after <= self.max)
-        });
-        if let Ok(before) = charged {
-            self.note_peak(before + bytes);
-        }
-        charged.is_ok()
-    }
-
-    fn note_peak(&self, used: usize) {
-        // A plain load first: the peak rarely moves, and a read keeps its cache line shared
-        // between the cores charging the budget.
-        if used > self.peak.load(Ordering::Relaxed) {
-            self.peak.fetch_max(used, Ordering::Relaxed);
-        }
-    }
-
-    /// Charges bytes that already exist and must be kept, even past the budget (see
-    /// `connection::ReplyCharge::settle`).
-    pub(crate) fn charge_over(&self, bytes: usize) {
-        let before = self.used.fetch_add(bytes, Ordering::Relaxed);
-        self.note_peak(before + bytes);
-    }
-
-    pub(crate) fn release(&self, bytes: usize) {
-        let before = self.used.fetch_sub(bytes, Ordering::Relaxed);
-        assert!(before >= bytes, "memory budget released more than was charged");
-    }
-}
-
-/// The node's frame memory: the bound, each connection's reserved part, and a floor of one
-/// largest frame for a connection's share of the rest (see the `share` module).
-pub(crate) fn node_budget(config: &crate::server::NodeConfig) -> crate::share::SharedBudget {
-    crate::share::SharedBudget::new(
-        config.frame_memory_bytes_max,
-        config.connections_max,
-        config.frame_memory_reserved_bytes,
-        LENGTH_PREFIX_BYTES + FRAME_BYTES_MAX,
-    )
-}
 
 /// Why no frame came.
 #[derive(Debug, thiserror::Error)]

@@ -34,10 +34,12 @@
 mod address;
 mod auth;
 pub mod client;
+mod config;
 mod connection;
 mod error;
 pub mod frame;
 mod metrics;
+mod node;
 pub mod protocol;
 mod reply_memory;
 pub mod server;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use crate::server::{Counters, NodeView};
+use crate::node::{Counters, NodeView};
 
 type CounterOf = fn(&Counters) -> &AtomicU64;
 

@@ -31,16 +31,11 @@
 //! would lose a dequeued message. With one content limit for every node and ordinary error
 //! details the bound is never passed.
 
-use std::sync::PoisonError;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
-
 use crate::protocol::{
-    ErrorReply, LIST_QUEUES_MAX, Message, NAME_BYTES_MAX, Reason, ReplyBody, ReplyFrame, Request,
-    ServerTiming, encode_reply,
+    LIST_QUEUES_MAX, Message, NAME_BYTES_MAX, ReplyBody, ReplyFrame, Request, ServerTiming,
+    encode_reply,
 };
-use crate::server::Node;
-use crate::share::{Charge, ConnectionShare, SharedBudget};
+use crate::share::{Charge, ConnectionShare};
 
 /// Reserved for a request whose reply has a fixed size (every reply but a message or a queue
 /// list) or is an error with an ordinary detail; the largest fixed-size reply (`Stats`) takes
@@ -100,16 +95,6 @@ fn encoded_len(body: ReplyBody) -> usize {
     out.len()
 }
 
-/// The node's reply memory: the bound, its reserved parts and the share floor (module docs).
-pub(crate) fn node_budget(config: &crate::server::NodeConfig) -> SharedBudget {
-    SharedBudget::new(
-        config.reply_memory_bytes_max,
-        config.connections_max,
-        config.reply_memory_reserved_bytes,
-        ReplyBounds::new(config.content_bytes_max).largest(),
-    )
-}
-
 /// Bytes held for one owed reply in its connection's account of the node budget; released on
 /// drop.
 pub(crate) struct ReplyCharge<'a> {
@@ -117,7 +102,15 @@ pub(crate) struct ReplyCharge<'a> {
     bytes: usize,
 }
 
-impl ReplyCharge<'_> {
+impl<'a> ReplyCharge<'a> {
+    /// `bytes` charged to `connection`'s account, or `None` when its share (or the node's
+    /// budget) has no room for them.
+    pub(crate) fn try_new(connection: &'a ConnectionShare<'a>, bytes: usize) -> Option<Self> {
+        // `then`, not `then_some`: a charge built eagerly would be dropped, releasing what was
+        // never charged.
+        connection.try_charge(bytes).then(|| ReplyCharge { connection, bytes })
+    }
+
     /// Brings the charge to the size of the encoded reply: the excess of the reservation is
     /// given back; a deficit is charged even past the budget (see the module docs).
     pub(crate) fn settle(&mut self, encoded_bytes: usize) {
@@ -136,44 +129,12 @@ impl Drop for ReplyCharge<'_> {
     }
 }
 
-/// Reserves the largest reply `request` can get in the connection's account of the node's
-/// budget, or refuses it with `Busy` (counted, and logged at most once per `LOG_INTERVAL`).
-pub(crate) fn reserve<'a, S>(
-    node: &Node<S>,
-    connection: &'a ConnectionShare<'a>,
-    request: &Request,
-) -> Result<ReplyCharge<'a>, ErrorReply> {
-    reserve_bytes(node, connection, node.reply_bounds.for_request(request))
-}
-
-/// [`reserve`] for a reply of at most `bytes` (a `SendBatch`'s: [`ReplyBounds::for_sends`]).
-pub(crate) fn reserve_bytes<'a, S>(
-    node: &Node<S>,
-    connection: &'a ConnectionShare<'a>,
-    bytes: usize,
-) -> Result<ReplyCharge<'a>, ErrorReply> {
-    if connection.try_charge(bytes) {
-        return Ok(ReplyCharge { connection, bytes });
-    }
-    // Relaxed: a statistic.
-    node.counters.reply_memory_refused.fetch_add(1, Ordering::Relaxed);
-    let due =
-        node.reply_refusal_log.lock().unwrap_or_else(PoisonError::into_inner).note(Instant::now());
-    if let Some(refused) = due {
-        let bytes_max = node.config.reply_memory_bytes_max;
-        tracing::warn!(refused, bytes_max, "reply memory share full; answering requests Busy");
-    }
-    Err(ErrorReply::new(
-        Reason::Busy,
-        "reply memory: this connection's share is full (read the replies owed) or the node's is; \
-         retry later",
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::NodeStats;
+    use crate::protocol::{ErrorReply, Reason};
+    use crate::share::SharedBudget;
 
     #[test]
     fn every_fixed_size_reply_fits_the_small_reservation() {

@@ -20,7 +20,69 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::frame::MemoryBudget;
+/// Bytes that all connections together may hold for one purpose: frame buffers, or replies
+/// owed but not yet written (see the `connection` module).
+#[derive(Debug)]
+pub struct MemoryBudget {
+    used: AtomicUsize,
+    /// Most bytes ever charged at once.
+    peak: AtomicUsize,
+    max: usize,
+}
+
+impl MemoryBudget {
+    pub fn new(max: usize) -> MemoryBudget {
+        MemoryBudget { used: AtomicUsize::new(0), peak: AtomicUsize::new(0), max }
+    }
+
+    /// Most bytes charged at once since the budget was made.
+    pub fn peak(&self) -> usize {
+        // Relaxed: a statistic.
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        // Relaxed: a statistic; the budget orders no other memory.
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn try_charge(&self, bytes: usize) -> bool {
+        // Relaxed: the counter is its own only datum; fetch_update makes check-and-add atomic.
+        let charged = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            used.checked_add(bytes).filter(|&after| after <= self.max)
+        });
+        if let Ok(before) = charged {
+            self.note_peak(before + bytes);
+        }
+        charged.is_ok()
+    }
+
+    fn note_peak(&self, used: usize) {
+        // A plain load first: the peak rarely moves, and a read keeps its cache line shared
+        // between the cores charging the budget.
+        if used > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(used, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges bytes that already exist and must be kept, even past the budget (see
+    /// `connection::ReplyCharge::settle`).
+    pub(crate) fn charge_over(&self, bytes: usize) {
+        let before = self.used.fetch_add(bytes, Ordering::Relaxed);
+        self.note_peak(before + bytes);
+    }
+
+    pub(crate) fn release(&self, bytes: usize) {
+        let before = self.used.fetch_sub(bytes, Ordering::Relaxed);
+        assert!(before >= bytes, "memory budget released more than was charged");
+    }
+}
 
 /// Something frame buffers and replies charge their bytes to.
 pub trait Charge: Sync {

@@ -52,7 +52,19 @@ fn read(target: ReadTarget, mode: ReadMode) -> Request {
 
 /// Queues, addressing, authorization, peek/pop, delete-with-purge, leases and batches.
 pub(crate) async fn scenario<S: Store>(store: &S) {
-    let t = 1_000_000;
+    let (alice, bob) = registration(store).await;
+    let q = unique("q");
+    queues_and_addressing(store, (alice, bob), &q).await;
+    ownership_and_leases(store, (alice, bob), &q).await;
+    batch_stats_and_purge(store, (alice, bob), &q).await;
+}
+
+/// The scenario's clock: every request is stamped from here.
+const T: u64 = 1_000_000;
+
+/// Two clients registered; a name keeps its first secret's hash; registration is not a batch
+/// operation.
+async fn registration<S: Store>(store: &S) -> (u64, u64) {
     let alice = register(store, &unique("alice")).await;
     let bob_name = unique("bob");
     let bob = register(store, &bob_name).await;
@@ -70,9 +82,12 @@ pub(crate) async fn scenario<S: Store>(store: &S) {
         secret: crate::protocol::Secret(b"s".to_vec()),
     };
     assert_eq!(reason(exec(store, None, 1, in_batch).await), Reason::UnknownOp);
-    let q = unique("q");
-    let me = |id| Some(id);
+    (alice, bob)
+}
 
+/// Queue creation, refused sends, and who sees which message (addressed or not, by sender).
+async fn queues_and_addressing<S: Store>(store: &S, (alice, bob): (u64, u64), q: &str) {
+    let (t, me, q) = (T, Some, q.to_owned());
     assert!(matches!(
         exec(store, me(alice), t, Request::CreateQueue { name: q.clone() }).await,
         Ok(ReplyBody::QueueCreated { .. })
@@ -134,7 +149,11 @@ pub(crate) async fn scenario<S: Store>(store: &S) {
         reason(exec(store, me(bob), t, read(for_bob, ReadMode::Pop)).await),
         Reason::NoMessage
     );
+}
 
+/// Only the owner deletes or purges; leases hide a message, expire, and admit one acker.
+async fn ownership_and_leases<S: Store>(store: &S, (alice, bob): (u64, u64), q: &str) {
+    let (t, me, q) = (T, Some, q.to_owned());
     // Only the owner deletes or purges; the refusal comes before the emptiness check.
     for purge in [false, true] {
         assert_eq!(
@@ -175,7 +194,11 @@ pub(crate) async fn scenario<S: Store>(store: &S) {
         reason(exec(store, me(alice), after_lease, Request::Ack { message_id: leased.id }).await),
         Reason::NotLeaseHolder
     );
+}
 
+/// Several requests in one transaction, answered in order; the queue's depth; a purge.
+async fn batch_stats_and_purge<S: Store>(store: &S, (alice, bob): (u64, u64), q: &str) {
+    let (t, me, q) = (T, Some, q.to_owned());
     // A batch: several sends and a pop in one transaction, results in order.
     let mut batch = Batch::default();
     for i in 0..5 {

@@ -193,69 +193,17 @@ fn execute<'tx>(
     let now = op.now_us as i64;
     match &op.request {
         Request::Register { .. } => Ok(Err(register_not_batched())),
-        Request::CreateQueue { name } => {
-            if let Err(e) = check_name(name) {
-                return Ok(Err(e));
-            }
-            let id: Option<i64> = tx
-                .prepare_cached("INSERT INTO queues(name, owner_id) VALUES (?1, ?2) ON CONFLICT(name) DO NOTHING RETURNING id")?
-                .query_row(params![name, me], |r| r.get(0))
-                .optional()?;
-            Ok(match id {
-                Some(id) => Ok(ReplyBody::QueueCreated { queue_id: id as u64 }),
-                None => Err(ErrorReply::new(Reason::QueueExists, format!("queue {name:?} exists"))),
-            })
-        }
+        Request::CreateQueue { name } => create_queue(tx, me, name),
         Request::DeleteQueue { name, purge } => {
             sends.last_queue = None;
             delete_queue(tx, me, name, *purge)
         }
         Request::Send { queue, receiver, content } => {
-            let queue_id = match &sends.last_queue {
-                Some((name, id)) if name == queue => *id,
-                _ => {
-                    let Some(id) = queue_id(tx, queue)? else {
-                        return Ok(Err(unknown_queue(queue)));
-                    };
-                    sends.last_queue = Some((queue.clone(), id));
-                    id
-                }
-            };
-            if let Some(receiver) = receiver {
-                let known = tx
-                    .prepare_cached("SELECT 1 FROM clients WHERE id = ?1")?
-                    .exists([*receiver as i64])?;
-                if !known {
-                    return Ok(Err(ErrorReply::new(
-                        Reason::UnknownReceiver,
-                        format!("no client {receiver}"),
-                    )));
-                }
-            }
-            let insert = match &mut sends.insert {
-                Some(insert) => insert,
-                empty => empty.insert(tx.prepare_cached(INSERT_MESSAGE_SQL)?),
-            };
-            insert.execute(params![queue_id, me, receiver.map(|r| r as i64), now, content])?;
-            let id = tx.last_insert_rowid();
-            Ok(Ok(ReplyBody::Sent { message_id: id as u64, arrived_us: op.now_us }))
+            let message = (me, *receiver, content.as_slice());
+            send(tx, sends, queue, message, op.now_us)
         }
         Request::Read { target, mode } => read(tx, me, now, target, *mode),
-        Request::Ack { message_id } => {
-            let deleted = tx
-                .prepare_cached(
-                    "DELETE FROM messages WHERE id = ?1 AND leased_by = ?2 AND visible_us > ?3",
-                )?
-                .execute(params![*message_id as i64, me, now])?;
-            Ok(if deleted == 1 {
-                Ok(ReplyBody::Acked)
-            } else {
-                Err(ErrorReply::new(
-                    Reason::NotLeaseHolder,
-                    format!("message {message_id} is not leased to you"),
-                ))
-            })
-        }
+        Request::Ack { message_id } => ack(tx, me, now, *message_id),
         Request::ListQueues => {
             let mut stmt = tx.prepare_cached(
                 "SELECT q.name FROM queues q WHERE EXISTS (SELECT 1 FROM messages m WHERE m.queue_id = q.id \
@@ -266,20 +214,84 @@ fn execute<'tx>(
                 .collect::<rusqlite::Result<Vec<String>>>()?;
             Ok(Ok(ReplyBody::Queues(names)))
         }
-        Request::Stats { queue } => {
-            let Some(queue_id) = queue_id(tx, queue)? else {
-                return Ok(Err(unknown_queue(queue)));
-            };
-            let depth: i64 = tx
-                .prepare_cached("SELECT count(*) FROM messages WHERE queue_id = ?1")?
-                .query_row([queue_id], |r| r.get(0))?;
-            Ok(Ok(ReplyBody::Stats(NodeStats {
-                queue_depth: depth as u64,
-                ..NodeStats::default()
-            })))
-        }
+        Request::Stats { queue } => queue_stats(tx, queue),
         Request::Disconnect => Ok(Ok(ReplyBody::Disconnected)),
     }
+}
+
+fn create_queue(tx: &Transaction<'_>, me: i64, name: &str) -> rusqlite::Result<OpResult> {
+    if let Err(e) = check_name(name) {
+        return Ok(Err(e));
+    }
+    let id: Option<i64> = tx
+        .prepare_cached("INSERT INTO queues(name, owner_id) VALUES (?1, ?2) ON CONFLICT(name) DO NOTHING RETURNING id")?
+        .query_row(params![name, me], |r| r.get(0))
+        .optional()?;
+    Ok(match id {
+        Some(id) => Ok(ReplyBody::QueueCreated { queue_id: id as u64 }),
+        None => Err(ErrorReply::new(Reason::QueueExists, format!("queue {name:?} exists"))),
+    })
+}
+
+/// A send of `(sender, receiver, content)` to `queue`, stamped `now_us`; the queue's id and the
+/// insert statement are kept in `sends` for the batch's next send.
+fn send<'tx>(
+    tx: &'tx Transaction<'_>,
+    sends: &mut Sends<'tx>,
+    queue: &str,
+    (me, receiver, content): (i64, Option<u64>, &[u8]),
+    now_us: u64,
+) -> rusqlite::Result<OpResult> {
+    let queue_id = match &sends.last_queue {
+        Some((name, id)) if name == queue => *id,
+        _ => {
+            let Some(id) = queue_id(tx, queue)? else {
+                return Ok(Err(unknown_queue(queue)));
+            };
+            sends.last_queue = Some((queue.to_owned(), id));
+            id
+        }
+    };
+    if let Some(receiver) = receiver {
+        let known =
+            tx.prepare_cached("SELECT 1 FROM clients WHERE id = ?1")?.exists([receiver as i64])?;
+        if !known {
+            let detail = format!("no client {receiver}");
+            return Ok(Err(ErrorReply::new(Reason::UnknownReceiver, detail)));
+        }
+    }
+    let insert = match &mut sends.insert {
+        Some(insert) => insert,
+        empty => empty.insert(tx.prepare_cached(INSERT_MESSAGE_SQL)?),
+    };
+    let receiver = receiver.map(|r| r as i64);
+    insert.execute(params![queue_id, me, receiver, now_us as i64, content])?;
+    let id = tx.last_insert_rowid();
+    Ok(Ok(ReplyBody::Sent { message_id: id as u64, arrived_us: now_us }))
+}
+
+fn ack(tx: &Transaction<'_>, me: i64, now: i64, message_id: u64) -> rusqlite::Result<OpResult> {
+    let deleted = tx
+        .prepare_cached(
+            "DELETE FROM messages WHERE id = ?1 AND leased_by = ?2 AND visible_us > ?3",
+        )?
+        .execute(params![message_id as i64, me, now])?;
+    Ok(if deleted == 1 {
+        Ok(ReplyBody::Acked)
+    } else {
+        let detail = format!("message {message_id} is not leased to you");
+        Err(ErrorReply::new(Reason::NotLeaseHolder, detail))
+    })
+}
+
+fn queue_stats(tx: &Transaction<'_>, queue: &str) -> rusqlite::Result<OpResult> {
+    let Some(queue_id) = queue_id(tx, queue)? else {
+        return Ok(Err(unknown_queue(queue)));
+    };
+    let depth: i64 = tx
+        .prepare_cached("SELECT count(*) FROM messages WHERE queue_id = ?1")?
+        .query_row([queue_id], |r| r.get(0))?;
+    Ok(Ok(ReplyBody::Stats(NodeStats { queue_depth: depth as u64, ..NodeStats::default() })))
 }
 
 fn unknown_queue(queue: &str) -> ErrorReply {
