@@ -494,17 +494,26 @@ async fn one_client(
     setup
         .batch_execute("DROP TABLE IF EXISTS mq_bench_plain; CREATE TABLE mq_bench_plain (id bigserial PRIMARY KEY, content bytea NOT NULL)")
         .await?;
-    let (send, _) = plain_statements(1);
+    let (send, pop) = plain_statements(1);
     let plain =
         pg_phase(url, (1, postmaster), seconds, &send, Param::Bytes(content.to_vec())).await?;
+    // Pops of what the sends left, one at a time, as the node's pops below.
+    let plain_pops = pg_phase(url, (1, postmaster), seconds, &pop, Param::None).await?;
     setup.batch_execute("DROP TABLE mq_bench_plain").await?;
     let alone = Drive { clients: 1, window: 1, send_batch: 1, pops: true };
     let node = through_node(config, postmaster, alone, content).await?;
     let plain_shape = Shape { system: "plain SQL", clients: 1, per_call_or_in_flight: 1 };
     let node_shape = Shape { system: "leantier node", clients: 1, per_call_or_in_flight: 1 };
-    let mut node_row = row(&node_shape, "send", &node.sends.0, seconds);
-    node_row.batch_mean = Some(node.sends.1);
-    Ok(vec![row(&plain_shape, "send", &plain, seconds), node_row])
+    let mut node_sends = row(&node_shape, "send", &node.sends.0, seconds);
+    node_sends.batch_mean = Some(node.sends.1);
+    let mut rows = vec![row(&plain_shape, "send", &plain, seconds), node_sends];
+    rows.push(row(&plain_shape, "pop", &plain_pops, seconds));
+    if let Some((pops, batch_mean)) = &node.pops {
+        let mut node_pops = row(&node_shape, "pop", pops, seconds);
+        node_pops.batch_mean = Some(*batch_mean);
+        rows.push(node_pops);
+    }
+    Ok(rows)
 }
 
 /// The headers of the ratio columns: against each peer at one message per call and at its
