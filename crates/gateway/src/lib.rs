@@ -88,7 +88,8 @@
 //! per-session and per-stage counters and latency summaries in the Prometheus text format.
 //!
 //! The modules use each other in one direction (checked: no module cycles): `link` (a
-//! connection's outbox), `settings` and `record` (the store's record format) at the bottom;
+//! connection's outbox), `settings`, `record` (the store's record format) and `sequence` (the
+//! sessions' sequence rules, pure decisions) at the bottom;
 //! `store` and `routed` on them; `fix_session` on the store; `metrics` (counters and the page,
 //! from a snapshot the hub builds); `hub` (every client's state, the router) on those; the
 //! sessions (`fix_server`, `native_server`, `session`) on the hub; the I/O loop (`io`) on the
@@ -103,6 +104,7 @@ pub mod credentials;
 pub mod fix;
 pub mod native;
 pub mod routed;
+pub mod sequence;
 
 pub use admin::HTTP_CONNECTIONS_MAX;
 pub use admission::{CONNECTIONS_MAX, PREAUTH_PER_ADDRESS_MAX};

@@ -34,9 +34,7 @@ impl World {
         gateway.routed = RoutedPositions::recovered(gateway.durable.positions.clone());
         gateway.routed.share(DurableInputs::new(shards, slots));
         gateway.pending.clear();
-        for (client, session) in gateway.sessions.iter_mut().enumerate() {
-            *session = (gateway.durable.sessions[client].len() as u64 + 1, None);
-        }
+        gateway.sessions.fill(None);
         gateway.appends.clear();
         let from = gateway.durable.restart_seqs.clone();
         self.note(format!("gateway {n} starts, reading each shard's reports from {from:?}"));
@@ -93,7 +91,9 @@ impl World {
 
     pub(crate) fn gateway_receives(&mut self, n: usize, conn: u32, msg: Msg) {
         match msg {
-            Msg::Hello { client, last_seq } => self.hello(n, conn, client, last_seq),
+            Msg::Hello { client, last_seq } => self.native_login(n, conn, client, last_seq),
+            Msg::Logon { client } => self.fix_logon(n, conn, client),
+            Msg::ResendRequest { client, begin } => self.fix_resend(n, conn, client, begin),
             Msg::Order { order, .. } => {
                 let gateway = &mut self.gateways[n];
                 gateway.next_counter += 1;
@@ -127,19 +127,6 @@ impl World {
                 let msg = Msg::Retain { shard, gateway: n, from };
                 self.send_nats(Addr::Gateway(n), Addr::Engine(engine), 0, msg);
             }
-        }
-    }
-
-    fn hello(&mut self, n: usize, conn: u32, client: usize, last_seq: u64) {
-        self.gateways[n].sessions[client].1 = Some(conn);
-        let resend: Vec<(u64, CoreOutput)> = self.gateways[n].durable.sessions[client]
-            .iter()
-            .enumerate()
-            .skip(last_seq as usize)
-            .map(|(at, output)| (at as u64 + 1, *output))
-            .collect();
-        for (seq, output) in resend {
-            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
         }
     }
 
@@ -258,10 +245,9 @@ impl World {
         for write in gateway.pending.drain(..done) {
             for (client, output) in write.reports {
                 let session = &mut gateway.durable.sessions[client];
-                session.push(output);
+                session.push(Some(output));
                 let seq = session.len() as u64;
-                gateway.sessions[client].0 = seq + 1;
-                if let Some(conn) = gateway.sessions[client].1 {
+                if let Some(conn) = gateway.sessions[client] {
                     outgoing.push((client, conn, seq, output));
                 }
             }
@@ -279,7 +265,7 @@ impl World {
             gateway.routed.publish_durable(write.epoch);
         }
         for (client, conn, seq, output) in outgoing {
-            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
+            self.send_report(n, client, conn, seq, output);
         }
     }
 }

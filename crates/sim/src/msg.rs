@@ -53,6 +53,13 @@ pub struct Batch {
 pub enum Msg {
     /// Client → gateway: a session starts (again), having received up to `last_seq`.
     Hello { client: usize, last_seq: u64 },
+    /// Client → gateway: a FIX session's Logon.
+    Logon { client: usize },
+    /// Client → gateway: a FIX ResendRequest from `begin` on (EndSeqNo 0: all).
+    ResendRequest { client: usize, begin: u64 },
+    /// Gateway → FIX client: a message in production's encoding on connection `conn`, with
+    /// the report it carries (the checker compares them).
+    Fix { conn: u32, bytes: Vec<u8>, output: Option<CoreOutput> },
     /// Client → gateway: a request.
     Order { client: usize, order: InboundOrder },
     /// Gateway → client: the session's report `seq`, on connection `conn`.

@@ -150,8 +150,10 @@ impl SimEngine {
 /// What survives a crash: the synced writes.
 #[derive(Debug, Default)]
 pub(crate) struct DurableStore {
-    /// Per client, the session's reports (sequence = index + 1).
-    pub(crate) sessions: Vec<Vec<CoreOutput>>,
+    /// Per client, the session's sequenced messages (sequence = index + 1): its reports, and
+    /// `None` for a number a FIX session message took (its Logon; not kept, as production
+    /// keeps none: a resend gap-fills it).
+    pub(crate) sessions: Vec<Vec<Option<CoreOutput>>>,
     pub(crate) positions: HashMap<(u32, u32), Position>,
     /// Per shard, where its R-Gateway starts again: the first report of the newest durable
     /// input.
@@ -198,8 +200,10 @@ pub struct SimGateway {
     pub(crate) durable: DurableStore,
     pub(crate) pending: Vec<StoreWrite>,
     pub(crate) write_epoch: u64,
-    /// Per client: the next session sequence to give, and the connection it is on.
-    pub(crate) sessions: Vec<(u64, Option<u32>)>,
+    /// Per client: the connection its session is on.
+    pub(crate) sessions: Vec<Option<u32>>,
+    /// Builds the FIX sessions' messages (production's codec).
+    pub(crate) fix: gateway::fix::Builder,
     pub(crate) appends: BTreeMap<u64, (InboundOrder, u64)>,
     pub(crate) next_counter: u64,
 }
@@ -218,7 +222,8 @@ impl SimGateway {
             },
             pending: Vec::new(),
             write_epoch: 0,
-            sessions: vec![(1, None); clients],
+            sessions: vec![None; clients],
+            fix: gateway::fix::Builder::default(),
             appends: BTreeMap::new(),
             next_counter: 0,
         }
@@ -232,8 +237,19 @@ pub struct SimClient {
     /// The gateway its session is on.
     pub gateway: usize,
     pub(crate) conn: Option<u32>,
-    /// The session's last report sequence received.
+    /// A FIX session (production's sequence rules: gaps asked for again with a
+    /// ResendRequest, answered with resends and gap fills); `false`: a native one (resumes
+    /// from its last sequence at login).
+    pub fix: bool,
+    /// The session's last sequence received and taken (native: its last report's).
     pub last_seq: u64,
+    /// FIX: a ResendRequest for the current gap is out (production's flag).
+    pub(crate) resend_requested: bool,
+    /// The checker's own count: every sequence below it was taken as a report or gap-filled
+    /// where the gateway's store numbered no report.
+    pub(crate) covered: u64,
+    /// Reports received (liveness counts them).
+    pub reports: u64,
     /// When the last message on each direction of its connection arrives (TCP order).
     pub up_last_ns: u64,
     /// See `up_last_ns`.
@@ -248,12 +264,16 @@ pub struct SimClient {
 
 impl SimClient {
     /// Client `id` of a gateway.
-    pub fn new(gateway: usize) -> SimClient {
+    pub fn new(gateway: usize, fix: bool) -> SimClient {
         SimClient {
             life: Life { up: true, inc: 1, ..Life::default() },
             gateway,
             conn: None,
+            fix,
             last_seq: 0,
+            resend_requested: false,
+            covered: 1,
+            reports: 0,
             up_last_ns: 0,
             down_last_ns: 0,
             next_order: 0,
@@ -262,4 +282,15 @@ impl SimClient {
             fills: FillBook::default(),
         }
     }
+}
+
+/// What the FIX sessions' resends did in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionTally {
+    /// ResendRequests the gateways answered.
+    pub resend_requests: u64,
+    /// Reports sent again with PossDupFlag.
+    pub resent: u64,
+    /// SequenceReset-GapFills sent.
+    pub gap_fills: u64,
 }

@@ -21,6 +21,8 @@ pub struct Settings {
     pub gateways: usize,
     /// Clients (each on gateway `client % gateways`).
     pub clients: usize,
+    /// Percent of each gateway's clients on FIX sessions (spread evenly); the rest native.
+    pub fix_percent: u64,
     /// The fault kinds drawn.
     pub fault_kinds: Vec<FaultKind>,
     /// Faults drawn per run.
@@ -70,6 +72,7 @@ impl Settings {
             engines: 3,
             gateways: 2,
             clients: 100,
+            fix_percent: 50,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,
@@ -84,6 +87,13 @@ impl Settings {
             snapshot_every: 1000,
             tier,
         }
+    }
+
+    /// Whether client `n` runs a FIX session: `fix_percent` of each gateway's clients,
+    /// spread evenly over them.
+    pub fn is_fix(&self, n: usize) -> bool {
+        let k = (n / self.gateways) as u64;
+        (k + 1) * self.fix_percent / 100 > k * self.fix_percent / 100
     }
 
     /// When faults stop and clients send no new orders, ns (the last fault has ended).
@@ -113,6 +123,9 @@ impl Settings {
                 "shards, engines, gateways and clients must be > 0 and clients ≤ {}",
                 self.tier.universe.clients
             )));
+        }
+        if self.fix_percent > 100 {
+            return Err(SimError::BadInput("the FIX share is a percent: 0 to 100".into()));
         }
         if self.gateways as u32 != self.tier.gateways {
             return Err(SimError::BadInput("the tier's gateways must equal the gateways".into()));

@@ -90,6 +90,8 @@ pub struct World {
     pub snapshots: u64,
     /// See `snapshots`.
     pub trims: u64,
+    /// What the FIX sessions' resends did.
+    pub sessions: crate::process::SessionTally,
 }
 
 /// Most journal lines kept (the newest).
@@ -120,6 +122,7 @@ impl World {
             resynced_recomputable: 0,
             snapshots: 0,
             trims: 0,
+            sessions: crate::process::SessionTally::default(),
         }
     }
 
