@@ -103,6 +103,7 @@ pub mod client;
 pub mod credentials;
 pub mod fix;
 pub mod native;
+pub mod record;
 pub mod routed;
 pub mod sequence;
 
@@ -129,7 +130,6 @@ mod io;
 mod link;
 mod metrics;
 mod native_server;
-mod record;
 mod remote;
 mod server;
 mod session;

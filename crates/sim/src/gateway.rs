@@ -7,24 +7,23 @@
 use delivery::gateway::Fenced;
 use delivery::publish::subject_index;
 use delivery::wire::Stream;
-use exchange::msg::{CoreOutput, InboundOrder};
-use gateway::routed::{self, DurableInputs, RoutedPositions};
+use exchange::msg::InboundOrder;
+use gateway::routed::{DurableInputs, RoutedPositions};
 
 use crate::check::Invariant;
 use crate::msg::{Addr, Batch, Msg, Timer};
-use crate::process::{Feed, StoreWrite};
+use crate::process::Feed;
 use crate::world::World;
 
 /// The gateway's retry period, ns.
 const RETRY_NS: u64 = 100_000_000;
 /// How long an append or a retain request waits for its answer before it is sent again, ns.
 const RESEND_AFTER_NS: u64 = 300_000_000;
-/// Bytes before a store record's payload (length, CRC, kind, client).
-const RECORD_HEADER_BYTES: usize = 13;
 
 impl World {
     /// Starts (or restarts) gateway `n` from its durable store.
     pub fn start_gateway(&mut self, n: usize) {
+        self.recover_store(n);
         let (slots, shards) = (self.settings.tier.gateways, self.settings.shards as u32);
         let gateway = &mut self.gateways[n];
         gateway.life.up = true;
@@ -45,6 +44,8 @@ impl World {
     pub fn stop_gateway(&mut self, n: usize, clean: bool) {
         if clean {
             self.synced(n, u64::MAX);
+        } else {
+            self.store_power_loss(n);
         }
         let gateway = &mut self.gateways[n];
         gateway.life.up = false;
@@ -222,50 +223,5 @@ impl World {
             }
         }
         self.resynced += last + 1 - first;
-    }
-
-    /// Writes routed reports with their positions to the store; they go out once synced.
-    fn write(&mut self, n: usize, shard: usize, reports: Vec<(usize, CoreOutput)>) {
-        let gateway = &mut self.gateways[n];
-        gateway.write_epoch += 1;
-        let epoch = gateway.write_epoch;
-        let mut positions = Vec::new();
-        gateway.routed.append_changed(&mut positions, epoch);
-        let restart_seq = gateway.feeds[shard].input.1;
-        gateway.pending.push(StoreWrite { epoch, shard, reports, positions, restart_seq });
-        let sync_ns = self.rng.range(200_000, 3_000_000);
-        self.timer(Addr::Gateway(n), sync_ns, Timer::Synced(epoch));
-    }
-
-    /// The store synced every write up to `epoch`: they are durable, and their reports go out.
-    fn synced(&mut self, n: usize, epoch: u64) {
-        let gateway = &mut self.gateways[n];
-        let done = gateway.pending.iter().take_while(|write| write.epoch <= epoch).count();
-        let mut outgoing = Vec::new();
-        for write in gateway.pending.drain(..done) {
-            for (client, output) in write.reports {
-                let session = &mut gateway.durable.sessions[client];
-                session.push(Some(output));
-                let seq = session.len() as u64;
-                if let Some(conn) = gateway.sessions[client] {
-                    outgoing.push((client, conn, seq, output));
-                }
-            }
-            let mut at = 0;
-            while at + RECORD_HEADER_BYTES <= write.positions.len() {
-                let len =
-                    u32::from_le_bytes(write.positions[at..at + 4].try_into().expect("4 bytes"));
-                let payload = &write.positions[at + RECORD_HEADER_BYTES..][..len as usize];
-                if let Some((key, position)) = routed::decode(payload) {
-                    gateway.durable.positions.insert(key, position);
-                }
-                at += RECORD_HEADER_BYTES + len as usize;
-            }
-            gateway.durable.restart_seqs[write.shard] = write.restart_seq;
-            gateway.routed.publish_durable(write.epoch);
-        }
-        for (client, conn, seq, output) in outgoing {
-            self.send_report(n, client, conn, seq, output);
-        }
     }
 }

@@ -29,6 +29,7 @@ pub mod run;
 pub mod session;
 pub mod settings;
 pub mod snapshot;
+pub mod store;
 pub mod world;
 
 pub use check::{Invariant, Violation};

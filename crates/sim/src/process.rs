@@ -14,6 +14,7 @@ use replication::snapshot::EngineSnapshot;
 
 use crate::check::FillBook;
 use crate::clock::{ProcessClock, SimInstant};
+use crate::disk::{PendingSync, SimDisk};
 use crate::journal::EngineJournal;
 use crate::msg::Event;
 
@@ -147,28 +148,47 @@ impl SimEngine {
     }
 }
 
-/// What survives a crash: the synced writes.
+/// A gateway's session store: its file on a simulated disk (production's record format) and
+/// what the gateway knows of it.
 #[derive(Debug, Default)]
 pub(crate) struct DurableStore {
-    /// Per client, the session's sequenced messages (sequence = index + 1): its reports, and
-    /// `None` for a number a FIX session message took (its Logon; not kept, as production
-    /// keeps none: a resend gap-fills it).
+    /// The store's file.
+    pub(crate) disk: SimDisk,
+    /// Per client, the session's numbered messages (sequence = index + 1), written to the
+    /// store and synced or not: its reports, and `None` for a number a FIX session message
+    /// took (its Logon; not kept, as production keeps none: a resend gap-fills it).
     pub(crate) sessions: Vec<Vec<Option<CoreOutput>>>,
+    /// Per client, each numbered message's record payload: where it lies in the file, and
+    /// a hash of what recovery must read back.
+    pub(crate) records: Vec<Vec<StoredPayload>>,
+    /// Per client, the messages synced (and so sent): the first `synced` of `sessions`.
+    pub(crate) synced: Vec<u64>,
     pub(crate) positions: HashMap<(u32, u32), Position>,
     /// Per shard, where its R-Gateway starts again: the first report of the newest durable
     /// input.
     pub(crate) restart_seqs: Vec<u64>,
 }
 
-/// A store write not yet synced: one batch of one shard's reports.
+/// Where a session message's record payload lies in the store's file, and its hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoredPayload {
+    pub(crate) at: usize,
+    pub(crate) len: usize,
+    pub(crate) hash: u64,
+}
+
+/// A store write not yet synced: one batch (one shard's reports, or a Logon's number).
 #[derive(Debug)]
 pub(crate) struct StoreWrite {
     pub(crate) epoch: u64,
-    pub(crate) shard: usize,
-    pub(crate) reports: Vec<(usize, CoreOutput)>,
+    /// The messages it numbered: (client, sequence).
+    pub(crate) numbered: Vec<(usize, u64)>,
     /// The routed-position records (the production encoding).
     pub(crate) positions: Vec<u8>,
-    pub(crate) restart_seq: u64,
+    /// The shard whose reports it holds and where its R-Gateway starts again.
+    pub(crate) restart: Option<(usize, u64)>,
+    /// Its sync, in flight.
+    pub(crate) sync: PendingSync,
 }
 
 /// A gateway's reading of one shard's report subject for it (its in-process R-Gateway).
@@ -217,6 +237,8 @@ impl SimGateway {
             routed: RoutedPositions::default(),
             durable: DurableStore {
                 sessions: vec![Vec::new(); clients],
+                records: vec![Vec::new(); clients],
+                synced: vec![0; clients],
                 restart_seqs: vec![1; shards],
                 ..DurableStore::default()
             },

@@ -24,29 +24,32 @@ const LEAVES_QTY: u32 = 151;
 const GAP_FILL_FLAG: u32 = 123;
 
 impl World {
-    /// A native login: the session's reports replayed from the client's next on.
+    /// A native login: the session's reports replayed from the client's next on (those
+    /// synced: what the store holds for sure).
     pub(crate) fn native_login(&mut self, n: usize, conn: u32, client: usize, last_seq: u64) {
         let gateway = &mut self.gateways[n];
         gateway.sessions[client] = Some(conn);
-        let session = &gateway.durable.sessions[client];
-        let next_seq = session.len() as u64 + 1;
+        let store = &gateway.durable;
+        let next_seq = store.synced[client] + 1;
         // The simulated store keeps a session's whole history (first kept: 1).
         let Ok(from) = sequence::native_replay_from(last_seq + 1, next_seq, 1) else { return };
         let replay: Vec<(u64, CoreOutput)> = (from..next_seq)
-            .filter_map(|seq| session[seq as usize - 1].map(|output| (seq, output)))
+            .filter_map(|seq| store.sessions[client][seq as usize - 1].map(|output| (seq, output)))
             .collect();
         for (seq, output) in replay {
             self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
         }
     }
 
-    /// A FIX Logon: the gateway's Logon takes the session's next number (durably at once:
-    /// the store reserves it), the client asks for any gap before it.
+    /// A FIX Logon: the gateway's Logon takes the session's next number (in the store; it
+    /// goes out once synced), the client asks for any gap before it.
     pub(crate) fn fix_logon(&mut self, n: usize, conn: u32, client: usize) {
-        let gateway = &mut self.gateways[n];
-        gateway.sessions[client] = Some(conn);
-        gateway.durable.sessions[client].push(None);
-        let seq = gateway.durable.sessions[client].len() as u64;
+        self.gateways[n].sessions[client] = Some(conn);
+        self.number_logon(n, client);
+    }
+
+    /// Sends the Logon numbered `seq`, its number synced.
+    pub(crate) fn send_logon(&mut self, n: usize, client: usize, conn: u32, seq: u64) {
         let bytes = self.fix_message(n, client, b"A", seq, false, |b| {
             b.int(tag::ENCRYPT_METHOD, 0).int(tag::HEART_BT_INT, 30);
         });
@@ -56,8 +59,9 @@ impl World {
     /// Answers a FIX ResendRequest from `begin` on by production's plan over the stored
     /// messages.
     pub(crate) fn fix_resend(&mut self, n: usize, conn: u32, client: usize, begin: u64) {
-        let session = &self.gateways[n].durable.sessions[client];
-        let (begin, end) = (begin.max(1), session.len() as u64);
+        let store = &self.gateways[n].durable;
+        let (session, end) = (&store.sessions[client], store.synced[client]);
+        let begin = begin.max(1);
         let stored = (begin..=end).filter(|seq| session[*seq as usize - 1].is_some());
         let mut steps = Vec::new();
         self.sessions.resend_requests += 1;
@@ -82,7 +86,8 @@ impl World {
         }
     }
 
-    /// Sends report `seq` of `client`'s session, synced just now, on `conn`.
+    /// Sends report `seq` of `client`'s session, synced just now, on `conn` (a FIX session's
+    /// as its record holds it).
     pub(crate) fn send_report(
         &mut self,
         n: usize,
@@ -92,7 +97,7 @@ impl World {
         output: CoreOutput,
     ) {
         let msg = if self.clients[client].fix {
-            let bytes = self.fix_report(n, client, seq, false, &output);
+            let bytes = self.stored_fix_message(n, client, seq);
             Msg::Fix { conn, bytes, output: Some(output) }
         } else {
             Msg::Report { conn, seq, output }
@@ -100,7 +105,7 @@ impl World {
         self.send_tcp(client, Addr::Client(client), 0, msg);
     }
 
-    fn fix_report(
+    pub(crate) fn fix_report(
         &mut self,
         n: usize,
         client: usize,

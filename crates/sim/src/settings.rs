@@ -23,6 +23,11 @@ pub struct Settings {
     pub clients: usize,
     /// Percent of each gateway's clients on FIX sessions (spread evenly); the rest native.
     pub fix_percent: u64,
+    /// Whether a gateway's crash may tear its store's write-back (half the time: a random
+    /// share of the unsynced sectors persists, the last torn). Off by default: production's
+    /// store then recovers part of a batch never synced, its reports without their routed
+    /// position, and the restarted gateway routes them again (docs/SIMULATION.md, found).
+    pub gateway_store_tears: bool,
     /// The fault kinds drawn.
     pub fault_kinds: Vec<FaultKind>,
     /// Faults drawn per run.
@@ -73,6 +78,7 @@ impl Settings {
             gateways: 2,
             clients: 100,
             fix_percent: 50,
+            gateway_store_tears: false,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,
