@@ -95,6 +95,8 @@ pub enum Timer {
     Heartbeat,
     /// Engine: its journal's sync `id` completed.
     JournalSynced(u64),
+    /// Engine: its snapshot's put (delayed by the object store) completes.
+    SnapshotPut,
     /// Gateway: resend unacknowledged appends, retry a retain request.
     Retry,
     /// Gateway: the store's write `epoch` is synced.
@@ -119,4 +121,6 @@ pub enum Event {
     FaultEnds(usize),
     /// Faults are over and clients stop sending new orders.
     Quiet,
+    /// A process whose start failed starts again (its supervisor's restart), if it is down.
+    Start(Addr),
 }

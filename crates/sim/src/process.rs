@@ -73,6 +73,9 @@ pub struct SimEngine {
     pub(crate) journal_snapshot: Option<EngineSnapshot>,
     /// The input after which it took its last snapshot.
     pub(crate) snapshot_taken: u64,
+    /// Its snapshot being put (the object store delays it); none is taken meanwhile, as
+    /// production's snapshot thread waits for its put.
+    pub(crate) pending_put: Option<EngineSnapshot>,
     /// Per gateway, reports handed to the publisher so far (sent or withheld).
     pub(crate) published: Vec<u64>,
     pub(crate) leading: Option<u64>,
@@ -99,6 +102,7 @@ impl SimEngine {
             journal: EngineJournal::default(),
             journal_snapshot: None,
             snapshot_taken: 0,
+            pending_put: None,
             published: vec![0; tier.gateways as usize],
             leading: None,
             regenerated: None,

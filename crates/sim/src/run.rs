@@ -49,6 +49,8 @@ pub struct Outcome {
     pub trims: u64,
     /// What the FIX sessions' resends did.
     pub sessions: crate::process::SessionTally,
+    /// Snapshot puts that failed (the object store or the broker).
+    pub snapshot_puts_failed: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -84,6 +86,7 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         snapshots: world.snapshots,
         trims: world.trims,
         sessions: world.sessions,
+        snapshot_puts_failed: world.snapshot_puts_failed,
     }
 }
 
@@ -151,6 +154,9 @@ impl World {
             (FaultKind::Loss, _) => self.net.loss = (self.rng.unit() * 0.3, until),
             (FaultKind::Duplicate, _) => self.net.duplicate = (self.rng.unit() * 0.3, until),
             (FaultKind::Delay, _) => self.net.delay = (self.rng.unit() * 0.3, until),
+            (FaultKind::ObjectStore, _) => {
+                self.net.object_store = (0.2 + self.rng.unit() * 0.6, until);
+            }
             (FaultKind::BrokerKill, Target::BrokerNode(node)) => {
                 self.broker.kill_node(node, self.now_ns, &mut self.rng);
             }

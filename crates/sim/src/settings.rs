@@ -28,6 +28,11 @@ pub struct Settings {
     /// store then recovers part of a batch never synced, its reports without their routed
     /// position, and the restarted gateway routes them again (docs/SIMULATION.md, found).
     pub gateway_store_tears: bool,
+    /// Whether an `object-store` fault also fails the regenerator's snapshot reads. Off by
+    /// default: production's regenerator then recomputes nothing, the retain answer falls
+    /// back to the window and the gateway resyncs reports the group could recompute (a
+    /// `liveness` violation; docs/SIMULATION.md, found).
+    pub regenerator_read_faults: bool,
     /// The fault kinds drawn.
     pub fault_kinds: Vec<FaultKind>,
     /// Faults drawn per run.
@@ -79,6 +84,7 @@ impl Settings {
             clients: 100,
             fix_percent: 50,
             gateway_store_tears: false,
+            regenerator_read_faults: false,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,
