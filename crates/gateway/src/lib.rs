@@ -111,7 +111,7 @@ pub use admin::HTTP_CONNECTIONS_MAX;
 pub use admission::{CONNECTIONS_MAX, PREAUTH_PER_ADDRESS_MAX};
 pub use error::ServeError;
 pub use hub::order_id;
-pub use remote::{AppendTally, RemoteOptions, RunningRemote, start as start_remote};
+pub use remote::{AppendTally, RemoteOptions, RunningRemote, new_run_id, start as start_remote};
 pub use server::{BoundAddresses, Running, ServeOptions, start};
 pub use settings::{DEAD_LINK_INTERVALS, Settings};
 pub use store::{FILE_NAME as STORE_FILE_NAME, StoreError, UNKEPT_SEQ_RESERVE};

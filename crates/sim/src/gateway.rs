@@ -29,6 +29,8 @@ impl World {
         gateway.life.up = true;
         gateway.life.paused = false;
         gateway.life.inc += 1;
+        // Production's draw, through its seam, from the run's one seeded generator.
+        gateway.run_id = gateway::new_run_id(&mut self.rng);
         gateway.feeds = gateway.durable.restart_seqs.iter().map(|seq| Feed::from(*seq)).collect();
         gateway.routed = RoutedPositions::recovered(gateway.durable.positions.clone());
         gateway.routed.share(DurableInputs::new(shards, slots));
@@ -111,9 +113,9 @@ impl World {
     }
 
     fn append(&mut self, n: usize, counter: u64, order: InboundOrder) {
-        let run = self.gateways[n].life.inc;
+        let (run, run_id) = (self.gateways[n].life.inc, self.gateways[n].run_id);
         let shard = order.instrument as usize % self.settings.shards;
-        let msg = Msg::Append { shard, gateway: n, run, counter, order };
+        let msg = Msg::Append { shard, gateway: n, run, run_id, counter, order };
         self.send_nats(Addr::Gateway(n), Addr::Broker, 0, msg);
     }
 

@@ -65,7 +65,16 @@ pub enum Msg {
     /// Gateway → client: the session's report `seq`, on connection `conn`.
     Report { conn: u32, seq: u64, output: CoreOutput },
     /// Gateway → broker: append with de-duplication by (gateway, run, counter).
-    Append { shard: usize, gateway: usize, run: u32, counter: u64, order: InboundOrder },
+    /// (`run`: the gateway's incarnation, which the acknowledgement goes to; `run_id`: its
+    /// run's id, drawn by production's `gateway::new_run_id`.)
+    Append {
+        shard: usize,
+        gateway: usize,
+        run: u32,
+        run_id: u64,
+        counter: u64,
+        order: InboundOrder,
+    },
     /// Broker → gateway: appended.
     AppendAck { counter: u64 },
     /// Engine → broker: the inputs from `from` on.

@@ -229,6 +229,8 @@ pub struct SimGateway {
     /// Builds the FIX sessions' messages (production's codec).
     pub(crate) fix: gateway::fix::Builder,
     pub(crate) appends: BTreeMap<u64, (InboundOrder, u64)>,
+    /// This run's id (its appends' message ids carry it).
+    pub(crate) run_id: u64,
     pub(crate) next_counter: u64,
 }
 
@@ -251,6 +253,7 @@ impl SimGateway {
             sessions: vec![None; clients],
             fix: gateway::fix::Builder::default(),
             appends: BTreeMap::new(),
+            run_id: 0,
             next_counter: 0,
         }
     }

@@ -308,8 +308,8 @@ impl World {
         }
         let now = self.now_ns;
         match msg {
-            Msg::Append { shard, gateway, run, counter, order } => {
-                let (_, new) = self.broker.append(shard, (gateway, run, counter), order);
+            Msg::Append { shard, gateway, run, run_id, counter, order } => {
+                let (_, new) = self.broker.append(shard, (gateway, run_id, counter), order);
                 if new {
                     self.checker.committed(shard, &order);
                 }
