@@ -121,6 +121,11 @@ impl SimDisk {
         torn
     }
 
+    /// Bytes a power failure leaves.
+    pub fn durable_len(&self) -> usize {
+        self.durable.len()
+    }
+
     /// Flips a bit of each of 1–8 bytes at `offset..` (within its sector), durable and cached.
     pub fn flip(&mut self, offset: usize, rng: &mut Rng) {
         let sector_end = (offset / SECTOR_BYTES + 1) * SECTOR_BYTES;

@@ -28,6 +28,11 @@ pub struct Settings {
     /// store then recovers part of a batch never synced, its reports without their routed
     /// position, and the restarted gateway routes them again (docs/SIMULATION.md, found).
     pub gateway_store_tears: bool,
+    /// Whether a gateway's crash flips 1–8 bytes of a durable sector of its store first (a
+    /// damaged disk). Off by default: production's recovery ends the store at the damaged
+    /// record and cuts what follows as a torn tail (under 8 MiB), sent messages with it
+    /// (docs/SIMULATION.md, found).
+    pub gateway_store_corruption: bool,
     /// Whether an `object-store` fault also fails the regenerator's snapshot reads. Off by
     /// default: production's regenerator then recomputes nothing, the retain answer falls
     /// back to the window and the gateway resyncs reports the group could recompute (a
@@ -85,6 +90,7 @@ impl Settings {
             fix_percent: 50,
             gateway_store_tears: false,
             regenerator_read_faults: false,
+            gateway_store_corruption: false,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,

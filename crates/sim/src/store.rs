@@ -136,6 +136,12 @@ impl World {
     /// write-back in flight tears).
     pub(crate) fn store_power_loss(&mut self, n: usize) {
         let tear = self.settings.gateway_store_tears && self.rng.chance(0.5);
+        let durable_bytes = self.gateways[n].durable.disk.durable_len();
+        if self.settings.gateway_store_corruption && durable_bytes > 0 {
+            let offset = self.rng.range(0, durable_bytes as u64) as usize;
+            self.gateways[n].durable.disk.flip(offset, &mut self.rng);
+            self.note(format!("gateway {n}'s store: bytes at {offset} flipped"));
+        }
         let gateway = &mut self.gateways[n];
         let in_flight = gateway.pending.drain(..).map(|write| write.sync);
         let rng = tear.then_some(&mut self.rng);

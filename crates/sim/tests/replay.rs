@@ -232,3 +232,27 @@ fn a_failed_snapshot_read_while_regenerating_resyncs_recomputable_reports() {
     assert!(violation.detail.contains("recomputes"), "seed {seed}: {violation}");
     assert!(read_failed, "seed {seed}: after a failed regeneration");
 }
+
+/// Found, not put back: production's session store has no durable watermark, so recovery
+/// ends the store at a damaged record and cuts everything after it as a torn tail when that
+/// is under 8 MiB (`gateway::record::tail`): a flipped byte in a synced sector loses the
+/// messages the gateway sent after it (`store-keeps-what-it-sent`), as the journal did
+/// before its watermark (`regress-truncate-at-corruption`). Open in production
+/// (docs/SIMULATION.md); this test fails once such damage is refused or repaired.
+#[test]
+fn a_flipped_byte_in_the_gateways_store_loses_the_messages_sent_after_it() {
+    let found = (1..=5).find_map(|seed| {
+        let settings = Settings {
+            fault_kinds: vec![FaultKind::Crash],
+            engine_faults: false,
+            gateway_store_corruption: true,
+            ..short(seed)
+        };
+        let outcome = run(&settings);
+        Some((seed, outcome.violation?))
+    });
+    let (seed, violation) = found.expect("a store losing sent messages within 5 seeds");
+    println!("seed {seed}: {violation}");
+    assert_eq!(violation.invariant, sim::Invariant::StoreKeepsSent, "seed {seed}: {violation}");
+    assert!(violation.detail.contains("sent before the restart"), "seed {seed}: {violation}");
+}
