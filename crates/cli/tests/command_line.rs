@@ -601,6 +601,9 @@ fn sim_replays_a_seed_and_refuses_bad_faults_and_seed_files_with_code_2() {
     let bad_faults = leantier(&["sim", "--seeds", "1", "--faults", "crash,meteor"]);
     assert_eq!(code(&bad_faults), 2);
     assert!(text(&bad_faults.stderr).contains("unknown fault \"meteor\""));
+    let bad_share = leantier(&["sim", "--seeds", "1", "--fix-percent", "101"]);
+    assert_eq!(code(&bad_share), 2);
+    assert!(text(&bad_share.stderr).contains("FIX share"), "{}", text(&bad_share.stderr));
 
     let dir = tempfile::tempdir().unwrap();
     let seeds = dir.path().join("seeds.txt");

@@ -27,6 +27,7 @@
 pub mod admission;
 pub mod clock;
 pub mod consumer;
+pub mod entropy;
 mod error;
 pub mod gateway;
 pub mod nats;

@@ -31,6 +31,7 @@ use pipeline::ring::RingConfig;
 use pipeline::wait::{Parker, WaitStrategy, Waiter};
 
 use crate::clock::{EpochOffset, monotonic_ns};
+use crate::entropy::{Entropy, OsEntropy};
 use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::nats::{NatsConnect, connect};
 use crate::subjects::{CONNECT_TIMEOUT, data_subject, parse_retain_subject};
@@ -464,14 +465,10 @@ fn count_of<I: ExactSizeIterator>(items: I) -> (usize, I) {
     (items.len(), items)
 }
 
-/// A fresh random instance id: std's per-process random hash keys, mixed with the clock and
-/// the pid. It tells publisher runs apart; it is not a secret (every subscriber sees it).
-fn new_instance_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(monotonic_ns());
-    hasher.write_u32(std::process::id());
-    hasher.finish()
+/// A fresh random instance id, drawn from `entropy` (production: [`OsEntropy`]). It tells
+/// publisher runs apart; it is not a secret (every subscriber sees it).
+pub fn new_instance_id(entropy: &mut impl Entropy) -> u64 {
+    entropy.next_u64()
 }
 
 /// The R-Senders' NATS side: connects, serves the retained windows and the heartbeats, and
@@ -530,7 +527,8 @@ impl NatsPublisher {
             .build()
             .map_err(io_failed("starting the publisher's runtime"))?;
         let client = runtime.block_on(connect(&options.nats, "publisher"))?;
-        let instance = group.as_ref().map_or_else(new_instance_id, |group| group.instance);
+        let instance =
+            group.as_ref().map_or_else(|| new_instance_id(&mut OsEntropy), |group| group.instance);
         let next_seqs = group.as_ref().map(|group| group.next_seqs.clone()).unwrap_or_default();
         let (gate, regenerate) = match group {
             Some(group) => (Some(group.gate), group.regenerate),

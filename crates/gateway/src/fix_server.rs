@@ -18,6 +18,7 @@ use crate::hub::Hub;
 use crate::hub::order_id;
 use crate::link::Link;
 use crate::native::{Event, event_kind, gateway_reason};
+use crate::sequence::{self, Inbound, ResendStep};
 use crate::session::{Conn, Flow, Stream, detach, write_final, write_or_end};
 
 /// Bytes buffered from one FIX connection: two of the largest messages.
@@ -238,27 +239,29 @@ fn take_sequence(
     seq: u64,
     resend_requested: &mut bool,
 ) -> Option<Flow> {
-    if seq < fix.store().next_in {
-        if message.get(tag::POSS_DUP_FLAG) == Some(b"Y") {
-            return Some(Flow::Continue);
+    let next_in = fix.store().next_in;
+    let poss_dup = message.get(tag::POSS_DUP_FLAG) == Some(b"Y");
+    match sequence::fix_inbound(next_in, seq, poss_dup, *resend_requested) {
+        Inbound::DropDuplicate => Some(Flow::Continue),
+        Inbound::TooLow => {
+            let text = format!("MsgSeqNum too low, expecting {next_in} but received {seq}");
+            Some(logout(fix, link, limit, &text))
         }
-        let text =
-            format!("MsgSeqNum too low, expecting {} but received {seq}", fix.store().next_in);
-        return Some(logout(fix, link, limit, &text));
-    }
-    if seq > fix.store().next_in {
-        if !*resend_requested {
-            *resend_requested = true;
-            let from = fix.store().next_in as i64;
-            fix.send(b"2", Some(link), limit, |b| {
-                b.int(tag::BEGIN_SEQ_NO, from).int(tag::END_SEQ_NO, 0);
-            });
+        Inbound::Gap(ask_from) => {
+            if let Some(from) = ask_from {
+                *resend_requested = true;
+                fix.send(b"2", Some(link), limit, |b| {
+                    b.int(tag::BEGIN_SEQ_NO, from as i64).int(tag::END_SEQ_NO, 0);
+                });
+            }
+            Some(Flow::Continue)
         }
-        return Some(Flow::Continue);
+        Inbound::Take => {
+            *resend_requested = false;
+            fix.store_mut().next_in += 1;
+            None
+        }
     }
-    *resend_requested = false;
-    fix.store_mut().next_in += 1;
-    None
 }
 
 fn dispatch(hub: &mut Hub, at: usize, link: &Rc<Link>, message: &Message, seq: u64) -> Flow {
@@ -327,9 +330,11 @@ fn sequence_reset(
     message: &Message,
     seq: u64,
 ) -> Flow {
-    match message.get(tag::NEW_SEQ_NO).and_then(fix::parse_u64) {
-        Some(new_seq) if new_seq >= fix.store().next_in => fix.store_mut().next_in = new_seq,
-        _ => reject(
+    let next_in = fix.store().next_in;
+    let reset = message.get(tag::NEW_SEQ_NO).and_then(fix::parse_u64);
+    match reset.and_then(|new_seq| sequence::fix_sequence_reset(next_in, new_seq)) {
+        Some(new_seq) => fix.store_mut().next_in = new_seq,
+        None => reject(
             fix,
             link,
             limit,
@@ -367,28 +372,15 @@ fn resend(fix: &mut FixState, link: &Rc<Link>, limit: usize, message: &Message) 
         _ => asked_end,
     };
     tracing::info!(comp_id = %fix.comp_id(), begin, end, "FIX resend");
-    let mut gap_from: Option<u64> = None;
-    let mut expected = begin;
-    for (seq, bytes) in &stored {
-        let Ok(old) = Message::parse(bytes) else { continue };
-        if *seq > expected || fix::is_session_type(old.msg_type()) {
-            gap_from.get_or_insert(expected);
-        }
-        expected = seq + 1;
-        if fix::is_session_type(old.msg_type()) {
-            continue;
-        }
-        if let Some(from) = gap_from.take() {
-            gap_fill(fix, link, limit, from, *seq);
-        }
-        resend_one(fix, link, limit, *seq, &old);
-    }
-    if expected <= end {
-        gap_from.get_or_insert(expected);
-    }
-    if let Some(from) = gap_from {
-        gap_fill(fix, link, limit, from, end + 1);
-    }
+    let parsed: Vec<(u64, Message)> = stored
+        .iter()
+        .filter_map(|(seq, bytes)| Message::parse(bytes).ok().map(|old| (*seq, old)))
+        .collect();
+    let kinds = parsed.iter().map(|(seq, old)| (*seq, fix::is_session_type(old.msg_type())));
+    sequence::resend_plan(begin, end, kinds, |step| match step {
+        ResendStep::GapFill { from, to } => gap_fill(fix, link, limit, from, to),
+        ResendStep::Resend { at, seq } => resend_one(fix, link, limit, seq, &parsed[at].1),
+    });
     if end < asked_end {
         fix.send(b"0", Some(link), limit, |_| {});
     }

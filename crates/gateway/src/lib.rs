@@ -88,7 +88,8 @@
 //! per-session and per-stage counters and latency summaries in the Prometheus text format.
 //!
 //! The modules use each other in one direction (checked: no module cycles): `link` (a
-//! connection's outbox), `settings` and `record` (the store's record format) at the bottom;
+//! connection's outbox), `settings`, `record` (the store's record format) and `sequence` (the
+//! sessions' sequence rules, pure decisions) at the bottom;
 //! `store` and `routed` on them; `fix_session` on the store; `metrics` (counters and the page,
 //! from a snapshot the hub builds); `hub` (every client's state, the router) on those; the
 //! sessions (`fix_server`, `native_server`, `session`) on the hub; the I/O loop (`io`) on the
@@ -102,13 +103,15 @@ pub mod client;
 pub mod credentials;
 pub mod fix;
 pub mod native;
+pub mod record;
 pub mod routed;
+pub mod sequence;
 
 pub use admin::HTTP_CONNECTIONS_MAX;
 pub use admission::{CONNECTIONS_MAX, PREAUTH_PER_ADDRESS_MAX};
 pub use error::ServeError;
 pub use hub::order_id;
-pub use remote::{AppendTally, RemoteOptions, RunningRemote, start as start_remote};
+pub use remote::{AppendTally, RemoteOptions, RunningRemote, new_run_id, start as start_remote};
 pub use server::{BoundAddresses, Running, ServeOptions, start};
 pub use settings::{DEAD_LINK_INTERVALS, Settings};
 pub use store::{FILE_NAME as STORE_FILE_NAME, StoreError, UNKEPT_SEQ_RESERVE};
@@ -127,7 +130,6 @@ mod io;
 mod link;
 mod metrics;
 mod native_server;
-mod record;
 mod remote;
 mod server;
 mod session;

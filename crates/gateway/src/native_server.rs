@@ -201,11 +201,9 @@ fn attach(hub: &mut Hub, at: usize, next_seq: u64) -> Result<(), u8> {
     if client.link().is_some() {
         return Err(login_reject::ALREADY_LOGGED_IN);
     }
-    let from = if next_seq == 0 { client.next_seq() } else { next_seq.min(client.next_seq()) };
-    let first = client.first_kept_seq();
-    if from < first {
-        return Err(login_reject::SEQUENCE_UNAVAILABLE);
-    }
+    let from =
+        crate::sequence::native_replay_from(next_seq, client.next_seq(), client.first_kept_seq())
+            .map_err(|_| login_reject::SEQUENCE_UNAVAILABLE)?;
     let accepted = ServerMsg::LoginAccepted { client: client.credential().client, next_seq: from };
     let mut frames = Vec::with_capacity(native::FRAME_BYTES_MAX);
     native::encode_server(&accepted, &mut frames);

@@ -1,12 +1,18 @@
 //! The store's record format (`crate::store`, "On disk"): a header with the payload's length,
 //! its CRC32C and the record's kind and client, then the payload. Its own module so that
 //! whatever writes records into a store batch (the store, the routed positions) shares one
-//! encoder without depending on the store.
+//! encoder without depending on the store. Reading them back ([`scan`], [`tail`]) is pure
+//! too: the store's recovery and `crates/sim`'s simulated store call the same code.
+
+use std::io::Read;
 
 use crate::fix;
 
 /// Bytes of a record's header.
-pub(crate) const HEADER_BYTES: usize = 13;
+pub const HEADER_BYTES: usize = 13;
+/// Longest tail recovery cuts off as a torn write. A batch is bounded by what one unit of work
+/// produces (a route batch of 256 reports, one read buffer of requests): far below this.
+pub const TORN_TAIL_BYTES_MAX: u64 = 8 << 20;
 /// Largest payload: a FIX message (header and trailer included) and its sequence number.
 pub const PAYLOAD_BYTES_MAX: usize = fix::BODY_BYTES_MAX + 256;
 
@@ -42,7 +48,7 @@ pub mod kind {
 }
 
 /// Appends a record to `out`; returns the offset its payload has in `out`.
-pub(crate) fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&[u8]]) -> usize {
+pub fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&[u8]]) -> usize {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     // Release-build check: a longer record would be written but refused by recovery.
     assert!(len <= PAYLOAD_BYTES_MAX, "store record of {len} bytes");
@@ -60,4 +66,79 @@ pub(crate) fn encode_record(out: &mut Vec<u8>, kind: u8, client: u32, parts: &[&
         out.extend_from_slice(part);
     }
     offset
+}
+
+/// One record as recovery reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Record<'a> {
+    /// One of [`kind`] (not checked here: the caller's `apply` refuses what it cannot decode).
+    pub kind: u8,
+    /// The client it belongs to.
+    pub client: u32,
+    /// Its payload.
+    pub payload: &'a [u8],
+    /// Where the payload lies in the store.
+    pub payload_at: u64,
+}
+
+/// Reads records from `reader` in order and hands each valid one to `apply`, until one is cut
+/// short, longer than [`PAYLOAD_BYTES_MAX`], fails its checksum, or `apply` refuses it (it
+/// does not decode); returns where the valid records end.
+pub fn scan(reader: &mut impl Read, mut apply: impl FnMut(Record) -> bool) -> std::io::Result<u64> {
+    let mut end = 0u64;
+    let mut payload = vec![0u8; PAYLOAD_BYTES_MAX];
+    loop {
+        let mut header = [0u8; HEADER_BYTES];
+        if read_full(reader, &mut header)? < HEADER_BYTES {
+            break;
+        }
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let client = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes"));
+        if len > PAYLOAD_BYTES_MAX || read_full(reader, &mut payload[..len])? < len {
+            break;
+        }
+        let payload = &payload[..len];
+        if crc32c::crc32c_append(crc32c::crc32c(&header[8..13]), payload) != crc {
+            break;
+        }
+        let payload_at = end + HEADER_BYTES as u64;
+        if !apply(Record { kind: header[8], client, payload, payload_at }) {
+            break;
+        }
+        end = payload_at + len as u64;
+    }
+    Ok(end)
+}
+
+/// What recovery does with the bytes after the valid records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// None: the store ends with its valid records.
+    Clean,
+    /// A write torn by a crash (never released to any client): cut off this many bytes.
+    Torn(u64),
+    /// Longer than a torn write can be: damage; the store refuses to open.
+    Damaged(u64),
+}
+
+/// The verdict on a store of `size` bytes whose valid records end at `end`.
+pub fn tail(end: u64, size: u64) -> Tail {
+    match size.saturating_sub(end) {
+        0 => Tail::Clean,
+        bytes if bytes > TORN_TAIL_BYTES_MAX => Tail::Damaged(bytes),
+        bytes => Tail::Torn(bytes),
+    }
+}
+
+/// Reads until `buffer` is full or the reader ends; how much it read.
+fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match reader.read(&mut buffer[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
 }

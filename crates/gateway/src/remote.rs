@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use delivery::clock::EpochOffset;
+use delivery::entropy::{Entropy, OsEntropy};
 use delivery::gateway::{FIRST_SEQ_HEARD, GatewayOptions, InProcessConsumer, RunningGateway};
 use delivery::nats::NatsConnect;
 use delivery::wire::{Frame, FrameDecoder, Record, Stream};
@@ -250,6 +251,12 @@ fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> 
     (0..options.log.shards).flat_map(move |shard| (0..slots).map(move |slot| (shard, slot)))
 }
 
+/// A gateway run's id (its appends' message ids carry it), drawn from `entropy`
+/// (production: [`OsEntropy`]; `crates/sim`: its seeded generator).
+pub fn new_run_id(entropy: &mut impl Entropy) -> u64 {
+    entropy.next_u64()
+}
+
 /// Queues the orders on their streams in admission order, those of one shard that arrived
 /// together as one message (up to `RECORDS_PER_MESSAGE_MAX`: no wait for more), counts
 /// the acknowledgements and hands appends that went unacknowledged to `unacknowledged`.
@@ -260,7 +267,7 @@ async fn append_orders(
     unacknowledged: Unresolved,
 ) -> AppendTally {
     // This run's id: a retry inside the run reuses its message id; a new run never collides.
-    let run = rand::random::<u64>();
+    let run = new_run_id(&mut OsEntropy);
     let epoch = EpochOffset::measure().absolute(0);
     let (mut tally, mut seq) = (AppendTally::default(), 0u64);
     let mut in_flight = futures_util::stream::FuturesUnordered::new();

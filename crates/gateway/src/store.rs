@@ -45,7 +45,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -59,7 +59,7 @@ use tokio::sync::Notify;
 
 use crate::fix;
 use crate::link::Link;
-use crate::record::{HEADER_BYTES, PAYLOAD_BYTES_MAX, encode_record};
+use crate::record::{self, Record, Tail, encode_record};
 use crate::routed::RoutedPositions;
 
 #[path = "store_compact.rs"]
@@ -68,9 +68,7 @@ use crate::native::{self, Event, ServerMsg, event_kind};
 pub use crate::record::kind;
 pub use compact::FixIndex;
 
-/// Longest tail recovery cuts off as a torn write. A batch is bounded by what one unit of work
-/// produces (a route batch of 256 reports, one read buffer of requests): far below this.
-pub const TORN_TAIL_BYTES_MAX: u64 = 8 << 20;
+pub use crate::record::TORN_TAIL_BYTES_MAX;
 /// The store's file name inside the store directory.
 pub const FILE_NAME: &str = "gateway.store";
 /// Default of [`StoreOptions::bytes_max`] (config `store_bytes_max`): 256 MiB. Past it the
@@ -258,15 +256,17 @@ impl Log {
             OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
         let (mut recovered, end) = recover(&file, options.replay_events_max).map_err(io)?;
-        if end < size {
-            let tail_bytes = size - end;
-            if tail_bytes > TORN_TAIL_BYTES_MAX {
+        match record::tail(end, size) {
+            Tail::Clean => {}
+            Tail::Damaged(tail_bytes) => {
                 let path = path.display().to_string();
                 return Err(StoreError::Corrupt { path, offset: end, tail_bytes });
             }
-            tracing::warn!(path = %path.display(), offset = end, tail_bytes, "gateway store: torn tail cut off");
-            file.set_len(end).map_err(io)?;
-            file.sync_data().map_err(io)?;
+            Tail::Torn(tail_bytes) => {
+                tracing::warn!(path = %path.display(), offset = end, tail_bytes, "gateway store: torn tail cut off");
+                file.set_len(end).map_err(io)?;
+                file.sync_data().map_err(io)?;
+            }
         }
         let sync = match options.sync {
             true => Some(spawn_syncer(file.try_clone().map_err(io)?)),
@@ -554,29 +554,10 @@ fn journals_cover(shared: &SyncShared) -> bool {
 fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, u64)> {
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut recovered = Recovered::default();
-    let mut end = 0u64;
-    let mut payload = vec![0u8; PAYLOAD_BYTES_MAX];
-    loop {
-        let mut header = [0u8; HEADER_BYTES];
-        if read_full(&mut reader, &mut header)? < HEADER_BYTES {
-            break;
-        }
-        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-        let client = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes"));
-        if len > PAYLOAD_BYTES_MAX || read_full(&mut reader, &mut payload[..len])? < len {
-            break;
-        }
-        let payload = &payload[..len];
-        if crc32c::crc32c_append(crc32c::crc32c(&header[8..13]), payload) != crc {
-            break;
-        }
-        let at = end + HEADER_BYTES as u64;
-        if !apply(&mut recovered, header[8], client, payload, at, replay_events_max) {
-            break;
-        }
-        end = at + len as u64;
-    }
+    let end = record::scan(&mut reader, |record| {
+        let Record { kind, client, payload, payload_at } = record;
+        apply(&mut recovered, kind, client, payload, payload_at, replay_events_max)
+    })?;
     Ok((recovered, end))
 }
 
@@ -730,18 +711,6 @@ fn fix_order_state(
     let instrument = number(fix::tag::SYMBOL).unwrap_or(0);
     track_open(open, &Event { kind, token, instrument, leaves_qty, ..Event::default() });
     token
-}
-
-/// Reads until `buffer` is full or the file ends; returns the bytes read.
-fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match reader.read(&mut buffer[filled..])? {
-            0 => break,
-            n => filled += n,
-        }
-    }
-    Ok(filled)
 }
 
 #[cfg(test)]

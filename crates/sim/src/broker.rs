@@ -20,7 +20,7 @@ pub const BROKER_NODES: usize = 3;
 const ELECTION_NS: (u64, u64) = (1_000_000_000, 4_000_000_000);
 
 /// A gateway run's append id: (gateway, run, counter) — the real `AppendId`'s parts.
-pub type MessageId = (usize, u32, u64);
+pub type MessageId = (usize, u64, u64);
 
 /// The lease subject's one live message.
 #[derive(Clone, Copy, Debug)]

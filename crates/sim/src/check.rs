@@ -29,11 +29,14 @@ pub enum Invariant {
     /// No engine (live, or restarting from the newest snapshot) and no snapshot ever needs an
     /// input the log's trim removed.
     TrimPastNeed,
+    /// A gateway's session store, recovered after a restart, still holds every message the
+    /// gateway sent (after its sync), with the same bytes.
+    StoreKeepsSent,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 9] = [
+    pub const ALL: [Invariant; 10] = [
         Invariant::OneEpoch,
         Invariant::StaleEpoch,
         Invariant::SameBytes,
@@ -43,6 +46,7 @@ impl Invariant {
         Invariant::DurableDropped,
         Invariant::Liveness,
         Invariant::TrimPastNeed,
+        Invariant::StoreKeepsSent,
     ];
 
     /// Its name in reports.
@@ -57,6 +61,7 @@ impl Invariant {
             Invariant::DurableDropped => "durable-never-dropped",
             Invariant::Liveness => "liveness",
             Invariant::TrimPastNeed => "trim-never-past-need",
+            Invariant::StoreKeepsSent => "store-keeps-what-it-sent",
         }
     }
 }

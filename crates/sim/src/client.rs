@@ -60,7 +60,13 @@ impl World {
         for order in resend.iter().filter(|order| order.kind == request_kind::REPLACE) {
             client.fills.replaced(order.order_id, order.qty);
         }
-        self.send_tcp(n, Addr::Gateway(gateway), conn, Msg::Hello { client: n, last_seq });
+        let hello = if client.fix {
+            client.resend_requested = false;
+            Msg::Logon { client: n }
+        } else {
+            Msg::Hello { client: n, last_seq }
+        };
+        self.send_tcp(n, Addr::Gateway(gateway), conn, hello);
         for order in resend {
             self.send_tcp(n, Addr::Gateway(gateway), conn, Msg::Order { client: n, order });
         }
@@ -110,7 +116,11 @@ impl World {
     }
 
     pub(crate) fn client_receives(&mut self, n: usize, msg: Msg) {
-        let Msg::Report { conn, seq, output } = msg else { return };
+        let (conn, seq, output) = match msg {
+            Msg::Report { conn, seq, output } => (conn, seq, output),
+            Msg::Fix { conn, bytes, output } => return self.fix_receives(n, conn, &bytes, output),
+            _ => return,
+        };
         let client = &mut self.clients[n];
         if client.conn != Some(conn) || seq <= client.last_seq {
             return;
@@ -120,6 +130,14 @@ impl World {
             return self.checker.fail(Invariant::SessionGap, self.now_ns, detail);
         }
         client.last_seq = seq;
+        self.take_report(n, seq, output);
+    }
+
+    /// Report `seq` of client `n`'s session, taken: its fills, its order's answer, the
+    /// reference's check.
+    pub(crate) fn take_report(&mut self, n: usize, seq: u64, output: CoreOutput) {
+        let client = &mut self.clients[n];
+        client.reports += 1;
         if let Err(detail) = client.fills.report(&output) {
             self.checker.fail(Invariant::Overfill, self.now_ns, format!("client {n}: {detail}"));
         }

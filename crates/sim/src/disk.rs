@@ -83,10 +83,14 @@ impl SimDisk {
     /// A power failure: the page cache is lost. With `tear`, the write-back in progress
     /// persisted a random share of the unsynced sectors (`in_flight` among them) and tore the
     /// last one: its new bytes up to a random point, garbage where it changed after that.
-    pub fn power_loss(&mut self, in_flight: Option<PendingSync>, tear: Option<&mut Rng>) {
+    pub fn power_loss(
+        &mut self,
+        in_flight: impl IntoIterator<Item = PendingSync>,
+        tear: Option<&mut Rng>,
+    ) {
         if let Some(rng) = tear {
             let mut unsynced: Vec<(usize, Vec<u8>)> =
-                in_flight.map(|s| s.sectors).unwrap_or_default();
+                in_flight.into_iter().flat_map(|s| s.sectors).collect();
             let dirty = std::mem::take(&mut self.dirty);
             unsynced.extend(dirty.into_iter().map(|s| (s, self.sector(&self.cache, s).to_vec())));
             unsynced.sort_by_key(|(sector, _)| *sector);
@@ -115,6 +119,11 @@ impl SimDisk {
             }
         }
         torn
+    }
+
+    /// Bytes a power failure leaves.
+    pub fn durable_len(&self) -> usize {
+        self.durable.len()
     }
 
     /// Flips a bit of each of 1–8 bytes at `offset..` (within its sector), durable and cached.

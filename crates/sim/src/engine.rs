@@ -13,7 +13,7 @@ use replication::snapshot::EngineSnapshot;
 
 use crate::check::Invariant;
 use crate::journal::EngineJournal;
-use crate::msg::{Addr, Batch, Msg, Timer};
+use crate::msg::{Addr, Batch, Event, Msg, Timer};
 use crate::process::{LeaseRequest, Life, SimEngine};
 use crate::world::World;
 
@@ -23,12 +23,21 @@ const POLL_NS: u64 = 5_000_000;
 const READ_TIMEOUT_NS: u64 = 100_000_000;
 /// A leader's heartbeat period, ns.
 const HEARTBEAT_NS: u64 = 100_000_000;
+/// How long an engine's supervisor waits before starting it again after it exited, ns.
+const ENGINE_RESTART_NS: u64 = 1_000_000_000;
 /// Most reports per batch.
 const BATCH_MAX: usize = 256;
 
 impl World {
     /// Starts (or restarts) engine `n`: what its journal recovers, then the log after it.
     pub fn start_engine(&mut self, n: usize) {
+        // Production's `starting_point` reads the newest snapshot first; a failed read ends
+        // the process with the error, and its supervisor starts it again.
+        if self.object_store_fails() {
+            self.note(format!("engine {n}: reading the newest snapshot failed; it exits"));
+            self.at(ENGINE_RESTART_NS, Event::Start(Addr::Engine(n)));
+            return;
+        }
         let ttl = Duration::from_nanos(self.settings.lease_ttl_ns);
         let life = std::mem::take(&mut self.engines[n].life);
         let journal = std::mem::take(&mut self.engines[n].journal);
@@ -92,6 +101,11 @@ impl World {
             Timer::Heartbeat => {
                 self.heartbeat(n);
                 self.timer(Addr::Engine(n), HEARTBEAT_NS, Timer::Heartbeat);
+            }
+            Timer::SnapshotPut => {
+                if let Some(snapshot) = self.engines[n].pending_put.take() {
+                    self.put_snapshot(n, snapshot);
+                }
             }
             _ => {}
         }
@@ -376,6 +390,12 @@ impl World {
     /// when the snapshot is past `from` (the inputs before it were trimmed away), as
     /// production's `Regenerator` does.
     fn replay(&mut self, n: usize, gateway: usize, from: u64) -> Vec<CoreOutput> {
+        // Production's `Regenerator` reads the newest snapshot; a failed read recomputes
+        // nothing (the retain answer falls back to the window).
+        if self.settings.regenerator_read_faults && self.object_store_fails() {
+            self.note(format!("engine {n}: regenerating from the newest snapshot: read failed"));
+            return Vec::new();
+        }
         let (applied, shard) = (self.engines[n].applied as usize, self.engines[n].shard);
         let snapshot = self.broker.shards[shard].snapshot.as_ref();
         let mut replica = GroupReplica::starting(&self.settings.tier, snapshot)

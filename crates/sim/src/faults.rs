@@ -35,11 +35,14 @@ pub enum FaultKind {
     Corrupt,
     /// An engine's disk refuses writes for a while.
     DiskFull,
+    /// The broker's object store (the snapshots) fails a share of puts and reads and delays
+    /// the rest by up to 2 s for a while.
+    ObjectStore,
 }
 
 impl FaultKind {
     /// Every kind, in the order `--faults` lists them.
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::Crash,
         FaultKind::Stop,
         FaultKind::Pause,
@@ -53,6 +56,7 @@ impl FaultKind {
         FaultKind::TornWrite,
         FaultKind::Corrupt,
         FaultKind::DiskFull,
+        FaultKind::ObjectStore,
     ];
 
     /// The kind's name in `--faults`.
@@ -71,6 +75,7 @@ impl FaultKind {
             FaultKind::TornWrite => "torn-write",
             FaultKind::Corrupt => "corrupt",
             FaultKind::DiskFull => "disk-full",
+            FaultKind::ObjectStore => "object-store",
         }
     }
 
@@ -187,7 +192,10 @@ pub fn schedule(
                 FaultKind::BrokerKill => {
                     Target::BrokerNode(rng.range(0, cast.broker_nodes as u64) as usize)
                 }
-                FaultKind::Loss | FaultKind::Duplicate | FaultKind::Delay => Target::Network,
+                FaultKind::Loss
+                | FaultKind::Duplicate
+                | FaultKind::Delay
+                | FaultKind::ObjectStore => Target::Network,
                 // Only the engines' journals are on a simulated disk (none in the cast: the
                 // fault hits nothing).
                 FaultKind::TornWrite | FaultKind::Corrupt | FaultKind::DiskFull => {

@@ -7,36 +7,35 @@
 use delivery::gateway::Fenced;
 use delivery::publish::subject_index;
 use delivery::wire::Stream;
-use exchange::msg::{CoreOutput, InboundOrder};
-use gateway::routed::{self, DurableInputs, RoutedPositions};
+use exchange::msg::InboundOrder;
+use gateway::routed::{DurableInputs, RoutedPositions};
 
 use crate::check::Invariant;
 use crate::msg::{Addr, Batch, Msg, Timer};
-use crate::process::{Feed, StoreWrite};
+use crate::process::Feed;
 use crate::world::World;
 
 /// The gateway's retry period, ns.
 const RETRY_NS: u64 = 100_000_000;
 /// How long an append or a retain request waits for its answer before it is sent again, ns.
 const RESEND_AFTER_NS: u64 = 300_000_000;
-/// Bytes before a store record's payload (length, CRC, kind, client).
-const RECORD_HEADER_BYTES: usize = 13;
 
 impl World {
     /// Starts (or restarts) gateway `n` from its durable store.
     pub fn start_gateway(&mut self, n: usize) {
+        self.recover_store(n);
         let (slots, shards) = (self.settings.tier.gateways, self.settings.shards as u32);
         let gateway = &mut self.gateways[n];
         gateway.life.up = true;
         gateway.life.paused = false;
         gateway.life.inc += 1;
+        // Production's draw, through its seam, from the run's one seeded generator.
+        gateway.run_id = gateway::new_run_id(&mut self.rng);
         gateway.feeds = gateway.durable.restart_seqs.iter().map(|seq| Feed::from(*seq)).collect();
         gateway.routed = RoutedPositions::recovered(gateway.durable.positions.clone());
         gateway.routed.share(DurableInputs::new(shards, slots));
         gateway.pending.clear();
-        for (client, session) in gateway.sessions.iter_mut().enumerate() {
-            *session = (gateway.durable.sessions[client].len() as u64 + 1, None);
-        }
+        gateway.sessions.fill(None);
         gateway.appends.clear();
         let from = gateway.durable.restart_seqs.clone();
         self.note(format!("gateway {n} starts, reading each shard's reports from {from:?}"));
@@ -47,6 +46,8 @@ impl World {
     pub fn stop_gateway(&mut self, n: usize, clean: bool) {
         if clean {
             self.synced(n, u64::MAX);
+        } else {
+            self.store_power_loss(n);
         }
         let gateway = &mut self.gateways[n];
         gateway.life.up = false;
@@ -93,7 +94,9 @@ impl World {
 
     pub(crate) fn gateway_receives(&mut self, n: usize, conn: u32, msg: Msg) {
         match msg {
-            Msg::Hello { client, last_seq } => self.hello(n, conn, client, last_seq),
+            Msg::Hello { client, last_seq } => self.native_login(n, conn, client, last_seq),
+            Msg::Logon { client } => self.fix_logon(n, conn, client),
+            Msg::ResendRequest { client, begin } => self.fix_resend(n, conn, client, begin),
             Msg::Order { order, .. } => {
                 let gateway = &mut self.gateways[n];
                 gateway.next_counter += 1;
@@ -110,9 +113,9 @@ impl World {
     }
 
     fn append(&mut self, n: usize, counter: u64, order: InboundOrder) {
-        let run = self.gateways[n].life.inc;
+        let (run, run_id) = (self.gateways[n].life.inc, self.gateways[n].run_id);
         let shard = order.instrument as usize % self.settings.shards;
-        let msg = Msg::Append { shard, gateway: n, run, counter, order };
+        let msg = Msg::Append { shard, gateway: n, run, run_id, counter, order };
         self.send_nats(Addr::Gateway(n), Addr::Broker, 0, msg);
     }
 
@@ -127,19 +130,6 @@ impl World {
                 let msg = Msg::Retain { shard, gateway: n, from };
                 self.send_nats(Addr::Gateway(n), Addr::Engine(engine), 0, msg);
             }
-        }
-    }
-
-    fn hello(&mut self, n: usize, conn: u32, client: usize, last_seq: u64) {
-        self.gateways[n].sessions[client].1 = Some(conn);
-        let resend: Vec<(u64, CoreOutput)> = self.gateways[n].durable.sessions[client]
-            .iter()
-            .enumerate()
-            .skip(last_seq as usize)
-            .map(|(at, output)| (at as u64 + 1, *output))
-            .collect();
-        for (seq, output) in resend {
-            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
         }
     }
 
@@ -235,51 +225,5 @@ impl World {
             }
         }
         self.resynced += last + 1 - first;
-    }
-
-    /// Writes routed reports with their positions to the store; they go out once synced.
-    fn write(&mut self, n: usize, shard: usize, reports: Vec<(usize, CoreOutput)>) {
-        let gateway = &mut self.gateways[n];
-        gateway.write_epoch += 1;
-        let epoch = gateway.write_epoch;
-        let mut positions = Vec::new();
-        gateway.routed.append_changed(&mut positions, epoch);
-        let restart_seq = gateway.feeds[shard].input.1;
-        gateway.pending.push(StoreWrite { epoch, shard, reports, positions, restart_seq });
-        let sync_ns = self.rng.range(200_000, 3_000_000);
-        self.timer(Addr::Gateway(n), sync_ns, Timer::Synced(epoch));
-    }
-
-    /// The store synced every write up to `epoch`: they are durable, and their reports go out.
-    fn synced(&mut self, n: usize, epoch: u64) {
-        let gateway = &mut self.gateways[n];
-        let done = gateway.pending.iter().take_while(|write| write.epoch <= epoch).count();
-        let mut outgoing = Vec::new();
-        for write in gateway.pending.drain(..done) {
-            for (client, output) in write.reports {
-                let session = &mut gateway.durable.sessions[client];
-                session.push(output);
-                let seq = session.len() as u64;
-                gateway.sessions[client].0 = seq + 1;
-                if let Some(conn) = gateway.sessions[client].1 {
-                    outgoing.push((client, conn, seq, output));
-                }
-            }
-            let mut at = 0;
-            while at + RECORD_HEADER_BYTES <= write.positions.len() {
-                let len =
-                    u32::from_le_bytes(write.positions[at..at + 4].try_into().expect("4 bytes"));
-                let payload = &write.positions[at + RECORD_HEADER_BYTES..][..len as usize];
-                if let Some((key, position)) = routed::decode(payload) {
-                    gateway.durable.positions.insert(key, position);
-                }
-                at += RECORD_HEADER_BYTES + len as usize;
-            }
-            gateway.durable.restart_seqs[write.shard] = write.restart_seq;
-            gateway.routed.publish_durable(write.epoch);
-        }
-        for (client, conn, seq, output) in outgoing {
-            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
-        }
     }
 }

@@ -5,7 +5,7 @@
 //! exactly ([`run::Outcome::trace_hash`]). What runs is the production decision logic,
 //! driven without I/O: the lease core (`replication::lease::LeaseCore`), the receivers'
 //! epoch fence (`delivery::gateway::EpochFence`), the gateway's routed positions
-//! (`gateway::routed::RoutedPositions`) and the tier replica that numbers each gateway's
+//! (`gateway::routed::RoutedPositions`), the sessions' sequence rules (`gateway::sequence`) and the tier replica that numbers each gateway's
 //! reports (`replication::replay::GroupReplica`); around it the simulator models the
 //! JetStream broker ([`broker`]), the NATS network and the processes ([`world`]), and checks
 //! the invariants as it goes ([`check`]) against a single-process reference tier.
@@ -26,8 +26,10 @@ pub mod msg;
 pub mod process;
 pub mod rng;
 pub mod run;
+pub mod session;
 pub mod settings;
 pub mod snapshot;
+pub mod store;
 pub mod world;
 
 pub use check::{Invariant, Violation};

@@ -53,12 +53,28 @@ pub struct Batch {
 pub enum Msg {
     /// Client → gateway: a session starts (again), having received up to `last_seq`.
     Hello { client: usize, last_seq: u64 },
+    /// Client → gateway: a FIX session's Logon.
+    Logon { client: usize },
+    /// Client → gateway: a FIX ResendRequest from `begin` on (EndSeqNo 0: all).
+    ResendRequest { client: usize, begin: u64 },
+    /// Gateway → FIX client: a message in production's encoding on connection `conn`, with
+    /// the report it carries (the checker compares them).
+    Fix { conn: u32, bytes: Vec<u8>, output: Option<CoreOutput> },
     /// Client → gateway: a request.
     Order { client: usize, order: InboundOrder },
     /// Gateway → client: the session's report `seq`, on connection `conn`.
     Report { conn: u32, seq: u64, output: CoreOutput },
     /// Gateway → broker: append with de-duplication by (gateway, run, counter).
-    Append { shard: usize, gateway: usize, run: u32, counter: u64, order: InboundOrder },
+    /// (`run`: the gateway's incarnation, which the acknowledgement goes to; `run_id`: its
+    /// run's id, drawn by production's `gateway::new_run_id`.)
+    Append {
+        shard: usize,
+        gateway: usize,
+        run: u32,
+        run_id: u64,
+        counter: u64,
+        order: InboundOrder,
+    },
     /// Broker → gateway: appended.
     AppendAck { counter: u64 },
     /// Engine → broker: the inputs from `from` on.
@@ -88,6 +104,8 @@ pub enum Timer {
     Heartbeat,
     /// Engine: its journal's sync `id` completed.
     JournalSynced(u64),
+    /// Engine: its snapshot's put (delayed by the object store) completes.
+    SnapshotPut,
     /// Gateway: resend unacknowledged appends, retry a retain request.
     Retry,
     /// Gateway: the store's write `epoch` is synced.
@@ -112,4 +130,6 @@ pub enum Event {
     FaultEnds(usize),
     /// Faults are over and clients stop sending new orders.
     Quiet,
+    /// A process whose start failed starts again (its supervisor's restart), if it is down.
+    Start(Addr),
 }

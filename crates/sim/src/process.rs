@@ -14,6 +14,7 @@ use replication::snapshot::EngineSnapshot;
 
 use crate::check::FillBook;
 use crate::clock::{ProcessClock, SimInstant};
+use crate::disk::{PendingSync, SimDisk};
 use crate::journal::EngineJournal;
 use crate::msg::Event;
 
@@ -72,6 +73,9 @@ pub struct SimEngine {
     pub(crate) journal_snapshot: Option<EngineSnapshot>,
     /// The input after which it took its last snapshot.
     pub(crate) snapshot_taken: u64,
+    /// Its snapshot being put (the object store delays it); none is taken meanwhile, as
+    /// production's snapshot thread waits for its put.
+    pub(crate) pending_put: Option<EngineSnapshot>,
     /// Per gateway, reports handed to the publisher so far (sent or withheld).
     pub(crate) published: Vec<u64>,
     pub(crate) leading: Option<u64>,
@@ -98,6 +102,7 @@ impl SimEngine {
             journal: EngineJournal::default(),
             journal_snapshot: None,
             snapshot_taken: 0,
+            pending_put: None,
             published: vec![0; tier.gateways as usize],
             leading: None,
             regenerated: None,
@@ -147,26 +152,47 @@ impl SimEngine {
     }
 }
 
-/// What survives a crash: the synced writes.
+/// A gateway's session store: its file on a simulated disk (production's record format) and
+/// what the gateway knows of it.
 #[derive(Debug, Default)]
 pub(crate) struct DurableStore {
-    /// Per client, the session's reports (sequence = index + 1).
-    pub(crate) sessions: Vec<Vec<CoreOutput>>,
+    /// The store's file.
+    pub(crate) disk: SimDisk,
+    /// Per client, the session's numbered messages (sequence = index + 1), written to the
+    /// store and synced or not: its reports, and `None` for a number a FIX session message
+    /// took (its Logon; not kept, as production keeps none: a resend gap-fills it).
+    pub(crate) sessions: Vec<Vec<Option<CoreOutput>>>,
+    /// Per client, each numbered message's record payload: where it lies in the file, and
+    /// a hash of what recovery must read back.
+    pub(crate) records: Vec<Vec<StoredPayload>>,
+    /// Per client, the messages synced (and so sent): the first `synced` of `sessions`.
+    pub(crate) synced: Vec<u64>,
     pub(crate) positions: HashMap<(u32, u32), Position>,
     /// Per shard, where its R-Gateway starts again: the first report of the newest durable
     /// input.
     pub(crate) restart_seqs: Vec<u64>,
 }
 
-/// A store write not yet synced: one batch of one shard's reports.
+/// Where a session message's record payload lies in the store's file, and its hash.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoredPayload {
+    pub(crate) at: usize,
+    pub(crate) len: usize,
+    pub(crate) hash: u64,
+}
+
+/// A store write not yet synced: one batch (one shard's reports, or a Logon's number).
 #[derive(Debug)]
 pub(crate) struct StoreWrite {
     pub(crate) epoch: u64,
-    pub(crate) shard: usize,
-    pub(crate) reports: Vec<(usize, CoreOutput)>,
+    /// The messages it numbered: (client, sequence).
+    pub(crate) numbered: Vec<(usize, u64)>,
     /// The routed-position records (the production encoding).
     pub(crate) positions: Vec<u8>,
-    pub(crate) restart_seq: u64,
+    /// The shard whose reports it holds and where its R-Gateway starts again.
+    pub(crate) restart: Option<(usize, u64)>,
+    /// Its sync, in flight.
+    pub(crate) sync: PendingSync,
 }
 
 /// A gateway's reading of one shard's report subject for it (its in-process R-Gateway).
@@ -198,9 +224,13 @@ pub struct SimGateway {
     pub(crate) durable: DurableStore,
     pub(crate) pending: Vec<StoreWrite>,
     pub(crate) write_epoch: u64,
-    /// Per client: the next session sequence to give, and the connection it is on.
-    pub(crate) sessions: Vec<(u64, Option<u32>)>,
+    /// Per client: the connection its session is on.
+    pub(crate) sessions: Vec<Option<u32>>,
+    /// Builds the FIX sessions' messages (production's codec).
+    pub(crate) fix: gateway::fix::Builder,
     pub(crate) appends: BTreeMap<u64, (InboundOrder, u64)>,
+    /// This run's id (its appends' message ids carry it).
+    pub(crate) run_id: u64,
     pub(crate) next_counter: u64,
 }
 
@@ -213,13 +243,17 @@ impl SimGateway {
             routed: RoutedPositions::default(),
             durable: DurableStore {
                 sessions: vec![Vec::new(); clients],
+                records: vec![Vec::new(); clients],
+                synced: vec![0; clients],
                 restart_seqs: vec![1; shards],
                 ..DurableStore::default()
             },
             pending: Vec::new(),
             write_epoch: 0,
-            sessions: vec![(1, None); clients],
+            sessions: vec![None; clients],
+            fix: gateway::fix::Builder::default(),
             appends: BTreeMap::new(),
+            run_id: 0,
             next_counter: 0,
         }
     }
@@ -232,8 +266,19 @@ pub struct SimClient {
     /// The gateway its session is on.
     pub gateway: usize,
     pub(crate) conn: Option<u32>,
-    /// The session's last report sequence received.
+    /// A FIX session (production's sequence rules: gaps asked for again with a
+    /// ResendRequest, answered with resends and gap fills); `false`: a native one (resumes
+    /// from its last sequence at login).
+    pub fix: bool,
+    /// The session's last sequence received and taken (native: its last report's).
     pub last_seq: u64,
+    /// FIX: a ResendRequest for the current gap is out (production's flag).
+    pub(crate) resend_requested: bool,
+    /// The checker's own count: every sequence below it was taken as a report or gap-filled
+    /// where the gateway's store numbered no report.
+    pub(crate) covered: u64,
+    /// Reports received (liveness counts them).
+    pub reports: u64,
     /// When the last message on each direction of its connection arrives (TCP order).
     pub up_last_ns: u64,
     /// See `up_last_ns`.
@@ -248,12 +293,16 @@ pub struct SimClient {
 
 impl SimClient {
     /// Client `id` of a gateway.
-    pub fn new(gateway: usize) -> SimClient {
+    pub fn new(gateway: usize, fix: bool) -> SimClient {
         SimClient {
             life: Life { up: true, inc: 1, ..Life::default() },
             gateway,
             conn: None,
+            fix,
             last_seq: 0,
+            resend_requested: false,
+            covered: 1,
+            reports: 0,
             up_last_ns: 0,
             down_last_ns: 0,
             next_order: 0,
@@ -262,4 +311,15 @@ impl SimClient {
             fills: FillBook::default(),
         }
     }
+}
+
+/// What the FIX sessions' resends did in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionTally {
+    /// ResendRequests the gateways answered.
+    pub resend_requests: u64,
+    /// Reports sent again with PossDupFlag.
+    pub resent: u64,
+    /// SequenceReset-GapFills sent.
+    pub gap_fills: u64,
 }

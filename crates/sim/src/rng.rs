@@ -7,6 +7,14 @@ pub struct Rng {
     state: [u64; 4],
 }
 
+/// The simulation's generator is production's random source (`delivery::entropy`) in a
+/// simulated run.
+impl delivery::entropy::Entropy for Rng {
+    fn next_u64(&mut self) -> u64 {
+        Rng::next_u64(self)
+    }
+}
+
 impl Rng {
     /// The generator for `seed` (any value, 0 included).
     pub fn new(seed: u64) -> Rng {

@@ -47,6 +47,10 @@ pub struct Outcome {
     pub snapshots: u64,
     /// Log trims that moved a shard's log start.
     pub trims: u64,
+    /// What the FIX sessions' resends did.
+    pub sessions: crate::process::SessionTally,
+    /// Snapshot puts that failed (the object store or the broker).
+    pub snapshot_puts_failed: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -81,6 +85,8 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         sessions_lost: world.checker.resynced,
         snapshots: world.snapshots,
         trims: world.trims,
+        sessions: world.sessions,
+        snapshot_puts_failed: world.snapshot_puts_failed,
     }
 }
 
@@ -99,7 +105,7 @@ fn populate(world: &mut World) {
         world.start_gateway(n);
     }
     for n in 0..settings.clients {
-        world.clients.push(SimClient::new(n % settings.gateways));
+        world.clients.push(SimClient::new(n % settings.gateways, settings.is_fix(n)));
         let start = world.rng.range(0, 100_000_000);
         world.timer(Addr::Client(n), start, Timer::Connect);
         let first = start + world.rng.exponential_ns(settings.order_gap_ns);
@@ -126,10 +132,10 @@ fn check_liveness(world: &mut World) {
     for n in 0..world.clients.len() {
         let client = &world.clients[n];
         let expected = world.checker.expected_reports(n);
-        if client.last_seq != expected || !client.unanswered.is_empty() {
+        if client.reports != expected || !client.unanswered.is_empty() {
             let detail = format!(
                 "client {n}: {} of {expected} reports, {} orders unanswered, {:.1} s after the faults",
-                client.last_seq,
+                client.reports,
                 client.unanswered.len(),
                 world.settings.settle_ns as f64 / 1e9
             );
@@ -148,6 +154,9 @@ impl World {
             (FaultKind::Loss, _) => self.net.loss = (self.rng.unit() * 0.3, until),
             (FaultKind::Duplicate, _) => self.net.duplicate = (self.rng.unit() * 0.3, until),
             (FaultKind::Delay, _) => self.net.delay = (self.rng.unit() * 0.3, until),
+            (FaultKind::ObjectStore, _) => {
+                self.net.object_store = (0.2 + self.rng.unit() * 0.6, until);
+            }
             (FaultKind::BrokerKill, Target::BrokerNode(node)) => {
                 self.broker.kill_node(node, self.now_ns, &mut self.rng);
             }

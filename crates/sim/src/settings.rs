@@ -21,6 +21,23 @@ pub struct Settings {
     pub gateways: usize,
     /// Clients (each on gateway `client % gateways`).
     pub clients: usize,
+    /// Percent of each gateway's clients on FIX sessions (spread evenly); the rest native.
+    pub fix_percent: u64,
+    /// Whether a gateway's crash may tear its store's write-back (half the time: a random
+    /// share of the unsynced sectors persists, the last torn). Off by default: production's
+    /// store then recovers part of a batch never synced, its reports without their routed
+    /// position, and the restarted gateway routes them again (docs/SIMULATION.md, found).
+    pub gateway_store_tears: bool,
+    /// Whether a gateway's crash flips 1–8 bytes of a durable sector of its store first (a
+    /// damaged disk). Off by default: production's recovery ends the store at the damaged
+    /// record and cuts what follows as a torn tail (under 8 MiB), sent messages with it
+    /// (docs/SIMULATION.md, found).
+    pub gateway_store_corruption: bool,
+    /// Whether an `object-store` fault also fails the regenerator's snapshot reads. Off by
+    /// default: production's regenerator then recomputes nothing, the retain answer falls
+    /// back to the window and the gateway resyncs reports the group could recompute (a
+    /// `liveness` violation; docs/SIMULATION.md, found).
+    pub regenerator_read_faults: bool,
     /// The fault kinds drawn.
     pub fault_kinds: Vec<FaultKind>,
     /// Faults drawn per run.
@@ -70,6 +87,10 @@ impl Settings {
             engines: 3,
             gateways: 2,
             clients: 100,
+            fix_percent: 50,
+            gateway_store_tears: false,
+            regenerator_read_faults: false,
+            gateway_store_corruption: false,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,
@@ -84,6 +105,13 @@ impl Settings {
             snapshot_every: 1000,
             tier,
         }
+    }
+
+    /// Whether client `n` runs a FIX session: `fix_percent` of each gateway's clients,
+    /// spread evenly over them.
+    pub fn is_fix(&self, n: usize) -> bool {
+        let k = (n / self.gateways) as u64;
+        (k + 1) * self.fix_percent / 100 > k * self.fix_percent / 100
     }
 
     /// When faults stop and clients send no new orders, ns (the last fault has ended).
@@ -113,6 +141,9 @@ impl Settings {
                 "shards, engines, gateways and clients must be > 0 and clients ≤ {}",
                 self.tier.universe.clients
             )));
+        }
+        if self.fix_percent > 100 {
+            return Err(SimError::BadInput("the FIX share is a percent: 0 to 100".into()));
         }
         if self.gateways as u32 != self.tier.gateways {
             return Err(SimError::BadInput("the tier's gateways must equal the gateways".into()));

@@ -6,8 +6,11 @@
 //! journal ends before it. The invariant `trim-never-past-need` is checked at every trim and
 //! every read.
 
+use replication::snapshot::EngineSnapshot;
+
 use crate::check::Invariant;
 use crate::journal::EngineJournal;
+use crate::msg::{Addr, Timer};
 use crate::world::World;
 
 impl World {
@@ -26,15 +29,31 @@ impl World {
     pub(crate) fn snapshot_if_due(&mut self, n: usize) {
         let every = self.settings.snapshot_every;
         let engine = &self.engines[n];
-        if every == 0 || engine.applied - engine.snapshot_taken < every {
-            return;
-        }
-        if !self.broker.available(self.now_ns) {
+        let due = every > 0 && engine.applied - engine.snapshot_taken >= every;
+        if !due || engine.pending_put.is_some() || !self.broker.available(self.now_ns) {
             return;
         }
         let snapshot = engine.replica.snapshot();
-        let (shard, seq) = (engine.shard, snapshot.stream_seq);
-        self.engines[n].snapshot_taken = seq;
+        self.engines[n].snapshot_taken = snapshot.stream_seq;
+        match self.object_store_delay() {
+            0 => self.put_snapshot(n, snapshot),
+            delay_ns => {
+                self.engines[n].pending_put = Some(snapshot);
+                self.timer(Addr::Engine(n), delay_ns, Timer::SnapshotPut);
+            }
+        }
+    }
+
+    /// Engine `n`'s put of `snapshot` completes: stored (unless the object store or the
+    /// broker fails it: production warns and neither notes nor trims), its progress noted,
+    /// and the leader (checked now, after the put, as production's gate is) trims the log.
+    pub(crate) fn put_snapshot(&mut self, n: usize, snapshot: EngineSnapshot) {
+        let (shard, seq) = (self.engines[n].shard, snapshot.stream_seq);
+        if !self.broker.available(self.now_ns) || self.object_store_fails() {
+            self.snapshot_puts_failed += 1;
+            self.note(format!("engine {n}: the snapshot put at input {seq} failed"));
+            return;
+        }
         self.broker.put_snapshot(shard, snapshot);
         self.broker.note_progress(shard, n, seq, self.now_ns);
         self.snapshots += 1;
@@ -47,6 +66,21 @@ impl World {
             self.trims += 1;
             self.note(format!("engine {n} trims shard {shard}'s log to start at {first_seq}"));
             self.check_trim(shard, first_seq);
+        }
+    }
+
+    /// Whether an object-store operation fails now (an `object-store` fault's share).
+    pub(crate) fn object_store_fails(&mut self) -> bool {
+        let (share, until) = self.net.object_store;
+        self.now_ns < until && self.rng.chance(share)
+    }
+
+    /// How long an object-store put takes now, ns (0: at once; up to 2 s during a fault).
+    fn object_store_delay(&mut self) -> u64 {
+        if self.now_ns < self.net.object_store.1 {
+            self.rng.range(1_000_000, 2_000_000_000)
+        } else {
+            0
         }
     }
 

@@ -45,6 +45,8 @@ pub struct NetFaults {
     pub duplicate: (f64, u64),
     /// Share delayed up to 2 s, and until when.
     pub delay: (f64, u64),
+    /// Share of object-store puts and reads that fail (the rest delayed), and until when.
+    pub object_store: (f64, u64),
 }
 
 /// The whole simulated system.
@@ -90,6 +92,10 @@ pub struct World {
     pub snapshots: u64,
     /// See `snapshots`.
     pub trims: u64,
+    /// Snapshot puts that failed (the object store or the broker).
+    pub snapshot_puts_failed: u64,
+    /// What the FIX sessions' resends did.
+    pub sessions: crate::process::SessionTally,
 }
 
 /// Most journal lines kept (the newest).
@@ -120,6 +126,8 @@ impl World {
             resynced_recomputable: 0,
             snapshots: 0,
             trims: 0,
+            snapshot_puts_failed: 0,
+            sessions: crate::process::SessionTally::default(),
         }
     }
 
@@ -246,6 +254,8 @@ impl World {
             Event::FaultStarts(n) => self.fault_starts(n),
             Event::FaultEnds(n) => self.fault_ends(n),
             Event::Quiet => self.quiet = true,
+            Event::Start(Addr::Engine(n)) if !self.engines[n].life.up => self.start_engine(n),
+            Event::Start(_) => {}
         }
     }
 
@@ -298,8 +308,8 @@ impl World {
         }
         let now = self.now_ns;
         match msg {
-            Msg::Append { shard, gateway, run, counter, order } => {
-                let (_, new) = self.broker.append(shard, (gateway, run, counter), order);
+            Msg::Append { shard, gateway, run, run_id, counter, order } => {
+                let (_, new) = self.broker.append(shard, (gateway, run_id, counter), order);
                 if new {
                     self.checker.committed(shard, &order);
                 }

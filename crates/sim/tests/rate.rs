@@ -5,7 +5,9 @@
 //! ```text
 //! flock /work/bench.lock cargo test -p sim --release --test rate -- --ignored --nocapture
 //! ```
-//! `SIM_RATE_SEEDS` sets the seeds per round (default 20), `SIM_RATE_ROUNDS` the rounds (3).
+//! `SIM_RATE_SEEDS` sets the seeds per round (default 20), `SIM_RATE_ROUNDS` the rounds (3),
+//! `SIM_FIX_PERCENT` the share of FIX sessions (the settings' 50 by default; 0: native only,
+//! what the FIX codec and session layer cost).
 
 use std::time::Instant;
 
@@ -26,6 +28,7 @@ fn simulated_time_per_wall_clock_second() {
         std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
     };
     let (seeds, rounds) = (number("SIM_RATE_SEEDS", 20), number("SIM_RATE_ROUNDS", 3));
+    let fix_percent = number("SIM_FIX_PERCENT", sim::Settings::new(0).fix_percent);
     println!(
         "| round | seeds | simulated (s) | wall (s) | CPU (s) | simulated / wall | simulated / CPU | \
          seeds per CPU-hour | events per CPU-s |"
@@ -35,7 +38,7 @@ fn simulated_time_per_wall_clock_second() {
         let (started, cpu_started) = (Instant::now(), thread_cpu_s());
         let (mut simulated_ns, mut events) = (0u64, 0u64);
         for seed in round * seeds + 1..=(round + 1) * seeds {
-            let outcome = sim::run(&sim::Settings::new(seed));
+            let outcome = sim::run(&sim::Settings { fix_percent, ..sim::Settings::new(seed) });
             assert_eq!(outcome.violation, None, "seed {seed}");
             simulated_ns += outcome.simulated_ns;
             events += outcome.events;
@@ -74,6 +77,7 @@ fn every_fault_kind_over_many_seeds() {
     let (mut losses_reported, mut regenerated) = (0u64, 0u64);
     let (mut trims, mut resynced, mut sessions_lost) = (0u64, 0u64, 0u64);
     let mut recomputable = 0u64;
+    let (mut resend_requests, mut gap_fills, mut puts_failed) = (0u64, 0u64, 0u64);
     for seed in 1..=seeds {
         let settings = sim::Settings { retain_records, ..sim::Settings::new(seed) };
         let ran = std::panic::catch_unwind(|| sim::run(&settings));
@@ -89,6 +93,9 @@ fn every_fault_kind_over_many_seeds() {
         resynced += outcome.resynced;
         sessions_lost += outcome.sessions_lost;
         recomputable += outcome.resynced_recomputable;
+        resend_requests += outcome.sessions.resend_requests;
+        gap_fills += outcome.sessions.gap_fills;
+        puts_failed += outcome.snapshot_puts_failed;
         if let Some(violation) = &outcome.violation {
             println!("FAILED seed {seed}: {violation}");
             failures.entry(violation.invariant.name()).or_default().push(seed);
@@ -100,8 +107,9 @@ fn every_fault_kind_over_many_seeds() {
          journal losses reported (refused recoveries): {losses_reported}; reports regenerated \
          past the window: {regenerated}; log trims: {trims}; reports resynced (lost past the \
          newest snapshot, reported): {resynced}, of them not yet in their sessions: \
-         {sessions_lost}, at or after the snapshot's numbering: {recomputable}; \
-         failures: {failures:?}",
+         {sessions_lost}, at or after the snapshot's numbering: {recomputable}; FIX resend \
+         requests: {resend_requests}, gap fills: {gap_fills}; snapshot puts failed: \
+         {puts_failed}; failures: {failures:?}",
         simulated_ns as f64 / 3.6e12,
         seeds as f64 * 3600.0 / cpu.max(0.01)
     );

@@ -8,6 +8,7 @@
 //! cargo test -p sim --release --features regress-truncate-at-corruption --test regressions
 //! cargo test -p sim --release --features regress-window-only --test regressions
 //! cargo test -p sim --release --features regress-trim-leader-only --test regressions
+//! cargo test -p sim --release --features regress-skip-gap --test regressions
 //! ```
 //!
 //! Each test draws only the faults its bug needs, on the processes it lives in, so that with
@@ -21,7 +22,8 @@
         feature = "regress-forget-routed",
         feature = "regress-truncate-at-corruption",
         feature = "regress-window-only",
-        feature = "regress-trim-leader-only"
+        feature = "regress-trim-leader-only",
+        feature = "regress-skip-gap"
     )),
     allow(dead_code, unused_imports)
 )]
@@ -29,9 +31,10 @@
 use sim::{FaultKind, Invariant, Settings};
 
 /// The hunt's shape: `kinds` of faults on the engines (and the gateways with
-/// `gateway_faults`), 10 s of faults, 6 s to settle, the whole run retained and no
-/// snapshots (only the window's own test shrinks the window and only the trim's own test
-/// snapshots and trims, so that with every feature on no other test trips on their bugs).
+/// `gateway_faults`), 10 s of faults, 6 s to settle, the whole run retained, no snapshots
+/// and native sessions only (only the window's own test shrinks the window, only the trim's
+/// own test snapshots and trims and only the gap's own test runs FIX sessions, so that with
+/// every feature on no other test trips on their bugs).
 fn hunting(seed: u64, kinds: &[FaultKind], gateway_faults: bool) -> Settings {
     Settings {
         fault_kinds: kinds.to_vec(),
@@ -40,6 +43,7 @@ fn hunting(seed: u64, kinds: &[FaultKind], gateway_faults: bool) -> Settings {
         settle_ns: 6_000_000_000,
         retain_records: u64::MAX / 2,
         snapshot_every: 0,
+        fix_percent: 0,
         ..Settings::new(seed)
     }
 }
@@ -133,4 +137,18 @@ fn the_trim_that_ignores_the_standbys_progress_is_found_within_5_seeds() {
     let snapshotting = |seed| Settings { snapshot_every: 100, ..hunting(seed, &partition, false) };
     let found = first_failing(5, snapshotting, Invariant::TrimPastNeed);
     found.expect("a standby's inputs trimmed away within 5 seeds");
+}
+
+/// A FIX session that takes a message past a gap as if the gap were filled (no
+/// ResendRequest): a client whose gateway crashed with reports numbered but not yet sent
+/// takes the restarted gateway's Logon past them and never gets them.
+#[cfg(feature = "regress-skip-gap")]
+#[test]
+fn the_fix_session_that_skips_its_gap_is_found_within_5_seeds() {
+    let crash = [FaultKind::Crash];
+    let fix_sessions =
+        |seed| Settings { engine_faults: false, fix_percent: 50, ..hunting(seed, &crash, true) };
+    let found = first_failing(5, fix_sessions, Invariant::SessionGap);
+    let (seed, faults) = found.expect("a session past its gap within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
 }

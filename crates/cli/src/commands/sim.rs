@@ -25,8 +25,8 @@ pub struct Args {
     #[arg(long)]
     seed_file: Option<PathBuf>,
     /// Fault kinds to draw, comma-separated: crash, stop, pause, pause-stop, partition, loss,
-    /// duplicate, delay, broker-kill, clock-jump, torn-write, corrupt, disk-full; `all` or
-    /// `none`.
+    /// duplicate, delay, broker-kill, clock-jump, torn-write, corrupt, disk-full,
+    /// object-store; `all` or `none`.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Faults drawn per seed.
@@ -46,6 +46,9 @@ pub struct Args {
     /// Clients (each on gateway `client % 2`).
     #[arg(long, default_value_t = 100)]
     clients: usize,
+    /// Percent of each gateway's clients on FIX sessions (the rest native), 0 to 100.
+    #[arg(long, default_value_t = 50)]
+    fix_percent: u64,
     /// Shards, each its own group of 3 engines, lease and input stream (an order goes to
     /// the shard of its instrument).
     #[arg(long, default_value_t = 1)]
@@ -69,6 +72,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         fault_window_ns: args.fault_window.as_nanos() as u64,
         settle_ns: args.settle.as_nanos() as u64,
         clients: args.clients,
+        fix_percent: args.fix_percent,
         shards: args.shards,
         snapshot_every: args.snapshot_every,
         ..sim::Settings::new(0)
@@ -100,7 +104,8 @@ fn replay(settings: &sim::Settings, keep: Option<&[usize]>) -> anyhow::Result<()
     let wall = started.elapsed();
     println!(
         "seed {}: trace hash {:016x}, {:.1} s simulated in {:.2} s ({:.0}×), {} events, {} orders, \
-         {} snapshots, {} trims, {} reports resynced",
+         {} snapshots, {} trims, {} reports resynced, {} FIX resend requests, \
+         {} snapshot puts failed",
         outcome.seed,
         outcome.trace_hash,
         outcome.simulated_ns as f64 / 1e9,
@@ -110,7 +115,9 @@ fn replay(settings: &sim::Settings, keep: Option<&[usize]>) -> anyhow::Result<()
         outcome.committed,
         outcome.snapshots,
         outcome.trims,
-        outcome.resynced
+        outcome.resynced,
+        outcome.sessions.resend_requests,
+        outcome.snapshot_puts_failed
     );
     for (index, fault) in outcome.faults.iter().enumerate() {
         println!("  fault {index:>2}: {fault}");
@@ -143,6 +150,10 @@ struct Summary {
     /// Reports the gateways' resyncs declared lost (older than every window and the newest
     /// snapshot: reported, not a failure).
     reports_resynced: u64,
+    /// ResendRequests the FIX sessions sent (each answered by production's plan).
+    fix_resend_requests: u64,
+    /// Snapshot puts the object store (or the broker) failed.
+    snapshot_puts_failed: u64,
 }
 
 fn run_many(base: &sim::Settings, seeds: &[u64], json: bool) -> anyhow::Result<()> {
@@ -160,6 +171,8 @@ fn run_many(base: &sim::Settings, seeds: &[u64], json: bool) -> anyhow::Result<(
         snapshots: 0,
         trims: 0,
         reports_resynced: 0,
+        fix_resend_requests: 0,
+        snapshot_puts_failed: 0,
     };
     let mut failure = None;
     for &seed in seeds {
@@ -172,6 +185,8 @@ fn run_many(base: &sim::Settings, seeds: &[u64], json: bool) -> anyhow::Result<(
         summary.snapshots += outcome.snapshots;
         summary.trims += outcome.trims;
         summary.reports_resynced += outcome.resynced;
+        summary.fix_resend_requests += outcome.sessions.resend_requests;
+        summary.snapshot_puts_failed += outcome.snapshot_puts_failed;
         bar.inc(1);
         if outcome.violation.is_some() {
             summary.failed += 1;
@@ -194,11 +209,11 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "| seeds | failed | simulated (s) | wall (s) | simulated / wall | seeds per hour (wall, one thread) | events | orders | snapshots | trims | reports resynced |"
+        "| seeds | failed | simulated (s) | wall (s) | simulated / wall | seeds per hour (wall, one thread) | events | orders | snapshots | trims | reports resynced | FIX resend requests | snapshot puts failed |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| {} | {} | {:.1} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {:.1} | {:.2} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
         summary.seeds,
         summary.failed,
         summary.simulated_s,
@@ -209,7 +224,9 @@ fn print_summary(summary: &Summary, json: bool) -> anyhow::Result<()> {
         summary.orders,
         summary.snapshots,
         summary.trims,
-        summary.reports_resynced
+        summary.reports_resynced,
+        summary.fix_resend_requests,
+        summary.snapshot_puts_failed
     );
     Ok(())
 }
