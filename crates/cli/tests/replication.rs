@@ -259,7 +259,7 @@ const ADMIN_TOKEN: &str = "t0ken";
 fn write_config(dir: &std::path::Path) {
     let hash = gateway::credentials::hash_secret(b"pw").unwrap();
     std::fs::write(dir.join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
-    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\ngateways = 1\n";
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\noutlets = 1\n";
     let admin = format!("admin_token = \"{ADMIN_TOKEN}\"\n");
     std::fs::write(dir.join("serve.toml"), format!("credentials = \"clients.txt\"\n{admin}{tier}"))
         .unwrap();
@@ -331,7 +331,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
     let dir = tempfile::tempdir().unwrap();
     let hash = gateway::credentials::hash_secret(b"pw").unwrap();
     std::fs::write(dir.path().join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
-    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\ngateways = 1\n";
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\noutlets = 1\n";
     std::fs::write(dir.path().join("serve.toml"), format!("credentials = \"clients.txt\"\n{tier}"))
         .unwrap();
 
@@ -457,7 +457,7 @@ fn an_engine_unlike_its_group_refuses_to_start() {
     let other = tempfile::tempdir().unwrap();
     write_config(other.path());
     let config = std::fs::read_to_string(other.path().join("serve.toml")).unwrap();
-    let config = config.replace("gateways = 1", "gateways = 2");
+    let config = config.replace("outlets = 1", "outlets = 2");
     std::fs::write(other.path().join("serve.toml"), config).unwrap();
     let refused = Command::new(env!("CARGO_BIN_EXE_leantier"))
         .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
@@ -869,7 +869,7 @@ fn the_replication_checker_fails_on_a_record_its_log_does_not_produce() {
     let prefix = LogSettings::new(3).publish_prefix(0);
     let header = delivery::wire::BatchHeader {
         stream: delivery::wire::Stream::Reports,
-        gateway: 0,
+        outlet: 0,
         instance: 7,
         epoch: 0,
         first_seq: 25,

@@ -36,10 +36,10 @@ const FIX_COMP_ID: &str = "F11";
 const NATIVE_CLIENT: u32 = 12;
 /// The tier's gateways: client c's reports go to gateway c % GATEWAYS, instrument i's market
 /// data to gateway i % GATEWAYS.
-const GATEWAYS: u32 = 2;
+const OUTLETS: u32 = 2;
 /// The R-Gateway under test: the FIX client's (1), which also carries instrument 1's market
 /// data; the native client's reports go to gateway 0.
-const GATEWAY: u32 = FIX_CLIENT % GATEWAYS;
+const GATEWAY: u32 = FIX_CLIENT % OUTLETS;
 const INSTRUMENT: u32 = 1;
 /// Instrument 1's reference price (on tick, inside the band).
 const PRICE: i64 = 101_000;
@@ -346,7 +346,7 @@ fn gap_free(frames: &[Frame], stream: Stream, first: u64) -> Vec<Record> {
             Frame::Data { stream: s, seq, record, .. } if *s == stream => {
                 assert_eq!(*seq, next, "{}: sequence {seq} where {next} was due", stream.name());
                 assert_eq!(
-                    record.gateway(),
+                    record.outlet(),
                     GATEWAY,
                     "{}: a record of another gateway",
                     stream.name()
@@ -528,7 +528,7 @@ wait = "park"
 preprocess_workers = 1
 core_shards = 1
 senders = 1
-gateways = {GATEWAYS}
+outlets = {OUTLETS}
 "#
     );
     std::fs::write(dir.join("serve.toml"), config).unwrap();

@@ -586,7 +586,7 @@ fn r_gateway_setup() -> Option<RGatewaySetup> {
         }
     };
     let nats_url = nats.url();
-    let exchange = exchange_server_with(&["--nats", &nats_url], "\n[tier]\ngateways = 1\n");
+    let exchange = exchange_server_with(&["--nats", &nats_url], "\n[tier]\noutlets = 1\n");
     let args = ["exchange", "gateway", "--nats", &nats_url, "--gateway", "0"];
     let args = [&args[..], &["--listen", "127.0.0.1:0"]].concat();
     let dir = tempfile::tempdir().unwrap();
@@ -738,10 +738,10 @@ fn forged_payloads(stream: delivery::wire::Stream, n: u64) -> [Vec<u8>; 3] {
     use delivery::wire::BatchHeader;
     let mut heartbeat = Vec::new();
     let stranger = 0xbad0_0000 + n;
-    BatchHeader { stream, gateway: 0, instance: stranger, epoch: 0, first_seq: 1 << 40, count: 0 }
+    BatchHeader { stream, outlet: 0, instance: stranger, epoch: 0, first_seq: 1 << 40, count: 0 }
         .write(&mut heartbeat);
     let mut lying = Vec::new();
-    BatchHeader { stream, gateway: 0, instance: stranger, epoch: 0, first_seq: 2, count: 3 }
+    BatchHeader { stream, outlet: 0, instance: stranger, epoch: 0, first_seq: 2, count: 3 }
         .write(&mut lying);
     [vec![0xA5; 37 + (n % 64) as usize], heartbeat, lying]
 }

@@ -26,7 +26,7 @@ pub struct ConsumerTally {
     /// Frames whose sequence was not the next expected (must stay 0).
     pub out_of_order: u64,
     /// Records routed to another gateway than the one connected to (must stay 0).
-    pub wrong_gateway: u64,
+    pub wrong_outlet: u64,
     /// The goodbye reason, once the gateway closed the connection with one.
     pub goodbye: Option<u8>,
     /// Intended send time -> read by this consumer, for records answering a request.
@@ -44,7 +44,7 @@ impl ConsumerTally {
         self.data.iter().chain(&self.resynced).sum()
     }
 
-    fn on_frame(&mut self, frame: Frame, gateway: u32) {
+    fn on_frame(&mut self, frame: Frame, outlet: u32) {
         match frame {
             Frame::Data { stream, seq, record, .. } => {
                 let next = &mut self.next_seqs[stream as usize];
@@ -54,8 +54,8 @@ impl ConsumerTally {
                 // Saturating: a hostile gateway's sequence must not overflow the tally.
                 *next = seq.saturating_add(1);
                 self.data[stream as usize] += 1;
-                if record.gateway() != gateway || record.stream_code() != stream as u8 {
-                    self.wrong_gateway += 1;
+                if record.outlet() != outlet || record.stream_code() != stream as u8 {
+                    self.wrong_outlet += 1;
                 }
                 if record.answers_request() {
                     self.latency.record_ns(monotonic_ns().saturating_sub(record.intended_abs_ns()));
@@ -84,30 +84,29 @@ pub type SharedTally = Arc<Mutex<ConsumerTally>>;
 /// future reads until the gateway says goodbye or closes, updating the tally per read.
 pub async fn connect(
     address: SocketAddr,
-    gateway: u32,
+    outlet: u32,
 ) -> Result<(SharedTally, impl Future<Output = Result<()>>)> {
     let mut stream = TcpStream::connect(address)
         .await
-        .map_err(io_failed(format!("connecting to the gateway at {address}")))?;
+        .map_err(io_failed(format!("connecting to the edge at {address}")))?;
     stream.set_nodelay(true).map_err(io_failed("setting TCP_NODELAY"))?;
     let mut hello = Vec::new();
     Frame::Hello { version: WIRE_VERSION }.write(&mut hello);
-    stream.write_all(&hello).await.map_err(io_failed("saying hello to the gateway"))?;
+    stream.write_all(&hello).await.map_err(io_failed("saying hello to the edge"))?;
     let tally = Arc::new(Mutex::new(ConsumerTally::new()));
     let shared = tally.clone();
     let reading = async move {
         let mut decoder = FrameDecoder::default();
         let mut buffer = vec![0u8; 64 * FRAME_BYTES_MAX];
         loop {
-            let n =
-                stream.read(&mut buffer).await.map_err(io_failed("reading from the gateway"))?;
+            let n = stream.read(&mut buffer).await.map_err(io_failed("reading from the edge"))?;
             if n == 0 {
                 return Ok(());
             }
             decoder.extend(&buffer[..n]);
             let mut tally = shared.lock().unwrap_or_else(PoisonError::into_inner);
             while let Some(frame) = decoder.next_frame()? {
-                tally.on_frame(frame, gateway);
+                tally.on_frame(frame, outlet);
             }
             if tally.goodbye.is_some() {
                 return Ok(());

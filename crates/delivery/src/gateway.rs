@@ -34,7 +34,7 @@ use crate::admission::{Admission, CONSUMERS_PER_ADDRESS_MAX_DEFAULT, Pending};
 use crate::clock::monotonic_ns;
 use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::nats::{NatsConnect, connect};
-use crate::subjects::{CONNECT_TIMEOUT, gateway_wildcard, retain_subject};
+use crate::subjects::{CONNECT_TIMEOUT, outlet_wildcard, retain_subject};
 use crate::wire::{
     BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BatchHeader, DATA_FRAME_BYTES, FRAME_BYTES_MAX,
     FRAME_PREFIX_BYTES, Frame, FrameDecoder, RECORD_BYTES, Record, RetainRequest, Stream,
@@ -77,7 +77,7 @@ const GOODBYE_TIMEOUT: Duration = Duration::from_millis(200);
 pub struct GatewayOptions {
     pub nats: NatsConnect,
     pub prefix: String,
-    pub gateway: u32,
+    pub outlet: u32,
     /// Where TCP consumers connect; `None`: no listener, consumers only in process
     /// ([`RunningGateway::attach`]), so no socket hands the reports to anyone else.
     pub listen: Option<SocketAddr>,
@@ -96,11 +96,11 @@ pub struct GatewayOptions {
 }
 
 impl GatewayOptions {
-    pub fn new(nats_url: &str, gateway: u32, listen: SocketAddr) -> GatewayOptions {
+    pub fn new(nats_url: &str, outlet: u32, listen: SocketAddr) -> GatewayOptions {
         GatewayOptions {
             nats: NatsConnect::new(nats_url),
             prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
-            gateway,
+            outlet,
             listen: Some(listen),
             consumers_max: CONSUMERS_MAX_DEFAULT,
             consumers_per_address_max: CONSUMERS_PER_ADDRESS_MAX_DEFAULT,
@@ -141,7 +141,7 @@ fn add(counter: &AtomicU64, n: u64) {
 /// What a gateway reports (at the end, or as a snapshot while it runs).
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct GatewayReport {
-    pub gateway: u32,
+    pub outlet: u32,
     /// Records taken in order from NATS or recovered.
     pub received: u64,
     /// Records written to consumers (summed over consumers).
@@ -242,7 +242,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
     }
     let client = connect(&options.nats, "gateway").await?;
     let subscribing = async {
-        let subject = gateway_wildcard(&options.prefix, options.gateway);
+        let subject = outlet_wildcard(&options.prefix, options.outlet);
         let subscription =
             client.subscribe(subject).await.map_err(nats_failed("subscribing to the data"))?;
         let inbox = client.new_inbox();
@@ -261,7 +261,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
             let listening = TcpListener::bind(listen).await;
             let listener = listening.map_err(io_failed(format!("listening on {listen}")))?;
             let bound = listener.local_addr().map_err(io_failed("reading the listen address"))?;
-            tracing::info!("gateway {} listening on {bound}", options.gateway);
+            tracing::info!("gateway {} listening on {bound}", options.outlet);
             (Some(listener), Some(bound))
         }
         None => (None, None),
@@ -378,7 +378,7 @@ fn report(state: &State) -> GatewayReport {
     // Relaxed: see `add`.
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     GatewayReport {
-        gateway: state.options.gateway,
+        outlet: state.options.outlet,
         received: load(&c.received),
         delivered: load(&c.delivered),
         duplicates: load(&c.duplicates),
@@ -445,13 +445,13 @@ struct RateLimitedWarning {
 }
 
 impl RateLimitedWarning {
-    fn warn(&mut self, gateway: u32, what: &str, why: &str) {
+    fn warn(&mut self, outlet: u32, what: &str, why: &str) {
         self.since_last += 1;
         if self.last.is_some_and(|last| last.elapsed() < WARNING_EVERY) {
             return;
         }
         let count = std::mem::take(&mut self.since_last);
-        tracing::warn!("gateway {gateway}: {what} ({count} since the last warning): {why}");
+        tracing::warn!("gateway {outlet}: {what} ({count} since the last warning): {why}");
         self.last = Some(Instant::now());
     }
 }
@@ -520,8 +520,8 @@ impl EpochFence {
 impl Sequencer {
     async fn on_batch(&mut self, payload: &[u8]) {
         let (header, records) = match decode_batch(payload) {
-            Ok(decoded) if decoded.0.gateway == self.state.options.gateway => decoded,
-            Ok((header, _)) => return self.bad(&format!("batch for gateway {}", header.gateway)),
+            Ok(decoded) if decoded.0.outlet == self.state.options.outlet => decoded,
+            Ok((header, _)) => return self.bad(&format!("batch for gateway {}", header.outlet)),
             Err(error) => return self.bad(&error.to_string()),
         };
         if !self.current(&header) {
@@ -597,8 +597,8 @@ impl Sequencer {
         }
         self.far_since[stream] = None;
         if self.publisher.is_none() {
-            let gateway = self.state.options.gateway;
-            tracing::info!("gateway {gateway}: serving publisher instance {served:016x}");
+            let outlet = self.state.options.outlet;
+            tracing::info!("gateway {outlet}: serving publisher instance {served:016x}");
             self.publisher = Some(served);
         }
         true
@@ -606,9 +606,9 @@ impl Sequencer {
 
     /// Starts `stream` at `first_seq`, the first sequence heard (`FIRST_SEQ_HEARD`).
     fn start_at(&mut self, stream: Stream, first_seq: u64) {
-        let gateway = self.state.options.gateway;
+        let outlet = self.state.options.outlet;
         tracing::info!(
-            "gateway {gateway}: {} starts at {first_seq}, the first heard",
+            "gateway {outlet}: {} starts at {first_seq}, the first heard",
             stream.name()
         );
         self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize] =
@@ -629,9 +629,9 @@ impl Sequencer {
                 // Relaxed: a figure for reports; the fence itself is this task's.
                 self.state.epoch.store(header.epoch, Ordering::Relaxed);
                 if newest > 0 {
-                    let gateway = self.state.options.gateway;
+                    let outlet = self.state.options.outlet;
                     tracing::info!(
-                        "gateway {gateway}: leadership epoch {} after {newest}",
+                        "gateway {outlet}: leadership epoch {} after {newest}",
                         header.epoch
                     );
                 }
@@ -642,12 +642,12 @@ impl Sequencer {
 
     fn bad(&mut self, why: &str) {
         add(&self.state.counters.bad_messages, 1);
-        self.malformed_warning.warn(self.state.options.gateway, "malformed message dropped", why);
+        self.malformed_warning.warn(self.state.options.outlet, "malformed message dropped", why);
     }
 
     fn untrusted(&mut self, why: &str) {
         add(&self.state.counters.untrusted, 1);
-        self.untrusted_warning.warn(self.state.options.gateway, "untrusted message ignored", why);
+        self.untrusted_warning.warn(self.state.options.outlet, "untrusted message ignored", why);
     }
 
     fn next_seq(&self, stream: Stream) -> u64 {
@@ -658,9 +658,9 @@ impl Sequencer {
     /// reporting what is lost. A window that ends before `first` denies the gap: nothing is
     /// resynced and the next expected sequence stays.
     async fn recover(&mut self, stream: Stream, first: u64, last: u64, instance: u64) {
-        let gateway = self.state.options.gateway;
+        let outlet = self.state.options.outlet;
         add(&self.state.counters.gaps, 1);
-        tracing::warn!("gateway {gateway}: gap in {} {first}..={last}, recovering", stream.name());
+        tracing::warn!("gateway {outlet}: gap in {} {first}..={last}, recovering", stream.name());
         let mut from = first;
         while from <= last {
             let Some((header, payload)) = self.ask_window(stream, from, last, instance).await
@@ -703,8 +703,8 @@ impl Sequencer {
         last: u64,
         instance: u64,
     ) -> Option<(BatchHeader, Bytes)> {
-        let gateway = self.state.options.gateway;
-        let subject = retain_subject(&self.state.options.prefix, gateway, stream);
+        let outlet = self.state.options.outlet;
+        let subject = retain_subject(&self.state.options.prefix, outlet, stream);
         self.replies.sent += 1;
         let reply_to = format!("{}.{}", self.replies.inbox, self.replies.sent);
         let request = RetainRequest { from_seq: from, to_seq: last }.encode();
@@ -722,8 +722,8 @@ impl Sequencer {
             }
             match decode_batch(&reply.payload) {
                 Ok((header, _))
-                    if (header.gateway, header.stream, header.instance)
-                        == (gateway, stream, instance) =>
+                    if (header.outlet, header.stream, header.instance)
+                        == (outlet, stream, instance) =>
                 {
                     if self.current(&header) {
                         return Some((header, reply.payload));
@@ -737,8 +737,8 @@ impl Sequencer {
 
     /// Tells every consumer that `first..=last` of `stream` is lost, and moves past it.
     fn resync(&mut self, stream: Stream, first: u64, last: u64) {
-        let gateway = self.state.options.gateway;
-        tracing::warn!("gateway {gateway}: {} {first}..={last} lost: resync sent", stream.name());
+        let outlet = self.state.options.outlet;
+        tracing::warn!("gateway {outlet}: {} {first}..={last} lost: resync sent", stream.name());
         add(&self.state.counters.resyncs, 1);
         add(&self.state.counters.resync_records, last - first + 1);
         let mut frame = Vec::new();
@@ -818,7 +818,7 @@ impl Sequencer {
                 add(&self.state.counters.cut_off, 1);
                 tracing::warn!(
                     "gateway {}: consumer {} cut off: {} chunks queued (consumer_queue_chunks)",
-                    self.state.options.gateway,
+                    self.state.options.outlet,
                     consumer.peer,
                     self.state.options.consumer_queue_chunks
                 );
@@ -861,12 +861,12 @@ async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Re
 fn refuse(state: &State, peer: SocketAddr, why: &str) {
     add(&state.counters.refused, 1);
     let mut warning = state.refusal_warning.lock().unwrap_or_else(PoisonError::into_inner);
-    warning.warn(state.options.gateway, &format!("consumer {peer} refused"), why);
+    warning.warn(state.options.outlet, &format!("consumer {peer} refused"), why);
 }
 
 /// Reads the hello (within [`HELLO_TIMEOUT`]), seats the consumer and writes to it.
 async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr, pending: Pending) {
-    let gateway = state.options.gateway;
+    let outlet = state.options.outlet;
     let _ = stream.set_nodelay(true);
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream)).await {
         Ok(Ok(())) => Ok(()),
@@ -889,7 +889,7 @@ async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr, pendi
     let slot = ConsumerSlot { queue, peer, cut: cut.clone() };
     state.consumers.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
     add(&state.counters.consumers, 1);
-    tracing::info!("gateway {gateway}: consumer {peer} connected");
+    tracing::info!("gateway {outlet}: consumer {peer} connected");
     write_chunks(&state, stream, peer, chunks, &cut).await;
 }
 
@@ -923,7 +923,7 @@ async fn write_chunks(
     mut chunks: mpsc::Receiver<(Bytes, u64)>,
     cut: &AtomicBool,
 ) {
-    let gateway = state.options.gateway;
+    let outlet = state.options.outlet;
     // Acquire: pairs with the sequencer's Release store of the flag.
     let is_cut = || cut.load(Ordering::Acquire);
     while let Some((chunk, records)) = chunks.recv().await {
@@ -933,13 +933,13 @@ async fn write_chunks(
         match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&chunk)).await {
             Ok(Ok(())) => add(&state.counters.delivered, records),
             Ok(Err(error)) => {
-                tracing::info!("gateway {gateway}: consumer {peer} left ({error})");
+                tracing::info!("gateway {outlet}: consumer {peer} left ({error})");
                 return;
             }
             Err(_) => {
                 if !is_cut() {
                     add(&state.counters.cut_off, 1);
-                    tracing::warn!("gateway {gateway}: consumer {peer} cut off: write stalled");
+                    tracing::warn!("gateway {outlet}: consumer {peer} cut off: write stalled");
                 }
                 return goodbye(&mut stream, GOODBYE_SLOW).await;
             }

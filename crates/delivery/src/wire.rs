@@ -10,7 +10,7 @@ pub const RECORD_BYTES: usize = 8 + 8 + 1 + 1 + 4 + 4 + CANONICAL_OUTPUT_BYTES;
 /// Most records in one NATS batch message (bounds a payload to ~22 KiB, far below NATS's
 /// default 1 MiB `max_payload`).
 pub const BATCH_RECORDS_MAX: usize = 256;
-/// Batch header: version, stream, gateway, publisher instance, leadership epoch, first
+/// Batch header: version, stream, outlet, publisher instance, leadership epoch, first
 /// sequence, record count.
 pub const BATCH_HEADER_BYTES: usize = 1 + 1 + 4 + 8 + 8 + 8 + 2;
 /// Version byte of every NATS batch message (data, heartbeat, retain reply). Version 2 added
@@ -66,12 +66,12 @@ impl WireError {
     }
 }
 
-/// The streams of one gateway, each its own NATS subject with its own sequence.
+/// The streams of one outlet, each its own NATS subject with its own sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Stream {
-    /// Execution reports of the gateway's clients.
+    /// Execution reports of the outlet's clients.
     Reports = 0,
-    /// Market data of the gateway's topics.
+    /// Market data of the outlet's topics.
     MarketData = 1,
 }
 
@@ -113,7 +113,7 @@ const AT_INTENDED: usize = 0;
 const AT_PUBLISHED: usize = 8;
 const AT_AUDIENCE: usize = 16;
 const AT_ANSWERS: usize = 17;
-const AT_GATEWAY: usize = 18;
+const AT_OUTLET: usize = 18;
 const AT_SHARD: usize = 22;
 const AT_OUTPUT: usize = 26;
 /// Offset of the client id inside the canonical output bytes (seq, 3 codes, instrument).
@@ -139,7 +139,7 @@ impl Record {
         bytes[AT_PUBLISHED..AT_AUDIENCE].copy_from_slice(&published_abs_ns.to_le_bytes());
         bytes[AT_AUDIENCE] = Stream::of(response) as u8;
         bytes[AT_ANSWERS] = u8::from(response.answers_request);
-        bytes[AT_GATEWAY..AT_SHARD].copy_from_slice(&response.gateway.to_le_bytes());
+        bytes[AT_OUTLET..AT_SHARD].copy_from_slice(&response.outlet.to_le_bytes());
         bytes[AT_SHARD..AT_OUTPUT].copy_from_slice(&response.output.shard.to_le_bytes());
         let output: &mut [u8; CANONICAL_OUTPUT_BYTES] =
             (&mut bytes[AT_OUTPUT..]).try_into().expect("the output fills a record's tail");
@@ -170,8 +170,8 @@ impl Record {
         self.0[AT_AUDIENCE]
     }
 
-    pub fn gateway(&self) -> u32 {
-        self.u32_at(AT_GATEWAY)
+    pub fn outlet(&self) -> u32 {
+        self.u32_at(AT_OUTLET)
     }
 
     pub fn shard(&self) -> u32 {
@@ -204,7 +204,7 @@ impl Record {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchHeader {
     pub stream: Stream,
-    pub gateway: u32,
+    pub outlet: u32,
     /// The publisher's instance id, drawn at random when it starts: a gateway serves one
     /// instance, so a restarted publisher (sequences from 1 again) or a stranger guessing
     /// sequences is told apart from the publisher it serves.
@@ -230,7 +230,7 @@ impl BatchHeader {
         let mut bytes = [0u8; BATCH_HEADER_BYTES];
         bytes[0] = BATCH_VERSION;
         bytes[1] = self.stream as u8;
-        bytes[2..6].copy_from_slice(&self.gateway.to_le_bytes());
+        bytes[2..6].copy_from_slice(&self.outlet.to_le_bytes());
         bytes[6..14].copy_from_slice(&self.instance.to_le_bytes());
         bytes[14..22].copy_from_slice(&self.epoch.to_le_bytes());
         bytes[22..30].copy_from_slice(&self.first_seq.to_le_bytes());
@@ -277,7 +277,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
         return Err(WireError::Version(version));
     }
     let stream = Stream::from_code(fields.u8()?)?;
-    let gateway = fields.u32()?;
+    let outlet = fields.u32()?;
     let instance = fields.u64()?;
     let epoch = fields.u64()?;
     let first_seq = fields.u64()?;
@@ -289,7 +289,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
     if first_seq == 0 || first_seq.checked_add(count as u64).is_none() {
         return Err(WireError::Sequence(first_seq));
     }
-    Ok((BatchHeader { stream, gateway, instance, epoch, first_seq, count }, records))
+    Ok((BatchHeader { stream, outlet, instance, epoch, first_seq, count }, records))
 }
 
 /// The part of a decoded batch's `records` numbered `from..=last`: its first sequence and its

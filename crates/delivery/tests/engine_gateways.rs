@@ -18,13 +18,13 @@ use exchange::tier::TierConfig;
 use experiments::tier_load::{RunOptions, run_with_subscribers};
 use pipeline::WaitStrategy;
 
-const GATEWAYS: u32 = 2;
+const OUTLETS: u32 = 2;
 const RATE_PER_S: f64 = 10_000.0;
 const RUN: Duration = Duration::from_millis(1500);
 
 fn tier() -> TierConfig {
     TierConfig {
-        gateways: GATEWAYS,
+        outlets: OUTLETS,
         senders: 2,
         journal: JournalMode::OFF,
         ring_slots: 1024,
@@ -65,11 +65,11 @@ fn run_engine_with(
     start_gateway: impl Fn(u32) -> GatewayChild,
 ) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
     let url = server.url();
-    let gateways: Vec<_> = (0..GATEWAYS).map(start_gateway).collect();
+    let edges: Vec<_> = (0..OUTLETS).map(start_gateway).collect();
     let io =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let mut tallies = Vec::new();
-    for (gateway, child) in gateways.iter().enumerate() {
+    for (gateway, child) in edges.iter().enumerate() {
         let (tally, reading) =
             io.block_on(consumer::connect(child.address, gateway as u32)).unwrap();
         io.spawn(reading);
@@ -78,7 +78,7 @@ fn run_engine_with(
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: delivery::nats::NatsConnect::new(url),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways: GATEWAYS,
+        outlets: OUTLETS,
         retain_records,
         wait: WaitStrategy::Park,
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -101,7 +101,7 @@ fn run_engine_with(
         let target = [report.next_seqs[gateway * 2], report.next_seqs[gateway * 2 + 1]];
         wait_for(tally, target);
     }
-    let reports = gateways.into_iter().map(GatewayChild::stop).collect();
+    let reports = edges.into_iter().map(GatewayChild::stop).collect();
     let tallies = tallies.iter().map(|t| t.lock().unwrap().clone()).collect();
     (report, tallies, reports)
 }
@@ -110,7 +110,7 @@ fn check_exactly_once(report: &PublishReport, tallies: &[ConsumerTally]) -> u64 
     let mut resynced = 0;
     for (gateway, tally) in tallies.iter().enumerate() {
         assert_eq!(tally.out_of_order, 0, "gateway {gateway}: a frame out of sequence");
-        assert_eq!(tally.wrong_gateway, 0, "gateway {gateway}: another gateway's record");
+        assert_eq!(tally.wrong_outlet, 0, "gateway {gateway}: another gateway's record");
         for stream in Stream::ALL {
             let published = report.next_seqs[gateway * 2 + stream as usize] - 1;
             let seen = tally.data[stream as usize] + tally.resynced[stream as usize];
@@ -124,11 +124,11 @@ fn check_exactly_once(report: &PublishReport, tallies: &[ConsumerTally]) -> u64 
 #[test]
 fn every_response_reaches_its_gateway_once_in_order() {
     let mut server = NatsServer::start().unwrap();
-    let (report, tallies, gateways) =
+    let (report, tallies, edges) =
         run_engine(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {});
     let resynced = check_exactly_once(&report, &tallies);
     assert_eq!(resynced, 0, "nothing may be lost without a server failure");
-    for (gateway, tally) in gateways.iter().zip(&tallies) {
+    for (gateway, tally) in edges.iter().zip(&tallies) {
         assert_eq!(gateway.received, tally.data.iter().sum::<u64>());
         assert_eq!(gateway.delivered, gateway.received, "one consumer: delivered = received");
         assert_eq!(gateway.consumers_connected, 1);
@@ -138,17 +138,17 @@ fn every_response_reaches_its_gateway_once_in_order() {
 #[test]
 fn a_server_restart_mid_run_loses_nothing_silently() {
     let mut server = NatsServer::start().unwrap();
-    let (report, tallies, gateways) =
+    let (report, tallies, edges) =
         run_engine(&mut server, delivery::publish::RETAIN_RECORDS_MAX, |server| {
             server.restart().expect("restarting nats-server");
         });
     let resynced = check_exactly_once(&report, &tallies);
-    let recovered: u64 = gateways.iter().map(|g| g.recovered).sum();
-    let gaps: u64 = gateways.iter().map(|g| g.gaps).sum();
+    let recovered: u64 = edges.iter().map(|g| g.recovered).sum();
+    let gaps: u64 = edges.iter().map(|g| g.gaps).sum();
     eprintln!("restart: {report:?}; gaps {gaps}, recovered {recovered}, resynced {resynced}");
     // The window holds the whole run, so every gap is recoverable: no resync.
     assert_eq!(resynced, 0, "the retained window covered the run, yet records were lost");
-    assert_eq!(gateways.iter().map(|g| g.resyncs).sum::<u64>(), 0, "gateways reported resyncs");
+    assert_eq!(edges.iter().map(|g| g.resyncs).sum::<u64>(), 0, "edges reported resyncs");
 }
 
 /// A server killed for a quarter of the run behind a 4-record window: what the outage lost
@@ -162,14 +162,14 @@ fn records_beyond_the_window_are_declared_by_resync() {
     const TRIES: u32 = 3;
     for attempt in 1..=TRIES {
         let mut server = NatsServer::start().unwrap();
-        let (report, tallies, gateways) = run_engine(&mut server, TINY_WINDOW, |server| {
+        let (report, tallies, edges) = run_engine(&mut server, TINY_WINDOW, |server| {
             server.kill();
             std::thread::sleep(RUN / 4);
             server.restart().expect("restarting nats-server");
         });
         let resynced = check_exactly_once(&report, &tallies);
         if resynced > 0 {
-            assert!(gateways.iter().any(|g| g.resyncs > 0), "the gateways declared them");
+            assert!(edges.iter().any(|g| g.resyncs > 0), "the edges declared them");
             return;
         }
         eprintln!("run {attempt}: the outage lost nothing beyond the window; again");
@@ -244,8 +244,8 @@ fn a_gateway_in_another_network_namespace_receives_everything() {
         0 => GatewayChild::start(&exec, &url, gateway, &listen),
         _ => GatewayChild::start(&[], &url, gateway, &format!("{}:0", namespace.host_ip)),
     };
-    let (report, tallies, gateways) =
+    let (report, tallies, edges) =
         run_engine_with(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {}, start);
     assert_eq!(check_exactly_once(&report, &tallies), 0);
-    assert!(gateways[0].received > 0, "the namespaced gateway received nothing");
+    assert!(edges[0].received > 0, "the namespaced gateway received nothing");
 }

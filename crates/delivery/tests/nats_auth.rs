@@ -44,7 +44,7 @@ fn publish_options(nats: &NatsConnect) -> PublishOptions {
     PublishOptions {
         nats: nats.clone(),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways: 1,
+        outlets: 1,
         retain_records: 4096,
         wait: WaitStrategy::Park,
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,

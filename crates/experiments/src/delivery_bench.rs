@@ -205,7 +205,7 @@ fn leantier_once(
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: nats.clone(),
         prefix: prefix.to_string(),
-        gateways: 1,
+        outlets: 1,
         retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
         // `auto` as in the tier: spin only when the sender, the publisher and the client's
         // and gateway's threads each have a CPU; on a smaller host a spinner steals the CPU
@@ -220,7 +220,7 @@ fn leantier_once(
         for order_id in 0..records {
             let output = CoreOutput { order_id, ..CoreOutput::default() };
             let mut response =
-                Response { audience: Audience::Client, gateway: 0, answers_request: true, output };
+                Response { audience: Audience::Client, outlet: 0, answers_request: true, output };
             response.output.stamps.intended_ns = now_ns();
             subscribers[0].deliver(&response);
         }

@@ -63,7 +63,7 @@ pub const PUBLISHED_BUCKETS: [(usize, [f64; 10]); 2] = [
 pub const PUBLISHED_P90_P99_US: [(usize, u64, u64); 3] = [(1, 90, 140), (2, 60, 110), (5, 35, 60)];
 /// The tier's gateways in every run: at least the largest sender count, so every sender of
 /// runs 1–2 has a gateway routed to it.
-pub const EXPERIMENT_GATEWAYS: u32 = 20;
+pub const EXPERIMENT_OUTLETS: u32 = 20;
 /// How long the NATS gateways may take to catch up after the tier's run.
 pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -137,7 +137,7 @@ fn tier(layout: &Layout) -> TierConfig {
         connector: layout.connector,
         senders: layout.senders,
         placement: layout.placement,
-        gateways: EXPERIMENT_GATEWAYS,
+        outlets: EXPERIMENT_OUTLETS,
         // Replies are not held for an fsync: the experiment compares delivery layouts.
         journal: JournalMode::OFF,
         ..TierConfig::default()
@@ -237,23 +237,23 @@ fn over_nats(
 ) -> Result<Point> {
     let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
     let io = io.map_err(|source| DeliveryError::Io {
-        what: "starting the gateways' runtime".into(),
+        what: "starting the edges' runtime".into(),
         source,
     })?;
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let gateways: Vec<RunningGateway> = io.block_on(async {
-        let mut gateways = Vec::new();
-        for gateway in 0..config.gateways {
+    let edges: Vec<RunningGateway> = io.block_on(async {
+        let mut edges = Vec::new();
+        for gateway in 0..config.outlets {
             let options =
                 GatewayOptions { nats: nats.clone(), ..GatewayOptions::new("", gateway, listen) };
-            gateways.push(start_gateway(options).await?);
+            edges.push(start_gateway(options).await?);
         }
-        Ok::<_, DeliveryError>(gateways)
+        Ok::<_, DeliveryError>(edges)
     })?;
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: nats.clone(),
         prefix: PREFIX_DEFAULT.to_string(),
-        gateways: config.gateways,
+        outlets: config.outlets,
         retain_records: RETAIN_RECORDS_DEFAULT,
         wait: config.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -261,10 +261,10 @@ fn over_nats(
     let result =
         run_with_subscribers(config, run_options(settings), publisher.subscribers(), |_| {})?;
     let publish = publisher.drain()?;
-    wait_caught_up(&gateways, &publish)?;
+    wait_caught_up(&edges, &publish)?;
     let mut histogram = LatencyHistogram::new();
     let mut totals = GatewayTotals::default();
-    for gateway in gateways {
+    for gateway in edges {
         let (report, latency) = io.block_on(gateway.shutdown())?;
         histogram.merge(&latency.answers);
         totals.received += report.received;
@@ -280,9 +280,9 @@ fn over_nats(
 }
 
 /// Waits until every gateway expects the publisher's next sequence on both streams.
-fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> Result<()> {
+fn wait_caught_up(edges: &[RunningGateway], publish: &PublishReport) -> Result<()> {
     let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    for (index, gateway) in gateways.iter().enumerate() {
+    for (index, gateway) in edges.iter().enumerate() {
         let target = &publish.next_seqs[index * 2..index * 2 + 2];
         while gateway.report().next_seqs != target {
             if Instant::now() >= deadline {
@@ -309,10 +309,10 @@ pub fn run_engine(
     linger: Duration,
     progress: impl FnMut(u64),
 ) -> Result<(RunResult, PublishReport), DeliveryError> {
-    if publish.gateways != config.gateways {
+    if publish.outlets != config.outlets {
         return Err(DeliveryError::Failed(format!(
-            "publisher gateways {} != tier gateways {}",
-            publish.gateways, config.gateways
+            "publisher outlets {} != tier outlets {}",
+            publish.outlets, config.outlets
         )));
     }
     let publisher = NatsPublisher::connect(publish)?;

@@ -296,7 +296,7 @@ pub fn run(
     options: RunOptions,
     progress: impl FnMut(u64),
 ) -> Result<RunResult, ExchangeError> {
-    let subscribers = in_process_subscribers(config.gateways, options.load.publish_work_ns);
+    let subscribers = in_process_subscribers(config.outlets, options.load.publish_work_ns);
     run_with_subscribers(config, options, subscribers, progress)
 }
 

@@ -78,7 +78,7 @@ pub struct RemoteOptions {
     /// The input log's layout (as the engines have it).
     pub log: LogSettings,
     /// The engines' `tier.gateways`: the report subjects per shard.
-    pub tier_gateways: u32,
+    pub tier_outlets: u32,
     /// This gateway's id in every append's message id.
     pub gateway_id: u32,
 }
@@ -149,7 +149,7 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
-    let durable = DurableInputs::new(options.log.shards, options.tier_gateways);
+    let durable = DurableInputs::new(options.log.shards, options.tier_outlets);
     let mut r_gateways = Vec::new();
     for (index, subject) in report_subjects(&options).enumerate() {
         let (r_gateway, mark) = start_r_gateway(&options, &runtime, subject)?;
@@ -246,7 +246,7 @@ fn remote_error(what: &str, why: impl std::fmt::Display) -> ServeError {
 
 /// Every (shard, tier gateway slot) whose report subjects this gateway reads.
 fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> + use<> {
-    let slots = options.tier_gateways;
+    let slots = options.tier_outlets;
     (0..options.log.shards).flat_map(move |shard| (0..slots).map(move |slot| (shard, slot)))
 }
 
@@ -543,7 +543,7 @@ fn response_of(record: &Record, epoch_abs_ns: u64) -> Option<Response> {
     output.stamps.intended_ns = record.intended_abs_ns().saturating_sub(epoch_abs_ns);
     Some(Response {
         audience: Audience::Client,
-        gateway: record.gateway(),
+        outlet: record.outlet(),
         answers_request: record.answers_request(),
         output,
     })

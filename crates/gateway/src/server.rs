@@ -177,7 +177,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let wake = Arc::new(move || wake.notify_one());
-    let (subscribers, replies) = reply_subscribers(config.gateways, options.also.clone(), wake);
+    let (subscribers, replies) = reply_subscribers(config.outlets, options.also.clone(), wake);
     let stop = Arc::new(AtomicBool::new(false));
     let (in_tier, in_tier_requests) = tokio::sync::mpsc::unbounded_channel();
     let setup = IoSetup {

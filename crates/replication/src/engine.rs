@@ -69,7 +69,7 @@ pub struct EngineOptions {
     /// `snapshot_every_records` is how many inputs apart the leader writes the shard's
     /// snapshot (0: never; the log is then never trimmed).
     pub tier: TierConfig,
-    /// How its R-Senders publish (`gateways` = `tier.gateways`; the subject prefix is the
+    /// How its R-Senders publish (`outlets` = `tier.outlets`; the subject prefix is the
     /// shard's, [`LogSettings::publish_prefix`]).
     pub publish: PublishOptions,
     /// The order rate the tier's layout is planned for, orders/s.

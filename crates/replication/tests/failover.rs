@@ -23,7 +23,7 @@ const ORDERS_PER_PHASE: u64 = 200;
 const TAKEOVER_MAX: Duration = Duration::from_secs(3);
 
 fn tier() -> TierConfig {
-    TierConfig { gateways: 1, journal: JournalMode::OFF, ..TierConfig::parked() }
+    TierConfig { outlets: 1, journal: JournalMode::OFF, ..TierConfig::parked() }
 }
 
 fn engine(url: &str, holder: &str) -> Engine {

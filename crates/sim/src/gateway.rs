@@ -25,7 +25,7 @@ const RECORD_HEADER_BYTES: usize = 13;
 impl World {
     /// Starts (or restarts) gateway `n` from its durable store.
     pub fn start_gateway(&mut self, n: usize) {
-        let (slots, shards) = (self.settings.tier.gateways, self.settings.shards as u32);
+        let (slots, shards) = (self.settings.tier.outlets, self.settings.shards as u32);
         let gateway = &mut self.gateways[n];
         gateway.life.up = true;
         gateway.life.paused = false;

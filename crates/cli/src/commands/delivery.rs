@@ -152,7 +152,7 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     let options = GatewayOptions {
         nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
-        gateway: args.gateway,
+        outlet: args.gateway,
         listen: Some(args.listen),
         consumers_max: args.consumers_max,
         consumers_per_address_max: args.consumers_per_address_max,
@@ -243,7 +243,7 @@ fn print_gateway_latency(latency: &delivery::gateway::GatewayLatency) {
 
 fn gateway_table(report: &GatewayReport) -> Table {
     let mut table =
-        Table::new(["counter", "value"]).with_title(format!("gateway {}", report.gateway));
+        Table::new(["counter", "value"]).with_title(format!("gateway {}", report.outlet));
     let rows = [
         ("records received (in order)", report.received),
         ("records delivered to consumers", report.delivered),
@@ -328,12 +328,12 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
     let options = delivery::publish::PublishOptions {
         nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
-        gateways: config.gateways,
+        outlets: config.outlets,
         retain_records: args.retain_records,
         wait: config.wait_strategy(),
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     };
-    println!("publishing to {} gateways at {} msg/s", config.gateways, args.rate);
+    println!("publishing to {} outlets at {} msg/s", config.outlets, args.rate);
     let (result, report) =
         experiments::delivery_experiment::run_engine(&config, run, options, args.linger, |_| {})?;
     let signal = signal.get().copied();
@@ -345,10 +345,10 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         unsent = report.unsent,
         "tier publisher stopped"
     );
-    println!("\n{}", publish_table(&result, &report, args.rate, config.gateways));
+    println!("\n{}", publish_table(&result, &report, args.rate, config.outlets));
     let summary = result.end_to_end.summary();
     println!(
-        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (gateways measure the rest)",
+        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (outlets measure the rest)",
         format_ns_as_us(summary.p50_ns),
         format_ns_as_us(summary.p99_ns)
     );
@@ -383,10 +383,10 @@ fn publish_table(
     result: &experiments::tier_load::RunResult,
     report: &delivery::publish::PublishReport,
     rate: f64,
-    gateways: u32,
+    outlets: u32,
 ) -> Table {
     let mut table = Table::new(["counter", "value"]).with_title(format!(
-        "tier over NATS: {} requests at {rate} msg/s, {gateways} gateways",
+        "tier over NATS: {} requests at {rate} msg/s, {outlets} outlets",
         result.sent
     ));
     let rows = [

@@ -458,11 +458,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         Role::Gateway => {
             let addresses = (listen, fix_listen, metrics_listen);
             let sessions = (settings, credentials);
-            return super::exchange_roles::serve_gateway(args, sessions, addresses, tier.gateways);
+            return super::exchange_roles::serve_gateway(args, sessions, addresses, tier.outlets);
         }
         Role::All => {}
     }
-    let publisher = nats_publisher(args, tier.gateways)?;
+    let publisher = nats_publisher(args, tier.outlets)?;
     // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
     // it as soon as it has read the listen line.
     let mut stop = super::exchange_roles::StopSignals::listen()?;
@@ -515,13 +515,13 @@ fn check_session_settings(settings: &gateway::Settings) -> anyhow::Result<()> {
 /// With `--nats`, the publisher of the tier's responses to R-Gateways.
 fn nats_publisher(
     args: &ServeArgs,
-    gateways: u32,
+    outlets: u32,
 ) -> anyhow::Result<Option<delivery::publish::NatsPublisher>> {
     let Some(url) = &args.nats else { return Ok(None) };
     let options = delivery::publish::PublishOptions {
         nats: args.nats_auth.connect(url)?,
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways,
+        outlets,
         retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
         wait: pipeline::WaitStrategy::Park,
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,

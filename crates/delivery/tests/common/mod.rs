@@ -104,7 +104,7 @@ pub fn batch_of(instance: u64, first_seq: u64, count: usize) -> Vec<u8> {
 /// [`batch_of`], published by leadership `epoch`.
 pub fn batch_in_epoch(instance: u64, epoch: u64, first_seq: u64, count: usize) -> Vec<u8> {
     let stream = Stream::Reports;
-    let header = BatchHeader { stream, gateway: 0, instance, epoch, first_seq, count };
+    let header = BatchHeader { stream, outlet: 0, instance, epoch, first_seq, count };
     let mut payload = Vec::new();
     header.write(&mut payload);
     for _ in 0..count {

@@ -178,8 +178,8 @@ pub(super) fn start(
     link(&mut graph, master_fused, events, masterdata, Route::RoundRobin);
     graph.connect(master_feed, masterdata, Route::RoundRobin);
     link(&mut graph, specs.fused(TierStage::Rprocess), core, rprocess, Route::RoundRobin);
-    let by_gateway = Route::by_key(|r: &Response| u64::from(r.gateway));
-    link(&mut graph, specs.fused(TierStage::Sender), rprocess, senders, by_gateway);
+    let by_outlet = Route::by_key(|r: &Response| u64::from(r.outlet));
+    link(&mut graph, specs.fused(TierStage::Sender), rprocess, senders, by_outlet);
 
     let mut pipeline = graph.start()?;
     let feeds = Feeds {
@@ -282,10 +282,10 @@ fn rprocess_stage(
 ) -> (StageHandle<CoreOutput, Response>, StageResults<ResponseTotals>) {
     let config = specs.config;
     let durables = if config.holds_replies() { durables } else { Vec::new() };
-    let (gateways, wait) = (config.gateways, specs.wait_of(TierStage::Rprocess));
+    let (outlets, wait) = (config.outlets, specs.wait_of(TierStage::Rprocess));
     graph.stage_with_results("rprocess", specs.of(TierStage::Rprocess), move |_| {
         ResponseProcessor {
-            gateways,
+            outlets,
             rejects: [0; REASON_COUNT],
             durables: durables.clone(),
             wait,
@@ -301,7 +301,7 @@ fn sender_stage(
 ) -> (StageHandle<Response, ()>, StageResults<SenderLatency>) {
     let (released, subscribers) = (start.released.clone(), start.subscribers.clone());
     graph.stage_with_results("sender", specs.of(TierStage::Sender), move |sender| SenderWorker {
-        gateways: subscribers(sender),
+        outlets: subscribers(sender),
         latency: SenderLatency::new(),
         released: released.clone(),
     })

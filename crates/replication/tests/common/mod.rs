@@ -19,7 +19,7 @@ pub fn engine_options(url: &str, holder: &str, tier: TierConfig) -> EngineOption
     let publish = PublishOptions {
         nats: nats.clone(),
         prefix: "leantier".into(),
-        gateways: tier.gateways,
+        outlets: tier.outlets,
         retain_records: RETAIN_RECORDS_DEFAULT,
         wait: tier.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
