@@ -1,7 +1,7 @@
-//! An end consumer of an R-Gateway: connects, says hello and checks what arrives — every
+//! An end consumer of a delivery edge: connects, says hello and checks what arrives — every
 //! stream's sequence must advance by exactly one per data frame, or jump past a range the
-//! gateway declared lost with a resync frame. Used by the tests, the benchmark and anyone
-//! who wants to watch a gateway.
+//! edge declared lost with a resync frame. Used by the tests, the benchmark and anyone
+//! who wants to watch an edge.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,9 +25,9 @@ pub struct ConsumerTally {
     pub next_seqs: [u64; 2],
     /// Frames whose sequence was not the next expected (must stay 0).
     pub out_of_order: u64,
-    /// Records routed to another gateway than the one connected to (must stay 0).
+    /// Records routed to another edge than the one connected to (must stay 0).
     pub wrong_outlet: u64,
-    /// The goodbye reason, once the gateway closed the connection with one.
+    /// The goodbye reason, once the edge closed the connection with one.
     pub goodbye: Option<u8>,
     /// Intended send time -> read by this consumer, for records answering a request.
     #[serde(skip)]
@@ -51,7 +51,7 @@ impl ConsumerTally {
                 if seq != *next {
                     self.out_of_order += 1;
                 }
-                // Saturating: a hostile gateway's sequence must not overflow the tally.
+                // Saturating: a hostile edge's sequence must not overflow the tally.
                 *next = seq.saturating_add(1);
                 self.data[stream as usize] += 1;
                 if record.outlet() != outlet || record.stream_code() != stream as u8 {
@@ -80,8 +80,8 @@ impl ConsumerTally {
 /// A consumer's shared tally, readable while it runs.
 pub type SharedTally = Arc<Mutex<ConsumerTally>>;
 
-/// Connects to the gateway at `address` (serving `gateway`) and says hello; the returned
-/// future reads until the gateway says goodbye or closes, updating the tally per read.
+/// Connects to the edge at `address` (serving `edge`) and says hello; the returned
+/// future reads until the edge says goodbye or closes, updating the tally per read.
 pub async fn connect(
     address: SocketAddr,
     outlet: u32,

@@ -6,11 +6,11 @@
 //! retained window's entry too: sequencing and retaining cost no per-record copy, and the
 //! subject's lock is taken once per batch. The client's connection task writes every queued
 //! publish with one vectored write, so nothing is flushed per message. A heartbeat per subject (its next
-//! sequence, every `heartbeat`) lets a gateway see a lost tail; gateways recover gaps from the
+//! sequence, every `heartbeat`) lets an edge see a lost tail; edges recover gaps from the
 //! retained window over request/reply.
 //!
 //! Publishing never waits for an unreachable broker: while the client is reconnecting a batch
-//! stays only in the retained window, is counted as unsent, and the gateways recover it from
+//! stays only in the retained window, is counted as unsent, and the edges recover it from
 //! the window once the connection is back. While connected, a full client queue is
 //! back-pressure (bounded by `PUBLISH_WAIT_MAX`).
 
@@ -47,7 +47,7 @@ pub const PUBLISHER_RING_SLOTS: usize = 512;
 /// How often every subject announces its next sequence, by default.
 pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
 /// Longest a publisher thread waits for room in a connected client's queue before the batch is
-/// left to the window (the gateways then recover it).
+/// left to the window (the edges then recover it).
 pub const PUBLISH_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Most outlets a publisher serves (subjects are allocated up front).
 pub const OUTLETS_MAX: u32 = 1024;
@@ -201,7 +201,7 @@ struct Counters {
 /// the same records, and only the lease holder's gate is open. The holder moves the gate's
 /// deadline forward on each renewal of its lease, so a holder cut off from renewing closes by
 /// itself; every batch it publishes carries the lease's epoch ([`BatchHeader::epoch`]), so a
-/// gateway that heard a newer leader drops a deposed one's late batches.
+/// edge that heard a newer leader drops a deposed one's late batches.
 #[derive(Debug, Default)]
 pub struct PublishGate {
     /// Open until this absolute `CLOCK_MONOTONIC` time, ns (0: closed).
@@ -220,7 +220,7 @@ impl PublishGate {
     /// [`crate::clock::monotonic_ns`]).
     pub fn open_until(&self, abs_ns: u64, epoch: u64) {
         // Relaxed, both: neither publishes other data. A publisher that pairs a new deadline
-        // with the previous epoch stamps a batch older than it is (a gateway then drops it and
+        // with the previous epoch stamps a batch older than it is (an edge then drops it and
         // recovers the records from the window): the safe direction. The epoch is stored first
         // so that a publisher which sees this deadline usually sees this epoch too.
         self.epoch.store(epoch, Ordering::Relaxed);
@@ -249,8 +249,8 @@ impl PublishGate {
 /// Recomputes records that have left a retained window. A replicated engine group can: any
 /// record follows from the shard's snapshot and the input log after it, which outlive the
 /// in-memory window (the `replication` crate's engine). The leader's retain service asks it for
-/// a range older than its window, so a gateway that fell further behind than the window (a
-/// failover during which the new leader applied many inputs, a gateway restarted after long)
+/// a range older than its window, so an edge that fell further behind than the window (a
+/// failover during which the new leader applied many inputs, an edge restarted after long)
 /// recovers instead of being told to resync.
 pub trait Regenerate: Send + Sync + std::fmt::Debug {
     /// Records `from..=to` of `outlet`'s `stream`, from `from` on: a prefix of the range
@@ -266,7 +266,7 @@ pub trait Regenerate: Send + Sync + std::fmt::Debug {
 
 /// A publisher that is one of a group sharing one sequence space (the engines that follow one
 /// shard's input log): every member computes the same records in the same order, so all use
-/// the group's `instance` id and gateways accept the next member's batches as the same
+/// the group's `instance` id and edges accept the next member's batches as the same
 /// publisher's; only the member whose `gate` is open publishes, heartbeats and answers retain
 /// requests.
 #[derive(Clone, Debug)]
@@ -437,7 +437,7 @@ pub enum RetainSource {
 /// The retain service's decision for `request` when the window's oldest record is `oldest`
 /// and the group can (`can_regenerate`) recompute older ones. The bug `regress-window-only`
 /// puts back (never in a served build; `crates/sim` finds it): a range older than the window
-/// is answered from the window only, so a gateway that fell behind it never gets it.
+/// is answered from the window only, so an edge that fell behind it never gets it.
 pub fn retain_source(request: &RetainRequest, oldest: u64, can_regenerate: bool) -> RetainSource {
     let regenerates = can_regenerate && !cfg!(feature = "regress-window-only");
     if !regenerates || request.from_seq >= oldest {
@@ -614,7 +614,7 @@ impl NatsPublisher {
 
     /// Waits for every publisher thread (they end once the tier's senders finished), sends a
     /// last heartbeat, flushes the client and reports. The retain service keeps answering
-    /// until the publisher is dropped, so gateways can still recover.
+    /// until the publisher is dropped, so edges can still recover.
     pub fn drain(&self) -> Result<PublishReport> {
         let threads =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
@@ -791,7 +791,7 @@ async fn heartbeats(shared: Arc<Shared>, every: Duration) {
 }
 
 /// Answers retain requests (`{prefix}.retain.{outlet}.{stream}`); a malformed request gets
-/// no answer (the gateway's request times out and it reports a resync) and is logged.
+/// no answer (the edge's request times out and it reports a resync) and is logged.
 async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async_nats::Subscriber) {
     while let Some(message) = requests.next().await {
         let Some(reply) = message.reply else { continue };

@@ -1,5 +1,5 @@
 //! The bytes on both hops: the NATS batch payload an R-Sender's publisher sends per subject,
-//! the retained-window request and reply, and the consumer framing of the R-Gateway's TCP
+//! the retained-window request and reply, and the consumer framing of the delivery edge's TCP
 //! side ([docs/DELIVERY.md](../../../docs/DELIVERY.md) is the reference). Every decoder is
 //! bounds-checked and returns a [`WireError`] with a reason code: hostile bytes never panic.
 
@@ -200,17 +200,17 @@ impl Record {
 }
 
 /// The header of one NATS batch message; `count == 0` is a heartbeat announcing `first_seq`
-/// as the next sequence of the subject (so a gateway sees a lost tail).
+/// as the next sequence of the subject (so an edge sees a lost tail).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchHeader {
     pub stream: Stream,
     pub outlet: u32,
-    /// The publisher's instance id, drawn at random when it starts: a gateway serves one
+    /// The publisher's instance id, drawn at random when it starts: an edge serves one
     /// instance, so a restarted publisher (sequences from 1 again) or a stranger guessing
     /// sequences is told apart from the publisher it serves.
     pub instance: u64,
     /// The leadership that published it (a replicated engine group's lease epoch, which only
-    /// grows; 0 for a publisher of its own): a gateway drops a batch older than the newest
+    /// grows; 0 for a publisher of its own): an edge drops a batch older than the newest
     /// epoch it has seen, so a deposed leader is never heard after its successor.
     pub epoch: u64,
     pub first_seq: u64,
@@ -346,18 +346,18 @@ impl RetainRequest {
     }
 }
 
-/// A frame between the R-Gateway and an end consumer (4-byte little-endian length, then the
+/// A frame between the delivery edge and an end consumer (4-byte little-endian length, then the
 /// type byte and the body; see docs/DELIVERY.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// Consumer -> gateway, first frame of a connection.
+    /// Consumer -> edge, first frame of a connection.
     Hello { version: u8 },
-    /// Gateway -> consumer: one response of `stream`, at `seq`, received at `received_abs_ns`.
+    /// Edge -> consumer: one response of `stream`, at `seq`, received at `received_abs_ns`.
     Data { stream: Stream, seq: u64, received_abs_ns: u64, record: Record },
-    /// Gateway -> consumer: `first_seq..=last_seq` of `stream` are lost for good (beyond the
+    /// Edge -> consumer: `first_seq..=last_seq` of `stream` are lost for good (beyond the
     /// retained window, or the recovery timed out): resynchronise from a snapshot.
     Resync { stream: Stream, first_seq: u64, last_seq: u64 },
-    /// Gateway -> consumer: the connection ends, with a reason code.
+    /// Edge -> consumer: the connection ends, with a reason code.
     Goodbye { reason: u8 },
 }
 
@@ -438,7 +438,7 @@ impl Frame {
     }
 }
 
-/// The bytes of a data frame before its record (a gateway appends the record as received).
+/// The bytes of a data frame before its record (an edge appends the record as received).
 pub fn data_frame_head(
     stream: Stream,
     seq: u64,

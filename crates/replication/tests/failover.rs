@@ -1,5 +1,5 @@
 //! A shard's engine group on a real three-node JetStream cluster: a leader and a hot standby
-//! follow one input log; the R-Gateway's consumer sees every report exactly once, in sequence,
+//! follow one input log; the delivery edge's consumer sees every report exactly once, in sequence,
 //! before and after the leader stops and the standby takes over.
 
 mod common;

@@ -1,10 +1,10 @@
 //! A gateway without a tier: clients' orders appended to the log (de-duplicated by message
 //! id, resent until acknowledged), reports read through the production epoch fence
-//! (`delivery::gateway::EpochFence`), recovered from the leader's window on a gap, routed
+//! (`delivery::edge::EpochFence`), recovered from the leader's window on a gap, routed
 //! through the production routed positions (`gateway::routed::RoutedPositions`) and kept in
 //! a store whose unsynced writes a crash loses.
 
-use delivery::gateway::Fenced;
+use delivery::edge::Fenced;
 use delivery::publish::subject_index;
 use delivery::wire::Stream;
 use exchange::msg::{CoreOutput, InboundOrder};

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use delivery::gateway::EpochFence;
+use delivery::edge::EpochFence;
 use exchange::msg::{CoreOutput, InboundOrder};
 use exchange::tier::TierConfig;
 use gateway::routed::{Position, RoutedPositions};
@@ -153,7 +153,7 @@ pub(crate) struct DurableStore {
     /// Per client, the session's reports (sequence = index + 1).
     pub(crate) sessions: Vec<Vec<CoreOutput>>,
     pub(crate) positions: HashMap<(u32, u32), Position>,
-    /// Per shard, where its R-Gateway starts again: the first report of the newest durable
+    /// Per shard, where its delivery edge starts again: the first report of the newest durable
     /// input.
     pub(crate) restart_seqs: Vec<u64>,
 }
@@ -169,7 +169,7 @@ pub(crate) struct StoreWrite {
     pub(crate) restart_seq: u64,
 }
 
-/// A gateway's reading of one shard's report subject for it (its in-process R-Gateway).
+/// A gateway's reading of one shard's report subject for it (its in-process delivery edge).
 #[derive(Debug, Default)]
 pub(crate) struct Feed {
     pub(crate) fence: EpochFence,

@@ -119,7 +119,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 60_000.0)]
     pub planned_rate: f64,
     /// Also publish every response (execution reports, trades, top of book) over NATS to
-    /// R-Gateways (`exchange gateway --nats URL`): per-gateway subjects with sequence numbers
+    /// delivery edges (`exchange edge --nats URL`): per-outlet subjects with sequence numbers
     /// and retained windows for gap recovery (docs/DELIVERY.md).
     #[arg(long)]
     pub nats: Option<String>,
@@ -512,7 +512,7 @@ fn check_session_settings(settings: &gateway::Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With `--nats`, the publisher of the tier's responses to R-Gateways.
+/// With `--nats`, the publisher of the tier's responses to delivery edges.
 fn nats_publisher(
     args: &ServeArgs,
     outlets: u32,

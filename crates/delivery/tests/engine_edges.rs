@@ -1,6 +1,6 @@
-//! The engine (the tier, in this process, publishing over NATS) and two R-Gateway processes
+//! The engine (the tier, in this process, publishing over NATS) and two delivery edge processes
 //! with one end consumer each, on a real `nats-server` child: every response reaches the
-//! consumer of its gateway exactly once and in order per subject, including across a server
+//! consumer of its edge exactly once and in order per subject, including across a server
 //! restart in the middle of the run (gaps recovered from the retained window, or declared
 //! with resync frames; nothing silently lost).
 
@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{GatewayChild, wait_for};
+use common::{EdgeChild, wait_for};
 use delivery::consumer::{self, ConsumerTally};
 use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport};
 use delivery::server::NatsServer;
@@ -44,34 +44,33 @@ fn options() -> RunOptions {
     }
 }
 
-/// Runs the tier over NATS with two gateway children and their consumers; `mid_run` is called
+/// Runs the tier over NATS with two edge children and their consumers; `mid_run` is called
 /// (on another thread) halfway through. Returns the publisher's report, each consumer's tally
-/// and each gateway's report.
+/// and each edge's report.
 fn run_engine(
     server: &mut NatsServer,
     retain_records: usize,
     mid_run: impl FnOnce(&mut NatsServer) + Send,
-) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
+) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::edge::EdgeReport>) {
     let url = server.url();
-    let start = |g| GatewayChild::start(&[], &url, g, "127.0.0.1:0");
+    let start = |g| EdgeChild::start(&[], &url, g, "127.0.0.1:0");
     run_engine_with(server, retain_records, mid_run, start)
 }
 
-/// [`run_engine`] with the gateway children started by `start_gateway(gateway)`.
+/// [`run_engine`] with the edge children started by `start_edge(edge)`.
 fn run_engine_with(
     server: &mut NatsServer,
     retain_records: usize,
     mid_run: impl FnOnce(&mut NatsServer) + Send,
-    start_gateway: impl Fn(u32) -> GatewayChild,
-) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
+    start_edge: impl Fn(u32) -> EdgeChild,
+) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::edge::EdgeReport>) {
     let url = server.url();
-    let edges: Vec<_> = (0..OUTLETS).map(start_gateway).collect();
+    let edges: Vec<_> = (0..OUTLETS).map(start_edge).collect();
     let io =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let mut tallies = Vec::new();
-    for (gateway, child) in edges.iter().enumerate() {
-        let (tally, reading) =
-            io.block_on(consumer::connect(child.address, gateway as u32)).unwrap();
+    for (edge, child) in edges.iter().enumerate() {
+        let (tally, reading) = io.block_on(consumer::connect(child.address, edge as u32)).unwrap();
         io.spawn(reading);
         tallies.push(tally);
     }
@@ -97,24 +96,24 @@ fn run_engine_with(
     let published: u64 = report.next_seqs.iter().map(|next| next - 1).sum();
     assert_eq!(published, result.delivered, "every delivered response got a sequence");
     assert_eq!(report.published + report.unsent, published);
-    for (gateway, tally) in tallies.iter().enumerate() {
-        let target = [report.next_seqs[gateway * 2], report.next_seqs[gateway * 2 + 1]];
+    for (edge, tally) in tallies.iter().enumerate() {
+        let target = [report.next_seqs[edge * 2], report.next_seqs[edge * 2 + 1]];
         wait_for(tally, target);
     }
-    let reports = edges.into_iter().map(GatewayChild::stop).collect();
+    let reports = edges.into_iter().map(EdgeChild::stop).collect();
     let tallies = tallies.iter().map(|t| t.lock().unwrap().clone()).collect();
     (report, tallies, reports)
 }
 
 fn check_exactly_once(report: &PublishReport, tallies: &[ConsumerTally]) -> u64 {
     let mut resynced = 0;
-    for (gateway, tally) in tallies.iter().enumerate() {
-        assert_eq!(tally.out_of_order, 0, "gateway {gateway}: a frame out of sequence");
-        assert_eq!(tally.wrong_outlet, 0, "gateway {gateway}: another gateway's record");
+    for (edge, tally) in tallies.iter().enumerate() {
+        assert_eq!(tally.out_of_order, 0, "edge {edge}: a frame out of sequence");
+        assert_eq!(tally.wrong_outlet, 0, "edge {edge}: another edge's record");
         for stream in Stream::ALL {
-            let published = report.next_seqs[gateway * 2 + stream as usize] - 1;
+            let published = report.next_seqs[edge * 2 + stream as usize] - 1;
             let seen = tally.data[stream as usize] + tally.resynced[stream as usize];
-            assert_eq!(seen, published, "gateway {gateway} {}: data + resync", stream.name());
+            assert_eq!(seen, published, "edge {edge} {}: data + resync", stream.name());
         }
         resynced += tally.resynced.iter().sum::<u64>();
     }
@@ -128,10 +127,10 @@ fn every_response_reaches_its_gateway_once_in_order() {
         run_engine(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {});
     let resynced = check_exactly_once(&report, &tallies);
     assert_eq!(resynced, 0, "nothing may be lost without a server failure");
-    for (gateway, tally) in edges.iter().zip(&tallies) {
-        assert_eq!(gateway.received, tally.data.iter().sum::<u64>());
-        assert_eq!(gateway.delivered, gateway.received, "one consumer: delivered = received");
-        assert_eq!(gateway.consumers_connected, 1);
+    for (edge, tally) in edges.iter().zip(&tallies) {
+        assert_eq!(edge.received, tally.data.iter().sum::<u64>());
+        assert_eq!(edge.delivered, edge.received, "one consumer: delivered = received");
+        assert_eq!(edge.consumers_connected, 1);
     }
 }
 
@@ -238,14 +237,14 @@ fn a_gateway_in_another_network_namespace_receives_everything() {
     let url = server.url();
     let listen = format!("{}:0", namespace.inner_ip);
     let exec = ["ip", "netns", "exec", namespace.name.as_str()];
-    // Gateway 0 runs in the namespace (its own stack, reached over the veth pair as another
-    // host would be); gateway 1 on this host.
-    let start = |gateway| match gateway {
-        0 => GatewayChild::start(&exec, &url, gateway, &listen),
-        _ => GatewayChild::start(&[], &url, gateway, &format!("{}:0", namespace.host_ip)),
+    // Edge 0 runs in the namespace (its own stack, reached over the veth pair as another
+    // host would be); edge 1 on this host.
+    let start = |edge| match edge {
+        0 => EdgeChild::start(&exec, &url, edge, &listen),
+        _ => EdgeChild::start(&[], &url, edge, &format!("{}:0", namespace.host_ip)),
     };
     let (report, tallies, edges) =
         run_engine_with(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {}, start);
     assert_eq!(check_exactly_once(&report, &tallies), 0);
-    assert!(edges[0].received > 0, "the namespaced gateway received nothing");
+    assert!(edges[0].received > 0, "the namespaced edge received nothing");
 }
