@@ -5,7 +5,7 @@
 //! generator is an order source of the `experiments` crate (`experiments::tier_load`).
 //!
 //! ```text
-//!  orders (input or source) --by instrument--> preprocess (k) --by instrument--> core (s shards)
+//!  orders (intake or source) --by instrument-> preprocess (k) --by instrument--> core (s shards)
 //!       |                                       (orders and refusals)             |
 //!  event feed --> events --by instrument--------+---------------------> core      v
 //!       |            \--------------------> masterdata <-- master feed    rprocess (1)
