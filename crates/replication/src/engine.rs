@@ -10,7 +10,7 @@
 //!
 //! Every engine of the group applies every input (a hot standby) and sequences and retains
 //! every output the same way; only the leader's gate is open. A standby that takes the lease
-//! publishes from where its tier is; gateways recover what the old leader never sent from the
+//! publishes from where its tier is; the gateways' delivery edges recover what the old leader never sent from the
 //! new leader's retained window (the per-subject sequence continues: one instance id per
 //! group). The engine keeps no journal of its own: the replicated stream, and the snapshot
 //! below which it is trimmed (`crate::snapshot`), are the durable input.

@@ -4,7 +4,7 @@
 //!
 //! Two users: the snapshot thread (the state after an input, written while leading) and
 //! [`Regenerator`], which recomputes reports that have left the leader's retained window, so
-//! a gateway recovers them for as long as the log holds their inputs.
+//! a delivery edge recovers them for as long as the log holds their inputs.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use crate::layout::LogSettings;
 use crate::snapshot::{EngineSnapshot, SnapshotStore};
 
 /// Most records one regeneration recomputes and keeps for the requests that follow (a
-/// gateway recovers a range a batch per request): 64 Ki records, about 6 MiB.
+/// delivery edge recovers a range a batch per request): 64 Ki records, about 6 MiB.
 pub const REGENERATE_RECORDS_MAX: u64 = 1 << 16;
 /// Longest a regeneration waits for the log's next input before it answers with what it has
 /// (the log's end is read first, so this bounds only a stalled read).

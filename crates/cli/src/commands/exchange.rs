@@ -738,7 +738,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     markdown.heading(1, title);
     markdown.paragraph(&format!(
         "Open-loop load ({} arrivals), latency from each request's intended send time to its \
-         first response at the subscriber gateway; journal `{}` (critical path: until the \
+         first response at the subscriber outlet; journal `{}` (critical path: until the \
          response is ready; durable reply: until delivered after its input's fsync). {}.",
         session.load.arrival,
         session.config.journal.name(),
