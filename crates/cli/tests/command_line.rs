@@ -427,7 +427,7 @@ fn the_delivery_edges_old_spellings_still_run_and_warn() {
     let old = run(&["gateway", "--gateway", "3"]);
     let stderr = text(&old.stderr);
     assert_eq!(code(&old), 2, "{stderr}");
-    assert!(stderr.contains("`exchange gateway` is now `exchange edge`"), "{stderr}");
+    assert!(stderr.contains("'exchange gateway' is now 'exchange edge'"), "{stderr}");
     assert!(stderr.contains("--gateway is now --outlet"), "{stderr}");
     let both = run(&["edge", "--outlet", "3", "--gateway", "3"]);
     assert_eq!(code(&both), 2, "one spelling at a time: {}", text(&both.stderr));

@@ -628,7 +628,9 @@ impl NatsPublisher {
         let client = &self.shared.client;
         let flush = async { tokio::time::timeout(CONNECT_TIMEOUT, client.flush()).await };
         if !matches!(self.runtime.block_on(flush), Ok(Ok(()))) {
-            tracing::warn!("NATS flush did not complete; outlets recover from the windows");
+            tracing::warn!(
+                "NATS flush did not complete; the delivery edges recover from the windows"
+            );
         }
         Ok(self.report())
     }

@@ -119,7 +119,7 @@ pub struct TierConfig {
     pub senders: usize,
     /// Outlets: the subscriber slots every R-Sender delivers to (a client's reports go to
     /// outlet `client % outlets`, an instrument's market data to `instrument % outlets`).
-    /// `gateways`, the old key, is read for one release.
+    // `gateways`, the old key, is read for one release (issue 44).
     #[serde(alias = "gateways")]
     pub outlets: u32,
     /// Slots of every inbound ring (a power of two).

@@ -154,7 +154,7 @@ pub struct EdgeArgs {
 /// `leantier exchange edge` (`exchange gateway`, its old name, warns first: `renamed`).
 pub fn edge(args: &EdgeArgs, renamed: bool) -> anyhow::Result<()> {
     if renamed {
-        tracing::warn!("`exchange gateway` is now `exchange edge`; the old name goes next release");
+        tracing::warn!("'exchange gateway' is now 'exchange edge'; the old name goes next release");
     }
     let outlet = match (args.outlet, args.gateway) {
         (Some(outlet), _) => outlet,
