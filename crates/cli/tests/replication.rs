@@ -337,7 +337,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (_r_gateway, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let mut append = |count| appender.append(count);
 
@@ -383,7 +383,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 #[test]
 fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (edge, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let old = Process::named_engine(dir.path(), &url, "old");
     let checker = Checker::start(dir.path(), &url);
@@ -424,7 +424,7 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
 #[test]
 fn a_failover_past_the_retained_window_loses_no_report() {
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (edge, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let small_window = ["--retain-records", "64"];
     let leader = Process::engine_with(dir.path(), &url, &small_window);
@@ -518,7 +518,7 @@ fn killing_the_node_that_leads_the_shard_stream_under_load_loses_no_report() {
 /// asserts every order answered once, reports silent at most the election time + 2 s.
 fn kill_the_node_leading_under_load(stream: &str, what: &str) {
     let Setup { mut cluster, url, dir, rt } = Setup::new();
-    let (edge, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let _leader = Process::named_engine(dir.path(), &url, "a");
     let total = appender.append(ORDERS_PER_ROUND);
@@ -601,7 +601,7 @@ fn random_pauses_of_engines_under_load_lose_and_repeat_no_report() {
         random % below
     };
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (edge, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let engines: Vec<Process> =
         ["a", "b", "c"].iter().map(|name| Process::named_engine(dir.path(), &url, name)).collect();
     let checker = Checker::start(dir.path(), &url);
@@ -860,7 +860,7 @@ fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it
 #[test]
 fn the_replication_checker_fails_on_a_record_its_log_does_not_produce() {
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (_r_gateway, tally) = edge_and_consumer(&rt, &url);
     let _leader = Process::engine(dir.path(), &url);
     let checker = Checker::start(dir.path(), &url);
     let mut appender = Appender::open(&rt, &url);
@@ -1187,7 +1187,7 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     write_config(dir.path());
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (edge, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let mut append = |count| appender.append(count);
 
@@ -1256,7 +1256,7 @@ impl<'a> Appender<'a> {
 }
 
 /// A delivery edge for shard 0's outlet 0 and a consumer of it.
-fn r_gateway_and_consumer(
+fn edge_and_consumer(
     rt: &tokio::runtime::Runtime,
     url: &str,
 ) -> (delivery::edge::RunningEdge, SharedTally) {

@@ -1,7 +1,7 @@
 //! `exchange serve --nats`: one server takes orders from a FIX client (and a native one) and
 //! also publishes every response over NATS to a delivery edge (`exchange edge`), all real
 //! processes on loopback. A FIX client's fill reaches its FIX session AND the delivery edge's end
-//! consumer, in the same order, and the consumer sees the FIX client's gateway subject
+//! consumer, in the same order, and the consumer sees the FIX client's outlet subject
 //! gap-free from sequence 1; this holds again after the server is killed and a new one starts
 //! over the same store with `--journal group` (its book recovered from the journal).
 //!
@@ -38,7 +38,7 @@ const NATIVE_CLIENT: u32 = 12;
 /// data to outlet i % OUTLETS.
 const OUTLETS: u32 = 2;
 /// The delivery edge under test: the FIX client's (1), which also carries instrument 1's market
-/// data; the native client's reports go to gateway 0.
+/// data; the native client's reports go to outlet 0.
 const OUTLET: u32 = FIX_CLIENT % OUTLETS;
 const INSTRUMENT: u32 = 1;
 /// Instrument 1's reference price (on tick, inside the band).
@@ -240,8 +240,8 @@ impl Edge {
         Edge { proc, address }
     }
 
-    /// A consumer, connected and admitted (the gateway logged it): it sees every record the
-    /// gateway takes from now on.
+    /// A consumer, connected and admitted (the edge logged it): it sees every record the
+    /// edge takes from now on.
     fn consumer(&mut self) -> Consumer {
         let consumer = Consumer::connect(self.address);
         let local = consumer.stream.local_addr().expect("a local address");
@@ -256,7 +256,7 @@ impl Edge {
             let line = lines
                 .iter()
                 .find(|line| line.starts_with(name))
-                .unwrap_or_else(|| panic!("no `{name}` in the gateway's report: {lines:#?}"));
+                .unwrap_or_else(|| panic!("no `{name}` in the edge's report: {lines:#?}"));
             line.split_whitespace().last().and_then(|n| n.parse().ok()).expect("a count")
         };
         EdgeCounters {
@@ -326,7 +326,7 @@ impl Consumer {
         }
     }
 
-    /// Reads until the gateway closes the connection (after it was told to stop).
+    /// Reads until the edge closes the connection (after it was told to stop).
     fn read_to_end(&mut self) {
         let deadline = Instant::now() + WAIT;
         while !self.closed {
@@ -348,7 +348,7 @@ fn gap_free(frames: &[Frame], stream: Stream, first: u64) -> Vec<Record> {
                 assert_eq!(
                     record.outlet(),
                     OUTLET,
-                    "{}: a record of another gateway",
+                    "{}: a record of another outlet",
                     stream.name()
                 );
                 next += 1;
@@ -540,7 +540,7 @@ outlets = {OUTLETS}
 /// A child first, unlike `delivery::server::server_or_env`: `exchange serve --nats` publishes
 /// under the default subject prefix and has no option to change it, so two runs of this test
 /// on one shared server (two `cargo test`s on one host, both after `scripts/nats-env`) feed
-/// each other's gateways; that was seen to fail this test.
+/// each other's edges; that was seen to fail this test.
 fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
     let child = match delivery::server::NatsServer::start() {
         Ok(server) => return Some((server.url(), Some(server))),
@@ -567,13 +567,13 @@ fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restart() {
+fn a_fix_fill_reaches_the_fix_session_and_the_delivery_edge_in_order_across_a_restart() {
     let Some((url, _nats_child)) = nats() else { return };
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
 
     // Run 1. The delivery edge and its consumer are up before the server publishes anything, so
-    // the consumer must see both of gateway 1's subjects from sequence 1.
+    // the consumer must see both of outlet 1's subjects from sequence 1.
     let mut edge = Edge::start(&url);
     let mut consumer = edge.consumer();
     let server = Server::start(dir.path(), &url);
@@ -593,8 +593,8 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
         Some((3, PRICE)),
         "the FIX session's fill: {before:?}"
     );
-    // The same reports, in the same order, on gateway 1's report subject: nothing else is
-    // routed there (the native client's go to gateway 0). Market data: a trade of 3 between
+    // The same reports, in the same order, on outlet 1's report subject: nothing else is
+    // routed there (the native client's go to outlet 0). Market data: a trade of 3 between
     // the two orders.
     let resting_sell = order_id(NATIVE_CLIENT, 1);
     let trade_of = |aggressor: u64, resting: u64, qty: u32| {
@@ -619,7 +619,7 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     // What happens to the NATS numbering (checked here, 2026-11): the new server's publisher
     // numbers every subject from 1 again (a fresh `NatsPublisher`; nothing of the old run's
     // sequences is stored), so the delivery edge is restarted with the server, as docs/DELIVERY.md
-    // asks. The run-1 gateway is kept running through run 2 to show why: it counts run 2's
+    // asks. The run-1 edge is kept running through run 2 to show why: it counts run 2's
     // heartbeats as malformed ("sequence went back") and drops run 2's records below its old
     // next sequence as duplicates, telling its consumer nothing (no resync frame). Had run 2
     // published more records on a subject than run 1, it would hand run 2's records from its
@@ -632,7 +632,7 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     // Every record of run 1 was published before this (records carry their absolute
     // CLOCK_MONOTONIC publish time); every record of run 2 after it.
     let restarted_ns = delivery::clock::monotonic_ns();
-    let stale_gateway = edge;
+    let stale_edge = edge;
     let mut stale_consumer = consumer;
     let mut edge = Edge::start(&url);
     let mut consumer = edge.consumer();
@@ -654,9 +654,9 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
         data_count(frames, Stream::Reports) >= after.len() && trade_2(frames)
     });
 
-    // Stop everything, then check what each consumer got until its gateway closed the
+    // Stop everything, then check what each consumer got until its edge closed the
     // connection: nothing beyond the expected, nothing replayed from run 1. (`exchange
-    // gateway` exits right after `RunningEdge::shutdown` returns, dropping its runtime
+    // edge` exits right after `RunningEdge::shutdown` returns, dropping its runtime
     // with the consumer writers' tasks in it: the shutdown goodbye, and whatever was still
     // queued for a consumer, may never be written. Seen under load: the stream ended at a
     // data frame without the goodbye. So no assertion here on how the stream ends.)
@@ -674,19 +674,19 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
         .collect();
     assert_eq!(trades.len(), 1, "run 2's one trade, none of run 1 replayed: {trades:?}");
     assert!(trade_2(&consumer.frames), "run 2's trade on the market-data subject");
-    assert_eq!((counters.gaps, counters.resyncs), (0, 0), "run 2's gateway: {counters:?}");
-    assert_eq!((counters.duplicates, counters.malformed), (0, 0), "run 2's gateway: {counters:?}");
+    assert_eq!((counters.gaps, counters.resyncs), (0, 0), "run 2's edge: {counters:?}");
+    assert_eq!((counters.duplicates, counters.malformed), (0, 0), "run 2's edge: {counters:?}");
     assert_eq!(counters.consumers, 1, "{counters:?}");
     let data = data_count(&consumer.frames, Stream::Reports)
         + data_count(&consumer.frames, Stream::MarketData);
     assert!(data as u64 <= counters.received, "{data} data frames from {counters:?}");
 
-    // The run-1 gateway: the restarted publisher is a new instance (its id is on every batch),
-    // so the gateway ignored its messages as untrusted, and handed its consumer no record of
+    // The run-1 edge: the restarted publisher is a new instance (its id is on every batch),
+    // so the edge ignored its messages as untrusted, and handed its consumer no record of
     // run 2 (a run-2 record here would have come under run 1's numbering).
-    let stale = stale_gateway.stop();
+    let stale = stale_edge.stop();
     stale_consumer.read_to_end();
-    eprintln!("the run-1 gateway across the restart: {stale:?}");
+    eprintln!("the run-1 edge across the restart: {stale:?}");
     assert!(stale.untrusted > 0, "the new instance's messages are ignored as untrusted: {stale:?}");
     let run_2_records: Vec<(u64, Output)> = stale_consumer
         .frames
@@ -701,6 +701,6 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     assert_eq!(
         run_2_records,
         [],
-        "the run-1 gateway handed out run 2's records under run 1's numbering"
+        "the run-1 edge handed out run 2's records under run 1's numbering"
     );
 }

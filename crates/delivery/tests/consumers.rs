@@ -79,8 +79,8 @@ async fn a_stalled_consumer_is_cut_off_and_the_others_keep_up() {
     assert_eq!(tally.out_of_order, 0);
     // Draining the stalled consumer's socket shows the stream ends (with the slow goodbye
     // when it still fits) rather than going on silently.
-    let (gateway_report, _) = edge.shutdown().await.unwrap();
-    assert_eq!(gateway_report.consumers_cut_off, 1);
+    let (edge_report, _) = edge.shutdown().await.unwrap();
+    assert_eq!(edge_report.consumers_cut_off, 1);
     let mut decoder = FrameDecoder::default();
     let mut buffer = vec![0u8; 1 << 16];
     let mut goodbye = None;

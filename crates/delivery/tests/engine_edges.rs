@@ -121,7 +121,7 @@ fn check_exactly_once(report: &PublishReport, tallies: &[ConsumerTally]) -> u64 
 }
 
 #[test]
-fn every_response_reaches_its_gateway_once_in_order() {
+fn every_response_reaches_its_edge_once_in_order() {
     let mut server = NatsServer::start().unwrap();
     let (report, tallies, edges) =
         run_engine(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {});
@@ -225,7 +225,7 @@ impl Drop for Namespace {
 }
 
 #[test]
-fn a_gateway_in_another_network_namespace_receives_everything() {
+fn a_edge_in_another_network_namespace_receives_everything() {
     let namespace = match Namespace::create() {
         Ok(namespace) => namespace,
         Err(reason) => {

@@ -20,7 +20,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 const BATCH: u64 = BATCH_RECORDS_MAX as u64;
 const BATCH_COUNT: usize = BATCH_RECORDS_MAX;
 
-async fn gateway_on(url: &str, name: &str, first_seqs: [u64; 2]) -> (RunningEdge, String) {
+async fn edge_on(url: &str, name: &str, first_seqs: [u64; 2]) -> (RunningEdge, String) {
     let mut options = EdgeOptions::new(url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.prefix = format!("{name}{}", std::process::id());
     options.first_seqs = first_seqs;
@@ -39,7 +39,7 @@ async fn wait_until(what: &str, edge: &RunningEdge, done: impl Fn(&RunningEdge) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deposed_leaders_late_batches_are_dropped_once_its_successor_was_heard() {
     let (url, _server) = server_or_env().unwrap();
-    let (edge, prefix) = gateway_on(&url, "fenced", [1; 2]).await;
+    let (edge, prefix) = edge_on(&url, "fenced", [1; 2]).await;
     let (tally, reading) = consumer::connect(edge.local_addr().unwrap(), 0).await.unwrap();
     let reader = tokio::spawn(reading);
     wait_until("the consumer", &edge, |g| g.report().consumers_connected == 1).await;
@@ -76,9 +76,9 @@ async fn a_deposed_leaders_late_batches_are_dropped_once_its_successor_was_heard
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_started_at_a_kept_position_delivers_nothing_before_it() {
+async fn a_edge_started_at_a_kept_position_delivers_nothing_before_it() {
     let (url, _server) = server_or_env().unwrap();
-    let (edge, prefix) = gateway_on(&url, "resumed", [BATCH + 1, 1]).await;
+    let (edge, prefix) = edge_on(&url, "resumed", [BATCH + 1, 1]).await;
     let client = async_nats::connect(url).await.unwrap();
     let subject = data_subject(&prefix, 0, Stream::Reports);
     for first_seq in [1, BATCH + 1] {
@@ -100,7 +100,7 @@ async fn a_gateway_started_at_a_kept_position_delivers_nothing_before_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_position_past_the_publishers_is_a_counted_drop_not_a_delivery() {
     let (url, _server) = server_or_env().unwrap();
-    let (edge, prefix) = gateway_on(&url, "ahead", [1_000, 1]).await;
+    let (edge, prefix) = edge_on(&url, "ahead", [1_000, 1]).await;
     let client = async_nats::connect(url).await.unwrap();
     let subject = data_subject(&prefix, 0, Stream::Reports);
     let heartbeat = batch_in_epoch(INSTANCE, 3, 5, 0);
@@ -116,10 +116,10 @@ async fn a_kept_position_past_the_publishers_is_a_counted_drop_not_a_delivery() 
 /// An edge with no kept position (`FIRST_SEQ_HEARD`) joining a running exchange starts at
 /// the first sequence its publisher names: no recovery of everything before it, no resync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_without_a_position_starts_at_the_first_sequence_heard() {
+async fn a_edge_without_a_position_starts_at_the_first_sequence_heard() {
     use delivery::edge::FIRST_SEQ_HEARD;
     let (url, _server) = server_or_env().unwrap();
-    let (edge, prefix) = gateway_on(&url, "joining", [FIRST_SEQ_HEARD; 2]).await;
+    let (edge, prefix) = edge_on(&url, "joining", [FIRST_SEQ_HEARD; 2]).await;
     let client = async_nats::connect(url).await.unwrap();
     let subject = data_subject(&prefix, 0, Stream::Reports);
     let far = 1_000_000;

@@ -34,7 +34,7 @@ fn login(server: &NatsServer, password: &str) -> NatsConnect {
     NatsConnect { auth, ..NatsConnect::new(server.url()) }
 }
 
-fn gateway_options(nats: &NatsConnect) -> EdgeOptions {
+fn edge_options(nats: &NatsConnect) -> EdgeOptions {
     let mut options = EdgeOptions::new("", 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.nats = nats.clone();
     options
@@ -56,7 +56,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 #[test]
-fn a_gateway_and_a_publisher_log_in_with_a_password_and_deliver() {
+fn a_edge_and_a_publisher_log_in_with_a_password_and_deliver() {
     let dir = tempfile::tempdir().unwrap();
     let server = password_server(&dir);
     deliver_through(&login(&server, PASSWORD));
@@ -83,7 +83,7 @@ fn tls_server(dir: &tempfile::TempDir) -> (NatsServer, std::path::PathBuf) {
 }
 
 #[test]
-fn a_gateway_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_verify() {
+fn a_edge_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_verify() {
     let dir = tempfile::tempdir().unwrap();
     let (server, ca) = tls_server(&dir);
     let mut nats = NatsConnect::new(server.url());
@@ -97,7 +97,7 @@ fn a_gateway_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_ve
     std::fs::write(&stranger_ca, stranger.cert.pem()).unwrap();
     nats.tls.ca = Some(stranger_ca);
     let started = Instant::now();
-    let Err(error) = runtime().block_on(start(gateway_options(&nats))) else {
+    let Err(error) = runtime().block_on(start(edge_options(&nats))) else {
         panic!("the edge trusted a server its roots do not hold")
     };
     assert!(started.elapsed() <= CONNECT_TIMEOUT + Duration::from_secs(1), "{error:#}");
@@ -109,7 +109,7 @@ fn a_gateway_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_ve
 /// `nats`; the edge receives every one, in order.
 fn deliver_through(nats: &NatsConnect) {
     let io = runtime();
-    let edge = io.block_on(start(gateway_options(nats))).unwrap();
+    let edge = io.block_on(start(edge_options(nats))).unwrap();
     let publisher = NatsPublisher::connect(publish_options(nats)).unwrap();
     // One R-Sender's subscribers (one per edge), as the tier would call the factory.
     let mut subscribers = publisher.subscribers()(0);
@@ -148,7 +148,7 @@ fn a_wrong_or_missing_password_is_a_clear_error_not_a_hang() {
     for nats in [login(&server, wrong), NatsConnect::new(server.url())] {
         let password = if nats.auth == NatsAuth::None { "" } else { wrong };
         let started = Instant::now();
-        match io.block_on(start(gateway_options(&nats))) {
+        match io.block_on(start(edge_options(&nats))) {
             Ok(_) => panic!("the edge logged in with {:?}", nats.auth),
             Err(error) => assert_refused(&error, started, password),
         }
