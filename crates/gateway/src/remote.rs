@@ -77,7 +77,7 @@ pub struct RemoteOptions {
     pub nats: NatsConnect,
     /// The input log's layout (as the engines have it).
     pub log: LogSettings,
-    /// The engines' `tier.gateways`: the report subjects per shard.
+    /// The engines' `tier.outlets`: the report subjects per shard.
     pub tier_outlets: u32,
     /// This gateway's id in every append's message id.
     pub gateway_id: u32,

@@ -40,7 +40,7 @@ pub struct ServeOptions {
     /// Where the tier's journals and master data live (used with a journal).
     pub journal_dir: PathBuf,
     /// Also hands every response, market data included, to these (the NATS publishers of
-    /// `--nats`); `tier.gateways` subscribers per R-Sender.
+    /// `--nats`); `tier.outlets` subscribers per R-Sender.
     pub also: Option<SubscriberFactory>,
 }
 
