@@ -178,7 +178,7 @@ mod tests {
         assert_eq!((cli.log.as_str(), cli.log_format.as_str()), ("warn,web=debug", "json"));
     }
 
-    /// Spellings replaced by one name per concept (issue 28); each may live on only as a
+    /// Spellings replaced by one name per concept (issues 28 and 44); each may live on only as a
     /// hidden alias of its replacement, for one release: (old, the one name now).
     const RETIRED: &[(&str, &str)] = &[
         ("seconds", "duration"),
@@ -197,6 +197,7 @@ mod tests {
         ("report", "out"),
         ("max", "find-max"),
         ("no-pin", "placement"),
+        ("gateway", "outlet"),
     ];
 
     /// Durations take their unit in the value (`3s`, `500ms`), never in the flag's name.
@@ -417,6 +418,7 @@ mod tests {
             &["mq", "serve", "--idle-timeout-ms", "100", "--registration-window-ms", "100"],
             &["web", "load", "--rate-per-s", "10", "--report-dir", "r", "--interval-ms", "50"],
             &["web", "serve", "--header-timeout-ms", "100", "--admission-wait-ms", "100"],
+            &["exchange", "gateway", "--nats", "n", "--gateway", "1"],
         ];
         for args in old {
             let parsed = super::Cli::try_parse_from(["leantier"].iter().chain(args.iter()));

@@ -33,6 +33,7 @@ fn every_command_has_help() {
         &["exchange", "client"],
         &["exchange", "load"],
         &["exchange", "hash-secret"],
+        &["exchange", "edge"],
         &["exchange", "gateway"],
         &["exchange", "publish"],
         &["exchange", "delivery-experiment"],
@@ -410,6 +411,28 @@ fn replicated_roles_refuse_a_missing_cluster_and_a_shard_out_of_range_with_code_
     let output = serve(&["--role", "engine", "--nats", "nats://127.0.0.1:1", "--prefix", "a.b"]);
     assert_eq!(code(&output), 2);
     assert!(text(&output.stderr).contains("prefix"), "{}", text(&output.stderr));
+}
+
+/// `exchange edge --outlet N` was `exchange gateway --gateway N` before issue 44: the old
+/// spellings still run for one release, each with a warning; the new ones warn of nothing.
+/// (A bad `--prefix` stops each run at once, after the flags parsed, before any NATS I/O.)
+#[test]
+fn the_delivery_edges_old_spellings_still_run_and_warn() {
+    let rest = ["--nats", "nats://127.0.0.1:1", "--prefix", "a.b", "--listen", "127.0.0.1:0"];
+    let run = |spelling: &[&str]| leantier(&[&["exchange"][..], spelling, &rest[..]].concat());
+    let new = run(&["edge", "--outlet", "3"]);
+    let stderr = text(&new.stderr);
+    assert_eq!(code(&new), 2, "{stderr}");
+    assert!(stderr.contains("prefix") && !stderr.contains("next release"), "{stderr}");
+    let old = run(&["gateway", "--gateway", "3"]);
+    let stderr = text(&old.stderr);
+    assert_eq!(code(&old), 2, "{stderr}");
+    assert!(stderr.contains("'exchange gateway' is now 'exchange edge'"), "{stderr}");
+    assert!(stderr.contains("--gateway is now --outlet"), "{stderr}");
+    let both = run(&["edge", "--outlet", "3", "--gateway", "3"]);
+    assert_eq!(code(&both), 2, "one spelling at a time: {}", text(&both.stderr));
+    let neither = run(&["edge"]);
+    assert!(text(&neither.stderr).contains("--outlet"), "{}", text(&neither.stderr));
 }
 
 /// A node that accepts connections and never answers; its address.

@@ -551,7 +551,7 @@ fn exchange_run_on_a_held_data_directory_is_refused() {
     assert!(!data.join("shard-0").exists(), "the refused run wrote nothing");
 }
 
-// ---- exchange gateway (the R-Gateway) ----
+// ---- exchange edge (the delivery edge) ----
 
 /// A `nats-server` child of this test's own, else `$LEANTIER_NATS_URL`; `None` with a loud
 /// SKIPPED line when neither is there.
@@ -575,26 +575,30 @@ fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
 }
 
 #[test]
-fn the_r_gateway_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() {
+fn the_delivery_edge_serves_its_metrics_and_stops_on_sigterm_while_records_arrive() {
     let Some((url, _nats_child)) = nats() else { return };
     let dir = tempfile::tempdir().unwrap();
     // A subject prefix of this run's own, in case the NATS server is shared.
     let prefix = format!("ops{}", std::process::id());
-    let gateway_args = ["exchange", "gateway", "--nats", &url, "--gateway", "0", "--prefix"];
+    let edge_args = ["exchange", "edge", "--nats", &url, "--outlet", "0", "--prefix"];
     let listen = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
-    let mut gateway = Served::start(&[&gateway_args[..], &[&prefix], &listen].concat(), dir.path());
-    let metrics = gateway.address("metrics on ");
-    gateway.address("gateway 0 listening on ");
+    let mut edge = Served::start(&[&edge_args[..], &[&prefix], &listen].concat(), dir.path());
+    let metrics = edge.address("metrics on ");
+    edge.address("edge of outlet 0 listening on ");
     let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
     let _publisher = Served::start(&[&publish[..], &["--duration", "60s"]].concat(), dir.path());
     // The first records to arrive may all be market data, which the answer histogram leaves
     // out: the test waits for an answer, not for any record.
-    let answered = |scrape: &Scrape| observed(scrape, "rgateway_answer_seconds");
-    wait_until(metrics, "rgateway_answer_seconds observed", answered);
-    check_admin_endpoint(metrics, "rgateway_records_received_total", "rgateway_answer_seconds");
-    gateway.signal("TERM");
-    let (status, lines) = gateway.exit();
-    stopped_cleanly(status, &lines, "R-Gateway stopped");
+    let answered = |scrape: &Scrape| observed(scrape, "delivery_edge_answer_seconds");
+    wait_until(metrics, "delivery_edge_answer_seconds observed", answered);
+    check_admin_endpoint(
+        metrics,
+        "delivery_edge_records_received_total",
+        "delivery_edge_answer_seconds",
+    );
+    edge.signal("TERM");
+    let (status, lines) = edge.exit();
+    stopped_cleanly(status, &lines, "delivery edge stopped");
 }
 
 /// `exchange publish` is a timed load run, but a stop signal ends it like a server: the load
@@ -604,13 +608,13 @@ fn exchange_publish_drains_on_sigterm_mid_run() {
     let Some((url, _nats_child)) = nats() else { return };
     let dir = tempfile::tempdir().unwrap();
     let prefix = format!("pub{}", std::process::id());
-    let gateway_args = ["exchange", "gateway", "--nats", &url, "--gateway", "0", "--prefix"];
+    let edge_args = ["exchange", "edge", "--nats", &url, "--outlet", "0", "--prefix"];
     let listen = ["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"];
-    let mut gateway = Served::start(&[&gateway_args[..], &[&prefix], &listen].concat(), dir.path());
-    let metrics = gateway.address("metrics on ");
+    let mut edge = Served::start(&[&edge_args[..], &[&prefix], &listen].concat(), dir.path());
+    let metrics = edge.address("metrics on ");
     let publish = ["exchange", "publish", "--nats", &url, "--prefix", &prefix, "--rate", "2000"];
     let publisher = Served::start(&[&publish[..], &["--duration", "60s"]].concat(), dir.path());
-    wait_for_counter(metrics, "rgateway_records_received_total");
+    wait_for_counter(metrics, "delivery_edge_records_received_total");
     let signalled = Instant::now();
     publisher.signal("TERM");
     let (status, lines) = publisher.exit();

@@ -645,7 +645,7 @@ fn metrics_reference() -> String {
          when this file is stale; `LEANTIER_UPDATE_REFERENCES=1 cargo test -p leantier --test \
          references` regenerates it. `/metrics` is served on `--metrics-listen` (docs/OPERATIONS.md, \
          \"Admin endpoints\"); `process_*` are the process' own (CPU, memory, threads, files). \
-         The replicated roles, which need NATS (`exchange gateway`'s `rgateway_*`), are listed \
+         The replicated roles, which need NATS (`exchange edge`'s `delivery_edge_*`), are listed \
          in OPERATIONS.md, \"Metrics\".\n",
     );
     text += &metrics_section(
@@ -683,7 +683,7 @@ fn alert_rules_use_only_metrics_that_exist() {
         .join("\n");
     let rules =
         std::fs::read_to_string(repo().join("deploy/prometheus/leantier-alerts.yml")).unwrap();
-    let prefixes = ["gateway_", "mq_", "web_", "rgateway_", "process_"];
+    let prefixes = ["gateway_", "mq_", "web_", "delivery_edge_", "process_"];
     let mut checked = 0;
     for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         if !prefixes.iter().any(|p| word.starts_with(p)) {

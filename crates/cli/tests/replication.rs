@@ -1,7 +1,7 @@
 //! `exchange serve --role engine` processes on a real three-node JetStream cluster: a leader
 //! and a standby follow one shard's input log; the leader is killed with SIGKILL and a new
 //! standby started, `LEANTIER_FAILOVER_KILLS` times (1 here; `scripts/soak-failover` runs 10).
-//! Every appended order's report reaches the R-Gateway's consumer exactly once, in sequence;
+//! Every appended order's report reaches the delivery edge's consumer exactly once, in sequence;
 //! the time from each kill to the first report of the new leader is measured.
 
 #[path = "common/fix_client.rs"]
@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use delivery::consumer::{self, SharedTally};
-use delivery::gateway::{GatewayOptions, start as start_r_gateway};
+use delivery::edge::{EdgeOptions, start as start_edge};
 use delivery::nats::NatsConnect;
 use exchange::flow::{UniverseConfig, reference_master_data};
 use exchange::msg::{InboundOrder, Reason, Side, request_kind};
@@ -254,12 +254,12 @@ fn metrics_address(line: &str) -> SocketAddr {
 /// The bearer token of the admin endpoints in [`write_config`]'s config.
 const ADMIN_TOKEN: &str = "t0ken";
 
-/// A serve config with the reference market, one tier gateway slot, a client 1 (secret `pw`)
+/// A serve config with the reference market, one outlet, a client 1 (secret `pw`)
 /// and [`ADMIN_TOKEN`] in `dir`.
 fn write_config(dir: &std::path::Path) {
     let hash = gateway::credentials::hash_secret(b"pw").unwrap();
     std::fs::write(dir.join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
-    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\ngateways = 1\n";
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\noutlets = 1\n";
     let admin = format!("admin_token = \"{ADMIN_TOKEN}\"\n");
     std::fs::write(dir.join("serve.toml"), format!("credentials = \"clients.txt\"\n{admin}{tier}"))
         .unwrap();
@@ -294,11 +294,11 @@ fn assert_every_report_once(tally: &SharedTally, total: u64, context: &str) {
 }
 
 /// Waits up to a minute for the consumer of `tally` to have `total` reports; on a timeout the
-/// panic shows what the consumer and its R-Gateway saw (a resync, a gap still open).
+/// panic shows what the consumer and its delivery edge saw (a resync, a gap still open).
 fn wait_for_every_report(
     tally: &SharedTally,
     total: u64,
-    (r_gateway, dir): (&delivery::gateway::RunningGateway, &std::path::Path),
+    (edge, dir): (&delivery::edge::RunningEdge, &std::path::Path),
 ) {
     let started = Instant::now();
     while reports(tally) < total {
@@ -308,7 +308,7 @@ fn wait_for_every_report(
                 let seen = tally.lock().unwrap();
                 (seen.data, seen.resynced)
             };
-            let report = r_gateway.report();
+            let report = edge.report();
             panic!("{total} reports, {data:?} seen, {resynced:?} resynced: {report:?}");
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -331,13 +331,13 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
     let dir = tempfile::tempdir().unwrap();
     let hash = gateway::credentials::hash_secret(b"pw").unwrap();
     std::fs::write(dir.path().join("clients.txt"), format!("1 native good {hash}\n")).unwrap();
-    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\ngateways = 1\n";
+    let tier = "[tier]\nlayout = \"thread-per-stage\"\nwait = \"park\"\npreprocess_workers = 1\nsenders = 1\noutlets = 1\n";
     std::fs::write(dir.path().join("serve.toml"), format!("credentials = \"clients.txt\"\n{tier}"))
         .unwrap();
 
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (_r_gateway, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let mut append = |count| appender.append(count);
 
@@ -383,7 +383,7 @@ fn killed_leaders_lose_no_report_and_the_standby_takes_over_within_the_bound() {
 #[test]
 fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let old = Process::named_engine(dir.path(), &url, "old");
     let checker = Checker::start(dir.path(), &url);
@@ -410,21 +410,21 @@ fn a_leader_paused_past_its_lease_then_stopped_leaves_its_successor_leading() {
     assert_eq!(successor.matches("took the lease").count(), 1, "one leadership:\n{successor}");
     assert!(!successor.contains("lost the lease"), "kept its lease:\n{successor}");
     assert_every_report_once(&tally, total, "");
-    let report = r_gateway.report();
+    let report = edge.report();
     println!("paused leader: {} batches of the old epoch fenced", report.fenced);
     println!("replication check: {}", checker.verdict());
 }
 
 /// Engines that keep only 64 reports in memory; the leader is killed and, while the standby
 /// waits out the lease, 2,000 orders are appended, which the standby applies: when it leads,
-/// the R-Gateway is far more than its window behind. The old reports are recomputed from the
+/// the delivery edge is far more than its window behind. The old reports are recomputed from the
 /// input log (`replication::replay`), so every report arrives once and in sequence, none
 /// declared lost. (Before, 6,846–12,471 of 40,000 reports were lost this way when the node
 /// leading the lease stream died.)
 #[test]
 fn a_failover_past_the_retained_window_loses_no_report() {
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let small_window = ["--retain-records", "64"];
     let leader = Process::engine_with(dir.path(), &url, &small_window);
@@ -434,15 +434,15 @@ fn a_failover_past_the_retained_window_loses_no_report() {
     std::thread::sleep(Duration::from_millis(300)); // the standby applies the first round
     leader.kill();
     let total = appender.append(2000);
-    wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
-    let report = r_gateway.report();
+    wait_for_every_report(&tally, total, (&edge, dir.path()));
+    let report = edge.report();
     println!("failover past the window: {} records recovered", report.recovered);
     assert_every_report_once(&tally, total, &format!("{report:?}"));
     assert!(report.recovered > 64, "more recovered than the window held: {report:?}");
 }
 
 /// An engine whose outputs would differ from its group's (its config routes reports to two
-/// tier gateway slots, the leader's to one: every report would be numbered differently) refuses
+/// outlets, the leader's to one: every report would be numbered differently) refuses
 /// to start with exit 2, naming both fingerprints, while the leader goes on.
 #[test]
 fn an_engine_unlike_its_group_refuses_to_start() {
@@ -457,7 +457,7 @@ fn an_engine_unlike_its_group_refuses_to_start() {
     let other = tempfile::tempdir().unwrap();
     write_config(other.path());
     let config = std::fs::read_to_string(other.path().join("serve.toml")).unwrap();
-    let config = config.replace("gateways = 1", "gateways = 2");
+    let config = config.replace("outlets = 1", "outlets = 2");
     std::fs::write(other.path().join("serve.toml"), config).unwrap();
     let refused = Command::new(env!("CARGO_BIN_EXE_leantier"))
         .args(["exchange", "serve", "--config", "serve.toml", "--replicas", "3"])
@@ -518,7 +518,7 @@ fn killing_the_node_that_leads_the_shard_stream_under_load_loses_no_report() {
 /// asserts every order answered once, reports silent at most the election time + 2 s.
 fn kill_the_node_leading_under_load(stream: &str, what: &str) {
     let Setup { mut cluster, url, dir, rt } = Setup::new();
-    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let _leader = Process::named_engine(dir.path(), &url, "a");
     let total = appender.append(ORDERS_PER_ROUND);
@@ -564,8 +564,8 @@ fn kill_the_node_leading_under_load(stream: &str, what: &str) {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = load.join().unwrap();
-    wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
-    let report = r_gateway.report();
+    wait_for_every_report(&tally, total, (&edge, dir.path()));
+    let report = edge.report();
     let elected = elected_after.unwrap_or_else(|| panic!("a new {what}-stream leader"));
     let silence = longest_silence.join().unwrap();
     println!(
@@ -601,7 +601,7 @@ fn random_pauses_of_engines_under_load_lose_and_repeat_no_report() {
         random % below
     };
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let engines: Vec<Process> =
         ["a", "b", "c"].iter().map(|name| Process::named_engine(dir.path(), &url, name)).collect();
     let checker = Checker::start(dir.path(), &url);
@@ -618,8 +618,8 @@ fn random_pauses_of_engines_under_load_lose_and_repeat_no_report() {
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = load.join().unwrap();
-    wait_for_every_report(&tally, total, (&r_gateway, dir.path()));
-    let report = r_gateway.report();
+    wait_for_every_report(&tally, total, (&edge, dir.path()));
+    let report = edge.report();
     println!(
         "random pauses: {total} orders, {} fenced, {} recovered",
         report.fenced, report.recovered
@@ -860,7 +860,7 @@ fn a_fix_client_after_its_gateways_restart_gets_its_reports_again_and_no_fill_it
 #[test]
 fn the_replication_checker_fails_on_a_record_its_log_does_not_produce() {
     let Setup { cluster: _cluster, url, dir, rt } = Setup::new();
-    let (_r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (_r_gateway, tally) = edge_and_consumer(&rt, &url);
     let _leader = Process::engine(dir.path(), &url);
     let checker = Checker::start(dir.path(), &url);
     let mut appender = Appender::open(&rt, &url);
@@ -869,7 +869,7 @@ fn the_replication_checker_fails_on_a_record_its_log_does_not_produce() {
     let prefix = LogSettings::new(3).publish_prefix(0);
     let header = delivery::wire::BatchHeader {
         stream: delivery::wire::Stream::Reports,
-        gateway: 0,
+        outlet: 0,
         instance: 7,
         epoch: 0,
         first_seq: 25,
@@ -1187,7 +1187,7 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     write_config(dir.path());
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (r_gateway, tally) = r_gateway_and_consumer(&rt, &url);
+    let (edge, tally) = edge_and_consumer(&rt, &url);
     let mut appender = Appender::open(&rt, &url);
     let mut append = |count| appender.append(count);
 
@@ -1225,7 +1225,7 @@ fn a_partitioned_leader_stops_and_the_standby_takes_over() {
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains("lost the lease"), "the cut-off leader knew it lost: {log}");
     assert_eq!(log.matches("took the lease").count(), 1, "and never took it back: {log}");
-    drop(r_gateway);
+    drop(edge);
 }
 
 /// Appends resting buys of instrument 1 to shard 0's log, as a gateway would (ids 1, 2, ...).
@@ -1255,19 +1255,18 @@ impl<'a> Appender<'a> {
     }
 }
 
-/// An R-Gateway for shard 0's gateway slot 0 and a consumer of it.
-fn r_gateway_and_consumer(
+/// A delivery edge for shard 0's outlet 0 and a consumer of it.
+fn edge_and_consumer(
     rt: &tokio::runtime::Runtime,
     url: &str,
-) -> (delivery::gateway::RunningGateway, SharedTally) {
+) -> (delivery::edge::RunningEdge, SharedTally) {
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let prefix = LogSettings::new(3).publish_prefix(0);
-    let options = GatewayOptions { prefix, ..GatewayOptions::new(url, 0, listen) };
-    let r_gateway = rt.block_on(start_r_gateway(options)).unwrap();
-    let (tally, reading) =
-        rt.block_on(consumer::connect(r_gateway.local_addr().unwrap(), 0)).unwrap();
+    let options = EdgeOptions { prefix, ..EdgeOptions::new(url, 0, listen) };
+    let edge = rt.block_on(start_edge(options)).unwrap();
+    let (tally, reading) = rt.block_on(consumer::connect(edge.local_addr().unwrap(), 0)).unwrap();
     rt.spawn(reading);
-    (r_gateway, tally)
+    (edge, tally)
 }
 
 /// An engine inside `namespace`, logging to `log` at info.

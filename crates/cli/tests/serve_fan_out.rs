@@ -1,7 +1,7 @@
 //! `exchange serve --nats`: one server takes orders from a FIX client (and a native one) and
-//! also publishes every response over NATS to an R-Gateway (`exchange gateway`), all real
-//! processes on loopback. A FIX client's fill reaches its FIX session AND the R-Gateway's end
-//! consumer, in the same order, and the consumer sees the FIX client's gateway subject
+//! also publishes every response over NATS to a delivery edge (`exchange edge`), all real
+//! processes on loopback. A FIX client's fill reaches its FIX session AND the delivery edge's end
+//! consumer, in the same order, and the consumer sees the FIX client's outlet subject
 //! gap-free from sequence 1; this holds again after the server is killed and a new one starts
 //! over the same store with `--journal group` (its book recovered from the journal).
 //!
@@ -34,12 +34,12 @@ const FIX_CLIENT: u32 = 11;
 const FIX_COMP_ID: &str = "F11";
 /// Its counterparty, over the native protocol.
 const NATIVE_CLIENT: u32 = 12;
-/// The tier's gateways: client c's reports go to gateway c % GATEWAYS, instrument i's market
-/// data to gateway i % GATEWAYS.
-const GATEWAYS: u32 = 2;
-/// The R-Gateway under test: the FIX client's (1), which also carries instrument 1's market
-/// data; the native client's reports go to gateway 0.
-const GATEWAY: u32 = FIX_CLIENT % GATEWAYS;
+/// The tier's outlets: client c's reports go to outlet c % OUTLETS, instrument i's market
+/// data to outlet i % OUTLETS.
+const OUTLETS: u32 = 2;
+/// The delivery edge under test: the FIX client's (1), which also carries instrument 1's market
+/// data; the native client's reports go to outlet 0.
+const OUTLET: u32 = FIX_CLIENT % OUTLETS;
 const INSTRUMENT: u32 = 1;
 /// Instrument 1's reference price (on tick, inside the band).
 const PRICE: i64 = 101_000;
@@ -205,15 +205,15 @@ impl Server {
     }
 }
 
-/// `exchange gateway` for [`GATEWAY`] on a free port.
-struct RGateway {
+/// `exchange edge` for [`OUTLET`] on a free port.
+struct Edge {
     proc: Proc,
     address: SocketAddr,
 }
 
-/// The counters an R-Gateway prints when stopped.
+/// The counters a delivery edge prints when stopped.
 #[derive(Debug)]
-struct GatewayCounters {
+struct EdgeCounters {
     received: u64,
     gaps: u64,
     resyncs: u64,
@@ -223,25 +223,25 @@ struct GatewayCounters {
     untrusted: u64,
 }
 
-impl RGateway {
-    fn start(nats: &str) -> RGateway {
-        let gateway = GATEWAY.to_string();
-        // `info`: the gateway logs each consumer it admits, which the test waits for.
-        let args = ["--log", "info", "exchange", "gateway", "--nats", nats, "--gateway"];
+impl Edge {
+    fn start(nats: &str) -> Edge {
+        let outlet = OUTLET.to_string();
+        // `info`: the edge logs each consumer it admits, which the test waits for.
+        let args = ["--log", "info", "exchange", "edge", "--nats", nats, "--outlet"];
         let mut proc = Proc::spawn(
-            "exchange gateway",
-            &[&args[..], &[gateway.as_str(), "--listen", "127.0.0.1:0"]].concat(),
+            "exchange edge",
+            &[&args[..], &[outlet.as_str(), "--listen", "127.0.0.1:0"]].concat(),
         );
         // Printed once subscribed (the subscription is flushed to the server first).
         let address = proc
-            .stdout_after(&format!("gateway {GATEWAY} listening on "))
+            .stdout_after(&format!("edge of outlet {OUTLET} listening on "))
             .parse()
             .expect("an address");
-        RGateway { proc, address }
+        Edge { proc, address }
     }
 
-    /// A consumer, connected and admitted (the gateway logged it): it sees every record the
-    /// gateway takes from now on.
+    /// A consumer, connected and admitted (the edge logged it): it sees every record the
+    /// edge takes from now on.
     fn consumer(&mut self) -> Consumer {
         let consumer = Consumer::connect(self.address);
         let local = consumer.stream.local_addr().expect("a local address");
@@ -250,16 +250,16 @@ impl RGateway {
     }
 
     /// SIGTERM; the counters it prints.
-    fn stop(self) -> GatewayCounters {
+    fn stop(self) -> EdgeCounters {
         let lines = self.proc.terminate();
         let counter = |name: &str| -> u64 {
             let line = lines
                 .iter()
                 .find(|line| line.starts_with(name))
-                .unwrap_or_else(|| panic!("no `{name}` in the gateway's report: {lines:#?}"));
+                .unwrap_or_else(|| panic!("no `{name}` in the edge's report: {lines:#?}"));
             line.split_whitespace().last().and_then(|n| n.parse().ok()).expect("a count")
         };
-        GatewayCounters {
+        EdgeCounters {
             received: counter("records received (in order)"),
             gaps: counter("gaps detected"),
             resyncs: counter("resyncs sent"),
@@ -272,7 +272,7 @@ impl RGateway {
 }
 
 // ---------------------------------------------------------------------------------------
-// The R-Gateway's end consumer
+// The delivery edge's end consumer
 
 /// A blocking end consumer that keeps every frame it receives.
 struct Consumer {
@@ -284,7 +284,7 @@ struct Consumer {
 
 impl Consumer {
     fn connect(address: SocketAddr) -> Consumer {
-        let mut stream = TcpStream::connect(address).expect("connecting to the R-Gateway");
+        let mut stream = TcpStream::connect(address).expect("connecting to the delivery edge");
         stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let mut hello = Vec::new();
         Frame::Hello { version: WIRE_VERSION }.write(&mut hello);
@@ -308,7 +308,7 @@ impl Consumer {
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) => {}
-            Err(e) => panic!("reading from the R-Gateway: {e}"),
+            Err(e) => panic!("reading from the delivery edge: {e}"),
         }
     }
 
@@ -316,7 +316,7 @@ impl Consumer {
     fn read_until(&mut self, what: &str, done: impl Fn(&[Frame]) -> bool) {
         let deadline = Instant::now() + WAIT;
         while !done(&self.frames) {
-            assert!(!self.closed, "the R-Gateway closed the consumer before {what}");
+            assert!(!self.closed, "the delivery edge closed the consumer before {what}");
             assert!(
                 Instant::now() < deadline,
                 "the consumer did not get {what} within {WAIT:?}; it got {:#?}",
@@ -326,18 +326,18 @@ impl Consumer {
         }
     }
 
-    /// Reads until the gateway closes the connection (after it was told to stop).
+    /// Reads until the edge closes the connection (after it was told to stop).
     fn read_to_end(&mut self) {
         let deadline = Instant::now() + WAIT;
         while !self.closed {
-            assert!(Instant::now() < deadline, "the R-Gateway kept the consumer open");
+            assert!(Instant::now() < deadline, "the delivery edge kept the consumer open");
             self.read_some();
         }
     }
 }
 
 /// The data records of `stream` among `frames`, checked gap-free: sequences `first`,
-/// `first + 1`, ..., no resync frame, every record routed to [`GATEWAY`].
+/// `first + 1`, ..., no resync frame, every record routed to [`OUTLET`].
 fn gap_free(frames: &[Frame], stream: Stream, first: u64) -> Vec<Record> {
     let mut next = first;
     let mut records = Vec::new();
@@ -346,9 +346,9 @@ fn gap_free(frames: &[Frame], stream: Stream, first: u64) -> Vec<Record> {
             Frame::Data { stream: s, seq, record, .. } if *s == stream => {
                 assert_eq!(*seq, next, "{}: sequence {seq} where {next} was due", stream.name());
                 assert_eq!(
-                    record.gateway(),
-                    GATEWAY,
-                    "{}: a record of another gateway",
+                    record.outlet(),
+                    OUTLET,
+                    "{}: a record of another outlet",
                     stream.name()
                 );
                 next += 1;
@@ -528,7 +528,7 @@ wait = "park"
 preprocess_workers = 1
 core_shards = 1
 senders = 1
-gateways = {GATEWAYS}
+outlets = {OUTLETS}
 "#
     );
     std::fs::write(dir.join("serve.toml"), config).unwrap();
@@ -540,7 +540,7 @@ gateways = {GATEWAYS}
 /// A child first, unlike `delivery::server::server_or_env`: `exchange serve --nats` publishes
 /// under the default subject prefix and has no option to change it, so two runs of this test
 /// on one shared server (two `cargo test`s on one host, both after `scripts/nats-env`) feed
-/// each other's gateways; that was seen to fail this test.
+/// each other's edges; that was seen to fail this test.
 fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
     let child = match delivery::server::NatsServer::start() {
         Ok(server) => return Some((server.url(), Some(server))),
@@ -567,15 +567,15 @@ fn nats() -> Option<(String, Option<delivery::server::NatsServer>)> {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restart() {
+fn a_fix_fill_reaches_the_fix_session_and_the_delivery_edge_in_order_across_a_restart() {
     let Some((url, _nats_child)) = nats() else { return };
     let dir = tempfile::tempdir().unwrap();
     write_config(dir.path());
 
-    // Run 1. The R-Gateway and its consumer are up before the server publishes anything, so
-    // the consumer must see both of gateway 1's subjects from sequence 1.
-    let mut r_gateway = RGateway::start(&url);
-    let mut consumer = r_gateway.consumer();
+    // Run 1. The delivery edge and its consumer are up before the server publishes anything, so
+    // the consumer must see both of outlet 1's subjects from sequence 1.
+    let mut edge = Edge::start(&url);
+    let mut consumer = edge.consumer();
     let server = Server::start(dir.path(), &url);
     let mut fix = FixClient::connect(server.fix, FIX_COMP_ID, 1);
     fix.logon(SECRET);
@@ -593,8 +593,8 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
         Some((3, PRICE)),
         "the FIX session's fill: {before:?}"
     );
-    // The same reports, in the same order, on gateway 1's report subject: nothing else is
-    // routed there (the native client's go to gateway 0). Market data: a trade of 3 between
+    // The same reports, in the same order, on outlet 1's report subject: nothing else is
+    // routed there (the native client's go to outlet 0). Market data: a trade of 3 between
     // the two orders.
     let resting_sell = order_id(NATIVE_CLIENT, 1);
     let trade_of = |aggressor: u64, resting: u64, qty: u32| {
@@ -618,8 +618,8 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     //
     // What happens to the NATS numbering (checked here, 2026-11): the new server's publisher
     // numbers every subject from 1 again (a fresh `NatsPublisher`; nothing of the old run's
-    // sequences is stored), so the R-Gateway is restarted with the server, as docs/DELIVERY.md
-    // asks. The run-1 gateway is kept running through run 2 to show why: it counts run 2's
+    // sequences is stored), so the delivery edge is restarted with the server, as docs/DELIVERY.md
+    // asks. The run-1 edge is kept running through run 2 to show why: it counts run 2's
     // heartbeats as malformed ("sequence went back") and drops run 2's records below its old
     // next sequence as duplicates, telling its consumer nothing (no resync frame). Had run 2
     // published more records on a subject than run 1, it would hand run 2's records from its
@@ -632,10 +632,10 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     // Every record of run 1 was published before this (records carry their absolute
     // CLOCK_MONOTONIC publish time); every record of run 2 after it.
     let restarted_ns = delivery::clock::monotonic_ns();
-    let stale_gateway = r_gateway;
+    let stale_edge = edge;
     let mut stale_consumer = consumer;
-    let mut r_gateway = RGateway::start(&url);
-    let mut consumer = r_gateway.consumer();
+    let mut edge = Edge::start(&url);
+    let mut consumer = edge.consumer();
 
     // Run 2, over the same store: the FIX session goes on from its sequence numbers, and the
     // recovered book still holds the 2 left of the sell, which a buy of 2 meets.
@@ -654,14 +654,14 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
         data_count(frames, Stream::Reports) >= after.len() && trade_2(frames)
     });
 
-    // Stop everything, then check what each consumer got until its gateway closed the
+    // Stop everything, then check what each consumer got until its edge closed the
     // connection: nothing beyond the expected, nothing replayed from run 1. (`exchange
-    // gateway` exits right after `RunningGateway::shutdown` returns, dropping its runtime
+    // edge` exits right after `RunningEdge::shutdown` returns, dropping its runtime
     // with the consumer writers' tasks in it: the shutdown goodbye, and whatever was still
     // queued for a consumer, may never be written. Seen under load: the stream ended at a
     // data frame without the goodbye. So no assertion here on how the stream ends.)
     server.proc.kill();
-    let counters = r_gateway.stop();
+    let counters = edge.stop();
     consumer.read_to_end();
     // From sequence 1 again: the new server's numbering restarted.
     let reports: Vec<Report> =
@@ -674,19 +674,19 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
         .collect();
     assert_eq!(trades.len(), 1, "run 2's one trade, none of run 1 replayed: {trades:?}");
     assert!(trade_2(&consumer.frames), "run 2's trade on the market-data subject");
-    assert_eq!((counters.gaps, counters.resyncs), (0, 0), "run 2's gateway: {counters:?}");
-    assert_eq!((counters.duplicates, counters.malformed), (0, 0), "run 2's gateway: {counters:?}");
+    assert_eq!((counters.gaps, counters.resyncs), (0, 0), "run 2's edge: {counters:?}");
+    assert_eq!((counters.duplicates, counters.malformed), (0, 0), "run 2's edge: {counters:?}");
     assert_eq!(counters.consumers, 1, "{counters:?}");
     let data = data_count(&consumer.frames, Stream::Reports)
         + data_count(&consumer.frames, Stream::MarketData);
     assert!(data as u64 <= counters.received, "{data} data frames from {counters:?}");
 
-    // The run-1 gateway: the restarted publisher is a new instance (its id is on every batch),
-    // so the gateway ignored its messages as untrusted, and handed its consumer no record of
+    // The run-1 edge: the restarted publisher is a new instance (its id is on every batch),
+    // so the edge ignored its messages as untrusted, and handed its consumer no record of
     // run 2 (a run-2 record here would have come under run 1's numbering).
-    let stale = stale_gateway.stop();
+    let stale = stale_edge.stop();
     stale_consumer.read_to_end();
-    eprintln!("the run-1 gateway across the restart: {stale:?}");
+    eprintln!("the run-1 edge across the restart: {stale:?}");
     assert!(stale.untrusted > 0, "the new instance's messages are ignored as untrusted: {stale:?}");
     let run_2_records: Vec<(u64, Output)> = stale_consumer
         .frames
@@ -701,6 +701,6 @@ fn a_fix_fill_reaches_the_fix_session_and_the_r_gateway_in_order_across_a_restar
     assert_eq!(
         run_2_records,
         [],
-        "the run-1 gateway handed out run 2's records under run 1's numbering"
+        "the run-1 edge handed out run 2's records under run 1's numbering"
     );
 }

@@ -35,7 +35,7 @@ const P99_FLOOR: Duration = Duration::from_millis(2);
 /// Resident memory bounds, KiB, per server (docs/SECURITY.md names the same).
 const EXCHANGE_RSS_KIB_MAX: u64 = 1 << 20;
 const MQ_RSS_KIB_MAX: u64 = 512 << 10;
-const R_GATEWAY_RSS_KIB_MAX: u64 = 512 << 10;
+const EDGE_RSS_KIB_MAX: u64 = 512 << 10;
 const WEB_RSS_KIB_MAX: u64 = 512 << 10;
 
 fn attack_time() -> Duration {
@@ -545,7 +545,7 @@ fn exchange_rows() -> Vec<Row> {
 #[ignore = "release only: scripts/test and scripts/soak-hostile run it with --release --ignored"]
 fn every_server_keeps_serving_a_good_client_under_each_attack() {
     let mut rows = exchange_rows();
-    rows.extend(r_gateway_rows());
+    rows.extend(edge_rows());
     rows.extend(mq_rows());
     rows.extend(web_rows());
     println!(
@@ -563,38 +563,38 @@ fn every_server_keeps_serving_a_good_client_under_each_attack() {
     assert!(failed.is_empty(), "attacks that hurt the good client: {failed:#?}");
 }
 
-// ---- exchange gateway (the R-Gateway, over NATS) ----
+// ---- exchange edge (the delivery edge, over NATS) ----
 
-/// `exchange serve --nats` publishing every report for gateway 0 (one gateway), and the
-/// R-Gateway of gateway 0 in front of it; the NATS server is a child of the test's own.
-struct RGatewaySetup {
+/// `exchange serve --nats` publishing every report for outlet 0 (one outlet), and the
+/// delivery edge of outlet 0 in front of it; the NATS server is a child of the test's own.
+struct EdgeSetup {
     exchange: Server,
-    r_gateway: Server,
+    edge: Server,
     nats_url: String,
     _nats: delivery::server::NatsServer,
 }
 
 /// `None`, said loudly, when there is no `nats-server` (scripts/nats-env installs it).
-fn r_gateway_setup() -> Option<RGatewaySetup> {
+fn edge_setup() -> Option<EdgeSetup> {
     let nats = match delivery::server::NatsServer::start() {
         Ok(nats) => nats,
         Err(error) => {
             eprintln!(
-                "\n*** SKIPPED the R-Gateway rows: no nats-server ({error:#}); run scripts/nats-env ***\n"
+                "\n*** SKIPPED the delivery edge rows: no nats-server ({error:#}); run scripts/nats-env ***\n"
             );
             return None;
         }
     };
     let nats_url = nats.url();
-    let exchange = exchange_server_with(&["--nats", &nats_url], "\n[tier]\ngateways = 1\n");
-    let args = ["exchange", "gateway", "--nats", &nats_url, "--gateway", "0"];
+    let exchange = exchange_server_with(&["--nats", &nats_url], "\n[tier]\noutlets = 1\n");
+    let args = ["exchange", "edge", "--nats", &nats_url, "--outlet", "0"];
     let args = [&args[..], &["--listen", "127.0.0.1:0"]].concat();
     let dir = tempfile::tempdir().unwrap();
-    let r_gateway = Server::start(&args, dir, &["gateway 0 listening on "], false);
-    Some(RGatewaySetup { exchange, r_gateway, nats_url, _nats: nats })
+    let edge = Server::start(&args, dir, &["edge of outlet 0 listening on "], false);
+    Some(EdgeSetup { exchange, edge, nats_url, _nats: nats })
 }
 
-/// An end consumer of the R-Gateway that counts the records answering client 1's requests.
+/// An end consumer of the delivery edge that counts the records answering client 1's requests.
 struct GoodConsumer {
     stream: TcpStream,
     decoder: delivery::wire::FrameDecoder,
@@ -638,14 +638,14 @@ impl GoodConsumer {
 }
 
 /// Client 1 sends orders (a buy, then its cancel) to `exchange serve` while a consumer of the
-/// R-Gateway at `r_gateway` times each from its send to the record that answers it. Its
+/// delivery edge at `edge` times each from its send to the record that answers it. Its
 /// "login" lasts until the consumer sees a first answer (it is then admitted); a request whose
 /// record does not come within 5 s is a failure (lost, or the consumer was cut off).
-fn r_gateway_good(exchange: SocketAddr) -> impl Fn(SocketAddr, Duration) -> Service {
-    move |r_gateway, time| {
+fn edge_good(exchange: SocketAddr) -> impl Fn(SocketAddr, Duration) -> Service {
+    move |edge, time| {
         let mut service = Service::default();
         let started = Instant::now();
-        let consumer = GoodConsumer::connect(r_gateway);
+        let consumer = GoodConsumer::connect(edge);
         let client = gateway::client::NativeClient::connect(exchange);
         let (Ok(mut consumer), Ok(mut client)) = (consumer, client) else {
             return Service { failures: 1, ..service };
@@ -674,7 +674,7 @@ fn r_gateway_good(exchange: SocketAddr) -> impl Fn(SocketAddr, Duration) -> Serv
                     continue;
                 }
                 if !answered || !consumer.wait_for(sent_requests, Duration::from_secs(5)) {
-                    eprintln!("R-Gateway good client: request {sent_requests} not answered");
+                    eprintln!("delivery edge good client: request {sent_requests} not answered");
                     service.failures += 1;
                     return service;
                 }
@@ -700,7 +700,7 @@ fn consumers_that_never_read(addr: SocketAddr, count: usize) -> Attack {
     })
 }
 
-/// Publishes, as fast as NATS takes them, forged messages on the gateway's data subjects:
+/// Publishes, as fast as NATS takes them, forged messages on the edge's data subjects:
 /// garbage, heartbeats of a stranger's publisher instance claiming sequences far ahead, and
 /// batch headers whose record counts lie (raw NATS protocol over TCP).
 fn forged_nats_messages(nats_url: &str) -> Attack {
@@ -738,17 +738,17 @@ fn forged_payloads(stream: delivery::wire::Stream, n: u64) -> [Vec<u8>; 3] {
     use delivery::wire::BatchHeader;
     let mut heartbeat = Vec::new();
     let stranger = 0xbad0_0000 + n;
-    BatchHeader { stream, gateway: 0, instance: stranger, epoch: 0, first_seq: 1 << 40, count: 0 }
+    BatchHeader { stream, outlet: 0, instance: stranger, epoch: 0, first_seq: 1 << 40, count: 0 }
         .write(&mut heartbeat);
     let mut lying = Vec::new();
-    BatchHeader { stream, gateway: 0, instance: stranger, epoch: 0, first_seq: 2, count: 3 }
+    BatchHeader { stream, outlet: 0, instance: stranger, epoch: 0, first_seq: 2, count: 3 }
         .write(&mut lying);
     [vec![0xA5; 37 + (n % 64) as usize], heartbeat, lying]
 }
 
-fn r_gateway_rows() -> Vec<Row> {
-    let Some(setup) = r_gateway_setup() else { return Vec::new() };
-    let addr = setup.r_gateway.addr;
+fn edge_rows() -> Vec<Row> {
+    let Some(setup) = edge_setup() else { return Vec::new() };
+    let addr = setup.edge.addr;
     let nats_url = setup.nats_url.clone();
     let attacks: Attacks = vec![
         (
@@ -761,8 +761,8 @@ fn r_gateway_rows() -> Vec<Row> {
         ),
         ("forged NATS batches and heartbeats", Box::new(move || forged_nats_messages(&nats_url))),
     ];
-    let good = r_gateway_good(setup.exchange.addr);
-    rows_for("exchange gateway", &setup.r_gateway, R_GATEWAY_RSS_KIB_MAX, &good, attacks)
+    let good = edge_good(setup.exchange.addr);
+    rows_for("exchange edge", &setup.edge, EDGE_RSS_KIB_MAX, &good, attacks)
 }
 
 // ---- mq serve ----

@@ -1,7 +1,7 @@
-//! Who may hold one of the R-Gateway's connections. Consumers are not authenticated (the
-//! gateway's listener is meant for its own host's consumers), so the bounds are by source
+//! Who may hold one of the delivery edge's connections. Consumers are not authenticated (the
+//! edge's listener is meant for its own host's consumers), so the bounds are by source
 //! address: before its hello a connection takes one of [`HELLO_PENDING_MAX`] slots, at most
-//! [`HELLO_PENDING_PER_ADDRESS_MAX`] of them per address, and after it one of the gateway's
+//! [`HELLO_PENDING_PER_ADDRESS_MAX`] of them per address, and after it one of the edge's
 //! `consumers_max` seats, at most `consumers_per_address_max` per address. So connections
 //! that never say hello, or consumers from one address, cannot take what the others need;
 //! refused ones are closed at once (no task, no buffer, no descriptor kept).
@@ -43,7 +43,7 @@ struct Counts {
     by_address: HashMap<IpAddr, PerAddress>,
 }
 
-/// The counts behind the bounds, shared by the gateway's connection tasks.
+/// The counts behind the bounds, shared by the edge's connection tasks.
 pub struct Admission {
     counts: Mutex<Counts>,
     consumers_max: usize,

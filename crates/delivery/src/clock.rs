@@ -1,7 +1,7 @@
 //! Absolute `CLOCK_MONOTONIC` time, comparable across processes on one host.
 //!
 //! `pipeline::metrics::now_ns` counts from a per-process epoch, so a stamp taken in the engine
-//! means nothing in a gateway process. Records carry absolute monotonic nanoseconds instead:
+//! means nothing in an edge process. Records carry absolute monotonic nanoseconds instead:
 //! the publisher converts the tier's stamps once with [`EpochOffset`].
 
 use pipeline::metrics::now_ns;

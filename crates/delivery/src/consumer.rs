@@ -1,7 +1,7 @@
-//! An end consumer of an R-Gateway: connects, says hello and checks what arrives — every
+//! An end consumer of a delivery edge: connects, says hello and checks what arrives — every
 //! stream's sequence must advance by exactly one per data frame, or jump past a range the
-//! gateway declared lost with a resync frame. Used by the tests, the benchmark and anyone
-//! who wants to watch a gateway.
+//! edge declared lost with a resync frame. Used by the tests, the benchmark and anyone
+//! who wants to watch an edge.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,9 +25,9 @@ pub struct ConsumerTally {
     pub next_seqs: [u64; 2],
     /// Frames whose sequence was not the next expected (must stay 0).
     pub out_of_order: u64,
-    /// Records routed to another gateway than the one connected to (must stay 0).
-    pub wrong_gateway: u64,
-    /// The goodbye reason, once the gateway closed the connection with one.
+    /// Records routed to another edge than the one connected to (must stay 0).
+    pub wrong_outlet: u64,
+    /// The goodbye reason, once the edge closed the connection with one.
     pub goodbye: Option<u8>,
     /// Intended send time -> read by this consumer, for records answering a request.
     #[serde(skip)]
@@ -44,18 +44,18 @@ impl ConsumerTally {
         self.data.iter().chain(&self.resynced).sum()
     }
 
-    fn on_frame(&mut self, frame: Frame, gateway: u32) {
+    fn on_frame(&mut self, frame: Frame, outlet: u32) {
         match frame {
             Frame::Data { stream, seq, record, .. } => {
                 let next = &mut self.next_seqs[stream as usize];
                 if seq != *next {
                     self.out_of_order += 1;
                 }
-                // Saturating: a hostile gateway's sequence must not overflow the tally.
+                // Saturating: a hostile edge's sequence must not overflow the tally.
                 *next = seq.saturating_add(1);
                 self.data[stream as usize] += 1;
-                if record.gateway() != gateway || record.stream_code() != stream as u8 {
-                    self.wrong_gateway += 1;
+                if record.outlet() != outlet || record.stream_code() != stream as u8 {
+                    self.wrong_outlet += 1;
                 }
                 if record.answers_request() {
                     self.latency.record_ns(monotonic_ns().saturating_sub(record.intended_abs_ns()));
@@ -80,34 +80,33 @@ impl ConsumerTally {
 /// A consumer's shared tally, readable while it runs.
 pub type SharedTally = Arc<Mutex<ConsumerTally>>;
 
-/// Connects to the gateway at `address` (serving `gateway`) and says hello; the returned
-/// future reads until the gateway says goodbye or closes, updating the tally per read.
+/// Connects to the edge at `address` (serving `edge`) and says hello; the returned
+/// future reads until the edge says goodbye or closes, updating the tally per read.
 pub async fn connect(
     address: SocketAddr,
-    gateway: u32,
+    outlet: u32,
 ) -> Result<(SharedTally, impl Future<Output = Result<()>>)> {
     let mut stream = TcpStream::connect(address)
         .await
-        .map_err(io_failed(format!("connecting to the gateway at {address}")))?;
+        .map_err(io_failed(format!("connecting to the edge at {address}")))?;
     stream.set_nodelay(true).map_err(io_failed("setting TCP_NODELAY"))?;
     let mut hello = Vec::new();
     Frame::Hello { version: WIRE_VERSION }.write(&mut hello);
-    stream.write_all(&hello).await.map_err(io_failed("saying hello to the gateway"))?;
+    stream.write_all(&hello).await.map_err(io_failed("saying hello to the edge"))?;
     let tally = Arc::new(Mutex::new(ConsumerTally::new()));
     let shared = tally.clone();
     let reading = async move {
         let mut decoder = FrameDecoder::default();
         let mut buffer = vec![0u8; 64 * FRAME_BYTES_MAX];
         loop {
-            let n =
-                stream.read(&mut buffer).await.map_err(io_failed("reading from the gateway"))?;
+            let n = stream.read(&mut buffer).await.map_err(io_failed("reading from the edge"))?;
             if n == 0 {
                 return Ok(());
             }
             decoder.extend(&buffer[..n]);
             let mut tally = shared.lock().unwrap_or_else(PoisonError::into_inner);
             while let Some(frame) = decoder.next_frame()? {
-                tally.on_frame(frame, gateway);
+                tally.on_frame(frame, outlet);
             }
             if tally.goodbye.is_some() {
                 return Ok(());

@@ -5,7 +5,7 @@ use std::io;
 use crate::nats::NatsConnectError;
 use crate::wire::WireError;
 
-/// Why a publisher, a gateway, a consumer or a `nats-server` child could not start or run.
+/// Why a publisher, an edge, a consumer or a `nats-server` child could not start or run.
 ///
 /// The command line maps [`DeliveryError::BadInput`] (and a cause that is another crate's bad
 /// input, such as the tier's) to exit code 2, so each variant keeps its cause as the
@@ -37,14 +37,14 @@ pub enum DeliveryError {
         #[source]
         source: async_nats::Error,
     },
-    /// The gateway sent bytes that are not a frame of [`crate::wire`].
-    #[error("reading the gateway's stream")]
+    /// The edge sent bytes that are not a frame of [`crate::wire`].
+    #[error("reading the edge's stream")]
     Wire(#[from] WireError),
     /// The exchange tier that publishes the records failed.
     #[error("the tier failed")]
     Tier(#[from] exchange::ExchangeError),
-    /// One of the gateway's tasks panicked or was cancelled.
-    #[error("a gateway task failed")]
+    /// One of the edge's tasks panicked or was cancelled.
+    #[error("an edge task failed")]
     Task(#[from] tokio::task::JoinError),
     /// Something did not happen in time or as it had to; the message says what.
     #[error("{0}")]

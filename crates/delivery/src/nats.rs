@@ -1,4 +1,4 @@
-//! How every leantier NATS client connects (the R-Senders' publisher, the R-Gateway, the
+//! How every leantier NATS client connects (the R-Senders' publisher, the delivery edge, the
 //! experiment and the benchmark): one [`NatsConnect`] holds the server URL, the authentication
 //! and the TLS settings, so every call site accepts the same options. Secrets (password,
 //! token, a URL's user info) never reach a log or an error message: [`Secret`] prints as

@@ -1,16 +1,16 @@
 //! The NATS half of the R-Senders: each sender hands its responses to a publisher thread
-//! through one ring per gateway (a ring push: no allocation, lock or system call); the
+//! through one ring per outlet (a ring push: no allocation, lock or system call); the
 //! publisher drains what is there, encoding each response once, straight from its ring slot
 //! into the outgoing batch of its subject, and publishes the drained batch as ONE NATS
 //! message per subject. The batch as sent (a `Bytes` the client's queue shares) is the
 //! retained window's entry too: sequencing and retaining cost no per-record copy, and the
 //! subject's lock is taken once per batch. The client's connection task writes every queued
 //! publish with one vectored write, so nothing is flushed per message. A heartbeat per subject (its next
-//! sequence, every `heartbeat`) lets a gateway see a lost tail; gateways recover gaps from the
+//! sequence, every `heartbeat`) lets an edge see a lost tail; edges recover gaps from the
 //! retained window over request/reply.
 //!
 //! Publishing never waits for an unreachable broker: while the client is reconnecting a batch
-//! stays only in the retained window, is counted as unsent, and the gateways recover it from
+//! stays only in the retained window, is counted as unsent, and the edges recover it from
 //! the window once the connection is back. While connected, a full client queue is
 //! back-pressure (bounded by `PUBLISH_WAIT_MAX`).
 
@@ -43,15 +43,15 @@ use crate::wire::{
 pub const RETAIN_RECORDS_DEFAULT: usize = 8192;
 /// Most records a subject's window may keep (85 MiB of records per subject).
 pub const RETAIN_RECORDS_MAX: usize = 1 << 20;
-/// Slots of each sender -> publisher ring (one per sender and gateway).
+/// Slots of each sender -> publisher ring (one per sender and outlet).
 pub const PUBLISHER_RING_SLOTS: usize = 512;
 /// How often every subject announces its next sequence, by default.
 pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_millis(50);
 /// Longest a publisher thread waits for room in a connected client's queue before the batch is
-/// left to the window (the gateways then recover it).
+/// left to the window (the edges then recover it).
 pub const PUBLISH_WAIT_MAX: Duration = Duration::from_millis(100);
-/// Most gateways a publisher serves (subjects are allocated up front).
-pub const GATEWAYS_MAX: u32 = 1024;
+/// Most outlets a publisher serves (subjects are allocated up front).
+pub const OUTLETS_MAX: u32 = 1024;
 /// Bytes a subject's batch buffer allocates at a time: its batches are split off it (sharing
 /// the allocation), so the allocator is called about once per this many bytes of the subject's
 /// records, not per batch. A retained window pins the buffers its batches lie in: as they are
@@ -64,8 +64,8 @@ pub struct PublishOptions {
     pub nats: NatsConnect,
     /// First token of every subject (see [`crate::subjects`]).
     pub prefix: String,
-    /// Gateways of the tier (`TierConfig::gateways`).
-    pub gateways: u32,
+    /// Outlets of the tier (`TierConfig::outlets`).
+    pub outlets: u32,
     /// Records kept per subject for recovery (1..=[`RETAIN_RECORDS_MAX`]).
     pub retain_records: usize,
     /// How a publisher thread waits for its rings (and a sender on a full ring).
@@ -89,7 +89,7 @@ pub struct PublishReport {
     pub retained_served: u64,
     /// Records served recomputed by the group ([`Regenerate`]), older than the windows.
     pub regenerated_served: u64,
-    /// Per subject, the next sequence it will assign (gateway-major, then stream).
+    /// Per subject, the next sequence it will assign (outlet-major, then stream).
     pub next_seqs: Vec<u64>,
 }
 
@@ -202,7 +202,7 @@ struct Counters {
 /// the same records, and only the lease holder's gate is open. The holder moves the gate's
 /// deadline forward on each renewal of its lease, so a holder cut off from renewing closes by
 /// itself; every batch it publishes carries the lease's epoch ([`BatchHeader::epoch`]), so a
-/// gateway that heard a newer leader drops a deposed one's late batches.
+/// edge that heard a newer leader drops a deposed one's late batches.
 #[derive(Debug, Default)]
 pub struct PublishGate {
     /// Open until this absolute `CLOCK_MONOTONIC` time, ns (0: closed).
@@ -221,7 +221,7 @@ impl PublishGate {
     /// [`crate::clock::monotonic_ns`]).
     pub fn open_until(&self, abs_ns: u64, epoch: u64) {
         // Relaxed, both: neither publishes other data. A publisher that pairs a new deadline
-        // with the previous epoch stamps a batch older than it is (a gateway then drops it and
+        // with the previous epoch stamps a batch older than it is (an edge then drops it and
         // recovers the records from the window): the safe direction. The epoch is stored first
         // so that a publisher which sees this deadline usually sees this epoch too.
         self.epoch.store(epoch, Ordering::Relaxed);
@@ -250,15 +250,15 @@ impl PublishGate {
 /// Recomputes records that have left a retained window. A replicated engine group can: any
 /// record follows from the shard's snapshot and the input log after it, which outlive the
 /// in-memory window (the `replication` crate's engine). The leader's retain service asks it for
-/// a range older than its window, so a gateway that fell further behind than the window (a
-/// failover during which the new leader applied many inputs, a gateway restarted after long)
+/// a range older than its window, so an edge that fell further behind than the window (a
+/// failover during which the new leader applied many inputs, an edge restarted after long)
 /// recovers instead of being told to resync.
 pub trait Regenerate: Send + Sync + std::fmt::Debug {
-    /// Records `from..=to` of `gateway`'s `stream`, from `from` on: a prefix of the range
+    /// Records `from..=to` of `outlet`'s `stream`, from `from` on: a prefix of the range
     /// (empty when none can be recomputed, e.g. the log was trimmed past them).
     fn regenerate(
         &self,
-        gateway: u32,
+        outlet: u32,
         stream: Stream,
         from: u64,
         to: u64,
@@ -267,7 +267,7 @@ pub trait Regenerate: Send + Sync + std::fmt::Debug {
 
 /// A publisher that is one of a group sharing one sequence space (the engines that follow one
 /// shard's input log): every member computes the same records in the same order, so all use
-/// the group's `instance` id and gateways accept the next member's batches as the same
+/// the group's `instance` id and edges accept the next member's batches as the same
 /// publisher's; only the member whose `gate` is open publishes, heartbeats and answers retain
 /// requests.
 #[derive(Clone, Debug)]
@@ -276,7 +276,7 @@ pub struct PublisherGroup {
     pub instance: u64,
     /// Open while this member leads.
     pub gate: Arc<PublishGate>,
-    /// Per data subject (gateway-major, [`Stream::ALL`] order: [`subject_index`]), the
+    /// Per data subject (outlet-major, [`Stream::ALL`] order: [`subject_index`]), the
     /// sequence its next record takes: a member restored from a snapshot continues the
     /// group's numbering there. Empty: every subject starts at 1.
     pub next_seqs: Vec<u64>,
@@ -285,8 +285,8 @@ pub struct PublisherGroup {
 }
 
 /// Where a data subject sits in [`PublisherGroup::next_seqs`].
-pub fn subject_index(gateway: u32, stream: Stream) -> usize {
-    gateway as usize * Stream::ALL.len() + stream as usize
+pub fn subject_index(outlet: u32, stream: Stream) -> usize {
+    outlet as usize * Stream::ALL.len() + stream as usize
 }
 
 /// Shared by the publisher threads, the heartbeat and the retain service.
@@ -321,8 +321,8 @@ impl Shared {
         self.gate.as_ref().map_or(0, |gate| gate.epoch())
     }
 
-    fn subject(&self, gateway: u32, stream: Stream) -> &SubjectState {
-        &self.subjects[subject_index(gateway, stream)]
+    fn subject(&self, outlet: u32, stream: Stream) -> &SubjectState {
+        &self.subjects[subject_index(outlet, stream)]
     }
 
     /// Hands `payload` to the client's queue: `false` when it could not (kept in the window
@@ -357,7 +357,7 @@ impl Shared {
             let window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
             let header = BatchHeader {
                 stream: Stream::ALL[index % Stream::ALL.len()],
-                gateway: (index / Stream::ALL.len()) as u32,
+                outlet: (index / Stream::ALL.len()) as u32,
                 instance: self.instance,
                 epoch: self.epoch(),
                 first_seq: window.next_seq,
@@ -374,32 +374,32 @@ impl Shared {
     /// The reply to a retain request: the records of the range (at most a batch) from its
     /// start, recomputed by the group when they left the window; else from the first one still
     /// retained; zero records when none is ([`retain_source`] decides).
-    async fn answer(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
-        let oldest = self.subject(gateway, stream).window.lock();
+    async fn answer(&self, outlet: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
+        let oldest = self.subject(outlet, stream).window.lock();
         let oldest = oldest.unwrap_or_else(PoisonError::into_inner).oldest();
         if let (Some(regenerate), RetainSource::Regenerate { from, last }) =
             (&self.regenerate, retain_source(&request, oldest, self.regenerate.is_some()))
         {
-            let records = regenerate.regenerate(gateway, stream, from, last).await;
+            let records = regenerate.regenerate(outlet, stream, from, last).await;
             if !records.is_empty() {
                 add(&self.counters.regenerated_served, records.len() as u64);
                 let records = records.iter().map(|record| &record.0[..]);
-                return self.reply(gateway, stream, from, count_of(records));
+                return self.reply(outlet, stream, from, count_of(records));
             }
         }
-        self.retained(gateway, stream, request)
+        self.retained(outlet, stream, request)
     }
 
     /// A reply of `count` `records` (each `RECORD_BYTES`), the first numbered `first_seq`.
     fn reply<'a>(
         &self,
-        gateway: u32,
+        outlet: u32,
         stream: Stream,
         first_seq: u64,
         (count, records): (usize, impl Iterator<Item = &'a [u8]>),
     ) -> Vec<u8> {
         let (instance, epoch) = (self.instance, self.epoch());
-        let header = BatchHeader { stream, gateway, instance, epoch, first_seq, count };
+        let header = BatchHeader { stream, outlet, instance, epoch, first_seq, count };
         let mut payload = Vec::with_capacity(BATCH_HEADER_BYTES + count * RECORD_BYTES);
         header.write(&mut payload);
         for record in records {
@@ -411,13 +411,13 @@ impl Shared {
 
     /// The window's part of a retain request's range (at most a batch), from the first record
     /// still retained; zero records when none is.
-    fn retained(&self, gateway: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
-        let window = self.subject(gateway, stream).window.lock();
+    fn retained(&self, outlet: u32, stream: Stream, request: RetainRequest) -> Vec<u8> {
+        let window = self.subject(outlet, stream).window.lock();
         let window = window.unwrap_or_else(PoisonError::into_inner);
         let (first_seq, count) = window_part(&request, window.oldest(), window.next_seq);
         add(&self.counters.retained_served, count);
         let records = window.records(first_seq, count as usize);
-        self.reply(gateway, stream, first_seq, (count as usize, records))
+        self.reply(outlet, stream, first_seq, (count as usize, records))
     }
 }
 
@@ -438,7 +438,7 @@ pub enum RetainSource {
 /// The retain service's decision for `request` when the window's oldest record is `oldest`
 /// and the group can (`can_regenerate`) recompute older ones. The bug `regress-window-only`
 /// puts back (never in a served build; `crates/sim` finds it): a range older than the window
-/// is answered from the window only, so a gateway that fell behind it never gets it.
+/// is answered from the window only, so an edge that fell behind it never gets it.
 pub fn retain_source(request: &RetainRequest, oldest: u64, can_regenerate: bool) -> RetainSource {
     let regenerates = can_regenerate && !cfg!(feature = "regress-window-only");
     if !regenerates || request.from_seq >= oldest {
@@ -503,15 +503,15 @@ impl NatsPublisher {
         crate::subjects::validate_prefix(&options.prefix)
             .map_err(crate::DeliveryError::BadInput)?;
         if !(1..=RETAIN_RECORDS_MAX).contains(&options.retain_records)
-            || !(1..=GATEWAYS_MAX).contains(&options.gateways)
+            || !(1..=OUTLETS_MAX).contains(&options.outlets)
             || options.heartbeat.is_zero()
         {
             return Err(crate::DeliveryError::BadInput(format!(
-                "retain records must be in 1..={RETAIN_RECORDS_MAX}, gateways in \
-                 1..={GATEWAYS_MAX}, heartbeat > 0"
+                "retain records must be in 1..={RETAIN_RECORDS_MAX}, outlets in \
+                 1..={OUTLETS_MAX}, heartbeat > 0"
             )));
         }
-        let subjects = options.gateways as usize * Stream::ALL.len();
+        let subjects = options.outlets as usize * Stream::ALL.len();
         let resumed = group.as_ref().map_or(0, |group| group.next_seqs.len());
         if resumed != 0 && resumed != subjects {
             return Err(crate::DeliveryError::BadInput(format!(
@@ -535,12 +535,12 @@ impl NatsPublisher {
             None => (None, None),
         };
         tracing::info!("publisher instance {instance:016x}");
-        let subjects = (0..options.gateways)
-            .flat_map(|gateway| Stream::ALL.map(|stream| (gateway, stream)))
-            .map(|(gateway, stream)| {
-                let next_seq = next_seqs.get(subject_index(gateway, stream)).copied().unwrap_or(1);
+        let subjects = (0..options.outlets)
+            .flat_map(|outlet| Stream::ALL.map(|stream| (outlet, stream)))
+            .map(|(outlet, stream)| {
+                let next_seq = next_seqs.get(subject_index(outlet, stream)).copied().unwrap_or(1);
                 let window = Window::continuing_at(options.retain_records, next_seq.max(1));
-                let name = data_subject(&options.prefix, gateway, stream).into();
+                let name = data_subject(&options.prefix, outlet, stream).into();
                 SubjectState { name, window: Mutex::new(window) }
             })
             .collect();
@@ -573,7 +573,7 @@ impl NatsPublisher {
         Ok(NatsPublisher { runtime, shared, options, threads, services })
     }
 
-    /// The factory the tier calls once per R-Sender: one ring per gateway into a new
+    /// The factory the tier calls once per R-Sender: one ring per outlet into a new
     /// publisher thread of that sender.
     pub fn subscribers(&self) -> SubscriberFactory {
         let (shared, options, threads) =
@@ -586,7 +586,7 @@ impl NatsPublisher {
             };
             let parker = Parker::new();
             let (mut subscribers, mut rings) = (Vec::new(), Vec::new());
-            for _ in 0..options.gateways {
+            for _ in 0..options.outlets {
                 let (tx, rx) =
                     connector_with(ConnectorKind::LockFree, &config, Parker::new(), parker.clone())
                         .expect("PUBLISHER_RING_SLOTS is a valid ring size");
@@ -599,7 +599,7 @@ impl NatsPublisher {
                 waiter: Waiter::new(options.wait, parker),
                 shared: shared.clone(),
                 offset: EpochOffset::measure(),
-                batches: (0..options.gateways).map(|_| Default::default()).collect(),
+                batches: (0..options.outlets).map(|_| Default::default()).collect(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("nats-pub-{sender}"))
@@ -612,7 +612,7 @@ impl NatsPublisher {
 
     /// Waits for every publisher thread (they end once the tier's senders finished), sends a
     /// last heartbeat, flushes the client and reports. The retain service keeps answering
-    /// until the publisher is dropped, so gateways can still recover.
+    /// until the publisher is dropped, so edges can still recover.
     pub fn drain(&self) -> Result<PublishReport> {
         let threads =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
@@ -626,7 +626,9 @@ impl NatsPublisher {
         let client = &self.shared.client;
         let flush = async { tokio::time::timeout(CONNECT_TIMEOUT, client.flush()).await };
         if !matches!(self.runtime.block_on(flush), Ok(Ok(()))) {
-            tracing::warn!("NATS flush did not complete; gateways recover from the windows");
+            tracing::warn!(
+                "NATS flush did not complete; the delivery edges recover from the windows"
+            );
         }
         Ok(self.report())
     }
@@ -683,12 +685,12 @@ impl Subscriber for RingSubscriber {
 /// One sender's publisher: drains its rings, sequences, retains and publishes.
 struct PublisherThread {
     sender: usize,
-    /// Indexed by gateway.
+    /// Indexed by outlet.
     rings: Vec<Receiver<Response>>,
     waiter: Waiter,
     shared: Arc<Shared>,
     offset: EpochOffset,
-    /// Per gateway and stream, the batch being encoded: a header's room, then the records
+    /// Per outlet and stream, the batch being encoded: a header's room, then the records
     /// (split off as the payload when published; the buffer's allocation is shared with the
     /// payloads, so a subject's buffer is its own: see [`BATCH_BUFFER_BYTES`]).
     batches: Vec<[BytesMut; 2]>,
@@ -698,8 +700,8 @@ impl PublisherThread {
     fn run(mut self) {
         loop {
             let mut handled = 0;
-            for gateway in 0..self.rings.len() {
-                handled += self.drain(gateway);
+            for outlet in 0..self.rings.len() {
+                handled += self.drain(outlet);
             }
             if handled > 0 {
                 continue;
@@ -715,14 +717,14 @@ impl PublisherThread {
         }
     }
 
-    /// Encodes what `gateway`'s ring holds (at most a batch) into one batch per stream and
+    /// Encodes what `outlet`'s ring holds (at most a batch) into one batch per stream and
     /// publishes them; the number of records.
-    fn drain(&mut self, gateway: usize) -> usize {
-        if self.rings[gateway].is_empty() {
+    fn drain(&mut self, outlet: usize) -> usize {
+        if self.rings[outlet].is_empty() {
             return 0;
         }
         let published_abs_ns = monotonic_ns();
-        let batches = &mut self.batches[gateway];
+        let batches = &mut self.batches[outlet];
         for batch in batches.iter_mut() {
             if batch.capacity() < BATCH_HEADER_BYTES + BATCH_RECORDS_MAX * RECORD_BYTES {
                 *batch = BytesMut::with_capacity(BATCH_BUFFER_BYTES);
@@ -730,7 +732,7 @@ impl PublisherThread {
             batch.put_bytes(0, BATCH_HEADER_BYTES);
         }
         let offset = self.offset;
-        let drained = self.rings[gateway].read_batch(BATCH_RECORDS_MAX, |response| {
+        let drained = self.rings[outlet].read_batch(BATCH_RECORDS_MAX, |response| {
             let batch = &mut batches[Stream::of(response) as usize];
             let at = batch.len();
             batch.put_bytes(0, RECORD_BYTES);
@@ -739,29 +741,29 @@ impl PublisherThread {
             Record::encode_into(response, intended_abs_ns, published_abs_ns, slot);
         });
         for stream in Stream::ALL {
-            let batch = &mut self.batches[gateway][stream as usize];
+            let batch = &mut self.batches[outlet][stream as usize];
             let count = (batch.len() - BATCH_HEADER_BYTES) / RECORD_BYTES;
             if count == 0 {
                 batch.clear();
                 continue;
             }
             let payload = batch.split();
-            self.publish(gateway as u32, stream, count, payload);
+            self.publish(outlet as u32, stream, count, payload);
         }
         drained
     }
 
     /// Numbers, retains and publishes the `count` records encoded in `payload` after its
     /// header's room.
-    fn publish(&self, gateway: u32, stream: Stream, count: usize, mut payload: BytesMut) {
-        let subject = self.shared.subject(gateway, stream);
+    fn publish(&self, outlet: u32, stream: Stream, count: usize, mut payload: BytesMut) {
+        let subject = self.shared.subject(outlet, stream);
         // Locked per batch (not per record), against the heartbeat and the retain service;
         // held across the hand-off to the client so a heartbeat never overtakes this batch.
         let mut window = subject.window.lock().unwrap_or_else(PoisonError::into_inner);
         window.claim(self.sender);
         let (instance, epoch) = (self.shared.instance, self.shared.epoch());
         let first_seq = window.next_seq;
-        let header = BatchHeader { stream, gateway, instance, epoch, first_seq, count };
+        let header = BatchHeader { stream, outlet, instance, epoch, first_seq, count };
         payload[..BATCH_HEADER_BYTES].copy_from_slice(&header.encode());
         let payload = payload.freeze();
         window.retain(payload.clone());
@@ -788,8 +790,8 @@ async fn heartbeats(shared: Arc<Shared>, every: Duration) {
     }
 }
 
-/// Answers retain requests (`{prefix}.retain.{gateway}.{stream}`); a malformed request gets
-/// no answer (the gateway's request times out and it reports a resync) and is logged.
+/// Answers retain requests (`{prefix}.retain.{outlet}.{stream}`); a malformed request gets
+/// no answer (the edge's request times out and it reports a resync) and is logged.
 async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async_nats::Subscriber) {
     while let Some(message) = requests.next().await {
         let Some(reply) = message.reply else { continue };
@@ -797,17 +799,17 @@ async fn serve_retained(shared: Arc<Shared>, prefix: String, mut requests: async
             continue; // the group's leader answers
         }
         let parsed = parse_retain_subject(&prefix, &message.subject)
-            .filter(|(gateway, _)| (*gateway as usize) < shared.subjects.len() / Stream::ALL.len());
-        let (Some((gateway, stream)), Ok(request)) =
+            .filter(|(outlet, _)| (*outlet as usize) < shared.subjects.len() / Stream::ALL.len());
+        let (Some((outlet, stream)), Ok(request)) =
             (parsed, RetainRequest::decode(&message.payload))
         else {
             tracing::warn!("malformed retain request on {}", message.subject);
             continue;
         };
         add(&shared.counters.retain_requests, 1);
-        let payload = shared.answer(gateway, stream, request).await;
+        let payload = shared.answer(outlet, stream, request).await;
         if let Err(error) = shared.client.publish(reply, payload.into()).await {
-            tracing::warn!("retain reply to gateway {gateway} failed: {error}");
+            tracing::warn!("retain reply to outlet {outlet} failed: {error}");
         }
     }
 }

@@ -11,27 +11,27 @@ pub const PREFIX_BYTES_MAX: usize = 64;
 /// How long a connection attempt may take before it fails.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The data subject of one gateway's stream: `{prefix}.data.{gateway}.{stream}`.
-pub fn data_subject(prefix: &str, gateway: u32, stream: Stream) -> String {
-    format!("{prefix}.data.{gateway}.{}", stream.name())
+/// The data subject of one outlet's stream: `{prefix}.data.{outlet}.{stream}`.
+pub fn data_subject(prefix: &str, outlet: u32, stream: Stream) -> String {
+    format!("{prefix}.data.{outlet}.{}", stream.name())
 }
 
-/// What a gateway subscribes to: every stream of its data subjects.
-pub fn gateway_wildcard(prefix: &str, gateway: u32) -> String {
-    format!("{prefix}.data.{gateway}.*")
+/// What an outlet's delivery edge subscribes to: every stream of the outlet's subjects.
+pub fn outlet_wildcard(prefix: &str, outlet: u32) -> String {
+    format!("{prefix}.data.{outlet}.*")
 }
 
-/// Where a gateway asks for retained records of a stream: `{prefix}.retain.{gateway}.{stream}`.
-pub fn retain_subject(prefix: &str, gateway: u32, stream: Stream) -> String {
-    format!("{prefix}.retain.{gateway}.{}", stream.name())
+/// Where an edge asks for retained records of a stream: `{prefix}.retain.{outlet}.{stream}`.
+pub fn retain_subject(prefix: &str, outlet: u32, stream: Stream) -> String {
+    format!("{prefix}.retain.{outlet}.{}", stream.name())
 }
 
-/// Parses the gateway and stream out of a retain subject (`None`: not one of ours).
+/// Parses the outlet and stream out of a retain subject (`None`: not one of ours).
 pub fn parse_retain_subject(prefix: &str, subject: &str) -> Option<(u32, Stream)> {
     let rest = subject.strip_prefix(prefix)?.strip_prefix(".retain.")?;
-    let (gateway, stream) = rest.split_once('.')?;
+    let (outlet, stream) = rest.split_once('.')?;
     let stream = Stream::ALL.into_iter().find(|s| s.name() == stream)?;
-    Some((gateway.parse().ok()?, stream))
+    Some((outlet.parse().ok()?, stream))
 }
 
 /// Checks a prefix: 1..=PREFIX_BYTES_MAX bytes of `[A-Za-z0-9_-]` (one token, no wildcards).

@@ -1,5 +1,5 @@
 //! The bytes on both hops: the NATS batch payload an R-Sender's publisher sends per subject,
-//! the retained-window request and reply, and the consumer framing of the R-Gateway's TCP
+//! the retained-window request and reply, and the consumer framing of the delivery edge's TCP
 //! side ([docs/DELIVERY.md](../../../docs/DELIVERY.md) is the reference). Every decoder is
 //! bounds-checked and returns a [`WireError`] with a reason code: hostile bytes never panic.
 
@@ -10,7 +10,7 @@ pub const RECORD_BYTES: usize = 8 + 8 + 1 + 1 + 4 + 4 + CANONICAL_OUTPUT_BYTES;
 /// Most records in one NATS batch message (bounds a payload to ~22 KiB, far below NATS's
 /// default 1 MiB `max_payload`).
 pub const BATCH_RECORDS_MAX: usize = 256;
-/// Batch header: version, stream, gateway, publisher instance, leadership epoch, first
+/// Batch header: version, stream, outlet, publisher instance, leadership epoch, first
 /// sequence, record count.
 pub const BATCH_HEADER_BYTES: usize = 1 + 1 + 4 + 8 + 8 + 8 + 2;
 /// Version byte of every NATS batch message (data, heartbeat, retain reply). Version 2 added
@@ -66,12 +66,12 @@ impl WireError {
     }
 }
 
-/// The streams of one gateway, each its own NATS subject with its own sequence.
+/// The streams of one outlet, each its own NATS subject with its own sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Stream {
-    /// Execution reports of the gateway's clients.
+    /// Execution reports of the outlet's clients.
     Reports = 0,
-    /// Market data of the gateway's topics.
+    /// Market data of the outlet's topics.
     MarketData = 1,
 }
 
@@ -113,7 +113,7 @@ const AT_INTENDED: usize = 0;
 const AT_PUBLISHED: usize = 8;
 const AT_AUDIENCE: usize = 16;
 const AT_ANSWERS: usize = 17;
-const AT_GATEWAY: usize = 18;
+const AT_OUTLET: usize = 18;
 const AT_SHARD: usize = 22;
 const AT_OUTPUT: usize = 26;
 /// Offset of the client id inside the canonical output bytes (seq, 3 codes, instrument).
@@ -139,7 +139,7 @@ impl Record {
         bytes[AT_PUBLISHED..AT_AUDIENCE].copy_from_slice(&published_abs_ns.to_le_bytes());
         bytes[AT_AUDIENCE] = Stream::of(response) as u8;
         bytes[AT_ANSWERS] = u8::from(response.answers_request);
-        bytes[AT_GATEWAY..AT_SHARD].copy_from_slice(&response.gateway.to_le_bytes());
+        bytes[AT_OUTLET..AT_SHARD].copy_from_slice(&response.outlet.to_le_bytes());
         bytes[AT_SHARD..AT_OUTPUT].copy_from_slice(&response.output.shard.to_le_bytes());
         let output: &mut [u8; CANONICAL_OUTPUT_BYTES] =
             (&mut bytes[AT_OUTPUT..]).try_into().expect("the output fills a record's tail");
@@ -170,8 +170,8 @@ impl Record {
         self.0[AT_AUDIENCE]
     }
 
-    pub fn gateway(&self) -> u32 {
-        self.u32_at(AT_GATEWAY)
+    pub fn outlet(&self) -> u32 {
+        self.u32_at(AT_OUTLET)
     }
 
     pub fn shard(&self) -> u32 {
@@ -200,17 +200,17 @@ impl Record {
 }
 
 /// The header of one NATS batch message; `count == 0` is a heartbeat announcing `first_seq`
-/// as the next sequence of the subject (so a gateway sees a lost tail).
+/// as the next sequence of the subject (so an edge sees a lost tail).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchHeader {
     pub stream: Stream,
-    pub gateway: u32,
-    /// The publisher's instance id, drawn at random when it starts: a gateway serves one
+    pub outlet: u32,
+    /// The publisher's instance id, drawn at random when it starts: an edge serves one
     /// instance, so a restarted publisher (sequences from 1 again) or a stranger guessing
     /// sequences is told apart from the publisher it serves.
     pub instance: u64,
     /// The leadership that published it (a replicated engine group's lease epoch, which only
-    /// grows; 0 for a publisher of its own): a gateway drops a batch older than the newest
+    /// grows; 0 for a publisher of its own): an edge drops a batch older than the newest
     /// epoch it has seen, so a deposed leader is never heard after its successor.
     pub epoch: u64,
     pub first_seq: u64,
@@ -230,7 +230,7 @@ impl BatchHeader {
         let mut bytes = [0u8; BATCH_HEADER_BYTES];
         bytes[0] = BATCH_VERSION;
         bytes[1] = self.stream as u8;
-        bytes[2..6].copy_from_slice(&self.gateway.to_le_bytes());
+        bytes[2..6].copy_from_slice(&self.outlet.to_le_bytes());
         bytes[6..14].copy_from_slice(&self.instance.to_le_bytes());
         bytes[14..22].copy_from_slice(&self.epoch.to_le_bytes());
         bytes[22..30].copy_from_slice(&self.first_seq.to_le_bytes());
@@ -277,7 +277,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
         return Err(WireError::Version(version));
     }
     let stream = Stream::from_code(fields.u8()?)?;
-    let gateway = fields.u32()?;
+    let outlet = fields.u32()?;
     let instance = fields.u64()?;
     let epoch = fields.u64()?;
     let first_seq = fields.u64()?;
@@ -289,7 +289,7 @@ pub fn decode_batch(bytes: &[u8]) -> Result<(BatchHeader, &[u8]), WireError> {
     if first_seq == 0 || first_seq.checked_add(count as u64).is_none() {
         return Err(WireError::Sequence(first_seq));
     }
-    Ok((BatchHeader { stream, gateway, instance, epoch, first_seq, count }, records))
+    Ok((BatchHeader { stream, outlet, instance, epoch, first_seq, count }, records))
 }
 
 /// The part of a decoded batch's `records` numbered `from..=last`: its first sequence and its
@@ -346,18 +346,18 @@ impl RetainRequest {
     }
 }
 
-/// A frame between the R-Gateway and an end consumer (4-byte little-endian length, then the
+/// A frame between the delivery edge and an end consumer (4-byte little-endian length, then the
 /// type byte and the body; see docs/DELIVERY.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// Consumer -> gateway, first frame of a connection.
+    /// Consumer -> edge, first frame of a connection.
     Hello { version: u8 },
-    /// Gateway -> consumer: one response of `stream`, at `seq`, received at `received_abs_ns`.
+    /// Edge -> consumer: one response of `stream`, at `seq`, received at `received_abs_ns`.
     Data { stream: Stream, seq: u64, received_abs_ns: u64, record: Record },
-    /// Gateway -> consumer: `first_seq..=last_seq` of `stream` are lost for good (beyond the
+    /// Edge -> consumer: `first_seq..=last_seq` of `stream` are lost for good (beyond the
     /// retained window, or the recovery timed out): resynchronise from a snapshot.
     Resync { stream: Stream, first_seq: u64, last_seq: u64 },
-    /// Gateway -> consumer: the connection ends, with a reason code.
+    /// Edge -> consumer: the connection ends, with a reason code.
     Goodbye { reason: u8 },
 }
 
@@ -438,7 +438,7 @@ impl Frame {
     }
 }
 
-/// The bytes of a data frame before its record (a gateway appends the record as received).
+/// The bytes of a data frame before its record (an edge appends the record as received).
 pub fn data_frame_head(
     stream: Stream,
     seq: u64,

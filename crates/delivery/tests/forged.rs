@@ -1,6 +1,6 @@
-//! The R-Gateway against forged NATS messages on a real `nats-server` ($LEANTIER_NATS_URL, else
+//! The delivery edge against forged NATS messages on a real `nats-server` ($LEANTIER_NATS_URL, else
 //! a child): a retain reply older than what was asked is not taken (the gap is declared lost
-//! with a resync) and the gateway goes on delivering, instead of its sequencer dying on an
+//! with a resync) and the edge goes on delivering, instead of its sequencer dying on an
 //! assertion; forged heartbeats and retain replies (another instance, or the genuine instance
 //! copied but claiming too far ahead, or a gap the publisher's window denies) are ignored and
 //! counted, so no genuine record is dropped as a duplicate.
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{INSTANCE, batch, batch_of};
 use delivery::consumer;
-use delivery::gateway::{GatewayOptions, start};
+use delivery::edge::{EdgeOptions, start};
 use delivery::server::server_or_env;
 use delivery::subjects::{data_subject, retain_subject};
 use delivery::wire::{BATCH_RECORDS_MAX, RetainRequest, Stream};
@@ -24,13 +24,13 @@ const BATCH: u64 = BATCH_RECORDS_MAX as u64;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retain_reply_older_than_asked_is_refused_and_delivery_goes_on() {
     let (url, _server) = server_or_env().unwrap();
-    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut options = EdgeOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.prefix = format!("forged{}", std::process::id());
     let prefix = options.prefix.clone();
-    let gateway = start(options).await.unwrap();
-    let (tally, reading) = consumer::connect(gateway.local_addr().unwrap(), 0).await.unwrap();
+    let edge = start(options).await.unwrap();
+    let (tally, reading) = consumer::connect(edge.local_addr().unwrap(), 0).await.unwrap();
     let reader = tokio::spawn(reading);
-    while gateway.report().consumers_connected < 1 {
+    while edge.report().consumers_connected < 1 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let client = async_nats::connect(url).await.unwrap();
@@ -53,17 +53,17 @@ async fn a_retain_reply_older_than_asked_is_refused_and_delivery_goes_on() {
     client.flush().await.unwrap();
     let deadline = Instant::now() + DEADLINE;
     while consumer::next_seqs(&tally)[0] <= 4 * BATCH {
-        assert!(Instant::now() < deadline, "delivery stopped: {:?}", gateway.report());
+        assert!(Instant::now() < deadline, "delivery stopped: {:?}", edge.report());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let report = gateway.report();
+    let report = edge.report();
     assert_eq!(report.resyncs, 1, "the gap is declared lost: {report:?}");
     assert_eq!(report.resync_records, BATCH, "{report:?}");
     assert_eq!(report.recovered, 0, "nothing taken from the forged reply: {report:?}");
     assert!(report.bad_messages >= 1, "the forged reply is counted: {report:?}");
     assert_eq!(report.received, 3 * BATCH, "every genuine record delivered: {report:?}");
     reader.abort();
-    gateway.shutdown().await.unwrap();
+    edge.shutdown().await.unwrap();
 }
 
 /// A stranger's publisher instance.
@@ -73,7 +73,7 @@ const FAR: u64 = 1 << 40;
 /// How long the genuine publisher takes to answer a retain request: the stranger is faster.
 const GENUINE_REPLY_DELAY: Duration = Duration::from_millis(100);
 
-/// Answers every retain request of gateway 0's report stream with `answer(request)`, after
+/// Answers every retain request of edge 0's report stream with `answer(request)`, after
 /// `delay`.
 async fn answer_retains(
     client: &async_nats::Client,
@@ -98,13 +98,13 @@ async fn answer_retains(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_heartbeats_and_replies_do_not_drop_genuine_records() {
     let (url, _server) = server_or_env().unwrap();
-    let mut options = GatewayOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut options = EdgeOptions::new(&url, 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.prefix = format!("hostile{}", std::process::id());
     let prefix = options.prefix.clone();
-    let gateway = start(options).await.unwrap();
-    let (tally, reading) = consumer::connect(gateway.local_addr().unwrap(), 0).await.unwrap();
+    let edge = start(options).await.unwrap();
+    let (tally, reading) = consumer::connect(edge.local_addr().unwrap(), 0).await.unwrap();
     let reader = tokio::spawn(reading);
-    wait_until("the consumer", || gateway.report().consumers_connected == 1).await;
+    wait_until("the consumer", || edge.report().consumers_connected == 1).await;
     let client = async_nats::connect(url).await.unwrap();
     // The genuine publisher has assigned 1..=BATCH when the forgeries come: its window answers
     // as `publish` does (nothing at or after `from`: zero records at max(next, from)).
@@ -117,7 +117,7 @@ async fn forged_heartbeats_and_replies_do_not_drop_genuine_records() {
     client.flush().await.unwrap();
     let subject = data_subject(&prefix, 0, Stream::Reports);
     client.publish(subject.clone(), batch(1).into()).await.unwrap();
-    wait_until("the first genuine batch", || gateway.report().received == BATCH).await;
+    wait_until("the first genuine batch", || edge.report().received == BATCH).await;
     let forgeries = [
         batch_of(STRANGER, FAR, 0),
         batch_of(STRANGER, BATCH + 100, 0),
@@ -133,8 +133,8 @@ async fn forged_heartbeats_and_replies_do_not_drop_genuine_records() {
         client.publish(subject.clone(), batch(first_seq).into()).await.unwrap();
     }
     client.flush().await.unwrap();
-    wait_until("every genuine batch", || gateway.report().received >= 3 * BATCH).await;
-    let report = gateway.report();
+    wait_until("every genuine batch", || edge.report().received >= 3 * BATCH).await;
+    let report = edge.report();
     assert_eq!(report.received, 3 * BATCH, "{report:?}");
     assert_eq!((report.resyncs, report.duplicates), (0, 0), "nothing dropped: {report:?}");
     assert!(report.untrusted >= 4, "every forgery counted: {report:?}");
@@ -142,7 +142,7 @@ async fn forged_heartbeats_and_replies_do_not_drop_genuine_records() {
     let seen = tally.lock().unwrap().clone();
     assert_eq!((seen.data[0], seen.resynced[0], seen.out_of_order), (3 * BATCH, 0, 0), "{seen:?}");
     reader.abort();
-    gateway.shutdown().await.unwrap();
+    edge.shutdown().await.unwrap();
 }
 
 /// Waits until `done`, failing the test after [`DEADLINE`].

@@ -74,14 +74,14 @@ proptest! {
     #[test]
     fn any_batch_header_decodes_or_is_refused(
         stream in 0u8..4,
-        gateway in any::<u32>(),
+        outlet in any::<u32>(),
         instance in any::<u64>(),
         first_seq in prop_oneof![any::<u64>(), Just(0), (u64::MAX - 300)..=u64::MAX],
         count in 0u16..300,
         extra in 0usize..3,
     ) {
         let mut bytes = vec![BATCH_VERSION, stream];
-        bytes.extend_from_slice(&gateway.to_le_bytes());
+        bytes.extend_from_slice(&outlet.to_le_bytes());
         bytes.extend_from_slice(&instance.to_le_bytes());
         bytes.extend_from_slice(&first_seq.to_le_bytes());
         bytes.extend_from_slice(&count.to_le_bytes());
@@ -98,10 +98,10 @@ proptest! {
     fn batches_round_trip(
         count in 0usize..8,
         first_seq in 1u64..1 << 40,
-        gateway in any::<u32>(),
+        outlet in any::<u32>(),
         instance in any::<u64>(),
     ) {
-        let header = BatchHeader { stream: Stream::MarketData, gateway, instance, epoch: 0, first_seq, count };
+        let header = BatchHeader { stream: Stream::MarketData, outlet, instance, epoch: 0, first_seq, count };
         let mut bytes = Vec::new();
         header.write(&mut bytes);
         bytes.extend(std::iter::repeat_n(7u8, count * RECORD_BYTES));
@@ -125,7 +125,7 @@ fn oversized_and_empty_lengths_are_refused() {
     let mut bad_version = Vec::new();
     BatchHeader {
         stream: Stream::Reports,
-        gateway: 0,
+        outlet: 0,
         instance: 9,
         epoch: 0,
         first_seq: 1,
@@ -158,14 +158,8 @@ fn batch_sequences_that_start_at_zero_or_overflow_are_refused() {
 
 /// A batch of `count` records from `first_seq`, each record's first byte its index.
 fn numbered_batch(first_seq: u64, count: usize) -> Vec<u8> {
-    let header = BatchHeader {
-        stream: Stream::Reports,
-        gateway: 0,
-        instance: 1,
-        epoch: 0,
-        first_seq,
-        count,
-    };
+    let header =
+        BatchHeader { stream: Stream::Reports, outlet: 0, instance: 1, epoch: 0, first_seq, count };
     let mut bytes = Vec::new();
     header.write(&mut bytes);
     for index in 0..count {

@@ -1,4 +1,4 @@
-//! Every leantier NATS client logs in the same way ([`NatsConnect`]): an R-Gateway and an
+//! Every leantier NATS client logs in the same way ([`NatsConnect`]): a delivery edge and an
 //! R-Sender publisher on a `nats-server` child that requires a user and password deliver
 //! records end to end; a wrong or missing password is a prompt, clear error that names the
 //! credentials (never the password), not a hang. The same over TLS, and a server whose
@@ -7,7 +7,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use delivery::gateway::{GatewayOptions, start};
+use delivery::edge::{EdgeOptions, start};
 use delivery::nats::{NatsAuth, NatsConnect, Secret};
 use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions};
 use delivery::server::NatsServer;
@@ -34,8 +34,8 @@ fn login(server: &NatsServer, password: &str) -> NatsConnect {
     NatsConnect { auth, ..NatsConnect::new(server.url()) }
 }
 
-fn gateway_options(nats: &NatsConnect) -> GatewayOptions {
-    let mut options = GatewayOptions::new("", 0, SocketAddr::from(([127, 0, 0, 1], 0)));
+fn edge_options(nats: &NatsConnect) -> EdgeOptions {
+    let mut options = EdgeOptions::new("", 0, SocketAddr::from(([127, 0, 0, 1], 0)));
     options.nats = nats.clone();
     options
 }
@@ -44,7 +44,7 @@ fn publish_options(nats: &NatsConnect) -> PublishOptions {
     PublishOptions {
         nats: nats.clone(),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways: 1,
+        outlets: 1,
         retain_records: 4096,
         wait: WaitStrategy::Park,
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -56,7 +56,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 #[test]
-fn a_gateway_and_a_publisher_log_in_with_a_password_and_deliver() {
+fn a_edge_and_a_publisher_log_in_with_a_password_and_deliver() {
     let dir = tempfile::tempdir().unwrap();
     let server = password_server(&dir);
     deliver_through(&login(&server, PASSWORD));
@@ -83,7 +83,7 @@ fn tls_server(dir: &tempfile::TempDir) -> (NatsServer, std::path::PathBuf) {
 }
 
 #[test]
-fn a_gateway_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_verify() {
+fn a_edge_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_verify() {
     let dir = tempfile::tempdir().unwrap();
     let (server, ca) = tls_server(&dir);
     let mut nats = NatsConnect::new(server.url());
@@ -97,21 +97,21 @@ fn a_gateway_and_a_publisher_deliver_over_tls_and_refuse_a_server_they_cannot_ve
     std::fs::write(&stranger_ca, stranger.cert.pem()).unwrap();
     nats.tls.ca = Some(stranger_ca);
     let started = Instant::now();
-    let Err(error) = runtime().block_on(start(gateway_options(&nats))) else {
-        panic!("the gateway trusted a server its roots do not hold")
+    let Err(error) = runtime().block_on(start(edge_options(&nats))) else {
+        panic!("the edge trusted a server its roots do not hold")
     };
     assert!(started.elapsed() <= CONNECT_TIMEOUT + Duration::from_secs(1), "{error:#}");
     let message = format!("{error:#}");
     assert!(message.to_lowercase().contains("tls") || message.contains("certificate"), "{message}");
 }
 
-/// Publishes [`RECORDS`] records through a publisher and an R-Gateway both connected with
-/// `nats`; the gateway receives every one, in order.
+/// Publishes [`RECORDS`] records through a publisher and a delivery edge both connected with
+/// `nats`; the edge receives every one, in order.
 fn deliver_through(nats: &NatsConnect) {
     let io = runtime();
-    let gateway = io.block_on(start(gateway_options(nats))).unwrap();
+    let edge = io.block_on(start(edge_options(nats))).unwrap();
     let publisher = NatsPublisher::connect(publish_options(nats)).unwrap();
-    // One R-Sender's subscribers (one per gateway), as the tier would call the factory.
+    // One R-Sender's subscribers (one per edge), as the tier would call the factory.
     let mut subscribers = publisher.subscribers()(0);
     for _ in 0..RECORDS {
         subscribers[0].deliver(&Response::default());
@@ -120,11 +120,11 @@ fn deliver_through(nats: &NatsConnect) {
     let published = publisher.drain().unwrap();
     assert_eq!(published.next_seqs[0], RECORDS + 1, "{published:?}");
     let deadline = Instant::now() + DEADLINE;
-    while gateway.report().received < RECORDS {
-        assert!(Instant::now() < deadline, "gateway stuck: {:?}", gateway.report());
+    while edge.report().received < RECORDS {
+        assert!(Instant::now() < deadline, "edge stuck: {:?}", edge.report());
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (report, _) = io.block_on(gateway.shutdown()).unwrap();
+    let (report, _) = io.block_on(edge.shutdown()).unwrap();
     assert_eq!((report.received, report.resyncs, report.untrusted), (RECORDS, 0, 0), "{report:?}");
 }
 
@@ -148,8 +148,8 @@ fn a_wrong_or_missing_password_is_a_clear_error_not_a_hang() {
     for nats in [login(&server, wrong), NatsConnect::new(server.url())] {
         let password = if nats.auth == NatsAuth::None { "" } else { wrong };
         let started = Instant::now();
-        match io.block_on(start(gateway_options(&nats))) {
-            Ok(_) => panic!("the gateway logged in with {:?}", nats.auth),
+        match io.block_on(start(edge_options(&nats))) {
+            Ok(_) => panic!("the edge logged in with {:?}", nats.auth),
             Err(error) => assert_refused(&error, started, password),
         }
         let started = Instant::now();

@@ -1,6 +1,6 @@
 //! The reference tier with a source and a subscriber of your own: the source (run by the tier
 //! on one of its threads) sends resting sells and then buys that cross them; the subscriber
-//! (one per gateway and R-Sender) tallies what the tier delivers by kind of record.
+//! (one per outlet and R-Sender) tallies what the tier delivers by kind of record.
 //!
 //! `cargo run -p leantier-exchange --example custom_tier`; `tests/examples.rs` runs it and
 //! checks the tally.
@@ -16,8 +16,8 @@ use pipeline::stage::{Emitter, Flow};
 
 /// Sells sent before the buys that take them one for one.
 pub const PAIRS: u64 = 10;
-/// Gateways the reference master data routes clients to (one subscriber each per R-Sender).
-const GATEWAYS: usize = 8;
+/// Outlets the reference master data routes clients to (one subscriber each per R-Sender).
+const OUTLETS: usize = 8;
 
 /// What the subscribers received, by kind of record.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub fn run_tier() -> Result<Tally, Box<dyn std::error::Error>> {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let shared = tally.clone();
     let subscribers: SubscriberFactory = Arc::new(move |_sender| {
-        let each = (0..GATEWAYS).map(|_| Box::new(Tallying(shared.clone())) as Box<dyn Subscriber>);
+        let each = (0..OUTLETS).map(|_| Box::new(Tallying(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
     // No external events: the source drops the control input, and the tier ends when the

@@ -38,8 +38,8 @@
 //! process turns halts, circuit breakers and band changes into control messages in the core's
 //! sequenced input (so replay reproduces them) and into master-data updates (so the
 //! pre-process sees them early). The R-Processor turns core output into per-client execution
-//! reports and per-topic market data and routes them by gateway to N R-Senders, each with its
-//! own ring, which deliver to [`tier::Subscriber`]s (in-process gateways here).
+//! reports and per-topic market data and routes them by outlet to N R-Senders, each with its
+//! own ring, which deliver to [`tier::Subscriber`]s (in-process outlets here).
 //!
 //! # Measuring
 //! [`flow`] generates the order flow (moving mids, crossing share, immediate orders, cancels,

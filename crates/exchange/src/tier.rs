@@ -5,12 +5,12 @@
 //! generator is an order source of the `experiments` crate (`experiments::tier_load`).
 //!
 //! ```text
-//!  orders (input or source) --by instrument--> preprocess (k) --by instrument--> core (s shards)
+//!  orders (intake or source) --by instrument-> preprocess (k) --by instrument--> core (s shards)
 //!       |                                       (orders and refusals)             |
 //!  event feed --> events --by instrument--------+---------------------> core      v
 //!       |            \--------------------> masterdata <-- master feed    rprocess (1)
-//!                                                                     --by gateway--> senders (N)
-//!                                                                                     -> gateways
+//!                                                                     --by outlet---> senders (N)
+//!                                                                                     -> outlets
 //! ```
 //!
 //! * Pre-process workers are fed by instrument, so one instrument's flow keeps its order. A
@@ -37,7 +37,7 @@
 //! * Each shard's snapshot follower (`durability::ShardSnapshotter`) runs beside the journal
 //!   writer, off the critical path; the run stops it after the writer, once it has caught up.
 //! * Latency is measured from each request's intended send time to the delivery of its first
-//!   response at the subscriber gateway, with per-stage splits from stamps in the messages.
+//!   response at the subscriber outlet, with per-stage splits from stamps in the messages.
 //!
 //! [`Tier::start`] reads as its steps: the layout planned ([`plan_layout`]), `recover` (the
 //! journals and master data, or a fresh start), `graph::start` (the stages above, wired and
@@ -117,8 +117,11 @@ pub struct TierConfig {
     pub core_shards: usize,
     /// R-Senders (N), each with its own ring from the R-Processor.
     pub senders: usize,
-    /// In-process subscriber gateways (clients and market-data topics map onto them).
-    pub gateways: u32,
+    /// Outlets: the subscriber slots every R-Sender delivers to (a client's reports go to
+    /// outlet `client % outlets`, an instrument's market data to `instrument % outlets`).
+    // `gateways`, the old key, is read for one release (issue 44).
+    #[serde(alias = "gateways")]
+    pub outlets: u32,
     /// Slots of every inbound ring (a power of two).
     pub ring_slots: usize,
     /// Most messages per ring batch.
@@ -183,7 +186,7 @@ impl Default for TierConfig {
             preprocess_workers: 2,
             core_shards: 1,
             senders: 2,
-            gateways: 8,
+            outlets: 8,
             ring_slots: 8192,
             batch_slots: 64,
             wait: WaitChoice::Auto,
@@ -262,8 +265,8 @@ impl TierConfig {
                 "ordered outputs need one pre-process worker and one core shard".into(),
             ));
         }
-        if self.gateways == 0 {
-            return Err(BadInput("gateways must be > 0".into()));
+        if self.outlets == 0 {
+            return Err(BadInput("outlets must be > 0".into()));
         }
         if !self.ring_slots.is_power_of_two()
             || self.batch_slots == 0
@@ -373,8 +376,8 @@ pub(crate) fn preprocessed(
 }
 
 /// How the R-Processor routes `output`: trades and top-of-book changes as market data to the
-/// instrument's gateway, everything else to the client's (`topic % gateways`).
-pub fn response_to(output: CoreOutput, gateways: u32) -> Response {
+/// instrument's outlet, everything else to the client's (`topic % outlets`).
+pub fn response_to(output: CoreOutput, outlets: u32) -> Response {
     let market_data = matches!(output.kind, OutputKind::Trade | OutputKind::TopOfBook);
     let (audience, topic) = if market_data {
         (Audience::MarketData, output.instrument)
@@ -382,7 +385,7 @@ pub fn response_to(output: CoreOutput, gateways: u32) -> Response {
         (Audience::Client, output.client)
     };
     let answers_request = output.answers_request();
-    Response { audience, gateway: topic % gateways, answers_request, output }
+    Response { audience, outlet: topic % outlets, answers_request, output }
 }
 
 /// A request the pre-process refused, on its way to the core shard that answers it.
@@ -420,39 +423,39 @@ impl Refusal {
     }
 }
 
-/// A subscriber a sender delivers to (an in-process gateway here; network gateways later).
+/// A subscriber a sender delivers to (an in-process outlet, a reply queue, a NATS publisher).
 pub trait Subscriber: Send {
     fn deliver(&mut self, response: &Response);
 }
 
-/// Builds one R-Sender's subscribers, indexed by gateway (the argument is the sender's index).
+/// Builds one R-Sender's subscribers, indexed by outlet (the argument is the sender's index).
 /// The lab's load runs use [`in_process_subscribers`]; the `delivery` crate plugs in NATS
 /// publishers.
 pub type SubscriberFactory = Arc<dyn Fn(usize) -> Vec<Box<dyn Subscriber>> + Send + Sync>;
 
-/// One [`InProcessGateway`] per gateway for every sender, each spending `publish_work_ns` of
+/// One [`InProcessOutlet`] per outlet for every sender, each spending `publish_work_ns` of
 /// busy work per response (a simulated publish cost; 0 = none).
-pub fn in_process_subscribers(gateways: u32, publish_work_ns: u64) -> SubscriberFactory {
+pub fn in_process_subscribers(outlets: u32, publish_work_ns: u64) -> SubscriberFactory {
     Arc::new(move |_| {
-        (0..gateways)
+        (0..outlets)
             .map(|_| {
-                let gateway = InProcessGateway { publish_work_ns, ..InProcessGateway::default() };
-                Box::new(gateway) as Box<dyn Subscriber>
+                let outlet = InProcessOutlet { publish_work_ns, ..InProcessOutlet::default() };
+                Box::new(outlet) as Box<dyn Subscriber>
             })
             .collect()
     })
 }
 
-/// The in-process gateway: counts what it receives per audience.
+/// The in-process outlet: counts what it receives per audience.
 #[derive(Debug, Default)]
-pub struct InProcessGateway {
+pub struct InProcessOutlet {
     pub client_reports: u64,
     pub market_data: u64,
     /// Busy work per response, ns.
     pub publish_work_ns: u64,
 }
 
-impl Subscriber for InProcessGateway {
+impl Subscriber for InProcessOutlet {
     fn deliver(&mut self, response: &Response) {
         if self.publish_work_ns > 0 {
             // Simulated work per message, so timed from this message's own start.

@@ -1,5 +1,5 @@
 //! A `TierReplica` fed the tier's input hands out the same responses, in the same order per
-//! gateway, as an ordered tier (one pre-process worker, one core shard) does: what a
+//! outlet, as an ordered tier (one pre-process worker, one core shard) does: what a
 //! replicated engine's snapshots rely on; operator events in the order flow act at their
 //! place.
 
@@ -18,7 +18,7 @@ use pipeline::stage::{Emitter, Flow};
 
 const REQUESTS: usize = 20_000;
 
-type PerGateway = Arc<Mutex<Vec<Vec<Response>>>>;
+type PerOutlet = Arc<Mutex<Vec<Vec<Response>>>>;
 
 /// A response without what only measures time.
 fn timeless(response: &Response) -> Response {
@@ -26,11 +26,11 @@ fn timeless(response: &Response) -> Response {
     Response { output, ..*response }
 }
 
-struct Recorder(PerGateway);
+struct Recorder(PerOutlet);
 
 impl Subscriber for Recorder {
     fn deliver(&mut self, response: &Response) {
-        self.0.lock().unwrap()[response.gateway as usize].push(timeless(response));
+        self.0.lock().unwrap()[response.outlet as usize].push(timeless(response));
     }
 }
 
@@ -51,13 +51,13 @@ fn source(requests: Vec<InboundOrder>) -> OrderSource {
     })
 }
 
-/// What an ordered tier hands each gateway for `requests`.
+/// What an ordered tier hands each outlet for `requests`.
 fn tier_responses(config: &TierConfig, requests: &[InboundOrder]) -> Vec<Vec<Response>> {
-    let gateways = config.gateways as usize;
-    let delivered: PerGateway = Arc::new(Mutex::new(vec![Vec::new(); gateways]));
+    let outlets = config.outlets as usize;
+    let delivered: PerOutlet = Arc::new(Mutex::new(vec![Vec::new(); outlets]));
     let shared = delivered.clone();
     let subscribers: SubscriberFactory = Arc::new(move |_sender| {
-        let each = (0..gateways).map(|_| Box::new(Recorder(shared.clone())) as Box<dyn Subscriber>);
+        let each = (0..outlets).map(|_| Box::new(Recorder(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
     let start = TierStart::new(config.clone(), 1_000.0, subscribers);
@@ -66,24 +66,24 @@ fn tier_responses(config: &TierConfig, requests: &[InboundOrder]) -> Vec<Vec<Res
     std::mem::take(&mut *delivered.lock().unwrap())
 }
 
-/// What a replica hands each gateway for `requests`.
+/// What a replica hands each outlet for `requests`.
 fn replica_responses(config: &TierConfig, requests: &[InboundOrder]) -> Vec<Vec<Response>> {
     let limits = config.core_limits();
-    let mut replica = TierReplica::new(config.starting_master_data(), limits, config.gateways);
-    let mut replayed = vec![Vec::new(); config.gateways as usize];
+    let mut replica = TierReplica::new(config.starting_master_data(), limits, config.outlets);
+    let mut replayed = vec![Vec::new(); config.outlets as usize];
     for request in requests {
         replica.apply(request, &mut |response| {
-            replayed[response.gateway as usize].push(timeless(response));
+            replayed[response.outlet as usize].push(timeless(response));
         });
     }
     replayed
 }
 
 fn assert_same(delivered: &[Vec<Response>], replayed: &[Vec<Response>]) {
-    for (gateway, (tier, replica)) in delivered.iter().zip(replayed).enumerate() {
+    for (outlet, (tier, replica)) in delivered.iter().zip(replayed).enumerate() {
         let first_difference = tier.iter().zip(replica).position(|(a, b)| a != b);
-        assert_eq!(first_difference, None, "gateway {gateway}: the first response that differs");
-        assert_eq!(tier.len(), replica.len(), "gateway {gateway}: as many responses");
+        assert_eq!(first_difference, None, "outlet {outlet}: the first response that differs");
+        assert_eq!(tier.len(), replica.len(), "outlet {outlet}: as many responses");
     }
 }
 
@@ -92,7 +92,7 @@ fn ordered() -> TierConfig {
 }
 
 #[test]
-fn the_replica_hands_each_gateway_what_the_tier_does() {
+fn the_replica_hands_each_outlet_what_the_tier_does() {
     let config = ordered();
     let mut requests = requests(&config);
     // Operator events among the orders: halts, resumes and bands take effect in the core at

@@ -57,9 +57,9 @@ fn a_clients_answers_rejects_included_follow_its_requests_order() {
     let price = listed.band_low;
     let answers = Arc::new(Mutex::new(Vec::new()));
     let shared = answers.clone();
-    let gateways = config.gateways;
+    let outlets = config.outlets;
     let subscribers: SubscriberFactory = Arc::new(move |_sender| {
-        let each = (0..gateways).map(|_| Box::new(Answers(shared.clone())) as Box<dyn Subscriber>);
+        let each = (0..outlets).map(|_| Box::new(Answers(shared.clone())) as Box<dyn Subscriber>);
         each.collect()
     });
     let start = TierStart::new(config, 1_000.0, subscribers);

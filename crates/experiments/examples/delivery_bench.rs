@@ -10,7 +10,7 @@ use delivery::nats::NatsConnect;
 use exchange::tier::WaitChoice;
 
 const USAGE: &str = "usage: delivery_bench NATS_URL [RECORDS (200000) [REPEATS (5) [WAIT (auto)]]]
-Runs R-Sender -> NATS -> R-Gateway against a plain async-nats pair on the server at NATS_URL
+Runs R-Sender -> NATS -> delivery edge against a plain async-nats pair on the server at NATS_URL
 and prints the report (experiments::delivery_bench::BenchReport) as one JSON line.";
 
 fn main() {

@@ -1,7 +1,7 @@
-//! R-Sender → NATS → R-Gateway against plain `async-nats` on the same server in the same run.
+//! R-Sender → NATS → delivery edge against plain `async-nats` on the same server in the same run.
 //!
 //! leantier's path: one R-Sender's subscriber (ring push) → its publisher thread (sequence,
-//! retained window, one NATS message per drained batch) → `nats-server` → an R-Gateway (gap
+//! retained window, one NATS message per drained batch) → `nats-server` → a delivery edge (gap
 //! check, fan-out). The peers move the same records with a bare client and a bare
 //! subscription and no sequencing or recovery: `plain-batched` packs them into messages of the
 //! size leantier's publisher produced in that repeat (same messages, same bytes), and
@@ -14,7 +14,7 @@
 //! record during its repeats (`getrusage`; `nats-server`, shared by all three, is not in it).
 //! The contenders' threads have names of their own, so `perf record -g` over a run splits the
 //! time per thread: leantier's `bench-sender`, `nats-pub-0`, `nats-publisher-io` and
-//! `bench-gateway`; the plain pairs' calling thread and `bench-plain`.
+//! `bench-edge`; the plain pairs' calling thread and `bench-plain`.
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use lab::stats::{LatencyHistogram, LatencySummary, median};
 use pipeline::metrics::now_ns;
 
 use delivery::clock::monotonic_ns;
-use delivery::gateway::{GatewayOptions, start as start_gateway};
+use delivery::edge::{EdgeOptions, start as start_edge};
 use delivery::nats::{NatsConnect, client_options};
 use delivery::publish::{NatsPublisher, PublishOptions};
 use delivery::wire::{BATCH_HEADER_BYTES, RECORD_BYTES, Record};
@@ -34,7 +34,7 @@ use delivery::{DeliveryError, Result, io_failed, nats_failed};
 /// The target: leantier's throughput at least this fraction of the plain batched pair's.
 pub const TARGET_THROUGHPUT_RATIO: f64 = 0.8;
 /// Threads of leantier's path: the sender, its publisher, two publisher-runtime threads, two
-/// gateway-runtime threads.
+/// edge-runtime threads.
 const BENCH_THREADS: usize = 6;
 /// Messages of room beyond the record count in the plain subscriber's queue.
 const SUBSCRIPTION_SLACK_MESSAGES: usize = 1024;
@@ -129,12 +129,12 @@ pub fn run(
         return Err(DeliveryError::BadInput("records and repeats must be > 0".into()));
     }
     let io = bench_runtime("bench-plain")?;
-    let gateway_io = bench_runtime("bench-gateway")?;
+    let edge_io = bench_runtime("bench-edge")?;
     let mut samples: [Vec<Sample>; 3] = Default::default();
     let mut per_message = Vec::new();
     for repeat in 0..repeats {
         let prefix = format!("bench{repeat}");
-        let (sample, batch) = leantier_once(&gateway_io, nats, &prefix, records, wait)?;
+        let (sample, batch) = leantier_once(&edge_io, nats, &prefix, records, wait)?;
         samples[0].push(sample);
         per_message.push(batch);
         let batch_records = batch.round().max(1.0) as u64;
@@ -190,7 +190,7 @@ fn contender(name: &'static str, samples: Vec<Sample>) -> Contender {
     }
 }
 
-/// One round through leantier's publisher and gateway; also returns records per message.
+/// One round through leantier's publisher and delivery edge; also returns records per message.
 fn leantier_once(
     io: &tokio::runtime::Runtime,
     nats: &NatsConnect,
@@ -198,17 +198,17 @@ fn leantier_once(
     records: u64,
     wait: WaitChoice,
 ) -> Result<(Sample, f64)> {
-    let mut options = GatewayOptions::new("", 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut options = EdgeOptions::new("", 0, std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     options.nats = nats.clone();
     options.prefix = prefix.to_string();
-    let gateway = io.block_on(start_gateway(options))?;
+    let edge = io.block_on(start_edge(options))?;
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: nats.clone(),
         prefix: prefix.to_string(),
-        gateways: 1,
+        outlets: 1,
         retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
         // `auto` as in the tier: spin only when the sender, the publisher and the client's
-        // and gateway's threads each have a CPU; on a smaller host a spinner steals the CPU
+        // and edge's threads each have a CPU; on a smaller host a spinner steals the CPU
         // its peer needs.
         wait: wait.strategy(BENCH_THREADS, cpus()),
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
@@ -220,7 +220,7 @@ fn leantier_once(
         for order_id in 0..records {
             let output = CoreOutput { order_id, ..CoreOutput::default() };
             let mut response =
-                Response { audience: Audience::Client, gateway: 0, answers_request: true, output };
+                Response { audience: Audience::Client, outlet: 0, answers_request: true, output };
             response.output.stamps.intended_ns = now_ns();
             subscribers[0].deliver(&response);
         }
@@ -229,15 +229,15 @@ fn leantier_once(
     sender.join().map_err(|_| DeliveryError::Failed("the bench's sender panicked".into()))?;
     let report = publisher.drain()?;
     let deadline = started + REPEAT_TIMEOUT;
-    while gateway.report().next_seqs[0] <= records {
+    while edge.report().next_seqs[0] <= records {
         if Instant::now() >= deadline {
-            return Err(DeliveryError::Failed("the gateway did not receive every record".into()));
+            return Err(DeliveryError::Failed("the edge did not receive every record".into()));
         }
         std::thread::sleep(Duration::from_micros(200));
     }
     let elapsed = started.elapsed().as_secs_f64();
     let usage = usage.per_record(records);
-    let (_, latency) = io.block_on(gateway.shutdown())?;
+    let (_, latency) = io.block_on(edge.shutdown())?;
     let latency = latency.answers;
     let per_message = report.published as f64 / report.batches.max(1) as f64;
     Ok((Sample { throughput_per_s: records as f64 / elapsed, latency, usage }, per_message))

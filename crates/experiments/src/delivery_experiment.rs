@@ -1,7 +1,8 @@
 //! The published response-delivery experiment: seven layouts of the R-Processor → R-Senders
-//! hop, each measured at the gateway twice — in-process (the tier's own subscribers) and over
-//! NATS (publisher threads → `nats-server` → one R-Gateway per tier gateway, in this process,
-//! with latency from each request's intended send time to the gateway's receipt, in absolute
+//! hop, each measured where the paper's R-Gateway stands, twice — in-process (at the tier's
+//! outlets, its own subscribers) and over
+//! NATS (publisher threads → `nats-server` → one delivery edge per outlet, in this process,
+//! with latency from each request's intended send time to the edge's receipt, in absolute
 //! `CLOCK_MONOTONIC` time).
 //!
 //! | run | connector  | senders | placement |
@@ -21,7 +22,7 @@ use exchange::tier::{LayoutChoice, TierConfig};
 use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
 
-use delivery::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
+use delivery::edge::{EdgeOptions, RunningEdge, start as start_edge};
 use delivery::nats::NatsConnect;
 use delivery::publish::{
     HEARTBEAT_INTERVAL_DEFAULT, LINGER_AFTER_STOP_MAX, NatsPublisher, PublishOptions,
@@ -61,10 +62,10 @@ pub const PUBLISHED_BUCKETS: [(usize, [f64; 10]); 2] = [
 ];
 /// Published p90 / p99 in µs, by run (run 5 is "3 senders on dedicated cores").
 pub const PUBLISHED_P90_P99_US: [(usize, u64, u64); 3] = [(1, 90, 140), (2, 60, 110), (5, 35, 60)];
-/// The tier's gateways in every run: at least the largest sender count, so every sender of
-/// runs 1–2 has a gateway routed to it.
-pub const EXPERIMENT_GATEWAYS: u32 = 20;
-/// How long the NATS gateways may take to catch up after the tier's run.
+/// The tier's outlets in every run: at least the largest sender count, so every sender of
+/// runs 1–2 has an outlet routed to it.
+pub const EXPERIMENT_OUTLETS: u32 = 20;
+/// How long the delivery edges may take to catch up after the tier's run.
 pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The experiment's settings.
@@ -77,7 +78,7 @@ pub struct Settings {
     pub nats: Option<NatsConnect>,
 }
 
-/// How a run's responses reached the gateway.
+/// How a run's responses reached the receiving end (outlet or edge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Transport {
     InProcess,
@@ -103,19 +104,19 @@ pub struct Point {
     /// % beyond the last bucket.
     pub beyond_percent: f64,
     pub latency: LatencySummary,
-    /// Responses measured at the gateways per second of the run.
+    /// Responses measured at the outlets or edges per second of the run.
     pub throughput_per_s: f64,
     pub sent: u64,
-    /// Over NATS: what the publishers and gateways counted.
+    /// Over NATS: what the publishers and edges counted.
     pub publish: Option<PublishReport>,
-    pub gateway_totals: Option<GatewayTotals>,
+    pub edge_totals: Option<EdgeTotals>,
     #[serde(skip)]
     pub histogram: LatencyHistogram,
 }
 
-/// The gateways' counters summed over the run's gateways.
+/// The edges' counters summed over the run's edges.
 #[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct GatewayTotals {
+pub struct EdgeTotals {
     pub received: u64,
     pub gaps: u64,
     pub recovered: u64,
@@ -137,7 +138,7 @@ fn tier(layout: &Layout) -> TierConfig {
         connector: layout.connector,
         senders: layout.senders,
         placement: layout.placement,
-        gateways: EXPERIMENT_GATEWAYS,
+        outlets: EXPERIMENT_OUTLETS,
         // Replies are not held for an fsync: the experiment compares delivery layouts.
         journal: JournalMode::OFF,
         ..TierConfig::default()
@@ -202,7 +203,7 @@ fn point(
         throughput_per_s,
         sent,
         publish: None,
-        gateway_totals: None,
+        edge_totals: None,
         histogram,
     }
 }
@@ -227,8 +228,8 @@ pub fn published_buckets(histogram: &LatencyHistogram) -> ([f64; 10], f64) {
     (cumulative, beyond)
 }
 
-/// The layout over NATS: publisher, one in-process R-Gateway per tier gateway, the run, then
-/// the gateways catch up and report.
+/// The layout over NATS: publisher, one in-process delivery edge per outlet, the run, then
+/// the edges catch up and report.
 fn over_nats(
     layout: Layout,
     config: &TierConfig,
@@ -237,23 +238,23 @@ fn over_nats(
 ) -> Result<Point> {
     let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
     let io = io.map_err(|source| DeliveryError::Io {
-        what: "starting the gateways' runtime".into(),
+        what: "starting the edges' runtime".into(),
         source,
     })?;
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let gateways: Vec<RunningGateway> = io.block_on(async {
-        let mut gateways = Vec::new();
-        for gateway in 0..config.gateways {
+    let edges: Vec<RunningEdge> = io.block_on(async {
+        let mut edges = Vec::new();
+        for outlet in 0..config.outlets {
             let options =
-                GatewayOptions { nats: nats.clone(), ..GatewayOptions::new("", gateway, listen) };
-            gateways.push(start_gateway(options).await?);
+                EdgeOptions { nats: nats.clone(), ..EdgeOptions::new("", outlet, listen) };
+            edges.push(start_edge(options).await?);
         }
-        Ok::<_, DeliveryError>(gateways)
+        Ok::<_, DeliveryError>(edges)
     })?;
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: nats.clone(),
         prefix: PREFIX_DEFAULT.to_string(),
-        gateways: config.gateways,
+        outlets: config.outlets,
         retain_records: RETAIN_RECORDS_DEFAULT,
         wait: config.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -261,11 +262,11 @@ fn over_nats(
     let result =
         run_with_subscribers(config, run_options(settings), publisher.subscribers(), |_| {})?;
     let publish = publisher.drain()?;
-    wait_caught_up(&gateways, &publish)?;
+    wait_caught_up(&edges, &publish)?;
     let mut histogram = LatencyHistogram::new();
-    let mut totals = GatewayTotals::default();
-    for gateway in gateways {
-        let (report, latency) = io.block_on(gateway.shutdown())?;
+    let mut totals = EdgeTotals::default();
+    for edge in edges {
+        let (report, latency) = io.block_on(edge.shutdown())?;
         histogram.merge(&latency.answers);
         totals.received += report.received;
         totals.gaps += report.gaps;
@@ -275,21 +276,21 @@ fn over_nats(
     let throughput = histogram.count() as f64 / result.elapsed_s;
     let mut point = point(layout, Transport::Nats, histogram, throughput, result.sent);
     point.publish = Some(publish);
-    point.gateway_totals = Some(totals);
+    point.edge_totals = Some(totals);
     Ok(point)
 }
 
-/// Waits until every gateway expects the publisher's next sequence on both streams.
-fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> Result<()> {
+/// Waits until every edge expects the publisher's next sequence on both streams.
+fn wait_caught_up(edges: &[RunningEdge], publish: &PublishReport) -> Result<()> {
     let deadline = Instant::now() + CATCH_UP_TIMEOUT;
-    for (index, gateway) in gateways.iter().enumerate() {
+    for (index, edge) in edges.iter().enumerate() {
         let target = &publish.next_seqs[index * 2..index * 2 + 2];
-        while gateway.report().next_seqs != target {
+        while edge.report().next_seqs != target {
             if Instant::now() >= deadline {
                 return Err(DeliveryError::Failed(format!(
-                    "gateway {index} did not catch up within {CATCH_UP_TIMEOUT:?}: at {:?}, \
+                    "edge {index} did not catch up within {CATCH_UP_TIMEOUT:?}: at {:?}, \
                      publisher at {target:?}",
-                    gateway.report().next_seqs
+                    edge.report().next_seqs
                 )));
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -299,7 +300,7 @@ fn wait_caught_up(gateways: &[RunningGateway], publish: &PublishReport) -> Resul
 }
 
 /// Runs the tier with its R-Senders publishing over NATS (the engine process), then keeps the
-/// retained windows and heartbeats up for `linger` so gateways recover what they missed. Once
+/// retained windows and heartbeats up for `linger` so the edges recover what they missed. Once
 /// `run.stop` is set (a stop signal) the load ends, the publishers flush what the tier
 /// answered, and the linger is cut to [`LINGER_AFTER_STOP_MAX`].
 pub fn run_engine(
@@ -309,10 +310,10 @@ pub fn run_engine(
     linger: Duration,
     progress: impl FnMut(u64),
 ) -> Result<(RunResult, PublishReport), DeliveryError> {
-    if publish.gateways != config.gateways {
+    if publish.outlets != config.outlets {
         return Err(DeliveryError::Failed(format!(
-            "publisher gateways {} != tier gateways {}",
-            publish.gateways, config.gateways
+            "publisher outlets {} != tier outlets {}",
+            publish.outlets, config.outlets
         )));
     }
     let publisher = NatsPublisher::connect(publish)?;

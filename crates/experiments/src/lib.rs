@@ -5,10 +5,10 @@
 //!
 //! - [`cluster`]: a loopback JetStream cluster of `nats-server` children (tests, soaks,
 //!   benchmarks of the replicated tier).
-//! - [`delivery_bench`]: R-Sender → NATS → R-Gateway against a plain `async-nats` pair on the
+//! - [`delivery_bench`]: R-Sender → NATS → delivery edge against a plain `async-nats` pair on the
 //!   same server in the same run.
 //! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
-//!   NATS, measured at the gateway.
+//!   NATS, measured at the outlets and at the delivery edges.
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
 //!   search, placement, R-Senders, journal modes, layouts).
 //! - [`journal_bench`]: `journal bench`, the journal writer's throughput and durable-reply

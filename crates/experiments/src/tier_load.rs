@@ -182,7 +182,7 @@ pub struct RunResult {
     pub rate_per_s: f64,
     pub sent: u64,
     pub elapsed_s: f64,
-    /// Intended send time -> first response delivered at the gateway, every request.
+    /// Intended send time -> first response delivered at the outlet, every request.
     pub end_to_end: LatencyHistogram,
     /// Intended send time -> response content final (core output emitted, or pre-process
     /// reject built), every request: the critical path, not waiting for any fsync.
@@ -296,11 +296,11 @@ pub fn run(
     options: RunOptions,
     progress: impl FnMut(u64),
 ) -> Result<RunResult, ExchangeError> {
-    let subscribers = in_process_subscribers(config.gateways, options.load.publish_work_ns);
+    let subscribers = in_process_subscribers(config.outlets, options.load.publish_work_ns);
     run_with_subscribers(config, options, subscribers, progress)
 }
 
-/// [`run`] with the R-Senders delivering to `subscribers` (`config.gateways` per sender).
+/// [`run`] with the R-Senders delivering to `subscribers` (`config.outlets` per sender).
 pub fn run_with_subscribers(
     config: &TierConfig,
     options: RunOptions,
@@ -535,7 +535,7 @@ fn drive_load(
     (inputs, pacer): (TierInputs, Pacer),
     mut progress: impl FnMut(u64),
 ) -> Result<(DriveReport, bool)> {
-    let TierInputs { orders: mut gateway, mut control } = inputs;
+    let TierInputs { orders: mut intake, mut control } = inputs;
     let mut load = Load::new(config.universe, &options.load, master);
     let steps = OpenLoopSteps::new(&open_loop_plan(options))?.until(options.stop.clone());
     let mut disconnected = false;
@@ -546,9 +546,9 @@ fn drive_load(
         // Sent when issued: the pacer's last clock read, so publishing reads no clock.
         let issued_ns = instant_ns(shot.issued);
         let send = |request, intended_ns| {
-            gateway
+            intake
                 .send_with_ingress(request, intended_ns)
-                .and_then(|()| gateway.flush_at(issued_ns))
+                .and_then(|()| intake.flush_at(issued_ns))
                 .is_err()
         };
         disconnected |= load.issue(&shot, &mut control, send);

@@ -3,10 +3,10 @@
 //! routed positions, `crate::routed`, decide what is routed again; this file only saves
 //! re-reading the whole stream).
 //!
-//! One small file per (shard, tier gateway slot) under the store directory,
+//! One small file per (shard, outlet) under the store directory,
 //! `delivered/shard-{S}-slot-{G}`: a magic and, per stream ([`Stream::ALL`] order), the next
 //! sequence to read (0: none kept yet: a gateway that never handed a record on starts at the
-//! first sequence it hears, `delivery::gateway::FIRST_SEQ_HEARD`, rather than at the stream's
+//! first sequence it hears, `delivery::edge::FIRST_SEQ_HEARD`, rather than at the stream's
 //! start, which a running exchange left far behind). For reports it is the first report of the
 //! newest input whose routed position is durable in the store; it is rewritten in place (one
 //! `pwrite` of [`MARK_BYTES`]) when it moved, at most every 50 ms (`RESUME_WRITE_INTERVAL`
@@ -56,7 +56,7 @@ impl DeliveredMark {
         Ok(DeliveredMark { file, next_seqs, written: next_seqs })
     }
 
-    /// Per stream, the first sequence not yet handed on (what the R-Gateway starts at; 0:
+    /// Per stream, the first sequence not yet handed on (what the delivery edge starts at; 0:
     /// none kept, from the first sequence heard).
     pub fn first_seqs(&self) -> [u64; 2] {
         self.next_seqs

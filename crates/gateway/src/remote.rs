@@ -4,7 +4,7 @@
 //! ```text
 //!  sessions ─▶ I/O loop ─▶ append queue ─▶ appender ──JetStream──▶ shard streams ─▶ engines
 //!     ▲                                                                          │
-//!     └── reply queue ◀── report forwarders ◀── R-Gateways ◀──NATS (per shard)───┘
+//!     └── reply queue ◀── report forwarders ◀── delivery edges ◀──NATS (per shard)───┘
 //! ```
 //!
 //! The I/O loop is the one `exchange serve` runs (`crate::io`), on a thread of its own: it
@@ -13,9 +13,9 @@
 //! admission order, those of one shard that arrived together as one message (no wait for
 //! more), under a message id (this gateway, this run, a counter) that JetStream deduplicates
 //! when a lost acknowledgement makes it append again. Reports come back through
-//! one in-process R-Gateway per shard and tier gateway slot (`delivery::gateway`: per-subject
+//! one in-process delivery edge per shard and outlet (`delivery::edge`: per-subject
 //! sequences, gap recovery from the leader's retained window, the trust rule), read in process
-//! (`RunningGateway::attach`: no socket between them) and handed to the sessions' reply queue
+//! (`RunningEdge::attach`: no socket between them) and handed to the sessions' reply queue
 //! as the tier's R-Senders would.
 //!
 //! An append unacknowledged for the whole retry window (its outcome unknown: a copy may have
@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use delivery::clock::EpochOffset;
+use delivery::edge::{EdgeOptions, FIRST_SEQ_HEARD, InProcessConsumer, RunningEdge};
 use delivery::entropy::{Entropy, OsEntropy};
-use delivery::gateway::{FIRST_SEQ_HEARD, GatewayOptions, InProcessConsumer, RunningGateway};
 use delivery::nats::NatsConnect;
 use delivery::wire::{Frame, FrameDecoder, Record, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder, Response};
@@ -78,8 +78,8 @@ pub struct RemoteOptions {
     pub nats: NatsConnect,
     /// The input log's layout (as the engines have it).
     pub log: LogSettings,
-    /// The engines' `tier.gateways`: the report subjects per shard.
-    pub tier_gateways: u32,
+    /// The engines' `tier.outlets`: the report subjects per shard.
+    pub tier_outlets: u32,
     /// This gateway's id in every append's message id.
     pub gateway_id: u32,
 }
@@ -104,13 +104,13 @@ pub struct RunningRemote {
     work: Arc<Notify>,
     io: Option<std::thread::JoinHandle<()>>,
     appender: Option<tokio::task::JoinHandle<AppendTally>>,
-    r_gateways: Vec<RunningGateway>,
+    edges: Vec<RunningEdge>,
     runtime: tokio::runtime::Runtime,
 }
 
 impl RunningRemote {
     /// Stops accepting, answers what the sessions took (as the engines report it), lets
-    /// every append finish and stops the R-Gateways.
+    /// every append finish and stops the delivery edges.
     pub fn stop(mut self) -> AppendTally {
         // Release: the I/O loop that sees the flag drains and stops.
         self.stop.store(true, Ordering::Release);
@@ -120,15 +120,15 @@ impl RunningRemote {
         }
         let appender = self.appender.take().expect("a running gateway has its appender");
         let tally = self.runtime.block_on(appender).unwrap_or_default();
-        for r_gateway in std::mem::take(&mut self.r_gateways) {
-            let _ = self.runtime.block_on(r_gateway.shutdown());
+        for edge in std::mem::take(&mut self.edges) {
+            let _ = self.runtime.block_on(edge.shutdown());
         }
         tracing::info!(?tally, "gateway stopped");
         tally
     }
 }
 
-/// Connects to NATS, opens the input log, starts the R-Gateways and the report forwarders,
+/// Connects to NATS, opens the input log, starts the delivery edges and the report forwarders,
 /// then the I/O loop; returns once the loop serves.
 pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     if options.settings.instruments.is_empty() {
@@ -150,13 +150,13 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let (subscribers, replies) = reply_subscribers(1, None, Arc::new(move || wake.notify_one()));
-    let durable = DurableInputs::new(options.log.shards, options.tier_gateways);
-    let mut r_gateways = Vec::new();
+    let durable = DurableInputs::new(options.log.shards, options.tier_outlets);
+    let mut edges = Vec::new();
     for (index, subject) in report_subjects(&options).enumerate() {
-        let (r_gateway, mark) = start_r_gateway(&options, &runtime, subject)?;
+        let (edge, mark) = start_edge(&options, &runtime, subject)?;
         let resume = ResumePoint::new(subject, mark, durable.clone());
-        runtime.spawn(forward_reports(r_gateway.attach(), resume, subscribers(index)));
-        r_gateways.push(r_gateway);
+        runtime.spawn(forward_reports(edge.attach(), resume, subscribers(index)));
+        edges.push(edge);
     }
     let (orders, queued) = tokio::sync::mpsc::channel(APPEND_QUEUE_SLOTS);
     let (unacknowledged, to_resolve) = tokio::sync::mpsc::unbounded_channel();
@@ -195,34 +195,34 @@ pub fn start(mut options: RemoteOptions) -> Result<RunningRemote, ServeError> {
         Err(_) => return Err(remote_error("I/O loop", "stopped before serving")),
     }
     let (io, appender) = (Some(io), Some(appender));
-    Ok(RunningRemote { addresses, stop, work, io, appender, r_gateways, runtime })
+    Ok(RunningRemote { addresses, stop, work, io, appender, edges, runtime })
 }
 
-/// One in-process R-Gateway of `shard`'s tier gateway `slot` (no listener: the reports go to
+/// One in-process delivery edge of `shard`'s outlet `slot` (no listener: the reports go to
 /// this process's sessions only), starting where this gateway's kept position says it left off.
-fn start_r_gateway(
+fn start_edge(
     options: &RemoteOptions,
     runtime: &tokio::runtime::Runtime,
     (shard, slot): (u32, u32),
-) -> Result<(RunningGateway, DeliveredMark), ServeError> {
+) -> Result<(RunningEdge, DeliveredMark), ServeError> {
     let mark = DeliveredMark::open(&options.settings.store_dir, shard, slot);
     let mark = mark.map_err(|e| remote_error("the delivered reports' position", e))?;
-    if mark.first_seqs() != [delivery::gateway::FIRST_SEQ_HEARD; 2] {
+    if mark.first_seqs() != [delivery::edge::FIRST_SEQ_HEARD; 2] {
         let [reports, md] = mark.first_seqs();
         tracing::info!(
             "gateway: shard {shard} slot {slot} resumes at report {reports}, market data {md}"
         );
     }
-    let gateway_options = GatewayOptions {
+    let gateway_options = EdgeOptions {
         nats: options.nats.clone(),
         prefix: options.log.publish_prefix(shard),
         listen: None,
         first_seqs: mark.first_seqs(),
-        ..GatewayOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        ..EdgeOptions::new("", slot, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
     };
-    let r_gateway = runtime.block_on(delivery::gateway::start(gateway_options));
-    let r_gateway = r_gateway.map_err(|e| remote_error("R-Gateway", format!("{e:#}")))?;
-    Ok((r_gateway, mark))
+    let edge = runtime.block_on(delivery::edge::start(gateway_options));
+    let edge = edge.map_err(|e| remote_error("delivery edge", format!("{e:#}")))?;
+    Ok((edge, mark))
 }
 
 /// Keeps `reachable` equal to whether the log's connection is up (polled every
@@ -245,9 +245,9 @@ fn remote_error(what: &str, why: impl std::fmt::Display) -> ServeError {
     ServeError::Remote(format!("{what}: {why}"))
 }
 
-/// Every (shard, tier gateway slot) whose report subjects this gateway reads.
+/// Every (shard, outlet) whose report subjects this gateway reads.
 fn report_subjects(options: &RemoteOptions) -> impl Iterator<Item = (u32, u32)> + use<> {
-    let slots = options.tier_gateways;
+    let slots = options.tier_outlets;
     (0..options.log.shards).flat_map(move |shard| (0..slots).map(move |slot| (shard, slot)))
 }
 
@@ -433,7 +433,7 @@ const INPUT_BOUNDARIES_MAX: usize = 1 << 16;
 /// system call per batch at high rates.
 const RESUME_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Where a restarted gateway's R-Gateway starts reading one (shard, slot)'s reports: the first
+/// Where a restarted gateway's delivery edge starts reading one (shard, slot)'s reports: the first
 /// report of the newest input whose routed position the store made durable (`crate::routed`).
 struct ResumePoint {
     subject: (u32, u32),
@@ -503,18 +503,18 @@ impl ResumePoint {
     }
 }
 
-/// Reads one R-Gateway's frames (in process: no socket between them), hands each client
+/// Reads one delivery edge's frames (in process: no socket between them), hands each client
 /// report to the sessions' reply queue, and after each chunk moves where a restart resumes
 /// (`resume`): never past what the session store holds, so a restarted gateway neither skips
 /// a report nor (the hub drops what it already routed) routes one twice.
 async fn forward_reports(
-    mut r_gateway: InProcessConsumer,
+    mut edge: InProcessConsumer,
     mut resume: ResumePoint,
     mut subscribers: Vec<Box<dyn Subscriber>>,
 ) {
     let epoch = EpochOffset::measure().absolute(0);
     let mut decoder = FrameDecoder::default();
-    while let Some(chunk) = r_gateway.next_chunk().await {
+    while let Some(chunk) = edge.next_chunk().await {
         decoder.extend(&chunk);
         while let Ok(Some(frame)) = decoder.next_frame() {
             match frame {
@@ -539,8 +539,8 @@ async fn forward_reports(
         }
         resume.keep();
     }
-    // A shutdown (or a cut-off, which the R-Gateway itself warned about).
-    tracing::debug!("gateway: R-Gateway {:?} stopped handing reports on", resume.subject);
+    // A shutdown (or a cut-off, which the delivery edge itself warned about).
+    tracing::debug!("gateway: delivery edge {:?} stopped handing reports on", resume.subject);
 }
 
 /// The client report a record carries, its intended time on this process's clock.
@@ -550,7 +550,7 @@ fn response_of(record: &Record, epoch_abs_ns: u64) -> Option<Response> {
     output.stamps.intended_ns = record.intended_abs_ns().saturating_sub(epoch_abs_ns);
     Some(Response {
         audience: Audience::Client,
-        gateway: record.gateway(),
+        outlet: record.outlet(),
         answers_request: record.answers_request(),
         output,
     })

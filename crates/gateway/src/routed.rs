@@ -1,4 +1,4 @@
-//! How far a gateway without a tier (`crate::remote`) routed each (shard, tier gateway slot)'s
+//! How far a gateway without a tier (`crate::remote`) routed each (shard, outlet)'s
 //! reports, kept in the session store with the reports themselves, so that a restarted
 //! gateway never routes one twice and never skips one.
 //!
@@ -12,7 +12,7 @@
 //!
 //! - The position is a store record (`store::kind::ROUTED`) appended to the same batch
 //!   as the records of the reports it counts: recovery reads both or neither.
-//! - The R-Gateway's start (`crate::delivered`) is only a hint, kept *behind*: the forwarder
+//! - The delivery edge's start (`crate::delivered`) is only a hint, kept *behind*: the forwarder
 //!   writes the stream sequence of the first report of the newest input whose position the
 //!   store has made durable ([`RoutedPositions::publish_durable`]). A restart therefore asks
 //!   for reports from an input's first one on, at or before the kept position.
@@ -61,7 +61,7 @@ pub fn decode(payload: &[u8]) -> Option<((u32, u32), Position)> {
 }
 
 /// Per (shard, slot), the newest input whose reports are durable in the store: where the
-/// forwarder may move the R-Gateway's start to. Shared between the I/O thread (writer) and
+/// forwarder may move the delivery edge's start to. Shared between the I/O thread (writer) and
 /// the report forwarders (readers).
 #[derive(Debug)]
 pub struct DurableInputs {

@@ -40,7 +40,7 @@ pub struct ServeOptions {
     /// Where the tier's journals and master data live (used with a journal).
     pub journal_dir: PathBuf,
     /// Also hands every response, market data included, to these (the NATS publishers of
-    /// `--nats`); `tier.gateways` subscribers per R-Sender.
+    /// `--nats`); `tier.outlets` subscribers per R-Sender.
     pub also: Option<SubscriberFactory>,
 }
 
@@ -177,7 +177,7 @@ pub fn start(mut options: ServeOptions) -> Result<Running, ServeError> {
     let work = Arc::new(Notify::new());
     let wake = work.clone();
     let wake = Arc::new(move || wake.notify_one());
-    let (subscribers, replies) = reply_subscribers(config.gateways, options.also.clone(), wake);
+    let (subscribers, replies) = reply_subscribers(config.outlets, options.also.clone(), wake);
     let stop = Arc::new(AtomicBool::new(false));
     let (in_tier, in_tier_requests) = tokio::sync::mpsc::unbounded_channel();
     let setup = IoSetup {

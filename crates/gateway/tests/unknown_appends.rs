@@ -39,7 +39,7 @@ fn log_settings() -> LogSettings {
 }
 
 fn tier() -> TierConfig {
-    TierConfig { gateways: 1, journal: JournalMode::OFF, ..TierConfig::parked() }
+    TierConfig { outlets: 1, journal: JournalMode::OFF, ..TierConfig::parked() }
 }
 
 /// The shard's one engine, on the nodes but `avoid`'s (a pause of that node leaves it alone).
@@ -49,7 +49,7 @@ fn engine(cluster: &Cluster, avoid: usize) -> Engine {
     let publish = PublishOptions {
         nats: nats.clone(),
         prefix: "leantier".into(),
-        gateways: tier.gateways,
+        outlets: tier.outlets,
         retain_records: RETAIN_RECORDS_DEFAULT,
         wait: tier.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -90,7 +90,7 @@ fn gateway(cluster: &Cluster, node: usize, store: &std::path::Path) -> RunningRe
         credentials,
         nats: NatsConnect::new(cluster.url_of(node)),
         log: log_settings(),
-        tier_gateways: 1,
+        tier_outlets: 1,
         gateway_id: 1,
     })
     .unwrap()

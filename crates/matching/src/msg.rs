@@ -705,13 +705,13 @@ pub enum Audience {
     MarketData,
 }
 
-/// A response ready for delivery by an R-Sender to a subscriber gateway.
+/// A response ready for delivery by an R-Sender to one of the tier's outlets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Response {
     /// A client's report or market data.
     pub audience: Audience,
-    /// The gateway (subscriber) it is routed to.
-    pub gateway: u32,
+    /// The outlet (subscriber slot) it is routed to.
+    pub outlet: u32,
     /// True for the first response to a request (the one whose latency is measured).
     pub answers_request: bool,
     /// The core's record.

@@ -1,5 +1,5 @@
 //! What an operator needs from every leantier server, in one place so that `exchange serve`,
-//! `exchange gateway`, `mq serve` and `web serve` answer alike (docs/OPERATIONS.md):
+//! `exchange edge`, `mq serve` and `web serve` answer alike (docs/OPERATIONS.md):
 //!
 //! - [`endpoint`]: the HTTP admin endpoint. `GET /metrics` (Prometheus text, version 0.0.4),
 //!   `GET /health` (the process answers), `GET /ready` (the server recovered and reached what

@@ -23,7 +23,7 @@
 //! struct Order { account: u64, qty: u64 }
 //!
 //! let mut graph = PipelineBuilder::new().pin_threads(false);
-//! let gateway = graph.source("gateway", StageSpec::ancillary(1), |_| {
+//! let intake = graph.source("intake", StageSpec::ancillary(1), |_| {
 //!     let mut next = 0;
 //!     move |out: &mut Emitter<Order>| {
 //!         next += 1;
@@ -35,9 +35,9 @@
 //!     |order: &Order, out: &mut Emitter<Order>| if order.qty > 0 { out.emit(*order) }
 //! });
 //! let journal = graph.sink("journal", StageSpec::ancillary(1), |_| |_: &Order| {});
-//! graph.connect(gateway, validate, Route::by_key(|order: &Order| order.account));
+//! graph.connect(intake, validate, Route::by_key(|order: &Order| order.account));
 //! graph.connect(validate, journal, Route::RoundRobin);
-//! let report = graph.start()?.wait()?; // runs until the gateway stops, then drains
+//! let report = graph.start()?.wait()?; // runs until the intake stops, then drains
 //! assert_eq!(report.stages[2].messages_in, 1_000);
 //! # Ok::<(), pipeline::stage::PipelineError>(())
 //! ```

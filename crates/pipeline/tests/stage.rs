@@ -347,7 +347,7 @@ fn pinned_workers_run_on_their_planned_cpus() {
 fn external_inputs_feed_the_graph_and_closing_them_finishes_it() {
     const PER_INPUT: u64 = 5_000;
     let mut graph = PipelineBuilder::new().pin_threads(false);
-    let input = graph.input::<Tick>("gateway", 2);
+    let input = graph.input::<Tick>("intake", 2);
     let seen = id_counter(2 * PER_INPUT);
     let sink = graph.sink("sink", StageSpec::ancillary(2).with_ring(64, 16), counting_sink(&seen));
     graph.connect(input, sink, Route::by_key(|tick: &Tick| tick.key));
@@ -381,7 +381,7 @@ fn an_input_flushed_at_a_given_time_is_timed_from_it() {
     const COUNT: u64 = 100;
     const SENT_AGO_NS: u64 = 5_000_000;
     let mut graph = PipelineBuilder::new().pin_threads(false);
-    let input = graph.input::<Tick>("gateway", 1);
+    let input = graph.input::<Tick>("intake", 1);
     let seen = id_counter(COUNT);
     let sink = graph.sink("sink", StageSpec::ancillary(1).with_ring(64, 16), counting_sink(&seen));
     graph.connect(input, sink, Route::by_key(|tick: &Tick| tick.key));

@@ -91,7 +91,7 @@ pub async fn capture(
             captured.malformed += 1;
             continue;
         };
-        let index = subject_index(header.gateway, header.stream);
+        let index = subject_index(header.outlet, header.stream);
         for (seq, record) in batch_records(&header, records) {
             let kept = captured.records.entry((index, seq)).or_insert(record);
             if kept.content() != record.content() {
@@ -117,7 +117,7 @@ pub async fn verify(
     let log_end = store.last_seq(shard).await?;
     let mut report =
         CheckReport { conflicts: captured.conflicts.len() as u64, ..Default::default() };
-    let subjects = tier.gateways as usize * Stream::ALL.len();
+    let subjects = tier.outlets as usize * Stream::ALL.len();
     let first_replayed: Vec<u64> = (0..subjects).map(|index| replica.next_seq(index)).collect();
     let mut follower = Follower::open(client, log, shard, replica.applied_seq() + 1).await?;
     let compare = |index: usize, seq: u64, expected: &Record, report: &mut CheckReport| {
@@ -153,7 +153,7 @@ pub async fn verify(
     Ok(report)
 }
 
-/// The name of data subject `index` (`{gateway}.{stream}`), for reports.
+/// The name of data subject `index` (`{outlet}.{stream}`), for reports.
 pub fn subject_name(index: usize) -> String {
     let stream = Stream::ALL[index % Stream::ALL.len()];
     format!("{}.{}", index / Stream::ALL.len(), stream.name())

@@ -10,7 +10,7 @@
 //!
 //! Every engine of the group applies every input (a hot standby) and sequences and retains
 //! every output the same way; only the leader's gate is open. A standby that takes the lease
-//! publishes from where its tier is; gateways recover what the old leader never sent from the
+//! publishes from where its tier is; the gateways' delivery edges recover what the old leader never sent from the
 //! new leader's retained window (the per-subject sequence continues: one instance id per
 //! group). The engine keeps no journal of its own: the replicated stream, and the snapshot
 //! below which it is trimmed (`crate::snapshot`), are the durable input.
@@ -69,7 +69,7 @@ pub struct EngineOptions {
     /// `snapshot_every_records` is how many inputs apart the leader writes the shard's
     /// snapshot (0: never; the log is then never trimmed).
     pub tier: TierConfig,
-    /// How its R-Senders publish (`gateways` = `tier.gateways`; the subject prefix is the
+    /// How its R-Senders publish (`outlets` = `tier.outlets`; the subject prefix is the
     /// shard's, [`LogSettings::publish_prefix`]).
     pub publish: PublishOptions,
     /// The order rate the tier's layout is planned for, orders/s.

@@ -4,7 +4,7 @@
 //! Every engine of a group computes the same reports from the same log only if it runs the
 //! same rules on the same data: the master data it starts from (instruments, bands, client
 //! limits: read from files, not from the log), the tier settings that shape outputs (the
-//! gateway slots reports are routed to, the order pool whose exhaustion rejects), and the
+//! outlets reports are routed to, the order pool whose exhaustion rejects), and the
 //! formats of the log records, snapshots and report batches. Those go into the *settings
 //! fingerprint*; the binary's version is kept beside it. A leader writes both with its lease
 //! and its snapshots; an engine whose fingerprint differs from the lease holder's or the
@@ -37,16 +37,18 @@ impl Fingerprint {
     /// use replication::fingerprint::Fingerprint;
     /// let tier = TierConfig::parked();
     /// assert_eq!(Fingerprint::of(&tier), Fingerprint::of(&tier.clone()));
-    /// let other = TierConfig { gateways: tier.gateways + 1, ..tier.clone() };
+    /// let other = TierConfig { outlets: tier.outlets + 1, ..tier.clone() };
     /// assert_ne!(Fingerprint::of(&tier).settings, Fingerprint::of(&other).settings);
     /// ```
     pub fn of(tier: &TierConfig) -> Fingerprint {
+        // The text hashed keeps its words ("gateways" is the outlets' old name): a snapshot
+        // written by an earlier release with the same settings must keep its fingerprint.
         let shaping = format!(
             "log record v{} | snapshot {} | batch v{} | gateways {} | order pool {} | ended ids {} | {:?}",
             crate::record::RECORD_VERSION,
             crate::snapshot::FORMAT,
             delivery::wire::BATCH_VERSION,
-            tier.gateways,
+            tier.outlets,
             tier.order_pool_slots,
             tier.ended_order_ids,
             tier.starting_master_data(),
@@ -84,7 +86,7 @@ impl Fingerprint {
         }
         Err(ReplicationError::Fingerprint(format!(
             "{what} has {}, this engine {}: its outputs would differ (master-data files, tier \
-             gateways or order pool, or the release); start every engine of the group alike",
+             outlets or order pool, or the release); start every engine of the group alike",
             found.to_text(),
             self.to_text()
         )))

@@ -18,7 +18,7 @@
 //! * **Epoch.** A leadership is named by the stream sequence of the write that took it: the
 //!   stream's sequences only grow (expiry and deletes never reuse one), so a later leadership
 //!   always has a larger epoch. Every batch a leader publishes carries it, and receivers drop
-//!   a batch older than the newest epoch they have seen (`delivery::gateway`): a deposed
+//!   a batch older than the newest epoch they have seen (`delivery::edge`): a deposed
 //!   leader that wakes from a pause cannot be heard once its successor was.
 //! * **Only the holder releases.** Release deletes the holder's own last write by its
 //!   sequence, never the subject: when a successor wrote since, that write is already gone

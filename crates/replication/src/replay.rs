@@ -4,7 +4,7 @@
 //!
 //! Two users: the snapshot thread (the state after an input, written while leading) and
 //! [`Regenerator`], which recomputes reports that have left the leader's retained window, so
-//! a gateway recovers them for as long as the log holds their inputs.
+//! a delivery edge recovers them for as long as the log holds their inputs.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use crate::layout::LogSettings;
 use crate::snapshot::{EngineSnapshot, SnapshotStore};
 
 /// Most records one regeneration recomputes and keeps for the requests that follow (a
-/// gateway recovers a range a batch per request): 64 Ki records, about 6 MiB.
+/// delivery edge recovers a range a batch per request): 64 Ki records, about 6 MiB.
 pub const REGENERATE_RECORDS_MAX: u64 = 1 << 16;
 /// Longest a regeneration waits for the log's next input before it answers with what it has
 /// (the log's end is read first, so this bounds only a stalled read).
@@ -43,11 +43,11 @@ impl GroupReplica {
         tier: &TierConfig,
         start: Option<&EngineSnapshot>,
     ) -> Result<GroupReplica, ReplicationError> {
-        let (master, gateways) = (tier.starting_master_data(), tier.gateways);
-        let subjects = gateways as usize * Stream::ALL.len();
+        let (master, outlets) = (tier.starting_master_data(), tier.outlets);
+        let subjects = outlets as usize * Stream::ALL.len();
         let Some(snapshot) = start else {
             let limits = tier.core_limits();
-            let replica = TierReplica::new(master, limits, gateways);
+            let replica = TierReplica::new(master, limits, outlets);
             return Ok(GroupReplica { replica, records: vec![0; subjects], applied_seq: 0 });
         };
         if snapshot.next_seqs.len() != subjects {
@@ -55,7 +55,7 @@ impl GroupReplica {
                 format!("{} subjects, the tier publishes {subjects}", snapshot.next_seqs.len());
             return Err(ReplicationError::BadSnapshot(why));
         }
-        let replica = TierReplica::restored(master, gateways, snapshot.core_seq, &snapshot.state);
+        let replica = TierReplica::restored(master, outlets, snapshot.core_seq, &snapshot.state);
         let replica = replica.map_err(|e| ReplicationError::BadSnapshot(e.to_string()))?;
         let records = snapshot.next_seqs.iter().map(|next| next.saturating_sub(1)).collect();
         Ok(GroupReplica { replica, records, applied_seq: snapshot.stream_seq })
@@ -66,7 +66,7 @@ impl GroupReplica {
     pub fn apply(&mut self, logged: &LoggedOrder, emit: &mut impl FnMut(usize, u64, &Response)) {
         let records = &mut self.records;
         self.replica.apply(&logged.order, &mut |response| {
-            let index = subject_index(response.gateway, Stream::of(response));
+            let index = subject_index(response.outlet, Stream::of(response));
             records[index] += 1;
             emit(index, records[index], response);
         });
@@ -135,14 +135,14 @@ impl Regenerator {
 impl Regenerate for Regenerator {
     fn regenerate(
         &self,
-        gateway: u32,
+        outlet: u32,
         stream: Stream,
         from: u64,
         to: u64,
     ) -> BoxFuture<'static, Vec<Record>> {
         let source = Arc::clone(&self.0);
         Box::pin(async move {
-            let index = subject_index(gateway, stream);
+            let index = subject_index(outlet, stream);
             if let Some(records) = source.kept_range(index, from, to) {
                 return records;
             }

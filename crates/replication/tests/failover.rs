@@ -1,5 +1,5 @@
 //! A shard's engine group on a real three-node JetStream cluster: a leader and a hot standby
-//! follow one input log; the R-Gateway's consumer sees every report exactly once, in sequence,
+//! follow one input log; the delivery edge's consumer sees every report exactly once, in sequence,
 //! before and after the leader stops and the standby takes over.
 
 mod common;
@@ -23,7 +23,7 @@ const ORDERS_PER_PHASE: u64 = 200;
 const TAKEOVER_MAX: Duration = Duration::from_secs(3);
 
 fn tier() -> TierConfig {
-    TierConfig { gateways: 1, journal: JournalMode::OFF, ..TierConfig::parked() }
+    TierConfig { outlets: 1, journal: JournalMode::OFF, ..TierConfig::parked() }
 }
 
 fn engine(url: &str, holder: &str) -> Engine {

@@ -25,7 +25,7 @@ const EVERY: u64 = 100;
 
 fn options(url: &str, holder: &str) -> EngineOptions {
     let tier = TierConfig {
-        gateways: 1,
+        outlets: 1,
         journal: JournalMode::OFF,
         snapshot_every_records: EVERY,
         ..TierConfig::parked()

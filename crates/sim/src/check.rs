@@ -115,16 +115,16 @@ impl Checker {
     /// A reference of `tier` per shard, for `clients` clients and `engines` engines in all.
     pub fn new(tier: &TierConfig, shards: usize, clients: usize, engines: usize) -> Checker {
         let reference =
-            || TierReplica::new(tier.starting_master_data(), tier.core_limits(), tier.gateways);
+            || TierReplica::new(tier.starting_master_data(), tier.core_limits(), tier.outlets);
         Checker {
             references: (0..shards).map(|_| reference()).collect(),
             expected: vec![vec![Vec::new(); clients]; shards],
             received: vec![vec![0; shards]; clients],
-            canonical: vec![vec![Vec::new(); tier.gateways as usize]; shards],
+            canonical: vec![vec![Vec::new(); tier.outlets as usize]; shards],
             durable_acked: vec![0; engines],
             losses_reported: 0,
             lost: vec![vec![VecDeque::new(); shards]; clients],
-            resynced_upto: vec![vec![0; tier.gateways as usize]; shards],
+            resynced_upto: vec![vec![0; tier.outlets as usize]; shards],
             lost_total: vec![0; clients],
             resynced: 0,
             violation: None,

@@ -197,9 +197,9 @@ impl World {
             };
             let (retained, inputs) = (&mut engine.retained, &mut engine.retained_inputs);
             engine.replica.apply(&logged, &mut |index, seq, response| {
-                let gateway = response.gateway as usize;
+                let gateway = response.outlet as usize;
                 if response.audience == Audience::Client
-                    && index == subject_index(response.gateway, Stream::Reports)
+                    && index == subject_index(response.outlet, Stream::Reports)
                 {
                     let output = CoreOutput { shard: shard as u32, ..response.output };
                     retained[gateway].push(output);

@@ -1,10 +1,10 @@
 //! A gateway without a tier: clients' orders appended to the log (de-duplicated by message
 //! id, resent until acknowledged), reports read through the production epoch fence
-//! (`delivery::gateway::EpochFence`), recovered from the leader's window on a gap, routed
+//! (`delivery::edge::EpochFence`), recovered from the leader's window on a gap, routed
 //! through the production routed positions (`gateway::routed::RoutedPositions`) and kept in
 //! a store whose unsynced writes a crash loses.
 
-use delivery::gateway::Fenced;
+use delivery::edge::Fenced;
 use delivery::publish::subject_index;
 use delivery::wire::Stream;
 use exchange::msg::InboundOrder;
@@ -24,7 +24,7 @@ impl World {
     /// Starts (or restarts) gateway `n` from its durable store.
     pub fn start_gateway(&mut self, n: usize) {
         self.recover_store(n);
-        let (slots, shards) = (self.settings.tier.gateways, self.settings.shards as u32);
+        let (slots, shards) = (self.settings.tier.outlets, self.settings.shards as u32);
         let gateway = &mut self.gateways[n];
         gateway.life.up = true;
         gateway.life.paused = false;

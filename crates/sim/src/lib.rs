@@ -4,7 +4,7 @@
 //! events: a run is a pure function of its seed and its fault list, so a failure replays
 //! exactly ([`run::Outcome::trace_hash`]). What runs is the production decision logic,
 //! driven without I/O: the lease core (`replication::lease::LeaseCore`), the receivers'
-//! epoch fence (`delivery::gateway::EpochFence`), the gateway's routed positions
+//! epoch fence (`delivery::edge::EpochFence`), the gateway's routed positions
 //! (`gateway::routed::RoutedPositions`), the sessions' sequence rules (`gateway::sequence`) and the tier replica that numbers each gateway's
 //! reports (`replication::replay::GroupReplica`); around it the simulator models the
 //! JetStream broker ([`broker`]), the NATS network and the processes ([`world`]), and checks

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use delivery::gateway::EpochFence;
+use delivery::edge::EpochFence;
 use exchange::msg::{CoreOutput, InboundOrder};
 use exchange::tier::TierConfig;
 use gateway::routed::{Position, RoutedPositions};
@@ -96,14 +96,14 @@ impl SimEngine {
             request: None,
             next_request: 0,
             read_sent_ns: None,
-            retained: vec![Vec::new(); tier.gateways as usize],
-            retained_base: vec![0; tier.gateways as usize],
-            retained_inputs: vec![Vec::new(); tier.gateways as usize],
+            retained: vec![Vec::new(); tier.outlets as usize],
+            retained_base: vec![0; tier.outlets as usize],
+            retained_inputs: vec![Vec::new(); tier.outlets as usize],
             journal: EngineJournal::default(),
             journal_snapshot: None,
             snapshot_taken: 0,
             pending_put: None,
-            published: vec![0; tier.gateways as usize],
+            published: vec![0; tier.outlets as usize],
             leading: None,
             regenerated: None,
         }
@@ -168,7 +168,7 @@ pub(crate) struct DurableStore {
     /// Per client, the messages synced (and so sent): the first `synced` of `sessions`.
     pub(crate) synced: Vec<u64>,
     pub(crate) positions: HashMap<(u32, u32), Position>,
-    /// Per shard, where its R-Gateway starts again: the first report of the newest durable
+    /// Per shard, where its delivery edge starts again: the first report of the newest durable
     /// input.
     pub(crate) restart_seqs: Vec<u64>,
 }
@@ -189,13 +189,13 @@ pub(crate) struct StoreWrite {
     pub(crate) numbered: Vec<(usize, u64)>,
     /// The routed-position records (the production encoding).
     pub(crate) positions: Vec<u8>,
-    /// The shard whose reports it holds and where its R-Gateway starts again.
+    /// The shard whose reports it holds and where its delivery edge starts again.
     pub(crate) restart: Option<(usize, u64)>,
     /// Its sync, in flight.
     pub(crate) sync: PendingSync,
 }
 
-/// A gateway's reading of one shard's report subject for it (its in-process R-Gateway).
+/// A gateway's reading of one shard's report subject for it (its in-process delivery edge).
 #[derive(Debug, Default)]
 pub(crate) struct Feed {
     pub(crate) fence: EpochFence,

@@ -74,7 +74,7 @@ impl Settings {
     /// The benchmark's shape: 3 engines, 2 gateways, 100 clients, every fault kind.
     pub fn new(seed: u64) -> Settings {
         let tier = TierConfig {
-            gateways: 2,
+            outlets: 2,
             universe: UniverseConfig { instruments: 4, clients: 128 },
             order_pool_slots: 8192,
             ended_order_ids: 8192,
@@ -145,7 +145,7 @@ impl Settings {
         if self.fix_percent > 100 {
             return Err(SimError::BadInput("the FIX share is a percent: 0 to 100".into()));
         }
-        if self.gateways as u32 != self.tier.gateways {
+        if self.gateways as u32 != self.tier.outlets {
             return Err(SimError::BadInput("the tier's gateways must equal the gateways".into()));
         }
         Ok(())

@@ -1,4 +1,4 @@
-//! `leantier exchange gateway`, `exchange delivery-experiment` and `exchange delivery-bench`:
+//! `leantier exchange edge`, `exchange delivery-experiment` and `exchange delivery-bench`:
 //! response delivery over NATS (the `delivery` crate).
 
 use std::net::SocketAddr;
@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use delivery::DeliveryError::BadInput;
-use delivery::gateway::{
-    CONSUMER_QUEUE_CHUNKS_DEFAULT, CONSUMERS_MAX_DEFAULT, GatewayOptions, GatewayReport,
+use delivery::edge::{
+    CONSUMER_QUEUE_CHUNKS_DEFAULT, CONSUMERS_MAX_DEFAULT, EdgeOptions, EdgeReport,
     SEQ_AHEAD_MAX_DEFAULT,
 };
 use delivery::nats::{NatsAuth, NatsConnect, NatsTls, Secret};
@@ -104,20 +104,24 @@ impl NatsAuthArgs {
     }
 }
 
-/// Runs one R-Gateway: subscribes to its gateway's NATS subjects, serves end consumers over
-/// TCP (docs/DELIVERY.md), recovers gaps from the R-Senders' retained windows and sends a
-/// resync frame beyond them; prints its counters when stopped (Ctrl-C, SIGTERM, --duration).
+/// Runs one delivery edge (the R-Gateway of paper 001): subscribes to one outlet's NATS
+/// subjects, serves end consumers over TCP (docs/DELIVERY.md), recovers gaps from the
+/// R-Senders' retained windows and sends a resync frame beyond them; prints its counters when
+/// stopped (Ctrl-C, SIGTERM, --duration).
 #[derive(clap::Args, Debug, Clone)]
-pub struct GatewayArgs {
+pub struct EdgeArgs {
     /// NATS server URL.
     #[arg(long, env = NATS_URL_ENV)]
     pub nats: String,
     #[command(flatten)]
     pub nats_auth: NatsAuthArgs,
-    /// The gateway's id (the tier routes client c and instrument i to gateway c or i modulo
-    /// its gateway count).
-    #[arg(long)]
-    pub gateway: u32,
+    /// The outlet whose subjects this edge serves (the tier routes client c's reports to
+    /// outlet c modulo its `outlets`, instrument i's market data to outlet i modulo them).
+    #[arg(long, required_unless_present = "gateway")]
+    pub outlet: Option<u32>,
+    /// `--outlet`'s old spelling, read for one release with a warning.
+    #[arg(long, hide = true, conflicts_with = "outlet")]
+    pub gateway: Option<u32>,
     /// Address the end consumers connect to.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub listen: SocketAddr,
@@ -147,32 +151,43 @@ pub struct GatewayArgs {
     pub metrics: super::admin::MetricsFlags,
 }
 
-/// `leantier exchange gateway`.
-pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
-    let options = GatewayOptions {
+/// `leantier exchange edge` (`exchange gateway`, its old name, warns first: `renamed`).
+pub fn edge(args: &EdgeArgs, renamed: bool) -> anyhow::Result<()> {
+    if renamed {
+        tracing::warn!("'exchange gateway' is now 'exchange edge'; the old name goes next release");
+    }
+    let outlet = match (args.outlet, args.gateway) {
+        (Some(outlet), _) => outlet,
+        (None, Some(outlet)) => {
+            tracing::warn!("--gateway is now --outlet; the old spelling goes next release");
+            outlet
+        }
+        (None, None) => unreachable!("clap requires --outlet or --gateway"),
+    };
+    let options = EdgeOptions {
         nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
-        gateway: args.gateway,
+        outlet,
         listen: Some(args.listen),
         consumers_max: args.consumers_max,
         consumers_per_address_max: args.consumers_per_address_max,
         consumer_queue_chunks: args.consumer_queue_chunks,
         seq_ahead_max: args.seq_ahead_max,
-        // A standalone R-Gateway's consumers keep no place: each starts from the stream's.
+        // A standalone delivery edge's consumers keep no place: each starts from the stream's.
         first_seqs: [1; 2],
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = runtime.block_on(async {
-        // Heard from before the gateway listens: a supervisor may stop it once it reads the
+        // Heard from before the edge listens: a supervisor may stop it once it reads the
         // listen line.
         let stop_signal = ops::stop::stop_signal()?;
-        let gateway = delivery::gateway::start(options).await?;
+        let edge = delivery::edge::start(options).await?;
         let readiness = ops::Readiness::default();
         let mut registry = ops::Registry::default();
-        gateway.register_metrics(&mut registry);
+        edge.register_metrics(&mut registry);
         let _admin = args.metrics.serve(registry, &readiness)?;
-        if let Some(listening) = gateway.local_addr() {
-            println!("gateway {} listening on {listening}", args.gateway);
+        if let Some(listening) = edge.local_addr() {
+            println!("edge of outlet {outlet} listening on {listening}");
         }
         let timer = async {
             match args.duration {
@@ -184,29 +199,29 @@ pub fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             signal = stop_signal => Some(signal),
             () = timer => None,
             // The client reconnects by itself; meanwhile consumers get nothing new.
-            () = super::admin::follow_readiness(&readiness, "NATS", || gateway.is_connected()) => {
+            () = super::admin::follow_readiness(&readiness, "NATS", || edge.is_connected()) => {
                 unreachable!("follows until stopped")
             }
         };
         readiness.set(false);
-        let stopped = drain_gateway(gateway, signal).await?;
+        let stopped = drain_edge(edge, signal).await?;
         anyhow::Ok(stopped)
     })?;
     let (report, latency) = report;
-    println!("\n{}", gateway_table(&report));
-    print_gateway_latency(&latency);
+    println!("\n{}", edge_table(&report));
+    print_edge_latency(&latency);
     Ok(())
 }
 
-/// Stops the R-Gateway (`signal`: the stop signal that asked, `None` when `--duration` ended),
+/// Stops the delivery edge (`signal`: the stop signal that asked, `None` when `--duration` ended),
 /// logging the stop and its counts.
-async fn drain_gateway(
-    gateway: delivery::gateway::RunningGateway,
+async fn drain_edge(
+    edge: delivery::edge::RunningEdge,
     signal: Option<&'static str>,
-) -> anyhow::Result<(GatewayReport, delivery::gateway::GatewayLatency)> {
+) -> anyhow::Result<(EdgeReport, delivery::edge::EdgeLatency)> {
     let stop_reason = signal.unwrap_or("--duration elapsed");
     tracing::info!(signal = stop_reason, "stop requested: draining");
-    let stopped = gateway.shutdown().await?;
+    let stopped = edge.shutdown().await?;
     let report = &stopped.0;
     tracing::info!(
         signal = stop_reason,
@@ -214,7 +229,7 @@ async fn drain_gateway(
         delivered = report.delivered,
         gaps = report.gaps,
         resyncs = report.resyncs,
-        "R-Gateway stopped"
+        "delivery edge stopped"
     );
     if let Some(signal) = signal {
         super::admin::print_stopped(signal);
@@ -222,8 +237,8 @@ async fn drain_gateway(
     Ok(stopped)
 }
 
-/// What the R-Gateway heard of each stream, from each record's intended send time.
-fn print_gateway_latency(latency: &delivery::gateway::GatewayLatency) {
+/// What the delivery edge heard of each stream, from each record's intended send time.
+fn print_edge_latency(latency: &delivery::edge::EdgeLatency) {
     for (what, histogram) in [("answers", &latency.answers), ("market data", &latency.market_data)]
     {
         if histogram.is_empty() {
@@ -241,9 +256,9 @@ fn print_gateway_latency(latency: &delivery::gateway::GatewayLatency) {
     }
 }
 
-fn gateway_table(report: &GatewayReport) -> Table {
+fn edge_table(report: &EdgeReport) -> Table {
     let mut table =
-        Table::new(["counter", "value"]).with_title(format!("gateway {}", report.gateway));
+        Table::new(["counter", "value"]).with_title(format!("edge of outlet {}", report.outlet));
     let rows = [
         ("records received (in order)", report.received),
         ("records delivered to consumers", report.delivered),
@@ -264,8 +279,8 @@ fn gateway_table(report: &GatewayReport) -> Table {
     table
 }
 
-/// Runs the tier (the engine) with its R-Senders publishing over NATS, for gateways started
-/// with `exchange gateway`; prints the tier's latency and the publishers' counters.
+/// Runs the tier (the engine) with its R-Senders publishing over NATS, for delivery edges started
+/// with `exchange edge`; prints the tier's latency and the publishers' counters.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PublishArgs {
     /// NATS server URL.
@@ -291,13 +306,13 @@ pub struct PublishArgs {
         default_value = "5s"
     )]
     pub duration: Duration,
-    /// First token of every subject (the gateways must use the same).
+    /// First token of every subject (the edges must use the same).
     #[arg(long, default_value = delivery::subjects::PREFIX_DEFAULT)]
     pub prefix: String,
     /// Records kept per subject for gap recovery.
     #[arg(long, default_value_t = delivery::publish::RETAIN_RECORDS_DEFAULT)]
     pub retain_records: usize,
-    /// How long the retained windows stay up after the load, for gateways to recover, e.g. 2s.
+    /// How long the retained windows stay up after the load, for the edges to recover, e.g. 2s.
     #[arg(
         long,
         alias = "linger-seconds",
@@ -328,12 +343,12 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
     let options = delivery::publish::PublishOptions {
         nats: args.nats_auth.connect(&args.nats)?,
         prefix: args.prefix.clone(),
-        gateways: config.gateways,
+        outlets: config.outlets,
         retain_records: args.retain_records,
         wait: config.wait_strategy(),
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
     };
-    println!("publishing to {} gateways at {} msg/s", config.gateways, args.rate);
+    println!("publishing to {} outlets at {} msg/s", config.outlets, args.rate);
     let (result, report) =
         experiments::delivery_experiment::run_engine(&config, run, options, args.linger, |_| {})?;
     let signal = signal.get().copied();
@@ -345,10 +360,10 @@ pub fn publish(args: &PublishArgs) -> anyhow::Result<()> {
         unsent = report.unsent,
         "tier publisher stopped"
     );
-    println!("\n{}", publish_table(&result, &report, args.rate, config.gateways));
+    println!("\n{}", publish_table(&result, &report, args.rate, config.outlets));
     let summary = result.end_to_end.summary();
     println!(
-        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (gateways measure the rest)",
+        "intended send -> handed to the publisher: p50 {} µs, p99 {} µs (outlets measure the rest)",
         format_ns_as_us(summary.p50_ns),
         format_ns_as_us(summary.p99_ns)
     );
@@ -383,10 +398,10 @@ fn publish_table(
     result: &experiments::tier_load::RunResult,
     report: &delivery::publish::PublishReport,
     rate: f64,
-    gateways: u32,
+    outlets: u32,
 ) -> Table {
     let mut table = Table::new(["counter", "value"]).with_title(format!(
-        "tier over NATS: {} requests at {rate} msg/s, {gateways} gateways",
+        "tier over NATS: {} requests at {rate} msg/s, {outlets} outlets",
         result.sent
     ));
     let rows = [
@@ -406,7 +421,7 @@ fn publish_table(
 
 /// The published response-delivery experiment: runs 1–7 (blocking buffer + 20 senders;
 /// lock-free + 20 senders; lock-free + placement with 6, 4, 3, 2, 1 senders), cumulative % per
-/// 10 µs bucket, p90, p99 and throughput measured at the gateway, in-process and over NATS,
+/// 10 µs bucket, p90, p99 and throughput measured at the outlets in-process and at the delivery edges over NATS,
 /// beside the published table.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeliveryExperimentArgs {
@@ -471,7 +486,7 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
         result.points.iter().map(|p| (label(p), &p.histogram)).collect();
     let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
         series.iter().map(|(l, h)| (l.as_str(), *h)).collect();
-    let plot = latency_percentile_plot("Delivery latency at the gateway", &series);
+    let plot = latency_percentile_plot("Delivery latency at the outlet or edge", &series);
     dir.write_svg("latency-percentiles.svg", &plot.to_svg())?;
     dir.write_csv("measured.csv", &measured)?;
     dir.write_json("experiment.json", &result)?;
@@ -504,12 +519,12 @@ fn measured_table(result: &Experiment) -> Table {
         .chain(bucket_headers())
         .chain(["p90 µs", "p99 µs", "resp/s", "gaps", "resyncs"].map(String::from));
     let mut table = Table::new(headers).with_title(format!(
-        "Measured at the gateway: cumulative % within each bucket (µs), {} cores, {} msg/s {:?}",
+        "Measured at the outlet or edge: cumulative % within each bucket (µs), {} cores, {} msg/s {:?}",
         result.cores, result.settings.rate_per_s, result.settings.arrival
     ));
     for point in &result.points {
-        let totals = point.gateway_totals.clone().unwrap_or_default();
-        let nats = point.gateway_totals.is_some();
+        let totals = point.edge_totals.clone().unwrap_or_default();
+        let nats = point.edge_totals.is_some();
         let optional = |value: u64| if nats { value.to_string() } else { "-".into() };
         let layout = point.layout;
         let cells = [
@@ -569,7 +584,7 @@ fn published_table() -> Table {
     table
 }
 
-/// R-Sender → NATS → gateway throughput and latency against a plain async-nats publisher and
+/// R-Sender → NATS → delivery edge throughput and latency against a plain async-nats publisher and
 /// subscriber moving the same records on the same server in the same run (target: ≥ 0.8× the
 /// plain batched pair's throughput).
 #[derive(clap::Args, Debug, Clone)]

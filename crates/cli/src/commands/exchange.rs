@@ -105,13 +105,16 @@ pub enum ExchangeCommand {
     /// Drives `exchange serve` open loop over the network and reports order → first report
     /// latency from each order's intended send time.
     Load(super::exchange_serve::LoadArgs),
-    /// Runs one R-Gateway on NATS (responses of one gateway to its TCP end consumers).
-    Gateway(super::delivery::GatewayArgs),
-    /// Runs the tier with its R-Senders publishing over NATS, for `exchange gateway`s.
+    /// Runs one delivery edge on NATS: one outlet's responses to its TCP end consumers.
+    Edge(super::delivery::EdgeArgs),
+    /// `exchange edge`'s old name, run with a warning for one release.
+    #[command(hide = true)]
+    Gateway(super::delivery::EdgeArgs),
+    /// Runs the tier with its R-Senders publishing over NATS, for `exchange edge`s.
     Publish(super::delivery::PublishArgs),
     /// The published delivery experiment (runs 1–7), in-process and over NATS.
     DeliveryExperiment(super::delivery::DeliveryExperimentArgs),
-    /// R-Sender → NATS → gateway against a plain async-nats pair on the same server.
+    /// R-Sender → NATS → delivery edge against a plain async-nats pair on the same server.
     DeliveryBench(super::delivery::DeliveryBenchArgs),
     /// The `auto` layout against thread-per-stage at each rate and at each one's maximum
     /// sustainable rate, interleaved in one run, with the ratio of each percentile.
@@ -333,7 +336,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ExchangeCommand::Client(client) => super::exchange_serve::client(client),
         ExchangeCommand::HashSecret(hash) => super::exchange_serve::hash_secret(hash),
         ExchangeCommand::Load(load) => super::exchange_serve::load(load),
-        ExchangeCommand::Gateway(gateway) => super::delivery::gateway(gateway),
+        ExchangeCommand::Edge(edge) => super::delivery::edge(edge, false),
+        ExchangeCommand::Gateway(edge) => super::delivery::edge(edge, true),
         ExchangeCommand::Publish(publish) => super::delivery::publish(publish),
         ExchangeCommand::DeliveryExperiment(run) => super::delivery::delivery_experiment(run),
         ExchangeCommand::DeliveryBench(bench) => super::delivery::delivery_bench(bench),
@@ -734,7 +738,7 @@ fn present(session: &Session, out: &std::path::Path, title: &str) -> anyhow::Res
     markdown.heading(1, title);
     markdown.paragraph(&format!(
         "Open-loop load ({} arrivals), latency from each request's intended send time to its \
-         first response at the subscriber gateway; journal `{}` (critical path: until the \
+         first response at the subscriber outlet; journal `{}` (critical path: until the \
          response is ready; durable reply: until delivered after its input's fsync). {}.",
         session.load.arrival,
         session.config.journal.name(),

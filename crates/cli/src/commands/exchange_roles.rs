@@ -121,7 +121,7 @@ pub fn serve_engine(
     let publish = delivery::publish::PublishOptions {
         nats: nats.clone(),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways: tier.gateways,
+        outlets: tier.outlets,
         retain_records: settings.retain_records,
         wait: pipeline::WaitStrategy::Park,
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,
@@ -169,7 +169,7 @@ pub fn serve_gateway(
     args: &ServeArgs,
     (settings, credentials): (Settings, Vec<Credential>),
     addresses: BoundAddresses,
-    tier_gateways: u32,
+    tier_outlets: u32,
 ) -> anyhow::Result<()> {
     let (nats, log) = log_from(args)?;
     let mut stop = StopSignals::listen()?;
@@ -179,7 +179,7 @@ pub fn serve_gateway(
         credentials,
         nats,
         log,
-        tier_gateways,
+        tier_outlets,
         gateway_id: std::process::id(),
     })?;
     let (listen, fix_listen, metrics_listen) = running.addresses;

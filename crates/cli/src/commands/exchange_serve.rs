@@ -119,7 +119,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 60_000.0)]
     pub planned_rate: f64,
     /// Also publish every response (execution reports, trades, top of book) over NATS to
-    /// R-Gateways (`exchange gateway --nats URL`): per-gateway subjects with sequence numbers
+    /// delivery edges (`exchange edge --nats URL`): per-outlet subjects with sequence numbers
     /// and retained windows for gap recovery (docs/DELIVERY.md).
     #[arg(long)]
     pub nats: Option<String>,
@@ -458,11 +458,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         Role::Gateway => {
             let addresses = (listen, fix_listen, metrics_listen);
             let sessions = (settings, credentials);
-            return super::exchange_roles::serve_gateway(args, sessions, addresses, tier.gateways);
+            return super::exchange_roles::serve_gateway(args, sessions, addresses, tier.outlets);
         }
         Role::All => {}
     }
-    let publisher = nats_publisher(args, tier.gateways)?;
+    let publisher = nats_publisher(args, tier.outlets)?;
     // Listening for SIGTERM and SIGINT from before the server serves: a supervisor may stop
     // it as soon as it has read the listen line.
     let mut stop = super::exchange_roles::StopSignals::listen()?;
@@ -512,16 +512,16 @@ fn check_session_settings(settings: &gateway::Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With `--nats`, the publisher of the tier's responses to R-Gateways.
+/// With `--nats`, the publisher of the tier's responses to delivery edges.
 fn nats_publisher(
     args: &ServeArgs,
-    gateways: u32,
+    outlets: u32,
 ) -> anyhow::Result<Option<delivery::publish::NatsPublisher>> {
     let Some(url) = &args.nats else { return Ok(None) };
     let options = delivery::publish::PublishOptions {
         nats: args.nats_auth.connect(url)?,
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways,
+        outlets,
         retain_records: delivery::publish::RETAIN_RECORDS_DEFAULT,
         wait: pipeline::WaitStrategy::Park,
         heartbeat: delivery::publish::HEARTBEAT_INTERVAL_DEFAULT,

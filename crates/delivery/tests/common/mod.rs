@@ -1,4 +1,4 @@
-//! Shared by the delivery tests: gateway child processes and waiting for consumers.
+//! Shared by the delivery tests: edge child processes and waiting for consumers.
 
 #![allow(dead_code)] // each test file uses a part
 
@@ -8,24 +8,24 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use delivery::consumer::{SharedTally, next_seqs};
-use delivery::gateway::GatewayReport;
+use delivery::edge::EdgeReport;
 use delivery::wire::{BATCH_RECORDS_MAX, BatchHeader, Record, Stream};
 use exchange::msg::Response;
 
 /// Generous: the host is a loaded 2-core machine.
 pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A `delivery-gateway` child process.
-pub struct GatewayChild {
+/// A `delivery-edge` child process.
+pub struct EdgeChild {
     pub child: Child,
     stdout: BufReader<ChildStdout>,
     pub address: SocketAddr,
 }
 
-impl GatewayChild {
-    /// Starts the gateway (optionally under `prefix_cmd`, e.g. `ip netns exec NS`).
-    pub fn start(prefix_cmd: &[&str], nats_url: &str, gateway: u32, listen: &str) -> GatewayChild {
-        let binary = env!("CARGO_BIN_EXE_delivery-gateway");
+impl EdgeChild {
+    /// Starts the edge (optionally under `prefix_cmd`, e.g. `ip netns exec NS`).
+    pub fn start(prefix_cmd: &[&str], nats_url: &str, outlet: u32, listen: &str) -> EdgeChild {
+        let binary = env!("CARGO_BIN_EXE_delivery-edge");
         let mut command = match prefix_cmd.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
@@ -35,38 +35,38 @@ impl GatewayChild {
             None => Command::new(binary),
         };
         let mut child = command
-            .args(["--nats", nats_url, "--gateway", &gateway.to_string(), "--listen", listen])
+            .args(["--nats", nats_url, "--outlet", &outlet.to_string(), "--listen", listen])
             .stdout(Stdio::piped())
             .spawn()
-            .expect("spawning the gateway child");
+            .expect("spawning the edge child");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
-        stdout.read_line(&mut line).expect("reading the gateway's first line");
+        stdout.read_line(&mut line).expect("reading the edge's first line");
         let address = line
             .trim()
             .strip_prefix("listening ")
-            .unwrap_or_else(|| panic!("gateway said {line:?}, not `listening ADDR`"))
+            .unwrap_or_else(|| panic!("edge said {line:?}, not `listening ADDR`"))
             .parse()
             .expect("a socket address");
-        GatewayChild { child, stdout, address }
+        EdgeChild { child, stdout, address }
     }
 
     /// SIGTERM, then the report it prints.
-    pub fn stop(mut self) -> GatewayReport {
+    pub fn stop(mut self) -> EdgeReport {
         // SAFETY: kill(2) on our own child's pid with SIGTERM; no memory is involved.
         let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        assert_eq!(rc, 0, "signalling the gateway child");
+        assert_eq!(rc, 0, "signalling the edge child");
         let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("reading the gateway's report");
-        let status = self.child.wait().expect("waiting for the gateway child");
-        assert!(status.success(), "gateway exited with {status}");
+        self.stdout.read_line(&mut line).expect("reading the edge's report");
+        let status = self.child.wait().expect("waiting for the edge child");
+        assert!(status.success(), "edge exited with {status}");
         let json = line.trim().strip_prefix("report ").expect("a `report JSON` line");
-        serde_json::from_str(json).expect("a gateway report")
+        serde_json::from_str(json).expect("an edge report")
     }
 }
 
-impl Drop for GatewayChild {
-    /// A failed test must not leave gateway processes behind (after `stop` this is a no-op).
+impl Drop for EdgeChild {
+    /// A failed test must not leave edge processes behind (after `stop` this is a no-op).
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -89,13 +89,13 @@ pub fn wait_for(tally: &SharedTally, target: [u64; 2]) {
 /// The publisher instance of the tests' hand-made batches.
 pub const INSTANCE: u64 = 0x1ea7_1e55;
 
-/// A full batch of gateway 0's report stream from [`INSTANCE`], records `first_seq..` (empty
+/// A full batch of edge 0's report stream from [`INSTANCE`], records `first_seq..` (empty
 /// responses).
 pub fn batch(first_seq: u64) -> Vec<u8> {
     batch_of(INSTANCE, first_seq, BATCH_RECORDS_MAX)
 }
 
-/// `count` records (0: a heartbeat) of gateway 0's report stream from publisher `instance`,
+/// `count` records (0: a heartbeat) of edge 0's report stream from publisher `instance`,
 /// at `first_seq..`.
 pub fn batch_of(instance: u64, first_seq: u64, count: usize) -> Vec<u8> {
     batch_in_epoch(instance, 0, first_seq, count)
@@ -104,7 +104,7 @@ pub fn batch_of(instance: u64, first_seq: u64, count: usize) -> Vec<u8> {
 /// [`batch_of`], published by leadership `epoch`.
 pub fn batch_in_epoch(instance: u64, epoch: u64, first_seq: u64, count: usize) -> Vec<u8> {
     let stream = Stream::Reports;
-    let header = BatchHeader { stream, gateway: 0, instance, epoch, first_seq, count };
+    let header = BatchHeader { stream, outlet: 0, instance, epoch, first_seq, count };
     let mut payload = Vec::new();
     header.write(&mut payload);
     for _ in 0..count {

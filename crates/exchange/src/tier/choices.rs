@@ -112,6 +112,23 @@ mod tests {
     }
 
     #[test]
+    fn the_outlets_old_key_gateways_still_parses_for_one_release() {
+        use crate::tier::TierConfig;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tier.toml");
+        for (text, outlets) in [("outlets = 3\n", 3), ("gateways = 5\n", 5)] {
+            std::fs::write(&file, text).unwrap();
+            let config: TierConfig = lab::config::load_toml(Some(&file)).unwrap();
+            assert_eq!(config.outlets, outlets, "{text}");
+        }
+        let written = serde_json::to_value(TierConfig::default()).unwrap();
+        assert!(written.get("outlets").is_some() && written.get("gateways").is_none());
+        std::fs::write(&file, "outlets = 3\ngateways = 5\n").unwrap();
+        let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
+        assert!(error.downcast_ref::<lab::error::BadInput>().is_some(), "both keys: {error}");
+    }
+
+    #[test]
     fn fixed_choices_are_the_strategies_their_names_parse_to() {
         for wait in
             [WaitChoice::Spin, WaitChoice::SpinYield, WaitChoice::Park, WaitChoice::Adaptive]

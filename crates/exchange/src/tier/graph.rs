@@ -39,9 +39,9 @@ pub(super) struct StageStarts {
     pub(super) master: MasterWorker,
 }
 
-/// The tier's inputs (the gateway's only when no order source runs in the tier).
+/// The tier's inputs (the intake only when no order source runs in the tier).
 pub(super) struct Feeds {
-    pub(super) gateway: Option<Input<InboundOrder>>,
+    pub(super) intake: Option<Input<InboundOrder>>,
     pub(super) events: Input<ExternalEvent>,
     pub(super) master: Input<TierInput>,
 }
@@ -149,7 +149,7 @@ pub(super) fn start(
     let mut graph = PipelineBuilder::new().pin_threads(config.placement);
     let fed_by_input = matches!(entry, Entry::Input);
     let (entry, entry_fused) = match entry {
-        Entry::Input => (graph.input::<InboundOrder>("gateway", 1), false),
+        Entry::Input => (graph.input::<InboundOrder>("intake", 1), false),
         Entry::Source(name, source) => order_source(&mut graph, specs, (name, source)),
     };
     let event_feed = graph.input::<ExternalEvent>("event-feed", 1);
@@ -178,13 +178,12 @@ pub(super) fn start(
     link(&mut graph, master_fused, events, masterdata, Route::RoundRobin);
     graph.connect(master_feed, masterdata, Route::RoundRobin);
     link(&mut graph, specs.fused(TierStage::Rprocess), core, rprocess, Route::RoundRobin);
-    let by_gateway = Route::by_key(|r: &Response| u64::from(r.gateway));
-    link(&mut graph, specs.fused(TierStage::Sender), rprocess, senders, by_gateway);
+    let by_outlet = Route::by_key(|r: &Response| u64::from(r.outlet));
+    link(&mut graph, specs.fused(TierStage::Sender), rprocess, senders, by_outlet);
 
     let mut pipeline = graph.start()?;
     let feeds = Feeds {
-        gateway: fed_by_input
-            .then(|| pipeline.take_inputs(entry).expect("gateway input").remove(0)),
+        intake: fed_by_input.then(|| pipeline.take_inputs(entry).expect("intake input").remove(0)),
         events: pipeline.take_inputs(event_feed).expect("event input").remove(0),
         master: pipeline.take_inputs(master_feed).expect("master input").remove(0),
     };
@@ -194,7 +193,7 @@ pub(super) fn start(
 
 /// Where the tier's orders enter.
 pub(super) enum Entry {
-    /// A gateway input that a thread outside the tier writes ([`Feeds::gateway`]).
+    /// The intake: an input stage that a thread outside the tier writes ([`Feeds::intake`]).
     Input,
     /// An order source ([`super::OrderSource`], under its stage name) as its stage runs it:
     /// inline before the pre-process when the layout runs the entry inline
@@ -282,10 +281,10 @@ fn rprocess_stage(
 ) -> (StageHandle<CoreOutput, Response>, StageResults<ResponseTotals>) {
     let config = specs.config;
     let durables = if config.holds_replies() { durables } else { Vec::new() };
-    let (gateways, wait) = (config.gateways, specs.wait_of(TierStage::Rprocess));
+    let (outlets, wait) = (config.outlets, specs.wait_of(TierStage::Rprocess));
     graph.stage_with_results("rprocess", specs.of(TierStage::Rprocess), move |_| {
         ResponseProcessor {
-            gateways,
+            outlets,
             rejects: [0; REASON_COUNT],
             durables: durables.clone(),
             wait,
@@ -301,7 +300,7 @@ fn sender_stage(
 ) -> (StageHandle<Response, ()>, StageResults<SenderLatency>) {
     let (released, subscribers) = (start.released.clone(), start.subscribers.clone());
     graph.stage_with_results("sender", specs.of(TierStage::Sender), move |sender| SenderWorker {
-        gateways: subscribers(sender),
+        outlets: subscribers(sender),
         latency: SenderLatency::new(),
         released: released.clone(),
     })

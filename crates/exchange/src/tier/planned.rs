@@ -115,7 +115,7 @@ fn calibrate_groups(
 /// [`CALIBRATION_DURATION`], fed from this thread into a tier on `layout`; returns each
 /// stage's metrics once the tier drained.
 fn calibration_run(probe: TierConfig, layout: TierLayout) -> Result<Vec<StageMetrics>> {
-    let subscribers = in_process_subscribers(probe.gateways, 0);
+    let subscribers = in_process_subscribers(probe.outlets, 0);
     let start = TierStart {
         layout: Some(layout),
         ..TierStart::new(probe, CALIBRATION_RATE_PER_S, subscribers)

@@ -4,7 +4,7 @@
 //!
 //! A replicated engine keeps one beside its tier to take snapshots off the tier's threads
 //! (as the journal's snapshot follower does, `crate::durability`): the state of the core shard
-//! after input `n`, and how many responses the tier had handed each gateway by then (the
+//! after input `n`, and how many responses the tier had handed each outlet by then (the
 //! sequence numbers its publisher had given out). The pre-process, the core and the
 //! R-Processor's routing are pure functions of the input, so the replica at input `n` equals
 //! the tier at input `n`; `tests/tier_replica.rs` checks it response for response.
@@ -25,15 +25,15 @@ pub struct TierReplica {
     state: ShardState,
     /// The core's last input sequence (the tier's `SequencedInput::seq`).
     last_seq: u64,
-    gateways: u32,
+    outlets: u32,
 }
 
 impl TierReplica {
     /// A replica of a tier starting from `master` with empty books, routing responses to
-    /// `gateways` gateways (the tier's `gateways`).
-    pub fn new(master: MasterData, limits: CoreLimits, gateways: u32) -> TierReplica {
+    /// `outlets` outlets (the tier's `outlets`).
+    pub fn new(master: MasterData, limits: CoreLimits, outlets: u32) -> TierReplica {
         let state = ShardState::new(&master.listings(), limits);
-        TierReplica { master, state, last_seq: 0, gateways }
+        TierReplica { master, state, last_seq: 0, outlets }
     }
 
     /// A replica continuing from a core shard's snapshot (`ShardState`'s snapshot bytes) taken
@@ -41,13 +41,13 @@ impl TierReplica {
     /// restore.
     pub fn restored(
         master: MasterData,
-        gateways: u32,
+        outlets: u32,
         last_seq: u64,
         snapshot: &[u8],
     ) -> Result<TierReplica> {
         let state = ShardState::restore(snapshot)
             .map_err(|why| ExchangeError::BadInput(format!("a shard snapshot: {why}")))?;
-        Ok(TierReplica { master, state, last_seq, gateways })
+        Ok(TierReplica { master, state, last_seq, outlets })
     }
 
     /// Handles one request as the tier would, handing `emit` each response the tier's
@@ -55,10 +55,10 @@ impl TierReplica {
     pub fn apply(&mut self, request: &InboundOrder, emit: &mut impl FnMut(&Response)) {
         let verdict = check_with(&self.master, request, StateChecks::Core);
         let input: TierInput = preprocessed(request, verdict, Stamps::default());
-        let gateways = self.gateways;
+        let outlets = self.outlets;
         if let Some(refusal) = input.refused {
             let reject = refusal.reject(input.instrument, input.stamps);
-            return emit(&response_to(reject, gateways));
+            return emit(&response_to(reject, outlets));
         }
         self.last_seq += 1;
         let sequenced = SequencedInput {
@@ -67,7 +67,7 @@ impl TierReplica {
             command: input.command,
             stamps: input.stamps,
         };
-        self.state.process(&sequenced, &mut |output| emit(&response_to(*output, gateways)));
+        self.state.process(&sequenced, &mut |output| emit(&response_to(*output, outlets)));
     }
 
     /// The core's last input sequence.

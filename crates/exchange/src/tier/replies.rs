@@ -92,7 +92,7 @@ impl Subscriber for ReplySubscriber {
     }
 }
 
-/// Subscribers (`gateways` slots per R-Sender, as the tier's `gateways` setting) that hand
+/// Subscribers (`outlets` slots per R-Sender, as the tier's `outlets` setting) that hand
 /// every client response to the returned receiver (calling `wake` after
 /// each) and pass every response, market data included, to `also`'s subscribers when given
 /// (the NATS publishers of `exchange serve --nats`).
@@ -104,14 +104,14 @@ impl Subscriber for ReplySubscriber {
 /// let (factory, mut receiver) = reply_subscribers(1, None, Arc::new(|| {}));
 /// let mut slots = factory(0);
 /// let output = CoreOutput { client: 7, ..CoreOutput::default() };
-/// slots[0].deliver(&Response { audience: Audience::Client, gateway: 0, answers_request: true, output });
+/// slots[0].deliver(&Response { audience: Audience::Client, outlet: 0, answers_request: true, output });
 /// slots[0].deliver(&Response { audience: Audience::MarketData, ..Response::default() });
 /// let mut clients = Vec::new();
 /// assert_eq!(receiver.read(16, |reply| clients.push(reply.client)), 1, "market data is not a reply");
 /// assert_eq!(clients, [7]);
 /// ```
 pub fn reply_subscribers(
-    gateways: u32,
+    outlets: u32,
     also: Option<SubscriberFactory>,
     wake: Wake,
 ) -> (SubscriberFactory, ReplyReceiver) {
@@ -119,7 +119,7 @@ pub fn reply_subscribers(
     let receiver = ReplyReceiver { registry: registry.clone(), rings: Vec::new() };
     let factory = move |sender: usize| {
         let mut also = also.as_ref().map(|factory| factory(sender).into_iter());
-        (0..gateways)
+        (0..outlets)
             .map(|_| {
                 Box::new(ReplySubscriber {
                     ring: None,

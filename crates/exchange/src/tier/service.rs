@@ -178,8 +178,8 @@ impl Tier {
             layout.generator_inline = false; // the holder's thread feeds the entry
         }
         let (tier, feeds) = Tier::start_planned(start, Entry::Input)?;
-        let Feeds { gateway, events, master } = feeds;
-        let orders = gateway.expect("orders are fed from outside when no source runs");
+        let Feeds { intake, events, master } = feeds;
+        let orders = intake.expect("orders are fed from outside when no source runs");
         Ok((tier, TierInputs { orders, control: TierControl { events, master } }))
     }
 

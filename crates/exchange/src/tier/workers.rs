@@ -114,7 +114,7 @@ impl StageWorker<TierInput, CoreOutput> for CoreWorker {
 }
 
 pub(super) struct ResponseProcessor {
-    pub(super) gateways: u32,
+    pub(super) outlets: u32,
     pub(super) rejects: [u64; REASON_COUNT],
     /// Per shard, the journal's durable sequence when replies are held (`group`, `sync`).
     pub(super) durables: Vec<Option<Arc<DurableSeq>>>,
@@ -157,7 +157,7 @@ impl StageWorker<CoreOutput, Response> for ResponseProcessor {
         if output.kind == OutputKind::Rejected {
             self.rejects[output.reason as usize] += 1;
         }
-        out.emit(response_to(output, self.gateways));
+        out.emit(response_to(output, self.outlets));
     }
 
     fn finish(self) -> ResponseTotals {
@@ -166,7 +166,7 @@ impl StageWorker<CoreOutput, Response> for ResponseProcessor {
 }
 
 pub(super) struct SenderWorker {
-    pub(super) gateways: Vec<Box<dyn Subscriber>>,
+    pub(super) outlets: Vec<Box<dyn Subscriber>>,
     pub(super) latency: SenderLatency,
     pub(super) released: Option<Arc<ReleasedSeqs>>,
 }
@@ -209,9 +209,9 @@ impl StageWorker<Response, ()> for SenderWorker {
 
     fn handle(&mut self, response: &Response, out: &mut Emitter<()>) {
         let sender_in_ns = out.handling_ns();
-        // The by-gateway route sends each gateway's responses to one sender, in order; each
-        // sender holds a subscriber slot for every gateway and uses those routed to it.
-        self.gateways[response.gateway as usize].deliver(response);
+        // The by-outlet route sends each outlet's responses to one sender, in order; each
+        // sender holds a subscriber slot for every outlet and uses those routed to it.
+        self.outlets[response.outlet as usize].deliver(response);
         self.latency.delivered += 1;
         if let Some(released) = &self.released
             && response.output.seq > 0

@@ -1,11 +1,11 @@
-//! What the engine-group tests share: an engine's options on a loopback cluster, an R-Gateway
+//! What the engine-group tests share: an engine's options on a loopback cluster, a delivery edge
 //! with its consumer reading shard 0's reports, and waiting for a condition.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use delivery::consumer::{self, SharedTally};
-use delivery::gateway::{self, GatewayOptions, RunningGateway};
+use delivery::edge::{self, EdgeOptions, RunningEdge};
 use delivery::nats::NatsConnect;
 use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, PublishOptions, RETAIN_RECORDS_DEFAULT};
 use exchange::tier::TierConfig;
@@ -19,7 +19,7 @@ pub fn engine_options(url: &str, holder: &str, tier: TierConfig) -> EngineOption
     let publish = PublishOptions {
         nats: nats.clone(),
         prefix: "leantier".into(),
-        gateways: tier.gateways,
+        outlets: tier.outlets,
         retain_records: RETAIN_RECORDS_DEFAULT,
         wait: tier.wait_strategy(),
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -36,17 +36,14 @@ pub fn engine_options(url: &str, holder: &str, tier: TierConfig) -> EngineOption
     }
 }
 
-/// An R-Gateway for shard 0's tier gateway slot 0 and a consumer counting what it hands on
+/// A delivery edge for shard 0's outlet 0 and a consumer counting what it hands on
 /// (the gateway must live as long as the tally is read).
-pub fn shard_zero_consumer(
-    rt: &tokio::runtime::Runtime,
-    url: &str,
-) -> (RunningGateway, SharedTally) {
+pub fn shard_zero_consumer(rt: &tokio::runtime::Runtime, url: &str) -> (RunningEdge, SharedTally) {
     let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let gateway = rt
-        .block_on(gateway::start(GatewayOptions {
+        .block_on(edge::start(EdgeOptions {
             prefix: LogSettings::new(3).publish_prefix(0),
-            ..GatewayOptions::new(url, 0, listen)
+            ..EdgeOptions::new(url, 0, listen)
         }))
         .unwrap();
     let (tally, reading) =

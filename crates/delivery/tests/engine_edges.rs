@@ -1,6 +1,6 @@
-//! The engine (the tier, in this process, publishing over NATS) and two R-Gateway processes
+//! The engine (the tier, in this process, publishing over NATS) and two delivery edge processes
 //! with one end consumer each, on a real `nats-server` child: every response reaches the
-//! consumer of its gateway exactly once and in order per subject, including across a server
+//! consumer of its edge exactly once and in order per subject, including across a server
 //! restart in the middle of the run (gaps recovered from the retained window, or declared
 //! with resync frames; nothing silently lost).
 
@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{GatewayChild, wait_for};
+use common::{EdgeChild, wait_for};
 use delivery::consumer::{self, ConsumerTally};
 use delivery::publish::{HEARTBEAT_INTERVAL_DEFAULT, NatsPublisher, PublishOptions, PublishReport};
 use delivery::server::NatsServer;
@@ -18,13 +18,13 @@ use exchange::tier::TierConfig;
 use experiments::tier_load::{RunOptions, run_with_subscribers};
 use pipeline::WaitStrategy;
 
-const GATEWAYS: u32 = 2;
+const OUTLETS: u32 = 2;
 const RATE_PER_S: f64 = 10_000.0;
 const RUN: Duration = Duration::from_millis(1500);
 
 fn tier() -> TierConfig {
     TierConfig {
-        gateways: GATEWAYS,
+        outlets: OUTLETS,
         senders: 2,
         journal: JournalMode::OFF,
         ring_slots: 1024,
@@ -44,41 +44,40 @@ fn options() -> RunOptions {
     }
 }
 
-/// Runs the tier over NATS with two gateway children and their consumers; `mid_run` is called
+/// Runs the tier over NATS with two edge children and their consumers; `mid_run` is called
 /// (on another thread) halfway through. Returns the publisher's report, each consumer's tally
-/// and each gateway's report.
+/// and each edge's report.
 fn run_engine(
     server: &mut NatsServer,
     retain_records: usize,
     mid_run: impl FnOnce(&mut NatsServer) + Send,
-) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
+) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::edge::EdgeReport>) {
     let url = server.url();
-    let start = |g| GatewayChild::start(&[], &url, g, "127.0.0.1:0");
+    let start = |g| EdgeChild::start(&[], &url, g, "127.0.0.1:0");
     run_engine_with(server, retain_records, mid_run, start)
 }
 
-/// [`run_engine`] with the gateway children started by `start_gateway(gateway)`.
+/// [`run_engine`] with the edge children started by `start_edge(edge)`.
 fn run_engine_with(
     server: &mut NatsServer,
     retain_records: usize,
     mid_run: impl FnOnce(&mut NatsServer) + Send,
-    start_gateway: impl Fn(u32) -> GatewayChild,
-) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::gateway::GatewayReport>) {
+    start_edge: impl Fn(u32) -> EdgeChild,
+) -> (PublishReport, Vec<ConsumerTally>, Vec<delivery::edge::EdgeReport>) {
     let url = server.url();
-    let gateways: Vec<_> = (0..GATEWAYS).map(start_gateway).collect();
+    let edges: Vec<_> = (0..OUTLETS).map(start_edge).collect();
     let io =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let mut tallies = Vec::new();
-    for (gateway, child) in gateways.iter().enumerate() {
-        let (tally, reading) =
-            io.block_on(consumer::connect(child.address, gateway as u32)).unwrap();
+    for (edge, child) in edges.iter().enumerate() {
+        let (tally, reading) = io.block_on(consumer::connect(child.address, edge as u32)).unwrap();
         io.spawn(reading);
         tallies.push(tally);
     }
     let publisher = NatsPublisher::connect(PublishOptions {
         nats: delivery::nats::NatsConnect::new(url),
         prefix: delivery::subjects::PREFIX_DEFAULT.into(),
-        gateways: GATEWAYS,
+        outlets: OUTLETS,
         retain_records,
         wait: WaitStrategy::Park,
         heartbeat: HEARTBEAT_INTERVAL_DEFAULT,
@@ -97,24 +96,24 @@ fn run_engine_with(
     let published: u64 = report.next_seqs.iter().map(|next| next - 1).sum();
     assert_eq!(published, result.delivered, "every delivered response got a sequence");
     assert_eq!(report.published + report.unsent, published);
-    for (gateway, tally) in tallies.iter().enumerate() {
-        let target = [report.next_seqs[gateway * 2], report.next_seqs[gateway * 2 + 1]];
+    for (edge, tally) in tallies.iter().enumerate() {
+        let target = [report.next_seqs[edge * 2], report.next_seqs[edge * 2 + 1]];
         wait_for(tally, target);
     }
-    let reports = gateways.into_iter().map(GatewayChild::stop).collect();
+    let reports = edges.into_iter().map(EdgeChild::stop).collect();
     let tallies = tallies.iter().map(|t| t.lock().unwrap().clone()).collect();
     (report, tallies, reports)
 }
 
 fn check_exactly_once(report: &PublishReport, tallies: &[ConsumerTally]) -> u64 {
     let mut resynced = 0;
-    for (gateway, tally) in tallies.iter().enumerate() {
-        assert_eq!(tally.out_of_order, 0, "gateway {gateway}: a frame out of sequence");
-        assert_eq!(tally.wrong_gateway, 0, "gateway {gateway}: another gateway's record");
+    for (edge, tally) in tallies.iter().enumerate() {
+        assert_eq!(tally.out_of_order, 0, "edge {edge}: a frame out of sequence");
+        assert_eq!(tally.wrong_outlet, 0, "edge {edge}: another edge's record");
         for stream in Stream::ALL {
-            let published = report.next_seqs[gateway * 2 + stream as usize] - 1;
+            let published = report.next_seqs[edge * 2 + stream as usize] - 1;
             let seen = tally.data[stream as usize] + tally.resynced[stream as usize];
-            assert_eq!(seen, published, "gateway {gateway} {}: data + resync", stream.name());
+            assert_eq!(seen, published, "edge {edge} {}: data + resync", stream.name());
         }
         resynced += tally.resynced.iter().sum::<u64>();
     }
@@ -122,33 +121,33 @@ fn check_exactly_once(report: &PublishReport, tallies: &[ConsumerTally]) -> u64 
 }
 
 #[test]
-fn every_response_reaches_its_gateway_once_in_order() {
+fn every_response_reaches_its_edge_once_in_order() {
     let mut server = NatsServer::start().unwrap();
-    let (report, tallies, gateways) =
+    let (report, tallies, edges) =
         run_engine(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {});
     let resynced = check_exactly_once(&report, &tallies);
     assert_eq!(resynced, 0, "nothing may be lost without a server failure");
-    for (gateway, tally) in gateways.iter().zip(&tallies) {
-        assert_eq!(gateway.received, tally.data.iter().sum::<u64>());
-        assert_eq!(gateway.delivered, gateway.received, "one consumer: delivered = received");
-        assert_eq!(gateway.consumers_connected, 1);
+    for (edge, tally) in edges.iter().zip(&tallies) {
+        assert_eq!(edge.received, tally.data.iter().sum::<u64>());
+        assert_eq!(edge.delivered, edge.received, "one consumer: delivered = received");
+        assert_eq!(edge.consumers_connected, 1);
     }
 }
 
 #[test]
 fn a_server_restart_mid_run_loses_nothing_silently() {
     let mut server = NatsServer::start().unwrap();
-    let (report, tallies, gateways) =
+    let (report, tallies, edges) =
         run_engine(&mut server, delivery::publish::RETAIN_RECORDS_MAX, |server| {
             server.restart().expect("restarting nats-server");
         });
     let resynced = check_exactly_once(&report, &tallies);
-    let recovered: u64 = gateways.iter().map(|g| g.recovered).sum();
-    let gaps: u64 = gateways.iter().map(|g| g.gaps).sum();
+    let recovered: u64 = edges.iter().map(|g| g.recovered).sum();
+    let gaps: u64 = edges.iter().map(|g| g.gaps).sum();
     eprintln!("restart: {report:?}; gaps {gaps}, recovered {recovered}, resynced {resynced}");
     // The window holds the whole run, so every gap is recoverable: no resync.
     assert_eq!(resynced, 0, "the retained window covered the run, yet records were lost");
-    assert_eq!(gateways.iter().map(|g| g.resyncs).sum::<u64>(), 0, "gateways reported resyncs");
+    assert_eq!(edges.iter().map(|g| g.resyncs).sum::<u64>(), 0, "edges reported resyncs");
 }
 
 /// A server killed for a quarter of the run behind a 4-record window: what the outage lost
@@ -162,14 +161,14 @@ fn records_beyond_the_window_are_declared_by_resync() {
     const TRIES: u32 = 3;
     for attempt in 1..=TRIES {
         let mut server = NatsServer::start().unwrap();
-        let (report, tallies, gateways) = run_engine(&mut server, TINY_WINDOW, |server| {
+        let (report, tallies, edges) = run_engine(&mut server, TINY_WINDOW, |server| {
             server.kill();
             std::thread::sleep(RUN / 4);
             server.restart().expect("restarting nats-server");
         });
         let resynced = check_exactly_once(&report, &tallies);
         if resynced > 0 {
-            assert!(gateways.iter().any(|g| g.resyncs > 0), "the gateways declared them");
+            assert!(edges.iter().any(|g| g.resyncs > 0), "the edges declared them");
             return;
         }
         eprintln!("run {attempt}: the outage lost nothing beyond the window; again");
@@ -226,7 +225,7 @@ impl Drop for Namespace {
 }
 
 #[test]
-fn a_gateway_in_another_network_namespace_receives_everything() {
+fn a_edge_in_another_network_namespace_receives_everything() {
     let namespace = match Namespace::create() {
         Ok(namespace) => namespace,
         Err(reason) => {
@@ -238,14 +237,14 @@ fn a_gateway_in_another_network_namespace_receives_everything() {
     let url = server.url();
     let listen = format!("{}:0", namespace.inner_ip);
     let exec = ["ip", "netns", "exec", namespace.name.as_str()];
-    // Gateway 0 runs in the namespace (its own stack, reached over the veth pair as another
-    // host would be); gateway 1 on this host.
-    let start = |gateway| match gateway {
-        0 => GatewayChild::start(&exec, &url, gateway, &listen),
-        _ => GatewayChild::start(&[], &url, gateway, &format!("{}:0", namespace.host_ip)),
+    // Edge 0 runs in the namespace (its own stack, reached over the veth pair as another
+    // host would be); edge 1 on this host.
+    let start = |edge| match edge {
+        0 => EdgeChild::start(&exec, &url, edge, &listen),
+        _ => EdgeChild::start(&[], &url, edge, &format!("{}:0", namespace.host_ip)),
     };
-    let (report, tallies, gateways) =
+    let (report, tallies, edges) =
         run_engine_with(&mut server, delivery::publish::RETAIN_RECORDS_DEFAULT, |_| {}, start);
     assert_eq!(check_exactly_once(&report, &tallies), 0);
-    assert!(gateways[0].received > 0, "the namespaced gateway received nothing");
+    assert!(edges[0].received > 0, "the namespaced edge received nothing");
 }

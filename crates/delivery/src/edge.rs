@@ -1,4 +1,5 @@
-//! The R-Gateway: one process per gateway. It subscribes to its gateway's data subjects,
+//! The delivery edge (the R-Gateway of paper 001): one per outlet. It subscribes to its
+//! outlet's data subjects,
 //! checks every record's sequence, recovers a gap from the sender's retained window over
 //! request/reply, and beyond the window (or when recovery times out) tells its consumers
 //! with an explicit resync frame, never with silence. End consumers connect over TCP, say
@@ -12,7 +13,7 @@
 //! [`WRITE_TIMEOUT`] cuts it off too. Each event (consumer connected, gap, resync, cut off)
 //! is logged once, when it happens.
 //!
-//! Anyone allowed on the NATS subjects can send the gateway anything, so every message passes
+//! Anyone allowed on the NATS subjects can send the edge anything, so every message passes
 //! the trust rule of docs/DELIVERY.md (one publisher instance, claims within
 //! `seq_ahead_max`, gaps the publisher's window confirms) and no input reaches an assertion;
 //! malformed and untrusted messages are counted and their warnings rate-limited.
@@ -34,7 +35,7 @@ use crate::admission::{Admission, CONSUMERS_PER_ADDRESS_MAX_DEFAULT, Pending};
 use crate::clock::monotonic_ns;
 use crate::error::{DeliveryError, Result, io_failed, nats_failed};
 use crate::nats::{NatsConnect, connect};
-use crate::subjects::{CONNECT_TIMEOUT, gateway_wildcard, retain_subject};
+use crate::subjects::{CONNECT_TIMEOUT, outlet_wildcard, retain_subject};
 use crate::wire::{
     BATCH_HEADER_BYTES, BATCH_RECORDS_MAX, BatchHeader, DATA_FRAME_BYTES, FRAME_BYTES_MAX,
     FRAME_PREFIX_BYTES, Frame, FrameDecoder, RECORD_BYTES, Record, RetainRequest, Stream,
@@ -55,7 +56,7 @@ pub const CONSUMERS_MAX_DEFAULT: usize = 64;
 pub const GOODBYE_SHUTDOWN: u8 = 100;
 pub const GOODBYE_SLOW: u8 = 101;
 pub const GOODBYE_FULL: u8 = 102;
-/// A [`GatewayOptions::first_seqs`] entry meaning: from the first sequence heard.
+/// A [`EdgeOptions::first_seqs`] entry meaning: from the first sequence heard.
 pub const FIRST_SEQ_HEARD: u64 = 0;
 /// Default most a NATS message may claim beyond the next expected sequence and still be
 /// applied at once: the publisher's default retained window, the most a gap can be recovered.
@@ -72,14 +73,14 @@ const CHUNK_BUFFER_BYTES: usize = 64 * 1024;
 /// How long a goodbye frame may take before the connection is just closed.
 const GOODBYE_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// How to run one gateway.
+/// How to run one edge.
 #[derive(Clone, Debug)]
-pub struct GatewayOptions {
+pub struct EdgeOptions {
     pub nats: NatsConnect,
     pub prefix: String,
-    pub gateway: u32,
+    pub outlet: u32,
     /// Where TCP consumers connect; `None`: no listener, consumers only in process
-    /// ([`RunningGateway::attach`]), so no socket hands the reports to anyone else.
+    /// ([`RunningEdge::attach`]), so no socket hands the reports to anyone else.
     pub listen: Option<SocketAddr>,
     pub consumers_max: usize,
     /// Most consumers from one source address (see [`crate::admission`]).
@@ -89,18 +90,18 @@ pub struct GatewayOptions {
     /// (see the trust rule in docs/DELIVERY.md).
     pub seq_ahead_max: u64,
     /// Per stream ([`Stream::ALL`] order), the first sequence to deliver: 1 from the stream's
-    /// start; a restarted gateway passes one past what it delivered before, so nothing is
+    /// start; a restarted edge passes one past what it delivered before, so nothing is
     /// delivered twice; 0 (`FIRST_SEQ_HEARD`): from the first sequence the served publisher
-    /// names (a gateway joining a running exchange has no client waiting for older records).
+    /// names (an edge joining a running exchange has no client waiting for older records).
     pub first_seqs: [u64; 2],
 }
 
-impl GatewayOptions {
-    pub fn new(nats_url: &str, gateway: u32, listen: SocketAddr) -> GatewayOptions {
-        GatewayOptions {
+impl EdgeOptions {
+    pub fn new(nats_url: &str, outlet: u32, listen: SocketAddr) -> EdgeOptions {
+        EdgeOptions {
             nats: NatsConnect::new(nats_url),
             prefix: crate::subjects::PREFIX_DEFAULT.to_string(),
-            gateway,
+            outlet,
             listen: Some(listen),
             consumers_max: CONSUMERS_MAX_DEFAULT,
             consumers_per_address_max: CONSUMERS_PER_ADDRESS_MAX_DEFAULT,
@@ -111,7 +112,7 @@ impl GatewayOptions {
     }
 }
 
-/// The gateway's counters.
+/// The edge's counters.
 #[derive(Debug, Default)]
 struct Counters {
     received: AtomicU64,
@@ -127,9 +128,9 @@ struct Counters {
     bad_messages: AtomicU64,
     untrusted: AtomicU64,
     fenced: AtomicU64,
-    /// As [`GatewayLatency::answers`], for `/metrics` (buckets, not percentiles).
+    /// As [`EdgeLatency::answers`], for `/metrics` (buckets, not percentiles).
     answer_seconds: ops::BucketHistogram,
-    /// As [`GatewayLatency::market_data`], for `/metrics`.
+    /// As [`EdgeLatency::market_data`], for `/metrics`.
     market_data_seconds: ops::BucketHistogram,
 }
 
@@ -138,10 +139,10 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// What a gateway reports (at the end, or as a snapshot while it runs).
+/// What an edge reports (at the end, or as a snapshot while it runs).
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct GatewayReport {
-    pub gateway: u32,
+pub struct EdgeReport {
+    pub outlet: u32,
     /// Records taken in order from NATS or recovered.
     pub received: u64,
     /// Records written to consumers (summed over consumers).
@@ -173,24 +174,24 @@ pub struct GatewayReport {
     pub next_seqs: Vec<u64>,
 }
 
-/// What the gateway measured, from each record's intended time (its request's arrival at the
+/// What the edge measured, from each record's intended time (its request's arrival at the
 /// tier, on the host's monotonic clock) to the record's arrival here.
 #[derive(Clone, Debug, Default)]
-pub struct GatewayLatency {
+pub struct EdgeLatency {
     /// Records answering a request (the first report of each).
     pub answers: LatencyHistogram,
     /// Market data (trades and top of book, stamped with the order that caused them).
     pub market_data: LatencyHistogram,
 }
 
-/// A consumer in the gateway's own process ([`RunningGateway::attach`]).
+/// A consumer in the edge's own process ([`RunningEdge::attach`]).
 pub struct InProcessConsumer {
     state: Arc<State>,
     chunks: mpsc::Receiver<(Bytes, u64)>,
 }
 
 impl InProcessConsumer {
-    /// The next chunk of whole frames; `None` once the gateway shut down or cut it off.
+    /// The next chunk of whole frames; `None` once the edge shut down or cut it off.
     pub async fn next_chunk(&mut self) -> Option<Bytes> {
         let (chunk, records) = self.chunks.recv().await?;
         add(&self.state.counters.delivered, records);
@@ -207,7 +208,7 @@ struct ConsumerSlot {
 }
 
 struct State {
-    options: GatewayOptions,
+    options: EdgeOptions,
     client: async_nats::Client,
     counters: Counters,
     consumers: Mutex<Vec<ConsumerSlot>>,
@@ -220,17 +221,17 @@ struct State {
     epoch: AtomicU64,
 }
 
-/// A started gateway.
-pub struct RunningGateway {
+/// A started edge.
+pub struct RunningEdge {
     state: Arc<State>,
     local_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
-    sequencer: tokio::task::JoinHandle<GatewayLatency>,
+    sequencer: tokio::task::JoinHandle<EdgeLatency>,
     acceptor: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Connects, subscribes and listens; runs on the caller's tokio runtime.
-pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
+pub async fn start(options: EdgeOptions) -> Result<RunningEdge> {
     crate::subjects::validate_prefix(&options.prefix).map_err(crate::DeliveryError::BadInput)?;
     if options.consumers_max == 0
         || options.consumers_per_address_max == 0
@@ -240,9 +241,9 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
         let reason = "consumers max, consumers per address max, consumer queue chunks and seq ahead max must be > 0".into();
         return Err(crate::DeliveryError::BadInput(reason));
     }
-    let client = connect(&options.nats, "gateway").await?;
+    let client = connect(&options.nats, "edge").await?;
     let subscribing = async {
-        let subject = gateway_wildcard(&options.prefix, options.gateway);
+        let subject = outlet_wildcard(&options.prefix, options.outlet);
         let subscription =
             client.subscribe(subject).await.map_err(nats_failed("subscribing to the data"))?;
         let inbox = client.new_inbox();
@@ -261,7 +262,7 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
             let listening = TcpListener::bind(listen).await;
             let listener = listening.map_err(io_failed(format!("listening on {listen}")))?;
             let bound = listener.local_addr().map_err(io_failed("reading the listen address"))?;
-            tracing::info!("gateway {} listening on {bound}", options.gateway);
+            tracing::info!("edge {} listening on {bound}", options.outlet);
             (Some(listener), Some(bound))
         }
         None => (None, None),
@@ -281,17 +282,17 @@ pub async fn start(options: GatewayOptions) -> Result<RunningGateway> {
     let (stop, stopped) = watch::channel(false);
     let sequencer = tokio::spawn(sequence(state.clone(), subscription, replies, stopped.clone()));
     let acceptor = listener.map(|listener| tokio::spawn(accept(state.clone(), listener, stopped)));
-    Ok(RunningGateway { state, local_addr, stop, sequencer, acceptor })
+    Ok(RunningEdge { state, local_addr, stop, sequencer, acceptor })
 }
 
-impl RunningGateway {
+impl RunningEdge {
     /// Where TCP consumers connect; `None` when started without a listener.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
     }
 
     /// The counters so far.
-    pub fn report(&self) -> GatewayReport {
+    pub fn report(&self) -> EdgeReport {
         report(&self.state)
     }
 
@@ -300,13 +301,13 @@ impl RunningGateway {
     /// `consumer_queue_chunks` is full. Not counted against `consumers_max`.
     ///
     /// ```no_run
-    /// # async fn read(gateway: &delivery::gateway::RunningGateway) {
-    /// let mut consumer = gateway.attach();
+    /// # async fn read(edge: &delivery::edge::RunningEdge) {
+    /// let mut consumer = edge.attach();
     /// while let Some(chunk) = consumer.next_chunk().await {
     ///     // `chunk` holds whole frames: feed a `delivery::wire::FrameDecoder`.
     /// #   let _ = chunk;
     /// }
-    /// // `None`: the gateway shut down, or cut this consumer off.
+    /// // `None`: the edge shut down, or cut this consumer off.
     /// # }
     /// ```
     pub fn attach(&self) -> InProcessConsumer {
@@ -318,33 +319,37 @@ impl RunningGateway {
         InProcessConsumer { state: self.state.clone(), chunks }
     }
 
-    /// Whether the gateway's NATS connection is up (what `/ready` reports).
+    /// Whether the edge's NATS connection is up (what `/ready` reports).
     pub fn is_connected(&self) -> bool {
         self.state.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    /// Adds the gateway's metrics to `registry` (docs/OPERATIONS.md, "Monitor").
+    /// Adds the edge's metrics to `registry` (docs/OPERATIONS.md, "Monitor").
     pub fn register_metrics(&self, registry: &mut ops::Registry) {
         type CounterOf = fn(&Counters) -> &AtomicU64;
         let counters: [(&str, &str, CounterOf); 12] = [
-            ("rgateway_records_received", "records taken in order from NATS or recovered", |c| {
-                &c.received
-            }),
-            ("rgateway_records_delivered", "records written to consumers (summed)", |c| {
+            (
+                "delivery_edge_records_received",
+                "records taken in order from NATS or recovered",
+                |c| &c.received,
+            ),
+            ("delivery_edge_records_delivered", "records written to consumers (summed)", |c| {
                 &c.delivered
             }),
-            ("rgateway_duplicates", "records seen twice and dropped", |c| &c.duplicates),
-            ("rgateway_gaps", "sequence gaps detected", |c| &c.gaps),
-            ("rgateway_records_recovered", "records recovered from the window", |c| &c.recovered),
-            ("rgateway_resyncs", "resync frames sent (ranges lost for good)", |c| &c.resyncs),
-            ("rgateway_consumers_cut_off", "consumers cut off (queue full)", |c| &c.cut_off),
-            ("rgateway_consumers_refused", "consumers refused at the limit", |c| &c.refused),
-            ("rgateway_consumers_connected", "consumers that connected", |c| &c.consumers),
-            ("rgateway_bad_messages", "malformed NATS messages ignored", |c| &c.bad_messages),
-            ("rgateway_untrusted", "well-formed messages ignored by the trust rule", |c| {
+            ("delivery_edge_duplicates", "records seen twice and dropped", |c| &c.duplicates),
+            ("delivery_edge_gaps", "sequence gaps detected", |c| &c.gaps),
+            ("delivery_edge_records_recovered", "records recovered from the window", |c| {
+                &c.recovered
+            }),
+            ("delivery_edge_resyncs", "resync frames sent (ranges lost for good)", |c| &c.resyncs),
+            ("delivery_edge_consumers_cut_off", "consumers cut off (queue full)", |c| &c.cut_off),
+            ("delivery_edge_consumers_refused", "consumers refused at the limit", |c| &c.refused),
+            ("delivery_edge_consumers_connected", "consumers that connected", |c| &c.consumers),
+            ("delivery_edge_bad_messages", "malformed NATS messages ignored", |c| &c.bad_messages),
+            ("delivery_edge_untrusted", "well-formed messages ignored by the trust rule", |c| {
                 &c.untrusted
             }),
-            ("rgateway_fenced", "messages of a leadership older than the newest heard", |c| {
+            ("delivery_edge_fenced", "messages of a leadership older than the newest heard", |c| {
                 &c.fenced
             }),
         ];
@@ -355,13 +360,13 @@ impl RunningGateway {
         }
         let c = &self.state.counters;
         let help = "a request's arrival at the tier to its answer's record arriving here";
-        registry.register("rgateway_answer_seconds", help, c.answer_seconds.clone());
+        registry.register("delivery_edge_answer_seconds", help, c.answer_seconds.clone());
         let help = "the causing order's arrival at the tier to a market-data record arriving here";
-        registry.register("rgateway_market_data_seconds", help, c.market_data_seconds.clone());
+        registry.register("delivery_edge_market_data_seconds", help, c.market_data_seconds.clone());
     }
 
     /// Stops taking records and consumers, says goodbye to every consumer, and reports.
-    pub async fn shutdown(self) -> Result<(GatewayReport, GatewayLatency)> {
+    pub async fn shutdown(self) -> Result<(EdgeReport, EdgeLatency)> {
         let _ = self.stop.send(true);
         let latency = self.sequencer.await?;
         if let Some(acceptor) = self.acceptor {
@@ -373,12 +378,12 @@ impl RunningGateway {
     }
 }
 
-fn report(state: &State) -> GatewayReport {
+fn report(state: &State) -> EdgeReport {
     let c = &state.counters;
     // Relaxed: see `add`.
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    GatewayReport {
-        gateway: state.options.gateway,
+    EdgeReport {
+        outlet: state.options.outlet,
         received: load(&c.received),
         delivered: load(&c.delivered),
         duplicates: load(&c.duplicates),
@@ -403,10 +408,10 @@ async fn sequence(
     mut subscription: async_nats::Subscriber,
     replies: Replies,
     mut stopped: watch::Receiver<bool>,
-) -> GatewayLatency {
+) -> EdgeLatency {
     let mut sequencer = Sequencer {
         state,
-        latency: GatewayLatency::default(),
+        latency: EdgeLatency::default(),
         chunk: BytesMut::new(),
         publisher: None,
         far_since: [None; 2],
@@ -428,7 +433,7 @@ async fn sequence(
 }
 
 /// Where retain replies arrive: `{inbox}.{request}`. Anyone may answer a request, so the
-/// gateway reads every reply until a valid one comes, rather than taking the first.
+/// edge reads every reply until a valid one comes, rather than taking the first.
 struct Replies {
     subscription: async_nats::Subscriber,
     inbox: String,
@@ -445,20 +450,20 @@ struct RateLimitedWarning {
 }
 
 impl RateLimitedWarning {
-    fn warn(&mut self, gateway: u32, what: &str, why: &str) {
+    fn warn(&mut self, outlet: u32, what: &str, why: &str) {
         self.since_last += 1;
         if self.last.is_some_and(|last| last.elapsed() < WARNING_EVERY) {
             return;
         }
         let count = std::mem::take(&mut self.since_last);
-        tracing::warn!("gateway {gateway}: {what} ({count} since the last warning): {why}");
+        tracing::warn!("edge {outlet}: {what} ({count} since the last warning): {why}");
         self.last = Some(Instant::now());
     }
 }
 
 struct Sequencer {
     state: Arc<State>,
-    latency: GatewayLatency,
+    latency: EdgeLatency,
     /// Where the batches' frames are written; each batch's chunk is split off it.
     chunk: BytesMut,
     /// The publisher instance served: the first whose message was applied.
@@ -489,7 +494,7 @@ pub enum Fenced {
 
 /// A receiver's fence against deposed leaders, without I/O: the newest leadership epoch
 /// heard, which only grows; a message of an older one is dropped ([`BatchHeader::epoch`]).
-/// The gateway's sequencer keeps one; the simulator (`crates/sim`) drives the same code.
+/// The edge's sequencer keeps one; the simulator (`crates/sim`) drives the same code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EpochFence {
     newest: u64,
@@ -520,8 +525,8 @@ impl EpochFence {
 impl Sequencer {
     async fn on_batch(&mut self, payload: &[u8]) {
         let (header, records) = match decode_batch(payload) {
-            Ok(decoded) if decoded.0.gateway == self.state.options.gateway => decoded,
-            Ok((header, _)) => return self.bad(&format!("batch for gateway {}", header.gateway)),
+            Ok(decoded) if decoded.0.outlet == self.state.options.outlet => decoded,
+            Ok((header, _)) => return self.bad(&format!("batch for outlet {}", header.outlet)),
             Err(error) => return self.bad(&error.to_string()),
         };
         if !self.current(&header) {
@@ -537,7 +542,7 @@ impl Sequencer {
         let expected = self.next_seq(stream);
         if header.count == 0 && header.first_seq < expected {
             // The served publisher's heartbeats never go back (it sends them under the lock
-            // its batches take): this one is not its own, or this gateway started past what
+            // its batches take): this one is not its own, or this edge started past what
             // the publisher holds (a kept position from an older, recreated log).
             let why = format!(
                 "{} heartbeat at {} < {expected} (not the served publisher's, or a start \
@@ -566,7 +571,7 @@ impl Sequencer {
     }
 
     /// The trust rule (docs/DELIVERY.md): a message is applied only if it comes from the
-    /// publisher instance this gateway serves (the first one applied) and claims at most
+    /// publisher instance this edge serves (the first one applied) and claims at most
     /// `seq_ahead_max` beyond the next expected sequence, or keeps claiming beyond it for
     /// [`AHEAD_CONFIRM`] with nothing within it in between (a publisher back from a long
     /// outage sends nothing else; a stranger's claim is interrupted by the publisher's own
@@ -575,8 +580,8 @@ impl Sequencer {
         let served = self.publisher.unwrap_or(header.instance);
         if served != header.instance {
             let why = format!(
-                "publisher instance {:016x}, this gateway serves {served:016x} (a restarted \
-                 engine needs its gateways restarted)",
+                "publisher instance {:016x}, this edge serves {served:016x} (a restarted \
+                 engine needs its edges restarted)",
                 header.instance
             );
             self.untrusted(&why);
@@ -597,8 +602,8 @@ impl Sequencer {
         }
         self.far_since[stream] = None;
         if self.publisher.is_none() {
-            let gateway = self.state.options.gateway;
-            tracing::info!("gateway {gateway}: serving publisher instance {served:016x}");
+            let outlet = self.state.options.outlet;
+            tracing::info!("edge {outlet}: serving publisher instance {served:016x}");
             self.publisher = Some(served);
         }
         true
@@ -606,11 +611,8 @@ impl Sequencer {
 
     /// Starts `stream` at `first_seq`, the first sequence heard (`FIRST_SEQ_HEARD`).
     fn start_at(&mut self, stream: Stream, first_seq: u64) {
-        let gateway = self.state.options.gateway;
-        tracing::info!(
-            "gateway {gateway}: {} starts at {first_seq}, the first heard",
-            stream.name()
-        );
+        let outlet = self.state.options.outlet;
+        tracing::info!("edge {outlet}: {} starts at {first_seq}, the first heard", stream.name());
         self.state.next_seqs.lock().unwrap_or_else(PoisonError::into_inner)[stream as usize] =
             first_seq;
     }
@@ -629,9 +631,9 @@ impl Sequencer {
                 // Relaxed: a figure for reports; the fence itself is this task's.
                 self.state.epoch.store(header.epoch, Ordering::Relaxed);
                 if newest > 0 {
-                    let gateway = self.state.options.gateway;
+                    let outlet = self.state.options.outlet;
                     tracing::info!(
-                        "gateway {gateway}: leadership epoch {} after {newest}",
+                        "edge {outlet}: leadership epoch {} after {newest}",
                         header.epoch
                     );
                 }
@@ -642,12 +644,12 @@ impl Sequencer {
 
     fn bad(&mut self, why: &str) {
         add(&self.state.counters.bad_messages, 1);
-        self.malformed_warning.warn(self.state.options.gateway, "malformed message dropped", why);
+        self.malformed_warning.warn(self.state.options.outlet, "malformed message dropped", why);
     }
 
     fn untrusted(&mut self, why: &str) {
         add(&self.state.counters.untrusted, 1);
-        self.untrusted_warning.warn(self.state.options.gateway, "untrusted message ignored", why);
+        self.untrusted_warning.warn(self.state.options.outlet, "untrusted message ignored", why);
     }
 
     fn next_seq(&self, stream: Stream) -> u64 {
@@ -658,9 +660,9 @@ impl Sequencer {
     /// reporting what is lost. A window that ends before `first` denies the gap: nothing is
     /// resynced and the next expected sequence stays.
     async fn recover(&mut self, stream: Stream, first: u64, last: u64, instance: u64) {
-        let gateway = self.state.options.gateway;
+        let outlet = self.state.options.outlet;
         add(&self.state.counters.gaps, 1);
-        tracing::warn!("gateway {gateway}: gap in {} {first}..={last}, recovering", stream.name());
+        tracing::warn!("edge {outlet}: gap in {} {first}..={last}, recovering", stream.name());
         let mut from = first;
         while from <= last {
             let Some((header, payload)) = self.ask_window(stream, from, last, instance).await
@@ -703,8 +705,8 @@ impl Sequencer {
         last: u64,
         instance: u64,
     ) -> Option<(BatchHeader, Bytes)> {
-        let gateway = self.state.options.gateway;
-        let subject = retain_subject(&self.state.options.prefix, gateway, stream);
+        let outlet = self.state.options.outlet;
+        let subject = retain_subject(&self.state.options.prefix, outlet, stream);
         self.replies.sent += 1;
         let reply_to = format!("{}.{}", self.replies.inbox, self.replies.sent);
         let request = RetainRequest { from_seq: from, to_seq: last }.encode();
@@ -722,8 +724,8 @@ impl Sequencer {
             }
             match decode_batch(&reply.payload) {
                 Ok((header, _))
-                    if (header.gateway, header.stream, header.instance)
-                        == (gateway, stream, instance) =>
+                    if (header.outlet, header.stream, header.instance)
+                        == (outlet, stream, instance) =>
                 {
                     if self.current(&header) {
                         return Some((header, reply.payload));
@@ -737,8 +739,8 @@ impl Sequencer {
 
     /// Tells every consumer that `first..=last` of `stream` is lost, and moves past it.
     fn resync(&mut self, stream: Stream, first: u64, last: u64) {
-        let gateway = self.state.options.gateway;
-        tracing::warn!("gateway {gateway}: {} {first}..={last} lost: resync sent", stream.name());
+        let outlet = self.state.options.outlet;
+        tracing::warn!("edge {outlet}: {} {first}..={last} lost: resync sent", stream.name());
         add(&self.state.counters.resyncs, 1);
         add(&self.state.counters.resync_records, last - first + 1);
         let mut frame = Vec::new();
@@ -817,8 +819,8 @@ impl Sequencer {
                 consumer.cut.store(true, Ordering::Release);
                 add(&self.state.counters.cut_off, 1);
                 tracing::warn!(
-                    "gateway {}: consumer {} cut off: {} chunks queued (consumer_queue_chunks)",
-                    self.state.options.gateway,
+                    "edge {}: consumer {} cut off: {} chunks queued (consumer_queue_chunks)",
+                    self.state.options.outlet,
                     consumer.peer,
                     self.state.options.consumer_queue_chunks
                 );
@@ -847,7 +849,7 @@ async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Re
                 Err(error) => {
                     // Out of descriptors, say: back off instead of spinning (and logging) on
                     // the error.
-                    tracing::warn!("gateway accept failed: {error}; retrying in {ACCEPT_RETRY:?}");
+                    tracing::warn!("edge accept failed: {error}; retrying in {ACCEPT_RETRY:?}");
                     tokio::time::sleep(ACCEPT_RETRY).await;
                 }
             },
@@ -861,12 +863,12 @@ async fn accept(state: Arc<State>, listener: TcpListener, mut stopped: watch::Re
 fn refuse(state: &State, peer: SocketAddr, why: &str) {
     add(&state.counters.refused, 1);
     let mut warning = state.refusal_warning.lock().unwrap_or_else(PoisonError::into_inner);
-    warning.warn(state.options.gateway, &format!("consumer {peer} refused"), why);
+    warning.warn(state.options.outlet, &format!("consumer {peer} refused"), why);
 }
 
 /// Reads the hello (within [`HELLO_TIMEOUT`]), seats the consumer and writes to it.
 async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr, pending: Pending) {
-    let gateway = state.options.gateway;
+    let outlet = state.options.outlet;
     let _ = stream.set_nodelay(true);
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut stream)).await {
         Ok(Ok(())) => Ok(()),
@@ -889,7 +891,7 @@ async fn admit(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr, pendi
     let slot = ConsumerSlot { queue, peer, cut: cut.clone() };
     state.consumers.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
     add(&state.counters.consumers, 1);
-    tracing::info!("gateway {gateway}: consumer {peer} connected");
+    tracing::info!("edge {outlet}: consumer {peer} connected");
     write_chunks(&state, stream, peer, chunks, &cut).await;
 }
 
@@ -923,7 +925,7 @@ async fn write_chunks(
     mut chunks: mpsc::Receiver<(Bytes, u64)>,
     cut: &AtomicBool,
 ) {
-    let gateway = state.options.gateway;
+    let outlet = state.options.outlet;
     // Acquire: pairs with the sequencer's Release store of the flag.
     let is_cut = || cut.load(Ordering::Acquire);
     while let Some((chunk, records)) = chunks.recv().await {
@@ -933,13 +935,13 @@ async fn write_chunks(
         match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&chunk)).await {
             Ok(Ok(())) => add(&state.counters.delivered, records),
             Ok(Err(error)) => {
-                tracing::info!("gateway {gateway}: consumer {peer} left ({error})");
+                tracing::info!("edge {outlet}: consumer {peer} left ({error})");
                 return;
             }
             Err(_) => {
                 if !is_cut() {
                     add(&state.counters.cut_off, 1);
-                    tracing::warn!("gateway {gateway}: consumer {peer} cut off: write stalled");
+                    tracing::warn!("edge {outlet}: consumer {peer} cut off: write stalled");
                 }
                 return goodbye(&mut stream, GOODBYE_SLOW).await;
             }

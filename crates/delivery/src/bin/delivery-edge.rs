@@ -1,15 +1,15 @@
-//! Test child: one R-Gateway process (`leantier exchange gateway` runs the same library code).
-//! Flags: `--nats URL --gateway ID --listen ADDR [--prefix P] [--queue-chunks N]`. Prints
+//! Test child: one delivery edge process (`leantier exchange edge` runs the same library code).
+//! Flags: `--nats URL --outlet N --listen ADDR [--prefix P] [--queue-chunks N]`. Prints
 //! `listening ADDR` once it serves, and `report JSON` after SIGTERM, then exits.
 
-use delivery::gateway::{GatewayOptions, start};
+use delivery::edge::{EdgeOptions, start};
 use lab::child_flags::ChildFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let flags = ChildFlags::from_env(&["nats", "gateway", "listen", "prefix", "queue-chunks"])?;
-    let mut options = GatewayOptions::new(
+    let flags = ChildFlags::from_env(&["nats", "outlet", "listen", "prefix", "queue-chunks"])?;
+    let mut options = EdgeOptions::new(
         &flags.required::<String>("nats")?,
-        flags.required("gateway")?,
+        flags.required("outlet")?,
         flags.required("listen")?,
     );
     if let Some(prefix) = flags.optional::<String>("prefix")? {
@@ -26,14 +26,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     runtime.block_on(async {
-        let gateway = start(options).await?;
-        if let Some(listening) = gateway.local_addr() {
+        let edge = start(options).await?;
+        if let Some(listening) = edge.local_addr() {
             println!("listening {listening}");
         }
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         terminate.recv().await;
-        let (report, _) = gateway.shutdown().await?;
+        let (report, _) = edge.shutdown().await?;
         println!("report {}", serde_json::to_string(&report)?);
         Ok::<_, Box<dyn std::error::Error>>(())
     })
