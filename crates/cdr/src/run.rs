@@ -23,11 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lab::load::{ArrivalProcess, Schedule};
 use pipeline::stage::{
     Emitter, Flow, PipelineBuilder, Route, RunningPipeline, StageHandle, StageSpec,
 };
 use planner::model::NetworkSpec;
+use stats::open_loop::{ArrivalProcess, Schedule};
 
 use crate::convert::{Converted, convert};
 use crate::error::{CdrError, Result, io_failed};

@@ -31,9 +31,9 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
     error.is::<BadInput>()
         || matches!(
             error.downcast_ref(),
-            Some(ops::OpsError::Held { .. } | ops::OpsError::Tls { .. })
+            Some(ops::OpsError::Held { .. } | ops::OpsError::Tls { .. } | ops::OpsError::BadInput(_))
         )
-        || error.is::<lab::error::BadInput>()
+        || error.is::<stats::BadInput>()
         || error.is::<experiments::ringbench::RingBenchError>()
         || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(cdr::CdrError::BadInput(_)))
@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn every_library_bad_input_is_exit_2() {
         let errors: Vec<anyhow::Error> = vec![
-            lab::error::BadInput("lab".into()).into(),
+            stats::BadInput("stats".into()).into(),
             planner::PlanError::BadInput("planner".into()).into(),
             cdr::CdrError::BadInput("cdr".into()).into(),
             exchange::ExchangeError::BadInput("exchange".into()).into(),
@@ -152,6 +152,7 @@ mod tests {
             experiments::ringbench::RingBenchError::BadInput("ring".into()).into(),
             replication::ReplicationError::BadSettings("replication".into()).into(),
             replication::ReplicationError::Fingerprint("group".into()).into(),
+            ops::OpsError::BadInput("config".into()).into(),
             held_store().into(),
             exchange::ExchangeError::Owned { dir: "tier".into(), source: held_store() }.into(),
             mq::MqError::Owned { dir: "data".into(), source: held_store() }.into(),

@@ -18,8 +18,8 @@ use crate::tier_load::{
 };
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::tier::{LayoutChoice, TierConfig};
-use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
+use stats::{LatencyHistogram, LatencySummary};
 
 use delivery::gateway::{GatewayOptions, RunningGateway, start as start_gateway};
 use delivery::nats::NatsConnect;

@@ -7,10 +7,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::load::{RateSearchPlan, RateSearchReport, search_max_rate};
 use crate::progress::progress_bar;
-use lab::load::{RateSearchPlan, RateSearchReport, search_max_rate};
-use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
+use crate::statistics::{karp_flatt, speedup};
 use serde::Serialize;
+use stats::{LatencyHistogram, LatencySummary};
 
 use crate::tier_load::{LoadConfig, RunOptions, RunResult, run as run_tier};
 use exchange::ExchangeError::{self, BadInput};
@@ -368,7 +369,7 @@ pub fn journal_modes(
         move |source| ExchangeError::Io { what, source }
     };
     let root = root.map_err(io_failed("creating the experiment's data directory"))?;
-    let raw_fsync = lab::disk::raw_fdatasync(root.path(), fsync_samples)
+    let raw_fsync = crate::disk::raw_fdatasync(root.path(), fsync_samples)
         .map_err(io_failed("measuring raw fdatasync"))?
         .summary();
     let modes = [Policy::Sync.into(), Policy::Group.into(), JournalMode::OFF];
@@ -502,7 +503,7 @@ pub fn layout_bench(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lab::load::RateSearchPlan;
+    use crate::load::RateSearchPlan;
 
     /// The refusals name the flags as they are now spelled, with the value given.
     #[test]

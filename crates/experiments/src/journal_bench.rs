@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use lab::load::{ArrivalProcess, OpenLoopPlan, drive_sync};
-use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::{ConnectorKind, RingConfig};
 use serde::{Deserialize, Serialize};
+use stats::open_loop::{ArrivalProcess, OpenLoopPlan, drive_sync};
+use stats::{LatencyHistogram, LatencySummary};
 
 use journal::DurableSeq;
 use journal::FixedRecord;
@@ -142,7 +142,7 @@ pub fn run_all(config: &BenchConfig) -> anyhow::Result<BenchResults> {
         });
         progress.inc(1);
     }
-    let raw_fdatasync = lab::disk::raw_fdatasync(&config.dir, config.fsync_samples)?.summary();
+    let raw_fdatasync = crate::disk::raw_fdatasync(&config.dir, config.fsync_samples)?.summary();
     progress.inc(1);
     let mut latency = Vec::new();
     for &policy in &config.policies {

@@ -25,6 +25,15 @@
 //! - [`tier_load`]: the tier driven open-loop by its load generator (an ordinary order source
 //!   of the tier when the layout runs the entry inline), with the scenario's external events
 //!   and master-data updates: `exchange run`, the demo's and the experiments' runs.
+//! - [`load`]: load driving beyond `stats::open_loop`'s schedule: the async open-loop and the
+//!   closed-loop drivers, the maximum-rate search, the generator's thread priority.
+//! - [`statistics`]: what only experiments compute (Student-t confidence intervals, speedup,
+//!   Karp–Flatt, Amdahl/Gustafson, 2^k·r factorial analysis, USL fits); the servers'
+//!   histograms and the median are the `stats` crate's.
+//! - [`report`], [`data`], [`html`]: aligned terminal tables and report folders (JSON, CSV,
+//!   Markdown, `.hgrm`, SVG), typed data tables with units in their column names, a
+//!   self-contained HTML page; [`plot`] and [`progress`]: SVG plots and progress bars;
+//!   [`disk`]: the raw append + `fdatasync` baseline of durable latencies.
 //! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
 //!   server, closed or open loop, the answers checked).
 //!
@@ -32,10 +41,14 @@
 //! results; `leantier` prints them and writes the report folders.
 
 pub mod cluster;
+pub mod data;
 pub mod delivery_bench;
 pub mod delivery_experiment;
+pub mod disk;
 pub mod exchange_experiments;
+pub mod html;
 pub mod journal_bench;
+pub mod load;
 pub mod mq_bench;
 pub mod mq_budget;
 pub mod mq_experiment;
@@ -43,6 +56,8 @@ pub mod mq_load;
 pub mod order_entry_load;
 pub mod plot;
 pub mod progress;
+pub mod report;
 pub mod ringbench;
+pub mod statistics;
 pub mod tier_load;
 pub mod web_load;

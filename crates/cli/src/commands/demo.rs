@@ -24,16 +24,17 @@ use std::time::Duration;
 use exchange::durability::JournalMode;
 use exchange::flow::UniverseConfig;
 use exchange::tier::TierConfig;
+use experiments::data::{Cell, DataTable};
+use experiments::html::{HtmlPage, inline_svg, table_html};
+use experiments::load::{RateSearch, RateSearchPlan, RateSearchReport};
 use experiments::order_entry_load::{LoadOptions, LoadProtocol, LoadSession, Traded};
 use experiments::plot::{BarChart, latency_percentile_plot};
+use experiments::report::{Markdown, ReportDir, Table, format_ns_as_us};
 use gateway::Settings;
 use gateway::{Running, ServeOptions};
-use lab::data::{Cell, DataTable};
-use lab::html::{HtmlPage, inline_svg, table_html};
-use lab::load::{ArrivalProcess, OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport};
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
-use lab::stats::{LatencyHistogram, LatencySummary};
 use serde::Serialize;
+use stats::open_loop::{ArrivalProcess, OpenLoopPlan};
+use stats::{LatencyHistogram, LatencySummary};
 
 use super::exchange::DemoArgs;
 
@@ -89,7 +90,7 @@ impl ViewSearch {
         let rates: Vec<f64> = self.passing_rates().iter().map(|r| r.unwrap_or(0.0)).collect();
         let low = rates.iter().copied().reduce(f64::min)?;
         let high = rates.iter().copied().reduce(f64::max)?;
-        Some((lab::stats::median(rates), low, high))
+        Some((stats::median(rates), low, high))
     }
 }
 
@@ -155,7 +156,7 @@ impl Server {
         };
         // The server's threads inherit the load generator's priority (as scripts/
         // bench-order-entry runs its servers), so neither side preempts the other on wake-up.
-        let same_priority = lab::load::GeneratorPriority::raise();
+        let same_priority = experiments::load::GeneratorPriority::raise();
         let running = gateway::start(ServeOptions {
             listen: any,
             fix_listen: None,
@@ -223,7 +224,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let (seconds, step_seconds, fsync_samples) =
         if args.quick { (1.0, 0.5, 200) } else { (3.0, 1.0, 1_000) };
     let dir = tempfile::tempdir()?;
-    let fsync = lab::disk::raw_fdatasync(dir.path(), fsync_samples)?;
+    let fsync = experiments::disk::raw_fdatasync(dir.path(), fsync_samples)?;
     let durable_limit_ns = DURABLE_LIMIT_FSYNCS * fsync.value_at_percentile_ns(99.0);
     let limit_ns = super::values::whole_nanos(args.p99_limit);
     let tier = TierConfig { layout: args.layout, ..TierConfig::default() };

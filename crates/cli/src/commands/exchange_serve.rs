@@ -769,7 +769,7 @@ pub struct LoadArgs {
 
 /// `leantier exchange load`.
 pub fn load(args: &LoadArgs) -> anyhow::Result<()> {
-    use lab::report::{Markdown, ReportDir, latency_table};
+    use experiments::report::{Markdown, ReportDir, latency_table};
     let base = load_options(args)?;
     let names: Vec<String> = (0..args.connect.len())
         .map(|i| args.name.get(i).cloned().unwrap_or_else(|| args.connect[i].to_string()))
@@ -779,7 +779,7 @@ pub fn load(args: &LoadArgs) -> anyhow::Result<()> {
     } else {
         fixed_rates(args, &base, &names)?
     };
-    let rows: Vec<(&str, &lab::stats::LatencySummary)> =
+    let rows: Vec<(&str, &stats::LatencySummary)> =
         rows.iter().map(|(label, summary)| (label.as_str(), summary)).collect();
     let table = latency_table(&rows).with_title(format!(
         "{} over TCP, {} session(s): intended send time → first report, µs",
@@ -890,9 +890,9 @@ fn traded_instruments(args: &LoadArgs) -> Result<Vec<Traded>, BadInput> {
     Ok(traded)
 }
 
-fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
-    lab::load::OpenLoopPlan {
-        process: lab::load::ArrivalProcess::Poisson { rate_per_s },
+fn load_plan(rate_per_s: f64, duration: Duration) -> stats::open_loop::OpenLoopPlan {
+    stats::open_loop::OpenLoopPlan {
+        process: stats::open_loop::ArrivalProcess::Poisson { rate_per_s },
         seed: 1,
         duration,
     }
@@ -923,9 +923,9 @@ fn load_step(
         result.answered,
         result.rejected,
         result.sent as f64 / result.elapsed.as_secs_f64(),
-        lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(50.0)),
-        lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(99.0)),
-        lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
+        experiments::report::format_ns_as_us(result.latency.value_at_percentile_ns(50.0)),
+        experiments::report::format_ns_as_us(result.latency.value_at_percentile_ns(99.0)),
+        experiments::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
     );
     match failed_run(&result) {
         Some(why) => anyhow::bail!("{name} at {rate:.0}/s: {why}"),
@@ -949,7 +949,7 @@ fn failed_run(result: &experiments::order_entry_load::LoadResult) -> Option<Stri
     })
 }
 
-type Rows = Vec<(String, lab::stats::LatencySummary)>;
+type Rows = Vec<(String, stats::LatencySummary)>;
 
 fn fixed_rates(
     args: &LoadArgs,
@@ -973,7 +973,7 @@ fn find_max(
     base: &experiments::order_entry_load::LoadOptions,
     names: &[String],
 ) -> anyhow::Result<(Rows, Vec<String>)> {
-    let plan = lab::load::RateSearchPlan {
+    let plan = experiments::load::RateSearchPlan {
         start_rate_per_s: args.rate[0],
         min_rate_per_s: args.rate[0].min(args.max_rate) / 16.0,
         max_rate_per_s: args.max_rate,
@@ -981,11 +981,11 @@ fn find_max(
         limit_ns: values::whole_nanos(args.p99_limit),
         precision: 0.1,
     };
-    let step = |target: usize, rate: f64| -> anyhow::Result<lab::stats::LatencyHistogram> {
+    let step = |target: usize, rate: f64| -> anyhow::Result<stats::LatencyHistogram> {
         let result = load_step(base, args.connect[target], &names[target], rate, args.duration)?;
         if result.answered < result.sent || result.rejected > 0 {
             println!("  (fails: every order must be accepted)");
-            return Ok(lab::stats::LatencyHistogram::new());
+            return Ok(stats::LatencyHistogram::new());
         }
         Ok(result.latency)
     };

@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 use anyhow::Context;
-use lab::config::{load_toml, override_with};
-use lab::report::{ReportDir, Table, latency_table};
+use experiments::report::{ReportDir, Table, latency_table};
+use ops::config::{load_toml, override_with};
 
 use experiments::journal_bench::{
     BenchConfig, BenchResults, TARGET_DURABLE_P99_OVER_RAW_SYNC, TARGET_RECORDS_PER_S_AT_64B,
@@ -121,7 +121,7 @@ fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     report.write_json("results.json", &results)?;
     report.write_csv("throughput.csv", &throughput)?;
     report.write_csv("latency.csv", &latency)?;
-    let mut markdown = lab::report::Markdown::new();
+    let mut markdown = experiments::report::Markdown::new();
     markdown
         .heading(1, "Journal benchmark")
         .table(&throughput)

@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use experiments::load::ThroughputSeries;
 use experiments::plot::{BarChart, throughput_over_time_plot};
 use experiments::progress::progress_bar;
+use experiments::report::{
+    Markdown, ReportDir, Table, format_ns_as_us, throughput_over_time_table,
+};
 use experiments::web_load::{CellResult, LoadMode, Window, drive, exchanges};
-use lab::load::ThroughputSeries;
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us, throughput_over_time_table};
-use lab::stats::LatencySummary;
+use stats::LatencySummary;
 use web::exec::Model;
 use web::serve::ServeConfig;
 use web::server::Server;
@@ -663,9 +665,9 @@ const RATIO_CONFIDENCE: f64 = 0.95;
 /// The median of paired `ratios` and its distribution-free interval at `RATIO_CONFIDENCE` as
 /// `low..high` (empty when the ratios are too few for one).
 pub fn median_with_interval(ratios: Vec<f64>) -> (f64, String) {
-    let interval = lab::stats::median_ci(ratios.clone(), RATIO_CONFIDENCE)
+    let interval = experiments::statistics::median_ci(ratios.clone(), RATIO_CONFIDENCE)
         .map_or_else(String::new, |(low, high)| format!("{low:.3}..{high:.3}"));
-    (lab::stats::median(ratios), interval)
+    (stats::median(ratios), interval)
 }
 
 /// Arguments of `web ratio`.
@@ -929,8 +931,8 @@ mod tests {
             throughput_per_s,
             completed: 0,
             errors: 0,
-            latency: lab::stats::LatencyHistogram::new().summary(),
-            send_lag: lab::stats::LatencyHistogram::new().summary(),
+            latency: stats::LatencyHistogram::new().summary(),
+            send_lag: stats::LatencyHistogram::new().summary(),
             throughput_series: ThroughputSeries {
                 interval: Duration::from_secs(1),
                 counts: vec![],

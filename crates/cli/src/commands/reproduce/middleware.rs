@@ -4,13 +4,13 @@
 //! then the same-run comparison of `mq bench` (`experiments::mq_bench`, the code behind
 //! docs/benchmarks/mq.md) on the same store.
 
+use experiments::data::{Cell, DataTable};
 use experiments::mq_bench as bench;
 use experiments::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
 use experiments::mq_load::LoadConfig;
 use experiments::plot::{BarChart, LinePlot};
-use lab::data::{Cell, DataTable};
-use lab::report::ReportDir;
-use lab::stats::{FactorialAnalysis, factorial_2kr};
+use experiments::report::ReportDir;
+use experiments::statistics::{FactorialAnalysis, factorial_2kr};
 use mq::server::NodeConfig;
 
 use super::published::PublishedPaper;
@@ -312,7 +312,11 @@ fn factorial_figure(paper: &PublishedPaper<'_>, measured: &Measured) -> Figure {
             effect.ci_high.into(),
         ]);
     }
-    table.push(vec!["error".into(), lab::data::Cell::Missing, analysis.error_percent.into()]);
+    table.push(vec![
+        "error".into(),
+        experiments::data::Cell::Missing,
+        analysis.error_percent.into(),
+    ]);
     let names: Vec<String> =
         analysis.effects.iter().map(|e| e.name.clone()).chain(["error".into()]).collect();
     let shares: Vec<f64> = analysis

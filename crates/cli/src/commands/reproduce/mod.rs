@@ -15,8 +15,8 @@ mod web_service;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use lab::data::DataTable;
-use lab::report::ReportDir;
+use experiments::data::DataTable;
+use experiments::report::ReportDir;
 
 use crate::outcome::BadInput;
 use machine::{CpuTicks, HostLoad, Machine};
@@ -289,7 +289,7 @@ fn write_figures(dir: &ReportDir, figures: &[Figure]) -> anyhow::Result<()> {
 
 /// The median of `values` (NaN-free), `None` when empty.
 pub fn median(values: &[f64]) -> Option<f64> {
-    (!values.is_empty()).then(|| lab::stats::median(values.to_vec()))
+    (!values.is_empty()).then(|| stats::median(values.to_vec()))
 }
 
 /// Nanoseconds as µs.

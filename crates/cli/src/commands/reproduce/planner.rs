@@ -5,9 +5,9 @@
 
 use cdr::run::NodeThreads;
 use cdr::validate::{Configuration, ValidateSettings, summarize, validate};
+use experiments::data::DataTable;
 use experiments::plot::BarChart;
-use lab::data::DataTable;
-use lab::report::ReportDir;
+use experiments::report::ReportDir;
 use planner::network::Network;
 use planner::optimize::{Goal, optimize_with};
 use planner::options::{Budget, Options};

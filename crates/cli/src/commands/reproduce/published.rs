@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use lab::data::{Cell, DataTable};
+use experiments::data::{Cell, DataTable};
 use toml::{Table as TomlTable, Value};
 
 /// The transcription as shipped with this binary.

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use experiments::data::DataTable;
 use experiments::plot::BarChart;
+use experiments::report::ReportDir;
 use experiments::web_load::CellResult;
-use lab::data::DataTable;
-use lab::report::ReportDir;
 use web::exec::Model;
 use web::workload::Complexity;
 
