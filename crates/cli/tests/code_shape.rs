@@ -25,7 +25,7 @@ const FUNCTION_LINES_MAX: usize = 70;
 const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/mq/src/connection.rs", "read_requests"), // 79 lines
     ("crates/mq/src/store/conformance.rs", "scenario"), // 169 lines
-    ("crates/mq/src/store/sqlite.rs", "execute"), // 97 lines
+    ("crates/mq/src/store/sqlite.rs", "execute"),     // 97 lines
 ];
 
 /// Whether `attrs` mark test-only code (`#[test]`, `#[cfg(test)]`, `#[cfg(loom)]`).
