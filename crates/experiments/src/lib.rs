@@ -60,4 +60,5 @@ pub mod report;
 pub mod ringbench;
 pub mod statistics;
 pub mod tier_load;
+pub mod web_lab;
 pub mod web_load;
