@@ -34,6 +34,10 @@
 //!   Markdown, `.hgrm`, SVG), typed data tables with units in their column names, a
 //!   self-contained HTML page; [`plot`] and [`progress`]: SVG plots and progress bars;
 //!   [`disk`]: the raw append + `fdatasync` baseline of durable latencies.
+//! - [`reproduce`]: `leantier reproduce`, the five papers' experiments beside their published
+//!   figures (`data/published.toml`, embedded), a verdict per claim, one `index.html`.
+//! - [`web_lab`]: `web load`, `web matrix` and `web ratio`: cells and interleaved matrix rounds
+//!   with the Python baselines, medians, target checks, tables and the report folder.
 //! - [`web_load`]: the load driver of `web load` and `web matrix` (one cell of HTTP load at a
 //!   server, closed or open loop, the answers checked).
 //!
@@ -57,6 +61,7 @@ pub mod order_entry_load;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod reproduce;
 pub mod ringbench;
 pub mod statistics;
 pub mod tier_load;

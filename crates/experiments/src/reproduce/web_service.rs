@@ -6,16 +6,15 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use experiments::data::DataTable;
-use experiments::plot::BarChart;
-use experiments::report::ReportDir;
-use experiments::web_load::CellResult;
+use crate::data::DataTable;
+use crate::plot::BarChart;
+use crate::report::ReportDir;
+use crate::web_load::CellResult;
 use web::exec::Model;
 use web::workload::Complexity;
 
-use experiments::web_lab::{MatrixSettings, MedianCell, measure_matrix};
+use crate::web_lab::{MatrixSettings, MedianCell, measure_matrix};
 
-use super::super::web::prefork_child_args;
 use super::published::PublishedPaper;
 use super::verdict::{self, MIN_REPEATS, Spread, Verdict};
 use super::{Claim, Figure, PaperResult, Scale, median};
@@ -91,7 +90,7 @@ fn matrix_args(scale: &Scale, python: Option<PathBuf>) -> MatrixSettings {
         python_duration: Duration::from_secs_f64(scale.seconds(2.0, 8.0)),
         python_users: vec![10],
         out: PathBuf::new(),
-        child_args: prefork_child_args(),
+        child_args: scale.child_args.clone(),
     }
 }
 

@@ -2,13 +2,13 @@
 //! 1..6 publishers (R-Senders) with speedup, Karp–Flatt and Amdahl, and I/O on vs off the
 //! critical path (`experiments::exchange_experiments`).
 
-use ::experiments::data::{Cell, DataTable};
-use ::experiments::exchange_experiments::{
+use crate::data::{Cell, DataTable};
+use crate::exchange_experiments::{
     self as experiments, JournalExperiment, PlacementPoint, SendersPoint,
 };
-use ::experiments::plot::{BarChart, LinePlot, latency_percentile_plot};
-use ::experiments::report::ReportDir;
-use ::experiments::statistics::amdahl;
+use crate::plot::{BarChart, LinePlot, latency_percentile_plot};
+use crate::report::ReportDir;
+use crate::statistics::amdahl;
 use exchange::tier::TierConfig;
 use stats::median as median_of;
 
@@ -258,7 +258,7 @@ fn publishers_rows(senders: &[Vec<SendersPoint>]) -> Vec<PublisherRow> {
     let speedups: Vec<(usize, f64)> =
         medians.iter().map(|&(n, p99)| (n, base / p99.max(f64::MIN_POSITIVE))).collect();
     let karp_flatt = |n: usize, s: f64| {
-        (n > 1).then(|| ::experiments::statistics::karp_flatt(s, n as f64).ok()).flatten()
+        (n > 1).then(|| crate::statistics::karp_flatt(s, n as f64).ok()).flatten()
     };
     let serial: Vec<f64> = speedups.iter().filter_map(|&(n, s)| karp_flatt(n, s)).collect();
     let serial = if serial.is_empty() { 1.0 } else { median_of(serial).clamp(0.0, 1.0) };

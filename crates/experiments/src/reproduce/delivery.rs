@@ -2,13 +2,13 @@
 //! lock-free + dedicated cores with 6, 4, 3, 2, 1 senders), cumulative % per 10 µs bucket,
 //! p90 and p99 at the gateway (`experiments::delivery_experiment`), repeated.
 
-use experiments::data::{Cell, DataTable};
-use experiments::delivery_experiment::{
+use crate::data::{Cell, DataTable};
+use crate::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, Settings,
 };
-use experiments::plot::{LinePlot, latency_percentile_plot};
-use experiments::report::ReportDir;
-use experiments::tier_load::Arrival;
+use crate::plot::{LinePlot, latency_percentile_plot};
+use crate::report::ReportDir;
+use crate::tier_load::Arrival;
 use stats::LatencyHistogram;
 
 use super::published::PublishedPaper;
