@@ -9,6 +9,8 @@
 //!   same server in the same run.
 //! - [`delivery_experiment`]: the published delivery experiment (runs 1–7), in-process and over
 //!   NATS, measured at the gateway.
+//! - [`demo`]: `leantier demo`, `exchange serve` in-process on loopback driven by open-loop
+//!   native sessions: three latency views per rate and the max-rate searches.
 //! - [`exchange_experiments`]: the tier's experiments (the demo's rates and maximum-rate
 //!   search, placement, R-Senders, journal modes, layouts).
 //! - [`journal_bench`]: `journal bench`, the journal writer's throughput and durable-reply
@@ -48,6 +50,7 @@ pub mod cluster;
 pub mod data;
 pub mod delivery_bench;
 pub mod delivery_experiment;
+pub mod demo;
 pub mod disk;
 pub mod exchange_experiments;
 pub mod html;

@@ -18,8 +18,8 @@ use stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 
 use ::experiments::exchange_experiments::{
     self as experiments, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, LayoutBench,
-    MaxRateSearch, PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
-    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
+    MaxRateSearch, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
+    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure, published_comparison, rate_label,
 };
 use ::experiments::tier_load::{Arrival, LoadConfig, RunResult};
 use exchange::durability::{JournalMode, JournalOptions};
@@ -456,14 +456,6 @@ fn summarize(run: &RunResult) -> RunSummary {
     }
 }
 
-fn rate_label(rate_per_s: f64) -> String {
-    if rate_per_s >= 1_000.0 {
-        format!("{:.0}K/s", rate_per_s / 1_000.0)
-    } else {
-        format!("{rate_per_s:.0}/s")
-    }
-}
-
 /// What the end-to-end row measures under `mode`.
 fn reply_label(mode: JournalMode) -> &'static str {
     if mode.holds_replies() { "durable reply" } else { "reply (not held)" }
@@ -574,35 +566,6 @@ fn published_table(runs: &[RunResult]) -> Option<Table> {
         Some(PUBLISHED_PERCENTILES.map(|p| run.critical_path.value_at_percentile_ns(p)))
     };
     published_comparison(title, "leantier critical path µs", ours)
-}
-
-/// A leantier figure beside the published lean tier's at each published rate and percentile
-/// (`ours(rate)`: ns at [`PUBLISHED_PERCENTILES`], `None` where the rate was not run), with
-/// the ratio; `None` when no published rate was run.
-pub(super) fn published_comparison(
-    title: &str,
-    column: &str,
-    ours: impl Fn(f64) -> Option<[u64; 3]>,
-) -> Option<Table> {
-    let mut table =
-        Table::new(["rate", "percentile", column, "published µs", "ratio"]).with_title(title);
-    let mut rows = 0;
-    for (rate, published_us) in PUBLISHED_LATENCY_US {
-        let Some(ours_ns) = ours(rate) else { continue };
-        for ((percentile, ours_ns), published_us) in
-            PUBLISHED_PERCENTILES.iter().zip(ours_ns).zip(published_us)
-        {
-            table.row([
-                rate_label(rate),
-                format!("p{percentile:.0}"),
-                format_ns_as_us(ours_ns),
-                published_us.to_string(),
-                format!("{:.2}", ours_ns as f64 / (published_us * 1_000) as f64),
-            ]);
-            rows += 1;
-        }
-    }
-    (rows > 0).then_some(table)
 }
 
 fn stages_table(runs: &[RunResult]) -> Table {
