@@ -11,7 +11,7 @@
 //!   tier's journal and the session store, both fsynced, overlapped).
 //!
 //! Then the highest rate whose p99 (of that view) stays within the view's limit, searched
-//! [`SEARCH_REPEATS`] times: the report gives the median and the range, since one search on a
+//! three times (`SEARCH_REPEATS`): the report gives the median and the range, since one search on a
 //! shared machine is noise. (`leantier demo --in-process`, the tier's own critical path
 //! without a network, is `exchange_experiments`'.)
 
