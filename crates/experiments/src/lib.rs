@@ -21,6 +21,8 @@
 //!   and the standard experiments (clients, scale-up vs scale-out, size, 2^2·r factorial).
 //! - [`order_entry_load`]: `exchange load`, the order-entry client's open-loop load over the
 //!   native protocol or FIX 4.4 against `exchange serve`.
+//! - [`order_entry_runs`]: `exchange load`'s runs: each rate in turn against each target, or
+//!   each target's highest rate searched side by side; the table and report folder.
 //! - [`ringbench`]: `pipeline`'s ring measured against rtrb, crossbeam, disruptor, std mpsc
 //!   and the blocking baseline in the same run, and the open-loop generator alone
 //!   ([`ringbench::loadgen`]).
@@ -61,6 +63,7 @@ pub mod mq_budget;
 pub mod mq_experiment;
 pub mod mq_load;
 pub mod order_entry_load;
+pub mod order_entry_runs;
 pub mod plot;
 pub mod progress;
 pub mod report;
