@@ -47,7 +47,7 @@ pub enum CdrError {
     Pipeline(#[from] pipeline::stage::PipelineError),
     /// The run's options are invalid (the lab's check of a load plan).
     #[error("the run's options")]
-    Load(#[from] lab::error::BadInput),
+    Load(#[from] stats::BadInput),
     /// A run or a measurement did not produce what it had to; the message says what.
     #[error("{0}")]
     Failed(String),

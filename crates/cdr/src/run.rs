@@ -23,11 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lab::load::{ArrivalProcess, Schedule};
 use pipeline::stage::{
     Emitter, Flow, PipelineBuilder, Route, RunningPipeline, StageHandle, StageSpec,
 };
 use planner::model::NetworkSpec;
+use stats::open_loop::{ArrivalProcess, Schedule};
 
 use crate::convert::{Converted, convert};
 use crate::error::{CdrError, Result, io_failed};
@@ -415,71 +415,8 @@ pub fn run_pipeline(settings: &RunSettings) -> Result<RunSummary> {
         .map_err(io_failed(format!("creating the output directory {out_dir}")))?;
     settings.database.prepare()?;
     let totals = Arc::new(Totals::default());
-    let threads = settings.threads;
     let max = spawned_threads(settings);
-    let mut builder = PipelineBuilder::new().pin_threads(false);
-
-    let generate = generator_handler(settings, totals.clone())?;
-    let mut generate = Some(generate);
-    let generator = builder.source("generator", StageSpec::ancillary(1), move |_| {
-        generate.take().expect("the generator has one worker")
-    });
-
-    let mut decoders = Vec::new();
-    for worker in 0..max.decoder {
-        let path = settings.out_dir.join(format!("rejects-{worker}.log"));
-        let created = File::create(&path);
-        let created = created.map_err(io_failed(format!("creating {}", path.display())))?;
-        let rejects = BufWriter::new(created);
-        decoders.push(Some(DecoderWorker { rejects, rejected: 0, totals: totals.clone() }));
-    }
-    let decoder =
-        builder.stage("decoder", stage_spec(threads.decoder, max.decoder), move |worker| {
-            let mut state = decoders[worker].take().expect("one handler per worker");
-            move |raw: &RawTicket, emitter: &mut Emitter<Ticket>| state.handle(raw, emitter)
-        });
-    let converter_spec = stage_spec(threads.converter, max.converter);
-    let converter = builder.stage("converter", converter_spec, |_| {
-        |ticket: &Ticket, emitter: &mut Emitter<Converted>| emitter.emit(convert(ticket))
-    });
-
-    let serializer_spec = stage_spec(threads.serializer, max.serializer);
-    let mut serializers = Vec::new();
-    for worker in 0..serializer_spec.spawned_workers() {
-        let serializer =
-            Serializer::create(&settings.out_dir, worker, settings.fsync_every_records)
-                .map_err(io_failed(format!("creating a serializer in {out_dir}")))?;
-        serializers.push(Some(SerializerWorker { serializer, totals: totals.clone() }));
-    }
-    let serializer = builder.sink("serializer", serializer_spec, move |worker| {
-        let mut state = serializers[worker].take().expect("one handler per worker");
-        move |converted: &Converted| {
-            if let Err(error) = state.serializer.write(converted) {
-                panic!("serializer {}: {error}", state.serializer.path().display());
-            }
-        }
-    });
-
-    let feeder_spec = stage_spec(threads.feeder, max.feeder);
-    let mut feeders = Vec::new();
-    for _ in 0..feeder_spec.spawned_workers() {
-        let feeder = Feeder::new(settings.database.connect()?, settings.feed_batch_rows);
-        feeders.push(Some(FeederWorker { feeder, totals: totals.clone() }));
-    }
-    let feeder = builder.sink("feeder", feeder_spec, move |worker| {
-        let mut state = feeders[worker].take().expect("one handler per worker");
-        move |converted: &Converted| {
-            if let Err(error) = state.feeder.insert(&converted.row) {
-                panic!("feeder insert: {}", ops::error_chain(&error));
-            }
-        }
-    });
-
-    builder.connect(generator, decoder, Route::RoundRobin);
-    builder.connect(decoder, converter, Route::RoundRobin);
-    builder.connect(converter, serializer, Route::RoundRobin);
-    builder.connect(converter, feeder, Route::RoundRobin);
-    let resizable = Resizable { decoder, converter, serializer, feeder };
+    let (builder, resizable) = build_pipeline(settings, max, &totals)?;
 
     let started = Instant::now();
     let cpu_start_ns = planner::measure::process_cpu_time_ns();
@@ -495,31 +432,144 @@ pub fn run_pipeline(settings: &RunSettings) -> Result<RunSummary> {
     let timeline = timeline?;
     let cpu_s = (planner::measure::process_cpu_time_ns() - cpu_start_ns) as f64 * 1e-9;
     let wall_s = started.elapsed().as_secs_f64();
+    summarize(&totals, &report, Measured { wall_s, cpu_s, timeline })
+}
+
+/// The generator → decoder → converter → serializer + feeder graph, each stage's workers
+/// created up front (their files and database connections), and the handles of the stages
+/// the online controller resizes.
+fn build_pipeline(
+    settings: &RunSettings,
+    max: NodeThreads,
+    totals: &Arc<Totals>,
+) -> Result<(PipelineBuilder, Resizable)> {
+    let threads = settings.threads;
+    let mut builder = PipelineBuilder::new().pin_threads(false);
+    let mut generate = Some(generator_handler(settings, totals.clone())?);
+    let generator = builder.source("generator", StageSpec::ancillary(1), move |_| {
+        generate.take().expect("the generator has one worker")
+    });
+    let mut decoders = decoder_workers(settings, max.decoder, totals)?;
+    let decoder =
+        builder.stage("decoder", stage_spec(threads.decoder, max.decoder), move |worker| {
+            let mut state = decoders[worker].take().expect("one handler per worker");
+            move |raw: &RawTicket, emitter: &mut Emitter<Ticket>| state.handle(raw, emitter)
+        });
+    let converter_spec = stage_spec(threads.converter, max.converter);
+    let converter = builder.stage("converter", converter_spec, |_| {
+        |ticket: &Ticket, emitter: &mut Emitter<Converted>| emitter.emit(convert(ticket))
+    });
+    let serializer_spec = stage_spec(threads.serializer, max.serializer);
+    let mut serializers = serializer_workers(settings, serializer_spec.spawned_workers(), totals)?;
+    let serializer = builder.sink("serializer", serializer_spec, move |worker| {
+        let mut state = serializers[worker].take().expect("one handler per worker");
+        move |converted: &Converted| {
+            if let Err(error) = state.serializer.write(converted) {
+                panic!("serializer {}: {error}", state.serializer.path().display());
+            }
+        }
+    });
+    let feeder_spec = stage_spec(threads.feeder, max.feeder);
+    let mut feeders = feeder_workers(settings, feeder_spec.spawned_workers(), totals)?;
+    let feeder = builder.sink("feeder", feeder_spec, move |worker| {
+        let mut state = feeders[worker].take().expect("one handler per worker");
+        move |converted: &Converted| {
+            if let Err(error) = state.feeder.insert(&converted.row) {
+                panic!("feeder insert: {}", ops::error_chain(&error));
+            }
+        }
+    });
+    builder.connect(generator, decoder, Route::RoundRobin);
+    builder.connect(decoder, converter, Route::RoundRobin);
+    builder.connect(converter, serializer, Route::RoundRobin);
+    builder.connect(converter, feeder, Route::RoundRobin);
+    Ok((builder, Resizable { decoder, converter, serializer, feeder }))
+}
+
+/// One decoder state per worker, each with its own reject file.
+fn decoder_workers(
+    settings: &RunSettings,
+    workers: usize,
+    totals: &Arc<Totals>,
+) -> Result<Vec<Option<DecoderWorker>>> {
+    let mut decoders = Vec::new();
+    for worker in 0..workers {
+        let path = settings.out_dir.join(format!("rejects-{worker}.log"));
+        let created = File::create(&path);
+        let created = created.map_err(io_failed(format!("creating {}", path.display())))?;
+        let rejects = BufWriter::new(created);
+        decoders.push(Some(DecoderWorker { rejects, rejected: 0, totals: totals.clone() }));
+    }
+    Ok(decoders)
+}
+
+/// One serializer per worker, each writing its own file in the output directory.
+fn serializer_workers(
+    settings: &RunSettings,
+    workers: usize,
+    totals: &Arc<Totals>,
+) -> Result<Vec<Option<SerializerWorker>>> {
+    let out_dir = settings.out_dir.display();
+    let mut serializers = Vec::new();
+    for worker in 0..workers {
+        let serializer =
+            Serializer::create(&settings.out_dir, worker, settings.fsync_every_records)
+                .map_err(io_failed(format!("creating a serializer in {out_dir}")))?;
+        serializers.push(Some(SerializerWorker { serializer, totals: totals.clone() }));
+    }
+    Ok(serializers)
+}
+
+/// One feeder per worker, each on its own database connection.
+fn feeder_workers(
+    settings: &RunSettings,
+    workers: usize,
+    totals: &Arc<Totals>,
+) -> Result<Vec<Option<FeederWorker>>> {
+    let mut feeders = Vec::new();
+    for _ in 0..workers {
+        let feeder = Feeder::new(settings.database.connect()?, settings.feed_batch_rows);
+        feeders.push(Some(FeederWorker { feeder, totals: totals.clone() }));
+    }
+    Ok(feeders)
+}
+
+/// What the run measured beside the pipeline's own report.
+struct Measured {
+    wall_s: f64,
+    cpu_s: f64,
+    timeline: Vec<TimelinePoint>,
+}
+
+/// The run's summary from its counters and the pipeline's per-stage report, or the errors
+/// its workers collected.
+fn summarize(
+    totals: &Totals,
+    report: &pipeline::stage::PipelineReport,
+    measured: Measured,
+) -> Result<RunSummary> {
     let errors = std::mem::take(&mut *totals.errors.lock().unwrap_or_else(PoisonError::into_inner));
     if !errors.is_empty() {
         let why = format!("the run finished with errors: {}", errors.join("; "));
         return Err(CdrError::Failed(why));
     }
     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let stages = report.stages.iter().map(|stage| StageSummary {
+        name: stage.stage.clone(),
+        workers: stage.workers,
+        messages_in: stage.messages_in,
+        messages_out: stage.messages_out,
+        utilization: stage.utilization,
+    });
     Ok(RunSummary {
         generated: load(&totals.generated),
         rejected: load(&totals.rejected),
         serialized: load(&totals.serialized),
         inserted: load(&totals.inserted),
-        wall_s,
-        cpu_s,
-        stages: report
-            .stages
-            .iter()
-            .map(|stage| StageSummary {
-                name: stage.stage.clone(),
-                workers: stage.workers,
-                messages_in: stage.messages_in,
-                messages_out: stage.messages_out,
-                utilization: stage.utilization,
-            })
-            .collect(),
-        timeline,
+        wall_s: measured.wall_s,
+        cpu_s: measured.cpu_s,
+        stages: stages.collect(),
+        timeline: measured.timeline,
     })
 }
 

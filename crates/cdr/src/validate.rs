@@ -23,12 +23,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lab::stats::median;
 use planner::measure::available_cores;
 use planner::model::{NetworkSpec, NodeConfig, PipelineConfig};
 use planner::network::Network;
 use planner::options::Budget;
 use serde::Serialize;
+use stats::median;
 
 use crate::error::{Result, io_failed};
 use crate::feed::DbTarget;

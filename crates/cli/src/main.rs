@@ -106,7 +106,7 @@ fn main() -> ExitCode {
 }
 
 /// The demo's server log, in its report folder.
-pub const DEMO_LOG_FILE: &str = "servers.log";
+pub const DEMO_LOG_FILE: &str = experiments::demo::LOG_FILE;
 
 /// Logs to stderr, filtered by `filter`, as text (repeated lines folded, [`quiet`]) or as JSON
 /// lines (`format`); with `file`, every line goes to that file instead and only warnings and

@@ -31,10 +31,36 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
     error.is::<BadInput>()
         || matches!(
             error.downcast_ref(),
-            Some(ops::OpsError::Held { .. } | ops::OpsError::Tls { .. })
+            Some(
+                ops::OpsError::Held { .. }
+                    | ops::OpsError::Tls { .. }
+                    | ops::OpsError::BadInput(_)
+                    | ops::OpsError::Exposed(_)
+            )
         )
-        || error.is::<lab::error::BadInput>()
+        || error.is::<stats::BadInput>()
         || error.is::<experiments::ringbench::RingBenchError>()
+        || error.is::<experiments::statistics::StatsError>()
+        || matches!(error.downcast_ref(), Some(gateway::ServeError::MetricsExposed { .. }))
+        || matches!(
+            error.downcast_ref(),
+            Some(
+                gateway::credentials::CredentialsError::BadLine { .. }
+                    | gateway::credentials::CredentialsError::TooMany(_)
+            )
+        )
+        // A NATS credentials, key or CA file that cannot be read; `DeliveryError::Connect` is
+        // transparent, so the chain shows the connect error through it, not beside it.
+        || matches!(
+            error.downcast_ref(),
+            Some(delivery::nats::NatsConnectError::ReadFile { .. })
+        )
+        || matches!(
+            error.downcast_ref(),
+            Some(delivery::DeliveryError::Connect(
+                delivery::nats::NatsConnectError::ReadFile { .. }
+            ))
+        )
         || matches!(error.downcast_ref(), Some(planner::PlanError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(cdr::CdrError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(delivery::DeliveryError::BadInput(_)))
@@ -42,8 +68,11 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
         || matches!(error.downcast_ref(), Some(mq::MqError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(web::WebError::BadInput(_)))
         || matches!(error.downcast_ref(), Some(journal::JournalError::BadConfig(_)))
-        // The simulator's only errors are its inputs': a fault list, a seed file.
-        || error.is::<sim::SimError>()
+        // The simulator's errors are its inputs': a fault list, a seed file it cannot read.
+        || matches!(
+            error.downcast_ref(),
+            Some(sim::SimError::BadInput(_) | sim::SimError::Io { .. })
+        )
         || matches!(
             error.downcast_ref(),
             Some(
@@ -142,7 +171,7 @@ mod tests {
     #[test]
     fn every_library_bad_input_is_exit_2() {
         let errors: Vec<anyhow::Error> = vec![
-            lab::error::BadInput("lab".into()).into(),
+            stats::BadInput("stats".into()).into(),
             planner::PlanError::BadInput("planner".into()).into(),
             cdr::CdrError::BadInput("cdr".into()).into(),
             exchange::ExchangeError::BadInput("exchange".into()).into(),
@@ -152,6 +181,12 @@ mod tests {
             experiments::ringbench::RingBenchError::BadInput("ring".into()).into(),
             replication::ReplicationError::BadSettings("replication".into()).into(),
             replication::ReplicationError::Fingerprint("group".into()).into(),
+            ops::OpsError::BadInput("config".into()).into(),
+            ops::OpsError::Exposed("/metrics on 0.0.0.0 without a token".into()).into(),
+            experiments::statistics::StatsError::TooFewSamples { needed: 2, got: 1 }.into(),
+            gateway::ServeError::MetricsExposed { addr: "0.0.0.0:9000".parse().unwrap() }.into(),
+            gateway::credentials::CredentialsError::TooMany(1 << 20).into(),
+            sim::SimError::BadInput("faults".into()).into(),
             held_store().into(),
             exchange::ExchangeError::Owned { dir: "tier".into(), source: held_store() }.into(),
             mq::MqError::Owned { dir: "data".into(), source: held_store() }.into(),

@@ -2,7 +2,7 @@
 //! lock file so that they stay true:
 //! - `cli` (package `leantier`) is the only crate that knows about command-line flags: no
 //!   other crate depends on clap;
-//! - `pipeline`, `lab` and `ops` depend on no other leantier crate;
+//! - `pipeline`, `stats` and `ops` depend on no other leantier crate;
 //! - leantier crates depend on each other only along the map's edges, and ARCHITECTURE.md's
 //!   crate map is the list of those edges, generated here (`LEANTIER_UPDATE_ARCHITECTURE=1
 //!   cargo test -p leantier --test architecture` rewrites it);
@@ -11,11 +11,12 @@
 //!   dependencies: nothing of the lab (load drivers, reports, config files, progress bars, async runtime);
 //! - only `delivery` and `replication` (and the lab's `experiments`: its test cluster) depend
 //!   on async-nats, only `experiments` (its ring benchmark) on rtrb and disruptor;
-//! - libraries return their own typed errors: only `cli` and the lab's tools (`lab`,
-//!   `experiments`) depend on `anyhow`;
+//! - libraries return their own typed errors: only `cli` and the lab's `experiments` depend on
+//!   `anyhow`;
 //! - the tier is the only place that wires stages: the gateway feeds it and has no rings,
 //!   stage graph or layout chooser of its own;
-//! - the servers' crates build without plotting, progress bars or the experiments crate, and
+//! - the servers' crates build with the slim statistics crate (`stats`: histograms, open-loop
+//!   schedules) and without plotting, progress bars or the experiments crate, and
 //!   the tier is started one way (no slot or channel beside the source's start).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,18 +27,20 @@ mod workspace;
 use workspace::{rust_files, workspace_root};
 
 /// The dependency edges between leantier crates that the map allows (normal dependencies;
-/// every crate may also use `lab`, `ops` and `pipeline`, except those three themselves).
+/// every crate may also use `ops`, `pipeline` and `stats`, except those three themselves).
 const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("cdr", "planner"),
     ("delivery", "exchange"),
     ("exchange", "journal"),
     ("exchange", "matching"),
     ("exchange", "planner"),
+    ("experiments", "cdr"),
     ("experiments", "delivery"),
     ("experiments", "exchange"),
     ("experiments", "gateway"),
     ("experiments", "journal"),
     ("experiments", "mq"),
+    ("experiments", "planner"),
     ("experiments", "web"),
     ("gateway", "delivery"),
     ("gateway", "exchange"),
@@ -53,7 +56,7 @@ const ALLOWED_EDGES: &[(&str, &str)] = &[
     ("sim", "replication"),
 ];
 /// Crates nobody but the binary depends on with these (the base of the map).
-const BASE_CRATES: &[&str] = &["lab", "ops", "pipeline"];
+const BASE_CRATES: &[&str] = &["ops", "pipeline", "stats"];
 /// Crates `planner` must not pull in, directly or through another dependency.
 const PLANNER_FORBIDDEN: &[&str] = &["tokio", "disruptor", "rtrb", "crossbeam", "clap"];
 
@@ -150,7 +153,8 @@ fn crate_map() -> String {
     let mut rows: Vec<(usize, &String)> =
         edges.keys().map(|name| (layer(name, &edges), name)).collect();
     rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
-    let mut map = String::from("layer  crate          depends on (besides lab, ops, pipeline)\n");
+    let bases = BASE_CRATES.join(", ");
+    let mut map = format!("layer  crate          depends on (besides {bases})\n");
     map.push_str("    -  leantier (cli)  every crate below\n");
     for (layer, name) in rows.into_iter().filter(|(_, name)| !BASE_CRATES.contains(&name.as_str()))
     {
@@ -159,7 +163,6 @@ fn crate_map() -> String {
         map.push_str(&format!("{layer:>5}  {name:<14} {deps}\n"));
     }
     // The base crates are leaves (`crates_depend_on_each_other_only_along_the_map`).
-    let bases = BASE_CRATES.join(", ");
     map.push_str(&format!("    0  {bases}  (used by every crate; depend on no leantier crate)\n"));
     map
 }
@@ -217,8 +220,8 @@ fn only_the_owners_know_about_nats_and_the_ring_peers() {
 }
 
 /// The crates that may depend on `anyhow`: the binary, whose commands report any error, and
-/// the lab's tools (`lab`, `experiments`), which only commands and tests call.
-const ANYHOW_USERS: &[&str] = &["leantier", "lab", "experiments"];
+/// the lab's `experiments`, which only commands and tests call.
+const ANYHOW_USERS: &[&str] = &["leantier", "experiments"];
 
 #[test]
 fn libraries_return_their_own_typed_errors_not_anyhow() {
@@ -298,7 +301,7 @@ fn the_planner_builds_without_a_runtime_or_ring_peers() {
 /// The lab's packages and what only the lab, the binary or the servers need: a library a
 /// stranger embeds must not compile them.
 const LAB_PACKAGES: &[&str] =
-    &["lab", "tokio", "indicatif", "rand", "toml", "clap", "anyhow", "criterion", "axum"];
+    &["experiments", "tokio", "indicatif", "rand", "toml", "clap", "anyhow", "criterion", "axum"];
 /// Libraries that must build with their own few dependencies (issue 30).
 const LEAN_LIBRARIES: &[&str] = &["leantier-pipeline", "leantier-journal", "leantier-matching"];
 
@@ -318,11 +321,11 @@ fn the_runtime_the_journal_and_the_matching_core_build_without_the_lab() {
     }
     // The check itself sees what it looks for: the binary builds with all of the lab.
     let binary = build_closure("leantier");
-    assert!(["lab", "tokio", "rand"].iter().all(|p| binary.contains(*p)), "{binary:?}");
+    assert!(["experiments", "tokio", "rand"].iter().all(|p| binary.contains(*p)), "{binary:?}");
 }
 
 /// The server crates (packages): what runs in production, behind `exchange serve`, `mq serve`,
-/// `web serve` and the delivery and replication processes.
+/// `web serve`, the delivery and replication processes, and the cdr pipeline.
 const SERVER_PACKAGES: &[&str] = &[
     "gateway",
     "leantier-exchange",
@@ -330,6 +333,7 @@ const SERVER_PACKAGES: &[&str] = &[
     "leantier-replication",
     "mq",
     "web",
+    "cdr",
     "leantier-ops",
     "leantier-journal",
     "leantier-pipeline",
@@ -337,24 +341,48 @@ const SERVER_PACKAGES: &[&str] = &[
 ];
 /// What only the lab needs: plotting, terminal progress bars, and the experiments crate.
 const LAB_ONLY_PACKAGES: &[&str] = &["plotters", "indicatif", "experiments"];
+/// The slim statistics crate (package): the histograms and open-loop schedules servers record
+/// and pace with, and all of the lab a server may compile.
+const STATS_PACKAGE: &str = "leantier-stats";
+/// Servers that record latency histograms, so their closure holds [`STATS_PACKAGE`].
+const HISTOGRAM_SERVERS: &[&str] = &["gateway", "leantier-exchange", "delivery", "cdr"];
 
 #[test]
-fn the_servers_build_without_plots_progress_bars_or_the_experiments() {
+fn the_servers_build_with_the_statistics_crate_not_plots_progress_bars_or_the_experiments() {
+    let packages = member_packages();
     for server in SERVER_PACKAGES {
+        assert!(
+            !packages[*server].contains("experiments"),
+            "{server} depends on experiments: lab code stays out of the servers; a server's \
+             statistics come from {STATS_PACKAGE} (ARCHITECTURE.md, Invariants)"
+        );
         let closure = build_closure(server);
         let found: Vec<&&str> =
             LAB_ONLY_PACKAGES.iter().filter(|p| closure.contains(**p)).collect();
         assert!(found.is_empty(), "{server} pulls in {found:?}: that is lab code (issue 44)");
     }
+    for server in HISTOGRAM_SERVERS {
+        let closure = build_closure(server);
+        assert!(closure.contains(STATS_PACKAGE), "{server} records histograms without stats");
+    }
+    // The statistics crate itself is slim: no lab-only package, async runtime or config files.
+    let stats = build_closure(STATS_PACKAGE);
+    let heavy: Vec<&&str> = LAB_ONLY_PACKAGES
+        .iter()
+        .chain(&["tokio", "toml", "anyhow"])
+        .filter(|p| stats.contains(**p))
+        .collect();
+    assert!(heavy.is_empty(), "{STATS_PACKAGE} pulls in {heavy:?}: it must stay slim");
     // The replicated tier's test cluster (`experiments::cluster`, with its temporary folders)
     // is a dev-dependency of replication's tests, not part of the library.
-    let replication = &member_packages()["leantier-replication"];
+    let replication = &packages["leantier-replication"];
     let helpers: Vec<&str> =
         ["tempfile", "experiments"].into_iter().filter(|p| replication.contains(*p)).collect();
     assert!(helpers.is_empty(), "replication depends on test helpers {helpers:?}");
     // The check itself sees what it looks for: the binary builds with all of the lab.
     let binary = build_closure("leantier");
     assert!(LAB_ONLY_PACKAGES.iter().all(|p| binary.contains(*p)), "{binary:?}");
+    assert!(binary.contains(STATS_PACKAGE), "{binary:?}");
 }
 
 /// What wiring stages looks like in code: the ring, the connector, the stage graph, the

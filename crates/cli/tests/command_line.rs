@@ -637,3 +637,105 @@ fn sim_replays_a_seed_and_refuses_bad_faults_and_seed_files_with_code_2() {
     let missing = leantier(&["sim", "--seed-file", "/nonexistent/seeds.txt"]);
     assert_eq!(code(&missing), 2, "{}", text(&missing.stderr));
 }
+
+/// Writes, in `dir`, the bad inputs of `every_library_refuses_bad_input_with_code_2`.
+fn write_bad_inputs(dir: &Path) {
+    let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdr-model.toml");
+    let model = std::fs::read_to_string(model).unwrap();
+    write("bad-model.toml", &model.replace("300000.0", "0.0"));
+    let plan_dir = dir.join("plan");
+    let model_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdr-model.toml");
+    let plan = leantier(&[
+        "plan",
+        "optimize",
+        "--model",
+        model_file.to_str().unwrap(),
+        "--out",
+        plan_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&plan), 0, "{}", text(&plan.stderr));
+    let planned = std::fs::read_to_string(plan_dir.join("config.toml")).unwrap();
+    write("no-feeder.toml", &planned.replace("\"feeder\"", "\"sink\""));
+    write("unknown-key.toml", "bogus_key = 1\n");
+    write("bursty.toml", "[load]\narrival = \"bursty\"\nburst_on_us = 0\n");
+    write("journal.toml", "record_bytes = [0]\n");
+    write("garbage.txt", "garbage\n");
+    write("bad-credentials.toml", "credentials = \"garbage.txt\"\n");
+    write_credentials(dir);
+    write("serve.toml", "credentials = \"clients.txt\"\n");
+}
+
+/// Each library's bad-input errors reach the exit code 2 through `cli::outcome`, whatever
+/// wraps them: one command per library (and per kind of refusal), its message pinning which
+/// library refused. (`sim`, the ring benchmark and the exchange tier have theirs above.)
+#[test]
+fn every_library_refuses_bad_input_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    write_bad_inputs(dir.path());
+    let nats = "--nats=nats://127.0.0.1:1";
+    let (listen, fix_listen) = ("--listen=127.0.0.1:0", "--fix-listen=127.0.0.1:0");
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "stats",
+            &["exchange", "run", "--config", "bursty.toml", "--rate", "1000", "--out", "run"],
+            "on_ns must be > 0",
+        ),
+        ("exchange", &["exchange", "run", "--rate", "0", "--duration", "100ms"], "every rate"),
+        ("ops config", &["journal", "bench", "--config", "unknown-key.toml"], "bogus_key"),
+        ("planner", &["plan", "optimize", "--model", "bad-model.toml"], "must be > 0"),
+        ("cdr", &["cdr", "run", "--config", "no-feeder.toml"], "named feeder"),
+        ("journal", &["journal", "bench", "--config", "journal.toml"], "journal config"),
+        ("mq", &["mq", "serve", "--db-workers", "0", "--store", "sqlite:mq.db", listen], "db_"),
+        ("web", &["web", "serve", "--workers", "0", listen], "workers"),
+        ("delivery", &["exchange", "publish", "--prefix", "a b", nats], "prefix"),
+        ("delivery's files", &["exchange", "publish", "--nats-creds", "no.creds", nats], "file"),
+        (
+            "replication",
+            &[
+                "exchange",
+                "serve",
+                "--config",
+                "serve.toml",
+                "--role",
+                "engine",
+                nats,
+                "--prefix=a b",
+            ],
+            "bad replication settings",
+        ),
+        (
+            "gateway credentials",
+            &["exchange", "serve", "--config", "bad-credentials.toml", listen, fix_listen],
+            "line 1",
+        ),
+        (
+            "gateway metrics",
+            &[
+                "exchange",
+                "serve",
+                "--config",
+                "serve.toml",
+                "--metrics-listen=0.0.0.0:0",
+                listen,
+                fix_listen,
+            ],
+            "not a loopback address",
+        ),
+        (
+            "ops endpoint",
+            &["mq", "serve", "--store", "sqlite:mq2.db", "--metrics-listen=0.0.0.0:0", listen],
+            "not a loopback address",
+        ),
+    ];
+    for (library, args, says) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_leantier"))
+            .args(*args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(code(&output), 2, "{library}: {args:?}: {stderr}");
+        assert!(stderr.contains(says), "{library}: {args:?} should say {says:?}: {stderr}");
+    }
+}

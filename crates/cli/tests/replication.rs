@@ -1324,8 +1324,8 @@ fn open_loop(
         connect: address,
         protocol,
         sessions: sessions.to_vec(),
-        plan: lab::load::OpenLoopPlan {
-            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 300.0 },
+        plan: stats::open_loop::OpenLoopPlan {
+            process: stats::open_loop::ArrivalProcess::Poisson { rate_per_s: 300.0 },
             seed: 7,
             duration,
         },

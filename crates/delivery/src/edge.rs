@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use async_nats::StatusCode;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use lab::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};

@@ -500,24 +500,7 @@ impl NatsPublisher {
         options: PublishOptions,
         group: Option<PublisherGroup>,
     ) -> Result<NatsPublisher> {
-        crate::subjects::validate_prefix(&options.prefix)
-            .map_err(crate::DeliveryError::BadInput)?;
-        if !(1..=RETAIN_RECORDS_MAX).contains(&options.retain_records)
-            || !(1..=OUTLETS_MAX).contains(&options.outlets)
-            || options.heartbeat.is_zero()
-        {
-            return Err(crate::DeliveryError::BadInput(format!(
-                "retain records must be in 1..={RETAIN_RECORDS_MAX}, outlets in \
-                 1..={OUTLETS_MAX}, heartbeat > 0"
-            )));
-        }
-        let subjects = options.outlets as usize * Stream::ALL.len();
-        let resumed = group.as_ref().map_or(0, |group| group.next_seqs.len());
-        if resumed != 0 && resumed != subjects {
-            return Err(crate::DeliveryError::BadInput(format!(
-                "{resumed} subjects to continue, {subjects} published"
-            )));
-        }
+        check_member_options(&options, group.as_ref())?;
         // Two runtime threads: the client's connection task and the services; the publishing
         // itself runs on the publisher threads.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -535,15 +518,7 @@ impl NatsPublisher {
             None => (None, None),
         };
         tracing::info!("publisher instance {instance:016x}");
-        let subjects = (0..options.outlets)
-            .flat_map(|outlet| Stream::ALL.map(|stream| (outlet, stream)))
-            .map(|(outlet, stream)| {
-                let next_seq = next_seqs.get(subject_index(outlet, stream)).copied().unwrap_or(1);
-                let window = Window::continuing_at(options.retain_records, next_seq.max(1));
-                let name = data_subject(&options.prefix, outlet, stream).into();
-                SubjectState { name, window: Mutex::new(window) }
-            })
-            .collect();
+        let subjects = subject_states(&options, &next_seqs);
         let handle = runtime.handle().clone();
         let counters = Counters::default();
         let shared = Arc::new(Shared {
@@ -655,6 +630,44 @@ impl NatsPublisher {
                 .collect(),
         }
     }
+}
+
+/// Refuses options a member publisher cannot run with: a bad prefix, a retained window,
+/// outlet count or heartbeat out of range, or a group continuing a different number of
+/// subjects than it publishes.
+fn check_member_options(options: &PublishOptions, group: Option<&PublisherGroup>) -> Result<()> {
+    crate::subjects::validate_prefix(&options.prefix).map_err(crate::DeliveryError::BadInput)?;
+    if !(1..=RETAIN_RECORDS_MAX).contains(&options.retain_records)
+        || !(1..=OUTLETS_MAX).contains(&options.outlets)
+        || options.heartbeat.is_zero()
+    {
+        return Err(crate::DeliveryError::BadInput(format!(
+            "retain records must be in 1..={RETAIN_RECORDS_MAX}, outlets in \
+             1..={OUTLETS_MAX}, heartbeat > 0"
+        )));
+    }
+    let subjects = options.outlets as usize * Stream::ALL.len();
+    let resumed = group.map_or(0, |group| group.next_seqs.len());
+    if resumed != 0 && resumed != subjects {
+        return Err(crate::DeliveryError::BadInput(format!(
+            "{resumed} subjects to continue, {subjects} published"
+        )));
+    }
+    Ok(())
+}
+
+/// Every data subject's state, each window continuing at the group's next sequence for it
+/// (1 for a new publisher).
+fn subject_states(options: &PublishOptions, next_seqs: &[u64]) -> Vec<SubjectState> {
+    (0..options.outlets)
+        .flat_map(|outlet| Stream::ALL.map(|stream| (outlet, stream)))
+        .map(|(outlet, stream)| {
+            let next_seq = next_seqs.get(subject_index(outlet, stream)).copied().unwrap_or(1);
+            let window = Window::continuing_at(options.retain_records, next_seq.max(1));
+            let name = data_subject(&options.prefix, outlet, stream).into();
+            SubjectState { name, window: Mutex::new(window) }
+        })
+        .collect()
 }
 
 impl Drop for NatsPublisher {

@@ -41,7 +41,7 @@ pub enum ExchangeError {
     Plan(#[from] planner::PlanError),
     /// The load's options are invalid (the lab's check of an arrival process or schedule).
     #[error("the load's options")]
-    Load(#[from] lab::error::BadInput),
+    Load(#[from] stats::BadInput),
     /// Another process owns the data directory (its journals): the tier does not start.
     #[error("the tier's data directory {} has another owner", dir.display())]
     Owned {

@@ -46,7 +46,7 @@
 //! replaces, and invalid requests each tagged with the reason it must get); a stopped tier
 //! ([`tier::TierStopped`]) reports end-to-end and per-stage latency histograms, the runtime's
 //! per-stage throughput and utilization, rejects by reason and each shard's output hash. The
-//! open-loop load run that drives it (`lab::load`'s schedule) is the workspace's
+//! open-loop load run that drives it (`stats::open_loop`'s schedule) is the workspace's
 //! `experiments::tier_load`.
 //!
 //! Under `--cfg loom` only [`master`] and the modules it needs are built, with loom's atomics

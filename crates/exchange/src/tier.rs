@@ -107,7 +107,7 @@ pub const STAGE_WORKERS_MAX: usize = 64;
 /// reference ladder costs about 130 KiB per instrument per shard.
 pub const UNIVERSE_INSTRUMENTS_MAX: u32 = 1024;
 
-/// A configuration of the tier (TOML via `lab::config`; every field has a default).
+/// A configuration of the tier (TOML via `ops::config`; every field has a default).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TierConfig {

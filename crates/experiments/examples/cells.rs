@@ -11,7 +11,7 @@ use experiments::ringbench::harness::{CpuPair, ping_pong, probe_cache_sharing, t
 use experiments::ringbench::peers::{
     Disruptor, Leantier, Message8, Message64, Payload, Peer, Rtrb,
 };
-use lab::stats::median;
+use stats::median;
 
 /// One trial, in millions of messages per second.
 fn mmsg<P: Peer<M>, M: Payload>(messages: u64, batch: usize, cpus: CpuPair) -> f64 {

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use exchange::msg::{Audience, CoreOutput, Response};
 use exchange::tier::WaitChoice;
 use futures_util::StreamExt;
-use lab::stats::{LatencyHistogram, LatencySummary, median};
 use pipeline::metrics::now_ns;
+use stats::{LatencyHistogram, LatencySummary, median};
 
 use delivery::clock::monotonic_ns;
 use delivery::edge::{EdgeOptions, start as start_edge};

@@ -19,8 +19,8 @@ use crate::tier_load::{
 };
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::tier::{LayoutChoice, TierConfig};
-use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::ConnectorKind;
+use stats::{LatencyHistogram, LatencySummary};
 
 use delivery::edge::{EdgeOptions, RunningEdge, start as start_edge};
 use delivery::nats::NatsConnect;

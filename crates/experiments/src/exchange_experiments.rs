@@ -7,10 +7,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::load::{RateSearchPlan, RateSearchReport, search_max_rate};
 use crate::progress::progress_bar;
-use lab::load::{RateSearchPlan, RateSearchReport, search_max_rate};
-use lab::stats::{LatencyHistogram, LatencySummary, karp_flatt, speedup};
+use crate::report::{Table, format_ns_as_us};
+use crate::statistics::{karp_flatt, speedup};
 use serde::Serialize;
+use stats::{LatencyHistogram, LatencySummary};
 
 use crate::tier_load::{LoadConfig, RunOptions, RunResult, run as run_tier};
 use exchange::ExchangeError::{self, BadInput};
@@ -368,7 +370,7 @@ pub fn journal_modes(
         move |source| ExchangeError::Io { what, source }
     };
     let root = root.map_err(io_failed("creating the experiment's data directory"))?;
-    let raw_fsync = lab::disk::raw_fdatasync(root.path(), fsync_samples)
+    let raw_fsync = crate::disk::raw_fdatasync(root.path(), fsync_samples)
         .map_err(io_failed("measuring raw fdatasync"))?
         .summary();
     let modes = [Policy::Sync.into(), Policy::Group.into(), JournalMode::OFF];
@@ -499,10 +501,48 @@ pub fn layout_bench(
     Ok(bench)
 }
 
+/// A rate as the tables label it: `20K/s`, or `500/s` below a thousand.
+pub fn rate_label(rate_per_s: f64) -> String {
+    if rate_per_s >= 1_000.0 {
+        format!("{:.0}K/s", rate_per_s / 1_000.0)
+    } else {
+        format!("{rate_per_s:.0}/s")
+    }
+}
+
+/// A leantier figure beside the published lean tier's at each published rate and percentile
+/// (`ours(rate)`: ns at [`PUBLISHED_PERCENTILES`], `None` where the rate was not run), with
+/// the ratio; `None` when no published rate was run.
+pub fn published_comparison(
+    title: &str,
+    column: &str,
+    ours: impl Fn(f64) -> Option<[u64; 3]>,
+) -> Option<Table> {
+    let mut table =
+        Table::new(["rate", "percentile", column, "published µs", "ratio"]).with_title(title);
+    let mut rows = 0;
+    for (rate, published_us) in PUBLISHED_LATENCY_US {
+        let Some(ours_ns) = ours(rate) else { continue };
+        for ((percentile, ours_ns), published_us) in
+            PUBLISHED_PERCENTILES.iter().zip(ours_ns).zip(published_us)
+        {
+            table.row([
+                rate_label(rate),
+                format!("p{percentile:.0}"),
+                format_ns_as_us(ours_ns),
+                published_us.to_string(),
+                format!("{:.2}", ours_ns as f64 / (published_us * 1_000) as f64),
+            ]);
+            rows += 1;
+        }
+    }
+    (rows > 0).then_some(table)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lab::load::RateSearchPlan;
+    use crate::load::RateSearchPlan;
 
     /// The refusals name the flags as they are now spelled, with the value given.
     #[test]

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use lab::load::{ArrivalProcess, OpenLoopPlan, drive_sync};
-use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::{ConnectorKind, RingConfig};
 use serde::{Deserialize, Serialize};
+use stats::open_loop::{ArrivalProcess, OpenLoopPlan, drive_sync};
+use stats::{LatencyHistogram, LatencySummary};
+
+use crate::report::{ReportDir, Table, latency_table};
 
 use journal::DurableSeq;
 use journal::FixedRecord;
@@ -142,7 +144,7 @@ pub fn run_all(config: &BenchConfig) -> anyhow::Result<BenchResults> {
         });
         progress.inc(1);
     }
-    let raw_fdatasync = lab::disk::raw_fdatasync(&config.dir, config.fsync_samples)?.summary();
+    let raw_fdatasync = crate::disk::raw_fdatasync(&config.dir, config.fsync_samples)?.summary();
     progress.inc(1);
     let mut latency = Vec::new();
     for &policy in &config.policies {
@@ -287,4 +289,142 @@ fn spawn_reply_thread(
         }
         Ok(latency)
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report: tables, files and the targets' verdicts.
+
+/// Prints `results`' tables and writes the report folder `out` (results.json, CSV tables,
+/// results.md, the durable-reply percentile plot); returns the targets missed.
+pub fn write_report(results: &BenchResults, out: &Path) -> anyhow::Result<Vec<String>> {
+    let (throughput, latency, verdicts) = tables(results);
+    let runs = runs_table(results);
+    println!("{throughput}\n{latency}\n{runs}\n{verdicts}");
+    let report = ReportDir::create(out)?;
+    report.write_json("results.json", results)?;
+    report.write_csv("throughput.csv", &throughput)?;
+    report.write_csv("latency.csv", &latency)?;
+    let mut markdown = crate::report::Markdown::new();
+    markdown
+        .heading(1, "Journal benchmark")
+        .table(&throughput)
+        .table(&latency)
+        .table(&runs)
+        .table(&verdicts);
+    report.write_markdown("results.md", markdown.as_str())?;
+    let series: Vec<_> =
+        results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
+    let plot = crate::plot::latency_percentile_plot("Durable-reply latency", &series);
+    report.write_svg("durable-reply-percentiles.svg", &plot.to_svg())?;
+    println!("report written to {}", report.path().display());
+    Ok(missed_targets(results))
+}
+
+fn tables(results: &BenchResults) -> (Table, Table, Table) {
+    let mut throughput = Table::new([
+        "record B",
+        "records",
+        "records/s",
+        "payload MB/s",
+        "disk MB/s",
+        "syncs",
+        "records/sync",
+    ])
+    .with_title("Journal throughput, group commit (records/s counts only durable records)");
+    for r in &results.throughput {
+        throughput.row([
+            r.record_bytes.to_string(),
+            r.records.to_string(),
+            format!("{:.0}", r.records_per_s),
+            format!("{:.1}", r.payload_mb_per_s),
+            format!("{:.1}", r.disk_mb_per_s),
+            r.syncs.to_string(),
+            format!("{:.0}", r.records_per_sync),
+        ]);
+    }
+    let labels: Vec<(String, _)> =
+        std::iter::once(("raw 4 KiB append+fdatasync".to_string(), &results.raw_fdatasync))
+            .chain(results.latency.iter().flat_map(|r| {
+                let name = r.policy.name();
+                [
+                    (format!("{name}: core done"), &r.core_done),
+                    (format!("{name}: durable"), &r.durable_reply),
+                ]
+            }))
+            .collect();
+    let rows: Vec<(&str, _)> =
+        labels.iter().map(|(name, summary)| (name.as_str(), *summary)).collect();
+    let latency = latency_table(&rows).with_title(format!(
+        "Latency from the intended arrival (open loop, Poisson {} msg/s, 64 B records)",
+        results.config.rate_per_s
+    ));
+    let mut verdicts = Table::new(["target", "measured", "ratio", "met"]).with_title("Targets");
+    for verdict in verdicts_of(results) {
+        verdicts.row([
+            verdict.target,
+            verdict.measured,
+            format!("{:.2}", verdict.ratio),
+            verdict.met.to_string(),
+        ]);
+    }
+    (throughput, latency, verdicts)
+}
+
+/// How many inputs each latency run sent, and how many it gave up on when saturated.
+fn runs_table(results: &BenchResults) -> Table {
+    let mut runs = Table::new(["policy", "rate/s", "sent", "not sent (saturated)"])
+        .with_title("Latency runs (a saturated policy stops sending once 1 s behind schedule)");
+    for r in &results.latency {
+        runs.row([
+            r.policy.name().to_string(),
+            format!("{:.0}", r.rate_per_s),
+            r.sent.to_string(),
+            r.not_sent_saturated.to_string(),
+        ]);
+    }
+    runs
+}
+
+struct Verdict {
+    target: String,
+    measured: String,
+    ratio: f64,
+    met: bool,
+}
+
+fn verdicts_of(results: &BenchResults) -> Vec<Verdict> {
+    let mut verdicts = Vec::new();
+    if let Some(r) = results.throughput.iter().find(|r| r.record_bytes == 64) {
+        let ratio = r.records_per_s / TARGET_RECORDS_PER_S_AT_64B;
+        verdicts.push(Verdict {
+            target: ">= 1M records/s at 64 B (ratio = measured / target)".into(),
+            measured: format!("{:.0} records/s", r.records_per_s),
+            ratio,
+            met: ratio >= 1.0,
+        });
+    }
+    if let Some(r) = results.latency.iter().find(|r| r.policy == Policy::Group) {
+        let raw_p99 = results.raw_fdatasync.p99_ns.max(1) as f64;
+        let ratio = r.durable_reply.p99_ns as f64 / raw_p99;
+        verdicts.push(Verdict {
+            target: "group durable-reply p99 <= 2x raw fdatasync p99 (ratio = p99 / raw p99)"
+                .into(),
+            measured: format!(
+                "{} µs vs raw {} µs",
+                r.durable_reply.p99_ns / 1000,
+                results.raw_fdatasync.p99_ns / 1000
+            ),
+            ratio,
+            met: ratio <= TARGET_DURABLE_P99_OVER_RAW_SYNC && r.not_sent_saturated == 0,
+        });
+    }
+    verdicts
+}
+
+fn missed_targets(results: &BenchResults) -> Vec<String> {
+    verdicts_of(results)
+        .into_iter()
+        .filter(|v| !v.met)
+        .map(|v| format!("{}: {} (ratio {:.2})", v.target, v.measured, v.ratio))
+        .collect()
 }

@@ -31,9 +31,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use lab::report::Table;
-use lab::stats::LatencyHistogram;
+use crate::report::Table;
 use serde::Serialize;
+use stats::LatencyHistogram;
 
 use mq::client::Client;
 use mq::protocol::{ReadMode, ReadTarget, ReplyBody, Request, SEND_BATCH_MAX, SendRef};

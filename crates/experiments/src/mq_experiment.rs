@@ -7,11 +7,11 @@
 //!   nodes with the base configuration each);
 //! - `size`: response time vs message size;
 //! - `factorial`: a 2^2·r design, database workers × group commit, analysed with
-//!   [`lab::stats::factorial_2kr`] (effects, % of variation, confidence intervals).
+//!   [`crate::statistics::factorial_2kr`] (effects, % of variation, confidence intervals).
 
 use crate::plot::LinePlot;
-use lab::report::Table;
-use lab::stats::factorial_2kr;
+use crate::report::Table;
+use crate::statistics::factorial_2kr;
 use serde::Serialize;
 
 use mq::server::{self, NodeConfig};

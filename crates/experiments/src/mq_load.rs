@@ -13,10 +13,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lab::load::{ClosedLoopOptions, LoadReport, drive_closed_loop};
-use lab::report::{Table, latency_table};
-use lab::stats::{LatencyHistogram, mean_ci};
+use crate::load::{ClosedLoopOptions, LoadReport, drive_closed_loop};
+use crate::report::{Table, latency_table};
+use crate::statistics::mean_ci;
 use serde::{Deserialize, Serialize};
+use stats::LatencyHistogram;
 use tokio::sync::Mutex;
 
 use mq::client::{Client, ClientError, Timeouts};
@@ -140,11 +141,11 @@ pub struct LoadResult {
     /// batch-means estimator. It weights intervals equally, so it can differ from the
     /// request-weighted `response_mean_ns`; the interval belongs to this estimate, not to that.
     pub response_interval_mean_ns: Option<(f64, f64, f64)>,
-    pub response: lab::stats::LatencySummary,
-    pub queue_wait: lab::stats::LatencySummary,
-    pub db: lab::stats::LatencySummary,
-    pub middleware: lab::stats::LatencySummary,
-    pub client_side: lab::stats::LatencySummary,
+    pub response: stats::LatencySummary,
+    pub queue_wait: stats::LatencySummary,
+    pub db: stats::LatencySummary,
+    pub middleware: stats::LatencySummary,
+    pub client_side: stats::LatencySummary,
     pub counts: Counts,
     /// Requests the driver counted as failed (refusals other than "no message", timeouts).
     pub failed_requests: u64,
@@ -216,7 +217,7 @@ pub async fn run(config: &LoadConfig) -> Result<LoadResult> {
         }
     })
     .await
-    .map_err(|lab::error::BadInput(why)| MqError::BadInput(why))?;
+    .map_err(|stats::BadInput(why)| MqError::BadInput(why))?;
     ticker.abort();
     progress.finish_and_clear();
     let wall_s = started.elapsed().as_secs_f64();

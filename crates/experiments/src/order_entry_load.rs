@@ -4,7 +4,7 @@
 //!
 //! The schedule, the intended-time table and the histograms are shared; only the session part
 //! (log on, encode an order, decode reports, log out) differs by protocol. One sender thread
-//! follows `lab::load`'s schedule and writes each order to the session whose turn it is; reader
+//! follows `stats::open_loop`'s schedule and writes each order to the session whose turn it is; reader
 //! threads match reports to intended times by the run's order number (native: one thread polls
 //! every session, each session's tokens start at its next sequence number so a later run never
 //! reuses one; FIX: one thread per session, the ClOrdID is the run's prefix and the order
@@ -20,8 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lab::load::{OpenLoopPlan, RateSearch, RateSearchPlan, RateSearchReport, drive_sync};
-use lab::stats::LatencyHistogram;
+use crate::load::{RateSearch, RateSearchPlan, RateSearchReport};
+use stats::LatencyHistogram;
+use stats::open_loop::{OpenLoopPlan, drive_sync};
 
 use gateway::client::{ClientError, ClientTls, NativeClient, Timeout};
 use gateway::fix::unix_ns;
@@ -140,8 +141,8 @@ pub fn run(options: &LoadOptions) -> Result<LoadResult, ClientError> {
     }
     let clock = Arc::new(Clock::new(orders, options.drain));
     // The sender and the reader threads (started below, they inherit it) outrank other work
-    // on a shared host, as `web load`'s generator does (lab::load::GENERATOR_NICE).
-    let _priority = lab::load::GeneratorPriority::raise();
+    // on a shared host, as `web load`'s generator does (crate::load::GENERATOR_NICE).
+    let _priority = crate::load::GeneratorPriority::raise();
     match &options.protocol {
         LoadProtocol::Native => {
             let mut sessions = Vec::new();

@@ -9,8 +9,8 @@
 use plotters::coord::ranged1d::{AsRangedCoord, SegmentValue, ValueFormatter};
 use plotters::prelude::*;
 
-use lab::load::ThroughputSeries;
-use lab::stats::LatencyHistogram;
+use crate::load::ThroughputSeries;
+use stats::LatencyHistogram;
 
 /// The drawing's size without its legend, which goes below it (never over the data).
 const PLOT_SIZE_PX: (u32, u32) = (900, 480);

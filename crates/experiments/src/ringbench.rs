@@ -25,8 +25,8 @@ pub mod loadgen;
 pub mod peers;
 
 use crate::progress::progress_bar;
-use lab::stats::{LatencyHistogram, LatencySummary, median};
 use serde::Serialize;
+use stats::{LatencyHistogram, LatencySummary, median};
 
 use self::harness::{CacheSharing, CpuPair};
 use self::peers::{Message8, Message64, Payload, Peer};

@@ -27,11 +27,11 @@ use exchange::tier::{
     SourceStart, SourceTurns, SubscriberFactory, Tier, TierConfig, TierControl, TierInputs,
     TierLayout, TierStart, TierStopped, in_process_subscribers, measured_utilization, plan_layout,
 };
-use lab::load::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_steps_with};
-use lab::stats::LatencyHistogram;
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
 use pipeline::placement::{CpuId, PlacementPlan};
 use pipeline::stage::{Emitter, Flow};
+use stats::LatencyHistogram;
+use stats::open_loop::{DriveReport, OpenLoopPlan, OpenLoopSteps, Pacer, Shot, drive_steps_with};
 
 /// Arrival process of the load generator.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -53,11 +53,11 @@ impl Arrival {
         rate_per_s: f64,
         burst_on_us: u64,
         burst_off_us: u64,
-    ) -> lab::load::ArrivalProcess {
+    ) -> stats::open_loop::ArrivalProcess {
         match self {
-            Arrival::Constant => lab::load::ArrivalProcess::Constant { rate_per_s },
-            Arrival::Poisson => lab::load::ArrivalProcess::Poisson { rate_per_s },
-            Arrival::Bursty => lab::load::ArrivalProcess::Bursty {
+            Arrival::Constant => stats::open_loop::ArrivalProcess::Constant { rate_per_s },
+            Arrival::Poisson => stats::open_loop::ArrivalProcess::Poisson { rate_per_s },
+            Arrival::Bursty => stats::open_loop::ArrivalProcess::Bursty {
                 rate_per_s,
                 on_ns: burst_on_us * 1_000,
                 off_ns: burst_off_us * 1_000,
@@ -79,7 +79,7 @@ impl std::str::FromStr for Arrival {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        lab::config::parse_choice("arrival", text)
+        ops::config::parse_choice("arrival", text)
     }
 }
 
@@ -166,13 +166,11 @@ impl LoadConfig {
                 "flow shares must be in 0..=1, and cancel + replace + invalid <= 1".into(),
             ));
         }
-        self.arrival_process(1.0)
-            .validate()
-            .map_err(|lab::error::BadInput(reason)| BadInput(reason))
+        self.arrival_process(1.0).validate().map_err(|stats::BadInput(reason)| BadInput(reason))
     }
 
     /// The arrival process at `rate_per_s`.
-    pub fn arrival_process(&self, rate_per_s: f64) -> lab::load::ArrivalProcess {
+    pub fn arrival_process(&self, rate_per_s: f64) -> stats::open_loop::ArrivalProcess {
         self.arrival.process(rate_per_s, self.burst_on_us, self.burst_off_us)
     }
 }
@@ -576,7 +574,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("load.toml");
         std::fs::write(&file, "arrival = \"bursty\"\n").unwrap();
-        let load: LoadConfig = lab::config::load_toml(Some(&file)).unwrap();
+        let load: LoadConfig = ops::config::load_toml(Some(&file)).unwrap();
         assert_eq!(load.arrival, Arrival::Bursty);
         let load = serde_json::to_value(LoadConfig::default()).unwrap();
         assert_eq!(load["arrival"], "poisson");

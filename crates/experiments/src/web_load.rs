@@ -5,19 +5,20 @@
 //! in this process. Closed loop: N users, each sending its next request when the previous answer
 //! arrives (the study's test plan), warm-up trimmed. Open loop: a constant rate whose latency is
 //! measured from each request's intended send time, so a stalled server cannot hide its queue
-//! (no coordinated omission). Latencies go into `lab::stats` HDR histograms; tables, the report
-//! folder and the SVG plots of the commands come from `lab::report`.
+//! (no coordinated omission). Latencies go into `stats` HDR histograms; tables, the report
+//! folder and the SVG plots of the commands come from `report`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use lab::stats::LatencySummary;
+use stats::LatencySummary;
 
-use lab::load::{
-    ArrivalProcess, AsyncOpenLoopOptions, ClosedLoopOptions, GeneratorPriority, LoadReport,
-    OpenLoopPlan, ThroughputSeries, drive_async, drive_closed_loop,
+use crate::load::{
+    AsyncOpenLoopOptions, ClosedLoopOptions, GeneratorPriority, LoadReport, ThroughputSeries,
+    drive_async, drive_closed_loop,
 };
+use stats::open_loop::{ArrivalProcess, OpenLoopPlan};
 
 use web::api::SizeLimits;
 use web::client::{JsonClient, UserConnections};
@@ -107,7 +108,7 @@ pub struct Window {
 /// One driven cell: the driver's report and the throughput it is summarised by.
 #[derive(Debug)]
 pub struct Measured {
-    /// Latency, errors and throughput over time as `lab::load` tallies them: in closed loop only
+    /// Latency, errors and throughput over time as `load` tallies them: in closed loop only
     /// requests both started and answered inside the measured window.
     pub report: LoadReport,
     /// The report's `answered_in_window` over the window. Counting only requests also
@@ -238,7 +239,7 @@ async fn drive_open(
 }
 
 /// A load plan the lab refused: the caller's input, so bad input of the web service's.
-fn bad_plan(lab::error::BadInput(why): lab::error::BadInput) -> WebError {
+fn bad_plan(stats::BadInput(why): stats::BadInput) -> WebError {
     WebError::BadInput(why)
 }
 

@@ -11,8 +11,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use exchange::msg::{ClientId, CoreOutput, InboundOrder, OrderId, OutputKind, REASON_COUNT};
-use lab::stats::LatencyHistogram;
 use pipeline::metrics::now_ns;
+use stats::LatencyHistogram;
 
 use crate::credentials::{Credential, Protocol, Verifier};
 use crate::fix_session::{ExecId, FixState};

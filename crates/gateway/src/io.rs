@@ -27,8 +27,8 @@ use exchange::msg::InboundOrder;
 use exchange::tier::{
     GroupWait, OrderSource, ReplyReceiver, SourceStart, SourceTurns, TierControl, TierLayout,
 };
-use lab::stats::LatencyHistogram;
 use pipeline::stage::{Emitter, Flow};
+use stats::LatencyHistogram;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::error::TrySendError;

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use exchange::msg::CoreOutput;
-use lab::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 
 /// Reason codes counted per client (tier codes and the gateway's, see
 /// [`crate::native::gateway_reason`]).

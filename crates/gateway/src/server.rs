@@ -16,7 +16,7 @@ use exchange::durability::JournalOptions;
 use exchange::tier::{
     SubscriberFactory, Tier, TierConfig, TierLayout, TierStart, reply_subscribers,
 };
-use lab::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 use tokio::sync::{Notify, oneshot};
 
 use crate::credentials::Credential;

@@ -278,8 +278,8 @@ fn the_fix_load_generator_gets_every_order_answered_and_logs_out() {
                 secret: SECRET.into(),
             })
             .to_vec(),
-        plan: lab::load::OpenLoopPlan {
-            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+        plan: stats::open_loop::OpenLoopPlan {
+            process: stats::open_loop::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
             seed: 1,
             duration: Duration::from_millis(200),
         },

@@ -337,8 +337,8 @@ fn load_options(
                 secret: SECRET.into(),
             })
             .to_vec(),
-        plan: lab::load::OpenLoopPlan {
-            process: lab::load::ArrivalProcess::Poisson { rate_per_s },
+        plan: stats::open_loop::OpenLoopPlan {
+            process: stats::open_loop::ArrivalProcess::Poisson { rate_per_s },
             seed: 1,
             duration,
         },

@@ -120,8 +120,8 @@ fn the_load_generator_runs_over_tls_on_both_protocols() {
         connect: server.listen,
         protocol: experiments::order_entry_load::LoadProtocol::Native,
         sessions: vec![session(1, ""), session(2, "")],
-        plan: lab::load::OpenLoopPlan {
-            process: lab::load::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
+        plan: stats::open_loop::OpenLoopPlan {
+            process: stats::open_loop::ArrivalProcess::Poisson { rate_per_s: 2_000.0 },
             seed: 1,
             duration: Duration::from_millis(200),
         },

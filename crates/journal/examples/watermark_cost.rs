@@ -22,7 +22,7 @@ use std::time::Instant;
 use journal::segment::{self, SEGMENT_HEADER_BYTES, write_all_at};
 use journal::segment::{SLOT_OFFSETS, encode_slot};
 use journal::watermark::{WatermarkFile, WatermarkStore};
-use lab::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 
 const BATCH_BYTES: usize = 4096;
 const SAMPLES_DEFAULT: u64 = 1000;

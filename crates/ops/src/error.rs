@@ -46,6 +46,10 @@ pub enum OpsError {
         #[source]
         source: io::Error,
     },
+    /// A configuration file or a child process's flags are invalid (bad input, exit 2): the
+    /// message names the file or flag and the reason.
+    #[error("{0}")]
+    BadInput(String),
     /// A certificate, key or CA file is unusable for TLS (bad input: the server refuses to
     /// start, exit 2): the message names the file and the reason.
     #[error("{what}")]

@@ -18,12 +18,17 @@
 //!   directory it writes, naming its holder to a second process, which is refused.
 //! - [`stop`]: the stop signals (SIGTERM, SIGINT) and [`stop::DRAIN_TIMEOUT`], the bound every
 //!   server's drain keeps.
+//! - [`config`]: TOML configuration files whose fields flags override, and flag values read
+//!   as a config's enums; [`child_flags`]: the `--name value` flags of the helper processes
+//!   tests start (crash children, `mq-node`), so those read their flags one way.
 //! - [`tls`]: TLS configurations from PEM files (certificate, key, the CA of clients or of the
 //!   server), every refusal naming its file and reason.
 //!
 //! Metrics go through `prometheus-client` (its registry and text encoder); this crate depends
 //! on no leantier crate, so every server crate may use it.
 
+pub mod child_flags;
+pub mod config;
 pub mod endpoint;
 mod error;
 pub mod histogram;

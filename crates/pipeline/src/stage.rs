@@ -790,53 +790,15 @@ impl PipelineBuilder {
         self.validate()?;
         let topology = self.topology.take().unwrap_or_else(detect_topology);
         let heads = self.thread_heads();
-        // A fused stage's rings wake the thread that runs it: its head's.
-        for (index, &head) in heads.iter().enumerate() {
-            if head != index {
-                self.slots[index].consumer_parkers = self.slots[head].consumer_parkers.clone();
-            }
-        }
+        self.share_fused_parkers(&heads);
         let plan = self.plan_placement(&topology, &heads);
-        let mut waits: Vec<WaitStrategy> = Vec::with_capacity(self.slots.len());
-        for (index, &head) in heads.iter().enumerate() {
-            let own = head == index;
-            waits.push(if own { effective_wait(&plan, &self.slots[index]) } else { waits[head] });
-        }
+        let waits = self.stage_waits(&plan, &heads);
         let mut slots = self.slots;
         for edge in self.edges {
             edge(&mut slots, &waits)?;
         }
-        // Abort wakes the consumer parkers: an idle worker re-checks the flag and exits. A
-        // producer parked on a full ring needs no wake-up of its own: the consumer it waits for
-        // exits too, and dropping its receiver wakes the producer (the ring's disconnect path).
-        let parkers = slots.iter().flat_map(|s| s.consumer_parkers.iter().cloned()).collect();
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            abort: AtomicBool::new(false),
-            failure: Mutex::new(None),
-            pin_failures: Mutex::new(Vec::new()),
-            parkers,
-        });
-        let mut running = RunningPipeline {
-            threads: Vec::new(),
-            hubs: Vec::new(),
-            inputs: slots.iter().map(|_| None).collect(),
-            resizable: Vec::new(),
-            shared,
-            plan,
-            joined: false,
-        };
-        let mut placements = slot_placements(&slots, &heads, &running.plan).into_iter();
-        let mut starts = Vec::with_capacity(slots.len());
-        for slot in &slots {
-            let hub = StageMetricsHub::new(&slot.name, slot.spec.spawned_workers());
-            let resizable = slot.spec.max_workers.is_some().then(|| slot.active.clone());
-            running.resizable.push((slot.name.clone(), resizable));
-            if slot.kind != SlotKind::Input {
-                running.hubs.push(hub.clone());
-            }
-            starts.push((hub, placements.next().expect("one placement list per slot")));
-        }
+        let mut running = RunningPipeline::not_started(&slots, plan);
+        let mut starts = running.register_stages(&slots, &heads);
         // Launched last to first, so each fused stage's workers exist when the stage it is
         // fused after (declared before it) builds its emitters.
         let pin_threads = self.pin_threads;
@@ -869,6 +831,25 @@ impl PipelineBuilder {
 
     /// One thread request per worker of each slot that places threads ([`places_threads`]);
     /// a thread running a fused chain is critical if any stage of the chain is.
+    /// A fused stage's rings wake the thread that runs it: its head's.
+    fn share_fused_parkers(&mut self, heads: &[usize]) {
+        for (index, &head) in heads.iter().enumerate() {
+            if head != index {
+                self.slots[index].consumer_parkers = self.slots[head].consumer_parkers.clone();
+            }
+        }
+    }
+
+    /// Each stage's wait strategy under `plan`; a fused stage waits as its head does.
+    fn stage_waits(&self, plan: &PlacementPlan, heads: &[usize]) -> Vec<WaitStrategy> {
+        let mut waits: Vec<WaitStrategy> = Vec::with_capacity(self.slots.len());
+        for (index, &head) in heads.iter().enumerate() {
+            let own = head == index;
+            waits.push(if own { effective_wait(plan, &self.slots[index]) } else { waits[head] });
+        }
+        waits
+    }
+
     fn plan_placement(&self, topology: &Topology, heads: &[usize]) -> PlacementPlan {
         let mut roles: Vec<Role> = self.slots.iter().map(|slot| slot.spec.role).collect();
         for (index, &head) in heads.iter().enumerate() {
@@ -1077,6 +1058,51 @@ pub struct PipelineReport {
 }
 
 impl RunningPipeline {
+    /// A pipeline with its shared flags and no thread yet. Abort wakes the consumer parkers:
+    /// an idle worker re-checks the flag and exits. A producer parked on a full ring needs no
+    /// wake-up of its own: the consumer it waits for exits too, and dropping its receiver
+    /// wakes the producer (the ring's disconnect path).
+    fn not_started(slots: &[Slot], plan: PlacementPlan) -> RunningPipeline {
+        let parkers = slots.iter().flat_map(|s| s.consumer_parkers.iter().cloned()).collect();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            abort: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            pin_failures: Mutex::new(Vec::new()),
+            parkers,
+        });
+        RunningPipeline {
+            threads: Vec::new(),
+            hubs: Vec::new(),
+            inputs: slots.iter().map(|_| None).collect(),
+            resizable: Vec::new(),
+            shared,
+            plan,
+            joined: false,
+        }
+    }
+
+    /// Registers every stage's metrics hub and resizable count, in declaration order, and
+    /// returns each stage's hub with the threads' placements it launches with.
+    fn register_stages(
+        &mut self,
+        slots: &[Slot],
+        heads: &[usize],
+    ) -> Vec<(Arc<StageMetricsHub>, Vec<ThreadPlacement>)> {
+        let mut placements = slot_placements(slots, heads, &self.plan).into_iter();
+        let mut starts = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let hub = StageMetricsHub::new(&slot.name, slot.spec.spawned_workers());
+            let resizable = slot.spec.max_workers.is_some().then(|| slot.active.clone());
+            self.resizable.push((slot.name.clone(), resizable));
+            if slot.kind != SlotKind::Input {
+                self.hubs.push(hub.clone());
+            }
+            starts.push((hub, placements.next().expect("one placement list per slot")));
+        }
+        starts
+    }
+
     /// The placement plan in force.
     pub fn plan(&self) -> &PlacementPlan {
         &self.plan

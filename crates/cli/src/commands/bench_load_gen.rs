@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use experiments::report::{Markdown, ReportDir, Table};
 use experiments::ringbench::loadgen::{KEPT_UP_SLACK, LoadGenReport, LoadGenSettings, Sink};
-use lab::report::{Markdown, ReportDir, Table};
 
 use crate::commands::values::{self, one_of};
 use crate::outcome::TargetMissed;

@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 
 use experiments::plot::{BarChart, latency_percentile_plot};
+use experiments::report::{Markdown, ReportDir, Table};
 use experiments::ringbench::{
     CAPACITY_SLOTS, MESSAGE_BYTES, Ratio, RingReport, RingRun, Settings, ThroughputCell,
 };
-use lab::report::{Markdown, ReportDir, Table};
-use lab::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 
 use crate::outcome::TargetMissed;
 

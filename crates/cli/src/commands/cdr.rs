@@ -8,7 +8,7 @@ use super::values;
 use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand};
 use experiments::plot::{BarChart, LinePlot};
-use lab::report::{Markdown, ReportDir, Table};
+use experiments::report::{Markdown, ReportDir, Table};
 use planner::model::PipelineConfig;
 
 use cdr::feed::{DbTarget, FEED_BATCH_ROWS_DEFAULT, FEED_BATCH_ROWS_MAX};
@@ -300,7 +300,7 @@ fn online_settings(args: &RunArgs, config: &PipelineConfig) -> anyhow::Result<On
 }
 
 fn run_with_config(args: &RunArgs) -> anyhow::Result<()> {
-    let mut config: PipelineConfig = lab::config::load_toml(Some(&args.config))?;
+    let mut config: PipelineConfig = ops::config::load_toml(Some(&args.config))?;
     apply_overrides(&mut config, &args.threads)?;
     let threads = node_threads(&config)?;
     let arrivals = arrivals(args, &config)?;

@@ -19,8 +19,8 @@ use experiments::delivery_experiment::{
     PUBLISHED_P90_P99_US, Point, Settings,
 };
 use experiments::plot::latency_percentile_plot;
+use experiments::report::{Markdown, ReportDir, Table, format_ns_as_us};
 use experiments::tier_load::Arrival;
-use lab::report::{Markdown, ReportDir, Table, format_ns_as_us};
 
 use super::values;
 
@@ -482,9 +482,9 @@ pub fn delivery_experiment(args: &DeliveryExperimentArgs) -> anyhow::Result<()> 
     let (measured, published) = (measured_table(&result), published_table());
     println!("\n{measured}\n\n{published}");
     let dir = ReportDir::create(&args.out)?;
-    let series: Vec<(String, &lab::stats::LatencyHistogram)> =
+    let series: Vec<(String, &stats::LatencyHistogram)> =
         result.points.iter().map(|p| (label(p), &p.histogram)).collect();
-    let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
+    let series: Vec<(&str, &stats::LatencyHistogram)> =
         series.iter().map(|(l, h)| (l.as_str(), *h)).collect();
     let plot = latency_percentile_plot("Delivery latency at the outlet or edge", &series);
     dir.write_svg("latency-percentiles.svg", &plot.to_svg())?;

@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use super::values::{self, one_of};
 use crate::outcome::BadInput;
+use ::experiments::load::RateSearchReport;
 use ::experiments::plot::{LinePlot, latency_percentile_plot};
-use lab::load::RateSearchReport;
-use lab::report::{
+use ::experiments::report::{
     Markdown, ReportDir, Table, cumulative_buckets_comparison_table, format_ns_as_us, latency_table,
 };
-use lab::stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
 use serde::Serialize;
+use stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 
 use ::experiments::exchange_experiments::{
     self as experiments, DEMO_RATES_PER_S, JournalExperiment, JournalRatios, LayoutBench,
-    MaxRateSearch, PUBLISHED_LATENCY_US, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
-    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure,
+    MaxRateSearch, PUBLISHED_PERCENTILES, SYNC_REQUESTS_MAX, Session,
+    TARGET_CRITICAL_P99_GROUP_OVER_OFF, measure, published_comparison, rate_label,
 };
 use ::experiments::tier_load::{Arrival, LoadConfig, RunResult};
 use exchange::durability::{JournalMode, JournalOptions};
@@ -386,15 +386,15 @@ pub fn load_run_config(path: Option<&Path>) -> anyhow::Result<(TierConfig, LoadC
 
 fn run_configured(args: &RunArgs) -> anyhow::Result<()> {
     let (mut config, mut load) = load_run_config(args.config.as_deref())?;
-    lab::config::override_with(&mut config.preprocess_workers, &args.preprocess_workers);
-    lab::config::override_with(&mut config.core_shards, &args.core_shards);
-    lab::config::override_with(&mut config.senders, &args.senders);
-    lab::config::override_with(&mut config.wait, &args.wait);
-    lab::config::override_with(&mut config.placement, &args.placement);
-    lab::config::override_with(&mut config.layout, &args.layout);
-    lab::config::override_with(&mut load.arrival, &args.arrival);
-    lab::config::override_with(&mut config.journal, &args.journal);
-    lab::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
+    ops::config::override_with(&mut config.preprocess_workers, &args.preprocess_workers);
+    ops::config::override_with(&mut config.core_shards, &args.core_shards);
+    ops::config::override_with(&mut config.senders, &args.senders);
+    ops::config::override_with(&mut config.wait, &args.wait);
+    ops::config::override_with(&mut config.placement, &args.placement);
+    ops::config::override_with(&mut config.layout, &args.layout);
+    ops::config::override_with(&mut load.arrival, &args.arrival);
+    ops::config::override_with(&mut config.journal, &args.journal);
+    ops::config::override_with(&mut config.snapshot_every_records, &args.snapshot_every);
     let search = args.find_max.then_some(MaxRateSearch {
         step_seconds: (args.duration.as_secs_f64() / 2.0).max(0.3),
         p99_limit_us: values::whole_micros(args.p99_limit),
@@ -457,14 +457,6 @@ fn summarize(run: &RunResult) -> RunSummary {
         output_hashes: run.shards.iter().map(|s| s.output_hash.clone()).collect(),
         placement_notes: run.placement.notes.clone(),
         journal: run.journal.clone(),
-    }
-}
-
-fn rate_label(rate_per_s: f64) -> String {
-    if rate_per_s >= 1_000.0 {
-        format!("{:.0}K/s", rate_per_s / 1_000.0)
-    } else {
-        format!("{rate_per_s:.0}/s")
     }
 }
 
@@ -580,35 +572,6 @@ fn published_table(runs: &[RunResult]) -> Option<Table> {
     published_comparison(title, "leantier critical path µs", ours)
 }
 
-/// A leantier figure beside the published lean tier's at each published rate and percentile
-/// (`ours(rate)`: ns at [`PUBLISHED_PERCENTILES`], `None` where the rate was not run), with
-/// the ratio; `None` when no published rate was run.
-pub(super) fn published_comparison(
-    title: &str,
-    column: &str,
-    ours: impl Fn(f64) -> Option<[u64; 3]>,
-) -> Option<Table> {
-    let mut table =
-        Table::new(["rate", "percentile", column, "published µs", "ratio"]).with_title(title);
-    let mut rows = 0;
-    for (rate, published_us) in PUBLISHED_LATENCY_US {
-        let Some(ours_ns) = ours(rate) else { continue };
-        for ((percentile, ours_ns), published_us) in
-            PUBLISHED_PERCENTILES.iter().zip(ours_ns).zip(published_us)
-        {
-            table.row([
-                rate_label(rate),
-                format!("p{percentile:.0}"),
-                format_ns_as_us(ours_ns),
-                published_us.to_string(),
-                format!("{:.2}", ours_ns as f64 / (published_us * 1_000) as f64),
-            ]);
-            rows += 1;
-        }
-    }
-    (rows > 0).then_some(table)
-}
-
 fn stages_table(runs: &[RunResult]) -> Table {
     let mut table = Table::new([
         "rate",
@@ -677,7 +640,7 @@ fn max_rate_summary(reports: &[RateSearchReport]) -> Option<String> {
     }
     Some(format!(
         "Maximum sustainable rate (critical-path p99 ≤ {limit} µs): median {:.0} msg/s over {} searches (range {low:.0}–{high:.0})",
-        lab::stats::median(rates.clone()),
+        stats::median(rates.clone()),
         rates.len()
     ))
 }
@@ -797,7 +760,7 @@ fn write_report_data(dir: &ReportDir, session: &Session) -> anyhow::Result<()> {
     dir.write_json("report.json", &json)?;
     write_run_data(dir, runs)?;
     let labels: Vec<String> = runs.iter().map(|r| rate_label(r.rate_per_s)).collect();
-    let series: Vec<(&str, &lab::stats::LatencyHistogram)> =
+    let series: Vec<(&str, &stats::LatencyHistogram)> =
         labels.iter().map(String::as_str).zip(runs.iter().map(|r| &r.end_to_end)).collect();
     dir.write_svg(
         "latency-percentiles.svg",
@@ -885,7 +848,7 @@ fn senders_experiment(args: &SendersArgs) -> anyhow::Result<()> {
 }
 
 fn journal_experiment(args: &JournalExperimentArgs) -> anyhow::Result<()> {
-    let base: TierConfig = lab::config::load_toml(args.config.as_deref())?;
+    let base: TierConfig = ops::config::load_toml(args.config.as_deref())?;
     let experiment = experiments::journal_modes(
         &base,
         args.common.duration.as_secs_f64(),

@@ -15,6 +15,7 @@ use exchange::flow::{UniverseConfig, reference_instruments};
 use exchange::instruments::{InstrumentTable, InstrumentsFile};
 use exchange::tier::{LayoutChoice, TierConfig};
 use experiments::order_entry_load::Traded;
+use experiments::order_entry_runs::{self, LoadRuns, MaxRateLimits};
 use gateway::ListenerTls;
 use gateway::Settings;
 use gateway::client::{
@@ -767,38 +768,25 @@ pub struct LoadArgs {
     pub tls: ClientTlsFlags,
 }
 
-/// `leantier exchange load`.
+/// `leantier exchange load`: the runs are `experiments::order_entry_runs`'.
 pub fn load(args: &LoadArgs) -> anyhow::Result<()> {
-    use lab::report::{Markdown, ReportDir, latency_table};
     let base = load_options(args)?;
     let names: Vec<String> = (0..args.connect.len())
         .map(|i| args.name.get(i).cloned().unwrap_or_else(|| args.connect[i].to_string()))
         .collect();
-    let (rows, notes) = if args.find_max {
-        find_max(args, &base, &names)?
-    } else {
-        fixed_rates(args, &base, &names)?
-    };
-    let rows: Vec<(&str, &lab::stats::LatencySummary)> =
-        rows.iter().map(|(label, summary)| (label.as_str(), summary)).collect();
-    let table = latency_table(&rows).with_title(format!(
-        "{} over TCP, {} session(s): intended send time → first report, µs",
-        args.protocol, args.sessions
-    ));
-    println!("\n{table}");
-    for note in &notes {
-        println!("{note}");
-    }
-    let report = ReportDir::create(&args.out)?;
-    report.write_csv("latency.csv", &table)?;
-    let mut markdown = Markdown::new();
-    markdown.heading(1, "exchange load").table(&table);
-    for note in &notes {
-        markdown.paragraph(note);
-    }
-    let path = report.write_markdown("report.md", markdown.as_str())?;
-    println!("report: {}", path.display());
-    Ok(())
+    let search = args
+        .find_max
+        .then_some(MaxRateLimits { p99_limit: args.p99_limit, max_rate_per_s: args.max_rate });
+    order_entry_runs::run(&LoadRuns {
+        base,
+        targets: args.connect.iter().copied().zip(names).collect(),
+        rates: args.rate.clone(),
+        duration: args.duration,
+        search,
+        protocol: args.protocol.clone(),
+        sessions: args.sessions,
+        out: args.out.clone(),
+    })
 }
 
 /// The options every run shares (the target and the plan are set per run).
@@ -831,7 +819,7 @@ fn load_options(args: &LoadArgs) -> anyhow::Result<experiments::order_entry_load
         connect: args.connect[0],
         protocol,
         sessions,
-        plan: load_plan(args.rate[0], args.duration),
+        plan: order_entry_runs::poisson_plan(args.rate[0], args.duration),
         instruments,
         tls: args.tls.client_tls(args.connect[0])?,
         drain: experiments::order_entry_load::DRAIN_DEFAULT,
@@ -888,131 +876,6 @@ fn traded_instruments(args: &LoadArgs) -> Result<Vec<Traded>, BadInput> {
         return Err(BadInput(format!("{}: lists no instrument", args.instruments.display())));
     }
     Ok(traded)
-}
-
-fn load_plan(rate_per_s: f64, duration: Duration) -> lab::load::OpenLoopPlan {
-    lab::load::OpenLoopPlan {
-        process: lab::load::ArrivalProcess::Poisson { rate_per_s },
-        seed: 1,
-        duration,
-    }
-}
-
-/// One run against one target, with a line on what happened; a run the server answered
-/// nothing to, or rejected every order of, is a failure that says why.
-fn load_step(
-    base: &experiments::order_entry_load::LoadOptions,
-    connect: SocketAddr,
-    name: &str,
-    rate: f64,
-    duration: Duration,
-) -> anyhow::Result<experiments::order_entry_load::LoadResult> {
-    let options = experiments::order_entry_load::LoadOptions {
-        connect,
-        plan: load_plan(rate, duration),
-        ..base.clone()
-    };
-    let result = experiments::order_entry_load::run(&options)?;
-    let reasons: Vec<String> =
-        result.rejects.iter().map(|(reason, count)| format!("{reason} {count}")).collect();
-    let reasons =
-        if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) };
-    println!(
-        "{name} {rate:.0}/s: sent {} answered {} rejected {}{reasons} achieved {:.0}/s, p50 {} p99 {} µs, generator lag p99 {} µs",
-        result.sent,
-        result.answered,
-        result.rejected,
-        result.sent as f64 / result.elapsed.as_secs_f64(),
-        lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(50.0)),
-        lab::report::format_ns_as_us(result.latency.value_at_percentile_ns(99.0)),
-        lab::report::format_ns_as_us(result.send_lag.value_at_percentile_ns(99.0))
-    );
-    match failed_run(&result) {
-        Some(why) => anyhow::bail!("{name} at {rate:.0}/s: {why}"),
-        None => Ok(result),
-    }
-}
-
-/// Why a run measured nothing the server accepted: no order was answered, or every one was
-/// rejected (named by its main reason). `None` when some order was accepted, or none sent.
-fn failed_run(result: &experiments::order_entry_load::LoadResult) -> Option<String> {
-    if result.sent > 0 && result.answered == 0 {
-        return Some(format!("none of the {} orders sent was answered", result.sent));
-    }
-    let (reason, count) = result.main_reject()?;
-    (result.rejected == result.answered).then(|| {
-        format!(
-            "every order was rejected, {count} of {} {reason}: do --instruments (prices, \
-             lots) and the session's client match the server's files?",
-            result.rejected
-        )
-    })
-}
-
-type Rows = Vec<(String, lab::stats::LatencySummary)>;
-
-fn fixed_rates(
-    args: &LoadArgs,
-    base: &experiments::order_entry_load::LoadOptions,
-    names: &[String],
-) -> anyhow::Result<(Rows, Vec<String>)> {
-    let mut rows = Vec::new();
-    for &rate in &args.rate {
-        for (connect, name) in args.connect.iter().zip(names) {
-            let result = load_step(base, *connect, name, rate, args.duration)?;
-            rows.push((format!("{name} {rate:.0}/s"), result.latency.summary()));
-        }
-    }
-    Ok((rows, Vec::new()))
-}
-
-/// Each target's highest rate with p99 within the limit and every order accepted, searched
-/// side by side; with two targets, the ratio of the first's rate to the second's.
-fn find_max(
-    args: &LoadArgs,
-    base: &experiments::order_entry_load::LoadOptions,
-    names: &[String],
-) -> anyhow::Result<(Rows, Vec<String>)> {
-    let plan = lab::load::RateSearchPlan {
-        start_rate_per_s: args.rate[0],
-        min_rate_per_s: args.rate[0].min(args.max_rate) / 16.0,
-        max_rate_per_s: args.max_rate,
-        percentile: 99.0,
-        limit_ns: values::whole_nanos(args.p99_limit),
-        precision: 0.1,
-    };
-    let step = |target: usize, rate: f64| -> anyhow::Result<lab::stats::LatencyHistogram> {
-        let result = load_step(base, args.connect[target], &names[target], rate, args.duration)?;
-        if result.answered < result.sent || result.rejected > 0 {
-            println!("  (fails: every order must be accepted)");
-            return Ok(lab::stats::LatencyHistogram::new());
-        }
-        Ok(result.latency)
-    };
-    let reports =
-        experiments::order_entry_load::search_side_by_side(plan, args.connect.len(), step)?;
-    let mut rows = Vec::new();
-    let mut notes = Vec::new();
-    let limit_us = values::whole_micros(args.p99_limit);
-    for (report, name) in reports.iter().zip(names) {
-        let best = report.last_passing_rate_per_s;
-        let step = report.steps.iter().rev().find(|s| s.passed && Some(s.rate_per_s) == best);
-        match step {
-            Some(step) => rows.push((format!("{name} {:.0}/s", step.rate_per_s), step.summary)),
-            None => notes.push(format!("{name}: no rate met p99 ≤ {limit_us} µs")),
-        }
-        notes.push(format!(
-            "{name}: highest rate with p99 ≤ {limit_us} µs {}, lowest failing {}",
-            best.map_or("none".into(), |r| format!("{r:.0}/s")),
-            report
-                .first_failing_rate_per_s
-                .map_or("none (max reached)".into(), |r| format!("{r:.0}/s"))
-        ));
-    }
-    if let [Some(first), Some(second)] = [0, 1].map(|i| reports.get(i)?.last_passing_rate_per_s) {
-        notes.push(format!("ratio {} / {}: {:.1}×", names[0], names[1], first / second));
-    }
-    Ok((rows, notes))
 }
 
 #[cfg(test)]

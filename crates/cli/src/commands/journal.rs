@@ -7,12 +7,10 @@ use std::time::Duration;
 use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 use anyhow::Context;
-use lab::config::{load_toml, override_with};
-use lab::report::{ReportDir, Table, latency_table};
+use experiments::report::Table;
+use ops::config::{load_toml, override_with};
 
-use experiments::journal_bench::{
-    BenchConfig, BenchResults, TARGET_DURABLE_P99_OVER_RAW_SYNC, TARGET_RECORDS_PER_S_AT_64B,
-};
+use experiments::journal_bench::BenchConfig;
 use journal::writer::Policy;
 
 /// The safe store writer: benchmark it, or check a journal directory.
@@ -114,140 +112,11 @@ fn bench_config(args: &BenchArgs) -> anyhow::Result<BenchConfig> {
 fn run_bench(args: &BenchArgs) -> anyhow::Result<()> {
     let config = bench_config(args)?;
     let results = experiments::journal_bench::run_all(&config)?;
-    let (throughput, latency, verdicts) = tables(&results);
-    let runs = runs_table(&results);
-    println!("{throughput}\n{latency}\n{runs}\n{verdicts}");
-    let report = ReportDir::create(&args.out)?;
-    report.write_json("results.json", &results)?;
-    report.write_csv("throughput.csv", &throughput)?;
-    report.write_csv("latency.csv", &latency)?;
-    let mut markdown = lab::report::Markdown::new();
-    markdown
-        .heading(1, "Journal benchmark")
-        .table(&throughput)
-        .table(&latency)
-        .table(&runs)
-        .table(&verdicts);
-    report.write_markdown("results.md", markdown.as_str())?;
-    let series: Vec<_> =
-        results.latency.iter().map(|r| (r.policy.name(), &r.durable_reply_histogram)).collect();
-    let plot = experiments::plot::latency_percentile_plot("Durable-reply latency", &series);
-    report.write_svg("durable-reply-percentiles.svg", &plot.to_svg())?;
-    println!("report written to {}", report.path().display());
-    let missed = missed_targets(&results);
+    let missed = experiments::journal_bench::write_report(&results, &args.out)?;
     if args.check && !missed.is_empty() {
         return Err(TargetMissed(missed).into());
     }
     Ok(())
-}
-
-fn tables(results: &BenchResults) -> (Table, Table, Table) {
-    let mut throughput = Table::new([
-        "record B",
-        "records",
-        "records/s",
-        "payload MB/s",
-        "disk MB/s",
-        "syncs",
-        "records/sync",
-    ])
-    .with_title("Journal throughput, group commit (records/s counts only durable records)");
-    for r in &results.throughput {
-        throughput.row([
-            r.record_bytes.to_string(),
-            r.records.to_string(),
-            format!("{:.0}", r.records_per_s),
-            format!("{:.1}", r.payload_mb_per_s),
-            format!("{:.1}", r.disk_mb_per_s),
-            r.syncs.to_string(),
-            format!("{:.0}", r.records_per_sync),
-        ]);
-    }
-    let labels: Vec<(String, _)> =
-        std::iter::once(("raw 4 KiB append+fdatasync".to_string(), &results.raw_fdatasync))
-            .chain(results.latency.iter().flat_map(|r| {
-                let name = r.policy.name();
-                [
-                    (format!("{name}: core done"), &r.core_done),
-                    (format!("{name}: durable"), &r.durable_reply),
-                ]
-            }))
-            .collect();
-    let rows: Vec<(&str, _)> =
-        labels.iter().map(|(name, summary)| (name.as_str(), *summary)).collect();
-    let latency = latency_table(&rows).with_title(format!(
-        "Latency from the intended arrival (open loop, Poisson {} msg/s, 64 B records)",
-        results.config.rate_per_s
-    ));
-    let mut verdicts = Table::new(["target", "measured", "ratio", "met"]).with_title("Targets");
-    for verdict in verdicts_of(results) {
-        verdicts.row([
-            verdict.target,
-            verdict.measured,
-            format!("{:.2}", verdict.ratio),
-            verdict.met.to_string(),
-        ]);
-    }
-    (throughput, latency, verdicts)
-}
-
-/// How many inputs each latency run sent, and how many it gave up on when saturated.
-fn runs_table(results: &BenchResults) -> Table {
-    let mut runs = Table::new(["policy", "rate/s", "sent", "not sent (saturated)"])
-        .with_title("Latency runs (a saturated policy stops sending once 1 s behind schedule)");
-    for r in &results.latency {
-        runs.row([
-            r.policy.name().to_string(),
-            format!("{:.0}", r.rate_per_s),
-            r.sent.to_string(),
-            r.not_sent_saturated.to_string(),
-        ]);
-    }
-    runs
-}
-
-struct Verdict {
-    target: String,
-    measured: String,
-    ratio: f64,
-    met: bool,
-}
-
-fn verdicts_of(results: &BenchResults) -> Vec<Verdict> {
-    let mut verdicts = Vec::new();
-    if let Some(r) = results.throughput.iter().find(|r| r.record_bytes == 64) {
-        let ratio = r.records_per_s / TARGET_RECORDS_PER_S_AT_64B;
-        verdicts.push(Verdict {
-            target: ">= 1M records/s at 64 B (ratio = measured / target)".into(),
-            measured: format!("{:.0} records/s", r.records_per_s),
-            ratio,
-            met: ratio >= 1.0,
-        });
-    }
-    if let Some(r) = results.latency.iter().find(|r| r.policy == Policy::Group) {
-        let raw_p99 = results.raw_fdatasync.p99_ns.max(1) as f64;
-        let ratio = r.durable_reply.p99_ns as f64 / raw_p99;
-        verdicts.push(Verdict {
-            target: "group durable-reply p99 <= 2x raw fdatasync p99 (ratio = p99 / raw p99)"
-                .into(),
-            measured: format!(
-                "{} µs vs raw {} µs",
-                r.durable_reply.p99_ns / 1000,
-                results.raw_fdatasync.p99_ns / 1000
-            ),
-            ratio,
-            met: ratio <= TARGET_DURABLE_P99_OVER_RAW_SYNC && r.not_sent_saturated == 0,
-        });
-    }
-    verdicts
-}
-
-fn missed_targets(results: &BenchResults) -> Vec<String> {
-    verdicts_of(results)
-        .into_iter()
-        .filter(|v| !v.met)
-        .map(|v| format!("{}: {} (ratio {:.2})", v.target, v.measured, v.ratio))
-        .collect()
 }
 
 /// How deep below `journal check --dir` journals are looked for: a tier's data folder holds

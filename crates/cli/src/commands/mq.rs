@@ -8,7 +8,7 @@ use super::values::{self, one_of};
 use crate::outcome::{BadInput, TargetMissed};
 use anyhow::Context;
 use clap::{Args as ClapArgs, Parser, Subcommand};
-use lab::config::{load_toml, override_with};
+use ops::config::{load_toml, override_with};
 
 use experiments::{mq_bench as bench, mq_experiment as experiment, mq_load as load};
 use mq::client::Client;
@@ -690,13 +690,13 @@ async fn load_cmd(args: &LoadArgs) -> anyhow::Result<()> {
 fn write_report(
     dir: &std::path::Path,
     result: &load::LoadResult,
-    tables: &[lab::report::Table],
+    tables: &[experiments::report::Table],
 ) -> anyhow::Result<()> {
-    let report = lab::report::ReportDir::create(dir)?;
+    let report = experiments::report::ReportDir::create(dir)?;
     report.write_json("result.json", result)?;
     report.write_csv("summary.csv", &tables[0])?;
     report.write_csv("latency.csv", &tables[1])?;
-    let mut md = lab::report::Markdown::new();
+    let mut md = experiments::report::Markdown::new();
     md.heading(1, "mq load");
     for t in tables {
         md.table(t);
@@ -742,11 +742,11 @@ async fn bench_cmd(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         println!("{summary}\n{budget}\n{load_line}");
     }
-    let report = lab::report::ReportDir::create(&args.out)?;
+    let report = experiments::report::ReportDir::create(&args.out)?;
     report.write_json("bench.json", &runs)?;
     report.write_csv("bench.csv", &summary)?;
     report.write_csv("budget.csv", &budget)?;
-    let mut md = lab::report::Markdown::new();
+    let mut md = experiments::report::Markdown::new();
     md.heading(1, "mq bench").table(&summary).table(&budget).paragraph(&load_line);
     report.write_markdown("bench.md", md.as_str())?;
     embedded_rates.sort_by(f64::total_cmp);
@@ -786,9 +786,9 @@ async fn experiment_cmd(args: &ExperimentArgs) -> anyhow::Result<()> {
     for t in &tables {
         println!("{t}");
     }
-    let report = lab::report::ReportDir::create(args.out.join(args.kind.name()))?;
+    let report = experiments::report::ReportDir::create(args.out.join(args.kind.name()))?;
     report.write_json("points.json", &points)?;
-    let mut md = lab::report::Markdown::new();
+    let mut md = experiments::report::Markdown::new();
     md.heading(1, &format!("mq experiment {:?}", args.kind));
     for (i, t) in tables.iter().enumerate() {
         report.write_csv(&format!("table{i}.csv"), t)?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::values;
 use crate::outcome::{BadInput, TargetMissed};
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
-use lab::report::{Markdown, ReportDir, Table};
+use experiments::report::{Markdown, ReportDir, Table};
 
 use planner::compare::{Comparison, compare};
 use planner::measure::Workload;
@@ -266,9 +266,9 @@ fn load_network(args: &OptimizeArgs) -> anyhow::Result<Network> {
     if !args.model.exists() {
         return Err(BadInput(format!("model file {} does not exist", args.model.display())).into());
     }
-    let mut spec: NetworkSpec = lab::config::load_toml(Some(&args.model))?;
-    lab::config::override_with(&mut spec.utilization_limit, &args.limit);
-    lab::config::override_with(&mut spec.host.cores, &args.cores);
+    let mut spec: NetworkSpec = ops::config::load_toml(Some(&args.model))?;
+    ops::config::override_with(&mut spec.utilization_limit, &args.limit);
+    ops::config::override_with(&mut spec.host.cores, &args.cores);
     for fix in &args.fixed {
         let (name, threads) = fix
             .split_once('=')

@@ -3,10 +3,10 @@
 //! row showing what it sent, and numeric tables named for what they hold.
 
 use exchange::tier::STAGE_SPLITS;
+use experiments::data::{Cell, DataTable};
 use experiments::tier_load::RunResult;
-use lab::data::{Cell, DataTable};
-use lab::stats::{LatencyHistogram, LatencySummary};
 use pipeline::metrics::StageMetrics;
+use stats::{LatencyHistogram, LatencySummary};
 
 /// The pipeline's name for the load generator when it runs inline.
 const GENERATOR_STAGE: &str = "generator";

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
-use lab::config::{load_toml, override_with};
+use ops::config::{load_toml, override_with};
 use web::prefork;
 use web::serve::{AdaptiveLayout, ServeConfig};
 use web::workload::Complexity;

@@ -3,7 +3,7 @@
 //! `listening ADDR` once it serves, and `report JSON` after SIGTERM, then exits.
 
 use delivery::edge::{EdgeOptions, start};
-use lab::child_flags::ChildFlags;
+use ops::child_flags::ChildFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let flags = ChildFlags::from_env(&["nats", "outlet", "listen", "prefix", "queue-chunks"])?;

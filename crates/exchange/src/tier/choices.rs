@@ -53,7 +53,7 @@ impl std::str::FromStr for WaitChoice {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        lab::config::parse_choice("wait", text)
+        ops::config::parse_choice("wait", text)
     }
 }
 
@@ -90,13 +90,13 @@ mod tests {
         use crate::durability::JournalMode;
         use crate::tier::TierConfig;
         let lean = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/lean-2core.toml");
-        let config: TierConfig = lab::config::load_toml(Some(lean.as_ref())).unwrap();
+        let config: TierConfig = ops::config::load_toml(Some(lean.as_ref())).unwrap();
         assert_eq!(config.wait, WaitChoice::Park);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("tier.toml");
         let text = "wait = \"busy-spin\"\nconnector = \"ring\"\njournal = \"off\"\n";
         std::fs::write(&file, text).unwrap();
-        let config: TierConfig = lab::config::load_toml(Some(&file)).unwrap();
+        let config: TierConfig = ops::config::load_toml(Some(&file)).unwrap();
         assert_eq!(config.wait, WaitChoice::Spin);
         assert_eq!(config.connector, pipeline::ConnectorKind::LockFree);
         assert_eq!(config.journal, JournalMode::OFF);
@@ -106,8 +106,8 @@ mod tests {
         assert_eq!(["wait", "connector", "journal"].map(spelled), names);
         for bad in ["wait = \"sleepy\"", "connector = \"pigeon\"", "journal = \"maybe\""] {
             std::fs::write(&file, bad).unwrap();
-            let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
-            assert!(error.downcast_ref::<lab::error::BadInput>().is_some(), "{error}");
+            let error = ops::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
+            assert!(matches!(error, ops::OpsError::BadInput(_)), "{error}");
         }
     }
 
@@ -118,14 +118,14 @@ mod tests {
         let file = dir.path().join("tier.toml");
         for (text, outlets) in [("outlets = 3\n", 3), ("gateways = 5\n", 5)] {
             std::fs::write(&file, text).unwrap();
-            let config: TierConfig = lab::config::load_toml(Some(&file)).unwrap();
+            let config: TierConfig = ops::config::load_toml(Some(&file)).unwrap();
             assert_eq!(config.outlets, outlets, "{text}");
         }
         let written = serde_json::to_value(TierConfig::default()).unwrap();
         assert!(written.get("outlets").is_some() && written.get("gateways").is_none());
         std::fs::write(&file, "outlets = 3\ngateways = 5\n").unwrap();
-        let error = lab::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
-        assert!(error.downcast_ref::<lab::error::BadInput>().is_some(), "both keys: {error}");
+        let error = ops::config::load_toml::<TierConfig>(Some(&file)).unwrap_err();
+        assert!(matches!(error, ops::OpsError::BadInput(_)), "both keys: {error}");
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use lab::load::{ArrivalProcess, OpenLoopPlan, OpenLoopSteps, Pacer, drive_steps_with};
 use pipeline::metrics::{StageMetrics, instant_ns, now_ns};
+use stats::open_loop::{ArrivalProcess, OpenLoopPlan, OpenLoopSteps, Pacer, drive_steps_with};
 
 use super::layout::{
     CHAIN, GroupWait, LayoutChoice, LayoutRequest, ServiceTimes, ThreadGroup, TierLayout,

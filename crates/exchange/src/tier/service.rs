@@ -7,10 +7,10 @@
 use std::sync::{Arc, mpsc};
 
 use journal::DurableSeq;
-use lab::stats::LatencyHistogram;
 use pipeline::placement::PlacementPlan;
 use pipeline::ring::Disconnected;
 use pipeline::stage::{Input, RunningPipeline};
+use stats::LatencyHistogram;
 
 use super::graph::{self, Entry, Feeds, RunningTier};
 use super::source::{OrderSource, SourceStart};

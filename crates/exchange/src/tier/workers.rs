@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use journal::{DurableSeq, JournalSender, JournalWriter, Snapshotter};
-use lab::stats::LatencyHistogram;
 use pipeline::WaitStrategy;
 use pipeline::metrics::now_ns;
 use pipeline::stage::{Emitter, StageWorker};
+use stats::LatencyHistogram;
 
 use super::{
     MasterReport, ReleasedSeqs, STAGE_SPLIT_SAMPLE_EVERY, STAGE_SPLITS, ShardResult, Subscriber,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pipeline::placement::{CpuId, Topology, pin_current_thread};
 
 use super::peers::{Payload, Peer};
-use lab::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 
 /// Slots in every queue under test (all peers get the same bound).
 pub const CAPACITY_SLOTS: usize = 4096;

@@ -1,4 +1,4 @@
-//! `leantier bench load-gen`: how fast the open-loop generator ([`lab::load::drive_sync`])
+//! `leantier bench load-gen`: how fast the open-loop generator ([`stats::open_loop::drive_sync`])
 //! keeps its schedule on one thread, alone, into two sinks:
 //! - **null**: the request is dropped (the generator's own cost: schedule, clock, lag record);
 //! - **ring**: each request is pushed into a `pipeline` ring (one publish per request, as the
@@ -12,9 +12,9 @@
 
 use std::time::{Duration, Instant};
 
-use lab::load::{ArrivalProcess, OpenLoopPlan, drive_sync};
-use lab::stats::LatencySummary;
 use serde::Serialize;
+use stats::LatencySummary;
+use stats::open_loop::{ArrivalProcess, OpenLoopPlan, drive_sync};
 
 use super::RingBenchError;
 use super::harness::thread_cpu_time;
@@ -160,7 +160,7 @@ pub fn measure(sink: Sink, plan: &OpenLoopPlan) -> anyhow::Result<LoadGenStep> {
 
 /// Pushes each request's index into a ring that another thread drains; fails unless the
 /// drain received every request exactly once, in order.
-fn drive_into_ring(plan: &OpenLoopPlan) -> anyhow::Result<lab::load::DriveReport> {
+fn drive_into_ring(plan: &OpenLoopPlan) -> anyhow::Result<stats::open_loop::DriveReport> {
     let config = pipeline::RingConfig {
         capacity_slots: RING_SINK_CAPACITY_SLOTS,
         batch_slots_max: RING_SINK_READ_BATCH_MAX,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use exchange::durability::{JournalMode, JournalOptions};
 use exchange::tier::{ReleasedSeqs, TierConfig};
 use experiments::tier_load::{RunOptions, run as run_tier};
-use lab::child_flags::ChildFlags;
+use ops::child_flags::ChildFlags;
 
 /// The environment variable whose value makes the test binary the crash child: its flags.
 pub const ARGS_ENV: &str = "LEANTIER_EXCHANGE_CRASH_CHILD";
@@ -40,7 +40,7 @@ struct Args {
 }
 
 impl Args {
-    fn parse(text: &str) -> Result<Args, lab::error::BadInput> {
+    fn parse(text: &str) -> Result<Args, ops::OpsError> {
         let known = ["data", "core-shards", "rate", "segment-bytes", "snapshot-every", "seconds"];
         let flags = ChildFlags::parse(text.split_whitespace().map(str::to_string), &known)?;
         Ok(Args {

@@ -15,7 +15,7 @@ use exchange::flow::UniverseConfig;
 use exchange::tier::{LayoutChoice, TierConfig};
 use gateway::Settings;
 use gateway::{ServeOptions, start};
-use lab::child_flags::ChildFlags;
+use ops::child_flags::ChildFlags;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let known =

@@ -7,19 +7,19 @@
 
 use std::path::PathBuf;
 
-use lab::child_flags::ChildFlags;
 use mq::{server, store};
+use ops::child_flags::ChildFlags;
 
 async fn serve(flags: &ChildFlags) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listen: String = flags.get_or("listen", "127.0.0.1:7440".to_string())?;
     let store_url: String = flags.required("store")?;
     let config_path: Option<PathBuf> = flags.optional("config")?;
-    let mut config: server::NodeConfig = lab::config::load_toml(config_path.as_deref())?;
-    lab::config::override_with(&mut config.db_workers, &flags.optional("db-workers")?);
+    let mut config: server::NodeConfig = ops::config::load_toml(config_path.as_deref())?;
+    ops::config::override_with(&mut config.db_workers, &flags.optional("db-workers")?);
     let frame_memory = flags.optional("frame-memory-bytes-max")?;
-    lab::config::override_with(&mut config.frame_memory_bytes_max, &frame_memory);
+    ops::config::override_with(&mut config.frame_memory_bytes_max, &frame_memory);
     let reply_memory = flags.optional("reply-memory-bytes-max")?;
-    lab::config::override_with(&mut config.reply_memory_bytes_max, &reply_memory);
+    ops::config::override_with(&mut config.reply_memory_bytes_max, &reply_memory);
     config.validate()?;
     // One node process per SQLite store, as `mq serve` (the tests wait for a killed node's
     // exit before they start the next on its store).

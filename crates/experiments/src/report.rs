@@ -8,8 +8,8 @@
 //! `progress` has the long runs' progress bars).
 //!
 //! ```
-//! use lab::report::{latency_table, Markdown, ReportDir, Table};
-//! use lab::stats::LatencyHistogram;
+//! use experiments::report::{latency_table, Markdown, ReportDir, Table};
+//! use stats::LatencyHistogram;
 //!
 //! let latency = LatencyHistogram::from_samples_ns(&[9_000, 12_000, 15_000, 80_000]);
 //! let table = latency_table(&[("20K msg/s", &latency.summary())]);
@@ -35,7 +35,8 @@ use serde::Serialize;
 
 use crate::data::{DataTable, hgrm};
 use crate::load::ThroughputSeries;
-use crate::stats::{CumulativeBucket, FactorialAnalysis, LatencyHistogram, LatencySummary};
+use crate::statistics::FactorialAnalysis;
+use stats::{CumulativeBucket, LatencyHistogram, LatencySummary};
 
 // ---------------------------------------------------------------------------------------------
 // Tables.
@@ -539,7 +540,8 @@ mod tests {
             vec![25.0, 28.0, 19.0],
             vec![75.0, 75.0, 81.0],
         ];
-        let analysis = crate::stats::factorial_2kr(&["cache", "memory"], &responses, 0.9).unwrap();
+        let analysis =
+            crate::statistics::factorial_2kr(&["cache", "memory"], &responses, 0.9).unwrap();
         let table = factorial_table(&analysis);
         assert_eq!(table.headers()[3], "90% CI");
         assert_eq!(table.rows()[0][..2], ["mean (q0)", "41.0000"]);

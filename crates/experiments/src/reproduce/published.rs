@@ -1,14 +1,14 @@
-//! The published figures of the five papers (`data/published.toml`, a copy of the project's
+//! The published figures of the five papers (`crates/experiments/data/published.toml`, a copy of the project's
 //! transcription, embedded in the binary; `--published FILE` reads another copy).
 
 use std::path::Path;
 
+use crate::data::{Cell, DataTable};
 use anyhow::Context;
-use lab::data::{Cell, DataTable};
 use toml::{Table as TomlTable, Value};
 
 /// The transcription as shipped with this binary.
-const EMBEDDED: &str = include_str!("../../../data/published.toml");
+const EMBEDDED: &str = include_str!("../../data/published.toml");
 
 /// Every paper's published tables.
 pub struct Published {

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
-use crate::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 
 /// One cell: a number, a name, or nothing (the paper or the run has no value there).
 #[derive(Clone, Debug, PartialEq, Serialize)]

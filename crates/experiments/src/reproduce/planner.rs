@@ -3,11 +3,11 @@
 //! those configurations run on this machine's data-flow pipeline, measured vs predicted
 //! throughput (`planner::optimize`, `cdr::validate`).
 
+use crate::data::DataTable;
+use crate::plot::BarChart;
+use crate::report::ReportDir;
 use cdr::run::NodeThreads;
 use cdr::validate::{Configuration, ValidateSettings, summarize, validate};
-use experiments::plot::BarChart;
-use lab::data::DataTable;
-use lab::report::ReportDir;
 use planner::network::Network;
 use planner::optimize::{Goal, optimize_with};
 use planner::options::{Budget, Options};

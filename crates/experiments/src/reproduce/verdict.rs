@@ -38,7 +38,7 @@ impl Spread {
         let min = values.iter().copied().reduce(f64::min)?;
         let max = values.iter().copied().reduce(f64::max)?;
         let repeats = values.len();
-        Some(Spread { min, median: lab::stats::median(values), max, repeats })
+        Some(Spread { min, median: stats::median(values), max, repeats })
     }
 
     /// `median (min–max, n runs)` with `unit` after the median.

@@ -5,7 +5,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::stats::LatencyHistogram;
+use stats::LatencyHistogram;
 
 /// Bytes per raw append: one page, the smallest write a group commit makes.
 pub const RAW_APPEND_BYTES: usize = 4096;

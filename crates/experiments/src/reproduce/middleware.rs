@@ -4,13 +4,13 @@
 //! then the same-run comparison of `mq bench` (`experiments::mq_bench`, the code behind
 //! docs/benchmarks/mq.md) on the same store.
 
-use experiments::mq_bench as bench;
-use experiments::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
-use experiments::mq_load::LoadConfig;
-use experiments::plot::{BarChart, LinePlot};
-use lab::data::{Cell, DataTable};
-use lab::report::ReportDir;
-use lab::stats::{FactorialAnalysis, factorial_2kr};
+use crate::data::{Cell, DataTable};
+use crate::mq_bench as bench;
+use crate::mq_experiment::{self as experiment, Experiment, ExperimentConfig, Point};
+use crate::mq_load::LoadConfig;
+use crate::plot::{BarChart, LinePlot};
+use crate::report::ReportDir;
+use crate::statistics::{FactorialAnalysis, factorial_2kr};
 use mq::server::NodeConfig;
 
 use super::published::PublishedPaper;
@@ -120,11 +120,7 @@ fn factorial_analysis(points: &[Point]) -> anyhow::Result<FactorialAnalysis> {
             points.iter().filter(|p| p.level == run).map(|p| p.result.throughput_per_s).collect()
         })
         .collect();
-    Ok(factorial_2kr(
-        &["db_workers", "group_commit"],
-        &responses,
-        experiments::mq_load::CONFIDENCE,
-    )?)
+    Ok(factorial_2kr(&["db_workers", "group_commit"], &responses, crate::mq_load::CONFIDENCE)?)
 }
 
 /// A level and its values over the repeats.
@@ -312,7 +308,7 @@ fn factorial_figure(paper: &PublishedPaper<'_>, measured: &Measured) -> Figure {
             effect.ci_high.into(),
         ]);
     }
-    table.push(vec!["error".into(), lab::data::Cell::Missing, analysis.error_percent.into()]);
+    table.push(vec!["error".into(), crate::data::Cell::Missing, analysis.error_percent.into()]);
     let names: Vec<String> =
         analysis.effects.iter().map(|e| e.name.clone()).chain(["error".into()]).collect();
     let shares: Vec<f64> = analysis

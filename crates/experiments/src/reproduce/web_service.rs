@@ -6,14 +6,15 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use experiments::plot::BarChart;
-use experiments::web_load::CellResult;
-use lab::data::DataTable;
-use lab::report::ReportDir;
+use crate::data::DataTable;
+use crate::plot::BarChart;
+use crate::report::ReportDir;
+use crate::web_load::CellResult;
 use web::exec::Model;
 use web::workload::Complexity;
 
-use super::super::web_lab::{MatrixArgs, MedianCell, measure_matrix};
+use crate::web_lab::{MatrixSettings, MedianCell, measure_matrix};
+
 use super::published::PublishedPaper;
 use super::verdict::{self, MIN_REPEATS, Spread, Verdict};
 use super::{Claim, Figure, PaperResult, Scale, median};
@@ -64,13 +65,13 @@ fn python_with_flask(python: Option<PathBuf>) -> Option<PathBuf> {
     imports.is_ok_and(|o| o.status.success()).then_some(python)
 }
 
-fn matrix_args(scale: &Scale, python: Option<PathBuf>) -> MatrixArgs {
+fn matrix_args(scale: &Scale, python: Option<PathBuf>) -> MatrixSettings {
     let models = if scale.quick {
         vec![Model::Single, Model::Pool, Model::Pinned, Model::Adaptive]
     } else {
         Model::ALL.to_vec()
     };
-    MatrixArgs {
+    MatrixSettings {
         models,
         users: if scale.quick { vec![10, 30] } else { vec![10, 30, 60] },
         complexity: if scale.quick {
@@ -89,7 +90,7 @@ fn matrix_args(scale: &Scale, python: Option<PathBuf>) -> MatrixArgs {
         python_duration: Duration::from_secs_f64(scale.seconds(2.0, 8.0)),
         python_users: vec![10],
         out: PathBuf::new(),
-        check: false,
+        child_args: scale.child_args.clone(),
     }
 }
 
@@ -216,7 +217,7 @@ fn compare(
 const SAME_RUN: &str = "every model measured here in the same interleaved rounds, same cell \
      (complexity × users), closed loop on loopback";
 
-fn claims(samples: &[CellResult], args: &MatrixArgs, python: bool) -> Vec<Claim> {
+fn claims(samples: &[CellResult], args: &MatrixSettings, python: bool) -> Vec<Claim> {
     let matches_best: Rule = |a, b| verdict::at_least(a, b, MATCH_SHARE);
     let (m, v) =
         compare(samples, &args.users, Complexity::Low, "single", &["pool", "pinned"], matches_best);

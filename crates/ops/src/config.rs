@@ -7,18 +7,18 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::error::BadInput;
+use crate::error::OpsError;
 
 /// Reads a TOML config file; `None` gives the type's defaults. Errors name the file and the
-/// offending key, and are [`BadInput`] so the binary exits with the usage code.
-pub fn load_toml<T: DeserializeOwned + Default>(path: Option<&Path>) -> anyhow::Result<T> {
+/// offending key, and are [`OpsError::BadInput`] so the binary exits with the usage code.
+pub fn load_toml<T: DeserializeOwned + Default>(path: Option<&Path>) -> Result<T, OpsError> {
     let Some(path) = path else {
         return Ok(T::default());
     };
     let text = std::fs::read_to_string(path)
-        .map_err(|e| BadInput(format!("cannot read config {}: {e}", path.display())))?;
+        .map_err(|e| OpsError::BadInput(format!("cannot read config {}: {e}", path.display())))?;
     toml::from_str(&text)
-        .map_err(|e| BadInput(format!("invalid config {}: {e}", path.display())).into())
+        .map_err(|e| OpsError::BadInput(format!("invalid config {}: {e}", path.display())))
 }
 
 /// Replaces `field` with the flag's value when the flag was given.
@@ -35,8 +35,8 @@ pub fn override_with<T: Clone>(field: &mut T, flag: &Option<T>) {
 /// #[derive(Debug, PartialEq, serde::Deserialize)]
 /// #[serde(rename_all = "kebab-case")]
 /// enum Speed { Slow, Fast }
-/// assert_eq!(lab::config::parse_choice::<Speed>("speed", "fast"), Ok(Speed::Fast));
-/// assert!(lab::config::parse_choice::<Speed>("speed", "warp").unwrap_err().starts_with("speed: "));
+/// assert_eq!(ops::config::parse_choice::<Speed>("speed", "fast"), Ok(Speed::Fast));
+/// assert!(ops::config::parse_choice::<Speed>("speed", "warp").unwrap_err().starts_with("speed: "));
 /// ```
 pub fn parse_choice<T: DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
     use serde::de::IntoDeserializer;
@@ -74,7 +74,7 @@ mod tests {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, "rate = 1\n").unwrap();
         let error = load_toml::<Sample>(Some(&path)).unwrap_err();
-        assert!(error.downcast_ref::<BadInput>().is_some());
+        assert!(matches!(error, OpsError::BadInput(_)), "{error}");
         assert!(error.to_string().contains("bad.toml"), "{error}");
     }
 }

@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 
-use crate::error::BadInput;
+use crate::error::OpsError;
 
 /// Flags given as `--name value` pairs, each name one of those the child knows.
 #[derive(Debug)]
@@ -14,7 +14,7 @@ pub struct ChildFlags {
 
 impl ChildFlags {
     /// This process's arguments (after the program name).
-    pub fn from_env(known: &[&str]) -> Result<ChildFlags, BadInput> {
+    pub fn from_env(known: &[&str]) -> Result<ChildFlags, OpsError> {
         ChildFlags::parse(std::env::args().skip(1), known)
     }
 
@@ -23,40 +23,43 @@ impl ChildFlags {
     pub fn parse(
         args: impl IntoIterator<Item = String>,
         known: &[&str],
-    ) -> Result<ChildFlags, BadInput> {
+    ) -> Result<ChildFlags, OpsError> {
         let mut pairs: Vec<(String, String)> = Vec::new();
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
-            let name = flag
-                .strip_prefix("--")
-                .filter(|name| known.contains(name))
-                .ok_or_else(|| BadInput(format!("unknown argument {flag:?}; known: {known:?}")))?;
+            let name =
+                flag.strip_prefix("--").filter(|name| known.contains(name)).ok_or_else(|| {
+                    OpsError::BadInput(format!("unknown argument {flag:?}; known: {known:?}"))
+                })?;
             if pairs.iter().any(|(seen, _)| seen == name) {
-                return Err(BadInput(format!("--{name} given twice")));
+                return Err(OpsError::BadInput(format!("--{name} given twice")));
             }
-            let value = args.next().ok_or_else(|| BadInput(format!("--{name} needs a value")))?;
+            let value =
+                args.next().ok_or_else(|| OpsError::BadInput(format!("--{name} needs a value")))?;
             pairs.push((name.to_string(), value));
         }
         Ok(ChildFlags { pairs })
     }
 
     /// The value of `--name`, if given.
-    pub fn optional<T: FromStr>(&self, name: &str) -> Result<Option<T>, BadInput> {
+    pub fn optional<T: FromStr>(&self, name: &str) -> Result<Option<T>, OpsError> {
         let Some((_, text)) = self.pairs.iter().find(|(seen, _)| seen == name) else {
             return Ok(None);
         };
-        let value = text.parse().map_err(|_| BadInput(format!("--{name} {text:?} is invalid")))?;
+        let value = text
+            .parse()
+            .map_err(|_| OpsError::BadInput(format!("--{name} {text:?} is invalid")))?;
         Ok(Some(value))
     }
 
     /// The value of `--name`, or `default` when it is not given.
-    pub fn get_or<T: FromStr>(&self, name: &str, default: T) -> Result<T, BadInput> {
+    pub fn get_or<T: FromStr>(&self, name: &str, default: T) -> Result<T, OpsError> {
         Ok(self.optional(name)?.unwrap_or(default))
     }
 
     /// The value of `--name`, which must be given.
-    pub fn required<T: FromStr>(&self, name: &str) -> Result<T, BadInput> {
-        self.optional(name)?.ok_or_else(|| BadInput(format!("--{name} is required")))
+    pub fn required<T: FromStr>(&self, name: &str) -> Result<T, OpsError> {
+        self.optional(name)?.ok_or_else(|| OpsError::BadInput(format!("--{name} is required")))
     }
 }
 

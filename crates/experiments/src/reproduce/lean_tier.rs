@@ -2,14 +2,15 @@
 //! 1..6 publishers (R-Senders) with speedup, Karp–Flatt and Amdahl, and I/O on vs off the
 //! critical path (`experiments::exchange_experiments`).
 
-use ::experiments::exchange_experiments::{
+use crate::data::{Cell, DataTable};
+use crate::exchange_experiments::{
     self as experiments, JournalExperiment, PlacementPoint, SendersPoint,
 };
-use ::experiments::plot::{BarChart, LinePlot, latency_percentile_plot};
+use crate::plot::{BarChart, LinePlot, latency_percentile_plot};
+use crate::report::ReportDir;
+use crate::statistics::amdahl;
 use exchange::tier::TierConfig;
-use lab::data::{Cell, DataTable};
-use lab::report::ReportDir;
-use lab::stats::{amdahl, median as median_of};
+use stats::median as median_of;
 
 use super::published::PublishedPaper;
 use super::verdict::{self, MIN_REPEATS, Spread};
@@ -135,7 +136,7 @@ fn affinity_figure(paper: &PublishedPaper<'_>, placement: &[Vec<PlacementPoint>]
         .iter()
         .map(|p| format!("{} @{}K", p.variant, p.rate_per_s / 1_000.0))
         .collect();
-    let series: Vec<(&str, &lab::stats::LatencyHistogram)> = labels
+    let series: Vec<(&str, &stats::LatencyHistogram)> = labels
         .iter()
         .map(String::as_str)
         .zip(placement[0].iter().map(|p| &p.end_to_end_histogram))
@@ -256,8 +257,9 @@ fn publishers_rows(senders: &[Vec<SendersPoint>]) -> Vec<PublisherRow> {
     let base = medians.first().map_or(0.0, |&(_, p99)| p99);
     let speedups: Vec<(usize, f64)> =
         medians.iter().map(|&(n, p99)| (n, base / p99.max(f64::MIN_POSITIVE))).collect();
-    let karp_flatt =
-        |n: usize, s: f64| (n > 1).then(|| lab::stats::karp_flatt(s, n as f64).ok()).flatten();
+    let karp_flatt = |n: usize, s: f64| {
+        (n > 1).then(|| crate::statistics::karp_flatt(s, n as f64).ok()).flatten()
+    };
     let serial: Vec<f64> = speedups.iter().filter_map(|&(n, s)| karp_flatt(n, s)).collect();
     let serial = if serial.is_empty() { 1.0 } else { median_of(serial).clamp(0.0, 1.0) };
     speedups
@@ -517,7 +519,7 @@ mod tests {
     use super::*;
     use exchange::durability::JournalMode;
     use journal::Policy;
-    use lab::stats::LatencySummary;
+    use stats::LatencySummary;
 
     /// One repeat: at every demo rate, sync and group with these critical-path p50s (µs)
     /// and sync's reply p50; raw fdatasync p99 100 µs.

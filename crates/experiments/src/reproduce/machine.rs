@@ -3,7 +3,7 @@
 //! (steal time over the run: a host that stops busy vCPUs shows up there, and every tail
 //! latency measured meanwhile carries its pauses).
 
-use lab::data::DataTable;
+use crate::data::DataTable;
 
 /// CPU time counters of `/proc/stat`'s first line and of this process, in clock ticks.
 #[derive(Clone, Copy, Debug, Default)]

@@ -1,4 +1,4 @@
-//! `leantier reproduce`: each paper's experiments at a scale this machine can run, set beside
+//! The reproduce runner behind `leantier reproduce`: each paper's experiments at a scale this machine can run, set beside
 //! the published figures, with a verdict per claim decided by a rule the page states, in one
 //! self-contained `index.html` (plots inline, no script, no network) and data files beside it.
 
@@ -12,15 +12,16 @@ mod published;
 mod verdict;
 mod web_service;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use lab::data::DataTable;
-use lab::report::ReportDir;
+use crate::data::DataTable;
+use crate::report::ReportDir;
 
-use crate::outcome::BadInput;
 use machine::{CpuTicks, HostLoad, Machine};
 use published::{Published, PublishedPaper};
+use stats::BadInput;
 pub use verdict::Verdict;
 
 /// The papers, in order: id, short name, what runs them.
@@ -34,30 +35,25 @@ const PAPERS: [(&str, &str, PaperRunner); 5] = [
 
 type PaperRunner = fn(&Scale, &PublishedPaper<'_>, &ReportDir) -> anyhow::Result<PaperResult>;
 
-/// Arguments of `leantier reproduce`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct Args {
+/// What `leantier reproduce` runs (its flags, in `leantier reproduce --help`).
+#[derive(Debug, Clone)]
+pub struct Settings {
     /// The quick scale (all five papers in minutes): fewer repeats, shorter runs.
-    #[arg(long)]
     pub quick: bool,
-    /// Only these papers (comma-separated ids: 000 lean tier, 001 delivery, 002 middleware,
-    /// 003 planner, 004 web service).
-    #[arg(long, value_delimiter = ',')]
+    /// Only these papers (ids: 000 lean tier, 001 delivery, 002 middleware, 003 planner,
+    /// 004 web service); all when empty.
     pub only: Vec<String>,
     /// Folder for index.html and the data files.
-    #[arg(long, default_value = "leantier-report/reproduce")]
     pub out: PathBuf,
     /// Another copy of the published figures (TOML) instead of the embedded one.
-    #[arg(long)]
     pub published: Option<PathBuf>,
-    /// The message queue's store: `sqlite:DIR` or a `postgres://` URL [default: SQLite in a
-    /// temporary folder].
-    #[arg(long, env = "LEANTIER_PG_URL")]
+    /// The message queue's store: `sqlite:DIR` or a `postgres://` URL (default: SQLite in a
+    /// temporary folder).
     pub mq_store: Option<String>,
-    /// Python interpreter with Flask for the web service's Python baselines [default:
-    /// `python3` when it imports flask; otherwise the baselines are reported not measurable].
-    #[arg(long)]
+    /// Python interpreter with Flask for the web service's Python baselines.
     pub python: Option<PathBuf>,
+    /// The arguments that make this program a prefork child (the web service's models).
+    pub child_args: Vec<OsString>,
 }
 
 /// How much each experiment runs.
@@ -65,6 +61,8 @@ pub struct Scale {
     pub quick: bool,
     pub mq_store: Option<String>,
     pub python: Option<PathBuf>,
+    /// The arguments that make this program a prefork child.
+    pub child_args: Vec<OsString>,
 }
 
 impl Scale {
@@ -146,8 +144,9 @@ pub struct PaperSection<'a> {
     pub host: Option<HostLoad>,
 }
 
-/// `leantier reproduce`.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+/// `leantier reproduce`: runs the papers, writes the page and data files, and fails (exit 1)
+/// when a paper's run failed.
+pub fn run(args: &Settings) -> anyhow::Result<()> {
     let unknown: Vec<&String> =
         args.only.iter().filter(|id| !PAPERS.iter().any(|(p, _, _)| p == id)).collect();
     if !unknown.is_empty() {
@@ -155,8 +154,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let published = Published::load(args.published.as_deref())?;
     let dir = ReportDir::create(&args.out)?;
-    let scale =
-        Scale { quick: args.quick, mq_store: args.mq_store.clone(), python: args.python.clone() };
+    let scale = Scale {
+        quick: args.quick,
+        mq_store: args.mq_store.clone(),
+        python: args.python.clone(),
+        child_args: args.child_args.clone(),
+    };
     let started = Instant::now();
     let load_average_before = machine::load_average();
     let before = HostLoad::before_run();
@@ -205,7 +208,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 /// The command as the page shows it: its flags without local paths (the output folder, the
 /// figures' copy, the interpreter) and without a database URL's credentials.
-fn invocation(args: &Args) -> String {
+fn invocation(args: &Settings) -> String {
     let mut words = vec!["leantier reproduce".to_string()];
     if args.quick {
         words.push("--quick".into());
@@ -289,7 +292,7 @@ fn write_figures(dir: &ReportDir, figures: &[Figure]) -> anyhow::Result<()> {
 
 /// The median of `values` (NaN-free), `None` when empty.
 pub fn median(values: &[f64]) -> Option<f64> {
-    (!values.is_empty()).then(|| lab::stats::median(values.to_vec()))
+    (!values.is_empty()).then(|| stats::median(values.to_vec()))
 }
 
 /// Nanoseconds as µs.
@@ -316,8 +319,7 @@ mod tests {
         let published = Published::load(None).unwrap();
         let mut table = DataTable::new("t-measured", "Measured here", ["rate_msgs_per_s"]);
         table.push(vec![20_000.0.into()]);
-        let plot =
-            experiments::plot::LinePlot::new("p", "x (s)", "y (µs)").series("s", vec![(1.0, 2.0)]);
+        let plot = crate::plot::LinePlot::new("p", "x (s)", "y (µs)").series("s", vec![(1.0, 2.0)]);
         let claims = vec![
             Claim::new("c1", "same run s1", "rule 1", "m1".into(), Verdict::Reproduced),
             Claim::new("c2", "same run s2", "rule 2", "m2".into(), Verdict::NotReproduced),
@@ -371,13 +373,14 @@ mod tests {
 
     #[test]
     fn the_invocation_shows_no_local_path_or_credentials() {
-        let args = Args {
+        let args = Settings {
             quick: true,
             only: vec!["004".into()],
             out: PathBuf::from("/home/someone/report"),
             published: Some(PathBuf::from("/home/someone/published.toml")),
             mq_store: Some("postgres://user:secret@db/leantier".into()),
             python: Some(PathBuf::from("/home/someone/venv/bin/python3")),
+            child_args: Vec::new(),
         };
         let text = invocation(&args);
         assert_eq!(

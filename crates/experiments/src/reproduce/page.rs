@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lab::html::{HtmlPage, escape_html, inline_svg, table_html};
+use crate::html::{HtmlPage, escape_html, inline_svg, table_html};
 
 use super::machine::{HostLoad, Machine};
 use super::{Outcome, PaperResult, PaperSection, Verdict};

@@ -2,14 +2,14 @@
 //! lock-free + dedicated cores with 6, 4, 3, 2, 1 senders), cumulative % per 10 µs bucket,
 //! p90 and p99 at the gateway (`experiments::delivery_experiment`), repeated.
 
-use experiments::delivery_experiment::{
+use crate::data::{Cell, DataTable};
+use crate::delivery_experiment::{
     self as experiment, BUCKET_UPPERS_US, Experiment, LAYOUTS, Settings,
 };
-use experiments::plot::{LinePlot, latency_percentile_plot};
-use experiments::tier_load::Arrival;
-use lab::data::{Cell, DataTable};
-use lab::report::ReportDir;
-use lab::stats::LatencyHistogram;
+use crate::plot::{LinePlot, latency_percentile_plot};
+use crate::report::ReportDir;
+use crate::tier_load::Arrival;
+use stats::LatencyHistogram;
 
 use super::published::PublishedPaper;
 use super::verdict::{self, MIN_REPEATS, Spread};
