@@ -217,24 +217,26 @@ fn object_store_faults_fail_and_delay_snapshots_and_the_trim_still_keeps_what_is
     assert!(puts_failed > 0 && exits > 0 && trims > 0, "{puts_failed} {exits} {trims}");
 }
 
-/// Found, not put back: production's regenerator answers a failed snapshot read with no
-/// records, the retain service then answers from its window, and a gateway behind it
-/// resyncs reports the group could have recomputed a moment later (lost to its clients).
-/// Open in production (docs/SIMULATION.md); this test fails once a failed regeneration no
-/// longer falls back to the window.
+/// Found and fixed: production's regenerator answered a failed snapshot read with no
+/// records, the retain service fell back to its window, and a gateway behind it resynced
+/// reports the group could recompute a moment later (seed 5 of these runs failed
+/// `liveness`). A failed regeneration now answers "nothing yet"
+/// (`delivery::publish::regenerated_answer`): the gateway asks again, and seeds 1–5 keep
+/// every invariant with the regenerator's reads failing.
 #[test]
-fn a_failed_snapshot_read_while_regenerating_resyncs_recomputable_reports() {
-    let found = (1..=5).find_map(|seed| {
+fn a_failed_snapshot_read_while_regenerating_is_asked_again_not_resynced() {
+    let mut reads_failed = 0;
+    for seed in 1..=5 {
         let settings = Settings { regenerator_read_faults: true, ..object_store_faults(seed) };
         let outcome = run(&settings);
-        let violation = outcome.violation?;
-        let read_failed = outcome.journal.iter().any(|line| line.contains("read failed"));
-        Some((seed, violation, read_failed))
-    });
-    let (seed, violation, read_failed) = found.expect("a resync within 5 seeds");
-    assert_eq!(violation.invariant, sim::Invariant::Liveness, "seed {seed}: {violation}");
-    assert!(violation.detail.contains("recomputes"), "seed {seed}: {violation}");
-    assert!(read_failed, "seed {seed}: after a failed regeneration");
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        let failed = outcome.journal.iter().filter(|line| line.contains("read failed")).count();
+        if seed == 5 {
+            assert!(failed > 0, "seed 5 fails a regeneration's read: {:#?}", outcome.journal);
+        }
+        reads_failed += failed;
+    }
+    assert!(reads_failed > 0, "some regeneration's read failed");
 }
 
 /// Found, not put back: production's session store has no durable watermark, so recovery
