@@ -657,8 +657,10 @@ impl Sequencer {
     }
 
     /// Recovers `first..=last` of `stream` from the retained window of publisher `instance`,
-    /// reporting what is lost. A window that ends before `first` denies the gap: nothing is
-    /// resynced and the next expected sequence stays.
+    /// reporting what is lost. A reply of no records numbered at or before `first` (a window
+    /// that ends before it, or a regeneration that failed: `publish::regenerated_answer`)
+    /// denies the gap for now: nothing is resynced, the next expected sequence stays, and the
+    /// next batch or heartbeat past it asks again.
     async fn recover(&mut self, stream: Stream, first: u64, last: u64, instance: u64) {
         let outlet = self.state.options.outlet;
         add(&self.state.counters.gaps, 1);

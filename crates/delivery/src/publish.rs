@@ -89,6 +89,9 @@ pub struct PublishReport {
     pub retained_served: u64,
     /// Records served recomputed by the group ([`Regenerate`]), older than the windows.
     pub regenerated_served: u64,
+    /// Retain requests answered "nothing yet" because a regeneration failed to read what it
+    /// needs ([`RegeneratedAnswer::Retry`]): the edge asks again.
+    pub regenerations_failed: u64,
     /// Per subject, the next sequence it will assign (outlet-major, then stream).
     pub next_seqs: Vec<u64>,
 }
@@ -193,6 +196,7 @@ struct Counters {
     retain_requests: AtomicU64,
     retained_served: AtomicU64,
     regenerated_served: AtomicU64,
+    regenerations_failed: AtomicU64,
     /// Whether the last publish was refused (so the outage is logged once, not per batch).
     refusing: AtomicBool,
 }
@@ -255,15 +259,22 @@ impl PublishGate {
 /// recovers instead of being told to resync.
 pub trait Regenerate: Send + Sync + std::fmt::Debug {
     /// Records `from..=to` of `outlet`'s `stream`, from `from` on: a prefix of the range
-    /// (empty when none can be recomputed, e.g. the log was trimmed past them).
+    /// (empty when none can be recomputed, e.g. the log was trimmed past them), or
+    /// [`RegenerationFailed`] when what it reads (a snapshot, the log) could not be read.
     fn regenerate(
         &self,
         outlet: u32,
         stream: Stream,
         from: u64,
         to: u64,
-    ) -> futures_util::future::BoxFuture<'static, Vec<Record>>;
+    ) -> futures_util::future::BoxFuture<'static, Result<Vec<Record>, RegenerationFailed>>;
 }
+
+/// A regeneration that could not read what it needs (the newest snapshot, the log): the
+/// records may still be recomputable, so the retain service answers "nothing yet"
+/// ([`regenerated_answer`]) rather than let the edge resync them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegenerationFailed(pub String);
 
 /// A publisher that is one of a group sharing one sequence space (the engines that follow one
 /// shard's input log): every member computes the same records in the same order, so all use
@@ -380,11 +391,18 @@ impl Shared {
         if let (Some(regenerate), RetainSource::Regenerate { from, last }) =
             (&self.regenerate, retain_source(&request, oldest, self.regenerate.is_some()))
         {
-            let records = regenerate.regenerate(outlet, stream, from, last).await;
-            if !records.is_empty() {
-                add(&self.counters.regenerated_served, records.len() as u64);
-                let records = records.iter().map(|record| &record.0[..]);
-                return self.reply(outlet, stream, from, count_of(records));
+            let regenerated = regenerate.regenerate(outlet, stream, from, last).await;
+            match (regenerated_answer(&regenerated), regenerated) {
+                (RegeneratedAnswer::Records, Ok(records)) => {
+                    add(&self.counters.regenerated_served, records.len() as u64);
+                    let records = records.iter().map(|record| &record.0[..]);
+                    return self.reply(outlet, stream, from, count_of(records));
+                }
+                (RegeneratedAnswer::Retry, _) => {
+                    add(&self.counters.regenerations_failed, 1);
+                    return self.reply(outlet, stream, from, count_of(std::iter::empty()));
+                }
+                _ => {}
             }
         }
         self.retained(outlet, stream, request)
@@ -447,6 +465,32 @@ pub fn retain_source(request: &RetainRequest, oldest: u64, can_regenerate: bool)
     let last = request.to_seq.min(oldest - 1);
     let last = last.min(request.from_seq + BATCH_RECORDS_MAX as u64 - 1);
     RetainSource::Regenerate { from: request.from_seq, last }
+}
+
+/// How the retain service answers once the group tried to recompute a range
+/// ([`RetainSource::Regenerate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegeneratedAnswer {
+    /// The records recomputed, from where the edge asked.
+    Records,
+    /// None can be recomputed (the newest snapshot is past them, their inputs trimmed): the
+    /// window answers ([`window_part`]) and the edge resyncs what lies before it.
+    Window,
+    /// The regeneration failed to read what it needs: no records, numbered where the edge
+    /// asked, so it resyncs nothing and asks again on its next gap (a heartbeat away).
+    Retry,
+}
+
+/// The answer for a regeneration that came to `regenerated` (production's retain service
+/// and `crates/sim`'s model of it both decide here). A failed one answered from the window
+/// (before `crates/sim` found it) let an edge behind the window resync records the group
+/// could recompute a moment later.
+pub fn regenerated_answer<T, E>(regenerated: &Result<Vec<T>, E>) -> RegeneratedAnswer {
+    match regenerated {
+        Ok(records) if !records.is_empty() => RegeneratedAnswer::Records,
+        Ok(_) => RegeneratedAnswer::Window,
+        Err(_) => RegeneratedAnswer::Retry,
+    }
 }
 
 /// The window's part of `request` (a window holding `oldest..next_seq`): the reply's first
@@ -622,6 +666,7 @@ impl NatsPublisher {
             retain_requests: load(&c.retain_requests),
             retained_served: load(&c.retained_served),
             regenerated_served: load(&c.regenerated_served),
+            regenerations_failed: load(&c.regenerations_failed),
             next_seqs: self
                 .shared
                 .subjects
@@ -853,6 +898,17 @@ mod tests {
         assert_eq!(retain_source(&request, 10, true), RetainSource::Window);
         assert_eq!(window_part(&request, 100, 301), (100, 201), "from the oldest retained");
         assert_eq!(window_part(&request, 1, 5), (10, 0), "none yet: numbered where asked");
+    }
+
+    #[test]
+    fn a_failed_regeneration_answers_nothing_yet_and_only_an_empty_one_falls_back_to_the_window() {
+        let failed: Result<Vec<u8>, RegenerationFailed> =
+            Err(RegenerationFailed("snapshot read: timed out".into()));
+        assert_eq!(regenerated_answer(&failed), RegeneratedAnswer::Retry);
+        let trimmed: Result<Vec<u8>, RegenerationFailed> = Ok(Vec::new());
+        assert_eq!(regenerated_answer(&trimmed), RegeneratedAnswer::Window);
+        let recomputed: Result<Vec<u8>, RegenerationFailed> = Ok(vec![7]);
+        assert_eq!(regenerated_answer(&recomputed), RegeneratedAnswer::Records);
     }
 
     fn tags(window: &Window, first: u64, count: usize) -> Vec<u64> {

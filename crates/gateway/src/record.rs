@@ -2,7 +2,9 @@
 //! its CRC32C and the record's kind and client, then the payload. Its own module so that
 //! whatever writes records into a store batch (the store, the routed positions) shares one
 //! encoder without depending on the store. Reading them back ([`scan`], [`tail`]) is pure
-//! too: the store's recovery and `crates/sim`'s simulated store call the same code.
+//! too: the store's recovery and `crates/sim`'s simulated store call the same code. A group-
+//! commit batch ends with a [`kind::BATCH_END`] record, and [`scan`] hands a batch's records
+//! on only once it has read that end: a batch is recovered whole or not at all.
 
 use std::io::Read;
 
@@ -45,6 +47,15 @@ pub mod kind {
     /// A gateway without a tier: how far one (shard, slot)'s reports were routed
     /// (`crate::routed`), in the batch of the reports it counts; client field 0.
     pub const ROUTED: u8 = b'P';
+    /// The end of a group-commit batch (empty payload, client 0), written last in each
+    /// batch: recovery applies a batch's records only once it reads this ([`scan`]). Also
+    /// the first record of every store created or compacted since: the store keeps batches.
+    pub const BATCH_END: u8 = b'E';
+}
+
+/// Appends the record that ends a batch ([`kind::BATCH_END`]).
+pub fn end_batch(out: &mut Vec<u8>) {
+    encode_record(out, kind::BATCH_END, 0, &[]);
 }
 
 /// Appends a record to `out`; returns the offset its payload has in `out`.
@@ -81,11 +92,31 @@ pub struct Record<'a> {
     pub payload_at: u64,
 }
 
-/// Reads records from `reader` in order and hands each valid one to `apply`, until one is cut
-/// short, longer than [`PAYLOAD_BYTES_MAX`], fails its checksum, or `apply` refuses it (it
-/// does not decode); returns where the valid records end.
-pub fn scan(reader: &mut impl Read, mut apply: impl FnMut(Record) -> bool) -> std::io::Result<u64> {
-    let mut end = 0u64;
+/// What [`scan`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scanned {
+    /// Where the records recovery applied end (the end of the last whole batch).
+    pub end: u64,
+    /// Whether those records hold a [`kind::BATCH_END`]: a store without one was written
+    /// before batches were marked (or is new), and its writer must add one before its next
+    /// batch so that a torn batch after it is recognised.
+    pub marked: bool,
+}
+
+/// Reads records from `reader` in order and hands each valid one to `apply`, a batch at a
+/// time: the records after a [`kind::BATCH_END`] reach `apply` only once the next one is
+/// read, so a batch torn by a crash (its end marker missing) is dropped whole, never its
+/// prefix. Records before the first marker (a store written before markers) are applied as
+/// they are read. Stops at a record cut short, longer than [`PAYLOAD_BYTES_MAX`] or failing
+/// its checksum, or one `apply` refuses (it does not decode).
+pub fn scan(
+    reader: &mut impl Read,
+    mut apply: impl FnMut(Record) -> bool,
+) -> std::io::Result<Scanned> {
+    let mut scanned = Scanned { end: 0, marked: false };
+    // The records read since the last marker (headers and payloads) and where they start.
+    let mut batch = Vec::new();
+    let mut at = 0u64;
     let mut payload = vec![0u8; PAYLOAD_BYTES_MAX];
     loop {
         let mut header = [0u8; HEADER_BYTES];
@@ -94,7 +125,6 @@ pub fn scan(reader: &mut impl Read, mut apply: impl FnMut(Record) -> bool) -> st
         }
         let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-        let client = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes"));
         if len > PAYLOAD_BYTES_MAX || read_full(reader, &mut payload[..len])? < len {
             break;
         }
@@ -102,13 +132,45 @@ pub fn scan(reader: &mut impl Read, mut apply: impl FnMut(Record) -> bool) -> st
         if crc32c::crc32c_append(crc32c::crc32c(&header[8..13]), payload) != crc {
             break;
         }
-        let payload_at = end + HEADER_BYTES as u64;
-        if !apply(Record { kind: header[8], client, payload, payload_at }) {
-            break;
+        let record_end = at + (HEADER_BYTES + len) as u64;
+        if header[8] == kind::BATCH_END {
+            match apply_batch(&batch, scanned.end, &mut apply) {
+                Some(refused_at) => return Ok(Scanned { end: refused_at, ..scanned }),
+                None => scanned = Scanned { end: record_end, marked: true },
+            }
+            batch.clear();
+        } else if scanned.marked {
+            batch.extend_from_slice(&header);
+            batch.extend_from_slice(payload);
+        } else {
+            let client = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes"));
+            let payload_at = at + HEADER_BYTES as u64;
+            if !apply(Record { kind: header[8], client, payload, payload_at }) {
+                break;
+            }
+            scanned.end = record_end;
         }
-        end = payload_at + len as u64;
+        at = record_end;
     }
-    Ok(end)
+    Ok(scanned)
+}
+
+/// Hands `batch`'s records (read and checked by [`scan`]; the first at file offset `from`)
+/// to `apply`; where the first one it refuses starts, if it refuses one.
+fn apply_batch(batch: &[u8], from: u64, apply: &mut impl FnMut(Record) -> bool) -> Option<u64> {
+    let mut at = 0;
+    while at < batch.len() {
+        let header = &batch[at..at + HEADER_BYTES];
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let client = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes"));
+        let payload = &batch[at + HEADER_BYTES..at + HEADER_BYTES + len];
+        let payload_at = from + (at + HEADER_BYTES) as u64;
+        if !apply(Record { kind: header[8], client, payload, payload_at }) {
+            return Some(from + at as u64);
+        }
+        at += HEADER_BYTES + len;
+    }
+    None
 }
 
 /// What recovery does with the bytes after the valid records.

@@ -37,11 +37,21 @@
 //! # On disk
 //!
 //! Records `[payload_bytes: u32][crc32c: u32][kind: u8][client: u32][payload]`, little-endian;
-//! the checksum covers kind, client and payload. Recovery reads them in order; a record that is
-//! cut short or fails its checksum ends the store: the tail from it on is a write torn by a
-//! crash (never released to any client, since release waits for the sync) and is truncated, as
-//! long as it is no longer than [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store
-//! refuses to open ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+//! the checksum covers kind, client and payload. Each batch ends with a [`kind::BATCH_END`]
+//! record, written last in its `write`, and recovery applies a batch's records only once it
+//! reads that end (`record::scan`): a power failure can write back some sectors of a batch and
+//! not others (its reports, say, without the routed position after them), and such a batch is
+//! dropped whole, so a restarted gateway never keeps reports without their position and routes
+//! them again. A record that is cut short or fails its checksum ends the store: the tail from
+//! it on (with the batch it interrupted) is a write torn by a crash (never released to any
+//! client, since release waits for the sync) and is truncated, as long as it is no longer than
+//! [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store refuses to open
+//! ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+//!
+//! A store written before batch ends were recorded has none: its records are applied as they
+//! are read, as they were, and [`Log::open`] appends (and syncs) a batch end to a store that
+//! holds none (an old one, or a new empty one) before its first batch; a compacted file starts
+//! and ends with one.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -59,7 +69,7 @@ use tokio::sync::Notify;
 
 use crate::fix;
 use crate::link::Link;
-use crate::record::{self, Record, Tail, encode_record};
+use crate::record::{self, Record, Scanned, Tail, encode_record};
 use crate::routed::RoutedPositions;
 
 #[path = "store_compact.rs"]
@@ -255,7 +265,8 @@ impl Log {
         let file =
             OpenOptions::new().read(true).append(true).create(true).open(&path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
-        let (mut recovered, end) = recover(&file, options.replay_events_max).map_err(io)?;
+        let (mut recovered, scanned) = recover(&file, options.replay_events_max).map_err(io)?;
+        let end = scanned.end;
         match record::tail(end, size) {
             Tail::Clean => {}
             Tail::Damaged(tail_bytes) => {
@@ -268,6 +279,10 @@ impl Log {
                 file.sync_data().map_err(io)?;
             }
         }
+        let end = match scanned.marked {
+            true => end,
+            false => mark_batches(&file, end).map_err(io)?,
+        };
         let sync = match options.sync {
             true => Some(spawn_syncer(file.try_clone().map_err(io)?)),
             false => None,
@@ -354,6 +369,7 @@ impl Log {
     pub fn commit(&mut self) {
         self.routed.append_changed(&mut self.pending, self.written_epoch + 1);
         if !self.pending.is_empty() && !self.write_failed {
+            record::end_batch(&mut self.pending);
             if let Err(error) = (&self.file).write_all(&self.pending) {
                 // Nothing held is released from now on: sessions stall and are cut off.
                 tracing::error!(path = %self.path.display(), %error, "gateway store: write failed; holding all output");
@@ -550,15 +566,27 @@ fn journals_cover(shared: &SyncShared) -> bool {
     })
 }
 
-/// Reads every valid record; returns what they hold and where the valid records end.
-fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, u64)> {
+/// Reads every whole batch's valid records; returns what they hold and where they end.
+fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, Scanned)> {
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut recovered = Recovered::default();
-    let end = record::scan(&mut reader, |record| {
+    let scanned = record::scan(&mut reader, |record| {
         let Record { kind, client, payload, payload_at } = record;
         apply(&mut recovered, kind, client, payload, payload_at, replay_events_max)
     })?;
-    Ok((recovered, end))
+    Ok((recovered, scanned))
+}
+
+/// Appends a [`kind::BATCH_END`] to a store that holds none (new, or written before batches
+/// were marked) at `end` and syncs it, so that from the next batch on a torn batch is
+/// dropped whole; returns the store's new end. What it held before stays as it recovered.
+fn mark_batches(file: &File, end: u64) -> std::io::Result<u64> {
+    let mut marker = Vec::with_capacity(record::HEADER_BYTES);
+    record::end_batch(&mut marker);
+    let mut writer = file;
+    writer.write_all(&marker)?;
+    file.sync_data()?;
+    Ok(end + marker.len() as u64)
 }
 
 /// Applies one record; `false` if it does not decode.
@@ -788,6 +816,63 @@ mod tests {
         assert_eq!(fix.order_id_max, 41);
         let (_, offset, len) = fix.index[0];
         assert_eq!(log.read_at(offset, len as usize).unwrap(), report(41));
+    }
+
+    /// A batch whose write-back a power failure tore after its reports but before its end
+    /// marker: recovery drops it whole (its reports and its routed position), never a prefix.
+    #[test]
+    fn a_batch_without_its_end_marker_is_dropped_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        filled(dir.path());
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let (mut log, _) = Log::open(dir.path(), options(false, 16)).unwrap();
+        append_event(&mut log, 1, 3, 72);
+        let position = crate::routed::Position { input_seq: 9, reports: 4 };
+        log.append(kind::ROUTED, 0, &[&crate::routed::encode(0, 0, position)]);
+        log.commit();
+        drop(log);
+        let read = |path: &Path| recover(&File::open(path).unwrap(), 16).unwrap().0;
+        let whole = read(&path);
+        assert_eq!((whole.native[&1].next_seq, whole.routed.len()), (4, 1), "synced whole");
+        // The batch's records persisted, its marker did not.
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(file.metadata().unwrap().len() - record::HEADER_BYTES as u64).unwrap();
+        drop(file);
+        let torn = read(&path);
+        assert_eq!(torn.native[&1].next_seq, 3, "the torn batch's event is dropped");
+        assert!(torn.routed.is_empty(), "and its routed position with it");
+        Log::open(dir.path(), options(false, 16)).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "the torn batch is cut");
+    }
+
+    /// A store written before batches were marked recovers every valid record as before;
+    /// opening it marks it, so a torn batch written after that is dropped whole.
+    #[test]
+    fn a_store_without_markers_recovers_as_before_and_is_marked_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let mut old = Vec::new();
+        for (seq, token) in [(1u64, 70), (2, 71)] {
+            let mut frame = Vec::new();
+            native::encode_server(&ServerMsg::Sequenced { seq, event: event(token) }, &mut frame);
+            encode_record(&mut old, kind::NATIVE_EVENT, 1, &[&frame]);
+        }
+        std::fs::write(&path, &old).unwrap();
+        let (mut log, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
+        assert_eq!(recovered.native[&1].events, [event(70), event(71)]);
+        let marked = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(marked, (old.len() + record::HEADER_BYTES) as u64, "a marker after them");
+        append_event(&mut log, 1, 3, 72);
+        log.commit();
+        drop(log);
+        let whole = std::fs::metadata(&path).unwrap().len();
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(whole - record::HEADER_BYTES as u64).unwrap();
+        drop(file);
+        let (_, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
+        assert_eq!(recovered.native[&1].events, [event(70), event(71)]);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), marked);
     }
 
     #[test]

@@ -66,15 +66,18 @@ impl Log {
         }
         let replay_events_max = self.options.replay_events_max;
         // A handle of its own: the store's handle appends, its position is at the end.
-        let (old, end) = recover(&File::open(&path).map_err(io)?, replay_events_max).map_err(io)?;
+        let (old, scanned) =
+            recover(&File::open(&path).map_err(io)?, replay_events_max).map_err(io)?;
+        let end = scanned.end;
         if end != self.end {
             return Err(mismatch(format!("read {end} valid bytes of {}", self.end)));
         }
         let temp = path.with_file_name(format!("{FILE_NAME}.compact"));
         let written = self.compacted(&old).and_then(|bytes| write_synced(&temp, &bytes));
         written.map_err(io)?;
-        let (kept, kept_end) =
+        let (kept, kept_scanned) =
             recover(&File::open(&temp).map_err(io)?, replay_events_max).map_err(io)?;
+        let kept_end = kept_scanned.end;
         if let Err(why) = same_recovery(&old, &kept) {
             let _ = std::fs::remove_file(&temp);
             return Err(mismatch(why));
@@ -110,7 +113,9 @@ impl Log {
 
     /// The compacted file's bytes for what `old` recovered.
     fn compacted(&self, old: &Recovered) -> std::io::Result<Vec<u8>> {
+        // A marked store (`record::scan`): one batch, whole, between its two markers.
         let mut out = Vec::new();
+        crate::record::end_batch(&mut out);
         let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
         for (&client, stream) in sorted(&old.native) {
             let first = stream.next_seq.saturating_sub(stream.events.len() as u64);
@@ -163,6 +168,7 @@ impl Log {
                 encode_record(&mut out, kind::OPEN_ORDER, client, &parts);
             }
         }
+        crate::record::end_batch(&mut out);
         Ok(out)
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use delivery::clock::monotonic_ns;
-use delivery::publish::{Regenerate, subject_index};
+use delivery::publish::{Regenerate, RegenerationFailed, subject_index};
 use delivery::wire::{Record, Stream};
 use exchange::msg::Response;
 use exchange::tier::{TierConfig, TierReplica};
@@ -139,23 +139,25 @@ impl Regenerate for Regenerator {
         stream: Stream,
         from: u64,
         to: u64,
-    ) -> BoxFuture<'static, Vec<Record>> {
+    ) -> BoxFuture<'static, Result<Vec<Record>, RegenerationFailed>> {
         let source = Arc::clone(&self.0);
         Box::pin(async move {
             let index = subject_index(outlet, stream);
             if let Some(records) = source.kept_range(index, from, to) {
-                return records;
+                return Ok(records);
             }
             match source.replay(index, from).await {
                 Ok(records) => {
                     let wanted = records.iter().take((to - from + 1) as usize).copied().collect();
                     *source.kept.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some((index, from, records));
-                    wanted
+                    Ok(wanted)
                 }
+                // The retain service answers "nothing yet": the edge asks again rather than
+                // resync records a later read may recompute.
                 Err(error) => {
                     tracing::warn!("engine: regenerating reports from {from}: {error}");
-                    Vec::new()
+                    Err(RegenerationFailed(error.to_string()))
                 }
             }
         })

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use delivery::publish::{RetainSource, retain_source, subject_index, window_part};
+use delivery::publish::{
+    RegeneratedAnswer, RegenerationFailed, RetainSource, regenerated_answer, retain_source,
+    subject_index, window_part,
+};
 use delivery::wire::{RetainRequest, Stream};
 use exchange::msg::{Audience, CoreOutput, InboundOrder};
 use replication::follow::LoggedOrder;
@@ -339,7 +342,9 @@ impl World {
     /// window of the last `retain_records` reports (`retain_source`) is recomputed from the
     /// newest snapshot and the log; when it cannot be (the snapshot is past it), or the range
     /// is the window's, the window's part answers (`window_part`), from its oldest record on:
-    /// the gateway resyncs what lies before.
+    /// the gateway resyncs what lies before. A regeneration that fails (a snapshot read)
+    /// answers no records numbered where the gateway asked (`regenerated_answer`'s retry):
+    /// the gateway asks again.
     fn answer_retain(&mut self, n: usize, gateway: usize, from: u64) {
         let Some(epoch) = self.engines[n].epoch(self.now_ns) else { return };
         let next_seq = self.engines[n].releasable(gateway) + 1;
@@ -349,7 +354,13 @@ impl World {
         let regenerated = match retain_source(&request, oldest, true) {
             RetainSource::Regenerate { from, last } => {
                 let last = last.min(from + BATCH_MAX as u64 - 1);
-                Some((from, self.regenerate(n, gateway, from, last))).filter(|(_, r)| !r.is_empty())
+                let regenerated = self.regenerate(n, gateway, from, last);
+                match (regenerated_answer(&regenerated), regenerated) {
+                    (RegeneratedAnswer::Records, Ok(records)) => Some((from, records)),
+                    // Production's "nothing yet": no records, numbered where it asked.
+                    (RegeneratedAnswer::Retry, _) => Some((from, Vec::new())),
+                    _ => None,
+                }
             }
             RetainSource::Window => None,
         };
@@ -371,30 +382,41 @@ impl World {
     /// recomputes up to `REGENERATE_RECORDS_MAX` records from `from` and is kept for the
     /// requests that follow (no snapshot: from the log's start; the log read is instant here).
     /// Each record is checked against the numbering every engine gave it.
-    fn regenerate(&mut self, n: usize, gateway: usize, from: u64, last: u64) -> Vec<CoreOutput> {
+    fn regenerate(
+        &mut self,
+        n: usize,
+        gateway: usize,
+        from: u64,
+        last: u64,
+    ) -> Result<Vec<CoreOutput>, RegenerationFailed> {
         let kept = self.engines[n].regenerated.as_ref().filter(|(subject, first, records)| {
             *subject == gateway && *first <= from && last < first + records.len() as u64
         });
         if let Some((_, first, records)) = kept {
-            return records[(from - first) as usize..=(last - first) as usize].to_vec();
+            return Ok(records[(from - first) as usize..=(last - first) as usize].to_vec());
         }
-        let records = self.replay(n, gateway, from);
+        let records = self.replay(n, gateway, from)?;
         self.regenerated += records.len() as u64;
         let wanted = records.iter().take((last + 1 - from) as usize).copied().collect();
         self.engines[n].regenerated = Some((gateway, from, records));
-        wanted
+        Ok(wanted)
     }
 
     /// Replays engine `n`'s shard's log (what it applied) from the newest snapshot for
     /// gateway `gateway`'s reports from `from` on, at most `REGENERATE_RECORDS_MAX`; none
     /// when the snapshot is past `from` (the inputs before it were trimmed away), as
     /// production's `Regenerator` does.
-    fn replay(&mut self, n: usize, gateway: usize, from: u64) -> Vec<CoreOutput> {
-        // Production's `Regenerator` reads the newest snapshot; a failed read recomputes
-        // nothing (the retain answer falls back to the window).
+    fn replay(
+        &mut self,
+        n: usize,
+        gateway: usize,
+        from: u64,
+    ) -> Result<Vec<CoreOutput>, RegenerationFailed> {
+        // Production's `Regenerator` reads the newest snapshot; a failed read fails the
+        // regeneration (`regenerated_answer`: the leader answers "nothing yet").
         if self.settings.regenerator_read_faults && self.object_store_fails() {
             self.note(format!("engine {n}: regenerating from the newest snapshot: read failed"));
-            return Vec::new();
+            return Err(RegenerationFailed("the snapshot read failed".into()));
         }
         let (applied, shard) = (self.engines[n].applied as usize, self.engines[n].shard);
         let snapshot = self.broker.shards[shard].snapshot.as_ref();
@@ -402,7 +424,7 @@ impl World {
             .expect("a snapshot of this tier (the group writes only its own)");
         let index = subject_index(gateway as u32, Stream::Reports);
         if replica.next_seq(index) > from {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let after = (replica.applied_seq() as usize).min(applied);
         let last = from + REGENERATE_RECORDS_MAX - 1;
@@ -427,7 +449,7 @@ impl World {
         for (seq, output) in &outputs {
             self.checker.numbered(shard, gateway, *seq, output, self.now_ns);
         }
-        outputs.into_iter().map(|(_, output)| output).collect()
+        Ok(outputs.into_iter().map(|(_, output)| output).collect())
     }
 
     /// Publishes `batch`, checking first that no other engine of the group may publish now

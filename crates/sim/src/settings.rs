@@ -24,19 +24,19 @@ pub struct Settings {
     /// Percent of each gateway's clients on FIX sessions (spread evenly); the rest native.
     pub fix_percent: u64,
     /// Whether a gateway's crash may tear its store's write-back (half the time: a random
-    /// share of the unsynced sectors persists, the last torn). Off by default: production's
-    /// store then recovers part of a batch never synced, its reports without their routed
-    /// position, and the restarted gateway routes them again (docs/SIMULATION.md, found).
+    /// share of the unsynced sectors persists, the last torn). On by default: production's
+    /// store recovered part of a batch never synced, its reports without their routed
+    /// position, until batches got end markers (docs/SIMULATION.md, found and fixed).
     pub gateway_store_tears: bool,
     /// Whether a gateway's crash flips 1–8 bytes of a durable sector of its store first (a
     /// damaged disk). Off by default: production's recovery ends the store at the damaged
     /// record and cuts what follows as a torn tail (under 8 MiB), sent messages with it
     /// (docs/SIMULATION.md, found).
     pub gateway_store_corruption: bool,
-    /// Whether an `object-store` fault also fails the regenerator's snapshot reads. Off by
-    /// default: production's regenerator then recomputes nothing, the retain answer falls
-    /// back to the window and the gateway resyncs reports the group could recompute (a
-    /// `liveness` violation; docs/SIMULATION.md, found).
+    /// Whether an `object-store` fault also fails the regenerator's snapshot reads. On by
+    /// default: production's retain answer fell back to the window on a failed read, and the
+    /// gateway resynced reports the group could recompute, until a failed regeneration
+    /// answered "nothing yet" (docs/SIMULATION.md, found and fixed).
     pub regenerator_read_faults: bool,
     /// The fault kinds drawn.
     pub fault_kinds: Vec<FaultKind>,
@@ -88,8 +88,8 @@ impl Settings {
             gateways: 2,
             clients: 100,
             fix_percent: 50,
-            gateway_store_tears: false,
-            regenerator_read_faults: false,
+            gateway_store_tears: true,
+            regenerator_read_faults: true,
             gateway_store_corruption: false,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,

@@ -86,6 +86,8 @@ impl World {
         let positions_at = batch.len();
         gateway.routed.append_changed(&mut batch, epoch);
         let positions = batch[positions_at..].to_vec();
+        // Last in the batch, as production's `Log::commit` writes it.
+        record::end_batch(&mut batch);
         let disk = &mut gateway.durable.disk;
         // No disk-full fault targets a gateway (its store's space is not simulated).
         disk.write_reserved(disk.cache.len(), &batch);
@@ -189,8 +191,21 @@ impl World {
         });
         store.disk.cache = bytes;
         // Reading a slice never fails (0 would make the whole store a tail: seen at once).
-        let end = end.unwrap_or(0);
-        self.after_recovery(n, end, recovered, changed, positions);
+        let scanned = end.unwrap_or(record::Scanned { end: 0, marked: false });
+        self.after_recovery(n, scanned.end, recovered, changed, positions);
+        if !scanned.marked {
+            self.mark_batches(n);
+        }
+    }
+
+    /// A store without a batch marker (a new one) gets one, synced, before its first batch,
+    /// as production's `Log::open` writes it: from then on a torn batch is dropped whole.
+    fn mark_batches(&mut self, n: usize) {
+        let mut marker = Vec::new();
+        record::end_batch(&mut marker);
+        let disk = &mut self.gateways[n].durable.disk;
+        disk.write_reserved(disk.cache.len(), &marker);
+        disk.sync_all();
     }
 
     fn after_recovery(

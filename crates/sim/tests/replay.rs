@@ -158,15 +158,17 @@ fn a_crashed_gateways_store_keeps_every_message_it_sent() {
     }
 }
 
-/// Found, not put back: production's store recovers the valid prefix of a batch it never
-/// synced, so a power failure that tears the write-back (a share of its sectors persists)
-/// can keep a batch's reports without the routed-position record written after them; the
-/// restarted gateway routes those reports again and its clients get them twice. Open in
-/// production (docs/SIMULATION.md); this test fails once the store recovers a batch whole
-/// or not at all.
+/// Found and fixed: production's store recovered the valid prefix of a batch it never
+/// synced, so a power failure that tore the write-back (a share of its sectors persisting)
+/// kept a batch's reports without the routed-position record written after them, and the
+/// restarted gateway routed them again (seed 9 of these runs failed
+/// `answers-equal-reference`). Each batch now ends with a `BATCH_END` record and recovery
+/// drops a batch without it whole (`gateway::record::scan`): seeds 1–10 keep every
+/// invariant with torn write-backs, and tails are cut.
 #[test]
-fn a_torn_store_batch_keeps_reports_without_their_routed_position() {
-    let found = (1..=20).find_map(|seed| {
+fn a_torn_store_batch_is_dropped_whole() {
+    let mut torn_tails = 0;
+    for seed in 1..=10 {
         let settings = Settings {
             fault_kinds: vec![FaultKind::Crash],
             engine_faults: false,
@@ -176,13 +178,15 @@ fn a_torn_store_batch_keeps_reports_without_their_routed_position() {
             ..Settings::new(seed)
         };
         let outcome = run(&settings);
-        let violation = outcome.violation?;
-        let unsent = outcome.journal.iter().any(|line| line.contains("never sent"));
-        Some((seed, violation.invariant, unsent))
-    });
-    let (seed, invariant, unsent) = found.expect("a torn batch within 20 seeds");
-    assert_eq!(invariant, sim::Invariant::Reference, "seed {seed}");
-    assert!(unsent, "seed {seed}: the store recovered messages it never sent");
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        let torn = outcome.journal.iter().filter(|line| line.contains("torn tail")).count();
+        // Seed 9 recovered a torn batch's reports without their position before the fix.
+        if seed == 9 {
+            assert!(torn > 0, "seed 9 tears its store: {:#?}", outcome.journal);
+        }
+        torn_tails += torn;
+    }
+    assert!(torn_tails > 0, "some write-back was torn and cut");
 }
 
 /// Snapshots every 100 inputs under `object-store` faults (puts and reads failing, puts
@@ -213,24 +217,26 @@ fn object_store_faults_fail_and_delay_snapshots_and_the_trim_still_keeps_what_is
     assert!(puts_failed > 0 && exits > 0 && trims > 0, "{puts_failed} {exits} {trims}");
 }
 
-/// Found, not put back: production's regenerator answers a failed snapshot read with no
-/// records, the retain service then answers from its window, and a gateway behind it
-/// resyncs reports the group could have recomputed a moment later (lost to its clients).
-/// Open in production (docs/SIMULATION.md); this test fails once a failed regeneration no
-/// longer falls back to the window.
+/// Found and fixed: production's regenerator answered a failed snapshot read with no
+/// records, the retain service fell back to its window, and a gateway behind it resynced
+/// reports the group could recompute a moment later (seed 5 of these runs failed
+/// `liveness`). A failed regeneration now answers "nothing yet"
+/// (`delivery::publish::regenerated_answer`): the gateway asks again, and seeds 1–5 keep
+/// every invariant with the regenerator's reads failing.
 #[test]
-fn a_failed_snapshot_read_while_regenerating_resyncs_recomputable_reports() {
-    let found = (1..=5).find_map(|seed| {
+fn a_failed_snapshot_read_while_regenerating_is_asked_again_not_resynced() {
+    let mut reads_failed = 0;
+    for seed in 1..=5 {
         let settings = Settings { regenerator_read_faults: true, ..object_store_faults(seed) };
         let outcome = run(&settings);
-        let violation = outcome.violation?;
-        let read_failed = outcome.journal.iter().any(|line| line.contains("read failed"));
-        Some((seed, violation, read_failed))
-    });
-    let (seed, violation, read_failed) = found.expect("a resync within 5 seeds");
-    assert_eq!(violation.invariant, sim::Invariant::Liveness, "seed {seed}: {violation}");
-    assert!(violation.detail.contains("recomputes"), "seed {seed}: {violation}");
-    assert!(read_failed, "seed {seed}: after a failed regeneration");
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        let failed = outcome.journal.iter().filter(|line| line.contains("read failed")).count();
+        if seed == 5 {
+            assert!(failed > 0, "seed 5 fails a regeneration's read: {:#?}", outcome.journal);
+        }
+        reads_failed += failed;
+    }
+    assert!(reads_failed > 0, "some regeneration's read failed");
 }
 
 /// Found, not put back: production's session store has no durable watermark, so recovery
