@@ -331,7 +331,7 @@ const MQ_SECTION: ConfigSection = ConfigSection {
     intro: "The message queue node. The same keys (but `listen` and `store`) serve \
                 `mq bench` and `mq experiment`.",
     sources: &[
-        ("crates/mq/src/server.rs", "NodeConfig"),
+        ("crates/mq/src/config.rs", "NodeConfig"),
         ("crates/cli/src/commands/mq.rs", "ServeArgs"),
     ],
     meanings: &[],
