@@ -40,8 +40,8 @@ use crate::address::source_of;
 use crate::config::NodeConfig;
 use crate::frame::{FRAME_BUFFER_KEEP_BYTES, FrameBuffer, FrameError};
 use crate::node::{
-    Committed, Counters, Node, Pending, Work, book_slot_time, commit, fill_stats, unanswered,
-    worker_lost,
+    Committed, Counters, Node, Pending, Work, book_slot_time, commit, fill_stats, slot_time_ns,
+    unanswered, worker_lost,
 };
 use crate::protocol::{
     ErrorReply, FRAME_BYTES_MAX, IncomingFrame, LENGTH_PREFIX_BYTES, PROTOCOL_VERSION, ReadMode,
@@ -534,7 +534,7 @@ async fn commit_inline<S: Store>(
     batch.ops.push(op);
     let db_ns = commit(node, batch).await;
     node.counters.batches_inline.fetch_add(1, Ordering::Relaxed);
-    book_slot_time(&node.counters, slot_taken, Instant::now(), 1);
+    book_slot_time(&node.counters, slot_time_ns(slot_taken, Instant::now(), 1));
     drop(slot);
     let result = batch.results.drain(..).next().unwrap_or_else(|| Err(unanswered()));
     // The request's own memory goes now, not with the connection's next inline batch.

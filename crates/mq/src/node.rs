@@ -246,17 +246,16 @@ impl<S> Node<S> {
     }
 }
 
-/// Adds the time `requests` held their handler slots (from `slot_taken` to `done`) to the
-/// node's handler-busy total, for the `Stats` reply's utilisation.
-pub(crate) fn book_slot_time(
-    counters: &Counters,
-    slot_taken: Instant,
-    done: Instant,
-    requests: u64,
-) {
+/// The handler-slot time `requests` held their slots, from `slot_taken` to `done`, in ns (the
+/// `Stats` reply's utilisation); callers sum a batch's and book it with [`book_slot_time`].
+pub(crate) fn slot_time_ns(slot_taken: Instant, done: Instant, requests: u64) -> u64 {
     let held = done.saturating_duration_since(slot_taken).as_nanos();
-    let held = u64::try_from(held).unwrap_or(u64::MAX).saturating_mul(requests);
-    counters.handler_busy_ns.fetch_add(held, Ordering::Relaxed);
+    u64::try_from(held).unwrap_or(u64::MAX).saturating_mul(requests)
+}
+
+/// Adds `held_ns` of handler-slot time to the node's total: one atomic addition per batch.
+pub(crate) fn book_slot_time(counters: &Counters, held_ns: u64) {
+    counters.handler_busy_ns.fetch_add(held_ns, Ordering::Relaxed);
 }
 
 /// A store that answers fewer results than requests breaks its contract; the requests left

@@ -48,7 +48,8 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc, oneshot};
 use crate::address::source_of;
 use crate::error::{Result, io_failed};
 use crate::node::{
-    Committed, Counters, Node, NodeView, Pending, Work, book_slot_time, commit, unanswered,
+    Committed, Counters, Node, NodeView, Pending, Work, book_slot_time, commit, slot_time_ns,
+    unanswered,
 };
 use crate::protocol::{
     ErrorReply, Reason, ReplyBody, ReplyFrame, SendOutcome, Sent, ServerTiming, encode_reply,
@@ -392,9 +393,11 @@ async fn collect(intake: &Mutex<Intake>, pending: &mut Vec<Pending>, batch_max: 
 /// handler slots.
 fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db_ns: u64) {
     let done = Instant::now();
+    let mut held_ns = 0u64;
     let mut results = batch.results.drain(..);
     for waiter in waiters.drain(..) {
-        book_slot_time(counters, waiter.slot_taken, done, waiter.sends.unwrap_or(1) as u64);
+        let requests = waiter.sends.unwrap_or(1) as u64;
+        held_ns = held_ns.saturating_add(slot_time_ns(waiter.slot_taken, done, requests));
         let result = match waiter.sends {
             None => results.next().unwrap_or_else(|| Err(unanswered())),
             Some(n) => {
@@ -410,6 +413,7 @@ fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db
         // A connection that has gone away dropped its receiver; nothing waits for this reply.
         let _ = waiter.reply.send(committed);
     }
+    book_slot_time(counters, held_ns);
 }
 
 /// A batched send's result as its `SentBatch` outcome.
