@@ -10,6 +10,7 @@
 mod plan;
 mod postgres;
 mod sqlite;
+mod wal_checkpoint;
 pub mod wire;
 
 use std::future::Future;

@@ -6,7 +6,8 @@
 //!
 //! SQLite admits one writer at a time, so the store owns a single connection behind a mutex and
 //! runs each batch on tokio's blocking pool; group commit is what makes it fast (one fsync per
-//! batch instead of per message).
+//! batch instead of per message). The WAL is copied into the database file by a thread of its
+//! own (`wal_checkpoint`), not by the commit that happens to fill it.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,7 @@ use crate::protocol::{
 /// File name of the database inside the data directory.
 pub const DB_FILE_NAME: &str = "mq.sqlite3";
 /// How long a batch waits for a lock held by another process on the file before failing.
-const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS clients (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, secret_hash TEXT);
@@ -62,7 +63,7 @@ impl SqliteStore {
         std::fs::create_dir_all(dir)
             .map_err(io_failed(format!("creating data dir {}", dir.display())))?;
         let path = dir.join(DB_FILE_NAME);
-        let conn = Connection::open(&path).map_err(|source| MqError::Sqlite {
+        let mut conn = Connection::open(&path).map_err(|source| MqError::Sqlite {
             what: format!("opening {}", path.display()),
             source,
         })?;
@@ -75,6 +76,7 @@ impl SqliteStore {
         // Files made before protocol 2 lack these columns (NULL: no secret, no owner).
         add_column_if_missing(&conn, "clients", "secret_hash", "TEXT")?;
         add_column_if_missing(&conn, "queues", "owner_id", "INTEGER")?;
+        super::wal_checkpoint::start(&mut conn, &path)?;
         Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)) })
     }
 
