@@ -46,7 +46,7 @@ use crate::node::{
 use crate::protocol::{
     ErrorReply, FRAME_BYTES_MAX, IncomingFrame, LENGTH_PREFIX_BYTES, PROTOCOL_VERSION, ReadMode,
     Reason, ReplyBody, ReplyFrame, Request, RequestFrame, Secret, SendBatchFrame, SendOutcome,
-    ServerTiming, decode_frame, encode_reply_as, error_reply_version,
+    ServerTiming, decode_frame_reusing, encode_reply_as, error_reply_version,
 };
 use crate::reply_memory::ReplyCharge;
 use crate::share::ConnectionShare;
@@ -279,7 +279,7 @@ async fn on_frame<'a, S: Store>(
 ) -> InFlight<'a> {
     let frame_bytes = (payload.len() + LENGTH_PREFIX_BYTES) as u64;
     node.counters.request_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
-    match decode_frame(payload) {
+    match decode_frame_reusing(payload, &mut || node.spare_sends.take()) {
         Err(e) => {
             // An empty payload has no version byte: answer in this version.
             let version = payload.first().copied().map_or(PROTOCOL_VERSION, error_reply_version);
@@ -537,8 +537,8 @@ async fn commit_inline<S: Store>(
     book_slot_time(&node.counters, slot_time_ns(slot_taken, Instant::now(), 1));
     drop(slot);
     let result = batch.results.drain(..).next().unwrap_or_else(|| Err(unanswered()));
-    // The request's own memory goes now, not with the connection's next inline batch.
-    batch.ops.clear();
+    // Now, not with the connection's next inline batch: a send's buffers serve the next decode.
+    node.spare_sends.give_back(&mut batch.ops);
     Committed { result, worker_wait_ns: 0, db_ns }
 }
 

@@ -44,6 +44,7 @@ pub mod protocol;
 mod reply_memory;
 pub mod server;
 pub mod share;
+mod spare;
 pub mod store;
 pub mod tls;
 pub mod util;

@@ -698,10 +698,12 @@ impl<'a> Reader<'a> {
         }
     }
     fn str(&mut self) -> Result<String, DecodeError> {
+        Ok(self.str_ref()?.to_owned())
+    }
+    fn str_ref(&mut self) -> Result<&'a str, DecodeError> {
         let len = usize::from(self.u16()?);
         let bytes = self.take(len)?;
-        let s = std::str::from_utf8(bytes).map_err(|_| self.fail("string is not UTF-8"))?;
-        Ok(s.to_owned())
+        std::str::from_utf8(bytes).map_err(|_| self.fail("string is not UTF-8"))
     }
     fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
         let len = self.u32()? as usize;
@@ -732,7 +734,44 @@ pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, DecodeError> {
 }
 
 /// Decodes one request frame payload: one request, or a batch of sends.
+///
+/// ```
+/// use mq::protocol::{IncomingFrame, Request, RequestFrame, decode_frame, encode_request};
+///
+/// let request = Request::Send { queue: "orders".into(), receiver: None, content: b"hi".to_vec() };
+/// let mut payload = Vec::new();
+/// encode_request(&RequestFrame { request_id: 7, request: request.clone() }, &mut payload);
+/// let IncomingFrame::One(frame) = decode_frame(&payload[4..]).unwrap() else { panic!() };
+/// assert_eq!((frame.request_id, frame.request), (7, request));
+/// // A frame cut short is refused with a reason, never a panic.
+/// assert!(decode_frame(&payload[4..10]).is_err());
+/// ```
 pub fn decode_frame(payload: &[u8]) -> Result<IncomingFrame, DecodeError> {
+    decode_frame_reusing(payload, &mut <(String, Vec<u8>)>::default)
+}
+
+/// [`decode_frame`], each send's queue name and content decoded into a pair of buffers from
+/// `spare_send` (emptied buffers whose capacity is reused: a node decodes sends without
+/// allocating once its buffers have grown).
+///
+/// ```
+/// use mq::protocol::{IncomingFrame, Request, RequestFrame, decode_frame_reusing, encode_request};
+///
+/// let request = Request::Send { queue: "q".into(), receiver: None, content: vec![5; 100] };
+/// let mut payload = Vec::new();
+/// encode_request(&RequestFrame { request_id: 1, request }, &mut payload);
+/// let mut spare = || (String::with_capacity(16), Vec::with_capacity(4096));
+/// let IncomingFrame::One(frame) = decode_frame_reusing(&payload[4..], &mut spare).unwrap() else {
+///     panic!()
+/// };
+/// let Request::Send { content, .. } = &frame.request else { panic!() };
+/// assert_eq!((content.len(), content.capacity()), (100, 4096));
+/// assert!(decode_frame_reusing(&payload[4..9], &mut spare).is_err());
+/// ```
+pub fn decode_frame_reusing(
+    payload: &[u8],
+    spare_send: &mut dyn FnMut() -> (String, Vec<u8>),
+) -> Result<IncomingFrame, DecodeError> {
     let mut r = Reader { buf: payload, request_id: None };
     let version = r.u8()?;
     let op = r.u8()?;
@@ -748,14 +787,14 @@ pub fn decode_frame(payload: &[u8]) -> Result<IncomingFrame, DecodeError> {
         });
     }
     if op == op::SEND_BATCH {
-        let sends = decode_sends(&mut r)?;
+        let sends = decode_sends(&mut r, spare_send)?;
         return r.finish(IncomingFrame::Sends(SendBatchFrame { request_id, sends }));
     }
     let request = match op {
         op::REGISTER => Request::Register { name: r.str()?, secret: Secret(r.bytes()?) },
         op::CREATE_QUEUE => Request::CreateQueue { name: r.str()? },
         op::DELETE_QUEUE => Request::DeleteQueue { name: r.str()?, purge: r.bool()? },
-        op::SEND => Request::Send { queue: r.str()?, receiver: r.opt_u64()?, content: r.bytes()? },
+        op::SEND => decode_send(&mut r, spare_send())?.into_request(),
         op::POP => Request::Read { target: decode_target(&mut r)?, mode: ReadMode::Pop },
         op::PEEK => Request::Read { target: decode_target(&mut r)?, mode: ReadMode::Peek },
         op::LEASE => {
@@ -780,7 +819,10 @@ pub fn decode_frame(payload: &[u8]) -> Result<IncomingFrame, DecodeError> {
 
 /// A `SendBatch` body: a count within 1..=SEND_BATCH_MAX (checked before anything is
 /// allocated for it), then that many sends.
-fn decode_sends(r: &mut Reader<'_>) -> Result<Vec<BatchedSend>, DecodeError> {
+fn decode_sends(
+    r: &mut Reader<'_>,
+    spare_send: &mut dyn FnMut() -> (String, Vec<u8>),
+) -> Result<Vec<BatchedSend>, DecodeError> {
     let count = usize::from(r.u16()?);
     if count > SEND_BATCH_MAX {
         return Err(DecodeError {
@@ -794,9 +836,23 @@ fn decode_sends(r: &mut Reader<'_>) -> Result<Vec<BatchedSend>, DecodeError> {
     }
     let mut sends = Vec::with_capacity(count);
     for _ in 0..count {
-        sends.push(BatchedSend { queue: r.str()?, receiver: r.opt_u64()?, content: r.bytes()? });
+        sends.push(decode_send(r, spare_send())?);
     }
     Ok(sends)
+}
+
+/// A send's fields, its queue name and content copied into `(queue, content)`.
+fn decode_send(
+    r: &mut Reader<'_>,
+    (mut queue, mut content): (String, Vec<u8>),
+) -> Result<BatchedSend, DecodeError> {
+    queue.clear();
+    queue.push_str(r.str_ref()?);
+    let receiver = r.opt_u64()?;
+    content.clear();
+    let len = r.u32()? as usize;
+    content.extend_from_slice(r.take(len)?);
+    Ok(BatchedSend { queue, receiver, content })
 }
 
 fn decode_sent_batch(r: &mut Reader<'_>) -> Result<ReplyBody, DecodeError> {

@@ -346,6 +346,7 @@ async fn db_worker<S: Store>(node: Arc<Node<S>>, intake: Arc<Mutex<Intake>>) {
         }
         let db_ns = commit(&node, &mut batch).await;
         release(&node.counters, &mut waiters, &mut batch, db_ns);
+        node.spare_sends.give_back(&mut batch.ops);
     }
 }
 
