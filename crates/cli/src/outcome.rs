@@ -41,7 +41,12 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
         || error.is::<stats::BadInput>()
         || error.is::<experiments::ringbench::RingBenchError>()
         || error.is::<experiments::statistics::StatsError>()
-        || matches!(error.downcast_ref(), Some(gateway::ServeError::MetricsExposed { .. }))
+        || matches!(
+            error.downcast_ref(),
+            Some(
+                gateway::ServeError::MetricsExposed { .. } | gateway::ServeError::BusyPollCpus { .. }
+            )
+        )
         || matches!(
             error.downcast_ref(),
             Some(

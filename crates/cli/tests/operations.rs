@@ -473,6 +473,68 @@ fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() 
     }
 }
 
+// ---- busy polling (issue 43) ----
+
+/// CPU seconds (user + system) process `pid` has used, from /proc (in clock ticks of 10 ms).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// CPU seconds an `exchange serve` (thread-per-stage, parked) uses over half a second with no
+/// client, after one order was accepted; with `--busy-poll` when `busy_poll`.
+fn idle_cpu_seconds(busy_poll: bool) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    write_serve_config(dir.path(), "off");
+    let mut args = vec!["exchange", "serve", "--listen", "127.0.0.1:0", "--config", "serve.toml"];
+    if busy_poll {
+        args.push("--busy-poll");
+    }
+    let mut server = Served::start(&args, dir.path());
+    let addr = server.address("native listening on ");
+    exchange_accepts_an_order(addr, 1);
+    let pid = server.child.id();
+    let before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_millis(500));
+    let used = cpu_seconds(pid) - before;
+    server.signal("TERM");
+    let (status, lines) = server.exit();
+    stopped_cleanly(status, &lines, "exchange server stopped");
+    used
+}
+
+#[test]
+fn a_busy_polling_server_answers_orders_and_its_loop_turns_while_idle() {
+    let polling = idle_cpu_seconds(true);
+    let sleeping = idle_cpu_seconds(false);
+    assert!(
+        polling >= 0.3,
+        "idle with --busy-poll: {polling:.2} CPU-s in 0.5 s (a loop that sleeps)"
+    );
+    assert!(sleeping <= 0.1, "idle without it: {sleeping:.2} CPU-s in 0.5 s (a loop that spins)");
+}
+
+#[test]
+fn busy_polling_on_too_few_cpus_is_refused_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    write_serve_config(dir.path(), "off");
+    // One CPU: the polling loop and everything else cannot each have one.
+    let output = Command::new("taskset")
+        .args(["-c", "0", env!("CARGO_BIN_EXE_leantier")])
+        .args(["exchange", "serve", "--listen", "127.0.0.1:0", "--config", "serve.toml"])
+        .arg("--busy-poll")
+        .current_dir(dir.path())
+        .output()
+        .expect("taskset runs leantier");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("busy_poll needs 2 usable CPUs"), "{stderr}");
+    assert!(stderr.contains("this host gives 1"), "{stderr}");
+}
+
 // ---- one owner per store (issue 41) ----
 
 /// A second server started on a held store: exit 2, the error naming the lock file and the

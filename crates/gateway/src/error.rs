@@ -33,6 +33,14 @@ pub enum ServeError {
     Metrics(#[source] ops::OpsError),
     #[error("gateway without a tier: {0}")]
     Remote(String),
+    /// `busy_poll` asked for on a host whose usable CPUs cannot give the polling thread one of
+    /// its own: it would spin on a CPU the tier's other threads (or the OS) need.
+    #[error(
+        "busy_poll needs {needed_cpus} usable CPUs with this layout ({layout}: a CPU for each \
+         spinning thread, the polling loop's among them, and one for everything else); this host \
+         gives {usable_cpus}: run without --busy-poll, or on more CPUs"
+    )]
+    BusyPollCpus { needed_cpus: usize, usable_cpus: usize, layout: String },
 }
 
 /// Why the client could not go on.

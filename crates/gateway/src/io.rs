@@ -151,9 +151,27 @@ thread_local! {
 /// hands it when it starts (its control input, its durable sequences when the store's syncer
 /// waits for the journals, `store_waits`, and its layout), then turns it, and tears it down
 /// when it stops. The loop's start-up error is the source's ([`ServeError`]).
+/// Refuses a busy-polling loop the layout cannot give a CPU of its own: it needs one CPU per
+/// spinning thread (counting the loop's, which spins already when it runs inline in a spinning
+/// first group) and one more for everything that parks (the other stages, the store's syncer,
+/// the OS).
+fn busy_poll_fits(layout: &TierLayout) -> Result<(), ServeError> {
+    let first_spins = layout.groups.first().is_some_and(|group| group.spins());
+    let loop_counted = layout.generator_inline && first_spins;
+    let needed_cpus = layout.spinning_threads() + usize::from(!loop_counted) + 1;
+    if needed_cpus <= layout.usable_cpus {
+        return Ok(());
+    }
+    let (usable_cpus, layout) = (layout.usable_cpus, describe(layout));
+    Err(ServeError::BusyPollCpus { needed_cpus, usable_cpus, layout })
+}
+
 pub(crate) fn order_source(setup: IoSetup, store_waits: bool) -> OrderSource {
     OrderSource::new(move |started: SourceStart| {
         let SourceStart { control, durables, layout } = started;
+        if setup.settings.busy_poll {
+            busy_poll_fits(&layout)?;
+        }
         let journals = store_waits.then(|| durables.into_iter().flatten().collect());
         let layout = LayoutInfo { groups: describe(&layout), usable_cpus: layout.usable_cpus };
         let upstream = Upstream { events: EventSink::Tier(control), reachable: None };
@@ -256,6 +274,8 @@ pub(crate) struct IoLoop {
     stop: Arc<AtomicBool>,
     /// When the stop request was seen (the drain's start).
     draining_since: Option<std::time::Instant>,
+    /// An idle turn polls instead of waiting ([`Settings::busy_poll`]).
+    busy_poll: bool,
 }
 
 impl IoLoop {
@@ -274,6 +294,7 @@ impl IoLoop {
             resolutions,
             in_tier,
         } = setup;
+        let busy_poll = settings.busy_poll;
         let orders = RefCell::new(Vec::new());
         let staged = Rc::new(Staged { orders, max: staged_max, work: work.clone() });
         let entry = Box::new(StagedEntry(staged.clone()));
@@ -302,7 +323,7 @@ impl IoLoop {
             local.spawn_local(answer_resolutions(hub.clone(), resolutions));
         }
         let draining_since = None;
-        Ok(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since })
+        Ok(IoLoop { local, runtime, hub, staged, replies, work, stop, draining_since, busy_poll })
     }
 
     /// One turn: route the queued replies, run the sessions' ready work (waiting for some
@@ -314,13 +335,15 @@ impl IoLoop {
             return Flow::Stop;
         }
         let idle = routed == 0 && self.staged.orders.borrow().is_empty();
-        if idle {
+        if idle && !self.busy_poll {
             let work = &self.work;
             // The timer is made inside the runtime (it needs its clock).
             self.local.block_on(&self.runtime, async {
                 let _ = tokio::time::timeout(IDLE_WAIT_MAX, work.notified()).await;
             });
         } else {
+            // A yield makes the runtime poll its sockets without waiting (epoll_wait with no
+            // timeout) before it runs the tasks again.
             self.local.block_on(&self.runtime, tokio::task::yield_now());
         }
         let mut staged = self.staged.orders.borrow_mut();

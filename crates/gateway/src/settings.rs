@@ -54,6 +54,11 @@ pub struct Settings {
     pub instruments: std::sync::Arc<exchange::instruments::InstrumentTable>,
     /// TLS on the native and FIX listeners; `None`: plain TCP ([`ListenerTls`](crate::ListenerTls)).
     pub tls: Option<crate::tls::ListenerTls>,
+    /// The I/O loop polls its sockets without ever sleeping (an idle turn asks the kernel for
+    /// ready sockets without waiting, and turns again): no wake-up between a client's bytes and
+    /// the loop, at the cost of a CPU kept busy. Refused at start unless the layout leaves that
+    /// CPU free ([`crate::ServeError::BusyPollCpus`]). Off by default.
+    pub busy_poll: bool,
 }
 
 /// Missed heartbeat intervals after which a link is declared dead.
@@ -79,6 +84,7 @@ impl Default for Settings {
             metrics_per_client: false,
             instruments: std::sync::Arc::default(),
             tls: None,
+            busy_poll: false,
         }
     }
 }

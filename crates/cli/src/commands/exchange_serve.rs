@@ -80,6 +80,7 @@ pub struct ServeArgs {
     /// listener's admin endpoints require; without it they are off), `metrics_token` (the
     /// bearer token `/metrics` requires; without it the page is open and the listener must be
     /// on loopback), `metrics_per_client` (a series per client id; default false: sums only),
+    /// `busy_poll` (see `--busy-poll`),
     /// `tls_cert` and `tls_key` (PEM certificate chain and key: the native and FIX listeners
     /// serve TLS; default plain TCP), `tls_client_ca` (PEM CA: clients must present a
     /// certificate chaining to it), and a `[tier]` table with any setting of the tier (`exchange run --config`: workers,
@@ -119,6 +120,12 @@ pub struct ServeArgs {
     /// The order rate the `auto` layout is planned for, orders/s.
     #[arg(long, default_value_t = 60_000.0)]
     pub planned_rate: f64,
+    /// The I/O loop polls its sockets without ever sleeping: no wake-up between a client's
+    /// bytes and the loop, one CPU kept busy (overrides the config's `busy_poll`; default
+    /// off). Refused (exit 2) unless the layout leaves that CPU free: one CPU per spinning
+    /// thread, the loop's among them, and one for everything else.
+    #[arg(long)]
+    pub busy_poll: bool,
     /// Also publish every response (execution reports, trades, top of book) over NATS to
     /// delivery edges (`exchange edge --nats URL`): per-outlet subjects with sequence numbers
     /// and retained windows for gap recovery (docs/DELIVERY.md).
@@ -236,6 +243,8 @@ struct ServeConfig {
     #[serde(skip_serializing)]
     metrics_token: Option<String>,
     metrics_per_client: Option<bool>,
+    /// See `--busy-poll`.
+    busy_poll: Option<bool>,
     /// PEM certificate chain of the native and FIX listeners: with `tls_key` they serve TLS
     /// (default plain TCP; docs/SECURITY.md "TLS on order entry").
     tls_cert: Option<PathBuf>,
@@ -333,6 +342,7 @@ fn settings_from(config: &ServeConfig, base: &Path) -> Settings {
         admin_token: config.admin_token.clone(),
         metrics_token: config.metrics_token.clone(),
         metrics_per_client: config.metrics_per_client.unwrap_or(defaults.metrics_per_client),
+        busy_poll: config.busy_poll.unwrap_or(defaults.busy_poll),
         ..defaults
     }
 }
@@ -402,6 +412,7 @@ fn effective(
         instruments_file: config.instruments_file.clone(),
         clients_file: config.clients_file.clone(),
         metrics_per_client: Some(settings.metrics_per_client),
+        busy_poll: Some(settings.busy_poll),
         tls_cert: config.tls_cert.clone(),
         tls_key: config.tls_key.clone(),
         tls_client_ca: config.tls_client_ca.clone(),
@@ -427,7 +438,8 @@ fn loaded(args: &ServeArgs) -> anyhow::Result<(ServeConfig, Settings, TierConfig
     let config: ServeConfig = toml::from_str(&read_text(&args.config)?)
         .map_err(|e| BadInput(format!("{}: {e}", args.config.display())))?;
     let base = args.config.parent().unwrap_or(Path::new("."));
-    let settings = settings_from(&config, base);
+    let mut settings = settings_from(&config, base);
+    settings.busy_poll |= args.busy_poll;
     let layout = layout_from(args, &config)?;
     let (tier, settings) =
         with_market_files(tier_from(args, &config, layout)?, settings, &config, base)?;
@@ -887,6 +899,7 @@ mod tests {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             fix_listen: None,
             print_config: false,
+            busy_poll: false,
             config: PathBuf::from("serve.toml"),
             metrics_listen: None,
             journal,
