@@ -243,7 +243,8 @@ struct ServeConfig {
     #[serde(skip_serializing)]
     metrics_token: Option<String>,
     metrics_per_client: Option<bool>,
-    /// See `--busy-poll`.
+    /// The I/O loop polls its sockets without sleeping, keeping one CPU busy; refused unless
+    /// the layout leaves it that CPU (`--busy-poll` sets it; default false).
     busy_poll: Option<bool>,
     /// PEM certificate chain of the native and FIX listeners: with `tls_key` they serve TLS
     /// (default plain TCP; docs/SECURITY.md "TLS on order entry").
