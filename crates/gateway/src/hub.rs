@@ -446,6 +446,7 @@ impl Hub {
             bytes_written: log.bytes_written,
             already_routed: log.routed.dropped,
             failed: log.has_failed(),
+            damaged_bytes: log.damaged_bytes,
         };
         let clients = self.clients.iter().map(|c| (c.credential.client, &c.counters));
         let per_client = self.settings.metrics_per_client;
