@@ -204,6 +204,9 @@ pub struct Recovered {
     pub open: HashMap<u32, HashMap<u32, u32>>,
     /// Per (shard, slot), how far its reports were routed (a gateway without a tier).
     pub routed: HashMap<(u32, u32), crate::routed::Position>,
+    /// How many session numbers the damaged records recovery skipped may have carried
+    /// ([`Log::reserve_past_damage`] moves every session past them; 0: no damage).
+    pub numbers_lost_max: u64,
 }
 
 /// The fdatasync thread's shared state.
@@ -328,34 +331,55 @@ impl Log {
             _owner: owner,
         };
         let mut log = log;
-        if !scanned.damaged.is_empty() {
-            log.reserve_past_damage(&scanned.damaged, &mut recovered);
-        }
+        log.report_damage(&scanned.damaged, &mut recovered);
         Ok((log, recovered))
     }
 
-    /// Recovery skipped damaged records before the synced end: reports each range, moves every
-    /// recovered session's numbering past the numbers the lost records may have carried (one
-    /// reservation record each, written now, so that no number a client saw is used again),
-    /// and has the store compacted at the first chance (the damage is then gone from it).
-    fn reserve_past_damage(&mut self, damaged: &[Damage], recovered: &mut Recovered) {
+    /// Recovery skipped damaged records before the synced end: reports each range (the log,
+    /// `gateway_store_damaged_bytes`), notes in `recovered` how many numbers the lost records
+    /// may have carried, and has the store compacted at the first chance (the damage is then
+    /// gone from it).
+    fn report_damage(&mut self, damaged: &[Damage], recovered: &mut Recovered) {
         for damage in damaged {
             let (from, to) = (damage.from, damage.to);
             tracing::error!(path = %self.path.display(), from, to, "gateway store: damaged records before the synced end skipped; the records after them kept");
             self.damaged_bytes += to - from;
+            recovered.numbers_lost_max += damage.records_max();
+            self.compact_at = 0;
         }
-        let skip: u64 = damaged.iter().map(Damage::records_max).sum();
-        for (&client, native) in sorted_mut(&mut recovered.native) {
-            native.reserved = native.reserved.max(native.next_seq.max(1)) + skip;
-            self.append(kind::NATIVE_RESERVED, client, &[&native.reserved.to_le_bytes()]);
+    }
+
+    /// After recovery skipped damaged records: moves each session's numbering (`sessions`:
+    /// client id, and whether it runs FIX; besides every session the store recovered) past
+    /// the numbers the lost records may have carried, with one reservation record each,
+    /// committed now, so that no number a client saw is used again. Nothing without damage.
+    pub fn reserve_past_damage(
+        &mut self,
+        recovered: &mut Recovered,
+        sessions: impl IntoIterator<Item = (u32, bool)>,
+    ) {
+        let skip = std::mem::take(&mut recovered.numbers_lost_max);
+        if skip == 0 {
+            return;
         }
-        for (&client, fix) in sorted_mut(&mut recovered.fix) {
-            let kept_next = fix.index.last().map_or(1, |&(seq, _, _)| seq + 1);
-            fix.next_out_reserved = fix.next_out_reserved.max(kept_next) + skip;
-            self.append(kind::FIX_NEXT_OUT, client, &[&fix.next_out_reserved.to_le_bytes()]);
+        let mut all: Vec<(u32, bool)> = sessions.into_iter().collect();
+        all.extend(recovered.native.keys().map(|&client| (client, false)));
+        all.extend(recovered.fix.keys().map(|&client| (client, true)));
+        all.sort_unstable();
+        all.dedup();
+        for (client, fix) in all {
+            if fix {
+                let fix = recovered.fix.entry(client).or_default();
+                let kept_next = fix.index.last().map_or(1, |&(seq, _, _)| seq + 1);
+                fix.next_out_reserved = fix.next_out_reserved.max(kept_next) + skip;
+                self.append(kind::FIX_NEXT_OUT, client, &[&fix.next_out_reserved.to_le_bytes()]);
+            } else {
+                let native = recovered.native.entry(client).or_default();
+                native.reserved = native.reserved.max(native.next_seq.max(1)) + skip;
+                self.append(kind::NATIVE_RESERVED, client, &[&native.reserved.to_le_bytes()]);
+            }
         }
         self.commit();
-        self.compact_at = 0;
     }
 
     /// Moves [`Log::synced_end`] up to the end of the newest batch the syncer has synced.
@@ -534,13 +558,6 @@ impl Drop for Log {
             }
         }
     }
-}
-
-/// A map's entries by key, mutable (records written for them come in the same order each time).
-fn sorted_mut<V>(map: &mut HashMap<u32, V>) -> Vec<(&u32, &mut V)> {
-    let mut entries: Vec<_> = map.iter_mut().collect();
-    entries.sort_unstable_by_key(|(key, _)| **key);
-    entries
 }
 
 /// Keeps a client's open orders (token → instrument) up to date with one of its events.
@@ -1045,8 +1062,10 @@ mod tests {
         let path = dir.path().join(FILE_NAME);
         let size = std::fs::metadata(&path).unwrap().len();
         flip(&path, events_at[1] + 3); // client 1's event 2
-        let (mut log, recovered) = Log::open(dir.path(), options(true, 16)).unwrap();
+        let (mut log, mut recovered) = Log::open(dir.path(), options(true, 16)).unwrap();
         assert!(log.damaged_bytes > 0, "the damaged range is reported");
+        log.reserve_past_damage(&mut recovered, [(1, false), (2, true), (3, false)]);
+        assert!(recovered.native[&3].reserved > 1, "a session without records moves on too");
         assert!(std::fs::metadata(&path).unwrap().len() > size, "nothing cut; reservations added");
         let native = &recovered.native[&1];
         let tokens: Vec<u32> = native.events.iter().map(|e| e.token).collect();

@@ -171,6 +171,9 @@ pub(crate) struct DurableStore {
     /// Per shard, where its delivery edge starts again: the first report of the newest durable
     /// input.
     pub(crate) restart_seqs: Vec<u64>,
+    /// The file's bytes known synced: what the next batch end claims (production's
+    /// `Log::synced_end`).
+    pub(crate) synced_end: usize,
 }
 
 /// Where a session message's record payload lies in the store's file, and its hash.
@@ -179,6 +182,9 @@ pub(crate) struct StoredPayload {
     pub(crate) at: usize,
     pub(crate) len: usize,
     pub(crate) hash: u64,
+    /// Whether a message took the number (`false`: a number skipped past damaged records,
+    /// its record, if any, the reservation that skipped it).
+    pub(crate) sent: bool,
 }
 
 /// A store write not yet synced: one batch (one shard's reports, or a Logon's number).
@@ -193,6 +199,8 @@ pub(crate) struct StoreWrite {
     pub(crate) restart: Option<(usize, u64)>,
     /// Its sync, in flight.
     pub(crate) sync: PendingSync,
+    /// The file's end after it.
+    pub(crate) end: usize,
 }
 
 /// A gateway's reading of one shard's report subject for it (its in-process delivery edge).

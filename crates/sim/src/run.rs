@@ -51,6 +51,9 @@ pub struct Outcome {
     pub sessions: crate::process::SessionTally,
     /// Snapshot puts that failed (the object store or the broker).
     pub snapshot_puts_failed: u64,
+    /// Messages the gateways' stores lost to damaged records their recovery skipped before
+    /// the synced end (reported by production, not a violation); the sessions skip them.
+    pub store_lost: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -87,6 +90,7 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         trims: world.trims,
         sessions: world.sessions,
         snapshot_puts_failed: world.snapshot_puts_failed,
+        store_lost: world.store_lost,
     }
 }
 

@@ -10,7 +10,9 @@
 
 use exchange::msg::CoreOutput;
 use gateway::native::{self, Event, ServerMsg};
-use gateway::record::{self, Record, Tail, kind};
+use std::collections::HashMap;
+
+use gateway::record::{self, Damage, Record, Scanned, Tail, kind};
 use gateway::routed;
 
 use crate::check::Invariant;
@@ -20,6 +22,16 @@ use crate::world::World;
 
 /// A message's record: (kind, payload parts' bytes).
 type Encoded = (u8, Vec<u8>);
+
+/// What a recovery's scan found.
+struct Found {
+    /// Per client, the session numbers its recovered records carry.
+    seqs: Vec<Vec<u64>>,
+    /// Messages recovered with other bytes than were written: (client, sequence).
+    changed: Vec<(usize, u64)>,
+    /// The routed positions recovered.
+    positions: HashMap<(u32, u32), routed::Position>,
+}
 
 impl World {
     /// Numbers routed `reports`, writes them and the changed positions to the store as one
@@ -62,7 +74,8 @@ impl World {
         let store = &mut self.gateways[n].durable;
         let at = store.disk.cache.len() + at;
         store.sessions[client].push(output);
-        store.records[client].push(StoredPayload { at, len: payload.len(), hash: hash(payload) });
+        let stored = StoredPayload { at, len: payload.len(), hash: hash(payload), sent: true };
+        store.records[client].push(stored);
     }
 
     /// The bytes of `client`'s FIX message `seq` as its record holds them.
@@ -86,13 +99,14 @@ impl World {
         let positions_at = batch.len();
         gateway.routed.append_changed(&mut batch, epoch);
         let positions = batch[positions_at..].to_vec();
-        // Last in the batch, as production's `Log::commit` writes it.
-        record::end_batch(&mut batch);
+        // Last in the batch, as production's `Log::commit` writes it, with its claim.
+        record::end_batch(&mut batch, gateway.durable.synced_end as u64);
         let disk = &mut gateway.durable.disk;
         // No disk-full fault targets a gateway (its store's space is not simulated).
         disk.write_reserved(disk.cache.len(), &batch);
         let sync = disk.begin_sync();
-        gateway.pending.push(StoreWrite { epoch, numbered, positions, restart, sync });
+        let end = disk.cache.len();
+        gateway.pending.push(StoreWrite { epoch, numbered, positions, restart, sync, end });
         let sync_ns = self.rng.range(200_000, 3_000_000);
         self.timer(Addr::Gateway(n), sync_ns, Timer::Synced(epoch));
     }
@@ -105,6 +119,7 @@ impl World {
         let mut outgoing = Vec::new();
         for write in gateway.pending.drain(..done) {
             gateway.durable.disk.complete_sync(write.sync);
+            gateway.durable.synced_end = write.end;
             for (client, seq) in write.numbered {
                 gateway.durable.synced[client] = seq;
                 if let Some(conn) = gateway.sessions[client] {
@@ -138,9 +153,15 @@ impl World {
     /// write-back in flight tears).
     pub(crate) fn store_power_loss(&mut self, n: usize) {
         let tear = self.settings.gateway_store_tears && self.rng.chance(0.5);
-        let durable_bytes = self.gateways[n].durable.disk.durable_len();
-        if self.settings.gateway_store_corruption && durable_bytes > 0 {
-            let offset = self.rng.range(0, durable_bytes as u64) as usize;
+        // Among the bytes the durable batch ends claim synced (production's watermark), as
+        // the engines' `corrupt` flips only what their durable slots prove.
+        let proven = match self.settings.gateway_store_corruption {
+            true => record::scan(&mut self.gateways[n].durable.disk.durable(), |_| true)
+                .map_or(0, |scanned| scanned.watermark),
+            false => 0,
+        };
+        if proven > 0 {
+            let offset = self.rng.range(0, proven) as usize;
             self.gateways[n].durable.disk.flip(offset, &mut self.rng);
             self.note(format!("gateway {n}'s store: bytes at {offset} flipped"));
         }
@@ -152,15 +173,17 @@ impl World {
 
     /// Recovers gateway `n`'s store at its start by production's scan: each session keeps the
     /// messages recovered (each checked against what was numbered), the routed positions are
-    /// the records', a torn tail is cut off.
+    /// the records', a torn tail is cut off, damaged records before the synced end skipped.
     pub(crate) fn recover_store(&mut self, n: usize) {
         let clients = self.clients.len();
         let store = &mut self.gateways[n].durable;
-        let mut recovered = vec![0u64; clients];
-        let mut changed = Vec::new();
-        let mut positions = std::collections::HashMap::new();
+        let mut found = Found {
+            seqs: vec![Vec::new(); clients],
+            changed: Vec::new(),
+            positions: HashMap::new(),
+        };
         let bytes = std::mem::take(&mut store.disk.cache);
-        let end = record::scan(&mut bytes.as_slice(), |record| {
+        let scanned = record::scan(&mut bytes.as_slice(), |record| {
             let Record { kind, client, payload, .. } = record;
             let client = client as usize;
             let numbered = |seq: u64| {
@@ -170,31 +193,38 @@ impl World {
             };
             let seq = match kind {
                 kind::FIX_SENT | kind::NATIVE_EVENT => session_seq(kind, payload),
-                kind::FIX_NEXT_OUT => {
-                    payload.try_into().ok().map(u64::from_le_bytes).map(|s| s - 1)
+                // A Logon's number, or a reservation past damaged records: numbers below it.
+                kind::FIX_NEXT_OUT | kind::NATIVE_RESERVED => {
+                    payload.try_into().ok().map(u64::from_le_bytes).and_then(|s| s.checked_sub(1))
                 }
                 kind::ROUTED => {
                     let Some((key, position)) = routed::decode(payload) else { return false };
-                    positions.insert(key, position);
+                    found.positions.insert(key, position);
                     return true;
                 }
                 _ => None,
             };
             let Some(seq) = seq else { return false };
             if numbered(seq).is_some_and(|numbered| numbered != hash(payload)) {
-                changed.push((client, seq));
+                found.changed.push((client, seq));
             }
-            if let Some(last) = recovered.get_mut(client) {
-                *last = (*last).max(seq);
+            if let Some(seqs) = found.seqs.get_mut(client) {
+                seqs.push(seq);
             }
             true
         });
         store.disk.cache = bytes;
         // Reading a slice never fails (0 would make the whole store a tail: seen at once).
-        let scanned = end.unwrap_or(record::Scanned { end: 0, marked: false });
-        self.after_recovery(n, scanned.end, recovered, changed, positions);
+        let scanned = scanned.unwrap_or_default();
+        if !self.after_recovery(n, &scanned, found) {
+            return;
+        }
         if !scanned.marked {
             self.mark_batches(n);
+        }
+        let skip: u64 = scanned.damaged.iter().map(Damage::records_max).sum();
+        if skip > 0 {
+            self.reserve_past_damage(n, skip);
         }
     }
 
@@ -202,23 +232,51 @@ impl World {
     /// as production's `Log::open` writes it: from then on a torn batch is dropped whole.
     fn mark_batches(&mut self, n: usize) {
         let mut marker = Vec::new();
-        record::end_batch(&mut marker);
-        let disk = &mut self.gateways[n].durable.disk;
-        disk.write_reserved(disk.cache.len(), &marker);
-        disk.sync_all();
+        let store = &mut self.gateways[n].durable;
+        record::end_batch(&mut marker, store.synced_end as u64);
+        store.disk.write_reserved(store.disk.cache.len(), &marker);
+        store.disk.sync_all();
+        store.synced_end = store.disk.cache.len();
     }
 
-    fn after_recovery(
-        &mut self,
-        n: usize,
-        end: u64,
-        recovered: Vec<u64>,
-        changed: Vec<(usize, u64)>,
-        positions: std::collections::HashMap<(u32, u32), routed::Position>,
-    ) {
+    /// Production's `Log::reserve_past_damage`: every session of the gateway (production: of
+    /// every credential) goes on `skip` numbers past its last (the most the skipped records
+    /// can have carried), in one reservation record each (`NATIVE_RESERVED`, `FIX_NEXT_OUT`),
+    /// synced.
+    fn reserve_past_damage(&mut self, n: usize, skip: u64) {
+        let mut batch = Vec::new();
         let store = &mut self.gateways[n].durable;
-        let size = store.disk.cache.len() as u64;
-        match record::tail(end, size) {
+        let base = store.disk.cache.len();
+        for client in 0..self.clients.len() {
+            if self.clients[client].gateway != n {
+                continue;
+            }
+            let next = store.sessions[client].len() as u64 + skip + 1;
+            let kind =
+                if self.clients[client].fix { kind::FIX_NEXT_OUT } else { kind::NATIVE_RESERVED };
+            let payload = next.to_le_bytes();
+            let at = base + record::encode_record(&mut batch, kind, client as u32, &[&payload]);
+            let reserved =
+                StoredPayload { at, len: payload.len(), hash: hash(&payload), sent: false };
+            store.sessions[client].resize(next as usize - 1, None);
+            store.records[client].resize(next as usize - 1, reserved);
+            store.synced[client] = next - 1;
+        }
+        record::end_batch(&mut batch, store.synced_end as u64);
+        store.disk.write_reserved(base, &batch);
+        store.disk.sync_all();
+        store.synced_end = store.disk.cache.len();
+        self.note(format!(
+            "gateway {n}'s store: every session numbered {skip} past damaged records"
+        ));
+    }
+
+    /// Applies production's verdict on what recovery read, then checks it against what was
+    /// sent: `false` when the store refused to open (a violation recorded).
+    fn after_recovery(&mut self, n: usize, scanned: &Scanned, found: Found) -> bool {
+        let store = &mut self.gateways[n].durable;
+        let (end, size) = (scanned.end, store.disk.cache.len() as u64);
+        match record::tail(scanned, size) {
             Tail::Clean => {}
             Tail::Torn(bytes) => {
                 store.disk.zero_from(end as usize);
@@ -227,36 +285,84 @@ impl World {
             Tail::Damaged(bytes) => {
                 let detail =
                     format!("gateway {n}'s store refuses to open: {bytes} bytes after {end}");
-                return self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
+                self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
+                return false;
+            }
+            Tail::Durable { offset, why } => {
+                let detail = format!("gateway {n}'s store refuses to open: {why} at {offset}");
+                self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
+                return false;
             }
         }
         let store = &mut self.gateways[n].durable;
-        store.positions = positions;
-        let mut lost = None;
-        let mut unsent = 0;
-        for (client, last) in recovered.into_iter().enumerate() {
-            if last < store.synced[client] {
-                lost.get_or_insert((client, last + 1, store.synced[client]));
-            }
-            unsent += last.saturating_sub(store.synced[client]);
-            store.sessions[client].truncate(last as usize);
-            store.records[client].truncate(last as usize);
-            store.synced[client] = last;
-        }
-        if unsent > 0 {
-            self.note(format!(
-                "gateway {n}'s store: {unsent} messages recovered that it never sent"
-            ));
-        }
-        if let Some((client, seq)) = changed.first() {
+        // Production syncs what it recovered before a batch end claims it.
+        store.synced_end = store.disk.cache.len();
+        store.positions = found.positions;
+        if let Some((client, seq)) = found.changed.first() {
             let detail = format!(
                 "gateway {n} recovered client {client}'s message {seq} with other bytes than it wrote"
             );
-            return self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
+            self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
         }
-        if let Some((client, first, last)) = lost {
+        for damage in &scanned.damaged {
+            let (from, to) = (damage.from, damage.to);
+            self.note(format!("gateway {n}'s store: damaged records {from}..{to} skipped"));
+        }
+        for (client, seqs) in found.seqs.into_iter().enumerate() {
+            self.recovered_session(n, client, seqs, &scanned.damaged);
+        }
+        true
+    }
+
+    /// Client `client`'s session after recovery found its messages `seqs`: a sent message
+    /// not among them must lie in a damaged range production skipped (reported: the session
+    /// no longer holds it, and the client skips it if it has not taken it), else it is lost
+    /// without a word; the session goes on after its last recovered number.
+    fn recovered_session(
+        &mut self,
+        n: usize,
+        client: usize,
+        mut seqs: Vec<u64>,
+        damaged: &[Damage],
+    ) {
+        seqs.sort_unstable();
+        let store = &mut self.gateways[n].durable;
+        let last = seqs.last().copied().unwrap_or(0);
+        let sent = store.synced[client];
+        let mut silent = None;
+        let mut reported = Vec::new();
+        for seq in 1..=store.synced[client] {
+            let stored = store.records[client][seq as usize - 1];
+            if !stored.sent || seqs.binary_search(&seq).is_ok() {
+                continue;
+            }
+            let record_at = (stored.at - record::HEADER_BYTES) as u64;
+            match damaged.iter().any(|d| (d.from..d.to).contains(&record_at)) {
+                true => reported.push(seq),
+                false => silent = silent.or(Some(seq)),
+            }
+        }
+        let session = &mut store.sessions[client];
+        let lost: Vec<_> = reported
+            .iter()
+            .filter_map(|&seq| session[seq as usize - 1].take().map(|output| (seq, output)))
+            .collect();
+        let unsent = last.saturating_sub(sent);
+        store.sessions[client].truncate(last as usize);
+        store.records[client].truncate(last as usize);
+        store.synced[client] = last;
+        if unsent > 0 {
+            self.note(format!("gateway {n}'s store: {unsent} messages of client {client} recovered that it never sent"));
+        }
+        self.store_lost += reported.len() as u64;
+        for (seq, output) in lost {
+            if self.clients[client].last_seq < seq {
+                self.checker.store_lost(client, output);
+            }
+        }
+        if let Some(first) = silent {
             let detail = format!(
-                "gateway {n}'s store lost client {client}'s messages {first}..={last}, sent before the restart"
+                "gateway {n}'s store lost client {client}'s messages {first}..={sent}, sent before the restart"
             );
             self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
         }

@@ -88,6 +88,8 @@ pub struct World {
     /// Of those, reports at or after the newest snapshot's numbering (which production's
     /// regenerator could recompute, but its answer must start where the gateway asked).
     pub resynced_recomputable: u64,
+    /// Messages the gateways' stores lost to damaged records recovery skipped (reported).
+    pub store_lost: u64,
     /// Snapshots taken by the engines, and log trims that moved the log's start.
     pub snapshots: u64,
     /// See `snapshots`.
@@ -124,6 +126,7 @@ impl World {
             regenerated: 0,
             resynced: 0,
             resynced_recomputable: 0,
+            store_lost: 0,
             snapshots: 0,
             trims: 0,
             snapshot_puts_failed: 0,
