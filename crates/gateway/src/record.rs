@@ -4,7 +4,10 @@
 //! encoder without depending on the store. Reading them back ([`scan`], [`tail`]) is pure
 //! too: the store's recovery and `crates/sim`'s simulated store call the same code. A group-
 //! commit batch ends with a [`kind::BATCH_END`] record, and [`scan`] hands a batch's records
-//! on only once it has read that end: a batch is recovered whole or not at all.
+//! on only once it has read that end: a batch is recovered whole or not at all. The batch end
+//! claims the store's synced end ([`end_batch`]); the highest claim is recovery's durable
+//! watermark, which tells damage (before it: skipped, the records after it kept) from a torn
+//! write (after it: cut) — `crate::store`, "The durable watermark".
 
 use std::io::Read;
 
@@ -49,9 +52,11 @@ pub mod kind {
     /// A gateway without a tier: how far one (shard, slot)'s reports were routed
     /// (`crate::routed`), in the batch of the reports it counts; client field 0.
     pub const ROUTED: u8 = b'P';
-    /// The end of a group-commit batch (empty payload, client 0), written last in each
-    /// batch: recovery applies a batch's records only once it reads this ([`scan`]). Also
-    /// the first record of every store created or compacted since: the store keeps batches.
+    /// The end of a group-commit batch, `[synced_end: u64]` (client 0; empty in stores
+    /// written before the claim: read as 0), written last in each batch: recovery applies a
+    /// batch's records only once it reads this ([`super::scan`]), and the highest
+    /// `synced_end` is its durable watermark. Also the first record of every store created or
+    /// compacted since: the store keeps batches.
     pub const BATCH_END: u8 = b'E';
 }
 

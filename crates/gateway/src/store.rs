@@ -42,16 +42,53 @@
 //! reads that end (`record::scan`): a power failure can write back some sectors of a batch and
 //! not others (its reports, say, without the routed position after them), and such a batch is
 //! dropped whole, so a restarted gateway never keeps reports without their position and routes
-//! them again. A record that is cut short or fails its checksum ends the store: the tail from
-//! it on (with the batch it interrupted) is a write torn by a crash (never released to any
-//! client, since release waits for the sync) and is truncated, as long as it is no longer than
-//! [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store refuses to open
-//! ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+//! them again.
+//!
+//! # The durable watermark: damage or a torn write
+//!
+//! A bad record (cut short, failing its checksum) is either a write torn by a crash (never
+//! released to any client, since release waits for the sync: it may be cut) or damage to
+//! bytes that were synced (acknowledged: they may not be cut). Recovery tells them apart by
+//! the store's durable end: each batch end carries a claim, `[synced_end: u64]`, the file's
+//! end as of the newest `fdatasync` that had returned when the batch was written
+//! ([`Log::commit`] takes it from the syncer's published epoch). The claim rides on its own
+//! batch's write and sync, so it costs 8 bytes per batch and no I/O of its own (the journal's
+//! watermark slots ride on the next sync the same way, `journal::watermark`); a claim never
+//! names a byte that was not durable, and recovery's watermark is the highest valid claim in
+//! the file, wherever it lies (`record::scan` reads past damage to find the claims after it).
+//! Two slots in a header, as the journal has, would need a header this file never had (every
+//! existing store would need rewriting) and an `fdatasync` of their own or a write in place
+//! beside an `O_APPEND` file; a claim in the record stream needs neither.
+//!
+//! - Damage before the watermark is skipped: the scan resumes at the next valid record, the
+//!   records after it are applied (a batch whose end lies after the damage keeps its
+//!   surviving records), the range is logged (`gateway store: damaged records before the
+//!   synced end skipped`) and shown as `gateway_store_damaged_bytes`, every session's
+//!   numbering moves past the most numbers the skipped bytes can have held
+//!   ([`Log::reserve_past_damage`]: one reservation record each, so no number a client saw is
+//!   used again; a native replay fills the skipped numbers with "not kept" rejects, a FIX
+//!   resend gap-fills them), and the store is compacted at the first chance, which drops the
+//!   damage. Keeping the rest (rather than refusing to start) keeps every message sent after
+//!   the damaged one; only the damaged record's own messages are gone (reported).
+//! - A valid record before the watermark that does not decode is refused
+//!   ([`StoreError::CorruptDurable`], naming the file, the offset and why: exit code 2).
+//! - Anything after the watermark is a torn tail, cut as before as long as it is no longer
+//!   than [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store refuses to open
+//!   ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+//!
+//! The window that remains: a synced batch is claimed only by a batch written after its sync,
+//! so damage to the newest synced batches (those the next batch has not claimed yet, or the
+//! last before an idle spell) still reads as a torn tail and is cut, as in the journal before
+//! its next sync. With `store_sync` off nothing is synced and nothing is claimed beyond what
+//! the store held at open (every bad record is then a tear, as before).
 //!
 //! A store written before batch ends were recorded has none: its records are applied as they
 //! are read, as they were, and [`Log::open`] appends (and syncs) a batch end to a store that
 //! holds none (an old one, or a new empty one) before its first batch; a compacted file starts
-//! and ends with one.
+//! and ends with one (the last claiming the whole file, which is synced before it replaces the
+//! store). A store written before batch ends carried claims (empty batch ends) opens as it
+//! did: its claims read as 0, so its damage is a tear, until the batches written from then on
+//! claim it; a binary built before claims reads the new batch ends as it read the old ones.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};

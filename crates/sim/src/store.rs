@@ -2,16 +2,21 @@
 //! format (`gateway::record::encode_record`: a FIX session's message as `FIX_SENT`, a native
 //! session's event as `NATIVE_EVENT` in the native codec's frame, a Logon's number as
 //! `FIX_NEXT_OUT`, the routed positions as `ROUTED`, after the reports as production's
-//! `Log::commit` appends them) written to the page cache and synced 0.2–3 ms later; a
-//! message goes out only once its batch is synced. A crash is a power failure (the unsynced
-//! writes lost; with `gateway_store_tears`, half the time the write-back torn); a restart recovers the store through
-//! production's scan (`gateway::record::scan`, `gateway::record::tail`), and the invariant
-//! `store-keeps-what-it-sent` checks that every message sent is recovered with its bytes.
+//! `Log::commit` appends them), ended by production's batch end claiming the store's synced
+//! end, written to the page cache and synced 0.2–3 ms later; a message goes out only once
+//! its batch is synced. A crash is a power failure (the unsynced writes lost; with
+//! `gateway_store_tears`, half the time the write-back torn; with `gateway_store_corruption`,
+//! 1–8 bytes flipped among those the durable batch ends claim synced); a restart recovers the
+//! store through production's scan and verdict (`gateway::record::scan`,
+//! `gateway::record::tail`: damage before the watermark skipped, a torn tail cut) and moves
+//! the sessions past skipped damage as production's `Log::reserve_past_damage` does. The
+//! invariant `store-keeps-what-it-sent` checks that every message sent is recovered with its
+//! bytes, or lay in a damaged range production reported (the session then skips it).
+
+use std::collections::HashMap;
 
 use exchange::msg::CoreOutput;
 use gateway::native::{self, Event, ServerMsg};
-use std::collections::HashMap;
-
 use gateway::record::{self, Damage, Record, Scanned, Tail, kind};
 use gateway::routed;
 
@@ -352,7 +357,8 @@ impl World {
         store.records[client].truncate(last as usize);
         store.synced[client] = last;
         if unsent > 0 {
-            self.note(format!("gateway {n}'s store: {unsent} messages of client {client} recovered that it never sent"));
+            let what = format!("{unsent} messages of client {client} recovered that it never sent");
+            self.note(format!("gateway {n}'s store: {what}"));
         }
         self.store_lost += reported.len() as u64;
         for (seq, output) in lost {
