@@ -54,6 +54,8 @@ pub struct Outcome {
     /// Messages the gateways' stores lost to damaged records their recovery skipped before
     /// the synced end (reported by production, not a violation); the sessions skip them.
     pub store_lost: u64,
+    /// Gateway crashes that flipped bytes of their store first (`gateway_store_corruption`).
+    pub store_flips: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -91,6 +93,7 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         sessions: world.sessions,
         snapshot_puts_failed: world.snapshot_puts_failed,
         store_lost: world.store_lost,
+        store_flips: world.store_flips,
     }
 }
 

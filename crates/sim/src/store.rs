@@ -168,6 +168,7 @@ impl World {
         if proven > 0 {
             let offset = self.rng.range(0, proven) as usize;
             self.gateways[n].durable.disk.flip(offset, &mut self.rng);
+            self.store_flips += 1;
             self.note(format!("gateway {n}'s store: bytes at {offset} flipped"));
         }
         let gateway = &mut self.gateways[n];
@@ -343,7 +344,11 @@ impl World {
             }
             let record_at = (stored.at - record::HEADER_BYTES) as u64;
             match damaged.iter().any(|d| (d.from..d.to).contains(&record_at)) {
-                true => reported.push(seq),
+                true => {
+                    // Lost and reported once: a later recovery skips the damage again.
+                    store.records[client][seq as usize - 1].sent = false;
+                    reported.push(seq);
+                }
                 false => silent = silent.or(Some(seq)),
             }
         }

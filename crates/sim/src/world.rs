@@ -90,6 +90,8 @@ pub struct World {
     pub resynced_recomputable: u64,
     /// Messages the gateways' stores lost to damaged records recovery skipped (reported).
     pub store_lost: u64,
+    /// Gateway crashes that flipped bytes of their store (`gateway_store_corruption`).
+    pub store_flips: u64,
     /// Snapshots taken by the engines, and log trims that moved the log's start.
     pub snapshots: u64,
     /// See `snapshots`.
@@ -127,6 +129,7 @@ impl World {
             resynced: 0,
             resynced_recomputable: 0,
             store_lost: 0,
+            store_flips: 0,
             snapshots: 0,
             trims: 0,
             snapshot_puts_failed: 0,
