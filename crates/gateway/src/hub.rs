@@ -449,6 +449,7 @@ impl Hub {
             already_routed: log.routed.dropped,
             failed: log.has_failed(),
             damaged_bytes: log.damaged_bytes,
+            writes_refused: log.writes_refused,
         };
         let clients = self.clients.iter().map(|c| (c.credential.client, &c.counters));
         let per_client = self.settings.metrics_per_client;

@@ -289,6 +289,13 @@ pub struct Log {
     /// far (empty unless [`Log::wait_for_journals`]).
     journal_needs: Vec<u64>,
     write_failed: bool,
+    /// The last write was refused for a full disk (its batch is still pending).
+    refusing: bool,
+    /// Writes refused for a full disk (metrics).
+    pub writes_refused: u64,
+    /// Test hook: this many next writes fail with `ENOSPC` after writing half their batch.
+    #[cfg(test)]
+    refuse_writes_for_tests: u32,
     /// Every byte before this was on disk when last seen (an `fdatasync` had returned): the
     /// claim each batch end carries (`record::end_batch`).
     synced_end: u64,
@@ -359,6 +366,10 @@ impl Log {
             journal_waiter: None,
             journal_needs: Vec::new(),
             write_failed: false,
+            refusing: false,
+            writes_refused: 0,
+            #[cfg(test)]
+            refuse_writes_for_tests: 0,
             synced_end: end,
             unsynced: VecDeque::new(),
             damaged_bytes: 0,
@@ -492,12 +503,15 @@ impl Log {
         self.routed.append_changed(&mut self.pending, self.written_epoch + 1);
         if !self.pending.is_empty() && !self.write_failed {
             self.advance_synced_end();
+            let records_end = self.pending.len();
             record::end_batch(&mut self.pending, self.synced_end);
-            if let Err(error) = (&self.file).write_all(&self.pending) {
-                // Nothing held is released from now on: sessions stall and are cut off.
-                tracing::error!(path = %self.path.display(), %error, "gateway store: write failed; holding all output");
-                self.write_failed = true;
+            if let Err(error) = self.write_pending() {
+                self.pending.truncate(records_end); // the next try ends the batch again
+                self.write_refused(error);
                 return;
+            }
+            if std::mem::take(&mut self.refusing) {
+                tracing::info!(path = %self.path.display(), "gateway store: writing again after a full disk");
             }
             self.end += self.pending.len() as u64;
             self.bytes_written += self.pending.len() as u64;
@@ -527,6 +541,36 @@ impl Log {
             link.mark(self.written_epoch);
         }
         self.release();
+    }
+
+    /// Writes the batch at the file's end (one `write`).
+    fn write_pending(&mut self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.refuse_writes_for_tests > 0 {
+            self.refuse_writes_for_tests -= 1;
+            // Half the batch reaches the file first, as a write cut short by ENOSPC leaves it.
+            let _ = (&self.file).write_all(&self.pending[..self.pending.len() / 2]);
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        (&self.file).write_all(&self.pending)
+    }
+
+    /// A write of the batch failed. A full disk (`ENOSPC`, `EDQUOT`) may pass: what reached
+    /// the file is cut off again (the next write appends at the same offset, so the offsets
+    /// handed out by [`Log::append`] stay right), the batch stays pending with its held bytes
+    /// and the next commit tries again. Anything else, or a cut that fails, holds all output
+    /// for good: sessions stall and are cut off. Either way nothing of the batch is released.
+    fn write_refused(&mut self, error: std::io::Error) {
+        let full = matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+        if full && self.file.set_len(self.end).is_ok() {
+            self.writes_refused += 1;
+            if !std::mem::replace(&mut self.refusing, true) {
+                tracing::warn!(path = %self.path.display(), %error, "gateway store: disk full; holding output and trying again at each commit");
+            }
+            return;
+        }
+        tracing::error!(path = %self.path.display(), %error, "gateway store: write failed; holding all output");
+        self.write_failed = true;
     }
 
     /// [`Log::commit`] if some link holds bytes; otherwise the batch waits for the next one.
@@ -1221,6 +1265,43 @@ mod tests {
         assert_eq!(link.written_for_tests().as_slice(), b"report");
         drop(sender);
         writer.join().unwrap();
+    }
+
+    /// A full disk refuses a batch: nothing of it is released or left in the file, the store
+    /// has not failed, and the next commit writes it with what came since.
+    #[test]
+    fn a_batch_a_full_disk_refuses_is_held_and_written_by_the_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(true, 16)).unwrap();
+        let synced = log.synced_notify().expect("sync on");
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let link = Rc::new(Link::default());
+        append_event(&mut log, 1, 1, 70);
+        log.hold(&link, b"first", 1 << 10);
+        log.refuse_writes_for_tests = 1;
+        log.commit();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "the half written is cut");
+        assert_eq!((log.writes_refused, log.has_failed(), log.commits), (1, false, 0));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        log.release();
+        assert!(link.is_holding(), "nothing released of a batch not written");
+        append_event(&mut log, 1, 2, 71);
+        log.hold(&link, b" second", 1 << 10);
+        log.commit();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        while link.is_holding() {
+            runtime.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
+                    .await
+                    .expect("the syncer reports");
+            });
+            log.release();
+        }
+        assert_eq!(link.written_for_tests().as_slice(), b"first second");
+        drop(log);
+        let (_, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
+        assert_eq!(recovered.native[&1].events, [event(70), event(71)], "one batch, whole");
     }
 
     #[test]
