@@ -205,6 +205,9 @@ impl World {
             (FaultKind::DiskFull, Addr::Engine(n)) => {
                 self.engines[n].journal.disk.full_until_ns = self.now_ns + fault.duration_ns;
             }
+            (FaultKind::DiskFull, Addr::Gateway(n)) => {
+                self.gateways[n].durable.disk.full_until_ns = self.now_ns + fault.duration_ns;
+            }
             _ => {}
         }
     }

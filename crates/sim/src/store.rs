@@ -22,7 +22,7 @@ use gateway::routed;
 
 use crate::check::Invariant;
 use crate::msg::{Addr, Timer};
-use crate::process::{StoreWrite, StoredPayload};
+use crate::process::{StoreWrite, StoredPayload, Unwritten};
 use crate::world::World;
 
 /// A message's record: (kind, payload parts' bytes).
@@ -76,11 +76,21 @@ impl World {
         payload: &[u8],
         at: usize,
     ) {
-        let store = &mut self.gateways[n].durable;
-        let at = store.disk.cache.len() + at;
+        let gateway = &mut self.gateways[n];
+        let store = &mut gateway.durable;
+        // After what a full disk refused: it is written first.
+        let at = store.disk.cache.len() + gateway.unwritten.bytes.len() + at;
         store.sessions[client].push(output);
         let stored = StoredPayload { at, len: payload.len(), hash: hash(payload), sent: true };
         store.records[client].push(stored);
+    }
+
+    /// Whether `client`'s message `seq` has its record's payload on disk, the bytes numbered
+    /// (what a power failure leaves).
+    fn durable_record(&self, n: usize, client: usize, seq: u64) -> bool {
+        let store = &self.gateways[n].durable;
+        let StoredPayload { at, len, hash: numbered, .. } = store.records[client][seq as usize - 1];
+        store.disk.durable().get(at..at + len).is_some_and(|payload| hash(payload) == numbered)
     }
 
     /// The bytes of `client`'s FIX message `seq` as its record holds them.
@@ -90,28 +100,51 @@ impl World {
         store.disk.cache[at + 8..at + len].to_vec()
     }
 
-    /// Appends the changed routed positions to `batch`, writes it and starts its sync.
+    /// Adds `batch` (numbering `numbered`) to what waits to be written and writes it.
     fn commit(
         &mut self,
         n: usize,
-        mut batch: Vec<u8>,
+        batch: Vec<u8>,
         numbered: Vec<(usize, u64)>,
         restart: Option<(usize, u64)>,
     ) {
+        let unwritten = &mut self.gateways[n].unwritten;
+        unwritten.bytes.extend_from_slice(&batch);
+        unwritten.numbered.extend(numbered);
+        unwritten.restarts.extend(restart);
+        self.write_unwritten(n);
+    }
+
+    /// Production's `Log::commit`: appends the changed routed positions and the batch end to
+    /// what waits, writes it and starts its sync. A full disk refuses the write: everything
+    /// stays unwritten and held (production cuts off what reached the file and tries again
+    /// at its next commit), nothing of it goes out.
+    pub(crate) fn write_unwritten(&mut self, n: usize) {
+        let now_ns = self.now_ns;
         let gateway = &mut self.gateways[n];
-        gateway.write_epoch += 1;
-        let epoch = gateway.write_epoch;
+        let epoch = gateway.write_epoch + 1;
+        let mut batch = std::mem::take(&mut gateway.unwritten.bytes);
         let positions_at = batch.len();
         gateway.routed.append_changed(&mut batch, epoch);
-        let positions = batch[positions_at..].to_vec();
+        gateway.unwritten.positions.extend_from_slice(&batch[positions_at..]);
+        let records_end = batch.len();
         // Last in the batch, as production's `Log::commit` writes it, with its claim.
         record::end_batch(&mut batch, gateway.durable.synced_end as u64);
         let disk = &mut gateway.durable.disk;
-        // No disk-full fault targets a gateway (its store's space is not simulated).
-        disk.write_reserved(disk.cache.len(), &batch);
+        if disk.write(disk.cache.len(), &batch, now_ns).is_err() {
+            batch.truncate(records_end);
+            gateway.unwritten.bytes = batch;
+            if !std::mem::replace(&mut gateway.unwritten.refused, true) {
+                self.note(format!("gateway {n}'s store: disk full, its batch held"));
+            }
+            return;
+        }
         let sync = disk.begin_sync();
         let end = disk.cache.len();
-        gateway.pending.push(StoreWrite { epoch, numbered, positions, restart, sync, end });
+        gateway.write_epoch = epoch;
+        let Unwritten { numbered, positions, restarts, .. } =
+            std::mem::take(&mut gateway.unwritten);
+        gateway.pending.push(StoreWrite { epoch, numbered, positions, restarts, sync, end });
         let sync_ns = self.rng.range(200_000, 3_000_000);
         self.timer(Addr::Gateway(n), sync_ns, Timer::Synced(epoch));
     }
@@ -141,12 +174,18 @@ impl World {
                 }
                 at += record::HEADER_BYTES + len as usize;
             }
-            if let Some((shard, restart_seq)) = write.restart {
+            for (shard, restart_seq) in write.restarts {
                 gateway.durable.restart_seqs[shard] = restart_seq;
             }
             gateway.routed.publish_durable(write.epoch);
         }
         for (client, conn, seq) in outgoing {
+            if !self.durable_record(n, client, seq) {
+                let detail = format!(
+                    "gateway {n} sends client {client}'s message {seq} before its record is on disk"
+                );
+                return self.checker.fail(Invariant::StoreKeepsSent, self.now_ns, detail);
+            }
             match self.gateways[n].durable.sessions[client][seq as usize - 1] {
                 Some(output) => self.send_report(n, client, conn, seq, output),
                 None => self.send_logon(n, client, conn, seq),

@@ -275,3 +275,24 @@ fn a_flipped_byte_in_the_gateways_store_keeps_the_messages_sent_after_it() {
     }
     assert!(skipped > 0, "some damage was skipped");
 }
+
+/// A gateway's session store fills up (`disk-full` on a gateway): as production's store does
+/// since issue 42's follow-up, the refused batch stays unwritten and held (nothing of it goes
+/// out before its record is on disk: `store-keeps-what-it-sent` checks every message at its
+/// send), is written once the disk has room, and the clients get every report (`liveness`);
+/// crashes while it is held lose only what was never sent.
+#[test]
+fn a_full_disk_under_a_gateways_store_holds_its_output_until_written() {
+    let mut held = 0;
+    for seed in 1..=3 {
+        let settings = Settings {
+            fault_kinds: vec![FaultKind::DiskFull, FaultKind::Crash],
+            engine_faults: false,
+            ..short(seed)
+        };
+        let outcome = run(&settings);
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        held += outcome.journal.iter().filter(|line| line.contains("disk full")).count();
+    }
+    assert!(held > 0, "some gateway's store was refused a write");
+}
