@@ -56,6 +56,8 @@ pub struct Outcome {
     pub store_lost: u64,
     /// Gateway crashes that flipped bytes of their store first (`gateway_store_corruption`).
     pub store_flips: u64,
+    /// Gateway store writes a full disk refused (each batch held and tried again).
+    pub store_writes_refused: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -94,6 +96,7 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         snapshot_puts_failed: world.snapshot_puts_failed,
         store_lost: world.store_lost,
         store_flips: world.store_flips,
+        store_writes_refused: world.store_writes_refused,
     }
 }
 

@@ -134,6 +134,7 @@ impl World {
         if disk.write(disk.cache.len(), &batch, now_ns).is_err() {
             batch.truncate(records_end);
             gateway.unwritten.bytes = batch;
+            self.store_writes_refused += 1;
             if !std::mem::replace(&mut gateway.unwritten.refused, true) {
                 self.note(format!("gateway {n}'s store: disk full, its batch held"));
             }

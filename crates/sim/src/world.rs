@@ -92,6 +92,8 @@ pub struct World {
     pub store_lost: u64,
     /// Gateway crashes that flipped bytes of their store (`gateway_store_corruption`).
     pub store_flips: u64,
+    /// Gateway store writes a full disk refused (each held and tried again).
+    pub store_writes_refused: u64,
     /// Snapshots taken by the engines, and log trims that moved the log's start.
     pub snapshots: u64,
     /// See `snapshots`.
@@ -130,6 +132,7 @@ impl World {
             resynced_recomputable: 0,
             store_lost: 0,
             store_flips: 0,
+            store_writes_refused: 0,
             snapshots: 0,
             trims: 0,
             snapshot_puts_failed: 0,
