@@ -353,7 +353,7 @@ impl Log {
             true => Some(spawn_syncer(file.try_clone().map_err(io)?)),
             false => None,
         };
-        let log = Log {
+        let mut log = Log {
             file,
             path,
             options,
@@ -378,7 +378,6 @@ impl Log {
             routed: RoutedPositions::recovered(std::mem::take(&mut recovered.routed)),
             _owner: owner,
         };
-        let mut log = log;
         log.report_damage(&scanned.damaged, &mut recovered);
         Ok((log, recovered))
     }
@@ -1279,10 +1278,13 @@ mod tests {
         let link = Rc::new(Link::default());
         append_event(&mut log, 1, 1, 70);
         log.hold(&link, b"first", 1 << 10);
-        log.refuse_writes_for_tests = 1;
+        log.refuse_writes_for_tests = 2;
         log.commit();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "the half written is cut");
         assert_eq!((log.writes_refused, log.has_failed(), log.commits), (1, false, 0));
+        // Its offsets name this file: no compaction replaces it while the batch waits.
+        assert!(log.compact().is_err(), "compacted over a refused batch");
+        assert_eq!((log.writes_refused, log.has_failed()), (2, false));
         std::thread::sleep(std::time::Duration::from_millis(50));
         log.release();
         assert!(link.is_holding(), "nothing released of a batch not written");

@@ -64,6 +64,10 @@ impl Log {
         if self.write_failed {
             return Err(mismatch("a write failed: the store holds all output".into()));
         }
+        // The pending batch's offsets name the old file: it must be written first.
+        if self.refusing {
+            return Err(mismatch("a full disk refused the pending batch".into()));
+        }
         let replay_events_max = self.options.replay_events_max;
         // A handle of its own: the store's handle appends, its position is at the end.
         let (old, scanned) =
