@@ -332,7 +332,9 @@ impl<F: FnMut(Record) -> bool> Walk<F> {
             self.boundaries.push((self.pending.len(), record_end));
             self.batch_start = record_end;
             self.settle();
-        } else if self.pending.len() as u64 > TORN_TAIL_BYTES_MAX {
+        } else if !self.unproven.is_empty() && self.pending.len() as u64 > TORN_TAIL_BYTES_MAX {
+            // Held back behind damage longer than a torn write can be: never a tear. (A batch
+            // alone is not bounded here: a compacted file is one batch.)
             self.stop();
         }
     }
@@ -442,4 +444,78 @@ fn read_full(reader: &mut impl Read, buffer: &mut [u8]) -> std::io::Result<usize
         }
     }
     Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `bytes`' records as [`scan`] hands them on: (kind, payload length), and what it read.
+    fn read(bytes: &[u8]) -> (Vec<(u8, usize)>, Scanned) {
+        let mut records = Vec::new();
+        let scanned = scan(&mut &bytes[..], |record| {
+            records.push((record.kind, record.payload.len()));
+            true
+        })
+        .unwrap();
+        (records, scanned)
+    }
+
+    /// A compacted file is one batch between two batch ends, however large: it is read whole.
+    #[test]
+    fn a_batch_longer_than_a_torn_write_is_read_whole() {
+        let mut bytes = Vec::new();
+        end_batch(&mut bytes, 0);
+        let payload = vec![7u8; 4096];
+        let count = (TORN_TAIL_BYTES_MAX as usize / payload.len()) + 10;
+        for _ in 0..count {
+            encode_record(&mut bytes, kind::NATIVE_EVENT, 1, &[&payload]);
+        }
+        let whole = bytes.len() as u64;
+        end_batch(&mut bytes, whole);
+        let (records, scanned) = read(&bytes);
+        assert_eq!(records.len(), count);
+        assert_eq!(
+            (scanned.end, scanned.watermark, scanned.marked),
+            (bytes.len() as u64, whole, true)
+        );
+        assert_eq!(tail(&scanned, bytes.len() as u64), Tail::Clean);
+    }
+
+    /// Three batches; the second's record damaged. The third batch's claim covers it: skipped,
+    /// the rest applied. Without that claim it is a torn write: nothing from it on applied.
+    #[test]
+    fn damage_is_skipped_when_a_later_claim_covers_it_and_cut_when_none_does() {
+        let batch = |bytes: &mut Vec<u8>, claim: u64| {
+            encode_record(bytes, kind::NATIVE_EVENT, 1, &[b"an event"]);
+            end_batch(bytes, claim);
+        };
+        let mut bytes = Vec::new();
+        end_batch(&mut bytes, 0);
+        batch(&mut bytes, 0);
+        let second = bytes.len();
+        batch(&mut bytes, 0);
+        let covered = bytes.len() as u64;
+        batch(&mut bytes, covered);
+        let mut damaged = bytes.clone();
+        damaged[second + HEADER_BYTES + 2] ^= 1;
+        let (records, scanned) = read(&damaged);
+        assert_eq!(records.iter().filter(|r| r.0 == kind::NATIVE_EVENT).count(), 2);
+        assert_eq!(scanned.damaged, [Damage { from: second as u64, to: second as u64 + 21 }]);
+        assert_eq!(
+            (scanned.end, tail(&scanned, bytes.len() as u64)),
+            (bytes.len() as u64, Tail::Clean)
+        );
+        // The same damage with the last batch not claiming it: a torn write from the second on.
+        let mut unclaimed = Vec::new();
+        end_batch(&mut unclaimed, 0);
+        for _ in 0..3 {
+            batch(&mut unclaimed, 0);
+        }
+        unclaimed[second + HEADER_BYTES + 2] ^= 1;
+        let (records, scanned) = read(&unclaimed);
+        assert_eq!((records.len(), scanned.end), (1, second as u64), "{records:?}");
+        let torn = unclaimed.len() - second;
+        assert_eq!(tail(&scanned, unclaimed.len() as u64), Tail::Torn(torn as u64));
+    }
 }
