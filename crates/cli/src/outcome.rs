@@ -47,6 +47,21 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
                 gateway::ServeError::MetricsExposed { .. } | gateway::ServeError::BusyPollCpus { .. }
             )
         )
+        // A session store whose recovery refuses (damage it may not cut): the start is
+        // refused naming the file, the offset and why; nothing ran (issue 42).
+        || matches!(
+            error.downcast_ref(),
+            Some(
+                gateway::StoreError::Corrupt { .. } | gateway::StoreError::CorruptDurable { .. }
+            )
+        )
+        // The server's error holds it transparently (the chain skips the store's error).
+        || matches!(
+            error.downcast_ref(),
+            Some(gateway::ServeError::Store(
+                gateway::StoreError::Corrupt { .. } | gateway::StoreError::CorruptDurable { .. }
+            ))
+        )
         || matches!(
             error.downcast_ref(),
             Some(
@@ -191,6 +206,19 @@ mod tests {
             experiments::statistics::StatsError::TooFewSamples { needed: 2, got: 1 }.into(),
             gateway::ServeError::MetricsExposed { addr: "0.0.0.0:9000".parse().unwrap() }.into(),
             gateway::credentials::CredentialsError::TooMany(1 << 20).into(),
+            gateway::StoreError::CorruptDurable {
+                path: "store/gateway.store".into(),
+                offset: 13,
+                watermark: 40,
+                why: "a record before the synced end does not decode",
+            }
+            .into(),
+            gateway::ServeError::Store(gateway::StoreError::Corrupt {
+                path: "store/gateway.store".into(),
+                offset: 0,
+                tail_bytes: 9 << 20,
+            })
+            .into(),
             sim::SimError::BadInput("faults".into()).into(),
             held_store().into(),
             exchange::ExchangeError::Owned { dir: "tier".into(), source: held_store() }.into(),

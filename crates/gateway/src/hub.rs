@@ -234,7 +234,9 @@ impl Hub {
             bytes_max: settings.store_bytes_max,
             fix_resend_window: settings.fix_resend_window,
         };
-        let (log, mut recovered) = Log::open(&settings.store_dir, options)?;
+        let (mut log, mut recovered) = Log::open(&settings.store_dir, options)?;
+        let sessions = credentials.iter().map(|c| (c.client, c.protocol == Protocol::Fix));
+        log.reserve_past_damage(&mut recovered, sessions);
         let log = Rc::new(RefCell::new(log));
         let mut clients = Vec::with_capacity(credentials.len());
         let mut by_id = HashMap::with_capacity(credentials.len());
@@ -446,6 +448,8 @@ impl Hub {
             bytes_written: log.bytes_written,
             already_routed: log.routed.dropped,
             failed: log.has_failed(),
+            damaged_bytes: log.damaged_bytes,
+            writes_refused: log.writes_refused,
         };
         let clients = self.clients.iter().map(|c| (c.credential.client, &c.counters));
         let per_client = self.settings.metrics_per_client;

@@ -185,6 +185,8 @@ pub struct Snapshot {
     stage: [(&'static str, &'static str, u64); 9],
     egress_depth: usize,
     store_failed: bool,
+    store_damaged_bytes: u64,
+    store_writes_refused: u64,
     layout: Option<LayoutInfo>,
     /// The histograms (atomics, read when rendered) and the process metrics.
     registry: Arc<ops::Registry>,
@@ -200,6 +202,10 @@ pub struct StoreCounts {
     pub already_routed: u64,
     /// Whether a write or sync failed (output is held from then on).
     pub failed: bool,
+    /// Bytes of damaged records recovery skipped before the synced end at start.
+    pub damaged_bytes: u64,
+    /// Batch writes refused for a full disk (each tried again at the next commit).
+    pub writes_refused: u64,
 }
 
 impl Snapshot {
@@ -231,6 +237,8 @@ impl Snapshot {
             stage: stage_counters(stage, unroutable, &store),
             egress_depth: stage.egress_depth,
             store_failed: store.failed,
+            store_damaged_bytes: store.damaged_bytes,
+            store_writes_refused: store.writes_refused,
             layout: stage.layout.clone(),
             registry: Arc::clone(&stage.registry),
         }
@@ -348,6 +356,20 @@ fn per_stage(text: &mut String, snapshot: &Snapshot) {
         "# HELP gateway_store_failed 1 once a store write or sync failed (output is held)\n\
          # TYPE gateway_store_failed gauge\ngateway_store_failed {}",
         u8::from(snapshot.store_failed)
+    );
+    let _ = writeln!(
+        text,
+        "# HELP gateway_store_damaged_bytes bytes of damaged records before the synced end that \
+         recovery skipped at start (the records after them kept; the log names each range)\n\
+         # TYPE gateway_store_damaged_bytes gauge\ngateway_store_damaged_bytes {}",
+        snapshot.store_damaged_bytes
+    );
+    let _ = writeln!(
+        text,
+        "# HELP gateway_store_writes_refused_total store batch writes refused for a full disk \
+         (held, and tried again at the next commit)\n\
+         # TYPE gateway_store_writes_refused_total counter\ngateway_store_writes_refused_total {}",
+        snapshot.store_writes_refused
     );
     text.push_str(&ops::endpoint::render(&snapshot.registry));
 }

@@ -42,16 +42,53 @@
 //! reads that end (`record::scan`): a power failure can write back some sectors of a batch and
 //! not others (its reports, say, without the routed position after them), and such a batch is
 //! dropped whole, so a restarted gateway never keeps reports without their position and routes
-//! them again. A record that is cut short or fails its checksum ends the store: the tail from
-//! it on (with the batch it interrupted) is a write torn by a crash (never released to any
-//! client, since release waits for the sync) and is truncated, as long as it is no longer than
-//! [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store refuses to open
-//! ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+//! them again.
+//!
+//! # The durable watermark: damage or a torn write
+//!
+//! A bad record (cut short, failing its checksum) is either a write torn by a crash (never
+//! released to any client, since release waits for the sync: it may be cut) or damage to
+//! bytes that were synced (acknowledged: they may not be cut). Recovery tells them apart by
+//! the store's durable end: each batch end carries a claim, `[synced_end: u64]`, the file's
+//! end as of the newest `fdatasync` that had returned when the batch was written
+//! ([`Log::commit`] takes it from the syncer's published epoch). The claim rides on its own
+//! batch's write and sync, so it costs 8 bytes per batch and no I/O of its own (the journal's
+//! watermark slots ride on the next sync the same way, `journal::watermark`); a claim never
+//! names a byte that was not durable, and recovery's watermark is the highest valid claim in
+//! the file, wherever it lies (`record::scan` reads past damage to find the claims after it).
+//! Two slots in a header, as the journal has, would need a header this file never had (every
+//! existing store would need rewriting) and an `fdatasync` of their own or a write in place
+//! beside an `O_APPEND` file; a claim in the record stream needs neither.
+//!
+//! - Damage before the watermark is skipped: the scan resumes at the next valid record, the
+//!   records after it are applied (a batch whose end lies after the damage keeps its
+//!   surviving records), the range is logged (`gateway store: damaged records before the
+//!   synced end skipped`) and shown as `gateway_store_damaged_bytes`, every session's
+//!   numbering moves past the most numbers the skipped bytes can have held
+//!   ([`Log::reserve_past_damage`]: one reservation record each, so no number a client saw is
+//!   used again; a native replay fills the skipped numbers with "not kept" rejects, a FIX
+//!   resend gap-fills them), and the store is compacted at the first chance, which drops the
+//!   damage. Keeping the rest (rather than refusing to start) keeps every message sent after
+//!   the damaged one; only the damaged record's own messages are gone (reported).
+//! - A valid record before the watermark that does not decode is refused
+//!   ([`StoreError::CorruptDurable`], naming the file, the offset and why: exit code 2).
+//! - Anything after the watermark is a torn tail, cut as before as long as it is no longer
+//!   than [`TORN_TAIL_BYTES_MAX`]; a longer one is damage, and the store refuses to open
+//!   ([`StoreError::Corrupt`]) rather than drop acknowledged messages.
+//!
+//! The window that remains: a synced batch is claimed only by a batch written after its sync,
+//! so damage to the newest synced batches (those the next batch has not claimed yet, or the
+//! last before an idle spell) still reads as a torn tail and is cut, as in the journal before
+//! its next sync. With `store_sync` off nothing is synced and nothing is claimed beyond what
+//! the store held at open (every bad record is then a tear, as before).
 //!
 //! A store written before batch ends were recorded has none: its records are applied as they
 //! are read, as they were, and [`Log::open`] appends (and syncs) a batch end to a store that
 //! holds none (an old one, or a new empty one) before its first batch; a compacted file starts
-//! and ends with one.
+//! and ends with one (the last claiming the whole file, which is synced before it replaces the
+//! store). A store written before batch ends carried claims (empty batch ends) opens as it
+//! did: its claims read as 0, so its damage is a tear, until the batches written from then on
+//! claim it; a binary built before claims reads the new batch ends as it read the old ones.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -69,7 +106,7 @@ use tokio::sync::Notify;
 
 use crate::fix;
 use crate::link::Link;
-use crate::record::{self, Record, Scanned, Tail, encode_record};
+use crate::record::{self, Damage, Record, Scanned, Tail, encode_record};
 use crate::routed::RoutedPositions;
 
 #[path = "store_compact.rs"]
@@ -123,6 +160,13 @@ pub enum StoreError {
          (a torn write is at most {TORN_TAIL_BYTES_MAX}); refusing to drop them"
     )]
     Corrupt { path: String, offset: u64, tail_bytes: u64 },
+    /// Recovery could not apply records before the store's synced end (its durable
+    /// watermark): they were acknowledged, so nothing is cut.
+    #[error(
+        "gateway store {path}: {why} (byte {offset}; synced up to byte {watermark}); refusing \
+         to cut acknowledged records"
+    )]
+    CorruptDurable { path: String, offset: u64, watermark: u64, why: &'static str },
     #[error(
         "gateway store {path}: compaction kept the old file: the compacted one would recover \
          differently ({why})"
@@ -197,6 +241,9 @@ pub struct Recovered {
     pub open: HashMap<u32, HashMap<u32, u32>>,
     /// Per (shard, slot), how far its reports were routed (a gateway without a tier).
     pub routed: HashMap<(u32, u32), crate::routed::Position>,
+    /// How many session numbers the damaged records recovery skipped may have carried
+    /// ([`Log::reserve_past_damage`] moves every session past them; 0: no damage).
+    pub numbers_lost_max: u64,
 }
 
 /// The fdatasync thread's shared state.
@@ -242,6 +289,20 @@ pub struct Log {
     /// far (empty unless [`Log::wait_for_journals`]).
     journal_needs: Vec<u64>,
     write_failed: bool,
+    /// The last write was refused for a full disk (its batch is still pending).
+    refusing: bool,
+    /// Writes refused for a full disk (metrics).
+    pub writes_refused: u64,
+    /// Test hook: this many next writes fail with `ENOSPC` after writing half their batch.
+    #[cfg(test)]
+    refuse_writes_for_tests: u32,
+    /// Every byte before this was on disk when last seen (an `fdatasync` had returned): the
+    /// claim each batch end carries (`record::end_batch`).
+    synced_end: u64,
+    /// Commits written and not yet seen synced: (write epoch, the file's end after it).
+    unsynced: VecDeque<(u64, u64)>,
+    /// Bytes of damaged records recovery skipped at open (metrics).
+    pub damaged_bytes: u64,
     /// Commits that wrote, and the bytes they wrote (metrics).
     pub commits: u64,
     pub bytes_written: u64,
@@ -267,18 +328,23 @@ impl Log {
         let size = file.metadata().map_err(io)?.len();
         let (mut recovered, scanned) = recover(&file, options.replay_events_max).map_err(io)?;
         let end = scanned.end;
-        match record::tail(end, size) {
+        match record::tail(&scanned, size) {
             Tail::Clean => {}
             Tail::Damaged(tail_bytes) => {
                 let path = path.display().to_string();
                 return Err(StoreError::Corrupt { path, offset: end, tail_bytes });
             }
+            Tail::Durable { offset, why } => {
+                let (path, watermark) = (path.display().to_string(), scanned.watermark);
+                return Err(StoreError::CorruptDurable { path, offset, watermark, why });
+            }
             Tail::Torn(tail_bytes) => {
                 tracing::warn!(path = %path.display(), offset = end, tail_bytes, "gateway store: torn tail cut off");
                 file.set_len(end).map_err(io)?;
-                file.sync_data().map_err(io)?;
             }
         }
+        // What recovery read is on disk before any batch end claims it.
+        file.sync_data().map_err(io)?;
         let end = match scanned.marked {
             true => end,
             false => mark_batches(&file, end).map_err(io)?,
@@ -287,7 +353,7 @@ impl Log {
             true => Some(spawn_syncer(file.try_clone().map_err(io)?)),
             false => None,
         };
-        let log = Log {
+        let mut log = Log {
             file,
             path,
             options,
@@ -300,12 +366,78 @@ impl Log {
             journal_waiter: None,
             journal_needs: Vec::new(),
             write_failed: false,
+            refusing: false,
+            writes_refused: 0,
+            #[cfg(test)]
+            refuse_writes_for_tests: 0,
+            synced_end: end,
+            unsynced: VecDeque::new(),
+            damaged_bytes: 0,
             commits: 0,
             bytes_written: 0,
             routed: RoutedPositions::recovered(std::mem::take(&mut recovered.routed)),
             _owner: owner,
         };
+        log.report_damage(&scanned.damaged, &mut recovered);
         Ok((log, recovered))
+    }
+
+    /// Recovery skipped damaged records before the synced end: reports each range (the log,
+    /// `gateway_store_damaged_bytes`), notes in `recovered` how many numbers the lost records
+    /// may have carried, and has the store compacted at the first chance (the damage is then
+    /// gone from it).
+    fn report_damage(&mut self, damaged: &[Damage], recovered: &mut Recovered) {
+        for damage in damaged {
+            let (from, to) = (damage.from, damage.to);
+            tracing::error!(path = %self.path.display(), from, to, "gateway store: damaged records before the synced end skipped; the records after them kept");
+            self.damaged_bytes += to - from;
+            recovered.numbers_lost_max += damage.records_max();
+            self.compact_at = 0;
+        }
+    }
+
+    /// After recovery skipped damaged records: moves each session's numbering (`sessions`:
+    /// client id, and whether it runs FIX; besides every session the store recovered) past
+    /// the numbers the lost records may have carried, with one reservation record each,
+    /// committed now, so that no number a client saw is used again. Nothing without damage.
+    pub fn reserve_past_damage(
+        &mut self,
+        recovered: &mut Recovered,
+        sessions: impl IntoIterator<Item = (u32, bool)>,
+    ) {
+        let skip = std::mem::take(&mut recovered.numbers_lost_max);
+        if skip == 0 {
+            return;
+        }
+        let mut all: Vec<(u32, bool)> = sessions.into_iter().collect();
+        all.extend(recovered.native.keys().map(|&client| (client, false)));
+        all.extend(recovered.fix.keys().map(|&client| (client, true)));
+        all.sort_unstable();
+        all.dedup();
+        for (client, fix) in all {
+            if fix {
+                let fix = recovered.fix.entry(client).or_default();
+                let kept_next = fix.index.last().map_or(1, |&(seq, _, _)| seq + 1);
+                fix.next_out_reserved = fix.next_out_reserved.max(kept_next) + skip;
+                self.append(kind::FIX_NEXT_OUT, client, &[&fix.next_out_reserved.to_le_bytes()]);
+            } else {
+                let native = recovered.native.entry(client).or_default();
+                native.reserved = native.reserved.max(native.next_seq.max(1)) + skip;
+                self.append(kind::NATIVE_RESERVED, client, &[&native.reserved.to_le_bytes()]);
+            }
+        }
+        self.commit();
+    }
+
+    /// Moves [`Log::synced_end`] up to the end of the newest batch the syncer has synced.
+    fn advance_synced_end(&mut self) {
+        let Some((shared, _)) = &self.sync else { return };
+        // Acquire: pairs with the syncer's Release store after its fdatasync returned.
+        let synced = shared.synced.load(Ordering::Acquire);
+        while let Some(&(_, end)) = self.unsynced.front().filter(|(epoch, _)| *epoch <= synced) {
+            self.synced_end = end;
+            self.unsynced.pop_front();
+        }
     }
 
     /// Appends a record to the batch; returns the file offset its payload will have.
@@ -369,18 +501,25 @@ impl Log {
     pub fn commit(&mut self) {
         self.routed.append_changed(&mut self.pending, self.written_epoch + 1);
         if !self.pending.is_empty() && !self.write_failed {
-            record::end_batch(&mut self.pending);
-            if let Err(error) = (&self.file).write_all(&self.pending) {
-                // Nothing held is released from now on: sessions stall and are cut off.
-                tracing::error!(path = %self.path.display(), %error, "gateway store: write failed; holding all output");
-                self.write_failed = true;
+            self.advance_synced_end();
+            let records_end = self.pending.len();
+            record::end_batch(&mut self.pending, self.synced_end);
+            if let Err(error) = self.write_pending() {
+                self.pending.truncate(records_end); // the next try ends the batch again
+                self.write_refused(error);
                 return;
+            }
+            if std::mem::take(&mut self.refusing) {
+                tracing::info!(path = %self.path.display(), "gateway store: writing again after a full disk");
             }
             self.end += self.pending.len() as u64;
             self.bytes_written += self.pending.len() as u64;
             self.pending.clear();
             self.written_epoch += 1;
             self.commits += 1;
+            if self.sync.is_some() {
+                self.unsynced.push_back((self.written_epoch, self.end));
+            }
             if let Some((shared, thread)) = &self.sync {
                 if let Some(journals) = shared.journals.get() {
                     for ((_, published), need) in journals.iter().zip(&self.journal_needs) {
@@ -401,6 +540,36 @@ impl Log {
             link.mark(self.written_epoch);
         }
         self.release();
+    }
+
+    /// Writes the batch at the file's end (one `write`).
+    fn write_pending(&mut self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.refuse_writes_for_tests > 0 {
+            self.refuse_writes_for_tests -= 1;
+            // Half the batch reaches the file first, as a write cut short by ENOSPC leaves it.
+            let _ = (&self.file).write_all(&self.pending[..self.pending.len() / 2]);
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        (&self.file).write_all(&self.pending)
+    }
+
+    /// A write of the batch failed. A full disk (`ENOSPC`, `EDQUOT`) may pass: what reached
+    /// the file is cut off again (the next write appends at the same offset, so the offsets
+    /// handed out by [`Log::append`] stay right), the batch stays pending with its held bytes
+    /// and the next commit tries again. Anything else, or a cut that fails, holds all output
+    /// for good: sessions stall and are cut off. Either way nothing of the batch is released.
+    fn write_refused(&mut self, error: std::io::Error) {
+        let full = matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+        if full && self.file.set_len(self.end).is_ok() {
+            self.writes_refused += 1;
+            if !std::mem::replace(&mut self.refusing, true) {
+                tracing::warn!(path = %self.path.display(), %error, "gateway store: disk full; holding output and trying again at each commit");
+            }
+            return;
+        }
+        tracing::error!(path = %self.path.display(), %error, "gateway store: write failed; holding all output");
+        self.write_failed = true;
     }
 
     /// [`Log::commit`] if some link holds bytes; otherwise the batch waits for the next one.
@@ -570,10 +739,8 @@ fn journals_cover(shared: &SyncShared) -> bool {
 fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered, Scanned)> {
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut recovered = Recovered::default();
-    let scanned = record::scan(&mut reader, |record| {
-        let Record { kind, client, payload, payload_at } = record;
-        apply(&mut recovered, kind, client, payload, payload_at, replay_events_max)
-    })?;
+    let scanned =
+        record::scan(&mut reader, |record| apply(&mut recovered, record, replay_events_max))?;
     Ok((recovered, scanned))
 }
 
@@ -581,8 +748,9 @@ fn recover(file: &File, replay_events_max: usize) -> std::io::Result<(Recovered,
 /// were marked) at `end` and syncs it, so that from the next batch on a torn batch is
 /// dropped whole; returns the store's new end. What it held before stays as it recovered.
 fn mark_batches(file: &File, end: u64) -> std::io::Result<u64> {
-    let mut marker = Vec::with_capacity(record::HEADER_BYTES);
-    record::end_batch(&mut marker);
+    let mut marker = Vec::with_capacity(record::HEADER_BYTES + 8);
+    // Its caller synced the `end` bytes before it.
+    record::end_batch(&mut marker, end);
     let mut writer = file;
     writer.write_all(&marker)?;
     file.sync_data()?;
@@ -590,14 +758,8 @@ fn mark_batches(file: &File, end: u64) -> std::io::Result<u64> {
 }
 
 /// Applies one record; `false` if it does not decode.
-fn apply(
-    recovered: &mut Recovered,
-    kind: u8,
-    client: u32,
-    payload: &[u8],
-    at: u64,
-    replay_events_max: usize,
-) -> bool {
+fn apply(recovered: &mut Recovered, record: Record, replay_events_max: usize) -> bool {
+    let Record { kind, client, payload, payload_at: at, after_damage } = record;
     match kind {
         kind::FIX_SENT
         | kind::FIX_NEXT_IN
@@ -605,7 +767,8 @@ fn apply(
         | kind::FIX_RESET
         | kind::FIX_ORDER_ID_MAX => return apply_fix(recovered, kind, client, payload, at),
         kind::NATIVE_NEXT | kind::NATIVE_RESERVED | kind::NATIVE_EVENT => {
-            return apply_native(recovered, kind, client, payload, replay_events_max);
+            let native = NativeRecord { kind, client, payload, after_damage };
+            return apply_native(recovered, native, replay_events_max);
         }
         kind::ROUTED => {
             let Some((key, position)) = crate::routed::decode(payload) else { return false };
@@ -672,14 +835,18 @@ fn apply_fix(recovered: &mut Recovered, kind: u8, client: u32, payload: &[u8], a
     true
 }
 
-/// [`apply`] for a native session's record.
-fn apply_native(
-    recovered: &mut Recovered,
+/// A native session's record as [`apply_native`] reads it.
+struct NativeRecord<'a> {
     kind: u8,
     client: u32,
-    payload: &[u8],
-    replay_events_max: usize,
-) -> bool {
+    payload: &'a [u8],
+    /// Recovery skipped damaged records before it: a gap may be what they held.
+    after_damage: bool,
+}
+
+/// [`apply`] for a native session's record.
+fn apply_native(recovered: &mut Recovered, record: NativeRecord, replay_events_max: usize) -> bool {
+    let NativeRecord { kind, client, payload, after_damage } = record;
     match kind {
         kind::NATIVE_NEXT => {
             let Some(next_seq) = u64_at(payload, 0) else { return false };
@@ -701,9 +868,10 @@ fn apply_native(
             if native.next_seq == 0 {
                 native.next_seq = seq;
             }
-            // A gap is what unkept events left, within a reservation; any other is not what
-            // this server wrote.
-            if seq < native.next_seq || (seq > native.next_seq && seq >= native.reserved) {
+            // A gap is what unkept events left, within a reservation, or what damaged records
+            // held; any other is not what this server wrote.
+            let unexplained = seq >= native.reserved && !after_damage;
+            if seq < native.next_seq || (seq > native.next_seq && unexplained) {
                 return false;
             }
             native.fill_unkept(seq, replay_events_max);
@@ -862,7 +1030,7 @@ mod tests {
         let (mut log, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
         assert_eq!(recovered.native[&1].events, [event(70), event(71)]);
         let marked = std::fs::metadata(&path).unwrap().len();
-        assert_eq!(marked, (old.len() + record::HEADER_BYTES) as u64, "a marker after them");
+        assert_eq!(marked, (old.len() + record::BATCH_END_BYTES) as u64, "a marker after them");
         append_event(&mut log, 1, 3, 72);
         log.commit();
         drop(log);
@@ -929,6 +1097,124 @@ mod tests {
         assert_eq!(recovered.native[&2].next_seq, 2, "recovery stops at the unexplained gap");
     }
 
+    /// Commits the batch and waits until the syncer has synced it (so the next batch end
+    /// claims it).
+    fn commit_synced(log: &mut Log) {
+        log.commit();
+        while log.durable_epoch() < log.written_epoch {
+            std::thread::yield_now();
+        }
+        log.release();
+    }
+
+    /// Three synced batches of client 1's native events 1..=3 and client 2's FIX messages
+    /// 1..=3, one of each per batch, and a fourth batch that claims them; returns where each
+    /// of the first three batches' native event payload starts.
+    fn synced_batches(dir: &Path) -> Vec<u64> {
+        let (mut log, _) = Log::open(dir, options(true, 16)).unwrap();
+        let mut events_at = Vec::new();
+        for seq in 1..=3u64 {
+            let mut frame = Vec::new();
+            let sequenced = ServerMsg::Sequenced { seq, event: event(70 + seq as u32) };
+            native::encode_server(&sequenced, &mut frame);
+            events_at.push(log.append(kind::NATIVE_EVENT, 1, &[&frame]));
+            log.append(kind::FIX_SENT, 2, &[&seq.to_le_bytes(), &report(40 + seq as i64)]);
+            commit_synced(&mut log);
+        }
+        log.append(kind::FIX_NEXT_IN, 2, &[&9u64.to_le_bytes()]);
+        commit_synced(&mut log);
+        events_at
+    }
+
+    fn flip(path: &Path, at: u64) {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes[at as usize] ^= 0x10;
+        std::fs::write(path, &bytes).unwrap();
+    }
+
+    /// Issue 42: a flipped byte in a synced batch is damage, not a torn write: recovery skips
+    /// the damaged record, keeps every record after it, numbers each session past what the
+    /// lost record could have held (durably), reports the range, and compacts the damage away.
+    #[test]
+    fn a_flipped_byte_before_the_synced_end_loses_only_its_record_and_numbering_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let events_at = synced_batches(dir.path());
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        flip(&path, events_at[1] + 3); // client 1's event 2
+        let (mut log, mut recovered) = Log::open(dir.path(), options(true, 16)).unwrap();
+        assert!(log.damaged_bytes > 0, "the damaged range is reported");
+        log.reserve_past_damage(&mut recovered, [(1, false), (2, true), (3, false)]);
+        assert!(recovered.native[&3].reserved > 1, "a session without records moves on too");
+        assert!(std::fs::metadata(&path).unwrap().len() > size, "nothing cut; reservations added");
+        let native = &recovered.native[&1];
+        let tokens: Vec<u32> = native.events.iter().map(|e| e.token).collect();
+        let not_kept = native::gateway_reason::NOT_KEPT;
+        assert_eq!(tokens, [71, 0, 73], "event 3, after the damage, is kept: {native:?}");
+        assert_eq!(native.events[1].reason, not_kept, "event 2's number is filled");
+        assert!(native.reserved > 4, "numbering goes on past what the lost record held");
+        let fix = &recovered.fix[&2];
+        let seqs: Vec<u64> = fix.index.iter().map(|m| m.0).collect();
+        assert_eq!((seqs, fix.next_in), (vec![1, 2, 3], 9), "the FIX session is whole");
+        assert!(fix.next_out_reserved > 4);
+        let reserved = (native.reserved, fix.next_out_reserved);
+        assert!(log.compaction_due(), "the damage is compacted away at the first chance");
+        log.compact().unwrap();
+        drop(log);
+        let (log, again) = Log::open(dir.path(), options(true, 16)).unwrap();
+        assert_eq!(log.damaged_bytes, 0, "compaction left no damage");
+        assert_eq!((again.native[&1].reserved, again.fix[&2].next_out_reserved), reserved);
+    }
+
+    /// The batch no later batch end claims is still a torn write when damaged: cut as before.
+    #[test]
+    fn damage_after_the_synced_end_is_still_cut_as_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let events_at = synced_batches(dir.path());
+        let (mut log, _) = Log::open(dir.path(), options(true, 16)).unwrap();
+        append_event(&mut log, 1, 4, 74);
+        log.commit(); // claims the batches before; nothing claims this one
+        drop(log);
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let bytes = std::fs::read(&path).unwrap();
+        let last_at = size - (record::HEADER_BYTES as u64 + 8) - 20;
+        flip(&path, last_at); // inside the last batch's event
+        let (log, recovered) = Log::open(dir.path(), options(true, 16)).unwrap();
+        assert_eq!(log.damaged_bytes, 0);
+        assert_eq!(recovered.native[&1].next_seq, 4, "the unclaimed batch is cut");
+        let cut = std::fs::metadata(&path).unwrap().len();
+        assert!(cut < size && cut > events_at[2], "{cut} of {size}");
+        assert_eq!(
+            std::fs::read(&path).unwrap()[..(cut - 21) as usize],
+            bytes[..(cut - 21) as usize]
+        );
+    }
+
+    /// A valid record before the synced end that does not decode is refused, naming the
+    /// file, the offset and why; nothing is cut.
+    #[test]
+    fn an_undecodable_record_before_the_synced_end_is_refused_not_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(true, 16)).unwrap();
+        append_event(&mut log, 1, 1, 70);
+        let bad_at = log.append(kind::NATIVE_EVENT, 1, &[b"not a frame"]) - 13;
+        commit_synced(&mut log);
+        append_event(&mut log, 1, 2, 71);
+        commit_synced(&mut log);
+        drop(log);
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let error = Log::open(dir.path(), options(true, 16)).err().expect("refused");
+        let StoreError::CorruptDurable { offset, watermark, .. } = &error else {
+            panic!("{error}");
+        };
+        assert_eq!(*offset, bad_at, "{error}");
+        assert!(*watermark > bad_at, "{error}");
+        assert!(error.to_string().contains("does not decode"), "{error}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "nothing cut");
+    }
+
     #[test]
     fn damage_longer_than_a_torn_write_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -936,10 +1222,11 @@ mod tests {
         let path = dir.path().join(FILE_NAME);
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[5] ^= 0xff; // the first record's checksum
-        bytes.resize(bytes.len() + TORN_TAIL_BYTES_MAX as usize, 0);
+        bytes.resize(bytes.len() + TORN_TAIL_BYTES_MAX as usize + 1, 0);
         std::fs::write(&path, &bytes).unwrap();
         let error = Log::open(dir.path(), options(false, 16)).err().expect("refused");
-        assert!(matches!(error, StoreError::Corrupt { offset: 0, .. }), "{error}");
+        // The marker's damage lies before the batch's claim and is skipped; the zeros are not.
+        assert!(matches!(error, StoreError::Corrupt { offset: 21.., .. }), "{error}");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes.len() as u64, "nothing cut");
     }
 
@@ -977,6 +1264,46 @@ mod tests {
         assert_eq!(link.written_for_tests().as_slice(), b"report");
         drop(sender);
         writer.join().unwrap();
+    }
+
+    /// A full disk refuses a batch: nothing of it is released or left in the file, the store
+    /// has not failed, and the next commit writes it with what came since.
+    #[test]
+    fn a_batch_a_full_disk_refuses_is_held_and_written_by_the_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), options(true, 16)).unwrap();
+        let synced = log.synced_notify().expect("sync on");
+        let path = dir.path().join(FILE_NAME);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let link = Rc::new(Link::default());
+        append_event(&mut log, 1, 1, 70);
+        log.hold(&link, b"first", 1 << 10);
+        log.refuse_writes_for_tests = 2;
+        log.commit();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size, "the half written is cut");
+        assert_eq!((log.writes_refused, log.has_failed(), log.commits), (1, false, 0));
+        // Its offsets name this file: no compaction replaces it while the batch waits.
+        assert!(log.compact().is_err(), "compacted over a refused batch");
+        assert_eq!((log.writes_refused, log.has_failed()), (2, false));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        log.release();
+        assert!(link.is_holding(), "nothing released of a batch not written");
+        append_event(&mut log, 1, 2, 71);
+        log.hold(&link, b" second", 1 << 10);
+        log.commit();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        while link.is_holding() {
+            runtime.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
+                    .await
+                    .expect("the syncer reports");
+            });
+            log.release();
+        }
+        assert_eq!(link.written_for_tests().as_slice(), b"first second");
+        drop(log);
+        let (_, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
+        assert_eq!(recovered.native[&1].events, [event(70), event(71)], "one batch, whole");
     }
 
     #[test]

@@ -64,6 +64,10 @@ impl Log {
         if self.write_failed {
             return Err(mismatch("a write failed: the store holds all output".into()));
         }
+        // The pending batch's offsets name the old file: it must be written first.
+        if self.refusing {
+            return Err(mismatch("a full disk refused the pending batch".into()));
+        }
         let replay_events_max = self.options.replay_events_max;
         // A handle of its own: the store's handle appends, its position is at the end.
         let (old, scanned) =
@@ -107,6 +111,9 @@ impl Log {
         }
         self.file = file;
         self.end = end;
+        // Synced whole before the rename; nothing written to the old file is pending.
+        self.synced_end = end;
+        self.unsynced.clear();
         self.compact_at = end.saturating_mul(2).max(self.options.bytes_max);
         Ok(())
     }
@@ -115,7 +122,7 @@ impl Log {
     fn compacted(&self, old: &Recovered) -> std::io::Result<Vec<u8>> {
         // A marked store (`record::scan`): one batch, whole, between its two markers.
         let mut out = Vec::new();
-        crate::record::end_batch(&mut out);
+        crate::record::end_batch(&mut out, 0);
         let mut frame = Vec::with_capacity(native::FRAME_BYTES_MAX);
         for (&client, stream) in sorted(&old.native) {
             let first = stream.next_seq.saturating_sub(stream.events.len() as u64);
@@ -168,7 +175,9 @@ impl Log {
                 encode_record(&mut out, kind::OPEN_ORDER, client, &parts);
             }
         }
-        crate::record::end_batch(&mut out);
+        // The file is synced whole before it replaces the store: its end claims all of it.
+        let whole = out.len() as u64;
+        crate::record::end_batch(&mut out, whole);
         Ok(out)
     }
 }

@@ -103,6 +103,9 @@ pub struct Checker {
     lost: Vec<Vec<VecDeque<CoreOutput>>>,
     /// Per shard, per gateway subject, the last report a resync declared lost.
     resynced_upto: Vec<Vec<u64>>,
+    /// Per client, per shard, the reports a gateway's store lost to damaged records recovery
+    /// skipped (reported), not yet taken: the session skips them wherever they come.
+    store_lost: Vec<Vec<Vec<CoreOutput>>>,
     /// Per client, the reports declared lost over the shards (skipped or not yet).
     lost_total: Vec<u64>,
     /// Reports of sessions declared lost by the gateways' resyncs.
@@ -124,6 +127,7 @@ impl Checker {
             durable_acked: vec![0; engines],
             losses_reported: 0,
             lost: vec![vec![VecDeque::new(); shards]; clients],
+            store_lost: vec![vec![Vec::new(); shards]; clients],
             resynced_upto: vec![vec![0; tier.outlets as usize]; shards],
             lost_total: vec![0; clients],
             resynced: 0,
@@ -197,6 +201,16 @@ impl Checker {
         }
     }
 
+    /// A gateway's store lost `report` of `client`'s session (damaged records recovery skipped,
+    /// reported) before the client took it: the session skips it.
+    pub fn store_lost(&mut self, client: usize, report: CoreOutput) {
+        let shard = (report.shard as usize).min(self.expected.len() - 1);
+        if let Some(lost) = self.store_lost.get_mut(client) {
+            lost[shard].push(report);
+            self.lost_total[client] += 1;
+        }
+    }
+
     /// Checks report `seq` of `shard`'s gateway subject `gateway` against every earlier copy.
     pub fn numbered(
         &mut self,
@@ -250,13 +264,18 @@ impl Checker {
     /// Steps `client`'s place in `shard`'s reference past the reports declared lost that
     /// come next there (a resync's range is a run of the session's reports).
     fn skip_lost(&mut self, client: usize, shard: usize) {
-        let lost = &mut self.lost[client][shard];
-        while let Some(head) = lost.front() {
+        loop {
             let nth = self.received[client][shard] as usize;
-            if self.expected[shard][client].get(nth) != Some(head) {
+            let Some(next) = self.expected[shard][client].get(nth) else { break };
+            let lost = &mut self.lost[client][shard];
+            let store_lost = &mut self.store_lost[client][shard];
+            if lost.front() == Some(next) {
+                lost.pop_front();
+            } else if let Some(at) = store_lost.iter().position(|report| report == next) {
+                store_lost.swap_remove(at);
+            } else {
                 break;
             }
-            lost.pop_front();
             self.received[client][shard] += 1;
         }
     }

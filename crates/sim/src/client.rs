@@ -117,7 +117,8 @@ impl World {
 
     pub(crate) fn client_receives(&mut self, n: usize, msg: Msg) {
         let (conn, seq, output) = match msg {
-            Msg::Report { conn, seq, output } => (conn, seq, output),
+            Msg::Report { conn, seq, output } => (conn, seq, Some(output)),
+            Msg::NotKept { conn, seq } => (conn, seq, None),
             Msg::Fix { conn, bytes, output } => return self.fix_receives(n, conn, &bytes, output),
             _ => return,
         };
@@ -130,7 +131,9 @@ impl World {
             return self.checker.fail(Invariant::SessionGap, self.now_ns, detail);
         }
         client.last_seq = seq;
-        self.take_report(n, seq, output);
+        if let Some(output) = output {
+            self.take_report(n, seq, output);
+        }
     }
 
     /// Report `seq` of client `n`'s session, taken: its fills, its order's answer, the

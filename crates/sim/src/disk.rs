@@ -121,9 +121,9 @@ impl SimDisk {
         torn
     }
 
-    /// Bytes a power failure leaves.
-    pub fn durable_len(&self) -> usize {
-        self.durable.len()
+    /// The bytes a power failure leaves.
+    pub fn durable(&self) -> &[u8] {
+        &self.durable
     }
 
     /// Flips a bit of each of 1–8 bytes at `offset..` (within its sector), durable and cached.

@@ -196,14 +196,18 @@ pub fn schedule(
                 | FaultKind::Duplicate
                 | FaultKind::Delay
                 | FaultKind::ObjectStore => Target::Network,
-                // Only the engines' journals are on a simulated disk (none in the cast: the
-                // fault hits nothing).
-                FaultKind::TornWrite | FaultKind::Corrupt | FaultKind::DiskFull => {
-                    match cast.engines {
-                        0 => Target::Network,
-                        engines => Target::Engine(rng.range(0, engines as u64) as usize),
-                    }
-                }
+                // Power and media faults of the engines' journals (none in the cast: the fault
+                // hits nothing; a gateway's store tears and flips at its crashes).
+                FaultKind::TornWrite | FaultKind::Corrupt => match cast.engines {
+                    0 => Target::Network,
+                    engines => Target::Engine(rng.range(0, engines as u64) as usize),
+                },
+                // An engine's journal or a gateway's session store fills up.
+                FaultKind::DiskFull => match rng.range(0, processes.max(1)) as usize {
+                    _ if processes == 0 => Target::Network,
+                    n if n < cast.engines => Target::Engine(n),
+                    n => Target::Gateway(n - cast.engines),
+                },
                 _ => match rng.range(0, processes) as usize {
                     n if n < cast.engines => Target::Engine(n),
                     n => Target::Gateway(n - cast.engines),

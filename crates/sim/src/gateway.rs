@@ -12,7 +12,7 @@ use gateway::routed::{DurableInputs, RoutedPositions};
 
 use crate::check::Invariant;
 use crate::msg::{Addr, Batch, Msg, Timer};
-use crate::process::Feed;
+use crate::process::{Feed, Unwritten};
 use crate::world::World;
 
 /// The gateway's retry period, ns.
@@ -35,6 +35,7 @@ impl World {
         gateway.routed = RoutedPositions::recovered(gateway.durable.positions.clone());
         gateway.routed.share(DurableInputs::new(shards, slots));
         gateway.pending.clear();
+        gateway.unwritten = Unwritten::default();
         gateway.sessions.fill(None);
         gateway.appends.clear();
         let from = gateway.durable.restart_seqs.clone();
@@ -54,6 +55,8 @@ impl World {
         gateway.life.paused = false;
         gateway.life.stash.clear();
         gateway.pending.clear();
+        // Never written, never sent: gone with the process (production's pending batch).
+        gateway.unwritten = Unwritten::default();
         let how = if clean { "stops" } else { "crashes" };
         self.note(format!("gateway {n} {how}"));
         for client in 0..self.clients.len() {
@@ -84,6 +87,11 @@ impl World {
                     if sent.is_some_and(|sent| now - sent >= RESEND_AFTER_NS) {
                         self.ask_retain(n, shard);
                     }
+                }
+                // Production tries a refused batch again at its next commit (a read, a routed
+                // batch, a timer): here at this timer, or at the next batch.
+                if !self.gateways[n].unwritten.bytes.is_empty() {
+                    self.write_unwritten(n);
                 }
                 self.timer(Addr::Gateway(n), RETRY_NS, Timer::Retry);
             }

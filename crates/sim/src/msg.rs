@@ -64,6 +64,10 @@ pub enum Msg {
     Order { client: usize, order: InboundOrder },
     /// Gateway → client: the session's report `seq`, on connection `conn`.
     Report { conn: u32, seq: u64, output: CoreOutput },
+    /// Gateway → native client: number `seq` of its session holds no report the store kept
+    /// (production's `NOT_KEPT` reject: a number skipped past damaged records, or the lost
+    /// record's).
+    NotKept { conn: u32, seq: u64 },
     /// Gateway → broker: append with de-duplication by (gateway, run, counter).
     /// (`run`: the gateway's incarnation, which the acknowledgement goes to; `run_id`: its
     /// run's id, drawn by production's `gateway::new_run_id`.)

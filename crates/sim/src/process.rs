@@ -171,6 +171,9 @@ pub(crate) struct DurableStore {
     /// Per shard, where its delivery edge starts again: the first report of the newest durable
     /// input.
     pub(crate) restart_seqs: Vec<u64>,
+    /// The file's bytes known synced: what the next batch end claims (production's
+    /// `Log::synced_end`).
+    pub(crate) synced_end: usize,
 }
 
 /// Where a session message's record payload lies in the store's file, and its hash.
@@ -179,6 +182,9 @@ pub(crate) struct StoredPayload {
     pub(crate) at: usize,
     pub(crate) len: usize,
     pub(crate) hash: u64,
+    /// Whether a message took the number (`false`: a number skipped past damaged records,
+    /// its record, if any, the reservation that skipped it).
+    pub(crate) sent: bool,
 }
 
 /// A store write not yet synced: one batch (one shard's reports, or a Logon's number).
@@ -189,10 +195,28 @@ pub(crate) struct StoreWrite {
     pub(crate) numbered: Vec<(usize, u64)>,
     /// The routed-position records (the production encoding).
     pub(crate) positions: Vec<u8>,
-    /// The shard whose reports it holds and where its delivery edge starts again.
-    pub(crate) restart: Option<(usize, u64)>,
+    /// The shards whose reports it holds and where their delivery edges start again.
+    pub(crate) restarts: Vec<(usize, u64)>,
     /// Its sync, in flight.
     pub(crate) sync: PendingSync,
+    /// The file's end after it.
+    pub(crate) end: usize,
+}
+
+/// What a gateway numbered and has not written yet: production's pending batch, which a full
+/// disk keeps (held) until a write succeeds.
+#[derive(Debug, Default)]
+pub(crate) struct Unwritten {
+    /// The records.
+    pub(crate) bytes: Vec<u8>,
+    /// The messages they number: (client, sequence).
+    pub(crate) numbered: Vec<(usize, u64)>,
+    /// The routed-position records among them.
+    pub(crate) positions: Vec<u8>,
+    /// The shards whose reports they hold and where their delivery edges start again.
+    pub(crate) restarts: Vec<(usize, u64)>,
+    /// The last write was refused (a full disk).
+    pub(crate) refused: bool,
 }
 
 /// A gateway's reading of one shard's report subject for it (its in-process delivery edge).
@@ -223,6 +247,8 @@ pub struct SimGateway {
     pub(crate) routed: RoutedPositions,
     pub(crate) durable: DurableStore,
     pub(crate) pending: Vec<StoreWrite>,
+    /// Numbered, not written yet (a full disk refused the write).
+    pub(crate) unwritten: Unwritten,
     pub(crate) write_epoch: u64,
     /// Per client: the connection its session is on.
     pub(crate) sessions: Vec<Option<u32>>,
@@ -249,6 +275,7 @@ impl SimGateway {
                 ..DurableStore::default()
             },
             pending: Vec::new(),
+            unwritten: Unwritten::default(),
             write_epoch: 0,
             sessions: vec![None; clients],
             fix: gateway::fix::Builder::default(),

@@ -51,6 +51,13 @@ pub struct Outcome {
     pub sessions: crate::process::SessionTally,
     /// Snapshot puts that failed (the object store or the broker).
     pub snapshot_puts_failed: u64,
+    /// Messages the gateways' stores lost to damaged records their recovery skipped before
+    /// the synced end (reported by production, not a violation); the sessions skip them.
+    pub store_lost: u64,
+    /// Gateway crashes that flipped bytes of their store first (`gateway_store_corruption`).
+    pub store_flips: u64,
+    /// Gateway store writes a full disk refused (each batch held and tried again).
+    pub store_writes_refused: u64,
 }
 
 /// Runs `settings` with every fault its seed draws.
@@ -87,6 +94,9 @@ pub fn run_with(settings: &Settings, faults: Vec<Fault>) -> Outcome {
         trims: world.trims,
         sessions: world.sessions,
         snapshot_puts_failed: world.snapshot_puts_failed,
+        store_lost: world.store_lost,
+        store_flips: world.store_flips,
+        store_writes_refused: world.store_writes_refused,
     }
 }
 
@@ -197,6 +207,9 @@ impl World {
             }
             (FaultKind::DiskFull, Addr::Engine(n)) => {
                 self.engines[n].journal.disk.full_until_ns = self.now_ns + fault.duration_ns;
+            }
+            (FaultKind::DiskFull, Addr::Gateway(n)) => {
+                self.gateways[n].durable.disk.full_until_ns = self.now_ns + fault.duration_ns;
             }
             _ => {}
         }

@@ -33,11 +33,14 @@ impl World {
         let next_seq = store.synced[client] + 1;
         // The simulated store keeps a session's whole history (first kept: 1).
         let Ok(from) = sequence::native_replay_from(last_seq + 1, next_seq, 1) else { return };
-        let replay: Vec<(u64, CoreOutput)> = (from..next_seq)
-            .filter_map(|seq| store.sessions[client][seq as usize - 1].map(|output| (seq, output)))
-            .collect();
+        let replay: Vec<(u64, Option<CoreOutput>)> =
+            (from..next_seq).map(|seq| (seq, store.sessions[client][seq as usize - 1])).collect();
         for (seq, output) in replay {
-            self.send_tcp(client, Addr::Client(client), 0, Msg::Report { conn, seq, output });
+            let msg = match output {
+                Some(output) => Msg::Report { conn, seq, output },
+                None => Msg::NotKept { conn, seq },
+            };
+            self.send_tcp(client, Addr::Client(client), 0, msg);
         }
     }
 

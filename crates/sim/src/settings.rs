@@ -28,10 +28,11 @@ pub struct Settings {
     /// store recovered part of a batch never synced, its reports without their routed
     /// position, until batches got end markers (docs/SIMULATION.md, found and fixed).
     pub gateway_store_tears: bool,
-    /// Whether a gateway's crash flips 1–8 bytes of a durable sector of its store first (a
-    /// damaged disk). Off by default: production's recovery ends the store at the damaged
-    /// record and cuts what follows as a torn tail (under 8 MiB), sent messages with it
-    /// (docs/SIMULATION.md, found).
+    /// Whether a gateway's crash flips 1–8 bytes of its store first (a damaged disk), among
+    /// the bytes its durable batch ends claim synced. On by default: production's recovery
+    /// ended the store at the damaged record and cut what followed as a torn tail (under
+    /// 8 MiB), sent messages with it, until batch ends carried the synced end
+    /// (docs/SIMULATION.md, found and fixed).
     pub gateway_store_corruption: bool,
     /// Whether an `object-store` fault also fails the regenerator's snapshot reads. On by
     /// default: production's retain answer fell back to the window on a failed read, and the
@@ -90,7 +91,7 @@ impl Settings {
             fix_percent: 50,
             gateway_store_tears: true,
             regenerator_read_faults: true,
-            gateway_store_corruption: false,
+            gateway_store_corruption: true,
             fault_kinds: FaultKind::ALL.to_vec(),
             fault_count: 12,
             gateway_faults: true,

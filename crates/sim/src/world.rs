@@ -88,6 +88,12 @@ pub struct World {
     /// Of those, reports at or after the newest snapshot's numbering (which production's
     /// regenerator could recompute, but its answer must start where the gateway asked).
     pub resynced_recomputable: u64,
+    /// Messages the gateways' stores lost to damaged records recovery skipped (reported).
+    pub store_lost: u64,
+    /// Gateway crashes that flipped bytes of their store (`gateway_store_corruption`).
+    pub store_flips: u64,
+    /// Gateway store writes a full disk refused (each held and tried again).
+    pub store_writes_refused: u64,
     /// Snapshots taken by the engines, and log trims that moved the log's start.
     pub snapshots: u64,
     /// See `snapshots`.
@@ -124,6 +130,9 @@ impl World {
             regenerated: 0,
             resynced: 0,
             resynced_recomputable: 0,
+            store_lost: 0,
+            store_flips: 0,
+            store_writes_refused: 0,
             snapshots: 0,
             trims: 0,
             snapshot_puts_failed: 0,

@@ -78,6 +78,7 @@ fn every_fault_kind_over_many_seeds() {
     let (mut trims, mut resynced, mut sessions_lost) = (0u64, 0u64, 0u64);
     let mut recomputable = 0u64;
     let (mut resend_requests, mut gap_fills, mut puts_failed) = (0u64, 0u64, 0u64);
+    let (mut store_lost, mut store_flips, mut store_refused) = (0u64, 0u64, 0u64);
     for seed in 1..=seeds {
         let settings = sim::Settings { retain_records, ..sim::Settings::new(seed) };
         let ran = std::panic::catch_unwind(|| sim::run(&settings));
@@ -96,6 +97,9 @@ fn every_fault_kind_over_many_seeds() {
         resend_requests += outcome.sessions.resend_requests;
         gap_fills += outcome.sessions.gap_fills;
         puts_failed += outcome.snapshot_puts_failed;
+        store_lost += outcome.store_lost;
+        store_flips += outcome.store_flips;
+        store_refused += outcome.store_writes_refused;
         if let Some(violation) = &outcome.violation {
             println!("FAILED seed {seed}: {violation}");
             failures.entry(violation.invariant.name()).or_default().push(seed);
@@ -109,7 +113,9 @@ fn every_fault_kind_over_many_seeds() {
          newest snapshot, reported): {resynced}, of them not yet in their sessions: \
          {sessions_lost}, at or after the snapshot's numbering: {recomputable}; FIX resend \
          requests: {resend_requests}, gap fills: {gap_fills}; snapshot puts failed: \
-         {puts_failed}; failures: {failures:?}",
+         {puts_failed}; gateway crashes flipping store bytes: {store_flips}, messages lost to \
+         the damaged store records skipped (reported): {store_lost}; gateway store writes a \
+         full disk refused (held): {store_refused}; failures: {failures:?}",
         simulated_ns as f64 / 3.6e12,
         seeds as f64 * 3600.0 / cpu.max(0.01)
     );

@@ -9,6 +9,7 @@
 //! cargo test -p sim --release --features regress-window-only --test regressions
 //! cargo test -p sim --release --features regress-trim-leader-only --test regressions
 //! cargo test -p sim --release --features regress-skip-gap --test regressions
+//! cargo test -p sim --release --features regress-store-cut-at-damage --test regressions
 //! ```
 //!
 //! Each test draws only the faults its bug needs, on the processes it lives in, so that with
@@ -23,7 +24,8 @@
         feature = "regress-truncate-at-corruption",
         feature = "regress-window-only",
         feature = "regress-trim-leader-only",
-        feature = "regress-skip-gap"
+        feature = "regress-skip-gap",
+        feature = "regress-store-cut-at-damage"
     )),
     allow(dead_code, unused_imports)
 )]
@@ -34,12 +36,14 @@ use sim::{FaultKind, Invariant, Settings};
 /// `gateway_faults`), 10 s of faults, 6 s to settle, the whole run retained, no snapshots
 /// and native sessions only (only the window's own test shrinks the window, only the trim's
 /// own test snapshots and trims and only the gap's own test runs FIX sessions, so that with
-/// every feature on no other test trips on their bugs). Torn store write-backs and failed
-/// regeneration reads stay off: they draw from the seed, and the first seeds docs/SIMULATION.md
-/// states were measured without them.
+/// every feature on no other test trips on their bugs). Torn store write-backs, failed
+/// regeneration reads and flipped store bytes stay off: they draw from the seed, and the first
+/// seeds docs/SIMULATION.md states were measured without them (only the store cut's own test
+/// flips store bytes).
 fn hunting(seed: u64, kinds: &[FaultKind], gateway_faults: bool) -> Settings {
     Settings {
         gateway_store_tears: false,
+        gateway_store_corruption: false,
         regenerator_read_faults: false,
         fault_kinds: kinds.to_vec(),
         gateway_faults,
@@ -154,5 +158,22 @@ fn the_fix_session_that_skips_its_gap_is_found_within_5_seeds() {
         |seed| Settings { engine_faults: false, fix_percent: 50, ..hunting(seed, &crash, true) };
     let found = first_failing(5, fix_sessions, Invariant::SessionGap);
     let (seed, faults) = found.expect("a session past its gap within 5 seeds");
+    assert!(faults >= 1, "seed {seed} needs at least one fault");
+}
+
+/// Store recovery that ends the gateway's store at its first damaged record and cuts the
+/// rest as a torn tail, the durable watermark its batch ends carry unread: a flipped byte in
+/// a synced batch loses the messages sent after it without a word.
+#[cfg(feature = "regress-store-cut-at-damage")]
+#[test]
+fn store_recovery_that_cuts_at_damage_is_found_within_5_seeds() {
+    let crash = [FaultKind::Crash];
+    let flipping = |seed| Settings {
+        engine_faults: false,
+        gateway_store_corruption: true,
+        ..hunting(seed, &crash, true)
+    };
+    let found = first_failing(5, flipping, Invariant::StoreKeepsSent);
+    let (seed, faults) = found.expect("sent messages cut from a store within 5 seeds");
     assert!(faults >= 1, "seed {seed} needs at least one fault");
 }

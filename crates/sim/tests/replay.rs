@@ -173,6 +173,8 @@ fn a_torn_store_batch_is_dropped_whole() {
             fault_kinds: vec![FaultKind::Crash],
             engine_faults: false,
             gateway_store_tears: true,
+            // Off as when seed 9 was found: a flip draws from the seed's generator.
+            gateway_store_corruption: false,
             fault_window_ns: 10_000_000_000,
             settle_ns: 6_000_000_000,
             ..Settings::new(seed)
@@ -227,7 +229,12 @@ fn object_store_faults_fail_and_delay_snapshots_and_the_trim_still_keeps_what_is
 fn a_failed_snapshot_read_while_regenerating_is_asked_again_not_resynced() {
     let mut reads_failed = 0;
     for seed in 1..=5 {
-        let settings = Settings { regenerator_read_faults: true, ..object_store_faults(seed) };
+        // Flipped store bytes off as when seed 5 was found (a flip draws from the generator).
+        let settings = Settings {
+            regenerator_read_faults: true,
+            gateway_store_corruption: false,
+            ..object_store_faults(seed)
+        };
         let outcome = run(&settings);
         assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
         let failed = outcome.journal.iter().filter(|line| line.contains("read failed")).count();
@@ -239,15 +246,18 @@ fn a_failed_snapshot_read_while_regenerating_is_asked_again_not_resynced() {
     assert!(reads_failed > 0, "some regeneration's read failed");
 }
 
-/// Found, not put back: production's session store has no durable watermark, so recovery
-/// ends the store at a damaged record and cuts everything after it as a torn tail when that
-/// is under 8 MiB (`gateway::record::tail`): a flipped byte in a synced sector loses the
-/// messages the gateway sent after it (`store-keeps-what-it-sent`), as the journal did
-/// before its watermark (`regress-truncate-at-corruption`). Open in production
-/// (docs/SIMULATION.md); this test fails once such damage is refused or repaired.
+/// Found and fixed: production's session store had no durable watermark, so recovery ended
+/// the store at a damaged record and cut everything after it as a torn tail when that was
+/// under 8 MiB (`gateway::record::tail`): a flipped byte in a synced sector lost the messages
+/// the gateway sent after it (seed 1 of these runs failed `store-keeps-what-it-sent`: client
+/// 1's messages 20..=21). Every batch end now claims the synced end; recovery skips damage
+/// before it, keeps the records after it and moves each session's numbering past what the
+/// skipped records held (reported, counted in `store_lost`), and only damage past it is a
+/// torn tail: seeds 1–5 keep every invariant with flipped store bytes.
 #[test]
-fn a_flipped_byte_in_the_gateways_store_loses_the_messages_sent_after_it() {
-    let found = (1..=5).find_map(|seed| {
+fn a_flipped_byte_in_the_gateways_store_keeps_the_messages_sent_after_it() {
+    let mut skipped = 0;
+    for seed in 1..=5 {
         let settings = Settings {
             fault_kinds: vec![FaultKind::Crash],
             engine_faults: false,
@@ -255,10 +265,34 @@ fn a_flipped_byte_in_the_gateways_store_loses_the_messages_sent_after_it() {
             ..short(seed)
         };
         let outcome = run(&settings);
-        Some((seed, outcome.violation?))
-    });
-    let (seed, violation) = found.expect("a store losing sent messages within 5 seeds");
-    println!("seed {seed}: {violation}");
-    assert_eq!(violation.invariant, sim::Invariant::StoreKeepsSent, "seed {seed}: {violation}");
-    assert!(violation.detail.contains("sent before the restart"), "seed {seed}: {violation}");
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        let flips = outcome.journal.iter().filter(|line| line.contains("flipped")).count();
+        let damage = outcome.journal.iter().filter(|line| line.contains("damaged records")).count();
+        if seed == 1 {
+            assert!(flips > 0 && damage > 0, "seed 1 flips a synced byte: {:#?}", outcome.journal);
+        }
+        skipped += damage;
+    }
+    assert!(skipped > 0, "some damage was skipped");
+}
+
+/// A gateway's session store fills up (`disk-full` on a gateway): as production's store does
+/// since issue 42's follow-up, the refused batch stays unwritten and held (nothing of it goes
+/// out before its record is on disk: `store-keeps-what-it-sent` checks every message at its
+/// send), is written once the disk has room, and the clients get every report (`liveness`);
+/// crashes while it is held lose only what was never sent.
+#[test]
+fn a_full_disk_under_a_gateways_store_holds_its_output_until_written() {
+    let mut held = 0;
+    for seed in 1..=3 {
+        let settings = Settings {
+            fault_kinds: vec![FaultKind::DiskFull, FaultKind::Crash],
+            engine_faults: false,
+            ..short(seed)
+        };
+        let outcome = run(&settings);
+        assert_eq!(outcome.violation, None, "seed {seed}: {:#?}", outcome.journal);
+        held += outcome.journal.iter().filter(|line| line.contains("disk full")).count();
+    }
+    assert!(held > 0, "some gateway's store was refused a write");
 }
