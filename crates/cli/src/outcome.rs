@@ -41,34 +41,7 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
         || error.is::<stats::BadInput>()
         || error.is::<experiments::ringbench::RingBenchError>()
         || error.is::<experiments::statistics::StatsError>()
-        || matches!(
-            error.downcast_ref(),
-            Some(
-                gateway::ServeError::MetricsExposed { .. } | gateway::ServeError::BusyPollCpus { .. }
-            )
-        )
-        // A session store whose recovery refuses (damage it may not cut): the start is
-        // refused naming the file, the offset and why; nothing ran (issue 42).
-        || matches!(
-            error.downcast_ref(),
-            Some(
-                gateway::StoreError::Corrupt { .. } | gateway::StoreError::CorruptDurable { .. }
-            )
-        )
-        // The server's error holds it transparently (the chain skips the store's error).
-        || matches!(
-            error.downcast_ref(),
-            Some(gateway::ServeError::Store(
-                gateway::StoreError::Corrupt { .. } | gateway::StoreError::CorruptDurable { .. }
-            ))
-        )
-        || matches!(
-            error.downcast_ref(),
-            Some(
-                gateway::credentials::CredentialsError::BadLine { .. }
-                    | gateway::credentials::CredentialsError::TooMany(_)
-            )
-        )
+        || is_gateway_bad_input(error)
         // A NATS credentials, key or CA file that cannot be read; `DeliveryError::Connect` is
         // transparent, so the chain shows the connect error through it, not beside it.
         || matches!(
@@ -100,6 +73,25 @@ fn is_bad_input_cause(error: &(dyn std::error::Error + 'static)) -> bool {
                     | replication::ReplicationError::Fingerprint(_)
             )
         )
+}
+
+/// The order-entry gateway's refusals of what it was given: an exposed metrics listener, a
+/// busy-poll the CPUs cannot hold, a session store whose recovery refuses (damage it may not
+/// cut: the start is refused naming the file, the offset and why; nothing ran, issue 42), a
+/// credentials file that does not parse.
+fn is_gateway_bad_input(error: &(dyn std::error::Error + 'static)) -> bool {
+    use gateway::StoreError::{Corrupt, CorruptDurable};
+    use gateway::credentials::CredentialsError::{BadLine, TooMany};
+    matches!(
+        error.downcast_ref(),
+        Some(gateway::ServeError::MetricsExposed { .. } | gateway::ServeError::BusyPollCpus { .. })
+    ) || matches!(error.downcast_ref(), Some(Corrupt { .. } | CorruptDurable { .. }))
+        // The server's error holds the store's transparently (the chain skips the store's).
+        || matches!(
+            error.downcast_ref(),
+            Some(gateway::ServeError::Store(Corrupt { .. } | CorruptDurable { .. }))
+        )
+        || matches!(error.downcast_ref(), Some(BadLine { .. } | TooMany(_)))
 }
 
 /// Whether an error, or anything in its chain, is the caller's fault (exit code 2).

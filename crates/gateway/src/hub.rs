@@ -221,6 +221,45 @@ pub struct Hub {
     turn: u64,
 }
 
+/// A credential's session as the store recovered it: its FIX state, its native numbering (the
+/// numbers reserved but not kept filled in as refusals), its replay journal and open orders.
+fn restored_client(
+    settings: &Settings,
+    credential: Credential,
+    log: &Rc<RefCell<Log>>,
+    recovered: &mut store::Recovered,
+) -> Client {
+    let fix = match credential.protocol {
+        Protocol::Fix => {
+            let past = recovered.fix.remove(&credential.client).unwrap_or_default();
+            Some(FixState::open(settings, &credential, log.clone(), past))
+        }
+        Protocol::Native => None,
+    };
+    let mut past = recovered.native.remove(&credential.client).unwrap_or_default();
+    past.next_seq = past.next_seq.max(1);
+    // Numbers reserved but not kept were skipped, or used by refusals now lost.
+    past.fill_unkept(past.reserved, settings.replay_events_max);
+    let mut journal = VecDeque::with_capacity(settings.replay_events_max);
+    journal.extend(past.events);
+    let mut open = HashMap::with_capacity(settings.open_orders_max);
+    open.extend(recovered.open.remove(&credential.client).unwrap_or_default());
+    Client {
+        counters: Counters::default(),
+        link: None,
+        generation: 0,
+        journal,
+        next_seq: past.next_seq,
+        reserved_seq: past.next_seq,
+        open,
+        throttle: Throttle::new(settings.throttle_msgs_per_s),
+        fix,
+        credential,
+        staged_turn: 0,
+        staged_in_turn: 0,
+    }
+}
+
 impl Hub {
     pub fn new(
         settings: Settings,
@@ -242,35 +281,7 @@ impl Hub {
         let mut by_id = HashMap::with_capacity(credentials.len());
         for credential in credentials {
             by_id.insert(credential.client, clients.len());
-            let fix = match credential.protocol {
-                Protocol::Fix => {
-                    let past = recovered.fix.remove(&credential.client).unwrap_or_default();
-                    Some(FixState::open(&settings, &credential, log.clone(), past))
-                }
-                Protocol::Native => None,
-            };
-            let mut past = recovered.native.remove(&credential.client).unwrap_or_default();
-            past.next_seq = past.next_seq.max(1);
-            // Numbers reserved but not kept were skipped, or used by refusals now lost.
-            past.fill_unkept(past.reserved, settings.replay_events_max);
-            let mut journal = VecDeque::with_capacity(settings.replay_events_max);
-            journal.extend(past.events);
-            let mut open = HashMap::with_capacity(settings.open_orders_max);
-            open.extend(recovered.open.remove(&credential.client).unwrap_or_default());
-            clients.push(Client {
-                counters: Counters::default(),
-                link: None,
-                generation: 0,
-                journal,
-                next_seq: past.next_seq,
-                reserved_seq: past.next_seq,
-                open,
-                throttle: Throttle::new(settings.throttle_msgs_per_s),
-                fix,
-                credential,
-                staged_turn: 0,
-                staged_in_turn: 0,
-            });
+            clients.push(restored_client(&settings, credential, &log, &mut recovered));
         }
         let scratch = Vec::with_capacity(native::FRAME_BYTES_MAX);
         let stage = StageMetrics::default();
