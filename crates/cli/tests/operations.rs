@@ -475,15 +475,6 @@ fn exchange_serve_drains_on_sigterm_under_load_and_keeps_every_accepted_order() 
 
 // ---- busy polling (issue 43) ----
 
-/// CPU seconds (user + system) process `pid` has used, from /proc (in clock ticks of 10 ms).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0
-}
-
 /// CPU seconds an `exchange serve` (thread-per-stage, parked) uses over half a second with no
 /// client, after one order was accepted; with `--busy-poll` when `busy_poll`.
 fn idle_cpu_seconds(busy_poll: bool) -> f64 {
@@ -497,9 +488,10 @@ fn idle_cpu_seconds(busy_poll: bool) -> f64 {
     let addr = server.address("native listening on ");
     exchange_accepts_an_order(addr, 1);
     let pid = server.child.id();
-    let before = cpu_seconds(pid);
+    let cpu_seconds = || ops::process::cpu_seconds_of(pid).expect("the server's /proc/PID/stat");
+    let before = cpu_seconds();
     std::thread::sleep(Duration::from_millis(500));
-    let used = cpu_seconds(pid) - before;
+    let used = cpu_seconds() - before;
     server.signal("TERM");
     let (status, lines) = server.exit();
     stopped_cleanly(status, &lines, "exchange server stopped");

@@ -1099,6 +1099,20 @@ mod tests {
 
     /// Commits the batch and waits until the syncer has synced it (so the next batch end
     /// claims it).
+    /// Releases `log`'s held output each time its syncer reports, until `link` holds nothing;
+    /// `what` names the report waited for when it does not come within 10 s.
+    fn release_once_synced(log: &mut Log, link: &Link, synced: &tokio::sync::Notify, what: &str) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        while link.is_holding() {
+            runtime.block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
+                    .await
+                    .expect(what);
+            });
+            log.release();
+        }
+    }
+
     fn commit_synced(log: &mut Log) {
         log.commit();
         while log.durable_epoch() < log.written_epoch {
@@ -1252,15 +1266,12 @@ mod tests {
         log.release();
         assert!(link.is_holding(), "released before the journal had the report's input");
         sender.append(FixedRecord { seq: 1, payload: [0; 8] }).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        while link.is_holding() {
-            runtime.block_on(async {
-                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
-                    .await
-                    .expect("the syncer reports once the journal covers the batch");
-            });
-            log.release();
-        }
+        release_once_synced(
+            &mut log,
+            &link,
+            &synced,
+            "the syncer reports once the journal covers the batch",
+        );
         assert_eq!(link.written_for_tests().as_slice(), b"report");
         drop(sender);
         writer.join().unwrap();
@@ -1291,15 +1302,7 @@ mod tests {
         append_event(&mut log, 1, 2, 71);
         log.hold(&link, b" second", 1 << 10);
         log.commit();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        while link.is_holding() {
-            runtime.block_on(async {
-                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
-                    .await
-                    .expect("the syncer reports");
-            });
-            log.release();
-        }
+        release_once_synced(&mut log, &link, &synced, "the syncer reports");
         assert_eq!(link.written_for_tests().as_slice(), b"first second");
         drop(log);
         let (_, recovered) = Log::open(dir.path(), options(false, 16)).unwrap();
@@ -1315,15 +1318,7 @@ mod tests {
         append_event(&mut log, 1, 1, 70);
         log.hold(&link, b"first", 1 << 10);
         log.commit();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        while link.is_holding() {
-            runtime.block_on(async {
-                tokio::time::timeout(std::time::Duration::from_secs(10), synced.notified())
-                    .await
-                    .expect("the syncer reports");
-            });
-            log.release();
-        }
+        release_once_synced(&mut log, &link, &synced, "the syncer reports");
         assert_eq!(link.written_for_tests().as_slice(), b"first");
         // Held after the commit: waits for the next one, whatever the syncer does meanwhile.
         log.hold(&link, b"second", 1 << 10);

@@ -27,11 +27,8 @@ impl ProcessSample {
     /// Reads this process's figures; `None` where `/proc/self/stat` cannot be read or parsed.
     pub fn read() -> Option<ProcessSample> {
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // The command name (field 2) is in parentheses and may hold spaces: parse after it.
-        let after_name = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = after_name.split_ascii_whitespace().collect();
-        // `fields[0]` is field 3 of proc(5), so field N is fields[N - 3].
-        let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+        let fields = fields_after_name(&stat)?;
+        let field = |n: usize| stat_field(&fields, n);
         let ticks = sysconf(libc::_SC_CLK_TCK)? as f64;
         let page_bytes = sysconf(libc::_SC_PAGESIZE)?;
         let started_ticks = field(22)?;
@@ -46,6 +43,26 @@ impl ProcessSample {
             max_fds: max_fds(),
         })
     }
+}
+
+/// CPU seconds (user + system) process `pid` has used; `None` where its `/proc/PID/stat`
+/// cannot be read or parsed (the process is gone, or not Linux).
+pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields = fields_after_name(&stat)?;
+    let ticks = sysconf(libc::_SC_CLK_TCK)? as f64;
+    Some((stat_field(&fields, 14)? + stat_field(&fields, 15)?) as f64 / ticks)
+}
+
+/// The fields of a `stat` line after the command name (field 2, in parentheses, which may hold
+/// spaces): the first is field 3 of proc(5).
+fn fields_after_name(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.get(stat.rfind(')')? + 2..)?.split_ascii_whitespace().collect())
+}
+
+/// Field `n` of proc(5)'s numbering, from [`fields_after_name`]'s list.
+fn stat_field(fields: &[&str], n: usize) -> Option<u64> {
+    fields.get(n - 3)?.parse().ok()
 }
 
 fn sysconf(name: libc::c_int) -> Option<u64> {
@@ -102,6 +119,14 @@ impl Collector for ProcessCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_processs_cpu_reads_by_pid_and_a_gone_one_reads_as_none() {
+        let mine = cpu_seconds_of(std::process::id()).expect("this process by its pid");
+        let sample = ProcessSample::read().expect("/proc/self/stat");
+        assert!(mine >= 0.0 && mine <= sample.cpu_seconds, "{mine} against {sample:?}");
+        assert_eq!(cpu_seconds_of(u32::MAX), None, "no process has that pid");
+    }
 
     #[test]
     fn this_process_reads_as_alive_with_memory_threads_and_descriptors() {

@@ -35,10 +35,10 @@ use crate::error::{MqError, Result};
 
 /// WAL pages after a commit from which the checkpointer is woken (SQLite's autocheckpoint
 /// default, so the WAL is as large as it would have been).
-pub(super) const BACKGROUND_CHECKPOINT_PAGES: i32 = 1_000;
+const BACKGROUND_CHECKPOINT_PAGES: i32 = 1_000;
 /// WAL pages after a commit from which the writer checkpoints itself (the WAL's largest size,
 /// 16 MiB of 4 KiB pages, plus one commit).
-pub(super) const WRITER_CHECKPOINT_PAGES: i32 = 4 * BACKGROUND_CHECKPOINT_PAGES;
+const WRITER_CHECKPOINT_PAGES: i32 = 4 * BACKGROUND_CHECKPOINT_PAGES;
 /// How long the checkpointer waits before it tries a busy checkpoint again, and how many times
 /// (a second in all; a writer's transaction lasts milliseconds).
 const BUSY_PAUSE: Duration = Duration::from_millis(1);
