@@ -26,6 +26,10 @@ use gateway::native::{ClientMsg, ServerMsg, gateway_reason};
 
 /// Attackers' source address (loopback: any 127.x address reaches the server).
 const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
+/// How long an attacker refused without an answer waits before it connects again: a round
+/// trip and a reconnect from another machine. On this machine the attackers share the
+/// server's CPUs, and threads that spin on refusals would measure the machine, not the server.
+const REFUSED_RETRY: Duration = Duration::from_millis(1);
 /// The longest a good client's login may take during an attack.
 const LOGIN_MAX: Duration = Duration::from_secs(1);
 /// The most the good client's p99 may grow under attack.
@@ -379,18 +383,25 @@ fn exchange_good(addr: SocketAddr, time: Duration) -> Service {
     service
 }
 
-/// Logins with the victim's id and a wrong secret, as fast as answers come.
+/// Logins with the victim's id and a wrong secret, as fast as answers come. A connection the
+/// server closes unanswered (its per-address bound) is retried after [`REFUSED_RETRY`].
 fn wrong_secret_logins(addr: SocketAddr) -> Attack {
     Attack::start(32, move |_, running| {
         while running.load(Ordering::Relaxed) {
-            let Ok(mut stream) = connect_from(ATTACKER_IP, addr) else { continue };
+            let Ok(mut stream) = connect_from(ATTACKER_IP, addr) else {
+                std::thread::sleep(REFUSED_RETRY);
+                continue;
+            };
             let secret = gateway::native::secret_field("wrong").unwrap();
             let mut login = Vec::new();
             let msg = ClientMsg::Login { client: 2, secret, next_seq: 0 };
             gateway::native::encode_client(&msg, &mut login);
             let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
             // The answer (a rejection) or the close, whichever comes first.
-            let _ = stream.write_all(&login).and_then(|()| stream.read(&mut [0u8; 64]));
+            let answer = stream.write_all(&login).and_then(|()| stream.read(&mut [0u8; 64]));
+            if !answer.is_ok_and(|n| n > 0) {
+                std::thread::sleep(REFUSED_RETRY);
+            }
         }
     })
 }

@@ -172,6 +172,11 @@ impl Verifier {
 
 /// A verifying thread: takes jobs until the [`Verifier`] is dropped, reusing its memory.
 fn verify_loop(queue: &Mutex<Receiver<Job>>) {
+    // Measured: a good client's p99 under 8 connections logging in with wrong secrets, 8.7 ms
+    // with the verifying threads at nice 0, 0.37 ms at 10 (2 vCPUs; `soak_hostile`).
+    if let Err(error) = ops::process::set_this_threads_nice(ops::process::HASHING_NICE) {
+        tracing::warn!(%error, "gateway: a verifying thread keeps its priority");
+    }
     let Ok(stand_in) = hash_secret(&rand::random::<[u8; 16]>()) else {
         tracing::error!("gateway: no stand-in hash; this verifying thread stops");
         return;
@@ -232,6 +237,15 @@ mod tests {
         let busy = verdicts.iter().filter(|v| **v == Verdict::Busy).count();
         assert!(busy >= VERIFY_QUEUE_MAX - VERIFY_THREADS, "{busy} refused of {}", verdicts.len());
         assert!(verdicts.iter().all(|v| *v != Verdict::Match));
+    }
+
+    #[test]
+    fn the_verifying_threads_yield_the_cpu_to_the_sessions() {
+        let _verifier = Verifier::start().unwrap();
+        let (nice, wait) = (ops::process::HASHING_NICE, std::time::Duration::from_secs(5));
+        let yielded =
+            ops::process::await_threads_at_nice("gateway-verify", VERIFY_THREADS, nice, wait);
+        assert_eq!(yielded, Ok(()), "the verifying threads' nice values");
     }
 
     #[test]

@@ -158,6 +158,9 @@ fn hashing_stopped() -> ErrorReply {
 /// One hashing thread: takes requests in queue order until the node is dropped, reusing one
 /// Argon2 memory block for all of them.
 fn hashing_thread(requests: &Mutex<Receiver<HashRequest>>, hashes: &AtomicU64) {
+    if let Err(error) = ops::process::set_this_threads_nice(ops::process::HASHING_NICE) {
+        tracing::warn!(%error, "mq: a hashing thread keeps its priority");
+    }
     let mut memory: Vec<Block> = Vec::new();
     loop {
         let request = requests.lock().unwrap_or_else(PoisonError::into_inner).recv();
@@ -249,6 +252,16 @@ mod tests {
 
     fn memory() -> Vec<Block> {
         vec![Block::default(); Params::DEFAULT.block_count()]
+    }
+
+    #[test]
+    fn the_hashing_threads_yield_the_cpu_to_the_sessions() {
+        let window = std::time::Duration::from_secs(60);
+        let limits = RegistrationLimits { window, attempts_max: 1, accounts_max: 1 };
+        let _registrar = Registrar::new(2, 4, limits).unwrap();
+        let (nice, wait) = (ops::process::HASHING_NICE, std::time::Duration::from_secs(5));
+        let yielded = ops::process::await_threads_at_nice("mq-hashing", 2, nice, wait);
+        assert_eq!(yielded, Ok(()), "the hashing threads' nice values");
     }
 
     #[test]

@@ -54,6 +54,60 @@ pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
     Some((stat_field(&fields, 14)? + stat_field(&fields, 15)?) as f64 / ticks)
 }
 
+/// The nice value for threads that do slow work on a client's behalf (argon2 hashing): they
+/// may keep every core busy under a flood of logins, and the threads that serve sessions must
+/// still run first when they have work.
+pub const HASHING_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority to `nice` (Linux: the nice value is per
+/// thread; lowering needs no privilege, raising does).
+pub fn set_this_threads_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let thread_id = unsafe { libc::gettid() } as libc::id_t;
+    // SAFETY: setpriority changes one thread's priority (PRIO_PROCESS with a thread id applies
+    // to that thread only); it takes no pointer.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, thread_id, nice) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The nice value of each thread of this process whose name starts with `prefix` (from
+/// `/proc/self/task`); empty where none is named so, or not Linux.
+pub fn nice_of_threads_named(prefix: &str) -> Vec<i64> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    let named = |task: &std::path::Path| {
+        std::fs::read_to_string(task.join("comm")).is_ok_and(|name| name.starts_with(prefix))
+    };
+    let nice = |task: &std::path::Path| {
+        let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+        fields_after_name(&stat)?.get(19 - 3)?.parse().ok()
+    };
+    let paths = tasks.filter_map(|task| Some(task.ok()?.path()));
+    paths.filter(|task| named(task)).filter_map(|task| nice(&task)).collect()
+}
+
+/// Waits up to `timeout` until at least `count` threads named `prefix…` run at `nice` (threads
+/// set their own priority when they start); the nice values last found, where they never did.
+pub fn await_threads_at_nice(
+    prefix: &str,
+    count: usize,
+    nice: i32,
+    timeout: std::time::Duration,
+) -> Result<(), Vec<i64>> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let found = nice_of_threads_named(prefix);
+        if found.len() >= count && found.iter().all(|&n| n == i64::from(nice)) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(found);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// The fields of a `stat` line after the command name (field 2, in parentheses, which may hold
 /// spaces): the first is field 3 of proc(5).
 fn fields_after_name(stat: &str) -> Option<Vec<&str>> {
