@@ -141,6 +141,23 @@ impl Cluster {
         names.filter_map(|name| self.nodes.iter().position(|node| node.name == name)).collect()
     }
 
+    /// The nodes that lead JetStream stream `stream`'s consumers (an ordered consumer is one
+    /// replica, on one node), by index, asked over `client`.
+    pub async fn consumer_nodes(&self, client: async_nats::Client, stream: &str) -> Vec<usize> {
+        use futures_util::StreamExt;
+        let mut js = async_nats::jetstream::new(client);
+        js.set_timeout(std::time::Duration::from_millis(250));
+        let Ok(stream) = js.get_stream(stream).await else { return Vec::new() };
+        let infos: Vec<_> = stream.consumers().collect().await;
+        let leaders = infos.into_iter().filter_map(|info| info.ok()?.cluster?.leader);
+        leaders.filter_map(|name| self.nodes.iter().position(|node| node.name == name)).collect()
+    }
+
+    /// The index of the node named `name` (a server's `server_name`).
+    pub fn node_named(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|node| node.name == name)
+    }
+
     /// Whether node `index` runs (not killed, or restarted).
     pub fn is_up(&self, index: usize) -> bool {
         self.nodes[index].child.is_some()

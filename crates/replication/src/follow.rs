@@ -11,6 +11,8 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::push::Order
 use futures_util::StreamExt;
 use matching::msg::InboundOrder;
 
+use std::time::Duration;
+
 use crate::error::ReplicationError;
 use crate::layout::{LogSettings, retry_at_startup};
 use crate::record;
@@ -29,6 +31,14 @@ pub struct LoggedOrder {
     pub intended_abs_ns: u64,
 }
 
+/// How long the follower waits for a message before it asks the stream whether one is due. An
+/// ordered consumer lives on one node (the stream's leader when it was made): when that node
+/// dies while this connection's node stays up, async-nats notices only after two missed idle
+/// heartbeats (10 s, fixed in async-nats 0.42). Two checks in a row that find the stream holding
+/// the next sequence while nothing arrived subscribe again: a stalled consumer costs at most
+/// about two intervals; an idle stream (nothing due) costs one stream-info request per interval.
+pub const STALL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Reads one shard's stream in order.
 pub struct Follower {
     stream: String,
@@ -36,6 +46,8 @@ pub struct Follower {
     source: (jetstream::stream::Stream, async_nats::Client),
     next_seq: u64,
     messages: jetstream::consumer::push::Ordered,
+    /// The last stall check found the next sequence in the stream, and nothing came since.
+    due_at_last_check: bool,
     /// The current message's records not yet handed out.
     pending: std::collections::VecDeque<LoggedOrder>,
 }
@@ -58,32 +70,40 @@ impl Follower {
         let next_seq = from_seq.max(1);
         let messages = subscribe(&stream, &client, &name, next_seq).await?;
         let pending = std::collections::VecDeque::with_capacity(record::RECORDS_PER_MESSAGE_MAX);
-        Ok(Follower { stream: name, source: (stream, client), next_seq, messages, pending })
+        let source = (stream, client);
+        Ok(Follower { stream: name, source, next_seq, messages, due_at_last_check: false, pending })
     }
 
     /// The next input, in stream order; waits until one is appended. `None`: the consumer
     /// ended (the connection closed). A read that fails (the consumer missed its heartbeats
-    /// while a node died or the stream's leader moved) subscribes again at the next sequence
-    /// instead of stopping the engine: nothing is skipped or read twice (`accept` checks each
+    /// while a node died or the stream's leader moved), or a consumer that delivers nothing
+    /// while the stream holds the next sequence ([`STALL_CHECK_INTERVAL`]), subscribes again at
+    /// the next sequence instead of stopping the engine: nothing is skipped or read twice (`accept` checks each
     /// sequence); only a subscription that cannot be made within `STARTUP_WAIT` is an error.
     pub async fn next(&mut self) -> Option<Result<LoggedOrder, ReplicationError>> {
         if let Some(pending) = self.pending.pop_front() {
             return Some(Ok(pending));
         }
         let message = loop {
-            match self.messages.next().await? {
-                Ok(message) => break message,
-                Err(error) => {
-                    let (stream, next_seq) = (&self.stream, self.next_seq);
-                    tracing::warn!("following {stream}: {error}; subscribing again at {next_seq}");
-                    let (source, client) = &self.source;
-                    match subscribe(source, client, stream, next_seq).await {
-                        Ok(messages) => self.messages = messages,
-                        Err(error) => return Some(Err(error)),
-                    }
-                }
+            let read = tokio::time::timeout(STALL_CHECK_INTERVAL, self.messages.next()).await;
+            let why = match read {
+                Ok(read) => match read? {
+                    Ok(message) => break message,
+                    Err(error) => error.to_string(),
+                },
+                Err(_) if self.stalled().await => "the stream holds the next message".into(),
+                Err(_) => continue,
+            };
+            let (stream, next_seq) = (&self.stream, self.next_seq);
+            tracing::warn!("following {stream}: {why}; subscribing again at {next_seq}");
+            let (source, client) = &self.source;
+            match subscribe(source, client, stream, next_seq).await {
+                Ok(messages) => self.messages = messages,
+                Err(error) => return Some(Err(error)),
             }
+            self.due_at_last_check = false;
         };
+        self.due_at_last_check = false;
         let stream_seq = match message.info() {
             Ok(info) => info.stream_sequence,
             Err(error) => {
@@ -93,6 +113,17 @@ impl Follower {
         };
         let accepted = self.accept(stream_seq, &message.payload);
         Some(accepted.map(|()| self.pending.pop_front().expect("a message holds a record")))
+    }
+
+    /// Whether the consumer has stalled: this check and the one before found the stream holding
+    /// the next sequence while nothing was delivered. A check the stream cannot answer (no
+    /// leader yet) finds nothing due.
+    async fn stalled(&mut self) -> bool {
+        let info = tokio::time::timeout(STALL_CHECK_INTERVAL, self.source.0.get_info()).await;
+        let due = info.is_ok_and(|info| info.is_ok_and(|i| i.state.last_sequence >= self.next_seq));
+        let stalled = due && self.due_at_last_check;
+        self.due_at_last_check = due;
+        stalled
     }
 
     /// The next sequence this follower will deliver.
@@ -144,7 +175,13 @@ async fn subscribe(
         ..Default::default()
     };
     let what = format!("following stream {name}");
-    let consumer = retry_at_startup(&what, || stream.create_consumer(config.clone())).await?;
+    // Each try bounded by the stall check's interval, not JetStream's 5 s request timeout.
+    let create = || async {
+        let created =
+            tokio::time::timeout(STALL_CHECK_INTERVAL, stream.create_consumer(config.clone()));
+        created.await.map_err(|_| "timed out".to_string())?.map_err(|e| e.to_string())
+    };
+    let consumer = retry_at_startup(&what, create).await?;
     let messages = consumer.messages().await;
     messages.map_err(|e| ReplicationError::jetstream(format!("reading {name}"), e))
 }
