@@ -574,6 +574,24 @@ fn mq_serve_config_carries_listen_and_store() {
     assert!(text(&refused.stderr).contains("unknown field `bogus`"), "{}", text(&refused.stderr));
 }
 
+/// `mq serve --io-threads` sizes the node's runtime: the config shows it, zero is refused with
+/// its reason (exit 2) before the runtime starts.
+#[test]
+fn mq_serve_io_threads_are_a_flag_and_a_key() {
+    let printed = leantier(&["mq", "serve", "--io-threads", "3", "--print-config"]);
+    assert_eq!(code(&printed), 0, "{}", text(&printed.stderr));
+    assert!(
+        text(&printed.stdout).lines().any(|l| l == "io_threads = 3"),
+        "{}",
+        text(&printed.stdout)
+    );
+    let defaults = leantier(&["mq", "serve", "--print-config"]);
+    assert!(text(&defaults.stdout).lines().any(|l| l == "io_threads = 1"), "the default");
+    let refused = leantier(&["mq", "serve", "--io-threads", "0", "--print-config"]);
+    assert_eq!(code(&refused), 2, "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("io_threads must be > 0"), "{}", text(&refused.stderr));
+}
+
 /// `mq bench` writes its report folder, like every command with figures, and keeps its JSON
 /// off the terminal unless asked (`--json`).
 #[test]

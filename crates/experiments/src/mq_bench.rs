@@ -806,7 +806,7 @@ async fn through_node(
         vacuum_messages(&config.store).await?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(config.node.io_threads)
         .thread_name(NODE_THREAD_NAME)
         .enable_all()
         .build()

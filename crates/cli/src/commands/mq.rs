@@ -91,6 +91,10 @@ pub struct NodeFlags {
     /// take (default 16 KiB).
     #[arg(long)]
     pub reply_memory_reserved_bytes: Option<usize>,
+    /// Threads running the node's connections and database workers (default 1: a request's
+    /// hand-offs then wake no other thread; docs/benchmarks/mq.md).
+    #[arg(long)]
+    pub io_threads: Option<usize>,
     /// Threads hashing registration secrets (Argon2id, 19 MiB each once used; default 2).
     #[arg(long)]
     pub hashing_threads: Option<usize>,
@@ -185,6 +189,7 @@ impl NodeFlags {
         override_with(&mut c.connections_per_address_max, &self.connections_per_address_max);
         override_with(&mut c.frame_memory_reserved_bytes, &self.frame_memory_reserved_bytes);
         override_with(&mut c.reply_memory_reserved_bytes, &self.reply_memory_reserved_bytes);
+        override_with(&mut c.io_threads, &self.io_threads);
         override_with(&mut c.hashing_threads, &self.hashing_threads);
         override_with(&mut c.hashing_queue_max, &self.hashing_queue_max);
         let window = self.registration_window.map(values::whole_millis);
@@ -468,7 +473,12 @@ pub struct ExperimentArgs {
 
 /// Runs the `mq` subcommand.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(serve_args) = &args.command {
+        // The node's tasks run on this runtime: its threads are the node's I/O threads.
+        runtime.worker_threads(serve_file(serve_args)?.node.io_threads);
+    }
+    let runtime = runtime.enable_all().build()?;
     runtime.block_on(async {
         match &args.command {
             Command::Serve(a) => serve(a).await,

@@ -10,9 +10,10 @@ use std::path::PathBuf;
 use mq::{server, store};
 use ops::child_flags::ChildFlags;
 
-async fn serve(flags: &ChildFlags) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let listen: String = flags.get_or("listen", "127.0.0.1:7440".to_string())?;
-    let store_url: String = flags.required("store")?;
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The node's limits: `--config`'s, with the flags over them.
+fn node_config(flags: &ChildFlags) -> Result<server::NodeConfig, Error> {
     let config_path: Option<PathBuf> = flags.optional("config")?;
     let mut config: server::NodeConfig = ops::config::load_toml(config_path.as_deref())?;
     ops::config::override_with(&mut config.db_workers, &flags.optional("db-workers")?);
@@ -21,6 +22,12 @@ async fn serve(flags: &ChildFlags) -> Result<(), Box<dyn std::error::Error + Sen
     let reply_memory = flags.optional("reply-memory-bytes-max")?;
     ops::config::override_with(&mut config.reply_memory_bytes_max, &reply_memory);
     config.validate()?;
+    Ok(config)
+}
+
+async fn serve(flags: &ChildFlags, config: server::NodeConfig) -> Result<(), Error> {
+    let listen: String = flags.get_or("listen", "127.0.0.1:7440".to_string())?;
+    let store_url: String = flags.required("store")?;
     // One node process per SQLite store, as `mq serve` (the tests wait for a killed node's
     // exit before they start the next on its store).
     let _owner = store::claim(&store_url)?;
@@ -32,7 +39,7 @@ async fn serve(flags: &ChildFlags) -> Result<(), Box<dyn std::error::Error + Sen
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+fn main() -> Result<(), Error> {
     let flags = ChildFlags::from_env(&[
         "listen",
         "store",
@@ -50,6 +57,8 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(serve(&flags))
+    let config = node_config(&flags)?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    let runtime = runtime.worker_threads(config.io_threads).enable_all().build()?;
+    runtime.block_on(serve(&flags, config))
 }
