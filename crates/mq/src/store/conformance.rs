@@ -239,7 +239,12 @@ async fn batch_stats_and_purge<S: Store>(store: &S, (alice, bob): (u64, u64), q:
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        reason(exec(store, me(alice), t, read(ReadTarget::Queue(q), ReadMode::Peek)).await),
+        reason(exec(store, me(alice), t, read(ReadTarget::Queue(q.clone()), ReadMode::Peek)).await),
+        Reason::UnknownQueue
+    );
+    // A lone pop (PostgreSQL's one-row statement) meets the same refusal.
+    assert_eq!(
+        reason(exec(store, me(alice), t, read(ReadTarget::Queue(q), ReadMode::Pop)).await),
         Reason::UnknownQueue
     );
 }

@@ -310,6 +310,27 @@ const SEND_ONE_SQL: &str = "
     SELECT ARRAY[CASE WHEN NOT EXISTS (SELECT 1 FROM checked) THEN 6
                       WHEN NOT (SELECT receiver_ok FROM checked) THEN 9 ELSE 0 END],
            ARRAY[coalesce((SELECT id FROM inserted), 0)]";
+/// A step of ONE pop from a queue (the common read at one request in flight): `mq_read_batch`'s
+/// selection (oldest visible, unaddressed or addressed to the reader, `SKIP LOCKED`) and delete
+/// as one statement, without the PL/pgSQL call, its three statements and its arrays. Its rows
+/// have [`READ_SQL`]'s shape (group 1; code 6 for an unknown queue), so both are read alike.
+const POP_ONE_SQL: &str = "
+    WITH queue AS (
+        SELECT q.id FROM mq_queues q WHERE q.name = $2
+    ), picked AS (
+        SELECT x.id FROM mq_messages x
+        WHERE x.queue_id = (SELECT id FROM queue) AND (x.receiver_id IS NULL OR x.receiver_id = $1)
+          AND x.visible_us <= $3
+        ORDER BY x.queue_id, x.id LIMIT 1 FOR UPDATE SKIP LOCKED
+    ), popped AS (
+        DELETE FROM mq_messages x USING picked WHERE x.id = picked.id
+        RETURNING x.id, x.sender_id, x.receiver_id, x.arrived_us, x.deliveries, x.content
+    )
+    SELECT 1, 0, id, $2::text, sender_id, receiver_id, arrived_us, deliveries, content FROM popped
+    UNION ALL
+    SELECT 1, 6, NULL::bigint, NULL::text, NULL::bigint, NULL::bigint, NULL::bigint,
+           NULL::integer, NULL::bytea
+    WHERE NOT EXISTS (SELECT 1 FROM queue)";
 const READ_SQL: &str = "SELECT grp, code, id, queue, sender_id, receiver_id, arrived_us, \
                         deliveries, content FROM mq_read_batch($1, $2, $3, $4, $5, $6, $7, $8)";
 /// The acks of a step that deleted their message (held by the acker, lease not expired), by
@@ -353,7 +374,10 @@ fn planned<'a>(ops: &'a [StoreOp], step: &Step) -> Planned<'a> {
                 ],
             )
         }
-        Step::Reads(groups) => read_query(ops, groups),
+        Step::Reads(groups) => {
+            let lone_pop = if let [group] = &groups[..] { pop_one_query(ops, group) } else { None };
+            lone_pop.unwrap_or_else(|| read_query(ops, groups))
+        }
         Step::Acks(range) => {
             let acks = &ops[range.clone()];
             let ids: Vec<i64> = acks
@@ -384,6 +408,23 @@ fn send_one_query(op: &StoreOp) -> Planned<'_> {
         Box::new(op.now_us as i64),
     ];
     query(SEND_ONE_SQL, params)
+}
+
+/// The one-row statement of a group that is one pop from a queue ([`POP_ONE_SQL`]); `None` for
+/// any other group.
+fn pop_one_query<'a>(ops: &'a [StoreOp], group: &ReadGroup) -> Option<Planned<'a>> {
+    let [member] = group.members[..] else { return None };
+    let op = &ops[member];
+    let Request::Read { target: ReadTarget::Queue(queue), mode: ReadMode::Pop } = &op.request
+    else {
+        return None;
+    };
+    let params: Vec<Param<'a>> = vec![
+        Box::new(op.client_id.unwrap_or(0) as i64),
+        Box::new(queue.as_str()),
+        Box::new(group.now_us(ops) as i64),
+    ];
+    Some(query(POP_ONE_SQL, params))
 }
 
 /// The arguments of one read group (one element of each of `mq_read_batch`'s arrays).
