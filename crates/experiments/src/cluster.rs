@@ -126,7 +126,7 @@ impl Cluster {
         js.set_timeout(std::time::Duration::from_millis(250));
         let mut stream = js.get_stream(stream).await.ok()?;
         let leader = stream.info().await.ok()?.cluster.as_ref()?.leader.clone()?;
-        self.nodes.iter().position(|node| node.name == leader)
+        self.node_named(&leader)
     }
 
     /// The nodes that hold JetStream stream `stream` (its leader and other replicas), by
@@ -138,7 +138,7 @@ impl Cluster {
         let Ok(info) = stream.info().await else { return Vec::new() };
         let Some(cluster) = info.cluster.clone() else { return Vec::new() };
         let names = cluster.leader.into_iter().chain(cluster.replicas.into_iter().map(|r| r.name));
-        names.filter_map(|name| self.nodes.iter().position(|node| node.name == name)).collect()
+        names.filter_map(|name| self.node_named(&name)).collect()
     }
 
     /// The nodes that lead JetStream stream `stream`'s consumers (an ordered consumer is one
@@ -150,7 +150,7 @@ impl Cluster {
         let Ok(stream) = js.get_stream(stream).await else { return Vec::new() };
         let infos: Vec<_> = stream.consumers().collect().await;
         let leaders = infos.into_iter().filter_map(|info| info.ok()?.cluster?.leader);
-        leaders.filter_map(|name| self.nodes.iter().position(|node| node.name == name)).collect()
+        leaders.filter_map(|name| self.node_named(&name)).collect()
     }
 
     /// The index of the node named `name` (a server's `server_name`).

@@ -8,10 +8,10 @@
 //! it is delivered).
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::push::OrderedConfig};
-use futures_util::StreamExt;
-use matching::msg::InboundOrder;
-
 use std::time::Duration;
+
+use futures_util::{FutureExt, StreamExt};
+use matching::msg::InboundOrder;
 
 use crate::error::ReplicationError;
 use crate::layout::{LogSettings, retry_at_startup};
@@ -77,15 +77,21 @@ impl Follower {
     /// The next input, in stream order; waits until one is appended. `None`: the consumer
     /// ended (the connection closed). A read that fails (the consumer missed its heartbeats
     /// while a node died or the stream's leader moved), or a consumer that delivers nothing
-    /// while the stream holds the next sequence ([`STALL_CHECK_INTERVAL`]), subscribes again at
-    /// the next sequence instead of stopping the engine: nothing is skipped or read twice (`accept` checks each
-    /// sequence); only a subscription that cannot be made within `STARTUP_WAIT` is an error.
+    /// while the stream holds the next sequence ([`STALL_CHECK_INTERVAL`]), subscribes again
+    /// at the next sequence instead of stopping the engine: nothing is skipped or read twice
+    /// (`accept` checks each sequence); only a subscription that cannot be made within
+    /// `STARTUP_WAIT` is an error.
     pub async fn next(&mut self) -> Option<Result<LoggedOrder, ReplicationError>> {
         if let Some(pending) = self.pending.pop_front() {
             return Some(Ok(pending));
         }
         let message = loop {
-            let read = tokio::time::timeout(STALL_CHECK_INTERVAL, self.messages.next()).await;
+            // A message already there is taken without a timer (the stream's read is
+            // cancel-safe: its state lives in `messages`); only a wait is timed.
+            let read = match self.messages.next().now_or_never() {
+                Some(ready) => Ok(ready),
+                None => tokio::time::timeout(STALL_CHECK_INTERVAL, self.messages.next()).await,
+            };
             let why = match read {
                 Ok(read) => match read? {
                     Ok(message) => break message,

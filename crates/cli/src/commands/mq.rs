@@ -473,15 +473,17 @@ pub struct ExperimentArgs {
 
 /// Runs the `mq` subcommand.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Command::Serve(serve_args) = &args.command {
+        let file = serve_file(serve_args)?;
         // The node's tasks run on this runtime: its threads are the node's I/O threads.
-        runtime.worker_threads(serve_file(serve_args)?.node.io_threads);
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        let runtime = runtime.worker_threads(file.node.io_threads).enable_all().build()?;
+        return runtime.block_on(serve(serve_args, file));
     }
-    let runtime = runtime.enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match &args.command {
-            Command::Serve(a) => serve(a).await,
+            Command::Serve(_) => unreachable!("mq serve runs on the node's own runtime above"),
             Command::Client(a) => client(a).await,
             Command::Load(a) => load_cmd(a).await,
             Command::Bench(a) => bench_cmd(a).await,
@@ -501,8 +503,7 @@ fn serve_file(args: &ServeArgs) -> anyhow::Result<NodeFile> {
     Ok(file)
 }
 
-async fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let file = serve_file(args)?;
+async fn serve(args: &ServeArgs, file: NodeFile) -> anyhow::Result<()> {
     if args.print_config {
         print!("{}", toml::to_string(&file)?);
         return Ok(());
