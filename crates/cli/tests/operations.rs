@@ -527,6 +527,56 @@ fn busy_polling_on_too_few_cpus_is_refused_with_code_2() {
     assert!(stderr.contains("this host gives 1"), "{stderr}");
 }
 
+/// CPU seconds an `mq serve` on SQLite uses over half a second with no client, after one send
+/// was acknowledged; with `--busy-poll` when `busy_poll`.
+fn mq_idle_cpu_seconds(busy_poll: bool) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["mq", "serve", "--listen", "127.0.0.1:0", "--store", "sqlite:data"];
+    if busy_poll {
+        args.push("--busy-poll");
+    }
+    let mut node = Served::start(&args, dir.path());
+    let addr = node.address("mq node listening on ").to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut client = mq::client::Client::connect(&addr).await.unwrap();
+        client.register("poller", b"secret").await.unwrap();
+        client.create_queue("q").await.unwrap();
+        client.send("q", None, b"hello").await.expect("a send acknowledged");
+    });
+    let cpu_seconds = || ops::process::cpu_seconds_of(node.child.id()).expect("/proc/PID/stat");
+    let before = cpu_seconds();
+    std::thread::sleep(Duration::from_millis(500));
+    let used = cpu_seconds() - before;
+    node.signal("TERM");
+    let (status, lines) = node.exit();
+    stopped_cleanly(status, &lines, "mq node stopped");
+    used
+}
+
+#[test]
+fn a_busy_polling_mq_node_answers_and_its_thread_turns_while_idle() {
+    let polling = mq_idle_cpu_seconds(true);
+    let sleeping = mq_idle_cpu_seconds(false);
+    assert!(polling >= 0.3, "idle with --busy-poll: {polling:.2} CPU-s in 0.5 s (it sleeps)");
+    assert!(sleeping <= 0.1, "idle without it: {sleeping:.2} CPU-s in 0.5 s (it spins)");
+}
+
+#[test]
+fn a_busy_polling_mq_node_on_one_cpu_is_refused_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new("taskset")
+        .args(["-c", "0", env!("CARGO_BIN_EXE_leantier")])
+        .args(["mq", "serve", "--listen", "127.0.0.1:0", "--store", "sqlite:data", "--busy-poll"])
+        .current_dir(dir.path())
+        .output()
+        .expect("taskset runs leantier");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("busy_poll needs 2 usable CPUs"), "{stderr}");
+    assert!(stderr.contains("this host gives 1"), "{stderr}");
+}
+
 // ---- one owner per store (issue 41) ----
 
 /// A second server started on a held store: exit 2, the error naming the lock file and the

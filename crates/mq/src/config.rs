@@ -110,6 +110,11 @@ pub struct NodeConfig {
     pub reply_memory_reserved_bytes: usize,
     /// Threads running the node's connections and database workers (tokio's worker threads).
     pub io_threads: usize,
+    /// The one I/O thread polls its sockets instead of sleeping when it has nothing to do:
+    /// a lone request and its database reply are read without waking the thread, at the cost
+    /// of one CPU kept busy. Needs `io_threads` = 1 and 2 usable CPUs (docs/benchmarks/mq.md,
+    /// "Busy polling").
+    pub busy_poll: bool,
     /// Threads hashing registration secrets (Argon2id, 19 MiB each once used).
     pub hashing_threads: usize,
     /// Registrations that may wait for a hashing thread; past it `Busy`.
@@ -149,6 +154,7 @@ impl Default for NodeConfig {
             frame_memory_reserved_bytes: FRAME_MEMORY_RESERVED_BYTES_DEFAULT,
             reply_memory_reserved_bytes: REPLY_MEMORY_RESERVED_BYTES_DEFAULT,
             io_threads: IO_THREADS_DEFAULT,
+            busy_poll: false,
             hashing_threads: HASHING_THREADS_DEFAULT,
             hashing_queue_max: HASHING_QUEUE_MAX_DEFAULT,
             registration_window_ms: REGISTRATION_WINDOW_MS_DEFAULT,
@@ -180,6 +186,12 @@ impl NodeConfig {
             if value == 0 {
                 return Err(crate::MqError::BadInput(format!("{name} must be > 0")));
             }
+        }
+        if self.busy_poll && self.io_threads != 1 {
+            return Err(crate::MqError::BadInput(format!(
+                "busy_poll needs io_threads = 1 (the thread that polls), got {}",
+                self.io_threads
+            )));
         }
         if self.content_bytes_max > crate::protocol::FRAME_BYTES_MAX / 2 {
             return Err(crate::MqError::BadInput(
@@ -252,6 +264,8 @@ mod tests {
             NodeConfig { reply_memory_bytes_max: 4096, ..NodeConfig::default() },
             NodeConfig { connections_per_address_max: 0, ..NodeConfig::default() },
             NodeConfig { io_threads: 0, ..NodeConfig::default() },
+            // Only the one I/O thread can poll.
+            NodeConfig { busy_poll: true, io_threads: 2, ..NodeConfig::default() },
             NodeConfig { hashing_threads: 0, ..NodeConfig::default() },
             NodeConfig { hashing_queue_max: 0, ..NodeConfig::default() },
             NodeConfig { registration_window_ms: 0, ..NodeConfig::default() },

@@ -46,7 +46,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc, oneshot};
 
 use crate::address::source_of;
-use crate::error::{Result, io_failed};
+use crate::error::{MqError, Result, io_failed};
 use crate::node::{
     Committed, Counters, Node, NodeView, Pending, Work, book_slot_time, commit, slot_time_ns,
     unanswered,
@@ -187,6 +187,9 @@ pub async fn start_with_tls<S: Store + Clone>(
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Result<RunningNode> {
     config.validate()?;
+    if config.busy_poll {
+        busy_poll_fits()?;
+    }
     let listener =
         TcpListener::bind(listen).await.map_err(io_failed(format!("binding {listen}")))?;
     let addr = listener.local_addr().map_err(io_failed("reading the bound address"))?;
@@ -200,8 +203,39 @@ pub async fn start_with_tls<S: Store + Clone>(
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_accepting, stop) = tokio::sync::watch::channel(false);
     tasks.spawn(accept_loop(listener, Arc::clone(&node), tls, stop));
+    if node.config.busy_poll {
+        tasks.spawn(poll_while_idle());
+    }
     tracing::info!(%addr, "mq node listening");
     Ok(RunningNode { addr, tasks, node, stop_accepting })
+}
+
+/// CPUs a busy-polling node needs: one for the thread that polls, one for everything that
+/// sleeps (the hashing threads, the database on the same host, the OS).
+pub const BUSY_POLL_CPUS_MIN: usize = 2;
+
+/// Refuses `busy_poll` on a host (affinity mask, cgroup quota) that gives fewer than
+/// [`BUSY_POLL_CPUS_MIN`] CPUs: the polling thread would take the only one.
+fn busy_poll_fits() -> Result<()> {
+    let usable_cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
+    if usable_cpus >= BUSY_POLL_CPUS_MIN {
+        return Ok(());
+    }
+    Err(MqError::BadInput(format!(
+        "busy_poll needs {BUSY_POLL_CPUS_MIN} usable CPUs (one polls, one for everything that \
+         sleeps); this host gives {usable_cpus}: run without --busy-poll"
+    )))
+}
+
+/// With `busy_poll`: keeps the node's one I/O thread turning. While a yielded task waits,
+/// tokio looks at the sockets and timers with a zero timeout instead of sleeping in
+/// `epoll_wait`, so a request or a database reply is read on the next turn, without the
+/// thread's wake-up (two per lone request: 30–60 µs of its p50 on a VM; docs/benchmarks/mq.md,
+/// "Busy polling"). Ends when the node's tasks are shut down.
+async fn poll_while_idle() {
+    loop {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Shortest pause after a failed `accept` (out of descriptors, say); doubles per failure.

@@ -95,6 +95,11 @@ pub struct NodeFlags {
     /// hand-offs then wake no other thread; docs/benchmarks/mq.md).
     #[arg(long)]
     pub io_threads: Option<usize>,
+    /// Poll the sockets instead of sleeping when idle: a lone request is read without waking
+    /// the node's thread, one CPU kept busy (needs --io-threads 1, the default, and 2 usable
+    /// CPUs; overrides the config's busy_poll; default false).
+    #[arg(long)]
+    pub busy_poll: bool,
     /// Threads hashing registration secrets (Argon2id, 19 MiB each once used; default 2).
     #[arg(long)]
     pub hashing_threads: Option<usize>,
@@ -190,6 +195,7 @@ impl NodeFlags {
         override_with(&mut c.frame_memory_reserved_bytes, &self.frame_memory_reserved_bytes);
         override_with(&mut c.reply_memory_reserved_bytes, &self.reply_memory_reserved_bytes);
         override_with(&mut c.io_threads, &self.io_threads);
+        c.busy_poll |= self.busy_poll;
         override_with(&mut c.hashing_threads, &self.hashing_threads);
         override_with(&mut c.hashing_queue_max, &self.hashing_queue_max);
         let window = self.registration_window.map(values::whole_millis);
