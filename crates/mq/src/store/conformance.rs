@@ -226,6 +226,23 @@ async fn batch_stats_and_purge<S: Store>(store: &S, (alice, bob): (u64, u64), q:
         "pop sees the batch's own earlier sends, oldest first"
     );
     assert_eq!(reason(batch.results[6].clone()), Reason::UnknownQueue);
+    let ids: Vec<u64> = batch.results[..5]
+        .iter()
+        .map(|sent| match sent {
+            Ok(ReplyBody::Sent { message_id, .. }) => *message_id,
+            other => panic!("a send to {q}: {other:?}"),
+        })
+        .collect();
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "ids in send order: {ids:?}");
+    // A run of sends to one unknown queue: each refused.
+    let mut unknown = Batch::default();
+    for i in 0..3 {
+        let request = send("no-such-queue", None, "x");
+        unknown.ops.push(StoreOp { client_id: me(bob), now_us: t + i, request });
+    }
+    store.execute_batch(&mut unknown).await.unwrap();
+    let refused: Vec<Reason> = unknown.results.iter().map(|r| reason(r.clone())).collect();
+    assert_eq!(refused, [Reason::UnknownQueue; 3]);
     match exec(store, me(alice), t, Request::Stats { queue: q.clone() }).await.unwrap() {
         ReplyBody::Stats(s) => assert_eq!(s.queue_depth, 4),
         other => panic!("{other:?}"),
