@@ -487,6 +487,12 @@ fn idle_cpu_seconds(busy_poll: bool) -> f64 {
     let mut server = Served::start(&args, dir.path());
     let addr = server.address("native listening on ");
     exchange_accepts_an_order(addr, 1);
+    idle_cpu_seconds_then_stop(server, "exchange server stopped")
+}
+
+/// CPU seconds `server` uses over half a second, then SIGTERM and a clean stop (`stopped` is
+/// its last line's start).
+fn idle_cpu_seconds_then_stop(mut server: Served, stopped: &str) -> f64 {
     let pid = server.child.id();
     let cpu_seconds = || ops::process::cpu_seconds_of(pid).expect("the server's /proc/PID/stat");
     let before = cpu_seconds();
@@ -494,7 +500,7 @@ fn idle_cpu_seconds(busy_poll: bool) -> f64 {
     let used = cpu_seconds() - before;
     server.signal("TERM");
     let (status, lines) = server.exit();
-    stopped_cleanly(status, &lines, "exchange server stopped");
+    stopped_cleanly(status, &lines, stopped);
     used
 }
 
@@ -513,12 +519,18 @@ fn a_busy_polling_server_answers_orders_and_its_loop_turns_while_idle() {
 fn busy_polling_on_too_few_cpus_is_refused_with_code_2() {
     let dir = tempfile::tempdir().unwrap();
     write_serve_config(dir.path(), "off");
-    // One CPU: the polling loop and everything else cannot each have one.
+    let args = ["exchange", "serve", "--listen", "127.0.0.1:0", "--config", "serve.toml"];
+    busy_polling_is_refused_on_one_cpu(&args, dir.path());
+}
+
+/// `leantier ARGS --busy-poll` on one CPU (the polling loop and everything else cannot each
+/// have one) exits 2, saying so.
+fn busy_polling_is_refused_on_one_cpu(args: &[&str], dir: &std::path::Path) {
     let output = Command::new("taskset")
         .args(["-c", "0", env!("CARGO_BIN_EXE_leantier")])
-        .args(["exchange", "serve", "--listen", "127.0.0.1:0", "--config", "serve.toml"])
+        .args(args)
         .arg("--busy-poll")
-        .current_dir(dir.path())
+        .current_dir(dir)
         .output()
         .expect("taskset runs leantier");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -544,14 +556,7 @@ fn mq_idle_cpu_seconds(busy_poll: bool) -> f64 {
         client.create_queue("q").await.unwrap();
         client.send("q", None, b"hello").await.expect("a send acknowledged");
     });
-    let cpu_seconds = || ops::process::cpu_seconds_of(node.child.id()).expect("/proc/PID/stat");
-    let before = cpu_seconds();
-    std::thread::sleep(Duration::from_millis(500));
-    let used = cpu_seconds() - before;
-    node.signal("TERM");
-    let (status, lines) = node.exit();
-    stopped_cleanly(status, &lines, "mq node stopped");
-    used
+    idle_cpu_seconds_then_stop(node, "mq node stopped")
 }
 
 #[test]
@@ -565,16 +570,8 @@ fn a_busy_polling_mq_node_answers_and_its_thread_turns_while_idle() {
 #[test]
 fn a_busy_polling_mq_node_on_one_cpu_is_refused_with_code_2() {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new("taskset")
-        .args(["-c", "0", env!("CARGO_BIN_EXE_leantier")])
-        .args(["mq", "serve", "--listen", "127.0.0.1:0", "--store", "sqlite:data", "--busy-poll"])
-        .current_dir(dir.path())
-        .output()
-        .expect("taskset runs leantier");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("busy_poll needs 2 usable CPUs"), "{stderr}");
-    assert!(stderr.contains("this host gives 1"), "{stderr}");
+    let args = ["mq", "serve", "--listen", "127.0.0.1:0", "--store", "sqlite:data"];
+    busy_polling_is_refused_on_one_cpu(&args, dir.path());
 }
 
 // ---- one owner per store (issue 41) ----

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::address::source_of;
 use crate::config::NodeConfig;
@@ -48,6 +48,7 @@ use crate::protocol::{
     Reason, ReplyBody, ReplyFrame, Request, RequestFrame, Secret, SendBatchFrame, SendOutcome,
     ServerTiming, decode_frame_reusing, encode_reply_as, error_reply_version,
 };
+use crate::replies::{Inbox, Outbox};
 use crate::reply_memory::ReplyCharge;
 use crate::share::ConnectionShare;
 use crate::store::{Batch, Store, StoreOp};
@@ -57,6 +58,10 @@ use crate::util::{elapsed_ns, now_us};
 /// reading that connection until the oldest reply is written, so a fast client is slowed down by
 /// TCP flow control instead of growing a queue.
 pub const PIPELINE_DEPTH_MAX: usize = 64;
+
+/// Requests one connection may have with the database workers at once: its pipeline, the one
+/// the writer waits for and the one the reader is handing over (the `replies` module's table).
+const REPLIES_OUTSTANDING_MAX: usize = PIPELINE_DEPTH_MAX + 2;
 /// Longest frame payload a connection may send before it has registered, in bytes: room for the
 /// largest Register (a 128-byte name and a 1,024-byte secret). Not configurable: it follows from
 /// the protocol's limits. A longer length prefix is answered `TooLarge` and the connection
@@ -152,9 +157,10 @@ async fn serve_halves<S: Store>(
     // Requests read whose replies are not written yet. Relaxed: both halves run in this one
     // task, so the count orders nothing; it only tells the reader whether the client waits.
     let owed = AtomicUsize::new(0);
+    let (outbox, inbox) = crate::replies::channel(REPLIES_OUTSTANDING_MAX);
     tokio::try_join!(
-        read_requests(read, peer, (node, &shares.0, &shares.1), &owed, in_flight),
-        write_replies(write, node, &owed, replies)
+        read_requests(read, peer, (node, &shares.0, &shares.1), (&owed, &outbox), in_flight),
+        write_replies(write, node, (&owed, inbox), replies)
     )?;
     Ok(())
 }
@@ -190,8 +196,8 @@ struct Submitted<'a> {
 
 /// Where a submitted request's result comes from.
 enum Outcome {
-    /// A worker commits it and sends the result on this channel.
-    Worker(oneshot::Receiver<Committed>),
+    /// A worker commits it and answers it under this number (see the `replies` module).
+    Worker(u64),
     /// Committed already, inline by this connection (see [`Node::is_idle`]); taken once.
     Ready(Option<Committed>),
 }
@@ -218,7 +224,7 @@ async fn read_requests<'a, S: Store>(
     read: impl AsyncRead + Unpin,
     peer: SocketAddr,
     (node, frame_share, reply_share): (&'a Node<S>, &ConnectionShare<'_>, &'a ConnectionShare<'a>),
-    owed: &AtomicUsize,
+    (owed, outbox): (&AtomicUsize, &Outbox<Committed>),
     in_flight: mpsc::Sender<InFlight<'a>>,
 ) -> Result<(), Closed> {
     let mut read = BufReader::new(read);
@@ -252,7 +258,7 @@ async fn read_requests<'a, S: Store>(
             Ok(()) => {
                 // Relaxed: the count is this task's own (both halves run in it).
                 let inline = (owed.load(Ordering::Relaxed) == 0).then_some(&mut inline);
-                let context = (node, reply_share, peer);
+                let context = (node, reply_share, peer, outbox);
                 let item = on_frame(context, (&mut client_id, inline), frames.payload(), arrived);
                 let item = item.await;
                 frames.consume();
@@ -272,7 +278,12 @@ async fn read_requests<'a, S: Store>(
 /// Decodes a frame and begins its request(s) (see [`begin`], [`begin_sends`]); a frame that
 /// does not decode is answered with the decoder's reason.
 async fn on_frame<'a, S: Store>(
-    (node, reply_share, peer): (&'a Node<S>, &'a ConnectionShare<'a>, SocketAddr),
+    (node, reply_share, peer, outbox): (
+        &'a Node<S>,
+        &'a ConnectionShare<'a>,
+        SocketAddr,
+        &Outbox<Committed>,
+    ),
     (client_id, inline): (&mut Option<u64>, Option<&mut Batch>),
     payload: &[u8],
     arrived: Instant,
@@ -291,11 +302,11 @@ async fn on_frame<'a, S: Store>(
             item
         }
         Ok(IncomingFrame::One(RequestFrame { request_id, request })) => {
-            let context = (node, reply_share, peer);
+            let context = (node, reply_share, peer, outbox);
             begin(context, (client_id, inline), request_id, request, arrived).await
         }
         Ok(IncomingFrame::Sends(batch)) => {
-            begin_sends((node, reply_share), *client_id, batch, arrived).await
+            begin_sends((node, reply_share, outbox), *client_id, batch, arrived).await
         }
     }
 }
@@ -359,7 +370,7 @@ async fn bounded(
 async fn write_replies<'a, S: Store>(
     write: impl AsyncWrite + Unpin,
     node: &'a Node<S>,
-    owed: &AtomicUsize,
+    (owed, mut inbox): (&AtomicUsize, Inbox<Committed>),
     mut in_flight: mpsc::Receiver<InFlight<'a>>,
 ) -> Result<(), Closed> {
     let limit = node.config.write_timeout();
@@ -378,13 +389,12 @@ async fn write_replies<'a, S: Store>(
             InFlight::Submitted(mut submitted) => {
                 let committed = match &mut submitted.answer {
                     Outcome::Ready(committed) => committed.take().unwrap_or_else(worker_lost),
-                    Outcome::Worker(answer) => match answer.try_recv() {
-                        Ok(committed) => committed,
-                        Err(oneshot::error::TryRecvError::Closed) => worker_lost(),
-                        Err(oneshot::error::TryRecvError::Empty) => {
+                    Outcome::Worker(number) => match inbox.try_take(*number) {
+                        Some(committed) => committed,
+                        None => {
                             // Replies already encoded must not wait for a later batch's commit.
                             bounded(limit, write.flush()).await?;
-                            answer.await.unwrap_or_else(|_| worker_lost())
+                            inbox.take(*number).await
                         }
                     },
                 };
@@ -439,7 +449,12 @@ fn answered<'a>(
 /// reply), the commit itself. A registration is completed here: the requests read after it are
 /// checked against its id.
 async fn begin<'a, S: Store>(
-    (node, reply_share, peer): (&'a Node<S>, &'a ConnectionShare<'a>, SocketAddr),
+    (node, reply_share, peer, outbox): (
+        &'a Node<S>,
+        &'a ConnectionShare<'a>,
+        SocketAddr,
+        &Outbox<Committed>,
+    ),
     (client_id, inline): (&mut Option<u64>, Option<&mut Batch>),
     request_id: u64,
     request: Request,
@@ -480,13 +495,14 @@ async fn begin<'a, S: Store>(
             Outcome::Ready(Some(commit_inline(node, batch, op, (slot, slot_taken)).await))
         }
         None => {
-            let (reply, answer) = oneshot::channel();
+            let (reply, number) = outbox.reply_to();
             let pending =
                 Pending { work: Work::One(op), enqueued: Instant::now(), slot_taken, slot, reply };
-            if node.to_workers.send(pending).await.is_err() {
+            if let Err(mpsc::error::SendError(unsent)) = node.to_workers.send(pending).await {
+                unsent.reply.dismiss();
                 return answered(request_id, arrived, worker_lost().result, false);
             }
-            Outcome::Worker(answer)
+            Outcome::Worker(number)
         }
     };
     let (refused_sends, places) = (None, 1);
@@ -548,7 +564,7 @@ async fn commit_inline<S: Store>(
 /// the database workers together. A frame refused whole (Busy, the node stopping) is answered
 /// with every send's outcome carrying that reason.
 async fn begin_sends<'a, S: Store>(
-    (node, reply_share): (&'a Node<S>, &'a ConnectionShare<'a>),
+    (node, reply_share, outbox): (&'a Node<S>, &'a ConnectionShare<'a>, &Outbox<Committed>),
     client_id: Option<u64>,
     batch: SendBatchFrame,
     arrived: Instant,
@@ -585,11 +601,12 @@ async fn begin_sends<'a, S: Store>(
         return refuse_all(ErrorReply::new(Reason::Busy, "wait queue full; retry later"));
     };
     let slot_taken = Instant::now();
-    let (reply, answer) = oneshot::channel();
-    let answer = Outcome::Worker(answer);
+    let (reply, number) = outbox.reply_to();
+    let answer = Outcome::Worker(number);
     let work = Work::Sends(ops);
     let pending = Pending { work, enqueued: Instant::now(), slot_taken, slot, reply };
-    if node.to_workers.send(pending).await.is_err() {
+    if let Err(mpsc::error::SendError(unsent)) = node.to_workers.send(pending).await {
+        unsent.reply.dismiss();
         return refuse_all(ErrorReply::new(Reason::Unavailable, "database worker stopped"));
     }
     let refused_sends = Some(refused);

@@ -41,6 +41,7 @@ pub mod frame;
 mod metrics;
 mod node;
 pub mod protocol;
+mod replies;
 mod reply_memory;
 pub mod server;
 pub mod share;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::address::ConnectionsPerSource;
 use crate::auth::Registrar;
@@ -64,7 +64,8 @@ pub(crate) struct Pending {
     /// The handler slots (one per request of `work`): released by the worker once the batch is
     /// committed, so a reply that waits to be written holds no slot.
     pub(crate) slot: OwnedSemaphorePermit,
-    pub(crate) reply: oneshot::Sender<Committed>,
+    /// Where the worker answers (see the `replies` module).
+    pub(crate) reply: crate::replies::ReplyTo<Committed>,
 }
 
 impl Pending {
@@ -163,6 +164,12 @@ pub(crate) fn worker_lost() -> Committed {
         result: Err(ErrorReply::new(Reason::Unavailable, "database worker stopped")),
         worker_wait_ns: 0,
         db_ns: 0,
+    }
+}
+
+impl crate::replies::Unanswered for Committed {
+    fn unanswered() -> Committed {
+        worker_lost()
     }
 }
 

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, mpsc};
 
 use crate::address::source_of;
 use crate::error::{MqError, Result, io_failed};
@@ -341,7 +341,7 @@ fn refuse(stream: TcpStream, tls: bool, counters: &Counters, detail: &str) {
 /// A request's (or a `SendBatch` frame's) place in its batch: where its reply goes and the
 /// slots it releases.
 struct Waiter {
-    reply: oneshot::Sender<Committed>,
+    reply: crate::replies::ReplyTo<Committed>,
     /// `Some(n)`: the n sends of one `SendBatch`, answered together by one `SentBatch`.
     sends: Option<usize>,
     worker_wait_ns: u64,
@@ -445,8 +445,7 @@ fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db
             }
         };
         let committed = Committed { result, worker_wait_ns: waiter.worker_wait_ns, db_ns };
-        // A connection that has gone away dropped its receiver; nothing waits for this reply.
-        let _ = waiter.reply.send(committed);
+        waiter.reply.send(committed);
     }
     book_slot_time(counters, held_ns);
 }
