@@ -492,7 +492,7 @@ fn idle_cpu_seconds(busy_poll: bool) -> f64 {
 
 /// CPU seconds `server` uses over half a second, then SIGTERM and a clean stop (`stopped` is
 /// its last line's start).
-fn idle_cpu_seconds_then_stop(mut server: Served, stopped: &str) -> f64 {
+fn idle_cpu_seconds_then_stop(server: Served, stopped: &str) -> f64 {
     let pid = server.child.id();
     let cpu_seconds = || ops::process::cpu_seconds_of(pid).expect("the server's /proc/PID/stat");
     let before = cpu_seconds();
