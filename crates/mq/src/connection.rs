@@ -290,7 +290,7 @@ async fn on_frame<'a, S: Store>(
 ) -> InFlight<'a> {
     let frame_bytes = (payload.len() + LENGTH_PREFIX_BYTES) as u64;
     node.counters.request_bytes.fetch_add(frame_bytes, Ordering::Relaxed);
-    match decode_frame_reusing(payload, &mut || node.spare_sends.take()) {
+    match decode_frame_reusing(payload, &mut &node.spares) {
         Err(e) => {
             // An empty payload has no version byte: answer in this version.
             let version = payload.first().copied().map_or(PROTOCOL_VERSION, error_reply_version);
@@ -409,7 +409,9 @@ async fn write_replies<'a, S: Store>(
         };
         encode_reply_as(&frame, answer.version, &mut out);
         // From here the reply exists only as its encoding, which is what stays charged.
-        drop(frame);
+        if let Ok(ReplyBody::SentBatch(outcomes)) = frame.result {
+            node.spares.outcome_lists.give_back(outcomes);
+        }
         if let Some(charge) = &mut charge {
             charge.settle(out.len());
         }
@@ -554,7 +556,7 @@ async fn commit_inline<S: Store>(
     drop(slot);
     let result = batch.results.drain(..).next().unwrap_or_else(|| Err(unanswered()));
     // Now, not with the connection's next inline batch: a send's buffers serve the next decode.
-    node.spare_sends.give_back(&mut batch.ops);
+    node.spares.sends.give_back(&mut batch.ops);
     Committed { result, worker_wait_ns: 0, db_ns }
 }
 
@@ -579,15 +581,17 @@ async fn begin_sends<'a, S: Store>(
     if node.stopping.load(Ordering::Relaxed) {
         return refuse_all(ErrorReply::new(Reason::Unavailable, "the node is stopping"));
     }
-    let (mut ops, mut refused) = (Vec::with_capacity(count), Vec::new());
-    let now = now_us();
-    for (index, send) in sends.into_iter().enumerate() {
+    let (mut ops, mut refused) = (node.spares.op_lists.take(), Vec::new());
+    ops.reserve(count);
+    let (now, mut sends) = (now_us(), sends);
+    for (index, send) in sends.drain(..).enumerate() {
         let request = send.into_request();
         match precheck(&node.config, client_id, &request) {
             Ok(()) => ops.push(StoreOp { client_id, now_us: now, request }),
             Err(refusal) => refused.push((index, refusal)),
         }
     }
+    node.spares.send_lists.give_back(sends);
     if ops.is_empty() {
         let outcomes = refused.into_iter().map(|(_, refusal)| Err(refusal)).collect();
         return answered(request_id, arrived, Ok(ReplyBody::SentBatch(outcomes)), false);

@@ -18,7 +18,7 @@ use crate::protocol::{
 };
 use crate::reply_memory::{ReplyBounds, ReplyCharge};
 use crate::share::{ConnectionShare, SharedBudget};
-use crate::spare::SpareSends;
+use crate::spare::Spares;
 use crate::store::{Batch, Store, StoreOp};
 use crate::util::{LOG_INTERVAL, RateLimitedLog, elapsed_ns};
 
@@ -112,8 +112,9 @@ pub(crate) struct Node<S> {
     /// The last batch failed (the database is down or refusing): `/ready` says no until one
     /// commits.
     store_failing: AtomicBool,
-    /// Committed sends' buffers, for the next decoded sends (see the `spare` module).
-    pub(crate) spare_sends: SpareSends,
+    /// Committed sends' buffers and `SendBatch` frames' vectors, for the next ones decoded
+    /// (see the `spare` module).
+    pub(crate) spares: Spares,
 }
 
 /// The node without its store type, for [`RunningNode`] and the metrics.
@@ -328,7 +329,7 @@ impl<S> Node<S> {
             reply_refusal_log: std::sync::Mutex::new(RateLimitedLog::new(LOG_INTERVAL)),
             stopping: AtomicBool::new(false),
             store_failing: AtomicBool::new(false),
-            spare_sends: SpareSends::new(),
+            spares: Spares::new(),
             store,
             config,
         })

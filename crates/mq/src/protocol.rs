@@ -750,9 +750,53 @@ pub fn decode_frame(payload: &[u8]) -> Result<IncomingFrame, DecodeError> {
     decode_frame_reusing(payload, &mut <(String, Vec<u8>)>::default)
 }
 
+/// Emptied buffers a decoder fills instead of allocating ([`decode_frame_reusing`]). A
+/// closure returning `(String, Vec<u8>)` is one: it gives each send's buffers, and a
+/// `SendBatch`'s list of sends is a new vector.
+///
+/// ```
+/// use mq::protocol::{BatchedSend, DecodeSpares, IncomingFrame, SendRef, decode_frame_reusing};
+///
+/// struct Kept(Vec<BatchedSend>);
+/// impl DecodeSpares for Kept {
+///     fn send_buffers(&mut self) -> (String, Vec<u8>) {
+///         (String::new(), Vec::new())
+///     }
+///     fn send_list(&mut self) -> Vec<BatchedSend> {
+///         std::mem::take(&mut self.0)
+///     }
+/// }
+/// let mut payload = Vec::new();
+/// let send = SendRef { queue: "q", receiver: None, content: b"hi" };
+/// mq::protocol::encode_send_batch(7, [send], &mut payload);
+/// let mut kept = Kept(Vec::with_capacity(64));
+/// let IncomingFrame::Sends(frame) = decode_frame_reusing(&payload[4..], &mut kept).unwrap()
+/// else {
+///     panic!()
+/// };
+/// assert_eq!((frame.sends.len(), frame.sends.capacity()), (1, 64));
+/// assert!(decode_frame_reusing(&payload[4..8], &mut kept).is_err());
+/// ```
+pub trait DecodeSpares {
+    /// A send's queue name and content buffers, emptied, their capacity kept.
+    fn send_buffers(&mut self) -> (String, Vec<u8>);
+
+    /// An emptied vector for a `SendBatch`'s sends (a new one unless overridden).
+    fn send_list(&mut self) -> Vec<BatchedSend> {
+        Vec::new()
+    }
+}
+
+impl<F: FnMut() -> (String, Vec<u8>)> DecodeSpares for F {
+    fn send_buffers(&mut self) -> (String, Vec<u8>) {
+        self()
+    }
+}
+
 /// [`decode_frame`], each send's queue name and content decoded into a pair of buffers from
-/// `spare_send` (emptied buffers whose capacity is reused: a node decodes sends without
-/// allocating once its buffers have grown).
+/// `spares`, and a `SendBatch`'s sends into its vector (emptied buffers whose capacity is
+/// reused: a node decodes sends without allocating once its buffers have grown; see
+/// [`DecodeSpares`]).
 ///
 /// ```
 /// use mq::protocol::{IncomingFrame, Request, RequestFrame, decode_frame_reusing, encode_request};
@@ -770,7 +814,7 @@ pub fn decode_frame(payload: &[u8]) -> Result<IncomingFrame, DecodeError> {
 /// ```
 pub fn decode_frame_reusing(
     payload: &[u8],
-    spare_send: &mut dyn FnMut() -> (String, Vec<u8>),
+    spares: &mut dyn DecodeSpares,
 ) -> Result<IncomingFrame, DecodeError> {
     let mut r = Reader { buf: payload, request_id: None };
     let version = r.u8()?;
@@ -787,14 +831,14 @@ pub fn decode_frame_reusing(
         });
     }
     if op == op::SEND_BATCH {
-        let sends = decode_sends(&mut r, spare_send)?;
+        let sends = decode_sends(&mut r, spares)?;
         return r.finish(IncomingFrame::Sends(SendBatchFrame { request_id, sends }));
     }
     let request = match op {
         op::REGISTER => Request::Register { name: r.str()?, secret: Secret(r.bytes()?) },
         op::CREATE_QUEUE => Request::CreateQueue { name: r.str()? },
         op::DELETE_QUEUE => Request::DeleteQueue { name: r.str()?, purge: r.bool()? },
-        op::SEND => decode_send(&mut r, spare_send())?.into_request(),
+        op::SEND => decode_send(&mut r, spares.send_buffers())?.into_request(),
         op::POP => Request::Read { target: decode_target(&mut r)?, mode: ReadMode::Pop },
         op::PEEK => Request::Read { target: decode_target(&mut r)?, mode: ReadMode::Peek },
         op::LEASE => {
@@ -821,7 +865,7 @@ pub fn decode_frame_reusing(
 /// allocated for it), then that many sends.
 fn decode_sends(
     r: &mut Reader<'_>,
-    spare_send: &mut dyn FnMut() -> (String, Vec<u8>),
+    spares: &mut dyn DecodeSpares,
 ) -> Result<Vec<BatchedSend>, DecodeError> {
     let count = usize::from(r.u16()?);
     if count > SEND_BATCH_MAX {
@@ -834,9 +878,11 @@ fn decode_sends(
     if count == 0 {
         return Err(r.fail("a SendBatch holds at least one send"));
     }
-    let mut sends = Vec::with_capacity(count);
+    let mut sends = spares.send_list();
+    sends.clear();
+    sends.reserve(count);
     for _ in 0..count {
-        sends.push(decode_send(r, spare_send())?);
+        sends.push(decode_send(r, spares.send_buffers())?);
     }
     Ok(sends)
 }

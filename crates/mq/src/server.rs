@@ -372,6 +372,7 @@ async fn db_worker<S: Store>(node: Arc<Node<S>>, intake: Arc<Mutex<Intake>>) {
                 Work::Sends(mut ops) => {
                     let n = ops.len();
                     batch.ops.append(&mut ops);
+                    node.spares.op_lists.give_back(ops);
                     Some(n)
                 }
             };
@@ -379,8 +380,8 @@ async fn db_worker<S: Store>(node: Arc<Node<S>>, intake: Arc<Mutex<Intake>>) {
             waiters.push(Waiter { reply, sends, worker_wait_ns, slot_taken, _slot });
         }
         let db_ns = commit(&node, &mut batch).await;
-        release(&node.counters, &mut waiters, &mut batch, db_ns);
-        node.spare_sends.give_back(&mut batch.ops);
+        release(&node, &mut waiters, &mut batch, db_ns);
+        node.spares.sends.give_back(&mut batch.ops);
     }
 }
 
@@ -426,7 +427,7 @@ async fn collect(intake: &Mutex<Intake>, pending: &mut Vec<Pending>, batch_max: 
 
 /// Hands each request (or `SendBatch` frame) of a finished batch its result and frees its
 /// handler slots.
-fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db_ns: u64) {
+fn release<S>(node: &Node<S>, waiters: &mut Vec<Waiter>, batch: &mut Batch, db_ns: u64) {
     let done = Instant::now();
     let mut held_ns = 0u64;
     let mut results = batch.results.drain(..);
@@ -436,7 +437,8 @@ fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db
         let result = match waiter.sends {
             None => results.next().unwrap_or_else(|| Err(unanswered())),
             Some(n) => {
-                let outcomes = results.by_ref().take(n).map(send_outcome).collect::<Vec<_>>();
+                let mut outcomes = node.spares.outcome_lists.take();
+                outcomes.extend(results.by_ref().take(n).map(send_outcome));
                 if outcomes.len() == n {
                     Ok(ReplyBody::SentBatch(outcomes))
                 } else {
@@ -447,7 +449,7 @@ fn release(counters: &Counters, waiters: &mut Vec<Waiter>, batch: &mut Batch, db
         let committed = Committed { result, worker_wait_ns: waiter.worker_wait_ns, db_ns };
         waiter.reply.send(committed);
     }
-    book_slot_time(counters, held_ns);
+    book_slot_time(&node.counters, held_ns);
 }
 
 /// A batched send's result as its `SentBatch` outcome.

@@ -14,8 +14,70 @@
 
 use crossbeam::queue::ArrayQueue;
 
-use crate::protocol::Request;
+use crate::protocol::{BatchedSend, DecodeSpares, Request, SEND_BATCH_MAX, SendOutcome};
 use crate::store::StoreOp;
+
+/// The most emptied vectors kept of each kind ([`SpareLists`]): the `SendBatch` frames of a
+/// full pipelined load (32 clients × 64 in flight in frames of 16 is 128 frames), twice over.
+pub(crate) const SPARE_LISTS_MAX: usize = 256;
+
+/// Every spare the node keeps: send buffers, and the vectors a `SendBatch` frame goes through
+/// (its decoded sends, their store operations, their outcomes), so a frame in steady state
+/// allocates nothing either.
+pub(crate) struct Spares {
+    pub(crate) sends: SpareSends,
+    pub(crate) send_lists: SpareLists<BatchedSend>,
+    pub(crate) op_lists: SpareLists<StoreOp>,
+    pub(crate) outcome_lists: SpareLists<SendOutcome>,
+}
+
+impl Spares {
+    pub(crate) fn new() -> Spares {
+        Spares {
+            sends: SpareSends::new(),
+            send_lists: SpareLists::new(),
+            op_lists: SpareLists::new(),
+            outcome_lists: SpareLists::new(),
+        }
+    }
+}
+
+impl DecodeSpares for &Spares {
+    fn send_buffers(&mut self) -> (String, Vec<u8>) {
+        self.sends.take()
+    }
+
+    fn send_list(&mut self) -> Vec<BatchedSend> {
+        self.send_lists.take()
+    }
+}
+
+/// Emptied vectors of one kind, their capacity kept: at most [`SPARE_LISTS_MAX`], each of at
+/// most [`SEND_BATCH_MAX`] elements (a frame's), so what is kept is bounded by both.
+pub(crate) struct SpareLists<T> {
+    lists: ArrayQueue<Vec<T>>,
+}
+
+impl<T> SpareLists<T> {
+    fn new() -> SpareLists<T> {
+        SpareLists { lists: ArrayQueue::new(SPARE_LISTS_MAX) }
+    }
+
+    /// A spare vector, or a new empty one (which allocates only when filled).
+    pub(crate) fn take(&self) -> Vec<T> {
+        self.lists.pop().unwrap_or_default()
+    }
+
+    /// Keeps `list`, emptied, unless it has no capacity, more than a frame's, or enough are
+    /// kept already.
+    pub(crate) fn give_back(&self, mut list: Vec<T>) {
+        if list.capacity() == 0 || list.capacity() > SEND_BATCH_MAX {
+            return;
+        }
+        list.clear();
+        let _ = self.lists.push(list);
+    }
+}
 
 /// The most buffer pairs kept: twice the default pipelined load (32 clients × 64 in flight),
 /// so a full pipeline's sends find buffers.
@@ -64,6 +126,16 @@ mod tests {
         let request =
             Request::Send { queue: "q".into(), receiver: None, content: vec![1; content_bytes] };
         StoreOp { client_id: Some(1), now_us: 0, request }
+    }
+
+    #[test]
+    fn a_given_back_list_is_taken_again_empty_and_an_oversized_one_is_not_kept() {
+        let lists = SpareLists::new();
+        lists.give_back(vec![1u8; 10]);
+        let list = lists.take();
+        assert!(list.is_empty() && list.capacity() >= 10, "the list given back");
+        lists.give_back(vec![1u8; SEND_BATCH_MAX + 1]);
+        assert_eq!(lists.take().capacity(), 0, "more than a frame's is dropped");
     }
 
     #[test]
