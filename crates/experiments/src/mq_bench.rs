@@ -805,10 +805,8 @@ async fn through_node(
     if config.store.starts_with("postgres") {
         vacuum_messages(&config.store).await?;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.node.io_threads)
+    let runtime = server::node_runtime(&config.node)
         .thread_name(NODE_THREAD_NAME)
-        .enable_all()
         .build()
         .map_err(|source| MqError::Io { what: "starting the node's runtime".into(), source })?;
     let (spec, node_config) = (config.store.clone(), config.node.clone());

@@ -571,7 +571,7 @@ async fn begin_sends<'a, S: Store>(
     batch: SendBatchFrame,
     arrived: Instant,
 ) -> InFlight<'a> {
-    let SendBatchFrame { request_id, sends } = batch;
+    let SendBatchFrame { request_id, mut sends } = batch;
     let count = sends.len();
     let refuse_all = |refusal: ErrorReply| {
         let outcomes = vec![Err(refusal); count];
@@ -583,7 +583,7 @@ async fn begin_sends<'a, S: Store>(
     }
     let (mut ops, mut refused) = (node.spares.op_lists.take(), Vec::new());
     ops.reserve(count);
-    let (now, mut sends) = (now_us(), sends);
+    let now = now_us();
     for (index, send) in sends.drain(..).enumerate() {
         let request = send.into_request();
         match precheck(&node.config, client_id, &request) {

@@ -170,6 +170,14 @@ impl RunningNode {
     }
 }
 
+/// The runtime a node's tasks run on: its threads are the node's `io_threads` (name them or
+/// set more before `build`). `mq serve`, `mq-node` and `mq bench` all start the node on one.
+pub fn node_runtime(config: &NodeConfig) -> tokio::runtime::Builder {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.worker_threads(config.io_threads).enable_all();
+    runtime
+}
+
 /// Binds `listen` and serves until shut down.
 pub async fn start<S: Store + Clone>(
     listen: &str,
@@ -230,8 +238,8 @@ fn busy_poll_fits() -> Result<()> {
 /// With `busy_poll`: keeps the node's one I/O thread turning. While a yielded task waits,
 /// tokio looks at the sockets and timers with a zero timeout instead of sleeping in
 /// `epoll_wait`, so a request or a database reply is read on the next turn, without the
-/// thread's wake-up (two per lone request: 30–60 µs of its p50 on a VM; docs/benchmarks/mq.md,
-/// "Busy polling"). Ends when the node's tasks are shut down.
+/// thread's wake-up (two per lone request: about 40 µs of a lone send's p50 on this VM;
+/// docs/benchmarks/mq.md, "Busy polling"). Ends when the node's tasks are shut down.
 async fn poll_while_idle() {
     loop {
         tokio::task::yield_now().await;

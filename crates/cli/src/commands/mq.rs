@@ -482,8 +482,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Command::Serve(serve_args) = &args.command {
         let file = serve_file(serve_args)?;
         // The node's tasks run on this runtime: its threads are the node's I/O threads.
-        let mut runtime = tokio::runtime::Builder::new_multi_thread();
-        let runtime = runtime.worker_threads(file.node.io_threads).enable_all().build()?;
+        let runtime = server::node_runtime(&file.node).build()?;
         return runtime.block_on(serve(serve_args, file));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

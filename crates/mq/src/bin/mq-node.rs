@@ -58,7 +58,6 @@ fn main() -> Result<(), Error> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = node_config(&flags)?;
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    let runtime = runtime.worker_threads(config.io_threads).enable_all().build()?;
+    let runtime = server::node_runtime(&config).build()?;
     runtime.block_on(serve(&flags, config))
 }

@@ -881,8 +881,7 @@ pub(crate) mod tests {
     async fn migrations_apply_to_a_fresh_database() {
         let Some(url) = pg_url() else { return };
         let fresh = FreshDatabase::create(&url, "mq_fresh").await;
-        let config = PostgresConfig { url: fresh.url(), pool_connections: 2, message_table: None };
-        let store = PostgresStore::open(&config).await.unwrap();
+        let store = fresh.open(None).await;
         super::super::conformance::scenario(&store).await;
         drop(store);
         fresh.drop_it().await;
@@ -896,24 +895,17 @@ pub(crate) mod tests {
     async fn the_message_table_is_made_unlogged_and_logged_again_on_request() {
         let Some(url) = pg_url() else { return };
         let fresh = FreshDatabase::create(&url, "mq_unlogged").await;
-        let open = |message_table| {
-            let url = fresh.url();
-            async move {
-                let config = PostgresConfig { url, pool_connections: 2, message_table };
-                PostgresStore::open(&config).await.unwrap()
-            }
-        };
         let persistence = "SELECT string_agg(relname || '=' || relpersistence::text, ',' ORDER BY relname)                            FROM pg_class WHERE relname IN ('mq_messages', 'mq_messages_id_seq')";
-        let store = open(Some(MessageTable::Unlogged)).await;
+        let store = fresh.open(Some(MessageTable::Unlogged)).await;
         let client = store.pool.get().await.unwrap();
         let shown: String = client.query_one(persistence, &[]).await.unwrap().get(0);
         assert_eq!(shown, "mq_messages=u,mq_messages_id_seq=u");
         super::super::conformance::scenario(&store).await;
         drop((client, store));
-        let store = open(None).await;
+        let store = fresh.open(None).await;
         assert_eq!(store.message_table().await.unwrap(), MessageTable::Unlogged, "left as is");
         drop(store);
-        let store = open(Some(MessageTable::Logged)).await;
+        let store = fresh.open(Some(MessageTable::Logged)).await;
         let client = store.pool.get().await.unwrap();
         let shown: String = client.query_one(persistence, &[]).await.unwrap().get(0);
         assert_eq!(shown, "mq_messages=p,mq_messages_id_seq=p");
@@ -929,8 +921,7 @@ pub(crate) mod tests {
     async fn a_lone_pop_scans_its_queue_index_beside_a_queue_holding_every_message() {
         let Some(url) = pg_url() else { return };
         let fresh = FreshDatabase::create(&url, "mq_skewed").await;
-        let config = PostgresConfig { url: fresh.url(), pool_connections: 2, message_table: None };
-        let store = PostgresStore::open(&config).await.unwrap();
+        let store = fresh.open(None).await;
         let owner = store.claim_client("owner", "hash").await.unwrap().id;
         let op = |request| StoreOp { client_id: Some(owner), now_us: 1, request };
         let mut setup = Batch::default();
@@ -996,8 +987,11 @@ pub(crate) mod tests {
             FreshDatabase { admin, base: base.to_string(), name }
         }
 
-        fn url(&self) -> String {
-            format!("{}/{}", self.base, self.name)
+        /// A store on it (two pooled connections), its message table made `message_table`.
+        async fn open(&self, message_table: Option<MessageTable>) -> PostgresStore {
+            let url = format!("{}/{}", self.base, self.name);
+            let config = PostgresConfig { url, pool_connections: 2, message_table };
+            PostgresStore::open(&config).await.unwrap()
         }
 
         async fn drop_it(self) {
